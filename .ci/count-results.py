@@ -11,7 +11,7 @@ passed = failed = skipped = 0
 for line in open(sys.argv[1]):
     t = json.loads(line)
     res = t.get('result')
-    out = t.get('stdout') or ''
+    out = (t.get('stdout') or '') + '\n' + (t.get('stderr') or '')
     if res == 'SKIP':
         skipped += 1
         continue
