@@ -79,12 +79,61 @@ typedef struct spn_error {
 
 /* Record `code` and a formatted message into *err (NULL is allowed and
  * ignored). Returns `code` so callers can `return spn_error_set(...)`.
+ * Header-inline so plugins use them without linking host symbols.
  * Thread: any (err is the caller's). */
-SPN_API int32_t spn_error_set(spn_error_t *err, int32_t code, const char *fmt, ...) SPN_PRINTF(3, 4);
-SPN_API int32_t spn_error_vset(spn_error_t *err, int32_t code, const char *fmt, va_list ap);
-/* Prefix the existing message with "prefix: " (for adding context on the way up). */
-SPN_API int32_t spn_error_prefix(spn_error_t *err, const char *fmt, ...) SPN_PRINTF(2, 3);
-SPN_API void spn_error_clear(spn_error_t *err);
+#include <stdio.h>
+#include <string.h>
+static inline int32_t spn_error_vset(spn_error_t *err, int32_t code, const char *fmt, va_list ap) {
+  if (err) {
+    err->code = code;
+    if (fmt)
+      vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    else
+      err->msg[0] = '\0';
+  }
+  return code;
+}
+static inline int32_t spn_error_set(spn_error_t *err, int32_t code, const char *fmt, ...) SPN_PRINTF(3, 4);
+static inline int32_t spn_error_set(spn_error_t *err, int32_t code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  spn_error_vset(err, code, fmt, ap);
+  va_end(ap);
+  return code;
+}
+/* Prefix the existing message with "prefix: " (context on the way up).
+ * Truncation is acceptable: the message is for people, the code is kept. */
+static inline int32_t spn_error_prefix(spn_error_t *err, const char *fmt, ...) SPN_PRINTF(2, 3);
+static inline int32_t spn_error_prefix(spn_error_t *err, const char *fmt, ...) {
+  if (!err)
+    return SPN_OK;
+  char prefix[256];
+  char old[SPN_ERROR_MSG_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(prefix, sizeof prefix, fmt, ap);
+  va_end(ap);
+  memcpy(old, err->msg, sizeof old);
+  size_t n = strlen(prefix);
+  if (n + 2 >= sizeof err->msg)
+    n = sizeof err->msg - 3;
+  memcpy(err->msg, prefix, n);
+  err->msg[n] = ':';
+  err->msg[n + 1] = ' ';
+  size_t room = sizeof err->msg - n - 3;
+  size_t ol = strnlen(old, sizeof old - 1);
+  if (ol > room)
+    ol = room;
+  memcpy(err->msg + n + 2, old, ol);
+  err->msg[n + 2 + ol] = '\0';
+  return err->code;
+}
+static inline void spn_error_clear(spn_error_t *err) {
+  if (err) {
+    err->code = SPN_OK;
+    err->msg[0] = '\0';
+  }
+}
 
 /* Programmer errors: abort with the expression and file:line. Never used for
  * bad input. */
