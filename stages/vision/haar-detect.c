@@ -558,7 +558,8 @@ int32_t spn_haar_detect(const spn_haar_cascade_t *c, const uint8_t *gray, int32_
   }
   int32_t k = 0;
   for (int32_t t = 0; t < threads; t++) {
-    memcpy(all + k, wks[t].cands, (size_t)wks[t].ncands * sizeof *all);
+    if (wks[t].ncands > 0)
+      memcpy(all + k, wks[t].cands, (size_t)wks[t].ncands * sizeof *all);
     k += wks[t].ncands;
   }
   qsort(all, (size_t)total, sizeof *all, cand_cmp);

@@ -124,7 +124,8 @@ int32_t spn_box_smoother_update(spn_box_smoother_t *s, const spn_box_t *dets, in
       if (v >= s->p.iou_threshold)
         pairs[np++] = (pair_t){v, t, d};
     }
-  qsort(pairs, (size_t)np, sizeof *pairs, pair_cmp);
+  if (np > 1)
+    qsort(pairs, (size_t)np, sizeof *pairs, pair_cmp);
   for (int32_t d = 0; d < n; d++)
     det_track[d] = -1;
   for (int32_t k = 0; k < np; k++)
