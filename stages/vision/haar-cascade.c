@@ -261,7 +261,7 @@ static int32_t read_new(load_ctx_t *L, const xmlNode *root) {
 
   for (xmlNode *s = first_elem(stages); s; s = next_elem(s)) {
     spn__haar_stage_t *stg = &c->stages[c->nstages];
-    float thr;
+    float thr = 0.f;
     if ((rc = parse_float(L, child(s, "stageThreshold"), "stageThreshold", &thr)))
       return rc;
     stg->threshold = thr - HAAR_THRESHOLD_EPS;
@@ -318,7 +318,7 @@ static int32_t read_old_child(load_ctx_t *L, const xmlNode *node, const char *va
   xmlNode *v = child(node, valname), *nn = child(node, nodename);
   int32_t rc;
   if (v) {
-    float f;
+    float f = 0.f;
     if ((rc = parse_float(L, v, valname, &f)) || (rc = add_leaf(L, f)))
       return rc;
     *out = -(*leaf_count)++;
@@ -359,7 +359,7 @@ static int32_t read_old(load_ctx_t *L, const xmlNode *root) {
     return spn_error_set(L->err, SPN_ENOMEM, "%s: out of memory", L->name);
   for (xmlNode *s = first_elem(stages); s; s = next_elem(s)) {
     spn__haar_stage_t *stg = &c->stages[c->nstages];
-    float thr;
+    float thr = 0.f;
     if ((rc = parse_float(L, child(s, "stage_threshold"), "stage_threshold", &thr)))
       return rc;
     /* Only chains are supported: the stage tree of old cascades is a list in
