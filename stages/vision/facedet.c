@@ -162,7 +162,7 @@ int32_t spn_facedet_preprocess(int32_t model, const uint8_t *img, int32_t stride
 /* ---------------------------------------------------------------------------
  * NMS. */
 
-static void int_rect(const spn_face_t *f, float *x, float *y, float *w, float *h) {
+static void int_rect(const spn_detface_t *f, float *x, float *y, float *w, float *h) {
   /* YuNet: Rect2i(int(x1), int(y1), int(w), int(h)) — C truncation. */
   *x = (float)(int32_t)f->x0;
   *y = (float)(int32_t)f->y0;
@@ -170,7 +170,7 @@ static void int_rect(const spn_face_t *f, float *x, float *y, float *w, float *h
   *h = (float)(int32_t)(f->y1 - f->y0);
 }
 
-static float iou(const spn_face_t *a, const spn_face_t *b, int32_t mode) {
+static float iou(const spn_detface_t *a, const spn_detface_t *b, int32_t mode) {
   if (mode == SPN_NMS_INT_RECT) {
     float ax, ay, aw, ah, bx, by, bw, bh;
     int_rect(a, &ax, &ay, &aw, &ah);
@@ -191,7 +191,7 @@ static float iou(const spn_face_t *a, const spn_face_t *b, int32_t mode) {
   return inter / (area_a + area_b - inter);
 }
 
-int32_t spn_facedet_nms(const spn_face_t *f, int32_t n, float threshold, int32_t mode, int32_t *keep) {
+int32_t spn_facedet_nms(const spn_detface_t *f, int32_t n, float threshold, int32_t mode, int32_t *keep) {
   int32_t k = 0;
   for (int32_t i = 0; i < n; i++) {
     int ok = 1;
@@ -208,14 +208,14 @@ int32_t spn_facedet_nms(const spn_face_t *f, int32_t n, float threshold, int32_t
  * Decoding. */
 
 typedef struct cands {
-  spn_face_t *v;
+  spn_detface_t *v;
   int32_t n, cap;
 } cands_t;
 
-static int cands_push(cands_t *c, const spn_face_t *f) {
+static int cands_push(cands_t *c, const spn_detface_t *f) {
   if (c->n == c->cap) {
     int32_t nc = c->cap ? c->cap * 2 : 256;
-    spn_face_t *q = realloc(c->v, (size_t)nc * sizeof *q);
+    spn_detface_t *q = realloc(c->v, (size_t)nc * sizeof *q);
     if (!q)
       return -1;
     c->v = q;
@@ -247,7 +247,7 @@ static int32_t check_out(int32_t model, const spn_tensor_t *outs, int32_t idx, i
   return SPN_OK;
 }
 
-static void to_image(const spn_facedet_geom_t *g, spn_face_t *f) {
+static void to_image(const spn_facedet_geom_t *g, spn_detface_t *f) {
   f->x0 = (f->x0 - (float)g->pad_x) / g->scale_x;
   f->x1 = (f->x1 - (float)g->pad_x) / g->scale_x;
   f->y0 = (f->y0 - (float)g->pad_y) / g->scale_y;
@@ -294,7 +294,7 @@ static int32_t decode_retinaface(const spn_tensor_t *o, int32_t no, const spn_fa
           float cx = pcx + l[0] * 0.1f * pw, cy = pcy + l[1] * 0.1f * ph;
           float bw = pw * expf(l[2] * 0.2f), bh = ph * expf(l[3] * 0.2f);
           float x0 = cx - bw / 2, y0 = cy - bh / 2;
-          spn_face_t f = {.score = score, .has_landmarks = 1};
+          spn_detface_t f = {.score = score, .has_landmarks = 1};
           f.x0 = x0 * W;
           f.y0 = y0 * H;
           f.x1 = (bw + x0) * W;
@@ -341,7 +341,7 @@ static int32_t decode_scrfd(const spn_tensor_t *o, int32_t no, const spn_facedet
             continue;
           float cx = (float)x * fs, cy = (float)y * fs;
           const float *d = bb + 4 * a;
-          spn_face_t f = {.score = sc[a], .has_landmarks = has_kps};
+          spn_detface_t f = {.score = sc[a], .has_landmarks = has_kps};
           f.x0 = cx - d[0] * fs;
           f.y0 = cy - d[1] * fs;
           f.x1 = cx + d[2] * fs;
@@ -396,7 +396,7 @@ static int32_t decode_yunet(const spn_tensor_t *o, int32_t no, const spn_facedet
         const float *d = bb + 4 * i;
         float cx = ((float)c + d[0]) * fs, cy = ((float)r + d[1]) * fs;
         float w = expf(d[2]) * fs, h = expf(d[3]) * fs;
-        spn_face_t f = {.score = score, .has_landmarks = 1};
+        spn_detface_t f = {.score = score, .has_landmarks = 1};
         f.x0 = cx - w / 2.f;
         f.y0 = cy - h / 2.f;
         f.x1 = f.x0 + w;
@@ -426,7 +426,7 @@ static int order_cmp(const void *a, const void *b) {
 }
 
 int32_t spn_facedet_decode(int32_t model, const spn_tensor_t *outputs, int32_t noutputs,
-                           const spn_facedet_geom_t *g, const spn_facedet_params_t *params, spn_face_t **faces,
+                           const spn_facedet_geom_t *g, const spn_facedet_params_t *params, spn_detface_t **faces,
                            int32_t *n, spn_error_t *err) {
   if (!faces || !n || !g || (!outputs && noutputs > 0))
     return spn_error_set(err, SPN_EINVAL, "facedet: NULL argument");
@@ -462,7 +462,7 @@ int32_t spn_facedet_decode(int32_t model, const spn_tensor_t *outputs, int32_t n
     goto out;
   /* Stable order for equal scores: sort (score, decode index). */
   order_t *ord = malloc((size_t)cs.n * sizeof *ord);
-  spn_face_t *sorted = malloc((size_t)cs.n * sizeof *sorted);
+  spn_detface_t *sorted = malloc((size_t)cs.n * sizeof *sorted);
   if (!ord || !sorted) {
     free(ord);
     free(sorted);
@@ -488,7 +488,7 @@ int32_t spn_facedet_decode(int32_t model, const spn_tensor_t *outputs, int32_t n
   int32_t k = spn_facedet_nms(cs.v, m, P.nms_threshold, mode, keep);
   if (P.post_nms_top_k > 0 && k > P.post_nms_top_k)
     k = P.post_nms_top_k;
-  spn_face_t *res = malloc((size_t)k * sizeof *res);
+  spn_detface_t *res = malloc((size_t)k * sizeof *res);
   if (!res) {
     free(keep);
     rc = spn_error_set(err, SPN_ENOMEM, "facedet: out of memory");

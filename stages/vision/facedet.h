@@ -38,12 +38,12 @@ typedef enum spn_facedet_model {
   SPN_FACEDET_YUNET = 3,
 } spn_facedet_model_t;
 
-typedef struct spn_face {
+typedef struct spn_detface {
   float x0, y0, x1, y1; /* box corners, original image pixels */
   float score;
   int32_t has_landmarks;
   float landmarks[10];  /* (x, y) x 5: eyes, nose, mouth corners */
-} spn_face_t;
+} spn_detface_t;
 
 /* Where the image sits in the network input: x_in = x_img * scale_x + pad_x. */
 typedef struct spn_facedet_geom {
@@ -98,7 +98,7 @@ int32_t spn_facedet_preprocess(int32_t model, const uint8_t *img, int32_t stride
  * Ownership: tensors borrowed; caller frees *faces. Thread: any. */
 int32_t spn_facedet_decode(int32_t model, const spn_tensor_t *outputs, int32_t noutputs,
                            const spn_facedet_geom_t *geom, const spn_facedet_params_t *params,
-                           spn_face_t **faces, int32_t *n, spn_error_t *err);
+                           spn_detface_t **faces, int32_t *n, spn_error_t *err);
 
 typedef enum spn_nms_mode {
   SPN_NMS_PLAIN = 0,    /* float boxes, width = x1 - x0 */
@@ -109,7 +109,7 @@ typedef enum spn_nms_mode {
 /* Greedy NMS over boxes sorted by descending score: keeps a box unless its
  * IoU with an already kept box exceeds `threshold`. Writes kept indices to
  * keep[] (capacity n), returns their count. Thread: any. */
-int32_t spn_facedet_nms(const spn_face_t *sorted, int32_t n, float threshold, int32_t mode, int32_t *keep);
+int32_t spn_facedet_nms(const spn_detface_t *sorted, int32_t n, float threshold, int32_t mode, int32_t *keep);
 
 #ifdef __cplusplus
 }

@@ -109,7 +109,7 @@ int main(int argc, char **argv) {
     }
     free(spec);
   }
-  spn_face_t *faces = NULL;
+  spn_detface_t *faces = NULL;
   int32_t n = 0;
   int32_t rc = spn_facedet_decode(model, outs, no, &g, &p, &faces, &n, &err);
   if (rc != SPN_OK) {
@@ -117,7 +117,7 @@ int main(int argc, char **argv) {
   } else {
     printf("{\"faces\": [");
     for (int32_t i = 0; i < n; i++) {
-      spn_face_t *f = &faces[i];
+      spn_detface_t *f = &faces[i];
       printf("%s[%.9g, %.9g, %.9g, %.9g, %.9g", i ? ", " : "", f->x0, f->y0, f->x1, f->y1, f->score);
       if (f->has_landmarks)
         for (int k = 0; k < 10; k++)
