@@ -25,6 +25,7 @@
  * BOM is not counted).
  */
 #include <errno.h>
+#include <locale.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -219,6 +220,7 @@ typedef struct parser {
   size_t blen, bcap;
   keyseg_t *segs;
   size_t nsegs, capsegs;
+  locale_t c_locale; /* made on the first float: strtod must not follow LC_NUMERIC */
 } parser_t;
 
 static spn_toml_pos_t here(const parser_t *P) {
@@ -744,8 +746,10 @@ static int32_t parse_number(parser_t *P, spn_toml_node_t *v) {
         return oom(P);
     if (!buf_putc(P, '\0'))
       return oom(P);
+    if (!P->c_locale && !(P->c_locale = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0)))
+      return oom(P);
     v->type = SPN_TOML_FLOAT;
-    v->u.f = strtod(P->buf, NULL);
+    v->u.f = strtod_l(P->buf, NULL, P->c_locale);
     return SPN_OK;
   }
   uint64_t acc = 0, lim = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
@@ -1202,11 +1206,15 @@ int32_t spn_toml_parse(const char *src, size_t len, const char *name, spn_toml_d
     goto out_parser;
   free(P.buf);
   free(P.segs);
+  if (P.c_locale)
+    freelocale(P.c_locale);
   *out = d;
   return SPN_OK;
 out_parser:
   free(P.buf);
   free(P.segs);
+  if (P.c_locale)
+    freelocale(P.c_locale);
 out_doc:
   if (rc == SPN_ENOMEM && err && err->code != SPN_ENOMEM)
     spn_error_set(err, SPN_ENOMEM, "%s: out of memory", name);
