@@ -891,6 +891,8 @@ static int32_t parse_array(parser_t *P, spn_toml_node_t *a) {
     skip_ws_nl(P);
     if (cur(P) == ']')
       break;
+    if (cur(P) < 0)
+      return fail(P, here(P), "unterminated array (opened at %u:%u)", a->pos.line, a->pos.col);
     spn_toml_node_t *item;
     int32_t rc = parse_value(P, (uint16_t)(a->depth + 1), &item);
     if (rc < 0)
@@ -904,6 +906,8 @@ static int32_t parse_array(parser_t *P, spn_toml_node_t *a) {
     }
     if (cur(P) == ']')
       break;
+    if (cur(P) < 0)
+      return fail(P, here(P), "unterminated array (opened at %u:%u)", a->pos.line, a->pos.col);
     return fail(P, here(P), "expected ',' or ']' in array, found %s", found(P, fb, sizeof fb));
   }
   P->p++; /* ] */
@@ -937,6 +941,8 @@ static int32_t parse_inline_table(parser_t *P, spn_toml_node_t *t) {
       break;
     if (at_newline(P))
       return fail(P, here(P), "newline in inline table");
+    if (cur(P) < 0)
+      return fail(P, here(P), "unterminated inline table (opened at %u:%u)", t->pos.line, t->pos.col);
     return fail(P, here(P), "expected ',' or '}' in inline table, found %s", found(P, fb, sizeof fb));
   }
   P->p++;

@@ -294,6 +294,9 @@ static void error_positions(void **state) {
   fails("s = \"\\uD800\"\n", "t.toml:1:6: \\uD800 is not a Unicode scalar value");
   fails("a = \"open\n", "t.toml:1:10: newline in a single-line string");
   fails("a = 'open", "t.toml:1:5: unterminated string");
+  fails("a = [1,\n  2\n", "t.toml:3:1: unterminated array (opened at 1:5)");
+  fails("a = [1,\n", "t.toml:2:1: unterminated array (opened at 1:5)");
+  fails("a = {x = 1", "t.toml:1:11: unterminated inline table (opened at 1:5)");
   fails("[a\nx=1\n", "t.toml:1:3: expected ']' to close the table header, found end of line");
 }
 
