@@ -247,7 +247,8 @@ static int32_t oom(parser_t *P) {
 static const char *quote_key(char *out, size_t size, const char *k, size_t n) {
   size_t o = 0;
   out[o++] = '"';
-  for (size_t i = 0; i < n && o + 8 < size; i++) {
+  /* Room kept at the end: one escape (6) + "..." (3) + quote + NUL. */
+  for (size_t i = 0; i < n && o + 12 < size; i++) {
     unsigned char c = (unsigned char)k[i];
     if (c == '"' || c == '\\') {
       out[o++] = '\\';
@@ -257,7 +258,7 @@ static const char *quote_key(char *out, size_t size, const char *k, size_t n) {
     } else {
       out[o++] = (char)c;
     }
-    if (o + 8 >= size && i + 1 < n) {
+    if (o + 12 >= size && i + 1 < n) {
       memcpy(out + o, "...", 3);
       o += 3;
       break;

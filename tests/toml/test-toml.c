@@ -498,6 +498,28 @@ static void parse_file_and_bad_args(void **state) {
   spn_toml_doc_free(&doc);
 }
 
+static void long_keys_in_messages_are_cut(void **state) {
+  (void)state;
+  /* Keys of every length, ending in escapes, quoted into a bounded message. */
+  /* Plain bytes first so that escapes land at every offset of the buffer. */
+  const char *heads[] = {"\"", "\"a", "\"aa", "\"aaa", "\"aaaa", "\"aaaaa"};
+  for (size_t n = 6 * 20; n < 6 * 20 + 6 * 6; n++) {
+    char *k = repeat(heads[n % 6], "\\u0001", n / 6, "\"");
+    size_t kl = strlen(k);
+    char *src = malloc(2 * kl + 16);
+    assert_non_null(src);
+    snprintf(src, 2 * kl + 16, "%s = 1\n%s = 2\n", k, k);
+    spn_error_t err = SPN_ERROR_INIT;
+    spn_toml_doc_t *doc = NULL;
+    assert_int_equal(spn_toml_parse(src, strlen(src), "t.toml", &doc, &err), SPN_EPARSE);
+    assert_memory_equal(err.msg, "t.toml:2:1: duplicate key \"", 27);
+    assert_non_null(strstr(err.msg, "\\u0001\\u0001"));
+    assert_non_null(strstr(err.msg, "...\" (first defined at 1:1)"));
+    free(src);
+    free(k);
+  }
+}
+
 static void redefinition_rules(void **state) {
   (void)state;
   /* Accepted. */
@@ -535,6 +557,7 @@ int main(void) {
       cmocka_unit_test(error_positions),
       cmocka_unit_test(error_positions_after_multiline_crlf_bom),
       cmocka_unit_test(redefinition_rules),
+      cmocka_unit_test(long_keys_in_messages_are_cut),
       cmocka_unit_test(deep_nesting),
       cmocka_unit_test(parse_file_and_bad_args),
       cmocka_unit_test(ten_megabytes_parse_in_linear_time),
