@@ -5,7 +5,8 @@
  * SPN_EPARSE and a message "NAME:LINE:COL: reason" whose line and column lie
  * inside the file. This is the fuzzer's seed corpus replayed in the normal
  * build, so a regression shows up without clang or libFuzzer. Exit 77 (skip)
- * when the corpus is not there.
+ * when the corpus is not there. TOML_TEST_CONFORMANCE, when set, names the
+ * conformance folder instead (the corpus is its toml-test/).
  */
 #include <ftw.h>
 #include <stdio.h>
@@ -101,6 +102,13 @@ int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: replay-toml TOML_TEST_DIR\n");
     return 2;
+  }
+  /* Like run-conformance.py: TOML_TEST_CONFORMANCE overrides the folder. */
+  char over[4096];
+  const char *env = getenv("TOML_TEST_CONFORMANCE");
+  if (env && *env) {
+    snprintf(over, sizeof over, "%s/toml-test", env);
+    argv[1] = over;
   }
   struct stat st;
   if (stat(argv[1], &st) != 0 || !S_ISDIR(st.st_mode)) {
