@@ -1,0 +1,331 @@
+/* facedetect-host.c — a minimal stand-in host that loads libspindle-vision.so
+ * through its descriptor, exactly as the runtime's loader will, and drives the
+ * facedetect stage kind: init, create (config filled from the schema's
+ * defaults plus `cascade`), job_open, process in batches, job_close, destroy.
+ * Used by test-facedetect-stage.py.
+ *
+ *   facedetect-host PLUGIN.so CASCADE W H BATCH JOB:FRAME...
+ *
+ * FRAME is a raw W*H*3 RGB file, or "bad" (a float tensor where a u8 frame
+ * belongs), or "eos" (a message without a frame). Prints one JSON line per
+ * emitted message ({"job", "seq", "faces": [[x0,y0,x1,y1,score,track], ...]})
+ * and per failed job ({"failed", "status", "msg"}). Checks the descriptor and
+ * the registered kind and exits non-zero if anything is off.
+ */
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "spindle/plugin.h"
+
+#define MAX_ITEMS 4
+#define MAX_JOBS 8
+
+struct spn_buffer {
+  void *data;
+  size_t size;
+  int refs;
+};
+
+typedef struct fitem {
+  char name[32];
+  int32_t kind;
+  spn_tensor_t t;
+  spn_buffer_t *buf;
+  void *meta;
+  size_t meta_size;
+} fitem_t;
+
+struct spn_msg {
+  spn_envelope_t env;
+  int n;
+  fitem_t items[MAX_ITEMS];
+};
+
+struct spn_stage {
+  void *data;
+};
+
+struct spn_plugin {
+  const spn_stage_kind_t *kind;
+  void *data;
+};
+
+static int failures;
+
+static int32_t h_register_kind(spn_plugin_t *p, const spn_stage_kind_t *k, spn_error_t *err) {
+  if (!k || k->struct_size != sizeof(spn_stage_kind_t) || !k->name || !k->process || !k->create)
+    return spn_error_set(err, SPN_EABI, "bad kind");
+  p->kind = k;
+  return SPN_OK;
+}
+static void h_plugin_set_data(spn_plugin_t *p, void *d) { p->data = d; }
+static void *h_stage_get_data(spn_stage_t *s) { return s->data; }
+static const char *h_stage_get_name(spn_stage_t *s) { (void)s; return "faces"; }
+static int32_t h_stage_get_threads(spn_stage_t *s) { (void)s; return 1; }
+static void h_log(spn_stage_t *s, uint64_t job, int32_t level, const char *fmt, ...) {
+  (void)s; (void)job; (void)level; (void)fmt;
+}
+static void print_json_string(const char *s) {
+  putchar('"');
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\')
+      putchar('\\');
+    if ((unsigned char)*s >= 0x20)
+      putchar(*s);
+  }
+  putchar('"');
+}
+static void h_fail_job(spn_stage_t *s, uint64_t job, int32_t status, const char *msg) {
+  (void)s;
+  printf("{\"failed\": %llu, \"status\": %d, \"msg\": ", (unsigned long long)job, status);
+  print_json_string(msg);
+  printf("}\n");
+}
+static bool h_job_cancelled(spn_stage_t *s, uint64_t job) { (void)s; (void)job; return false; }
+
+static void buf_unref(spn_buffer_t **b) {
+  if (b && *b && --(*b)->refs == 0) {
+    free((*b)->data);
+    free(*b);
+  }
+  if (b)
+    *b = NULL;
+}
+
+static void h_msg_free(spn_msg_t **m) {
+  if (!m || !*m)
+    return;
+  for (int i = 0; i < (*m)->n; i++) {
+    buf_unref(&(*m)->items[i].buf);
+    free((*m)->items[i].meta);
+  }
+  free(*m);
+  *m = NULL;
+}
+static const spn_envelope_t *h_msg_envelope(const spn_msg_t *m) { return &m->env; }
+static size_t h_msg_item_count(const spn_msg_t *m) { return (size_t)m->n; }
+static int32_t h_msg_item(const spn_msg_t *m, size_t i, spn_item_t *it) {
+  if (i >= (size_t)m->n || it->struct_size < sizeof *it)
+    return SPN_EINVAL;
+  const fitem_t *f = &m->items[i];
+  it->kind = f->kind;
+  it->name = f->name;
+  it->tensor = f->t;
+  it->buffer = f->buf;
+  it->meta = f->meta;
+  it->meta_size = f->meta_size;
+  return SPN_OK;
+}
+static int64_t h_msg_find(const spn_msg_t *m, const char *name) {
+  for (int i = 0; i < m->n; i++)
+    if (!strcmp(m->items[i].name, name))
+      return i;
+  return -1;
+}
+static int32_t h_msg_add_meta(spn_msg_t *m, const char *name, const void *data, size_t size, spn_error_t *err) {
+  if (m->n == MAX_ITEMS)
+    return spn_error_set(err, SPN_ETOOBIG, "too many items");
+  fitem_t *f = &m->items[m->n];
+  memset(f, 0, sizeof *f);
+  snprintf(f->name, sizeof f->name, "%s", name);
+  f->kind = SPN_ITEM_META;
+  f->meta = malloc(size ? size : 1);
+  if (size)
+    memcpy(f->meta, data, size);
+  f->meta_size = size;
+  m->n++;
+  return SPN_OK;
+}
+static int32_t h_emit(spn_stage_t *s, uint32_t port, spn_msg_t **m, spn_error_t *err) {
+  (void)s;
+  (void)err;
+  if (port != 0) {
+    printf("{\"error\": \"emit on port %u\"}\n", port);
+    failures++;
+  }
+  spn_msg_t *msg = *m;
+  printf("{\"job\": %llu, \"seq\": %llu, \"faces\": ", (unsigned long long)msg->env.job_id,
+         (unsigned long long)msg->env.seq);
+  int64_t k = h_msg_find(msg, "faces");
+  if (k < 0) {
+    printf("null}\n");
+  } else {
+    const fitem_t *f = &msg->items[k];
+    const spn_face_t *faces = f->meta;
+    size_t n = f->meta_size / sizeof(spn_face_t);
+    if (f->meta_size % sizeof(spn_face_t))
+      failures++;
+    printf("[");
+    for (size_t i = 0; i < n; i++)
+      printf("%s[%.4f, %.4f, %.4f, %.4f, %.3f, %d]", i ? ", " : "", faces[i].x0, faces[i].y0, faces[i].x1,
+             faces[i].y1, faces[i].score, faces[i].track_id);
+    printf("]}\n");
+  }
+  h_msg_free(m);
+  return SPN_OK;
+}
+
+static spn_msg_t *make_msg(uint64_t job, uint64_t seq, const char *frame, int32_t w, int32_t h) {
+  spn_msg_t *m = calloc(1, sizeof *m);
+  m->env = (spn_envelope_t){.struct_size = sizeof(spn_envelope_t), .job_id = job, .seq = seq, .total = -1};
+  if (!strcmp(frame, "eos")) {
+    m->env.flags = SPN_MSG_EOS;
+    return m;
+  }
+  fitem_t *f = &m->items[m->n++];
+  snprintf(f->name, sizeof f->name, "frame");
+  f->kind = SPN_ITEM_TENSOR;
+  f->t = (spn_tensor_t)SPN_TENSOR_INIT;
+  f->t.ndim = 3;
+  f->t.shape[0] = h;
+  f->t.shape[1] = w;
+  f->t.shape[2] = 3;
+  f->buf = calloc(1, sizeof *f->buf);
+  f->buf->refs = 1;
+  if (!strcmp(frame, "bad")) {
+    f->t.dtype = SPN_DTYPE_F32;
+    f->buf->size = (size_t)w * h * 3 * 4;
+    f->buf->data = calloc(1, f->buf->size);
+  } else {
+    f->t.dtype = SPN_DTYPE_U8;
+    f->buf->size = (size_t)w * h * 3;
+    f->buf->data = malloc(f->buf->size);
+    FILE *fp = fopen(frame, "rb");
+    if (!fp || fread(f->buf->data, 1, f->buf->size, fp) != f->buf->size) {
+      fprintf(stderr, "%s: cannot read %zu bytes\n", frame, f->buf->size);
+      exit(2);
+    }
+    fclose(fp);
+  }
+  f->t.data = f->buf->data;
+  return m;
+}
+
+/* What the runtime does with a schema: defaults first (then the TOML). */
+static void fill_defaults(const spn_config_field_t *schema, void *cfg) {
+  for (const spn_config_field_t *f = schema; f && f->key; f++) {
+    char *p = (char *)cfg + f->offset;
+    switch (f->type) {
+    case SPN_CONFIG_STRING:
+    case SPN_CONFIG_PATH: *(const char **)p = f->def_str; break;
+    case SPN_CONFIG_INT: *(int64_t *)p = f->def_int; break;
+    case SPN_CONFIG_FLOAT: *(double *)p = f->def_float; break;
+    case SPN_CONFIG_BOOL: *(bool *)p = f->def_int != 0; break;
+    }
+  }
+}
+
+int main(int argc, char **argv) {
+  if (argc < 7) {
+    fprintf(stderr, "usage: see the header of facedetect-host.c\n");
+    return 2;
+  }
+  void *so = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (!so) {
+    fprintf(stderr, "dlopen: %s\n", dlerror());
+    return 1;
+  }
+  const spn_plugin_desc_t *(*descf)(void) = (const spn_plugin_desc_t *(*)(void))dlsym(so, "spindle_plugin_vision_desc");
+  if (!descf) {
+    fprintf(stderr, "no spindle_plugin_vision_desc\n");
+    return 1;
+  }
+  const spn_plugin_desc_t *d = descf();
+  if (d->struct_size != sizeof *d || d->abi_major != SPN_PLUGIN_ABI_MAJOR || strcmp(d->name, "vision") ||
+      d->sig_pointer_size != sizeof(void *) || !d->init) {
+    fprintf(stderr, "bad descriptor\n");
+    return 1;
+  }
+  spn_host_api_t host = {
+      .struct_size = sizeof host,
+      .abi_major = SPN_PLUGIN_ABI_MAJOR,
+      .abi_minor = SPN_PLUGIN_ABI_MINOR,
+      .register_kind = h_register_kind,
+      .plugin_set_data = h_plugin_set_data,
+      .stage_get_data = h_stage_get_data,
+      .stage_get_name = h_stage_get_name,
+      .stage_get_threads = h_stage_get_threads,
+      .log = h_log,
+      .fail_job = h_fail_job,
+      .job_cancelled = h_job_cancelled,
+      .buffer_unref = buf_unref,
+      .msg_free = h_msg_free,
+      .msg_envelope = h_msg_envelope,
+      .msg_item_count = h_msg_item_count,
+      .msg_item = h_msg_item,
+      .msg_find = h_msg_find,
+      .msg_add_meta = h_msg_add_meta,
+      .emit = h_emit,
+  };
+  spn_plugin_t plugin = {0};
+  spn_error_t err = SPN_ERROR_INIT;
+  if (d->init(&host, &plugin, &err) != SPN_OK || !plugin.kind || strcmp(plugin.kind->name, "facedetect")) {
+    fprintf(stderr, "init: %s\n", err.msg);
+    return 1;
+  }
+  const spn_stage_kind_t *k = plugin.kind;
+  void *cfg = calloc(1, k->config_size);
+  fill_defaults(k->schema, cfg);
+  /* `cascade` is the first field of the config. */
+  for (const spn_config_field_t *f = k->schema; f->key; f++)
+    if (!strcmp(f->key, "cascade"))
+      *(const char **)((char *)cfg + f->offset) = argv[2];
+  spn_stage_t stage = {0};
+  if (k->create(&stage, cfg, &stage.data, &err) != SPN_OK) {
+    printf("{\"create_error\": ");
+    print_json_string(err.msg);
+    printf("}\n");
+    free(cfg);
+    return 0;
+  }
+  int32_t w = atoi(argv[3]), h = atoi(argv[4]);
+  int batch = atoi(argv[5]);
+  void *jobs[MAX_JOBS] = {0};
+  uint64_t seqs[MAX_JOBS] = {0};
+  spn_msg_t *msgs[16];
+  void *js[16];
+  int nb = 0;
+  for (int i = 6; i <= argc; i++) {
+    if (i < argc) {
+      char *colon = strchr(argv[i], ':');
+      int job = atoi(argv[i]);
+      if (!colon || job < 1 || job >= MAX_JOBS)
+        return 2;
+      if (!jobs[job]) {
+        spn_job_info_t info = {.struct_size = sizeof info, .job_id = (uint64_t)job, .config = cfg};
+        if (k->job_open(&stage, stage.data, &info, &jobs[job], &err) != SPN_OK) {
+          fprintf(stderr, "job_open: %s\n", err.msg);
+          return 1;
+        }
+      }
+      msgs[nb] = make_msg((uint64_t)job, seqs[job]++, colon + 1, w, h);
+      js[nb] = jobs[job];
+      nb++;
+    }
+    if (nb > 0 && (nb == batch || i == argc)) {
+      if (k->process(&stage, stage.data, msgs, js, (size_t)nb, &err) != SPN_OK) {
+        fprintf(stderr, "process: %s\n", err.msg);
+        return 1;
+      }
+      for (int b = 0; b < nb; b++)
+        if (msgs[b]) {
+          fprintf(stderr, "message %d neither emitted nor freed\n", b);
+          failures++;
+          h_msg_free(&msgs[b]);
+        }
+      nb = 0;
+    }
+  }
+  for (int j = 0; j < MAX_JOBS; j++)
+    if (jobs[j])
+      k->job_close(&stage, stage.data, jobs[j], true);
+  k->destroy(&stage, stage.data);
+  if (d->fini)
+    d->fini(plugin.data);
+  free(cfg);
+  dlclose(so);
+  return failures ? 1 : 0;
+}
