@@ -1,5 +1,5 @@
-/* stage-facedetect.c — the vision plugin (libspindle-vision.so): the
- * `facedetect` stage kind with the embedded Haar-cascade detector.
+/* stage-facedetect.c — the `facedetect` stage kind of the vision plugin
+ * (libspindle-vision.so), with the embedded Haar-cascade detector.
  *
  * Input port "video": messages carrying a tensor item "frame", (H,W,3) u8
  * RGB in host memory. Each frame is converted to grey exactly as OpenCV's
@@ -25,6 +25,7 @@
 #include "spindle/plugin.h"
 
 #include "haar.h"
+#include "plugin-vision.h"
 #include "track.h"
 
 typedef struct fd_config {
@@ -91,16 +92,9 @@ typedef struct fd_job {
   spn_box_smoother_t *smoother;
 } fd_job_t;
 
-/* The host API table. plugin.h hands it to init() only, while create() gets
- * no way to reach it, so it is kept here: written once by init, never
- * changed afterwards, and a second init from a different host table is
- * refused. It is the table of the one host that loaded this object, not
- * pipeline state: two pipelines in that host share nothing through it. */
-static const spn_host_api_t *g_host;
-
 static int32_t fd_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
   const fd_config_t *cfg = config;
-  const spn_host_api_t *host = g_host;
+  const spn_host_api_t *host = spn__vision_host();
   if (!host || !cfg)
     return spn_error_set(err, SPN_ESTATE, "facedetect: plugin not initialised");
   fd_state_t *st = calloc(1, sizeof *st);
@@ -319,18 +313,6 @@ static const spn_stage_kind_t k_facedetect = {
     .destroy = fd_destroy,
 };
 
-static int32_t fd_init(const spn_host_api_t *host, spn_plugin_t *plugin, spn_error_t *err) {
-  (void)plugin;
-  if (!host || host->struct_size < offsetof(spn_host_api_t, reserved))
-    return spn_error_set(err, SPN_EABI, "vision: host API table too old");
-  if (g_host && g_host != host)
-    return spn_error_set(err, SPN_ESTATE, "vision: already initialised by another host");
-  g_host = host;
-  return host->register_kind(plugin, &k_facedetect, err);
+const spn_stage_kind_t *spn__vision_facedetect_kind(void) {
+  return &k_facedetect;
 }
-
-static void fd_fini(void *data) {
-  (void)data;
-}
-
-SPN_PLUGIN_DEFINE(vision, .version = "0.1.0", .license = "Apache-2.0", .init = fd_init, .fini = fd_fini)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The facedetect stage (libspindle-vision.so) driven through the plugin ABI.
 
-facedetect-host (argv[2]) loads the plugin (argv[1]) by its descriptor, runs
+stage-host (argv[2]) loads the plugin (argv[1]) by its descriptor, runs
 init/create/job_open/process/job_close/destroy like the runtime, and prints
 what the stage emits. Frames: the astronaut moving right 4-6 px per frame (job
 1, with one frame where she is gone and an end-of-stream message), a second
@@ -84,7 +84,7 @@ def main():
                 [(1, d) for d in job1[4:]] + [(1, 'eos')]
         for job, d in order:
             args.append(f'{job}:{d if d in ("bad", "eos") else raw[d]}')
-        out = subprocess.run([HOST, PLUGIN, cascade, str(W), str(H), '3'] + args,
+        out = subprocess.run([HOST, PLUGIN, 'facedetect', str(W), str(H), '3', tmp, f'cascade={cascade}', '--'] + args,
                              capture_output=True, text=True, timeout=120)
         check(out.returncode == 0, f'host ran the stage (exit {out.returncode}) {out.stderr.strip()}')
         lines = [json.loads(l) for l in out.stdout.splitlines()]
@@ -125,7 +125,8 @@ def main():
         eos = [l for l in emitted if l['job'] == 1 and l['faces'] is None]
         check(len(eos) == 1 and eos[0]['seq'] == len(job1), 'end-of-stream message forwarded untouched')
 
-        out = subprocess.run([HOST, PLUGIN, os.path.join(tmp, 'missing.xml'), str(W), str(H), '1', f'1:{raw[0]}'],
+        out = subprocess.run([HOST, PLUGIN, 'facedetect', str(W), str(H), '1', tmp,
+                              'cascade=' + os.path.join(tmp, 'missing.xml'), '--', f'1:{raw[0]}'],
                              capture_output=True, text=True, timeout=60)
         line = json.loads(out.stdout.splitlines()[0]) if out.stdout else {}
         check('create_error' in line and 'missing.xml' in line['create_error'],
