@@ -13,9 +13,10 @@
  * or null, "frame": [h, w] or null, "file": OUTDIR/JOB-SEQ.rgb holding the
  * emitted frame}) and per failed job ({"failed", "status", "msg"}).
  *
- * Its engine stands in for ONNX models named "fake-sr-x2": model_run applies
- * a 3x3 box blur (zero padding) to each channel and upsamples x2 (nearest) —
- * a local operator of radius 1, enough to see tiling seams. Checks the
+ * Its engine stands in for two ONNX models: "fake-sr-x2" applies a 3x3 box
+ * blur (zero padding) to each channel and upsamples x2 (nearest) — a local
+ * operator of radius 1, enough to see tiling seams; "fake-retinaface" returns
+ * RetinaFace outputs with one confident anchor (see fake_retinaface). Checks the
  * descriptor and the registered kind and exits non-zero if anything is off.
  */
 #include <dlfcn.h>
@@ -238,16 +239,20 @@ static int32_t h_msg_add_tensor(spn_msg_t *m, const char *name, const spn_tensor
 }
 
 struct spn_model {
-  int scale;
+  int scale;       /* fake-sr-x2 */
+  int retinaface;  /* fake-retinaface */
 };
 static int32_t h_model_load(spn_stage_t *s, const char *path, spn_model_t **out, spn_error_t *err) {
   (void)s;
   const char *base = strrchr(path, '/');
   base = base ? base + 1 : path;
-  if (strcmp(base, "fake-sr-x2"))
+  if (strcmp(base, "fake-sr-x2") && strcmp(base, "fake-retinaface"))
     return spn_error_set(err, SPN_ENOENT, "%s: no such model", path);
   *out = calloc(1, sizeof **out);
-  (*out)->scale = 2;
+  if (!strcmp(base, "fake-sr-x2"))
+    (*out)->scale = 2;
+  else
+    (*out)->retinaface = 1;
   return SPN_OK;
 }
 static void h_model_release(spn_stage_t *s, spn_model_t **m) {
@@ -256,10 +261,64 @@ static void h_model_release(spn_stage_t *s, spn_model_t **m) {
   *m = NULL;
 }
 static int model_calls;
+static int32_t h_model_io_count(const spn_model_t *m, bool is_output) {
+  return is_output ? (m->retinaface ? 3 : 1) : 1;
+}
+static void h_model_free_outputs(spn_model_t *m, spn_tensor_t *outs, size_t n) {
+  (void)m;
+  for (size_t i = 0; i < n; i++) {
+    free(outs[i].data);
+    outs[i].data = NULL;
+  }
+}
+/* fake-retinaface: loc and landms all zero (boxes = priors), every score
+ * 0.01 except anchor (row 2, col 3, min_size 256) of stride 32 at 0.99 and its
+ * right neighbour at 0.9 (suppressed by NMS: IoU 0.78). The per-channel means
+ * of the input go to stderr so the test can check the preprocessing. */
+static int32_t fake_retinaface(const spn_tensor_t *in, spn_tensor_t *out, spn_error_t *err) {
+  if (in->ndim != 4 || in->shape[1] != 3)
+    return spn_error_set(err, SPN_EINVAL, "fake engine: unexpected input");
+  int64_t H = in->shape[2], W = in->shape[3], N = 0, target = -1, steps[3] = {8, 16, 32};
+  for (int k = 0; k < 3; k++) {
+    int64_t fh = (H + steps[k] - 1) / steps[k], fw = (W + steps[k] - 1) / steps[k];
+    if (k == 2)
+      target = N + (2 * fw + 3) * 2;
+    N += fh * fw * 2;
+  }
+  int64_t widths[3] = {4, 2, 10};
+  for (int i = 0; i < 3; i++) {
+    out[i] = (spn_tensor_t)SPN_TENSOR_INIT;
+    out[i].dtype = SPN_DTYPE_F32;
+    out[i].ndim = 3;
+    out[i].shape[0] = 1;
+    out[i].shape[1] = N;
+    out[i].shape[2] = widths[i];
+    out[i].data = calloc((size_t)(N * widths[i]), sizeof(float));
+  }
+  float *conf = out[1].data;
+  for (int64_t a = 0; a < N; a++) {
+    conf[2 * a] = 0.99f;
+    conf[2 * a + 1] = 0.01f;
+  }
+  conf[2 * target + 1] = 0.99f;
+  conf[2 * (target + 2) + 1] = 0.9f;
+  const float *x = in->data;
+  double mean[3] = {0, 0, 0};
+  for (int c = 0; c < 3; c++) {
+    for (int64_t i = 0; i < H * W; i++)
+      mean[c] += x[c * H * W + i];
+    mean[c] /= (double)(H * W);
+  }
+  fprintf(stderr, "retinaface input %lldx%lld means: %.4f %.4f %.4f\n", (long long)W, (long long)H, mean[0], mean[1],
+          mean[2]);
+  return SPN_OK;
+}
 static int32_t h_model_run(spn_stage_t *s, spn_model_t *model, const spn_tensor_t *in, size_t n_in,
                            spn_tensor_t *out, size_t n_out, spn_error_t *err) {
   (void)s;
   model_calls++;
+  if (model->retinaface)
+    return n_in == 1 && n_out == 3 ? fake_retinaface(in, out, err) : spn_error_set(err, SPN_EINVAL, "fake engine");
   if (n_in != 1 || n_out != 1 || in->dtype != SPN_DTYPE_F32 || in->ndim != 4 || in->shape[0] != 1 ||
       in->shape[1] != 3 || !out->data || out->dtype != SPN_DTYPE_F32 || out->ndim != 4 ||
       out->shape[2] != in->shape[2] * model->scale || out->shape[3] != in->shape[3] * model->scale)
@@ -414,6 +473,8 @@ int main(int argc, char **argv) {
       .model_load = h_model_load,
       .model_release = h_model_release,
       .model_run = h_model_run,
+      .model_io_count = h_model_io_count,
+      .model_free_outputs = h_model_free_outputs,
   };
   spn_plugin_t plugin = {0};
   spn_error_t err = SPN_ERROR_INIT;

@@ -131,6 +131,38 @@ def main():
         line = json.loads(out.stdout.splitlines()[0]) if out.stdout else {}
         check('create_error' in line and 'missing.xml' in line['create_error'],
               f'a missing cascade fails create naming the file: {line}')
+        # Model path: RetinaFace through the stand-in engine on a 200x150 frame.
+        fw, fh = 200, 150
+        f = rng_frame = np.random.default_rng(3).integers(0, 256, size=(fh, fw, 3), dtype=np.uint8)
+        p = os.path.join(tmp, 'small.rgb')
+        f.tofile(p)
+        out = subprocess.run([HOST, PLUGIN, 'facedetect', str(fw), str(fh), '2', tmp, 'model=fake-retinaface',
+                              'detector=retinaface', '--', f'1:{p}', f'1:{p}'],
+                             capture_output=True, text=True, timeout=60)
+        check(out.returncode == 0, f'model-backed facedetect ran (exit {out.returncode})')
+        lines = [json.loads(l) for l in out.stdout.splitlines()]
+        # The anchor the stand-in makes confident: stride 32, row 2, col 3, min_size 256,
+        # a box centred on ((3 + 0.5) * 32, (2 + 0.5) * 32), landmarks on its centre.
+        cx, cy = 3.5 * 32, 2.5 * 32
+        want = [cx - 128, cy - 128, cx + 128, cy + 128]
+        ok = len(lines) == 2
+        for l in lines:
+            faces = l.get('faces') or []
+            ok = ok and len(faces) == 1 and max(abs(a - b) for a, b in zip(faces[0][:4], want)) < 1e-3 and \
+                abs(faces[0][4] - 0.99) < 1e-6 and abs(faces[0][6] - cx) < 1e-3 and abs(faces[0][7] - cy) < 1e-3
+        check(ok, f'RetinaFace outputs decoded, NMS applied, one face {want} with score 0.99 and landmarks: '
+                  f'{[l.get("faces") for l in lines]}')
+        bgr_mean = [float(f[:, :, 2].mean() - 104), float(f[:, :, 1].mean() - 117), float(f[:, :, 0].mean() - 123)]
+        means = [l for l in out.stderr.splitlines() if l.startswith('retinaface input')]
+        got = [float(v) for v in means[0].split(':')[1].split()] if means else []
+        check(means and means[0].startswith(f'retinaface input {fw}x{fh}') and
+              max(abs(a - b) for a, b in zip(got, bgr_mean)) < 1e-3,
+              f'engine input is the frame as BGR - (104, 117, 123): means {got} vs {bgr_mean}')
+        out = subprocess.run([HOST, PLUGIN, 'facedetect', str(fw), str(fh), '1', tmp, 'model=fake-retinaface',
+                              'detector=yolo', '--', f'1:{p}'], capture_output=True, text=True, timeout=60)
+        line = json.loads(out.stdout.splitlines()[0]) if out.stdout else {}
+        check('create_error' in line and 'yolo' in line['create_error'],
+              f'an unknown detector fails create naming it: {line}')
     print(f'facedetect-stage: {passed} passed, {failed} failed')
     sys.exit(1 if failed else 0)
 
