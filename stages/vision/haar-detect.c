@@ -251,24 +251,7 @@ static inline float feature_value(const opt_feature_t *f, const uint32_t *p, flo
   return ret * vnf;
 }
 
-/* 1: accepted; -k: rejected by stage k (0 for the first stage). */
-static int32_t run_stumps(const plan_t *pl, const uint32_t *p, float vnf) {
-  const spn_haar_cascade_t *c = pl->c;
-  const opt_stump_t *st = pl->stumps;
-  for (int32_t si = 0; si < c->nstages; si++) {
-    const spn__haar_stage_t *stg = &c->stages[si];
-    double tmp = 0;
-    for (int32_t i = 0; i < stg->ntrees; i++) {
-      float v = feature_value(&st[i].f, p, vnf);
-      tmp += v < st[i].threshold ? st[i].left : st[i].right;
-    }
-    if (tmp < stg->threshold)
-      return -si;
-    st += stg->ntrees;
-  }
-  return 1;
-}
-
+/* Trees: 1 accepted; -k: rejected by stage k (0 for the first stage). */
 static int32_t run_trees(const plan_t *pl, const uint32_t *p, float vnf) {
   const spn_haar_cascade_t *c = pl->c;
   for (int32_t si = 0; si < c->nstages; si++) {
@@ -330,6 +313,82 @@ static int push_cand(worker_t *wk, int32_t level, int32_t y, int32_t x) {
   return 0;
 }
 
+/* Row scan for stump cascades, stage-major: the windows of a row are
+ * evaluated a stage at a time, the stage's stumps in the outer loop and the
+ * surviving windows in the inner one, so each stump's offsets and weights
+ * are loaded once per row instead of once per window. Each window still sums
+ * its stumps in cascade order in a double, so every result is the one the
+ * window-by-window evaluation (OpenCV's order) gives. The first stage is
+ * evaluated for every window with enough variance; the walk that follows
+ * applies the skip rule (a window the first stage rejects makes the scan skip
+ * the next one) exactly as the window-by-window scan does, discarding the
+ * results it skips. */
+typedef struct row_scratch {
+  float *vnf;
+  int32_t *idx;  /* window indices (k: x = k * step) */
+  double *tmp;
+} row_scratch_t;
+
+static int32_t scan_row_stumps(const plan_t *pl, const uint32_t *prow, const uint32_t *qrow, int32_t ww, int32_t step,
+                               row_scratch_t *rs, worker_t *wk, int32_t li, int32_t y) {
+  const spn_haar_cascade_t *c = pl->c;
+  const int32_t *n = pl->nofs;
+  int32_t K = (ww + step - 1) / step, nv = 0;
+  /* Variance normalisation; windows without enough variance drop out here. */
+  for (int32_t k = 0; k < K; k++) {
+    const uint32_t *p = prow + (size_t)k * step, *q = qrow + (size_t)k * step;
+    int32_t vs = (int32_t)(p[n[0]] - p[n[1]] - p[n[2]] + p[n[3]]);
+    uint32_t vq = q[n[0]] - q[n[1]] - q[n[2]] + q[n[3]];
+    double nf = pl->area * (double)vq - (double)vs * (double)vs;
+    rs->vnf[k] = 0.f;
+    if (nf <= 0.0)
+      continue;
+    float vnf = (float)(1.0 / sqrt(nf));
+    if (!(pl->area * (double)vnf < 1e-1))
+      continue;
+    rs->vnf[k] = vnf;
+    rs->idx[nv++] = k;
+  }
+  const opt_stump_t *st = pl->stumps;
+  for (int32_t si = 0; si < c->nstages && nv > 0; si++) {
+    const spn__haar_stage_t *stg = &c->stages[si];
+    for (int32_t j = 0; j < nv; j++)
+      rs->tmp[j] = 0.0;
+    for (int32_t i = 0; i < stg->ntrees; i++) {
+      const opt_stump_t *sp = &st[i];
+      for (int32_t j = 0; j < nv; j++) {
+        int32_t k = rs->idx[j];
+        float v = feature_value(&sp->f, prow + (size_t)k * step, rs->vnf[k]);
+        rs->tmp[j] += v < sp->threshold ? sp->left : sp->right;
+      }
+    }
+    st += stg->ntrees;
+    int32_t m = 0;
+    if (si == 0) {
+      /* The walk: rejected by the first stage -> the next window is skipped. */
+      int32_t skip_until = -1;
+      for (int32_t j = 0; j < nv; j++) {
+        int32_t k = rs->idx[j];
+        if (k <= skip_until)
+          continue;
+        if (rs->tmp[j] < stg->threshold)
+          skip_until = k + 1;
+        else
+          rs->idx[m++] = k;
+      }
+    } else {
+      for (int32_t j = 0; j < nv; j++)
+        if (!(rs->tmp[j] < stg->threshold))
+          rs->idx[m++] = rs->idx[j];
+    }
+    nv = m;
+  }
+  for (int32_t j = 0; j < nv; j++)
+    if (push_cand(wk, li, y, rs->idx[j] * step))
+      return SPN_ENOMEM;
+  return SPN_OK;
+}
+
 static void *worker_run(void *arg) {
   worker_t *wk = arg;
   const plan_t *pl = wk->pl;
@@ -339,8 +398,10 @@ static void *worker_run(void *arg) {
   uint8_t *lvl = malloc((size_t)wk->max_w * wk->max_h);
   uint32_t *sum = malloc(plane * (c->has_tilted ? 2 : 1) * sizeof *sum);
   uint32_t *sq = malloc(plane * sizeof *sq);
+  row_scratch_t rs = {malloc(((size_t)wk->max_w + 1) * sizeof(float)), malloc(((size_t)wk->max_w + 1) * sizeof(int32_t)),
+                      malloc(((size_t)wk->max_w + 1) * sizeof(double))};
   wk->rc = SPN_OK;
-  if (!lvl || !sum || !sq) {
+  if (!lvl || !sum || !sq || !rs.vnf || !rs.idx || !rs.tmp) {
     wk->rc = SPN_ENOMEM;
     goto out;
   }
@@ -364,6 +425,13 @@ static void *worker_run(void *arg) {
     const int32_t *n = pl->nofs;
     for (int32_t y = 0; y < wh; y += step) {
       const uint32_t *prow = sum + (size_t)y * S, *qrow = sq + (size_t)y * S;
+      if (pl->stumps) {
+        if (scan_row_stumps(pl, prow, qrow, ww, step, &rs, wk, li, y) != SPN_OK) {
+          wk->rc = SPN_ENOMEM;
+          goto out;
+        }
+        continue;
+      }
       for (int32_t x = 0; x < ww; x += step) {
         const uint32_t *p = prow + x, *q = qrow + x;
         int32_t vs = (int32_t)(p[n[0]] - p[n[1]] - p[n[2]] + p[n[3]]);
@@ -374,7 +442,7 @@ static void *worker_run(void *arg) {
         float vnf = (float)(1.0 / sqrt(nf));
         if (!(pl->area * (double)vnf < 1e-1))
           continue;
-        int32_t r = pl->stumps ? run_stumps(pl, p, vnf) : run_trees(pl, p, vnf);
+        int32_t r = run_trees(pl, p, vnf);
         if (r > 0 && push_cand(wk, li, y, x)) {
           wk->rc = SPN_ENOMEM;
           goto out;
@@ -385,6 +453,9 @@ static void *worker_run(void *arg) {
     }
   }
 out:
+  free(rs.vnf);
+  free(rs.idx);
+  free(rs.tmp);
   free(lvl);
   free(sum);
   free(sq);
