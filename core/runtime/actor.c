@@ -470,6 +470,8 @@ static void deliver(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, bool counted, 
   spn__rx_t rx = {.msg = m, .link = l, .aj = aj, .counted = counted, .t_ns = now};
   uint32_t port = l->to_port;
   if (a->reorder[port]) {
+    if (m->env.seq != aj->next_seq[port])
+      atomic_fetch_add_explicit(&a->reordered, 1, memory_order_relaxed);
     heap_push(&aj->heaps[port], rx);
     drain_heap(a, aj, port, false);
   } else {
@@ -580,7 +582,9 @@ static bool actor_batch(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
     return false;
   uint32_t maxb = a->srt->max_batch ? a->srt->max_batch : 1;
   uint64_t due_at = a->ready[a->r_head].t_ns + (uint64_t)a->srt->max_delay_ms * 1000000ull;
-  bool due = a->r_n >= maxb || a->n_finishing || !a->srt->max_delay_ms || now >= due_at;
+  /* A job's EOS does not make its last frames due: they may still share a
+   * batch with other jobs' frames, and wait at most max_delay like any. */
+  bool due = a->r_n >= maxb || !a->srt->max_delay_ms || now >= due_at;
   if (!due) {
     if (due_at < *deadline)
       *deadline = due_at;

@@ -16,6 +16,9 @@ SPN_API int32_t spn__pipeline_new_from_spec(spn_runtime_t *rt, spn__pipeline_spe
 /* Largest number of counted messages ever in flight on one link into stage
  * `to_stage` (index in the spec); *capacity gets the links' bound. */
 SPN_API int64_t spn__pipeline_max_in_flight(spn_pipeline_t *pipe, uint32_t to_stage, uint32_t *capacity);
+/* Messages that reached stage `stage` ahead of their seq and waited in its
+ * re-ordering buffer (all replicas). */
+SPN_API int64_t spn__pipeline_reordered(spn_pipeline_t *pipe, uint32_t stage);
 /* Number of replicas (actors) of a stage. */
 SPN_API uint32_t spn__pipeline_replicas(spn_pipeline_t *pipe, uint32_t stage);
 /* The host table plugins get from this runtime. */

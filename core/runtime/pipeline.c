@@ -463,6 +463,13 @@ int64_t spn__pipeline_max_in_flight(spn_pipeline_t *pipe, uint32_t to_stage, uin
   return mx;
 }
 
+int64_t spn__pipeline_reordered(spn_pipeline_t *pipe, uint32_t stage) {
+  int64_t n = 0;
+  for (uint32_t r = 0; stage < pipe->n_stages && r < pipe->stages[stage].n_replicas; r++)
+    n += atomic_load(&pipe->stages[stage].replicas[r]->reordered);
+  return n;
+}
+
 uint32_t spn__pipeline_replicas(spn_pipeline_t *pipe, uint32_t stage) {
   return stage < pipe->n_stages ? pipe->stages[stage].n_replicas : 0;
 }

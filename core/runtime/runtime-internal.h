@@ -188,6 +188,7 @@ struct spn_stage {
   uint64_t retry_ns;         /* source asked to be called later */
   spn__ajob_t *cur_job;      /* job whose callback runs (generate/flush) */
   uint8_t *ser_buf;          /* serialization scratch */
+  atomic_llong reordered;    /* debug: messages that arrived ahead of their turn */
   size_t ser_cap;
 };
 

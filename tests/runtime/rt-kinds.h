@@ -40,6 +40,7 @@ typedef struct rt_col {
   atomic_int opens, closes_ok, closes_fail;
   atomic_llong processed;
   atomic_int tensor_bad;
+  atomic_ullong first_call_ns; /* sink: first process call */
 } rt_col_t;
 
 typedef struct rt_cfg {
@@ -51,6 +52,7 @@ typedef struct rt_cfg {
   uint64_t fail_job;
   int32_t fail_status;  /* pass: when set, return this status from process instead of fail_job */
   bool with_tensor;     /* src: attach a 64-byte tensor holding the seq */
+  int64_t skip_every;   /* pass: replace frames whose seq % skip_every == 1 by SKIP */
   rt_col_t *col;        /* every kind: counts; sink: records */
 } rt_cfg_t;
 
@@ -85,20 +87,28 @@ static inline rt_job_rec_t *rt_col_job(rt_col_t *c, uint64_t job) {
 }
 
 /* Check a job's frames are exactly 0..n-1 in order and flush came after. */
-static inline bool rt_col_check(rt_col_t *c, uint64_t job, int64_t n, char *why, size_t why_size) {
+static inline bool rt_col_check_skip(rt_col_t *c, uint64_t job, int64_t total, int64_t skip_every, char *why,
+                                     size_t why_size) {
   pthread_mutex_lock(&c->mu);
   rt_job_rec_t *r = rt_col_job(c, job);
   bool ok = true;
+  int64_t n = 0;
+  for (int64_t q = 0; q < total; q++)
+    if (!(skip_every && q % skip_every == 1))
+      n++;
   if ((int64_t)r->n != n) {
     snprintf(why, why_size, "job %llu: %zu frames, expected %lld", (unsigned long long)job, r->n, (long long)n);
     ok = false;
   }
-  for (size_t i = 0; ok && i < r->n; i++)
-    if (r->seqs[i] != i) {
-      snprintf(why, why_size, "job %llu: frame %zu has seq %llu", (unsigned long long)job, i,
-               (unsigned long long)r->seqs[i]);
+  for (size_t i = 0, q = 0; ok && i < r->n; i++, q++) {
+    while (skip_every && (int64_t)q % skip_every == 1)
+      q++;
+    if (r->seqs[i] != q) {
+      snprintf(why, why_size, "job %llu: frame %zu has seq %llu, expected %zu", (unsigned long long)job, i,
+               (unsigned long long)r->seqs[i], q);
       ok = false;
     }
+  }
   if (ok && (r->flushes != 1 || r->flushed_at != n)) {
     snprintf(why, why_size, "job %llu: %d flushes, flush after %lld frames (expected one, after %lld)",
              (unsigned long long)job, r->flushes, r->flushed_at, (long long)n);
@@ -106,6 +116,10 @@ static inline bool rt_col_check(rt_col_t *c, uint64_t job, int64_t n, char *why,
   }
   pthread_mutex_unlock(&c->mu);
   return ok;
+}
+
+static inline bool rt_col_check(rt_col_t *c, uint64_t job, int64_t n, char *why, size_t why_size) {
+  return rt_col_check_skip(c, job, n, 0, why, why_size);
 }
 
 /* ---- kinds --------------------------------------------------------------------- */
@@ -235,6 +249,17 @@ static int32_t rt_pass_process(spn_stage_t *s, void *state, spn_msg_t **msgs, vo
       h->fail_job(s, env->job_id, SPN_EMEDIA, "frame is corrupt");
       continue;
     }
+    if (in->cfg.skip_every && (int64_t)env->seq % in->cfg.skip_every == 1) {
+      spn_envelope_t skip = *env;
+      skip.flags = SPN_MSG_SKIP;
+      spn_msg_t *m = NULL;
+      int32_t rc = h->msg_new(s, &skip, &m, err);
+      if (rc == SPN_OK)
+        rc = h->emit(s, 0, &m, err);
+      if (rc != SPN_OK)
+        return rc;
+      continue;
+    }
     int32_t rc = h->emit(s, 0, &msgs[i], err);
     if (rc != SPN_OK)
       return rc;
@@ -254,6 +279,8 @@ static int32_t rt_sink_process(spn_stage_t *s, void *state, spn_msg_t **msgs, vo
   rt_col_t *c = in->cfg.col;
   if (in->cfg.delay_us_max > 0)
     usleep((useconds_t)in->cfg.delay_us_max);
+  unsigned long long zero = 0;
+  atomic_compare_exchange_strong(&c->first_call_ns, &zero, rt_now_ns());
   pthread_mutex_lock(&c->mu);
   c->calls++;
   if (n > c->max_batch)
@@ -381,6 +408,20 @@ static inline spn_job_callbacks_t rt_callbacks(rt_done_t *d) {
   memset(d, 0, sizeof *d);
   return (spn_job_callbacks_t){.struct_size = sizeof(spn_job_callbacks_t), .data = d,
                                .on_progress = rt_on_progress, .on_done = rt_on_done};
+}
+
+static inline spn_runtime_t *rt_new(const char *devices, uint32_t cpu_threads) {
+  spn_runtime_opts_t o = SPN_RUNTIME_OPTS_INIT;
+  o.devices = devices;
+  o.cpu_threads = cpu_threads;
+  o.log_level = SPN_LOG_ERROR + 1; /* the tests provoke errors on purpose */
+  spn_runtime_t *rt = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_runtime_new(&o, &rt, &err) != SPN_OK) {
+    fprintf(stderr, "spn_runtime_new: %s\n", err.msg);
+    abort();
+  }
+  return rt;
 }
 
 #endif
