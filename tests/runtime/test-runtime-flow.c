@@ -270,8 +270,11 @@ static void failing(int32_t status_from_process) {
   assert_true(r->n <= 500);     /* nothing at or after the bad frame arrived */
   assert_int_equal(r->flushes, 0); /* and the failed job was never flushed */
   pthread_mutex_unlock(&col.mu);
+  /* Job 12 closed ok on all three instances; every instance that opened job
+   * 11 (lazily, on its first message) closed it with ok=false. */
   assert_int_equal(atomic_load(&col.closes_ok), 3);
-  assert_int_equal(atomic_load(&col.closes_fail), 3);
+  assert_int_equal(atomic_load(&col.opens), 3 + atomic_load(&col.closes_fail));
+  assert_true(atomic_load(&col.closes_fail) >= 2);
   spn_job_free(&bad);
   spn_job_free(&good);
   /* The pipeline still runs jobs. */
