@@ -1,11 +1,11 @@
 /* frontend-stub.c — TEMPORARY weak stand-ins for the front end and TOML.
  *
- * The registry, spec builder (branch `frontend`) and TOML parser (branch
- * `toml`) are written in parallel. Until they land, these weak definitions
- * let the runtime link and its tests run against specs built in C. Each is
- * weak, so the real (strong) definitions replace them at link time without
- * a conflict; delete this file once both branches are merged. Nothing here
- * is used by a build that has them. */
+ * The registry and spec builder (branch `frontend`) are written in
+ * parallel. Until they land, these weak definitions let the runtime link and
+ * its tests run against specs built in C. Each is weak, so the real (strong)
+ * definitions replace them at link time without a conflict; delete this
+ * file once the frontend branch is merged. Nothing here is used by a build
+ * that has the front end. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -116,19 +116,41 @@ WEAK void spn__config_free(const spn_stage_kind_t *kind, void **config) {
   }
 }
 
-WEAK int32_t spn_toml_parse(const char *src, size_t len, const char *name, spn_toml_doc_t **out, spn_error_t *err) {
+WEAK int32_t spn__plugin_register_kind(spn_plugin_t *plugin, const spn_stage_kind_t *kind, spn_error_t *err) {
+  (void)plugin;
+  (void)kind;
+  return spn_error_set(err, SPN_ESTATE, "register_kind: plugin loader not built");
+}
+
+WEAK void spn__plugin_set_data(spn_plugin_t *plugin, void *data) {
+  (void)plugin;
+  (void)data;
+}
+
+WEAK int32_t spn__registry_load_search_path(spn__registry_t *reg, const spn_host_api_t *host, const char *const *dirs,
+                                            size_t n_dirs, const char *const *config_dirs, size_t n_config_dirs,
+                                            spn_error_t *err) {
+  (void)reg;
+  (void)host;
+  (void)dirs;
+  (void)n_dirs;
+  (void)config_dirs;
+  (void)n_config_dirs;
+  return spn_error_set(err, SPN_EUNSUPPORTED, "plugin loader not built");
+}
+
+WEAK int32_t spn__spec_load(spn__registry_t *reg, const spn_host_api_t *host, const char *const *plugin_dirs,
+                            size_t n_plugin_dirs, const char *path, const char *src, size_t len,
+                            const char *const *overrides, size_t n_overrides, spn__pipeline_spec_t **out,
+                            spn_error_t *err) {
+  (void)reg;
+  (void)host;
+  (void)plugin_dirs;
+  (void)n_plugin_dirs;
   (void)src;
   (void)len;
+  (void)overrides;
+  (void)n_overrides;
   *out = NULL;
-  return spn_error_set(err, SPN_EUNSUPPORTED, "%s: TOML parser not built", name ? name : "<string>");
-}
-
-WEAK int32_t spn_toml_parse_file(const char *path, spn_toml_doc_t **out, spn_error_t *err) {
-  *out = NULL;
-  return spn_error_set(err, SPN_EUNSUPPORTED, "%s: TOML parser not built", path);
-}
-
-WEAK void spn_toml_doc_free(spn_toml_doc_t **doc) {
-  if (doc)
-    *doc = NULL;
+  return spn_error_set(err, SPN_EUNSUPPORTED, "%s: pipeline front end not built", path ? path : "<string>");
 }

@@ -7,26 +7,26 @@
  * replaces only this file. */
 #include "runtime-internal.h"
 
-static int32_t m_load(spn_stage_t *s, const char *path, spn_model_t **out, spn_error_t *err) {
+int32_t spn__host_model_load(spn_stage_t *s, const char *path, spn_model_t **out, spn_error_t *err) {
   if (out)
     *out = NULL;
   return spn_error_set(err, SPN_EUNSUPPORTED, "stage \"%s\": model \"%s\": model engine not built",
                        s ? s->srt->spec->name : "?", path ? path : "");
 }
 
-static void m_release(spn_stage_t *s, spn_model_t **model) {
+void spn__host_model_release(spn_stage_t *s, spn_model_t **model) {
   (void)s;
   if (model)
     *model = NULL;
 }
 
-static int32_t m_io_count(const spn_model_t *model, bool is_output) {
+int32_t spn__host_model_io_count(const spn_model_t *model, bool is_output) {
   (void)model;
   (void)is_output;
   return 0;
 }
 
-static int32_t m_io(const spn_model_t *model, bool is_output, int32_t i, const char **name, spn_tensor_t *desc) {
+int32_t spn__host_model_io(const spn_model_t *model, bool is_output, int32_t i, const char **name, spn_tensor_t *desc) {
   (void)model;
   (void)is_output;
   (void)i;
@@ -35,8 +35,8 @@ static int32_t m_io(const spn_model_t *model, bool is_output, int32_t i, const c
   return SPN_EUNSUPPORTED;
 }
 
-static int32_t m_run(spn_stage_t *s, spn_model_t *model, const spn_tensor_t *in, size_t n_in, spn_tensor_t *out,
-                     size_t n_out, spn_error_t *err) {
+int32_t spn__host_model_run(spn_stage_t *s, spn_model_t *model, const spn_tensor_t *in, size_t n_in,
+                            spn_tensor_t *out, size_t n_out, spn_error_t *err) {
   (void)model;
   (void)in;
   (void)n_in;
@@ -45,17 +45,8 @@ static int32_t m_run(spn_stage_t *s, spn_model_t *model, const spn_tensor_t *in,
   return spn_error_set(err, SPN_EUNSUPPORTED, "stage \"%s\": model engine not built", s ? s->srt->spec->name : "?");
 }
 
-static void m_free_outputs(spn_model_t *model, spn_tensor_t *outputs, size_t n_out) {
+void spn__host_model_free_outputs(spn_model_t *model, spn_tensor_t *outputs, size_t n_out) {
   (void)model;
   (void)outputs;
   (void)n_out;
-}
-
-void spn__host_model_init(spn_host_api_t *host) {
-  host->model_load = m_load;
-  host->model_release = m_release;
-  host->model_io_count = m_io_count;
-  host->model_io = m_io;
-  host->model_run = m_run;
-  host->model_free_outputs = m_free_outputs;
 }

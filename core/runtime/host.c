@@ -2,7 +2,8 @@
  *
  * One constant table serves every runtime: each entry finds its runtime
  * through the stage handle it is given, so no entry touches process-wide
- * state. Entries that act on the calling actor (emit, fail_job) must be
+ * state, and the pointer a plugin keeps from init stays valid whatever
+ * runtime comes and goes. register_kind/plugin_set_data are the loader's. Entries that act on the calling actor (emit, fail_job) must be
  * called from that actor's executor, inside one of its callbacks; the
  * buffer and message accessors may be called from any thread. */
 #include <stdarg.h>
@@ -20,19 +21,6 @@ int32_t spn__host_msg_add_tensor(spn_msg_t *msg, const char *name, const spn_ten
 int32_t spn__host_msg_add_meta(spn_msg_t *msg, const char *name, const void *data, size_t size, spn_error_t *err);
 int32_t spn__host_msg_item(const spn_msg_t *msg, size_t i, spn_item_t *item);
 int64_t spn__host_msg_find(const spn_msg_t *msg, const char *name);
-
-static int32_t h_register_kind(spn_plugin_t *plugin, const spn_stage_kind_t *kind, spn_error_t *err) {
-  (void)plugin;
-  (void)kind;
-  /* The front end's loader hands plugins its own table with a working
-   * register_kind; outside init there is nothing to register into. */
-  return spn_error_set(err, SPN_ESTATE, "register_kind is only valid during a plugin's init");
-}
-
-static void h_plugin_set_data(spn_plugin_t *plugin, void *data) {
-  (void)plugin;
-  (void)data;
-}
 
 static void *h_stage_get_data(spn_stage_t *s) { return s->state; }
 static const char *h_stage_get_name(spn_stage_t *s) { return s->srt->spec->name; }
@@ -108,8 +96,8 @@ static const spn_host_api_t host_table = {
     .struct_size = sizeof(spn_host_api_t),
     .abi_major = SPN_PLUGIN_ABI_MAJOR,
     .abi_minor = SPN_PLUGIN_ABI_MINOR,
-    .register_kind = h_register_kind,
-    .plugin_set_data = h_plugin_set_data,
+    .register_kind = spn__plugin_register_kind, /* the loader's: act during init */
+    .plugin_set_data = spn__plugin_set_data,
     .stage_get_data = h_stage_get_data,
     .stage_get_name = h_stage_get_name,
     .stage_get_device = h_stage_get_device,
@@ -134,11 +122,14 @@ static const spn_host_api_t host_table = {
     .msg_add_tensor = spn__host_msg_add_tensor,
     .msg_add_meta = spn__host_msg_add_meta,
     .emit = spn__host_emit,
+    .model_load = spn__host_model_load,
+    .model_release = spn__host_model_release,
+    .model_io_count = spn__host_model_io_count,
+    .model_io = spn__host_model_io,
+    .model_run = spn__host_model_run,
+    .model_free_outputs = spn__host_model_free_outputs,
 };
 
-void spn__host_api_init(spn_host_api_t *host) {
-  *host = host_table;
-  spn__host_model_init(host);
-}
+const spn_host_api_t *spn__host_api(void) { return &host_table; }
 
-const spn_host_api_t *spn__runtime_host_api(spn_runtime_t *rt) { return &rt->host; }
+const spn_host_api_t *spn__runtime_host_api(spn_runtime_t *rt) { return rt->host; }

@@ -476,21 +476,20 @@ uint32_t spn__pipeline_replicas(spn_pipeline_t *pipe, uint32_t stage) {
 
 /* ---- TOML entry points -------------------------------------------------------------------- */
 
-static int32_t spec_from_doc(spn_runtime_t *rt, spn_toml_doc_t *doc, const char *const *overrides, size_t n,
-                             spn__pipeline_spec_t **spec, spn_error_t *err) {
-  int32_t rc = spn__spec_from_toml(rt->reg, doc, overrides, n, spec, err);
-  spn_toml_doc_free(&doc);
-  return rc;
+/* The front end parses the config, loads the plugins of the search path it
+ * needs (runtime plugin paths, $SPINDLE_PLUGIN_PATH, the config's [plugins]
+ * path, the install directory) and validates; then the spec is built here. */
+static int32_t load_spec(spn_runtime_t *rt, const char *path, const char *src, size_t len,
+                         const char *const *overrides, size_t n, spn__pipeline_spec_t **spec, spn_error_t *err) {
+  return spn__spec_load(rt->reg, rt->host, (const char *const *)rt->plugin_paths, rt->n_plugin_paths, path, src, len,
+                        overrides, n, spec, err);
 }
 
 int32_t spn_pipeline_load(spn_runtime_t *rt, const char *path, const char *const *overrides, size_t n_overrides,
                           spn_pipeline_t **out, spn_error_t *err) {
-  spn_toml_doc_t *doc = NULL;
-  int32_t rc = spn_toml_parse_file(path, &doc, err);
-  if (rc != SPN_OK)
-    return rc;
   spn__pipeline_spec_t *spec = NULL;
-  if ((rc = spec_from_doc(rt, doc, overrides, n_overrides, &spec, err)) != SPN_OK)
+  int32_t rc = load_spec(rt, path, NULL, 0, overrides, n_overrides, &spec, err);
+  if (rc != SPN_OK)
     return rc;
   return spn__pipeline_new_from_spec(rt, spec, true, out, err);
 }
@@ -498,27 +497,21 @@ int32_t spn_pipeline_load(spn_runtime_t *rt, const char *path, const char *const
 int32_t spn_pipeline_load_string(spn_runtime_t *rt, const char *toml, size_t len, const char *name,
                                  const char *const *overrides, size_t n_overrides, spn_pipeline_t **out,
                                  spn_error_t *err) {
-  spn_toml_doc_t *doc = NULL;
-  int32_t rc = spn_toml_parse(toml, len, name ? name : "<string>", &doc, err);
-  if (rc != SPN_OK)
-    return rc;
+  if (!toml)
+    return spn_error_set(err, SPN_EINVAL, "spn_pipeline_load_string: NULL text");
   spn__pipeline_spec_t *spec = NULL;
-  if ((rc = spec_from_doc(rt, doc, overrides, n_overrides, &spec, err)) != SPN_OK)
+  int32_t rc = load_spec(rt, name ? name : "<string>", toml, len, overrides, n_overrides, &spec, err);
+  if (rc != SPN_OK)
     return rc;
   return spn__pipeline_new_from_spec(rt, spec, true, out, err);
 }
 
 int32_t spn_pipeline_validate(spn_runtime_t *rt, const char *path, const char *const *overrides, size_t n_overrides,
                               spn_error_t *err) {
-  spn_toml_doc_t *doc = NULL;
-  int32_t rc = spn_toml_parse_file(path, &doc, err);
-  if (rc != SPN_OK)
-    return rc;
   spn__pipeline_spec_t *spec = NULL;
-  if ((rc = spec_from_doc(rt, doc, overrides, n_overrides, &spec, err)) != SPN_OK)
-    return rc;
+  int32_t rc = load_spec(rt, path, NULL, 0, overrides, n_overrides, &spec, err);
   spn__spec_free(&spec);
-  return SPN_OK;
+  return rc;
 }
 
 /* ---- jobs --------------------------------------------------------------------------------- */

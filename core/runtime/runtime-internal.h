@@ -316,7 +316,7 @@ struct spn_runtime {
   atomic_uint pool_rr;
   void *zctx;
   spn__registry_t *reg;
-  spn_host_api_t host;
+  const spn_host_api_t *host; /* static: plugins may keep the pointer */
   atomic_ullong next_job_id;
   atomic_ullong next_pipe_id;
   uint32_t edge_capacity;
@@ -341,10 +341,18 @@ void spn__loop_job_started(spn_runtime_t *rt, spn_job_t *job);
 void spn__loop_handle(spn_runtime_t *rt, spn__event_t *ev);
 void spn__loop_progress_tick(spn_runtime_t *rt);
 
-/* The host table handed to plugins. */
-void spn__host_api_init(spn_host_api_t *host);
-/* model_* pieces of it (host-model.c). */
-void spn__host_model_init(spn_host_api_t *host);
+/* The host table handed to plugins: one static table for every runtime
+ * (plugins keep the pointer in a static; entries find their runtime through
+ * the stage handle). */
+const spn_host_api_t *spn__host_api(void);
+/* model_* entries of it (host-model.c). */
+int32_t spn__host_model_load(spn_stage_t *s, const char *path, spn_model_t **out, spn_error_t *err);
+void spn__host_model_release(spn_stage_t *s, spn_model_t **model);
+int32_t spn__host_model_io_count(const spn_model_t *model, bool is_output);
+int32_t spn__host_model_io(const spn_model_t *model, bool is_output, int32_t i, const char **name, spn_tensor_t *desc);
+int32_t spn__host_model_run(spn_stage_t *s, spn_model_t *model, const spn_tensor_t *in, size_t n_in,
+                            spn_tensor_t *out, size_t n_out, spn_error_t *err);
+void spn__host_model_free_outputs(spn_model_t *model, spn_tensor_t *outputs, size_t n_out);
 
 uint64_t spn__now_ns(void);
 

@@ -11,7 +11,6 @@
  * terminal actor acknowledged EOS (SUCCEEDED), or a failure/cancel marks the
  * job dead and every actor is told to abort it (job_close(ok=false)); once
  * every actor acknowledged, on_done fires with the first failure's status. */
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -284,7 +283,7 @@ int32_t spn_runtime_new(const spn_runtime_opts_t *opts_in, spn_runtime_t **out, 
     spn_error_set(err, rc, "cannot create the runtime's logger");
     goto out_rt;
   }
-  spn__host_api_init(&rt->host);
+  rt->host = spn__host_api();
   rc = spn__devices_open(rt->devices_spec, NULL, 0, &rt->devices, &rt->n_devices, err);
   if (rc != SPN_OK)
     goto out_log;
@@ -418,7 +417,7 @@ const char *spn_runtime_device_name(const spn_runtime_t *rt, uint32_t i) {
 }
 
 int32_t spn_runtime_load_plugin(spn_runtime_t *rt, const char *path, spn_error_t *err) {
-  return spn__registry_load_file(rt->reg, &rt->host, path, err);
+  return spn__registry_load_file(rt->reg, rt->host, path, err);
 }
 
 size_t spn_runtime_kind_count(const spn_runtime_t *rt) { return spn__registry_count(rt->reg); }
@@ -427,54 +426,7 @@ const spn_stage_kind_t *spn_runtime_kind_at(const spn_runtime_t *rt, size_t i, c
   return spn__registry_at(rt->reg, i, plugin_file);
 }
 
-/* Every libspindle-*.so of one directory, in name order so loading (and the
- * first refusal reported) does not depend on the file system. */
-static int32_t load_dir(spn_runtime_t *rt, const char *dir, int32_t *first_rc, spn_error_t *err) {
-  struct dirent **names = NULL;
-  int n = scandir(dir, &names, NULL, alphasort);
-  if (n < 0)
-    return 0; /* a missing directory in a search path is not an error */
-  int loaded = 0;
-  for (int i = 0; i < n; i++) {
-    const char *f = names[i]->d_name;
-    size_t len = strlen(f);
-    if (!strncmp(f, "libspindle-", 11) && len > 14 && !strcmp(f + len - 3, ".so")) {
-      char path[4096];
-      snprintf(path, sizeof path, "%s/%s", dir, f);
-      spn_error_t e = SPN_ERROR_INIT;
-      int32_t rc = spn__registry_load_file(rt->reg, &rt->host, path, &e);
-      if (rc == SPN_OK) {
-        loaded++;
-      } else {
-        spn__log(rt->log, SPN_LOG_WARN, 0, NULL, NULL, "plugin refused: %s", e.msg);
-        if (*first_rc == SPN_OK) {
-          *first_rc = rc;
-          if (err)
-            *err = e;
-        }
-      }
-    }
-    free(names[i]);
-  }
-  free(names);
-  return loaded;
-}
-
 int32_t spn_runtime_load_plugins(spn_runtime_t *rt, spn_error_t *err) {
-  int32_t first = SPN_OK;
-  for (size_t i = 0; i < rt->n_plugin_paths; i++)
-    load_dir(rt, rt->plugin_paths[i], &first, err);
-  const char *env = getenv("SPINDLE_PLUGIN_PATH");
-  if (env && *env) {
-    char *copy = strdup(env), *save = NULL;
-    if (!copy)
-      return spn_error_set(err, SPN_ENOMEM, "out of memory reading SPINDLE_PLUGIN_PATH");
-    for (char *d = strtok_r(copy, ":", &save); d; d = strtok_r(NULL, ":", &save))
-      load_dir(rt, d, &first, err);
-    free(copy);
-  }
-#ifdef SPN_PLUGINDIR
-  load_dir(rt, SPN_PLUGINDIR, &first, err);
-#endif
-  return first;
+  return spn__registry_load_search_path(rt->reg, rt->host, (const char *const *)rt->plugin_paths, rt->n_plugin_paths,
+                                        NULL, 0, err);
 }
