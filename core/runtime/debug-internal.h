@@ -7,6 +7,7 @@
 #define SPINDLE_DEBUG_INTERNAL_H
 
 #include "spec-internal.h"
+#include "spindle/device.h"
 
 /* Instantiate a validated spec. take_spec: the pipeline frees it with
  * spn__spec_free; otherwise the caller keeps it alive until
@@ -21,6 +22,8 @@ SPN_API int64_t spn__pipeline_max_in_flight(spn_pipeline_t *pipe, uint32_t to_st
 SPN_API int64_t spn__pipeline_reordered(spn_pipeline_t *pipe, uint32_t stage);
 /* Number of replicas (actors) of a stage. */
 SPN_API uint32_t spn__pipeline_replicas(spn_pipeline_t *pipe, uint32_t stage);
+/* Device i of the runtime (NULL past the end). Ownership: borrowed. */
+SPN_API spn_device_t *spn__runtime_device(spn_runtime_t *rt, uint32_t i);
 /* The host table plugins get from this runtime. */
 SPN_API const spn_host_api_t *spn__runtime_host_api(spn_runtime_t *rt);
 

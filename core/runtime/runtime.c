@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "debug-internal.h"
 #include "runtime-internal.h"
 
 /* ---- events ------------------------------------------------------------------- */
@@ -409,6 +410,8 @@ void spn_runtime_free(spn_runtime_t **rtp) {
   free(rt->devices_spec);
   free(rt);
 }
+
+spn_device_t *spn__runtime_device(spn_runtime_t *rt, uint32_t i) { return i < rt->n_devices ? rt->devices[i] : NULL; }
 
 uint32_t spn_runtime_device_count(const spn_runtime_t *rt) { return rt->n_devices; }
 
