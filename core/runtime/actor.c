@@ -672,13 +672,22 @@ static bool actor_finish_ready(spn_stage_t *a) {
   return did;
 }
 
+/* The job a source generates next: the highest priority first, round-robin
+ * among jobs of equal priority. */
 static spn__ajob_t *next_generating(spn_stage_t *a) {
+  bool any = false;
+  int32_t best = 0;
+  for (spn__ajob_t *aj = a->jobs; aj; aj = aj->next)
+    if (aj->generating && (!any || aj->job->priority > best)) {
+      best = aj->job->priority;
+      any = true;
+    }
+  if (!any)
+    return NULL;
   spn__ajob_t *start = a->gen_cursor && a->gen_cursor->next ? a->gen_cursor->next : a->jobs;
   spn__ajob_t *aj = start;
-  if (!aj)
-    return NULL;
   do {
-    if (aj->generating)
+    if (aj->generating && aj->job->priority == best)
       return aj;
     aj = aj->next ? aj->next : a->jobs;
   } while (aj != start);

@@ -28,6 +28,7 @@ typedef struct rt_job_rec {
   uint64_t *seqs;
   size_t n, cap;
   long long flushed_at; /* frames seen when flush(job) ran; -1 not yet */
+  size_t first_idx, last_idx; /* arrival index (over all jobs) of its first and last frame */
   int flushes;
 } rt_job_rec_t;
 
@@ -36,6 +37,7 @@ typedef struct rt_col {
   rt_job_rec_t jobs[RT_MAX_JOBS];
   size_t n_jobs;
   size_t calls, max_batch, mixed_batches;
+  size_t arrivals; /* frames seen, all jobs */
   uint64_t first_arrival_ns[RT_MAX_JOBS];
   atomic_int opens, closes_ok, closes_fail;
   atomic_llong processed;
@@ -298,6 +300,9 @@ static int32_t rt_sink_process(spn_stage_t *s, void *state, spn_msg_t **msgs, vo
       if (!r->seqs)
         abort();
     }
+    if (!r->n)
+      r->first_idx = c->arrivals;
+    r->last_idx = c->arrivals++;
     r->seqs[r->n++] = env->seq;
   }
   if (mixed)
