@@ -56,6 +56,9 @@ typedef struct rt_cfg {
   bool with_tensor;     /* src: attach a 64-byte tensor holding the seq */
   int64_t skip_every;   /* pass: replace frames whose seq % skip_every == 1 by SKIP */
   rt_col_t *col;        /* every kind: counts; sink: records */
+  int32_t fail_create;  /* create returns this when set */
+  int32_t fail_preload; /* preload returns this when set */
+  const char *model;    /* preload: load this model through the host */
 } rt_cfg_t;
 
 static inline uint64_t rt_now_ns(void) {
@@ -139,12 +142,29 @@ typedef struct rt_src_job {
 
 static int32_t rt_create(spn_stage_t *s, const void *config, void **state, spn_error_t *err) {
   (void)err;
+  const rt_cfg_t *cfg = config;
+  if (cfg->fail_create)
+    return spn_error_set(err, cfg->fail_create, "cannot open the camera");
   rt_inst_t *in = calloc(1, sizeof *in);
   if (!in)
     return SPN_ENOMEM;
-  in->cfg = *(const rt_cfg_t *)config;
+  in->cfg = *cfg;
   in->seed = (unsigned)(uintptr_t)s;
   *state = in;
+  return SPN_OK;
+}
+
+static int32_t rt_preload(spn_stage_t *s, void *state, spn_error_t *err) {
+  rt_inst_t *in = state;
+  if (in->cfg.model) {
+    spn_model_t *m = NULL;
+    int32_t rc = in->cfg.host->model_load(s, in->cfg.model, &m, err);
+    if (rc != SPN_OK)
+      return rc;
+    in->cfg.host->model_release(s, &m);
+  }
+  if (in->cfg.fail_preload)
+    return spn_error_set(err, in->cfg.fail_preload, "weights are corrupt");
   return SPN_OK;
 }
 
@@ -337,7 +357,7 @@ static const spn_stage_kind_t rt_kind_src = {
 static const spn_stage_kind_t rt_kind_pass = {
     .struct_size = sizeof(spn_stage_kind_t), .name = "test_pass", .config_size = sizeof(rt_cfg_t),
     .inputs = rt_any_port, .n_inputs = 1, .n_outputs = 1, .outputs = rt_any_port,
-    .device_need = SPN_NEED_EITHER, .max_batch = 1, .create = rt_create, .job_open = rt_job_open,
+    .device_need = SPN_NEED_EITHER, .max_batch = 1, .create = rt_create, .preload = rt_preload, .job_open = rt_job_open,
     .process = rt_pass_process, .job_close = rt_job_close, .destroy = rt_destroy};
 
 static const spn_stage_kind_t rt_kind_sink = {

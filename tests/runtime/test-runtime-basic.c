@@ -301,6 +301,88 @@ static void test_json_log(void **st) {
   rt_col_free(&col);
 }
 
+static int32_t try_build(spn_runtime_t *rt, rt_spec_t *b, spn_error_t *err) {
+  spn_pipeline_t *pipe = NULL;
+  int32_t rc = spn__pipeline_new_from_spec(rt, &b->spec, false, &pipe, err);
+  if (rc == SPN_OK)
+    spn_pipeline_free(&pipe);
+  return rc;
+}
+
+/* Bad pipelines are refused before any job, naming the stage and where it
+ * is; nothing is left behind (ASan checks the tear-down). */
+static void test_build_errors(void **st) {
+  (void)st;
+  spn_runtime_t *rt = new_rt("cpu:2");
+  const spn_host_api_t *h = spn__runtime_host_api(rt);
+  spn_error_t err = SPN_ERROR_INIT;
+  rt_spec_t b;
+
+  rt_spec_init(&b, "e1"); /* create fails on one of two replicas' stage */
+  rt_spec_stage(&b, "src", &rt_kind_src, h);
+  rt_spec_stage(&b, "cam", &rt_kind_pass, h)->fail_create = SPN_EDEVICE;
+  b.stages[1].instance_devices = (char *)"all";
+  rt_spec_stage(&b, "sink", &rt_kind_sink, h);
+  rt_spec_edge(&b, 0, 1);
+  rt_spec_edge(&b, 1, 2);
+  assert_int_equal(try_build(rt, &b, &err), SPN_EDEVICE);
+  assert_non_null(strstr(err.msg, "test:2:1: stage \"cam\": create"));
+  assert_non_null(strstr(err.msg, "cannot open the camera"));
+
+  b.cfgs[1].fail_create = 0; /* preload fails */
+  b.cfgs[1].fail_preload = SPN_EMODEL;
+  assert_int_equal(try_build(rt, &b, &err), SPN_EMODEL);
+  assert_non_null(strstr(err.msg, "stage \"cam\": preload on cpu:"));
+  assert_non_null(strstr(err.msg, "weights are corrupt"));
+
+  b.cfgs[1].fail_preload = 0; /* the model engine is not in this build */
+  b.cfgs[1].model = "models/retinaface.onnx";
+  assert_int_equal(try_build(rt, &b, &err), SPN_EUNSUPPORTED);
+  assert_non_null(strstr(err.msg, "model engine not built"));
+  assert_non_null(strstr(err.msg, "retinaface.onnx"));
+  b.cfgs[1].model = NULL;
+
+  b.stages[1].instance_devices = (char *)"0,5"; /* no device 5 */
+  assert_int_equal(try_build(rt, &b, &err), SPN_ECONFIG);
+  assert_non_null(strstr(err.msg, "device 5"));
+  b.stages[1].instance_devices = (char *)"zero";
+  assert_int_equal(try_build(rt, &b, &err), SPN_ECONFIG);
+  assert_non_null(strstr(err.msg, "\"zero\""));
+  b.stages[1].instance_devices = NULL;
+  b.stages[1].device = (char *)"cuda:0";
+  assert_int_equal(try_build(rt, &b, &err), SPN_EDEVICE);
+  assert_non_null(strstr(err.msg, "cuda:0"));
+  b.stages[1].device = (char *)"cpu:1"; /* fine: the second emulated device */
+  assert_int_equal(try_build(rt, &b, &err), SPN_OK);
+  b.stages[1].device = (char *)"gpu";
+  assert_int_equal(try_build(rt, &b, &err), SPN_ECONFIG);
+  b.stages[1].device = (char *)"auto";
+
+  b.stages[2].endpoint = (char *)"udp://x"; /* not a transport we speak */
+  assert_int_equal(try_build(rt, &b, &err), SPN_ECONFIG);
+  assert_non_null(strstr(err.msg, "udp://x"));
+  b.stages[2].endpoint = NULL;
+
+  b.spec.n_edges = 1; /* the sink's input is left unconnected */
+  assert_int_equal(try_build(rt, &b, &err), SPN_ECONFIG);
+  assert_non_null(strstr(err.msg, "stage \"sink\": input \"out\" is not connected"));
+  b.spec.n_edges = 2;
+  b.edges[1].to_port = 3; /* no such port */
+  assert_int_equal(try_build(rt, &b, &err), SPN_ECONFIG);
+  b.edges[1].to_port = 0;
+  b.spec.n_stages = 0;
+  assert_int_equal(try_build(rt, &b, &err), SPN_ECONFIG);
+  b.spec.n_stages = 3;
+  assert_int_equal(try_build(rt, &b, &err), SPN_OK);
+
+  /* Without the front end or a plugin, TOML entry points say why. */
+  spn_pipeline_t *pipe = NULL;
+  assert_true(spn_pipeline_load(rt, "no-such-file.toml", NULL, 0, &pipe, &err) < 0);
+  assert_null(pipe);
+  assert_non_null(strstr(err.msg, "no-such-file.toml"));
+  spn_runtime_free(&rt);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chain_two_jobs),
@@ -309,6 +391,7 @@ int main(void) {
       cmocka_unit_test(test_device_layer),
       cmocka_unit_test(test_messages),
       cmocka_unit_test(test_json_log),
+      cmocka_unit_test(test_build_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
