@@ -274,7 +274,7 @@ static spn__ajob_t *ajob_find(spn_stage_t *a, uint64_t id) {
 
 /* Find or (lazily, on the job's first message or EOS here) open a job. NULL
  * when the job is over or failing: its messages are dropped. */
-static spn__ajob_t *ajob_get(spn_stage_t *a, uint64_t id) {
+static spn__ajob_t *ajob_get(spn_stage_t *a, uint64_t id, bool open) {
   spn__ajob_t *aj = ajob_find(a, id);
   if (aj)
     return aj;
@@ -307,6 +307,8 @@ static spn__ajob_t *ajob_get(spn_stage_t *a, uint64_t id) {
   aj->next = a->jobs;
   a->jobs = aj;
   const spn_stage_kind_t *k = a->srt->kind;
+  if (!open)
+    return aj;
   if (k->job_open) {
     spn_job_info_t info = {.struct_size = sizeof info,
                            .job_id = id,
@@ -466,7 +468,7 @@ static void drain_heap(spn_stage_t *a, spn__ajob_t *aj, uint32_t port, bool forc
 }
 
 static void deliver(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, bool counted, uint64_t now) {
-  spn__ajob_t *aj = ajob_get(a, m->env.job_id);
+  spn__ajob_t *aj = ajob_get(a, m->env.job_id, true);
   if (!aj || !ajob_ok(aj)) {
     spn__msg_free(&m);
     release(l, counted);
@@ -753,10 +755,21 @@ bool spn__actor_step(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
 
 /* ---- commands ------------------------------------------------------------------------------ */
 
+/* A replicated source spreads jobs over its replicas: one of them (by job
+ * id) generates the job; the others only send its EOS, so that consumers,
+ * which count EOS from every producer replica, see the job end. They never
+ * open it. */
 void spn__actor_start_job(spn_stage_t *a, spn_job_t *job) {
-  spn__ajob_t *aj = ajob_get(a, job->id);
-  if (aj && ajob_ok(aj))
+  bool mine = job->id % a->srt->n_replicas == a->replica;
+  spn__ajob_t *aj = ajob_get(a, job->id, mine);
+  if (!aj || !ajob_ok(aj))
+    return;
+  if (mine) {
     aj->generating = true;
+  } else {
+    aj->finish_done = true;
+    finish_job(a, aj);
+  }
 }
 
 void spn__actor_abort_job(spn_stage_t *a, spn_job_t *job) {
