@@ -141,6 +141,12 @@ static bool run_cmd(spn__executor_t *ex, spn__cmd_t *c) {
 
 static void *executor_main(void *arg) {
   spn__executor_t *ex = arg;
+  /* The device's stream belongs to the thread that owns the device. */
+  if (ex->device) {
+    spn_error_t err = SPN_ERROR_INIT;
+    if (spn_stream_new(ex->device, &ex->stream, &err) != SPN_OK)
+      spn__log(ex->rt->log, SPN_LOG_ERROR, 0, NULL, ex->name, "cannot create the device stream: %s", err.msg);
+  }
   zmq_pollitem_t *items = NULL;
   uint32_t cap_items = 0;
   bool running = true;
@@ -192,6 +198,7 @@ static void *executor_main(void *arg) {
     }
   }
   free(items);
+  spn_stream_free(&ex->stream);
   return NULL;
 }
 

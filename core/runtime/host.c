@@ -32,10 +32,9 @@ static void h_stage_get_device(spn_stage_t *s, int32_t *kind, int32_t *index) {
     *index = s->device ? s->device->index : 0;
 }
 
-static void *h_stage_get_stream(spn_stage_t *s) {
-  (void)s;
-  return NULL; /* CPU devices have no native stream */
-}
+/* The native stream of the executor that owns the instance's device (NULL
+ * on the CPU, whose streams run work when it is issued). */
+static void *h_stage_get_stream(spn_stage_t *s) { return s->ex->stream ? spn_stream_native(s->ex->stream) : NULL; }
 
 static int32_t h_stage_get_threads(spn_stage_t *s) {
   (void)s;

@@ -224,6 +224,7 @@ struct spn__executor {
   uint32_t index;
   char name[64];
   spn_device_t *device; /* NULL for pool threads */
+  spn_stream_t *stream; /* the device's work stream, created on this thread */
   pthread_t thread;
   pthread_mutex_t mu;
   spn__cmd_t *head, *tail; /* mu */
