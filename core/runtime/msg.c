@@ -222,6 +222,10 @@ int32_t spn__msg_serialize_append(const spn_msg_t *m, bool counted, uint8_t **bu
     PUT(nlen);
     PUTB(it->name, nlen);
     if (it->kind == SPN_ITEM_TENSOR) {
+      /* Device memory is staged to the host by the producing stage; the
+       * wire only carries host bytes. */
+      if (!spn_buffer_is_host(it->buffer))
+        return SPN_EUNSUPPORTED;
       int32_t dtype = it->tensor.dtype, ndim = it->tensor.ndim;
       PUT(dtype);
       PUT(ndim);
