@@ -78,7 +78,12 @@ static uint32_t out_credit(spn_stage_t *a) {
     for (uint32_t e = 0; e < a->out[p].n_edges; e++) {
       spn__out_edge_t *ed = &a->out[p].edges[e];
       long long free_ = 0;
-      for (uint32_t i = 0; i < ed->n_links; i++) {
+      if (ed->affinity) {
+        free_ = (long long)ed->affinity->capacity - atomic_load(&ed->affinity->in_flight);
+        if (free_ < 0)
+          free_ = 0;
+      }
+      for (uint32_t i = 0; !ed->affinity && i < ed->n_links; i++) {
         long long f = (long long)ed->links[i]->capacity - atomic_load(&ed->links[i]->in_flight);
         if (f > 0)
           free_ += f;
@@ -198,10 +203,14 @@ static void link_push(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, bool counted
     link_flush(a, l);
 }
 
-/* Round-robin over the consumer's replicas, skipping full ones; when every
- * one is full (a stage emitting more than it was given credit for) the
+/* The replica on this producer's device when there is one (chain per
+ * device: a job stays on one device through consecutive replicated stages).
+ * Otherwise round-robin over the consumer's replicas, skipping full ones;
+ * when every one is full (a stage emitting more than it was given credit for) the
  * message still goes, to the next in turn: nothing is ever dropped. */
 static spn__link_t *pick_link(spn__out_edge_t *ed) {
+  if (ed->affinity)
+    return ed->affinity;
   for (uint32_t k = 0; k < ed->n_links; k++) {
     uint32_t i = (ed->rr + k) % ed->n_links;
     spn__link_t *l = ed->links[i];
@@ -272,12 +281,37 @@ static spn__ajob_t *ajob_find(spn_stage_t *a, uint64_t id) {
   return NULL;
 }
 
-/* Find or (lazily, on the job's first message or EOS here) open a job. NULL
- * when the job is over or failing: its messages are dropped. */
+static void ajob_open(spn_stage_t *a, spn__ajob_t *aj) {
+  const spn_stage_kind_t *k = a->srt->kind;
+  if (aj->opened || aj->open_tried)
+    return;
+  aj->open_tried = true;
+  if (k->job_open) {
+    spn_job_info_t info = {.struct_size = sizeof info,
+                           .job_id = aj->id,
+                           .config = aj->job->configs[a->srt->index],
+                           .priority = aj->job->priority};
+    spn_error_t err = SPN_ERROR_INIT;
+    int32_t rc = k->job_open(a, a->state, &info, &aj->job_state, &err);
+    if (rc < 0) {
+      fail_job(a, aj, rc, err.msg);
+      return;
+    }
+  }
+  aj->opened = true;
+}
+
+/* Find or create a job's state here; `open` runs job_open (once) if it has
+ * not run yet: on the job's first data message, or at its EOS for a stage
+ * with a single replica (so that flush always runs there). NULL when the
+ * job is over or failing: its messages are dropped. */
 static spn__ajob_t *ajob_get(spn_stage_t *a, uint64_t id, bool open) {
   spn__ajob_t *aj = ajob_find(a, id);
-  if (aj)
+  if (aj) {
+    if (open)
+      ajob_open(a, aj);
     return aj;
+  }
   spn_job_t *job = spn__pipeline_find_job(a->pipe, id);
   if (!job)
     return NULL;
@@ -306,22 +340,8 @@ static spn__ajob_t *ajob_get(spn_stage_t *a, uint64_t id, bool open) {
   aj->id = id;
   aj->next = a->jobs;
   a->jobs = aj;
-  const spn_stage_kind_t *k = a->srt->kind;
-  if (!open)
-    return aj;
-  if (k->job_open) {
-    spn_job_info_t info = {.struct_size = sizeof info,
-                           .job_id = id,
-                           .config = job->configs[a->srt->index],
-                           .priority = job->priority};
-    spn_error_t err = SPN_ERROR_INIT;
-    int32_t rc = k->job_open(a, a->state, &info, &aj->job_state, &err);
-    if (rc < 0) {
-      fail_job(a, aj, rc, err.msg);
-      return aj;
-    }
-  }
-  aj->opened = true;
+  if (open)
+    ajob_open(a, aj);
   return aj;
 }
 
@@ -468,7 +488,10 @@ static void drain_heap(spn_stage_t *a, spn__ajob_t *aj, uint32_t port, bool forc
 }
 
 static void deliver(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, bool counted, uint64_t now) {
-  spn__ajob_t *aj = ajob_get(a, m->env.job_id, true);
+  /* A replica of a replicated stage that gets no data of a job never opens
+   * it: EOS just passes through. */
+  bool is_eos = (m->env.flags & SPN_MSG_EOS) != 0;
+  spn__ajob_t *aj = ajob_get(a, m->env.job_id, !is_eos || a->srt->n_replicas == 1);
   if (!aj || !ajob_ok(aj)) {
     spn__msg_free(&m);
     release(l, counted);

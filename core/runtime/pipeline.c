@@ -357,6 +357,10 @@ int32_t spn__pipeline_new_from_spec(spn_runtime_t *rt, spn__pipeline_spec_t *spe
         ed->n_links++;
         to->replicas[c]->links_in[es->to_port]++;
         to->replicas[c]->eos_expected++;
+        /* The first consumer replica on the producer's device keeps the
+         * job on that device (chain per device). */
+        if (a->device && to->replicas[c]->device == a->device && !ed->affinity)
+          ed->affinity = ed->links[c];
       }
     }
     if (to->n_replicas == 1 && from->n_replicas > 1)

@@ -110,6 +110,7 @@ typedef struct spn__ajob {
   void *job_state;
   bool opened, failed, generating;
   bool finish_done;    /* finish_job ran (or the source's generate ended) */
+  bool open_tried;     /* job_open was called (opened: and succeeded) */
   uint32_t eos_got;
   uint32_t n_ready;    /* its entries in the actor's ready FIFO */
   uint64_t *next_seq;  /* per input port (re-ordering ports) */
@@ -137,6 +138,9 @@ typedef struct spn__out_edge {
   spn__link_t **links; /* one per consumer replica */
   uint32_t n_links;
   uint32_t rr;
+  /* Chain per device: the consumer replica on the producer's own device,
+   * which gets every data message (NULL: round-robin over all). */
+  spn__link_t *affinity;
 } spn__out_edge_t;
 
 typedef struct spn__out_port {

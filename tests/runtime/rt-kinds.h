@@ -29,6 +29,7 @@ typedef struct rt_job_rec {
   size_t n, cap;
   long long flushed_at; /* frames seen when flush(job) ran; -1 not yet */
   size_t first_idx, last_idx; /* arrival index (over all jobs) of its first and last frame */
+  uint32_t dev_mask;           /* pass: devices (1 << index) that processed its frames */
   int flushes;
 } rt_job_rec_t;
 
@@ -260,6 +261,11 @@ static int32_t rt_pass_process(spn_stage_t *s, void *state, spn_msg_t **msgs, vo
   (void)job_states;
   rt_inst_t *in = state;
   const spn_host_api_t *h = in->cfg.host;
+  uint64_t job_ids[256];
+  if (n > 256)
+    abort();
+  for (size_t i = 0; i < n; i++)
+    job_ids[i] = h->msg_envelope(msgs[i])->job_id;
   for (size_t i = 0; i < n; i++) {
     const spn_envelope_t *env = h->msg_envelope(msgs[i]);
     rt_check_msg(in, msgs[i]);
@@ -286,8 +292,15 @@ static int32_t rt_pass_process(spn_stage_t *s, void *state, spn_msg_t **msgs, vo
     if (rc != SPN_OK)
       return rc;
   }
-  if (in->cfg.col)
+  if (in->cfg.col) {
+    int32_t kind = -1, idx = -1;
+    h->stage_get_device(s, &kind, &idx);
+    pthread_mutex_lock(&in->cfg.col->mu);
+    for (size_t i = 0; i < n; i++)
+      rt_col_job(in->cfg.col, job_ids[i])->dev_mask |= 1u << idx;
+    pthread_mutex_unlock(&in->cfg.col->mu);
     atomic_fetch_add(&in->cfg.col->processed, (long long)n);
+  }
   return SPN_OK;
 }
 

@@ -75,6 +75,11 @@ static void fanout(int instances, int64_t skip_every) {
   /* Work really spread over the replicas and came back re-ordered: frames
    * were processed by several threads with random delays. */
   assert_true(spn__pipeline_reordered(pipe, 2) > 0);
+  /* The source is on the CPU pool: its frames spread over the devices. */
+  pthread_mutex_lock(&col.mu);
+  for (uint64_t j = 1; j <= 2; j++)
+    assert_true(__builtin_popcount(rt_col_job(&col, j)->dev_mask) > 1);
+  pthread_mutex_unlock(&col.mu);
   uint32_t cap = 0;
   assert_true(spn__pipeline_max_in_flight(pipe, 2, &cap) <= cap);
   assert_true(spn__pipeline_max_in_flight(pipe, 1, &cap) <= cap);
@@ -409,11 +414,13 @@ static void test_replicated_source(void **st) {
   src->col = &col;
   b.stages[0].instance_devices = (char *)"all";
   rt_spec_stage(&b, "pass", &rt_kind_pass, h)->col = &col;
+  b.stages[1].instance_devices = (char *)"all";
   rt_spec_stage(&b, "sink", &rt_kind_sink, h)->col = &col;
   rt_spec_edge(&b, 0, 1);
   rt_spec_edge(&b, 1, 2);
   spn_pipeline_t *pipe = build(rt, &b);
   assert_int_equal(spn__pipeline_replicas(pipe, 0), 2);
+  assert_int_equal(spn__pipeline_replicas(pipe, 1), 2);
   spn_job_t *jobs[4];
   rt_done_t d[4];
   for (int i = 0; i < 4; i++)
@@ -425,9 +432,15 @@ static void test_replicated_source(void **st) {
       fail_msg("%s", why);
     spn_job_free(&jobs[i]);
   }
-  /* 4 jobs x (1 source replica + pass + sink) opened and closed. */
+  /* 4 jobs x (1 source replica + 1 pass replica + sink) opened and closed:
+   * chain per device keeps each job on the device of the source replica
+   * that generated it. */
   assert_int_equal(atomic_load(&col.opens), 12);
   assert_int_equal(atomic_load(&col.closes_ok), 12);
+  pthread_mutex_lock(&col.mu);
+  for (uint64_t j = 60; j < 64; j++)
+    assert_int_equal(rt_col_job(&col, j)->dev_mask, 1u << (j % 2));
+  pthread_mutex_unlock(&col.mu);
   spn_pipeline_free(&pipe);
   spn_runtime_free(&rt);
   rt_col_free(&col);
