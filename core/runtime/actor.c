@@ -78,13 +78,8 @@ static uint32_t out_credit(spn_stage_t *a) {
     for (uint32_t e = 0; e < a->out[p].n_edges; e++) {
       spn__out_edge_t *ed = &a->out[p].edges[e];
       long long free_ = 0;
-      if (ed->affinity) {
-        free_ = (long long)ed->affinity->capacity - atomic_load(&ed->affinity->in_flight);
-        if (free_ < 0)
-          free_ = 0;
-      }
-      for (uint32_t i = 0; !ed->affinity && i < ed->n_links; i++) {
-        long long f = (long long)ed->links[i]->capacity - atomic_load(&ed->links[i]->in_flight);
+      for (uint32_t i = 0; i < ed->n_targets; i++) {
+        long long f = (long long)ed->targets[i]->capacity - atomic_load(&ed->targets[i]->in_flight);
         if (f > 0)
           free_ += f;
       }
@@ -203,23 +198,21 @@ static void link_push(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, bool counted
     link_flush(a, l);
 }
 
-/* The replica on this producer's device when there is one (chain per
- * device: a job stays on one device through consecutive replicated stages).
- * Otherwise round-robin over the consumer's replicas, skipping full ones;
- * when every one is full (a stage emitting more than it was given credit for) the
+/* Round-robin over the edge's targets — the consumer replicas on this
+ * producer's device if it has any (chain per device: a job stays on one
+ * device through consecutive replicated stages), else all — skipping full
+ * ones; when every one is full (a stage emitting more than it was given credit for) the
  * message still goes, to the next in turn: nothing is ever dropped. */
 static spn__link_t *pick_link(spn__out_edge_t *ed) {
-  if (ed->affinity)
-    return ed->affinity;
-  for (uint32_t k = 0; k < ed->n_links; k++) {
-    uint32_t i = (ed->rr + k) % ed->n_links;
-    spn__link_t *l = ed->links[i];
+  for (uint32_t k = 0; k < ed->n_targets; k++) {
+    uint32_t i = (ed->rr + k) % ed->n_targets;
+    spn__link_t *l = ed->targets[i];
     if (atomic_load(&l->in_flight) < l->capacity) {
       ed->rr = i + 1;
       return l;
     }
   }
-  return ed->links[ed->rr++ % ed->n_links];
+  return ed->targets[ed->rr++ % ed->n_targets];
 }
 
 /* Send on one port: to one replica of every consumer stage (copies for all

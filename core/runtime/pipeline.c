@@ -185,8 +185,10 @@ static void pipeline_release(spn_pipeline_t *pipe) {
     if (!a)
       continue;
     for (uint32_t p = 0; p < a->n_out; p++) {
-      for (uint32_t e = 0; e < a->out[p].n_edges; e++)
+      for (uint32_t e = 0; e < a->out[p].n_edges; e++) {
         free(a->out[p].edges[e].links);
+        free(a->out[p].edges[e].targets);
+      }
       free(a->out[p].edges);
     }
     free(a->out);
@@ -357,11 +359,18 @@ int32_t spn__pipeline_new_from_spec(spn_runtime_t *rt, spn__pipeline_spec_t *spe
         ed->n_links++;
         to->replicas[c]->links_in[es->to_port]++;
         to->replicas[c]->eos_expected++;
-        /* The first consumer replica on the producer's device keeps the
-         * job on that device (chain per device). */
-        if (a->device && to->replicas[c]->device == a->device && !ed->affinity)
-          ed->affinity = ed->links[c];
       }
+      /* Chain per device: consumer replicas on the producer's device take
+       * all its data; without any, every replica does. */
+      ed->targets = calloc(to->n_replicas, sizeof *ed->targets);
+      if (!ed->targets)
+        goto out_nomem;
+      for (uint32_t c = 0; c < to->n_replicas; c++)
+        if (a->device && to->replicas[c]->device == a->device)
+          ed->targets[ed->n_targets++] = ed->links[c];
+      if (!ed->n_targets)
+        for (uint32_t c = 0; c < to->n_replicas; c++)
+          ed->targets[ed->n_targets++] = ed->links[c];
     }
     if (to->n_replicas == 1 && from->n_replicas > 1)
       to->replicas[0]->reorder[es->to_port] = true;

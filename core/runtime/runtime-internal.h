@@ -138,9 +138,10 @@ typedef struct spn__out_edge {
   spn__link_t **links; /* one per consumer replica */
   uint32_t n_links;
   uint32_t rr;
-  /* Chain per device: the consumer replica on the producer's own device,
-   * which gets every data message (NULL: round-robin over all). */
-  spn__link_t *affinity;
+  /* Where data messages go: the consumer replicas on the producer's own
+   * device when there are any (chain per device), else all of `links`. */
+  spn__link_t **targets;
+  uint32_t n_targets;
 } spn__out_edge_t;
 
 typedef struct spn__out_port {

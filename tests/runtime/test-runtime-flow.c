@@ -415,12 +415,13 @@ static void test_replicated_source(void **st) {
   b.stages[0].instance_devices = (char *)"all";
   rt_spec_stage(&b, "pass", &rt_kind_pass, h)->col = &col;
   b.stages[1].instance_devices = (char *)"all";
+  b.stages[1].instances = 2;
   rt_spec_stage(&b, "sink", &rt_kind_sink, h)->col = &col;
   rt_spec_edge(&b, 0, 1);
   rt_spec_edge(&b, 1, 2);
   spn_pipeline_t *pipe = build(rt, &b);
   assert_int_equal(spn__pipeline_replicas(pipe, 0), 2);
-  assert_int_equal(spn__pipeline_replicas(pipe, 1), 2);
+  assert_int_equal(spn__pipeline_replicas(pipe, 1), 4);
   spn_job_t *jobs[4];
   rt_done_t d[4];
   for (int i = 0; i < 4; i++)
@@ -432,11 +433,11 @@ static void test_replicated_source(void **st) {
       fail_msg("%s", why);
     spn_job_free(&jobs[i]);
   }
-  /* 4 jobs x (1 source replica + 1 pass replica + sink) opened and closed:
-   * chain per device keeps each job on the device of the source replica
-   * that generated it. */
-  assert_int_equal(atomic_load(&col.opens), 12);
-  assert_int_equal(atomic_load(&col.closes_ok), 12);
+  /* 4 jobs x (1 source replica + the 2 pass replicas of its device + sink)
+   * opened and closed: chain per device keeps each job on the device of the
+   * source replica that generated it, spread over that device's replicas. */
+  assert_int_equal(atomic_load(&col.opens), 16);
+  assert_int_equal(atomic_load(&col.closes_ok), 16);
   pthread_mutex_lock(&col.mu);
   for (uint64_t j = 60; j < 64; j++)
     assert_int_equal(rt_col_job(&col, j)->dev_mask, 1u << (j % 2));
