@@ -61,13 +61,18 @@ static void log_a(spn_stage_t *a, int32_t level, uint64_t job, const char *fmt, 
 
 /* ---- credit -------------------------------------------------------------------- */
 
+/* Never below zero: a forged frame on an ipc/tcp mailbox must not be able
+ * to mint credit out of nothing (it can at most return credit early). */
+static void dec_floor0(atomic_llong *v) {
+  long long cur = atomic_load(v);
+  while (cur > 0 && !atomic_compare_exchange_weak(v, &cur, cur - 1))
+    ;
+}
+
 static void release(spn__link_t *l, bool counted) {
   if (!l)
     return;
-  if (counted)
-    atomic_fetch_sub(&l->in_flight, 1);
-  else
-    atomic_fetch_sub(&l->ctl_in_flight, 1);
+  dec_floor0(counted ? &l->in_flight : &l->ctl_in_flight);
   if (atomic_load(&l->want_credit) && atomic_exchange(&l->want_credit, false))
     spn__executor_wake(l->from->ex);
 }
@@ -577,7 +582,9 @@ static bool actor_recv(spn_stage_t *a, uint64_t now) {
             spn__loop_post(pipe->rt, spn__event_new(SPN__EV_JOB_FAIL, job, SPN_EPROTO, text));
             spn__job_unref(&job);
           }
-          for (uint32_t j = i; j < h.count; j++)
+          /* count comes from the frame: bound the give-back by what the
+           * link can hold, not by what the bytes claim. */
+          for (uint32_t j = i; j < h.count && j - i < l->capacity; j++)
             release(l, true);
           break;
         }
