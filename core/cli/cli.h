@@ -11,5 +11,13 @@ typedef struct spn_cli_cmd {
 } spn_cli_cmd_t;
 
 int spn_cli_version(int argc, char **argv);
+int spn_cli_serve(int argc, char **argv);
+int spn_cli_worker(int argc, char **argv);
+int spn_cli_submit(int argc, char **argv);
+int spn_cli_status(int argc, char **argv);
+int spn_cli_watch(int argc, char **argv);
+int spn_cli_cancel(int argc, char **argv);
+int spn_cli_jobs(int argc, char **argv);
+int spn_cli_keygen(int argc, char **argv);
 
 #endif
