@@ -55,8 +55,12 @@ static int read_key(const char *path, const char *key, char out[41]) {
   size_t kl = strlen(key);
   int found = -1;
   while (fgets(line, sizeof line, f)) {
-    if (!strncmp(line, key, kl) && line[kl] == '=' && strlen(line + kl + 1) >= 40) {
-      memcpy(out, line + kl + 1, 40);
+    /* "key=VALUE", or for public keys a bare 40-character line (.pub files) */
+    const char *val = !strncmp(line, key, kl) && line[kl] == '=' ? line + kl + 1
+                      : !strcmp(key, "public") && line[0] != '#' && strcspn(line, "\r\n") == 40 ? line
+                                                                                               : NULL;
+    if (val && strlen(val) >= 40) {
+      memcpy(out, val, 40);
       out[40] = '\0';
       found = 0;
       break;

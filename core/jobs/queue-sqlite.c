@@ -81,7 +81,8 @@ static const char *const sql_text[ST_COUNT] = {
                 "compute_s = compute_s + ?3, gpu_s = gpu_s + ?4, "
                 "errors = json_insert(errors, '$[#]', json_object('attempt', attempts, "
                 "'at', ?5, 'error', ?6)), not_before = ?2 WHERE id = ?1",
-    [ST_CANCELLED] = "UPDATE jobs SET state = 4, lease_owner = NULL, reason = ?2 WHERE id = ?1",
+    [ST_CANCELLED] = "UPDATE jobs SET state = 4, lease_owner = NULL, reason = ?2, "
+                     "compute_s = compute_s + ?3, gpu_s = gpu_s + ?4 WHERE id = ?1",
     [ST_CANCEL_Q] = "UPDATE jobs SET state = 4, reason = 'cancelled while queued' "
                     "WHERE id = ?1 AND state = 0",
     [ST_CANCEL_R] = "UPDATE jobs SET cancel_requested = 1 WHERE id = ?1 AND state = 1",
@@ -407,6 +408,8 @@ static int32_t fail_locked(sq_t *q, int64_t id, uint32_t attempts, uint32_t max_
     s = stmt(q, ST_CANCELLED);
     sqlite3_bind_int64(s, 1, id);
     bind_text(s, 2, reason);
+    sqlite3_bind_double(s, 3, compute_s);
+    sqlite3_bind_double(s, 4, gpu_s);
     ns = SPN_JOB_CANCELLED;
   } else if (attempts < max_attempts) {
     s = stmt(q, ST_REQUEUE);

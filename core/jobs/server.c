@@ -291,6 +291,8 @@ static cJSON *job_json(spn_server_t *s, const spn_queue_job_t *j, bool full) {
   cJSON_AddNumberToObject(o, "created", (double)j->created_ms);
   if (j->reason)
     cJSON_AddStringToObject(o, "reason", j->reason);
+  if (j->lease_owner)
+    cJSON_AddStringToObject(o, "worker", j->lease_owner);
   if (full) {
     if (j->idem_key)
       cJSON_AddStringToObject(o, "idempotency_key", j->idem_key);
@@ -499,14 +501,14 @@ static void dispatch(spn_server_t *s) {
 static int32_t validate_io(spn_server_t *s, const cJSON *body, const char *key, bool input,
                            cJSON *dst, spn_error_t *err) {
   const cJSON *o = cJSON_GetObjectItemCaseSensitive(body, key);
-  if (!o)
-    return spn_error_set(err, SPN_EINVAL, "SUBMIT: \"%s\" is required", key);
-  if (!cJSON_IsObject(o) || cJSON_GetArraySize(o) == 0 || cJSON_GetArraySize(o) > 64)
-    return spn_error_set(err, SPN_EINVAL, "SUBMIT: \"%s\" must be an object of 1-64 name: path",
-                         key);
   cJSON *out = cJSON_AddObjectToObject(dst, key);
   if (!out)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  if (!o)
+    return SPN_OK; /* a pipeline may take no files (generators, "noop") */
+  if (!cJSON_IsObject(o) || cJSON_GetArraySize(o) > 64)
+    return spn_error_set(err, SPN_EINVAL, "SUBMIT: \"%s\" must be an object of at most 64 name: path",
+                         key);
   const cJSON *it;
   cJSON_ArrayForEach(it, o) {
     if (!cJSON_IsString(it) || !it->string[0] || strlen(it->string) > 64)
