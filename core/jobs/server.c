@@ -17,6 +17,7 @@
  *   worker's HEARTBEAT. A job is reported complete only with the (id,
  *   attempt, owner) of its live lease; anything else is stale and ignored.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -1129,16 +1130,16 @@ static bool key_allowed(const char *dir, const unsigned char *key32) {
   char z85[41];
   if (!zmq_z85_encode(z85, key32, 32))
     return false;
-  uv_fs_t req;
-  uv_dirent_t ent;
   bool ok = false;
-  if (uv_fs_scandir(NULL, &req, dir, 0, NULL) < 0)
+  DIR *d = opendir(dir);
+  if (!d)
     return false;
-  while (!ok && uv_fs_scandir_next(&req, &ent) != UV_EOF) {
-    if (ent.type != UV_DIRENT_FILE && ent.type != UV_DIRENT_UNKNOWN)
+  struct dirent *ent;
+  while (!ok && (ent = readdir(d))) {
+    if (ent->d_name[0] == '.')
       continue;
     char path[4096], buf[128];
-    snprintf(path, sizeof path, "%s/%s", dir, ent.name);
+    snprintf(path, sizeof path, "%s/%s", dir, ent->d_name);
     FILE *f = fopen(path, "r");
     if (!f)
       continue;
@@ -1158,7 +1159,7 @@ static bool key_allowed(const char *dir, const unsigned char *key32) {
       break;
     }
   }
-  uv_fs_req_cleanup(&req);
+  closedir(d);
   return ok;
 }
 

@@ -447,6 +447,7 @@ def case_paths(tmp):
     check(p.poll() is None, "gateway died")
 
 
+CASE_OK = {}
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
 
 
@@ -461,6 +462,7 @@ def main():
         try:
             CASES[name](tmp)
             passed += 1
+            CASE_OK[name] = True
             print(f"ok {name} ({time.monotonic() - t0:.1f}s)")
         except Exception as e:
             failed += 1
@@ -470,16 +472,31 @@ def main():
                 if f.endswith(".log") and f != "exec.log":
                     print(f"--- {f}\n" + open(os.path.join(tmp, f), errors="replace").read()[-3000:])
         finally:
-            for p in PROCS:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            for p in PROCS:
+            # Processes still running must stop cleanly on SIGTERM (exit 0:
+            # under ASan that also means no leak or error report).
+            live = [p for p in PROCS if p.poll() is None]
+            for p in live:
+                p.send_signal(signal.SIGTERM)
+            unclean = []
+            for p in live:
                 try:
-                    p.wait(5)
+                    p.wait(10)
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
+                if p.returncode != 0:
+                    unclean.append(f"{' '.join(p.args[:2])} exited {p.returncode} after SIGTERM")
             PROCS.clear()
+            if unclean:
+                if True:
+                    print(f"FAIL {name}: " + "; ".join(unclean))
+                    for f in sorted(os.listdir(tmp)):
+                        if f.endswith(".log") and f != "exec.log":
+                            print(f"--- {f}\n" + open(os.path.join(tmp, f), errors="replace").read()[-3000:])
+                    # count the case as failed once
+                    if passed and CASE_OK.get(name):
+                        passed -= 1
+                    failed += 1
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
