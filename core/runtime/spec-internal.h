@@ -1,0 +1,83 @@
+/* spec-internal.h — the contract between the pipeline front end (plugin
+ * loader, config validation) and the runtime back end (actors, edges).
+ *
+ * The front end turns plugins + a pipeline TOML into a validated
+ * spn__pipeline_spec_t; the back end instantiates it. Nothing here is
+ * installed or visible to plugins. */
+#ifndef SPINDLE_SPEC_INTERNAL_H
+#define SPINDLE_SPEC_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spindle/plugin.h"
+#include "spindle/runtime.h"
+#include "spindle/toml.h"
+
+/* ---- registry of stage kinds (front end owns the implementation) ------- */
+
+typedef struct spn__registry spn__registry_t;
+
+int32_t spn__registry_new(spn__registry_t **out, spn_error_t *err);
+/* Runs every plugin's fini, dlcloses, frees. */
+void spn__registry_free(spn__registry_t **reg);
+/* dlopen a plugin file and apply every refusal rule (see plugin.h). */
+int32_t spn__registry_load_file(spn__registry_t *reg, const spn_host_api_t *host, const char *path,
+                                spn_error_t *err);
+/* Add a kind that is not from a file (tests, built-ins). A duplicate name
+ * is refused. The kind must outlive the registry. */
+int32_t spn__registry_add_kind(spn__registry_t *reg, const spn_stage_kind_t *kind, const char *origin,
+                               spn_error_t *err);
+const spn_stage_kind_t *spn__registry_find(const spn__registry_t *reg, const char *name, const char **origin);
+size_t spn__registry_count(const spn__registry_t *reg);
+const spn_stage_kind_t *spn__registry_at(const spn__registry_t *reg, size_t i, const char **origin);
+
+/* ---- validated pipeline description ------------------------------------ */
+
+typedef struct spn__edge_spec {
+  uint32_t from_stage, from_port; /* indexes into stages[] and kind->outputs[] */
+  uint32_t to_stage, to_port;     /* indexes into stages[] and kind->inputs[] */
+} spn__edge_spec_t;
+
+typedef struct spn__stage_spec {
+  char *name;
+  const spn_stage_kind_t *kind;
+  void *config;               /* kind->config_size bytes, filled and validated */
+  char *device;               /* "auto" | "cpu" | "cuda" | "cuda:1" ... */
+  uint32_t instances;         /* instances per device (instances.count) */
+  char *instance_devices;     /* instances.devices: "all" or "0,2" or NULL (= the stage's device) */
+  uint32_t max_batch;         /* from batching = {...} or the kind's default */
+  uint32_t max_delay_ms;
+  char *endpoint;             /* NULL = inproc; "ipc://..." / "tcp://..." to place the edge by config */
+  uint32_t edge_capacity;     /* messages in flight on each input edge; 0 = runtime default */
+  char where[256];            /* "file:line:col" of this [[stage]] table, for messages */
+} spn__stage_spec_t;
+
+typedef struct spn__pipeline_spec {
+  char *name;
+  char *file;                 /* the config's path (or name given for a string) */
+  spn__stage_spec_t *stages;  /* topological order: producers before consumers */
+  size_t n_stages;
+  spn__edge_spec_t *edges;
+  size_t n_edges;
+  char **plugin_paths;        /* [plugins] path = [...] from the config */
+  size_t n_plugin_paths;
+} spn__pipeline_spec_t;
+
+/* Build and validate a spec from a parsed document. overrides are
+ * "stage.key=value" (value parsed as a TOML value, bare words as strings).
+ * Every refusal says "file:line:col: stage \"name\": reason". */
+int32_t spn__spec_from_toml(const spn__registry_t *reg, const spn_toml_doc_t *doc, const char *const *overrides,
+                            size_t n_overrides, spn__pipeline_spec_t **out, spn_error_t *err);
+void spn__spec_free(spn__pipeline_spec_t **spec);
+
+/* A copy of stage `i`'s config with per-job overrides applied
+ * ("stage.key=value", only for SPN_CONFIG_PER_JOB keys of that stage;
+ * overrides for other stages are ignored here, unknown stages or keys and
+ * keys that are not per-job are refused). Free with spn__config_free. */
+int32_t spn__spec_job_config(const spn__pipeline_spec_t *spec, uint32_t i, const char *const *overrides,
+                             size_t n_overrides, void **out, spn_error_t *err);
+void spn__config_free(const spn_stage_kind_t *kind, void **config);
+
+#endif
