@@ -350,11 +350,11 @@ static const char client_opts_help[] =
     "  --timeout-ms N        per-request timeout\n"
     "  --curve-keyfile F --server-key-file F   CURVE client keys\n";
 
-static int outcome(spn_job_state_t s) {
+static int outcome(spn_queue_state_t s) {
   switch (s) {
-  case SPN_JOB_SUCCEEDED: return EXIT_OK;
-  case SPN_JOB_CANCELLED: return EXIT_CANCELLED;
-  case SPN_JOB_DEAD: return EXIT_DEAD;
+  case SPN_QSTATE_SUCCEEDED: return EXIT_OK;
+  case SPN_QSTATE_CANCELLED: return EXIT_CANCELLED;
+  case SPN_QSTATE_DEAD: return EXIT_DEAD;
   default: return EXIT_FAILED;
   }
 }
@@ -371,7 +371,7 @@ typedef struct watch_ui {
 static int on_event(void *user, const spn_client_status_t *ev) {
   watch_ui_t *ui = user;
   double now = spn__mono_s();
-  if (ev->state == SPN_JOB_RUNNING && ev->done > ui->rate_done && now > ui->rate_t) {
+  if (ev->state == SPN_QSTATE_RUNNING && ev->done > ui->rate_done && now > ui->rate_t) {
     double inst = (double)(ev->done - ui->rate_done) / (now - ui->rate_t);
     ui->fps = ui->fps > 0 ? 0.7 * ui->fps + 0.3 * inst : inst;
     ui->rate_done = ev->done;
@@ -379,7 +379,7 @@ static int on_event(void *user, const spn_client_status_t *ev) {
   }
   bool state_changed = (int)ev->state != ui->last_state;
   if (ui->tty) {
-    if (ev->state == SPN_JOB_RUNNING && ev->total > 0) {
+    if (ev->state == SPN_QSTATE_RUNNING && ev->total > 0) {
       int width = 30, fill = (int)((double)ev->done / (double)ev->total * width);
       char bar[31];
       for (int i = 0; i < width; i++)
@@ -390,18 +390,18 @@ static int on_event(void *user, const spn_client_status_t *ev) {
               (long long)ev->id, bar, (unsigned long long)ev->done, (unsigned long long)ev->total,
               ui->fps, isnan(eta) ? "?" : "", isnan(eta) ? 0.0 : eta);
     } else if (state_changed) {
-      fprintf(stderr, "\r\033[Kjob %lld: %s", (long long)ev->id, spn_job_state_name(ev->state));
+      fprintf(stderr, "\r\033[Kjob %lld: %s", (long long)ev->id, spn_queue_state_name(ev->state));
     }
-    if (spn_job_state_terminal(ev->state))
+    if (spn_queue_state_terminal(ev->state))
       fprintf(stderr, "\n");
   } else if (state_changed || (ev->done != ui->last_done && now - ui->last_print >= 1.0) ||
              (ev->total && ev->done == ev->total && ev->done != ui->last_done)) {
     ui->last_print = now;
-    if (ev->state == SPN_JOB_RUNNING && ev->total)
+    if (ev->state == SPN_QSTATE_RUNNING && ev->total)
       fprintf(stderr, "job %lld: running %llu/%llu frames %.1f fps\n", (long long)ev->id,
               (unsigned long long)ev->done, (unsigned long long)ev->total, ui->fps);
     else
-      fprintf(stderr, "job %lld: %s\n", (long long)ev->id, spn_job_state_name(ev->state));
+      fprintf(stderr, "job %lld: %s\n", (long long)ev->id, spn_queue_state_name(ev->state));
   }
   ui->last_state = (int)ev->state;
   ui->last_done = ev->done;
@@ -417,10 +417,10 @@ static int watch_job(spn_client_t *cl, int64_t id, const char *cmd) {
     fprintf(stderr, "spindle %s: job %lld: %s\n", cmd, (long long)id, err.msg);
     return EXIT_GATEWAY;
   }
-  if (final.state != SPN_JOB_SUCCEEDED && final.reason[0])
+  if (final.state != SPN_QSTATE_SUCCEEDED && final.reason[0])
     fprintf(stderr, "spindle %s: job %lld %s: %s\n", cmd, (long long)id,
-            spn_job_state_name(final.state), final.reason);
-  printf("%lld %s\n", (long long)id, spn_job_state_name(final.state));
+            spn_queue_state_name(final.state), final.reason);
+  printf("%lld %s\n", (long long)id, spn_queue_state_name(final.state));
   return outcome(final.state);
 }
 
@@ -632,14 +632,14 @@ static int cmd_cancel(int argc, char **argv) {
   spn_client_t *cl;
   if (client_open(&co, "cancel", &cl) < 0)
     return EXIT_GATEWAY;
-  spn_job_state_t st;
+  spn_queue_state_t st;
   spn_error_t err = SPN_ERROR_INIT;
   int rc = EXIT_OK;
   if (spn_client_cancel(cl, id, &st, &err) < 0) {
     fprintf(stderr, "spindle cancel: %s\n", err.msg);
     rc = EXIT_GATEWAY;
   } else {
-    printf("%lld %s\n", (long long)id, st == SPN_JOB_RUNNING ? "cancelling" : spn_job_state_name(st));
+    printf("%lld %s\n", (long long)id, st == SPN_QSTATE_RUNNING ? "cancelling" : spn_queue_state_name(st));
   }
   spn_client_free(&cl);
   return rc;
@@ -648,7 +648,7 @@ static int cmd_cancel(int argc, char **argv) {
 static int list_row(void *user, const spn_client_status_t *st) {
   (void)user;
   printf("%-8lld %-10s %-12s %3u/%-3u %8llu/%-8llu %8.2f  %s\n", (long long)st->id,
-         spn_job_state_name(st->state), st->pipeline, st->attempts, st->max_attempts,
+         spn_queue_state_name(st->state), st->pipeline, st->attempts, st->max_attempts,
          (unsigned long long)st->done, (unsigned long long)st->total, st->compute_s, st->reason);
   return 0;
 }
@@ -669,7 +669,7 @@ static int cmd_jobs(int argc, char **argv) {
     if (t)
       continue;
     if (!strcmp(a, "--state") && v) {
-      if ((state = spn_job_state_parse(v)) < 0)
+      if ((state = spn_queue_state_parse(v)) < 0)
         return usage_err("jobs", "unknown state \"%s\"", v);
     } else if (!strcmp(a, "--limit") && v) {
       if (!parse_u32(v, &limit) || limit == 0 || limit > 1000)

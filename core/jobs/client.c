@@ -254,8 +254,8 @@ static void fill_status(const cJSON *o, spn_client_status_t *st) {
   int64_t v;
   if (spn__json_int(o, "id", &v))
     st->id = v;
-  int32_t s = spn_job_state_parse(spn__json_str(o, "state"));
-  st->state = s < 0 ? SPN_JOB_QUEUED : (spn_job_state_t)s;
+  int32_t s = spn_queue_state_parse(spn__json_str(o, "state"));
+  st->state = s < 0 ? SPN_QSTATE_QUEUED : (spn_queue_state_t)s;
   if (spn__json_int(o, "attempts", &v))
     st->attempts = (uint32_t)v;
   if (spn__json_int(o, "max_attempts", &v))
@@ -309,7 +309,7 @@ int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, vo
   for (;;) {
     if (cb && cb(user, &st))
       break;
-    if (spn_job_state_terminal(st.state))
+    if (spn_queue_state_terminal(st.state))
       break;
     spn_pmsg_t m;
     rc = recv_one(c, c->timeout_ms, &m, err);
@@ -350,7 +350,7 @@ int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, vo
   return SPN_OK;
 }
 
-int32_t spn_client_cancel(spn_client_t *c, int64_t id, spn_job_state_t *state, spn_error_t *err) {
+int32_t spn_client_cancel(spn_client_t *c, int64_t id, spn_queue_state_t *state, spn_error_t *err) {
   cJSON *b = cJSON_CreateObject();
   if (!b)
     return spn_error_set(err, SPN_ENOMEM, "client: out of memory");
@@ -363,8 +363,8 @@ int32_t spn_client_cancel(spn_client_t *c, int64_t id, spn_job_state_t *state, s
     return rc;
   if (state) {
     const char *s = spn__json_str(r, "state");
-    int32_t v = spn_job_state_parse(s);
-    *state = v >= 0 ? (spn_job_state_t)v : SPN_JOB_RUNNING;
+    int32_t v = spn_queue_state_parse(s);
+    *state = v >= 0 ? (spn_queue_state_t)v : SPN_QSTATE_RUNNING;
   }
   cJSON_Delete(r);
   return SPN_OK;
@@ -376,7 +376,7 @@ int32_t spn_client_list(spn_client_t *c, int32_t state, uint32_t limit, spn_clie
   if (!b)
     return spn_error_set(err, SPN_ENOMEM, "client: out of memory");
   if (state >= 0)
-    cJSON_AddStringToObject(b, "state", spn_job_state_name((spn_job_state_t)state));
+    cJSON_AddStringToObject(b, "state", spn_queue_state_name((spn_queue_state_t)state));
   cJSON_AddNumberToObject(b, "limit", limit ? limit : 100);
   char t[17];
   cJSON *r = NULL;

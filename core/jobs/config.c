@@ -2,9 +2,8 @@
  *
  * Every key is listed in one table with its type; unknown keys and wrong types
  * are refused with "file:line:col". The TOML parser lives in libspindle
- * (spindle/toml.h). Until that module is merged its functions are referenced
- * weakly, so the job service builds and runs (configured from the command
- * line) and loading a file says clearly that TOML support is missing.
+ * (spindle/toml.h). Relative root directories are taken relative to the
+ * working directory of `spindle serve`.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,20 +12,6 @@
 #include "jobs-internal.h"
 #include "spindle/toml.h"
 
-#pragma weak spn_toml_parse_file
-#pragma weak spn_toml_doc_free
-#pragma weak spn_toml_doc_root
-#pragma weak spn_toml_table_len
-#pragma weak spn_toml_table_key_at
-#pragma weak spn_toml_table_value_at
-#pragma weak spn_toml_node_type
-#pragma weak spn_toml_node_where
-#pragma weak spn_toml_type_name
-#pragma weak spn_toml_string
-#pragma weak spn_toml_int
-#pragma weak spn_toml_bool
-#pragma weak spn_toml_array_len
-#pragma weak spn_toml_array_at
 
 void spn_server_config_defaults(spn_server_config_t *c) {
   memset(c, 0, sizeof *c);
@@ -160,10 +145,6 @@ static int32_t set_key(spn_server_config_t *c, const key_def_t *d, const spn_tom
 }
 
 int32_t spn_server_config_load(spn_server_config_t *c, const char *path, spn_error_t *err) {
-  if (!spn_toml_parse_file)
-    return spn_error_set(err, SPN_EUNSUPPORTED,
-                         "%s: this build has no TOML parser yet; configure with command-line flags",
-                         path);
   spn_toml_doc_t *doc = NULL;
   int32_t rc = spn_toml_parse_file(path, &doc, err);
   if (rc < 0)

@@ -22,7 +22,7 @@ double spn__mono_s(void);   /* monotonic seconds */
 
 typedef struct spn_queue_job {
   int64_t id;
-  spn_job_state_t state;
+  spn_queue_state_t state;
   int32_t priority;
   uint32_t attempts; /* leases handed out so far; the current lease's token */
   uint32_t max_attempts;
@@ -32,7 +32,7 @@ typedef struct spn_queue_job {
   char *reason;      /* why it failed/died/was cancelled, NULL otherwise */
   char *errors_json; /* JSON array of {attempt, at, error} */
   int64_t created_ms, deadline_ms, not_before_ms, lease_until_ms;
-  int64_t t_state_ms[SPN_JOB_STATE_COUNT]; /* last time it entered each state; 0 never */
+  int64_t t_state_ms[SPN_QSTATE_COUNT]; /* last time it entered each state; 0 never */
   double compute_s, gpu_s;
   uint64_t progress_done, progress_total;
   bool cancel_requested;
@@ -49,7 +49,7 @@ typedef struct spn_queue_submit {
 } spn_queue_submit_t;
 
 /* Called for every job a sweep moved (lease expired, deadline passed). */
-typedef void (*spn_queue_changed_cb)(void *user, int64_t id, spn_job_state_t state);
+typedef void (*spn_queue_changed_cb)(void *user, int64_t id, spn_queue_state_t state);
 typedef void (*spn_queue_list_cb)(void *user, const spn_queue_job_t *job);
 
 /* A queue backend. Every call is made from one thread (the loop thread) and
@@ -80,10 +80,10 @@ typedef struct spn_queue_ops {
    * cancelled (cancelled=true). *state gets the new state. */
   int32_t (*fail)(void *q, int64_t id, uint32_t attempt, const char *owner, const char *reason,
                   bool cancelled, double compute_s, double gpu_s, int64_t now,
-                  spn_job_state_t *state, spn_error_t *err);
+                  spn_queue_state_t *state, spn_error_t *err);
   /* queued → cancelled at once; running → cancel requested (*state stays
    * running; the worker stops it); terminal → SPN_ESTATE. */
-  int32_t (*cancel)(void *q, int64_t id, int64_t now, spn_job_state_t *state, spn_error_t *err);
+  int32_t (*cancel)(void *q, int64_t id, int64_t now, spn_queue_state_t *state, spn_error_t *err);
   /* Expired leases count as a failed attempt ("lease expired"); queued jobs
    * past their deadline fail. Returns the number of jobs moved or an error. */
   int32_t (*sweep)(void *q, int64_t now, spn_queue_changed_cb cb, void *user, spn_error_t *err);

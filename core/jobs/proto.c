@@ -195,15 +195,15 @@ int32_t spn__proto_socket_setup(void *sock, uint32_t max_msg, spn_error_t *err) 
   return SPN_OK;
 }
 
-static const char *const state_names[SPN_JOB_STATE_COUNT] = {
+static const char *const state_names[SPN_QSTATE_COUNT] = {
     "queued", "running", "succeeded", "failed", "cancelled", "dead"};
 
-const char *spn_job_state_name(spn_job_state_t s) {
-  return (unsigned)s < SPN_JOB_STATE_COUNT ? state_names[s] : NULL;
+const char *spn_queue_state_name(spn_queue_state_t s) {
+  return (unsigned)s < SPN_QSTATE_COUNT ? state_names[s] : NULL;
 }
 
-int32_t spn_job_state_parse(const char *name) {
-  for (int i = 0; i < SPN_JOB_STATE_COUNT; i++)
+int32_t spn_queue_state_parse(const char *name) {
+  for (int i = 0; i < SPN_QSTATE_COUNT; i++)
     if (name && !strcmp(name, state_names[i]))
       return i;
   return -1;

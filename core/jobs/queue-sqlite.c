@@ -159,7 +159,7 @@ static int exec_stmt(sq_t *q, sqlite3_stmt *s, spn_error_t *err, const char *wha
   return sqlite3_changes(q->db);
 }
 
-static int32_t record_transition(sq_t *q, int64_t id, int64_t at, spn_job_state_t st,
+static int32_t record_transition(sq_t *q, int64_t id, int64_t at, spn_queue_state_t st,
                                  const char *note, spn_error_t *err) {
   sqlite3_stmt *s = stmt(q, ST_TRANS);
   sqlite3_bind_int64(s, 1, id);
@@ -256,7 +256,7 @@ static int32_t sq_submit(void *qv, const spn_queue_submit_t *sub, int64_t now, i
   if (exec_stmt(q, s, err, "inserting a job") < 0)
     return auto_end(q, opened, SPN_EIO, err);
   *id = sqlite3_last_insert_rowid(q->db);
-  rc = record_transition(q, *id, now, SPN_JOB_QUEUED, "submitted", err);
+  rc = record_transition(q, *id, now, SPN_QSTATE_QUEUED, "submitted", err);
   return auto_end(q, opened, rc, err);
 }
 
@@ -280,7 +280,7 @@ static int32_t sq_get(void *qv, int64_t id, spn_queue_job_t *j, spn_error_t *err
     return db_error(q, err, "reading a job");
   }
   j->id = sqlite3_column_int64(s, 0);
-  j->state = (spn_job_state_t)sqlite3_column_int(s, 1);
+  j->state = (spn_queue_state_t)sqlite3_column_int(s, 1);
   j->priority = sqlite3_column_int(s, 2);
   j->attempts = (uint32_t)sqlite3_column_int(s, 3);
   j->max_attempts = (uint32_t)sqlite3_column_int(s, 4);
@@ -307,7 +307,7 @@ static int32_t sq_get(void *qv, int64_t id, spn_queue_job_t *j, spn_error_t *err
   sqlite3_bind_int64(s, 1, id);
   while (sqlite3_step(s) == SQLITE_ROW) {
     int st = sqlite3_column_int(s, 0);
-    if (st >= 0 && st < SPN_JOB_STATE_COUNT)
+    if (st >= 0 && st < SPN_QSTATE_COUNT)
       j->t_state_ms[st] = sqlite3_column_int64(s, 1);
   }
   sqlite3_reset(s);
@@ -340,7 +340,7 @@ static int32_t sq_lease(void *qv, const char *owner, int64_t now, int64_t lease_
   sqlite3_bind_int64(s, 3, now + lease_ms);
   rc = exec_stmt(q, s, err, "leasing a job") < 0 ? SPN_EIO : SPN_OK;
   if (rc == SPN_OK)
-    rc = record_transition(q, id, now, SPN_JOB_RUNNING, owner, err);
+    rc = record_transition(q, id, now, SPN_QSTATE_RUNNING, owner, err);
   rc = auto_end(q, opened, rc, err);
   if (rc < 0)
     return rc;
@@ -393,7 +393,7 @@ static int32_t sq_complete(void *qv, int64_t id, uint32_t attempt, const char *o
     rc = spn_error_set(err, SPN_ESTATE, "job %lld: lease %u is not held by %s", (long long)id,
                        attempt, owner);
   else
-    rc = record_transition(q, id, now, SPN_JOB_SUCCEEDED, owner, err);
+    rc = record_transition(q, id, now, SPN_QSTATE_SUCCEEDED, owner, err);
   return auto_end(q, opened, rc, err);
 }
 
@@ -401,16 +401,16 @@ static int32_t sq_complete(void *qv, int64_t id, uint32_t attempt, const char *o
  * workers. The caller holds a transaction. */
 static int32_t fail_locked(sq_t *q, int64_t id, uint32_t attempts, uint32_t max_attempts,
                            bool cancelled, const char *reason, double compute_s, double gpu_s,
-                           int64_t now, spn_job_state_t *state, spn_error_t *err) {
+                           int64_t now, spn_queue_state_t *state, spn_error_t *err) {
   sqlite3_stmt *s;
-  spn_job_state_t ns;
+  spn_queue_state_t ns;
   if (cancelled) {
     s = stmt(q, ST_CANCELLED);
     sqlite3_bind_int64(s, 1, id);
     bind_text(s, 2, reason);
     sqlite3_bind_double(s, 3, compute_s);
     sqlite3_bind_double(s, 4, gpu_s);
-    ns = SPN_JOB_CANCELLED;
+    ns = SPN_QSTATE_CANCELLED;
   } else if (attempts < max_attempts) {
     s = stmt(q, ST_REQUEUE);
     sqlite3_bind_int64(s, 1, id);
@@ -420,7 +420,7 @@ static int32_t fail_locked(sq_t *q, int64_t id, uint32_t attempts, uint32_t max_
     sqlite3_bind_double(s, 4, gpu_s);
     sqlite3_bind_int64(s, 5, now);
     bind_text(s, 6, reason);
-    ns = SPN_JOB_QUEUED;
+    ns = SPN_QSTATE_QUEUED;
   } else {
     s = stmt(q, ST_DEAD);
     sqlite3_bind_int64(s, 1, id);
@@ -430,7 +430,7 @@ static int32_t fail_locked(sq_t *q, int64_t id, uint32_t attempts, uint32_t max_
     sqlite3_bind_int64(s, 5, now);
     bind_text(s, 6, reason);
     /* One attempt only and it failed: "failed"; retries exhausted: "dead". */
-    ns = max_attempts > 1 ? SPN_JOB_DEAD : SPN_JOB_FAILED;
+    ns = max_attempts > 1 ? SPN_QSTATE_DEAD : SPN_QSTATE_FAILED;
     sqlite3_bind_int(s, 7, (int)ns);
   }
   if (exec_stmt(q, s, err, "recording a failure") < 0)
@@ -442,7 +442,7 @@ static int32_t fail_locked(sq_t *q, int64_t id, uint32_t attempts, uint32_t max_
 
 static int32_t sq_fail(void *qv, int64_t id, uint32_t attempt, const char *owner, const char *reason,
                        bool cancelled, double compute_s, double gpu_s, int64_t now,
-                       spn_job_state_t *state, spn_error_t *err) {
+                       spn_queue_state_t *state, spn_error_t *err) {
   sq_t *q = qv;
   int opened;
   int32_t rc = auto_begin(q, err, &opened);
@@ -471,7 +471,7 @@ static int32_t sq_fail(void *qv, int64_t id, uint32_t attempt, const char *owner
   return auto_end(q, opened, rc, err);
 }
 
-static int32_t sq_cancel(void *qv, int64_t id, int64_t now, spn_job_state_t *state,
+static int32_t sq_cancel(void *qv, int64_t id, int64_t now, spn_queue_state_t *state,
                          spn_error_t *err) {
   sq_t *q = qv;
   int opened;
@@ -484,8 +484,8 @@ static int32_t sq_cancel(void *qv, int64_t id, int64_t now, spn_job_state_t *sta
   if (n < 0)
     return auto_end(q, opened, SPN_EIO, err);
   if (n == 1) {
-    *state = SPN_JOB_CANCELLED;
-    rc = record_transition(q, id, now, SPN_JOB_CANCELLED, "cancelled while queued", err);
+    *state = SPN_QSTATE_CANCELLED;
+    rc = record_transition(q, id, now, SPN_QSTATE_CANCELLED, "cancelled while queued", err);
     return auto_end(q, opened, rc, err);
   }
   s = stmt(q, ST_CANCEL_R);
@@ -494,7 +494,7 @@ static int32_t sq_cancel(void *qv, int64_t id, int64_t now, spn_job_state_t *sta
   if (n < 0)
     return auto_end(q, opened, SPN_EIO, err);
   if (n == 1) {
-    *state = SPN_JOB_RUNNING;
+    *state = SPN_QSTATE_RUNNING;
     return auto_end(q, opened, SPN_OK, err);
   }
   spn_queue_job_t j;
@@ -502,7 +502,7 @@ static int32_t sq_cancel(void *qv, int64_t id, int64_t now, spn_job_state_t *sta
   if (rc == SPN_OK) {
     *state = j.state;
     rc = spn_error_set(err, SPN_ESTATE, "job %lld: already %s", (long long)id,
-                       spn_job_state_name(j.state));
+                       spn_queue_state_name(j.state));
     spn__queue_job_clear(&j);
   }
   return auto_end(q, opened, rc, err);
@@ -552,7 +552,7 @@ static int32_t fail_listed(sq_t *q, id_att_t *v, size_t n, const char *reason, i
     int32_t rc = sq_get(q, v[i].id, &j, err);
     if (rc < 0)
       return rc;
-    spn_job_state_t ns;
+    spn_queue_state_t ns;
     rc = fail_locked(q, j.id, j.attempts, j.max_attempts, j.cancel_requested,
                      j.cancel_requested ? "cancelled (worker lost)" : reason, 0, 0, now, &ns, err);
     spn__queue_job_clear(&j);
@@ -595,13 +595,13 @@ static int32_t sq_sweep(void *qv, int64_t now, spn_queue_changed_cb cb, void *us
     sqlite3_bind_double(s, 4, 0);
     sqlite3_bind_int64(s, 5, now);
     bind_text(s, 6, "deadline passed while queued");
-    sqlite3_bind_int(s, 7, SPN_JOB_FAILED);
+    sqlite3_bind_int(s, 7, SPN_QSTATE_FAILED);
     if (exec_stmt(q, s, err, "failing a job past its deadline") < 0)
       rc = SPN_EIO;
     else
-      rc = record_transition(q, dl[i].id, now, SPN_JOB_FAILED, "deadline passed while queued", err);
+      rc = record_transition(q, dl[i].id, now, SPN_QSTATE_FAILED, "deadline passed while queued", err);
     if (rc == SPN_OK && cb)
-      cb(user, dl[i].id, SPN_JOB_FAILED);
+      cb(user, dl[i].id, SPN_QSTATE_FAILED);
   }
   rc = auto_end(q, opened, rc, err);
   if (rc == SPN_OK)

@@ -272,7 +272,7 @@ static cJSON *job_json(spn_server_t *s, const spn_queue_job_t *j, bool full) {
   if (!o)
     return NULL;
   cJSON_AddNumberToObject(o, "id", (double)j->id);
-  cJSON_AddStringToObject(o, "state", spn_job_state_name(j->state));
+  cJSON_AddStringToObject(o, "state", spn_queue_state_name(j->state));
   cJSON *spec = cJSON_Parse(j->spec_json);
   const char *p = spec ? spn__json_str(spec, "pipeline") : NULL;
   cJSON_AddStringToObject(o, "pipeline", p ? p : "");
@@ -280,7 +280,7 @@ static cJSON *job_json(spn_server_t *s, const spn_queue_job_t *j, bool full) {
   cJSON_AddNumberToObject(o, "attempts", j->attempts);
   cJSON_AddNumberToObject(o, "max_attempts", j->max_attempts);
   uint64_t done = j->progress_done, total = j->progress_total;
-  run_t *r = j->state == SPN_JOB_RUNNING ? run_find(s, j->id) : NULL;
+  run_t *r = j->state == SPN_QSTATE_RUNNING ? run_find(s, j->id) : NULL;
   if (r) {
     done = r->done;
     total = r->total;
@@ -300,9 +300,9 @@ static cJSON *job_json(spn_server_t *s, const spn_queue_job_t *j, bool full) {
     if (j->deadline_ms)
       cJSON_AddNumberToObject(o, "deadline", (double)j->deadline_ms);
     cJSON *times = cJSON_AddObjectToObject(o, "times");
-    for (int i = 0; times && i < SPN_JOB_STATE_COUNT; i++)
+    for (int i = 0; times && i < SPN_QSTATE_COUNT; i++)
       if (j->t_state_ms[i])
-        cJSON_AddNumberToObject(times, spn_job_state_name((spn_job_state_t)i), (double)j->t_state_ms[i]);
+        cJSON_AddNumberToObject(times, spn_queue_state_name((spn_queue_state_t)i), (double)j->t_state_ms[i]);
     cJSON *errs = cJSON_Parse(j->errors_json);
     if (errs)
       cJSON_AddItemToObject(o, "errors", errs);
@@ -326,7 +326,7 @@ static void notify(spn_server_t *s, int64_t id) {
   spn_queue_job_t j;
   if (s->q.ops->get(s->q.impl, id, &j, NULL) < 0)
     return;
-  bool term = spn_job_state_terminal(j.state);
+  bool term = spn_queue_state_terminal(j.state);
   for (size_t i = 0; i < s->nwatchers;) {
     if (s->watchers[i].id != id) {
       i++;
@@ -359,7 +359,7 @@ static void notify_progress(spn_server_t *s, run_t *r) {
   }
 }
 
-static void changed_cb(void *user, int64_t id, spn_job_state_t st) {
+static void changed_cb(void *user, int64_t id, spn_queue_state_t st) {
   spn_server_t *s = user;
   (void)st;
   run_t *r = run_find(s, id);
@@ -385,7 +385,7 @@ static void finish_run(spn_server_t *s, int64_t id, uint32_t attempt, const char
   if (res->status == SPN_OK) {
     rc = s->q.ops->complete(s->q.impl, id, attempt, owner, res->compute_s, res->gpu_s, now, &err);
   } else {
-    spn_job_state_t st;
+    spn_queue_state_t st;
     rc = s->q.ops->fail(s->q.impl, id, attempt, owner, res->error, res->status == SPN_ECANCELLED,
                         res->compute_s, res->gpu_s, now, &st, &err);
   }
@@ -658,7 +658,7 @@ static void on_status(spn_server_t *s, spn_pmsg_t *m, bool watch) {
   with_req(b, m->req);
   if (b)
     out_push(s, m->ident, m->ident_len, watch ? "EVENT" : "STATUS", b, false);
-  if (watch && !spn_job_state_terminal(j.state))
+  if (watch && !spn_queue_state_terminal(j.state))
     watcher_add(s, id, m->ident, m->ident_len);
   spn__queue_job_clear(&j);
 }
@@ -682,14 +682,14 @@ static void on_cancel(spn_server_t *s, spn_pmsg_t *m) {
   if (!need_id(s, m, &id))
     return;
   spn_error_t err = SPN_ERROR_INIT;
-  spn_job_state_t st = SPN_JOB_QUEUED;
+  spn_queue_state_t st = SPN_QSTATE_QUEUED;
   batch_begin(s);
   int32_t rc = s->q.ops->cancel(s->q.impl, id, spn__now_ms(), &st, &err);
   if (rc < 0) {
     out_error(s, m->ident, m->ident_len, m->req, code_for(rc), err.msg);
     return;
   }
-  if (st == SPN_JOB_RUNNING) {
+  if (st == SPN_QSTATE_RUNNING) {
     run_t *r = run_find(s, id);
     if (r)
       send_cancel_to_worker(s, r);
@@ -698,10 +698,10 @@ static void on_cancel(spn_server_t *s, spn_pmsg_t *m) {
   with_req(b, m->req);
   if (b) {
     cJSON_AddNumberToObject(b, "id", (double)id);
-    cJSON_AddStringToObject(b, "state", st == SPN_JOB_RUNNING ? "cancelling" : spn_job_state_name(st));
+    cJSON_AddStringToObject(b, "state", st == SPN_QSTATE_RUNNING ? "cancelling" : spn_queue_state_name(st));
     out_push(s, m->ident, m->ident_len, "CANCELLED", b, true);
   }
-  if (st != SPN_JOB_RUNNING)
+  if (st != SPN_QSTATE_RUNNING)
     notify(s, id);
 }
 
@@ -720,7 +720,7 @@ static void list_cb(void *user, const spn_queue_job_t *j) {
 static void on_list(spn_server_t *s, spn_pmsg_t *m) {
   int32_t state = -1;
   const char *st = spn__json_str(m->body, "state");
-  if (cJSON_GetObjectItemCaseSensitive(m->body, "state") && (!st || (state = spn_job_state_parse(st)) < 0)) {
+  if (cJSON_GetObjectItemCaseSensitive(m->body, "state") && (!st || (state = spn_queue_state_parse(st)) < 0)) {
     out_error(s, m->ident, m->ident_len, m->req, "invalid",
               "\"state\" must be one of queued, running, succeeded, failed, cancelled, dead");
     return;

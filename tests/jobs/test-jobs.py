@@ -447,6 +447,17 @@ def case_paths(tmp):
     check(p.poll() is None, "gateway died")
 
 
+def case_config(tmp):
+    cfg = os.path.join(os.environ.get("SPINDLE_SOURCE_ROOT", "."), "configs", "server.toml")
+    p, ep = start_serve(tmp, "--config", cfg)  # roots "." = tmp, the server's working directory
+    make_file(f"{tmp}/a.bin", 150_000, 9)
+    cli("submit", "copy", "--input", f"in={tmp}/a.bin", "--output", f"out={tmp}/b.bin", "--wait",
+        "--connect", ep, check_rc=0)
+    check(same(f"{tmp}/a.bin", f"{tmp}/b.bin"), "copy under the configured roots")
+    r = cli("serve", "--config", f"{tmp}/missing.toml", check_rc=1)
+    check(b"missing.toml" in r.stderr, f"missing config: {r.stderr!r}")
+
+
 CASE_OK = {}
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
 

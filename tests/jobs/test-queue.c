@@ -59,7 +59,7 @@ static int64_t lease(fx_t *f, const char *owner, int64_t now, uint32_t *attempt)
   if (rc == SPN_EAGAIN)
     return 0;
   assert_int_equal(rc, SPN_OK);
-  assert_int_equal(j.state, SPN_JOB_RUNNING);
+  assert_int_equal(j.state, SPN_QSTATE_RUNNING);
   assert_string_equal(j.lease_owner, owner);
   int64_t id = j.id;
   if (attempt)
@@ -68,10 +68,10 @@ static int64_t lease(fx_t *f, const char *owner, int64_t now, uint32_t *attempt)
   return id;
 }
 
-static spn_job_state_t state_of(fx_t *f, int64_t id) {
+static spn_queue_state_t state_of(fx_t *f, int64_t id) {
   spn_queue_job_t j;
   assert_int_equal(f->o->get(f->q.impl, id, &j, NULL), SPN_OK);
-  spn_job_state_t s = j.state;
+  spn_queue_state_t s = j.state;
   spn__queue_job_clear(&j);
   return s;
 }
@@ -128,11 +128,11 @@ static void test_lease_expiry_and_renew(void **state) {
   /* Someone else's renew changes nothing. */
   assert_int_equal(f->o->renew(f->q.impl, id, 1, "w2", T0 + 900, 1000, NULL), SPN_ESTATE);
   assert_int_equal(f->o->sweep(f->q.impl, T0 + 1500, NULL, NULL, NULL), 0);
-  assert_int_equal(state_of(f, id), SPN_JOB_RUNNING);
+  assert_int_equal(state_of(f, id), SPN_QSTATE_RUNNING);
   assert_int_equal(f->o->sweep(f->q.impl, T0 + 2000, NULL, NULL, NULL), 1);
   spn_queue_job_t j;
   assert_int_equal(f->o->get(f->q.impl, id, &j, NULL), SPN_OK);
-  assert_int_equal(j.state, SPN_JOB_QUEUED);
+  assert_int_equal(j.state, SPN_QSTATE_QUEUED);
   assert_null(j.lease_owner);
   /* first retry: backoff in [base/2, base] */
   assert_true(j.not_before_ms >= T0 + 2000 + 500 && j.not_before_ms <= T0 + 2000 + 1000);
@@ -151,11 +151,11 @@ static void test_lease_expiry_and_renew(void **state) {
   assert_int_equal(f->o->complete(f->q.impl, id, 1, "w2", 1, 0, nb + 1, NULL), SPN_ESTATE);
   assert_int_equal(f->o->complete(f->q.impl, id, 2, "w2", 1.5, 0.25, nb + 1, NULL), SPN_OK);
   assert_int_equal(f->o->get(f->q.impl, id, &j, NULL), SPN_OK);
-  assert_int_equal(j.state, SPN_JOB_SUCCEEDED);
+  assert_int_equal(j.state, SPN_QSTATE_SUCCEEDED);
   assert_true(j.compute_s == 1.5 && j.gpu_s == 0.25);
-  assert_int_equal(j.t_state_ms[SPN_JOB_QUEUED], T0 + 2000);
-  assert_int_equal(j.t_state_ms[SPN_JOB_RUNNING], nb);
-  assert_int_equal(j.t_state_ms[SPN_JOB_SUCCEEDED], nb + 1);
+  assert_int_equal(j.t_state_ms[SPN_QSTATE_QUEUED], T0 + 2000);
+  assert_int_equal(j.t_state_ms[SPN_QSTATE_RUNNING], nb);
+  assert_int_equal(j.t_state_ms[SPN_QSTATE_SUCCEEDED], nb + 1);
   spn__queue_job_clear(&j);
 }
 
@@ -188,13 +188,13 @@ static void test_dead_letter(void **state) {
     now += 100000; /* past any backoff (max 8 s) */
     assert_int_equal(lease(f, "w", now, &att), id);
     assert_int_equal(att, (uint32_t)i + 1);
-    spn_job_state_t st;
+    spn_queue_state_t st;
     assert_int_equal((f->o->fail)(f->q.impl, id, att, "w", reasons[i], false, 0.5, 0, now, &st, NULL), SPN_OK);
-    assert_int_equal(st, i < 2 ? SPN_JOB_QUEUED : SPN_JOB_DEAD);
+    assert_int_equal(st, i < 2 ? SPN_QSTATE_QUEUED : SPN_QSTATE_DEAD);
   }
   spn_queue_job_t j;
   assert_int_equal(f->o->get(f->q.impl, id, &j, NULL), SPN_OK);
-  assert_int_equal(j.state, SPN_JOB_DEAD);
+  assert_int_equal(j.state, SPN_QSTATE_DEAD);
   assert_string_equal(j.reason, "boom 3");
   assert_true(j.compute_s == 1.5);
   cJSON *errs = cJSON_Parse(j.errors_json);
@@ -211,18 +211,18 @@ static void test_dead_letter(void **state) {
   int64_t one = submit(f, 0, NULL, 0, 1, now);
   uint32_t att;
   assert_int_equal(lease(f, "w", now, &att), one);
-  spn_job_state_t st;
+  spn_queue_state_t st;
   assert_int_equal((f->o->fail)(f->q.impl, one, att, "w", "nope", false, 0, 0, now, &st, NULL), SPN_OK);
-  assert_int_equal(st, SPN_JOB_FAILED);
+  assert_int_equal(st, SPN_QSTATE_FAILED);
 }
 
 typedef struct seen {
   int n;
   int64_t id[8];
-  spn_job_state_t st[8];
+  spn_queue_state_t st[8];
 } seen_t;
 
-static void seen_cb(void *user, int64_t id, spn_job_state_t st) {
+static void seen_cb(void *user, int64_t id, spn_queue_state_t st) {
   seen_t *s = user;
   if (s->n < 8) {
     s->id[s->n] = id;
@@ -242,12 +242,12 @@ static void test_deadline(void **state) {
   assert_int_equal(f->o->sweep(f->q.impl, T0 + 1001, seen_cb, &s, NULL), 1);
   assert_int_equal(s.n, 1);
   assert_int_equal(s.id[0], late);
-  assert_int_equal(s.st[0], SPN_JOB_FAILED);
+  assert_int_equal(s.st[0], SPN_QSTATE_FAILED);
   spn_queue_job_t j;
   assert_int_equal(f->o->get(f->q.impl, late, &j, NULL), SPN_OK);
-  assert_int_equal(j.state, SPN_JOB_FAILED);
+  assert_int_equal(j.state, SPN_QSTATE_FAILED);
   assert_non_null(strstr(j.reason, "deadline"));
-  assert_int_equal(j.t_state_ms[SPN_JOB_FAILED], T0 + 1001);
+  assert_int_equal(j.t_state_ms[SPN_QSTATE_FAILED], T0 + 1001);
   spn__queue_job_clear(&j);
 }
 
@@ -255,22 +255,22 @@ static void test_cancel(void **state) {
   fx_t *f = *state;
   int64_t q = submit(f, 0, NULL, 0, 3, T0);
   int64_t r = submit(f, 0, NULL, 0, 3, T0);
-  spn_job_state_t st;
+  spn_queue_state_t st;
   /* Queued: cancelled at once and never leased. */
   assert_int_equal(f->o->cancel(f->q.impl, q, T0 + 1, &st, NULL), SPN_OK);
-  assert_int_equal(st, SPN_JOB_CANCELLED);
+  assert_int_equal(st, SPN_QSTATE_CANCELLED);
   uint32_t att;
   assert_int_equal(lease(f, "w", T0 + 2, &att), r);
   /* Running: a request; the worker's report then ends it cancelled, even if
    * it reports a plain failure (no retry after a cancel). */
   assert_int_equal(f->o->cancel(f->q.impl, r, T0 + 3, &st, NULL), SPN_OK);
-  assert_int_equal(st, SPN_JOB_RUNNING);
-  assert_int_equal(state_of(f, r), SPN_JOB_RUNNING);
+  assert_int_equal(st, SPN_QSTATE_RUNNING);
+  assert_int_equal(state_of(f, r), SPN_QSTATE_RUNNING);
   assert_int_equal((f->o->fail)(f->q.impl, r, att, "w", "stopped", false, 0, 0, T0 + 4, &st, NULL), SPN_OK);
-  assert_int_equal(st, SPN_JOB_CANCELLED);
+  assert_int_equal(st, SPN_QSTATE_CANCELLED);
   /* Terminal: refused. */
   assert_int_equal(f->o->cancel(f->q.impl, r, T0 + 5, &st, NULL), SPN_ESTATE);
-  assert_int_equal(st, SPN_JOB_CANCELLED);
+  assert_int_equal(st, SPN_QSTATE_CANCELLED);
   assert_int_equal(f->o->cancel(f->q.impl, 999, T0 + 5, &st, NULL), SPN_ENOENT);
   assert_int_equal(lease(f, "w", T0 + 100000, NULL), 0);
 }
@@ -285,8 +285,8 @@ static void test_release_owner(void **state) {
   assert_int_equal(f->o->release_owner(f->q.impl, "A", "worker A lost", T0 + 10, seen_cb, &s, NULL), 1);
   assert_int_equal(s.n, 1);
   assert_int_equal(s.id[0], a);
-  assert_int_equal(state_of(f, a), SPN_JOB_QUEUED);
-  assert_int_equal(state_of(f, b), SPN_JOB_RUNNING);
+  assert_int_equal(state_of(f, a), SPN_QSTATE_QUEUED);
+  assert_int_equal(state_of(f, b), SPN_QSTATE_RUNNING);
 }
 
 static void test_group_commit_and_durability(void **state) {
@@ -312,8 +312,8 @@ static void test_group_commit_and_durability(void **state) {
   for (int i = 0; i < 100; i++) {
     assert_int_equal(q.ops->get(q.impl, ids[i], &j, NULL), SPN_OK);
     assert_int_equal(j.priority, i % 3);
-    assert_int_equal(j.state, SPN_JOB_QUEUED);
-    assert_int_equal(j.t_state_ms[SPN_JOB_QUEUED], T0 + i);
+    assert_int_equal(j.state, SPN_QSTATE_QUEUED);
+    assert_int_equal(j.t_state_ms[SPN_QSTATE_QUEUED], T0 + i);
     spn__queue_job_clear(&j);
   }
   spn_queue_free(&q);

@@ -45,7 +45,7 @@ typedef struct spn_client_options {
 /* A job's state as the gateway reports it (STATUS replies, WATCH events). */
 typedef struct spn_client_status {
   int64_t id;
-  spn_job_state_t state;
+  spn_queue_state_t state;
   uint32_t attempts, max_attempts;
   uint64_t done, total; /* progress units (frames, chunks) */
   double compute_s, gpu_s;
@@ -90,7 +90,7 @@ SPN_API int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_c
                                  spn_client_status_t *final, spn_error_t *err);
 /* Cancel: a queued job at once, a running one at its next batch boundary.
  * *state (may be NULL) gets the state after the request. */
-SPN_API int32_t spn_client_cancel(spn_client_t *c, int64_t id, spn_job_state_t *state,
+SPN_API int32_t spn_client_cancel(spn_client_t *c, int64_t id, spn_queue_state_t *state,
                                   spn_error_t *err);
 /* List jobs in `state` (-1: all), newest first, at most `limit`. */
 SPN_API int32_t spn_client_list(spn_client_t *c, int32_t state, uint32_t limit,

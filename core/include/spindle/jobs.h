@@ -25,23 +25,25 @@
 extern "C" {
 #endif
 
-/* Job states, in the order of the protocol's numeric codes. */
-typedef enum spn_job_state {
-  SPN_JOB_QUEUED = 0,
-  SPN_JOB_RUNNING = 1,
-  SPN_JOB_SUCCEEDED = 2,
-  SPN_JOB_FAILED = 3,
-  SPN_JOB_CANCELLED = 4,
-  SPN_JOB_DEAD = 5,
-} spn_job_state_t;
-#define SPN_JOB_STATE_COUNT 6
+/* A job's state in the durable queue. The runtime's spn_job_state_t
+ * (spindle/runtime.h) covers one run; the queue adds retries, so it also has
+ * "dead" (retries exhausted). */
+typedef enum spn_queue_state {
+  SPN_QSTATE_QUEUED = 0,
+  SPN_QSTATE_RUNNING = 1,
+  SPN_QSTATE_SUCCEEDED = 2,
+  SPN_QSTATE_FAILED = 3,
+  SPN_QSTATE_CANCELLED = 4,
+  SPN_QSTATE_DEAD = 5,
+} spn_queue_state_t;
+#define SPN_QSTATE_COUNT 6
 
 /* "queued", "running", ...; NULL for an unknown value. Ownership: static. */
-SPN_API const char *spn_job_state_name(spn_job_state_t s);
+SPN_API const char *spn_queue_state_name(spn_queue_state_t s);
 /* Parse a state name; -1 if unknown. Thread: any. */
-SPN_API int32_t spn_job_state_parse(const char *name);
+SPN_API int32_t spn_queue_state_parse(const char *name);
 /* succeeded, failed, cancelled and dead are terminal. */
-static inline bool spn_job_state_terminal(spn_job_state_t s) { return s >= SPN_JOB_SUCCEEDED; }
+static inline bool spn_queue_state_terminal(spn_queue_state_t s) { return s >= SPN_QSTATE_SUCCEEDED; }
 
 /* A named file: an input read by the pipeline or an output it produces. */
 typedef struct spn_job_io {
