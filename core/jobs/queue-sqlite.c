@@ -16,7 +16,9 @@
  * All calls come from one thread; begin/commit group several writes into one
  * transaction so one fsync covers many submissions.
  */
+#include <pthread.h>
 #include <sqlite3.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -118,12 +120,21 @@ static const char schema[] =
     " progress_done INTEGER NOT NULL DEFAULT 0,"
     " progress_total INTEGER NOT NULL DEFAULT 0);"
     "CREATE INDEX IF NOT EXISTS jobs_pick ON jobs(state, priority DESC, id);"
+    "CREATE INDEX IF NOT EXISTS jobs_deadline ON jobs(deadline) WHERE state = 0 AND deadline > 0;"
+    "CREATE INDEX IF NOT EXISTS jobs_lease ON jobs(lease_until) WHERE state = 1;"
     "CREATE TABLE IF NOT EXISTS transitions("
     " job INTEGER NOT NULL, at INTEGER NOT NULL, state INTEGER NOT NULL, note TEXT);"
     "CREATE INDEX IF NOT EXISTS transitions_job ON transitions(job);";
 
 typedef struct sq {
   sqlite3 *db;
+  /* WAL checkpoints run on their own thread and connection, so a commit on
+   * the loop thread never pays for copying the WAL back into the database. */
+  pthread_t ckpt_th;
+  bool ckpt_started, ckpt_quit;
+  pthread_mutex_t ckpt_mu;
+  pthread_cond_t ckpt_cond;
+  char *path;
   sqlite3_stmt *st[ST_COUNT];
   int in_txn;
   uint32_t backoff_base_ms, backoff_max_ms;
@@ -671,10 +682,50 @@ static int64_t sq_next_wakeup(void *qv) {
   return t;
 }
 
+static void *ckpt_main(void *arg) {
+  sq_t *q = arg;
+  sqlite3 *db = NULL;
+  if (sqlite3_open_v2(q->path, &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX, NULL) != SQLITE_OK) {
+    sqlite3_close(db);
+    return NULL;
+  }
+  sqlite3_busy_timeout(db, 100);
+  pthread_mutex_lock(&q->ckpt_mu);
+  while (!q->ckpt_quit) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 200 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&q->ckpt_cond, &q->ckpt_mu, &ts);
+    if (q->ckpt_quit)
+      break;
+    pthread_mutex_unlock(&q->ckpt_mu);
+    /* PASSIVE never blocks the writer; it copies what it can. */
+    sqlite3_wal_checkpoint_v2(db, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+    pthread_mutex_lock(&q->ckpt_mu);
+  }
+  pthread_mutex_unlock(&q->ckpt_mu);
+  sqlite3_close(db);
+  return NULL;
+}
+
 static void sq_free(void *qv) {
   sq_t *q = qv;
   if (!q)
     return;
+  if (q->ckpt_started) {
+    pthread_mutex_lock(&q->ckpt_mu);
+    q->ckpt_quit = true;
+    pthread_cond_signal(&q->ckpt_cond);
+    pthread_mutex_unlock(&q->ckpt_mu);
+    pthread_join(q->ckpt_th, NULL);
+  }
+  pthread_mutex_destroy(&q->ckpt_mu);
+  pthread_cond_destroy(&q->ckpt_cond);
+  free(q->path);
   for (int i = 0; i < ST_COUNT; i++)
     sqlite3_finalize(q->st[i]);
   sqlite3_close(q->db);
@@ -704,6 +755,8 @@ int32_t spn_queue_sqlite_open(const spn_queue_config_t *cfg, spn_queue_t *out, s
   sq_t *q = calloc(1, sizeof *q);
   if (!q)
     return spn_error_set(err, SPN_ENOMEM, "job queue: out of memory");
+  pthread_mutex_init(&q->ckpt_mu, NULL);
+  pthread_cond_init(&q->ckpt_cond, NULL);
   int32_t rc;
   if (sqlite3_open_v2(cfg->path, &q->db,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
@@ -736,6 +789,17 @@ int32_t spn_queue_sqlite_open(const spn_queue_config_t *cfg, spn_queue_t *out, s
   q->backoff_max_ms = cfg->backoff_max_ms ? cfg->backoff_max_ms : 60000;
   q->rng = cfg->seed ? cfg->seed
                      : ((uint64_t)spn__now_ms() << 16) ^ (uint64_t)getpid() ^ 0x9E3779B97F4A7C15ULL;
+  if (strcmp(cfg->path, ":memory:") != 0) {
+    if (!(q->path = strdup(cfg->path))) {
+      rc = spn_error_set(err, SPN_ENOMEM, "job queue: out of memory");
+      goto out_free;
+    }
+    sqlite3_exec(q->db, "PRAGMA wal_autocheckpoint=0;", NULL, NULL, NULL);
+    if (pthread_create(&q->ckpt_th, NULL, ckpt_main, q) == 0)
+      q->ckpt_started = true;
+    else
+      sqlite3_exec(q->db, "PRAGMA wal_autocheckpoint=1000;", NULL, NULL, NULL);
+  }
   out->ops = &sqlite_ops;
   out->impl = q;
   return SPN_OK;

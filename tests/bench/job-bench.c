@@ -9,6 +9,7 @@
  *    Peer: the same pipelining against a bare ROUTER that echoes.
  * 2. Submit latency with sends spaced 10 ms apart (p50/p99). Peer: REQ/REP
  *    round trip of the same bytes on the same loopback.
+ * 1b. The same with synchronous=FULL (an fsync per group commit).
  * 3. Dispatch overhead on an empty pipeline ("noop") with one in-process
  *    worker: submit N, time until the last (FIFO) succeeds, per job.
  * Not a test: prints figures and ratios, gates nothing.
@@ -54,8 +55,9 @@ static void *srv_main(void *arg) {
   return NULL;
 }
 
-static int srv_start(srv_t *v, uint32_t workers, int port) {
+static int srv_start(srv_t *v, uint32_t workers, int port, bool sync_full) {
   spn_server_config_defaults(&v->cfg);
+  v->cfg.sync_full = sync_full;
   snprintf(v->db, sizeof v->db, "/tmp/spn-bench-XXXXXX");
   int fd = mkstemp(v->db);
   close(fd);
@@ -213,7 +215,7 @@ int main(int argc, char **argv) {
 
   /* ---- 1. accepted submissions per second ---- */
   srv_t a;
-  if (srv_start(&a, 0, base) < 0)
+  if (srv_start(&a, 0, base, false) < 0)
     return 1;
   double rate = pipelined(ctx, a.ep, n_submit, "SUBMITTED");
   echo_t er = {.ctx = ctx, .router = 1};
@@ -224,8 +226,15 @@ int main(int argc, char **argv) {
   double peer_rate = pipelined(ctx, er.ep, n_submit, "SUBMITTED");
   er.stop = 1;
   pthread_join(eth, NULL);
-  printf("durable submissions accepted: %10.0f /s   raw ROUTER echo, same frames: %10.0f /s   ratio %.2f\n",
+  printf("durable submissions accepted (WAL, synchronous=NORMAL): %8.0f /s   raw ROUTER echo, same frames: %8.0f /s   ratio %.2f\n",
          rate, peer_rate, peer_rate > 0 ? rate / peer_rate : 0);
+  srv_t f;
+  if (srv_start(&f, 0, base + 4, true) < 0)
+    return 1;
+  double frate = pipelined(ctx, f.ep, n_submit, "SUBMITTED");
+  srv_stop(&f);
+  printf("durable submissions accepted (synchronous=FULL, fsync per group commit): %8.0f /s   ratio to raw %.2f\n",
+         frate, peer_rate > 0 ? frate / peer_rate : 0);
 
   /* ---- 2. latency with sends spaced 10 ms apart ---- */
   void *s = dealer(ctx, a.ep);
@@ -280,7 +289,7 @@ int main(int argc, char **argv) {
 
   /* ---- 3. dispatch overhead, empty pipeline, one worker ---- */
   srv_t d;
-  if (srv_start(&d, 1, base + 3) < 0)
+  if (srv_start(&d, 1, base + 3, false) < 0)
     return 1;
   s = dealer(ctx, d.ep);
   double t0 = now_s();
