@@ -20,6 +20,7 @@ import traceback
 import zmq
 
 SPINDLE = None
+SAMPLE_C = None
 PROCS = []
 
 
@@ -458,14 +459,38 @@ def case_config(tmp):
     check(b"missing.toml" in r.stderr, f"missing config: {r.stderr!r}")
 
 
+def case_samples(tmp):
+    p, ep = start_serve(tmp, "--workers", "1", "--chunk-bytes", "1000")
+    make_file(f"{tmp}/in.bin", 5000, 4)
+    r = subprocess.run([SAMPLE_C, ep, "copy", f"in={tmp}/in.bin", f"out={tmp}/c.bin"],
+                       capture_output=True, timeout=60)
+    check(r.returncode == 0, f"samples/c/submit: {r.returncode} {r.stdout!r} {r.stderr!r}")
+    check(b"finished: succeeded" in r.stdout, r.stdout)
+    check(same(f"{tmp}/in.bin", f"{tmp}/c.bin"), "C sample output")
+    r = subprocess.run([SAMPLE_C, ep, "fail"], capture_output=True, timeout=60)
+    check(r.returncode == 1 and b"dead" in r.stdout, f"C sample, failing job: {r.stdout!r}")
+    py = os.path.join(os.environ.get("SPINDLE_SOURCE_ROOT", "."), "samples", "python", "client.py")
+    r = subprocess.run([sys.executable, py, "--connect", ep, "submit", "copy", "--input", f"in={tmp}/in.bin",
+                        "--output", f"out={tmp}/py.bin", "--param", "chunk_delay_ms=20", "--wait"],
+                       capture_output=True, timeout=60)
+    check(r.returncode == 0, f"samples/python/client.py: {r.returncode} {r.stderr!r}")
+    check(b"running" in r.stderr and b"succeeded" in r.stdout, f"python progress: {r.stderr!r}")
+    check(same(f"{tmp}/in.bin", f"{tmp}/py.bin"), "Python sample output")
+    r = subprocess.run([sys.executable, py, "--connect", ep, "submit", "copy", "--input", "in=/etc/passwd",
+                        "--output", f"out={tmp}/x"], capture_output=True, timeout=60)
+    check(r.returncode == 5 and b"forbidden_path" in r.stderr, f"python refusal: {r.stderr!r}")
+
+
 CASE_OK = {}
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
 
 
 def main():
     global SPINDLE
+    global SAMPLE_C
     SPINDLE = os.path.abspath(sys.argv[1])
-    names = sys.argv[2:] or list(CASES)
+    names = sys.argv[2:3] or list(CASES)
+    SAMPLE_C = os.path.abspath(sys.argv[3]) if len(sys.argv) > 3 else None
     passed = failed = 0
     for name in names:
         tmp = tempfile.mkdtemp(prefix=f"spn-jobs-{name}-")
