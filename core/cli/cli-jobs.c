@@ -390,7 +390,10 @@ static int on_event(void *user, const spn_client_status_t *ev) {
               (long long)ev->id, bar, (unsigned long long)ev->done, (unsigned long long)ev->total,
               ui->fps, isnan(eta) ? "?" : "", isnan(eta) ? 0.0 : eta);
     } else if (state_changed) {
-      fprintf(stderr, "\r\033[Kjob %lld: %s", (long long)ev->id, spn_queue_state_name(ev->state));
+      /* keep a finished progress bar on screen; state lines replace the rest */
+      bool keep_bar = ui->last_state == SPN_QSTATE_RUNNING && ui->last_done > 0;
+      fprintf(stderr, "%sjob %lld: %s", keep_bar ? "\n" : "\r\033[K", (long long)ev->id,
+              spn_queue_state_name(ev->state));
     }
     if (spn_queue_state_terminal(ev->state))
       fprintf(stderr, "\n");

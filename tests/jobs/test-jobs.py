@@ -276,7 +276,9 @@ def case_gateway_kill(tmp):
     args = ["--workers", "2", "--lease-ms", "1500", "--chunk-bytes", "4096", "--exec-log", log]
     p, ep = start_serve(tmp, *args)
     os.mkdir(f"{tmp}/out")
-    make_file(f"{tmp}/in.bin", 20_000, 3)  # 5 chunks
+    # 20 chunks of 10 ms: each job runs ~0.2 s, so the kill lands mid-job for
+    # the running ones (not in the ~0.1 ms between a run's end and its commit)
+    make_file(f"{tmp}/in.bin", 80_000, 3)
     n = 100
     ctx = zmq.Context()
     c = Raw(ctx, ep)
@@ -290,7 +292,8 @@ def case_gateway_kill(tmp):
         ids.add(m[1]["id"])
     c.close()
     # let some finish and some run, then kill -9
-    wait_for(lambda: len(os.listdir(f"{tmp}/out")) >= 10, 30, "some jobs to finish")
+    wait_for(lambda: len([f for f in os.listdir(f"{tmp}/out") if not f.startswith(".")]) >= 10, 60,
+             "some jobs to finish")
     p.send_signal(signal.SIGKILL)
     p.wait()
     before = len([f for f in os.listdir(f"{tmp}/out") if f.endswith(".bin") and not f.startswith(".")])
@@ -303,7 +306,7 @@ def case_gateway_kill(tmp):
         c.req("LIST", {"req": 7, "state": "succeeded", "limit": 1000})
         m = c.recv(5000)
         return m and len(m[1]["jobs"]) == n
-    wait_for(done, 90, "all 100 jobs to succeed after the restart")
+    wait_for(done, 120, "all 100 jobs to succeed after the restart")
     c.close()
     ctx.term()
     lines = [l.split() for l in open(log).read().splitlines()]
