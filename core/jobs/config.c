@@ -32,6 +32,7 @@ void spn_server_config_clear(spn_server_config_t *c) {
   free(c->db_path);
   free(c->curve_secret);
   free(c->curve_key_file);
+  free(c->http);
   free(c->curve_clients_dir);
   free(c->exec_log);
   for (size_t i = 0; i < c->n_pipelines; i++)
@@ -57,6 +58,7 @@ static const key_def_t keys[] = {
     {"server", "workers", K_U32, OFF(workers), 0, 256},
     {"server", "max_message_bytes", K_U32, OFF(max_msg_size), 1024, 1u << 30},
     {"server", "pipelines", K_STRS, OFF(pipelines), 0, 0},
+    {"server", "http", K_STR, OFF(http), 0, 0},
     {"queue", "path", K_STR, OFF(db_path), 0, 0},
     {"queue", "sync_full", K_BOOL, OFF(sync_full), 0, 0},
     {"queue", "lease_ms", K_U32, OFF(lease_ms), 100, 3600000},

@@ -94,8 +94,8 @@ typedef struct spn_queue_ops {
   /* Jobs in `state` (-1: any), newest first, at most `limit`. */
   int32_t (*list)(void *q, int32_t state, uint32_t limit, spn_queue_list_cb cb, void *user,
                   spn_error_t *err);
-  /* Earliest not_before of a queued job still backing off (0 when none). */
-  int64_t (*next_wakeup)(void *q);
+  /* Number of jobs in each state (metrics, autoscaling on queue depth). */
+  int32_t (*counts)(void *q, int64_t out[SPN_QSTATE_COUNT], spn_error_t *err);
   void (*free)(void *q);
 } spn_queue_ops_t;
 
@@ -197,6 +197,8 @@ typedef struct spn_server_config {
   /* test runner settings (until the pipeline runtime is plugged in) */
   uint32_t chunk_bytes, chunk_delay_ms;
   char *exec_log;
+  /* "host:port" of the HTTP endpoint (/healthz, /readyz, /metrics); NULL: none */
+  char *http;
   /* print the bound endpoint to this fd when listening (-1: no) */
   int ready_fd;
 } spn_server_config_t;

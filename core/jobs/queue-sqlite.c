@@ -50,7 +50,7 @@ enum {
   ST_EXPIRED,
   ST_DEADLINE,
   ST_BY_OWNER,
-  ST_WAKEUP,
+  ST_COUNTS,
   ST_STATE_TIMES,
   ST_COUNT
 };
@@ -94,7 +94,7 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_EXPIRED] = "SELECT id, attempts, lease_owner FROM jobs WHERE state = 1 AND lease_until < ?1",
     [ST_DEADLINE] = "SELECT id FROM jobs WHERE state = 0 AND deadline > 0 AND deadline < ?1",
     [ST_BY_OWNER] = "SELECT id, attempts FROM jobs WHERE state = 1 AND lease_owner = ?1",
-    [ST_WAKEUP] = "SELECT min(not_before) FROM jobs WHERE state = 0 AND not_before > ?1",
+    [ST_COUNTS] = "SELECT state, count(*) FROM jobs GROUP BY state",
     [ST_STATE_TIMES] = "SELECT state, max(at) FROM transitions WHERE job = ?1 GROUP BY state",
 };
 
@@ -671,15 +671,18 @@ static int32_t sq_list(void *qv, int32_t state, uint32_t limit, spn_queue_list_c
   return rc;
 }
 
-static int64_t sq_next_wakeup(void *qv) {
+static int32_t sq_counts(void *qv, int64_t out[SPN_QSTATE_COUNT], spn_error_t *err) {
   sq_t *q = qv;
-  sqlite3_stmt *s = stmt(q, ST_WAKEUP);
-  sqlite3_bind_int64(s, 1, spn__now_ms());
-  int64_t t = 0;
-  if (sqlite3_step(s) == SQLITE_ROW)
-    t = sqlite3_column_int64(s, 0);
+  memset(out, 0, sizeof(int64_t) * SPN_QSTATE_COUNT);
+  sqlite3_stmt *s = stmt(q, ST_COUNTS);
+  int r;
+  while ((r = sqlite3_step(s)) == SQLITE_ROW) {
+    int st = sqlite3_column_int(s, 0);
+    if (st >= 0 && st < SPN_QSTATE_COUNT)
+      out[st] = sqlite3_column_int64(s, 1);
+  }
   sqlite3_reset(s);
-  return t;
+  return r == SQLITE_DONE ? SPN_OK : db_error(q, err, "counting jobs");
 }
 
 static void *ckpt_main(void *arg) {
@@ -747,7 +750,7 @@ static const spn_queue_ops_t sqlite_ops = {
     .release_owner = sq_release_owner,
     .get = sq_get,
     .list = sq_list,
-    .next_wakeup = sq_next_wakeup,
+    .counts = sq_counts,
     .free = sq_free,
 };
 

@@ -484,6 +484,51 @@ def case_samples(tmp):
     check(r.returncode == 5 and b"forbidden_path" in r.stderr, f"python refusal: {r.stderr!r}")
 
 
+def free_port():
+    import socket
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def http_get(port, path, raw=None):
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as so:
+        so.sendall(raw if raw is not None else f"GET {path} HTTP/1.0\r\n\r\n".encode())
+        data = b""
+        while True:
+            d = so.recv(4096)
+            if not d:
+                break
+            data += d
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode()
+
+
+def case_http(tmp):
+    port = free_port()
+    p, ep = start_serve(tmp, "--workers", "0", "--http", f"127.0.0.1:{port}")
+    check(http_get(port, "/healthz") == (200, "ok\n"), "healthz")
+    check(http_get(port, "/readyz") == (200, "ready\n"), "readyz")
+    check(http_get(port, "/nope")[0] == 404, "404")
+    check(http_get(port, None, raw=b"BREW /coffee\r\n\r\n")[0] == 400, "400")
+    for _ in range(3):
+        cli("submit", "noop", "--connect", ep, check_rc=0)
+    code, body = http_get(port, "/metrics")
+    check(code == 200 and 'spindle_jobs{state="queued"} 3' in body, f"metrics: {body}")
+    check('spindle_workers{kind="remote"} 0' in body, body)
+    w = start_worker(tmp, ep, name="m1")
+    wait_for(lambda: 'spindle_jobs{state="succeeded"} 3' in http_get(port, "/metrics")[1], 20,
+             "the remote worker to run the queued jobs")
+    check('spindle_workers{kind="remote"} 1' in http_get(port, "/metrics")[1], "worker counted")
+    # a client that connects and never sends must not keep the gateway from stopping
+    import socket
+    idle = socket.create_connection(("127.0.0.1", port))
+    p.send_signal(signal.SIGTERM)
+    check(p.wait(10) == 0, "gateway did not stop cleanly with an idle HTTP connection")
+    idle.close()
+
+
 CASE_OK = {}
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
 

@@ -273,6 +273,11 @@ static void test_cancel(void **state) {
   assert_int_equal(st, SPN_QSTATE_CANCELLED);
   assert_int_equal(f->o->cancel(f->q.impl, 999, T0 + 5, &st, NULL), SPN_ENOENT);
   assert_int_equal(lease(f, "w", T0 + 100000, NULL), 0);
+  submit(f, 0, NULL, 0, 3, T0 + 6);
+  int64_t cnt[SPN_QSTATE_COUNT];
+  assert_int_equal(f->o->counts(f->q.impl, cnt, NULL), SPN_OK);
+  int64_t want[SPN_QSTATE_COUNT] = {[SPN_QSTATE_QUEUED] = 1, [SPN_QSTATE_CANCELLED] = 2};
+  assert_memory_equal(cnt, want, sizeof want);
 }
 
 static void test_release_owner(void **state) {
