@@ -401,11 +401,25 @@ def case_curve(tmp):
     r = cli("submit", "noop", "--connect", ep, "--timeout-ms", "1500", check_rc=5)
     check(b"no answer" in r.stderr, f"plain client: {r.stderr!r}")
     check(b"refused a CURVE client" in open(f"{tmp}/serve.log", "rb").read(), "refusal logged")
-    # a remote worker with an allowed key runs jobs too
-    shutil.copy(f"{tmp}/bad.pub", f"{tmp}/clients/now-good.pub")  # the list is read per connection
-    r = cli("submit", "noop", "--wait", "--connect", ep, "--curve-keyfile", f"{tmp}/bad.key", *srv,
-            check_rc=0)
+    # the allow-list is read per connection: adding a key lets that client in
+    shutil.copy(f"{tmp}/bad.pub", f"{tmp}/clients/now-good.pub")
+    cli("submit", "noop", "--wait", "--connect", ep, "--curve-keyfile", f"{tmp}/bad.key", *srv,
+        check_rc=0)
     check(p.poll() is None, "gateway died")
+    # remote workers: one without an allowed key gets nothing, one with it runs the job
+    os.remove(f"{tmp}/clients/now-good.pub")
+    p2, ep2 = start_serve(tmp, "--workers", "0", "--curve-keyfile", f"{tmp}/server.key",
+                          "--curve-clients", f"{tmp}/clients", db="q2.db", log="serve2.log")
+    start_worker(tmp, ep2, "--curve-keyfile", f"{tmp}/bad.key", *srv, name="wbad")
+    good = ["--curve-keyfile", f"{tmp}/good.key", *srv]
+    jid = int(cli("submit", "noop", "--connect", ep2, *good, check_rc=0).stdout.split()[0])
+    time.sleep(1.5)
+    st = json.loads(cli("status", str(jid), "--connect", ep2, *good, check_rc=0).stdout)
+    check(st["state"] == "queued", f"a worker without an allowed key got the job: {st}")
+    start_worker(tmp, ep2, *good, name="wgood")
+    r = cli("watch", str(jid), "--connect", ep2, *good, check_rc=0)
+    st = json.loads(cli("status", str(jid), "--connect", ep2, *good, check_rc=0).stdout)
+    check(st["state"] == "succeeded", f"allowed worker: {st}")
 
 
 def case_paths(tmp):
@@ -527,6 +541,32 @@ def case_http(tmp):
     p.send_signal(signal.SIGTERM)
     check(p.wait(10) == 0, "gateway did not stop cleanly with an idle HTTP connection")
     idle.close()
+
+
+def case_worker_reconnect(tmp):
+    """A remote worker keeps its running job across a gateway kill -9 and restart,
+    and gets new jobs from the restarted gateway."""
+    log = f"{tmp}/exec.log"
+    args = ["--workers", "0", "--lease-ms", "4000", "--heartbeat-ms", "300"]
+    p, ep = start_serve(tmp, *args)
+    w = start_worker(tmp, ep, "--chunk-bytes", "8192", "--heartbeat-ms", "300", "--exec-log", log,
+                     name="wr")
+    make_file(f"{tmp}/in.bin", 160_000, 11)  # 20 chunks
+    r = cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/a.bin",
+            "--param", "chunk_delay_ms=100", "--connect", ep, check_rc=0)
+    jid = int(r.stdout.split()[0])
+    wait_for(lambda: status(ep, jid)["done"] >= 3, 20, "the job to run on the worker")
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    port = ep.rsplit(":", 1)[1]
+    p2, ep2 = start_serve(tmp, *args, bind=f"tcp://127.0.0.1:{port}")
+    cli("watch", str(jid), "--connect", ep2, timeout=60, check_rc=0)
+    st = status(ep2, jid)
+    check(st["attempts"] == 1 and st["errors"] == [], f"the job should finish in its first attempt: {st}")
+    check(same(f"{tmp}/in.bin", f"{tmp}/a.bin"), "output")
+    # the worker re-granted its credit to the new gateway instance
+    cli("submit", "noop", "--wait", "--connect", ep2, timeout=30, check_rc=0)
+    check(w.poll() is None, "worker exited")
 
 
 CASE_OK = {}
