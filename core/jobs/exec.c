@@ -2,12 +2,14 @@
  * runner.
  *
  * Output discipline: every output i is written to a temporary file beside its
- * final path, named ".<final name>.spn-<job id>.tmp". The name depends only on
- * the job, not the attempt, so a retry after a crash overwrites (O_TRUNC) what
- * a dead attempt left instead of leaving a second file. Only after the runner
- * returns SPN_OK are the temporaries renamed (atomic within a directory) to
- * the final names; on failure or cancel they are removed. So an output is
- * either absent or complete, and there is never more than one.
+ * final path, named ".<final name>.spn-<job id>-<attempt>.tmp". An attempt
+ * first removes the temporaries of the job's earlier attempts (left by a
+ * worker killed mid-write), so a retry never leaves a second file; an attempt
+ * that lost its lease but still runs (a frozen worker that woke up) cannot
+ * disturb the new attempt's file, and cannot publish its own because it was
+ * unlinked. Only after the runner returns SPN_OK are the temporaries renamed
+ * (atomic within a directory) to the final names; on failure or cancel they
+ * are removed. So an output is either absent or complete, and never two.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -165,14 +167,14 @@ const char *spn_job_ctx_output_tmp(const spn_job_ctx_t *ctx, size_t i) {
 
 void spn_job_ctx_add_gpu_seconds(spn_job_ctx_t *ctx, double seconds) { ctx->gpu_s += seconds; }
 
-static char *tmp_name(const char *final, int64_t id) {
+static char *tmp_name(const char *final, int64_t id, uint32_t attempt) {
   const char *slash = strrchr(final, '/');
   size_t dirlen = slash ? (size_t)(slash - final + 1) : 0;
   const char *base = final + dirlen;
-  size_t n = strlen(final) + 48;
+  size_t n = strlen(final) + 64;
   char *t = malloc(n);
   if (t)
-    snprintf(t, n, "%.*s.%s.spn-%lld.tmp", (int)dirlen, final, base, (long long)id);
+    snprintf(t, n, "%.*s.%s.spn-%lld-%u.tmp", (int)dirlen, final, base, (long long)id, attempt);
   return t;
 }
 
@@ -190,9 +192,18 @@ void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
     return;
   }
   for (size_t i = 0; i < job->n_outputs; i++) {
-    if (!(ctx.tmp_paths[i] = tmp_name(job->outputs[i].path, job->id))) {
+    if (!(ctx.tmp_paths[i] = tmp_name(job->outputs[i].path, job->id, job->attempt))) {
       res->status = spn_error_set(&err, SPN_ENOMEM, "job %lld: out of memory", (long long)job->id);
       goto out;
+    }
+    /* Remove what earlier attempts of this job may have left (a worker
+     * killed mid-write). A worker still running an attempt it lost writes to
+     * an unlinked file then, and its rename fails: it can never publish. */
+    for (uint32_t a = 1; a < job->attempt; a++) {
+      char *old = tmp_name(job->outputs[i].path, job->id, a);
+      if (old)
+        unlink(old);
+      free(old);
     }
   }
   double t0 = spn__mono_s();

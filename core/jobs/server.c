@@ -851,8 +851,20 @@ static void on_worker_msg(spn_server_t *s, spn_pmsg_t *m) {
       int64_t id, att;
       if (!spn__json_int(it, "id", &id) || !spn__json_int(it, "attempt", &att))
         continue;
-      if (s->q.ops->renew(s->q.impl, id, (uint32_t)att, w->owner, now, s->cfg->lease_ms, &err) == SPN_OK &&
-          !run_find(s, id)) {
+      int32_t rr = s->q.ops->renew(s->q.impl, id, (uint32_t)att, w->owner, now, s->cfg->lease_ms, &err);
+      if (rr == SPN_ESTATE) {
+        /* The worker runs a job whose lease it lost (it was presumed dead,
+         * or the job was cancelled and ended): tell it to stop, so it does
+         * not race the attempt that runs elsewhere now. */
+        cJSON *c = cJSON_CreateObject();
+        if (c) {
+          cJSON_AddNumberToObject(c, "id", (double)id);
+          cJSON_AddNumberToObject(c, "attempt", (double)att);
+          out_push(s, m->ident, m->ident_len, "CANCEL", c, true);
+        }
+        continue;
+      }
+      if (rr == SPN_OK && !run_find(s, id)) {
         /* A job this gateway instance did not hand out (it restarted): adopt it. */
         run_t *r = run_add(s);
         if (r) {

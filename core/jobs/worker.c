@@ -233,11 +233,15 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
       else if (!strcmp(m.type, "JOB"))
         on_job(&w, sock, m.body);
       else if (!strcmp(m.type, "CANCEL")) {
-        int64_t id = 0;
+        int64_t id = 0, att = 0;
         spn__json_int(m.body, "id", &id);
+        spn__json_int(m.body, "attempt", &att);
+        pthread_mutex_lock(&w.mu);
         for (uint32_t i = 0; i < cfg->slots; i++)
-          if (w.slots[i].busy && w.slots[i].spec.id == id)
+          if (w.slots[i].assigned && w.slots[i].spec.id == id &&
+              (att == 0 || w.slots[i].spec.attempt == (uint32_t)att))
             __atomic_store_n(&w.slots[i].cancel, 1, __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&w.mu);
       } else if (!strcmp(m.type, "HEARTBEAT")) {
         if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m.body, "known"))) {
           int64_t free_slots = 0;

@@ -569,6 +569,38 @@ def case_worker_reconnect(tmp):
     check(w.poll() is None, "worker exited")
 
 
+def case_worker_zombie(tmp):
+    """A worker frozen (SIGSTOP) past 3 heartbeats is declared dead and its job
+    runs elsewhere; when it wakes up it is told to stop and never completes
+    the job it lost: one completion, one output."""
+    p, ep = start_serve(tmp, "--workers", "0", "--heartbeat-ms", "200", "--lease-ms", "2000",
+                        "--backoff-ms", "50")
+    log = f"{tmp}/exec.log"
+    ws = {n: start_worker(tmp, ep, "--chunk-bytes", "4096", "--heartbeat-ms", "200", "--exec-log", log,
+                          name=n) for n in ("za", "zb")}
+    os.mkdir(f"{tmp}/out")
+    make_file(f"{tmp}/in.bin", 160_000, 13)  # 40 chunks
+    r = cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/out/o.bin",
+            "--param", "chunk_delay_ms=50", "--connect", ep, check_rc=0)
+    jid = int(r.stdout.split()[0])
+    st = wait_for(lambda: (lambda s: s if s["state"] == "running" and s["done"] >= 3 else None)(status(ep, jid)),
+                  20, "the job to run")
+    frozen = st["worker"].split(":", 1)[1]
+    ws[frozen].send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: (lambda s: s["attempts"] == 2 and s["state"] == "running")(status(ep, jid)), 20,
+                 "the job to move to the other worker")
+    finally:
+        ws[frozen].send_signal(signal.SIGCONT)
+    cli("watch", str(jid), "--connect", ep, timeout=60, check_rc=0)
+    time.sleep(0.5)  # give the woken worker time to (wrongly) finish, if it would
+    done = [l for l in open(log).read().splitlines() if l.startswith(f"done {jid} ")]
+    check(done == [f"done {jid} 2"], f"completions: {done}; {status(ep, jid)}; log: {open(log).read()}")
+    check(same(f"{tmp}/in.bin", f"{tmp}/out/o.bin"), "output")
+    check(os.listdir(f"{tmp}/out") == ["o.bin"], f"exactly one output: {os.listdir(f'{tmp}/out')}")
+    check(ws[frozen].poll() is None, "the woken worker exited")
+
+
 CASE_OK = {}
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
 
