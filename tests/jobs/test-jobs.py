@@ -145,6 +145,26 @@ def case_basic(tmp):
     check(st["times"]["queued"] <= st["times"]["running"] <= st["times"]["succeeded"], "time order")
     # plain (non-TTY) progress lines
     check(b"running" in r.stderr and b"frames" in r.stderr, f"progress lines: {r.stderr!r}")
+    # on a terminal: a live progress bar with frames, fps and ETA
+    import pty
+    master, slave = pty.openpty()
+    pr = subprocess.Popen([SPINDLE, "submit", "copy", "--input", f"in={tmp}/in.bin", "--output",
+                           f"out={tmp}/tty.bin", "--param", "chunk_delay_ms=20", "--wait", "--connect", ep],
+                          stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    tty = b""
+    while True:
+        try:
+            d = os.read(master, 4096)
+        except OSError:
+            break
+        if not d:
+            break
+        tty += d
+    os.close(master)
+    check(pr.wait(30) == 0, "submit --wait on a TTY")
+    check(b"[##############################] 25/25 frames" in tty and b" fps  ETA " in tty and b"\r" in tty,
+          f"TTY progress bar: {tty[-300:]!r}")
     # relative paths are resolved by the client
     r = cli("submit", "copy", "--input", "in=in.bin", "--output", "out=rel.bin", "--wait",
             "--connect", ep, check_rc=None)
