@@ -1534,7 +1534,9 @@ static void stop_cb(spn_server_t *s) {
   uv_signal_stop(&s->sigterm);
   uv_close((uv_handle_t *)&s->poll, on_close);
   uv_close((uv_handle_t *)&s->timer, on_close);
-  uv_close((uv_handle_t *)&s->async, on_close);
+  /* The async handle stays open (unreferenced, so uv_run returns) until the
+   * worker threads are joined: they may still signal it. */
+  uv_unref((uv_handle_t *)&s->async);
   uv_close((uv_handle_t *)&s->sigint, on_close);
   uv_close((uv_handle_t *)&s->sigterm, on_close);
   if (s->http_open) {
@@ -1567,9 +1569,10 @@ void spn_server_free(spn_server_t **sp) {
   for (uint32_t i = 0; i < s->nslots; i++)
     if (s->slots[i].started)
       pthread_join(s->slots[i].th, NULL);
-  if (s->handles_open) {
+  if (s->handles_open)
     stop_cb(s);
-  }
+  if (!uv_is_closing((uv_handle_t *)&s->async))
+    uv_close((uv_handle_t *)&s->async, on_close);
   uv_run(&s->loop, UV_RUN_DEFAULT);
   uv_loop_close(&s->loop);
   report_t *r = s->reports;
