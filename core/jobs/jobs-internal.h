@@ -87,6 +87,11 @@ typedef struct spn_queue_ops {
   /* Expired leases count as a failed attempt ("lease expired"); queued jobs
    * past their deadline fail. Returns the number of jobs moved or an error. */
   int32_t (*sweep)(void *q, int64_t now, spn_queue_changed_cb cb, void *user, spn_error_t *err);
+  /* Give a running job back without counting the attempt (the gateway is
+   * shutting down and has stopped the thread that ran it). SPN_ESTATE when
+   * the lease is not held. */
+  int32_t (*release)(void *q, int64_t id, uint32_t attempt, const char *owner, const char *note,
+                     int64_t now, spn_error_t *err);
   /* Fail every running job leased by `owner` (worker lost). */
   int32_t (*release_owner)(void *q, const char *owner, const char *reason, int64_t now,
                            spn_queue_changed_cb cb, void *user, spn_error_t *err);

@@ -51,6 +51,7 @@ enum {
   ST_DEADLINE,
   ST_BY_OWNER,
   ST_COUNTS,
+  ST_RELEASE,
   ST_STATE_TIMES,
   ST_COUNT
 };
@@ -95,6 +96,9 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_DEADLINE] = "SELECT id FROM jobs WHERE state = 0 AND deadline > 0 AND deadline < ?1",
     [ST_BY_OWNER] = "SELECT id, attempts FROM jobs WHERE state = 1 AND lease_owner = ?1",
     [ST_COUNTS] = "SELECT state, count(*) FROM jobs GROUP BY state",
+    [ST_RELEASE] = "UPDATE jobs SET state = 0, attempts = attempts - 1, lease_owner = NULL, "
+                   "not_before = 0 WHERE id = ?1 AND state = 1 AND attempts = ?2 AND lease_owner = ?3 "
+                   "AND cancel_requested = 0",
     [ST_STATE_TIMES] = "SELECT state, max(at) FROM transitions WHERE job = ?1 GROUP BY state",
 };
 
@@ -519,6 +523,28 @@ static int32_t sq_cancel(void *qv, int64_t id, int64_t now, spn_queue_state_t *s
   return auto_end(q, opened, rc, err);
 }
 
+static int32_t sq_release(void *qv, int64_t id, uint32_t attempt, const char *owner, const char *note,
+                          int64_t now, spn_error_t *err) {
+  sq_t *q = qv;
+  int opened;
+  int32_t rc = auto_begin(q, err, &opened);
+  if (rc < 0)
+    return rc;
+  sqlite3_stmt *s = stmt(q, ST_RELEASE);
+  sqlite3_bind_int64(s, 1, id);
+  sqlite3_bind_int(s, 2, (int)attempt);
+  bind_text(s, 3, owner);
+  int n = exec_stmt(q, s, err, "releasing a job");
+  if (n < 0)
+    rc = SPN_EIO;
+  else if (n == 0)
+    rc = spn_error_set(err, SPN_ESTATE, "job %lld: lease %u is not held by %s (or cancel requested)",
+                       (long long)id, attempt, owner);
+  else
+    rc = record_transition(q, id, now, SPN_QSTATE_QUEUED, note, err);
+  return auto_end(q, opened, rc, err);
+}
+
 typedef struct id_att {
   int64_t id;
   uint32_t attempts;
@@ -747,6 +773,7 @@ static const spn_queue_ops_t sqlite_ops = {
     .fail = sq_fail,
     .cancel = sq_cancel,
     .sweep = sq_sweep,
+    .release = sq_release,
     .release_owner = sq_release_owner,
     .get = sq_get,
     .list = sq_list,

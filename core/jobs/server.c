@@ -1569,6 +1569,14 @@ void spn_server_free(spn_server_t **sp) {
   for (uint32_t i = 0; i < s->nslots; i++)
     if (s->slots[i].started)
       pthread_join(s->slots[i].th, NULL);
+  /* Jobs our threads were running go back to the queue without costing an
+   * attempt: the gateway stopped them, they did not fail. (After a crash the
+   * same jobs come back when their leases expire, attempt counted.) */
+  int64_t now = spn__now_ms();
+  for (size_t i = 0; i < s->nruns; i++)
+    if (s->runs[i].slot >= 0)
+      s->q.ops->release(s->q.impl, s->runs[i].id, s->runs[i].attempt, s->runs[i].owner,
+                        "gateway shut down", now, NULL);
   if (s->handles_open)
     stop_cb(s);
   if (!uv_is_closing((uv_handle_t *)&s->async))

@@ -621,6 +621,28 @@ def case_worker_zombie(tmp):
     check(ws[frozen].poll() is None, "the woken worker exited")
 
 
+def case_graceful_restart(tmp):
+    """SIGTERM stops the gateway promptly even mid-job; the interrupted job is
+    queued again without losing an attempt and completes after the restart."""
+    args = ["--workers", "1", "--chunk-bytes", "4096", "--max-attempts", "1"]
+    p, ep = start_serve(tmp, *args)
+    make_file(f"{tmp}/in.bin", 200_000, 21)  # 49 chunks
+    jid = int(cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/o.bin",
+                  "--param", "chunk_delay_ms=50", "--connect", ep, check_rc=0).stdout.split()[0])
+    wait_for(lambda: status(ep, jid)["done"] >= 3, 20, "the job to run")
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    check(p.wait(10) == 0, f"gateway exit {p.returncode}")
+    check(time.monotonic() - t0 < 2, "the gateway waited for the job instead of stopping it")
+    check(not os.path.exists(f"{tmp}/o.bin") and stray_files(tmp) == [], "partial output left")
+    port = ep.rsplit(":", 1)[1]
+    p2, ep2 = start_serve(tmp, *args, bind=f"tcp://127.0.0.1:{port}")
+    cli("watch", str(jid), "--connect", ep2, timeout=60, check_rc=0)
+    st = status(ep2, jid)
+    check(st["attempts"] == 1 and st["errors"] == [], f"a shutdown cost an attempt: {st}")
+    check(same(f"{tmp}/in.bin", f"{tmp}/o.bin"), "output")
+
+
 CASE_OK = {}
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
 

@@ -280,6 +280,20 @@ static void test_cancel(void **state) {
   assert_memory_equal(cnt, want, sizeof want);
 }
 
+static void test_release_keeps_attempts(void **state) {
+  fx_t *f = *state;
+  int64_t id = submit(f, 0, NULL, 0, 1, T0);
+  uint32_t att;
+  assert_int_equal(lease(f, "g", T0, &att), id);
+  assert_int_equal(f->o->release(f->q.impl, id, att, "other", "x", T0 + 1, NULL), SPN_ESTATE);
+  assert_int_equal(f->o->release(f->q.impl, id, att, "g", "gateway shut down", T0 + 1, NULL), SPN_OK);
+  assert_int_equal(state_of(f, id), SPN_QSTATE_QUEUED);
+  /* leasable at once, and still as attempt 1 of 1 */
+  assert_int_equal(lease(f, "g2", T0 + 2, &att), id);
+  assert_int_equal(att, 1);
+  assert_int_equal(f->o->complete(f->q.impl, id, 1, "g2", 0, 0, T0 + 3, NULL), SPN_OK);
+}
+
 static void test_release_owner(void **state) {
   fx_t *f = *state;
   int64_t a = submit(f, 0, NULL, 0, 3, T0);
@@ -341,6 +355,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_deadline, setup, teardown),
       cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
       cmocka_unit_test_setup_teardown(test_release_owner, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_release_keeps_attempts, setup, teardown),
       cmocka_unit_test(test_group_commit_and_durability),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
