@@ -119,6 +119,7 @@ static const char serve_help[] =
     "  --max-msg BYTES      largest message accepted (ZMQ_MAXMSGSIZE)\n"
     "  --curve-keyfile F    enable CURVE with this server key pair (spindle keygen)\n"
     "  --curve-clients DIR  allowed client public keys, one file each\n"
+    "  --curve-workers DIR  keys allowed to act as workers (then client keys cannot)\n"
     "  --pipeline NAME      refuse to start unless NAME can run (repeatable)\n"
     "  --http HOST:PORT     serve /healthz, /readyz and /metrics (Prometheus)\n"
     "  --chunk-bytes N --chunk-delay-ms N --exec-log FILE   test runner settings\n";
@@ -156,6 +157,7 @@ static int cmd_serve(int argc, char **argv) {
     else if (!strcmp(a, "--exec-log")) str = &cfg.exec_log;
     else if (!strcmp(a, "--curve-keyfile")) str = &cfg.curve_key_file;
     else if (!strcmp(a, "--curve-clients")) str = &cfg.curve_clients_dir;
+    else if (!strcmp(a, "--curve-workers")) str = &cfg.curve_workers_dir;
     else if (!strcmp(a, "--http")) str = &cfg.http;
     else if (!strcmp(a, "--workers")) u = &cfg.workers;
     else if (!strcmp(a, "--lease-ms")) u = &cfg.lease_ms;

@@ -89,7 +89,7 @@ static int32_t status_of_code(const char *code) {
   static const struct {
     const char *code;
     int32_t st;
-  } map[] = {{"forbidden_path", SPN_EPERM}, {"not_found", SPN_ENOENT}, {"invalid", SPN_EINVAL},
+  } map[] = {{"forbidden_path", SPN_EPERM}, {"forbidden", SPN_EPERM}, {"not_found", SPN_ENOENT}, {"invalid", SPN_EINVAL},
              {"unknown_pipeline", SPN_EUNSUPPORTED}, {"unsupported_version", SPN_EUNSUPPORTED},
              {"bad_state", SPN_ESTATE}, {"bad_json", SPN_EPROTO}, {"bad_frame", SPN_EPROTO},
              {"unknown_type", SPN_EPROTO}, {"internal", SPN_EIO}};

@@ -34,6 +34,7 @@ void spn_server_config_clear(spn_server_config_t *c) {
   free(c->curve_key_file);
   free(c->http);
   free(c->curve_clients_dir);
+  free(c->curve_workers_dir);
   free(c->exec_log);
   for (size_t i = 0; i < c->n_pipelines; i++)
     free(c->pipelines[i]);
@@ -71,6 +72,7 @@ static const key_def_t keys[] = {
     {"paths", "output_roots", K_ROOTS, OFF(output_roots), 0, 0},
     {"security", "curve_key_file", K_STR, OFF(curve_key_file), 0, 0},
     {"security", "curve_clients_dir", K_STR, OFF(curve_clients_dir), 0, 0},
+    {"security", "curve_workers_dir", K_STR, OFF(curve_workers_dir), 0, 0},
     {"test_runner", "chunk_bytes", K_U32, OFF(chunk_bytes), 1, 1u << 30},
     {"test_runner", "chunk_delay_ms", K_U32, OFF(chunk_delay_ms), 0, 60000},
     {"test_runner", "exec_log", K_STR, OFF(exec_log), 0, 0},

@@ -199,6 +199,7 @@ typedef struct spn_server_config {
   char *curve_secret;    /* Z85, 40 chars */
   char *curve_key_file;  /* file with a "secret=" line (spindle keygen); read into curve_secret */
   char *curve_clients_dir;
+  char *curve_workers_dir; /* when set, only these keys may act as workers */
   /* test runner settings (until the pipeline runtime is plugged in) */
   uint32_t chunk_bytes, chunk_delay_ms;
   char *exec_log;

@@ -32,6 +32,7 @@ typedef struct spn_pmsg {
   const char *error; /* protocol error code when refused ("bad_frame", ...) */
   char detail[256];  /* what was wrong, for the error reply */
   int64_t req;       /* the body's "req" (echoed in replies), 0 if none */
+  char user_id[16];  /* ZAP user id of the connection (CURVE role), "" if none */
 } spn_pmsg_t;
 
 /* Receive one whole message (all its frames) without blocking. Returns

@@ -51,6 +51,10 @@ int32_t spn__proto_recv(void *sock, bool router, spn_pmsg_t *m) {
     else
       zmq_msg_close(&tmp);
   }
+  /* The role the ZAP handler gave this connection (CURVE only). */
+  const char *uid = n ? zmq_msg_gets(&f[n - 1], "User-Id") : NULL;
+  if (uid)
+    snprintf(m->user_id, sizeof m->user_id, "%s", uid);
   size_t i = 0;
   if (router) {
     size_t len = zmq_msg_size(&f[0]);

@@ -934,6 +934,14 @@ static void handle(spn_server_t *s, spn_pmsg_t *m) {
     on_hello(s, m);
   else if (!strcmp(t, "LEASE") || !strcmp(t, "HEARTBEAT") || !strcmp(t, "PROGRESS") ||
            !strcmp(t, "DONE") || !strcmp(t, "FAIL")) {
+    /* With a workers key directory, only connections authenticated with a
+     * worker key may lease or report jobs: a client key cannot mark a job
+     * done or take jobs. */
+    if (s->cfg->curve_secret && s->cfg->curve_workers_dir && strcmp(m->user_id, "worker") != 0) {
+      out_error(s, m->ident, m->ident_len, m->req, "forbidden",
+                "worker messages need a worker key (curve_workers_dir)");
+      return;
+    }
     batch_begin(s);
     on_worker_msg(s, m);
   } else {
@@ -1207,19 +1215,27 @@ static void *zap_main(void *arg) {
         zmq_msg_close(&tmp);
     }
     /* ZAP request: version, request id, domain, address, identity,
-     * mechanism, credentials... Allow only CURVE with a listed key. */
-    bool ok = n >= 7 && zmq_msg_size(&f[5]) == 5 && !memcmp(zmq_msg_data(&f[5]), "CURVE", 5) &&
-              zmq_msg_size(&f[6]) == 32 &&
-              key_allowed(s->cfg->curve_clients_dir, zmq_msg_data(&f[6]));
+     * mechanism, credentials... Allow only CURVE with a listed key. The
+     * reply's user id is the key's role: "worker" when the key is in
+     * curve_workers_dir, else "client"; the gateway accepts worker messages
+     * only from "worker" connections when that directory is configured. */
+    const char *role = NULL;
+    if (n >= 7 && zmq_msg_size(&f[5]) == 5 && !memcmp(zmq_msg_data(&f[5]), "CURVE", 5) &&
+        zmq_msg_size(&f[6]) == 32) {
+      if (s->cfg->curve_workers_dir && key_allowed(s->cfg->curve_workers_dir, zmq_msg_data(&f[6])))
+        role = "worker";
+      else if (key_allowed(s->cfg->curve_clients_dir, zmq_msg_data(&f[6])))
+        role = "client";
+    }
     const char *reqid = n >= 2 ? zmq_msg_data(&f[1]) : "";
     size_t reqid_len = n >= 2 ? zmq_msg_size(&f[1]) : 0;
     zmq_send(rep, "1.0", 3, ZMQ_SNDMORE);
     zmq_send(rep, reqid, reqid_len, ZMQ_SNDMORE);
-    zmq_send(rep, ok ? "200" : "400", 3, ZMQ_SNDMORE);
-    zmq_send(rep, ok ? "OK" : "client key not allowed", ok ? 2 : 22, ZMQ_SNDMORE);
-    zmq_send(rep, "", 0, ZMQ_SNDMORE);
+    zmq_send(rep, role ? "200" : "400", 3, ZMQ_SNDMORE);
+    zmq_send(rep, role ? "OK" : "client key not allowed", role ? 2 : 22, ZMQ_SNDMORE);
+    zmq_send(rep, role ? role : "", role ? strlen(role) : 0, ZMQ_SNDMORE);
     zmq_send(rep, "", 0, 0);
-    if (!ok)
+    if (!role)
       fprintf(stderr, "spindle serve: refused a CURVE client: key not in %s\n", s->cfg->curve_clients_dir);
     for (int i = 0; i < n; i++)
       zmq_msg_close(&f[i]);

@@ -221,6 +221,7 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
   fprintf(stderr, "spindle worker %s: connected to %s with %u slots\n", w.name, cfg->connect, cfg->slots);
   grant(&w, sock, cfg->slots);
   double hb = (cfg->heartbeat_ms ? cfg->heartbeat_ms : 1000) / 1000.0, last_hb = spn__mono_s();
+  char last_error[256] = "";
   while (!(cfg->stop && *cfg->stop)) {
     zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
     zmq_poll(&it, 1, 10);
@@ -251,7 +252,11 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
         }
       } else if (!strcmp(m.type, "ERROR")) {
         const char *msg = spn__json_str(m.body, "message");
-        fprintf(stderr, "spindle worker: gateway error: %s\n", msg ? msg : "?");
+        /* say it once, not on every heartbeat */
+        if (strncmp(last_error, msg ? msg : "?", sizeof last_error - 1) != 0) {
+          snprintf(last_error, sizeof last_error, "%s", msg ? msg : "?");
+          fprintf(stderr, "spindle worker: gateway error: %s\n", last_error);
+        }
       }
       cJSON_Delete(m.body);
     }

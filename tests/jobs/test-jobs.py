@@ -103,10 +103,10 @@ def stray_files(d):
 class Raw:
     """A raw DEALER speaking the protocol, for malformed-frame tests."""
 
-    def __init__(self, ctx, ep, **curve):
+    def __init__(self, ctx, ep, curve=None):
         self.s = ctx.socket(zmq.DEALER)
         self.s.setsockopt(zmq.LINGER, 0)
-        for k, v in curve.items():
+        for k, v in (curve or {}).items():
             self.s.setsockopt(k, v)
         self.s.connect(ep)
 
@@ -426,17 +426,36 @@ def case_curve(tmp):
     cli("submit", "noop", "--wait", "--connect", ep, "--curve-keyfile", f"{tmp}/bad.key", *srv,
         check_rc=0)
     check(p.poll() is None, "gateway died")
-    # remote workers: one without an allowed key gets nothing, one with it runs the job
+    # remote workers: one without an allowed key gets nothing, one with a
+    # client key may not act as a worker, one with a worker key runs the job
     os.remove(f"{tmp}/clients/now-good.pub")
+    cli("keygen", f"{tmp}/wk", check_rc=0)
+    os.mkdir(f"{tmp}/workers")
+    shutil.copy(f"{tmp}/wk.pub", f"{tmp}/workers/wk.pub")
     p2, ep2 = start_serve(tmp, "--workers", "0", "--curve-keyfile", f"{tmp}/server.key",
-                          "--curve-clients", f"{tmp}/clients", db="q2.db", log="serve2.log")
+                          "--curve-clients", f"{tmp}/clients", "--curve-workers", f"{tmp}/workers",
+                          db="q2.db", log="serve2.log")
     start_worker(tmp, ep2, "--curve-keyfile", f"{tmp}/bad.key", *srv, name="wbad")
     good = ["--curve-keyfile", f"{tmp}/good.key", *srv]
+    start_worker(tmp, ep2, *good, name="wclient")
     jid = int(cli("submit", "noop", "--connect", ep2, *good, check_rc=0).stdout.split()[0])
     time.sleep(1.5)
     st = json.loads(cli("status", str(jid), "--connect", ep2, *good, check_rc=0).stdout)
-    check(st["state"] == "queued", f"a worker without an allowed key got the job: {st}")
-    start_worker(tmp, ep2, *good, name="wgood")
+    check(st["state"] == "queued", f"a worker without a worker key got the job: {st}")
+    check(b"worker messages need a worker key" in open(f"{tmp}/worker-wclient.log", "rb").read(),
+          "client-key worker was not told why")
+    # a client key cannot forge a worker report either
+    ctx = zmq.Context()
+    pub, sec = open(f"{tmp}/good.key").read().split("public=")[1].split("\nsecret=")
+    spub = open(f"{tmp}/server.pub").read().strip()
+    forger = Raw(ctx, ep2, {zmq.CURVE_SERVERKEY: spub.encode(), zmq.CURVE_PUBLICKEY: pub.encode(),
+                              zmq.CURVE_SECRETKEY: sec.strip().encode()})
+    forger.req("DONE", {"req": 5, "worker": "wclient", "id": jid, "attempt": 1})
+    m = forger.recv()
+    check(m and m[0] == "ERROR" and m[1]["code"] == "forbidden", f"forged DONE: {m}")
+    forger.close()
+    ctx.term()
+    start_worker(tmp, ep2, "--curve-keyfile", f"{tmp}/wk.key", *srv, name="wgood")
     r = cli("watch", str(jid), "--connect", ep2, *good, check_rc=0)
     st = json.loads(cli("status", str(jid), "--connect", ep2, *good, check_rc=0).stdout)
     check(st["state"] == "succeeded", f"allowed worker: {st}")
