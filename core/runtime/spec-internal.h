@@ -39,6 +39,10 @@ const spn_stage_kind_t *spn__registry_at(const spn__registry_t *reg, size_t i, c
  * init). spn__loader_host_api() is a table holding only those two, for
  * loading without a runtime (validation, listing, tests); a NULL `host` in
  * spn__registry_load_file means that table. Thread: the loading thread. */
+/* Plugins keep the host table pointer they get in init in a static (stage
+ * callbacks receive no other way to reach it), so the table passed to
+ * spn__registry_load_file must stay valid as long as any registry in the
+ * process has that plugin loaded: a static const table is the safe choice. */
 int32_t spn__plugin_register_kind(spn_plugin_t *plugin, const spn_stage_kind_t *kind, spn_error_t *err);
 void spn__plugin_set_data(spn_plugin_t *plugin, void *data);
 const spn_host_api_t *spn__loader_host_api(void);
@@ -115,5 +119,17 @@ int32_t spn__spec_load(spn__registry_t *reg, const spn_host_api_t *host, const c
 int32_t spn__spec_job_config(const spn__pipeline_spec_t *spec, uint32_t i, const char *const *overrides,
                              size_t n_overrides, void **out, spn_error_t *err);
 void spn__config_free(const spn_stage_kind_t *kind, void **config);
+
+/* ---- what the front end needs from the runtime -------------------------- */
+
+/* The front end implements these public functions of runtime.h on top of
+ * the runtime's registry (frontend.c): spn_runtime_load_plugin,
+ * spn_runtime_load_plugins, spn_runtime_kind_count, spn_runtime_kind_at,
+ * spn_pipeline_validate. The runtime provides three accessors for them.
+ * Ownership: borrowed from rt. Thread: any. */
+spn__registry_t *spn__runtime_registry(const spn_runtime_t *rt);
+const spn_host_api_t *spn__runtime_host_api(const spn_runtime_t *rt);
+/* The options the runtime was created with (plugin_paths is read). */
+const spn_runtime_opts_t *spn__runtime_opts(const spn_runtime_t *rt);
 
 #endif
