@@ -120,7 +120,10 @@ static int32_t check_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, 
 }
 
 static int32_t check_flush(spn_stage_t *stage, void *state, void *job_state, spn_error_t *err) {
-  check_end(stage, job_state);
+  check_job_t *j = job_state;
+  /* The end may already have come as an EOS message: one end, not two. */
+  if (!j->s.eos)
+    check_end(stage, j);
   return SPN_OK;
 }
 
