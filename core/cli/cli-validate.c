@@ -21,9 +21,7 @@ int spn_cli_validate(int argc, char **argv) {
     return rc < 0 ? 0 : 2;
   }
   spn_runtime_t *rt = NULL;
-  /* Plugins load with the pipeline (its [plugins] path joins the search
-   * path), so refusals show up as the unknown kind they cause. */
-  rc = spn_cli_runtime(&o, false, &rt);
+  rc = spn_cli_runtime(&o, true, &rt);
   if (rc) {
     spn_cli_opts_free(&o);
     return rc;

@@ -257,6 +257,17 @@ int32_t spn__registry_load_file(spn__registry_t *reg, const spn_host_api_t *host
     goto out_close;
   p->desc = d;
 
+  /* register_kind and plugin_set_data act on the loader's spn_plugin_t: a
+   * runtime table that does not point them here gets a copy that does. The
+   * copy lives as long as the plugin is loaded (plugins keep the pointer). */
+  if (host->register_kind != spn__plugin_register_kind || host->plugin_set_data != spn__plugin_set_data) {
+    size_t n = host->struct_size < sizeof p->host ? host->struct_size : sizeof p->host;
+    memcpy(&p->host, host, n);
+    p->host.struct_size = (uint32_t)n;
+    p->host.register_kind = spn__plugin_register_kind;
+    p->host.plugin_set_data = spn__plugin_set_data;
+    host = &p->host;
+  }
   spn_error_t ie = SPN_ERROR_INIT;
   p->in_init = true;
   int32_t irc = d->init(host, p, &ie);

@@ -19,6 +19,7 @@ struct spn_plugin {
   void *dl;                      /* dlopen handle */
   const spn_plugin_desc_t *desc;
   void *data;                    /* plugin_set_data */
+  spn_host_api_t host;           /* the table init got, when the caller's needed our register_kind */
   bool in_init;                  /* register_kind is only allowed during init */
   int32_t refused;               /* first register_kind refusal (plugin refused even if init says OK) */
   char refusal[SPN_ERROR_MSG_MAX];

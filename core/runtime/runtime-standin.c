@@ -3,7 +3,8 @@
  * `spindle validate`) builds and is tested before the runtime branch lands.
  *
  * core/runtime/meson.build compiles this file only while the real runtime
- * (core/runtime/runtime.c) is absent; it goes away with the merge. Running
+ * (core/runtime/runtime.c) is absent; it goes away with the merge. Plugin
+ * loading, listing and validation are the front end's real code; running
  * pipelines and jobs is refused with SPN_EUNSUPPORTED, never faked.
  */
 #include <stdlib.h>
@@ -41,9 +42,29 @@ void spn_runtime_free(spn_runtime_t **rt) {
 uint32_t spn_runtime_device_count(const spn_runtime_t *rt) { return 0; }
 const char *spn_runtime_device_name(const spn_runtime_t *rt, uint32_t i) { return NULL; }
 
-spn__registry_t *spn__runtime_registry(const spn_runtime_t *rt) { return rt->reg; }
-const spn_host_api_t *spn__runtime_host_api(const spn_runtime_t *rt) { return spn__loader_host_api(); }
-const spn_runtime_opts_t *spn__runtime_opts(const spn_runtime_t *rt) { return &rt->opts; }
+int32_t spn_runtime_load_plugin(spn_runtime_t *rt, const char *path, spn_error_t *err) {
+  return spn__registry_load_file(rt->reg, NULL, path, err);
+}
+
+int32_t spn_runtime_load_plugins(spn_runtime_t *rt, spn_error_t *err) {
+  return spn__registry_load_search_path(rt->reg, NULL, rt->opts.plugin_paths, rt->opts.n_plugin_paths, NULL, 0,
+                                        err);
+}
+
+size_t spn_runtime_kind_count(const spn_runtime_t *rt) { return spn__registry_count(rt->reg); }
+
+const spn_stage_kind_t *spn_runtime_kind_at(const spn_runtime_t *rt, size_t i, const char **plugin_file) {
+  return spn__registry_at(rt->reg, i, plugin_file);
+}
+
+int32_t spn_pipeline_validate(spn_runtime_t *rt, const char *path, const char *const *overrides, size_t n_overrides,
+                              spn_error_t *err) {
+  spn__pipeline_spec_t *spec = NULL;
+  int32_t rc = spn__spec_load(rt->reg, NULL, rt->opts.plugin_paths, rt->opts.n_plugin_paths, path, NULL, 0, overrides,
+                              n_overrides, &spec, err);
+  spn__spec_free(&spec);
+  return rc;
+}
 
 #define NOT_YET(err) spn_error_set(err, SPN_EUNSUPPORTED, "running pipelines needs the runtime, not built in")
 

@@ -101,8 +101,9 @@ int32_t spn__spec_from_toml(const spn__registry_t *reg, const spn_toml_doc_t *do
                             size_t n_overrides, spn__pipeline_spec_t **out, spn_error_t *err);
 void spn__spec_free(spn__pipeline_spec_t **spec);
 
-/* The whole front end in one call, for spn_pipeline_load(_string) and
- * spn_pipeline_validate: parse the config (the file `path`, or `src`/`len`
+/* The whole front end in one call, meant for spn_pipeline_load(_string)
+ * and spn_pipeline_validate (so [plugins] path in a config is honoured):
+ * parse the config (the file `path`, or `src`/`len`
  * when src is not NULL, `path` then being its name in messages), load the
  * plugins of the search path not loaded yet (plugin_dirs, the environment,
  * the config's [plugins] path resolved against the config's folder, the
@@ -119,17 +120,5 @@ int32_t spn__spec_load(spn__registry_t *reg, const spn_host_api_t *host, const c
 int32_t spn__spec_job_config(const spn__pipeline_spec_t *spec, uint32_t i, const char *const *overrides,
                              size_t n_overrides, void **out, spn_error_t *err);
 void spn__config_free(const spn_stage_kind_t *kind, void **config);
-
-/* ---- what the front end needs from the runtime -------------------------- */
-
-/* The front end implements these public functions of runtime.h on top of
- * the runtime's registry (frontend.c): spn_runtime_load_plugin,
- * spn_runtime_load_plugins, spn_runtime_kind_count, spn_runtime_kind_at,
- * spn_pipeline_validate. The runtime provides three accessors for them.
- * Ownership: borrowed from rt. Thread: any. */
-spn__registry_t *spn__runtime_registry(const spn_runtime_t *rt);
-const spn_host_api_t *spn__runtime_host_api(const spn_runtime_t *rt);
-/* The options the runtime was created with (plugin_paths is read). */
-const spn_runtime_opts_t *spn__runtime_opts(const spn_runtime_t *rt);
 
 #endif

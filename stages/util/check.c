@@ -5,8 +5,8 @@
  * after the last frame; the expected count). With verify_pattern it also
  * compares every byte of each frame with the `synth` pattern, which proves
  * that nothing on the way mixed jobs, reordered or corrupted frames. A
- * violation fails that job only, with a message that names the job, the
- * stage and the seq; other jobs go on. */
+ * violation fails that job only, with a message that names the job and the
+ * seq (the host adds the stage); other jobs go on. */
 #include <stdlib.h>
 
 #include "spindle/plugin.h"
@@ -56,8 +56,8 @@ static int32_t check_job_open(spn_stage_t *stage, void *state, const spn_job_inf
 
 static void check_fail(spn_stage_t *stage, check_job_t *j, const char *why) {
   char msg[512];
-  snprintf(msg, sizeof msg, "stage \"%s\": job %llu: %s", host->stage_get_name(stage),
-           (unsigned long long)j->job_id, why);
+  /* The host prefixes the stage's name; the job and what broke are ours. */
+  snprintf(msg, sizeof msg, "job %llu: %s", (unsigned long long)j->job_id, why);
   j->failed = true;
   host->fail_job(stage, j->job_id, SPN_EPROTO, msg);
 }

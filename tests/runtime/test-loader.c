@@ -203,6 +203,26 @@ static void same_plugin_twice_is_refused(void **state) {
   assert_int_equal(spn__registry_count(reg), 2);
 }
 
+/* A runtime's table whose register_kind is its own (it cannot know the
+ * loader's plugin handle): the loader hands init a copy that registers. */
+static int32_t foreign_register(spn_plugin_t *p, const spn_stage_kind_t *k, spn_error_t *err) {
+  return spn_error_set(err, SPN_ESTATE, "not here");
+}
+static const char *foreign_name(spn_stage_t *s) { return "foreign"; }
+
+static void a_runtime_table_gets_a_working_register_kind(void **state) {
+  spn__registry_t *reg = *state;
+  spn_host_api_t host = *spn__loader_host_api();
+  host.register_kind = foreign_register;
+  host.stage_get_name = foreign_name;
+  char path[1024];
+  fake_path(path, sizeof path, "src");
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn__registry_load_file(reg, &host, path, &err) != SPN_OK)
+    fail_msg("%s", err.msg);
+  assert_int_equal(spn__registry_count(reg), 2);
+}
+
 static void two_registries_are_independent(void **state) {
   (void)state;
   char path[1024];
@@ -311,6 +331,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(malformed_kinds_are_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_file_names_and_missing_files, setup, teardown),
       cmocka_unit_test_setup_teardown(same_plugin_twice_is_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_runtime_table_gets_a_working_register_kind, setup, teardown),
       cmocka_unit_test(two_registries_are_independent),
       cmocka_unit_test_setup_teardown(search_path_loads_a_folder_and_reports_the_first_refusal, setup, teardown),
       cmocka_unit_test_setup_teardown(environment_path_is_searched, setup, teardown),
