@@ -184,13 +184,27 @@ int32_t spn__registry_load_file(spn__registry_t *reg, const spn_host_api_t *host
                          "(rule: file name)",
                          path);
   }
-  /* Loading one name twice would run its init twice on one dlopen handle
-   * (dlopen returns the same object) and register every kind twice. */
-  if (spn__registry_has_plugin(reg, name)) {
-    spn_error_set(err, SPN_EEXIST, "%s: refused: a plugin named \"%s\" is already loaded (rule: duplicate plugin)",
-                  path, name);
+  struct stat st;
+  if (stat(path, &st) != 0) {
+    int e = errno;
     free(name);
-    return SPN_EEXIST;
+    return spn_error_set(err, e == ENOENT ? SPN_ENOENT : SPN_EIO, "%s: cannot load plugin: %s", path, strerror(e));
+  }
+  /* Loading one name twice would run its init twice on one dlopen handle
+   * (dlopen returns the same object) and register every kind twice. The
+   * very same file again (a folder listed twice in a search path) is
+   * already done; another file with a loaded name is refused. */
+  for (size_t i = 0; i < reg->n_plugins; i++) {
+    const spn_plugin_t *q = reg->plugins[i];
+    if (strcmp(q->name, name))
+      continue;
+    bool same = q->dev == st.st_dev && q->ino == st.st_ino;
+    free(name);
+    if (same)
+      return SPN_OK;
+    return spn_error_set(err, SPN_EEXIST,
+                         "%s: refused: a plugin named \"%s\" is already loaded from %s (rule: duplicate plugin)", path,
+                         q->name, q->path);
   }
   int32_t rc = SPN_OK;
   spn_plugin_t *p = calloc(1, sizeof *p);
@@ -223,12 +237,8 @@ int32_t spn__registry_load_file(spn__registry_t *reg, const spn_host_api_t *host
     reg->plugins = ps;
     reg->cap_plugins = cap;
   }
-  struct stat st;
-  if (stat(p->path, &st) != 0) {
-    rc = spn_error_set(err, errno == ENOENT ? SPN_ENOENT : SPN_EIO, "%s: cannot load plugin: %s", path,
-                       strerror(errno));
-    goto out_free;
-  }
+  p->dev = st.st_dev;
+  p->ino = st.st_ino;
   p->dl = dlopen(p->path, RTLD_NOW | RTLD_LOCAL);
   if (!p->dl) {
     const char *why = dlerror();

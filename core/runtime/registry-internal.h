@@ -3,6 +3,8 @@
 #ifndef SPINDLE_REGISTRY_INTERNAL_H
 #define SPINDLE_REGISTRY_INTERNAL_H
 
+#include <sys/types.h>
+
 #include "spec-internal.h"
 
 typedef struct spn__kind_entry {
@@ -16,6 +18,8 @@ struct spn_plugin {
   spn__registry_t *reg;
   char *path;
   char *name;                    /* <name> of libspindle-<name>.so */
+  dev_t dev;                     /* the file, to tell a second load of it from a namesake */
+  ino_t ino;
   void *dl;                      /* dlopen handle */
   const spn_plugin_desc_t *desc;
   void *data;                    /* plugin_set_data */

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dlfcn.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "spec-internal.h"
@@ -192,15 +193,29 @@ static void bad_file_names_and_missing_files(void **state) {
   assert_has(err.msg, "/nowhere/libspindle-gone.so");
 }
 
-static void same_plugin_twice_is_refused(void **state) {
+static void same_file_twice_is_one_load_a_namesake_is_refused(void **state) {
   spn__registry_t *reg = *state;
   char path[1024];
   fake_path(path, sizeof path, "src");
   assert_int_equal(spn__registry_load_file(reg, NULL, path, NULL), SPN_OK);
+  /* the same file again (a folder listed twice): nothing to do */
   spn_error_t err = SPN_ERROR_INIT;
-  assert_int_equal(spn__registry_load_file(reg, NULL, path, &err), SPN_EEXIST);
+  assert_int_equal(spn__registry_load_file(reg, NULL, path, &err), SPN_OK);
+  assert_int_equal(spn__registry_count(reg), 2);
+  /* another file of the same name */
+  char dir[] = "/tmp/spindle-test-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char copy[1200], cmd[2600];
+  snprintf(copy, sizeof copy, "%s/libspindle-src.so", dir);
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s'", path, copy);
+  assert_int_equal(system(cmd), 0);
+  assert_int_equal(spn__registry_load_file(reg, NULL, copy, &err), SPN_EEXIST);
+  assert_has(err.msg, copy);
+  assert_has(err.msg, "already loaded from");
   assert_has(err.msg, "rule: duplicate plugin");
   assert_int_equal(spn__registry_count(reg), 2);
+  unlink(copy);
+  rmdir(dir);
 }
 
 /* A runtime's table whose register_kind is its own (it cannot know the
@@ -330,7 +345,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(duplicate_kind_is_refused_naming_both_files, setup, teardown),
       cmocka_unit_test_setup_teardown(malformed_kinds_are_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_file_names_and_missing_files, setup, teardown),
-      cmocka_unit_test_setup_teardown(same_plugin_twice_is_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(same_file_twice_is_one_load_a_namesake_is_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(a_runtime_table_gets_a_working_register_kind, setup, teardown),
       cmocka_unit_test(two_registries_are_independent),
       cmocka_unit_test_setup_teardown(search_path_loads_a_folder_and_reports_the_first_refusal, setup, teardown),
