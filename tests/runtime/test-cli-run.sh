@@ -31,6 +31,17 @@ rc=$?
 grep -q 'job [0-9]* failed' out.txt || fail "failure summary: $(cat out.txt)"
 grep -q 'stage "sink".*end of stream after 120 frames, expected 121' err.txt || fail "failure message: $(cat err.txt)"
 
+# Ctrl-C cancels the job: exit 130, the summary says cancelled.
+"$spindle" run "$src/configs/synthetic.toml" --set source.frames=100000000 --set sink.expect_frames=100000000 \
+  >out.txt 2>err.txt &
+pid=$!
+sleep 1
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc -eq 130 ] || fail "interrupted run: exit $rc, want 130: $(cat err.txt)"
+grep -q 'job [0-9]* cancelled' out.txt || fail "cancel summary: $(cat out.txt)"
+
 # JSON summary.
 "$spindle" run "$src/configs/synthetic.toml" --set source.frames=7 --set sink.expect_frames=7 --log-format json \
   >out.txt 2>err.txt || fail "json run: $(cat err.txt)"

@@ -284,6 +284,48 @@ static void environment_path_is_searched(void **state) {
   assert_true(spn__registry_has_plugin(reg, "dupkind"));
 }
 
+/* spn__spec_load: the config's [plugins] path (relative to the config's
+ * folder) joins the search path before stages are read. */
+static void spec_load_searches_the_configs_plugin_path(void **state) {
+  spn__registry_t *reg = *state;
+  char dir[] = "/tmp/spindle-test-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char cmd[2600], conf[1200], src[1024];
+  fake_path(src, sizeof src, "src");
+  snprintf(cmd, sizeof cmd, "mkdir '%s/plug' && cp '%s' '%s/plug/'", dir, src, dir);
+  assert_int_equal(system(cmd), 0);
+  snprintf(conf, sizeof conf, "%s/p.toml", dir);
+  FILE *f = fopen(conf, "w");
+  assert_non_null(f);
+  fputs("[plugins]\npath = \"plug\"\n[[stage]]\nname = \"s\"\nkind = \"fake_src\"\nframes = 4\n"
+        "[[stage]]\nname = \"k\"\nkind = \"fake_sink\"\ninputs = [\"s\"]\n",
+        f);
+  fclose(f);
+  spn__pipeline_spec_t *spec = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  const char *set[] = {"s.frames=9"};
+  if (spn__spec_load(reg, NULL, NULL, 0, conf, NULL, 0, set, 1, &spec, &err) != SPN_OK)
+    fail_msg("%s", err.msg);
+  assert_int_equal(spec->n_stages, 2);
+  assert_int_equal(*(int64_t *)spec->stages[0].config, 9);
+  assert_int_equal(spec->n_plugin_paths, 1);
+  char want[1200];
+  snprintf(want, sizeof want, "%s/plug", dir);
+  assert_string_equal(spec->plugin_paths[0], want);
+  const char *origin = NULL;
+  spn__registry_find(reg, "fake_src", &origin);
+  assert_has(origin, want);
+  spn__spec_free(&spec);
+  /* From a string: the name gives the folder; errors keep positions. */
+  const char *text = "[[stage]]\nname = \"s\"\nkind = \"nope\"\n";
+  assert_int_equal(spn__spec_load(reg, NULL, NULL, 0, conf, text, strlen(text), NULL, 0, &spec, &err), SPN_ECONFIG);
+  assert_has(err.msg, "p.toml:3:8: stage \"s\": unknown stage kind \"nope\"");
+  assert_int_equal(spn__spec_load(reg, NULL, NULL, 0, "/nowhere/x.toml", NULL, 0, NULL, 0, &spec, &err), SPN_ENOENT);
+  assert_has(err.msg, "/nowhere/x.toml");
+  snprintf(cmd, sizeof cmd, "rm -r '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 /* Kinds added directly get the same checks as kinds from plugins. */
 static int32_t gen(spn_stage_t *s, void *st, void *js, spn_error_t *e) { return SPN_EOS; }
 
@@ -350,6 +392,7 @@ int main(void) {
       cmocka_unit_test(two_registries_are_independent),
       cmocka_unit_test_setup_teardown(search_path_loads_a_folder_and_reports_the_first_refusal, setup, teardown),
       cmocka_unit_test_setup_teardown(environment_path_is_searched, setup, teardown),
+      cmocka_unit_test_setup_teardown(spec_load_searches_the_configs_plugin_path, setup, teardown),
       cmocka_unit_test_setup_teardown(directly_added_kinds_are_checked, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
