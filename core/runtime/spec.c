@@ -527,16 +527,15 @@ static int32_t connect(build_t *b, uint32_t to, uint32_t to_port, const spn_toml
                          where, s->name, spn_toml_type_name(spn_toml_node_type(ref_node)));
   const char *ref = spn_toml_string(ref_node, NULL);
   const char *dot = strchr(ref, '.');
-  char from_name[128];
   size_t nl = dot ? (size_t)(dot - ref) : strlen(ref);
-  if (nl >= sizeof from_name)
-    nl = sizeof from_name - 1;
-  memcpy(from_name, ref, nl);
-  from_name[nl] = '\0';
-  size_t from;
-  if (!find_stage(spec, from_name, &from))
-    return spn_error_set(err, SPN_ECONFIG, "%s: stage \"%s\": input \"%s\" names no stage \"%s\"", where, s->name, ref,
-                         from_name);
+  size_t from = spec->n_stages;
+  for (size_t i = 0; i < spec->n_stages; i++)
+    if (strlen(spec->stages[i].name) == nl && !memcmp(spec->stages[i].name, ref, nl))
+      from = i;
+  if (from == spec->n_stages)
+    return spn_error_set(err, SPN_ECONFIG, "%s: stage \"%s\": input \"%s\" names no stage \"%.*s\"", where, s->name,
+                         ref, (int)nl, ref);
+  const char *from_name = spec->stages[from].name;
   const spn_stage_kind_t *fk = spec->stages[from].kind;
   uint32_t from_port = 0;
   if (!fk->n_outputs)
