@@ -156,17 +156,20 @@ int32_t spn__config_set(const spn_stage_kind_t *k, const spn_config_field_t *f, 
   return SPN_OK;
 }
 
-/* "a, b, c" of the schema's keys, for "unknown key" messages. */
+void spn__name_list_add(char *buf, size_t size, size_t *n, const char *name) {
+  if (*n + 1 >= size)
+    return;
+  int w = snprintf(buf + *n, size - *n, "%s%s", *n ? ", " : "", name);
+  if (w > 0)
+    *n = *n + (size_t)w < size ? *n + (size_t)w : size - 1;
+}
+
 void spn__config_key_list(const spn_stage_kind_t *k, char *buf, size_t size) {
   size_t n = 0;
   buf[0] = '\0';
-  for (const spn_config_field_t *f = k->schema; f && f->key && n + 1 < size; f++) {
-    int w = snprintf(buf + n, size - n, "%s%s", n ? ", " : "", f->key);
-    if (w < 0)
-      break;
-    n += (size_t)w;
-  }
-  if (!buf[0])
+  for (const spn_config_field_t *f = k->schema; f && f->key; f++)
+    spn__name_list_add(buf, size, &n, f->key);
+  if (!n)
     snprintf(buf, size, "none");
 }
 

@@ -46,6 +46,5 @@ void spn__plugin_unload(spn_plugin_t *p);
 
 bool spn__is_plain_name(const char *s);
 bool spn__is_common_key(const char *key);
-size_t spn__config_field_size(int32_t type);
 
 #endif

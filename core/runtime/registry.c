@@ -112,8 +112,6 @@ static size_t field_align(int32_t type) {
   }
 }
 
-size_t spn__config_field_size(int32_t type) { return field_size(type); }
-
 /* Keys the host reads itself from every [[stage]] table; a schema may not
  * reuse them (the plugin would never see the value). */
 static const char *const common_keys[] = {"name",      "kind",     "inputs",        "device", "instances",

@@ -15,7 +15,11 @@ const spn_config_field_t *spn__config_field(const spn_stage_kind_t *k, const cha
  * that are relative are joined to base_dir (NULL: kept as written). */
 int32_t spn__config_set(const spn_stage_kind_t *k, const spn_config_field_t *f, void *cfg, const spn_toml_node_t *v,
                         const char *where, const char *stage, const char *base_dir, spn_error_t *err);
+/* "a, b, c" of the schema's keys ("none" when it has none). */
 void spn__config_key_list(const spn_stage_kind_t *k, char *buf, size_t size);
+/* Append ", name" (or "name" first) to a list in buf; *n is its length.
+ * Stops quietly when buf is full. */
+void spn__name_list_add(char *buf, size_t size, size_t *n, const char *name);
 /* base_dir + "/" + path unless path is absolute or base_dir is "." / empty. */
 char *spn__path_join(const char *base_dir, const char *path);
 

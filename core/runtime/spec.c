@@ -146,27 +146,28 @@ static int32_t read_plugins_table(build_t *b, const spn_toml_node_t *t, spn_erro
 
 /* ---- common stage keys (the host's, not the plugin's) ------------------ */
 
-static bool device_spec_ok(const char *s) {
-  if (!strcmp(s, "auto") || !strcmp(s, "cpu") || !strcmp(s, "cuda"))
-    return true;
-  const char *rest = NULL;
-  if (!strncmp(s, "cpu:", 4))
-    rest = s + 4;
-  else if (!strncmp(s, "cuda:", 5))
-    rest = s + 5;
-  if (!rest || !*rest)
-    return false;
-  /* one index or a comma-separated list: "1", "0,2" */
+/* One device index or a comma-separated list: "1", "0,2". */
+static bool index_list_ok(const char *s) {
   bool digit = false;
-  for (; *rest; rest++) {
-    if (*rest >= '0' && *rest <= '9')
+  for (; *s; s++) {
+    if (*s >= '0' && *s <= '9')
       digit = true;
-    else if (*rest == ',' && digit)
+    else if (*s == ',' && digit)
       digit = false;
     else
       return false;
   }
   return digit;
+}
+
+static bool device_spec_ok(const char *s) {
+  if (!strcmp(s, "auto") || !strcmp(s, "cpu") || !strcmp(s, "cuda"))
+    return true;
+  if (!strncmp(s, "cpu:", 4))
+    return index_list_ok(s + 4);
+  if (!strncmp(s, "cuda:", 5))
+    return index_list_ok(s + 5);
+  return false;
 }
 
 static int32_t get_int_in(const spn_toml_node_t *v, const char *where, const char *stage, const char *key, int64_t lo,
@@ -206,15 +207,14 @@ static int32_t set_str(char **slot, const char *s, spn_error_t *err) {
 }
 
 /* A sub-table's keys: the where of each key, by position in the document. */
-static int32_t sub_where(const build_t *b, const spn_toml_node_t *t, size_t i, const char *fallback, char *buf,
-                         size_t size) {
+static void sub_where(const build_t *b, const spn_toml_node_t *t, size_t i, const char *fallback, char *buf,
+                      size_t size) {
   spn_toml_pos_t kp;
   spn_toml_table_key_at(t, i, &kp);
   if (b && kp.line)
     where_key(b, kp, buf, size);
   else
     snprintf(buf, size, "%s", fallback);
-  return SPN_OK;
 }
 
 /* device, instances, batching, endpoint, edge_capacity. `where` is the
@@ -277,21 +277,7 @@ static int32_t read_common(const build_t *b, spn__stage_spec_t *s, const char *k
       } else if (!strcmp(k, "devices")) {
         if ((rc = get_str(sv, sw, s->name, "instances.devices", &str, err)) != SPN_OK)
           return rc;
-        bool ok = !strcmp(str, "all");
-        if (!ok) { /* "0,2": indexes */
-          ok = true;
-          bool digit = false;
-          for (const char *c = str; *c && ok; c++) {
-            if (*c >= '0' && *c <= '9')
-              digit = true;
-            else if (*c == ',' && digit)
-              digit = false;
-            else
-              ok = false;
-          }
-          ok = ok && digit;
-        }
-        if (!ok)
+        if (strcmp(str, "all") && !index_list_ok(str))
           return spn_error_set(err, SPN_ECONFIG,
                                "%s: stage \"%s\": instances.devices \"%s\" must be \"all\" or indexes like \"0,2\"", sw,
                                s->name, str);
@@ -337,13 +323,9 @@ static int32_t read_common(const build_t *b, spn__stage_spec_t *s, const char *k
 static void kind_list(const spn__registry_t *reg, char *buf, size_t size) {
   size_t n = 0;
   buf[0] = '\0';
-  for (size_t i = 0; i < spn__registry_count(reg) && n + 1 < size; i++) {
-    int w = snprintf(buf + n, size - n, "%s%s", i ? ", " : "", spn__registry_at(reg, i, NULL)->name);
-    if (w < 0)
-      break;
-    n += (size_t)w;
-  }
-  if (!buf[0])
+  for (size_t i = 0; i < spn__registry_count(reg); i++)
+    spn__name_list_add(buf, size, &n, spn__registry_at(reg, i, NULL)->name);
+  if (!n)
     snprintf(buf, size, "none: no plugin was loaded");
 }
 
@@ -353,8 +335,7 @@ static int32_t read_stage_head(build_t *b, size_t i, spn_error_t *err) {
   spn__stage_spec_t *s = &b->spec->stages[i];
   char where[WHERE_MAX];
   where_node(t, s->where, sizeof s->where);
-  spn_toml_pos_t kp;
-  const spn_toml_node_t *nv = spn_toml_table_get(t, "name", &kp);
+  const spn_toml_node_t *nv = spn_toml_table_get(t, "name", NULL);
   if (!nv)
     return spn_error_set(err, SPN_ECONFIG, "%s: [[stage]] #%zu has no name", s->where, i + 1);
   where_node(nv, where, sizeof where);
@@ -505,12 +486,8 @@ static int32_t add_edge(build_t *b, spn__edge_spec_t e, spn_error_t *err) {
 static void port_list(const spn_port_t *p, uint32_t n, char *buf, size_t size) {
   size_t w = 0;
   buf[0] = '\0';
-  for (uint32_t i = 0; i < n && w + 1 < size; i++) {
-    int k = snprintf(buf + w, size - w, "%s%s", i ? ", " : "", p[i].name);
-    if (k < 0)
-      break;
-    w += (size_t)k;
-  }
+  for (uint32_t i = 0; i < n; i++)
+    spn__name_list_add(buf, size, &w, p[i].name);
   if (!n)
     snprintf(buf, size, "none");
 }
