@@ -414,7 +414,8 @@ static void ready_push(spn_stage_t *a, spn__rx_t rx) {
 static void count_done(spn_stage_t *a, spn_job_t *job, int64_t total, long long n) {
   if (!a->srt->terminal)
     return;
-  atomic_fetch_add(&job->done, n);
+  if (n)
+    atomic_fetch_add(&job->stage_done[a->srt->index], n);
   long long t = atomic_load(&job->total);
   while (total > t && !atomic_compare_exchange_weak(&job->total, &t, total))
     ;
@@ -673,7 +674,7 @@ static bool actor_batch(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
         fail_job(a, a->b_rx[i].aj, rc, err.msg);
     for (uint32_t i = 0; i < cnt; i++) {
       if (a->srt->terminal)
-        atomic_fetch_add(&a->b_rx[i].aj->job->done, 1);
+        atomic_fetch_add(&a->b_rx[i].aj->job->stage_done[a->srt->index], 1);
       spn__msg_free(&a->b_msgs[i]);
       release(a->b_rx[i].link, a->b_rx[i].counted);
     }

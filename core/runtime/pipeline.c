@@ -539,13 +539,14 @@ int32_t spn_job_start(spn_pipeline_t *pipe, const spn_job_params_t *params, cons
     return spn_error_set(err, SPN_ENOMEM, "out of memory starting a job");
   job->configs = calloc(pipe->n_stages, sizeof *job->configs);
   job->config_owned = calloc(pipe->n_stages, sizeof *job->config_owned);
+  job->stage_done = calloc(pipe->n_stages, sizeof *job->stage_done);
   pthread_mutex_init(&job->mu, NULL);
   pthread_cond_init(&job->cv, NULL);
   atomic_init(&job->refs, 1);
   atomic_init(&job->state, SPN_JOB_QUEUED);
   atomic_init(&job->total, -1);
   job->pipe = pipe;
-  if (!job->configs || !job->config_owned) {
+  if (!job->configs || !job->config_owned || !job->stage_done) {
     spn__job_unref(&job);
     return spn_error_set(err, SPN_ENOMEM, "out of memory starting a job");
   }

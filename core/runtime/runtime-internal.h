@@ -67,7 +67,7 @@ struct spn_job {
   atomic_int state;      /* spn_job_state_t */
   atomic_bool cancelled; /* spn_job_cancel was called */
   atomic_bool dead;      /* failing or cancelled: drop its messages */
-  atomic_llong done;     /* frames finished at terminal actors */
+  atomic_llong *stage_done; /* per stage: frames finished there (terminal stages) */
   atomic_llong total;    /* largest envelope total seen, -1 unknown */
   /* loop */
   uint32_t acks, acks_needed, abort_acks, abort_acks_needed;

@@ -57,13 +57,28 @@ void spn__job_unref(spn_job_t **jp) {
     return;
   pthread_mutex_destroy(&job->mu);
   pthread_cond_destroy(&job->cv);
+  free(job->stage_done);
   free(job->configs);
   free(job->config_owned);
   free(job);
 }
 
+/* Frames done: at the slowest terminal stage (with two sinks, a frame is
+ * done once both have it). */
+static long long job_done(const spn_job_t *job) {
+  const spn_pipeline_t *pipe = job->pipe;
+  long long done = -1;
+  for (uint32_t i = 0; i < pipe->n_stages; i++)
+    if (pipe->stages[i].terminal) {
+      long long d = atomic_load(&job->stage_done[i]);
+      if (done < 0 || d < done)
+        done = d;
+    }
+  return done < 0 ? 0 : done;
+}
+
 static void progress_report(spn_job_t *job, bool force) {
-  long long done = atomic_load(&job->done);
+  long long done = job_done(job);
   if (!job->cb.on_progress || (!force && done == job->last_done))
     return;
   job->last_done = done;

@@ -447,6 +447,43 @@ static void test_replicated_source(void **st) {
   rt_col_free(&col);
 }
 
+/* One output feeding two stages: each gets every frame (a shallow copy that
+ * shares the tensor's buffer), in order; progress counts a frame once it is
+ * done at both sinks, so it ends at the job's total, not twice that. */
+static void test_broadcast_two_sinks(void **st) {
+  (void)st;
+  spn_runtime_t *rt = rt_new("cpu", 2);
+  const spn_host_api_t *h = spn__runtime_host_api(rt);
+  rt_col_t c1, c2;
+  rt_col_init(&c1);
+  rt_col_init(&c2);
+  rt_spec_t b;
+  rt_spec_init(&b, "tee");
+  rt_cfg_t *src = rt_spec_stage(&b, "src", &rt_kind_src, h);
+  src->count = 300;
+  src->with_tensor = true;
+  rt_spec_stage(&b, "a", &rt_kind_sink, h)->col = &c1;
+  rt_cfg_t *slow = rt_spec_stage(&b, "b", &rt_kind_sink, h);
+  slow->col = &c2;
+  slow->delay_us_max = 200;
+  rt_spec_edge(&b, 0, 1);
+  rt_spec_edge(&b, 0, 2);
+  spn_pipeline_t *pipe = build(rt, &b);
+  rt_done_t d;
+  spn_job_t *job = start(pipe, 3, &d);
+  assert_int_equal(spn_job_wait(job, NULL), SPN_OK);
+  char why[256] = "";
+  if (!rt_col_check(&c1, 3, 300, why, sizeof why) || !rt_col_check(&c2, 3, 300, why, sizeof why))
+    fail_msg("%s", why);
+  assert_int_equal(atomic_load(&c1.tensor_bad) + atomic_load(&c2.tensor_bad), 0);
+  assert_int_equal(atomic_load(&d.last_progress), 300);
+  spn_job_free(&job);
+  spn_pipeline_free(&pipe);
+  spn_runtime_free(&rt);
+  rt_col_free(&c1);
+  rt_col_free(&c2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fanout_4_devices),
@@ -461,6 +498,7 @@ int main(void) {
       cmocka_unit_test(test_cancel),
       cmocka_unit_test(test_priority),
       cmocka_unit_test(test_replicated_source),
+      cmocka_unit_test(test_broadcast_two_sinks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
