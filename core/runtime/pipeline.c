@@ -412,8 +412,11 @@ void spn_pipeline_free(spn_pipeline_t **pp) {
   if (!pp || !*pp)
     return;
   spn_pipeline_t *pipe = *pp;
-  *pp = NULL;
   spn_runtime_t *rt = pipe->rt;
+  /* Waiting for the pipeline's jobs from on_done or a stage would wait for
+   * the very thread that has to finish them. */
+  SPN_ASSERT(!spn__runtime_own_thread(rt));
+  *pp = NULL;
   pthread_mutex_lock(&rt->pmu);
   for (spn_pipeline_t **q = &rt->pipes; *q; q = &(*q)->next)
     if (*q == pipe) {
@@ -608,6 +611,9 @@ void spn_job_cancel(spn_job_t *job) {
 
 int32_t spn_job_wait(spn_job_t *job, spn_error_t *err) {
   pthread_mutex_lock(&job->mu);
+  /* Never on a runtime thread (it would wait for itself), unless the job is
+   * already over. */
+  SPN_ASSERT(job->finished || !spn__runtime_own_thread(job->pipe->rt));
   while (!job->finished)
     pthread_cond_wait(&job->cv, &job->mu);
   int32_t st = job->status;

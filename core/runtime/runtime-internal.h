@@ -361,5 +361,8 @@ int32_t spn__host_model_run(spn_stage_t *s, spn_model_t *model, const spn_tensor
 void spn__host_model_free_outputs(spn_model_t *model, spn_tensor_t *outputs, size_t n_out);
 
 uint64_t spn__now_ns(void);
+/* True on the runtime's loop or executor threads, where waiting for a job
+ * or a pipeline would wait for ourselves. */
+bool spn__runtime_own_thread(const spn_runtime_t *rt);
 
 #endif

@@ -391,6 +391,8 @@ void spn_runtime_free(spn_runtime_t **rtp) {
   if (!rtp || !*rtp)
     return;
   spn_runtime_t *rt = *rtp;
+  /* From a callback it would wait for its own thread. */
+  SPN_ASSERT(!spn__runtime_own_thread(rt));
   *rtp = NULL;
   for (;;) {
     pthread_mutex_lock(&rt->pmu);
@@ -424,6 +426,19 @@ void spn_runtime_free(spn_runtime_t **rtp) {
   free(rt->plugin_paths);
   free(rt->devices_spec);
   free(rt);
+}
+
+bool spn__runtime_own_thread(const spn_runtime_t *rt) {
+  pthread_t self = pthread_self();
+  if (rt->loop_started && pthread_equal(self, rt->loop_thread))
+    return true;
+  for (uint32_t i = 0; i < rt->n_pool; i++)
+    if (pthread_equal(self, rt->pool[i].thread))
+      return true;
+  for (uint32_t i = 0; i < rt->n_devices; i++)
+    if (pthread_equal(self, rt->dev_ex[i].thread))
+      return true;
+  return false;
 }
 
 spn_device_t *spn__runtime_device(spn_runtime_t *rt, uint32_t i) { return i < rt->n_devices ? rt->devices[i] : NULL; }
