@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include "runtime-internal.h"
@@ -911,8 +912,13 @@ void spn__actor_destroy(spn_stage_t *a) {
           zmq_close(l->sock);
         l->sock = NULL;
       }
-  if (a->sock)
+  if (a->sock) {
     zmq_close(a->sock);
+    /* An ipc mailbox leaves its socket file behind: remove it (not for the
+     * abstract namespace, "ipc://@name", which has no file). */
+    if (a->serialized_in && !strncmp(a->endpoint, "ipc://", 6) && a->endpoint[6] != '@')
+      unlink(a->endpoint + 6);
+  }
   a->sock = NULL;
   free(a->ready);
   a->ready = NULL;

@@ -85,6 +85,13 @@ static void test_ipc(void **st) {
   snprintf(a, sizeof a, "ipc://%s/spindle-test-%d-pass", tmp && *tmp ? tmp : "/tmp", (int)getpid());
   snprintf(b, sizeof b, "ipc://%s/spindle-test-%d-sink", tmp && *tmp ? tmp : "/tmp", (int)getpid());
   run_chain(a, b, 2);
+  /* The socket files are gone with the pipeline. */
+  char path[300];
+  for (int r = 0; r < 4; r++) {
+    snprintf(path, sizeof path, "%s.%d", a + 6, r);
+    assert_int_equal(access(path, F_OK), -1);
+  }
+  assert_int_equal(access(b + 6, F_OK), -1);
 }
 
 /* Garbage on a tcp mailbox: logged and dropped; the job still succeeds. */
