@@ -3,9 +3,9 @@
  * A backend (CPU here, CUDA in cuda/) fills a spn__backend_t: it enumerates
  * its devices from a spec ("cpu:4", "cuda:0,1") and gives each device an
  * interface for buffer types, streams and events. The core never calls a
- * backend API directly, so a new backend is added without touching it: it
- * registers its spn__backend_t with spn__backends_add before the runtime
- * opens devices. */
+ * backend API directly: spn__devices_open consults the `extra` backends it
+ * is given (before the CPU one), so a CUDA backend built in cuda/ is wired
+ * by handing its spn__backend_t to spn__devices_open in spn_runtime_new. */
 #ifndef SPINDLE_DEVICE_INTERNAL_H
 #define SPINDLE_DEVICE_INTERNAL_H
 
