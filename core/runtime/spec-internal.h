@@ -33,6 +33,35 @@ const spn_stage_kind_t *spn__registry_find(const spn__registry_t *reg, const cha
 size_t spn__registry_count(const spn__registry_t *reg);
 const spn_stage_kind_t *spn__registry_at(const spn__registry_t *reg, size_t i, const char **origin);
 
+/* The loader's side of the host API table. The runtime's spn_host_api_t sets
+ * .register_kind = spn__plugin_register_kind and .plugin_set_data =
+ * spn__plugin_set_data (they act on the spn_plugin_t the loader hands to
+ * init). spn__loader_host_api() is a table holding only those two, for
+ * loading without a runtime (validation, listing, tests); a NULL `host` in
+ * spn__registry_load_file means that table. Thread: the loading thread. */
+/* Plugins keep the host table pointer they get in init in a static (stage
+ * callbacks receive no other way to reach it), so the table passed to
+ * spn__registry_load_file must stay valid as long as any registry in the
+ * process has that plugin loaded: a static const table is the safe choice. */
+int32_t spn__plugin_register_kind(spn_plugin_t *plugin, const spn_stage_kind_t *kind, spn_error_t *err);
+void spn__plugin_set_data(spn_plugin_t *plugin, void *data);
+const spn_host_api_t *spn__loader_host_api(void);
+
+/* Whether a plugin of that name (the <name> of libspindle-<name>.so) is
+ * loaded. */
+bool spn__registry_has_plugin(const spn__registry_t *reg, const char *name);
+/* Load every libspindle-*.so of the search path, in this order: `dirs`
+ * (CLI --plugin-path), $SPINDLE_PLUGIN_PATH (colon separated), `config_dirs`
+ * ([plugins] path of a pipeline config), then the install directory
+ * SPN_PLUGINDIR. Within a folder files load in name order. A plugin whose
+ * name is already loaded is skipped (an earlier folder shadows a later
+ * one). Refusals do not stop the walk: every other plugin still loads, the
+ * first refusal is returned in err. A folder that does not exist is
+ * skipped. Thread: any (reg is the caller's). */
+int32_t spn__registry_load_search_path(spn__registry_t *reg, const spn_host_api_t *host, const char *const *dirs,
+                                       size_t n_dirs, const char *const *config_dirs, size_t n_config_dirs,
+                                       spn_error_t *err);
+
 /* ---- validated pipeline description ------------------------------------ */
 
 typedef struct spn__edge_spec {
@@ -71,6 +100,18 @@ typedef struct spn__pipeline_spec {
 int32_t spn__spec_from_toml(const spn__registry_t *reg, const spn_toml_doc_t *doc, const char *const *overrides,
                             size_t n_overrides, spn__pipeline_spec_t **out, spn_error_t *err);
 void spn__spec_free(spn__pipeline_spec_t **spec);
+
+/* The whole front end in one call, meant for spn_pipeline_load(_string)
+ * and spn_pipeline_validate (so [plugins] path in a config is honoured):
+ * parse the config (the file `path`, or `src`/`len`
+ * when src is not NULL, `path` then being its name in messages), load the
+ * plugins of the search path not loaded yet (plugin_dirs, the environment,
+ * the config's [plugins] path resolved against the config's folder, the
+ * install directory), then build the spec. Ownership: caller owns *out. */
+int32_t spn__spec_load(spn__registry_t *reg, const spn_host_api_t *host, const char *const *plugin_dirs,
+                       size_t n_plugin_dirs, const char *path, const char *src, size_t len,
+                       const char *const *overrides, size_t n_overrides, spn__pipeline_spec_t **out,
+                       spn_error_t *err);
 
 /* A copy of stage `i`'s config with per-job overrides applied
  * ("stage.key=value", only for SPN_CONFIG_PER_JOB keys of that stage;

@@ -92,7 +92,8 @@ SPN_API int32_t spn_pipeline_load_string(spn_runtime_t *rt, const char *toml, si
 /* Validate only (no instances, no models): for `spindle validate`. */
 SPN_API int32_t spn_pipeline_validate(spn_runtime_t *rt, const char *path, const char *const *overrides,
                                       size_t n_overrides, spn_error_t *err);
-/* Waits for the pipeline's jobs to end (cancelling them) and frees it. */
+/* Waits for the pipeline's jobs to end (cancelling them) and frees it.
+ * Thread: any but the runtime's own (not from on_done or a stage). */
 SPN_API void spn_pipeline_free(spn_pipeline_t **pipe);
 SPN_API const char *spn_pipeline_name(const spn_pipeline_t *pipe);
 
@@ -145,7 +146,8 @@ SPN_API int32_t spn_job_start(spn_pipeline_t *pipe, const spn_job_params_t *para
 /* Request cancellation; stages stop between batches, partial outputs are
  * removed, on_done gets SPN_ECANCELLED. Thread: any. */
 SPN_API void spn_job_cancel(spn_job_t *job);
-/* Block until the job ends; returns its status and copies its message. */
+/* Block until the job ends; returns its status and copies its message.
+ * Thread: any but the runtime's own (not from on_done or a stage). */
 SPN_API int32_t spn_job_wait(spn_job_t *job, spn_error_t *err);
 SPN_API uint64_t spn_job_id(const spn_job_t *job);
 SPN_API void spn_job_free(spn_job_t **job);
