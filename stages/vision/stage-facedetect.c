@@ -134,6 +134,9 @@ static int32_t fd_create(spn_stage_t *stage, const void *config, void **state, s
   const spn_host_api_t *host = spn__vision_host();
   if (!host || !cfg)
     return spn_error_set(err, SPN_ESTATE, "facedetect: plugin not initialised");
+  int32_t hc = spn__vision_check_host(host, false, err);
+  if (hc != SPN_OK)
+    return hc;
   fd_state_t *st = calloc(1, sizeof *st);
   if (!st)
     return spn_error_set(err, SPN_ENOMEM, "facedetect: out of memory");

@@ -64,6 +64,9 @@ static int32_t sr_create(spn_stage_t *stage, const void *config, void **state, s
   const spn_host_api_t *host = spn__vision_host();
   if (!host || !cfg)
     return spn_error_set(err, SPN_ESTATE, "superres: plugin not initialised");
+  int32_t hc = spn__vision_check_host(host, true, err);
+  if (hc != SPN_OK)
+    return hc;
   if (!host->model_load || !host->model_run)
     return spn_error_set(err, SPN_EUNSUPPORTED, "superres: the host has no model engine");
   sr_state_t *st = calloc(1, sizeof *st);
