@@ -22,5 +22,4 @@ ninja -C build
 
 # The main pipeline (see docs/pipelines.md for the others).
 main_config=${SPINDLE_QUICKSTART_CONFIG:-configs/synthetic.toml}
-export SPINDLE_PLUGIN_PATH="$PWD/build/stages${SPINDLE_PLUGIN_PATH:+:$SPINDLE_PLUGIN_PATH}"
 exec ./build/core/cli/spindle run "$main_config" "$@"
