@@ -11,5 +11,43 @@ typedef struct spn_cli_cmd {
 } spn_cli_cmd_t;
 
 int spn_cli_version(int argc, char **argv);
+int spn_cli_serve(int argc, char **argv);
+int spn_cli_worker(int argc, char **argv);
+int spn_cli_submit(int argc, char **argv);
+int spn_cli_status(int argc, char **argv);
+int spn_cli_watch(int argc, char **argv);
+int spn_cli_cancel(int argc, char **argv);
+int spn_cli_jobs(int argc, char **argv);
+int spn_cli_keygen(int argc, char **argv);
+int spn_cli_run(int argc, char **argv);
+int spn_cli_validate(int argc, char **argv);
+int spn_cli_plugins(int argc, char **argv);
+
+/* ---- shared by the subcommands (cli-common.c) ---- */
+
+#include <stddef.h>
+#include "spindle/runtime.h"
+
+/* Options every pipeline command takes. Strings point into argv. */
+typedef struct spn_cli_opts {
+  const char **plugin_paths; /* --plugin-path, then the build tree's stages/ when run uninstalled */
+  size_t n_plugin_paths;
+  const char **sets;         /* --set stage.key=value */
+  size_t n_sets;
+  const char *devices;       /* --devices */
+  int32_t log_format;        /* --log-format */
+  const char *file;          /* the one positional argument, or NULL */
+  char **owned;              /* strings this struct allocated */
+  size_t n_owned;
+} spn_cli_opts_t;
+
+/* Parse argv (argv[0] is the subcommand). `allowed` lists the long options
+ * the command accepts ("plugin-path", "set", "devices", "log-format").
+ * Returns 0, -1 for --help, or 2 after printing a usage error. */
+int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opts_t *o);
+void spn_cli_opts_free(spn_cli_opts_t *o);
+/* A runtime with the command's plugin paths, plugins loaded. Refused
+ * plugins are reported on stderr as warnings. Returns 0 or an exit code. */
+int spn_cli_runtime(const spn_cli_opts_t *o, bool load_plugins, spn_runtime_t **out);
 
 #endif

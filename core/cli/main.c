@@ -15,6 +15,17 @@ int spn_cli_version(int argc, char **argv) {
 
 static const spn_cli_cmd_t commands[] = {
     {"version", "print the version", spn_cli_version},
+    {"run", "run one job through a pipeline", spn_cli_run},
+    {"validate", "check a pipeline config without running it", spn_cli_validate},
+    {"plugins", "list stage kinds, their ports and config keys", spn_cli_plugins},
+    {"serve", "run the job gateway and in-process workers", spn_cli_serve},
+    {"worker", "run jobs leased from a remote gateway", spn_cli_worker},
+    {"submit", "submit a job (--wait to follow it)", spn_cli_submit},
+    {"status", "show a job", spn_cli_status},
+    {"watch", "follow a job's progress until it ends", spn_cli_watch},
+    {"cancel", "cancel a job", spn_cli_cancel},
+    {"jobs", "list jobs", spn_cli_jobs},
+    {"keygen", "create a CURVE key pair", spn_cli_keygen},
 };
 
 static void usage(FILE *f) {

@@ -121,7 +121,8 @@ static inline int32_t spn_error_prefix(spn_error_t *err, const char *fmt, ...) {
   err->msg[n] = ':';
   err->msg[n + 1] = ' ';
   size_t room = sizeof err->msg - n - 3;
-  size_t ol = strnlen(old, sizeof old - 1);
+  const char *nul = (const char *)memchr(old, '\0', sizeof old);
+  size_t ol = nul ? (size_t)(nul - old) : sizeof old - 1;
   if (ol > room)
     ol = room;
   memcpy(err->msg + n + 2, old, ol);

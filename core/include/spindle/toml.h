@@ -85,6 +85,9 @@ SPN_API const char *spn_toml_node_where(const spn_toml_node_t *n, char *buf, siz
 SPN_API size_t spn_toml_table_len(const spn_toml_node_t *table);
 SPN_API const char *spn_toml_table_key_at(const spn_toml_node_t *table, size_t i, spn_toml_pos_t *key_pos);
 SPN_API const spn_toml_node_t *spn_toml_table_value_at(const spn_toml_node_t *table, size_t i);
+/* Byte length of key i (keys written with \u0000 hold NUL bytes, so this can
+ * exceed strlen); 0 when out of range. Thread: any. */
+SPN_API size_t spn_toml_table_key_len(const spn_toml_node_t *table, size_t i);
 /* One key (not a dotted path); NULL if absent. key_pos (may be NULL) gets
  * where the key was written. */
 SPN_API const spn_toml_node_t *spn_toml_table_get(const spn_toml_node_t *table, const char *key,

@@ -1,0 +1,185 @@
+/* cli-common.c — option parsing and runtime set-up shared by `spindle run`,
+ * `validate` and `plugins`.
+ *
+ * One rule the commands share: when the `spindle` binary runs from a meson
+ * build tree (uninstalled), the tree's built stages are searched after the
+ * --plugin-path folders, so `build/core/cli/spindle run configs/x.toml`
+ * works without installing or setting SPINDLE_PLUGIN_PATH. An installed
+ * binary never looks there.
+ */
+#include <dirent.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static int push(const char ***v, size_t *n, const char *s) {
+  const char **nv = realloc(*v, (*n + 1) * sizeof *nv);
+  if (!nv)
+    return -1;
+  nv[(*n)++] = s;
+  *v = nv;
+  return 0;
+}
+
+static int own(spn_cli_opts_t *o, char *s) {
+  char **nv = realloc(o->owned, (o->n_owned + 1) * sizeof *nv);
+  if (!nv) {
+    free(s);
+    return -1;
+  }
+  nv[o->n_owned++] = s;
+  o->owned = nv;
+  return 0;
+}
+
+/* <build>/stages/<group> folders when this binary is <build>/core/cli/spindle
+ * of a meson build tree (recognised by <build>/meson-private). */
+static void add_build_tree_stages(spn_cli_opts_t *o) {
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0)
+    return;
+  exe[n] = '\0';
+  char *slash = strrchr(exe, '/');
+  if (!slash)
+    return;
+  *slash = '\0';
+  static const char tail[] = "/core/cli";
+  size_t len = strlen(exe), tl = sizeof tail - 1;
+  if (len < tl || strcmp(exe + len - tl, tail))
+    return;
+  exe[len - tl] = '\0';
+  char probe[PATH_MAX + 32];
+  struct stat st;
+  snprintf(probe, sizeof probe, "%s/meson-private", exe);
+  if (stat(probe, &st) != 0)
+    return;
+  snprintf(probe, sizeof probe, "%s/stages", exe);
+  DIR *d = opendir(probe);
+  if (!d)
+    return;
+  struct dirent *de;
+  char *found[32];
+  size_t nf = 0;
+  while ((de = readdir(d)) && nf < 32) {
+    if (de->d_name[0] == '.')
+      continue;
+    size_t sz = strlen(probe) + strlen(de->d_name) + 2;
+    char *p = malloc(sz);
+    if (!p)
+      break;
+    snprintf(p, sz, "%s/%s", probe, de->d_name);
+    if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
+      found[nf++] = p;
+    else
+      free(p);
+  }
+  closedir(d);
+  for (size_t i = 0; i < nf; i++) {
+    for (size_t j = i + 1; j < nf; j++)
+      if (strcmp(found[j], found[i]) < 0) {
+        char *t = found[i];
+        found[i] = found[j];
+        found[j] = t;
+      }
+    if (own(o, found[i]) == 0)
+      push(&o->plugin_paths, &o->n_plugin_paths, found[i]);
+  }
+}
+
+static bool allowed_opt(const char *const *allowed, const char *name) {
+  for (size_t i = 0; allowed && allowed[i]; i++)
+    if (!strcmp(allowed[i], name))
+      return true;
+  return false;
+}
+
+int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opts_t *o) {
+  memset(o, 0, sizeof *o);
+  const char *cmd = argv[0];
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (a[0] != '-' || !a[1]) {
+      if (o->file) {
+        fprintf(stderr, "spindle %s: one file only (got '%s' and '%s')\n", cmd, o->file, a);
+        return 2;
+      }
+      o->file = a;
+      continue;
+    }
+    /* --name=value or --name value */
+    const char *name = a + (a[1] == '-' ? 2 : 1);
+    const char *eq = strchr(name, '=');
+    if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+      return -1;
+    char key[32] = "";
+    size_t kl = eq ? (size_t)(eq - name) : strlen(name);
+    if (kl < sizeof key) {
+      memcpy(key, name, kl);
+      key[kl] = '\0';
+    }
+    if (!key[0] || !allowed_opt(allowed, key)) {
+      fprintf(stderr, "spindle %s: unknown option '%s' (see 'spindle %s --help')\n", cmd, a, cmd);
+      return 2;
+    }
+    const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+    if (!val) {
+      fprintf(stderr, "spindle %s: option '--%s' needs a value\n", cmd, key);
+      return 2;
+    }
+    if (!strcmp(key, "plugin-path")) {
+      if (push(&o->plugin_paths, &o->n_plugin_paths, val))
+        return 2;
+    } else if (!strcmp(key, "set")) {
+      if (!strchr(val, '=') || !strchr(val, '.')) {
+        fprintf(stderr, "spindle %s: --set '%s': expected stage.key=value\n", cmd, val);
+        return 2;
+      }
+      if (push(&o->sets, &o->n_sets, val))
+        return 2;
+    } else if (!strcmp(key, "devices")) {
+      o->devices = val;
+    } else if (!strcmp(key, "log-format")) {
+      if (!strcmp(val, "json"))
+        o->log_format = SPN_LOG_FORMAT_JSON;
+      else if (!strcmp(val, "text"))
+        o->log_format = SPN_LOG_FORMAT_TEXT;
+      else {
+        fprintf(stderr, "spindle %s: --log-format '%s': expected json or text\n", cmd, val);
+        return 2;
+      }
+    }
+  }
+  add_build_tree_stages(o);
+  return 0;
+}
+
+void spn_cli_opts_free(spn_cli_opts_t *o) {
+  free(o->plugin_paths);
+  free(o->sets);
+  for (size_t i = 0; i < o->n_owned; i++)
+    free(o->owned[i]);
+  free(o->owned);
+  memset(o, 0, sizeof *o);
+}
+
+int spn_cli_runtime(const spn_cli_opts_t *o, bool load_plugins, spn_runtime_t **out) {
+  spn_runtime_opts_t ro = SPN_RUNTIME_OPTS_INIT;
+  ro.devices = o->devices;
+  ro.plugin_paths = o->plugin_paths;
+  ro.n_plugin_paths = o->n_plugin_paths;
+  ro.log_format = o->log_format;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_runtime_new(&ro, out, &err) != SPN_OK) {
+    fprintf(stderr, "spindle: %s\n", err.msg);
+    return o->devices ? 2 : 1;
+  }
+  if (load_plugins && spn_runtime_load_plugins(*out, &err) != SPN_OK)
+    fprintf(stderr, "spindle: warning: %s\n", err.msg);
+  return 0;
+}

@@ -1,0 +1,820 @@
+/* cli-jobs.c — the job service from the command line: `spindle serve`,
+ * `spindle worker`, and the client commands `submit`, `status`, `watch`,
+ * `cancel`, `jobs`, plus `keygen` for CURVE key pairs.
+ *
+ * Client exit codes follow the job's outcome: 0 succeeded, 1 failed, 2 usage,
+ * 3 cancelled, 4 dead (retries exhausted), 5 the gateway refused the request
+ * or could not be reached.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <zmq.h>
+
+#include "cli.h"
+#include "jobs-internal.h"
+#include "spindle/client.h"
+
+enum { EXIT_OK = 0, EXIT_FAILED = 1, EXIT_USAGE = 2, EXIT_CANCELLED = 3, EXIT_DEAD = 4, EXIT_GATEWAY = 5 };
+
+#define DEFAULT_GATEWAY "tcp://127.0.0.1:7700"
+
+static int usage_err(const char *cmd, const char *fmt, const char *arg) {
+  fprintf(stderr, "spindle %s: ", cmd);
+  fprintf(stderr, fmt, arg ? arg : "");
+  fprintf(stderr, "\n'spindle %s --help' for options.\n", cmd);
+  return EXIT_USAGE;
+}
+
+static bool parse_u32(const char *s, uint32_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long v = strtoul(s, &end, 10);
+  if (errno || *end || end == s || v > UINT32_MAX || s[0] == '-')
+    return false;
+  *out = (uint32_t)v;
+  return true;
+}
+
+/* Read "key=VALUE" from a key file written by `spindle keygen`. */
+static int read_key(const char *path, const char *key, char out[41]) {
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    fprintf(stderr, "spindle: key file %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  char line[256];
+  size_t kl = strlen(key);
+  int found = -1;
+  while (fgets(line, sizeof line, f)) {
+    /* "key=VALUE", or for public keys a bare 40-character line (.pub files) */
+    const char *val = !strncmp(line, key, kl) && line[kl] == '=' ? line + kl + 1
+                      : !strcmp(key, "public") && line[0] != '#' && strcspn(line, "\r\n") == 40 ? line
+                                                                                               : NULL;
+    if (val && strlen(val) >= 40) {
+      memcpy(out, val, 40);
+      out[40] = '\0';
+      found = 0;
+      break;
+    }
+  }
+  fclose(f);
+  if (found < 0)
+    fprintf(stderr, "spindle: key file %s: no \"%s=\" line with a 40-character key\n", path, key);
+  return found;
+}
+
+/* ---- keygen ---- */
+
+static int cmd_keygen(int argc, char **argv) {
+  if (argc != 2 || argv[1][0] == '-') {
+    fprintf(stderr, "usage: spindle keygen NAME\n  writes NAME.key (public and secret) and NAME.pub\n");
+    return EXIT_USAGE;
+  }
+  char pub[41], sec[41];
+  if (zmq_curve_keypair(pub, sec) != 0) {
+    fprintf(stderr, "spindle keygen: %s\n", zmq_strerror(zmq_errno()));
+    return EXIT_FAILED;
+  }
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s.key", argv[1]);
+  mode_t old = umask(077);
+  FILE *f = fopen(path, "w");
+  umask(old);
+  if (!f || fprintf(f, "# Spindle CURVE key pair; keep secret\npublic=%s\nsecret=%s\n", pub, sec) < 0 ||
+      fclose(f) != 0) {
+    fprintf(stderr, "spindle keygen: %s: %s\n", path, strerror(errno));
+    return EXIT_FAILED;
+  }
+  snprintf(path, sizeof path, "%s.pub", argv[1]);
+  f = fopen(path, "w");
+  if (!f || fprintf(f, "%s\n", pub) < 0 || fclose(f) != 0) {
+    fprintf(stderr, "spindle keygen: %s: %s\n", path, strerror(errno));
+    return EXIT_FAILED;
+  }
+  printf("%s\n", pub);
+  return EXIT_OK;
+}
+
+/* ---- runners: real pipelines on a runtime, then the built-in test ones ---- */
+
+typedef struct runners {
+  spn_runtime_t *rt;
+  spn_job_runner_t test, pipes;
+  bool have_test, have_pipes;
+} runners_t;
+
+/* The test runner always; with pipeline defs also a runtime (plugins from
+ * --plugin-path, $SPINDLE_PLUGIN_PATH, the build tree when run uninstalled)
+ * and every pipeline loaded, models preloaded. Returns the runner to use or
+ * NULL after printing why. */
+static const spn_job_runner_t *runners_start(runners_t *r, const char *cmd, const spn_test_runner_config_t *tc,
+                                             const spn_pipeline_def_t *defs, size_t n_defs,
+                                             const char *const *plugin_paths, size_t n_plugin_paths,
+                                             const char *devices) {
+  memset(r, 0, sizeof *r);
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_test_runner_new(tc, &r->test, &err) < 0) {
+    fprintf(stderr, "spindle %s: %s\n", cmd, err.msg);
+    return NULL;
+  }
+  r->have_test = true;
+  if (!n_defs)
+    return &r->test;
+  /* Reuse the pipeline commands' option handling (build-tree stages). */
+  char **av = calloc(2 * n_plugin_paths + 3, sizeof *av);
+  if (!av)
+    return NULL;
+  int ac = 0;
+  av[ac++] = (char *)cmd;
+  for (size_t i = 0; i < n_plugin_paths; i++) {
+    av[ac++] = (char *)"--plugin-path";
+    av[ac++] = (char *)plugin_paths[i];
+  }
+  if (devices) {
+    av[ac++] = (char *)"--devices";
+    av[ac++] = (char *)devices;
+  }
+  static const char *const allowed[] = {"plugin-path", "devices", NULL};
+  spn_cli_opts_t o;
+  int rc = spn_cli_parse(ac, av, allowed, &o);
+  free(av);
+  if (rc == 0)
+    rc = spn_cli_runtime(&o, true, &r->rt);
+  spn_cli_opts_free(&o);
+  if (rc != 0)
+    return NULL;
+  if (spn_pipeline_runner_new(r->rt, defs, n_defs, &r->test, &r->pipes, &err) < 0) {
+    fprintf(stderr, "spindle %s: %s\n", cmd, err.msg);
+    return NULL;
+  }
+  r->have_pipes = true;
+  return &r->pipes;
+}
+
+static void runners_stop(runners_t *r) {
+  if (r->have_pipes)
+    spn_pipeline_runner_free(&r->pipes);
+  spn_runtime_free(&r->rt);
+  if (r->have_test)
+    spn_test_runner_free(&r->test);
+  memset(r, 0, sizeof *r);
+}
+
+/* ---- serve ---- */
+
+static const char serve_help[] =
+    "usage: spindle serve [--config FILE] [options]\n"
+    "Run the job gateway with in-process workers. Flags override the config file.\n"
+    "  --config FILE        server TOML (configs/server.toml)\n"
+    "  --bind EP            ZeroMQ endpoint, e.g. tcp://127.0.0.1:7700 (port * = any)\n"
+    "  --db PATH            queue database (SQLite)\n"
+    "  --workers N          in-process worker threads (0: remote workers only)\n"
+    "  --root DIR           allow job inputs and outputs under DIR (repeatable)\n"
+    "  --input-root DIR / --output-root DIR\n"
+    "  --lease-ms N --heartbeat-ms N --max-attempts N --backoff-ms N --backoff-max-ms N\n"
+    "  --max-msg BYTES      largest message accepted (ZMQ_MAXMSGSIZE)\n"
+    "  --curve-keyfile F    enable CURVE with this server key pair (spindle keygen)\n"
+    "  --curve-clients DIR  allowed client public keys, one file each\n"
+    "  --curve-workers DIR  keys allowed to act as workers (then client keys cannot)\n"
+    "  --pipeline NAME      refuse to start unless NAME can run (repeatable)\n"
+    "  --plugin-path DIR    search DIR for stage plugins (repeatable)\n"
+    "  --devices SPEC       runtime devices: auto, cpu, cpu:N, cuda, cuda:0,1\n"
+    "  --http HOST:PORT     serve /healthz, /readyz and /metrics (Prometheus)\n"
+    "  --chunk-bytes N --chunk-delay-ms N --exec-log FILE   test runner settings\n";
+
+static int cmd_serve(int argc, char **argv) {
+  spn_server_config_t cfg;
+  spn_server_config_defaults(&cfg);
+  spn_error_t err = SPN_ERROR_INIT;
+  int rc = EXIT_FAILED;
+  const char *config = NULL;
+  const char **plugin_paths = calloc((size_t)argc, sizeof *plugin_paths);
+  size_t n_plugin_paths = 0;
+  runners_t runners = {0};
+  if (!plugin_paths)
+    return EXIT_FAILED;
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--config") && i + 1 < argc)
+      config = argv[i + 1];
+  if (config && spn_server_config_load(&cfg, config, &err) < 0) {
+    fprintf(stderr, "spindle serve: %s\n", err.msg);
+    goto out;
+  }
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    uint32_t *u = NULL;
+    char **str = NULL;
+    spn_roots_t *roots[2] = {NULL, NULL};
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      fputs(serve_help, stdout);
+      rc = EXIT_OK;
+      goto out;
+    }
+    if (!v) {
+      rc = usage_err("serve", "unknown option or missing value: %s", a);
+      goto out;
+    }
+    if (!strcmp(a, "--config")) {
+    } else if (!strcmp(a, "--plugin-path")) {
+      plugin_paths[n_plugin_paths++] = v;
+    } else if (!strcmp(a, "--devices")) str = &cfg.devices;
+    else if (!strcmp(a, "--bind")) str = &cfg.bind;
+    else if (!strcmp(a, "--db")) str = &cfg.db_path;
+    else if (!strcmp(a, "--exec-log")) str = &cfg.exec_log;
+    else if (!strcmp(a, "--curve-keyfile")) str = &cfg.curve_key_file;
+    else if (!strcmp(a, "--curve-clients")) str = &cfg.curve_clients_dir;
+    else if (!strcmp(a, "--curve-workers")) str = &cfg.curve_workers_dir;
+    else if (!strcmp(a, "--http")) str = &cfg.http;
+    else if (!strcmp(a, "--workers")) u = &cfg.workers;
+    else if (!strcmp(a, "--lease-ms")) u = &cfg.lease_ms;
+    else if (!strcmp(a, "--heartbeat-ms")) u = &cfg.heartbeat_ms;
+    else if (!strcmp(a, "--max-attempts")) u = &cfg.max_attempts;
+    else if (!strcmp(a, "--backoff-ms")) u = &cfg.backoff_base_ms;
+    else if (!strcmp(a, "--backoff-max-ms")) u = &cfg.backoff_max_ms;
+    else if (!strcmp(a, "--max-msg")) u = &cfg.max_msg_size;
+    else if (!strcmp(a, "--chunk-bytes")) u = &cfg.chunk_bytes;
+    else if (!strcmp(a, "--chunk-delay-ms")) u = &cfg.chunk_delay_ms;
+    else if (!strcmp(a, "--root")) { roots[0] = &cfg.input_roots; roots[1] = &cfg.output_roots; }
+    else if (!strcmp(a, "--input-root")) roots[0] = &cfg.input_roots;
+    else if (!strcmp(a, "--output-root")) roots[1] = &cfg.output_roots;
+    else if (!strcmp(a, "--pipeline")) {
+      char **nv = realloc(cfg.pipelines, (cfg.n_pipelines + 1) * sizeof *nv);
+      if (!nv || !(nv[cfg.n_pipelines] = strdup(v))) {
+        if (nv)
+          cfg.pipelines = nv;
+        goto out;
+      }
+      cfg.pipelines = nv;
+      cfg.n_pipelines++;
+    } else {
+      rc = usage_err("serve", "unknown option %s", a);
+      goto out;
+    }
+    if (str) {
+      free(*str);
+      if (!(*str = strdup(v)))
+        goto out;
+    }
+    if (u && !parse_u32(v, u)) {
+      rc = usage_err("serve", "%s needs a non-negative integer", a);
+      goto out;
+    }
+    for (int k = 0; k < 2; k++)
+      if (roots[k] && spn__roots_add(roots[k], v, &err) < 0) {
+        fprintf(stderr, "spindle serve: %s\n", err.msg);
+        goto out;
+      }
+    i++;
+  }
+  if (!cfg.bind && !(cfg.bind = strdup(DEFAULT_GATEWAY)))
+    goto out;
+  if (!cfg.db_path && !(cfg.db_path = strdup("spindle-jobs.db")))
+    goto out;
+  if (cfg.curve_key_file) {
+    char sec[41];
+    if (read_key(cfg.curve_key_file, "secret", sec) < 0)
+      goto out;
+    free(cfg.curve_secret);
+    if (!(cfg.curve_secret = strdup(sec)))
+      goto out;
+  }
+  if (cfg.input_roots.n == 0 || cfg.output_roots.n == 0)
+    fprintf(stderr, "spindle serve: warning: no input or output roots configured; every job with "
+                    "files will be refused\n");
+  cfg.ready_fd = STDOUT_FILENO;
+  spn_test_runner_config_t rc_cfg = {.chunk_bytes = cfg.chunk_bytes,
+                                     .chunk_delay_ms = cfg.chunk_delay_ms,
+                                     .exec_log = cfg.exec_log};
+  /* Every pipeline is loaded (models preloaded) before the gateway binds,
+   * so it never reports ready (stdout line, /readyz) before they are. */
+  const spn_job_runner_t *runner = runners_start(&runners, "serve", &rc_cfg, cfg.pipeline_defs,
+                                                 cfg.n_pipeline_defs, plugin_paths, n_plugin_paths, cfg.devices);
+  if (!runner)
+    goto out;
+  /* Loaded pipelines are listed in HELLO like the required ones. */
+  for (size_t i = 0; i < cfg.n_pipeline_defs; i++) {
+    char **nv = realloc(cfg.pipelines, (cfg.n_pipelines + 1) * sizeof *nv);
+    if (!nv)
+      goto out;
+    cfg.pipelines = nv;
+    if (!(cfg.pipelines[cfg.n_pipelines] = strdup(cfg.pipeline_defs[i].name)))
+      goto out;
+    cfg.n_pipelines++;
+  }
+  spn_server_t *s = NULL;
+  if (spn_server_new(&cfg, runner, &s, &err) < 0) {
+    fprintf(stderr, "spindle serve: %s\n", err.msg);
+    goto out;
+  }
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  spn_server_run(s, &err);
+  spn_server_free(&s);
+  rc = EXIT_OK;
+out:
+  runners_stop(&runners);
+  spn_server_config_clear(&cfg);
+  free(plugin_paths);
+  return rc;
+}
+
+/* ---- worker ---- */
+
+static volatile int worker_stop;
+static void on_stop_signal(int sig) {
+  (void)sig;
+  worker_stop = 1;
+}
+
+static int cmd_worker(int argc, char **argv) {
+  spn_worker_config_t wc = {.slots = 1, .heartbeat_ms = 1000, .max_msg_size = 1 << 20, .stop = &worker_stop};
+  spn_test_runner_config_t trc = {.chunk_bytes = 65536};
+  const char *keyfile = NULL, *server_key_file = NULL, *config = NULL, *devices = NULL;
+  const char *plugin_paths[16];
+  size_t n_plugin_paths = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      printf("usage: spindle worker --connect tcp://HOST:PORT [--slots N] [--name NAME]\n"
+             "       [--config SERVER.toml] [--plugin-path DIR]... [--devices SPEC]\n"
+             "       [--heartbeat-ms N] [--curve-keyfile F --server-key-file F]\n"
+             "       [--chunk-bytes N] [--chunk-delay-ms N] [--exec-log FILE]\n");
+      return EXIT_OK;
+    }
+    if (!v)
+      return usage_err("worker", "unknown option or missing value: %s", a);
+    bool ok = true;
+    if (!strcmp(a, "--connect")) wc.connect = v;
+    else if (!strcmp(a, "--name")) wc.name = v;
+    else if (!strcmp(a, "--slots")) ok = parse_u32(v, &wc.slots);
+    else if (!strcmp(a, "--heartbeat-ms")) ok = parse_u32(v, &wc.heartbeat_ms);
+    else if (!strcmp(a, "--chunk-bytes")) ok = parse_u32(v, &trc.chunk_bytes);
+    else if (!strcmp(a, "--chunk-delay-ms")) ok = parse_u32(v, &trc.chunk_delay_ms);
+    else if (!strcmp(a, "--exec-log")) trc.exec_log = v;
+    else if (!strcmp(a, "--curve-keyfile")) keyfile = v;
+    else if (!strcmp(a, "--server-key-file")) server_key_file = v;
+    else if (!strcmp(a, "--config")) config = v;
+    else if (!strcmp(a, "--devices")) devices = v;
+    else if (!strcmp(a, "--plugin-path")) {
+      if (n_plugin_paths == sizeof plugin_paths / sizeof plugin_paths[0])
+        return usage_err("worker", "at most 16 --plugin-path%s", "");
+      plugin_paths[n_plugin_paths++] = v;
+    } else
+      return usage_err("worker", "unknown option %s", a);
+    if (!ok)
+      return usage_err("worker", "%s needs a non-negative integer", a);
+    i++;
+  }
+  if (!wc.connect)
+    return usage_err("worker", "--connect is required%s", "");
+  char pub[41], sec[41], srv[41];
+  if (keyfile || server_key_file) {
+    if (!keyfile || !server_key_file)
+      return usage_err("worker", "CURVE needs both --curve-keyfile and --server-key-file%s", "");
+    if (read_key(keyfile, "public", pub) < 0 || read_key(keyfile, "secret", sec) < 0 ||
+        read_key(server_key_file, "public", srv) < 0)
+      return EXIT_USAGE;
+    wc.curve_public = pub;
+    wc.curve_secret = sec;
+    wc.curve_server = srv;
+  }
+  struct sigaction sa = {.sa_handler = on_stop_signal};
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  spn_error_t err = SPN_ERROR_INIT;
+  /* The pipelines of a server config ([[pipeline]], [server] devices): a
+   * remote worker runs them on its own runtime, loaded before it connects. */
+  spn_server_config_t sc;
+  spn_server_config_defaults(&sc);
+  if (config && spn_server_config_load(&sc, config, &err) < 0) {
+    fprintf(stderr, "spindle worker: %s\n", err.msg);
+    spn_server_config_clear(&sc);
+    return EXIT_FAILED;
+  }
+  runners_t runners;
+  const spn_job_runner_t *runner = runners_start(&runners, "worker", &trc, sc.pipeline_defs, sc.n_pipeline_defs,
+                                                 plugin_paths, n_plugin_paths, devices ? devices : sc.devices);
+  int rc = EXIT_OK;
+  if (!runner) {
+    rc = EXIT_FAILED;
+  } else if (spn_worker_run(&wc, runner, &err) < 0) {
+    fprintf(stderr, "spindle worker: %s\n", err.msg);
+    rc = EXIT_FAILED;
+  }
+  runners_stop(&runners);
+  spn_server_config_clear(&sc);
+  return rc;
+}
+
+/* ---- client commands ---- */
+
+typedef struct copts {
+  const char *connect;
+  spn_client_options_t o;
+  char pub[41], sec[41], srv[41];
+} copts_t;
+
+/* Consume a common client option at argv[*i]; 1 if taken, 0 if not, -1 on error. */
+static int client_opt(copts_t *c, int argc, char **argv, int *i) {
+  const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+  if (!strcmp(a, "--connect") && v) {
+    c->connect = v;
+  } else if (!strcmp(a, "--timeout-ms") && v) {
+    uint32_t t;
+    if (!parse_u32(v, &t) || t == 0 || t > INT32_MAX)
+      return -1;
+    c->o.timeout_ms = (int32_t)t;
+  } else if (!strcmp(a, "--curve-keyfile") && v) {
+    if (read_key(v, "public", c->pub) < 0 || read_key(v, "secret", c->sec) < 0)
+      return -1;
+    c->o.curve_public_key = c->pub;
+    c->o.curve_secret_key = c->sec;
+  } else if (!strcmp(a, "--server-key-file") && v) {
+    if (read_key(v, "public", c->srv) < 0)
+      return -1;
+    c->o.curve_server_key = c->srv;
+  } else {
+    return 0;
+  }
+  (*i)++;
+  return 1;
+}
+
+static int client_open(copts_t *c, const char *cmd, spn_client_t **out) {
+  spn_error_t err = SPN_ERROR_INIT;
+  const char *ep = c->connect ? c->connect : getenv("SPINDLE_GATEWAY");
+  if (spn_client_new(ep ? ep : DEFAULT_GATEWAY, &c->o, out, &err) < 0) {
+    fprintf(stderr, "spindle %s: %s\n", cmd, err.msg);
+    return -1;
+  }
+  return 0;
+}
+
+static const char client_opts_help[] =
+    "  --connect EP          gateway (default $SPINDLE_GATEWAY or " DEFAULT_GATEWAY ")\n"
+    "  --timeout-ms N        per-request timeout\n"
+    "  --curve-keyfile F --server-key-file F   CURVE client keys\n";
+
+static int outcome(spn_queue_state_t s) {
+  switch (s) {
+  case SPN_QSTATE_SUCCEEDED: return EXIT_OK;
+  case SPN_QSTATE_CANCELLED: return EXIT_CANCELLED;
+  case SPN_QSTATE_DEAD: return EXIT_DEAD;
+  default: return EXIT_FAILED;
+  }
+}
+
+typedef struct watch_ui {
+  bool tty;
+  double t0, last_print, rate_t;
+  uint64_t rate_done;
+  double fps;
+  int last_state;
+  uint64_t last_done;
+} watch_ui_t;
+
+static int on_event(void *user, const spn_client_status_t *ev) {
+  watch_ui_t *ui = user;
+  double now = spn__mono_s();
+  if (ev->state == SPN_QSTATE_RUNNING && ev->done > ui->rate_done && now > ui->rate_t) {
+    double inst = (double)(ev->done - ui->rate_done) / (now - ui->rate_t);
+    ui->fps = ui->fps > 0 ? 0.7 * ui->fps + 0.3 * inst : inst;
+    ui->rate_done = ev->done;
+    ui->rate_t = now;
+  }
+  bool state_changed = (int)ev->state != ui->last_state;
+  if (ui->tty) {
+    if (ev->state == SPN_QSTATE_RUNNING && ev->total > 0) {
+      int width = 30, fill = (int)((double)ev->done / (double)ev->total * width);
+      char bar[31];
+      for (int i = 0; i < width; i++)
+        bar[i] = i < fill ? '#' : '.';
+      bar[width] = '\0';
+      double eta = ui->fps > 0 ? (double)(ev->total - ev->done) / ui->fps : NAN;
+      fprintf(stderr, "\r\033[Kjob %lld [%s] %llu/%llu frames  %.1f fps  ETA %s%.0fs",
+              (long long)ev->id, bar, (unsigned long long)ev->done, (unsigned long long)ev->total,
+              ui->fps, isnan(eta) ? "?" : "", isnan(eta) ? 0.0 : eta);
+    } else if (state_changed) {
+      /* keep a finished progress bar on screen; state lines replace the rest */
+      bool keep_bar = ui->last_state == SPN_QSTATE_RUNNING && ui->last_done > 0;
+      fprintf(stderr, "%sjob %lld: %s", keep_bar ? "\n" : "\r\033[K", (long long)ev->id,
+              spn_queue_state_name(ev->state));
+    }
+    if (spn_queue_state_terminal(ev->state))
+      fprintf(stderr, "\n");
+  } else if (state_changed || (ev->done != ui->last_done && now - ui->last_print >= 1.0) ||
+             (ev->total && ev->done == ev->total && ev->done != ui->last_done)) {
+    ui->last_print = now;
+    if (ev->state == SPN_QSTATE_RUNNING && ev->total)
+      fprintf(stderr, "job %lld: running %llu/%llu frames %.1f fps\n", (long long)ev->id,
+              (unsigned long long)ev->done, (unsigned long long)ev->total, ui->fps);
+    else
+      fprintf(stderr, "job %lld: %s\n", (long long)ev->id, spn_queue_state_name(ev->state));
+  }
+  ui->last_state = (int)ev->state;
+  ui->last_done = ev->done;
+  return 0;
+}
+
+static int watch_job(spn_client_t *cl, int64_t id, const char *cmd) {
+  watch_ui_t ui = {.tty = isatty(STDERR_FILENO), .t0 = spn__mono_s(), .last_state = -1};
+  ui.rate_t = ui.t0;
+  spn_client_status_t final;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_client_watch(cl, id, on_event, &ui, &final, &err) < 0) {
+    fprintf(stderr, "spindle %s: job %lld: %s\n", cmd, (long long)id, err.msg);
+    return EXIT_GATEWAY;
+  }
+  if (final.state != SPN_QSTATE_SUCCEEDED && final.reason[0])
+    fprintf(stderr, "spindle %s: job %lld %s: %s\n", cmd, (long long)id,
+            spn_queue_state_name(final.state), final.reason);
+  printf("%lld %s\n", (long long)id, spn_queue_state_name(final.state));
+  return outcome(final.state);
+}
+
+/* Make a path absolute without requiring it to exist (outputs). */
+static char *absolute(const char *p) {
+  if (p[0] == '/')
+    return strdup(p);
+  char cwd[PATH_MAX];
+  if (!getcwd(cwd, sizeof cwd))
+    return NULL;
+  size_t n = strlen(cwd) + strlen(p) + 2;
+  char *r = malloc(n);
+  if (r)
+    snprintf(r, n, "%s/%s", cwd, p);
+  return r;
+}
+
+static int add_io(spn_client_job_t *job, const char *v, bool input) {
+  const char *eq = strchr(v, '=');
+  if (!eq || eq == v || !eq[1])
+    return -1;
+  char name[128];
+  snprintf(name, sizeof name, "%.*s", (int)(eq - v), v);
+  char *p = absolute(eq + 1);
+  int rc = !p ? -1
+              : (input ? spn_client_job_input(job, name, p) : spn_client_job_output(job, name, p)) < 0 ? -1 : 0;
+  free(p);
+  return rc;
+}
+
+static int cmd_submit(int argc, char **argv) {
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    printf("usage: spindle submit PIPELINE --input NAME=PATH... --output NAME=PATH...\n"
+           "       [--param K=V]... [--priority N] [--idempotency-key K] [--deadline S]\n"
+           "       [--max-attempts N] [--wait]\n%s"
+           "Prints the job id. With --wait, follows the job (progress bar on a terminal)\n"
+           "and exits 0 succeeded, 1 failed, 3 cancelled, 4 dead, 5 gateway error.\n",
+           client_opts_help);
+    return argc < 2 ? EXIT_USAGE : EXIT_OK;
+  }
+  copts_t co = {.o = SPN_CLIENT_OPTIONS_INIT};
+  spn_client_job_t *job = spn_client_job_new(argv[1]);
+  bool wait = false;
+  int rc = EXIT_USAGE;
+  if (!job)
+    return EXIT_FAILED;
+  for (int i = 2; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    int t = client_opt(&co, argc, argv, &i);
+    if (t < 0) {
+      rc = usage_err("submit", "bad value for %s", a);
+      goto out;
+    }
+    if (t)
+      continue;
+    if (!strcmp(a, "--wait")) {
+      wait = true;
+      continue;
+    }
+    if (!v) {
+      rc = usage_err("submit", "unknown option or missing value: %s", a);
+      goto out;
+    }
+    if (!strcmp(a, "--input") || !strcmp(a, "--output")) {
+      if (add_io(job, v, a[2] == 'i') < 0) {
+        rc = usage_err("submit", "expected NAME=PATH, got \"%s\"", v);
+        goto out;
+      }
+    } else if (!strcmp(a, "--param")) {
+      const char *eq = strchr(v, '=');
+      if (!eq || eq == v) {
+        rc = usage_err("submit", "expected --param KEY=VALUE, got \"%s\"", v);
+        goto out;
+      }
+      char key[128];
+      snprintf(key, sizeof key, "%.*s", (int)(eq - v), v);
+      spn_client_job_param(job, key, eq + 1);
+    } else if (!strcmp(a, "--priority")) {
+      char *end;
+      long p = strtol(v, &end, 10);
+      if (*end || end == v || p < INT32_MIN || p > INT32_MAX) {
+        rc = usage_err("submit", "--priority needs an integer, got \"%s\"", v);
+        goto out;
+      }
+      spn_client_job_priority(job, (int32_t)p);
+    } else if (!strcmp(a, "--max-attempts")) {
+      uint32_t n;
+      if (!parse_u32(v, &n)) {
+        rc = usage_err("submit", "--max-attempts needs an integer, got \"%s\"", v);
+        goto out;
+      }
+      spn_client_job_max_attempts(job, n);
+    } else if (!strcmp(a, "--deadline")) {
+      char *end;
+      double d = strtod(v, &end);
+      if (*end || end == v || !(d > 0)) {
+        rc = usage_err("submit", "--deadline needs seconds > 0, got \"%s\"", v);
+        goto out;
+      }
+      spn_client_job_deadline(job, d);
+    } else if (!strcmp(a, "--idempotency-key")) {
+      spn_client_job_idempotency_key(job, v);
+    } else {
+      rc = usage_err("submit", "unknown option %s", a);
+      goto out;
+    }
+    i++;
+  }
+  spn_client_t *cl;
+  if (client_open(&co, "submit", &cl) < 0) {
+    rc = EXIT_GATEWAY;
+    goto out;
+  }
+  int64_t id;
+  bool existed;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_client_submit(cl, job, &id, &existed, &err) < 0) {
+    fprintf(stderr, "spindle submit: %s\n", err.msg);
+    rc = EXIT_GATEWAY;
+  } else if (wait) {
+    if (existed)
+      fprintf(stderr, "spindle submit: idempotency key matched job %lld\n", (long long)id);
+    fprintf(stderr, "job %lld submitted\n", (long long)id);
+    rc = watch_job(cl, id, "submit");
+  } else {
+    printf("%lld%s\n", (long long)id, existed ? " existed" : "");
+    rc = EXIT_OK;
+  }
+  spn_client_free(&cl);
+out:
+  spn_client_job_free(&job);
+  return rc;
+}
+
+/* status / watch / cancel: ID plus client options. */
+static int id_cmd(int argc, char **argv, const char *cmd, copts_t *co, int64_t *id) {
+  bool have = false;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      printf("usage: spindle %s ID\n%s", cmd, client_opts_help);
+      return EXIT_OK;
+    }
+    int t = client_opt(co, argc, argv, &i);
+    if (t < 0)
+      return usage_err(cmd, "bad value for %s", argv[i]);
+    if (t)
+      continue;
+    char *end;
+    long long v = strtoll(argv[i], &end, 10);
+    if (*end || end == argv[i] || v <= 0 || have)
+      return usage_err(cmd, "expected one job id, got \"%s\"", argv[i]);
+    *id = v;
+    have = true;
+  }
+  if (!have)
+    return usage_err(cmd, "expected a job id%s", "");
+  return -1;
+}
+
+static int cmd_status(int argc, char **argv) {
+  copts_t co = {.o = SPN_CLIENT_OPTIONS_INIT};
+  int64_t id;
+  int r = id_cmd(argc, argv, "status", &co, &id);
+  if (r >= 0)
+    return r;
+  spn_client_t *cl;
+  if (client_open(&co, "status", &cl) < 0)
+    return EXIT_GATEWAY;
+  char type[17], *reply = NULL, body[64];
+  snprintf(body, sizeof body, "{\"id\":%lld}", (long long)id);
+  spn_error_t err = SPN_ERROR_INIT;
+  int rc = EXIT_OK;
+  if (spn_client_request(cl, "STATUS", body, type, &reply, &err) < 0) {
+    fprintf(stderr, "spindle status: %s\n", err.msg);
+    rc = EXIT_GATEWAY;
+  } else {
+    cJSON *j = cJSON_Parse(reply);
+    cJSON_DeleteItemFromObject(j, "req");
+    char *pretty = j ? cJSON_Print(j) : NULL;
+    printf("%s\n", pretty ? pretty : reply);
+    cJSON_free(pretty);
+    cJSON_Delete(j);
+    free(reply);
+  }
+  spn_client_free(&cl);
+  return rc;
+}
+
+static int cmd_watch(int argc, char **argv) {
+  copts_t co = {.o = SPN_CLIENT_OPTIONS_INIT};
+  int64_t id;
+  int r = id_cmd(argc, argv, "watch", &co, &id);
+  if (r >= 0)
+    return r;
+  spn_client_t *cl;
+  if (client_open(&co, "watch", &cl) < 0)
+    return EXIT_GATEWAY;
+  int rc = watch_job(cl, id, "watch");
+  spn_client_free(&cl);
+  return rc;
+}
+
+static int cmd_cancel(int argc, char **argv) {
+  copts_t co = {.o = SPN_CLIENT_OPTIONS_INIT};
+  int64_t id;
+  int r = id_cmd(argc, argv, "cancel", &co, &id);
+  if (r >= 0)
+    return r;
+  spn_client_t *cl;
+  if (client_open(&co, "cancel", &cl) < 0)
+    return EXIT_GATEWAY;
+  spn_queue_state_t st;
+  spn_error_t err = SPN_ERROR_INIT;
+  int rc = EXIT_OK;
+  if (spn_client_cancel(cl, id, &st, &err) < 0) {
+    fprintf(stderr, "spindle cancel: %s\n", err.msg);
+    rc = EXIT_GATEWAY;
+  } else {
+    printf("%lld %s\n", (long long)id, st == SPN_QSTATE_RUNNING ? "cancelling" : spn_queue_state_name(st));
+  }
+  spn_client_free(&cl);
+  return rc;
+}
+
+static int list_row(void *user, const spn_client_status_t *st) {
+  (void)user;
+  printf("%-8lld %-10s %-12s %3u/%-3u %8llu/%-8llu %8.2f  %s\n", (long long)st->id,
+         spn_queue_state_name(st->state), st->pipeline, st->attempts, st->max_attempts,
+         (unsigned long long)st->done, (unsigned long long)st->total, st->compute_s, st->reason);
+  return 0;
+}
+
+static int cmd_jobs(int argc, char **argv) {
+  copts_t co = {.o = SPN_CLIENT_OPTIONS_INIT};
+  int32_t state = -1;
+  uint32_t limit = 100;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      printf("usage: spindle jobs [--state S] [--limit N]\n%s", client_opts_help);
+      return EXIT_OK;
+    }
+    int t = client_opt(&co, argc, argv, &i);
+    if (t < 0)
+      return usage_err("jobs", "bad value for %s", a);
+    if (t)
+      continue;
+    if (!strcmp(a, "--state") && v) {
+      if ((state = spn_queue_state_parse(v)) < 0)
+        return usage_err("jobs", "unknown state \"%s\"", v);
+    } else if (!strcmp(a, "--limit") && v) {
+      if (!parse_u32(v, &limit) || limit == 0 || limit > 1000)
+        return usage_err("jobs", "--limit needs 1-1000, got \"%s\"", v);
+    } else {
+      return usage_err("jobs", "unknown option %s", a);
+    }
+    i++;
+  }
+  spn_client_t *cl;
+  if (client_open(&co, "jobs", &cl) < 0)
+    return EXIT_GATEWAY;
+  printf("%-8s %-10s %-12s %7s %17s %8s  %s\n", "ID", "STATE", "PIPELINE", "TRIES", "PROGRESS",
+         "CPU_S", "REASON");
+  spn_error_t err = SPN_ERROR_INIT;
+  int rc = EXIT_OK;
+  if (spn_client_list(cl, state, limit, list_row, NULL, &err) < 0) {
+    fprintf(stderr, "spindle jobs: %s\n", err.msg);
+    rc = EXIT_GATEWAY;
+  }
+  spn_client_free(&cl);
+  return rc;
+}
+
+int spn_cli_serve(int argc, char **argv) { return cmd_serve(argc, argv); }
+int spn_cli_worker(int argc, char **argv) { return cmd_worker(argc, argv); }
+int spn_cli_submit(int argc, char **argv) { return cmd_submit(argc, argv); }
+int spn_cli_status(int argc, char **argv) { return cmd_status(argc, argv); }
+int spn_cli_watch(int argc, char **argv) { return cmd_watch(argc, argv); }
+int spn_cli_cancel(int argc, char **argv) { return cmd_cancel(argc, argv); }
+int spn_cli_jobs(int argc, char **argv) { return cmd_jobs(argc, argv); }
+int spn_cli_keygen(int argc, char **argv) { return cmd_keygen(argc, argv); }

@@ -1,0 +1,182 @@
+/* cli-run.c — `spindle run PIPELINE.toml`: load a pipeline, run one job
+ * through it, show live progress on a TTY, print a summary, and exit with
+ * the outcome: 0 the job succeeded, 1 it failed (or the pipeline could not
+ * start), 2 a usage or config error, 130 interrupted (Ctrl-C cancels the
+ * job first, so stages remove partial outputs).
+ *
+ * Runtime callbacks only store into atomics; the main thread does all the
+ * printing, so nothing the runtime calls ever blocks on a terminal.
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+typedef struct run_state {
+  atomic_llong done;
+  atomic_llong total;
+  atomic_bool finished;
+  int32_t status;               /* written before finished is set */
+  char msg[SPN_ERROR_MSG_MAX];
+} run_state_t;
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+  (void)sig;
+  interrupted = 1;
+}
+
+static void on_progress(void *data, const spn_job_progress_t *p) {
+  run_state_t *s = data;
+  atomic_store(&s->done, p->done);
+  atomic_store(&s->total, p->total);
+}
+
+static void on_done(void *data, uint64_t job_id, int32_t status, const char *msg) {
+  run_state_t *s = data;
+  s->status = status;
+  snprintf(s->msg, sizeof s->msg, "%s", msg ? msg : "");
+  atomic_store(&s->finished, true);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Config and input problems are the user's to fix (2); anything else that
+ * stops a pipeline from starting (a device, a model) is a failure (1). */
+static int load_exit_code(int32_t status) {
+  switch (status) {
+  case SPN_ECONFIG:
+  case SPN_ETYPE:
+  case SPN_EPARSE:
+  case SPN_ENOENT:
+  case SPN_EINVAL:
+    return 2;
+  default:
+    return 1;
+  }
+}
+
+static void json_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\')
+      fprintf(f, "\\%c", c);
+    else if (c < 0x20)
+      fprintf(f, "\\u%04x", c);
+    else
+      fputc(c, f);
+  }
+  fputc('"', f);
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: spindle run PIPELINE.toml [--set stage.key=value]... [--devices SPEC]\n"
+          "                   [--plugin-path DIR]... [--log-format json|text]\n"
+          "Runs one job through the pipeline. --devices: auto, cpu, cpu:N, cuda, cuda:0,1.\n"
+          "Exit status: 0 job succeeded, 1 job failed, 2 usage or config error, 130 interrupted.\n");
+}
+
+int spn_cli_run(int argc, char **argv) {
+  static const char *const allowed[] = {"plugin-path", "set", "devices", "log-format", NULL};
+  spn_cli_opts_t o;
+  int rc = spn_cli_parse(argc, argv, allowed, &o);
+  if (rc || !o.file) {
+    usage(rc < 0 ? stdout : stderr);
+    spn_cli_opts_free(&o);
+    return rc < 0 ? 0 : 2;
+  }
+  spn_runtime_t *rt = NULL;
+  spn_pipeline_t *pipe = NULL;
+  spn_job_t *job = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  run_state_t st = {.total = -1};
+  bool json = o.log_format == SPN_LOG_FORMAT_JSON;
+  bool tty = isatty(STDERR_FILENO) && !json;
+  if ((rc = spn_cli_runtime(&o, true, &rt)))
+    goto out;
+  int32_t status = spn_pipeline_load(rt, o.file, o.sets, o.n_sets, &pipe, &err);
+  if (status != SPN_OK) {
+    fprintf(stderr, "spindle run: %s\n", err.msg);
+    rc = load_exit_code(status);
+    goto out;
+  }
+  spn_job_params_t params = SPN_JOB_PARAMS_INIT;
+  spn_job_callbacks_t cb = {.struct_size = sizeof cb, .data = &st, .on_progress = on_progress, .on_done = on_done};
+  struct sigaction sa = {.sa_handler = on_sigint}, old_int, old_term;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  double t0 = now_s();
+  if (spn_job_start(pipe, &params, &cb, &job, &err) != SPN_OK) {
+    fprintf(stderr, "spindle run: %s\n", err.msg);
+    rc = 1;
+    goto out_signals;
+  }
+  bool cancel_sent = false;
+  double last_print = t0;
+  long long last_done = 0;
+  while (!atomic_load(&st.finished)) {
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    if (interrupted && !cancel_sent) {
+      spn_job_cancel(job);
+      cancel_sent = true;
+    }
+    double t = now_s();
+    if (tty && t - last_print >= 0.5) {
+      long long d = atomic_load(&st.done), tot = atomic_load(&st.total);
+      double fps = (double)(d - last_done) / (t - last_print);
+      if (tot >= 0)
+        fprintf(stderr, "\r%s: %lld/%lld frames  %.1f frames/s   ", spn_pipeline_name(pipe), d, tot, fps);
+      else
+        fprintf(stderr, "\r%s: %lld frames  %.1f frames/s   ", spn_pipeline_name(pipe), d, fps);
+      last_print = t;
+      last_done = d;
+    }
+  }
+  status = spn_job_wait(job, &err);
+  double elapsed = now_s() - t0;
+  if (tty)
+    fprintf(stderr, "\r\033[K");
+  long long frames = atomic_load(&st.done);
+  const char *what = status == SPN_OK ? "succeeded" : status == SPN_ECANCELLED ? "cancelled" : "failed";
+  double fps = elapsed > 0 ? (double)frames / elapsed : 0;
+  if (json) {
+    printf("{\"pipeline\":");
+    json_string(stdout, spn_pipeline_name(pipe));
+    printf(",\"job_id\":%llu,\"status\":\"%s\",\"frames\":%lld,\"elapsed_s\":%.3f,\"frames_per_s\":%.1f",
+           (unsigned long long)spn_job_id(job), what, frames, elapsed, isfinite(fps) ? fps : 0.0);
+    if (status != SPN_OK) {
+      printf(",\"error\":");
+      json_string(stdout, st.msg[0] ? st.msg : err.msg);
+    }
+    printf("}\n");
+  } else {
+    printf("%s: job %llu %s: %lld frames in %.2f s (%.1f frames/s)\n", spn_pipeline_name(pipe),
+           (unsigned long long)spn_job_id(job), what, frames, elapsed, fps);
+    if (status != SPN_OK)
+      fprintf(stderr, "spindle run: %s\n", st.msg[0] ? st.msg : err.msg);
+  }
+  rc = status == SPN_OK ? 0 : (interrupted ? 130 : 1);
+out_signals:
+  sigaction(SIGINT, &old_int, NULL);
+  sigaction(SIGTERM, &old_term, NULL);
+out:
+  spn_job_free(&job);
+  spn_pipeline_free(&pipe);
+  spn_runtime_free(&rt);
+  spn_cli_opts_free(&o);
+  return rc;
+}

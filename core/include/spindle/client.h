@@ -1,0 +1,107 @@
+/* spindle/client.h — submit and follow Spindle jobs from C.
+ *
+ * libspindle-client speaks the job protocol (docs/protocol.md) to a gateway
+ * (`spindle serve`) over one ZeroMQ DEALER socket. Calls are synchronous and
+ * time-bounded by `timeout_ms`; a client handle is used by one thread at a
+ * time. Build with `pkg-config --cflags --libs spindle-client`.
+ *
+ *   spn_client_t *c;
+ *   spn_client_new("tcp://127.0.0.1:7700", NULL, &c, &err);
+ *   spn_client_job_t *job = spn_client_job_new("copy");
+ *   spn_client_job_input(job, "in", "/data/in.mp4");
+ *   spn_client_job_output(job, "out", "/data/out.mp4");
+ *   int64_t id;
+ *   spn_client_submit(c, job, &id, NULL, &err);
+ *   spn_client_watch(c, id, on_event, NULL, &final, &err);
+ */
+#ifndef SPINDLE_CLIENT_H
+#define SPINDLE_CLIENT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "spindle/jobs.h"
+#include "spindle/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct spn_client spn_client_t;
+typedef struct spn_client_job spn_client_job_t;
+
+typedef struct spn_client_options {
+  uint32_t struct_size;   /* sizeof(spn_client_options_t) */
+  int32_t timeout_ms;     /* per request; default 10000 */
+  uint32_t max_msg_size;  /* default 1 MiB */
+  /* CURVE: all three Z85 strings (40 chars) or all NULL. */
+  const char *curve_server_key;
+  const char *curve_public_key;
+  const char *curve_secret_key;
+} spn_client_options_t;
+
+#define SPN_CLIENT_OPTIONS_INIT {sizeof(spn_client_options_t), 10000, 0, NULL, NULL, NULL}
+
+/* A job's state as the gateway reports it (STATUS replies, WATCH events). */
+typedef struct spn_client_status {
+  int64_t id;
+  spn_queue_state_t state;
+  uint32_t attempts, max_attempts;
+  uint64_t done, total; /* progress units (frames, chunks) */
+  double compute_s, gpu_s;
+  char pipeline[128];
+  char reason[512];     /* why it failed, died or was cancelled */
+} spn_client_status_t;
+
+/* Connect (lazily; the first request waits for the gateway up to the
+ * timeout). Ownership: caller owns *out (spn_client_free). Thread: any. */
+SPN_API int32_t spn_client_new(const char *endpoint, const spn_client_options_t *opt,
+                               spn_client_t **out, spn_error_t *err);
+SPN_API void spn_client_free(spn_client_t **c);
+
+/* Job builder. Strings are copied. Ownership: caller owns the job
+ * (spn_client_job_free). Setters return SPN_OK or SPN_ENOMEM. */
+SPN_API spn_client_job_t *spn_client_job_new(const char *pipeline);
+SPN_API void spn_client_job_free(spn_client_job_t **job);
+SPN_API int32_t spn_client_job_input(spn_client_job_t *job, const char *name, const char *path);
+SPN_API int32_t spn_client_job_output(spn_client_job_t *job, const char *name, const char *path);
+SPN_API int32_t spn_client_job_param(spn_client_job_t *job, const char *key, const char *value);
+SPN_API void spn_client_job_priority(spn_client_job_t *job, int32_t priority);
+SPN_API void spn_client_job_max_attempts(spn_client_job_t *job, uint32_t n);
+/* Seconds from submission; a job still queued then fails. */
+SPN_API void spn_client_job_deadline(spn_client_job_t *job, double seconds);
+SPN_API int32_t spn_client_job_idempotency_key(spn_client_job_t *job, const char *key);
+
+/* Submit; *id gets the job id, *existed (may be NULL) whether the
+ * idempotency key named an existing job. Errors: the gateway's message in
+ * err (SPN_EPERM for a path outside the roots, SPN_EINVAL for a bad job,
+ * SPN_ETIMEDOUT when the gateway does not answer). Ownership: job borrowed. */
+SPN_API int32_t spn_client_submit(spn_client_t *c, const spn_client_job_t *job, int64_t *id,
+                                  bool *existed, spn_error_t *err);
+SPN_API int32_t spn_client_status(spn_client_t *c, int64_t id, spn_client_status_t *st,
+                                  spn_error_t *err);
+/* Return non-zero to stop watching early. */
+typedef int (*spn_client_event_cb)(void *user, const spn_client_status_t *ev);
+/* Follow a job until it reaches a terminal state, calling cb (may be NULL)
+ * for every event; *final gets the last one. Waits without a time limit
+ * while events arrive (progress, state changes) and re-checks the status
+ * when silent for timeout_ms. */
+SPN_API int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, void *user,
+                                 spn_client_status_t *final, spn_error_t *err);
+/* Cancel: a queued job at once, a running one at its next batch boundary.
+ * *state (may be NULL) gets the state after the request. */
+SPN_API int32_t spn_client_cancel(spn_client_t *c, int64_t id, spn_queue_state_t *state,
+                                  spn_error_t *err);
+/* List jobs in `state` (-1: all), newest first, at most `limit`. */
+SPN_API int32_t spn_client_list(spn_client_t *c, int32_t state, uint32_t limit,
+                                spn_client_event_cb cb, void *user, spn_error_t *err);
+/* Raw request: send TYPE with a JSON object body and wait for the reply
+ * with the same "req". Ownership: caller frees *reply_json (free) and gets
+ * the reply's type in reply_type (17 bytes). */
+SPN_API int32_t spn_client_request(spn_client_t *c, const char *type, const char *json_body,
+                                   char reply_type[17], char **reply_json, spn_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

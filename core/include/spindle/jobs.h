@@ -1,0 +1,132 @@
+/* spindle/jobs.h — the job runner interface of the job service.
+ *
+ * The job service (gateway, durable queue, workers) does not know how a
+ * pipeline runs. A worker hands each leased job to a runner: a `run` callback
+ * that builds or reuses the pipeline named in the job, feeds the inputs and
+ * writes each output to the temporary path the context gives it. The service
+ * renames temporaries to their final names only after `run` returns SPN_OK, so
+ * a failed, cancelled or retried job never leaves a half-written output and
+ * never two.
+ *
+ * `run` is called on a worker thread, never on the loop thread; it may block.
+ * It must poll spn_job_ctx_cancelled() between batches/chunks and return
+ * SPN_ECANCELLED when it is set.
+ */
+#ifndef SPINDLE_JOBS_H
+#define SPINDLE_JOBS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spindle/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A job's state in the durable queue. The runtime's spn_job_state_t
+ * (spindle/runtime.h) covers one run; the queue adds retries, so it also has
+ * "dead" (retries exhausted). */
+typedef enum spn_queue_state {
+  SPN_QSTATE_QUEUED = 0,
+  SPN_QSTATE_RUNNING = 1,
+  SPN_QSTATE_SUCCEEDED = 2,
+  SPN_QSTATE_FAILED = 3,
+  SPN_QSTATE_CANCELLED = 4,
+  SPN_QSTATE_DEAD = 5,
+} spn_queue_state_t;
+#define SPN_QSTATE_COUNT 6
+
+/* "queued", "running", ...; NULL for an unknown value. Ownership: static. */
+SPN_API const char *spn_queue_state_name(spn_queue_state_t s);
+/* Parse a state name; -1 if unknown. Thread: any. */
+SPN_API int32_t spn_queue_state_parse(const char *name);
+/* succeeded, failed, cancelled and dead are terminal. */
+static inline bool spn_queue_state_terminal(spn_queue_state_t s) { return s >= SPN_QSTATE_SUCCEEDED; }
+
+/* A named file: an input read by the pipeline or an output it produces. */
+typedef struct spn_job_io {
+  char *name;
+  char *path; /* absolute, already confined to the configured roots */
+} spn_job_io_t;
+
+typedef struct spn_job_param {
+  char *key;
+  char *value;
+} spn_job_param_t;
+
+/* One leased job. Borrowed by the runner for the duration of `run`. */
+typedef struct spn_job_spec {
+  int64_t id;
+  uint32_t attempt; /* 1 for the first run */
+  char *pipeline;
+  size_t n_inputs;
+  spn_job_io_t *inputs;
+  size_t n_outputs;
+  spn_job_io_t *outputs; /* final paths; write to spn_job_ctx_output_tmp() */
+  size_t n_params;
+  spn_job_param_t *params;
+} spn_job_spec_t;
+
+/* The value of a param, or NULL. Ownership: borrowed from job. */
+SPN_API const char *spn_job_spec_param(const spn_job_spec_t *job, const char *key);
+
+typedef struct spn_job_ctx spn_job_ctx_t;
+
+/* Report progress: `done` of `total` units (frames, chunks). Cheap; may be
+ * called per frame (events are coalesced). Thread: the runner's. */
+SPN_API void spn_job_ctx_progress(spn_job_ctx_t *ctx, uint64_t done, uint64_t total);
+/* True once the job was cancelled; the runner stops at the next batch
+ * boundary and returns SPN_ECANCELLED. Thread: the runner's. */
+SPN_API bool spn_job_ctx_cancelled(const spn_job_ctx_t *ctx);
+/* The temporary path to write output i to (same directory as the final path,
+ * so the final rename is atomic). NULL when i is out of range.
+ * Ownership: borrowed from ctx. */
+SPN_API const char *spn_job_ctx_output_tmp(const spn_job_ctx_t *ctx, size_t i);
+/* Add seconds of accelerator time used by this job (recorded per job beside
+ * its wall compute seconds). Thread: the runner's. */
+SPN_API void spn_job_ctx_add_gpu_seconds(spn_job_ctx_t *ctx, double seconds);
+
+/* A runner. `run` returns SPN_OK (outputs complete), SPN_ECANCELLED (it saw
+ * the cancel flag) or an error with err->msg naming the input and position;
+ * errors are retried up to the job's max_attempts. `has_pipeline` says whether
+ * the runner can run a pipeline (the gateway refuses jobs for others).
+ * Thread: run on worker threads (several at once, one job each). */
+typedef struct spn_job_runner {
+  void *data;
+  int32_t (*run)(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ctx, spn_error_t *err);
+  bool (*has_pipeline)(void *data, const char *name);
+  /* Optional: whether the job could run (its inputs, outputs and params fit
+   * the pipeline), checked by the gateway at submit so a job that never
+   * could is refused at once instead of failing every attempt. Called on
+   * the gateway's loop thread; must not block. NULL: no check. */
+  int32_t (*check)(void *data, const spn_job_spec_t *job, spn_error_t *err);
+} spn_job_runner_t;
+
+/* The built-in test runner. Pipelines:
+ *   "copy"  copies input "in" (or the first input) to output "out" (or the
+ *           first output) in chunks of `chunk_bytes`, sleeping
+ *           `chunk_delay_ms` (param "chunk_delay_ms" overrides) before each
+ *           chunk, reporting progress per chunk and honouring cancel between
+ *           chunks.
+ *   "fail"  fails with param "reason" (default "requested failure"); with
+ *           param "succeed_at=N" it behaves like "copy" from attempt N on.
+ *   "noop"  does nothing (dispatch overhead).
+ * When `exec_log` is set every run appends "start ID ATTEMPT" and, on
+ * success, "done ID ATTEMPT" lines to it (O_APPEND, shared by processes). */
+typedef struct spn_test_runner_config {
+  uint32_t chunk_bytes;
+  uint32_t chunk_delay_ms;
+  const char *exec_log;
+} spn_test_runner_config_t;
+
+/* Ownership: caller owns *out (spn_test_runner_free). Thread: any. */
+SPN_API int32_t spn_test_runner_new(const spn_test_runner_config_t *cfg, spn_job_runner_t *out,
+                                    spn_error_t *err);
+SPN_API void spn_test_runner_free(spn_job_runner_t *runner);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,183 @@
+/* spindle/runtime.h — the host side: runtime, plugins, pipelines, jobs.
+ *
+ * What the `spindle` CLI, the job service and embedding applications use.
+ * (Stage plugins use spindle/plugin.h only.)
+ *
+ * A runtime owns the control loop thread (libuv), the executors (a CPU worker
+ * pool and one thread per device), the plugin registry and the model engine.
+ * There is no process-wide state: any number of runtimes may live in one
+ * process, and any number of pipelines in one runtime.
+ */
+#ifndef SPINDLE_RUNTIME_H
+#define SPINDLE_RUNTIME_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spindle/status.h"
+#include "spindle/plugin.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct spn_runtime spn_runtime_t;
+typedef struct spn_pipeline spn_pipeline_t;
+typedef struct spn_job spn_job_t;
+typedef struct spn_job_params spn_job_params_t;
+
+typedef enum spn_log_format {
+  SPN_LOG_FORMAT_AUTO = 0, /* text on a TTY, JSON otherwise */
+  SPN_LOG_FORMAT_TEXT = 1,
+  SPN_LOG_FORMAT_JSON = 2,
+} spn_log_format_t;
+
+typedef struct spn_runtime_opts {
+  uint32_t struct_size;
+  /* "auto" (every CUDA device, else the CPU), "cpu", "cpu:4" (four emulated
+   * devices on the CPU), "cuda", "cuda:0,1". NULL = "auto". */
+  const char *devices;
+  /* Plugin directories searched in order: these (CLI flags), then
+   * $SPINDLE_PLUGIN_PATH (colon separated), then [plugins] path in the
+   * pipeline config, then the install directory. */
+  const char *const *plugin_paths;
+  size_t n_plugin_paths;
+  uint32_t cpu_threads;        /* CPU executor pool size; 0 = number of cores */
+  int32_t log_level;           /* spn_log_level_t */
+  int32_t log_format;          /* spn_log_format_t */
+  int log_fd;                  /* where logs go; -1 = stderr */
+  /* Edge capacity (messages in flight per edge) unless a config says. */
+  uint32_t edge_capacity;
+} spn_runtime_opts_t;
+
+#define SPN_RUNTIME_OPTS_INIT {.struct_size = sizeof(spn_runtime_opts_t), .log_level = SPN_LOG_INFO, .log_fd = -1}
+
+/* Start a runtime: devices opened, loop thread running.
+ * Ownership: caller owns *out (spn_runtime_free). Thread: any. */
+SPN_API int32_t spn_runtime_new(const spn_runtime_opts_t *opts, spn_runtime_t **out, spn_error_t *err);
+/* Stop and free; cancels running jobs and frees pipelines still alive.
+ * Sets *rt to NULL. Thread: any but the runtime's own threads. */
+SPN_API void spn_runtime_free(spn_runtime_t **rt);
+
+/* Number of devices and a description ("cpu:2", "cuda:0 NVIDIA A10G"). */
+SPN_API uint32_t spn_runtime_device_count(const spn_runtime_t *rt);
+SPN_API const char *spn_runtime_device_name(const spn_runtime_t *rt, uint32_t i);
+
+/* Load one plugin file, or every libspindle-*.so of the search path. A
+ * refused plugin returns SPN_EABI (or another code) with a message that
+ * names the file and the rule; spn_runtime_load_plugins keeps going past
+ * refusals and reports the first in err. Thread: any. */
+SPN_API int32_t spn_runtime_load_plugin(spn_runtime_t *rt, const char *path, spn_error_t *err);
+SPN_API int32_t spn_runtime_load_plugins(spn_runtime_t *rt, spn_error_t *err);
+
+/* Registered stage kinds, for `spindle plugins`. */
+SPN_API size_t spn_runtime_kind_count(const spn_runtime_t *rt);
+SPN_API const spn_stage_kind_t *spn_runtime_kind_at(const spn_runtime_t *rt, size_t i, const char **plugin_file);
+
+/* ---- pipelines ---------------------------------------------------------- */
+
+/* Parse, validate and build a pipeline from TOML: unknown kinds, unknown
+ * or mistyped keys, missing required keys, dangling inputs, cycles and port
+ * type mismatches are refused before anything runs, with
+ * "file:line:col: stage "x": reason". `overrides` are "stage.key=value"
+ * strings (CLI --set) applied before validation. Stage instances are
+ * created and preloaded (models loaded) before this returns.
+ * Ownership: caller owns *out (spn_pipeline_free). Thread: any. */
+SPN_API int32_t spn_pipeline_load(spn_runtime_t *rt, const char *path, const char *const *overrides,
+                                  size_t n_overrides, spn_pipeline_t **out, spn_error_t *err);
+/* Same from a TOML string; `name` is used in messages. */
+SPN_API int32_t spn_pipeline_load_string(spn_runtime_t *rt, const char *toml, size_t len, const char *name,
+                                         const char *const *overrides, size_t n_overrides,
+                                         spn_pipeline_t **out, spn_error_t *err);
+/* Validate only (no instances, no models): for `spindle validate`. */
+SPN_API int32_t spn_pipeline_validate(spn_runtime_t *rt, const char *path, const char *const *overrides,
+                                      size_t n_overrides, spn_error_t *err);
+/* Job bindings: the names a job uses for its files and params, each bound
+ * to a per-job stage key by the pipeline config:
+ *   [pipeline.inputs]  video = "decode.path"
+ *   [pipeline.outputs] video = "encode.path"
+ *   [pipeline.params]  frames = "source.frames"
+ * They are validated at load (the stage exists, the key is
+ * SPN_CONFIG_PER_JOB; inputs and outputs bind string or path keys). */
+typedef enum spn_binding_kind {
+  SPN_BINDING_INPUT = 0,
+  SPN_BINDING_OUTPUT = 1,
+  SPN_BINDING_PARAM = 2,
+} spn_binding_kind_t;
+
+/* Number of bindings of that kind. Thread: any. */
+SPN_API size_t spn_pipeline_binding_count(const spn_pipeline_t *pipe, spn_binding_kind_t kind);
+/* The i-th binding of that kind: returns its name and sets *target to
+ * "stage.key"; NULL when i is out of range. Ownership: borrowed from pipe. */
+SPN_API const char *spn_pipeline_binding_at(const spn_pipeline_t *pipe, spn_binding_kind_t kind, size_t i,
+                                            const char **target);
+/* Check a job's overrides as spn_job_start would (unknown stage or key, a
+ * key that is not per job, a wrong type or range) without starting it.
+ * Thread: any. */
+SPN_API int32_t spn_pipeline_check_job(const spn_pipeline_t *pipe, const spn_job_params_t *params,
+                                       spn_error_t *err);
+/* Waits for the pipeline's jobs to end (cancelling them) and frees it.
+ * Thread: any but the runtime's own (not from on_done or a stage). */
+SPN_API void spn_pipeline_free(spn_pipeline_t **pipe);
+SPN_API const char *spn_pipeline_name(const spn_pipeline_t *pipe);
+
+/* ---- jobs --------------------------------------------------------------- */
+
+typedef enum spn_job_state {
+  SPN_JOB_QUEUED = 0,
+  SPN_JOB_RUNNING = 1,
+  SPN_JOB_SUCCEEDED = 2,
+  SPN_JOB_FAILED = 3,
+  SPN_JOB_CANCELLED = 4,
+} spn_job_state_t;
+
+typedef struct spn_job_progress {
+  uint32_t struct_size;
+  uint32_t reserved0;
+  uint64_t job_id;
+  int64_t done;        /* units (frames) finished at the pipeline's sinks */
+  int64_t total;       /* -1 when unknown */
+  double elapsed_s;
+} spn_job_progress_t;
+
+typedef struct spn_job_callbacks {
+  uint32_t struct_size;
+  void *data;
+  /* Called from a runtime thread; must not block. Optional. */
+  void (*on_progress)(void *data, const spn_job_progress_t *p);
+  /* Called exactly once when the job ends, from a runtime thread. status is
+   * SPN_OK, SPN_ECANCELLED or the error; msg names the input and stage. */
+  void (*on_done)(void *data, uint64_t job_id, int32_t status, const char *msg);
+} spn_job_callbacks_t;
+
+struct spn_job_params {
+  uint32_t struct_size;
+  uint64_t job_id;              /* 0 = assigned by the runtime */
+  int32_t priority;             /* higher first */
+  /* Per-job overrides "stage.key=value" of SPN_CONFIG_PER_JOB keys (input
+   * and output paths, params). Others are refused. */
+  const char *const *overrides;
+  size_t n_overrides;
+};
+
+#define SPN_JOB_PARAMS_INIT {.struct_size = sizeof(spn_job_params_t)}
+
+/* Start a job on a loaded pipeline. If this returns an error, on_done is
+ * never called (libuv's rule). Ownership: caller owns *out and releases it
+ * with spn_job_free after on_done (or to detach). Thread: any. */
+SPN_API int32_t spn_job_start(spn_pipeline_t *pipe, const spn_job_params_t *params,
+                              const spn_job_callbacks_t *cb, spn_job_t **out, spn_error_t *err);
+/* Request cancellation; stages stop between batches, partial outputs are
+ * removed, on_done gets SPN_ECANCELLED. Thread: any. */
+SPN_API void spn_job_cancel(spn_job_t *job);
+/* Block until the job ends; returns its status and copies its message.
+ * Thread: any but the runtime's own (not from on_done or a stage). */
+SPN_API int32_t spn_job_wait(spn_job_t *job, spn_error_t *err);
+SPN_API uint64_t spn_job_id(const spn_job_t *job);
+SPN_API void spn_job_free(spn_job_t **job);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,401 @@
+/* exec.c — running one leased job on a worker thread, and the built-in test
+ * runner.
+ *
+ * Output discipline: every output i is written to a temporary file beside its
+ * final path, named ".<final name>.spn-<job id>-<attempt>.tmp". An attempt
+ * first removes the temporaries of the job's earlier attempts (left by a
+ * worker killed mid-write), so a retry never leaves a second file; an attempt
+ * that lost its lease but still runs (a frozen worker that woke up) cannot
+ * disturb the new attempt's file, and cannot publish its own because it was
+ * unlinked. Only after the runner returns SPN_OK are the temporaries renamed
+ * (atomic within a directory) to the final names; on failure or cancel they
+ * are removed. So an output is either absent or complete, and never two.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "jobs-internal.h"
+#include "proto-internal.h"
+
+/* ---- job specs ---- */
+
+static int32_t io_list(const cJSON *obj, const char *key, spn_job_io_t **out, size_t *n,
+                       spn_error_t *err) {
+  const cJSON *o = cJSON_GetObjectItemCaseSensitive(obj, key);
+  *out = NULL;
+  *n = 0;
+  if (!o)
+    return SPN_OK;
+  if (!cJSON_IsObject(o))
+    return spn_error_set(err, SPN_EINVAL, "job spec: \"%s\" must be an object of name: path", key);
+  size_t cnt = (size_t)cJSON_GetArraySize(o);
+  if (cnt == 0)
+    return SPN_OK;
+  *out = calloc(cnt, sizeof **out);
+  if (!*out)
+    return spn_error_set(err, SPN_ENOMEM, "job spec: out of memory");
+  const cJSON *it;
+  cJSON_ArrayForEach(it, o) {
+    if (!cJSON_IsString(it))
+      return spn_error_set(err, SPN_EINVAL, "job spec: %s.%s must be a string path", key,
+                           it->string);
+    (*out)[*n].name = strdup(it->string);
+    (*out)[*n].path = strdup(it->valuestring);
+    (*n)++;
+    if (!(*out)[*n - 1].name || !(*out)[*n - 1].path)
+      return spn_error_set(err, SPN_ENOMEM, "job spec: out of memory");
+  }
+  return SPN_OK;
+}
+
+int32_t spn__job_spec_from_json(const cJSON *obj, int64_t id, uint32_t attempt, spn_job_spec_t *s,
+                                spn_error_t *err) {
+  memset(s, 0, sizeof *s);
+  s->id = id;
+  s->attempt = attempt;
+  int32_t rc;
+  const char *p = spn__json_str(obj, "pipeline");
+  if (!p || !*p) {
+    rc = spn_error_set(err, SPN_EINVAL, "job spec: \"pipeline\" must be a non-empty string");
+    goto out_fail;
+  }
+  if (!(s->pipeline = strdup(p))) {
+    rc = spn_error_set(err, SPN_ENOMEM, "job spec: out of memory");
+    goto out_fail;
+  }
+  if ((rc = io_list(obj, "inputs", &s->inputs, &s->n_inputs, err)) < 0 ||
+      (rc = io_list(obj, "outputs", &s->outputs, &s->n_outputs, err)) < 0)
+    goto out_fail;
+  const cJSON *pr = cJSON_GetObjectItemCaseSensitive(obj, "params");
+  if (pr && !cJSON_IsObject(pr)) {
+    rc = spn_error_set(err, SPN_EINVAL, "job spec: \"params\" must be an object");
+    goto out_fail;
+  }
+  size_t cnt = pr ? (size_t)cJSON_GetArraySize(pr) : 0;
+  if (cnt) {
+    s->params = calloc(cnt, sizeof *s->params);
+    if (!s->params) {
+      rc = spn_error_set(err, SPN_ENOMEM, "job spec: out of memory");
+      goto out_fail;
+    }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, pr) {
+      char buf[64];
+      const char *v;
+      if (cJSON_IsString(it))
+        v = it->valuestring;
+      else if (cJSON_IsNumber(it)) {
+        snprintf(buf, sizeof buf, "%.17g", it->valuedouble);
+        v = buf;
+      } else if (cJSON_IsBool(it))
+        v = cJSON_IsTrue(it) ? "true" : "false";
+      else {
+        rc = spn_error_set(err, SPN_EINVAL, "job spec: params.%s must be a string, number or boolean",
+                           it->string);
+        goto out_fail;
+      }
+      s->params[s->n_params].key = strdup(it->string);
+      s->params[s->n_params].value = strdup(v);
+      s->n_params++;
+      if (!s->params[s->n_params - 1].key || !s->params[s->n_params - 1].value) {
+        rc = spn_error_set(err, SPN_ENOMEM, "job spec: out of memory");
+        goto out_fail;
+      }
+    }
+  }
+  return SPN_OK;
+out_fail:
+  spn__job_spec_free(s);
+  return rc;
+}
+
+void spn__job_spec_free(spn_job_spec_t *s) {
+  for (size_t i = 0; i < s->n_inputs; i++) {
+    free(s->inputs[i].name);
+    free(s->inputs[i].path);
+  }
+  for (size_t i = 0; i < s->n_outputs; i++) {
+    free(s->outputs[i].name);
+    free(s->outputs[i].path);
+  }
+  for (size_t i = 0; i < s->n_params; i++) {
+    free(s->params[i].key);
+    free(s->params[i].value);
+  }
+  free(s->inputs);
+  free(s->outputs);
+  free(s->params);
+  free(s->pipeline);
+  memset(s, 0, sizeof *s);
+}
+
+const char *spn_job_spec_param(const spn_job_spec_t *job, const char *key) {
+  for (size_t i = 0; i < job->n_params; i++)
+    if (!strcmp(job->params[i].key, key))
+      return job->params[i].value;
+  return NULL;
+}
+
+/* ---- context ---- */
+
+void spn_job_ctx_progress(spn_job_ctx_t *ctx, uint64_t done, uint64_t total) {
+  if (!ctx->progress)
+    return;
+  /* Coalesce: at most one event per 50 ms, but always the last one. */
+  double now = spn__mono_s();
+  if (done < total && now - ctx->last_progress_s < 0.05)
+    return;
+  ctx->last_progress_s = now;
+  ctx->progress(ctx->progress_user, done, total);
+}
+
+bool spn_job_ctx_cancelled(const spn_job_ctx_t *ctx) {
+  return ctx->cancel_flag && __atomic_load_n(ctx->cancel_flag, __ATOMIC_ACQUIRE) != 0;
+}
+
+const char *spn_job_ctx_output_tmp(const spn_job_ctx_t *ctx, size_t i) {
+  return i < ctx->job->n_outputs ? ctx->tmp_paths[i] : NULL;
+}
+
+void spn_job_ctx_add_gpu_seconds(spn_job_ctx_t *ctx, double seconds) { ctx->gpu_s += seconds; }
+
+static char *tmp_name(const char *final, int64_t id, uint32_t attempt) {
+  const char *slash = strrchr(final, '/');
+  size_t dirlen = slash ? (size_t)(slash - final + 1) : 0;
+  const char *base = final + dirlen;
+  size_t n = strlen(final) + 64;
+  char *t = malloc(n);
+  if (t)
+    snprintf(t, n, "%.*s.%s.spn-%lld-%u.tmp", (int)dirlen, final, base, (long long)id, attempt);
+  return t;
+}
+
+void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
+                      const volatile int *cancel_flag, spn_exec_progress_cb progress, void *user,
+                      spn_exec_result_t *res) {
+  memset(res, 0, sizeof *res);
+  spn_job_ctx_t ctx = {.job = job, .cancel_flag = cancel_flag, .progress = progress,
+                       .progress_user = user, .last_progress_s = -1};
+  spn_error_t err = SPN_ERROR_INIT;
+  ctx.tmp_paths = calloc(job->n_outputs ? job->n_outputs : 1, sizeof *ctx.tmp_paths);
+  if (!ctx.tmp_paths) {
+    res->status = SPN_ENOMEM;
+    snprintf(res->error, sizeof res->error, "job %lld: out of memory", (long long)job->id);
+    return;
+  }
+  for (size_t i = 0; i < job->n_outputs; i++) {
+    if (!(ctx.tmp_paths[i] = tmp_name(job->outputs[i].path, job->id, job->attempt))) {
+      res->status = spn_error_set(&err, SPN_ENOMEM, "job %lld: out of memory", (long long)job->id);
+      goto out;
+    }
+    /* Remove what earlier attempts of this job may have left (a worker
+     * killed mid-write). A worker still running an attempt it lost writes to
+     * an unlinked file then, and its rename fails: it can never publish. */
+    for (uint32_t a = 1; a < job->attempt; a++) {
+      char *old = tmp_name(job->outputs[i].path, job->id, a);
+      if (old)
+        unlink(old);
+      free(old);
+    }
+  }
+  double t0 = spn__mono_s();
+  if (!runner->has_pipeline(runner->data, job->pipeline))
+    res->status = spn_error_set(&err, SPN_ENOENT, "job %lld: unknown pipeline \"%s\"",
+                                (long long)job->id, job->pipeline);
+  else
+    res->status = runner->run(runner->data, job, &ctx, &err);
+  res->compute_s = spn__mono_s() - t0;
+  res->gpu_s = ctx.gpu_s;
+  if (res->status == SPN_OK && spn_job_ctx_cancelled(&ctx))
+    res->status = spn_error_set(&err, SPN_ECANCELLED, "cancelled");
+  if (res->status == SPN_OK) {
+    for (size_t i = 0; i < job->n_outputs; i++) {
+      if (rename(ctx.tmp_paths[i], job->outputs[i].path) != 0) {
+        res->status = spn_error_set(&err, SPN_EIO, "job %lld: output %s: rename %s: %s",
+                                    (long long)job->id, job->outputs[i].name, job->outputs[i].path,
+                                    strerror(errno));
+        break;
+      }
+    }
+  } else if (res->status == SPN_ECANCELLED && !err.msg[0]) {
+    spn_error_set(&err, SPN_ECANCELLED, "cancelled");
+  }
+out:
+  if (res->status != SPN_OK) {
+    for (size_t i = 0; i < job->n_outputs; i++)
+      if (ctx.tmp_paths[i])
+        unlink(ctx.tmp_paths[i]);
+    snprintf(res->error, sizeof res->error, "%s", err.msg[0] ? err.msg : spn_strerror(res->status));
+  }
+  for (size_t i = 0; i < job->n_outputs; i++)
+    free(ctx.tmp_paths[i]);
+  free(ctx.tmp_paths);
+}
+
+/* ---- the built-in test runner ---- */
+
+typedef struct test_runner {
+  uint32_t chunk_bytes, chunk_delay_ms;
+  char *exec_log;
+} test_runner_t;
+
+static void exec_log(test_runner_t *t, const char *what, const spn_job_spec_t *job) {
+  if (!t->exec_log)
+    return;
+  int fd = open(t->exec_log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return;
+  char line[96];
+  int n = snprintf(line, sizeof line, "%s %lld %u\n", what, (long long)job->id, job->attempt);
+  /* One write with O_APPEND: lines from several processes never interleave. */
+  if (write(fd, line, (size_t)n) != n) {
+    /* the log is a test aid; nothing to do */
+  }
+  close(fd);
+}
+
+static const spn_job_io_t *find_io(const spn_job_io_t *v, size_t n, const char *name, size_t *idx) {
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(v[i].name, name)) {
+      *idx = i;
+      return &v[i];
+    }
+  if (n) {
+    *idx = 0;
+    return &v[0];
+  }
+  return NULL;
+}
+
+static int32_t run_copy(test_runner_t *t, const spn_job_spec_t *job, spn_job_ctx_t *ctx,
+                        spn_error_t *err) {
+  size_t ii, oi;
+  const spn_job_io_t *in = find_io(job->inputs, job->n_inputs, "in", &ii);
+  const spn_job_io_t *out = find_io(job->outputs, job->n_outputs, "out", &oi);
+  if (!in || !out)
+    return spn_error_set(err, SPN_EINVAL, "job %lld: pipeline \"%s\" needs one input and one output",
+                         (long long)job->id, job->pipeline);
+  uint32_t delay = t->chunk_delay_ms;
+  const char *dp = spn_job_spec_param(job, "chunk_delay_ms");
+  if (dp)
+    delay = (uint32_t)strtoul(dp, NULL, 10);
+  int32_t rc = SPN_OK;
+  int ifd = open(in->path, O_RDONLY | O_CLOEXEC);
+  if (ifd < 0)
+    return spn_error_set(err, SPN_EIO, "job %lld: input %s: %s: %s", (long long)job->id, in->name,
+                         in->path, strerror(errno));
+  struct stat st;
+  if (fstat(ifd, &st) != 0) {
+    rc = spn_error_set(err, SPN_EIO, "job %lld: input %s: %s", (long long)job->id, in->path,
+                       strerror(errno));
+    goto out_in;
+  }
+  const char *tmp = spn_job_ctx_output_tmp(ctx, oi);
+  int ofd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (ofd < 0) {
+    rc = spn_error_set(err, SPN_EIO, "job %lld: output %s: %s: %s", (long long)job->id, out->name,
+                       tmp, strerror(errno));
+    goto out_in;
+  }
+  uint64_t chunk = t->chunk_bytes ? t->chunk_bytes : 65536;
+  uint64_t total = ((uint64_t)st.st_size + chunk - 1) / chunk;
+  char *buf = malloc(chunk);
+  if (!buf) {
+    rc = spn_error_set(err, SPN_ENOMEM, "job %lld: out of memory", (long long)job->id);
+    goto out_out;
+  }
+  spn_job_ctx_progress(ctx, 0, total);
+  for (uint64_t i = 0; i < total; i++) {
+    if (spn_job_ctx_cancelled(ctx)) {
+      rc = spn_error_set(err, SPN_ECANCELLED, "job %lld: cancelled after %llu of %llu chunks",
+                         (long long)job->id, (unsigned long long)i, (unsigned long long)total);
+      goto out_buf;
+    }
+    if (delay) {
+      struct timespec ts = {delay / 1000, (long)(delay % 1000) * 1000000L};
+      nanosleep(&ts, NULL);
+    }
+    ssize_t r = read(ifd, buf, chunk);
+    if (r <= 0) {
+      rc = spn_error_set(err, SPN_EIO, "job %lld: input %s: short read at chunk %llu",
+                         (long long)job->id, in->path, (unsigned long long)i);
+      goto out_buf;
+    }
+    if (write(ofd, buf, (size_t)r) != r) {
+      rc = spn_error_set(err, SPN_EIO, "job %lld: output %s: write: %s", (long long)job->id, tmp,
+                         strerror(errno));
+      goto out_buf;
+    }
+    spn_job_ctx_progress(ctx, i + 1, total);
+  }
+  if (fsync(ofd) != 0)
+    rc = spn_error_set(err, SPN_EIO, "job %lld: output %s: fsync: %s", (long long)job->id, tmp,
+                       strerror(errno));
+out_buf:
+  free(buf);
+out_out:
+  close(ofd);
+out_in:
+  close(ifd);
+  return rc;
+}
+
+static int32_t test_run(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ctx, spn_error_t *err) {
+  test_runner_t *t = data;
+  exec_log(t, "start", job);
+  int32_t rc;
+  if (!strcmp(job->pipeline, "noop")) {
+    rc = SPN_OK;
+  } else if (!strcmp(job->pipeline, "fail")) {
+    const char *sa = spn_job_spec_param(job, "succeed_at");
+    if (sa && job->attempt >= strtoul(sa, NULL, 10)) {
+      rc = run_copy(t, job, ctx, err);
+    } else {
+      const char *reason = spn_job_spec_param(job, "reason");
+      rc = spn_error_set(err, SPN_EIO, "job %lld attempt %u: %s", (long long)job->id, job->attempt,
+                         reason ? reason : "requested failure");
+    }
+  } else {
+    rc = run_copy(t, job, ctx, err);
+  }
+  if (rc == SPN_OK)
+    exec_log(t, "done", job);
+  return rc;
+}
+
+static bool test_has_pipeline(void *data, const char *name) {
+  (void)data;
+  return !strcmp(name, "copy") || !strcmp(name, "fail") || !strcmp(name, "noop");
+}
+
+int32_t spn_test_runner_new(const spn_test_runner_config_t *cfg, spn_job_runner_t *out,
+                            spn_error_t *err) {
+  test_runner_t *t = calloc(1, sizeof *t);
+  if (!t)
+    return spn_error_set(err, SPN_ENOMEM, "test runner: out of memory");
+  t->chunk_bytes = cfg->chunk_bytes;
+  t->chunk_delay_ms = cfg->chunk_delay_ms;
+  if (cfg->exec_log && !(t->exec_log = strdup(cfg->exec_log))) {
+    free(t);
+    return spn_error_set(err, SPN_ENOMEM, "test runner: out of memory");
+  }
+  *out = (spn_job_runner_t){.data = t, .run = test_run, .has_pipeline = test_has_pipeline};
+  return SPN_OK;
+}
+
+void spn_test_runner_free(spn_job_runner_t *r) {
+  test_runner_t *t = r->data;
+  if (t) {
+    free(t->exec_log);
+    free(t);
+  }
+  r->data = NULL;
+}

@@ -1,0 +1,272 @@
+/* jobs-internal.h — the job service's private interfaces: the durable queue
+ * vtable, the server and worker configuration, job specs in JSON, path
+ * confinement and the job executor shared by in-process and remote workers.
+ * Never installed. */
+#ifndef SPINDLE_JOBS_INTERNAL_H
+#define SPINDLE_JOBS_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spindle/jobs.h"
+#include "spindle/status.h"
+
+typedef struct cJSON cJSON;
+
+/* ---- clock ---- */
+int64_t spn__now_ms(void);  /* wall clock, ms since the epoch (persisted) */
+double spn__mono_s(void);   /* monotonic seconds */
+
+/* ---- durable queue ---- */
+
+typedef struct spn_queue_job {
+  int64_t id;
+  spn_queue_state_t state;
+  int32_t priority;
+  uint32_t attempts; /* leases handed out so far; the current lease's token */
+  uint32_t max_attempts;
+  char *spec_json;   /* validated job spec (pipeline, inputs, outputs, params) */
+  char *idem_key;    /* NULL when none */
+  char *lease_owner; /* NULL unless running */
+  char *reason;      /* why it failed/died/was cancelled, NULL otherwise */
+  char *errors_json; /* JSON array of {attempt, at, error} */
+  int64_t created_ms, deadline_ms, not_before_ms, lease_until_ms;
+  int64_t t_state_ms[SPN_QSTATE_COUNT]; /* last time it entered each state; 0 never */
+  double compute_s, gpu_s;
+  uint64_t progress_done, progress_total;
+  bool cancel_requested;
+} spn_queue_job_t;
+
+void spn__queue_job_clear(spn_queue_job_t *j);
+
+typedef struct spn_queue_submit {
+  const char *spec_json;
+  int32_t priority;
+  const char *idem_key; /* may be NULL */
+  int64_t deadline_ms;  /* absolute; 0 = none */
+  uint32_t max_attempts;
+} spn_queue_submit_t;
+
+/* Called for every job a sweep moved (lease expired, deadline passed). */
+typedef void (*spn_queue_changed_cb)(void *user, int64_t id, spn_queue_state_t state);
+typedef void (*spn_queue_list_cb)(void *user, const spn_queue_job_t *job);
+
+/* A queue backend. Every call is made from one thread (the loop thread) and
+ * takes `now` (ms since the epoch) so tests control time. Writes made
+ * between begin and commit are one durable transaction (group commit); a
+ * write outside begin/commit commits by itself. */
+typedef struct spn_queue_ops {
+  const char *name;
+  int32_t (*begin)(void *q, spn_error_t *err);
+  int32_t (*commit)(void *q, spn_error_t *err);
+  /* *existed is true when idem_key matched a job submitted within 24 h; *id
+   * is then that job. */
+  int32_t (*submit)(void *q, const spn_queue_submit_t *s, int64_t now, int64_t *id, bool *existed,
+                    spn_error_t *err);
+  /* Lease the next job: highest priority first, FIFO within one, skipping jobs
+   * backing off or past their deadline. SPN_EAGAIN when none. Fills *out
+   * (caller clears it). */
+  int32_t (*lease)(void *q, const char *owner, int64_t now, int64_t lease_ms, spn_queue_job_t *out,
+                   spn_error_t *err);
+  /* Extend a lease. SPN_ESTATE when (id, attempt, owner) no longer holds it. */
+  int32_t (*renew)(void *q, int64_t id, uint32_t attempt, const char *owner, int64_t now,
+                   int64_t lease_ms, spn_error_t *err);
+  int32_t (*progress)(void *q, int64_t id, uint64_t done, uint64_t total, spn_error_t *err);
+  /* running → succeeded. SPN_ESTATE when the lease is not held. */
+  int32_t (*complete)(void *q, int64_t id, uint32_t attempt, const char *owner, double compute_s,
+                      double gpu_s, int64_t now, spn_error_t *err);
+  /* running → queued (retry after backoff) | dead (attempts exhausted) |
+   * cancelled (cancelled=true). *state gets the new state. */
+  int32_t (*fail)(void *q, int64_t id, uint32_t attempt, const char *owner, const char *reason,
+                  bool cancelled, double compute_s, double gpu_s, int64_t now,
+                  spn_queue_state_t *state, spn_error_t *err);
+  /* queued → cancelled at once; running → cancel requested (*state stays
+   * running; the worker stops it); terminal → SPN_ESTATE. */
+  int32_t (*cancel)(void *q, int64_t id, int64_t now, spn_queue_state_t *state, spn_error_t *err);
+  /* Expired leases count as a failed attempt ("lease expired"); queued jobs
+   * past their deadline fail. Returns the number of jobs moved or an error. */
+  int32_t (*sweep)(void *q, int64_t now, spn_queue_changed_cb cb, void *user, spn_error_t *err);
+  /* Give a running job back without counting the attempt (the gateway is
+   * shutting down and has stopped the thread that ran it). SPN_ESTATE when
+   * the lease is not held. */
+  int32_t (*release)(void *q, int64_t id, uint32_t attempt, const char *owner, const char *note,
+                     int64_t now, spn_error_t *err);
+  /* Fail every running job leased by `owner` (worker lost). */
+  int32_t (*release_owner)(void *q, const char *owner, const char *reason, int64_t now,
+                           spn_queue_changed_cb cb, void *user, spn_error_t *err);
+  int32_t (*get)(void *q, int64_t id, spn_queue_job_t *out, spn_error_t *err);
+  /* Jobs in `state` (-1: any), newest first, at most `limit`. */
+  int32_t (*list)(void *q, int32_t state, uint32_t limit, spn_queue_list_cb cb, void *user,
+                  spn_error_t *err);
+  /* Number of jobs in each state (metrics, autoscaling on queue depth). */
+  int32_t (*counts)(void *q, int64_t out[SPN_QSTATE_COUNT], spn_error_t *err);
+  void (*free)(void *q);
+} spn_queue_ops_t;
+
+typedef struct spn_queue {
+  const spn_queue_ops_t *ops;
+  void *impl;
+} spn_queue_t;
+
+typedef struct spn_queue_config {
+  const char *path;          /* SQLite file; ":memory:" for tests */
+  uint32_t backoff_base_ms;  /* first retry delay (before jitter) */
+  uint32_t backoff_max_ms;   /* cap */
+  uint64_t seed;             /* jitter PRNG seed; 0 = from time and pid */
+  bool sync_full;            /* fsync every commit (default: WAL NORMAL) */
+} spn_queue_config_t;
+
+/* Open (creating if needed) a SQLite queue. Ownership: caller owns *out
+ * (spn_queue_free). Thread: the one that will use it. */
+int32_t spn_queue_sqlite_open(const spn_queue_config_t *cfg, spn_queue_t *out, spn_error_t *err);
+void spn_queue_free(spn_queue_t *q);
+/* Backoff before retry number `attempt` (1 = after the first failure):
+ * base*2^(attempt-1) capped at max, then "equal jitter": half fixed, half
+ * uniform random. Exposed for tests. */
+int64_t spn__backoff_ms(uint32_t base_ms, uint32_t max_ms, uint32_t attempt, uint64_t *rng);
+
+/* ---- job specs ---- */
+
+/* Parse and validate a stored/leased spec (JSON object with pipeline,
+ * inputs, outputs, params). Ownership: caller owns *out (spn__job_spec_free). */
+int32_t spn__job_spec_from_json(const cJSON *obj, int64_t id, uint32_t attempt, spn_job_spec_t *out,
+                                spn_error_t *err);
+void spn__job_spec_free(spn_job_spec_t *spec);
+
+/* ---- path confinement ---- */
+
+typedef struct spn_roots {
+  size_t n;
+  char **dirs; /* canonical (realpath) directories */
+} spn_roots_t;
+
+int32_t spn__roots_add(spn_roots_t *r, const char *dir, spn_error_t *err);
+void spn__roots_free(spn_roots_t *r);
+/* Canonicalise an input path: it must exist, be a regular file, and resolve
+ * (symlinks followed) inside one of the roots. Ownership: caller owns *out. */
+int32_t spn__confine_input(const spn_roots_t *r, const char *path, char **out, spn_error_t *err);
+/* Canonicalise an output path: its directory must resolve inside a root,
+ * the name may not be "." / ".." or an existing symlink or directory. */
+int32_t spn__confine_output(const spn_roots_t *r, const char *path, char **out, spn_error_t *err);
+
+/* ---- executing a job (both worker kinds) ---- */
+
+typedef void (*spn_exec_progress_cb)(void *user, uint64_t done, uint64_t total);
+
+struct spn_job_ctx {
+  const spn_job_spec_t *job;
+  char **tmp_paths;
+  const volatile int *cancel_flag; /* set by the owner thread */
+  spn_exec_progress_cb progress;
+  void *progress_user;
+  double gpu_s;
+  double last_progress_s;
+};
+
+typedef struct spn_exec_result {
+  int32_t status;   /* SPN_OK, SPN_ECANCELLED or an error */
+  char error[SPN_ERROR_MSG_MAX];
+  double compute_s; /* wall seconds in run() */
+  double gpu_s;
+} spn_exec_result_t;
+
+/* Run one job: derive temporary output names, call the runner, rename the
+ * temporaries to the final paths on success, remove them otherwise.
+ * Thread: a worker thread. */
+void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
+                      const volatile int *cancel_flag, spn_exec_progress_cb progress, void *user,
+                      spn_exec_result_t *res);
+
+/* ---- the pipeline runner (runner-pipeline.c) ---- */
+
+/* A pipeline the server or a worker loads at start-up ([[pipeline]] of the
+ * server config). */
+typedef struct spn_pipeline_def {
+  char *name;   /* the name jobs use; NULL: the config's [pipeline] name */
+  char *config; /* pipeline TOML, resolved against the server config's folder */
+  char where[256]; /* "file:line:col" of the [[pipeline]] table, for messages */
+} spn_pipeline_def_t;
+
+/* struct spn_runtime is declared in spindle/runtime.h. */
+typedef struct spn_runtime spn_runtime_t;
+
+/* Load every def into `rt` (borrowed; must outlive the runner): stage
+ * instances created and models preloaded before this returns. Jobs for
+ * other pipelines go to `fallback` (copied; may be NULL). A pipeline that
+ * fails to load fails the whole call with its file:line:col message.
+ * Ownership: caller owns *out (spn_pipeline_runner_free, before the
+ * runtime). Thread: any; run is called on worker threads. */
+int32_t spn_pipeline_runner_new(spn_runtime_t *rt, const spn_pipeline_def_t *defs, size_t n,
+                                const spn_job_runner_t *fallback, spn_job_runner_t *out, spn_error_t *err);
+void spn_pipeline_runner_free(spn_job_runner_t *runner);
+
+/* ---- server ---- */
+
+typedef struct spn_server_config {
+  char *bind;            /* "tcp://127.0.0.1:7700" */
+  char *db_path;         /* queue file */
+  uint32_t workers;      /* in-process worker threads */
+  uint32_t lease_ms;     /* lease length; renewed by heartbeats */
+  uint32_t heartbeat_ms; /* remote worker heartbeat; dead after 3 missed */
+  uint32_t max_attempts; /* default per job */
+  uint32_t backoff_base_ms, backoff_max_ms;
+  uint32_t max_msg_size; /* ZMQ_MAXMSGSIZE on every socket */
+  uint32_t max_priority; /* |priority| limit */
+  bool sync_full;
+  spn_roots_t input_roots, output_roots;
+  char **pipelines;      /* pipelines that must be available before ready */
+  size_t n_pipelines;
+  spn_pipeline_def_t *pipeline_defs; /* [[pipeline]]: loaded at start-up */
+  size_t n_pipeline_defs;
+  char *devices;         /* runtime devices ("auto", "cpu", "cpu:4", "cuda:0") */
+  /* CURVE: when curve_secret is set the gateway is a CURVE server and only
+   * clients whose public key is a file in curve_clients_dir get in. */
+  char *curve_secret;    /* Z85, 40 chars */
+  char *curve_key_file;  /* file with a "secret=" line (spindle keygen); read into curve_secret */
+  char *curve_clients_dir;
+  char *curve_workers_dir; /* when set, only these keys may act as workers */
+  /* test runner settings (until the pipeline runtime is plugged in) */
+  uint32_t chunk_bytes, chunk_delay_ms;
+  char *exec_log;
+  /* "host:port" of the HTTP endpoint (/healthz, /readyz, /metrics); NULL: none */
+  char *http;
+  /* print the bound endpoint to this fd when listening (-1: no) */
+  int ready_fd;
+} spn_server_config_t;
+
+void spn_server_config_defaults(spn_server_config_t *c);
+void spn_server_config_clear(spn_server_config_t *c);
+/* Load a TOML server config on top of the defaults. Errors name file:line. */
+int32_t spn_server_config_load(spn_server_config_t *c, const char *path, spn_error_t *err);
+
+typedef struct spn_server spn_server_t;
+
+/* Ownership: caller owns *out; runner is borrowed and must outlive it.
+ * Thread: the one that calls spn_server_run. */
+int32_t spn_server_new(const spn_server_config_t *cfg, const spn_job_runner_t *runner,
+                       spn_server_t **out, spn_error_t *err);
+/* Run the loop until SIGINT/SIGTERM or spn_server_stop. */
+int32_t spn_server_run(spn_server_t *s, spn_error_t *err);
+/* Thread: any. */
+void spn_server_stop(spn_server_t *s);
+void spn_server_free(spn_server_t **s);
+
+/* ---- remote worker ---- */
+
+typedef struct spn_worker_config {
+  const char *connect;     /* gateway endpoint */
+  const char *name;        /* NULL: host:pid:random */
+  uint32_t slots;          /* jobs at once */
+  uint32_t heartbeat_ms;
+  uint32_t max_msg_size;
+  const char *curve_server; /* gateway public key (Z85) or NULL */
+  const char *curve_public, *curve_secret;
+  const volatile int *stop; /* set (e.g. by a signal handler) to stop */
+} spn_worker_config_t;
+
+/* Run until *cfg->stop is set. Thread: the caller's. */
+int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *runner,
+                       spn_error_t *err);
+
+#endif

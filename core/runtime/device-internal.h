@@ -1,0 +1,92 @@
+/* device-internal.h — the backend vtable behind spindle/device.h.
+ *
+ * A backend (CPU here, CUDA in cuda/) fills a spn__backend_t: it enumerates
+ * its devices from a spec ("cpu:4", "cuda:0,1") and gives each device an
+ * interface for buffer types, streams and events. The core never calls a
+ * backend API directly: spn__devices_open consults the `extra` backends it
+ * is given (before the CPU one), so a CUDA backend built in cuda/ is wired
+ * by handing its spn__backend_t to spn__devices_open in spn_runtime_new. */
+#ifndef SPINDLE_DEVICE_INTERNAL_H
+#define SPINDLE_DEVICE_INTERNAL_H
+
+#include <stdatomic.h>
+
+#include "spindle/device.h"
+
+typedef struct spn__buffer_type_iface {
+  /* Allocate size bytes: *base is the data pointer, *ctx backend state. */
+  int32_t (*alloc)(spn_buffer_type_t *bt, size_t size, void **base, void **ctx, spn_error_t *err);
+  void (*free)(spn_buffer_type_t *bt, void *base, void *ctx);
+  bool is_host;
+} spn__buffer_type_iface_t;
+
+struct spn_buffer_type {
+  const spn__buffer_type_iface_t *iface;
+  spn_device_t *device;
+  int32_t mem_kind;
+  void *ctx;
+};
+
+struct spn_buffer {
+  atomic_int refs;
+  spn_buffer_type_t *bt;
+  void *data;
+  size_t size;
+  void *ctx;
+};
+
+typedef struct spn__device_iface {
+  void (*free)(spn_device_t *dev);
+  int32_t (*stream_new)(spn_device_t *dev, void **native, void **ctx, spn_error_t *err);
+  void (*stream_free)(spn_device_t *dev, void *ctx);
+  int32_t (*stream_sync)(spn_device_t *dev, void *ctx, spn_error_t *err);
+  /* Copy between buffers; either may be on the host. */
+  int32_t (*copy)(spn_device_t *dev, void *stream_ctx, spn_buffer_t *dst, size_t dst_off, spn_buffer_t *src,
+                  size_t src_off, size_t size, spn_error_t *err);
+  int32_t (*event_new)(spn_device_t *dev, void **ctx, spn_error_t *err);
+  void (*event_free)(spn_device_t *dev, void *ctx);
+  int32_t (*event_record)(spn_device_t *dev, void *ev_ctx, void *stream_ctx, spn_error_t *err);
+  int32_t (*event_sync)(spn_device_t *dev, void *ev_ctx, spn_error_t *err);
+  int32_t (*stream_wait_event)(spn_device_t *dev, void *stream_ctx, void *ev_ctx, spn_error_t *err);
+} spn__device_iface_t;
+
+struct spn_device {
+  const spn__device_iface_t *iface;
+  int32_t kind;  /* spn_device_kind_t */
+  int32_t index; /* within the kind */
+  char name[128];
+  spn_buffer_type_t bt[3]; /* indexed by spn_mem_kind_t */
+  void *ctx;
+};
+
+struct spn_stream {
+  spn_device_t *dev;
+  void *native;
+  void *ctx;
+};
+
+struct spn_event {
+  spn_device_t *dev;
+  void *ctx;
+};
+
+/* A backend: opens the devices a spec names. `spec` is the part after the
+ * kind ("4" of "cpu:4", "0,1" of "cuda:0,1", "" for all). */
+typedef struct spn__backend {
+  const char *kind_name; /* "cpu", "cuda" */
+  int32_t kind;
+  /* Number of devices present (CPU: 1). */
+  int32_t (*probe)(void);
+  int32_t (*open)(const char *spec, spn_device_t ***devs, uint32_t *n, spn_error_t *err);
+} spn__backend_t;
+
+const spn__backend_t *spn__backend_cpu(void);
+
+/* Open the devices `spec` names ("auto", "cpu", "cpu:4", "cuda", "cuda:0,1").
+ * `extra` backends (may be NULL) are consulted before the CPU one.
+ * Ownership: caller owns the array and devices (spn__devices_free). */
+int32_t spn__devices_open(const char *spec, const spn__backend_t *const *extra, size_t n_extra,
+                          spn_device_t ***devs, uint32_t *n, spn_error_t *err);
+void spn__devices_free(spn_device_t ***devs, uint32_t n);
+
+#endif

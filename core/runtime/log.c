@@ -1,0 +1,136 @@
+/* log.c — structured logging for one runtime.
+ *
+ * Each runtime owns a logger: level, format and destination are per runtime,
+ * never global, so two runtimes in one process log independently. A record
+ * is formatted into a stack buffer and written with a single write(2): POSIX
+ * keeps such writes to a pipe or file whole, so lines never interleave and
+ * no lock is needed. JSON lines escape every control character; long messages
+ * are truncated, never split. */
+#include "log-internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "spindle/runtime.h"
+
+struct spn__logger {
+  int32_t level;
+  int32_t json;
+  int fd;
+};
+
+int32_t spn__logger_new(int32_t level, int32_t format, int fd, spn__logger_t **out) {
+  spn__logger_t *lg = calloc(1, sizeof *lg);
+  if (!lg)
+    return SPN_ENOMEM;
+  lg->level = level;
+  lg->fd = fd < 0 ? STDERR_FILENO : fd;
+  if (format == SPN_LOG_FORMAT_AUTO)
+    lg->json = !isatty(lg->fd);
+  else
+    lg->json = format == SPN_LOG_FORMAT_JSON;
+  *out = lg;
+  return SPN_OK;
+}
+
+void spn__logger_free(spn__logger_t **lg) {
+  if (!lg || !*lg)
+    return;
+  free(*lg);
+  *lg = NULL;
+}
+
+int32_t spn__logger_level(const spn__logger_t *lg) { return lg->level; }
+
+static const char *level_name(int32_t level) {
+  switch (level) {
+  case SPN_LOG_DEBUG: return "debug";
+  case SPN_LOG_INFO: return "info";
+  case SPN_LOG_WARN: return "warn";
+  default: return "error";
+  }
+}
+
+/* Append `s` JSON-escaped to buf[*n..cap); keeps room for the closing text. */
+static void json_str(char *buf, size_t *n, size_t cap, const char *s) {
+  size_t i = *n;
+  if (i + 1 < cap)
+    buf[i++] = '"';
+  for (; s && *s && i + 8 < cap; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') {
+      buf[i++] = '\\';
+      buf[i++] = (char)c;
+    } else if (c == '\n') {
+      buf[i++] = '\\';
+      buf[i++] = 'n';
+    } else if (c < 0x20) {
+      i += (size_t)snprintf(buf + i, cap - i, "\\u%04x", c);
+    } else {
+      buf[i++] = (char)c;
+    }
+  }
+  if (i + 1 < cap)
+    buf[i++] = '"';
+  *n = i;
+}
+
+void spn__logv(spn__logger_t *lg, int32_t level, uint64_t job_id, const char *stage, const char *device,
+               const char *fmt, va_list ap) {
+  if (!lg || level < lg->level)
+    return;
+  char msg[1024];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  struct tm tm;
+  gmtime_r(&ts.tv_sec, &tm);
+  char when[64];
+  snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (long)(ts.tv_nsec / 1000000) % 1000);
+  char line[2048];
+  size_t n = 0, cap = sizeof line - 2;
+  if (lg->json) {
+    n += (size_t)snprintf(line, cap, "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":", when, level_name(level));
+    json_str(line, &n, cap - 64, msg);
+    if (job_id)
+      n += (size_t)snprintf(line + n, cap - n, ",\"job_id\":%llu", (unsigned long long)job_id);
+    if (stage && n + 16 < cap) {
+      n += (size_t)snprintf(line + n, cap - n, ",\"stage\":");
+      json_str(line, &n, cap - 32, stage);
+    }
+    if (device && n + 16 < cap) {
+      n += (size_t)snprintf(line + n, cap - n, ",\"device\":");
+      json_str(line, &n, cap - 4, device);
+    }
+    if (n < cap)
+      line[n++] = '}';
+  } else {
+    n += (size_t)snprintf(line, cap, "%s %-5s", when, level_name(level));
+    if (stage && n < cap)
+      n += (size_t)snprintf(line + n, cap - n, " [%s%s%s]", stage, device ? "@" : "", device ? device : "");
+    if (job_id && n < cap)
+      n += (size_t)snprintf(line + n, cap - n, " job %llu:", (unsigned long long)job_id);
+    if (n < cap)
+      n += (size_t)snprintf(line + n, cap - n, " %s", msg);
+  }
+  if (n > cap)
+    n = cap;
+  line[n++] = '\n';
+  ssize_t w;
+  do
+    w = write(lg->fd, line, n);
+  while (w < 0 && errno == EINTR);
+}
+
+void spn__log(spn__logger_t *lg, int32_t level, uint64_t job_id, const char *stage, const char *device,
+              const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  spn__logv(lg, level, job_id, stage, device, fmt, ap);
+  va_end(ap);
+}

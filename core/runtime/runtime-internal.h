@@ -1,0 +1,368 @@
+/* runtime-internal.h — structures of the runtime back end.
+ *
+ * Threads (see docs/architecture.md):
+ *   - the loop thread (libuv) owns job bookkeeping: events reach it through
+ *     rt->evq plus one uv_async_t; it never runs stage code;
+ *   - executors (a CPU pool and one thread per device) run actors. An actor
+ *     (struct spn_stage) is one stage replica, bound to one executor for its
+ *     life; every field marked "executor" is touched only by that thread.
+ * Fields marked "atomic" are shared; "loop" fields belong to the loop thread;
+ * "const" fields are written before the actor's executor first sees it. */
+#ifndef SPINDLE_RUNTIME_INTERNAL_H
+#define SPINDLE_RUNTIME_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "device-internal.h"
+#include "log-internal.h"
+#include "spec-internal.h"
+#include "spindle/device.h"
+#include "spindle/runtime.h"
+
+typedef struct spn__executor spn__executor_t;
+typedef struct spn__link spn__link_t;
+
+/* ---- messages ----------------------------------------------------------- */
+
+typedef struct spn__item {
+  int32_t kind; /* spn_item_kind_t */
+  char *name;
+  spn_tensor_t tensor;  /* data is NULL: offset 0 of buffer */
+  spn_buffer_t *buffer; /* own reference */
+  void *meta;           /* own copy */
+  size_t meta_size;
+} spn__item_t;
+
+struct spn_msg {
+  spn_envelope_t env;
+  uint32_t n_items, cap_items;
+  spn__item_t *items;
+};
+
+int32_t spn__msg_new(const spn_envelope_t *env, spn_msg_t **out, spn_error_t *err);
+void spn__msg_free(spn_msg_t **msg);
+/* Shallow copy: same envelope, items share the buffers (new references). */
+int32_t spn__msg_clone(const spn_msg_t *m, spn_msg_t **out, spn_error_t *err);
+
+/* Framing for ipc/tcp edges (docs/architecture.md "Wire format"). */
+int32_t spn__msg_serialize_append(const spn_msg_t *m, bool counted, uint8_t **buf, size_t *len, size_t *cap);
+/* Parse one message at *pos; advances *pos. err names the byte offset. */
+int32_t spn__msg_deserialize(const uint8_t *buf, size_t len, size_t *pos, spn_device_t *dev, spn_msg_t **out,
+                             bool *counted, spn_error_t *err);
+
+/* ---- jobs ----------------------------------------------------------------- */
+
+struct spn_job {
+  atomic_int refs;
+  spn_pipeline_t *pipe; /* const */
+  uint64_t id;          /* const */
+  int32_t priority;
+  void **configs;       /* per stage; owned when config_owned[i] */
+  bool *config_owned;
+  spn_job_callbacks_t cb;
+  atomic_int state;      /* spn_job_state_t */
+  atomic_bool cancelled; /* spn_job_cancel was called */
+  atomic_bool dead;      /* failing or cancelled: drop its messages */
+  atomic_llong *stage_done; /* per stage: frames finished there (terminal stages) */
+  atomic_llong total;    /* largest envelope total seen, -1 unknown */
+  /* loop */
+  uint32_t acks, acks_needed, abort_acks, abort_acks_needed;
+  bool aborting, finished_loop;
+  int32_t status;
+  char msg[SPN_ERROR_MSG_MAX];
+  long long last_done;
+  uint64_t t0_ns;
+  spn_job_t *next_running; /* rt->running list (loop) */
+  /* pipe->mu */
+  spn_job_t *next_live;
+  /* wait */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool finished;
+};
+
+void spn__job_unref(spn_job_t **job);
+
+/* ---- actors ----------------------------------------------------------------- */
+
+typedef struct spn__rx {
+  spn_msg_t *msg;
+  spn__link_t *link;
+  struct spn__ajob *aj;
+  bool counted;
+  uint64_t t_ns; /* arrival, for max_delay */
+} spn__rx_t;
+
+typedef struct spn__heap {
+  spn__rx_t *v;
+  size_t n, cap;
+} spn__heap_t;
+
+/* A job as seen by one actor (executor). */
+typedef struct spn__ajob {
+  struct spn__ajob *next;
+  spn_job_t *job; /* own reference */
+  uint64_t id;
+  void *job_state;
+  bool opened, failed, generating;
+  bool finish_done;    /* finish_job ran (or the source's generate ended) */
+  bool open_tried;     /* job_open was called (opened: and succeeded) */
+  uint32_t eos_got;
+  uint32_t n_ready;    /* its entries in the actor's ready FIFO */
+  uint64_t *next_seq;  /* per input port (re-ordering ports) */
+  spn__heap_t *heaps;  /* per input port (re-ordering ports) */
+} spn__ajob_t;
+
+struct spn__link {
+  uint32_t id; /* index in pipe->links (const) */
+  spn_stage_t *from, *to;
+  uint32_t from_port, to_port;
+  uint32_t capacity;
+  bool serialize;             /* consumer listens on ipc/tcp */
+  atomic_llong in_flight;     /* counted messages sent, not yet released */
+  atomic_llong max_in_flight; /* debug: largest in_flight seen */
+  atomic_bool want_credit;    /* producer waits for credit */
+  atomic_llong ctl_in_flight; /* uncounted control messages (EOS, SKIP) in transit */
+  /* producer executor */
+  void *sock;
+  spn_msg_t **tx;
+  bool *tx_counted;
+  uint32_t n_tx;
+};
+
+typedef struct spn__out_edge {
+  spn__link_t **links; /* one per consumer replica */
+  uint32_t n_links;
+  uint32_t rr;
+  /* Where data messages go: the consumer replicas on the producer's own
+   * device when there are any (chain per device), else all of `links`. */
+  spn__link_t **targets;
+  uint32_t n_targets;
+} spn__out_edge_t;
+
+typedef struct spn__out_port {
+  spn__out_edge_t *edges; /* one per consumer stage */
+  uint32_t n_edges;
+} spn__out_port_t;
+
+typedef struct spn__stage_rt {
+  uint32_t index;
+  const spn__stage_spec_t *spec;
+  const spn_stage_kind_t *kind;
+  spn_stage_t **replicas;
+  uint32_t n_replicas;
+  uint32_t max_batch, max_delay_ms;
+  bool terminal; /* no outgoing edge: acknowledges EOS to the job */
+} spn__stage_rt_t;
+
+struct spn_stage {
+  spn_pipeline_t *pipe;      /* const */
+  spn__stage_rt_t *srt;      /* const */
+  uint32_t replica;          /* const */
+  uint32_t index;            /* in pipe->actors */
+  spn__executor_t *ex;       /* const */
+  spn_device_t *device;      /* const; NULL = CPU pool (host memory) */
+  char device_name[64];
+  char endpoint[256];        /* where the mailbox listens */
+  bool serialized_in;        /* mailbox is ipc/tcp */
+  spn__out_port_t *out;      /* n_outputs of the kind */
+  uint32_t n_out;
+  uint32_t *links_in;        /* per input port: number of links */
+  bool *reorder;             /* per input port */
+  uint32_t n_in;
+  uint32_t eos_expected;
+  bool is_source;
+  /* executor */
+  void *state;
+  bool created;
+  void *sock;                /* PULL mailbox */
+  spn__ajob_t *jobs;
+  spn__ajob_t *gen_cursor;
+  spn__rx_t *ready;          /* FIFO ring */
+  size_t r_head, r_n, r_cap;
+  uint64_t first_ready_ns;
+  size_t n_finishing;        /* jobs whose every EOS has arrived */
+  spn_msg_t **b_msgs;        /* batch scratch */
+  void **b_states;
+  spn__rx_t *b_rx;
+  uint32_t b_cap;
+  uint64_t retry_ns;         /* source asked to be called later */
+  spn__ajob_t *cur_job;      /* job whose callback runs (generate/flush) */
+  uint8_t *ser_buf;          /* serialization scratch */
+  atomic_llong reordered;    /* debug: messages that arrived ahead of their turn */
+  size_t ser_cap;
+};
+
+/* ---- executors ---------------------------------------------------------------- */
+
+typedef enum spn__cmd_type {
+  SPN__CMD_CREATE = 1, /* create + bind + preload an actor */
+  SPN__CMD_CONNECT,    /* connect its output links */
+  SPN__CMD_START_JOB,  /* a source starts generating a job */
+  SPN__CMD_ABORT_JOB,  /* drop a job: job_close(ok=false), ack the loop */
+  SPN__CMD_DESTROY,    /* destroy the actor, close its sockets */
+  SPN__CMD_STOP,       /* end the executor thread */
+} spn__cmd_type_t;
+
+typedef struct spn__barrier {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  uint32_t remaining;
+  int32_t status;
+  spn_error_t err;
+} spn__barrier_t;
+
+typedef struct spn__cmd {
+  struct spn__cmd *next;
+  int32_t type;
+  spn_stage_t *actor;
+  spn_job_t *job; /* own reference */
+  spn__barrier_t *barrier;
+} spn__cmd_t;
+
+struct spn__executor {
+  spn_runtime_t *rt;
+  uint32_t index;
+  char name[64];
+  spn_device_t *device; /* NULL for pool threads */
+  spn_stream_t *stream; /* the device's work stream, created on this thread */
+  pthread_t thread;
+  pthread_mutex_t mu;
+  spn__cmd_t *head, *tail; /* mu */
+  int efd;
+  atomic_bool signalled;
+  /* executor */
+  spn_stage_t **actors;
+  uint32_t n_actors, cap_actors;
+};
+
+int32_t spn__executor_start(spn_runtime_t *rt, spn__executor_t *ex, uint32_t index, spn_device_t *dev,
+                            spn_error_t *err);
+void spn__executor_stop(spn__executor_t *ex);
+/* Queue a command (takes ownership of cmd). Thread: any. */
+void spn__executor_post(spn__executor_t *ex, spn__cmd_t *cmd);
+/* Make the executor look at its actors again (credit came back). Thread: any. */
+void spn__executor_wake(spn__executor_t *ex);
+
+/* Actor work, on its executor. */
+int32_t spn__actor_create(spn_stage_t *a, spn_error_t *err);
+int32_t spn__actor_connect(spn_stage_t *a, spn_error_t *err);
+void spn__actor_start_job(spn_stage_t *a, spn_job_t *job);
+void spn__actor_abort_job(spn_stage_t *a, spn_job_t *job);
+void spn__actor_destroy(spn_stage_t *a);
+/* Run what is ready; *deadline_ns gets the next time it wants to run
+ * (UINT64_MAX none). Returns true if it did anything. */
+bool spn__actor_step(spn_stage_t *a, uint64_t now_ns, uint64_t *deadline_ns);
+
+void spn__barrier_init(spn__barrier_t *b, uint32_t n);
+void spn__barrier_done(spn__barrier_t *b, int32_t status, const spn_error_t *err);
+int32_t spn__barrier_wait(spn__barrier_t *b, spn_error_t *err);
+void spn__barrier_destroy(spn__barrier_t *b);
+
+/* ---- pipelines and the runtime ---------------------------------------------- */
+
+struct spn_pipeline {
+  spn_runtime_t *rt;
+  spn__pipeline_spec_t *spec;
+  bool owns_spec;
+  uint64_t id;
+  spn__stage_rt_t *stages;
+  uint32_t n_stages;
+  spn_stage_t **actors;
+  uint32_t n_actors;
+  spn__link_t **links;
+  uint32_t n_links;
+  uint32_t n_terminal; /* terminal actors: EOS acks a job needs */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  spn_job_t *live; /* jobs not yet finished */
+  uint32_t n_live;
+  spn_pipeline_t *next; /* rt->pipes */
+};
+
+/* Job for an id among the pipeline's live jobs, with a new reference, or NULL.
+ * Thread: any. */
+spn_job_t *spn__pipeline_find_job(spn_pipeline_t *pipe, uint64_t id);
+
+typedef enum spn__ev_type {
+  SPN__EV_JOB_START = 1,
+  SPN__EV_JOB_ACK,    /* a terminal actor finished the job */
+  SPN__EV_JOB_FAIL,   /* status + msg */
+  SPN__EV_JOB_CANCEL,
+  SPN__EV_ABORT_ACK,  /* an actor handled ABORT_JOB */
+  SPN__EV_PROGRESS,   /* a stage reported progress */
+} spn__ev_type_t;
+
+typedef struct spn__event {
+  struct spn__event *next;
+  int32_t type;
+  spn_job_t *job; /* own reference */
+  int32_t status;
+  int64_t done, total;
+  char msg[];
+} spn__event_t;
+
+struct spn_runtime {
+  spn_runtime_opts_t opts;
+  char *devices_spec;
+  char **plugin_paths; /* copy of opts.plugin_paths */
+  size_t n_plugin_paths;
+  spn__logger_t *log;
+  spn_device_t **devices;
+  uint32_t n_devices;
+  spn_device_t **host_devs; /* one CPU device: host memory for pool actors */
+  spn_device_t *host_dev;
+  spn__executor_t *pool; /* CPU pool */
+  uint32_t n_pool;
+  spn__executor_t *dev_ex; /* one per device */
+  atomic_uint pool_rr;
+  void *zctx;
+  spn__registry_t *reg;
+  const spn_host_api_t *host; /* static: plugins may keep the pointer */
+  atomic_ullong next_job_id;
+  atomic_ullong next_pipe_id;
+  uint32_t edge_capacity;
+  /* loop */
+  uv_loop_t loop;
+  uv_async_t async;
+  uv_timer_t timer;
+  pthread_t loop_thread;
+  bool loop_started;
+  pthread_mutex_t evmu;
+  spn__event_t *ev_head, *ev_tail; /* evmu */
+  bool stopping;                   /* evmu */
+  spn_job_t *running;              /* loop */
+  pthread_mutex_t pmu;
+  spn_pipeline_t *pipes; /* pmu */
+};
+
+/* Post an event to the loop thread (takes ownership). Thread: any. */
+void spn__loop_post(spn_runtime_t *rt, spn__event_t *ev);
+spn__event_t *spn__event_new(int32_t type, spn_job_t *job, int32_t status, const char *msg);
+void spn__loop_job_started(spn_runtime_t *rt, spn_job_t *job);
+void spn__loop_handle(spn_runtime_t *rt, spn__event_t *ev);
+void spn__loop_progress_tick(spn_runtime_t *rt);
+
+/* The host table handed to plugins: one static table for every runtime
+ * (plugins keep the pointer in a static; entries find their runtime through
+ * the stage handle). */
+const spn_host_api_t *spn__host_api(void);
+/* model_* entries of it (host-model.c). */
+int32_t spn__host_model_load(spn_stage_t *s, const char *path, spn_model_t **out, spn_error_t *err);
+void spn__host_model_release(spn_stage_t *s, spn_model_t **model);
+int32_t spn__host_model_io_count(const spn_model_t *model, bool is_output);
+int32_t spn__host_model_io(const spn_model_t *model, bool is_output, int32_t i, const char **name, spn_tensor_t *desc);
+int32_t spn__host_model_run(spn_stage_t *s, spn_model_t *model, const spn_tensor_t *in, size_t n_in,
+                            spn_tensor_t *out, size_t n_out, spn_error_t *err);
+void spn__host_model_free_outputs(spn_model_t *model, spn_tensor_t *outputs, size_t n_out);
+
+uint64_t spn__now_ns(void);
+/* True on the runtime's loop or executor threads, where waiting for a job
+ * or a pipeline would wait for ourselves. */
+bool spn__runtime_own_thread(const spn_runtime_t *rt);
+
+#endif

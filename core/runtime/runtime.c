@@ -1,0 +1,465 @@
+/* runtime.c — the runtime: devices, executors, the control loop, jobs' books.
+ *
+ * The loop thread runs libuv. Other threads reach it only through rt->evq and
+ * one uv_async_t: sends coalesce, and the callback drains the whole queue.
+ * The loop keeps each job's bookkeeping (EOS acknowledgements from terminal
+ * actors, abort acknowledgements, the final status) and is the only thread
+ * that calls on_done and on_progress; it never runs stage code and never
+ * waits on a device.
+ *
+ * Job life: start -> RUNNING (sources told to generate) -> either every
+ * terminal actor acknowledged EOS (SUCCEEDED), or a failure/cancel marks the
+ * job dead and every actor is told to abort it (job_close(ok=false)); once
+ * every actor acknowledged, on_done fires with the first failure's status. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "debug-internal.h"
+#include "runtime-internal.h"
+
+/* ---- events ------------------------------------------------------------------- */
+
+spn__event_t *spn__event_new(int32_t type, spn_job_t *job, int32_t status, const char *msg) {
+  size_t n = msg ? strlen(msg) + 1 : 1;
+  spn__event_t *ev = calloc(1, sizeof *ev + n);
+  SPN_ASSERT(ev);
+  ev->type = type;
+  ev->job = job;
+  if (job)
+    atomic_fetch_add(&job->refs, 1);
+  ev->status = status;
+  if (msg)
+    memcpy(ev->msg, msg, n);
+  return ev;
+}
+
+void spn__loop_post(spn_runtime_t *rt, spn__event_t *ev) {
+  ev->next = NULL;
+  pthread_mutex_lock(&rt->evmu);
+  if (rt->ev_tail)
+    rt->ev_tail->next = ev;
+  else
+    rt->ev_head = ev;
+  rt->ev_tail = ev;
+  pthread_mutex_unlock(&rt->evmu);
+  uv_async_send(&rt->async);
+}
+
+void spn__job_unref(spn_job_t **jp) {
+  if (!jp || !*jp)
+    return;
+  spn_job_t *job = *jp;
+  *jp = NULL;
+  if (atomic_fetch_sub(&job->refs, 1) != 1)
+    return;
+  pthread_mutex_destroy(&job->mu);
+  pthread_cond_destroy(&job->cv);
+  free(job->stage_done);
+  free(job->configs);
+  free(job->config_owned);
+  free(job);
+}
+
+/* Frames done: at the slowest terminal stage (with two sinks, a frame is
+ * done once both have it). */
+static long long job_done(const spn_job_t *job) {
+  const spn_pipeline_t *pipe = job->pipe;
+  long long done = -1;
+  for (uint32_t i = 0; i < pipe->n_stages; i++)
+    if (pipe->stages[i].terminal) {
+      long long d = atomic_load(&job->stage_done[i]);
+      if (done < 0 || d < done)
+        done = d;
+    }
+  return done < 0 ? 0 : done;
+}
+
+static void progress_report(spn_job_t *job, bool force) {
+  long long done = job_done(job);
+  if (!job->cb.on_progress || (!force && done == job->last_done))
+    return;
+  job->last_done = done;
+  spn_job_progress_t p = {.struct_size = sizeof p,
+                          .job_id = job->id,
+                          .done = done,
+                          .total = atomic_load(&job->total),
+                          .elapsed_s = (double)(spn__now_ns() - job->t0_ns) / 1e9};
+  job->cb.on_progress(job->cb.data, &p);
+}
+
+static void post_all_actors(spn_pipeline_t *pipe, int32_t type, spn_job_t *job, bool sources_only) {
+  for (uint32_t i = 0; i < pipe->n_actors; i++) {
+    spn_stage_t *a = pipe->actors[i];
+    if (sources_only && !a->is_source)
+      continue;
+    spn__cmd_t *c = calloc(1, sizeof *c);
+    SPN_ASSERT(c);
+    c->type = type;
+    c->actor = a;
+    c->job = job;
+    atomic_fetch_add(&job->refs, 1);
+    spn__executor_post(a->ex, c);
+  }
+}
+
+/* The job is over: report, wake waiters, forget it. Loop thread. */
+static void job_finish(spn_runtime_t *rt, spn_job_t *job, int32_t status, const char *msg) {
+  spn_pipeline_t *pipe = job->pipe;
+  job->finished_loop = true;
+  atomic_store(&job->dead, true);
+  for (spn_job_t **pp = &rt->running; *pp; pp = &(*pp)->next_running)
+    if (*pp == job) {
+      *pp = job->next_running;
+      break;
+    }
+  if (!rt->running)
+    uv_timer_stop(&rt->timer);
+  job->status = status;
+  if (msg && msg != job->msg)
+    snprintf(job->msg, sizeof job->msg, "%s", msg);
+  atomic_store(&job->state, status == SPN_OK ? SPN_JOB_SUCCEEDED
+                                             : status == SPN_ECANCELLED ? SPN_JOB_CANCELLED : SPN_JOB_FAILED);
+  if (status == SPN_OK)
+    progress_report(job, true);
+  spn__log(rt->log, status == SPN_OK ? SPN_LOG_DEBUG : SPN_LOG_INFO, job->id, NULL, NULL, "job %s%s%s",
+           status == SPN_OK ? "succeeded" : status == SPN_ECANCELLED ? "cancelled" : "failed", *job->msg ? ": " : "",
+           job->msg);
+  /* Per-job configs belong to the spec's kinds: free them while the
+   * pipeline certainly lives. */
+  for (uint32_t i = 0; i < pipe->n_stages; i++)
+    if (job->config_owned[i]) {
+      spn__config_free(pipe->stages[i].kind, &job->configs[i]);
+      job->config_owned[i] = false;
+    }
+  pthread_mutex_lock(&pipe->mu);
+  for (spn_job_t **pp = &pipe->live; *pp; pp = &(*pp)->next_live)
+    if (*pp == job) {
+      *pp = job->next_live;
+      break;
+    }
+  pthread_mutex_unlock(&pipe->mu);
+  if (job->cb.on_done)
+    job->cb.on_done(job->cb.data, job->id, status, job->msg);
+  pthread_mutex_lock(&job->mu);
+  job->finished = true;
+  pthread_cond_broadcast(&job->cv);
+  pthread_mutex_unlock(&job->mu);
+  /* The pipeline may be freed as soon as n_live drops: touch it last. */
+  pthread_mutex_lock(&pipe->mu);
+  pipe->n_live--;
+  pthread_cond_broadcast(&pipe->cv);
+  pthread_mutex_unlock(&pipe->mu);
+  spn__job_unref(&job); /* the runtime's reference */
+}
+
+static void job_abort(spn_runtime_t *rt, spn_job_t *job, int32_t status, const char *msg) {
+  (void)rt;
+  if (job->aborting || job->finished_loop)
+    return;
+  job->aborting = true;
+  atomic_store(&job->dead, true);
+  job->status = status;
+  snprintf(job->msg, sizeof job->msg, "%s", msg);
+  job->abort_acks_needed = job->pipe->n_actors;
+  job->abort_acks = 0;
+  post_all_actors(job->pipe, SPN__CMD_ABORT_JOB, job, false);
+}
+
+void spn__loop_handle(spn_runtime_t *rt, spn__event_t *ev) {
+  spn_job_t *job = ev->job;
+  switch (ev->type) {
+  case SPN__EV_JOB_START:
+    job->t0_ns = spn__now_ns();
+    job->next_running = rt->running;
+    rt->running = job;
+    if (atomic_load(&job->cancelled)) {
+      job_abort(rt, job, SPN_ECANCELLED, "job cancelled");
+      break;
+    }
+    atomic_store(&job->state, SPN_JOB_RUNNING);
+    job->acks_needed = job->pipe->n_terminal;
+    post_all_actors(job->pipe, SPN__CMD_START_JOB, job, true);
+    break;
+  case SPN__EV_JOB_ACK:
+    if (job->aborting || job->finished_loop)
+      break;
+    if (++job->acks == job->acks_needed)
+      job_finish(rt, job, SPN_OK, "");
+    break;
+  case SPN__EV_JOB_FAIL:
+    job_abort(rt, job, ev->status, ev->msg);
+    break;
+  case SPN__EV_JOB_CANCEL:
+    if (!job->aborting && !job->finished_loop) {
+      char text[128];
+      snprintf(text, sizeof text, "job %llu cancelled", (unsigned long long)job->id);
+      job_abort(rt, job, SPN_ECANCELLED, text);
+    }
+    break;
+  case SPN__EV_ABORT_ACK:
+    if (job->aborting && !job->finished_loop && ++job->abort_acks == job->abort_acks_needed)
+      job_finish(rt, job, job->status, job->msg);
+    break;
+  case SPN__EV_PROGRESS:
+    if (job->cb.on_progress && !job->finished_loop) {
+      spn_job_progress_t p = {.struct_size = sizeof p,
+                              .job_id = job->id,
+                              .done = ev->done,
+                              .total = ev->total,
+                              .elapsed_s = (double)(spn__now_ns() - job->t0_ns) / 1e9};
+      job->cb.on_progress(job->cb.data, &p);
+    }
+    break;
+  }
+}
+
+static void on_timer(uv_timer_t *t) {
+  spn_runtime_t *rt = t->data;
+  for (spn_job_t *j = rt->running; j; j = j->next_running)
+    if (!j->finished_loop)
+      progress_report(j, false);
+}
+
+static void on_async(uv_async_t *h) {
+  spn_runtime_t *rt = h->data;
+  for (;;) {
+    pthread_mutex_lock(&rt->evmu);
+    spn__event_t *ev = rt->ev_head;
+    rt->ev_head = rt->ev_tail = NULL;
+    bool stopping = rt->stopping;
+    pthread_mutex_unlock(&rt->evmu);
+    if (!ev) {
+      if (stopping) {
+        uv_close((uv_handle_t *)&rt->async, NULL);
+        uv_close((uv_handle_t *)&rt->timer, NULL);
+      }
+      return;
+    }
+    while (ev) {
+      spn__event_t *next = ev->next;
+      spn__loop_handle(rt, ev);
+      if (ev->type == SPN__EV_JOB_START && rt->running && !uv_is_active((uv_handle_t *)&rt->timer))
+        uv_timer_start(&rt->timer, on_timer, 50, 50);
+      spn__job_unref(&ev->job);
+      free(ev);
+      ev = next;
+    }
+  }
+}
+
+static void *loop_main(void *arg) {
+  spn_runtime_t *rt = arg;
+  uv_run(&rt->loop, UV_RUN_DEFAULT);
+  return NULL;
+}
+
+/* ---- runtime ------------------------------------------------------------------------ */
+
+int32_t spn_runtime_new(const spn_runtime_opts_t *opts_in, spn_runtime_t **out, spn_error_t *err) {
+  spn_runtime_opts_t opts = SPN_RUNTIME_OPTS_INIT;
+  if (opts_in) {
+    size_t n = opts_in->struct_size && opts_in->struct_size < sizeof opts ? opts_in->struct_size : sizeof opts;
+    memcpy(&opts, opts_in, n);
+    opts.struct_size = sizeof opts;
+  }
+  spn_runtime_t *rt = calloc(1, sizeof *rt);
+  if (!rt)
+    return spn_error_set(err, SPN_ENOMEM, "out of memory creating a runtime");
+  int32_t rc = SPN_OK;
+  rt->opts = opts;
+  rt->opts.plugin_paths = NULL; /* copied below: the caller owns its array */
+  rt->opts.n_plugin_paths = 0;
+  if (opts.n_plugin_paths) {
+    rt->plugin_paths = calloc(opts.n_plugin_paths, sizeof *rt->plugin_paths);
+    if (!rt->plugin_paths) {
+      rc = spn_error_set(err, SPN_ENOMEM, "out of memory creating a runtime");
+      goto out_rt;
+    }
+    for (size_t i = 0; i < opts.n_plugin_paths; i++, rt->n_plugin_paths++)
+      if (!(rt->plugin_paths[i] = strdup(opts.plugin_paths[i]))) {
+        rc = spn_error_set(err, SPN_ENOMEM, "out of memory creating a runtime");
+        goto out_rt;
+      }
+  }
+  rt->devices_spec = strdup(opts.devices ? opts.devices : "auto");
+  rt->edge_capacity = opts.edge_capacity ? opts.edge_capacity : 256;
+  atomic_init(&rt->next_job_id, 1);
+  atomic_init(&rt->next_pipe_id, 1);
+  pthread_mutex_init(&rt->evmu, NULL);
+  pthread_mutex_init(&rt->pmu, NULL);
+  if (!rt->devices_spec) {
+    rc = spn_error_set(err, SPN_ENOMEM, "out of memory creating a runtime");
+    goto out_rt;
+  }
+  rc = spn__logger_new(opts.log_level, opts.log_format, opts.log_fd, &rt->log);
+  if (rc != SPN_OK) {
+    spn_error_set(err, rc, "cannot create the runtime's logger");
+    goto out_rt;
+  }
+  rt->host = spn__host_api();
+  rc = spn__devices_open(rt->devices_spec, NULL, 0, &rt->devices, &rt->n_devices, err);
+  if (rc != SPN_OK)
+    goto out_log;
+  uint32_t nh = 0;
+  rc = spn__backend_cpu()->open("", &rt->host_devs, &nh, err);
+  if (rc != SPN_OK)
+    goto out_devices;
+  rt->host_dev = rt->host_devs[0];
+  snprintf(rt->host_dev->name, sizeof rt->host_dev->name, "cpu");
+  rc = spn__registry_new(&rt->reg, err);
+  if (rc != SPN_OK)
+    goto out_host;
+  rt->zctx = zmq_ctx_new();
+  if (!rt->zctx) {
+    rc = spn_error_set(err, SPN_EIO, "cannot create a ZeroMQ context: %s", zmq_strerror(zmq_errno()));
+    goto out_reg;
+  }
+  /* Executors: the CPU pool, then one per device. */
+  long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+  rt->n_pool = opts.cpu_threads ? opts.cpu_threads : (uint32_t)(ncpu > 0 ? ncpu : 1);
+  rt->pool = calloc(rt->n_pool, sizeof *rt->pool);
+  rt->dev_ex = calloc(rt->n_devices, sizeof *rt->dev_ex);
+  if (!rt->pool || !rt->dev_ex) {
+    rc = spn_error_set(err, SPN_ENOMEM, "out of memory creating executors");
+    goto out_zmq;
+  }
+  for (uint32_t i = 0; i < rt->n_pool; i++)
+    rt->pool[i].efd = -1;
+  for (uint32_t i = 0; i < rt->n_devices; i++)
+    rt->dev_ex[i].efd = -1;
+  for (uint32_t i = 0; i < rt->n_pool; i++)
+    if ((rc = spn__executor_start(rt, &rt->pool[i], i, NULL, err)) != SPN_OK)
+      goto out_ex;
+  for (uint32_t i = 0; i < rt->n_devices; i++)
+    if ((rc = spn__executor_start(rt, &rt->dev_ex[i], i, rt->devices[i], err)) != SPN_OK)
+      goto out_ex;
+  /* The loop. */
+  if (uv_loop_init(&rt->loop) != 0) {
+    rc = spn_error_set(err, SPN_EIO, "cannot create the control loop");
+    goto out_ex;
+  }
+  uv_async_init(&rt->loop, &rt->async, on_async);
+  rt->async.data = rt;
+  uv_timer_init(&rt->loop, &rt->timer);
+  rt->timer.data = rt;
+  if (pthread_create(&rt->loop_thread, NULL, loop_main, rt) != 0) {
+    rc = spn_error_set(err, SPN_EINTERNAL, "cannot start the control loop thread");
+    uv_close((uv_handle_t *)&rt->async, NULL);
+    uv_close((uv_handle_t *)&rt->timer, NULL);
+    uv_run(&rt->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&rt->loop);
+    goto out_ex;
+  }
+  rt->loop_started = true;
+  spn__log(rt->log, SPN_LOG_DEBUG, 0, NULL, NULL, "runtime started: %u devices (%s), %u CPU workers", rt->n_devices,
+           rt->devices_spec, rt->n_pool);
+  *out = rt;
+  return SPN_OK;
+
+out_ex:
+  for (uint32_t i = 0; i < rt->n_devices; i++)
+    spn__executor_stop(&rt->dev_ex[i]);
+  for (uint32_t i = 0; i < rt->n_pool; i++)
+    spn__executor_stop(&rt->pool[i]);
+out_zmq:
+  free(rt->pool);
+  free(rt->dev_ex);
+  zmq_ctx_term(rt->zctx);
+out_reg:
+  spn__registry_free(&rt->reg);
+out_host:
+  spn__devices_free(&rt->host_devs, 1);
+out_devices:
+  spn__devices_free(&rt->devices, rt->n_devices);
+out_log:
+  spn__logger_free(&rt->log);
+out_rt:
+  for (size_t i = 0; i < rt->n_plugin_paths; i++)
+    free(rt->plugin_paths[i]);
+  free(rt->plugin_paths);
+  pthread_mutex_destroy(&rt->evmu);
+  pthread_mutex_destroy(&rt->pmu);
+  free(rt->devices_spec);
+  free(rt);
+  return rc;
+}
+
+void spn_runtime_free(spn_runtime_t **rtp) {
+  if (!rtp || !*rtp)
+    return;
+  spn_runtime_t *rt = *rtp;
+  /* From a callback it would wait for its own thread. */
+  SPN_ASSERT(!spn__runtime_own_thread(rt));
+  *rtp = NULL;
+  for (;;) {
+    pthread_mutex_lock(&rt->pmu);
+    spn_pipeline_t *p = rt->pipes;
+    pthread_mutex_unlock(&rt->pmu);
+    if (!p)
+      break;
+    spn_pipeline_free(&p);
+  }
+  pthread_mutex_lock(&rt->evmu);
+  rt->stopping = true;
+  pthread_mutex_unlock(&rt->evmu);
+  uv_async_send(&rt->async);
+  pthread_join(rt->loop_thread, NULL);
+  uv_loop_close(&rt->loop);
+  for (uint32_t i = 0; i < rt->n_devices; i++)
+    spn__executor_stop(&rt->dev_ex[i]);
+  for (uint32_t i = 0; i < rt->n_pool; i++)
+    spn__executor_stop(&rt->pool[i]);
+  free(rt->pool);
+  free(rt->dev_ex);
+  zmq_ctx_term(rt->zctx);
+  spn__registry_free(&rt->reg);
+  spn__devices_free(&rt->host_devs, 1);
+  spn__devices_free(&rt->devices, rt->n_devices);
+  spn__logger_free(&rt->log);
+  pthread_mutex_destroy(&rt->evmu);
+  pthread_mutex_destroy(&rt->pmu);
+  for (size_t i = 0; i < rt->n_plugin_paths; i++)
+    free(rt->plugin_paths[i]);
+  free(rt->plugin_paths);
+  free(rt->devices_spec);
+  free(rt);
+}
+
+bool spn__runtime_own_thread(const spn_runtime_t *rt) {
+  pthread_t self = pthread_self();
+  if (rt->loop_started && pthread_equal(self, rt->loop_thread))
+    return true;
+  for (uint32_t i = 0; i < rt->n_pool; i++)
+    if (pthread_equal(self, rt->pool[i].thread))
+      return true;
+  for (uint32_t i = 0; i < rt->n_devices; i++)
+    if (pthread_equal(self, rt->dev_ex[i].thread))
+      return true;
+  return false;
+}
+
+spn_device_t *spn__runtime_device(spn_runtime_t *rt, uint32_t i) { return i < rt->n_devices ? rt->devices[i] : NULL; }
+
+uint32_t spn_runtime_device_count(const spn_runtime_t *rt) { return rt->n_devices; }
+
+const char *spn_runtime_device_name(const spn_runtime_t *rt, uint32_t i) {
+  return i < rt->n_devices ? rt->devices[i]->name : NULL;
+}
+
+int32_t spn_runtime_load_plugin(spn_runtime_t *rt, const char *path, spn_error_t *err) {
+  return spn__registry_load_file(rt->reg, rt->host, path, err);
+}
+
+size_t spn_runtime_kind_count(const spn_runtime_t *rt) { return spn__registry_count(rt->reg); }
+
+const spn_stage_kind_t *spn_runtime_kind_at(const spn_runtime_t *rt, size_t i, const char **plugin_file) {
+  return spn__registry_at(rt->reg, i, plugin_file);
+}
+
+int32_t spn_runtime_load_plugins(spn_runtime_t *rt, spn_error_t *err) {
+  return spn__registry_load_search_path(rt->reg, rt->host, (const char *const *)rt->plugin_paths, rt->n_plugin_paths,
+                                        NULL, 0, err);
+}

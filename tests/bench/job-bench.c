@@ -1,0 +1,347 @@
+/* job-bench.c — how fast the job gateway accepts and dispatches jobs, beside
+ * raw libzmq on the same loopback in the same run.
+ *
+ *   job-bench [N_SUBMIT] [N_LATENCY] [N_DISPATCH]
+ *
+ * 1. Durable submissions accepted per second: one DEALER pipelines SUBMITs
+ *    (window of 1000 in flight) to a gateway with no workers; a submission
+ *    counts when its SUBMITTED reply arrives, i.e. after its group commit.
+ *    Peer: the same pipelining against a bare ROUTER that echoes.
+ * 2. Submit latency with sends spaced 10 ms apart (p50/p99). Peer: REQ/REP
+ *    round trip of the same bytes on the same loopback.
+ * 1b. The same with synchronous=FULL (an fsync per group commit).
+ * 3. Dispatch overhead on an empty pipeline ("noop") with one in-process
+ *    worker: submit N, time until the last (FIFO) succeeds, per job.
+ * Not a test: prints figures and ratios, gates nothing.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <zmq.h>
+
+#include "jobs-internal.h"
+#include "proto-internal.h"
+
+static double now_s(void) { return spn__mono_s(); }
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, size_t n, double p) {
+  qsort(v, n, sizeof *v, cmp_d);
+  size_t i = (size_t)(p * (double)(n - 1) + 0.5);
+  return v[i];
+}
+
+typedef struct srv {
+  spn_server_config_t cfg;
+  spn_job_runner_t runner;
+  spn_server_t *s;
+  pthread_t th;
+  char ep[128];
+  char db[64];
+} srv_t;
+
+static void *srv_main(void *arg) {
+  srv_t *v = arg;
+  spn_server_run(v->s, NULL);
+  return NULL;
+}
+
+static int srv_start(srv_t *v, uint32_t workers, int port, bool sync_full) {
+  spn_server_config_defaults(&v->cfg);
+  v->cfg.sync_full = sync_full;
+  snprintf(v->db, sizeof v->db, "/tmp/spn-bench-XXXXXX");
+  int fd = mkstemp(v->db);
+  close(fd);
+  snprintf(v->ep, sizeof v->ep, "tcp://127.0.0.1:%d", port);
+  v->cfg.bind = strdup(v->ep);
+  v->cfg.db_path = strdup(v->db);
+  v->cfg.workers = workers;
+  spn_test_runner_config_t rc = {0};
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_test_runner_new(&rc, &v->runner, &err) < 0 ||
+      spn_server_new(&v->cfg, &v->runner, &v->s, &err) < 0) {
+    fprintf(stderr, "job-bench: %s\n", err.msg);
+    return -1;
+  }
+  pthread_create(&v->th, NULL, srv_main, v);
+  return 0;
+}
+
+static void srv_stop(srv_t *v) {
+  spn_server_stop(v->s);
+  pthread_join(v->th, NULL);
+  spn_server_free(&v->s);
+  spn_test_runner_free(&v->runner);
+  spn_server_config_clear(&v->cfg);
+  char p[96];
+  unlink(v->db);
+  snprintf(p, sizeof p, "%s-wal", v->db);
+  unlink(p);
+  snprintf(p, sizeof p, "%s-shm", v->db);
+  unlink(p);
+}
+
+static const char submit_body[] = "{\"req\":1,\"pipeline\":\"noop\"}";
+
+static void send4(void *s, const char *type, const char *body) {
+  zmq_send(s, "", 0, ZMQ_SNDMORE);
+  zmq_send(s, "SPN1", 4, ZMQ_SNDMORE);
+  zmq_send(s, type, strlen(type), ZMQ_SNDMORE);
+  zmq_send(s, body, strlen(body), 0);
+}
+
+/* Receive one whole message; returns its type in t (0 on failure). */
+static int recv_msg(void *s, char t[17], int timeout_ms) {
+  zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+  if (zmq_poll(&it, 1, timeout_ms) <= 0)
+    return -1;
+  spn_pmsg_t m;
+  if (spn__proto_recv(s, false, &m) != SPN_OK)
+    return -1;
+  snprintf(t, 17, "%s", m.type);
+  cJSON_Delete(m.body);
+  return m.error ? -1 : 0;
+}
+
+static void *dealer(void *ctx, const char *ep) {
+  void *s = zmq_socket(ctx, ZMQ_DEALER);
+  int z = 0, hwm = 0;
+  zmq_setsockopt(s, ZMQ_LINGER, &z, sizeof z);
+  zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
+  zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+  zmq_connect(s, ep);
+  return s;
+}
+
+/* Pipelined submissions; returns accepted per second. */
+static double pipelined(void *ctx, const char *ep, int n, const char *expect) {
+  void *s = dealer(ctx, ep);
+  char t[17];
+  /* warm up the connection */
+  send4(s, "SUBMIT", submit_body);
+  if (recv_msg(s, t, 5000) < 0) {
+    fprintf(stderr, "job-bench: no reply from %s\n", ep);
+    zmq_close(s);
+    return 0;
+  }
+  int sent = 0, got = 0, window = 1000;
+  /* warm-up: the first thousands of rows grow the fresh database file */
+  for (int w = 0; w < 2000; w++)
+    send4(s, "SUBMIT", submit_body);
+  for (int w = 0; w < 2000; w++)
+    if (recv_msg(s, t, 10000) < 0)
+      break;
+  double t0 = now_s();
+  while (got < n) {
+    while (sent < n && sent - got < window) {
+      send4(s, "SUBMIT", submit_body);
+      sent++;
+    }
+    if (recv_msg(s, t, 10000) < 0) {
+      fprintf(stderr, "job-bench: reply %d of %d missing\n", got, n);
+      break;
+    }
+    if (strcmp(t, expect) != 0)
+      fprintf(stderr, "job-bench: unexpected reply %s\n", t);
+    got++;
+  }
+  double dt = now_s() - t0;
+  zmq_close(s);
+  return got / dt;
+}
+
+/* A bare ROUTER echoing each message: the peer for pipelined submissions. */
+typedef struct echo {
+  void *ctx;
+  char ep[64];
+  volatile int stop;
+  int router; /* 1 ROUTER, 0 REP */
+} echo_t;
+
+static void *echo_main(void *arg) {
+  echo_t *e = arg;
+  void *s = zmq_socket(e->ctx, e->router ? ZMQ_ROUTER : ZMQ_REP);
+  int z = 0, to = 100, hwm = 0;
+  zmq_setsockopt(s, ZMQ_LINGER, &z, sizeof z);
+  zmq_setsockopt(s, ZMQ_RCVTIMEO, &to, sizeof to);
+  zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
+  zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+  zmq_bind(s, e->ep);
+  while (!e->stop) {
+    zmq_msg_t f[8];
+    int n = 0, more = 1;
+    while (more && n < 8) {
+      zmq_msg_init(&f[n]);
+      if (zmq_msg_recv(&f[n], s, 0) < 0) {
+        zmq_msg_close(&f[n]);
+        break;
+      }
+      more = zmq_msg_more(&f[n]);
+      n++;
+    }
+    if (more) {
+      for (int i = 0; i < n; i++)
+        zmq_msg_close(&f[i]);
+      continue;
+    }
+    if (e->router && n == 5) {
+      /* reply like the gateway: [id]["" ]["SPN1"]["SUBMITTED"][body] */
+      zmq_msg_send(&f[0], s, ZMQ_SNDMORE);
+      zmq_msg_send(&f[1], s, ZMQ_SNDMORE);
+      zmq_msg_send(&f[2], s, ZMQ_SNDMORE);
+      zmq_send(s, "SUBMITTED", 9, ZMQ_SNDMORE);
+      zmq_send(s, "{\"req\":1,\"id\":1,\"existed\":false}", 33, 0);
+      zmq_msg_close(&f[3]);
+      zmq_msg_close(&f[4]);
+    } else {
+      for (int i = 0; i < n; i++)
+        zmq_msg_send(&f[i], s, i + 1 < n ? ZMQ_SNDMORE : 0);
+    }
+  }
+  zmq_close(s);
+  return NULL;
+}
+
+int main(int argc, char **argv) {
+  int n_submit = argc > 1 ? atoi(argv[1]) : 20000;
+  int n_lat = argc > 2 ? atoi(argv[2]) : 300;
+  int n_disp = argc > 3 ? atoi(argv[3]) : 5000;
+  int base = 20000 + (int)(getpid() % 20000);
+  void *ctx = zmq_ctx_new();
+  char t[17];
+
+  /* ---- 1. accepted submissions per second ---- */
+  srv_t a;
+  if (srv_start(&a, 0, base, false) < 0)
+    return 1;
+  double rate = pipelined(ctx, a.ep, n_submit, "SUBMITTED");
+  echo_t er = {.ctx = ctx, .router = 1};
+  snprintf(er.ep, sizeof er.ep, "tcp://127.0.0.1:%d", base + 1);
+  pthread_t eth;
+  pthread_create(&eth, NULL, echo_main, &er);
+  usleep(50000);
+  double peer_rate = pipelined(ctx, er.ep, n_submit, "SUBMITTED");
+  er.stop = 1;
+  pthread_join(eth, NULL);
+  printf("durable submissions accepted (WAL, synchronous=NORMAL): %8.0f /s   raw ROUTER echo, same frames: %8.0f /s   ratio %.2f\n",
+         rate, peer_rate, peer_rate > 0 ? rate / peer_rate : 0);
+  srv_t f;
+  if (srv_start(&f, 0, base + 4, true) < 0)
+    return 1;
+  double frate = pipelined(ctx, f.ep, n_submit, "SUBMITTED");
+  srv_stop(&f);
+  printf("durable submissions accepted (synchronous=FULL, fsync per group commit): %8.0f /s   ratio to raw %.2f\n",
+         frate, peer_rate > 0 ? frate / peer_rate : 0);
+
+  /* ---- 2. latency with sends spaced 10 ms apart ---- */
+  void *s = dealer(ctx, a.ep);
+  send4(s, "SUBMIT", submit_body);
+  recv_msg(s, t, 5000);
+  double *lat = calloc((size_t)n_lat, sizeof *lat);
+  for (int i = 0; i < n_lat; i++) {
+    double t0 = now_s();
+    send4(s, "SUBMIT", submit_body);
+    if (recv_msg(s, t, 5000) < 0)
+      break;
+    lat[i] = (now_s() - t0) * 1e3;
+    usleep(10000);
+  }
+  zmq_close(s);
+  double p50 = pct(lat, (size_t)n_lat, 0.5), p99 = pct(lat, (size_t)n_lat, 0.99);
+  srv_stop(&a);
+
+  echo_t ep2 = {.ctx = ctx, .router = 0};
+  snprintf(ep2.ep, sizeof ep2.ep, "tcp://127.0.0.1:%d", base + 2);
+  pthread_create(&eth, NULL, echo_main, &ep2);
+  usleep(50000);
+  void *req = zmq_socket(ctx, ZMQ_REQ);
+  int z = 0;
+  zmq_setsockopt(req, ZMQ_LINGER, &z, sizeof z);
+  zmq_connect(req, ep2.ep);
+  double *rl = calloc((size_t)n_lat, sizeof *rl);
+  char buf[256];
+  for (int i = 0; i < n_lat + 1; i++) {
+    double t0 = now_s();
+    zmq_send(req, "SPN1", 4, ZMQ_SNDMORE);
+    zmq_send(req, "SUBMIT", 6, ZMQ_SNDMORE);
+    zmq_send(req, submit_body, strlen(submit_body), 0);
+    int more = 1;
+    while (more) {
+      zmq_recv(req, buf, sizeof buf, 0);
+      size_t ms = sizeof more;
+      zmq_getsockopt(req, ZMQ_RCVMORE, &more, &ms);
+    }
+    if (i > 0) /* first one connects */
+      rl[i - 1] = (now_s() - t0) * 1e3;
+    usleep(10000);
+  }
+  zmq_close(req);
+  ep2.stop = 1;
+  pthread_join(eth, NULL);
+  double r50 = pct(rl, (size_t)n_lat, 0.5), r99 = pct(rl, (size_t)n_lat, 0.99);
+  printf("submit latency (10 ms spacing, n=%d): p50 %.3f ms  p99 %.3f ms   raw REQ/REP: p50 %.3f ms  p99 %.3f ms   ratio p50 %.1fx p99 %.1fx\n",
+         n_lat, p50, p99, r50, r99, p50 / r50, p99 / r99);
+  free(lat);
+  free(rl);
+
+  /* ---- 3. dispatch overhead, empty pipeline, one worker ---- */
+  srv_t d;
+  if (srv_start(&d, 1, base + 3, false) < 0)
+    return 1;
+  s = dealer(ctx, d.ep);
+  double t0 = now_s();
+  int got = 0, sent = 0;
+  int64_t last_id = 0;
+  while (got < n_disp) {
+    while (sent < n_disp && sent - got < 1000) {
+      send4(s, "SUBMIT", submit_body);
+      sent++;
+    }
+    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, 10000) <= 0)
+      break;
+    spn_pmsg_t m;
+    if (spn__proto_recv(s, false, &m) != SPN_OK)
+      break;
+    int64_t id;
+    if (m.body && spn__json_int(m.body, "id", &id) && id > last_id)
+      last_id = id;
+    cJSON_Delete(m.body);
+    got++;
+  }
+  double t_sub = now_s() - t0;
+  char body[96];
+  snprintf(body, sizeof body, "{\"req\":2,\"id\":%lld}", (long long)last_id);
+  send4(s, "WATCH", body);
+  for (;;) {
+    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, 30000) <= 0)
+      break;
+    spn_pmsg_t m;
+    if (spn__proto_recv(s, false, &m) != SPN_OK)
+      break;
+    const char *st = m.body ? spn__json_str(m.body, "state") : NULL;
+    bool fin = st && !strcmp(st, "succeeded");
+    cJSON_Delete(m.body);
+    if (fin)
+      break;
+  }
+  double t_all = now_s() - t0;
+  zmq_close(s);
+  srv_stop(&d);
+  printf("dispatch, empty pipeline, 1 worker, %d jobs: %.1f us/job end to end (submissions alone %.1f us/job); "
+         "%.0f jobs/s   vs raw REQ/REP round trip %.1f us: ratio %.1fx\n",
+         n_disp, t_all / n_disp * 1e6, t_sub / n_disp * 1e6, n_disp / t_all, r50 * 1e3,
+         (t_all / n_disp * 1e6) / (r50 * 1e3));
+  zmq_ctx_term(ctx);
+  return 0;
+}

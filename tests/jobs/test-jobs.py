@@ -1,0 +1,938 @@
+#!/usr/bin/env python3
+"""Integration tests of the job service: real `spindle serve` and
+`spindle worker` processes on 127.0.0.1, driven through the `spindle` client
+commands and raw ZeroMQ (pyzmq). Every process is started by this script and
+killed at the end, and every wait is bounded.
+
+usage: test-jobs.py SPINDLE_BINARY CASE
+Prints "N passed, M failed" last."""
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import zmq
+
+SPINDLE = None
+SAMPLE_C = None
+PROCS = []
+
+
+class Fail(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise Fail(msg)
+
+
+def wait_for(pred, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise Fail(f"timed out after {timeout}s waiting for {what}")
+
+
+def start_serve(tmp, *args, db="q.db", bind="tcp://127.0.0.1:*", log="serve.log"):
+    out = open(os.path.join(tmp, log), "ab")
+    p = subprocess.Popen([SPINDLE, "serve", "--bind", bind, "--db", os.path.join(tmp, db),
+                          "--root", tmp, *args], stdout=subprocess.PIPE, stderr=out, cwd=tmp)
+    PROCS.append(p)
+    line = b""
+    end = time.monotonic() + 20
+    import select
+    while time.monotonic() < end:
+        r, _, _ = select.select([p.stdout], [], [], 0.2)
+        if r:
+            line = p.stdout.readline()
+            break
+        if p.poll() is not None:
+            break
+    if b"ready on " not in line:
+        raise Fail(f"spindle serve did not become ready: {line!r}; log: "
+                   + open(os.path.join(tmp, log), "rb").read().decode(errors="replace"))
+    return p, line.decode().split("ready on ")[1].strip()
+
+
+def start_worker(tmp, ep, *args, name="w"):
+    out = open(os.path.join(tmp, f"worker-{name}.log"), "ab")
+    p = subprocess.Popen([SPINDLE, "worker", "--connect", ep, "--name", name, *args],
+                         stdout=out, stderr=out, cwd=tmp)
+    PROCS.append(p)
+    return p
+
+
+def cli(*args, timeout=60, check_rc=None):
+    r = subprocess.run([SPINDLE, *args], capture_output=True, timeout=timeout)
+    if check_rc is not None and r.returncode != check_rc:
+        raise Fail(f"spindle {' '.join(args)}: exit {r.returncode}, expected {check_rc}; "
+                   f"stdout={r.stdout.decode()!r} stderr={r.stderr.decode()!r}")
+    return r
+
+
+def status(ep, jid):
+    r = cli("status", str(jid), "--connect", ep, check_rc=0)
+    return json.loads(r.stdout)
+
+
+def make_file(path, size, seed):
+    data = hashlib.sha256(str(seed).encode()).digest() * (size // 32 + 1)
+    with open(path, "wb") as f:
+        f.write(data[:size])
+
+
+def same(a, b):
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        return fa.read() == fb.read()
+
+
+def stray_files(d):
+    return [f for f in os.listdir(d) if ".spn-" in f]
+
+
+class Raw:
+    """A raw DEALER speaking the protocol, for malformed-frame tests."""
+
+    def __init__(self, ctx, ep, curve=None):
+        self.s = ctx.socket(zmq.DEALER)
+        self.s.setsockopt(zmq.LINGER, 0)
+        for k, v in (curve or {}).items():
+            self.s.setsockopt(k, v)
+        self.s.connect(ep)
+
+    def send(self, *frames):
+        self.s.send_multipart([f if isinstance(f, bytes) else f.encode() for f in frames])
+
+    def req(self, type_, body):
+        self.send(b"", b"SPN1", type_, json.dumps(body))
+
+    def recv(self, timeout=5000):
+        if not self.s.poll(timeout):
+            return None
+        fr = self.s.recv_multipart()
+        check(len(fr) == 4 and fr[0] == b"" and fr[1] == b"SPN1", f"bad reply framing {fr!r}")
+        return fr[2].decode(), json.loads(fr[3])
+
+    def close(self):
+        self.s.close(0)
+
+
+# ---------------------------------------------------------------- cases
+
+def case_basic(tmp):
+    p, ep = start_serve(tmp, "--workers", "2", "--chunk-bytes", "4096", "--max-attempts", "2",
+                        "--backoff-ms", "50")
+    make_file(f"{tmp}/in.bin", 100_000, 1)
+    r = cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/out.bin",
+            "--param", "chunk_delay_ms=20", "--wait", "--connect", ep, check_rc=0)
+    check(b"succeeded" in r.stdout, f"submit --wait output: {r.stdout!r}")
+    check(same(f"{tmp}/in.bin", f"{tmp}/out.bin"), "output differs from input")
+    jid = int(r.stdout.split()[0])
+    st = status(ep, jid)
+    check(st["state"] == "succeeded" and st["attempts"] == 1, f"status {st}")
+    check(st["done"] == st["total"] == 25, f"progress recorded: {st['done']}/{st['total']} (want 25/25)")
+    check(all(k in st["times"] for k in ("queued", "running", "succeeded")), f"times {st['times']}")
+    check(st["times"]["queued"] <= st["times"]["running"] <= st["times"]["succeeded"], "time order")
+    # plain (non-TTY) progress lines
+    check(b"running" in r.stderr and b"frames" in r.stderr, f"progress lines: {r.stderr!r}")
+    # on a terminal: a live progress bar with frames, fps and ETA
+    import pty
+    master, slave = pty.openpty()
+    pr = subprocess.Popen([SPINDLE, "submit", "copy", "--input", f"in={tmp}/in.bin", "--output",
+                           f"out={tmp}/tty.bin", "--param", "chunk_delay_ms=20", "--wait", "--connect", ep],
+                          stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    tty = b""
+    while True:
+        try:
+            d = os.read(master, 4096)
+        except OSError:
+            break
+        if not d:
+            break
+        tty += d
+    os.close(master)
+    check(pr.wait(30) == 0, "submit --wait on a TTY")
+    check(b"[##############################] 25/25 frames" in tty and b" fps  ETA " in tty and b"\r" in tty,
+          f"TTY progress bar: {tty[-300:]!r}")
+    # relative paths are resolved by the client
+    r = cli("submit", "copy", "--input", "in=in.bin", "--output", "out=rel.bin", "--wait",
+            "--connect", ep, check_rc=None)
+    # (cwd of the client is not tmp: relative to our cwd; expect refusal as it is outside roots)
+    check(r.returncode == 5, f"relative path outside the root: exit {r.returncode}")
+    # idempotency
+    a = cli("submit", "noop", "--idempotency-key", "abc", "--connect", ep, check_rc=0).stdout.split()
+    b = cli("submit", "noop", "--idempotency-key", "abc", "--connect", ep, check_rc=0).stdout.split()
+    check(a[0] == b[0] and b[1:] == [b"existed"], f"idempotent resubmit: {a} vs {b}")
+    # failing pipeline: retried, then dead with every attempt's error (exit 4)
+    r = cli("submit", "fail", "--param", "reason=disk on fire", "--wait", "--connect", ep, check_rc=4)
+    jid = int(r.stdout.split()[0])
+    st = status(ep, jid)
+    check(st["state"] == "dead" and len(st["errors"]) == 2, f"dead job {st}")
+    check(all("disk on fire" in e["error"] for e in st["errors"]), f"errors {st['errors']}")
+    # succeeds on the second attempt
+    r = cli("submit", "fail", "--param", "succeed_at=2", "--input", f"in={tmp}/in.bin",
+            "--output", f"out={tmp}/out2.bin", "--wait", "--connect", ep, check_rc=0)
+    st = status(ep, int(r.stdout.split()[0]))
+    check(st["attempts"] == 2 and len(st["errors"]) == 1, f"retried job {st}")
+    check(same(f"{tmp}/in.bin", f"{tmp}/out2.bin"), "retried output differs")
+    # cancel a running job: stops between chunks, leaves no output
+    r = cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/cancelled.bin",
+            "--param", "chunk_delay_ms=100", "--connect", ep, check_rc=0)
+    jid = int(r.stdout.split()[0])
+    wait_for(lambda: status(ep, jid)["done"] >= 2, 10, "the job to make progress")
+    cli("cancel", str(jid), "--connect", ep, check_rc=0)
+    w = cli("watch", str(jid), "--connect", ep, check_rc=3)
+    check(b"cancelled" in w.stdout, f"watch after cancel: {w.stdout!r}")
+    st = status(ep, jid)
+    check(st["done"] < 25, f"cancel did not stop the job early: {st['done']}/25")
+    check(not os.path.exists(f"{tmp}/cancelled.bin"), "cancelled job left an output")
+    check(stray_files(tmp) == [], f"temporary files left: {stray_files(tmp)}")
+    # cancel a queued job (deadline + queued behind a long one with 2 workers busy)
+    longs = [int(cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/l{i}.bin",
+                     "--param", "chunk_delay_ms=40", "--connect", ep, check_rc=0).stdout.split()[0])
+             for i in range(2)]
+    q = int(cli("submit", "noop", "--priority", "-5", "--connect", ep, check_rc=0).stdout.split()[0])
+    dl = int(cli("submit", "noop", "--priority", "-5", "--deadline", "0.3", "--connect", ep,
+                 check_rc=0).stdout.split()[0])
+    check(status(ep, q)["state"] == "queued", "job behind busy workers is queued")
+    r = cli("cancel", str(q), "--connect", ep, check_rc=0)
+    check(r.stdout.split()[1] == b"cancelled", f"cancel queued: {r.stdout!r}")
+    st = wait_for(lambda: (lambda s: s if s["state"] == "failed" else None)(status(ep, dl)), 10,
+                  "the deadline to pass")
+    check("deadline" in st["reason"], f"deadline reason {st}")
+    for l in longs:
+        cli("watch", str(l), "--connect", ep, check_rc=0)
+    r = cli("jobs", "--state", "cancelled", "--connect", ep, check_rc=0)
+    rows = [l.split()[:2] for l in r.stdout.decode().splitlines()[1:]]
+    check(sorted(rows) == sorted([[str(jid), "cancelled"], [str(q), "cancelled"]]),
+          f"jobs --state cancelled: {r.stdout!r}")
+    check(p.poll() is None, "gateway died")
+
+
+def case_thousand(tmp):
+    p, ep = start_serve(tmp, "--workers", "2")
+    os.mkdir(f"{tmp}/in")
+    os.mkdir(f"{tmp}/out")
+    n = 1000
+    for i in range(n):
+        make_file(f"{tmp}/in/{i}.bin", 1000 + i, i)
+    ctx = zmq.Context()
+    c = Raw(ctx, ep)
+    for i in range(n):
+        c.req("SUBMIT", {"req": i + 1, "pipeline": "copy", "inputs": {"in": f"{tmp}/in/{i}.bin"},
+                         "outputs": {"out": f"{tmp}/out/{i}.bin"}})
+    ids = {}
+    while len(ids) < n:
+        m = c.recv(20000)
+        check(m is not None, f"only {len(ids)} of {n} submissions acknowledged")
+        t, b = m
+        check(t == "SUBMITTED", f"submit refused: {t} {b}")
+        ids[b["req"]] = b["id"]
+    check(len(set(ids.values())) == n, "job ids not unique")
+
+    def all_done():
+        c.req("LIST", {"req": 10**6, "state": "succeeded", "limit": 1000})
+        while True:
+            m = c.recv(5000)
+            check(m is not None, "LIST unanswered")
+            if m[1].get("req") == 10**6:
+                return len(m[1]["jobs"]) == n
+    wait_for(all_done, 120, "1000 jobs to succeed")
+    for i in range(n):
+        check(same(f"{tmp}/in/{i}.bin", f"{tmp}/out/{i}.bin"), f"output {i} differs")
+    check(stray_files(f"{tmp}/out") == [], "temporary files left")
+    c.close()
+    ctx.term()
+
+
+def case_worker_kill(tmp):
+    # remote workers only; heartbeat 200 ms so "3 missed" takes 0.6 s
+    p, ep = start_serve(tmp, "--workers", "0", "--heartbeat-ms", "200", "--lease-ms", "2000",
+                        "--backoff-ms", "50")
+    log = f"{tmp}/exec.log"
+    ws = {name: start_worker(tmp, ep, "--chunk-bytes", "8192", "--heartbeat-ms", "200",
+                             "--exec-log", log, name=name) for name in ("wa", "wb")}
+    make_file(f"{tmp}/in.bin", 400_000, 7)
+    os.mkdir(f"{tmp}/out")
+    # undisturbed reference run
+    cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/ref.bin",
+        "--wait", "--connect", ep, check_rc=0)
+    # 49 chunks * 60 ms: about 3 s of work
+    r = cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/out/victim.bin",
+            "--param", "chunk_delay_ms=60", "--connect", ep, check_rc=0)
+    jid = int(r.stdout.split()[0])
+    st = wait_for(lambda: (lambda s: s if s["state"] == "running" and s["done"] >= 5 else None)(status(ep, jid)),
+                  20, "the job to run on a worker")
+    owner = st["worker"].split(":", 1)[1]
+    check(owner in ws, f"unexpected owner {st['worker']}")
+    ws[owner].send_signal(signal.SIGKILL)
+    ws[owner].wait()
+    w = cli("watch", str(jid), "--connect", ep, timeout=60, check_rc=0)
+    st = status(ep, jid)
+    check(st["attempts"] == 2, f"job should have run twice, attempts={st['attempts']}")
+    check("lost" in st["errors"][0]["error"], f"first attempt error: {st['errors']}")
+    other = [n for n in ws if n != owner][0]
+    check(st["times"]["succeeded"] > 0, "no success time")
+    check(same(f"{tmp}/ref.bin", f"{tmp}/out/victim.bin"), "output differs from the undisturbed run")
+    check(os.listdir(f"{tmp}/out") == ["victim.bin"], f"exactly one output expected: {os.listdir(f'{tmp}/out')}")
+    done = [l for l in open(log).read().split("\n") if l.startswith(f"done {jid} ")]
+    check(done == [f"done {jid} 2"], f"completions of job {jid}: {done}")
+    check(ws[other].poll() is None, "the surviving worker exited")
+
+
+def case_gateway_kill(tmp):
+    log = f"{tmp}/exec.log"
+    args = ["--workers", "2", "--lease-ms", "1500", "--chunk-bytes", "4096", "--exec-log", log]
+    p, ep = start_serve(tmp, *args)
+    os.mkdir(f"{tmp}/out")
+    # 20 chunks of 10 ms: each job runs ~0.2 s, so the kill lands mid-job for
+    # the running ones (not in the ~0.1 ms between a run's end and its commit)
+    make_file(f"{tmp}/in.bin", 80_000, 3)
+    n = 100
+    ctx = zmq.Context()
+    c = Raw(ctx, ep)
+    for i in range(n):
+        c.req("SUBMIT", {"req": i + 1, "pipeline": "copy", "inputs": {"in": f"{tmp}/in.bin"},
+                         "outputs": {"out": f"{tmp}/out/{i}.bin"}, "params": {"chunk_delay_ms": 10}})
+    ids = set()
+    for _ in range(n):
+        m = c.recv(10000)
+        check(m and m[0] == "SUBMITTED", f"submit: {m}")
+        ids.add(m[1]["id"])
+    c.close()
+    # let some finish and some run, then kill -9
+    wait_for(lambda: len([f for f in os.listdir(f"{tmp}/out") if not f.startswith(".")]) >= 10, 60,
+             "some jobs to finish")
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    before = len([f for f in os.listdir(f"{tmp}/out") if f.endswith(".bin") and not f.startswith(".")])
+    check(before < n, "all jobs finished before the kill; the test proves nothing")
+    port = ep.rsplit(":", 1)[1]
+    p2, ep2 = start_serve(tmp, *args, bind=f"tcp://127.0.0.1:{port}")
+    c = Raw(ctx, ep2)
+
+    def done():
+        c.req("LIST", {"req": 7, "state": "succeeded", "limit": 1000})
+        m = c.recv(5000)
+        return m and len(m[1]["jobs"]) == n
+    wait_for(done, 120, "all 100 jobs to succeed after the restart")
+    c.close()
+    ctx.term()
+    lines = [l.split() for l in open(log).read().splitlines()]
+    dones = {}
+    for l in lines:
+        if l[0] == "done":
+            dones[int(l[1])] = dones.get(int(l[1]), 0) + 1
+    check(set(dones) == ids, f"{len(set(dones))} of {n} jobs completed")
+    twice = [j for j, k in dones.items() if k != 1]
+    check(not twice, f"jobs completed more than once: {twice}")
+    for i in range(n):
+        check(same(f"{tmp}/in.bin", f"{tmp}/out/{i}.bin"), f"output {i} differs")
+    check(stray_files(f"{tmp}/out") == [], f"temporary files left: {stray_files(tmp + '/out')}")
+    restarted = sum(1 for l in lines if l[0] == "start" and l[2] != "1")
+    print(f"gateway-kill: {before} outputs before the kill, {restarted} jobs re-run after it")
+
+
+def case_malformed(tmp):
+    p, ep = start_serve(tmp, "--workers", "1", "--max-msg", "65536")
+    ctx = zmq.Context()
+    c = Raw(ctx, ep)
+
+    def expect(code, *frames):
+        c.send(*frames)
+        m = c.recv()
+        check(m is not None, f"no reply to {frames!r}")
+        check(m[0] == "ERROR" and m[1]["code"] == code, f"{frames!r}: expected {code}, got {m}")
+
+    expect("bad_frame", b"", b"SPN1", b"HELLO")                      # 3 frames
+    expect("bad_frame", b"", b"SPN1", b"HELLO", b"{}", b"extra")     # 5 frames
+    expect("bad_frame", b"x", b"SPN1", b"HELLO", b"{}")              # no delimiter
+    expect("bad_frame", b"", b"ABCD", b"HELLO", b"{}")               # not our magic
+    expect("unsupported_version", b"", b"SPN9", b"HELLO", b"{}")     # future version
+    expect("bad_frame", b"", b"SPN1", b"hello", b"{}")               # bad type chars
+    expect("bad_frame", b"", b"SPN1", b"", b"{}")                    # empty type
+    expect("bad_json", b"", b"SPN1", b"SUBMIT", b"{\"pipeline\": ")  # truncated JSON
+    expect("bad_json", b"", b"SPN1", b"SUBMIT", b"[1,2]")            # not an object
+    expect("bad_json", b"", b"SPN1", b"SUBMIT", b"{} trailing")      # junk after
+    expect("bad_json", b"", b"SPN1", b"SUBMIT", b"\xff\xfe")         # not UTF-8 JSON
+    expect("unknown_type", b"", b"SPN1", b"FROB", b"{}")
+    expect("invalid", b"", b"SPN1", b"SUBMIT", b"{\"pipeline\": 3}")
+    expect("unknown_pipeline", b"", b"SPN1", b"SUBMIT", b"{\"pipeline\": \"nope\"}")
+    expect("invalid", b"", b"SPN1", b"SUBMIT", b"{\"pipeline\": \"copy\", \"inputs\": 1}")
+    expect("invalid", b"", b"SPN1", b"STATUS", b"{\"id\": \"x\"}")
+    expect("not_found", b"", b"SPN1", b"STATUS", b"{\"id\": 12345}")
+    expect("invalid", b"", b"SPN1", b"LIST", b"{\"state\": \"weird\"}")
+    expect("invalid", b"", b"SPN1", b"LEASE", b"{\"credit\": 1}")    # worker without a name
+    expect("unsupported_version", b"", b"SPN1", b"HELLO", b"{\"versions\": [2]}")
+    # a request id is echoed on errors
+    c.req("STATUS", {"req": 99, "id": -1})
+    m = c.recv()
+    check(m[1].get("req") == 99 and m[1]["code"] == "invalid", f"req echo: {m}")
+    # oversize: the connection is dropped, nothing answers, the server lives
+    big = Raw(ctx, ep)
+    big.send(b"", b"SPN1", b"SUBMIT", b"{\"pipeline\": \"" + b"a" * 100_000 + b"\"}")
+    check(big.recv(1000) is None, "oversize message got a reply")
+    big.close()
+    # a random garbage burst
+    import random
+    rnd = random.Random(5)
+    for _ in range(200):
+        c.send(*[bytes(rnd.getrandbits(8) for _ in range(rnd.randint(0, 20))) for _ in range(rnd.randint(1, 6))])
+    # the gateway still serves: a new client negotiates and runs a job
+    c2 = Raw(ctx, ep)
+    c2.req("HELLO", {"req": 1, "versions": [1]})
+    m = c2.recv()
+    while m and m[0] != "HELLO":
+        m = c2.recv()
+    check(m and m[1]["version"] == 1 and m[1]["max_msg_size"] == 65536, f"HELLO reply {m}")
+    cli("submit", "noop", "--wait", "--connect", ep, check_rc=0)
+    check(p.poll() is None, "gateway died")
+    c.close()
+    c2.close()
+    ctx.term()
+
+
+def case_curve(tmp):
+    cli("keygen", f"{tmp}/server", check_rc=0)
+    cli("keygen", f"{tmp}/good", check_rc=0)
+    cli("keygen", f"{tmp}/bad", check_rc=0)
+    os.mkdir(f"{tmp}/clients")
+    shutil.copy(f"{tmp}/good.pub", f"{tmp}/clients/good.pub")
+    p, ep = start_serve(tmp, "--workers", "1", "--curve-keyfile", f"{tmp}/server.key",
+                        "--curve-clients", f"{tmp}/clients")
+    srv = ["--server-key-file", f"{tmp}/server.pub"]
+    r = cli("submit", "noop", "--wait", "--connect", ep, "--curve-keyfile", f"{tmp}/good.key", *srv,
+            check_rc=0)
+    check(b"succeeded" in r.stdout, "allowed client")
+    r = cli("submit", "noop", "--connect", ep, "--timeout-ms", "1500", "--curve-keyfile",
+            f"{tmp}/bad.key", *srv, check_rc=5)
+    check(b"no answer" in r.stderr, f"refused client: {r.stderr!r}")
+    r = cli("submit", "noop", "--connect", ep, "--timeout-ms", "1500", check_rc=5)
+    check(b"no answer" in r.stderr, f"plain client: {r.stderr!r}")
+    check(b"refused a CURVE client" in open(f"{tmp}/serve.log", "rb").read(), "refusal logged")
+    # the allow-list is read per connection: adding a key lets that client in
+    shutil.copy(f"{tmp}/bad.pub", f"{tmp}/clients/now-good.pub")
+    cli("submit", "noop", "--wait", "--connect", ep, "--curve-keyfile", f"{tmp}/bad.key", *srv,
+        check_rc=0)
+    check(p.poll() is None, "gateway died")
+    # remote workers: one without an allowed key gets nothing, one with a
+    # client key may not act as a worker, one with a worker key runs the job
+    os.remove(f"{tmp}/clients/now-good.pub")
+    cli("keygen", f"{tmp}/wk", check_rc=0)
+    os.mkdir(f"{tmp}/workers")
+    shutil.copy(f"{tmp}/wk.pub", f"{tmp}/workers/wk.pub")
+    p2, ep2 = start_serve(tmp, "--workers", "0", "--curve-keyfile", f"{tmp}/server.key",
+                          "--curve-clients", f"{tmp}/clients", "--curve-workers", f"{tmp}/workers",
+                          db="q2.db", log="serve2.log")
+    start_worker(tmp, ep2, "--curve-keyfile", f"{tmp}/bad.key", *srv, name="wbad")
+    good = ["--curve-keyfile", f"{tmp}/good.key", *srv]
+    start_worker(tmp, ep2, *good, name="wclient")
+    jid = int(cli("submit", "noop", "--connect", ep2, *good, check_rc=0).stdout.split()[0])
+    time.sleep(1.5)
+    st = json.loads(cli("status", str(jid), "--connect", ep2, *good, check_rc=0).stdout)
+    check(st["state"] == "queued", f"a worker without a worker key got the job: {st}")
+    check(b"worker messages need a worker key" in open(f"{tmp}/worker-wclient.log", "rb").read(),
+          "client-key worker was not told why")
+    # a client key cannot forge a worker report either
+    ctx = zmq.Context()
+    pub, sec = open(f"{tmp}/good.key").read().split("public=")[1].split("\nsecret=")
+    spub = open(f"{tmp}/server.pub").read().strip()
+    forger = Raw(ctx, ep2, {zmq.CURVE_SERVERKEY: spub.encode(), zmq.CURVE_PUBLICKEY: pub.encode(),
+                              zmq.CURVE_SECRETKEY: sec.strip().encode()})
+    forger.req("DONE", {"req": 5, "worker": "wclient", "id": jid, "attempt": 1})
+    m = forger.recv()
+    check(m and m[0] == "ERROR" and m[1]["code"] == "forbidden", f"forged DONE: {m}")
+    forger.close()
+    ctx.term()
+    start_worker(tmp, ep2, "--curve-keyfile", f"{tmp}/wk.key", *srv, name="wgood")
+    r = cli("watch", str(jid), "--connect", ep2, *good, check_rc=0)
+    st = json.loads(cli("status", str(jid), "--connect", ep2, *good, check_rc=0).stdout)
+    check(st["state"] == "succeeded", f"allowed worker: {st}")
+
+
+def case_paths(tmp):
+    root = f"{tmp}/root"
+    os.mkdir(root)
+    os.mkdir(f"{tmp}/outside")
+    make_file(f"{root}/in.bin", 1000, 1)
+    make_file(f"{tmp}/outside/secret", 1000, 2)
+    os.symlink(f"{tmp}/outside/secret", f"{root}/link-to-secret")
+    os.symlink(f"{tmp}/outside", f"{root}/linkdir")
+    os.symlink(f"{tmp}/outside/secret", f"{root}/out-link")
+    out = open(f"{tmp}/serve.log", "ab")
+    p = subprocess.Popen([SPINDLE, "serve", "--bind", "tcp://127.0.0.1:*", "--db", f"{tmp}/q.db",
+                          "--root", root], stdout=subprocess.PIPE, stderr=out)
+    PROCS.append(p)
+    ep = p.stdout.readline().decode().split("ready on ")[1].strip()
+
+    def refused(inp, outp, what):
+        r = cli("submit", "copy", "--input", f"in={inp}", "--output", f"out={outp}", "--connect", ep,
+                check_rc=5)
+        check(b"forbidden_path" in r.stderr or b"not_found" in r.stderr or b"invalid" in r.stderr,
+              f"{what}: {r.stderr!r}")
+        return r.stderr
+
+    e = refused(f"{tmp}/outside/secret", f"{root}/o.bin", "input outside")
+    check(b"outside the allowed input roots" in e, e)
+    e = refused(f"{root}/../outside/secret", f"{root}/o.bin", "input .. escape")
+    check(b"outside" in e, e)
+    e = refused(f"{root}/link-to-secret", f"{root}/o.bin", "input symlink escape")
+    check(b"outside" in e, e)
+    e = refused(f"{root}/in.bin", f"{tmp}/outside/o.bin", "output outside")
+    check(b"outside the allowed output roots" in e, e)
+    e = refused(f"{root}/in.bin", f"{root}/linkdir/o.bin", "output through a symlinked dir")
+    check(b"outside" in e, e)
+    e = refused(f"{root}/in.bin", f"{root}/out-link", "output over a symlink")
+    check(b"not a regular file" in e, e)
+    e = refused(f"{root}/in.bin", f"{root}/..", "output ..")
+    check(not os.path.exists(f"{tmp}/outside/o.bin"), "wrote outside the root")
+    check(open(f"{tmp}/outside/secret", "rb").read() == open(f"{tmp}/outside/secret", "rb").read(), "")
+    cli("submit", "copy", "--input", f"in={root}/in.bin", "--output", f"out={root}/ok.bin", "--wait",
+        "--connect", ep, check_rc=0)
+    check(same(f"{root}/in.bin", f"{root}/ok.bin"), "allowed copy")
+    check(p.poll() is None, "gateway died")
+
+
+def case_config(tmp):
+    cfg = os.path.join(os.environ.get("SPINDLE_SOURCE_ROOT", "."), "configs", "server.toml")
+    p, ep = start_serve(tmp, "--config", cfg)  # roots "." = tmp, the server's working directory
+    make_file(f"{tmp}/a.bin", 150_000, 9)
+    cli("submit", "copy", "--input", f"in={tmp}/a.bin", "--output", f"out={tmp}/b.bin", "--wait",
+        "--connect", ep, check_rc=0)
+    check(same(f"{tmp}/a.bin", f"{tmp}/b.bin"), "copy under the configured roots")
+    # configs/server.toml loads the synthetic pipeline (configs/synthetic-job.toml)
+    r = cli("submit", "synthetic", "--output", f"frames={tmp}/s.raw", "--param", "frames=5", "--wait",
+            "--connect", ep, check_rc=0)
+    check(read(f"{tmp}/s.raw") == synth_expected(int(r.stdout.split()[0]), 5), "synthetic via configs/server.toml")
+    with open(f"{tmp}/badpipe.toml", "w") as f:
+        f.write('[[pipeline]]\nname = "x"\nconfig = "nothere.toml"\n')
+    r = cli("serve", "--config", f"{tmp}/badpipe.toml", "--bind", "tcp://127.0.0.1:*", "--db", f"{tmp}/b.db",
+            check_rc=1)
+    check(b"badpipe.toml:1:1" in r.stderr and b"nothere.toml" in r.stderr, f"missing pipeline config: {r.stderr!r}")
+    # a binding to a key that is not per job: refused at start-up with its position
+    with open(f"{tmp}/bind.toml", "w") as f:
+        f.write('[pipeline]\nname = "b"\n[pipeline.params]\nwide = "source.width"\n'
+                '[[stage]]\nname = "source"\nkind = "synth"\n'
+                '[[stage]]\nname = "sink"\nkind = "filesink"\ninputs = ["source"]\n')
+    with open(f"{tmp}/bindsrv.toml", "w") as f:
+        f.write('[[pipeline]]\nname = "b"\nconfig = "bind.toml"\n')
+    r = cli("serve", "--config", f"{tmp}/bindsrv.toml", "--bind", "tcp://127.0.0.1:*", "--db", f"{tmp}/b.db",
+            check_rc=1)
+    check(b"bind.toml:4:8: [pipeline.params] wide: stage \"source\": key \"width\" is set per pipeline" in r.stderr,
+          f"bad binding: {r.stderr!r}")
+    r = cli("serve", "--config", f"{tmp}/missing.toml", check_rc=1)
+    check(b"missing.toml" in r.stderr, f"missing config: {r.stderr!r}")
+
+
+def case_samples(tmp):
+    p, ep = start_serve(tmp, "--workers", "1", "--chunk-bytes", "1000")
+    make_file(f"{tmp}/in.bin", 5000, 4)
+    r = subprocess.run([SAMPLE_C, ep, "copy", f"in={tmp}/in.bin", f"out={tmp}/c.bin"],
+                       capture_output=True, timeout=60)
+    check(r.returncode == 0, f"samples/c/submit: {r.returncode} {r.stdout!r} {r.stderr!r}")
+    check(b"finished: succeeded" in r.stdout, r.stdout)
+    check(same(f"{tmp}/in.bin", f"{tmp}/c.bin"), "C sample output")
+    r = subprocess.run([SAMPLE_C, ep, "fail"], capture_output=True, timeout=60)
+    check(r.returncode == 1 and b"dead" in r.stdout, f"C sample, failing job: {r.stdout!r}")
+    py = os.path.join(os.environ.get("SPINDLE_SOURCE_ROOT", "."), "samples", "python", "client.py")
+    r = subprocess.run([sys.executable, py, "--connect", ep, "submit", "copy", "--input", f"in={tmp}/in.bin",
+                        "--output", f"out={tmp}/py.bin", "--param", "chunk_delay_ms=20", "--wait"],
+                       capture_output=True, timeout=60)
+    check(r.returncode == 0, f"samples/python/client.py: {r.returncode} {r.stderr!r}")
+    check(b"running" in r.stderr and b"succeeded" in r.stdout, f"python progress: {r.stderr!r}")
+    check(same(f"{tmp}/in.bin", f"{tmp}/py.bin"), "Python sample output")
+    r = subprocess.run([sys.executable, py, "--connect", ep, "submit", "copy", "--input", "in=/etc/passwd",
+                        "--output", f"out={tmp}/x"], capture_output=True, timeout=60)
+    check(r.returncode == 5 and b"forbidden_path" in r.stderr, f"python refusal: {r.stderr!r}")
+
+
+def free_port():
+    import socket
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def http_get(port, path, raw=None):
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as so:
+        so.sendall(raw if raw is not None else f"GET {path} HTTP/1.0\r\n\r\n".encode())
+        data = b""
+        while True:
+            d = so.recv(4096)
+            if not d:
+                break
+            data += d
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body.decode()
+
+
+def case_http(tmp):
+    port = free_port()
+    p, ep = start_serve(tmp, "--workers", "0", "--http", f"127.0.0.1:{port}")
+    check(http_get(port, "/healthz") == (200, "ok\n"), "healthz")
+    check(http_get(port, "/readyz") == (200, "ready\n"), "readyz")
+    check(http_get(port, "/nope")[0] == 404, "404")
+    check(http_get(port, None, raw=b"BREW /coffee\r\n\r\n")[0] == 400, "400")
+    for _ in range(3):
+        cli("submit", "noop", "--connect", ep, check_rc=0)
+    code, body = http_get(port, "/metrics")
+    check(code == 200 and 'spindle_jobs{state="queued"} 3' in body, f"metrics: {body}")
+    check('spindle_workers{kind="remote"} 0' in body, body)
+    w = start_worker(tmp, ep, name="m1")
+    wait_for(lambda: 'spindle_jobs{state="succeeded"} 3' in http_get(port, "/metrics")[1], 20,
+             "the remote worker to run the queued jobs")
+    check('spindle_workers{kind="remote"} 1' in http_get(port, "/metrics")[1], "worker counted")
+    # a client that connects and never sends must not keep the gateway from stopping
+    import socket
+    idle = socket.create_connection(("127.0.0.1", port))
+    p.send_signal(signal.SIGTERM)
+    check(p.wait(10) == 0, "gateway did not stop cleanly with an idle HTTP connection")
+    idle.close()
+
+
+def case_worker_reconnect(tmp):
+    """A remote worker keeps its running job across a gateway kill -9 and restart,
+    and gets new jobs from the restarted gateway."""
+    log = f"{tmp}/exec.log"
+    args = ["--workers", "0", "--lease-ms", "4000", "--heartbeat-ms", "300"]
+    p, ep = start_serve(tmp, *args)
+    w = start_worker(tmp, ep, "--chunk-bytes", "8192", "--heartbeat-ms", "300", "--exec-log", log,
+                     name="wr")
+    make_file(f"{tmp}/in.bin", 160_000, 11)  # 20 chunks
+    r = cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/a.bin",
+            "--param", "chunk_delay_ms=100", "--connect", ep, check_rc=0)
+    jid = int(r.stdout.split()[0])
+    wait_for(lambda: status(ep, jid)["done"] >= 3, 20, "the job to run on the worker")
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    port = ep.rsplit(":", 1)[1]
+    p2, ep2 = start_serve(tmp, *args, bind=f"tcp://127.0.0.1:{port}")
+    cli("watch", str(jid), "--connect", ep2, timeout=60, check_rc=0)
+    st = status(ep2, jid)
+    check(st["attempts"] == 1 and st["errors"] == [], f"the job should finish in its first attempt: {st}")
+    check(same(f"{tmp}/in.bin", f"{tmp}/a.bin"), "output")
+    # the worker re-granted its credit to the new gateway instance
+    cli("submit", "noop", "--wait", "--connect", ep2, timeout=30, check_rc=0)
+    check(w.poll() is None, "worker exited")
+
+
+def case_worker_zombie(tmp):
+    """A worker frozen (SIGSTOP) past 3 heartbeats is declared dead and its job
+    runs elsewhere; when it wakes up it is told to stop and never completes
+    the job it lost: one completion, one output."""
+    p, ep = start_serve(tmp, "--workers", "0", "--heartbeat-ms", "200", "--lease-ms", "2000",
+                        "--backoff-ms", "50")
+    log = f"{tmp}/exec.log"
+    ws = {n: start_worker(tmp, ep, "--chunk-bytes", "4096", "--heartbeat-ms", "200", "--exec-log", log,
+                          name=n) for n in ("za", "zb")}
+    os.mkdir(f"{tmp}/out")
+    make_file(f"{tmp}/in.bin", 160_000, 13)  # 40 chunks
+    r = cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/out/o.bin",
+            "--param", "chunk_delay_ms=50", "--connect", ep, check_rc=0)
+    jid = int(r.stdout.split()[0])
+    st = wait_for(lambda: (lambda s: s if s["state"] == "running" and s["done"] >= 3 else None)(status(ep, jid)),
+                  20, "the job to run")
+    frozen = st["worker"].split(":", 1)[1]
+    ws[frozen].send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: (lambda s: s["attempts"] == 2 and s["state"] == "running")(status(ep, jid)), 20,
+                 "the job to move to the other worker")
+    finally:
+        ws[frozen].send_signal(signal.SIGCONT)
+    cli("watch", str(jid), "--connect", ep, timeout=60, check_rc=0)
+    time.sleep(0.5)  # give the woken worker time to (wrongly) finish, if it would
+    done = [l for l in open(log).read().splitlines() if l.startswith(f"done {jid} ")]
+    check(done == [f"done {jid} 2"], f"completions: {done}; {status(ep, jid)}; log: {open(log).read()}")
+    check(same(f"{tmp}/in.bin", f"{tmp}/out/o.bin"), "output")
+    check(os.listdir(f"{tmp}/out") == ["o.bin"], f"exactly one output: {os.listdir(f'{tmp}/out')}")
+    check(ws[frozen].poll() is None, "the woken worker exited")
+
+
+def case_graceful_restart(tmp):
+    """SIGTERM stops the gateway promptly even mid-job; the interrupted job is
+    queued again without losing an attempt and completes after the restart."""
+    args = ["--workers", "1", "--chunk-bytes", "4096", "--max-attempts", "1"]
+    p, ep = start_serve(tmp, *args)
+    make_file(f"{tmp}/in.bin", 200_000, 21)  # 49 chunks
+    jid = int(cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/o.bin",
+                  "--param", "chunk_delay_ms=50", "--connect", ep, check_rc=0).stdout.split()[0])
+    wait_for(lambda: status(ep, jid)["done"] >= 3, 20, "the job to run")
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    check(p.wait(10) == 0, f"gateway exit {p.returncode}")
+    check(time.monotonic() - t0 < 2, "the gateway waited for the job instead of stopping it")
+    check(not os.path.exists(f"{tmp}/o.bin") and stray_files(tmp) == [], "partial output left")
+    port = ep.rsplit(":", 1)[1]
+    p2, ep2 = start_serve(tmp, *args, bind=f"tcp://127.0.0.1:{port}")
+    cli("watch", str(jid), "--connect", ep2, timeout=60, check_rc=0)
+    st = status(ep2, jid)
+    check(st["attempts"] == 1 and st["errors"] == [], f"a shutdown cost an attempt: {st}")
+    check(same(f"{tmp}/in.bin", f"{tmp}/o.bin"), "output")
+
+
+# ------------------------------------------------- real pipelines (runtime)
+
+SRC = os.path.abspath(os.environ.get("SPINDLE_SOURCE_ROOT", "."))
+SYN_W, SYN_H, SYN_C = 64, 48, 3  # configs/synthetic-job.toml
+
+
+def synth_expected(job_id, frames, w=SYN_W, h=SYN_H, c=SYN_C):
+    """The bytes `filesink` must write for a job: every frame of the synth
+    pattern (stages/util/pattern.h), computed here independently."""
+    import numpy as np
+    y, x, ch = np.meshgrid(np.arange(h, dtype=np.uint64), np.arange(w, dtype=np.uint64),
+                           np.arange(c, dtype=np.uint64), indexing="ij")
+    base = y * np.uint64(3) + x + ch * np.uint64(85)
+    out = []
+    for seq in range(frames):
+        v = base + np.uint64(job_id * 131 + seq * 7)
+        out.append(((v ^ (v >> np.uint64(8))) & np.uint64(0xFF)).astype(np.uint8).tobytes())
+    return b"".join(out)
+
+
+def pipeline_config(tmp):
+    """A server config with the repository's synthetic pipeline, a slow one
+    (20 ms of CPU per frame) and one whose sink checks a per-job count."""
+    with open(f"{tmp}/slow.toml", "w") as f:
+        f.write('[pipeline]\nname = "slow"\n[pipeline.outputs]\nframes = "sink.path"\n'
+                '[pipeline.params]\nframes = "source.frames"\n'
+                '[[stage]]\nname = "source"\nkind = "synth"\nframes = 100\nwidth = 64\nheight = 48\n'
+                '[[stage]]\nname = "work"\nkind = "cost"\ninputs = ["source"]\nus = 20000\n'
+                '[[stage]]\nname = "sink"\nkind = "filesink"\ninputs = ["work"]\n')
+    with open(f"{tmp}/checked.toml", "w") as f:
+        f.write('[pipeline]\nname = "checked"\n[pipeline.params]\nframes = "source.frames"\n'
+                'expect = "sink.expect_frames"\n'
+                '[[stage]]\nname = "source"\nkind = "synth"\nframes = 10\nwidth = 8\nheight = 8\n'
+                '[[stage]]\nname = "sink"\nkind = "check"\ninputs = ["source"]\nexpect_frames = 10\n'
+                'verify_pattern = true\n')
+    with open(f"{tmp}/srv.toml", "w") as f:
+        f.write('[server]\ndevices = "cpu"\n'
+                f'[[pipeline]]\nname = "synthetic"\nconfig = "{SRC}/configs/synthetic-job.toml"\n'
+                '[[pipeline]]\nname = "slow"\nconfig = "slow.toml"\n'
+                '[[pipeline]]\nname = "checked"\nconfig = "checked.toml"\n')
+    return f"{tmp}/srv.toml"
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def case_pipeline(tmp):
+    cfg = pipeline_config(tmp)
+    p, ep = start_serve(tmp, "--config", cfg, "--workers", "2", "--max-attempts", "1")
+    os.mkdir(f"{tmp}/out")
+    # submit → wait → result file, through the real runtime
+    r = cli("submit", "synthetic", "--output", f"frames={tmp}/out/a.raw", "--param", "frames=37", "--wait",
+            "--connect", ep, check_rc=0)
+    jid = int(r.stdout.split()[0])
+    check(read(f"{tmp}/out/a.raw") == synth_expected(jid, 37), "output bytes differ from the synth pattern")
+    st = status(ep, jid)
+    check(st["state"] == "succeeded" and st["done"] == st["total"] == 37, f"progress recorded: {st}")
+    check(b"37/37 frames" in r.stderr and b" fps" in r.stderr, f"submit --wait: {r.stderr!r}")
+    # the pipeline's default frame count when the job sets none
+    r = cli("submit", "synthetic", "--output", f"frames={tmp}/out/d.raw", "--wait", "--connect", ep, check_rc=0)
+    check(read(f"{tmp}/out/d.raw") == synth_expected(int(r.stdout.split()[0]), 120), "default frame count")
+    # progress events while it runs: 100 frames at 20 ms (2 s; plain lines
+    # come at most once a second), done/total and fps
+    r = cli("submit", "slow", "--output", f"frames={tmp}/out/s.raw", "--param", "frames=100", "--wait",
+            "--connect", ep, check_rc=0)
+    import re
+    prog = [(int(a), int(b), float(c)) for a, b, c in
+            re.findall(rb"running (\d+)/(\d+) frames ([0-9.]+) fps", r.stderr)]
+    check(len(prog) >= 2 and all(t == 100 for _, t, _ in prog), f"progress lines: {r.stderr!r}")
+    check(any(d < 100 for d, _, _ in prog) and prog[-1][0] == 100, f"progress during the run: {prog}")
+    check(all(x[0] <= y[0] for x, y in zip(prog, prog[1:])), f"progress went back: {prog}")
+    check(0 < prog[-1][2] <= 60, f"fps of a 20 ms/frame pipeline (at most 50): {prog}")
+    check(len(read(f"{tmp}/out/s.raw")) == 100 * SYN_W * SYN_H * SYN_C, "slow pipeline output size")
+    # bad per-job params are refused with a message naming what is wrong
+    bad = [(["--param", "frames=lots"], b'key "frames" must be an integer'),
+           (["--param", "source.nope=1"], b'unknown key "nope"'),
+           (["--param", "source.width=8"], b'"width" is set per pipeline, not per job'),
+           (["--param", "speed=2"], b'has no param "speed"'),
+           (["--param", "frames=-3"], b"frames"),
+           ([], b'needs output "frames"')]
+    for args, msg in bad:
+        outs = ["--output", f"frames={tmp}/out/bad.raw"] if args else []
+        r = cli("submit", "synthetic", *outs, *args, "--connect", ep, check_rc=5)
+        check(msg in r.stderr and b"invalid" in r.stderr, f"{args}: {r.stderr!r}")
+    r = cli("submit", "synthetic", "--output", f"video={tmp}/out/bad.raw", "--connect", ep, check_rc=5)
+    check(b'has no output "video" (its outputs: frames)' in r.stderr, f"unknown output: {r.stderr!r}")
+    check(not os.path.exists(f"{tmp}/out/bad.raw"), "a refused job wrote")
+    # a job that fails in the runtime: the message names the stage and job
+    r = cli("submit", "checked", "--param", "frames=5", "--param", "expect=6", "--wait", "--connect", ep,
+            check_rc=1)
+    jid = int(r.stdout.split()[0])
+    st = status(ep, jid)
+    check(st["state"] == "failed" and st["attempts"] == 1, f"failed job: {st}")
+    err = st["errors"][0]["error"]
+    check('stage "sink"' in err and f"job {jid}" in err and '"checked"' in err and "expected 6" in err,
+          f"runtime failure: {err}")
+    # the server stays up and runs the next job
+    r = cli("submit", "synthetic", "--output", f"frames={tmp}/out/b.raw", "--param", "frames=3", "--wait",
+            "--connect", ep, check_rc=0)
+    check(read(f"{tmp}/out/b.raw") == synth_expected(int(r.stdout.split()[0]), 3), "job after the failures")
+    r = cli("submit", "checked", "--param", "frames=4", "--param", "expect=4", "--wait", "--connect", ep,
+            check_rc=0)
+    check(stray_files(f"{tmp}/out") == [], f"temporary files left: {stray_files(f'{tmp}/out')}")
+    check(p.poll() is None, "gateway died")
+
+
+def case_pipeline_cancel(tmp):
+    cfg = pipeline_config(tmp)
+    p, ep = start_serve(tmp, "--config", cfg, "--workers", "1")
+    os.mkdir(f"{tmp}/out")
+    r = cli("submit", "slow", "--output", f"frames={tmp}/out/c.raw", "--param", "frames=400",
+            "--connect", ep, check_rc=0)
+    jid = int(r.stdout.split()[0])
+    wait_for(lambda: status(ep, jid)["done"] >= 5, 20, "the job to make progress")
+    t0 = time.monotonic()
+    cli("cancel", str(jid), "--connect", ep, check_rc=0)
+    w = cli("watch", str(jid), "--connect", ep, check_rc=3)
+    check(time.monotonic() - t0 < 5, "cancel took too long")
+    check(b"cancelled" in w.stdout, f"watch after cancel: {w.stdout!r}")
+    st = status(ep, jid)
+    check(st["done"] < 400, f"cancel did not stop the job early: {st['done']}/400")
+    check(os.listdir(f"{tmp}/out") == [], f"cancelled job left files: {os.listdir(f'{tmp}/out')}")
+    # the same worker runs the next job
+    r = cli("submit", "synthetic", "--output", f"frames={tmp}/out/n.raw", "--param", "frames=4", "--wait",
+            "--connect", ep, check_rc=0)
+    check(read(f"{tmp}/out/n.raw") == synth_expected(int(r.stdout.split()[0]), 4), "job after the cancel")
+
+
+def case_pipeline_hundred(tmp):
+    cfg = pipeline_config(tmp)
+    p, ep = start_serve(tmp, "--config", cfg, "--workers", "2")
+    os.mkdir(f"{tmp}/out")
+    n = 100
+    ctx = zmq.Context()
+    c = Raw(ctx, ep)
+    for i in range(n):
+        c.req("SUBMIT", {"req": i + 1, "pipeline": "synthetic", "outputs": {"frames": f"{tmp}/out/{i}.raw"},
+                         "params": {"frames": i % 7 + 1}})
+    ids = {}
+    while len(ids) < n:
+        m = c.recv(20000)
+        check(m is not None, f"only {len(ids)} of {n} submissions acknowledged")
+        check(m[0] == "SUBMITTED", f"submit refused: {m}")
+        ids[m[1]["req"] - 1] = m[1]["id"]
+
+    def all_done():
+        c.req("LIST", {"req": 10**6, "limit": 1000})
+        while True:
+            m = c.recv(5000)
+            check(m is not None, "LIST unanswered")
+            if m[1].get("req") == 10**6:
+                states = [j["state"] for j in m[1]["jobs"]]
+                check(all(s in ("queued", "running", "succeeded") for s in states), f"states {states}")
+                return states.count("succeeded") == n
+    wait_for(all_done, 120, f"{n} jobs to succeed")
+    for i in range(n):
+        check(read(f"{tmp}/out/{i}.raw") == synth_expected(ids[i], i % 7 + 1), f"output {i} differs")
+    check(stray_files(f"{tmp}/out") == [], "temporary files left")
+    c.close()
+    ctx.term()
+
+
+def case_pipeline_worker_kill(tmp):
+    cfg = pipeline_config(tmp)
+    p, ep = start_serve(tmp, "--config", cfg, "--workers", "0", "--heartbeat-ms", "200", "--lease-ms", "2000",
+                        "--backoff-ms", "50")
+    ws = {name: start_worker(tmp, ep, "--config", cfg, "--heartbeat-ms", "200", name=name)
+          for name in ("wa", "wb")}
+    os.mkdir(f"{tmp}/out")
+    # a remote worker runs a real pipeline on its own runtime
+    r = cli("submit", "synthetic", "--output", f"frames={tmp}/out/ref.raw", "--param", "frames=9", "--wait",
+            "--connect", ep, check_rc=0)
+    check(read(f"{tmp}/out/ref.raw") == synth_expected(int(r.stdout.split()[0]), 9), "remote worker output")
+    # 150 frames at 20 ms: 3 s of work, killed after 20 frames
+    r = cli("submit", "slow", "--output", f"frames={tmp}/out/victim.raw", "--param", "frames=150",
+            "--connect", ep, check_rc=0)
+    jid = int(r.stdout.split()[0])
+    st = wait_for(lambda: (lambda s: s if s["state"] == "running" and s["done"] >= 20 else None)(status(ep, jid)),
+                  30, "the job to run on a worker")
+    owner = st["worker"].split(":", 1)[1]
+    check(owner in ws, f"unexpected owner {st['worker']}")
+    ws[owner].send_signal(signal.SIGKILL)
+    ws[owner].wait()
+    cli("watch", str(jid), "--connect", ep, timeout=60, check_rc=0)
+    st = status(ep, jid)
+    check(st["attempts"] == 2 and "lost" in st["errors"][0]["error"], f"job should have run twice: {st}")
+    check(read(f"{tmp}/out/victim.raw") == synth_expected(jid, 150), "output differs from the undisturbed bytes")
+    check(sorted(os.listdir(f"{tmp}/out")) == ["ref.raw", "victim.raw"],
+          f"exactly one output expected: {os.listdir(f'{tmp}/out')}")
+    other = [n for n in ws if n != owner][0]
+    check(ws[other].poll() is None, "the surviving worker exited")
+
+
+CASE_OK = {}
+CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}
+
+
+def main():
+    global SPINDLE
+    global SAMPLE_C
+    SPINDLE = os.path.abspath(sys.argv[1])
+    names = sys.argv[2:3] or list(CASES)
+    SAMPLE_C = os.path.abspath(sys.argv[3]) if len(sys.argv) > 3 else None
+    passed = failed = 0
+    for name in names:
+        tmp = tempfile.mkdtemp(prefix=f"spn-jobs-{name}-")
+        t0 = time.monotonic()
+        try:
+            CASES[name](tmp)
+            passed += 1
+            CASE_OK[name] = True
+            print(f"ok {name} ({time.monotonic() - t0:.1f}s)")
+        except Exception as e:
+            failed += 1
+            print(f"FAIL {name}: {e}")
+            traceback.print_exc()
+            for f in sorted(os.listdir(tmp)):
+                if f.endswith(".log") and f != "exec.log":
+                    print(f"--- {f}\n" + open(os.path.join(tmp, f), errors="replace").read()[-3000:])
+        finally:
+            # Processes still running must stop cleanly on SIGTERM (exit 0:
+            # under ASan that also means no leak or error report).
+            live = [p for p in PROCS if p.poll() is None]
+            for p in live:
+                p.send_signal(signal.SIGTERM)
+            unclean = []
+            for p in live:
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+                if p.returncode != 0:
+                    unclean.append(f"{' '.join(p.args[:2])} exited {p.returncode} after SIGTERM")
+            PROCS.clear()
+            if unclean:
+                if True:
+                    print(f"FAIL {name}: " + "; ".join(unclean))
+                    for f in sorted(os.listdir(tmp)):
+                        if f.endswith(".log") and f != "exec.log":
+                            print(f"--- {f}\n" + open(os.path.join(tmp, f), errors="replace").read()[-3000:])
+                    # count the case as failed once
+                    if passed and CASE_OK.get(name):
+                        passed -= 1
+                    failed += 1
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Quick start: install what is missing, build Spindle, and run the main
+# pipeline on the sample media. Safe to run again: it installs only what is
+# missing and rebuilds incrementally.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+missing=()
+while read -r p; do
+  case "$p" in ''|\#*) continue ;; esac
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done < .ci/apt-packages
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [ -d build ]; then meson setup --reconfigure build >/dev/null; else meson setup build >/dev/null; fi
+ninja -C build
+
+# The main pipeline (see docs/pipelines.md for the others).
+main_config=${SPINDLE_QUICKSTART_CONFIG:-configs/synthetic.toml}
+exec ./build/core/cli/spindle run "$main_config" "$@"
