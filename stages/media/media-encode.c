@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <libavcodec/avcodec.h>
@@ -187,6 +188,12 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
   if (fd < 0) {
     rc = spn_error_set(err, SPN_EIO, "%s: cannot create a temporary file beside it: %s", path, strerror(errno));
     e->tmp[0] = '\0';
+    goto out_free;
+  }
+  /* mkstemp creates 0600; the finished file should read like any other */
+  if (fchmod(fd, 0644) != 0) {
+    rc = spn_error_set(err, SPN_EIO, "%s: cannot set the temporary file's mode: %s", path, strerror(errno));
+    close(fd);
     goto out_free;
   }
   close(fd);
