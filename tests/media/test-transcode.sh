@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The decode and encode stages under the real runtime: configs/transcode.toml
+# turns the sample clip into a new MP4 (100 frames, audio kept); a missing
+# input fails the job naming the file; a failed encode leaves no output.
+#   test-transcode.sh SPINDLE MEDIA_STAGE_DIR SOURCE_ROOT
+set -u
+spindle=$(realpath "$1") media=$(realpath "$2") src=$(realpath "$3")
+fail() { echo "FAIL: $*"; exit 1; }
+command -v ffprobe >/dev/null || { echo "skip: no ffprobe"; exit 77; }
+export SPINDLE_PLUGIN_PATH=$media
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cd "$tmp"
+clip="$src/samples/media/talking-head.mp4"
+
+"$spindle" run "$src/configs/transcode.toml" --set decode.path="$clip" --set encode.path=out.mp4 \
+  --set encode.preset=ultrafast >out.txt 2>err.txt || fail "transcode: exit $?: $(tail -3 err.txt)"
+grep -Eq 'job [0-9]+ succeeded: 100 frames' out.txt || fail "summary: $(cat out.txt)"
+[ "$(ffprobe -v error -select_streams v -count_frames -show_entries stream=nb_read_frames -of csv=p=0 out.mp4)" = 100 ] ||
+  fail "out.mp4 does not have 100 frames"
+ffprobe -v error -select_streams a -show_entries stream=codec_name -of csv=p=0 out.mp4 | grep -qx aac ||
+  fail "out.mp4 has no AAC audio"
+[ -z "$(ls -A | grep -v -e '^out.mp4$' -e '^out.txt$' -e '^err.txt$')" ] || fail "stray files: $(ls -A)"
+
+# A missing input fails the job and names the file.
+"$spindle" run "$src/configs/transcode.toml" --set decode.path="$tmp/nope.mp4" --set encode.path=out2.mp4 \
+  >out.txt 2>err.txt
+rc=$?
+[ $rc -eq 1 ] || fail "missing input: exit $rc, want 1"
+grep -q "nope.mp4: no such file or directory" err.txt || fail "missing input message: $(cat err.txt)"
+[ ! -e out2.mp4 ] || fail "out2.mp4 exists after a failed job"
+
+# An encoder that does not exist fails the job; nothing at the path.
+"$spindle" run "$src/configs/transcode.toml" --set decode.path="$clip" --set encode.path=out3.mp4 \
+  --set encode.codec=no_such_codec >out.txt 2>err.txt
+rc=$?
+[ $rc -eq 1 ] || fail "bad codec: exit $rc, want 1"
+grep -q "out3.mp4: video encoder 'no_such_codec' is not available" err.txt || fail "bad codec message: $(cat err.txt)"
+[ -z "$(ls -A | grep out3)" ] || fail "out3 files left: $(ls -A)"
+echo ok
