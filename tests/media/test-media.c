@@ -301,6 +301,33 @@ static void bad_inputs_name_the_file(void **state) {
   assert_true(s.frames > 0 && s.frames < 50);
 }
 
+static void hwaccel_falls_back_or_names_the_file(void **state) {
+  (void)state;
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
+  o.want_audio = 0;
+  o.hwaccel = SPN_HWACCEL_AUTO;
+  scan_t s;
+  /* auto: CUDA where it works, software otherwise; the frames are the same */
+  assert_int_equal(scan(p("clip.mp4"), &o, &s, &err), SPN_OK);
+  assert_int_equal(s.frames, 50);
+  assert_int_equal(s.w, 160);
+  /* cuda: decodes on the device, or fails naming the file and the codec */
+  o.hwaccel = SPN_HWACCEL_CUDA;
+  spn_decoder_t *d = NULL;
+  int32_t rc = spn_decoder_new(p("clip.mp4"), &o, &d, &err);
+  printf("# hwaccel=cuda: %s\n", rc ? err.msg : "CUDA decoding active");
+  if (rc) {
+    assert_int_equal(rc, SPN_EDEVICE);
+    assert_non_null(strstr(err.msg, "clip.mp4: CUDA decoding of h264 is not available"));
+  } else {
+    assert_true(spn_decoder_info(d)->hwaccel_active);
+    spn_decoder_free(d);
+    assert_int_equal(scan(p("clip.mp4"), &o, &s, &err), SPN_OK);
+    assert_int_equal(s.frames, 50);
+  }
+}
+
 static int dir_has_prefix(const char *prefix) {
   DIR *dd = opendir(dir);
   struct dirent *de;
@@ -391,6 +418,7 @@ int main(void) {
       cmocka_unit_test(rotation_metadata_turns_frames),
       cmocka_unit_test(audio_file_is_muxed),
       cmocka_unit_test(bad_inputs_name_the_file),
+      cmocka_unit_test(hwaccel_falls_back_or_names_the_file),
       cmocka_unit_test(failed_encode_leaves_no_file),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
