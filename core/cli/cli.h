@@ -11,5 +11,6 @@ typedef struct spn_cli_cmd {
 } spn_cli_cmd_t;
 
 int spn_cli_version(int argc, char **argv);
+int spn_cli_model(int argc, char **argv);
 
 #endif

@@ -15,6 +15,7 @@ int spn_cli_version(int argc, char **argv) {
 
 static const spn_cli_cmd_t commands[] = {
     {"version", "print the version", spn_cli_version},
+    {"model", "inspect or run an ONNX model", spn_cli_model},
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,528 @@
+/* cpu-dnnl.c — the CPU backend's oneDNN part: Conv, ConvTranspose and
+ * pooling primitives, and sgemm for MatMul/Gemm.
+ *
+ * A node keeps a small cache of primitives keyed by its input shape (a new
+ * batch size or image size makes a new entry), each with its weights
+ * reordered once into the layout the primitive prefers. Primitives run with
+ * a user-provided scratchpad taken from the calling run, so several threads
+ * may execute the same primitive at once. When oneDNN would fall back to its
+ * im2col/gemm path for plain NCHW tensors, the primitive is built on blocked
+ * layouts instead and the input/output are reordered around it (that pays
+ * for anything but tiny channel counts); fused post-ops then run in C after
+ * the output reorder. Otherwise post-ops (activation, residual add) are
+ * fused into the primitive.
+ */
+#include <oneapi/dnnl/dnnl.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine-internal.h"
+
+typedef struct spn_dnnl_entry {
+  int ndim;
+  int64_t key[SPN_MAXD];
+  dnnl_primitive_t prim;
+  dnnl_primitive_t src_reorder, dst_reorder; /* blocked path only */
+  dnnl_memory_desc_t src_md, dst_md, usr_src_md, usr_dst_md, bin_md;
+  size_t scratch, src_tmp, dst_tmp;
+  void *weights; /* reordered weights (owned) */
+  dnnl_memory_desc_t wei_md;
+  bool blocked, fused_posts;
+  struct spn_dnnl_entry *next;
+} spn_dnnl_entry_t;
+
+struct spn_dnnl_cache {
+  spn_dnnl_entry_t *head;
+};
+
+static void entry_free(spn_dnnl_entry_t *e) {
+  if (e->prim) dnnl_primitive_destroy(e->prim);
+  if (e->src_reorder) dnnl_primitive_destroy(e->src_reorder);
+  if (e->dst_reorder) dnnl_primitive_destroy(e->dst_reorder);
+  free(e->weights);
+  free(e);
+}
+
+void spn_dnnl_node_free(spn_node_t *n) {
+  if (!n->dnnl)
+    return;
+  spn_dnnl_entry_t *e = n->dnnl->head;
+  while (e) {
+    spn_dnnl_entry_t *nx = e->next;
+    entry_free(e);
+    e = nx;
+  }
+  free(n->dnnl);
+  n->dnnl = NULL;
+}
+
+int32_t spn_dnnl_shared_init(spn_engine_shared_t *s, spn_error_t *err) {
+  dnnl_engine_t e;
+  if (dnnl_engine_create(&e, dnnl_cpu, 0) != dnnl_success)
+    return spn_error_set(err, SPN_EDEVICE, "oneDNN: cannot create the CPU engine");
+  s->dnnl_engine = e;
+  return SPN_OK;
+}
+
+void spn_dnnl_shared_fini(spn_engine_shared_t *s) {
+  if (s->dnnl_engine)
+    dnnl_engine_destroy(s->dnnl_engine);
+  s->dnnl_engine = NULL;
+}
+
+int32_t spn_sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+  if (M == 0 || N == 0)
+    return SPN_OK;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++)
+        C[i * ldc + j] = beta == 0.f ? 0.f : C[i * ldc + j] * beta;
+    return SPN_OK;
+  }
+  return dnnl_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc) == dnnl_success ? SPN_OK : SPN_EINTERNAL;
+}
+
+static dnnl_format_tag_t plain_tag(int nd) {
+  static const dnnl_format_tag_t t[] = {dnnl_format_tag_undef, dnnl_a, dnnl_ab, dnnl_abc, dnnl_abcd, dnnl_abcde, dnnl_abcdef};
+  return nd >= 1 && nd <= 6 ? t[nd] : dnnl_format_tag_undef;
+}
+
+static void to_dims(dnnl_dims_t d, const int64_t *s, int n) {
+  for (int i = 0; i < n; i++)
+    d[i] = s[i];
+}
+
+static dnnl_stream_t get_stream(spn_run_t *r) {
+  if (!r->dnnl_stream) {
+    dnnl_stream_t s;
+    if (dnnl_stream_create(&s, r->m->shared->dnnl_engine, dnnl_stream_default_flags) != dnnl_success)
+      return NULL;
+    r->dnnl_stream = s;
+  }
+  return r->dnnl_stream;
+}
+
+static int32_t reorder_now(dnnl_engine_t eng, dnnl_stream_t st, const dnnl_memory_desc_t *from,
+                           void *src, const dnnl_memory_desc_t *to, void *dst) {
+  dnnl_primitive_desc_t pd = NULL;
+  dnnl_primitive_t p = NULL;
+  dnnl_memory_t ms = NULL, md = NULL;
+  int32_t rc = SPN_EINTERNAL;
+  if (dnnl_reorder_primitive_desc_create(&pd, from, eng, to, eng, NULL) != dnnl_success)
+    goto out;
+  if (dnnl_primitive_create(&p, pd) != dnnl_success)
+    goto out;
+  if (dnnl_memory_create(&ms, from, eng, src) != dnnl_success || dnnl_memory_create(&md, to, eng, dst) != dnnl_success)
+    goto out;
+  dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md}};
+  if (dnnl_primitive_execute(p, st, 2, args) != dnnl_success || dnnl_stream_wait(st) != dnnl_success)
+    goto out;
+  rc = SPN_OK;
+out:
+  if (ms) dnnl_memory_destroy(ms);
+  if (md) dnnl_memory_destroy(md);
+  if (p) dnnl_primitive_destroy(p);
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  return rc;
+}
+
+static dnnl_primitive_t make_reorder(dnnl_engine_t eng, const dnnl_memory_desc_t *from,
+                                     const dnnl_memory_desc_t *to) {
+  dnnl_primitive_desc_t pd = NULL;
+  dnnl_primitive_t p = NULL;
+  if (dnnl_reorder_primitive_desc_create(&pd, from, eng, to, eng, NULL) == dnnl_success)
+    dnnl_primitive_create(&p, pd);
+  if (pd)
+    dnnl_primitive_desc_destroy(pd);
+  return p;
+}
+
+static bool impl_is_gemm(const_dnnl_primitive_desc_t pd) {
+  const char *s = NULL;
+  dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &s);
+  return s && (strstr(s, "gemm") || strstr(s, "ref"));
+}
+
+/* Build a conv/deconv primitive for input x. */
+static int32_t build_conv(spn_run_t *r, const spn_node_t *n, bool tr, const spn_rt_val_t *x,
+                          const spn_rt_val_t *y, spn_dnnl_entry_t *e) {
+  dnnl_engine_t eng = r->m->shared->dnnl_engine;
+  const spn_rt_val_t *w = &r->v[n->in[1]];
+  bool has_bias = n->n_in > 2 && n->in[2] >= 0;
+  int nd = x->ndim, nsp = nd - 2;
+  int64_t g = spn_attr_int(n, "group", 1);
+  int64_t st[3], dl[3], pl[3], pr[3], osp[3];
+  int32_t rc = spn_conv_geometry(n, x, w, tr, st, dl, pl, pr, osp, r->err);
+  if (rc)
+    return rc;
+  dnnl_dims_t xd, yd, wd, bd, sd, dd, pld, prd;
+  to_dims(xd, x->shape, nd);
+  to_dims(yd, y->shape, nd);
+  for (int i = 0; i < nsp; i++) {
+    sd[i] = st[i];
+    dd[i] = dl[i] - 1;
+    pld[i] = pl[i];
+    prd[i] = pr[i];
+  }
+  int64_t oc = y->shape[1], ic = x->shape[1];
+  int wnd;
+  dnnl_format_tag_t wtag;
+  if (g == 1) {
+    wnd = nd;
+    wd[0] = oc;
+    wd[1] = ic;
+    for (int i = 0; i < nsp; i++)
+      wd[2 + i] = w->shape[2 + i];
+    static const dnnl_format_tag_t conv_t[] = {dnnl_abc, dnnl_abcd, dnnl_abcde};
+    static const dnnl_format_tag_t deconv_t[] = {dnnl_bac, dnnl_bacd, dnnl_bacde};
+    wtag = tr ? deconv_t[nsp - 1] : conv_t[nsp - 1];
+  } else {
+    wnd = nd + 1;
+    wd[0] = g;
+    wd[1] = oc / g;
+    wd[2] = ic / g;
+    for (int i = 0; i < nsp; i++)
+      wd[3 + i] = w->shape[2 + i];
+    static const dnnl_format_tag_t conv_t[] = {dnnl_abcd, dnnl_abcde, dnnl_abcdef};
+    static const dnnl_format_tag_t deconv_t[] = {dnnl_acbd, dnnl_acbde, dnnl_acbdef};
+    wtag = tr ? deconv_t[nsp - 1] : conv_t[nsp - 1];
+  }
+  bd[0] = oc;
+  dnnl_memory_desc_t xmd, ymd, wmd_any, wmd_usr, bmd, xany, yany;
+  dnnl_memory_desc_init_by_tag(&xmd, nd, xd, dnnl_f32, plain_tag(nd));
+  dnnl_memory_desc_init_by_tag(&ymd, nd, yd, dnnl_f32, plain_tag(nd));
+  dnnl_memory_desc_init_by_tag(&xany, nd, xd, dnnl_f32, dnnl_format_tag_any);
+  dnnl_memory_desc_init_by_tag(&yany, nd, yd, dnnl_f32, dnnl_format_tag_any);
+  dnnl_memory_desc_init_by_tag(&wmd_any, wnd, wd, dnnl_f32, dnnl_format_tag_any);
+  dnnl_memory_desc_init_by_tag(&wmd_usr, wnd, wd, dnnl_f32, wtag);
+  dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_f32, dnnl_a);
+  dnnl_primitive_desc_t pd = NULL;
+  dnnl_primitive_attr_t attr = NULL;
+  dnnl_post_ops_t po = NULL;
+  rc = SPN_EINTERNAL;
+  for (int attempt = 0; attempt < 2; attempt++) {
+    bool blocked = attempt == 1;
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (po) dnnl_post_ops_destroy(po);
+    attr = NULL;
+    po = NULL;
+    dnnl_primitive_attr_create(&attr);
+    dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+    bool fuse = !blocked;
+    if (fuse && n->n_post) {
+      dnnl_post_ops_create(&po);
+      for (int p = 0; p < n->n_post; p++) {
+        const spn_post_t *pp = &n->post[p];
+        switch (pp->kind) {
+        case SPN_POST_RELU: dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_relu, 0.f, 0.f); break;
+        case SPN_POST_LRELU: dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_relu, pp->a, 0.f); break;
+        case SPN_POST_SIGMOID: dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_logistic, 0.f, 0.f); break;
+        case SPN_POST_TANH: dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_tanh, 0.f, 0.f); break;
+        case SPN_POST_CLIP: dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_clip, pp->a, pp->b); break;
+        case SPN_POST_ADD: dnnl_post_ops_append_binary(po, dnnl_binary_add, &ymd); break;
+        default: break;
+        }
+      }
+      dnnl_primitive_attr_set_post_ops(attr, po);
+    }
+    dnnl_status_t s;
+    if (!tr) {
+      dnnl_convolution_desc_t cd;
+      s = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, blocked ? &xany : &xmd, &wmd_any, has_bias ? &bmd : NULL, blocked ? &yany : &ymd, sd, dd, pld, prd);
+      if (s == dnnl_success)
+        s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
+    } else {
+      dnnl_deconvolution_desc_t cd;
+      s = dnnl_dilated_deconvolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_deconvolution_direct, blocked ? &xany : &xmd, &wmd_any, has_bias ? &bmd : NULL, blocked ? &yany : &ymd, sd, dd, pld, prd);
+      if (s == dnnl_success)
+        s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
+    }
+    if (s != dnnl_success) {
+      if (blocked && e->prim)
+        break; /* keep the plain one */
+      if (!blocked)
+        continue;
+      rc = spn_error_set(r->err, SPN_EUNSUPPORTED, "oneDNN refused this %s (status %d)", tr ? "ConvTranspose" : "Conv", (int)s);
+      goto out;
+    }
+    /* Plain layouts are fine unless oneDNN picked its gemm fallback and the
+     * channels are wide enough for blocked kernels. */
+    bool want_blocked = !blocked && impl_is_gemm(pd) && ic / g >= 8 && oc / g >= 8;
+    if (!blocked && want_blocked && !e->prim) {
+      /* Keep this plain one as a fallback, try blocked next. */
+    }
+    dnnl_primitive_t prim;
+    if (dnnl_primitive_create(&prim, pd) != dnnl_success) {
+      dnnl_primitive_desc_destroy(pd);
+      pd = NULL;
+      continue;
+    }
+    if (e->prim) {
+      dnnl_primitive_destroy(e->prim);
+      free(e->weights);
+      e->weights = NULL;
+    }
+    e->prim = prim;
+    e->blocked = blocked;
+    e->fused_posts = fuse;
+    e->wei_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    e->src_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+    e->dst_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    e->scratch = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
+    e->usr_src_md = xmd;
+    e->usr_dst_md = ymd;
+    e->bin_md = ymd;
+    e->weights = spn_aligned_alloc(dnnl_memory_desc_get_size(&e->wei_md));
+    dnnl_primitive_desc_destroy(pd);
+    pd = NULL;
+    if (!e->weights) {
+      rc = spn_error_set(r->err, SPN_ENOMEM, "out of memory");
+      goto out;
+    }
+    dnnl_stream_t stream = get_stream(r);
+    if (!stream || reorder_now(eng, stream, &wmd_usr, w->data, &e->wei_md, e->weights)) {
+      rc = spn_error_set(r->err, SPN_EINTERNAL, "oneDNN: weight reorder failed");
+      goto out;
+    }
+    if (!want_blocked)
+      break;
+  }
+  if (e->blocked) {
+    e->src_tmp = dnnl_memory_desc_equal(&e->src_md, &xmd) ? 0 : dnnl_memory_desc_get_size(&e->src_md);
+    e->dst_tmp = dnnl_memory_desc_equal(&e->dst_md, &ymd) ? 0 : dnnl_memory_desc_get_size(&e->dst_md);
+    if (e->src_tmp && !(e->src_reorder = make_reorder(eng, &xmd, &e->src_md)))
+      goto fail_reorder;
+    if (e->dst_tmp && !(e->dst_reorder = make_reorder(eng, &e->dst_md, &ymd)))
+      goto fail_reorder;
+  }
+  rc = SPN_OK;
+  goto out;
+fail_reorder:
+  rc = spn_error_set(r->err, SPN_EINTERNAL, "oneDNN: activation reorder unavailable");
+out:
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  if (attr) dnnl_primitive_attr_destroy(attr);
+  if (po) dnnl_post_ops_destroy(po);
+  return rc;
+}
+
+static spn_dnnl_entry_t *find_entry(spn_node_t *n, const spn_rt_val_t *x) {
+  if (!n->dnnl)
+    return NULL;
+  for (spn_dnnl_entry_t *e = n->dnnl->head; e; e = e->next)
+    if (e->ndim == x->ndim && !memcmp(e->key, x->shape, (size_t)x->ndim * sizeof(int64_t)))
+      return e;
+  return NULL;
+}
+
+typedef int32_t (*spn_builder_fn)(spn_run_t *, const spn_node_t *, bool, const spn_rt_val_t *,
+                                  const spn_rt_val_t *, spn_dnnl_entry_t *);
+
+/* Look up or build the entry; the lock covers the list and building. */
+static int32_t get_entry(spn_run_t *r, const spn_node_t *cn, bool tr, spn_builder_fn build,
+                         spn_dnnl_entry_t **out) {
+  spn_node_t *n = (spn_node_t *)cn; /* the cache is the node's only mutable part */
+  const spn_rt_val_t *x = &r->v[n->in[0]], *y = &r->v[n->out[0]];
+  pthread_mutex_lock(&n->dnnl_lock);
+  spn_dnnl_entry_t *e = find_entry(n, x);
+  int32_t rc = SPN_OK;
+  if (!e) {
+    if (!n->dnnl && !(n->dnnl = calloc(1, sizeof *n->dnnl))) {
+      rc = spn_error_set(r->err, SPN_ENOMEM, "out of memory");
+      goto out;
+    }
+    e = calloc(1, sizeof *e);
+    if (!e) {
+      rc = spn_error_set(r->err, SPN_ENOMEM, "out of memory");
+      goto out;
+    }
+    e->ndim = x->ndim;
+    memcpy(e->key, x->shape, (size_t)x->ndim * sizeof(int64_t));
+    if ((rc = build(r, n, tr, x, y, e))) {
+      entry_free(e);
+      e = NULL;
+      goto out;
+    }
+    e->next = n->dnnl->head;
+    n->dnnl->head = e;
+  }
+out:
+  pthread_mutex_unlock(&n->dnnl_lock);
+  *out = e;
+  return rc;
+}
+
+static int32_t exec_entry(spn_run_t *r, const spn_node_t *n, spn_dnnl_entry_t *e, bool conv) {
+  dnnl_engine_t eng = r->m->shared->dnnl_engine;
+  dnnl_stream_t st = get_stream(r);
+  const spn_rt_val_t *x = &r->v[n->in[0]];
+  spn_rt_val_t *y = &r->v[n->out[0]];
+  if (!st)
+    return spn_error_set(r->err, SPN_EINTERNAL, "oneDNN: no stream");
+  void *scratch = e->scratch ? spn_aligned_alloc(e->scratch) : NULL;
+  void *src_tmp = e->src_tmp ? spn_aligned_alloc(e->src_tmp) : NULL;
+  void *dst_tmp = e->dst_tmp ? spn_aligned_alloc(e->dst_tmp) : NULL;
+  dnnl_memory_t mem[8] = {0};
+  int nm = 0;
+  int32_t rc = SPN_EINTERNAL;
+  if ((e->scratch && !scratch) || (e->src_tmp && !src_tmp) || (e->dst_tmp && !dst_tmp)) {
+    rc = spn_error_set(r->err, SPN_ENOMEM, "out of memory for oneDNN buffers");
+    goto out;
+  }
+  dnnl_memory_t usr_src, usr_dst, src, dst;
+#define MK(var, md, ptr)                                                          \
+  do {                                                                            \
+    if (dnnl_memory_create(&var, md, eng, ptr) != dnnl_success)                   \
+      goto out;                                                                   \
+    mem[nm++] = var;                                                              \
+  } while (0)
+  MK(usr_src, &e->usr_src_md, x->data);
+  MK(usr_dst, &e->usr_dst_md, y->data);
+  src = usr_src;
+  dst = usr_dst;
+  if (src_tmp) {
+    MK(src, &e->src_md, src_tmp);
+    dnnl_exec_arg_t a[2] = {{DNNL_ARG_FROM, usr_src}, {DNNL_ARG_TO, src}};
+    if (dnnl_primitive_execute(e->src_reorder, st, 2, a) != dnnl_success)
+      goto out;
+  }
+  if (dst_tmp)
+    MK(dst, &e->dst_md, dst_tmp);
+  dnnl_exec_arg_t args[8];
+  int na = 0;
+  args[na++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, src};
+  args[na++] = (dnnl_exec_arg_t){DNNL_ARG_DST, dst};
+  if (e->scratch) {
+    dnnl_memory_t ms;
+    const_dnnl_primitive_desc_t ppd;
+    dnnl_primitive_get_primitive_desc(e->prim, &ppd);
+    MK(ms, dnnl_primitive_desc_query_md(ppd, dnnl_query_scratchpad_md, 0), scratch);
+    args[na++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, ms};
+  }
+  if (conv) {
+    dnnl_memory_t mw;
+    MK(mw, &e->wei_md, e->weights);
+    args[na++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, mw};
+    if (n->n_in > 2 && n->in[2] >= 0) {
+      dnnl_memory_desc_t bmd;
+      dnnl_dims_t bd = {y->shape[1]};
+      dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_f32, dnnl_a);
+      dnnl_memory_t mb;
+      MK(mb, &bmd, r->v[n->in[2]].data);
+      args[na++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, mb};
+    }
+    if (e->fused_posts)
+      for (int p = 0; p < n->n_post; p++)
+        if (n->post[p].kind == SPN_POST_ADD) {
+          dnnl_memory_t madd;
+          MK(madd, &e->bin_md, r->v[n->post[p].val].data);
+          args[na++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(p) | DNNL_ARG_SRC_1, madd};
+        }
+  }
+  if (dnnl_primitive_execute(e->prim, st, na, args) != dnnl_success)
+    goto out;
+  if (dst_tmp) {
+    dnnl_exec_arg_t a[2] = {{DNNL_ARG_FROM, dst}, {DNNL_ARG_TO, usr_dst}};
+    if (dnnl_primitive_execute(e->dst_reorder, st, 2, a) != dnnl_success)
+      goto out;
+  }
+  if (dnnl_stream_wait(st) != dnnl_success)
+    goto out;
+  if (conv && !e->fused_posts && n->n_post) {
+    int64_t cnt = 1;
+    for (int d = 0; d < y->ndim; d++)
+      cnt *= y->shape[d];
+    spn_apply_post(r, n, y->data, cnt);
+  }
+  rc = SPN_OK;
+#undef MK
+out:
+  if (rc == SPN_EINTERNAL)
+    spn_error_set(r->err, rc, "oneDNN execution failed");
+  for (int i = 0; i < nm; i++)
+    dnnl_memory_destroy(mem[i]);
+  free(scratch);
+  free(src_tmp);
+  free(dst_tmp);
+  return rc;
+}
+
+int32_t spn_dnnl_conv(spn_run_t *r, const spn_node_t *n, bool transposed) {
+  spn_dnnl_entry_t *e;
+  int32_t rc = get_entry(r, n, transposed, build_conv, &e);
+  if (rc)
+    return rc;
+  /* A fused add whose operand had to broadcast is applied in C instead. */
+  return exec_entry(r, n, e, true);
+}
+
+static int32_t build_pool(spn_run_t *r, const spn_node_t *n, bool unused, const spn_rt_val_t *x,
+                          const spn_rt_val_t *y, spn_dnnl_entry_t *e) {
+  (void)unused;
+  dnnl_engine_t eng = r->m->shared->dnnl_engine;
+  int nd = x->ndim, nsp = nd - 2;
+  const spn_attr_t *ks = spn_node_attr(n, "kernel_shape"), *as = spn_node_attr(n, "strides"),
+                   *ad = spn_node_attr(n, "dilations"), *ap = spn_node_attr(n, "pads");
+  const char *autopad = spn_attr_str(n, "auto_pad", "NOTSET");
+  dnnl_dims_t xd, yd, kd, sd, dd, pld, prd;
+  to_dims(xd, x->shape, nd);
+  to_dims(yd, y->shape, nd);
+  for (int i = 0; i < nsp; i++) {
+    kd[i] = ks->ints[i];
+    sd[i] = as ? as->ints[i] : 1;
+    dd[i] = (ad ? ad->ints[i] : 1) - 1;
+    pld[i] = ap ? ap->ints[i] : 0;
+    prd[i] = ap ? ap->ints[i + nsp] : 0;
+    int64_t in = x->shape[2 + i], ek = (kd[i] - 1) * (dd[i] + 1) + 1, out = y->shape[2 + i];
+    if (!strcmp(autopad, "VALID"))
+      pld[i] = prd[i] = 0;
+    if (!strcmp(autopad, "SAME_UPPER") || !strcmp(autopad, "SAME_LOWER")) {
+      int64_t tot = (out - 1) * sd[i] + ek - in;
+      if (tot < 0) tot = 0;
+      pld[i] = !strcmp(autopad, "SAME_UPPER") ? tot / 2 : tot - tot / 2;
+      prd[i] = tot - pld[i];
+    }
+    /* ceil_mode: widen the right pad until oneDNN's floor formula yields out. */
+    while ((in - ek + pld[i] + prd[i]) / sd[i] + 1 < out)
+      prd[i]++;
+  }
+  bool avg = n->op == SPN_OP_AVGPOOL;
+  dnnl_alg_kind_t alg = !avg ? dnnl_pooling_max : (spn_attr_int(n, "count_include_pad", 0) ? dnnl_pooling_avg_include_padding : dnnl_pooling_avg_exclude_padding);
+  dnnl_memory_desc_t xmd, ymd;
+  dnnl_memory_desc_init_by_tag(&xmd, nd, xd, dnnl_f32, plain_tag(nd));
+  dnnl_memory_desc_init_by_tag(&ymd, nd, yd, dnnl_f32, plain_tag(nd));
+  dnnl_pooling_v2_desc_t pdsc;
+  dnnl_primitive_attr_t attr = NULL;
+  dnnl_primitive_desc_t pd = NULL;
+  int32_t rc = SPN_OK;
+  dnnl_primitive_attr_create(&attr);
+  dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+  if (dnnl_pooling_v2_forward_desc_init(&pdsc, dnnl_forward_inference, alg, &xmd, &ymd, sd, kd, dd, pld, prd) != dnnl_success ||
+      dnnl_primitive_desc_create(&pd, &pdsc, attr, eng, NULL) != dnnl_success ||
+      dnnl_primitive_create(&e->prim, pd) != dnnl_success) {
+    rc = spn_error_set(r->err, SPN_EUNSUPPORTED, "oneDNN refused this pooling");
+    goto out;
+  }
+  e->usr_src_md = e->src_md = xmd;
+  e->usr_dst_md = e->dst_md = ymd;
+  e->scratch = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
+out:
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  dnnl_primitive_attr_destroy(attr);
+  return rc;
+}
+
+int32_t spn_dnnl_pool(spn_run_t *r, const spn_node_t *n) {
+  spn_dnnl_entry_t *e;
+  int32_t rc = get_entry(r, n, false, build_pool, &e);
+  if (rc)
+    return rc;
+  return exec_entry(r, n, e, false);
+}
+
+void spn_dnnl_run_end(spn_run_t *r) {
+  if (r->dnnl_stream)
+    dnnl_stream_destroy(r->dnnl_stream);
+  r->dnnl_stream = NULL;
+}
