@@ -27,7 +27,8 @@ typedef struct spn_dnnl_entry {
   size_t scratch, src_tmp, dst_tmp;
   void *weights; /* reordered weights (owned) */
   dnnl_memory_desc_t wei_md;
-  bool blocked, fused_posts;
+  bool blocked, fused_posts, nhwc_path;
+  int n_fused; /* leading post-ops run inside the primitive; the rest in C */
   struct spn_dnnl_entry *next;
 } spn_dnnl_entry_t;
 
@@ -138,13 +139,76 @@ static dnnl_primitive_t make_reorder(dnnl_engine_t eng, const dnnl_memory_desc_t
   return p;
 }
 
+static bool impl_is_ref(const_dnnl_primitive_desc_t pd) {
+  const char *s = NULL;
+  dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &s);
+  return s && strstr(s, "ref");
+}
+
 static bool impl_is_gemm(const_dnnl_primitive_desc_t pd) {
   const char *s = NULL;
   dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &s);
   return s && (strstr(s, "gemm") || strstr(s, "ref"));
 }
 
-/* Build a conv/deconv primitive for input x. */
+/* Create a conv/deconv primitive descriptor on the given layouts, with the
+ * node's post-ops fused when `fuse`. */
+static dnnl_status_t conv_pd(spn_run_t *r, const spn_node_t *n, bool tr, const dnnl_memory_desc_t *src,
+                             const dnnl_memory_desc_t *wei, const dnnl_memory_desc_t *bias,
+                             const dnnl_memory_desc_t *dst, const dnnl_memory_desc_t *addmd,
+                             const dnnl_dims_t sd, const dnnl_dims_t dd, const dnnl_dims_t pld,
+                             const dnnl_dims_t prd, int nfuse, dnnl_primitive_desc_t *pd) {
+  dnnl_engine_t eng = r->m->shared->dnnl_engine;
+  dnnl_primitive_attr_t attr = NULL;
+  dnnl_post_ops_t po = NULL;
+  dnnl_status_t s = dnnl_primitive_attr_create(&attr);
+  if (s != dnnl_success)
+    return s;
+  dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
+  if (nfuse > 0) {
+    dnnl_post_ops_create(&po);
+    for (int p = 0; p < nfuse && s == dnnl_success; p++) {
+      const spn_post_t *pp = &n->post[p];
+      switch (pp->kind) {
+      case SPN_POST_RELU: s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_relu, 0.f, 0.f); break;
+      case SPN_POST_LRELU: s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_relu, pp->a, 0.f); break;
+      case SPN_POST_SIGMOID: s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_logistic, 0.f, 0.f); break;
+      case SPN_POST_TANH: s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_tanh, 0.f, 0.f); break;
+      case SPN_POST_CLIP: s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_clip, pp->a, pp->b); break;
+      case SPN_POST_ADD: s = dnnl_post_ops_append_binary(po, dnnl_binary_add, addmd); break;
+      case SPN_POST_PRELU: s = dnnl_post_ops_append_prelu(po, pp->a > 1 ? 2 : 0); break;
+      default: s = dnnl_unimplemented; break;
+      }
+    }
+    if (s == dnnl_success)
+      s = dnnl_primitive_attr_set_post_ops(attr, po);
+  }
+  if (s == dnnl_success) {
+    if (!tr) {
+      dnnl_convolution_desc_t cd;
+      s = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, src, wei, bias, dst, sd, dd, pld, prd);
+      if (s == dnnl_success)
+        s = dnnl_primitive_desc_create(pd, &cd, attr, eng, NULL);
+    } else {
+      dnnl_deconvolution_desc_t cd;
+      s = dnnl_dilated_deconvolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_deconvolution_direct, src, wei, bias, dst, sd, dd, pld, prd);
+      if (s == dnnl_success)
+        s = dnnl_primitive_desc_create(pd, &cd, attr, eng, NULL);
+    }
+  }
+  if (po)
+    dnnl_post_ops_destroy(po);
+  dnnl_primitive_attr_destroy(attr);
+  return s;
+}
+
+/* Build a conv/deconv primitive for input x.
+ *
+ * 2-D convolutions run on NHWC (channels-last) tensors, which oneDNN's
+ * brgemm kernels handle fastest; values passed only between convolutions
+ * stay NHWC (spn_value_t.nhwc), others are reordered from/to NCHW around the
+ * primitive. Other ranks run on plain layouts, or blocked ones when oneDNN
+ * would otherwise fall back to im2col+gemm. */
 static int32_t build_conv(spn_run_t *r, const spn_node_t *n, bool tr, const spn_rt_val_t *x,
                           const spn_rt_val_t *y, spn_dnnl_entry_t *e) {
   dnnl_engine_t eng = r->m->shared->dnnl_engine;
@@ -189,7 +253,7 @@ static int32_t build_conv(spn_run_t *r, const spn_node_t *n, bool tr, const spn_
     wtag = tr ? deconv_t[nsp - 1] : conv_t[nsp - 1];
   }
   bd[0] = oc;
-  dnnl_memory_desc_t xmd, ymd, wmd_any, wmd_usr, bmd, xany, yany;
+  dnnl_memory_desc_t xmd, ymd, xnhwc, ynhwc, xany, yany, wmd_any, wmd_usr, bmd;
   dnnl_memory_desc_init_by_tag(&xmd, nd, xd, dnnl_f32, plain_tag(nd));
   dnnl_memory_desc_init_by_tag(&ymd, nd, yd, dnnl_f32, plain_tag(nd));
   dnnl_memory_desc_init_by_tag(&xany, nd, xd, dnnl_f32, dnnl_format_tag_any);
@@ -197,113 +261,84 @@ static int32_t build_conv(spn_run_t *r, const spn_node_t *n, bool tr, const spn_
   dnnl_memory_desc_init_by_tag(&wmd_any, wnd, wd, dnnl_f32, dnnl_format_tag_any);
   dnnl_memory_desc_init_by_tag(&wmd_usr, wnd, wd, dnnl_f32, wtag);
   dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_f32, dnnl_a);
+  bool in_nhwc = r->m->vals[n->in[0]].nhwc, out_nhwc = r->m->vals[n->out[0]].nhwc;
+  const dnnl_memory_desc_t *bias = has_bias ? &bmd : NULL;
   dnnl_primitive_desc_t pd = NULL;
-  dnnl_primitive_attr_t attr = NULL;
-  dnnl_post_ops_t po = NULL;
-  rc = SPN_EINTERNAL;
-  for (int attempt = 0; attempt < 2; attempt++) {
-    bool blocked = attempt == 1;
-    if (attr) dnnl_primitive_attr_destroy(attr);
-    if (po) dnnl_post_ops_destroy(po);
-    attr = NULL;
-    po = NULL;
-    dnnl_primitive_attr_create(&attr);
-    dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
-    bool fuse = !blocked;
-    if (fuse && n->n_post) {
-      dnnl_post_ops_create(&po);
-      for (int p = 0; p < n->n_post; p++) {
-        const spn_post_t *pp = &n->post[p];
-        switch (pp->kind) {
-        case SPN_POST_RELU: dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_relu, 0.f, 0.f); break;
-        case SPN_POST_LRELU: dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_relu, pp->a, 0.f); break;
-        case SPN_POST_SIGMOID: dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_logistic, 0.f, 0.f); break;
-        case SPN_POST_TANH: dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_tanh, 0.f, 0.f); break;
-        case SPN_POST_CLIP: dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_clip, pp->a, pp->b); break;
-        case SPN_POST_ADD: dnnl_post_ops_append_binary(po, dnnl_binary_add, &ymd); break;
-        default: break;
-        }
-      }
-      dnnl_primitive_attr_set_post_ops(attr, po);
-    }
-    dnnl_status_t s;
-    if (!tr) {
-      dnnl_convolution_desc_t cd;
-      s = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, blocked ? &xany : &xmd, &wmd_any, has_bias ? &bmd : NULL, blocked ? &yany : &ymd, sd, dd, pld, prd);
-      if (s == dnnl_success)
-        s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
-    } else {
-      dnnl_deconvolution_desc_t cd;
-      s = dnnl_dilated_deconvolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_deconvolution_direct, blocked ? &xany : &xmd, &wmd_any, has_bias ? &bmd : NULL, blocked ? &yany : &ymd, sd, dd, pld, prd);
-      if (s == dnnl_success)
-        s = dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL);
-    }
-    if (s != dnnl_success) {
-      if (blocked && e->prim)
-        break; /* keep the plain one */
-      if (!blocked)
-        continue;
-      rc = spn_error_set(r->err, SPN_EUNSUPPORTED, "oneDNN refused this %s (status %d)", tr ? "ConvTranspose" : "Conv", (int)s);
-      goto out;
-    }
-    /* Plain layouts are fine unless oneDNN picked its gemm fallback and the
-     * channels are wide enough for blocked kernels. */
-    bool want_blocked = !blocked && impl_is_gemm(pd) && ic / g >= 8 && oc / g >= 8;
-    if (!blocked && want_blocked && !e->prim) {
-      /* Keep this plain one as a fallback, try blocked next. */
-    }
-    dnnl_primitive_t prim;
-    if (dnnl_primitive_create(&prim, pd) != dnnl_success) {
+  dnnl_status_t s = dnnl_unimplemented;
+  bool fused = false;
+  /* oneDNN 2.6 has only its reference kernel for convolutions with a PReLU
+   * post-op, so post-ops from the first PReLU on run in C. */
+  int nfuse = 0;
+  while (nfuse < n->n_post && n->post[nfuse].kind != SPN_POST_PRELU)
+    nfuse++;
+  if (nd == 4) {
+    dnnl_memory_desc_init_by_tag(&xnhwc, nd, xd, dnnl_f32, dnnl_acdb);
+    dnnl_memory_desc_init_by_tag(&ynhwc, nd, yd, dnnl_f32, dnnl_acdb);
+    s = conv_pd(r, n, tr, &xnhwc, &wmd_any, bias, &ynhwc, &ynhwc, sd, dd, pld, prd, nfuse, &pd);
+    fused = s == dnnl_success;
+    if (s == dnnl_success && nfuse && impl_is_ref(pd)) {
       dnnl_primitive_desc_destroy(pd);
       pd = NULL;
-      continue;
+      s = dnnl_unimplemented;
     }
-    if (e->prim) {
-      dnnl_primitive_destroy(e->prim);
-      free(e->weights);
-      e->weights = NULL;
-    }
-    e->prim = prim;
-    e->blocked = blocked;
-    e->fused_posts = fuse;
-    e->wei_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-    e->src_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
-    e->dst_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
-    e->scratch = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
+    if (s != dnnl_success)
+      s = conv_pd(r, n, tr, &xnhwc, &wmd_any, bias, &ynhwc, &ynhwc, sd, dd, pld, prd, 0, &pd);
+    e->nhwc_path = s == dnnl_success;
+    e->bin_md = ynhwc;
+    e->usr_src_md = in_nhwc ? xnhwc : xmd;
+    e->usr_dst_md = out_nhwc ? ynhwc : ymd;
+  }
+  if (s != dnnl_success) {
+    if (in_nhwc || out_nhwc)
+      return spn_error_set(r->err, SPN_EUNSUPPORTED, "oneDNN refused this %s on NHWC tensors", tr ? "ConvTranspose" : "Conv");
+    nfuse = 0; /* posts in C on the plain output keep this path simple */
     e->usr_src_md = xmd;
     e->usr_dst_md = ymd;
     e->bin_md = ymd;
-    e->weights = spn_aligned_alloc(dnnl_memory_desc_get_size(&e->wei_md));
-    dnnl_primitive_desc_destroy(pd);
-    pd = NULL;
-    if (!e->weights) {
-      rc = spn_error_set(r->err, SPN_ENOMEM, "out of memory");
-      goto out;
+    s = conv_pd(r, n, tr, &xmd, &wmd_any, bias, &ymd, &ymd, sd, dd, pld, prd, 0, &pd);
+    fused = false;
+    if (s == dnnl_success && impl_is_gemm(pd) && ic / g >= 8 && oc / g >= 8) {
+      dnnl_primitive_desc_t pd2 = NULL;
+      if (conv_pd(r, n, tr, &xany, &wmd_any, bias, &yany, &ymd, sd, dd, pld, prd, 0, &pd2) == dnnl_success) {
+        dnnl_primitive_desc_destroy(pd);
+        pd = pd2;
+        fused = false;
+      }
     }
-    dnnl_stream_t stream = get_stream(r);
-    if (!stream || reorder_now(eng, stream, &wmd_usr, w->data, &e->wei_md, e->weights)) {
-      rc = spn_error_set(r->err, SPN_EINTERNAL, "oneDNN: weight reorder failed");
-      goto out;
-    }
-    if (!want_blocked)
-      break;
+    if (s != dnnl_success)
+      return spn_error_set(r->err, SPN_EUNSUPPORTED, "oneDNN refused this %s (status %d)", tr ? "ConvTranspose" : "Conv", (int)s);
   }
-  if (e->blocked) {
-    e->src_tmp = dnnl_memory_desc_equal(&e->src_md, &xmd) ? 0 : dnnl_memory_desc_get_size(&e->src_md);
-    e->dst_tmp = dnnl_memory_desc_equal(&e->dst_md, &ymd) ? 0 : dnnl_memory_desc_get_size(&e->dst_md);
-    if (e->src_tmp && !(e->src_reorder = make_reorder(eng, &xmd, &e->src_md)))
-      goto fail_reorder;
-    if (e->dst_tmp && !(e->dst_reorder = make_reorder(eng, &e->dst_md, &ymd)))
-      goto fail_reorder;
+  e->fused_posts = fused;
+  e->n_fused = fused ? nfuse : 0;
+  rc = SPN_EINTERNAL;
+  if (dnnl_primitive_create(&e->prim, pd) != dnnl_success) {
+    rc = spn_error_set(r->err, SPN_EINTERNAL, "oneDNN: cannot create the primitive");
+    goto out;
+  }
+  e->wei_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+  e->src_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+  e->dst_md = *dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+  e->scratch = dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0));
+  e->weights = spn_aligned_alloc(dnnl_memory_desc_get_size(&e->wei_md));
+  if (!e->weights) {
+    rc = spn_error_set(r->err, SPN_ENOMEM, "out of memory");
+    goto out;
+  }
+  dnnl_stream_t stream = get_stream(r);
+  if (!stream || reorder_now(eng, stream, &wmd_usr, w->data, &e->wei_md, e->weights)) {
+    rc = spn_error_set(r->err, SPN_EINTERNAL, "oneDNN: weight reorder failed");
+    goto out;
+  }
+  e->src_tmp = dnnl_memory_desc_equal(&e->src_md, &e->usr_src_md) ? 0 : dnnl_memory_desc_get_size(&e->src_md);
+  e->dst_tmp = dnnl_memory_desc_equal(&e->dst_md, &e->usr_dst_md) ? 0 : dnnl_memory_desc_get_size(&e->dst_md);
+  if ((e->src_tmp && !(e->src_reorder = make_reorder(eng, &e->usr_src_md, &e->src_md))) ||
+      (e->dst_tmp && !(e->dst_reorder = make_reorder(eng, &e->dst_md, &e->usr_dst_md)))) {
+    rc = spn_error_set(r->err, SPN_EINTERNAL, "oneDNN: activation reorder unavailable");
+    goto out;
   }
   rc = SPN_OK;
-  goto out;
-fail_reorder:
-  rc = spn_error_set(r->err, SPN_EINTERNAL, "oneDNN: activation reorder unavailable");
 out:
-  if (pd) dnnl_primitive_desc_destroy(pd);
-  if (attr) dnnl_primitive_attr_destroy(attr);
-  if (po) dnnl_post_ops_destroy(po);
+  dnnl_primitive_desc_destroy(pd);
   return rc;
 }
 
@@ -353,6 +388,53 @@ out:
   return rc;
 }
 
+/* Post-ops from `from` on, in C, on the output in its stored layout (NHWC
+ * when the value is kept channels-last). */
+static int32_t rest_posts(spn_run_t *r, const spn_node_t *n, int from) {
+  spn_rt_val_t *y = &r->v[n->out[0]];
+  bool nhwc = r->m->vals[n->out[0]].nhwc;
+  int64_t cnt = 1;
+  for (int d = 0; d < y->ndim; d++)
+    cnt *= y->shape[d];
+  float *Y = y->data;
+  if (!nhwc) {
+    spn_spost_t tail = {.n = n, .from = from};
+    spn_apply_post_from(r, &tail, Y, cnt);
+    return SPN_OK;
+  }
+  int64_t N = y->shape[0], C = y->shape[1], HW = cnt / (N * C);
+  for (int p = from; p < n->n_post; p++) {
+    const spn_post_t *po = &n->post[p];
+    if (po->kind == SPN_POST_PRELU) {
+      const float *sl = r->v[po->val].data;
+      bool per = po->a > 1;
+#pragma omp parallel for if (cnt > 32768)
+      for (int64_t i = 0; i < N * HW; i++)
+        for (int64_t c = 0; c < C; c++) {
+          float v = Y[i * C + c];
+          Y[i * C + c] = v > 0 ? v : v * sl[per ? c : 0];
+        }
+    } else if (po->kind == SPN_POST_ADD) {
+      const float *A = r->v[po->val].data;
+      if (r->m->vals[po->val].nhwc) {
+#pragma omp parallel for if (cnt > 32768)
+        for (int64_t i = 0; i < cnt; i++)
+          Y[i] += A[i];
+      } else {
+#pragma omp parallel for collapse(2) if (cnt > 32768)
+        for (int64_t b = 0; b < N; b++)
+          for (int64_t i = 0; i < HW; i++)
+            for (int64_t c = 0; c < C; c++)
+              Y[(b * HW + i) * C + c] += A[(b * C + c) * HW + i];
+      }
+    } else {
+      spn_spost_t one = {.n = n, .from = p, .to = p + 1};
+      spn_apply_post_from(r, &one, Y, cnt);
+    }
+  }
+  return SPN_OK;
+}
+
 static int32_t exec_entry(spn_run_t *r, const spn_node_t *n, spn_dnnl_entry_t *e, bool conv) {
   dnnl_engine_t eng = r->m->shared->dnnl_engine;
   dnnl_stream_t st = get_stream(r);
@@ -363,8 +445,16 @@ static int32_t exec_entry(spn_run_t *r, const spn_node_t *n, spn_dnnl_entry_t *e
   void *scratch = e->scratch ? spn_aligned_alloc(e->scratch) : NULL;
   void *src_tmp = e->src_tmp ? spn_aligned_alloc(e->src_tmp) : NULL;
   void *dst_tmp = e->dst_tmp ? spn_aligned_alloc(e->dst_tmp) : NULL;
-  dnnl_memory_t mem[8] = {0};
+  dnnl_memory_t mem[16] = {0};
+  void *add_tmp[2] = {NULL, NULL};
+  int n_add_tmp = 0;
   int nm = 0;
+  dnnl_memory_desc_t plain_md;
+  {
+    dnnl_dims_t yd;
+    to_dims(yd, y->shape, y->ndim);
+    dnnl_memory_desc_init_by_tag(&plain_md, y->ndim, yd, dnnl_f32, plain_tag(y->ndim));
+  }
   int32_t rc = SPN_EINTERNAL;
   if ((e->scratch && !scratch) || (e->src_tmp && !src_tmp) || (e->dst_tmp && !dst_tmp)) {
     rc = spn_error_set(r->err, SPN_ENOMEM, "out of memory for oneDNN buffers");
@@ -389,7 +479,7 @@ static int32_t exec_entry(spn_run_t *r, const spn_node_t *n, spn_dnnl_entry_t *e
   }
   if (dst_tmp)
     MK(dst, &e->dst_md, dst_tmp);
-  dnnl_exec_arg_t args[8];
+  dnnl_exec_arg_t args[16];
   int na = 0;
   args[na++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, src};
   args[na++] = (dnnl_exec_arg_t){DNNL_ARG_DST, dst};
@@ -412,13 +502,35 @@ static int32_t exec_entry(spn_run_t *r, const spn_node_t *n, spn_dnnl_entry_t *e
       MK(mb, &bmd, r->v[n->in[2]].data);
       args[na++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, mb};
     }
-    if (e->fused_posts)
-      for (int p = 0; p < n->n_post; p++)
-        if (n->post[p].kind == SPN_POST_ADD) {
+    for (int p = 0; p < e->n_fused; p++) {
+        if (n->post[p].kind == SPN_POST_PRELU) {
+          dnnl_memory_desc_t pmd;
+          dnnl_dims_t pdims = {1, n->post[p].a > 1 ? y->shape[1] : 1, 1, 1};
+          dnnl_memory_desc_init_by_tag(&pmd, y->ndim, pdims, dnnl_f32, y->ndim == 4 ? dnnl_acdb : plain_tag(y->ndim));
+          dnnl_memory_t mp;
+          MK(mp, &pmd, r->v[n->post[p].val].data);
+          args[na++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(p) | DNNL_ARG_WEIGHTS, mp};
+        } else if (n->post[p].kind == SPN_POST_ADD) {
           dnnl_memory_t madd;
-          MK(madd, &e->bin_md, r->v[n->post[p].val].data);
+          void *addp = r->v[n->post[p].val].data;
+          if (e->nhwc_path && !r->m->vals[n->post[p].val].nhwc) {
+            /* A plain NCHW addend: bring it to channels-last first. */
+            if (n_add_tmp == 2)
+              goto out;
+            size_t bytes = dnnl_memory_desc_get_size(&e->bin_md);
+            void *tmp = add_tmp[n_add_tmp++] = spn_aligned_alloc(bytes);
+            if (!tmp) {
+              rc = spn_error_set(r->err, SPN_ENOMEM, "out of memory");
+              goto out;
+            }
+            if (reorder_now(eng, st, &plain_md, addp, &e->bin_md, tmp))
+              goto out;
+            addp = tmp;
+          }
+          MK(madd, &e->bin_md, addp);
           args[na++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(p) | DNNL_ARG_SRC_1, madd};
         }
+    }
   }
   if (dnnl_primitive_execute(e->prim, st, na, args) != dnnl_success)
     goto out;
@@ -429,12 +541,8 @@ static int32_t exec_entry(spn_run_t *r, const spn_node_t *n, spn_dnnl_entry_t *e
   }
   if (dnnl_stream_wait(st) != dnnl_success)
     goto out;
-  if (conv && !e->fused_posts && n->n_post) {
-    int64_t cnt = 1;
-    for (int d = 0; d < y->ndim; d++)
-      cnt *= y->shape[d];
-    spn_apply_post(r, n, y->data, cnt);
-  }
+  if (conv && e->n_fused < n->n_post && (rc = rest_posts(r, n, e->n_fused)))
+    goto out;
   rc = SPN_OK;
 #undef MK
 out:
@@ -442,6 +550,8 @@ out:
     spn_error_set(r->err, rc, "oneDNN execution failed");
   for (int i = 0; i < nm; i++)
     dnnl_memory_destroy(mem[i]);
+  free(add_tmp[0]);
+  free(add_tmp[1]);
   free(scratch);
   free(src_tmp);
   free(dst_tmp);

@@ -99,14 +99,15 @@ typedef struct spn_value {
   int n_uses;
   bool is_output;
   bool shape_class;       /* small host value computed during shape inference */
+  bool nhwc;              /* kept channels-last between two 2-D convolutions */
 } spn_value_t;
 
 /* Fused post-operations on Conv/ConvTranspose/Gemm outputs, in order. */
-typedef enum { SPN_POST_RELU, SPN_POST_LRELU, SPN_POST_SIGMOID, SPN_POST_TANH, SPN_POST_CLIP, SPN_POST_ADD } spn_post_kind_t;
+typedef enum { SPN_POST_RELU, SPN_POST_LRELU, SPN_POST_SIGMOID, SPN_POST_TANH, SPN_POST_CLIP, SPN_POST_ADD, SPN_POST_PRELU } spn_post_kind_t;
 typedef struct spn_post {
   int kind;
   float a, b;
-  int val; /* SPN_POST_ADD: value added (same shape as the output) */
+  int val; /* ADD: value added (same shape as the output); PRELU: slope (a = its size) */
 } spn_post_t;
 #define SPN_MAX_POST 4
 
@@ -222,5 +223,8 @@ int32_t spn_conv_geometry(const spn_node_t *n, const spn_rt_val_t *x, const spn_
                           bool transposed, int64_t *stride, int64_t *dil, int64_t *pl,
                           int64_t *pr, int64_t *out_sp, spn_error_t *err);
 void spn_apply_post(spn_run_t *r, const spn_node_t *n, float *y, int64_t count);
+/* Post-ops [from, to) of node n (to == 0: all remaining) on plain-layout y. */
+typedef struct spn_spost { const spn_node_t *n; int from, to; } spn_spost_t;
+void spn_apply_post_from(spn_run_t *r, const spn_spost_t *sp, float *y, int64_t count);
 
 #endif

@@ -18,6 +18,10 @@
 
 #include "engine-internal.h"
 
+/* Folded constants and shape-class values are small in real models; a
+ * bigger one is a hostile file trying to make loading allocate. */
+#define SPN_HOST_VALUE_MAX (256 << 20)
+
 static int32_t topo_sort(spn_model_t *m, spn_error_t *err) {
   int n = m->n_node;
   int *indeg = calloc((size_t)n + 1, sizeof(int));
@@ -105,10 +109,38 @@ static void count_uses(spn_model_t *m) {
         m->vals[n->in[k]].last_use = i;
       }
     for (int p = 0; p < n->n_post; p++)
-      if (n->post[p].kind == SPN_POST_ADD) {
+      if (n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU) {
         m->vals[n->post[p].val].n_uses++;
         m->vals[n->post[p].val].last_use = i;
       }
+  }
+}
+
+static bool is_conv2d(const spn_model_t *m, const spn_node_t *n) {
+  return !n->dead && (n->op == SPN_OP_CONV || n->op == SPN_OP_CONVT) && m->vals[n->in[1]].ndim == 4;
+}
+
+/* Values produced by a 2-D convolution and read only as the data input of
+ * other 2-D convolutions stay channels-last (no reorders between them). */
+static void mark_nhwc(spn_model_t *m) {
+  for (int vi = 0; vi < m->n_val; vi++) {
+    spn_value_t *v = &m->vals[vi];
+    v->nhwc = false;
+    if (v->kind != SPN_VAL_INTER || v->is_output || v->producer < 0 || v->n_uses < 1 || !is_conv2d(m, &m->nodes[v->producer]))
+      continue;
+    bool ok = true;
+    for (int i = 0; i < m->n_node && ok; i++) {
+      const spn_node_t *n = &m->nodes[i];
+      if (n->dead)
+        continue;
+      for (int k = 0; k < n->n_in && ok; k++)
+        if (n->in[k] == vi && (k != 0 || !is_conv2d(m, n)))
+          ok = false;
+      for (int p = 0; p < n->n_post && ok; p++)
+        if (n->post[p].kind == SPN_POST_ADD && n->post[p].val == vi && !is_conv2d(m, n))
+          ok = false;
+    }
+    v->nhwc = ok;
   }
 }
 
@@ -134,11 +166,18 @@ static spn_rt_val_t *rt_new(const spn_model_t *m) {
   return v;
 }
 
+/* Bytes of a value; saturates at SPN_VALUE_MAX + 1 so hostile shapes cannot
+ * wrap around into a small allocation. */
+#define SPN_VALUE_MAX (INT64_C(1) << 38)
 static size_t rt_bytes(const spn_rt_val_t *v) {
-  size_t n = spn_dtype_size(v->dtype);
-  for (int i = 0; i < v->ndim; i++)
-    n *= (size_t)v->shape[i];
-  return n;
+  uint64_t n = spn_dtype_size(v->dtype);
+  for (int i = 0; i < v->ndim; i++) {
+    uint64_t d = v->shape[i] < 0 ? 0 : (uint64_t)v->shape[i];
+    if (d && n > (uint64_t)SPN_VALUE_MAX / d)
+      return (size_t)SPN_VALUE_MAX + 1;
+    n *= d;
+  }
+  return (size_t)n;
 }
 
 static void rt_free(const spn_model_t *m, spn_rt_val_t *v) {
@@ -160,6 +199,8 @@ static int32_t run_host(spn_run_t *r, const spn_node_t *n) {
       continue;
     spn_rt_val_t *ov = &r->v[n->out[o]];
     ov->bytes = rt_bytes(ov);
+    if (ov->bytes > SPN_HOST_VALUE_MAX)
+      return spn_error_set(r->err, SPN_ETOOBIG, "constant or shape value of %zu bytes (limit %d MiB)", ov->bytes, SPN_HOST_VALUE_MAX >> 20);
     ov->data = spn_aligned_alloc(ov->bytes);
     if (!ov->data)
       return spn_error_set(r->err, SPN_ENOMEM, "out of memory");
@@ -226,7 +267,7 @@ static int sole_consumer(const spn_model_t *m, int vi) {
         found = i;
       }
     for (int p = 0; p < n->n_post; p++)
-      if (n->post[p].kind == SPN_POST_ADD && n->post[p].val == vi)
+      if ((n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU) && n->post[p].val == vi)
         return -1;
   }
   return found;
@@ -373,6 +414,27 @@ static void fuse_post_ops(spn_model_t *m) {
         }
         break;
       }
+      case SPN_OP_PRELU: {
+        /* Per-channel ([C,1,1] right-aligned) or single constant slope. */
+        const spn_value_t *sl = &m->vals[a->in[1]];
+        const spn_value_t *w = &m->vals[c->in[1]];
+        int64_t oc = c->op == SPN_OP_CONV ? w->shape[0] : w->shape[1] * spn_attr_int(c, "group", 1);
+        int64_t cnt = 1;
+        for (int d = 0; d < sl->ndim; d++)
+          cnt *= sl->shape[d];
+        bool ok = sl->kind == SPN_VAL_CONST && sl->dtype == SPN_DTYPE_F32 && a->in[0] == c->out[0] && w->ndim == 4;
+        if (ok && cnt != 1) {
+          ok = sl->ndim >= 3 && sl->ndim <= 4 && cnt == oc && sl->shape[sl->ndim - 1] == 1 && sl->shape[sl->ndim - 2] == 1;
+        }
+        if (!ok) {
+          p.kind = -1;
+          break;
+        }
+        p.kind = SPN_POST_PRELU;
+        p.val = a->in[1];
+        p.a = (float)cnt;
+        break;
+      }
       case SPN_OP_ADD: {
         if (a->n_in != 2)
           break;
@@ -423,7 +485,7 @@ static void remove_dead(spn_model_t *m) {
       if (n->in[k] >= 0)
         live[n->in[k]] = true;
     for (int p = 0; p < n->n_post; p++)
-      if (n->post[p].kind == SPN_POST_ADD)
+      if (n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU)
         live[n->post[p].val] = true;
   }
   free(live);
@@ -538,6 +600,8 @@ int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
   remove_dead(m);
   mark_shape_class(m);
   count_uses(m);
+  if (fuse)
+    mark_nhwc(m);
   m->n_live_nodes = 0;
   for (int i = 0; i < m->n_node; i++)
     m->n_live_nodes += !m->nodes[i].dead;
@@ -690,6 +754,10 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
     spn_rt_val_t *ov = &rv[vi];
     spn_tensor_t *t = &out[i];
     ov->bytes = rt_bytes(ov);
+    if (ov->bytes > (size_t)SPN_VALUE_MAX) {
+      rc = spn_error_set(err, SPN_ETOOBIG, "%s: output '%s' too large", m->path, m->vals[vi].name);
+      goto out;
+    }
     if (t->data) {
       bool same = t->dtype == ov->dtype && t->ndim == ov->ndim;
       for (int d = 0; same && d < ov->ndim; d++)
@@ -727,6 +795,10 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
       if (vi < 0 || rv[vi].ext)
         continue;
       rv[vi].bytes = rt_bytes(&rv[vi]);
+      if (rv[vi].bytes > (size_t)SPN_VALUE_MAX) {
+        rc = spn_error_set(err, SPN_ETOOBIG, "%s: value '%s' would need more than %lld bytes", m->path, m->vals[vi].name, (long long)SPN_VALUE_MAX);
+        goto out;
+      }
       rv[vi].off = plan_alloc(&plan, rv[vi].bytes);
     }
     for (int o = 0; o < n->n_out; o++) {

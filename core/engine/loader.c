@@ -214,7 +214,9 @@ static int32_t load_tensor(spn_model_t *m, int vi, const SpnOnnx__TensorProto *t
     m->params += numel;
   if (external)
     return read_external(file, tname, dir, loc, off, (int64_t)bytes, v->data, err);
-  if (t->has_raw_data) {
+  if (bytes == 0) {
+    /* empty tensor: nothing to copy (the payload pointers may be NULL) */
+  } else if (t->has_raw_data) {
     memcpy(v->data, t->raw_data.data, bytes);
   } else if (dt == SPN_DTYPE_F32) {
     memcpy(v->data, t->float_data, bytes);
@@ -373,7 +375,8 @@ static int32_t load_node(spn_model_t *m, int idx, const SpnOnnx__NodeProto *np, 
       a->s = malloc(ap->s.len + 1);
       if (!a->s)
         return spn_error_set(err, SPN_ENOMEM, "out of memory");
-      memcpy(a->s, ap->s.data, ap->s.len);
+      if (ap->s.len)
+        memcpy(a->s, ap->s.data, ap->s.len);
       a->s[ap->s.len] = 0;
       break;
     case SPN_ATTR_IS:

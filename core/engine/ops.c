@@ -24,10 +24,16 @@ static bool has_in(const spn_node_t *n, int k) {
   return k < n->n_in && n->in[k] >= 0;
 }
 
+/* Saturating multiply: hostile shapes must not wrap around. */
+static int64_t smul(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
 static int64_t numel(const spn_rt_val_t *v) {
   int64_t x = 1;
   for (int i = 0; i < v->ndim; i++)
-    x *= v->shape[i];
+    x = smul(x, v->shape[i]);
   return x;
 }
 
@@ -312,16 +318,6 @@ static void bcast_strides(const spn_rt_val_t *a, int nd, const int64_t *oshape, 
 
 enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV, BIN_PRELU };
 
-static inline float binf(int op, float a, float b) {
-  switch (op) {
-  case BIN_ADD: return a + b;
-  case BIN_SUB: return a - b;
-  case BIN_MUL: return a * b;
-  case BIN_DIV: return a / b;
-  default: return a > 0 ? a : a * b;
-  }
-}
-
 #define ROW_LOOP(OP, EXPR)                                             \
   do {                                                                 \
     if (sa == 1 && sb == 1)                                            \
@@ -399,7 +395,14 @@ static int32_t binary_i64(spn_run_t *r, int op, const spn_rt_val_t *a, const spn
 }
 
 void spn_apply_post(spn_run_t *r, const spn_node_t *n, float *y, int64_t count) {
-  for (int p = 0; p < n->n_post; p++) {
+  spn_spost_t all = {.n = n};
+  spn_apply_post_from(r, &all, y, count);
+}
+
+void spn_apply_post_from(spn_run_t *r, const spn_spost_t *sp, float *y, int64_t count) {
+  const spn_node_t *n = sp->n;
+  int to = sp->to ? sp->to : n->n_post;
+  for (int p = sp->from; p < to; p++) {
     const spn_post_t *po = &n->post[p];
     float a = po->a, b = po->b;
     switch (po->kind) {
@@ -423,11 +426,12 @@ void spn_apply_post(spn_run_t *r, const spn_node_t *n, float *y, int64_t count) 
 #pragma omp parallel for if (count > PAR_MIN)
       for (int64_t i = 0; i < count; i++) y[i] = y[i] < a ? a : (y[i] > b ? b : y[i]);
       break;
-    case SPN_POST_ADD: {
+    case SPN_POST_ADD:
+    case SPN_POST_PRELU: {
       const spn_rt_val_t *o = &r->v[po->val];
       spn_rt_val_t yv = r->v[n->out[0]];
       yv.data = y;
-      binary_f32(BIN_ADD, &yv, o, &yv);
+      binary_f32(po->kind == SPN_POST_ADD ? BIN_ADD : BIN_PRELU, &yv, o, &yv);
       break;
     }
     default: break;
@@ -528,18 +532,18 @@ static int32_t slice_params(spn_run_t *r, const spn_node_t *n, int64_t *start, i
       return fail(r, SPN_EMODEL, "Slice axis out of range or repeated");
     seen[a] = true;
     int64_t dim = x->shape[a], s = st[i], e = en[i], k = nsp ? sp[i] : 1;
-    if (k == 0)
-      return fail(r, SPN_EMODEL, "Slice step 0");
+    if (k == 0 || k == INT64_MIN)
+      return fail(r, SPN_EMODEL, "Slice step %lld", (long long)k);
     if (s < 0) s += dim;
     if (e < 0 && e > INT64_MIN / 2) e += dim;
     if (k > 0) {
       s = s < 0 ? 0 : (s > dim ? dim : s);
       e = e < 0 ? 0 : (e > dim ? dim : e);
-      count[a] = e > s ? (e - s + k - 1) / k : 0;
+      count[a] = e > s ? (e - s - 1) / k + 1 : 0;
     } else {
       s = s < 0 ? -1 : (s > dim - 1 ? dim - 1 : s);
       e = e < -1 ? -1 : (e > dim - 1 ? dim - 1 : e);
-      count[a] = s > e ? (s - e + (-k) - 1) / (-k) : 0;
+      count[a] = s > e ? (s - e - 1) / (-k) + 1 : 0;
     }
     start[a] = s;
     step[a] = k;
@@ -608,7 +612,30 @@ static bool is_unary_float(int op) {
          op == SPN_OP_CLIP || op == SPN_OP_EXP || op == SPN_OP_SOFTMAX || op == SPN_OP_BN;
 }
 
+static int32_t op_infer(spn_run_t *r, const spn_node_t *n);
+
+/* Shape inference plus a bound on every produced shape, so later arithmetic
+ * on shapes stays far from overflow. */
 int32_t spn_op_infer(spn_run_t *r, const spn_node_t *n) {
+  int32_t rc = op_infer(r, n);
+  if (rc)
+    return rc;
+  for (int o = 0; o < n->n_out; o++) {
+    if (n->out[o] < 0)
+      continue;
+    const spn_rt_val_t *y = OUT(o);
+    if (y->ndim < 0 || y->ndim > SPN_MAXD)
+      return fail(r, SPN_EMODEL, "output rank %d", y->ndim);
+    for (int d = 0; d < y->ndim; d++)
+      if (y->shape[d] < 0 || y->shape[d] > (INT64_C(1) << 40))
+        return fail(r, SPN_ETOOBIG, "output dimension %d is %lld", d, (long long)y->shape[d]);
+    if (numel(y) > (INT64_C(1) << 40))
+      return fail(r, SPN_ETOOBIG, "output has too many elements");
+  }
+  return SPN_OK;
+}
+
+static int32_t op_infer(spn_run_t *r, const spn_node_t *n) {
   const spn_rt_val_t *x = n->n_in > 0 && n->in[0] >= 0 ? IN(0) : NULL;
   spn_rt_val_t *y = OUT(0);
   int64_t shape[SPN_MAXD];
@@ -750,8 +777,8 @@ int32_t spn_op_infer(spn_run_t *r, const spn_node_t *n) {
     }
     int64_t sum = 0;
     for (int i = 0; i < np; i++) {
-      if (parts[i] < 0)
-        return fail(r, SPN_EMODEL, "negative split");
+      if (parts[i] < 0 || parts[i] > x->shape[ax])
+        return fail(r, SPN_EMODEL, "split size %lld out of range", (long long)parts[i]);
       sum += parts[i];
     }
     if (np != n->n_out || sum != x->shape[ax])
@@ -818,7 +845,7 @@ int32_t spn_op_infer(spn_run_t *r, const spn_node_t *n) {
       }
       if (want[i] < 0 || want[i] > (INT64_C(1) << 34))
         return fail(r, SPN_EMODEL, "Reshape dim %lld", (long long)want[i]);
-      prod *= want[i];
+      prod = smul(prod, want[i]);
       if (prod > (INT64_C(1) << 40))
         return fail(r, SPN_EMODEL, "Reshape too large");
     }
@@ -841,7 +868,7 @@ int32_t spn_op_infer(spn_run_t *r, const spn_node_t *n) {
       return fail(r, SPN_EMODEL, "Flatten axis out of range");
     int64_t s[2] = {1, 1};
     for (int d = 0; d < x->ndim; d++)
-      s[d < a ? 0 : 1] *= x->shape[d];
+      s[d < a ? 0 : 1] = smul(s[d < a ? 0 : 1], x->shape[d]);
     set_out(y, x->dtype, 2, s);
     return SPN_OK;
   }
@@ -985,7 +1012,7 @@ int32_t spn_op_infer(spn_run_t *r, const spn_node_t *n) {
     for (int i = 0; i < cnt; i++) {
       if (shape[i] < 0 || shape[i] > (INT64_C(1) << 31))
         return fail(r, SPN_EMODEL, "ConstantOfShape dim %lld", (long long)shape[i]);
-      tot *= shape[i];
+      tot = smul(tot, shape[i]);
       if (tot > (INT64_C(1) << 32))
         return fail(r, SPN_ETOOBIG, "ConstantOfShape too large");
     }
@@ -1303,6 +1330,10 @@ static int32_t exec_pad(spn_run_t *r, const spn_node_t *n) {
   return SPN_OK;
 }
 
+static int64_t load_index(const void *p, int32_t dt, int64_t i) {
+  return dt == SPN_DTYPE_I64 ? ((const int64_t *)p)[i] : ((const int32_t *)p)[i];
+}
+
 static double load_as_double(const void *p, int32_t dt, int64_t i) {
   switch (dt) {
   case SPN_DTYPE_F32: return ((const float *)p)[i];
@@ -1592,13 +1623,13 @@ int32_t spn_op_exec(spn_run_t *r, const spn_node_t *n) {
     for (int d = 0; d < ax; d++) outer *= x->shape[d];
     for (int d = ax + 1; d < x->ndim; d++) inner *= x->shape[d];
     for (int64_t i = 0; i < ni; i++) {
-      int64_t k = (int64_t)load_as_double(ix->data, ix->dtype, i);
+      int64_t k = load_index(ix->data, ix->dtype, i);
       if (k < -dim || k >= dim)
         return fail(r, SPN_EINVAL, "Gather index %lld out of range [-%lld, %lld)", (long long)k, (long long)dim, (long long)dim);
     }
     for (int64_t o = 0; o < outer; o++)
       for (int64_t i = 0; i < ni; i++) {
-        int64_t k = (int64_t)load_as_double(ix->data, ix->dtype, i);
+        int64_t k = load_index(ix->data, ix->dtype, i);
         if (k < 0) k += dim;
         memcpy((uint8_t *)y->data + (size_t)((o * ni + i) * inner) * es,
                (const uint8_t *)x->data + (size_t)((o * dim + k) * inner) * es, (size_t)inner * es);
