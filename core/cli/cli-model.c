@@ -207,7 +207,16 @@ static int cmd_inspect(int argc, char **argv) {
   }
   printf("nodes after passes: %d\n", spn_model_node_count(m));
   printf("parameters: %lld\n", (long long)spn_model_param_count(m));
-  printf("FLOPs per sample: %.4g (%.3f GFLOP)\n", spn_model_flops(m), spn_model_flops(m) / 1e9);
+  bool dyn_spatial = false;
+  for (int i = 0; i < spn_model_input_count(m); i++) {
+    int32_t nd;
+    int64_t sh[SPN_TENSOR_MAX_DIMS];
+    spn_model_input_info(m, i, NULL, NULL, &nd, sh);
+    for (int d = 1; d < nd; d++)
+      dyn_spatial = dyn_spatial || sh[d] < 0;
+  }
+  printf("FLOPs per sample: %.4g (%.3f GFLOP)%s\n", spn_model_flops(m), spn_model_flops(m) / 1e9,
+         dyn_spatial ? " with dynamic dims other than the batch taken as 64" : "");
   spn_model_release(&m);
   spn_engine_free(eng);
   return 0;

@@ -21,6 +21,8 @@
 /* Folded constants and shape-class values are small in real models; a
  * bigger one is a hostile file trying to make loading allocate. */
 #define SPN_HOST_VALUE_MAX (256 << 20)
+/* Size given to dynamic non-batch dims when probing shapes at load. */
+#define SPN_PROBE_DIM 64
 
 static int32_t topo_sort(spn_model_t *m, spn_error_t *err) {
   int n = m->n_node;
@@ -553,8 +555,10 @@ static void count_flops(spn_model_t *m, const spn_rt_val_t *v) {
   m->flops = f;
 }
 
-/* Shape inference with every dynamic input dim set to `dyn`; fills rv. */
-static int32_t infer_all(spn_model_t *m, spn_rt_val_t *rv, int64_t dyn, spn_error_t *err) {
+/* Shape inference with a dynamic batch (dim 0) set to `dyn` and other
+ * dynamic dims to `dyn_other`; fills rv. */
+static int32_t infer_all(spn_model_t *m, spn_rt_val_t *rv, int64_t dyn, int64_t dyn_other,
+                         spn_error_t *err) {
   spn_run_t r = {.m = m, .v = rv, .err = err, .threads = 1};
   for (int i = 0; i < m->n_inputs; i++) {
     const spn_value_t *iv = &m->vals[m->inputs[i]];
@@ -562,7 +566,7 @@ static int32_t infer_all(spn_model_t *m, spn_rt_val_t *rv, int64_t dyn, spn_erro
     x->dtype = iv->dtype;
     x->ndim = iv->ndim;
     for (int d = 0; d < iv->ndim; d++)
-      x->shape[d] = iv->shape[d] < 0 ? dyn : iv->shape[d];
+      x->shape[d] = iv->shape[d] >= 0 ? iv->shape[d] : (d == 0 ? dyn : dyn_other);
   }
   for (int i = 0; i < m->n_node; i++) {
     const spn_node_t *n = &m->nodes[i];
@@ -613,9 +617,26 @@ int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
     rt_free(m, b);
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
   }
-  rc = infer_all(m, a, 1, err);
+  /* Dynamic spatial dims are probed at 64 and 96 (FLOPs are reported at
+   * batch 1 and 64); a model that needs other sizes is probed at 1 and 2. */
+  rc = infer_all(m, a, 1, SPN_PROBE_DIM, err);
   if (!rc)
-    rc = infer_all(m, b, 2, err);
+    rc = infer_all(m, b, 2, SPN_PROBE_DIM + 32, err);
+  if (rc) {
+    rt_free(m, a);
+    rt_free(m, b);
+    a = rt_new(m);
+    b = rt_new(m);
+    if (!a || !b) {
+      rt_free(m, a);
+      rt_free(m, b);
+      return spn_error_set(err, SPN_ENOMEM, "out of memory");
+    }
+    spn_error_clear(err);
+    rc = infer_all(m, a, 1, 1, err);
+    if (!rc)
+      rc = infer_all(m, b, 2, 2, err);
+  }
   if (rc) {
     spn_error_prefix(err, "%s: shape inference", m->path);
   } else {
@@ -713,6 +734,7 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
   spn_plan_t plan = {0};
   uint8_t *arena = NULL;
   bool *engine_alloc = calloc((size_t)n_out + 1, sizeof(bool));
+  int prev_threads = 0;
   int32_t rc = SPN_OK;
   if (!engine_alloc) {
     rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
@@ -829,6 +851,9 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
   for (int i = 0; i < m->n_val; i++)
     if (!rv[i].ext && !rv[i].host_owned && m->vals[i].kind != SPN_VAL_CONST && rv[i].bytes)
       rv[i].data = arena + rv[i].off;
+  /* OpenMP (oneDNN's runtime in Debian, and our kernels) takes the thread
+   * count from the calling thread; restore the caller's setting after. */
+  prev_threads = omp_get_max_threads();
   omp_set_num_threads(threads);
   for (int i = 0; i < m->n_node; i++) {
     const spn_node_t *n = &m->nodes[i];
@@ -871,6 +896,8 @@ out:
         free(out[i].data);
         out[i].data = NULL;
       }
+  if (prev_threads > 0)
+    omp_set_num_threads(prev_threads);
   spn_dnnl_run_end(&r);
   free(engine_alloc);
   free(arena);

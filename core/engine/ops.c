@@ -509,7 +509,7 @@ static int32_t slice_params(spn_run_t *r, const spn_node_t *n, int64_t *start, i
       memcpy(ax, c->ints, (size_t)na * 8);
     }
   } else {
-    if (n->n_in < 3)
+    if (!has_in(n, 1) || !has_in(n, 2))
       return fail(r, SPN_EMODEL, "Slice needs starts and ends inputs");
     if ((rc = read_ints(r, n, 1, st, SPN_MAXD, &ns)) || (rc = read_ints(r, n, 2, en, SPN_MAXD, &ne)))
       return rc;

@@ -41,6 +41,40 @@ def cpu_peak(threads):
     return threads * lanes * 2 * 2 * mhz / 1e3, lanes, mhz
 
 
+def model_flops(path, feeds):
+    """FLOPs of Conv/ConvTranspose/MatMul/Gemm for these input shapes (ONNX
+    shape inference with the inputs' concrete shapes)."""
+    m = onnx.load(path)
+    for i in m.graph.input:
+        if i.name in feeds:
+            for d, n in zip(i.type.tensor_type.shape.dim, feeds[i.name].shape):
+                d.ClearField("dim_param")
+                d.dim_value = n
+    m = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    shapes = {}
+    for v in list(m.graph.value_info) + list(m.graph.input) + list(m.graph.output):
+        dims = [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+        shapes[v.name] = dims
+    for t in m.graph.initializer:
+        shapes[t.name] = list(t.dims)
+    total = 0.0
+    for n in m.graph.node:
+        if n.op_type not in ("Conv", "ConvTranspose", "MatMul", "Gemm"):
+            continue
+        w = shapes.get(n.input[1])
+        src = shapes.get(n.input[0])
+        out = shapes.get(n.output[0])
+        if not w or not out or None in out or None in w:
+            continue
+        if n.op_type == "Conv":
+            total += 2.0 * np.prod(out) * np.prod(w[1:])
+        elif n.op_type == "ConvTranspose":
+            total += 2.0 * np.prod(src) * np.prod(w[1:])
+        else:
+            total += 2.0 * np.prod(out) * (src[-1] if src else 0)
+    return total
+
+
 def ort_time(path, feeds, threads, warmup, iters):
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -100,7 +134,7 @@ def main():
         kv = dict(re.findall(r"(\w+)=([\d.e+-]+)", pr.stdout))
         ours = float(kv["median_ms"])
         batch = int(kv["batch"])
-        flops = float(kv["flops_per_sample"]) * batch
+        flops = model_flops(path, feeds)
         _, ort_med = ort_time(path, feeds, a.threads, 2, a.iters)
         gf = flops / ours / 1e6
         print(f"{name:26} {ours:9.2f} {ort_med:9.2f} {ours / ort_med:6.2f} {batch * 1e3 / ours:8.1f} "
