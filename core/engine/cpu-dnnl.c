@@ -442,11 +442,20 @@ static int32_t exec_entry(spn_run_t *r, const spn_node_t *n, spn_dnnl_entry_t *e
   spn_rt_val_t *y = &r->v[n->out[0]];
   if (!st)
     return spn_error_set(r->err, SPN_EINTERNAL, "oneDNN: no stream");
-  void *scratch = e->scratch ? spn_aligned_alloc(e->scratch) : NULL;
-  void *src_tmp = e->src_tmp ? spn_aligned_alloc(e->src_tmp) : NULL;
-  void *dst_tmp = e->dst_tmp ? spn_aligned_alloc(e->dst_tmp) : NULL;
+  /* One run-scratch block carved into scratchpad, reorder temporaries and
+   * up to two reordered addends. */
+  size_t al = 4096;
+  size_t s_scr = (e->scratch + al - 1) / al * al, s_src = (e->src_tmp + al - 1) / al * al,
+         s_dst = (e->dst_tmp + al - 1) / al * al, s_add = 0;
+  for (int p = 0; p < n->n_post && conv; p++)
+    if (n->post[p].kind == SPN_POST_ADD && e->nhwc_path && !r->m->vals[n->post[p].val].nhwc)
+      s_add += (dnnl_memory_desc_get_size(&e->bin_md) + al - 1) / al * al;
+  uint8_t *blk = spn_run_scratch(r, s_scr + s_src + s_dst + s_add + al);
+  void *scratch = e->scratch && blk ? blk : NULL;
+  void *src_tmp = e->src_tmp && blk ? blk + s_scr : NULL;
+  void *dst_tmp = e->dst_tmp && blk ? blk + s_scr + s_src : NULL;
+  uint8_t *add_area = blk ? blk + s_scr + s_src + s_dst : NULL;
   dnnl_memory_t mem[16] = {0};
-  void *add_tmp[2] = {NULL, NULL};
   int n_add_tmp = 0;
   int nm = 0;
   dnnl_memory_desc_t plain_md;
@@ -456,7 +465,7 @@ static int32_t exec_entry(spn_run_t *r, const spn_node_t *n, spn_dnnl_entry_t *e
     dnnl_memory_desc_init_by_tag(&plain_md, y->ndim, yd, dnnl_f32, plain_tag(y->ndim));
   }
   int32_t rc = SPN_EINTERNAL;
-  if ((e->scratch && !scratch) || (e->src_tmp && !src_tmp) || (e->dst_tmp && !dst_tmp)) {
+  if (!blk) {
     rc = spn_error_set(r->err, SPN_ENOMEM, "out of memory for oneDNN buffers");
     goto out;
   }
@@ -518,11 +527,7 @@ static int32_t exec_entry(spn_run_t *r, const spn_node_t *n, spn_dnnl_entry_t *e
             if (n_add_tmp == 2)
               goto out;
             size_t bytes = dnnl_memory_desc_get_size(&e->bin_md);
-            void *tmp = add_tmp[n_add_tmp++] = spn_aligned_alloc(bytes);
-            if (!tmp) {
-              rc = spn_error_set(r->err, SPN_ENOMEM, "out of memory");
-              goto out;
-            }
+            void *tmp = add_area + (size_t)n_add_tmp++ * ((bytes + al - 1) / al * al);
             if (reorder_now(eng, st, &plain_md, addp, &e->bin_md, tmp))
               goto out;
             addp = tmp;
@@ -550,11 +555,6 @@ out:
     spn_error_set(r->err, rc, "oneDNN execution failed");
   for (int i = 0; i < nm; i++)
     dnnl_memory_destroy(mem[i]);
-  free(add_tmp[0]);
-  free(add_tmp[1]);
-  free(scratch);
-  free(src_tmp);
-  free(dst_tmp);
   return rc;
 }
 

@@ -156,6 +156,12 @@ struct spn_model {
   int n_live_nodes;
   int64_t (*dyn_in)[SPN_MAXD];
   struct spn_model *next; /* registry list */
+  /* Buffers kept between runs (arenas, scratch) so a run does not fault in
+   * fresh pages; taken and returned under pool_lock. */
+  pthread_mutex_t pool_lock;
+  bool pool_lock_init;
+  int n_pool;
+  struct { void *p; size_t n; } pool[8];
 };
 
 /* Per-run state of one value. */
@@ -176,7 +182,17 @@ typedef struct spn_run {
   spn_error_t *err;
   int threads;
   void *dnnl_stream; /* dnnl_stream_t of the engine */
+  void *scratch;     /* per-run transient buffer for backend temporaries */
+  size_t scratch_n;
 } spn_run_t;
+
+/* Pooled buffers: take one of at least `n` bytes (NULL on failure); give it
+ * back with its size. Thread: any. */
+void *spn_pool_take(spn_model_t *m, size_t n, size_t *got);
+void spn_pool_give(spn_model_t *m, void *p, size_t n);
+/* A run's transient backend buffer of at least n bytes (valid until the next
+ * call in the same run). */
+void *spn_run_scratch(spn_run_t *r, size_t n);
 
 /* Shared backend state of an engine (oneDNN engine + stream), refcounted so
  * models outlive their engine object if released late. */

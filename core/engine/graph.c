@@ -247,6 +247,7 @@ static int32_t fold_constants(spn_model_t *m, spn_error_t *err) {
   }
 out:
   spn_dnnl_run_end(&r);
+  free(r.scratch);
   rt_free(m, rv);
   return rc;
 }
@@ -581,6 +582,9 @@ static int32_t infer_all(spn_model_t *m, spn_rt_val_t *rv, int64_t dyn, int64_t 
 
 int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
   int32_t rc;
+  if (pthread_mutex_init(&m->pool_lock, NULL))
+    return spn_error_set(err, SPN_EINTERNAL, "mutex init failed");
+  m->pool_lock_init = true;
   for (int i = 0; i < m->n_node; i++) {
     if (pthread_mutex_init(&m->nodes[i].dnnl_lock, NULL))
       return spn_error_set(err, SPN_EINTERNAL, "mutex init failed");
@@ -655,6 +659,67 @@ int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
   rt_free(m, a);
   rt_free(m, b);
   return rc;
+}
+
+/* ---- buffer pool ---- */
+
+void *spn_pool_take(spn_model_t *m, size_t n, size_t *got) {
+  void *p = NULL;
+  if (m->pool_lock_init) {
+    pthread_mutex_lock(&m->pool_lock);
+    int best = -1;
+    for (int i = 0; i < m->n_pool; i++)
+      if (m->pool[i].n >= n && (best < 0 || m->pool[i].n < m->pool[best].n))
+        best = i;
+    if (best >= 0) {
+      p = m->pool[best].p;
+      *got = m->pool[best].n;
+      m->pool[best] = m->pool[--m->n_pool];
+    }
+    pthread_mutex_unlock(&m->pool_lock);
+  }
+  if (!p) {
+    p = spn_aligned_alloc(n);
+    *got = n;
+  }
+  return p;
+}
+
+void spn_pool_give(spn_model_t *m, void *p, size_t n) {
+  if (!p)
+    return;
+  if (m->pool_lock_init) {
+    pthread_mutex_lock(&m->pool_lock);
+    if (m->n_pool < (int)(sizeof m->pool / sizeof m->pool[0])) {
+      m->pool[m->n_pool].p = p;
+      m->pool[m->n_pool++].n = n;
+      p = NULL;
+    } else {
+      /* Full: keep the larger buffer. */
+      int small = 0;
+      for (int i = 1; i < m->n_pool; i++)
+        if (m->pool[i].n < m->pool[small].n)
+          small = i;
+      if (m->pool[small].n < n) {
+        void *old = m->pool[small].p;
+        m->pool[small].p = p;
+        m->pool[small].n = n;
+        p = old;
+      }
+    }
+    pthread_mutex_unlock(&m->pool_lock);
+  }
+  free(p);
+}
+
+void *spn_run_scratch(spn_run_t *r, size_t n) {
+  if (n <= r->scratch_n)
+    return r->scratch;
+  spn_pool_give(r->m, r->scratch, r->scratch_n);
+  r->scratch = spn_pool_take(r->m, n, &r->scratch_n);
+  if (!r->scratch)
+    r->scratch_n = 0;
+  return r->scratch;
 }
 
 /* ---- memory plan ---- */
@@ -733,6 +798,7 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
   spn_run_t r = {.m = m, .v = rv, .err = err, .threads = threads};
   spn_plan_t plan = {0};
   uint8_t *arena = NULL;
+  size_t arena_n = 0;
   bool *engine_alloc = calloc((size_t)n_out + 1, sizeof(bool));
   int prev_threads = 0;
   int32_t rc = SPN_OK;
@@ -843,7 +909,7 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
       }
     }
   }
-  arena = spn_aligned_alloc(plan.top);
+  arena = spn_pool_take(m, plan.top, &arena_n);
   if (!arena) {
     rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory for a %zu-byte arena", m->path, plan.top);
     goto out;
@@ -900,7 +966,8 @@ out:
     omp_set_num_threads(prev_threads);
   spn_dnnl_run_end(&r);
   free(engine_alloc);
-  free(arena);
+  spn_pool_give(m, arena, arena_n);
+  spn_pool_give(m, r.scratch, r.scratch_n);
   free(plan.free);
   rt_free(m, rv);
   return rc;

@@ -582,6 +582,10 @@ void spn_model_destroy(spn_model_t *m) {
     free(n->op_name);
   }
   free(m->nodes);
+  for (int i = 0; i < m->n_pool; i++)
+    free(m->pool[i].p);
+  if (m->pool_lock_init)
+    pthread_mutex_destroy(&m->pool_lock);
   for (int i = 0; i < m->n_val; i++) {
     free(m->vals[i].name);
     free(m->vals[i].data);
