@@ -274,6 +274,25 @@ static int32_t build_conv(spn_run_t *r, const spn_node_t *n, bool tr, const spn_
   if (nd == 4) {
     dnnl_memory_desc_init_by_tag(&xnhwc, nd, xd, dnnl_f32, dnnl_acdb);
     dnnl_memory_desc_init_by_tag(&ynhwc, nd, yd, dnnl_f32, dnnl_acdb);
+    if (tr) {
+      /* oneDNN's deconvolution is faster on its blocked layouts than on
+       * NHWC: reorder around it, fuse only the leading eltwise post-ops. */
+      int nf = 0;
+      while (nf < n->n_post && n->post[nf].kind != SPN_POST_PRELU && n->post[nf].kind != SPN_POST_ADD)
+        nf++;
+      s = conv_pd(r, n, tr, &xany, &wmd_any, bias, &yany, &ynhwc, sd, dd, pld, prd, nf, &pd);
+      if (s == dnnl_success && !impl_is_ref(pd)) {
+        nfuse = nf;
+        fused = true;
+        e->nhwc_path = false;
+        e->usr_src_md = in_nhwc ? xnhwc : xmd;
+        e->usr_dst_md = out_nhwc ? ynhwc : ymd;
+        goto have_pd;
+      }
+      if (pd)
+        dnnl_primitive_desc_destroy(pd);
+      pd = NULL;
+    }
     s = conv_pd(r, n, tr, &xnhwc, &wmd_any, bias, &ynhwc, &ynhwc, sd, dd, pld, prd, nfuse, &pd);
     fused = s == dnnl_success;
     if (s == dnnl_success && nfuse && impl_is_ref(pd)) {
@@ -308,6 +327,7 @@ static int32_t build_conv(spn_run_t *r, const spn_node_t *n, bool tr, const spn_
     if (s != dnnl_success)
       return spn_error_set(r->err, SPN_EUNSUPPORTED, "oneDNN refused this %s (status %d)", tr ? "ConvTranspose" : "Conv", (int)s);
   }
+have_pd:
   e->fused_posts = fused;
   e->n_fused = fused ? nfuse : 0;
   rc = SPN_EINTERNAL;

@@ -122,28 +122,61 @@ static bool is_conv2d(const spn_model_t *m, const spn_node_t *n) {
   return !n->dead && (n->op == SPN_OP_CONV || n->op == SPN_OP_CONVT) && m->vals[n->in[1]].ndim == 4;
 }
 
-/* Values produced by a 2-D convolution and read only as the data input of
- * other 2-D convolutions stay channels-last (no reorders between them). */
-static void mark_nhwc(spn_model_t *m) {
-  for (int vi = 0; vi < m->n_val; vi++) {
-    spn_value_t *v = &m->vals[vi];
-    v->nhwc = false;
-    if (v->kind != SPN_VAL_INTER || v->is_output || v->producer < 0 || v->n_uses < 1 || !is_conv2d(m, &m->nodes[v->producer]))
-      continue;
-    bool ok = true;
-    for (int i = 0; i < m->n_node && ok; i++) {
-      const spn_node_t *n = &m->nodes[i];
-      if (n->dead)
-        continue;
-      for (int k = 0; k < n->n_in && ok; k++)
-        if (n->in[k] == vi && (k != 0 || !is_conv2d(m, n)))
-          ok = false;
-      for (int p = 0; p < n->n_post && ok; p++)
-        if (n->post[p].kind == SPN_POST_ADD && n->post[p].val == vi && !is_conv2d(m, n))
-          ok = false;
-    }
-    v->nhwc = ok;
+/* Values produced by a 2-D convolution (or a channel Concat of such values)
+ * and read only as the data input or residual addend of other 2-D
+ * convolutions, or by such a Concat, stay channels-last: no reorders between
+ * them. Concat nodes start optimistic and drop out until nothing changes. */
+static bool concat_candidate(const spn_model_t *m, const spn_node_t *n) {
+  if (n->dead || n->op != SPN_OP_CONCAT || n->n_out != 1)
+    return false;
+  int64_t ax = spn_attr_int(n, "axis", 0);
+  if (ax != 1 && ax != -3)
+    return false;
+  for (int k = 0; k < n->n_in; k++) {
+    int vi = n->in[k];
+    if (vi < 0 || m->vals[vi].producer < 0)
+      return false;
+    const spn_node_t *p = &m->nodes[m->vals[vi].producer];
+    if (!is_conv2d(m, p) && !concat_candidate(m, p))
+      return false;
   }
+  return true;
+}
+
+static void mark_nhwc(spn_model_t *m) {
+  bool *cc = calloc((size_t)m->n_node + 1, sizeof(bool));
+  if (!cc)
+    return;
+  for (int i = 0; i < m->n_node; i++)
+    cc[i] = concat_candidate(m, &m->nodes[i]);
+  for (int iter = 0; iter < 64; iter++) {
+    bool changed = false;
+    for (int vi = 0; vi < m->n_val; vi++) {
+      spn_value_t *v = &m->vals[vi];
+      bool ok = v->kind == SPN_VAL_INTER && !v->is_output && v->producer >= 0 && v->n_uses >= 1 &&
+                (is_conv2d(m, &m->nodes[v->producer]) || cc[v->producer]);
+      for (int i = 0; i < m->n_node && ok; i++) {
+        const spn_node_t *n = &m->nodes[i];
+        if (n->dead)
+          continue;
+        for (int k = 0; k < n->n_in && ok; k++)
+          if (n->in[k] == vi && !((k == 0 && is_conv2d(m, n)) || cc[i]))
+            ok = false;
+        for (int p = 0; p < n->n_post && ok; p++)
+          if (n->post[p].kind == SPN_POST_ADD && n->post[p].val == vi && !is_conv2d(m, n))
+            ok = false;
+      }
+      v->nhwc = ok;
+    }
+    for (int i = 0; i < m->n_node; i++)
+      if (cc[i] && !m->vals[m->nodes[i].out[0]].nhwc) {
+        cc[i] = false;
+        changed = true;
+      }
+    if (!changed)
+      break;
+  }
+  free(cc);
 }
 
 static bool is_const(const spn_model_t *m, int vi) {
@@ -302,7 +335,7 @@ static int new_const(spn_model_t *m, const char *base, const char *suffix, int n
 static int32_t fold_batchnorm(spn_model_t *m, spn_error_t *err) {
   for (int i = 0; i < m->n_node; i++) {
     spn_node_t *c = &m->nodes[i];
-    if (c->dead || c->op != SPN_OP_CONV || c->n_post || c->n_out != 1)
+    if (c->dead || (c->op != SPN_OP_CONV && c->op != SPN_OP_CONVT) || c->n_post || c->n_out != 1)
       continue;
     int j = sole_consumer(m, c->out[0]);
     if (j < 0)
@@ -318,8 +351,13 @@ static int32_t fold_batchnorm(spn_model_t *m, spn_error_t *err) {
     spn_value_t *w = &m->vals[c->in[1]];
     if (w->dtype != SPN_DTYPE_F32 || w->ndim < 3)
       continue;
-    int64_t oc = w->shape[0], per = 1;
-    for (int d = 1; d < w->ndim; d++)
+    bool tr = c->op == SPN_OP_CONVT;
+    int64_t grp = spn_attr_int(c, "group", 1);
+    if (grp < 1 || w->shape[0] % grp)
+      continue;
+    /* Conv weights are [OC, IC/g, k...]; ConvTranspose [IC, OC/g, k...]. */
+    int64_t oc = tr ? w->shape[1] * grp : w->shape[0], per = 1;
+    for (int d = tr ? 2 : 1; d < w->ndim; d++)
       per *= w->shape[d];
     bool shapes_ok = true;
     for (int k = 1; k < 5; k++) {
@@ -348,9 +386,20 @@ static int32_t fold_batchnorm(spn_model_t *m, spn_error_t *err) {
     float *NW = m->vals[nw].data, *NB = m->vals[nb].data;
     for (int64_t o = 0; o < oc; o++) {
       float s = gamma[o] / sqrtf(var[o] + eps);
-      for (int64_t q = 0; q < per; q++)
-        NW[o * per + q] = W[o * per + q] * s;
       NB[o] = ((B0 ? B0[o] : 0.f) - mean[o]) * s + beta[o];
+      if (!tr)
+        for (int64_t q = 0; q < per; q++)
+          NW[o * per + q] = W[o * per + q] * s;
+    }
+    if (tr) {
+      int64_t ic = w->shape[0], ocg = w->shape[1], icg = ic / grp;
+      for (int64_t ii = 0; ii < ic; ii++)
+        for (int64_t jj = 0; jj < ocg; jj++) {
+          int64_t o = (ii / icg) * ocg + jj;
+          float s = gamma[o] / sqrtf(var[o] + eps);
+          for (int64_t q = 0; q < per; q++)
+            NW[(ii * ocg + jj) * per + q] = W[(ii * ocg + jj) * per + q] * s;
+        }
     }
     if (c->n_in < 3) {
       int *ni = realloc(c->in, 3 * sizeof(int));

@@ -1513,6 +1513,30 @@ int32_t spn_op_exec(spn_run_t *r, const spn_node_t *n) {
   case SPN_OP_CONCAT: {
     int ax = norm_axis(spn_attr_int(n, "axis", 0), x->ndim);
     size_t es = spn_dtype_size(x->dtype);
+    if (r->m->vals[n->out[0]].nhwc) {
+      /* Channel concat into a channels-last output; inputs either layout. */
+      int64_t N = y->shape[0], C = y->shape[1], HW = y->shape[2] * y->shape[3];
+      float *Yp = y->data;
+      int64_t c0 = 0;
+      for (int k = 0; k < n->n_in; k++) {
+        const spn_rt_val_t *v = IN(k);
+        const float *V = v->data;
+        int64_t ck = v->shape[1];
+        bool vn = r->m->vals[n->in[k]].nhwc;
+#pragma omp parallel for collapse(2) if (N * HW * ck > PAR_MIN)
+        for (int64_t b = 0; b < N; b++)
+          for (int64_t i = 0; i < HW; i++) {
+            float *dst = Yp + (b * HW + i) * C + c0;
+            if (vn)
+              memcpy(dst, V + (b * HW + i) * ck, (size_t)ck * sizeof(float));
+            else
+              for (int64_t c = 0; c < ck; c++)
+                dst[c] = V[(b * ck + c) * HW + i];
+          }
+        c0 += ck;
+      }
+      return SPN_OK;
+    }
     int64_t outer = 1, inner = 1;
     for (int d = 0; d < ax; d++) outer *= y->shape[d];
     for (int d = ax + 1; d < y->ndim; d++) inner *= y->shape[d];

@@ -97,6 +97,15 @@ def op_cases():
                                   {"x": x4}, [("y", F)], {"w": rnd(8, 8, 1, 1), "lo": np.array(-0.5, np.float32), "hi": np.array(0.6, np.float32)})
     c["conv_tanh_shared_output"] = case([N("Conv", ["x", "w"], ["c"]), N("Tanh", ["c"], ["y"]), N("Relu", ["c"], ["z"])],
                                         {"x": x4}, [("y", F), ("z", F)], {"w": rnd(8, 8, 1, 1)})
+    bn6 = {"g": rnd(6, lo=0.5, hi=1.5), "bb": rnd(6), "m": rnd(6), "v": rnd(6, lo=0.5, hi=2)}
+    c["convtranspose_groups_bn_relu_fused"] = case([N("ConvTranspose", ["x", "w", "b"], ["c"], group=2, strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]),
+                                                    N("BatchNormalization", ["c", "g", "bb", "m", "v"], ["d"]), N("Relu", ["d"], ["y"])],
+                                                   {"x": rnd(2, 8, 5, 6)}, [("y", F)], {"w": rnd(8, 3, 3, 3), "b": rnd(6), **bn6})
+    c["conv_chain_nhwc_concat"] = case([N("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]), N("Conv", ["a", "w2"], ["b"], pads=[1, 1, 1, 1]),
+                                        N("Concat", ["a", "b", "x"], ["c"], axis=1), N("Conv", ["c", "w3", "b3"], ["d"], pads=[1, 1, 1, 1]),
+                                        N("Add", ["d", "a"], ["e"]), N("Relu", ["e"], ["y"])],
+                                       {"x": rnd(2, 8, 7, 9)}, [("y", F)],
+                                       {"w1": rnd(16, 8, 3, 3) * 0.3, "w2": rnd(16, 16, 3, 3) * 0.2, "w3": rnd(16, 40, 3, 3) * 0.1, "b3": rnd(16)}, dyn_batch=True)
     c["relu"] = case([N("Relu", ["x"], ["y"])], {"x": x4}, [("y", F)])
     c["leakyrelu"] = case([N("LeakyRelu", ["x"], ["y"], alpha=0.1)], {"x": x4}, [("y", F)])
     c["prelu_channel"] = case([N("PRelu", ["x", "s"], ["y"])], {"x": x4}, [("y", F)], {"s": rnd(8, 1, 1)})
