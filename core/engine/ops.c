@@ -1428,6 +1428,14 @@ int32_t spn_op_exec(spn_run_t *r, const spn_node_t *n) {
   const spn_rt_val_t *x = n->n_in > 0 && n->in[0] >= 0 ? IN(0) : NULL;
   spn_rt_val_t *y = OUT(0);
   int64_t cnt = numel(y);
+  /* Nothing to produce: return before any loop whose trip count comes from
+   * the other (possibly huge) dims of an empty tensor. */
+  int64_t produced = 0;
+  for (int o = 0; o < n->n_out; o++)
+    if (n->out[o] >= 0)
+      produced += numel(OUT(o));
+  if (produced == 0)
+    return SPN_OK;
   const float *X = x ? x->data : NULL;
   float *Y = y->data;
   switch (n->op) {

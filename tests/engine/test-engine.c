@@ -382,6 +382,33 @@ static void test_huge_dims_fail(void **state) {
   expect_load_error(&m, SPN_EMODEL, "raw_data has 16 bytes");
 }
 
+/* Empty tensors with huge other dims fold instantly (a fuzzer finding: the
+ * Concat loop used to run over the 2^62 leading positions). */
+static void test_empty_huge_constant_folds(void **state) {
+  (void)state;
+  pb_t g = {0};
+  int64_t dims[] = {INT64_C(1) << 17, INT64_C(1) << 17, 0};
+  initializer(&g, "w", 3, dims, NULL, 0);
+  const char *in[] = {"w", "w"}, *out[] = {"y"};
+  attr_t a = {.name = "axis", .type = 2, .i = 2};
+  node(&g, "Concat", "cat", in, 2, out, 1, &a, 1);
+  value_info(&g, 12, "y", -1, NULL);
+  pb_t m = model(&g, 17);
+  spn_engine_t *e = engine(1);
+  spn_model_t *mod = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_engine_load_memory(e, m.p, m.n, "empty.onnx", "cpu", &mod, &err), SPN_OK);
+  spn_tensor_t y = SPN_TENSOR_INIT;
+  assert_int_equal(spn_model_run(mod, NULL, 0, &y, 1, &err), SPN_OK);
+  assert_int_equal(y.ndim, 3);
+  assert_int_equal(y.shape[0], INT64_C(1) << 17);
+  assert_int_equal(y.shape[2], 0);
+  spn_model_output_free(&y);
+  spn_model_release(&mod);
+  spn_engine_free(e);
+  free(m.p);
+}
+
 static void test_cycle_fails(void **state) {
   (void)state;
   pb_t g = {0};
@@ -698,6 +725,7 @@ int main(void) {
       cmocka_unit_test(test_truncated_files_fail),
       cmocka_unit_test(test_bad_length_fails),
       cmocka_unit_test(test_huge_dims_fail),
+      cmocka_unit_test(test_empty_huge_constant_folds),
       cmocka_unit_test(test_cycle_fails),
       cmocka_unit_test(test_missing_initializer_fails),
       cmocka_unit_test(test_dangling_output_fails),
