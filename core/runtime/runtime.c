@@ -252,6 +252,7 @@ static void on_async(uv_async_t *h) {
   }
 }
 
+#ifdef SPN_HAVE_CUDA
 /* GPU health: a device found unhealthy is marked unusable, so new work on it
  * fails with SPN_EDEVICE (docs/gpu.md says how jobs are drained). */
 static void on_gpu_unhealthy(void *data, spn_device_t *dev, const char *why) {
@@ -263,6 +264,7 @@ static void on_health_timer(uv_timer_t *t) {
   spn_runtime_t *rt = t->data;
   spn__gpu_monitor_poll(rt->gpu_monitor, on_gpu_unhealthy, rt);
 }
+#endif
 
 static void *loop_main(void *arg) {
   spn_runtime_t *rt = arg;
@@ -369,11 +371,13 @@ int32_t spn_runtime_new(const spn_runtime_opts_t *opts_in, spn_runtime_t **out, 
   rt->async.data = rt;
   uv_timer_init(&rt->loop, &rt->timer);
   rt->timer.data = rt;
+#ifdef SPN_HAVE_CUDA
   if (rt->gpu_monitor) {
     uv_timer_init(&rt->loop, &rt->health_timer);
     rt->health_timer.data = rt;
     uv_timer_start(&rt->health_timer, on_health_timer, 1000, 1000);
   }
+#endif
   if (pthread_create(&rt->loop_thread, NULL, loop_main, rt) != 0) {
     rc = spn_error_set(err, SPN_EINTERNAL, "cannot start the control loop thread");
     uv_close((uv_handle_t *)&rt->async, NULL);
