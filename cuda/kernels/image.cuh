@@ -12,6 +12,7 @@
  * Plain C declarations: C callers (stages, tests) include this header too.
  * Built into the PIC static library spn-cuda-kernels, linked by the stages
  * that use it (like spn-image, it needs no libspindle symbol).
+ * Ownership: every image is borrowed; nothing is allocated.
  * Thread: any thread that has made the stream's device current. */
 #ifndef SPINDLE_CUDA_KERNELS_IMAGE_CUH
 #define SPINDLE_CUDA_KERNELS_IMAGE_CUH
