@@ -48,18 +48,23 @@ bool spn__cuda_xid_fatal(unsigned long long xid);
 
 typedef struct spn__cuda_health spn__cuda_health_t;
 
-/* Open NVML (dlopen) and register for critical XID events on the CUDA devices
- * with the given ordinals. When NVML is absent, *out is a poller that reports
- * every device healthy and spn__cuda_health_available() is false.
+/* Open NVML (dlopen of `nvml_lib`, normally "libnvidia-ml.so.1") and
+ * register for critical XID events on the devices with the given PCI bus
+ * ids ("0000:17:00.0", as cudaDeviceGetPCIBusId writes them; CUDA ordinals
+ * and NVML indices differ, bus ids do not). A NULL id, or one NVML does not
+ * know, is never reported. When NVML is absent or fails to initialise, *out
+ * is a poller that reports every device healthy and
+ * spn__cuda_health_available() is false.
  * Ownership: caller owns *out. Thread: any (then the loop). */
-int32_t spn__cuda_health_new(const int *ordinals, uint32_t n, spn__cuda_health_t **out, spn_error_t *err);
+int32_t spn__cuda_health_new(const char *nvml_lib, const char *const *pci_bus_ids, uint32_t n,
+                             spn__cuda_health_t **out, spn_error_t *err);
 void spn__cuda_health_free(spn__cuda_health_t **h);
 bool spn__cuda_health_available(const spn__cuda_health_t *h);
 /* Poll without blocking: drain pending XID events and query each device.
  * Returns the number of devices whose state changed to unhealthy in this call.
  * Thread: the loop (one poller, one thread). */
 uint32_t spn__cuda_health_poll(spn__cuda_health_t *h);
-/* State of device i (index into the ordinals given), and the last XID seen. */
+/* State of device i (index into the ids given), and the last XID seen. */
 spn__cuda_health_state_t spn__cuda_health_state(const spn__cuda_health_t *h, uint32_t i,
                                                unsigned long long *last_xid);
 /* Test hook: feed an XID as if NVML had reported it for device i. */

@@ -78,7 +78,8 @@ static void mark(spn__cuda_health_t *h, uint32_t i, spn__cuda_health_state_t s, 
     h->state[i] = s;
 }
 
-int32_t spn__cuda_health_new(const int *ordinals, uint32_t n, spn__cuda_health_t **out, spn_error_t *err) {
+int32_t spn__cuda_health_new(const char *nvml_lib, const char *const *pci_bus_ids, uint32_t n,
+                             spn__cuda_health_t **out, spn_error_t *err) {
   spn__cuda_health_t *h = calloc(1, sizeof *h);
   if (!h)
     return spn_error_set(err, SPN_ENOMEM, "out of memory creating the GPU health monitor");
@@ -91,7 +92,7 @@ int32_t spn__cuda_health_new(const int *ordinals, uint32_t n, spn__cuda_health_t
     return spn_error_set(err, SPN_ENOMEM, "out of memory creating the GPU health monitor");
   }
   *out = h;
-  h->lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  h->lib = dlopen(nvml_lib, RTLD_NOW | RTLD_LOCAL);
   if (!h->lib)
     return SPN_OK; /* no NVML: health is not monitored */
   unsigned (*init)(void) = (unsigned (*)(void))dlsym(h->lib, "nvmlInit_v2");
@@ -112,13 +113,8 @@ int32_t spn__cuda_health_new(const int *ordinals, uint32_t n, spn__cuda_health_t
   }
   if (set_create(&h->set) != NVML_OK)
     h->set = NULL;
-  /* CUDA ordinals and NVML indices differ (CUDA_VISIBLE_DEVICES, ordering):
-   * match them by PCI bus id. */
   for (uint32_t i = 0; i < n; i++) {
-    char bus[32];
-    if (cudaDeviceGetPCIBusId(bus, (int)sizeof bus, ordinals[i]) != cudaSuccess ||
-        by_pci(bus, &h->handles[i]) != NVML_OK) {
-      (void)cudaGetLastError();
+    if (!pci_bus_ids[i] || by_pci(pci_bus_ids[i], &h->handles[i]) != NVML_OK) {
       h->handles[i] = NULL;
       continue;
     }
@@ -214,31 +210,36 @@ int32_t spn__gpu_monitor_new(spn_device_t **devs, uint32_t n, spn__gpu_monitor_t
   if (!k)
     return SPN_OK;
   spn__gpu_monitor_t *m = calloc(1, sizeof *m);
-  int *ords = calloc(k, sizeof *ords);
+  char (*bus)[32] = calloc(k, sizeof *bus);
+  const char **ids = calloc(k, sizeof *ids);
   if (m)
     m->devs = calloc(k, sizeof *m->devs);
-  if (!m || !ords || !m->devs) {
-    if (m)
-      free(m->devs);
-    free(m);
-    free(ords);
-    return spn_error_set(err, SPN_ENOMEM, "out of memory creating the GPU health monitor");
+  int32_t rc = SPN_OK;
+  if (!m || !bus || !ids || !m->devs) {
+    rc = spn_error_set(err, SPN_ENOMEM, "out of memory creating the GPU health monitor");
+    goto out_free;
   }
   for (uint32_t i = 0; i < n; i++)
     if (devs[i]->kind == SPN_DEVICE_CUDA) {
-      ords[m->n] = spn__cuda_device_ordinal(devs[i]);
+      if (cudaDeviceGetPCIBusId(bus[m->n], (int)sizeof bus[m->n], spn__cuda_device_ordinal(devs[i])) == cudaSuccess)
+        ids[m->n] = bus[m->n];
+      (void)cudaGetLastError();
       m->devs[m->n++] = devs[i];
     }
-  int32_t rc = spn__cuda_health_new(ords, m->n, &m->health, err);
-  free(ords);
-  if (rc != SPN_OK || !spn__cuda_health_available(m->health)) {
+  rc = spn__cuda_health_new("libnvidia-ml.so.1", ids, m->n, &m->health, err);
+  if (rc != SPN_OK || !spn__cuda_health_available(m->health))
+    goto out_free;
+  *out = m;
+  m = NULL;
+out_free:
+  if (m) {
     spn__cuda_health_free(&m->health);
     free(m->devs);
     free(m);
-    return rc;
   }
-  *out = m;
-  return SPN_OK;
+  free(bus);
+  free(ids);
+  return rc;
 }
 
 void spn__gpu_monitor_free(spn__gpu_monitor_t **mp) {
