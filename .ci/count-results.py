@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Count test results from meson's testlog.json.
+"""Count test results from one or more of meson's testlog.json files.
 
 A cmocka program counts as its individual cases (its '[  PASSED  ] N test(s).'
 and '[  FAILED  ] N test(s)' lines), a conformance runner that prints
@@ -8,7 +8,7 @@ meson result. Prints 'N passed, N failed[, N skipped]' as the last line."""
 import json, re, sys
 
 passed = failed = skipped = 0
-for line in open(sys.argv[1]):
+for line in (l for f in sys.argv[1:] for l in open(f)):
     t = json.loads(line)
     res = t.get('result')
     out = (t.get('stdout') or '') + '\n' + (t.get('stderr') or '')

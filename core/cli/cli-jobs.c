@@ -104,6 +104,71 @@ static int cmd_keygen(int argc, char **argv) {
   return EXIT_OK;
 }
 
+/* ---- runners: real pipelines on a runtime, then the built-in test ones ---- */
+
+typedef struct runners {
+  spn_runtime_t *rt;
+  spn_job_runner_t test, pipes;
+  bool have_test, have_pipes;
+} runners_t;
+
+/* The test runner always; with pipeline defs also a runtime (plugins from
+ * --plugin-path, $SPINDLE_PLUGIN_PATH, the build tree when run uninstalled)
+ * and every pipeline loaded, models preloaded. Returns the runner to use or
+ * NULL after printing why. */
+static const spn_job_runner_t *runners_start(runners_t *r, const char *cmd, const spn_test_runner_config_t *tc,
+                                             const spn_pipeline_def_t *defs, size_t n_defs,
+                                             const char *const *plugin_paths, size_t n_plugin_paths,
+                                             const char *devices) {
+  memset(r, 0, sizeof *r);
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_test_runner_new(tc, &r->test, &err) < 0) {
+    fprintf(stderr, "spindle %s: %s\n", cmd, err.msg);
+    return NULL;
+  }
+  r->have_test = true;
+  if (!n_defs)
+    return &r->test;
+  /* Reuse the pipeline commands' option handling (build-tree stages). */
+  char **av = calloc(2 * n_plugin_paths + 3, sizeof *av);
+  if (!av)
+    return NULL;
+  int ac = 0;
+  av[ac++] = (char *)cmd;
+  for (size_t i = 0; i < n_plugin_paths; i++) {
+    av[ac++] = (char *)"--plugin-path";
+    av[ac++] = (char *)plugin_paths[i];
+  }
+  if (devices) {
+    av[ac++] = (char *)"--devices";
+    av[ac++] = (char *)devices;
+  }
+  static const char *const allowed[] = {"plugin-path", "devices", NULL};
+  spn_cli_opts_t o;
+  int rc = spn_cli_parse(ac, av, allowed, &o);
+  free(av);
+  if (rc == 0)
+    rc = spn_cli_runtime(&o, true, &r->rt);
+  spn_cli_opts_free(&o);
+  if (rc != 0)
+    return NULL;
+  if (spn_pipeline_runner_new(r->rt, defs, n_defs, &r->test, &r->pipes, &err) < 0) {
+    fprintf(stderr, "spindle %s: %s\n", cmd, err.msg);
+    return NULL;
+  }
+  r->have_pipes = true;
+  return &r->pipes;
+}
+
+static void runners_stop(runners_t *r) {
+  if (r->have_pipes)
+    spn_pipeline_runner_free(&r->pipes);
+  spn_runtime_free(&r->rt);
+  if (r->have_test)
+    spn_test_runner_free(&r->test);
+  memset(r, 0, sizeof *r);
+}
+
 /* ---- serve ---- */
 
 static const char serve_help[] =
@@ -121,6 +186,8 @@ static const char serve_help[] =
     "  --curve-clients DIR  allowed client public keys, one file each\n"
     "  --curve-workers DIR  keys allowed to act as workers (then client keys cannot)\n"
     "  --pipeline NAME      refuse to start unless NAME can run (repeatable)\n"
+    "  --plugin-path DIR    search DIR for stage plugins (repeatable)\n"
+    "  --devices SPEC       runtime devices: auto, cpu, cpu:N, cuda, cuda:0,1\n"
     "  --http HOST:PORT     serve /healthz, /readyz and /metrics (Prometheus)\n"
     "  --chunk-bytes N --chunk-delay-ms N --exec-log FILE   test runner settings\n";
 
@@ -130,6 +197,11 @@ static int cmd_serve(int argc, char **argv) {
   spn_error_t err = SPN_ERROR_INIT;
   int rc = EXIT_FAILED;
   const char *config = NULL;
+  const char **plugin_paths = calloc((size_t)argc, sizeof *plugin_paths);
+  size_t n_plugin_paths = 0;
+  runners_t runners = {0};
+  if (!plugin_paths)
+    return EXIT_FAILED;
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--config") && i + 1 < argc)
       config = argv[i + 1];
@@ -152,7 +224,10 @@ static int cmd_serve(int argc, char **argv) {
       goto out;
     }
     if (!strcmp(a, "--config")) {
-    } else if (!strcmp(a, "--bind")) str = &cfg.bind;
+    } else if (!strcmp(a, "--plugin-path")) {
+      plugin_paths[n_plugin_paths++] = v;
+    } else if (!strcmp(a, "--devices")) str = &cfg.devices;
+    else if (!strcmp(a, "--bind")) str = &cfg.bind;
     else if (!strcmp(a, "--db")) str = &cfg.db_path;
     else if (!strcmp(a, "--exec-log")) str = &cfg.exec_log;
     else if (!strcmp(a, "--curve-keyfile")) str = &cfg.curve_key_file;
@@ -216,27 +291,38 @@ static int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "spindle serve: warning: no input or output roots configured; every job with "
                     "files will be refused\n");
   cfg.ready_fd = STDOUT_FILENO;
-  spn_job_runner_t runner;
   spn_test_runner_config_t rc_cfg = {.chunk_bytes = cfg.chunk_bytes,
                                      .chunk_delay_ms = cfg.chunk_delay_ms,
                                      .exec_log = cfg.exec_log};
-  if (spn_test_runner_new(&rc_cfg, &runner, &err) < 0) {
-    fprintf(stderr, "spindle serve: %s\n", err.msg);
+  /* Every pipeline is loaded (models preloaded) before the gateway binds,
+   * so it never reports ready (stdout line, /readyz) before they are. */
+  const spn_job_runner_t *runner = runners_start(&runners, "serve", &rc_cfg, cfg.pipeline_defs,
+                                                 cfg.n_pipeline_defs, plugin_paths, n_plugin_paths, cfg.devices);
+  if (!runner)
     goto out;
+  /* Loaded pipelines are listed in HELLO like the required ones. */
+  for (size_t i = 0; i < cfg.n_pipeline_defs; i++) {
+    char **nv = realloc(cfg.pipelines, (cfg.n_pipelines + 1) * sizeof *nv);
+    if (!nv)
+      goto out;
+    cfg.pipelines = nv;
+    if (!(cfg.pipelines[cfg.n_pipelines] = strdup(cfg.pipeline_defs[i].name)))
+      goto out;
+    cfg.n_pipelines++;
   }
   spn_server_t *s = NULL;
-  if (spn_server_new(&cfg, &runner, &s, &err) < 0) {
+  if (spn_server_new(&cfg, runner, &s, &err) < 0) {
     fprintf(stderr, "spindle serve: %s\n", err.msg);
-    spn_test_runner_free(&runner);
     goto out;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
   spn_server_run(s, &err);
   spn_server_free(&s);
-  spn_test_runner_free(&runner);
   rc = EXIT_OK;
 out:
+  runners_stop(&runners);
   spn_server_config_clear(&cfg);
+  free(plugin_paths);
   return rc;
 }
 
@@ -251,11 +337,14 @@ static void on_stop_signal(int sig) {
 static int cmd_worker(int argc, char **argv) {
   spn_worker_config_t wc = {.slots = 1, .heartbeat_ms = 1000, .max_msg_size = 1 << 20, .stop = &worker_stop};
   spn_test_runner_config_t trc = {.chunk_bytes = 65536};
-  const char *keyfile = NULL, *server_key_file = NULL;
+  const char *keyfile = NULL, *server_key_file = NULL, *config = NULL, *devices = NULL;
+  const char *plugin_paths[16];
+  size_t n_plugin_paths = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       printf("usage: spindle worker --connect tcp://HOST:PORT [--slots N] [--name NAME]\n"
+             "       [--config SERVER.toml] [--plugin-path DIR]... [--devices SPEC]\n"
              "       [--heartbeat-ms N] [--curve-keyfile F --server-key-file F]\n"
              "       [--chunk-bytes N] [--chunk-delay-ms N] [--exec-log FILE]\n");
       return EXIT_OK;
@@ -272,7 +361,13 @@ static int cmd_worker(int argc, char **argv) {
     else if (!strcmp(a, "--exec-log")) trc.exec_log = v;
     else if (!strcmp(a, "--curve-keyfile")) keyfile = v;
     else if (!strcmp(a, "--server-key-file")) server_key_file = v;
-    else
+    else if (!strcmp(a, "--config")) config = v;
+    else if (!strcmp(a, "--devices")) devices = v;
+    else if (!strcmp(a, "--plugin-path")) {
+      if (n_plugin_paths == sizeof plugin_paths / sizeof plugin_paths[0])
+        return usage_err("worker", "at most 16 --plugin-path%s", "");
+      plugin_paths[n_plugin_paths++] = v;
+    } else
       return usage_err("worker", "unknown option %s", a);
     if (!ok)
       return usage_err("worker", "%s needs a non-negative integer", a);
@@ -294,15 +389,29 @@ static int cmd_worker(int argc, char **argv) {
   struct sigaction sa = {.sa_handler = on_stop_signal};
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
-  spn_job_runner_t runner;
   spn_error_t err = SPN_ERROR_INIT;
-  if (spn_test_runner_new(&trc, &runner, &err) < 0 || spn_worker_run(&wc, &runner, &err) < 0) {
+  /* The pipelines of a server config ([[pipeline]], [server] devices): a
+   * remote worker runs them on its own runtime, loaded before it connects. */
+  spn_server_config_t sc;
+  spn_server_config_defaults(&sc);
+  if (config && spn_server_config_load(&sc, config, &err) < 0) {
     fprintf(stderr, "spindle worker: %s\n", err.msg);
-    spn_test_runner_free(&runner);
+    spn_server_config_clear(&sc);
     return EXIT_FAILED;
   }
-  spn_test_runner_free(&runner);
-  return EXIT_OK;
+  runners_t runners;
+  const spn_job_runner_t *runner = runners_start(&runners, "worker", &trc, sc.pipeline_defs, sc.n_pipeline_defs,
+                                                 plugin_paths, n_plugin_paths, devices ? devices : sc.devices);
+  int rc = EXIT_OK;
+  if (!runner) {
+    rc = EXIT_FAILED;
+  } else if (spn_worker_run(&wc, runner, &err) < 0) {
+    fprintf(stderr, "spindle worker: %s\n", err.msg);
+    rc = EXIT_FAILED;
+  }
+  runners_stop(&runners);
+  spn_server_config_clear(&sc);
+  return rc;
 }
 
 /* ---- client commands ---- */

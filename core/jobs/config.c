@@ -39,6 +39,12 @@ void spn_server_config_clear(spn_server_config_t *c) {
   for (size_t i = 0; i < c->n_pipelines; i++)
     free(c->pipelines[i]);
   free(c->pipelines);
+  for (size_t i = 0; i < c->n_pipeline_defs; i++) {
+    free(c->pipeline_defs[i].name);
+    free(c->pipeline_defs[i].config);
+  }
+  free(c->pipeline_defs);
+  free(c->devices);
   spn__roots_free(&c->input_roots);
   spn__roots_free(&c->output_roots);
   memset(c, 0, sizeof *c);
@@ -60,6 +66,7 @@ static const key_def_t keys[] = {
     {"server", "max_message_bytes", K_U32, OFF(max_msg_size), 1024, 1u << 30},
     {"server", "pipelines", K_STRS, OFF(pipelines), 0, 0},
     {"server", "http", K_STR, OFF(http), 0, 0},
+    {"server", "devices", K_STR, OFF(devices), 0, 0},
     {"queue", "path", K_STR, OFF(db_path), 0, 0},
     {"queue", "sync_full", K_BOOL, OFF(sync_full), 0, 0},
     {"queue", "lease_ms", K_U32, OFF(lease_ms), 100, 3600000},
@@ -148,6 +155,65 @@ static int32_t set_key(spn_server_config_t *c, const key_def_t *d, const spn_tom
   return SPN_EINTERNAL;
 }
 
+/* [[pipeline]] name = "...", config = "file.toml": a pipeline to load at
+ * start-up. A relative config is relative to the server config's folder. */
+static int32_t add_pipeline_defs(spn_server_config_t *c, const char *path, const spn_toml_node_t *arr,
+                                 spn_error_t *err) {
+  char where[256];
+  int32_t rc;
+  if (spn_toml_node_type(arr) != SPN_TOML_ARRAY)
+    return spn_error_set(err, SPN_ECONFIG, "%s: \"pipeline\" must be an array of tables ([[pipeline]])",
+                         spn_toml_node_where(arr, where, sizeof where));
+  const char *slash = strrchr(path, '/');
+  int dirlen = slash ? (int)(slash - path + 1) : 0;
+  for (size_t i = 0; i < spn_toml_array_len(arr); i++) {
+    const spn_toml_node_t *t = spn_toml_array_at(arr, i);
+    if ((rc = want(t, SPN_TOML_TABLE, "pipeline", "", err)) < 0)
+      return rc;
+    spn_pipeline_def_t *nd = realloc(c->pipeline_defs, (c->n_pipeline_defs + 1) * sizeof *nd);
+    if (!nd)
+      return spn_error_set(err, SPN_ENOMEM, "out of memory");
+    c->pipeline_defs = nd;
+    spn_pipeline_def_t *d = &nd[c->n_pipeline_defs++];
+    memset(d, 0, sizeof *d);
+    spn_toml_node_where(t, d->where, sizeof d->where);
+    for (size_t j = 0; j < spn_toml_table_len(t); j++) {
+      spn_toml_pos_t kp;
+      const char *key = spn_toml_table_key_at(t, j, &kp);
+      const spn_toml_node_t *v = spn_toml_table_value_at(t, j);
+      if (strcmp(key, "name") && strcmp(key, "config"))
+        return spn_error_set(err, SPN_ECONFIG, "%s:%u:%u: unknown key \"%s\" in [[pipeline]] (known: name, config)",
+                             path, kp.line, kp.col, key);
+      if ((rc = want(v, SPN_TOML_STRING, "pipeline", key, err)) < 0)
+        return rc;
+      const char *sv = spn_toml_string(v, NULL);
+      if (!*sv || strlen(sv) > 4096)
+        return spn_error_set(err, SPN_ECONFIG, "%s: pipeline.%s must be a non-empty string",
+                             spn_toml_node_where(v, where, sizeof where), key);
+      char *copy;
+      if (!strcmp(key, "name")) {
+        if (strlen(sv) > 128)
+          return spn_error_set(err, SPN_ECONFIG, "%s: pipeline.name is longer than 128 bytes",
+                               spn_toml_node_where(v, where, sizeof where));
+        copy = strdup(sv);
+      } else {
+        size_t n = strlen(sv) + (size_t)dirlen + 1;
+        if ((copy = malloc(n)))
+          snprintf(copy, n, "%.*s%s", sv[0] == '/' ? 0 : dirlen, path, sv);
+      }
+      if (!copy)
+        return spn_error_set(err, SPN_ENOMEM, "out of memory");
+      char **dst = !strcmp(key, "name") ? &d->name : &d->config;
+      free(*dst);
+      *dst = copy;
+    }
+    if (!d->name || !d->config)
+      return spn_error_set(err, SPN_ECONFIG, "%s: [[pipeline]] needs name = \"...\" and config = \"file.toml\"",
+                           d->where);
+  }
+  return SPN_OK;
+}
+
 int32_t spn_server_config_load(spn_server_config_t *c, const char *path, spn_error_t *err) {
   spn_toml_doc_t *doc = NULL;
   int32_t rc = spn_toml_parse_file(path, &doc, err);
@@ -159,6 +225,10 @@ int32_t spn_server_config_load(spn_server_config_t *c, const char *path, spn_err
     spn_toml_pos_t kp;
     const char *sec = spn_toml_table_key_at(root, i, &kp);
     const spn_toml_node_t *t = spn_toml_table_value_at(root, i);
+    if (!strcmp(sec, "pipeline")) {
+      rc = add_pipeline_defs(c, path, t, err);
+      continue;
+    }
     bool known = false;
     for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
       known |= !strcmp(keys[k].section, sec);

@@ -178,6 +178,29 @@ void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
                       const volatile int *cancel_flag, spn_exec_progress_cb progress, void *user,
                       spn_exec_result_t *res);
 
+/* ---- the pipeline runner (runner-pipeline.c) ---- */
+
+/* A pipeline the server or a worker loads at start-up ([[pipeline]] of the
+ * server config). */
+typedef struct spn_pipeline_def {
+  char *name;   /* the name jobs use; NULL: the config's [pipeline] name */
+  char *config; /* pipeline TOML, resolved against the server config's folder */
+  char where[256]; /* "file:line:col" of the [[pipeline]] table, for messages */
+} spn_pipeline_def_t;
+
+/* struct spn_runtime is declared in spindle/runtime.h. */
+typedef struct spn_runtime spn_runtime_t;
+
+/* Load every def into `rt` (borrowed; must outlive the runner): stage
+ * instances created and models preloaded before this returns. Jobs for
+ * other pipelines go to `fallback` (copied; may be NULL). A pipeline that
+ * fails to load fails the whole call with its file:line:col message.
+ * Ownership: caller owns *out (spn_pipeline_runner_free, before the
+ * runtime). Thread: any; run is called on worker threads. */
+int32_t spn_pipeline_runner_new(spn_runtime_t *rt, const spn_pipeline_def_t *defs, size_t n,
+                                const spn_job_runner_t *fallback, spn_job_runner_t *out, spn_error_t *err);
+void spn_pipeline_runner_free(spn_job_runner_t *runner);
+
 /* ---- server ---- */
 
 typedef struct spn_server_config {
@@ -194,6 +217,9 @@ typedef struct spn_server_config {
   spn_roots_t input_roots, output_roots;
   char **pipelines;      /* pipelines that must be available before ready */
   size_t n_pipelines;
+  spn_pipeline_def_t *pipeline_defs; /* [[pipeline]]: loaded at start-up */
+  size_t n_pipeline_defs;
+  char *devices;         /* runtime devices ("auto", "cpu", "cpu:4", "cuda:0") */
   /* CURVE: when curve_secret is set the gateway is a CURVE server and only
    * clients whose public key is a file in curve_clients_dir get in. */
   char *curve_secret;    /* Z85, 40 chars */

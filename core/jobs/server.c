@@ -605,6 +605,22 @@ static void on_submit(spn_server_t *s, spn_pmsg_t *m) {
       goto out;
     }
   }
+  /* A runner that can check a job (the pipeline runner: its inputs,
+   * outputs and params against the pipeline's per-job keys) refuses a job
+   * that could never run now, rather than after max_attempts retries. */
+  if (s->runner->check) {
+    spn_job_spec_t js;
+    if ((rc = spn__job_spec_from_json(spec, 0, 1, &js, &err)) < 0)
+      goto out;
+    rc = s->runner->check(s->runner->data, &js, &err);
+    spn__job_spec_free(&js);
+    if (rc < 0) {
+      spn_error_prefix(&err, "SUBMIT");
+      if (rc != SPN_ENOMEM)
+        rc = SPN_EINVAL;
+      goto out;
+    }
+  }
   spec_js = cJSON_PrintUnformatted(spec);
   if (!spec_js) {
     rc = spn_error_set(&err, SPN_ENOMEM, "out of memory");

@@ -50,6 +50,12 @@ static void h_log(spn_stage_t *s, uint64_t job_id, int32_t level, const char *fm
 }
 
 static void h_progress(spn_stage_t *s, uint64_t job_id, int64_t done, int64_t total) {
+  /* on_progress reports units finished at the pipeline's sinks (runtime.h).
+   * A source or middle stage runs ahead of the sinks by the edges' credit,
+   * so forwarding its counts made progress jump ahead and back (a source
+   * reported 60/60 while the sink had 5). Only terminal stages report. */
+  if (!s->srt->terminal)
+    return;
   spn_job_t *job = spn__pipeline_find_job(s->pipe, job_id);
   if (!job)
     return;

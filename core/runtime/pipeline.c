@@ -451,6 +451,39 @@ void spn_pipeline_free(spn_pipeline_t **pp) {
 
 const char *spn_pipeline_name(const spn_pipeline_t *pipe) { return pipe->spec->name ? pipe->spec->name : ""; }
 
+size_t spn_pipeline_binding_count(const spn_pipeline_t *pipe, spn_binding_kind_t kind) {
+  size_t n = 0;
+  for (size_t i = 0; i < pipe->spec->n_bindings; i++)
+    n += pipe->spec->bindings[i].kind == (int32_t)kind;
+  return n;
+}
+
+const char *spn_pipeline_binding_at(const spn_pipeline_t *pipe, spn_binding_kind_t kind, size_t i,
+                                    const char **target) {
+  for (size_t k = 0; k < pipe->spec->n_bindings; k++) {
+    const spn__binding_t *b = &pipe->spec->bindings[k];
+    if (b->kind != (int32_t)kind || i--)
+      continue;
+    if (target)
+      *target = b->target;
+    return b->name;
+  }
+  return NULL;
+}
+
+int32_t spn_pipeline_check_job(const spn_pipeline_t *pipe, const spn_job_params_t *params, spn_error_t *err) {
+  size_t n_ov = params ? params->n_overrides : 0;
+  if (!n_ov)
+    return SPN_OK;
+  /* Stage 0's copy checks every override (spn__spec_job_config checks them
+   * all, whichever stage they are for). */
+  void *cfg = NULL;
+  int32_t rc = spn__spec_job_config(pipe->spec, 0, params->overrides, n_ov, &cfg, err);
+  if (rc == SPN_OK)
+    spn__config_free(pipe->spec->stages[0].kind, &cfg);
+  return rc;
+}
+
 spn_job_t *spn__pipeline_find_job(spn_pipeline_t *pipe, uint64_t id) {
   pthread_mutex_lock(&pipe->mu);
   spn_job_t *j = pipe->live;

@@ -83,6 +83,15 @@ typedef struct spn__stage_spec {
   char where[256];            /* "file:line:col" of this [[stage]] table, for messages */
 } spn__stage_spec_t;
 
+/* A job-side name bound to a per-job stage key: [pipeline.inputs],
+ * [pipeline.outputs] and [pipeline.params] of a pipeline config. */
+typedef struct spn__binding {
+  int32_t kind;               /* spn_binding_kind_t */
+  char *name;                 /* the name a job uses ("video") */
+  char *target;               /* "stage.key" of an SPN_CONFIG_PER_JOB key */
+  char where[256];            /* "file:line:col" of the binding's value */
+} spn__binding_t;
+
 typedef struct spn__pipeline_spec {
   char *name;
   char *file;                 /* the config's path (or name given for a string) */
@@ -92,6 +101,8 @@ typedef struct spn__pipeline_spec {
   size_t n_edges;
   char **plugin_paths;        /* [plugins] path = [...] from the config */
   size_t n_plugin_paths;
+  spn__binding_t *bindings;   /* [pipeline.inputs/outputs/params], validated */
+  size_t n_bindings;
 } spn__pipeline_spec_t;
 
 /* Build and validate a spec from a parsed document. overrides are

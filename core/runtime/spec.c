@@ -73,6 +73,82 @@ static spn__stage_spec_t *find_stage(const spn__pipeline_spec_t *spec, const cha
 
 /* ---- [pipeline] and [plugins] ------------------------------------------ */
 
+/* [pipeline.inputs] / [pipeline.outputs] / [pipeline.params]: name = "stage.key".
+ * Only the shape is read here; check_bindings() checks the targets once every
+ * stage is known. */
+static int32_t read_bindings(build_t *b, int32_t kind, const char *table, const spn_toml_node_t *t,
+                             spn_error_t *err) {
+  char where[WHERE_MAX];
+  if (spn_toml_node_type(t) != SPN_TOML_TABLE) {
+    where_node(t, where, sizeof where);
+    return spn_error_set(err, SPN_ETYPE, "%s: [pipeline.%s] must be a table of name = \"stage.key\"", where, table);
+  }
+  for (size_t i = 0; i < spn_toml_table_len(t); i++) {
+    spn_toml_pos_t kp;
+    const char *name = spn_toml_table_key_at(t, i, &kp);
+    const spn_toml_node_t *v = spn_toml_table_value_at(t, i);
+    if (spn_toml_node_type(v) != SPN_TOML_STRING || !strchr(spn_toml_string(v, NULL), '.')) {
+      where_node(v, where, sizeof where);
+      return spn_error_set(err, SPN_ETYPE, "%s: [pipeline.%s] %s must be a string \"stage.key\"", where, table, name);
+    }
+    if (!*name || strlen(name) > 128) {
+      where_key(b, kp, where, sizeof where);
+      return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.%s]: names are 1-128 bytes", where, table);
+    }
+    spn__binding_t *nb = realloc(b->spec->bindings, (b->spec->n_bindings + 1) * sizeof *nb);
+    if (!nb)
+      return spn_error_set(err, SPN_ENOMEM, "out of memory");
+    b->spec->bindings = nb;
+    spn__binding_t *bd = &nb[b->spec->n_bindings];
+    *bd = (spn__binding_t){.kind = kind, .name = strdup(name), .target = strdup(spn_toml_string(v, NULL))};
+    b->spec->n_bindings++;
+    if (!bd->name || !bd->target)
+      return spn_error_set(err, SPN_ENOMEM, "out of memory");
+    where_node(v, bd->where, sizeof bd->where);
+  }
+  return SPN_OK;
+}
+
+/* Every binding names an existing stage and one of its per-job keys; inputs
+ * and outputs bind string or path keys (they receive file paths). */
+static int32_t check_bindings(const spn__pipeline_spec_t *spec, spn_error_t *err) {
+  static const char *const tables[] = {"inputs", "outputs", "params"};
+  for (size_t i = 0; i < spec->n_bindings; i++) {
+    const spn__binding_t *bd = &spec->bindings[i];
+    const char *table = tables[bd->kind];
+    char stage[128], key[128];
+    const char *dot = strchr(bd->target, '.');
+    size_t sl = (size_t)(dot - bd->target);
+    if (sl == 0 || sl >= sizeof stage || !dot[1] || strlen(dot + 1) >= sizeof key)
+      return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.%s] %s: \"%s\" is not \"stage.key\"", bd->where, table,
+                           bd->name, bd->target);
+    memcpy(stage, bd->target, sl);
+    stage[sl] = '\0';
+    snprintf(key, sizeof key, "%s", dot + 1);
+    const spn__stage_spec_t *s = find_stage(spec, stage, NULL);
+    if (!s)
+      return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.%s] %s: pipeline \"%s\" has no stage \"%s\"", bd->where,
+                           table, bd->name, spec->name, stage);
+    const spn_config_field_t *f = spn__config_field(s->kind, key);
+    if (!f) {
+      char keys[512];
+      spn__config_key_list(s->kind, keys, sizeof keys);
+      return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.%s] %s: stage \"%s\": unknown key \"%s\" for kind \"%s\" (its keys: %s)",
+                           bd->where, table, bd->name, stage, key, s->kind->name, keys);
+    }
+    if (!(f->flags & SPN_CONFIG_PER_JOB))
+      return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.%s] %s: stage \"%s\": key \"%s\" is set per pipeline, not per job",
+                           bd->where, table, bd->name, stage, key);
+    if (bd->kind != SPN_BINDING_PARAM && f->type != SPN_CONFIG_STRING && f->type != SPN_CONFIG_PATH)
+      return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.%s] %s: stage \"%s\": key \"%s\" is not a string or path",
+                           bd->where, table, bd->name, stage, key);
+    for (size_t j = 0; j < i; j++)
+      if (spec->bindings[j].kind == bd->kind && !strcmp(spec->bindings[j].name, bd->name))
+        return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.%s] %s is bound twice", bd->where, table, bd->name);
+  }
+  return SPN_OK;
+}
+
 static int32_t read_pipeline_table(build_t *b, const spn_toml_node_t *t, spn_error_t *err) {
   char where[WHERE_MAX];
   if (spn_toml_node_type(t) != SPN_TOML_TABLE) {
@@ -91,9 +167,15 @@ static int32_t read_pipeline_table(build_t *b, const spn_toml_node_t *t, spn_err
       free(b->spec->name);
       if (!(b->spec->name = strdup(spn_toml_string(v, NULL))))
         return spn_error_set(err, SPN_ENOMEM, "out of memory");
+    } else if (!strcmp(key, "inputs") || !strcmp(key, "outputs") || !strcmp(key, "params")) {
+      int32_t kind = key[0] == 'i' ? SPN_BINDING_INPUT : key[0] == 'o' ? SPN_BINDING_OUTPUT : SPN_BINDING_PARAM;
+      int32_t rc = read_bindings(b, kind, key, v, err);
+      if (rc != SPN_OK)
+        return rc;
     } else {
       where_key(b, kp, where, sizeof where);
-      return spn_error_set(err, SPN_ECONFIG, "%s: unknown key \"%s\" in [pipeline] (known: name)", where, key);
+      return spn_error_set(err, SPN_ECONFIG,
+                           "%s: unknown key \"%s\" in [pipeline] (known: name, inputs, outputs, params)", where, key);
     }
   }
   return SPN_OK;
@@ -716,6 +798,11 @@ void spn__spec_free(spn__pipeline_spec_t **specp) {
   for (size_t i = 0; i < spec->n_plugin_paths; i++)
     free(spec->plugin_paths[i]);
   free(spec->plugin_paths);
+  for (size_t i = 0; i < spec->n_bindings; i++) {
+    free(spec->bindings[i].name);
+    free(spec->bindings[i].target);
+  }
+  free(spec->bindings);
   free(spec->name);
   free(spec->file);
   free(spec);
@@ -801,6 +888,8 @@ int32_t spn__spec_from_toml(const spn__registry_t *reg, const spn_toml_doc_t *do
   for (size_t i = 0; i < n; i++)
     if ((rc = read_stage_body(&b, i, err)) != SPN_OK)
       goto out;
+  if ((rc = check_bindings(b.spec, err)) != SPN_OK)
+    goto out;
   for (size_t i = 0; i < n_overrides; i++)
     if ((rc = apply_override(&b, overrides[i], err)) != SPN_OK)
       goto out;

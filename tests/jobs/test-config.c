@@ -42,6 +42,12 @@ static void test_shipped_config(void **state) {
   assert_non_null(getcwd(cwd, sizeof cwd));
   assert_string_equal(c.input_roots.dirs[0], cwd);
   assert_false(c.sync_full);
+  assert_string_equal(c.devices, "auto");
+  assert_int_equal(c.n_pipeline_defs, 1);
+  assert_string_equal(c.pipeline_defs[0].name, "synthetic");
+  /* relative to the server config's folder */
+  snprintf(path, sizeof path, "%s/configs/synthetic-job.toml", root);
+  assert_string_equal(c.pipeline_defs[0].config, path);
   spn_server_config_clear(&c);
 }
 
@@ -74,6 +80,15 @@ static void test_refusals(void **state) {
   assert_non_null(strstr(err.msg, ":2:16: paths.input_roots: root /no/such/dir"));
   assert_int_equal(load_str("[server\n", &err), SPN_EPARSE);
   assert_int_equal(load_str("[queue]\nbackoff_base_ms = 5000\nbackoff_max_ms = 10\n", &err), SPN_ECONFIG);
+  assert_int_equal(load_str("[[pipeline]]\nname = \"a\"\nconfig = \"a.toml\"\n[[pipeline]]\nname = \"b\"\n", &err),
+                   SPN_ECONFIG);
+  assert_non_null(strstr(err.msg, ":4:1: [[pipeline]] needs name = \"...\" and config"));
+  assert_int_equal(load_str("[[pipeline]]\nname = \"a\"\nconfg = \"a.toml\"\n", &err), SPN_ECONFIG);
+  assert_non_null(strstr(err.msg, ":3:1: unknown key \"confg\" in [[pipeline]]"));
+  assert_int_equal(load_str("[[pipeline]]\nname = 3\nconfig = \"a.toml\"\n", &err), SPN_ECONFIG);
+  assert_non_null(strstr(err.msg, ":2:8: pipeline.name: expected string, got integer"));
+  assert_int_equal(load_str("[pipeline]\nname = \"a\"\n", &err), SPN_ECONFIG);
+  assert_non_null(strstr(err.msg, "must be an array of tables ([[pipeline]])"));
 }
 
 int main(void) {

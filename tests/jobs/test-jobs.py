@@ -511,6 +511,26 @@ def case_config(tmp):
     cli("submit", "copy", "--input", f"in={tmp}/a.bin", "--output", f"out={tmp}/b.bin", "--wait",
         "--connect", ep, check_rc=0)
     check(same(f"{tmp}/a.bin", f"{tmp}/b.bin"), "copy under the configured roots")
+    # configs/server.toml loads the synthetic pipeline (configs/synthetic-job.toml)
+    r = cli("submit", "synthetic", "--output", f"frames={tmp}/s.raw", "--param", "frames=5", "--wait",
+            "--connect", ep, check_rc=0)
+    check(read(f"{tmp}/s.raw") == synth_expected(int(r.stdout.split()[0]), 5), "synthetic via configs/server.toml")
+    with open(f"{tmp}/badpipe.toml", "w") as f:
+        f.write('[[pipeline]]\nname = "x"\nconfig = "nothere.toml"\n')
+    r = cli("serve", "--config", f"{tmp}/badpipe.toml", "--bind", "tcp://127.0.0.1:*", "--db", f"{tmp}/b.db",
+            check_rc=1)
+    check(b"badpipe.toml:1:1" in r.stderr and b"nothere.toml" in r.stderr, f"missing pipeline config: {r.stderr!r}")
+    # a binding to a key that is not per job: refused at start-up with its position
+    with open(f"{tmp}/bind.toml", "w") as f:
+        f.write('[pipeline]\nname = "b"\n[pipeline.params]\nwide = "source.width"\n'
+                '[[stage]]\nname = "source"\nkind = "synth"\n'
+                '[[stage]]\nname = "sink"\nkind = "filesink"\ninputs = ["source"]\n')
+    with open(f"{tmp}/bindsrv.toml", "w") as f:
+        f.write('[[pipeline]]\nname = "b"\nconfig = "bind.toml"\n')
+    r = cli("serve", "--config", f"{tmp}/bindsrv.toml", "--bind", "tcp://127.0.0.1:*", "--db", f"{tmp}/b.db",
+            check_rc=1)
+    check(b"bind.toml:4:8: [pipeline.params] wide: stage \"source\": key \"width\" is set per pipeline" in r.stderr,
+          f"bad binding: {r.stderr!r}")
     r = cli("serve", "--config", f"{tmp}/missing.toml", check_rc=1)
     check(b"missing.toml" in r.stderr, f"missing config: {r.stderr!r}")
 
@@ -660,6 +680,201 @@ def case_graceful_restart(tmp):
     st = status(ep2, jid)
     check(st["attempts"] == 1 and st["errors"] == [], f"a shutdown cost an attempt: {st}")
     check(same(f"{tmp}/in.bin", f"{tmp}/o.bin"), "output")
+
+
+# ------------------------------------------------- real pipelines (runtime)
+
+SRC = os.path.abspath(os.environ.get("SPINDLE_SOURCE_ROOT", "."))
+SYN_W, SYN_H, SYN_C = 64, 48, 3  # configs/synthetic-job.toml
+
+
+def synth_expected(job_id, frames, w=SYN_W, h=SYN_H, c=SYN_C):
+    """The bytes `filesink` must write for a job: every frame of the synth
+    pattern (stages/util/pattern.h), computed here independently."""
+    import numpy as np
+    y, x, ch = np.meshgrid(np.arange(h, dtype=np.uint64), np.arange(w, dtype=np.uint64),
+                           np.arange(c, dtype=np.uint64), indexing="ij")
+    base = y * np.uint64(3) + x + ch * np.uint64(85)
+    out = []
+    for seq in range(frames):
+        v = base + np.uint64(job_id * 131 + seq * 7)
+        out.append(((v ^ (v >> np.uint64(8))) & np.uint64(0xFF)).astype(np.uint8).tobytes())
+    return b"".join(out)
+
+
+def pipeline_config(tmp):
+    """A server config with the repository's synthetic pipeline, a slow one
+    (20 ms of CPU per frame) and one whose sink checks a per-job count."""
+    with open(f"{tmp}/slow.toml", "w") as f:
+        f.write('[pipeline]\nname = "slow"\n[pipeline.outputs]\nframes = "sink.path"\n'
+                '[pipeline.params]\nframes = "source.frames"\n'
+                '[[stage]]\nname = "source"\nkind = "synth"\nframes = 100\nwidth = 64\nheight = 48\n'
+                '[[stage]]\nname = "work"\nkind = "cost"\ninputs = ["source"]\nus = 20000\n'
+                '[[stage]]\nname = "sink"\nkind = "filesink"\ninputs = ["work"]\n')
+    with open(f"{tmp}/checked.toml", "w") as f:
+        f.write('[pipeline]\nname = "checked"\n[pipeline.params]\nframes = "source.frames"\n'
+                'expect = "sink.expect_frames"\n'
+                '[[stage]]\nname = "source"\nkind = "synth"\nframes = 10\nwidth = 8\nheight = 8\n'
+                '[[stage]]\nname = "sink"\nkind = "check"\ninputs = ["source"]\nexpect_frames = 10\n'
+                'verify_pattern = true\n')
+    with open(f"{tmp}/srv.toml", "w") as f:
+        f.write('[server]\ndevices = "cpu"\n'
+                f'[[pipeline]]\nname = "synthetic"\nconfig = "{SRC}/configs/synthetic-job.toml"\n'
+                '[[pipeline]]\nname = "slow"\nconfig = "slow.toml"\n'
+                '[[pipeline]]\nname = "checked"\nconfig = "checked.toml"\n')
+    return f"{tmp}/srv.toml"
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def case_pipeline(tmp):
+    cfg = pipeline_config(tmp)
+    p, ep = start_serve(tmp, "--config", cfg, "--workers", "2", "--max-attempts", "1")
+    os.mkdir(f"{tmp}/out")
+    # submit → wait → result file, through the real runtime
+    r = cli("submit", "synthetic", "--output", f"frames={tmp}/out/a.raw", "--param", "frames=37", "--wait",
+            "--connect", ep, check_rc=0)
+    jid = int(r.stdout.split()[0])
+    check(read(f"{tmp}/out/a.raw") == synth_expected(jid, 37), "output bytes differ from the synth pattern")
+    st = status(ep, jid)
+    check(st["state"] == "succeeded" and st["done"] == st["total"] == 37, f"progress recorded: {st}")
+    check(b"37/37 frames" in r.stderr and b" fps" in r.stderr, f"submit --wait: {r.stderr!r}")
+    # the pipeline's default frame count when the job sets none
+    r = cli("submit", "synthetic", "--output", f"frames={tmp}/out/d.raw", "--wait", "--connect", ep, check_rc=0)
+    check(read(f"{tmp}/out/d.raw") == synth_expected(int(r.stdout.split()[0]), 120), "default frame count")
+    # progress events while it runs: 100 frames at 20 ms (2 s; plain lines
+    # come at most once a second), done/total and fps
+    r = cli("submit", "slow", "--output", f"frames={tmp}/out/s.raw", "--param", "frames=100", "--wait",
+            "--connect", ep, check_rc=0)
+    import re
+    prog = [(int(a), int(b), float(c)) for a, b, c in
+            re.findall(rb"running (\d+)/(\d+) frames ([0-9.]+) fps", r.stderr)]
+    check(len(prog) >= 2 and all(t == 100 for _, t, _ in prog), f"progress lines: {r.stderr!r}")
+    check(any(d < 100 for d, _, _ in prog) and prog[-1][0] == 100, f"progress during the run: {prog}")
+    check(all(x[0] <= y[0] for x, y in zip(prog, prog[1:])), f"progress went back: {prog}")
+    check(0 < prog[-1][2] <= 60, f"fps of a 20 ms/frame pipeline (at most 50): {prog}")
+    check(len(read(f"{tmp}/out/s.raw")) == 100 * SYN_W * SYN_H * SYN_C, "slow pipeline output size")
+    # bad per-job params are refused with a message naming what is wrong
+    bad = [(["--param", "frames=lots"], b'key "frames" must be an integer'),
+           (["--param", "source.nope=1"], b'unknown key "nope"'),
+           (["--param", "source.width=8"], b'"width" is set per pipeline, not per job'),
+           (["--param", "speed=2"], b'has no param "speed"'),
+           (["--param", "frames=-3"], b"frames"),
+           ([], b'needs output "frames"')]
+    for args, msg in bad:
+        outs = ["--output", f"frames={tmp}/out/bad.raw"] if args else []
+        r = cli("submit", "synthetic", *outs, *args, "--connect", ep, check_rc=5)
+        check(msg in r.stderr and b"invalid" in r.stderr, f"{args}: {r.stderr!r}")
+    r = cli("submit", "synthetic", "--output", f"video={tmp}/out/bad.raw", "--connect", ep, check_rc=5)
+    check(b'has no output "video" (its outputs: frames)' in r.stderr, f"unknown output: {r.stderr!r}")
+    check(not os.path.exists(f"{tmp}/out/bad.raw"), "a refused job wrote")
+    # a job that fails in the runtime: the message names the stage and job
+    r = cli("submit", "checked", "--param", "frames=5", "--param", "expect=6", "--wait", "--connect", ep,
+            check_rc=1)
+    jid = int(r.stdout.split()[0])
+    st = status(ep, jid)
+    check(st["state"] == "failed" and st["attempts"] == 1, f"failed job: {st}")
+    err = st["errors"][0]["error"]
+    check('stage "sink"' in err and f"job {jid}" in err and '"checked"' in err and "expected 6" in err,
+          f"runtime failure: {err}")
+    # the server stays up and runs the next job
+    r = cli("submit", "synthetic", "--output", f"frames={tmp}/out/b.raw", "--param", "frames=3", "--wait",
+            "--connect", ep, check_rc=0)
+    check(read(f"{tmp}/out/b.raw") == synth_expected(int(r.stdout.split()[0]), 3), "job after the failures")
+    r = cli("submit", "checked", "--param", "frames=4", "--param", "expect=4", "--wait", "--connect", ep,
+            check_rc=0)
+    check(stray_files(f"{tmp}/out") == [], f"temporary files left: {stray_files(f'{tmp}/out')}")
+    check(p.poll() is None, "gateway died")
+
+
+def case_pipeline_cancel(tmp):
+    cfg = pipeline_config(tmp)
+    p, ep = start_serve(tmp, "--config", cfg, "--workers", "1")
+    os.mkdir(f"{tmp}/out")
+    r = cli("submit", "slow", "--output", f"frames={tmp}/out/c.raw", "--param", "frames=400",
+            "--connect", ep, check_rc=0)
+    jid = int(r.stdout.split()[0])
+    wait_for(lambda: status(ep, jid)["done"] >= 5, 20, "the job to make progress")
+    t0 = time.monotonic()
+    cli("cancel", str(jid), "--connect", ep, check_rc=0)
+    w = cli("watch", str(jid), "--connect", ep, check_rc=3)
+    check(time.monotonic() - t0 < 5, "cancel took too long")
+    check(b"cancelled" in w.stdout, f"watch after cancel: {w.stdout!r}")
+    st = status(ep, jid)
+    check(st["done"] < 400, f"cancel did not stop the job early: {st['done']}/400")
+    check(os.listdir(f"{tmp}/out") == [], f"cancelled job left files: {os.listdir(f'{tmp}/out')}")
+    # the same worker runs the next job
+    r = cli("submit", "synthetic", "--output", f"frames={tmp}/out/n.raw", "--param", "frames=4", "--wait",
+            "--connect", ep, check_rc=0)
+    check(read(f"{tmp}/out/n.raw") == synth_expected(int(r.stdout.split()[0]), 4), "job after the cancel")
+
+
+def case_pipeline_hundred(tmp):
+    cfg = pipeline_config(tmp)
+    p, ep = start_serve(tmp, "--config", cfg, "--workers", "2")
+    os.mkdir(f"{tmp}/out")
+    n = 100
+    ctx = zmq.Context()
+    c = Raw(ctx, ep)
+    for i in range(n):
+        c.req("SUBMIT", {"req": i + 1, "pipeline": "synthetic", "outputs": {"frames": f"{tmp}/out/{i}.raw"},
+                         "params": {"frames": i % 7 + 1}})
+    ids = {}
+    while len(ids) < n:
+        m = c.recv(20000)
+        check(m is not None, f"only {len(ids)} of {n} submissions acknowledged")
+        check(m[0] == "SUBMITTED", f"submit refused: {m}")
+        ids[m[1]["req"] - 1] = m[1]["id"]
+
+    def all_done():
+        c.req("LIST", {"req": 10**6, "limit": 1000})
+        while True:
+            m = c.recv(5000)
+            check(m is not None, "LIST unanswered")
+            if m[1].get("req") == 10**6:
+                states = [j["state"] for j in m[1]["jobs"]]
+                check(all(s in ("queued", "running", "succeeded") for s in states), f"states {states}")
+                return states.count("succeeded") == n
+    wait_for(all_done, 120, f"{n} jobs to succeed")
+    for i in range(n):
+        check(read(f"{tmp}/out/{i}.raw") == synth_expected(ids[i], i % 7 + 1), f"output {i} differs")
+    check(stray_files(f"{tmp}/out") == [], "temporary files left")
+    c.close()
+    ctx.term()
+
+
+def case_pipeline_worker_kill(tmp):
+    cfg = pipeline_config(tmp)
+    p, ep = start_serve(tmp, "--config", cfg, "--workers", "0", "--heartbeat-ms", "200", "--lease-ms", "2000",
+                        "--backoff-ms", "50")
+    ws = {name: start_worker(tmp, ep, "--config", cfg, "--heartbeat-ms", "200", name=name)
+          for name in ("wa", "wb")}
+    os.mkdir(f"{tmp}/out")
+    # a remote worker runs a real pipeline on its own runtime
+    r = cli("submit", "synthetic", "--output", f"frames={tmp}/out/ref.raw", "--param", "frames=9", "--wait",
+            "--connect", ep, check_rc=0)
+    check(read(f"{tmp}/out/ref.raw") == synth_expected(int(r.stdout.split()[0]), 9), "remote worker output")
+    # 150 frames at 20 ms: 3 s of work, killed after 20 frames
+    r = cli("submit", "slow", "--output", f"frames={tmp}/out/victim.raw", "--param", "frames=150",
+            "--connect", ep, check_rc=0)
+    jid = int(r.stdout.split()[0])
+    st = wait_for(lambda: (lambda s: s if s["state"] == "running" and s["done"] >= 20 else None)(status(ep, jid)),
+                  30, "the job to run on a worker")
+    owner = st["worker"].split(":", 1)[1]
+    check(owner in ws, f"unexpected owner {st['worker']}")
+    ws[owner].send_signal(signal.SIGKILL)
+    ws[owner].wait()
+    cli("watch", str(jid), "--connect", ep, timeout=60, check_rc=0)
+    st = status(ep, jid)
+    check(st["attempts"] == 2 and "lost" in st["errors"][0]["error"], f"job should have run twice: {st}")
+    check(read(f"{tmp}/out/victim.raw") == synth_expected(jid, 150), "output differs from the undisturbed bytes")
+    check(sorted(os.listdir(f"{tmp}/out")) == ["ref.raw", "victim.raw"],
+          f"exactly one output expected: {os.listdir(f'{tmp}/out')}")
+    other = [n for n in ws if n != owner][0]
+    check(ws[other].poll() is None, "the surviving worker exited")
 
 
 CASE_OK = {}

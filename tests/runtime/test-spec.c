@@ -422,6 +422,38 @@ static void empty_pipeline_is_refused(void **state) {
                NULL);
 }
 
+/* [pipeline.inputs/outputs/params]: read, and every target checked. */
+static void job_bindings(void **state) {
+  spn__pipeline_spec_t *spec = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(build(*state, "conf/pipe.toml",
+                         "[pipeline.inputs]\nvideo = \"s.input\"\n[pipeline.params]\nn = \"s.frames\"\n" SRC, NULL, 0,
+                         &spec, &err),
+                   SPN_OK);
+  assert_int_equal(spec->n_bindings, 2);
+  assert_int_equal(spec->bindings[0].kind, SPN_BINDING_INPUT);
+  assert_string_equal(spec->bindings[0].name, "video");
+  assert_string_equal(spec->bindings[0].target, "s.input");
+  assert_string_equal(spec->bindings[0].where, "conf/pipe.toml:2:9");
+  assert_int_equal(spec->bindings[1].kind, SPN_BINDING_PARAM);
+  assert_string_equal(spec->bindings[1].target, "s.frames");
+  spn__spec_free(&spec);
+  /* line 2 is the binding, SRC follows on lines 3-6 */
+  expect_error(*state, "[pipeline.outputs]\nv = \"nope.input\"\n" SRC, NULL, 0, SPN_ECONFIG, "conf/pipe.toml:2:5",
+               "[pipeline.outputs] v", "has no stage \"nope\"");
+  expect_error(*state, "[pipeline.params]\nv = \"s.fps\"\n" SRC, NULL, 0, SPN_ECONFIG, "conf/pipe.toml:2:5",
+               "key \"fps\" is set per pipeline, not per job", NULL);
+  expect_error(*state, "[pipeline.inputs]\nv = \"s.frames\"\n" SRC, NULL, 0, SPN_ECONFIG, "conf/pipe.toml:2:5",
+               "key \"frames\" is not a string or path", NULL);
+  expect_error(*state, "[pipeline.params]\nv = \"s.nope\"\n" SRC, NULL, 0, SPN_ECONFIG, "conf/pipe.toml:2:5",
+               "unknown key \"nope\" for kind \"src\"", NULL);
+  expect_error(*state, "[pipeline.params]\nv = \"frames\"\n" SRC, NULL, 0, SPN_ETYPE, "conf/pipe.toml:2:5",
+               "must be a string \"stage.key\"", NULL);
+  expect_error(*state, "[pipeline.params]\nv = 3\n" SRC, NULL, 0, SPN_ETYPE, "conf/pipe.toml:2:5", NULL, NULL);
+  expect_error(*state, "[pipeline]\ninputs = 3\n" SRC, NULL, 0, SPN_ETYPE, "conf/pipe.toml:2:10",
+               "[pipeline.inputs] must be a table", NULL);
+}
+
 static void job_configs(void **state) {
   spn__pipeline_spec_t *spec = NULL;
   spn_error_t err = SPN_ERROR_INIT;
@@ -492,6 +524,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(plugin_paths_resolve_against_the_config, setup, teardown),
       cmocka_unit_test_setup_teardown(empty_pipeline_is_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(job_configs, setup, teardown),
+      cmocka_unit_test_setup_teardown(job_bindings, setup, teardown),
       cmocka_unit_test_setup_teardown(two_specs_share_nothing, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

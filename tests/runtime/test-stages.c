@@ -6,9 +6,11 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "spec-internal.h"
@@ -203,8 +205,8 @@ static int setup(void **state) {
   const char *example = getenv("SPINDLE_EXAMPLE_PLUGIN");
   if (!dir || !example)
     return -1;
-  const char *names[] = {"synth", "passthrough", "tee", "check", "cost"};
-  for (size_t i = 0; i < 5; i++) {
+  const char *names[] = {"synth", "passthrough", "tee", "check", "cost", "filesink"};
+  for (size_t i = 0; i < 6; i++) {
     char path[1024];
     snprintf(path, sizeof path, "%s/libspindle-%s.so", dir, names[i]);
     spn_error_t err = SPN_ERROR_INIT;
@@ -435,6 +437,91 @@ static void check_case(fixture_t *f, const char *const *sets, size_t n_sets, int
   spn__spec_free(&b.spec);
 }
 
+/* ---- filesink -------------------------------------------------------------- */
+
+static char *read_all(const char *path, size_t *len) {
+  FILE *fp = fopen(path, "rb");
+  if (!fp)
+    return NULL;
+  char *d = malloc(1 << 16);
+  *len = fread(d, 1, 1 << 16, fp);
+  fclose(fp);
+  return d;
+}
+
+/* Feed n synth frames in `order` to a filesink writing to dir/out.raw;
+ * returns its failure count. */
+static int filesink_case(fixture_t *f, const char *dir, int n, const int *order, size_t n_order, bool ok_close,
+                         char *expect, size_t *expect_len) {
+  char set[600];
+  snprintf(set, sizeof set, "x.path=\"%s/out.raw\"", dir);
+  const char *sets[] = {set};
+  built_t b = build_stage(f, "filesink", sets, 1);
+  spn_stage_t src = {0};
+  make_frames(f, &src, 5, n);
+  sink_run_t r;
+  sink_open(&r, b.x, 5);
+  *expect_len = 0;
+  for (size_t i = 0; i < n_order; i++) {
+    spn_msg_t *m = src.out[order[i]];
+    size_t nb = spn_tensor_nbytes(&m->items[0].t);
+    memcpy(expect + *expect_len, m->items[0].buf->data, nb);
+    *expect_len += nb;
+    sink_feed(&r, m);
+    src.out[order[i]] = NULL;
+  }
+  assert_int_equal(r.stage.progress_done, r.stage.fails ? r.stage.progress_done : (int64_t)n_order);
+  sink_flush(&r);
+  int fails = r.stage.fails;
+  if (fails)
+    assert_non_null(strstr(r.stage.fail_msg, "out.raw"));
+  if (r.x->kind->job_close)
+    r.x->kind->job_close(&r.stage, r.st, r.js, ok_close && fails == 0);
+  stage_reset(&r.stage);
+  stage_reset(&src);
+  spn__spec_free(&b.spec);
+  return fails;
+}
+
+static void filesink_writes_frames_in_order_and_removes_failures(void **state) {
+  char dir[] = "/tmp/spn-filesink-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char path[600], expect[1 << 16];
+  snprintf(path, sizeof path, "%s/out.raw", dir);
+  size_t elen = 0, len = 0;
+  const int in_order[] = {0, 1, 2, 3};
+  assert_int_equal(filesink_case(*state, dir, 4, in_order, 4, true, expect, &elen), 0);
+  char *got = read_all(path, &len);
+  assert_non_null(got);
+  assert_int_equal(len, 4 * 8 * 2 * 3);
+  assert_int_equal(len, elen);
+  assert_memory_equal(got, expect, len);
+  free(got);
+  /* a gap fails the job (naming the file) and leaves no file */
+  const int gap[] = {0, 2};
+  assert_int_equal(filesink_case(*state, dir, 4, gap, 2, true, expect, &elen), 1);
+  assert_null(read_all(path, &len));
+  /* a job the host ends as failed or cancelled leaves no file either */
+  assert_int_equal(filesink_case(*state, dir, 4, in_order, 4, false, expect, &elen), 0);
+  assert_null(read_all(path, &len));
+  /* without a path nothing is written and the job succeeds */
+  built_t b = build_stage(*state, "filesink", NULL, 0);
+  spn_stage_t src = {0};
+  make_frames(*state, &src, 5, 2);
+  sink_run_t r;
+  sink_open(&r, b.x, 5);
+  for (size_t i = 0; i < src.n_out; i++) {
+    sink_feed(&r, src.out[i]);
+    src.out[i] = NULL;
+  }
+  sink_flush(&r);
+  assert_int_equal(r.stage.fails, 0);
+  sink_close(&r);
+  src.n_out = 0;
+  spn__spec_free(&b.spec);
+  assert_int_equal(rmdir(dir), 0); /* empty: nothing else was left */
+}
+
 static void flip_a_byte(spn_msg_t *m) { m->items[0].buf->data[7] ^= 1; }
 static void add_skip(spn_msg_t *m) { m->env.flags |= SPN_MSG_SKIP; }
 
@@ -603,6 +690,7 @@ int main(void) {
       cmocka_unit_test(check_accepts_a_good_stream),
       cmocka_unit_test(check_catches_every_violation),
       cmocka_unit_test(check_eos_as_a_message),
+      cmocka_unit_test(filesink_writes_frames_in_order_and_removes_failures),
       cmocka_unit_test(passthrough_forwards_the_same_message),
       cmocka_unit_test(tee_sends_to_both_ports_sharing_buffers),
       cmocka_unit_test(cost_burns_at_least_what_it_is_told),

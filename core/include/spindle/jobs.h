@@ -97,6 +97,11 @@ typedef struct spn_job_runner {
   void *data;
   int32_t (*run)(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ctx, spn_error_t *err);
   bool (*has_pipeline)(void *data, const char *name);
+  /* Optional: whether the job could run (its inputs, outputs and params fit
+   * the pipeline), checked by the gateway at submit so a job that never
+   * could is refused at once instead of failing every attempt. Called on
+   * the gateway's loop thread; must not block. NULL: no check. */
+  int32_t (*check)(void *data, const spn_job_spec_t *job, spn_error_t *err);
 } spn_job_runner_t;
 
 /* The built-in test runner. Pipelines:

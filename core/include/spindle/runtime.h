@@ -25,6 +25,7 @@ extern "C" {
 typedef struct spn_runtime spn_runtime_t;
 typedef struct spn_pipeline spn_pipeline_t;
 typedef struct spn_job spn_job_t;
+typedef struct spn_job_params spn_job_params_t;
 
 typedef enum spn_log_format {
   SPN_LOG_FORMAT_AUTO = 0, /* text on a TTY, JSON otherwise */
@@ -92,6 +93,30 @@ SPN_API int32_t spn_pipeline_load_string(spn_runtime_t *rt, const char *toml, si
 /* Validate only (no instances, no models): for `spindle validate`. */
 SPN_API int32_t spn_pipeline_validate(spn_runtime_t *rt, const char *path, const char *const *overrides,
                                       size_t n_overrides, spn_error_t *err);
+/* Job bindings: the names a job uses for its files and params, each bound
+ * to a per-job stage key by the pipeline config:
+ *   [pipeline.inputs]  video = "decode.path"
+ *   [pipeline.outputs] video = "encode.path"
+ *   [pipeline.params]  frames = "source.frames"
+ * They are validated at load (the stage exists, the key is
+ * SPN_CONFIG_PER_JOB; inputs and outputs bind string or path keys). */
+typedef enum spn_binding_kind {
+  SPN_BINDING_INPUT = 0,
+  SPN_BINDING_OUTPUT = 1,
+  SPN_BINDING_PARAM = 2,
+} spn_binding_kind_t;
+
+/* Number of bindings of that kind. Thread: any. */
+SPN_API size_t spn_pipeline_binding_count(const spn_pipeline_t *pipe, spn_binding_kind_t kind);
+/* The i-th binding of that kind: returns its name and sets *target to
+ * "stage.key"; NULL when i is out of range. Ownership: borrowed from pipe. */
+SPN_API const char *spn_pipeline_binding_at(const spn_pipeline_t *pipe, spn_binding_kind_t kind, size_t i,
+                                            const char **target);
+/* Check a job's overrides as spn_job_start would (unknown stage or key, a
+ * key that is not per job, a wrong type or range) without starting it.
+ * Thread: any. */
+SPN_API int32_t spn_pipeline_check_job(const spn_pipeline_t *pipe, const spn_job_params_t *params,
+                                       spn_error_t *err);
 /* Waits for the pipeline's jobs to end (cancelling them) and frees it.
  * Thread: any but the runtime's own (not from on_done or a stage). */
 SPN_API void spn_pipeline_free(spn_pipeline_t **pipe);
@@ -126,7 +151,7 @@ typedef struct spn_job_callbacks {
   void (*on_done)(void *data, uint64_t job_id, int32_t status, const char *msg);
 } spn_job_callbacks_t;
 
-typedef struct spn_job_params {
+struct spn_job_params {
   uint32_t struct_size;
   uint64_t job_id;              /* 0 = assigned by the runtime */
   int32_t priority;             /* higher first */
@@ -134,7 +159,7 @@ typedef struct spn_job_params {
    * and output paths, params). Others are refused. */
   const char *const *overrides;
   size_t n_overrides;
-} spn_job_params_t;
+};
 
 #define SPN_JOB_PARAMS_INIT {.struct_size = sizeof(spn_job_params_t)}
 
