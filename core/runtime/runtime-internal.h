@@ -330,6 +330,8 @@ struct spn_runtime {
   uv_loop_t loop;
   uv_async_t async;
   uv_timer_t timer;
+  uv_timer_t health_timer;          /* polls gpu_monitor; initialised only with one */
+  spn__gpu_monitor_t *gpu_monitor; /* NULL without CUDA devices or NVML */
   pthread_t loop_thread;
   bool loop_started;
   pthread_mutex_t evmu;
