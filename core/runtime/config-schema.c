@@ -202,6 +202,8 @@ int32_t spn__override_split(const char *text, char *stage, size_t ssize, char *k
  * string holding the text as written. */
 int32_t spn__override_value(const char *value, spn_toml_doc_t **doc, const spn_toml_node_t **node,
                             spn_error_t *err) {
+  if (!value)
+    return spn_error_set(err, SPN_EINVAL, "--set: missing value");
   size_t vl = strlen(value);
   size_t cap = vl * 6 + 16;
   char *src = malloc(cap);

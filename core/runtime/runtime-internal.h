@@ -330,6 +330,8 @@ struct spn_runtime {
   uv_loop_t loop;
   uv_async_t async;
   uv_timer_t timer;
+  uv_timer_t health_timer;          /* polls gpu_monitor; initialised only with one */
+  spn__gpu_monitor_t *gpu_monitor; /* NULL without CUDA devices or NVML */
   pthread_t loop_thread;
   bool loop_started;
   pthread_mutex_t evmu;
@@ -338,6 +340,9 @@ struct spn_runtime {
   spn_job_t *running;              /* loop */
   pthread_mutex_t pmu;
   spn_pipeline_t *pipes; /* pmu */
+  /* The model engine, created on the first model load (host-model.c). */
+  pthread_mutex_t engmu;
+  struct spn_engine *engine; /* engmu */
 };
 
 /* Post an event to the loop thread (takes ownership). Thread: any. */

@@ -19,6 +19,7 @@
 
 #include "debug-internal.h"
 #include "runtime-internal.h"
+#include "spindle/engine.h"
 
 /* ---- events ------------------------------------------------------------------- */
 
@@ -235,6 +236,8 @@ static void on_async(uv_async_t *h) {
       if (stopping) {
         uv_close((uv_handle_t *)&rt->async, NULL);
         uv_close((uv_handle_t *)&rt->timer, NULL);
+        if (rt->gpu_monitor)
+          uv_close((uv_handle_t *)&rt->health_timer, NULL);
       }
       return;
     }
@@ -249,6 +252,20 @@ static void on_async(uv_async_t *h) {
     }
   }
 }
+
+#ifdef SPN_HAVE_CUDA
+/* GPU health: a device found unhealthy is marked unusable, so new work on it
+ * fails with SPN_EDEVICE (docs/gpu.md says how jobs are drained). */
+static void on_gpu_unhealthy(void *data, spn_device_t *dev, const char *why) {
+  spn_runtime_t *rt = data;
+  spn__log(rt->log, SPN_LOG_ERROR, 0, NULL, NULL, "%s: marked unusable: %s", spn_device_name(dev), why);
+}
+
+static void on_health_timer(uv_timer_t *t) {
+  spn_runtime_t *rt = t->data;
+  spn__gpu_monitor_poll(rt->gpu_monitor, on_gpu_unhealthy, rt);
+}
+#endif
 
 static void *loop_main(void *arg) {
   spn_runtime_t *rt = arg;
@@ -290,6 +307,7 @@ int32_t spn_runtime_new(const spn_runtime_opts_t *opts_in, spn_runtime_t **out, 
   atomic_init(&rt->next_pipe_id, 1);
   pthread_mutex_init(&rt->evmu, NULL);
   pthread_mutex_init(&rt->pmu, NULL);
+  pthread_mutex_init(&rt->engmu, NULL);
   if (!rt->devices_spec) {
     rc = spn_error_set(err, SPN_ENOMEM, "out of memory creating a runtime");
     goto out_rt;
@@ -300,9 +318,19 @@ int32_t spn_runtime_new(const spn_runtime_opts_t *opts_in, spn_runtime_t **out, 
     goto out_rt;
   }
   rt->host = spn__host_api();
+#ifdef SPN_HAVE_CUDA
+  const spn__backend_t *extra[] = {spn__backend_cuda()};
+  rc = spn__devices_open(rt->devices_spec, extra, 1, &rt->devices, &rt->n_devices, err);
+#else
   rc = spn__devices_open(rt->devices_spec, NULL, 0, &rt->devices, &rt->n_devices, err);
+#endif
   if (rc != SPN_OK)
     goto out_log;
+#ifdef SPN_HAVE_CUDA
+  rc = spn__gpu_monitor_new(rt->devices, rt->n_devices, &rt->gpu_monitor, err);
+  if (rc != SPN_OK)
+    goto out_devices;
+#endif
   uint32_t nh = 0;
   rc = spn__backend_cpu()->open("", &rt->host_devs, &nh, err);
   if (rc != SPN_OK)
@@ -345,10 +373,19 @@ int32_t spn_runtime_new(const spn_runtime_opts_t *opts_in, spn_runtime_t **out, 
   rt->async.data = rt;
   uv_timer_init(&rt->loop, &rt->timer);
   rt->timer.data = rt;
+#ifdef SPN_HAVE_CUDA
+  if (rt->gpu_monitor) {
+    uv_timer_init(&rt->loop, &rt->health_timer);
+    rt->health_timer.data = rt;
+    uv_timer_start(&rt->health_timer, on_health_timer, 1000, 1000);
+  }
+#endif
   if (pthread_create(&rt->loop_thread, NULL, loop_main, rt) != 0) {
     rc = spn_error_set(err, SPN_EINTERNAL, "cannot start the control loop thread");
     uv_close((uv_handle_t *)&rt->async, NULL);
     uv_close((uv_handle_t *)&rt->timer, NULL);
+    if (rt->gpu_monitor)
+      uv_close((uv_handle_t *)&rt->health_timer, NULL);
     uv_run(&rt->loop, UV_RUN_DEFAULT);
     uv_loop_close(&rt->loop);
     goto out_ex;
@@ -373,6 +410,9 @@ out_reg:
 out_host:
   spn__devices_free(&rt->host_devs, 1);
 out_devices:
+#ifdef SPN_HAVE_CUDA
+  spn__gpu_monitor_free(&rt->gpu_monitor);
+#endif
   spn__devices_free(&rt->devices, rt->n_devices);
 out_log:
   spn__logger_free(&rt->log);
@@ -382,6 +422,7 @@ out_rt:
   free(rt->plugin_paths);
   pthread_mutex_destroy(&rt->evmu);
   pthread_mutex_destroy(&rt->pmu);
+  pthread_mutex_destroy(&rt->engmu);
   free(rt->devices_spec);
   free(rt);
   return rc;
@@ -415,12 +456,19 @@ void spn_runtime_free(spn_runtime_t **rtp) {
   free(rt->pool);
   free(rt->dev_ex);
   zmq_ctx_term(rt->zctx);
+  /* After every pipeline: stages released their models in destroy. */
+  spn_engine_free(rt->engine);
+  rt->engine = NULL;
   spn__registry_free(&rt->reg);
   spn__devices_free(&rt->host_devs, 1);
+#ifdef SPN_HAVE_CUDA
+  spn__gpu_monitor_free(&rt->gpu_monitor);
+#endif
   spn__devices_free(&rt->devices, rt->n_devices);
   spn__logger_free(&rt->log);
   pthread_mutex_destroy(&rt->evmu);
   pthread_mutex_destroy(&rt->pmu);
+  pthread_mutex_destroy(&rt->engmu);
   for (size_t i = 0; i < rt->n_plugin_paths; i++)
     free(rt->plugin_paths[i]);
   free(rt->plugin_paths);

@@ -150,6 +150,34 @@ static void build_signature_mismatch_is_refused(void **state) {
   expect_refusal(*state, "badsig", SPN_EABI, "rule: build signature");
 }
 
+/* A plugin built against another CUDA major than this host's is refused,
+ * and the message names both majors; one built against the host's own major
+ * (present only in CUDA builds) loads. */
+static void other_cuda_major_is_refused(void **state) {
+  spn__registry_t *reg = *state;
+  const char *dir = getenv("SPINDLE_FAKE_CUDA_PLUGIN_DIR");
+  assert_non_null(dir);
+  char path[1024];
+  snprintf(path, sizeof path, "%s/libspindle-cudaother.so", dir);
+  spn_error_t err = SPN_ERROR_INIT;
+  int32_t rc = spn__registry_load_file(reg, NULL, path, &err);
+  if (rc != SPN_EABI)
+    fail_msg("cudaother: expected SPN_EABI, got %s: %s", spn_err_name(rc), err.msg);
+  assert_has(err.msg, "libspindle-cudaother.so");
+  assert_has(err.msg, "rule: build signature");
+  assert_has(err.msg, "CUDA ");
+  assert_int_equal(spn__registry_count(reg), 0);
+  assert_false(spn__registry_has_plugin(reg, "cudaother"));
+  snprintf(path, sizeof path, "%s/libspindle-cudasame.so", dir);
+  if (access(path, F_OK) == 0) {
+    spn_error_t e2 = SPN_ERROR_INIT;
+    rc = spn__registry_load_file(reg, NULL, path, &e2);
+    if (rc != SPN_OK)
+      fail_msg("cudasame: expected it to load, got %s: %s", spn_err_name(rc), e2.msg);
+    assert_true(spn__registry_has_plugin(reg, "cudasame"));
+  }
+}
+
 static void nonzero_reserved_is_refused(void **state) {
   expect_refusal(*state, "reserved", SPN_EABI, "rule: reserved zero");
 }
@@ -377,6 +405,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(good_plugin_registers_its_kinds, setup, teardown),
       cmocka_unit_test(fini_runs_once_when_the_registry_is_freed),
       cmocka_unit_test_setup_teardown(wrong_abi_major_is_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(other_cuda_major_is_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(newer_abi_minor_is_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(oversized_descriptor_is_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(missing_symbol_is_refused, setup, teardown),

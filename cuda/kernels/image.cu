@@ -1,0 +1,267 @@
+/* cuda/kernels/image.cu — GPU twins of core/image/image.c (see image.cuh).
+ *
+ * Every kernel maps one thread to one destination pixel and repeats the CPU
+ * reference's float arithmetic in the same order. Contraction into fused
+ * multiply-adds is prevented with the explicit-rounding intrinsics
+ * (__fmul_rn, __fadd_rn, __fsub_rn), so each intermediate is rounded exactly
+ * as the CPU rounds it; resize taps are computed in double as on the CPU. */
+#include <math.h>
+#include <stdint.h>
+
+#include "image.cuh"
+
+namespace {
+
+struct img_desc {
+  uint8_t *data[4];
+  int64_t stride[4];
+  int32_t w, h, format, nc;
+  bool u8;
+};
+
+bool is_u8_packed(int32_t f) { return f == SPN_PIXFMT_RGB24 || f == SPN_PIXFMT_BGR24 || f == SPN_PIXFMT_GRAY8; }
+bool is_float_planar(int32_t f) {
+  return f == SPN_PIXFMT_RGBF32P || f == SPN_PIXFMT_BGRF32P || f == SPN_PIXFMT_GRAYF32;
+}
+bool is_rgb_u8(int32_t f) { return f == SPN_PIXFMT_RGB24 || f == SPN_PIXFMT_BGR24; }
+
+img_desc describe(const spn_image_t *im) {
+  img_desc d;
+  for (int p = 0; p < 4; p++) {
+    d.data[p] = im->data[p];
+    d.stride[p] = im->stride[p];
+  }
+  d.w = im->width;
+  d.h = im->height;
+  d.format = im->format;
+  d.nc = (im->format == SPN_PIXFMT_GRAY8 || im->format == SPN_PIXFMT_GRAYF32) ? 1 : 3;
+  d.u8 = is_u8_packed(im->format);
+  return d;
+}
+
+int32_t check(const spn_image_t *im, const char *what, spn_error_t *err) {
+  if (!im || im->width <= 0 || im->height <= 0 || !im->data[0])
+    return spn_error_set(err, SPN_EINVAL, "cuda image: %s is empty or has no data", what);
+  return SPN_OK;
+}
+
+int32_t launched(const char *op, spn_error_t *err) {
+  cudaError_t ce = cudaGetLastError();
+  if (ce != cudaSuccess)
+    return spn_error_set(err, SPN_ECUDA, "cuda image: %s launch failed: %s (%s)", op, cudaGetErrorString(ce),
+                         cudaGetErrorName(ce));
+  return SPN_OK;
+}
+
+__device__ __forceinline__ uint8_t sat_u8(float v) {
+  if (!(v > 0.0f))
+    return 0;
+  if (v >= 254.5f)
+    return 255;
+  return (uint8_t)__fadd_rn(v, 0.5f);
+}
+
+__device__ __forceinline__ float get_px(const img_desc &im, int c, int32_t x, int32_t y) {
+  if (im.u8)
+    return (float)im.data[0][y * im.stride[0] + (int64_t)x * im.nc + c];
+  return ((const float *)(im.data[c] + y * im.stride[c]))[x];
+}
+
+__device__ __forceinline__ void put_px(const img_desc &im, int c, int32_t x, int32_t y, float v) {
+  if (im.u8)
+    im.data[0][y * im.stride[0] + (int64_t)x * im.nc + c] = sat_u8(v);
+  else
+    ((float *)(im.data[c] + y * im.stride[c]))[x] = v;
+}
+
+/* lerp as the CPU writes it: a + (b - a) * w, each step rounded. */
+__device__ __forceinline__ float lerp_rn(float a, float b, float w) {
+  return __fadd_rn(a, __fmul_rn(__fsub_rn(b, a), w));
+}
+
+struct tap {
+  int32_t i0, i1;
+  float w1;
+};
+
+__device__ __forceinline__ tap linear_tap(int32_t src_n, int32_t dst_n, int32_t d) {
+  double scale = (double)src_n / dst_n;
+  double s = __dsub_rn(__dmul_rn(d + 0.5, scale), 0.5);
+  double f = floor(s);
+  int32_t i = (int32_t)f;
+  tap t;
+  t.w1 = (float)(s - f);
+  t.i0 = i < 0 ? 0 : (i > src_n - 1 ? src_n - 1 : i);
+  t.i1 = i + 1 < 0 ? 0 : (i + 1 > src_n - 1 ? src_n - 1 : i + 1);
+  return t;
+}
+
+__global__ void resize_bilinear_kernel(img_desc src, img_desc dst) {
+  int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+  if (x >= dst.w || y >= dst.h)
+    return;
+  tap tx = linear_tap(src.w, dst.w, x), ty = linear_tap(src.h, dst.h, y);
+  for (int c = 0; c < dst.nc; c++) {
+    /* horizontal pass on the two source rows, then the vertical one */
+    float r0 = lerp_rn(get_px(src, c, tx.i0, ty.i0), get_px(src, c, tx.i1, ty.i0), tx.w1);
+    float r1 = lerp_rn(get_px(src, c, tx.i0, ty.i1), get_px(src, c, tx.i1, ty.i1), tx.w1);
+    put_px(dst, c, x, y, lerp_rn(r0, r1, ty.w1));
+  }
+}
+
+__global__ void to_float_kernel(img_desc src, img_desc dst, float m0, float m1, float m2, float s0, float s1,
+                                float s2) {
+  int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+  if (x >= dst.w || y >= dst.h)
+    return;
+  const uint8_t *p = src.data[0] + y * src.stride[0] + (int64_t)x * 3;
+  bool sbgr = src.format == SPN_PIXFMT_BGR24;
+  float rgb[3] = {(float)p[sbgr ? 2 : 0], (float)p[1], (float)p[sbgr ? 0 : 2]};
+  float m[3] = {m0, m1, m2}, s[3] = {s0, s1, s2};
+  bool dbgr = dst.format == SPN_PIXFMT_BGRF32P;
+  for (int c = 0; c < 3; c++)
+    ((float *)(dst.data[c] + y * dst.stride[c]))[x] = __fmul_rn(__fsub_rn(rgb[dbgr ? 2 - c : c], m[c]), s[c]);
+}
+
+__global__ void yuv420_to_rgb_kernel(img_desc src, img_desc dst) {
+  int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+  if (x >= dst.w || y >= dst.h)
+    return;
+  int32_t cx = x / 2, cy = y / 2;
+  float u, v;
+  if (src.format == SPN_PIXFMT_NV12) {
+    const uint8_t *c = src.data[1] + cy * src.stride[1] + (int64_t)cx * 2;
+    u = c[0];
+    v = c[1];
+  } else {
+    u = src.data[1][cy * src.stride[1] + cx];
+    v = src.data[2][cy * src.stride[2] + cx];
+  }
+  float yv = src.data[0][y * src.stride[0] + x];
+  float yy = __fmul_rn(1.164384f, __fsub_rn(yv, 16.0f)), cb = __fsub_rn(u, 128.0f), cr = __fsub_rn(v, 128.0f);
+  float r = __fadd_rn(yy, __fmul_rn(1.596027f, cr));
+  float g = __fsub_rn(__fsub_rn(yy, __fmul_rn(0.391762f, cb)), __fmul_rn(0.812968f, cr));
+  float b = __fadd_rn(yy, __fmul_rn(2.017232f, cb));
+  uint8_t *p = dst.data[0] + y * dst.stride[0] + (int64_t)x * 3;
+  bool bgr = dst.format == SPN_PIXFMT_BGR24;
+  p[bgr ? 2 : 0] = sat_u8(r);
+  p[1] = sat_u8(g);
+  p[bgr ? 0 : 2] = sat_u8(b);
+}
+
+/* One thread per source pixel of the part of src that lands inside dst. */
+__global__ void paste_kernel(img_desc dst, img_desc src, img_desc mask, bool has_mask, int32_t x0, int32_t y0,
+                             int32_t sx0, int32_t sy0, int32_t w, int32_t h, bool swap) {
+  int32_t i = blockIdx.x * blockDim.x + threadIdx.x, j = blockIdx.y * blockDim.y + threadIdx.y;
+  if (i >= w || j >= h)
+    return;
+  int32_t sx = sx0 + i, sy = sy0 + j, dx = x0 + sx, dy = y0 + sy;
+  float a = has_mask ? ((const float *)(mask.data[0] + sy * mask.stride[0]))[sx] : 1.0f;
+  a = fminf(fmaxf(a, 0.0f), 1.0f);
+  for (int c = 0; c < src.nc; c++) {
+    int dc = swap ? 2 - c : c;
+    float s = get_px(src, c, sx, sy), d = get_px(dst, dc, dx, dy);
+    put_px(dst, dc, dx, dy, __fadd_rn(__fmul_rn(a, s), __fmul_rn(__fsub_rn(1.0f, a), d)));
+  }
+}
+
+dim3 grid_for(int32_t w, int32_t h, dim3 block) {
+  return dim3((unsigned)((w + (int32_t)block.x - 1) / (int32_t)block.x),
+              (unsigned)((h + (int32_t)block.y - 1) / (int32_t)block.y));
+}
+
+const dim3 k_block(32, 8);
+
+} // namespace
+
+extern "C" int32_t spn_cuda_resize_bilinear(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream,
+                                            spn_error_t *err) {
+  int32_t rc;
+  if ((rc = check(src, "resize source", err)) || (rc = check(dst, "resize destination", err)))
+    return rc;
+  if (src->format != dst->format || !(is_u8_packed(src->format) || is_float_planar(src->format)))
+    return spn_error_set(err, SPN_EUNSUPPORTED, "cuda image: resize from %s to %s is not supported",
+                         spn_pixfmt_name(src->format), spn_pixfmt_name(dst->format));
+  resize_bilinear_kernel<<<grid_for(dst->width, dst->height, k_block), k_block, 0, stream>>>(describe(src),
+                                                                                             describe(dst));
+  return launched("resize_bilinear", err);
+}
+
+extern "C" int32_t spn_cuda_to_float(const spn_image_t *src, spn_image_t *dst, const float mean[3],
+                                     const float scale[3], cudaStream_t stream, spn_error_t *err) {
+  int32_t rc;
+  if ((rc = check(src, "to_float source", err)) || (rc = check(dst, "to_float destination", err)))
+    return rc;
+  if (src->width != dst->width || src->height != dst->height)
+    return spn_error_set(err, SPN_EINVAL, "cuda image: to_float: sizes differ (%dx%d vs %dx%d)", (int)src->width,
+                         (int)src->height, (int)dst->width, (int)dst->height);
+  if (!is_rgb_u8(src->format) || (dst->format != SPN_PIXFMT_RGBF32P && dst->format != SPN_PIXFMT_BGRF32P))
+    return spn_error_set(err, SPN_EUNSUPPORTED, "cuda image: to_float from %s to %s is not supported",
+                         spn_pixfmt_name(src->format), spn_pixfmt_name(dst->format));
+  float m[3] = {0, 0, 0}, s[3] = {1, 1, 1};
+  for (int c = 0; c < 3; c++) {
+    if (mean)
+      m[c] = mean[c];
+    if (scale)
+      s[c] = scale[c];
+  }
+  to_float_kernel<<<grid_for(dst->width, dst->height, k_block), k_block, 0, stream>>>(
+      describe(src), describe(dst), m[0], m[1], m[2], s[0], s[1], s[2]);
+  return launched("to_float", err);
+}
+
+extern "C" int32_t spn_cuda_yuv420_to_rgb(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream,
+                                          spn_error_t *err) {
+  int32_t rc;
+  if ((rc = check(src, "yuv420_to_rgb source", err)) || (rc = check(dst, "yuv420_to_rgb destination", err)))
+    return rc;
+  if (src->width != dst->width || src->height != dst->height)
+    return spn_error_set(err, SPN_EINVAL, "cuda image: yuv420_to_rgb: sizes differ (%dx%d vs %dx%d)",
+                         (int)src->width, (int)src->height, (int)dst->width, (int)dst->height);
+  if ((src->format != SPN_PIXFMT_NV12 && src->format != SPN_PIXFMT_YUV420P) || !is_rgb_u8(dst->format))
+    return spn_error_set(err, SPN_EUNSUPPORTED, "cuda image: conversion from %s to %s is not supported",
+                         spn_pixfmt_name(src->format), spn_pixfmt_name(dst->format));
+  if (!src->data[1] || (src->format == SPN_PIXFMT_YUV420P && !src->data[2]))
+    return spn_error_set(err, SPN_EINVAL, "cuda image: %s source lacks its chroma planes",
+                         spn_pixfmt_name(src->format));
+  yuv420_to_rgb_kernel<<<grid_for(dst->width, dst->height, k_block), k_block, 0, stream>>>(describe(src),
+                                                                                           describe(dst));
+  return launched("yuv420_to_rgb", err);
+}
+
+extern "C" int32_t spn_cuda_paste(spn_image_t *dst, const spn_image_t *src, int32_t x, int32_t y,
+                                  const spn_image_t *mask, cudaStream_t stream, spn_error_t *err) {
+  int32_t rc;
+  if ((rc = check(src, "paste source", err)) || (rc = check(dst, "paste destination", err)))
+    return rc;
+  img_desc s = describe(src), d = describe(dst), m = {};
+  bool ok = (s.u8 && d.u8) || (is_float_planar(src->format) && is_float_planar(dst->format));
+  if (!ok || s.nc != d.nc)
+    return spn_error_set(err, SPN_EUNSUPPORTED, "cuda image: paste of %s onto %s is not supported",
+                         spn_pixfmt_name(src->format), spn_pixfmt_name(dst->format));
+  if (mask) {
+    if ((rc = check(mask, "paste mask", err)))
+      return rc;
+    if (mask->format != SPN_PIXFMT_GRAYF32 || mask->width != src->width || mask->height != src->height)
+      return spn_error_set(err, SPN_EINVAL, "cuda image: paste mask must be grayf32 %dx%d", (int)src->width,
+                           (int)src->height);
+    m = describe(mask);
+  }
+  bool swap = (src->format == SPN_PIXFMT_RGB24 && dst->format == SPN_PIXFMT_BGR24) ||
+              (src->format == SPN_PIXFMT_BGR24 && dst->format == SPN_PIXFMT_RGB24) ||
+              (src->format == SPN_PIXFMT_RGBF32P && dst->format == SPN_PIXFMT_BGRF32P) ||
+              (src->format == SPN_PIXFMT_BGRF32P && dst->format == SPN_PIXFMT_RGBF32P);
+  /* The source rectangle that lands inside dst (64-bit: x + width may overflow). */
+  int64_t sx0 = x < 0 ? -(int64_t)x : 0, sy0 = y < 0 ? -(int64_t)y : 0;
+  int64_t sx1 = (int64_t)dst->width - x, sy1 = (int64_t)dst->height - y;
+  if (sx1 > src->width)
+    sx1 = src->width;
+  if (sy1 > src->height)
+    sy1 = src->height;
+  if (sx1 <= sx0 || sy1 <= sy0)
+    return SPN_OK; /* nothing overlaps */
+  int32_t w = (int32_t)(sx1 - sx0), h = (int32_t)(sy1 - sy0);
+  paste_kernel<<<grid_for(w, h, k_block), k_block, 0, stream>>>(d, s, m, mask != NULL, x, y, (int32_t)sx0,
+                                                                (int32_t)sy0, w, h, swap);
+  return launched("paste", err);
+}

@@ -1,0 +1,52 @@
+/* cuda/kernels/image.cuh — GPU twins of the spindle/image.h frame operations.
+ *
+ * Each function launches on `stream` and returns at once (no sync); images
+ * are spn_image_t views whose plane pointers are device memory (or managed /
+ * mapped memory the device can read). Conventions — pixel centres, rounding
+ * (nearest, ties away from zero, then saturate), BT.601 limited-range colour,
+ * planar (C,H,W) float layout — are those of core/image/image.c, the CPU
+ * reference each kernel is tested against in tests/gpu/test-cuda-image.c.
+ *
+ * Argument errors (format, size) are reported before any launch as SPN_EINVAL
+ * / SPN_EUNSUPPORTED naming the operation; launch failures as SPN_ECUDA.
+ * Plain C declarations: C callers (stages, tests) include this header too.
+ * Built into the PIC static library spn-cuda-kernels, linked by the stages
+ * that use it (like spn-image, it needs no libspindle symbol).
+ * Ownership: every image is borrowed; nothing is allocated.
+ * Thread: any thread that has made the stream's device current. */
+#ifndef SPINDLE_CUDA_KERNELS_IMAGE_CUH
+#define SPINDLE_CUDA_KERNELS_IMAGE_CUH
+
+#include <cuda_runtime_api.h>
+
+#include "spindle/image.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bilinear resize (spn_image_resize with SPN_INTERP_BILINEAR): src and dst of
+ * the same format, one of RGB24, BGR24, GRAY8, RGBF32P, BGRF32P, GRAYF32;
+ * dst's size is the target. */
+int32_t spn_cuda_resize_bilinear(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream, spn_error_t *err);
+
+/* u8 RGB24/BGR24 (H,W,C) → planar float RGBF32P/BGRF32P (C,H,W) with
+ * dst[c] = (src[c'] - mean[c]) * scale[c] (spn_image_to_float): channels are
+ * swapped when the orders differ. mean/scale NULL mean 0 and 1. */
+int32_t spn_cuda_to_float(const spn_image_t *src, spn_image_t *dst, const float mean[3], const float scale[3],
+                          cudaStream_t stream, spn_error_t *err);
+
+/* NV12 or YUV420P → RGB24/BGR24 of the same size (spn_image_convert). */
+int32_t spn_cuda_yuv420_to_rgb(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream, spn_error_t *err);
+
+/* Blend src onto dst at (x, y) with an optional GRAYF32 mask the size of src
+ * (spn_image_paste): dst = round(a src + (1 - a) dst), a clamped to [0,1];
+ * parts outside dst are skipped; RGB↔BGR pastes swap channels. Formats: both
+ * u8 packed or both planar float, same channel count. */
+int32_t spn_cuda_paste(spn_image_t *dst, const spn_image_t *src, int32_t x, int32_t y, const spn_image_t *mask,
+                       cudaStream_t stream, spn_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,303 @@
+/* test-cuda-image.c — cuda/kernels/image.cu against the CPU reference
+ * (core/image, spindle/image.h) on random images (suite gpu; exits 77
+ * without a device).
+ *
+ * Each case builds a random host image, runs the CPU function on it and the
+ * kernel on a device copy whose rows have a different pitch (so stride
+ * handling is exercised), copies the result back and compares.
+ *
+ * Tolerances. The kernels repeat the reference's float operations in the
+ * same order with fused multiply-add contraction disabled (explicit-rounding
+ * intrinsics) and compute resize taps in double as the CPU does, so results
+ * are expected to be identical. We still allow:
+ *   - u8 outputs: at most 1 LSB, and at least 99.9% of the values exact. A
+ *     value whose float result lies within an ulp of a .5 rounding tie may
+ *     round the other way if a single operation is ever evaluated
+ *     differently; anything beyond 1 LSB, or many ±1s, is a real bug.
+ *   - float outputs: |gpu - cpu| <= 1e-5 * (1 + |cpu|), a few ulps at the
+ *     magnitudes used (values within ±300), far below any visible effect and
+ *     far above zero-ulp noise, so a wrong tap or channel still fails.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "gpu-skip.h"
+#include "image.cuh"
+#include "spindle/image.h"
+
+#define CK(call)                                                                 \
+  do {                                                                           \
+    spn_error_t e_ = SPN_ERROR_INIT;                                             \
+    int32_t rc_ = (call);                                                        \
+    if (rc_ != SPN_OK)                                                           \
+      fail_msg("%s: %s", #call, e_.msg);                                         \
+  } while (0)
+#define CU(call)                                                                 \
+  do {                                                                           \
+    cudaError_t ce_ = (call);                                                    \
+    if (ce_ != cudaSuccess)                                                      \
+      fail_msg("%s: %s", #call, cudaGetErrorString(ce_));                        \
+  } while (0)
+
+static uint32_t rng_next(uint32_t *s) {
+  *s = *s * 1664525u + 1013904223u;
+  return *s >> 8;
+}
+static float rng_unit(uint32_t *s) { return (float)rng_next(s) / 16777216.0f; }
+
+static int is_float_fmt(int32_t f) {
+  return f == SPN_PIXFMT_RGBF32P || f == SPN_PIXFMT_BGRF32P || f == SPN_PIXFMT_GRAYF32;
+}
+
+/* Bytes per row of plane p actually holding pixels. */
+static size_t row_bytes(const spn_image_t *im, int p) {
+  int32_t pw = 0, ph = 0;
+  spn_pixfmt_plane_size(im->format, im->width, im->height, p, &pw, &ph);
+  switch (im->format) {
+  case SPN_PIXFMT_RGB24:
+  case SPN_PIXFMT_BGR24: return (size_t)pw * 3;
+  case SPN_PIXFMT_NV12: return (size_t)pw * (p == 1 ? 2 : 1);
+  default: return (size_t)pw * (is_float_fmt(im->format) ? 4 : 1);
+  }
+}
+
+static int32_t plane_rows(const spn_image_t *im, int p) {
+  int32_t pw = 0, ph = 0;
+  spn_pixfmt_plane_size(im->format, im->width, im->height, p, &pw, &ph);
+  return ph;
+}
+
+static spn_image_t host_image(int32_t w, int32_t h, int32_t fmt, uint32_t seed, float lo, float hi) {
+  spn_image_t im = SPN_IMAGE_INIT;
+  CK(spn_image_alloc(&im, w, h, fmt, &e_));
+  for (int p = 0; p < im.nplanes; p++)
+    for (int32_t y = 0; y < plane_rows(&im, p); y++) {
+      uint8_t *row = im.data[p] + y * im.stride[p];
+      size_t rb = row_bytes(&im, p);
+      if (is_float_fmt(fmt))
+        for (size_t i = 0; i < rb / 4; i++)
+          ((float *)row)[i] = lo + (hi - lo) * rng_unit(&seed);
+      else
+        for (size_t i = 0; i < rb; i++)
+          row[i] = (uint8_t)rng_next(&seed);
+    }
+  return im;
+}
+
+/* Device copy of a host image with a pitch 96 bytes wider than the host's. */
+static spn_image_t to_device(const spn_image_t *h) {
+  spn_image_t d = *h;
+  d.owned = NULL;
+  for (int p = 0; p < h->nplanes; p++) {
+    d.stride[p] = h->stride[p] + 96;
+    void *ptr = NULL;
+    CU(cudaMalloc(&ptr, (size_t)d.stride[p] * (size_t)plane_rows(h, p)));
+    d.data[p] = ptr;
+    CU(cudaMemcpy2D(ptr, (size_t)d.stride[p], h->data[p], (size_t)h->stride[p], row_bytes(h, p),
+                    (size_t)plane_rows(h, p), cudaMemcpyHostToDevice));
+  }
+  return d;
+}
+
+static void from_device(const spn_image_t *d, spn_image_t *h) {
+  CU(cudaDeviceSynchronize());
+  for (int p = 0; p < h->nplanes; p++)
+    CU(cudaMemcpy2D(h->data[p], (size_t)h->stride[p], d->data[p], (size_t)d->stride[p], row_bytes(h, p),
+                    (size_t)plane_rows(h, p), cudaMemcpyDeviceToHost));
+}
+
+static void device_free(spn_image_t *d) {
+  for (int p = 0; p < d->nplanes; p++)
+    CU(cudaFree(d->data[p]));
+  memset(d, 0, sizeof *d);
+}
+
+/* Compare two host images of the same format and size under the tolerances
+ * in the header comment. */
+static void compare(const spn_image_t *cpu, const spn_image_t *gpu, const char *what) {
+  size_t total = 0, off_by_one = 0;
+  for (int p = 0; p < cpu->nplanes; p++)
+    for (int32_t y = 0; y < plane_rows(cpu, p); y++) {
+      const uint8_t *a = cpu->data[p] + y * cpu->stride[p], *b = gpu->data[p] + y * gpu->stride[p];
+      size_t rb = row_bytes(cpu, p);
+      if (is_float_fmt(cpu->format)) {
+        for (size_t i = 0; i < rb / 4; i++) {
+          float x = ((const float *)a)[i], g = ((const float *)b)[i];
+          if (!(fabsf(x - g) <= 1e-5f * (1.0f + fabsf(x))))
+            fail_msg("%s: plane %d row %d elem %zu: cpu %.9g gpu %.9g", what, p, (int)y, i, x, g);
+          total++;
+        }
+      } else {
+        for (size_t i = 0; i < rb; i++) {
+          int d = abs((int)a[i] - (int)b[i]);
+          if (d > 1)
+            fail_msg("%s: plane %d row %d byte %zu: cpu %d gpu %d", what, p, (int)y, i, a[i], b[i]);
+          off_by_one += d;
+          total++;
+        }
+      }
+    }
+  if (off_by_one * 1000 > total)
+    fail_msg("%s: %zu of %zu values off by one (more than 0.1%%)", what, off_by_one, total);
+}
+
+static void resize_matches_cpu(void **state) {
+  (void)state;
+  const int32_t fmts[] = {SPN_PIXFMT_RGB24, SPN_PIXFMT_BGR24, SPN_PIXFMT_GRAY8, SPN_PIXFMT_RGBF32P,
+                          SPN_PIXFMT_BGRF32P, SPN_PIXFMT_GRAYF32};
+  /* upscale, downscale, mixed, same size, a 1-pixel source */
+  const int32_t sizes[][4] = {{37, 29, 101, 77}, {640, 360, 224, 224}, {200, 50, 61, 120}, {64, 48, 64, 48},
+                              {1, 1, 5, 3}};
+  uint32_t seed = 1;
+  for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++)
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+      spn_image_t src = host_image(sizes[s][0], sizes[s][1], fmts[f], seed++, -2.0f, 300.0f);
+      spn_image_t ref = SPN_IMAGE_INIT, got = SPN_IMAGE_INIT;
+      CK(spn_image_alloc(&ref, sizes[s][2], sizes[s][3], fmts[f], &e_));
+      CK(spn_image_alloc(&got, sizes[s][2], sizes[s][3], fmts[f], &e_));
+      CK(spn_image_resize(&src, &ref, SPN_INTERP_BILINEAR, &e_));
+      spn_image_t dsrc = to_device(&src), ddst = to_device(&got);
+      CK(spn_cuda_resize_bilinear(&dsrc, &ddst, NULL, &e_));
+      from_device(&ddst, &got);
+      char what[96];
+      snprintf(what, sizeof what, "resize %s %dx%d->%dx%d", spn_pixfmt_name(fmts[f]), (int)sizes[s][0],
+               (int)sizes[s][1], (int)sizes[s][2], (int)sizes[s][3]);
+      compare(&ref, &got, what);
+      device_free(&dsrc);
+      device_free(&ddst);
+      spn_image_release(&src);
+      spn_image_release(&ref);
+      spn_image_release(&got);
+    }
+}
+
+static void to_float_matches_cpu(void **state) {
+  (void)state;
+  const int32_t pairs[][2] = {{SPN_PIXFMT_RGB24, SPN_PIXFMT_RGBF32P}, {SPN_PIXFMT_BGR24, SPN_PIXFMT_RGBF32P},
+                              {SPN_PIXFMT_RGB24, SPN_PIXFMT_BGRF32P}, {SPN_PIXFMT_BGR24, SPN_PIXFMT_BGRF32P}};
+  const float mean[3] = {123.675f, 116.28f, 103.53f}, scale[3] = {1 / 58.395f, 1 / 57.12f, 1 / 57.375f};
+  uint32_t seed = 100;
+  for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
+    for (int with_norm = 0; with_norm < 2; with_norm++) {
+      spn_image_t src = host_image(97, 61, pairs[i][0], seed++, 0, 0);
+      spn_image_t ref = SPN_IMAGE_INIT, got = SPN_IMAGE_INIT;
+      CK(spn_image_alloc(&ref, 97, 61, pairs[i][1], &e_));
+      CK(spn_image_alloc(&got, 97, 61, pairs[i][1], &e_));
+      CK(spn_image_to_float(&src, &ref, with_norm ? mean : NULL, with_norm ? scale : NULL, &e_));
+      spn_image_t dsrc = to_device(&src), ddst = to_device(&got);
+      CK(spn_cuda_to_float(&dsrc, &ddst, with_norm ? mean : NULL, with_norm ? scale : NULL, NULL, &e_));
+      from_device(&ddst, &got);
+      char what[96];
+      snprintf(what, sizeof what, "to_float %s->%s norm=%d", spn_pixfmt_name(pairs[i][0]),
+               spn_pixfmt_name(pairs[i][1]), with_norm);
+      compare(&ref, &got, what);
+      device_free(&dsrc);
+      device_free(&ddst);
+      spn_image_release(&src);
+      spn_image_release(&ref);
+      spn_image_release(&got);
+    }
+}
+
+static void yuv420_to_rgb_matches_cpu(void **state) {
+  (void)state;
+  const int32_t pairs[][2] = {{SPN_PIXFMT_NV12, SPN_PIXFMT_RGB24}, {SPN_PIXFMT_NV12, SPN_PIXFMT_BGR24},
+                              {SPN_PIXFMT_YUV420P, SPN_PIXFMT_RGB24}};
+  const int32_t sizes[][2] = {{64, 36}, {33, 17}, {1, 1}, {1280, 720}};
+  uint32_t seed = 200;
+  for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+      int32_t w = sizes[s][0], h = sizes[s][1];
+      spn_image_t src = host_image(w, h, pairs[i][0], seed++, 0, 0);
+      spn_image_t ref = SPN_IMAGE_INIT, got = SPN_IMAGE_INIT;
+      CK(spn_image_alloc(&ref, w, h, pairs[i][1], &e_));
+      CK(spn_image_alloc(&got, w, h, pairs[i][1], &e_));
+      CK(spn_image_convert(&src, &ref, &e_));
+      spn_image_t dsrc = to_device(&src), ddst = to_device(&got);
+      CK(spn_cuda_yuv420_to_rgb(&dsrc, &ddst, NULL, &e_));
+      from_device(&ddst, &got);
+      char what[96];
+      snprintf(what, sizeof what, "%s->%s %dx%d", spn_pixfmt_name(pairs[i][0]), spn_pixfmt_name(pairs[i][1]),
+               (int)w, (int)h);
+      compare(&ref, &got, what);
+      device_free(&dsrc);
+      device_free(&ddst);
+      spn_image_release(&src);
+      spn_image_release(&ref);
+      spn_image_release(&got);
+    }
+}
+
+static void paste_matches_cpu(void **state) {
+  (void)state;
+  const int32_t pairs[][2] = {{SPN_PIXFMT_RGB24, SPN_PIXFMT_RGB24}, {SPN_PIXFMT_RGB24, SPN_PIXFMT_BGR24},
+                              {SPN_PIXFMT_GRAY8, SPN_PIXFMT_GRAY8}, {SPN_PIXFMT_RGBF32P, SPN_PIXFMT_BGRF32P},
+                              {SPN_PIXFMT_GRAYF32, SPN_PIXFMT_GRAYF32}};
+  /* inside, hanging off the top-left, hanging off the bottom-right, fully outside */
+  const int32_t at[][2] = {{10, 7}, {-9, -5}, {70, 40}, {500, 500}};
+  uint32_t seed = 300;
+  for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
+    for (size_t k = 0; k < sizeof at / sizeof *at; k++)
+      for (int use_mask = 0; use_mask < 2; use_mask++) {
+        spn_image_t src = host_image(41, 23, pairs[i][0], seed++, -1.0f, 1.0f);
+        spn_image_t ref = host_image(96, 54, pairs[i][1], seed++, -1.0f, 1.0f);
+        spn_image_t got = SPN_IMAGE_INIT;
+        CK(spn_image_alloc(&got, 96, 54, pairs[i][1], &e_));
+        CK(spn_image_copy(&ref, &got, &e_));
+        /* feathered mask with noise pushing some values outside [0,1] (clamped) */
+        spn_image_t mask = SPN_IMAGE_INIT;
+        CK(spn_image_alloc(&mask, 41, 23, SPN_PIXFMT_GRAYF32, &e_));
+        CK(spn_image_feather_mask(&mask, 6.0f, &e_));
+        for (int32_t y = 0; y < 23; y++)
+          for (int32_t x = 0; x < 41; x++)
+            ((float *)(mask.data[0] + y * mask.stride[0]))[x] += 0.3f * (rng_unit(&seed) - 0.5f);
+        spn_image_t dsrc = to_device(&src), ddst = to_device(&got), dmask = to_device(&mask);
+        CK(spn_image_paste(&ref, &src, at[k][0], at[k][1], use_mask ? &mask : NULL, &e_));
+        CK(spn_cuda_paste(&ddst, &dsrc, at[k][0], at[k][1], use_mask ? &dmask : NULL, NULL, &e_));
+        from_device(&ddst, &got);
+        char what[96];
+        snprintf(what, sizeof what, "paste %s onto %s at %d,%d mask=%d", spn_pixfmt_name(pairs[i][0]),
+                 spn_pixfmt_name(pairs[i][1]), (int)at[k][0], (int)at[k][1], use_mask);
+        compare(&ref, &got, what);
+        device_free(&dsrc);
+        device_free(&ddst);
+        device_free(&dmask);
+        spn_image_release(&src);
+        spn_image_release(&ref);
+        spn_image_release(&got);
+        spn_image_release(&mask);
+      }
+}
+
+static void bad_arguments_are_refused_before_launch(void **state) {
+  (void)state;
+  spn_image_t a = host_image(8, 8, SPN_PIXFMT_RGB24, 1, 0, 0), b = host_image(8, 8, SPN_PIXFMT_GRAY8, 2, 0, 0);
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_cuda_resize_bilinear(&a, &b, NULL, &err), SPN_EUNSUPPORTED);
+  assert_non_null(strstr(err.msg, "rgb24"));
+  assert_int_equal(spn_cuda_to_float(&a, &b, NULL, NULL, NULL, &err), SPN_EUNSUPPORTED);
+  assert_int_equal(spn_cuda_yuv420_to_rgb(&a, &b, NULL, &err), SPN_EUNSUPPORTED);
+  assert_int_equal(spn_cuda_paste(&b, &a, 0, 0, NULL, NULL, &err), SPN_EUNSUPPORTED);
+  spn_image_t empty = SPN_IMAGE_INIT;
+  assert_int_equal(spn_cuda_resize_bilinear(&empty, &a, NULL, &err), SPN_EINVAL);
+  spn_image_release(&a);
+  spn_image_release(&b);
+}
+
+int main(void) {
+  SPN_TEST_REQUIRE_GPU();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(resize_matches_cpu),
+      cmocka_unit_test(to_float_matches_cpu),
+      cmocka_unit_test(yuv420_to_rgb_matches_cpu),
+      cmocka_unit_test(paste_matches_cpu),
+      cmocka_unit_test(bad_arguments_are_refused_before_launch),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
