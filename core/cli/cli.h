@@ -22,6 +22,7 @@ int spn_cli_keygen(int argc, char **argv);
 int spn_cli_run(int argc, char **argv);
 int spn_cli_validate(int argc, char **argv);
 int spn_cli_plugins(int argc, char **argv);
+int spn_cli_model(int argc, char **argv);
 
 /* ---- shared by the subcommands (cli-common.c) ---- */
 

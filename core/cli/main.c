@@ -26,6 +26,7 @@ static const spn_cli_cmd_t commands[] = {
     {"cancel", "cancel a job", spn_cli_cancel},
     {"jobs", "list jobs", spn_cli_jobs},
     {"keygen", "create a CURVE key pair", spn_cli_keygen},
+    {"model", "inspect or run an ONNX model", spn_cli_model},
 };
 
 static void usage(FILE *f) {

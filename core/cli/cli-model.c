@@ -1,0 +1,372 @@
+/* cli-model.c — `spindle model inspect|run`: look inside an ONNX model and
+ * run it on NumPy .npy inputs.
+ *
+ *   spindle model inspect FILE.onnx
+ *   spindle model run FILE.onnx --input NAME=in.npy ... --output-dir DIR
+ *                     [--threads N] [--repeat N] [--no-fusion]
+ *
+ * `run` writes one DIR/<output name>.npy per model output (characters other
+ * than letters, digits, '-', '_' and '.' in the name become '_'). The .npy
+ * reader accepts little-endian C-order arrays of float32, int64, int32,
+ * uint8, int8 and bool (format versions 1.0 to 3.0).
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "cli.h"
+#include "spindle/engine.h"
+
+static const struct { const char *descr; int32_t dtype; } npy_types[] = {
+    {"<f4", SPN_DTYPE_F32}, {"<i8", SPN_DTYPE_I64}, {"<i4", SPN_DTYPE_I32},
+    {"|u1", SPN_DTYPE_U8},  {"|i1", SPN_DTYPE_I8},  {"|b1", SPN_DTYPE_BOOL},
+};
+
+static const char *dtype_name(int32_t dt) {
+  switch (dt) {
+  case SPN_DTYPE_F32: return "float32";
+  case SPN_DTYPE_I64: return "int64";
+  case SPN_DTYPE_I32: return "int32";
+  case SPN_DTYPE_U8: return "uint8";
+  case SPN_DTYPE_I8: return "int8";
+  case SPN_DTYPE_BOOL: return "bool";
+  default: return "?";
+  }
+}
+
+/* Read an .npy file into t (data malloc'd). */
+static int npy_read(const char *path, spn_tensor_t *t, char *msg, size_t msz) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(msg, msz, "%s: %s", path, strerror(errno));
+    return -1;
+  }
+  unsigned char pre[12];
+  char *hdr = NULL;
+  int rc = -1;
+  size_t hl;
+  if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6)) {
+    snprintf(msg, msz, "%s: not a .npy file", path);
+    goto out;
+  }
+  if (pre[6] == 1) {
+    hl = pre[8] | (size_t)pre[9] << 8;
+  } else {
+    if (fread(pre + 10, 1, 2, f) != 2) {
+      snprintf(msg, msz, "%s: truncated header", path);
+      goto out;
+    }
+    hl = pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
+  }
+  if (hl > 1 << 20 || !(hdr = calloc(1, hl + 1)) || fread(hdr, 1, hl, f) != hl) {
+    snprintf(msg, msz, "%s: bad header", path);
+    goto out;
+  }
+  char *d = strstr(hdr, "'descr':");
+  char *fo = strstr(hdr, "'fortran_order':");
+  char *sh = strstr(hdr, "'shape':");
+  if (!d || !fo || !sh) {
+    snprintf(msg, msz, "%s: header lacks descr/fortran_order/shape", path);
+    goto out;
+  }
+  char *q = strchr(d + 8, '\'');
+  t->dtype = SPN_DTYPE_INVALID;
+  for (size_t i = 0; q && i < sizeof npy_types / sizeof npy_types[0]; i++)
+    if (!strncmp(q + 1, npy_types[i].descr, 3) && q[4] == '\'')
+      t->dtype = npy_types[i].dtype;
+  if (t->dtype == SPN_DTYPE_INVALID) {
+    snprintf(msg, msz, "%s: unsupported dtype in header '%s'", path, hdr);
+    goto out;
+  }
+  if (strncmp(fo + 16 + strspn(fo + 16, " "), "False", 5)) {
+    snprintf(msg, msz, "%s: Fortran-order arrays are not supported", path);
+    goto out;
+  }
+  char *p = strchr(sh, '(');
+  t->ndim = 0;
+  if (!p) {
+    snprintf(msg, msz, "%s: bad shape", path);
+    goto out;
+  }
+  p++;
+  while (*p && *p != ')') {
+    while (*p == ' ' || *p == ',')
+      p++;
+    if (*p == ')')
+      break;
+    char *end;
+    long long v = strtoll(p, &end, 10);
+    if (end == p || v < 0 || t->ndim >= SPN_TENSOR_MAX_DIMS) {
+      snprintf(msg, msz, "%s: bad shape", path);
+      goto out;
+    }
+    t->shape[t->ndim++] = v;
+    p = end;
+  }
+  size_t bytes = spn_tensor_nbytes(t);
+  t->data = malloc(bytes ? bytes : 1);
+  if (!t->data || fread(t->data, 1, bytes, f) != bytes) {
+    snprintf(msg, msz, "%s: truncated data (%zu bytes expected)", path, bytes);
+    free(t->data);
+    t->data = NULL;
+    goto out;
+  }
+  rc = 0;
+out:
+  free(hdr);
+  fclose(f);
+  return rc;
+}
+
+static int npy_write(const char *path, const spn_tensor_t *t) {
+  const char *descr = NULL;
+  for (size_t i = 0; i < sizeof npy_types / sizeof npy_types[0]; i++)
+    if (npy_types[i].dtype == t->dtype)
+      descr = npy_types[i].descr;
+  if (!descr)
+    return -1;
+  char shape[256] = "";
+  size_t pos = 0;
+  for (int i = 0; i < t->ndim; i++)
+    pos += (size_t)snprintf(shape + pos, sizeof shape - pos, "%lld,%s", (long long)t->shape[i], i + 1 < t->ndim ? " " : "");
+  if (t->ndim > 1 && pos)
+    shape[pos - 1] = 0; /* "(a, b)" not "(a, b,)" */
+  char hdr[512];
+  int n = snprintf(hdr, sizeof hdr, "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }", descr, shape);
+  int total = 10 + n + 1;
+  int pad = (64 - total % 64) % 64;
+  FILE *f = fopen(path, "wb");
+  if (!f)
+    return -1;
+  unsigned short hl = (unsigned short)(n + pad + 1);
+  unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hl & 0xff), (unsigned char)(hl >> 8)};
+  fwrite(pre, 1, 10, f);
+  fwrite(hdr, 1, (size_t)n, f);
+  for (int i = 0; i < pad; i++)
+    fputc(' ', f);
+  fputc('\n', f);
+  size_t bytes = spn_tensor_nbytes(t);
+  int rc = fwrite(t->data, 1, bytes, f) == bytes ? 0 : -1;
+  if (fclose(f))
+    rc = -1;
+  return rc;
+}
+
+static void print_shape(int ndim, const int64_t *s) {
+  printf("[");
+  for (int i = 0; i < ndim; i++) {
+    if (s[i] < 0)
+      printf("%s?", i ? ", " : "");
+    else
+      printf("%s%lld", i ? ", " : "", (long long)s[i]);
+  }
+  printf("]");
+}
+
+static int cmd_inspect(int argc, char **argv) {
+  if (argc != 1) {
+    fprintf(stderr, "usage: spindle model inspect FILE.onnx\n");
+    return 2;
+  }
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_engine_t *eng = NULL;
+  spn_model_t *m = NULL;
+  if (spn_engine_new(NULL, &eng, &err) || spn_engine_load(eng, argv[0], "cpu", &m, &err)) {
+    fprintf(stderr, "spindle model: %s\n", err.msg);
+    spn_engine_free(eng);
+    return 1;
+  }
+  printf("model: %s\n", argv[0]);
+  for (int io = 0; io < 2; io++) {
+    int cnt = io ? spn_model_output_count(m) : spn_model_input_count(m);
+    printf("%s:\n", io ? "outputs" : "inputs");
+    for (int i = 0; i < cnt; i++) {
+      const char *name;
+      int32_t dt, nd;
+      int64_t sh[SPN_TENSOR_MAX_DIMS];
+      if (io)
+        spn_model_output_info(m, i, &name, &dt, &nd, sh);
+      else
+        spn_model_input_info(m, i, &name, &dt, &nd, sh);
+      printf("  %-24s %-8s ", name, dtype_name(dt));
+      print_shape(nd, sh);
+      printf("\n");
+    }
+  }
+  printf("operators:\n");
+  int nh = spn_model_op_histogram(m, 0, NULL, NULL);
+  for (int i = 0; i < nh; i++) {
+    const char *op = NULL;
+    int32_t c = 0;
+    spn_model_op_histogram(m, i, &op, &c);
+    printf("  %-24s %d\n", op, c);
+  }
+  printf("nodes after passes: %d\n", spn_model_node_count(m));
+  printf("parameters: %lld\n", (long long)spn_model_param_count(m));
+  bool dyn_spatial = false;
+  for (int i = 0; i < spn_model_input_count(m); i++) {
+    int32_t nd;
+    int64_t sh[SPN_TENSOR_MAX_DIMS];
+    spn_model_input_info(m, i, NULL, NULL, &nd, sh);
+    for (int d = 1; d < nd; d++)
+      dyn_spatial = dyn_spatial || sh[d] < 0;
+  }
+  printf("FLOPs per sample: %.4g (%.3f GFLOP)%s\n", spn_model_flops(m), spn_model_flops(m) / 1e9,
+         dyn_spatial ? " with dynamic dims other than the batch taken as 64" : "");
+  spn_model_release(&m);
+  spn_engine_free(eng);
+  return 0;
+}
+
+static void safe_name(char *dst, size_t n, const char *src) {
+  size_t i = 0;
+  for (; src[i] && i + 1 < n; i++) {
+    char c = src[i];
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' || c == '.';
+    dst[i] = ok ? c : '_';
+  }
+  dst[i] = 0;
+  if (!strcmp(dst, ".") || !strcmp(dst, ".."))
+    dst[0] = '_';
+}
+
+static int cmd_run(int argc, char **argv) {
+  const char *file = NULL, *outdir = NULL;
+  const char *in_names[64], *in_paths[64];
+  int n_given = 0, threads = 0, repeat = 1, no_fusion = 0;
+  for (int i = 0; i < argc; i++) {
+    if (!strcmp(argv[i], "--input") && i + 1 < argc) {
+      char *eq = strchr(argv[++i], '=');
+      if (!eq || n_given == 64) {
+        fprintf(stderr, "spindle model: --input wants NAME=FILE.npy\n");
+        return 2;
+      }
+      *eq = 0;
+      in_names[n_given] = argv[i];
+      in_paths[n_given++] = eq + 1;
+    } else if (!strcmp(argv[i], "--output-dir") && i + 1 < argc) {
+      outdir = argv[++i];
+    } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+      threads = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) {
+      repeat = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--no-fusion")) {
+      no_fusion = 1;
+    } else if (argv[i][0] != '-' && !file) {
+      file = argv[i];
+    } else {
+      fprintf(stderr, "spindle model: unknown argument '%s'\n", argv[i]);
+      return 2;
+    }
+  }
+  if (!file || !outdir || threads < 0 || repeat < 1) {
+    fprintf(stderr, "usage: spindle model run FILE.onnx --input NAME=in.npy ... --output-dir DIR [--threads N] [--repeat N] [--no-fusion]\n");
+    return 2;
+  }
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_engine_opts_t opts = SPN_ENGINE_OPTS_INIT;
+  opts.threads = threads;
+  opts.no_fusion = no_fusion;
+  spn_engine_t *eng = NULL;
+  spn_model_t *m = NULL;
+  spn_tensor_t ins[64], outs[64];
+  int n_in = 0, n_out = 0, rc = 1;
+  memset(ins, 0, sizeof ins);
+  memset(outs, 0, sizeof outs);
+  if (spn_engine_new(&opts, &eng, &err) || spn_engine_load(eng, file, "cpu", &m, &err)) {
+    fprintf(stderr, "spindle model: %s\n", err.msg);
+    goto out;
+  }
+  n_in = spn_model_input_count(m);
+  n_out = spn_model_output_count(m);
+  if (n_in > 64 || n_out > 64) {
+    fprintf(stderr, "spindle model: too many inputs/outputs\n");
+    goto out;
+  }
+  for (int i = 0; i < n_given; i++) {
+    int k = spn_model_input_index(m, in_names[i]);
+    if (k < 0) {
+      fprintf(stderr, "spindle model: %s has no input '%s'\n", file, in_names[i]);
+      goto out;
+    }
+    char msg[512];
+    if (ins[k].data) {
+      fprintf(stderr, "spindle model: input '%s' given twice\n", in_names[i]);
+      goto out;
+    }
+    ins[k] = (spn_tensor_t)SPN_TENSOR_INIT;
+    if (npy_read(in_paths[i], &ins[k], msg, sizeof msg)) {
+      fprintf(stderr, "spindle model: %s\n", msg);
+      goto out;
+    }
+  }
+  for (int k = 0; k < n_in; k++)
+    if (!ins[k].data) {
+      const char *nm;
+      spn_model_input_info(m, k, &nm, NULL, NULL, NULL);
+      fprintf(stderr, "spindle model: missing --input %s=FILE.npy\n", nm);
+      goto out;
+    }
+  double best = 1e30;
+  for (int it = 0; it < repeat; it++) {
+    for (int k = 0; k < n_out; k++) {
+      spn_model_output_free(&outs[k]);
+      outs[k] = (spn_tensor_t)SPN_TENSOR_INIT;
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (spn_model_run(m, ins, n_in, outs, n_out, &err)) {
+      fprintf(stderr, "spindle model: %s\n", err.msg);
+      goto out;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    best = ms < best ? ms : best;
+  }
+  if (repeat > 1)
+    fprintf(stderr, "best of %d runs: %.3f ms\n", repeat, best);
+  if (mkdir(outdir, 0755) && errno != EEXIST) {
+    fprintf(stderr, "spindle model: %s: %s\n", outdir, strerror(errno));
+    goto out;
+  }
+  for (int k = 0; k < n_out; k++) {
+    const char *nm;
+    spn_model_output_info(m, k, &nm, NULL, NULL, NULL);
+    char safe[256], path[4096];
+    safe_name(safe, sizeof safe, nm);
+    snprintf(path, sizeof path, "%s/%s.npy", outdir, safe);
+    if (npy_write(path, &outs[k])) {
+      fprintf(stderr, "spindle model: cannot write %s\n", path);
+      goto out;
+    }
+  }
+  rc = 0;
+out:
+  for (int k = 0; k < 64; k++) {
+    free(ins[k].data);
+    spn_model_output_free(&outs[k]);
+  }
+  spn_model_release(&m);
+  spn_engine_free(eng);
+  return rc;
+}
+
+int spn_cli_model(int argc, char **argv) {
+  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+    fprintf(argc < 2 ? stderr : stdout,
+            "usage: spindle model inspect FILE.onnx\n"
+            "       spindle model run FILE.onnx --input NAME=in.npy ... --output-dir DIR\n"
+            "                         [--threads N] [--repeat N] [--no-fusion]\n");
+    return argc < 2 ? 2 : 0;
+  }
+  if (!strcmp(argv[1], "inspect"))
+    return cmd_inspect(argc - 2, argv + 2);
+  if (!strcmp(argv[1], "run"))
+    return cmd_run(argc - 2, argv + 2);
+  fprintf(stderr, "spindle model: unknown subcommand '%s'\n", argv[1]);
+  return 2;
+}

@@ -1,0 +1,246 @@
+/* engine-internal.h — the engine's graph representation, shared by the
+ * loader, the graph passes, the operators and the CPU backend.
+ *
+ * A model is a list of values (named tensors) and a topologically sorted
+ * list of nodes. Values are inputs, constants (initializers, folded results)
+ * or intermediates. Shapes are only known per run (the batch dimension is
+ * dynamic and some shapes are computed by the graph itself), so each run
+ * infers shapes node by node into a per-run table, computes small "shape
+ * class" values (Shape -> Gather -> Concat chains) on the spot, plans one
+ * arena by value lifetimes and then executes. */
+#ifndef SPN_ENGINE_INTERNAL_H
+#define SPN_ENGINE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "spindle/engine.h"
+
+#define SPN_MAXD SPN_TENSOR_MAX_DIMS
+
+/* Operators: X(enum, "OnnxName", "allowed,attributes") */
+#define SPN_OP_MAP(X)                                                                        \
+  X(CONV, "Conv", "auto_pad,dilations,group,kernel_shape,pads,strides")                     \
+  X(CONVT, "ConvTranspose", "auto_pad,dilations,group,kernel_shape,output_padding,output_shape,pads,strides") \
+  X(BN, "BatchNormalization", "epsilon,momentum,training_mode,spatial")                       \
+  X(RELU, "Relu", "")                                                                        \
+  X(LRELU, "LeakyRelu", "alpha")                                                             \
+  X(PRELU, "PRelu", "")                                                                      \
+  X(SIGMOID, "Sigmoid", "")                                                                  \
+  X(TANH, "Tanh", "")                                                                        \
+  X(CLIP, "Clip", "min,max")                                                                 \
+  X(SOFTMAX, "Softmax", "axis")                                                              \
+  X(ADD, "Add", "")                                                                          \
+  X(SUB, "Sub", "")                                                                          \
+  X(MUL, "Mul", "")                                                                          \
+  X(DIV, "Div", "")                                                                          \
+  X(CONCAT, "Concat", "axis")                                                                \
+  X(SPLIT, "Split", "axis,split,num_outputs")                                                \
+  X(D2S, "DepthToSpace", "blocksize,mode")                                                   \
+  X(RESIZE, "Resize", "coordinate_transformation_mode,cubic_coeff_a,exclude_outside,extrapolation_value,mode,nearest_mode") \
+  X(UPSAMPLE, "Upsample", "mode,scales")                                                     \
+  X(TRANSPOSE, "Transpose", "perm")                                                          \
+  X(RESHAPE, "Reshape", "allowzero")                                                         \
+  X(FLATTEN, "Flatten", "axis")                                                              \
+  X(SQUEEZE, "Squeeze", "axes")                                                              \
+  X(UNSQUEEZE, "Unsqueeze", "axes")                                                          \
+  X(MAXPOOL, "MaxPool", "auto_pad,ceil_mode,dilations,kernel_shape,pads,storage_order,strides") \
+  X(AVGPOOL, "AveragePool", "auto_pad,ceil_mode,count_include_pad,kernel_shape,pads,strides") \
+  X(GAP, "GlobalAveragePool", "")                                                            \
+  X(PAD, "Pad", "mode,pads,value")                                                           \
+  X(SLICE, "Slice", "starts,ends,axes")                                                      \
+  X(GATHER, "Gather", "axis")                                                                \
+  X(SHAPE, "Shape", "start,end")                                                             \
+  X(CONSTANT, "Constant", "value,value_float,value_floats,value_int,value_ints")             \
+  X(COS, "ConstantOfShape", "value")                                                         \
+  X(CAST, "Cast", "to,saturate")                                                             \
+  X(MATMUL, "MatMul", "")                                                                    \
+  X(GEMM, "Gemm", "alpha,beta,transA,transB")                                                \
+  X(EXP, "Exp", "")                                                                          \
+  X(REDUCEMEAN, "ReduceMean", "axes,keepdims,noop_with_empty_axes")                          \
+  X(IDENTITY, "Identity", "")
+
+typedef enum spn_op {
+#define SPN__OPE(e, n, a) SPN_OP_##e,
+  SPN_OP_MAP(SPN__OPE)
+#undef SPN__OPE
+  SPN_OP_COUNT
+} spn_op_t;
+
+extern const char *const spn_op_names[SPN_OP_COUNT];
+
+/* A parsed node attribute. */
+typedef enum { SPN_ATTR_F = 1, SPN_ATTR_I = 2, SPN_ATTR_S = 3, SPN_ATTR_T = 4, SPN_ATTR_FS = 6, SPN_ATTR_IS = 7 } spn_attr_type_t;
+
+typedef struct spn_attr {
+  char *name;
+  int type;
+  float f;
+  int64_t i;
+  char *s;         /* STRING (NUL-terminated copy) */
+  int64_t *ints;   /* INTS */
+  float *floats;   /* FLOATS */
+  int64_t n;       /* count of ints/floats */
+  int tval;        /* TENSOR: index of a constant value holding it */
+} spn_attr_t;
+
+typedef enum { SPN_VAL_INTER, SPN_VAL_INPUT, SPN_VAL_CONST } spn_val_kind_t;
+
+typedef struct spn_value {
+  char *name;
+  int kind;
+  int32_t dtype;
+  int ndim;               /* for consts and declared inputs/outputs; -1 unknown */
+  int64_t shape[SPN_MAXD];/* declared: -1 dynamic */
+  void *data;             /* consts: owned, 64-byte aligned */
+  int producer;           /* node index, -1 for inputs/consts */
+  int last_use;           /* last node index reading it (planning) */
+  int n_uses;
+  bool is_output;
+  bool shape_class;       /* small host value computed during shape inference */
+  bool nhwc;              /* kept channels-last between two 2-D convolutions */
+} spn_value_t;
+
+/* Fused post-operations on Conv/ConvTranspose/Gemm outputs, in order. */
+typedef enum { SPN_POST_RELU, SPN_POST_LRELU, SPN_POST_SIGMOID, SPN_POST_TANH, SPN_POST_CLIP, SPN_POST_ADD, SPN_POST_PRELU } spn_post_kind_t;
+typedef struct spn_post {
+  int kind;
+  float a, b;
+  int val; /* ADD: value added (same shape as the output); PRELU: slope (a = its size) */
+} spn_post_t;
+#define SPN_MAX_POST 4
+
+struct spn_dnnl_cache;
+
+typedef struct spn_node {
+  int op;
+  char *name;
+  char *op_name;
+  int n_in, n_out;
+  int *in;  /* value index, -1 for an omitted optional input */
+  int *out;
+  int n_attr;
+  spn_attr_t *attrs;
+  bool dead;
+  bool shape_class;
+  int n_post;
+  spn_post_t post[SPN_MAX_POST];
+  struct spn_dnnl_cache *dnnl; /* backend cache (primitives, reordered weights) */
+  pthread_mutex_t dnnl_lock;
+  bool dnnl_lock_init;
+} spn_node_t;
+
+typedef struct spn_engine_shared spn_engine_shared_t;
+
+struct spn_model {
+  spn_engine_t *eng;
+  spn_engine_shared_t *shared;
+  char *key;      /* "device|canonical path" */
+  char *path;     /* for messages */
+  char *device;
+  int refs;       /* guarded by the engine's registry lock */
+  int threads;
+  int n_val, cap_val;
+  spn_value_t *vals;
+  int n_node, cap_node;
+  spn_node_t *nodes;
+  int n_inputs, n_outputs;
+  int *inputs, *outputs; /* value indices */
+  int64_t opset;
+  int64_t params;
+  double flops;
+  int n_hist;
+  const char *hist_op[SPN_OP_COUNT];
+  int32_t hist_n[SPN_OP_COUNT];
+  int n_live_nodes;
+  int64_t (*dyn_in)[SPN_MAXD];
+  struct spn_model *next; /* registry list */
+  /* Buffers kept between runs (arenas, scratch) so a run does not fault in
+   * fresh pages; taken and returned under pool_lock. */
+  pthread_mutex_t pool_lock;
+  bool pool_lock_init;
+  int n_pool;
+  struct { void *p; size_t n; } pool[8];
+};
+
+/* Per-run state of one value. */
+typedef struct spn_rt_val {
+  int32_t dtype;
+  int ndim;
+  int64_t shape[SPN_MAXD];
+  void *data;
+  size_t bytes;
+  size_t off;     /* arena offset */
+  bool host_owned;/* malloc'd shape-class value or external buffer */
+  bool ext;       /* data not to be freed by the run */
+} spn_rt_val_t;
+
+typedef struct spn_run {
+  spn_model_t *m;
+  spn_rt_val_t *v;
+  spn_error_t *err;
+  int threads;
+  void *dnnl_stream; /* dnnl_stream_t of the engine */
+  void *scratch;     /* per-run transient buffer for backend temporaries */
+  size_t scratch_n;
+} spn_run_t;
+
+/* Pooled buffers: take one of at least `n` bytes (NULL on failure); give it
+ * back with its size. Thread: any. */
+void *spn_pool_take(spn_model_t *m, size_t n, size_t *got);
+void spn_pool_give(spn_model_t *m, void *p, size_t n);
+/* A run's transient backend buffer of at least n bytes (valid until the next
+ * call in the same run). */
+void *spn_run_scratch(spn_run_t *r, size_t n);
+
+/* Shared backend state of an engine (oneDNN engine + stream), refcounted so
+ * models outlive their engine object if released late. */
+struct spn_engine_shared {
+  void *dnnl_engine;
+  int refs;
+  pthread_mutex_t lock;
+};
+
+/* loader.c */
+int32_t spn_onnx_parse(spn_model_t *m, const uint8_t *buf, size_t len, const char *dir,
+                       spn_error_t *err);
+int spn_model_add_value(spn_model_t *m, const char *name, spn_error_t *err);
+int spn_model_find_value(const spn_model_t *m, const char *name);
+const spn_attr_t *spn_node_attr(const spn_node_t *n, const char *name);
+int64_t spn_attr_int(const spn_node_t *n, const char *name, int64_t def);
+float spn_attr_float(const spn_node_t *n, const char *name, float def);
+const char *spn_attr_str(const spn_node_t *n, const char *name, const char *def);
+void spn_model_destroy(spn_model_t *m);
+void *spn_aligned_alloc(size_t bytes);
+
+/* graph.c */
+int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err);
+int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tensor_t *out,
+                      int n_out, int threads, spn_error_t *err);
+
+/* ops.c: shape inference and reference kernels. */
+int32_t spn_op_infer(spn_run_t *r, const spn_node_t *n);
+int32_t spn_op_exec(spn_run_t *r, const spn_node_t *n);
+int32_t spn_op_check(const spn_model_t *m, const spn_node_t *n, spn_error_t *err);
+
+/* cpu-dnnl.c */
+int32_t spn_dnnl_shared_init(spn_engine_shared_t *s, spn_error_t *err);
+void spn_dnnl_shared_fini(spn_engine_shared_t *s);
+int32_t spn_dnnl_conv(spn_run_t *r, const spn_node_t *n, bool transposed);
+int32_t spn_dnnl_pool(spn_run_t *r, const spn_node_t *n);
+void spn_dnnl_node_free(spn_node_t *n);
+void spn_dnnl_run_end(spn_run_t *r);
+int32_t spn_sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                  int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* Helpers shared by ops and backend. */
+int32_t spn_conv_geometry(const spn_node_t *n, const spn_rt_val_t *x, const spn_rt_val_t *w,
+                          bool transposed, int64_t *stride, int64_t *dil, int64_t *pl,
+                          int64_t *pr, int64_t *out_sp, spn_error_t *err);
+void spn_apply_post(spn_run_t *r, const spn_node_t *n, float *y, int64_t count);
+/* Post-ops [from, to) of node n (to == 0: all remaining) on plain-layout y. */
+typedef struct spn_spost { const spn_node_t *n; int from, to; } spn_spost_t;
+void spn_apply_post_from(spn_run_t *r, const spn_spost_t *sp, float *y, int64_t count);
+
+#endif

@@ -1,0 +1,1023 @@
+/* graph.c — graph validation, passes, memory planning and the run loop.
+ *
+ * At load: check every value is defined (no dangling names), sort nodes
+ * topologically (a cycle is an error naming a node on it), fold constants,
+ * fold BatchNormalization into the Conv before it, fuse activations and
+ * residual adds into Conv/ConvTranspose as post-ops, drop dead nodes, and
+ * mark the "shape class" nodes (Shape and everything computed only from
+ * shapes and constants), which each run evaluates during shape inference.
+ *
+ * Per run: bind inputs, infer every shape (computing shape-class values on
+ * the way), plan one arena by value lifetimes (first fit over a free list, so
+ * a buffer is reused as soon as its last reader ran), then execute.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine-internal.h"
+
+/* Folded constants and shape-class values are small in real models; a
+ * bigger one is a hostile file trying to make loading allocate. */
+#define SPN_HOST_VALUE_MAX (256 << 20)
+/* Size given to dynamic non-batch dims when probing shapes at load. */
+#define SPN_PROBE_DIM 64
+
+static int32_t topo_sort(spn_model_t *m, spn_error_t *err) {
+  int n = m->n_node;
+  int *indeg = calloc((size_t)n + 1, sizeof(int));
+  int *order = calloc((size_t)n + 1, sizeof(int));
+  int *queue = calloc((size_t)n + 1, sizeof(int));
+  int32_t rc = SPN_OK;
+  if (!indeg || !order || !queue) {
+    rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
+    goto out;
+  }
+  for (int i = 0; i < n; i++) {
+    spn_node_t *nd = &m->nodes[i];
+    for (int k = 0; k < nd->n_in; k++) {
+      int vi = nd->in[k];
+      if (vi < 0)
+        continue;
+      spn_value_t *v = &m->vals[vi];
+      if (v->kind == SPN_VAL_INTER && v->producer < 0) {
+        rc = spn_error_set(err, SPN_EMODEL, "%s: node '%s' (%s): input '%s' is not a graph input, an initializer or any node's output", m->path, nd->name, nd->op_name, v->name);
+        goto out;
+      }
+      if (v->producer >= 0)
+        indeg[i]++;
+    }
+  }
+  int qh = 0, qt = 0, cnt = 0;
+  for (int i = 0; i < n; i++)
+    if (!indeg[i])
+      queue[qt++] = i;
+  while (qh < qt) {
+    int i = queue[qh++];
+    order[cnt++] = i;
+    spn_node_t *nd = &m->nodes[i];
+    for (int o = 0; o < nd->n_out; o++) {
+      int vi = nd->out[o];
+      if (vi < 0)
+        continue;
+      for (int j = 0; j < n; j++) {
+        spn_node_t *c = &m->nodes[j];
+        for (int k = 0; k < c->n_in; k++)
+          if (c->in[k] == vi && --indeg[j] == 0)
+            queue[qt++] = j;
+      }
+    }
+  }
+  if (cnt < n) {
+    for (int i = 0; i < n; i++)
+      if (indeg[i]) {
+        rc = spn_error_set(err, SPN_EMODEL, "%s: the graph has a cycle through node '%s' (%s)", m->path, m->nodes[i].name, m->nodes[i].op_name);
+        goto out;
+      }
+  }
+  spn_node_t *sorted = calloc((size_t)n + 1, sizeof(spn_node_t));
+  if (!sorted) {
+    rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
+    goto out;
+  }
+  for (int i = 0; i < n; i++)
+    sorted[i] = m->nodes[order[i]];
+  free(m->nodes);
+  m->nodes = sorted;
+  for (int i = 0; i < n; i++)
+    for (int o = 0; o < m->nodes[i].n_out; o++)
+      if (m->nodes[i].out[o] >= 0)
+        m->vals[m->nodes[i].out[o]].producer = i;
+out:
+  free(indeg);
+  free(order);
+  free(queue);
+  return rc;
+}
+
+static void count_uses(spn_model_t *m) {
+  for (int i = 0; i < m->n_val; i++) {
+    m->vals[i].n_uses = 0;
+    m->vals[i].last_use = -1;
+  }
+  for (int i = 0; i < m->n_node; i++) {
+    spn_node_t *n = &m->nodes[i];
+    if (n->dead)
+      continue;
+    for (int k = 0; k < n->n_in; k++)
+      if (n->in[k] >= 0) {
+        m->vals[n->in[k]].n_uses++;
+        m->vals[n->in[k]].last_use = i;
+      }
+    for (int p = 0; p < n->n_post; p++)
+      if (n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU) {
+        m->vals[n->post[p].val].n_uses++;
+        m->vals[n->post[p].val].last_use = i;
+      }
+  }
+}
+
+static bool is_conv2d(const spn_model_t *m, const spn_node_t *n) {
+  return !n->dead && (n->op == SPN_OP_CONV || n->op == SPN_OP_CONVT) && m->vals[n->in[1]].ndim == 4;
+}
+
+/* Values produced by a 2-D convolution (or a channel Concat of such values)
+ * and read only as the data input or residual addend of other 2-D
+ * convolutions, or by such a Concat, stay channels-last: no reorders between
+ * them. Concat nodes start optimistic and drop out until nothing changes. */
+static bool concat_candidate(const spn_model_t *m, const spn_node_t *n) {
+  if (n->dead || n->op != SPN_OP_CONCAT || n->n_out != 1)
+    return false;
+  int64_t ax = spn_attr_int(n, "axis", 0);
+  if (ax != 1 && ax != -3)
+    return false;
+  for (int k = 0; k < n->n_in; k++) {
+    int vi = n->in[k];
+    if (vi < 0 || m->vals[vi].producer < 0)
+      return false;
+    const spn_node_t *p = &m->nodes[m->vals[vi].producer];
+    if (!is_conv2d(m, p) && !concat_candidate(m, p))
+      return false;
+  }
+  return true;
+}
+
+static void mark_nhwc(spn_model_t *m) {
+  bool *cc = calloc((size_t)m->n_node + 1, sizeof(bool));
+  if (!cc)
+    return;
+  for (int i = 0; i < m->n_node; i++)
+    cc[i] = concat_candidate(m, &m->nodes[i]);
+  for (int iter = 0; iter < 64; iter++) {
+    bool changed = false;
+    for (int vi = 0; vi < m->n_val; vi++) {
+      spn_value_t *v = &m->vals[vi];
+      bool ok = v->kind == SPN_VAL_INTER && !v->is_output && v->producer >= 0 && v->n_uses >= 1 &&
+                (is_conv2d(m, &m->nodes[v->producer]) || cc[v->producer]);
+      for (int i = 0; i < m->n_node && ok; i++) {
+        const spn_node_t *n = &m->nodes[i];
+        if (n->dead)
+          continue;
+        for (int k = 0; k < n->n_in && ok; k++)
+          if (n->in[k] == vi && !((k == 0 && is_conv2d(m, n)) || cc[i]))
+            ok = false;
+        for (int p = 0; p < n->n_post && ok; p++)
+          if (n->post[p].kind == SPN_POST_ADD && n->post[p].val == vi && !is_conv2d(m, n))
+            ok = false;
+      }
+      v->nhwc = ok;
+    }
+    for (int i = 0; i < m->n_node; i++)
+      if (cc[i] && !m->vals[m->nodes[i].out[0]].nhwc) {
+        cc[i] = false;
+        changed = true;
+      }
+    if (!changed)
+      break;
+  }
+  free(cc);
+}
+
+static bool is_const(const spn_model_t *m, int vi) {
+  return vi < 0 || m->vals[vi].kind == SPN_VAL_CONST;
+}
+
+/* Per-run value table with constants and (for folding) nothing else bound. */
+static spn_rt_val_t *rt_new(const spn_model_t *m) {
+  spn_rt_val_t *v = calloc((size_t)m->n_val + 1, sizeof *v);
+  if (!v)
+    return NULL;
+  for (int i = 0; i < m->n_val; i++) {
+    const spn_value_t *mv = &m->vals[i];
+    if (mv->kind == SPN_VAL_CONST) {
+      v[i].dtype = mv->dtype;
+      v[i].ndim = mv->ndim;
+      memcpy(v[i].shape, mv->shape, sizeof v[i].shape);
+      v[i].data = mv->data;
+      v[i].ext = true;
+    }
+  }
+  return v;
+}
+
+/* Bytes of a value; saturates at SPN_VALUE_MAX + 1 so hostile shapes cannot
+ * wrap around into a small allocation. */
+#define SPN_VALUE_MAX (INT64_C(1) << 38)
+static size_t rt_bytes(const spn_rt_val_t *v) {
+  uint64_t n = spn_dtype_size(v->dtype);
+  for (int i = 0; i < v->ndim; i++) {
+    uint64_t d = v->shape[i] < 0 ? 0 : (uint64_t)v->shape[i];
+    if (d && n > (uint64_t)SPN_VALUE_MAX / d)
+      return (size_t)SPN_VALUE_MAX + 1;
+    n *= d;
+  }
+  return (size_t)n;
+}
+
+static void rt_free(const spn_model_t *m, spn_rt_val_t *v) {
+  if (!v)
+    return;
+  for (int i = 0; i < m->n_val; i++)
+    if (v[i].host_owned && !v[i].ext)
+      free(v[i].data);
+  free(v);
+}
+
+/* Infer and execute node `n` with every output malloc'd (host_owned). */
+static int32_t run_host(spn_run_t *r, const spn_node_t *n) {
+  int32_t rc = spn_op_infer(r, n);
+  if (rc)
+    return rc;
+  for (int o = 0; o < n->n_out; o++) {
+    if (n->out[o] < 0)
+      continue;
+    spn_rt_val_t *ov = &r->v[n->out[o]];
+    ov->bytes = rt_bytes(ov);
+    if (ov->bytes > SPN_HOST_VALUE_MAX)
+      return spn_error_set(r->err, SPN_ETOOBIG, "constant or shape value of %zu bytes (limit %d MiB)", ov->bytes, SPN_HOST_VALUE_MAX >> 20);
+    ov->data = spn_aligned_alloc(ov->bytes);
+    if (!ov->data)
+      return spn_error_set(r->err, SPN_ENOMEM, "out of memory");
+    ov->host_owned = true;
+  }
+  return spn_op_exec(r, n);
+}
+
+/* Evaluate every node whose inputs are all constants once, at load. */
+static int32_t fold_constants(spn_model_t *m, spn_error_t *err) {
+  spn_rt_val_t *rv = rt_new(m);
+  if (!rv)
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  spn_run_t r = {.m = m, .v = rv, .err = err, .threads = 1};
+  int32_t rc = SPN_OK;
+  for (int i = 0; i < m->n_node; i++) {
+    spn_node_t *n = &m->nodes[i];
+    bool all = true;
+    for (int k = 0; k < n->n_in; k++)
+      all = all && is_const(m, n->in[k]);
+    if (!all || n->dead)
+      continue;
+    if ((rc = run_host(&r, n))) {
+      spn_error_prefix(err, "%s: folding constant node '%s' (%s)", m->path, n->name, n->op_name);
+      goto out;
+    }
+    for (int o = 0; o < n->n_out; o++) {
+      int vi = n->out[o];
+      if (vi < 0)
+        continue;
+      spn_value_t *v = &m->vals[vi];
+      v->kind = SPN_VAL_CONST;
+      v->dtype = rv[vi].dtype;
+      v->ndim = rv[vi].ndim;
+      memcpy(v->shape, rv[vi].shape, sizeof v->shape);
+      v->data = rv[vi].data;
+      v->producer = -1;
+      rv[vi].host_owned = false;
+      rv[vi].ext = true;
+    }
+    n->dead = true;
+  }
+out:
+  spn_dnnl_run_end(&r);
+  free(r.scratch);
+  rt_free(m, rv);
+  return rc;
+}
+
+/* The only consumer of value vi, or -1 (graph outputs count as a use). */
+static int sole_consumer(const spn_model_t *m, int vi) {
+  if (m->vals[vi].is_output)
+    return -1;
+  int found = -1;
+  for (int i = 0; i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead)
+      continue;
+    for (int k = 0; k < n->n_in; k++)
+      if (n->in[k] == vi) {
+        if (found >= 0 && found != i)
+          return -1;
+        if (found == i)
+          return -1; /* used twice by one node */
+        found = i;
+      }
+    for (int p = 0; p < n->n_post; p++)
+      if ((n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU) && n->post[p].val == vi)
+        return -1;
+  }
+  return found;
+}
+
+static int new_const(spn_model_t *m, const char *base, const char *suffix, int ndim,
+                     const int64_t *shape, spn_error_t *err) {
+  char name[512];
+  snprintf(name, sizeof name, "%s%s", base, suffix);
+  int vi = spn_model_add_value(m, name, err);
+  if (vi < 0)
+    return -1;
+  spn_value_t *v = &m->vals[vi];
+  v->kind = SPN_VAL_CONST;
+  v->dtype = SPN_DTYPE_F32;
+  v->ndim = ndim;
+  int64_t numel = 1;
+  for (int i = 0; i < ndim; i++)
+    numel *= (v->shape[i] = shape[i]);
+  v->data = spn_aligned_alloc((size_t)numel * sizeof(float));
+  if (!v->data) {
+    spn_error_set(err, SPN_ENOMEM, "out of memory");
+    return -1;
+  }
+  return vi;
+}
+
+/* Conv -> BatchNormalization with constant parameters becomes one Conv. */
+static int32_t fold_batchnorm(spn_model_t *m, spn_error_t *err) {
+  for (int i = 0; i < m->n_node; i++) {
+    spn_node_t *c = &m->nodes[i];
+    if (c->dead || (c->op != SPN_OP_CONV && c->op != SPN_OP_CONVT) || c->n_post || c->n_out != 1)
+      continue;
+    int j = sole_consumer(m, c->out[0]);
+    if (j < 0)
+      continue;
+    spn_node_t *b = &m->nodes[j];
+    if (b->op != SPN_OP_BN || b->n_in < 5 || b->in[0] != c->out[0] || b->n_out < 1)
+      continue;
+    bool ok = is_const(m, c->in[1]) && (c->n_in < 3 || is_const(m, c->in[2]));
+    for (int k = 1; k < 5; k++)
+      ok = ok && b->in[k] >= 0 && is_const(m, b->in[k]);
+    if (!ok)
+      continue;
+    spn_value_t *w = &m->vals[c->in[1]];
+    if (w->dtype != SPN_DTYPE_F32 || w->ndim < 3)
+      continue;
+    bool tr = c->op == SPN_OP_CONVT;
+    int64_t grp = spn_attr_int(c, "group", 1);
+    if (grp < 1 || w->shape[0] % grp)
+      continue;
+    /* Conv weights are [OC, IC/g, k...]; ConvTranspose [IC, OC/g, k...]. */
+    int64_t oc = tr ? w->shape[1] * grp : w->shape[0], per = 1;
+    for (int d = tr ? 2 : 1; d < w->ndim; d++)
+      per *= w->shape[d];
+    bool shapes_ok = true;
+    for (int k = 1; k < 5; k++) {
+      spn_value_t *p = &m->vals[b->in[k]];
+      shapes_ok = shapes_ok && p->dtype == SPN_DTYPE_F32 && p->ndim == 1 && p->shape[0] == oc;
+    }
+    if (c->n_in >= 3 && c->in[2] >= 0) {
+      spn_value_t *bb = &m->vals[c->in[2]];
+      shapes_ok = shapes_ok && bb->dtype == SPN_DTYPE_F32 && bb->ndim == 1 && bb->shape[0] == oc;
+    }
+    if (!shapes_ok)
+      continue;
+    float eps = spn_attr_float(b, "epsilon", 1e-5f);
+    int nw = new_const(m, c->name, "/bnfold_w", w->ndim, w->shape, err);
+    if (nw < 0)
+      return err ? err->code : SPN_ENOMEM;
+    int64_t bshape[1] = {oc};
+    int nb = new_const(m, c->name, "/bnfold_b", 1, bshape, err);
+    if (nb < 0)
+      return err ? err->code : SPN_ENOMEM;
+    w = &m->vals[c->in[1]]; /* the table may have moved */
+    const float *W = w->data;
+    const float *B0 = (c->n_in >= 3 && c->in[2] >= 0) ? m->vals[c->in[2]].data : NULL;
+    const float *gamma = m->vals[b->in[1]].data, *beta = m->vals[b->in[2]].data;
+    const float *mean = m->vals[b->in[3]].data, *var = m->vals[b->in[4]].data;
+    float *NW = m->vals[nw].data, *NB = m->vals[nb].data;
+    for (int64_t o = 0; o < oc; o++) {
+      float s = gamma[o] / sqrtf(var[o] + eps);
+      NB[o] = ((B0 ? B0[o] : 0.f) - mean[o]) * s + beta[o];
+      if (!tr)
+        for (int64_t q = 0; q < per; q++)
+          NW[o * per + q] = W[o * per + q] * s;
+    }
+    if (tr) {
+      int64_t ic = w->shape[0], ocg = w->shape[1], icg = ic / grp;
+      for (int64_t ii = 0; ii < ic; ii++)
+        for (int64_t jj = 0; jj < ocg; jj++) {
+          int64_t o = (ii / icg) * ocg + jj;
+          float s = gamma[o] / sqrtf(var[o] + eps);
+          for (int64_t q = 0; q < per; q++)
+            NW[(ii * ocg + jj) * per + q] = W[(ii * ocg + jj) * per + q] * s;
+        }
+    }
+    if (c->n_in < 3) {
+      int *ni = realloc(c->in, 3 * sizeof(int));
+      if (!ni)
+        return spn_error_set(err, SPN_ENOMEM, "out of memory");
+      c->in = ni;
+      c->n_in = 3;
+    }
+    c->in[1] = nw;
+    c->in[2] = nb;
+    m->vals[c->out[0]].producer = -1;
+    c->out[0] = b->out[0];
+    m->vals[c->out[0]].producer = i;
+    b->dead = true;
+  }
+  return SPN_OK;
+}
+
+/* Activations and residual adds following a Conv/ConvTranspose become
+ * post-ops of it. */
+static void fuse_post_ops(spn_model_t *m) {
+  for (int i = 0; i < m->n_node; i++) {
+    spn_node_t *c = &m->nodes[i];
+    if (c->dead || (c->op != SPN_OP_CONV && c->op != SPN_OP_CONVT) || c->n_out != 1)
+      continue;
+    while (c->n_post < SPN_MAX_POST) {
+      int j = sole_consumer(m, c->out[0]);
+      if (j < 0)
+        break;
+      spn_node_t *a = &m->nodes[j];
+      if (a->n_out != 1 || a->out[0] < 0)
+        break;
+      spn_post_t p = {0};
+      switch (a->op) {
+      case SPN_OP_RELU: p.kind = SPN_POST_RELU; break;
+      case SPN_OP_LRELU: p.kind = SPN_POST_LRELU; p.a = spn_attr_float(a, "alpha", 0.01f); break;
+      case SPN_OP_SIGMOID: p.kind = SPN_POST_SIGMOID; break;
+      case SPN_OP_TANH: p.kind = SPN_POST_TANH; break;
+      case SPN_OP_CLIP: {
+        p.kind = SPN_POST_CLIP;
+        p.a = -INFINITY;
+        p.b = INFINITY;
+        if (m->opset < 11) {
+          p.a = spn_attr_float(a, "min", -INFINITY);
+          p.b = spn_attr_float(a, "max", INFINITY);
+        } else {
+          bool ok = true;
+          for (int k = 1; k < a->n_in && k < 3; k++) {
+            int vi = a->in[k];
+            if (vi < 0)
+              continue;
+            const spn_value_t *v = &m->vals[vi];
+            if (v->kind != SPN_VAL_CONST || v->dtype != SPN_DTYPE_F32 || v->ndim > 1 || (v->ndim == 1 && v->shape[0] != 1)) {
+              ok = false;
+              break;
+            }
+            if (k == 1)
+              p.a = *(const float *)v->data;
+            else
+              p.b = *(const float *)v->data;
+          }
+          if (!ok)
+            p.kind = -1;
+        }
+        break;
+      }
+      case SPN_OP_PRELU: {
+        /* Per-channel ([C,1,1] right-aligned) or single constant slope. */
+        const spn_value_t *sl = &m->vals[a->in[1]];
+        const spn_value_t *w = &m->vals[c->in[1]];
+        int64_t oc = c->op == SPN_OP_CONV ? w->shape[0] : w->shape[1] * spn_attr_int(c, "group", 1);
+        int64_t cnt = 1;
+        for (int d = 0; d < sl->ndim; d++)
+          cnt *= sl->shape[d];
+        bool ok = sl->kind == SPN_VAL_CONST && sl->dtype == SPN_DTYPE_F32 && a->in[0] == c->out[0] && w->ndim == 4;
+        if (ok && cnt != 1) {
+          ok = sl->ndim >= 3 && sl->ndim <= 4 && cnt == oc && sl->shape[sl->ndim - 1] == 1 && sl->shape[sl->ndim - 2] == 1;
+        }
+        if (!ok) {
+          p.kind = -1;
+          break;
+        }
+        p.kind = SPN_POST_PRELU;
+        p.val = a->in[1];
+        p.a = (float)cnt;
+        break;
+      }
+      case SPN_OP_ADD: {
+        if (a->n_in != 2)
+          break;
+        int other = a->in[0] == c->out[0] ? a->in[1] : a->in[0];
+        if (other < 0 || other == c->out[0] || m->vals[other].kind == SPN_VAL_CONST)
+          break;
+        /* The addend must exist when the conv runs. */
+        int prod = m->vals[other].producer;
+        if (m->vals[other].kind == SPN_VAL_INTER && prod >= i)
+          break;
+        p.kind = SPN_POST_ADD;
+        p.val = other;
+        break;
+      }
+      default: p.kind = -1; break;
+      }
+      if (a->op == SPN_OP_ADD && p.kind != SPN_POST_ADD)
+        break;
+      if (p.kind < 0)
+        break;
+      c->post[c->n_post++] = p;
+      m->vals[c->out[0]].producer = -1;
+      c->out[0] = a->out[0];
+      m->vals[c->out[0]].producer = i;
+      a->dead = true;
+    }
+  }
+}
+
+static void remove_dead(spn_model_t *m) {
+  bool *live = calloc((size_t)m->n_val + 1, sizeof(bool));
+  if (!live)
+    return;
+  for (int i = 0; i < m->n_outputs; i++)
+    live[m->outputs[i]] = true;
+  for (int i = m->n_node - 1; i >= 0; i--) {
+    spn_node_t *n = &m->nodes[i];
+    if (n->dead)
+      continue;
+    bool any = false;
+    for (int o = 0; o < n->n_out; o++)
+      any = any || (n->out[o] >= 0 && live[n->out[o]]);
+    if (!any) {
+      n->dead = true;
+      continue;
+    }
+    for (int k = 0; k < n->n_in; k++)
+      if (n->in[k] >= 0)
+        live[n->in[k]] = true;
+    for (int p = 0; p < n->n_post; p++)
+      if (n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU)
+        live[n->post[p].val] = true;
+  }
+  free(live);
+}
+
+static void mark_shape_class(spn_model_t *m) {
+  for (int i = 0; i < m->n_val; i++)
+    m->vals[i].shape_class = false;
+  for (int i = 0; i < m->n_node; i++) {
+    spn_node_t *n = &m->nodes[i];
+    n->shape_class = false;
+    if (n->dead)
+      continue;
+    bool sc = n->op == SPN_OP_SHAPE;
+    if (!sc && n->n_in > 0 && n->op != SPN_OP_CONV && n->op != SPN_OP_CONVT) {
+      sc = true;
+      for (int k = 0; k < n->n_in; k++) {
+        int vi = n->in[k];
+        if (vi >= 0 && !(m->vals[vi].kind == SPN_VAL_CONST || m->vals[vi].shape_class))
+          sc = false;
+      }
+    }
+    if (!sc)
+      continue;
+    n->shape_class = true;
+    for (int o = 0; o < n->n_out; o++)
+      if (n->out[o] >= 0)
+        m->vals[n->out[o]].shape_class = true;
+  }
+}
+
+/* FLOPs per sample for the compute-heavy ops, from shapes at batch 1. */
+static void count_flops(spn_model_t *m, const spn_rt_val_t *v) {
+  double f = 0;
+  for (int i = 0; i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead || n->n_out < 1 || n->out[0] < 0)
+      continue;
+    const spn_rt_val_t *y = &v[n->out[0]];
+    double ny = 1;
+    for (int d = 0; d < y->ndim; d++)
+      ny *= (double)y->shape[d];
+    if (n->op == SPN_OP_CONV && n->n_in >= 2) {
+      const spn_rt_val_t *w = &v[n->in[1]];
+      double k = 1;
+      for (int d = 1; d < w->ndim; d++)
+        k *= (double)w->shape[d];
+      f += 2.0 * ny * k;
+    } else if (n->op == SPN_OP_CONVT && n->n_in >= 2) {
+      const spn_rt_val_t *x = &v[n->in[0]], *w = &v[n->in[1]];
+      double nx = 1, k = 1;
+      for (int d = 0; d < x->ndim; d++)
+        nx *= (double)x->shape[d];
+      for (int d = 1; d < w->ndim; d++)
+        k *= (double)w->shape[d];
+      f += 2.0 * nx * k;
+    } else if ((n->op == SPN_OP_MATMUL || n->op == SPN_OP_GEMM) && n->n_in >= 2) {
+      const spn_rt_val_t *a = &v[n->in[0]];
+      int64_t kd = a->ndim ? a->shape[a->ndim - 1] : 1;
+      if (n->op == SPN_OP_GEMM && spn_attr_int(n, "transA", 0) && a->ndim == 2)
+        kd = a->shape[0];
+      f += 2.0 * ny * (double)kd;
+    }
+  }
+  m->flops = f;
+}
+
+/* Shape inference with a dynamic batch (dim 0) set to `dyn` and other
+ * dynamic dims to `dyn_other`; fills rv. */
+static int32_t infer_all(spn_model_t *m, spn_rt_val_t *rv, int64_t dyn, int64_t dyn_other,
+                         spn_error_t *err) {
+  spn_run_t r = {.m = m, .v = rv, .err = err, .threads = 1};
+  for (int i = 0; i < m->n_inputs; i++) {
+    const spn_value_t *iv = &m->vals[m->inputs[i]];
+    spn_rt_val_t *x = &rv[m->inputs[i]];
+    x->dtype = iv->dtype;
+    x->ndim = iv->ndim;
+    for (int d = 0; d < iv->ndim; d++)
+      x->shape[d] = iv->shape[d] >= 0 ? iv->shape[d] : (d == 0 ? dyn : dyn_other);
+  }
+  for (int i = 0; i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead)
+      continue;
+    int32_t rc = n->shape_class ? run_host(&r, n) : spn_op_infer(&r, n);
+    if (rc)
+      return rc;
+  }
+  return SPN_OK;
+}
+
+int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
+  int32_t rc;
+  if (pthread_mutex_init(&m->pool_lock, NULL))
+    return spn_error_set(err, SPN_EINTERNAL, "mutex init failed");
+  m->pool_lock_init = true;
+  for (int i = 0; i < m->n_node; i++) {
+    if (pthread_mutex_init(&m->nodes[i].dnnl_lock, NULL))
+      return spn_error_set(err, SPN_EINTERNAL, "mutex init failed");
+    m->nodes[i].dnnl_lock_init = true;
+    if (m->hist_n[m->nodes[i].op]++ == 0)
+      m->hist_op[m->n_hist++] = spn_op_names[m->nodes[i].op];
+  }
+  if ((rc = topo_sort(m, err)))
+    return rc;
+  for (int i = 0; i < m->n_node; i++)
+    if ((rc = spn_op_check(m, &m->nodes[i], err)))
+      return rc;
+  if ((rc = fold_constants(m, err)))
+    return rc;
+  remove_dead(m);
+  if (fuse) {
+    if ((rc = fold_batchnorm(m, err)))
+      return rc;
+    fuse_post_ops(m);
+  }
+  remove_dead(m);
+  mark_shape_class(m);
+  count_uses(m);
+  if (fuse)
+    mark_nhwc(m);
+  m->n_live_nodes = 0;
+  for (int i = 0; i < m->n_node; i++)
+    m->n_live_nodes += !m->nodes[i].dead;
+  /* Static shapes for inspection: infer at batch 1 and 2; dims that move
+   * with the batch are dynamic (-1). */
+  spn_rt_val_t *a = rt_new(m), *b = rt_new(m);
+  if (!a || !b) {
+    rt_free(m, a);
+    rt_free(m, b);
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  }
+  /* Dynamic spatial dims are probed at 64 and 96 (FLOPs are reported at
+   * batch 1 and 64); a model that needs other sizes is probed at 1 and 2. */
+  rc = infer_all(m, a, 1, SPN_PROBE_DIM, err);
+  if (!rc)
+    rc = infer_all(m, b, 2, SPN_PROBE_DIM + 32, err);
+  if (rc) {
+    rt_free(m, a);
+    rt_free(m, b);
+    a = rt_new(m);
+    b = rt_new(m);
+    if (!a || !b) {
+      rt_free(m, a);
+      rt_free(m, b);
+      return spn_error_set(err, SPN_ENOMEM, "out of memory");
+    }
+    spn_error_clear(err);
+    rc = infer_all(m, a, 1, 1, err);
+    if (!rc)
+      rc = infer_all(m, b, 2, 2, err);
+  }
+  if (rc) {
+    spn_error_prefix(err, "%s: shape inference", m->path);
+  } else {
+    count_flops(m, a);
+    for (int i = 0; i < m->n_outputs; i++) {
+      spn_value_t *o = &m->vals[m->outputs[i]];
+      if (o->kind == SPN_VAL_CONST)
+        continue;
+      const spn_rt_val_t *x = &a[m->outputs[i]], *y = &b[m->outputs[i]];
+      o->dtype = x->dtype;
+      o->ndim = x->ndim;
+      for (int d = 0; d < x->ndim; d++)
+        o->shape[d] = x->shape[d] == y->shape[d] ? x->shape[d] : -1;
+    }
+  }
+  rt_free(m, a);
+  rt_free(m, b);
+  return rc;
+}
+
+/* ---- buffer pool ---- */
+
+void *spn_pool_take(spn_model_t *m, size_t n, size_t *got) {
+  void *p = NULL;
+  if (m->pool_lock_init) {
+    pthread_mutex_lock(&m->pool_lock);
+    int best = -1;
+    for (int i = 0; i < m->n_pool; i++)
+      if (m->pool[i].n >= n && (best < 0 || m->pool[i].n < m->pool[best].n))
+        best = i;
+    if (best >= 0) {
+      p = m->pool[best].p;
+      *got = m->pool[best].n;
+      m->pool[best] = m->pool[--m->n_pool];
+    }
+    pthread_mutex_unlock(&m->pool_lock);
+  }
+  if (!p) {
+    p = spn_aligned_alloc(n);
+    *got = n;
+  }
+  return p;
+}
+
+void spn_pool_give(spn_model_t *m, void *p, size_t n) {
+  if (!p)
+    return;
+  if (m->pool_lock_init) {
+    pthread_mutex_lock(&m->pool_lock);
+    if (m->n_pool < (int)(sizeof m->pool / sizeof m->pool[0])) {
+      m->pool[m->n_pool].p = p;
+      m->pool[m->n_pool++].n = n;
+      p = NULL;
+    } else {
+      /* Full: keep the larger buffer. */
+      int small = 0;
+      for (int i = 1; i < m->n_pool; i++)
+        if (m->pool[i].n < m->pool[small].n)
+          small = i;
+      if (m->pool[small].n < n) {
+        void *old = m->pool[small].p;
+        m->pool[small].p = p;
+        m->pool[small].n = n;
+        p = old;
+      }
+    }
+    pthread_mutex_unlock(&m->pool_lock);
+  }
+  free(p);
+}
+
+void *spn_run_scratch(spn_run_t *r, size_t n) {
+  if (n <= r->scratch_n)
+    return r->scratch;
+  spn_pool_give(r->m, r->scratch, r->scratch_n);
+  r->scratch = spn_pool_take(r->m, n, &r->scratch_n);
+  if (!r->scratch)
+    r->scratch_n = 0;
+  return r->scratch;
+}
+
+/* ---- memory plan ---- */
+
+typedef struct { size_t off, size; } spn_block_t;
+
+typedef struct {
+  spn_block_t *free;
+  int n, cap;
+  size_t top;
+} spn_plan_t;
+
+static size_t plan_alloc(spn_plan_t *p, size_t size) {
+  size = (size + 63) & ~(size_t)63;
+  for (int i = 0; i < p->n; i++)
+    if (p->free[i].size >= size) {
+      size_t off = p->free[i].off;
+      p->free[i].off += size;
+      p->free[i].size -= size;
+      if (!p->free[i].size) {
+        memmove(&p->free[i], &p->free[i + 1], (size_t)(p->n - i - 1) * sizeof *p->free);
+        p->n--;
+      }
+      return off;
+    }
+  /* Grow: extend a free block touching the top if there is one. */
+  if (p->n && p->free[p->n - 1].off + p->free[p->n - 1].size == p->top) {
+    size_t off = p->free[p->n - 1].off;
+    p->top = off + size;
+    p->n--;
+    return off;
+  }
+  size_t off = p->top;
+  p->top += size;
+  return off;
+}
+
+static int plan_free(spn_plan_t *p, size_t off, size_t size) {
+  size = (size + 63) & ~(size_t)63;
+  int i = 0;
+  while (i < p->n && p->free[i].off < off)
+    i++;
+  if (p->n == p->cap) {
+    int cap = p->cap ? p->cap * 2 : 32;
+    spn_block_t *nb = realloc(p->free, (size_t)cap * sizeof *nb);
+    if (!nb)
+      return -1;
+    p->free = nb;
+    p->cap = cap;
+  }
+  memmove(&p->free[i + 1], &p->free[i], (size_t)(p->n - i) * sizeof *p->free);
+  p->free[i] = (spn_block_t){off, size};
+  p->n++;
+  if (i + 1 < p->n && p->free[i].off + p->free[i].size == p->free[i + 1].off) {
+    p->free[i].size += p->free[i + 1].size;
+    memmove(&p->free[i + 1], &p->free[i + 2], (size_t)(p->n - i - 2) * sizeof *p->free);
+    p->n--;
+  }
+  if (i > 0 && p->free[i - 1].off + p->free[i - 1].size == p->free[i].off) {
+    p->free[i - 1].size += p->free[i].size;
+    memmove(&p->free[i], &p->free[i + 1], (size_t)(p->n - i - 1) * sizeof *p->free);
+    p->n--;
+  }
+  return 0;
+}
+
+int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tensor_t *out,
+                      int n_out, int threads, spn_error_t *err) {
+  if (n_in != m->n_inputs)
+    return spn_error_set(err, SPN_EINVAL, "%s: %d inputs given, the model takes %d", m->path, n_in, m->n_inputs);
+  if (n_out != m->n_outputs)
+    return spn_error_set(err, SPN_EINVAL, "%s: %d outputs given, the model produces %d", m->path, n_out, m->n_outputs);
+  spn_rt_val_t *rv = rt_new(m);
+  if (!rv)
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  spn_run_t r = {.m = m, .v = rv, .err = err, .threads = threads};
+  spn_plan_t plan = {0};
+  uint8_t *arena = NULL;
+  size_t arena_n = 0;
+  bool *engine_alloc = calloc((size_t)n_out + 1, sizeof(bool));
+  int prev_threads = 0;
+  int32_t rc = SPN_OK;
+  if (!engine_alloc) {
+    rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
+    goto out;
+  }
+  for (int i = 0; i < n_in; i++) {
+    const spn_value_t *iv = &m->vals[m->inputs[i]];
+    const spn_tensor_t *t = &in[i];
+    if (t->dtype != iv->dtype || t->ndim != iv->ndim || !t->data || t->device_kind != SPN_DEVICE_CPU) {
+      rc = spn_error_set(err, SPN_EINVAL, "%s: input '%s' (#%d): expected a host tensor of dtype %d with %d dims, got dtype %d with %d dims", m->path, iv->name, i, iv->dtype, iv->ndim, t->dtype, t->ndim);
+      goto out;
+    }
+    for (int d = 0; d < t->ndim; d++)
+      if ((iv->shape[d] >= 0 && t->shape[d] != iv->shape[d]) || t->shape[d] < 0 || (iv->shape[d] < 0 && t->shape[d] == 0)) {
+        rc = spn_error_set(err, SPN_EINVAL, "%s: input '%s': dimension %d is %lld, the model expects %lld", m->path, iv->name, d, (long long)t->shape[d], (long long)iv->shape[d]);
+        goto out;
+      }
+    spn_rt_val_t *x = &rv[m->inputs[i]];
+    x->dtype = t->dtype;
+    x->ndim = t->ndim;
+    memcpy(x->shape, t->shape, sizeof x->shape);
+    x->data = t->data;
+    x->ext = true;
+  }
+  /* Shapes, and shape-class values on the host. */
+  for (int i = 0; i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead)
+      continue;
+    rc = n->shape_class ? run_host(&r, n) : spn_op_infer(&r, n);
+    if (rc) {
+      spn_error_prefix(err, "%s: node '%s' (%s)", m->path, n->name, n->op_name);
+      goto out;
+    }
+  }
+  /* Outputs: caller buffers or engine allocations. */
+  for (int i = 0; i < n_out; i++) {
+    int vi = m->outputs[i];
+    spn_rt_val_t *ov = &rv[vi];
+    spn_tensor_t *t = &out[i];
+    ov->bytes = rt_bytes(ov);
+    if (ov->bytes > (size_t)SPN_VALUE_MAX) {
+      rc = spn_error_set(err, SPN_ETOOBIG, "%s: output '%s' too large", m->path, m->vals[vi].name);
+      goto out;
+    }
+    if (t->data) {
+      bool same = t->dtype == ov->dtype && t->ndim == ov->ndim;
+      for (int d = 0; same && d < ov->ndim; d++)
+        same = t->shape[d] == ov->shape[d];
+      if (!same) {
+        rc = spn_error_set(err, SPN_EINVAL, "%s: output '%s' (#%d): the caller's buffer does not match the produced dtype/shape", m->path, m->vals[vi].name, i);
+        goto out;
+      }
+    }
+  }
+  for (int i = 0; i < n_out; i++) {
+    int vi = m->outputs[i];
+    spn_rt_val_t *ov = &rv[vi];
+    spn_tensor_t *t = &out[i];
+    if (m->vals[vi].kind == SPN_VAL_CONST || ov->host_owned || (ov->ext && ov->data))
+      continue; /* copied at the end */
+    if (!t->data) {
+      t->data = spn_aligned_alloc(ov->bytes);
+      if (!t->data) {
+        rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory for output '%s'", m->path, m->vals[vi].name);
+        goto out;
+      }
+      engine_alloc[i] = true;
+    }
+    ov->data = t->data;
+    ov->ext = true;
+  }
+  /* Arena plan. */
+  for (int i = 0; i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead || n->shape_class)
+      continue;
+    for (int o = 0; o < n->n_out; o++) {
+      int vi = n->out[o];
+      if (vi < 0 || rv[vi].ext)
+        continue;
+      rv[vi].bytes = rt_bytes(&rv[vi]);
+      if (rv[vi].bytes > (size_t)SPN_VALUE_MAX) {
+        rc = spn_error_set(err, SPN_ETOOBIG, "%s: value '%s' would need more than %lld bytes", m->path, m->vals[vi].name, (long long)SPN_VALUE_MAX);
+        goto out;
+      }
+      rv[vi].off = plan_alloc(&plan, rv[vi].bytes);
+    }
+    for (int o = 0; o < n->n_out; o++) {
+      int vi = n->out[o];
+      if (vi >= 0 && !rv[vi].ext && m->vals[vi].last_use < 0 && plan_free(&plan, rv[vi].off, rv[vi].bytes)) {
+        rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
+        goto out;
+      }
+    }
+    for (int k = 0; k < n->n_in + n->n_post; k++) {
+      int vi = k < n->n_in ? n->in[k] : (n->post[k - n->n_in].kind == SPN_POST_ADD ? n->post[k - n->n_in].val : -1);
+      if (vi < 0 || rv[vi].ext || rv[vi].host_owned || m->vals[vi].kind == SPN_VAL_CONST || m->vals[vi].last_use != i)
+        continue;
+      bool dup = false; /* a value read twice by this node is freed once */
+      for (int q = 0; q < k && !dup; q++)
+        dup = (q < n->n_in ? n->in[q] : (n->post[q - n->n_in].kind == SPN_POST_ADD ? n->post[q - n->n_in].val : -1)) == vi;
+      if (!dup && plan_free(&plan, rv[vi].off, rv[vi].bytes)) {
+        rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
+        goto out;
+      }
+    }
+  }
+  arena = spn_pool_take(m, plan.top, &arena_n);
+  if (!arena) {
+    rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory for a %zu-byte arena", m->path, plan.top);
+    goto out;
+  }
+  for (int i = 0; i < m->n_val; i++)
+    if (!rv[i].ext && !rv[i].host_owned && m->vals[i].kind != SPN_VAL_CONST && rv[i].bytes)
+      rv[i].data = arena + rv[i].off;
+  /* OpenMP (oneDNN's runtime in Debian, and our kernels) takes the thread
+   * count from the calling thread; restore the caller's setting after. */
+  prev_threads = omp_get_max_threads();
+  omp_set_num_threads(threads);
+  for (int i = 0; i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead || n->shape_class)
+      continue;
+    if ((rc = spn_op_exec(&r, n))) {
+      spn_error_prefix(err, "%s: node '%s' (%s)", m->path, n->name, n->op_name);
+      goto out;
+    }
+  }
+  /* Outputs that are constants, inputs or shape-class values: copy. */
+  for (int i = 0; i < n_out; i++) {
+    int vi = m->outputs[i];
+    spn_rt_val_t *ov = &rv[vi];
+    spn_tensor_t *t = &out[i];
+    if (ov->data == t->data && t->data)
+      goto shape;
+    if (!t->data) {
+      t->data = spn_aligned_alloc(ov->bytes);
+      if (!t->data) {
+        rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
+        goto out;
+      }
+      engine_alloc[i] = true;
+    }
+    memcpy(t->data, ov->data, ov->bytes);
+  shape:
+    t->struct_size = sizeof *t;
+    t->dtype = ov->dtype;
+    t->ndim = ov->ndim;
+    memset(t->shape, 0, sizeof t->shape);
+    memcpy(t->shape, ov->shape, (size_t)ov->ndim * sizeof(int64_t));
+    t->device_kind = SPN_DEVICE_CPU;
+    t->device_index = 0;
+  }
+out:
+  if (rc && engine_alloc)
+    for (int i = 0; i < n_out; i++)
+      if (engine_alloc[i]) {
+        free(out[i].data);
+        out[i].data = NULL;
+      }
+  if (prev_threads > 0)
+    omp_set_num_threads(prev_threads);
+  spn_dnnl_run_end(&r);
+  free(engine_alloc);
+  spn_pool_give(m, arena, arena_n);
+  spn_pool_give(m, r.scratch, r.scratch_n);
+  free(plan.free);
+  rt_free(m, rv);
+  return rc;
+}

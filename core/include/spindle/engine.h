@@ -1,0 +1,114 @@
+/* spindle/engine.h — load ONNX models once per device and run batches.
+ *
+ * An engine (spn_engine_t) is a registry of loaded models: loading the same
+ * file (same canonical path) on the same device twice returns the same
+ * refcounted model, so every stage instance on a device shares one copy of the
+ * weights. There is no global state: two engines in one process are
+ * independent.
+ *
+ * Devices are named "cpu", "cpu:N" (N emulated CPU devices share the host's
+ * cores; the index only separates registries entries) and "cuda:N" (refused
+ * with SPN_EUNSUPPORTED until the CUDA backend lands).
+ *
+ * Running: spn_model_run() takes the inputs in the order the model declares
+ * them (spn_model_input_index() maps a name to that position) and fills the
+ * outputs in declared order. Output memory, per output tensor:
+ *   - data == NULL: the engine allocates it and fills shape/ndim/dtype; the
+ *     caller frees it with spn_model_output_free(). This is the usual way.
+ *   - data != NULL: a caller buffer; dtype, ndim and shape must be set and
+ *     must equal what the model produces for these inputs (else SPN_EINVAL,
+ *     nothing written beyond the buffer).
+ * Any batch size is accepted on a dynamic batch dimension. spn_model_run() is
+ * safe to call concurrently from several threads on one model: weights are
+ * shared read-only, and every call plans and uses its own scratch arena.
+ */
+#ifndef SPINDLE_ENGINE_H
+#define SPINDLE_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spindle/status.h"
+#include "spindle/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct spn_engine spn_engine_t;
+typedef struct spn_model spn_model_t;
+
+typedef struct spn_engine_opts {
+  uint32_t struct_size; /* sizeof(spn_engine_opts_t) */
+  int32_t threads;      /* CPU threads per run; 0 = all online cores */
+  int32_t no_fusion;    /* 1: skip BatchNorm folding and post-op fusion */
+  int32_t reserved[5];
+} spn_engine_opts_t;
+
+#define SPN_ENGINE_OPTS_INIT {.struct_size = sizeof(spn_engine_opts_t)}
+
+/* Create an engine. opts may be NULL (defaults). Ownership: *out is the
+ * caller's, freed with spn_engine_free. Thread: any. */
+SPN_API int32_t spn_engine_new(const spn_engine_opts_t *opts, spn_engine_t **out, spn_error_t *err);
+
+/* Free the engine. Models still referenced stay valid until their last
+ * release (they hold a reference on the engine's shared backend state).
+ * NULL is ignored. Thread: not concurrently with load on the same engine. */
+SPN_API void spn_engine_free(spn_engine_t *eng);
+
+/* Load `path` on `device` ("cpu", "cpu:1", "cuda:0"), or take another
+ * reference on the already loaded model with the same canonical path and
+ * device. External-data files must lie in the model's folder. Errors name the
+ * file and the node or tensor. Ownership: *out holds one reference, released
+ * with spn_model_release. Thread: any (the registry is locked). */
+SPN_API int32_t spn_engine_load(spn_engine_t *eng, const char *path, const char *device,
+                                spn_model_t **out, spn_error_t *err);
+
+/* Load a model from memory (not registered for sharing; external data is
+ * refused). `name` is used in error messages. Ownership/thread as above. */
+SPN_API int32_t spn_engine_load_memory(spn_engine_t *eng, const void *data, size_t len,
+                                       const char *name, const char *device, spn_model_t **out,
+                                       spn_error_t *err);
+
+/* Drop one reference and set *model to NULL; the last one frees the model.
+ * Thread: any. */
+SPN_API void spn_model_release(spn_model_t **model);
+
+/* Inspection. Index i is in [0, count). Strings are owned by the model and
+ * live as long as it. shape[] receives up to SPN_TENSOR_MAX_DIMS dims with
+ * -1 for a dynamic dimension. Thread: any. */
+SPN_API int32_t spn_model_input_count(const spn_model_t *m);
+SPN_API int32_t spn_model_output_count(const spn_model_t *m);
+SPN_API int32_t spn_model_input_info(const spn_model_t *m, int32_t i, const char **name,
+                                     int32_t *dtype, int32_t *ndim, int64_t *shape);
+SPN_API int32_t spn_model_output_info(const spn_model_t *m, int32_t i, const char **name,
+                                      int32_t *dtype, int32_t *ndim, int64_t *shape);
+/* Position of the input/output called `name`, or -1. */
+SPN_API int32_t spn_model_input_index(const spn_model_t *m, const char *name);
+SPN_API int32_t spn_model_output_index(const spn_model_t *m, const char *name);
+/* Number of parameters (elements of float initializers as loaded). */
+SPN_API int64_t spn_model_param_count(const spn_model_t *m);
+/* Multiply-adds x2 per sample (batch 1) for Conv, ConvTranspose, MatMul,
+ * Gemm; other operators are not counted. */
+SPN_API double spn_model_flops(const spn_model_t *m);
+/* Operator histogram of the graph as loaded (before passes): entry i gives
+ * the op name and node count; returns the number of distinct ops. */
+SPN_API int32_t spn_model_op_histogram(const spn_model_t *m, int32_t i, const char **op,
+                                       int32_t *count);
+/* Number of nodes that run after the graph passes (folding, fusion). */
+SPN_API int32_t spn_model_node_count(const spn_model_t *m);
+
+/* Run the model. See the header comment for the output allocation rule.
+ * inputs: n_in == spn_model_input_count, host memory, dtype as declared.
+ * Thread: any, concurrently on one model. */
+SPN_API int32_t spn_model_run(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in,
+                              spn_tensor_t *outputs, int32_t n_out, spn_error_t *err);
+
+/* Free an output the engine allocated in spn_model_run and set data NULL.
+ * Caller-provided buffers must not be passed here. */
+SPN_API void spn_model_output_free(spn_tensor_t *t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,144 @@
+/* engine-bench.c — time Spindle's engine on one model and input.
+ *
+ *   engine-bench MODEL.onnx --input NAME=FILE.npy ... [--threads N]
+ *                [--warmup N] [--iters N]
+ *
+ * Prints one line "spindle: load_ms=... best_ms=... median_ms=... flops=..."
+ * that tests/bench/engine-bench.py reads and sets beside ONNX Runtime's
+ * figures for the same model, input and thread count. Not a test. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "spindle/engine.h"
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* float32 C-order .npy (format 1.x/2.x) into t. */
+static int read_npy(const char *path, spn_tensor_t *t) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    return -1;
+  unsigned char pre[12];
+  int rc = -1;
+  char *hdr = NULL;
+  size_t hl;
+  if (fread(pre, 1, 10, f) != 10 || memcmp(pre, "\x93NUMPY", 6))
+    goto out;
+  if (pre[6] == 1) {
+    hl = pre[8] | (size_t)pre[9] << 8;
+  } else {
+    if (fread(pre + 10, 1, 2, f) != 2)
+      goto out;
+    hl = pre[8] | (size_t)pre[9] << 8 | (size_t)pre[10] << 16 | (size_t)pre[11] << 24;
+  }
+  hdr = calloc(1, hl + 1);
+  if (!hdr || fread(hdr, 1, hl, f) != hl || !strstr(hdr, "'<f4'") || !strstr(hdr, "False"))
+    goto out;
+  char *p = strchr(strstr(hdr, "'shape'"), '(');
+  t->dtype = SPN_DTYPE_F32;
+  t->ndim = 0;
+  for (p++; *p && *p != ')';) {
+    char *end;
+    long long v = strtoll(p, &end, 10);
+    if (end == p) {
+      p++;
+      continue;
+    }
+    t->shape[t->ndim++] = v;
+    p = end;
+  }
+  size_t bytes = spn_tensor_nbytes(t);
+  t->data = malloc(bytes);
+  if (!t->data || fread(t->data, 1, bytes, f) != bytes)
+    goto out;
+  rc = 0;
+out:
+  free(hdr);
+  fclose(f);
+  return rc;
+}
+
+static int cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv) {
+  const char *model = NULL, *names[16], *files[16];
+  int n_given = 0, threads = 2, warmup = 2, iters = 10;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--input") && i + 1 < argc && n_given < 16) {
+      char *eq = strchr(argv[++i], '=');
+      if (!eq)
+        return 2;
+      *eq = 0;
+      names[n_given] = argv[i];
+      files[n_given++] = eq + 1;
+    } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+      threads = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) {
+      warmup = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
+      iters = atoi(argv[++i]);
+    } else {
+      model = argv[i];
+    }
+  }
+  if (!model || iters < 1 || iters > 10000) {
+    fprintf(stderr, "usage: engine-bench MODEL.onnx --input NAME=FILE.npy ... [--threads N] [--warmup N] [--iters N]\n");
+    return 2;
+  }
+  spn_engine_opts_t o = SPN_ENGINE_OPTS_INIT;
+  o.threads = threads;
+  spn_engine_t *eng = NULL;
+  spn_model_t *m = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  double t0 = now_ms();
+  if (spn_engine_new(&o, &eng, &err) || spn_engine_load(eng, model, "cpu", &m, &err)) {
+    fprintf(stderr, "engine-bench: %s\n", err.msg);
+    return 1;
+  }
+  double load_ms = now_ms() - t0;
+  int n_in = spn_model_input_count(m), n_out = spn_model_output_count(m);
+  spn_tensor_t in[16], out[16];
+  memset(in, 0, sizeof in);
+  for (int i = 0; i < n_given; i++) {
+    int k = spn_model_input_index(m, names[i]);
+    if (k < 0 || k >= 16 || read_npy(files[i], &in[k])) {
+      fprintf(stderr, "engine-bench: bad --input %s\n", names[i]);
+      return 1;
+    }
+    in[k].struct_size = sizeof in[k];
+  }
+  double *t = calloc((size_t)iters, sizeof(double));
+  int64_t batch = in[0].ndim ? in[0].shape[0] : 1;
+  for (int it = -warmup; it < iters; it++) {
+    for (int k = 0; k < n_out; k++)
+      out[k] = (spn_tensor_t)SPN_TENSOR_INIT;
+    double a = now_ms();
+    if (spn_model_run(m, in, n_in, out, n_out, &err)) {
+      fprintf(stderr, "engine-bench: %s\n", err.msg);
+      return 1;
+    }
+    double b = now_ms();
+    if (it >= 0)
+      t[it] = b - a;
+    for (int k = 0; k < n_out; k++)
+      spn_model_output_free(&out[k]);
+  }
+  qsort(t, (size_t)iters, sizeof *t, cmp);
+  printf("spindle: load_ms=%.1f best_ms=%.3f median_ms=%.3f flops_per_sample=%.6g batch=%lld nodes=%d threads=%d\n",
+         load_ms, t[0], t[iters / 2], spn_model_flops(m), (long long)batch, spn_model_node_count(m), threads);
+  free(t);
+  for (int k = 0; k < 16; k++)
+    free(in[k].data);
+  spn_model_release(&m);
+  spn_engine_free(eng);
+  return 0;
+}

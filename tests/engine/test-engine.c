@@ -1,0 +1,739 @@
+/* test-engine.c — the engine API against hand-built ONNX files.
+ *
+ * Models are written here byte by byte with a minimal protobuf writer, so the
+ * tests can also write what no exporter would: bad lengths, huge dims,
+ * cycles, missing initializers, wrong attribute types, external data that
+ * escapes the model's folder. Numeric checks compare against results
+ * computed here independently (a direct convolution loop, max(x, 0)). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <pthread.h>
+
+#include <cmocka.h>
+
+#include "spindle/engine.h"
+
+/* ---- a tiny protobuf writer ---- */
+
+typedef struct {
+  uint8_t *p;
+  size_t n, cap;
+} pb_t;
+
+static void pb_raw(pb_t *b, const void *d, size_t n) {
+  if (b->n + n > b->cap) {
+    b->cap = (b->n + n) * 2 + 64;
+    b->p = realloc(b->p, b->cap);
+    assert_non_null(b->p);
+  }
+  memcpy(b->p + b->n, d, n);
+  b->n += n;
+}
+
+static void pb_uv(pb_t *b, uint64_t v) {
+  uint8_t t[10];
+  int n = 0;
+  do {
+    t[n] = v & 0x7f;
+    v >>= 7;
+    if (v)
+      t[n] |= 0x80;
+    n++;
+  } while (v);
+  pb_raw(b, t, (size_t)n);
+}
+
+static void pb_int(pb_t *b, int field, int64_t v) {
+  pb_uv(b, (uint64_t)field << 3);
+  pb_uv(b, (uint64_t)v);
+}
+
+static void pb_float(pb_t *b, int field, float f) {
+  pb_uv(b, (uint64_t)field << 3 | 5);
+  pb_raw(b, &f, 4);
+}
+
+static void pb_bytes(pb_t *b, int field, const void *d, size_t n) {
+  pb_uv(b, (uint64_t)field << 3 | 2);
+  pb_uv(b, n);
+  pb_raw(b, d, n);
+}
+
+static void pb_str(pb_t *b, int field, const char *s) { pb_bytes(b, field, s, strlen(s)); }
+
+static void pb_msg(pb_t *b, int field, pb_t *sub) {
+  pb_bytes(b, field, sub->p, sub->n);
+  free(sub->p);
+  memset(sub, 0, sizeof *sub);
+}
+
+/* ValueInfoProto for a float tensor; dims < 0 are dynamic ("N"). */
+static void value_info(pb_t *g, int field, const char *name, int nd, const int64_t *dims) {
+  pb_t vi = {0}, tp = {0}, tt = {0}, sh = {0};
+  for (int i = 0; i < nd; i++) {
+    pb_t d = {0};
+    if (dims[i] < 0)
+      pb_str(&d, 2, "N");
+    else
+      pb_int(&d, 1, dims[i]);
+    pb_msg(&sh, 1, &d);
+  }
+  pb_int(&tt, 1, 1);
+  if (nd >= 0)
+    pb_msg(&tt, 2, &sh);
+  else
+    free(sh.p);
+  pb_msg(&tp, 1, &tt);
+  pb_str(&vi, 1, name);
+  pb_msg(&vi, 2, &tp);
+  pb_msg(g, field, &vi);
+}
+
+static void initializer(pb_t *g, const char *name, int nd, const int64_t *dims, const float *data,
+                        size_t count) {
+  pb_t t = {0};
+  for (int i = 0; i < nd; i++)
+    pb_int(&t, 1, dims[i]);
+  pb_int(&t, 2, 1);
+  pb_str(&t, 8, name);
+  pb_bytes(&t, 9, data, count * sizeof(float));
+  pb_msg(g, 5, &t);
+}
+
+typedef struct {
+  const char *name;
+  int type; /* 1 float, 2 int, 3 string, 7 ints */
+  float f;
+  int64_t i;
+  const char *s;
+  int n;
+  const int64_t *ints;
+} attr_t;
+
+static void node(pb_t *g, const char *op, const char *name, const char *const *in, int nin,
+                 const char *const *out, int nout, const attr_t *attrs, int nattr) {
+  pb_t nd = {0};
+  for (int i = 0; i < nin; i++)
+    pb_str(&nd, 1, in[i]);
+  for (int i = 0; i < nout; i++)
+    pb_str(&nd, 2, out[i]);
+  pb_str(&nd, 3, name);
+  pb_str(&nd, 4, op);
+  for (int i = 0; i < nattr; i++) {
+    pb_t a = {0};
+    pb_str(&a, 1, attrs[i].name);
+    pb_int(&a, 20, attrs[i].type);
+    switch (attrs[i].type) {
+    case 1: pb_float(&a, 2, attrs[i].f); break;
+    case 2: pb_int(&a, 3, attrs[i].i); break;
+    case 3: pb_str(&a, 4, attrs[i].s); break;
+    case 7:
+      for (int k = 0; k < attrs[i].n; k++)
+        pb_int(&a, 8, attrs[i].ints[k]);
+      break;
+    }
+    pb_msg(&nd, 5, &a);
+  }
+  pb_msg(g, 1, &nd);
+}
+
+static pb_t model(pb_t *graph, int64_t opset) {
+  pb_t m = {0}, os = {0};
+  pb_int(&m, 1, 8);
+  pb_str(&os, 1, "");
+  pb_int(&os, 2, opset);
+  pb_msg(&m, 8, &os);
+  pb_msg(&m, 7, graph);
+  return m;
+}
+
+/* A model: y = Relu(x), x of shape (N, 4). */
+static pb_t relu_model(void) {
+  pb_t g = {0};
+  const char *in[] = {"x"}, *out[] = {"y"};
+  node(&g, "Relu", "relu0", in, 1, out, 1, NULL, 0);
+  pb_str(&g, 2, "g");
+  int64_t d[] = {-1, 4};
+  value_info(&g, 11, "x", 2, d);
+  value_info(&g, 12, "y", -1, NULL);
+  return model(&g, 17);
+}
+
+static char tmpdir[256];
+
+static const char *write_file(const char *name, const void *d, size_t n) {
+  static char path[512];
+  snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(d, 1, n, f), n);
+  fclose(f);
+  return path;
+}
+
+static int setup(void **state) {
+  (void)state;
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/spn-engine-test-XXXXXX");
+  assert_non_null(mkdtemp(tmpdir));
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+static spn_engine_t *engine(int threads) {
+  spn_engine_opts_t o = SPN_ENGINE_OPTS_INIT;
+  o.threads = threads;
+  spn_engine_t *e = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_engine_new(&o, &e, &err), SPN_OK);
+  return e;
+}
+
+/* Load bytes from memory and expect failure with `code` and `needle`. */
+static void expect_load_error(pb_t *m, int32_t code, const char *needle) {
+  spn_engine_t *e = engine(1);
+  spn_model_t *mod = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  int32_t rc = spn_engine_load_memory(e, m->p, m->n, "crafted.onnx", "cpu", &mod, &err);
+  if (rc != code || !strstr(err.msg, needle))
+    fail_msg("expected %d containing '%s', got %d: %s", code, needle, rc, err.msg);
+  assert_null(mod);
+  assert_non_null(strstr(err.msg, "crafted.onnx"));
+  spn_engine_free(e);
+  free(m->p);
+}
+
+static void test_relu_runs_dynamic_batch(void **state) {
+  (void)state;
+  pb_t m = relu_model();
+  const char *path = write_file("relu.onnx", m.p, m.n);
+  free(m.p);
+  spn_engine_t *e = engine(2);
+  spn_model_t *mod = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_engine_load(e, path, "cpu", &mod, &err), SPN_OK);
+  assert_int_equal(spn_model_input_count(mod), 1);
+  const char *name;
+  int32_t dt, nd;
+  int64_t sh[8];
+  spn_model_input_info(mod, 0, &name, &dt, &nd, sh);
+  assert_string_equal(name, "x");
+  assert_int_equal(nd, 2);
+  assert_int_equal(sh[0], -1);
+  assert_int_equal(sh[1], 4);
+  spn_model_output_info(mod, 0, &name, &dt, &nd, sh);
+  assert_int_equal(dt, SPN_DTYPE_F32);
+  assert_int_equal(sh[0], -1); /* inferred: moves with the batch */
+  assert_int_equal(sh[1], 4);
+  for (int batch = 1; batch <= 5; batch += 2) {
+    float x[20];
+    for (int i = 0; i < 4 * batch; i++)
+      x[i] = (float)(i % 7) - 3.f;
+    spn_tensor_t in = SPN_TENSOR_INIT, out = SPN_TENSOR_INIT;
+    in.dtype = SPN_DTYPE_F32;
+    in.ndim = 2;
+    in.shape[0] = batch;
+    in.shape[1] = 4;
+    in.data = x;
+    assert_int_equal(spn_model_run(mod, &in, 1, &out, 1, &err), SPN_OK);
+    assert_int_equal(out.shape[0], batch);
+    for (int i = 0; i < 4 * batch; i++)
+      assert_true(((float *)out.data)[i] == (x[i] > 0 ? x[i] : 0.f));
+    spn_model_output_free(&out);
+    assert_null(out.data);
+  }
+  /* Wrong static dim and wrong dtype are caller errors. */
+  float x[8] = {0};
+  spn_tensor_t in = SPN_TENSOR_INIT, out = SPN_TENSOR_INIT;
+  in.dtype = SPN_DTYPE_F32;
+  in.ndim = 2;
+  in.shape[0] = 2;
+  in.shape[1] = 3;
+  in.data = x;
+  assert_int_equal(spn_model_run(mod, &in, 1, &out, 1, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "'x'"));
+  in.shape[1] = 4;
+  in.dtype = SPN_DTYPE_I32;
+  assert_int_equal(spn_model_run(mod, &in, 1, &out, 1, &err), SPN_EINVAL);
+  /* Caller-provided output buffer: used when it matches, refused otherwise. */
+  in.dtype = SPN_DTYPE_F32;
+  x[0] = 5;
+  x[1] = -5;
+  float y[8] = {-1, -1, -1, -1, -1, -1, -1, -1};
+  out.dtype = SPN_DTYPE_F32;
+  out.ndim = 2;
+  out.shape[0] = 2;
+  out.shape[1] = 4;
+  out.data = y;
+  assert_int_equal(spn_model_run(mod, &in, 1, &out, 1, &err), SPN_OK);
+  assert_true(out.data == y);
+  assert_true(y[0] == 5.f && y[1] == 0.f && y[7] == 0.f);
+  out.shape[0] = 3;
+  assert_int_equal(spn_model_run(mod, &in, 1, &out, 1, &err), SPN_EINVAL);
+  spn_model_release(&mod);
+  assert_null(mod);
+  spn_engine_free(e);
+}
+
+static void test_registry_shares_models(void **state) {
+  (void)state;
+  pb_t m = relu_model();
+  const char *p = write_file("shared.onnx", m.p, m.n);
+  char path[512], alias[600];
+  snprintf(path, sizeof path, "%s", p);
+  snprintf(alias, sizeof alias, "%s/./shared.onnx", tmpdir);
+  free(m.p);
+  spn_engine_t *e = engine(1), *e2 = engine(1);
+  spn_model_t *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_engine_load(e, path, "cpu", &a, &err), SPN_OK);
+  assert_int_equal(spn_engine_load(e, alias, "cpu", &b, &err), SPN_OK);
+  assert_ptr_equal(a, b); /* same canonical path, same device */
+  assert_int_equal(spn_engine_load(e, path, "cpu:1", &c, &err), SPN_OK);
+  assert_ptr_not_equal(a, c);
+  assert_int_equal(spn_engine_load(e2, path, "cpu", &d, &err), SPN_OK);
+  assert_ptr_not_equal(a, d); /* engines are independent */
+  spn_model_t *x = NULL;
+  assert_int_equal(spn_engine_load(e, path, "cuda:0", &x, &err), SPN_EUNSUPPORTED);
+  assert_int_equal(spn_engine_load(e, path, "tpu", &x, &err), SPN_EINVAL);
+  assert_int_equal(spn_engine_load(e, "/nonexistent/m.onnx", "cpu", &x, &err), SPN_ENOENT);
+  spn_model_release(&a);
+  /* b still valid after one release */
+  assert_int_equal(spn_model_input_count(b), 1);
+  spn_model_release(&b);
+  spn_engine_free(e);
+  /* a model outlives its engine */
+  assert_int_equal(spn_model_output_count(c), 1);
+  spn_model_release(&c);
+  spn_model_release(&d);
+  spn_engine_free(e2);
+}
+
+static void test_truncated_files_fail(void **state) {
+  (void)state;
+  pb_t m = relu_model();
+  spn_engine_t *e = engine(1);
+  for (size_t n = 0; n < m.n; n++) {
+    spn_model_t *mod = NULL;
+    spn_error_t err = SPN_ERROR_INIT;
+    int32_t rc = spn_engine_load_memory(e, m.p, n, "cut.onnx", "cpu", &mod, &err);
+    if (rc == SPN_OK)
+      fail_msg("prefix of %zu/%zu bytes loaded", n, m.n);
+    assert_non_null(strstr(err.msg, "cut.onnx"));
+  }
+  spn_engine_free(e);
+  free(m.p);
+}
+
+static void test_bad_length_fails(void **state) {
+  (void)state;
+  pb_t m = {0};
+  pb_int(&m, 1, 8);
+  pb_uv(&m, 7 << 3 | 2); /* graph, length far beyond the data */
+  pb_uv(&m, UINT64_C(1) << 40);
+  pb_raw(&m, "\x0a\x00", 2);
+  expect_load_error(&m, SPN_EPARSE, "not a valid ONNX protobuf");
+}
+
+static void test_huge_dims_fail(void **state) {
+  (void)state;
+  pb_t g = {0};
+  float w[4] = {1, 2, 3, 4};
+  int64_t dims[] = {INT64_C(1) << 40, 4};
+  initializer(&g, "w", 2, dims, w, 4);
+  const char *in[] = {"x", "w"}, *out[] = {"y"};
+  node(&g, "Add", "add0", in, 2, out, 1, NULL, 0);
+  int64_t d[] = {1, 4};
+  value_info(&g, 11, "x", 2, d);
+  value_info(&g, 12, "y", -1, NULL);
+  pb_t m = model(&g, 17);
+  expect_load_error(&m, SPN_EMODEL, "tensor 'w': dimension 0 has invalid size");
+
+  /* Element count overflow through several large-but-legal dims. */
+  pb_t g2 = {0};
+  int64_t d2[] = {INT64_C(1) << 30, INT64_C(1) << 30, 16};
+  initializer(&g2, "w", 3, d2, w, 4);
+  node(&g2, "Add", "add0", in, 2, out, 1, NULL, 0);
+  value_info(&g2, 11, "x", 2, d);
+  value_info(&g2, 12, "y", -1, NULL);
+  m = model(&g2, 17);
+  expect_load_error(&m, SPN_ETOOBIG, "tensor 'w': too many elements");
+
+  /* raw_data shorter than the shape says. */
+  pb_t g3 = {0};
+  int64_t d3[] = {2, 4};
+  initializer(&g3, "w", 2, d3, w, 4);
+  node(&g3, "Add", "add0", in, 2, out, 1, NULL, 0);
+  value_info(&g3, 11, "x", 2, d);
+  value_info(&g3, 12, "y", -1, NULL);
+  m = model(&g3, 17);
+  expect_load_error(&m, SPN_EMODEL, "raw_data has 16 bytes");
+}
+
+/* Empty tensors with huge other dims fold instantly (a fuzzer finding: the
+ * Concat loop used to run over the 2^62 leading positions). */
+static void test_empty_huge_constant_folds(void **state) {
+  (void)state;
+  pb_t g = {0};
+  int64_t dims[] = {INT64_C(1) << 17, INT64_C(1) << 17, 0};
+  initializer(&g, "w", 3, dims, NULL, 0);
+  const char *in[] = {"w", "w"}, *out[] = {"y"};
+  attr_t a = {.name = "axis", .type = 2, .i = 2};
+  node(&g, "Concat", "cat", in, 2, out, 1, &a, 1);
+  value_info(&g, 12, "y", -1, NULL);
+  pb_t m = model(&g, 17);
+  spn_engine_t *e = engine(1);
+  spn_model_t *mod = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_engine_load_memory(e, m.p, m.n, "empty.onnx", "cpu", &mod, &err), SPN_OK);
+  spn_tensor_t y = SPN_TENSOR_INIT;
+  assert_int_equal(spn_model_run(mod, NULL, 0, &y, 1, &err), SPN_OK);
+  assert_int_equal(y.ndim, 3);
+  assert_int_equal(y.shape[0], INT64_C(1) << 17);
+  assert_int_equal(y.shape[2], 0);
+  spn_model_output_free(&y);
+  spn_model_release(&mod);
+  spn_engine_free(e);
+  free(m.p);
+}
+
+static void test_cycle_fails(void **state) {
+  (void)state;
+  pb_t g = {0};
+  const char *i1[] = {"x", "b"}, *o1[] = {"a"}, *i2[] = {"a"}, *o2[] = {"b"};
+  node(&g, "Add", "first", i1, 2, o1, 1, NULL, 0);
+  node(&g, "Relu", "second", i2, 1, o2, 1, NULL, 0);
+  int64_t d[] = {1, 4};
+  value_info(&g, 11, "x", 2, d);
+  value_info(&g, 12, "b", -1, NULL);
+  pb_t m = model(&g, 17);
+  expect_load_error(&m, SPN_EMODEL, "cycle through node");
+}
+
+static void test_missing_initializer_fails(void **state) {
+  (void)state;
+  pb_t g = {0};
+  const char *in[] = {"x", "weights_not_there"}, *out[] = {"y"};
+  node(&g, "Mul", "mul0", in, 2, out, 1, NULL, 0);
+  int64_t d[] = {1, 4};
+  value_info(&g, 11, "x", 2, d);
+  value_info(&g, 12, "y", -1, NULL);
+  pb_t m = model(&g, 17);
+  expect_load_error(&m, SPN_EMODEL, "node 'mul0' (Mul): input 'weights_not_there' is not");
+}
+
+static void test_dangling_output_fails(void **state) {
+  (void)state;
+  pb_t g = {0};
+  const char *in[] = {"x"}, *out[] = {"y"};
+  node(&g, "Relu", "r", in, 1, out, 1, NULL, 0);
+  int64_t d[] = {1, 4};
+  value_info(&g, 11, "x", 2, d);
+  value_info(&g, 12, "nobody_makes_me", -1, NULL);
+  pb_t m = model(&g, 17);
+  expect_load_error(&m, SPN_EMODEL, "graph output 'nobody_makes_me' is not produced");
+}
+
+static void test_wrong_attribute_type_fails(void **state) {
+  (void)state;
+  pb_t g = {0};
+  const char *in[] = {"x"}, *out[] = {"y"};
+  attr_t a = {.name = "alpha", .type = 2, .i = 3};
+  node(&g, "LeakyRelu", "lr", in, 1, out, 1, &a, 1);
+  int64_t d[] = {1, 4};
+  value_info(&g, 11, "x", 2, d);
+  value_info(&g, 12, "y", -1, NULL);
+  pb_t m = model(&g, 17);
+  expect_load_error(&m, SPN_ETYPE, "node 'lr' (LeakyRelu): attribute 'alpha' has type int, expected float");
+}
+
+static void test_unsupported_op_and_attribute(void **state) {
+  (void)state;
+  pb_t g = {0};
+  const char *in[] = {"x"}, *out[] = {"y"};
+  node(&g, "NonMaxSuppression", "nms7", in, 1, out, 1, NULL, 0);
+  int64_t d[] = {1, 4};
+  value_info(&g, 11, "x", 2, d);
+  value_info(&g, 12, "y", -1, NULL);
+  pb_t m = model(&g, 17);
+  expect_load_error(&m, SPN_EUNSUPPORTED, "node 'nms7' (#0): unsupported operator 'NonMaxSuppression'");
+
+  pb_t g2 = {0};
+  attr_t a = {.name = "mode", .type = 3, .s = "cubic"};
+  node(&g2, "Resize", "rs", in, 1, out, 1, &a, 1);
+  value_info(&g2, 11, "x", 2, d);
+  value_info(&g2, 12, "y", -1, NULL);
+  m = model(&g2, 17);
+  expect_load_error(&m, SPN_EUNSUPPORTED, "node 'rs' (Resize): mode 'cubic' is not supported");
+
+  pb_t g3 = {0};
+  attr_t b = {.name = "frobnicate", .type = 2, .i = 1};
+  node(&g3, "Relu", "r", in, 1, out, 1, &b, 1);
+  value_info(&g3, 11, "x", 2, d);
+  value_info(&g3, 12, "y", -1, NULL);
+  m = model(&g3, 17);
+  expect_load_error(&m, SPN_EUNSUPPORTED, "node 'r' (Relu): unsupported attribute 'frobnicate'");
+
+  pb_t g4 = {0};
+  node(&g4, "Relu", "r", in, 1, out, 1, NULL, 0);
+  value_info(&g4, 11, "x", 2, d);
+  value_info(&g4, 12, "y", -1, NULL);
+  m = model(&g4, 9);
+  expect_load_error(&m, SPN_EUNSUPPORTED, "opset 9 is not supported");
+}
+
+/* Add with a weight held in external data. */
+static pb_t external_model(const char *location) {
+  pb_t g = {0}, t = {0}, kv = {0};
+  pb_int(&t, 1, 4);
+  pb_int(&t, 2, 1);
+  pb_str(&t, 8, "w");
+  pb_str(&kv, 1, "location");
+  pb_str(&kv, 2, location);
+  pb_msg(&t, 13, &kv);
+  pb_str(&kv, 1, "offset");
+  pb_str(&kv, 2, "8");
+  pb_msg(&t, 13, &kv);
+  pb_str(&kv, 1, "length");
+  pb_str(&kv, 2, "16");
+  pb_msg(&t, 13, &kv);
+  pb_int(&t, 14, 1);
+  pb_msg(&g, 5, &t);
+  const char *in[] = {"x", "w"}, *out[] = {"y"};
+  node(&g, "Add", "add0", in, 2, out, 1, NULL, 0);
+  int64_t d[] = {4};
+  value_info(&g, 11, "x", 1, d);
+  value_info(&g, 12, "y", -1, NULL);
+  return model(&g, 17);
+}
+
+static void test_external_data(void **state) {
+  (void)state;
+  float blob[6] = {99, 99, 10, 20, 30, 40}; /* offset 8 skips the first two */
+  write_file("weights.bin", blob, sizeof blob);
+  pb_t m = external_model("weights.bin");
+  char path[512];
+  snprintf(path, sizeof path, "%s", write_file("ext.onnx", m.p, m.n));
+  free(m.p);
+  spn_engine_t *e = engine(1);
+  spn_model_t *mod = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_engine_load(e, path, "cpu", &mod, &err), SPN_OK);
+  assert_int_equal(spn_model_param_count(mod), 4);
+  float x[4] = {1, 2, 3, 4};
+  spn_tensor_t in = SPN_TENSOR_INIT, out = SPN_TENSOR_INIT;
+  in.dtype = SPN_DTYPE_F32;
+  in.ndim = 1;
+  in.shape[0] = 4;
+  in.data = x;
+  assert_int_equal(spn_model_run(mod, &in, 1, &out, 1, &err), SPN_OK);
+  const float *y = out.data;
+  assert_true(y[0] == 11 && y[1] == 22 && y[2] == 33 && y[3] == 44);
+  spn_model_output_free(&out);
+  spn_model_release(&mod);
+
+  /* Escaping the folder, absolute paths and missing files are refused. */
+  const char *bad[] = {"../weights.bin", "/etc/passwd", "sub/../../x.bin", "missing.bin"};
+  const int32_t codes[] = {SPN_EPERM, SPN_EPERM, SPN_EPERM, SPN_ENOENT};
+  for (int i = 0; i < 4; i++) {
+    pb_t b = external_model(bad[i]);
+    snprintf(path, sizeof path, "%s", write_file("bad.onnx", b.p, b.n));
+    free(b.p);
+    assert_int_equal(spn_engine_load(e, path, "cpu", &mod, &err), codes[i]);
+    assert_non_null(strstr(err.msg, "tensor 'w'"));
+    assert_null(mod);
+  }
+  /* From memory, external data has no folder to come from. */
+  pb_t b = external_model("weights.bin");
+  assert_int_equal(spn_engine_load_memory(e, b.p, b.n, "mem.onnx", "cpu", &mod, &err), SPN_EPERM);
+  free(b.p);
+  /* A symlink inside the folder pointing outside is refused too. */
+  char link[600];
+  snprintf(link, sizeof link, "%s/evil.bin", tmpdir);
+  assert_int_equal(symlink("/etc/hostname", link), 0);
+  b = external_model("evil.bin");
+  snprintf(path, sizeof path, "%s", write_file("evil.onnx", b.p, b.n));
+  free(b.p);
+  assert_int_equal(spn_engine_load(e, path, "cpu", &mod, &err), SPN_EPERM);
+  spn_engine_free(e);
+}
+
+/* ---- convolution: numeric check and concurrent runs ---- */
+
+enum { CI = 3, CO = 5, H = 9, W = 8, K = 3 };
+static float conv_w[CO * CI * K * K], conv_b[CO];
+
+static pb_t conv_model(void) {
+  for (int i = 0; i < CO * CI * K * K; i++)
+    conv_w[i] = (float)((i * 37) % 17 - 8) / 16.f;
+  for (int i = 0; i < CO; i++)
+    conv_b[i] = (float)i / 4.f - 0.5f;
+  pb_t g = {0};
+  int64_t wd[] = {CO, CI, K, K}, bd[] = {CO};
+  initializer(&g, "w", 4, wd, conv_w, CO * CI * K * K);
+  initializer(&g, "b", 1, bd, conv_b, CO);
+  const char *in[] = {"x", "w", "b"}, *out[] = {"c"}, *in2[] = {"c"}, *out2[] = {"y"};
+  int64_t pads[] = {1, 0, 2, 1}, strides[] = {2, 1};
+  attr_t a[] = {{.name = "pads", .type = 7, .n = 4, .ints = pads},
+                {.name = "strides", .type = 7, .n = 2, .ints = strides}};
+  node(&g, "Conv", "conv0", in, 3, out, 1, a, 2);
+  node(&g, "Relu", "relu0", in2, 1, out2, 1, NULL, 0); /* fused as a post-op */
+  int64_t d[] = {-1, CI, H, W};
+  value_info(&g, 11, "x", 4, d);
+  value_info(&g, 12, "y", -1, NULL);
+  return model(&g, 13);
+}
+
+/* Direct convolution, written independently of the engine. */
+static void conv_ref(const float *x, int n, float *y, int *oh, int *ow) {
+  int pt = 1, pl = 0, pb = 2, pr = 1, sh = 2, sw = 1;
+  *oh = (H + pt + pb - K) / sh + 1;
+  *ow = (W + pl + pr - K) / sw + 1;
+  for (int b = 0; b < n; b++)
+    for (int o = 0; o < CO; o++)
+      for (int i = 0; i < *oh; i++)
+        for (int j = 0; j < *ow; j++) {
+          double s = conv_b[o];
+          for (int c = 0; c < CI; c++)
+            for (int ki = 0; ki < K; ki++)
+              for (int kj = 0; kj < K; kj++) {
+                int yy = i * sh - pt + ki, xx = j * sw - pl + kj;
+                if (yy >= 0 && yy < H && xx >= 0 && xx < W)
+                  s += (double)conv_w[((o * CI + c) * K + ki) * K + kj] * x[((b * CI + c) * H + yy) * W + xx];
+              }
+          y[((b * CO + o) * *oh + i) * *ow + j] = s > 0 ? (float)s : 0.f;
+        }
+}
+
+typedef struct {
+  spn_model_t *m;
+  int batch, iters, failures;
+} worker_t;
+
+static void *worker(void *p) {
+  worker_t *w = p;
+  int n = w->batch;
+  float *x = malloc(sizeof(float) * (size_t)(n * CI * H * W));
+  float *ref = malloc(sizeof(float) * (size_t)(n * CO * H * W));
+  for (int i = 0; i < n * CI * H * W; i++)
+    x[i] = (float)((i * 7 + n) % 13) / 6.f - 1.f;
+  int oh, ow;
+  conv_ref(x, n, ref, &oh, &ow);
+  for (int it = 0; it < w->iters; it++) {
+    spn_tensor_t in = SPN_TENSOR_INIT, out = SPN_TENSOR_INIT;
+    in.dtype = SPN_DTYPE_F32;
+    in.ndim = 4;
+    in.shape[0] = n;
+    in.shape[1] = CI;
+    in.shape[2] = H;
+    in.shape[3] = W;
+    in.data = x;
+    spn_error_t err = SPN_ERROR_INIT;
+    if (spn_model_run(w->m, &in, 1, &out, 1, &err) != SPN_OK || out.shape[2] != oh || out.shape[3] != ow) {
+      w->failures++;
+      continue;
+    }
+    const float *y = out.data;
+    for (int i = 0; i < n * CO * oh * ow; i++)
+      if (y[i] - ref[i] > 1e-4f || ref[i] - y[i] > 1e-4f) {
+        w->failures++;
+        break;
+      }
+    spn_model_output_free(&out);
+  }
+  free(x);
+  free(ref);
+  return NULL;
+}
+
+static void test_conv_matches_reference_concurrently(void **state) {
+  (void)state;
+  pb_t m = conv_model();
+  spn_engine_t *e = engine(1);
+  spn_model_t *mod = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_engine_load_memory(e, m.p, m.n, "conv.onnx", "cpu", &mod, &err), SPN_OK);
+  free(m.p);
+  assert_int_equal(spn_model_node_count(mod), 1); /* Relu fused into Conv */
+  /* FLOPs per sample: 2 * CO * oh * ow * CI * K * K */
+  int oh = (H + 3 - K) / 2 + 1, ow = (W + 1 - K) + 1;
+  assert_true(spn_model_flops(mod) == 2.0 * CO * oh * ow * CI * K * K);
+  assert_int_equal(spn_model_param_count(mod), CO * CI * K * K + CO);
+  worker_t w[4];
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++) {
+    w[i] = (worker_t){.m = mod, .batch = 1 + i, .iters = 20};
+    assert_int_equal(pthread_create(&t[i], NULL, worker, &w[i]), 0);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(t[i], NULL);
+    assert_int_equal(w[i].failures, 0);
+  }
+  spn_model_release(&mod);
+  spn_engine_free(e);
+}
+
+/* Flip bytes of a valid model: every load must end in success or a clean
+ * error (the sanitizer build checks "clean"). */
+static void test_mutated_models_never_crash(void **state) {
+  (void)state;
+  pb_t m = conv_model();
+  spn_engine_t *e = engine(1);
+  uint32_t seed = 12345;
+  uint8_t *buf = malloc(m.n);
+  int loaded = 0;
+  for (int it = 0; it < 3000; it++) {
+    memcpy(buf, m.p, m.n);
+    int flips = 1 + it % 4;
+    for (int f = 0; f < flips; f++) {
+      seed = seed * 1103515245u + 12345u;
+      size_t pos = (seed >> 8) % m.n;
+      seed = seed * 1103515245u + 12345u;
+      buf[pos] = (uint8_t)(seed >> 16);
+    }
+    spn_model_t *mod = NULL;
+    spn_error_t err = SPN_ERROR_INIT;
+    if (spn_engine_load_memory(e, buf, m.n, "mut.onnx", "cpu", &mod, &err) == SPN_OK) {
+      loaded++;
+      spn_model_release(&mod);
+    } else {
+      assert_true(err.msg[0] != '\0');
+    }
+  }
+  assert_true(loaded > 0 && loaded < 3000);
+  free(buf);
+  free(m.p);
+  spn_engine_free(e);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_relu_runs_dynamic_batch),
+      cmocka_unit_test(test_registry_shares_models),
+      cmocka_unit_test(test_truncated_files_fail),
+      cmocka_unit_test(test_bad_length_fails),
+      cmocka_unit_test(test_huge_dims_fail),
+      cmocka_unit_test(test_empty_huge_constant_folds),
+      cmocka_unit_test(test_cycle_fails),
+      cmocka_unit_test(test_missing_initializer_fails),
+      cmocka_unit_test(test_dangling_output_fails),
+      cmocka_unit_test(test_wrong_attribute_type_fails),
+      cmocka_unit_test(test_unsupported_op_and_attribute),
+      cmocka_unit_test(test_external_data),
+      cmocka_unit_test(test_conv_matches_reference_concurrently),
+      cmocka_unit_test(test_mutated_models_never_crash),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
