@@ -338,6 +338,9 @@ struct spn_runtime {
   spn_job_t *running;              /* loop */
   pthread_mutex_t pmu;
   spn_pipeline_t *pipes; /* pmu */
+  /* The model engine, created on the first model_load (host-model.c). */
+  struct spn_engine *engine; /* engmu */
+  pthread_mutex_t engmu;
 };
 
 /* Post an event to the loop thread (takes ownership). Thread: any. */

@@ -19,6 +19,7 @@
 
 #include "debug-internal.h"
 #include "runtime-internal.h"
+#include "spindle/engine.h"
 
 /* ---- events ------------------------------------------------------------------- */
 
@@ -290,6 +291,7 @@ int32_t spn_runtime_new(const spn_runtime_opts_t *opts_in, spn_runtime_t **out, 
   atomic_init(&rt->next_pipe_id, 1);
   pthread_mutex_init(&rt->evmu, NULL);
   pthread_mutex_init(&rt->pmu, NULL);
+  pthread_mutex_init(&rt->engmu, NULL);
   if (!rt->devices_spec) {
     rc = spn_error_set(err, SPN_ENOMEM, "out of memory creating a runtime");
     goto out_rt;
@@ -382,6 +384,7 @@ out_rt:
   free(rt->plugin_paths);
   pthread_mutex_destroy(&rt->evmu);
   pthread_mutex_destroy(&rt->pmu);
+  pthread_mutex_destroy(&rt->engmu);
   free(rt->devices_spec);
   free(rt);
   return rc;
@@ -415,6 +418,11 @@ void spn_runtime_free(spn_runtime_t **rtp) {
   free(rt->pool);
   free(rt->dev_ex);
   zmq_ctx_term(rt->zctx);
+  /* After every pipeline: their stages released their models in destroy. */
+  if (rt->engine)
+    spn_engine_free(rt->engine);
+  rt->engine = NULL;
+  pthread_mutex_destroy(&rt->engmu);
   spn__registry_free(&rt->reg);
   spn__devices_free(&rt->host_devs, 1);
   spn__devices_free(&rt->devices, rt->n_devices);

@@ -335,10 +335,10 @@ static void test_build_errors(void **st) {
   assert_non_null(strstr(err.msg, "stage \"cam\": preload on cpu:"));
   assert_non_null(strstr(err.msg, "weights are corrupt"));
 
-  b.cfgs[1].fail_preload = 0; /* the model engine is not in this build */
+  b.cfgs[1].fail_preload = 0; /* a model file that is not there */
   b.cfgs[1].model = "models/retinaface.onnx";
-  assert_int_equal(try_build(rt, &b, &err), SPN_EUNSUPPORTED);
-  assert_non_null(strstr(err.msg, "model engine not built"));
+  assert_int_equal(try_build(rt, &b, &err), SPN_ENOENT);
+  assert_non_null(strstr(err.msg, "stage \"cam\""));
   assert_non_null(strstr(err.msg, "retinaface.onnx"));
   b.cfgs[1].model = NULL;
 
