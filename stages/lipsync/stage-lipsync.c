@@ -346,6 +346,11 @@ static void run_batch(spn_stage_t *stage, ls_state_t *st, size_t n) {
   out.ndim = 4;
   out.shape[0] = (int64_t)n, out.shape[1] = 3, out.shape[2] = SPN_W2L_SIZE, out.shape[3] = SPN_W2L_SIZE;
   out.data = st->out_buf;
+  /* run_ready gathers job by job: count the jobs sharing this run. */
+  size_t n_jobs = 1;
+  for (size_t i = 1; i < n; i++)
+    n_jobs += st->run_job[i] != st->run_job[i - 1];
+  host->log(stage, 0, SPN_LOG_DEBUG, "wav2lip run: %zu faces from %zu jobs", n, n_jobs);
   int32_t rc = host->model_run(stage, st->model, in, 2, &out, 1, &err);
   if (rc != SPN_OK) {
     for (size_t i = 0; i < n; i++) {
