@@ -4,9 +4,10 @@
  * (H,W,3) u8 RGB, and a metadata item "faces", as facedetect emits them) and
  * input port "mel" (type "mel": one tensor item "mel", 80×16 f32, per video
  * frame, as melspec emits them). Both arrive in process() mixed, from any
- * number of jobs; they are told apart by item name. Output port "video":
- * every input frame, in seq order, with its "faces" item, the mouth region
- * redrawn where the frame has a face and a mel chunk.
+ * number of jobs; they are told apart by item name. Output port "video"
+ * (type "video", so superres or an encoder can follow): every input frame,
+ * in seq order, still carrying its "faces" item, the mouth region redrawn
+ * where the frame has a face and a mel chunk.
  *
  * The join: each job keeps a window of slots keyed by seq, starting at the
  * next seq to emit. A slot is filled by its frame and its mel chunk. It is
@@ -73,7 +74,7 @@ static const spn_config_field_t ls_schema[] = {
 };
 
 static const spn_port_t ls_inputs[] = {{.name = "video", .type = "faces"}, {.name = "mel", .type = "mel"}};
-static const spn_port_t ls_outputs[] = {{.name = "video", .type = "faces"}};
+static const spn_port_t ls_outputs[] = {{.name = "video", .type = "video"}};
 
 /* One seq of a job: its frame (and faces) and its mel chunk. */
 typedef struct ls_slot {
