@@ -192,3 +192,15 @@ int64_t spn_w2l_mel_chunks(double fps, int64_t n_frames) {
     i--;
   return i + 1;
 }
+
+int32_t spn_w2l_mel_chunk(const float *mel, int64_t n_frames, int64_t i, double fps, float *chunk,
+                          spn_error_t *err) {
+  int64_t start = spn_w2l_mel_start(i, fps, n_frames);
+  if (start < 0)
+    return spn_error_set(err, SPN_EINVAL, "wav2lip: no mel chunk %lld in %lld mel frames at %g fps", (long long)i,
+                         (long long)n_frames, fps);
+  for (int32_t m = 0; m < SPN_W2L_MEL_BINS; m++)
+    memcpy(chunk + (size_t)m * SPN_W2L_MEL_STEPS, mel + (size_t)m * (size_t)n_frames + (size_t)start,
+           SPN_W2L_MEL_STEPS * sizeof *chunk);
+  return SPN_OK;
+}

@@ -84,4 +84,10 @@ int64_t spn_w2l_mel_start(int64_t i, double fps, int64_t n_frames);
  * 0 when n_frames < 16. */
 int64_t spn_w2l_mel_chunks(double fps, int64_t n_frames);
 
+/* Copy the 80×16 chunk of video frame i (start from spn_w2l_mel_start) out
+ * of an (80, n_frames) row-major spectrogram into chunk (80*16 floats,
+ * row-major). SPN_EINVAL when n_frames < 16 or i < 0. Thread: any. */
+int32_t spn_w2l_mel_chunk(const float *mel, int64_t n_frames, int64_t i, double fps, float *chunk,
+                          spn_error_t *err);
+
 #endif

@@ -280,12 +280,34 @@ static void test_mel_windows(void **ctx) {
     }
 }
 
+static void test_mel_chunk(void **ctx) {
+  (void)ctx;
+  const int64_t T = 50;
+  float *mel = malloc(80 * T * sizeof *mel);
+  for (int m = 0; m < 80; m++)
+    for (int64_t t = 0; t < T; t++)
+      mel[m * T + t] = (float)(m * 1000 + t);
+  float chunk[80 * 16];
+  spn_error_t err = SPN_ERROR_INIT;
+  /* 30 fps: frame 4 starts at floor(4 * 80 / 30) = 10; frame 14 at 37, clamped to T - 16 = 34. */
+  assert_int_equal(spn_w2l_mel_chunk(mel, T, 4, 30.0, chunk, &err), SPN_OK);
+  for (int m = 0; m < 80; m++)
+    for (int s = 0; s < 16; s++)
+      assert_float_equal(chunk[m * 16 + s], m * 1000 + 10 + s, 0);
+  assert_int_equal(spn_w2l_mel_chunk(mel, T, 14, 30.0, chunk, &err), SPN_OK); /* 37 clamps to 34 */
+  assert_float_equal(chunk[79 * 16 + 15], 79 * 1000 + 49, 0);
+  assert_float_equal(chunk[0], 34, 0);
+  assert_int_equal(spn_w2l_mel_chunk(mel, 15, 0, 30.0, chunk, &err), SPN_EINVAL);
+  assert_int_equal(spn_w2l_mel_chunk(mel, T, -1, 30.0, chunk, &err), SPN_EINVAL);
+  free(mel);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_crop_rect),        cmocka_unit_test(test_pick_face),
       cmocka_unit_test(test_prepare_identity), cmocka_unit_test(test_prepare_downscale),
       cmocka_unit_test(test_paste_hard),       cmocka_unit_test(test_paste_feathered),
-      cmocka_unit_test(test_mel_windows),
+      cmocka_unit_test(test_mel_windows),      cmocka_unit_test(test_mel_chunk),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
