@@ -38,6 +38,7 @@ static char g_model[400];
 
 typedef struct job_spec {
   int64_t frames, chunks, vseed, mseed;
+  const char *audio; /* melspec pipeline: the WAV file */
   char out[400];
   uint8_t *data;
   size_t size;
@@ -86,13 +87,17 @@ static spn_runtime_t *new_runtime_logged(int log_fd, int32_t level) {
 
 static spn_runtime_t *new_runtime(void) { return new_runtime_logged(-1, SPN_LOG_WARN); }
 
-static spn_pipeline_t *load_pipeline(spn_runtime_t *rt, const char *model, spn_error_t *err) {
+static spn_pipeline_t *load_pipeline_from(spn_runtime_t *rt, const char *tmpl, const char *model, spn_error_t *err) {
   char toml[2048];
-  int len = snprintf(toml, sizeof toml, pipeline_toml, model);
+  int len = snprintf(toml, sizeof toml, tmpl, model);
   assert_true(len > 0 && (size_t)len < sizeof toml);
   spn_pipeline_t *p = NULL;
   int32_t rc = spn_pipeline_load_string(rt, toml, (size_t)len, "lipsync-test.toml", NULL, 0, &p, err);
   return rc == SPN_OK ? p : NULL;
+}
+
+static spn_pipeline_t *load_pipeline(spn_runtime_t *rt, const char *model, spn_error_t *err) {
+  return load_pipeline_from(rt, pipeline_toml, model, err);
 }
 
 static uint8_t *read_file(const char *path, size_t *size) {
@@ -119,13 +124,17 @@ static void run_jobs(spn_pipeline_t *pipe, job_spec_t *specs, int n, const char 
     snprintf(s->out, sizeof s->out, "%s/%s-%d.rgb", g_dir, tag, i);
     snprintf(ov[i][0], sizeof ov[i][0], "video.frames=%lld", (long long)s->frames);
     snprintf(ov[i][1], sizeof ov[i][1], "video.seed=%lld", (long long)s->vseed);
-    snprintf(ov[i][2], sizeof ov[i][2], "mel.chunks=%lld", (long long)s->chunks);
-    snprintf(ov[i][3], sizeof ov[i][3], "mel.seed=%lld", (long long)s->mseed);
-    snprintf(ov[i][4], sizeof ov[i][4], "sink.path=%s", s->out);
+    snprintf(ov[i][2], sizeof ov[i][2], "sink.path=%s", s->out);
+    if (s->audio) {
+      snprintf(ov[i][3], sizeof ov[i][3], "audio.path=%s", s->audio);
+    } else {
+      snprintf(ov[i][3], sizeof ov[i][3], "mel.chunks=%lld", (long long)s->chunks);
+      snprintf(ov[i][4], sizeof ov[i][4], "mel.seed=%lld", (long long)s->mseed);
+    }
     const char *ovp[5] = {ov[i][0], ov[i][1], ov[i][2], ov[i][3], ov[i][4]};
     spn_job_params_t params = SPN_JOB_PARAMS_INIT;
     params.overrides = ovp;
-    params.n_overrides = 5;
+    params.n_overrides = s->audio ? 4 : 5;
     spn_error_t err = SPN_ERROR_INIT;
     int32_t rc = spn_job_start(pipe, &params, NULL, &jobs[i], &err);
     if (rc != SPN_OK)
@@ -303,6 +312,104 @@ static void test_missing_model(void **ctx) {
   spn_runtime_free(&rt);
 }
 
+#ifdef SPN_HAVE_MELSPEC
+#include <math.h>
+
+static const char *melspec_toml =
+    "[pipeline]\n"
+    "name = \"melspec-test\"\n"
+    "[[stage]]\n"
+    "name = \"video\"\n"
+    "kind = \"lt_faces\"\n"
+    "[[stage]]\n"
+    "name = \"audio\"\n"
+    "kind = \"melspec\"\n"
+    "fps = 25.0\n"
+    "[[stage]]\n"
+    "name = \"lips\"\n"
+    "kind = \"lipsync\"\n"
+    "inputs = { video = \"video.faces\", mel = \"audio.mel\" }\n"
+    "model = \"%s\"\n"
+    "[[stage]]\n"
+    "name = \"sink\"\n"
+    "kind = \"filesink\"\n"
+    "inputs = [\"lips.video\"]\n";
+
+static void put_le(FILE *f, uint32_t v, int bytes) {
+  for (int i = 0; i < bytes; i++)
+    fputc((int)((v >> (8 * i)) & 0xff), f);
+}
+
+/* A 16-bit PCM WAV of `seconds` of a 440 Hz tone. */
+static void write_wav(const char *path, uint32_t rate, uint16_t channels, double seconds) {
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  uint32_t n = (uint32_t)(rate * seconds);
+  uint32_t data = n * channels * 2;
+  fwrite("RIFF", 1, 4, f), put_le(f, 36 + data, 4), fwrite("WAVEfmt ", 1, 8, f);
+  put_le(f, 16, 4), put_le(f, 1, 2), put_le(f, channels, 2), put_le(f, rate, 4);
+  put_le(f, rate * channels * 2, 4), put_le(f, channels * 2u, 2), put_le(f, 16, 2);
+  fwrite("data", 1, 4, f), put_le(f, data, 4);
+  for (uint32_t i = 0; i < n; i++)
+    for (uint16_t c = 0; c < channels; c++)
+      put_le(f, (uint32_t)(uint16_t)(int16_t)lrint(9000.0 * sin(2 * M_PI * 440.0 * i / rate)), 2);
+  fclose(f);
+}
+
+static void test_melspec(void **ctx) {
+  (void)ctx;
+  spn_runtime_t *rt = new_runtime();
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_pipeline_t *pipe = load_pipeline_from(rt, melspec_toml, g_model, &err);
+  if (!pipe)
+    fail_msg("load: %s", err.msg);
+  char wav16[400], wav48[400], shortwav[400], missing[400];
+  snprintf(wav16, sizeof wav16, "%s/a16k.wav", g_dir);
+  snprintf(wav48, sizeof wav48, "%s/a48k.wav", g_dir);
+  snprintf(shortwav, sizeof shortwav, "%s/short.wav", g_dir);
+  snprintf(missing, sizeof missing, "%s/none.wav", g_dir);
+  write_wav(wav16, 16000, 1, 1.0);
+  write_wav(wav48, 48000, 2, 1.0);
+  write_wav(shortwav, 16000, 1, 0.05);
+  /* 1 s at 16 kHz: 81 mel frames; at 25 fps Wav2Lip cuts 21 windows that
+   * fit (starts 0, 3, 6, ..., 64) and one last window: 22 chunks. Video of
+   * 30 frames: frames 22..29 pass through. */
+  job_spec_t a[2] = {{.frames = 30, .chunks = 22, .vseed = 1, .audio = wav16},
+                     {.frames = 30, .chunks = 22, .vseed = 2, .audio = wav48}};
+  run_jobs(pipe, a, 2, "melspec");
+  assert_int_equal(check_job(&a[0]), 17);
+  assert_int_equal(check_job(&a[1]), 17);
+  for (int i = 0; i < 2; i++) {
+    free(a[i].data);
+    unlink(a[i].out);
+  }
+  /* A missing file and a too short one fail their job, naming the file. */
+  const char *bad[2] = {missing, shortwav};
+  const char *want[2] = {"none.wav", "too short"};
+  for (int i = 0; i < 2; i++) {
+    char o0[64], o1[460], o2[460];
+    snprintf(o0, sizeof o0, "video.frames=4");
+    snprintf(o1, sizeof o1, "audio.path=%s", bad[i]);
+    snprintf(o2, sizeof o2, "sink.path=%s/bad.rgb", g_dir);
+    const char *ovp[3] = {o0, o1, o2};
+    spn_job_params_t params = SPN_JOB_PARAMS_INIT;
+    params.overrides = ovp;
+    params.n_overrides = 3;
+    spn_job_t *job = NULL;
+    assert_int_equal(spn_job_start(pipe, &params, NULL, &job, &err), SPN_OK);
+    assert_int_not_equal(spn_job_wait(job, &err), SPN_OK);
+    if (!strstr(err.msg, want[i]) || !strstr(err.msg, "audio"))
+      fail_msg("job with %s: \"%s\"", bad[i], err.msg);
+    spn_job_free(&job);
+  }
+  unlink(wav16);
+  unlink(wav48);
+  unlink(shortwav);
+  spn_pipeline_free(&pipe);
+  spn_runtime_free(&rt);
+}
+#endif
+
 int main(int argc, char **argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: %s PYTHON MAKE_MODEL_SCRIPT\n", argv[0]);
@@ -331,6 +438,9 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_end_to_end),
       cmocka_unit_test(test_missing_model),
+#ifdef SPN_HAVE_MELSPEC
+      cmocka_unit_test(test_melspec),
+#endif
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   unlink(g_model);
