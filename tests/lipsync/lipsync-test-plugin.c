@@ -18,6 +18,7 @@ static const spn_host_api_t *host;
 typedef struct lt_config {
   int64_t count;
   int64_t seed;
+  int64_t bad_at; /* lt_mel: the chunk at this seq has a wrong shape (-1: none) */
 } lt_config_t;
 
 static const spn_config_field_t lt_faces_schema[] = {
@@ -32,13 +33,15 @@ static const spn_config_field_t lt_mel_schema[] = {
      .doc = "mel chunks per job", .def_int = 8, .min = 0, .max = 100000},
     {.key = "seed", .type = SPN_CONFIG_INT, .flags = SPN_CONFIG_PER_JOB, .offset = offsetof(lt_config_t, seed),
      .doc = "pattern seed", .def_int = 1, .min = 0, .max = 1000},
+    {.key = "bad_at", .type = SPN_CONFIG_INT, .flags = SPN_CONFIG_PER_JOB, .offset = offsetof(lt_config_t, bad_at),
+     .doc = "seq of a chunk sent with a wrong shape (1,80,8); -1: none", .def_int = -1, .min = -1, .max = 100000},
     {0},
 };
 
 typedef struct lt_job {
   uint64_t job_id;
   uint64_t seq;
-  int64_t count, seed;
+  int64_t count, seed, bad_at;
 } lt_job_t;
 
 static int32_t lt_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
@@ -57,6 +60,7 @@ static int32_t lt_job_open(spn_stage_t *stage, void *state, const spn_job_info_t
   j->job_id = job->job_id;
   j->count = c->count;
   j->seed = c->seed;
+  j->bad_at = c->bad_at; /* lt_faces' schema has no such key: its struct field stays 0 */
   *job_state = j;
   return SPN_OK;
 }
@@ -115,15 +119,15 @@ static int32_t lt_mel_generate(spn_stage_t *stage, void *state, void *job_state,
   spn_tensor_t t = SPN_TENSOR_INIT;
   t.dtype = SPN_DTYPE_F32;
   t.ndim = 3;
-  t.shape[0] = 1, t.shape[1] = 80, t.shape[2] = 16;
+  t.shape[0] = 1, t.shape[1] = 80, t.shape[2] = (int64_t)j->seq == j->bad_at ? 8 : 16;
   spn_buffer_t *buf = NULL;
   int32_t rc = host->buffer_new(stage, spn_tensor_nbytes(&t), &buf, err);
   if (rc != SPN_OK)
     return rc;
   float *m = host->buffer_data(buf);
   for (int32_t b = 0; b < 80; b++)
-    for (int32_t s = 0; s < 16; s++)
-      m[b * 16 + s] = lt_mel(j->seed, j->seq, b, s);
+    for (int32_t s = 0; s < t.shape[2]; s++)
+      m[b * t.shape[2] + s] = lt_mel(j->seed, j->seq, b, s);
   rc = lt_send(stage, j, "mel", &t, buf, NULL, 0, err);
   host->buffer_unref(&buf);
   return rc;

@@ -107,8 +107,9 @@ static uint8_t *read_file(const char *path, size_t *size) {
   fseek(f, 0, SEEK_END);
   long n = ftell(f);
   fseek(f, 0, SEEK_SET);
-  uint8_t *d = malloc(n > 0 ? (size_t)n : 1);
-  size_t got = fread(d, 1, (size_t)n, f);
+  uint8_t *d = malloc(n > 0 ? (size_t)n + 1 : 1);
+  size_t got = n > 0 ? fread(d, 1, (size_t)n, f) : 0;
+  d[got] = 0; /* the log is searched as a string */
   fclose(f);
   *size = got;
   return d;
@@ -286,6 +287,43 @@ static void test_end_to_end(void **ctx) {
   unlink(logpath);
 }
 
+/* A malformed mel chunk fails its job with the input and seq named; a job
+ * running beside it and the next job are not affected. */
+static void test_bad_chunk(void **ctx) {
+  (void)ctx;
+  spn_runtime_t *rt = new_runtime();
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_pipeline_t *pipe = load_pipeline(rt, g_model, &err);
+  if (!pipe)
+    fail_msg("load: %s", err.msg);
+  char out[460];
+  snprintf(out, sizeof out, "sink.path=%s/badchunk.rgb", g_dir);
+  const char *ovp[4] = {"video.frames=8", "mel.chunks=8", "mel.bad_at=2", out};
+  spn_job_params_t params = SPN_JOB_PARAMS_INIT;
+  params.overrides = ovp;
+  params.n_overrides = 4;
+  spn_job_t *job = NULL;
+  assert_int_equal(spn_job_start(pipe, &params, NULL, &job, &err), SPN_OK);
+  job_spec_t good = {.frames = 8, .chunks = 8, .vseed = 6, .mseed = 6};
+  run_jobs(pipe, &good, 1, "beside-bad");
+  assert_int_equal(spn_job_wait(job, &err), SPN_EINVAL);
+  if (!strstr(err.msg, "input \"mel\" seq 2") || !strstr(err.msg, "(80,16)"))
+    fail_msg("bad chunk message: \"%s\"", err.msg);
+  spn_job_free(&job);
+  assert_int_equal(access(out + strlen("sink.path="), F_OK), -1); /* the failed job's file is removed */
+  assert_int_equal(check_job(&good), 6);
+  free(good.data);
+  good.data = NULL;
+  unlink(good.out);
+  good.vseed = 7;
+  run_jobs(pipe, &good, 1, "after-bad");
+  assert_int_equal(check_job(&good), 6);
+  free(good.data);
+  unlink(good.out);
+  spn_pipeline_free(&pipe);
+  spn_runtime_free(&rt);
+}
+
 static void test_missing_model(void **ctx) {
   (void)ctx;
   spn_runtime_t *rt = new_runtime();
@@ -437,6 +475,7 @@ int main(int argc, char **argv) {
   }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_end_to_end),
+      cmocka_unit_test(test_bad_chunk),
       cmocka_unit_test(test_missing_model),
 #ifdef SPN_HAVE_MELSPEC
       cmocka_unit_test(test_melspec),
