@@ -28,6 +28,8 @@ typedef struct {
 } pb_t;
 
 static void pb_raw(pb_t *b, const void *d, size_t n) {
+  if (n == 0)
+    return;
   if (b->n + n > b->cap) {
     b->cap = (b->n + n) * 2 + 64;
     b->p = realloc(b->p, b->cap);
