@@ -2,6 +2,12 @@
 """Write a random-weight ONNX model shaped like Wav2Lip (about 20 kB).
 
   make-w2l-model.py OUT.onnx [--seed N]
+  make-w2l-model.py OUT.onnx --arch wav2lip [--width W]
+
+--arch wav2lip writes the real Wav2Lip architecture instead (the engine's
+conformance builder, tests/engine/models.py: Conv+BN+ReLU blocks with
+residuals, ConvTranspose decoder, skip concatenations) at a reduced width,
+laid out as tools/export/export.py exports it.
 
 Inputs as tools/export/export.py names them: mel (N,1,80,16) and face
 (N,6,96,96); output (N,3,96,96) in (0,1). A per-sample audio term
@@ -26,7 +32,22 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--arch", choices=["small", "wav2lip"], default="small")
+    ap.add_argument("--width", type=float, default=0.0625)
     a = ap.parse_args()
+    if a.arch == "wav2lip":
+        import os
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine"))
+        import models
+        m = models.wav2lip(width=a.width)
+        m.graph.ClearField("input")
+        m.graph.input.extend([helper.make_tensor_value_info("mel", TensorProto.FLOAT, ["N", 1, 80, 16]),
+                              helper.make_tensor_value_info("face", TensorProto.FLOAT, ["N", 6, 96, 96])])
+        m.graph.ClearField("output")
+        m.graph.output.extend([helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 3, 96, 96])])
+        onnx.checker.check_model(m)
+        onnx.save(m, a.out)
+        return 0
     rng = np.random.default_rng(a.seed)
 
     def init(name, shape, scale):
