@@ -1,0 +1,532 @@
+/* media-decode.c — FFmpeg demux/decode into spn_image_t frames and float PCM.
+ *
+ * One decoder = one AVFormatContext and up to two codec contexts (the best
+ * video and the best audio stream). spn_decoder_next() drains whichever
+ * decoder has output, else reads the next packet; at end of file it flushes
+ * both decoders and the resampler, then reports SPN_EOS. Nothing is global:
+ * FFmpeg >= 4 needs no registration or locks. Invariants: returned video pts
+ * are those of the stream (relative to its start_time) so VFR survives;
+ * audio pts are derived from the count of samples produced since the first
+ * kept sample, so audio never drifts from its own clock. Corrupt packets
+ * are skipped (as the ffmpeg CLI does); I/O and setup errors end the stream
+ * with a message that starts with the path.
+ */
+#include "media-decode.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <libavcodec/avcodec.h>
+#include <libavformat/avformat.h>
+#include <libavutil/display.h>
+#include <libavutil/hwcontext.h>
+#include <libavutil/opt.h>
+#include <libavutil/pixdesc.h>
+#include <libswresample/swresample.h>
+#include <libswscale/swscale.h>
+
+struct spn_decoder {
+  char *path;
+  spn_decode_opts_t o;
+  spn_decode_info_t info;
+  AVFormatContext *fmt;
+  AVCodecContext *vctx, *actx;
+  int vidx, aidx;
+  int64_t vstart, astart;        /* stream start_time in stream tb */
+  AVBufferRef *hw;
+  AVPacket *pkt;
+  AVFrame *frame, *swframe;
+  struct SwsContext *sws;
+  SwrContext *swr;
+  int eof_sent;
+  int vdone, adone;              /* decoder drained or segment end passed */
+  int64_t vcount, acount;
+  int64_t a_base;                /* first kept audio sample, in 1/rate units */
+  int64_t a_out;                 /* samples emitted so far */
+  int a_started, swr_flushed;
+  int64_t bad_packets;
+};
+
+static int32_t av_fail(spn_decoder_t *d, spn_error_t *err, int32_t code, int averr, const char *what) {
+  char buf[AV_ERROR_MAX_STRING_SIZE] = {0};
+  av_strerror(averr, buf, sizeof buf);
+  /* FFmpeg's messages start with a capital; ours are lower case after the colon */
+  if (buf[0] >= 'A' && buf[0] <= 'Z')
+    buf[0] = (char)(buf[0] - 'A' + 'a');
+  if (what)
+    return spn_error_set(err, code, "%s: %s: %s", d->path, what, buf);
+  return spn_error_set(err, code, "%s: %s", d->path, buf);
+}
+
+static enum AVPixelFormat pick_cuda(AVCodecContext *ctx, const enum AVPixelFormat *fmts) {
+  for (const enum AVPixelFormat *p = fmts; *p != AV_PIX_FMT_NONE; p++)
+    if (*p == AV_PIX_FMT_CUDA)
+      return *p;
+  return avcodec_default_get_format(ctx, fmts);
+}
+
+static int codec_has_cuda(const AVCodec *codec) {
+  for (int i = 0;; i++) {
+    const AVCodecHWConfig *c = avcodec_get_hw_config(codec, i);
+    if (!c)
+      return 0;
+    if (c->device_type == AV_HWDEVICE_TYPE_CUDA && (c->methods & AV_CODEC_HW_CONFIG_METHOD_HW_DEVICE_CTX))
+      return 1;
+  }
+}
+
+/* Rotation (clockwise, multiple of 90) that makes the picture upright. */
+static int32_t stream_rotation(AVStream *st) {
+  const int32_t *m = NULL;
+#if LIBAVFORMAT_VERSION_MAJOR >= 61
+  const AVPacketSideData *sd = av_packet_side_data_get(st->codecpar->coded_side_data,
+                                                       st->codecpar->nb_coded_side_data,
+                                                       AV_PKT_DATA_DISPLAYMATRIX);
+  if (sd && sd->size >= 36)
+    m = (const int32_t *)sd->data;
+#else
+  size_t size = 0;
+  const uint8_t *sd = av_stream_get_side_data(st, AV_PKT_DATA_DISPLAYMATRIX, &size);
+  if (sd && size >= 36)
+    m = (const int32_t *)sd;
+#endif
+  if (!m)
+    return 0;
+  double ccw = av_display_rotation_get(m); /* counter-clockwise degrees */
+  if (isnan(ccw))
+    return 0;
+  int32_t cw = (int32_t)lrint(-ccw / 90.0) * 90;
+  return ((cw % 360) + 360) % 360;
+}
+
+static int32_t open_codec(spn_decoder_t *d, AVStream *st, AVCodecContext **out, int video,
+                          spn_error_t *err) {
+  const AVCodec *codec = avcodec_find_decoder(st->codecpar->codec_id);
+  if (!codec)
+    return spn_error_set(err, SPN_EUNSUPPORTED, "%s: no decoder for %s stream codec '%s'", d->path,
+                         video ? "video" : "audio", avcodec_get_name(st->codecpar->codec_id));
+  AVCodecContext *ctx = avcodec_alloc_context3(codec);
+  if (!ctx)
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", d->path);
+  *out = ctx;
+  int r = avcodec_parameters_to_context(ctx, st->codecpar);
+  if (r < 0)
+    return av_fail(d, err, SPN_EMEDIA, r, "codec parameters");
+  ctx->pkt_timebase = st->time_base;
+  ctx->thread_count = 0;
+  if (video && d->o.hwaccel != SPN_HWACCEL_NONE) {
+    int ok = codec_has_cuda(codec) &&
+             av_hwdevice_ctx_create(&d->hw, AV_HWDEVICE_TYPE_CUDA, NULL, NULL, 0) >= 0;
+    if (ok) {
+      ctx->hw_device_ctx = av_buffer_ref(d->hw);
+      ctx->get_format = pick_cuda;
+      d->info.hwaccel_active = 1;
+    } else if (d->o.hwaccel == SPN_HWACCEL_CUDA) {
+      return spn_error_set(err, SPN_EDEVICE, "%s: CUDA decoding of %s is not available", d->path,
+                           codec->name);
+    }
+  }
+  r = avcodec_open2(ctx, codec, NULL);
+  if (r < 0)
+    return av_fail(d, err, SPN_EMEDIA, r, "opening the decoder");
+  return SPN_OK;
+}
+
+int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_decoder_t **out,
+                        spn_error_t *err) {
+  static const spn_decode_opts_t defaults = SPN_DECODE_OPTS_INIT;
+  *out = NULL;
+  if (!path || !*path)
+    return spn_error_set(err, SPN_EINVAL, "decode: empty path");
+  spn_decoder_t *d = calloc(1, sizeof *d);
+  if (!d || !(d->path = strdup(path))) {
+    free(d);
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
+  }
+  int32_t rc = SPN_OK;
+  d->o = opts ? *opts : defaults;
+  d->vidx = d->aidx = -1;
+  switch (d->o.pixfmt) {
+  case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24: case SPN_PIXFMT_RGBF32P: case SPN_PIXFMT_BGRF32P:
+  case SPN_PIXFMT_NV12: case SPN_PIXFMT_YUV420P: break;
+  default:
+    rc = spn_error_set(err, SPN_EINVAL, "%s: decode to pixel format '%s' is not supported", path,
+                       spn_pixfmt_name(d->o.pixfmt));
+    goto out_free;
+  }
+  if (d->o.start < 0 || !isfinite(d->o.start) || !isfinite(d->o.duration) || d->o.audio_rate < 0 ||
+      d->o.audio_rate > 768000 || d->o.audio_channels < 0 || d->o.audio_channels > 16) {
+    rc = spn_error_set(err, SPN_EINVAL, "%s: invalid decode options (start %g, duration %g, audio %d Hz x %d)",
+                       path, d->o.start, d->o.duration, (int)d->o.audio_rate, (int)d->o.audio_channels);
+    goto out_free;
+  }
+  int r = avformat_open_input(&d->fmt, path, NULL, NULL);
+  if (r < 0) {
+    rc = av_fail(d, err, r == AVERROR(ENOENT) ? SPN_ENOENT : SPN_EMEDIA, r, NULL);
+    goto out_free;
+  }
+  if ((r = avformat_find_stream_info(d->fmt, NULL)) < 0) {
+    rc = av_fail(d, err, SPN_EMEDIA, r, NULL);
+    goto out_free;
+  }
+  d->vidx = av_find_best_stream(d->fmt, AVMEDIA_TYPE_VIDEO, -1, -1, NULL, 0);
+  d->aidx = av_find_best_stream(d->fmt, AVMEDIA_TYPE_AUDIO, -1, d->vidx >= 0 ? d->vidx : -1, NULL, 0);
+  if (d->vidx >= 0 && d->fmt->streams[d->vidx]->disposition & AV_DISPOSITION_ATTACHED_PIC)
+    d->vidx = -1;
+  if (d->o.want_video && d->vidx < 0) {
+    rc = spn_error_set(err, SPN_EMEDIA, "%s: no video stream", path);
+    goto out_free;
+  }
+  if (!d->o.want_video)
+    d->vidx = -1;
+  if (!d->o.want_audio)
+    d->aidx = -1;
+  if (d->vidx < 0 && d->aidx < 0) {
+    rc = spn_error_set(err, SPN_EMEDIA, "%s: no audio stream", path);
+    goto out_free;
+  }
+  if (d->vidx >= 0) {
+    AVStream *st = d->fmt->streams[d->vidx];
+    if ((rc = open_codec(d, st, &d->vctx, 1, err)))
+      goto out_free;
+    if (st->codecpar->width <= 0 || st->codecpar->height <= 0) {
+      rc = spn_error_set(err, SPN_EMEDIA, "%s: video stream has no size", path);
+      goto out_free;
+    }
+    d->vstart = st->start_time == AV_NOPTS_VALUE ? 0 : st->start_time;
+    d->info.has_video = 1;
+    d->info.rotation = d->o.autorotate ? stream_rotation(st) : 0;
+    int quarter = d->info.rotation == 90 || d->info.rotation == 270;
+    d->info.width = quarter ? st->codecpar->height : st->codecpar->width;
+    d->info.height = quarter ? st->codecpar->width : st->codecpar->height;
+    AVRational fr = av_guess_frame_rate(d->fmt, st, NULL);
+    d->info.fps_num = fr.num > 0 ? fr.num : 25;
+    d->info.fps_den = fr.num > 0 ? fr.den : 1;
+    d->info.video_codec = d->vctx->codec->name;
+  }
+  if (d->aidx >= 0) {
+    AVStream *st = d->fmt->streams[d->aidx];
+    if ((rc = open_codec(d, st, &d->actx, 0, err)))
+      goto out_free;
+    d->astart = st->start_time == AV_NOPTS_VALUE ? 0 : st->start_time;
+    d->info.has_audio = 1;
+    d->info.audio_rate = d->o.audio_rate ? d->o.audio_rate : d->actx->sample_rate;
+    d->info.audio_channels = d->o.audio_channels ? d->o.audio_channels : d->actx->ch_layout.nb_channels;
+    if (d->info.audio_rate <= 0 || d->info.audio_channels <= 0) {
+      rc = spn_error_set(err, SPN_EMEDIA, "%s: audio stream has no rate or channel count", path);
+      goto out_free;
+    }
+    d->info.audio_codec = d->actx->codec->name;
+  }
+  if (d->fmt->duration != AV_NOPTS_VALUE && d->fmt->duration > 0)
+    d->info.duration = d->fmt->duration / (double)AV_TIME_BASE;
+  d->pkt = av_packet_alloc();
+  d->frame = av_frame_alloc();
+  d->swframe = av_frame_alloc();
+  if (!d->pkt || !d->frame || !d->swframe) {
+    rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
+    goto out_free;
+  }
+  if (d->o.start > 0) {
+    int64_t ts = (int64_t)(d->o.start * AV_TIME_BASE);
+    if (d->fmt->start_time != AV_NOPTS_VALUE)
+      ts += d->fmt->start_time;
+    r = av_seek_frame(d->fmt, -1, ts, AVSEEK_FLAG_BACKWARD);
+    if (r < 0) {
+      rc = av_fail(d, err, SPN_EMEDIA, r, "seeking");
+      goto out_free;
+    }
+  }
+  d->vdone = d->vidx < 0;
+  d->adone = d->aidx < 0;
+  *out = d;
+  return SPN_OK;
+out_free:
+  spn_decoder_free(d);
+  return rc;
+}
+
+void spn_decoder_free(spn_decoder_t *d) {
+  if (!d)
+    return;
+  sws_freeContext(d->sws);
+  swr_free(&d->swr);
+  av_frame_free(&d->frame);
+  av_frame_free(&d->swframe);
+  av_packet_free(&d->pkt);
+  avcodec_free_context(&d->vctx);
+  avcodec_free_context(&d->actx);
+  av_buffer_unref(&d->hw);
+  avformat_close_input(&d->fmt);
+  free(d->path);
+  free(d);
+}
+
+const spn_decode_info_t *spn_decoder_info(const spn_decoder_t *d) {
+  return &d->info;
+}
+
+void spn_media_item_release(spn_media_item_t *item) {
+  if (!item)
+    return;
+  spn_image_release(&item->image);
+  free(item->samples);
+  memset(item, 0, sizeof *item);
+}
+
+static enum AVPixelFormat av_format_for(int32_t f) {
+  switch (f) {
+  case SPN_PIXFMT_BGR24: case SPN_PIXFMT_BGRF32P: return AV_PIX_FMT_BGR24;
+  case SPN_PIXFMT_NV12: return AV_PIX_FMT_NV12;
+  case SPN_PIXFMT_YUV420P: return AV_PIX_FMT_YUV420P;
+  default: return AV_PIX_FMT_RGB24;
+  }
+}
+
+static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *item, spn_error_t *err) {
+  AVStream *st = d->fmt->streams[d->vidx];
+  int32_t rc;
+  if (f->format == AV_PIX_FMT_CUDA) {
+    av_frame_unref(d->swframe);
+    int r = av_hwframe_transfer_data(d->swframe, f, 0);
+    if (r < 0)
+      return av_fail(d, err, SPN_EDEVICE, r, "copying a CUDA frame");
+    av_frame_copy_props(d->swframe, f);
+    f = d->swframe;
+  }
+  int32_t out_fmt = d->o.pixfmt;
+  int32_t mid_fmt = (out_fmt == SPN_PIXFMT_RGBF32P) ? SPN_PIXFMT_RGB24
+                    : (out_fmt == SPN_PIXFMT_BGRF32P) ? SPN_PIXFMT_BGR24 : out_fmt;
+  d->sws = sws_getCachedContext(d->sws, f->width, f->height, (enum AVPixelFormat)f->format, f->width,
+                                f->height, av_format_for(out_fmt), SWS_BILINEAR | SWS_ACCURATE_RND, NULL,
+                                NULL, NULL);
+  if (!d->sws)
+    return spn_error_set(err, SPN_EMEDIA, "%s: cannot convert %s frames to %s", d->path,
+                         av_get_pix_fmt_name((enum AVPixelFormat)f->format), spn_pixfmt_name(mid_fmt));
+  spn_image_t conv = SPN_IMAGE_INIT, rot = SPN_IMAGE_INIT;
+  if ((rc = spn_image_alloc(&conv, f->width, f->height, mid_fmt, err)))
+    return spn_error_prefix(err, "%s", d->path);
+  uint8_t *dst[4] = {conv.data[0], conv.data[1], conv.data[2], NULL};
+  int lines[4] = {(int)conv.stride[0], (int)conv.stride[1], (int)conv.stride[2], 0};
+  sws_scale(d->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, dst, lines);
+  spn_image_t *cur = &conv;
+  if (d->info.rotation) {
+    int q = d->info.rotation != 180;
+    if ((rc = spn_image_alloc(&rot, q ? f->height : f->width, q ? f->width : f->height, mid_fmt, err)) ||
+        (rc = spn_image_rotate(&conv, &rot, d->info.rotation, err))) {
+      spn_image_release(&conv);
+      spn_image_release(&rot);
+      return spn_error_prefix(err, "%s", d->path);
+    }
+    spn_image_release(&conv);
+    cur = &rot;
+  }
+  memset(item, 0, sizeof *item);
+  if (out_fmt != mid_fmt) {
+    if ((rc = spn_image_alloc(&item->image, cur->width, cur->height, out_fmt, err)) ||
+        (rc = spn_image_to_float(cur, &item->image, NULL, NULL, err))) {
+      spn_image_release(cur);
+      spn_image_release(&item->image);
+      return spn_error_prefix(err, "%s", d->path);
+    }
+    spn_image_release(cur);
+  } else {
+    item->image = *cur;
+  }
+  int64_t ts = f->best_effort_timestamp;
+  if (ts == AV_NOPTS_VALUE)
+    ts = f->pts;
+  item->kind = SPN_MEDIA_VIDEO;
+  item->index = d->vcount++;
+  item->pts = ts == AV_NOPTS_VALUE ? 0 : ts - d->vstart;
+  item->tb_num = st->time_base.num;
+  item->tb_den = st->time_base.den;
+  item->pts_sec = item->pts * av_q2d(st->time_base);
+  return SPN_OK;
+}
+
+/* Resample one decoded frame (or flush with f == NULL) and emit the part
+ * inside the segment. Returns SPN_OK with item filled, SPN_EAGAIN when
+ * nothing is to be emitted. */
+static int32_t make_audio_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *item, spn_error_t *err) {
+  AVStream *st = d->fmt->streams[d->aidx];
+  int rate = d->info.audio_rate, ch = d->info.audio_channels;
+  if (!d->swr) {
+    if (!f)
+      return SPN_EAGAIN;
+    AVChannelLayout out_layout;
+    av_channel_layout_default(&out_layout, ch);
+    int r = swr_alloc_set_opts2(&d->swr, &out_layout, AV_SAMPLE_FMT_FLT, rate, &f->ch_layout,
+                                (enum AVSampleFormat)f->format, f->sample_rate, 0, NULL);
+    av_channel_layout_uninit(&out_layout);
+    if (r < 0 || (r = swr_init(d->swr)) < 0)
+      return av_fail(d, err, SPN_EMEDIA, r, "setting up the audio resampler");
+  }
+  if (!d->a_started) {
+    if (!f)
+      return SPN_EAGAIN;
+    int64_t ts = f->best_effort_timestamp != AV_NOPTS_VALUE ? f->best_effort_timestamp : f->pts;
+    double t = ts == AV_NOPTS_VALUE ? 0.0 : (ts - d->astart) * av_q2d(st->time_base);
+    d->a_base = llrint(t * rate);
+    d->a_started = 1;
+  }
+  int cap = swr_get_out_samples(d->swr, f ? f->nb_samples : 0);
+  if (cap <= 0)
+    return SPN_EAGAIN;
+  float *buf = malloc(sizeof(float) * (size_t)cap * (size_t)ch);
+  if (!buf)
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", d->path);
+  uint8_t *outp[1] = {(uint8_t *)buf};
+  int n = swr_convert(d->swr, outp, cap, f ? (const uint8_t **)f->extended_data : NULL, f ? f->nb_samples : 0);
+  if (n < 0) {
+    free(buf);
+    return av_fail(d, err, SPN_EMEDIA, n, "resampling audio");
+  }
+  /* segment trimming in samples */
+  int64_t first = d->a_base + d->a_out, last = first + n;
+  d->a_out += n;
+  int64_t lo = llrint(d->o.start * rate);
+  int64_t hi = d->o.duration > 0 ? llrint((d->o.start + d->o.duration) * rate) : INT64_MAX;
+  /* The stream's declared duration ends the audio: MP4 marks AAC's end
+   * padding that way, and decoders return the padding otherwise. */
+  if (st->duration != AV_NOPTS_VALUE && st->duration > 0) {
+    int64_t end = llrint(st->duration * av_q2d(st->time_base) * rate);
+    if (end < hi)
+      hi = end;
+  }
+  int64_t s = first > lo ? first : lo, e = last < hi ? last : hi;
+  if (first >= hi)
+    d->adone = 1;
+  if (e <= s) {
+    free(buf);
+    return SPN_EAGAIN;
+  }
+  if (s > first)
+    memmove(buf, buf + (s - first) * ch, sizeof(float) * (size_t)(e - s) * (size_t)ch);
+  memset(item, 0, sizeof *item);
+  item->kind = SPN_MEDIA_AUDIO;
+  item->index = d->acount++;
+  item->samples = buf;
+  item->n_samples = e - s;
+  item->channels = ch;
+  item->rate = rate;
+  item->pts = s;
+  item->tb_num = 1;
+  item->tb_den = rate;
+  item->pts_sec = (double)s / rate;
+  return SPN_OK;
+}
+
+/* Try to take one item out of the decoders. SPN_EAGAIN: need more input. */
+static int32_t drain(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err) {
+  int32_t rc;
+  while (!d->vdone) {
+    int r = avcodec_receive_frame(d->vctx, d->frame);
+    if (r == AVERROR(EAGAIN))
+      break;
+    if (r == AVERROR_EOF) {
+      d->vdone = 1;
+      break;
+    }
+    if (r < 0)
+      return av_fail(d, err, SPN_EMEDIA, r, "decoding video");
+    AVStream *st = d->fmt->streams[d->vidx];
+    int64_t ts = d->frame->best_effort_timestamp;
+    double t = ts == AV_NOPTS_VALUE ? 0 : (ts - d->vstart) * av_q2d(st->time_base);
+    if (t < d->o.start - 1e-6) {
+      av_frame_unref(d->frame);
+      continue;
+    }
+    if (d->o.duration > 0 && t >= d->o.start + d->o.duration - 1e-6) {
+      av_frame_unref(d->frame);
+      d->vdone = 1;
+      break;
+    }
+    rc = make_video_item(d, d->frame, item, err);
+    av_frame_unref(d->frame);
+    return rc;
+  }
+  while (!d->adone) {
+    int r = avcodec_receive_frame(d->actx, d->frame);
+    if (r == AVERROR(EAGAIN))
+      break;
+    if (r == AVERROR_EOF) {
+      if (!d->swr_flushed) {
+        d->swr_flushed = 1;
+        rc = make_audio_item(d, NULL, item, err);
+        if (rc != SPN_EAGAIN)
+          return rc;
+      }
+      d->adone = 1;
+      break;
+    }
+    if (r < 0)
+      return av_fail(d, err, SPN_EMEDIA, r, "decoding audio");
+    rc = make_audio_item(d, d->frame, item, err);
+    av_frame_unref(d->frame);
+    if (rc != SPN_EAGAIN)
+      return rc;
+  }
+  return SPN_EAGAIN;
+}
+
+int32_t spn_decoder_next(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err) {
+  memset(item, 0, sizeof *item);
+  for (;;) {
+    int32_t rc = drain(d, item, err);
+    if (rc != SPN_EAGAIN)
+      return rc;
+    if (d->vdone && d->adone)
+      return SPN_EOS;
+    if (d->eof_sent)
+      return SPN_EOS; /* decoders said EAGAIN after a flush: nothing more */
+    int r = av_read_frame(d->fmt, d->pkt);
+    if (r == AVERROR_EOF || (r < 0 && avio_feof(d->fmt->pb))) {
+      if (d->vctx && !d->vdone)
+        avcodec_send_packet(d->vctx, NULL);
+      if (d->actx && !d->adone)
+        avcodec_send_packet(d->actx, NULL);
+      d->eof_sent = 1;
+      /* the drained decoders now return AVERROR_EOF; run drain until they do */
+      for (;;) {
+        rc = drain(d, item, err);
+        if (rc != SPN_EAGAIN)
+          return rc;
+        if ((d->vdone || !d->vctx) && (d->adone || !d->actx))
+          return SPN_EOS;
+        /* EAGAIN after a flush means the decoder is spent */
+        if (!d->vdone && d->vctx)
+          d->vdone = 1;
+        if (!d->adone && d->actx && d->swr_flushed)
+          d->adone = 1;
+        if (!d->adone && d->actx && !d->swr_flushed) {
+          d->swr_flushed = 1;
+          rc = make_audio_item(d, NULL, item, err);
+          d->adone = 1;
+          if (rc != SPN_EAGAIN)
+            return rc;
+        }
+      }
+    }
+    if (r < 0)
+      return av_fail(d, err, SPN_EIO, r, "reading");
+    AVCodecContext *ctx = NULL;
+    if (d->pkt->stream_index == d->vidx && !d->vdone)
+      ctx = d->vctx;
+    else if (d->pkt->stream_index == d->aidx && !d->adone)
+      ctx = d->actx;
+    if (ctx) {
+      r = avcodec_send_packet(ctx, d->pkt);
+      if (r == AVERROR_INVALIDDATA) {
+        d->bad_packets++; /* corrupt packet: skip it, as the ffmpeg CLI does */
+      } else if (r < 0 && r != AVERROR(EAGAIN)) {
+        av_packet_unref(d->pkt);
+        return av_fail(d, err, SPN_EMEDIA, r, ctx == d->vctx ? "decoding video" : "decoding audio");
+      }
+    }
+    av_packet_unref(d->pkt);
+    if (d->vdone && d->adone)
+      return SPN_EOS;
+  }
+}

@@ -1,0 +1,84 @@
+/* media-decode.h — demux and decode video and audio with FFmpeg.
+ *
+ * Plain C module compiled into the decode stage and into tests. Uses no
+ * libspindle symbol (spindle/status.h and spindle/image.h helpers only).
+ *
+ * A decoder reads one file (anything libavformat opens) and returns its
+ * video frames and audio chunks in demux order, both with presentation
+ * times in seconds as a rational (pts * tb_num / tb_den) relative to the
+ * stream start. Video frames come in the pixel format asked for, turned
+ * upright according to the stream's display matrix (90/180/270 degrees).
+ * Audio comes as interleaved float32 at the asked rate and channel count
+ * (libswresample). A segment (start, duration) seeks to the keyframe before
+ * start and drops what lies outside [start, start + duration).
+ * Every error message starts with the file path.
+ */
+#ifndef SPN_MEDIA_DECODE_H
+#define SPN_MEDIA_DECODE_H
+
+#include <stdint.h>
+
+#include "spindle/image.h"
+#include "spindle/status.h"
+
+typedef enum spn_hwaccel {
+  SPN_HWACCEL_NONE = 0,
+  SPN_HWACCEL_AUTO = 1,    /* CUDA when FFmpeg and the device allow, else software */
+  SPN_HWACCEL_CUDA = 2,    /* CUDA or fail */
+} spn_hwaccel_t;
+
+typedef struct spn_decode_opts {
+  int32_t pixfmt;          /* SPN_PIXFMT_RGB24 (default), BGR24, RGBF32P, BGRF32P, NV12, YUV420P */
+  int32_t want_video;      /* default 1 */
+  int32_t want_audio;      /* default 1; no audio stream is not an error */
+  int32_t audio_rate;      /* 0 = the stream's */
+  int32_t audio_channels;  /* 0 = the stream's */
+  double start;            /* seconds, >= 0 */
+  double duration;         /* seconds, <= 0 = to the end */
+  int32_t hwaccel;         /* spn_hwaccel_t */
+  int32_t autorotate;      /* default 1 */
+} spn_decode_opts_t;
+
+#define SPN_DECODE_OPTS_INIT {SPN_PIXFMT_RGB24, 1, 1, 0, 0, 0.0, 0.0, SPN_HWACCEL_NONE, 1}
+
+typedef struct spn_decode_info {
+  int32_t has_video, has_audio;
+  int32_t width, height;        /* output size (after rotation) */
+  int32_t rotation;             /* degrees clockwise applied to frames */
+  int32_t fps_num, fps_den;     /* the stream's average (or guessed) rate */
+  double duration;              /* seconds, container's; 0 if unknown */
+  int32_t audio_rate, audio_channels; /* output audio format */
+  int32_t hwaccel_active;       /* 1 when frames are decoded on CUDA */
+  const char *video_codec;      /* static names from libavcodec */
+  const char *audio_codec;
+} spn_decode_info_t;
+
+typedef enum spn_media_kind { SPN_MEDIA_VIDEO = 1, SPN_MEDIA_AUDIO = 2 } spn_media_kind_t;
+
+typedef struct spn_media_item {
+  int32_t kind;                 /* spn_media_kind_t */
+  int64_t index;                /* video: 0,1,2... of frames returned; audio: chunk count */
+  int64_t pts;                  /* in tb units */
+  int32_t tb_num, tb_den;
+  double pts_sec;
+  spn_image_t image;            /* video: owns its buffer */
+  float *samples;               /* audio: interleaved float32, owned */
+  int64_t n_samples;            /* per channel */
+  int32_t channels, rate;
+} spn_media_item_t;
+
+typedef struct spn_decoder spn_decoder_t;
+
+/* Open path. Ownership: caller owns *out (spn_decoder_free). Thread: any;
+ * one decoder is used by one thread at a time. */
+int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_decoder_t **out,
+                        spn_error_t *err);
+void spn_decoder_free(spn_decoder_t *dec);
+const spn_decode_info_t *spn_decoder_info(const spn_decoder_t *dec);
+
+/* Next item in demux order: SPN_OK with *item filled (release it with
+ * spn_media_item_release), SPN_EOS at the end, or an error. */
+int32_t spn_decoder_next(spn_decoder_t *dec, spn_media_item_t *item, spn_error_t *err);
+void spn_media_item_release(spn_media_item_t *item);
+
+#endif

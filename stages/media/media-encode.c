@@ -1,0 +1,504 @@
+/* media-encode.c — H.264 (libx264 or NVENC) + AAC into MP4/MKV via FFmpeg.
+ *
+ * Invariants: the target path is touched only by the final rename(); the
+ * temporary file lives in the same folder (rename is atomic there) and is
+ * unlinked on every failure path and by free() before a successful finish.
+ * Video timestamps are rebased to the first frame and kept strictly
+ * increasing; audio timestamps count samples, so audio and video stay on
+ * one clock. When muxing an audio file, its audio is pulled in step with the
+ * video (up to half a second ahead) so the muxer interleaves without
+ * buffering the whole video.
+ */
+#include "media-encode.h"
+#include "media-decode.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <libavcodec/avcodec.h>
+#include <libavformat/avformat.h>
+#include <libavutil/audio_fifo.h>
+#include <libavutil/display.h>
+#include <libavutil/opt.h>
+#include <libswresample/swresample.h>
+#include <libswscale/swscale.h>
+
+struct spn_encoder {
+  char *path, *tmp;
+  spn_encode_opts_t o;
+  int32_t in_w, in_h, in_fmt, w, h;
+  AVFormatContext *oc;
+  AVCodecContext *vctx, *actx;
+  AVStream *vst, *ast;
+  struct SwsContext *sws;
+  SwrContext *swr;
+  AVAudioFifo *fifo;
+  AVFrame *vframe, *aframe;
+  AVPacket *pkt;
+  spn_image_t tmpimg;            /* float → u8 staging */
+  spn_decoder_t *audio_src;      /* audio_path */
+  int audio_src_done;
+  int64_t first_pts_us;          /* first video pts in microseconds, INT64_MIN until set */
+  int64_t last_vpts;
+  int64_t a_pts;                 /* samples sent to the AAC encoder */
+  int32_t a_rate, a_ch;
+  int header_written, finished, failed;
+};
+
+static int32_t av_fail(spn_encoder_t *e, spn_error_t *err, int averr, const char *what) {
+  char buf[AV_ERROR_MAX_STRING_SIZE] = {0};
+  av_strerror(averr, buf, sizeof buf);
+  if (buf[0] >= 'A' && buf[0] <= 'Z')
+    buf[0] = (char)(buf[0] - 'A' + 'a');
+  return spn_error_set(err, averr == AVERROR(ENOMEM) ? SPN_ENOMEM : SPN_EMEDIA, "%s: %s: %s", e->path, what, buf);
+}
+
+const char *spn_encoder_codec_name(const spn_encoder_t *e) {
+  return e->vctx ? e->vctx->codec->name : "";
+}
+
+static int32_t open_video(spn_encoder_t *e, const char *name, spn_error_t *err) {
+  const AVCodec *codec = avcodec_find_encoder_by_name(name);
+  if (!codec)
+    return spn_error_set(err, SPN_EUNSUPPORTED, "%s: video encoder '%s' is not available", e->path, name);
+  AVCodecContext *c = avcodec_alloc_context3(codec);
+  if (!c)
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", e->path);
+  c->width = e->w;
+  c->height = e->h;
+  c->pix_fmt = AV_PIX_FMT_YUV420P;
+  c->time_base = (AVRational){1, 90000};
+  c->framerate = (AVRational){e->o.fps_num, e->o.fps_den};
+  c->sample_aspect_ratio = (AVRational){1, 1};
+  c->thread_count = 0;
+  if (e->oc->oformat->flags & AVFMT_GLOBALHEADER)
+    c->flags |= AV_CODEC_FLAG_GLOBAL_HEADER;
+  AVDictionary *d = NULL;
+  char num[32];
+  if (e->o.preset && *e->o.preset)
+    av_dict_set(&d, "preset", e->o.preset, 0);
+  if (e->o.bitrate > 0) {
+    c->bit_rate = e->o.bitrate;
+  } else {
+    snprintf(num, sizeof num, "%d", (int)e->o.crf);
+    av_dict_set(&d, strcmp(codec->name, "libx264") == 0 ? "crf" : "cq", num, 0);
+  }
+  int r = avcodec_open2(c, codec, &d);
+  av_dict_free(&d);
+  if (r < 0) {
+    avcodec_free_context(&c);
+    return av_fail(e, err, r, name);
+  }
+  e->vctx = c;
+  return SPN_OK;
+}
+
+static int32_t open_audio(spn_encoder_t *e, spn_error_t *err) {
+  const AVCodec *codec = avcodec_find_encoder(AV_CODEC_ID_AAC);
+  if (!codec)
+    return spn_error_set(err, SPN_EUNSUPPORTED, "%s: no AAC encoder", e->path);
+  AVCodecContext *c = avcodec_alloc_context3(codec);
+  if (!c)
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", e->path);
+  e->actx = c;
+  c->sample_fmt = AV_SAMPLE_FMT_FLTP;
+  c->sample_rate = e->a_rate;
+  av_channel_layout_default(&c->ch_layout, e->a_ch);
+  c->bit_rate = e->o.audio_bitrate > 0 ? e->o.audio_bitrate : 128000;
+  c->time_base = (AVRational){1, e->a_rate};
+  if (e->oc->oformat->flags & AVFMT_GLOBALHEADER)
+    c->flags |= AV_CODEC_FLAG_GLOBAL_HEADER;
+  int r = avcodec_open2(c, codec, NULL);
+  if (r < 0)
+    return av_fail(e, err, r, "opening the AAC encoder");
+  AVChannelLayout in;
+  av_channel_layout_default(&in, e->a_ch);
+  r = swr_alloc_set_opts2(&e->swr, &c->ch_layout, AV_SAMPLE_FMT_FLTP, e->a_rate, &in, AV_SAMPLE_FMT_FLT,
+                          e->a_rate, 0, NULL);
+  av_channel_layout_uninit(&in);
+  if (r < 0 || (r = swr_init(e->swr)) < 0)
+    return av_fail(e, err, r, "setting up audio conversion");
+  int fs = c->frame_size > 0 ? c->frame_size : 1024;
+  e->fifo = av_audio_fifo_alloc(AV_SAMPLE_FMT_FLTP, e->a_ch, fs * 4);
+  if (!e->fifo)
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", e->path);
+  return SPN_OK;
+}
+
+int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t pixfmt,
+                        const spn_encode_opts_t *opts, spn_encoder_t **out, spn_error_t *err) {
+  static const spn_encode_opts_t defaults = SPN_ENCODE_OPTS_INIT;
+  *out = NULL;
+  if (!path || !*path)
+    return spn_error_set(err, SPN_EINVAL, "encode: empty path");
+  spn_encoder_t *e = calloc(1, sizeof *e);
+  if (!e)
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
+  int32_t rc = SPN_OK;
+  int r;
+  e->o = opts ? *opts : defaults;
+  if (!e->o.codec || !*e->o.codec)
+    e->o.codec = "libx264";
+  if (e->o.fps_num <= 0 || e->o.fps_den <= 0) {
+    e->o.fps_num = 25;
+    e->o.fps_den = 1;
+  }
+  e->first_pts_us = INT64_MIN;
+  e->last_vpts = INT64_MIN;
+  e->path = strdup(path);
+  size_t tl = strlen(path) + 16;
+  e->tmp = malloc(tl);
+  if (!e->path || !e->tmp) {
+    rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
+    goto out_free;
+  }
+  e->in_w = width;
+  e->in_h = height;
+  e->in_fmt = pixfmt;
+  e->w = width & ~1;
+  e->h = height & ~1;
+  if (e->w < 2 || e->h < 2 || width > 16384 || height > 16384) {
+    rc = spn_error_set(err, SPN_EINVAL, "%s: cannot encode %dx%d frames", path, (int)width, (int)height);
+    goto out_free;
+  }
+  switch (pixfmt) {
+  case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24: case SPN_PIXFMT_NV12: case SPN_PIXFMT_YUV420P: break;
+  case SPN_PIXFMT_RGBF32P: case SPN_PIXFMT_BGRF32P:
+    if ((rc = spn_image_alloc(&e->tmpimg, width, height,
+                              pixfmt == SPN_PIXFMT_RGBF32P ? SPN_PIXFMT_RGB24 : SPN_PIXFMT_BGR24, err)))
+      goto out_free;
+    break;
+  default:
+    rc = spn_error_set(err, SPN_EINVAL, "%s: cannot encode frames in pixel format '%s'", path,
+                       spn_pixfmt_name(pixfmt));
+    goto out_free;
+  }
+  const AVOutputFormat *ofmt = av_guess_format(NULL, path, NULL);
+  if (!ofmt) {
+    rc = spn_error_set(err, SPN_EINVAL, "%s: cannot pick a container from this file name (use .mp4 or .mkv)", path);
+    goto out_free;
+  }
+  /* temporary file beside the target */
+  snprintf(e->tmp, tl, "%s.XXXXXX", path);
+  int fd = mkstemp(e->tmp);
+  if (fd < 0) {
+    rc = spn_error_set(err, SPN_EIO, "%s: cannot create a temporary file beside it: %s", path, strerror(errno));
+    e->tmp[0] = '\0';
+    goto out_free;
+  }
+  /* mkstemp creates 0600; the finished file should read like any other */
+  if (fchmod(fd, 0644) != 0) {
+    rc = spn_error_set(err, SPN_EIO, "%s: cannot set the temporary file's mode: %s", path, strerror(errno));
+    close(fd);
+    goto out_free;
+  }
+  close(fd);
+  if ((r = avformat_alloc_output_context2(&e->oc, ofmt, NULL, e->tmp)) < 0) {
+    rc = av_fail(e, err, r, "creating the muxer");
+    goto out_free;
+  }
+  const char *codec = e->o.codec;
+  if (strcmp(codec, "auto") == 0) {
+    spn_error_t ignored = SPN_ERROR_INIT;
+    if (open_video(e, "h264_nvenc", &ignored) != SPN_OK)
+      codec = "libx264";
+  }
+  if (!e->vctx && (rc = open_video(e, codec, err)))
+    goto out_free;
+  e->vst = avformat_new_stream(e->oc, NULL);
+  if (!e->vst || avcodec_parameters_from_context(e->vst->codecpar, e->vctx) < 0) {
+    rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
+    goto out_free;
+  }
+  e->vst->time_base = e->vctx->time_base;
+  e->vst->avg_frame_rate = e->vctx->framerate;
+  if (e->o.rotation % 360) {
+    /* av_display_rotation_set() takes clockwise degrees (its getter answers
+     * counter-clockwise: ffprobe then shows rotation=-90 for 90 here) */
+#if LIBAVFORMAT_VERSION_MAJOR >= 61
+    AVPacketSideData *sd = av_packet_side_data_new(&e->vst->codecpar->coded_side_data,
+                                                   &e->vst->codecpar->nb_coded_side_data,
+                                                   AV_PKT_DATA_DISPLAYMATRIX, 36, 0);
+    uint8_t *m = sd ? sd->data : NULL;
+#else
+    uint8_t *m = av_stream_new_side_data(e->vst, AV_PKT_DATA_DISPLAYMATRIX, 36);
+#endif
+    if (!m) {
+      rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
+      goto out_free;
+    }
+    av_display_rotation_set((int32_t *)m, (double)e->o.rotation);
+  }
+  if (e->o.audio_path) {
+    spn_decode_opts_t dopts = SPN_DECODE_OPTS_INIT;
+    dopts.want_video = 0;
+    if ((rc = spn_decoder_new(e->o.audio_path, &dopts, &e->audio_src, err)))
+      goto out_free;
+    e->a_rate = spn_decoder_info(e->audio_src)->audio_rate;
+    e->a_ch = spn_decoder_info(e->audio_src)->audio_channels;
+  } else if (e->o.audio_rate > 0 && e->o.audio_channels > 0) {
+    e->a_rate = e->o.audio_rate;
+    e->a_ch = e->o.audio_channels;
+  }
+  if (e->a_rate > 0) {
+    if ((rc = open_audio(e, err)))
+      goto out_free;
+    e->ast = avformat_new_stream(e->oc, NULL);
+    if (!e->ast || avcodec_parameters_from_context(e->ast->codecpar, e->actx) < 0) {
+      rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
+      goto out_free;
+    }
+    e->ast->time_base = e->actx->time_base;
+  }
+  e->vframe = av_frame_alloc();
+  e->aframe = av_frame_alloc();
+  e->pkt = av_packet_alloc();
+  if (!e->vframe || !e->aframe || !e->pkt) {
+    rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
+    goto out_free;
+  }
+  e->vframe->format = AV_PIX_FMT_YUV420P;
+  e->vframe->width = e->w;
+  e->vframe->height = e->h;
+  if ((r = av_frame_get_buffer(e->vframe, 0)) < 0) {
+    rc = av_fail(e, err, r, "allocating a frame");
+    goto out_free;
+  }
+  if ((r = avio_open(&e->oc->pb, e->tmp, AVIO_FLAG_WRITE)) < 0) {
+    rc = av_fail(e, err, r, "opening the temporary file");
+    goto out_free;
+  }
+  AVDictionary *mopts = NULL;
+  if (e->o.faststart && (strcmp(ofmt->name, "mp4") == 0 || strcmp(ofmt->name, "mov") == 0))
+    av_dict_set(&mopts, "movflags", "+faststart", 0);
+  r = avformat_write_header(e->oc, &mopts);
+  av_dict_free(&mopts);
+  if (r < 0) {
+    rc = av_fail(e, err, r, "writing the header");
+    goto out_free;
+  }
+  e->header_written = 1;
+  *out = e;
+  return SPN_OK;
+out_free:
+  spn_encoder_free(e);
+  return rc;
+}
+
+/* Send one frame (NULL = flush) to an encoder and write its packets. */
+static int32_t encode(spn_encoder_t *e, AVCodecContext *c, AVStream *st, AVFrame *f, spn_error_t *err) {
+  int r = avcodec_send_frame(c, f);
+  if (r < 0 && !(r == AVERROR_EOF && !f))
+    return av_fail(e, err, r, c == e->vctx ? "encoding video" : "encoding audio");
+  for (;;) {
+    r = avcodec_receive_packet(c, e->pkt);
+    if (r == AVERROR(EAGAIN) || r == AVERROR_EOF)
+      return SPN_OK;
+    if (r < 0)
+      return av_fail(e, err, r, c == e->vctx ? "encoding video" : "encoding audio");
+    av_packet_rescale_ts(e->pkt, c->time_base, st->time_base);
+    e->pkt->stream_index = st->index;
+    r = av_interleaved_write_frame(e->oc, e->pkt);
+    if (r < 0)
+      return av_fail(e, err, r, "writing");
+  }
+}
+
+/* Move whole AAC frames from the FIFO to the encoder (all of it when final). */
+static int32_t drain_fifo(spn_encoder_t *e, int final, spn_error_t *err) {
+  int fs = e->actx->frame_size > 0 ? e->actx->frame_size : 1024;
+  while (av_audio_fifo_size(e->fifo) >= fs || (final && av_audio_fifo_size(e->fifo) > 0)) {
+    int n = av_audio_fifo_size(e->fifo) < fs ? av_audio_fifo_size(e->fifo) : fs;
+    av_frame_unref(e->aframe);
+    e->aframe->nb_samples = n;
+    e->aframe->format = AV_SAMPLE_FMT_FLTP;
+    e->aframe->sample_rate = e->a_rate;
+    av_channel_layout_copy(&e->aframe->ch_layout, &e->actx->ch_layout);
+    int r = av_frame_get_buffer(e->aframe, 0);
+    if (r < 0)
+      return av_fail(e, err, r, "allocating audio");
+    av_audio_fifo_read(e->fifo, (void **)e->aframe->data, n);
+    e->aframe->pts = e->a_pts;
+    e->a_pts += n;
+    int32_t rc = encode(e, e->actx, e->ast, e->aframe, err);
+    if (rc)
+      return rc;
+  }
+  return SPN_OK;
+}
+
+static int32_t push_audio(spn_encoder_t *e, const float *samples, int64_t n, spn_error_t *err) {
+  while (n > 0) {
+    int chunk = n > 65536 ? 65536 : (int)n;
+    uint8_t *tmp[AV_NUM_DATA_POINTERS] = {0};
+    int r = av_samples_alloc(tmp, NULL, e->a_ch, chunk, AV_SAMPLE_FMT_FLTP, 0);
+    if (r < 0)
+      return av_fail(e, err, r, "allocating audio");
+    const uint8_t *in[1] = {(const uint8_t *)samples};
+    int got = swr_convert(e->swr, tmp, chunk, in, chunk);
+    if (got > 0 && av_audio_fifo_write(e->fifo, (void **)tmp, got) < got)
+      got = AVERROR(ENOMEM);
+    av_freep(&tmp[0]);
+    if (got < 0)
+      return av_fail(e, err, got, "converting audio");
+    samples += (size_t)chunk * e->a_ch;
+    n -= chunk;
+    int32_t rc = drain_fifo(e, 0, err);
+    if (rc)
+      return rc;
+  }
+  return SPN_OK;
+}
+
+/* Pull audio from audio_path until it is `until` seconds ahead (or all). */
+static int32_t pull_audio_file(spn_encoder_t *e, double until, spn_error_t *err) {
+  while (e->audio_src && !e->audio_src_done &&
+         (until < 0 || (double)(e->a_pts + av_audio_fifo_size(e->fifo)) / e->a_rate < until)) {
+    spn_media_item_t it;
+    int32_t rc = spn_decoder_next(e->audio_src, &it, err);
+    if (rc == SPN_EOS) {
+      e->audio_src_done = 1;
+      break;
+    }
+    if (rc)
+      return rc;
+    rc = push_audio(e, it.samples, it.n_samples, err);
+    spn_media_item_release(&it);
+    if (rc)
+      return rc;
+  }
+  return SPN_OK;
+}
+
+int32_t spn_encoder_write_video(spn_encoder_t *e, const spn_image_t *img, int64_t pts, int32_t tb_num,
+                                int32_t tb_den, spn_error_t *err) {
+  if (e->finished || e->failed)
+    return spn_error_set(err, SPN_ESTATE, "%s: encoder already finished or failed", e->path);
+  if (!img || img->width != e->in_w || img->height != e->in_h || img->format != e->in_fmt)
+    return spn_error_set(err, SPN_EINVAL, "%s: frame is %dx%d %s, the encoder was opened for %dx%d %s", e->path,
+                         img ? (int)img->width : 0, img ? (int)img->height : 0,
+                         spn_pixfmt_name(img ? img->format : 0), (int)e->in_w, (int)e->in_h,
+                         spn_pixfmt_name(e->in_fmt));
+  if (tb_num <= 0 || tb_den <= 0)
+    return spn_error_set(err, SPN_EINVAL, "%s: invalid time base %d/%d", e->path, (int)tb_num, (int)tb_den);
+  int32_t rc;
+  const spn_image_t *src = img;
+  if (img->format == SPN_PIXFMT_RGBF32P || img->format == SPN_PIXFMT_BGRF32P) {
+    if ((rc = spn_image_from_float(img, &e->tmpimg, NULL, NULL, err)))
+      goto out_fail;
+    src = &e->tmpimg;
+  }
+  enum AVPixelFormat sf = src->format == SPN_PIXFMT_RGB24 ? AV_PIX_FMT_RGB24
+                          : src->format == SPN_PIXFMT_BGR24 ? AV_PIX_FMT_BGR24
+                          : src->format == SPN_PIXFMT_NV12 ? AV_PIX_FMT_NV12 : AV_PIX_FMT_YUV420P;
+  e->sws = sws_getCachedContext(e->sws, e->w, e->h, sf, e->w, e->h, AV_PIX_FMT_YUV420P,
+                                SWS_BILINEAR | SWS_ACCURATE_RND, NULL, NULL, NULL);
+  if (!e->sws) {
+    rc = spn_error_set(err, SPN_EMEDIA, "%s: cannot convert %s frames", e->path, spn_pixfmt_name(src->format));
+    goto out_fail;
+  }
+  int r = av_frame_make_writable(e->vframe);
+  if (r < 0) {
+    rc = av_fail(e, err, r, "allocating a frame");
+    goto out_fail;
+  }
+  const uint8_t *sp[4] = {src->data[0], src->data[1], src->data[2], NULL};
+  int sl[4] = {(int)src->stride[0], (int)src->stride[1], (int)src->stride[2], 0};
+  sws_scale(e->sws, sp, sl, 0, e->h, e->vframe->data, e->vframe->linesize);
+  int64_t us = av_rescale_q(pts, (AVRational){tb_num, tb_den}, (AVRational){1, 1000000});
+  if (e->first_pts_us == INT64_MIN)
+    e->first_pts_us = us;
+  int64_t vp = av_rescale_q(us - e->first_pts_us, (AVRational){1, 1000000}, e->vctx->time_base);
+  if (vp <= e->last_vpts)
+    vp = e->last_vpts + 1;
+  e->last_vpts = vp;
+  e->vframe->pts = vp;
+  if ((rc = encode(e, e->vctx, e->vst, e->vframe, err)))
+    goto out_fail;
+  if ((rc = pull_audio_file(e, (us - e->first_pts_us) / 1e6 + 0.5, err)))
+    goto out_fail;
+  return SPN_OK;
+out_fail:
+  e->failed = 1;
+  return rc;
+}
+
+int32_t spn_encoder_write_audio(spn_encoder_t *e, const float *samples, int64_t n, spn_error_t *err) {
+  if (e->finished || e->failed)
+    return spn_error_set(err, SPN_ESTATE, "%s: encoder already finished or failed", e->path);
+  if (!e->actx || e->audio_src)
+    return spn_error_set(err, SPN_ESTATE, "%s: encoder has no audio input (audio_rate 0 or audio_path set)", e->path);
+  int32_t rc = push_audio(e, samples, n, err);
+  if (rc)
+    e->failed = 1;
+  return rc;
+}
+
+int32_t spn_encoder_finish(spn_encoder_t *e, spn_error_t *err) {
+  int32_t rc;
+  if (e->finished || e->failed)
+    return spn_error_set(err, SPN_ESTATE, "%s: encoder already finished or failed", e->path);
+  if (e->last_vpts == INT64_MIN) {
+    rc = spn_error_set(err, SPN_EMEDIA, "%s: no video frames were written", e->path);
+    goto out_fail;
+  }
+  if ((rc = encode(e, e->vctx, e->vst, NULL, err)))
+    goto out_fail;
+  if (e->actx) {
+    if ((rc = pull_audio_file(e, -1.0, err)) || (rc = drain_fifo(e, 1, err)) ||
+        (rc = encode(e, e->actx, e->ast, NULL, err)))
+      goto out_fail;
+  }
+  int r = av_write_trailer(e->oc);
+  if (r < 0) {
+    rc = av_fail(e, err, r, "writing the trailer");
+    goto out_fail;
+  }
+  r = avio_closep(&e->oc->pb);
+  if (r < 0) {
+    rc = av_fail(e, err, r, "closing");
+    goto out_fail;
+  }
+  if (rename(e->tmp, e->path) != 0) {
+    rc = spn_error_set(err, SPN_EIO, "%s: cannot rename the finished file into place: %s", e->path,
+                       strerror(errno));
+    goto out_fail;
+  }
+  e->finished = 1;
+  return SPN_OK;
+out_fail:
+  e->failed = 1;
+  if (e->oc && e->oc->pb)
+    avio_closep(&e->oc->pb);
+  if (e->tmp && e->tmp[0])
+    unlink(e->tmp);
+  return rc;
+}
+
+void spn_encoder_free(spn_encoder_t *e) {
+  if (!e)
+    return;
+  if (e->oc && e->oc->pb)
+    avio_closep(&e->oc->pb);
+  if (!e->finished && e->tmp && e->tmp[0])
+    unlink(e->tmp);
+  avformat_free_context(e->oc);
+  avcodec_free_context(&e->vctx);
+  avcodec_free_context(&e->actx);
+  sws_freeContext(e->sws);
+  swr_free(&e->swr);
+  if (e->fifo)
+    av_audio_fifo_free(e->fifo);
+  av_frame_free(&e->vframe);
+  av_frame_free(&e->aframe);
+  av_packet_free(&e->pkt);
+  spn_image_release(&e->tmpimg);
+  spn_decoder_free(e->audio_src);
+  free(e->path);
+  free(e->tmp);
+  free(e);
+}

@@ -1,0 +1,63 @@
+/* media-encode.h — encode frames to H.264 and mux with AAC audio (FFmpeg).
+ *
+ * Plain C module compiled into the encode stage and into tests; no
+ * libspindle symbol. The container follows the file name (.mp4, .mkv,
+ * .mov). Output is written to a temporary file beside the target
+ * ("<path>.XXXXXX.part") and renamed onto the target only by a successful
+ * spn_encoder_finish(); any failure, or spn_encoder_free() without finish,
+ * removes the temporary file, so the target path never holds a half file.
+ * Odd frame sizes are cropped to even (4:2:0 needs even sizes): the last
+ * column/row is dropped. Every error message starts with the path.
+ */
+#ifndef SPN_MEDIA_ENCODE_H
+#define SPN_MEDIA_ENCODE_H
+
+#include <stdint.h>
+
+#include "spindle/image.h"
+#include "spindle/status.h"
+
+typedef struct spn_encode_opts {
+  const char *codec;        /* "libx264" (default), "h264_nvenc", or "auto" (NVENC if it opens) */
+  int32_t crf;              /* constant quality (x264 crf / NVENC cq); default 23 */
+  const char *preset;       /* encoder preset; default "medium" */
+  int64_t bitrate;          /* bits/s; > 0 switches from CRF to average bitrate */
+  int32_t fps_num, fps_den; /* nominal frame rate; default 25/1 */
+  int32_t faststart;        /* MP4/MOV: index at the front; default 1 */
+  const char *audio_path;   /* mux (re-encoded to AAC) the audio of this file */
+  int32_t audio_rate;       /* PCM given to spn_encoder_write_audio; 0 = none */
+  int32_t audio_channels;
+  int32_t audio_bitrate;    /* default 128000 */
+  int32_t rotation;         /* display rotation to record, degrees clockwise (0/90/180/270) */
+} spn_encode_opts_t;
+
+#define SPN_ENCODE_OPTS_INIT {"libx264", 23, "medium", 0, 25, 1, 1, NULL, 0, 0, 128000, 0}
+
+typedef struct spn_encoder spn_encoder_t;
+
+/* Create an encoder for frames of width x height in `pixfmt` (RGB24, BGR24,
+ * NV12, YUV420P, RGBF32P/BGRF32P in [0, 255]). Ownership: caller owns *out.
+ * Thread: any; one encoder is used by one thread at a time. */
+int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t pixfmt,
+                        const spn_encode_opts_t *opts, spn_encoder_t **out, spn_error_t *err);
+
+/* Encode one frame shown at pts * tb_num / tb_den seconds (timestamps are
+ * rebased so the first frame is at 0; non-increasing ones are bumped). */
+int32_t spn_encoder_write_video(spn_encoder_t *enc, const spn_image_t *img, int64_t pts, int32_t tb_num,
+                                int32_t tb_den, spn_error_t *err);
+
+/* Append interleaved float32 PCM (audio_rate, audio_channels of the opts). */
+int32_t spn_encoder_write_audio(spn_encoder_t *enc, const float *samples, int64_t n_samples,
+                                spn_error_t *err);
+
+/* Flush, write the trailer, rename onto the target. On error the temporary
+ * file is removed. Either way the encoder must then be freed. */
+int32_t spn_encoder_finish(spn_encoder_t *enc, spn_error_t *err);
+
+/* Free; removes the temporary file if finish did not succeed. */
+void spn_encoder_free(spn_encoder_t *enc);
+
+/* Name of the video encoder actually used ("libx264", "h264_nvenc"). */
+const char *spn_encoder_codec_name(const spn_encoder_t *enc);
+
+#endif

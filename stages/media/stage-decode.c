@@ -1,0 +1,234 @@
+/* stage-decode.c — `decode`, the media source stage (libspindle-decode.so).
+ *
+ * A thin wrapper over media-decode.c: per job it opens `path` and, one
+ * decoded item per generate() call (so back-pressure works), emits video
+ * frames on port 0 ("video": item "frame", (H,W,3) u8 for rgb24/bgr24,
+ * (3,H,W) f32 for rgbf32p/bgrf32p, the tight planes as one (N) u8 vector
+ * for nv12/yuv420p) and audio on port 1 ("audio": item "pcm", (samples,
+ * channels) f32). Each port has its own dense seq from 0; envelopes carry the
+ * pts in seconds; the video envelope's `total` is the frame count estimated
+ * from the container (-1 when unknown). An unreadable file fails the job
+ * with a message naming the file.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "spindle/plugin.h"
+#include "media-decode.h"
+
+static const spn_host_api_t *host; /* the host table; same for every load */
+
+typedef struct decode_config {
+  char *path;
+  char *pixel_format;
+  int64_t audio_rate;
+  int64_t audio_channels;
+  double start;
+  double duration;
+  char *hwaccel;
+  bool audio;
+} decode_config_t;
+
+static const spn_config_field_t decode_schema[] = {
+    {.key = "path", .type = SPN_CONFIG_PATH, .flags = SPN_CONFIG_PER_JOB | SPN_CONFIG_REQUIRED,
+     .offset = offsetof(decode_config_t, path), .doc = "media file to read (anything FFmpeg reads)"},
+    {.key = "pixel_format", .type = SPN_CONFIG_STRING, .offset = offsetof(decode_config_t, pixel_format),
+     .doc = "frame format: rgb24, bgr24, rgbf32p, bgrf32p, nv12, yuv420p", .def_str = "rgb24"},
+    {.key = "audio_rate", .type = SPN_CONFIG_INT, .offset = offsetof(decode_config_t, audio_rate),
+     .doc = "audio sample rate to resample to (0: the file's)", .def_int = 0, .min = 0, .max = 768000},
+    {.key = "audio_channels", .type = SPN_CONFIG_INT, .offset = offsetof(decode_config_t, audio_channels),
+     .doc = "audio channel count to mix to (0: the file's)", .def_int = 0, .min = 0, .max = 16},
+    {.key = "start", .type = SPN_CONFIG_FLOAT, .flags = SPN_CONFIG_PER_JOB, .offset = offsetof(decode_config_t, start),
+     .doc = "segment start in seconds", .def_float = 0.0, .min = 0.0, .max = 1e9},
+    {.key = "duration", .type = SPN_CONFIG_FLOAT, .flags = SPN_CONFIG_PER_JOB,
+     .offset = offsetof(decode_config_t, duration), .doc = "segment length in seconds (0: to the end)",
+     .def_float = 0.0, .min = 0.0, .max = 1e9},
+    {.key = "hwaccel", .type = SPN_CONFIG_STRING, .offset = offsetof(decode_config_t, hwaccel),
+     .doc = "video decoding: none, auto (CUDA when available) or cuda (required)", .def_str = "none"},
+    {.key = "audio", .type = SPN_CONFIG_BOOL, .offset = offsetof(decode_config_t, audio),
+     .doc = "decode and emit the audio track on port `audio`", .def_int = 1},
+    {0},
+};
+
+static const spn_port_t decode_outputs[] = {{.name = "video", .type = "video"}, {.name = "audio", .type = "audio"}};
+
+typedef struct decode_job {
+  uint64_t job_id;
+  spn_decoder_t *dec;
+  uint64_t vseq, aseq;
+  int64_t total;
+} decode_job_t;
+
+static int32_t parse_options(spn_stage_t *stage, const decode_config_t *c, spn_decode_opts_t *o, spn_error_t *err) {
+  spn_decode_opts_t d = SPN_DECODE_OPTS_INIT;
+  *o = d;
+  o->pixfmt = spn_pixfmt_from_name(c->pixel_format);
+  if (o->pixfmt == SPN_PIXFMT_NONE || o->pixfmt == SPN_PIXFMT_GRAY8 || o->pixfmt == SPN_PIXFMT_GRAYF32)
+    return spn_error_set(err, SPN_ECONFIG,
+                         "stage \"%s\": pixel_format \"%s\" is not rgb24, bgr24, rgbf32p, bgrf32p, nv12 or yuv420p",
+                         host->stage_get_name(stage), c->pixel_format);
+  if (strcmp(c->hwaccel, "none") == 0)
+    o->hwaccel = SPN_HWACCEL_NONE;
+  else if (strcmp(c->hwaccel, "auto") == 0)
+    o->hwaccel = SPN_HWACCEL_AUTO;
+  else if (strcmp(c->hwaccel, "cuda") == 0)
+    o->hwaccel = SPN_HWACCEL_CUDA;
+  else
+    return spn_error_set(err, SPN_ECONFIG, "stage \"%s\": hwaccel \"%s\" is not none, auto or cuda",
+                         host->stage_get_name(stage), c->hwaccel);
+  o->audio_rate = (int32_t)c->audio_rate;
+  o->audio_channels = (int32_t)c->audio_channels;
+  o->start = c->start;
+  o->duration = c->duration;
+  o->want_audio = c->audio;
+  return SPN_OK;
+}
+
+static int32_t decode_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
+  spn_decode_opts_t o;
+  *state = NULL;
+  return parse_options(stage, config, &o, err); /* refuse bad options before any job */
+}
+
+static int32_t decode_job_open(spn_stage_t *stage, void *state, const spn_job_info_t *job, void **job_state,
+                               spn_error_t *err) {
+  const decode_config_t *c = job->config;
+  spn_decode_opts_t o;
+  int32_t rc = parse_options(stage, c, &o, err);
+  if (rc)
+    return rc;
+  decode_job_t *j = calloc(1, sizeof *j);
+  if (!j)
+    return spn_error_set(err, SPN_ENOMEM, "decode: out of memory");
+  j->job_id = job->job_id;
+  if ((rc = spn_decoder_new(c->path, &o, &j->dec, err))) {
+    free(j);
+    return rc;
+  }
+  const spn_decode_info_t *in = spn_decoder_info(j->dec);
+  double len = c->duration > 0 ? c->duration : in->duration - c->start;
+  j->total = len > 0 ? (int64_t)llround(len * in->fps_num / in->fps_den) : -1;
+  if (in->hwaccel_active)
+    host->log(stage, job->job_id, SPN_LOG_INFO, "%s: decoding video on CUDA", c->path);
+  *job_state = j;
+  return SPN_OK;
+}
+
+static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *it, spn_error_t *err) {
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  const spn_image_t *im = &it->image;
+  int video = it->kind == SPN_MEDIA_VIDEO;
+  if (video) {
+    if (im->format == SPN_PIXFMT_RGB24 || im->format == SPN_PIXFMT_BGR24) {
+      t.dtype = SPN_DTYPE_U8;
+      t.ndim = 3;
+      t.shape[0] = im->height;
+      t.shape[1] = im->width;
+      t.shape[2] = 3;
+    } else if (im->format == SPN_PIXFMT_RGBF32P || im->format == SPN_PIXFMT_BGRF32P) {
+      t.dtype = SPN_DTYPE_F32;
+      t.ndim = 3;
+      t.shape[0] = 3;
+      t.shape[1] = im->height;
+      t.shape[2] = im->width;
+    } else {
+      t.dtype = SPN_DTYPE_U8;
+      t.ndim = 1;
+      t.shape[0] = (int64_t)im->width * im->height + 2 * (int64_t)((im->width + 1) / 2) * ((im->height + 1) / 2);
+    }
+  } else {
+    t.dtype = SPN_DTYPE_F32;
+    t.ndim = 2;
+    t.shape[0] = it->n_samples;
+    t.shape[1] = it->channels;
+  }
+  spn_buffer_t *buf = NULL;
+  int32_t rc = host->buffer_new(stage, spn_tensor_nbytes(&t), &buf, err);
+  if (rc)
+    return rc;
+  uint8_t *dst = host->buffer_data(buf);
+  if (video) {
+    /* copy plane rows tightly (the image rows are padded) */
+    for (int32_t p = 0; p < im->nplanes; p++) {
+      int32_t pw, ph;
+      spn_pixfmt_plane_size(im->format, im->width, im->height, p, &pw, &ph);
+      size_t row = (size_t)pw * (im->format == SPN_PIXFMT_RGB24 || im->format == SPN_PIXFMT_BGR24 ? 3
+                                 : im->format == SPN_PIXFMT_NV12 && p == 1                       ? 2
+                                 : im->format == SPN_PIXFMT_RGBF32P || im->format == SPN_PIXFMT_BGRF32P ? 4
+                                                                                                     : 1);
+      for (int32_t y = 0; y < ph; y++, dst += row)
+        memcpy(dst, im->data[p] + y * im->stride[p], row);
+    }
+  } else {
+    memcpy(dst, it->samples, spn_tensor_nbytes(&t));
+  }
+  spn_envelope_t env = {.struct_size = sizeof env, .job_id = j->job_id, .stream = video ? 0 : 1,
+                        .seq = video ? j->vseq : j->aseq, .pts = it->pts_sec, .total = video ? j->total : -1};
+  if (video)
+    env.flags = SPN_MSG_KEY;
+  spn_msg_t *msg = NULL;
+  rc = host->msg_new(stage, &env, &msg, err);
+  if (rc == SPN_OK)
+    rc = host->msg_add_tensor(msg, video ? "frame" : "pcm", &t, buf, err);
+  host->buffer_unref(&buf);
+  if (rc) {
+    host->msg_free(&msg);
+    return rc;
+  }
+  if ((rc = host->emit(stage, video ? 0 : 1, &msg, err)))
+    return rc;
+  if (video) {
+    j->vseq++;
+    host->progress(stage, j->job_id, (int64_t)j->vseq, j->total);
+  } else {
+    j->aseq++;
+  }
+  return SPN_OK;
+}
+
+static int32_t decode_generate(spn_stage_t *stage, void *state, void *job_state, spn_error_t *err) {
+  decode_job_t *j = job_state;
+  if (host->job_cancelled(stage, j->job_id))
+    return SPN_ECANCELLED;
+  spn_media_item_t it;
+  int32_t rc = spn_decoder_next(j->dec, &it, err);
+  if (rc != SPN_OK)
+    return rc; /* SPN_EOS or an error naming the file */
+  rc = emit_item(stage, j, &it, err);
+  spn_media_item_release(&it);
+  return rc;
+}
+
+static void decode_job_close(spn_stage_t *stage, void *state, void *job_state, bool ok) {
+  decode_job_t *j = job_state;
+  if (!j)
+    return;
+  spn_decoder_free(j->dec);
+  free(j);
+}
+
+static void decode_destroy(spn_stage_t *stage, void *state) {}
+
+static int32_t decode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
+  host = h;
+  static const spn_stage_kind_t kind = {
+      .struct_size = sizeof(spn_stage_kind_t),
+      .name = "decode",
+      .doc = "reads a media file with FFmpeg: video frames and audio",
+      .schema = decode_schema,
+      .config_size = sizeof(decode_config_t),
+      .outputs = decode_outputs,
+      .n_outputs = 2,
+      .device_need = SPN_NEED_CPU,
+      .max_batch = 1,
+      .create = decode_create,
+      .job_open = decode_job_open,
+      .generate = decode_generate,
+      .job_close = decode_job_close,
+      .destroy = decode_destroy,
+  };
+  return h->register_kind(plugin, &kind, err);
+}
+
+SPN_PLUGIN_DEFINE(decode, .version = "1.0", .license = "Apache-2.0", .init = decode_init)

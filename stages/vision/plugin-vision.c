@@ -1,0 +1,46 @@
+/* plugin-vision.c — the descriptor of libspindle-vision.so: registers the
+ * facedetect and superres stage kinds.
+ *
+ * plugin.h hands the host API table to init() only, while create() has no
+ * way to reach it, so it is kept in one static pointer. A process may load
+ * the plugin through more than one table (the runtime's, and a listing-only
+ * loader table that can register kinds but not run stages); the pointer then
+ * keeps a table that can run stages, and create() checks every function it
+ * needs is there before it relies on them. It is the host's constant table,
+ * not pipeline state: two pipelines share nothing through it.
+ */
+#include <stdatomic.h>
+
+#include "plugin-vision.h"
+
+static _Atomic(const spn_host_api_t *) g_host;
+
+const spn_host_api_t *spn__vision_host(void) {
+  return atomic_load(&g_host);
+}
+
+static bool can_run_stages(const spn_host_api_t *h) {
+  return h->emit && h->msg_find && h->msg_item && h->msg_envelope && h->msg_free && h->fail_job;
+}
+
+int32_t spn__vision_check_host(const spn_host_api_t *h, bool superres, spn_error_t *err) {
+  if (!h || !can_run_stages(h) || !h->msg_add_meta ||
+      (superres && (!h->buffer_new || !h->buffer_data || !h->buffer_unref || !h->msg_new_from ||
+                    !h->msg_add_tensor || !h->msg_item_count)))
+    return spn_error_set(err, SPN_EUNSUPPORTED, "vision: this host cannot run stages (API table incomplete)");
+  return SPN_OK;
+}
+
+static int32_t vision_init(const spn_host_api_t *host, spn_plugin_t *plugin, spn_error_t *err) {
+  if (!host || host->struct_size < offsetof(spn_host_api_t, reserved) || !host->register_kind)
+    return spn_error_set(err, SPN_EABI, "vision: host API table too old");
+  /* Keep a table that can run stages once one has been seen. */
+  if (!atomic_load(&g_host) || can_run_stages(host))
+    atomic_store(&g_host, host);
+  int32_t rc = host->register_kind(plugin, spn__vision_facedetect_kind(), err);
+  if (rc == SPN_OK)
+    rc = host->register_kind(plugin, spn__vision_superres_kind(), err);
+  return rc;
+}
+
+SPN_PLUGIN_DEFINE(vision, .version = "0.1.0", .license = "Apache-2.0", .init = vision_init)

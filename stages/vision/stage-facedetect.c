@@ -1,0 +1,468 @@
+/* stage-facedetect.c — the `facedetect` stage kind of the vision plugin
+ * (libspindle-vision.so): the embedded Haar-cascade detector, or a
+ * RetinaFace / SCRFD / YuNet ONNX model run by the host's engine.
+ *
+ * Input port "video": messages carrying a tensor item "frame", (H,W,3) u8
+ * RGB in host memory. Haar path: the frame is converted to grey exactly as
+ * OpenCV's RGB2GRAY does (so boxes match cv2 on the same frame) and run
+ * through the cascade; faces come largest first with score 1. Model path:
+ * the frame is fitted and normalised for the detector (facedet.h), run once
+ * through the engine, and the outputs decoded (threshold, NMS), best score
+ * first, with five landmarks. Either way the boxes are tied to tracks and
+ * smoothed over the job's last `smooth_window` frames (track.h) — landmarks
+ * are the frame's own — and the message is forwarded on output port "faces"
+ * with a metadata item "faces" holding n spn_face_t (plugin.h) back to back.
+ * Messages without a frame (EOS, SKIP) are forwarded untouched.
+ *
+ * State: the cascade is loaded once per instance in create(); each job has
+ * its own smoother (job_open/job_close), so two jobs or two pipelines never
+ * share tracks. A bad frame fails only its job (host->fail_job), naming the
+ * job, the seq and what was wrong.
+ *
+ * The plugin links no host symbols: it uses only the host API table and the
+ * header-inline helpers of spindle/status.h and spindle/tensor.h.
+ */
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "spindle/plugin.h"
+
+#include "facedet.h"
+#include "haar.h"
+#include "plugin-vision.h"
+#include "track.h"
+
+typedef struct fd_config {
+  char *cascade;
+  double scale_factor;
+  int64_t min_neighbors;
+  int64_t min_size;
+  int64_t max_size;
+  int64_t smooth_window;
+  int64_t max_missed;
+  int64_t max_faces;
+  char *model;
+  char *detector;
+  int64_t input_width;
+  int64_t input_height;
+  double score_threshold;
+  double nms_threshold;
+  int64_t top_k;
+} fd_config_t;
+
+/* Where Debian's opencv-data (and older layouts) put the default cascade;
+ * tried in order when `cascade` is empty. */
+static const char *const k_default_cascades[] = {
+    "/usr/share/opencv4/haarcascades/haarcascade_frontalface_default.xml",
+    "/usr/share/opencv/haarcascades/haarcascade_frontalface_default.xml",
+    "/usr/local/share/opencv4/haarcascades/haarcascade_frontalface_default.xml",
+    NULL,
+};
+
+static const spn_config_field_t k_schema[] = {
+    {.key = "cascade", .type = SPN_CONFIG_PATH, .offset = offsetof(fd_config_t, cascade),
+     .doc = "OpenCV Haar cascade XML (empty: opencv-data's haarcascade_frontalface_default.xml)", .def_str = ""},
+    {.key = "scale_factor", .type = SPN_CONFIG_FLOAT, .offset = offsetof(fd_config_t, scale_factor),
+     .doc = "pyramid step between detection scales", .def_float = 1.1, .min = 1.01, .max = 4.0},
+    {.key = "min_neighbors", .type = SPN_CONFIG_INT, .offset = offsetof(fd_config_t, min_neighbors),
+     .doc = "overlapping raw detections a face needs (more: fewer false faces)", .def_int = 3, .min = 0, .max = 100},
+    {.key = "min_size", .type = SPN_CONFIG_INT, .offset = offsetof(fd_config_t, min_size),
+     .doc = "smallest face side in pixels (0: the cascade window)", .def_int = 0, .min = 0, .max = 65536},
+    {.key = "max_size", .type = SPN_CONFIG_INT, .offset = offsetof(fd_config_t, max_size),
+     .doc = "largest face side in pixels (0: no limit)", .def_int = 0, .min = 0, .max = 65536},
+    {.key = "smooth_window", .type = SPN_CONFIG_INT, .offset = offsetof(fd_config_t, smooth_window),
+     .doc = "frames each face box is averaged over (Wav2Lip: 5)", .def_int = 5, .min = 1, .max = 64},
+    {.key = "max_missed", .type = SPN_CONFIG_INT, .offset = offsetof(fd_config_t, max_missed),
+     .doc = "frames a face may go undetected and keep its track", .def_int = 2, .min = 0, .max = 1000},
+    {.key = "max_faces", .type = SPN_CONFIG_INT, .offset = offsetof(fd_config_t, max_faces),
+     .doc = "report at most this many faces per frame, largest first (0: all)", .def_int = 0, .min = 0,
+     .max = 4096},
+    {.key = "model", .type = SPN_CONFIG_PATH, .offset = offsetof(fd_config_t, model),
+     .doc = "ONNX face detector run by the engine (empty: the Haar cascade)", .def_str = ""},
+    {.key = "detector", .type = SPN_CONFIG_STRING, .offset = offsetof(fd_config_t, detector),
+     .doc = "the model's layout: retinaface, scrfd or yunet", .def_str = "retinaface"},
+    {.key = "input_width", .type = SPN_CONFIG_INT, .offset = offsetof(fd_config_t, input_width),
+     .doc = "model input width (0: the frame's for retinaface/yunet, 640 for scrfd)", .def_int = 0, .min = 0,
+     .max = 8192},
+    {.key = "input_height", .type = SPN_CONFIG_INT, .offset = offsetof(fd_config_t, input_height),
+     .doc = "model input height (0: as input_width)", .def_int = 0, .min = 0, .max = 8192},
+    {.key = "score_threshold", .type = SPN_CONFIG_FLOAT, .offset = offsetof(fd_config_t, score_threshold),
+     .doc = "minimum face score (models)", .def_float = 0.5, .min = 0.0, .max = 1.0},
+    {.key = "nms_threshold", .type = SPN_CONFIG_FLOAT, .offset = offsetof(fd_config_t, nms_threshold),
+     .doc = "IoU above which the weaker of two boxes is dropped (models)", .def_float = 0.4, .min = 0.0, .max = 1.0},
+    {.key = "top_k", .type = SPN_CONFIG_INT, .offset = offsetof(fd_config_t, top_k),
+     .doc = "best candidates entering NMS (models)", .def_int = 5000, .min = 1, .max = 1000000},
+    {.key = NULL},
+};
+
+static const spn_port_t k_inputs[] = {{.name = "video", .type = "video"}};
+static const spn_port_t k_outputs[] = {{.name = "faces", .type = "faces"}};
+
+#define FD_MAX_OUTPUTS 16
+
+typedef struct fd_state {
+  const spn_host_api_t *host;
+  spn_stage_t *stage;
+  spn_haar_cascade_t *cascade; /* Haar path */
+  spn_model_t *model;          /* model path */
+  int32_t detector;            /* spn_facedet_model_t */
+  int32_t in_w, in_h;          /* configured input size, 0 = automatic */
+  spn_facedet_params_t dparams;
+  float *input;
+  size_t input_cap;
+  spn_detface_t *dets; /* detections of the current frame, with scores and landmarks */
+  spn_haar_params_t params;
+  spn_box_smoother_params_t smooth;
+  int32_t max_faces;
+  /* Per-frame scratch, reused across calls (one call at a time per instance). */
+  uint8_t *gray;
+  size_t gray_cap;
+  spn_face_t *faces;
+  spn_box_t *boxes;
+  spn_tracked_box_t *tracked;
+  int32_t faces_cap;
+} fd_state_t;
+
+typedef struct fd_job {
+  uint64_t job_id;
+  spn_box_smoother_t *smoother;
+} fd_job_t;
+
+static int32_t fd_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
+  const fd_config_t *cfg = config;
+  const spn_host_api_t *host = spn__vision_host();
+  if (!host || !cfg)
+    return spn_error_set(err, SPN_ESTATE, "facedetect: plugin not initialised");
+  int32_t hc = spn__vision_check_host(host, false, err);
+  if (hc != SPN_OK)
+    return hc;
+  fd_state_t *st = calloc(1, sizeof *st);
+  if (!st)
+    return spn_error_set(err, SPN_ENOMEM, "facedetect: out of memory");
+  st->host = host;
+  st->stage = stage;
+  int32_t rc;
+  if (cfg->model && cfg->model[0]) {
+    const char *d = cfg->detector ? cfg->detector : "";
+    st->detector = !strcmp(d, "retinaface") ? SPN_FACEDET_RETINAFACE
+                   : !strcmp(d, "scrfd")    ? SPN_FACEDET_SCRFD
+                   : !strcmp(d, "yunet")    ? SPN_FACEDET_YUNET
+                                            : 0;
+    if (!st->detector)
+      rc = spn_error_set(err, SPN_ECONFIG, "detector \"%s\" is not one of retinaface, scrfd, yunet", d);
+    else if (!host->model_load || !host->model_run || !host->model_io_count)
+      rc = spn_error_set(err, SPN_EUNSUPPORTED, "the host has no model engine");
+    else
+      rc = host->model_load(stage, cfg->model, &st->model, err);
+    st->in_w = (int32_t)cfg->input_width;
+    st->in_h = (int32_t)(cfg->input_height ? cfg->input_height : cfg->input_width);
+    if (rc == SPN_OK && st->detector == SPN_FACEDET_YUNET && (st->in_w % 32 || st->in_h % 32))
+      rc = spn_error_set(err, SPN_ECONFIG, "yunet input %dx%d must be a multiple of 32", st->in_w, st->in_h);
+    st->dparams = (spn_facedet_params_t)SPN_FACEDET_PARAMS_INIT;
+    st->dparams.score_threshold = (float)cfg->score_threshold;
+    st->dparams.nms_threshold = (float)cfg->nms_threshold;
+    st->dparams.pre_nms_top_k = (int32_t)cfg->top_k;
+    st->dparams.post_nms_top_k = 0;
+  } else if (cfg->cascade && cfg->cascade[0]) {
+    rc = spn_haar_cascade_load(cfg->cascade, &st->cascade, err);
+  } else {
+    rc = SPN_ENOENT;
+    for (const char *const *p = k_default_cascades; *p && rc == SPN_ENOENT; p++)
+      rc = spn_haar_cascade_load(*p, &st->cascade, err);
+    if (rc == SPN_ENOENT)
+      spn_error_set(err, SPN_ENOENT,
+                    "no Haar cascade found (install opencv-data or set `cascade` to a cascade XML file)");
+  }
+  if (rc != SPN_OK) {
+    spn_error_prefix(err, "facedetect %s", host->stage_get_name ? host->stage_get_name(stage) : "");
+    if (st->model && host->model_release)
+      host->model_release(stage, &st->model);
+    free(st);
+    return rc;
+  }
+  st->params = (spn_haar_params_t)SPN_HAAR_PARAMS_INIT;
+  st->params.scale_factor = cfg->scale_factor;
+  st->params.min_neighbors = (int32_t)cfg->min_neighbors;
+  st->params.min_w = st->params.min_h = (int32_t)cfg->min_size;
+  st->params.max_w = st->params.max_h = (int32_t)cfg->max_size;
+  st->params.threads = host->stage_get_threads ? host->stage_get_threads(stage) : 1;
+  st->smooth = (spn_box_smoother_params_t)SPN_BOX_SMOOTHER_PARAMS_INIT;
+  st->smooth.window = (int32_t)cfg->smooth_window;
+  st->smooth.max_missed = (int32_t)cfg->max_missed;
+  st->max_faces = (int32_t)cfg->max_faces;
+  *state = st;
+  return SPN_OK;
+}
+
+static void fd_destroy(spn_stage_t *stage, void *state) {
+  fd_state_t *st = state;
+  if (!st)
+    return;
+  spn_haar_cascade_free(st->cascade);
+  if (st->model && st->host->model_release)
+    st->host->model_release(stage, &st->model);
+  free(st->input);
+  free(st->dets);
+  free(st->gray);
+  free(st->faces);
+  free(st->boxes);
+  free(st->tracked);
+  free(st);
+}
+
+static int32_t fd_job_open(spn_stage_t *stage, void *state, const spn_job_info_t *job, void **job_state,
+                           spn_error_t *err) {
+  (void)stage;
+  fd_state_t *st = state;
+  fd_job_t *j = calloc(1, sizeof *j);
+  if (!j)
+    return spn_error_set(err, SPN_ENOMEM, "facedetect: out of memory");
+  j->job_id = job ? job->job_id : 0;
+  int32_t rc = spn_box_smoother_new(&st->smooth, &j->smoother, err);
+  if (rc != SPN_OK) {
+    free(j);
+    return rc;
+  }
+  *job_state = j;
+  return SPN_OK;
+}
+
+static void fd_job_close(spn_stage_t *stage, void *state, void *job_state, bool ok) {
+  (void)stage;
+  (void)state;
+  (void)ok;
+  fd_job_t *j = job_state;
+  if (!j)
+    return;
+  spn_box_smoother_free(j->smoother);
+  free(j);
+}
+
+static int grow_faces(fd_state_t *st, int32_t n) {
+  if (n <= st->faces_cap)
+    return 0;
+  int32_t cap = st->faces_cap ? st->faces_cap : 16;
+  while (cap < n)
+    cap *= 2;
+  spn_face_t *f = realloc(st->faces, (size_t)cap * sizeof *f);
+  if (f)
+    st->faces = f;
+  spn_box_t *b = realloc(st->boxes, (size_t)cap * sizeof *b);
+  if (b)
+    st->boxes = b;
+  spn_tracked_box_t *t = realloc(st->tracked, (size_t)cap * sizeof *t);
+  if (t)
+    st->tracked = t;
+  if (!f || !b || !t)
+    return -1;
+  st->faces_cap = cap;
+  return 0;
+}
+
+static int area_desc(const void *a, const void *b) {
+  const spn_rect_t *p = a, *q = b;
+  int64_t ap = (int64_t)p->w * p->h, aq = (int64_t)q->w * q->h;
+  if (ap != aq)
+    return ap < aq ? 1 : -1;
+  if (p->y != q->y)
+    return p->y < q->y ? -1 : 1;
+  return (p->x > q->x) - (p->x < q->x);
+}
+
+/* Haar path: grey conversion, cascade, largest face first. Fills st->dets
+ * (score 1: a cascade accepts or rejects, it has no score). */
+static int32_t detect_haar(fd_state_t *st, const uint8_t *rgb, int32_t W, int32_t H, int32_t *n_out,
+                           spn_error_t *err) {
+  size_t need = (size_t)W * H;
+  if (need > st->gray_cap) {
+    uint8_t *g = realloc(st->gray, need);
+    if (!g)
+      return spn_error_set(err, SPN_ENOMEM, "out of memory");
+    st->gray = g;
+    st->gray_cap = need;
+  }
+  /* cv::cvtColor RGB2GRAY of OpenCV 4.x, bit for bit: BT.601 weights in
+   * 15-bit fixed point (checked against cv2 by test-facedetect-stage.py). */
+  for (size_t i = 0; i < need; i++)
+    st->gray[i] =
+        (uint8_t)((rgb[3 * i] * 9798u + rgb[3 * i + 1] * 19235u + rgb[3 * i + 2] * 3735u + 16384u) >> 15);
+  spn_rect_t *rects = NULL;
+  int32_t n = 0;
+  int32_t rc = spn_haar_detect(st->cascade, st->gray, W, H, W, &st->params, &rects, &n, err);
+  if (rc != SPN_OK)
+    return rc;
+  if (n > 1)
+    qsort(rects, (size_t)n, sizeof *rects, area_desc);
+  if (st->max_faces > 0 && n > st->max_faces)
+    n = st->max_faces;
+  free(st->dets);
+  st->dets = calloc((size_t)(n > 0 ? n : 1), sizeof *st->dets);
+  if (!st->dets) {
+    free(rects);
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  }
+  for (int32_t i = 0; i < n; i++)
+    st->dets[i] = (spn_detface_t){.x0 = (float)rects[i].x, .y0 = (float)rects[i].y,
+                                  .x1 = (float)(rects[i].x + rects[i].w), .y1 = (float)(rects[i].y + rects[i].h),
+                                  .score = 1.0f};
+  free(rects);
+  *n_out = n;
+  return SPN_OK;
+}
+
+/* Model path: fit and preprocess for the detector, one engine run, decode.
+ * Fills st->dets, best score first. */
+static int32_t detect_model(fd_state_t *st, const uint8_t *rgb, int32_t W, int32_t H, int32_t *n_out,
+                            spn_error_t *err) {
+  const spn_host_api_t *h = st->host;
+  int32_t in_w = st->in_w, in_h = st->in_h, fit = SPN_FACEDET_FIT_STRETCH;
+  if (st->detector == SPN_FACEDET_SCRFD) {
+    fit = SPN_FACEDET_FIT_TOPLEFT;
+    if (!in_w)
+      in_w = in_h = 640;
+  } else if (!in_w) {
+    fit = SPN_FACEDET_FIT_NONE;
+    if (st->detector == SPN_FACEDET_YUNET)
+      spn_facedet_yunet_input_size(W, H, &in_w, &in_h);
+    else {
+      in_w = W;
+      in_h = H;
+    }
+  }
+  spn_facedet_geom_t g;
+  int32_t rc = spn_facedet_fit(W, H, in_w, in_h, fit, &g, err);
+  if (rc != SPN_OK)
+    return rc;
+  size_t need = (size_t)3 * in_w * in_h;
+  if (need > st->input_cap) {
+    float *p = realloc(st->input, need * sizeof *p);
+    if (!p)
+      return spn_error_set(err, SPN_ENOMEM, "out of memory");
+    st->input = p;
+    st->input_cap = need;
+  }
+  if ((rc = spn_facedet_preprocess(st->detector, rgb, W * 3, 0, &g, st->input, err)) != SPN_OK)
+    return rc;
+  int32_t nout = h->model_io_count(st->model, true);
+  if (nout < 1 || nout > FD_MAX_OUTPUTS)
+    return spn_error_set(err, SPN_EMODEL, "face model has %d outputs", nout);
+  spn_tensor_t in = SPN_TENSOR_INIT, outs[FD_MAX_OUTPUTS];
+  in.dtype = SPN_DTYPE_F32;
+  in.ndim = 4;
+  in.shape[0] = 1;
+  in.shape[1] = 3;
+  in.shape[2] = in_h;
+  in.shape[3] = in_w;
+  in.data = st->input;
+  for (int32_t i = 0; i < nout; i++)
+    outs[i] = (spn_tensor_t)SPN_TENSOR_INIT; /* data NULL: the engine allocates */
+  if ((rc = h->model_run(st->stage, st->model, &in, 1, outs, (size_t)nout, err)) != SPN_OK)
+    return rc;
+  spn_detface_t *dets = NULL;
+  int32_t n = 0;
+  rc = spn_facedet_decode(st->detector, outs, nout, &g, &st->dparams, &dets, &n, err);
+  if (h->model_free_outputs)
+    h->model_free_outputs(st->model, outs, (size_t)nout);
+  if (rc != SPN_OK)
+    return rc;
+  if (st->max_faces > 0 && n > st->max_faces)
+    n = st->max_faces;
+  free(st->dets);
+  st->dets = dets;
+  *n_out = n;
+  return SPN_OK;
+}
+
+/* Detect on one frame message and attach the "faces" item. Returns SPN_OK,
+ * or an error whose message says what was wrong with this job's frame. */
+static int32_t detect_frame(fd_state_t *st, fd_job_t *job, spn_msg_t *msg, int64_t idx, spn_error_t *err) {
+  const spn_host_api_t *h = st->host;
+  const spn_envelope_t *env = h->msg_envelope(msg);
+  unsigned long long seq = env ? (unsigned long long)env->seq : 0ull;
+  spn_item_t item = {.struct_size = sizeof item};
+  int32_t rc = h->msg_item(msg, (size_t)idx, &item);
+  if (rc != SPN_OK)
+    return spn_error_set(err, rc, "facedetect: frame %llu: cannot read item \"frame\"", seq);
+  const spn_tensor_t *t = &item.tensor;
+  if (item.kind != SPN_ITEM_TENSOR || t->dtype != SPN_DTYPE_U8 || t->ndim != 3 || t->shape[2] != 3 ||
+      t->device_kind != SPN_DEVICE_CPU || !t->data || t->shape[0] < 1 || t->shape[1] < 1 ||
+      t->shape[0] > 65536 || t->shape[1] > 65536)
+    return spn_error_set(err, SPN_ETYPE,
+                         "facedetect: frame %llu: item \"frame\" must be a (H,W,3) u8 RGB tensor in host memory", seq);
+  int32_t H = (int32_t)t->shape[0], W = (int32_t)t->shape[1];
+  int32_t n = 0;
+  rc = st->model ? detect_model(st, t->data, W, H, &n, err) : detect_haar(st, t->data, W, H, &n, err);
+  if (rc != SPN_OK)
+    return spn_error_prefix(err, "facedetect: frame %llu", seq);
+  if (grow_faces(st, n > 0 ? n : 1))
+    return spn_error_set(err, SPN_ENOMEM, "facedetect: out of memory");
+  for (int32_t i = 0; i < n; i++)
+    st->boxes[i] = (spn_box_t){st->dets[i].x0, st->dets[i].y0, st->dets[i].x1, st->dets[i].y1};
+  rc = spn_box_smoother_update(job->smoother, st->boxes, n, st->tracked, err);
+  if (rc != SPN_OK)
+    return spn_error_prefix(err, "facedetect: frame %llu", seq);
+  for (int32_t i = 0; i < n; i++) {
+    spn_face_t *f = &st->faces[i];
+    memset(f, 0, sizeof *f);
+    f->x0 = st->tracked[i].box.x0;
+    f->y0 = st->tracked[i].box.y0;
+    f->x1 = st->tracked[i].box.x1;
+    f->y1 = st->tracked[i].box.y1;
+    f->score = st->dets[i].score;
+    if (st->dets[i].has_landmarks) /* this frame's, not smoothed */
+      memcpy(f->landmarks, st->dets[i].landmarks, sizeof f->landmarks);
+    f->track_id = (int32_t)st->tracked[i].track_id;
+  }
+  return h->msg_add_meta(msg, "faces", st->faces, (size_t)n * sizeof(spn_face_t), err);
+}
+
+static int32_t fd_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
+                          spn_error_t *err) {
+  fd_state_t *st = state;
+  const spn_host_api_t *h = st->host;
+  for (size_t i = 0; i < n; i++) {
+    if (!msgs[i])
+      continue;
+    int64_t idx = h->msg_find(msgs[i], "frame");
+    if (idx >= 0) {
+      spn_error_t jerr = SPN_ERROR_INIT;
+      int32_t rc = detect_frame(st, job_states[i], msgs[i], idx, &jerr);
+      if (rc != SPN_OK) {
+        const spn_envelope_t *env = h->msg_envelope(msgs[i]);
+        /* Bad input fails its own job only; the rest of the batch goes on. */
+        h->fail_job(stage, env ? env->job_id : 0, rc, jerr.msg);
+        h->msg_free(&msgs[i]);
+        continue;
+      }
+    }
+    int32_t rc = h->emit(stage, 0, &msgs[i], err);
+    if (rc != SPN_OK)
+      return rc;
+  }
+  return SPN_OK;
+}
+
+static const spn_stage_kind_t k_facedetect = {
+    .struct_size = sizeof(spn_stage_kind_t),
+    .name = "facedetect",
+    .doc = "find faces in video frames (Haar cascade), track and smooth their boxes",
+    .schema = k_schema,
+    .config_size = sizeof(fd_config_t),
+    .inputs = k_inputs,
+    .n_inputs = 1,
+    .n_outputs = 1,
+    .outputs = k_outputs,
+    .device_need = SPN_NEED_CPU,
+    .max_batch = 8,
+    .max_delay_ms = 5,
+    .create = fd_create,
+    .job_open = fd_job_open,
+    .process = fd_process,
+    .job_close = fd_job_close,
+    .destroy = fd_destroy,
+};
+
+const spn_stage_kind_t *spn__vision_facedetect_kind(void) {
+  return &k_facedetect;
+}

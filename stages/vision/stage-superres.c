@@ -1,0 +1,271 @@
+/* stage-superres.c — the `superres` stage kind of the vision plugin.
+ *
+ * Input port "video": messages with a tensor item "frame", (H,W,3) u8 RGB in
+ * host memory. The frame becomes float RGB 0..1 (1,3,H,W), is cut into tiles
+ * (tile.h) that the engine runs through the model (host->model_run), and the
+ * stitched (1,3,sH,sW) result goes back to u8 (clamped, rounded) as the new
+ * "frame" of an output message on port "video". Every other item travels
+ * along; a "faces" item has its boxes and landmarks scaled by s so they still
+ * point at the faces. Messages without a frame are forwarded untouched.
+ *
+ * The model is loaded once per instance in create() (the engine shares it
+ * between instances on a device). With `model` empty the embedded
+ * espcn-x2.onnx installed with Spindle is used. A bad frame or a failing
+ * model run fails that frame's job only.
+ */
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "spindle/plugin.h"
+
+#include "plugin-vision.h"
+#include "tile.h"
+
+#ifndef SPN_VISION_DEFAULT_SR_MODEL
+#define SPN_VISION_DEFAULT_SR_MODEL "espcn-x2.onnx"
+#endif
+
+typedef struct sr_config {
+  char *model;
+  int64_t scale;
+  int64_t tile;
+  int64_t tile_pad;
+} sr_config_t;
+
+static const spn_config_field_t k_schema[] = {
+    {.key = "model", .type = SPN_CONFIG_PATH, .offset = offsetof(sr_config_t, model),
+     .doc = "super-resolution ONNX model, float RGB 0..1 in and out (empty: the embedded espcn-x2)", .def_str = ""},
+    {.key = "scale", .type = SPN_CONFIG_INT, .offset = offsetof(sr_config_t, scale),
+     .doc = "the model's upscaling factor", .def_int = 2, .min = 1, .max = 8},
+    {.key = "tile", .type = SPN_CONFIG_INT, .offset = offsetof(sr_config_t, tile),
+     .doc = "tile side in input pixels", .def_int = 256, .min = 8, .max = 8192},
+    {.key = "tile_pad", .type = SPN_CONFIG_INT, .offset = offsetof(sr_config_t, tile_pad),
+     .doc = "context pixels around each tile (>= the model's receptive radius: no seams)", .def_int = 10, .min = 0,
+     .max = 512},
+    {.key = NULL},
+};
+
+static const spn_port_t k_inputs[] = {{.name = "video", .type = "video"}};
+static const spn_port_t k_outputs[] = {{.name = "video", .type = "video"}};
+
+typedef struct sr_state {
+  const spn_host_api_t *host;
+  spn_stage_t *stage;
+  spn_model_t *model;
+  spn_tile_params_t tp;
+  float *in, *out; /* planar float frames, reused */
+  size_t in_cap, out_cap;
+} sr_state_t;
+
+static int32_t sr_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
+  const sr_config_t *cfg = config;
+  const spn_host_api_t *host = spn__vision_host();
+  if (!host || !cfg)
+    return spn_error_set(err, SPN_ESTATE, "superres: plugin not initialised");
+  int32_t hc = spn__vision_check_host(host, true, err);
+  if (hc != SPN_OK)
+    return hc;
+  if (!host->model_load || !host->model_run)
+    return spn_error_set(err, SPN_EUNSUPPORTED, "superres: the host has no model engine");
+  sr_state_t *st = calloc(1, sizeof *st);
+  if (!st)
+    return spn_error_set(err, SPN_ENOMEM, "superres: out of memory");
+  st->host = host;
+  st->stage = stage;
+  const char *path = cfg->model && cfg->model[0] ? cfg->model : SPN_VISION_DEFAULT_SR_MODEL;
+  int32_t rc = host->model_load(stage, path, &st->model, err);
+  if (rc != SPN_OK) {
+    spn_error_prefix(err, "superres %s", host->stage_get_name ? host->stage_get_name(stage) : "");
+    free(st);
+    return rc;
+  }
+  st->tp = (spn_tile_params_t){.tile = (int32_t)cfg->tile, .tile_pad = (int32_t)cfg->tile_pad,
+                               .scale = (int32_t)cfg->scale, .channels = 3, .out_channels = 3};
+  *state = st;
+  return SPN_OK;
+}
+
+static void sr_destroy(spn_stage_t *stage, void *state) {
+  sr_state_t *st = state;
+  if (!st)
+    return;
+  if (st->model && st->host->model_release)
+    st->host->model_release(stage, &st->model);
+  free(st->in);
+  free(st->out);
+  free(st);
+}
+
+/* The tile callback: one engine run per padded tile. */
+static int32_t run_tile(void *user, const float *in, int32_t c, int32_t h, int32_t w, float *out, spn_error_t *err) {
+  sr_state_t *st = user;
+  spn_tensor_t ti = SPN_TENSOR_INIT, to = SPN_TENSOR_INIT;
+  ti.dtype = to.dtype = SPN_DTYPE_F32;
+  ti.ndim = to.ndim = 4;
+  ti.shape[0] = to.shape[0] = 1;
+  ti.shape[1] = to.shape[1] = c;
+  ti.shape[2] = h;
+  ti.shape[3] = w;
+  to.shape[2] = (int64_t)h * st->tp.scale;
+  to.shape[3] = (int64_t)w * st->tp.scale;
+  ti.data = (void *)in;
+  to.data = out;
+  return st->host->model_run(st->stage, st->model, &ti, 1, &to, 1, err);
+}
+
+static int grow(float **p, size_t *cap, size_t n) {
+  if (n <= *cap)
+    return 0;
+  float *q = realloc(*p, n * sizeof *q);
+  if (!q)
+    return -1;
+  *p = q;
+  *cap = n;
+  return 0;
+}
+
+/* Build the upscaled message for one frame; *out receives it. */
+static int32_t upscale(sr_state_t *st, spn_msg_t *msg, int64_t fidx, spn_msg_t **out, spn_error_t *err) {
+  const spn_host_api_t *h = st->host;
+  const spn_envelope_t *env = h->msg_envelope(msg);
+  unsigned long long seq = env ? (unsigned long long)env->seq : 0ull;
+  spn_item_t fr = {.struct_size = sizeof fr};
+  int32_t rc = h->msg_item(msg, (size_t)fidx, &fr);
+  if (rc != SPN_OK)
+    return spn_error_set(err, rc, "superres: frame %llu: cannot read item \"frame\"", seq);
+  const spn_tensor_t *t = &fr.tensor;
+  if (fr.kind != SPN_ITEM_TENSOR || t->dtype != SPN_DTYPE_U8 || t->ndim != 3 || t->shape[2] != 3 ||
+      t->device_kind != SPN_DEVICE_CPU || !t->data || t->shape[0] < 1 || t->shape[1] < 1 || t->shape[0] > 16384 ||
+      t->shape[1] > 16384)
+    return spn_error_set(err, SPN_ETYPE,
+                         "superres: frame %llu: item \"frame\" must be a (H,W,3) u8 RGB tensor in host memory", seq);
+  int32_t H = (int32_t)t->shape[0], W = (int32_t)t->shape[1], s = st->tp.scale;
+  size_t n = (size_t)H * W, on = n * (size_t)s * s;
+  if (grow(&st->in, &st->in_cap, 3 * n) || grow(&st->out, &st->out_cap, 3 * on))
+    return spn_error_set(err, SPN_ENOMEM, "superres: out of memory");
+  const uint8_t *rgb = t->data;
+  for (size_t i = 0; i < n; i++)
+    for (int c = 0; c < 3; c++)
+      st->in[c * n + i] = (float)rgb[3 * i + c] / 255.0f;
+  rc = spn_tile_run(st->in, H, W, &st->tp, run_tile, st, st->out, err);
+  if (rc != SPN_OK)
+    return spn_error_prefix(err, "superres: frame %llu", seq);
+
+  spn_buffer_t *buf = NULL;
+  spn_msg_t *m = NULL;
+  if ((rc = h->buffer_new(st->stage, 3 * on, &buf, err)) != SPN_OK)
+    return rc;
+  uint8_t *o = h->buffer_data(buf);
+  for (size_t i = 0; i < on; i++)
+    for (int c = 0; c < 3; c++) {
+      float v = st->out[c * on + i];
+      v = v < 0.f ? 0.f : (v > 1.f ? 1.f : v);
+      o[3 * i + c] = (uint8_t)(v * 255.0f + 0.5f);
+    }
+  spn_tensor_t ot = SPN_TENSOR_INIT;
+  ot.dtype = SPN_DTYPE_U8;
+  ot.ndim = 3;
+  ot.shape[0] = (int64_t)H * s;
+  ot.shape[1] = (int64_t)W * s;
+  ot.shape[2] = 3;
+  if ((rc = h->msg_new_from(st->stage, msg, &m, err)) != SPN_OK)
+    goto out_buf;
+  if ((rc = h->msg_add_tensor(m, "frame", &ot, buf, err)) != SPN_OK)
+    goto out_msg;
+  /* Carry every other item; face coordinates follow the new size. */
+  size_t count = h->msg_item_count(msg);
+  for (size_t i = 0; i < count; i++) {
+    if ((int64_t)i == fidx)
+      continue;
+    spn_item_t it = {.struct_size = sizeof it};
+    if ((rc = h->msg_item(msg, i, &it)) != SPN_OK)
+      goto out_msg;
+    if (it.kind == SPN_ITEM_TENSOR) {
+      rc = h->msg_add_tensor(m, it.name, &it.tensor, it.buffer, err);
+    } else if (it.name && !strcmp(it.name, "faces") && it.meta_size % sizeof(spn_face_t) == 0) {
+      size_t nf = it.meta_size / sizeof(spn_face_t);
+      spn_face_t *f = nf ? malloc(it.meta_size) : NULL;
+      if (nf && !f) {
+        rc = spn_error_set(err, SPN_ENOMEM, "superres: out of memory");
+        goto out_msg;
+      }
+      if (nf)
+        memcpy(f, it.meta, it.meta_size);
+      for (size_t k = 0; k < nf; k++) {
+        f[k].x0 *= (float)s;
+        f[k].y0 *= (float)s;
+        f[k].x1 *= (float)s;
+        f[k].y1 *= (float)s;
+        for (int l = 0; l < 10; l++)
+          f[k].landmarks[l] *= (float)s;
+      }
+      rc = h->msg_add_meta(m, it.name, f, it.meta_size, err);
+      free(f);
+    } else {
+      rc = h->msg_add_meta(m, it.name, it.meta, it.meta_size, err);
+    }
+    if (rc != SPN_OK)
+      goto out_msg;
+  }
+  h->buffer_unref(&buf); /* the message holds its own reference */
+  *out = m;
+  return SPN_OK;
+
+out_msg:
+  h->msg_free(&m);
+out_buf:
+  h->buffer_unref(&buf);
+  return rc;
+}
+
+static int32_t sr_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
+                          spn_error_t *err) {
+  (void)job_states;
+  sr_state_t *st = state;
+  const spn_host_api_t *h = st->host;
+  for (size_t i = 0; i < n; i++) {
+    if (!msgs[i])
+      continue;
+    int64_t idx = h->msg_find(msgs[i], "frame");
+    if (idx >= 0) {
+      spn_msg_t *up = NULL;
+      spn_error_t jerr = SPN_ERROR_INIT;
+      int32_t rc = upscale(st, msgs[i], idx, &up, &jerr);
+      if (rc != SPN_OK) {
+        const spn_envelope_t *env = h->msg_envelope(msgs[i]);
+        h->fail_job(stage, env ? env->job_id : 0, rc, jerr.msg);
+        h->msg_free(&msgs[i]);
+        continue;
+      }
+      h->msg_free(&msgs[i]);
+      msgs[i] = up;
+    }
+    int32_t rc = h->emit(stage, 0, &msgs[i], err);
+    if (rc != SPN_OK)
+      return rc;
+  }
+  return SPN_OK;
+}
+
+static const spn_stage_kind_t k_superres = {
+    .struct_size = sizeof(spn_stage_kind_t),
+    .name = "superres",
+    .doc = "upscale video frames with a super-resolution model, tile by tile",
+    .schema = k_schema,
+    .config_size = sizeof(sr_config_t),
+    .inputs = k_inputs,
+    .n_inputs = 1,
+    .n_outputs = 1,
+    .outputs = k_outputs,
+    .device_need = SPN_NEED_CPU,
+    .max_batch = 1,
+    .create = sr_create,
+    .process = sr_process,
+    .destroy = sr_destroy,
+};
+
+const spn_stage_kind_t *spn__vision_superres_kind(void) {
+  return &k_superres;
+}

@@ -1,0 +1,399 @@
+/* test-media.c — decode and encode with FFmpeg on clips generated here.
+ *
+ * Clips are made with the ffmpeg CLI (testsrc2 + sine) in a temporary
+ * folder at start-up; the test skips (77) when the CLI is missing. Checks:
+ * round trip keeps frame count, size, monotonic pts and A/V duration;
+ * segments; rotation metadata; odd sizes; audio-file muxing; bad inputs
+ * give errors naming the file; a failed or abandoned encode leaves no file.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include <libavutil/log.h>
+
+#include "media-decode.h"
+#include "media-encode.h"
+
+static char dir[256];
+
+static const char *p(const char *name) {
+  static char buf[8][512];
+  static int k;
+  k = (k + 1) % 8;
+  snprintf(buf[k], sizeof buf[k], "%s/%s", dir, name);
+  return buf[k];
+}
+
+static int sh(const char *fmt, ...) {
+  char cmd[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  return system(cmd);
+}
+
+typedef struct {
+  int64_t frames, audio_samples;
+  int32_t w, h, rate, channels;
+  double first_pts, last_pts;
+  int monotonic;
+} scan_t;
+
+static int32_t scan(const char *path, const spn_decode_opts_t *o, scan_t *s, spn_error_t *err) {
+  spn_decoder_t *d;
+  memset(s, 0, sizeof *s);
+  s->monotonic = 1;
+  int32_t rc = spn_decoder_new(path, o, &d, err);
+  if (rc)
+    return rc;
+  s->w = spn_decoder_info(d)->width;
+  s->h = spn_decoder_info(d)->height;
+  double prev = -1e9;
+  spn_media_item_t it;
+  while ((rc = spn_decoder_next(d, &it, err)) == SPN_OK) {
+    if (it.kind == SPN_MEDIA_VIDEO) {
+      assert_int_equal(it.image.width, s->w);
+      assert_int_equal(it.image.height, s->h);
+      assert_int_equal(it.index, s->frames);
+      if (s->frames == 0)
+        s->first_pts = it.pts_sec;
+      if (it.pts_sec <= prev)
+        s->monotonic = 0;
+      prev = s->last_pts = it.pts_sec;
+      s->frames++;
+    } else {
+      s->audio_samples += it.n_samples;
+      s->rate = it.rate;
+      s->channels = it.channels;
+    }
+    spn_media_item_release(&it);
+  }
+  spn_decoder_free(d);
+  return rc == SPN_EOS ? SPN_OK : rc;
+}
+
+static void round_trip_keeps_frames_and_sync(void **state) {
+  (void)state;
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
+  o.audio_rate = 16000;
+  o.audio_channels = 1;
+  spn_decoder_t *d;
+  assert_int_equal(spn_decoder_new(p("clip.mp4"), &o, &d, &err), SPN_OK);
+  const spn_decode_info_t *in = spn_decoder_info(d);
+  assert_int_equal(in->width, 160);
+  assert_int_equal(in->height, 120);
+  assert_int_equal(in->fps_num / in->fps_den, 25);
+  spn_encode_opts_t eo = SPN_ENCODE_OPTS_INIT;
+  eo.audio_rate = 16000;
+  eo.audio_channels = 1;
+  eo.preset = "ultrafast";
+  spn_encoder_t *e;
+  assert_int_equal(spn_encoder_new(p("rt.mp4"), 160, 120, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_OK);
+  spn_media_item_t it;
+  int32_t rc;
+  int64_t nv = 0;
+  while ((rc = spn_decoder_next(d, &it, &err)) == SPN_OK) {
+    if (it.kind == SPN_MEDIA_VIDEO) {
+      assert_int_equal(spn_encoder_write_video(e, &it.image, it.pts, it.tb_num, it.tb_den, &err), SPN_OK);
+      nv++;
+    } else {
+      assert_int_equal(spn_encoder_write_audio(e, it.samples, it.n_samples, &err), SPN_OK);
+    }
+    spn_media_item_release(&it);
+  }
+  assert_int_equal(rc, SPN_EOS);
+  assert_int_equal(nv, 50);
+  assert_int_equal(spn_encoder_finish(e, &err), SPN_OK);
+  spn_encoder_free(e);
+  spn_decoder_free(d);
+
+  scan_t s;
+  assert_int_equal(scan(p("rt.mp4"), &o, &s, &err), SPN_OK);
+  double vdur = s.frames / 25.0, adur = (double)s.audio_samples / s.rate;
+  printf("# round trip: %lld frames %dx%d, pts %.3f..%.3f, video %.3f s, audio %.3f s (|diff| %.3f s)\n",
+         (long long)s.frames, s.w, s.h, s.first_pts, s.last_pts, vdur, adur, fabs(vdur - adur));
+  assert_int_equal(s.frames, 50);
+  assert_int_equal(s.w, 160);
+  assert_int_equal(s.h, 120);
+  assert_true(s.monotonic);
+  assert_true(fabs(s.first_pts) < 1e-6);
+  assert_true(fabs(s.last_pts - 49 / 25.0) < 1e-3);
+  assert_int_equal(s.rate, 16000);
+  assert_int_equal(s.channels, 1);
+  assert_true(fabs(vdur - adur) <= 1.0 / 25.0);
+}
+
+static void formats_segment_and_odd_sizes(void **state) {
+  (void)state;
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
+  o.start = 0.52;
+  o.duration = 1.0;
+  o.want_audio = 1;
+  scan_t s;
+  assert_int_equal(scan(p("clip.mp4"), &o, &s, &err), SPN_OK);
+  printf("# segment 0.52+1.0: %lld frames, first %.3f, last %.3f, audio %.4f s\n", (long long)s.frames,
+         s.first_pts, s.last_pts, (double)s.audio_samples / s.rate);
+  assert_int_equal(s.frames, 25);               /* 0.52 .. 1.48 */
+  assert_true(fabs(s.first_pts - 0.52) < 1e-6);
+  assert_true(fabs(s.last_pts - 1.48) < 1e-6);
+  assert_true(fabs((double)s.audio_samples / s.rate - 1.0) < 2.0 / s.rate);
+  /* odd size, each pixel format */
+  const int32_t fmts[] = {SPN_PIXFMT_RGB24, SPN_PIXFMT_BGR24, SPN_PIXFMT_NV12, SPN_PIXFMT_YUV420P,
+                          SPN_PIXFMT_BGRF32P};
+  for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
+    spn_decode_opts_t oo = SPN_DECODE_OPTS_INIT;
+    oo.pixfmt = fmts[i];
+    oo.want_audio = 0;
+    spn_decoder_t *d;
+    assert_int_equal(spn_decoder_new(p("odd.mkv"), &oo, &d, &err), SPN_OK);
+    spn_media_item_t it;
+    assert_int_equal(spn_decoder_next(d, &it, &err), SPN_OK);
+    assert_int_equal(it.image.width, 63);
+    assert_int_equal(it.image.height, 35);
+    assert_int_equal(it.image.format, fmts[i]);
+    /* testsrc2 is not black: the frame carries content */
+    if (fmts[i] == SPN_PIXFMT_BGRF32P) {
+      float mx = 0;
+      for (int y = 0; y < 35; y++)
+        for (int x = 0; x < 63; x++)
+          mx = fmaxf(mx, ((float *)(it.image.data[1] + y * it.image.stride[1]))[x]);
+      assert_true(mx > 100.0f && mx <= 255.0f);
+    }
+    spn_media_item_release(&it);
+    spn_decoder_free(d);
+  }
+  /* encoding odd frames crops to even */
+  spn_decode_opts_t oo = SPN_DECODE_OPTS_INIT;
+  oo.want_audio = 0;
+  spn_decoder_t *d;
+  spn_encoder_t *e;
+  spn_encode_opts_t eo = SPN_ENCODE_OPTS_INIT;
+  eo.preset = "ultrafast";
+  assert_int_equal(spn_decoder_new(p("odd.mkv"), &oo, &d, &err), SPN_OK);
+  assert_int_equal(spn_encoder_new(p("odd-out.mkv"), 63, 35, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_OK);
+  spn_media_item_t it;
+  int32_t rc;
+  while ((rc = spn_decoder_next(d, &it, &err)) == SPN_OK) {
+    assert_int_equal(spn_encoder_write_video(e, &it.image, it.pts, it.tb_num, it.tb_den, &err), SPN_OK);
+    spn_media_item_release(&it);
+  }
+  assert_int_equal(rc, SPN_EOS);
+  assert_int_equal(spn_encoder_finish(e, &err), SPN_OK);
+  spn_encoder_free(e);
+  spn_decoder_free(d);
+  assert_int_equal(scan(p("odd-out.mkv"), &oo, &s, &err), SPN_OK);
+  assert_int_equal(s.w, 62);
+  assert_int_equal(s.h, 34);
+  assert_int_equal(s.frames, 10);
+}
+
+static void rotation_metadata_turns_frames(void **state) {
+  (void)state;
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
+  o.want_audio = 0;
+  spn_decoder_t *d;
+  /* write a 64x32 clip whose display matrix says "turn 90 degrees clockwise"
+   * (the ffmpeg 5 CLI no longer writes one); ffprobe confirms the matrix */
+  spn_encoder_t *e;
+  spn_encode_opts_t eo = SPN_ENCODE_OPTS_INIT;
+  eo.preset = "ultrafast";
+  eo.rotation = 90;
+  assert_int_equal(spn_decoder_new(p("rot-src.mkv"), &o, &d, &err), SPN_OK);
+  assert_int_equal(spn_encoder_new(p("rot.mp4"), 64, 32, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_OK);
+  spn_media_item_t it0;
+  while (spn_decoder_next(d, &it0, &err) == SPN_OK) {
+    assert_int_equal(spn_encoder_write_video(e, &it0.image, it0.pts, it0.tb_num, it0.tb_den, &err), SPN_OK);
+    spn_media_item_release(&it0);
+  }
+  assert_int_equal(spn_encoder_finish(e, &err), SPN_OK);
+  spn_encoder_free(e);
+  spn_decoder_free(d);
+  assert_int_equal(sh("ffprobe -v error -show_streams '%s' | grep -q 'rotation=-90'", p("rot.mp4")), 0);
+  assert_int_equal(spn_decoder_new(p("rot.mp4"), &o, &d, &err), SPN_OK);
+  const spn_decode_info_t *in = spn_decoder_info(d);
+  printf("# rotation %d, %dx%d\n", in->rotation, in->width, in->height);
+  assert_int_equal(in->rotation, 90);
+  assert_int_equal(in->width, 32);
+  assert_int_equal(in->height, 64);
+  spn_media_item_t it;
+  assert_int_equal(spn_decoder_next(d, &it, &err), SPN_OK);
+  assert_int_equal(it.image.width, 32);
+  assert_int_equal(it.image.height, 64);
+  spn_media_item_release(&it);
+  spn_decoder_free(d);
+  o.autorotate = 0;
+  assert_int_equal(spn_decoder_new(p("rot.mp4"), &o, &d, &err), SPN_OK);
+  assert_int_equal(spn_decoder_info(d)->width, 64);
+  spn_decoder_free(d);
+}
+
+static void audio_file_is_muxed(void **state) {
+  (void)state;
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
+  o.want_audio = 0;
+  spn_decoder_t *d;
+  spn_encoder_t *e;
+  spn_encode_opts_t eo = SPN_ENCODE_OPTS_INIT;
+  eo.preset = "ultrafast";
+  eo.audio_path = p("speech.wav");
+  assert_int_equal(spn_decoder_new(p("clip.mp4"), &o, &d, &err), SPN_OK);
+  assert_int_equal(spn_encoder_new(p("muxed.mp4"), 160, 120, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_OK);
+  spn_media_item_t it;
+  int32_t rc;
+  while ((rc = spn_decoder_next(d, &it, &err)) == SPN_OK) {
+    assert_int_equal(spn_encoder_write_video(e, &it.image, it.pts, it.tb_num, it.tb_den, &err), SPN_OK);
+    spn_media_item_release(&it);
+  }
+  assert_int_equal(spn_encoder_write_audio(e, NULL, 0, &err), SPN_ESTATE);
+  assert_int_equal(spn_encoder_finish(e, &err), SPN_OK);
+  spn_encoder_free(e);
+  spn_decoder_free(d);
+  scan_t s;
+  o.want_audio = 1;
+  assert_int_equal(scan(p("muxed.mp4"), &o, &s, &err), SPN_OK);
+  printf("# muxed audio file: %lld frames, audio %.3f s at %d Hz\n", (long long)s.frames,
+         (double)s.audio_samples / s.rate, s.rate);
+  assert_int_equal(s.frames, 50);
+  assert_int_equal(s.rate, 22050);
+  assert_true(fabs((double)s.audio_samples / s.rate - 2.0) <= 1.0 / 25.0);
+}
+
+static void bad_inputs_name_the_file(void **state) {
+  (void)state;
+  const struct { const char *file, *expect; int32_t code; } cases[] = {
+      {"missing.mp4", "no such file or directory", SPN_ENOENT},
+      {"notes.bin", "invalid data found when processing input", SPN_EMEDIA},
+      {"truncated.mp4", "invalid data found when processing input", SPN_EMEDIA},
+      {"audio-only.m4a", "no video stream", SPN_EMEDIA},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    spn_error_t err = SPN_ERROR_INIT;
+    spn_decoder_t *d = NULL;
+    const char *path = p(cases[i].file);
+    int32_t rc = spn_decoder_new(path, NULL, &d, &err);
+    printf("# %s -> %s\n", cases[i].file, err.msg);
+    assert_int_equal(rc, cases[i].code);
+    assert_null(d);
+    assert_memory_equal(err.msg, path, strlen(path));
+    assert_non_null(strstr(err.msg, cases[i].expect));
+  }
+  /* a file whose tail is cut after the header decodes what is there and ends */
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
+  scan_t s;
+  int32_t rc = scan(p("cut.mkv"), &o, &s, &err);
+  printf("# cut.mkv: rc %d, %lld frames (%s)\n", rc, (long long)s.frames, err.msg);
+  assert_true(rc == SPN_OK || strncmp(err.msg, p("cut.mkv"), strlen(p("cut.mkv"))) == 0);
+  assert_true(s.frames > 0 && s.frames < 50);
+}
+
+static int dir_has_prefix(const char *prefix) {
+  DIR *dd = opendir(dir);
+  struct dirent *de;
+  int found = 0;
+  while ((de = readdir(dd)))
+    if (strncmp(de->d_name, prefix, strlen(prefix)) == 0)
+      found = 1;
+  closedir(dd);
+  return found;
+}
+
+static void failed_encode_leaves_no_file(void **state) {
+  (void)state;
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_encoder_t *e;
+  spn_encode_opts_t eo = SPN_ENCODE_OPTS_INIT;
+  eo.preset = "ultrafast";
+  spn_image_t img;
+  assert_int_equal(spn_image_alloc(&img, 64, 48, SPN_PIXFMT_RGB24, &err), SPN_OK);
+  /* abandoned after a frame */
+  assert_int_equal(spn_encoder_new(p("abandoned.mp4"), 64, 48, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_OK);
+  assert_true(dir_has_prefix("abandoned.mp4.")); /* the temporary file exists meanwhile */
+  assert_int_equal(spn_encoder_write_video(e, &img, 0, 1, 25, &err), SPN_OK);
+  spn_encoder_free(e);
+  assert_false(dir_has_prefix("abandoned.mp4"));
+  /* finish fails (no frames) */
+  assert_int_equal(spn_encoder_new(p("empty.mp4"), 64, 48, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_OK);
+  assert_int_equal(spn_encoder_finish(e, &err), SPN_EMEDIA);
+  assert_non_null(strstr(err.msg, "empty.mp4: no video frames"));
+  spn_encoder_free(e);
+  assert_false(dir_has_prefix("empty.mp4"));
+  /* a wrong frame fails the encode; nothing at the target */
+  assert_int_equal(spn_encoder_new(p("wrong.mkv"), 64, 48, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_OK);
+  spn_image_t small;
+  assert_int_equal(spn_image_alloc(&small, 32, 48, SPN_PIXFMT_RGB24, &err), SPN_OK);
+  assert_int_equal(spn_encoder_write_video(e, &small, 0, 1, 25, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "wrong.mkv: frame is 32x48"));
+  spn_encoder_free(e);
+  assert_false(dir_has_prefix("wrong.mkv"));
+  /* unknown container, unknown codec */
+  assert_int_equal(spn_encoder_new(p("x.nosuchext"), 64, 48, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "x.nosuchext: cannot pick a container"));
+  eo.codec = "no_such_encoder";
+  assert_int_equal(spn_encoder_new(p("y.mp4"), 64, 48, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_EUNSUPPORTED);
+  assert_false(dir_has_prefix("y.mp4"));
+  spn_image_release(&img);
+  spn_image_release(&small);
+}
+
+static int setup_clips(void) {
+  const char *ff = "ffmpeg -nostdin -hide_banner -loglevel error -y";
+  int r = 0;
+  r |= sh("%s -f lavfi -i testsrc2=size=160x120:rate=25:duration=2 -f lavfi -i sine=frequency=440:sample_rate=44100:duration=2 "
+          "-ac 2 -c:v libx264 -preset ultrafast -g 10 -pix_fmt yuv420p -c:a aac '%s'", ff, p("clip.mp4"));
+  r |= sh("%s -f lavfi -i testsrc=size=63x35:rate=25:duration=0.4 -c:v ffv1 '%s'", ff, p("odd.mkv"));
+  r |= sh("%s -f lavfi -i testsrc2=size=64x32:rate=25:duration=0.4 -c:v ffv1 '%s'", ff, p("rot-src.mkv"));
+  r |= sh("%s -f lavfi -i sine=frequency=300:sample_rate=22050:duration=2 -c:a pcm_s16le '%s'", ff, p("speech.wav"));
+  r |= sh("%s -f lavfi -i sine=frequency=300:duration=1 -c:a aac '%s'", ff, p("audio-only.m4a"));
+  r |= sh("%s -f lavfi -i testsrc2=size=160x120:rate=25:duration=2 -c:v libx264 -preset ultrafast '%s'", ff,
+          p("full.mp4"));
+  /* moov at the end: cutting the file in half loses the index */
+  r |= sh("head -c $(( $(stat -c %%s '%s') / 2 )) '%s' > '%s'", p("full.mp4"), p("full.mp4"), p("truncated.mp4"));
+  r |= sh("%s -f lavfi -i testsrc2=size=160x120:rate=25:duration=2 -c:v libx264 -preset ultrafast -g 5 '%s'", ff,
+          p("full.mkv"));
+  r |= sh("head -c $(( $(stat -c %%s '%s') / 2 )) '%s' > '%s'", p("full.mkv"), p("full.mkv"), p("cut.mkv"));
+  r |= sh("printf 'these are not the frames you are looking for\\n%%.0s' $(seq 40) > '%s'", p("notes.bin"));
+  return r;
+}
+
+int main(void) {
+  if (system("ffmpeg -version >/dev/null 2>&1") != 0) {
+    fprintf(stderr, "ffmpeg CLI not found: skipping\n");
+    return 77;
+  }
+  snprintf(dir, sizeof dir, "%s/spn-media-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  if (!mkdtemp(dir)) {
+    perror("mkdtemp");
+    return 1;
+  }
+  av_log_set_level(AV_LOG_ERROR);
+  if (setup_clips() != 0) {
+    fprintf(stderr, "making test clips failed\n");
+    return 1;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(round_trip_keeps_frames_and_sync),
+      cmocka_unit_test(formats_segment_and_odd_sizes),
+      cmocka_unit_test(rotation_metadata_turns_frames),
+      cmocka_unit_test(audio_file_is_muxed),
+      cmocka_unit_test(bad_inputs_name_the_file),
+      cmocka_unit_test(failed_encode_leaves_no_file),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  sh("rm -rf '%s'", dir);
+  return rc;
+}

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""The facedetect stage (libspindle-vision.so) driven through the plugin ABI.
+
+stage-host (argv[2]) loads the plugin (argv[1]) by its descriptor, runs
+init/create/job_open/process/job_close/destroy like the runtime, and prints
+what the stage emits. Frames: the astronaut moving right 4-6 px per frame (job
+1, with one frame where she is gone and an end-of-stream message), a second
+job interleaved in the same batches, and a job whose frame is malformed.
+Expected boxes: OpenCV's detectMultiScale on the same frames (grey via
+cv2.cvtColor), averaged over each job's last (up to) 5 detections — so the test
+checks the plugin, the Haar port and the per-job smoothing together. Exit 77
+only if cv2 is not importable.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import cv2
+    import numpy as np
+    if not hasattr(cv2, 'CascadeClassifier'):
+        raise ImportError('cv2 without CascadeClassifier')
+except ImportError as e:
+    print(f'skip: {e}')
+    sys.exit(77)
+
+PLUGIN, HOST = sys.argv[1], sys.argv[2]
+passed = failed = 0
+
+
+def check(cond, label):
+    global passed, failed
+    print(('ok   ' if cond else 'FAIL ') + label)
+    passed += bool(cond)
+    failed += not cond
+
+
+def first_existing(cands):
+    for c in cands:
+        if c and os.path.exists(c):
+            return c
+    return None
+
+
+def main():
+    cascade = first_existing(['/usr/share/opencv4/haarcascades/haarcascade_frontalface_default.xml',
+                              os.path.join(getattr(getattr(cv2, 'data', None), 'haarcascades', ''),
+                                           'haarcascade_frontalface_default.xml')])
+    astro_path = first_existing([os.path.join(d, 'astronaut.png') for d in
+                                 [os.environ.get('SKIMAGE_DATA'), '/usr/lib/python3/dist-packages/skimage/data']
+                                 if d])
+    if not cascade or not astro_path:
+        print('FAIL: cascade or astronaut.png not found (install opencv-data and python3-skimage)')
+        sys.exit(1)
+    astro = cv2.imread(astro_path, cv2.IMREAD_COLOR)[:, :, ::-1]  # RGB
+    W, H = 640, 512
+    clf = cv2.CascadeClassifier(cascade)
+
+    def frame(dx):
+        f = np.full((H, W, 3), 70, np.uint8)
+        if dx is not None:
+            f[:, dx:dx + 512] = astro[:, :min(512, W - dx)]
+        return f
+
+    job1 = [0, 4, 8, 12, 18, 24, 28, None, 32]
+    job2 = [100, 106]
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = {}
+        ref = {}
+        for dx in sorted(set(d for d in job1 + job2 if d is not None)) + [None]:
+            f = frame(dx)
+            p = os.path.join(tmp, f'f{dx}.rgb')
+            f.tofile(p)
+            raw[dx] = p
+            g = cv2.cvtColor(f, cv2.COLOR_RGB2GRAY)
+            ref[dx] = [list(map(float, r)) for r in clf.detectMultiScale(g, 1.1, 3)]
+        check(all(len(ref[d]) == 1 for d in job1 + job2 if d is not None) and ref[None] == [],
+              'OpenCV finds exactly one face on every astronaut frame and none on the blank one')
+        args = []
+        # Interleave: job 1 frames, with job 2's two frames and job 3's bad frame in between.
+        order = [(1, job1[0]), (1, job1[1]), (2, job2[0]), (1, job1[2]), (3, 'bad'), (1, job1[3]), (2, job2[1])] + \
+                [(1, d) for d in job1[4:]] + [(1, 'eos')]
+        for job, d in order:
+            args.append(f'{job}:{d if d in ("bad", "eos") else raw[d]}')
+        out = subprocess.run([HOST, PLUGIN, 'facedetect', str(W), str(H), '3', tmp, f'cascade={cascade}', '--'] + args,
+                             capture_output=True, text=True, timeout=120)
+        check(out.returncode == 0, f'host ran the stage (exit {out.returncode}) {out.stderr.strip()}')
+        lines = [json.loads(l) for l in out.stdout.splitlines()]
+        emitted = [l for l in lines if 'job' in l]
+        fails = [l for l in lines if 'failed' in l]
+        check(len(fails) == 1 and fails[0]['failed'] == 3 and 'frame 0' in fails[0]['msg'] and
+              '(H,W,3) u8' in fails[0]['msg'],
+              f'the malformed frame fails its job only: {fails}')
+        check(len(emitted) == len(order) - 1, f'{len(emitted)} messages emitted for {len(order) - 1} good ones')
+
+        def expect(seq_boxes):
+            """Per job: mean of the last <= 5 detected boxes, as (x0,y0,x1,y1)."""
+            hist, want = [], []
+            for b in seq_boxes:
+                if b is None:
+                    want.append([])
+                    continue
+                x, y, w, h = b
+                hist.append((x, y, x + w, y + h))
+                last = hist[-5:]
+                want.append([[sum(v[i] for v in last) / len(last) for i in range(4)]])
+            return want
+
+        for job, frames in ((1, job1), (2, job2)):
+            got = [l for l in emitted if l['job'] == job and l['faces'] is not None]
+            want = expect([ref[d][0] if d is not None else None for d in frames])
+            ok = len(got) == len(want)
+            worst = 0.0
+            ids = set()
+            for g, w in zip(got, want):
+                ok = ok and len(g['faces']) == len(w)
+                for gf, wf in zip(g['faces'], w):
+                    worst = max(worst, max(abs(a - b) for a, b in zip(gf[:4], wf)))
+                    ids.add(gf[5])
+            check(ok and worst <= 1e-3 and len(ids) == 1,
+                  f'job {job}: {len(got)} frames, boxes = 5-frame means of OpenCV boxes (max diff {worst:.2g}), '
+                  f'one track {sorted(ids)}')
+        eos = [l for l in emitted if l['job'] == 1 and l['faces'] is None]
+        check(len(eos) == 1 and eos[0]['seq'] == len(job1), 'end-of-stream message forwarded untouched')
+
+        out = subprocess.run([HOST, PLUGIN, 'facedetect', str(W), str(H), '1', tmp,
+                              'cascade=' + os.path.join(tmp, 'missing.xml'), '--', f'1:{raw[0]}'],
+                             capture_output=True, text=True, timeout=60)
+        line = json.loads(out.stdout.splitlines()[0]) if out.stdout else {}
+        check('create_error' in line and 'missing.xml' in line['create_error'],
+              f'a missing cascade fails create naming the file: {line}')
+        # Model path: RetinaFace through the stand-in engine on a 200x150 frame.
+        fw, fh = 200, 150
+        f = rng_frame = np.random.default_rng(3).integers(0, 256, size=(fh, fw, 3), dtype=np.uint8)
+        p = os.path.join(tmp, 'small.rgb')
+        f.tofile(p)
+        out = subprocess.run([HOST, PLUGIN, 'facedetect', str(fw), str(fh), '2', tmp, 'model=fake-retinaface',
+                              'detector=retinaface', '--', f'1:{p}', f'1:{p}'],
+                             capture_output=True, text=True, timeout=60)
+        check(out.returncode == 0, f'model-backed facedetect ran (exit {out.returncode})')
+        lines = [json.loads(l) for l in out.stdout.splitlines()]
+        # The anchor the stand-in makes confident: stride 32, row 2, col 3, min_size 256,
+        # a box centred on ((3 + 0.5) * 32, (2 + 0.5) * 32), landmarks on its centre.
+        cx, cy = 3.5 * 32, 2.5 * 32
+        want = [cx - 128, cy - 128, cx + 128, cy + 128]
+        ok = len(lines) == 2
+        for l in lines:
+            faces = l.get('faces') or []
+            ok = ok and len(faces) == 1 and max(abs(a - b) for a, b in zip(faces[0][:4], want)) < 1e-3 and \
+                abs(faces[0][4] - 0.99) < 1e-6 and abs(faces[0][6] - cx) < 1e-3 and abs(faces[0][7] - cy) < 1e-3
+        check(ok, f'RetinaFace outputs decoded, NMS applied, one face {want} with score 0.99 and landmarks: '
+                  f'{[l.get("faces") for l in lines]}')
+        bgr_mean = [float(f[:, :, 2].mean() - 104), float(f[:, :, 1].mean() - 117), float(f[:, :, 0].mean() - 123)]
+        means = [l for l in out.stderr.splitlines() if l.startswith('retinaface input')]
+        got = [float(v) for v in means[0].split(':')[1].split()] if means else []
+        check(means and means[0].startswith(f'retinaface input {fw}x{fh}') and
+              max(abs(a - b) for a, b in zip(got, bgr_mean)) < 1e-3,
+              f'engine input is the frame as BGR - (104, 117, 123): means {got} vs {bgr_mean}')
+        out = subprocess.run([HOST, PLUGIN, 'facedetect', str(fw), str(fh), '1', tmp, 'model=fake-retinaface',
+                              'detector=yolo', '--', f'1:{p}'], capture_output=True, text=True, timeout=60)
+        line = json.loads(out.stdout.splitlines()[0]) if out.stdout else {}
+        check('create_error' in line and 'yolo' in line['create_error'],
+              f'an unknown detector fails create naming it: {line}')
+    print(f'facedetect-stage: {passed} passed, {failed} failed')
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == '__main__':
+    main()
