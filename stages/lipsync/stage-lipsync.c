@@ -41,8 +41,10 @@
 
 static const spn_host_api_t *host; /* handed to init; the same table for every load */
 
-/* Where the stage looks for a window limit: a job whose other input lags
- * by more than this many seqs is failed rather than buffering without end. */
+/* The most seqs a job may buffer ahead of the oldest one still waiting for
+ * its frame or mel chunk: a job whose inputs drift further apart (or that
+ * feeds this stage from two different jobs' streams) is failed rather than
+ * buffered without end. */
 #define LS_MAX_WINDOW (1u << 20)
 
 typedef struct ls_config {
