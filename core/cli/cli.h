@@ -22,6 +22,7 @@ int spn_cli_keygen(int argc, char **argv);
 int spn_cli_run(int argc, char **argv);
 int spn_cli_validate(int argc, char **argv);
 int spn_cli_plugins(int argc, char **argv);
+int spn_cli_model(int argc, char **argv);
 
 /* ---- shared by the subcommands (cli-common.c) ---- */
 
@@ -49,6 +50,5 @@ void spn_cli_opts_free(spn_cli_opts_t *o);
 /* A runtime with the command's plugin paths, plugins loaded. Refused
  * plugins are reported on stderr as warnings. Returns 0 or an exit code. */
 int spn_cli_runtime(const spn_cli_opts_t *o, bool load_plugins, spn_runtime_t **out);
-int spn_cli_model(int argc, char **argv);
 
 #endif

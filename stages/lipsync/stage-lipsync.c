@@ -1,0 +1,671 @@
+/* stage-lipsync.c — `lipsync`, Wav2Lip on frames with faces and mel chunks.
+ *
+ * Input port "video" (type "faces": frames with a tensor item "frame",
+ * (H,W,3) u8 RGB, and a metadata item "faces", as facedetect emits them) and
+ * input port "mel" (type "mel": one tensor item "mel", 80×16 f32, per video
+ * frame, as melspec emits them). Both arrive in process() mixed, from any
+ * number of jobs; they are told apart by item name. Output port "video"
+ * (type "video", so superres or an encoder can follow): every input frame,
+ * in seq order, still carrying its "faces" item, the mouth region redrawn
+ * where the frame has a face and a mel chunk.
+ *
+ * The join: each job keeps a window of slots keyed by seq, starting at the
+ * next seq to emit. A slot is filled by its frame and its mel chunk. It is
+ * *runnable* when both are there and the frame has a usable face; it is
+ * *done* when it was run, or needs no run: no face (or a crop with nothing
+ * inside the frame), or no mel chunk will ever come for it (seq beyond the
+ * mel stream's `total`, or the job's streams ended). After each process()
+ * call the runnable slots of all jobs are packed into batches of up to
+ * `batch_size` and run through the model together; then every job emits its
+ * done slots from the head of its window, so output stays in seq order.
+ *
+ * Audio and video of different lengths: Wav2Lip cuts the video to the
+ * audio's mel chunks (and loops the frames if the audio is longer). A
+ * stream must not lose frames, so here the video rules: frames beyond the
+ * audio pass through unchanged, mel chunks beyond the video are dropped.
+ *
+ * Frames are never modified in place (an output may feed several stages that
+ * share the buffer): a synced frame is copied into a new buffer first; an
+ * untouched frame is forwarded by reference. The stage runs on the CPU
+ * (inputs are packed in host memory) and must have a single instance per
+ * job's frames: replicas would each see only part of a job's seqs.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "spindle/plugin.h"
+#include "wav2lip.h"
+
+static const spn_host_api_t *host; /* handed to init; the same table for every load */
+
+/* The most seqs a job may buffer ahead of the oldest one still waiting for
+ * its frame or mel chunk: a job whose inputs drift further apart (or that
+ * feeds this stage from two different jobs' streams) is failed rather than
+ * buffered without end. */
+#define LS_MAX_WINDOW (1u << 20)
+
+typedef struct ls_config {
+  char *model;
+  int64_t pad_top, pad_bottom, pad_left, pad_right;
+  int64_t batch_size;
+  double feather;
+} ls_config_t;
+
+static const spn_config_field_t ls_schema[] = {
+    {.key = "model", .type = SPN_CONFIG_PATH, .flags = SPN_CONFIG_REQUIRED, .offset = offsetof(ls_config_t, model),
+     .doc = "Wav2Lip ONNX model: inputs mel (N,1,80,16) and face (N,6,96,96), output (N,3,96,96)"},
+    {.key = "pad_top", .type = SPN_CONFIG_INT, .offset = offsetof(ls_config_t, pad_top),
+     .doc = "pixels added above the face box (Wav2Lip --pads, 1st)", .def_int = 0, .min = -4096, .max = 4096},
+    {.key = "pad_bottom", .type = SPN_CONFIG_INT, .offset = offsetof(ls_config_t, pad_bottom),
+     .doc = "pixels added below the face box (Wav2Lip --pads, 2nd; includes the chin)", .def_int = 10,
+     .min = -4096, .max = 4096},
+    {.key = "pad_left", .type = SPN_CONFIG_INT, .offset = offsetof(ls_config_t, pad_left),
+     .doc = "pixels added left of the face box (Wav2Lip --pads, 3rd)", .def_int = 0, .min = -4096, .max = 4096},
+    {.key = "pad_right", .type = SPN_CONFIG_INT, .offset = offsetof(ls_config_t, pad_right),
+     .doc = "pixels added right of the face box (Wav2Lip --pads, 4th)", .def_int = 0, .min = -4096, .max = 4096},
+    {.key = "batch_size", .type = SPN_CONFIG_INT, .offset = offsetof(ls_config_t, batch_size),
+     .doc = "faces per model run, across jobs (Wav2Lip's wav2lip_batch_size)", .def_int = 128, .min = 1,
+     .max = 4096},
+    {.key = "feather", .type = SPN_CONFIG_FLOAT, .offset = offsetof(ls_config_t, feather),
+     .doc = "width in pixels of the soft edge when pasting the mouth back (0: hard paste)", .def_float = 4.0,
+     .min = 0.0, .max = 1000.0},
+    {0},
+};
+
+static const spn_port_t ls_inputs[] = {{.name = "video", .type = "faces"}, {.name = "mel", .type = "mel"}};
+static const spn_port_t ls_outputs[] = {{.name = "video", .type = "video"}};
+
+/* One seq of a job: its frame (and faces) and its mel chunk. */
+typedef struct ls_slot {
+  bool have_frame, have_mel, done, failed_run;
+  spn_envelope_t env;        /* the frame's envelope */
+  spn_buffer_t *buf;         /* the frame's pixels (a reference), or the synced copy once done */
+  spn_tensor_t t;            /* (H,W,3) u8 */
+  spn_face_t *faces;         /* copy of the "faces" item; NULL and 0 when absent */
+  size_t n_faces;
+  bool has_faces_item;
+  bool has_rect;
+  spn_w2l_rect_t rect;
+  float mel[SPN_W2L_MEL_FLOATS];
+} ls_slot_t;
+
+typedef struct ls_job {
+  uint64_t job_id;
+  bool failed;
+  bool ended;          /* flush: no more input of any kind */
+  int64_t mel_total;   /* from the mel envelopes; -1 unknown */
+  uint64_t next_emit;  /* seq of the window's head */
+  ls_slot_t **win;     /* ring of cap slots; win[(head + k) % cap] is seq next_emit + k */
+  size_t cap, head;
+  struct ls_job *next; /* the state's list of open jobs */
+} ls_job_t;
+
+typedef struct ls_state {
+  ls_config_t cfgv; /* copy of the stage config; its strings are host-owned */
+  const ls_config_t *cfg;
+  spn_w2l_pads_t pads;
+  spn_model_t *model;
+  int32_t in_face, in_mel; /* model input indices */
+  size_t bs;
+  float *face_buf; /* (bs,6,96,96) */
+  float *mel_buf;  /* (bs,1,80,16) */
+  float *out_buf;  /* (bs,3,96,96) */
+  ls_slot_t **run; /* runnable slots gathered for one batch */
+  ls_job_t **run_job;
+  ls_job_t *jobs;
+} ls_state_t;
+
+/* ---- slots ---------------------------------------------------------------------------- */
+
+static void slot_free(ls_slot_t **sp) {
+  ls_slot_t *s = *sp;
+  if (!s)
+    return;
+  if (s->buf)
+    host->buffer_unref(&s->buf);
+  free(s->faces);
+  free(s);
+  *sp = NULL;
+}
+
+/* The slot of `seq`, created when absent. NULL with a message in `why`
+ * when the seq is behind the head (already emitted: a duplicate) or too far
+ * ahead, or memory runs out. */
+static ls_slot_t *slot_get(ls_job_t *j, uint64_t seq, char *why, size_t why_len) {
+  if (seq < j->next_emit) {
+    snprintf(why, why_len, "seq %llu arrived twice (already emitted)", (unsigned long long)seq);
+    return NULL;
+  }
+  uint64_t off = seq - j->next_emit;
+  if (off >= LS_MAX_WINDOW) {
+    snprintf(why, why_len,
+             "seq %llu is %llu ahead of seq %llu still waiting for its frame or mel chunk (limit %u): "
+             "are both inputs from the same job?",
+             (unsigned long long)seq, (unsigned long long)off, (unsigned long long)j->next_emit, LS_MAX_WINDOW);
+    return NULL;
+  }
+  if (off >= j->cap) {
+    size_t ncap = j->cap ? j->cap : 64;
+    while (ncap <= off)
+      ncap *= 2;
+    ls_slot_t **nw = calloc(ncap, sizeof *nw);
+    if (!nw) {
+      snprintf(why, why_len, "out of memory buffering seq %llu", (unsigned long long)seq);
+      return NULL;
+    }
+    for (size_t k = 0; k < j->cap; k++)
+      nw[k] = j->win[(j->head + k) % j->cap];
+    free(j->win);
+    j->win = nw;
+    j->cap = ncap;
+    j->head = 0;
+  }
+  ls_slot_t **sp = &j->win[(j->head + off) % j->cap];
+  if (!*sp) {
+    *sp = calloc(1, sizeof **sp);
+    if (!*sp)
+      snprintf(why, why_len, "out of memory buffering seq %llu", (unsigned long long)seq);
+  }
+  return *sp;
+}
+
+static ls_slot_t *slot_at(const ls_job_t *j, size_t off) {
+  return off < j->cap ? j->win[(j->head + off) % j->cap] : NULL;
+}
+
+static void job_fail(spn_stage_t *stage, ls_job_t *j, int32_t status, const char *msg) {
+  if (j->failed)
+    return;
+  j->failed = true;
+  host->fail_job(stage, j->job_id, status, msg);
+}
+
+/* A frame needs no model run when it has no usable face, or when its mel
+ * chunk will never come. */
+static void slot_settle(const ls_job_t *j, ls_slot_t *s) {
+  if (!s->have_frame || s->done)
+    return;
+  if (!s->has_rect)
+    s->done = true;
+  else if (!s->have_mel && (j->ended || (j->mel_total >= 0 && s->env.seq >= (uint64_t)j->mel_total)))
+    s->done = true;
+}
+
+/* ---- input ---------------------------------------------------------------------------- */
+
+static void take_frame(spn_stage_t *stage, ls_state_t *st, ls_job_t *j, spn_msg_t *m, int64_t fidx) {
+  const spn_envelope_t *env = host->msg_envelope(m);
+  char why[512];
+  spn_item_t it = {.struct_size = sizeof it};
+  if (host->msg_item(m, (size_t)fidx, &it) != SPN_OK || it.kind != SPN_ITEM_TENSOR) {
+    snprintf(why, sizeof why, "input \"video\" seq %llu: item \"frame\" is not a tensor",
+             (unsigned long long)env->seq);
+    job_fail(stage, j, SPN_EINVAL, why);
+    return;
+  }
+  const spn_tensor_t *t = &it.tensor;
+  if (t->dtype != SPN_DTYPE_U8 || t->ndim != 3 || t->shape[2] != 3 || t->shape[0] <= 0 || t->shape[1] <= 0 ||
+      t->shape[0] > INT32_MAX / 4 || t->shape[1] > INT32_MAX / 4 || t->device_kind != SPN_DEVICE_CPU) {
+    snprintf(why, sizeof why, "input \"video\" seq %llu: frame must be an (H,W,3) u8 RGB tensor in host memory",
+             (unsigned long long)env->seq);
+    job_fail(stage, j, SPN_EINVAL, why);
+    return;
+  }
+  ls_slot_t *s = slot_get(j, env->seq, why, sizeof why);
+  if (!s) {
+    char msg[600];
+    snprintf(msg, sizeof msg, "input \"video\": %s", why);
+    job_fail(stage, j, SPN_EINVAL, msg);
+    return;
+  }
+  if (s->have_frame) {
+    snprintf(why, sizeof why, "input \"video\": seq %llu arrived twice", (unsigned long long)env->seq);
+    job_fail(stage, j, SPN_EINVAL, why);
+    return;
+  }
+  /* Faces: optional; a malformed item is an error, an absent one means no face. */
+  int64_t fa = host->msg_find(m, "faces");
+  if (fa >= 0) {
+    spn_item_t fi = {.struct_size = sizeof fi};
+    if (host->msg_item(m, (size_t)fa, &fi) != SPN_OK || fi.kind != SPN_ITEM_META ||
+        fi.meta_size % sizeof(spn_face_t) != 0) {
+      snprintf(why, sizeof why, "input \"video\" seq %llu: item \"faces\" is not a whole number of spn_face_t",
+               (unsigned long long)env->seq);
+      job_fail(stage, j, SPN_EINVAL, why);
+      return;
+    }
+    s->has_faces_item = true;
+    s->n_faces = fi.meta_size / sizeof(spn_face_t);
+    if (s->n_faces) {
+      s->faces = malloc(fi.meta_size);
+      if (!s->faces) {
+        job_fail(stage, j, SPN_ENOMEM, "out of memory copying faces");
+        return;
+      }
+      memcpy(s->faces, fi.meta, fi.meta_size);
+    }
+  }
+  s->env = *env;
+  s->t = *t;
+  s->t.data = NULL;
+  /* Keep the pixels by reference when the tensor is the whole buffer from
+   * its start (what msg_add_tensor makes); otherwise copy them out. */
+  size_t nb = spn_tensor_nbytes(t);
+  if (it.buffer && host->buffer_data(it.buffer) == t->data && host->buffer_size(it.buffer) >= nb) {
+    s->buf = host->buffer_ref(it.buffer);
+  } else {
+    spn_error_t err = SPN_ERROR_INIT;
+    if (host->buffer_new(stage, nb, &s->buf, &err) != SPN_OK) {
+      job_fail(stage, j, SPN_ENOMEM, err.msg);
+      return;
+    }
+    memcpy(host->buffer_data(s->buf), t->data, nb);
+  }
+  s->have_frame = true;
+  int32_t pick = spn_w2l_pick_face(s->faces, s->n_faces);
+  if (pick >= 0) {
+    s->has_rect =
+        spn_w2l_crop_rect(&s->faces[pick], (int32_t)t->shape[1], (int32_t)t->shape[0], &st->pads, &s->rect);
+  }
+  slot_settle(j, s);
+}
+
+static void take_mel(spn_stage_t *stage, ls_job_t *j, spn_msg_t *m, int64_t midx) {
+  const spn_envelope_t *env = host->msg_envelope(m);
+  char why[512];
+  spn_item_t it = {.struct_size = sizeof it};
+  if (host->msg_item(m, (size_t)midx, &it) != SPN_OK || it.kind != SPN_ITEM_TENSOR ||
+      it.tensor.dtype != SPN_DTYPE_F32 || spn_tensor_numel(&it.tensor) != SPN_W2L_MEL_FLOATS ||
+      it.tensor.ndim < 2 || it.tensor.shape[it.tensor.ndim - 2] != SPN_W2L_MEL_BINS ||
+      it.tensor.shape[it.tensor.ndim - 1] != SPN_W2L_MEL_STEPS || it.tensor.device_kind != SPN_DEVICE_CPU) {
+    snprintf(why, sizeof why, "input \"mel\" seq %llu: item \"mel\" must be an (80,16) or (1,80,16) f32 tensor",
+             (unsigned long long)env->seq);
+    job_fail(stage, j, SPN_EINVAL, why);
+    return;
+  }
+  if (env->total >= 0)
+    j->mel_total = env->total;
+  if (j->mel_total >= 0 && env->seq >= (uint64_t)j->mel_total) {
+    snprintf(why, sizeof why, "input \"mel\": seq %llu beyond the stream's total of %lld chunks",
+             (unsigned long long)env->seq, (long long)j->mel_total);
+    job_fail(stage, j, SPN_EINVAL, why);
+    return;
+  }
+  if (env->seq < j->next_emit)
+    return; /* its frame is already out (it passed through): a late chunk is dropped */
+  ls_slot_t *s = slot_get(j, env->seq, why, sizeof why);
+  if (!s) {
+    char msg[600];
+    snprintf(msg, sizeof msg, "input \"mel\": %s", why);
+    job_fail(stage, j, SPN_EINVAL, msg);
+    return;
+  }
+  if (s->have_mel) {
+    snprintf(why, sizeof why, "input \"mel\": seq %llu arrived twice", (unsigned long long)env->seq);
+    job_fail(stage, j, SPN_EINVAL, why);
+    return;
+  }
+  memcpy(s->mel, it.tensor.data, sizeof s->mel);
+  s->have_mel = true;
+}
+
+/* ---- model ---------------------------------------------------------------------------- */
+
+/* Run the model over n gathered slots and paste the results into fresh
+ * copies of their frames. A failure fails the jobs of those slots only. */
+static void run_batch(spn_stage_t *stage, ls_state_t *st, size_t n) {
+  const size_t fsz = SPN_W2L_FACE_FLOATS, msz = SPN_W2L_MEL_FLOATS, osz = SPN_W2L_OUT_FLOATS;
+  spn_error_t err = SPN_ERROR_INIT;
+  for (size_t i = 0; i < n; i++) {
+    ls_slot_t *s = st->run[i];
+    spn_image_t img = SPN_IMAGE_INIT;
+    int32_t rc = spn_image_wrap(&img, host->buffer_data(s->buf), (int32_t)s->t.shape[1], (int32_t)s->t.shape[0],
+                                SPN_PIXFMT_RGB24, &err);
+    if (rc == SPN_OK)
+      rc = spn_w2l_prepare(&img, &s->rect, st->face_buf + i * fsz, &err);
+    if (rc != SPN_OK) {
+      char msg[SPN_ERROR_MSG_MAX + 64];
+      snprintf(msg, sizeof msg, "seq %llu: %s", (unsigned long long)s->env.seq, err.msg);
+      job_fail(stage, st->run_job[i], rc, msg);
+      memset(st->face_buf + i * fsz, 0, fsz * sizeof(float));
+    }
+    memcpy(st->mel_buf + i * msz, s->mel, msz * sizeof(float));
+  }
+  spn_tensor_t in[2] = {SPN_TENSOR_INIT, SPN_TENSOR_INIT};
+  spn_tensor_t *fi = &in[st->in_face], *mi = &in[st->in_mel];
+  fi->dtype = SPN_DTYPE_F32;
+  fi->ndim = 4;
+  fi->shape[0] = (int64_t)n, fi->shape[1] = 6, fi->shape[2] = SPN_W2L_SIZE, fi->shape[3] = SPN_W2L_SIZE;
+  fi->data = st->face_buf;
+  mi->dtype = SPN_DTYPE_F32;
+  mi->ndim = 4;
+  mi->shape[0] = (int64_t)n, mi->shape[1] = 1, mi->shape[2] = SPN_W2L_MEL_BINS, mi->shape[3] = SPN_W2L_MEL_STEPS;
+  mi->data = st->mel_buf;
+  spn_tensor_t out = SPN_TENSOR_INIT;
+  out.dtype = SPN_DTYPE_F32;
+  out.ndim = 4;
+  out.shape[0] = (int64_t)n, out.shape[1] = 3, out.shape[2] = SPN_W2L_SIZE, out.shape[3] = SPN_W2L_SIZE;
+  out.data = st->out_buf;
+  /* run_ready gathers job by job: count the jobs sharing this run. */
+  size_t n_jobs = 1;
+  for (size_t i = 1; i < n; i++)
+    n_jobs += st->run_job[i] != st->run_job[i - 1];
+  host->log(stage, 0, SPN_LOG_DEBUG, "wav2lip run: %zu faces from %zu jobs", n, n_jobs);
+  int32_t rc = host->model_run(stage, st->model, in, 2, &out, 1, &err);
+  if (rc != SPN_OK) {
+    for (size_t i = 0; i < n; i++) {
+      char msg[SPN_ERROR_MSG_MAX + 64];
+      snprintf(msg, sizeof msg, "seq %llu: %s", (unsigned long long)st->run[i]->env.seq, err.msg);
+      job_fail(stage, st->run_job[i], rc, msg);
+    }
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    ls_slot_t *s = st->run[i];
+    ls_job_t *j = st->run_job[i];
+    if (j->failed)
+      continue;
+    size_t nb = spn_tensor_nbytes(&s->t);
+    spn_buffer_t *nbuf = NULL;
+    if ((rc = host->buffer_new(stage, nb, &nbuf, &err)) != SPN_OK) {
+      job_fail(stage, j, rc, err.msg);
+      continue;
+    }
+    memcpy(host->buffer_data(nbuf), host->buffer_data(s->buf), nb);
+    spn_image_t img = SPN_IMAGE_INIT;
+    rc = spn_image_wrap(&img, host->buffer_data(nbuf), (int32_t)s->t.shape[1], (int32_t)s->t.shape[0],
+                        SPN_PIXFMT_RGB24, &err);
+    if (rc == SPN_OK)
+      rc = spn_w2l_paste(&img, &s->rect, st->out_buf + i * osz, (float)st->cfg->feather, &err);
+    if (rc != SPN_OK) {
+      host->buffer_unref(&nbuf);
+      char msg[SPN_ERROR_MSG_MAX + 64];
+      snprintf(msg, sizeof msg, "seq %llu: %s", (unsigned long long)s->env.seq, err.msg);
+      job_fail(stage, j, rc, msg);
+      continue;
+    }
+    host->buffer_unref(&s->buf);
+    s->buf = nbuf;
+    s->done = true;
+  }
+}
+
+/* Run every runnable slot of `only` (or of all jobs when NULL), in batches. */
+static void run_ready(spn_stage_t *stage, ls_state_t *st, ls_job_t *only) {
+  size_t n = 0;
+  for (ls_job_t *j = only ? only : st->jobs; j; j = only ? NULL : j->next) {
+    if (j->failed)
+      continue;
+    for (size_t k = 0; k < j->cap; k++) {
+      ls_slot_t *s = slot_at(j, k);
+      if (!s)
+        continue;
+      slot_settle(j, s);
+      if (s->done || !s->have_frame || !s->have_mel)
+        continue;
+      st->run[n] = s;
+      st->run_job[n] = j;
+      if (++n == st->bs) {
+        run_batch(stage, st, n);
+        n = 0;
+      }
+    }
+  }
+  if (n)
+    run_batch(stage, st, n);
+}
+
+/* ---- output --------------------------------------------------------------------------- */
+
+static int32_t emit_slot(spn_stage_t *stage, ls_slot_t *s, spn_error_t *err) {
+  spn_msg_t *m = NULL;
+  int32_t rc = host->msg_new(stage, &s->env, &m, err);
+  if (rc != SPN_OK)
+    return rc;
+  if ((rc = host->msg_add_tensor(m, "frame", &s->t, s->buf, err)) != SPN_OK)
+    goto out_msg;
+  if (s->has_faces_item &&
+      (rc = host->msg_add_meta(m, "faces", s->faces, s->n_faces * sizeof(spn_face_t), err)) != SPN_OK)
+    goto out_msg;
+  return host->emit(stage, 0, &m, err);
+out_msg:
+  host->msg_free(&m);
+  return rc;
+}
+
+/* Emit the done slots at the head of the window. At the end of the job
+ * (`ended`), also move past seqs that never came (a frame dropped upstream
+ * with a SKIP the runtime forwards itself) and drop mel-only slots. */
+static int32_t emit_ready(spn_stage_t *stage, ls_job_t *j, spn_error_t *err) {
+  while (!j->failed && j->cap) {
+    ls_slot_t **sp = &j->win[j->head];
+    ls_slot_t *s = *sp;
+    if (!s) {
+      if (!j->ended)
+        return SPN_OK;
+      bool any = false;
+      for (size_t k = 1; k < j->cap && !any; k++)
+        any = slot_at(j, k) != NULL;
+      if (!any)
+        return SPN_OK;
+    } else if (s->have_frame) {
+      slot_settle(j, s);
+      if (!s->done)
+        return SPN_OK;
+      int32_t rc = emit_slot(stage, s, err);
+      if (rc != SPN_OK)
+        return rc;
+    } else if (!j->ended) {
+      return SPN_OK; /* a mel chunk waiting for its frame */
+    }
+    slot_free(sp);
+    j->head = (j->head + 1) % j->cap;
+    j->next_emit++;
+  }
+  return SPN_OK;
+}
+
+/* ---- callbacks ------------------------------------------------------------------------ */
+
+static void ls_destroy(spn_stage_t *stage, void *state);
+
+static int32_t ls_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
+  const ls_config_t *cfg = config;
+  /* Fail early, with what to do, when the model file is not there: the
+   * usual first run of this pipeline. */
+  if (!cfg->model || access(cfg->model, R_OK) != 0) {
+    int e = errno;
+    return spn_error_set(err, SPN_ENOENT,
+                         "lipsync: model \"%s\": %s. Export a Wav2Lip checkpoint to ONNX with "
+                         "`python3 tools/export/export.py wav2lip wav2lip_gan.pth wav2lip.onnx` "
+                         "(see docs/pipelines.md) and set `model` to its path",
+                         cfg->model ? cfg->model : "", cfg->model ? strerror(e) : "not set");
+  }
+  ls_state_t *st = calloc(1, sizeof *st);
+  if (!st)
+    return spn_error_set(err, SPN_ENOMEM, "lipsync: out of memory");
+  st->cfgv = *cfg;
+  st->cfg = &st->cfgv;
+  st->pads = (spn_w2l_pads_t){(int32_t)cfg->pad_top, (int32_t)cfg->pad_bottom, (int32_t)cfg->pad_left,
+                              (int32_t)cfg->pad_right};
+  st->bs = (size_t)cfg->batch_size;
+  st->face_buf = malloc(st->bs * SPN_W2L_FACE_FLOATS * sizeof(float));
+  st->mel_buf = malloc(st->bs * SPN_W2L_MEL_FLOATS * sizeof(float));
+  st->out_buf = malloc(st->bs * SPN_W2L_OUT_FLOATS * sizeof(float));
+  st->run = malloc(st->bs * sizeof *st->run);
+  st->run_job = malloc(st->bs * sizeof *st->run_job);
+  if (!st->face_buf || !st->mel_buf || !st->out_buf || !st->run || !st->run_job) {
+    ls_destroy(stage, st);
+    return spn_error_set(err, SPN_ENOMEM, "lipsync: out of memory for a batch of %zu faces", (size_t)cfg->batch_size);
+  }
+  *state = st;
+  return SPN_OK;
+}
+
+/* Which model input is which: by shape ((N,6,96,96) face, (N,1,80,16)
+ * mel), else by name. */
+static int32_t ls_bind_model(ls_state_t *st, const char *path, spn_error_t *err) {
+  int32_t nin = host->model_io_count(st->model, false), nout = host->model_io_count(st->model, true);
+  if (nin != 2 || nout < 1)
+    return spn_error_set(err, SPN_EINVAL,
+                         "lipsync: model \"%s\" has %d inputs and %d outputs; Wav2Lip has 2 (mel, face) and 1",
+                         path, nin, nout);
+  st->in_face = st->in_mel = -1;
+  for (int32_t i = 0; i < 2; i++) {
+    const char *name = NULL;
+    spn_tensor_t d = SPN_TENSOR_INIT;
+    if (host->model_io(st->model, false, i, &name, &d) != SPN_OK)
+      return spn_error_set(err, SPN_EINVAL, "lipsync: model \"%s\": cannot read input %d", path, i);
+    if (d.ndim == 4 && d.shape[1] == 6)
+      st->in_face = i;
+    else if (d.ndim == 4 && d.shape[1] == 1 && d.shape[2] == SPN_W2L_MEL_BINS)
+      st->in_mel = i;
+    else if (name && (strstr(name, "face") || strstr(name, "img")))
+      st->in_face = i;
+    else if (name && (strstr(name, "mel") || strstr(name, "audio")))
+      st->in_mel = i;
+  }
+  if (st->in_face < 0 || st->in_mel < 0 || st->in_face == st->in_mel)
+    return spn_error_set(err, SPN_EINVAL,
+                         "lipsync: model \"%s\": cannot tell its inputs apart; want face (N,6,96,96) and "
+                         "mel (N,1,80,16)",
+                         path);
+  const char *oname = NULL;
+  spn_tensor_t od = SPN_TENSOR_INIT;
+  if (host->model_io(st->model, true, 0, &oname, &od) != SPN_OK || od.ndim != 4 ||
+      (od.shape[1] >= 0 && od.shape[1] != 3) || (od.shape[2] >= 0 && od.shape[2] != SPN_W2L_SIZE) ||
+      (od.shape[3] >= 0 && od.shape[3] != SPN_W2L_SIZE))
+    return spn_error_set(err, SPN_EINVAL, "lipsync: model \"%s\": output 0 must be (N,3,96,96)", path);
+  return SPN_OK;
+}
+
+static int32_t ls_preload(spn_stage_t *stage, void *state, spn_error_t *err) {
+  ls_state_t *st = state;
+  int32_t rc = host->model_load(stage, st->cfg->model, &st->model, err);
+  if (rc != SPN_OK)
+    return rc;
+  return ls_bind_model(st, st->cfg->model, err);
+}
+
+static int32_t ls_job_open(spn_stage_t *stage, void *state, const spn_job_info_t *job, void **job_state,
+                           spn_error_t *err) {
+  (void)stage;
+  ls_state_t *st = state;
+  ls_job_t *j = calloc(1, sizeof *j);
+  if (!j)
+    return spn_error_set(err, SPN_ENOMEM, "lipsync: out of memory opening job %llu",
+                         (unsigned long long)job->job_id);
+  j->job_id = job->job_id;
+  j->mel_total = -1;
+  j->next = st->jobs;
+  st->jobs = j;
+  *job_state = j;
+  return SPN_OK;
+}
+
+static int32_t ls_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
+                          spn_error_t *err) {
+  ls_state_t *st = state;
+  if (!st->model)
+    return spn_error_set(err, SPN_EINVAL, "lipsync: no model loaded (preload did not run)");
+  for (size_t i = 0; i < n; i++) {
+    ls_job_t *j = job_states[i];
+    if (!j || j->failed || !msgs[i])
+      continue;
+    int64_t f = host->msg_find(msgs[i], "frame");
+    int64_t m = f < 0 ? host->msg_find(msgs[i], "mel") : -1;
+    if (f >= 0)
+      take_frame(stage, st, j, msgs[i], f);
+    else if (m >= 0)
+      take_mel(stage, j, msgs[i], m);
+    else {
+      char why[160];
+      snprintf(why, sizeof why, "seq %llu: message has neither a \"frame\" nor a \"mel\" item",
+               (unsigned long long)host->msg_envelope(msgs[i])->seq);
+      job_fail(stage, j, SPN_EINVAL, why);
+    }
+  }
+  run_ready(stage, st, NULL);
+  for (ls_job_t *j = st->jobs; j; j = j->next) {
+    int32_t rc = emit_ready(stage, j, err);
+    if (rc != SPN_OK)
+      return rc;
+  }
+  return SPN_OK;
+}
+
+static int32_t ls_flush(spn_stage_t *stage, void *state, void *job_state, spn_error_t *err) {
+  ls_state_t *st = state;
+  ls_job_t *j = job_state;
+  if (!j || j->failed)
+    return SPN_OK;
+  j->ended = true;
+  if (st->model)
+    run_ready(stage, st, j);
+  return emit_ready(stage, j, err);
+}
+
+static void ls_job_close(spn_stage_t *stage, void *state, void *job_state, bool ok) {
+  (void)stage;
+  (void)ok;
+  ls_state_t *st = state;
+  ls_job_t *j = job_state;
+  if (!j)
+    return;
+  for (ls_job_t **pp = &st->jobs; *pp; pp = &(*pp)->next)
+    if (*pp == j) {
+      *pp = j->next;
+      break;
+    }
+  for (size_t k = 0; k < j->cap; k++)
+    slot_free(&j->win[k]);
+  free(j->win);
+  free(j);
+}
+
+static void ls_destroy(spn_stage_t *stage, void *state) {
+  ls_state_t *st = state;
+  if (!st)
+    return;
+  while (st->jobs)
+    ls_job_close(stage, st, st->jobs, false);
+  if (st->model)
+    host->model_release(stage, &st->model);
+  free(st->face_buf);
+  free(st->mel_buf);
+  free(st->out_buf);
+  free(st->run);
+  free(st->run_job);
+  free(st);
+}
+
+static int32_t ls_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
+  host = h;
+  static const spn_stage_kind_t kind = {
+      .struct_size = sizeof(spn_stage_kind_t),
+      .name = "lipsync",
+      .doc = "Wav2Lip: redraws the mouth of each frame's face from its mel chunk",
+      .schema = ls_schema,
+      .config_size = sizeof(ls_config_t),
+      .inputs = ls_inputs,
+      .n_inputs = 2,
+      .outputs = ls_outputs,
+      .n_outputs = 1,
+      .device_need = SPN_NEED_CPU,
+      .max_batch = 128,
+      .max_delay_ms = 10,
+      .create = ls_create,
+      .preload = ls_preload,
+      .job_open = ls_job_open,
+      .process = ls_process,
+      .flush = ls_flush,
+      .job_close = ls_job_close,
+      .destroy = ls_destroy,
+  };
+  return h->register_kind(plugin, &kind, err);
+}
+
+SPN_PLUGIN_DEFINE(lipsync, .version = "1.0", .license = "Apache-2.0", .init = ls_init)
