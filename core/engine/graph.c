@@ -418,9 +418,27 @@ static int32_t fold_batchnorm(spn_model_t *m, spn_error_t *err) {
   return SPN_OK;
 }
 
+/* Same rank and dims at both probes: a residual add can be a post-op only
+ * when its addend is exactly the conv output's shape (a broadcast addend,
+ * e.g. (N,C,1,1), must stay a separate Add). */
+static bool same_probed_shape(const spn_rt_val_t *pa, const spn_rt_val_t *pb, int x, int y) {
+  if (!pa || !pb)
+    return false;
+  for (int t = 0; t < 2; t++) {
+    const spn_rt_val_t *v = t ? pb : pa;
+    if (v[x].ndim != v[y].ndim || v[x].ndim < 0)
+      return false;
+    for (int d = 0; d < v[x].ndim; d++)
+      if (v[x].shape[d] != v[y].shape[d])
+        return false;
+  }
+  return true;
+}
+
 /* Activations and residual adds following a Conv/ConvTranspose become
- * post-ops of it. */
-static void fuse_post_ops(spn_model_t *m) {
+ * post-ops of it. pa/pb are the values' shapes at two probe sizes (NULL
+ * when they could not be inferred: then no add is fused). */
+static void fuse_post_ops(spn_model_t *m, const spn_rt_val_t *pa, const spn_rt_val_t *pb) {
   for (int i = 0; i < m->n_node; i++) {
     spn_node_t *c = &m->nodes[i];
     if (c->dead || (c->op != SPN_OP_CONV && c->op != SPN_OP_CONVT) || c->n_out != 1)
@@ -492,6 +510,8 @@ static void fuse_post_ops(spn_model_t *m) {
           break;
         int other = a->in[0] == c->out[0] ? a->in[1] : a->in[0];
         if (other < 0 || other == c->out[0] || m->vals[other].kind == SPN_VAL_CONST)
+          break;
+        if (!same_probed_shape(pa, pb, other, a->out[0]) || !same_probed_shape(pa, pb, c->out[0], a->out[0]))
           break;
         /* The addend must exist when the conv runs. */
         int prod = m->vals[other].producer;
@@ -629,6 +649,36 @@ static int32_t infer_all(spn_model_t *m, spn_rt_val_t *rv, int64_t dyn, int64_t 
   return SPN_OK;
 }
 
+/* Shapes of every value at two probe sizes: batch 1 and 2, dynamic spatial
+ * dims at 64 and 96 (FLOPs are reported at batch 1 and 64); a model that
+ * needs other sizes is probed at 1 and 2. On success *pa and *pb are the
+ * caller's (rt_free). */
+static int32_t probe_shapes(spn_model_t *m, spn_rt_val_t **pa, spn_rt_val_t **pb, spn_error_t *err) {
+  static const int64_t dims[2][2] = {{SPN_PROBE_DIM, SPN_PROBE_DIM + 32}, {1, 2}};
+  int32_t rc = SPN_OK;
+  for (int t = 0; t < 2; t++) {
+    spn_rt_val_t *a = rt_new(m), *b = rt_new(m);
+    if (!a || !b) {
+      rt_free(m, a);
+      rt_free(m, b);
+      return spn_error_set(err, SPN_ENOMEM, "out of memory");
+    }
+    if (t)
+      spn_error_clear(err);
+    rc = infer_all(m, a, 1, dims[t][0], err);
+    if (!rc)
+      rc = infer_all(m, b, 2, dims[t][1], err);
+    if (!rc) {
+      *pa = a;
+      *pb = b;
+      return SPN_OK;
+    }
+    rt_free(m, a);
+    rt_free(m, b);
+  }
+  return rc;
+}
+
 int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
   int32_t rc;
   if (pthread_mutex_init(&m->pool_lock, NULL))
@@ -652,7 +702,16 @@ int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
   if (fuse) {
     if ((rc = fold_batchnorm(m, err)))
       return rc;
-    fuse_post_ops(m);
+    /* Probe shapes of the unfused graph so fusion can check them; a model
+     * whose shapes cannot be probed still runs, unfused adds and all. */
+    spn_rt_val_t *pa = NULL, *pb = NULL;
+    spn_error_t perr = SPN_ERROR_INIT;
+    mark_shape_class(m);
+    if (probe_shapes(m, &pa, &pb, &perr) != SPN_OK)
+      pa = pb = NULL;
+    fuse_post_ops(m, pa, pb);
+    rt_free(m, pa);
+    rt_free(m, pb);
   }
   remove_dead(m);
   mark_shape_class(m);
@@ -664,32 +723,8 @@ int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
     m->n_live_nodes += !m->nodes[i].dead;
   /* Static shapes for inspection: infer at batch 1 and 2; dims that move
    * with the batch are dynamic (-1). */
-  spn_rt_val_t *a = rt_new(m), *b = rt_new(m);
-  if (!a || !b) {
-    rt_free(m, a);
-    rt_free(m, b);
-    return spn_error_set(err, SPN_ENOMEM, "out of memory");
-  }
-  /* Dynamic spatial dims are probed at 64 and 96 (FLOPs are reported at
-   * batch 1 and 64); a model that needs other sizes is probed at 1 and 2. */
-  rc = infer_all(m, a, 1, SPN_PROBE_DIM, err);
-  if (!rc)
-    rc = infer_all(m, b, 2, SPN_PROBE_DIM + 32, err);
-  if (rc) {
-    rt_free(m, a);
-    rt_free(m, b);
-    a = rt_new(m);
-    b = rt_new(m);
-    if (!a || !b) {
-      rt_free(m, a);
-      rt_free(m, b);
-      return spn_error_set(err, SPN_ENOMEM, "out of memory");
-    }
-    spn_error_clear(err);
-    rc = infer_all(m, a, 1, 1, err);
-    if (!rc)
-      rc = infer_all(m, b, 2, 2, err);
-  }
+  spn_rt_val_t *a = NULL, *b = NULL;
+  rc = probe_shapes(m, &a, &b, err);
   if (rc) {
     spn_error_prefix(err, "%s: shape inference", m->path);
   } else {

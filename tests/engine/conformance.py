@@ -93,6 +93,12 @@ def op_cases():
                                    {"x": x4}, [("y", F)], {"w": rnd(8, 8, 3, 3) * 0.3, "b": rnd(8), **bn})
     c["conv_add_lrelu_fused"] = case([N("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), N("Add", ["c", "x"], ["d"]), N("LeakyRelu", ["d"], ["y"], alpha=0.2)],
                                      {"x": x4}, [("y", F)], {"w": rnd(8, 8, 3, 3) * 0.3})
+    # A broadcast addend after a conv must not be fused as a residual add
+    # (it once was, reading past the (N,C,1,1) operand), either way round.
+    c["conv_add_broadcast_nc11"] = case([N("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), N("Add", ["c", "s"], ["y"])],
+                                        {"x": rnd(2, 6, 8, 8), "s": rnd(2, 3, 1, 1)}, [("y", F)], {"w": rnd(3, 6, 3, 3) * 0.3})
+    c["conv_1x1_out_add_broadcast_up"] = case([N("Conv", ["x", "w"], ["c"]), N("Add", ["c", "z"], ["y"])],
+                                              {"x": rnd(2, 6, 1, 1), "z": rnd(2, 3, 5, 5)}, [("y", F)], {"w": rnd(3, 6, 1, 1)})
     c["conv_clip_sigmoid"] = case([N("Conv", ["x", "w"], ["c"]), N("Clip", ["c", "lo", "hi"], ["d"]), N("Sigmoid", ["d"], ["y"])],
                                   {"x": x4}, [("y", F)], {"w": rnd(8, 8, 1, 1), "lo": np.array(-0.5, np.float32), "hi": np.array(0.6, np.float32)})
     c["conv_tanh_shared_output"] = case([N("Conv", ["x", "w"], ["c"]), N("Tanh", ["c"], ["y"]), N("Relu", ["c"], ["z"])],
