@@ -69,7 +69,9 @@ static const spn_config_field_t k_schema[] = {
     {.key = NULL},
 };
 
-static const spn_port_t k_inputs[] = {{.name = "video", .type = "video"}};
+/* "any": plain video (decode, lipsync) or facedetect's "faces" stream, which is
+ * the same frames with a "faces" item added (region = "faces" needs it). */
+static const spn_port_t k_inputs[] = {{.name = "video", .type = "any"}};
 static const spn_port_t k_outputs[] = {{.name = "video", .type = "video"}};
 
 typedef struct sr_state {
