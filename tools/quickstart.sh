@@ -20,6 +20,12 @@ fi
 if [ -d build ]; then meson setup --reconfigure build >/dev/null; else meson setup build >/dev/null; fi
 ninja -C build
 
-# The main pipeline (see docs/pipelines.md for the others).
-main_config=${SPINDLE_QUICKSTART_CONFIG:-configs/synthetic.toml}
-exec ./build/core/cli/spindle run "$main_config" "$@"
+# The main pipeline (see docs/pipelines.md for the others): enhance the sample
+# clip's faces into enhanced.mp4 in the repository root.
+main_config=${SPINDLE_QUICKSTART_CONFIG:-configs/enhance.toml}
+./build/core/cli/spindle run "$main_config" "$@"
+if [ "$main_config" = configs/enhance.toml ]; then
+  out=enhanced.mp4
+  for a in "$@"; do case "$a" in encode.path=*) out=${a#encode.path=} ;; esac; done
+  echo "wrote $(cd "$(dirname "$out")" && pwd)/$(basename "$out")"
+fi

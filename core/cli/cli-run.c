@@ -51,6 +51,17 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* A stage's busy time as a fraction of all stages' busy time (0 when none). */
+static double stage_share(const spn_pipeline_t *pipe, uint64_t ns) {
+  uint64_t total = 0;
+  for (size_t i = 0; i < spn_pipeline_stage_count(pipe); i++) {
+    uint64_t t = 0;
+    spn_pipeline_stage_time(pipe, i, &t);
+    total += t;
+  }
+  return total ? (double)ns / (double)total : 0.0;
+}
+
 /* Config and input problems are the user's to fix (2); anything else that
  * stops a pipeline from starting (a device, a model) is a failure (1). */
 static int load_exit_code(int32_t status) {
@@ -162,10 +173,23 @@ int spn_cli_run(int argc, char **argv) {
       printf(",\"error\":");
       json_string(stdout, st.msg[0] ? st.msg : err.msg);
     }
-    printf("}\n");
+    printf(",\"stages\":[");
+    for (size_t i = 0; i < spn_pipeline_stage_count(pipe); i++) {
+      uint64_t ns = 0;
+      const char *name = spn_pipeline_stage_time(pipe, i, &ns);
+      printf("%s{\"name\":", i ? "," : "");
+      json_string(stdout, name ? name : "");
+      printf(",\"busy_ms\":%.3f,\"share\":%.4f}", (double)ns / 1e6, stage_share(pipe, ns));
+    }
+    printf("]}\n");
   } else {
     printf("%s: job %llu %s: %lld frames in %.2f s (%.1f frames/s)\n", spn_pipeline_name(pipe),
            (unsigned long long)spn_job_id(job), what, frames, elapsed, fps);
+    for (size_t i = 0; i < spn_pipeline_stage_count(pipe); i++) {
+      uint64_t ns = 0;
+      const char *name = spn_pipeline_stage_time(pipe, i, &ns);
+      printf("  stage %-16s %10.1f ms %5.1f%%\n", name ? name : "", (double)ns / 1e6, 100.0 * stage_share(pipe, ns));
+    }
     if (status != SPN_OK)
       fprintf(stderr, "spindle run: %s\n", st.msg[0] ? st.msg : err.msg);
   }

@@ -375,7 +375,9 @@ static void finish_job(spn_stage_t *a, spn__ajob_t *aj) {
   if (ajob_ok(aj) && aj->opened && k->flush && !a->is_source) {
     spn_error_t err = SPN_ERROR_INIT;
     a->cur_job = aj;
+    uint64_t t0 = spn__now_ns();
     int32_t rc = k->flush(a, a->state, aj->job_state, &err);
+    atomic_fetch_add(&a->srt->busy_ns, spn__now_ns() - t0);
     a->cur_job = NULL;
     if (rc < 0)
       fail_job(a, aj, rc, err.msg);
@@ -668,8 +670,11 @@ static bool actor_batch(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
     const spn_stage_kind_t *k = a->srt->kind;
     int32_t rc = SPN_OK;
     spn_error_t err = SPN_ERROR_INIT;
-    if (k->process)
+    if (k->process) {
+      uint64_t t0 = spn__now_ns();
       rc = k->process(a, a->state, a->b_msgs, a->b_states, cnt, &err);
+      atomic_fetch_add(&a->srt->busy_ns, spn__now_ns() - t0);
+    }
     if (rc < 0)
       for (uint32_t i = 0; i < cnt; i++)
         fail_job(a, a->b_rx[i].aj, rc, err.msg);
@@ -744,7 +749,9 @@ static bool actor_generate(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
       break;
     spn_error_t err = SPN_ERROR_INIT;
     a->cur_job = aj;
+    uint64_t t0 = spn__now_ns();
     int32_t rc = k->generate ? k->generate(a, a->state, aj->job_state, &err) : SPN_EOS;
+    atomic_fetch_add(&a->srt->busy_ns, spn__now_ns() - t0);
     a->cur_job = NULL;
     did = true;
     if (rc == SPN_EOS) {

@@ -451,6 +451,16 @@ void spn_pipeline_free(spn_pipeline_t **pp) {
 
 const char *spn_pipeline_name(const spn_pipeline_t *pipe) { return pipe->spec->name ? pipe->spec->name : ""; }
 
+size_t spn_pipeline_stage_count(const spn_pipeline_t *pipe) { return pipe ? pipe->n_stages : 0; }
+
+const char *spn_pipeline_stage_time(const spn_pipeline_t *pipe, size_t i, uint64_t *busy_ns) {
+  if (!pipe || i >= pipe->n_stages)
+    return NULL;
+  if (busy_ns)
+    *busy_ns = atomic_load(&pipe->stages[i].busy_ns);
+  return pipe->stages[i].spec->name;
+}
+
 size_t spn_pipeline_binding_count(const spn_pipeline_t *pipe, spn_binding_kind_t kind) {
   size_t n = 0;
   for (size_t i = 0; i < pipe->spec->n_bindings; i++)

@@ -157,6 +157,7 @@ typedef struct spn__stage_rt {
   uint32_t n_replicas;
   uint32_t max_batch, max_delay_ms;
   bool terminal; /* no outgoing edge: acknowledges EOS to the job */
+  _Atomic uint64_t busy_ns; /* wall time in process/generate/flush, all replicas, all jobs */
 } spn__stage_rt_t;
 
 struct spn_stage {

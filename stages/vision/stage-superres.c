@@ -8,16 +8,26 @@
  * along; a "faces" item has its boxes and landmarks scaled by s so they still
  * point at the faces. Messages without a frame are forwarded untouched.
  *
+ * With `region = "faces"` only the faces are run through the model: the
+ * output frame is the input upscaled bilinearly (spn_image_resize), and each
+ * box of the "faces" item, grown by `face_margin` of its width/height on each
+ * side and clamped to the frame, is cut out, upscaled by the model (tiled),
+ * and pasted over the bilinear frame with a feathered edge of `feather`
+ * output pixels (spn_image_feather_mask + spn_image_paste). A frame without
+ * faces is only upscaled bilinearly.
+ *
  * The model is loaded once per instance in create() (the engine shares it
  * between instances on a device). With `model` empty the embedded
  * espcn-x2.onnx installed with Spindle is used. A bad frame or a failing
  * model run fails that frame's job only.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "spindle/image.h"
 #include "spindle/plugin.h"
 
 #include "plugin-vision.h"
@@ -32,6 +42,9 @@ typedef struct sr_config {
   int64_t scale;
   int64_t tile;
   int64_t tile_pad;
+  char *region;
+  double face_margin;
+  double feather;
 } sr_config_t;
 
 static const spn_config_field_t k_schema[] = {
@@ -44,10 +57,21 @@ static const spn_config_field_t k_schema[] = {
     {.key = "tile_pad", .type = SPN_CONFIG_INT, .offset = offsetof(sr_config_t, tile_pad),
      .doc = "context pixels around each tile (>= the model's receptive radius: no seams)", .def_int = 10, .min = 0,
      .max = 512},
+    {.key = "region", .type = SPN_CONFIG_STRING, .offset = offsetof(sr_config_t, region),
+     .doc = "what the model upscales: \"frame\" (all of it) or \"faces\" (the \"faces\" boxes; the rest bilinear)",
+     .def_str = "frame"},
+    {.key = "face_margin", .type = SPN_CONFIG_FLOAT, .offset = offsetof(sr_config_t, face_margin),
+     .doc = "region = \"faces\": fraction of a box's width/height added on each side", .def_float = 0.25,
+     .min = 0, .max = 4},
+    {.key = "feather", .type = SPN_CONFIG_FLOAT, .offset = offsetof(sr_config_t, feather),
+     .doc = "region = \"faces\": width in output pixels of the blended edge of a pasted face", .def_float = 8,
+     .min = 0, .max = 256},
     {.key = NULL},
 };
 
-static const spn_port_t k_inputs[] = {{.name = "video", .type = "video"}};
+/* "any": plain video (decode, lipsync) or facedetect's "faces" stream, which is
+ * the same frames with a "faces" item added (region = "faces" needs it). */
+static const spn_port_t k_inputs[] = {{.name = "video", .type = "any"}};
 static const spn_port_t k_outputs[] = {{.name = "video", .type = "video"}};
 
 typedef struct sr_state {
@@ -57,6 +81,9 @@ typedef struct sr_state {
   spn_tile_params_t tp;
   float *in, *out; /* planar float frames, reused */
   size_t in_cap, out_cap;
+  bool faces_only;   /* region = "faces" */
+  double margin;     /* face_margin */
+  float feather;     /* feather, output pixels */
 } sr_state_t;
 
 static int32_t sr_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
@@ -69,11 +96,20 @@ static int32_t sr_create(spn_stage_t *stage, const void *config, void **state, s
     return hc;
   if (!host->model_load || !host->model_run)
     return spn_error_set(err, SPN_EUNSUPPORTED, "superres: the host has no model engine");
+  bool faces_only = false;
+  if (cfg->region && !strcmp(cfg->region, "faces"))
+    faces_only = true;
+  else if (cfg->region && cfg->region[0] && strcmp(cfg->region, "frame"))
+    return spn_error_set(err, SPN_EINVAL, "superres %s: key \"region\" must be \"frame\" or \"faces\", not \"%s\"",
+                         host->stage_get_name ? host->stage_get_name(stage) : "", cfg->region);
   sr_state_t *st = calloc(1, sizeof *st);
   if (!st)
     return spn_error_set(err, SPN_ENOMEM, "superres: out of memory");
   st->host = host;
   st->stage = stage;
+  st->faces_only = faces_only;
+  st->margin = cfg->face_margin;
+  st->feather = (float)cfg->feather;
   const char *path = cfg->model && cfg->model[0] ? cfg->model : SPN_VISION_DEFAULT_SR_MODEL;
   int32_t rc = host->model_load(stage, path, &st->model, err);
   if (rc != SPN_OK) {
@@ -126,6 +162,66 @@ static int grow(float **p, size_t *cap, size_t n) {
   return 0;
 }
 
+/* Run the model (tiled) on src (RGB24, w x h) into dst (RGB24, s*w x s*h). */
+static int32_t model_upscale(sr_state_t *st, const spn_image_t *src, spn_image_t *dst, spn_error_t *err) {
+  int32_t H = src->height, W = src->width, s = st->tp.scale;
+  size_t n = (size_t)H * W, on = n * (size_t)s * s;
+  if (grow(&st->in, &st->in_cap, 3 * n) || grow(&st->out, &st->out_cap, 3 * on))
+    return spn_error_set(err, SPN_ENOMEM, "superres: out of memory");
+  for (int32_t y = 0; y < H; y++) {
+    const uint8_t *row = src->data[0] + y * src->stride[0];
+    for (int32_t x = 0; x < W; x++)
+      for (int c = 0; c < 3; c++)
+        st->in[c * n + (size_t)y * W + x] = (float)row[3 * x + c] / 255.0f;
+  }
+  int32_t rc = spn_tile_run(st->in, H, W, &st->tp, run_tile, st, st->out, err);
+  if (rc != SPN_OK)
+    return rc;
+  int32_t OW = W * s, OH = H * s;
+  for (int32_t y = 0; y < OH; y++) {
+    uint8_t *row = dst->data[0] + y * dst->stride[0];
+    for (int32_t x = 0; x < OW; x++)
+      for (int c = 0; c < 3; c++) {
+        float v = st->out[c * on + (size_t)y * OW + x];
+        v = v < 0.f ? 0.f : (v > 1.f ? 1.f : v);
+        row[3 * x + c] = (uint8_t)(v * 255.0f + 0.5f);
+      }
+  }
+  return SPN_OK;
+}
+
+/* region = "faces": upscale one face's box (grown by the margin, clamped) with
+ * the model and paste it over dst with a feathered edge. Boxes that are not
+ * finite or fall outside the frame are skipped. */
+static int32_t paste_face(sr_state_t *st, const spn_image_t *src, spn_image_t *dst, const spn_face_t *f,
+                          spn_error_t *err) {
+  if (!isfinite(f->x0) || !isfinite(f->y0) || !isfinite(f->x1) || !isfinite(f->y1) || f->x1 <= f->x0 ||
+      f->y1 <= f->y0)
+    return SPN_OK;
+  double mx = st->margin * (f->x1 - f->x0), my = st->margin * (f->y1 - f->y0);
+  double fx0 = floor(f->x0 - mx), fy0 = floor(f->y0 - my), fx1 = ceil(f->x1 + mx), fy1 = ceil(f->y1 + my);
+  int32_t x0 = fx0 < 0 ? 0 : (fx0 > src->width ? src->width : (int32_t)fx0);
+  int32_t y0 = fy0 < 0 ? 0 : (fy0 > src->height ? src->height : (int32_t)fy0);
+  int32_t x1 = fx1 < 0 ? 0 : (fx1 > src->width ? src->width : (int32_t)fx1);
+  int32_t y1 = fy1 < 0 ? 0 : (fy1 > src->height ? src->height : (int32_t)fy1);
+  if (x1 - x0 < 1 || y1 - y0 < 1)
+    return SPN_OK;
+  int32_t s = st->tp.scale, rc;
+  spn_image_t crop = SPN_IMAGE_INIT, up = SPN_IMAGE_INIT, mask = SPN_IMAGE_INIT;
+  if ((rc = spn_image_crop(src, x0, y0, x1 - x0, y1 - y0, &crop, err)) != SPN_OK)
+    return rc;
+  if ((rc = spn_image_alloc(&up, (x1 - x0) * s, (y1 - y0) * s, SPN_PIXFMT_RGB24, err)) != SPN_OK)
+    return rc;
+  if ((rc = spn_image_alloc(&mask, up.width, up.height, SPN_PIXFMT_GRAYF32, err)) != SPN_OK)
+    goto out_up;
+  if ((rc = model_upscale(st, &crop, &up, err)) == SPN_OK && (rc = spn_image_feather_mask(&mask, st->feather, err)) == SPN_OK)
+    rc = spn_image_paste(dst, &up, x0 * s, y0 * s, &mask, err);
+  spn_image_release(&mask);
+out_up:
+  spn_image_release(&up);
+  return rc;
+}
+
 /* Build the upscaled message for one frame; *out receives it. */
 static int32_t upscale(sr_state_t *st, spn_msg_t *msg, int64_t fidx, spn_msg_t **out, spn_error_t *err) {
   const spn_host_api_t *h = st->host;
@@ -142,28 +238,33 @@ static int32_t upscale(sr_state_t *st, spn_msg_t *msg, int64_t fidx, spn_msg_t *
     return spn_error_set(err, SPN_ETYPE,
                          "superres: frame %llu: item \"frame\" must be a (H,W,3) u8 RGB tensor in host memory", seq);
   int32_t H = (int32_t)t->shape[0], W = (int32_t)t->shape[1], s = st->tp.scale;
-  size_t n = (size_t)H * W, on = n * (size_t)s * s;
-  if (grow(&st->in, &st->in_cap, 3 * n) || grow(&st->out, &st->out_cap, 3 * on))
-    return spn_error_set(err, SPN_ENOMEM, "superres: out of memory");
-  const uint8_t *rgb = t->data;
-  for (size_t i = 0; i < n; i++)
-    for (int c = 0; c < 3; c++)
-      st->in[c * n + i] = (float)rgb[3 * i + c] / 255.0f;
-  rc = spn_tile_run(st->in, H, W, &st->tp, run_tile, st, st->out, err);
-  if (rc != SPN_OK)
-    return spn_error_prefix(err, "superres: frame %llu", seq);
-
+  size_t on = (size_t)H * W * (size_t)s * s;
   spn_buffer_t *buf = NULL;
   spn_msg_t *m = NULL;
   if ((rc = h->buffer_new(st->stage, 3 * on, &buf, err)) != SPN_OK)
     return rc;
   uint8_t *o = h->buffer_data(buf);
-  for (size_t i = 0; i < on; i++)
-    for (int c = 0; c < 3; c++) {
-      float v = st->out[c * on + i];
-      v = v < 0.f ? 0.f : (v > 1.f ? 1.f : v);
-      o[3 * i + c] = (uint8_t)(v * 255.0f + 0.5f);
+  spn_image_t src = SPN_IMAGE_INIT, dst = SPN_IMAGE_INIT;
+  if ((rc = spn_image_wrap(&src, t->data, W, H, SPN_PIXFMT_RGB24, err)) != SPN_OK ||
+      (rc = spn_image_wrap(&dst, o, W * s, H * s, SPN_PIXFMT_RGB24, err)) != SPN_OK)
+    goto out_buf;
+  if (!st->faces_only) {
+    rc = model_upscale(st, &src, &dst, err);
+  } else {
+    rc = spn_image_resize(&src, &dst, SPN_INTERP_BILINEAR, err);
+    int64_t fi = h->msg_find(msg, "faces");
+    spn_item_t fit = {.struct_size = sizeof fit};
+    if (rc == SPN_OK && fi >= 0 && h->msg_item(msg, (size_t)fi, &fit) == SPN_OK && fit.meta &&
+        fit.meta_size % sizeof(spn_face_t) == 0) {
+      const spn_face_t *faces = fit.meta;
+      for (size_t k = 0; rc == SPN_OK && k < fit.meta_size / sizeof(spn_face_t); k++)
+        rc = paste_face(st, &src, &dst, &faces[k], err);
     }
+  }
+  if (rc != SPN_OK) {
+    spn_error_prefix(err, "superres: frame %llu", seq);
+    goto out_buf;
+  }
   spn_tensor_t ot = SPN_TENSOR_INIT;
   ot.dtype = SPN_DTYPE_U8;
   ot.ndim = 3;

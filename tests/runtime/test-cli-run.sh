@@ -27,6 +27,9 @@ if grep -q 'not built in' err.txt; then
 fi
 [ $rc -eq 0 ] || fail "synthetic.toml: exit $rc: $(cat err.txt)"
 grep -Eq '^synthetic: job [0-9]+ succeeded: 120 frames in ' out.txt || fail "summary: $(cat out.txt)"
+# the per-stage lines: one per [[stage]] in config order, ms and share
+[ "$(grep -Ec '^  stage (source|relay|sink) +[0-9]+\.[0-9] ms +[0-9]+\.[0-9]%$' out.txt)" = 3 ] ||
+  fail "per-stage lines: $(cat out.txt)"
 
 for c in "$src"/configs/*.toml; do
   needs_missing "$c" && continue
@@ -60,6 +63,11 @@ python3 -c '
 import json, sys
 d = json.loads(open("out.txt").read().strip().splitlines()[-1])
 assert d["pipeline"] == "synthetic" and d["status"] == "succeeded" and d["frames"] == 7, d
+st = d["stages"]
+assert [s["name"] for s in st] == ["source", "relay", "sink"], st
+assert all(s["busy_ms"] >= 0 for s in st) and st[0]["busy_ms"] > 0, st
+assert abs(sum(s["share"] for s in st) - 1) < 1e-3, st
+assert all(abs(s["share"] - s["busy_ms"] / sum(t["busy_ms"] for t in st)) < 1e-3 for s in st), st
 ' || fail "json summary: $(cat out.txt)"
 
 # Config and usage errors.

@@ -9,6 +9,11 @@ turn it back into u8 — and the result must equal the same operator applied
 to the whole frame in NumPy (no seams). Other items travel along, a "faces"
 item scaled by 2; a malformed frame fails its job only; an unknown model fails
 create naming it.
+
+region = "faces": outside the face box grown by face_margin the output equals
+a bilinear x2 upscale (half-pixel centres, edge clamped, computed here in
+NumPy) exactly; inside it, away from the feather band, it equals the model
+run on the crop alone; a frame without faces is the bilinear upscale only.
 """
 import json
 import os
@@ -41,6 +46,66 @@ def reference(frame):
     y = acc / np.float32(9.0)
     y = np.repeat(np.repeat(y, 2, axis=0), 2, axis=1)
     return (np.clip(y, 0, 1) * np.float32(255.0) + np.float32(0.5)).astype(np.uint8)
+
+
+def bilinear2(frame):
+    """x2 bilinear resize with pixel centres at +0.5 (cv2.INTER_LINEAR). At
+    scale 2 the weights are 1/4 and 3/4, so every value is a multiple of 1/16
+    and the result is exact in any arithmetic; rounding: half away from zero."""
+    x = frame.astype(np.float64)
+
+    def axis(a, n, ax):
+        d = np.arange(2 * n)
+        s = (d + 0.5) / 2 - 0.5
+        i = np.floor(s).astype(int)
+        w = s - i
+        i0, i1 = np.clip(i, 0, n - 1), np.clip(i + 1, 0, n - 1)
+        shape = [1, 1, 1]
+        shape[ax] = -1
+        w = w.reshape(shape)
+        return np.take(a, i0, axis=ax) * (1 - w) + np.take(a, i1, axis=ax) * w
+
+    h, w, _ = x.shape
+    y = axis(axis(x, w, 1), h, 0)
+    return np.floor(np.clip(y, 0, 255) + 0.5).astype(np.uint8)
+
+
+def faces_mode(tmp, frames, W, H):
+    f, path = frames[0]
+    args = [HOST, PLUGIN, 'superres', str(W), str(H), '2', tmp, 'model=fake-sr-x2', 'tile=16', 'tile_pad=2',
+            'region=faces', 'face_margin=0.25', 'feather=4', '--', f'1:{path}+faces', f'1:{path}', '1:eos']
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    check(out.returncode == 0, f'faces mode: host ran the stage (exit {out.returncode}) {out.stderr.strip()}')
+    ups = [l for l in (json.loads(x) for x in out.stdout.splitlines()) if l.get('frame')]
+    check(len(ups) == 2 and all(l['frame'] == [2 * H, 2 * W] for l in ups), 'faces mode: two frames at 2x')
+    if len(ups) != 2:
+        return
+    bil = bilinear2(f)
+    # stage-host's face: box (10,20)-(30,40); margin 0.25 of 20 px = 5 px each side
+    x0, y0, x1, y1 = 5, 15, 35, 45
+    got = np.fromfile(ups[0]['file'], np.uint8).reshape(2 * H, 2 * W, 3)
+    outside = np.ones((2 * H, 2 * W), bool)
+    outside[2 * y0:2 * y1, 2 * x0:2 * x1] = False
+    check(np.array_equal(got[outside], bil[outside]),
+          f'faces mode: outside the grown box = bilinear upscale exactly '
+          f'(max diff {np.abs(got[outside].astype(int) - bil[outside]).max()})')
+    model = reference(f[y0:y1, x0:x1])
+    inner = got[2 * y0 + 4:2 * y1 - 4, 2 * x0 + 4:2 * x1 - 4]
+    check(np.array_equal(inner, model[4:-4, 4:-4]),
+          f'faces mode: inside the box (off the feather) = the model on the crop '
+          f'(max diff {np.abs(inner.astype(int) - model[4:-4, 4:-4]).max()})')
+    check(not np.array_equal(got[2 * y0:2 * y1, 2 * x0:2 * x1], bil[2 * y0:2 * y1, 2 * x0:2 * x1]),
+          'faces mode: the face region differs from the bilinear upscale')
+    check(ups[0]['faces'] and ups[0]['faces'][0][:4] == [20, 40, 60, 80], 'faces mode: "faces" scaled by 2')
+    nofaces = np.fromfile(ups[1]['file'], np.uint8).reshape(2 * H, 2 * W, 3)
+    check(np.array_equal(nofaces, bil), 'faces mode: a frame without faces = bilinear upscale only')
+    check('model calls: 4' in out.stderr, f'faces mode: the model ran on the 30x30 crop only, 4 tiles of 16 '
+          f'({out.stderr.strip()})')
+    bad = subprocess.run([HOST, PLUGIN, 'superres', str(W), str(H), '2', tmp, 'model=fake-sr-x2', 'region=eyes',
+                          '--', f'1:{path}'], capture_output=True, text=True, timeout=60)
+    line = json.loads(bad.stdout.splitlines()[0]) if bad.stdout else {}
+    check('create_error' in line and 'region' in line['create_error'] and 'eyes' in line['create_error'],
+          f'an unknown region fails create naming it: {line}')
 
 
 def main():
@@ -87,6 +152,7 @@ def main():
         line = json.loads(out.stdout.splitlines()[0]) if out.stdout else {}
         check('create_error' in line and 'missing-model.onnx' in line['create_error'],
               f'an unknown model fails create naming it: {line}')
+        faces_mode(tmp, frames, W, H)
     print(f'superres-stage: {passed} passed, {failed} failed')
     sys.exit(1 if failed else 0)
 

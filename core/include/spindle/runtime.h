@@ -122,6 +122,16 @@ SPN_API int32_t spn_pipeline_check_job(const spn_pipeline_t *pipe, const spn_job
 SPN_API void spn_pipeline_free(spn_pipeline_t **pipe);
 SPN_API const char *spn_pipeline_name(const spn_pipeline_t *pipe);
 
+/* Per-stage time: the number of [[stage]]s, and for stage i (config order) its
+ * name and *busy_ns, the wall time its instances have spent inside the kind's
+ * process/generate/flush callbacks since the pipeline was loaded, summed over
+ * replicas and jobs (so it may exceed elapsed time when instances run in
+ * parallel; it includes time a callback waits to emit into a full mailbox).
+ * Returns NULL when i is out of range. Thread: any; the figures are read
+ * atomically while jobs run. */
+SPN_API size_t spn_pipeline_stage_count(const spn_pipeline_t *pipe);
+SPN_API const char *spn_pipeline_stage_time(const spn_pipeline_t *pipe, size_t i, uint64_t *busy_ns);
+
 /* ---- jobs --------------------------------------------------------------- */
 
 typedef enum spn_job_state {
