@@ -45,6 +45,10 @@ struct spn_encoder {
   int64_t first_pts_us;          /* first video pts in microseconds, INT64_MIN until set */
   int64_t last_vpts;
   int64_t a_pts;                 /* samples sent to the AAC encoder */
+  /* With audio_path: audio is muxed only up to the end of the last video
+   * frame (in samples), so a clip cut to a segment, or a soundtrack longer
+   * than the video, never runs on past the pictures. INT64_MAX otherwise. */
+  int64_t a_limit;
   int32_t a_rate, a_ch;
   int header_written, finished, failed;
 };
@@ -149,6 +153,7 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
   }
   e->first_pts_us = INT64_MIN;
   e->last_vpts = INT64_MIN;
+  e->a_limit = INT64_MAX;
   e->path = strdup(path);
   size_t tl = strlen(path) + 16;
   e->tmp = malloc(tl);
@@ -313,6 +318,17 @@ static int32_t drain_fifo(spn_encoder_t *e, int final, spn_error_t *err) {
   int fs = e->actx->frame_size > 0 ? e->actx->frame_size : 1024;
   while (av_audio_fifo_size(e->fifo) >= fs || (final && av_audio_fifo_size(e->fifo) > 0)) {
     int n = av_audio_fifo_size(e->fifo) < fs ? av_audio_fifo_size(e->fifo) : fs;
+    if (e->a_pts + n > e->a_limit) {
+      /* Past the video's end: hold it (more video may come) or, at the end,
+       * encode only what fits and drop the rest. */
+      if (!final)
+        break;
+      n = (int)(e->a_limit - e->a_pts);
+      if (n <= 0) {
+        av_audio_fifo_reset(e->fifo);
+        break;
+      }
+    }
     av_frame_unref(e->aframe);
     e->aframe->nb_samples = n;
     e->aframe->format = AV_SAMPLE_FMT_FLTP;
@@ -412,6 +428,13 @@ int32_t spn_encoder_write_video(spn_encoder_t *e, const spn_image_t *img, int64_
   int64_t us = av_rescale_q(pts, (AVRational){tb_num, tb_den}, (AVRational){1, 1000000});
   if (e->first_pts_us == INT64_MIN)
     e->first_pts_us = us;
+  if (e->audio_src) {
+    /* The video now ends one frame after this one. */
+    int64_t end_us = us - e->first_pts_us + av_rescale(1000000, e->o.fps_den, e->o.fps_num);
+    int64_t lim = av_rescale(end_us, e->a_rate, 1000000);
+    if (e->a_limit == INT64_MAX || lim > e->a_limit)
+      e->a_limit = lim;
+  }
   int64_t vp = av_rescale_q(us - e->first_pts_us, (AVRational){1, 1000000}, e->vctx->time_base);
   if (vp <= e->last_vpts)
     vp = e->last_vpts + 1;
@@ -449,7 +472,9 @@ int32_t spn_encoder_finish(spn_encoder_t *e, spn_error_t *err) {
   if ((rc = encode(e, e->vctx, e->vst, NULL, err)))
     goto out_fail;
   if (e->actx) {
-    if ((rc = pull_audio_file(e, -1.0, err)) || (rc = drain_fifo(e, 1, err)) ||
+    /* From a file: only as far as the video goes (a_limit), not all of it. */
+    double until = e->audio_src ? (double)e->a_limit / e->a_rate : -1.0;
+    if ((rc = pull_audio_file(e, until, err)) || (rc = drain_fifo(e, 1, err)) ||
         (rc = encode(e, e->actx, e->ast, NULL, err)))
       goto out_fail;
   }

@@ -69,6 +69,14 @@ def main():
             assert r.returncode == 0, f"{name}: exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
             assert re.search(r"job \d+ succeeded: 25 frames", r.stdout), r.stdout
             outs[name] = read_video(out)
+            # The soundtrack (speech.wav, 4 s) is cut where the 1 s of video ends.
+            durs = {}
+            for kind in ("v", "a"):
+                p = subprocess.run(["ffprobe", "-v", "error", "-select_streams", kind, "-show_entries",
+                                    "stream=duration", "-of", "csv=p=0", out], capture_output=True, text=True)
+                assert p.returncode == 0 and p.stdout.strip(), f"{name}: no {kind} stream: {p.stderr}"
+                durs[kind] = float(p.stdout.strip())
+            assert abs(durs["v"] - 1.0) <= 0.04 and abs(durs["a"] - durs["v"]) <= 0.04, f"{name}: durations {durs}"
         a, b = outs["synced"], outs["base"]
         assert len(a) == 25 and len(b) == 25, (len(a), len(b))
         assert a[0].shape == (640, 640, 3), a[0].shape

@@ -22,6 +22,17 @@ ffprobe -v error -select_streams a -show_entries stream=codec_name -of csv=p=0 o
   fail "out.mp4 has no AAC audio"
 [ -z "$(ls -A | grep -v -e '^out.mp4$' -e '^out.txt$' -e '^err.txt$')" ] || fail "stray files: $(ls -A)"
 
+# A 1 s segment of the 4 s clip: the soundtrack taken from the whole clip is
+# cut where the pictures end (within one 25 fps frame), not muxed to 4 s.
+"$spindle" run "$src/configs/transcode.toml" --set decode.path="$clip" --set encode.path=seg.mp4 \
+  --set encode.preset=ultrafast --set decode.duration=1.0 >out.txt 2>err.txt ||
+  fail "segment: exit $?: $(tail -3 err.txt)"
+vdur=$(ffprobe -v error -select_streams v -show_entries stream=duration -of csv=p=0 seg.mp4)
+adur=$(ffprobe -v error -select_streams a -show_entries stream=duration -of csv=p=0 seg.mp4)
+python3 -c "import sys; v, a = float('$vdur'), float('$adur'); sys.exit(0 if abs(v - 1.0) <= 0.04 and abs(a - v) <= 0.04 else 1)" ||
+  fail "segment: video $vdur s, audio $adur s (want both 1 s within a frame)"
+rm -f seg.mp4
+
 # A missing input fails the job and names the file.
 "$spindle" run "$src/configs/transcode.toml" --set decode.path="$tmp/nope.mp4" --set encode.path=out2.mp4 \
   >out.txt 2>err.txt
