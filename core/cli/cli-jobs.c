@@ -474,8 +474,9 @@ static int outcome(spn_queue_state_t s) {
 
 typedef struct watch_ui {
   bool tty;
-  double t0, last_print, rate_t;
+  double t0, last_print, rate_t; /* rate_t/rate_done: the first running event seen */
   uint64_t rate_done;
+  bool rate_anchored;
   double fps;
   int last_state;
   uint64_t last_done;
@@ -484,11 +485,18 @@ typedef struct watch_ui {
 static int on_event(void *user, const spn_client_status_t *ev) {
   watch_ui_t *ui = user;
   double now = spn__mono_s();
-  if (ev->state == SPN_QSTATE_RUNNING && ev->done > ui->rate_done && now > ui->rate_t) {
-    double inst = (double)(ev->done - ui->rate_done) / (now - ui->rate_t);
-    ui->fps = ui->fps > 0 ? 0.7 * ui->fps + 0.3 * inst : inst;
-    ui->rate_done = ev->done;
-    ui->rate_t = now;
+  /* fps: frames since the first running event over the time since then.
+   * Rates between consecutive events are not used: events are batched on
+   * their way here, so two arriving close together would claim a rate the
+   * pipeline never had. The first 0.2 s shows no figure. */
+  if (ev->state == SPN_QSTATE_RUNNING) {
+    if (!ui->rate_anchored) {
+      ui->rate_anchored = true;
+      ui->rate_done = ev->done;
+      ui->rate_t = now;
+    } else if (ev->done > ui->rate_done && now - ui->rate_t >= 0.2) {
+      ui->fps = (double)(ev->done - ui->rate_done) / (now - ui->rate_t);
+    }
   }
   bool state_changed = (int)ev->state != ui->last_state;
   if (ui->tty) {
