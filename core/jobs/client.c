@@ -274,15 +274,24 @@ static void fill_status(const cJSON *o, spn_client_status_t *st) {
   snprintf(st->reason, sizeof st->reason, "%s", p ? p : "");
 }
 
-int32_t spn_client_status(spn_client_t *c, int64_t id, spn_client_status_t *st, spn_error_t *err) {
+/* A request whose body is just {"id": id} (STATUS, WATCH, CANCEL).
+ * The reply type is not needed by any of them: call() already turned an
+ * error reply into a status.
+ * Ownership: *reply is the caller's (cJSON_Delete). */
+static int32_t call_id(spn_client_t *c, const char *type, int64_t id, cJSON **reply, spn_error_t *err) {
   cJSON *b = cJSON_CreateObject();
   if (!b)
     return spn_error_set(err, SPN_ENOMEM, "client: out of memory");
   cJSON_AddNumberToObject(b, "id", (double)id);
   char t[17];
-  cJSON *r = NULL;
-  int32_t rc = call(c, "STATUS", b, t, &r, err);
+  int32_t rc = call(c, type, b, t, reply, err);
   cJSON_Delete(b);
+  return rc;
+}
+
+int32_t spn_client_status(spn_client_t *c, int64_t id, spn_client_status_t *st, spn_error_t *err) {
+  cJSON *r = NULL;
+  int32_t rc = call_id(c, "STATUS", id, &r, err);
   if (rc < 0)
     return rc;
   fill_status(r, st);
@@ -292,14 +301,8 @@ int32_t spn_client_status(spn_client_t *c, int64_t id, spn_client_status_t *st, 
 
 int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, void *user,
                          spn_client_status_t *final, spn_error_t *err) {
-  cJSON *b = cJSON_CreateObject();
-  if (!b)
-    return spn_error_set(err, SPN_ENOMEM, "client: out of memory");
-  cJSON_AddNumberToObject(b, "id", (double)id);
-  char t[17];
   cJSON *r = NULL;
-  int32_t rc = call(c, "WATCH", b, t, &r, err);
-  cJSON_Delete(b);
+  int32_t rc = call_id(c, "WATCH", id, &r, err);
   if (rc < 0)
     return rc;
   spn_client_status_t st;
@@ -319,13 +322,8 @@ int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, vo
       if (++silent_rounds > 1000)
         return rc;
       spn_client_status_t s2;
-      cJSON *wb = cJSON_CreateObject();
-      if (!wb)
-        return spn_error_set(err, SPN_ENOMEM, "client: out of memory");
-      cJSON_AddNumberToObject(wb, "id", (double)id);
       cJSON *rr = NULL;
-      rc = call(c, "WATCH", wb, t, &rr, err);
-      cJSON_Delete(wb);
+      rc = call_id(c, "WATCH", id, &rr, err);
       if (rc == SPN_ETIMEDOUT)
         continue;
       if (rc < 0)
@@ -351,14 +349,8 @@ int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, vo
 }
 
 int32_t spn_client_cancel(spn_client_t *c, int64_t id, spn_queue_state_t *state, spn_error_t *err) {
-  cJSON *b = cJSON_CreateObject();
-  if (!b)
-    return spn_error_set(err, SPN_ENOMEM, "client: out of memory");
-  cJSON_AddNumberToObject(b, "id", (double)id);
-  char t[17];
   cJSON *r = NULL;
-  int32_t rc = call(c, "CANCEL", b, t, &r, err);
-  cJSON_Delete(b);
+  int32_t rc = call_id(c, "CANCEL", id, &r, err);
   if (rc < 0)
     return rc;
   if (state) {
