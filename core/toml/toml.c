@@ -885,6 +885,20 @@ static int32_t too_deep(parser_t *P, spn_toml_pos_t pos) {
   return fail(P, pos, "nesting deeper than %d levels", SPN_TOML_MAX_DEPTH);
 }
 
+/* A key segment names no entry of *t yet: create the table it implies
+ * (flags say how: by a dotted key, or by a [header] above it), one level
+ * deeper, and descend into it. */
+static int32_t add_subtable(parser_t *P, spn_toml_node_t **t, const keyseg_t *sg, uint16_t flags) {
+  if ((*t)->depth + 1 > SPN_TOML_MAX_DEPTH)
+    return too_deep(P, sg->pos);
+  spn_toml_node_t *nt = node_new(P->doc, SPN_TOML_TABLE, sg->pos, (uint16_t)((*t)->depth + 1));
+  if (!nt || !table_add(*t, sg->s, sg->len, sg->pos, nt))
+    return oom(P);
+  nt->flags = flags;
+  *t = nt;
+  return SPN_OK;
+}
+
 static int32_t parse_array(parser_t *P, spn_toml_node_t *a) {
   char fb[16];
   P->p++; /* [ */
@@ -1037,13 +1051,9 @@ static int32_t parse_keyval(parser_t *P, spn_toml_node_t *table) {
     keyseg_t *sg = &P->segs[i];
     ptrdiff_t at = table_find(t, sg->s, sg->len);
     if (at < 0) {
-      if (t->depth + 1 > SPN_TOML_MAX_DEPTH)
-        return too_deep(P, sg->pos);
-      spn_toml_node_t *nt = node_new(P->doc, SPN_TOML_TABLE, sg->pos, (uint16_t)(t->depth + 1));
-      if (!nt || !table_add(t, sg->s, sg->len, sg->pos, nt))
-        return oom(P);
-      nt->flags = SPN_TOML_F_DOTTED;
-      t = nt;
+      int32_t sub_rc = add_subtable(P, &t, sg, SPN_TOML_F_DOTTED);
+      if (sub_rc)
+        return sub_rc;
       continue;
     }
     spn_toml_node_t *v = t->u.tab.ents[at].val;
@@ -1089,13 +1099,9 @@ static int32_t parse_header(parser_t *P, spn_toml_node_t **section) {
     keyseg_t *sg = &P->segs[i];
     ptrdiff_t at = table_find(t, sg->s, sg->len);
     if (at < 0) {
-      if (t->depth + 1 > SPN_TOML_MAX_DEPTH)
-        return too_deep(P, sg->pos);
-      spn_toml_node_t *nt = node_new(P->doc, SPN_TOML_TABLE, sg->pos, (uint16_t)(t->depth + 1));
-      if (!nt || !table_add(t, sg->s, sg->len, sg->pos, nt))
-        return oom(P);
-      nt->flags = SPN_TOML_F_IMPLICIT;
-      t = nt;
+      int32_t sub_rc = add_subtable(P, &t, sg, SPN_TOML_F_IMPLICIT);
+      if (sub_rc)
+        return sub_rc;
       continue;
     }
     spn_toml_node_t *v = t->u.tab.ents[at].val;
