@@ -9,6 +9,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "lipsync-test-pattern.h"
 #include "spindle/plugin.h"
@@ -19,6 +20,7 @@ typedef struct lt_config {
   int64_t count;
   int64_t seed;
   int64_t bad_at; /* lt_mel: the chunk at this seq has a wrong shape (-1: none) */
+  int64_t pace_ms; /* lt_faces: wait this long before each frame */
 } lt_config_t;
 
 static const spn_config_field_t lt_faces_schema[] = {
@@ -26,6 +28,11 @@ static const spn_config_field_t lt_faces_schema[] = {
      .doc = "frames per job", .def_int = 8, .min = 0, .max = 100000},
     {.key = "seed", .type = SPN_CONFIG_INT, .flags = SPN_CONFIG_PER_JOB, .offset = offsetof(lt_config_t, seed),
      .doc = "pattern seed", .def_int = 1, .min = 0, .max = 1000},
+    /* Pacing keeps jobs started one after another in flight together, so a
+     * test of cross-job batching does not depend on how fast the machine
+     * happens to be. A test source may block its executor; a real one not. */
+    {.key = "pace_ms", .type = SPN_CONFIG_INT, .offset = offsetof(lt_config_t, pace_ms),
+     .doc = "wait before each frame (ms)", .def_int = 0, .min = 0, .max = 1000},
     {0},
 };
 static const spn_config_field_t lt_mel_schema[] = {
@@ -41,7 +48,7 @@ static const spn_config_field_t lt_mel_schema[] = {
 typedef struct lt_job {
   uint64_t job_id;
   uint64_t seq;
-  int64_t count, seed, bad_at;
+  int64_t count, seed, bad_at, pace_ms;
 } lt_job_t;
 
 static int32_t lt_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
@@ -61,6 +68,7 @@ static int32_t lt_job_open(spn_stage_t *stage, void *state, const spn_job_info_t
   j->count = c->count;
   j->seed = c->seed;
   j->bad_at = c->bad_at; /* lt_faces' schema has no such key: its struct field stays 0 */
+  j->pace_ms = c->pace_ms; /* likewise 0 for lt_mel */
   *job_state = j;
   return SPN_OK;
 }
@@ -90,6 +98,10 @@ static int32_t lt_faces_generate(spn_stage_t *stage, void *state, void *job_stat
   lt_job_t *j = job_state;
   if ((int64_t)j->seq >= j->count)
     return SPN_EOS;
+  if (j->pace_ms > 0) {
+    struct timespec ts = {.tv_sec = j->pace_ms / 1000, .tv_nsec = (long)(j->pace_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
   spn_tensor_t t = SPN_TENSOR_INIT;
   t.dtype = SPN_DTYPE_U8;
   t.ndim = 3;

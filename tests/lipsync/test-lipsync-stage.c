@@ -51,6 +51,7 @@ static const char *pipeline_toml =
     "[[stage]]\n"
     "name = \"video\"\n"
     "kind = \"lt_faces\"\n"
+    "pace_ms = 4\n"
     "[[stage]]\n"
     "name = \"mel\"\n"
     "kind = \"lt_mel\"\n"
