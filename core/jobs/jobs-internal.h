@@ -110,7 +110,12 @@ typedef struct spn_queue {
 } spn_queue_t;
 
 typedef struct spn_queue_config {
+  const char *backend;       /* "sqlite" (default) or "redis" */
   const char *path;          /* SQLite file; ":memory:" for tests */
+  const char *url;           /* redis://HOST[:PORT][/DB] or unix:///PATH[?db=N] */
+  const char *auth_file;     /* Redis: "PASSWORD" or "USER PASSWORD" on its first line */
+  const char *prefix;        /* Redis key prefix (default "spindle:") */
+  uint32_t lease_ms;         /* Redis: a lease idle this long expires (XAUTOCLAIM) */
   uint32_t backoff_base_ms;  /* first retry delay (before jitter) */
   uint32_t backoff_max_ms;   /* cap */
   uint64_t seed;             /* jitter PRNG seed; 0 = from time and pid */
@@ -120,6 +125,11 @@ typedef struct spn_queue_config {
 /* Open (creating if needed) a SQLite queue. Ownership: caller owns *out
  * (spn_queue_free). Thread: the one that will use it. */
 int32_t spn_queue_sqlite_open(const spn_queue_config_t *cfg, spn_queue_t *out, spn_error_t *err);
+/* Connect to a Redis queue (queue-redis.c); many processes may share it.
+ * Ownership: caller owns *out. Thread: the one that will use it. */
+int32_t spn_queue_redis_open(const spn_queue_config_t *cfg, spn_queue_t *out, spn_error_t *err);
+/* Open the backend cfg->backend names. */
+int32_t spn_queue_open(const spn_queue_config_t *cfg, spn_queue_t *out, spn_error_t *err);
 void spn_queue_free(spn_queue_t *q);
 /* Backoff before retry number `attempt` (1 = after the first failure):
  * base*2^(attempt-1) capped at max, then "equal jitter": half fixed, half
@@ -255,6 +265,11 @@ void spn_pipeline_runner_free(spn_job_runner_t *runner);
 typedef struct spn_server_config {
   char *bind;            /* "tcp://127.0.0.1:7700" */
   char *db_path;         /* queue file */
+  char *queue_backend;   /* "sqlite" (default) or "redis" */
+  char *queue_url;       /* Redis URL */
+  char *queue_auth_file; /* Redis AUTH from this file */
+  char *queue_prefix;    /* Redis key prefix */
+  uint32_t drain_grace_s; /* SIGTERM: running jobs get this long to finish */
   uint32_t workers;      /* in-process worker threads */
   uint32_t lease_ms;     /* lease length; renewed by heartbeats */
   uint32_t heartbeat_ms; /* remote worker heartbeat; dead after 3 missed */

@@ -130,9 +130,11 @@ int32_t spn_server_new(const spn_server_config_t *cfg, const spn_job_runner_t *r
                          cfg->pipelines[i]);
       goto out_free;
     }
-  spn_queue_config_t qc = {.path = cfg->db_path, .backoff_base_ms = cfg->backoff_base_ms,
+  spn_queue_config_t qc = {.backend = cfg->queue_backend, .path = cfg->db_path, .url = cfg->queue_url,
+                           .auth_file = cfg->queue_auth_file, .prefix = cfg->queue_prefix,
+                           .lease_ms = cfg->lease_ms, .backoff_base_ms = cfg->backoff_base_ms,
                            .backoff_max_ms = cfg->backoff_max_ms, .sync_full = cfg->sync_full};
-  if ((rc = spn_queue_sqlite_open(&qc, &s->q, err)) < 0)
+  if ((rc = spn_queue_open(&qc, &s->q, err)) < 0)
     goto out_free;
   s->zctx = zmq_ctx_new();
   if (!s->zctx) {
