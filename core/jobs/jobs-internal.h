@@ -69,7 +69,10 @@ typedef struct spn_queue_ops {
    * (caller clears it). */
   int32_t (*lease)(void *q, const char *owner, int64_t now, int64_t lease_ms, spn_queue_job_t *out,
                    spn_error_t *err);
-  /* Extend a lease. SPN_ESTATE when (id, attempt, owner) no longer holds it. */
+  /* Extend a lease. SPN_ESTATE when (id, attempt, owner) no longer holds it;
+   * SPN_ECANCELLED (lease still extended) when a cancel was requested and
+   * the backend tells (Redis: the cancel may have come through another
+   * gateway), so the holder stops the job. */
   int32_t (*renew)(void *q, int64_t id, uint32_t attempt, const char *owner, int64_t now,
                    int64_t lease_ms, spn_error_t *err);
   int32_t (*progress)(void *q, int64_t id, uint64_t done, uint64_t total, spn_error_t *err);
@@ -179,11 +182,16 @@ typedef struct spn_exec_result {
   char error[SPN_ERROR_MSG_MAX];
   double compute_s; /* wall seconds in run() */
   double gpu_s;
+  bool published_before; /* an earlier attempt had published; not run again */
 } spn_exec_result_t;
 
 /* Run one job: derive temporary output names, call the runner, rename the
  * temporaries to the final paths on success, remove them otherwise.
  * Thread: a worker thread. */
+/* The publication marker of a job (exec.c: exactly-once publication), or
+ * NULL for a job without outputs. Remove it once the queue has recorded the
+ * job succeeded. Ownership: caller frees. */
+char *spn__publish_marker(const spn_job_spec_t *job);
 void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
                       const volatile int *cancel_flag, spn_exec_progress_cb progress, void *user,
                       spn_exec_result_t *res);
@@ -326,11 +334,21 @@ typedef struct spn_worker_config {
   uint32_t max_msg_size;
   const char *curve_server; /* gateway public key (Z85) or NULL */
   const char *curve_public, *curve_secret;
-  const volatile int *stop; /* set (e.g. by a signal handler) to stop */
+  const volatile int *stop; /* set (e.g. by SIGTERM) to drain and stop */
+  const volatile int *stop_now; /* set (SIGINT, a second SIGTERM) to stop at once; may be NULL */
+  uint32_t drain_grace_s;   /* draining: running jobs get this long to finish */
+  /* Lease straight from this queue (spn_queue_worker_run); NULL: a gateway. */
+  const spn_queue_config_t *queue;
+  uint32_t lease_ms;
 } spn_worker_config_t;
 
 /* Run until *cfg->stop is set. Thread: the caller's. */
 int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *runner,
                        spn_error_t *err);
+/* A stateless worker on a shared queue (queue-worker.c): leases from
+ * cfg->queue itself. Runs until *cfg->stop (drain) or *cfg->stop_now.
+ * Thread: the caller's. */
+int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *runner,
+                             spn_error_t *err);
 
 #endif

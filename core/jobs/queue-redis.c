@@ -425,7 +425,9 @@ static int32_t rq_renew(void *qv, int64_t id, uint32_t attempt, const char *owne
   a_i64(&a, lease_ms);
   int64_t v = 0;
   int32_t rc = lease_int(q, SC_RENEW, &a, "renewing a lease", &v, err);
-  if (rc == SPN_OK && v != 1)
+  if (rc == SPN_OK && v == 2)
+    rc = spn_error_set(err, SPN_ECANCELLED, "job %lld: cancel requested", (long long)id);
+  else if (rc == SPN_OK && v != 1)
     rc = not_held(err, id, attempt, owner);
   return rc;
 }

@@ -152,13 +152,14 @@
   "  end\n"                                                                                     \
   "end\n"
 
-/* ARGV: P id att owner now lease_ms -> 1 | 0 (not held) */
+/* ARGV: P id att owner now lease_ms -> 1 | 2 (cancel requested) | 0 (not held) */
 #define RQ_LUA_RENEW                                                                            \
   "local k = jk(ARGV[2])\n"                                                                     \
   "if not holds(k, ARGV[3], ARGV[4]) then return 0 end\n"                                       \
   "local sid = redis.call('HGET', k, 'sid')\n"                                                  \
   "redis.call('XCLAIM', P .. 'run', G, ARGV[4], 0, sid, 'JUSTID')\n"                            \
   "redis.call('HSET', k, 'lu', tonumber(ARGV[5]) + tonumber(ARGV[6]))\n"                        \
+  "if redis.call('HGET', k, 'cx') == '1' then return 2 end\n"                                   \
   "return 1\n"
 
 /* ARGV: P id done total */
