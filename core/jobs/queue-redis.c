@@ -52,6 +52,7 @@ enum {
   SC_RELEASE,
   SC_RELEASE_OWNER,
   SC_LIST,
+  SC_UNPUBLISHED,
   SC_COUNT
 };
 
@@ -67,6 +68,7 @@ static const char *const script_body[SC_COUNT] = {
     [SC_RELEASE] = RQ_LUA_PRELUDE RQ_LUA_RELEASE,
     [SC_RELEASE_OWNER] = RQ_LUA_PRELUDE RQ_LUA_RELEASE_OWNER,
     [SC_LIST] = RQ_LUA_PRELUDE RQ_LUA_LIST,
+    [SC_UNPUBLISHED] = RQ_LUA_UNPUBLISHED,
 };
 
 typedef struct rq {
@@ -561,6 +563,14 @@ static int32_t rq_release_owner(void *qv, const char *owner, const char *reason,
   return r ? moved(q, r, "re-queueing", cb, user, err) : SPN_EIO;
 }
 
+static int32_t rq_unpublished(void *qv, int64_t id, spn_error_t *err) {
+  rq_t *q = qv;
+  rargs_t a = {0};
+  a_i64(&a, id);
+  int64_t v = 0;
+  return lease_int(q, SC_UNPUBLISHED, &a, "recording a removed marker", &v, err);
+}
+
 static int32_t rq_get(void *qv, int64_t id, spn_queue_job_t *out, spn_error_t *err) {
   rq_t *q = qv;
   if (rq_connect(q, err) < 0)
@@ -653,6 +663,7 @@ static const spn_queue_ops_t rq_ops = {
     .sweep = rq_sweep,
     .release = rq_release,
     .release_owner = rq_release_owner,
+    .unpublished = rq_unpublished,
     .get = rq_get,
     .list = rq_list,
     .counts = rq_counts,

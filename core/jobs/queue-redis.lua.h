@@ -12,6 +12,8 @@
  *   P st:<n>       ZSET of ids in state n (score id): LIST and counts
  *   P all          ZSET of every id (score id)
  *   P idem:<key>   STRING id, SET with a 24 h TTL
+ *   P unpub        ZSET of succeeded ids whose publication marker (exec.c)
+ *                  may still exist, score = completion time
  *   P run          STREAM, one entry per lease {id, att}; consumer group
  *                  "spindle", consumer = lease owner. The pending-entry list
  *                  is the lease table: idle time = time since the lease was
@@ -181,6 +183,7 @@
   "if pt == 0 then pt = 1 end\n"                                                                \
   "redis.call('HSET', k, 'pd', pt, 'pt', pt)\n"                                                 \
   "setst(ARGV[2], 1, 2, tonumber(ARGV[7]))\n"                                                   \
+  "redis.call('ZADD', P .. 'unpub', ARGV[7], ARGV[2])\n"                                         \
   "return 1\n"
 
 /* ARGV: P id att owner reason cancelled cs gs now r base max -> state | -1 */
@@ -212,7 +215,9 @@
 
 /* ARGV: P now min_idle_ms r base max -> {id, state, id, state, ...}
  * Expired leases (pending entries idle >= min_idle) count as a failed
- * attempt; queued jobs past their deadline fail. */
+ * attempt; queued jobs past their deadline fail; succeeded jobs whose
+ * marker was not confirmed removed within min_idle come back as state 2
+ * (the caller removes the marker). */
 #define RQ_LUA_SWEEP                                                                            \
   "local now = tonumber(ARGV[2])\n"                                                             \
   "local r0, base, max = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])\n"             \
@@ -237,7 +242,16 @@
   "    end\n"                                                                                   \
   "  end\n"                                                                                     \
   "end\n"                                                                                       \
-  "local dl = redis.call('ZRANGEBYSCORE', P .. 'deadlines', '-inf', '(' .. now, 'LIMIT', 0, 256)\n" \
+  /* succeeded jobs whose publication marker nobody removed (the client     \
+   * died between complete and the unlink): hand them to this sweeper */    \
+  "local up = redis.call('ZRANGEBYSCORE', P .. 'unpub', '-inf', now - tonumber(ARGV[3]),\n"      \
+  "                      'LIMIT', 0, 100)\n"                                                    \
+  "for _, id in ipairs(up) do\n"                                                                \
+  "  redis.call('ZREM', P .. 'unpub', id)\n"                                                    \
+  "  out[#out + 1] = tonumber(id)\n"                                                            \
+  "  out[#out + 1] = 2\n"                                                                       \
+  "end\n"                                                                                       \
+"local dl = redis.call('ZRANGEBYSCORE', P .. 'deadlines', '-inf', '(' .. now, 'LIMIT', 0, 256)\n" \
   "for _, id in ipairs(dl) do\n"                                                                \
   "  redis.call('ZREM', P .. 'deadlines', id)\n"                                                \
   "  local k = jk(id)\n"                                                                        \
@@ -300,5 +314,8 @@
   "local out = {}\n"                                                                            \
   "for _, id in ipairs(ids) do out[#out + 1] = redis.call('HGETALL', jk(id)) end\n"             \
   "return out\n"
+
+/* ARGV: P id: the publication marker of a succeeded job is gone */
+#define RQ_LUA_UNPUBLISHED "redis.call('ZREM', ARGV[1] .. 'unpub', ARGV[2])\nreturn 1\n"
 
 #endif

@@ -504,6 +504,20 @@ static void test_redis_lease_expiry_and_renew(void **state) {
   assert_true(j.compute_s == 1.5 && j.gpu_s == 0.25);
   assert_int_equal(j.t_state_ms[SPN_QSTATE_SUCCEEDED], nb + 1);
   spn__queue_job_clear(&j);
+  /* Its publication marker was never confirmed removed: a sweep one lease
+   * later hands the job out (once) so the sweeper removes it. */
+  s = (seen_t){0};
+  assert_int_equal(f->o->sweep(f->q.impl, nb + 100, seen_cb, &s, NULL), 0);
+  assert_int_equal(f->o->sweep(f->q.impl, nb + 400, seen_cb, &s, NULL), 1);
+  assert_int_equal(s.id[0], id);
+  assert_int_equal(s.st[0], SPN_QSTATE_SUCCEEDED);
+  assert_int_equal(f->o->sweep(f->q.impl, nb + 500, NULL, NULL, NULL), 0);
+  /* Confirmed at once: never handed out. */
+  int64_t id2 = submit(f, 0, NULL, 0, 3, nb);
+  assert_int_equal(lease(f, "w3", nb, &att), id2);
+  assert_int_equal(f->o->complete(f->q.impl, id2, att, "w3", 0, 0, nb + 1, NULL), SPN_OK);
+  assert_int_equal(f->o->unpublished(f->q.impl, id2, NULL), SPN_OK);
+  assert_int_equal(f->o->sweep(f->q.impl, nb + 1000, NULL, NULL, NULL), 0);
 }
 
 /* Two handles on one Redis (two gateways, or a gateway and a worker): each
