@@ -209,7 +209,9 @@ char *spn__publish_marker_of(spn_queue_t *q, int64_t id) {
 
 void spn__unpublish(spn_queue_t *q, int64_t id) {
   char *m = spn__publish_marker_of(q, id);
-  if (m && unlink(m) != 0 && errno != ENOENT) {
+  if (!m)
+    return; /* no outputs (or the queue is away: a later sweep hands it out) */
+  if (unlink(m) != 0 && errno != ENOENT) {
     free(m);
     return; /* kept in the queue's list: a later sweep tries again */
   }
