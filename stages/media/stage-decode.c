@@ -7,8 +7,10 @@
  * for nv12/yuv420p) and audio on port 1 ("audio": item "pcm", (samples,
  * channels) f32). Each port has its own dense seq from 0; envelopes carry the
  * pts in seconds; the video envelope's `total` is the frame count estimated
- * from the container (-1 when unknown). An unreadable file fails the job
- * with a message naming the file.
+ * from the container (-1 when unknown). An unreadable, corrupt or truncated
+ * file fails the job with a message naming the file and what is wrong,
+ * unless `tolerate_errors` accepts the damage (then a warning says what was
+ * lost).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -28,6 +30,7 @@ typedef struct decode_config {
   double duration;
   char *hwaccel;
   bool audio;
+  bool tolerate_errors;
 } decode_config_t;
 
 static const spn_config_field_t decode_schema[] = {
@@ -48,6 +51,10 @@ static const spn_config_field_t decode_schema[] = {
      .doc = "video decoding: none, auto (CUDA when available) or cuda (required)", .def_str = "none"},
     {.key = "audio", .type = SPN_CONFIG_BOOL, .offset = offsetof(decode_config_t, audio),
      .doc = "decode and emit the audio track on port `audio`", .def_int = 1},
+    {.key = "tolerate_errors", .type = SPN_CONFIG_BOOL, .flags = SPN_CONFIG_PER_JOB,
+     .offset = offsetof(decode_config_t, tolerate_errors),
+     .doc = "accept damaged input: skip corrupt packets and a truncated end (default: fail the job)",
+     .def_int = 0},
     {0},
 };
 
@@ -58,6 +65,7 @@ typedef struct decode_job {
   spn_decoder_t *dec;
   uint64_t vseq, aseq;
   int64_t total;
+  const char *path;  /* the job's config string (host-owned, valid for the job) */
 } decode_job_t;
 
 static int32_t parse_options(spn_stage_t *stage, const decode_config_t *c, spn_decode_opts_t *o, spn_error_t *err) {
@@ -82,6 +90,7 @@ static int32_t parse_options(spn_stage_t *stage, const decode_config_t *c, spn_d
   o->start = c->start;
   o->duration = c->duration;
   o->want_audio = c->audio;
+  o->tolerate_errors = c->tolerate_errors;
   return SPN_OK;
 }
 
@@ -102,6 +111,7 @@ static int32_t decode_job_open(spn_stage_t *stage, void *state, const spn_job_in
   if (!j)
     return spn_error_set(err, SPN_ENOMEM, "decode: out of memory");
   j->job_id = job->job_id;
+  j->path = c->path;
   if ((rc = spn_decoder_new(c->path, &o, &j->dec, err))) {
     free(j);
     return rc;
@@ -193,6 +203,15 @@ static int32_t decode_generate(spn_stage_t *stage, void *state, void *job_state,
     return SPN_ECANCELLED;
   spn_media_item_t it;
   int32_t rc = spn_decoder_next(j->dec, &it, err);
+  if (rc == SPN_EOS) {
+    /* tolerate_errors accepted damage: say so, never silently */
+    const spn_decode_info_t *in = spn_decoder_info(j->dec);
+    if (in->corrupt_packets || in->truncated)
+      host->log(stage, j->job_id, SPN_LOG_WARN, "%s: damaged input accepted (tolerate_errors): %lld corrupt "
+                "packets/frames skipped%s; video ends at %.2f s of %.2f s",
+                j->path, (long long)in->corrupt_packets, in->truncated ? ", truncated" : "", in->video_end,
+                in->video_expected);
+  }
   if (rc != SPN_OK)
     return rc; /* SPN_EOS or an error naming the file */
   rc = emit_item(stage, j, &it, err);

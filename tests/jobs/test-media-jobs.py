@@ -224,8 +224,8 @@ def case_failures(tmp):
     os.mkdir(f"{tmp}/out")
     for name, (path, want) in make_bad_media(tmp).items():
         out = f"{tmp}/out/{name}.mp4"
-        r = cli("submit", "transcode", "--input", f"video={path}", "--output", f"video={out}", "--wait",
-                "--connect", ep)
+        r = cli("submit", "transcode", "--input", f"video={path}", "--input", f"soundtrack={path}",
+                "--output", f"video={out}", "--wait", "--connect", ep)
         check(r.returncode in (1, 4), f"{name}: submit exit {r.returncode}, want a failed job; {r.stderr!r}")
         st = status(ep, int(r.stdout.split()[0]))
         check(st["state"] in ("failed", "dead"), f"{name}: {st}")
@@ -233,12 +233,12 @@ def case_failures(tmp):
         check(want in msg and os.path.basename(path) in msg, f"{name}: error {msg!r} lacks {want!r}")
         check(not os.path.exists(out), f"{name}: a failed job left {out}")
     r = cli("submit", "transcode", "--input", f"video={SRC}/samples/media/talking-head.mp4",
-            "--output", f"video={tmp}/out/ok.mp4", "--param", "duration=0.4", "--wait", "--connect", ep)
+            "--input", f"soundtrack={tmp}/third.mp4", "--output", f"video={tmp}/out/ok.mp4", "--param", "duration=0.4", "--wait", "--connect", ep)
     # (the sample is outside the roots: refused) — copy it in and retry
     check(r.returncode == 5, f"input outside the roots: exit {r.returncode}")
     shutil.copy(os.path.join(SRC, "samples/media/talking-head.mp4"), f"{tmp}/in.mp4")
-    cli("submit", "transcode", "--input", f"video={tmp}/in.mp4", "--output", f"video={tmp}/out/ok.mp4",
-        "--param", "duration=0.4", "--wait", "--connect", ep, check_rc=0)
+    cli("submit", "transcode", "--input", f"video={tmp}/in.mp4", "--input", f"soundtrack={tmp}/in.mp4",
+        "--output", f"video={tmp}/out/ok.mp4", "--param", "duration=0.4", "--wait", "--connect", ep, check_rc=0)
     check_video(f"{tmp}/out/ok.mp4", 10, 320, 320)
     check(stray(f"{tmp}/out") == [], f"temporary files left: {stray(tmp + '/out')}")
     check(p.poll() is None, "gateway died")

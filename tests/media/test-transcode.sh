@@ -48,4 +48,41 @@ rc=$?
 [ $rc -eq 1 ] || fail "bad codec: exit $rc, want 1"
 grep -q "out3.mp4: video encoder 'no_such_codec' is not available" err.txt || fail "bad codec message: $(cat err.txt)"
 [ -z "$(ls -A | grep out3)" ] || fail "out3 files left: $(ls -A)"
+
+# Damaged media fails the job with a message naming the file and what is
+# wrong; never a short success. The first third of the clip (its index is at
+# the front, so it opens) is truncated.
+python3 -c "import sys; d = open(sys.argv[1], 'rb').read(); open('third.mp4', 'wb').write(d[:len(d) // 3])" "$clip"
+"$spindle" run "$src/configs/transcode.toml" --set decode.path=third.mp4 --set encode.path=t.mp4 \
+  --set encode.audio_path= --set encode.preset=ultrafast >out.txt 2>err.txt
+rc=$?
+[ $rc -eq 1 ] || fail "truncated input: exit $rc, want 1: $(cat out.txt)"
+grep -Eq 'third.mp4: truncated: video ends at 1\.[0-9]+ s of 4\.00 s' err.txt || fail "truncated message: $(tail -3 err.txt)"
+[ ! -e t.mp4 ] || fail "t.mp4 exists after a failed job"
+# ... and tolerate_errors accepts it explicitly, with a warning saying so
+"$spindle" run "$src/configs/transcode.toml" --set decode.path=third.mp4 --set decode.tolerate_errors=true \
+  --set encode.path=t.mp4 --set encode.audio_path= --set encode.preset=ultrafast >out.txt 2>err.txt ||
+  fail "tolerate_errors: exit $?: $(tail -3 err.txt)"
+grep -q 'third.mp4: damaged input accepted (tolerate_errors).*truncated' err.txt || fail "no warning: $(tail -3 err.txt)"
+n=$(ffprobe -v error -select_streams v -count_frames -show_entries stream=nb_read_frames -of csv=p=0 t.mp4)
+[ "$n" -gt 10 ] && [ "$n" -lt 100 ] || fail "tolerated truncated input gave $n frames"
+rm -f t.mp4
+# a segment that starts after the end
+"$spindle" run "$src/configs/transcode.toml" --set decode.path="$clip" --set decode.start=9 \
+  --set encode.path=t.mp4 --set encode.preset=ultrafast >out.txt 2>err.txt
+[ $? -eq 1 ] && grep -q 'talking-head.mp4: segment starts at 9.00 s, after the end of the video (4.00 s)' err.txt ||
+  fail "segment past the end: $(tail -3 err.txt)"
+# not media at all, an empty file, a file without video
+head -c 20000 /dev/urandom >noise.mp4
+: >empty.mp4
+ffmpeg -v error -i "$clip" -vn -c:a copy sound.m4a || fail "ffmpeg"
+for f in noise.mp4 empty.mp4 sound.m4a; do
+  "$spindle" run "$src/configs/transcode.toml" --set decode.path=$f --set encode.path=t.mp4 \
+    --set encode.audio_path= >out.txt 2>err.txt
+  rc=$?
+  [ $rc -eq 1 ] || fail "$f: exit $rc, want 1"
+  grep -q "spindle run: .*$f: " err.txt || fail "$f: message does not name the file: $(tail -3 err.txt)"
+done
+grep -q "sound.m4a: no video stream" err.txt || fail "no-video message: $(tail -2 err.txt)"
+[ ! -e t.mp4 ] || fail "t.mp4 exists after failed jobs"
 echo ok
