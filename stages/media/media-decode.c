@@ -120,6 +120,7 @@ static int32_t open_codec(spn_decoder_t *d, AVStream *st, AVCodecContext **out, 
   if (!ctx)
     return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", d->path);
   *out = ctx;
+  spn_media_log_claim_codec(ctx, d->o.log);
   int r = avcodec_parameters_to_context(ctx, st->codecpar);
   if (r < 0)
     return av_fail(d, err, SPN_EMEDIA, r, "codec parameters");
@@ -171,7 +172,12 @@ int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_dec
                        path, d->o.start, d->o.duration, (int)d->o.audio_rate, (int)d->o.audio_channels);
     goto out_free;
   }
-  int r = avformat_open_input(&d->fmt, path, NULL, NULL);
+  if (!(d->fmt = avformat_alloc_context())) {
+    rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
+    goto out_free;
+  }
+  spn_media_log_claim_format(d->fmt, d->o.log);
+  int r = avformat_open_input(&d->fmt, path, NULL, NULL); /* frees d->fmt on failure */
   if (r < 0) {
     rc = av_fail(d, err, r == AVERROR(ENOENT) ? SPN_ENOENT : SPN_EMEDIA, r, NULL);
     goto out_free;

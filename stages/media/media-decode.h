@@ -23,6 +23,7 @@
 
 #include "spindle/image.h"
 #include "spindle/status.h"
+#include "media-log.h"
 
 typedef enum spn_hwaccel {
   SPN_HWACCEL_NONE = 0,
@@ -45,9 +46,10 @@ typedef struct spn_decode_opts {
    * the stream and the time. 1: corrupt packets are skipped and an early end
    * is accepted; spn_decode_info_t counts what was lost. */
   int32_t tolerate_errors;
+  const spn_media_log_t *log; /* FFmpeg's messages for this file go here; borrowed, NULL: dropped */
 } spn_decode_opts_t;
 
-#define SPN_DECODE_OPTS_INIT {SPN_PIXFMT_RGB24, 1, 1, 0, 0, 0.0, 0.0, SPN_HWACCEL_NONE, 1, 0}
+#define SPN_DECODE_OPTS_INIT {SPN_PIXFMT_RGB24, 1, 1, 0, 0, 0.0, 0.0, SPN_HWACCEL_NONE, 1, 0, NULL}
 
 typedef struct spn_decode_info {
   int32_t has_video, has_audio;

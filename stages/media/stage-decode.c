@@ -66,7 +66,14 @@ typedef struct decode_job {
   uint64_t vseq, aseq;
   int64_t total;
   const char *path;  /* the job's config string (host-owned, valid for the job) */
+  spn_stage_t *stage;
+  spn_media_log_t log; /* FFmpeg's messages about this job's file */
 } decode_job_t;
+
+static void ffmpeg_log(void *user, int32_t level, const char *msg) {
+  decode_job_t *j = user;
+  host->log(j->stage, j->job_id, level, "%s: %s", j->path, msg);
+}
 
 static int32_t parse_options(spn_stage_t *stage, const decode_config_t *c, spn_decode_opts_t *o, spn_error_t *err) {
   spn_decode_opts_t d = SPN_DECODE_OPTS_INIT;
@@ -112,6 +119,9 @@ static int32_t decode_job_open(spn_stage_t *stage, void *state, const spn_job_in
     return spn_error_set(err, SPN_ENOMEM, "decode: out of memory");
   j->job_id = job->job_id;
   j->path = c->path;
+  j->stage = stage;
+  j->log = (spn_media_log_t){.magic = SPN_MEDIA_LOG_MAGIC, .fn = ffmpeg_log, .user = j};
+  o.log = &j->log;
   if ((rc = spn_decoder_new(c->path, &o, &j->dec, err))) {
     free(j);
     return rc;
@@ -231,6 +241,7 @@ static void decode_destroy(spn_stage_t *stage, void *state) {}
 
 static int32_t decode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
   host = h;
+  spn_media_log_install();
   static const spn_stage_kind_t kind = {
       .struct_size = sizeof(spn_stage_kind_t),
       .name = "decode",

@@ -28,6 +28,7 @@ typedef struct encode_config {
   bool faststart;
   double fps;
   char *pixel_format;
+  int64_t audio_bitrate;
 } encode_config_t;
 
 static const spn_config_field_t encode_schema[] = {
@@ -51,6 +52,10 @@ static const spn_config_field_t encode_schema[] = {
      .doc = "nominal frame rate written to the stream", .def_float = 25.0, .min = 0.001, .max = 1000.0},
     {.key = "pixel_format", .type = SPN_CONFIG_STRING, .offset = offsetof(encode_config_t, pixel_format),
      .doc = "channel order of incoming frames: rgb24 or bgr24", .def_str = "rgb24"},
+    {.key = "audio_bitrate", .type = SPN_CONFIG_INT, .flags = SPN_CONFIG_PER_JOB,
+     .offset = offsetof(encode_config_t, audio_bitrate),
+     .doc = "AAC bit rate in bit/s (0: 64 kbit/s per channel, capped at what AAC fits at the source rate)",
+     .def_int = 0, .min = 0, .max = 1000000},
     {0},
 };
 
@@ -62,7 +67,14 @@ typedef struct encode_job {
   spn_encoder_t *enc;
   bool failed;
   int64_t frames;
+  spn_stage_t *stage;
+  spn_media_log_t log; /* FFmpeg's messages about this job's file */
 } encode_job_t;
+
+static void ffmpeg_log(void *user, int32_t level, const char *msg) {
+  encode_job_t *j = user;
+  host->log(j->stage, j->job_id, level, "%s: %s", j->cfg.path, msg);
+}
 
 static int32_t encode_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
   const encode_config_t *c = config;
@@ -80,6 +92,8 @@ static int32_t encode_job_open(spn_stage_t *stage, void *state, const spn_job_in
     return spn_error_set(err, SPN_ENOMEM, "encode: out of memory");
   j->job_id = job->job_id;
   j->cfg = *(const encode_config_t *)job->config;
+  j->stage = stage;
+  j->log = (spn_media_log_t){.magic = SPN_MEDIA_LOG_MAGIC, .fn = ffmpeg_log, .user = j};
   *job_state = j;
   return SPN_OK;
 }
@@ -91,6 +105,8 @@ static int32_t open_encoder(encode_job_t *j, int32_t w, int32_t h, int32_t fmt, 
   o.preset = j->cfg.preset;
   o.bitrate = j->cfg.bitrate;
   o.faststart = j->cfg.faststart;
+  o.log = &j->log;
+  o.audio_bitrate = (int32_t)j->cfg.audio_bitrate;
   o.audio_path = j->cfg.audio_path && *j->cfg.audio_path ? j->cfg.audio_path : NULL;
   /* nominal rate as a rational with millisecond-of-a-frame precision */
   o.fps_num = (int32_t)llround(j->cfg.fps * 1000.0);
@@ -169,6 +185,7 @@ static void encode_destroy(spn_stage_t *stage, void *state) {}
 
 static int32_t encode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
   host = h;
+  spn_media_log_install();
   static const spn_stage_kind_t kind = {
       .struct_size = sizeof(spn_stage_kind_t),
       .name = "encode",

@@ -21,6 +21,13 @@ grep -Eq 'job [0-9]+ succeeded: 100 frames' out.txt || fail "summary: $(cat out.
 ffprobe -v error -select_streams a -show_entries stream=codec_name -of csv=p=0 out.mp4 | grep -qx aac ||
   fail "out.mp4 has no AAC audio"
 [ -z "$(ls -A | grep -v -e '^out.mp4$' -e '^out.txt$' -e '^err.txt$')" ] || fail "stray files: $(ls -A)"
+# FFmpeg's own log goes through Spindle's logger: nothing of x264's or the
+# AAC encoder's statistics (FFmpeg info level = Spindle debug) at the default
+# level, and no "Too many bits" (the AAC rate fits the 16 kHz mono source).
+! grep -Eiq 'x264|kb/s|aac|too many bits|frame I:|mov,mp4' err.txt || fail "FFmpeg lines on stderr: $(cat err.txt)"
+ffprobe -v error -select_streams a -show_entries stream=bit_rate -of csv=p=0 out.mp4 |
+  python3 -c "import sys; b = int(sys.stdin.read()); sys.exit(0 if 40000 <= b <= 96000 else 1)" ||
+  fail "AAC bit rate of a 16 kHz mono soundtrack is not 64 kbit/s"
 
 # A 1 s segment of the 4 s clip: the soundtrack taken from the whole clip is
 # cut where the pictures end (within one 25 fps frame), not muxed to 4 s.
@@ -58,6 +65,17 @@ python3 -c "import sys; d = open(sys.argv[1], 'rb').read(); open('third.mp4', 'w
 rc=$?
 [ $rc -eq 1 ] || fail "truncated input: exit $rc, want 1: $(cat out.txt)"
 grep -Eq 'third.mp4: truncated: video ends at 1\.[0-9]+ s of 4\.00 s' err.txt || fail "truncated message: $(tail -3 err.txt)"
+# FFmpeg's detail about the damage is a log line of stage decode, JSON like
+# every other line when logs are JSON
+"$spindle" run "$src/configs/transcode.toml" --set decode.path=third.mp4 --set encode.path=t.mp4 \
+  --set encode.audio_path= --log-format json >out.txt 2>err.txt
+python3 - err.txt <<'PY' || fail "JSON log: $(cat err.txt)"
+import json, sys
+lines = [l for l in open(sys.argv[1]) if l.strip() and not l.startswith(("spindle run:", "  stage"))]
+recs = [json.loads(l) for l in lines]  # every log line is JSON
+ff = [r for r in recs if r.get("stage") == "decode" and "third.mp4: h264: " in r["msg"]]
+assert ff and all(r["level"] == "warn" for r in ff), recs
+PY
 [ ! -e t.mp4 ] || fail "t.mp4 exists after a failed job"
 # ... and tolerate_errors accepts it explicitly, with a warning saying so
 "$spindle" run "$src/configs/transcode.toml" --set decode.path=third.mp4 --set decode.tolerate_errors=true \
