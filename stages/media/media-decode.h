@@ -82,6 +82,17 @@ typedef struct spn_media_item {
   int32_t channels, rate;
 } spn_media_item_t;
 
+/* Meta items the decode stage adds to its messages and encode reads
+ * (plain structs in native byte order: a pipeline runs on one machine). */
+#define SPN_MEDIA_IMAGE_META "image"
+typedef struct spn_media_image_meta {
+  int32_t width, height, format;   /* spn_pixfmt_t */
+} spn_media_image_meta_t;
+#define SPN_MEDIA_AUDIO_META "audio_format"
+typedef struct spn_media_audio_meta {
+  int32_t rate, channels;          /* channels 0: the job has no audio */
+} spn_media_audio_meta_t;
+
 typedef struct spn_decoder spn_decoder_t;
 
 /* Open path. Ownership: caller owns *out (spn_decoder_free). Thread: any;

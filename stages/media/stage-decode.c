@@ -7,7 +7,12 @@
  * for nv12/yuv420p) and audio on port 1 ("audio": item "pcm", (samples,
  * channels) f32). Each port has its own dense seq from 0; envelopes carry the
  * pts in seconds; the video envelope's `total` is the frame count estimated
- * from the container (-1 when unknown). An unreadable, corrupt or truncated
+ * from the container (-1 when unknown). Every frame carries an "image" meta
+ * item (width, height, pixel format: the (N) vector of nv12/yuv420p needs
+ * it); every audio message an "audio_format" one (rate, channels), and the
+ * audio port's first message of each job is that item alone — channels 0
+ * when no audio follows — so a consumer such as encode_av knows the
+ * soundtrack's format, or its absence, before the first picture. An unreadable, corrupt or truncated
  * file fails the job with a message naming the file and what is wrong,
  * unless `tolerate_errors` accepts the damage (then a warning says what was
  * lost).
@@ -66,6 +71,7 @@ typedef struct decode_job {
   uint64_t vseq, aseq;
   int64_t total;
   const char *path;  /* the job's config string (host-owned, valid for the job) */
+  bool format_sent;  /* the audio port's "audio_format" message went out */
   spn_stage_t *stage;
   spn_media_log_t log; /* FFmpeg's messages about this job's file */
 } decode_job_t;
@@ -191,6 +197,14 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
   rc = host->msg_new(stage, &env, &msg, err);
   if (rc == SPN_OK)
     rc = host->msg_add_tensor(msg, video ? "frame" : "pcm", &t, buf, err);
+  if (rc == SPN_OK && video) {
+    /* size and layout: the (N) vector of nv12/yuv420p needs them */
+    spn_media_image_meta_t im_meta = {.width = im->width, .height = im->height, .format = im->format};
+    rc = host->msg_add_meta(msg, SPN_MEDIA_IMAGE_META, &im_meta, sizeof im_meta, err);
+  } else if (rc == SPN_OK) {
+    spn_media_audio_meta_t am = {.rate = it->rate, .channels = it->channels};
+    rc = host->msg_add_meta(msg, SPN_MEDIA_AUDIO_META, &am, sizeof am, err);
+  }
   host->buffer_unref(&buf);
   if (rc) {
     host->msg_free(&msg);
@@ -207,10 +221,34 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
   return SPN_OK;
 }
 
+/* The audio port's first message of a job: the format (channels 0: no
+ * audio will follow), so a consumer knows before the first picture. */
+static int32_t send_audio_format(spn_stage_t *stage, decode_job_t *j, spn_error_t *err) {
+  const spn_decode_info_t *in = spn_decoder_info(j->dec);
+  spn_media_audio_meta_t am = {.rate = in->has_audio ? in->audio_rate : 0,
+                               .channels = in->has_audio ? in->audio_channels : 0};
+  spn_envelope_t env = {.struct_size = sizeof env, .job_id = j->job_id, .stream = 1, .seq = j->aseq, .pts = 0,
+                        .total = -1};
+  spn_msg_t *msg = NULL;
+  int32_t rc = host->msg_new(stage, &env, &msg, err);
+  if (rc == SPN_OK)
+    rc = host->msg_add_meta(msg, SPN_MEDIA_AUDIO_META, &am, sizeof am, err);
+  if (rc == SPN_OK)
+    rc = host->emit(stage, 1, &msg, err);
+  host->msg_free(&msg);
+  if (rc == SPN_OK) {
+    j->aseq++;
+    j->format_sent = true;
+  }
+  return rc;
+}
+
 static int32_t decode_generate(spn_stage_t *stage, void *state, void *job_state, spn_error_t *err) {
   decode_job_t *j = job_state;
   if (host->job_cancelled(stage, j->job_id))
     return SPN_ECANCELLED;
+  if (!j->format_sent)
+    return send_audio_format(stage, j, err);
   spn_media_item_t it;
   int32_t rc = spn_decoder_next(j->dec, &it, err);
   if (rc == SPN_EOS) {

@@ -40,6 +40,38 @@ python3 -c "import sys; v, a = float('$vdur'), float('$adur'); sys.exit(0 if abs
   fail "segment: video $vdur s, audio $adur s (want both 1 s within a frame)"
 rm -f seg.mp4
 
+# Audio through the DAG stays in sync for a segment that starts after 0: a
+# source whose only sound is a 1 kHz burst at 2.50-2.60 s, cut at 2.0 s,
+# has the burst at 0.50 s. The frames go through as yuv420p and as nv12 (no
+# RGB round trip) and match the source (PSNR).
+ffmpeg -v error -f lavfi -i testsrc=size=160x120:rate=25:duration=4 \
+  -f lavfi -i "aevalsrc='if(between(t,2.5,2.6),0.5*sin(2*PI*1000*t),0)':s=48000:d=4" \
+  -c:v libx264 -preset ultrafast -pix_fmt yuv420p -c:a aac -shortest burst.mp4 || fail "ffmpeg burst.mp4"
+for pf in yuv420p nv12; do
+  "$spindle" run "$src/configs/transcode.toml" --set decode.path=burst.mp4 --set decode.pixel_format=$pf \
+    --set decode.start=2.0 --set decode.duration=1.0 --set encode.path=b.mp4 --set encode.preset=ultrafast \
+    --set encode.crf=10 >out.txt 2>err.txt || fail "burst $pf: exit $?: $(tail -3 err.txt)"
+  grep -Eq 'job [0-9]+ succeeded: 25 frames' out.txt || fail "burst $pf summary: $(cat out.txt)"
+  ffmpeg -v error -i b.mp4 -f f32le -ac 1 -ar 48000 - >b.f32 || fail "ffmpeg decode b.mp4"
+  python3 - b.f32 <<'PY' || fail "burst $pf: the audio is out of sync"
+import array, sys
+a = array.array("f"); a.frombytes(open(sys.argv[1], "rb").read())
+win = 480  # 10 ms
+e = [sum(x * x for x in a[i:i + win]) for i in range(0, len(a) - win, win)]
+peak = [i for i, v in enumerate(e) if v > max(e) * 0.25]
+start = peak[0] * 0.01
+print(f"burst at {start:.2f} s, audio {len(a) / 48000:.2f} s")
+sys.exit(0 if abs(start - 0.50) <= 0.03 and abs(len(a) / 48000 - 1.0) <= 0.05 else 1)
+PY
+  # the pictures are the source's 2.0-3.0 s
+  ffmpeg -v error -ss 2.0 -t 1.0 -i burst.mp4 -an -f rawvideo -pix_fmt yuv420p ref.yuv || fail "ffmpeg ref"
+  psnr=$(ffmpeg -hide_banner -i b.mp4 -f rawvideo -pix_fmt yuv420p -s 160x120 -r 25 -i ref.yuv -lavfi psnr -f null - 2>&1 |
+    sed -n 's/.*average:\([0-9.inf]*\).*/\1/p')
+  python3 -c "import sys; p = '$psnr'; sys.exit(0 if p and (p == 'inf' or float(p) > 38) else 1)" ||
+    fail "burst $pf: PSNR against the source is '$psnr' dB"
+  rm -f b.mp4 b.f32 ref.yuv
+done
+
 # A missing input fails the job and names the file.
 "$spindle" run "$src/configs/transcode.toml" --set decode.path="$tmp/nope.mp4" --set encode.path=out2.mp4 \
   >out.txt 2>err.txt
