@@ -259,6 +259,13 @@ int32_t spn_op_check(const spn_model_t *m, const spn_node_t *n, spn_error_t *err
 /* cpu-kernels.c: run one node on the host (CPU backend, constant folding,
  * shape-class values). */
 int32_t spn_cpu_exec(spn_run_t *r, const spn_node_t *n);
+/* Resize/Upsample index and weight tables over (D, H, W) (1-D and 2-D
+ * resizes have leading size-1 axes): *i0 holds the first source index of
+ * every output coordinate, D then H then W (tot = osh[0]+osh[1]+osh[2]
+ * entries), followed by the second (linear) index; *w the weight of the
+ * second. Shared by the CPU kernel and device backends. Caller frees both. */
+int32_t spn_resize_tables(spn_run_t *r, const spn_node_t *n, int64_t *ish, int64_t *osh, int *linear,
+                          int64_t **i0, float **w);
 
 /* cpu-dnnl.c (the CPU backend's oneDNN part) */
 int32_t spn_dnnl_engine_new(void **eng, spn_error_t *err);
