@@ -2,7 +2,10 @@
  * runner.
  *
  * Output discipline: every output i is written to a temporary file beside its
- * final path, named ".<final name>.spn-<job id>-<attempt>.tmp". An attempt
+ * final path, named ".<stem>.spn-<job id>-<attempt>.tmp<.ext>" (the final
+ * name's extension kept last, so a runner that picks a container or format
+ * from the name — the encode stage does — sees the one the user asked for:
+ * "out.mp4" is written as ".out.spn-7-1.tmp.mp4"). An attempt
  * first removes the temporaries of the job's earlier attempts (left by a
  * worker killed mid-write), so a retry never leaves a second file; an attempt
  * that lost its lease but still runs (a frozen worker that woke up) cannot
@@ -272,10 +275,16 @@ static char *tmp_name(const char *final, int64_t id, uint32_t attempt) {
   const char *slash = strrchr(final, '/');
   size_t dirlen = slash ? (size_t)(slash - final + 1) : 0;
   const char *base = final + dirlen;
+  /* The extension is the last dot's suffix, not a leading dot (".hidden"
+   * has none) and not an empty one ("out." has none). */
+  const char *dot = strrchr(base, '.');
+  if (!dot || dot == base || !dot[1])
+    dot = base + strlen(base);
   size_t n = strlen(final) + 64;
   char *t = malloc(n);
   if (t)
-    snprintf(t, n, "%.*s.%s.spn-%lld-%u.tmp", (int)dirlen, final, base, (long long)id, attempt);
+    snprintf(t, n, "%.*s.%.*s.spn-%lld-%u.tmp%s", (int)dirlen, final, (int)(dot - base), base, (long long)id,
+             attempt, dot);
   return t;
 }
 
