@@ -239,8 +239,8 @@ def case_basic(tmp):
     check(stray_files(tmp) == [], f"temporary files left: {stray_files(tmp)}")
     # cancel a queued job (deadline + queued behind a long one with 2 workers busy)
     longs = [int(cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/l{i}.bin",
-                     "--param", "chunk_delay_ms=40", "--connect", ep, check_rc=0).stdout.split()[0])
-             for i in range(2)]
+                     "--param", "chunk_delay_ms=120", "--connect", ep, check_rc=0).stdout.split()[0])
+             for i in range(2)]  # 3 s each: still running under a loaded CI machine
     q = int(cli("submit", "noop", "--priority", "-5", "--connect", ep, check_rc=0).stdout.split()[0])
     dl = int(cli("submit", "noop", "--priority", "-5", "--deadline", "0.3", "--connect", ep,
                  check_rc=0).stdout.split()[0])
@@ -988,7 +988,7 @@ def case_drain(tmp):
                         "--drain-grace-s", "20", "--exec-log", log)
     make_file(f"{tmp}/in.bin", 160_000, 31)  # 20 chunks
     a = int(cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/a.bin",
-                "--param", "chunk_delay_ms=60", "--connect", ep, check_rc=0).stdout.split()[0])
+                "--param", "chunk_delay_ms=150", "--connect", ep, check_rc=0).stdout.split()[0])  # 3 s
     b = int(cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/b.bin",
                 "--connect", ep, check_rc=0).stdout.split()[0])
     wait_for(lambda: status(ep, a)["done"] >= 2, 20, "the job to run")
