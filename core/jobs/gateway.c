@@ -555,6 +555,7 @@ void spn__gateway_handle(spn_server_t *s, spn_pmsg_t *m) {
   else if (!strcmp(t, "HELLO"))
     on_hello(s, m);
   else if (!strcmp(t, "LEASE") || !strcmp(t, "HEARTBEAT") || !strcmp(t, "PROGRESS") ||
+           !strcmp(t, "DRAIN") || !strcmp(t, "RELEASE") ||
            !strcmp(t, "DONE") || !strcmp(t, "FAIL")) {
     /* With a workers key directory, only connections authenticated with a
      * worker key may lease or report jobs: a client key cannot mark a job

@@ -147,6 +147,23 @@ void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m) {
     if (r && r->attempt == (uint32_t)att && !strcmp(r->owner, w->owner)) {
       spn__sched_progress(s, r, (uint64_t)(done < 0 ? 0 : done), (uint64_t)(total < 0 ? 0 : total));
     }
+  } else if (!strcmp(m->type, "DRAIN")) {
+    /* The worker is stopping: no more jobs for it; it finishes or RELEASEs
+     * what it runs. */
+    w->credit = 0;
+    w->leased = true;
+  } else if (!strcmp(m->type, "RELEASE")) {
+    int64_t id, att;
+    if (!lease_args(s, m, &id, &att))
+      return;
+    /* Back to the queue without costing an attempt (the worker stopped it,
+     * it did not fail). A stale release changes nothing. */
+    if (s->q.ops->release(s->q.impl, id, (uint32_t)att, w->owner, "worker drained", now, &err) == SPN_OK) {
+      spn_run_t *r = spn__run_find(s, id);
+      if (r && r->attempt == (uint32_t)att && !strcmp(r->owner, w->owner))
+        spn__run_remove(s, id);
+      spn__notify(s, id);
+    }
   } else { /* DONE or FAIL */
     int64_t id, att;
     if (!lease_args(s, m, &id, &att))

@@ -7,6 +7,11 @@
  * HEARTBEAT with the (id, attempt) of every job it runs; that renews their
  * leases. A gateway that restarted answers {"known": false} and the worker
  * grants its free slots again. Only the main thread touches the socket.
+ *
+ * SIGTERM (cfg->stop) drains: the worker sends DRAIN (the gateway sends it
+ * no more jobs), hands back with RELEASE any job that was already on its way,
+ * lets running jobs finish for up to drain_grace_s, then stops the rest and
+ * RELEASEs them (back to the queue without costing an attempt).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +29,11 @@ typedef struct wctx {
   const spn_worker_config_t *cfg;
   spn_slot_pool_t *pool;
   char name[128];
+  bool draining;
+  /* per slot: the job it runs (main thread only) */
+  bool *busy;
+  int64_t *id;
+  uint32_t *att;
 } wctx_t;
 
 static void send_body(void *sock, const char *type, cJSON *b) {
@@ -46,11 +56,24 @@ static void grant(wctx_t *w, void *sock, int64_t credit) {
   send_body(sock, "LEASE", b);
 }
 
+static void send_release(wctx_t *w, void *sock, int64_t id, int64_t att) {
+  cJSON *b = body(w);
+  if (b) {
+    cJSON_AddNumberToObject(b, "id", (double)id);
+    cJSON_AddNumberToObject(b, "attempt", (double)att);
+  }
+  send_body(sock, "RELEASE", b);
+}
+
 static void on_job(wctx_t *w, void *sock, const cJSON *m) {
   int64_t id = 0, att = 0;
   const cJSON *spec = cJSON_GetObjectItemCaseSensitive(m, "spec");
   if (!spn__json_int(m, "id", &id) || !spn__json_int(m, "attempt", &att) || !cJSON_IsObject(spec)) {
     fprintf(stderr, "spindle worker: malformed JOB from the gateway; ignored\n");
+    return;
+  }
+  if (w->draining) {
+    send_release(w, sock, id, att); /* sent before the gateway saw DRAIN */
     return;
   }
   int32_t sl = spn__slot_pool_idle(w->pool);
@@ -71,6 +94,9 @@ static void on_job(wctx_t *w, void *sock, const cJSON *m) {
     return;
   }
   spn__slot_pool_assign(w->pool, (uint32_t)sl, &js);
+  w->busy[sl] = true;
+  w->id[sl] = id;
+  w->att[sl] = (uint32_t)att;
 }
 
 int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *runner,
@@ -90,7 +116,10 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
   }
   void *ctx = zmq_ctx_new();
   void *sock = ctx ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
-  if (!sock) {
+  w.busy = calloc(cfg->slots, sizeof *w.busy);
+  w.id = calloc(cfg->slots, sizeof *w.id);
+  w.att = calloc(cfg->slots, sizeof *w.att);
+  if (!sock || !w.busy || !w.id || !w.att) {
     rc = spn_error_set(err, SPN_ENOMEM, "worker: cannot create its socket");
     goto out;
   }
@@ -117,7 +146,25 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
   grant(&w, sock, cfg->slots);
   double hb = (cfg->heartbeat_ms ? cfg->heartbeat_ms : 1000) / 1000.0, last_hb = spn__mono_s();
   char last_error[256] = "";
-  while (!(cfg->stop && *cfg->stop)) {
+  double drain_until = 0;
+  for (;;) {
+    if (cfg->stop_now && *cfg->stop_now)
+      break;
+    if (cfg->stop && *cfg->stop && !w.draining) {
+      if (cfg->drain_grace_s == 0)
+        break;
+      w.draining = true;
+      drain_until = spn__mono_s() + cfg->drain_grace_s;
+      send_body(sock, "DRAIN", body(&w));
+      fprintf(stderr, "spindle worker %s: draining (up to %u s)\n", w.name, cfg->drain_grace_s);
+    }
+    if (w.draining) {
+      bool any = false;
+      for (uint32_t i = 0; i < cfg->slots; i++)
+        any |= w.busy[i];
+      if (!any || spn__mono_s() >= drain_until)
+        break;
+    }
     zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
     zmq_poll(&it, 1, 10);
     for (;;) {
@@ -135,7 +182,7 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
         if (id > 0 && att >= 0)
           spn__slot_pool_cancel_job(w.pool, id, (uint32_t)att);
       } else if (!strcmp(m.type, "HEARTBEAT")) {
-        if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m.body, "known"))) {
+        if (!w.draining && !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m.body, "known"))) {
           grant(&w, sock, spn__slot_pool_idle_count(w.pool));
         }
       } else if (!strcmp(m.type, "ERROR")) {
@@ -174,7 +221,9 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
         send_body(sock, r->res.status == SPN_OK ? "DONE" : "FAIL", b);
         /* The thread cleared `assigned` before reporting: the slot is free. */
         spn__slot_pool_set_idle(w.pool, r->slot);
-        grant(&w, sock, 1);
+        w.busy[r->slot] = false;
+        if (!w.draining)
+          grant(&w, sock, 1);
       }
       free(r);
       r = next;
@@ -199,11 +248,36 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
       send_body(sock, "HEARTBEAT", b);
     }
   }
+  /* Stop what still runs; report what finished; hand the rest back. */
+  spn__slot_pool_stop(w.pool);
+  for (spn_slot_report_t *r = spn__slot_pool_take(w.pool), *next; r; r = next) {
+    next = r->next;
+    if (r->kind == SPN_SLOT_FINISHED && r->res.status == SPN_OK && w.busy[r->slot]) {
+      cJSON *b = body(&w);
+      if (b) {
+        cJSON_AddNumberToObject(b, "id", (double)r->id);
+        cJSON_AddNumberToObject(b, "attempt", r->attempt);
+        cJSON_AddNumberToObject(b, "compute_s", r->res.compute_s);
+        cJSON_AddNumberToObject(b, "gpu_s", r->res.gpu_s);
+      }
+      send_body(sock, "DONE", b);
+      w.busy[r->slot] = false;
+    }
+    free(r);
+  }
+  for (uint32_t i = 0; i < cfg->slots; i++)
+    if (w.busy[i])
+      send_release(&w, sock, w.id[i], w.att[i]);
+  int linger = 2000; /* let DONE and RELEASE reach the gateway */
+  zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
 out:
   if (sock)
     zmq_close(sock);
   if (ctx)
     zmq_ctx_term(ctx);
   spn__slot_pool_free(&w.pool);
+  free(w.busy);
+  free(w.id);
+  free(w.att);
   return rc;
 }

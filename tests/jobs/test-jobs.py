@@ -1017,6 +1017,41 @@ def case_drain(tmp):
     check(exec_counts(log) == {a: 1, b: 1, c: 1}, f"completions: {exec_counts(log)}")
 
 
+def case_worker_drain(tmp):
+    """SIGTERM of a busy remote worker: it gets no new job, its running jobs
+    finish, it exits 0; with the grace over, its job goes back to the queue
+    without costing an attempt and runs elsewhere. No partial output."""
+    log = f"{tmp}/exec.log"
+    p, ep = start_serve(tmp, "--workers", "0", "--heartbeat-ms", "200", "--lease-ms", "2000")
+    make_file(f"{tmp}/in.bin", 80_000, 51)  # 20 chunks of 4 KiB
+    w1 = start_worker(tmp, ep, "--slots", "2", "--chunk-bytes", "4096", "--heartbeat-ms", "200",
+                      "--exec-log", log, name="d1")
+    os.mkdir(f"{tmp}/out")
+    ids = submit_many(ep, tmp, 6, 100, f"{tmp}/out")  # 2 s each
+    wait_for(lambda: len(exec_counts(log, "start")) == 2, 20, "the worker to start two jobs")
+    first = sorted(exec_counts(log, "start"))
+    w1.send_signal(signal.SIGTERM)
+    check(w1.wait(30) == 0, f"draining worker exit {w1.returncode}")
+    check(sorted(exec_counts(log)) == first, f"drained worker ran {exec_counts(log)}, want {first} only")
+    for j in first:
+        st = status(ep, j)
+        check(st["state"] == "succeeded" and st["attempts"] == 1, f"drained job {st}")
+    # grace over: the job goes back without losing an attempt
+    w2 = start_worker(tmp, ep, "--slots", "1", "--chunk-bytes", "4096", "--heartbeat-ms", "200",
+                      "--drain-grace-s", "1", "--exec-log", log, name="d2")
+    wait_for(lambda: len(exec_counts(log, "start")) == 3, 20, "the next job to start")
+    third = [j for j in exec_counts(log, "start") if j not in first][0]
+    w2.send_signal(signal.SIGTERM)
+    check(w2.wait(20) == 0, f"worker exit {w2.returncode}")
+    st = wait_for(lambda: (lambda s: s if s["state"] == "queued" else None)(status(ep, third)), 10,
+                  "the released job to be queued again")
+    check(st["attempts"] == 0 and st["errors"] == [], f"a drain cost an attempt: {st}")
+    w3 = start_worker(tmp, ep, "--slots", "2", "--chunk-bytes", "4096", "--exec-log", log, name="d3")
+    wait_all(ep, ids, 60)
+    check_exactly_once(tmp, log, ids, f"{tmp}/out", f"{tmp}/in.bin")
+    check(status(ep, third)["attempts"] == 1, "the released job ran as attempt 1")
+
+
 def case_queue_workers(tmp):
     """Redis only: stateless workers lease straight from the queue.
     Priorities order the work; kill -9 of a busy worker loses nothing;
