@@ -239,8 +239,8 @@ def case_basic(tmp):
     check(stray_files(tmp) == [], f"temporary files left: {stray_files(tmp)}")
     # cancel a queued job (deadline + queued behind a long one with 2 workers busy)
     longs = [int(cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/l{i}.bin",
-                     "--param", "chunk_delay_ms=120", "--connect", ep, check_rc=0).stdout.split()[0])
-             for i in range(2)]  # 3 s each: still running under a loaded CI machine
+                     "--param", "chunk_delay_ms=240", "--connect", ep, check_rc=0).stdout.split()[0])
+             for i in range(2)]  # 6 s each: still running under a loaded CI machine or ASan
     q = int(cli("submit", "noop", "--priority", "-5", "--connect", ep, check_rc=0).stdout.split()[0])
     dl = int(cli("submit", "noop", "--priority", "-5", "--deadline", "0.3", "--connect", ep,
                  check_rc=0).stdout.split()[0])
@@ -988,14 +988,22 @@ def case_drain(tmp):
                         "--drain-grace-s", "20", "--exec-log", log)
     make_file(f"{tmp}/in.bin", 160_000, 31)  # 20 chunks
     a = int(cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/a.bin",
-                "--param", "chunk_delay_ms=150", "--connect", ep, check_rc=0).stdout.split()[0])  # 3 s
+                "--param", "chunk_delay_ms=300", "--connect", ep, check_rc=0).stdout.split()[0])  # 6 s
     b = int(cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/b.bin",
                 "--connect", ep, check_rc=0).stdout.split()[0])
     wait_for(lambda: status(ep, a)["done"] >= 2, 20, "the job to run")
     check(http_get(port, "/readyz")[0] == 200, "ready before SIGTERM")
     p.send_signal(signal.SIGTERM)
     wait_for(lambda: http_get(port, "/readyz") == (503, "stopping\n"), 5, "/readyz to answer 503")
-    check(status(ep, a)["state"] == "running", "the running job was stopped instead of drained")
+    # (a raw request: a client process may start too slowly under ASan)
+    ctx = zmq.Context()
+    c = Raw(ctx, ep)
+    c.req("STATUS", {"req": 1, "id": a})
+    m = c.recv(5000)
+    c.close()
+    ctx.term()
+    check(m and m[0] == "STATUS" and m[1]["state"] == "running",
+          f"the running job was stopped instead of drained: {m}")
     check(p.wait(20) == 0, f"gateway exit {p.returncode}")
     check(same(f"{tmp}/in.bin", f"{tmp}/a.bin"), "the drained job's output")
     check(not os.path.exists(f"{tmp}/b.bin") and stray_files(tmp) == [], "a queued job started while draining")
