@@ -93,19 +93,21 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
   return true;
 }
 
-static void lease_some(qw_t *w) {
+/* Lease for every idle slot. Returns false when the queue had nothing (or
+ * could not be reached): the caller waits before asking again. */
+static bool lease_some(qw_t *w) {
   for (;;) {
     int32_t slot = spn__slot_pool_idle(w->pool);
     if (slot < 0)
-      return;
+      return true;
     spn_queue_job_t j;
     spn_error_t err = SPN_ERROR_INIT;
     int32_t rc = w->q.ops->lease(w->q.impl, w->owner[slot], spn__now_ms(), w->cfg->lease_ms, &j, &err);
     if (rc == SPN_EAGAIN)
-      return;
+      return false;
     if (rc < 0) {
       say_error(w, err.msg);
-      return;
+      return false;
     }
     w->last_error[0] = '\0';
     qrun_t *r = &w->runs[slot];
@@ -216,7 +218,8 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
   double renew_every = cfg->lease_ms / 3000.0, sweep_every = cfg->lease_ms / 2000.0;
   double last_renew = spn__mono_s(), last_sweep = 0, drain_until = 0;
   bool draining = false;
-  uint32_t idle_ms = 1;
+  uint32_t wait_ms = 1;  /* between lease attempts: doubles up to 50 while the queue is empty */
+  double next_lease = 0;
   spn_slot_report_t *pending = NULL;
   for (;;) {
     double mono = spn__mono_s();
@@ -241,8 +244,14 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     }
     bool busy_before = running(&w) > 0;
     pending = apply(&w, r);
-    if (!draining)
-      lease_some(&w);
+    if (!draining && mono >= next_lease) {
+      if (lease_some(&w)) {
+        wait_ms = 1;
+      } else {
+        wait_ms = wait_ms < 50 ? wait_ms * 2 : 50;
+        next_lease = mono + wait_ms / 1000.0;
+      }
+    }
     if (mono - last_renew >= renew_every) {
       last_renew = mono;
       renew_all(&w);
@@ -253,10 +262,10 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
       if (w.q.ops->sweep(w.q.impl, spn__now_ms(), swept, &w, &e) < 0)
         say_error(&w, e.msg);
     }
-    /* Poll faster while work flows; back off to 50 ms when idle. */
+    /* Reports are picked up every millisecond while jobs run; the queue is
+     * asked for work at most every wait_ms while it is empty. */
     bool active = busy_before || running(&w) > 0;
-    idle_ms = active ? 1 : (idle_ms < 50 ? idle_ms * 2 : 50);
-    struct timespec ts = {0, (long)idle_ms * 1000000L};
+    struct timespec ts = {0, (active ? 1L : (long)wait_ms) * 1000000L};
     nanosleep(&ts, NULL);
   }
   /* Stop what still runs; record what finished; release the rest without
