@@ -173,7 +173,19 @@ static bool cu_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t
       if (!const_in(m, n, k))
         no = "BatchNormalization with non-constant statistics";
     break;
-  case SPN_OP_MATMUL:
+  case SPN_OP_MATMUL: {
+    /* cuBLASLt here: B of rank <= 2 (the batch folds into M), or both of one
+     * rank with equal, known batch dims; else the CPU (1-D A, broadcast). */
+    const spn_value_t *a = &m->vals[n->in[0]], *w = &m->vals[n->in[1]];
+    bool ok = a->ndim >= 2 && w->ndim >= 1 && (w->ndim <= 2 || w->ndim == a->ndim);
+    for (int d = 0; ok && w->ndim > 2 && d < a->ndim - 2; d++)
+      ok = a->shape[d] >= 0 && a->shape[d] == w->shape[d];
+    if (!all_f32_inputs(m, n, 2))
+      no = "only fp32";
+    else if (!ok)
+      no = "1-D, unknown-rank or broadcast-batch operands";
+    break;
+  }
   case SPN_OP_GEMM:
     if (!all_f32_inputs(m, n, 3))
       no = "only fp32";
@@ -492,6 +504,10 @@ static int32_t exec_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bo
     if (c->n_fused == 2) {
       z = r->v[n->post[0].val].data;
       a2 = 1.f;
+    } else {
+      /* z = y with alpha2 = 0: clear y so stale arena bytes (NaN * 0)
+       * cannot leak in, whether or not cuDNN reads z then. */
+      CU(cudaMemsetAsync(y->data, 0, y->bytes, s), "clearing the output");
     }
     DNN(cudnnConvolutionBiasActivationForward(cx->dnn, &one, e->x, x->data, e->w, w, e->conv, (cudnnConvolutionFwdAlgo_t)e->algo, cx->ws, e->ws, &a2, e->y, z, e->bias, bias ? bias : c->zero_bias, e->act, e->y, y->data), "fused convolution");
     from = c->n_fused;
