@@ -360,13 +360,20 @@ int spn_cli_model(int argc, char **argv) {
     fprintf(argc < 2 ? stderr : stdout,
             "usage: spindle model inspect FILE.onnx\n"
             "       spindle model run FILE.onnx --input NAME=in.npy ... --output-dir DIR\n"
-            "                         [--threads N] [--repeat N] [--no-fusion]\n");
+            "                         [--threads N] [--repeat N] [--no-fusion]\n"
+            "       spindle model list | fetch NAME... [--force] | verify [NAME...] | path NAME\n"
+            "       spindle model convert-ncnn MODEL.param MODEL.bin OUT.onnx\n");
     return argc < 2 ? 2 : 0;
   }
   if (!strcmp(argv[1], "inspect"))
     return cmd_inspect(argc - 2, argv + 2);
   if (!strcmp(argv[1], "run"))
     return cmd_run(argc - 2, argv + 2);
+  /* models by name (cli-model-fetch.c) */
+  static const char *const by_name[] = {"list", "fetch", "verify", "path", "convert-ncnn"};
+  for (size_t i = 0; i < sizeof by_name / sizeof by_name[0]; i++)
+    if (!strcmp(argv[1], by_name[i]))
+      return spn__cli_model_names(argc - 1, argv + 1);
   fprintf(stderr, "spindle model: unknown subcommand '%s'\n", argv[1]);
   return 2;
 }
