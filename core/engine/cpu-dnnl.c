@@ -45,30 +45,30 @@ static void entry_free(spn_dnnl_entry_t *e) {
 }
 
 void spn_dnnl_node_free(spn_node_t *n) {
-  if (!n->dnnl)
+  struct spn_dnnl_cache *c = n->bctx;
+  if (!c)
     return;
-  spn_dnnl_entry_t *e = n->dnnl->head;
+  spn_dnnl_entry_t *e = c->head;
   while (e) {
     spn_dnnl_entry_t *nx = e->next;
     entry_free(e);
     e = nx;
   }
-  free(n->dnnl);
-  n->dnnl = NULL;
+  free(c);
+  n->bctx = NULL;
 }
 
-int32_t spn_dnnl_shared_init(spn_engine_shared_t *s, spn_error_t *err) {
+int32_t spn_dnnl_engine_new(void **eng, spn_error_t *err) {
   dnnl_engine_t e;
   if (dnnl_engine_create(&e, dnnl_cpu, 0) != dnnl_success)
     return spn_error_set(err, SPN_EDEVICE, "oneDNN: cannot create the CPU engine");
-  s->dnnl_engine = e;
+  *eng = e;
   return SPN_OK;
 }
 
-void spn_dnnl_shared_fini(spn_engine_shared_t *s) {
-  if (s->dnnl_engine)
-    dnnl_engine_destroy(s->dnnl_engine);
-  s->dnnl_engine = NULL;
+void spn_dnnl_engine_free(void *eng) {
+  if (eng)
+    dnnl_engine_destroy(eng);
 }
 
 int32_t spn_sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
@@ -95,13 +95,13 @@ static void to_dims(dnnl_dims_t d, const int64_t *s, int n) {
 }
 
 static dnnl_stream_t get_stream(spn_run_t *r) {
-  if (!r->dnnl_stream) {
+  if (!r->brun[SPN_BACKEND_CPU]) {
     dnnl_stream_t s;
-    if (dnnl_stream_create(&s, r->m->shared->dnnl_engine, dnnl_stream_default_flags) != dnnl_success)
+    if (dnnl_stream_create(&s, spn_cpu_dnnl_engine(r->m), dnnl_stream_default_flags) != dnnl_success)
       return NULL;
-    r->dnnl_stream = s;
+    r->brun[SPN_BACKEND_CPU] = s;
   }
-  return r->dnnl_stream;
+  return r->brun[SPN_BACKEND_CPU];
 }
 
 static int32_t reorder_now(dnnl_engine_t eng, dnnl_stream_t st, const dnnl_memory_desc_t *from,
@@ -158,7 +158,7 @@ static dnnl_status_t conv_pd(spn_run_t *r, const spn_node_t *n, bool tr, const d
                              const dnnl_memory_desc_t *dst, const dnnl_memory_desc_t *addmd,
                              const dnnl_dims_t sd, const dnnl_dims_t dd, const dnnl_dims_t pld,
                              const dnnl_dims_t prd, int nfuse, dnnl_primitive_desc_t *pd) {
-  dnnl_engine_t eng = r->m->shared->dnnl_engine;
+  dnnl_engine_t eng = spn_cpu_dnnl_engine(r->m);
   dnnl_primitive_attr_t attr = NULL;
   dnnl_post_ops_t po = NULL;
   dnnl_status_t s = dnnl_primitive_attr_create(&attr);
@@ -211,7 +211,7 @@ static dnnl_status_t conv_pd(spn_run_t *r, const spn_node_t *n, bool tr, const d
  * would otherwise fall back to im2col+gemm. */
 static int32_t build_conv(spn_run_t *r, const spn_node_t *n, bool tr, const spn_rt_val_t *x,
                           const spn_rt_val_t *y, spn_dnnl_entry_t *e) {
-  dnnl_engine_t eng = r->m->shared->dnnl_engine;
+  dnnl_engine_t eng = spn_cpu_dnnl_engine(r->m);
   const spn_rt_val_t *w = &r->v[n->in[1]];
   bool has_bias = n->n_in > 2 && n->in[2] >= 0;
   int nd = x->ndim, nsp = nd - 2;
@@ -363,9 +363,10 @@ out:
 }
 
 static spn_dnnl_entry_t *find_entry(spn_node_t *n, const spn_rt_val_t *x) {
-  if (!n->dnnl)
+  struct spn_dnnl_cache *c = n->bctx;
+  if (!c)
     return NULL;
-  for (spn_dnnl_entry_t *e = n->dnnl->head; e; e = e->next)
+  for (spn_dnnl_entry_t *e = c->head; e; e = e->next)
     if (e->ndim == x->ndim && !memcmp(e->key, x->shape, (size_t)x->ndim * sizeof(int64_t)))
       return e;
   return NULL;
@@ -379,11 +380,11 @@ static int32_t get_entry(spn_run_t *r, const spn_node_t *cn, bool tr, spn_builde
                          spn_dnnl_entry_t **out) {
   spn_node_t *n = (spn_node_t *)cn; /* the cache is the node's only mutable part */
   const spn_rt_val_t *x = &r->v[n->in[0]], *y = &r->v[n->out[0]];
-  pthread_mutex_lock(&n->dnnl_lock);
+  pthread_mutex_lock(&n->lock);
   spn_dnnl_entry_t *e = find_entry(n, x);
   int32_t rc = SPN_OK;
   if (!e) {
-    if (!n->dnnl && !(n->dnnl = calloc(1, sizeof *n->dnnl))) {
+    if (!n->bctx && !(n->bctx = calloc(1, sizeof(struct spn_dnnl_cache)))) {
       rc = spn_error_set(r->err, SPN_ENOMEM, "out of memory");
       goto out;
     }
@@ -399,11 +400,12 @@ static int32_t get_entry(spn_run_t *r, const spn_node_t *cn, bool tr, spn_builde
       e = NULL;
       goto out;
     }
-    e->next = n->dnnl->head;
-    n->dnnl->head = e;
+    struct spn_dnnl_cache *c = n->bctx;
+    e->next = c->head;
+    c->head = e;
   }
 out:
-  pthread_mutex_unlock(&n->dnnl_lock);
+  pthread_mutex_unlock(&n->lock);
   *out = e;
   return rc;
 }
@@ -456,7 +458,7 @@ static int32_t rest_posts(spn_run_t *r, const spn_node_t *n, int from) {
 }
 
 static int32_t exec_entry(spn_run_t *r, const spn_node_t *n, spn_dnnl_entry_t *e, bool conv) {
-  dnnl_engine_t eng = r->m->shared->dnnl_engine;
+  dnnl_engine_t eng = spn_cpu_dnnl_engine(r->m);
   dnnl_stream_t st = get_stream(r);
   const spn_rt_val_t *x = &r->v[n->in[0]];
   spn_rt_val_t *y = &r->v[n->out[0]];
@@ -590,7 +592,7 @@ int32_t spn_dnnl_conv(spn_run_t *r, const spn_node_t *n, bool transposed) {
 static int32_t build_pool(spn_run_t *r, const spn_node_t *n, bool unused, const spn_rt_val_t *x,
                           const spn_rt_val_t *y, spn_dnnl_entry_t *e) {
   (void)unused;
-  dnnl_engine_t eng = r->m->shared->dnnl_engine;
+  dnnl_engine_t eng = spn_cpu_dnnl_engine(r->m);
   int nd = x->ndim, nsp = nd - 2;
   const spn_attr_t *ks = spn_node_attr(n, "kernel_shape"), *as = spn_node_attr(n, "strides"),
                    *ad = spn_node_attr(n, "dilations"), *ap = spn_node_attr(n, "pads");
@@ -652,7 +654,7 @@ int32_t spn_dnnl_pool(spn_run_t *r, const spn_node_t *n) {
 }
 
 void spn_dnnl_run_end(spn_run_t *r) {
-  if (r->dnnl_stream)
-    dnnl_stream_destroy(r->dnnl_stream);
-  r->dnnl_stream = NULL;
+  if (r->brun[SPN_BACKEND_CPU])
+    dnnl_stream_destroy(r->brun[SPN_BACKEND_CPU]);
+  r->brun[SPN_BACKEND_CPU] = NULL;
 }

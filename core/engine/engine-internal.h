@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "spindle/engine.h"
 
 #define SPN_MAXD SPN_TENSOR_MAX_DIMS
@@ -111,8 +112,6 @@ typedef struct spn_post {
 } spn_post_t;
 #define SPN_MAX_POST 4
 
-struct spn_dnnl_cache;
-
 typedef struct spn_node {
   int op;
   char *name;
@@ -126,10 +125,21 @@ typedef struct spn_node {
   bool shape_class;
   int n_post;
   spn_post_t post[SPN_MAX_POST];
-  struct spn_dnnl_cache *dnnl; /* backend cache (primitives, reordered weights) */
-  pthread_mutex_t dnnl_lock;
-  bool dnnl_lock_init;
+  int backend;          /* slot of the backend it runs on (plan.c) */
+  void *bctx;           /* that backend's per-node context (node_free) */
+  pthread_mutex_t lock; /* guards bctx for backends that build it lazily */
+  bool lock_init;
 } spn_node_t;
+
+/* Model precision (spn_model_opts_t.precision). */
+typedef enum { SPN_PREC_FP32 = 0, SPN_PREC_TF32 = 1, SPN_PREC_FP16 = 2 } spn_precision_t;
+
+/* A value read by nodes of a backend other than the one holding it: each
+ * run copies it into an arena slot of `slot` before node `first` and frees
+ * that slot after node `last`. */
+typedef struct spn_cross {
+  int val, slot, first, last;
+} spn_cross_t;
 
 typedef struct spn_engine_shared spn_engine_shared_t;
 
@@ -139,6 +149,12 @@ struct spn_model {
   char *key;      /* "device|canonical path" */
   char *path;     /* for messages */
   char *device;
+  int dev_slot;        /* backend slot of the model's device */
+  int precision;       /* spn_precision_t */
+  bool fallback_error; /* refuse nodes the device cannot run */
+  int n_fallback;      /* live nodes placed on the CPU although the device is not */
+  int n_cross;
+  spn_cross_t *cross;
   int refs;       /* guarded by the engine's registry lock */
   int threads;
   int n_val, cap_val;
@@ -161,7 +177,7 @@ struct spn_model {
   pthread_mutex_t pool_lock;
   bool pool_lock_init;
   int n_pool;
-  struct { void *p; size_t n; } pool[8];
+  struct { void *p; size_t n; void *h; int slot; } pool[8];
 };
 
 /* Per-run state of one value. */
@@ -181,26 +197,40 @@ typedef struct spn_run {
   spn_rt_val_t *v;
   spn_error_t *err;
   int threads;
-  void *dnnl_stream; /* dnnl_stream_t of the engine */
-  void *scratch;     /* per-run transient buffer for backend temporaries */
+  void *brun[SPN_MAX_BACKENDS]; /* per-run state of each backend (CPU: oneDNN stream) */
+  void *stream;      /* the caller's native stream (device backends), or NULL */
+  void *scratch;     /* per-run transient host buffer for CPU temporaries */
   size_t scratch_n;
+  void *scratch_h;
 } spn_run_t;
 
-/* Pooled buffers: take one of at least `n` bytes (NULL on failure); give it
- * back with its size. Thread: any. */
-void *spn_pool_take(spn_model_t *m, size_t n, size_t *got);
-void spn_pool_give(spn_model_t *m, void *p, size_t n);
+/* Pooled buffers of backend `slot`: take one of at least `n` bytes (NULL on
+ * failure; *h is the backend's handle); give it back with its size and
+ * handle. Thread: any. */
+void *spn_pool_take(spn_model_t *m, int slot, size_t n, size_t *got, void **h);
+void spn_pool_give(spn_model_t *m, int slot, void *p, size_t n, void *h);
 /* A run's transient backend buffer of at least n bytes (valid until the next
  * call in the same run). */
 void *spn_run_scratch(spn_run_t *r, size_t n);
 
-/* Shared backend state of an engine (oneDNN engine + stream), refcounted so
- * models outlive their engine object if released late. */
+/* Shared backend state of an engine: the backend instances (slot 0 the CPU)
+ * and the factories that open device backends, refcounted so models outlive
+ * their engine object if released late. */
 struct spn_engine_shared {
-  void *dnnl_engine;
+  spn_backend_t *backends[SPN_MAX_BACKENDS];
+  int n_backends;
+  spn_backend_factory_t factories[4];
+  int n_factories;
   int refs;
   pthread_mutex_t lock;
 };
+
+/* The backend instance of `device` ("cpu", "cpu:N", "prefix:N"), opened on
+ * first use; its slot in *slot. Thread: any (takes s->lock). */
+int32_t spn_shared_backend(spn_engine_shared_t *s, const char *device, int *slot, spn_error_t *err);
+/* Register a factory for device prefix f->prefix (the CUDA backend; tests
+ * add their own). Thread: before loading models on that prefix. */
+int32_t spn_engine_add_backend(spn_engine_t *eng, const spn_backend_factory_t *f, spn_error_t *err);
 
 /* loader.c */
 int32_t spn_onnx_parse(spn_model_t *m, const uint8_t *buf, size_t len, const char *dir,
@@ -217,20 +247,28 @@ void *spn_aligned_alloc(size_t bytes);
 /* graph.c */
 int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err);
 int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tensor_t *out,
-                      int n_out, int threads, spn_error_t *err);
+                      int n_out, int threads, void *stream, spn_error_t *err);
 
-/* ops.c: shape inference and reference kernels. */
+/* plan.c: place live nodes on backends, prepare them, find boundary values. */
+int32_t spn_plan_place(spn_model_t *m, spn_error_t *err);
+
+/* ops-shape.c: backend-neutral checks and shape inference. */
 int32_t spn_op_infer(spn_run_t *r, const spn_node_t *n);
-int32_t spn_op_exec(spn_run_t *r, const spn_node_t *n);
 int32_t spn_op_check(const spn_model_t *m, const spn_node_t *n, spn_error_t *err);
 
-/* cpu-dnnl.c */
-int32_t spn_dnnl_shared_init(spn_engine_shared_t *s, spn_error_t *err);
-void spn_dnnl_shared_fini(spn_engine_shared_t *s);
+/* cpu-kernels.c: run one node on the host (CPU backend, constant folding,
+ * shape-class values). */
+int32_t spn_cpu_exec(spn_run_t *r, const spn_node_t *n);
+
+/* cpu-dnnl.c (the CPU backend's oneDNN part) */
+int32_t spn_dnnl_engine_new(void **eng, spn_error_t *err);
+void spn_dnnl_engine_free(void *eng);
 int32_t spn_dnnl_conv(spn_run_t *r, const spn_node_t *n, bool transposed);
 int32_t spn_dnnl_pool(spn_run_t *r, const spn_node_t *n);
 void spn_dnnl_node_free(spn_node_t *n);
 void spn_dnnl_run_end(spn_run_t *r);
+/* backend-cpu.c: the oneDNN engine of the model's CPU backend. */
+void *spn_cpu_dnnl_engine(const spn_model_t *m);
 int32_t spn_sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 

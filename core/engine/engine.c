@@ -1,10 +1,11 @@
 /* engine.c — the public engine API: the model registry, loading, inspection
  * and running.
  *
- * The registry maps (device, canonical path) to a loaded model with a
- * reference count, under one mutex per engine. A model holds a reference on
- * the engine's shared backend state (the oneDNN engine), so it stays usable
- * after spn_engine_free until its own last release.
+ * The registry maps (device, precision, fallback, canonical path) to a
+ * loaded model with a reference count, under one mutex per engine. A model
+ * holds a reference on the engine's shared backend state (the backend
+ * instances: the CPU one with its oneDNN engine, and one per device opened),
+ * so it stays usable after spn_engine_free until its own last release.
  */
 #include <errno.h>
 #include <limits.h>
@@ -15,6 +16,21 @@
 #include <unistd.h>
 
 #include "engine-internal.h"
+
+/* The CUDA engine backend registers here when built (cuda/engine/). */
+#ifdef SPN_HAVE_CUDA_ENGINE
+int32_t spn_engine_cuda_factory(spn_backend_factory_t *f);
+#endif
+
+static int32_t spn_engine_add_cuda(spn_engine_t *e, spn_error_t *err) {
+#ifdef SPN_HAVE_CUDA_ENGINE
+  spn_backend_factory_t f;
+  if (spn_engine_cuda_factory(&f) == SPN_OK)
+    return spn_engine_add_backend(e, &f, err);
+#endif
+  (void)e, (void)err;
+  return SPN_OK;
+}
 
 struct spn_engine {
   spn_engine_opts_t opts;
@@ -31,9 +47,74 @@ static void shared_unref(spn_engine_shared_t *s) {
   pthread_mutex_unlock(&s->lock);
   if (left)
     return;
-  spn_dnnl_shared_fini(s);
+  for (int i = s->n_backends - 1; i >= 0; i--)
+    if (s->backends[i])
+      s->backends[i]->iface->free(s->backends[i]);
   pthread_mutex_destroy(&s->lock);
   free(s);
+}
+
+int32_t spn_engine_add_backend(spn_engine_t *eng, const spn_backend_factory_t *f, spn_error_t *err) {
+  spn_engine_shared_t *s = eng->shared;
+  pthread_mutex_lock(&s->lock);
+  int32_t rc = SPN_OK;
+  if (s->n_factories == (int)(sizeof s->factories / sizeof s->factories[0]))
+    rc = spn_error_set(err, SPN_EOVERFLOW, "too many engine backends");
+  else
+    s->factories[s->n_factories++] = *f;
+  pthread_mutex_unlock(&s->lock);
+  return rc;
+}
+
+/* Device index after "prefix:" (-1 when malformed). */
+static int device_index(const char *device, size_t plen) {
+  if (device[plen] != ':' || !device[plen + 1])
+    return -1;
+  char *end;
+  long i = strtol(device + plen + 1, &end, 10);
+  return !*end && i >= 0 && i < 1024 ? (int)i : -1;
+}
+
+int32_t spn_shared_backend(spn_engine_shared_t *s, const char *device, int *slot, spn_error_t *err) {
+  if (!device || !strcmp(device, "cpu") || (!strncmp(device, "cpu:", 4) && device_index(device, 3) >= 0)) {
+    *slot = SPN_BACKEND_CPU; /* emulated CPU devices share the host's backend */
+    return SPN_OK;
+  }
+  int32_t rc = SPN_OK;
+  pthread_mutex_lock(&s->lock);
+  for (int i = 0; i < s->n_backends; i++)
+    if (!strcmp(s->backends[i]->device, device)) {
+      *slot = i;
+      goto out;
+    }
+  const char *colon = strchr(device, ':');
+  size_t plen = colon ? (size_t)(colon - device) : strlen(device);
+  const spn_backend_factory_t *f = NULL;
+  for (int i = 0; i < s->n_factories && !f; i++)
+    if (strlen(s->factories[i].prefix) == plen && !strncmp(s->factories[i].prefix, device, plen))
+      f = &s->factories[i];
+  int idx = device_index(device, plen);
+  if (!f || idx < 0) {
+    if (!strncmp(device, "cuda:", 5) && idx >= 0)
+      rc = spn_error_set(err, SPN_EUNSUPPORTED, "device '%s': the CUDA engine backend is not built", device);
+    else
+      rc = spn_error_set(err, SPN_EINVAL, "device '%s': expected cpu, cpu:N or cuda:N", device);
+    goto out;
+  }
+  if (s->n_backends == SPN_MAX_BACKENDS) {
+    rc = spn_error_set(err, SPN_EOVERFLOW, "device '%s': too many devices in one engine", device);
+    goto out;
+  }
+  spn_backend_t *b = NULL;
+  if ((rc = f->open(f, idx, &b, err)))
+    goto out;
+  snprintf(b->device, sizeof b->device, "%s", device);
+  b->slot = s->n_backends;
+  s->backends[s->n_backends++] = b;
+  *slot = b->slot;
+out:
+  pthread_mutex_unlock(&s->lock);
+  return rc;
 }
 
 int32_t spn_engine_new(const spn_engine_opts_t *opts, spn_engine_t **out, spn_error_t *err) {
@@ -67,7 +148,11 @@ int32_t spn_engine_new(const spn_engine_opts_t *opts, spn_engine_t **out, spn_er
   }
   pthread_mutex_init(&e->shared->lock, NULL);
   e->shared->refs = 1;
-  int32_t rc = spn_dnnl_shared_init(e->shared, err);
+  int32_t rc = spn_backend_cpu_new(&e->shared->backends[SPN_BACKEND_CPU], err);
+  if (!rc)
+    e->shared->n_backends = 1;
+  if (!rc)
+    rc = spn_engine_add_cuda(e, err);
   if (rc) {
     shared_unref(e->shared);
     free(e);
@@ -90,23 +175,44 @@ void spn_engine_free(spn_engine_t *eng) {
   free(eng);
 }
 
-static int32_t parse_device(const char *device, spn_error_t *err) {
-  if (!device || !strcmp(device, "cpu"))
-    return SPN_OK;
-  if (!strncmp(device, "cpu:", 4)) {
-    char *end;
-    long i = strtol(device + 4, &end, 10);
-    if (device[4] && !*end && i >= 0 && i < 1024)
-      return SPN_OK;
+/* Checked model options, with defaults filled in. */
+typedef struct {
+  const char *device;
+  int precision;
+  bool fallback_error;
+} model_opts_t;
+
+static const char *const prec_names[] = {"fp32", "tf32", "fp16"};
+
+static int32_t check_opts(spn_engine_t *eng, const spn_model_opts_t *o, model_opts_t *mo, int *slot,
+                          spn_error_t *err) {
+  *mo = (model_opts_t){.device = "cpu"};
+  if (o) {
+    if (o->struct_size < offsetof(spn_model_opts_t, reserved))
+      return spn_error_set(err, SPN_EABI, "spn_model_opts_t struct_size %u too small", o->struct_size);
+    if (o->device)
+      mo->device = o->device;
+    if (o->precision) {
+      mo->precision = -1;
+      for (int i = 0; i < 3; i++)
+        if (!strcmp(o->precision, prec_names[i]))
+          mo->precision = i;
+      if (mo->precision < 0)
+        return spn_error_set(err, SPN_EINVAL, "precision '%s': expected fp32, tf32 or fp16", o->precision);
+    }
+    if (o->fallback && strcmp(o->fallback, "cpu")) {
+      if (strcmp(o->fallback, "error"))
+        return spn_error_set(err, SPN_EINVAL, "fallback '%s': expected cpu or error", o->fallback);
+      mo->fallback_error = true;
+    }
   }
-  if (!strncmp(device, "cuda:", 5))
-    return spn_error_set(err, SPN_EUNSUPPORTED, "device '%s': the CUDA engine backend is not built", device);
-  return spn_error_set(err, SPN_EINVAL, "device '%s': expected cpu, cpu:N or cuda:N", device);
+  return spn_shared_backend(eng->shared, mo->device, slot, err);
 }
 
 static int32_t load_common(spn_engine_t *eng, const uint8_t *buf, size_t len, const char *name,
-                           const char *dir, const char *device, const char *key,
+                           const char *dir, const model_opts_t *mo, int slot, const char *key,
                            spn_model_t **out, spn_error_t *err) {
+  const char *device = mo->device;
   spn_model_t *m = calloc(1, sizeof *m);
   if (!m)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
@@ -119,6 +225,9 @@ static int32_t load_common(spn_engine_t *eng, const uint8_t *buf, size_t len, co
   m->key = key ? strdup(key) : NULL;
   m->refs = 1;
   m->threads = eng->opts.threads;
+  m->dev_slot = slot;
+  m->precision = mo->precision;
+  m->fallback_error = mo->fallback_error;
   int32_t rc;
   if (!m->path || !m->device || (key && !m->key)) {
     rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
@@ -138,20 +247,29 @@ fail:
 
 int32_t spn_engine_load(spn_engine_t *eng, const char *path, const char *device,
                         spn_model_t **out, spn_error_t *err) {
+  spn_model_opts_t o = SPN_MODEL_OPTS_INIT;
+  o.device = device;
+  return spn_engine_load_opts(eng, path, &o, out, err);
+}
+
+int32_t spn_engine_load_opts(spn_engine_t *eng, const char *path, const spn_model_opts_t *opts,
+                             spn_model_t **out, spn_error_t *err) {
   if (!eng || !path || !out)
     return spn_error_set(err, SPN_EINVAL, "spn_engine_load: NULL argument");
   *out = NULL;
-  int32_t rc = parse_device(device, err);
+  model_opts_t mo;
+  int slot;
+  int32_t rc = check_opts(eng, opts, &mo, &slot, err);
   if (rc)
     return rc;
   char real[PATH_MAX];
   if (!realpath(path, real))
     return spn_error_set(err, SPN_ENOENT, "%s: %s", path, strerror(errno));
-  size_t klen = strlen(real) + strlen(device ? device : "cpu") + 2;
+  size_t klen = strlen(real) + strlen(mo.device) + 16;
   char *key = malloc(klen);
   if (!key)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
-  snprintf(key, klen, "%s|%s", device ? device : "cpu", real);
+  snprintf(key, klen, "%s|%s|%s|%s", mo.device, prec_names[mo.precision], mo.fallback_error ? "error" : "cpu", real);
   pthread_mutex_lock(&eng->lock);
   for (spn_model_t *m = eng->models; m; m = m->next)
     if (!strcmp(m->key, key)) {
@@ -191,7 +309,7 @@ int32_t spn_engine_load(spn_engine_t *eng, const char *path, const char *device,
   else if (slash)
     *slash = 0;
   spn_model_t *m;
-  if ((rc = load_common(eng, buf, (size_t)stt.st_size, path, dir, device, key, &m, err)))
+  if ((rc = load_common(eng, buf, (size_t)stt.st_size, path, dir, &mo, slot, key, &m, err)))
     goto out;
   m->eng = eng;
   m->next = eng->models;
@@ -208,13 +326,22 @@ out:
 
 int32_t spn_engine_load_memory(spn_engine_t *eng, const void *data, size_t len, const char *name,
                                const char *device, spn_model_t **out, spn_error_t *err) {
+  spn_model_opts_t o = SPN_MODEL_OPTS_INIT;
+  o.device = device;
+  return spn_engine_load_memory_opts(eng, data, len, name, &o, out, err);
+}
+
+int32_t spn_engine_load_memory_opts(spn_engine_t *eng, const void *data, size_t len, const char *name,
+                                    const spn_model_opts_t *opts, spn_model_t **out, spn_error_t *err) {
   if (!eng || (!data && len) || !out)
     return spn_error_set(err, SPN_EINVAL, "spn_engine_load_memory: NULL argument");
   *out = NULL;
-  int32_t rc = parse_device(device, err);
+  model_opts_t mo;
+  int slot;
+  int32_t rc = check_opts(eng, opts, &mo, &slot, err);
   if (rc)
     return rc;
-  return load_common(eng, data, len, name ? name : "<memory>", NULL, device, NULL, out, err);
+  return load_common(eng, data, len, name ? name : "<memory>", NULL, &mo, slot, NULL, out, err);
 }
 
 void spn_model_release(spn_model_t **pm) {
@@ -307,8 +434,11 @@ int32_t spn_model_run(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in,
                       spn_tensor_t *outputs, int32_t n_out, spn_error_t *err) {
   if (!m || (n_in && !inputs) || (n_out && !outputs))
     return spn_error_set(err, SPN_EINVAL, "spn_model_run: NULL argument");
-  return spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, err);
+  return spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, NULL, err);
 }
+
+const char *spn_model_device(const spn_model_t *m) { return m ? m->device : NULL; }
+int32_t spn_model_fallback_count(const spn_model_t *m) { return m ? m->n_fallback : 0; }
 
 void spn_model_output_free(spn_tensor_t *t) {
   if (!t)

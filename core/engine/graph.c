@@ -118,8 +118,10 @@ static void count_uses(spn_model_t *m) {
   }
 }
 
+/* A 2-D convolution run by the CPU backend (oneDNN's channels-last path). */
 static bool is_conv2d(const spn_model_t *m, const spn_node_t *n) {
-  return !n->dead && (n->op == SPN_OP_CONV || n->op == SPN_OP_CONVT) && m->vals[n->in[1]].ndim == 4;
+  return !n->dead && n->backend == SPN_BACKEND_CPU && (n->op == SPN_OP_CONV || n->op == SPN_OP_CONVT) &&
+         m->vals[n->in[1]].ndim == 4;
 }
 
 /* Values produced by a 2-D convolution (or a channel Concat of such values)
@@ -127,7 +129,7 @@ static bool is_conv2d(const spn_model_t *m, const spn_node_t *n) {
  * convolutions, or by such a Concat, stay channels-last: no reorders between
  * them. Concat nodes start optimistic and drop out until nothing changes. */
 static bool concat_candidate(const spn_model_t *m, const spn_node_t *n) {
-  if (n->dead || n->op != SPN_OP_CONCAT || n->n_out != 1)
+  if (n->dead || n->op != SPN_OP_CONCAT || n->n_out != 1 || n->backend != SPN_BACKEND_CPU)
     return false;
   int64_t ax = spn_attr_int(n, "axis", 0);
   if (ax != 1 && ax != -3)
@@ -241,7 +243,7 @@ static int32_t run_host(spn_run_t *r, const spn_node_t *n) {
       return spn_error_set(r->err, SPN_ENOMEM, "out of memory");
     ov->host_owned = true;
   }
-  return spn_op_exec(r, n);
+  return spn_cpu_exec(r, n);
 }
 
 /* Evaluate every node whose inputs are all constants once, at load. */
@@ -280,7 +282,7 @@ static int32_t fold_constants(spn_model_t *m, spn_error_t *err) {
   }
 out:
   spn_dnnl_run_end(&r);
-  free(r.scratch);
+  spn_pool_give(m, SPN_BACKEND_CPU, r.scratch, r.scratch_n, r.scratch_h);
   rt_free(m, rv);
   return rc;
 }
@@ -685,9 +687,9 @@ int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
     return spn_error_set(err, SPN_EINTERNAL, "mutex init failed");
   m->pool_lock_init = true;
   for (int i = 0; i < m->n_node; i++) {
-    if (pthread_mutex_init(&m->nodes[i].dnnl_lock, NULL))
+    if (pthread_mutex_init(&m->nodes[i].lock, NULL))
       return spn_error_set(err, SPN_EINTERNAL, "mutex init failed");
-    m->nodes[i].dnnl_lock_init = true;
+    m->nodes[i].lock_init = true;
     if (m->hist_n[m->nodes[i].op]++ == 0)
       m->hist_op[m->n_hist++] = spn_op_names[m->nodes[i].op];
   }
@@ -716,6 +718,8 @@ int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
   remove_dead(m);
   mark_shape_class(m);
   count_uses(m);
+  if ((rc = spn_plan_place(m, err)))
+    return rc;
   if (fuse)
     mark_nhwc(m);
   m->n_live_nodes = 0;
@@ -747,35 +751,41 @@ int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
 
 /* ---- buffer pool ---- */
 
-void *spn_pool_take(spn_model_t *m, size_t n, size_t *got) {
+void *spn_pool_take(spn_model_t *m, int slot, size_t n, size_t *got, void **h) {
   void *p = NULL;
   if (m->pool_lock_init) {
     pthread_mutex_lock(&m->pool_lock);
     int best = -1;
     for (int i = 0; i < m->n_pool; i++)
-      if (m->pool[i].n >= n && (best < 0 || m->pool[i].n < m->pool[best].n))
+      if (m->pool[i].slot == slot && m->pool[i].n >= n && (best < 0 || m->pool[i].n < m->pool[best].n))
         best = i;
     if (best >= 0) {
       p = m->pool[best].p;
       *got = m->pool[best].n;
+      *h = m->pool[best].h;
       m->pool[best] = m->pool[--m->n_pool];
     }
     pthread_mutex_unlock(&m->pool_lock);
   }
   if (!p) {
-    p = spn_aligned_alloc(n);
+    spn_backend_t *b = m->shared->backends[slot];
+    spn_error_t e = SPN_ERROR_INIT;
+    if (b->iface->buf_alloc(b, n ? n : 1, &p, h, &e) != SPN_OK)
+      return NULL;
     *got = n;
   }
   return p;
 }
 
-void spn_pool_give(spn_model_t *m, void *p, size_t n) {
+void spn_pool_give(spn_model_t *m, int slot, void *p, size_t n, void *h) {
   if (!p)
     return;
   if (m->pool_lock_init) {
     pthread_mutex_lock(&m->pool_lock);
     if (m->n_pool < (int)(sizeof m->pool / sizeof m->pool[0])) {
       m->pool[m->n_pool].p = p;
+      m->pool[m->n_pool].h = h;
+      m->pool[m->n_pool].slot = slot;
       m->pool[m->n_pool++].n = n;
       p = NULL;
     } else {
@@ -785,22 +795,30 @@ void spn_pool_give(spn_model_t *m, void *p, size_t n) {
         if (m->pool[i].n < m->pool[small].n)
           small = i;
       if (m->pool[small].n < n) {
-        void *old = m->pool[small].p;
+        void *old = m->pool[small].p, *oh = m->pool[small].h;
+        int os = m->pool[small].slot;
         m->pool[small].p = p;
         m->pool[small].n = n;
+        m->pool[small].h = h;
+        m->pool[small].slot = slot;
         p = old;
+        h = oh;
+        slot = os;
       }
     }
     pthread_mutex_unlock(&m->pool_lock);
   }
-  free(p);
+  if (p) {
+    spn_backend_t *b = m->shared->backends[slot];
+    b->iface->buf_free(b, p, h);
+  }
 }
 
 void *spn_run_scratch(spn_run_t *r, size_t n) {
   if (n <= r->scratch_n)
     return r->scratch;
-  spn_pool_give(r->m, r->scratch, r->scratch_n);
-  r->scratch = spn_pool_take(r->m, n, &r->scratch_n);
+  spn_pool_give(r->m, SPN_BACKEND_CPU, r->scratch, r->scratch_n, r->scratch_h);
+  r->scratch = spn_pool_take(r->m, SPN_BACKEND_CPU, n, &r->scratch_n, &r->scratch_h);
   if (!r->scratch)
     r->scratch_n = 0;
   return r->scratch;
@@ -870,8 +888,40 @@ static int plan_free(spn_plan_t *p, size_t off, size_t size) {
   return 0;
 }
 
+/* Backend slot whose memory holds value vi during a run: the producer's
+ * backend for intermediates; the host (CPU) for inputs, constants and
+ * shape-class values. */
+static int home_slot(const spn_model_t *m, int vi) {
+  const spn_value_t *v = &m->vals[vi];
+  if (v->kind != SPN_VAL_INTER || v->producer < 0 || m->nodes[v->producer].shape_class)
+    return SPN_BACKEND_CPU;
+  return m->nodes[v->producer].backend;
+}
+
+/* Value read by node n as input k (k >= n_in: the fused post-op's operand). */
+static int node_read(const spn_node_t *n, int k) {
+  if (k < n->n_in)
+    return n->in[k];
+  const spn_post_t *p = &n->post[k - n->n_in];
+  return p->kind == SPN_POST_ADD || p->kind == SPN_POST_PRELU ? p->val : -1;
+}
+
+/* Copy value c->val from its home into the consuming backend's slot. */
+static int32_t cross_copy(spn_run_t *r, const spn_cross_t *c, void *dst) {
+  spn_model_t *m = r->m;
+  spn_backend_t *from = m->shared->backends[home_slot(m, c->val)], *to = m->shared->backends[c->slot];
+  const spn_rt_val_t *v = &r->v[c->val];
+  if (!v->bytes)
+    return SPN_OK;
+  if (from->host_memory && !to->host_memory)
+    return to->iface->from_host(to, r, dst, v->data, v->bytes);
+  if (!from->host_memory && to->host_memory)
+    return from->iface->to_host(from, r, dst, v->data, v->bytes);
+  return spn_error_set(r->err, SPN_EUNSUPPORTED, "%s: value '%s': no copy from %s to %s", m->path, m->vals[c->val].name, from->device, to->device);
+}
+
 int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tensor_t *out,
-                      int n_out, int threads, spn_error_t *err) {
+                      int n_out, int threads, void *stream, spn_error_t *err) {
   if (n_in != m->n_inputs)
     return spn_error_set(err, SPN_EINVAL, "%s: %d inputs given, the model takes %d", m->path, n_in, m->n_inputs);
   if (n_out != m->n_outputs)
@@ -879,14 +929,20 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
   spn_rt_val_t *rv = rt_new(m);
   if (!rv)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
-  spn_run_t r = {.m = m, .v = rv, .err = err, .threads = threads};
-  spn_plan_t plan = {0};
-  uint8_t *arena = NULL;
-  size_t arena_n = 0;
+  spn_backend_t *const *bk = m->shared->backends;
+  int nb = m->shared->n_backends;
+  spn_run_t r = {.m = m, .v = rv, .err = err, .threads = threads, .stream = stream};
+  spn_plan_t plan[SPN_MAX_BACKENDS] = {0};
+  uint8_t *arena[SPN_MAX_BACKENDS] = {0};
+  size_t arena_n[SPN_MAX_BACKENDS] = {0};
+  void *arena_h[SPN_MAX_BACKENDS] = {0};
+  bool used[SPN_MAX_BACKENDS] = {0};
   bool *engine_alloc = calloc((size_t)n_out + 1, sizeof(bool));
-  int prev_threads = 0;
+  size_t *xoff = calloc((size_t)m->n_cross + 1, sizeof(size_t));
+  void **xsave = calloc((size_t)m->n_cross + 1, sizeof(void *));
   int32_t rc = SPN_OK;
-  if (!engine_alloc) {
+  used[SPN_BACKEND_CPU] = true;
+  if (!engine_alloc || !xoff || !xsave) {
     rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
     goto out;
   }
@@ -946,6 +1002,8 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
     spn_tensor_t *t = &out[i];
     if (m->vals[vi].kind == SPN_VAL_CONST || ov->host_owned || (ov->ext && ov->data))
       continue; /* copied at the end */
+    if (!bk[home_slot(m, vi)]->host_memory)
+      continue; /* produced in device memory: planned there, copied at the end */
     if (!t->data) {
       t->data = spn_aligned_alloc(ov->bytes);
       if (!t->data) {
@@ -957,11 +1015,19 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
     ov->data = t->data;
     ov->ext = true;
   }
-  /* Arena plan. */
+  /* Arena plans, one per backend: outputs from their producer's plan,
+   * boundary copies from the consumer's. */
   for (int i = 0; i < m->n_node; i++) {
     const spn_node_t *n = &m->nodes[i];
     if (n->dead || n->shape_class)
       continue;
+    used[n->backend] = true;
+    for (int c = 0; c < m->n_cross; c++)
+      if (m->cross[c].first == i) {
+        spn_rt_val_t *v = &rv[m->cross[c].val];
+        v->bytes = rt_bytes(v);
+        xoff[c] = plan_alloc(&plan[m->cross[c].slot], v->bytes);
+      }
     for (int o = 0; o < n->n_out; o++) {
       int vi = n->out[o];
       if (vi < 0 || rv[vi].ext)
@@ -971,50 +1037,82 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
         rc = spn_error_set(err, SPN_ETOOBIG, "%s: value '%s' would need more than %lld bytes", m->path, m->vals[vi].name, (long long)SPN_VALUE_MAX);
         goto out;
       }
-      rv[vi].off = plan_alloc(&plan, rv[vi].bytes);
+      rv[vi].off = plan_alloc(&plan[n->backend], rv[vi].bytes);
     }
     for (int o = 0; o < n->n_out; o++) {
       int vi = n->out[o];
-      if (vi >= 0 && !rv[vi].ext && m->vals[vi].last_use < 0 && plan_free(&plan, rv[vi].off, rv[vi].bytes)) {
+      if (vi >= 0 && !rv[vi].ext && m->vals[vi].last_use < 0 && !m->vals[vi].is_output &&
+          plan_free(&plan[n->backend], rv[vi].off, rv[vi].bytes)) {
         rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
         goto out;
       }
     }
     for (int k = 0; k < n->n_in + n->n_post; k++) {
-      int vi = k < n->n_in ? n->in[k] : (n->post[k - n->n_in].kind == SPN_POST_ADD ? n->post[k - n->n_in].val : -1);
-      if (vi < 0 || rv[vi].ext || rv[vi].host_owned || m->vals[vi].kind == SPN_VAL_CONST || m->vals[vi].last_use != i)
+      int vi = node_read(n, k);
+      if (vi < 0 || rv[vi].ext || rv[vi].host_owned || m->vals[vi].kind == SPN_VAL_CONST || m->vals[vi].last_use != i ||
+          m->vals[vi].is_output)
         continue;
       bool dup = false; /* a value read twice by this node is freed once */
       for (int q = 0; q < k && !dup; q++)
-        dup = (q < n->n_in ? n->in[q] : (n->post[q - n->n_in].kind == SPN_POST_ADD ? n->post[q - n->n_in].val : -1)) == vi;
-      if (!dup && plan_free(&plan, rv[vi].off, rv[vi].bytes)) {
+        dup = node_read(n, q) == vi;
+      if (!dup && plan_free(&plan[home_slot(m, vi)], rv[vi].off, rv[vi].bytes)) {
         rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
         goto out;
       }
     }
+    for (int c = 0; c < m->n_cross; c++)
+      if (m->cross[c].last == i && plan_free(&plan[m->cross[c].slot], xoff[c], rv[m->cross[c].val].bytes)) {
+        rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
+        goto out;
+      }
   }
-  arena = spn_pool_take(m, plan.top, &arena_n);
-  if (!arena) {
-    rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory for a %zu-byte arena", m->path, plan.top);
-    goto out;
-  }
-  for (int i = 0; i < m->n_val; i++)
-    if (!rv[i].ext && !rv[i].host_owned && m->vals[i].kind != SPN_VAL_CONST && rv[i].bytes)
-      rv[i].data = arena + rv[i].off;
-  /* OpenMP (oneDNN's runtime in Debian, and our kernels) takes the thread
-   * count from the calling thread; restore the caller's setting after. */
-  prev_threads = omp_get_max_threads();
-  omp_set_num_threads(threads);
-  for (int i = 0; i < m->n_node; i++) {
-    const spn_node_t *n = &m->nodes[i];
-    if (n->dead || n->shape_class)
+  for (int b = 0; b < nb; b++) {
+    if (!used[b] || (!plan[b].top && b != SPN_BACKEND_CPU))
       continue;
-    if ((rc = spn_op_exec(&r, n))) {
-      spn_error_prefix(err, "%s: node '%s' (%s)", m->path, n->name, n->op_name);
+    arena[b] = spn_pool_take(m, b, plan[b].top, &arena_n[b], &arena_h[b]);
+    if (!arena[b]) {
+      rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory for a %zu-byte arena on %s", m->path, plan[b].top, bk[b]->device);
       goto out;
     }
   }
-  /* Outputs that are constants, inputs or shape-class values: copy. */
+  for (int i = 0; i < m->n_val; i++)
+    if (!rv[i].ext && !rv[i].host_owned && m->vals[i].kind != SPN_VAL_CONST && rv[i].bytes)
+      rv[i].data = arena[home_slot(m, i)] + rv[i].off;
+  /* Execute: maximal ranges of nodes on one backend; before each, copy the
+   * values it reads from another backend's memory, and let its nodes see
+   * those copies in place of the originals. */
+  for (int i = 0; i < m->n_node;) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead || n->shape_class) {
+      i++;
+      continue;
+    }
+    int b = n->backend, j = i + 1;
+    while (j < m->n_node && (m->nodes[j].dead || m->nodes[j].shape_class || m->nodes[j].backend == b))
+      j++;
+    for (int c = 0; c < m->n_cross && !rc; c++) {
+      const spn_cross_t *x = &m->cross[c];
+      if (x->slot != b || x->last < i || x->first >= j)
+        continue;
+      void *dst = arena[b] + xoff[c];
+      if (x->first >= i)
+        rc = cross_copy(&r, x, dst);
+      xsave[c] = rv[x->val].data;
+      rv[x->val].data = dst;
+    }
+    if (!rc)
+      rc = bk[b]->iface->compute(bk[b], &r, i, j);
+    for (int c = 0; c < m->n_cross; c++)
+      if (xsave[c]) {
+        rv[m->cross[c].val].data = xsave[c];
+        xsave[c] = NULL;
+      }
+    if (rc)
+      goto out;
+    i = j;
+  }
+  /* Outputs that are constants, inputs or shape-class values, or that were
+   * produced in device memory: copy. */
   for (int i = 0; i < n_out; i++) {
     int vi = m->outputs[i];
     spn_rt_val_t *ov = &rv[vi];
@@ -1029,7 +1127,13 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
       }
       engine_alloc[i] = true;
     }
-    memcpy(t->data, ov->data, ov->bytes);
+    spn_backend_t *hb = bk[home_slot(m, vi)];
+    if (!hb->host_memory && !ov->host_owned && m->vals[vi].kind == SPN_VAL_INTER) {
+      if (ov->bytes && (rc = hb->iface->to_host(hb, &r, t->data, ov->data, ov->bytes)))
+        goto out;
+    } else if (ov->bytes) {
+      memcpy(t->data, ov->data, ov->bytes);
+    }
   shape:
     t->struct_size = sizeof *t;
     t->dtype = ov->dtype;
@@ -1040,19 +1144,28 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
     t->device_index = 0;
   }
 out:
+  /* Every backend finishes the run's work (outputs copied to the host are
+   * complete) before its buffers go back to the pool. */
+  for (int b = 0; b < nb; b++)
+    if (used[b]) {
+      int32_t erc = bk[b]->iface->run_end(bk[b], &r, true);
+      if (erc && !rc)
+        rc = erc;
+    }
   if (rc && engine_alloc)
     for (int i = 0; i < n_out; i++)
       if (engine_alloc[i]) {
         free(out[i].data);
         out[i].data = NULL;
       }
-  if (prev_threads > 0)
-    omp_set_num_threads(prev_threads);
-  spn_dnnl_run_end(&r);
   free(engine_alloc);
-  spn_pool_give(m, arena, arena_n);
-  spn_pool_give(m, r.scratch, r.scratch_n);
-  free(plan.free);
+  free(xoff);
+  free(xsave);
+  for (int b = 0; b < nb; b++) {
+    spn_pool_give(m, b, arena[b], arena_n[b], arena_h[b]);
+    free(plan[b].free);
+  }
+  spn_pool_give(m, SPN_BACKEND_CPU, r.scratch, r.scratch_n, r.scratch_h);
   rt_free(m, rv);
   return rc;
 }

@@ -566,9 +566,11 @@ void spn_model_destroy(spn_model_t *m) {
     return;
   for (int i = 0; i < m->n_node; i++) {
     spn_node_t *n = &m->nodes[i];
-    spn_dnnl_node_free(n);
-    if (n->dnnl_lock_init)
-      pthread_mutex_destroy(&n->dnnl_lock);
+    spn_backend_t *b = m->shared ? m->shared->backends[n->backend] : NULL;
+    if (n->bctx && b && b->iface->node_free)
+      b->iface->node_free(b, n);
+    if (n->lock_init)
+      pthread_mutex_destroy(&n->lock);
     for (int a = 0; a < n->n_attr; a++) {
       free(n->attrs[a].name);
       free(n->attrs[a].s);
@@ -582,8 +584,12 @@ void spn_model_destroy(spn_model_t *m) {
     free(n->op_name);
   }
   free(m->nodes);
-  for (int i = 0; i < m->n_pool; i++)
-    free(m->pool[i].p);
+  for (int i = 0; i < m->n_pool; i++) {
+    spn_backend_t *b = m->shared ? m->shared->backends[m->pool[i].slot] : NULL;
+    if (b)
+      b->iface->buf_free(b, m->pool[i].p, m->pool[i].h);
+  }
+  free(m->cross);
   if (m->pool_lock_init)
     pthread_mutex_destroy(&m->pool_lock);
   for (int i = 0; i < m->n_val; i++) {

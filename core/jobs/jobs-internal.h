@@ -178,6 +178,55 @@ void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
                       const volatile int *cancel_flag, spn_exec_progress_cb progress, void *user,
                       spn_exec_result_t *res);
 
+/* ---- the slot pool (slots.c): job-running threads ---- */
+
+/* A pool of threads, each running one job at a time through
+ * spn__job_execute; shared by the gateway's in-process workers and by
+ * `spindle worker`. Every call but the wake callback is made from one owner
+ * thread (the loop thread). */
+typedef struct spn_slot_pool spn_slot_pool_t;
+
+enum { SPN_SLOT_PROGRESS = 0, SPN_SLOT_FINISHED = 1 };
+
+typedef struct spn_slot_report {
+  struct spn_slot_report *next;
+  int kind; /* SPN_SLOT_PROGRESS or SPN_SLOT_FINISHED */
+  uint32_t slot;
+  int64_t id;
+  uint32_t attempt;
+  uint64_t done, total;
+  spn_exec_result_t res;
+} spn_slot_report_t;
+
+/* Called by a slot thread after it queued a report. Thread: a slot thread. */
+typedef void (*spn_slot_wake_cb)(void *user);
+
+/* Start n threads. wake may be NULL (the owner polls spn__slot_pool_take).
+ * Ownership: caller owns *out; runner borrowed. */
+int32_t spn__slot_pool_new(uint32_t n, const spn_job_runner_t *runner, spn_slot_wake_cb wake,
+                           void *user, spn_slot_pool_t **out, spn_error_t *err);
+/* Cancel every running job and join the threads (idempotent). */
+void spn__slot_pool_stop(spn_slot_pool_t *p);
+void spn__slot_pool_free(spn_slot_pool_t **p);
+uint32_t spn__slot_pool_size(const spn_slot_pool_t *p);
+/* Index of a slot not busy, or -1. */
+int32_t spn__slot_pool_idle(const spn_slot_pool_t *p);
+uint32_t spn__slot_pool_idle_count(const spn_slot_pool_t *p);
+/* Hand a job to an idle slot; the slot is busy until spn__slot_pool_set_idle.
+ * Ownership: consumes *spec (zeroed). */
+void spn__slot_pool_assign(spn_slot_pool_t *p, uint32_t idx, spn_job_spec_t *spec);
+void spn__slot_pool_cancel(spn_slot_pool_t *p, uint32_t idx);
+/* Cancel the slot running (id, attempt); attempt 0: any attempt. */
+void spn__slot_pool_cancel_job(spn_slot_pool_t *p, int64_t id, uint32_t attempt);
+/* The owner read the slot's "finished" report: it may be assigned again. */
+void spn__slot_pool_set_idle(spn_slot_pool_t *p, uint32_t idx);
+/* The job a slot's thread holds now, if any. Thread: owner. */
+bool spn__slot_pool_running(spn_slot_pool_t *p, uint32_t idx, int64_t *id, uint32_t *attempt);
+/* Take every queued report, oldest first. Ownership: caller owns the list
+ * (spn__slot_reports_free). */
+spn_slot_report_t *spn__slot_pool_take(spn_slot_pool_t *p);
+void spn__slot_reports_free(spn_slot_report_t *r);
+
 /* ---- the pipeline runner (runner-pipeline.c) ---- */
 
 /* A pipeline the server or a worker loads at start-up ([[pipeline]] of the

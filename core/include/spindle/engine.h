@@ -8,7 +8,10 @@
  *
  * Devices are named "cpu", "cpu:N" (N emulated CPU devices share the host's
  * cores; the index only separates registries entries) and "cuda:N" (refused
- * with SPN_EUNSUPPORTED until the CUDA backend lands).
+ * with SPN_EUNSUPPORTED when libspindle is built without the CUDA engine
+ * backend). A node the device's backend cannot run goes to the CPU (one
+ * load-time log line names them) unless the model is loaded with fallback
+ * "error", which refuses it naming the node and op.
  *
  * Running: spn_model_run() takes the inputs in the order the model declares
  * them (spn_model_input_index() maps a name to that position) and fills the
@@ -70,6 +73,26 @@ SPN_API int32_t spn_engine_load_memory(spn_engine_t *eng, const void *data, size
                                        const char *name, const char *device, spn_model_t **out,
                                        spn_error_t *err);
 
+/* Per-model load options (spn_engine_load_opts). */
+typedef struct spn_model_opts {
+  uint32_t struct_size;  /* sizeof(spn_model_opts_t) */
+  const char *device;    /* "cpu" (NULL), "cpu:N", "cuda:N" */
+  const char *precision; /* "fp32" (NULL), "tf32" or "fp16": device arithmetic; the CPU is always fp32 */
+  const char *fallback;  /* "cpu" (NULL): nodes the device cannot run go to the CPU; "error": refuse */
+  int32_t reserved[8];
+} spn_model_opts_t;
+
+#define SPN_MODEL_OPTS_INIT {.struct_size = sizeof(spn_model_opts_t)}
+
+/* spn_engine_load / spn_engine_load_memory with options (opts NULL: the
+ * defaults). The registry shares a model only between loads with the same
+ * device, precision and fallback. */
+SPN_API int32_t spn_engine_load_opts(spn_engine_t *eng, const char *path, const spn_model_opts_t *opts,
+                                     spn_model_t **out, spn_error_t *err);
+SPN_API int32_t spn_engine_load_memory_opts(spn_engine_t *eng, const void *data, size_t len,
+                                            const char *name, const spn_model_opts_t *opts,
+                                            spn_model_t **out, spn_error_t *err);
+
 /* Drop one reference and set *model to NULL; the last one frees the model.
  * Thread: any. */
 SPN_API void spn_model_release(spn_model_t **model);
@@ -97,6 +120,10 @@ SPN_API int32_t spn_model_op_histogram(const spn_model_t *m, int32_t i, const ch
                                        int32_t *count);
 /* Number of nodes that run after the graph passes (folding, fusion). */
 SPN_API int32_t spn_model_node_count(const spn_model_t *m);
+/* The device the model was loaded on ("cpu", "cuda:0"). */
+SPN_API const char *spn_model_device(const spn_model_t *m);
+/* Number of nodes placed on the CPU because the device cannot run them. */
+SPN_API int32_t spn_model_fallback_count(const spn_model_t *m);
 
 /* Run the model. See the header comment for the output allocation rule.
  * inputs: n_in == spn_model_input_count, host memory, dtype as declared.

@@ -1,0 +1,88 @@
+/* backend.h — the engine's backend interface, shaped like ggml-backend.
+ *
+ * A backend runs nodes on one device. It says which nodes it supports (op,
+ * dtypes, attributes), prepares each node placed on it (its own per-node
+ * context in n->bctx: weights converted and placed in its own buffers),
+ * computes a range of nodes on the run's stream, allocates arena buffers of
+ * the buffer type (spindle/device.h) it names, and copies between its
+ * buffers and host memory.
+ *
+ * An engine holds one backend instance per device it has loaded models on:
+ * slot 0 is always the CPU (oneDNN + the C kernels; the numeric reference
+ * and the fallback), other slots are opened on demand by a factory that
+ * claims the device prefix ("cuda" in cuda/engine/, or a test backend).
+ *
+ * The planner (plan.c) puts each live node on the model's device backend,
+ * falls back to the CPU for the nodes that backend does not support (one
+ * load-time log line naming them; fallback "error" refuses instead) and
+ * records the values that cross between backends, which each run copies at
+ * the boundary into an arena slot of the consuming backend. */
+#ifndef SPN_ENGINE_BACKEND_H
+#define SPN_ENGINE_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spindle/device.h"
+#include "spindle/status.h"
+
+#define SPN_MAX_BACKENDS 8
+#define SPN_BACKEND_CPU 0
+
+struct spn_model;
+struct spn_node;
+struct spn_run;
+typedef struct spn_backend spn_backend_t;
+
+typedef struct spn_backend_iface {
+  /* Whether the backend runs node n of model m as it stands after the graph
+   * passes (op, input dtypes, attributes, fused post-ops). When not, a short
+   * reason goes to why. Thread: load. */
+  bool (*supports)(spn_backend_t *b, const struct spn_model *m, const struct spn_node *n, char *why,
+                   size_t why_n);
+  /* Prepare node n placed here: set up n->bctx (weights converted and placed
+   * in the backend's buffers). NULL: nothing to prepare. Thread: load. */
+  int32_t (*prepare)(spn_backend_t *b, struct spn_model *m, struct spn_node *n, spn_error_t *err);
+  /* Free n->bctx. Thread: model destruction. */
+  void (*node_free)(spn_backend_t *b, struct spn_node *n);
+  /* Compute the nodes of [first, last) placed on this backend (others, dead
+   * and shape-class nodes are skipped) in order, on the run's stream. Input
+   * values are in this backend's memory (boundary copies are done). */
+  int32_t (*compute)(spn_backend_t *b, struct spn_run *r, int first, int last);
+  /* End of a run: release per-run state (r->brun[b->slot]). When sync is
+   * true the run's work on this backend is complete on return. */
+  int32_t (*run_end)(spn_backend_t *b, struct spn_run *r, bool sync);
+  /* Arena and scratch buffers of the backend's buffer type. */
+  int32_t (*buf_alloc)(spn_backend_t *b, size_t size, void **data, void **handle, spn_error_t *err);
+  void (*buf_free)(spn_backend_t *b, void *data, void *handle);
+  /* Copies between host memory and this backend's buffers, in run order.
+   * Unused (NULL allowed) when host_memory is true. */
+  int32_t (*to_host)(spn_backend_t *b, struct spn_run *r, void *dst, const void *src, size_t n);
+  int32_t (*from_host)(spn_backend_t *b, struct spn_run *r, void *dst, const void *src, size_t n);
+  /* Free the instance (after every model using it is gone). */
+  void (*free)(spn_backend_t *b);
+} spn_backend_iface_t;
+
+struct spn_backend {
+  const spn_backend_iface_t *iface;
+  char device[32];     /* "cpu", "cuda:0", ... */
+  int32_t device_kind; /* spn_device_kind_t */
+  int32_t mem_kind;    /* spn_mem_kind_t of the arena's buffer type */
+  spn_buffer_type_t *buffer_type; /* where its arena lives (may be NULL for a test backend) */
+  bool host_memory;    /* buffers are host memory: no copies to and from the CPU */
+  int slot;            /* index in the engine's backend table */
+  void *ctx;
+};
+
+/* Opens the backend instance of device "prefix:index". */
+typedef struct spn_backend_factory {
+  const char *prefix; /* "cuda" */
+  int32_t (*open)(const struct spn_backend_factory *f, int index, spn_backend_t **out, spn_error_t *err);
+  void *data;
+} spn_backend_factory_t;
+
+/* The CPU backend (backend-cpu.c). */
+int32_t spn_backend_cpu_new(spn_backend_t **out, spn_error_t *err);
+
+#endif

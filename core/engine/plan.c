@@ -1,0 +1,121 @@
+/* plan.c — placement of nodes on backends, node preparation and the values
+ * that cross between backends.
+ *
+ * Every live node that does real work goes to the backend of the model's
+ * device when that backend supports it; otherwise to the CPU, which runs
+ * every operator (one load-time line names the nodes that fell back), or,
+ * with fallback "error", the load fails naming the first such node and its
+ * op. Shape-class nodes are evaluated on the host during shape inference
+ * and stay with the CPU. Each placed node is then prepared by its backend.
+ * Finally every value read by a node whose backend cannot address the
+ * value's memory becomes a boundary (spn_cross_t): the run copies it once,
+ * at the start of the range of nodes (on that backend) holding its first
+ * reader there, into that backend's arena.
+ * Constants are not boundaries: a backend's prepare() places the constants
+ * its nodes read in its own buffers.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine-internal.h"
+
+static int value_home(const spn_model_t *m, int vi) {
+  const spn_value_t *v = &m->vals[vi];
+  if (v->kind != SPN_VAL_INTER || v->producer < 0 || m->nodes[v->producer].shape_class)
+    return SPN_BACKEND_CPU;
+  return m->nodes[v->producer].backend;
+}
+
+static int32_t add_cross(spn_model_t *m, int vi, int slot, int node, spn_error_t *err) {
+  for (int c = 0; c < m->n_cross; c++)
+    if (m->cross[c].val == vi && m->cross[c].slot == slot) {
+      m->cross[c].last = node;
+      return SPN_OK;
+    }
+  spn_cross_t *nc = realloc(m->cross, (size_t)(m->n_cross + 1) * sizeof *nc);
+  if (!nc)
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  m->cross = nc;
+  m->cross[m->n_cross++] = (spn_cross_t){.val = vi, .slot = slot, .first = node, .last = node};
+  return SPN_OK;
+}
+
+int32_t spn_plan_place(spn_model_t *m, spn_error_t *err) {
+  spn_backend_t *const *bk = m->shared->backends;
+  spn_backend_t *dev = bk[m->dev_slot];
+  m->n_fallback = 0;
+  /* The load-time line: "... N nodes run on the CPU: a (Op), b (Op), ..." */
+  char names[768];
+  size_t used = 0;
+  names[0] = 0;
+  for (int i = 0; i < m->n_node; i++) {
+    spn_node_t *n = &m->nodes[i];
+    n->backend = SPN_BACKEND_CPU;
+    if (n->dead || n->shape_class || m->dev_slot == SPN_BACKEND_CPU)
+      continue;
+    char why[160] = "";
+    if (dev->iface->supports(dev, m, n, why, sizeof why)) {
+      n->backend = m->dev_slot;
+      continue;
+    }
+    if (m->fallback_error)
+      return spn_error_set(err, SPN_EUNSUPPORTED, "%s: node '%s' (%s) cannot run on %s%s%s, and fallback is \"error\"", m->path, n->name, n->op_name, dev->device, why[0] ? ": " : "", why);
+    m->n_fallback++;
+    if (used < sizeof names - 1) {
+      int k = snprintf(names + used, sizeof names - used, "%s%s (%s)", used ? ", " : "", n->name, n->op_name);
+      used = k < 0 ? used : used + (size_t)k;
+      if (used >= sizeof names - 1)
+        snprintf(names + sizeof names - 5, 5, "...");
+    }
+  }
+  if (m->n_fallback)
+    fprintf(stderr, "spindle engine: %s on %s: %d node%s run on the CPU (not supported by the %s backend): %s\n", m->path, dev->device, m->n_fallback, m->n_fallback == 1 ? "" : "s", dev->device, names);
+  for (int i = 0; i < m->n_node; i++) {
+    spn_node_t *n = &m->nodes[i];
+    if (n->dead || n->shape_class)
+      continue;
+    spn_backend_t *b = bk[n->backend];
+    int32_t rc;
+    if (b->iface->prepare && (rc = b->iface->prepare(b, m, n, err)))
+      return spn_error_prefix(err, "%s: node '%s' (%s) on %s", m->path, n->name, n->op_name, b->device);
+  }
+  free(m->cross);
+  m->cross = NULL;
+  m->n_cross = 0;
+  for (int i = 0; i < m->n_node; i++) {
+    spn_node_t *n = &m->nodes[i];
+    if (n->dead || n->shape_class)
+      continue;
+    spn_backend_t *b = bk[n->backend];
+    for (int k = 0; k < n->n_in + n->n_post; k++) {
+      int vi = k < n->n_in ? n->in[k] : n->post[k - n->n_in].kind == SPN_POST_ADD || n->post[k - n->n_in].kind == SPN_POST_PRELU ? n->post[k - n->n_in].val : -1;
+      if (vi < 0 || m->vals[vi].kind == SPN_VAL_CONST)
+        continue;
+      int h = value_home(m, vi);
+      if (h == n->backend || (bk[h]->host_memory && b->host_memory))
+        continue;
+      if (n->backend != SPN_BACKEND_CPU && vi >= 0 && m->vals[vi].kind == SPN_VAL_INTER && m->vals[vi].producer >= 0 &&
+          m->nodes[m->vals[vi].producer].shape_class)
+        continue; /* shape-class values are read from the host by every backend */
+      int32_t rc = add_cross(m, vi, n->backend, i, err);
+      if (rc)
+        return rc;
+    }
+  }
+  /* A run copies every boundary value of a range of nodes on one backend
+   * before the range starts, so each copy's arena slot lives from there. */
+  for (int c = 0; c < m->n_cross; c++) {
+    int f = m->cross[c].first, start = f;
+    for (int i = f - 1; i >= 0; i--) {
+      const spn_node_t *n = &m->nodes[i];
+      if (n->dead || n->shape_class)
+        continue;
+      if (n->backend != m->cross[c].slot)
+        break;
+      start = i;
+    }
+    m->cross[c].first = start;
+  }
+  return SPN_OK;
+}

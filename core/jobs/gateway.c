@@ -1,0 +1,534 @@
+/* gateway.c — the gateway's client side: requests (SUBMIT, STATUS, WATCH,
+ * CANCEL, LIST, HELLO), the outbox that holds replies until the batch they
+ * acknowledge is durable, and watchers.
+ *
+ * Invariants:
+ * - Group commit: the writes of one batch (every message received in one
+ *   pass, up to SPN_GW_BATCH_MAX) share one queue transaction; replies and
+ *   job hand-outs wait in the outbox and are sent only after the commit, so
+ *   a client never hears "accepted" for a job that is not durable.
+ * - Every request is validated here, before it reaches the queue: a bad
+ *   request gets an ERROR naming the field and changes nothing.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+#include <zmq.h>
+
+#include "server-internal.h"
+
+/* ---- outbox ---- */
+
+void spn__out_push(spn_server_t *s, const unsigned char *ident, size_t ilen, const char *type,
+                     cJSON *body, bool needs_commit) {
+  spn_outmsg_t *m = calloc(1, sizeof *m);
+  if (!m) {
+    cJSON_Delete(body);
+    return;
+  }
+  memcpy(m->ident, ident, ilen);
+  m->ident_len = ilen;
+  snprintf(m->type, sizeof m->type, "%s", type);
+  m->body = body;
+  m->needs_commit = needs_commit;
+  int64_t req = 0;
+  if (spn__json_int(body, "req", &req))
+    m->req = req;
+  *s->out_tail = m;
+  s->out_tail = &m->next;
+}
+
+void spn__out_error(spn_server_t *s, const unsigned char *ident, size_t ilen, int64_t req,
+                      const char *code, const char *msg) {
+  cJSON *b = cJSON_CreateObject();
+  if (!b)
+    return;
+  if (req)
+    cJSON_AddNumberToObject(b, "req", (double)req);
+  cJSON_AddStringToObject(b, "code", code);
+  cJSON_AddStringToObject(b, "message", msg);
+  spn__out_push(s, ident, ilen, "ERROR", b, false);
+}
+
+static void out_flush(spn_server_t *s, bool committed) {
+  spn_outmsg_t *m = s->out;
+  s->out = NULL;
+  s->out_tail = &s->out;
+  while (m) {
+    spn_outmsg_t *next = m->next;
+    if (committed || !m->needs_commit)
+      spn__proto_send(s->router, m->ident, m->ident_len, m->type, m->body);
+    else
+      spn__proto_send_error(s->router, m->ident, m->ident_len, m->req, "internal",
+                            "the job queue could not commit; nothing was stored");
+    cJSON_Delete(m->body);
+    free(m);
+    m = next;
+  }
+}
+
+void spn__batch_begin(spn_server_t *s) {
+  if (s->in_batch)
+    return;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (s->q.ops->begin(s->q.impl, &err) < 0)
+    fprintf(stderr, "spindle serve: %s\n", err.msg);
+  else
+    s->in_batch = true;
+}
+
+void spn__batch_end(spn_server_t *s) {
+  bool ok = true;
+  if (s->in_batch) {
+    spn_error_t err = SPN_ERROR_INIT;
+    s->in_batch = false;
+    if (s->q.ops->commit(s->q.impl, &err) < 0) {
+      fprintf(stderr, "spindle serve: %s\n", err.msg);
+      ok = false;
+    }
+  }
+  out_flush(s, ok);
+}
+
+void spn__out_discard(spn_server_t *s) {
+  spn_outmsg_t *m = s->out;
+  while (m) {
+    spn_outmsg_t *n = m->next;
+    cJSON_Delete(m->body);
+    free(m);
+    m = n;
+  }
+  s->out = NULL;
+  s->out_tail = &s->out;
+}
+
+static void watcher_add(spn_server_t *s, int64_t id, const unsigned char *ident, size_t ilen) {
+  for (size_t i = 0; i < s->nwatchers; i++)
+    if (s->watchers[i].id == id && s->watchers[i].ident_len == ilen &&
+        !memcmp(s->watchers[i].ident, ident, ilen))
+      return;
+  if (s->nwatchers == s->capwatch) {
+    size_t cap = s->capwatch ? s->capwatch * 2 : 16;
+    spn_watcher_t *nv = realloc(s->watchers, cap * sizeof *nv);
+    if (!nv)
+      return;
+    s->watchers = nv;
+    s->capwatch = cap;
+  }
+  spn_watcher_t *w = &s->watchers[s->nwatchers++];
+  w->id = id;
+  memcpy(w->ident, ident, ilen);
+  w->ident_len = ilen;
+}
+
+/* ---- job descriptions ---- */
+
+static cJSON *job_json(spn_server_t *s, const spn_queue_job_t *j, bool full) {
+  cJSON *o = cJSON_CreateObject();
+  if (!o)
+    return NULL;
+  cJSON_AddNumberToObject(o, "id", (double)j->id);
+  cJSON_AddStringToObject(o, "state", spn_queue_state_name(j->state));
+  cJSON *spec = cJSON_Parse(j->spec_json);
+  const char *p = spec ? spn__json_str(spec, "pipeline") : NULL;
+  cJSON_AddStringToObject(o, "pipeline", p ? p : "");
+  cJSON_AddNumberToObject(o, "priority", j->priority);
+  cJSON_AddNumberToObject(o, "attempts", j->attempts);
+  cJSON_AddNumberToObject(o, "max_attempts", j->max_attempts);
+  uint64_t done = j->progress_done, total = j->progress_total;
+  spn_run_t *r = j->state == SPN_QSTATE_RUNNING ? spn__run_find(s, j->id) : NULL;
+  if (r) {
+    done = r->done;
+    total = r->total;
+  }
+  cJSON_AddNumberToObject(o, "done", (double)done);
+  cJSON_AddNumberToObject(o, "total", (double)total);
+  cJSON_AddNumberToObject(o, "compute_s", j->compute_s);
+  cJSON_AddNumberToObject(o, "gpu_s", j->gpu_s);
+  cJSON_AddNumberToObject(o, "created", (double)j->created_ms);
+  if (j->reason)
+    cJSON_AddStringToObject(o, "reason", j->reason);
+  if (j->lease_owner)
+    cJSON_AddStringToObject(o, "worker", j->lease_owner);
+  if (full) {
+    if (j->idem_key)
+      cJSON_AddStringToObject(o, "idempotency_key", j->idem_key);
+    if (j->deadline_ms)
+      cJSON_AddNumberToObject(o, "deadline", (double)j->deadline_ms);
+    cJSON *times = cJSON_AddObjectToObject(o, "times");
+    for (int i = 0; times && i < SPN_QSTATE_COUNT; i++)
+      if (j->t_state_ms[i])
+        cJSON_AddNumberToObject(times, spn_queue_state_name((spn_queue_state_t)i), (double)j->t_state_ms[i]);
+    cJSON *errs = cJSON_Parse(j->errors_json);
+    if (errs)
+      cJSON_AddItemToObject(o, "errors", errs);
+    if (spec) {
+      cJSON_AddItemToObject(o, "spec", spec);
+      spec = NULL;
+    }
+  }
+  cJSON_Delete(spec);
+  return o;
+}
+
+/* Tell every watcher of `id` where it is; terminal states end the watch. */
+void spn__notify(spn_server_t *s, int64_t id) {
+  bool any = false;
+  for (size_t i = 0; i < s->nwatchers; i++)
+    if (s->watchers[i].id == id)
+      any = true;
+  if (!any)
+    return;
+  spn_queue_job_t j;
+  if (s->q.ops->get(s->q.impl, id, &j, NULL) < 0)
+    return;
+  bool term = spn_queue_state_terminal(j.state);
+  for (size_t i = 0; i < s->nwatchers;) {
+    if (s->watchers[i].id != id) {
+      i++;
+      continue;
+    }
+    cJSON *b = job_json(s, &j, term);
+    if (b)
+      spn__out_push(s, s->watchers[i].ident, s->watchers[i].ident_len, "EVENT", b, false);
+    if (term)
+      s->watchers[i] = s->watchers[--s->nwatchers];
+    else
+      i++;
+  }
+  spn__queue_job_clear(&j);
+}
+
+void spn__notify_progress(spn_server_t *s, spn_run_t *r) {
+  for (size_t i = 0; i < s->nwatchers; i++) {
+    if (s->watchers[i].id != r->id)
+      continue;
+    cJSON *b = cJSON_CreateObject();
+    if (!b)
+      return;
+    cJSON_AddNumberToObject(b, "id", (double)r->id);
+    cJSON_AddStringToObject(b, "state", "running");
+    cJSON_AddNumberToObject(b, "attempts", r->attempt);
+    cJSON_AddNumberToObject(b, "done", (double)r->done);
+    cJSON_AddNumberToObject(b, "total", (double)r->total);
+    spn__out_push(s, s->watchers[i].ident, s->watchers[i].ident_len, "EVENT", b, false);
+  }
+}
+
+/* ---- requests ---- */
+
+static int32_t validate_io(spn_server_t *s, const cJSON *body, const char *key, bool input,
+                           cJSON *dst, spn_error_t *err) {
+  const cJSON *o = cJSON_GetObjectItemCaseSensitive(body, key);
+  cJSON *out = cJSON_AddObjectToObject(dst, key);
+  if (!out)
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  if (!o)
+    return SPN_OK; /* a pipeline may take no files (generators, "noop") */
+  if (!cJSON_IsObject(o) || cJSON_GetArraySize(o) > 64)
+    return spn_error_set(err, SPN_EINVAL, "SUBMIT: \"%s\" must be an object of at most 64 name: path",
+                         key);
+  const cJSON *it;
+  cJSON_ArrayForEach(it, o) {
+    if (!cJSON_IsString(it) || !it->string[0] || strlen(it->string) > 64)
+      return spn_error_set(err, SPN_EINVAL, "SUBMIT: %s.%s: expected a name of 1-64 bytes and a string path",
+                           key, it->string);
+    char *real = NULL;
+    int32_t rc = input ? spn__confine_input(&s->cfg->input_roots, it->valuestring, &real, err)
+                       : spn__confine_output(&s->cfg->output_roots, it->valuestring, &real, err);
+    if (rc < 0)
+      return rc;
+    cJSON_AddStringToObject(out, it->string, real);
+    free(real);
+  }
+  return SPN_OK;
+}
+
+static const char *code_for(int32_t rc) {
+  switch (rc) {
+  case SPN_EPERM: return "forbidden_path";
+  case SPN_ENOENT: return "not_found";
+  case SPN_EUNSUPPORTED: return "unknown_pipeline";
+  case SPN_ESTATE: return "bad_state";
+  case SPN_EIO: case SPN_ENOMEM: case SPN_EINTERNAL: return "internal";
+  default: return "invalid";
+  }
+}
+
+static void on_submit(spn_server_t *s, spn_pmsg_t *m) {
+  spn_error_t err = SPN_ERROR_INIT;
+  int32_t rc = SPN_OK;
+  cJSON *spec = cJSON_CreateObject();
+  char *spec_js = NULL;
+  const cJSON *b = m->body;
+  const char *pipeline = spn__json_str(b, "pipeline");
+  int64_t prio = 0, deadline = 0, max_att = s->cfg->max_attempts;
+  const char *key = NULL;
+  if (!spec) {
+    rc = spn_error_set(&err, SPN_ENOMEM, "out of memory");
+    goto out;
+  }
+  if (!pipeline || !*pipeline || strlen(pipeline) > 128) {
+    rc = spn_error_set(&err, SPN_EINVAL, "SUBMIT: \"pipeline\" must be a string of 1-128 bytes");
+    goto out;
+  }
+  if (!s->runner->has_pipeline(s->runner->data, pipeline)) {
+    rc = spn_error_set(&err, SPN_EUNSUPPORTED, "SUBMIT: unknown pipeline \"%s\"", pipeline);
+    goto out;
+  }
+  cJSON_AddStringToObject(spec, "pipeline", pipeline);
+  if ((rc = validate_io(s, b, "inputs", true, spec, &err)) < 0 ||
+      (rc = validate_io(s, b, "outputs", false, spec, &err)) < 0)
+    goto out;
+  const cJSON *params = cJSON_GetObjectItemCaseSensitive(b, "params");
+  if (params) {
+    if (!cJSON_IsObject(params) || cJSON_GetArraySize(params) > 256) {
+      rc = spn_error_set(&err, SPN_EINVAL, "SUBMIT: \"params\" must be an object of at most 256 keys");
+      goto out;
+    }
+    const cJSON *it;
+    cJSON_ArrayForEach(it, params) if (!cJSON_IsString(it) && !cJSON_IsNumber(it) && !cJSON_IsBool(it)) {
+      rc = spn_error_set(&err, SPN_EINVAL, "SUBMIT: params.%s must be a string, number or boolean",
+                         it->string);
+      goto out;
+    }
+    cJSON_AddItemToObject(spec, "params", cJSON_Duplicate(params, 1));
+  }
+  if (cJSON_GetObjectItemCaseSensitive(b, "priority") &&
+      (!spn__json_int(b, "priority", &prio) || prio > (int64_t)s->cfg->max_priority ||
+       prio < -(int64_t)s->cfg->max_priority)) {
+    rc = spn_error_set(&err, SPN_EINVAL, "SUBMIT: \"priority\" must be an integer in [-%u, %u]",
+                       s->cfg->max_priority, s->cfg->max_priority);
+    goto out;
+  }
+  if (cJSON_GetObjectItemCaseSensitive(b, "max_attempts") &&
+      (!spn__json_int(b, "max_attempts", &max_att) || max_att < 1 || max_att > 100)) {
+    rc = spn_error_set(&err, SPN_EINVAL, "SUBMIT: \"max_attempts\" must be an integer in [1, 100]");
+    goto out;
+  }
+  const cJSON *dl = cJSON_GetObjectItemCaseSensitive(b, "deadline");
+  if (dl) {
+    if (!cJSON_IsNumber(dl) || dl->valuedouble <= 0 || dl->valuedouble > 365.0 * 86400) {
+      rc = spn_error_set(&err, SPN_EINVAL, "SUBMIT: \"deadline\" must be seconds from now in (0, 1 year]");
+      goto out;
+    }
+    deadline = spn__now_ms() + (int64_t)(dl->valuedouble * 1000.0);
+  }
+  if (cJSON_GetObjectItemCaseSensitive(b, "idempotency_key")) {
+    key = spn__json_str(b, "idempotency_key");
+    if (!key || !*key || strlen(key) > 256) {
+      rc = spn_error_set(&err, SPN_EINVAL, "SUBMIT: \"idempotency_key\" must be a string of 1-256 bytes");
+      goto out;
+    }
+  }
+  /* A runner that can check a job (the pipeline runner: its inputs,
+   * outputs and params against the pipeline's per-job keys) refuses a job
+   * that could never run now, rather than after max_attempts retries. */
+  if (s->runner->check) {
+    spn_job_spec_t js;
+    if ((rc = spn__job_spec_from_json(spec, 0, 1, &js, &err)) < 0)
+      goto out;
+    rc = s->runner->check(s->runner->data, &js, &err);
+    spn__job_spec_free(&js);
+    if (rc < 0) {
+      spn_error_prefix(&err, "SUBMIT");
+      if (rc != SPN_ENOMEM)
+        rc = SPN_EINVAL;
+      goto out;
+    }
+  }
+  spec_js = cJSON_PrintUnformatted(spec);
+  if (!spec_js) {
+    rc = spn_error_set(&err, SPN_ENOMEM, "out of memory");
+    goto out;
+  }
+  spn_queue_submit_t sub = {.spec_json = spec_js, .priority = (int32_t)prio, .idem_key = key,
+                            .deadline_ms = deadline, .max_attempts = (uint32_t)max_att};
+  int64_t id = 0;
+  bool existed = false;
+  spn__batch_begin(s);
+  rc = s->q.ops->submit(s->q.impl, &sub, spn__now_ms(), &id, &existed, &err);
+  if (rc < 0)
+    goto out;
+  cJSON *r = cJSON_CreateObject();
+  if (r) {
+    if (m->req)
+      cJSON_AddNumberToObject(r, "req", (double)m->req);
+    cJSON_AddNumberToObject(r, "id", (double)id);
+    cJSON_AddBoolToObject(r, "existed", existed);
+    spn__out_push(s, m->ident, m->ident_len, "SUBMITTED", r, true);
+  }
+out:
+  if (rc < 0)
+    spn__out_error(s, m->ident, m->ident_len, m->req, code_for(rc), err.msg);
+  free(spec_js);
+  cJSON_Delete(spec);
+}
+
+static bool need_id(spn_server_t *s, spn_pmsg_t *m, int64_t *id) {
+  if (spn__json_int(m->body, "id", id) && *id > 0)
+    return true;
+  spn__out_error(s, m->ident, m->ident_len, m->req, "invalid", "\"id\" must be a positive integer job id");
+  return false;
+}
+
+static void with_req(cJSON *b, int64_t req) {
+  if (b && req)
+    cJSON_AddNumberToObject(b, "req", (double)req);
+}
+
+static void on_status(spn_server_t *s, spn_pmsg_t *m, bool watch) {
+  int64_t id;
+  if (!need_id(s, m, &id))
+    return;
+  spn_queue_job_t j;
+  spn_error_t err = SPN_ERROR_INIT;
+  int32_t rc = s->q.ops->get(s->q.impl, id, &j, &err);
+  if (rc < 0) {
+    spn__out_error(s, m->ident, m->ident_len, m->req, code_for(rc), err.msg);
+    return;
+  }
+  cJSON *b = job_json(s, &j, true);
+  with_req(b, m->req);
+  if (b)
+    spn__out_push(s, m->ident, m->ident_len, watch ? "EVENT" : "STATUS", b, false);
+  if (watch && !spn_queue_state_terminal(j.state))
+    watcher_add(s, id, m->ident, m->ident_len);
+  spn__queue_job_clear(&j);
+}
+
+
+static void on_cancel(spn_server_t *s, spn_pmsg_t *m) {
+  int64_t id;
+  if (!need_id(s, m, &id))
+    return;
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_queue_state_t st = SPN_QSTATE_QUEUED;
+  spn__batch_begin(s);
+  int32_t rc = s->q.ops->cancel(s->q.impl, id, spn__now_ms(), &st, &err);
+  if (rc < 0) {
+    spn__out_error(s, m->ident, m->ident_len, m->req, code_for(rc), err.msg);
+    return;
+  }
+  if (st == SPN_QSTATE_RUNNING) {
+    spn_run_t *r = spn__run_find(s, id);
+    if (r)
+      spn__sched_cancel_run(s, r);
+  }
+  cJSON *b = cJSON_CreateObject();
+  with_req(b, m->req);
+  if (b) {
+    cJSON_AddNumberToObject(b, "id", (double)id);
+    cJSON_AddStringToObject(b, "state", st == SPN_QSTATE_RUNNING ? "cancelling" : spn_queue_state_name(st));
+    spn__out_push(s, m->ident, m->ident_len, "CANCELLED", b, true);
+  }
+  if (st != SPN_QSTATE_RUNNING)
+    spn__notify(s, id);
+}
+
+typedef struct list_ctx {
+  spn_server_t *s;
+  cJSON *arr;
+} list_ctx_t;
+
+static void list_cb(void *user, const spn_queue_job_t *j) {
+  list_ctx_t *lc = user;
+  cJSON *o = job_json(lc->s, j, false);
+  if (o)
+    cJSON_AddItemToArray(lc->arr, o);
+}
+
+static void on_list(spn_server_t *s, spn_pmsg_t *m) {
+  int32_t state = -1;
+  const char *st = spn__json_str(m->body, "state");
+  if (cJSON_GetObjectItemCaseSensitive(m->body, "state") && (!st || (state = spn_queue_state_parse(st)) < 0)) {
+    spn__out_error(s, m->ident, m->ident_len, m->req, "invalid",
+              "\"state\" must be one of queued, running, succeeded, failed, cancelled, dead");
+    return;
+  }
+  int64_t limit = 100;
+  if (cJSON_GetObjectItemCaseSensitive(m->body, "limit") &&
+      (!spn__json_int(m->body, "limit", &limit) || limit < 1 || limit > 1000)) {
+    spn__out_error(s, m->ident, m->ident_len, m->req, "invalid", "\"limit\" must be an integer in [1, 1000]");
+    return;
+  }
+  cJSON *b = cJSON_CreateObject();
+  cJSON *arr = b ? cJSON_AddArrayToObject(b, "jobs") : NULL;
+  if (!arr) {
+    cJSON_Delete(b);
+    return;
+  }
+  with_req(b, m->req);
+  list_ctx_t lc = {s, arr};
+  spn_error_t err = SPN_ERROR_INIT;
+  if (s->q.ops->list(s->q.impl, state, (uint32_t)limit, list_cb, &lc, &err) < 0) {
+    cJSON_Delete(b);
+    spn__out_error(s, m->ident, m->ident_len, m->req, "internal", err.msg);
+    return;
+  }
+  spn__out_push(s, m->ident, m->ident_len, "JOBS", b, false);
+}
+
+static void on_hello(spn_server_t *s, spn_pmsg_t *m) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(m->body, "versions");
+  bool ok = false;
+  const cJSON *it;
+  if (cJSON_IsArray(v))
+    cJSON_ArrayForEach(it, v) if (cJSON_IsNumber(it) && it->valuedouble == SPN_PROTO_VERSION) ok = true;
+  if (!ok) {
+    spn__out_error(s, m->ident, m->ident_len, m->req, "unsupported_version",
+              "\"versions\" must list 1, the only version this gateway speaks");
+    return;
+  }
+  cJSON *b = cJSON_CreateObject();
+  with_req(b, m->req);
+  if (!b)
+    return;
+  cJSON_AddNumberToObject(b, "version", SPN_PROTO_VERSION);
+  cJSON_AddNumberToObject(b, "max_msg_size", s->cfg->max_msg_size);
+  cJSON_AddNumberToObject(b, "heartbeat_ms", s->cfg->heartbeat_ms);
+  cJSON *pl = cJSON_AddArrayToObject(b, "pipelines");
+  for (size_t i = 0; pl && i < s->cfg->n_pipelines; i++)
+    cJSON_AddItemToArray(pl, cJSON_CreateString(s->cfg->pipelines[i]));
+  spn__out_push(s, m->ident, m->ident_len, "HELLO", b, false);
+}
+
+
+void spn__gateway_handle(spn_server_t *s, spn_pmsg_t *m) {
+  if (m->error) {
+    spn__out_error(s, m->ident, m->ident_len, m->req, m->error, m->detail);
+    return;
+  }
+  const char *t = m->type;
+  if (!strcmp(t, "SUBMIT"))
+    on_submit(s, m);
+  else if (!strcmp(t, "STATUS"))
+    on_status(s, m, false);
+  else if (!strcmp(t, "WATCH"))
+    on_status(s, m, true);
+  else if (!strcmp(t, "CANCEL"))
+    on_cancel(s, m);
+  else if (!strcmp(t, "LIST"))
+    on_list(s, m);
+  else if (!strcmp(t, "HELLO"))
+    on_hello(s, m);
+  else if (!strcmp(t, "LEASE") || !strcmp(t, "HEARTBEAT") || !strcmp(t, "PROGRESS") ||
+           !strcmp(t, "DONE") || !strcmp(t, "FAIL")) {
+    /* With a workers key directory, only connections authenticated with a
+     * worker key may lease or report jobs: a client key cannot mark a job
+     * done or take jobs. */
+    if (s->cfg->curve_secret && s->cfg->curve_workers_dir && strcmp(m->user_id, "worker") != 0) {
+      spn__out_error(s, m->ident, m->ident_len, m->req, "forbidden",
+                "worker messages need a worker key (curve_workers_dir)");
+      return;
+    }
+    spn__batch_begin(s);
+    spn__remote_msg(s, m);
+  } else {
+    char msg[96];
+    snprintf(msg, sizeof msg, "unknown message type \"%s\"", t);
+    spn__out_error(s, m->ident, m->ident_len, m->req, "unknown_type", msg);
+  }
+}

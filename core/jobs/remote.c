@@ -1,0 +1,189 @@
+/* remote.c — the gateway's side of the remote-worker protocol (LEASE,
+ * HEARTBEAT, PROGRESS, DONE, FAIL; docs/protocol.md).
+ *
+ * Invariants:
+ * - A worker is known by its name ("remote:<name>" is the lease owner); a
+ *   worker that reconnects with a new routing id takes over its old entry and
+ *   its runs.
+ * - Credit: the gateway sends a worker at most as many jobs as it granted.
+ * - HEARTBEAT renews the leases of the jobs it lists; a job whose lease the
+ *   worker lost is cancelled on the worker, so it cannot race the attempt
+ *   that runs elsewhere now. Three missed heartbeats and the worker is lost:
+ *   its jobs count a failed attempt and retry (spn__remote_reap).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "server-internal.h"
+
+static spn_rworker_t *worker_by_ident(spn_server_t *s, const unsigned char *ident, size_t ilen) {
+  for (size_t i = 0; i < s->nworkers; i++)
+    if (s->workers[i].alive && s->workers[i].ident_len == ilen &&
+        !memcmp(s->workers[i].ident, ident, ilen))
+      return &s->workers[i];
+  return NULL;
+}
+
+/* ---- worker side ---- */
+
+static spn_rworker_t *worker_register(spn_server_t *s, spn_pmsg_t *m) {
+  const char *name = spn__json_str(m->body, "worker");
+  if (!name || !*name || strlen(name) > 128) {
+    spn__out_error(s, m->ident, m->ident_len, m->req, "invalid", "\"worker\" must be a name of 1-128 bytes");
+    return NULL;
+  }
+  spn_rworker_t *w = worker_by_ident(s, m->ident, m->ident_len);
+  if (w)
+    return w;
+  /* A worker that reconnected (new routing id) replaces its old entry. */
+  char owner[160];
+  snprintf(owner, sizeof owner, "remote:%s", name);
+  for (size_t i = 0; i < s->nworkers; i++)
+    if (s->workers[i].alive && !strcmp(s->workers[i].owner, owner)) {
+      w = &s->workers[i];
+      break;
+    }
+  if (!w) {
+    for (size_t i = 0; i < s->nworkers; i++)
+      if (!s->workers[i].alive) {
+        w = &s->workers[i];
+        break;
+      }
+  }
+  if (!w) {
+    spn_rworker_t *nv = realloc(s->workers, (s->nworkers + 1) * sizeof *nv);
+    if (!nv)
+      return NULL;
+    s->workers = nv;
+    w = &s->workers[s->nworkers++];
+  }
+  memset(w, 0, sizeof *w);
+  memcpy(w->ident, m->ident, m->ident_len);
+  w->ident_len = m->ident_len;
+  snprintf(w->owner, sizeof w->owner, "%s", owner);
+  w->alive = true;
+  w->last_seen = spn__mono_s();
+  /* Runs of this worker keep their index. */
+  size_t wi = (size_t)(w - s->workers);
+  for (size_t i = 0; i < s->nruns; i++)
+    if (!strcmp(s->runs[i].owner, owner))
+      s->runs[i].worker = (int64_t)wi;
+  return w;
+}
+
+static bool lease_args(spn_server_t *s, spn_pmsg_t *m, int64_t *id, int64_t *att) {
+  if (spn__json_int(m->body, "id", id) && spn__json_int(m->body, "attempt", att) && *id > 0 &&
+      *att > 0)
+    return true;
+  spn__out_error(s, m->ident, m->ident_len, m->req, "invalid", "\"id\" and \"attempt\" must be positive integers");
+  return false;
+}
+
+void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m) {
+  spn_rworker_t *w = worker_register(s, m);
+  if (!w)
+    return;
+  w->last_seen = spn__mono_s();
+  int64_t now = spn__now_ms();
+  spn_error_t err = SPN_ERROR_INIT;
+  if (!strcmp(m->type, "LEASE")) {
+    int64_t credit = 0;
+    if (!spn__json_int(m->body, "credit", &credit) || credit < 0 || credit > 1024) {
+      spn__out_error(s, m->ident, m->ident_len, m->req, "invalid", "\"credit\" must be an integer in [0, 1024]");
+      return;
+    }
+    w->credit += credit;
+    w->leased = true;
+  } else if (!strcmp(m->type, "HEARTBEAT")) {
+    const cJSON *jobs = cJSON_GetObjectItemCaseSensitive(m->body, "jobs");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, jobs) {
+      int64_t id, att;
+      if (!spn__json_int(it, "id", &id) || !spn__json_int(it, "attempt", &att))
+        continue;
+      int32_t rr = s->q.ops->renew(s->q.impl, id, (uint32_t)att, w->owner, now, s->cfg->lease_ms, &err);
+      if (rr == SPN_ESTATE) {
+        /* The worker runs a job whose lease it lost (it was presumed dead,
+         * or the job was cancelled and ended): tell it to stop, so it does
+         * not race the attempt that runs elsewhere now. */
+        cJSON *c = cJSON_CreateObject();
+        if (c) {
+          cJSON_AddNumberToObject(c, "id", (double)id);
+          cJSON_AddNumberToObject(c, "attempt", (double)att);
+          spn__out_push(s, m->ident, m->ident_len, "CANCEL", c, true);
+        }
+        continue;
+      }
+      if (rr == SPN_OK && !spn__run_find(s, id)) {
+        /* A job this gateway instance did not hand out (it restarted): adopt it. */
+        spn_run_t *r = spn__run_add(s);
+        if (r) {
+          r->id = id;
+          r->attempt = (uint32_t)att;
+          r->slot = -1;
+          r->worker = (int64_t)(w - s->workers);
+          snprintf(r->owner, sizeof r->owner, "%s", w->owner);
+        }
+      }
+    }
+    cJSON *b = cJSON_CreateObject();
+    if (b) {
+      /* "known": false tells a worker we have no record of its credit (we
+       * restarted); it answers with LEASE for its free slots. */
+      cJSON_AddBoolToObject(b, "known", w->leased);
+      spn__out_push(s, m->ident, m->ident_len, "HEARTBEAT", b, false);
+    }
+  } else if (!strcmp(m->type, "PROGRESS")) {
+    int64_t id, att, done = 0, total = 0;
+    if (!lease_args(s, m, &id, &att))
+      return;
+    spn__json_int(m->body, "done", &done);
+    spn__json_int(m->body, "total", &total);
+    spn_run_t *r = spn__run_find(s, id);
+    if (r && r->attempt == (uint32_t)att && !strcmp(r->owner, w->owner)) {
+      r->done = (uint64_t)(done < 0 ? 0 : done);
+      r->total = (uint64_t)(total < 0 ? 0 : total);
+      spn__notify_progress(s, r);
+    }
+  } else { /* DONE or FAIL */
+    int64_t id, att;
+    if (!lease_args(s, m, &id, &att))
+      return;
+    spn_exec_result_t res = {.status = SPN_OK};
+    const cJSON *cs = cJSON_GetObjectItemCaseSensitive(m->body, "compute_s");
+    const cJSON *gs = cJSON_GetObjectItemCaseSensitive(m->body, "gpu_s");
+    res.compute_s = cJSON_IsNumber(cs) ? cs->valuedouble : 0;
+    res.gpu_s = cJSON_IsNumber(gs) ? gs->valuedouble : 0;
+    if (!strcmp(m->type, "FAIL")) {
+      const char *e = spn__json_str(m->body, "error");
+      res.status = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m->body, "cancelled")) ? SPN_ECANCELLED
+                                                                                        : SPN_EIO;
+      snprintf(res.error, sizeof res.error, "%s: %s", w->owner, e ? e : "failed");
+    }
+    spn__sched_finish(s, id, (uint32_t)att, w->owner, &res);
+  }
+}
+
+void spn__remote_reap(spn_server_t *s, double mono, int64_t now) {
+  double dead_after = 3.0 * s->cfg->heartbeat_ms / 1000.0;
+  for (size_t i = 0; i < s->nworkers; i++) {
+    spn_rworker_t *w = &s->workers[i];
+    if (!w->alive || mono - w->last_seen <= dead_after)
+      continue;
+    fprintf(stderr, "spindle serve: worker %s missed 3 heartbeats; re-queueing its jobs\n", w->owner);
+    w->alive = false;
+    spn_error_t err = SPN_ERROR_INIT;
+    char reason[200];
+    snprintf(reason, sizeof reason, "worker %s lost (3 heartbeats missed)", w->owner);
+    if (s->q.ops->release_owner(s->q.impl, w->owner, reason, now, spn__sched_changed, s, &err) < 0)
+      fprintf(stderr, "spindle serve: %s\n", err.msg);
+    for (size_t k = 0; k < s->nruns;)
+      if (s->runs[k].worker == (int64_t)i)
+        s->runs[k] = s->runs[--s->nruns];
+      else
+        k++;
+  }
+}

@@ -1,0 +1,222 @@
+/* sched.c — the gateway's scheduling: which job runs where.
+ *
+ * Invariants:
+ * - A job is leased from the queue only when a place to run it is free: an
+ *   idle local slot first, then a remote worker with credit (round robin).
+ * - The runs table mirrors the leases this gateway handed out (id, attempt,
+ *   owner). A job is reported complete only with the (id, attempt, owner) of
+ *   its live lease; anything else is stale and the queue refuses it.
+ * - Leases: local jobs are renewed by the loop's timer (here), remote jobs by
+ *   their worker's HEARTBEAT (remote.c).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "server-internal.h"
+
+/* ---- tables ---- */
+
+spn_run_t *spn__run_find(spn_server_t *s, int64_t id) {
+  for (size_t i = 0; i < s->nruns; i++)
+    if (s->runs[i].id == id)
+      return &s->runs[i];
+  return NULL;
+}
+
+void spn__run_remove(spn_server_t *s, int64_t id) {
+  for (size_t i = 0; i < s->nruns; i++)
+    if (s->runs[i].id == id) {
+      s->runs[i] = s->runs[--s->nruns];
+      return;
+    }
+}
+
+spn_run_t *spn__run_add(spn_server_t *s) {
+  if (s->nruns == s->caprun) {
+    size_t cap = s->caprun ? s->caprun * 2 : 16;
+    spn_run_t *nv = realloc(s->runs, cap * sizeof *nv);
+    if (!nv)
+      return NULL;
+    s->runs = nv;
+    s->caprun = cap;
+  }
+  spn_run_t *r = &s->runs[s->nruns++];
+  memset(r, 0, sizeof *r);
+  return r;
+}
+
+void spn__sched_changed(void *user, int64_t id, spn_queue_state_t st) {
+  spn_server_t *s = user;
+  (void)st;
+  spn_run_t *r = spn__run_find(s, id);
+  if (r) {
+    /* The lease is gone (expired or its worker was lost): stop a local run. */
+    if (r->slot >= 0)
+      spn__slot_pool_cancel(s->pool, (uint32_t)r->slot);
+    spn__run_remove(s, id);
+  }
+  spn__notify(s, id);
+}
+
+/* ---- dispatch ---- */
+
+void spn__sched_finish(spn_server_t *s, int64_t id, uint32_t attempt, const char *owner,
+                       const spn_exec_result_t *res) {
+  spn_error_t err = SPN_ERROR_INIT;
+  int64_t now = spn__now_ms();
+  int32_t rc;
+  spn_run_t *live = spn__run_find(s, id);
+  if (live && live->attempt == attempt && !strcmp(live->owner, owner) && live->total)
+    s->q.ops->progress(s->q.impl, id, live->done, live->total, NULL);
+  if (res->status == SPN_OK) {
+    rc = s->q.ops->complete(s->q.impl, id, attempt, owner, res->compute_s, res->gpu_s, now, &err);
+  } else {
+    spn_queue_state_t st;
+    rc = s->q.ops->fail(s->q.impl, id, attempt, owner, res->error, res->status == SPN_ECANCELLED,
+                        res->compute_s, res->gpu_s, now, &st, &err);
+  }
+  if (rc < 0 && rc != SPN_ESTATE)
+    fprintf(stderr, "spindle serve: job %lld: %s\n", (long long)id, err.msg);
+  spn_run_t *r = spn__run_find(s, id);
+  if (r && r->attempt == attempt && !strcmp(r->owner, owner))
+    spn__run_remove(s, id);
+  spn__notify(s, id);
+}
+
+static bool assign_local(spn_server_t *s, uint32_t slot, spn_queue_job_t *j) {
+  cJSON *spec = cJSON_Parse(j->spec_json);
+  spn_job_spec_t js;
+  spn_error_t err = SPN_ERROR_INIT;
+  int32_t rc = spec ? spn__job_spec_from_json(spec, j->id, j->attempts, &js, &err)
+                    : spn_error_set(&err, SPN_EPARSE, "stored spec is not JSON");
+  cJSON_Delete(spec);
+  if (rc < 0) {
+    spn_exec_result_t res = {.status = rc};
+    snprintf(res.error, sizeof res.error, "%s", err.msg);
+    spn__sched_finish(s, j->id, j->attempts, s->slot_owner[slot], &res);
+    return false;
+  }
+  spn_run_t *r = spn__run_add(s);
+  if (!r) {
+    spn__job_spec_free(&js);
+    return false;
+  }
+  r->id = j->id;
+  r->attempt = j->attempts;
+  r->slot = (int)slot;
+  r->worker = -1;
+  snprintf(r->owner, sizeof r->owner, "%s", s->slot_owner[slot]);
+  spn__slot_pool_assign(s->pool, slot, &js);
+  return true;
+}
+
+static void assign_remote(spn_server_t *s, size_t wi, spn_queue_job_t *j) {
+  spn_rworker_t *w = &s->workers[wi];
+  cJSON *b = cJSON_CreateObject();
+  cJSON *spec = cJSON_Parse(j->spec_json);
+  spn_run_t *r = spn__run_add(s);
+  if (!b || !spec || !r) {
+    cJSON_Delete(b);
+    cJSON_Delete(spec);
+    if (r)
+      s->nruns--;
+    return; /* the lease expires and the job runs again */
+  }
+  r->id = j->id;
+  r->attempt = j->attempts;
+  r->slot = -1;
+  r->worker = (int64_t)wi;
+  snprintf(r->owner, sizeof r->owner, "%s", w->owner);
+  cJSON_AddNumberToObject(b, "id", (double)j->id);
+  cJSON_AddNumberToObject(b, "attempt", j->attempts);
+  cJSON_AddNumberToObject(b, "lease_ms", s->cfg->lease_ms);
+  cJSON_AddItemToObject(b, "spec", spec);
+  w->credit--;
+  spn__out_push(s, w->ident, w->ident_len, "JOB", b, true);
+}
+
+void spn__sched_dispatch(spn_server_t *s) {
+  if (s->stopping)
+    return;
+  for (;;) {
+    int32_t sl = spn__slot_pool_idle(s->pool);
+    size_t wi = SIZE_MAX;
+    if (sl < 0) {
+      for (size_t k = 0; k < s->nworkers; k++) {
+        size_t i = (s->rr + k) % s->nworkers;
+        if (s->workers[i].alive && s->workers[i].credit > 0) {
+          wi = i;
+          s->rr = i + 1;
+          break;
+        }
+      }
+      if (wi == SIZE_MAX)
+        return;
+    }
+    const char *owner = sl >= 0 ? s->slot_owner[sl] : s->workers[wi].owner;
+    spn_queue_job_t j;
+    spn_error_t err = SPN_ERROR_INIT;
+    int32_t rc = s->q.ops->lease(s->q.impl, owner, spn__now_ms(), s->cfg->lease_ms, &j, &err);
+    if (rc == SPN_EAGAIN)
+      return;
+    if (rc < 0) {
+      fprintf(stderr, "spindle serve: %s\n", err.msg);
+      return;
+    }
+    if (sl >= 0)
+      assign_local(s, (uint32_t)sl, &j);
+    else
+      assign_remote(s, wi, &j);
+    spn__notify(s, j.id);
+    spn__queue_job_clear(&j);
+  }
+}
+
+void spn__sched_cancel_run(spn_server_t *s, spn_run_t *r) {
+  if (r->slot >= 0) {
+    spn__slot_pool_cancel(s->pool, (uint32_t)r->slot);
+  } else if (r->worker >= 0 && (size_t)r->worker < s->nworkers) {
+    spn_rworker_t *w = &s->workers[r->worker];
+    cJSON *b = cJSON_CreateObject();
+    if (!b)
+      return;
+    cJSON_AddNumberToObject(b, "id", (double)r->id);
+    cJSON_AddNumberToObject(b, "attempt", r->attempt);
+    spn__out_push(s, w->ident, w->ident_len, "CANCEL", b, true);
+  }
+}
+
+void spn__sched_renew_local(spn_server_t *s, int64_t now) {
+  for (size_t i = 0; i < s->nruns; i++) {
+    spn_run_t *r = &s->runs[i];
+    if (r->slot < 0)
+      continue;
+    spn_error_t err = SPN_ERROR_INIT;
+    if (s->q.ops->renew(s->q.impl, r->id, r->attempt, r->owner, now, s->cfg->lease_ms, &err) < 0)
+      spn__slot_pool_cancel(s->pool, (uint32_t)r->slot);
+  }
+}
+
+void spn__sched_reports(spn_server_t *s, spn_slot_report_t *r) {
+  while (r) {
+    spn_slot_report_t *next = r->next;
+    spn_run_t *run = spn__run_find(s, r->id);
+    bool live = run && run->attempt == r->attempt && run->slot == (int)r->slot;
+    if (r->kind == SPN_SLOT_PROGRESS) {
+      if (live) {
+        run->done = r->done;
+        run->total = r->total;
+        spn__notify_progress(s, run);
+      }
+    } else {
+      spn__slot_pool_set_idle(s->pool, r->slot);
+      if (!s->stopping)
+        spn__sched_finish(s, r->id, r->attempt, s->slot_owner[r->slot], &r->res);
+    }
+    free(r);
+    r = next;
+  }
+}

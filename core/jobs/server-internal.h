@@ -1,0 +1,159 @@
+/* server-internal.h — the gateway's parts and the state they share.
+ *
+ *   server.c   life cycle and the loop callbacks (poll, timer, async, signals)
+ *   gateway.c  client requests (SUBMIT, STATUS, WATCH, CANCEL, LIST, HELLO),
+ *              the outbox and group commit, watchers
+ *   sched.c    scheduling: leasing jobs to local slots and remote workers,
+ *              finishing runs, renewing local leases
+ *   remote.c   the remote-worker protocol (LEASE, HEARTBEAT, PROGRESS,
+ *              DONE, FAIL) and losing a worker
+ *   zap.c      CURVE allow-list (ZAP handler thread)
+ *   http.c     /healthz, /readyz, /metrics
+ *   slots.c    the job-running threads (shared with worker.c)
+ *
+ * Every function here runs on the loop thread unless it says otherwise.
+ * Never installed. */
+#ifndef SPINDLE_SERVER_INTERNAL_H
+#define SPINDLE_SERVER_INTERNAL_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+#include <uv.h>
+
+#include "jobs-internal.h"
+#include "proto-internal.h"
+
+#define SPN_GW_BATCH_MAX 512
+#define SPN_GW_TICK_MS 100
+
+typedef struct spn_rworker {
+  unsigned char ident[SPN_PROTO_IDENT_MAX];
+  size_t ident_len;
+  char owner[160]; /* "remote:<name>" */
+  int64_t credit;
+  double last_seen;
+  bool alive;
+  bool leased; /* sent LEASE to this gateway instance: its credit is known */
+} spn_rworker_t;
+
+typedef struct spn_run {
+  int64_t id;
+  uint32_t attempt;
+  int slot;        /* >= 0 local */
+  int64_t worker;  /* index into workers when remote, -1 local */
+  char owner[160];
+  uint64_t done, total;
+} spn_run_t;
+
+typedef struct spn_watcher {
+  int64_t id;
+  unsigned char ident[SPN_PROTO_IDENT_MAX];
+  size_t ident_len;
+} spn_watcher_t;
+
+typedef struct spn_outmsg {
+  struct spn_outmsg *next;
+  unsigned char ident[SPN_PROTO_IDENT_MAX];
+  size_t ident_len;
+  char type[SPN_PROTO_TYPE_MAX + 1];
+  cJSON *body;
+  bool needs_commit; /* an acknowledgement of a durable write */
+  int64_t req;
+} spn_outmsg_t;
+
+/* ZAP handler (zap.c). */
+typedef struct spn_zap {
+  void *zctx;
+  const char *clients_dir, *workers_dir;
+  pthread_t th;
+  bool started;
+  volatile int quit;
+} spn_zap_t;
+
+struct spn_server {
+  const spn_server_config_t *cfg;
+  const spn_job_runner_t *runner;
+  spn_queue_t q;
+  uv_loop_t loop;
+  uv_poll_t poll;
+  uv_timer_t timer;
+  uv_async_t async;
+  uv_signal_t sigint, sigterm;
+  void *zctx, *router;
+  spn_zap_t zap;
+  volatile int stopping;
+
+  spn_slot_pool_t *pool;
+  uint32_t nslots;
+  char (*slot_owner)[64]; /* "local:<pid>:<slot>" */
+
+  spn_rworker_t *workers;
+  size_t nworkers;
+  size_t rr;
+  spn_run_t *runs;
+  size_t nruns, caprun;
+  spn_watcher_t *watchers;
+  size_t nwatchers, capwatch;
+
+  uv_tcp_t http;
+  bool http_open;
+  bool in_batch, pumping;
+  spn_outmsg_t *out, **out_tail;
+  double last_renew, last_sweep;
+  int64_t wake_at;
+  bool handles_open;
+};
+
+/* ---- gateway.c ---- */
+void spn__out_push(spn_server_t *s, const unsigned char *ident, size_t ilen, const char *type,
+                   cJSON *body, bool needs_commit);
+void spn__out_error(spn_server_t *s, const unsigned char *ident, size_t ilen, int64_t req,
+                    const char *code, const char *msg);
+/* Drop the outbox without sending (shutdown). */
+void spn__out_discard(spn_server_t *s);
+void spn__batch_begin(spn_server_t *s);
+/* Commit the batch, then send the outbox (acknowledgements only if the
+ * commit succeeded). */
+void spn__batch_end(spn_server_t *s);
+/* Tell every watcher of `id` where it is; terminal states end the watch. */
+void spn__notify(spn_server_t *s, int64_t id);
+void spn__notify_progress(spn_server_t *s, spn_run_t *r);
+/* Route one received message. */
+void spn__gateway_handle(spn_server_t *s, spn_pmsg_t *m);
+
+/* ---- sched.c ---- */
+spn_run_t *spn__run_find(spn_server_t *s, int64_t id);
+void spn__run_remove(spn_server_t *s, int64_t id);
+spn_run_t *spn__run_add(spn_server_t *s);
+/* spn_queue_changed_cb for sweeps and lost workers (user = server). */
+void spn__sched_changed(void *user, int64_t id, spn_queue_state_t st);
+void spn__sched_finish(spn_server_t *s, int64_t id, uint32_t attempt, const char *owner,
+                       const spn_exec_result_t *res);
+/* Lease queued jobs to free local slots, then to remote workers with credit. */
+void spn__sched_dispatch(spn_server_t *s);
+/* Stop a running job wherever it runs. */
+void spn__sched_cancel_run(spn_server_t *s, spn_run_t *r);
+void spn__sched_renew_local(spn_server_t *s, int64_t now);
+/* Apply the slot pool's reports (progress, finished jobs). */
+void spn__sched_reports(spn_server_t *s, spn_slot_report_t *r);
+
+/* ---- remote.c ---- */
+void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m);
+/* Workers that missed three heartbeats are lost: their jobs retry. */
+void spn__remote_reap(spn_server_t *s, double mono, int64_t now);
+
+/* ---- zap.c ---- */
+/* Start the ZAP handler on z->zctx. Thread: any; the handler runs on its own. */
+int32_t spn__zap_start(spn_zap_t *z, spn_error_t *err);
+void spn__zap_stop(spn_zap_t *z);
+
+/* ---- http.c ---- */
+int32_t spn__http_start(spn_server_t *s, spn_error_t *err);
+/* Close the listener and every open connection (so uv_run can return). */
+void spn__http_stop(spn_server_t *s);
+
+#endif

@@ -1,0 +1,439 @@
+/* test-backend.c — the engine's backend interface and planner on the CPU.
+ *
+ * A "mock" device backend, registered only here, runs a few operators with
+ * the CPU kernels but in its own memory: its arena buffers are tracked, and
+ * it refuses to run a node whose inputs or outputs lie outside them (a
+ * missing boundary copy), or whose constant inputs it did not place itself in
+ * prepare(). Copies to and from the host are counted. Results must equal the
+ * plain CPU run bit for bit (same kernels), so any wrong copy, wrong arena
+ * slot or stale value shows. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "engine-internal.h"
+#include "onnx-build.h"
+
+/* ---- the mock device backend ---- */
+
+typedef struct {
+  uint32_t ops;        /* bit per spn_op_t it supports */
+  int n_buf;
+  struct { uint8_t *p; size_t n; } buf[64];
+  int from_host, to_host; /* copies */
+  int computed;           /* nodes run */
+  int prepared;           /* nodes prepared */
+  int bad;                /* nodes refused: an operand outside its memory */
+} mock_t;
+
+/* Per-node context: the node's constant inputs, copied into mock memory. */
+typedef struct {
+  int n;
+  void *data[8];
+} mock_node_t;
+
+static bool mock_owns(mock_t *mk, const void *p, size_t n) {
+  for (int i = 0; i < mk->n_buf; i++)
+    if ((const uint8_t *)p >= mk->buf[i].p && (const uint8_t *)p + n <= mk->buf[i].p + mk->buf[i].n)
+      return true;
+  return false;
+}
+
+static bool mock_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t *n, char *why, size_t why_n) {
+  (void)m;
+  mock_t *mk = b->ctx;
+  if (n->op < 32 && (mk->ops >> n->op) & 1)
+    return true;
+  snprintf(why, why_n, "the mock backend has no %s kernel", n->op_name);
+  return false;
+}
+
+static int32_t mock_prepare(spn_backend_t *b, spn_model_t *m, spn_node_t *n, spn_error_t *err) {
+  mock_t *mk = b->ctx;
+  mock_node_t *c = calloc(1, sizeof *c);
+  if (!c)
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  for (int k = 0; k < n->n_in && k < 8; k++) {
+    int vi = n->in[k];
+    if (vi < 0 || m->vals[vi].kind != SPN_VAL_CONST)
+      continue;
+    const spn_value_t *v = &m->vals[vi];
+    size_t bytes = spn_dtype_size(v->dtype);
+    for (int d = 0; d < v->ndim; d++)
+      bytes *= (size_t)v->shape[d];
+    void *h;
+    if (b->iface->buf_alloc(b, bytes, &c->data[k], &h, err)) {
+      free(c);
+      return SPN_ENOMEM;
+    }
+    memcpy(c->data[k], v->data, bytes);
+  }
+  n->bctx = c;
+  mk->prepared++;
+  return SPN_OK;
+}
+
+static void mock_node_free(spn_backend_t *b, spn_node_t *n) {
+  (void)b;
+  free(n->bctx); /* constant copies live in the backend's tracked buffers */
+  n->bctx = NULL;
+}
+
+static int32_t mock_compute(spn_backend_t *b, spn_run_t *r, int first, int last) {
+  mock_t *mk = b->ctx;
+  for (int i = first; i < last; i++) {
+    const spn_node_t *n = &r->m->nodes[i];
+    if (n->dead || n->shape_class || n->backend != b->slot)
+      continue;
+    const mock_node_t *c = n->bctx;
+    void *saved[8] = {0};
+    bool ok = true;
+    for (int k = 0; k < n->n_in && k < 8; k++) {
+      int vi = n->in[k];
+      if (vi < 0)
+        continue;
+      saved[k] = r->v[vi].data;
+      if (r->m->vals[vi].kind == SPN_VAL_CONST) {
+        ok = ok && c->data[k];
+        r->v[vi].data = c->data[k];
+      } else {
+        ok = ok && mock_owns(mk, r->v[vi].data, r->v[vi].bytes);
+      }
+    }
+    for (int o = 0; o < n->n_out; o++)
+      ok = ok && (n->out[o] < 0 || mock_owns(mk, r->v[n->out[o]].data, r->v[n->out[o]].bytes));
+    int32_t rc = ok ? spn_cpu_exec(r, n) : spn_error_set(r->err, SPN_EINTERNAL, "mock: node '%s' reads or writes outside mock memory", n->name);
+    for (int k = 0; k < n->n_in && k < 8; k++)
+      if (n->in[k] >= 0)
+        r->v[n->in[k]].data = saved[k];
+    if (rc) {
+      mk->bad++;
+      return rc;
+    }
+    mk->computed++;
+  }
+  return SPN_OK;
+}
+
+static int32_t mock_run_end(spn_backend_t *b, spn_run_t *r, bool sync) {
+  (void)b, (void)r, (void)sync;
+  return SPN_OK;
+}
+
+static int32_t mock_alloc(spn_backend_t *b, size_t size, void **data, void **handle, spn_error_t *err) {
+  mock_t *mk = b->ctx;
+  if (mk->n_buf == 64)
+    return spn_error_set(err, SPN_ENOMEM, "mock: out of buffers");
+  uint8_t *p = malloc(size ? size : 1);
+  if (!p)
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  memset(p, 0xA5, size); /* garbage, as device memory would be */
+  mk->buf[mk->n_buf].p = p;
+  mk->buf[mk->n_buf++].n = size;
+  *data = p;
+  *handle = p;
+  return SPN_OK;
+}
+
+static void mock_buf_free(spn_backend_t *b, void *data, void *handle) {
+  (void)handle;
+  mock_t *mk = b->ctx;
+  for (int i = 0; i < mk->n_buf; i++)
+    if (mk->buf[i].p == data) {
+      mk->buf[i] = mk->buf[--mk->n_buf];
+      break;
+    }
+  free(data);
+}
+
+static int32_t mock_to_host(spn_backend_t *b, spn_run_t *r, void *dst, const void *src, size_t n) {
+  mock_t *mk = b->ctx;
+  if (!mock_owns(mk, src, n) || mock_owns(mk, dst, n))
+    return spn_error_set(r->err, SPN_EINTERNAL, "mock: to_host from outside mock memory");
+  memcpy(dst, src, n);
+  mk->to_host++;
+  return SPN_OK;
+}
+
+static int32_t mock_from_host(spn_backend_t *b, spn_run_t *r, void *dst, const void *src, size_t n) {
+  mock_t *mk = b->ctx;
+  if (!mock_owns(mk, dst, n) || mock_owns(mk, src, n))
+    return spn_error_set(r->err, SPN_EINTERNAL, "mock: from_host into outside mock memory");
+  memcpy(dst, src, n);
+  mk->from_host++;
+  return SPN_OK;
+}
+
+static void mock_free(spn_backend_t *b) {
+  mock_t *mk = b->ctx;
+  while (mk->n_buf)
+    mock_buf_free(b, mk->buf[0].p, NULL);
+  free(b);
+}
+
+static const spn_backend_iface_t mock_iface = {
+    .supports = mock_supports,
+    .prepare = mock_prepare,
+    .node_free = mock_node_free,
+    .compute = mock_compute,
+    .run_end = mock_run_end,
+    .buf_alloc = mock_alloc,
+    .buf_free = mock_buf_free,
+    .to_host = mock_to_host,
+    .from_host = mock_from_host,
+    .free = mock_free,
+};
+
+static int32_t mock_open(const spn_backend_factory_t *f, int index, spn_backend_t **out, spn_error_t *err) {
+  (void)index;
+  spn_backend_t *b = calloc(1, sizeof *b);
+  if (!b)
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  b->iface = &mock_iface;
+  b->device_kind = SPN_DEVICE_CUDA;
+  b->mem_kind = SPN_MEM_DEVICE;
+  b->host_memory = false;
+  b->ctx = f->data;
+  *out = b;
+  return SPN_OK;
+}
+
+static spn_engine_t *mock_engine(mock_t *mk, uint32_t ops) {
+  memset(mk, 0, sizeof *mk);
+  mk->ops = ops;
+  spn_engine_opts_t o = SPN_ENGINE_OPTS_INIT;
+  o.threads = 1;
+  spn_engine_t *e = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_engine_new(&o, &e, &err), SPN_OK);
+  spn_backend_factory_t f = {.prefix = "mock", .open = mock_open, .data = mk};
+  assert_int_equal(spn_engine_add_backend(e, &f, &err), SPN_OK);
+  return e;
+}
+
+#define OPBIT(op) (1u << SPN_OP_##op)
+
+/* ---- models ---- */
+
+/* x (N,4) -> Sigmoid "sig0" -> a; Relu(a) "relu0" -> b (output 2);
+ * Mul(b, x) "mul0" -> c; Mul(c, k) "mulk" with constant k (4);
+ * Tanh "tanh0" -> y (output 1). */
+static pb_t chain_model(void) {
+  pb_t g = {0};
+  const char *i0[] = {"x"}, *o0[] = {"a"};
+  node(&g, "Sigmoid", "sig0", i0, 1, o0, 1, NULL, 0);
+  const char *i1[] = {"a"}, *o1[] = {"b"};
+  node(&g, "Relu", "relu0", i1, 1, o1, 1, NULL, 0);
+  const char *i2[] = {"b", "x"}, *o2[] = {"c"};
+  node(&g, "Mul", "mul0", i2, 2, o2, 1, NULL, 0);
+  const char *i3[] = {"c", "k"}, *o3[] = {"d"};
+  node(&g, "Mul", "mulk", i3, 2, o3, 1, NULL, 0);
+  const char *i4[] = {"d"}, *o4[] = {"y"};
+  node(&g, "Tanh", "tanh0", i4, 1, o4, 1, NULL, 0);
+  pb_str(&g, 2, "g");
+  int64_t kd[] = {4};
+  const float k[] = {0.5f, -1.5f, 2.f, 3.f};
+  initializer(&g, "k", 1, kd, k, 4);
+  int64_t d[] = {-1, 4};
+  value_info(&g, 11, "x", 2, d);
+  value_info(&g, 12, "y", -1, NULL);
+  value_info(&g, 12, "b", -1, NULL);
+  return model(&g, 17);
+}
+
+static void run2(spn_model_t *m, int64_t batch, spn_tensor_t out[2]) {
+  float *x = malloc((size_t)batch * 4 * sizeof(float));
+  assert_non_null(x);
+  for (int64_t i = 0; i < batch * 4; i++)
+    x[i] = (float)((i * 37) % 17) / 4.f - 2.f;
+  spn_tensor_t in = SPN_TENSOR_INIT;
+  in.dtype = SPN_DTYPE_F32;
+  in.ndim = 2;
+  in.shape[0] = batch;
+  in.shape[1] = 4;
+  in.data = x;
+  out[0] = (spn_tensor_t)SPN_TENSOR_INIT;
+  out[1] = (spn_tensor_t)SPN_TENSOR_INIT;
+  spn_error_t err = SPN_ERROR_INIT;
+  int32_t rc = spn_model_run(m, &in, 1, out, 2, &err);
+  if (rc)
+    fail_msg("run failed: %s", err.msg);
+  free(x);
+}
+
+static spn_model_t *load(spn_engine_t *e, pb_t *pm, const char *device, const char *fallback) {
+  spn_model_opts_t o = SPN_MODEL_OPTS_INIT;
+  o.device = device;
+  o.fallback = fallback;
+  spn_model_t *m = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  int32_t rc = spn_engine_load_memory_opts(e, pm->p, pm->n, "chain.onnx", &o, &m, &err);
+  if (rc)
+    fail_msg("load failed: %s", err.msg);
+  return m;
+}
+
+/* Mixed placement: Relu and both Muls on the mock, Sigmoid and Tanh on the
+ * CPU; results equal the CPU-only run exactly; copies happen exactly at the
+ * boundaries: x and a into the mock (from_host), d back for Tanh and the
+ * output b at the end (to_host). */
+static void test_fallback_places_and_copies(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL));
+  spn_model_t *ref = load(e, &pm, "cpu", NULL);
+  spn_model_t *m = load(e, &pm, "mock:0", NULL);
+  assert_string_equal(spn_model_device(m), "mock:0");
+  assert_int_equal(spn_model_fallback_count(m), 2);
+  assert_int_equal(spn_model_fallback_count(ref), 0);
+  assert_int_equal(mk.prepared, 3);
+  int n_mock = 0;
+  for (int i = 0; i < m->n_node; i++)
+    if (!m->nodes[i].dead) {
+      bool dev = m->nodes[i].op == SPN_OP_RELU || m->nodes[i].op == SPN_OP_MUL;
+      assert_int_equal(m->nodes[i].backend, dev ? m->dev_slot : SPN_BACKEND_CPU);
+      n_mock += dev;
+    }
+  assert_int_equal(n_mock, 3);
+  int64_t batches[] = {3, 1, 7, 3};
+  for (int t = 0; t < 4; t++) {
+    spn_tensor_t a[2], b[2];
+    run2(ref, batches[t], a);
+    mk.from_host = mk.to_host = mk.computed = 0;
+    run2(m, batches[t], b);
+    assert_int_equal(mk.computed, 3);
+    assert_int_equal(mk.from_host, 2);
+    assert_int_equal(mk.to_host, 2);
+    for (int o = 0; o < 2; o++) {
+      assert_int_equal(b[o].shape[0], batches[t]);
+      assert_int_equal(b[o].device_kind, SPN_DEVICE_CPU);
+      assert_memory_equal(a[o].data, b[o].data, (size_t)batches[t] * 4 * sizeof(float));
+      spn_model_output_free(&a[o]);
+      spn_model_output_free(&b[o]);
+    }
+  }
+  assert_int_equal(mk.bad, 0);
+  spn_model_release(&m);
+  spn_model_release(&ref);
+  spn_engine_free(e);
+  free(pm.p);
+}
+
+/* Everything on the device: no fallback, only the graph input goes in and
+ * the two outputs come out. */
+static void test_all_on_device(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL) | OPBIT(SIGMOID) | OPBIT(TANH));
+  spn_model_t *ref = load(e, &pm, "cpu", NULL);
+  spn_model_t *m = load(e, &pm, "mock:0", "error");
+  assert_int_equal(spn_model_fallback_count(m), 0);
+  spn_tensor_t a[2], b[2];
+  run2(ref, 5, a);
+  run2(m, 5, b);
+  assert_int_equal(mk.computed, 5);
+  assert_int_equal(mk.from_host, 1);
+  assert_int_equal(mk.to_host, 2);
+  for (int o = 0; o < 2; o++) {
+    assert_memory_equal(a[o].data, b[o].data, 5 * 4 * sizeof(float));
+    spn_model_output_free(&a[o]);
+    spn_model_output_free(&b[o]);
+  }
+  spn_model_release(&m);
+  spn_model_release(&ref);
+  spn_engine_free(e);
+  free(pm.p);
+}
+
+/* fallback = "error" refuses the first node the device cannot run, naming
+ * the node, its op and the device; nothing is loaded. */
+static void test_fallback_error_refuses(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL));
+  spn_model_opts_t o = SPN_MODEL_OPTS_INIT;
+  o.device = "mock:0";
+  o.fallback = "error";
+  spn_model_t *m = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_engine_load_memory_opts(e, pm.p, pm.n, "chain.onnx", &o, &m, &err), SPN_EUNSUPPORTED);
+  assert_null(m);
+  assert_non_null(strstr(err.msg, "chain.onnx"));
+  assert_non_null(strstr(err.msg, "'sig0' (Sigmoid)"));
+  assert_non_null(strstr(err.msg, "mock:0"));
+  assert_non_null(strstr(err.msg, "no Sigmoid kernel"));
+  spn_engine_free(e);
+  free(pm.p);
+}
+
+/* Bad options and devices are refused by name. */
+static void test_bad_options(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU));
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_model_t *m = NULL;
+  spn_model_opts_t o = SPN_MODEL_OPTS_INIT;
+  o.precision = "fp8";
+  assert_int_equal(spn_engine_load_memory_opts(e, pm.p, pm.n, "chain.onnx", &o, &m, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "fp8"));
+  o = (spn_model_opts_t)SPN_MODEL_OPTS_INIT;
+  o.fallback = "gpu";
+  assert_int_equal(spn_engine_load_memory_opts(e, pm.p, pm.n, "chain.onnx", &o, &m, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "fallback 'gpu'"));
+  o = (spn_model_opts_t)SPN_MODEL_OPTS_INIT;
+  o.device = "tpu:0";
+  assert_int_equal(spn_engine_load_memory_opts(e, pm.p, pm.n, "chain.onnx", &o, &m, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "tpu:0"));
+  o.device = "mock:x";
+  assert_int_equal(spn_engine_load_memory_opts(e, pm.p, pm.n, "chain.onnx", &o, &m, &err), SPN_EINVAL);
+  o.struct_size = 4;
+  assert_int_equal(spn_engine_load_memory_opts(e, pm.p, pm.n, "chain.onnx", &o, &m, &err), SPN_EABI);
+  assert_null(m);
+  /* fp16 on the CPU is accepted (the CPU computes in fp32). */
+  o = (spn_model_opts_t)SPN_MODEL_OPTS_INIT;
+  o.precision = "fp16";
+  assert_int_equal(spn_engine_load_memory_opts(e, pm.p, pm.n, "chain.onnx", &o, &m, &err), SPN_OK);
+  spn_model_release(&m);
+  spn_engine_free(e);
+  free(pm.p);
+}
+
+/* Two devices of one prefix get two backend instances (weights per GPU). */
+static void test_one_backend_per_device(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL));
+  spn_model_t *a = load(e, &pm, "mock:0", NULL), *b = load(e, &pm, "mock:1", NULL), *c = load(e, &pm, "mock:0", NULL);
+  assert_int_not_equal(a->dev_slot, b->dev_slot);
+  assert_int_equal(a->dev_slot, c->dev_slot);
+  assert_string_equal(a->shared->backends[b->dev_slot]->device, "mock:1");
+  spn_model_release(&a);
+  spn_model_release(&b);
+  spn_model_release(&c);
+  spn_engine_free(e);
+  free(pm.p);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fallback_places_and_copies),
+      cmocka_unit_test(test_all_on_device),
+      cmocka_unit_test(test_fallback_error_refuses),
+      cmocka_unit_test(test_bad_options),
+      cmocka_unit_test(test_one_backend_per_device),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
