@@ -1,5 +1,5 @@
 /* plugin-vision.c — the descriptor of libspindle-vision.so: registers the
- * facedetect and superres stage kinds.
+ * facedetect, superres and metasink stage kinds.
  *
  * plugin.h hands the host API table to init() only, while create() has no
  * way to reach it, so it is kept in one static pointer. A process may load
@@ -62,6 +62,8 @@ static int32_t vision_init(const spn_host_api_t *host, spn_plugin_t *plugin, spn
   int32_t rc = host->register_kind(plugin, spn__vision_facedetect_kind(), err);
   if (rc == SPN_OK)
     rc = host->register_kind(plugin, spn__vision_superres_kind(), err);
+  if (rc == SPN_OK)
+    rc = host->register_kind(plugin, spn__vision_metasink_kind(), err);
   return rc;
 }
 

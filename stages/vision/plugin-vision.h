@@ -23,5 +23,6 @@ int32_t spn__vision_model_path(const spn_host_api_t *h, spn_stage_t *stage, cons
 
 const spn_stage_kind_t *spn__vision_facedetect_kind(void);
 const spn_stage_kind_t *spn__vision_superres_kind(void);
+const spn_stage_kind_t *spn__vision_metasink_kind(void);
 
 #endif
