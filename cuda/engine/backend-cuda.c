@@ -195,6 +195,8 @@ static bool cu_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t
   case SPN_OP_RESIZE: case SPN_OP_UPSAMPLE:
     if (xdt != SPN_DTYPE_F32)
       no = "only fp32";
+    else if (!strcmp(spn_attr_str(n, "mode", "nearest"), "cubic"))
+      no = "cubic Resize (CPU only for now)";
     break;
   case SPN_OP_ADD: case SPN_OP_SUB: case SPN_OP_MUL: case SPN_OP_DIV:
     if (!all_f32_inputs(m, n, 2))

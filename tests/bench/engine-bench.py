@@ -118,6 +118,10 @@ def main():
         ("retinaface_mnet025_640", lambda: models.retinaface(), lambda: {"input": f(1, 3, 640, 640)}),
         ("srvggnet_x4v3_256", lambda: models.srvgg(64, 32, 4), lambda: {"input": f(1, 3, 256, 256)}),
         ("rrdbnet_x4_64", lambda: models.rrdbnet(64, 32, 23), lambda: {"input": f(1, 3, 64, 64)}),
+        # The pretrained models `spindle model fetch` stores, as they come (run when fetched).
+        ("fetched:retinaface-mnet025_640", None, lambda: {"input": f(1, 3, 640, 640) * 255 - 117}),
+        ("fetched:realesr-animevideov3-x2_256", None, lambda: {"input": f(1, 3, 256, 256)}),
+        ("fetched:realesrgan-x4plus_64", None, lambda: {"input": f(1, 3, 64, 64)}),
     ]
     peak, lanes, mhz = cpu_peak(a.threads)
     print(f"machine: {a.threads} threads, {lanes} fp32 lanes, {mhz:.0f} MHz -> fp32 peak {peak:.0f} GFLOP/s")
@@ -128,12 +132,20 @@ def main():
             continue
         base = name.rsplit("_b", 1)[0] if name.startswith("wav2lip") else name
         path = os.path.join(work, base + ".onnx")
-        if not os.path.exists(path):
+        if mk is None:
+            spindle = os.path.join(a.build, "core", "cli", "spindle")
+            pr = subprocess.run([spindle, "model", "path", name[8:].rsplit("_", 1)[0]], capture_output=True, text=True)
+            if pr.returncode:
+                print(f"{name}: not fetched (spindle model fetch {name[8:].rsplit('_', 1)[0]}); skipped")
+                continue
+            path = pr.stdout.strip()
+            name = name[8:]
+        elif not os.path.exists(path):
             onnx.save(mk(), path)
         feeds = feeds_fn()
         args = [exe, path, "--threads", str(a.threads), "--iters", str(a.iters), "--warmup", "2"]
         for k, v in feeds.items():
-            p = os.path.join(work, f"{name}_{k}.npy")
+            p = os.path.join(work, f"{name.replace(':', '_')}_{k}.npy")
             np.save(p, v)
             args += ["--input", f"{k}={p}"]
         def one(prog):
