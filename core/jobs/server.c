@@ -99,7 +99,7 @@ static void on_timer(uv_timer_t *h) {
     s->last_sweep = mono;
     spn_error_t err = SPN_ERROR_INIT;
     if (s->q.ops->sweep(s->q.impl, now, spn__sched_changed, s, &err) < 0)
-      fprintf(stderr, "spindle serve: %s\n", err.msg);
+      spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
   }
   spn__sched_dispatch(s);
   spn__batch_end(s);
@@ -134,6 +134,9 @@ int32_t spn_server_new(const spn_server_config_t *cfg, const spn_job_runner_t *r
                            .backoff_max_ms = cfg->backoff_max_ms, .sync_full = cfg->sync_full};
   if ((rc = spn_queue_sqlite_open(&qc, &s->q, err)) < 0)
     goto out_free;
+  /* Lifecycle log and metrics see every queue transition (observe.c). */
+  if ((rc = spn__observe_attach(&s->q, "spindle serve", &s->obs, err)) < 0)
+    goto out_queue;
   s->zctx = zmq_ctx_new();
   if (!s->zctx) {
     rc = spn_error_set(err, SPN_EIO, "zmq: %s", zmq_strerror(zmq_errno()));
@@ -147,6 +150,7 @@ int32_t spn_server_new(const spn_server_config_t *cfg, const spn_job_runner_t *r
     s->zap.zctx = s->zctx;
     s->zap.clients_dir = cfg->curve_clients_dir;
     s->zap.workers_dir = cfg->curve_workers_dir;
+    s->zap.log = spn__observe_logger(s->obs);
     if ((rc = spn__zap_start(&s->zap, err)) < 0)
       goto out_ctx;
   }
