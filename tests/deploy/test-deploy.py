@@ -113,7 +113,8 @@ def documented_metrics():
 
 def check_metric_names(expr, where):
     docs = documented_metrics()
-    used = set(re.findall(r'\b(spindle_[a-z_]+)\b', expr))
+    used = {m if m in docs else re.sub(r'_(bucket|sum|count)$', '', m)
+            for m in re.findall(r'\b(spindle_[a-z_]+)\b', expr)}
     if not used:
         fail(f'{where}: query {expr!r} names no spindle metric')
     for m in used - docs:
@@ -183,6 +184,8 @@ def grafana():
     for e in exprs:
         used |= check_metric_names(e, 'spindle-dashboard.json')
     print(f'dashboard: {len(dash["panels"])} panels, metrics {sorted(used)}')
+    for m in sorted(documented_metrics() - used):
+        fail(f'spindle-dashboard.json shows no panel of {m}')
 
 
 if check == 'k8s':
