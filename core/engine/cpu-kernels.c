@@ -196,7 +196,8 @@ static int64_t nearest_idx(const char *nm, float c, int64_t in) {
   return i < 0 ? 0 : (i >= in ? in - 1 : i);
 }
 
-static int32_t exec_resize(spn_run_t *r, const spn_node_t *n) {
+int32_t spn_resize_tables(spn_run_t *r, const spn_node_t *n, int64_t *ish, int64_t *osh, int *linear_out,
+                          int64_t **i0_out, float **w_out) {
   const spn_rt_val_t *x = IN(0);
   spn_rt_val_t *y = OUT(0);
   float sc[SPN_MAXD];
@@ -211,16 +212,14 @@ static int32_t exec_resize(spn_run_t *r, const spn_node_t *n) {
   int nsp = x->ndim - 2;
   /* Treat 1-D and 3-D as 2-D/3-D with leading size-1 spatial dims: support
    * up to 3 spatial dims via (D, H, W). */
-  int64_t ish[3] = {1, 1, 1}, osh[3] = {1, 1, 1};
   float scl[3] = {1, 1, 1};
+  for (int i = 0; i < 3; i++)
+    ish[i] = osh[i] = 1;
   for (int i = 0; i < nsp; i++) {
     ish[3 - nsp + i] = x->shape[2 + i];
     osh[3 - nsp + i] = y->shape[2 + i];
     scl[3 - nsp + i] = sc[2 + i];
   }
-  int64_t planes = x->shape[0] * x->shape[1];
-  int64_t *i0[3], *i1[3];
-  float *wt[3];
   int64_t tot = osh[0] + osh[1] + osh[2];
   int64_t *ib = malloc((size_t)tot * 2 * sizeof(int64_t));
   float *wb = malloc((size_t)tot * sizeof(float));
@@ -231,23 +230,49 @@ static int32_t exec_resize(spn_run_t *r, const spn_node_t *n) {
   }
   int64_t off = 0;
   for (int a = 0; a < 3; a++) {
-    i0[a] = ib + 2 * off;
-    i1[a] = i0[a] + osh[a];
-    wt[a] = wb + off;
+    int64_t *i0 = ib + off, *i1 = ib + tot + off;
+    float *wt = wb + off;
     for (int64_t o = 0; o < osh[a]; o++) {
       float c = src_coord(ct, (float)o, scl[a], ish[a], osh[a]);
       if (!linear) {
-        i0[a][o] = i1[a][o] = nearest_idx(nm, c, ish[a]);
-        wt[a][o] = 0;
+        i0[o] = i1[o] = nearest_idx(nm, c, ish[a]);
+        wt[o] = 0;
       } else {
         if (c < 0) c = 0;
         if (c > (float)(ish[a] - 1)) c = (float)(ish[a] - 1);
         int64_t f = (int64_t)floorf(c);
-        i0[a][o] = f;
-        i1[a][o] = f + 1 < ish[a] ? f + 1 : ish[a] - 1;
-        wt[a][o] = c - (float)f;
+        i0[o] = f;
+        i1[o] = f + 1 < ish[a] ? f + 1 : ish[a] - 1;
+        wt[o] = c - (float)f;
       }
     }
+    off += osh[a];
+  }
+  *linear_out = linear;
+  *i0_out = ib;
+  *w_out = wb;
+  return SPN_OK;
+}
+
+static int32_t exec_resize(spn_run_t *r, const spn_node_t *n) {
+  const spn_rt_val_t *x = IN(0);
+  spn_rt_val_t *y = OUT(0);
+  int64_t ish[3], osh[3], *ib;
+  float *wb;
+  int lin;
+  int32_t rc = spn_resize_tables(r, n, ish, osh, &lin, &ib, &wb);
+  if (rc)
+    return rc;
+  bool linear = lin;
+  int64_t planes = x->shape[0] * x->shape[1];
+  int64_t tot = osh[0] + osh[1] + osh[2];
+  int64_t *i0[3], *i1[3];
+  float *wt[3];
+  int64_t off = 0;
+  for (int a = 0; a < 3; a++) {
+    i0[a] = ib + off;
+    i1[a] = ib + tot + off;
+    wt[a] = wb + off;
     off += osh[a];
   }
   const float *X = x->data;

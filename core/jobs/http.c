@@ -3,7 +3,7 @@
  * Invariants:
  * - Served on the loop thread; a connection never blocks the loop (libuv
  *   reads and writes), and is closed after one answer.
- * - /readyz answers 503 once the gateway is stopping.
+ * - /readyz answers 503 once the gateway is draining or stopping.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,7 +63,7 @@ static void http_answer(http_conn_t *c) {
   } else if (!strcmp(path, "/readyz")) {
     /* Ready: the pipelines named in the config were checked at start-up
      * and the loop is serving (not shutting down). */
-    bool ready = !s->stopping;
+    bool ready = !s->stopping && !s->draining;
     code = ready ? 200 : 503;
     snprintf(body, sizeof body, "%s\n", ready ? "ready" : "stopping");
   } else if (!strcmp(path, "/metrics")) {

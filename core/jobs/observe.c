@@ -4,7 +4,8 @@
  * - Loop thread only (the queue's thread): counters need no atomics.
  * - The wrapper changes nothing the queue does: every call goes to the inner
  *   backend with the same arguments, and its result is returned as is; only
- *   successful transitions are logged and counted.
+ *   successful transitions are logged and counted. It keeps the backend's
+ *   name (callers tell SQLite from Redis by it).
  * - NVML is optional: loaded with dlopen at attach ($SPINDLE_NVML_LIBRARY or
  *   libnvidia-ml.so.1); without it the device families are absent.
  */
@@ -65,6 +66,7 @@ typedef struct nvml {
 } nvml_t;
 
 struct spn__observe {
+  spn_queue_ops_t ops; /* observed_ops under the inner backend's name */
   spn_queue_t inner;
   spn__logger_t *log;
   char who[32];
@@ -329,7 +331,7 @@ static void w_free(void *q) {
 }
 
 static const spn_queue_ops_t observed_ops = {
-    .name = "observed",
+    .name = NULL, /* the inner backend's: callers compare it */
     .begin = w_begin,
     .commit = w_commit,
     .submit = w_submit,
@@ -377,7 +379,9 @@ int32_t spn__observe_attach(spn_queue_t *q, const char *who, spn__observe_t **ou
   snprintf(o->who, sizeof o->who, "%s", who ? who : "spindle");
   nvml_load(&o->nvml);
   o->inner = *q;
-  q->ops = &observed_ops;
+  o->ops = observed_ops;
+  o->ops.name = q->ops->name;
+  q->ops = &o->ops;
   q->impl = o;
   *out = o;
   return SPN_OK;

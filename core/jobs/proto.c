@@ -2,7 +2,8 @@
  *
  * Every rejection rule for an incoming message is here, in the order it is
  * checked: too many frames, missing empty delimiter, wrong magic (version),
- * bad type frame, body not a JSON object. A refused message still consumes
+ * bad type frame, body not well-formed UTF-8 or a string in it holding a
+ * NUL or a control character, body not a JSON object. A refused message still consumes
  * all its frames, so one bad message never desynchronises the socket, and it
  * is reported with an error code the gateway echoes to the sender.
  * Oversize messages never reach us: ZMQ_MAXMSGSIZE makes libzmq drop the
@@ -27,6 +28,91 @@ static void refuse(spn_pmsg_t *m, const char *code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(m->detail, sizeof m->detail, fmt, ap);
   va_end(ap);
+}
+
+static int hexval(char c) {
+  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* Length of the well-formed UTF-8 sequence at s (RFC 3629: no overlong
+ * forms, no surrogates, nothing above U+10FFFF), or 0. */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+  unsigned c = s[0];
+  if (c < 0x80)
+    return 1;
+  size_t len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+  if (!len || len > n)
+    return 0;
+  for (size_t k = 1; k < len; k++)
+    if ((s[k] & 0xC0) != 0x80)
+      return 0;
+  if ((c == 0xE0 && s[1] < 0xA0) || (c == 0xED && s[1] > 0x9F) || (c == 0xF0 && s[1] < 0x90) ||
+      (c == 0xF4 && s[1] > 0x8F))
+    return 0; /* overlong, surrogate, or > U+10FFFF */
+  return len;
+}
+
+/* The strings of a JSON text, checked before cJSON decodes them, because a
+ * decoded "\u0000" cuts the C string it becomes: two idempotency keys that
+ * differ after it would name one job, an output path would lose its tail.
+ * Rules: the whole body is well-formed UTF-8; inside a string no raw byte
+ * below 0x20 (JSON forbids them), no \u0000 escape, and no \u escape that
+ * is an unpaired surrogate (it cannot become UTF-8). Returns NULL when
+ * clean, else the reason, with *at the byte offset. */
+static const char *json_strings_check(const char *text, size_t n, size_t *at) {
+  const unsigned char *s = (const unsigned char *)text;
+  int in_str = 0;
+  for (size_t i = 0; i < n;) {
+    *at = i;
+    size_t l = utf8_len(s + i, n - i);
+    if (!l)
+      return "invalid UTF-8";
+    if (!in_str) {
+      in_str = s[i] == '"';
+      i += l;
+      continue;
+    }
+    if (s[i] == '"') {
+      in_str = 0;
+      i++;
+    } else if (s[i] < 0x20) {
+      return s[i] ? "control character in a string" : "NUL byte in a string";
+    } else if (s[i] == '\\' && i + 1 < n && s[i + 1] == 'u') {
+      unsigned v = 0;
+      for (size_t k = 2; k < 6; k++) {
+        int h = i + k < n ? hexval(text[i + k]) : -1;
+        if (h < 0)
+          return "bad \\u escape";
+        v = v * 16 + (unsigned)h;
+      }
+      if (v == 0)
+        return "\\u0000 in a string";
+      if (v >= 0xDC00 && v <= 0xDFFF)
+        return "unpaired surrogate escape in a string";
+      if (v >= 0xD800 && v <= 0xDBFF) {
+        /* a high surrogate must be followed by \u and a low one */
+        unsigned w = 0;
+        if (i + 12 > n || text[i + 6] != '\\' || text[i + 7] != 'u')
+          return "unpaired surrogate escape in a string";
+        for (size_t k = 8; k < 12; k++) {
+          int h = hexval(text[i + k]);
+          if (h < 0)
+            return "bad \\u escape";
+          w = w * 16 + (unsigned)h;
+        }
+        if (w < 0xDC00 || w > 0xDFFF)
+          return "unpaired surrogate escape in a string";
+        i += 12;
+      } else {
+        i += 6;
+      }
+    } else if (s[i] == '\\') {
+      i += 2; /* any other escape is two bytes; cJSON judges which are valid */
+    } else {
+      i += l;
+    }
+  }
+  return NULL;
 }
 
 int32_t spn__proto_recv(void *sock, bool router, spn_pmsg_t *m) {
@@ -99,8 +185,15 @@ int32_t spn__proto_recv(void *sock, bool router, spn_pmsg_t *m) {
   }
   memcpy(m->type, t, tl);
   m->type[tl] = '\0';
-  /* Rule 5: the body is one JSON object. */
+  /* Rule 5: the body is UTF-8 and its strings hold no NUL (see above). */
   size_t bl = zmq_msg_size(&f[i + 3]);
+  size_t bad_at = 0;
+  const char *why = json_strings_check(zmq_msg_data(&f[i + 3]), bl, &bad_at);
+  if (why) {
+    refuse(m, "bad_json", "%s body: %s at byte %zu", m->type, why, bad_at);
+    goto out;
+  }
+  /* Rule 6: the body is one JSON object. */
   const char *end = NULL;
   m->body = cJSON_ParseWithLengthOpts(zmq_msg_data(&f[i + 3]), bl, &end, 0);
   if (!m->body) {

@@ -105,7 +105,7 @@ void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m) {
       if (!spn__json_int(it, "id", &id) || !spn__json_int(it, "attempt", &att))
         continue;
       int32_t rr = s->q.ops->renew(s->q.impl, id, (uint32_t)att, w->owner, now, s->cfg->lease_ms, &err);
-      if (rr == SPN_ESTATE) {
+      if (rr == SPN_ESTATE || rr == SPN_ECANCELLED) {
         /* The worker runs a job whose lease it lost (it was presumed dead,
          * or the job was cancelled and ended): tell it to stop, so it does
          * not race the attempt that runs elsewhere now. */
@@ -115,9 +115,10 @@ void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m) {
           cJSON_AddNumberToObject(c, "attempt", (double)att);
           spn__out_push(s, m->ident, m->ident_len, "CANCEL", c, true);
         }
-        continue;
+        if (rr == SPN_ESTATE)
+          continue;
       }
-      if (rr == SPN_OK && !spn__run_find(s, id)) {
+      if ((rr == SPN_OK || rr == SPN_ECANCELLED) && !spn__run_find(s, id)) {
         /* A job this gateway instance did not hand out (it restarted): adopt it. */
         spn_run_t *r = spn__run_add(s);
         if (r) {
@@ -144,9 +145,7 @@ void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m) {
     spn__json_int(m->body, "total", &total);
     spn_run_t *r = spn__run_find(s, id);
     if (r && r->attempt == (uint32_t)att && !strcmp(r->owner, w->owner)) {
-      r->done = (uint64_t)(done < 0 ? 0 : done);
-      r->total = (uint64_t)(total < 0 ? 0 : total);
-      spn__notify_progress(s, r);
+      spn__sched_progress(s, r, (uint64_t)(done < 0 ? 0 : done), (uint64_t)(total < 0 ? 0 : total));
     }
   } else { /* DONE or FAIL */
     int64_t id, att;

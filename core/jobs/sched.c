@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -63,6 +64,46 @@ void spn__sched_changed(void *user, int64_t id, spn_queue_state_t st) {
 
 /* ---- dispatch ---- */
 
+/* The job is recorded succeeded once this batch commits: its publication
+ * marker (exec.c) can go then, not before — a re-run before the commit must
+ * still find it. */
+static void unpublish_after_commit(spn_server_t *s, int64_t id) {
+  spn_queue_job_t j;
+  if (s->q.ops->get(s->q.impl, id, &j, NULL) < 0)
+    return;
+  cJSON *spec = cJSON_Parse(j.spec_json);
+  spn_job_spec_t js;
+  char *marker = NULL;
+  if (spec && spn__job_spec_from_json(spec, id, j.attempts, &js, NULL) == SPN_OK) {
+    marker = spn__publish_marker(&js);
+    spn__job_spec_free(&js);
+  }
+  cJSON_Delete(spec);
+  spn__queue_job_clear(&j);
+  if (!marker)
+    return;
+  if (s->nunpublish == s->capunpublish) {
+    size_t cap = s->capunpublish ? s->capunpublish * 2 : 16;
+    char **nv = realloc(s->unpublish, cap * sizeof *nv);
+    if (!nv) {
+      free(marker); /* left behind: harmless, the job is done */
+      return;
+    }
+    s->unpublish = nv;
+    s->capunpublish = cap;
+  }
+  s->unpublish[s->nunpublish++] = marker;
+}
+
+void spn__sched_committed(spn_server_t *s, bool ok) {
+  for (size_t i = 0; i < s->nunpublish; i++) {
+    if (ok)
+      unlink(s->unpublish[i]);
+    free(s->unpublish[i]);
+  }
+  s->nunpublish = 0;
+}
+
 void spn__sched_finish(spn_server_t *s, int64_t id, uint32_t attempt, const char *owner,
                        const spn_exec_result_t *res) {
   spn_error_t err = SPN_ERROR_INIT;
@@ -80,6 +121,8 @@ void spn__sched_finish(spn_server_t *s, int64_t id, uint32_t attempt, const char
   }
   if (rc < 0 && rc != SPN_ESTATE)
     spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, &(spn__log_fields_t){.job_id = (uint64_t)id, .attempt = -1, .duration_ms = -1}, "%s", err.msg);
+  if (rc == SPN_OK && res->status == SPN_OK)
+    unpublish_after_commit(s, id);
   spn_run_t *r = spn__run_find(s, id);
   if (r && r->attempt == attempt && !strcmp(r->owner, owner))
     spn__run_remove(s, id);
@@ -139,7 +182,7 @@ static void assign_remote(spn_server_t *s, size_t wi, spn_queue_job_t *j) {
 }
 
 void spn__sched_dispatch(spn_server_t *s) {
-  if (s->stopping)
+  if (s->stopping || s->draining)
     return;
   for (;;) {
     int32_t sl = spn__slot_pool_idle(s->pool);
@@ -200,21 +243,28 @@ void spn__sched_renew_local(spn_server_t *s, int64_t now) {
   }
 }
 
+void spn__sched_progress(spn_server_t *s, spn_run_t *r, uint64_t done, uint64_t total) {
+  r->done = done;
+  r->total = total;
+  spn__notify_progress(s, r);
+  double mono = spn__mono_s();
+  if (done < total && mono - r->progress_at >= 1.0) {
+    r->progress_at = mono;
+    s->q.ops->progress(s->q.impl, r->id, done, total, NULL);
+  }
+}
+
 void spn__sched_reports(spn_server_t *s, spn_slot_report_t *r) {
   while (r) {
     spn_slot_report_t *next = r->next;
     spn_run_t *run = spn__run_find(s, r->id);
     bool live = run && run->attempt == r->attempt && run->slot == (int)r->slot;
     if (r->kind == SPN_SLOT_PROGRESS) {
-      if (live) {
-        run->done = r->done;
-        run->total = r->total;
-        spn__notify_progress(s, run);
-      }
+      if (live)
+        spn__sched_progress(s, run, r->done, r->total);
     } else {
       spn__slot_pool_set_idle(s->pool, r->slot);
-      if (!s->stopping)
-        spn__sched_finish(s, r->id, r->attempt, s->slot_owner[r->slot], &r->res);
+      spn__sched_finish(s, r->id, r->attempt, s->slot_owner[r->slot], &r->res);
     }
     free(r);
     r = next;

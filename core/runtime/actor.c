@@ -662,10 +662,11 @@ static bool actor_batch(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
     cnt++;
   }
   if (cnt) {
-    /* Progress counts what terminal actors were given; read the envelope
-     * before process may forward or free the message. */
+    /* Progress counts what terminal actors were given on their first input
+     * (a sink's side inputs, such as encode_av's audio, are not frames);
+     * read the envelope before process may forward or free the message. */
     for (uint32_t i = 0; i < cnt; i++)
-      if (a->srt->terminal)
+      if (a->srt->terminal && a->b_rx[i].link->to_port == 0)
         count_done(a, a->b_rx[i].aj->job, a->b_msgs[i]->env.total, 0);
     const spn_stage_kind_t *k = a->srt->kind;
     int32_t rc = SPN_OK;
@@ -679,7 +680,7 @@ static bool actor_batch(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
       for (uint32_t i = 0; i < cnt; i++)
         fail_job(a, a->b_rx[i].aj, rc, err.msg);
     for (uint32_t i = 0; i < cnt; i++) {
-      if (a->srt->terminal)
+      if (a->srt->terminal && a->b_rx[i].link->to_port == 0)
         atomic_fetch_add(&a->b_rx[i].aj->job->stage_done[a->srt->index], 1);
       spn__msg_free(&a->b_msgs[i]);
       release(a->b_rx[i].link, a->b_rx[i].counted);

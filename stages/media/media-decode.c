@@ -7,9 +7,16 @@
  * FFmpeg >= 4 needs no registration or locks. Invariants: returned video pts
  * are those of the stream (relative to its start_time) so VFR survives;
  * audio pts are derived from the count of samples produced since the first
- * kept sample, so audio never drifts from its own clock. Corrupt packets
- * are skipped (as the ffmpeg CLI does); I/O and setup errors end the stream
- * with a message that starts with the path.
+ * kept sample, so audio never drifts from its own clock. I/O and setup
+ * errors end the stream with a message that starts with the path.
+ *
+ * Damage is never a quiet success. Unless tolerate_errors is set, a packet
+ * the decoder refuses, or a frame it flags as concealed/corrupt, fails the
+ * stream at once; and at the end each stream's last sample is compared with
+ * the duration its header declared (bounded by the segment): ending more
+ * than two frames (0.1 s of audio) early is "truncated". With
+ * tolerate_errors corrupt packets are skipped, as the ffmpeg CLI does, and
+ * the info counts them.
  */
 #include "media-decode.h"
 
@@ -45,7 +52,10 @@ struct spn_decoder {
   int64_t a_base;                /* first kept audio sample, in 1/rate units */
   int64_t a_out;                 /* samples emitted so far */
   int a_started, swr_flushed;
-  int64_t bad_packets;
+  int end_checked;
+  int cut;                       /* a packet ran past the end of the file */
+  double cut_at;                 /* its time, seconds after its stream's start */
+  double v_end;                  /* end of the last video frame, seconds after the stream start */
 };
 
 static int32_t av_fail(spn_decoder_t *d, spn_error_t *err, int32_t code, int averr, const char *what) {
@@ -110,6 +120,7 @@ static int32_t open_codec(spn_decoder_t *d, AVStream *st, AVCodecContext **out, 
   if (!ctx)
     return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", d->path);
   *out = ctx;
+  spn_media_log_claim_codec(ctx, d->o.log);
   int r = avcodec_parameters_to_context(ctx, st->codecpar);
   if (r < 0)
     return av_fail(d, err, SPN_EMEDIA, r, "codec parameters");
@@ -161,7 +172,12 @@ int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_dec
                        path, d->o.start, d->o.duration, (int)d->o.audio_rate, (int)d->o.audio_channels);
     goto out_free;
   }
-  int r = avformat_open_input(&d->fmt, path, NULL, NULL);
+  if (!(d->fmt = avformat_alloc_context())) {
+    rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
+    goto out_free;
+  }
+  spn_media_log_claim_format(d->fmt, d->o.log);
+  int r = avformat_open_input(&d->fmt, path, NULL, NULL); /* frees d->fmt on failure */
   if (r < 0) {
     rc = av_fail(d, err, r == AVERROR(ENOENT) ? SPN_ENOENT : SPN_EMEDIA, r, NULL);
     goto out_free;
@@ -343,6 +359,9 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   item->tb_num = st->time_base.num;
   item->tb_den = st->time_base.den;
   item->pts_sec = item->pts * av_q2d(st->time_base);
+  double fdur = (double)d->info.fps_den / d->info.fps_num;
+  if (item->pts_sec + fdur > d->v_end)
+    d->v_end = item->pts_sec + fdur;
   return SPN_OK;
 }
 
@@ -418,6 +437,43 @@ static int32_t make_audio_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   return SPN_OK;
 }
 
+/* Where a stream should end, in seconds after its start: its declared
+ * duration, or the container's when the stream declares none and is the
+ * only one; bounded by the segment. < 0: unknown. */
+static double expected_end(const spn_decoder_t *d, int idx) {
+  const AVStream *st = d->fmt->streams[idx];
+  double end = -1;
+  if (st->duration != AV_NOPTS_VALUE && st->duration > 0)
+    end = st->duration * av_q2d(st->time_base);
+  else if (d->fmt->nb_streams == 1 && d->info.duration > 0)
+    end = d->info.duration;
+  if (end >= 0 && d->o.duration > 0 && d->o.start + d->o.duration < end)
+    end = d->o.start + d->o.duration;
+  return end;
+}
+
+/* A decoder refused data. When the demuxer had just handed over a packet
+ * cut short by the end of the file, that is what the user needs to hear. */
+static int32_t decode_failed(spn_decoder_t *d, spn_error_t *err, int averr, int video) {
+  if (d->cut) {
+    double want = expected_end(d, video ? d->vidx : d->aidx);
+    if (want > 0)
+      return spn_error_set(err, SPN_EMEDIA, "%s: truncated: %s ends at %.2f s of %.2f s", d->path,
+                           video ? "video" : "audio", d->cut_at, want);
+    return spn_error_set(err, SPN_EMEDIA, "%s: truncated: %s ends at %.2f s", d->path, video ? "video" : "audio",
+                         d->cut_at);
+  }
+  return av_fail(d, err, SPN_EMEDIA, averr, video ? "decoding video" : "decoding audio");
+}
+
+static int frame_is_corrupt(const AVFrame *f) {
+#ifdef AV_FRAME_FLAG_CORRUPT
+  if (f->flags & AV_FRAME_FLAG_CORRUPT)
+    return 1;
+#endif
+  return f->decode_error_flags != 0;
+}
+
 /* Try to take one item out of the decoders. SPN_EAGAIN: need more input. */
 static int32_t drain(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err) {
   int32_t rc;
@@ -429,11 +485,24 @@ static int32_t drain(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err)
       d->vdone = 1;
       break;
     }
-    if (r < 0)
-      return av_fail(d, err, SPN_EMEDIA, r, "decoding video");
     AVStream *st = d->fmt->streams[d->vidx];
+    if (r < 0) {
+      if (r == AVERROR_INVALIDDATA && d->o.tolerate_errors) {
+        d->info.corrupt_packets++;
+        continue;
+      }
+      return decode_failed(d, err, r, 1);
+    }
     int64_t ts = d->frame->best_effort_timestamp;
     double t = ts == AV_NOPTS_VALUE ? 0 : (ts - d->vstart) * av_q2d(st->time_base);
+    if (frame_is_corrupt(d->frame)) {
+      d->info.corrupt_packets++;
+      if (!d->o.tolerate_errors) {
+        av_frame_unref(d->frame);
+        return spn_error_set(err, SPN_EMEDIA, "%s: corrupt video frame at %.2f s (set tolerate_errors to accept it)",
+                             d->path, t);
+      }
+    }
     if (t < d->o.start - 1e-6) {
       av_frame_unref(d->frame);
       continue;
@@ -461,8 +530,23 @@ static int32_t drain(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err)
       d->adone = 1;
       break;
     }
-    if (r < 0)
-      return av_fail(d, err, SPN_EMEDIA, r, "decoding audio");
+    if (r < 0) {
+      if (r == AVERROR_INVALIDDATA && d->o.tolerate_errors) {
+        d->info.corrupt_packets++;
+        continue;
+      }
+      return decode_failed(d, err, r, 0);
+    }
+    if (frame_is_corrupt(d->frame)) {
+      d->info.corrupt_packets++;
+      if (!d->o.tolerate_errors) {
+        AVStream *st = d->fmt->streams[d->aidx];
+        double t = d->frame->pts == AV_NOPTS_VALUE ? 0 : (d->frame->pts - d->astart) * av_q2d(st->time_base);
+        av_frame_unref(d->frame);
+        return spn_error_set(err, SPN_EMEDIA, "%s: corrupt audio frame at %.2f s (set tolerate_errors to accept it)",
+                             d->path, t);
+      }
+    }
     rc = make_audio_item(d, d->frame, item, err);
     av_frame_unref(d->frame);
     if (rc != SPN_EAGAIN)
@@ -471,7 +555,55 @@ static int32_t drain(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err)
   return SPN_EAGAIN;
 }
 
+/* At the end of the stream: did every decoded stream reach its declared
+ * end? (Rule: more than two frames, or 0.1 s of audio, short is a truncated
+ * file; a segment that starts after the end is refused as such.) */
+static int32_t check_end(spn_decoder_t *d, spn_error_t *err) {
+  d->end_checked = 1;
+  if (d->vidx >= 0) {
+    double want = expected_end(d, d->vidx);
+    double tol = 2.0 * d->info.fps_den / d->info.fps_num + 1e-3;
+    d->info.video_end = d->v_end;
+    d->info.video_expected = want;
+    if (want >= 0 && d->o.start > 0 && d->o.start >= want - 1e-6)
+      return spn_error_set(err, SPN_EMEDIA, "%s: segment starts at %.2f s, after the end of the video (%.2f s)",
+                           d->path, d->o.start, want);
+    if (want >= 0 && d->v_end < want - tol) {
+      d->info.truncated = 1;
+      if (!d->o.tolerate_errors)
+        return spn_error_set(err, SPN_EMEDIA, "%s: truncated: video ends at %.2f s of %.2f s%s", d->path,
+                             d->v_end, want, d->info.corrupt_packets ? " (corrupt data skipped)" : "");
+    }
+  }
+  if (d->aidx >= 0 && d->a_started) {
+    double want = expected_end(d, d->aidx);
+    double got = (double)(d->a_base + d->a_out) / d->info.audio_rate;
+    if (want >= 0 && got < want - 0.1) {
+      d->info.truncated = 1;
+      if (!d->o.tolerate_errors)
+        return spn_error_set(err, SPN_EMEDIA, "%s: truncated: audio ends at %.2f s of %.2f s", d->path, got, want);
+    }
+  } else if (d->aidx >= 0 && d->vidx < 0) {
+    double want = expected_end(d, d->aidx);
+    if (want > d->o.start + 0.1) {
+      d->info.truncated = 1;
+      if (!d->o.tolerate_errors)
+        return spn_error_set(err, SPN_EMEDIA, "%s: truncated: no audio decoded of %.2f s", d->path, want);
+    }
+  }
+  return SPN_EOS;
+}
+
+static int32_t next_item(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err);
+
 int32_t spn_decoder_next(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err) {
+  int32_t rc = next_item(d, item, err);
+  if (rc == SPN_EOS && !d->end_checked)
+    rc = check_end(d, err);
+  return rc;
+}
+
+static int32_t next_item(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err) {
   memset(item, 0, sizeof *item);
   for (;;) {
     int32_t rc = drain(d, item, err);
@@ -516,10 +648,32 @@ int32_t spn_decoder_next(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *
       ctx = d->vctx;
     else if (d->pkt->stream_index == d->aidx && !d->adone)
       ctx = d->actx;
+    if (ctx && (d->pkt->flags & AV_PKT_FLAG_CORRUPT) && d->pkt->pos >= 0 && !d->cut) {
+      /* "partial file": the packet runs past the file's end */
+      int64_t size = avio_size(d->fmt->pb);
+      if (size > 0 && d->pkt->pos + d->pkt->size >= size) {
+        AVStream *st = d->fmt->streams[d->pkt->stream_index];
+        int64_t pts = d->pkt->pts != AV_NOPTS_VALUE ? d->pkt->pts : d->pkt->dts;
+        d->cut = 1;
+        d->cut_at = pts == AV_NOPTS_VALUE ? 0
+                    : (pts - (ctx == d->vctx ? d->vstart : d->astart)) * av_q2d(st->time_base);
+      }
+    }
     if (ctx) {
       r = avcodec_send_packet(ctx, d->pkt);
-      if (r == AVERROR_INVALIDDATA) {
-        d->bad_packets++; /* corrupt packet: skip it, as the ffmpeg CLI does */
+      if (r == AVERROR_INVALIDDATA && d->o.tolerate_errors) {
+        d->info.corrupt_packets++; /* corrupt packet: skip it, as the ffmpeg CLI does */
+      } else if (r == AVERROR_INVALIDDATA && d->cut) {
+        av_packet_unref(d->pkt);
+        return decode_failed(d, err, r, ctx == d->vctx);
+      } else if (r == AVERROR_INVALIDDATA) {
+        AVStream *st = d->fmt->streams[d->pkt->stream_index];
+        int64_t pts = d->pkt->pts != AV_NOPTS_VALUE ? d->pkt->pts : d->pkt->dts;
+        double t = pts == AV_NOPTS_VALUE ? 0
+                   : (pts - (ctx == d->vctx ? d->vstart : d->astart)) * av_q2d(st->time_base);
+        av_packet_unref(d->pkt);
+        return spn_error_set(err, SPN_EMEDIA, "%s: corrupt %s packet at %.2f s (set tolerate_errors to skip it)",
+                             d->path, ctx == d->vctx ? "video" : "audio", t);
       } else if (r < 0 && r != AVERROR(EAGAIN)) {
         av_packet_unref(d->pkt);
         return av_fail(d, err, SPN_EMEDIA, r, ctx == d->vctx ? "decoding video" : "decoding audio");

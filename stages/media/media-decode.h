@@ -11,7 +11,10 @@
  * Audio comes as interleaved float32 at the asked rate and channel count
  * (libswresample). A segment (start, duration) seeks to the keyframe before
  * start and drops what lies outside [start, start + duration).
- * Every error message starts with the file path.
+ * Every error message starts with the file path. Damage is an error unless
+ * tolerate_errors is set: corrupt data, and a file that ends before the
+ * duration its header declares ("in.mp4: truncated: video ends at 1.52 s of
+ * 4.00 s"), never pass as a short success.
  */
 #ifndef SPN_MEDIA_DECODE_H
 #define SPN_MEDIA_DECODE_H
@@ -20,6 +23,7 @@
 
 #include "spindle/image.h"
 #include "spindle/status.h"
+#include "media-log.h"
 
 typedef enum spn_hwaccel {
   SPN_HWACCEL_NONE = 0,
@@ -37,9 +41,15 @@ typedef struct spn_decode_opts {
   double duration;         /* seconds, <= 0 = to the end */
   int32_t hwaccel;         /* spn_hwaccel_t */
   int32_t autorotate;      /* default 1 */
+  /* 0 (default): a corrupt packet or frame, or a stream that ends before
+   * its declared duration (a truncated file), is an error naming the file,
+   * the stream and the time. 1: corrupt packets are skipped and an early end
+   * is accepted; spn_decode_info_t counts what was lost. */
+  int32_t tolerate_errors;
+  const spn_media_log_t *log; /* FFmpeg's messages for this file go here; borrowed, NULL: dropped */
 } spn_decode_opts_t;
 
-#define SPN_DECODE_OPTS_INIT {SPN_PIXFMT_RGB24, 1, 1, 0, 0, 0.0, 0.0, SPN_HWACCEL_NONE, 1}
+#define SPN_DECODE_OPTS_INIT {SPN_PIXFMT_RGB24, 1, 1, 0, 0, 0.0, 0.0, SPN_HWACCEL_NONE, 1, 0, NULL}
 
 typedef struct spn_decode_info {
   int32_t has_video, has_audio;
@@ -51,6 +61,11 @@ typedef struct spn_decode_info {
   int32_t hwaccel_active;       /* 1 when frames are decoded on CUDA */
   const char *video_codec;      /* static names from libavcodec */
   const char *audio_codec;
+  /* Filled as decoding goes (final at SPN_EOS); with tolerate_errors these
+   * say what was accepted. */
+  int64_t corrupt_packets;      /* packets or frames the decoders refused or flagged */
+  int32_t truncated;            /* a stream ended before its declared duration */
+  double video_end, video_expected; /* seconds: where video ended / should have */
 } spn_decode_info_t;
 
 typedef enum spn_media_kind { SPN_MEDIA_VIDEO = 1, SPN_MEDIA_AUDIO = 2 } spn_media_kind_t;
@@ -66,6 +81,17 @@ typedef struct spn_media_item {
   int64_t n_samples;            /* per channel */
   int32_t channels, rate;
 } spn_media_item_t;
+
+/* Meta items the decode stage adds to its messages and encode reads
+ * (plain structs in native byte order: a pipeline runs on one machine). */
+#define SPN_MEDIA_IMAGE_META "image"
+typedef struct spn_media_image_meta {
+  int32_t width, height, format;   /* spn_pixfmt_t */
+} spn_media_image_meta_t;
+#define SPN_MEDIA_AUDIO_META "audio_format"
+typedef struct spn_media_audio_meta {
+  int32_t rate, channels;          /* channels 0: the job has no audio */
+} spn_media_audio_meta_t;
 
 typedef struct spn_decoder spn_decoder_t;
 

@@ -72,6 +72,7 @@ static int32_t open_video(spn_encoder_t *e, const char *name, spn_error_t *err) 
   AVCodecContext *c = avcodec_alloc_context3(codec);
   if (!c)
     return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", e->path);
+  spn_media_log_claim_codec(c, e->o.log);
   c->width = e->w;
   c->height = e->h;
   c->pix_fmt = AV_PIX_FMT_YUV420P;
@@ -109,10 +110,17 @@ static int32_t open_audio(spn_encoder_t *e, spn_error_t *err) {
   if (!c)
     return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", e->path);
   e->actx = c;
+  spn_media_log_claim_codec(c, e->o.log);
   c->sample_fmt = AV_SAMPLE_FMT_FLTP;
   c->sample_rate = e->a_rate;
   av_channel_layout_default(&c->ch_layout, e->a_ch);
-  c->bit_rate = e->o.audio_bitrate > 0 ? e->o.audio_bitrate : 128000;
+  /* AAC-LC carries at most 6144 bits per channel per 1024-sample frame: a
+   * rate above that is clamped by the encoder (with a "Too many bits"
+   * warning) — 128 kbit/s does not fit 16 kHz mono. Default: 64 kbit/s per
+   * channel, within that limit. */
+  int64_t max_br = 6144LL * e->a_rate / 1024 * e->a_ch;
+  int64_t br = e->o.audio_bitrate > 0 ? e->o.audio_bitrate : 64000LL * e->a_ch;
+  c->bit_rate = br < max_br ? br : max_br;
   c->time_base = (AVRational){1, e->a_rate};
   if (e->oc->oformat->flags & AVFMT_GLOBALHEADER)
     c->flags |= AV_CODEC_FLAG_GLOBAL_HEADER;
@@ -206,6 +214,7 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
     rc = av_fail(e, err, r, "creating the muxer");
     goto out_free;
   }
+  spn_media_log_claim_format(e->oc, e->o.log);
   const char *codec = e->o.codec;
   if (strcmp(codec, "auto") == 0) {
     spn_error_t ignored = SPN_ERROR_INIT;
@@ -241,6 +250,7 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
   if (e->o.audio_path) {
     spn_decode_opts_t dopts = SPN_DECODE_OPTS_INIT;
     dopts.want_video = 0;
+    dopts.log = e->o.log;
     if ((rc = spn_decoder_new(e->o.audio_path, &dopts, &e->audio_src, err)))
       goto out_free;
     e->a_rate = spn_decoder_info(e->audio_src)->audio_rate;

@@ -16,6 +16,7 @@
 
 #include "spindle/image.h"
 #include "spindle/status.h"
+#include "media-log.h"
 
 typedef struct spn_encode_opts {
   const char *codec;        /* "libx264" (default), "h264_nvenc", or "auto" (NVENC if it opens) */
@@ -27,11 +28,13 @@ typedef struct spn_encode_opts {
   const char *audio_path;   /* mux (re-encoded to AAC) the audio of this file */
   int32_t audio_rate;       /* PCM given to spn_encoder_write_audio; 0 = none */
   int32_t audio_channels;
-  int32_t audio_bitrate;    /* default 128000 */
+  int32_t audio_bitrate;    /* bit/s; 0 (default): 64 kbit/s per channel; capped at AAC's
+                             * 6144 bits per channel per 1024 samples (96 kbit/s at 16 kHz mono) */
   int32_t rotation;         /* display rotation to record, degrees clockwise (0/90/180/270) */
+  const spn_media_log_t *log; /* FFmpeg's messages for this file go here; borrowed, NULL: dropped */
 } spn_encode_opts_t;
 
-#define SPN_ENCODE_OPTS_INIT {"libx264", 23, "medium", 0, 25, 1, 1, NULL, 0, 0, 128000, 0}
+#define SPN_ENCODE_OPTS_INIT {"libx264", 23, "medium", 0, 25, 1, 1, NULL, 0, 0, 0, 0, NULL}
 
 typedef struct spn_encoder spn_encoder_t;
 

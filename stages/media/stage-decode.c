@@ -7,8 +7,15 @@
  * for nv12/yuv420p) and audio on port 1 ("audio": item "pcm", (samples,
  * channels) f32). Each port has its own dense seq from 0; envelopes carry the
  * pts in seconds; the video envelope's `total` is the frame count estimated
- * from the container (-1 when unknown). An unreadable file fails the job
- * with a message naming the file.
+ * from the container (-1 when unknown). Every frame carries an "image" meta
+ * item (width, height, pixel format: the (N) vector of nv12/yuv420p needs
+ * it); every audio message an "audio_format" one (rate, channels), and the
+ * audio port's first message of each job is that item alone — channels 0
+ * when no audio follows — so a consumer such as encode_av knows the
+ * soundtrack's format, or its absence, before the first picture. An unreadable, corrupt or truncated
+ * file fails the job with a message naming the file and what is wrong,
+ * unless `tolerate_errors` accepts the damage (then a warning says what was
+ * lost).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -28,6 +35,7 @@ typedef struct decode_config {
   double duration;
   char *hwaccel;
   bool audio;
+  bool tolerate_errors;
 } decode_config_t;
 
 static const spn_config_field_t decode_schema[] = {
@@ -48,6 +56,10 @@ static const spn_config_field_t decode_schema[] = {
      .doc = "video decoding: none, auto (CUDA when available) or cuda (required)", .def_str = "none"},
     {.key = "audio", .type = SPN_CONFIG_BOOL, .offset = offsetof(decode_config_t, audio),
      .doc = "decode and emit the audio track on port `audio`", .def_int = 1},
+    {.key = "tolerate_errors", .type = SPN_CONFIG_BOOL, .flags = SPN_CONFIG_PER_JOB,
+     .offset = offsetof(decode_config_t, tolerate_errors),
+     .doc = "accept damaged input: skip corrupt packets and a truncated end (default: fail the job)",
+     .def_int = 0},
     {0},
 };
 
@@ -58,7 +70,16 @@ typedef struct decode_job {
   spn_decoder_t *dec;
   uint64_t vseq, aseq;
   int64_t total;
+  const char *path;  /* the job's config string (host-owned, valid for the job) */
+  bool format_sent;  /* the audio port's "audio_format" message went out */
+  spn_stage_t *stage;
+  spn_media_log_t log; /* FFmpeg's messages about this job's file */
 } decode_job_t;
+
+static void ffmpeg_log(void *user, int32_t level, const char *msg) {
+  decode_job_t *j = user;
+  host->log(j->stage, j->job_id, level, "%s: %s", j->path, msg);
+}
 
 static int32_t parse_options(spn_stage_t *stage, const decode_config_t *c, spn_decode_opts_t *o, spn_error_t *err) {
   spn_decode_opts_t d = SPN_DECODE_OPTS_INIT;
@@ -82,6 +103,7 @@ static int32_t parse_options(spn_stage_t *stage, const decode_config_t *c, spn_d
   o->start = c->start;
   o->duration = c->duration;
   o->want_audio = c->audio;
+  o->tolerate_errors = c->tolerate_errors;
   return SPN_OK;
 }
 
@@ -102,6 +124,10 @@ static int32_t decode_job_open(spn_stage_t *stage, void *state, const spn_job_in
   if (!j)
     return spn_error_set(err, SPN_ENOMEM, "decode: out of memory");
   j->job_id = job->job_id;
+  j->path = c->path;
+  j->stage = stage;
+  j->log = (spn_media_log_t){.magic = SPN_MEDIA_LOG_MAGIC, .fn = ffmpeg_log, .user = j};
+  o.log = &j->log;
   if ((rc = spn_decoder_new(c->path, &o, &j->dec, err))) {
     free(j);
     return rc;
@@ -171,6 +197,14 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
   rc = host->msg_new(stage, &env, &msg, err);
   if (rc == SPN_OK)
     rc = host->msg_add_tensor(msg, video ? "frame" : "pcm", &t, buf, err);
+  if (rc == SPN_OK && video) {
+    /* size and layout: the (N) vector of nv12/yuv420p needs them */
+    spn_media_image_meta_t im_meta = {.width = im->width, .height = im->height, .format = im->format};
+    rc = host->msg_add_meta(msg, SPN_MEDIA_IMAGE_META, &im_meta, sizeof im_meta, err);
+  } else if (rc == SPN_OK) {
+    spn_media_audio_meta_t am = {.rate = it->rate, .channels = it->channels};
+    rc = host->msg_add_meta(msg, SPN_MEDIA_AUDIO_META, &am, sizeof am, err);
+  }
   host->buffer_unref(&buf);
   if (rc) {
     host->msg_free(&msg);
@@ -187,12 +221,45 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
   return SPN_OK;
 }
 
+/* The audio port's first message of a job: the format (channels 0: no
+ * audio will follow), so a consumer knows before the first picture. */
+static int32_t send_audio_format(spn_stage_t *stage, decode_job_t *j, spn_error_t *err) {
+  const spn_decode_info_t *in = spn_decoder_info(j->dec);
+  spn_media_audio_meta_t am = {.rate = in->has_audio ? in->audio_rate : 0,
+                               .channels = in->has_audio ? in->audio_channels : 0};
+  spn_envelope_t env = {.struct_size = sizeof env, .job_id = j->job_id, .stream = 1, .seq = j->aseq, .pts = 0,
+                        .total = -1};
+  spn_msg_t *msg = NULL;
+  int32_t rc = host->msg_new(stage, &env, &msg, err);
+  if (rc == SPN_OK)
+    rc = host->msg_add_meta(msg, SPN_MEDIA_AUDIO_META, &am, sizeof am, err);
+  if (rc == SPN_OK)
+    rc = host->emit(stage, 1, &msg, err);
+  host->msg_free(&msg);
+  if (rc == SPN_OK) {
+    j->aseq++;
+    j->format_sent = true;
+  }
+  return rc;
+}
+
 static int32_t decode_generate(spn_stage_t *stage, void *state, void *job_state, spn_error_t *err) {
   decode_job_t *j = job_state;
   if (host->job_cancelled(stage, j->job_id))
     return SPN_ECANCELLED;
+  if (!j->format_sent)
+    return send_audio_format(stage, j, err);
   spn_media_item_t it;
   int32_t rc = spn_decoder_next(j->dec, &it, err);
+  if (rc == SPN_EOS) {
+    /* tolerate_errors accepted damage: say so, never silently */
+    const spn_decode_info_t *in = spn_decoder_info(j->dec);
+    if (in->corrupt_packets || in->truncated)
+      host->log(stage, j->job_id, SPN_LOG_WARN, "%s: damaged input accepted (tolerate_errors): %lld corrupt "
+                "packets/frames skipped%s; video ends at %.2f s of %.2f s",
+                j->path, (long long)in->corrupt_packets, in->truncated ? ", truncated" : "", in->video_end,
+                in->video_expected);
+  }
   if (rc != SPN_OK)
     return rc; /* SPN_EOS or an error naming the file */
   rc = emit_item(stage, j, &it, err);
@@ -212,6 +279,7 @@ static void decode_destroy(spn_stage_t *stage, void *state) {}
 
 static int32_t decode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
   host = h;
+  spn_media_log_install();
   static const spn_stage_kind_t kind = {
       .struct_size = sizeof(spn_stage_kind_t),
       .name = "decode",

@@ -1,19 +1,31 @@
-/* stage-encode.c — `encode`, the media sink stage (libspindle-encode.so).
+/* stage-encode.c — `encode` and `encode_av`, the media sink stages
+ * (libspindle-encode.so).
  *
  * A thin wrapper over media-encode.c: per job, the first "frame" fixes the
  * size; every frame is encoded at its envelope pts (H.264: libx264, or
  * NVENC); at the end of the stream the file is finished and renamed into
- * place. Audio is muxed from `audio_path` (e.g. the decoded source itself)
- * re-encoded to AAC. A job that fails or is cancelled leaves no file at
- * `path` (the temporary file beside it is removed). Frames: (H,W,3) u8 as
- * `pixel_format` says (rgb24 or bgr24), or (3,H,W) f32 in [0,255]
- * (rgbf32p/bgrf32p by the same setting's channel order).
+ * place. A job that fails or is cancelled leaves no file at `path` (the
+ * temporary file beside it is removed). Frames: (H,W,3) u8 as
+ * `pixel_format` says (rgb24 or bgr24), (3,H,W) f32 in [0,255]
+ * (rgbf32p/bgrf32p by the same setting's channel order), or the (N) u8
+ * planes of nv12/yuv420p with decode's "image" item (no RGB round trip).
+ *
+ * Audio: `encode` muxes the audio of the file `audio_path` (re-encoded to
+ * AAC). `encode_av` has a second input, `audio`, fed by decode.audio: its
+ * first message per job, "audio_format", gives rate and channels (0: no
+ * soundtrack) before the encoder opens; pictures that arrive before it are
+ * held (by reference), PCM that arrives before the first picture is kept,
+ * and both are written once the encoder is open. With `audio_path` set,
+ * encode_av muxes that file, as encode does, and ignores its audio input.
+ * A segment's audio and video
+ * are cut from the same interval by decode, so they stay in sync.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "spindle/plugin.h"
+#include "media-decode.h"
 #include "media-encode.h"
 
 static const spn_host_api_t *host; /* the host table; same for every load */
@@ -28,6 +40,7 @@ typedef struct encode_config {
   bool faststart;
   double fps;
   char *pixel_format;
+  int64_t audio_bitrate;
 } encode_config_t;
 
 static const spn_config_field_t encode_schema[] = {
@@ -51,18 +64,47 @@ static const spn_config_field_t encode_schema[] = {
      .doc = "nominal frame rate written to the stream", .def_float = 25.0, .min = 0.001, .max = 1000.0},
     {.key = "pixel_format", .type = SPN_CONFIG_STRING, .offset = offsetof(encode_config_t, pixel_format),
      .doc = "channel order of incoming frames: rgb24 or bgr24", .def_str = "rgb24"},
+    {.key = "audio_bitrate", .type = SPN_CONFIG_INT, .flags = SPN_CONFIG_PER_JOB,
+     .offset = offsetof(encode_config_t, audio_bitrate),
+     .doc = "AAC bit rate in bit/s (0: 64 kbit/s per channel, capped at what AAC fits at the source rate)",
+     .def_int = 0, .min = 0, .max = 1000000},
     {0},
 };
 
 static const spn_port_t encode_inputs[] = {{.name = "video", .type = "video"}};
+static const spn_port_t encode_av_inputs[] = {{.name = "video", .type = "video"}, {.name = "audio", .type = "audio"}};
+
+/* A frame held by encode_av until the soundtrack's format is known. */
+typedef struct held_frame {
+  spn_buffer_t *buf;
+  int32_t w, h, fmt;
+  int64_t pts_us;
+} held_frame_t;
 
 typedef struct encode_job {
   uint64_t job_id;
   encode_config_t cfg;  /* borrowed strings: valid for the job (host-owned) */
   spn_encoder_t *enc;
   bool failed;
+  bool av;              /* kind encode_av: audio comes on input port 1 */
+  bool file_audio;      /* audio_path is set: the soundtrack comes from that file */
   int64_t frames;
+  spn_stage_t *stage;
+  spn_media_log_t log;  /* FFmpeg's messages about this job's file */
+  /* encode_av: the soundtrack's format (known once "audio_format" came),
+   * frames that came before it, and audio that came before the encoder. */
+  bool a_known;
+  int32_t a_rate, a_ch;
+  held_frame_t *held;
+  size_t n_held, cap_held;
+  float *pending;
+  size_t n_pending, cap_pending; /* in floats */
 } encode_job_t;
+
+static void ffmpeg_log(void *user, int32_t level, const char *msg) {
+  encode_job_t *j = user;
+  host->log(j->stage, j->job_id, level, "%s: %s", j->cfg.path, msg);
+}
 
 static int32_t encode_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
   const encode_config_t *c = config;
@@ -73,15 +115,34 @@ static int32_t encode_create(spn_stage_t *stage, const void *config, void **stat
   return SPN_OK;
 }
 
-static int32_t encode_job_open(spn_stage_t *stage, void *state, const spn_job_info_t *job, void **job_state,
-                               spn_error_t *err) {
+static int32_t job_open(spn_stage_t *stage, const spn_job_info_t *job, void **job_state, bool av,
+                        spn_error_t *err) {
+  const encode_config_t *c = job->config;
   encode_job_t *j = calloc(1, sizeof *j);
   if (!j)
     return spn_error_set(err, SPN_ENOMEM, "encode: out of memory");
   j->job_id = job->job_id;
-  j->cfg = *(const encode_config_t *)job->config;
+  j->cfg = *c;
+  j->av = av;
+  /* kind encode, or audio_path set (it wins, as with encode: configs and
+   * command lines written for encode keep working): nothing to wait for,
+   * and what the audio input brings is not used */
+  j->file_audio = c->audio_path && *c->audio_path;
+  j->a_known = !av || j->file_audio;
+  j->stage = stage;
+  j->log = (spn_media_log_t){.magic = SPN_MEDIA_LOG_MAGIC, .fn = ffmpeg_log, .user = j};
   *job_state = j;
   return SPN_OK;
+}
+
+static int32_t encode_job_open(spn_stage_t *stage, void *state, const spn_job_info_t *job, void **job_state,
+                               spn_error_t *err) {
+  return job_open(stage, job, job_state, false, err);
+}
+
+static int32_t encode_av_job_open(spn_stage_t *stage, void *state, const spn_job_info_t *job, void **job_state,
+                                  spn_error_t *err) {
+  return job_open(stage, job, job_state, true, err);
 }
 
 static int32_t open_encoder(encode_job_t *j, int32_t w, int32_t h, int32_t fmt, spn_error_t *err) {
@@ -91,45 +152,179 @@ static int32_t open_encoder(encode_job_t *j, int32_t w, int32_t h, int32_t fmt, 
   o.preset = j->cfg.preset;
   o.bitrate = j->cfg.bitrate;
   o.faststart = j->cfg.faststart;
+  o.log = &j->log;
+  o.audio_bitrate = (int32_t)j->cfg.audio_bitrate;
   o.audio_path = j->cfg.audio_path && *j->cfg.audio_path ? j->cfg.audio_path : NULL;
+  if (j->av && j->a_ch > 0) {
+    o.audio_rate = j->a_rate;
+    o.audio_channels = j->a_ch;
+  }
   /* nominal rate as a rational with millisecond-of-a-frame precision */
   o.fps_num = (int32_t)llround(j->cfg.fps * 1000.0);
   o.fps_den = 1000;
-  return spn_encoder_new(j->cfg.path, w, h, fmt, &o, &j->enc, err);
+  int32_t rc = spn_encoder_new(j->cfg.path, w, h, fmt, &o, &j->enc, err);
+  if (rc == SPN_OK && j->n_pending) {
+    /* audio that came before the first picture */
+    rc = spn_encoder_write_audio(j->enc, j->pending, (int64_t)(j->n_pending / (size_t)j->a_ch), err);
+    free(j->pending);
+    j->pending = NULL;
+    j->n_pending = j->cap_pending = 0;
+  }
+  return rc;
 }
 
-static int32_t write_msg(spn_stage_t *stage, encode_job_t *j, spn_msg_t *msg, spn_error_t *err) {
-  int64_t idx = host->msg_find(msg, "frame");
-  spn_item_t it = {.struct_size = sizeof it};
-  if (idx < 0 || host->msg_item(msg, (size_t)idx, &it) != SPN_OK)
-    return spn_error_set(err, SPN_EINVAL, "%s: message %llu has no \"frame\" item", j->cfg.path,
-                         (unsigned long long)host->msg_envelope(msg)->seq);
-  const spn_tensor_t *t = &it.tensor;
+/* The frame item as an image: (H,W,3) u8 (rgb24/bgr24 as pixel_format
+ * says), (3,H,W) f32, or the (N) u8 planes of nv12/yuv420p with the
+ * "image" meta item giving size and layout. */
+static int32_t frame_layout(encode_job_t *j, spn_msg_t *msg, const spn_item_t *it, int32_t *fmt, int32_t *w,
+                            int32_t *h, spn_error_t *err) {
+  const spn_tensor_t *t = &it->tensor;
   int bgr = strcmp(j->cfg.pixel_format, "bgr24") == 0;
-  int32_t fmt, w, h;
+  unsigned long long seq = (unsigned long long)host->msg_envelope(msg)->seq;
   if (t->dtype == SPN_DTYPE_U8 && t->ndim == 3 && t->shape[2] == 3) {
-    fmt = bgr ? SPN_PIXFMT_BGR24 : SPN_PIXFMT_RGB24;
-    h = (int32_t)t->shape[0];
-    w = (int32_t)t->shape[1];
-  } else if (t->dtype == SPN_DTYPE_F32 && t->ndim == 3 && t->shape[0] == 3) {
-    fmt = bgr ? SPN_PIXFMT_BGRF32P : SPN_PIXFMT_RGBF32P;
-    h = (int32_t)t->shape[1];
-    w = (int32_t)t->shape[2];
-  } else {
-    return spn_error_set(err, SPN_ETYPE, "%s: frame %llu is not (H,W,3) u8 or (3,H,W) f32", j->cfg.path,
-                         (unsigned long long)host->msg_envelope(msg)->seq);
+    *fmt = bgr ? SPN_PIXFMT_BGR24 : SPN_PIXFMT_RGB24;
+    *h = (int32_t)t->shape[0];
+    *w = (int32_t)t->shape[1];
+    return SPN_OK;
   }
+  if (t->dtype == SPN_DTYPE_F32 && t->ndim == 3 && t->shape[0] == 3) {
+    *fmt = bgr ? SPN_PIXFMT_BGRF32P : SPN_PIXFMT_RGBF32P;
+    *h = (int32_t)t->shape[1];
+    *w = (int32_t)t->shape[2];
+    return SPN_OK;
+  }
+  if (t->dtype == SPN_DTYPE_U8 && t->ndim == 1) {
+    int64_t mi = host->msg_find(msg, SPN_MEDIA_IMAGE_META);
+    spn_item_t m = {.struct_size = sizeof m};
+    if (mi < 0 || host->msg_item(msg, (size_t)mi, &m) != SPN_OK || m.meta_size != sizeof(spn_media_image_meta_t))
+      return spn_error_set(err, SPN_ETYPE, "%s: frame %llu is a flat vector without an \"image\" item", j->cfg.path,
+                           seq);
+    spn_media_image_meta_t im;
+    memcpy(&im, m.meta, sizeof im);
+    if (im.format != SPN_PIXFMT_NV12 && im.format != SPN_PIXFMT_YUV420P)
+      return spn_error_set(err, SPN_ETYPE, "%s: frame %llu: a flat frame must be nv12 or yuv420p, not %s",
+                           j->cfg.path, seq, spn_pixfmt_name(im.format));
+    int64_t cw = (im.width + 1) / 2, ch = (im.height + 1) / 2;
+    if (im.width < 2 || im.height < 2 || im.width > 16384 || im.height > 16384 ||
+        t->shape[0] != (int64_t)im.width * im.height + 2 * cw * ch)
+      return spn_error_set(err, SPN_ETYPE, "%s: frame %llu: %lld bytes do not hold a %dx%d %s picture", j->cfg.path,
+                           seq, (long long)t->shape[0], (int)im.width, (int)im.height, spn_pixfmt_name(im.format));
+    *fmt = im.format;
+    *w = im.width;
+    *h = im.height;
+    return SPN_OK;
+  }
+  return spn_error_set(err, SPN_ETYPE, "%s: frame %llu is not (H,W,3) u8, (3,H,W) f32 or nv12/yuv420p planes",
+                       j->cfg.path, seq);
+}
+
+static int32_t write_frame(encode_job_t *j, spn_buffer_t *buf, int32_t w, int32_t h, int32_t fmt, int64_t pts_us,
+                           spn_error_t *err) {
   int32_t rc;
   if (!j->enc && (rc = open_encoder(j, w, h, fmt, err)))
     return rc;
   spn_image_t img;
-  if ((rc = spn_image_wrap(&img, host->buffer_data(it.buffer), w, h, fmt, err)))
+  if ((rc = spn_image_wrap(&img, host->buffer_data(buf), w, h, fmt, err)))
     return spn_error_prefix(err, "%s", j->cfg.path);
-  int64_t pts_us = llround(host->msg_envelope(msg)->pts * 1e6);
   if ((rc = spn_encoder_write_video(j->enc, &img, pts_us, 1, 1000000, err)))
     return rc;
   j->frames++;
   return SPN_OK;
+}
+
+static int32_t write_held(encode_job_t *j, spn_error_t *err) {
+  int32_t rc = SPN_OK;
+  for (size_t i = 0; i < j->n_held; i++) {
+    held_frame_t *f = &j->held[i];
+    if (rc == SPN_OK)
+      rc = write_frame(j, f->buf, f->w, f->h, f->fmt, f->pts_us, err);
+    host->buffer_unref(&f->buf);
+  }
+  j->n_held = 0;
+  return rc;
+}
+
+static int32_t take_audio(encode_job_t *j, spn_msg_t *msg, spn_error_t *err) {
+  if (j->file_audio)
+    return SPN_OK;
+  int64_t ai = host->msg_find(msg, SPN_MEDIA_AUDIO_META);
+  spn_item_t m = {.struct_size = sizeof m};
+  if (ai >= 0 && host->msg_item(msg, (size_t)ai, &m) == SPN_OK && m.meta_size == sizeof(spn_media_audio_meta_t) &&
+      !j->a_known) {
+    spn_media_audio_meta_t am;
+    memcpy(&am, m.meta, sizeof am);
+    if (am.channels < 0 || am.channels > 16 || (am.channels > 0 && (am.rate <= 0 || am.rate > 768000)))
+      return spn_error_set(err, SPN_EINVAL, "%s: audio format %d Hz x %d is not usable", j->cfg.path, (int)am.rate,
+                           (int)am.channels);
+    j->a_rate = am.rate;
+    j->a_ch = am.channels;
+    j->a_known = true;
+  }
+  int64_t pi = host->msg_find(msg, "pcm");
+  if (pi < 0)
+    return SPN_OK;
+  spn_item_t it = {.struct_size = sizeof it};
+  if (host->msg_item(msg, (size_t)pi, &it) != SPN_OK)
+    return SPN_OK;
+  const spn_tensor_t *t = &it.tensor;
+  if (!j->av || !j->a_known || j->a_ch <= 0)
+    return spn_error_set(err, SPN_EINVAL, "%s: audio arrived before its \"audio_format\" (connect decode.audio)",
+                         j->cfg.path);
+  if (t->dtype != SPN_DTYPE_F32 || t->ndim != 2 || t->shape[1] != j->a_ch)
+    return spn_error_set(err, SPN_ETYPE, "%s: audio message %llu is not (samples, %d) f32", j->cfg.path,
+                         (unsigned long long)host->msg_envelope(msg)->seq, (int)j->a_ch);
+  const float *pcm = host->buffer_data(it.buffer);
+  if (j->enc)
+    return spn_encoder_write_audio(j->enc, pcm, t->shape[0], err);
+  /* before the first picture: keep it (decode sends audio in demux order,
+   * so this is at most the decoder's delay) */
+  size_t n = (size_t)t->shape[0] * (size_t)j->a_ch;
+  if (j->n_pending + n > j->cap_pending) {
+    size_t cap = (j->n_pending + n) * 2;
+    float *np = realloc(j->pending, cap * sizeof *np);
+    if (!np)
+      return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", j->cfg.path);
+    j->pending = np;
+    j->cap_pending = cap;
+  }
+  memcpy(j->pending + j->n_pending, pcm, n * sizeof *pcm);
+  j->n_pending += n;
+  return SPN_OK;
+}
+
+static int32_t write_msg(spn_stage_t *stage, encode_job_t *j, spn_msg_t *msg, spn_error_t *err) {
+  int32_t rc = take_audio(j, msg, err);
+  if (rc)
+    return rc;
+  if (j->a_known && j->n_held && (rc = write_held(j, err)))
+    return rc;
+  int64_t idx = host->msg_find(msg, "frame");
+  spn_item_t it = {.struct_size = sizeof it};
+  if (idx < 0 || host->msg_item(msg, (size_t)idx, &it) != SPN_OK) {
+    if (j->av && (host->msg_find(msg, "pcm") >= 0 || host->msg_find(msg, SPN_MEDIA_AUDIO_META) >= 0))
+      return SPN_OK; /* an audio message */
+    return spn_error_set(err, SPN_EINVAL, "%s: message %llu has no \"frame\" item", j->cfg.path,
+                         (unsigned long long)host->msg_envelope(msg)->seq);
+  }
+  int32_t fmt = 0, w = 0, h = 0;
+  if ((rc = frame_layout(j, msg, &it, &fmt, &w, &h, err)))
+    return rc;
+  int64_t pts_us = llround(host->msg_envelope(msg)->pts * 1e6);
+  if (!j->a_known) {
+    /* encode_av before the soundtrack's format: hold the picture */
+    if (j->n_held == j->cap_held) {
+      size_t cap = j->cap_held ? j->cap_held * 2 : 8;
+      held_frame_t *nh = realloc(j->held, cap * sizeof *nh);
+      if (!nh)
+        return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", j->cfg.path);
+      j->held = nh;
+      j->cap_held = cap;
+    }
+    j->held[j->n_held++] = (held_frame_t){.buf = host->buffer_ref(it.buffer), .w = w, .h = h, .fmt = fmt,
+                                          .pts_us = pts_us};
+    return SPN_OK;
+  }
+  return write_frame(j, it.buffer, w, h, fmt, pts_us, err);
 }
 
 static int32_t encode_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
@@ -152,6 +347,12 @@ static int32_t encode_flush(spn_stage_t *stage, void *state, void *job_state, sp
   encode_job_t *j = job_state;
   if (j->failed)
     return SPN_OK;
+  int32_t rc;
+  if (j->n_held) {
+    j->a_known = true; /* the audio input ended without a format: no soundtrack */
+    if ((rc = write_held(j, err)))
+      return rc;
+  }
   if (!j->enc)
     return spn_error_set(err, SPN_EMEDIA, "%s: no video frames arrived", j->cfg.path);
   return spn_encoder_finish(j->enc, err);
@@ -162,6 +363,10 @@ static void encode_job_close(spn_stage_t *stage, void *state, void *job_state, b
   if (!j)
     return;
   spn_encoder_free(j->enc); /* removes the temporary file unless finished */
+  for (size_t i = 0; i < j->n_held; i++)
+    host->buffer_unref(&j->held[i].buf);
+  free(j->held);
+  free(j->pending);
   free(j);
 }
 
@@ -169,6 +374,7 @@ static void encode_destroy(spn_stage_t *stage, void *state) {}
 
 static int32_t encode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
   host = h;
+  spn_media_log_install();
   static const spn_stage_kind_t kind = {
       .struct_size = sizeof(spn_stage_kind_t),
       .name = "encode",
@@ -186,7 +392,25 @@ static int32_t encode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_er
       .job_close = encode_job_close,
       .destroy = encode_destroy,
   };
-  return h->register_kind(plugin, &kind, err);
+  static const spn_stage_kind_t kind_av = {
+      .struct_size = sizeof(spn_stage_kind_t),
+      .name = "encode_av",
+      .doc = "writes H.264 video with the AAC soundtrack of its audio input (decode.audio) to MP4/MKV",
+      .schema = encode_schema,
+      .config_size = sizeof(encode_config_t),
+      .inputs = encode_av_inputs,
+      .n_inputs = 2,
+      .device_need = SPN_NEED_CPU,
+      .max_batch = 1,
+      .create = encode_create,
+      .job_open = encode_av_job_open,
+      .process = encode_process,
+      .flush = encode_flush,
+      .job_close = encode_job_close,
+      .destroy = encode_destroy,
+  };
+  int32_t rc = h->register_kind(plugin, &kind, err);
+  return rc ? rc : h->register_kind(plugin, &kind_av, err);
 }
 
 SPN_PLUGIN_DEFINE(encode, .version = "1.0", .license = "Apache-2.0", .init = encode_init)

@@ -90,12 +90,24 @@ def keda():
             target = d['spec']['scaleTargetRef']['name']
             if target not in deployments:
                 fail(f'{os.path.basename(f)}: scales {target}, not a Deployment of deploy/k8s')
-            if d['spec'].get('minReplicaCount') != 0:
-                fail(f'{os.path.basename(f)}: does not scale to zero')
             for t in d['spec']['triggers']:
                 types.add(t['type'])
                 if t['type'] == 'prometheus':
                     check_metric_names(t['metadata']['query'], os.path.basename(f))
+                    if d['spec'].get('minReplicaCount') != 0:
+                        fail(f'{os.path.basename(f)}: does not scale to zero')
+                if t['type'] == 'redis-streams':
+                    # The stream and group the Redis queue backend really uses.
+                    with open(os.path.join(src, 'core', 'jobs', 'queue-redis.c')) as q:
+                        code = q.read()
+                    prefix = re.search(r'"(spindle:)"', code)
+                    suffix = re.search(r'snprintf\(stream, sizeof stream, "%s(\w+)"', code)
+                    group = re.search(r'"XGROUP", "CREATE", stream, "(\w+)"', code)
+                    want = (prefix.group(1) + suffix.group(1) if prefix and suffix else None,
+                            group.group(1) if group else None)
+                    got = (t['metadata'].get('stream'), t['metadata'].get('consumerGroup'))
+                    if got != want:
+                        fail(f'{os.path.basename(f)}: stream/group {got}, the Redis backend uses {want}')
             print(f'{os.path.basename(f)}: valid ScaledObject, target {target}')
     if types != {'redis-streams', 'prometheus'}:
         fail(f'expected a redis-streams and a prometheus ScaledObject, found {sorted(types)}')

@@ -12,8 +12,17 @@ largest absolute difference relative to the output's largest magnitude
 passes when every output's shape and dtype match and the error is <= 1e-4.
 Integer outputs must match exactly.
 
-usage: conformance.py SPINDLE WORKDIR [--only SUBSTR]
-Exits 77 (skipped) when onnx/onnxruntime are not installed.
+With --device cuda:N the same cases run on the CUDA backend
+(`spindle model run --device cuda:N --precision P`): a whole-model case
+fails if any node fell back to the CPU; a per-op case whose op the backend
+does not run passes on the CPU fallback and says so. Tolerance is that
+of that precision (docs/engine.md, "GPU tolerances"):
+  fp32: 1e-4 (the CPU backend's); tf32: 2e-3 per-op cases, 1e-2 whole models;
+  fp16: 1e-2 per-op cases, 3e-2 whole models.
+
+usage: conformance.py SPINDLE WORKDIR [--only SUBSTR] [--device D] [--precision P]
+Exits 77 (skipped) when onnx/onnxruntime are not installed, or when the
+device is cuda:N and no CUDA device (or no CUDA engine backend) is there.
 """
 import os
 import subprocess
@@ -203,7 +212,13 @@ def save_npy(path, a):
     np.save(path, np.ascontiguousarray(a))
 
 
+DEVICE_ARGS = []
+TOL_OP, TOL_MODEL = TOL, TOL
+GPU_TOL = {"fp32": (1e-4, 1e-4), "tf32": (2e-3, 1e-2), "fp16": (1e-2, 3e-2)}
+
+
 def run_case(spindle, work, name, model, feeds):
+    tol = TOL_MODEL if name.startswith("model_") else TOL_OP
     d = os.path.join(work, name)
     os.makedirs(d, exist_ok=True)
     mpath = os.path.join(d, "model.onnx")
@@ -211,7 +226,7 @@ def run_case(spindle, work, name, model, feeds):
     sess = ort.InferenceSession(mpath, providers=["CPUExecutionProvider"])
     refs = sess.run(None, feeds)
     names = [o.name for o in sess.get_outputs()]
-    args = [spindle, "model", "run", mpath, "--output-dir", os.path.join(d, "out")]
+    args = [spindle, "model", "run", mpath, "--output-dir", os.path.join(d, "out")] + DEVICE_ARGS
     for k, v in feeds.items():
         p = os.path.join(d, f"in_{k}.npy")
         save_npy(p, v)
@@ -219,6 +234,9 @@ def run_case(spindle, work, name, model, feeds):
     pr = subprocess.run(args, capture_output=True, text=True, timeout=600)
     if pr.returncode != 0:
         return False, f"spindle failed ({pr.returncode}): {pr.stderr.strip()}"
+    fell_back = "run on the CPU" in pr.stderr
+    if fell_back and name.startswith("model_"):
+        return False, f"nodes fell back to the CPU: {pr.stderr.strip()}"
     worst = 0.0
     for nm, ref in zip(names, refs):
         got = np.load(os.path.join(d, "out", nm + ".npy"))
@@ -232,18 +250,49 @@ def run_case(spindle, work, name, model, feeds):
             return False, f"output {nm}: non-finite values"
         err = float(np.max(np.abs(got - ref)) / max(1.0, float(np.max(np.abs(ref))))) if ref.size else 0.0
         worst = max(worst, err)
-        if err > TOL:
-            return False, f"output {nm}: relative error {err:.3g} > {TOL}"
-    return True, f"max rel err {worst:.2e}"
+        if err > tol:
+            return False, f"output {nm}: relative error {err:.3g} > {tol}"
+    return True, f"max rel err {worst:.2e}" + (" (CPU fallback)" if fell_back else "")
+
+
+def gpu_missing(spindle, work, device):
+    """Why `device` cannot run a model here (None when it can)."""
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe",
+                          [helper.make_tensor_value_info("x", F, [1, 4])],
+                          [helper.make_tensor_value_info("y", F, [1, 4])])
+    path = os.path.join(work, "device-probe.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    pr = subprocess.run([spindle, "model", "inspect", path, "--device", device], capture_output=True, text=True)
+    return None if pr.returncode == 0 else pr.stderr.strip()
 
 
 def main():
-    if len(sys.argv) < 3:
+    global DEVICE_ARGS, TOL_OP, TOL_MODEL
+    args = sys.argv[1:]
+    opts = {}
+    pos = []
+    i = 0
+    while i < len(args):
+        if args[i] in ("--only", "--device", "--precision") and i + 1 < len(args):
+            opts[args[i]] = args[i + 1]
+            i += 2
+        else:
+            pos.append(args[i])
+            i += 1
+    if len(pos) != 2:
         print(__doc__)
         return 2
-    spindle, work = sys.argv[1], sys.argv[2]
-    only = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--only" else None
+    spindle, work = pos
+    only = opts.get("--only")
     os.makedirs(work, exist_ok=True)
+    device, precision = opts.get("--device", "cpu"), opts.get("--precision", "fp32")
+    if device != "cpu":
+        why = gpu_missing(spindle, work, device)
+        if why:
+            print(f"SKIP: {device}: {why}")
+            return 77
+        DEVICE_ARGS = ["--device", device, "--precision", precision]
+        TOL_OP, TOL_MODEL = GPU_TOL[precision]
     cases = {}
     cases.update(op_cases())
     cases.update(model_cases())

@@ -21,6 +21,13 @@ grep -Eq 'job [0-9]+ succeeded: 100 frames' out.txt || fail "summary: $(cat out.
 ffprobe -v error -select_streams a -show_entries stream=codec_name -of csv=p=0 out.mp4 | grep -qx aac ||
   fail "out.mp4 has no AAC audio"
 [ -z "$(ls -A | grep -v -e '^out.mp4$' -e '^out.txt$' -e '^err.txt$')" ] || fail "stray files: $(ls -A)"
+# FFmpeg's own log goes through Spindle's logger: nothing of x264's or the
+# AAC encoder's statistics (FFmpeg info level = Spindle debug) at the default
+# level, and no "Too many bits" (the AAC rate fits the 16 kHz mono source).
+! grep -Eiq 'x264|kb/s|aac|too many bits|frame I:|mov,mp4' err.txt || fail "FFmpeg lines on stderr: $(cat err.txt)"
+ffprobe -v error -select_streams a -show_entries stream=bit_rate -of csv=p=0 out.mp4 |
+  python3 -c "import sys; b = int(sys.stdin.read()); sys.exit(0 if 40000 <= b <= 96000 else 1)" ||
+  fail "AAC bit rate of a 16 kHz mono soundtrack is not 64 kbit/s"
 
 # A 1 s segment of the 4 s clip: the soundtrack taken from the whole clip is
 # cut where the pictures end (within one 25 fps frame), not muxed to 4 s.
@@ -32,6 +39,38 @@ adur=$(ffprobe -v error -select_streams a -show_entries stream=duration -of csv=
 python3 -c "import sys; v, a = float('$vdur'), float('$adur'); sys.exit(0 if abs(v - 1.0) <= 0.04 and abs(a - v) <= 0.04 else 1)" ||
   fail "segment: video $vdur s, audio $adur s (want both 1 s within a frame)"
 rm -f seg.mp4
+
+# Audio through the DAG stays in sync for a segment that starts after 0: a
+# source whose only sound is a 1 kHz burst at 2.50-2.60 s, cut at 2.0 s,
+# has the burst at 0.50 s. The frames go through as yuv420p and as nv12 (no
+# RGB round trip) and match the source (PSNR).
+ffmpeg -v error -f lavfi -i testsrc=size=160x120:rate=25:duration=4 \
+  -f lavfi -i "aevalsrc='if(between(t,2.5,2.6),0.5*sin(2*PI*1000*t),0)':s=48000:d=4" \
+  -c:v libx264 -preset ultrafast -pix_fmt yuv420p -c:a aac -shortest burst.mp4 || fail "ffmpeg burst.mp4"
+for pf in yuv420p nv12; do
+  "$spindle" run "$src/configs/transcode.toml" --set decode.path=burst.mp4 --set decode.pixel_format=$pf \
+    --set decode.start=2.0 --set decode.duration=1.0 --set encode.path=b.mp4 --set encode.preset=ultrafast \
+    --set encode.crf=10 >out.txt 2>err.txt || fail "burst $pf: exit $?: $(tail -3 err.txt)"
+  grep -Eq 'job [0-9]+ succeeded: 25 frames' out.txt || fail "burst $pf summary: $(cat out.txt)"
+  ffmpeg -v error -i b.mp4 -f f32le -ac 1 -ar 48000 - >b.f32 || fail "ffmpeg decode b.mp4"
+  python3 - b.f32 <<'PY' || fail "burst $pf: the audio is out of sync"
+import array, sys
+a = array.array("f"); a.frombytes(open(sys.argv[1], "rb").read())
+win = 480  # 10 ms
+e = [sum(x * x for x in a[i:i + win]) for i in range(0, len(a) - win, win)]
+peak = [i for i, v in enumerate(e) if v > max(e) * 0.25]
+start = peak[0] * 0.01
+print(f"burst at {start:.2f} s, audio {len(a) / 48000:.2f} s")
+sys.exit(0 if abs(start - 0.50) <= 0.03 and abs(len(a) / 48000 - 1.0) <= 0.05 else 1)
+PY
+  # the pictures are the source's 2.0-3.0 s
+  ffmpeg -v error -ss 2.0 -t 1.0 -i burst.mp4 -an -f rawvideo -pix_fmt yuv420p ref.yuv || fail "ffmpeg ref"
+  psnr=$(ffmpeg -hide_banner -i b.mp4 -f rawvideo -pix_fmt yuv420p -s 160x120 -r 25 -i ref.yuv -lavfi psnr -f null - 2>&1 |
+    sed -n 's/.*average:\([0-9.inf]*\).*/\1/p')
+  python3 -c "import sys; p = '$psnr'; sys.exit(0 if p and (p == 'inf' or float(p) > 38) else 1)" ||
+    fail "burst $pf: PSNR against the source is '$psnr' dB"
+  rm -f b.mp4 b.f32 ref.yuv
+done
 
 # A missing input fails the job and names the file.
 "$spindle" run "$src/configs/transcode.toml" --set decode.path="$tmp/nope.mp4" --set encode.path=out2.mp4 \
@@ -48,4 +87,52 @@ rc=$?
 [ $rc -eq 1 ] || fail "bad codec: exit $rc, want 1"
 grep -q "out3.mp4: video encoder 'no_such_codec' is not available" err.txt || fail "bad codec message: $(cat err.txt)"
 [ -z "$(ls -A | grep out3)" ] || fail "out3 files left: $(ls -A)"
+
+# Damaged media fails the job with a message naming the file and what is
+# wrong; never a short success. The first third of the clip (its index is at
+# the front, so it opens) is truncated.
+python3 -c "import sys; d = open(sys.argv[1], 'rb').read(); open('third.mp4', 'wb').write(d[:len(d) // 3])" "$clip"
+"$spindle" run "$src/configs/transcode.toml" --set decode.path=third.mp4 --set encode.path=t.mp4 \
+  --set encode.audio_path= --set encode.preset=ultrafast >out.txt 2>err.txt
+rc=$?
+[ $rc -eq 1 ] || fail "truncated input: exit $rc, want 1: $(cat out.txt)"
+grep -Eq 'third.mp4: truncated: video ends at 1\.[0-9]+ s of 4\.00 s' err.txt || fail "truncated message: $(tail -3 err.txt)"
+# FFmpeg's detail about the damage is a log line of stage decode, JSON like
+# every other line when logs are JSON
+"$spindle" run "$src/configs/transcode.toml" --set decode.path=third.mp4 --set encode.path=t.mp4 \
+  --set encode.audio_path= --log-format json >out.txt 2>err.txt
+python3 - err.txt <<'PY' || fail "JSON log: $(cat err.txt)"
+import json, sys
+lines = [l for l in open(sys.argv[1]) if l.strip() and not l.startswith(("spindle run:", "  stage"))]
+recs = [json.loads(l) for l in lines]  # every log line is JSON
+ff = [r for r in recs if r.get("stage") == "decode" and "third.mp4: h264: " in r["msg"]]
+assert ff and all(r["level"] == "warn" for r in ff), recs
+PY
+[ ! -e t.mp4 ] || fail "t.mp4 exists after a failed job"
+# ... and tolerate_errors accepts it explicitly, with a warning saying so
+"$spindle" run "$src/configs/transcode.toml" --set decode.path=third.mp4 --set decode.tolerate_errors=true \
+  --set encode.path=t.mp4 --set encode.audio_path= --set encode.preset=ultrafast >out.txt 2>err.txt ||
+  fail "tolerate_errors: exit $?: $(tail -3 err.txt)"
+grep -q 'third.mp4: damaged input accepted (tolerate_errors).*truncated' err.txt || fail "no warning: $(tail -3 err.txt)"
+n=$(ffprobe -v error -select_streams v -count_frames -show_entries stream=nb_read_frames -of csv=p=0 t.mp4)
+[ "$n" -gt 10 ] && [ "$n" -lt 100 ] || fail "tolerated truncated input gave $n frames"
+rm -f t.mp4
+# a segment that starts after the end
+"$spindle" run "$src/configs/transcode.toml" --set decode.path="$clip" --set decode.start=9 \
+  --set encode.path=t.mp4 --set encode.preset=ultrafast >out.txt 2>err.txt
+[ $? -eq 1 ] && grep -q 'talking-head.mp4: segment starts at 9.00 s, after the end of the video (4.00 s)' err.txt ||
+  fail "segment past the end: $(tail -3 err.txt)"
+# not media at all, an empty file, a file without video
+head -c 20000 /dev/urandom >noise.mp4
+: >empty.mp4
+ffmpeg -v error -i "$clip" -vn -c:a copy sound.m4a || fail "ffmpeg"
+for f in noise.mp4 empty.mp4 sound.m4a; do
+  "$spindle" run "$src/configs/transcode.toml" --set decode.path=$f --set encode.path=t.mp4 \
+    --set encode.audio_path= >out.txt 2>err.txt
+  rc=$?
+  [ $rc -eq 1 ] || fail "$f: exit $rc, want 1"
+  grep -q "spindle run: .*$f: " err.txt || fail "$f: message does not name the file: $(tail -3 err.txt)"
+done
+grep -q "sound.m4a: no video stream" err.txt || fail "no-video message: $(tail -2 err.txt)"
+[ ! -e t.mp4 ] || fail "t.mp4 exists after failed jobs"
 echo ok
