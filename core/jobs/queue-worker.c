@@ -28,6 +28,7 @@
 #include <cjson/cJSON.h>
 
 #include "jobs-internal.h"
+#include "observe.h"
 
 typedef struct qrun {
   bool busy;
@@ -44,13 +45,14 @@ typedef struct qw {
   qrun_t *runs;
   char (*owner)[192];
   char last_error[SPN_ERROR_MSG_MAX];
+  spn__observe_t *obs; /* lifecycle log lines; owned by q's wrapper */
 } qw_t;
 
 static void say_error(qw_t *w, const char *msg) {
   /* once per distinct message, not on every poll */
   if (strncmp(w->last_error, msg, sizeof w->last_error - 1) != 0) {
     snprintf(w->last_error, sizeof w->last_error, "%s", msg);
-    fprintf(stderr, "spindle worker: %s\n", msg);
+    spn__log_f(spn__observe_logger(w->obs), SPN_LOG_ERROR, NULL, "%s", msg);
   }
 }
 
@@ -87,7 +89,8 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
     return false;
   }
   if (rc < 0 && rc != SPN_ESTATE)
-    fprintf(stderr, "spindle worker: job %lld: %s\n", (long long)r->id, err.msg);
+    spn__log_f(spn__observe_logger(w->obs), SPN_LOG_ERROR,
+               &(spn__log_fields_t){.job_id = (uint64_t)r->id, .attempt = -1, .duration_ms = -1}, "%s", err.msg);
   r->busy = false;
   spn__slot_pool_set_idle(w->pool, slot);
   return true;
@@ -201,6 +204,10 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
   int32_t rc = spn_queue_open(cfg->queue, &w.q, err);
   if (rc < 0)
     return spn_error_prefix(err, "worker");
+  if ((rc = spn__observe_attach(&w.q, "spindle worker", &w.obs, err)) < 0) {
+    spn_queue_free(&w.q);
+    return rc;
+  }
   w.runs = calloc(cfg->slots, sizeof *w.runs);
   w.owner = calloc(cfg->slots, sizeof *w.owner);
   if (!w.runs || !w.owner) {
@@ -213,8 +220,10 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     spn_error_prefix(err, "worker");
     goto out;
   }
-  fprintf(stderr, "spindle worker %s: leasing from %s queue %s with %u slots\n", name, w.q.ops->name,
-          cfg->queue->url ? cfg->queue->url : "", cfg->slots);
+  spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
+  lf.worker = name;
+  spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker leasing from %s queue %s with %u slots",
+             w.q.ops->name, cfg->queue->url ? cfg->queue->url : "", cfg->slots);
   double renew_every = cfg->lease_ms / 3000.0, sweep_every = cfg->lease_ms / 2000.0;
   double last_renew = spn__mono_s(), last_sweep = 0, drain_until = 0;
   bool draining = false;
@@ -228,8 +237,8 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     if (cfg->stop && *cfg->stop && !draining) {
       draining = true;
       drain_until = mono + cfg->drain_grace_s;
-      fprintf(stderr, "spindle worker %s: draining (%u running; up to %u s)\n", name, running(&w),
-              cfg->drain_grace_s);
+      spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker draining (%u running; up to %u s)",
+                 running(&w), cfg->drain_grace_s);
     }
     if (draining && (running(&w) == 0 || mono >= drain_until))
       break;
@@ -296,7 +305,7 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
       w.runs[i].busy = false;
     }
   if (released)
-    fprintf(stderr, "spindle worker %s: %u job(s) back to the queue\n", name, released);
+    spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker stopped: %u job(s) back to the queue", released);
 out:
   spn__slot_pool_free(&w.pool);
   free(w.runs);

@@ -118,7 +118,7 @@ void spn__sched_finish(spn_server_t *s, int64_t id, uint32_t attempt, const char
                         res->compute_s, res->gpu_s, now, &st, &err);
   }
   if (rc < 0 && rc != SPN_ESTATE)
-    fprintf(stderr, "spindle serve: job %lld: %s\n", (long long)id, err.msg);
+    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, &(spn__log_fields_t){.job_id = (uint64_t)id, .attempt = -1, .duration_ms = -1}, "%s", err.msg);
   if (rc == SPN_OK && res->status == SPN_OK)
     unpublish_after_commit(s, id);
   spn_run_t *r = spn__run_find(s, id);
@@ -204,7 +204,7 @@ void spn__sched_dispatch(spn_server_t *s) {
     if (rc == SPN_EAGAIN)
       return;
     if (rc < 0) {
-      fprintf(stderr, "spindle serve: %s\n", err.msg);
+      spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
       return;
     }
     if (sl >= 0)
