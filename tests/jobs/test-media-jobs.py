@@ -325,8 +325,11 @@ def case_corrupt(tmp, n=None):
     check(p.poll() is None, "gateway died")
     check(not problems, "; ".join(problems[:10]))
     check(stray(f"{tmp}/out") == [], f"temporary files left: {stray(tmp + '/out')}")
-    # RSS flat: not more than 64 MB over the warmed-up figure
-    check(rss1 - rss0 < 65536, f"gateway RSS grew from {rss0} kB to {rss1} kB")
+    # RSS flat: not more than 64 MB over the warmed-up figure. Under ASan the
+    # allocator's quarantine keeps freed memory (RSS grows by design); there
+    # LeakSanitizer at the gateway's exit (which must be 0) is the check.
+    if b"__asan_init" not in open(SPINDLE, "rb").read():
+        check(rss1 - rss0 < 65536, f"gateway RSS grew from {rss0} kB to {rss1} kB")
 
 
 CASES = {"gateway": case_gateway, "remote": case_remote, "failures": case_failures, "corrupt": case_corrupt}
