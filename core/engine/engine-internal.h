@@ -259,6 +259,13 @@ int32_t spn_op_check(const spn_model_t *m, const spn_node_t *n, spn_error_t *err
 /* cpu-kernels.c: run one node on the host (CPU backend, constant folding,
  * shape-class values). */
 int32_t spn_cpu_exec(spn_run_t *r, const spn_node_t *n);
+/* Resize/Upsample index and weight tables over (D, H, W) (1-D and 2-D
+ * resizes have leading size-1 axes): *i0 holds the first source index of
+ * every output coordinate, D then H then W (tot = osh[0]+osh[1]+osh[2]
+ * entries), followed by the second (linear) index; *w the weight of the
+ * second. Shared by the CPU kernel and device backends. Caller frees both. */
+int32_t spn_resize_tables(spn_run_t *r, const spn_node_t *n, int64_t *ish, int64_t *osh, int *linear,
+                          int64_t **i0, float **w);
 
 /* cpu-dnnl.c (the CPU backend's oneDNN part) */
 int32_t spn_dnnl_engine_new(void **eng, spn_error_t *err);
@@ -267,6 +274,15 @@ int32_t spn_dnnl_conv(spn_run_t *r, const spn_node_t *n, bool transposed);
 int32_t spn_dnnl_pool(spn_run_t *r, const spn_node_t *n);
 void spn_dnnl_node_free(spn_node_t *n);
 void spn_dnnl_run_end(spn_run_t *r);
+/* convert.c: weight conversions for device backends. fp16 is IEEE binary16,
+ * round to nearest even, subnormals kept, overflow to inf, NaN kept NaN.
+ * Layout: N images of C channels of HW pixels, element size es. */
+uint16_t spn_f32_to_f16(float f);
+float spn_f16_to_f32(uint16_t h);
+void spn_f32_to_f16_n(const float *src, uint16_t *dst, size_t n);
+void spn_f16_to_f32_n(const uint16_t *src, float *dst, size_t n);
+void spn_nchw_to_nhwc(const void *src, void *dst, size_t es, int64_t N, int64_t C, int64_t HW);
+void spn_nhwc_to_nchw(const void *src, void *dst, size_t es, int64_t N, int64_t C, int64_t HW);
 /* backend-cpu.c: the oneDNN engine of the model's CPU backend. */
 void *spn_cpu_dnnl_engine(const spn_model_t *m);
 int32_t spn_sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,

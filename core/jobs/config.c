@@ -25,11 +25,16 @@ void spn_server_config_defaults(spn_server_config_t *c) {
   c->max_priority = 100;
   c->chunk_bytes = 65536;
   c->ready_fd = -1;
+  c->drain_grace_s = 30;
 }
 
 void spn_server_config_clear(spn_server_config_t *c) {
   free(c->bind);
   free(c->db_path);
+  free(c->queue_backend);
+  free(c->queue_url);
+  free(c->queue_auth_file);
+  free(c->queue_prefix);
   free(c->curve_secret);
   free(c->curve_key_file);
   free(c->http);
@@ -68,6 +73,11 @@ static const key_def_t keys[] = {
     {"server", "http", K_STR, OFF(http), 0, 0},
     {"server", "devices", K_STR, OFF(devices), 0, 0},
     {"queue", "path", K_STR, OFF(db_path), 0, 0},
+    {"queue", "backend", K_STR, OFF(queue_backend), 0, 0},
+    {"queue", "url", K_STR, OFF(queue_url), 0, 0},
+    {"queue", "auth_file", K_STR, OFF(queue_auth_file), 0, 0},
+    {"queue", "prefix", K_STR, OFF(queue_prefix), 0, 0},
+    {"server", "drain_grace_s", K_U32, OFF(drain_grace_s), 0, 86400},
     {"queue", "sync_full", K_BOOL, OFF(sync_full), 0, 0},
     {"queue", "lease_ms", K_U32, OFF(lease_ms), 100, 3600000},
     {"queue", "heartbeat_ms", K_U32, OFF(heartbeat_ms), 50, 60000},

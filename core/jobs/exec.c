@@ -13,6 +13,17 @@
  * unlinked. Only after the runner returns SPN_OK are the temporaries renamed
  * (atomic within a directory) to the final names; on failure or cancel they
  * are removed. So an output is either absent or complete, and never two.
+ *
+ * Exactly-once publication: before the first rename an attempt writes a
+ * publication marker ".spn-<job id>.published" (holding its attempt number)
+ * beside the job's first output. The marker is removed only once the queue
+ * has durably recorded the job as succeeded (the gateway after its commit,
+ * a queue worker after complete()). A re-run of the job — its lease was lost
+ * between the renames and that record (the gateway was killed -9), or it was
+ * released (same attempt number) while its report was in flight —
+ * finds the marker, finishes the recorded attempt's renames if any are left
+ * (its temporaries are still there), and succeeds without running the job
+ * again: an output once renamed into place is never written again.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -170,6 +181,96 @@ const char *spn_job_ctx_output_tmp(const spn_job_ctx_t *ctx, size_t i) {
 
 void spn_job_ctx_add_gpu_seconds(spn_job_ctx_t *ctx, double seconds) { ctx->gpu_s += seconds; }
 
+char *spn__publish_marker(const spn_job_spec_t *job) {
+  if (job->n_outputs == 0)
+    return NULL;
+  const char *final = job->outputs[0].path;
+  const char *slash = strrchr(final, '/');
+  size_t dirlen = slash ? (size_t)(slash - final + 1) : 0;
+  size_t n = dirlen + 64;
+  char *m = malloc(n);
+  if (m)
+    snprintf(m, n, "%.*s.spn-%lld.published", (int)dirlen, final, (long long)job->id);
+  return m;
+}
+
+char *spn__publish_marker_of(spn_queue_t *q, int64_t id) {
+  spn_queue_job_t j;
+  if (q->ops->get(q->impl, id, &j, NULL) < 0)
+    return NULL;
+  cJSON *spec = cJSON_Parse(j.spec_json);
+  spn_job_spec_t js;
+  char *m = NULL;
+  if (spec && spn__job_spec_from_json(spec, id, j.attempts, &js, NULL) == SPN_OK) {
+    m = spn__publish_marker(&js);
+    spn__job_spec_free(&js);
+  }
+  cJSON_Delete(spec);
+  spn__queue_job_clear(&j);
+  return m;
+}
+
+void spn__unpublish(spn_queue_t *q, int64_t id) {
+  char *m = spn__publish_marker_of(q, id);
+  if (!m)
+    return; /* no outputs (or the queue is away: a later sweep hands it out) */
+  if (unlink(m) != 0 && errno != ENOENT) {
+    free(m);
+    return; /* kept in the queue's list: a later sweep tries again */
+  }
+  free(m);
+  if (q->ops->unpublished)
+    q->ops->unpublished(q->impl, id, NULL);
+}
+
+static char *tmp_name(const char *final, int64_t id, uint32_t attempt);
+
+/* An earlier attempt of this job published (or began to): finish its
+ * renames and report success without running again. Returns true when the
+ * job is published; false when there is no usable marker (it is removed
+ * then, and the job runs). */
+static bool roll_forward(const spn_job_spec_t *job, const char *marker, spn_exec_result_t *res) {
+  FILE *f = fopen(marker, "r");
+  if (!f)
+    return false;
+  unsigned att = 0;
+  bool ok = fscanf(f, "attempt %u", &att) == 1 && att > 0 && att <= job->attempt;
+  fclose(f);
+  for (size_t i = 0; ok && i < job->n_outputs; i++) {
+    char *t = tmp_name(job->outputs[i].path, job->id, att);
+    struct stat st;
+    if (!t)
+      ok = false;
+    else if (stat(t, &st) == 0)
+      ok = rename(t, job->outputs[i].path) == 0;
+    else
+      ok = stat(job->outputs[i].path, &st) == 0;
+    free(t);
+  }
+  if (!ok) {
+    unlink(marker);
+    return false;
+  }
+  res->status = SPN_OK;
+  res->published_before = true;
+  return true;
+}
+
+static int32_t write_marker(const char *marker, uint32_t attempt, spn_error_t *err) {
+  int fd = open(marker, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return spn_error_set(err, SPN_EIO, "publication marker %s: %s", marker, strerror(errno));
+  char line[32];
+  int n = snprintf(line, sizeof line, "attempt %u\n", attempt);
+  bool ok = write(fd, line, (size_t)n) == n && fsync(fd) == 0;
+  close(fd);
+  if (!ok) {
+    unlink(marker);
+    return spn_error_set(err, SPN_EIO, "publication marker %s: write failed", marker);
+  }
+  return SPN_OK;
+}
+
 static char *tmp_name(const char *final, int64_t id, uint32_t attempt) {
   const char *slash = strrchr(final, '/');
   size_t dirlen = slash ? (size_t)(slash - final + 1) : 0;
@@ -194,8 +295,15 @@ void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
   spn_job_ctx_t ctx = {.job = job, .cancel_flag = cancel_flag, .progress = progress,
                        .progress_user = user, .last_progress_s = -1};
   spn_error_t err = SPN_ERROR_INIT;
+  char *marker = spn__publish_marker(job);
+  if (marker && roll_forward(job, marker, res)) {
+    free(marker);
+    return;
+  }
   ctx.tmp_paths = calloc(job->n_outputs ? job->n_outputs : 1, sizeof *ctx.tmp_paths);
-  if (!ctx.tmp_paths) {
+  if (!ctx.tmp_paths || (job->n_outputs && !marker)) {
+    free(marker);
+    free(ctx.tmp_paths);
     res->status = SPN_ENOMEM;
     snprintf(res->error, sizeof res->error, "job %lld: out of memory", (long long)job->id);
     return;
@@ -225,6 +333,8 @@ void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
   res->gpu_s = ctx.gpu_s;
   if (res->status == SPN_OK && spn_job_ctx_cancelled(&ctx))
     res->status = spn_error_set(&err, SPN_ECANCELLED, "cancelled");
+  if (res->status == SPN_OK && marker)
+    res->status = write_marker(marker, job->attempt, &err);
   if (res->status == SPN_OK) {
     for (size_t i = 0; i < job->n_outputs; i++) {
       if (rename(ctx.tmp_paths[i], job->outputs[i].path) != 0) {
@@ -242,11 +352,16 @@ out:
     for (size_t i = 0; i < job->n_outputs; i++)
       if (ctx.tmp_paths[i])
         unlink(ctx.tmp_paths[i]);
+    /* A rename failed: nothing of this attempt is published. (If some
+     * renames succeeded the job fails anyway; its retry republishes.) */
+    if (marker)
+      unlink(marker);
     snprintf(res->error, sizeof res->error, "%s", err.msg[0] ? err.msg : spn_strerror(res->status));
   }
   for (size_t i = 0; i < job->n_outputs; i++)
     free(ctx.tmp_paths[i]);
   free(ctx.tmp_paths);
+  free(marker);
 }
 
 /* ---- the built-in test runner ---- */

@@ -74,7 +74,7 @@ void spn__batch_begin(spn_server_t *s) {
     return;
   spn_error_t err = SPN_ERROR_INIT;
   if (s->q.ops->begin(s->q.impl, &err) < 0)
-    fprintf(stderr, "spindle serve: %s\n", err.msg);
+    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
   else
     s->in_batch = true;
 }
@@ -85,10 +85,11 @@ void spn__batch_end(spn_server_t *s) {
     spn_error_t err = SPN_ERROR_INIT;
     s->in_batch = false;
     if (s->q.ops->commit(s->q.impl, &err) < 0) {
-      fprintf(stderr, "spindle serve: %s\n", err.msg);
+      spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
       ok = false;
     }
   }
+  spn__sched_committed(s, ok);
   out_flush(s, ok);
 }
 
@@ -104,7 +105,9 @@ void spn__out_discard(spn_server_t *s) {
   s->out_tail = &s->out;
 }
 
-static void watcher_add(spn_server_t *s, int64_t id, const unsigned char *ident, size_t ilen) {
+static void watcher_add(spn_server_t *s, const spn_queue_job_t *j, const unsigned char *ident,
+                        size_t ilen) {
+  int64_t id = j->id;
   for (size_t i = 0; i < s->nwatchers; i++)
     if (s->watchers[i].id == id && s->watchers[i].ident_len == ilen &&
         !memcmp(s->watchers[i].ident, ident, ilen))
@@ -119,6 +122,9 @@ static void watcher_add(spn_server_t *s, int64_t id, const unsigned char *ident,
   }
   spn_watcher_t *w = &s->watchers[s->nwatchers++];
   w->id = id;
+  w->state = (int32_t)j->state;
+  w->attempts = j->attempts;
+  w->done = j->progress_done;
   memcpy(w->ident, ident, ilen);
   w->ident_len = ilen;
 }
@@ -193,12 +199,46 @@ void spn__notify(spn_server_t *s, int64_t id) {
     cJSON *b = job_json(s, &j, term);
     if (b)
       spn__out_push(s, s->watchers[i].ident, s->watchers[i].ident_len, "EVENT", b, false);
+    s->watchers[i].state = (int32_t)j.state;
+    s->watchers[i].attempts = j.attempts;
+    s->watchers[i].done = j.progress_done;
     if (term)
       s->watchers[i] = s->watchers[--s->nwatchers];
     else
       i++;
   }
   spn__queue_job_clear(&j);
+}
+
+void spn__gateway_poll_watchers(spn_server_t *s) {
+  if (!s->nwatchers)
+    return;
+  int64_t *ids = malloc(s->nwatchers * sizeof *ids);
+  size_t n = 0;
+  if (!ids)
+    return;
+  for (size_t i = 0; i < s->nwatchers; i++) {
+    bool seen = false;
+    for (size_t k = 0; k < n && !seen; k++)
+      seen = ids[k] == s->watchers[i].id;
+    if (!seen && !spn__run_find(s, s->watchers[i].id)) /* runs here: told as it happens */
+      ids[n++] = s->watchers[i].id;
+  }
+  for (size_t k = 0; k < n; k++) {
+    spn_queue_job_t j;
+    if (s->q.ops->get(s->q.impl, ids[k], &j, NULL) < 0)
+      continue;
+    bool changed = false;
+    for (size_t i = 0; i < s->nwatchers; i++)
+      if (s->watchers[i].id == ids[k] &&
+          (s->watchers[i].state != (int32_t)j.state || s->watchers[i].attempts != j.attempts ||
+           s->watchers[i].done != j.progress_done))
+        changed = true;
+    spn__queue_job_clear(&j);
+    if (changed)
+      spn__notify(s, ids[k]);
+  }
+  free(ids);
 }
 
 void spn__notify_progress(spn_server_t *s, spn_run_t *r) {
@@ -395,7 +435,7 @@ static void on_status(spn_server_t *s, spn_pmsg_t *m, bool watch) {
   if (b)
     spn__out_push(s, m->ident, m->ident_len, watch ? "EVENT" : "STATUS", b, false);
   if (watch && !spn_queue_state_terminal(j.state))
-    watcher_add(s, id, m->ident, m->ident_len);
+    watcher_add(s, &j, m->ident, m->ident_len);
   spn__queue_job_clear(&j);
 }
 

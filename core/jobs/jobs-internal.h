@@ -69,7 +69,10 @@ typedef struct spn_queue_ops {
    * (caller clears it). */
   int32_t (*lease)(void *q, const char *owner, int64_t now, int64_t lease_ms, spn_queue_job_t *out,
                    spn_error_t *err);
-  /* Extend a lease. SPN_ESTATE when (id, attempt, owner) no longer holds it. */
+  /* Extend a lease. SPN_ESTATE when (id, attempt, owner) no longer holds it;
+   * SPN_ECANCELLED (lease still extended) when a cancel was requested and
+   * the backend tells (Redis: the cancel may have come through another
+   * gateway), so the holder stops the job. */
   int32_t (*renew)(void *q, int64_t id, uint32_t attempt, const char *owner, int64_t now,
                    int64_t lease_ms, spn_error_t *err);
   int32_t (*progress)(void *q, int64_t id, uint64_t done, uint64_t total, spn_error_t *err);
@@ -85,7 +88,9 @@ typedef struct spn_queue_ops {
    * running; the worker stops it); terminal → SPN_ESTATE. */
   int32_t (*cancel)(void *q, int64_t id, int64_t now, spn_queue_state_t *state, spn_error_t *err);
   /* Expired leases count as a failed attempt ("lease expired"); queued jobs
-   * past their deadline fail. Returns the number of jobs moved or an error. */
+   * past their deadline fail; succeeded jobs whose marker removal was never
+   * confirmed (see unpublished) come with SPN_QSTATE_SUCCEEDED. Returns the
+   * number of jobs reported or an error. */
   int32_t (*sweep)(void *q, int64_t now, spn_queue_changed_cb cb, void *user, spn_error_t *err);
   /* Give a running job back without counting the attempt (the gateway is
    * shutting down and has stopped the thread that ran it). SPN_ESTATE when
@@ -95,6 +100,12 @@ typedef struct spn_queue_ops {
   /* Fail every running job leased by `owner` (worker lost). */
   int32_t (*release_owner)(void *q, const char *owner, const char *reason, int64_t now,
                            spn_queue_changed_cb cb, void *user, spn_error_t *err);
+  /* The publication marker of succeeded job `id` was removed. Until then a
+   * backend shared by many processes hands the job to a later sweep (cb
+   * with SPN_QSTATE_SUCCEEDED) so that sweeper removes it: the process that
+   * completed it may have died first. NULL when the backend does not track
+   * markers (SQLite: one process, and the marker goes right after commit). */
+  int32_t (*unpublished)(void *q, int64_t id, spn_error_t *err);
   int32_t (*get)(void *q, int64_t id, spn_queue_job_t *out, spn_error_t *err);
   /* Jobs in `state` (-1: any), newest first, at most `limit`. */
   int32_t (*list)(void *q, int32_t state, uint32_t limit, spn_queue_list_cb cb, void *user,
@@ -110,7 +121,12 @@ typedef struct spn_queue {
 } spn_queue_t;
 
 typedef struct spn_queue_config {
+  const char *backend;       /* "sqlite" (default) or "redis" */
   const char *path;          /* SQLite file; ":memory:" for tests */
+  const char *url;           /* redis://HOST[:PORT][/DB] or unix:///PATH[?db=N] */
+  const char *auth_file;     /* Redis: "PASSWORD" or "USER PASSWORD" on its first line */
+  const char *prefix;        /* Redis key prefix (default "spindle:") */
+  uint32_t lease_ms;         /* Redis: a lease idle this long expires (XAUTOCLAIM) */
   uint32_t backoff_base_ms;  /* first retry delay (before jitter) */
   uint32_t backoff_max_ms;   /* cap */
   uint64_t seed;             /* jitter PRNG seed; 0 = from time and pid */
@@ -120,6 +136,11 @@ typedef struct spn_queue_config {
 /* Open (creating if needed) a SQLite queue. Ownership: caller owns *out
  * (spn_queue_free). Thread: the one that will use it. */
 int32_t spn_queue_sqlite_open(const spn_queue_config_t *cfg, spn_queue_t *out, spn_error_t *err);
+/* Connect to a Redis queue (queue-redis.c); many processes may share it.
+ * Ownership: caller owns *out. Thread: the one that will use it. */
+int32_t spn_queue_redis_open(const spn_queue_config_t *cfg, spn_queue_t *out, spn_error_t *err);
+/* Open the backend cfg->backend names. */
+int32_t spn_queue_open(const spn_queue_config_t *cfg, spn_queue_t *out, spn_error_t *err);
 void spn_queue_free(spn_queue_t *q);
 /* Backoff before retry number `attempt` (1 = after the first failure):
  * base*2^(attempt-1) capped at max, then "equal jitter": half fixed, half
@@ -169,11 +190,21 @@ typedef struct spn_exec_result {
   char error[SPN_ERROR_MSG_MAX];
   double compute_s; /* wall seconds in run() */
   double gpu_s;
+  bool published_before; /* an earlier attempt had published; not run again */
 } spn_exec_result_t;
 
 /* Run one job: derive temporary output names, call the runner, rename the
  * temporaries to the final paths on success, remove them otherwise.
  * Thread: a worker thread. */
+/* The publication marker of a job (exec.c: exactly-once publication), or
+ * NULL for a job without outputs. Remove it once the queue has recorded the
+ * job succeeded. Ownership: caller frees. */
+char *spn__publish_marker(const spn_job_spec_t *job);
+/* The marker path of a job stored in the queue (its spec), or NULL.
+ * Ownership: caller frees. */
+char *spn__publish_marker_of(spn_queue_t *q, int64_t id);
+/* Remove the marker of succeeded job `id` and tell the queue. */
+void spn__unpublish(spn_queue_t *q, int64_t id);
 void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
                       const volatile int *cancel_flag, spn_exec_progress_cb progress, void *user,
                       spn_exec_result_t *res);
@@ -255,6 +286,11 @@ void spn_pipeline_runner_free(spn_job_runner_t *runner);
 typedef struct spn_server_config {
   char *bind;            /* "tcp://127.0.0.1:7700" */
   char *db_path;         /* queue file */
+  char *queue_backend;   /* "sqlite" (default) or "redis" */
+  char *queue_url;       /* Redis URL */
+  char *queue_auth_file; /* Redis AUTH from this file */
+  char *queue_prefix;    /* Redis key prefix */
+  uint32_t drain_grace_s; /* SIGTERM: running jobs get this long to finish */
   uint32_t workers;      /* in-process worker threads */
   uint32_t lease_ms;     /* lease length; renewed by heartbeats */
   uint32_t heartbeat_ms; /* remote worker heartbeat; dead after 3 missed */
@@ -311,11 +347,21 @@ typedef struct spn_worker_config {
   uint32_t max_msg_size;
   const char *curve_server; /* gateway public key (Z85) or NULL */
   const char *curve_public, *curve_secret;
-  const volatile int *stop; /* set (e.g. by a signal handler) to stop */
+  const volatile int *stop; /* set (e.g. by SIGTERM) to drain and stop */
+  const volatile int *stop_now; /* set (SIGINT, a second SIGTERM) to stop at once; may be NULL */
+  uint32_t drain_grace_s;   /* draining: running jobs get this long to finish */
+  /* Lease straight from this queue (spn_queue_worker_run); NULL: a gateway. */
+  const spn_queue_config_t *queue;
+  uint32_t lease_ms;
 } spn_worker_config_t;
 
 /* Run until *cfg->stop is set. Thread: the caller's. */
 int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *runner,
                        spn_error_t *err);
+/* A stateless worker on a shared queue (queue-worker.c): leases from
+ * cfg->queue itself. Runs until *cfg->stop (drain) or *cfg->stop_now.
+ * Thread: the caller's. */
+int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *runner,
+                             spn_error_t *err);
 
 #endif

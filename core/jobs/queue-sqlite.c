@@ -72,7 +72,8 @@ static const char *const sql_text[ST_COUNT] = {
                  "attempts = ?2 AND lease_owner = ?3",
     [ST_PROGRESS] = "UPDATE jobs SET progress_done = ?2, progress_total = ?3 WHERE id = ?1",
     [ST_COMPLETE] = "UPDATE jobs SET state = 2, lease_owner = NULL, compute_s = compute_s + ?4, "
-                    "gpu_s = gpu_s + ?5 WHERE id = ?1 AND state = 1 AND attempts = ?2 AND "
+                    "gpu_s = gpu_s + ?5, progress_total = max(progress_total, 1), "
+                    "progress_done = max(progress_total, 1) WHERE id = ?1 AND state = 1 AND attempts = ?2 AND "
                     "lease_owner = ?3",
     [ST_GETLEASE] = "SELECT attempts, max_attempts, cancel_requested FROM jobs WHERE id = ?1 AND "
                     "state = 1 AND attempts = ?2 AND lease_owner = ?3",
@@ -853,6 +854,15 @@ static uint64_t xorshift(uint64_t *s) {
   x ^= x << 17;
   *s = x;
   return x;
+}
+
+int32_t spn_queue_open(const spn_queue_config_t *cfg, spn_queue_t *out, spn_error_t *err) {
+  if (!cfg->backend || !strcmp(cfg->backend, "sqlite"))
+    return spn_queue_sqlite_open(cfg, out, err);
+  if (!strcmp(cfg->backend, "redis"))
+    return spn_queue_redis_open(cfg, out, err);
+  return spn_error_set(err, SPN_ECONFIG, "queue backend \"%s\": expected \"sqlite\" or \"redis\"",
+                       cfg->backend);
 }
 
 int64_t spn__backoff_ms(uint32_t base_ms, uint32_t max_ms, uint32_t attempt, uint64_t *rng) {

@@ -105,7 +105,7 @@ void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m) {
       if (!spn__json_int(it, "id", &id) || !spn__json_int(it, "attempt", &att))
         continue;
       int32_t rr = s->q.ops->renew(s->q.impl, id, (uint32_t)att, w->owner, now, s->cfg->lease_ms, &err);
-      if (rr == SPN_ESTATE) {
+      if (rr == SPN_ESTATE || rr == SPN_ECANCELLED) {
         /* The worker runs a job whose lease it lost (it was presumed dead,
          * or the job was cancelled and ended): tell it to stop, so it does
          * not race the attempt that runs elsewhere now. */
@@ -115,9 +115,10 @@ void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m) {
           cJSON_AddNumberToObject(c, "attempt", (double)att);
           spn__out_push(s, m->ident, m->ident_len, "CANCEL", c, true);
         }
-        continue;
+        if (rr == SPN_ESTATE)
+          continue;
       }
-      if (rr == SPN_OK && !spn__run_find(s, id)) {
+      if ((rr == SPN_OK || rr == SPN_ECANCELLED) && !spn__run_find(s, id)) {
         /* A job this gateway instance did not hand out (it restarted): adopt it. */
         spn_run_t *r = spn__run_add(s);
         if (r) {
@@ -144,9 +145,7 @@ void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m) {
     spn__json_int(m->body, "total", &total);
     spn_run_t *r = spn__run_find(s, id);
     if (r && r->attempt == (uint32_t)att && !strcmp(r->owner, w->owner)) {
-      r->done = (uint64_t)(done < 0 ? 0 : done);
-      r->total = (uint64_t)(total < 0 ? 0 : total);
-      spn__notify_progress(s, r);
+      spn__sched_progress(s, r, (uint64_t)(done < 0 ? 0 : done), (uint64_t)(total < 0 ? 0 : total));
     }
   } else { /* DONE or FAIL */
     int64_t id, att;
@@ -173,13 +172,15 @@ void spn__remote_reap(spn_server_t *s, double mono, int64_t now) {
     spn_rworker_t *w = &s->workers[i];
     if (!w->alive || mono - w->last_seen <= dead_after)
       continue;
-    fprintf(stderr, "spindle serve: worker %s missed 3 heartbeats; re-queueing its jobs\n", w->owner);
+    spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
+    lf.worker = w->owner;
+    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, &lf, "worker missed 3 heartbeats; re-queueing its jobs");
     w->alive = false;
     spn_error_t err = SPN_ERROR_INIT;
     char reason[200];
     snprintf(reason, sizeof reason, "worker %s lost (3 heartbeats missed)", w->owner);
     if (s->q.ops->release_owner(s->q.impl, w->owner, reason, now, spn__sched_changed, s, &err) < 0)
-      fprintf(stderr, "spindle serve: %s\n", err.msg);
+      spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
     for (size_t k = 0; k < s->nruns;)
       if (s->runs[k].worker == (int64_t)i)
         s->runs[k] = s->runs[--s->nruns];

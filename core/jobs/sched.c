@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
@@ -50,7 +51,11 @@ spn_run_t *spn__run_add(spn_server_t *s) {
 
 void spn__sched_changed(void *user, int64_t id, spn_queue_state_t st) {
   spn_server_t *s = user;
-  (void)st;
+  if (st == SPN_QSTATE_SUCCEEDED) {
+    /* a sweep handed us a succeeded job whose marker nobody removed */
+    spn__unpublish(&s->q, id);
+    return;
+  }
   spn_run_t *r = spn__run_find(s, id);
   if (r) {
     /* The lease is gone (expired or its worker was lost): stop a local run. */
@@ -62,6 +67,40 @@ void spn__sched_changed(void *user, int64_t id, spn_queue_state_t st) {
 }
 
 /* ---- dispatch ---- */
+
+/* The job is recorded succeeded once this batch commits: its publication
+ * marker (exec.c) can go then, not before — a re-run before the commit must
+ * still find it. */
+static void unpublish_after_commit(spn_server_t *s, int64_t id) {
+  if (s->q.ops->unpublished) {
+    /* A shared queue records each call at once (no batch): remove it now. */
+    spn__unpublish(&s->q, id);
+    return;
+  }
+  char *marker = spn__publish_marker_of(&s->q, id);
+  if (!marker)
+    return;
+  if (s->nunpublish == s->capunpublish) {
+    size_t cap = s->capunpublish ? s->capunpublish * 2 : 16;
+    char **nv = realloc(s->unpublish, cap * sizeof *nv);
+    if (!nv) {
+      free(marker); /* left behind: harmless, the job is done */
+      return;
+    }
+    s->unpublish = nv;
+    s->capunpublish = cap;
+  }
+  s->unpublish[s->nunpublish++] = marker;
+}
+
+void spn__sched_committed(spn_server_t *s, bool ok) {
+  for (size_t i = 0; i < s->nunpublish; i++) {
+    if (ok)
+      unlink(s->unpublish[i]);
+    free(s->unpublish[i]);
+  }
+  s->nunpublish = 0;
+}
 
 void spn__sched_finish(spn_server_t *s, int64_t id, uint32_t attempt, const char *owner,
                        const spn_exec_result_t *res) {
@@ -79,7 +118,9 @@ void spn__sched_finish(spn_server_t *s, int64_t id, uint32_t attempt, const char
                         res->compute_s, res->gpu_s, now, &st, &err);
   }
   if (rc < 0 && rc != SPN_ESTATE)
-    fprintf(stderr, "spindle serve: job %lld: %s\n", (long long)id, err.msg);
+    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, &(spn__log_fields_t){.job_id = (uint64_t)id, .attempt = -1, .duration_ms = -1}, "%s", err.msg);
+  if (rc == SPN_OK && res->status == SPN_OK)
+    unpublish_after_commit(s, id);
   spn_run_t *r = spn__run_find(s, id);
   if (r && r->attempt == attempt && !strcmp(r->owner, owner))
     spn__run_remove(s, id);
@@ -139,7 +180,7 @@ static void assign_remote(spn_server_t *s, size_t wi, spn_queue_job_t *j) {
 }
 
 void spn__sched_dispatch(spn_server_t *s) {
-  if (s->stopping)
+  if (s->stopping || s->draining)
     return;
   for (;;) {
     int32_t sl = spn__slot_pool_idle(s->pool);
@@ -163,7 +204,7 @@ void spn__sched_dispatch(spn_server_t *s) {
     if (rc == SPN_EAGAIN)
       return;
     if (rc < 0) {
-      fprintf(stderr, "spindle serve: %s\n", err.msg);
+      spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
       return;
     }
     if (sl >= 0)
@@ -195,8 +236,23 @@ void spn__sched_renew_local(spn_server_t *s, int64_t now) {
     if (r->slot < 0)
       continue;
     spn_error_t err = SPN_ERROR_INIT;
-    if (s->q.ops->renew(s->q.impl, r->id, r->attempt, r->owner, now, s->cfg->lease_ms, &err) < 0)
+    /* Lease lost, or a cancel came through another gateway: stop the job.
+     * The queue unreachable (SPN_EIO): keep running; should the lease expire
+     * meanwhile the job runs again, and publishes only once (exec.c). */
+    int32_t rc = s->q.ops->renew(s->q.impl, r->id, r->attempt, r->owner, now, s->cfg->lease_ms, &err);
+    if (rc == SPN_ESTATE || rc == SPN_ECANCELLED)
       spn__slot_pool_cancel(s->pool, (uint32_t)r->slot);
+  }
+}
+
+void spn__sched_progress(spn_server_t *s, spn_run_t *r, uint64_t done, uint64_t total) {
+  r->done = done;
+  r->total = total;
+  spn__notify_progress(s, r);
+  double mono = spn__mono_s();
+  if (done < total && mono - r->progress_at >= 1.0) {
+    r->progress_at = mono;
+    s->q.ops->progress(s->q.impl, r->id, done, total, NULL);
   }
 }
 
@@ -206,15 +262,11 @@ void spn__sched_reports(spn_server_t *s, spn_slot_report_t *r) {
     spn_run_t *run = spn__run_find(s, r->id);
     bool live = run && run->attempt == r->attempt && run->slot == (int)r->slot;
     if (r->kind == SPN_SLOT_PROGRESS) {
-      if (live) {
-        run->done = r->done;
-        run->total = r->total;
-        spn__notify_progress(s, run);
-      }
+      if (live)
+        spn__sched_progress(s, run, r->done, r->total);
     } else {
       spn__slot_pool_set_idle(s->pool, r->slot);
-      if (!s->stopping)
-        spn__sched_finish(s, r->id, r->attempt, s->slot_owner[r->slot], &r->res);
+      spn__sched_finish(s, r->id, r->attempt, s->slot_owner[r->slot], &r->res);
     }
     free(r);
     r = next;

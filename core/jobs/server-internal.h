@@ -25,6 +25,7 @@
 #include <uv.h>
 
 #include "jobs-internal.h"
+#include "observe.h"
 #include "proto-internal.h"
 
 #define SPN_GW_BATCH_MAX 512
@@ -47,12 +48,17 @@ typedef struct spn_run {
   int64_t worker;  /* index into workers when remote, -1 local */
   char owner[160];
   uint64_t done, total;
+  double progress_at; /* last progress written to the queue (monotonic s) */
 } spn_run_t;
 
 typedef struct spn_watcher {
   int64_t id;
   unsigned char ident[SPN_PROTO_IDENT_MAX];
   size_t ident_len;
+  /* what the watcher was last told (polling a shared queue) */
+  int32_t state;
+  uint32_t attempts;
+  uint64_t done;
 } spn_watcher_t;
 
 typedef struct spn_outmsg {
@@ -69,6 +75,7 @@ typedef struct spn_outmsg {
 typedef struct spn_zap {
   void *zctx;
   const char *clients_dir, *workers_dir;
+  spn__logger_t *log;
   pthread_t th;
   bool started;
   volatile int quit;
@@ -78,6 +85,7 @@ struct spn_server {
   const spn_server_config_t *cfg;
   const spn_job_runner_t *runner;
   spn_queue_t q;
+  spn__observe_t *obs; /* owned by q's wrapper (observe.c) */
   uv_loop_t loop;
   uv_poll_t poll;
   uv_timer_t timer;
@@ -103,6 +111,10 @@ struct spn_server {
   bool http_open;
   bool in_batch, pumping;
   spn_outmsg_t *out, **out_tail;
+  char **unpublish;        /* publication markers to remove after the commit */
+  size_t nunpublish, capunpublish;
+  volatile int draining;   /* SIGTERM: no new leases; exit when idle or at drain_until */
+  double drain_until;
   double last_renew, last_sweep;
   int64_t wake_at;
   bool handles_open;
@@ -122,6 +134,9 @@ void spn__batch_end(spn_server_t *s);
 /* Tell every watcher of `id` where it is; terminal states end the watch. */
 void spn__notify(spn_server_t *s, int64_t id);
 void spn__notify_progress(spn_server_t *s, spn_run_t *r);
+/* A shared queue (Redis) changes under other gateways and workers: send
+ * watchers the changes of their jobs since they were last told. */
+void spn__gateway_poll_watchers(spn_server_t *s);
 /* Route one received message. */
 void spn__gateway_handle(spn_server_t *s, spn_pmsg_t *m);
 
@@ -138,6 +153,12 @@ void spn__sched_dispatch(spn_server_t *s);
 /* Stop a running job wherever it runs. */
 void spn__sched_cancel_run(spn_server_t *s, spn_run_t *r);
 void spn__sched_renew_local(spn_server_t *s, int64_t now);
+/* The batch committed (ok) or not: remove the publication markers of the
+ * jobs it recorded succeeded, or keep them for the re-run. */
+void spn__sched_committed(spn_server_t *s, bool ok);
+/* A run made progress: tell its watchers, and write it to the queue at most
+ * once a second (so STATUS on another gateway sharing the queue sees it). */
+void spn__sched_progress(spn_server_t *s, spn_run_t *r, uint64_t done, uint64_t total);
 /* Apply the slot pool's reports (progress, finished jobs). */
 void spn__sched_reports(spn_server_t *s, spn_slot_report_t *r);
 

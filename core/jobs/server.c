@@ -70,13 +70,13 @@ static void on_poll(uv_poll_t *h, int status, int events) {
 
 static void on_async(uv_async_t *h) {
   spn_server_t *s = h->data;
-  spn_slot_report_t *r = s->pool ? spn__slot_pool_take(s->pool) : NULL;
   if (s->stopping) {
-    spn__slot_reports_free(r);
+    /* Reports stay in the pool: spn_server_free applies them. */
     if (s->handles_open)
       stop_cb(s);
     return;
   }
+  spn_slot_report_t *r = s->pool ? spn__slot_pool_take(s->pool) : NULL;
   spn__batch_begin(s);
   spn__sched_reports(s, r);
   spn__sched_dispatch(s);
@@ -99,16 +99,43 @@ static void on_timer(uv_timer_t *h) {
     s->last_sweep = mono;
     spn_error_t err = SPN_ERROR_INIT;
     if (s->q.ops->sweep(s->q.impl, now, spn__sched_changed, s, &err) < 0)
-      fprintf(stderr, "spindle serve: %s\n", err.msg);
+      spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
   }
+  /* Other gateways and workers change a shared queue: tell watchers. */
+  if (strcmp(s->q.ops->name, "sqlite") != 0)
+    spn__gateway_poll_watchers(s);
   spn__sched_dispatch(s);
   spn__batch_end(s);
   pump(s);
+  if (s->draining && !s->stopping) {
+    size_t local = 0;
+    for (size_t i = 0; i < s->nruns; i++)
+      local += s->runs[i].slot >= 0;
+    if (local == 0 || mono >= s->drain_until) {
+      if (local)
+        spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, NULL,
+                   "drain: %zu job(s) still running after %u s go back to the queue", local, s->cfg->drain_grace_s);
+      spn_server_stop(s);
+    }
+  }
 }
 
+/* SIGTERM drains: no new leases, /readyz answers 503 (the HTTP port stays
+ * open), running jobs get drain_grace_s to finish, then the rest go back to
+ * the queue and the gateway exits 0 — what a Kubernetes preStop hook and
+ * terminationGracePeriodSeconds expect. SIGINT, a second SIGTERM, or
+ * drain_grace_s = 0 stop at once (running jobs go back to the queue). */
 static void on_signal(uv_signal_t *h, int sig) {
-  (void)sig;
-  spn_server_stop(h->data);
+  spn_server_t *s = h->data;
+  if (sig == SIGTERM && !s->draining && s->cfg->drain_grace_s > 0) {
+    __atomic_store_n(&s->draining, 1, __ATOMIC_RELEASE);
+    s->drain_until = spn__mono_s() + s->cfg->drain_grace_s;
+    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_INFO, NULL,
+               "SIGTERM: draining (no new jobs; up to %u s for running ones)", s->cfg->drain_grace_s);
+    on_timer(&s->timer);
+    return;
+  }
+  spn_server_stop(s);
 }
 
 /* ---- life cycle ---- */
@@ -130,10 +157,15 @@ int32_t spn_server_new(const spn_server_config_t *cfg, const spn_job_runner_t *r
                          cfg->pipelines[i]);
       goto out_free;
     }
-  spn_queue_config_t qc = {.path = cfg->db_path, .backoff_base_ms = cfg->backoff_base_ms,
+  spn_queue_config_t qc = {.backend = cfg->queue_backend, .path = cfg->db_path, .url = cfg->queue_url,
+                           .auth_file = cfg->queue_auth_file, .prefix = cfg->queue_prefix,
+                           .lease_ms = cfg->lease_ms, .backoff_base_ms = cfg->backoff_base_ms,
                            .backoff_max_ms = cfg->backoff_max_ms, .sync_full = cfg->sync_full};
-  if ((rc = spn_queue_sqlite_open(&qc, &s->q, err)) < 0)
+  if ((rc = spn_queue_open(&qc, &s->q, err)) < 0)
     goto out_free;
+  /* Lifecycle log and metrics see every queue transition (observe.c). */
+  if ((rc = spn__observe_attach(&s->q, "spindle serve", &s->obs, err)) < 0)
+    goto out_queue;
   s->zctx = zmq_ctx_new();
   if (!s->zctx) {
     rc = spn_error_set(err, SPN_EIO, "zmq: %s", zmq_strerror(zmq_errno()));
@@ -147,6 +179,7 @@ int32_t spn_server_new(const spn_server_config_t *cfg, const spn_job_runner_t *r
     s->zap.zctx = s->zctx;
     s->zap.clients_dir = cfg->curve_clients_dir;
     s->zap.workers_dir = cfg->curve_workers_dir;
+    s->zap.log = spn__observe_logger(s->obs);
     if ((rc = spn__zap_start(&s->zap, err)) < 0)
       goto out_ctx;
   }
@@ -273,6 +306,25 @@ void spn_server_free(spn_server_t **sp) {
     return;
   *sp = NULL;
   spn__slot_pool_stop(s->pool);
+  /* Jobs that finished while we stopped are recorded (a succeeded job must
+   * not go back to the queue: it would publish again). */
+  if (s->pool) {
+    spn_slot_report_t *r = spn__slot_pool_take(s->pool), *keep = NULL, **tail = &keep;
+    while (r) {
+      spn_slot_report_t *next = r->next;
+      r->next = NULL;
+      if (r->kind == SPN_SLOT_FINISHED && r->res.status == SPN_OK) {
+        *tail = r;
+        tail = &r->next;
+      } else {
+        free(r); /* stopped by us, not failed: released below */
+      }
+      r = next;
+    }
+    spn__batch_begin(s);
+    spn__sched_reports(s, keep);
+    spn__batch_end(s);
+  }
   /* Jobs our threads were running go back to the queue without costing an
    * attempt: the gateway stopped them, they did not fail. (After a crash the
    * same jobs come back when their leases expire, attempt counted.) */
@@ -297,6 +349,8 @@ void spn_server_free(spn_server_t **sp) {
   free(s->workers);
   free(s->runs);
   free(s->watchers);
+  spn__sched_committed(s, false);
+  free(s->unpublish);
   free(s);
 }
 

@@ -979,6 +979,7 @@ void spn__host_fail_job(spn_stage_t *a, uint64_t job_id, int32_t status, const c
     atomic_store(&job->dead, true);
     char text[SPN_ERROR_MSG_MAX];
     snprintf(text, sizeof text, "stage \"%s\": %s", aname(a), msg ? msg : spn_strerror(status));
+    log_a(a, SPN_LOG_ERROR, job_id, "%s", text);
     spn__loop_post(a->pipe->rt, spn__event_new(SPN__EV_JOB_FAIL, job, status < 0 ? status : SPN_EINTERNAL, text));
     spn__job_unref(&job);
   }

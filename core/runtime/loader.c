@@ -18,6 +18,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -378,6 +379,23 @@ int32_t spn__registry_load_search_path(spn__registry_t *reg, const spn_host_api_
   for (size_t i = 0; i < n_config_dirs; i++)
     if (config_dirs[i] && *config_dirs[i])
       load_dir(reg, host, config_dirs[i], &first);
+  /* The plugin folder beside this library (lib/<arch>/spindle-1 next to
+   * libspindle.so): an install moved elsewhere, or the portable archive of
+   * tools/bundle.sh, finds its own stages before the compiled-in folder. */
+  Dl_info self;
+  const char *base = strrchr(SPN_PLUGINDIR, '/');
+  if (base && dladdr((void *)spn__registry_load_search_path, &self) && self.dli_fname) {
+    const char *slash = strrchr(self.dli_fname, '/');
+    if (slash) {
+      size_t len = (size_t)(slash - self.dli_fname) + strlen(base) + 1;
+      char *beside = malloc(len);
+      if (beside) {
+        snprintf(beside, len, "%.*s%s", (int)(slash - self.dli_fname), self.dli_fname, base);
+        load_dir(reg, host, beside, &first);
+        free(beside);
+      }
+    }
+  }
   load_dir(reg, host, SPN_PLUGINDIR, &first);
   if (first.code != SPN_OK) {
     if (err)

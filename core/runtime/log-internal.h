@@ -1,13 +1,16 @@
 /* log-internal.h — the per-runtime logger.
  *
- * One logger per runtime (no process-wide state). A line is either one JSON
- * object ({"ts","level","msg","job_id","stage","device"}) or human text, chosen
- * at creation (AUTO: text when the fd is a TTY). Lines are written with one
- * write(2) each, so lines from different threads never interleave. */
+ * One logger per runtime, gateway or worker (no process-wide state). A line is
+ * either one JSON object ({"ts","level","msg","job_id","stage","device",
+ * "event","attempt","duration_ms","worker","pipeline"}, absent fields left
+ * out) or human text, chosen at creation (AUTO: text when the fd is a TTY).
+ * Lines are written with one write(2) each, so lines from different threads
+ * never interleave. */
 #ifndef SPINDLE_LOG_INTERNAL_H
 #define SPINDLE_LOG_INTERNAL_H
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "spindle/status.h"
@@ -24,5 +27,24 @@ void spn__log(spn__logger_t *lg, int32_t level, uint64_t job_id, const char *sta
 void spn__logv(spn__logger_t *lg, int32_t level, uint64_t job_id, const char *stage, const char *device,
                const char *fmt, va_list ap) SPN_PRINTF(6, 0);
 int32_t spn__logger_level(const spn__logger_t *lg);
+/* True when the logger writes JSON lines. */
+bool spn__logger_json(const spn__logger_t *lg);
+
+/* The structured fields of one line. job_id 0, NULL strings and negative
+ * numbers are left out. event names a job lifecycle step (submitted, leased,
+ * succeeded, failed, retried, dead, cancelled, ...). */
+typedef struct spn__log_fields {
+  uint64_t job_id;
+  const char *stage, *device, *event, *worker, *pipeline;
+  int32_t attempt;
+  int64_t duration_ms;
+} spn__log_fields_t;
+#define SPN__LOG_FIELDS_INIT {.attempt = -1, .duration_ms = -1}
+
+/* f may be NULL. Thread: any. */
+void spn__log_f(spn__logger_t *lg, int32_t level, const spn__log_fields_t *f, const char *fmt, ...)
+    SPN_PRINTF(4, 5);
+void spn__log_fv(spn__logger_t *lg, int32_t level, const spn__log_fields_t *f, const char *fmt, va_list ap)
+    SPN_PRINTF(4, 0);
 
 #endif

@@ -79,10 +79,22 @@ static void json_str(char *buf, size_t *n, size_t cap, const char *s) {
   *n = i;
 }
 
-void spn__logv(spn__logger_t *lg, int32_t level, uint64_t job_id, const char *stage, const char *device,
-               const char *fmt, va_list ap) {
+bool spn__logger_json(const spn__logger_t *lg) { return lg && lg->json; }
+
+/* Append ,"key":"value" (JSON) when value is set. */
+static void json_field(char *line, size_t *n, size_t cap, const char *key, const char *value) {
+  if (!value || *n + strlen(key) + 16 >= cap)
+    return;
+  *n += (size_t)snprintf(line + *n, cap - *n, ",\"%s\":", key);
+  json_str(line, n, cap - 4, value);
+}
+
+void spn__log_fv(spn__logger_t *lg, int32_t level, const spn__log_fields_t *f, const char *fmt, va_list ap) {
   if (!lg || level < lg->level)
     return;
+  static const spn__log_fields_t none = SPN__LOG_FIELDS_INIT;
+  if (!f)
+    f = &none;
   char msg[1024];
   vsnprintf(msg, sizeof msg, fmt, ap);
   struct timespec ts;
@@ -96,27 +108,35 @@ void spn__logv(spn__logger_t *lg, int32_t level, uint64_t job_id, const char *st
   size_t n = 0, cap = sizeof line - 2;
   if (lg->json) {
     n += (size_t)snprintf(line, cap, "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":", when, level_name(level));
-    json_str(line, &n, cap - 64, msg);
-    if (job_id)
-      n += (size_t)snprintf(line + n, cap - n, ",\"job_id\":%llu", (unsigned long long)job_id);
-    if (stage && n + 16 < cap) {
-      n += (size_t)snprintf(line + n, cap - n, ",\"stage\":");
-      json_str(line, &n, cap - 32, stage);
-    }
-    if (device && n + 16 < cap) {
-      n += (size_t)snprintf(line + n, cap - n, ",\"device\":");
-      json_str(line, &n, cap - 4, device);
-    }
+    json_str(line, &n, cap - 192, msg);
+    if (f->job_id)
+      n += (size_t)snprintf(line + n, cap - n, ",\"job_id\":%llu", (unsigned long long)f->job_id);
+    json_field(line, &n, cap, "stage", f->stage);
+    json_field(line, &n, cap, "device", f->device);
+    json_field(line, &n, cap, "event", f->event);
+    json_field(line, &n, cap, "pipeline", f->pipeline);
+    json_field(line, &n, cap, "worker", f->worker);
+    if (f->attempt >= 0 && n + 24 < cap)
+      n += (size_t)snprintf(line + n, cap - n, ",\"attempt\":%d", (int)f->attempt);
+    if (f->duration_ms >= 0 && n + 40 < cap)
+      n += (size_t)snprintf(line + n, cap - n, ",\"duration_ms\":%lld", (long long)f->duration_ms);
     if (n < cap)
       line[n++] = '}';
   } else {
     n += (size_t)snprintf(line, cap, "%s %-5s", when, level_name(level));
-    if (stage && n < cap)
-      n += (size_t)snprintf(line + n, cap - n, " [%s%s%s]", stage, device ? "@" : "", device ? device : "");
-    if (job_id && n < cap)
-      n += (size_t)snprintf(line + n, cap - n, " job %llu:", (unsigned long long)job_id);
+    if (f->stage && n < cap)
+      n += (size_t)snprintf(line + n, cap - n, " [%s%s%s]", f->stage, f->device ? "@" : "",
+                            f->device ? f->device : "");
+    else if (f->device && n < cap)
+      n += (size_t)snprintf(line + n, cap - n, " [%s]", f->device);
+    if (f->job_id && n < cap)
+      n += (size_t)snprintf(line + n, cap - n, " job %llu:", (unsigned long long)f->job_id);
     if (n < cap)
       n += (size_t)snprintf(line + n, cap - n, " %s", msg);
+    if (f->attempt >= 0 && n < cap)
+      n += (size_t)snprintf(line + n, cap - n, " (attempt %d)", (int)f->attempt);
+    if (f->duration_ms >= 0 && n < cap)
+      n += (size_t)snprintf(line + n, cap - n, " [%lld ms]", (long long)f->duration_ms);
   }
   if (n > cap)
     n = cap;
@@ -125,6 +145,22 @@ void spn__logv(spn__logger_t *lg, int32_t level, uint64_t job_id, const char *st
   do
     w = write(lg->fd, line, n);
   while (w < 0 && errno == EINTR);
+}
+
+void spn__log_f(spn__logger_t *lg, int32_t level, const spn__log_fields_t *f, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  spn__log_fv(lg, level, f, fmt, ap);
+  va_end(ap);
+}
+
+void spn__logv(spn__logger_t *lg, int32_t level, uint64_t job_id, const char *stage, const char *device,
+               const char *fmt, va_list ap) {
+  spn__log_fields_t f = SPN__LOG_FIELDS_INIT;
+  f.job_id = job_id;
+  f.stage = stage;
+  f.device = device;
+  spn__log_fv(lg, level, &f, fmt, ap);
 }
 
 void spn__log(spn__logger_t *lg, int32_t level, uint64_t job_id, const char *stage, const char *device,

@@ -125,9 +125,12 @@ static void job_finish(spn_runtime_t *rt, spn_job_t *job, int32_t status, const 
                                              : status == SPN_ECANCELLED ? SPN_JOB_CANCELLED : SPN_JOB_FAILED);
   if (status == SPN_OK)
     progress_report(job, true);
-  spn__log(rt->log, status == SPN_OK ? SPN_LOG_DEBUG : SPN_LOG_INFO, job->id, NULL, NULL, "job %s%s%s",
-           status == SPN_OK ? "succeeded" : status == SPN_ECANCELLED ? "cancelled" : "failed", *job->msg ? ": " : "",
-           job->msg);
+  /* The lifecycle event only: the error itself was logged once, with its
+   * stage and device, where it arose (actor.c). */
+  const char *what = status == SPN_OK ? "succeeded" : status == SPN_ECANCELLED ? "cancelled" : "failed";
+  spn__log_fields_t f = {.job_id = job->id, .event = what, .pipeline = spn_pipeline_name(pipe), .attempt = -1,
+                         .duration_ms = (int64_t)((spn__now_ns() - job->t0_ns) / 1000000)};
+  spn__log_f(rt->log, status == SPN_OK ? SPN_LOG_DEBUG : SPN_LOG_INFO, &f, "job %s", what);
   /* Per-job configs belong to the spec's kinds: free them while the
    * pipeline certainly lives. */
   for (uint32_t i = 0; i < pipe->n_stages; i++)

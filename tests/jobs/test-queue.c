@@ -1,14 +1,23 @@
-/* test-queue.c — the durable job queue (SQLite backend) through its vtable:
- * priorities, FIFO, idempotency keys, leases and their expiry, backoff,
- * dead-lettering, deadlines, cancel, transitions and durability. Time is
- * passed explicitly, so every expectation is computed from the inputs. */
+/* test-queue.c — the durable job queue through its vtable, on both backends
+ * (SQLite, and Redis on a redis-server this test starts on a free loopback
+ * port with appendonly on): priorities, FIFO, idempotency keys, leases and
+ * their expiry, backoff, dead-lettering, deadlines, cancel, transitions and
+ * durability. Time is passed explicitly, so every expectation is computed
+ * from the inputs — except Redis lease expiry, which is pending-entry idle
+ * time on the server's clock and is tested with real (short) waits. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -19,12 +28,22 @@
 #define T0 1700000000000LL
 #define SPEC "{\"pipeline\":\"copy\"}"
 
+/* The redis-server of the Redis group. */
+typedef struct server {
+  pid_t pid;
+  char dir[64];
+  char url[64];
+  int n; /* tests so far: each gets its own key prefix */
+} server_t;
+
 typedef struct fx {
   spn_queue_t q;
   const spn_queue_ops_t *o;
+  server_t *srv;
+  char prefix[32];
 } fx_t;
 
-static int setup(void **state) {
+static int setup_sqlite(void **state) {
   fx_t *f = calloc(1, sizeof *f);
   spn_queue_config_t c = {.path = ":memory:", .backoff_base_ms = 1000, .backoff_max_ms = 8000, .seed = 42};
   spn_error_t err = SPN_ERROR_INIT;
@@ -34,10 +53,101 @@ static int setup(void **state) {
   return 0;
 }
 
+static int open_redis(fx_t *f, uint32_t lease_ms, spn_queue_t *q) {
+  spn_queue_config_t c = {.backend = "redis", .url = f->srv->url, .prefix = f->prefix, .lease_ms = lease_ms,
+                          .backoff_base_ms = 1000, .backoff_max_ms = 8000, .seed = 42};
+  spn_error_t err = SPN_ERROR_INIT;
+  int32_t rc = spn_queue_open(&c, q, &err);
+  if (rc < 0)
+    fprintf(stderr, "%s\n", err.msg);
+  return rc;
+}
+
+static int setup_redis(void **state) {
+  server_t *srv = *state;
+  if (!srv || !srv->pid)
+    return -1; /* no redis-server: the group was skipped */
+  fx_t *f = calloc(1, sizeof *f);
+  f->srv = srv;
+  snprintf(f->prefix, sizeof f->prefix, "t%d:", ++srv->n);
+  assert_int_equal(open_redis(f, 300, &f->q), SPN_OK);
+  f->o = f->q.ops;
+  *state = f;
+  return 0;
+}
+
 static int teardown(void **state) {
   fx_t *f = *state;
+  server_t *srv = f->srv;
   spn_queue_free(&f->q);
   free(f);
+  *state = srv;
+  return 0;
+}
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+      getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+    if (fd >= 0)
+      close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+static int redis_up(void **state) {
+  server_t *srv = calloc(1, sizeof *srv);
+  *state = srv;
+  snprintf(srv->dir, sizeof srv->dir, "/tmp/spn-redis-XXXXXX");
+  int port = free_port();
+  if (!mkdtemp(srv->dir) || port < 0)
+    return 0;
+  char ports[16];
+  snprintf(ports, sizeof ports, "%d", port);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int null = open("/dev/null", 1);
+    dup2(null, 1);
+    execlp("redis-server", "redis-server", "--port", ports, "--bind", "127.0.0.1", "--dir", srv->dir,
+           "--appendonly", "yes", "--save", "", (char *)NULL);
+    _exit(127);
+  }
+  snprintf(srv->url, sizeof srv->url, "redis://127.0.0.1:%d", port);
+  for (int i = 0; i < 100; i++) {
+    int st;
+    if (waitpid(pid, &st, WNOHANG) == pid) {
+      fprintf(stderr, "redis-server did not start (is it installed?): the Redis cases are skipped\n");
+      return 0;
+    }
+    spn_queue_config_t c = {.backend = "redis", .url = srv->url, .prefix = "probe:"};
+    spn_queue_t q;
+    if (spn_queue_open(&c, &q, NULL) == SPN_OK) {
+      spn_queue_free(&q);
+      srv->pid = pid;
+      return 0;
+    }
+    usleep(50000);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  return 0;
+}
+
+static int redis_down(void **state) {
+  server_t *srv = *state;
+  if (srv->pid) {
+    kill(srv->pid, SIGTERM);
+    waitpid(srv->pid, NULL, 0);
+  }
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", srv->dir);
+  if (srv->dir[0] && system(cmd) != 0)
+    fprintf(stderr, "could not remove %s\n", srv->dir);
+  free(srv);
   return 0;
 }
 
@@ -344,19 +454,223 @@ static void test_group_commit_and_durability(void **state) {
   unlink(aux);
 }
 
+static int64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Redis: a lease is a pending entry; it expires when it stays idle (not
+ * renewed) for the configured lease (300 ms here), on the server's clock. */
+static void test_redis_lease_expiry_and_renew(void **state) {
+  fx_t *f = *state;
+  int64_t id = submit(f, 0, NULL, 0, 3, wall_ms());
+  uint32_t att;
+  assert_int_equal(lease(f, "w1", wall_ms(), &att), id);
+  assert_int_equal(att, 1);
+  assert_int_equal(f->o->sweep(f->q.impl, wall_ms(), NULL, NULL, NULL), 0);
+  usleep(200000);
+  assert_int_equal(f->o->renew(f->q.impl, id, 1, "w1", wall_ms(), 300, NULL), SPN_OK);
+  assert_int_equal(f->o->renew(f->q.impl, id, 1, "w2", wall_ms(), 300, NULL), SPN_ESTATE);
+  usleep(200000); /* 400 ms after the lease, 200 ms after the renew */
+  assert_int_equal(f->o->sweep(f->q.impl, wall_ms(), NULL, NULL, NULL), 0);
+  assert_int_equal(state_of(f, id), SPN_QSTATE_RUNNING);
+  usleep(350000);
+  int64_t now = wall_ms();
+  seen_t s = {0};
+  assert_int_equal(f->o->sweep(f->q.impl, now, seen_cb, &s, NULL), 1);
+  assert_int_equal(s.id[0], id);
+  assert_int_equal(s.st[0], SPN_QSTATE_QUEUED);
+  spn_queue_job_t j;
+  assert_int_equal(f->o->get(f->q.impl, id, &j, NULL), SPN_OK);
+  assert_int_equal(j.state, SPN_QSTATE_QUEUED);
+  assert_null(j.lease_owner);
+  assert_true(j.not_before_ms >= now + 500 && j.not_before_ms <= now + 1000);
+  cJSON *errs = cJSON_Parse(j.errors_json);
+  assert_int_equal(cJSON_GetArraySize(errs), 1);
+  assert_non_null(strstr(cJSON_GetObjectItem(cJSON_GetArrayItem(errs, 0), "error")->valuestring, "lease expired"));
+  cJSON_Delete(errs);
+  int64_t nb = j.not_before_ms;
+  spn__queue_job_clear(&j);
+  /* A second sweep finds nothing: the expired entry was acknowledged. */
+  assert_int_equal(f->o->sweep(f->q.impl, now + 1, NULL, NULL, NULL), 0);
+  assert_int_equal(f->o->complete(f->q.impl, id, 1, "w1", 1, 0, now + 1, NULL), SPN_ESTATE);
+  assert_int_equal(lease(f, "w2", nb - 1, NULL), 0);
+  assert_int_equal(lease(f, "w2", nb, &att), id);
+  assert_int_equal(att, 2);
+  assert_int_equal(f->o->complete(f->q.impl, id, 2, "w2", 1.5, 0.25, nb + 1, NULL), SPN_OK);
+  assert_int_equal(f->o->get(f->q.impl, id, &j, NULL), SPN_OK);
+  assert_int_equal(j.state, SPN_QSTATE_SUCCEEDED);
+  assert_true(j.compute_s == 1.5 && j.gpu_s == 0.25);
+  assert_int_equal(j.t_state_ms[SPN_QSTATE_SUCCEEDED], nb + 1);
+  spn__queue_job_clear(&j);
+  /* A job with outputs whose publication marker was never confirmed
+   * removed: a sweep one lease later hands it out (once) so the sweeper
+   * removes the marker. Without outputs there is no marker to track. */
+  spn_queue_submit_t so = {.spec_json = "{\"pipeline\":\"copy\",\"outputs\":{\"out\":\"/nowhere/x\"}}",
+                           .max_attempts = 1};
+  int64_t id1;
+  bool ex;
+  assert_int_equal(f->o->submit(f->q.impl, &so, nb, &id1, &ex, NULL), SPN_OK);
+  assert_int_equal(lease(f, "w3", nb, &att), id1);
+  assert_int_equal(f->o->complete(f->q.impl, id1, att, "w3", 0, 0, nb + 1, NULL), SPN_OK);
+  s = (seen_t){0};
+  assert_int_equal(f->o->sweep(f->q.impl, nb + 100, seen_cb, &s, NULL), 0);
+  assert_int_equal(f->o->sweep(f->q.impl, nb + 400, seen_cb, &s, NULL), 1);
+  assert_int_equal(s.id[0], id1);
+  assert_int_equal(s.st[0], SPN_QSTATE_SUCCEEDED);
+  assert_int_equal(f->o->sweep(f->q.impl, nb + 500, NULL, NULL, NULL), 0);
+  /* Confirmed at once: never handed out. */
+  int64_t id2;
+  assert_int_equal(f->o->submit(f->q.impl, &so, nb, &id2, &ex, NULL), SPN_OK);
+  assert_int_equal(lease(f, "w3", nb, &att), id2);
+  assert_int_equal(f->o->complete(f->q.impl, id2, att, "w3", 0, 0, nb + 1, NULL), SPN_OK);
+  assert_int_equal(f->o->unpublished(f->q.impl, id2, NULL), SPN_OK);
+  assert_int_equal(f->o->sweep(f->q.impl, nb + 1000, NULL, NULL, NULL), 0);
+}
+
+/* Two handles on one Redis (two gateways, or a gateway and a worker): each
+ * job is leased once, a job is readable from the other handle, and jobs
+ * survive a reconnect. */
+static void test_redis_shared_by_two_clients(void **state) {
+  fx_t *f = *state;
+  spn_queue_t q2;
+  assert_int_equal(open_redis(f, 300, &q2), SPN_OK);
+  int64_t ids[20];
+  for (int i = 0; i < 20; i++)
+    ids[i] = submit(f, 0, NULL, 0, 1, T0 + i);
+  bool seen[20] = {0};
+  for (int i = 0; i < 20; i++) {
+    spn_queue_job_t j;
+    spn_queue_t *q = i % 2 ? &q2 : &f->q;
+    assert_int_equal(q->ops->lease(q->impl, i % 2 ? "B" : "A", T0 + 100, 1000, &j, NULL), SPN_OK);
+    assert_true(j.id >= ids[0] && j.id <= ids[19]);
+    assert_false(seen[j.id - ids[0]]);
+    seen[j.id - ids[0]] = true;
+    spn__queue_job_clear(&j);
+  }
+  spn_queue_job_t j;
+  assert_int_equal(q2.ops->lease(q2.impl, "B", T0 + 100, 1000, &j, NULL), SPN_EAGAIN);
+  assert_int_equal(q2.ops->progress(q2.impl, ids[3], 7, 9, NULL), SPN_OK);
+  assert_int_equal(f->o->get(f->q.impl, ids[3], &j, NULL), SPN_OK);
+  assert_int_equal(j.progress_done, 7);
+  assert_int_equal(j.progress_total, 9);
+  spn__queue_job_clear(&j);
+  spn_queue_free(&q2);
+  /* reconnect: same jobs */
+  spn_queue_free(&f->q);
+  assert_int_equal(open_redis(f, 300, &f->q), SPN_OK);
+  f->o = f->q.ops;
+  assert_int_equal(state_of(f, ids[0]), SPN_QSTATE_RUNNING);
+  int64_t cnt[SPN_QSTATE_COUNT];
+  assert_int_equal(f->o->counts(f->q.impl, cnt, NULL), SPN_OK);
+  assert_int_equal(cnt[SPN_QSTATE_RUNNING], 20);
+}
+
+/* A group commit (begin ... commit) of many submissions: every one is
+ * stored, ids are unique, and leases come in submission order (Redis
+ * pipelines them and takes ids from reserved blocks). */
+static void test_batch_submit_order(void **state) {
+  fx_t *f = *state;
+  int64_t ids[600];
+  assert_int_equal(f->o->begin(f->q.impl, NULL), SPN_OK);
+  for (int i = 0; i < 600; i++) {
+    spn_queue_submit_t s = {.spec_json = SPEC, .priority = i % 2, .max_attempts = 1};
+    bool ex = true;
+    assert_int_equal(f->o->submit(f->q.impl, &s, T0 + i, &ids[i], &ex, NULL), SPN_OK);
+    assert_false(ex);
+    for (int k = 0; k < i; k++)
+      assert_int_not_equal(ids[k], ids[i]);
+  }
+  assert_int_equal(f->o->commit(f->q.impl, NULL), SPN_OK);
+  /* priority 1 (odd i) first, each band in submission order */
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 1 - pass; i < 600; i += 2)
+      assert_int_equal(lease(f, "w", T0 + 1000, NULL), ids[i]);
+  assert_int_equal(lease(f, "w", T0 + 1000, NULL), 0);
+}
+
+/* A succeeded job's progress equals its total, also when it never reported
+ * any (both backends). */
+static void test_succeeded_progress_is_complete(void **state) {
+  fx_t *f = *state;
+  int64_t a = submit(f, 0, NULL, 0, 1, T0);
+  int64_t b = submit(f, 0, NULL, 0, 1, T0);
+  uint32_t att;
+  assert_int_equal(lease(f, "w", T0, &att), a);
+  assert_int_equal(f->o->progress(f->q.impl, a, 3, 10, NULL), SPN_OK);
+  assert_int_equal(f->o->complete(f->q.impl, a, att, "w", 0, 0, T0 + 1, NULL), SPN_OK);
+  assert_int_equal(lease(f, "w", T0, &att), b);
+  assert_int_equal(f->o->complete(f->q.impl, b, att, "w", 0, 0, T0 + 1, NULL), SPN_OK);
+  spn_queue_job_t j;
+  assert_int_equal(f->o->get(f->q.impl, a, &j, NULL), SPN_OK);
+  assert_int_equal(j.progress_done, 10);
+  assert_int_equal(j.progress_total, 10);
+  spn__queue_job_clear(&j);
+  assert_int_equal(f->o->get(f->q.impl, b, &j, NULL), SPN_OK);
+  assert_true(j.progress_total > 0);
+  assert_int_equal(j.progress_done, j.progress_total);
+  spn__queue_job_clear(&j);
+}
+
+static void test_redis_url_errors(void **state) {
+  (void)state;
+  const char *bad[] = {"http://x", "redis://", "redis://h:0", "redis://h:99999", "redis://u:pw@h:1",
+                       "redis://h:1/x", "unix://rel/path", "unix:///p?db=x"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    spn_queue_config_t c = {.backend = "redis", .url = bad[i]};
+    spn_queue_t q;
+    spn_error_t err = SPN_ERROR_INIT;
+    assert_int_equal(spn_queue_open(&c, &q, &err), SPN_ECONFIG);
+    assert_non_null(strstr(err.msg, "queue url"));
+  }
+  spn_queue_config_t c = {.backend = "mysql"};
+  spn_queue_t q;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_queue_open(&c, &q, &err), SPN_ECONFIG);
+  assert_non_null(strstr(err.msg, "mysql"));
+  /* Nobody listening: a clear error naming the URL, not a hang. */
+  c = (spn_queue_config_t){.backend = "redis", .url = "redis://127.0.0.1:1"};
+  assert_int_equal(spn_queue_open(&c, &q, &err), SPN_EIO);
+  assert_non_null(strstr(err.msg, "redis://127.0.0.1:1"));
+}
+
+#define SQ(t) cmocka_unit_test_setup_teardown(t, setup_sqlite, teardown)
+#define RD(t) cmocka_unit_test_setup_teardown(t, setup_redis, teardown)
+
 int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(test_priorities_then_fifo, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_fifo_many, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_idempotency, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_lease_expiry_and_renew, setup, teardown),
+  const struct CMUnitTest sqlite_tests[] = {
+      SQ(test_priorities_then_fifo),
+      SQ(test_fifo_many),
+      SQ(test_idempotency),
+      SQ(test_lease_expiry_and_renew),
       cmocka_unit_test(test_backoff_bounds),
-      cmocka_unit_test_setup_teardown(test_dead_letter, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_deadline, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_release_owner, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_release_keeps_attempts, setup, teardown),
+      SQ(test_dead_letter),
+      SQ(test_deadline),
+      SQ(test_cancel),
+      SQ(test_release_owner),
+      SQ(test_release_keeps_attempts),
+      SQ(test_succeeded_progress_is_complete),
+      SQ(test_batch_submit_order),
       cmocka_unit_test(test_group_commit_and_durability),
+      cmocka_unit_test(test_redis_url_errors),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  /* The same cases on Redis (lease expiry in real time). */
+  const struct CMUnitTest redis_tests[] = {
+      RD(test_priorities_then_fifo),
+      RD(test_fifo_many),
+      RD(test_idempotency),
+      RD(test_redis_lease_expiry_and_renew),
+      RD(test_dead_letter),
+      RD(test_deadline),
+      RD(test_cancel),
+      RD(test_release_owner),
+      RD(test_release_keeps_attempts),
+      RD(test_succeeded_progress_is_complete),
+      RD(test_batch_submit_order),
+      RD(test_redis_shared_by_two_clients),
+  };
+  int rc = cmocka_run_group_tests_name("sqlite", sqlite_tests, NULL, NULL);
+  rc += cmocka_run_group_tests_name("redis", redis_tests, redis_up, redis_down);
+  return rc;
 }

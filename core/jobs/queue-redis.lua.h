@@ -1,0 +1,331 @@
+/* queue-redis.lua.h — the Lua scripts of the Redis queue (queue-redis.c).
+ * Every script runs atomically in Redis; each state transition is one
+ * script, so two gateways or workers can never both move the same job.
+ *
+ * Keys (P is the configured prefix, "spindle:" by default):
+ *   P seq          INCR counter of job ids
+ *   P job:<id>     HASH: the job (fields below)
+ *   P ready        ZSET of queued ids ready to run, score -priority*2^32 + fo
+ *                  (highest priority first, FIFO within one)
+ *   P delayed      ZSET of queued ids backing off, score = not_before (ms)
+ *   P deadlines    ZSET of queued ids with a deadline, score = deadline (ms)
+ *   P st:<n>       ZSET of ids in state n (score id): LIST and counts
+ *   P all          ZSET of every id (score id)
+ *   P idem:<key>   STRING id, SET with a 24 h TTL
+ *   P unpub        ZSET of succeeded ids whose publication marker (exec.c)
+ *                  may still exist, score = completion time
+ *   P run          STREAM, one entry per lease {id, att}; consumer group
+ *                  "spindle", consumer = lease owner. The pending-entry list
+ *                  is the lease table: idle time = time since the lease was
+ *                  taken or last renewed (XCLAIM resets it), and XAUTOCLAIM
+ *                  finds the expired ones.
+ * Job fields: id st pr att max spec idem own rsn errs cr dl nb lu cs gs pd pt
+ *   cx (cancel requested) sid (stream entry of the live lease) t0..t5 (last
+ *   time the job entered each state) fo (FIFO rank) ho (has outputs).
+ *   P seq and P fifo are INCR counters.
+ * States: 0 queued, 1 running, 2 succeeded, 3 failed, 4 cancelled, 5 dead.
+ * ARGV[1] is always P. Not for Redis Cluster: the scripts name keys they
+ * compute (one Redis, or a primary with replicas). */
+#ifndef SPINDLE_QUEUE_REDIS_LUA_H
+#define SPINDLE_QUEUE_REDIS_LUA_H
+
+#define RQ_LUA_PRELUDE                                                                          \
+  "local P = ARGV[1]\n"                                                                         \
+  "local G = 'spindle'\n"                                                                       \
+  "local function jk(id) return P .. 'job:' .. id end\n"                                        \
+  "local function setst(id, from, to, now)\n"                                                   \
+  "  redis.call('HSET', jk(id), 'st', to, 't' .. to, now)\n"                                    \
+  "  if from >= 0 then redis.call('ZREM', P .. 'st:' .. from, id) end\n"                        \
+  "  redis.call('ZADD', P .. 'st:' .. to, id, id)\n"                                            \
+  "end\n"                                                                                       \
+  "local function ready(id)\n"                                                                  \
+  "  local h = redis.call('HMGET', jk(id), 'pr', 'fo')\n"                                        \
+  "  redis.call('ZADD', P .. 'ready', -tonumber(h[1]) * 4294967296 + tonumber(h[2]), id)\n"     \
+  "end\n"                                                                                       \
+  "local function requeue_deadline(id)\n"                                                       \
+  "  local dl = tonumber(redis.call('HGET', jk(id), 'dl'))\n"                                   \
+  "  if dl and dl > 0 then redis.call('ZADD', P .. 'deadlines', dl, id) end\n"                  \
+  "end\n"                                                                                       \
+  "local function unrun(k)\n"                                                                   \
+  "  local sid = redis.call('HGET', k, 'sid')\n"                                                \
+  "  if sid and sid ~= '' then\n"                                                               \
+  "    redis.call('XACK', P .. 'run', G, sid)\n"                                                \
+  "    redis.call('XDEL', P .. 'run', sid)\n"                                                   \
+  "  end\n"                                                                                     \
+  "  redis.call('HDEL', k, 'own', 'sid', 'lu')\n"                                               \
+  "end\n"                                                                                       \
+  "local function holds(k, att, owner)\n"                                                       \
+  "  local h = redis.call('HMGET', k, 'st', 'att', 'own')\n"                                    \
+  "  return h[1] == '1' and h[2] == att and h[3] == owner\n"                                    \
+  "end\n"                                                                                       \
+  "local function backoff(att, r, base, max)\n"                                                 \
+  "  local d = base * 2 ^ (att - 1)\n"                                                          \
+  "  if d > max then d = max end\n"                                                             \
+  "  local h = math.floor(d / 2)\n"                                                             \
+  "  return d - h + math.floor(r * (h + 1))\n"                                                  \
+  "end\n"                                                                                       \
+  "local function add_error(k, att, now, reason)\n"                                             \
+  "  local errs = cjson.decode(redis.call('HGET', k, 'errs') or '[]')\n"                        \
+  "  errs[#errs + 1] = {attempt = tonumber(att), at = now, error = reason}\n"                   \
+  "  redis.call('HSET', k, 'errs', cjson.encode(errs))\n"                                       \
+  "end\n"                                                                                       \
+  /* The failure path shared by worker reports, expired leases and lost     \
+   * workers: the job is running. Returns the new state. */                                   \
+  "local function fail_attempt(id, reason, cancelled, cs, gs, now, r, base, max)\n"             \
+  "  local k = jk(id)\n"                                                                        \
+  "  local h = redis.call('HMGET', k, 'att', 'max', 'cx', 'pr')\n"                              \
+  "  local att, mx = tonumber(h[1]), tonumber(h[2])\n"                                          \
+  "  unrun(k)\n"                                                                                \
+  "  redis.call('HINCRBYFLOAT', k, 'cs', cs)\n"                                                 \
+  "  redis.call('HINCRBYFLOAT', k, 'gs', gs)\n"                                                 \
+  "  if cancelled or h[3] == '1' then\n"                                                        \
+  "    redis.call('HSET', k, 'rsn', reason)\n"                                                  \
+  "    setst(id, 1, 4, now)\n"                                                                  \
+  "    return 4\n"                                                                              \
+  "  end\n"                                                                                     \
+  "  add_error(k, att, now, reason)\n"                                                          \
+  "  if att < mx then\n"                                                                        \
+  "    local nb = now + backoff(att, r, base, max)\n"                                           \
+  "    redis.call('HSET', k, 'nb', nb)\n"                                                       \
+  "    redis.call('ZADD', P .. 'delayed', nb, id)\n"                                            \
+  "    requeue_deadline(id)\n"                                                                  \
+  "    setst(id, 1, 0, now)\n"                                                                  \
+  "    return 0\n"                                                                              \
+  "  end\n"                                                                                     \
+  "  local ns = 3\n"                                                                            \
+  "  if mx > 1 then ns = 5 end\n"                                                               \
+  "  redis.call('HSET', k, 'rsn', reason)\n"                                                    \
+  "  setst(id, 1, ns, now)\n"                                                                   \
+  "  return ns\n"                                                                               \
+  "end\n"
+
+/* ARGV: P spec priority idem_key deadline max_attempts now idem_ttl_ms
+ *       id ('' = take the next) has_outputs (0|1) -> {id, existed}
+ * FIFO order within a priority is the order of the scripts (P fifo), not of
+ * the ids: a gateway allocates ids in blocks to pipeline its submissions. */
+#define RQ_LUA_SUBMIT                                                                           \
+  "local now = tonumber(ARGV[7])\n"                                                             \
+  "local key = ARGV[4]\n"                                                                       \
+  "if key ~= '' then\n"                                                                         \
+  "  local v = redis.call('GET', P .. 'idem:' .. key)\n"                                        \
+  "  if v then\n"                                                                               \
+  "    local cr = tonumber(redis.call('HGET', jk(v), 'cr'))\n"                                  \
+  "    if cr and now - cr < tonumber(ARGV[8]) then return {tonumber(v), 1} end\n"               \
+  "  end\n"                                                                                     \
+  "end\n"                                                                                       \
+  "local id = tonumber(ARGV[9])\n"                                                              \
+  "if not id then id = redis.call('INCR', P .. 'seq') end\n"                                     \
+  "local k = jk(id)\n"                                                                          \
+  "local fo = redis.call('INCR', P .. 'fifo')\n"                                                \
+  /* one HSET with every field, state queued (0) entered now */             \
+  "redis.call('HSET', k, 'id', id, 'pr', ARGV[3], 'att', 0, 'max', ARGV[6], 'spec', ARGV[2],\n" \
+  "  'cr', now, 'dl', ARGV[5], 'nb', 0, 'errs', '[]', 'cs', 0, 'gs', 0, 'pd', 0, 'pt', 0,\n"    \
+  "  'fo', fo, 'ho', ARGV[10], 'st', 0, 't0', now)\n"                                            \
+  "if key ~= '' then\n"                                                                         \
+  "  redis.call('HSET', k, 'idem', key)\n"                                                      \
+  "  redis.call('SET', P .. 'idem:' .. key, id, 'PX', ARGV[8])\n"                               \
+  "end\n"                                                                                       \
+  "redis.call('ZADD', P .. 'st:0', id, id)\n"                                                   \
+  "redis.call('ZADD', P .. 'all', id, id)\n"                                                    \
+  "redis.call('ZADD', P .. 'ready', -tonumber(ARGV[3]) * 4294967296 + fo, id)\n"               \
+  "if tonumber(ARGV[5]) > 0 then redis.call('ZADD', P .. 'deadlines', ARGV[5], id) end\n"       \
+  "return {id, 0}\n"
+
+/* ARGV: P owner now lease_ms -> HGETALL of the leased job, or false */
+#define RQ_LUA_LEASE                                                                            \
+  "local now = tonumber(ARGV[3])\n"                                                             \
+  "local due = redis.call('ZRANGEBYSCORE', P .. 'delayed', '-inf', now, 'LIMIT', 0, 256)\n"     \
+  "for _, id in ipairs(due) do\n"                                                               \
+  "  redis.call('ZREM', P .. 'delayed', id)\n"                                                  \
+  "  ready(id)\n"                                             \
+  "end\n"                                                                                       \
+  "while true do\n"                                                                             \
+  "  local top = redis.call('ZRANGE', P .. 'ready', 0, 0)\n"                                    \
+  "  if #top == 0 then return false end\n"                                                      \
+  "  local id = top[1]\n"                                                                       \
+  "  redis.call('ZREM', P .. 'ready', id)\n"                                                    \
+  "  local k = jk(id)\n"                                                                        \
+  "  local h = redis.call('HMGET', k, 'st', 'dl')\n"                                            \
+  /* past its deadline: left queued for the sweep to fail */                                  \
+  "  local dl = tonumber(h[2]) or 0\n"                                                          \
+  "  if h[1] == '0' and (dl == 0 or dl >= now) then\n"                                          \
+  "    local att = redis.call('HINCRBY', k, 'att', 1)\n"                                        \
+  "    local sid = redis.call('XADD', P .. 'run', '*', 'id', id, 'att', att)\n"                 \
+  "    local got = redis.call('XREADGROUP', 'GROUP', G, ARGV[2], 'COUNT', 1,\n"                 \
+  "                           'STREAMS', P .. 'run', '>')\n"                                    \
+  "    if got[1][2][1][1] ~= sid then return redis.error_reply('lease stream out of step') end\n" \
+  "    redis.call('HSET', k, 'own', ARGV[2], 'sid', sid, 'lu', now + tonumber(ARGV[4]),\n"      \
+  "               'pd', 0, 'pt', 0)\n"                                                          \
+  "    redis.call('ZREM', P .. 'deadlines', id)\n"                                              \
+  "    setst(id, 0, 1, now)\n"                                                                  \
+  "    return redis.call('HGETALL', k)\n"                                                       \
+  "  end\n"                                                                                     \
+  "end\n"
+
+/* ARGV: P id att owner now lease_ms -> 1 | 2 (cancel requested) | 0 (not held) */
+#define RQ_LUA_RENEW                                                                            \
+  "local k = jk(ARGV[2])\n"                                                                     \
+  "if not holds(k, ARGV[3], ARGV[4]) then return 0 end\n"                                       \
+  "local sid = redis.call('HGET', k, 'sid')\n"                                                  \
+  "redis.call('XCLAIM', P .. 'run', G, ARGV[4], 0, sid, 'JUSTID')\n"                            \
+  "redis.call('HSET', k, 'lu', tonumber(ARGV[5]) + tonumber(ARGV[6]))\n"                        \
+  "if redis.call('HGET', k, 'cx') == '1' then return 2 end\n"                                   \
+  "return 1\n"
+
+/* ARGV: P id done total */
+#define RQ_LUA_PROGRESS                                                                         \
+  "local k = jk(ARGV[2])\n"                                                                     \
+  "if redis.call('HGET', k, 'st') ~= '1' then return 0 end\n"                                   \
+  "redis.call('HSET', k, 'pd', ARGV[3], 'pt', ARGV[4])\n"                                       \
+  "return 1\n"
+
+/* ARGV: P id att owner compute_s gpu_s now -> 1 | 0. A succeeded job's
+ * progress is complete: done = total (1 of 1 when it never reported). */
+#define RQ_LUA_COMPLETE                                                                         \
+  "local k = jk(ARGV[2])\n"                                                                     \
+  "if not holds(k, ARGV[3], ARGV[4]) then return 0 end\n"                                       \
+  "unrun(k)\n"                                                                                  \
+  "redis.call('HINCRBYFLOAT', k, 'cs', ARGV[5])\n"                                              \
+  "redis.call('HINCRBYFLOAT', k, 'gs', ARGV[6])\n"                                              \
+  "local pt = tonumber(redis.call('HGET', k, 'pt')) or 0\n"                                     \
+  "if pt == 0 then pt = 1 end\n"                                                                \
+  "redis.call('HSET', k, 'pd', pt, 'pt', pt)\n"                                                 \
+  "setst(ARGV[2], 1, 2, tonumber(ARGV[7]))\n"                                                   \
+  "if redis.call('HGET', k, 'ho') == '1' then\n"                                               \
+  "  redis.call('ZADD', P .. 'unpub', ARGV[7], ARGV[2])\n"                                       \
+  "end\n"                                                                                       \
+  "return 1\n"
+
+/* ARGV: P id att owner reason cancelled cs gs now r base max -> state | -1 */
+#define RQ_LUA_FAIL                                                                             \
+  "local k = jk(ARGV[2])\n"                                                                     \
+  "if not holds(k, ARGV[3], ARGV[4]) then return -1 end\n"                                      \
+  "return fail_attempt(ARGV[2], ARGV[5], ARGV[6] == '1', ARGV[7], ARGV[8], tonumber(ARGV[9]),\n" \
+  "                    tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]))\n"
+
+/* ARGV: P id now -> state; -1 no such job; -2 - state: already terminal */
+#define RQ_LUA_CANCEL                                                                           \
+  "local id = ARGV[2]\n"                                                                        \
+  "local k = jk(id)\n"                                                                          \
+  "local st = redis.call('HGET', k, 'st')\n"                                                    \
+  "if not st then return -1 end\n"                                                              \
+  "if st == '0' then\n"                                                                         \
+  "  redis.call('ZREM', P .. 'ready', id)\n"                                                    \
+  "  redis.call('ZREM', P .. 'delayed', id)\n"                                                  \
+  "  redis.call('ZREM', P .. 'deadlines', id)\n"                                                \
+  "  redis.call('HSET', k, 'rsn', 'cancelled while queued')\n"                                  \
+  "  setst(id, 0, 4, tonumber(ARGV[3]))\n"                                                      \
+  "  return 4\n"                                                                                \
+  "end\n"                                                                                       \
+  "if st == '1' then\n"                                                                         \
+  "  redis.call('HSET', k, 'cx', 1)\n"                                                          \
+  "  return 1\n"                                                                                \
+  "end\n"                                                                                       \
+  "return -2 - tonumber(st)\n"
+
+/* ARGV: P now min_idle_ms r base max -> {id, state, id, state, ...}
+ * Expired leases (pending entries idle >= min_idle) count as a failed
+ * attempt; queued jobs past their deadline fail; succeeded jobs whose
+ * marker was not confirmed removed within min_idle come back as state 2
+ * (the caller removes the marker). */
+#define RQ_LUA_SWEEP                                                                            \
+  "local now = tonumber(ARGV[2])\n"                                                             \
+  "local r0, base, max = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])\n"             \
+  "local out = {}\n"                                                                            \
+  "local got = redis.call('XAUTOCLAIM', P .. 'run', G, 'spindle-sweeper', ARGV[3], '0-0',\n"    \
+  "                       'COUNT', 100)\n"                                                      \
+  "for i, e in ipairs(got[2]) do\n"                                                             \
+  "  if e and e[2] then\n"                                                                      \
+  "    local f = {}\n"                                                                          \
+  "    for j = 1, #e[2], 2 do f[e[2][j]] = e[2][j + 1] end\n"                                   \
+  "    local k = jk(f['id'])\n"                                                                 \
+  "    local h = redis.call('HMGET', k, 'st', 'att', 'sid', 'cx')\n"                            \
+  "    if h[1] == '1' and h[2] == f['att'] and h[3] == e[1] then\n"                             \
+  "      local why = 'lease expired (worker lost or stalled)'\n"                                \
+  "      if h[4] == '1' then why = 'cancelled (worker lost)' end\n"                             \
+  "      local r = (r0 + i * 0.6180339887) % 1\n"                                               \
+  "      out[#out + 1] = tonumber(f['id'])\n"                                                   \
+  "      out[#out + 1] = fail_attempt(f['id'], why, false, 0, 0, now, r, base, max)\n"          \
+  "    else\n"                                                                                  \
+  "      redis.call('XACK', P .. 'run', G, e[1])\n"                                             \
+  "      redis.call('XDEL', P .. 'run', e[1])\n"                                                \
+  "    end\n"                                                                                   \
+  "  end\n"                                                                                     \
+  "end\n"                                                                                       \
+  /* succeeded jobs whose publication marker nobody removed (the client     \
+   * died between complete and the unlink): hand them to this sweeper */    \
+  "local up = redis.call('ZRANGEBYSCORE', P .. 'unpub', '-inf', now - tonumber(ARGV[3]),\n"      \
+  "                      'LIMIT', 0, 100)\n"                                                    \
+  "for _, id in ipairs(up) do\n"                                                                \
+  "  redis.call('ZREM', P .. 'unpub', id)\n"                                                    \
+  "  out[#out + 1] = tonumber(id)\n"                                                            \
+  "  out[#out + 1] = 2\n"                                                                       \
+  "end\n"                                                                                       \
+"local dl = redis.call('ZRANGEBYSCORE', P .. 'deadlines', '-inf', '(' .. now, 'LIMIT', 0, 256)\n" \
+  "for _, id in ipairs(dl) do\n"                                                                \
+  "  redis.call('ZREM', P .. 'deadlines', id)\n"                                                \
+  "  local k = jk(id)\n"                                                                        \
+  "  if redis.call('HGET', k, 'st') == '0' then\n"                                              \
+  "    redis.call('ZREM', P .. 'ready', id)\n"                                                  \
+  "    redis.call('ZREM', P .. 'delayed', id)\n"                                                \
+  "    local why = 'deadline passed while queued'\n"                                            \
+  "    add_error(k, redis.call('HGET', k, 'att'), now, why)\n"                                  \
+  "    redis.call('HSET', k, 'rsn', why, 'nb', 0)\n"                                            \
+  "    setst(id, 0, 3, now)\n"                                                                  \
+  "    out[#out + 1] = tonumber(id)\n"                                                          \
+  "    out[#out + 1] = 3\n"                                                                     \
+  "  end\n"                                                                                     \
+  "end\n"                                                                                       \
+  "return out\n"
+
+/* ARGV: P id att owner now -> 1 | 0. Back to the queue, attempt not counted. */
+#define RQ_LUA_RELEASE                                                                          \
+  "local id = ARGV[2]\n"                                                                        \
+  "local k = jk(id)\n"                                                                          \
+  "if not holds(k, ARGV[3], ARGV[4]) or redis.call('HGET', k, 'cx') == '1' then return 0 end\n" \
+  "unrun(k)\n"                                                                                  \
+  "redis.call('HINCRBY', k, 'att', -1)\n"                                                       \
+  "redis.call('HSET', k, 'nb', 0)\n"                                                            \
+  "ready(id)\n"                                                    \
+  "requeue_deadline(id)\n"                                                                      \
+  "setst(id, 1, 0, tonumber(ARGV[5]))\n"                                                        \
+  "return 1\n"
+
+/* ARGV: P owner reason now r base max -> {id, state, ...} */
+#define RQ_LUA_RELEASE_OWNER                                                                    \
+  "local now = tonumber(ARGV[4])\n"                                                             \
+  "local out = {}\n"                                                                            \
+  "local pend = redis.call('XPENDING', P .. 'run', G, '-', '+', 10000, ARGV[2])\n"              \
+  "for i, p in ipairs(pend) do\n"                                                               \
+  "  local e = redis.call('XRANGE', P .. 'run', p[1], p[1])\n"                                  \
+  "  if #e == 1 then\n"                                                                         \
+  "    local f = {}\n"                                                                          \
+  "    for j = 1, #e[1][2], 2 do f[e[1][2][j]] = e[1][2][j + 1] end\n"                          \
+  "    local k = jk(f['id'])\n"                                                                 \
+  "    if holds(k, f['att'], ARGV[2]) then\n"                                                   \
+  "      local why = ARGV[3]\n"                                                                 \
+  "      if redis.call('HGET', k, 'cx') == '1' then why = 'cancelled (worker lost)' end\n"      \
+  "      local r = (tonumber(ARGV[5]) + i * 0.6180339887) % 1\n"                                \
+  "      out[#out + 1] = tonumber(f['id'])\n"                                                   \
+  "      out[#out + 1] = fail_attempt(f['id'], why, false, 0, 0, now, r, tonumber(ARGV[6]),\n"  \
+  "                                   tonumber(ARGV[7]))\n"                                     \
+  "    end\n"                                                                                   \
+  "  else\n"                                                                                    \
+  "    redis.call('XACK', P .. 'run', G, p[1])\n"                                               \
+  "  end\n"                                                                                     \
+  "end\n"                                                                                       \
+  "return out\n"
+
+/* ARGV: P state(-1 any) limit -> {HGETALL, HGETALL, ...} newest first */
+#define RQ_LUA_LIST                                                                             \
+  "local z = P .. 'all'\n"                                                                      \
+  "if tonumber(ARGV[2]) >= 0 then z = P .. 'st:' .. ARGV[2] end\n"                              \
+  "local ids = redis.call('ZREVRANGE', z, 0, tonumber(ARGV[3]) - 1)\n"                          \
+  "local out = {}\n"                                                                            \
+  "for _, id in ipairs(ids) do out[#out + 1] = redis.call('HGETALL', jk(id)) end\n"             \
+  "return out\n"
+
+/* ARGV: P id: the publication marker of a succeeded job is gone */
+#define RQ_LUA_UNPUBLISHED "redis.call('ZREM', ARGV[1] .. 'unpub', ARGV[2])\nreturn 1\n"
+
+#endif

@@ -1,0 +1,306 @@
+/* queue-worker.c — a stateless worker that leases straight from a shared
+ * queue (`spindle worker --queue redis://...`): no gateway in the path.
+ *
+ * Invariants:
+ * - The worker holds nothing the queue does not: every job it runs is a
+ *   lease in the queue, renewed every lease_ms/3. Killed at any moment, its
+ *   leases expire (the pending entries go idle) and any other worker's or
+ *   gateway's sweep puts the jobs back: nothing is lost. Publication is
+ *   exactly once (exec.c): a re-run after a lost lease finds the marker of
+ *   an attempt that had already published and does not write again.
+ * - Each slot leases under its own owner name ("worker:<name>:<slot>"), so a
+ *   lease identifies the one thread running it.
+ * - A renew that fails (lease lost, or a cancel was requested) stops the job
+ *   on its slot; its report is then stale and the queue ignores it.
+ * - Every worker also sweeps (atomic in the queue), so expired leases come
+ *   back even when no gateway runs.
+ * - SIGTERM drains: no new leases; running jobs get drain_grace_s to finish,
+ *   then they are stopped and released (attempt not counted); exit 0.
+ * Thread: everything here runs on the caller's thread; jobs run on the slot
+ * pool's threads.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "jobs-internal.h"
+#include "observe.h"
+
+typedef struct qrun {
+  bool busy;
+  int64_t id;
+  uint32_t attempt;
+  uint64_t done, total;
+  double progress_at; /* last progress written to the queue */
+} qrun_t;
+
+typedef struct qw {
+  const spn_worker_config_t *cfg;
+  spn_queue_t q;
+  spn_slot_pool_t *pool;
+  qrun_t *runs;
+  char (*owner)[192];
+  char last_error[SPN_ERROR_MSG_MAX];
+  spn__observe_t *obs; /* lifecycle log lines; owned by q's wrapper */
+} qw_t;
+
+static void say_error(qw_t *w, const char *msg) {
+  /* once per distinct message, not on every poll */
+  if (strncmp(w->last_error, msg, sizeof w->last_error - 1) != 0) {
+    snprintf(w->last_error, sizeof w->last_error, "%s", msg);
+    spn__log_f(spn__observe_logger(w->obs), SPN_LOG_ERROR, NULL, "%s", msg);
+  }
+}
+
+/* A sweep handed us a succeeded job whose marker nobody removed. */
+static void swept(void *user, int64_t id, spn_queue_state_t st) {
+  qw_t *w = user;
+  if (st == SPN_QSTATE_SUCCEEDED)
+    spn__unpublish(&w->q, id);
+}
+
+/* Record a finished run. Returns false when the queue could not be reached:
+ * the caller keeps the report and tries again. */
+static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
+  qrun_t *r = &w->runs[slot];
+  spn_error_t err = SPN_ERROR_INIT;
+  int64_t now = spn__now_ms();
+  int32_t rc;
+  if (r->total)
+    w->q.ops->progress(w->q.impl, r->id, r->done, r->total, NULL);
+  if (res->status == SPN_OK) {
+    rc = w->q.ops->complete(w->q.impl, r->id, r->attempt, w->owner[slot], res->compute_s, res->gpu_s, now,
+                            &err);
+    if (rc == SPN_OK)
+      spn__unpublish(&w->q, r->id);
+  } else {
+    spn_queue_state_t st;
+    char reason[SPN_ERROR_MSG_MAX + 200];
+    snprintf(reason, sizeof reason, "%s: %s", w->owner[slot], res->error);
+    rc = w->q.ops->fail(w->q.impl, r->id, r->attempt, w->owner[slot], reason, res->status == SPN_ECANCELLED,
+                        res->compute_s, res->gpu_s, now, &st, &err);
+  }
+  if (rc == SPN_EIO) {
+    say_error(w, err.msg);
+    return false;
+  }
+  if (rc < 0 && rc != SPN_ESTATE)
+    spn__log_f(spn__observe_logger(w->obs), SPN_LOG_ERROR,
+               &(spn__log_fields_t){.job_id = (uint64_t)r->id, .attempt = -1, .duration_ms = -1}, "%s", err.msg);
+  r->busy = false;
+  spn__slot_pool_set_idle(w->pool, slot);
+  return true;
+}
+
+static void lease_some(qw_t *w) {
+  for (;;) {
+    int32_t slot = spn__slot_pool_idle(w->pool);
+    if (slot < 0)
+      return;
+    spn_queue_job_t j;
+    spn_error_t err = SPN_ERROR_INIT;
+    int32_t rc = w->q.ops->lease(w->q.impl, w->owner[slot], spn__now_ms(), w->cfg->lease_ms, &j, &err);
+    if (rc == SPN_EAGAIN)
+      return;
+    if (rc < 0) {
+      say_error(w, err.msg);
+      return;
+    }
+    w->last_error[0] = '\0';
+    qrun_t *r = &w->runs[slot];
+    *r = (qrun_t){.busy = true, .id = j.id, .attempt = j.attempts};
+    cJSON *spec = cJSON_Parse(j.spec_json);
+    spn_job_spec_t js;
+    rc = spec ? spn__job_spec_from_json(spec, j.id, j.attempts, &js, &err)
+              : spn_error_set(&err, SPN_EPARSE, "stored spec is not JSON");
+    cJSON_Delete(spec);
+    spn__queue_job_clear(&j);
+    if (rc < 0) {
+      spn_exec_result_t res = {.status = rc};
+      snprintf(res.error, sizeof res.error, "%s", err.msg);
+      finish(w, (uint32_t)slot, &res); /* the slot never ran it */
+      continue;
+    }
+    spn__slot_pool_assign(w->pool, (uint32_t)slot, &js);
+  }
+}
+
+static void renew_all(qw_t *w) {
+  int64_t now = spn__now_ms();
+  for (uint32_t i = 0; i < w->cfg->slots; i++) {
+    qrun_t *r = &w->runs[i];
+    if (!r->busy)
+      continue;
+    spn_error_t err = SPN_ERROR_INIT;
+    int32_t rc = w->q.ops->renew(w->q.impl, r->id, r->attempt, w->owner[i], now, w->cfg->lease_ms, &err);
+    if (rc == SPN_ESTATE || rc == SPN_ECANCELLED)
+      spn__slot_pool_cancel(w->pool, i); /* lease lost or cancel requested: stop it */
+    else if (rc < 0)
+      say_error(w, err.msg);
+    else if (r->total && spn__mono_s() - r->progress_at >= 1.0) {
+      r->progress_at = spn__mono_s();
+      w->q.ops->progress(w->q.impl, r->id, r->done, r->total, NULL);
+    }
+  }
+}
+
+/* Apply reports; finished ones the queue could not take stay for later. */
+static spn_slot_report_t *apply(qw_t *w, spn_slot_report_t *r) {
+  spn_slot_report_t *keep = NULL, **tail = &keep;
+  while (r) {
+    spn_slot_report_t *next = r->next;
+    r->next = NULL;
+    qrun_t *run = &w->runs[r->slot];
+    bool done = true;
+    if (r->kind == SPN_SLOT_PROGRESS) {
+      if (run->busy && run->id == r->id && run->attempt == r->attempt) {
+        run->done = r->done;
+        run->total = r->total;
+      }
+    } else {
+      done = finish(w, r->slot, &r->res);
+    }
+    if (done) {
+      free(r);
+    } else {
+      *tail = r;
+      tail = &r->next;
+    }
+    r = next;
+  }
+  return keep;
+}
+
+static uint32_t running(const qw_t *w) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < w->cfg->slots; i++)
+    n += w->runs[i].busy;
+  return n;
+}
+
+int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *runner,
+                             spn_error_t *err) {
+  if (cfg->slots == 0 || cfg->slots > 1024)
+    return spn_error_set(err, SPN_EINVAL, "worker: slots must be 1-1024");
+  if (cfg->lease_ms < 100)
+    return spn_error_set(err, SPN_EINVAL, "worker: lease_ms must be at least 100");
+  qw_t w = {.cfg = cfg};
+  char name[128];
+  if (cfg->name)
+    snprintf(name, sizeof name, "%s", cfg->name);
+  else {
+    char host[64] = "host";
+    gethostname(host, sizeof host - 1);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    snprintf(name, sizeof name, "%s:%d:%lx", host, (int)getpid(), (unsigned long)ts.tv_nsec);
+  }
+  int32_t rc = spn_queue_open(cfg->queue, &w.q, err);
+  if (rc < 0)
+    return spn_error_prefix(err, "worker");
+  if ((rc = spn__observe_attach(&w.q, "spindle worker", &w.obs, err)) < 0) {
+    spn_queue_free(&w.q);
+    return rc;
+  }
+  w.runs = calloc(cfg->slots, sizeof *w.runs);
+  w.owner = calloc(cfg->slots, sizeof *w.owner);
+  if (!w.runs || !w.owner) {
+    rc = spn_error_set(err, SPN_ENOMEM, "worker: out of memory");
+    goto out;
+  }
+  for (uint32_t i = 0; i < cfg->slots; i++)
+    snprintf(w.owner[i], sizeof w.owner[i], "worker:%s:%u", name, i);
+  if ((rc = spn__slot_pool_new(cfg->slots, runner, NULL, NULL, &w.pool, err)) < 0) {
+    spn_error_prefix(err, "worker");
+    goto out;
+  }
+  spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
+  lf.worker = name;
+  spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker leasing from %s queue %s with %u slots",
+             w.q.ops->name, cfg->queue->url ? cfg->queue->url : "", cfg->slots);
+  double renew_every = cfg->lease_ms / 3000.0, sweep_every = cfg->lease_ms / 2000.0;
+  double last_renew = spn__mono_s(), last_sweep = 0, drain_until = 0;
+  bool draining = false;
+  uint32_t idle_ms = 1;
+  spn_slot_report_t *pending = NULL;
+  for (;;) {
+    double mono = spn__mono_s();
+    if (cfg->stop_now && *cfg->stop_now)
+      break;
+    if (cfg->stop && *cfg->stop && !draining) {
+      draining = true;
+      drain_until = mono + cfg->drain_grace_s;
+      spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker draining (%u running; up to %u s)",
+                 running(&w), cfg->drain_grace_s);
+    }
+    if (draining && (running(&w) == 0 || mono >= drain_until))
+      break;
+    /* reports first: a finished slot can lease again at once */
+    spn_slot_report_t *r = spn__slot_pool_take(w.pool);
+    if (pending) {
+      spn_slot_report_t **t = &pending;
+      while (*t)
+        t = &(*t)->next;
+      *t = r;
+      r = pending;
+    }
+    bool busy_before = running(&w) > 0;
+    pending = apply(&w, r);
+    if (!draining)
+      lease_some(&w);
+    if (mono - last_renew >= renew_every) {
+      last_renew = mono;
+      renew_all(&w);
+    }
+    if (mono - last_sweep >= sweep_every) {
+      last_sweep = mono;
+      spn_error_t e = SPN_ERROR_INIT;
+      if (w.q.ops->sweep(w.q.impl, spn__now_ms(), swept, &w, &e) < 0)
+        say_error(&w, e.msg);
+    }
+    /* Poll faster while work flows; back off to 50 ms when idle. */
+    bool active = busy_before || running(&w) > 0;
+    idle_ms = active ? 1 : (idle_ms < 50 ? idle_ms * 2 : 50);
+    struct timespec ts = {0, (long)idle_ms * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  /* Stop what still runs; record what finished; release the rest without
+   * counting an attempt (we stopped it; it did not fail). */
+  spn__slot_pool_stop(w.pool);
+  spn_slot_report_t *r = spn__slot_pool_take(w.pool);
+  if (pending) {
+    spn_slot_report_t **t = &pending;
+    while (*t)
+      t = &(*t)->next;
+    *t = r;
+    r = pending;
+  }
+  while (r) {
+    spn_slot_report_t *next = r->next;
+    if (r->kind == SPN_SLOT_FINISHED && r->res.status == SPN_OK && w.runs[r->slot].busy)
+      finish(&w, r->slot, &r->res);
+    free(r);
+    r = next;
+  }
+  int64_t now = spn__now_ms();
+  uint32_t released = 0;
+  for (uint32_t i = 0; i < cfg->slots; i++)
+    if (w.runs[i].busy) {
+      if (w.q.ops->release(w.q.impl, w.runs[i].id, w.runs[i].attempt, w.owner[i], "worker stopped", now,
+                           NULL) == SPN_OK)
+        released++;
+      w.runs[i].busy = false;
+    }
+  if (released)
+    spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker stopped: %u job(s) back to the queue", released);
+out:
+  spn__slot_pool_free(&w.pool);
+  free(w.runs);
+  free(w.owner);
+  spn_queue_free(&w.q);
+  return rc;
+}

@@ -1,0 +1,993 @@
+/* cuda/engine/backend-cuda.c — the CUDA engine backend (core/engine/backend.h).
+ *
+ * One instance per GPU ("cuda:N"), opened by the engine on the first model
+ * loaded there; every model on that GPU shares it, and a model's weights are
+ * uploaded once into that GPU's memory by prepare() (the engine's registry
+ * shares the model itself between the stage instances on the GPU).
+ *
+ *   Conv            cuDNN (legacy convolution API of cuDNN 9), bias + ReLU
+ *                   and the residual add fused by
+ *                   cudnnConvolutionBiasActivationForward where the fused
+ *                   post-ops are [Relu] or [Add, Relu]; otherwise the
+ *                   convolution, then bias and post-ops by our kernels
+ *   ConvTranspose   cuDNN backward-data, bias and post-ops by our kernels
+ *   MatMul, Gemm    cuBLASLt (bias and ReLU epilogues for Gemm)
+ *   the rest        our kernels (engine-kernels.cu), each the twin of the
+ *                   CPU kernel in core/engine/cpu-kernels.c
+ *
+ * Activations are fp32 NCHW. Precision "fp32" computes in fp32 (cuDNN FMA
+ * math, cuBLASLt 32F); "tf32" lets cuDNN and cuBLASLt use TF32 tensor cores;
+ * "fp16" is refused at load (not implemented yet). A run goes on the
+ * caller's stream when it gives one (else the backend's own), and host
+ * synchronisation happens only in run_end when the outputs were copied to
+ * the host. The cuDNN and cuBLASLt handles are used by one run at a time
+ * (compute holds the backend's lock). Per (node, input shape) the backend
+ * builds descriptors and resize tables once; the shared workspace grows on
+ * the first run of a shape only. Out of device memory is SPN_ENOMEM naming
+ * the GPU, for that model or run only.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+
+#include "../../core/engine/ops-internal.h"
+#include "../../core/runtime/device-internal.h"
+#include "engine-kernels.cuh"
+
+/* The legacy convolution API is deprecated in cuDNN 9 but complete and
+ * frontend-free; its declarations carry deprecation attributes. */
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
+#define CU_WS_MAX ((size_t)512 << 20)
+
+typedef struct {
+  int dev;
+  spn_device_t **devs; /* the GPU as a spindle/device.h device: arena buffers */
+  uint32_t n_devs;
+  cudaStream_t stream; /* used when the caller gives none */
+  cudnnHandle_t dnn;
+  cublasLtHandle_t lt;
+  pthread_mutex_t lock;
+  void *ws; /* workspace shared by cuDNN and cuBLASLt, used under lock */
+  size_t ws_n;
+} cu_ctx_t;
+
+typedef struct cu_conv {
+  int64_t key[SPN_MAXD];
+  cudnnTensorDescriptor_t x, y, bias;
+  cudnnFilterDescriptor_t w;
+  cudnnConvolutionDescriptor_t conv;
+  cudnnActivationDescriptor_t act;
+  int algo;
+  size_t ws;
+  struct cu_conv *next;
+} cu_conv_t;
+
+typedef struct cu_resize {
+  int64_t key[SPN_MAXD];
+  int64_t ish[3], osh[3];
+  int linear;
+  int64_t *i01; /* device: i0 then i1 */
+  float *w;     /* device */
+  struct cu_resize *next;
+} cu_resize_t;
+
+typedef struct {
+  void *cdata[8];              /* device copies of constant inputs (fp32 etc.) */
+  void *post_c[SPN_MAX_POST];  /* device copies of constant post-op operands */
+  float *bn_scale, *bn_shift;  /* BatchNormalization folded to an affine */
+  float *zero_bias;            /* fused conv without a bias */
+  int n_fused;                 /* leading post-ops fused into cuDNN */
+  cu_conv_t *convs;
+  cu_resize_t *resizes;
+} cu_node_t;
+
+static int32_t cu_err(spn_error_t *err, const char *dev, cudaError_t ce, const char *what) {
+  (void)cudaGetLastError();
+  if (ce == cudaErrorMemoryAllocation)
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of device memory (%s)", dev, what);
+  return spn_error_set(err, SPN_ECUDA, "%s: %s: %s", dev, what, cudaGetErrorString(ce));
+}
+
+static int32_t dnn_err(spn_error_t *err, const char *dev, cudnnStatus_t st, const char *what) {
+  if (st == CUDNN_STATUS_ALLOC_FAILED)
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of device memory (cuDNN %s)", dev, what);
+  return spn_error_set(err, SPN_ECUDA, "%s: cuDNN %s: %s", dev, what, cudnnGetErrorString(st));
+}
+
+#define CU(call, what)                                                   \
+  do {                                                                   \
+    cudaError_t ce__ = (call);                                           \
+    if (ce__ != cudaSuccess)                                             \
+      return cu_err(r->err, b->device, ce__, what);                      \
+  } while (0)
+#define DNN(call, what)                                                  \
+  do {                                                                   \
+    cudnnStatus_t st__ = (call);                                         \
+    if (st__ != CUDNN_STATUS_SUCCESS)                                    \
+      return dnn_err(r->err, b->device, st__, what);                     \
+  } while (0)
+
+static cudaStream_t run_stream(spn_backend_t *b, const spn_run_t *r) {
+  return r->stream ? (cudaStream_t)r->stream : ((cu_ctx_t *)b->ctx)->stream;
+}
+
+static int64_t nelem(const spn_rt_val_t *v) {
+  int64_t x = 1;
+  for (int i = 0; i < v->ndim; i++)
+    x *= v->shape[i];
+  return x;
+}
+
+/* ---- support ---- */
+
+static bool all_f32_inputs(const spn_model_t *m, const spn_node_t *n, int upto) {
+  for (int k = 0; k < n->n_in && k < upto; k++)
+    if (n->in[k] >= 0 && m->vals[n->in[k]].dtype != SPN_DTYPE_F32)
+      return false;
+  return true;
+}
+
+static bool const_in(const spn_model_t *m, const spn_node_t *n, int k) {
+  return k < n->n_in && n->in[k] >= 0 && m->vals[n->in[k]].kind == SPN_VAL_CONST;
+}
+
+static bool sym_pads(const spn_node_t *n) {
+  const char *ap = spn_attr_str(n, "auto_pad", "NOTSET");
+  if (strcmp(ap, "NOTSET") && strcmp(ap, "VALID"))
+    return false;
+  const spn_attr_t *p = spn_node_attr(n, "pads");
+  if (!p)
+    return true;
+  for (int64_t i = 0; i < p->n / 2; i++)
+    if (p->ints[i] != p->ints[i + p->n / 2])
+      return false;
+  return true;
+}
+
+static bool cu_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t *n, char *why, size_t why_n) {
+  (void)b;
+  const char *no = NULL;
+  int xin = n->n_in > 0 ? n->in[0] : -1;
+  int32_t xdt = xin >= 0 ? m->vals[xin].dtype : 0;
+  switch (n->op) {
+  case SPN_OP_CONV:
+  case SPN_OP_CONVT:
+    if (!const_in(m, n, 1) || m->vals[n->in[1]].ndim != 4)
+      no = "only 2-D convolutions with constant weights";
+    else if (n->n_in > 2 && n->in[2] >= 0 && !const_in(m, n, 2))
+      no = "the bias must be a constant";
+    else if (!sym_pads(n))
+      no = "asymmetric or automatic padding";
+    else if (n->op == SPN_OP_CONVT && spn_node_attr(n, "output_shape"))
+      no = "output_shape";
+    break;
+  case SPN_OP_BN:
+    for (int k = 1; k < 5; k++)
+      if (!const_in(m, n, k))
+        no = "BatchNormalization with non-constant statistics";
+    break;
+  case SPN_OP_MATMUL: {
+    /* cuBLASLt here: B of rank <= 2 (the batch folds into M), or both of one
+     * rank with equal, known batch dims; else the CPU (1-D A, broadcast). */
+    const spn_value_t *a = &m->vals[n->in[0]], *w = &m->vals[n->in[1]];
+    bool ok = a->ndim >= 2 && w->ndim >= 1 && (w->ndim <= 2 || w->ndim == a->ndim);
+    for (int d = 0; ok && w->ndim > 2 && d < a->ndim - 2; d++)
+      ok = a->shape[d] >= 0 && a->shape[d] == w->shape[d];
+    if (!all_f32_inputs(m, n, 2))
+      no = "only fp32";
+    else if (!ok)
+      no = "1-D, unknown-rank or broadcast-batch operands";
+    break;
+  }
+  case SPN_OP_GEMM:
+    if (!all_f32_inputs(m, n, 3))
+      no = "only fp32";
+    break;
+  case SPN_OP_RELU: case SPN_OP_LRELU: case SPN_OP_SIGMOID: case SPN_OP_TANH: case SPN_OP_EXP:
+  case SPN_OP_CLIP: case SPN_OP_SOFTMAX: case SPN_OP_PRELU: case SPN_OP_D2S: case SPN_OP_GAP:
+  case SPN_OP_RESIZE: case SPN_OP_UPSAMPLE:
+    if (xdt != SPN_DTYPE_F32)
+      no = "only fp32";
+    else if (!strcmp(spn_attr_str(n, "mode", "nearest"), "cubic"))
+      no = "cubic Resize (CPU only for now)";
+    break;
+  case SPN_OP_ADD: case SPN_OP_SUB: case SPN_OP_MUL: case SPN_OP_DIV:
+    if (!all_f32_inputs(m, n, 2))
+      no = "only fp32";
+    break;
+  case SPN_OP_PAD:
+    if (xdt != SPN_DTYPE_F32)
+      no = "only fp32";
+    break;
+  case SPN_OP_MAXPOOL:
+  case SPN_OP_AVGPOOL: {
+    const spn_attr_t *ks = spn_node_attr(n, "kernel_shape");
+    if (!ks || ks->n != 2 || xdt != SPN_DTYPE_F32)
+      no = "only 2-D fp32 pooling";
+    else if (!sym_pads(n))
+      no = "asymmetric or automatic padding";
+    else if (n->op == SPN_OP_MAXPOOL && n->n_out > 1 && n->out[1] >= 0)
+      no = "MaxPool indices";
+    break;
+  }
+  case SPN_OP_CONCAT: case SPN_OP_SPLIT: case SPN_OP_TRANSPOSE: case SPN_OP_SLICE:
+  case SPN_OP_RESHAPE: case SPN_OP_FLATTEN: case SPN_OP_SQUEEZE: case SPN_OP_UNSQUEEZE: case SPN_OP_IDENTITY:
+    break;
+  default:
+    no = "no CUDA kernel";
+  }
+  if (!no) {
+    for (int p = 0; p < n->n_post; p++)
+      if ((n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU) && m->vals[n->post[p].val].dtype != SPN_DTYPE_F32)
+        no = "non-fp32 fused operand";
+  }
+  if (no)
+    snprintf(why, why_n, "%s", no);
+  return !no;
+}
+
+/* ---- prepare ---- */
+
+static int32_t upload(spn_backend_t *b, const void *src, size_t bytes, void **out, spn_error_t *err) {
+  cudaError_t ce = cudaMalloc(out, bytes ? bytes : 4);
+  if (ce != cudaSuccess) {
+    *out = NULL;
+    return cu_err(err, b->device, ce, "uploading weights");
+  }
+  ce = cudaMemcpy(*out, src, bytes, cudaMemcpyHostToDevice);
+  return ce == cudaSuccess ? SPN_OK : cu_err(err, b->device, ce, "uploading weights");
+}
+
+static size_t value_bytes(const spn_value_t *v) {
+  size_t n = spn_dtype_size(v->dtype);
+  for (int d = 0; d < v->ndim; d++)
+    n *= (size_t)v->shape[d];
+  return n;
+}
+
+static void cu_node_free(spn_backend_t *b, spn_node_t *n) {
+  (void)b;
+  cu_node_t *c = n->bctx;
+  if (!c)
+    return;
+  for (int k = 0; k < 8; k++)
+    cudaFree(c->cdata[k]);
+  for (int p = 0; p < SPN_MAX_POST; p++)
+    cudaFree(c->post_c[p]);
+  cudaFree(c->bn_scale);
+  cudaFree(c->bn_shift);
+  cudaFree(c->zero_bias);
+  for (cu_conv_t *e = c->convs, *nx; e; e = nx) {
+    nx = e->next;
+    cudnnDestroyTensorDescriptor(e->x);
+    cudnnDestroyTensorDescriptor(e->y);
+    cudnnDestroyTensorDescriptor(e->bias);
+    cudnnDestroyFilterDescriptor(e->w);
+    cudnnDestroyConvolutionDescriptor(e->conv);
+    cudnnDestroyActivationDescriptor(e->act);
+    free(e);
+  }
+  for (cu_resize_t *e = c->resizes, *nx; e; e = nx) {
+    nx = e->next;
+    cudaFree(e->i01);
+    cudaFree(e->w);
+    free(e);
+  }
+  free(c);
+  n->bctx = NULL;
+}
+
+static int32_t cu_prepare(spn_backend_t *b, spn_model_t *m, spn_node_t *n, spn_error_t *err) {
+  cu_ctx_t *cx = b->ctx;
+  if (m->precision == SPN_PREC_FP16)
+    return spn_error_set(err, SPN_EUNSUPPORTED, "precision fp16 is not implemented by the CUDA backend yet (use fp32 or tf32)");
+  cudaSetDevice(cx->dev);
+  cu_node_t *c = calloc(1, sizeof *c);
+  if (!c)
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  n->bctx = c;
+  int32_t rc = SPN_OK;
+  for (int k = 0; k < n->n_in && k < 8 && !rc; k++)
+    if (const_in(m, n, k))
+      rc = upload(b, m->vals[n->in[k]].data, value_bytes(&m->vals[n->in[k]]), &c->cdata[k], err);
+  for (int p = 0; p < n->n_post && !rc; p++) {
+    const spn_post_t *po = &n->post[p];
+    if ((po->kind == SPN_POST_ADD || po->kind == SPN_POST_PRELU) && m->vals[po->val].kind == SPN_VAL_CONST)
+      rc = upload(b, m->vals[po->val].data, value_bytes(&m->vals[po->val]), &c->post_c[p], err);
+  }
+  if (!rc && n->op == SPN_OP_BN) {
+    const spn_value_t *g = &m->vals[n->in[1]], *be = &m->vals[n->in[2]], *mu = &m->vals[n->in[3]], *var = &m->vals[n->in[4]];
+    int64_t C = g->ndim ? g->shape[0] : 1;
+    float eps = spn_attr_float(n, "epsilon", 1e-5f);
+    float *sc = malloc((size_t)C * 2 * sizeof(float));
+    if (!sc)
+      return spn_error_set(err, SPN_ENOMEM, "out of memory");
+    for (int64_t i = 0; i < C; i++) {
+      float s = ((const float *)g->data)[i] / sqrtf(((const float *)var->data)[i] + eps);
+      sc[i] = s;
+      sc[C + i] = ((const float *)be->data)[i] - ((const float *)mu->data)[i] * s;
+    }
+    rc = upload(b, sc, (size_t)C * sizeof(float), (void **)&c->bn_scale, err);
+    if (!rc)
+      rc = upload(b, sc + C, (size_t)C * sizeof(float), (void **)&c->bn_shift, err);
+    free(sc);
+  }
+  if (!rc && n->op == SPN_OP_CONV) {
+    /* cuDNN fuses bias + ReLU (+ a residual added before the ReLU). */
+    if (n->n_post >= 1 && n->post[0].kind == SPN_POST_RELU)
+      c->n_fused = 1;
+    else if (n->n_post >= 2 && n->post[0].kind == SPN_POST_ADD && n->post[1].kind == SPN_POST_RELU &&
+             m->vals[n->post[0].val].kind != SPN_VAL_CONST)
+      c->n_fused = 2;
+    if (c->n_fused && !(n->n_in > 2 && n->in[2] >= 0)) {
+      int64_t K = m->vals[n->in[1]].shape[0];
+      float *z = calloc((size_t)K, sizeof(float));
+      if (!z)
+        return spn_error_set(err, SPN_ENOMEM, "out of memory");
+      rc = upload(b, z, (size_t)K * sizeof(float), (void **)&c->zero_bias, err);
+      free(z);
+    }
+  }
+  return rc;
+}
+
+/* ---- helpers on the run path ---- */
+
+static const void *in_ptr(const spn_run_t *r, const spn_node_t *n, int k) {
+  const cu_node_t *c = n->bctx;
+  if (k < 8 && c->cdata[k])
+    return c->cdata[k];
+  return r->v[n->in[k]].data;
+}
+
+static int32_t ensure_ws(spn_backend_t *b, spn_run_t *r, size_t need) {
+  cu_ctx_t *cx = b->ctx;
+  if (need <= cx->ws_n)
+    return SPN_OK;
+  /* Grows on the first run of a bigger shape only; cudaFree waits for work
+   * still using the old buffer. */
+  cudaFree(cx->ws);
+  cx->ws = NULL;
+  cx->ws_n = 0;
+  CU(cudaMalloc(&cx->ws, need), "workspace");
+  cx->ws_n = need;
+  return SPN_OK;
+}
+
+/* Broadcast strides of `a` within output shape `y` (0 on broadcast dims). */
+static void bcast_nd(const spn_rt_val_t *a, const spn_rt_val_t *y, spn_cu_nd_t *g) {
+  g->nd = y->ndim;
+  int64_t s = 1;
+  for (int i = y->ndim - 1; i >= 0; i--) {
+    int ia = i - (y->ndim - a->ndim);
+    int64_t d = ia >= 0 ? a->shape[ia] : 1;
+    g->shape[i] = y->shape[i];
+    g->st[i] = d == 1 ? 0 : s;
+    s *= d;
+  }
+}
+
+static int32_t binary(spn_backend_t *b, spn_run_t *r, int op, const spn_rt_val_t *av, const void *ap,
+                      const spn_rt_val_t *bv, const void *bp, spn_rt_val_t *y, void *yp) {
+  if (y->ndim > SPN_CU_MAXD)
+    return spn_error_set(r->err, SPN_EUNSUPPORTED, "more than %d dims", SPN_CU_MAXD);
+  spn_cu_nd_t ga, gb;
+  bcast_nd(av, y, &ga);
+  bcast_nd(bv, y, &gb);
+  CU(spn_cu_binary(op, ap, bp, yp, &ga, &gb, run_stream(b, r)), "binary kernel");
+  return SPN_OK;
+}
+
+/* Post-ops [from, n_post) on y (NCHW, fp32). */
+static int32_t posts(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, int from, spn_rt_val_t *y) {
+  const cu_node_t *c = n->bctx;
+  cudaStream_t s = run_stream(b, r);
+  int64_t cnt = nelem(y);
+  for (int p = from; p < n->n_post; p++) {
+    const spn_post_t *po = &n->post[p];
+    int32_t rc = SPN_OK;
+    switch (po->kind) {
+    case SPN_POST_RELU: CU(spn_cu_unary(SPN_CU_RELU, y->data, y->data, cnt, 0, 0, s), "post-op"); break;
+    case SPN_POST_LRELU: CU(spn_cu_unary(SPN_CU_LRELU, y->data, y->data, cnt, po->a, 0, s), "post-op"); break;
+    case SPN_POST_SIGMOID: CU(spn_cu_unary(SPN_CU_SIGMOID, y->data, y->data, cnt, 0, 0, s), "post-op"); break;
+    case SPN_POST_TANH: CU(spn_cu_unary(SPN_CU_TANH, y->data, y->data, cnt, 0, 0, s), "post-op"); break;
+    case SPN_POST_CLIP: CU(spn_cu_unary(SPN_CU_CLIP, y->data, y->data, cnt, po->a, po->b, s), "post-op"); break;
+    case SPN_POST_ADD:
+    case SPN_POST_PRELU: {
+      const spn_rt_val_t *o = &r->v[po->val];
+      const void *op = c->post_c[p] ? c->post_c[p] : o->data;
+      rc = binary(b, r, po->kind == SPN_POST_ADD ? SPN_CU_ADD : SPN_CU_PRELU, y, y->data, o, op, y, y->data);
+      break;
+    }
+    default: break;
+    }
+    if (rc)
+      return rc;
+  }
+  return SPN_OK;
+}
+
+/* ---- convolution ---- */
+
+static cu_conv_t *find_conv(cu_node_t *c, const spn_rt_val_t *x) {
+  for (cu_conv_t *e = c->convs; e; e = e->next)
+    if (!memcmp(e->key, x->shape, 4 * sizeof(int64_t)))
+      return e;
+  return NULL;
+}
+
+static int32_t build_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bool tr, cu_conv_t **out) {
+  cu_ctx_t *cx = b->ctx;
+  cu_node_t *c = n->bctx;
+  const spn_rt_val_t *x = &r->v[n->in[0]], *w = &r->v[n->in[1]], *y = &r->v[n->out[0]];
+  int64_t st[2], dil[2], pl[2], pr[2], osp[2];
+  int32_t rc = spn_conv_geometry(n, x, w, tr, st, dil, pl, pr, osp, r->err);
+  if (rc)
+    return rc;
+  cu_conv_t *e = calloc(1, sizeof *e);
+  if (!e)
+    return spn_error_set(r->err, SPN_ENOMEM, "out of memory");
+  memcpy(e->key, x->shape, 4 * sizeof(int64_t));
+  e->next = c->convs;
+  c->convs = e; /* freed with the node even when building fails half-way */
+  int g = (int)spn_attr_int(n, "group", 1);
+  DNN(cudnnCreateTensorDescriptor(&e->x), "descriptor");
+  DNN(cudnnCreateTensorDescriptor(&e->y), "descriptor");
+  DNN(cudnnCreateTensorDescriptor(&e->bias), "descriptor");
+  DNN(cudnnCreateFilterDescriptor(&e->w), "descriptor");
+  DNN(cudnnCreateConvolutionDescriptor(&e->conv), "descriptor");
+  DNN(cudnnCreateActivationDescriptor(&e->act), "descriptor");
+  DNN(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3]), "input descriptor");
+  DNN(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)y->shape[0], (int)y->shape[1], (int)y->shape[2], (int)y->shape[3]), "output descriptor");
+  DNN(cudnnSetTensor4dDescriptor(e->bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, (int)y->shape[1], 1, 1), "bias descriptor");
+  DNN(cudnnSetFilter4dDescriptor(e->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, (int)w->shape[0], (int)w->shape[1], (int)w->shape[2], (int)w->shape[3]), "filter descriptor");
+  DNN(cudnnSetConvolution2dDescriptor(e->conv, (int)pl[0], (int)pl[1], (int)st[0], (int)st[1], (int)dil[0], (int)dil[1], CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT), "convolution descriptor");
+  DNN(cudnnSetConvolutionGroupCount(e->conv, g), "group count");
+  DNN(cudnnSetConvolutionMathType(e->conv, r->m->precision == SPN_PREC_TF32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH), "math type");
+  DNN(cudnnSetActivationDescriptor(e->act, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0), "activation");
+  int got = 0;
+  if (!tr) {
+    cudnnConvolutionFwdAlgoPerf_t perf[8];
+    DNN(cudnnGetConvolutionForwardAlgorithm_v7(cx->dnn, e->x, e->w, e->conv, e->y, 8, &got, perf), "algorithm choice");
+    int pick = -1;
+    for (int i = 0; i < got && pick < 0; i++)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= CU_WS_MAX)
+        pick = i;
+    if (pick < 0)
+      return spn_error_set(r->err, SPN_EUNSUPPORTED, "%s: cuDNN has no forward algorithm for this convolution", b->device);
+    e->algo = (int)perf[pick].algo;
+    e->ws = perf[pick].memory;
+  } else {
+    cudnnConvolutionBwdDataAlgoPerf_t perf[8];
+    DNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(cx->dnn, e->w, e->x, e->conv, e->y, 8, &got, perf), "algorithm choice");
+    int pick = -1;
+    for (int i = 0; i < got && pick < 0; i++)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= CU_WS_MAX)
+        pick = i;
+    if (pick < 0)
+      return spn_error_set(r->err, SPN_EUNSUPPORTED, "%s: cuDNN has no algorithm for this transposed convolution", b->device);
+    e->algo = (int)perf[pick].algo;
+    e->ws = perf[pick].memory;
+  }
+  *out = e;
+  return SPN_OK;
+}
+
+static int32_t exec_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bool tr) {
+  cu_ctx_t *cx = b->ctx;
+  cu_node_t *c = n->bctx;
+  spn_rt_val_t *x = &r->v[n->in[0]], *y = &r->v[n->out[0]];
+  if (x->ndim != 4)
+    return spn_error_set(r->err, SPN_EUNSUPPORTED, "only 2-D convolutions on %s", b->device);
+  cu_conv_t *e = find_conv(c, x);
+  int32_t rc;
+  if (!e && (rc = build_conv(b, r, n, tr, &e)))
+    return rc;
+  if ((rc = ensure_ws(b, r, e->ws)))
+    return rc;
+  cudaStream_t s = run_stream(b, r);
+  DNN(cudnnSetStream(cx->dnn, s), "stream");
+  const void *w = in_ptr(r, n, 1);
+  const void *bias = n->n_in > 2 && n->in[2] >= 0 ? in_ptr(r, n, 2) : NULL;
+  const float one = 1.f, zero = 0.f;
+  int from = 0;
+  if (tr) {
+    DNN(cudnnConvolutionBackwardData(cx->dnn, &one, e->w, w, e->x, x->data, e->conv, (cudnnConvolutionBwdDataAlgo_t)e->algo, cx->ws, e->ws, &zero, e->y, y->data), "transposed convolution");
+  } else if (c->n_fused) {
+    const void *z = y->data;
+    float a2 = 0.f;
+    if (c->n_fused == 2) {
+      z = r->v[n->post[0].val].data;
+      a2 = 1.f;
+    } else {
+      /* z = y with alpha2 = 0: clear y so stale arena bytes (NaN * 0)
+       * cannot leak in, whether or not cuDNN reads z then. */
+      CU(cudaMemsetAsync(y->data, 0, y->bytes, s), "clearing the output");
+    }
+    DNN(cudnnConvolutionBiasActivationForward(cx->dnn, &one, e->x, x->data, e->w, w, e->conv, (cudnnConvolutionFwdAlgo_t)e->algo, cx->ws, e->ws, &a2, e->y, z, e->bias, bias ? bias : c->zero_bias, e->act, e->y, y->data), "fused convolution");
+    from = c->n_fused;
+    bias = NULL;
+  } else {
+    DNN(cudnnConvolutionForward(cx->dnn, &one, e->x, x->data, e->w, w, e->conv, (cudnnConvolutionFwdAlgo_t)e->algo, cx->ws, e->ws, &zero, e->y, y->data), "convolution");
+  }
+  if (bias)
+    CU(spn_cu_channel_affine(y->data, y->data, NULL, bias, y->shape[0], y->shape[1], y->shape[2] * y->shape[3], s), "bias");
+  return posts(b, r, n, from, y);
+}
+
+/* ---- MatMul / Gemm (cuBLASLt, row-major through the transposed problem) ---- */
+
+static int32_t lt_gemm(spn_backend_t *b, spn_run_t *r, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                       float alpha, const void *A, const void *B, float beta, void *C, int64_t batch,
+                       int64_t sa, int64_t sb, int64_t sc, const void *bias, bool relu) {
+  cu_ctx_t *cx = b->ctx;
+  int32_t rc = ensure_ws(b, r, (size_t)32 << 20);
+  if (rc)
+    return rc;
+  cublasLtMatmulDesc_t desc = NULL;
+  cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
+  cublasLtMatmulPreference_t pref = NULL;
+  cublasComputeType_t ct = r->m->precision == SPN_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  /* Column-major: C^T (N x M) = op(B)^T-side x op(A)^T-side. */
+  cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasStatus_t st = cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F);
+  if (!st) st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+  if (!st) st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+  if (!st && bias) {
+    cublasLtEpilogue_t epi = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    if (!st) st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+  }
+  /* "A" of the column-major call is B: stored K x N row-major (N x K col-major, ld N) or, transposed, N x K row-major. */
+  if (!st) st = cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, tb ? (uint64_t)K : (uint64_t)N, tb ? (uint64_t)N : (uint64_t)K, tb ? K : N);
+  if (!st) st = cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, ta ? (uint64_t)M : (uint64_t)K, ta ? (uint64_t)K : (uint64_t)M, ta ? M : K);
+  if (!st) st = cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)N, (uint64_t)M, N);
+  if (!st && batch > 1) {
+    int32_t bc = (int32_t)batch;
+    st = cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
+    if (!st) st = cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sb, sizeof sb);
+    if (!st) st = cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
+    if (!st) st = cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sa, sizeof sa);
+    if (!st) st = cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
+    if (!st) st = cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sc, sizeof sc);
+  }
+  if (!st) st = cublasLtMatmulPreferenceCreate(&pref);
+  uint64_t wsn = cx->ws_n;
+  if (!st) st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsn, sizeof wsn);
+  cublasLtMatmulHeuristicResult_t heur;
+  int nres = 0;
+  if (!st) st = cublasLtMatmulAlgoGetHeuristic(cx->lt, desc, la, lb, lc, lc, pref, 1, &heur, &nres);
+  if (!st && nres == 0)
+    st = CUBLAS_STATUS_NOT_SUPPORTED;
+  if (!st)
+    st = cublasLtMatmul(cx->lt, desc, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur.algo, cx->ws, cx->ws_n, run_stream(b, r));
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (la) cublasLtMatrixLayoutDestroy(la);
+  if (lb) cublasLtMatrixLayoutDestroy(lb);
+  if (lc) cublasLtMatrixLayoutDestroy(lc);
+  if (desc) cublasLtMatmulDescDestroy(desc);
+  if (st == CUBLAS_STATUS_ALLOC_FAILED)
+    return spn_error_set(r->err, SPN_ENOMEM, "%s: out of device memory (cuBLASLt)", b->device);
+  if (st)
+    return spn_error_set(r->err, SPN_ECUDA, "%s: cuBLASLt matmul failed (status %d)", b->device, (int)st);
+  return SPN_OK;
+}
+
+static int32_t exec_matmul(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
+  const spn_rt_val_t *a = &r->v[n->in[0]], *w = &r->v[n->in[1]];
+  spn_rt_val_t *y = &r->v[n->out[0]];
+  if (a->ndim < 2 || w->ndim < 1 || w->ndim > a->ndim)
+    return spn_error_set(r->err, SPN_EUNSUPPORTED, "MatMul of these ranks on %s", b->device);
+  int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1];
+  int64_t N = w->ndim == 1 ? 1 : w->shape[w->ndim - 1];
+  int64_t mk = M * K, batch = nelem(a) / (mk > 0 ? mk : 1);
+  int32_t rc;
+  if (w->ndim <= 2) /* fold the batch into M */
+    rc = lt_gemm(b, r, false, false, M * batch, N, K, 1.f, a->data, in_ptr(r, n, 1), 0.f, y->data, 1, 0, 0, 0, NULL, false);
+  else if (nelem(w) / (K * N) == batch)
+    rc = lt_gemm(b, r, false, false, M, N, K, 1.f, a->data, in_ptr(r, n, 1), 0.f, y->data, batch, M * K, K * N, M * N, NULL, false);
+  else
+    return spn_error_set(r->err, SPN_EUNSUPPORTED, "MatMul with broadcast batch dims on %s", b->device);
+  return rc ? rc : posts(b, r, n, 0, y);
+}
+
+static int32_t exec_gemm(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
+  const spn_rt_val_t *a = &r->v[n->in[0]], *w = &r->v[n->in[1]];
+  spn_rt_val_t *y = &r->v[n->out[0]];
+  bool ta = spn_attr_int(n, "transA", 0), tb = spn_attr_int(n, "transB", 0);
+  float alpha = spn_attr_float(n, "alpha", 1.f), beta = spn_attr_float(n, "beta", 1.f);
+  int64_t M = ta ? a->shape[1] : a->shape[0], K = ta ? a->shape[0] : a->shape[1], N = tb ? w->shape[0] : w->shape[1];
+  bool has_c = n->n_in > 2 && n->in[2] >= 0 && beta != 0.f;
+  const void *bias = NULL;
+  bool relu = false;
+  int from = 0;
+  int32_t rc;
+  if (has_c) {
+    const spn_rt_val_t *cv = &r->v[n->in[2]];
+    if (cv->ndim == 1 && cv->shape[0] == N && beta == 1.f) {
+      bias = in_ptr(r, n, 2);
+      relu = n->n_post > 0 && n->post[0].kind == SPN_POST_RELU;
+      from = relu;
+    } else { /* Y = broadcast C, then Y = alpha A B + beta Y */
+      spn_cu_nd_t g;
+      bcast_nd(cv, y, &g);
+      CU(spn_cu_strided_copy(in_ptr(r, n, 2), y->data, 4, &g, 0, run_stream(b, r)), "Gemm C");
+    }
+  }
+  rc = lt_gemm(b, r, ta, tb, M, N, K, alpha, a->data, in_ptr(r, n, 1), has_c && !bias ? beta : 0.f, y->data, 1, 0, 0, 0, bias, relu);
+  return rc ? rc : posts(b, r, n, from, y);
+}
+
+/* ---- the rest ---- */
+
+static int32_t exec_resize(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
+  cu_node_t *c = n->bctx;
+  const spn_rt_val_t *x = &r->v[n->in[0]];
+  spn_rt_val_t *y = &r->v[n->out[0]];
+  if (x->ndim < 3 || x->ndim > 5)
+    return spn_error_set(r->err, SPN_EUNSUPPORTED, "Resize of a %d-D tensor on %s", x->ndim, b->device);
+  cu_resize_t *e = NULL;
+  for (cu_resize_t *it = c->resizes; it && !e; it = it->next)
+    if (!memcmp(it->key, x->shape, sizeof it->key))
+      e = it;
+  if (!e) {
+    int64_t *ib;
+    float *wb;
+    int64_t ish[3], osh[3];
+    int lin;
+    int32_t rc = spn_resize_tables(r, n, ish, osh, &lin, &ib, &wb);
+    if (rc)
+      return rc;
+    e = calloc(1, sizeof *e);
+    if (!e) {
+      free(ib);
+      free(wb);
+      return spn_error_set(r->err, SPN_ENOMEM, "out of memory");
+    }
+    memcpy(e->key, x->shape, sizeof e->key);
+    memcpy(e->ish, ish, sizeof ish);
+    memcpy(e->osh, osh, sizeof osh);
+    e->linear = lin;
+    int64_t tot = osh[0] + osh[1] + osh[2];
+    rc = upload(b, ib, (size_t)tot * 2 * sizeof(int64_t), (void **)&e->i01, r->err);
+    if (!rc)
+      rc = upload(b, wb, (size_t)tot * sizeof(float), (void **)&e->w, r->err);
+    free(ib);
+    free(wb);
+    e->next = c->resizes;
+    c->resizes = e;
+    if (rc)
+      return rc;
+  }
+  int64_t tot = e->osh[0] + e->osh[1] + e->osh[2];
+  CU(spn_cu_resize(x->data, y->data, x->shape[0] * x->shape[1], e->ish, e->osh, e->i01, e->i01 + tot, e->w, e->linear, run_stream(b, r)), "resize kernel");
+  return SPN_OK;
+}
+
+static int32_t exec_pool(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
+  const spn_rt_val_t *x = &r->v[n->in[0]];
+  spn_rt_val_t *y = &r->v[n->out[0]];
+  if (x->ndim != 4)
+    return spn_error_set(r->err, SPN_EUNSUPPORTED, "only 2-D pooling on %s", b->device);
+  const spn_attr_t *ks = spn_node_attr(n, "kernel_shape"), *st = spn_node_attr(n, "strides"), *pd = spn_node_attr(n, "pads"), *dl = spn_node_attr(n, "dilations");
+  int kh = (int)ks->ints[0], kw = (int)ks->ints[1];
+  int sh = st ? (int)st->ints[0] : 1, sw = st ? (int)st->ints[1] : 1;
+  int ph = pd ? (int)pd->ints[0] : 0, pw = pd ? (int)pd->ints[1] : 0;
+  int dh = dl ? (int)dl->ints[0] : 1, dw = dl ? (int)dl->ints[1] : 1;
+  bool avg = n->op == SPN_OP_AVGPOOL;
+  int cp = avg ? (int)spn_attr_int(n, "count_include_pad", 0) : 0;
+  CU(spn_cu_pool2d(x->data, y->data, x->shape[0] * x->shape[1], x->shape[2], x->shape[3], y->shape[2], y->shape[3], kh, kw, sh, sw, ph, pw, dh, dw, avg, cp, run_stream(b, r)), "pooling kernel");
+  return SPN_OK;
+}
+
+static void contiguous(const spn_rt_val_t *x, int64_t *st) {
+  int64_t s = 1;
+  for (int d = x->ndim - 1; d >= 0; d--) {
+    st[d] = s;
+    s *= x->shape[d];
+  }
+}
+
+static int32_t exec_node(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
+  cu_node_t *c = n->bctx;
+  spn_rt_val_t *x = n->n_in > 0 && n->in[0] >= 0 ? &r->v[n->in[0]] : NULL;
+  spn_rt_val_t *y = &r->v[n->out[0]];
+  int64_t cnt = nelem(y);
+  cudaStream_t s = run_stream(b, r);
+  int64_t produced = 0;
+  for (int o = 0; o < n->n_out; o++)
+    if (n->out[o] >= 0)
+      produced += nelem(&r->v[n->out[o]]);
+  if (!produced)
+    return SPN_OK;
+  const void *X = x ? in_ptr(r, n, 0) : NULL;
+  switch (n->op) {
+  case SPN_OP_CONV: return exec_conv(b, r, n, false);
+  case SPN_OP_CONVT: return exec_conv(b, r, n, true);
+  case SPN_OP_MATMUL: return exec_matmul(b, r, n);
+  case SPN_OP_GEMM: return exec_gemm(b, r, n);
+  case SPN_OP_RELU: CU(spn_cu_unary(SPN_CU_RELU, X, y->data, cnt, 0, 0, s), "Relu"); return SPN_OK;
+  case SPN_OP_LRELU: CU(spn_cu_unary(SPN_CU_LRELU, X, y->data, cnt, spn_attr_float(n, "alpha", 0.01f), 0, s), "LeakyRelu"); return SPN_OK;
+  case SPN_OP_SIGMOID: CU(spn_cu_unary(SPN_CU_SIGMOID, X, y->data, cnt, 0, 0, s), "Sigmoid"); return SPN_OK;
+  case SPN_OP_TANH: CU(spn_cu_unary(SPN_CU_TANH, X, y->data, cnt, 0, 0, s), "Tanh"); return SPN_OK;
+  case SPN_OP_EXP: CU(spn_cu_unary(SPN_CU_EXP, X, y->data, cnt, 0, 0, s), "Exp"); return SPN_OK;
+  case SPN_OP_CLIP: {
+    float lo = -INFINITY, hi = INFINITY;
+    if (r->m->opset < 11) {
+      lo = spn_attr_float(n, "min", lo);
+      hi = spn_attr_float(n, "max", hi);
+    } else { /* bounds are constants or shape-class values: host memory */
+      if (n->n_in > 1 && n->in[1] >= 0) lo = *(const float *)r->v[n->in[1]].data;
+      if (n->n_in > 2 && n->in[2] >= 0) hi = *(const float *)r->v[n->in[2]].data;
+    }
+    CU(spn_cu_unary(SPN_CU_CLIP, X, y->data, cnt, lo, hi, s), "Clip");
+    return SPN_OK;
+  }
+  case SPN_OP_BN:
+    CU(spn_cu_channel_affine(X, y->data, c->bn_scale, c->bn_shift, x->shape[0], x->shape[1], cnt / (x->shape[0] * x->shape[1]), s), "BatchNormalization");
+    return SPN_OK;
+  case SPN_OP_ADD: case SPN_OP_SUB: case SPN_OP_MUL: case SPN_OP_DIV: case SPN_OP_PRELU: {
+    int op = n->op == SPN_OP_ADD ? SPN_CU_ADD : n->op == SPN_OP_SUB ? SPN_CU_SUB : n->op == SPN_OP_MUL ? SPN_CU_MUL : n->op == SPN_OP_DIV ? SPN_CU_DIV : SPN_CU_PRELU;
+    return binary(b, r, op, x, X, &r->v[n->in[1]], in_ptr(r, n, 1), y, y->data);
+  }
+  case SPN_OP_SOFTMAX: {
+    int64_t def = r->m->opset >= 13 ? -1 : 1;
+    int64_t ax = spn_attr_int(n, "axis", def);
+    if (ax < 0) ax += x->ndim;
+    int64_t outer = 1, len = 1, inner = 1;
+    for (int d = 0; d < x->ndim; d++) {
+      if (d < ax) outer *= x->shape[d];
+      else if (d == ax || r->m->opset < 13) len *= x->shape[d];
+      else inner *= x->shape[d];
+    }
+    CU(spn_cu_softmax(X, y->data, outer, len, inner, s), "Softmax");
+    return SPN_OK;
+  }
+  case SPN_OP_CONCAT: {
+    int64_t ax = spn_attr_int(n, "axis", 0);
+    if (ax < 0) ax += y->ndim;
+    size_t es = spn_dtype_size(y->dtype);
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < ax; d++) outer *= y->shape[d];
+    for (int d = (int)ax + 1; d < y->ndim; d++) inner *= y->shape[d];
+    size_t orow = (size_t)(y->shape[ax] * inner) * es, pos = 0;
+    for (int k = 0; k < n->n_in; k++) {
+      const spn_rt_val_t *v = &r->v[n->in[k]];
+      size_t chunk = (size_t)(v->shape[ax] * inner) * es;
+      if (chunk && outer)
+        CU(cudaMemcpy2DAsync((uint8_t *)y->data + pos, orow, in_ptr(r, n, k), chunk, chunk, (size_t)outer, cudaMemcpyDeviceToDevice, s), "Concat");
+      pos += chunk;
+    }
+    return SPN_OK;
+  }
+  case SPN_OP_SPLIT: {
+    int64_t ax = spn_attr_int(n, "axis", 0);
+    if (ax < 0) ax += x->ndim;
+    size_t es = spn_dtype_size(x->dtype);
+    int64_t outer = 1, inner = 1;
+    for (int d = 0; d < ax; d++) outer *= x->shape[d];
+    for (int d = (int)ax + 1; d < x->ndim; d++) inner *= x->shape[d];
+    size_t irow = (size_t)(x->shape[ax] * inner) * es, pos = 0;
+    for (int k = 0; k < n->n_out; k++) {
+      if (n->out[k] < 0)
+        continue;
+      spn_rt_val_t *v = &r->v[n->out[k]];
+      size_t chunk = (size_t)(v->shape[ax] * inner) * es;
+      if (chunk && outer)
+        CU(cudaMemcpy2DAsync(v->data, chunk, (const uint8_t *)X + pos, irow, chunk, (size_t)outer, cudaMemcpyDeviceToDevice, s), "Split");
+      pos += chunk;
+    }
+    return SPN_OK;
+  }
+  case SPN_OP_D2S: {
+    int64_t bs = spn_attr_int(n, "blocksize", 1);
+    int crd = !strcmp(spn_attr_str(n, "mode", "DCR"), "CRD");
+    CU(spn_cu_depth_to_space(X, y->data, y->shape[0], y->shape[1], x->shape[2], x->shape[3], bs, crd, s), "DepthToSpace");
+    return SPN_OK;
+  }
+  case SPN_OP_RESIZE:
+  case SPN_OP_UPSAMPLE: return exec_resize(b, r, n);
+  case SPN_OP_TRANSPOSE: {
+    const spn_attr_t *p = spn_node_attr(n, "perm");
+    int64_t ist[SPN_MAXD];
+    contiguous(x, ist);
+    spn_cu_nd_t g = {.nd = y->ndim};
+    for (int d = 0; d < y->ndim; d++) {
+      g.shape[d] = y->shape[d];
+      g.st[d] = ist[p ? p->ints[d] : x->ndim - 1 - d];
+    }
+    CU(spn_cu_strided_copy(X, y->data, (int)spn_dtype_size(x->dtype), &g, 0, s), "Transpose");
+    return SPN_OK;
+  }
+  case SPN_OP_SLICE: {
+    int64_t st[SPN_MAXD], sp[SPN_MAXD], count[SPN_MAXD], ist[SPN_MAXD];
+    int32_t rc = spn_op_slice_params(r, n, st, sp, count);
+    if (rc)
+      return rc;
+    contiguous(x, ist);
+    int64_t base = 0;
+    spn_cu_nd_t g = {.nd = y->ndim};
+    for (int d = 0; d < x->ndim; d++) {
+      base += st[d] * ist[d];
+      g.shape[d] = y->shape[d];
+      g.st[d] = ist[d] * sp[d];
+    }
+    CU(spn_cu_strided_copy(X, y->data, (int)spn_dtype_size(x->dtype), &g, base, s), "Slice");
+    return SPN_OK;
+  }
+  case SPN_OP_PAD: {
+    int64_t pads[2 * SPN_MAXD];
+    float val;
+    int32_t rc = spn_op_pad_params(r, n, pads, &val);
+    if (rc)
+      return rc;
+    const char *mode = spn_attr_str(n, "mode", "constant");
+    int md = !strcmp(mode, "constant") ? 0 : (!strcmp(mode, "reflect") ? 1 : 2);
+    int64_t ist[SPN_MAXD];
+    contiguous(x, ist);
+    spn_cu_nd_t g = {.nd = y->ndim};
+    for (int d = 0; d < y->ndim; d++) {
+      g.shape[d] = y->shape[d];
+      g.st[d] = ist[d];
+    }
+    CU(spn_cu_pad(X, y->data, &g, x->shape, pads, md, val, s), "Pad");
+    return SPN_OK;
+  }
+  case SPN_OP_GAP: {
+    int64_t planes = x->shape[0] * x->shape[1];
+    CU(spn_cu_global_avg_pool(X, y->data, planes, nelem(x) / (planes ? planes : 1), s), "GlobalAveragePool");
+    return SPN_OK;
+  }
+  case SPN_OP_MAXPOOL:
+  case SPN_OP_AVGPOOL: return exec_pool(b, r, n);
+  case SPN_OP_RESHAPE: case SPN_OP_FLATTEN: case SPN_OP_SQUEEZE: case SPN_OP_UNSQUEEZE: case SPN_OP_IDENTITY:
+    if (y->data != X)
+      CU(cudaMemcpyAsync(y->data, X, (size_t)cnt * spn_dtype_size(y->dtype), cudaMemcpyDeviceToDevice, s), "copy");
+    return SPN_OK;
+  default:
+    return spn_error_set(r->err, SPN_EUNSUPPORTED, "no CUDA kernel");
+  }
+}
+
+static int32_t cu_compute(spn_backend_t *b, spn_run_t *r, int first, int last) {
+  cu_ctx_t *cx = b->ctx;
+  const spn_model_t *m = r->m;
+  pthread_mutex_lock(&cx->lock);
+  cudaSetDevice(cx->dev);
+  int32_t rc = SPN_OK;
+  for (int i = first; i < last && !rc; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead || n->shape_class || n->backend != b->slot)
+      continue;
+    if ((rc = exec_node(b, r, n)))
+      spn_error_prefix(r->err, "%s: node '%s' (%s) on %s", m->path, n->name, n->op_name, b->device);
+  }
+  pthread_mutex_unlock(&cx->lock);
+  return rc;
+}
+
+static int32_t cu_run_end(spn_backend_t *b, spn_run_t *r, bool sync) {
+  cu_ctx_t *cx = b->ctx;
+  if (!sync)
+    return SPN_OK;
+  cudaSetDevice(cx->dev);
+  CU(cudaStreamSynchronize(run_stream(b, r)), "end of run");
+  return SPN_OK;
+}
+
+/* Arenas come from the device layer's buffer type (stream-ordered pool
+ * allocations; a GPU the health monitor marked unusable refuses them). */
+static int32_t cu_buf_alloc(spn_backend_t *b, size_t size, void **data, void **handle, spn_error_t *err) {
+  spn_buffer_t *buf = NULL;
+  int32_t rc = spn_buffer_type_alloc(b->buffer_type, size ? size : 256, &buf, err);
+  if (rc) {
+    *data = NULL;
+    return spn_error_prefix(err, "%s: arena of %zu bytes", b->device, size);
+  }
+  *data = spn_buffer_data(buf);
+  *handle = buf;
+  return SPN_OK;
+}
+
+static void cu_buf_free(spn_backend_t *b, void *data, void *handle) {
+  (void)b, (void)data;
+  spn_buffer_t *buf = handle;
+  spn_buffer_unref(&buf);
+}
+
+static int32_t cu_to_host(spn_backend_t *b, spn_run_t *r, void *dst, const void *src, size_t n) {
+  CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, run_stream(b, r)), "copy to the host");
+  return SPN_OK;
+}
+
+static int32_t cu_from_host(spn_backend_t *b, spn_run_t *r, void *dst, const void *src, size_t n) {
+  CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, run_stream(b, r)), "copy from the host");
+  return SPN_OK;
+}
+
+static void cu_free(spn_backend_t *b) {
+  cu_ctx_t *cx = b->ctx;
+  if (cx) {
+    cudaSetDevice(cx->dev);
+    cudaFree(cx->ws);
+    if (cx->lt) cublasLtDestroy(cx->lt);
+    if (cx->dnn) cudnnDestroy(cx->dnn);
+    if (cx->stream) cudaStreamDestroy(cx->stream);
+    if (cx->devs) spn__devices_free(&cx->devs, cx->n_devs);
+    pthread_mutex_destroy(&cx->lock);
+    free(cx);
+  }
+  free(b);
+}
+
+static const spn_backend_iface_t cu_iface = {
+    .supports = cu_supports,
+    .prepare = cu_prepare,
+    .node_free = cu_node_free,
+    .compute = cu_compute,
+    .run_end = cu_run_end,
+    .buf_alloc = cu_buf_alloc,
+    .buf_free = cu_buf_free,
+    .to_host = cu_to_host,
+    .from_host = cu_from_host,
+    .free = cu_free,
+};
+
+static int32_t cu_open(const spn_backend_factory_t *f, int index, spn_backend_t **out, spn_error_t *err) {
+  (void)f;
+  int count = 0;
+  cudaError_t ce = cudaGetDeviceCount(&count);
+  if (ce != cudaSuccess || index >= count) {
+    (void)cudaGetLastError();
+    return spn_error_set(err, SPN_EDEVICE, "cuda:%d: no such CUDA device (%d present%s%s)", index, ce == cudaSuccess ? count : 0, ce == cudaSuccess ? "" : ": ", ce == cudaSuccess ? "" : cudaGetErrorString(ce));
+  }
+  spn_backend_t *b = calloc(1, sizeof *b);
+  cu_ctx_t *cx = calloc(1, sizeof *cx);
+  if (!b || !cx) {
+    free(b);
+    free(cx);
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  }
+  pthread_mutex_init(&cx->lock, NULL);
+  cx->dev = index;
+  b->iface = &cu_iface;
+  b->ctx = cx;
+  snprintf(b->device, sizeof b->device, "cuda:%d", index);
+  b->device_kind = SPN_DEVICE_CUDA;
+  b->mem_kind = SPN_MEM_DEVICE;
+  b->host_memory = false;
+  char spec[32];
+  snprintf(spec, sizeof spec, "cuda:%d", index);
+  const spn__backend_t *extra[] = {spn__backend_cuda()};
+  int32_t rc = spn__devices_open(spec, extra, 1, &cx->devs, &cx->n_devs, err);
+  if (!rc && cx->n_devs != 1)
+    rc = spn_error_set(err, SPN_EDEVICE, "%s: the device layer opened %u devices", spec, cx->n_devs);
+  if (!rc) {
+    b->buffer_type = spn_device_buffer_type(cx->devs[0], SPN_MEM_DEVICE);
+    if ((ce = cudaSetDevice(index)) != cudaSuccess || (ce = cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking)) != cudaSuccess)
+      rc = cu_err(err, b->device, ce, "opening the device");
+  }
+  cudnnStatus_t ds;
+  if (!rc && (ds = cudnnCreate(&cx->dnn)) != CUDNN_STATUS_SUCCESS)
+    rc = dnn_err(err, b->device, ds, "handle");
+  if (!rc && cublasLtCreate(&cx->lt) != CUBLAS_STATUS_SUCCESS)
+    rc = spn_error_set(err, SPN_ECUDA, "%s: cannot create the cuBLASLt handle", b->device);
+  if (rc) {
+    cu_free(b);
+    return rc;
+  }
+  *out = b;
+  return SPN_OK;
+}
+
+int32_t spn_engine_cuda_factory(spn_backend_factory_t *f) {
+  *f = (spn_backend_factory_t){.prefix = "cuda", .open = cu_open};
+  return SPN_OK;
+}

@@ -1,0 +1,319 @@
+/* cuda/engine/engine-kernels.cu — see engine-kernels.cuh. Grid-stride loops
+ * over 64-bit element counts; no kernel allocates or synchronises. */
+#include <math.h>
+
+#include "engine-kernels.cuh"
+
+#define SPN_CU_THREADS 256
+
+static unsigned grid_for(int64_t n) {
+  int64_t b = (n + SPN_CU_THREADS - 1) / SPN_CU_THREADS;
+  if (b < 1)
+    b = 1;
+  return (unsigned)(b > 65535 * 8 ? 65535 * 8 : b);
+}
+
+#define GRID_LOOP(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+__global__ void k_unary(int op, const float *x, float *y, int64_t n, float a, float b) {
+  GRID_LOOP(i, n) {
+    float v = x[i];
+    switch (op) {
+    case SPN_CU_RELU: v = v > 0.f ? v : 0.f; break;
+    case SPN_CU_LRELU: v = v > 0.f ? v : v * a; break;
+    case SPN_CU_SIGMOID: v = 1.f / (1.f + expf(-v)); break;
+    case SPN_CU_TANH: v = tanhf(v); break;
+    case SPN_CU_CLIP: v = v < a ? a : (v > b ? b : v); break;
+    default: v = expf(v); break;
+    }
+    y[i] = v;
+  }
+}
+
+extern "C" cudaError_t spn_cu_unary(int op, const float *x, float *y, int64_t n, float a, float b, cudaStream_t s) {
+  if (n <= 0)
+    return cudaSuccess;
+  k_unary<<<grid_for(n), SPN_CU_THREADS, 0, s>>>(op, x, y, n, a, b);
+  return cudaGetLastError();
+}
+
+__global__ void k_binary(int op, const float *A, const float *B, float *Y, spn_cu_nd_t ga, spn_cu_nd_t gb, int64_t n) {
+  GRID_LOOP(i, n) {
+    int64_t rem = i, oa = 0, ob = 0;
+    for (int d = ga.nd - 1; d >= 0; d--) {
+      int64_t c = rem % ga.shape[d];
+      rem /= ga.shape[d];
+      oa += c * ga.st[d];
+      ob += c * gb.st[d];
+    }
+    float x = A[oa], w = B[ob], v;
+    switch (op) {
+    case SPN_CU_ADD: v = x + w; break;
+    case SPN_CU_SUB: v = x - w; break;
+    case SPN_CU_MUL: v = x * w; break;
+    case SPN_CU_DIV: v = x / w; break;
+    default: v = x > 0.f ? x : x * w; break;
+    }
+    Y[i] = v;
+  }
+}
+
+extern "C" cudaError_t spn_cu_binary(int op, const float *a, const float *b, float *y, const spn_cu_nd_t *ya,
+                                     const spn_cu_nd_t *stb, cudaStream_t s) {
+  int64_t n = 1;
+  for (int d = 0; d < ya->nd; d++)
+    n *= ya->shape[d];
+  if (n <= 0)
+    return cudaSuccess;
+  k_binary<<<grid_for(n), SPN_CU_THREADS, 0, s>>>(op, a, b, y, *ya, *stb, n);
+  return cudaGetLastError();
+}
+
+__global__ void k_affine(const float *x, float *y, const float *scale, const float *shift, int64_t C, int64_t HW,
+                         int64_t n) {
+  GRID_LOOP(i, n) {
+    int64_t c = (i / HW) % C;
+    y[i] = x[i] * (scale ? scale[c] : 1.f) + (shift ? shift[c] : 0.f);
+  }
+}
+
+extern "C" cudaError_t spn_cu_channel_affine(const float *x, float *y, const float *scale, const float *shift,
+                                             int64_t N, int64_t C, int64_t HW, cudaStream_t s) {
+  int64_t n = N * C * HW;
+  if (n <= 0)
+    return cudaSuccess;
+  k_affine<<<grid_for(n), SPN_CU_THREADS, 0, s>>>(x, y, scale, shift, C, HW, n);
+  return cudaGetLastError();
+}
+
+template <typename T>
+__global__ void k_strided(const T *x, T *y, spn_cu_nd_t g, int64_t base, int64_t n) {
+  GRID_LOOP(i, n) {
+    int64_t rem = i, src = base;
+    for (int d = g.nd - 1; d >= 0; d--) {
+      src += (rem % g.shape[d]) * g.st[d];
+      rem /= g.shape[d];
+    }
+    y[i] = x[src];
+  }
+}
+
+extern "C" cudaError_t spn_cu_strided_copy(const void *x, void *y, int es, const spn_cu_nd_t *g, int64_t base,
+                                           cudaStream_t s) {
+  int64_t n = 1;
+  for (int d = 0; d < g->nd; d++)
+    n *= g->shape[d];
+  if (n <= 0)
+    return cudaSuccess;
+  if (es == 4)
+    k_strided<float><<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const float *)x, (float *)y, *g, base, n);
+  else if (es == 8)
+    k_strided<int64_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const int64_t *)x, (int64_t *)y, *g, base, n);
+  else if (es == 2)
+    k_strided<uint16_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const uint16_t *)x, (uint16_t *)y, *g, base, n);
+  else
+    k_strided<uint8_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const uint8_t *)x, (uint8_t *)y, *g, base, n);
+  return cudaGetLastError();
+}
+
+typedef struct {
+  int64_t v[SPN_CU_MAXD];
+} nd_arr_t;
+
+__global__ void k_pad(const float *x, float *y, spn_cu_nd_t g, nd_arr_t xs, nd_arr_t pb, int mode, float value,
+                      int64_t n) {
+  GRID_LOOP(i, n) {
+    int64_t rem = i, src = 0;
+    bool inside = true;
+    for (int d = g.nd - 1; d >= 0; d--) {
+      int64_t c = rem % g.shape[d] - pb.v[d];
+      rem /= g.shape[d];
+      int64_t len = xs.v[d];
+      if (c < 0 || c >= len) {
+        if (mode == 0) {
+          inside = false;
+          break;
+        } else if (mode == 1) {
+          if (len == 1) {
+            c = 0;
+          } else {
+            int64_t per = 2 * (len - 1);
+            c = ((c % per) + per) % per;
+            if (c >= len)
+              c = per - c;
+          }
+        } else {
+          c = c < 0 ? 0 : len - 1;
+        }
+      }
+      src += c * g.st[d];
+    }
+    y[i] = inside ? x[src] : value;
+  }
+}
+
+extern "C" cudaError_t spn_cu_pad(const float *x, float *y, const spn_cu_nd_t *g, const int64_t *xshape,
+                                  const int64_t *pads_begin, int mode, float value, cudaStream_t s) {
+  int64_t n = 1;
+  nd_arr_t xs, pb;
+  for (int d = 0; d < g->nd; d++) {
+    n *= g->shape[d];
+    xs.v[d] = xshape[d];
+    pb.v[d] = pads_begin[d];
+  }
+  if (n <= 0)
+    return cudaSuccess;
+  k_pad<<<grid_for(n), SPN_CU_THREADS, 0, s>>>(x, y, *g, xs, pb, mode, value, n);
+  return cudaGetLastError();
+}
+
+__global__ void k_resize(const float *X, float *Y, int64_t planes, int64_t id, int64_t ih, int64_t iw, int64_t od,
+                         int64_t oh, int64_t ow, const int64_t *i0, const int64_t *i1, const float *w, int linear,
+                         int64_t n) {
+  const int64_t *i0d = i0, *i0h = i0 + od, *i0w = i0 + od + oh;
+  const int64_t *i1d = i1, *i1h = i1 + od, *i1w = i1 + od + oh;
+  const float *wd = w, *wh = w + od, *ww = w + od + oh;
+  GRID_LOOP(i, n) {
+    int64_t x = i % ow, t = i / ow, y = t % oh, z = (t / oh) % od, p = t / (oh * od);
+    const float *xp = X + p * id * ih * iw;
+    if (!linear) {
+      Y[i] = xp[(i0d[z] * ih + i0h[y]) * iw + i0w[x]];
+      continue;
+    }
+    float acc = 0.f;
+    for (int a = 0; a < 2; a++) {
+      int64_t dd = a ? i1d[z] : i0d[z];
+      float fa = a ? wd[z] : 1.f - wd[z];
+      for (int b = 0; b < 2; b++) {
+        int64_t hh = b ? i1h[y] : i0h[y];
+        float fb = b ? wh[y] : 1.f - wh[y];
+        float v0 = xp[(dd * ih + hh) * iw + i0w[x]], v1 = xp[(dd * ih + hh) * iw + i1w[x]];
+        acc += fa * fb * (v0 * (1.f - ww[x]) + v1 * ww[x]);
+      }
+    }
+    Y[i] = acc;
+  }
+  (void)planes;
+}
+
+extern "C" cudaError_t spn_cu_resize(const float *x, float *y, int64_t planes, const int64_t *ish, const int64_t *osh,
+                                     const int64_t *i0, const int64_t *i1, const float *w, int linear, cudaStream_t s) {
+  int64_t n = planes * osh[0] * osh[1] * osh[2];
+  if (n <= 0)
+    return cudaSuccess;
+  k_resize<<<grid_for(n), SPN_CU_THREADS, 0, s>>>(x, y, planes, ish[0], ish[1], ish[2], osh[0], osh[1], osh[2], i0, i1,
+                                                  w, linear, n);
+  return cudaGetLastError();
+}
+
+/* One thread per (outer, inner) row; rows are short in the models served. */
+__global__ void k_softmax(const float *x, float *y, int64_t outer, int64_t len, int64_t inner) {
+  GRID_LOOP(r, outer * inner) {
+    int64_t o = r / inner, in = r % inner;
+    const float *px = x + o * len * inner + in;
+    float *py = y + o * len * inner + in;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < len; j++)
+      mx = fmaxf(mx, px[j * inner]);
+    float sum = 0.f;
+    for (int64_t j = 0; j < len; j++) {
+      float e = expf(px[j * inner] - mx);
+      py[j * inner] = e;
+      sum += e;
+    }
+    for (int64_t j = 0; j < len; j++)
+      py[j * inner] /= sum;
+  }
+}
+
+extern "C" cudaError_t spn_cu_softmax(const float *x, float *y, int64_t outer, int64_t len, int64_t inner,
+                                      cudaStream_t s) {
+  if (outer * inner <= 0)
+    return cudaSuccess;
+  k_softmax<<<grid_for(outer * inner), SPN_CU_THREADS, 0, s>>>(x, y, outer, len, inner);
+  return cudaGetLastError();
+}
+
+__global__ void k_d2s(const float *X, float *Y, int64_t C, int64_t H, int64_t W, int64_t b, int crd, int64_t n) {
+  GRID_LOOP(i, n) {
+    int64_t OW = W * b, OH = H * b;
+    int64_t ox = i % OW, t = i / OW, oy = t % OH, c = (t / OH) % C, nn = t / (OH * C);
+    int64_t h = oy / b, bi = oy % b, w = ox / b, bj = ox % b;
+    int64_t ic = crd ? c * b * b + bi * b + bj : (bi * b + bj) * C + c;
+    Y[i] = X[((nn * C * b * b + ic) * H + h) * W + w];
+  }
+}
+
+extern "C" cudaError_t spn_cu_depth_to_space(const float *x, float *y, int64_t N, int64_t C, int64_t H, int64_t W,
+                                             int64_t b, int crd, cudaStream_t s) {
+  int64_t n = N * C * H * b * W * b;
+  if (n <= 0)
+    return cudaSuccess;
+  k_d2s<<<grid_for(n), SPN_CU_THREADS, 0, s>>>(x, y, C, H, W, b, crd, n);
+  return cudaGetLastError();
+}
+
+/* One block per plane, a shared-memory tree sum in double like the CPU. */
+__global__ void k_gap(const float *x, float *y, int64_t sp) {
+  __shared__ double part[SPN_CU_THREADS];
+  const float *px = x + blockIdx.x * sp;
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < sp; i += blockDim.x)
+    acc += px[i];
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int k = SPN_CU_THREADS / 2; k > 0; k >>= 1) {
+    if ((int)threadIdx.x < k)
+      part[threadIdx.x] += part[threadIdx.x + k];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0)
+    y[blockIdx.x] = (float)(part[0] / (double)sp);
+}
+
+extern "C" cudaError_t spn_cu_global_avg_pool(const float *x, float *y, int64_t planes, int64_t sp, cudaStream_t s) {
+  if (planes <= 0 || sp <= 0)
+    return cudaSuccess;
+  for (int64_t p0 = 0; p0 < planes; p0 += 65535) {
+    int64_t cnt = planes - p0 < 65535 ? planes - p0 : 65535;
+    k_gap<<<(unsigned)cnt, SPN_CU_THREADS, 0, s>>>(x + p0 * sp, y + p0, sp);
+  }
+  return cudaGetLastError();
+}
+
+__global__ void k_pool(const float *x, float *y, int64_t H, int64_t W, int64_t OH, int64_t OW, int kh, int kw, int sh,
+                       int sw, int ph, int pw, int dh, int dw, int avg, int count_pad, int64_t n) {
+  GRID_LOOP(i, n) {
+    int64_t ox = i % OW, t = i / OW, oy = t % OH, p = t / OH;
+    const float *xp = x + p * H * W;
+    float best = -INFINITY, sum = 0.f;
+    int64_t cnt = 0, cnt_pad = 0;
+    for (int a = 0; a < kh; a++) {
+      int64_t yy = oy * sh - ph + (int64_t)a * dh;
+      for (int b = 0; b < kw; b++) {
+        int64_t xx = ox * sw - pw + (int64_t)b * dw;
+        bool in_pad = yy < H + ph && xx < W + pw; /* inside the padded frame */
+        if (yy < 0 || yy >= H || xx < 0 || xx >= W) {
+          cnt_pad += in_pad;
+          continue;
+        }
+        float v = xp[yy * W + xx];
+        best = fmaxf(best, v);
+        sum += v;
+        cnt++;
+        cnt_pad++;
+      }
+    }
+    y[i] = avg ? sum / (float)((count_pad ? cnt_pad : cnt) ? (count_pad ? cnt_pad : cnt) : 1) : best;
+  }
+}
+
+extern "C" cudaError_t spn_cu_pool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                                     int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw, int avg,
+                                     int count_pad, cudaStream_t s) {
+  int64_t n = NC * OH * OW;
+  if (n <= 0)
+    return cudaSuccess;
+  k_pool<<<grid_for(n), SPN_CU_THREADS, 0, s>>>(x, y, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, avg, count_pad, n);
+  return cudaGetLastError();
+}

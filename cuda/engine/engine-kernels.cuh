@@ -1,0 +1,62 @@
+/* cuda/engine/engine-kernels.cuh — the CUDA engine backend's own kernels
+ * (everything cuDNN and cuBLASLt do not do), fp32, NCHW.
+ *
+ * Each is the GPU twin of a CPU kernel in core/engine/cpu-kernels.c, with the
+ * same semantics (broadcast strides, pad modes, resize tables computed on the
+ * host by the same code). Every function launches on `stream` and returns at
+ * once; a launch error comes back as the cudaError_t. Plain C declarations:
+ * backend-cuda.c and tests/gpu include this header. */
+#ifndef SPINDLE_CUDA_ENGINE_KERNELS_CUH
+#define SPINDLE_CUDA_ENGINE_KERNELS_CUH
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SPN_CU_MAXD 8
+
+/* Shapes and element strides of an N-d operand, passed by value. */
+typedef struct spn_cu_nd {
+  int nd;
+  int64_t shape[SPN_CU_MAXD]; /* output shape */
+  int64_t st[SPN_CU_MAXD];    /* source strides per output dim (0 = broadcast) */
+} spn_cu_nd_t;
+
+enum { SPN_CU_RELU, SPN_CU_LRELU, SPN_CU_SIGMOID, SPN_CU_TANH, SPN_CU_CLIP, SPN_CU_EXP };
+enum { SPN_CU_ADD, SPN_CU_SUB, SPN_CU_MUL, SPN_CU_DIV, SPN_CU_PRELU };
+
+/* y[i] = f(x[i]) for i < n (x may equal y). a, b: alpha / clip bounds. */
+cudaError_t spn_cu_unary(int op, const float *x, float *y, int64_t n, float a, float b, cudaStream_t s);
+/* y = a (op) b with broadcasting: ya gives y's shape and a's strides, stb b's. */
+cudaError_t spn_cu_binary(int op, const float *a, const float *b, float *y, const spn_cu_nd_t *ya,
+                          const spn_cu_nd_t *stb, cudaStream_t s);
+/* y[n,c,i] = x[n,c,i] * scale[c] + shift[c] (bias: scale NULL). */
+cudaError_t spn_cu_channel_affine(const float *x, float *y, const float *scale, const float *shift, int64_t N,
+                                  int64_t C, int64_t HW, cudaStream_t s);
+/* y[i] = x[base + sum_d idx_d * st[d]] over y's shape (transpose, slice). */
+cudaError_t spn_cu_strided_copy(const void *x, void *y, int es, const spn_cu_nd_t *g, int64_t base, cudaStream_t s);
+/* Pad: mode 0 constant (value), 1 reflect, 2 edge; pads_begin per dim. */
+cudaError_t spn_cu_pad(const float *x, float *y, const spn_cu_nd_t *g, const int64_t *xshape,
+                       const int64_t *pads_begin, int mode, float value, cudaStream_t s);
+/* Resize over (planes, D, H, W) with index/weight tables prepared on the
+ * host (device pointers): i0/i1/w per axis, concatenated D then H then W. */
+cudaError_t spn_cu_resize(const float *x, float *y, int64_t planes, const int64_t *ish, const int64_t *osh,
+                          const int64_t *i0, const int64_t *i1, const float *w, int linear, cudaStream_t s);
+cudaError_t spn_cu_softmax(const float *x, float *y, int64_t outer, int64_t len, int64_t inner, cudaStream_t s);
+cudaError_t spn_cu_depth_to_space(const float *x, float *y, int64_t N, int64_t C, int64_t H, int64_t W,
+                                  int64_t b, int crd, cudaStream_t s);
+cudaError_t spn_cu_global_avg_pool(const float *x, float *y, int64_t planes, int64_t sp, cudaStream_t s);
+/* 2-D pooling over NCHW: max (avg = 0) or average; pads top/left; count
+ * includes padding when count_pad. Output size given. */
+cudaError_t spn_cu_pool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
+                          int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw, int avg, int count_pad,
+                          cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
