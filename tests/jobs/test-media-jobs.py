@@ -125,6 +125,15 @@ def server_config(tmp, with_lipsync=True):
     text = open(os.path.join(SRC, "configs", "server-media.toml")).read()
     text = text.replace('config = "', f'config = "{SRC}/configs/')
     text = text.replace('devices = "auto"', 'devices = "cpu"')
+    # enhance as shipped, except that superres uses the repository's ESPCN
+    # file: the "embedded" fallback is looked up where `meson install` puts
+    # it, which a build tree does not have
+    enh = open(os.path.join(SRC, "configs", "enhance.toml")).read()
+    enh = enh.replace('"../', '"' + os.path.join(SRC, ""))
+    enh = re.sub(r'model = "realesr-[^"]*"', f'model = "{SRC}/models/espcn-x2.onnx"', enh)
+    with open(os.path.join(tmp, "enhance.toml"), "w") as f:
+        f.write(enh)
+    text = text.replace(f'config = "{SRC}/configs/enhance.toml"', f'config = "{tmp}/enhance.toml"')
     if with_lipsync:
         model = os.path.join(tmp, "w2l.onnx")
         r = subprocess.run([sys.executable, MAKE_W2L, model])
@@ -134,6 +143,7 @@ def server_config(tmp, with_lipsync=True):
         lip = open(os.path.join(SRC, "configs", "lipsync.toml")).read()
         lip = lip.replace('"../', '"' + os.path.join(SRC, ""))
         lip = re.sub(r'model = "[^"]*wav2lip.onnx"', f'model = "{model}"', lip)
+        lip = re.sub(r'model = "realesr-[^"]*"', f'model = "{SRC}/models/espcn-x2.onnx"', lip)
         with open(os.path.join(tmp, "lipsync.toml"), "w") as f:
             f.write(lip)
         check('# name = "lipsync"' in text, "server-media.toml no longer names the lipsync entry")
