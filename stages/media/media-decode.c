@@ -512,7 +512,10 @@ static int32_t drain(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err)
                              d->path, t);
       }
     }
-    if (t < d->o.start - 1e-6) {
+    /* Only a segment drops leading frames: without one, a frame whose
+     * time is below 0 (a damaged edit list or composition table) is still
+     * a frame of the file and is kept. */
+    if (d->o.start > 0 && t < d->o.start - 1e-6) {
       av_frame_unref(d->frame);
       continue;
     }
@@ -577,6 +580,15 @@ static int32_t check_end(spn_decoder_t *d, spn_error_t *err) {
     if (want >= 0 && d->o.start > 0 && d->o.start >= want - 1e-6)
       return spn_error_set(err, SPN_EMEDIA, "%s: segment starts at %.2f s, after the end of the video (%.2f s)",
                            d->path, d->o.start, want);
+    /* No declared duration: a frame count in the index (MP4's) is the
+     * next best statement of what the file holds. */
+    const AVStream *vst = d->fmt->streams[d->vidx];
+    if (want < 0 && d->o.start <= 0 && d->o.duration <= 0 && vst->nb_frames > 0 && d->vcount < vst->nb_frames) {
+      d->info.truncated = 1;
+      if (!d->o.tolerate_errors)
+        return spn_error_set(err, SPN_EMEDIA, "%s: truncated: %lld of the %lld video frames its index lists",
+                             d->path, (long long)d->vcount, (long long)vst->nb_frames);
+    }
     if (want >= 0 && d->v_end < want - tol) {
       d->info.truncated = 1;
       if (!d->o.tolerate_errors)
