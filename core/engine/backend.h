@@ -50,8 +50,11 @@ typedef struct spn_backend_iface {
    * and shape-class nodes are skipped) in order, on the run's stream. Input
    * values are in this backend's memory (boundary copies are done). */
   int32_t (*compute)(spn_backend_t *b, struct spn_run *r, int first, int last);
-  /* End of a run: release per-run state (r->brun[b->slot]). When sync is
-   * true the run's work on this backend is complete on return. */
+  /* With sync true the run's work on this backend, copies included, is
+   * complete on return. Called with sync at the end of every run (then it
+   * also releases per-run state, r->brun[b->slot]) and, for a backend whose
+   * memory is not host memory, mid-run after a copy to the host that the
+   * CPU reads next (then the run goes on: keep what it still needs). */
   int32_t (*run_end)(spn_backend_t *b, struct spn_run *r, bool sync);
   /* Arena and scratch buffers of the backend's buffer type. */
   int32_t (*buf_alloc)(spn_backend_t *b, size_t size, void **data, void **handle, spn_error_t *err);

@@ -928,8 +928,11 @@ static int32_t cross_copy(spn_run_t *r, const spn_cross_t *c, void *dst) {
     return SPN_OK;
   if (from->host_memory && !to->host_memory)
     return to->iface->from_host(to, r, dst, v->data, v->bytes);
-  if (!from->host_memory && to->host_memory)
-    return from->iface->to_host(from, r, dst, v->data, v->bytes);
+  if (!from->host_memory && to->host_memory) {
+    /* The host reads it next: wait for the copy (and the work before it). */
+    int32_t rc = from->iface->to_host(from, r, dst, v->data, v->bytes);
+    return rc ? rc : from->iface->run_end(from, r, true);
+  }
   return spn_error_set(r->err, SPN_EUNSUPPORTED, "%s: value '%s': no copy from %s to %s", m->path, m->vals[c->val].name, from->device, to->device);
 }
 

@@ -28,6 +28,7 @@ typedef struct {
   int n_buf;
   struct { uint8_t *p; size_t n; } buf[64];
   int from_host, to_host; /* copies */
+  int syncs;              /* run_end(sync) calls */
   int computed;           /* nodes run */
   int prepared;           /* nodes prepared */
   int bad;                /* nodes refused: an operand outside its memory */
@@ -123,7 +124,8 @@ static int32_t mock_compute(spn_backend_t *b, spn_run_t *r, int first, int last)
 }
 
 static int32_t mock_run_end(spn_backend_t *b, spn_run_t *r, bool sync) {
-  (void)b, (void)r, (void)sync;
+  (void)r;
+  ((mock_t *)b->ctx)->syncs += sync;
   return SPN_OK;
 }
 
@@ -307,11 +309,12 @@ static void test_fallback_places_and_copies(void **state) {
   for (int t = 0; t < 4; t++) {
     spn_tensor_t a[2], b[2];
     run2(ref, batches[t], a);
-    mk.from_host = mk.to_host = mk.computed = 0;
+    mk.from_host = mk.to_host = mk.computed = mk.syncs = 0;
     run2(m, batches[t], b);
     assert_int_equal(mk.computed, 3);
     assert_int_equal(mk.from_host, 2);
     assert_int_equal(mk.to_host, 2);
+    assert_int_equal(mk.syncs, 2); /* after d comes back for Tanh, and at the end */
     for (int o = 0; o < 2; o++) {
       assert_int_equal(b[o].shape[0], batches[t]);
       assert_int_equal(b[o].device_kind, SPN_DEVICE_CPU);
