@@ -74,7 +74,7 @@ void spn__batch_begin(spn_server_t *s) {
     return;
   spn_error_t err = SPN_ERROR_INIT;
   if (s->q.ops->begin(s->q.impl, &err) < 0)
-    fprintf(stderr, "spindle serve: %s\n", err.msg);
+    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
   else
     s->in_batch = true;
 }
@@ -85,7 +85,7 @@ void spn__batch_end(spn_server_t *s) {
     spn_error_t err = SPN_ERROR_INIT;
     s->in_batch = false;
     if (s->q.ops->commit(s->q.impl, &err) < 0) {
-      fprintf(stderr, "spindle serve: %s\n", err.msg);
+      spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
       ok = false;
     }
   }

@@ -52,6 +52,7 @@ static void http_answer(http_conn_t *c) {
   int code = 404;
   char body[2048];
   const char *ctype = "text/plain; charset=utf-8";
+  char *metrics = NULL;
   snprintf(body, sizeof body, "not found\n");
   if (sscanf(c->in, "GET %63s", path) != 1) {
     code = 400;
@@ -66,38 +67,33 @@ static void http_answer(http_conn_t *c) {
     code = ready ? 200 : 503;
     snprintf(body, sizeof body, "%s\n", ready ? "ready" : "stopping");
   } else if (!strcmp(path, "/metrics")) {
-    int64_t cnt[SPN_QSTATE_COUNT];
-    if (s->q.ops->counts(s->q.impl, cnt, NULL) < 0) {
+    size_t alive = 0;
+    for (size_t i = 0; i < s->nworkers; i++)
+      alive += s->workers[i].alive;
+    spn__observe_workers_t w = {.local = s->nslots, .remote = alive};
+    spn_error_t err = SPN_ERROR_INIT;
+    metrics = spn__observe_render(s->obs, &w, &err);
+    if (!metrics) {
       code = 500;
-      snprintf(body, sizeof body, "queue unavailable\n");
+      snprintf(body, sizeof body, "metrics unavailable: %s\n", err.msg);
     } else {
       code = 200;
       ctype = "text/plain; version=0.0.4";
-      size_t o = (size_t)snprintf(body, sizeof body, "# HELP spindle_jobs Jobs in the queue by state.\n"
-                                                     "# TYPE spindle_jobs gauge\n");
-      for (int i = 0; i < SPN_QSTATE_COUNT && o < sizeof body; i++)
-        o += (size_t)snprintf(body + o, sizeof body - o, "spindle_jobs{state=\"%s\"} %lld\n",
-                              spn_queue_state_name((spn_queue_state_t)i), (long long)cnt[i]);
-      size_t alive = 0;
-      for (size_t i = 0; i < s->nworkers; i++)
-        alive += s->workers[i].alive;
-      if (o < sizeof body)
-        snprintf(body + o, sizeof body - o,
-                 "# HELP spindle_workers Workers by kind.\n# TYPE spindle_workers gauge\n"
-                 "spindle_workers{kind=\"local\"} %u\nspindle_workers{kind=\"remote\"} %zu\n",
-                 s->nslots, alive);
     }
   }
-  size_t cap = strlen(body) + 256;
+  const char *text = metrics ? metrics : body;
+  size_t cap = strlen(text) + 256;
   c->out = malloc(cap);
   if (!c->out) {
+    free(metrics);
     uv_close((uv_handle_t *)&c->h, http_closed);
     return;
   }
   int n = snprintf(c->out, cap,
                    "HTTP/1.0 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
                    code, code == 200 ? "OK" : code == 404 ? "Not Found" : code == 503 ? "Service Unavailable" : "Error",
-                   ctype, strlen(body), body);
+                   ctype, strlen(text), text);
+  free(metrics);
   uv_buf_t b = uv_buf_init(c->out, (unsigned)n);
   c->w.data = c;
   c->answered = true;

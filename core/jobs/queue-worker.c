@@ -28,6 +28,7 @@
 #include <cjson/cJSON.h>
 
 #include "jobs-internal.h"
+#include "observe.h"
 
 typedef struct qrun {
   bool busy;
@@ -44,31 +45,22 @@ typedef struct qw {
   qrun_t *runs;
   char (*owner)[192];
   char last_error[SPN_ERROR_MSG_MAX];
+  spn__observe_t *obs; /* lifecycle log lines; owned by q's wrapper */
 } qw_t;
 
 static void say_error(qw_t *w, const char *msg) {
   /* once per distinct message, not on every poll */
   if (strncmp(w->last_error, msg, sizeof w->last_error - 1) != 0) {
     snprintf(w->last_error, sizeof w->last_error, "%s", msg);
-    fprintf(stderr, "spindle worker: %s\n", msg);
+    spn__log_f(spn__observe_logger(w->obs), SPN_LOG_ERROR, NULL, "%s", msg);
   }
 }
 
-static void unpublish(qw_t *w, int64_t id) {
-  spn_queue_job_t j;
-  if (w->q.ops->get(w->q.impl, id, &j, NULL) < 0)
-    return;
-  cJSON *spec = cJSON_Parse(j.spec_json);
-  spn_job_spec_t js;
-  if (spec && spn__job_spec_from_json(spec, id, j.attempts, &js, NULL) == SPN_OK) {
-    char *m = spn__publish_marker(&js);
-    if (m)
-      unlink(m);
-    free(m);
-    spn__job_spec_free(&js);
-  }
-  cJSON_Delete(spec);
-  spn__queue_job_clear(&j);
+/* A sweep handed us a succeeded job whose marker nobody removed. */
+static void swept(void *user, int64_t id, spn_queue_state_t st) {
+  qw_t *w = user;
+  if (st == SPN_QSTATE_SUCCEEDED)
+    spn__unpublish(&w->q, id);
 }
 
 /* Record a finished run. Returns false when the queue could not be reached:
@@ -84,7 +76,7 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
     rc = w->q.ops->complete(w->q.impl, r->id, r->attempt, w->owner[slot], res->compute_s, res->gpu_s, now,
                             &err);
     if (rc == SPN_OK)
-      unpublish(w, r->id);
+      spn__unpublish(&w->q, r->id);
   } else {
     spn_queue_state_t st;
     char reason[SPN_ERROR_MSG_MAX + 200];
@@ -97,7 +89,8 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
     return false;
   }
   if (rc < 0 && rc != SPN_ESTATE)
-    fprintf(stderr, "spindle worker: job %lld: %s\n", (long long)r->id, err.msg);
+    spn__log_f(spn__observe_logger(w->obs), SPN_LOG_ERROR,
+               &(spn__log_fields_t){.job_id = (uint64_t)r->id, .attempt = -1, .duration_ms = -1}, "%s", err.msg);
   r->busy = false;
   spn__slot_pool_set_idle(w->pool, slot);
   return true;
@@ -209,6 +202,10 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
   int32_t rc = spn_queue_open(cfg->queue, &w.q, err);
   if (rc < 0)
     return spn_error_prefix(err, "worker");
+  if ((rc = spn__observe_attach(&w.q, "spindle worker", &w.obs, err)) < 0) {
+    spn_queue_free(&w.q);
+    return rc;
+  }
   w.runs = calloc(cfg->slots, sizeof *w.runs);
   w.owner = calloc(cfg->slots, sizeof *w.owner);
   if (!w.runs || !w.owner) {
@@ -221,8 +218,10 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     spn_error_prefix(err, "worker");
     goto out;
   }
-  fprintf(stderr, "spindle worker %s: leasing from %s queue %s with %u slots\n", name, w.q.ops->name,
-          cfg->queue->url ? cfg->queue->url : "", cfg->slots);
+  spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
+  lf.worker = name;
+  spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker leasing from %s queue %s with %u slots",
+             w.q.ops->name, cfg->queue->url ? cfg->queue->url : "", cfg->slots);
   double renew_every = cfg->lease_ms / 3000.0, sweep_every = cfg->lease_ms / 2000.0;
   double last_renew = spn__mono_s(), last_sweep = 0, drain_until = 0;
   bool draining = false;
@@ -235,8 +234,8 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     if (cfg->stop && *cfg->stop && !draining) {
       draining = true;
       drain_until = mono + cfg->drain_grace_s;
-      fprintf(stderr, "spindle worker %s: draining (%u running; up to %u s)\n", name, running(&w),
-              cfg->drain_grace_s);
+      spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker draining (%u running; up to %u s)",
+                 running(&w), cfg->drain_grace_s);
     }
     if (draining && (running(&w) == 0 || mono >= drain_until))
       break;
@@ -260,7 +259,7 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     if (mono - last_sweep >= sweep_every) {
       last_sweep = mono;
       spn_error_t e = SPN_ERROR_INIT;
-      if (w.q.ops->sweep(w.q.impl, spn__now_ms(), NULL, NULL, &e) < 0)
+      if (w.q.ops->sweep(w.q.impl, spn__now_ms(), swept, &w, &e) < 0)
         say_error(&w, e.msg);
     }
     /* Poll faster while work flows; back off to 50 ms when idle. */
@@ -297,7 +296,7 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
       w.runs[i].busy = false;
     }
   if (released)
-    fprintf(stderr, "spindle worker %s: %u job(s) back to the queue\n", name, released);
+    spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker stopped: %u job(s) back to the queue", released);
 out:
   spn__slot_pool_free(&w.pool);
   free(w.runs);

@@ -172,13 +172,15 @@ void spn__remote_reap(spn_server_t *s, double mono, int64_t now) {
     spn_rworker_t *w = &s->workers[i];
     if (!w->alive || mono - w->last_seen <= dead_after)
       continue;
-    fprintf(stderr, "spindle serve: worker %s missed 3 heartbeats; re-queueing its jobs\n", w->owner);
+    spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
+    lf.worker = w->owner;
+    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, &lf, "worker missed 3 heartbeats; re-queueing its jobs");
     w->alive = false;
     spn_error_t err = SPN_ERROR_INIT;
     char reason[200];
     snprintf(reason, sizeof reason, "worker %s lost (3 heartbeats missed)", w->owner);
     if (s->q.ops->release_owner(s->q.impl, w->owner, reason, now, spn__sched_changed, s, &err) < 0)
-      fprintf(stderr, "spindle serve: %s\n", err.msg);
+      spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
     for (size_t k = 0; k < s->nruns;)
       if (s->runs[k].worker == (int64_t)i)
         s->runs[k] = s->runs[--s->nruns];

@@ -25,6 +25,7 @@
 #include <uv.h>
 
 #include "jobs-internal.h"
+#include "observe.h"
 #include "proto-internal.h"
 
 #define SPN_GW_BATCH_MAX 512
@@ -74,6 +75,7 @@ typedef struct spn_outmsg {
 typedef struct spn_zap {
   void *zctx;
   const char *clients_dir, *workers_dir;
+  spn__logger_t *log;
   pthread_t th;
   bool started;
   volatile int quit;
@@ -83,6 +85,7 @@ struct spn_server {
   const spn_server_config_t *cfg;
   const spn_job_runner_t *runner;
   spn_queue_t q;
+  spn__observe_t *obs; /* owned by q's wrapper (observe.c) */
   uv_loop_t loop;
   uv_poll_t poll;
   uv_timer_t timer;

@@ -99,7 +99,7 @@ static void on_timer(uv_timer_t *h) {
     s->last_sweep = mono;
     spn_error_t err = SPN_ERROR_INIT;
     if (s->q.ops->sweep(s->q.impl, now, spn__sched_changed, s, &err) < 0)
-      fprintf(stderr, "spindle serve: %s\n", err.msg);
+      spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
   }
   /* Other gateways and workers change a shared queue: tell watchers. */
   if (strcmp(s->q.ops->name, "sqlite") != 0)
@@ -113,8 +113,8 @@ static void on_timer(uv_timer_t *h) {
       local += s->runs[i].slot >= 0;
     if (local == 0 || mono >= s->drain_until) {
       if (local)
-        fprintf(stderr, "spindle serve: drain: %zu job(s) still running after %u s go back to the queue\n",
-                local, s->cfg->drain_grace_s);
+        spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, NULL,
+                   "drain: %zu job(s) still running after %u s go back to the queue", local, s->cfg->drain_grace_s);
       spn_server_stop(s);
     }
   }
@@ -130,8 +130,8 @@ static void on_signal(uv_signal_t *h, int sig) {
   if (sig == SIGTERM && !s->draining && s->cfg->drain_grace_s > 0) {
     __atomic_store_n(&s->draining, 1, __ATOMIC_RELEASE);
     s->drain_until = spn__mono_s() + s->cfg->drain_grace_s;
-    fprintf(stderr, "spindle serve: SIGTERM: draining (no new jobs; up to %u s for running ones)\n",
-            s->cfg->drain_grace_s);
+    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_INFO, NULL,
+               "SIGTERM: draining (no new jobs; up to %u s for running ones)", s->cfg->drain_grace_s);
     on_timer(&s->timer);
     return;
   }
@@ -163,6 +163,9 @@ int32_t spn_server_new(const spn_server_config_t *cfg, const spn_job_runner_t *r
                            .backoff_max_ms = cfg->backoff_max_ms, .sync_full = cfg->sync_full};
   if ((rc = spn_queue_open(&qc, &s->q, err)) < 0)
     goto out_free;
+  /* Lifecycle log and metrics see every queue transition (observe.c). */
+  if ((rc = spn__observe_attach(&s->q, "spindle serve", &s->obs, err)) < 0)
+    goto out_queue;
   s->zctx = zmq_ctx_new();
   if (!s->zctx) {
     rc = spn_error_set(err, SPN_EIO, "zmq: %s", zmq_strerror(zmq_errno()));
@@ -176,6 +179,7 @@ int32_t spn_server_new(const spn_server_config_t *cfg, const spn_job_runner_t *r
     s->zap.zctx = s->zctx;
     s->zap.clients_dir = cfg->curve_clients_dir;
     s->zap.workers_dir = cfg->curve_workers_dir;
+    s->zap.log = spn__observe_logger(s->obs);
     if ((rc = spn__zap_start(&s->zap, err)) < 0)
       goto out_ctx;
   }

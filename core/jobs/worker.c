@@ -18,12 +18,15 @@
 #include <zmq.h>
 
 #include "jobs-internal.h"
+#include "log-internal.h"
 #include "proto-internal.h"
+#include "spindle/runtime.h"
 
 typedef struct wctx {
   const spn_worker_config_t *cfg;
   spn_slot_pool_t *pool;
   char name[128];
+  spn__logger_t *log; /* JSON lines unless stderr is a terminal */
 } wctx_t;
 
 static void send_body(void *sock, const char *type, cJSON *b) {
@@ -50,7 +53,7 @@ static void on_job(wctx_t *w, void *sock, const cJSON *m) {
   int64_t id = 0, att = 0;
   const cJSON *spec = cJSON_GetObjectItemCaseSensitive(m, "spec");
   if (!spn__json_int(m, "id", &id) || !spn__json_int(m, "attempt", &att) || !cJSON_IsObject(spec)) {
-    fprintf(stderr, "spindle worker: malformed JOB from the gateway; ignored\n");
+    spn__log_f(w->log, SPN_LOG_ERROR, NULL, "malformed JOB from the gateway; ignored");
     return;
   }
   int32_t sl = spn__slot_pool_idle(w->pool);
@@ -79,6 +82,8 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
   int32_t rc = SPN_OK;
   if (cfg->slots == 0 || cfg->slots > 1024)
     return spn_error_set(err, SPN_EINVAL, "worker: slots must be 1-1024");
+  if (spn__logger_new(SPN_LOG_INFO, SPN_LOG_FORMAT_AUTO, -1, &w.log) != SPN_OK)
+    return spn_error_set(err, SPN_ENOMEM, "worker: out of memory");
   if (cfg->name)
     snprintf(w.name, sizeof w.name, "%s", cfg->name);
   else {
@@ -113,7 +118,9 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
     spn_error_prefix(err, "worker");
     goto out;
   }
-  fprintf(stderr, "spindle worker %s: connected to %s with %u slots\n", w.name, cfg->connect, cfg->slots);
+  spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
+  lf.worker = w.name;
+  spn__log_f(w.log, SPN_LOG_INFO, &lf, "worker connected to %s with %u slots", cfg->connect, cfg->slots);
   grant(&w, sock, cfg->slots);
   double hb = (cfg->heartbeat_ms ? cfg->heartbeat_ms : 1000) / 1000.0, last_hb = spn__mono_s();
   char last_error[256] = "";
@@ -125,7 +132,7 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
       if (spn__proto_recv(sock, false, &m) != SPN_OK)
         break;
       if (m.error)
-        fprintf(stderr, "spindle worker: bad message from the gateway: %s\n", m.detail);
+        spn__log_f(w.log, SPN_LOG_ERROR, &lf, "bad message from the gateway: %s", m.detail);
       else if (!strcmp(m.type, "JOB"))
         on_job(&w, sock, m.body);
       else if (!strcmp(m.type, "CANCEL")) {
@@ -143,7 +150,7 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
         /* say it once, not on every heartbeat */
         if (strncmp(last_error, msg ? msg : "?", sizeof last_error - 1) != 0) {
           snprintf(last_error, sizeof last_error, "%s", msg ? msg : "?");
-          fprintf(stderr, "spindle worker: gateway error: %s\n", last_error);
+          spn__log_f(w.log, SPN_LOG_ERROR, &lf, "gateway error: %s", last_error);
         }
       }
       cJSON_Delete(m.body);
@@ -205,5 +212,6 @@ out:
   if (ctx)
     zmq_ctx_term(ctx);
   spn__slot_pool_free(&w.pool);
+  spn__logger_free(&w.log);
   return rc;
 }

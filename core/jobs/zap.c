@@ -65,7 +65,7 @@ static void *zap_main(void *arg) {
   int linger = 0;
   zmq_setsockopt(rep, ZMQ_LINGER, &linger, sizeof linger);
   if (zmq_bind(rep, "inproc://zeromq.zap.01") != 0) {
-    fprintf(stderr, "spindle serve: ZAP handler: %s\n", zmq_strerror(zmq_errno()));
+    spn__log_f(s->log, SPN_LOG_ERROR, NULL, "ZAP handler: %s", zmq_strerror(zmq_errno()));
     zmq_close(rep);
     return NULL;
   }
@@ -110,7 +110,7 @@ static void *zap_main(void *arg) {
     zmq_send(rep, role ? role : "", role ? strlen(role) : 0, ZMQ_SNDMORE);
     zmq_send(rep, "", 0, 0);
     if (!role)
-      fprintf(stderr, "spindle serve: refused a CURVE client: key not in %s\n", s->clients_dir);
+      spn__log_f(s->log, SPN_LOG_WARN, NULL, "refused a CURVE client: key not in %s", s->clients_dir);
     for (int i = 0; i < n; i++)
       zmq_msg_close(&f[i]);
   }

@@ -90,12 +90,24 @@ def keda():
             target = d['spec']['scaleTargetRef']['name']
             if target not in deployments:
                 fail(f'{os.path.basename(f)}: scales {target}, not a Deployment of deploy/k8s')
-            if d['spec'].get('minReplicaCount') != 0:
-                fail(f'{os.path.basename(f)}: does not scale to zero')
             for t in d['spec']['triggers']:
                 types.add(t['type'])
                 if t['type'] == 'prometheus':
                     check_metric_names(t['metadata']['query'], os.path.basename(f))
+                    if d['spec'].get('minReplicaCount') != 0:
+                        fail(f'{os.path.basename(f)}: does not scale to zero')
+                if t['type'] == 'redis-streams':
+                    # The stream and group the Redis queue backend really uses.
+                    with open(os.path.join(src, 'core', 'jobs', 'queue-redis.c')) as q:
+                        code = q.read()
+                    prefix = re.search(r'"(spindle:)"', code)
+                    suffix = re.search(r'snprintf\(stream, sizeof stream, "%s(\w+)"', code)
+                    group = re.search(r'"XGROUP", "CREATE", stream, "(\w+)"', code)
+                    want = (prefix.group(1) + suffix.group(1) if prefix and suffix else None,
+                            group.group(1) if group else None)
+                    got = (t['metadata'].get('stream'), t['metadata'].get('consumerGroup'))
+                    if got != want:
+                        fail(f'{os.path.basename(f)}: stream/group {got}, the Redis backend uses {want}')
             print(f'{os.path.basename(f)}: valid ScaledObject, target {target}')
     if types != {'redis-streams', 'prometheus'}:
         fail(f'expected a redis-streams and a prometheus ScaledObject, found {sorted(types)}')
@@ -113,7 +125,8 @@ def documented_metrics():
 
 def check_metric_names(expr, where):
     docs = documented_metrics()
-    used = set(re.findall(r'\b(spindle_[a-z_]+)\b', expr))
+    used = {m if m in docs else re.sub(r'_(bucket|sum|count)$', '', m)
+            for m in re.findall(r'\b(spindle_[a-z_]+)\b', expr)}
     if not used:
         fail(f'{where}: query {expr!r} names no spindle metric')
     for m in used - docs:
@@ -183,6 +196,8 @@ def grafana():
     for e in exprs:
         used |= check_metric_names(e, 'spindle-dashboard.json')
     print(f'dashboard: {len(dash["panels"])} panels, metrics {sorted(used)}')
+    for m in sorted(documented_metrics() - used):
+        fail(f'spindle-dashboard.json shows no panel of {m}')
 
 
 if check == 'k8s':

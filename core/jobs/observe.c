@@ -1,0 +1,572 @@
+/* observe.c — the gateway's lifecycle log and Prometheus metrics (observe.h).
+ *
+ * Invariants:
+ * - Loop thread only (the queue's thread): counters need no atomics.
+ * - The wrapper changes nothing the queue does: every call goes to the inner
+ *   backend with the same arguments, and its result is returned as is; only
+ *   successful transitions are logged and counted. It keeps the backend's
+ *   name (callers tell SQLite from Redis by it).
+ * - NVML is optional: loaded with dlopen at attach ($SPINDLE_NVML_LIBRARY or
+ *   libnvidia-ml.so.1); without it the device families are absent.
+ */
+#include "observe.h"
+
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "spindle/runtime.h"
+
+/* failed: an attempt failed (the job is retried after a backoff, or has
+ * failed for good); dead: its last attempt failed; released: handed back
+ * uncounted at shutdown. */
+enum { EV_SUBMITTED, EV_LEASED, EV_SUCCEEDED, EV_FAILED, EV_DEAD, EV_CANCELLED, EV_RELEASED, EV_COUNT };
+static const char *const ev_names[EV_COUNT] = {"submitted", "leased",    "succeeded", "failed",
+                                               "dead",      "cancelled", "released"};
+
+static const double dur_bounds[SPN__OBSERVE_DURATION_BUCKETS] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800};
+
+/* One histogram series: job duration for a pipeline and outcome. */
+typedef struct dur_series {
+  char pipeline[64];
+  char outcome[16];
+  uint64_t bucket[SPN__OBSERVE_DURATION_BUCKETS];
+  uint64_t count;
+  double sum;
+} dur_series_t;
+
+/* A running lease: what its end needs to know. */
+typedef struct lease {
+  int64_t id;
+  uint32_t attempt;
+  int64_t since_ms;
+  char pipeline[64];
+} lease_t;
+
+/* The few NVML entry points used, with the ABI's types. */
+typedef struct nvml_util {
+  unsigned gpu, memory;
+} nvml_util_t;
+typedef struct nvml_mem {
+  unsigned long long total, free, used;
+} nvml_mem_t;
+typedef struct nvml {
+  void *lib;
+  unsigned (*init)(void);
+  unsigned (*shutdown)(void);
+  unsigned (*count)(unsigned *);
+  unsigned (*handle)(unsigned, void **);
+  unsigned (*util)(void *, nvml_util_t *);
+  unsigned (*mem)(void *, nvml_mem_t *);
+  unsigned (*temp)(void *, unsigned, unsigned *);
+} nvml_t;
+
+struct spn__observe {
+  spn_queue_ops_t ops; /* observed_ops under the inner backend's name */
+  spn_queue_t inner;
+  spn__logger_t *log;
+  char who[32];
+  uint64_t events[EV_COUNT];
+  dur_series_t *dur;
+  size_t ndur;
+  lease_t *leases;
+  size_t nleases, caplease;
+  nvml_t nvml;
+};
+
+/* ---- helpers ---- */
+
+static void pipeline_of(const char *spec_json, char *out, size_t cap) {
+  snprintf(out, cap, "%s", "");
+  cJSON *j = spec_json ? cJSON_Parse(spec_json) : NULL;
+  const cJSON *p = j ? cJSON_GetObjectItemCaseSensitive(j, "pipeline") : NULL;
+  if (cJSON_IsString(p))
+    snprintf(out, cap, "%s", p->valuestring);
+  cJSON_Delete(j);
+}
+
+static lease_t *lease_find(spn__observe_t *o, int64_t id) {
+  for (size_t i = 0; i < o->nleases; i++)
+    if (o->leases[i].id == id)
+      return &o->leases[i];
+  return NULL;
+}
+
+static void lease_drop(spn__observe_t *o, int64_t id) {
+  lease_t *l = lease_find(o, id);
+  if (l)
+    *l = o->leases[--o->nleases];
+}
+
+static void duration_observe(spn__observe_t *o, const char *pipeline, const char *outcome, double s) {
+  dur_series_t *d = NULL;
+  for (size_t i = 0; i < o->ndur && !d; i++)
+    if (!strcmp(o->dur[i].pipeline, pipeline) && !strcmp(o->dur[i].outcome, outcome))
+      d = &o->dur[i];
+  if (!d) {
+    dur_series_t *nd = realloc(o->dur, (o->ndur + 1) * sizeof *nd);
+    if (!nd)
+      return;
+    o->dur = nd;
+    d = &o->dur[o->ndur++];
+    memset(d, 0, sizeof *d);
+    snprintf(d->pipeline, sizeof d->pipeline, "%s", pipeline);
+    snprintf(d->outcome, sizeof d->outcome, "%s", outcome);
+  }
+  for (int i = 0; i < SPN__OBSERVE_DURATION_BUCKETS; i++)
+    if (s <= dur_bounds[i])
+      d->bucket[i]++;
+  d->count++;
+  d->sum += s;
+}
+
+/* A job's attempt ended (lease gone): log the event, count it, and for the
+ * end of a run observe its duration. */
+static void attempt_ended(spn__observe_t *o, int64_t id, uint32_t attempt, spn_queue_state_t st, const char *reason,
+                          int64_t now) {
+  int ev = st == SPN_QSTATE_SUCCEEDED   ? EV_SUCCEEDED
+           : st == SPN_QSTATE_DEAD      ? EV_DEAD
+           : st == SPN_QSTATE_CANCELLED ? EV_CANCELLED
+                                        : EV_FAILED;
+  bool retry = st == SPN_QSTATE_QUEUED;
+  lease_t *l = lease_find(o, id);
+  spn__log_fields_t f = SPN__LOG_FIELDS_INIT;
+  f.job_id = (uint64_t)id;
+  f.event = ev_names[ev];
+  f.attempt = (int32_t)(attempt ? attempt : l ? l->attempt : 0);
+  if (l) {
+    f.pipeline = l->pipeline;
+    f.duration_ms = now > l->since_ms ? now - l->since_ms : 0;
+    duration_observe(o, l->pipeline, ev_names[ev], (double)f.duration_ms / 1000.0);
+  }
+  o->events[ev]++;
+  int32_t level = ev == EV_SUCCEEDED || ev == EV_CANCELLED ? SPN_LOG_INFO : retry ? SPN_LOG_WARN : SPN_LOG_ERROR;
+  spn__log_f(o->log, level, &f, "job %s%s%s%s", ev_names[ev], retry ? " (will retry)" : "", reason && *reason ? ": " : "",
+             reason ? reason : "");
+  lease_drop(o, id);
+}
+
+/* ---- the wrapped queue ---- */
+
+static int32_t w_begin(void *q, spn_error_t *err) {
+  spn__observe_t *o = q;
+  return o->inner.ops->begin(o->inner.impl, err);
+}
+
+static int32_t w_commit(void *q, spn_error_t *err) {
+  spn__observe_t *o = q;
+  return o->inner.ops->commit(o->inner.impl, err);
+}
+
+static int32_t w_submit(void *q, const spn_queue_submit_t *s, int64_t now, int64_t *id, bool *existed,
+                        spn_error_t *err) {
+  spn__observe_t *o = q;
+  int32_t rc = o->inner.ops->submit(o->inner.impl, s, now, id, existed, err);
+  if (rc >= 0 && !*existed) {
+    char pipeline[64];
+    pipeline_of(s->spec_json, pipeline, sizeof pipeline);
+    spn__log_fields_t f = SPN__LOG_FIELDS_INIT;
+    f.job_id = (uint64_t)*id;
+    f.event = ev_names[EV_SUBMITTED];
+    f.pipeline = pipeline;
+    spn__log_f(o->log, SPN_LOG_INFO, &f, "job submitted (priority %d)", (int)s->priority);
+    o->events[EV_SUBMITTED]++;
+  }
+  return rc;
+}
+
+static int32_t w_lease(void *q, const char *owner, int64_t now, int64_t lease_ms, spn_queue_job_t *out,
+                       spn_error_t *err) {
+  spn__observe_t *o = q;
+  int32_t rc = o->inner.ops->lease(o->inner.impl, owner, now, lease_ms, out, err);
+  if (rc < 0)
+    return rc;
+  lease_t *l = lease_find(o, out->id);
+  if (!l && o->nleases == o->caplease) {
+    size_t cap = o->caplease ? 2 * o->caplease : 16;
+    lease_t *nl = realloc(o->leases, cap * sizeof *nl);
+    if (nl) {
+      o->leases = nl;
+      o->caplease = cap;
+    }
+  }
+  if (!l && o->nleases < o->caplease)
+    l = &o->leases[o->nleases++];
+  char pipeline[64];
+  pipeline_of(out->spec_json, pipeline, sizeof pipeline);
+  if (l) {
+    l->id = out->id;
+    l->attempt = out->attempts;
+    l->since_ms = now;
+    snprintf(l->pipeline, sizeof l->pipeline, "%s", pipeline);
+  }
+  spn__log_fields_t f = SPN__LOG_FIELDS_INIT;
+  f.job_id = (uint64_t)out->id;
+  f.event = ev_names[EV_LEASED];
+  f.pipeline = pipeline;
+  f.worker = owner;
+  f.attempt = (int32_t)out->attempts;
+  if (out->created_ms > 0 && now >= out->created_ms)
+    f.duration_ms = now - out->created_ms; /* time since submit */
+  spn__log_f(o->log, SPN_LOG_INFO, &f, "job leased");
+  o->events[EV_LEASED]++;
+  return rc;
+}
+
+static int32_t w_renew(void *q, int64_t id, uint32_t attempt, const char *owner, int64_t now, int64_t lease_ms,
+                       spn_error_t *err) {
+  spn__observe_t *o = q;
+  return o->inner.ops->renew(o->inner.impl, id, attempt, owner, now, lease_ms, err);
+}
+
+static int32_t w_progress(void *q, int64_t id, uint64_t done, uint64_t total, spn_error_t *err) {
+  spn__observe_t *o = q;
+  return o->inner.ops->progress(o->inner.impl, id, done, total, err);
+}
+
+static int32_t w_complete(void *q, int64_t id, uint32_t attempt, const char *owner, double compute_s, double gpu_s,
+                          int64_t now, spn_error_t *err) {
+  spn__observe_t *o = q;
+  int32_t rc = o->inner.ops->complete(o->inner.impl, id, attempt, owner, compute_s, gpu_s, now, err);
+  if (rc >= 0)
+    attempt_ended(o, id, attempt, SPN_QSTATE_SUCCEEDED, NULL, now);
+  return rc;
+}
+
+static int32_t w_fail(void *q, int64_t id, uint32_t attempt, const char *owner, const char *reason, bool cancelled,
+                      double compute_s, double gpu_s, int64_t now, spn_queue_state_t *state, spn_error_t *err) {
+  spn__observe_t *o = q;
+  int32_t rc =
+      o->inner.ops->fail(o->inner.impl, id, attempt, owner, reason, cancelled, compute_s, gpu_s, now, state, err);
+  if (rc >= 0)
+    attempt_ended(o, id, attempt, *state, reason, now);
+  return rc;
+}
+
+static int32_t w_cancel(void *q, int64_t id, int64_t now, spn_queue_state_t *state, spn_error_t *err) {
+  spn__observe_t *o = q;
+  int32_t rc = o->inner.ops->cancel(o->inner.impl, id, now, state, err);
+  if (rc >= 0 && *state == SPN_QSTATE_CANCELLED)
+    attempt_ended(o, id, 0, SPN_QSTATE_CANCELLED, "cancelled while queued", now);
+  return rc;
+}
+
+/* Sweeps and lost workers move jobs in bulk; the inner callback tells which. */
+typedef struct relay {
+  spn__observe_t *o;
+  spn_queue_changed_cb cb;
+  void *user;
+  const char *why;
+  int64_t now;
+} relay_t;
+
+static void relay_changed(void *user, int64_t id, spn_queue_state_t st) {
+  relay_t *r = user;
+  if (st != SPN_QSTATE_RUNNING)
+    attempt_ended(r->o, id, 0, st, r->why, r->now);
+  if (r->cb)
+    r->cb(r->user, id, st);
+}
+
+static int32_t w_sweep(void *q, int64_t now, spn_queue_changed_cb cb, void *user, spn_error_t *err) {
+  spn__observe_t *o = q;
+  relay_t r = {o, cb, user, "lease expired or deadline passed", now};
+  return o->inner.ops->sweep(o->inner.impl, now, relay_changed, &r, err);
+}
+
+static int32_t w_release(void *q, int64_t id, uint32_t attempt, const char *owner, const char *note, int64_t now,
+                         spn_error_t *err) {
+  spn__observe_t *o = q;
+  int32_t rc = o->inner.ops->release(o->inner.impl, id, attempt, owner, note, now, err);
+  if (rc >= 0) {
+    spn__log_fields_t f = SPN__LOG_FIELDS_INIT;
+    f.job_id = (uint64_t)id;
+    f.event = ev_names[EV_RELEASED];
+    f.attempt = (int32_t)attempt;
+    spn__log_f(o->log, SPN_LOG_INFO, &f, "job released: %s", note ? note : "");
+    o->events[EV_RELEASED]++;
+    lease_drop(o, id);
+  }
+  return rc;
+}
+
+static int32_t w_release_owner(void *q, const char *owner, const char *reason, int64_t now, spn_queue_changed_cb cb,
+                               void *user, spn_error_t *err) {
+  spn__observe_t *o = q;
+  relay_t r = {o, cb, user, reason, now};
+  return o->inner.ops->release_owner(o->inner.impl, owner, reason, now, relay_changed, &r, err);
+}
+
+static int32_t w_get(void *q, int64_t id, spn_queue_job_t *out, spn_error_t *err) {
+  spn__observe_t *o = q;
+  return o->inner.ops->get(o->inner.impl, id, out, err);
+}
+
+static int32_t w_list(void *q, int32_t state, uint32_t limit, spn_queue_list_cb cb, void *user, spn_error_t *err) {
+  spn__observe_t *o = q;
+  return o->inner.ops->list(o->inner.impl, state, limit, cb, user, err);
+}
+
+static int32_t w_counts(void *q, int64_t out[SPN_QSTATE_COUNT], spn_error_t *err) {
+  spn__observe_t *o = q;
+  return o->inner.ops->counts(o->inner.impl, out, err);
+}
+
+static void w_free(void *q) {
+  spn__observe_t *o = q;
+  spn_queue_free(&o->inner);
+  if (o->nvml.lib) {
+    if (o->nvml.shutdown)
+      o->nvml.shutdown();
+    dlclose(o->nvml.lib);
+  }
+  spn__logger_free(&o->log);
+  free(o->dur);
+  free(o->leases);
+  free(o);
+}
+
+static const spn_queue_ops_t observed_ops = {
+    .name = NULL, /* the inner backend's: callers compare it */
+    .begin = w_begin,
+    .commit = w_commit,
+    .submit = w_submit,
+    .lease = w_lease,
+    .renew = w_renew,
+    .progress = w_progress,
+    .complete = w_complete,
+    .fail = w_fail,
+    .cancel = w_cancel,
+    .sweep = w_sweep,
+    .release = w_release,
+    .release_owner = w_release_owner,
+    .get = w_get,
+    .list = w_list,
+    .counts = w_counts,
+    .free = w_free,
+};
+
+static void nvml_load(nvml_t *n) {
+  const char *path = getenv("SPINDLE_NVML_LIBRARY");
+  n->lib = dlopen(path && *path ? path : "libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!n->lib)
+    return;
+  *(void **)&n->init = dlsym(n->lib, "nvmlInit_v2");
+  *(void **)&n->shutdown = dlsym(n->lib, "nvmlShutdown");
+  *(void **)&n->count = dlsym(n->lib, "nvmlDeviceGetCount_v2");
+  *(void **)&n->handle = dlsym(n->lib, "nvmlDeviceGetHandleByIndex_v2");
+  *(void **)&n->util = dlsym(n->lib, "nvmlDeviceGetUtilizationRates");
+  *(void **)&n->mem = dlsym(n->lib, "nvmlDeviceGetMemoryInfo");
+  *(void **)&n->temp = dlsym(n->lib, "nvmlDeviceGetTemperature");
+  if (!n->init || !n->count || !n->handle || n->init() != 0) {
+    dlclose(n->lib);
+    memset(n, 0, sizeof *n);
+  }
+}
+
+int32_t spn__observe_attach(spn_queue_t *q, const char *who, spn__observe_t **out, spn_error_t *err) {
+  spn__observe_t *o = calloc(1, sizeof *o);
+  if (!o)
+    return spn_error_set(err, SPN_ENOMEM, "server: out of memory");
+  if (spn__logger_new(SPN_LOG_INFO, SPN_LOG_FORMAT_AUTO, -1, &o->log) != SPN_OK) {
+    free(o);
+    return spn_error_set(err, SPN_ENOMEM, "server: out of memory");
+  }
+  snprintf(o->who, sizeof o->who, "%s", who ? who : "spindle");
+  nvml_load(&o->nvml);
+  o->inner = *q;
+  o->ops = observed_ops;
+  o->ops.name = q->ops->name;
+  q->ops = &o->ops;
+  q->impl = o;
+  *out = o;
+  return SPN_OK;
+}
+
+spn__logger_t *spn__observe_logger(spn__observe_t *o) { return o ? o->log : NULL; }
+
+/* ---- rendering ---- */
+
+typedef struct buf {
+  char *p;
+  size_t n, cap;
+  bool oom;
+} buf_t;
+
+static void put(buf_t *b, const char *fmt, ...) SPN_PRINTF(2, 3);
+static void put(buf_t *b, const char *fmt, ...) {
+  if (b->oom)
+    return;
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
+    va_end(ap);
+    if (k < 0) {
+      b->oom = true;
+      return;
+    }
+    if ((size_t)k < b->cap - b->n) {
+      b->n += (size_t)k;
+      return;
+    }
+    size_t cap = (b->cap + (size_t)k + 1) * 2;
+    char *np = realloc(b->p, cap);
+    if (!np) {
+      b->oom = true;
+      return;
+    }
+    b->p = np;
+    b->cap = cap;
+  }
+}
+
+/* A label value with \, " and newline escaped (the text format's rule). */
+static void put_label(buf_t *b, const char *v) {
+  for (; *v; v++) {
+    if (*v == '\\' || *v == '"')
+      put(b, "\\%c", *v);
+    else if (*v == '\n')
+      put(b, "\\n");
+    else
+      put(b, "%c", *v);
+  }
+}
+
+static void family(buf_t *b, const char *name, const char *type, const char *help) {
+  put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* Queue depth: queued jobs grouped by (pipeline, priority). */
+typedef struct depth {
+  char pipeline[64];
+  int32_t priority;
+  uint64_t n;
+} depth_t;
+typedef struct depth_acc {
+  depth_t *d;
+  size_t n;
+  bool oom;
+} depth_acc_t;
+
+static void depth_add(void *user, const spn_queue_job_t *j) {
+  depth_acc_t *a = user;
+  char pipeline[64];
+  pipeline_of(j->spec_json, pipeline, sizeof pipeline);
+  for (size_t i = 0; i < a->n; i++)
+    if (a->d[i].priority == j->priority && !strcmp(a->d[i].pipeline, pipeline)) {
+      a->d[i].n++;
+      return;
+    }
+  depth_t *nd = realloc(a->d, (a->n + 1) * sizeof *nd);
+  if (!nd) {
+    a->oom = true;
+    return;
+  }
+  a->d = nd;
+  memset(&a->d[a->n], 0, sizeof a->d[a->n]);
+  snprintf(a->d[a->n].pipeline, sizeof a->d[a->n].pipeline, "%s", pipeline);
+  a->d[a->n].priority = j->priority;
+  a->d[a->n].n = 1;
+  a->n++;
+}
+
+static void render_nvml(spn__observe_t *o, buf_t *b) {
+  nvml_t *n = &o->nvml;
+  unsigned count = 0;
+  if (!n->lib || n->count(&count) != 0 || count == 0)
+    return;
+  if (count > 64)
+    count = 64;
+  void *h[64] = {0};
+  for (unsigned i = 0; i < count; i++)
+    if (n->handle(i, &h[i]) != 0)
+      h[i] = NULL;
+  if (n->util) {
+    family(b, "spindle_device_utilization_ratio", "gauge", "GPU busy fraction over NVML's last sample period (0..1).");
+    for (unsigned i = 0; i < count; i++) {
+      nvml_util_t u;
+      if (h[i] && n->util(h[i], &u) == 0)
+        put(b, "spindle_device_utilization_ratio{device=\"cuda:%u\"} %.2f\n", i, u.gpu / 100.0);
+    }
+  }
+  if (n->mem) {
+    nvml_mem_t m[64];
+    bool ok[64] = {false};
+    for (unsigned i = 0; i < count; i++)
+      ok[i] = h[i] && n->mem(h[i], &m[i]) == 0;
+    family(b, "spindle_device_memory_used_bytes", "gauge", "GPU memory in use (all processes), from NVML.");
+    for (unsigned i = 0; i < count; i++)
+      if (ok[i])
+        put(b, "spindle_device_memory_used_bytes{device=\"cuda:%u\"} %llu\n", i, m[i].used);
+    family(b, "spindle_device_memory_total_bytes", "gauge", "GPU memory size, from NVML.");
+    for (unsigned i = 0; i < count; i++)
+      if (ok[i])
+        put(b, "spindle_device_memory_total_bytes{device=\"cuda:%u\"} %llu\n", i, m[i].total);
+  }
+  if (n->temp) {
+    family(b, "spindle_device_temperature_celsius", "gauge", "GPU core temperature, from NVML.");
+    for (unsigned i = 0; i < count; i++) {
+      unsigned t;
+      if (h[i] && n->temp(h[i], 0 /* NVML_TEMPERATURE_GPU */, &t) == 0)
+        put(b, "spindle_device_temperature_celsius{device=\"cuda:%u\"} %u\n", i, t);
+    }
+  }
+}
+
+char *spn__observe_render(spn__observe_t *o, const spn__observe_workers_t *w, spn_error_t *err) {
+  int64_t cnt[SPN_QSTATE_COUNT];
+  if (o->inner.ops->counts(o->inner.impl, cnt, err) < 0)
+    return NULL;
+  depth_acc_t acc = {0};
+  if (o->inner.ops->list(o->inner.impl, SPN_QSTATE_QUEUED, SPN__OBSERVE_DEPTH_MAX, depth_add, &acc, err) < 0) {
+    free(acc.d);
+    return NULL;
+  }
+  buf_t b = {0};
+  family(&b, "spindle_jobs", "gauge", "Jobs in the queue by state.");
+  for (int i = 0; i < SPN_QSTATE_COUNT; i++)
+    put(&b, "spindle_jobs{state=\"%s\"} %lld\n", spn_queue_state_name((spn_queue_state_t)i), (long long)cnt[i]);
+  family(&b, "spindle_queue_depth", "gauge", "Queued jobs by pipeline and priority (the autoscaling signal).");
+  for (size_t i = 0; i < acc.n; i++) {
+    put(&b, "spindle_queue_depth{pipeline=\"");
+    put_label(&b, acc.d[i].pipeline);
+    put(&b, "\",priority=\"%d\"} %llu\n", (int)acc.d[i].priority, (unsigned long long)acc.d[i].n);
+  }
+  free(acc.d);
+  family(&b, "spindle_job_events_total", "counter", "Job lifecycle transitions since the gateway started, by event.");
+  for (int i = 0; i < EV_COUNT; i++)
+    put(&b, "spindle_job_events_total{event=\"%s\"} %llu\n", ev_names[i], (unsigned long long)o->events[i]);
+  family(&b, "spindle_job_duration_seconds", "histogram",
+         "Time from lease to the end of an attempt, by pipeline and outcome.");
+  for (size_t k = 0; k < o->ndur; k++) {
+    const dur_series_t *d = &o->dur[k];
+    for (int i = 0; i <= SPN__OBSERVE_DURATION_BUCKETS; i++) {
+      put(&b, "spindle_job_duration_seconds_bucket{pipeline=\"");
+      put_label(&b, d->pipeline);
+      if (i < SPN__OBSERVE_DURATION_BUCKETS)
+        put(&b, "\",outcome=\"%s\",le=\"%g\"} %llu\n", d->outcome, dur_bounds[i], (unsigned long long)d->bucket[i]);
+      else
+        put(&b, "\",outcome=\"%s\",le=\"+Inf\"} %llu\n", d->outcome, (unsigned long long)d->count);
+    }
+    put(&b, "spindle_job_duration_seconds_sum{pipeline=\"");
+    put_label(&b, d->pipeline);
+    put(&b, "\",outcome=\"%s\"} %.6f\n", d->outcome, d->sum);
+    put(&b, "spindle_job_duration_seconds_count{pipeline=\"");
+    put_label(&b, d->pipeline);
+    put(&b, "\",outcome=\"%s\"} %llu\n", d->outcome, (unsigned long long)d->count);
+  }
+  family(&b, "spindle_workers", "gauge", "Workers by kind: in-process slots, and remote workers sending heartbeats.");
+  put(&b, "spindle_workers{kind=\"local\"} %u\nspindle_workers{kind=\"remote\"} %zu\n", w->local, w->remote);
+  render_nvml(o, &b);
+  if (b.oom || !b.p) {
+    free(b.p);
+    spn_error_set(err, SPN_ENOMEM, "metrics: out of memory");
+    return NULL;
+  }
+  return b.p;
+}

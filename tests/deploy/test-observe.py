@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Metrics and logs of a gateway + remote worker run.
+
+  test-observe.py SPINDLE FAKE_NVML SRCDIR
+
+A gateway with no in-process workers (`spindle serve --workers 0 --http`) and
+the fake NVML library gets five jobs while no worker is connected (queue depth
+per pipeline and priority), then a remote `spindle worker` runs them: three
+synthetic jobs succeed, one `fail` job dies after two attempts, one is
+cancelled while queued. Checks:
+- /healthz and /readyz answer 200; an unknown path 404.
+- Every metric family docs/operations.md documents is in the final scrape,
+  and each family documented as moving has a sample whose value changed
+  between the scrape before the jobs ran and the one after.
+- The queue depth during the wait names the pipelines and priorities.
+- Every line the gateway and the worker wrote to stderr is one JSON object
+  with ts, level and msg; the lifecycle events (submitted, leased, succeeded,
+  failed, dead, cancelled) are there for the right jobs, with attempt and
+  duration_ms where they apply; the failure reason is printed once per attempt.
+"""
+import json, os, re, signal, socket, subprocess, sys, tempfile, time, urllib.error, urllib.request
+
+spindle, fake_nvml, src = (os.path.abspath(a) for a in sys.argv[1:4])
+failures = []
+procs = []
+
+
+def check(cond, msg):
+    if not cond:
+        failures.append(msg)
+        print('FAIL:', msg)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def get(port, path):
+    try:
+        with urllib.request.urlopen(f'http://127.0.0.1:{port}{path}', timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def parse_metrics(text):
+    """{family: {sample line's name+labels: value}} from Prometheus text."""
+    fams, types = {}, {}
+    for line in text.splitlines():
+        m = re.match(r'# TYPE (\S+) (\S+)', line)
+        if m:
+            types[m.group(1)] = m.group(2)
+            fams.setdefault(m.group(1), {})
+            continue
+        if not line or line.startswith('#'):
+            continue
+        key, value = line.rsplit(' ', 1)
+        name = key.split('{', 1)[0]
+        fam = re.sub(r'_(bucket|sum|count)$', '', name) if re.sub(r'_(bucket|sum|count)$', '', name) in types else name
+        check(fam in types, f'sample {key} has no # TYPE line')
+        fams.setdefault(fam, {})[key] = float(value)
+    return fams, types
+
+
+def documented():
+    """(name, moves) for each row of the metrics table in docs/operations.md."""
+    rows = re.findall(r'^\| `(spindle_[a-z_]+)` \| (\w+) \|[^\n]*\| (yes|no) \|$',
+                      open(os.path.join(src, 'docs', 'operations.md')).read(), re.M)
+    return [(name, moves == 'yes') for name, _, moves in rows]
+
+
+def run(*args, timeout=60):
+    return subprocess.run([spindle, *args], capture_output=True, timeout=timeout, text=True)
+
+
+tmp = tempfile.mkdtemp(prefix='spn-observe-')
+env = dict(os.environ, SPINDLE_NVML_LIBRARY=os.path.abspath(fake_nvml))
+http = free_port()
+gw_err = open(os.path.join(tmp, 'gateway.err'), 'wb')
+gw = subprocess.Popen([spindle, 'serve', '--config', os.path.join(src, 'configs', 'server.toml'),
+                       '--workers', '0', '--bind', 'tcp://127.0.0.1:*', '--db', os.path.join(tmp, 'q.db'),
+                       '--root', tmp, '--http', f'127.0.0.1:{http}', '--max-attempts', '2',
+                       '--backoff-ms', '50', '--heartbeat-ms', '200'],
+                      stdout=subprocess.PIPE, stderr=gw_err, env=env, cwd=tmp)
+procs.append(gw)
+try:
+    line = gw.stdout.readline().decode()
+    if 'ready on ' not in line:
+        sys.exit(f'FAIL: gateway not ready: {line!r} {open(os.path.join(tmp, "gateway.err")).read()}')
+    ep = line.split('ready on ')[1].strip()
+
+    code, body = get(http, '/healthz')
+    check(code == 200 and body.strip() == 'ok', f'/healthz: {code} {body!r}')
+    code, body = get(http, '/readyz')
+    check(code == 200 and body.strip() == 'ready', f'/readyz: {code} {body!r}')
+    code, _ = get(http, '/nothere')
+    check(code == 404, f'/nothere: {code}')
+
+    code, first_text = get(http, '/metrics')
+    check(code == 200, f'/metrics: {code}')
+    first, _ = parse_metrics(first_text)
+
+    # Queued with no worker: depth by pipeline and priority.
+    ids = {}
+    for name, args in [('s1', ['synthetic', '--param', 'frames=20', '--priority', '5']),
+                       ('s2', ['synthetic', '--param', 'frames=20', '--priority', '5']),
+                       ('s3', ['synthetic', '--param', 'frames=20']),
+                       ('bad', ['fail', '--max-attempts', '2']),
+                       ('gone', ['synthetic', '--param', 'frames=5', '--priority', '-3'])]:
+        out = [] if args[0] == 'fail' else ['--output', f'frames={tmp}/{name}.raw']
+        r = run('submit', *args, *out, '--connect', ep)
+        check(r.returncode == 0, f'submit {name}: {r.returncode} {r.stderr}')
+        ids[name] = int(r.stdout.split()[0]) if r.returncode == 0 else -1
+    r = run('cancel', str(ids['gone']), '--connect', ep)
+    check(r.returncode == 0, f'cancel: {r.returncode} {r.stderr}')
+    _, queued_text = get(http, '/metrics')
+    queued, _ = parse_metrics(queued_text)
+    depth = queued.get('spindle_queue_depth', {})
+    check(depth.get('spindle_queue_depth{pipeline="synthetic",priority="5"}') == 2, f'depth synthetic/5: {depth}')
+    check(depth.get('spindle_queue_depth{pipeline="synthetic",priority="0"}') == 1, f'depth synthetic/0: {depth}')
+    check(depth.get('spindle_queue_depth{pipeline="fail",priority="0"}') == 1, f'depth fail/0: {depth}')
+    check(not any('priority="-3"' in k for k in depth), f'a cancelled job is counted as queued: {depth}')
+
+    wk_err = open(os.path.join(tmp, 'worker.err'), 'wb')
+    wk = subprocess.Popen([spindle, 'worker', '--connect', ep, '--name', 'w1', '--slots', '2',
+                           '--heartbeat-ms', '200', '--config', os.path.join(src, 'configs', 'server.toml')],
+                          stdout=wk_err, stderr=wk_err, env=env, cwd=tmp)
+    procs.append(wk)
+    for name in ['s1', 's2', 's3', 'bad']:
+        r = run('watch', str(ids[name]), '--connect', ep, timeout=90)
+        want = 5 if name == 'bad' else 0
+        check(r.returncode == want or (name == 'bad' and r.returncode != 0),
+              f'job {name}: exit {r.returncode} {r.stdout} {r.stderr}')
+    _, last_text = get(http, '/metrics')
+    last, types = parse_metrics(last_text)
+
+    docs = documented()
+    check(len(docs) >= 9, f'docs/operations.md documents only {len(docs)} metric families (table not parsed?)')
+    for name, moves in docs:
+        # Present with samples in a scrape during the run (queue depth has
+        # samples only while jobs wait) and in the last one's # TYPE lines.
+        check(name in types, f'{name}: documented but not in /metrics')
+        check(queued.get(name) or last.get(name), f'{name}: no sample in any scrape')
+        if moves:
+            changed = [k for scrape in (queued, last) for k, v in scrape.get(name, {}).items()
+                       if first.get(name, {}).get(k) != v]
+            check(changed, f'{name}: no sample changed while jobs ran')
+    for name in types:
+        check(name in dict(docs), f'{name}: in /metrics but not documented in docs/operations.md')
+    ev = last.get('spindle_job_events_total', {})
+    for event, n in [('submitted', 5), ('succeeded', 3), ('failed', 1), ('dead', 1), ('cancelled', 1)]:
+        key = 'spindle_job_events_total{event="%s"}' % event
+        check(ev.get(key) == n, f'events {event}: {ev.get(key)}, expected {n}')
+    check(last['spindle_workers'].get('spindle_workers{kind="remote"}') == 1, f'workers: {last.get("spindle_workers")}')
+    check(last['spindle_jobs'].get('spindle_jobs{state="succeeded"}') == 3, 'jobs succeeded')
+    dur = last.get('spindle_job_duration_seconds', {})
+    check(dur.get('spindle_job_duration_seconds_count{pipeline="synthetic",outcome="succeeded"}') == 3,
+          f'duration count: {dur}')
+    check(len([k for k in last.get('spindle_device_memory_total_bytes', {})]) == 2, 'two NVML devices')
+
+    for p in reversed(procs):
+        p.send_signal(signal.SIGTERM)
+    for p in reversed(procs):
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            check(False, 'a process did not stop on SIGTERM')
+    gw_err.close()
+    wk_err.close()
+
+    # Logs: every line one JSON object.
+    events = []
+    for who in ['gateway', 'worker']:
+        lines = open(os.path.join(tmp, f'{who}.err'), encoding='utf-8').read().splitlines()
+        check(lines, f'{who}: wrote no log line')
+        for ln in lines:
+            try:
+                o = json.loads(ln)
+            except json.JSONDecodeError:
+                check(False, f'{who}: not a JSON line: {ln!r}')
+                continue
+            check(isinstance(o, dict) and {'ts', 'level', 'msg'} <= o.keys(), f'{who}: missing ts/level/msg: {ln}')
+            check(re.match(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$', o.get('ts', '')), f'{who}: ts: {ln}')
+            check(o.get('level') in ('debug', 'info', 'warn', 'error'), f'{who}: level: {ln}')
+            if 'event' in o:
+                events.append(o)
+    def evs(job, name):
+        return [e for e in events if e.get('job_id') == ids[job] and e['event'] == name]
+    for job in ['s1', 's2', 's3']:
+        for name in ['submitted', 'leased', 'succeeded']:
+            check(len(evs(job, name)) == 1, f'job {job}: {len(evs(job, name))} {name} lines')
+        s = evs(job, 'succeeded')
+        check(s and s[0].get('attempt') == 1 and isinstance(s[0].get('duration_ms'), int)
+              and s[0].get('pipeline') == 'synthetic', f'job {job} succeeded line: {s}')
+    check(len(evs('bad', 'leased')) == 2, f'bad: leased {len(evs("bad", "leased"))} times, expected 2')
+    f1, d1 = evs('bad', 'failed'), evs('bad', 'dead')
+    check(len(f1) == 1 and f1[0]['level'] == 'warn' and f1[0].get('attempt') == 1, f'bad failed: {f1}')
+    check(len(d1) == 1 and d1[0]['level'] == 'error' and d1[0].get('attempt') == 2, f'bad dead: {d1}')
+    check(len(evs('gone', 'cancelled')) == 1, 'gone: no cancelled line')
+    check(any(e.get('worker') == 'w1' or 'w1' in str(e.get('worker', '')) for e in evs('s1', 'leased')),
+          f'leased line names the worker: {evs("s1", "leased")}')
+    reasons = [e for e in events if e.get('job_id') == ids['bad'] and 'attempt 1: requested failure' in e['msg']]
+    check(len(reasons) == 1, f'the first attempt\'s error is printed {len(reasons)} times, expected once')
+finally:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+print('FAILED' if failures else 'OK')
+sys.exit(1 if failures else 0)
