@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "spindle/image.h"
 #include "spindle/plugin.h"
@@ -91,6 +92,16 @@ typedef struct sr_state {
   float feather;     /* feather, output pixels */
 } sr_state_t;
 
+/* The embedded espcn-x2: installed under share/spindle/models, or the source
+ * tree's copy when running from the build tree (not installed). */
+static const char *embedded_model(void) {
+#ifdef SPN_VISION_SOURCE_SR_MODEL
+  if (access(SPN_VISION_DEFAULT_SR_MODEL, R_OK) != 0 && access(SPN_VISION_SOURCE_SR_MODEL, R_OK) == 0)
+    return SPN_VISION_SOURCE_SR_MODEL;
+#endif
+  return SPN_VISION_DEFAULT_SR_MODEL;
+}
+
 static int32_t sr_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
   const sr_config_t *cfg = config;
   const spn_host_api_t *host = spn__vision_host();
@@ -124,7 +135,7 @@ static int32_t sr_create(spn_stage_t *stage, const void *config, void **state, s
     rc = spn_error_set(err, SPN_ECONFIG, "the embedded espcn-x2 upscales by 2, not %d (set scale = 2)",
                        (int)cfg->scale);
   else
-    rc = host->model_load(stage, use ? mpath : SPN_VISION_DEFAULT_SR_MODEL, &st->model, err);
+    rc = host->model_load(stage, use ? mpath : embedded_model(), &st->model, err);
   if (rc != SPN_OK && hint[0])
     spn_error_prefix(err, "%s", hint);
   if (rc != SPN_OK) {
