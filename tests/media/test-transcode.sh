@@ -131,7 +131,9 @@ for f in noise.mp4 empty.mp4 sound.m4a; do
     --set encode.audio_path= >out.txt 2>err.txt
   rc=$?
   [ $rc -eq 1 ] || fail "$f: exit $rc, want 1"
-  grep -q "spindle run: .*$f: " err.txt || fail "$f: message does not name the file: $(tail -3 err.txt)"
+  # the error is printed once, by the stage: a JSON error line naming the file
+  grep -q "\"level\":\"error\",\"msg\":\"stage .*$f: " err.txt ||
+    fail "$f: message does not name the file: $(tail -3 err.txt)"
 done
 grep -q "sound.m4a: no video stream" err.txt || fail "no-video message: $(tail -2 err.txt)"
 [ ! -e t.mp4 ] || fail "t.mp4 exists after failed jobs"
