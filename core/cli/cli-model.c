@@ -552,6 +552,8 @@ int spn_cli_model(int argc, char **argv) {
             "                         [--threads N] [--repeat N] [--no-fusion] [DEVICE OPTIONS]\n"
             "       spindle model bench FILE.onnx [--batch 1,32,128] [--size N] [--iters N]\n"
             "                         [--warmup N] [--threads N] [DEVICE OPTIONS]\n"
+            "       spindle model list | fetch NAME... [--force] | verify [NAME...] | path NAME\n"
+            "       spindle model convert-ncnn MODEL.param MODEL.bin OUT.onnx\n"
             "DEVICE OPTIONS: --device cpu|cpu:N|cuda:N  --precision fp32|tf32|fp16  --fallback cpu|error\n");
     return argc < 2 ? 2 : 0;
   }
@@ -561,6 +563,11 @@ int spn_cli_model(int argc, char **argv) {
     return cmd_run(argc - 2, argv + 2);
   if (!strcmp(argv[1], "bench"))
     return cmd_bench(argc - 2, argv + 2);
+  /* models by name (cli-model-fetch.c) */
+  static const char *const by_name[] = {"list", "fetch", "verify", "path", "convert-ncnn"};
+  for (size_t i = 0; i < sizeof by_name / sizeof by_name[0]; i++)
+    if (!strcmp(argv[1], by_name[i]))
+      return spn__cli_model_names(argc - 1, argv + 1);
   fprintf(stderr, "spindle model: unknown subcommand '%s'\n", argv[1]);
   return 2;
 }

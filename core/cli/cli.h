@@ -23,6 +23,8 @@ int spn_cli_run(int argc, char **argv);
 int spn_cli_validate(int argc, char **argv);
 int spn_cli_plugins(int argc, char **argv);
 int spn_cli_model(int argc, char **argv);
+/* `spindle model list|fetch|verify|path|convert-ncnn` (cli-model-fetch.c); argv[0] is the verb. */
+int spn__cli_model_names(int argc, char **argv);
 
 /* ---- shared by the subcommands (cli-common.c) ---- */
 

@@ -196,6 +196,94 @@ static int64_t nearest_idx(const char *nm, float c, int64_t in) {
   return i < 0 ? 0 : (i >= in ? in - 1 : i);
 }
 
+/* Cubic convolution weight at distance d (Keys; a = cubic_coeff_a). */
+static float cubic_w(float d, float a) {
+  d = fabsf(d);
+  if (d <= 1.f)
+    return ((a + 2.f) * d - (a + 3.f)) * d * d + 1.f;
+  if (d < 2.f)
+    return ((a * d - 5.f * a) * d + 8.f * a) * d - 4.f * a;
+  return 0.f;
+}
+
+/* Per output position o of one axis: the 4 source taps (clamped to the
+ * edge, as ONNX Runtime does) and their weights; with exclude_outside the
+ * taps outside the input get weight 0 and the rest are renormalised. */
+static void cubic_taps(const char *ct, float scale, int64_t in, int64_t out, float a, bool excl, int64_t *idx,
+                       float *w) {
+  for (int64_t o = 0; o < out; o++) {
+    float c = src_coord(ct, (float)o, scale, in, out);
+    float f = floorf(c), t = c - f;
+    float sum = 0.f;
+    for (int k = 0; k < 4; k++) {
+      int64_t i = (int64_t)f - 1 + k;
+      float wk = cubic_w(t + 1.f - (float)k, a);
+      if (excl && (i < 0 || i >= in))
+        wk = 0.f;
+      idx[4 * o + k] = i < 0 ? 0 : (i >= in ? in - 1 : i);
+      w[4 * o + k] = wk;
+      sum += wk;
+    }
+    if (excl && sum != 0.f)
+      for (int k = 0; k < 4; k++)
+        w[4 * o + k] /= sum;
+  }
+}
+
+/* Resize mode "cubic" over the two innermost dims of (N,C,H,W) (or (N,C,W)). */
+static int32_t exec_resize_cubic(spn_run_t *r, const spn_node_t *n, const float *sc) {
+  const spn_rt_val_t *x = IN(0);
+  spn_rt_val_t *y = OUT(0);
+  int nsp = x->ndim - 2;
+  if (nsp < 1 || nsp > 2)
+    return spn_op_fail(r, SPN_EUNSUPPORTED, "cubic Resize needs 1 or 2 spatial dims, not %d", nsp);
+  const char *ct = spn_attr_str(n, "coordinate_transformation_mode", "half_pixel");
+  float a = spn_attr_float(n, "cubic_coeff_a", -0.75f);
+  bool excl = spn_attr_int(n, "exclude_outside", 0) != 0;
+  int64_t ih = nsp == 2 ? x->shape[2] : 1, iw = x->shape[x->ndim - 1];
+  int64_t oh = nsp == 2 ? y->shape[2] : 1, ow = y->shape[y->ndim - 1];
+  float sh = nsp == 2 ? sc[2] : 1.f, sw = sc[x->ndim - 1];
+  int64_t planes = x->shape[0] * x->shape[1];
+  int64_t *hi = malloc((size_t)(oh + ow) * 4 * sizeof(int64_t));
+  float *hw = malloc((size_t)(oh + ow) * 4 * sizeof(float));
+  if (!hi || !hw) {
+    free(hi);
+    free(hw);
+    return spn_op_fail(r, SPN_ENOMEM, "out of memory");
+  }
+  int64_t *wi = hi + 4 * oh;
+  float *ww = hw + 4 * oh;
+  cubic_taps(ct, sh, ih, oh, a, excl, hi, hw);
+  cubic_taps(ct, sw, iw, ow, a, excl, wi, ww);
+  if (nsp == 1) /* one row: the H axis is the identity */
+    for (int64_t k = 0; k < 4; k++) {
+      hi[k] = 0;
+      hw[k] = k == 1 ? 1.f : 0.f;
+    }
+  const float *X = x->data;
+  float *Y = y->data;
+#pragma omp parallel for collapse(2) if (planes * oh * ow > PAR_MIN)
+  for (int64_t p = 0; p < planes; p++)
+    for (int64_t o = 0; o < oh; o++) {
+      const float *xp = X + p * ih * iw;
+      float *row = Y + (p * oh + o) * ow;
+      for (int64_t q = 0; q < ow; q++) {
+        float acc = 0.f;
+        for (int k = 0; k < 4; k++) {
+          const float *src = xp + hi[4 * o + k] * iw;
+          float rowv = 0.f;
+          for (int j = 0; j < 4; j++)
+            rowv += ww[4 * q + j] * src[wi[4 * q + j]];
+          acc += hw[4 * o + k] * rowv;
+        }
+        row[q] = acc;
+      }
+    }
+  free(hi);
+  free(hw);
+  return SPN_OK;
+}
+
 int32_t spn_resize_tables(spn_run_t *r, const spn_node_t *n, int64_t *ish, int64_t *osh, int *linear_out,
                           int64_t **i0_out, float **w_out) {
   const spn_rt_val_t *x = IN(0);
@@ -206,6 +294,8 @@ int32_t spn_resize_tables(spn_run_t *r, const spn_node_t *n, int64_t *ish, int64
   if (rc)
     return rc;
   const char *mode = spn_attr_str(n, "mode", "nearest");
+  if (!strcmp(mode, "cubic")) /* 4 taps per axis: exec_resize_cubic's own tables */
+    return spn_op_fail(r, SPN_EUNSUPPORTED, "cubic Resize has no 2-tap tables");
   bool linear = strcmp(mode, "nearest") != 0;
   const char *ct = n->op == SPN_OP_UPSAMPLE ? "asymmetric" : spn_attr_str(n, "coordinate_transformation_mode", "half_pixel");
   const char *nm = n->op == SPN_OP_UPSAMPLE ? "floor" : spn_attr_str(n, "nearest_mode", "round_prefer_floor");
@@ -257,6 +347,12 @@ int32_t spn_resize_tables(spn_run_t *r, const spn_node_t *n, int64_t *ish, int64
 static int32_t exec_resize(spn_run_t *r, const spn_node_t *n) {
   const spn_rt_val_t *x = IN(0);
   spn_rt_val_t *y = OUT(0);
+  if (n->op == SPN_OP_RESIZE && !strcmp(spn_attr_str(n, "mode", "nearest"), "cubic")) {
+    float sc[SPN_MAXD];
+    int64_t sz[SPN_MAXD];
+    int32_t rc = spn_op_infer_resize(r, n, sc, sz);
+    return rc ? rc : exec_resize_cubic(r, n, sc);
+  }
   int64_t ish[3], osh[3], *ib;
   float *wb;
   int lin;

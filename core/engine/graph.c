@@ -247,7 +247,12 @@ static int32_t run_host(spn_run_t *r, const spn_node_t *n) {
 }
 
 /* Evaluate every node whose inputs are all constants once, at load. */
-static int32_t fold_constants(spn_model_t *m, spn_error_t *err) {
+/* Fold every node whose inputs are all constants into constant values.
+ * weight_sources: fold only Identity and Constant nodes (checked first),
+ * before the other nodes are checked, so that a weight reaching Conv through
+ * an Identity of an initializer (as PyTorch exports deduplicated weights) or
+ * from a Constant node is an initializer by the time Conv's rules look at it. */
+static int32_t fold_constants(spn_model_t *m, bool weight_sources, spn_error_t *err) {
   spn_rt_val_t *rv = rt_new(m);
   if (!rv)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
@@ -260,6 +265,12 @@ static int32_t fold_constants(spn_model_t *m, spn_error_t *err) {
       all = all && is_const(m, n->in[k]);
     if (!all || n->dead)
       continue;
+    if (weight_sources) {
+      if (n->op != SPN_OP_IDENTITY && n->op != SPN_OP_CONSTANT)
+        continue;
+      if ((rc = spn_op_check(m, n, err)))
+        goto out;
+    }
     if ((rc = run_host(&r, n))) {
       spn_error_prefix(err, "%s: folding constant node '%s' (%s)", m->path, n->name, n->op_name);
       goto out;
@@ -695,10 +706,12 @@ int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
   }
   if ((rc = topo_sort(m, err)))
     return rc;
+  if ((rc = fold_constants(m, true, err)))
+    return rc;
   for (int i = 0; i < m->n_node; i++)
-    if ((rc = spn_op_check(m, &m->nodes[i], err)))
+    if (!m->nodes[i].dead && (rc = spn_op_check(m, &m->nodes[i], err)))
       return rc;
-  if ((rc = fold_constants(m, err)))
+  if ((rc = fold_constants(m, false, err)))
     return rc;
   remove_dead(m);
   if (fuse) {

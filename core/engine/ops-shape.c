@@ -140,8 +140,8 @@ int32_t spn_op_check(const spn_model_t *m, const spn_node_t *n, spn_error_t *err
   case SPN_OP_RESIZE:
   case SPN_OP_UPSAMPLE: {
     const char *mode = spn_attr_str(n, "mode", "nearest");
-    if (strcmp(mode, "nearest") && strcmp(mode, "linear") && strcmp(mode, "bilinear"))
-      return spn_error_set(err, SPN_EUNSUPPORTED, "%s: node '%s' (%s): mode '%s' is not supported (nearest, linear)", file, n->name, n->op_name, mode);
+    if (strcmp(mode, "nearest") && strcmp(mode, "linear") && strcmp(mode, "bilinear") && (strcmp(mode, "cubic") || n->op != SPN_OP_RESIZE))
+      return spn_error_set(err, SPN_EUNSUPPORTED, "%s: node '%s' (%s): mode '%s' is not supported (nearest, linear, cubic)", file, n->name, n->op_name, mode);
     const char *ct = spn_attr_str(n, "coordinate_transformation_mode", "half_pixel");
     static const char *const cts[] = {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nearest"};
     bool ok = false;
@@ -152,8 +152,8 @@ int32_t spn_op_check(const spn_model_t *m, const spn_node_t *n, spn_error_t *err
     const char *nm = spn_attr_str(n, "nearest_mode", "round_prefer_floor");
     if (strcmp(nm, "round_prefer_floor") && strcmp(nm, "round_prefer_ceil") && strcmp(nm, "floor") && strcmp(nm, "ceil"))
       return spn_error_set(err, SPN_EUNSUPPORTED, "%s: node '%s' (%s): nearest_mode '%s' is not supported", file, n->name, n->op_name, nm);
-    if (spn_attr_int(n, "exclude_outside", 0))
-      return spn_error_set(err, SPN_EUNSUPPORTED, "%s: node '%s' (%s): exclude_outside=1 is not supported", file, n->name, n->op_name);
+    if (spn_attr_int(n, "exclude_outside", 0) && strcmp(mode, "cubic"))
+      return spn_error_set(err, SPN_EUNSUPPORTED, "%s: node '%s' (%s): exclude_outside=1 is only supported with mode cubic", file, n->name, n->op_name);
     break;
   }
   case SPN_OP_PAD: {

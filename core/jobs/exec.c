@@ -194,6 +194,35 @@ char *spn__publish_marker(const spn_job_spec_t *job) {
   return m;
 }
 
+char *spn__publish_marker_of(spn_queue_t *q, int64_t id) {
+  spn_queue_job_t j;
+  if (q->ops->get(q->impl, id, &j, NULL) < 0)
+    return NULL;
+  cJSON *spec = cJSON_Parse(j.spec_json);
+  spn_job_spec_t js;
+  char *m = NULL;
+  if (spec && spn__job_spec_from_json(spec, id, j.attempts, &js, NULL) == SPN_OK) {
+    m = spn__publish_marker(&js);
+    spn__job_spec_free(&js);
+  }
+  cJSON_Delete(spec);
+  spn__queue_job_clear(&j);
+  return m;
+}
+
+void spn__unpublish(spn_queue_t *q, int64_t id) {
+  char *m = spn__publish_marker_of(q, id);
+  if (!m)
+    return; /* no outputs (or the queue is away: a later sweep hands it out) */
+  if (unlink(m) != 0 && errno != ENOENT) {
+    free(m);
+    return; /* kept in the queue's list: a later sweep tries again */
+  }
+  free(m);
+  if (q->ops->unpublished)
+    q->ops->unpublished(q->impl, id, NULL);
+}
+
 static char *tmp_name(const char *final, int64_t id, uint32_t attempt);
 
 /* An earlier attempt of this job published (or began to): finish its

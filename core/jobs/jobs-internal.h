@@ -88,7 +88,9 @@ typedef struct spn_queue_ops {
    * running; the worker stops it); terminal → SPN_ESTATE. */
   int32_t (*cancel)(void *q, int64_t id, int64_t now, spn_queue_state_t *state, spn_error_t *err);
   /* Expired leases count as a failed attempt ("lease expired"); queued jobs
-   * past their deadline fail. Returns the number of jobs moved or an error. */
+   * past their deadline fail; succeeded jobs whose marker removal was never
+   * confirmed (see unpublished) come with SPN_QSTATE_SUCCEEDED. Returns the
+   * number of jobs reported or an error. */
   int32_t (*sweep)(void *q, int64_t now, spn_queue_changed_cb cb, void *user, spn_error_t *err);
   /* Give a running job back without counting the attempt (the gateway is
    * shutting down and has stopped the thread that ran it). SPN_ESTATE when
@@ -98,6 +100,12 @@ typedef struct spn_queue_ops {
   /* Fail every running job leased by `owner` (worker lost). */
   int32_t (*release_owner)(void *q, const char *owner, const char *reason, int64_t now,
                            spn_queue_changed_cb cb, void *user, spn_error_t *err);
+  /* The publication marker of succeeded job `id` was removed. Until then a
+   * backend shared by many processes hands the job to a later sweep (cb
+   * with SPN_QSTATE_SUCCEEDED) so that sweeper removes it: the process that
+   * completed it may have died first. NULL when the backend does not track
+   * markers (SQLite: one process, and the marker goes right after commit). */
+  int32_t (*unpublished)(void *q, int64_t id, spn_error_t *err);
   int32_t (*get)(void *q, int64_t id, spn_queue_job_t *out, spn_error_t *err);
   /* Jobs in `state` (-1: any), newest first, at most `limit`. */
   int32_t (*list)(void *q, int32_t state, uint32_t limit, spn_queue_list_cb cb, void *user,
@@ -192,6 +200,11 @@ typedef struct spn_exec_result {
  * NULL for a job without outputs. Remove it once the queue has recorded the
  * job succeeded. Ownership: caller frees. */
 char *spn__publish_marker(const spn_job_spec_t *job);
+/* The marker path of a job stored in the queue (its spec), or NULL.
+ * Ownership: caller frees. */
+char *spn__publish_marker_of(spn_queue_t *q, int64_t id);
+/* Remove the marker of succeeded job `id` and tell the queue. */
+void spn__unpublish(spn_queue_t *q, int64_t id);
 void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
                       const volatile int *cancel_flag, spn_exec_progress_cb progress, void *user,
                       spn_exec_result_t *res);

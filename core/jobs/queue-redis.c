@@ -22,6 +22,15 @@
  * in progress with SPN_EIO and is re-opened by the next call; a write whose
  * reply was lost is not repeated (an idempotency key makes a client's retry
  * safe).
+ *
+ * Group commit: between begin and commit, submissions without an
+ * idempotency key are pipelined — sent at once, their replies read at the
+ * next other call or at commit — so a batch of submissions costs one round
+ * trip instead of one each. Their ids come from a block reserved with one
+ * INCRBY; the FIFO rank is taken by the script, so order is still the order
+ * in which Redis ran the submissions. A failed reply fails the commit, and
+ * the gateway then tells every client of the batch that nothing was stored
+ * (some may have been: a client retries with an idempotency key).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -32,6 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
 #include <hiredis/hiredis.h>
 
 #include "jobs-internal.h"
@@ -39,6 +49,7 @@
 
 #define IDEM_WINDOW_MS (24LL * 3600 * 1000)
 #define ARGS_MAX 16
+#define ID_BLOCK 256
 
 enum {
   SC_SUBMIT,
@@ -52,6 +63,7 @@ enum {
   SC_RELEASE,
   SC_RELEASE_OWNER,
   SC_LIST,
+  SC_UNPUBLISHED,
   SC_COUNT
 };
 
@@ -67,6 +79,7 @@ static const char *const script_body[SC_COUNT] = {
     [SC_RELEASE] = RQ_LUA_PRELUDE RQ_LUA_RELEASE,
     [SC_RELEASE_OWNER] = RQ_LUA_PRELUDE RQ_LUA_RELEASE_OWNER,
     [SC_LIST] = RQ_LUA_PRELUDE RQ_LUA_LIST,
+    [SC_UNPUBLISHED] = RQ_LUA_UNPUBLISHED,
 };
 
 typedef struct rq {
@@ -79,6 +92,11 @@ typedef struct rq {
   uint64_t rng;
   char sha[SC_COUNT][41];
   bool loaded;
+  bool in_batch;     /* between begin and commit */
+  uint32_t pending;  /* pipelined submissions whose replies are unread */
+  bool batch_failed; /* one of them failed */
+  char batch_error[SPN_ERROR_MSG_MAX];
+  int64_t id_next, id_end; /* reserved ids [id_next, id_end) */
 } rq_t;
 
 /* ---- connection ---- */
@@ -92,12 +110,42 @@ static void rq_drop(rq_t *q) {
     redisFree(q->c);
   q->c = NULL;
   q->loaded = false;
+  if (q->pending) {
+    q->pending = 0;
+    q->batch_failed = true;
+    snprintf(q->batch_error, sizeof q->batch_error, "redis queue %s: connection lost", q->url);
+  }
+}
+
+/* Read the replies of pipelined submissions. */
+static void rq_drain(rq_t *q) {
+  while (q->pending && q->c) {
+    redisReply *r = NULL;
+    if (redisGetReply(q->c, (void **)&r) != REDIS_OK || !r) {
+      snprintf(q->batch_error, sizeof q->batch_error, "redis queue %s: submitting: %s", q->url,
+               q->c->errstr[0] ? q->c->errstr : "connection lost");
+      q->batch_failed = true;
+      rq_drop(q);
+      return;
+    }
+    q->pending--;
+    if (r->type == REDIS_REPLY_ERROR) {
+      snprintf(q->batch_error, sizeof q->batch_error, "redis queue %s: submitting: %s", q->url, r->str);
+      q->batch_failed = true;
+    }
+    freeReplyObject(r);
+  }
 }
 
 /* A command on the open connection; NULL with *err set on failure (the
  * connection is dropped when it broke). */
 static redisReply *rq_cmd(rq_t *q, int argc, const char **argv, const size_t *lens, const char *what,
                           spn_error_t *err) {
+  rq_drain(q);
+  if (!q->c) {
+    rq_error(q, err, what, "connection lost");
+    return NULL;
+  }
   redisReply *r = redisCommandArgv(q->c, argc, argv, lens);
   if (!r) {
     rq_error(q, err, what, q->c->errstr[0] ? q->c->errstr : "connection lost");
@@ -151,6 +199,7 @@ static int32_t rq_load_scripts(rq_t *q, spn_error_t *err) {
 static int32_t rq_connect(rq_t *q, spn_error_t *err) {
   if (q->c && !q->c->err && q->loaded)
     return SPN_OK;
+  q->id_next = q->id_end = 0; /* a new server may have other ids */
   rq_drop(q);
   struct timeval tv = {.tv_sec = 5};
   q->c = q->unix_path ? redisConnectUnixWithTimeout(q->unix_path, tv)
@@ -234,6 +283,7 @@ static double rq_rand(rq_t *q) {
  * script cache) reloads the scripts and runs again: nothing ran the first
  * time. */
 static redisReply *rq_eval(rq_t *q, int sc, rargs_t *a, const char *what, spn_error_t *err) {
+  rq_drain(q);
   if (rq_connect(q, err) < 0)
     return NULL;
   const char *argv[ARGS_MAX + 4];
@@ -345,20 +395,86 @@ static int32_t job_from_reply(const redisReply *r, spn_queue_job_t *j, spn_error
 /* ---- operations ---- */
 
 static int32_t rq_begin(void *qv, spn_error_t *err) {
-  (void)qv;
+  rq_t *q = qv;
   (void)err;
-  return SPN_OK; /* every call is its own atomic script */
+  q->in_batch = true;
+  return SPN_OK;
 }
 
 static int32_t rq_commit(void *qv, spn_error_t *err) {
-  (void)qv;
-  (void)err;
+  rq_t *q = qv;
+  rq_drain(q);
+  q->in_batch = false;
+  bool failed = q->batch_failed;
+  q->batch_failed = false;
+  if (failed)
+    return spn_error_set(err, SPN_EIO, "%s", q->batch_error);
+  return SPN_OK;
+}
+
+static bool has_outputs(const char *spec_json) {
+  cJSON *o = cJSON_Parse(spec_json);
+  const cJSON *out = cJSON_GetObjectItemCaseSensitive(o, "outputs");
+  bool has = cJSON_IsObject(out) && out->child;
+  cJSON_Delete(o);
+  return has;
+}
+
+/* Pipelined submission (in a batch, no idempotency key). */
+static int32_t rq_submit_pipelined(rq_t *q, const spn_queue_submit_t *s, int64_t now, int64_t *id,
+                                   spn_error_t *err) {
+  if (q->id_next == q->id_end) {
+    rq_drain(q);
+    if (rq_connect(q, err) < 0)
+      return SPN_EIO;
+    char key[96];
+    snprintf(key, sizeof key, "%sseq", q->prefix);
+    const char *argv[] = {"INCRBY", key, "256"};
+    size_t lens[] = {6, strlen(key), 3};
+    redisReply *r = rq_cmd(q, 3, argv, lens, "reserving job ids", err);
+    if (!r)
+      return SPN_EIO;
+    if (r->type != REDIS_REPLY_INTEGER) {
+      freeReplyObject(r);
+      return rq_error(q, err, "reserving job ids", "unexpected reply");
+    }
+    q->id_end = r->integer + 1;
+    q->id_next = q->id_end - ID_BLOCK;
+    freeReplyObject(r);
+  }
+  *id = q->id_next++;
+  rargs_t a = {0};
+  a_str(&a, s->spec_json);
+  a_i64(&a, s->priority);
+  a_str(&a, "");
+  a_i64(&a, s->deadline_ms);
+  a_i64(&a, s->max_attempts ? s->max_attempts : 1);
+  a_i64(&a, now);
+  a_i64(&a, IDEM_WINDOW_MS);
+  a_i64(&a, *id);
+  a_str(&a, has_outputs(s->spec_json) ? "1" : "0");
+  const char *argv[ARGS_MAX + 4] = {"EVALSHA", q->sha[SC_SUBMIT], "0", q->prefix};
+  size_t lens[ARGS_MAX + 4] = {7, 40, 1, strlen(q->prefix)};
+  for (int i = 0; i < a.n; i++) {
+    argv[4 + i] = a.v[i];
+    lens[4 + i] = a.len[i];
+  }
+  if (redisAppendCommandArgv(q->c, 4 + a.n, argv, lens) != REDIS_OK)
+    return spn_error_set(err, SPN_ENOMEM, "redis queue: out of memory");
+  q->pending++;
+  /* Do not let a huge batch grow the output buffer without bound. */
+  if (q->pending >= 1024)
+    rq_drain(q);
   return SPN_OK;
 }
 
 static int32_t rq_submit(void *qv, const spn_queue_submit_t *s, int64_t now, int64_t *id, bool *existed,
                          spn_error_t *err) {
   rq_t *q = qv;
+  if (q->in_batch && !s->idem_key && q->c && q->loaded && !q->c->err) {
+    *existed = false;
+    return rq_submit_pipelined(q, s, now, id, err);
+  }
   rargs_t a = {0};
   a_str(&a, s->spec_json);
   a_i64(&a, s->priority);
@@ -367,6 +483,8 @@ static int32_t rq_submit(void *qv, const spn_queue_submit_t *s, int64_t now, int
   a_i64(&a, s->max_attempts ? s->max_attempts : 1);
   a_i64(&a, now);
   a_i64(&a, IDEM_WINDOW_MS);
+  a_str(&a, "");
+  a_str(&a, has_outputs(s->spec_json) ? "1" : "0");
   redisReply *r = rq_eval(q, SC_SUBMIT, &a, "submitting a job", err);
   if (!r)
     return SPN_EIO;
@@ -561,8 +679,17 @@ static int32_t rq_release_owner(void *qv, const char *owner, const char *reason,
   return r ? moved(q, r, "re-queueing", cb, user, err) : SPN_EIO;
 }
 
+static int32_t rq_unpublished(void *qv, int64_t id, spn_error_t *err) {
+  rq_t *q = qv;
+  rargs_t a = {0};
+  a_i64(&a, id);
+  int64_t v = 0;
+  return lease_int(q, SC_UNPUBLISHED, &a, "recording a removed marker", &v, err);
+}
+
 static int32_t rq_get(void *qv, int64_t id, spn_queue_job_t *out, spn_error_t *err) {
   rq_t *q = qv;
+  rq_drain(q);
   if (rq_connect(q, err) < 0)
     return SPN_EIO;
   char key[128];
@@ -602,6 +729,7 @@ static int32_t rq_list(void *qv, int32_t state, uint32_t limit, spn_queue_list_c
 
 static int32_t rq_counts(void *qv, int64_t out[SPN_QSTATE_COUNT], spn_error_t *err) {
   rq_t *q = qv;
+  rq_drain(q);
   if (rq_connect(q, err) < 0)
     return SPN_EIO;
   char keys[SPN_QSTATE_COUNT][96];
@@ -653,6 +781,7 @@ static const spn_queue_ops_t rq_ops = {
     .sweep = rq_sweep,
     .release = rq_release,
     .release_owner = rq_release_owner,
+    .unpublished = rq_unpublished,
     .get = rq_get,
     .list = rq_list,
     .counts = rq_counts,

@@ -5,13 +5,15 @@
  * Keys (P is the configured prefix, "spindle:" by default):
  *   P seq          INCR counter of job ids
  *   P job:<id>     HASH: the job (fields below)
- *   P ready        ZSET of queued ids ready to run, score -priority*2^32 + id
+ *   P ready        ZSET of queued ids ready to run, score -priority*2^32 + fo
  *                  (highest priority first, FIFO within one)
  *   P delayed      ZSET of queued ids backing off, score = not_before (ms)
  *   P deadlines    ZSET of queued ids with a deadline, score = deadline (ms)
  *   P st:<n>       ZSET of ids in state n (score id): LIST and counts
  *   P all          ZSET of every id (score id)
  *   P idem:<key>   STRING id, SET with a 24 h TTL
+ *   P unpub        ZSET of succeeded ids whose publication marker (exec.c)
+ *                  may still exist, score = completion time
  *   P run          STREAM, one entry per lease {id, att}; consumer group
  *                  "spindle", consumer = lease owner. The pending-entry list
  *                  is the lease table: idle time = time since the lease was
@@ -19,7 +21,8 @@
  *                  finds the expired ones.
  * Job fields: id st pr att max spec idem own rsn errs cr dl nb lu cs gs pd pt
  *   cx (cancel requested) sid (stream entry of the live lease) t0..t5 (last
- *   time the job entered each state).
+ *   time the job entered each state) fo (FIFO rank) ho (has outputs).
+ *   P seq and P fifo are INCR counters.
  * States: 0 queued, 1 running, 2 succeeded, 3 failed, 4 cancelled, 5 dead.
  * ARGV[1] is always P. Not for Redis Cluster: the scripts name keys they
  * compute (one Redis, or a primary with replicas). */
@@ -35,8 +38,9 @@
   "  if from >= 0 then redis.call('ZREM', P .. 'st:' .. from, id) end\n"                        \
   "  redis.call('ZADD', P .. 'st:' .. to, id, id)\n"                                            \
   "end\n"                                                                                       \
-  "local function ready(id, pr)\n"                                                              \
-  "  redis.call('ZADD', P .. 'ready', -tonumber(pr) * 4294967296 + tonumber(id), id)\n"         \
+  "local function ready(id)\n"                                                                  \
+  "  local h = redis.call('HMGET', jk(id), 'pr', 'fo')\n"                                        \
+  "  redis.call('ZADD', P .. 'ready', -tonumber(h[1]) * 4294967296 + tonumber(h[2]), id)\n"     \
   "end\n"                                                                                       \
   "local function requeue_deadline(id)\n"                                                       \
   "  local dl = tonumber(redis.call('HGET', jk(id), 'dl'))\n"                                   \
@@ -96,7 +100,9 @@
   "end\n"
 
 /* ARGV: P spec priority idem_key deadline max_attempts now idem_ttl_ms
- * -> {id, existed} */
+ *       id ('' = take the next) has_outputs (0|1) -> {id, existed}
+ * FIFO order within a priority is the order of the scripts (P fifo), not of
+ * the ids: a gateway allocates ids in blocks to pipeline its submissions. */
 #define RQ_LUA_SUBMIT                                                                           \
   "local now = tonumber(ARGV[7])\n"                                                             \
   "local key = ARGV[4]\n"                                                                       \
@@ -107,17 +113,21 @@
   "    if cr and now - cr < tonumber(ARGV[8]) then return {tonumber(v), 1} end\n"               \
   "  end\n"                                                                                     \
   "end\n"                                                                                       \
-  "local id = redis.call('INCR', P .. 'seq')\n"                                                 \
+  "local id = tonumber(ARGV[9])\n"                                                              \
+  "if not id then id = redis.call('INCR', P .. 'seq') end\n"                                     \
   "local k = jk(id)\n"                                                                          \
+  "local fo = redis.call('INCR', P .. 'fifo')\n"                                                \
+  /* one HSET with every field, state queued (0) entered now */             \
   "redis.call('HSET', k, 'id', id, 'pr', ARGV[3], 'att', 0, 'max', ARGV[6], 'spec', ARGV[2],\n" \
-  "  'cr', now, 'dl', ARGV[5], 'nb', 0, 'errs', '[]', 'cs', 0, 'gs', 0, 'pd', 0, 'pt', 0)\n"    \
+  "  'cr', now, 'dl', ARGV[5], 'nb', 0, 'errs', '[]', 'cs', 0, 'gs', 0, 'pd', 0, 'pt', 0,\n"    \
+  "  'fo', fo, 'ho', ARGV[10], 'st', 0, 't0', now)\n"                                            \
   "if key ~= '' then\n"                                                                         \
   "  redis.call('HSET', k, 'idem', key)\n"                                                      \
   "  redis.call('SET', P .. 'idem:' .. key, id, 'PX', ARGV[8])\n"                               \
   "end\n"                                                                                       \
-  "setst(id, -1, 0, now)\n"                                                                     \
+  "redis.call('ZADD', P .. 'st:0', id, id)\n"                                                   \
   "redis.call('ZADD', P .. 'all', id, id)\n"                                                    \
-  "ready(id, ARGV[3])\n"                                                                        \
+  "redis.call('ZADD', P .. 'ready', -tonumber(ARGV[3]) * 4294967296 + fo, id)\n"               \
   "if tonumber(ARGV[5]) > 0 then redis.call('ZADD', P .. 'deadlines', ARGV[5], id) end\n"       \
   "return {id, 0}\n"
 
@@ -127,7 +137,7 @@
   "local due = redis.call('ZRANGEBYSCORE', P .. 'delayed', '-inf', now, 'LIMIT', 0, 256)\n"     \
   "for _, id in ipairs(due) do\n"                                                               \
   "  redis.call('ZREM', P .. 'delayed', id)\n"                                                  \
-  "  ready(id, redis.call('HGET', jk(id), 'pr'))\n"                                             \
+  "  ready(id)\n"                                             \
   "end\n"                                                                                       \
   "while true do\n"                                                                             \
   "  local top = redis.call('ZRANGE', P .. 'ready', 0, 0)\n"                                    \
@@ -181,6 +191,9 @@
   "if pt == 0 then pt = 1 end\n"                                                                \
   "redis.call('HSET', k, 'pd', pt, 'pt', pt)\n"                                                 \
   "setst(ARGV[2], 1, 2, tonumber(ARGV[7]))\n"                                                   \
+  "if redis.call('HGET', k, 'ho') == '1' then\n"                                               \
+  "  redis.call('ZADD', P .. 'unpub', ARGV[7], ARGV[2])\n"                                       \
+  "end\n"                                                                                       \
   "return 1\n"
 
 /* ARGV: P id att owner reason cancelled cs gs now r base max -> state | -1 */
@@ -212,7 +225,9 @@
 
 /* ARGV: P now min_idle_ms r base max -> {id, state, id, state, ...}
  * Expired leases (pending entries idle >= min_idle) count as a failed
- * attempt; queued jobs past their deadline fail. */
+ * attempt; queued jobs past their deadline fail; succeeded jobs whose
+ * marker was not confirmed removed within min_idle come back as state 2
+ * (the caller removes the marker). */
 #define RQ_LUA_SWEEP                                                                            \
   "local now = tonumber(ARGV[2])\n"                                                             \
   "local r0, base, max = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])\n"             \
@@ -237,7 +252,16 @@
   "    end\n"                                                                                   \
   "  end\n"                                                                                     \
   "end\n"                                                                                       \
-  "local dl = redis.call('ZRANGEBYSCORE', P .. 'deadlines', '-inf', '(' .. now, 'LIMIT', 0, 256)\n" \
+  /* succeeded jobs whose publication marker nobody removed (the client     \
+   * died between complete and the unlink): hand them to this sweeper */    \
+  "local up = redis.call('ZRANGEBYSCORE', P .. 'unpub', '-inf', now - tonumber(ARGV[3]),\n"      \
+  "                      'LIMIT', 0, 100)\n"                                                    \
+  "for _, id in ipairs(up) do\n"                                                                \
+  "  redis.call('ZREM', P .. 'unpub', id)\n"                                                    \
+  "  out[#out + 1] = tonumber(id)\n"                                                            \
+  "  out[#out + 1] = 2\n"                                                                       \
+  "end\n"                                                                                       \
+"local dl = redis.call('ZRANGEBYSCORE', P .. 'deadlines', '-inf', '(' .. now, 'LIMIT', 0, 256)\n" \
   "for _, id in ipairs(dl) do\n"                                                                \
   "  redis.call('ZREM', P .. 'deadlines', id)\n"                                                \
   "  local k = jk(id)\n"                                                                        \
@@ -262,7 +286,7 @@
   "unrun(k)\n"                                                                                  \
   "redis.call('HINCRBY', k, 'att', -1)\n"                                                       \
   "redis.call('HSET', k, 'nb', 0)\n"                                                            \
-  "ready(id, redis.call('HGET', k, 'pr'))\n"                                                    \
+  "ready(id)\n"                                                    \
   "requeue_deadline(id)\n"                                                                      \
   "setst(id, 1, 0, tonumber(ARGV[5]))\n"                                                        \
   "return 1\n"
@@ -300,5 +324,8 @@
   "local out = {}\n"                                                                            \
   "for _, id in ipairs(ids) do out[#out + 1] = redis.call('HGETALL', jk(id)) end\n"             \
   "return out\n"
+
+/* ARGV: P id: the publication marker of a succeeded job is gone */
+#define RQ_LUA_UNPUBLISHED "redis.call('ZREM', ARGV[1] .. 'unpub', ARGV[2])\nreturn 1\n"
 
 #endif

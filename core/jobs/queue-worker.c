@@ -56,21 +56,11 @@ static void say_error(qw_t *w, const char *msg) {
   }
 }
 
-static void unpublish(qw_t *w, int64_t id) {
-  spn_queue_job_t j;
-  if (w->q.ops->get(w->q.impl, id, &j, NULL) < 0)
-    return;
-  cJSON *spec = cJSON_Parse(j.spec_json);
-  spn_job_spec_t js;
-  if (spec && spn__job_spec_from_json(spec, id, j.attempts, &js, NULL) == SPN_OK) {
-    char *m = spn__publish_marker(&js);
-    if (m)
-      unlink(m);
-    free(m);
-    spn__job_spec_free(&js);
-  }
-  cJSON_Delete(spec);
-  spn__queue_job_clear(&j);
+/* A sweep handed us a succeeded job whose marker nobody removed. */
+static void swept(void *user, int64_t id, spn_queue_state_t st) {
+  qw_t *w = user;
+  if (st == SPN_QSTATE_SUCCEEDED)
+    spn__unpublish(&w->q, id);
 }
 
 /* Record a finished run. Returns false when the queue could not be reached:
@@ -86,7 +76,7 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
     rc = w->q.ops->complete(w->q.impl, r->id, r->attempt, w->owner[slot], res->compute_s, res->gpu_s, now,
                             &err);
     if (rc == SPN_OK)
-      unpublish(w, r->id);
+      spn__unpublish(&w->q, r->id);
   } else {
     spn_queue_state_t st;
     char reason[SPN_ERROR_MSG_MAX + 200];
@@ -269,7 +259,7 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     if (mono - last_sweep >= sweep_every) {
       last_sweep = mono;
       spn_error_t e = SPN_ERROR_INIT;
-      if (w.q.ops->sweep(w.q.impl, spn__now_ms(), NULL, NULL, &e) < 0)
+      if (w.q.ops->sweep(w.q.impl, spn__now_ms(), swept, &w, &e) < 0)
         say_error(&w, e.msg);
     }
     /* Poll faster while work flows; back off to 50 ms when idle. */

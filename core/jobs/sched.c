@@ -51,7 +51,11 @@ spn_run_t *spn__run_add(spn_server_t *s) {
 
 void spn__sched_changed(void *user, int64_t id, spn_queue_state_t st) {
   spn_server_t *s = user;
-  (void)st;
+  if (st == SPN_QSTATE_SUCCEEDED) {
+    /* a sweep handed us a succeeded job whose marker nobody removed */
+    spn__unpublish(&s->q, id);
+    return;
+  }
   spn_run_t *r = spn__run_find(s, id);
   if (r) {
     /* The lease is gone (expired or its worker was lost): stop a local run. */
@@ -68,18 +72,12 @@ void spn__sched_changed(void *user, int64_t id, spn_queue_state_t st) {
  * marker (exec.c) can go then, not before — a re-run before the commit must
  * still find it. */
 static void unpublish_after_commit(spn_server_t *s, int64_t id) {
-  spn_queue_job_t j;
-  if (s->q.ops->get(s->q.impl, id, &j, NULL) < 0)
+  if (s->q.ops->unpublished) {
+    /* A shared queue records each call at once (no batch): remove it now. */
+    spn__unpublish(&s->q, id);
     return;
-  cJSON *spec = cJSON_Parse(j.spec_json);
-  spn_job_spec_t js;
-  char *marker = NULL;
-  if (spec && spn__job_spec_from_json(spec, id, j.attempts, &js, NULL) == SPN_OK) {
-    marker = spn__publish_marker(&js);
-    spn__job_spec_free(&js);
   }
-  cJSON_Delete(spec);
-  spn__queue_job_clear(&j);
+  char *marker = spn__publish_marker_of(&s->q, id);
   if (!marker)
     return;
   if (s->nunpublish == s->capunpublish) {
@@ -238,7 +236,11 @@ void spn__sched_renew_local(spn_server_t *s, int64_t now) {
     if (r->slot < 0)
       continue;
     spn_error_t err = SPN_ERROR_INIT;
-    if (s->q.ops->renew(s->q.impl, r->id, r->attempt, r->owner, now, s->cfg->lease_ms, &err) < 0)
+    /* Lease lost, or a cancel came through another gateway: stop the job.
+     * The queue unreachable (SPN_EIO): keep running; should the lease expire
+     * meanwhile the job runs again, and publishes only once (exec.c). */
+    int32_t rc = s->q.ops->renew(s->q.impl, r->id, r->attempt, r->owner, now, s->cfg->lease_ms, &err);
+    if (rc == SPN_ESTATE || rc == SPN_ECANCELLED)
       spn__slot_pool_cancel(s->pool, (uint32_t)r->slot);
   }
 }

@@ -37,6 +37,7 @@
 #include <cudnn.h>
 
 #include "../../core/engine/ops-internal.h"
+#include "../../core/runtime/device-internal.h"
 #include "engine-kernels.cuh"
 
 /* The legacy convolution API is deprecated in cuDNN 9 but complete and
@@ -47,6 +48,8 @@
 
 typedef struct {
   int dev;
+  spn_device_t **devs; /* the GPU as a spindle/device.h device: arena buffers */
+  uint32_t n_devs;
   cudaStream_t stream; /* used when the caller gives none */
   cudnnHandle_t dnn;
   cublasLtHandle_t lt;
@@ -170,7 +173,19 @@ static bool cu_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t
       if (!const_in(m, n, k))
         no = "BatchNormalization with non-constant statistics";
     break;
-  case SPN_OP_MATMUL:
+  case SPN_OP_MATMUL: {
+    /* cuBLASLt here: B of rank <= 2 (the batch folds into M), or both of one
+     * rank with equal, known batch dims; else the CPU (1-D A, broadcast). */
+    const spn_value_t *a = &m->vals[n->in[0]], *w = &m->vals[n->in[1]];
+    bool ok = a->ndim >= 2 && w->ndim >= 1 && (w->ndim <= 2 || w->ndim == a->ndim);
+    for (int d = 0; ok && w->ndim > 2 && d < a->ndim - 2; d++)
+      ok = a->shape[d] >= 0 && a->shape[d] == w->shape[d];
+    if (!all_f32_inputs(m, n, 2))
+      no = "only fp32";
+    else if (!ok)
+      no = "1-D, unknown-rank or broadcast-batch operands";
+    break;
+  }
   case SPN_OP_GEMM:
     if (!all_f32_inputs(m, n, 3))
       no = "only fp32";
@@ -180,6 +195,8 @@ static bool cu_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t
   case SPN_OP_RESIZE: case SPN_OP_UPSAMPLE:
     if (xdt != SPN_DTYPE_F32)
       no = "only fp32";
+    else if (!strcmp(spn_attr_str(n, "mode", "nearest"), "cubic"))
+      no = "cubic Resize (CPU only for now)";
     break;
   case SPN_OP_ADD: case SPN_OP_SUB: case SPN_OP_MUL: case SPN_OP_DIV:
     if (!all_f32_inputs(m, n, 2))
@@ -489,6 +506,10 @@ static int32_t exec_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bo
     if (c->n_fused == 2) {
       z = r->v[n->post[0].val].data;
       a2 = 1.f;
+    } else {
+      /* z = y with alpha2 = 0: clear y so stale arena bytes (NaN * 0)
+       * cannot leak in, whether or not cuDNN reads z then. */
+      CU(cudaMemsetAsync(y->data, 0, y->bytes, s), "clearing the output");
     }
     DNN(cudnnConvolutionBiasActivationForward(cx->dnn, &one, e->x, x->data, e->w, w, e->conv, (cudnnConvolutionFwdAlgo_t)e->algo, cx->ws, e->ws, &a2, e->y, z, e->bias, bias ? bias : c->zero_bias, e->act, e->y, y->data), "fused convolution");
     from = c->n_fused;
@@ -861,22 +882,24 @@ static int32_t cu_run_end(spn_backend_t *b, spn_run_t *r, bool sync) {
   return SPN_OK;
 }
 
+/* Arenas come from the device layer's buffer type (stream-ordered pool
+ * allocations; a GPU the health monitor marked unusable refuses them). */
 static int32_t cu_buf_alloc(spn_backend_t *b, size_t size, void **data, void **handle, spn_error_t *err) {
-  cu_ctx_t *cx = b->ctx;
-  cudaSetDevice(cx->dev);
-  cudaError_t ce = cudaMalloc(data, size ? size : 256);
-  if (ce != cudaSuccess) {
+  spn_buffer_t *buf = NULL;
+  int32_t rc = spn_buffer_type_alloc(b->buffer_type, size ? size : 256, &buf, err);
+  if (rc) {
     *data = NULL;
-    return cu_err(err, b->device, ce, "arena");
+    return spn_error_prefix(err, "%s: arena of %zu bytes", b->device, size);
   }
-  *handle = NULL;
+  *data = spn_buffer_data(buf);
+  *handle = buf;
   return SPN_OK;
 }
 
 static void cu_buf_free(spn_backend_t *b, void *data, void *handle) {
-  (void)handle;
-  cudaSetDevice(((cu_ctx_t *)b->ctx)->dev);
-  cudaFree(data);
+  (void)b, (void)data;
+  spn_buffer_t *buf = handle;
+  spn_buffer_unref(&buf);
 }
 
 static int32_t cu_to_host(spn_backend_t *b, spn_run_t *r, void *dst, const void *src, size_t n) {
@@ -897,6 +920,7 @@ static void cu_free(spn_backend_t *b) {
     if (cx->lt) cublasLtDestroy(cx->lt);
     if (cx->dnn) cudnnDestroy(cx->dnn);
     if (cx->stream) cudaStreamDestroy(cx->stream);
+    if (cx->devs) spn__devices_free(&cx->devs, cx->n_devs);
     pthread_mutex_destroy(&cx->lock);
     free(cx);
   }
@@ -939,9 +963,17 @@ static int32_t cu_open(const spn_backend_factory_t *f, int index, spn_backend_t 
   b->device_kind = SPN_DEVICE_CUDA;
   b->mem_kind = SPN_MEM_DEVICE;
   b->host_memory = false;
-  int32_t rc = SPN_OK;
-  if ((ce = cudaSetDevice(index)) != cudaSuccess || (ce = cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking)) != cudaSuccess)
-    rc = cu_err(err, b->device, ce, "opening the device");
+  char spec[32];
+  snprintf(spec, sizeof spec, "cuda:%d", index);
+  const spn__backend_t *extra[] = {spn__backend_cuda()};
+  int32_t rc = spn__devices_open(spec, extra, 1, &cx->devs, &cx->n_devs, err);
+  if (!rc && cx->n_devs != 1)
+    rc = spn_error_set(err, SPN_EDEVICE, "%s: the device layer opened %u devices", spec, cx->n_devs);
+  if (!rc) {
+    b->buffer_type = spn_device_buffer_type(cx->devs[0], SPN_MEM_DEVICE);
+    if ((ce = cudaSetDevice(index)) != cudaSuccess || (ce = cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking)) != cudaSuccess)
+      rc = cu_err(err, b->device, ce, "opening the device");
+  }
   cudnnStatus_t ds;
   if (!rc && (ds = cudnnCreate(&cx->dnn)) != CUDNN_STATUS_SUCCESS)
     rc = dnn_err(err, b->device, ds, "handle");

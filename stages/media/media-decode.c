@@ -28,6 +28,7 @@
 #include <libavformat/avformat.h>
 #include <libavutil/display.h>
 #include <libavutil/hwcontext.h>
+#include <libavutil/imgutils.h>
 #include <libavutil/opt.h>
 #include <libavutil/pixdesc.h>
 #include <libswresample/swresample.h>
@@ -314,18 +315,26 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   int32_t out_fmt = d->o.pixfmt;
   int32_t mid_fmt = (out_fmt == SPN_PIXFMT_RGBF32P) ? SPN_PIXFMT_RGB24
                     : (out_fmt == SPN_PIXFMT_BGRF32P) ? SPN_PIXFMT_BGR24 : out_fmt;
-  d->sws = sws_getCachedContext(d->sws, f->width, f->height, (enum AVPixelFormat)f->format, f->width,
-                                f->height, av_format_for(out_fmt), SWS_BILINEAR | SWS_ACCURATE_RND, NULL,
-                                NULL, NULL);
-  if (!d->sws)
-    return spn_error_set(err, SPN_EMEDIA, "%s: cannot convert %s frames to %s", d->path,
-                         av_get_pix_fmt_name((enum AVPixelFormat)f->format), spn_pixfmt_name(mid_fmt));
   spn_image_t conv = SPN_IMAGE_INIT, rot = SPN_IMAGE_INIT;
   if ((rc = spn_image_alloc(&conv, f->width, f->height, mid_fmt, err)))
     return spn_error_prefix(err, "%s", d->path);
   uint8_t *dst[4] = {conv.data[0], conv.data[1], conv.data[2], NULL};
   int lines[4] = {(int)conv.stride[0], (int)conv.stride[1], (int)conv.stride[2], 0};
-  sws_scale(d->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, dst, lines);
+  if (f->format == av_format_for(out_fmt)) {
+    /* the decoder's own layout (yuv420p, nv12): a plane copy, no swscale */
+    av_image_copy(dst, lines, (const uint8_t **)f->data, f->linesize, (enum AVPixelFormat)f->format, f->width,
+                  f->height);
+  } else {
+    d->sws = sws_getCachedContext(d->sws, f->width, f->height, (enum AVPixelFormat)f->format, f->width,
+                                  f->height, av_format_for(out_fmt), SWS_BILINEAR | SWS_ACCURATE_RND, NULL,
+                                  NULL, NULL);
+    if (!d->sws) {
+      spn_image_release(&conv);
+      return spn_error_set(err, SPN_EMEDIA, "%s: cannot convert %s frames to %s", d->path,
+                           av_get_pix_fmt_name((enum AVPixelFormat)f->format), spn_pixfmt_name(mid_fmt));
+    }
+    sws_scale(d->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, dst, lines);
+  }
   spn_image_t *cur = &conv;
   if (d->info.rotation) {
     int q = d->info.rotation != 180;

@@ -23,6 +23,7 @@
 #include <libavformat/avformat.h>
 #include <libavutil/audio_fifo.h>
 #include <libavutil/display.h>
+#include <libavutil/imgutils.h>
 #include <libavutil/opt.h>
 #include <libswresample/swresample.h>
 #include <libswscale/swscale.h>
@@ -421,12 +422,6 @@ int32_t spn_encoder_write_video(spn_encoder_t *e, const spn_image_t *img, int64_
   enum AVPixelFormat sf = src->format == SPN_PIXFMT_RGB24 ? AV_PIX_FMT_RGB24
                           : src->format == SPN_PIXFMT_BGR24 ? AV_PIX_FMT_BGR24
                           : src->format == SPN_PIXFMT_NV12 ? AV_PIX_FMT_NV12 : AV_PIX_FMT_YUV420P;
-  e->sws = sws_getCachedContext(e->sws, e->w, e->h, sf, e->w, e->h, AV_PIX_FMT_YUV420P,
-                                SWS_BILINEAR | SWS_ACCURATE_RND, NULL, NULL, NULL);
-  if (!e->sws) {
-    rc = spn_error_set(err, SPN_EMEDIA, "%s: cannot convert %s frames", e->path, spn_pixfmt_name(src->format));
-    goto out_fail;
-  }
   int r = av_frame_make_writable(e->vframe);
   if (r < 0) {
     rc = av_fail(e, err, r, "allocating a frame");
@@ -434,7 +429,18 @@ int32_t spn_encoder_write_video(spn_encoder_t *e, const spn_image_t *img, int64_
   }
   const uint8_t *sp[4] = {src->data[0], src->data[1], src->data[2], NULL};
   int sl[4] = {(int)src->stride[0], (int)src->stride[1], (int)src->stride[2], 0};
-  sws_scale(e->sws, sp, sl, 0, e->h, e->vframe->data, e->vframe->linesize);
+  if (sf == AV_PIX_FMT_YUV420P) {
+    /* already the encoder's format: copy the planes (cropped to even) */
+    av_image_copy(e->vframe->data, e->vframe->linesize, sp, sl, AV_PIX_FMT_YUV420P, e->w, e->h);
+  } else {
+    e->sws = sws_getCachedContext(e->sws, e->w, e->h, sf, e->w, e->h, AV_PIX_FMT_YUV420P,
+                                  SWS_BILINEAR | SWS_ACCURATE_RND, NULL, NULL, NULL);
+    if (!e->sws) {
+      rc = spn_error_set(err, SPN_EMEDIA, "%s: cannot convert %s frames", e->path, spn_pixfmt_name(src->format));
+      goto out_fail;
+    }
+    sws_scale(e->sws, sp, sl, 0, e->h, e->vframe->data, e->vframe->linesize);
+  }
   int64_t us = av_rescale_q(pts, (AVRational){tb_num, tb_den}, (AVRational){1, 1000000});
   if (e->first_pts_us == INT64_MIN)
     e->first_pts_us = us;

@@ -1,5 +1,5 @@
 /* plugin-vision.c — the descriptor of libspindle-vision.so: registers the
- * facedetect and superres stage kinds.
+ * facedetect, superres and metasink stage kinds.
  *
  * plugin.h hands the host API table to init() only, while create() has no
  * way to reach it, so it is kept in one static pointer. A process may load
@@ -10,7 +10,9 @@
  * not pipeline state: two pipelines share nothing through it.
  */
 #include <stdatomic.h>
+#include <stdio.h>
 
+#include "model-path.h"
 #include "plugin-vision.h"
 
 static _Atomic(const spn_host_api_t *) g_host;
@@ -31,6 +33,26 @@ int32_t spn__vision_check_host(const spn_host_api_t *h, bool superres, spn_error
   return SPN_OK;
 }
 
+int32_t spn__vision_model_path(const spn_host_api_t *h, spn_stage_t *stage, const char *kind, const char *value,
+                               bool optional, const char *builtin, char *out, size_t outsz, char *hint,
+                               size_t hintsz) {
+  const char *name = h->stage_get_name ? h->stage_get_name(stage) : "";
+  hint[0] = 0;
+  if (spn_models_resolve(value, out, outsz, hint, hintsz) == 0) {
+    hint[0] = 0;
+    if (h->log)
+      h->log(stage, 0, SPN_LOG_INFO, "%s %s: model %s", kind, name, out);
+    return 1;
+  }
+  if (!optional) { /* the host's loader gets the value as written and reports it */
+    snprintf(out, outsz, "%s", value);
+    return 2;
+  }
+  if (h->log)
+    h->log(stage, 0, SPN_LOG_INFO, "%s %s: %s; using %s", kind, name, hint, builtin);
+  return 0;
+}
+
 static int32_t vision_init(const spn_host_api_t *host, spn_plugin_t *plugin, spn_error_t *err) {
   if (!host || host->struct_size < offsetof(spn_host_api_t, reserved) || !host->register_kind)
     return spn_error_set(err, SPN_EABI, "vision: host API table too old");
@@ -40,6 +62,8 @@ static int32_t vision_init(const spn_host_api_t *host, spn_plugin_t *plugin, spn
   int32_t rc = host->register_kind(plugin, spn__vision_facedetect_kind(), err);
   if (rc == SPN_OK)
     rc = host->register_kind(plugin, spn__vision_superres_kind(), err);
+  if (rc == SPN_OK)
+    rc = host->register_kind(plugin, spn__vision_metasink_kind(), err);
   return rc;
 }
 

@@ -43,6 +43,7 @@ typedef struct fd_config {
   int64_t max_missed;
   int64_t max_faces;
   char *model;
+  bool model_optional;
   char *detector;
   int64_t input_width;
   int64_t input_height;
@@ -79,7 +80,11 @@ static const spn_config_field_t k_schema[] = {
      .doc = "report at most this many faces per frame, largest first (0: all)", .def_int = 0, .min = 0,
      .max = 4096},
     {.key = "model", .type = SPN_CONFIG_PATH, .offset = offsetof(fd_config_t, model),
-     .doc = "ONNX face detector run by the engine (empty: the Haar cascade)", .def_str = ""},
+     .doc = "ONNX face detector run by the engine: a file, or a model name from `spindle model list` "
+            "(empty: the Haar cascade)", .def_str = ""},
+    {.key = "model_optional", .type = SPN_CONFIG_BOOL, .offset = offsetof(fd_config_t, model_optional),
+     .doc = "a model name not fetched yet falls back to the Haar cascade (logged) instead of failing",
+     .def_int = 0},
     {.key = "detector", .type = SPN_CONFIG_STRING, .offset = offsetof(fd_config_t, detector),
      .doc = "the model's layout: retinaface, scrfd or yunet", .def_str = "retinaface"},
     {.key = "input_width", .type = SPN_CONFIG_INT, .offset = offsetof(fd_config_t, input_width),
@@ -142,8 +147,13 @@ static int32_t fd_create(spn_stage_t *stage, const void *config, void **state, s
     return spn_error_set(err, SPN_ENOMEM, "facedetect: out of memory");
   st->host = host;
   st->stage = stage;
-  int32_t rc;
-  if (cfg->model && cfg->model[0]) {
+  int32_t rc = SPN_OK;
+  char mpath[4096], hint[1024] = "";
+  int32_t use_model = 0;
+  if (cfg->model && cfg->model[0])
+    use_model = spn__vision_model_path(host, stage, "facedetect", cfg->model, cfg->model_optional,
+                                       "the Haar cascade", mpath, sizeof mpath, hint, sizeof hint);
+  if (use_model) {
     const char *d = cfg->detector ? cfg->detector : "";
     st->detector = !strcmp(d, "retinaface") ? SPN_FACEDET_RETINAFACE
                    : !strcmp(d, "scrfd")    ? SPN_FACEDET_SCRFD
@@ -154,7 +164,9 @@ static int32_t fd_create(spn_stage_t *stage, const void *config, void **state, s
     else if (!host->model_load || !host->model_run || !host->model_io_count)
       rc = spn_error_set(err, SPN_EUNSUPPORTED, "the host has no model engine");
     else
-      rc = host->model_load(stage, cfg->model, &st->model, err);
+      rc = host->model_load(stage, mpath, &st->model, err);
+    if (rc != SPN_OK && hint[0])
+      spn_error_prefix(err, "%s", hint);
     st->in_w = (int32_t)cfg->input_width;
     st->in_h = (int32_t)(cfg->input_height ? cfg->input_height : cfg->input_width);
     if (rc == SPN_OK && st->detector == SPN_FACEDET_YUNET && (st->in_w % 32 || st->in_h % 32))

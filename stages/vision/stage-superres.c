@@ -39,6 +39,7 @@
 
 typedef struct sr_config {
   char *model;
+  bool model_optional;
   int64_t scale;
   int64_t tile;
   int64_t tile_pad;
@@ -49,7 +50,11 @@ typedef struct sr_config {
 
 static const spn_config_field_t k_schema[] = {
     {.key = "model", .type = SPN_CONFIG_PATH, .offset = offsetof(sr_config_t, model),
-     .doc = "super-resolution ONNX model, float RGB 0..1 in and out (empty: the embedded espcn-x2)", .def_str = ""},
+     .doc = "super-resolution ONNX model, float RGB 0..1 in and out: a file, or a model name from "
+            "`spindle model list` (empty: the embedded espcn-x2)", .def_str = ""},
+    {.key = "model_optional", .type = SPN_CONFIG_BOOL, .offset = offsetof(sr_config_t, model_optional),
+     .doc = "a model name not fetched yet falls back to the embedded espcn-x2 (logged; scale must be 2)",
+     .def_int = 0},
     {.key = "scale", .type = SPN_CONFIG_INT, .offset = offsetof(sr_config_t, scale),
      .doc = "the model's upscaling factor", .def_int = 2, .min = 1, .max = 8},
     {.key = "tile", .type = SPN_CONFIG_INT, .offset = offsetof(sr_config_t, tile),
@@ -110,8 +115,18 @@ static int32_t sr_create(spn_stage_t *stage, const void *config, void **state, s
   st->faces_only = faces_only;
   st->margin = cfg->face_margin;
   st->feather = (float)cfg->feather;
-  const char *path = cfg->model && cfg->model[0] ? cfg->model : SPN_VISION_DEFAULT_SR_MODEL;
-  int32_t rc = host->model_load(stage, path, &st->model, err);
+  char mpath[4096], hint[1024] = "";
+  int32_t use = 0, rc = SPN_OK;
+  if (cfg->model && cfg->model[0])
+    use = spn__vision_model_path(host, stage, "superres", cfg->model, cfg->model_optional, "the embedded espcn-x2",
+                                 mpath, sizeof mpath, hint, sizeof hint);
+  if (use == 0 && cfg->scale != 2)
+    rc = spn_error_set(err, SPN_ECONFIG, "the embedded espcn-x2 upscales by 2, not %d (set scale = 2)",
+                       (int)cfg->scale);
+  else
+    rc = host->model_load(stage, use ? mpath : SPN_VISION_DEFAULT_SR_MODEL, &st->model, err);
+  if (rc != SPN_OK && hint[0])
+    spn_error_prefix(err, "%s", hint);
   if (rc != SPN_OK) {
     spn_error_prefix(err, "superres %s", host->stage_get_name ? host->stage_get_name(stage) : "");
     free(st);

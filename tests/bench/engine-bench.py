@@ -12,7 +12,13 @@ the machine's fp32 peak.
 Peak = cores x SIMD fp32 lanes (16 with avx512f, 8 with avx2, 4 otherwise)
 x 2 FMA units x 2 flops x base clock (from /proc/cpuinfo; turbo ignored).
 
+With --baseline OTHER_BUILD_DIR the peer is another build of Spindle instead
+of ONNX Runtime (to check a change for speed regressions): the two
+engine-bench programs run alternately, --rounds times each, on the same file
+and input, and the table gives the median of their medians.
+
 usage: engine-bench.py BUILD_DIR [--threads N] [--iters N] [--only NAME] [--workdir DIR]
+                       [--baseline OTHER_BUILD_DIR [--rounds N]]
 """
 import argparse
 import os
@@ -98,6 +104,8 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--only")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--baseline", default=None)
+    ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     work = a.workdir or os.path.join(a.build, "bench-engine")
     os.makedirs(work, exist_ok=True)
@@ -110,32 +118,60 @@ def main():
         ("retinaface_mnet025_640", lambda: models.retinaface(), lambda: {"input": f(1, 3, 640, 640)}),
         ("srvggnet_x4v3_256", lambda: models.srvgg(64, 32, 4), lambda: {"input": f(1, 3, 256, 256)}),
         ("rrdbnet_x4_64", lambda: models.rrdbnet(64, 32, 23), lambda: {"input": f(1, 3, 64, 64)}),
+        # The pretrained models `spindle model fetch` stores, as they come (run when fetched).
+        ("fetched:retinaface-mnet025_640", None, lambda: {"input": f(1, 3, 640, 640) * 255 - 117}),
+        ("fetched:realesr-animevideov3-x2_256", None, lambda: {"input": f(1, 3, 256, 256)}),
+        ("fetched:realesrgan-x4plus_64", None, lambda: {"input": f(1, 3, 64, 64)}),
     ]
     peak, lanes, mhz = cpu_peak(a.threads)
     print(f"machine: {a.threads} threads, {lanes} fp32 lanes, {mhz:.0f} MHz -> fp32 peak {peak:.0f} GFLOP/s")
-    print(f"{'model':26} {'ours ms':>9} {'ORT ms':>9} {'ratio':>6} {'ours/s':>8} {'ORT/s':>8} {'GFLOP/s':>8} {'%peak':>6}")
+    peer = "base" if a.baseline else "ORT"
+    print(f"{'model':26} {'ours ms':>9} {peer + ' ms':>9} {'ratio':>6} {'ours/s':>8} {peer + '/s':>8} {'GFLOP/s':>8} {'%peak':>6}")
     for name, mk, feeds_fn in configs:
         if a.only and a.only not in name:
             continue
         base = name.rsplit("_b", 1)[0] if name.startswith("wav2lip") else name
         path = os.path.join(work, base + ".onnx")
-        if not os.path.exists(path):
+        if mk is None:
+            spindle = os.path.join(a.build, "core", "cli", "spindle")
+            pr = subprocess.run([spindle, "model", "path", name[8:].rsplit("_", 1)[0]], capture_output=True, text=True)
+            if pr.returncode:
+                print(f"{name}: not fetched (spindle model fetch {name[8:].rsplit('_', 1)[0]}); skipped")
+                continue
+            path = pr.stdout.strip()
+            name = name[8:]
+        elif not os.path.exists(path):
             onnx.save(mk(), path)
         feeds = feeds_fn()
         args = [exe, path, "--threads", str(a.threads), "--iters", str(a.iters), "--warmup", "2"]
         for k, v in feeds.items():
-            p = os.path.join(work, f"{name}_{k}.npy")
+            p = os.path.join(work, f"{name.replace(':', '_')}_{k}.npy")
             np.save(p, v)
             args += ["--input", f"{k}={p}"]
-        pr = subprocess.run(args, capture_output=True, text=True)
-        if pr.returncode:
-            print(f"{name}: engine-bench failed: {pr.stderr.strip()}")
+        def one(prog):
+            pr = subprocess.run([prog] + args[1:], capture_output=True, text=True)
+            if pr.returncode:
+                raise RuntimeError(pr.stderr.strip())
+            return dict(re.findall(r"(\w+)=([\d.e+-]+)", pr.stdout))
+        try:
+            if a.baseline:
+                peer_exe = os.path.join(a.baseline, "tests", "bench", "engine-bench")
+                mine, theirs = [], []
+                for _ in range(a.rounds):
+                    kv = one(exe)
+                    mine.append(float(kv["median_ms"]))
+                    theirs.append(float(one(peer_exe)["median_ms"]))
+                ours, ort_med = sorted(mine)[len(mine) // 2], sorted(theirs)[len(theirs) // 2]
+            else:
+                kv = one(exe)
+                ours = float(kv["median_ms"])
+        except RuntimeError as e:
+            print(f"{name}: engine-bench failed: {e}")
             continue
-        kv = dict(re.findall(r"(\w+)=([\d.e+-]+)", pr.stdout))
-        ours = float(kv["median_ms"])
         batch = int(kv["batch"])
         flops = model_flops(path, feeds)
-        _, ort_med = ort_time(path, feeds, a.threads, 2, a.iters)
+        if not a.baseline:
+            _, ort_med = ort_time(path, feeds, a.threads, 2, a.iters)
         gf = flops / ours / 1e6
         print(f"{name:26} {ours:9.2f} {ort_med:9.2f} {ours / ort_med:6.2f} {batch * 1e3 / ours:8.1f} "
               f"{batch * 1e3 / ort_med:8.1f} {gf:8.1f} {100 * gf / peak:5.1f}%", flush=True)

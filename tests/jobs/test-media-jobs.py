@@ -250,6 +250,15 @@ def case_failures(tmp):
     check(p.poll() is None, "gateway died")
 
 
+def packets(path):
+    r = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v", "-count_packets", "-show_entries",
+                        "stream=nb_read_packets", "-of", "csv=p=0", path], capture_output=True, text=True)
+    try:
+        return int(r.stdout.strip().splitlines()[0])
+    except (ValueError, IndexError):
+        return -1
+
+
 def rss_kb(pid):
     for line in open(f"/proc/{pid}/status"):
         if line.startswith("VmRSS:"):
@@ -285,13 +294,17 @@ def case_corrupt(tmp, n=None):
         out = f"{tmp}/out/{c['file']}.mp4"
         if st["state"] == "succeeded":
             ok += 1
-            # a success is a correct one: every frame of the source
+            # a correct success: every frame the clip holds (the source's
+            # count, or every video packet a damaged index still lists)
             pr = probe(out)
-            if pr["v"] is None or int(pr["v"]["nb_read_frames"]) != c["frames"]:
-                problems.append(f"{c['file']} ({c['kind']}): succeeded with {pr['v'] and pr['v']['nb_read_frames']}"
-                                f" of {c['frames']} frames")
+            got = int(pr["v"]["nb_read_frames"]) if pr["v"] else 0
+            if got != c["frames"] and got != packets(f"{tmp}/clips/{c['file']}"):
+                problems.append(f"{c['file']} ({c['kind']} {c['detail']}): succeeded with {got} frames of "
+                                f"{c['frames']}")
         elif st["state"] in ("failed", "dead"):
             bad += 1
+            if c["kind"] in ("intact", "noaudio"):
+                problems.append(f"{c['file']} ({c['kind']}): a valid clip failed: {st['errors'][-1]['error']}")
             msg = st["errors"][-1]["error"]
             if c["file"] not in msg:
                 problems.append(f"{c['file']} ({c['kind']}): error does not name the file: {msg!r}")
@@ -299,6 +312,11 @@ def case_corrupt(tmp, n=None):
                 problems.append(f"{c['file']}: failed but left {out}")
         else:
             problems.append(f"{c['file']}: state {st['state']}")
+    kinds = {}
+    for jid, c in ids.items():
+        k = kinds.setdefault(c["kind"], [0, 0])
+        k[0 if status(ep, jid)["state"] == "succeeded" else 1] += 1
+    print("by kind (succeeded, failed): " + ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in sorted(kinds.items())))
     rss1 = rss_kb(p.pid)
     print(f"corrupt clips: {len(ids)} jobs, {ok} succeeded (all frames), {bad} failed cleanly; "
           f"gateway RSS {rss0} kB before, {rss1} kB after")

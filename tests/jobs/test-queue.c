@@ -504,6 +504,29 @@ static void test_redis_lease_expiry_and_renew(void **state) {
   assert_true(j.compute_s == 1.5 && j.gpu_s == 0.25);
   assert_int_equal(j.t_state_ms[SPN_QSTATE_SUCCEEDED], nb + 1);
   spn__queue_job_clear(&j);
+  /* A job with outputs whose publication marker was never confirmed
+   * removed: a sweep one lease later hands it out (once) so the sweeper
+   * removes the marker. Without outputs there is no marker to track. */
+  spn_queue_submit_t so = {.spec_json = "{\"pipeline\":\"copy\",\"outputs\":{\"out\":\"/nowhere/x\"}}",
+                           .max_attempts = 1};
+  int64_t id1;
+  bool ex;
+  assert_int_equal(f->o->submit(f->q.impl, &so, nb, &id1, &ex, NULL), SPN_OK);
+  assert_int_equal(lease(f, "w3", nb, &att), id1);
+  assert_int_equal(f->o->complete(f->q.impl, id1, att, "w3", 0, 0, nb + 1, NULL), SPN_OK);
+  s = (seen_t){0};
+  assert_int_equal(f->o->sweep(f->q.impl, nb + 100, seen_cb, &s, NULL), 0);
+  assert_int_equal(f->o->sweep(f->q.impl, nb + 400, seen_cb, &s, NULL), 1);
+  assert_int_equal(s.id[0], id1);
+  assert_int_equal(s.st[0], SPN_QSTATE_SUCCEEDED);
+  assert_int_equal(f->o->sweep(f->q.impl, nb + 500, NULL, NULL, NULL), 0);
+  /* Confirmed at once: never handed out. */
+  int64_t id2;
+  assert_int_equal(f->o->submit(f->q.impl, &so, nb, &id2, &ex, NULL), SPN_OK);
+  assert_int_equal(lease(f, "w3", nb, &att), id2);
+  assert_int_equal(f->o->complete(f->q.impl, id2, att, "w3", 0, 0, nb + 1, NULL), SPN_OK);
+  assert_int_equal(f->o->unpublished(f->q.impl, id2, NULL), SPN_OK);
+  assert_int_equal(f->o->sweep(f->q.impl, nb + 1000, NULL, NULL, NULL), 0);
 }
 
 /* Two handles on one Redis (two gateways, or a gateway and a worker): each
@@ -542,6 +565,29 @@ static void test_redis_shared_by_two_clients(void **state) {
   int64_t cnt[SPN_QSTATE_COUNT];
   assert_int_equal(f->o->counts(f->q.impl, cnt, NULL), SPN_OK);
   assert_int_equal(cnt[SPN_QSTATE_RUNNING], 20);
+}
+
+/* A group commit (begin ... commit) of many submissions: every one is
+ * stored, ids are unique, and leases come in submission order (Redis
+ * pipelines them and takes ids from reserved blocks). */
+static void test_batch_submit_order(void **state) {
+  fx_t *f = *state;
+  int64_t ids[600];
+  assert_int_equal(f->o->begin(f->q.impl, NULL), SPN_OK);
+  for (int i = 0; i < 600; i++) {
+    spn_queue_submit_t s = {.spec_json = SPEC, .priority = i % 2, .max_attempts = 1};
+    bool ex = true;
+    assert_int_equal(f->o->submit(f->q.impl, &s, T0 + i, &ids[i], &ex, NULL), SPN_OK);
+    assert_false(ex);
+    for (int k = 0; k < i; k++)
+      assert_int_not_equal(ids[k], ids[i]);
+  }
+  assert_int_equal(f->o->commit(f->q.impl, NULL), SPN_OK);
+  /* priority 1 (odd i) first, each band in submission order */
+  for (int pass = 0; pass < 2; pass++)
+    for (int i = 1 - pass; i < 600; i += 2)
+      assert_int_equal(lease(f, "w", T0 + 1000, NULL), ids[i]);
+  assert_int_equal(lease(f, "w", T0 + 1000, NULL), 0);
 }
 
 /* A succeeded job's progress equals its total, also when it never reported
@@ -605,6 +651,7 @@ int main(void) {
       SQ(test_release_owner),
       SQ(test_release_keeps_attempts),
       SQ(test_succeeded_progress_is_complete),
+      SQ(test_batch_submit_order),
       cmocka_unit_test(test_group_commit_and_durability),
       cmocka_unit_test(test_redis_url_errors),
   };
@@ -620,6 +667,7 @@ int main(void) {
       RD(test_release_owner),
       RD(test_release_keeps_attempts),
       RD(test_succeeded_progress_is_complete),
+      RD(test_batch_submit_order),
       RD(test_redis_shared_by_two_clients),
   };
   int rc = cmocka_run_group_tests_name("sqlite", sqlite_tests, NULL, NULL);

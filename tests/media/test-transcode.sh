@@ -72,6 +72,29 @@ PY
   rm -f b.mp4 b.f32 ref.yuv
 done
 
+# Still images: a PNG and a JPEG decode as one-frame videos (as yuv420p and
+# as rgb24, the layout a face detector takes); the frame matches the image.
+ffmpeg -v error -f lavfi -i testsrc=size=96x64 -frames:v 1 still.png || fail "ffmpeg still.png"
+ffmpeg -v error -f lavfi -i testsrc=size=96x64 -frames:v 1 -q:v 2 still.jpg || fail "ffmpeg still.jpg"
+for img in still.png still.jpg; do
+  for pf in yuv420p rgb24; do
+    "$spindle" run "$src/configs/transcode.toml" --set decode.path=$img --set decode.pixel_format=$pf \
+      --set encode.path=still.mp4 --set encode.crf=5 >out.txt 2>err.txt || fail "$img $pf: exit $?: $(tail -3 err.txt)"
+    grep -Eq 'job [0-9]+ succeeded: 1 frames' out.txt || fail "$img $pf: $(cat out.txt)"
+    [ "$(ffprobe -v error -select_streams v -count_frames -show_entries stream=nb_read_frames,width,height -of csv=p=0 still.mp4)" = "96,64,1" ] ||
+      fail "$img $pf: not one 96x64 frame"
+    psnr=$(ffmpeg -hide_banner -i still.mp4 -i $img -lavfi "[1]format=yuv420p[r];[0][r]psnr" -f null - 2>&1 |
+      sed -n 's/.*average:\([0-9.inf]*\).*/\1/p')
+    python3 -c "import sys; p = '$psnr'; sys.exit(0 if p and (p == 'inf' or float(p) > 30) else 1)" ||
+      fail "$img $pf: PSNR against the image is '$psnr' dB"
+    rm -f still.mp4
+  done
+done
+# a truncated PNG fails naming the file
+head -c 300 still.png >cut.png
+"$spindle" run "$src/configs/transcode.toml" --set decode.path=cut.png --set encode.path=still.mp4 >out.txt 2>err.txt
+[ $? -eq 1 ] && grep -q "spindle run: .*cut.png: " err.txt || fail "truncated PNG: $(tail -3 err.txt)"
+
 # A missing input fails the job and names the file.
 "$spindle" run "$src/configs/transcode.toml" --set decode.path="$tmp/nope.mp4" --set encode.path=out2.mp4 \
   >out.txt 2>err.txt

@@ -152,6 +152,21 @@ def main():
         line = json.loads(out.stdout.splitlines()[0]) if out.stdout else {}
         check('create_error' in line and 'missing-model.onnx' in line['create_error'],
               f'an unknown model fails create naming it: {line}')
+        # A model name not fetched with model_optional: the embedded espcn-x2,
+        # which only upscales by 2, so scale = 4 must be refused, not run at 2x.
+        env = dict(os.environ, SPINDLE_MODEL_PATH=os.path.join(tmp, 'no-models'), HOME=tmp)
+        env.pop('XDG_DATA_HOME', None)
+        out = subprocess.run([HOST, PLUGIN, 'superres', str(W), str(H), '1', tmp, 'model=realesr-animevideov3-x4',
+                              'model_optional=1', 'scale=4', '--', f'1:{frames[0][1]}'],
+                             capture_output=True, text=True, timeout=60, env=env)
+        line = json.loads(out.stdout.splitlines()[0]) if out.stdout else {}
+        check('create_error' in line and 'upscales by 2, not 4' in line['create_error'],
+              f'optional model not fetched with scale 4: refused, not run at 2x: {line}')
+        out = subprocess.run([HOST, PLUGIN, 'superres', str(W), str(H), '1', tmp, 'model=realesr-animevideov3-x4',
+                              '--', f'1:{frames[0][1]}'], capture_output=True, text=True, timeout=60, env=env)
+        line = json.loads(out.stdout.splitlines()[0]) if out.stdout else {}
+        check('create_error' in line and 'spindle model fetch realesr-animevideov3-x4' in line['create_error'],
+              f'required model not fetched: create fails saying how to fetch it: {line}')
         faces_mode(tmp, frames, W, H)
     print(f'superres-stage: {passed} passed, {failed} failed')
     sys.exit(1 if failed else 0)

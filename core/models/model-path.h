@@ -1,0 +1,40 @@
+/* model-path.h — where models fetched by name live, and how a name or a
+ * path in a config becomes a file.
+ *
+ * A model name is what models/manifest.toml lists ("retinaface-mnet025"):
+ * lowercase letters, digits and dashes. The fetched file is NAME.onnx in
+ * the first directory of the search list that has it:
+ *   1. each directory of $SPINDLE_MODEL_PATH (colon-separated), if set;
+ *   2. $XDG_DATA_HOME/spindle/models, or ~/.local/share/spindle/models;
+ *   3. the install's share/spindle/models (built in).
+ * `spindle model fetch` stores into the first directory of
+ * $SPINDLE_MODEL_PATH when set, else into (2).
+ *
+ * Nothing here links libspindle (the vision plugin uses it too); no state
+ * is kept between calls.
+ */
+#ifndef SPINDLE_MODELS_MODEL_PATH_H
+#define SPINDLE_MODELS_MODEL_PATH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* True when s is a model name (not a path). Thread: any. */
+bool spn_models_is_name(const char *s);
+
+/* The directory `fetch` stores into (not created). Returns 0, or -1 with
+ * msg when neither $SPINDLE_MODEL_PATH, $XDG_DATA_HOME nor $HOME is set.
+ * Thread: any. */
+int spn_models_store_dir(char *out, size_t outsz, char *msg, size_t msz);
+
+/* Find NAME.onnx along the search list. Returns 0 with the path in out, or
+ * -1 with msg saying where it looked and how to fetch it. Thread: any. */
+int spn_models_find(const char *name, char *out, size_t outsz, char *msg, size_t msz);
+
+/* A config's `model` value: an existing file is used as given; otherwise,
+ * when its last path component is a model name (a PATH key arrives joined
+ * to the config's directory), the name is looked up with spn_models_find.
+ * Returns 0 with the file in out, or -1 with msg. Thread: any. */
+int spn_models_resolve(const char *value, char *out, size_t outsz, char *msg, size_t msz);
+
+#endif

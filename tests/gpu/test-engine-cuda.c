@@ -1,0 +1,222 @@
+/* test-engine-cuda.c — the CUDA engine backend against the CPU backend (its
+ * numeric twin) through the public engine API, on hand-built models.
+ * Suite gpu: exits 77 without a CUDA device.
+ *
+ *  - an element-wise chain with a constant operand, at several batch sizes
+ *    (arena re-planning, boundary copies in and out);
+ *  - a 3x3 convolution with bias and a fused ReLU (cuDNN's fused path), a
+ *    residual Add and a nearest Resize;
+ *  - out of device memory: a model whose activations need ~256 GB fails that
+ *    run with SPN_ENOMEM naming the GPU, and the same model then runs a small
+ *    input correctly. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "../engine/onnx-build.h"
+#include "gpu-skip.h"
+#include "spindle/engine.h"
+
+static spn_engine_t *eng;
+
+static spn_model_t *load(pb_t *pm, const char *device) {
+  spn_model_opts_t o = SPN_MODEL_OPTS_INIT;
+  o.device = device;
+  o.fallback = "error"; /* every node must run on the GPU */
+  spn_model_t *m = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_engine_load_memory_opts(eng, pm->p, pm->n, "t.onnx", &o, &m, &err))
+    fail_msg("load on %s: %s", device, err.msg);
+  return m;
+}
+
+static void fill(float *x, size_t n, uint32_t seed) {
+  for (size_t i = 0; i < n; i++) {
+    seed = seed * 1664525u + 1013904223u;
+    x[i] = (float)(seed >> 8) / 8388608.f - 1.f;
+  }
+}
+
+/* Run both models on one input and compare every output within tol. */
+static void compare(spn_model_t *cpu, spn_model_t *gpu, spn_tensor_t *in, int n_out, float tol) {
+  spn_tensor_t a[4], b[4];
+  spn_error_t err = SPN_ERROR_INIT;
+  for (int i = 0; i < n_out; i++)
+    a[i] = b[i] = (spn_tensor_t)SPN_TENSOR_INIT;
+  if (spn_model_run(cpu, in, 1, a, n_out, &err))
+    fail_msg("cpu run: %s", err.msg);
+  if (spn_model_run(gpu, in, 1, b, n_out, &err))
+    fail_msg("cuda run: %s", err.msg);
+  for (int o = 0; o < n_out; o++) {
+    assert_int_equal(a[o].ndim, b[o].ndim);
+    size_t cnt = 1;
+    for (int d = 0; d < a[o].ndim; d++) {
+      assert_int_equal(a[o].shape[d], b[o].shape[d]);
+      cnt *= (size_t)a[o].shape[d];
+    }
+    const float *x = a[o].data, *y = b[o].data;
+    for (size_t i = 0; i < cnt; i++)
+      if (!(fabsf(x[i] - y[i]) <= tol * fmaxf(1.f, fabsf(x[i]))))
+        fail_msg("output %d element %zu: cpu %g, cuda %g", o, i, (double)x[i], (double)y[i]);
+    spn_model_output_free(&a[o]);
+    spn_model_output_free(&b[o]);
+  }
+}
+
+static void test_elementwise_chain(void **state) {
+  (void)state;
+  pb_t g = {0};
+  const char *i0[] = {"x"}, *o0[] = {"a"}, *i1[] = {"a"}, *o1[] = {"b"}, *i2[] = {"b", "x"}, *o2[] = {"c"},
+             *i3[] = {"c", "k"}, *o3[] = {"y"};
+  node(&g, "Sigmoid", "sig0", i0, 1, o0, 1, NULL, 0);
+  node(&g, "Relu", "relu0", i1, 1, o1, 1, NULL, 0);
+  node(&g, "Sub", "sub0", i2, 2, o2, 1, NULL, 0);
+  node(&g, "Mul", "mulk", i3, 2, o3, 1, NULL, 0);
+  pb_str(&g, 2, "g");
+  int64_t kd[] = {4};
+  const float k[] = {0.5f, -1.5f, 2.f, 3.f};
+  initializer(&g, "k", 1, kd, k, 4);
+  int64_t d[] = {-1, 4};
+  value_info(&g, 11, "x", 2, d);
+  value_info(&g, 12, "y", -1, NULL);
+  value_info(&g, 12, "b", -1, NULL);
+  pb_t pm = model(&g, 17);
+  spn_model_t *cpu = load(&pm, "cpu"), *gpu = load(&pm, "cuda:0");
+  assert_int_equal(spn_model_fallback_count(gpu), 0);
+  int64_t batches[] = {1, 7, 300, 3};
+  for (int t = 0; t < 4; t++) {
+    float *x = malloc((size_t)batches[t] * 4 * sizeof(float));
+    fill(x, (size_t)batches[t] * 4, (uint32_t)t + 1);
+    spn_tensor_t in = SPN_TENSOR_INIT;
+    in.dtype = SPN_DTYPE_F32;
+    in.ndim = 2;
+    in.shape[0] = batches[t];
+    in.shape[1] = 4;
+    in.data = x;
+    compare(cpu, gpu, &in, 2, 1e-6f);
+    free(x);
+  }
+  spn_model_release(&cpu);
+  spn_model_release(&gpu);
+  free(pm.p);
+}
+
+/* x (N,8,12,10) -> Conv 3x3 (8->8, bias) -> Relu -> Add x -> Resize x2
+ * nearest (scales from a constant). */
+static void test_conv_relu_add_resize(void **state) {
+  (void)state;
+  pb_t g = {0};
+  const char *ci[] = {"x", "w", "bias"}, *co[] = {"c"}, *ri[] = {"c"}, *ro[] = {"r"}, *ai[] = {"r", "x"},
+             *ao[] = {"s"}, *zi[] = {"s", "", "sc"}, *zo[] = {"y"};
+  const int64_t ks[] = {3, 3}, pads[] = {1, 1, 1, 1};
+  attr_t ca[] = {{.name = "kernel_shape", .type = 7, .n = 2, .ints = ks}, {.name = "pads", .type = 7, .n = 4, .ints = pads}};
+  node(&g, "Conv", "conv0", ci, 3, co, 1, ca, 2);
+  node(&g, "Relu", "relu0", ri, 1, ro, 1, NULL, 0);
+  node(&g, "Add", "add0", ai, 2, ao, 1, NULL, 0);
+  attr_t za[] = {{.name = "mode", .type = 3, .s = "nearest"}};
+  node(&g, "Resize", "rs0", zi, 3, zo, 1, za, 1);
+  pb_str(&g, 2, "g");
+  static float w[8 * 8 * 9], bias[8];
+  fill(w, 8 * 8 * 9, 7);
+  for (int i = 0; i < 8 * 8 * 9; i++)
+    w[i] *= 0.2f;
+  fill(bias, 8, 9);
+  int64_t wd[] = {8, 8, 3, 3}, bd[] = {8}, sd[] = {4};
+  const float sc[] = {1.f, 1.f, 2.f, 2.f};
+  initializer(&g, "w", 4, wd, w, 8 * 8 * 9);
+  initializer(&g, "bias", 1, bd, bias, 8);
+  initializer(&g, "sc", 1, sd, sc, 4);
+  int64_t d[] = {-1, 8, 12, 10};
+  value_info(&g, 11, "x", 4, d);
+  value_info(&g, 12, "y", -1, NULL);
+  pb_t pm = model(&g, 17);
+  spn_model_t *cpu = load(&pm, "cpu"), *gpu = load(&pm, "cuda:0");
+  for (int64_t batch = 1; batch <= 5; batch += 4) {
+    size_t n = (size_t)batch * 8 * 12 * 10;
+    float *x = malloc(n * sizeof(float));
+    fill(x, n, (uint32_t)batch);
+    spn_tensor_t in = SPN_TENSOR_INIT;
+    in.dtype = SPN_DTYPE_F32;
+    in.ndim = 4;
+    in.shape[0] = batch;
+    in.shape[1] = 8;
+    in.shape[2] = 12;
+    in.shape[3] = 10;
+    in.data = x;
+    compare(cpu, gpu, &in, 1, 1e-4f);
+    free(x);
+  }
+  spn_model_release(&cpu);
+  spn_model_release(&gpu);
+  free(pm.p);
+}
+
+static void test_out_of_device_memory(void **state) {
+  (void)state;
+  /* x (1,1,H,W) -> Resize x64 -> Resize x64: 4096^2 more elements. */
+  pb_t g = {0};
+  const char *i0[] = {"x", "", "sc"}, *o0[] = {"a"}, *i1[] = {"a", "", "sc"}, *o1[] = {"y"};
+  attr_t za[] = {{.name = "mode", .type = 3, .s = "nearest"}};
+  node(&g, "Resize", "up0", i0, 3, o0, 1, za, 1);
+  node(&g, "Resize", "up1", i1, 3, o1, 1, za, 1);
+  pb_str(&g, 2, "g");
+  int64_t sd[] = {4};
+  const float sc[] = {1.f, 1.f, 64.f, 64.f};
+  initializer(&g, "sc", 1, sd, sc, 4);
+  int64_t d[] = {1, 1, -1, -1};
+  value_info(&g, 11, "x", 4, d);
+  value_info(&g, 12, "y", -1, NULL);
+  pb_t pm = model(&g, 17);
+  spn_model_t *gpu = load(&pm, "cuda:0");
+  /* 64x64 input: the second output needs 64*64*4096*4096*4 bytes = 256 GiB. */
+  float *x = calloc(64 * 64, sizeof(float));
+  spn_tensor_t in = SPN_TENSOR_INIT, out = SPN_TENSOR_INIT;
+  in.dtype = SPN_DTYPE_F32;
+  in.ndim = 4;
+  in.shape[0] = in.shape[1] = 1;
+  in.shape[2] = in.shape[3] = 64;
+  in.data = x;
+  spn_error_t err = SPN_ERROR_INIT;
+  int32_t rc = spn_model_run(gpu, &in, 1, &out, 1, &err);
+  if (rc != SPN_ENOMEM || !strstr(err.msg, "cuda:0"))
+    fail_msg("expected SPN_ENOMEM naming cuda:0, got %d: %s", rc, err.msg);
+  assert_null(out.data);
+  /* The model and the GPU are still fine: a 1x1 input gives 4096x4096. */
+  in.shape[2] = in.shape[3] = 1;
+  x[0] = 2.5f;
+  rc = spn_model_run(gpu, &in, 1, &out, 1, &err);
+  if (rc)
+    fail_msg("small run after OOM: %s", err.msg);
+  assert_int_equal(out.shape[2], 4096);
+  assert_true(((float *)out.data)[4096 * 4096 - 1] == 2.5f);
+  spn_model_output_free(&out);
+  free(x);
+  spn_model_release(&gpu);
+  free(pm.p);
+}
+
+int main(void) {
+  SPN_TEST_REQUIRE_GPU();
+  spn_engine_opts_t o = SPN_ENGINE_OPTS_INIT;
+  o.threads = 2;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_engine_new(&o, &eng, &err)) {
+    fprintf(stderr, "%s\n", err.msg);
+    return 1;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_elementwise_chain),
+      cmocka_unit_test(test_conv_relu_add_resize),
+      cmocka_unit_test(test_out_of_device_memory),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  spn_engine_free(eng);
+  return rc;
+}
