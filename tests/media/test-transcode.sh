@@ -93,7 +93,7 @@ done
 # a truncated PNG fails naming the file
 head -c 300 still.png >cut.png
 "$spindle" run "$src/configs/transcode.toml" --set decode.path=cut.png --set encode.path=still.mp4 >out.txt 2>err.txt
-[ $? -eq 1 ] && grep -q "spindle run: .*cut.png: " err.txt || fail "truncated PNG: $(tail -3 err.txt)"
+[ $? -eq 1 ] && grep -q "\"level\":\"error\",\"msg\":\"stage .*cut.png: " err.txt || fail "truncated PNG: $(tail -3 err.txt)"
 
 # A missing input fails the job and names the file.
 "$spindle" run "$src/configs/transcode.toml" --set decode.path="$tmp/nope.mp4" --set encode.path=out2.mp4 \
