@@ -93,7 +93,7 @@ done
 # a truncated PNG fails naming the file
 head -c 300 still.png >cut.png
 "$spindle" run "$src/configs/transcode.toml" --set decode.path=cut.png --set encode.path=still.mp4 >out.txt 2>err.txt
-[ $? -eq 1 ] && grep -Eq "error.*stage .?.decode.?.*cut.png: " err.txt || fail "truncated PNG: $(tail -3 err.txt)"
+[ $? -eq 1 ] && grep -q "\"level\":\"error\",\"msg\":\"stage .*cut.png: " err.txt || fail "truncated PNG: $(tail -3 err.txt)"
 
 # A missing input fails the job and names the file.
 "$spindle" run "$src/configs/transcode.toml" --set decode.path="$tmp/nope.mp4" --set encode.path=out2.mp4 \
@@ -154,7 +154,9 @@ for f in noise.mp4 empty.mp4 sound.m4a; do
     --set encode.audio_path= >out.txt 2>err.txt
   rc=$?
   [ $rc -eq 1 ] || fail "$f: exit $rc, want 1"
-  grep -Eq "error.*stage .?.decode.?.*$f: " err.txt || fail "$f: message does not name the file: $(tail -3 err.txt)"
+  # the error is printed once, by the stage: a JSON error line naming the file
+  grep -q "\"level\":\"error\",\"msg\":\"stage .*$f: " err.txt ||
+    fail "$f: message does not name the file: $(tail -3 err.txt)"
 done
 grep -q "sound.m4a: no video stream" err.txt || fail "no-video message: $(tail -2 err.txt)"
 [ ! -e t.mp4 ] || fail "t.mp4 exists after failed jobs"

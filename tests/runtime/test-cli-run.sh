@@ -43,7 +43,10 @@ done
 rc=$?
 [ $rc -eq 1 ] || fail "failing job: exit $rc, want 1"
 grep -q 'job [0-9]* failed' out.txt || fail "failure summary: $(cat out.txt)"
-grep -q 'stage "sink".*end of stream after 120 frames, expected 121' err.txt || fail "failure message: $(cat err.txt)"
+# printed once, by the stage (a JSON line when stderr is not a terminal)
+grep -q '"level":"error","msg":"stage \\"sink\\".*end of stream after 120 frames, expected 121' err.txt ||
+  fail "failure message: $(cat err.txt)"
+[ "$(grep -c 'expected 121' err.txt)" -eq 1 ] || fail "the error is not printed exactly once: $(cat err.txt)"
 
 # Ctrl-C cancels the job: exit 130, the summary says cancelled.
 "$spindle" run "$src/configs/synthetic.toml" --set source.frames=100000000 --set sink.expect_frames=100000000 \
