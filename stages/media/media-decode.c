@@ -512,6 +512,22 @@ static int32_t drain(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err)
                              d->path, t);
       }
     }
+    /* Every frame has the stream's size: encode, the vision stages and the
+     * job's frame buffers are sized from it at open. A damaged or spliced
+     * stream can change size mid-way (a new SPS); that is damage like any
+     * other: it fails the job, or with tolerate_errors the frame is skipped. */
+    int quarter = d->info.rotation == 90 || d->info.rotation == 270;
+    int fw = quarter ? d->frame->height : d->frame->width, fh = quarter ? d->frame->width : d->frame->height;
+    if (fw != d->info.width || fh != d->info.height) {
+      d->info.corrupt_packets++;
+      av_frame_unref(d->frame);
+      if (d->o.tolerate_errors)
+        continue;
+      return spn_error_set(err, SPN_EMEDIA,
+                           "%s: video frame at %.2f s is %dx%d, the stream is %dx%d (set tolerate_errors to skip "
+                           "such frames)",
+                           d->path, t, fw, fh, d->info.width, d->info.height);
+    }
     /* Only a segment drops leading frames: without one, a frame whose
      * time is below 0 (a damaged edit list or composition table) is still
      * a frame of the file and is kept. */

@@ -30,6 +30,10 @@ def seeds(make_corrupt, sample, d):
     subprocess.run(ff + ["-f", "lavfi", "-i", "testsrc=size=64x48", "-frames:v", "1", os.path.join(d, "s.jpg")],
                    check=True)
     shutil.copy(sample, os.path.join(d, "sample.mp4"))
+    # Inputs that once broke a rule (each named for what it broke) stay seeds.
+    regress = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fuzz-regress")
+    for f in sorted(os.listdir(regress)):
+        shutil.copy(os.path.join(regress, f), os.path.join(d, "regress-" + f))
 
 
 def main():

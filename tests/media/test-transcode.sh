@@ -159,5 +159,15 @@ for f in noise.mp4 empty.mp4 sound.m4a; do
     fail "$f: message does not name the file: $(tail -3 err.txt)"
 done
 grep -q "sound.m4a: no video stream" err.txt || fail "no-video message: $(tail -2 err.txt)"
+
+# A stream whose frame size changes mid-way (a damaged SPS; found by the
+# fuzzer) fails the job naming the file and both sizes, and writes nothing.
+"$spindle" run "$src/configs/transcode.toml" --set decode.path="$src/tests/media/fuzz-regress/size-change.mkv" \
+  --set encode.path=sc.mp4 >out.txt 2>err.txt
+rc=$?
+[ $rc -eq 1 ] || fail "size change: exit $rc, want 1"
+grep -q "size-change.mkv: video frame at .* is 320x1, the stream is 64x48" err.txt ||
+  fail "size change message: $(grep -i error err.txt | tail -2)"
+[ ! -e sc.mp4 ] || fail "sc.mp4 exists after a failed job"
 [ ! -e t.mp4 ] || fail "t.mp4 exists after failed jobs"
 echo ok
