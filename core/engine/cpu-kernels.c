@@ -458,8 +458,7 @@ static int32_t exec_pad(spn_run_t *r, const spn_node_t *n) {
   int32_t rc = spn_op_pad_params(r, n, pads, &val);
   if (rc)
     return rc;
-  const char *mode = spn_attr_str(n, "mode", "constant");
-  int m = !strcmp(mode, "constant") ? 0 : (!strcmp(mode, "reflect") ? 1 : 2);
+  int m = spn_op_pad_mode(n);
   int nd = x->ndim;
   size_t es = spn_dtype_size(x->dtype);
   int64_t ist[SPN_MAXD];

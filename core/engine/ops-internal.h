@@ -44,6 +44,9 @@ int32_t spn_op_infer_resize(spn_run_t *r, const spn_node_t *n, float *scales, in
 int32_t spn_op_slice_params(spn_run_t *r, const spn_node_t *n, int64_t *start, int64_t *step,
                             int64_t *count);
 int32_t spn_op_pad_params(spn_run_t *r, const spn_node_t *n, int64_t *pads, float *value);
+/* Pad's mode attribute (checked by shape inference): constant, reflect, edge. */
+typedef enum { SPN_PAD_CONSTANT = 0, SPN_PAD_REFLECT = 1, SPN_PAD_EDGE = 2 } spn_pad_mode_t;
+spn_pad_mode_t spn_op_pad_mode(const spn_node_t *n);
 int32_t spn_op_axes_of(spn_run_t *r, const spn_node_t *n, int64_t *axes, int *na);
 
 #endif

@@ -387,6 +387,11 @@ int32_t spn_op_slice_params(spn_run_t *r, const spn_node_t *n, int64_t *start, i
   return SPN_OK;
 }
 
+spn_pad_mode_t spn_op_pad_mode(const spn_node_t *n) {
+  const char *mode = spn_attr_str(n, "mode", "constant");
+  return !strcmp(mode, "constant") ? SPN_PAD_CONSTANT : (!strcmp(mode, "reflect") ? SPN_PAD_REFLECT : SPN_PAD_EDGE);
+}
+
 int32_t spn_op_pad_params(spn_run_t *r, const spn_node_t *n, int64_t *pads, float *value) {
   int nd = IN(0)->ndim, cnt = 0;
   *value = 0;
@@ -780,9 +785,9 @@ static int32_t op_infer(spn_run_t *r, const spn_node_t *n) {
       shape[d] = x->shape[d] + pads[d] + pads[d + x->ndim];
       if (shape[d] < 0)
         return spn_op_fail(r, SPN_EMODEL, "negative padded size");
-      if (strcmp(spn_attr_str(n, "mode", "constant"), "constant") && (pads[d] < 0 || pads[d + x->ndim] < 0 || ((pads[d] || pads[d + x->ndim]) && x->shape[d] == 0)))
+      if (spn_op_pad_mode(n) != SPN_PAD_CONSTANT && (pads[d] < 0 || pads[d + x->ndim] < 0 || ((pads[d] || pads[d + x->ndim]) && x->shape[d] == 0)))
         return spn_op_fail(r, SPN_EUNSUPPORTED, "negative pads only in constant mode");
-      if (!strcmp(spn_attr_str(n, "mode", "constant"), "reflect") && (pads[d] >= x->shape[d] || pads[d + x->ndim] >= x->shape[d]))
+      if (spn_op_pad_mode(n) == SPN_PAD_REFLECT && (pads[d] >= x->shape[d] || pads[d + x->ndim] >= x->shape[d]))
         return spn_op_fail(r, SPN_EMODEL, "reflect pad larger than the dim");
     }
     set_out(y, x->dtype, x->ndim, shape);

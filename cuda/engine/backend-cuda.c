@@ -828,8 +828,7 @@ static int32_t exec_node(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
     int32_t rc = spn_op_pad_params(r, n, pads, &val);
     if (rc)
       return rc;
-    const char *mode = spn_attr_str(n, "mode", "constant");
-    int md = !strcmp(mode, "constant") ? 0 : (!strcmp(mode, "reflect") ? 1 : 2);
+    int md = spn_op_pad_mode(n);
     int64_t ist[SPN_MAXD];
     contiguous(x, ist);
     spn_cu_nd_t g = {.nd = y->ndim};
