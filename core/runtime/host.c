@@ -3,7 +3,8 @@
  * One constant table serves every runtime: each entry finds its runtime
  * through the stage handle it is given, so no entry touches process-wide
  * state, and the pointer a plugin keeps from init stays valid whatever
- * runtime comes and goes. register_kind/plugin_set_data are the loader's. Entries that act on the calling actor (emit, fail_job) must be
+ * runtime comes and goes; every stage handle carries it too (its public
+ * head, spn_stage_host). register_kind/plugin_set_data are the loader's. Entries that act on the calling actor (emit, fail_job) must be
  * called from that actor's executor, inside one of its callbacks; the
  * buffer and message accessors may be called from any thread. */
 #include <stdarg.h>
@@ -21,6 +22,8 @@ int32_t spn__host_msg_add_tensor(spn_msg_t *msg, const char *name, const spn_ten
 int32_t spn__host_msg_add_meta(spn_msg_t *msg, const char *name, const void *data, size_t size, spn_error_t *err);
 int32_t spn__host_msg_item(const spn_msg_t *msg, size_t i, spn_item_t *item);
 int64_t spn__host_msg_find(const spn_msg_t *msg, const char *name);
+int32_t spn__host_msg_replace_tensor(spn_msg_t *msg, size_t i, const spn_tensor_t *t, spn_buffer_t *buf,
+                                     spn_error_t *err);
 
 static void *h_stage_get_data(spn_stage_t *s) { return s->state; }
 static const char *h_stage_get_name(spn_stage_t *s) { return s->srt->spec->name; }
@@ -93,6 +96,13 @@ static int32_t h_msg_new_from(spn_stage_t *s, const spn_msg_t *from, spn_msg_t *
   return rc;
 }
 
+static int32_t h_msg_clone(spn_stage_t *s, const spn_msg_t *msg, spn_msg_t **out, spn_error_t *err) {
+  (void)s;
+  if (!msg || !out)
+    return spn_error_set(err, SPN_EINVAL, "msg_clone: NULL message or out");
+  return spn__msg_clone(msg, out, err);
+}
+
 static void h_msg_free(spn_msg_t **m) { spn__msg_free(m); }
 static const spn_envelope_t *h_msg_envelope(const spn_msg_t *m) { return &m->env; }
 static size_t h_msg_item_count(const spn_msg_t *m) { return m->n_items; }
@@ -133,6 +143,9 @@ static const spn_host_api_t host_table = {
     .model_io = spn__host_model_io,
     .model_run = spn__host_model_run,
     .model_free_outputs = spn__host_model_free_outputs,
+    /* ABI 1.1: host access and helpers */
+    .msg_clone = h_msg_clone,
+    .msg_replace_tensor = spn__host_msg_replace_tensor,
 };
 
 const spn_host_api_t *spn__host_api(void) { return &host_table; }

@@ -126,6 +126,37 @@ int32_t spn__host_msg_add_tensor(spn_msg_t *msg, const char *name, const spn_ten
   return SPN_OK;
 }
 
+int32_t spn__host_msg_replace_tensor(spn_msg_t *msg, size_t i, const spn_tensor_t *t, spn_buffer_t *buf,
+                                     spn_error_t *err) {
+  if (!msg || !t || !buf)
+    return spn_error_set(err, SPN_EINVAL, "msg_replace_tensor: NULL argument");
+  if (i >= msg->n_items || msg->items[i].kind != SPN_ITEM_TENSOR)
+    return spn_error_set(err, SPN_EINVAL, "msg_replace_tensor: item %zu is not a tensor item (the message has %u items)",
+                         i, msg->n_items);
+  spn__item_t *it = &msg->items[i];
+  if (spn_dtype_size(t->dtype) == 0 || t->ndim < 0 || t->ndim > SPN_TENSOR_MAX_DIMS)
+    return spn_error_set(err, SPN_EINVAL, "msg_replace_tensor \"%s\": bad dtype %d or ndim %d", it->name, t->dtype,
+                         t->ndim);
+  for (int32_t d = 0; d < t->ndim; d++)
+    if (t->shape[d] < 0)
+      return spn_error_set(err, SPN_EINVAL, "msg_replace_tensor \"%s\": negative dimension %d", it->name, d);
+  if (spn_tensor_nbytes(t) > buf->size)
+    return spn_error_set(err, SPN_EOVERFLOW, "msg_replace_tensor \"%s\": tensor needs %zu bytes, buffer has %zu",
+                         it->name, spn_tensor_nbytes(t), buf->size);
+  /* Reference the new buffer before dropping the old: they may be one. */
+  spn_buffer_t *old = it->buffer;
+  it->buffer = spn_buffer_ref(buf);
+  spn_buffer_unref(&old);
+  memset(&it->tensor, 0, sizeof it->tensor);
+  it->tensor.struct_size = sizeof it->tensor;
+  it->tensor.dtype = t->dtype;
+  it->tensor.ndim = t->ndim;
+  memcpy(it->tensor.shape, t->shape, sizeof t->shape);
+  it->tensor.device_kind = buf->bt->device ? buf->bt->device->kind : SPN_DEVICE_CPU;
+  it->tensor.device_index = buf->bt->device ? buf->bt->device->index : 0;
+  return SPN_OK;
+}
+
 int32_t spn__host_msg_add_meta(spn_msg_t *msg, const char *name, const void *data, size_t size, spn_error_t *err) {
   if (!msg || !name || (size && !data))
     return spn_error_set(err, SPN_EINVAL, "msg_add_meta: NULL argument");

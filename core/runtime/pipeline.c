@@ -307,6 +307,8 @@ int32_t spn__pipeline_new_from_spec(spn_runtime_t *rt, spn__pipeline_spec_t *spe
         rc = spn_error_set(err, SPN_ENOMEM, "out of memory creating stage \"%s\"", srt->spec->name);
         break;
       }
+      a->head.struct_size = sizeof a->head;
+      a->head.host = pipe->rt->host; /* the complete table (host.c), whatever init got */
       a->pipe = pipe;
       a->srt = srt;
       a->replica = r;

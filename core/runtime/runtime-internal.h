@@ -161,6 +161,7 @@ typedef struct spn__stage_rt {
 } spn__stage_rt_t;
 
 struct spn_stage {
+  spn_stage_head_t head;     /* const; first: the public prefix spn_stage_host reads (plugin.h) */
   spn_pipeline_t *pipe;      /* const */
   spn__stage_rt_t *srt;      /* const */
   uint32_t replica;          /* const */

@@ -3,7 +3,6 @@
  * spindle/plugin.h: see Makefile and docs/plugins.md. */
 #include <spindle/plugin.h>
 
-static const spn_host_api_t *host; /* stage callbacks reach the host through it */
 
 typedef struct invert_config { int64_t threshold; } invert_config_t;
 
@@ -21,6 +20,7 @@ static int32_t invert_create(spn_stage_t *stage, const void *config, void **stat
 
 static int32_t invert_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
                               spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   for (size_t i = 0; i < n; i++) {
     spn_item_t it = {.struct_size = sizeof it};
     int64_t idx = host->msg_find(msgs[i], "frame");
@@ -55,7 +55,6 @@ static int32_t invert_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_er
       .schema = schema, .config_size = sizeof(invert_config_t), .inputs = in, .n_inputs = 1, .outputs = out,
       .n_outputs = 1, .device_need = SPN_NEED_CPU, .max_batch = 1, .create = invert_create,
       .process = invert_process};
-  host = h;
   return h->register_kind(plugin, &kind, err);
 }
 

@@ -24,7 +24,6 @@
 #include "spindle/plugin.h"
 #include "media-decode.h"
 
-static const spn_host_api_t *host; /* the host table; same for every load */
 
 typedef struct decode_config {
   char *path;
@@ -78,10 +77,12 @@ typedef struct decode_job {
 
 static void ffmpeg_log(void *user, int32_t level, const char *msg) {
   decode_job_t *j = user;
+  const spn_host_api_t *host = spn_stage_host(j->stage);
   host->log(j->stage, j->job_id, level, "%s: %s", j->path, msg);
 }
 
 static int32_t parse_options(spn_stage_t *stage, const decode_config_t *c, spn_decode_opts_t *o, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   spn_decode_opts_t d = SPN_DECODE_OPTS_INIT;
   *o = d;
   o->pixfmt = spn_pixfmt_from_name(c->pixel_format);
@@ -115,6 +116,7 @@ static int32_t decode_create(spn_stage_t *stage, const void *config, void **stat
 
 static int32_t decode_job_open(spn_stage_t *stage, void *state, const spn_job_info_t *job, void **job_state,
                                spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   const decode_config_t *c = job->config;
   spn_decode_opts_t o;
   int32_t rc = parse_options(stage, c, &o, err);
@@ -142,6 +144,7 @@ static int32_t decode_job_open(spn_stage_t *stage, void *state, const spn_job_in
 }
 
 static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *it, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   spn_tensor_t t = SPN_TENSOR_INIT;
   const spn_image_t *im = &it->image;
   int video = it->kind == SPN_MEDIA_VIDEO;
@@ -224,6 +227,7 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
 /* The audio port's first message of a job: the format (channels 0: no
  * audio will follow), so a consumer knows before the first picture. */
 static int32_t send_audio_format(spn_stage_t *stage, decode_job_t *j, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   const spn_decode_info_t *in = spn_decoder_info(j->dec);
   spn_media_audio_meta_t am = {.rate = in->has_audio ? in->audio_rate : 0,
                                .channels = in->has_audio ? in->audio_channels : 0};
@@ -244,6 +248,7 @@ static int32_t send_audio_format(spn_stage_t *stage, decode_job_t *j, spn_error_
 }
 
 static int32_t decode_generate(spn_stage_t *stage, void *state, void *job_state, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   decode_job_t *j = job_state;
   if (host->job_cancelled(stage, j->job_id))
     return SPN_ECANCELLED;
@@ -278,7 +283,6 @@ static void decode_job_close(spn_stage_t *stage, void *state, void *job_state, b
 static void decode_destroy(spn_stage_t *stage, void *state) {}
 
 static int32_t decode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
-  host = h;
   spn_media_log_install();
   static const spn_stage_kind_t kind = {
       .struct_size = sizeof(spn_stage_kind_t),

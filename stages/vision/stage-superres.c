@@ -104,10 +104,10 @@ static const char *embedded_model(void) {
 
 static int32_t sr_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
   const sr_config_t *cfg = config;
-  const spn_host_api_t *host = spn__vision_host();
+  const spn_host_api_t *host = spn_stage_host(stage);
   if (!host || !cfg)
     return spn_error_set(err, SPN_ESTATE, "superres: plugin not initialised");
-  int32_t hc = spn__vision_check_host(host, true, err);
+  int32_t hc = vision_check_host(host, true, err);
   if (hc != SPN_OK)
     return hc;
   if (!host->model_load || !host->model_run)
@@ -129,7 +129,7 @@ static int32_t sr_create(spn_stage_t *stage, const void *config, void **state, s
   char mpath[4096], hint[1024] = "";
   int32_t use = 0, rc = SPN_OK;
   if (cfg->model && cfg->model[0])
-    use = spn__vision_model_path(host, stage, "superres", cfg->model, cfg->model_optional, "the embedded espcn-x2",
+    use = vision_model_path(host, stage, "superres", cfg->model, cfg->model_optional, "the embedded espcn-x2",
                                  mpath, sizeof mpath, hint, sizeof hint);
   if (use == 0 && cfg->scale != 2)
     rc = spn_error_set(err, SPN_ECONFIG, "the embedded espcn-x2 upscales by 2, not %d (set scale = 2)",
@@ -393,6 +393,6 @@ static const spn_stage_kind_t k_superres = {
     .destroy = sr_destroy,
 };
 
-const spn_stage_kind_t *spn__vision_superres_kind(void) {
+const spn_stage_kind_t *vision_superres_kind(void) {
   return &k_superres;
 }

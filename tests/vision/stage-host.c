@@ -52,6 +52,7 @@ struct spn_msg {
 };
 
 struct spn_stage {
+  spn_stage_head_t head; /* first, as plugin.h says: spn_stage_host reads it */
   void *data;
 };
 
@@ -502,7 +503,7 @@ int main(int argc, char **argv) {
       return 2;
     }
   a++;
-  spn_stage_t stage = {0};
+  spn_stage_t stage = {.head = {.struct_size = sizeof(spn_stage_head_t), .host = &host}};
   if (k->create(&stage, cfg, &stage.data, &err) != SPN_OK) {
     printf("{\"create_error\": ");
     print_json_string(err.msg);

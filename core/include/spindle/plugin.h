@@ -1,11 +1,12 @@
-/* spindle/plugin.h — the stage plugin ABI, version 1.
+/* spindle/plugin.h — the stage plugin ABI, version 1.1.
  *
  * This is the only header a stage plugin includes. A plugin is a shared
  * object named `libspindle-<name>.so` that exports exactly one symbol the host
  * looks up: `const spn_plugin_desc_t *spindle_plugin_<name>_desc(void)`
  * (use SPN_PLUGIN_DEFINE). It never links against host symbols: everything
  * it needs from the host comes through the spn_host_api_t table handed to
- * init(), and everything the host needs from it comes through the
+ * init() and reachable from every stage callback with spn_stage_host(stage)
+ * (ABI 1.1), and everything the host needs from it comes through the
  * descriptor and the stage kinds it registers.
  *
  * ABI rules (enforced by the loader, each refusal names the file and rule):
@@ -40,7 +41,7 @@ extern "C" {
 #endif
 
 #define SPN_PLUGIN_ABI_MAJOR 1
-#define SPN_PLUGIN_ABI_MINOR 0
+#define SPN_PLUGIN_ABI_MINOR 1
 
 /* CUDA major the plugin was built against; 0 when it uses no CUDA. A plugin
  * that uses CUDA defines SPN_PLUGIN_CUDA_MAJOR before including this header
@@ -51,7 +52,7 @@ extern "C" {
 
 /* ---- opaque handles (each has a user pointer reachable via the host) ---- */
 typedef struct spn_plugin spn_plugin_t;         /* a loaded plugin, during init */
-typedef struct spn_stage spn_stage_t;           /* one stage instance (replica) */
+typedef struct spn_stage spn_stage_t;           /* one stage instance (replica); see spn_stage_host */
 typedef struct spn_msg spn_msg_t;               /* a message: envelope + items */
 typedef struct spn_buffer spn_buffer_t;         /* refcounted device-tagged memory */
 typedef struct spn_model spn_model_t;           /* a model loaded on a device */
@@ -174,8 +175,8 @@ typedef struct spn_stage_kind {
   uint32_t n_inputs;
   uint32_t n_outputs;
   const spn_port_t *outputs;            /* n_outputs entries; none for a sink */
-  int32_t device_need;                  /* spn_device_need_t */
-  uint32_t max_batch;                   /* default batching; 1 = no batching */
+  int32_t device_need;                  /* spn_device_need_t; 0 = SPN_NEED_CPU */
+  uint32_t max_batch;                   /* default batching; 1 (or 0) = no batching */
   uint32_t max_delay_ms;
   uint32_t reserved1;
 
@@ -211,6 +212,18 @@ typedef struct spn_stage_kind {
 } spn_stage_kind_t;
 
 #define SPN_STAGE_KIND_INIT {.struct_size = sizeof(spn_stage_kind_t), .device_need = SPN_NEED_CPU, .max_batch = 1}
+
+/* ABI 1.1: a stage kind initialiser that fills struct_size; list the other
+ * members as designated initialisers:
+ *
+ *   static const spn_stage_kind_t kind = SPN_STAGE_KIND(.name = "invert",
+ *       .inputs = in, .n_inputs = 1, .outputs = out, .n_outputs = 1,
+ *       .process = invert_process);
+ *
+ * A 1.1 host reads device_need 0 as SPN_NEED_CPU and max_batch 0 as 1, so
+ * they may be left out (a 1.0 host refuses such a kind, but it refuses a
+ * 1.1 plugin anyway). */
+#define SPN_STAGE_KIND(...) {.struct_size = sizeof(spn_stage_kind_t), __VA_ARGS__}
 
 /* ---- the host API table ------------------------------------------------- */
 
@@ -299,7 +312,131 @@ typedef struct spn_host_api {
   void (*model_free_outputs)(spn_model_t *model, spn_tensor_t *outputs, size_t n_out);
 
   void *reserved[16];
+
+  /* ABI 1.1: host access and helpers */
+  /* A new message with msg's envelope (flags included) and the same items:
+   * tensor items share msg's buffers (a new reference each, no copy), meta
+   * items are copied. Ownership: caller owns *out (emit or msg_free); msg
+   * is borrowed. Thread: stage. */
+  int32_t (*msg_clone)(spn_stage_t *stage, const spn_msg_t *msg, spn_msg_t **out, spn_error_t *err);
+  /* Make item i (a tensor item) view `buf` as `t` (t->data ignored: offset 0
+   * of buf); its name stays. Takes a new reference to buf (the caller keeps
+   * its own) and drops the item's old one. SPN_EINVAL for a meta item or i
+   * out of range, SPN_EOVERFLOW when t does not fit buf; msg is unchanged
+   * then. Ownership: msg borrowed (the caller's). Thread: stage. */
+  int32_t (*msg_replace_tensor)(spn_msg_t *msg, size_t i, const spn_tensor_t *t, spn_buffer_t *buf,
+                                spn_error_t *err);
 } spn_host_api_t;
+
+/* True when `host` (a table handed to this plugin) has member m: a member
+ * added in a later minor is only there when the table is large enough. */
+#define SPN_HOST_HAS(host, m) \
+  ((host)->struct_size >= offsetof(spn_host_api_t, m) + sizeof(((spn_host_api_t *)0)->m) && (host)->m)
+
+/* ---- ABI 1.1: the host in every callback -------------------------------- */
+
+/* Every spn_stage_t a 1.1 host hands a plugin begins with this prefix;
+ * the rest of the instance is private. Plugins read it only through
+ * spn_stage_host. */
+typedef struct spn_stage_head {
+  uint32_t struct_size;          /* sizeof(spn_stage_head_t) of the host */
+  uint32_t reserved0;
+  const spn_host_api_t *host;    /* the complete host table */
+} spn_stage_head_t;
+
+/* The host API table, from any stage callback (create, process, ...):
+ * no plugin needs to keep the table init got in a static. Ownership:
+ * borrowed, valid while the plugin is loaded. Thread: any. */
+static inline const spn_host_api_t *spn_stage_host(spn_stage_t *stage) {
+  return ((const spn_stage_head_t *)(const void *)stage)->host;
+}
+
+/* ---- ABI 1.1: the frame filter helper ------------------------------------ */
+
+/* A stage that maps one frame to one frame writes only the mapping: the
+ * helper finds the tensor item, allocates the output on the instance's
+ * device, calls the mapping, and emits a copy of the message (its envelope
+ * and other items kept) whose item now holds the output. Messages without
+ * the item are forwarded as they are; a mapping that fails fails that
+ * message's job only (its err message is the job's error). */
+typedef struct spn_frame_filter {
+  const char *item;     /* the tensor item to map; NULL = "frame" */
+  /* The output's dtype and shape from the input's (out starts as a copy of
+   * *in). NULL = same as the input. Optional. */
+  int32_t (*shape)(spn_stage_t *stage, void *state, const spn_tensor_t *in, spn_tensor_t *out, spn_error_t *err);
+  /* The mapping on the CPU: in->data and out->data are host pointers; out
+   * has the shape above. */
+  int32_t (*cpu)(spn_stage_t *stage, void *state, const spn_tensor_t *in, spn_tensor_t *out, spn_error_t *err);
+  /* The mapping on a CUDA device (see spindle/plugin-cuda.h): in->data and
+   * out->data are device pointers, `stream` the instance's cudaStream_t;
+   * queue the work on it and return (do not synchronize). */
+  int32_t (*cuda)(spn_stage_t *stage, void *state, const spn_tensor_t *in, spn_tensor_t *out, void *stream,
+                  spn_error_t *err);
+} spn_frame_filter_t;
+
+/* One message through the filter, the input pointer already resolved
+ * (`in` holds it): shared by the CPU and CUDA drivers. */
+static inline int32_t spn__frame_filter_one(spn_stage_t *stage, void *state, spn_msg_t **msgp, size_t idx,
+                                            const spn_tensor_t *in, bool on_cuda, const spn_frame_filter_t *f,
+                                            spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  spn_tensor_t out = *in;
+  spn_buffer_t *buf = NULL;
+  spn_msg_t *m = NULL;
+  spn_error_t ferr = SPN_ERROR_INIT;
+  int32_t rc = f->shape ? f->shape(stage, state, in, &out, &ferr) : SPN_OK;
+  if (rc == SPN_OK && (rc = host->buffer_new(stage, spn_tensor_nbytes(&out), &buf, err)) != SPN_OK)
+    return rc; /* out of memory: the batch fails */
+  if (rc == SPN_OK) {
+    out.data = host->buffer_data(buf);
+    rc = on_cuda ? f->cuda(stage, state, in, &out, host->stage_get_stream(stage), &ferr)
+                 : f->cpu(stage, state, in, &out, &ferr);
+  }
+  if (rc != SPN_OK) { /* the mapping refused this frame: its job fails, the batch goes on */
+    host->fail_job(stage, host->msg_envelope(*msgp)->job_id, rc, ferr.msg[0] ? ferr.msg : "frame filter failed");
+    host->buffer_unref(&buf);
+    return SPN_OK;
+  }
+  if ((rc = host->msg_clone(stage, *msgp, &m, err)) == SPN_OK &&
+      (rc = host->msg_replace_tensor(m, idx, &out, buf, err)) == SPN_OK)
+    rc = host->emit(stage, 0, &m, err);
+  host->buffer_unref(&buf);
+  host->msg_free(&m);
+  return rc;
+}
+
+/* The process callback of a CPU frame filter: call it from your process
+ *
+ *   static int32_t my_process(spn_stage_t *s, void *st, spn_msg_t **msgs, void **js, size_t n,
+ *                             spn_error_t *err) {
+ *     return spn_frame_filter_process(s, st, msgs, n, &my_filter, err);
+ *   }
+ *
+ * Ownership: msgs borrowed (forwarded ones are set to NULL). Thread: stage. */
+static inline int32_t spn_frame_filter_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, size_t n,
+                                               const spn_frame_filter_t *f, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  for (size_t i = 0; i < n; i++) {
+    int64_t idx = host->msg_find(msgs[i], f->item ? f->item : "frame");
+    spn_item_t it = {.struct_size = sizeof it};
+    int32_t rc;
+    if (idx < 0 || host->msg_item(msgs[i], (size_t)idx, &it) != SPN_OK || it.kind != SPN_ITEM_TENSOR) {
+      rc = host->emit(stage, 0, &msgs[i], err); /* nothing to map: forwarded */
+    } else if (it.tensor.device_kind != SPN_DEVICE_CPU) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "%s: item \"%s\" is in device memory; this filter runs on the CPU only",
+               host->stage_get_name(stage), it.name);
+      host->fail_job(stage, host->msg_envelope(msgs[i])->job_id, SPN_EUNSUPPORTED, msg);
+      rc = SPN_OK;
+    } else {
+      it.tensor.data = host->buffer_data(it.buffer);
+      rc = spn__frame_filter_one(stage, state, &msgs[i], (size_t)idx, &it.tensor, false, f, err);
+    }
+    if (rc != SPN_OK)
+      return rc;
+  }
+  return SPN_OK;
+}
 
 /* ---- the descriptor ----------------------------------------------------- */
 
