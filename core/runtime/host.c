@@ -24,6 +24,7 @@ int32_t spn__host_msg_item(const spn_msg_t *msg, size_t i, spn_item_t *item);
 int64_t spn__host_msg_find(const spn_msg_t *msg, const char *name);
 int32_t spn__host_msg_replace_tensor(spn_msg_t *msg, size_t i, const spn_tensor_t *t, spn_buffer_t *buf,
                                      spn_error_t *err);
+int32_t spn__host_msg_replace_meta(spn_msg_t *msg, size_t i, const void *data, size_t size, spn_error_t *err);
 
 static void *h_stage_get_data(spn_stage_t *s) { return s->state; }
 static const char *h_stage_get_name(spn_stage_t *s) { return s->srt->spec->name; }
@@ -146,6 +147,7 @@ static const spn_host_api_t host_table = {
     /* ABI 1.1: host access and helpers */
     .msg_clone = h_msg_clone,
     .msg_replace_tensor = spn__host_msg_replace_tensor,
+    .msg_replace_meta = spn__host_msg_replace_meta,
 };
 
 const spn_host_api_t *spn__host_api(void) { return &host_table; }

@@ -157,6 +157,25 @@ int32_t spn__host_msg_replace_tensor(spn_msg_t *msg, size_t i, const spn_tensor_
   return SPN_OK;
 }
 
+int32_t spn__host_msg_replace_meta(spn_msg_t *msg, size_t i, const void *data, size_t size, spn_error_t *err) {
+  if (!msg || (size && !data))
+    return spn_error_set(err, SPN_EINVAL, "msg_replace_meta: NULL argument");
+  if (i >= msg->n_items || msg->items[i].kind != SPN_ITEM_META)
+    return spn_error_set(err, SPN_EINVAL, "msg_replace_meta: item %zu is not a meta item (the message has %u items)",
+                         i, msg->n_items);
+  spn__item_t *it = &msg->items[i];
+  void *copy = NULL;
+  if (size) {
+    if (!(copy = malloc(size)))
+      return spn_error_set(err, SPN_ENOMEM, "out of memory replacing item \"%s\" (%zu bytes)", it->name, size);
+    memcpy(copy, data, size);
+  }
+  free(it->meta);
+  it->meta = copy;
+  it->meta_size = size;
+  return SPN_OK;
+}
+
 int32_t spn__host_msg_add_meta(spn_msg_t *msg, const char *name, const void *data, size_t size, spn_error_t *err) {
   if (!msg || !name || (size && !data))
     return spn_error_set(err, SPN_EINVAL, "msg_add_meta: NULL argument");

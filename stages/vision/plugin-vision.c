@@ -16,8 +16,8 @@ static bool can_run_stages(const spn_host_api_t *h) {
 
 int32_t vision_check_host(const spn_host_api_t *h, bool superres, spn_error_t *err) {
   if (!h || !can_run_stages(h) || !h->msg_add_meta ||
-      (superres && (!h->buffer_new || !h->buffer_data || !h->buffer_unref || !h->msg_new_from ||
-                    !h->msg_add_tensor || !h->msg_item_count)))
+      (superres && (!h->buffer_new || !h->buffer_data || !h->buffer_unref || !SPN_HOST_HAS(h, msg_clone) ||
+                    !SPN_HOST_HAS(h, msg_replace_tensor) || !SPN_HOST_HAS(h, msg_replace_meta))))
     return spn_error_set(err, SPN_EUNSUPPORTED, "vision: this host cannot run stages (API table incomplete)");
   return SPN_OK;
 }

@@ -55,7 +55,7 @@ AT(spn_stage_kind_t, preload, 88); AT(spn_stage_kind_t, job_open, 96); AT(spn_st
 AT(spn_stage_kind_t, process, 112); AT(spn_stage_kind_t, flush, 120); AT(spn_stage_kind_t, job_close, 128);
 AT(spn_stage_kind_t, destroy, 136); AT(spn_stage_kind_t, reserved, 144);
 
-SIZE(spn_host_api_t, 416);
+SIZE(spn_host_api_t, 424);
 AT(spn_host_api_t, struct_size, 0); AT(spn_host_api_t, abi_major, 4); AT(spn_host_api_t, abi_minor, 8);
 AT(spn_host_api_t, reserved0, 12); AT(spn_host_api_t, register_kind, 16); AT(spn_host_api_t, plugin_set_data, 24);
 AT(spn_host_api_t, stage_get_data, 32); AT(spn_host_api_t, stage_get_name, 40);
@@ -71,6 +71,7 @@ AT(spn_host_api_t, model_release, 232); AT(spn_host_api_t, model_io_count, 240);
 AT(spn_host_api_t, model_run, 256); AT(spn_host_api_t, model_free_outputs, 264); AT(spn_host_api_t, reserved, 272);
 /* ABI 1.1: host access and helpers */
 AT(spn_host_api_t, msg_clone, 400); AT(spn_host_api_t, msg_replace_tensor, 408);
+AT(spn_host_api_t, msg_replace_meta, 416);
 
 SIZE(spn_stage_head_t, 16);
 AT(spn_stage_head_t, struct_size, 0); AT(spn_stage_head_t, reserved0, 4); AT(spn_stage_head_t, host, 8);

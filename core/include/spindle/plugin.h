@@ -326,6 +326,10 @@ typedef struct spn_host_api {
    * then. Ownership: msg borrowed (the caller's). Thread: stage. */
   int32_t (*msg_replace_tensor)(spn_msg_t *msg, size_t i, const spn_tensor_t *t, spn_buffer_t *buf,
                                 spn_error_t *err);
+  /* Make item i (a meta item) hold a copy of `size` bytes at `data`; its
+   * name stays. SPN_EINVAL for a tensor item or i out of range (msg is
+   * unchanged then). Ownership: data borrowed (copied). Thread: stage. */
+  int32_t (*msg_replace_meta)(spn_msg_t *msg, size_t i, const void *data, size_t size, spn_error_t *err);
 } spn_host_api_t;
 
 /* True when `host` (a table handed to this plugin) has member m: a member
@@ -362,16 +366,24 @@ static inline const spn_host_api_t *spn_stage_host(spn_stage_t *stage) {
 typedef struct spn_frame_filter {
   const char *item;     /* the tensor item to map; NULL = "frame" */
   /* The output's dtype and shape from the input's (out starts as a copy of
-   * *in). NULL = same as the input. Optional. */
-  int32_t (*shape)(spn_stage_t *stage, void *state, const spn_tensor_t *in, spn_tensor_t *out, spn_error_t *err);
+   * *in); a refusal here fails the message's job. `msg` is the input
+   * message (borrowed), for its envelope and other items. Optional: NULL =
+   * same as the input. */
+  int32_t (*shape)(spn_stage_t *stage, void *state, const spn_msg_t *msg, const spn_tensor_t *in, spn_tensor_t *out,
+                   spn_error_t *err);
   /* The mapping on the CPU: in->data and out->data are host pointers; out
    * has the shape above. */
-  int32_t (*cpu)(spn_stage_t *stage, void *state, const spn_tensor_t *in, spn_tensor_t *out, spn_error_t *err);
+  int32_t (*cpu)(spn_stage_t *stage, void *state, const spn_msg_t *msg, const spn_tensor_t *in, spn_tensor_t *out,
+                 spn_error_t *err);
   /* The mapping on a CUDA device (see spindle/plugin-cuda.h): in->data and
    * out->data are device pointers, `stream` the instance's cudaStream_t;
    * queue the work on it and return (do not synchronize). */
-  int32_t (*cuda)(spn_stage_t *stage, void *state, const spn_tensor_t *in, spn_tensor_t *out, void *stream,
-                  spn_error_t *err);
+  int32_t (*cuda)(spn_stage_t *stage, void *state, const spn_msg_t *msg, const spn_tensor_t *in, spn_tensor_t *out,
+                  void *stream, spn_error_t *err);
+  /* Adjust the output message (a copy of msg holding the new item) before
+   * it is emitted, e.g. rescale coordinates with msg_replace_meta.
+   * Optional. */
+  int32_t (*finish)(spn_stage_t *stage, void *state, const spn_msg_t *msg, spn_msg_t *out, spn_error_t *err);
 } spn_frame_filter_t;
 
 /* One message through the filter, the input pointer already resolved
@@ -384,25 +396,27 @@ static inline int32_t spn__frame_filter_one(spn_stage_t *stage, void *state, spn
   spn_buffer_t *buf = NULL;
   spn_msg_t *m = NULL;
   spn_error_t ferr = SPN_ERROR_INIT;
-  int32_t rc = f->shape ? f->shape(stage, state, in, &out, &ferr) : SPN_OK;
+  int32_t rc = f->shape ? f->shape(stage, state, *msgp, in, &out, &ferr) : SPN_OK;
   if (rc == SPN_OK && (rc = host->buffer_new(stage, spn_tensor_nbytes(&out), &buf, err)) != SPN_OK)
     return rc; /* out of memory: the batch fails */
   if (rc == SPN_OK) {
     out.data = host->buffer_data(buf);
-    rc = on_cuda ? f->cuda(stage, state, in, &out, host->stage_get_stream(stage), &ferr)
-                 : f->cpu(stage, state, in, &out, &ferr);
+    rc = on_cuda ? f->cuda(stage, state, *msgp, in, &out, host->stage_get_stream(stage), &ferr)
+                 : f->cpu(stage, state, *msgp, in, &out, &ferr);
   }
-  if (rc != SPN_OK) { /* the mapping refused this frame: its job fails, the batch goes on */
-    host->fail_job(stage, host->msg_envelope(*msgp)->job_id, rc, ferr.msg[0] ? ferr.msg : "frame filter failed");
-    host->buffer_unref(&buf);
+  if (rc == SPN_OK && (rc = host->msg_clone(stage, *msgp, &m, err)) == SPN_OK &&
+      (rc = host->msg_replace_tensor(m, idx, &out, buf, err)) == SPN_OK && f->finish)
+    rc = f->finish(stage, state, *msgp, m, &ferr);
+  host->buffer_unref(&buf); /* m holds its own reference */
+  if (rc != SPN_OK) { /* this frame was refused: its job fails, the batch goes on */
+    const char *why = ferr.msg[0] ? ferr.msg : err && err->msg[0] ? err->msg : "frame filter failed";
+    host->fail_job(stage, host->msg_envelope(*msgp)->job_id, rc, why);
+    host->msg_free(&m);
+    host->msg_free(msgp);
     return SPN_OK;
   }
-  if ((rc = host->msg_clone(stage, *msgp, &m, err)) == SPN_OK &&
-      (rc = host->msg_replace_tensor(m, idx, &out, buf, err)) == SPN_OK)
-    rc = host->emit(stage, 0, &m, err);
-  host->buffer_unref(&buf);
-  host->msg_free(&m);
-  return rc;
+  host->msg_free(msgp); /* done with the input: its memory goes now, not after the batch */
+  return host->emit(stage, 0, &m, err);
 }
 
 /* The process callback of a CPU frame filter: call it from your process
@@ -412,7 +426,8 @@ static inline int32_t spn__frame_filter_one(spn_stage_t *stage, void *state, spn
  *     return spn_frame_filter_process(s, st, msgs, n, &my_filter, err);
  *   }
  *
- * Ownership: msgs borrowed (forwarded ones are set to NULL). Thread: stage. */
+ * Ownership: consumes msgs[0..n) (each is emitted, replaced or freed, and
+ * set to NULL). Thread: stage. */
 static inline int32_t spn_frame_filter_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, size_t n,
                                                const spn_frame_filter_t *f, spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(stage);
@@ -427,6 +442,7 @@ static inline int32_t spn_frame_filter_process(spn_stage_t *stage, void *state, 
       snprintf(msg, sizeof msg, "%s: item \"%s\" is in device memory; this filter runs on the CPU only",
                host->stage_get_name(stage), it.name);
       host->fail_job(stage, host->msg_envelope(msgs[i])->job_id, SPN_EUNSUPPORTED, msg);
+      host->msg_free(&msgs[i]);
       rc = SPN_OK;
     } else {
       it.tensor.data = host->buffer_data(it.buffer);
