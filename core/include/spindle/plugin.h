@@ -433,7 +433,9 @@ static inline int32_t spn_frame_filter_process(spn_stage_t *stage, void *state, 
   const spn_host_api_t *host = spn_stage_host(stage);
   for (size_t i = 0; i < n; i++) {
     int64_t idx = host->msg_find(msgs[i], f->item ? f->item : "frame");
-    spn_item_t it = {.struct_size = sizeof it};
+    spn_item_t it;
+    memset(&it, 0, sizeof it); /* (no designated initialisers: C++ includes this too) */
+    it.struct_size = sizeof it;
     int32_t rc;
     if (idx < 0 || host->msg_item(msgs[i], (size_t)idx, &it) != SPN_OK || it.kind != SPN_ITEM_TENSOR) {
       rc = host->emit(stage, 0, &msgs[i], err); /* nothing to map: forwarded */
@@ -479,10 +481,17 @@ typedef struct spn_plugin_desc {
    .abi_minor = SPN_PLUGIN_ABI_MINOR, .sig_pointer_size = sizeof(void *),       \
    .sig_cuda_major = SPN_PLUGIN_CUDA_MAJOR}
 
-#if defined(__GNUC__)
-#define SPN_PLUGIN_EXPORT __attribute__((visibility("default")))
+/* The descriptor function has C linkage also when the plugin is C++ or
+ * CUDA (nvcc): the loader looks it up by its C name. */
+#ifdef __cplusplus
+#define SPN__EXTERN_C extern "C"
 #else
-#define SPN_PLUGIN_EXPORT
+#define SPN__EXTERN_C
+#endif
+#if defined(__GNUC__)
+#define SPN_PLUGIN_EXPORT SPN__EXTERN_C __attribute__((visibility("default")))
+#else
+#define SPN_PLUGIN_EXPORT SPN__EXTERN_C
 #endif
 
 /* Define the descriptor function for plugin NAME (an identifier: lowercase
