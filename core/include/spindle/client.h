@@ -60,7 +60,7 @@ SPN_API int32_t spn_client_new(const char *endpoint, const spn_client_options_t 
 SPN_API void spn_client_free(spn_client_t **c);
 
 /* Job builder. Strings are copied. Ownership: caller owns the job
- * (spn_client_job_free). Setters return SPN_OK or SPN_ENOMEM. */
+ * (spn_client_job_free). Setters return SPN_OK or SPN_ENOMEM. Thread: any. */
 SPN_API spn_client_job_t *spn_client_job_new(const char *pipeline);
 SPN_API void spn_client_job_free(spn_client_job_t **job);
 SPN_API int32_t spn_client_job_input(spn_client_job_t *job, const char *name, const char *path);
@@ -68,14 +68,16 @@ SPN_API int32_t spn_client_job_output(spn_client_job_t *job, const char *name, c
 SPN_API int32_t spn_client_job_param(spn_client_job_t *job, const char *key, const char *value);
 SPN_API void spn_client_job_priority(spn_client_job_t *job, int32_t priority);
 SPN_API void spn_client_job_max_attempts(spn_client_job_t *job, uint32_t n);
-/* Seconds from submission; a job still queued then fails. */
+/* Seconds from submission; a job still queued then fails.
+ * Ownership: arguments borrowed. Thread: the client's (one thread at a time). */
 SPN_API void spn_client_job_deadline(spn_client_job_t *job, double seconds);
 SPN_API int32_t spn_client_job_idempotency_key(spn_client_job_t *job, const char *key);
 
 /* Submit; *id gets the job id, *existed (may be NULL) whether the
  * idempotency key named an existing job. Errors: the gateway's message in
  * err (SPN_EPERM for a path outside the roots, SPN_EINVAL for a bad job,
- * SPN_ETIMEDOUT when the gateway does not answer). Ownership: job borrowed. */
+ * SPN_ETIMEDOUT when the gateway does not answer). Ownership: job borrowed.
+ * Thread: the client's (one thread at a time). */
 SPN_API int32_t spn_client_submit(spn_client_t *c, const spn_client_job_t *job, int64_t *id,
                                   bool *existed, spn_error_t *err);
 SPN_API int32_t spn_client_status(spn_client_t *c, int64_t id, spn_client_status_t *st,
@@ -85,19 +87,22 @@ typedef int (*spn_client_event_cb)(void *user, const spn_client_status_t *ev);
 /* Follow a job until it reaches a terminal state, calling cb (may be NULL)
  * for every event; *final gets the last one. Waits without a time limit
  * while events arrive (progress, state changes) and re-checks the status
- * when silent for timeout_ms. */
+ * when silent for timeout_ms.
+ * Ownership: cb called on this thread during the call. Thread: the client's (one thread at a time). */
 SPN_API int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, void *user,
                                  spn_client_status_t *final, spn_error_t *err);
 /* Cancel: a queued job at once, a running one at its next batch boundary.
- * *state (may be NULL) gets the state after the request. */
+ * *state (may be NULL) gets the state after the request.
+ * Ownership: arguments borrowed. Thread: the client's (one thread at a time). */
 SPN_API int32_t spn_client_cancel(spn_client_t *c, int64_t id, spn_queue_state_t *state,
                                   spn_error_t *err);
-/* List jobs in `state` (-1: all), newest first, at most `limit`. */
+/* List jobs in `state` (-1: all), newest first, at most `limit`.
+ * Ownership: arguments borrowed. Thread: the client's (one thread at a time). */
 SPN_API int32_t spn_client_list(spn_client_t *c, int32_t state, uint32_t limit,
                                 spn_client_event_cb cb, void *user, spn_error_t *err);
 /* Raw request: send TYPE with a JSON object body and wait for the reply
  * with the same "req". Ownership: caller frees *reply_json (free) and gets
- * the reply's type in reply_type (17 bytes). */
+ * the reply's type in reply_type (17 bytes). Thread: the client's (one thread at a time). */
 SPN_API int32_t spn_client_request(spn_client_t *c, const char *type, const char *json_body,
                                    char reply_type[17], char **reply_json, spn_error_t *err);
 

@@ -51,13 +51,15 @@ SPN_API spn_buffer_type_t *spn_device_buffer_type(spn_device_t *dev, int32_t mem
 SPN_API int32_t spn_buffer_type_alloc(spn_buffer_type_t *bt, size_t size, spn_buffer_t **out, spn_error_t *err);
 SPN_API bool spn_buffer_type_is_host(const spn_buffer_type_t *bt);
 
+/* spn_buffer_data: Ownership: borrowed, valid while a reference is held. Thread: any. */
 SPN_API void *spn_buffer_data(spn_buffer_t *buf);
 SPN_API size_t spn_buffer_size(const spn_buffer_t *buf);
 SPN_API spn_device_t *spn_buffer_device(const spn_buffer_t *buf);
 SPN_API bool spn_buffer_is_host(const spn_buffer_t *buf);
-/* New reference; returns buf. Thread: any. */
+/* New reference; returns buf. Thread: any. Ownership: caller owns one more reference (spn_buffer_unref). */
 SPN_API spn_buffer_t *spn_buffer_ref(spn_buffer_t *buf);
-/* Drop a reference and set *buf to NULL; the last one frees. Thread: any. */
+/* Drop a reference and set *buf to NULL; the last one frees. Thread: any.
+ * Ownership: consumes *buf, sets it to NULL. */
 SPN_API void spn_buffer_unref(spn_buffer_t **buf);
 
 /* Streams order work on a device; on the CPU work runs when issued.
@@ -65,16 +67,20 @@ SPN_API void spn_buffer_unref(spn_buffer_t **buf);
 SPN_API int32_t spn_stream_new(spn_device_t *dev, spn_stream_t **out, spn_error_t *err);
 SPN_API void spn_stream_free(spn_stream_t **s);
 SPN_API int32_t spn_stream_synchronize(spn_stream_t *s, spn_error_t *err);
-/* The backend's native handle (cudaStream_t), NULL on the CPU. */
+/* The backend's native handle (cudaStream_t), NULL on the CPU.
+ * Ownership: borrowed, valid for the stream's life. Thread: the device's executor. */
 SPN_API void *spn_stream_native(spn_stream_t *s);
-/* Copy size bytes between two buffers (any devices) in stream order. */
+/* Copy size bytes between two buffers (any devices) in stream order.
+ * Ownership: dst and src borrowed; keep both referenced until the stream has
+ * passed the copy. Thread: the device's executor. */
 SPN_API int32_t spn_stream_copy(spn_stream_t *s, spn_buffer_t *dst, size_t dst_off, spn_buffer_t *src,
                                 size_t src_off, size_t size, spn_error_t *err);
 
+/* spn_event_new: Ownership: caller owns *out (spn_event_free). Thread: the device's executor. */
 SPN_API int32_t spn_event_new(spn_device_t *dev, spn_event_t **out, spn_error_t *err);
 SPN_API void spn_event_free(spn_event_t **ev);
 /* Mark the point reached by `s`; event_synchronize waits for it on the host,
- * stream_wait_event makes another stream wait for it. */
+ * stream_wait_event makes another stream wait for it. Ownership: borrowed. Thread: the device's executor. */
 SPN_API int32_t spn_event_record(spn_event_t *ev, spn_stream_t *s, spn_error_t *err);
 SPN_API int32_t spn_event_synchronize(spn_event_t *ev, spn_error_t *err);
 SPN_API int32_t spn_stream_wait_event(spn_stream_t *s, spn_event_t *ev, spn_error_t *err);

@@ -67,14 +67,14 @@ typedef struct spn_harness_opts {
  * Ownership: caller owns *out (spn_harness_free). Thread: any. */
 SPN_API int32_t spn_harness_new(const spn_harness_opts_t *opts, spn_harness_t **out, spn_error_t *err);
 /* Stop the runtime and free everything, the collected messages included.
- * Sets *h to NULL; NULL and *h == NULL are accepted. Thread: the owner. */
+ * Sets *h to NULL; NULL and *h == NULL are accepted. Thread: the owner. Ownership: consumes *h, sets it to NULL. */
 SPN_API void spn_harness_free(spn_harness_t **h);
 
 /* The host API table the stage sees, to build messages and read the
  * collected ones (msg_add_meta, msg_item, msg_find, buffer_data ...).
  * Ownership: borrowed, valid while h lives. Thread: the owner. */
 SPN_API const spn_host_api_t *spn_harness_host(const spn_harness_t *h);
-/* Number of input and output ports of the kind under test. Thread: the owner. */
+/* Number of input and output ports of the kind under test. Thread: the owner. Ownership: none. */
 SPN_API uint32_t spn_harness_input_count(const spn_harness_t *h);
 SPN_API uint32_t spn_harness_output_count(const spn_harness_t *h);
 
@@ -95,19 +95,20 @@ SPN_API int32_t spn_harness_add_tensor(spn_harness_t *h, spn_msg_t *msg, const c
 SPN_API int32_t spn_harness_push(spn_harness_t *h, uint64_t job_id, uint32_t port, spn_msg_t **msg, spn_error_t *err);
 /* Queue a job with no messages (for a stage that is a source), or add a
  * per-job override "key=value" of one of the stage's per-job keys (a
- * decode's path, a filesink's output). Thread: the owner. */
+ * decode's path, a filesink's output). Thread: the owner. Ownership: key_value borrowed (copied). */
 SPN_API int32_t spn_harness_job_set(spn_harness_t *h, uint64_t job_id, const char *key_value, spn_error_t *err);
 
 /* Start every queued job at once (so batches may mix jobs, as in a real
  * pipeline) and wait for all of them to end. Returns SPN_OK once they all
  * ended, whatever each job's outcome (see spn_harness_job_status); an error
  * only when a job could not be started (its overrides refused, ...). The
- * outputs of earlier runs are dropped first. Thread: the owner. */
+ * outputs of earlier runs are dropped first. Thread: the owner.
+ * Ownership: the pushed messages are consumed by the jobs. */
 SPN_API int32_t spn_harness_run(spn_harness_t *h, spn_error_t *err);
 
 /* The last run's outcome for a job: SPN_OK, or its failure with the
  * message (which names the stage) in *err. SPN_ENOENT for a job that did
- * not run. Thread: the owner. */
+ * not run. Thread: the owner. Ownership: err receives a copy of the job's message. */
 SPN_API int32_t spn_harness_job_status(const spn_harness_t *h, uint64_t job_id, spn_error_t *err);
 /* Messages the stage emitted for a job on output port `port` in the last
  * run, in arrival order, and the i-th of them (NULL past the end).
@@ -115,7 +116,7 @@ SPN_API int32_t spn_harness_job_status(const spn_harness_t *h, uint64_t job_id, 
 SPN_API size_t spn_harness_output_len(const spn_harness_t *h, uint64_t job_id, uint32_t port);
 SPN_API const spn_msg_t *spn_harness_output(const spn_harness_t *h, uint64_t job_id, uint32_t port, size_t i);
 /* True when the job's end of stream reached the collector of `port` (the
- * stage flushed and the runtime passed EOS on). Thread: the owner. */
+ * stage flushed and the runtime passed EOS on). Thread: the owner. Ownership: none. */
 SPN_API bool spn_harness_output_eos(const spn_harness_t *h, uint64_t job_id, uint32_t port);
 
 #ifdef __cplusplus

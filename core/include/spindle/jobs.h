@@ -38,11 +38,11 @@ typedef enum spn_queue_state {
 } spn_queue_state_t;
 #define SPN_QSTATE_COUNT 6
 
-/* "queued", "running", ...; NULL for an unknown value. Ownership: static. */
+/* "queued", "running", ...; NULL for an unknown value. Ownership: static. Thread: any. */
 SPN_API const char *spn_queue_state_name(spn_queue_state_t s);
-/* Parse a state name; -1 if unknown. Thread: any. */
+/* Parse a state name; -1 if unknown. Thread: any. Ownership: arguments borrowed. */
 SPN_API int32_t spn_queue_state_parse(const char *name);
-/* succeeded, failed, cancelled and dead are terminal. */
+/* succeeded, failed, cancelled and dead are terminal. Ownership: none. Thread: any. */
 static inline bool spn_queue_state_terminal(spn_queue_state_t s) { return s >= SPN_QSTATE_SUCCEEDED; }
 
 /* A named file: an input read by the pipeline or an output it produces. */
@@ -69,23 +69,23 @@ typedef struct spn_job_spec {
   spn_job_param_t *params;
 } spn_job_spec_t;
 
-/* The value of a param, or NULL. Ownership: borrowed from job. */
+/* The value of a param, or NULL. Ownership: borrowed from job. Thread: any. */
 SPN_API const char *spn_job_spec_param(const spn_job_spec_t *job, const char *key);
 
 typedef struct spn_job_ctx spn_job_ctx_t;
 
 /* Report progress: `done` of `total` units (frames, chunks). Cheap; may be
- * called per frame (events are coalesced). Thread: the runner's. */
+ * called per frame (events are coalesced). Thread: the runner's. Ownership: none. */
 SPN_API void spn_job_ctx_progress(spn_job_ctx_t *ctx, uint64_t done, uint64_t total);
 /* True once the job was cancelled; the runner stops at the next batch
- * boundary and returns SPN_ECANCELLED. Thread: the runner's. */
+ * boundary and returns SPN_ECANCELLED. Thread: the runner's. Ownership: none. */
 SPN_API bool spn_job_ctx_cancelled(const spn_job_ctx_t *ctx);
 /* The temporary path to write output i to (same directory as the final path,
  * so the final rename is atomic). NULL when i is out of range.
- * Ownership: borrowed from ctx. */
+ * Ownership: borrowed from ctx. Thread: the runner's. */
 SPN_API const char *spn_job_ctx_output_tmp(const spn_job_ctx_t *ctx, size_t i);
 /* Add seconds of accelerator time used by this job (recorded per job beside
- * its wall compute seconds). Thread: the runner's. */
+ * its wall compute seconds). Thread: the runner's. Ownership: none. */
 SPN_API void spn_job_ctx_add_gpu_seconds(spn_job_ctx_t *ctx, double seconds);
 
 /* A runner. `run` returns SPN_OK (outputs complete), SPN_ECANCELLED (it saw

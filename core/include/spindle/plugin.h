@@ -387,7 +387,8 @@ typedef struct spn_frame_filter {
 } spn_frame_filter_t;
 
 /* One message through the filter, the input pointer already resolved
- * (`in` holds it): shared by the CPU and CUDA drivers. */
+ * (`in` holds it): shared by the CPU and CUDA drivers.
+ * Ownership: consumes *msgp (emitted as a copy, or freed). Thread: stage. */
 static inline int32_t spn__frame_filter_one(spn_stage_t *stage, void *state, spn_msg_t **msgp, size_t idx,
                                             const spn_tensor_t *in, bool on_cuda, const spn_frame_filter_t *f,
                                             spn_error_t *err) {

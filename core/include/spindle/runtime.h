@@ -57,21 +57,22 @@ typedef struct spn_runtime_opts {
  * Ownership: caller owns *out (spn_runtime_free). Thread: any. */
 SPN_API int32_t spn_runtime_new(const spn_runtime_opts_t *opts, spn_runtime_t **out, spn_error_t *err);
 /* Stop and free; cancels running jobs and frees pipelines still alive.
- * Sets *rt to NULL. Thread: any but the runtime's own threads. */
+ * Sets *rt to NULL. Thread: any but the runtime's own threads. Ownership: consumes *rt, sets it to NULL. */
 SPN_API void spn_runtime_free(spn_runtime_t **rt);
 
-/* Number of devices and a description ("cpu:2", "cuda:0 NVIDIA A10G"). */
+/* Number of devices and a description ("cpu:2", "cuda:0 NVIDIA A10G").
+ * Ownership: arguments borrowed. Thread: any. */
 SPN_API uint32_t spn_runtime_device_count(const spn_runtime_t *rt);
 SPN_API const char *spn_runtime_device_name(const spn_runtime_t *rt, uint32_t i);
 
 /* Load one plugin file, or every libspindle-*.so of the search path. A
  * refused plugin returns SPN_EABI (or another code) with a message that
  * names the file and the rule; spn_runtime_load_plugins keeps going past
- * refusals and reports the first in err. Thread: any. */
+ * refusals and reports the first in err. Thread: any. Ownership: arguments borrowed. */
 SPN_API int32_t spn_runtime_load_plugin(spn_runtime_t *rt, const char *path, spn_error_t *err);
 SPN_API int32_t spn_runtime_load_plugins(spn_runtime_t *rt, spn_error_t *err);
 
-/* Registered stage kinds, for `spindle plugins`. */
+/* Registered stage kinds, for `spindle plugins`. Ownership: arguments borrowed. Thread: any. */
 SPN_API size_t spn_runtime_kind_count(const spn_runtime_t *rt);
 SPN_API const spn_stage_kind_t *spn_runtime_kind_at(const spn_runtime_t *rt, size_t i, const char **plugin_file);
 
@@ -86,11 +87,13 @@ SPN_API const spn_stage_kind_t *spn_runtime_kind_at(const spn_runtime_t *rt, siz
  * Ownership: caller owns *out (spn_pipeline_free). Thread: any. */
 SPN_API int32_t spn_pipeline_load(spn_runtime_t *rt, const char *path, const char *const *overrides,
                                   size_t n_overrides, spn_pipeline_t **out, spn_error_t *err);
-/* Same from a TOML string; `name` is used in messages. */
+/* Same from a TOML string; `name` is used in messages.
+ * Ownership: caller owns *out (spn_pipeline_free); toml borrowed. Thread: any but the runtime's own. */
 SPN_API int32_t spn_pipeline_load_string(spn_runtime_t *rt, const char *toml, size_t len, const char *name,
                                          const char *const *overrides, size_t n_overrides,
                                          spn_pipeline_t **out, spn_error_t *err);
-/* Validate only (no instances, no models): for `spindle validate`. */
+/* Validate only (no instances, no models): for `spindle validate`.
+ * Ownership: borrowed. Thread: any but the runtime's own. */
 SPN_API int32_t spn_pipeline_validate(spn_runtime_t *rt, const char *path, const char *const *overrides,
                                       size_t n_overrides, spn_error_t *err);
 /* Job bindings: the names a job uses for its files and params, each bound
@@ -106,19 +109,19 @@ typedef enum spn_binding_kind {
   SPN_BINDING_PARAM = 2,
 } spn_binding_kind_t;
 
-/* Number of bindings of that kind. Thread: any. */
+/* Number of bindings of that kind. Thread: any. Ownership: arguments borrowed. */
 SPN_API size_t spn_pipeline_binding_count(const spn_pipeline_t *pipe, spn_binding_kind_t kind);
 /* The i-th binding of that kind: returns its name and sets *target to
- * "stage.key"; NULL when i is out of range. Ownership: borrowed from pipe. */
+ * "stage.key"; NULL when i is out of range. Ownership: borrowed from pipe. Thread: any. */
 SPN_API const char *spn_pipeline_binding_at(const spn_pipeline_t *pipe, spn_binding_kind_t kind, size_t i,
                                             const char **target);
 /* Check a job's overrides as spn_job_start would (unknown stage or key, a
  * key that is not per job, a wrong type or range) without starting it.
- * Thread: any. */
+ * Thread: any. Ownership: arguments borrowed. */
 SPN_API int32_t spn_pipeline_check_job(const spn_pipeline_t *pipe, const spn_job_params_t *params,
                                        spn_error_t *err);
 /* Waits for the pipeline's jobs to end (cancelling them) and frees it.
- * Thread: any but the runtime's own (not from on_done or a stage). */
+ * Thread: any but the runtime's own (not from on_done or a stage). Ownership: consumes *pipe, sets it to NULL. */
 SPN_API void spn_pipeline_free(spn_pipeline_t **pipe);
 SPN_API const char *spn_pipeline_name(const spn_pipeline_t *pipe);
 
@@ -128,7 +131,7 @@ SPN_API const char *spn_pipeline_name(const spn_pipeline_t *pipe);
  * replicas and jobs (so it may exceed elapsed time when instances run in
  * parallel; it includes time a callback waits to emit into a full mailbox).
  * Returns NULL when i is out of range. Thread: any; the figures are read
- * atomically while jobs run. */
+ * atomically while jobs run. Ownership: arguments borrowed. */
 SPN_API size_t spn_pipeline_stage_count(const spn_pipeline_t *pipe);
 SPN_API const char *spn_pipeline_stage_time(const spn_pipeline_t *pipe, size_t i, uint64_t *busy_ns);
 
@@ -179,10 +182,11 @@ struct spn_job_params {
 SPN_API int32_t spn_job_start(spn_pipeline_t *pipe, const spn_job_params_t *params,
                               const spn_job_callbacks_t *cb, spn_job_t **out, spn_error_t *err);
 /* Request cancellation; stages stop between batches, partial outputs are
- * removed, on_done gets SPN_ECANCELLED. Thread: any. */
+ * removed, on_done gets SPN_ECANCELLED. Thread: any. Ownership: borrowed. */
 SPN_API void spn_job_cancel(spn_job_t *job);
 /* Block until the job ends; returns its status and copies its message.
- * Thread: any but the runtime's own (not from on_done or a stage). */
+ * Thread: any but the runtime's own (not from on_done or a stage).
+ * Ownership: borrowed; err receives a copy of the job's message. */
 SPN_API int32_t spn_job_wait(spn_job_t *job, spn_error_t *err);
 SPN_API uint64_t spn_job_id(const spn_job_t *job);
 SPN_API void spn_job_free(spn_job_t **job);

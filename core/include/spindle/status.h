@@ -83,6 +83,7 @@ typedef struct spn_error {
  * Thread: any (err is the caller's). */
 #include <stdio.h>
 #include <string.h>
+/* spn_error_vset: Ownership: err is the caller's; ap consumed as by vsnprintf. Thread: any. */
 static inline int32_t spn_error_vset(spn_error_t *err, int32_t code, const char *fmt, va_list ap) {
   if (err) {
     err->code = code;
@@ -93,6 +94,7 @@ static inline int32_t spn_error_vset(spn_error_t *err, int32_t code, const char 
   }
   return code;
 }
+/* spn_error_set: Ownership: err is the caller's. Thread: any. */
 static inline int32_t spn_error_set(spn_error_t *err, int32_t code, const char *fmt, ...) SPN_PRINTF(3, 4);
 static inline int32_t spn_error_set(spn_error_t *err, int32_t code, const char *fmt, ...) {
   va_list ap;
@@ -102,7 +104,8 @@ static inline int32_t spn_error_set(spn_error_t *err, int32_t code, const char *
   return code;
 }
 /* Prefix the existing message with "prefix: " (context on the way up).
- * Truncation is acceptable: the message is for people, the code is kept. */
+ * Truncation is acceptable: the message is for people, the code is kept.
+ * Ownership: err is the caller's. Thread: any. */
 static inline int32_t spn_error_prefix(spn_error_t *err, const char *fmt, ...) SPN_PRINTF(2, 3);
 static inline int32_t spn_error_prefix(spn_error_t *err, const char *fmt, ...) {
   if (!err)
@@ -129,6 +132,7 @@ static inline int32_t spn_error_prefix(spn_error_t *err, const char *fmt, ...) {
   err->msg[n + 2 + ol] = '\0';
   return err->code;
 }
+/* spn_error_clear: Ownership: err is the caller's. Thread: any. */
 static inline void spn_error_clear(spn_error_t *err) {
   if (err) {
     err->code = SPN_OK;
@@ -137,7 +141,7 @@ static inline void spn_error_clear(spn_error_t *err) {
 }
 
 /* Programmer errors: abort with the expression and file:line. Never used for
- * bad input. */
+ * bad input. Ownership: none (does not return). Thread: any. */
 SPN_API void spn__assert_fail(const char *expr, const char *file, int line, const char *func);
 #define SPN_ASSERT(e) ((e) ? (void)0 : spn__assert_fail(#e, __FILE__, __LINE__, __func__))
 

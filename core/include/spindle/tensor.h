@@ -51,6 +51,7 @@ typedef struct spn_tensor {
 
 #define SPN_TENSOR_INIT {.struct_size = sizeof(spn_tensor_t)}
 
+/* spn_dtype_size: Ownership: none. Thread: any. */
 static inline size_t spn_dtype_size(int32_t dtype) {
   switch (dtype) {
   case SPN_DTYPE_F32: case SPN_DTYPE_I32: return 4;
@@ -61,7 +62,7 @@ static inline size_t spn_dtype_size(int32_t dtype) {
   }
 }
 
-/* Element count (product of the shape; 1 for a scalar). */
+/* Element count (product of the shape; 1 for a scalar). Ownership: t borrowed. Thread: any. */
 static inline int64_t spn_tensor_numel(const spn_tensor_t *t) {
   int64_t n = 1;
   for (int32_t i = 0; i < t->ndim; i++)
@@ -69,6 +70,7 @@ static inline int64_t spn_tensor_numel(const spn_tensor_t *t) {
   return n;
 }
 
+/* spn_tensor_nbytes: Ownership: t borrowed. Thread: any. */
 static inline size_t spn_tensor_nbytes(const spn_tensor_t *t) {
   return (size_t)spn_tensor_numel(t) * spn_dtype_size(t->dtype);
 }

@@ -60,47 +60,53 @@ SPN_API int32_t spn_toml_parse(const char *src, size_t len, const char *name,
 /* Read and parse a file; `path` is the name in messages. SPN_ENOENT/SPN_EIO
  * when it cannot be read. Ownership: caller owns *out. Thread: any. */
 SPN_API int32_t spn_toml_parse_file(const char *path, spn_toml_doc_t **out, spn_error_t *err);
-/* Free a document and every node in it; sets *doc to NULL. NULL is fine. */
+/* Free a document and every node in it; sets *doc to NULL. NULL is fine.
+ * Ownership: consumes *doc. Thread: any. */
 SPN_API void spn_toml_doc_free(spn_toml_doc_t **doc);
 
-/* The root table. Ownership: borrowed from doc. */
+/* The root table. Ownership: borrowed from doc. Thread: any (a parsed document is read-only). */
 SPN_API const spn_toml_node_t *spn_toml_doc_root(const spn_toml_doc_t *doc);
-/* The name given to spn_toml_parse. Ownership: borrowed. */
+/* The name given to spn_toml_parse. Ownership: borrowed. Thread: any (a parsed document is read-only). */
 SPN_API const char *spn_toml_doc_name(const spn_toml_doc_t *doc);
 
+/* spn_toml_node_type: Ownership: arguments borrowed. Thread: any (a parsed document is read-only). */
 SPN_API spn_toml_type_t spn_toml_node_type(const spn_toml_node_t *n);
 /* "table", "array", "string", "integer", "float", "boolean", "datetime",
- * "datetime-local", "date-local", "time-local". */
+ * "datetime-local", "date-local", "time-local".
+ * Ownership: borrowed (valid while its owner lives). Thread: any (a parsed document is read-only). */
 SPN_API const char *spn_toml_type_name(spn_toml_type_t t);
-/* Where the value starts in the source. */
+/* Where the value starts in the source.
+ * Ownership: arguments borrowed. Thread: any (a parsed document is read-only). */
 SPN_API spn_toml_pos_t spn_toml_node_pos(const spn_toml_node_t *n);
-/* The document a node belongs to. Ownership: borrowed. */
+/* The document a node belongs to. Ownership: borrowed. Thread: any (a parsed document is read-only). */
 SPN_API const spn_toml_doc_t *spn_toml_node_doc(const spn_toml_node_t *n);
 /* Writes "name:line:col" for the node into buf (always NUL-terminated);
- * returns buf. */
+ * returns buf. Ownership: borrowed (valid while its owner lives). Thread: any (a parsed document is read-only). */
 SPN_API const char *spn_toml_node_where(const spn_toml_node_t *n, char *buf, size_t size);
 
 /* Tables: entries in document order. key_at/pos may be NULL-checked:
- * out-of-range indexes return NULL. */
+ * out-of-range indexes return NULL. Ownership: arguments borrowed. Thread: any (a parsed document is read-only). */
 SPN_API size_t spn_toml_table_len(const spn_toml_node_t *table);
 SPN_API const char *spn_toml_table_key_at(const spn_toml_node_t *table, size_t i, spn_toml_pos_t *key_pos);
 SPN_API const spn_toml_node_t *spn_toml_table_value_at(const spn_toml_node_t *table, size_t i);
 /* Byte length of key i (keys written with \u0000 hold NUL bytes, so this can
- * exceed strlen); 0 when out of range. Thread: any. */
+ * exceed strlen); 0 when out of range. Thread: any. Ownership: arguments borrowed. */
 SPN_API size_t spn_toml_table_key_len(const spn_toml_node_t *table, size_t i);
 /* One key (not a dotted path); NULL if absent. key_pos (may be NULL) gets
- * where the key was written. */
+ * where the key was written.
+ * Ownership: borrowed from its argument. Thread: any (a parsed document is read-only). */
 SPN_API const spn_toml_node_t *spn_toml_table_get(const spn_toml_node_t *table, const char *key,
                                                   spn_toml_pos_t *key_pos);
 
-/* Arrays. */
+/* Arrays. Ownership: arguments borrowed. Thread: any (a parsed document is read-only). */
 SPN_API size_t spn_toml_array_len(const spn_toml_node_t *array);
 SPN_API const spn_toml_node_t *spn_toml_array_at(const spn_toml_node_t *array, size_t i);
 
 /* Scalars. Calling one on a node of another type is a programmer error
  * (SPN_ASSERT); use the checked spn_toml_get_* below for input. Strings are
  * NUL-terminated; *len (may be NULL) gets the byte length, which can be
- * larger than strlen when the string holds \u0000. */
+ * larger than strlen when the string holds \u0000.
+ * Ownership: borrowed (valid while its owner lives). Thread: any (a parsed document is read-only). */
 SPN_API const char *spn_toml_string(const spn_toml_node_t *n, size_t *len);
 SPN_API int64_t spn_toml_int(const spn_toml_node_t *n);
 SPN_API double spn_toml_float(const spn_toml_node_t *n);
@@ -119,7 +125,7 @@ SPN_API int32_t spn_toml_get_string(const spn_toml_node_t *table, const char *pa
                                     spn_error_t *err);
 SPN_API int32_t spn_toml_get_int(const spn_toml_node_t *table, const char *path, int64_t *out,
                                  spn_error_t *err);
-/* Accepts integers too (converted). */
+/* Accepts integers too (converted). Ownership: arguments borrowed. Thread: any (a parsed document is read-only). */
 SPN_API int32_t spn_toml_get_float(const spn_toml_node_t *table, const char *path, double *out,
                                    spn_error_t *err);
 SPN_API int32_t spn_toml_get_bool(const spn_toml_node_t *table, const char *path, bool *out,
