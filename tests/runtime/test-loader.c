@@ -266,6 +266,25 @@ static void a_runtime_table_gets_a_working_register_kind(void **state) {
   assert_int_equal(spn__registry_count(reg), 2);
 }
 
+/* ABI 1.1: whatever table a caller passes — none, the loader's two-member
+ * one, one with a short struct_size — init sees the complete table. */
+static void init_always_gets_the_complete_host_table(void **state) {
+  char path[1024];
+  fake_path(path, sizeof path, "fulltable");
+  spn_error_t err = SPN_ERROR_INIT;
+  spn__registry_t *regs[3] = {NULL};
+  spn_host_api_t small = *spn__loader_host_api();
+  small.struct_size = offsetof(spn_host_api_t, stage_get_data);
+  const spn_host_api_t *tables[3] = {NULL, spn__loader_host_api(), &small};
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(spn__registry_new(&regs[i], NULL), SPN_OK);
+    if (spn__registry_load_file(regs[i], tables[i], path, &err) != SPN_OK)
+      fail_msg("table %d: %s", i, err.msg);
+    spn__registry_free(&regs[i]);
+  }
+  (void)state;
+}
+
 static void two_registries_are_independent(void **state) {
   (void)state;
   char path[1024];
@@ -417,6 +436,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(malformed_kinds_are_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_file_names_and_missing_files, setup, teardown),
       cmocka_unit_test_setup_teardown(same_file_twice_is_one_load_a_namesake_is_refused, setup, teardown),
+      cmocka_unit_test(init_always_gets_the_complete_host_table),
       cmocka_unit_test_setup_teardown(a_runtime_table_gets_a_working_register_kind, setup, teardown),
       cmocka_unit_test(two_registries_are_independent),
       cmocka_unit_test_setup_teardown(search_path_loads_a_folder_and_reports_the_first_refusal, setup, teardown),

@@ -20,6 +20,7 @@
 #define FAKE_RESERVED 10
 #define FAKE_IGNORES_REFUSAL 11
 #define FAKE_SMALL_KIND 12
+#define FAKE_WANTS_FULL_TABLE 13 /* not a broken rule: init refuses a partial host table */
 
 #define CAT3_(a, b, c) a##b##c
 #define CAT3(a, b, c) CAT3_(a, b, c)
@@ -61,6 +62,20 @@ static void fake_fini(void *data) {
 }
 
 static int32_t fake_init(const spn_host_api_t *host, spn_plugin_t *plugin, spn_error_t *err) {
+#if FAKE_MODE == FAKE_WANTS_FULL_TABLE
+  /* ABI 1.1: init gets the complete table, every member callable. */
+  if (host->struct_size < sizeof *host)
+    return spn_error_set(err, SPN_EABI, "host table of %u bytes, this plugin knows %zu", host->struct_size,
+                         sizeof *host);
+  for (size_t off = offsetof(spn_host_api_t, register_kind); off < sizeof *host; off += sizeof(void *)) {
+    if (off >= offsetof(spn_host_api_t, reserved) && off < offsetof(spn_host_api_t, msg_clone))
+      continue; /* the reserved slots */
+    void *fn;
+    memcpy(&fn, (const char *)host + off, sizeof fn);
+    if (!fn)
+      return spn_error_set(err, SPN_EABI, "host table member at offset %zu is NULL", off);
+  }
+#endif
 #if FAKE_MODE == FAKE_INIT_FAILS
   return spn_error_set(err, SPN_EUNSUPPORTED, "no licence key found");
 #else
