@@ -72,24 +72,25 @@ int32_t spn__edge_place(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, spn_error_
     uint64_t t0 = spn__now_ns();
     spn_device_t *dst_dev = home;
     spn_buffer_t *dst = NULL;
-    if ((rc = spn_buffer_type_alloc(spn_device_buffer_type(dst_dev, want), src->size, &dst, err)) != SPN_OK)
-      return spn_error_set(err, rc, "edge copy of \"%s\" to %s: %.800s", it->name, dst_dev->name, err->msg);
+    spn_error_t e = SPN_ERROR_INIT;
+    if ((rc = spn_buffer_type_alloc(spn_device_buffer_type(dst_dev, want), src->size, &dst, &e)) != SPN_OK)
+      return spn_error_set(err, rc, "edge copy of \"%s\" to %s: %.800s", it->name, dst_dev->name, e.msg);
     /* The copy runs on a stream of the device that is not plain host
      * memory: the consumer's if it has one, else the source's. */
     spn_device_t *sdev = (!dst->bt->iface->is_host || !src->bt->device || src->bt->iface->is_host) ? dst_dev
                                                                                                     : src->bt->device;
     spn_stream_t *s = NULL;
-    if ((rc = copy_stream(a, sdev, &s, err)) == SPN_OK && (rc = spn_buffer_wait_ready(src, s, err)) == SPN_OK &&
-        (rc = spn_stream_copy(s, dst, 0, src, 0, src->size, err)) == SPN_OK) {
+    if ((rc = copy_stream(a, sdev, &s, &e)) == SPN_OK && (rc = spn_buffer_wait_ready(src, s, &e)) == SPN_OK &&
+        (rc = spn_stream_copy(s, dst, 0, src, 0, src->size, &e)) == SPN_OK) {
       if (dst->bt->iface->is_host || !a->device)
-        rc = spn_stream_synchronize(s, err); /* the CPU reads it next */
+        rc = spn_stream_synchronize(s, &e); /* the CPU reads it next */
       else
-        rc = spn_buffer_set_ready(dst, s, err);
+        rc = spn_buffer_set_ready(dst, s, &e);
     }
     if (rc != SPN_OK) {
       spn_buffer_unref(&dst);
       return spn_error_set(err, rc, "edge copy of \"%s\" (%zu bytes) from %s to %s: %.800s", it->name, src->size,
-                           src->bt->device ? src->bt->device->name : "host", dst_dev->name, err->msg);
+                           src->bt->device ? src->bt->device->name : "host", dst_dev->name, e.msg);
     }
     int d = dir_of(have, want);
     atomic_fetch_add_explicit(&l->stats.copies[d], 1, memory_order_relaxed);

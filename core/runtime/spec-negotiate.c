@@ -103,9 +103,9 @@ static int32_t pick_mem(uint32_t from, uint32_t to) {
   uint32_t set = both ? both : to;
   if (set & SPN_MEMSET_DEVICE)
     return SPN_MEM_DEVICE;
-  if (set & SPN_MEMSET_PINNED)
-    return SPN_MEM_PINNED;
-  return SPN_MEM_HOST;
+  if (set & SPN_MEMSET_HOST)
+    return SPN_MEM_HOST;
+  return SPN_MEM_PINNED;
 }
 
 static int32_t fill_caps(spn__stage_spec_t *s, spn_error_t *err) {
@@ -117,14 +117,15 @@ static int32_t fill_caps(spn__stage_spec_t *s, spn_error_t *err) {
   if (!s->in_caps || !s->out_caps)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
   int32_t rc;
+  spn_error_t e = SPN_ERROR_INIT;
   for (uint32_t p = 0; p < k->n_inputs; p++)
-    if ((rc = spn__port_caps(k, s->config, false, p, &s->in_caps[p], err)) != SPN_OK)
+    if ((rc = spn__port_caps(k, s->config, false, p, &s->in_caps[p], &e)) != SPN_OK)
       return spn_error_set(err, rc, "%s: stage \"%s\": input port \"%s\": %.700s", s->where, s->name,
-                           k->inputs[p].name, err->msg);
+                           k->inputs[p].name, e.msg);
   for (uint32_t p = 0; p < k->n_outputs; p++)
-    if ((rc = spn__port_caps(k, s->config, true, p, &s->out_caps[p], err)) != SPN_OK)
+    if ((rc = spn__port_caps(k, s->config, true, p, &s->out_caps[p], &e)) != SPN_OK)
       return spn_error_set(err, rc, "%s: stage \"%s\": output port \"%s\": %.700s", s->where, s->name,
-                           k->outputs[p].name, err->msg);
+                           k->outputs[p].name, e.msg);
   return SPN_OK;
 }
 

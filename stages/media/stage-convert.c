@@ -56,9 +56,10 @@ static int32_t convert_port_caps(const void *config, bool is_output, uint32_t po
 
 static int32_t convert_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
   spn_port_caps_t caps = {.struct_size = sizeof caps};
-  int32_t rc = convert_port_caps(config, true, 0, &caps, err);
+  spn_error_t e = SPN_ERROR_INIT;
+  int32_t rc = convert_port_caps(config, true, 0, &caps, &e);
   if (rc != SPN_OK)
-    return spn_error_set(err, rc, "stage \"%s\": %.900s", host->stage_get_name(stage), err->msg);
+    return spn_error_set(err, rc, "stage \"%s\": %.900s", host->stage_get_name(stage), e.msg);
   *state = (void *)(intptr_t)spn_pixfmt_from_name(((const convert_config_t *)config)->pixel_format);
   return SPN_OK;
 }
