@@ -510,6 +510,14 @@ static void deliver(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, bool counted, 
     }
     return;
   }
+  /* ABI 1.1: copy what the port cannot take as it is (edge-mem.c). */
+  spn_error_t perr = SPN_ERROR_INIT;
+  if (spn__edge_place(a, l, m, &perr) != SPN_OK) {
+    fail_job(a, aj, perr.code ? perr.code : SPN_EDEVICE, perr.msg);
+    spn__msg_free(&m);
+    release(l, counted);
+    return;
+  }
   spn__rx_t rx = {.msg = m, .link = l, .aj = aj, .counted = counted, .t_ns = now};
   uint32_t port = l->to_port;
   if (a->reorder[port]) {
@@ -909,6 +917,7 @@ void spn__actor_destroy(spn_stage_t *a) {
   if (a->created && k->destroy)
     k->destroy(a, a->state);
   a->created = false;
+  spn__edge_place_done(a);
   for (uint32_t p = 0; p < a->n_out; p++)
     for (uint32_t e = 0; e < a->out[p].n_edges; e++)
       for (uint32_t i = 0; i < a->out[p].edges[e].n_links; i++) {

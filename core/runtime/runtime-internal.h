@@ -117,8 +117,22 @@ typedef struct spn__ajob {
   spn__heap_t *heaps;  /* per input port (re-ordering ports) */
 } spn__ajob_t;
 
+/* ABI 1.1: what crossed an edge (edge-mem.c). Directions of copies. */
+enum { SPN__COPY_H2D = 0, SPN__COPY_D2H = 1, SPN__COPY_D2D = 2, SPN__COPY_H2H = 3, SPN__COPY_DIRS = 4 };
+
+typedef struct spn__link_stats {
+  atomic_ullong messages;               /* data messages delivered */
+  atomic_ullong items_passed;           /* tensor items handed over as they were */
+  atomic_ullong copies[SPN__COPY_DIRS]; /* tensor items copied, per direction */
+  atomic_ullong bytes[SPN__COPY_DIRS];
+  atomic_ullong ns[SPN__COPY_DIRS];     /* host wall time issuing (and, into host memory, waiting for) them */
+} spn__link_stats_t;
+
 struct spn__link {
   uint32_t id; /* index in pipe->links (const) */
+  uint32_t edge;        /* index in pipe->spec->edges (const) */
+  uint32_t accept_mem;  /* SPN_MEMSET_* the consumer port takes (const; never 0) */
+  spn__link_stats_t stats;
   spn_stage_t *from, *to;
   uint32_t from_port, to_port;
   uint32_t capacity;
@@ -196,6 +210,7 @@ struct spn_stage {
   spn__ajob_t *cur_job;      /* job whose callback runs (generate/flush) */
   uint8_t *ser_buf;          /* serialization scratch */
   atomic_llong reordered;    /* debug: messages that arrived ahead of their turn */
+  spn_stream_t *copy_stream; /* executor: edge copies when the executor has no stream of its own */
   size_t ser_cap;
 };
 
@@ -259,6 +274,13 @@ void spn__actor_destroy(spn_stage_t *a);
 /* Run what is ready; *deadline_ns gets the next time it wants to run
  * (UINT64_MAX none). Returns true if it did anything. */
 bool spn__actor_step(spn_stage_t *a, uint64_t now_ns, uint64_t *deadline_ns);
+
+/* ABI 1.1 (edge-mem.c): put every tensor item of a message arriving on link
+ * l where the consumer port takes it — one copy per item whose memory kind
+ * or device the port does not take, after the producer's readiness event,
+ * on the consumer's stream; counted in l->stats. Executor of a. */
+int32_t spn__edge_place(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, spn_error_t *err);
+void spn__edge_place_done(spn_stage_t *a);
 
 void spn__barrier_init(spn__barrier_t *b, uint32_t n);
 void spn__barrier_done(spn__barrier_t *b, int32_t status, const spn_error_t *err);

@@ -132,6 +132,33 @@ SPN_API const char *spn_pipeline_name(const spn_pipeline_t *pipe);
 SPN_API size_t spn_pipeline_stage_count(const spn_pipeline_t *pipe);
 SPN_API const char *spn_pipeline_stage_time(const spn_pipeline_t *pipe, size_t i, uint64_t *busy_ns);
 
+/* Per-edge traffic (ABI 1.1 memory kinds and formats): one entry per edge
+ * of the validated pipeline, conversions the runtime inserted included.
+ * Copies are counted per direction: host to device, device to host,
+ * device to device (peer copies between GPUs; emulated on cpu:N) and host
+ * to host (pageable <-> pinned). ns is host wall time spent issuing the
+ * copies, plus waiting for those into host memory. */
+typedef enum spn_copy_dir { SPN_COPY_H2D = 0, SPN_COPY_D2H = 1, SPN_COPY_D2D = 2, SPN_COPY_H2H = 3 } spn_copy_dir_t;
+
+typedef struct spn_edge_stats {
+  const char *from_stage, *from_port; /* borrowed for the pipeline's life */
+  const char *to_stage, *to_port;
+  int32_t pixel_format;   /* negotiated spn_pixel_format_t of plugin.h, 0 = not constrained */
+  const char *format;     /* its name ("yuv420p"), "any" when not constrained */
+  int32_t mem_kind;       /* spn_mem_kind_t the consumer takes */
+  bool converted;         /* the consumer is a conversion the runtime inserted (convert = "auto") */
+  uint64_t messages;      /* data messages delivered */
+  uint64_t items_passed;  /* tensor items handed over without a copy */
+  uint64_t copies[4];     /* tensor items copied, by spn_copy_dir_t */
+  uint64_t bytes[4];
+  uint64_t ns[4];
+} spn_edge_stats_t;
+
+/* Number of edges, and edge i's figures (read atomically while jobs run).
+ * Returns SPN_EINVAL when i is out of range. Thread: any. */
+SPN_API size_t spn_pipeline_edge_count(const spn_pipeline_t *pipe);
+SPN_API int32_t spn_pipeline_edge_stats(const spn_pipeline_t *pipe, size_t i, spn_edge_stats_t *out);
+
 /* ---- jobs --------------------------------------------------------------- */
 
 typedef enum spn_job_state {
