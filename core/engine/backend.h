@@ -44,6 +44,13 @@ typedef struct spn_backend_iface {
   /* Prepare node n placed here: set up n->bctx (weights converted and placed
    * in the backend's buffers). NULL: nothing to prepare. Thread: load. */
   int32_t (*prepare)(spn_backend_t *b, struct spn_model *m, struct spn_node *n, spn_error_t *err);
+  /* Once per (model, input shapes), after shape inference (r->v holds the
+   * shapes; no data yet): build what the nodes placed here need for these
+   * shapes (descriptors, algorithms, tables) and set *scratch to the bytes
+   * of scratch a node needs at most; the planner puts that much in the
+   * backend's arena, at r->bws[slot] during runs. NULL: no scratch.
+   * Thread: any run. */
+  int32_t (*prepare_shape)(spn_backend_t *b, struct spn_run *r, size_t *scratch);
   /* Free n->bctx. Thread: model destruction. */
   void (*node_free)(spn_backend_t *b, struct spn_node *n);
   /* Compute the nodes of [first, last) placed on this backend (others, dead

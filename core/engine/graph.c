@@ -8,8 +8,10 @@
  * shapes and constants), which each run evaluates during shape inference.
  *
  * Per run: bind inputs, infer every shape (computing shape-class values on
- * the way), plan one arena by value lifetimes (first fit over a free list, so
- * a buffer is reused as soon as its last reader ran), then execute.
+ * the way), take the memory plan of these input shapes (built by their
+ * first run: one arena per backend planned by value lifetimes in arena.c,
+ * views sharing their input's bytes, each backend's scratch after its
+ * values) and its arenas, then execute.
  */
 #include <math.h>
 #include <omp.h>
@@ -735,6 +737,7 @@ int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
     return rc;
   if (fuse)
     mark_nhwc(m);
+  spn_plan_views(m);
   m->n_live_nodes = 0;
   for (int i = 0; i < m->n_node; i++)
     m->n_live_nodes += !m->nodes[i].dead;
@@ -837,69 +840,7 @@ void *spn_run_scratch(spn_run_t *r, size_t n) {
   return r->scratch;
 }
 
-/* ---- memory plan ---- */
-
-typedef struct { size_t off, size; } spn_block_t;
-
-typedef struct {
-  spn_block_t *free;
-  int n, cap;
-  size_t top;
-} spn_plan_t;
-
-static size_t plan_alloc(spn_plan_t *p, size_t size) {
-  size = (size + 63) & ~(size_t)63;
-  for (int i = 0; i < p->n; i++)
-    if (p->free[i].size >= size) {
-      size_t off = p->free[i].off;
-      p->free[i].off += size;
-      p->free[i].size -= size;
-      if (!p->free[i].size) {
-        memmove(&p->free[i], &p->free[i + 1], (size_t)(p->n - i - 1) * sizeof *p->free);
-        p->n--;
-      }
-      return off;
-    }
-  /* Grow: extend a free block touching the top if there is one. */
-  if (p->n && p->free[p->n - 1].off + p->free[p->n - 1].size == p->top) {
-    size_t off = p->free[p->n - 1].off;
-    p->top = off + size;
-    p->n--;
-    return off;
-  }
-  size_t off = p->top;
-  p->top += size;
-  return off;
-}
-
-static int plan_free(spn_plan_t *p, size_t off, size_t size) {
-  size = (size + 63) & ~(size_t)63;
-  int i = 0;
-  while (i < p->n && p->free[i].off < off)
-    i++;
-  if (p->n == p->cap) {
-    int cap = p->cap ? p->cap * 2 : 32;
-    spn_block_t *nb = realloc(p->free, (size_t)cap * sizeof *nb);
-    if (!nb)
-      return -1;
-    p->free = nb;
-    p->cap = cap;
-  }
-  memmove(&p->free[i + 1], &p->free[i], (size_t)(p->n - i) * sizeof *p->free);
-  p->free[i] = (spn_block_t){off, size};
-  p->n++;
-  if (i + 1 < p->n && p->free[i].off + p->free[i].size == p->free[i + 1].off) {
-    p->free[i].size += p->free[i + 1].size;
-    memmove(&p->free[i + 1], &p->free[i + 2], (size_t)(p->n - i - 2) * sizeof *p->free);
-    p->n--;
-  }
-  if (i > 0 && p->free[i - 1].off + p->free[i - 1].size == p->free[i].off) {
-    p->free[i - 1].size += p->free[i].size;
-    memmove(&p->free[i], &p->free[i + 1], (size_t)(p->n - i - 1) * sizeof *p->free);
-    p->n--;
-  }
-  return 0;
-}
+/* ---- memory plans, one per (model, input shapes) ---- */
 
 /* Backend slot whose memory holds value vi during a run: the producer's
  * backend for intermediates; the host (CPU) for inputs, constants and
@@ -911,12 +852,279 @@ static int home_slot(const spn_model_t *m, int vi) {
   return m->nodes[v->producer].backend;
 }
 
-/* Value read by node n as input k (k >= n_in: the fused post-op's operand). */
-static int node_read(const spn_node_t *n, int k) {
-  if (k < n->n_in)
-    return n->in[k];
-  const spn_post_t *p = &n->post[k - n->n_in];
-  return p->kind == SPN_POST_ADD || p->kind == SPN_POST_PRELU ? p->val : -1;
+static void plan_free_one(spn_model_t *m, spn_shape_plan_t *p) {
+  if (!p)
+    return;
+  for (int b = 0; b < SPN_MAX_BACKENDS; b++)
+    if (p->idle[b].p) {
+      spn_backend_t *bk = m->shared->backends[b];
+      bk->iface->buf_free(bk, p->idle[b].p, p->idle[b].h);
+    }
+  free(p->key);
+  free(p->off);
+  free(p->xoff);
+  free(p);
+}
+
+void spn_plans_free(spn_model_t *m) {
+  for (spn_shape_plan_t *p = m->plans, *nx; p; p = nx) {
+    nx = p->next;
+    plan_free_one(m, p);
+  }
+  m->plans = NULL;
+}
+
+static void plan_unref(spn_model_t *m, spn_shape_plan_t *p) {
+  pthread_mutex_lock(&m->pool_lock);
+  bool last = --p->refs == 0;
+  pthread_mutex_unlock(&m->pool_lock);
+  if (last)
+    plan_free_one(m, p);
+}
+
+static bool plan_matches(const spn_model_t *m, const spn_shape_plan_t *p, const int64_t *key) {
+  return !memcmp(p->key, key, (size_t)m->n_inputs * (SPN_MAXD + 1) * sizeof *key);
+}
+
+/* Build the plan of this run's shapes (r->v holds them; inputs, outputs on
+ * host-memory backends and shape-class values are bound). */
+static int32_t plan_build(spn_run_t *r, const int64_t *key, spn_shape_plan_t **out) {
+  spn_model_t *m = r->m;
+  spn_backend_t *const *bk = m->shared->backends;
+  const spn_rt_val_t *rv = r->v;
+  int nv = m->n_val, nx = m->n_cross;
+  spn_shape_plan_t *p = calloc(1, sizeof *p);
+  int *end = malloc(((size_t)nv + 1) * sizeof *end);
+  spn_live_t *live = malloc(((size_t)nv + nx + 1) * sizeof *live);
+  int *slot_of = malloc(((size_t)nv + nx + 1) * sizeof *slot_of);
+  size_t *offs = malloc(((size_t)nv + nx + 1) * sizeof *offs);
+  int32_t rc = SPN_OK;
+  if (!p || !end || !live || !slot_of || !offs || !(p->key = malloc((size_t)m->n_inputs * (SPN_MAXD + 1) * sizeof *key + 1)) ||
+      !(p->off = calloc((size_t)nv + 1, sizeof *p->off)) || !(p->xoff = calloc((size_t)nx + 1, sizeof *p->xoff))) {
+    rc = spn_error_set(r->err, SPN_ENOMEM, "out of memory");
+    goto out;
+  }
+  memcpy(p->key, key, (size_t)m->n_inputs * (SPN_MAXD + 1) * sizeof *key);
+  /* Last step each value's memory is needed: its last reader, the end of
+   * the run for graph outputs, the producer for a value nobody reads; a
+   * value shared by views lives until the last of them is done. */
+  for (int vi = 0; vi < nv; vi++) {
+    const spn_value_t *v = &m->vals[vi];
+    end[vi] = v->is_output ? m->n_node : v->last_use >= 0 ? v->last_use : v->producer;
+  }
+  for (int vi = 0; vi < nv; vi++)
+    if (m->vals[vi].alias >= 0 && end[vi] > end[m->vals[vi].alias])
+      end[m->vals[vi].alias] = end[vi];
+  /* The values of each backend's arena: node outputs not bound elsewhere
+   * and not views, and the boundary copies into that backend. */
+  int nl = 0;
+  for (int i = 0; i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead || n->shape_class)
+      continue;
+    for (int o = 0; o < n->n_out; o++) {
+      int vi = n->out[o];
+      if (vi < 0 || rv[vi].ext || rv[vi].host_owned || m->vals[vi].alias >= 0)
+        continue;
+      live[nl] = (spn_live_t){rv[vi].bytes, i, end[vi]};
+      slot_of[nl++] = n->backend;
+    }
+  }
+  for (int c = 0; c < nx; c++) {
+    live[nl + c] = (spn_live_t){rv[m->cross[c].val].bytes, m->cross[c].first, m->cross[c].last};
+    slot_of[nl + c] = m->cross[c].slot;
+  }
+  for (int b = 0; b < m->shared->n_backends && !rc; b++) {
+    /* Plan backend b over its own values only. */
+    int cnt = 0;
+    for (int k = 0; k < nl + nx; k++)
+      if (slot_of[k] == b)
+        cnt++;
+    if (!cnt && !bk[b]->iface->prepare_shape)
+      continue;
+    spn_live_t *lb = malloc(((size_t)cnt + 1) * sizeof *lb);
+    size_t *ob = malloc(((size_t)cnt + 1) * sizeof *ob);
+    if (!lb || !ob) {
+      free(lb);
+      free(ob);
+      rc = spn_error_set(r->err, SPN_ENOMEM, "out of memory");
+      break;
+    }
+    for (int k = 0, j = 0; k < nl + nx; k++)
+      if (slot_of[k] == b)
+        lb[j++] = live[k];
+    int32_t arc = spn_arena_plan(lb, cnt, 64, ob, &p->top[b]);
+    for (int k = 0, j = 0; k < nl + nx && !arc; k++)
+      if (slot_of[k] == b)
+        offs[k] = ob[j++];
+    free(lb);
+    free(ob);
+    if (arc) {
+      rc = spn_error_set(r->err, arc, "%s: planning the %s arena: %s", m->path, bk[b]->device, spn_strerror(arc));
+      break;
+    }
+    bool has_nodes = false;
+    for (int i = 0; i < m->n_node && !has_nodes; i++)
+      has_nodes = !m->nodes[i].dead && !m->nodes[i].shape_class && m->nodes[i].backend == b;
+    size_t ws = 0;
+    if (has_nodes && bk[b]->iface->prepare_shape && (rc = bk[b]->iface->prepare_shape(bk[b], r, &ws)))
+      break;
+    p->ws_off[b] = (p->top[b] + 255) & ~(size_t)255;
+    p->ws_n[b] = ws;
+    if (ws)
+      p->top[b] = p->ws_off[b] + ws;
+  }
+  if (rc)
+    goto out;
+  nl = 0;
+  for (int i = 0; i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead || n->shape_class)
+      continue;
+    for (int o = 0; o < n->n_out; o++) {
+      int vi = n->out[o];
+      if (vi < 0 || rv[vi].ext || rv[vi].host_owned || m->vals[vi].alias >= 0)
+        continue;
+      p->off[vi] = offs[nl++];
+    }
+  }
+  for (int c = 0; c < nx; c++)
+    p->xoff[c] = offs[nl + c];
+out:
+  free(end);
+  free(live);
+  free(slot_of);
+  free(offs);
+  if (rc) {
+    if (p) {
+      free(p->key);
+      free(p->off);
+      free(p->xoff);
+      free(p);
+    }
+    return rc;
+  }
+  *out = p;
+  return SPN_OK;
+}
+
+/* The plan of this run's input shapes, built on first use; a reference
+ * for the run (plan_unref). */
+static int32_t plan_get(spn_run_t *r, spn_shape_plan_t **out) {
+  spn_model_t *m = r->m;
+  int64_t *key = calloc((size_t)m->n_inputs * (SPN_MAXD + 1) + 1, sizeof *key);
+  if (!key)
+    return spn_error_set(r->err, SPN_ENOMEM, "out of memory");
+  for (int i = 0; i < m->n_inputs; i++) {
+    const spn_rt_val_t *x = &r->v[m->inputs[i]];
+    key[i * (SPN_MAXD + 1)] = x->ndim;
+    memcpy(&key[i * (SPN_MAXD + 1) + 1], x->shape, (size_t)x->ndim * sizeof *key);
+  }
+  spn_shape_plan_t *p = NULL;
+  pthread_mutex_lock(&m->pool_lock);
+  for (p = m->plans; p && !plan_matches(m, p, key); p = p->next)
+    ;
+  if (p) {
+    p->refs++;
+    p->tick = ++m->plan_tick;
+  }
+  pthread_mutex_unlock(&m->pool_lock);
+  if (p) {
+    free(key);
+    *out = p;
+    return SPN_OK;
+  }
+  /* Built outside the lock (backends' prepare_shape is idempotent); a run
+   * of the same shapes that finished first wins. */
+  spn_shape_plan_t *np = NULL;
+  int32_t rc = plan_build(r, key, &np);
+  if (rc) {
+    free(key);
+    return rc;
+  }
+  spn_shape_plan_t *drop = NULL;
+  pthread_mutex_lock(&m->pool_lock);
+  for (p = m->plans; p && !plan_matches(m, p, key); p = p->next)
+    ;
+  if (p) {
+    drop = np;
+  } else {
+    p = np;
+    p->refs = 1; /* the list's */
+    p->next = m->plans;
+    m->plans = p;
+    m->n_plan_builds++;
+    /* Keep at most SPN_MAX_PLANS: drop the least recently used other one
+     * (freed by its last run if one still holds it). */
+    int count = 0;
+    spn_shape_plan_t **lru = NULL;
+    for (spn_shape_plan_t **it = &m->plans; *it; it = &(*it)->next) {
+      count++;
+      if (*it != p && (!lru || (*it)->tick < (*lru)->tick))
+        lru = it;
+    }
+    if (count > SPN_MAX_PLANS && lru) {
+      spn_shape_plan_t *old = *lru;
+      *lru = old->next;
+      if (--old->refs == 0)
+        drop = old;
+    }
+  }
+  p->refs++;
+  p->tick = ++m->plan_tick;
+  pthread_mutex_unlock(&m->pool_lock);
+  plan_free_one(m, drop);
+  free(key);
+  *out = p;
+  return SPN_OK;
+}
+
+/* The arenas of a run of plan p: the plan's idle set when free, else
+ * buffers from the model's pool. */
+static int32_t arenas_take(spn_run_t *r, spn_shape_plan_t *p, uint8_t **arena, size_t *arena_n, void **arena_h,
+                           bool *own) {
+  spn_model_t *m = r->m;
+  pthread_mutex_lock(&m->pool_lock);
+  *own = p->has_idle;
+  if (p->has_idle) {
+    for (int b = 0; b < SPN_MAX_BACKENDS; b++) {
+      arena[b] = p->idle[b].p;
+      arena_h[b] = p->idle[b].h;
+      arena_n[b] = p->idle[b].n;
+      p->idle[b].p = p->idle[b].h = NULL;
+      p->idle[b].n = 0;
+    }
+    p->has_idle = false;
+  }
+  pthread_mutex_unlock(&m->pool_lock);
+  for (int b = 0; b < m->shared->n_backends; b++) {
+    if (!p->top[b] || arena[b])
+      continue;
+    arena[b] = spn_pool_take(m, b, p->top[b], &arena_n[b], &arena_h[b]);
+    if (!arena[b])
+      return spn_error_set(r->err, SPN_ENOMEM, "%s: out of memory for a %zu-byte arena on %s", m->path, p->top[b], m->shared->backends[b]->device);
+  }
+  return SPN_OK;
+}
+
+static void arenas_give(spn_model_t *m, spn_shape_plan_t *p, uint8_t **arena, size_t *arena_n, void **arena_h) {
+  pthread_mutex_lock(&m->pool_lock);
+  bool keep = !p->has_idle && p->refs > 1; /* still listed (a dropped plan has only the runs' refs) */
+  bool listed = false;
+  for (spn_shape_plan_t *it = m->plans; it && !listed; it = it->next)
+    listed = it == p;
+  if (keep && listed) {
+    for (int b = 0; b < SPN_MAX_BACKENDS; b++) {
+      p->idle[b].p = arena[b];
+      p->idle[b].h = arena_h[b];
+      p->idle[b].n = arena_n[b];
+      arena[b] = NULL;
+    }
+    p->has_idle = true;
+  }
+  pthread_mutex_unlock(&m->pool_lock);
+  for (int b = 0; b < m->shared->n_backends; b++)
+    spn_pool_give(m, b, arena[b], arena_n[b], arena_h[b]);
 }
 
 /* Copy value c->val from its home into the consuming backend's slot. */
@@ -948,17 +1156,16 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
   spn_backend_t *const *bk = m->shared->backends;
   int nb = m->shared->n_backends;
   spn_run_t r = {.m = m, .v = rv, .err = err, .threads = threads, .stream = stream};
-  spn_plan_t plan[SPN_MAX_BACKENDS] = {0};
+  spn_shape_plan_t *plan = NULL;
   uint8_t *arena[SPN_MAX_BACKENDS] = {0};
   size_t arena_n[SPN_MAX_BACKENDS] = {0};
   void *arena_h[SPN_MAX_BACKENDS] = {0};
-  bool used[SPN_MAX_BACKENDS] = {0};
+  bool used[SPN_MAX_BACKENDS] = {0}, own_arena = false;
   bool *engine_alloc = calloc((size_t)n_out + 1, sizeof(bool));
-  size_t *xoff = calloc((size_t)m->n_cross + 1, sizeof(size_t));
   void **xsave = calloc((size_t)m->n_cross + 1, sizeof(void *));
   int32_t rc = SPN_OK;
   used[SPN_BACKEND_CPU] = true;
-  if (!engine_alloc || !xoff || !xsave) {
+  if (!engine_alloc || !xsave) {
     rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
     goto out;
   }
@@ -980,6 +1187,7 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
     memcpy(x->shape, t->shape, sizeof x->shape);
     x->data = t->data;
     x->ext = true;
+    x->bytes = rt_bytes(x);
   }
   /* Shapes, and shape-class values on the host. */
   for (int i = 0; i < m->n_node; i++) {
@@ -990,6 +1198,19 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
     if (rc) {
       spn_error_prefix(err, "%s: node '%s' (%s)", m->path, n->name, n->op_name);
       goto out;
+    }
+    if (n->shape_class)
+      continue;
+    used[n->backend] = true;
+    for (int o = 0; o < n->n_out; o++) {
+      int vi = n->out[o];
+      if (vi < 0)
+        continue;
+      rv[vi].bytes = rt_bytes(&rv[vi]);
+      if (rv[vi].bytes > (size_t)SPN_VALUE_MAX) {
+        rc = spn_error_set(err, SPN_ETOOBIG, "%s: value '%s' would need more than %lld bytes", m->path, m->vals[vi].name, (long long)SPN_VALUE_MAX);
+        goto out;
+      }
     }
   }
   /* Outputs: caller buffers or engine allocations. */
@@ -1031,69 +1252,22 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
     ov->data = t->data;
     ov->ext = true;
   }
-  /* Arena plans, one per backend: outputs from their producer's plan,
-   * boundary copies from the consumer's. */
-  for (int i = 0; i < m->n_node; i++) {
-    const spn_node_t *n = &m->nodes[i];
-    if (n->dead || n->shape_class)
-      continue;
-    used[n->backend] = true;
-    for (int c = 0; c < m->n_cross; c++)
-      if (m->cross[c].first == i) {
-        spn_rt_val_t *v = &rv[m->cross[c].val];
-        v->bytes = rt_bytes(v);
-        xoff[c] = plan_alloc(&plan[m->cross[c].slot], v->bytes);
-      }
-    for (int o = 0; o < n->n_out; o++) {
-      int vi = n->out[o];
-      if (vi < 0 || rv[vi].ext)
-        continue;
-      rv[vi].bytes = rt_bytes(&rv[vi]);
-      if (rv[vi].bytes > (size_t)SPN_VALUE_MAX) {
-        rc = spn_error_set(err, SPN_ETOOBIG, "%s: value '%s' would need more than %lld bytes", m->path, m->vals[vi].name, (long long)SPN_VALUE_MAX);
-        goto out;
-      }
-      rv[vi].off = plan_alloc(&plan[n->backend], rv[vi].bytes);
-    }
-    for (int o = 0; o < n->n_out; o++) {
-      int vi = n->out[o];
-      if (vi >= 0 && !rv[vi].ext && m->vals[vi].last_use < 0 && !m->vals[vi].is_output &&
-          plan_free(&plan[n->backend], rv[vi].off, rv[vi].bytes)) {
-        rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
-        goto out;
-      }
-    }
-    for (int k = 0; k < n->n_in + n->n_post; k++) {
-      int vi = node_read(n, k);
-      if (vi < 0 || rv[vi].ext || rv[vi].host_owned || m->vals[vi].kind == SPN_VAL_CONST || m->vals[vi].last_use != i ||
-          m->vals[vi].is_output)
-        continue;
-      bool dup = false; /* a value read twice by this node is freed once */
-      for (int q = 0; q < k && !dup; q++)
-        dup = node_read(n, q) == vi;
-      if (!dup && plan_free(&plan[home_slot(m, vi)], rv[vi].off, rv[vi].bytes)) {
-        rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
-        goto out;
-      }
-    }
-    for (int c = 0; c < m->n_cross; c++)
-      if (m->cross[c].last == i && plan_free(&plan[m->cross[c].slot], xoff[c], rv[m->cross[c].val].bytes)) {
-        rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
-        goto out;
-      }
-  }
+  /* The memory plan of these shapes (built by their first run), and its
+   * arenas. */
+  if ((rc = plan_get(&r, &plan)) || (rc = arenas_take(&r, plan, arena, arena_n, arena_h, &own_arena)))
+    goto out;
+  (void)own_arena;
   for (int b = 0; b < nb; b++) {
-    if (!used[b] || (!plan[b].top && b != SPN_BACKEND_CPU))
-      continue;
-    arena[b] = spn_pool_take(m, b, plan[b].top, &arena_n[b], &arena_h[b]);
-    if (!arena[b]) {
-      rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory for a %zu-byte arena on %s", m->path, plan[b].top, bk[b]->device);
-      goto out;
-    }
+    r.bws[b] = plan->ws_n[b] ? arena[b] + plan->ws_off[b] : NULL;
+    r.bws_n[b] = plan->ws_n[b];
   }
   for (int i = 0; i < m->n_val; i++)
-    if (!rv[i].ext && !rv[i].host_owned && m->vals[i].kind != SPN_VAL_CONST && rv[i].bytes)
-      rv[i].data = arena[home_slot(m, i)] + rv[i].off;
+    if (!rv[i].ext && !rv[i].host_owned && m->vals[i].kind != SPN_VAL_CONST && m->vals[i].alias < 0 && rv[i].bytes &&
+        m->vals[i].producer >= 0 && !m->nodes[m->vals[i].producer].dead)
+      rv[i].data = arena[home_slot(m, i)] + plan->off[i];
+  for (int i = 0; i < m->n_val; i++)
+    if (m->vals[i].alias >= 0 && m->vals[i].producer >= 0 && !m->nodes[m->vals[i].producer].dead)
+      rv[i].data = rv[m->vals[i].alias].data;
   /* Execute: maximal ranges of nodes on one backend; before each, copy the
    * values it reads from another backend's memory, and let its nodes see
    * those copies in place of the originals. */
@@ -1110,7 +1284,7 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
       const spn_cross_t *x = &m->cross[c];
       if (x->slot != b || x->last < i || x->first >= j)
         continue;
-      void *dst = arena[b] + xoff[c];
+      void *dst = arena[b] + plan->xoff[c];
       if (x->first >= i)
         rc = cross_copy(&r, x, dst);
       xsave[c] = rv[x->val].data;
@@ -1161,7 +1335,7 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
   }
 out:
   /* Every backend finishes the run's work (outputs copied to the host are
-   * complete) before its buffers go back to the pool. */
+   * complete) before its buffers go back to the plan or the pool. */
   for (int b = 0; b < nb; b++)
     if (used[b]) {
       int32_t erc = bk[b]->iface->run_end(bk[b], &r, true);
@@ -1175,11 +1349,10 @@ out:
         out[i].data = NULL;
       }
   free(engine_alloc);
-  free(xoff);
   free(xsave);
-  for (int b = 0; b < nb; b++) {
-    spn_pool_give(m, b, arena[b], arena_n[b], arena_h[b]);
-    free(plan[b].free);
+  if (plan) {
+    arenas_give(m, plan, arena, arena_n, arena_h);
+    plan_unref(m, plan);
   }
   spn_pool_give(m, SPN_BACKEND_CPU, r.scratch, r.scratch_n, r.scratch_h);
   rt_free(m, rv);

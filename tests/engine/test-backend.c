@@ -24,7 +24,7 @@
 /* ---- the mock device backend ---- */
 
 typedef struct {
-  uint32_t ops;        /* bit per spn_op_t it supports */
+  uint64_t ops;        /* bit per spn_op_t it supports */
   int n_buf;
   struct { uint8_t *p; size_t n; } buf[64];
   int from_host, to_host; /* copies */
@@ -50,7 +50,7 @@ static bool mock_owns(mock_t *mk, const void *p, size_t n) {
 static bool mock_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t *n, char *why, size_t why_n) {
   (void)m;
   mock_t *mk = b->ctx;
-  if (n->op < 32 && (mk->ops >> n->op) & 1)
+  if (n->op < 64 && (mk->ops >> n->op) & 1)
     return true;
   snprintf(why, why_n, "the mock backend has no %s kernel", n->op_name);
   return false;
@@ -207,7 +207,7 @@ static int32_t mock_open(const spn_backend_factory_t *f, int index, spn_backend_
   return SPN_OK;
 }
 
-static spn_engine_t *mock_engine(mock_t *mk, uint32_t ops) {
+static spn_engine_t *mock_engine(mock_t *mk, uint64_t ops) {
   memset(mk, 0, sizeof *mk);
   mk->ops = ops;
   spn_engine_opts_t o = SPN_ENGINE_OPTS_INIT;
@@ -220,7 +220,7 @@ static spn_engine_t *mock_engine(mock_t *mk, uint32_t ops) {
   return e;
 }
 
-#define OPBIT(op) (1u << SPN_OP_##op)
+#define OPBIT(op) (1ull << SPN_OP_##op)
 
 /* ---- models ---- */
 
@@ -523,6 +523,219 @@ static void test_layout_conversion(void **state) {
   assert_memory_equal(b, want, sizeof want);
 }
 
+
+/* ---- arena planning (arena.c) ---- */
+
+static bool live_overlap(const spn_live_t *a, const spn_live_t *b) {
+  int ae = a->last < a->first ? a->first : a->last, be = b->last < b->first ? b->first : b->last;
+  return a->first <= be && b->first <= ae;
+}
+
+/* Random lifetimes: no two values alive at one step share a byte, offsets
+ * are aligned, the arena is no bigger than the sum of the sizes and no
+ * smaller than the bytes alive at the busiest step. */
+static void test_arena_plan_random(void **state) {
+  (void)state;
+  uint64_t seed = 12345;
+  for (int round = 0; round < 200; round++) {
+    int n = 1 + round % 60;
+    spn_live_t v[60];
+    size_t off[60], peak = 0, sum = 0;
+    for (int i = 0; i < n; i++) {
+      seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+      int first = (int)((seed >> 33) % 40), len = (int)((seed >> 20) % 12);
+      size_t size = (size_t)((seed >> 40) % 5000);
+      if (i % 7 == 3)
+        size = 0;
+      v[i] = (spn_live_t){size, first, first + len - (i % 5 == 0 ? len + 1 : 0)}; /* some last < first */
+      sum += (size + 63) & ~(size_t)63;
+    }
+    assert_int_equal(spn_arena_plan(v, n, 64, off, &peak), SPN_OK);
+    assert_true(peak <= sum);
+    size_t busiest = 0;
+    for (int step = 0; step < 60; step++) {
+      size_t alive = 0;
+      for (int i = 0; i < n; i++) {
+        spn_live_t one = {0, step, step};
+        if (live_overlap(&v[i], &one))
+          alive += (v[i].size + 63) & ~(size_t)63;
+      }
+      busiest = alive > busiest ? alive : busiest;
+    }
+    assert_true(peak >= busiest);
+    for (int i = 0; i < n; i++) {
+      assert_int_equal(off[i] % 64, 0);
+      if (v[i].size)
+        assert_true(off[i] + v[i].size <= peak);
+      for (int j = i + 1; j < n; j++)
+        if (v[i].size && v[j].size && live_overlap(&v[i], &v[j]))
+          assert_true(off[i] + v[i].size <= off[j] || off[j] + v[j].size <= off[i]);
+    }
+  }
+}
+
+/* A chain a -> b -> c -> d of equal sizes: a node's output never shares its
+ * input's bytes, but c reuses a's and d reuses b's (two buffers in all). */
+static void test_arena_plan_reuse(void **state) {
+  (void)state;
+  spn_live_t v[4] = {{1000, 0, 1}, {1000, 1, 2}, {1000, 2, 3}, {1000, 3, 3}};
+  size_t off[4], peak;
+  assert_int_equal(spn_arena_plan(v, 4, 64, off, &peak), SPN_OK);
+  assert_int_equal(peak, 2 * 1024);
+  assert_int_not_equal(off[0], off[1]);
+  assert_int_not_equal(off[1], off[2]);
+  assert_int_not_equal(off[2], off[3]);
+  assert_int_equal(off[2], off[0]);
+  assert_int_equal(off[3], off[1]);
+  /* Freed neighbours merge: after a and b die, one value of both sizes fits
+   * below the top. */
+  spn_live_t w[4] = {{512, 0, 1}, {512, 0, 1}, {64, 0, 3}, {1024, 2, 3}};
+  assert_int_equal(spn_arena_plan(w, 4, 64, off, &peak), SPN_OK);
+  assert_int_equal(peak, 1024 + 64);
+  assert_int_equal(spn_arena_plan(w, 4, 48, off, &peak), SPN_EINVAL);
+  assert_int_equal(spn_arena_plan(w, 0, 64, off, &peak), SPN_OK);
+  assert_int_equal(peak, 0);
+}
+
+/* ---- views ---- */
+
+/* x (N,4) -> Relu "relu0" -> a -> Unsqueeze(axes 1) -> b (N,1,4)
+ * -> Squeeze(axes 1) -> c -> Flatten(axis 1) -> d -> Identity -> e
+ * -> Sigmoid -> y (output 1); Identity(a) -> z (output 2). Opset 11. */
+static pb_t view_model(void) {
+  pb_t g = {0};
+  int64_t ax[] = {1};
+  attr_t axes = {.name = "axes", .type = 7, .n = 1, .ints = ax}, fl = {.name = "axis", .type = 2, .i = 1};
+  const char *i0[] = {"x"}, *o0[] = {"a"};
+  node(&g, "Relu", "relu0", i0, 1, o0, 1, NULL, 0);
+  const char *i1[] = {"a"}, *o1[] = {"b"};
+  node(&g, "Unsqueeze", "unsq", i1, 1, o1, 1, &axes, 1);
+  const char *i2[] = {"b"}, *o2[] = {"c"};
+  node(&g, "Squeeze", "sq", i2, 1, o2, 1, &axes, 1);
+  const char *i3[] = {"c"}, *o3[] = {"d"};
+  node(&g, "Flatten", "flat", i3, 1, o3, 1, &fl, 1);
+  const char *i4[] = {"d"}, *o4[] = {"e"};
+  node(&g, "Identity", "ident", i4, 1, o4, 1, NULL, 0);
+  const char *i5[] = {"e"}, *o5[] = {"y"};
+  node(&g, "Sigmoid", "sig0", i5, 1, o5, 1, NULL, 0);
+  const char *i6[] = {"a"}, *o6[] = {"z"};
+  node(&g, "Identity", "identout", i6, 1, o6, 1, NULL, 0);
+  pb_str(&g, 2, "g");
+  int64_t d[] = {-1, 4};
+  value_info(&g, 11, "x", 2, d);
+  value_info(&g, 12, "y", -1, NULL);
+  value_info(&g, 12, "z", -1, NULL);
+  return model(&g, 11);
+}
+
+static int value_named(const spn_model_t *m, const char *name) {
+  int vi = spn_model_find_value(m, name);
+  assert_true(vi >= 0);
+  return vi;
+}
+
+static void check_view_outputs(spn_model_t *m, int64_t batch) {
+  spn_tensor_t out[2];
+  run2(m, batch, out);
+  for (int64_t i = 0; i < batch * 4; i++) {
+    float x = (float)((i * 37) % 17) / 4.f - 2.f, a = x > 0.f ? x : 0.f;
+    assert_float_equal(((float *)out[0].data)[i], 1.f / (1.f + expf(-a)), 1e-6);
+    assert_float_equal(((float *)out[1].data)[i], a, 0);
+  }
+  assert_int_equal(out[0].ndim, 2);
+  assert_int_equal(out[0].shape[1], 4);
+  spn_model_output_free(&out[0]);
+  spn_model_output_free(&out[1]);
+}
+
+/* Reshape-class nodes share their input's bytes: the CPU arena holds one
+ * value (a; y and z are the caller's buffers), results are right, and a
+ * view that is a graph output is a real copy. */
+static void test_views_cpu(void **state) {
+  (void)state;
+  pb_t pm = view_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, 0);
+  spn_model_t *m = load(e, &pm, "cpu", NULL);
+  int a = value_named(m, "a");
+  assert_int_equal(m->vals[a].alias, -1);
+  assert_int_equal(m->vals[value_named(m, "b")].alias, a);
+  assert_int_equal(m->vals[value_named(m, "c")].alias, a);
+  assert_int_equal(m->vals[value_named(m, "d")].alias, a);
+  assert_int_equal(m->vals[value_named(m, "e")].alias, a);
+  assert_int_equal(m->vals[value_named(m, "z")].alias, -1);
+  int64_t batches[] = {5, 1, 5, 33};
+  for (int t = 0; t < 4; t++) {
+    check_view_outputs(m, batches[t]);
+    const spn_shape_plan_t *p = m->plans; /* key: rank 2, batch, 4 */
+    while (p && p->key[1] != batches[t])
+      p = p->next;
+    assert_non_null(p);
+    assert_int_equal(p->top[SPN_BACKEND_CPU], ((size_t)batches[t] * 16 + 63) & ~(size_t)63);
+  }
+  assert_int_equal(m->n_plan_builds, 3); /* 5, 1, 33 */
+  spn_model_release(&m);
+  spn_engine_free(e);
+  free(pm.p);
+}
+
+/* On a device backend: Relu and the views on the mock (views of a there),
+ * Sigmoid on the CPU reading the last view through one boundary copy, the
+ * output view z a device value copied out. */
+static void test_views_device(void **state) {
+  (void)state;
+  pb_t pm = view_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(UNSQUEEZE) | OPBIT(SQUEEZE) | OPBIT(FLATTEN) | OPBIT(IDENTITY));
+  spn_model_t *m = load(e, &pm, "mock:0", NULL);
+  assert_int_equal(spn_model_fallback_count(m), 1);
+  int a = value_named(m, "a");
+  assert_int_equal(m->vals[value_named(m, "e")].alias, a);
+  for (int64_t batch = 1; batch <= 9; batch += 4) {
+    mk.from_host = mk.to_host = 0;
+    check_view_outputs(m, batch);
+    assert_int_equal(mk.from_host, 1); /* x */
+    assert_int_equal(mk.to_host, 2);   /* e for Sigmoid, z at the end */
+  }
+  assert_int_equal(mk.bad, 0);
+  spn_model_release(&m);
+  spn_engine_free(e);
+  free(pm.p);
+}
+
+/* Plans are built once per input shape and at most SPN_MAX_PLANS are kept;
+ * results do not depend on which plan or arena a run got. */
+static void test_plan_cache(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL));
+  spn_model_t *ref = load(e, &pm, "cpu", NULL);
+  spn_model_t *m = load(e, &pm, "mock:0", NULL);
+  int64_t batches[] = {2, 2, 3, 2, 4, 5, 6, 7, 2, 3};
+  for (int t = 0; t < 10; t++) {
+    spn_tensor_t a[2], b[2];
+    run2(ref, batches[t], a);
+    run2(m, batches[t], b);
+    for (int o = 0; o < 2; o++) {
+      assert_memory_equal(a[o].data, b[o].data, (size_t)batches[t] * 4 * sizeof(float));
+      spn_model_output_free(&a[o]);
+      spn_model_output_free(&b[o]);
+    }
+    int listed = 0;
+    for (const spn_shape_plan_t *p = m->plans; p; p = p->next)
+      listed++;
+    assert_true(listed <= SPN_MAX_PLANS);
+  }
+  /* 2, 3, 4, 5, 6, 7, then 2 and 3 again after being dropped. */
+  assert_int_equal(m->n_plan_builds, 8);
+  assert_int_equal(mk.bad, 0);
+  spn_model_release(&m);
+  spn_model_release(&ref);
+  spn_engine_free(e);
+  free(pm.p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fallback_places_and_copies),
@@ -532,6 +745,11 @@ int main(void) {
       cmocka_unit_test(test_one_backend_per_device),
       cmocka_unit_test(test_fp16_conversion),
       cmocka_unit_test(test_layout_conversion),
+      cmocka_unit_test(test_arena_plan_random),
+      cmocka_unit_test(test_arena_plan_reuse),
+      cmocka_unit_test(test_views_cpu),
+      cmocka_unit_test(test_views_device),
+      cmocka_unit_test(test_plan_cache),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
