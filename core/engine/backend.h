@@ -61,7 +61,9 @@ typedef struct spn_backend_iface {
    * complete on return. Called with sync at the end of every run (then it
    * also releases per-run state, r->brun[b->slot]) and, for a backend whose
    * memory is not host memory, mid-run after a copy to the host that the
-   * CPU reads next (then the run goes on: keep what it still needs). */
+   * CPU reads next (then the run goes on: keep what it still needs). At the
+   * end of a run whose outputs are all in device memory, a device backend
+   * is called with sync false: release per-run state without waiting. */
   int32_t (*run_end)(spn_backend_t *b, struct spn_run *r, bool sync);
   /* Arena and scratch buffers of the backend's buffer type. */
   int32_t (*buf_alloc)(spn_backend_t *b, size_t size, void **data, void **handle, spn_error_t *err);
@@ -70,6 +72,14 @@ typedef struct spn_backend_iface {
    * Unused (NULL allowed) when host_memory is true. */
   int32_t (*to_host)(spn_backend_t *b, struct spn_run *r, void *dst, const void *src, size_t n);
   int32_t (*from_host)(spn_backend_t *b, struct spn_run *r, void *dst, const void *src, size_t n);
+  /* Fences between runs on different streams sharing an arena (device
+   * backends; NULL for host memory): record, on the run's stream, the point
+   * its work has reached into *fence (created on first use); make the run's
+   * stream wait for a fence without blocking the host; wait on the host for
+   * a fence and free it (before its buffers are freed or pooled). */
+  int32_t (*fence_record)(spn_backend_t *b, struct spn_run *r, void **fence);
+  int32_t (*fence_wait)(spn_backend_t *b, struct spn_run *r, void *fence);
+  void (*fence_free)(spn_backend_t *b, void *fence);
   /* Free the instance (after every model using it is gone). */
   void (*free)(spn_backend_t *b);
 } spn_backend_iface_t;
@@ -78,6 +88,7 @@ struct spn_backend {
   const spn_backend_iface_t *iface;
   char device[32];     /* "cpu", "cuda:0", ... */
   int32_t device_kind; /* spn_device_kind_t */
+  int32_t device_index; /* N of "prefix:N": tensors in its memory carry kind and index */
   int32_t mem_kind;    /* spn_mem_kind_t of the arena's buffer type */
   spn_buffer_type_t *buffer_type; /* where its arena lives (may be NULL for a test backend) */
   bool host_memory;    /* buffers are host memory: no copies to and from the CPU */

@@ -161,6 +161,7 @@ typedef struct spn_shape_plan {
   struct {
     void *p, *h;
     size_t n;
+    void *fence; /* device backends: the last run's work on it (fence_record) */
   } idle[SPN_MAX_BACKENDS];
   bool has_idle;
   int refs;      /* under the model's pool_lock; the list holds one */
@@ -276,8 +277,10 @@ void *spn_aligned_alloc(size_t bytes);
 
 /* graph.c */
 int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err);
+/* Run (see spn_model_run_on for host and device tensors and the stream);
+ * shapes_only: infer and fill the outputs' dtype, ndim and shape only. */
 int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tensor_t *out,
-                      int n_out, int threads, void *stream, spn_error_t *err);
+                      int n_out, int threads, void *stream, bool shapes_only, spn_error_t *err);
 
 /* plan.c: place live nodes on backends, prepare them, find boundary values. */
 int32_t spn_plan_place(spn_model_t *m, spn_error_t *err);

@@ -109,6 +109,7 @@ int32_t spn_shared_backend(spn_engine_shared_t *s, const char *device, int *slot
   if ((rc = f->open(f, idx, &b, err)))
     goto out;
   snprintf(b->device, sizeof b->device, "%s", device);
+  b->device_index = idx;
   b->slot = s->n_backends;
   s->backends[s->n_backends++] = b;
   *slot = b->slot;
@@ -434,7 +435,21 @@ int32_t spn_model_run(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in,
                       spn_tensor_t *outputs, int32_t n_out, spn_error_t *err) {
   if (!m || (n_in && !inputs) || (n_out && !outputs))
     return spn_error_set(err, SPN_EINVAL, "spn_model_run: NULL argument");
-  return spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, NULL, err);
+  return spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, NULL, false, err);
+}
+
+int32_t spn_model_run_on(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in, spn_tensor_t *outputs,
+                         int32_t n_out, void *stream, spn_error_t *err) {
+  if (!m || (n_in && !inputs) || (n_out && !outputs))
+    return spn_error_set(err, SPN_EINVAL, "spn_model_run_on: NULL argument");
+  return spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, stream, false, err);
+}
+
+int32_t spn_model_output_shapes(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in, spn_tensor_t *outputs,
+                                int32_t n_out, spn_error_t *err) {
+  if (!m || (n_in && !inputs) || (n_out && !outputs))
+    return spn_error_set(err, SPN_EINVAL, "spn_model_output_shapes: NULL argument");
+  return spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, NULL, true, err);
 }
 
 const char *spn_model_device(const spn_model_t *m) { return m ? m->device : NULL; }

@@ -855,11 +855,13 @@ static int home_slot(const spn_model_t *m, int vi) {
 static void plan_free_one(spn_model_t *m, spn_shape_plan_t *p) {
   if (!p)
     return;
-  for (int b = 0; b < SPN_MAX_BACKENDS; b++)
-    if (p->idle[b].p) {
-      spn_backend_t *bk = m->shared->backends[b];
+  for (int b = 0; b < SPN_MAX_BACKENDS; b++) {
+    spn_backend_t *bk = m->shared->backends[b];
+    if (p->idle[b].fence)
+      bk->iface->fence_free(bk, p->idle[b].fence); /* waits for the last run */
+    if (p->idle[b].p)
       bk->iface->buf_free(bk, p->idle[b].p, p->idle[b].h);
-    }
+  }
   free(p->key);
   free(p->off);
   free(p->xoff);
@@ -1082,21 +1084,29 @@ static int32_t plan_get(spn_run_t *r, spn_shape_plan_t **out) {
 /* The arenas of a run of plan p: the plan's idle set when free, else
  * buffers from the model's pool. */
 static int32_t arenas_take(spn_run_t *r, spn_shape_plan_t *p, uint8_t **arena, size_t *arena_n, void **arena_h,
-                           bool *own) {
+                           void **fence) {
   spn_model_t *m = r->m;
   pthread_mutex_lock(&m->pool_lock);
-  *own = p->has_idle;
   if (p->has_idle) {
     for (int b = 0; b < SPN_MAX_BACKENDS; b++) {
       arena[b] = p->idle[b].p;
       arena_h[b] = p->idle[b].h;
       arena_n[b] = p->idle[b].n;
-      p->idle[b].p = p->idle[b].h = NULL;
+      fence[b] = p->idle[b].fence;
+      p->idle[b].p = p->idle[b].h = p->idle[b].fence = NULL;
       p->idle[b].n = 0;
     }
     p->has_idle = false;
   }
   pthread_mutex_unlock(&m->pool_lock);
+  /* The previous run on this arena may still be at work on another stream
+   * (a run returning without synchronising): this run's stream waits. */
+  for (int b = 0; b < m->shared->n_backends; b++) {
+    spn_backend_t *bk = m->shared->backends[b];
+    int32_t rc;
+    if (fence[b] && (rc = bk->iface->fence_wait(bk, r, fence[b])))
+      return rc;
+  }
   for (int b = 0; b < m->shared->n_backends; b++) {
     if (!p->top[b] || arena[b])
       continue;
@@ -1107,7 +1117,17 @@ static int32_t arenas_take(spn_run_t *r, spn_shape_plan_t *p, uint8_t **arena, s
   return SPN_OK;
 }
 
-static void arenas_give(spn_model_t *m, spn_shape_plan_t *p, uint8_t **arena, size_t *arena_n, void **arena_h) {
+/* Back to the plan (or the pool). async: the run did not synchronise, so
+ * each device arena gets a fence after the run's work; an arena going to
+ * the pool is waited for first. */
+static void arenas_give(spn_run_t *r, spn_shape_plan_t *p, uint8_t **arena, size_t *arena_n, void **arena_h,
+                        void **fence, bool async) {
+  spn_model_t *m = r->m;
+  for (int b = 0; b < m->shared->n_backends; b++) {
+    spn_backend_t *bk = m->shared->backends[b];
+    if (async && arena[b] && bk->iface->fence_record && bk->iface->fence_record(bk, r, &fence[b]) != SPN_OK)
+      bk->iface->run_end(bk, r, true); /* no fence: wait now */
+  }
   pthread_mutex_lock(&m->pool_lock);
   bool keep = !p->has_idle && p->refs > 1; /* still listed (a dropped plan has only the runs' refs) */
   bool listed = false;
@@ -1118,13 +1138,19 @@ static void arenas_give(spn_model_t *m, spn_shape_plan_t *p, uint8_t **arena, si
       p->idle[b].p = arena[b];
       p->idle[b].h = arena_h[b];
       p->idle[b].n = arena_n[b];
+      p->idle[b].fence = fence[b];
       arena[b] = NULL;
+      fence[b] = NULL;
     }
     p->has_idle = true;
   }
   pthread_mutex_unlock(&m->pool_lock);
-  for (int b = 0; b < m->shared->n_backends; b++)
+  for (int b = 0; b < m->shared->n_backends; b++) {
+    spn_backend_t *bk = m->shared->backends[b];
+    if (fence[b])
+      bk->iface->fence_free(bk, fence[b]);
     spn_pool_give(m, b, arena[b], arena_n[b], arena_h[b]);
+  }
 }
 
 /* Copy value c->val from its home into the consuming backend's slot. */
@@ -1144,8 +1170,34 @@ static int32_t cross_copy(spn_run_t *r, const spn_cross_t *c, void *dst) {
   return spn_error_set(r->err, SPN_EUNSUPPORTED, "%s: value '%s': no copy from %s to %s", m->path, m->vals[c->val].name, from->device, to->device);
 }
 
+/* Whether a tensor's memory is the device backend b's (not the host's). */
+static bool on_device(const spn_tensor_t *t) { return t->device_kind != SPN_DEVICE_CPU; }
+
+static bool device_matches(const spn_backend_t *b, const spn_tensor_t *t) {
+  return !b->host_memory && t->device_kind == b->device_kind && t->device_index == b->device_index;
+}
+
+/* Whether the host reads value vi's bytes during a run: a node on a
+ * host-memory backend, or a shape-class node other than Shape, reads it. */
+static bool host_reads(const spn_model_t *m, int vi) {
+  for (int i = 0; i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead || (n->shape_class && n->op == SPN_OP_SHAPE))
+      continue;
+    if (!n->shape_class && !m->shared->backends[n->backend]->host_memory)
+      continue;
+    for (int k = 0; k < n->n_in; k++)
+      if (n->in[k] == vi)
+        return true;
+    for (int p = 0; p < n->n_post; p++)
+      if ((n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU) && n->post[p].val == vi)
+        return true;
+  }
+  return false;
+}
+
 int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tensor_t *out,
-                      int n_out, int threads, void *stream, spn_error_t *err) {
+                      int n_out, int threads, void *stream, bool shapes_only, spn_error_t *err) {
   if (n_in != m->n_inputs)
     return spn_error_set(err, SPN_EINVAL, "%s: %d inputs given, the model takes %d", m->path, n_in, m->n_inputs);
   if (n_out != m->n_outputs)
@@ -1154,26 +1206,34 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
   if (!rv)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
   spn_backend_t *const *bk = m->shared->backends;
+  spn_backend_t *dev = bk[m->dev_slot];
   int nb = m->shared->n_backends;
   spn_run_t r = {.m = m, .v = rv, .err = err, .threads = threads, .stream = stream};
   spn_shape_plan_t *plan = NULL;
   uint8_t *arena[SPN_MAX_BACKENDS] = {0};
   size_t arena_n[SPN_MAX_BACKENDS] = {0};
-  void *arena_h[SPN_MAX_BACKENDS] = {0};
-  bool used[SPN_MAX_BACKENDS] = {0}, own_arena = false;
+  void *arena_h[SPN_MAX_BACKENDS] = {0}, *fence[SPN_MAX_BACKENDS] = {0};
+  bool used[SPN_MAX_BACKENDS] = {0};
   bool *engine_alloc = calloc((size_t)n_out + 1, sizeof(bool));
+  bool *in_place = calloc((size_t)m->n_val + 1, sizeof(bool)); /* device inputs used where they are */
   void **xsave = calloc((size_t)m->n_cross + 1, sizeof(void *));
+  void **tmp_out = calloc((size_t)n_out + 1, sizeof(void *)); /* host results for device outputs */
+  bool host_out = n_out == 0;
   int32_t rc = SPN_OK;
   used[SPN_BACKEND_CPU] = true;
-  if (!engine_alloc || !xsave) {
+  if (!engine_alloc || !in_place || !xsave || !tmp_out) {
     rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
     goto out;
   }
   for (int i = 0; i < n_in; i++) {
     const spn_value_t *iv = &m->vals[m->inputs[i]];
     const spn_tensor_t *t = &in[i];
-    if (t->dtype != iv->dtype || t->ndim != iv->ndim || !t->data || t->device_kind != SPN_DEVICE_CPU) {
-      rc = spn_error_set(err, SPN_EINVAL, "%s: input '%s' (#%d): expected a host tensor of dtype %d with %d dims, got dtype %d with %d dims", m->path, iv->name, i, iv->dtype, iv->ndim, t->dtype, t->ndim);
+    if (t->dtype != iv->dtype || t->ndim != iv->ndim || !t->data) {
+      rc = spn_error_set(err, SPN_EINVAL, "%s: input '%s' (#%d): expected a tensor of dtype %d with %d dims, got dtype %d with %d dims", m->path, iv->name, i, iv->dtype, iv->ndim, t->dtype, t->ndim);
+      goto out;
+    }
+    if (on_device(t) && !device_matches(dev, t)) {
+      rc = spn_error_set(err, SPN_EINVAL, "%s: input '%s' (#%d) is in the memory of device kind %d index %d; a model on %s takes host memory or its own device's", m->path, iv->name, i, t->device_kind, t->device_index, m->device);
       goto out;
     }
     for (int d = 0; d < t->ndim; d++)
@@ -1188,6 +1248,23 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
     x->data = t->data;
     x->ext = true;
     x->bytes = rt_bytes(x);
+    if (on_device(t) && !shapes_only) {
+      if (!host_reads(m, m->inputs[i]) && !iv->is_output) {
+        in_place[m->inputs[i]] = true;
+        continue;
+      }
+      /* Read by the host too: one copy to the host, used like a host input. */
+      void *h = spn_aligned_alloc(x->bytes ? x->bytes : 1);
+      if (!h) {
+        rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
+        goto out;
+      }
+      x->data = h;
+      x->ext = false;
+      x->host_owned = true;
+      if (x->bytes && ((rc = dev->iface->to_host(dev, &r, h, t->data, x->bytes)) || (rc = dev->iface->run_end(dev, &r, true))))
+        goto out;
+    }
   }
   /* Shapes, and shape-class values on the host. */
   for (int i = 0; i < m->n_node; i++) {
@@ -1213,7 +1290,7 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
       }
     }
   }
-  /* Outputs: caller buffers or engine allocations. */
+  /* Outputs: caller buffers (host or device) or engine allocations. */
   for (int i = 0; i < n_out; i++) {
     int vi = m->outputs[i];
     spn_rt_val_t *ov = &rv[vi];
@@ -1223,6 +1300,19 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
       rc = spn_error_set(err, SPN_ETOOBIG, "%s: output '%s' too large", m->path, m->vals[vi].name);
       goto out;
     }
+    if (shapes_only) {
+      t->struct_size = sizeof *t;
+      t->dtype = ov->dtype;
+      t->ndim = ov->ndim;
+      memset(t->shape, 0, sizeof t->shape);
+      memcpy(t->shape, ov->shape, (size_t)ov->ndim * sizeof(int64_t));
+      continue;
+    }
+    if (on_device(t) && (!device_matches(dev, t) || !t->data)) {
+      rc = spn_error_set(err, SPN_EINVAL, "%s: output '%s' (#%d): %s", m->path, m->vals[vi].name, i, t->data ? "a device output must be in the memory of the model's device" : "a device output needs the caller's buffer (spn_model_output_shapes gives its shape)");
+      goto out;
+    }
+    host_out = host_out || !on_device(t);
     if (t->data) {
       bool same = t->dtype == ov->dtype && t->ndim == ov->ndim;
       for (int d = 0; same && d < ov->ndim; d++)
@@ -1233,6 +1323,8 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
       }
     }
   }
+  if (shapes_only)
+    goto out;
   for (int i = 0; i < n_out; i++) {
     int vi = m->outputs[i];
     spn_rt_val_t *ov = &rv[vi];
@@ -1240,7 +1332,16 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
     if (m->vals[vi].kind == SPN_VAL_CONST || ov->host_owned || (ov->ext && ov->data))
       continue; /* copied at the end */
     if (!bk[home_slot(m, vi)]->host_memory)
-      continue; /* produced in device memory: planned there, copied at the end */
+      continue; /* produced in device memory: planned there (or the caller's device buffer), copied at the end */
+    if (on_device(t)) { /* produced on the host: there first, then copied */
+      if (!(tmp_out[i] = spn_aligned_alloc(ov->bytes ? ov->bytes : 1))) {
+        rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory for output '%s'", m->path, m->vals[vi].name);
+        goto out;
+      }
+      ov->data = tmp_out[i];
+      ov->ext = true;
+      continue;
+    }
     if (!t->data) {
       t->data = spn_aligned_alloc(ov->bytes);
       if (!t->data) {
@@ -1254,9 +1355,8 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
   }
   /* The memory plan of these shapes (built by their first run), and its
    * arenas. */
-  if ((rc = plan_get(&r, &plan)) || (rc = arenas_take(&r, plan, arena, arena_n, arena_h, &own_arena)))
+  if ((rc = plan_get(&r, &plan)) || (rc = arenas_take(&r, plan, arena, arena_n, arena_h, fence)))
     goto out;
-  (void)own_arena;
   for (int b = 0; b < nb; b++) {
     r.bws[b] = plan->ws_n[b] ? arena[b] + plan->ws_off[b] : NULL;
     r.bws_n[b] = plan->ws_n[b];
@@ -1265,6 +1365,16 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
     if (!rv[i].ext && !rv[i].host_owned && m->vals[i].kind != SPN_VAL_CONST && m->vals[i].alias < 0 && rv[i].bytes &&
         m->vals[i].producer >= 0 && !m->nodes[m->vals[i].producer].dead)
       rv[i].data = arena[home_slot(m, i)] + plan->off[i];
+  /* Device outputs produced on the device: written in the caller's buffer
+   * (the plan's slot for them stays unused). */
+  for (int i = 0; i < n_out; i++) {
+    int vi = m->outputs[i];
+    if (on_device(&out[i]) && m->vals[vi].kind == SPN_VAL_INTER && !rv[vi].host_owned && !rv[vi].ext &&
+        !bk[home_slot(m, vi)]->host_memory) {
+      rv[vi].data = out[i].data;
+      rv[vi].ext = true;
+    }
+  }
   for (int i = 0; i < m->n_val; i++)
     if (m->vals[i].alias >= 0 && m->vals[i].producer >= 0 && !m->nodes[m->vals[i].producer].dead)
       rv[i].data = rv[m->vals[i].alias].data;
@@ -1282,7 +1392,7 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
       j++;
     for (int c = 0; c < m->n_cross && !rc; c++) {
       const spn_cross_t *x = &m->cross[c];
-      if (x->slot != b || x->last < i || x->first >= j)
+      if (x->slot != b || x->last < i || x->first >= j || (in_place[x->val] && b == m->dev_slot))
         continue;
       void *dst = arena[b] + plan->xoff[c];
       if (x->first >= i)
@@ -1307,8 +1417,19 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
     int vi = m->outputs[i];
     spn_rt_val_t *ov = &rv[vi];
     spn_tensor_t *t = &out[i];
+    spn_backend_t *hb = bk[home_slot(m, vi)];
+    bool dev_home = !hb->host_memory && !ov->host_owned && m->vals[vi].kind == SPN_VAL_INTER;
     if (ov->data == t->data && t->data)
       goto shape;
+    if (on_device(t)) {
+      if (dev_home || in_place[vi]) {
+        rc = spn_error_set(err, SPN_EUNSUPPORTED, "%s: output '%s' (#%d): no device-to-device copy of this output; ask for it in host memory", m->path, m->vals[vi].name, i);
+        goto out;
+      }
+      if (ov->bytes && (rc = dev->iface->from_host(dev, &r, t->data, ov->data, ov->bytes)))
+        goto out;
+      goto shape;
+    }
     if (!t->data) {
       t->data = spn_aligned_alloc(ov->bytes);
       if (!t->data) {
@@ -1317,28 +1438,33 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
       }
       engine_alloc[i] = true;
     }
-    spn_backend_t *hb = bk[home_slot(m, vi)];
-    if (!hb->host_memory && !ov->host_owned && m->vals[vi].kind == SPN_VAL_INTER) {
+    if (dev_home) {
       if (ov->bytes && (rc = hb->iface->to_host(hb, &r, t->data, ov->data, ov->bytes)))
+        goto out;
+    } else if (in_place[vi]) {
+      if (ov->bytes && (rc = dev->iface->to_host(dev, &r, t->data, ov->data, ov->bytes)))
         goto out;
     } else if (ov->bytes) {
       memcpy(t->data, ov->data, ov->bytes);
     }
+    t->device_kind = SPN_DEVICE_CPU;
+    t->device_index = 0;
   shape:
     t->struct_size = sizeof *t;
     t->dtype = ov->dtype;
     t->ndim = ov->ndim;
     memset(t->shape, 0, sizeof t->shape);
     memcpy(t->shape, ov->shape, (size_t)ov->ndim * sizeof(int64_t));
-    t->device_kind = SPN_DEVICE_CPU;
-    t->device_index = 0;
   }
 out:
   /* Every backend finishes the run's work (outputs copied to the host are
-   * complete) before its buffers go back to the plan or the pool. */
+   * complete) before its buffers go back to the plan or the pool; when every
+   * output is in device memory, device backends do not wait: the outputs
+   * are ready when the stream's work is, and the arenas carry a fence. */
   for (int b = 0; b < nb; b++)
-    if (used[b]) {
-      int32_t erc = bk[b]->iface->run_end(bk[b], &r, true);
+    if (used[b] || b == m->dev_slot) {
+      bool sync = host_out || rc || bk[b]->host_memory || shapes_only;
+      int32_t erc = bk[b]->iface->run_end(bk[b], &r, sync);
       if (erc && !rc)
         rc = erc;
     }
@@ -1348,12 +1474,18 @@ out:
         free(out[i].data);
         out[i].data = NULL;
       }
-  free(engine_alloc);
-  free(xsave);
   if (plan) {
-    arenas_give(m, plan, arena, arena_n, arena_h);
+    arenas_give(&r, plan, arena, arena_n, arena_h, fence, !host_out && !rc);
     plan_unref(m, plan);
   }
+  /* Host results copied into device outputs: the copies are from pageable
+   * memory, staged before cudaMemcpyAsync returns, so they can go now. */
+  for (int i = 0; tmp_out && i < n_out; i++)
+    free(tmp_out[i]);
+  free(tmp_out);
+  free(engine_alloc);
+  free(in_place);
+  free(xsave);
   spn_pool_give(m, SPN_BACKEND_CPU, r.scratch, r.scratch_n, r.scratch_h);
   rt_free(m, rv);
   return rc;

@@ -182,6 +182,8 @@ static bool cu_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t
   case SPN_OP_CONVT:
     if (!const_in(m, n, 1) || m->vals[n->in[1]].ndim != 4)
       no = "only 2-D convolutions with constant weights";
+    else if (!all_f32_inputs(m, n, 3))
+      no = "only fp32";
     else if (n->n_in > 2 && n->in[2] >= 0 && !const_in(m, n, 2))
       no = "the bias must be a constant";
     else if (!sym_pads(n))
@@ -276,7 +278,7 @@ static size_t value_bytes(const spn_value_t *v) {
 /* Input k of n is an fp16 tensor-core operand at this model's precision:
  * the weight of a convolution, either matrix of MatMul/Gemm (not Gemm's C). */
 static bool half_operand(const spn_model_t *m, const spn_node_t *n, int k) {
-  if (m->precision != SPN_PREC_FP16)
+  if (m->precision != SPN_PREC_FP16 || k >= n->n_in || n->in[k] < 0 || m->vals[n->in[k]].dtype != SPN_DTYPE_F32)
     return false;
   if (n->op == SPN_OP_CONV || n->op == SPN_OP_CONVT)
     return k == 1;
@@ -671,7 +673,9 @@ static int32_t gemm_problem(spn_backend_t *b, const spn_run_t *r, const spn_node
   g->N = g->tb ? w->shape[0] : w->shape[1];
   if (n->n_in > 2 && n->in[2] >= 0 && beta != 0.f) {
     const spn_rt_val_t *cv = &r->v[n->in[2]];
-    if (cv->ndim == 1 && cv->shape[0] == g->N && beta == 1.f) {
+    /* The epilogue's bias pointer is fixed in the cached descriptor: only a
+     * constant (uploaded at prepare) can be it. */
+    if (cv->ndim == 1 && cv->shape[0] == g->N && beta == 1.f && const_in(r->m, n, 2)) {
       g->bias = in_ptr(r, n, 2);
       g->relu = n->n_post > 0 && n->post[0].kind == SPN_POST_RELU;
       g->from = g->relu;
@@ -696,10 +700,9 @@ static cublasStatus_t lt_build(cu_ctx_t *cx, int prec, const cu_gemm_t *g, cu_lt
   if (!st) st = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
   if (!st && g->bias) {
     cublasLtEpilogue_t epi = g->relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    cudaDataType_t bt = CUDA_R_32F;
+    /* The bias has D's type (fp32) by default, at every precision. */
     st = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
     if (!st) st = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias);
-    if (!st) st = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
   }
   /* "A" of the column-major call is B: stored K x N row-major (N x K col-major, ld N) or, transposed, N x K row-major. */
   if (!st) st = cublasLtMatrixLayoutCreate(&e->la, ab, g->tb ? (uint64_t)K : (uint64_t)N, g->tb ? (uint64_t)N : (uint64_t)K, g->tb ? K : N);
@@ -1150,6 +1153,34 @@ static int32_t cu_from_host(spn_backend_t *b, spn_run_t *r, void *dst, const voi
   return SPN_OK;
 }
 
+/* Fences are CUDA events (no timing) recorded on the run's stream. */
+static int32_t cu_fence_record(spn_backend_t *b, spn_run_t *r, void **fence) {
+  cu_ctx_t *cx = b->ctx;
+  cudaSetDevice(cx->dev);
+  if (!*fence) {
+    cudaEvent_t ev;
+    CU(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "creating a fence");
+    *fence = ev;
+  }
+  CU(cudaEventRecord((cudaEvent_t)*fence, run_stream(b, r)), "recording a fence");
+  return SPN_OK;
+}
+
+static int32_t cu_fence_wait(spn_backend_t *b, spn_run_t *r, void *fence) {
+  cu_ctx_t *cx = b->ctx;
+  cudaSetDevice(cx->dev);
+  CU(cudaStreamWaitEvent(run_stream(b, r), (cudaEvent_t)fence, 0), "waiting for a fence");
+  return SPN_OK;
+}
+
+static void cu_fence_free(spn_backend_t *b, void *fence) {
+  cu_ctx_t *cx = b->ctx;
+  cudaSetDevice(cx->dev);
+  (void)cudaEventSynchronize((cudaEvent_t)fence);
+  (void)cudaEventDestroy((cudaEvent_t)fence);
+  (void)cudaGetLastError();
+}
+
 static void cu_free(spn_backend_t *b) {
   cu_ctx_t *cx = b->ctx;
   if (cx) {
@@ -1175,6 +1206,9 @@ static const spn_backend_iface_t cu_iface = {
     .buf_free = cu_buf_free,
     .to_host = cu_to_host,
     .from_host = cu_from_host,
+    .fence_record = cu_fence_record,
+    .fence_wait = cu_fence_wait,
+    .fence_free = cu_fence_free,
     .free = cu_free,
 };
 

@@ -32,6 +32,8 @@ typedef struct {
   int computed;           /* nodes run */
   int prepared;           /* nodes prepared */
   int bad;                /* nodes refused: an operand outside its memory */
+  int fences, fence_waits, fence_frees, fences_made;
+  void *last_stream;      /* the stream of the last compute */
 } mock_t;
 
 /* Per-node context: the node's constant inputs, copied into mock memory. */
@@ -89,6 +91,7 @@ static void mock_node_free(spn_backend_t *b, spn_node_t *n) {
 
 static int32_t mock_compute(spn_backend_t *b, spn_run_t *r, int first, int last) {
   mock_t *mk = b->ctx;
+  mk->last_stream = r->stream;
   for (int i = first; i < last; i++) {
     const spn_node_t *n = &r->m->nodes[i];
     if (n->dead || n->shape_class || n->backend != b->slot)
@@ -173,6 +176,28 @@ static int32_t mock_from_host(spn_backend_t *b, spn_run_t *r, void *dst, const v
   return SPN_OK;
 }
 
+static int32_t mock_fence_record(spn_backend_t *b, spn_run_t *r, void **fence) {
+  (void)r;
+  mock_t *mk = b->ctx;
+  if (!*fence) {
+    *fence = malloc(1);
+    mk->fences_made++;
+  }
+  mk->fences++;
+  return *fence ? SPN_OK : SPN_ENOMEM;
+}
+
+static int32_t mock_fence_wait(spn_backend_t *b, spn_run_t *r, void *fence) {
+  (void)r, (void)fence;
+  ((mock_t *)b->ctx)->fence_waits++;
+  return SPN_OK;
+}
+
+static void mock_fence_free(spn_backend_t *b, void *fence) {
+  ((mock_t *)b->ctx)->fence_frees++;
+  free(fence);
+}
+
 static void mock_free(spn_backend_t *b) {
   mock_t *mk = b->ctx;
   while (mk->n_buf)
@@ -190,6 +215,9 @@ static const spn_backend_iface_t mock_iface = {
     .buf_free = mock_buf_free,
     .to_host = mock_to_host,
     .from_host = mock_from_host,
+    .fence_record = mock_fence_record,
+    .fence_wait = mock_fence_wait,
+    .fence_free = mock_fence_free,
     .free = mock_free,
 };
 
@@ -736,6 +764,149 @@ static void test_plan_cache(void **state) {
   free(pm.p);
 }
 
+
+/* ---- device-resident inputs and outputs ---- */
+
+static void *mock_mem(spn_model_t *m, size_t n) {
+  spn_backend_t *b = m->shared->backends[m->dev_slot];
+  void *p = NULL, *h = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(b->iface->buf_alloc(b, n, &p, &h, &err), SPN_OK);
+  return p;
+}
+
+static void mock_mem_free(spn_model_t *m, void *p) {
+  spn_backend_t *b = m->shared->backends[m->dev_slot];
+  b->iface->buf_free(b, p, p);
+}
+
+static spn_tensor_t tensor2(void *data, int64_t batch, bool dev) {
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = SPN_DTYPE_F32;
+  t.ndim = 2;
+  t.shape[0] = batch;
+  t.shape[1] = 4;
+  t.data = data;
+  t.device_kind = dev ? SPN_DEVICE_CUDA : SPN_DEVICE_CPU;
+  return t;
+}
+
+/* Inputs and outputs in the device's memory are used in place on the
+ * caller's stream, and a run with only device outputs does not wait: no
+ * copy, no sync, one fence on its arena, which the next run waits for. */
+static void test_device_io_in_place(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL) | OPBIT(SIGMOID) | OPBIT(TANH));
+  spn_model_t *ref = load(e, &pm, "cpu", NULL);
+  spn_model_t *m = load(e, &pm, "mock:0", NULL);
+  const int64_t batch = 6;
+  size_t bytes = (size_t)batch * 4 * sizeof(float);
+  float *x = mock_mem(m, bytes), *y = mock_mem(m, bytes), *bo = mock_mem(m, bytes);
+  for (int64_t i = 0; i < batch * 4; i++)
+    x[i] = (float)((i * 37) % 17) / 4.f - 2.f;
+  spn_tensor_t want[2];
+  run2(ref, batch, want);
+  spn_tensor_t in = tensor2(x, batch, true);
+  spn_tensor_t shapes[2] = {SPN_TENSOR_INIT, SPN_TENSOR_INIT};
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_model_output_shapes(m, &in, 1, shapes, 2, &err), SPN_OK);
+  assert_int_equal(shapes[0].ndim, 2);
+  assert_int_equal(shapes[0].shape[0], batch);
+  assert_int_equal(shapes[1].shape[1], 4);
+  assert_null(shapes[0].data);
+  void *stream = (void *)(uintptr_t)0x5151;
+  for (int round = 0; round < 3; round++) {
+    spn_tensor_t out[2] = {tensor2(y, batch, true), tensor2(bo, batch, true)};
+    mk.from_host = mk.to_host = mk.syncs = mk.fences = mk.fence_waits = 0;
+    int32_t rc = spn_model_run_on(m, &in, 1, out, 2, stream, &err);
+    if (rc)
+      fail_msg("run_on: %s", err.msg);
+    assert_int_equal(mk.from_host, 0);
+    assert_int_equal(mk.to_host, 0);
+    assert_int_equal(mk.syncs, 0);
+    assert_int_equal(mk.fences, 1);
+    assert_int_equal(mk.fence_waits, round ? 1 : 0);
+    assert_ptr_equal(mk.last_stream, stream);
+    assert_ptr_equal(out[0].data, y);
+    assert_int_equal(out[0].device_kind, SPN_DEVICE_CUDA);
+    assert_memory_equal(y, want[0].data, bytes);
+    assert_memory_equal(bo, want[1].data, bytes);
+    memset(y, 0, bytes);
+  }
+  /* A host output makes the run wait again. */
+  spn_tensor_t mixed[2] = {tensor2(y, batch, true), tensor2(NULL, batch, false)};
+  mk.syncs = 0;
+  assert_int_equal(spn_model_run_on(m, &in, 1, mixed, 2, stream, &err), SPN_OK);
+  assert_true(mk.syncs >= 1);
+  assert_memory_equal(mixed[1].data, want[1].data, bytes);
+  assert_memory_equal(y, want[0].data, bytes);
+  spn_model_output_free(&mixed[1]);
+  /* Misuse: a device output without a buffer, another device's memory. */
+  spn_tensor_t nobuf[2] = {tensor2(NULL, batch, true), tensor2(bo, batch, true)};
+  assert_int_equal(spn_model_run_on(m, &in, 1, nobuf, 2, stream, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "caller's buffer"));
+  spn_tensor_t other = in;
+  other.device_index = 1;
+  spn_tensor_t out2[2] = {tensor2(y, batch, true), tensor2(bo, batch, true)};
+  assert_int_equal(spn_model_run_on(m, &other, 1, out2, 2, stream, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "'x'"));
+  assert_int_equal(spn_model_run_on(ref, &in, 1, out2, 2, NULL, &err), SPN_EINVAL); /* a CPU model */
+  assert_int_equal(mk.bad, 0);
+  mock_mem_free(m, x);
+  mock_mem_free(m, y);
+  mock_mem_free(m, bo);
+  int made = mk.fences_made;
+  spn_model_release(&m);
+  assert_int_equal(mk.fence_frees, made); /* waited for before the arena went */
+  spn_model_release(&ref);
+  for (int o = 0; o < 2; o++)
+    spn_model_output_free(&want[o]);
+  spn_engine_free(e);
+  free(pm.p);
+}
+
+/* With nodes on the CPU: a device input the CPU reads is copied to the
+ * host once; a device output produced on the CPU is copied into the
+ * caller's device buffer; results still equal the CPU model's. */
+static void test_device_io_fallback(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL));
+  spn_model_t *ref = load(e, &pm, "cpu", NULL);
+  spn_model_t *m = load(e, &pm, "mock:0", NULL);
+  const int64_t batch = 3;
+  size_t bytes = (size_t)batch * 4 * sizeof(float);
+  float *x = mock_mem(m, bytes), *y = mock_mem(m, bytes);
+  for (int64_t i = 0; i < batch * 4; i++)
+    x[i] = (float)((i * 37) % 17) / 4.f - 2.f;
+  spn_tensor_t want[2];
+  run2(ref, batch, want);
+  spn_tensor_t in = tensor2(x, batch, true);
+  spn_tensor_t out[2] = {tensor2(y, batch, true), tensor2(NULL, batch, false)};
+  spn_error_t err = SPN_ERROR_INIT;
+  mk.from_host = mk.to_host = 0;
+  int32_t rc = spn_model_run_on(m, &in, 1, out, 2, NULL, &err);
+  if (rc)
+    fail_msg("run_on: %s", err.msg);
+  assert_memory_equal(y, want[0].data, bytes);
+  assert_memory_equal(out[1].data, want[1].data, bytes);
+  assert_int_equal(mk.to_host, 1 + 2);   /* x for Sigmoid; d for Tanh and b at the end */
+  assert_int_equal(mk.from_host, 2 + 1); /* x and a into the mock; y into its buffer */
+  assert_int_equal(mk.bad, 0);
+  spn_model_output_free(&out[1]);
+  mock_mem_free(m, x);
+  mock_mem_free(m, y);
+  spn_model_release(&m);
+  spn_model_release(&ref);
+  for (int o = 0; o < 2; o++)
+    spn_model_output_free(&want[o]);
+  spn_engine_free(e);
+  free(pm.p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fallback_places_and_copies),
@@ -750,6 +921,8 @@ int main(void) {
       cmocka_unit_test(test_views_cpu),
       cmocka_unit_test(test_views_device),
       cmocka_unit_test(test_plan_cache),
+      cmocka_unit_test(test_device_io_in_place),
+      cmocka_unit_test(test_device_io_fallback),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
