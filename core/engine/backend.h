@@ -80,6 +80,9 @@ typedef struct spn_backend_iface {
   int32_t (*fence_record)(spn_backend_t *b, struct spn_run *r, void **fence);
   int32_t (*fence_wait)(spn_backend_t *b, struct spn_run *r, void *fence);
   void (*fence_free)(spn_backend_t *b, void *fence);
+  /* Model m is going away: drop anything kept for it beyond its nodes
+   * (captured graphs). NULL: nothing. Thread: model destruction. */
+  void (*model_release)(spn_backend_t *b, const struct spn_model *m);
   /* Free the instance (after every model using it is gone). */
   void (*free)(spn_backend_t *b);
 } spn_backend_iface_t;

@@ -178,6 +178,7 @@ struct spn_model {
   int dev_slot;        /* backend slot of the model's device */
   int precision;       /* spn_precision_t */
   bool fallback_error; /* refuse nodes the device cannot run */
+  bool no_graphs;      /* device backends run eagerly, never as CUDA Graphs */
   int n_fallback;      /* live nodes placed on the CPU although the device is not */
   int n_cross;
   spn_cross_t *cross;

@@ -57,6 +57,20 @@
 #define CU_LT_WS ((size_t)32 << 20)
 #define CU_ALIGN(x) (((x) + 255) & ~(size_t)255)
 
+/* A range of nodes run as a CUDA Graph: captured on the second run with the
+ * same signature (model, range, input shapes, every device pointer and
+ * shape the range reads or writes, its scratch), replayed from the third. */
+typedef struct cu_graph {
+  const spn_model_t *m;
+  int64_t *sig;
+  size_t sig_n;
+  int state; /* 0: seen once (ran eagerly); 1: captured; -1: not capturable (eager) */
+  cudaGraphExec_t exec;
+  uint64_t tick;
+  struct cu_graph *next;
+} cu_graph_t;
+#define CU_MAX_GRAPHS 64
+
 typedef struct {
   int dev;
   spn_device_t **devs; /* the GPU as a spindle/device.h device: arena buffers */
@@ -65,6 +79,9 @@ typedef struct {
   cudnnHandle_t dnn;
   cublasLtHandle_t lt;
   pthread_mutex_t lock;
+  cu_graph_t *graphs; /* under lock, at most CU_MAX_GRAPHS (least recently used dropped) */
+  int n_graphs;
+  uint64_t graph_tick;
 } cu_ctx_t;
 
 typedef struct cu_conv {
@@ -1097,11 +1114,8 @@ static int32_t cu_prepare_shape(spn_backend_t *b, spn_run_t *r, size_t *scratch_
   return rc;
 }
 
-static int32_t cu_compute(spn_backend_t *b, spn_run_t *r, int first, int last) {
-  cu_ctx_t *cx = b->ctx;
+static int32_t run_range(spn_backend_t *b, spn_run_t *r, int first, int last) {
   const spn_model_t *m = r->m;
-  pthread_mutex_lock(&cx->lock);
-  cudaSetDevice(cx->dev);
   int32_t rc = SPN_OK;
   for (int i = first; i < last && !rc; i++) {
     const spn_node_t *n = &m->nodes[i];
@@ -1110,8 +1124,185 @@ static int32_t cu_compute(spn_backend_t *b, spn_run_t *r, int first, int last) {
     if ((rc = exec_node(b, r, n)))
       spn_error_prefix(r->err, "%s: node '%s' (%s) on %s", m->path, n->name, n->op_name, b->device);
   }
+  return rc;
+}
+
+/* ---- CUDA Graphs ---- */
+
+typedef struct {
+  int64_t *v;
+  size_t n, cap;
+  bool oom;
+} cu_sig_t;
+
+static void sig_push(cu_sig_t *s, int64_t x) {
+  if (s->oom)
+    return;
+  if (s->n == s->cap) {
+    size_t cap = s->cap ? s->cap * 2 : 256;
+    int64_t *nv = realloc(s->v, cap * sizeof *nv);
+    if (!nv) {
+      s->oom = true;
+      return;
+    }
+    s->v = nv;
+    s->cap = cap;
+  }
+  s->v[s->n++] = x;
+}
+
+/* A value as the range sees it: its shape, and where it is when that is
+ * device memory (host values, i.e. constants and shape-class values, are
+ * read at enqueue time and follow from the shapes). */
+static void sig_value(cu_sig_t *s, const spn_run_t *r, int vi) {
+  const spn_rt_val_t *v = &r->v[vi];
+  const spn_value_t *mv = &r->m->vals[vi];
+  bool host = mv->kind == SPN_VAL_CONST || v->host_owned;
+  sig_push(s, vi);
+  sig_push(s, host ? 0 : (int64_t)(intptr_t)v->data);
+  sig_push(s, v->ndim);
+  for (int d = 0; d < v->ndim; d++)
+    sig_push(s, v->shape[d]);
+}
+
+static void sig_build(cu_sig_t *s, spn_backend_t *b, const spn_run_t *r, int first, int last) {
+  const spn_model_t *m = r->m;
+  sig_push(s, first);
+  sig_push(s, last);
+  sig_push(s, (int64_t)(intptr_t)r->bws[b->slot]);
+  sig_push(s, (int64_t)r->bws_n[b->slot]);
+  for (int i = 0; i < m->n_inputs; i++)
+    sig_value(s, r, m->inputs[i]);
+  for (int i = first; i < last; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead || n->shape_class || n->backend != b->slot)
+      continue;
+    for (int k = 0; k < n->n_in; k++)
+      if (n->in[k] >= 0)
+        sig_value(s, r, n->in[k]);
+    for (int p = 0; p < n->n_post; p++)
+      if (n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU)
+        sig_value(s, r, n->post[p].val);
+    for (int o = 0; o < n->n_out; o++)
+      if (n->out[o] >= 0)
+        sig_value(s, r, n->out[o]);
+  }
+}
+
+static void graph_free(cu_graph_t *g) {
+  if (g->exec)
+    (void)cudaGraphExecDestroy(g->exec); /* a launch in flight completes first */
+  free(g->sig);
+  free(g);
+}
+
+/* The entry for this signature (taking s->v), made in state 0 when new
+ * (*fresh: this run is its first, which runs eagerly as the warm-up). */
+static cu_graph_t *graph_entry(cu_ctx_t *cx, const spn_model_t *m, cu_sig_t *s, bool *fresh) {
+  *fresh = false;
+  for (cu_graph_t *g = cx->graphs; g; g = g->next)
+    if (g->m == m && g->sig_n == s->n && !memcmp(g->sig, s->v, s->n * sizeof *s->v)) {
+      g->tick = ++cx->graph_tick;
+      return g;
+    }
+  *fresh = true;
+  cu_graph_t *g = calloc(1, sizeof *g);
+  if (!g)
+    return NULL;
+  g->m = m;
+  g->sig = s->v;
+  g->sig_n = s->n;
+  s->v = NULL;
+  g->tick = ++cx->graph_tick;
+  g->next = cx->graphs;
+  cx->graphs = g;
+  if (++cx->n_graphs > CU_MAX_GRAPHS) {
+    cu_graph_t **lru = NULL;
+    for (cu_graph_t **it = &cx->graphs; *it; it = &(*it)->next)
+      if (*it != g && (!lru || (*it)->tick < (*lru)->tick))
+        lru = it;
+    if (lru) {
+      cu_graph_t *old = *lru;
+      *lru = old->next;
+      graph_free(old);
+      cx->n_graphs--;
+    }
+  }
+  return g;
+}
+
+/* Capture the range on the run's stream into g; false (g not capturable,
+ * nothing enqueued) when any step of it fails. */
+static bool graph_capture(spn_backend_t *b, spn_run_t *r, int first, int last, cu_graph_t *g) {
+  cudaStream_t st = run_stream(b, r);
+  if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  spn_error_t cap_err = SPN_ERROR_INIT, *saved = r->err;
+  r->err = &cap_err;
+  int32_t rc = run_range(b, r, first, last);
+  r->err = saved;
+  cudaGraph_t graph = NULL;
+  cudaError_t ce = cudaStreamEndCapture(st, &graph);
+  if (!rc && ce == cudaSuccess && graph)
+    ce = cudaGraphInstantiate(&g->exec, graph, 0);
+  if (graph)
+    (void)cudaGraphDestroy(graph);
+  if (rc || ce != cudaSuccess || !g->exec) {
+    (void)cudaGetLastError();
+    if (g->exec)
+      (void)cudaGraphExecDestroy(g->exec);
+    g->exec = NULL;
+    return false;
+  }
+  return true;
+}
+
+static int32_t cu_compute(spn_backend_t *b, spn_run_t *r, int first, int last) {
+  cu_ctx_t *cx = b->ctx;
+  pthread_mutex_lock(&cx->lock);
+  cudaSetDevice(cx->dev);
+  int32_t rc = SPN_OK;
+  cu_graph_t *g = NULL;
+  bool fresh = false;
+  if (!r->m->no_graphs) {
+    cu_sig_t s = {0};
+    sig_build(&s, b, r, first, last);
+    if (!s.oom)
+      g = graph_entry(cx, r->m, &s, &fresh);
+    free(s.v);
+  }
+  if (g && g->state == 0 && !fresh) /* the second run of this signature: capture it */
+    g->state = graph_capture(b, r, first, last, g) ? 1 : -1;
+  if (g && g->state == 1) {
+    cudaError_t ce = cudaGraphLaunch(g->exec, run_stream(b, r));
+    if (ce != cudaSuccess)
+      rc = cu_err(r->err, b->device, ce, "launching the run's CUDA Graph");
+  } else {
+    rc = run_range(b, r, first, last);
+    if (g && g->state == 0 && rc)
+      g->state = -1;
+  }
   pthread_mutex_unlock(&cx->lock);
   return rc;
+}
+
+static void cu_model_release(spn_backend_t *b, const spn_model_t *m) {
+  cu_ctx_t *cx = b->ctx;
+  pthread_mutex_lock(&cx->lock);
+  cudaSetDevice(cx->dev);
+  for (cu_graph_t **it = &cx->graphs; *it;) {
+    if ((*it)->m == m) {
+      cu_graph_t *old = *it;
+      *it = old->next;
+      graph_free(old);
+      cx->n_graphs--;
+    } else {
+      it = &(*it)->next;
+    }
+  }
+  pthread_mutex_unlock(&cx->lock);
 }
 
 static int32_t cu_run_end(spn_backend_t *b, spn_run_t *r, bool sync) {
@@ -1185,6 +1376,10 @@ static void cu_free(spn_backend_t *b) {
   cu_ctx_t *cx = b->ctx;
   if (cx) {
     cudaSetDevice(cx->dev);
+    for (cu_graph_t *g = cx->graphs, *nx; g; g = nx) {
+      nx = g->next;
+      graph_free(g);
+    }
     if (cx->lt) cublasLtDestroy(cx->lt);
     if (cx->dnn) cudnnDestroy(cx->dnn);
     if (cx->stream) cudaStreamDestroy(cx->stream);
@@ -1209,6 +1404,7 @@ static const spn_backend_iface_t cu_iface = {
     .fence_record = cu_fence_record,
     .fence_wait = cu_fence_wait,
     .fence_free = cu_fence_free,
+    .model_release = cu_model_release,
     .free = cu_free,
 };
 

@@ -82,7 +82,8 @@ typedef struct spn_model_opts {
   const char *device;    /* "cpu" (NULL), "cpu:N", "cuda:N" */
   const char *precision; /* "fp32" (NULL), "tf32" or "fp16": device arithmetic; the CPU is always fp32 */
   const char *fallback;  /* "cpu" (NULL): nodes the device cannot run go to the CPU; "error": refuse */
-  int32_t reserved[8];
+  int32_t no_graphs;     /* 1: never replay runs as CUDA Graphs (debugging; also SPINDLE_NO_CUDA_GRAPHS=1) */
+  int32_t reserved[7];
 } spn_model_opts_t;
 
 #define SPN_MODEL_OPTS_INIT {.struct_size = sizeof(spn_model_opts_t)}
