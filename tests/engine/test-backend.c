@@ -21,6 +21,15 @@
 #include "engine-internal.h"
 #include "onnx-build.h"
 
+/* spn_model_opts_t grows only into its reserved tail: no_graphs took one
+ * reserved int, size and earlier offsets unchanged (LP64). */
+#if UINTPTR_MAX == 0xffffffffffffffffu
+_Static_assert(sizeof(spn_model_opts_t) == 64, "spn_model_opts_t size changed");
+_Static_assert(offsetof(spn_model_opts_t, fallback) == 24, "spn_model_opts_t layout changed");
+_Static_assert(offsetof(spn_model_opts_t, no_graphs) == 32, "spn_model_opts_t layout changed");
+_Static_assert(offsetof(spn_model_opts_t, reserved) == 36, "spn_model_opts_t layout changed");
+#endif
+
 /* ---- the mock device backend ---- */
 
 typedef struct {
