@@ -260,8 +260,9 @@ static spn_tensor_t image(float *x, int64_t batch) {
 /* fp16: every product's operands are rounded to fp16 (relative error
  * <= 2^-11 each) and summed in fp32. The 72-term dot products here have
  * sum |w x| <= 72 * 0.2 = 14.4, so the error is <= 14.4 * 2 * 2^-11 = 0.014
- * in the worst case (signs aligned) and about 0.002 for random signs; the
- * test allows 0.02 of max(1, |y|). A wrong layout or a missed cast is off
+ * in the worst case (signs aligned) and about 0.002 for random signs, plus
+ * one fp16 rounding of the result (2^-11 of |y|); the test allows 0.02 of
+ * max(1, |y|). A wrong layout or a missed cast is off
  * by O(1). */
 static void test_fp16_conv(void **state) {
   (void)state;
