@@ -61,7 +61,11 @@ def main():
               f'unwritable path: the run fails naming it ({r.stderr.strip().splitlines()[-1][:200] if r.stderr.strip() else ""})')
 
         # With RetinaFace fetched (skipped otherwise): five landmarks per face.
-        rm = subprocess.run([spindle, 'model', 'path', 'retinaface-mnet025'], capture_output=True, text=True)
+        # Looked for where tests/models/fetch-test-assets.py puts it, then on SPINDLE_MODEL_PATH.
+        real = os.path.join(os.environ.get('SPINDLE_BUILD_ROOT', ''), 'test-real-models')
+        search = ':'.join(p for p in (real, os.environ.get('SPINDLE_MODEL_PATH')) if p)
+        rm = subprocess.run([spindle, 'model', 'path', 'retinaface-mnet025'], capture_output=True, text=True,
+                            env=dict(os.environ, SPINDLE_MODEL_PATH=search))
         if rm.returncode == 0:
             env2 = dict(os.environ, SPINDLE_MODEL_PATH=os.path.dirname(rm.stdout.strip()))
             out2 = os.path.join(tmp, 'rf.jsonl')
