@@ -210,7 +210,7 @@ int32_t spn__http_start(spn_server_t *s, spn_error_t *err) {
   s->http_open = true;
   int32_t rc = http_listen(&s->loop, &s->http, s->cfg->http, ctx, err);
   if (rc < 0)
-    spn_error_prefix(err, "server config");
+    spn_error_prefix(err, "%s", rc == SPN_ECONFIG ? "server config" : "server");
   return rc;
 }
 

@@ -7,16 +7,19 @@
  * queue (a redis-server this program starts on a free loopback port with
  * appendonly yes, appendfsync everysec, in a temporary folder), beside raw
  * Redis from the same client library (hiredis) in the same run: pipelined
- * XADD per second, XADD round trip with 10 ms spacing, and XREADGROUP+XACK
- * of one entry (the peer of a lease). Skipped when redis-server is missing.
+ * XADD per second, an XADD round trip, and XREADGROUP+XACK of one entry (the
+ * peer of a lease). Skipped when redis-server is missing.
  *
  * 1. Durable submissions accepted per second: one DEALER pipelines SUBMITs
  *    (window of 1000 in flight) to a gateway with no workers; a submission
  *    counts when its SUBMITTED reply arrives, i.e. after its group commit.
  *    Peer: the same pipelining against a bare ROUTER that echoes.
- * 2. Submit latency with sends spaced 10 ms apart (p50/p99). Peer: REQ/REP
- *    round trip of the same bytes on the same loopback.
  * 1b. The same with synchronous=FULL (an fsync per group commit).
+ * 2. Submit latency (p50/p99/max), one submission at a time, interleaved
+ *    with the peer's round trip of the same bytes (gateway, 5 ms, peer,
+ *    5 ms, ...): each series is spaced 10 ms apart and both see the same
+ *    moments of the machine. Peer: REQ/REP on the same loopback (SQLite),
+ *    an XADD round trip (Redis).
  * 3. Dispatch overhead on an empty pipeline ("noop") with one in-process
  *    worker: submit N, time until the last (FIFO) succeeds, per job.
  * Not a test: prints figures and ratios, gates nothing.

@@ -124,6 +124,13 @@ try:
     check(depth.get('spindle_queue_depth{pipeline="fail",priority="0"}') == 1, f'depth fail/0: {depth}')
     check(not any('priority="-3"' in k for k in depth), f'a cancelled job is counted as queued: {depth}')
 
+    # A worker --http it cannot serve is refused, naming the address.
+    for bad, why in [('127.0.0.1', 'expected HOST:PORT'), (f'127.0.0.1:{http}', 'address already in use')]:
+        r = run('worker', '--connect', ep, '--name', 'bad', '--http', bad, timeout=30)
+        check(r.returncode != 0 and (f'http "{bad}"' in r.stderr or f'http {bad}:' in r.stderr)
+              and why.lower() in r.stderr.lower(),
+              f'worker --http {bad}: exit {r.returncode} {r.stderr!r}')
+
     wk_err = open(os.path.join(tmp, 'worker.err'), 'wb')
     whttp = free_port()
     wk = subprocess.Popen([spindle, 'worker', '--connect', ep, '--name', 'w1', '--slots', '2',
