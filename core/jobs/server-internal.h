@@ -49,6 +49,7 @@ typedef struct spn_run {
   char owner[160];
   uint64_t done, total;
   double progress_at; /* last progress written to the queue (monotonic s) */
+  bool no_outputs;    /* no publication marker to remove at the end */
 } spn_run_t;
 
 typedef struct spn_watcher {

@@ -682,7 +682,9 @@ static bool actor_batch(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
     if (k->process) {
       uint64_t t0 = spn__now_ns();
       rc = k->process(a, a->state, a->b_msgs, a->b_states, cnt, &err);
-      atomic_fetch_add(&a->srt->busy_ns, spn__now_ns() - t0);
+      uint64_t dt = spn__now_ns() - t0;
+      atomic_fetch_add(&a->srt->busy_ns, dt);
+      spn__stage_observe(a->srt, dt, cnt);
     }
     if (rc < 0)
       for (uint32_t i = 0; i < cnt; i++)
@@ -760,7 +762,10 @@ static bool actor_generate(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
     a->cur_job = aj;
     uint64_t t0 = spn__now_ns();
     int32_t rc = k->generate ? k->generate(a, a->state, aj->job_state, &err) : SPN_EOS;
-    atomic_fetch_add(&a->srt->busy_ns, spn__now_ns() - t0);
+    uint64_t dt = spn__now_ns() - t0;
+    atomic_fetch_add(&a->srt->busy_ns, dt);
+    if (k->generate)
+      spn__stage_observe(a->srt, dt, 0);
     a->cur_job = NULL;
     did = true;
     if (rc == SPN_EOS) {

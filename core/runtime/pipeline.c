@@ -502,6 +502,44 @@ int32_t spn_pipeline_edge_stats(const spn_pipeline_t *pipe, size_t i, spn_edge_s
   return SPN_OK;
 }
 
+const double spn_stage_latency_bounds_s[SPN_STAGE_LATENCY_BUCKETS - 1] = {
+    0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5};
+
+void spn__stage_observe(spn__stage_rt_t *srt, uint64_t ns, uint32_t n) {
+  atomic_fetch_add_explicit(&srt->calls, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&srt->call_ns, ns, memory_order_relaxed);
+  size_t k = 0;
+  while (k < SPN_STAGE_LATENCY_BUCKETS - 1 && (double)ns > spn_stage_latency_bounds_s[k] * 1e9)
+    k++;
+  atomic_fetch_add_explicit(&srt->lat_b[k], 1, memory_order_relaxed);
+  if (n == 0)
+    return;
+  atomic_fetch_add_explicit(&srt->batches, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&srt->messages, n, memory_order_relaxed);
+  k = 0;
+  while (k < SPN_STAGE_BATCH_BUCKETS - 1 && n > (1u << k))
+    k++;
+  atomic_fetch_add_explicit(&srt->batch_b[k], 1, memory_order_relaxed);
+}
+
+const char *spn_pipeline_stage_stats(const spn_pipeline_t *pipe, size_t i, spn_stage_stats_t *out) {
+  if (!pipe || i >= pipe->n_stages || !out)
+    return NULL;
+  spn__stage_rt_t *srt = &pipe->stages[i];
+  memset(out, 0, sizeof *out);
+  out->struct_size = sizeof *out;
+  out->calls = atomic_load_explicit(&srt->calls, memory_order_relaxed);
+  out->call_ns = atomic_load_explicit(&srt->call_ns, memory_order_relaxed);
+  for (size_t k = 0; k < SPN_STAGE_LATENCY_BUCKETS; k++)
+    out->latency_bucket[k] = atomic_load_explicit(&srt->lat_b[k], memory_order_relaxed);
+  out->processes = srt->kind && srt->kind->process;
+  out->batches = atomic_load_explicit(&srt->batches, memory_order_relaxed);
+  out->messages = atomic_load_explicit(&srt->messages, memory_order_relaxed);
+  for (size_t k = 0; k < SPN_STAGE_BATCH_BUCKETS; k++)
+    out->batch_bucket[k] = atomic_load_explicit(&srt->batch_b[k], memory_order_relaxed);
+  return srt->spec->name;
+}
+
 size_t spn_pipeline_binding_count(const spn_pipeline_t *pipe, spn_binding_kind_t kind) {
   size_t n = 0;
   for (size_t i = 0; i < pipe->spec->n_bindings; i++)

@@ -172,7 +172,13 @@ typedef struct spn__stage_rt {
   uint32_t max_batch, max_delay_ms;
   bool terminal; /* no outgoing edge: acknowledges EOS to the job */
   _Atomic uint64_t busy_ns; /* wall time in process/generate/flush, all replicas, all jobs */
+  /* spn_stage_stats_t's histograms (spn__stage_observe) */
+  _Atomic uint64_t calls, call_ns, lat_b[SPN_STAGE_LATENCY_BUCKETS];
+  _Atomic uint64_t batches, messages, batch_b[SPN_STAGE_BATCH_BUCKETS];
 } spn__stage_rt_t;
+
+/* Count one process (n >= 1 messages) or generate (n == 0) call of t0..now. */
+void spn__stage_observe(spn__stage_rt_t *srt, uint64_t ns, uint32_t n);
 
 struct spn_stage {
   spn_stage_head_t head;     /* const; first: the public prefix spn_stage_host reads (plugin.h) */

@@ -496,6 +496,18 @@ spn_device_t *spn__runtime_device(spn_runtime_t *rt, uint32_t i) { return i < rt
 
 uint32_t spn_runtime_device_count(const spn_runtime_t *rt) { return rt->n_devices; }
 
+uint32_t spn_runtime_usable_device_count(const spn_runtime_t *rt) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < rt->n_devices; i++) {
+#ifdef SPN_HAVE_CUDA
+    if (rt->devices[i]->kind == SPN_DEVICE_CUDA && !spn__cuda_device_usable(rt->devices[i]))
+      continue;
+#endif
+    n++;
+  }
+  return n;
+}
+
 const char *spn_runtime_device_name(const spn_runtime_t *rt, uint32_t i) {
   return i < rt->n_devices ? rt->devices[i]->name : NULL;
 }

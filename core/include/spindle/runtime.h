@@ -63,6 +63,9 @@ SPN_API void spn_runtime_free(spn_runtime_t **rt);
 /* Number of devices and a description ("cpu:2", "cuda:0 NVIDIA A10G"). */
 SPN_API uint32_t spn_runtime_device_count(const spn_runtime_t *rt);
 SPN_API const char *spn_runtime_device_name(const spn_runtime_t *rt, uint32_t i);
+/* Devices that can take work now: every CPU device, and each GPU the health
+ * monitor has not marked unusable (lost, fatal XID). Thread: any. */
+SPN_API uint32_t spn_runtime_usable_device_count(const spn_runtime_t *rt);
 
 /* Load one plugin file, or every libspindle-*.so of the search path. A
  * refused plugin returns SPN_EABI (or another code) with a message that
@@ -158,6 +161,27 @@ typedef struct spn_edge_stats {
  * Returns SPN_EINVAL when i is out of range. Thread: any. */
 SPN_API size_t spn_pipeline_edge_count(const spn_pipeline_t *pipe);
 SPN_API int32_t spn_pipeline_edge_stats(const spn_pipeline_t *pipe, size_t i, spn_edge_stats_t *out);
+/* Per-stage histograms since the pipeline was loaded, summed over replicas
+ * and jobs: the wall time of each process/generate call (latency_bucket[k]
+ * counts calls that took at most spn_stage_latency_bounds_s[k]; the last
+ * bucket is +Inf), and the number of messages handed to each process call
+ * (batch_bucket[k]: at most 2^k messages; the last is +Inf). Counts are per
+ * bucket, not cumulative. Returns the stage's name, NULL when i is out of
+ * range. Thread: any (read atomically while jobs run). */
+#define SPN_STAGE_LATENCY_BUCKETS 12
+#define SPN_STAGE_BATCH_BUCKETS 9
+SPN_API extern const double spn_stage_latency_bounds_s[SPN_STAGE_LATENCY_BUCKETS - 1];
+typedef struct spn_stage_stats {
+  uint32_t struct_size;
+  uint64_t calls;    /* process + generate calls */
+  uint64_t call_ns;  /* their summed wall time */
+  uint64_t latency_bucket[SPN_STAGE_LATENCY_BUCKETS];
+  bool processes;    /* the stage's kind takes messages (has process): not a pure source */
+  uint64_t batches;  /* process calls */
+  uint64_t messages; /* messages handed to them */
+  uint64_t batch_bucket[SPN_STAGE_BATCH_BUCKETS];
+} spn_stage_stats_t;
+SPN_API const char *spn_pipeline_stage_stats(const spn_pipeline_t *pipe, size_t i, spn_stage_stats_t *out);
 
 /* ---- jobs --------------------------------------------------------------- */
 
