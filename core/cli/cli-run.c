@@ -214,6 +214,7 @@ int spn_cli_run(int argc, char **argv) {
     json_string(stdout, spn_pipeline_name(pipe));
     printf(",\"job_id\":%llu,\"status\":\"%s\",\"frames\":%lld,\"elapsed_s\":%.3f,\"frames_per_s\":%.1f",
            (unsigned long long)spn_job_id(job), what, frames, elapsed, isfinite(fps) ? fps : 0.0);
+    printf(",\"device_s\":%.3f,\"restarts\":%u", spn_job_device_seconds(job), spn_job_restarts(job));
     if (status != SPN_OK) {
       printf(",\"error\":");
       json_string(stdout, st.msg[0] ? st.msg : err.msg);
@@ -232,6 +233,10 @@ int spn_cli_run(int argc, char **argv) {
   } else {
     printf("%s: job %llu %s: %lld frames in %.2f s (%.1f frames/s)\n", spn_pipeline_name(pipe),
            (unsigned long long)spn_job_id(job), what, frames, elapsed, fps);
+    /* Only with stages on devices (GPUs, or emulated cpu:N ones). */
+    if (spn_job_device_seconds(job) > 0 || spn_job_restarts(job))
+      printf("  device time %.2f s; restarted %u times after a device was quarantined\n", spn_job_device_seconds(job),
+             spn_job_restarts(job));
     for (size_t i = 0; i < spn_pipeline_stage_count(pipe); i++) {
       uint64_t ns = 0;
       const char *name = spn_pipeline_stage_time(pipe, i, &ns);

@@ -284,6 +284,8 @@ static int32_t pr_run(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ctx,
   spn_error_t jerr = SPN_ERROR_INIT;
   rc = spn_job_wait(rj, &jerr);
   report(&st, ctx, &last);
+  /* Device busy time of the job's stages (docs/gpu.md), as its gpu_s. */
+  spn_job_ctx_add_gpu_seconds(ctx, spn_job_device_seconds(rj));
   spn_job_free(&rj);
   if (rc != SPN_OK)
     spn_error_set(err, rc, "job %lld: pipeline \"%s\": %s", (long long)job->id, e->name,

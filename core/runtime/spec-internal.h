@@ -113,7 +113,13 @@ typedef struct spn__pipeline_spec {
   size_t n_plugin_paths;
   spn__binding_t *bindings;   /* [pipeline.inputs/outputs/params], validated */
   size_t n_bindings;
+  int32_t placement;          /* [pipeline] placement: spn__placement_t (0 = chain) */
 } spn__pipeline_spec_t;
+
+typedef enum spn__placement {
+  SPN__PLACE_CHAIN = 0,  /* a job runs every replicated stage on one device */
+  SPN__PLACE_FANOUT = 1, /* batches spread over every device's replica; the consumer re-orders by seq */
+} spn__placement_t;
 
 /* Build and validate a spec from a parsed document. overrides are
  * "stage.key=value" (value parsed as a TOML value, bare words as strings).

@@ -172,10 +172,20 @@ static int32_t read_pipeline_table(build_t *b, const spn_toml_node_t *t, spn_err
       int32_t rc = read_bindings(b, kind, key, v, err);
       if (rc != SPN_OK)
         return rc;
+    } else if (!strcmp(key, "placement")) {
+      /* Multi-device placement (docs/gpu.md): "chain" keeps a job on one
+       * device through the replicated stages, "fanout" spreads its batches. */
+      const char *pl = spn_toml_node_type(v) == SPN_TOML_STRING ? spn_toml_string(v, NULL) : NULL;
+      if (!pl || (strcmp(pl, "chain") && strcmp(pl, "fanout"))) {
+        where_node(v, where, sizeof where);
+        return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline] placement must be \"chain\" or \"fanout\"", where);
+      }
+      b->spec->placement = !strcmp(pl, "fanout") ? SPN__PLACE_FANOUT : SPN__PLACE_CHAIN;
     } else {
       where_key(b, kp, where, sizeof where);
       return spn_error_set(err, SPN_ECONFIG,
-                           "%s: unknown key \"%s\" in [pipeline] (known: name, inputs, outputs, params)", where, key);
+                           "%s: unknown key \"%s\" in [pipeline] (known: name, placement, inputs, outputs, params)",
+                           where, key);
     }
   }
   return SPN_OK;

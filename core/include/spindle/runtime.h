@@ -67,6 +67,25 @@ SPN_API const char *spn_runtime_device_name(const spn_runtime_t *rt, uint32_t i)
  * monitor has not marked unusable (lost, fatal XID). Thread: any. */
 SPN_API uint32_t spn_runtime_usable_device_count(const spn_runtime_t *rt);
 
+/* Quarantine (drain) device i: no new work is placed on it, and every
+ * running job that touched it starts again on the usable devices (a new
+ * attempt, from its first frame; at most 3 times per job). The runtime
+ * calls it itself when NVML reports a fatal XID (48, 79, 94, 95, ...), an
+ * uncorrectable ECC error or a GPU that fell off the bus; an operator may
+ * call it to take a device out of service. A quarantined device stays so
+ * for the runtime's life (recovery needs a GPU reset). The event is logged
+ * (event "device_quarantined") and counted. Returns SPN_EINVAL for a bad
+ * index, SPN_OK otherwise (also when it already was). Thread: any. */
+SPN_API int32_t spn_runtime_device_quarantine(spn_runtime_t *rt, uint32_t i, const char *why);
+/* Whether device i takes work, and how many do: /readyz is false when none
+ * does. Thread: any. */
+SPN_API bool spn_runtime_device_usable(const spn_runtime_t *rt, uint32_t i);
+SPN_API uint32_t spn_runtime_usable_device_count(const spn_runtime_t *rt);
+/* Counters since start, for metrics: devices quarantined, and job attempts
+ * restarted because a device they used was. Thread: any. */
+SPN_API uint64_t spn_runtime_quarantine_count(const spn_runtime_t *rt);
+SPN_API uint64_t spn_runtime_job_restart_count(const spn_runtime_t *rt);
+
 /* Load one plugin file, or every libspindle-*.so of the search path. A
  * refused plugin returns SPN_EABI (or another code) with a message that
  * names the file and the rule; spn_runtime_load_plugins keeps going past
@@ -236,6 +255,13 @@ SPN_API void spn_job_cancel(spn_job_t *job);
  * Thread: any but the runtime's own (not from on_done or a stage). */
 SPN_API int32_t spn_job_wait(spn_job_t *job, spn_error_t *err);
 SPN_API uint64_t spn_job_id(const spn_job_t *job);
+/* Device-seconds of the job so far: the time its stage instances placed on
+ * devices (GPUs, or emulated cpu:N devices) spent in process/generate/flush
+ * for it, summed over stages, devices and attempts (a batch's time is split
+ * evenly among its frames). CPU-pool stages are not counted. Thread: any. */
+SPN_API double spn_job_device_seconds(const spn_job_t *job);
+/* Times the job was restarted after a device it used was quarantined. Thread: any. */
+SPN_API uint32_t spn_job_restarts(const spn_job_t *job);
 SPN_API void spn_job_free(spn_job_t **job);
 
 #ifdef __cplusplus
