@@ -168,11 +168,17 @@ void spn__sched_finish(spn_server_t *s, int64_t id, uint32_t attempt, const char
   if (rc == SPN_OK && res->status == SPN_OK)
     unpublish_after_commit(s, id);
   spn_run_t *r = spn__run_find(s, id);
+  /* Not this gateway's run (a report after a restart): look it up. */
+  bool segmented = r ? r->segmented : true;
   if (r && r->attempt == attempt && !strcmp(r->owner, owner))
     spn__run_remove(s, id);
-  if (rc == SPN_OK)
+  if (rc == SPN_OK && segmented)
     spn__segments_settle(s, id);
   spn__notify(s, id);
+}
+
+static bool is_segmented(const spn_queue_job_t *j) {
+  return j->parent || strstr(j->spec_json, "\"segments\":") != NULL;
 }
 
 static bool assign_local(spn_server_t *s, uint32_t slot, spn_queue_job_t *j) {
@@ -195,6 +201,7 @@ static bool assign_local(spn_server_t *s, uint32_t slot, spn_queue_job_t *j) {
   }
   r->id = j->id;
   r->attempt = j->attempts;
+  r->segmented = is_segmented(j);
   r->slot = (int)slot;
   r->worker = -1;
   snprintf(r->owner, sizeof r->owner, "%s", s->slot_owner[slot]);
@@ -216,6 +223,7 @@ static void assign_remote(spn_server_t *s, size_t wi, spn_queue_job_t *j) {
   }
   r->id = j->id;
   r->attempt = j->attempts;
+  r->segmented = is_segmented(j);
   r->slot = -1;
   r->worker = (int64_t)wi;
   snprintf(r->owner, sizeof r->owner, "%s", w->owner);
