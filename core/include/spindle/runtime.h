@@ -63,10 +63,6 @@ SPN_API void spn_runtime_free(spn_runtime_t **rt);
 /* Number of devices and a description ("cpu:2", "cuda:0 NVIDIA A10G"). */
 SPN_API uint32_t spn_runtime_device_count(const spn_runtime_t *rt);
 SPN_API const char *spn_runtime_device_name(const spn_runtime_t *rt, uint32_t i);
-/* Devices that can take work now: every CPU device, and each GPU the health
- * monitor has not marked unusable (lost, fatal XID). Thread: any. */
-SPN_API uint32_t spn_runtime_usable_device_count(const spn_runtime_t *rt);
-
 /* Quarantine (drain) device i: no new work is placed on it, and every
  * running job that touched it starts again on the usable devices (a new
  * attempt, from its first frame; at most 3 times per job). The runtime
@@ -77,8 +73,10 @@ SPN_API uint32_t spn_runtime_usable_device_count(const spn_runtime_t *rt);
  * (event "device_quarantined") and counted. Returns SPN_EINVAL for a bad
  * index, SPN_OK otherwise (also when it already was). Thread: any. */
 SPN_API int32_t spn_runtime_device_quarantine(spn_runtime_t *rt, uint32_t i, const char *why);
-/* Whether device i takes work, and how many do: /readyz is false when none
- * does. Thread: any. */
+/* Whether device i takes work, and how many do: a device is usable unless
+ * it was quarantined, or it is a GPU the health monitor marks unusable
+ * (lost, fatal XID) before the runtime has quarantined it. /readyz is
+ * false when none is. Thread: any. */
 SPN_API bool spn_runtime_device_usable(const spn_runtime_t *rt, uint32_t i);
 SPN_API uint32_t spn_runtime_usable_device_count(const spn_runtime_t *rt);
 /* Counters since start, for metrics: devices quarantined, and job attempts
