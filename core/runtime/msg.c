@@ -27,6 +27,7 @@ int32_t spn__msg_new(const spn_envelope_t *env, spn_msg_t **out, spn_error_t *er
   }
   m->env.struct_size = sizeof m->env;
   m->n_items = m->cap_items = 0;
+  m->attempt = 0;
   m->items = NULL;
   *out = m;
   return SPN_OK;
@@ -119,8 +120,10 @@ int32_t spn__host_msg_add_tensor(spn_msg_t *msg, const char *name, const spn_ten
   it->tensor.dtype = t->dtype;
   it->tensor.ndim = t->ndim;
   memcpy(it->tensor.shape, t->shape, sizeof t->shape);
-  it->tensor.device_kind = buf->bt->device ? buf->bt->device->kind : SPN_DEVICE_CPU;
-  it->tensor.device_index = buf->bt->device ? buf->bt->device->index : 0;
+  /* Host and pinned memory of a GPU is CPU-addressable: a CPU tensor. */
+  bool on_dev = buf->bt->device && (!buf->bt->iface->is_host || buf->bt->device->kind == SPN_DEVICE_CPU);
+  it->tensor.device_kind = on_dev ? buf->bt->device->kind : SPN_DEVICE_CPU;
+  it->tensor.device_index = on_dev ? buf->bt->device->index : 0;
   it->buffer = spn_buffer_ref(buf);
   msg->n_items++;
   return SPN_OK;

@@ -22,7 +22,7 @@
 
 /* The first size of spn_stage_kind_t (ABI 1.0). A kind from a 1.x plugin is
  * at least this large. */
-#define SPN__KIND_V1_0_SIZE sizeof(spn_stage_kind_t)
+#define SPN__KIND_V1_0_SIZE (offsetof(spn_stage_kind_t, reserved) + sizeof(((spn_stage_kind_t *)0)->reserved))
 
 int32_t spn__registry_new(spn__registry_t **out, spn_error_t *err) {
   spn__registry_t *reg = calloc(1, sizeof *reg);

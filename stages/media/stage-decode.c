@@ -64,6 +64,27 @@ static const spn_config_field_t decode_schema[] = {
 
 static const spn_port_t decode_outputs[] = {{.name = "video", .type = "video"}, {.name = "audio", .type = "audio"}};
 
+/* ABI 1.1 formats: the one pixel_format the config names; f32 audio at the
+ * configured rate and channel count (0: the file's, unknown until run). */
+static int32_t decode_port_caps(const void *config, bool is_output, uint32_t port, spn_port_caps_t *caps,
+                                spn_error_t *err) {
+  const decode_config_t *c = config;
+  if (!is_output)
+    return SPN_OK;
+  if (port == 1) {
+    caps->sample_formats = SPN_FMTSET(SPN_SAMPLE_F32);
+    caps->sample_rate = (uint32_t)c->audio_rate;
+    caps->channels = (uint32_t)c->audio_channels;
+    return SPN_OK;
+  }
+  int32_t f = spn_pixfmt_from_name(c->pixel_format);
+  if (f == SPN_PIXFMT_NONE || f == SPN_PIXFMT_GRAY8 || f == SPN_PIXFMT_GRAYF32)
+    return spn_error_set(err, SPN_ECONFIG, "pixel_format \"%s\" is not rgb24, bgr24, rgbf32p, bgrf32p, nv12 or yuv420p",
+                         c->pixel_format);
+  caps->pixel_formats = SPN_FMTSET(f);
+  return SPN_OK;
+}
+
 typedef struct decode_job {
   uint64_t job_id;
   spn_decoder_t *dec;
@@ -299,6 +320,7 @@ static int32_t decode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_er
       .generate = decode_generate,
       .job_close = decode_job_close,
       .destroy = decode_destroy,
+      .port_caps = decode_port_caps,
   };
   return h->register_kind(plugin, &kind, err);
 }

@@ -73,6 +73,27 @@ static const spn_config_field_t encode_schema[] = {
 static const spn_port_t encode_inputs[] = {{.name = "video", .type = "video"}};
 static const spn_port_t encode_av_inputs[] = {{.name = "video", .type = "video"}, {.name = "audio", .type = "audio"}};
 
+/* ABI 1.1 formats: packed or planar-float frames in the channel order
+ * pixel_format names, or 4:2:0 planes (no RGB round trip); f32 audio. */
+static const spn_port_caps_t encode_caps[] = {{.struct_size = sizeof(spn_port_caps_t)},
+                                              {.struct_size = sizeof(spn_port_caps_t),
+                                               .sample_formats = SPN_FMTSET(SPN_SAMPLE_F32)}};
+
+static int32_t encode_port_caps(const void *config, bool is_output, uint32_t port, spn_port_caps_t *caps,
+                                spn_error_t *err) {
+  const encode_config_t *c = config;
+  if (is_output || port != 0)
+    return SPN_OK;
+  uint32_t yuv = SPN_FMTSET(SPN_PIX_NV12) | SPN_FMTSET(SPN_PIX_YUV420P);
+  if (!strcmp(c->pixel_format, "rgb24"))
+    caps->pixel_formats = SPN_FMTSET(SPN_PIX_RGB24) | SPN_FMTSET(SPN_PIX_RGBF32P) | yuv;
+  else if (!strcmp(c->pixel_format, "bgr24"))
+    caps->pixel_formats = SPN_FMTSET(SPN_PIX_BGR24) | SPN_FMTSET(SPN_PIX_BGRF32P) | yuv;
+  else
+    return spn_error_set(err, SPN_ECONFIG, "pixel_format \"%s\" is not rgb24 or bgr24", c->pixel_format);
+  return SPN_OK;
+}
+
 /* A frame held by encode_av until the soundtrack's format is known. */
 typedef struct held_frame {
   spn_buffer_t *buf;
@@ -398,6 +419,8 @@ static int32_t encode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_er
       .flush = encode_flush,
       .job_close = encode_job_close,
       .destroy = encode_destroy,
+      .input_caps = encode_caps,
+      .port_caps = encode_port_caps,
   };
   static const spn_stage_kind_t kind_av = {
       .struct_size = sizeof(spn_stage_kind_t),
@@ -415,6 +438,8 @@ static int32_t encode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_er
       .flush = encode_flush,
       .job_close = encode_job_close,
       .destroy = encode_destroy,
+      .input_caps = encode_caps,
+      .port_caps = encode_port_caps,
   };
   int32_t rc = h->register_kind(plugin, &kind, err);
   return rc ? rc : h->register_kind(plugin, &kind_av, err);

@@ -455,6 +455,11 @@ static int32_t fd_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, voi
   return SPN_OK;
 }
 
+/* ABI 1.1 formats: packed RGB frames only (a decode in another format is
+ * refused at validation, or converted where convert = "auto"). */
+static const spn_port_caps_t k_input_caps[] = {{.struct_size = sizeof(spn_port_caps_t),
+                                                .pixel_formats = SPN_FMTSET(SPN_PIX_RGB24)}};
+
 static const spn_stage_kind_t k_facedetect = {
     .struct_size = sizeof(spn_stage_kind_t),
     .name = "facedetect",
@@ -473,6 +478,7 @@ static const spn_stage_kind_t k_facedetect = {
     .process = fd_process,
     .job_close = fd_job_close,
     .destroy = fd_destroy,
+    .input_caps = k_input_caps,
 };
 
 const spn_stage_kind_t *vision_facedetect_kind(void) {

@@ -45,7 +45,7 @@ SIZE(spn_job_info_t, 32);
 AT(spn_job_info_t, job_id, 8); AT(spn_job_info_t, config, 16); AT(spn_job_info_t, priority, 24);
 AT(spn_job_info_t, reserved1, 28);
 
-SIZE(spn_stage_kind_t, 208);
+SIZE(spn_stage_kind_t, 232);
 AT(spn_stage_kind_t, struct_size, 0); AT(spn_stage_kind_t, reserved0, 4); AT(spn_stage_kind_t, name, 8);
 AT(spn_stage_kind_t, doc, 16); AT(spn_stage_kind_t, schema, 24); AT(spn_stage_kind_t, config_size, 32);
 AT(spn_stage_kind_t, inputs, 40); AT(spn_stage_kind_t, n_inputs, 48); AT(spn_stage_kind_t, n_outputs, 52);
@@ -54,8 +54,18 @@ AT(spn_stage_kind_t, max_delay_ms, 72); AT(spn_stage_kind_t, reserved1, 76); AT(
 AT(spn_stage_kind_t, preload, 88); AT(spn_stage_kind_t, job_open, 96); AT(spn_stage_kind_t, generate, 104);
 AT(spn_stage_kind_t, process, 112); AT(spn_stage_kind_t, flush, 120); AT(spn_stage_kind_t, job_close, 128);
 AT(spn_stage_kind_t, destroy, 136); AT(spn_stage_kind_t, reserved, 144);
+/* ABI 1.1: memory kinds and formats */
+AT(spn_stage_kind_t, input_caps, 208); AT(spn_stage_kind_t, output_caps, 216); AT(spn_stage_kind_t, port_caps, 224);
 
-SIZE(spn_host_api_t, 424);
+SIZE(spn_port_caps_t, 32);
+AT(spn_port_caps_t, struct_size, 0); AT(spn_port_caps_t, mem_kinds, 4); AT(spn_port_caps_t, pixel_formats, 8);
+AT(spn_port_caps_t, sample_formats, 12); AT(spn_port_caps_t, sample_rate, 16); AT(spn_port_caps_t, channels, 20);
+AT(spn_port_caps_t, reserved, 24);
+SIZE(spn_port_format_t, 32);
+AT(spn_port_format_t, mem_kind, 4); AT(spn_port_format_t, pixel_format, 8); AT(spn_port_format_t, sample_format, 12);
+AT(spn_port_format_t, sample_rate, 16); AT(spn_port_format_t, channels, 20); AT(spn_port_format_t, reserved, 24);
+
+SIZE(spn_host_api_t, 472);
 AT(spn_host_api_t, struct_size, 0); AT(spn_host_api_t, abi_major, 4); AT(spn_host_api_t, abi_minor, 8);
 AT(spn_host_api_t, reserved0, 12); AT(spn_host_api_t, register_kind, 16); AT(spn_host_api_t, plugin_set_data, 24);
 AT(spn_host_api_t, stage_get_data, 32); AT(spn_host_api_t, stage_get_name, 40);
@@ -75,6 +85,10 @@ AT(spn_host_api_t, msg_replace_meta, 416);
 
 SIZE(spn_stage_head_t, 16);
 AT(spn_stage_head_t, struct_size, 0); AT(spn_stage_head_t, reserved0, 4); AT(spn_stage_head_t, host, 8);
+/* ABI 1.1: memory kinds and formats */
+AT(spn_host_api_t, buffer_new_kind, 424); AT(spn_host_api_t, buffer_mem_kind, 432);
+AT(spn_host_api_t, buffer_device, 440); AT(spn_host_api_t, buffer_set_ready, 448);
+AT(spn_host_api_t, buffer_event, 456); AT(spn_host_api_t, stage_port_format, 464);
 
 SIZE(spn_plugin_desc_t, 128);
 AT(spn_plugin_desc_t, struct_size, 0); AT(spn_plugin_desc_t, abi_major, 4); AT(spn_plugin_desc_t, abi_minor, 8);

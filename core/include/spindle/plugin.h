@@ -136,6 +136,77 @@ typedef struct spn_config_field {
   double min, max;       /* numeric range, checked when min < max */
 } spn_config_field_t;
 
+/* ---- ABI 1.1: memory kinds and formats ---------------------------------- */
+
+/* Where a buffer's bytes live (the same values as spindle/device.h). */
+#ifndef SPN_MEM_KIND_DEFINED
+#define SPN_MEM_KIND_DEFINED
+typedef enum spn_mem_kind {
+  SPN_MEM_DEVICE = 0, /* the device's own memory (a GPU's; emulated on cpu:N) */
+  SPN_MEM_HOST = 1,   /* pageable host memory */
+  SPN_MEM_PINNED = 2, /* page-locked host memory (plain host memory on CPU) */
+} spn_mem_kind_t;
+#endif
+
+/* Sets of memory kinds a port takes or gives: bits (1u << spn_mem_kind_t).
+ * HOST in a set also admits PINNED (pinned memory is host memory); PINNED
+ * alone asks for pinned memory. */
+#define SPN_MEMSET(kind) (1u << (kind))
+#define SPN_MEMSET_DEVICE SPN_MEMSET(SPN_MEM_DEVICE)
+#define SPN_MEMSET_HOST SPN_MEMSET(SPN_MEM_HOST)
+#define SPN_MEMSET_PINNED SPN_MEMSET(SPN_MEM_PINNED)
+
+/* Pixel formats of "video" frames (the same values as spn_pixfmt_t of
+ * spindle/image.h). Layouts: rgb24/bgr24 a (H,W,3) u8 tensor; rgbf32p /
+ * bgrf32p a (3,H,W) f32 tensor; nv12/yuv420p the tight planes as one (N) u8
+ * tensor beside an "image" meta item giving width, height and format. */
+typedef enum spn_pixel_format {
+  SPN_PIX_RGB24 = 1,
+  SPN_PIX_BGR24 = 2,
+  SPN_PIX_GRAY8 = 3,
+  SPN_PIX_RGBF32P = 4,
+  SPN_PIX_BGRF32P = 5,
+  SPN_PIX_NV12 = 6,
+  SPN_PIX_YUV420P = 7,
+} spn_pixel_format_t;
+
+/* Audio sample formats of "audio" items. */
+typedef enum spn_sample_format {
+  SPN_SAMPLE_F32 = 1,  /* interleaved f32, a (samples, channels) tensor */
+  SPN_SAMPLE_S16 = 2,  /* interleaved s16 */
+  SPN_SAMPLE_F32P = 3, /* planar f32, a (channels, samples) tensor */
+} spn_sample_format_t;
+
+/* Sets of formats: bit (1u << format). 0 means "any" (or not this medium). */
+#define SPN_FMTSET(f) (1u << (f))
+
+/* What one port takes (inputs) or can give (outputs). Every zero field means
+ * "any", so a zeroed struct (or no table at all, as in ABI 1.0) is: host
+ * memory, any format. On an output, several bits mean the stage can give
+ * each of them; the runtime picks one per edge when the pipeline is built
+ * and tells the stage with host->stage_port_format. */
+typedef struct spn_port_caps {
+  uint32_t struct_size;
+  uint32_t mem_kinds;      /* SPN_MEMSET_* bits; 0 = host memory */
+  uint32_t pixel_formats;  /* SPN_FMTSET(spn_pixel_format_t) bits; 0 = any */
+  uint32_t sample_formats; /* SPN_FMTSET(spn_sample_format_t) bits; 0 = any */
+  uint32_t sample_rate;    /* Hz; 0 = any */
+  uint32_t channels;       /* 0 = any */
+  uint32_t reserved[2];
+} spn_port_caps_t;
+
+/* The format chosen for one edge (every field a single value; 0 = not
+ * constrained: both ends take anything). */
+typedef struct spn_port_format {
+  uint32_t struct_size;
+  int32_t mem_kind;        /* spn_mem_kind_t the consumer receives */
+  int32_t pixel_format;    /* spn_pixel_format_t, 0 = any */
+  int32_t sample_format;   /* spn_sample_format_t, 0 = any */
+  uint32_t sample_rate;
+  uint32_t channels;
+  uint32_t reserved[2];
+} spn_port_format_t;
+
 /* ---- stage kinds -------------------------------------------------------- */
 
 /* A port: a named input or output with an item type. Connected ports must
@@ -209,6 +280,17 @@ typedef struct spn_stage_kind {
   void (*destroy)(spn_stage_t *stage, void *state);
 
   void *reserved[8];
+
+  /* ABI 1.1: memory kinds and formats */
+  /* Per-port capabilities: input_caps has n_inputs entries, output_caps
+   * n_outputs (either may be NULL: host memory, any format). */
+  const spn_port_caps_t *input_caps;
+  const spn_port_caps_t *output_caps;
+  /* Optional: narrow one port's caps by the stage's config (e.g. decode
+   * gives only the pixel_format its config names). *caps holds the static
+   * entry on entry. Called while a pipeline is validated, on the validating
+   * thread: a pure function of the config. */
+  int32_t (*port_caps)(const void *config, bool is_output, uint32_t port, spn_port_caps_t *caps, spn_error_t *err);
 } spn_stage_kind_t;
 
 #define SPN_STAGE_KIND_INIT {.struct_size = sizeof(spn_stage_kind_t), .device_need = SPN_NEED_CPU, .max_batch = 1}
@@ -330,6 +412,30 @@ typedef struct spn_host_api {
    * name stays. SPN_EINVAL for a tensor item or i out of range (msg is
    * unchanged then). Ownership: data borrowed (copied). Thread: stage. */
   int32_t (*msg_replace_meta)(spn_msg_t *msg, size_t i, const void *data, size_t size, spn_error_t *err);
+  /* ABI 1.1: memory kinds and formats */
+  /* A buffer of `mem_kind` (spn_mem_kind_t) on the instance's device (host
+   * memory for HOST/PINNED; cpu:N emulates DEVICE memory with host memory
+   * the runtime treats as device memory). Ownership: caller owns one
+   * reference. Thread: the instance's executor. */
+  int32_t (*buffer_new_kind)(spn_stage_t *stage, size_t size, int32_t mem_kind, spn_buffer_t **out,
+                             spn_error_t *err);
+  /* The buffer's memory kind (spn_mem_kind_t) and its device (kind is a
+   * spn_device_kind_t: 0 CPU, 1 CUDA). Thread: any. */
+  int32_t (*buffer_mem_kind)(const spn_buffer_t *buf);
+  void (*buffer_device)(const spn_buffer_t *buf, int32_t *kind, int32_t *index);
+  /* Readiness: buffer_set_ready marks the point the stage's stream has
+   * reached as the moment buf's contents are complete (call it after
+   * queueing the work that writes buf, before emitting it). buffer_event
+   * is that event's native handle (a cudaEvent_t), NULL when the buffer is
+   * complete already (always on the CPU). The runtime orders every copy
+   * and every consumer on another stream after it. Thread: executor. */
+  int32_t (*buffer_set_ready)(spn_stage_t *stage, spn_buffer_t *buf, spn_error_t *err);
+  void *(*buffer_event)(const spn_buffer_t *buf);
+  /* The format negotiated for a port of this instance's stage (is_output:
+   * an output port, else an input). An output feeding several edges of
+   * different formats reports the first edge's. Thread: any. */
+  int32_t (*stage_port_format)(spn_stage_t *stage, bool is_output, uint32_t port, spn_port_format_t *out,
+                               spn_error_t *err);
 } spn_host_api_t;
 
 /* True when `host` (a table handed to this plugin) has member m: a member
