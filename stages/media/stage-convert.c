@@ -18,7 +18,6 @@
 #include "spindle/plugin.h"
 #include "media-decode.h"
 
-static const spn_host_api_t *host; /* the host table; same for every load */
 
 typedef struct convert_config {
   char *pixel_format;
@@ -55,6 +54,7 @@ static int32_t convert_port_caps(const void *config, bool is_output, uint32_t po
 }
 
 static int32_t convert_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   spn_port_caps_t caps = {.struct_size = sizeof caps};
   spn_error_t e = SPN_ERROR_INIT;
   int32_t rc = convert_port_caps(config, true, 0, &caps, &e);
@@ -68,6 +68,7 @@ static int32_t convert_create(spn_stage_t *stage, const void *config, void **sta
  * the negotiated input format telling rgb from bgr. */
 static int32_t frame_format(spn_stage_t *stage, spn_msg_t *msg, const spn_tensor_t *t, int32_t *fmt, int32_t *w,
                             int32_t *h, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   int64_t mi = host->msg_find(msg, SPN_MEDIA_IMAGE_META);
   spn_item_t m = {.struct_size = sizeof m};
   if (mi >= 0 && host->msg_item(msg, (size_t)mi, &m) == SPN_OK && m.meta_size == sizeof(spn_media_image_meta_t)) {
@@ -134,6 +135,7 @@ static size_t image_bytes(int32_t fmt, int32_t w, int32_t h) {
 }
 
 static int32_t convert_one(spn_stage_t *stage, int32_t target, spn_msg_t *in, spn_msg_t **out, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   int64_t fi = host->msg_find(in, "frame");
   spn_item_t fr = {.struct_size = sizeof fr};
   if (fi < 0 || host->msg_item(in, (size_t)fi, &fr) != SPN_OK || fr.kind != SPN_ITEM_TENSOR)
@@ -194,6 +196,7 @@ static int32_t convert_one(spn_stage_t *stage, int32_t target, spn_msg_t *in, sp
 
 static int32_t convert_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
                                spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   (void)job_states;
   int32_t target = (int32_t)(intptr_t)state;
   for (size_t i = 0; i < n; i++) {
@@ -211,7 +214,6 @@ static int32_t convert_process(spn_stage_t *stage, void *state, spn_msg_t **msgs
 }
 
 static int32_t convert_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
-  host = h;
   if (h->struct_size < offsetof(spn_host_api_t, stage_port_format) + sizeof h->stage_port_format)
     return spn_error_set(err, SPN_EABI, "needs a host with ABI 1.1 formats (stage_port_format)");
   static const spn_stage_kind_t kind = {
