@@ -450,6 +450,27 @@ static void encode_writes_a_playable_file(void **state) {
   spn_harness_free(&h);
 }
 
+static void convert_swaps_rgb_into_bgr(void **state) {
+  (void)state;
+  char p[512];
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_MEDIA_STAGE_DIR", "convert", p, sizeof p), "convert",
+                               "pixel_format = \"bgr24\"");
+  if (!h)
+    skip();
+  push(h, 1, 0, frame_msg(h, 0, 3, 4, 1));
+  run(h);
+  expect_ok(h, 1);
+  assert_int_equal(spn_harness_output_len(h, 1, 0), 1);
+  const uint8_t *px;
+  spn_tensor_t t = out_tensor(h, spn_harness_output(h, 1, 0, 0), "frame", &px);
+  assert_int_equal(t.shape[0], 3);
+  assert_int_equal(t.shape[1], 4);
+  for (size_t i = 0; i < 12; i++)
+    for (size_t c = 0; c < 3; c++)
+      assert_int_equal(px[3 * i + c], (uint8_t)((3 * i + (2 - c)) * 7 + 1));
+  spn_harness_free(&h);
+}
+
 /* ---- lipsync --------------------------------------------------------------------- */
 
 static void melspec_cuts_a_wav_into_mel_chunks(void **state) {
@@ -527,6 +548,7 @@ int main(void) {
       cmocka_unit_test(metasink_writes_the_faces_it_sees),
       cmocka_unit_test(decode_emits_frames_of_the_sample_clip),
       cmocka_unit_test(encode_writes_a_playable_file),
+      cmocka_unit_test(convert_swaps_rgb_into_bgr),
       cmocka_unit_test(melspec_cuts_a_wav_into_mel_chunks),
       cmocka_unit_test(lipsync_leaves_a_frame_without_faces_untouched),
   };
