@@ -574,6 +574,14 @@ static void deliver(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, bool counted, 
     }
     return;
   }
+  /* ABI 1.1: copy what the port cannot take as it is (edge-mem.c). */
+  spn_error_t perr = SPN_ERROR_INIT;
+  if (spn__edge_place(a, l, m, &perr) != SPN_OK) {
+    fail_job(a, aj, perr.code ? perr.code : SPN_EDEVICE, perr.msg);
+    spn__msg_free(&m);
+    release(l, counted);
+    return;
+  }
   spn__rx_t rx = {.msg = m, .link = l, .aj = aj, .counted = counted, .t_ns = now};
   uint32_t port = l->to_port;
   if (a->reorder[port]) {
@@ -742,6 +750,7 @@ static bool actor_batch(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
       rc = k->process(a, a->state, a->b_msgs, a->b_states, cnt, &err);
       uint64_t dt = spn__now_ns() - t0;
       atomic_fetch_add(&a->srt->busy_ns, dt);
+      spn__stage_observe(a->srt, dt, cnt);
       /* Device time, split evenly among the batch's frames' jobs. */
       for (uint32_t i = 0; a->dev_slot >= 0 && i < cnt; i++)
         atomic_fetch_add_explicit(&a->b_rx[i].aj->job->device_ns, dt / cnt + (i == 0 ? dt % cnt : 0),
@@ -833,6 +842,8 @@ static bool actor_generate(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
     int32_t rc = k->generate ? k->generate(a, a->state, aj->job_state, &err) : SPN_EOS;
     uint64_t dt = spn__now_ns() - t0;
     atomic_fetch_add(&a->srt->busy_ns, dt);
+    if (k->generate)
+      spn__stage_observe(a->srt, dt, 0);
     if (a->dev_slot >= 0)
       atomic_fetch_add_explicit(&aj->job->device_ns, dt, memory_order_relaxed);
     a->cur_job = NULL;
@@ -990,6 +1001,7 @@ void spn__actor_destroy(spn_stage_t *a) {
   if (a->created && k->destroy)
     k->destroy(a, a->state);
   a->created = false;
+  spn__edge_place_done(a);
   for (uint32_t p = 0; p < a->n_out; p++)
     for (uint32_t e = 0; e < a->out[p].n_edges; e++)
       for (uint32_t i = 0; i < a->out[p].edges[e].n_links; i++) {

@@ -33,6 +33,7 @@ struct spn_buffer {
   void *data;
   size_t size;
   void *ctx;
+  spn_event_t *ready; /* NULL: complete (see spn_buffer_set_ready) */
 };
 
 typedef struct spn__device_iface {

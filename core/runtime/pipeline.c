@@ -322,6 +322,8 @@ int32_t spn__pipeline_new_from_spec(spn_runtime_t *rt, spn__pipeline_spec_t *spe
         rc = spn_error_set(err, SPN_ENOMEM, "out of memory creating stage \"%s\"", srt->spec->name);
         break;
       }
+      a->head.struct_size = sizeof a->head;
+      a->head.host = pipe->rt->host; /* the complete table (host.c), whatever init got */
       a->pipe = pipe;
       a->srt = srt;
       a->replica = r;
@@ -372,6 +374,14 @@ int32_t spn__pipeline_new_from_spec(spn_runtime_t *rt, spn__pipeline_spec_t *spe
       for (uint32_t c = 0; c < to->n_replicas; c++) {
         if (add_link(pipe, a, es->from_port, to->replicas[c], es->to_port, cap, &ed->links[c]) != SPN_OK)
           goto out_nomem;
+        /* ABI 1.1: what the consumer port takes (edge-mem.c); specs built
+         * without negotiation (tests) take host memory. */
+        ed->links[c]->edge = (uint32_t)e;
+        ed->links[c]->accept_mem = es->mem_to ? es->mem_to
+                                   : to->spec->in_caps ? to->spec->in_caps[es->to_port].mem_kinds
+                                                       : SPN_MEMSET_HOST;
+        if (!ed->links[c]->accept_mem)
+          ed->links[c]->accept_mem = SPN_MEMSET_HOST;
         ed->n_links++;
         to->replicas[c]->links_in[es->to_port]++;
         to->replicas[c]->eos_expected++;
@@ -479,6 +489,75 @@ const char *spn_pipeline_stage_time(const spn_pipeline_t *pipe, size_t i, uint64
   if (busy_ns)
     *busy_ns = atomic_load(&pipe->stages[i].busy_ns);
   return pipe->stages[i].spec->name;
+}
+
+size_t spn_pipeline_edge_count(const spn_pipeline_t *pipe) { return pipe ? pipe->spec->n_edges : 0; }
+
+int32_t spn_pipeline_edge_stats(const spn_pipeline_t *pipe, size_t i, spn_edge_stats_t *out) {
+  if (!pipe || !out || i >= pipe->spec->n_edges)
+    return SPN_EINVAL;
+  const spn__edge_spec_t *es = &pipe->spec->edges[i];
+  const spn__stage_spec_t *from = &pipe->spec->stages[es->from_stage], *to = &pipe->spec->stages[es->to_stage];
+  memset(out, 0, sizeof *out);
+  out->from_stage = from->name;
+  out->from_port = from->kind->outputs[es->from_port].name;
+  out->to_stage = to->name;
+  out->to_port = to->kind->inputs[es->to_port].name;
+  out->pixel_format = es->format.pixel_format;
+  out->format = spn__pixel_format_name(es->format.pixel_format);
+  out->mem_kind = es->format.struct_size ? es->format.mem_kind : SPN_MEM_HOST;
+  out->converted = to->inserted;
+  for (uint32_t k = 0; k < pipe->n_links; k++) {
+    const spn__link_t *l = pipe->links[k];
+    if (l->edge != i)
+      continue;
+    out->messages += atomic_load(&l->stats.messages);
+    out->items_passed += atomic_load(&l->stats.items_passed);
+    for (int d = 0; d < SPN__COPY_DIRS; d++) {
+      out->copies[d] += atomic_load(&l->stats.copies[d]);
+      out->bytes[d] += atomic_load(&l->stats.bytes[d]);
+      out->ns[d] += atomic_load(&l->stats.ns[d]);
+    }
+  }
+  return SPN_OK;
+}
+
+const double spn_stage_latency_bounds_s[SPN_STAGE_LATENCY_BUCKETS - 1] = {
+    0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5};
+
+void spn__stage_observe(spn__stage_rt_t *srt, uint64_t ns, uint32_t n) {
+  atomic_fetch_add_explicit(&srt->calls, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&srt->call_ns, ns, memory_order_relaxed);
+  size_t k = 0;
+  while (k < SPN_STAGE_LATENCY_BUCKETS - 1 && (double)ns > spn_stage_latency_bounds_s[k] * 1e9)
+    k++;
+  atomic_fetch_add_explicit(&srt->lat_b[k], 1, memory_order_relaxed);
+  if (n == 0)
+    return;
+  atomic_fetch_add_explicit(&srt->batches, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&srt->messages, n, memory_order_relaxed);
+  k = 0;
+  while (k < SPN_STAGE_BATCH_BUCKETS - 1 && n > (1u << k))
+    k++;
+  atomic_fetch_add_explicit(&srt->batch_b[k], 1, memory_order_relaxed);
+}
+
+const char *spn_pipeline_stage_stats(const spn_pipeline_t *pipe, size_t i, spn_stage_stats_t *out) {
+  if (!pipe || i >= pipe->n_stages || !out)
+    return NULL;
+  spn__stage_rt_t *srt = &pipe->stages[i];
+  memset(out, 0, sizeof *out);
+  out->struct_size = sizeof *out;
+  out->calls = atomic_load_explicit(&srt->calls, memory_order_relaxed);
+  out->call_ns = atomic_load_explicit(&srt->call_ns, memory_order_relaxed);
+  for (size_t k = 0; k < SPN_STAGE_LATENCY_BUCKETS; k++)
+    out->latency_bucket[k] = atomic_load_explicit(&srt->lat_b[k], memory_order_relaxed);
+  out->processes = srt->kind && srt->kind->process;
+  out->batches = atomic_load_explicit(&srt->batches, memory_order_relaxed);
+  out->messages = atomic_load_explicit(&srt->messages, memory_order_relaxed);
+  for (size_t k = 0; k < SPN_STAGE_BATCH_BUCKETS; k++)
+    out->batch_bucket[k] = atomic_load_explicit(&srt->batch_b[k], memory_order_relaxed);
+  return srt->spec->name;
 }
 
 size_t spn_pipeline_binding_count(const spn_pipeline_t *pipe, spn_binding_kind_t kind) {

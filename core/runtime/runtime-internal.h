@@ -129,8 +129,22 @@ typedef struct spn__ajob {
   spn__heap_t *heaps;  /* per input port (re-ordering ports) */
 } spn__ajob_t;
 
+/* ABI 1.1: what crossed an edge (edge-mem.c). Directions of copies. */
+enum { SPN__COPY_H2D = 0, SPN__COPY_D2H = 1, SPN__COPY_D2D = 2, SPN__COPY_H2H = 3, SPN__COPY_DIRS = 4 };
+
+typedef struct spn__link_stats {
+  atomic_ullong messages;               /* data messages delivered */
+  atomic_ullong items_passed;           /* tensor items handed over as they were */
+  atomic_ullong copies[SPN__COPY_DIRS]; /* tensor items copied, per direction */
+  atomic_ullong bytes[SPN__COPY_DIRS];
+  atomic_ullong ns[SPN__COPY_DIRS];     /* host wall time issuing (and, into host memory, waiting for) them */
+} spn__link_stats_t;
+
 struct spn__link {
   uint32_t id; /* index in pipe->links (const) */
+  uint32_t edge;        /* index in pipe->spec->edges (const) */
+  uint32_t accept_mem;  /* SPN_MEMSET_* the consumer port takes (const; never 0) */
+  spn__link_stats_t stats;
   spn_stage_t *from, *to;
   uint32_t from_port, to_port;
   uint32_t capacity;
@@ -174,9 +188,16 @@ typedef struct spn__stage_rt {
   uint32_t max_batch, max_delay_ms;
   bool terminal; /* no outgoing edge: acknowledges EOS to the job */
   _Atomic uint64_t busy_ns; /* wall time in process/generate/flush, all replicas, all jobs */
+  /* spn_stage_stats_t's histograms (spn__stage_observe) */
+  _Atomic uint64_t calls, call_ns, lat_b[SPN_STAGE_LATENCY_BUCKETS];
+  _Atomic uint64_t batches, messages, batch_b[SPN_STAGE_BATCH_BUCKETS];
 } spn__stage_rt_t;
 
+/* Count one process (n >= 1 messages) or generate (n == 0) call of t0..now. */
+void spn__stage_observe(spn__stage_rt_t *srt, uint64_t ns, uint32_t n);
+
 struct spn_stage {
+  spn_stage_head_t head;     /* const; first: the public prefix spn_stage_host reads (plugin.h) */
   spn_pipeline_t *pipe;      /* const */
   spn__stage_rt_t *srt;      /* const */
   uint32_t replica;          /* const */
@@ -212,6 +233,7 @@ struct spn_stage {
   spn__ajob_t *cur_job;      /* job whose callback runs (generate/flush) */
   uint8_t *ser_buf;          /* serialization scratch */
   atomic_llong reordered;    /* debug: messages that arrived ahead of their turn */
+  spn_stream_t *copy_stream; /* executor: edge copies when the executor has no stream of its own */
   size_t ser_cap;
 };
 
@@ -276,6 +298,13 @@ void spn__actor_destroy(spn_stage_t *a);
 /* Run what is ready; *deadline_ns gets the next time it wants to run
  * (UINT64_MAX none). Returns true if it did anything. */
 bool spn__actor_step(spn_stage_t *a, uint64_t now_ns, uint64_t *deadline_ns);
+
+/* ABI 1.1 (edge-mem.c): put every tensor item of a message arriving on link
+ * l where the consumer port takes it — one copy per item whose memory kind
+ * or device the port does not take, after the producer's readiness event,
+ * on the consumer's stream; counted in l->stats. Executor of a. */
+int32_t spn__edge_place(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, spn_error_t *err);
+void spn__edge_place_done(spn_stage_t *a);
 
 void spn__barrier_init(spn__barrier_t *b, uint32_t n);
 void spn__barrier_done(spn__barrier_t *b, int32_t status, const spn_error_t *err);

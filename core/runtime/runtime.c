@@ -679,11 +679,20 @@ int32_t spn_runtime_device_quarantine(spn_runtime_t *rt, uint32_t i, const char 
 }
 
 bool spn_runtime_device_usable(const spn_runtime_t *rt, uint32_t i) {
-  return rt && i < rt->n_devices && !spn__slot_down(rt, (int32_t)i);
+  if (!rt || i >= rt->n_devices || spn__slot_down(rt, (int32_t)i))
+    return false;
+#ifdef SPN_HAVE_CUDA
+  if (rt->devices[i]->kind == SPN_DEVICE_CUDA && !spn__cuda_device_usable(rt->devices[i]))
+    return false;
+#endif
+  return true;
 }
 
 uint32_t spn_runtime_usable_device_count(const spn_runtime_t *rt) {
-  return rt ? rt->n_devices - atomic_load(&rt->n_down) : 0;
+  uint32_t n = 0;
+  for (uint32_t i = 0; rt && i < rt->n_devices; i++)
+    n += spn_runtime_device_usable(rt, i);
+  return n;
 }
 
 uint64_t spn_runtime_quarantine_count(const spn_runtime_t *rt) { return rt ? atomic_load(&rt->quarantines) : 0; }
