@@ -530,14 +530,6 @@ void spn__runner_metrics(const spn_job_runner_t *runner, spn__mbuf_t *b) {
   const pipeline_runner_t *r = as_pipeline_runner(runner);
   if (!r || !r->n)
     return;
-  /* Device quarantine (docs/gpu.md): drained devices and restarted jobs. */
-  spn__mbuf_family(b, "spindle_device_quarantines_total", "counter",
-                   "Devices quarantined since start (a fatal GPU error or an operator's drain).");
-  spn__mbuf_put(b, "spindle_device_quarantines_total %llu\n",
-                (unsigned long long)spn_runtime_quarantine_count(r->rt));
-  spn__mbuf_family(b, "spindle_job_restarts_total", "counter",
-                   "Job attempts restarted on other devices after a device they used was quarantined.");
-  spn__mbuf_put(b, "spindle_job_restarts_total %llu\n", (unsigned long long)spn_runtime_job_restart_count(r->rt));
   spn__mbuf_family(b, "spindle_pipeline_load_seconds", "gauge",
                    "Time loading each pipeline at start-up: stage instances and their models.");
   for (size_t i = 0; i < r->n; i++) {
