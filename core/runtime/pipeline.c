@@ -244,6 +244,7 @@ static int32_t add_link(spn_pipeline_t *pipe, spn_stage_t *from, uint32_t fport,
   l->to_port = tport;
   l->capacity = capacity;
   l->serialize = to->serialized_in;
+  pipe->wire |= l->serialize;
   atomic_init(&l->in_flight, 0);
   atomic_init(&l->max_in_flight, 0);
   atomic_init(&l->ctl_in_flight, 0);

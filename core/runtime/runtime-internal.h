@@ -318,6 +318,7 @@ struct spn_pipeline {
   spn__pipeline_spec_t *spec;
   bool owns_spec;
   int32_t placement; /* spn__placement_t (const) */
+  bool wire;         /* some edge is serialized (ipc/tcp): no in-runtime restart (const) */
   uint64_t id;
   spn__stage_rt_t *stages;
   uint32_t n_stages;

@@ -207,6 +207,10 @@ static void job_abort(spn_runtime_t *rt, spn_job_t *job, int32_t status, const c
 static bool job_should_restart(spn_runtime_t *rt, spn_job_t *job) {
   if (atomic_load(&job->cancelled) || job->restarts >= SPN__MAX_RESTARTS)
     return false;
+  /* A serialized edge does not carry the attempt number, so a message of
+   * the old attempt could not be told apart: fail, the job service retries. */
+  if (job->pipe->wire)
+    return false;
   if (job->status != SPN_EDEVICE && job->status != SPN_ECUDA)
     return false;
   if (atomic_load(&rt->n_down) >= rt->n_devices)

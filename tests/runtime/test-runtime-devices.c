@@ -156,8 +156,8 @@ typedef struct dv_world {
   spn_pipeline_t *pipe;
 } dv_world_t;
 
-static void dv_build(dv_world_t *w, spn_runtime_t *rt, int32_t placement, int64_t frames, int64_t gap_us,
-                     const int32_t delay_us[DV_DEVS]) {
+static void dv_build_ep(dv_world_t *w, spn_runtime_t *rt, int32_t placement, int64_t frames, int64_t gap_us,
+                        const int32_t delay_us[DV_DEVS], const char *sink_endpoint) {
   const spn_host_api_t *h = spn__runtime_host_api(rt);
   memset(&w->col, 0, sizeof w->col);
   pthread_mutex_init(&w->col.mu, NULL);
@@ -178,12 +178,18 @@ static void dv_build(dv_world_t *w, spn_runtime_t *rt, int32_t placement, int64_
   w->b.stages[2].kind = &dv_kind_sink;
   w->sink_cfg = (dv_cfg_t){.host = h, .col = &w->col};
   w->b.stages[2].config = &w->sink_cfg;
+  w->b.stages[2].endpoint = (char *)sink_endpoint;
   rt_spec_edge(&w->b, 0, 1);
   rt_spec_edge(&w->b, 1, 2);
   spn_error_t err = SPN_ERROR_INIT;
   if (spn__pipeline_new_from_spec(rt, &w->b.spec, false, &w->pipe, &err) != SPN_OK)
     fail_msg("pipeline: %s", err.msg);
   assert_int_equal(spn__pipeline_replicas(w->pipe, 1), DV_DEVS);
+}
+
+static void dv_build(dv_world_t *w, spn_runtime_t *rt, int32_t placement, int64_t frames, int64_t gap_us,
+                     const int32_t delay_us[DV_DEVS]) {
+  dv_build_ep(w, rt, placement, frames, gap_us, delay_us, NULL);
 }
 
 static void dv_free(dv_world_t *w) {
@@ -424,6 +430,30 @@ static void test_fatal_xid_moves_chain_work(void **st) {
   quarantine_moves_work(SPN__PLACE_CHAIN);
 }
 
+/* A serialized edge does not carry the attempt: such a pipeline's job fails
+ * with a device error (for the job service to retry) instead of restarting. */
+static void test_wire_pipeline_fails_instead_of_restarting(void **st) {
+  (void)st;
+  spn_runtime_t *rt = rt_new("cpu:4", 2);
+  dv_world_t w;
+  char ep[96];
+  snprintf(ep, sizeof ep, "ipc://@spindle-test-devices-%d", (int)getpid());
+  dv_build_ep(&w, rt, SPN__PLACE_FANOUT, 2000, 1000, NULL, ep);
+  rt_done_t d;
+  spn_job_t *job = dv_start(&w, 50, &d);
+  sink_at_t at = {&w, 50, 20};
+  wait_for(sink_reached, &at, "the job to be under way");
+  assert_int_equal(spn_runtime_device_quarantine(rt, 1, "test"), SPN_OK);
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_job_wait(job, &err), SPN_EDEVICE);
+  assert_non_null(strstr(err.msg, "quarantined"));
+  assert_int_equal(spn_job_restarts(job), 0);
+  assert_int_equal(spn_runtime_job_restart_count(rt), 0);
+  spn_job_free(&job);
+  dv_free(&w);
+  spn_runtime_free(&rt);
+}
+
 /* ---- device time ----------------------------------------------------------------------- */
 
 static void test_device_seconds_sum_device_stages(void **st) {
@@ -479,6 +509,7 @@ int main(void) {
       cmocka_unit_test(test_chain_keeps_a_job_on_one_device),
       cmocka_unit_test(test_fatal_xid_moves_fanout_work),
       cmocka_unit_test(test_fatal_xid_moves_chain_work),
+      cmocka_unit_test(test_wire_pipeline_fails_instead_of_restarting),
       cmocka_unit_test(test_device_seconds_sum_device_stages),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
