@@ -132,7 +132,9 @@ def qt_resource(path, name):
 
 def deb_unpack(package, tmp):
     """`apt-get download` the package and unpack its data archive: (folder, None) or (None, why)."""
-    r = subprocess.run(['apt-get', 'download', package], cwd=tmp, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(['apt-get', '-o', 'Acquire::http::Timeout=20', '-o', 'Acquire::https::Timeout=20',
+                        '-o', 'Acquire::Retries=1', 'download', package], cwd=tmp, capture_output=True, text=True,
+                       timeout=900)
     debs = [f for f in os.listdir(tmp) if f.endswith('.deb') and f.startswith(package + '_')]
     if r.returncode or len(debs) != 1:
         return None, f'apt-get download {package} failed: {(r.stderr.strip().splitlines() or ["?"])[-1][:200]}'
