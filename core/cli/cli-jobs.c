@@ -363,6 +363,7 @@ static int cmd_worker(int argc, char **argv) {
              "       [--queue-auth-file F] [--queue-prefix P]\n"
              "       [--config SERVER.toml] [--plugin-path DIR]... [--devices SPEC]\n"
              "       [--heartbeat-ms N] [--curve-keyfile F --server-key-file F]\n"
+             "       [--http HOST:PORT]   serve /healthz, /readyz and /metrics (Prometheus)\n"
              "       [--chunk-bytes N] [--chunk-delay-ms N] [--exec-log FILE]\n");
       return EXIT_OK;
     }
@@ -376,6 +377,7 @@ static int cmd_worker(int argc, char **argv) {
     else if (!strcmp(a, "--drain-grace-s")) { ok = parse_u32(v, &wc.drain_grace_s); drain_set = true; }
     else if (!strcmp(a, "--lease-ms")) { ok = parse_u32(v, &wc.lease_ms); lease_set = true; }
     else if (!strcmp(a, "--name")) wc.name = v;
+    else if (!strcmp(a, "--http")) wc.http = v;
     else if (!strcmp(a, "--slots")) ok = parse_u32(v, &wc.slots);
     else if (!strcmp(a, "--heartbeat-ms")) ok = parse_u32(v, &wc.heartbeat_ms);
     else if (!strcmp(a, "--chunk-bytes")) ok = parse_u32(v, &trc.chunk_bytes);

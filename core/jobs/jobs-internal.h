@@ -376,6 +376,7 @@ typedef struct spn_worker_config {
   /* Lease straight from this queue (spn_queue_worker_run); NULL: a gateway. */
   const spn_queue_config_t *queue;
   uint32_t lease_ms;
+  const char *http; /* "HOST:PORT": serve /healthz, /readyz, /metrics; NULL: none */
 } spn_worker_config_t;
 
 /* Run until *cfg->stop is set. Thread: the caller's. */

@@ -12,6 +12,7 @@
 #include "observe.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -149,6 +150,8 @@ static void attempt_ended(spn__observe_t *o, int64_t id, uint32_t attempt, spn_q
              reason ? reason : "");
   lease_drop(o, id);
 }
+
+static void nvml_unload(nvml_t *n);
 
 /* ---- the wrapped queue ---- */
 
@@ -326,11 +329,7 @@ static int32_t w_counts(void *q, int64_t out[SPN_QSTATE_COUNT], spn_error_t *err
 static void w_free(void *q) {
   spn__observe_t *o = q;
   spn_queue_free(&o->inner);
-  if (o->nvml.lib) {
-    if (o->nvml.shutdown)
-      o->nvml.shutdown();
-    dlclose(o->nvml.lib);
-  }
+  nvml_unload(&o->nvml);
   spn__logger_free(&o->log);
   free(o->dur);
   free(o->leases);
@@ -357,6 +356,15 @@ static const spn_queue_ops_t observed_ops = {
     .counts = w_counts,
     .free = w_free,
 };
+
+static void nvml_unload(nvml_t *n) {
+  if (n->lib) {
+    if (n->shutdown)
+      n->shutdown();
+    dlclose(n->lib);
+  }
+  memset(n, 0, sizeof *n);
+}
 
 static void nvml_load(nvml_t *n) {
   const char *path = getenv("SPINDLE_NVML_LIBRARY");
@@ -401,14 +409,7 @@ spn__logger_t *spn__observe_logger(spn__observe_t *o) { return o ? o->log : NULL
 
 /* ---- rendering ---- */
 
-typedef struct buf {
-  char *p;
-  size_t n, cap;
-  bool oom;
-} buf_t;
-
-static void put(buf_t *b, const char *fmt, ...) SPN_PRINTF(2, 3);
-static void put(buf_t *b, const char *fmt, ...) {
+void spn__mbuf_put(spn__mbuf_t *b, const char *fmt, ...) {
   if (b->oom)
     return;
   for (;;) {
@@ -436,19 +437,19 @@ static void put(buf_t *b, const char *fmt, ...) {
 }
 
 /* A label value with \, " and newline escaped (the text format's rule). */
-static void put_label(buf_t *b, const char *v) {
+void spn__mbuf_label(spn__mbuf_t *b, const char *v) {
   for (; *v; v++) {
     if (*v == '\\' || *v == '"')
-      put(b, "\\%c", *v);
+      spn__mbuf_put(b, "\\%c", *v);
     else if (*v == '\n')
-      put(b, "\\n");
+      spn__mbuf_put(b, "\\n");
     else
-      put(b, "%c", *v);
+      spn__mbuf_put(b, "%c", *v);
   }
 }
 
-static void family(buf_t *b, const char *name, const char *type, const char *help) {
-  put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+void spn__mbuf_family(spn__mbuf_t *b, const char *name, const char *type, const char *help) {
+  spn__mbuf_put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 /* Queue depth: queued jobs grouped by (pipeline, priority). */
@@ -485,8 +486,7 @@ static void depth_add(void *user, const spn_queue_job_t *j) {
   a->n++;
 }
 
-static void render_nvml(spn__observe_t *o, buf_t *b) {
-  nvml_t *n = &o->nvml;
+static void render_nvml(nvml_t *n, spn__mbuf_t *b) {
   unsigned count = 0;
   if (!n->lib || n->count(&count) != 0 || count == 0)
     return;
@@ -497,11 +497,11 @@ static void render_nvml(spn__observe_t *o, buf_t *b) {
     if (n->handle(i, &h[i]) != 0)
       h[i] = NULL;
   if (n->util) {
-    family(b, "spindle_device_utilization_ratio", "gauge", "GPU busy fraction over NVML's last sample period (0..1).");
+    spn__mbuf_family(b, "spindle_device_utilization_ratio", "gauge", "GPU busy fraction over NVML's last sample period (0..1).");
     for (unsigned i = 0; i < count; i++) {
       nvml_util_t u;
       if (h[i] && n->util(h[i], &u) == 0)
-        put(b, "spindle_device_utilization_ratio{device=\"cuda:%u\"} %.2f\n", i, u.gpu / 100.0);
+        spn__mbuf_put(b, "spindle_device_utilization_ratio{device=\"cuda:%u\"} %.2f\n", i, u.gpu / 100.0);
     }
   }
   if (n->mem) {
@@ -509,26 +509,39 @@ static void render_nvml(spn__observe_t *o, buf_t *b) {
     bool ok[64] = {false};
     for (unsigned i = 0; i < count; i++)
       ok[i] = h[i] && n->mem(h[i], &m[i]) == 0;
-    family(b, "spindle_device_memory_used_bytes", "gauge", "GPU memory in use (all processes), from NVML.");
+    spn__mbuf_family(b, "spindle_device_memory_used_bytes", "gauge", "GPU memory in use (all processes), from NVML.");
     for (unsigned i = 0; i < count; i++)
       if (ok[i])
-        put(b, "spindle_device_memory_used_bytes{device=\"cuda:%u\"} %llu\n", i, m[i].used);
-    family(b, "spindle_device_memory_total_bytes", "gauge", "GPU memory size, from NVML.");
+        spn__mbuf_put(b, "spindle_device_memory_used_bytes{device=\"cuda:%u\"} %llu\n", i, m[i].used);
+    spn__mbuf_family(b, "spindle_device_memory_total_bytes", "gauge", "GPU memory size, from NVML.");
     for (unsigned i = 0; i < count; i++)
       if (ok[i])
-        put(b, "spindle_device_memory_total_bytes{device=\"cuda:%u\"} %llu\n", i, m[i].total);
+        spn__mbuf_put(b, "spindle_device_memory_total_bytes{device=\"cuda:%u\"} %llu\n", i, m[i].total);
   }
   if (n->temp) {
-    family(b, "spindle_device_temperature_celsius", "gauge", "GPU core temperature, from NVML.");
+    spn__mbuf_family(b, "spindle_device_temperature_celsius", "gauge", "GPU core temperature, from NVML.");
     for (unsigned i = 0; i < count; i++) {
       unsigned t;
       if (h[i] && n->temp(h[i], 0 /* NVML_TEMPERATURE_GPU */, &t) == 0)
-        put(b, "spindle_device_temperature_celsius{device=\"cuda:%u\"} %u\n", i, t);
+        spn__mbuf_put(b, "spindle_device_temperature_celsius{device=\"cuda:%u\"} %u\n", i, t);
     }
   }
 }
 
-char *spn__observe_render(spn__observe_t *o, const spn__observe_workers_t *w, spn_error_t *err) {
+/* The runner's families and the usable device count. */
+static void render_runner(spn__mbuf_t *b, const spn_job_runner_t *runner, bool gateway) {
+  int64_t usable = spn__runner_usable_devices(runner);
+  if (usable >= 0) {
+    spn__mbuf_family(b, "spindle_devices_usable", "gauge",
+                     "Devices of this process's runtime that can take work (a GPU found lost is not).");
+    spn__mbuf_put(b, "spindle_devices_usable %lld\n", (long long)usable);
+  }
+  (void)gateway;
+  spn__runner_metrics(runner, b);
+}
+
+char *spn__observe_render(spn__observe_t *o, const spn__observe_workers_t *w, const spn_job_runner_t *runner,
+                          spn_error_t *err) {
   int64_t cnt[SPN_QSTATE_COUNT];
   if (o->inner.ops->counts(o->inner.impl, cnt, err) < 0)
     return NULL;
@@ -537,46 +550,180 @@ char *spn__observe_render(spn__observe_t *o, const spn__observe_workers_t *w, sp
     free(acc.d);
     return NULL;
   }
-  buf_t b = {0};
-  family(&b, "spindle_jobs", "gauge", "Jobs in the queue by state.");
+  spn__mbuf_t b = {0};
+  spn__mbuf_family(&b, "spindle_jobs", "gauge", "Jobs in the queue by state.");
   for (int i = 0; i < SPN_QSTATE_COUNT; i++)
-    put(&b, "spindle_jobs{state=\"%s\"} %lld\n", spn_queue_state_name((spn_queue_state_t)i), (long long)cnt[i]);
-  family(&b, "spindle_queue_depth", "gauge", "Queued jobs by pipeline and priority (the autoscaling signal).");
+    spn__mbuf_put(&b, "spindle_jobs{state=\"%s\"} %lld\n", spn_queue_state_name((spn_queue_state_t)i), (long long)cnt[i]);
+  spn__mbuf_family(&b, "spindle_queue_depth", "gauge", "Queued jobs by pipeline and priority (the autoscaling signal).");
   for (size_t i = 0; i < acc.n; i++) {
-    put(&b, "spindle_queue_depth{pipeline=\"");
-    put_label(&b, acc.d[i].pipeline);
-    put(&b, "\",priority=\"%d\"} %llu\n", (int)acc.d[i].priority, (unsigned long long)acc.d[i].n);
+    spn__mbuf_put(&b, "spindle_queue_depth{pipeline=\"");
+    spn__mbuf_label(&b, acc.d[i].pipeline);
+    spn__mbuf_put(&b, "\",priority=\"%d\"} %llu\n", (int)acc.d[i].priority, (unsigned long long)acc.d[i].n);
   }
   free(acc.d);
-  family(&b, "spindle_job_events_total", "counter", "Job lifecycle transitions since the gateway started, by event.");
+  spn__mbuf_family(&b, "spindle_job_events_total", "counter", "Job lifecycle transitions since the gateway started, by event.");
   for (int i = 0; i < EV_COUNT; i++)
-    put(&b, "spindle_job_events_total{event=\"%s\"} %llu\n", ev_names[i], (unsigned long long)o->events[i]);
-  family(&b, "spindle_job_duration_seconds", "histogram",
+    spn__mbuf_put(&b, "spindle_job_events_total{event=\"%s\"} %llu\n", ev_names[i], (unsigned long long)o->events[i]);
+  spn__mbuf_family(&b, "spindle_job_duration_seconds", "histogram",
          "Time from lease to the end of an attempt, by pipeline and outcome.");
   for (size_t k = 0; k < o->ndur; k++) {
     const dur_series_t *d = &o->dur[k];
     for (int i = 0; i <= SPN__OBSERVE_DURATION_BUCKETS; i++) {
-      put(&b, "spindle_job_duration_seconds_bucket{pipeline=\"");
-      put_label(&b, d->pipeline);
+      spn__mbuf_put(&b, "spindle_job_duration_seconds_bucket{pipeline=\"");
+      spn__mbuf_label(&b, d->pipeline);
       if (i < SPN__OBSERVE_DURATION_BUCKETS)
-        put(&b, "\",outcome=\"%s\",le=\"%g\"} %llu\n", d->outcome, dur_bounds[i], (unsigned long long)d->bucket[i]);
+        spn__mbuf_put(&b, "\",outcome=\"%s\",le=\"%g\"} %llu\n", d->outcome, dur_bounds[i], (unsigned long long)d->bucket[i]);
       else
-        put(&b, "\",outcome=\"%s\",le=\"+Inf\"} %llu\n", d->outcome, (unsigned long long)d->count);
+        spn__mbuf_put(&b, "\",outcome=\"%s\",le=\"+Inf\"} %llu\n", d->outcome, (unsigned long long)d->count);
     }
-    put(&b, "spindle_job_duration_seconds_sum{pipeline=\"");
-    put_label(&b, d->pipeline);
-    put(&b, "\",outcome=\"%s\"} %.6f\n", d->outcome, d->sum);
-    put(&b, "spindle_job_duration_seconds_count{pipeline=\"");
-    put_label(&b, d->pipeline);
-    put(&b, "\",outcome=\"%s\"} %llu\n", d->outcome, (unsigned long long)d->count);
+    spn__mbuf_put(&b, "spindle_job_duration_seconds_sum{pipeline=\"");
+    spn__mbuf_label(&b, d->pipeline);
+    spn__mbuf_put(&b, "\",outcome=\"%s\"} %.6f\n", d->outcome, d->sum);
+    spn__mbuf_put(&b, "spindle_job_duration_seconds_count{pipeline=\"");
+    spn__mbuf_label(&b, d->pipeline);
+    spn__mbuf_put(&b, "\",outcome=\"%s\"} %llu\n", d->outcome, (unsigned long long)d->count);
   }
-  family(&b, "spindle_workers", "gauge", "Workers by kind: in-process slots, and remote workers sending heartbeats.");
-  put(&b, "spindle_workers{kind=\"local\"} %u\nspindle_workers{kind=\"remote\"} %zu\n", w->local, w->remote);
-  render_nvml(o, &b);
+  spn__mbuf_family(&b, "spindle_workers", "gauge", "Workers by kind: in-process slots, and remote workers sending heartbeats.");
+  spn__mbuf_put(&b, "spindle_workers{kind=\"local\"} %u\nspindle_workers{kind=\"remote\"} %zu\n", w->local, w->remote);
+  render_nvml(&o->nvml, &b);
+  render_runner(&b, runner, true);
   if (b.oom || !b.p) {
     free(b.p);
     spn_error_set(err, SPN_ENOMEM, "metrics: out of memory");
     return NULL;
   }
   return b.p;
+}
+
+/* ---- readiness ---- */
+
+bool spn__observe_devices_ready(const spn_job_runner_t *runner, char *why, size_t cap) {
+  /* Today: the runtime's usable device count (GPUs the health monitor has
+   * not marked unusable). A runner without a runtime needs no device. */
+  int64_t usable = spn__runner_usable_devices(runner);
+  if (usable == 0) {
+    snprintf(why, cap, "no usable device");
+    return false;
+  }
+  return true;
+}
+
+/* ---- the worker's metrics and probes ---- */
+
+enum { WO_SUCCEEDED, WO_FAILED, WO_CANCELLED, WO_COUNT };
+static const char *const wo_names[WO_COUNT] = {"succeeded", "failed", "cancelled"};
+
+struct spn__wobs {
+  pthread_mutex_t mu;
+  const spn_job_runner_t *runner;
+  uint32_t slots;
+  int64_t busy;
+  bool draining;
+  uint64_t jobs[WO_COUNT];
+  nvml_t nvml; /* under mu: NVML calls from the HTTP thread only */
+  spn__http_thread_t *http;
+};
+
+static void wobs_answer(void *user, const char *path, spn__http_reply_t *out) {
+  spn__wobs_t *o = user;
+  if (!strcmp(path, "/healthz")) {
+    out->code = 200;
+    out->body = strdup("ok\n");
+    return;
+  }
+  if (!strcmp(path, "/readyz")) {
+    char why[128] = "";
+    pthread_mutex_lock(&o->mu);
+    bool draining = o->draining;
+    pthread_mutex_unlock(&o->mu);
+    bool ready = !draining && spn__observe_devices_ready(o->runner, why, sizeof why);
+    out->code = ready ? 200 : 503;
+    char body[160];
+    snprintf(body, sizeof body, "%s\n", ready ? "ready" : draining ? "stopping" : why);
+    out->body = strdup(body);
+    return;
+  }
+  if (strcmp(path, "/metrics") != 0) {
+    out->code = 404;
+    out->body = strdup("not found\n");
+    return;
+  }
+  spn__mbuf_t b = {0};
+  pthread_mutex_lock(&o->mu);
+  spn__mbuf_family(&b, "spindle_worker_jobs_total", "counter", "Jobs this worker finished, by outcome.");
+  for (int i = 0; i < WO_COUNT; i++)
+    spn__mbuf_put(&b, "spindle_worker_jobs_total{outcome=\"%s\"} %llu\n", wo_names[i],
+                  (unsigned long long)o->jobs[i]);
+  spn__mbuf_family(&b, "spindle_worker_slots", "gauge", "Job slots of this worker, busy or idle.");
+  int64_t busy = o->busy < 0 ? 0 : o->busy > o->slots ? o->slots : o->busy;
+  spn__mbuf_put(&b, "spindle_worker_slots{state=\"busy\"} %lld\nspindle_worker_slots{state=\"idle\"} %lld\n",
+                (long long)busy, (long long)o->slots - busy);
+  render_nvml(&o->nvml, &b);
+  pthread_mutex_unlock(&o->mu);
+  render_runner(&b, o->runner, false);
+  if (b.oom || !b.p) {
+    free(b.p);
+    out->code = 500;
+    out->body = strdup("metrics: out of memory\n");
+    return;
+  }
+  out->code = 200;
+  out->ctype = "text/plain; version=0.0.4";
+  out->body = b.p;
+}
+
+int32_t spn__wobs_new(const spn_job_runner_t *runner, uint32_t slots, const char *http, spn__wobs_t **out,
+                      spn_error_t *err) {
+  *out = NULL;
+  spn__wobs_t *o = calloc(1, sizeof *o);
+  if (!o)
+    return spn_error_set(err, SPN_ENOMEM, "worker: out of memory");
+  pthread_mutex_init(&o->mu, NULL);
+  o->runner = runner;
+  o->slots = slots;
+  nvml_load(&o->nvml);
+  if (http) {
+    int32_t rc = spn__http_thread_start(http, wobs_answer, o, &o->http, err);
+    if (rc < 0) {
+      spn__wobs_free(&o);
+      return rc;
+    }
+  }
+  *out = o;
+  return SPN_OK;
+}
+
+void spn__wobs_job_end(spn__wobs_t *o, int32_t status) {
+  if (!o)
+    return;
+  pthread_mutex_lock(&o->mu);
+  o->jobs[status == SPN_OK ? WO_SUCCEEDED : status == SPN_ECANCELLED ? WO_CANCELLED : WO_FAILED]++;
+  pthread_mutex_unlock(&o->mu);
+}
+
+void spn__wobs_busy(spn__wobs_t *o, int delta) {
+  if (!o)
+    return;
+  pthread_mutex_lock(&o->mu);
+  o->busy += delta;
+  pthread_mutex_unlock(&o->mu);
+}
+
+void spn__wobs_draining(spn__wobs_t *o) {
+  if (!o)
+    return;
+  pthread_mutex_lock(&o->mu);
+  o->draining = true;
+  pthread_mutex_unlock(&o->mu);
+}
+
+void spn__wobs_free(spn__wobs_t **po) {
+  spn__wobs_t *o = *po;
+  if (!o)
+    return;
+  spn__http_thread_stop(&o->http);
+  nvml_unload(&o->nvml);
+  pthread_mutex_destroy(&o->mu);
+  free(o);
+  *po = NULL;
 }

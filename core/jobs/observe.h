@@ -33,8 +33,65 @@ typedef struct spn__observe_workers {
 } spn__observe_workers_t;
 
 /* The whole /metrics body (Prometheus text 0.0.4), malloc'd, NUL-ended;
- * NULL when out of memory or the queue cannot be read (err says why). */
-char *spn__observe_render(spn__observe_t *o, const spn__observe_workers_t *w, spn_error_t *err);
+ * NULL when out of memory or the queue cannot be read (err says why).
+ * runner (may be NULL) adds its families (spn__runner_metrics). */
+char *spn__observe_render(spn__observe_t *o, const spn__observe_workers_t *w, const spn_job_runner_t *runner,
+                          spn_error_t *err);
+
+/* ---- Prometheus text, shared by the gateway, the worker and the runner ---- */
+
+typedef struct spn__mbuf {
+  char *p;
+  size_t n, cap;
+  bool oom;
+} spn__mbuf_t;
+void spn__mbuf_put(spn__mbuf_t *b, const char *fmt, ...) SPN_PRINTF(2, 3);
+/* A label value with \\, " and newline escaped. */
+void spn__mbuf_label(spn__mbuf_t *b, const char *v);
+void spn__mbuf_family(spn__mbuf_t *b, const char *name, const char *type, const char *help);
+
+/* The pipeline runner's families (runner-pipeline.c): load time per
+ * pipeline, per-stage latency and batch-size histograms; nothing for another
+ * runner. Thread: any. Bytes moved per device belong here too once the
+ * runtime counts them per edge (a spn_pipeline_* getter beside
+ * spn_pipeline_stage_stats). */
+void spn__runner_metrics(const spn_job_runner_t *runner, spn__mbuf_t *b);
+/* Devices the runner's runtime can use now; -1 when it has no runtime. */
+int64_t spn__runner_usable_devices(const spn_job_runner_t *runner);
+
+/* Readiness on devices, for /readyz of the gateway (with local slots) and the
+ * worker: false (why says which) when the runner's runtime has devices but
+ * none is usable. The one place to change when the device API does. */
+bool spn__observe_devices_ready(const spn_job_runner_t *runner, char *why, size_t cap);
+
+/* ---- HTTP (/healthz, /readyz, /metrics) ---- */
+
+typedef struct spn__http_reply {
+  int code;
+  const char *ctype;
+  char *body; /* malloc'd, NUL-ended; freed by the server */
+} spn__http_reply_t;
+/* Answer one GET of path (called on the server's loop thread). */
+typedef void (*spn__http_handler_t)(void *user, const char *path, spn__http_reply_t *out);
+
+/* An HTTP server on its own thread and libuv loop ("HOST:PORT"). */
+typedef struct spn__http_thread spn__http_thread_t;
+int32_t spn__http_thread_start(const char *addr, spn__http_handler_t fn, void *user, spn__http_thread_t **out,
+                               spn_error_t *err);
+void spn__http_thread_stop(spn__http_thread_t **t);
+
+/* ---- the worker's metrics and probes (spindle worker --http) ---- */
+
+typedef struct spn__wobs spn__wobs_t;
+/* Serves /healthz, /readyz, /metrics on http ("HOST:PORT") when not NULL.
+ * runner is borrowed. Thread: any for every call below. */
+int32_t spn__wobs_new(const spn_job_runner_t *runner, uint32_t slots, const char *http, spn__wobs_t **out,
+                      spn_error_t *err);
+/* A job ended on this worker: outcome "succeeded", "failed" or "cancelled". */
+void spn__wobs_job_end(spn__wobs_t *o, int32_t status);
+void spn__wobs_busy(spn__wobs_t *o, int delta);
+void spn__wobs_draining(spn__wobs_t *o);
+void spn__wobs_free(spn__wobs_t **o);
 
 /* spindle_queue_depth groups at most this many queued jobs per scrape
  * (spindle_jobs{state="queued"} always counts them all). */

@@ -36,6 +36,7 @@ typedef struct qrun {
   uint32_t attempt;
   uint64_t done, total;
   double progress_at; /* last progress written to the queue */
+  bool no_outputs;    /* no publication marker to remove at the end */
 } qrun_t;
 
 typedef struct qw {
@@ -46,6 +47,7 @@ typedef struct qw {
   char (*owner)[192];
   char last_error[SPN_ERROR_MSG_MAX];
   spn__observe_t *obs; /* lifecycle log lines; owned by q's wrapper */
+  spn__wobs_t *wobs;   /* metrics and probes (--http) */
 } qw_t;
 
 static void say_error(qw_t *w, const char *msg) {
@@ -75,7 +77,7 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
   if (res->status == SPN_OK) {
     rc = w->q.ops->complete(w->q.impl, r->id, r->attempt, w->owner[slot], res->compute_s, res->gpu_s, now,
                             &err);
-    if (rc == SPN_OK)
+    if (rc == SPN_OK && !r->no_outputs) /* else no marker: saves a read */
       spn__unpublish(&w->q, r->id);
   } else {
     spn_queue_state_t st;
@@ -93,6 +95,8 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
                &(spn__log_fields_t){.job_id = (uint64_t)r->id, .attempt = -1, .duration_ms = -1}, "%s", err.msg);
   r->busy = false;
   spn__slot_pool_set_idle(w->pool, slot);
+  spn__wobs_busy(w->wobs, -1);
+  spn__wobs_job_end(w->wobs, res->status);
   return true;
 }
 
@@ -127,7 +131,9 @@ static bool lease_some(qw_t *w) {
       finish(w, (uint32_t)slot, &res); /* the slot never ran it */
       continue;
     }
+    r->no_outputs = js.n_outputs == 0;
     spn__slot_pool_assign(w->pool, (uint32_t)slot, &js);
+    spn__wobs_busy(w->wobs, 1);
   }
 }
 
@@ -220,6 +226,10 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     spn_error_prefix(err, "worker");
     goto out;
   }
+  if ((rc = spn__wobs_new(runner, cfg->slots, cfg->http, &w.wobs, err)) < 0) {
+    spn_error_prefix(err, "worker");
+    goto out;
+  }
   spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
   lf.worker = name;
   spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker leasing from %s queue %s with %u slots",
@@ -236,6 +246,7 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
       break;
     if (cfg->stop && *cfg->stop && !draining) {
       draining = true;
+      spn__wobs_draining(w.wobs);
       drain_until = mono + cfg->drain_grace_s;
       spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker draining (%u running; up to %u s)",
                  running(&w), cfg->drain_grace_s);
@@ -308,6 +319,7 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker stopped: %u job(s) back to the queue", released);
 out:
   spn__slot_pool_free(&w.pool);
+  spn__wobs_free(&w.wobs);
   free(w.runs);
   free(w.owner);
   spn_queue_free(&w.q);

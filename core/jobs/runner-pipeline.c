@@ -32,15 +32,18 @@
 #include <time.h>
 
 #include "jobs-internal.h"
+#include "observe.h"
 #include "spindle/plugin.h"
 #include "spindle/runtime.h"
 
 typedef struct pr_entry {
   char *name;
   spn_pipeline_t *pipe;
+  double load_s; /* spn_pipeline_load: stage instances and their models */
 } pr_entry_t;
 
 typedef struct pipeline_runner {
+  spn_runtime_t *rt;
   pr_entry_t *entries;
   size_t n;
   spn_job_runner_t fallback; /* .run NULL: none */
@@ -424,6 +427,8 @@ static int32_t pr_run(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ctx,
   spn_error_t jerr = SPN_ERROR_INIT;
   rc = spn_job_wait(rj, &jerr);
   report(&st, ctx, &last);
+  /* Device busy time of the job's stages (docs/gpu.md), as its gpu_s. */
+  spn_job_ctx_add_gpu_seconds(ctx, spn_job_device_seconds(rj));
   spn_job_free(&rj);
   if (rc != SPN_OK)
     spn_error_set(err, rc, "job %lld: pipeline \"%s\": %s", (long long)job->id, e->name,
@@ -468,10 +473,14 @@ int32_t spn_pipeline_runner_new(spn_runtime_t *rt, const spn_pipeline_def_t *def
   }
   if (fallback)
     r->fallback = *fallback;
+  r->rt = rt;
   int32_t rc = SPN_OK;
   for (size_t i = 0; i < n; i++) {
     pr_entry_t *e = &r->entries[i];
-    if ((rc = spn_pipeline_load(rt, defs[i].config, NULL, 0, &e->pipe, err)) != SPN_OK) {
+    double t0 = spn__mono_s();
+    rc = spn_pipeline_load(rt, defs[i].config, NULL, 0, &e->pipe, err);
+    e->load_s = spn__mono_s() - t0;
+    if (rc != SPN_OK) {
       spn_error_prefix(err, "%s: pipeline \"%s\"", defs[i].where, defs[i].name ? defs[i].name : defs[i].config);
       break;
     }
@@ -495,6 +504,82 @@ int32_t spn_pipeline_runner_new(spn_runtime_t *rt, const spn_pipeline_def_t *def
   if (rc != SPN_OK)
     spn_pipeline_runner_free(out);
   return rc;
+}
+
+/* ---- what operators see (observe.h) ---- */
+
+static const pipeline_runner_t *as_pipeline_runner(const spn_job_runner_t *runner) {
+  return runner && runner->run == pr_run ? runner->data : NULL;
+}
+
+int64_t spn__runner_usable_devices(const spn_job_runner_t *runner) {
+  const pipeline_runner_t *r = as_pipeline_runner(runner);
+  return r && r->rt ? (int64_t)spn_runtime_usable_device_count(r->rt) : -1;
+}
+
+static void stage_label(spn__mbuf_t *b, const char *fam, const char *pipeline, const char *stage) {
+  spn__mbuf_put(b, "%s{pipeline=\"", fam);
+  spn__mbuf_label(b, pipeline);
+  spn__mbuf_put(b, "\",stage=\"");
+  spn__mbuf_label(b, stage);
+  spn__mbuf_put(b, "\"");
+}
+
+void spn__runner_metrics(const spn_job_runner_t *runner, spn__mbuf_t *b) {
+  const pipeline_runner_t *r = as_pipeline_runner(runner);
+  if (!r || !r->n)
+    return;
+  spn__mbuf_family(b, "spindle_pipeline_load_seconds", "gauge",
+                   "Time loading each pipeline at start-up: stage instances and their models.");
+  for (size_t i = 0; i < r->n; i++) {
+    spn__mbuf_put(b, "spindle_pipeline_load_seconds{pipeline=\"");
+    spn__mbuf_label(b, r->entries[i].name);
+    spn__mbuf_put(b, "\"} %.6f\n", r->entries[i].load_s);
+  }
+  spn__mbuf_family(b, "spindle_stage_latency_seconds", "histogram",
+                   "Wall time of each process/generate call of a stage, by pipeline and stage.");
+  for (size_t i = 0; i < r->n; i++)
+    for (size_t k = 0; k < spn_pipeline_stage_count(r->entries[i].pipe); k++) {
+      spn_stage_stats_t st;
+      const char *stage = spn_pipeline_stage_stats(r->entries[i].pipe, k, &st);
+      if (!stage)
+        continue;
+      uint64_t cum = 0;
+      for (size_t j = 0; j < SPN_STAGE_LATENCY_BUCKETS; j++) {
+        cum += st.latency_bucket[j];
+        stage_label(b, "spindle_stage_latency_seconds_bucket", r->entries[i].name, stage);
+        if (j + 1 < SPN_STAGE_LATENCY_BUCKETS)
+          spn__mbuf_put(b, ",le=\"%g\"} %llu\n", spn_stage_latency_bounds_s[j], (unsigned long long)cum);
+        else
+          spn__mbuf_put(b, ",le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+      }
+      stage_label(b, "spindle_stage_latency_seconds_sum", r->entries[i].name, stage);
+      spn__mbuf_put(b, "} %.9f\n", (double)st.call_ns / 1e9);
+      stage_label(b, "spindle_stage_latency_seconds_count", r->entries[i].name, stage);
+      spn__mbuf_put(b, "} %llu\n", (unsigned long long)st.calls);
+    }
+  spn__mbuf_family(b, "spindle_stage_batch_size", "histogram",
+                   "Messages handed to each process call of a stage (its batch), by pipeline and stage.");
+  for (size_t i = 0; i < r->n; i++)
+    for (size_t k = 0; k < spn_pipeline_stage_count(r->entries[i].pipe); k++) {
+      spn_stage_stats_t st;
+      const char *stage = spn_pipeline_stage_stats(r->entries[i].pipe, k, &st);
+      if (!stage || !st.processes)
+        continue; /* a source is never handed a batch */
+      uint64_t cum = 0;
+      for (size_t j = 0; j < SPN_STAGE_BATCH_BUCKETS; j++) {
+        cum += st.batch_bucket[j];
+        stage_label(b, "spindle_stage_batch_size_bucket", r->entries[i].name, stage);
+        if (j + 1 < SPN_STAGE_BATCH_BUCKETS)
+          spn__mbuf_put(b, ",le=\"%u\"} %llu\n", 1u << j, (unsigned long long)cum);
+        else
+          spn__mbuf_put(b, ",le=\"+Inf\"} %llu\n", (unsigned long long)cum);
+      }
+      stage_label(b, "spindle_stage_batch_size_sum", r->entries[i].name, stage);
+      spn__mbuf_put(b, "} %llu\n", (unsigned long long)st.messages);
+      stage_label(b, "spindle_stage_batch_size_count", r->entries[i].name, stage);
+      spn__mbuf_put(b, "} %llu\n", (unsigned long long)st.batches);
+    }
 }
 
 void spn_pipeline_runner_free(spn_job_runner_t *runner) {

@@ -154,6 +154,7 @@ void spn__sched_finish(spn_server_t *s, int64_t id, uint32_t attempt, const char
   int64_t now = spn__now_ms();
   int32_t rc;
   spn_run_t *live = spn__run_find(s, id);
+  bool no_outputs = live && live->attempt == attempt && live->no_outputs;
   if (live && live->attempt == attempt && !strcmp(live->owner, owner) && live->total)
     s->q.ops->progress(s->q.impl, id, live->done, live->total, NULL);
   if (res->status == SPN_OK) {
@@ -165,7 +166,7 @@ void spn__sched_finish(spn_server_t *s, int64_t id, uint32_t attempt, const char
   }
   if (rc < 0 && rc != SPN_ESTATE)
     spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, &(spn__log_fields_t){.job_id = (uint64_t)id, .attempt = -1, .duration_ms = -1}, "%s", err.msg);
-  if (rc == SPN_OK && res->status == SPN_OK)
+  if (rc == SPN_OK && res->status == SPN_OK && !no_outputs) /* else no marker: saves a read */
     unpublish_after_commit(s, id);
   spn_run_t *r = spn__run_find(s, id);
   /* Not this gateway's run (a report after a restart): look it up. */
@@ -204,6 +205,7 @@ static bool assign_local(spn_server_t *s, uint32_t slot, spn_queue_job_t *j) {
   r->segmented = is_segmented(j);
   r->slot = (int)slot;
   r->worker = -1;
+  r->no_outputs = js.n_outputs == 0;
   snprintf(r->owner, sizeof r->owner, "%s", s->slot_owner[slot]);
   spn__slot_pool_assign(s->pool, slot, &js);
   return true;
@@ -226,6 +228,8 @@ static void assign_remote(spn_server_t *s, size_t wi, spn_queue_job_t *j) {
   r->segmented = is_segmented(j);
   r->slot = -1;
   r->worker = (int64_t)wi;
+  const cJSON *outs = cJSON_GetObjectItemCaseSensitive(spec, "outputs");
+  r->no_outputs = !cJSON_IsObject(outs) || !outs->child;
   snprintf(r->owner, sizeof r->owner, "%s", w->owner);
   cJSON_AddNumberToObject(b, "id", (double)j->id);
   cJSON_AddNumberToObject(b, "attempt", j->attempts);

@@ -49,6 +49,7 @@ typedef struct spn_run {
   char owner[160];
   uint64_t done, total;
   double progress_at; /* last progress written to the queue (monotonic s) */
+  bool no_outputs;    /* no publication marker to remove at the end */
   bool segmented;     /* a segment, or a segmented job's join: its end concerns another job */
 } spn_run_t;
 

@@ -24,6 +24,7 @@
 
 #include "jobs-internal.h"
 #include "log-internal.h"
+#include "observe.h"
 #include "proto-internal.h"
 #include "spindle/runtime.h"
 
@@ -32,6 +33,7 @@ typedef struct wctx {
   spn_slot_pool_t *pool;
   char name[128];
   spn__logger_t *log; /* JSON lines unless stderr is a terminal */
+  spn__wobs_t *obs;   /* metrics and probes (--http) */
   bool draining;
   /* per slot: the job it runs (main thread only) */
   bool *busy;
@@ -98,6 +100,7 @@ static void on_job(wctx_t *w, void *sock, const cJSON *m) {
   }
   spn__slot_pool_assign(w->pool, (uint32_t)sl, &js);
   w->busy[sl] = true;
+  spn__wobs_busy(w->obs, 1);
   w->id[sl] = id;
   w->att[sl] = (uint32_t)att;
 }
@@ -147,6 +150,10 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
     spn_error_prefix(err, "worker");
     goto out;
   }
+  if ((rc = spn__wobs_new(runner, cfg->slots, cfg->http, &w.obs, err)) < 0) {
+    spn_error_prefix(err, "worker");
+    goto out;
+  }
   spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
   lf.worker = w.name;
   spn__log_f(w.log, SPN_LOG_INFO, &lf, "worker connected to %s with %u slots", cfg->connect, cfg->slots);
@@ -161,6 +168,7 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
       if (cfg->drain_grace_s == 0)
         break;
       w.draining = true;
+      spn__wobs_draining(w.obs);
       drain_until = spn__mono_s() + cfg->drain_grace_s;
       send_body(sock, "DRAIN", body(&w));
       spn__log_f(w.log, SPN_LOG_INFO, &lf, "draining (up to %u s)", cfg->drain_grace_s);
@@ -229,6 +237,8 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
         /* The thread cleared `assigned` before reporting: the slot is free. */
         spn__slot_pool_set_idle(w.pool, r->slot);
         w.busy[r->slot] = false;
+        spn__wobs_busy(w.obs, -1);
+        spn__wobs_job_end(w.obs, r->res.status);
         if (!w.draining)
           grant(&w, sock, 1);
       }
@@ -283,6 +293,7 @@ out:
   if (ctx)
     zmq_ctx_term(ctx);
   spn__slot_pool_free(&w.pool);
+  spn__wobs_free(&w.obs);
   free(w.busy);
   free(w.id);
   free(w.att);

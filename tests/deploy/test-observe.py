@@ -65,10 +65,11 @@ def parse_metrics(text):
 
 
 def documented():
-    """(name, moves) for each row of the metrics table in docs/operations.md."""
-    rows = re.findall(r'^\| `(spindle_[a-z_]+)` \| (\w+) \|[^\n]*\| (yes|no) \|$',
+    """(name, moves, processes) for each row of the metrics table in
+    docs/operations.md; processes: a subset of {'serve', 'worker'}."""
+    rows = re.findall(r'^\| `(spindle_[a-z_]+)` \| (\w+) \|[^\n]*\| (yes|no) \| ([a-z, ]+) \|$',
                       open(os.path.join(src, 'docs', 'operations.md')).read(), re.M)
-    return [(name, moves == 'yes') for name, _, moves in rows]
+    return [(name, moves == 'yes', {p.strip() for p in on.split(',')}) for name, _, moves, on in rows]
 
 
 def run(*args, timeout=60):
@@ -123,11 +124,40 @@ try:
     check(depth.get('spindle_queue_depth{pipeline="fail",priority="0"}') == 1, f'depth fail/0: {depth}')
     check(not any('priority="-3"' in k for k in depth), f'a cancelled job is counted as queued: {depth}')
 
+    # A worker --http it cannot serve is refused, naming the address.
+    for bad, why in [('127.0.0.1', 'expected HOST:PORT'), (f'127.0.0.1:{http}', 'address already in use')]:
+        r = run('worker', '--connect', ep, '--name', 'bad', '--http', bad, timeout=30)
+        check(r.returncode != 0 and (f'http "{bad}"' in r.stderr or f'http {bad}:' in r.stderr)
+              and why.lower() in r.stderr.lower(),
+              f'worker --http {bad}: exit {r.returncode} {r.stderr!r}')
+
     wk_err = open(os.path.join(tmp, 'worker.err'), 'wb')
+    whttp = free_port()
     wk = subprocess.Popen([spindle, 'worker', '--connect', ep, '--name', 'w1', '--slots', '2',
-                           '--heartbeat-ms', '200', '--config', os.path.join(src, 'configs', 'server.toml')],
+                           '--heartbeat-ms', '200', '--config', os.path.join(src, 'configs', 'server.toml'),
+                           '--http', f'127.0.0.1:{whttp}'],
                           stdout=wk_err, stderr=wk_err, env=env, cwd=tmp)
     procs.append(wk)
+    # The worker's endpoint opens once its pipelines are loaded.
+    for _ in range(300):
+        try:
+            code, body = get(whttp, '/healthz')
+            break
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.1)
+    else:
+        code, body = None, ''
+    check(code == 200 and body.strip() == 'ok', f'worker /healthz: {code} {body!r}')
+    code, body = get(whttp, '/readyz')
+    check(code == 200 and body.strip() == 'ready', f'worker /readyz: {code} {body!r}')
+    code, _ = get(whttp, '/nothere')
+    check(code == 404, f'worker /nothere: {code}')
+    code, wfirst_text = get(whttp, '/metrics')
+    check(code == 200, f'worker /metrics: {code}')
+    wfirst, wtypes0 = parse_metrics(wfirst_text)
+    # A fresh process's counters and histograms start at zero (the worker
+    # may have run a job before the first scrape answered).
+    wfirst = {f: ({} if wtypes0.get(f) in ('counter', 'histogram') else v) for f, v in wfirst.items()}
     for name in ['s1', 's2', 's3', 'bad']:
         r = run('watch', str(ids[name]), '--connect', ep, timeout=90)
         want = 5 if name == 'bad' else 0
@@ -135,20 +165,46 @@ try:
               f'job {name}: exit {r.returncode} {r.stdout} {r.stderr}')
     _, last_text = get(http, '/metrics')
     last, types = parse_metrics(last_text)
+    _, wlast_text = get(whttp, '/metrics')
+    wlast, wtypes = parse_metrics(wlast_text)
 
     docs = documented()
-    check(len(docs) >= 9, f'docs/operations.md documents only {len(docs)} metric families (table not parsed?)')
-    for name, moves in docs:
-        # Present with samples in a scrape during the run (queue depth has
-        # samples only while jobs wait) and in the last one's # TYPE lines.
-        check(name in types, f'{name}: documented but not in /metrics')
-        check(queued.get(name) or last.get(name), f'{name}: no sample in any scrape')
+    check(len(docs) >= 15, f'docs/operations.md documents only {len(docs)} metric families (table not parsed?)')
+    # (first scrape, scrapes during and after the run, # TYPE lines) per process
+    scrapes = {'serve': (first, [queued, last], types), 'worker': (wfirst, [wlast], wtypes)}
+    for name, moves, on in docs:
+        check(on and on <= scrapes.keys(), f'{name}: "on" must name serve and/or worker, not {on}')
+        changed = []
+        for proc in on & scrapes.keys():
+            before, during, typ = scrapes[proc]
+            # Present with samples in a scrape during the run (queue depth has
+            # samples only while jobs wait) and in the last one's # TYPE lines.
+            check(name in typ, f'{name}: documented on {proc} but not in its /metrics')
+            check(any(sc.get(name) for sc in during), f'{name}: no sample in any scrape of {proc}')
+            changed += [k for sc in during for k, v in sc.get(name, {}).items() if before.get(name, {}).get(k) != v]
         if moves:
-            changed = [k for scrape in (queued, last) for k, v in scrape.get(name, {}).items()
-                       if first.get(name, {}).get(k) != v]
             check(changed, f'{name}: no sample changed while jobs ran')
-    for name in types:
-        check(name in dict(docs), f'{name}: in /metrics but not documented in docs/operations.md')
+    for proc, (_, _, typ) in scrapes.items():
+        for name in typ:
+            check(any(name == d[0] and proc in d[2] for d in docs),
+                  f'{name}: in the /metrics of {proc} but not documented for it in docs/operations.md')
+    # What the worker ran: three jobs succeeded, two attempts failed; the
+    # synthetic pipeline's stages were called, its sink with batches.
+    wj = wlast.get('spindle_worker_jobs_total', {})
+    check(wj.get('spindle_worker_jobs_total{outcome="succeeded"}') == 3, f'worker jobs: {wj}')
+    check(wj.get('spindle_worker_jobs_total{outcome="failed"}') == 2, f'worker jobs: {wj}')
+    lat = wlast.get('spindle_stage_latency_seconds', {})
+    counts = {k: v for k, v in lat.items() if k.startswith('spindle_stage_latency_seconds_count{pipeline="synthetic"')}
+    check(counts and all(v > 0 for v in counts.values()), f'every stage of synthetic was called: {counts}')
+    inf = {k: v for k, v in lat.items() if 'le="+Inf"' in k}
+    check(all(inf[k] == counts.get(k.replace('_bucket', '_count').replace(',le="+Inf"', ''), -1) for k in inf),
+          f'+Inf bucket equals the count: {inf} {counts}')
+    batch = wlast.get('spindle_stage_batch_size', {})
+    msgs = [v for k, v in batch.items() if k.startswith('spindle_stage_batch_size_sum{pipeline="synthetic"')]
+    check(msgs and max(msgs) >= 60, f'synthetic: 3 jobs x 20 frames went through a stage in batches: {batch}')
+    check(wlast.get('spindle_devices_usable', {}).get('spindle_devices_usable', 0) >= 1, 'worker: a usable device')
+    load = wlast.get('spindle_pipeline_load_seconds', {}).get('spindle_pipeline_load_seconds{pipeline="synthetic"}')
+    check(load is not None and load > 0, f'pipeline load time: {load}')
     ev = last.get('spindle_job_events_total', {})
     for event, n in [('submitted', 5), ('succeeded', 3), ('failed', 1), ('dead', 1), ('cancelled', 1)]:
         key = 'spindle_job_events_total{event="%s"}' % event
