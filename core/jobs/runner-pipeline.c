@@ -319,14 +319,13 @@ static int32_t pr_join(pipeline_runner_t *r, const spn_job_spec_t *job, spn_job_
                          (long long)job->id);
   if (job->n_outputs != 1)
     return spn_error_set(err, SPN_EINVAL, "job %lld: a segmented job has one output", (long long)job->id);
-  spn_job_ctx_progress(ctx, 0, 1);
+  /* No progress of its own: a segmented job's progress is its segments'. */
   int32_t rc = r->seg->join((const char *const *)job->segment_files, job->segment_bounds, job->n_segments,
                             job->segment_source, spn_job_ctx_output_tmp(ctx, 0), err);
   if (rc) {
     spn_error_prefix(err, "job %lld: joining %zu segments", (long long)job->id, job->n_segments);
     return rc;
   }
-  spn_job_ctx_progress(ctx, 1, 1);
   return SPN_OK;
 }
 

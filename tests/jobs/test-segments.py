@@ -185,10 +185,10 @@ def case_kill(tmp):
     clip = f"{tmp}/in.mp4"
     make_clip(clip)
     cfg = server_config(tmp, slow_us=4000)  # 250 frames a segment: about 1 s each
-    p, ep = mj.start_serve(tmp, cfg, "--workers", "0", "--heartbeat-ms", "200", "--lease-ms", "2000",
+    p, ep = mj.start_serve(tmp, cfg, "--workers", "0", "--heartbeat-ms", "500", "--lease-ms", "4000",
                            "--backoff-ms", "50")
     ws = {n: subprocess.Popen([mj.SPINDLE, "worker", "--connect", ep, "--config", cfg, "--name", n,
-                               "--heartbeat-ms", "200", "--slots", "1"],
+                               "--heartbeat-ms", "500", "--slots", "1"],
                               stdout=open(f"{tmp}/worker-{n}.log", "ab"), stderr=subprocess.STDOUT, cwd=tmp)
           for n in ("wa", "wb")}
     mj.PROCS.extend(ws.values())
