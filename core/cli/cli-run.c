@@ -52,6 +52,51 @@ static double now_s(void) {
 }
 
 /* A stage's busy time as a fraction of all stages' busy time (0 when none). */
+static void json_string(FILE *f, const char *s);
+
+static const char *const copy_dirs[] = {"h2d", "d2h", "d2d", "h2h"};
+static const char *const mem_names[] = {"device", "host", "pinned"};
+
+/* Per-edge traffic: format, memory, what passed as it was, what was copied
+ * (count, bytes, time per direction), and whether a conversion sits there. */
+static void print_edges(const spn_pipeline_t *pipe, bool json) {
+  if (json)
+    printf(",\"edges\":[");
+  for (size_t i = 0; i < spn_pipeline_edge_count(pipe); i++) {
+    spn_edge_stats_t e;
+    if (spn_pipeline_edge_stats(pipe, i, &e) != SPN_OK)
+      continue;
+    const char *mem = e.mem_kind >= 0 && e.mem_kind <= 2 ? mem_names[e.mem_kind] : "?";
+    if (json) {
+      printf("%s{\"from\":", i ? "," : "");
+      json_string(stdout, e.from_stage);
+      printf(",\"from_port\":");
+      json_string(stdout, e.from_port);
+      printf(",\"to\":");
+      json_string(stdout, e.to_stage);
+      printf(",\"to_port\":");
+      json_string(stdout, e.to_port);
+      printf(",\"format\":\"%s\",\"memory\":\"%s\",\"conversion\":%s,\"messages\":%llu,\"passed\":%llu", e.format,
+             mem, e.converted ? "true" : "false", (unsigned long long)e.messages, (unsigned long long)e.items_passed);
+      for (int d = 0; d < 4; d++)
+        printf(",\"%s\":{\"copies\":%llu,\"bytes\":%llu,\"ms\":%.3f}", copy_dirs[d], (unsigned long long)e.copies[d],
+               (unsigned long long)e.bytes[d], (double)e.ns[d] / 1e6);
+      printf("}");
+    } else {
+      printf("  edge  %s.%s -> %s.%s: %s, %s memory%s; %llu messages, %llu items passed", e.from_stage, e.from_port,
+             e.to_stage, e.to_port, e.format, mem, e.converted ? ", conversion" : "", (unsigned long long)e.messages,
+             (unsigned long long)e.items_passed);
+      for (int d = 0; d < 4; d++)
+        if (e.copies[d])
+          printf(", %s %llu copies %llu bytes %.1f ms", copy_dirs[d], (unsigned long long)e.copies[d],
+                 (unsigned long long)e.bytes[d], (double)e.ns[d] / 1e6);
+      printf("\n");
+    }
+  }
+  if (json)
+    printf("]");
+}
+
 static double stage_share(const spn_pipeline_t *pipe, uint64_t ns) {
   uint64_t total = 0;
   for (size_t i = 0; i < spn_pipeline_stage_count(pipe); i++) {
@@ -169,6 +214,7 @@ int spn_cli_run(int argc, char **argv) {
     json_string(stdout, spn_pipeline_name(pipe));
     printf(",\"job_id\":%llu,\"status\":\"%s\",\"frames\":%lld,\"elapsed_s\":%.3f,\"frames_per_s\":%.1f",
            (unsigned long long)spn_job_id(job), what, frames, elapsed, isfinite(fps) ? fps : 0.0);
+    printf(",\"device_s\":%.3f,\"restarts\":%u", spn_job_device_seconds(job), spn_job_restarts(job));
     if (status != SPN_OK) {
       printf(",\"error\":");
       json_string(stdout, st.msg[0] ? st.msg : err.msg);
@@ -181,15 +227,22 @@ int spn_cli_run(int argc, char **argv) {
       json_string(stdout, name ? name : "");
       printf(",\"busy_ms\":%.3f,\"share\":%.4f}", (double)ns / 1e6, stage_share(pipe, ns));
     }
-    printf("]}\n");
+    printf("]");
+    print_edges(pipe, true);
+    printf("}\n");
   } else {
     printf("%s: job %llu %s: %lld frames in %.2f s (%.1f frames/s)\n", spn_pipeline_name(pipe),
            (unsigned long long)spn_job_id(job), what, frames, elapsed, fps);
+    /* Only with stages on devices (GPUs, or emulated cpu:N ones). */
+    if (spn_job_device_seconds(job) > 0 || spn_job_restarts(job))
+      printf("  device time %.2f s; restarted %u times after a device was quarantined\n", spn_job_device_seconds(job),
+             spn_job_restarts(job));
     for (size_t i = 0; i < spn_pipeline_stage_count(pipe); i++) {
       uint64_t ns = 0;
       const char *name = spn_pipeline_stage_time(pipe, i, &ns);
       printf("  stage %-16s %10.1f ms %5.1f%%\n", name ? name : "", (double)ns / 1e6, 100.0 * stage_share(pipe, ns));
     }
+    print_edges(pipe, false);
   }
   rc = status == SPN_OK ? 0 : (interrupted ? 130 : 1);
 out_signals:

@@ -44,6 +44,13 @@ typedef struct spn_backend_iface {
   /* Prepare node n placed here: set up n->bctx (weights converted and placed
    * in the backend's buffers). NULL: nothing to prepare. Thread: load. */
   int32_t (*prepare)(spn_backend_t *b, struct spn_model *m, struct spn_node *n, spn_error_t *err);
+  /* Once per (model, input shapes), after shape inference (r->v holds the
+   * shapes; no data yet): build what the nodes placed here need for these
+   * shapes (descriptors, algorithms, tables) and set *scratch to the bytes
+   * of scratch a node needs at most; the planner puts that much in the
+   * backend's arena, at r->bws[slot] during runs. NULL: no scratch.
+   * Thread: any run. */
+  int32_t (*prepare_shape)(spn_backend_t *b, struct spn_run *r, size_t *scratch);
   /* Free n->bctx. Thread: model destruction. */
   void (*node_free)(spn_backend_t *b, struct spn_node *n);
   /* Compute the nodes of [first, last) placed on this backend (others, dead
@@ -54,7 +61,9 @@ typedef struct spn_backend_iface {
    * complete on return. Called with sync at the end of every run (then it
    * also releases per-run state, r->brun[b->slot]) and, for a backend whose
    * memory is not host memory, mid-run after a copy to the host that the
-   * CPU reads next (then the run goes on: keep what it still needs). */
+   * CPU reads next (then the run goes on: keep what it still needs). At the
+   * end of a run whose outputs are all in device memory, a device backend
+   * is called with sync false: release per-run state without waiting. */
   int32_t (*run_end)(spn_backend_t *b, struct spn_run *r, bool sync);
   /* Arena and scratch buffers of the backend's buffer type. */
   int32_t (*buf_alloc)(spn_backend_t *b, size_t size, void **data, void **handle, spn_error_t *err);
@@ -63,6 +72,17 @@ typedef struct spn_backend_iface {
    * Unused (NULL allowed) when host_memory is true. */
   int32_t (*to_host)(spn_backend_t *b, struct spn_run *r, void *dst, const void *src, size_t n);
   int32_t (*from_host)(spn_backend_t *b, struct spn_run *r, void *dst, const void *src, size_t n);
+  /* Fences between runs on different streams sharing an arena (device
+   * backends; NULL for host memory): record, on the run's stream, the point
+   * its work has reached into *fence (created on first use); make the run's
+   * stream wait for a fence without blocking the host; wait on the host for
+   * a fence and free it (before its buffers are freed or pooled). */
+  int32_t (*fence_record)(spn_backend_t *b, struct spn_run *r, void **fence);
+  int32_t (*fence_wait)(spn_backend_t *b, struct spn_run *r, void *fence);
+  void (*fence_free)(spn_backend_t *b, void *fence);
+  /* Model m is going away: drop anything kept for it beyond its nodes
+   * (captured graphs). NULL: nothing. Thread: model destruction. */
+  void (*model_release)(spn_backend_t *b, const struct spn_model *m);
   /* Free the instance (after every model using it is gone). */
   void (*free)(spn_backend_t *b);
 } spn_backend_iface_t;
@@ -71,6 +91,7 @@ struct spn_backend {
   const spn_backend_iface_t *iface;
   char device[32];     /* "cpu", "cuda:0", ... */
   int32_t device_kind; /* spn_device_kind_t */
+  int32_t device_index; /* N of "prefix:N": tensors in its memory carry kind and index */
   int32_t mem_kind;    /* spn_mem_kind_t of the arena's buffer type */
   spn_buffer_type_t *buffer_type; /* where its arena lives (may be NULL for a test backend) */
   bool host_memory;    /* buffers are host memory: no copies to and from the CPU */

@@ -654,7 +654,8 @@ int32_t spn_cpu_exec(spn_run_t *r, const spn_node_t *n) {
     return SPN_OK;
   }
   case SPN_OP_IDENTITY:
-    memcpy(y->data, x->data, (size_t)cnt * spn_dtype_size(x->dtype));
+    if (y->data != x->data) /* not a view (spn_plan_views) */
+      memcpy(y->data, x->data, (size_t)cnt * spn_dtype_size(x->dtype));
     return SPN_OK;
   case SPN_OP_BN: {
     const float *g = IN(1)->data, *b = IN(2)->data, *mu = IN(3)->data, *var = IN(4)->data;

@@ -101,6 +101,9 @@ typedef struct spn_value {
   bool is_output;
   bool shape_class;       /* small host value computed during shape inference */
   bool nhwc;              /* kept channels-last between two 2-D convolutions */
+  int alias;              /* a view (Reshape, Flatten, Squeeze, Unsqueeze,
+                             Identity) sharing this value's memory: -1, or the
+                             value whose bytes it uses (never itself an alias) */
 } spn_value_t;
 
 /* Fused post-operations on Conv/ConvTranspose/Gemm outputs, in order. */
@@ -143,6 +146,29 @@ typedef struct spn_cross {
 
 typedef struct spn_engine_shared spn_engine_shared_t;
 
+/* The memory plan of one (model, input shapes): offsets of every value in
+ * its backend's arena, of each boundary copy, and of each backend's scratch
+ * (after the values). Built by the first run of those shapes, kept by the
+ * model (at most SPN_MAX_PLANS, least recently used dropped), shared by
+ * runs (refs). The arena of the last run is kept in `idle` for the next. */
+#define SPN_MAX_PLANS 4
+typedef struct spn_shape_plan {
+  int64_t *key;  /* per input: rank, then dims (SPN_MAXD + 1 entries) */
+  size_t *off;   /* per value */
+  size_t *xoff;  /* per boundary copy */
+  size_t top[SPN_MAX_BACKENDS];
+  size_t ws_off[SPN_MAX_BACKENDS], ws_n[SPN_MAX_BACKENDS];
+  struct {
+    void *p, *h;
+    size_t n;
+    void *fence; /* device backends: the last run's work on it (fence_record) */
+  } idle[SPN_MAX_BACKENDS];
+  bool has_idle;
+  int refs;      /* under the model's pool_lock; the list holds one */
+  uint64_t tick; /* last use */
+  struct spn_shape_plan *next;
+} spn_shape_plan_t;
+
 struct spn_model {
   spn_engine_t *eng;
   spn_engine_shared_t *shared;
@@ -152,6 +178,7 @@ struct spn_model {
   int dev_slot;        /* backend slot of the model's device */
   int precision;       /* spn_precision_t */
   bool fallback_error; /* refuse nodes the device cannot run */
+  bool no_graphs;      /* device backends run eagerly, never as CUDA Graphs */
   int n_fallback;      /* live nodes placed on the CPU although the device is not */
   int n_cross;
   spn_cross_t *cross;
@@ -178,6 +205,9 @@ struct spn_model {
   bool pool_lock_init;
   int n_pool;
   struct { void *p; size_t n; void *h; int slot; } pool[8];
+  spn_shape_plan_t *plans; /* under pool_lock */
+  uint64_t plan_tick;
+  int64_t n_plan_builds;   /* plans built (tests: one per new shape) */
 };
 
 /* Per-run state of one value. */
@@ -199,6 +229,8 @@ typedef struct spn_run {
   int threads;
   void *brun[SPN_MAX_BACKENDS]; /* per-run state of each backend (CPU: oneDNN stream) */
   void *stream;      /* the caller's native stream (device backends), or NULL */
+  void *bws[SPN_MAX_BACKENDS]; /* each backend's scratch in its arena (prepare_shape) */
+  size_t bws_n[SPN_MAX_BACKENDS];
   void *scratch;     /* per-run transient host buffer for CPU temporaries */
   size_t scratch_n;
   void *scratch_h;
@@ -246,11 +278,32 @@ void *spn_aligned_alloc(size_t bytes);
 
 /* graph.c */
 int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err);
+/* Run (see spn_model_run_on for host and device tensors and the stream);
+ * shapes_only: infer and fill the outputs' dtype, ndim and shape only. */
 int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tensor_t *out,
-                      int n_out, int threads, void *stream, spn_error_t *err);
+                      int n_out, int threads, void *stream, bool shapes_only, spn_error_t *err);
 
 /* plan.c: place live nodes on backends, prepare them, find boundary values. */
 int32_t spn_plan_place(spn_model_t *m, spn_error_t *err);
+/* plan.c: make Reshape/Flatten/Squeeze/Unsqueeze/Identity views of their
+ * input (vals[].alias) where the memory can be shared: the input is an
+ * intermediate on the view's own backend, the output is not a graph output.
+ * The view then runs as nothing. Call after placement. */
+void spn_plan_views(spn_model_t *m);
+/* graph.c: free the model's cached shape plans and their arenas. */
+void spn_plans_free(spn_model_t *m);
+
+/* arena.c: offsets of values with lifetimes [first, last] (node steps,
+ * inclusive) in one arena: at a step, values starting there are placed
+ * before values ending there are released, so live values never overlap.
+ * Offsets are multiples of align (a power of two); zero-size values get
+ * offset 0 and no bytes. *peak: the arena's size. SPN_ENOMEM, SPN_EINVAL
+ * (align) or SPN_EOVERFLOW, without a message. */
+typedef struct spn_live {
+  size_t size;
+  int first, last;
+} spn_live_t;
+int32_t spn_arena_plan(const spn_live_t *v, int n, size_t align, size_t *off, size_t *peak);
 
 /* ops-shape.c: backend-neutral checks and shape inference. */
 int32_t spn_op_infer(spn_run_t *r, const spn_node_t *n);

@@ -109,6 +109,7 @@ int32_t spn_shared_backend(spn_engine_shared_t *s, const char *device, int *slot
   if ((rc = f->open(f, idx, &b, err)))
     goto out;
   snprintf(b->device, sizeof b->device, "%s", device);
+  b->device_index = idx;
   b->slot = s->n_backends;
   s->backends[s->n_backends++] = b;
   *slot = b->slot;
@@ -180,6 +181,7 @@ typedef struct {
   const char *device;
   int precision;
   bool fallback_error;
+  bool no_graphs;
 } model_opts_t;
 
 static const char *const prec_names[] = {"fp32", "tf32", "fp16"};
@@ -205,7 +207,12 @@ static int32_t check_opts(spn_engine_t *eng, const spn_model_opts_t *o, model_op
         return spn_error_set(err, SPN_EINVAL, "fallback '%s': expected cpu or error", o->fallback);
       mo->fallback_error = true;
     }
+    mo->no_graphs = o->no_graphs != 0;
   }
+  /* Read once per load: a switch for debugging, not state. */
+  const char *ng = getenv("SPINDLE_NO_CUDA_GRAPHS");
+  if (ng && *ng && strcmp(ng, "0"))
+    mo->no_graphs = true;
   return spn_shared_backend(eng->shared, mo->device, slot, err);
 }
 
@@ -228,6 +235,7 @@ static int32_t load_common(spn_engine_t *eng, const uint8_t *buf, size_t len, co
   m->dev_slot = slot;
   m->precision = mo->precision;
   m->fallback_error = mo->fallback_error;
+  m->no_graphs = mo->no_graphs;
   int32_t rc;
   if (!m->path || !m->device || (key && !m->key)) {
     rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
@@ -265,11 +273,11 @@ int32_t spn_engine_load_opts(spn_engine_t *eng, const char *path, const spn_mode
   char real[PATH_MAX];
   if (!realpath(path, real))
     return spn_error_set(err, SPN_ENOENT, "%s: %s", path, strerror(errno));
-  size_t klen = strlen(real) + strlen(mo.device) + 16;
+  size_t klen = strlen(real) + strlen(mo.device) + 40;
   char *key = malloc(klen);
   if (!key)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
-  snprintf(key, klen, "%s|%s|%s|%s", mo.device, prec_names[mo.precision], mo.fallback_error ? "error" : "cpu", real);
+  snprintf(key, klen, "%s|%s|%s%s|%s", mo.device, prec_names[mo.precision], mo.fallback_error ? "error" : "cpu", mo.no_graphs ? "|nographs" : "", real);
   pthread_mutex_lock(&eng->lock);
   for (spn_model_t *m = eng->models; m; m = m->next)
     if (!strcmp(m->key, key)) {
@@ -434,7 +442,21 @@ int32_t spn_model_run(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in,
                       spn_tensor_t *outputs, int32_t n_out, spn_error_t *err) {
   if (!m || (n_in && !inputs) || (n_out && !outputs))
     return spn_error_set(err, SPN_EINVAL, "spn_model_run: NULL argument");
-  return spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, NULL, err);
+  return spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, NULL, false, err);
+}
+
+int32_t spn_model_run_on(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in, spn_tensor_t *outputs,
+                         int32_t n_out, void *stream, spn_error_t *err) {
+  if (!m || (n_in && !inputs) || (n_out && !outputs))
+    return spn_error_set(err, SPN_EINVAL, "spn_model_run_on: NULL argument");
+  return spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, stream, false, err);
+}
+
+int32_t spn_model_output_shapes(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in, spn_tensor_t *outputs,
+                                int32_t n_out, spn_error_t *err) {
+  if (!m || (n_in && !inputs) || (n_out && !outputs))
+    return spn_error_set(err, SPN_EINVAL, "spn_model_output_shapes: NULL argument");
+  return spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, NULL, true, err);
 }
 
 const char *spn_model_device(const spn_model_t *m) { return m ? m->device : NULL; }

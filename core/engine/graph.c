@@ -8,8 +8,10 @@
  * shapes and constants), which each run evaluates during shape inference.
  *
  * Per run: bind inputs, infer every shape (computing shape-class values on
- * the way), plan one arena by value lifetimes (first fit over a free list, so
- * a buffer is reused as soon as its last reader ran), then execute.
+ * the way), take the memory plan of these input shapes (built by their
+ * first run: one arena per backend planned by value lifetimes in arena.c,
+ * views sharing their input's bytes, each backend's scratch after its
+ * values) and its arenas, then execute.
  */
 #include <math.h>
 #include <omp.h>
@@ -735,6 +737,7 @@ int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
     return rc;
   if (fuse)
     mark_nhwc(m);
+  spn_plan_views(m);
   m->n_live_nodes = 0;
   for (int i = 0; i < m->n_node; i++)
     m->n_live_nodes += !m->nodes[i].dead;
@@ -837,69 +840,7 @@ void *spn_run_scratch(spn_run_t *r, size_t n) {
   return r->scratch;
 }
 
-/* ---- memory plan ---- */
-
-typedef struct { size_t off, size; } spn_block_t;
-
-typedef struct {
-  spn_block_t *free;
-  int n, cap;
-  size_t top;
-} spn_plan_t;
-
-static size_t plan_alloc(spn_plan_t *p, size_t size) {
-  size = (size + 63) & ~(size_t)63;
-  for (int i = 0; i < p->n; i++)
-    if (p->free[i].size >= size) {
-      size_t off = p->free[i].off;
-      p->free[i].off += size;
-      p->free[i].size -= size;
-      if (!p->free[i].size) {
-        memmove(&p->free[i], &p->free[i + 1], (size_t)(p->n - i - 1) * sizeof *p->free);
-        p->n--;
-      }
-      return off;
-    }
-  /* Grow: extend a free block touching the top if there is one. */
-  if (p->n && p->free[p->n - 1].off + p->free[p->n - 1].size == p->top) {
-    size_t off = p->free[p->n - 1].off;
-    p->top = off + size;
-    p->n--;
-    return off;
-  }
-  size_t off = p->top;
-  p->top += size;
-  return off;
-}
-
-static int plan_free(spn_plan_t *p, size_t off, size_t size) {
-  size = (size + 63) & ~(size_t)63;
-  int i = 0;
-  while (i < p->n && p->free[i].off < off)
-    i++;
-  if (p->n == p->cap) {
-    int cap = p->cap ? p->cap * 2 : 32;
-    spn_block_t *nb = realloc(p->free, (size_t)cap * sizeof *nb);
-    if (!nb)
-      return -1;
-    p->free = nb;
-    p->cap = cap;
-  }
-  memmove(&p->free[i + 1], &p->free[i], (size_t)(p->n - i) * sizeof *p->free);
-  p->free[i] = (spn_block_t){off, size};
-  p->n++;
-  if (i + 1 < p->n && p->free[i].off + p->free[i].size == p->free[i + 1].off) {
-    p->free[i].size += p->free[i + 1].size;
-    memmove(&p->free[i + 1], &p->free[i + 2], (size_t)(p->n - i - 2) * sizeof *p->free);
-    p->n--;
-  }
-  if (i > 0 && p->free[i - 1].off + p->free[i - 1].size == p->free[i].off) {
-    p->free[i - 1].size += p->free[i].size;
-    memmove(&p->free[i], &p->free[i + 1], (size_t)(p->n - i - 1) * sizeof *p->free);
-    p->n--;
-  }
-  return 0;
-}
+/* ---- memory plans, one per (model, input shapes) ---- */
 
 /* Backend slot whose memory holds value vi during a run: the producer's
  * backend for intermediates; the host (CPU) for inputs, constants and
@@ -911,12 +852,305 @@ static int home_slot(const spn_model_t *m, int vi) {
   return m->nodes[v->producer].backend;
 }
 
-/* Value read by node n as input k (k >= n_in: the fused post-op's operand). */
-static int node_read(const spn_node_t *n, int k) {
-  if (k < n->n_in)
-    return n->in[k];
-  const spn_post_t *p = &n->post[k - n->n_in];
-  return p->kind == SPN_POST_ADD || p->kind == SPN_POST_PRELU ? p->val : -1;
+static void plan_free_one(spn_model_t *m, spn_shape_plan_t *p) {
+  if (!p)
+    return;
+  for (int b = 0; b < SPN_MAX_BACKENDS; b++) {
+    spn_backend_t *bk = m->shared->backends[b];
+    if (p->idle[b].fence)
+      bk->iface->fence_free(bk, p->idle[b].fence); /* waits for the last run */
+    if (p->idle[b].p)
+      bk->iface->buf_free(bk, p->idle[b].p, p->idle[b].h);
+  }
+  free(p->key);
+  free(p->off);
+  free(p->xoff);
+  free(p);
+}
+
+void spn_plans_free(spn_model_t *m) {
+  for (spn_shape_plan_t *p = m->plans, *nx; p; p = nx) {
+    nx = p->next;
+    plan_free_one(m, p);
+  }
+  m->plans = NULL;
+}
+
+static void plan_unref(spn_model_t *m, spn_shape_plan_t *p) {
+  pthread_mutex_lock(&m->pool_lock);
+  bool last = --p->refs == 0;
+  pthread_mutex_unlock(&m->pool_lock);
+  if (last)
+    plan_free_one(m, p);
+}
+
+static bool plan_matches(const spn_model_t *m, const spn_shape_plan_t *p, const int64_t *key) {
+  return !memcmp(p->key, key, (size_t)m->n_inputs * (SPN_MAXD + 1) * sizeof *key);
+}
+
+/* Build the plan of this run's shapes (r->v holds them; inputs, outputs on
+ * host-memory backends and shape-class values are bound). */
+static int32_t plan_build(spn_run_t *r, const int64_t *key, spn_shape_plan_t **out) {
+  spn_model_t *m = r->m;
+  spn_backend_t *const *bk = m->shared->backends;
+  const spn_rt_val_t *rv = r->v;
+  int nv = m->n_val, nx = m->n_cross;
+  spn_shape_plan_t *p = calloc(1, sizeof *p);
+  int *end = malloc(((size_t)nv + 1) * sizeof *end);
+  spn_live_t *live = malloc(((size_t)nv + nx + 1) * sizeof *live);
+  int *slot_of = malloc(((size_t)nv + nx + 1) * sizeof *slot_of);
+  size_t *offs = malloc(((size_t)nv + nx + 1) * sizeof *offs);
+  int32_t rc = SPN_OK;
+  if (!p || !end || !live || !slot_of || !offs || !(p->key = malloc((size_t)m->n_inputs * (SPN_MAXD + 1) * sizeof *key + 1)) ||
+      !(p->off = calloc((size_t)nv + 1, sizeof *p->off)) || !(p->xoff = calloc((size_t)nx + 1, sizeof *p->xoff))) {
+    rc = spn_error_set(r->err, SPN_ENOMEM, "out of memory");
+    goto out;
+  }
+  memcpy(p->key, key, (size_t)m->n_inputs * (SPN_MAXD + 1) * sizeof *key);
+  /* Last step each value's memory is needed: its last reader, the end of
+   * the run for graph outputs, the producer for a value nobody reads; a
+   * value shared by views lives until the last of them is done. */
+  for (int vi = 0; vi < nv; vi++) {
+    const spn_value_t *v = &m->vals[vi];
+    end[vi] = v->is_output ? m->n_node : v->last_use >= 0 ? v->last_use : v->producer;
+  }
+  for (int vi = 0; vi < nv; vi++)
+    if (m->vals[vi].alias >= 0 && end[vi] > end[m->vals[vi].alias])
+      end[m->vals[vi].alias] = end[vi];
+  /* The values of each backend's arena: node outputs not bound elsewhere
+   * and not views, and the boundary copies into that backend. */
+  int nl = 0;
+  for (int i = 0; i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead || n->shape_class)
+      continue;
+    for (int o = 0; o < n->n_out; o++) {
+      int vi = n->out[o];
+      if (vi < 0 || rv[vi].ext || rv[vi].host_owned || m->vals[vi].alias >= 0)
+        continue;
+      live[nl] = (spn_live_t){rv[vi].bytes, i, end[vi]};
+      slot_of[nl++] = n->backend;
+    }
+  }
+  for (int c = 0; c < nx; c++) {
+    live[nl + c] = (spn_live_t){rv[m->cross[c].val].bytes, m->cross[c].first, m->cross[c].last};
+    slot_of[nl + c] = m->cross[c].slot;
+  }
+  for (int b = 0; b < m->shared->n_backends && !rc; b++) {
+    /* Plan backend b over its own values only. */
+    int cnt = 0;
+    for (int k = 0; k < nl + nx; k++)
+      if (slot_of[k] == b)
+        cnt++;
+    if (!cnt && !bk[b]->iface->prepare_shape)
+      continue;
+    spn_live_t *lb = malloc(((size_t)cnt + 1) * sizeof *lb);
+    size_t *ob = malloc(((size_t)cnt + 1) * sizeof *ob);
+    if (!lb || !ob) {
+      free(lb);
+      free(ob);
+      rc = spn_error_set(r->err, SPN_ENOMEM, "out of memory");
+      break;
+    }
+    for (int k = 0, j = 0; k < nl + nx; k++)
+      if (slot_of[k] == b)
+        lb[j++] = live[k];
+    int32_t arc = spn_arena_plan(lb, cnt, 64, ob, &p->top[b]);
+    for (int k = 0, j = 0; k < nl + nx && !arc; k++)
+      if (slot_of[k] == b)
+        offs[k] = ob[j++];
+    free(lb);
+    free(ob);
+    if (arc) {
+      rc = spn_error_set(r->err, arc, "%s: planning the %s arena: %s", m->path, bk[b]->device, spn_strerror(arc));
+      break;
+    }
+    bool has_nodes = false;
+    for (int i = 0; i < m->n_node && !has_nodes; i++)
+      has_nodes = !m->nodes[i].dead && !m->nodes[i].shape_class && m->nodes[i].backend == b;
+    size_t ws = 0;
+    if (has_nodes && bk[b]->iface->prepare_shape && (rc = bk[b]->iface->prepare_shape(bk[b], r, &ws)))
+      break;
+    p->ws_off[b] = (p->top[b] + 255) & ~(size_t)255;
+    p->ws_n[b] = ws;
+    if (ws)
+      p->top[b] = p->ws_off[b] + ws;
+  }
+  if (rc)
+    goto out;
+  nl = 0;
+  for (int i = 0; i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead || n->shape_class)
+      continue;
+    for (int o = 0; o < n->n_out; o++) {
+      int vi = n->out[o];
+      if (vi < 0 || rv[vi].ext || rv[vi].host_owned || m->vals[vi].alias >= 0)
+        continue;
+      p->off[vi] = offs[nl++];
+    }
+  }
+  for (int c = 0; c < nx; c++)
+    p->xoff[c] = offs[nl + c];
+out:
+  free(end);
+  free(live);
+  free(slot_of);
+  free(offs);
+  if (rc) {
+    if (p) {
+      free(p->key);
+      free(p->off);
+      free(p->xoff);
+      free(p);
+    }
+    return rc;
+  }
+  *out = p;
+  return SPN_OK;
+}
+
+/* The plan of this run's input shapes, built on first use; a reference
+ * for the run (plan_unref). */
+static int32_t plan_get(spn_run_t *r, spn_shape_plan_t **out) {
+  spn_model_t *m = r->m;
+  int64_t *key = calloc((size_t)m->n_inputs * (SPN_MAXD + 1) + 1, sizeof *key);
+  if (!key)
+    return spn_error_set(r->err, SPN_ENOMEM, "out of memory");
+  for (int i = 0; i < m->n_inputs; i++) {
+    const spn_rt_val_t *x = &r->v[m->inputs[i]];
+    key[i * (SPN_MAXD + 1)] = x->ndim;
+    memcpy(&key[i * (SPN_MAXD + 1) + 1], x->shape, (size_t)x->ndim * sizeof *key);
+  }
+  spn_shape_plan_t *p = NULL;
+  pthread_mutex_lock(&m->pool_lock);
+  for (p = m->plans; p && !plan_matches(m, p, key); p = p->next)
+    ;
+  if (p) {
+    p->refs++;
+    p->tick = ++m->plan_tick;
+  }
+  pthread_mutex_unlock(&m->pool_lock);
+  if (p) {
+    free(key);
+    *out = p;
+    return SPN_OK;
+  }
+  /* Built outside the lock (backends' prepare_shape is idempotent); a run
+   * of the same shapes that finished first wins. */
+  spn_shape_plan_t *np = NULL;
+  int32_t rc = plan_build(r, key, &np);
+  if (rc) {
+    free(key);
+    return rc;
+  }
+  spn_shape_plan_t *drop = NULL;
+  pthread_mutex_lock(&m->pool_lock);
+  for (p = m->plans; p && !plan_matches(m, p, key); p = p->next)
+    ;
+  if (p) {
+    drop = np;
+  } else {
+    p = np;
+    p->refs = 1; /* the list's */
+    p->next = m->plans;
+    m->plans = p;
+    m->n_plan_builds++;
+    /* Keep at most SPN_MAX_PLANS: drop the least recently used other one
+     * (freed by its last run if one still holds it). */
+    int count = 0;
+    spn_shape_plan_t **lru = NULL;
+    for (spn_shape_plan_t **it = &m->plans; *it; it = &(*it)->next) {
+      count++;
+      if (*it != p && (!lru || (*it)->tick < (*lru)->tick))
+        lru = it;
+    }
+    if (count > SPN_MAX_PLANS && lru) {
+      spn_shape_plan_t *old = *lru;
+      *lru = old->next;
+      if (--old->refs == 0)
+        drop = old;
+    }
+  }
+  p->refs++;
+  p->tick = ++m->plan_tick;
+  pthread_mutex_unlock(&m->pool_lock);
+  plan_free_one(m, drop);
+  free(key);
+  *out = p;
+  return SPN_OK;
+}
+
+/* The arenas of a run of plan p: the plan's idle set when free, else
+ * buffers from the model's pool. */
+static int32_t arenas_take(spn_run_t *r, spn_shape_plan_t *p, uint8_t **arena, size_t *arena_n, void **arena_h,
+                           void **fence) {
+  spn_model_t *m = r->m;
+  pthread_mutex_lock(&m->pool_lock);
+  if (p->has_idle) {
+    for (int b = 0; b < SPN_MAX_BACKENDS; b++) {
+      arena[b] = p->idle[b].p;
+      arena_h[b] = p->idle[b].h;
+      arena_n[b] = p->idle[b].n;
+      fence[b] = p->idle[b].fence;
+      p->idle[b].p = p->idle[b].h = p->idle[b].fence = NULL;
+      p->idle[b].n = 0;
+    }
+    p->has_idle = false;
+  }
+  pthread_mutex_unlock(&m->pool_lock);
+  /* The previous run on this arena may still be at work on another stream
+   * (a run returning without synchronising): this run's stream waits. */
+  for (int b = 0; b < m->shared->n_backends; b++) {
+    spn_backend_t *bk = m->shared->backends[b];
+    int32_t rc;
+    if (fence[b] && (rc = bk->iface->fence_wait(bk, r, fence[b])))
+      return rc;
+  }
+  for (int b = 0; b < m->shared->n_backends; b++) {
+    if (!p->top[b] || arena[b])
+      continue;
+    arena[b] = spn_pool_take(m, b, p->top[b], &arena_n[b], &arena_h[b]);
+    if (!arena[b])
+      return spn_error_set(r->err, SPN_ENOMEM, "%s: out of memory for a %zu-byte arena on %s", m->path, p->top[b], m->shared->backends[b]->device);
+  }
+  return SPN_OK;
+}
+
+/* Back to the plan (or the pool). async: the run did not synchronise, so
+ * each device arena gets a fence after the run's work; an arena going to
+ * the pool is waited for first. */
+static void arenas_give(spn_run_t *r, spn_shape_plan_t *p, uint8_t **arena, size_t *arena_n, void **arena_h,
+                        void **fence, bool async) {
+  spn_model_t *m = r->m;
+  for (int b = 0; b < m->shared->n_backends; b++) {
+    spn_backend_t *bk = m->shared->backends[b];
+    if (async && arena[b] && bk->iface->fence_record && bk->iface->fence_record(bk, r, &fence[b]) != SPN_OK)
+      bk->iface->run_end(bk, r, true); /* no fence: wait now */
+  }
+  pthread_mutex_lock(&m->pool_lock);
+  bool keep = !p->has_idle && p->refs > 1; /* still listed (a dropped plan has only the runs' refs) */
+  bool listed = false;
+  for (spn_shape_plan_t *it = m->plans; it && !listed; it = it->next)
+    listed = it == p;
+  if (keep && listed) {
+    for (int b = 0; b < SPN_MAX_BACKENDS; b++) {
+      p->idle[b].p = arena[b];
+      p->idle[b].h = arena_h[b];
+      p->idle[b].n = arena_n[b];
+      p->idle[b].fence = fence[b];
+      arena[b] = NULL;
+      fence[b] = NULL;
+    }
+    p->has_idle = true;
+  }
+  pthread_mutex_unlock(&m->pool_lock);
+  for (int b = 0; b < m->shared->n_backends; b++) {
+    spn_backend_t *bk = m->shared->backends[b];
+    if (fence[b])
+      bk->iface->fence_free(bk, fence[b]);
+    spn_pool_give(m, b, arena[b], arena_n[b], arena_h[b]);
+  }
 }
 
 /* Copy value c->val from its home into the consuming backend's slot. */
@@ -936,8 +1170,34 @@ static int32_t cross_copy(spn_run_t *r, const spn_cross_t *c, void *dst) {
   return spn_error_set(r->err, SPN_EUNSUPPORTED, "%s: value '%s': no copy from %s to %s", m->path, m->vals[c->val].name, from->device, to->device);
 }
 
+/* Whether a tensor's memory is the device backend b's (not the host's). */
+static bool on_device(const spn_tensor_t *t) { return t->device_kind != SPN_DEVICE_CPU; }
+
+static bool device_matches(const spn_backend_t *b, const spn_tensor_t *t) {
+  return !b->host_memory && t->device_kind == b->device_kind && t->device_index == b->device_index;
+}
+
+/* Whether the host reads value vi's bytes during a run: a node on a
+ * host-memory backend, or a shape-class node other than Shape, reads it. */
+static bool host_reads(const spn_model_t *m, int vi) {
+  for (int i = 0; i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead || (n->shape_class && n->op == SPN_OP_SHAPE))
+      continue;
+    if (!n->shape_class && !m->shared->backends[n->backend]->host_memory)
+      continue;
+    for (int k = 0; k < n->n_in; k++)
+      if (n->in[k] == vi)
+        return true;
+    for (int p = 0; p < n->n_post; p++)
+      if ((n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU) && n->post[p].val == vi)
+        return true;
+  }
+  return false;
+}
+
 int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tensor_t *out,
-                      int n_out, int threads, void *stream, spn_error_t *err) {
+                      int n_out, int threads, void *stream, bool shapes_only, spn_error_t *err) {
   if (n_in != m->n_inputs)
     return spn_error_set(err, SPN_EINVAL, "%s: %d inputs given, the model takes %d", m->path, n_in, m->n_inputs);
   if (n_out != m->n_outputs)
@@ -946,27 +1206,34 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
   if (!rv)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
   spn_backend_t *const *bk = m->shared->backends;
+  spn_backend_t *dev = bk[m->dev_slot];
   int nb = m->shared->n_backends;
   spn_run_t r = {.m = m, .v = rv, .err = err, .threads = threads, .stream = stream};
-  spn_plan_t plan[SPN_MAX_BACKENDS] = {0};
+  spn_shape_plan_t *plan = NULL;
   uint8_t *arena[SPN_MAX_BACKENDS] = {0};
   size_t arena_n[SPN_MAX_BACKENDS] = {0};
-  void *arena_h[SPN_MAX_BACKENDS] = {0};
+  void *arena_h[SPN_MAX_BACKENDS] = {0}, *fence[SPN_MAX_BACKENDS] = {0};
   bool used[SPN_MAX_BACKENDS] = {0};
   bool *engine_alloc = calloc((size_t)n_out + 1, sizeof(bool));
-  size_t *xoff = calloc((size_t)m->n_cross + 1, sizeof(size_t));
+  bool *in_place = calloc((size_t)m->n_val + 1, sizeof(bool)); /* device inputs used where they are */
   void **xsave = calloc((size_t)m->n_cross + 1, sizeof(void *));
+  void **tmp_out = calloc((size_t)n_out + 1, sizeof(void *)); /* host results for device outputs */
+  bool host_out = n_out == 0;
   int32_t rc = SPN_OK;
   used[SPN_BACKEND_CPU] = true;
-  if (!engine_alloc || !xoff || !xsave) {
+  if (!engine_alloc || !in_place || !xsave || !tmp_out) {
     rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
     goto out;
   }
   for (int i = 0; i < n_in; i++) {
     const spn_value_t *iv = &m->vals[m->inputs[i]];
     const spn_tensor_t *t = &in[i];
-    if (t->dtype != iv->dtype || t->ndim != iv->ndim || !t->data || t->device_kind != SPN_DEVICE_CPU) {
-      rc = spn_error_set(err, SPN_EINVAL, "%s: input '%s' (#%d): expected a host tensor of dtype %d with %d dims, got dtype %d with %d dims", m->path, iv->name, i, iv->dtype, iv->ndim, t->dtype, t->ndim);
+    if (t->dtype != iv->dtype || t->ndim != iv->ndim || !t->data) {
+      rc = spn_error_set(err, SPN_EINVAL, "%s: input '%s' (#%d): expected a tensor of dtype %d with %d dims, got dtype %d with %d dims", m->path, iv->name, i, iv->dtype, iv->ndim, t->dtype, t->ndim);
+      goto out;
+    }
+    if (on_device(t) && !device_matches(dev, t)) {
+      rc = spn_error_set(err, SPN_EINVAL, "%s: input '%s' (#%d) is in the memory of device kind %d index %d; a model on %s takes host memory or its own device's", m->path, iv->name, i, t->device_kind, t->device_index, m->device);
       goto out;
     }
     for (int d = 0; d < t->ndim; d++)
@@ -980,6 +1247,24 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
     memcpy(x->shape, t->shape, sizeof x->shape);
     x->data = t->data;
     x->ext = true;
+    x->bytes = rt_bytes(x);
+    if (on_device(t) && !shapes_only) {
+      if (!host_reads(m, m->inputs[i]) && !iv->is_output) {
+        in_place[m->inputs[i]] = true;
+        continue;
+      }
+      /* Read by the host too: one copy to the host, used like a host input. */
+      void *h = spn_aligned_alloc(x->bytes ? x->bytes : 1);
+      if (!h) {
+        rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
+        goto out;
+      }
+      x->data = h;
+      x->ext = false;
+      x->host_owned = true;
+      if (x->bytes && ((rc = dev->iface->to_host(dev, &r, h, t->data, x->bytes)) || (rc = dev->iface->run_end(dev, &r, true))))
+        goto out;
+    }
   }
   /* Shapes, and shape-class values on the host. */
   for (int i = 0; i < m->n_node; i++) {
@@ -991,8 +1276,21 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
       spn_error_prefix(err, "%s: node '%s' (%s)", m->path, n->name, n->op_name);
       goto out;
     }
+    if (n->shape_class)
+      continue;
+    used[n->backend] = true;
+    for (int o = 0; o < n->n_out; o++) {
+      int vi = n->out[o];
+      if (vi < 0)
+        continue;
+      rv[vi].bytes = rt_bytes(&rv[vi]);
+      if (rv[vi].bytes > (size_t)SPN_VALUE_MAX) {
+        rc = spn_error_set(err, SPN_ETOOBIG, "%s: value '%s' would need more than %lld bytes", m->path, m->vals[vi].name, (long long)SPN_VALUE_MAX);
+        goto out;
+      }
+    }
   }
-  /* Outputs: caller buffers or engine allocations. */
+  /* Outputs: caller buffers (host or device) or engine allocations. */
   for (int i = 0; i < n_out; i++) {
     int vi = m->outputs[i];
     spn_rt_val_t *ov = &rv[vi];
@@ -1002,6 +1300,19 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
       rc = spn_error_set(err, SPN_ETOOBIG, "%s: output '%s' too large", m->path, m->vals[vi].name);
       goto out;
     }
+    if (shapes_only) {
+      t->struct_size = sizeof *t;
+      t->dtype = ov->dtype;
+      t->ndim = ov->ndim;
+      memset(t->shape, 0, sizeof t->shape);
+      memcpy(t->shape, ov->shape, (size_t)ov->ndim * sizeof(int64_t));
+      continue;
+    }
+    if (on_device(t) && (!device_matches(dev, t) || !t->data)) {
+      rc = spn_error_set(err, SPN_EINVAL, "%s: output '%s' (#%d): %s", m->path, m->vals[vi].name, i, t->data ? "a device output must be in the memory of the model's device" : "a device output needs the caller's buffer (spn_model_output_shapes gives its shape)");
+      goto out;
+    }
+    host_out = host_out || !on_device(t);
     if (t->data) {
       bool same = t->dtype == ov->dtype && t->ndim == ov->ndim;
       for (int d = 0; same && d < ov->ndim; d++)
@@ -1012,6 +1323,8 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
       }
     }
   }
+  if (shapes_only)
+    goto out;
   for (int i = 0; i < n_out; i++) {
     int vi = m->outputs[i];
     spn_rt_val_t *ov = &rv[vi];
@@ -1019,7 +1332,16 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
     if (m->vals[vi].kind == SPN_VAL_CONST || ov->host_owned || (ov->ext && ov->data))
       continue; /* copied at the end */
     if (!bk[home_slot(m, vi)]->host_memory)
-      continue; /* produced in device memory: planned there, copied at the end */
+      continue; /* produced in device memory: planned there (or the caller's device buffer), copied at the end */
+    if (on_device(t)) { /* produced on the host: there first, then copied */
+      if (!(tmp_out[i] = spn_aligned_alloc(ov->bytes ? ov->bytes : 1))) {
+        rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory for output '%s'", m->path, m->vals[vi].name);
+        goto out;
+      }
+      ov->data = tmp_out[i];
+      ov->ext = true;
+      continue;
+    }
     if (!t->data) {
       t->data = spn_aligned_alloc(ov->bytes);
       if (!t->data) {
@@ -1031,69 +1353,31 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
     ov->data = t->data;
     ov->ext = true;
   }
-  /* Arena plans, one per backend: outputs from their producer's plan,
-   * boundary copies from the consumer's. */
-  for (int i = 0; i < m->n_node; i++) {
-    const spn_node_t *n = &m->nodes[i];
-    if (n->dead || n->shape_class)
-      continue;
-    used[n->backend] = true;
-    for (int c = 0; c < m->n_cross; c++)
-      if (m->cross[c].first == i) {
-        spn_rt_val_t *v = &rv[m->cross[c].val];
-        v->bytes = rt_bytes(v);
-        xoff[c] = plan_alloc(&plan[m->cross[c].slot], v->bytes);
-      }
-    for (int o = 0; o < n->n_out; o++) {
-      int vi = n->out[o];
-      if (vi < 0 || rv[vi].ext)
-        continue;
-      rv[vi].bytes = rt_bytes(&rv[vi]);
-      if (rv[vi].bytes > (size_t)SPN_VALUE_MAX) {
-        rc = spn_error_set(err, SPN_ETOOBIG, "%s: value '%s' would need more than %lld bytes", m->path, m->vals[vi].name, (long long)SPN_VALUE_MAX);
-        goto out;
-      }
-      rv[vi].off = plan_alloc(&plan[n->backend], rv[vi].bytes);
-    }
-    for (int o = 0; o < n->n_out; o++) {
-      int vi = n->out[o];
-      if (vi >= 0 && !rv[vi].ext && m->vals[vi].last_use < 0 && !m->vals[vi].is_output &&
-          plan_free(&plan[n->backend], rv[vi].off, rv[vi].bytes)) {
-        rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
-        goto out;
-      }
-    }
-    for (int k = 0; k < n->n_in + n->n_post; k++) {
-      int vi = node_read(n, k);
-      if (vi < 0 || rv[vi].ext || rv[vi].host_owned || m->vals[vi].kind == SPN_VAL_CONST || m->vals[vi].last_use != i ||
-          m->vals[vi].is_output)
-        continue;
-      bool dup = false; /* a value read twice by this node is freed once */
-      for (int q = 0; q < k && !dup; q++)
-        dup = node_read(n, q) == vi;
-      if (!dup && plan_free(&plan[home_slot(m, vi)], rv[vi].off, rv[vi].bytes)) {
-        rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
-        goto out;
-      }
-    }
-    for (int c = 0; c < m->n_cross; c++)
-      if (m->cross[c].last == i && plan_free(&plan[m->cross[c].slot], xoff[c], rv[m->cross[c].val].bytes)) {
-        rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
-        goto out;
-      }
-  }
+  /* The memory plan of these shapes (built by their first run), and its
+   * arenas. */
+  if ((rc = plan_get(&r, &plan)) || (rc = arenas_take(&r, plan, arena, arena_n, arena_h, fence)))
+    goto out;
   for (int b = 0; b < nb; b++) {
-    if (!used[b] || (!plan[b].top && b != SPN_BACKEND_CPU))
-      continue;
-    arena[b] = spn_pool_take(m, b, plan[b].top, &arena_n[b], &arena_h[b]);
-    if (!arena[b]) {
-      rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory for a %zu-byte arena on %s", m->path, plan[b].top, bk[b]->device);
-      goto out;
+    r.bws[b] = plan->ws_n[b] ? arena[b] + plan->ws_off[b] : NULL;
+    r.bws_n[b] = plan->ws_n[b];
+  }
+  for (int i = 0; i < m->n_val; i++)
+    if (!rv[i].ext && !rv[i].host_owned && m->vals[i].kind != SPN_VAL_CONST && m->vals[i].alias < 0 && rv[i].bytes &&
+        m->vals[i].producer >= 0 && !m->nodes[m->vals[i].producer].dead)
+      rv[i].data = arena[home_slot(m, i)] + plan->off[i];
+  /* Device outputs produced on the device: written in the caller's buffer
+   * (the plan's slot for them stays unused). */
+  for (int i = 0; i < n_out; i++) {
+    int vi = m->outputs[i];
+    if (on_device(&out[i]) && m->vals[vi].kind == SPN_VAL_INTER && !rv[vi].host_owned && !rv[vi].ext &&
+        !bk[home_slot(m, vi)]->host_memory) {
+      rv[vi].data = out[i].data;
+      rv[vi].ext = true;
     }
   }
   for (int i = 0; i < m->n_val; i++)
-    if (!rv[i].ext && !rv[i].host_owned && m->vals[i].kind != SPN_VAL_CONST && rv[i].bytes)
-      rv[i].data = arena[home_slot(m, i)] + rv[i].off;
+    if (m->vals[i].alias >= 0 && m->vals[i].producer >= 0 && !m->nodes[m->vals[i].producer].dead)
+      rv[i].data = rv[m->vals[i].alias].data;
   /* Execute: maximal ranges of nodes on one backend; before each, copy the
    * values it reads from another backend's memory, and let its nodes see
    * those copies in place of the originals. */
@@ -1108,9 +1392,9 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
       j++;
     for (int c = 0; c < m->n_cross && !rc; c++) {
       const spn_cross_t *x = &m->cross[c];
-      if (x->slot != b || x->last < i || x->first >= j)
+      if (x->slot != b || x->last < i || x->first >= j || (in_place[x->val] && b == m->dev_slot))
         continue;
-      void *dst = arena[b] + xoff[c];
+      void *dst = arena[b] + plan->xoff[c];
       if (x->first >= i)
         rc = cross_copy(&r, x, dst);
       xsave[c] = rv[x->val].data;
@@ -1133,8 +1417,19 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
     int vi = m->outputs[i];
     spn_rt_val_t *ov = &rv[vi];
     spn_tensor_t *t = &out[i];
+    spn_backend_t *hb = bk[home_slot(m, vi)];
+    bool dev_home = !hb->host_memory && !ov->host_owned && m->vals[vi].kind == SPN_VAL_INTER;
     if (ov->data == t->data && t->data)
       goto shape;
+    if (on_device(t)) {
+      if (dev_home || in_place[vi]) {
+        rc = spn_error_set(err, SPN_EUNSUPPORTED, "%s: output '%s' (#%d): no device-to-device copy of this output; ask for it in host memory", m->path, m->vals[vi].name, i);
+        goto out;
+      }
+      if (ov->bytes && (rc = dev->iface->from_host(dev, &r, t->data, ov->data, ov->bytes)))
+        goto out;
+      goto shape;
+    }
     if (!t->data) {
       t->data = spn_aligned_alloc(ov->bytes);
       if (!t->data) {
@@ -1143,28 +1438,33 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
       }
       engine_alloc[i] = true;
     }
-    spn_backend_t *hb = bk[home_slot(m, vi)];
-    if (!hb->host_memory && !ov->host_owned && m->vals[vi].kind == SPN_VAL_INTER) {
+    if (dev_home) {
       if (ov->bytes && (rc = hb->iface->to_host(hb, &r, t->data, ov->data, ov->bytes)))
+        goto out;
+    } else if (in_place[vi]) {
+      if (ov->bytes && (rc = dev->iface->to_host(dev, &r, t->data, ov->data, ov->bytes)))
         goto out;
     } else if (ov->bytes) {
       memcpy(t->data, ov->data, ov->bytes);
     }
+    t->device_kind = SPN_DEVICE_CPU;
+    t->device_index = 0;
   shape:
     t->struct_size = sizeof *t;
     t->dtype = ov->dtype;
     t->ndim = ov->ndim;
     memset(t->shape, 0, sizeof t->shape);
     memcpy(t->shape, ov->shape, (size_t)ov->ndim * sizeof(int64_t));
-    t->device_kind = SPN_DEVICE_CPU;
-    t->device_index = 0;
   }
 out:
   /* Every backend finishes the run's work (outputs copied to the host are
-   * complete) before its buffers go back to the pool. */
+   * complete) before its buffers go back to the plan or the pool; when every
+   * output is in device memory, device backends do not wait: the outputs
+   * are ready when the stream's work is, and the arenas carry a fence. */
   for (int b = 0; b < nb; b++)
-    if (used[b]) {
-      int32_t erc = bk[b]->iface->run_end(bk[b], &r, true);
+    if (used[b] || b == m->dev_slot) {
+      bool sync = host_out || rc || bk[b]->host_memory || shapes_only;
+      int32_t erc = bk[b]->iface->run_end(bk[b], &r, sync);
       if (erc && !rc)
         rc = erc;
     }
@@ -1174,13 +1474,18 @@ out:
         free(out[i].data);
         out[i].data = NULL;
       }
-  free(engine_alloc);
-  free(xoff);
-  free(xsave);
-  for (int b = 0; b < nb; b++) {
-    spn_pool_give(m, b, arena[b], arena_n[b], arena_h[b]);
-    free(plan[b].free);
+  if (plan) {
+    arenas_give(&r, plan, arena, arena_n, arena_h, fence, !host_out && !rc);
+    plan_unref(m, plan);
   }
+  /* Host results copied into device outputs: the copies are from pageable
+   * memory, staged before cudaMemcpyAsync returns, so they can go now. */
+  for (int i = 0; tmp_out && i < n_out; i++)
+    free(tmp_out[i]);
+  free(tmp_out);
+  free(engine_alloc);
+  free(in_place);
+  free(xsave);
   spn_pool_give(m, SPN_BACKEND_CPU, r.scratch, r.scratch_n, r.scratch_h);
   rt_free(m, rv);
   return rc;

@@ -66,6 +66,7 @@ int spn_model_add_value(spn_model_t *m, const char *name, spn_error_t *err) {
   v->ndim = -1;
   v->producer = -1;
   v->last_use = -1;
+  v->alias = -1;
   return m->n_val++;
 }
 
@@ -564,6 +565,12 @@ out:
 void spn_model_destroy(spn_model_t *m) {
   if (!m)
     return;
+  spn_plans_free(m);
+  for (int b = 0; m->shared && b < m->shared->n_backends; b++) {
+    spn_backend_t *bk = m->shared->backends[b];
+    if (bk && bk->iface->model_release)
+      bk->iface->model_release(bk, m);
+  }
   for (int i = 0; i < m->n_node; i++) {
     spn_node_t *n = &m->nodes[i];
     spn_backend_t *b = m->shared ? m->shared->backends[n->backend] : NULL;

@@ -119,3 +119,30 @@ int32_t spn_plan_place(spn_model_t *m, spn_error_t *err) {
   }
   return SPN_OK;
 }
+
+static bool is_view_op(int op) {
+  return op == SPN_OP_RESHAPE || op == SPN_OP_FLATTEN || op == SPN_OP_SQUEEZE || op == SPN_OP_UNSQUEEZE ||
+         op == SPN_OP_IDENTITY;
+}
+
+void spn_plan_views(spn_model_t *m) {
+  for (int i = 0; i < m->n_val; i++)
+    m->vals[i].alias = -1;
+  for (int i = 0; i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead || n->shape_class || !is_view_op(n->op) || n->n_in < 1 || n->n_out < 1 || n->in[0] < 0 ||
+        n->out[0] < 0)
+      continue;
+    int x = n->in[0], y = n->out[0];
+    const spn_value_t *xv = &m->vals[x];
+    spn_value_t *yv = &m->vals[y];
+    /* Graph outputs are written to the caller's buffer; an input, constant
+     * or shape-class value is not in the arena; a value of another backend
+     * reaches this one by a boundary copy; a channels-last value has another
+     * layout than its shape says. */
+    if (yv->is_output || xv->kind != SPN_VAL_INTER || xv->producer < 0 || xv->nhwc || yv->nhwc ||
+        m->nodes[xv->producer].shape_class || value_home(m, x) != n->backend)
+      continue;
+    yv->alias = xv->alias >= 0 ? xv->alias : x;
+  }
+}

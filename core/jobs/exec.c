@@ -25,6 +25,7 @@
  * (its temporaries are still there), and succeeds without running the job
  * again: an output once renamed into place is never written again.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -125,6 +126,48 @@ int32_t spn__job_spec_from_json(const cJSON *obj, int64_t id, uint32_t attempt, 
       }
     }
   }
+  /* The join step of a segmented job (gateway.c writes the plan): its
+   * segment files are derived from its output and id, its cut times kept. */
+  const cJSON *seg = cJSON_GetObjectItemCaseSensitive(obj, "segments");
+  if (seg) {
+    const cJSON *bounds = cJSON_GetObjectItemCaseSensitive(seg, "bounds");
+    const char *oname = spn__json_str(seg, "output");
+    const spn_job_io_t *out = NULL;
+    for (size_t i = 0; oname && i < s->n_outputs; i++)
+      if (!strcmp(s->outputs[i].name, oname))
+        out = &s->outputs[i];
+    int nb = cJSON_IsArray(bounds) ? cJSON_GetArraySize(bounds) : 0;
+    if (nb < 2 || !out) {
+      rc = spn_error_set(err, SPN_EINVAL, "job spec: \"segments\" needs an output name and 2 or more bounds");
+      goto out_fail;
+    }
+    size_t n = (size_t)nb - 1;
+    const char *iname = spn__json_str(seg, "input");
+    for (size_t i = 0; iname && i < s->n_inputs; i++)
+      if (!strcmp(s->inputs[i].name, iname) && !(s->segment_source = strdup(s->inputs[i].path))) {
+        rc = spn_error_set(err, SPN_ENOMEM, "job spec: out of memory");
+        goto out_fail;
+      }
+    s->segment_files = calloc(n, sizeof *s->segment_files);
+    s->segment_bounds = calloc(n + 1, sizeof *s->segment_bounds);
+    if (!s->segment_files || !s->segment_bounds) {
+      rc = spn_error_set(err, SPN_ENOMEM, "job spec: out of memory");
+      goto out_fail;
+    }
+    s->n_segments = n;
+    for (size_t i = 0; i <= n; i++) {
+      const cJSON *b = cJSON_GetArrayItem(bounds, (int)i);
+      if (!cJSON_IsString(b)) {
+        rc = spn_error_set(err, SPN_EINVAL, "job spec: segments.bounds[%zu] must be a time string", i);
+        goto out_fail;
+      }
+      s->segment_bounds[i] = strtod(b->valuestring, NULL);
+      if (i < n && !(s->segment_files[i] = spn__segment_file(out->path, id, (uint32_t)i))) {
+        rc = spn_error_set(err, SPN_ENOMEM, "job spec: out of memory");
+        goto out_fail;
+      }
+    }
+  }
   return SPN_OK;
 out_fail:
   spn__job_spec_free(s);
@@ -144,11 +187,21 @@ void spn__job_spec_free(spn_job_spec_t *s) {
     free(s->params[i].key);
     free(s->params[i].value);
   }
+  for (size_t i = 0; s->segment_files && i < s->n_segments; i++)
+    free(s->segment_files[i]);
+  free(s->segment_files);
+  free(s->segment_bounds);
+  free(s->segment_source);
   free(s->inputs);
   free(s->outputs);
   free(s->params);
   free(s->pipeline);
   memset(s, 0, sizeof *s);
+}
+
+void spn_segment_plan_free(spn_segment_plan_t *plan) {
+  free(plan->bounds);
+  memset(plan, 0, sizeof *plan);
 }
 
 const char *spn_job_spec_param(const spn_job_spec_t *job, const char *key) {
@@ -225,6 +278,21 @@ void spn__unpublish(spn_queue_t *q, int64_t id) {
 
 static char *tmp_name(const char *final, int64_t id, uint32_t attempt);
 
+char *spn__segment_file(const char *final, int64_t parent, uint32_t k) {
+  const char *slash = strrchr(final, '/');
+  size_t dirlen = slash ? (size_t)(slash - final + 1) : 0;
+  const char *base = final + dirlen;
+  const char *dot = strrchr(base, '.');
+  if (!dot || dot == base || !dot[1])
+    dot = base + strlen(base);
+  size_t n = strlen(final) + 64;
+  char *t = malloc(n);
+  if (t)
+    snprintf(t, n, "%.*s.%.*s.spn-%lld-seg%u%s", (int)dirlen, final, (int)(dot - base), base, (long long)parent, k,
+             dot);
+  return t;
+}
+
 /* An earlier attempt of this job published (or began to): finish its
  * renames and report success without running again. Returns true when the
  * job is published; false when there is no usable marker (it is removed
@@ -288,6 +356,34 @@ static char *tmp_name(const char *final, int64_t id, uint32_t attempt) {
   return t;
 }
 
+/* Remove an earlier attempt's temporary and whatever the runner derived
+ * from its name (the encode stage writes "<tmp>.XXXXXX" and renames it to
+ * <tmp> when done: a worker killed mid-encode leaves that behind). */
+static void remove_leftovers(const char *tmp) {
+  unlink(tmp);
+  const char *slash = strrchr(tmp, '/');
+  if (!slash)
+    return;
+  char *dir = strndup(tmp, (size_t)(slash - tmp) + 1);
+  const char *base = slash + 1;
+  size_t blen = strlen(base);
+  DIR *d = dir ? opendir(dir) : NULL;
+  struct dirent *e;
+  while (d && (e = readdir(d))) {
+    if (strncmp(e->d_name, base, blen) != 0 || e->d_name[blen] != '.')
+      continue;
+    char *p = malloc(strlen(dir) + strlen(e->d_name) + 1);
+    if (p) {
+      sprintf(p, "%s%s", dir, e->d_name);
+      unlink(p);
+      free(p);
+    }
+  }
+  if (d)
+    closedir(d);
+  free(dir);
+}
+
 void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
                       const volatile int *cancel_flag, spn_exec_progress_cb progress, void *user,
                       spn_exec_result_t *res) {
@@ -319,7 +415,7 @@ void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
     for (uint32_t a = 1; a < job->attempt; a++) {
       char *old = tmp_name(job->outputs[i].path, job->id, a);
       if (old)
-        unlink(old);
+        remove_leftovers(old);
       free(old);
     }
   }

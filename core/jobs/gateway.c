@@ -10,6 +10,7 @@
  * - Every request is validated here, before it reaches the queue: a bad
  *   request gets an ERROR naming the field and changes nothing.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +132,53 @@ static void watcher_add(spn_server_t *s, const spn_queue_job_t *j, const unsigne
 
 /* ---- job descriptions ---- */
 
+typedef struct seg_ctx {
+  spn_server_t *s;
+  cJSON *arr;
+  uint64_t done, total;
+} seg_ctx_t;
+
+static void seg_cb(void *user, const spn_queue_job_t *c) {
+  seg_ctx_t *sc = user;
+  cJSON *o = cJSON_CreateObject();
+  if (!o)
+    return;
+  uint64_t done = c->progress_done, total = c->progress_total;
+  spn_run_t *r = c->state == SPN_QSTATE_RUNNING ? spn__run_find(sc->s, c->id) : NULL;
+  if (r) {
+    done = r->done;
+    total = r->total;
+  }
+  sc->done += done;
+  sc->total += total;
+  cJSON_AddNumberToObject(o, "index", c->seg_index);
+  cJSON_AddNumberToObject(o, "id", (double)c->id);
+  cJSON_AddStringToObject(o, "state", spn_queue_state_name(c->state));
+  cJSON_AddNumberToObject(o, "attempts", c->attempts);
+  cJSON_AddNumberToObject(o, "done", (double)done);
+  cJSON_AddNumberToObject(o, "total", (double)total);
+  cJSON *spec = cJSON_Parse(c->spec_json);
+  const cJSON *info = spec ? cJSON_GetObjectItemCaseSensitive(spec, "segment") : NULL;
+  const char *a = spn__json_str(info, "start"), *b = spn__json_str(info, "end");
+  if (a && b) {
+    cJSON_AddNumberToObject(o, "start", strtod(a, NULL));
+    cJSON_AddNumberToObject(o, "end", strtod(b, NULL));
+  }
+  cJSON_Delete(spec);
+  if (c->lease_owner)
+    cJSON_AddStringToObject(o, "worker", c->lease_owner);
+  if (c->reason)
+    cJSON_AddStringToObject(o, "reason", c->reason);
+  /* every attempt's worker: who ran it, so a test (or an operator) sees
+   * which segments ran twice and where */
+  cJSON *errs = cJSON_Parse(c->errors_json);
+  if (errs && cJSON_GetArraySize(errs) > 0)
+    cJSON_AddItemToObject(o, "errors", errs);
+  else
+    cJSON_Delete(errs);
+  cJSON_AddItemToArray(sc->arr, o);
+}
+
 static cJSON *job_json(spn_server_t *s, const spn_queue_job_t *j, bool full) {
   cJSON *o = cJSON_CreateObject();
   if (!o)
@@ -149,11 +197,35 @@ static cJSON *job_json(spn_server_t *s, const spn_queue_job_t *j, bool full) {
     done = r->done;
     total = r->total;
   }
+  if (j->parent) {
+    cJSON *sg = cJSON_AddObjectToObject(o, "segment_of");
+    if (sg) {
+      cJSON_AddNumberToObject(sg, "id", (double)j->parent);
+      cJSON_AddNumberToObject(sg, "index", j->seg_index);
+    }
+  }
+  /* A segmented job: its progress is its segments' added up, and each is
+   * listed with its state and attempts. */
+  cJSON *segs = NULL;
+  if (spec && cJSON_GetObjectItemCaseSensitive(spec, "segments") && s->q.ops->children) {
+    seg_ctx_t sc = {.s = s, .arr = cJSON_CreateArray()};
+    if (sc.arr && s->q.ops->children(s->q.impl, j->id, seg_cb, &sc, NULL) == SPN_OK) {
+      done = sc.done;
+      total = sc.total;
+      segs = sc.arr;
+    } else {
+      cJSON_Delete(sc.arr);
+    }
+  }
   cJSON_AddNumberToObject(o, "done", (double)done);
   cJSON_AddNumberToObject(o, "total", (double)total);
   cJSON_AddNumberToObject(o, "compute_s", j->compute_s);
   cJSON_AddNumberToObject(o, "gpu_s", j->gpu_s);
   cJSON_AddNumberToObject(o, "created", (double)j->created_ms);
+  if (segs) {
+    cJSON_AddNumberToObject(o, "segments_pending", j->pending);
+    cJSON_AddItemToObject(o, "segments", segs);
+  }
   if (j->reason)
     cJSON_AddStringToObject(o, "reason", j->reason);
   if (j->lease_owner)
@@ -297,6 +369,132 @@ static const char *code_for(int32_t rc) {
   }
 }
 
+
+/* ---- segments (docs/jobs.md, "Segments") ---- */
+
+/* "segments" / "segment_seconds" of a SUBMIT: both absent is fine (*n and
+ * *sec stay 0); anything else is checked here, naming the field. */
+static int32_t segment_request(spn_server_t *s, const cJSON *b, bool has_deadline, uint32_t *n, double *sec,
+                               spn_error_t *err) {
+  const cJSON *sn = cJSON_GetObjectItemCaseSensitive(b, "segments");
+  const cJSON *ss = cJSON_GetObjectItemCaseSensitive(b, "segment_seconds");
+  if (!sn && !ss)
+    return SPN_OK;
+  const char *field = sn ? "segments" : "segment_seconds";
+  if (sn && ss)
+    return spn_error_set(err, SPN_EINVAL, "SUBMIT: give \"segments\" or \"segment_seconds\", not both");
+  if (sn && (!cJSON_IsNumber(sn) || sn->valuedouble != floor(sn->valuedouble) || sn->valuedouble < 1 ||
+             sn->valuedouble > SPN_SEGMENTS_MAX))
+    return spn_error_set(err, SPN_EINVAL, "SUBMIT: \"segments\" must be an integer in [1, %d]",
+                         SPN_SEGMENTS_MAX);
+  if (ss && (!cJSON_IsNumber(ss) || !(ss->valuedouble > 0) || ss->valuedouble > 1e7))
+    return spn_error_set(err, SPN_EINVAL, "SUBMIT: \"segment_seconds\" must be a number of seconds > 0");
+  if (has_deadline)
+    return spn_error_set(err, SPN_EINVAL, "SUBMIT: \"%s\" cannot be combined with \"deadline\"", field);
+  if (!s->q.ops->children)
+    return spn_error_set(err, SPN_EUNSUPPORTED, "SUBMIT: \"%s\": the %s job queue cannot split jobs (use sqlite)",
+                         field, s->q.ops->name);
+  if (!s->runner->segment_plan)
+    return spn_error_set(err, SPN_EUNSUPPORTED, "SUBMIT: \"%s\": this gateway's runner cannot split jobs", field);
+  if (sn)
+    *n = (uint32_t)sn->valuedouble;
+  else
+    *sec = ss->valuedouble;
+  return SPN_OK;
+}
+
+static int32_t segment_plan(spn_server_t *s, const cJSON *spec, uint32_t n, double sec, spn_segment_plan_t *plan,
+                            spn_error_t *err) {
+  spn_job_spec_t js;
+  int32_t rc = spn__job_spec_from_json(spec, 0, 1, &js, err);
+  if (rc < 0)
+    return rc;
+  rc = s->runner->segment_plan(s->runner->data, &js, n, sec, plan, err);
+  spn__job_spec_free(&js);
+  if (rc < 0) {
+    spn_error_prefix(err, "SUBMIT");
+    return rc == SPN_ENOMEM || rc == SPN_EUNSUPPORTED ? rc : SPN_EINVAL;
+  }
+  return SPN_OK;
+}
+
+/* The parent's spec gets the plan: the output the segments join into and
+ * the cut times, as decimal strings so a segment's decode and the join put
+ * each cut on the same audio sample. */
+static int32_t segment_annotate(cJSON *spec, const spn_segment_plan_t *plan, spn_error_t *err) {
+  cJSON *sg = cJSON_AddObjectToObject(spec, "segments");
+  cJSON *bounds = sg ? cJSON_AddArrayToObject(sg, "bounds") : NULL;
+  if (!bounds || !cJSON_AddStringToObject(sg, "output", plan->output) ||
+      !cJSON_AddStringToObject(sg, "input", plan->input) ||
+      !cJSON_AddStringToObject(sg, "start_key", plan->start_key) ||
+      !cJSON_AddStringToObject(sg, "duration_key", plan->duration_key))
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  char tb[64];
+  for (uint32_t k = 0; k <= plan->count; k++) {
+    snprintf(tb, sizeof tb, "%.9f", plan->bounds[k]);
+    cJSON_AddItemToArray(bounds, cJSON_CreateString(tb));
+  }
+  return SPN_OK;
+}
+
+/* The parent is in the queue (id) waiting for its segments: add them in
+ * the same transaction. Segment k is the job with output plan->output
+ * redirected to its segment file and the cut's start and duration as
+ * params (the last runs to the end of the input). */
+static int32_t segment_submit(spn_server_t *s, const cJSON *spec, int64_t id, const spn_queue_submit_t *psub,
+                              spn_error_t *err) {
+  const cJSON *sg = cJSON_GetObjectItemCaseSensitive(spec, "segments");
+  const cJSON *bounds = cJSON_GetObjectItemCaseSensitive(sg, "bounds");
+  const char *output = spn__json_str(sg, "output");
+  const char *final = spn__json_str(cJSON_GetObjectItemCaseSensitive(spec, "outputs"), output ? output : "");
+  int n = cJSON_GetArraySize(bounds) - 1;
+  if (!final || n < 1)
+    return spn_error_set(err, SPN_EINTERNAL, "segments: the plan lost its output");
+  spn_job_spec_t js;
+  int32_t rc = spn__job_spec_from_json(spec, id, 1, &js, err);
+  if (rc < 0)
+    return rc;
+  for (int k = 0; rc == SPN_OK && k < n; k++) {
+    cJSON *child = cJSON_Duplicate(spec, 1);
+    char *jsn = NULL;
+    if (child) {
+      cJSON_DeleteItemFromObjectCaseSensitive(child, "segments");
+      cJSON *co = cJSON_GetObjectItemCaseSensitive(child, "outputs");
+      cJSON *cp = cJSON_GetObjectItemCaseSensitive(child, "params");
+      if (!cp)
+        cp = cJSON_AddObjectToObject(child, "params");
+      const char *lo_s = cJSON_GetArrayItem(bounds, k)->valuestring;
+      const char *hi_s = cJSON_GetArrayItem(bounds, k + 1)->valuestring;
+      char tb[64];
+      cJSON_ReplaceItemInObjectCaseSensitive(co, output, cJSON_CreateString(js.segment_files[k]));
+      cJSON_AddStringToObject(cp, spn__json_str(sg, "start_key"), lo_s);
+      if (k + 1 < n) {
+        snprintf(tb, sizeof tb, "%.9f", strtod(hi_s, NULL) - strtod(lo_s, NULL));
+        cJSON_AddStringToObject(cp, spn__json_str(sg, "duration_key"), tb);
+      }
+      cJSON *info = cJSON_AddObjectToObject(child, "segment");
+      cJSON_AddNumberToObject(info, "of", (double)id);
+      cJSON_AddNumberToObject(info, "index", k);
+      cJSON_AddStringToObject(info, "start", lo_s);
+      cJSON_AddStringToObject(info, "end", hi_s);
+      jsn = cJSON_PrintUnformatted(child);
+    }
+    if (!jsn) {
+      rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
+    } else {
+      spn_queue_submit_t sub = {.spec_json = jsn, .priority = psub->priority, .max_attempts = psub->max_attempts,
+                                .parent = id, .seg_index = k};
+      int64_t cid = 0;
+      bool ex = false;
+      rc = s->q.ops->submit(s->q.impl, &sub, spn__now_ms(), &cid, &ex, err);
+    }
+    free(jsn);
+    cJSON_Delete(child);
+  }
+  spn__job_spec_free(&js);
+  return rc;
+}
+
 static void on_submit(spn_server_t *s, spn_pmsg_t *m) {
   spn_error_t err = SPN_ERROR_INIT;
   int32_t rc = SPN_OK;
@@ -379,17 +577,32 @@ static void on_submit(spn_server_t *s, spn_pmsg_t *m) {
       goto out;
     }
   }
+  uint32_t nseg = 0;
+  double seg_s = 0;
+  if ((rc = segment_request(s, b, deadline != 0, &nseg, &seg_s, &err)) < 0)
+    goto out;
+  spn_segment_plan_t plan = {0};
+  if ((nseg || seg_s > 0) && (rc = segment_plan(s, spec, nseg, seg_s, &plan, &err)) < 0)
+    goto out;
+  if (plan.count && (rc = segment_annotate(spec, &plan, &err)) < 0) {
+    spn_segment_plan_free(&plan);
+    goto out;
+  }
   spec_js = cJSON_PrintUnformatted(spec);
   if (!spec_js) {
+    spn_segment_plan_free(&plan);
     rc = spn_error_set(&err, SPN_ENOMEM, "out of memory");
     goto out;
   }
   spn_queue_submit_t sub = {.spec_json = spec_js, .priority = (int32_t)prio, .idem_key = key,
-                            .deadline_ms = deadline, .max_attempts = (uint32_t)max_att};
+                            .deadline_ms = deadline, .max_attempts = (uint32_t)max_att, .pending = plan.count};
   int64_t id = 0;
   bool existed = false;
   spn__batch_begin(s);
   rc = s->q.ops->submit(s->q.impl, &sub, spn__now_ms(), &id, &existed, &err);
+  if (rc == SPN_OK && plan.count && !existed)
+    rc = segment_submit(s, spec, id, &sub, &err);
+  spn_segment_plan_free(&plan);
   if (rc < 0)
     goto out;
   cJSON *r = cJSON_CreateObject();
@@ -440,6 +653,20 @@ static void on_status(spn_server_t *s, spn_pmsg_t *m, bool watch) {
 }
 
 
+static void stop_child(void *user, const spn_queue_job_t *c) {
+  spn_server_t *s = user;
+  spn_run_t *r = c->state == SPN_QSTATE_RUNNING ? spn__run_find(s, c->id) : NULL;
+  if (r)
+    spn__sched_cancel_run(s, r);
+}
+
+/* A cancelled segmented job: stop its running segments wherever they run
+ * (the queue already cancelled the queued ones). */
+static void segments_stop(spn_server_t *s, int64_t id) {
+  if (s->q.ops->children)
+    s->q.ops->children(s->q.impl, id, stop_child, s, NULL);
+}
+
 static void on_cancel(spn_server_t *s, spn_pmsg_t *m) {
   int64_t id;
   if (!need_id(s, m, &id))
@@ -464,8 +691,11 @@ static void on_cancel(spn_server_t *s, spn_pmsg_t *m) {
     cJSON_AddStringToObject(b, "state", st == SPN_QSTATE_RUNNING ? "cancelling" : spn_queue_state_name(st));
     spn__out_push(s, m->ident, m->ident_len, "CANCELLED", b, true);
   }
-  if (st != SPN_QSTATE_RUNNING)
+  if (st != SPN_QSTATE_RUNNING) {
+    segments_stop(s, id);
+    spn__segments_settle(s, id);
     spn__notify(s, id);
+  }
 }
 
 typedef struct list_ctx {

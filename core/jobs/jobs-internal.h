@@ -36,6 +36,12 @@ typedef struct spn_queue_job {
   double compute_s, gpu_s;
   uint64_t progress_done, progress_total;
   bool cancel_requested;
+  /* Segments (docs/jobs.md): a segment's parent job and its index (when
+   * parent is set); a parent's count of segments not yet succeeded (it is not
+   * leased, for its join, until that is 0). */
+  int64_t parent;
+  int32_t seg_index;
+  uint32_t pending;
 } spn_queue_job_t;
 
 void spn__queue_job_clear(spn_queue_job_t *j);
@@ -46,6 +52,9 @@ typedef struct spn_queue_submit {
   const char *idem_key; /* may be NULL */
   int64_t deadline_ms;  /* absolute; 0 = none */
   uint32_t max_attempts;
+  int64_t parent;       /* a segment: its parent job; 0 = none */
+  int32_t seg_index;    /* a segment: its index */
+  uint32_t pending;     /* a parent: its segments, which must all succeed before it is leased */
 } spn_queue_submit_t;
 
 /* Called for every job a sweep moved (lease expired, deadline passed). */
@@ -110,6 +119,14 @@ typedef struct spn_queue_ops {
   /* Jobs in `state` (-1: any), newest first, at most `limit`. */
   int32_t (*list)(void *q, int32_t state, uint32_t limit, spn_queue_list_cb cb, void *user,
                   spn_error_t *err);
+  /* The segments of job `parent`, by index (docs/jobs.md, "Segments").
+   * NULL when the backend has no segments: the gateway refuses segmented
+   * jobs then. A segment that succeeds lowers its parent's `pending` in the
+   * same transaction (so the checkpoint and the count are one write); one
+   * that ends failed, dead or cancelled fails its parent (still waiting)
+   * and cancels its queued siblings; cancelling a parent cancels its queued
+   * segments and asks the running ones to stop. */
+  int32_t (*children)(void *q, int64_t parent, spn_queue_list_cb cb, void *user, spn_error_t *err);
   /* Number of jobs in each state (metrics, autoscaling on queue depth). */
   int32_t (*counts)(void *q, int64_t out[SPN_QSTATE_COUNT], spn_error_t *err);
   void (*free)(void *q);
@@ -154,6 +171,12 @@ int64_t spn__backoff_ms(uint32_t base_ms, uint32_t max_ms, uint32_t attempt, uin
 int32_t spn__job_spec_from_json(const cJSON *obj, int64_t id, uint32_t attempt, spn_job_spec_t *out,
                                 spn_error_t *err);
 void spn__job_spec_free(spn_job_spec_t *spec);
+/* Segment k's output file: hidden, beside the job's output `final`, named
+ * after it, the parent job and k ("out.mp4" of job 7: ".out.spn-7-seg3.mp4";
+ * the extension kept so the encoder picks the same container).
+ * Ownership: caller frees. */
+char *spn__segment_file(const char *final, int64_t parent, uint32_t k);
+#define SPN_SEGMENTS_MAX 10000
 
 /* ---- path confinement ---- */
 

@@ -314,6 +314,13 @@ static int32_t w_list(void *q, int32_t state, uint32_t limit, spn_queue_list_cb 
   return o->inner.ops->list(o->inner.impl, state, limit, cb, user, err);
 }
 
+static int32_t w_children(void *q, int64_t parent, spn_queue_list_cb cb, void *user, spn_error_t *err) {
+  spn__observe_t *o = q;
+  if (!o->inner.ops->children)
+    return spn_error_set(err, SPN_EUNSUPPORTED, "job queue %s: no segments", o->inner.ops->name);
+  return o->inner.ops->children(o->inner.impl, parent, cb, user, err);
+}
+
 static int32_t w_counts(void *q, int64_t out[SPN_QSTATE_COUNT], spn_error_t *err) {
   spn__observe_t *o = q;
   return o->inner.ops->counts(o->inner.impl, out, err);
@@ -345,6 +352,7 @@ static const spn_queue_ops_t observed_ops = {
     .release_owner = w_release_owner,
     .get = w_get,
     .list = w_list,
+    .children = w_children,
     .counts = w_counts,
     .free = w_free,
 };
@@ -389,6 +397,8 @@ int32_t spn__observe_attach(spn_queue_t *q, const char *who, spn__observe_t **ou
   o->inner = *q;
   o->ops = observed_ops;
   o->ops.name = q->ops->name;
+  if (!q->ops->children)
+    o->ops.children = NULL; /* the gateway refuses segmented jobs then */
   q->ops = &o->ops;
   q->impl = o;
   *out = o;

@@ -53,6 +53,11 @@ enum {
   ST_COUNTS,
   ST_RELEASE,
   ST_STATE_TIMES,
+  ST_PARENT_DONE,
+  ST_PARENT_FAIL,
+  ST_SIBLINGS_CANCEL,
+  ST_CHILDREN_CANCEL_R,
+  ST_CHILDREN,
   ST_COUNT
 };
 
@@ -62,9 +67,9 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_IDEM_FIND] = "SELECT id, created FROM jobs WHERE idem_key = ?1",
     [ST_IDEM_CLEAR] = "UPDATE jobs SET idem_key = NULL WHERE idem_key = ?1",
     [ST_INSERT] = "INSERT INTO jobs(spec, priority, state, max_attempts, idem_key, created, "
-                  "deadline, not_before) VALUES(?1, ?2, 0, ?3, ?4, ?5, ?6, 0)",
+                  "deadline, not_before, parent, seg_index, pending) VALUES(?1, ?2, 0, ?3, ?4, ?5, ?6, 0, ?7, ?8, ?9)",
     [ST_TRANS] = "INSERT INTO transitions(job, at, state, note) VALUES(?1, ?2, ?3, ?4)",
-    [ST_PICK] = "SELECT id FROM jobs WHERE state = 0 AND not_before <= ?1 AND "
+    [ST_PICK] = "SELECT id FROM jobs WHERE state = 0 AND pending = 0 AND not_before <= ?1 AND "
                 "(deadline = 0 OR deadline >= ?1) ORDER BY priority DESC, id ASC LIMIT 1",
     [ST_LEASE] = "UPDATE jobs SET state = 1, attempts = attempts + 1, lease_owner = ?2, "
                  "lease_until = ?3, progress_done = 0, progress_total = 0 WHERE id = ?1",
@@ -92,7 +97,7 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_CANCEL_R] = "UPDATE jobs SET cancel_requested = 1 WHERE id = ?1 AND state = 1",
     [ST_GET] = "SELECT id, state, priority, attempts, max_attempts, spec, idem_key, lease_owner, "
                "reason, errors, created, deadline, not_before, lease_until, compute_s, gpu_s, "
-               "progress_done, progress_total, cancel_requested FROM jobs WHERE id = ?1",
+               "progress_done, progress_total, cancel_requested, parent, seg_index, pending FROM jobs WHERE id = ?1",
     [ST_EXPIRED] = "SELECT id, attempts, lease_owner FROM jobs WHERE state = 1 AND lease_until < ?1",
     [ST_DEADLINE] = "SELECT id FROM jobs WHERE state = 0 AND deadline > 0 AND deadline < ?1",
     [ST_BY_OWNER] = "SELECT id, attempts FROM jobs WHERE state = 1 AND lease_owner = ?1",
@@ -101,6 +106,15 @@ static const char *const sql_text[ST_COUNT] = {
                    "not_before = 0 WHERE id = ?1 AND state = 1 AND attempts = ?2 AND lease_owner = ?3 "
                    "AND cancel_requested = 0",
     [ST_STATE_TIMES] = "SELECT state, max(at) FROM transitions WHERE job = ?1 GROUP BY state",
+    /* Segments: a checkpoint lowers the parent's count of unfinished
+     * segments in the transaction that records the segment succeeded. */
+    [ST_PARENT_DONE] = "UPDATE jobs SET pending = pending - 1 WHERE id = ?1 AND pending > 0",
+    [ST_PARENT_FAIL] = "UPDATE jobs SET state = 3, pending = 0, reason = ?2, "
+                       "errors = json_insert(errors, '$[#]', json_object('attempt', attempts, 'at', ?3, 'error', ?2)) "
+                       "WHERE id = ?1 AND state = 0",
+    [ST_SIBLINGS_CANCEL] = "UPDATE jobs SET state = 4, reason = ?2 WHERE parent = ?1 AND state = 0",
+    [ST_CHILDREN_CANCEL_R] = "UPDATE jobs SET cancel_requested = 1 WHERE parent = ?1 AND state = 1",
+    [ST_CHILDREN] = "SELECT id FROM jobs WHERE parent = ?1 ORDER BY seg_index",
 };
 
 static const char schema[] =
@@ -123,13 +137,25 @@ static const char schema[] =
     " compute_s REAL NOT NULL DEFAULT 0,"
     " gpu_s REAL NOT NULL DEFAULT 0,"
     " progress_done INTEGER NOT NULL DEFAULT 0,"
-    " progress_total INTEGER NOT NULL DEFAULT 0);"
+    " progress_total INTEGER NOT NULL DEFAULT 0,"
+    " parent INTEGER NOT NULL DEFAULT 0,"
+    " seg_index INTEGER NOT NULL DEFAULT 0,"
+    " pending INTEGER NOT NULL DEFAULT 0);"
     "CREATE INDEX IF NOT EXISTS jobs_pick ON jobs(state, priority DESC, id);"
     "CREATE INDEX IF NOT EXISTS jobs_deadline ON jobs(deadline) WHERE state = 0 AND deadline > 0;"
     "CREATE INDEX IF NOT EXISTS jobs_lease ON jobs(lease_until) WHERE state = 1;"
     "CREATE TABLE IF NOT EXISTS transitions("
     " job INTEGER NOT NULL, at INTEGER NOT NULL, state INTEGER NOT NULL, note TEXT);"
     "CREATE INDEX IF NOT EXISTS transitions_job ON transitions(job);";
+
+/* Columns added after the first release: a queue file written before them
+ * gets them (ALTER fails harmlessly where they exist), then their index. */
+static const char *const schema_added[] = {
+    "ALTER TABLE jobs ADD COLUMN parent INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN seg_index INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN pending INTEGER NOT NULL DEFAULT 0",
+};
+static const char schema_index[] = "CREATE INDEX IF NOT EXISTS jobs_parent ON jobs(parent) WHERE parent > 0;";
 
 typedef struct sq {
   sqlite3 *db;
@@ -269,6 +295,9 @@ static int32_t sq_submit(void *qv, const spn_queue_submit_t *sub, int64_t now, i
   bind_text(s, 4, sub->idem_key);
   sqlite3_bind_int64(s, 5, now);
   sqlite3_bind_int64(s, 6, sub->deadline_ms);
+  sqlite3_bind_int64(s, 7, sub->parent);
+  sqlite3_bind_int(s, 8, sub->seg_index);
+  sqlite3_bind_int(s, 9, (int)sub->pending);
   if (exec_stmt(q, s, err, "inserting a job") < 0)
     return auto_end(q, opened, SPN_EIO, err);
   *id = sqlite3_last_insert_rowid(q->db);
@@ -314,6 +343,9 @@ static int32_t sq_get(void *qv, int64_t id, spn_queue_job_t *j, spn_error_t *err
   j->progress_done = (uint64_t)sqlite3_column_int64(s, 16);
   j->progress_total = (uint64_t)sqlite3_column_int64(s, 17);
   j->cancel_requested = sqlite3_column_int(s, 18) != 0;
+  j->parent = sqlite3_column_int64(s, 19);
+  j->seg_index = sqlite3_column_int(s, 20);
+  j->pending = (uint32_t)sqlite3_column_int(s, 21);
   sqlite3_reset(s);
   if (!j->spec_json || !j->errors_json) {
     spn__queue_job_clear(j);
@@ -389,6 +421,58 @@ static int32_t sq_progress(void *qv, int64_t id, uint64_t done, uint64_t total, 
   return exec_stmt(q, s, err, "recording progress") < 0 ? SPN_EIO : SPN_OK;
 }
 
+/* The parent of job `id`, or 0. */
+static int64_t parent_of(sq_t *q, int64_t id, int32_t *index) {
+  spn_queue_job_t j;
+  if (sq_get(q, id, &j, NULL) < 0)
+    return 0;
+  int64_t p = j.parent;
+  if (index)
+    *index = j.seg_index;
+  spn__queue_job_clear(&j);
+  return p;
+}
+
+/* Segment `id` succeeded (its lease checked, so this runs once per
+ * segment): one fewer for its parent to wait for. */
+static int32_t segment_done(sq_t *q, int64_t id, spn_error_t *err) {
+  int64_t p = parent_of(q, id, NULL);
+  if (!p)
+    return SPN_OK;
+  sqlite3_stmt *s = stmt(q, ST_PARENT_DONE);
+  sqlite3_bind_int64(s, 1, p);
+  return exec_stmt(q, s, err, "checkpointing a segment") < 0 ? SPN_EIO : SPN_OK;
+}
+
+/* Segment `id` ended failed, dead or cancelled: its parent can never be
+ * joined, so it fails (if still waiting) and its queued segments stop. */
+static int32_t segment_failed(sq_t *q, int64_t id, spn_queue_state_t ns, const char *reason, int64_t now,
+                              spn_error_t *err) {
+  int32_t index = 0;
+  int64_t p = parent_of(q, id, &index);
+  if (!p)
+    return SPN_OK;
+  char msg[SPN_ERROR_MSG_MAX];
+  snprintf(msg, sizeof msg, "segment %d (job %lld) %s: %s", (int)index, (long long)id, spn_queue_state_name(ns),
+           reason ? reason : "");
+  sqlite3_stmt *s = stmt(q, ST_PARENT_FAIL);
+  sqlite3_bind_int64(s, 1, p);
+  bind_text(s, 2, msg);
+  sqlite3_bind_int64(s, 3, now);
+  int n = exec_stmt(q, s, err, "failing a segmented job");
+  if (n < 0)
+    return SPN_EIO;
+  if (n == 0)
+    return SPN_OK; /* the parent already ended (cancelled, or an earlier segment failed) */
+  int32_t rc = record_transition(q, p, now, SPN_QSTATE_FAILED, msg, err);
+  if (rc < 0)
+    return rc;
+  s = stmt(q, ST_SIBLINGS_CANCEL);
+  sqlite3_bind_int64(s, 1, p);
+  bind_text(s, 2, "another segment of the job failed");
+  return exec_stmt(q, s, err, "cancelling segments") < 0 ? SPN_EIO : SPN_OK;
+}
+
 static int32_t sq_complete(void *qv, int64_t id, uint32_t attempt, const char *owner,
                            double compute_s, double gpu_s, int64_t now, spn_error_t *err) {
   sq_t *q = qv;
@@ -410,6 +494,8 @@ static int32_t sq_complete(void *qv, int64_t id, uint32_t attempt, const char *o
                        attempt, owner);
   else
     rc = record_transition(q, id, now, SPN_QSTATE_SUCCEEDED, owner, err);
+  if (rc == SPN_OK)
+    rc = segment_done(q, id, err);
   return auto_end(q, opened, rc, err);
 }
 
@@ -453,7 +539,10 @@ static int32_t fail_locked(sq_t *q, int64_t id, uint32_t attempts, uint32_t max_
     return SPN_EIO;
   if (state)
     *state = ns;
-  return record_transition(q, id, now, ns, reason, err);
+  int32_t rc = record_transition(q, id, now, ns, reason, err);
+  if (rc == SPN_OK && ns != SPN_QSTATE_QUEUED)
+    rc = segment_failed(q, id, ns, reason, now, err);
+  return rc;
 }
 
 static int32_t sq_fail(void *qv, int64_t id, uint32_t attempt, const char *owner, const char *reason,
@@ -487,6 +576,19 @@ static int32_t sq_fail(void *qv, int64_t id, uint32_t attempt, const char *owner
   return auto_end(q, opened, rc, err);
 }
 
+/* A cancelled parent: its queued segments are cancelled, running ones asked
+ * to stop (their workers see it at the next renew). */
+static int32_t children_cancel(sq_t *q, int64_t parent, spn_error_t *err) {
+  sqlite3_stmt *s = stmt(q, ST_SIBLINGS_CANCEL);
+  sqlite3_bind_int64(s, 1, parent);
+  bind_text(s, 2, "the job was cancelled");
+  if (exec_stmt(q, s, err, "cancelling segments") < 0)
+    return SPN_EIO;
+  s = stmt(q, ST_CHILDREN_CANCEL_R);
+  sqlite3_bind_int64(s, 1, parent);
+  return exec_stmt(q, s, err, "cancelling segments") < 0 ? SPN_EIO : SPN_OK;
+}
+
 static int32_t sq_cancel(void *qv, int64_t id, int64_t now, spn_queue_state_t *state,
                          spn_error_t *err) {
   sq_t *q = qv;
@@ -502,6 +604,10 @@ static int32_t sq_cancel(void *qv, int64_t id, int64_t now, spn_queue_state_t *s
   if (n == 1) {
     *state = SPN_QSTATE_CANCELLED;
     rc = record_transition(q, id, now, SPN_QSTATE_CANCELLED, "cancelled while queued", err);
+    if (rc == SPN_OK)
+      rc = children_cancel(q, id, err);
+    if (rc == SPN_OK)
+      rc = segment_failed(q, id, SPN_QSTATE_CANCELLED, "cancelled while queued", now, err);
     return auto_end(q, opened, rc, err);
   }
   s = stmt(q, ST_CANCEL_R);
@@ -698,6 +804,25 @@ static int32_t sq_list(void *qv, int32_t state, uint32_t limit, spn_queue_list_c
   return rc;
 }
 
+static int32_t sq_children(void *qv, int64_t parent, spn_queue_list_cb cb, void *user, spn_error_t *err) {
+  sq_t *q = qv;
+  sqlite3_stmt *s = stmt(q, ST_CHILDREN);
+  sqlite3_bind_int64(s, 1, parent);
+  id_att_t *v = NULL;
+  size_t n = 0;
+  int32_t rc = collect(q, s, &v, &n, err);
+  for (size_t i = 0; rc == SPN_OK && i < n; i++) {
+    spn_queue_job_t j;
+    rc = sq_get(q, v[i].id, &j, err);
+    if (rc == SPN_OK) {
+      cb(user, &j);
+      spn__queue_job_clear(&j);
+    }
+  }
+  free(v);
+  return rc;
+}
+
 static int32_t sq_counts(void *qv, int64_t out[SPN_QSTATE_COUNT], spn_error_t *err) {
   sq_t *q = qv;
   memset(out, 0, sizeof(int64_t) * SPN_QSTATE_COUNT);
@@ -778,6 +903,7 @@ static const spn_queue_ops_t sqlite_ops = {
     .release_owner = sq_release_owner,
     .get = sq_get,
     .list = sq_list,
+    .children = sq_children,
     .counts = sq_counts,
     .free = sq_free,
 };
@@ -804,6 +930,13 @@ int32_t spn_queue_sqlite_open(const spn_queue_config_t *cfg, spn_queue_t *out, s
   char *msg = NULL;
   if (sqlite3_exec(q->db, pragmas, NULL, NULL, &msg) != SQLITE_OK ||
       sqlite3_exec(q->db, schema, NULL, NULL, &msg) != SQLITE_OK) {
+    rc = spn_error_set(err, SPN_EIO, "job queue %s: %s", cfg->path, msg ? msg : "schema");
+    sqlite3_free(msg);
+    goto out_free;
+  }
+  for (size_t i = 0; i < sizeof schema_added / sizeof *schema_added; i++)
+    sqlite3_exec(q->db, schema_added[i], NULL, NULL, NULL);
+  if (sqlite3_exec(q->db, schema_index, NULL, NULL, &msg) != SQLITE_OK) {
     rc = spn_error_set(err, SPN_EIO, "job queue %s: %s", cfg->path, msg ? msg : "schema");
     sqlite3_free(msg);
     goto out_free;

@@ -22,6 +22,8 @@
  * job context (whose coalescing state is the runner thread's) and turns the
  * service's cancel flag into spn_job_cancel.
  */
+#include <dlfcn.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -31,6 +33,7 @@
 
 #include "jobs-internal.h"
 #include "observe.h"
+#include "spindle/plugin.h"
 #include "spindle/runtime.h"
 
 typedef struct pr_entry {
@@ -44,6 +47,11 @@ typedef struct pipeline_runner {
   pr_entry_t *entries;
   size_t n;
   spn_job_runner_t fallback; /* .run NULL: none */
+  /* Segments: the media plugin's split/join table, found once at creation
+   * in the loaded encode plugin (NULL: none loaded; segmented jobs are
+   * refused). The handle only pins the library. */
+  const spn_segment_api_t *seg;
+  void *seg_lib;
 } pipeline_runner_t;
 
 static const pr_entry_t *pr_find(const pipeline_runner_t *r, const char *name) {
@@ -188,6 +196,140 @@ static int32_t pr_check(void *data, const spn_job_spec_t *job, spn_error_t *err)
   return rc;
 }
 
+/* ---- segments ---- */
+
+/* The per-job override `target=value` is accepted by the pipeline. */
+static bool pipe_accepts(const pr_entry_t *e, const char *target, const char *value) {
+  char buf[300];
+  snprintf(buf, sizeof buf, "%s=%s", target, value);
+  const char *ov[1] = {buf};
+  spn_job_params_t p = SPN_JOB_PARAMS_INIT;
+  p.overrides = ov;
+  p.n_overrides = 1;
+  return spn_pipeline_check_job(e->pipe, &p, NULL) == SPN_OK;
+}
+
+/* Where a job param lands: its binding target, or itself ("stage.key"). */
+static const char *param_target(const pr_entry_t *e, const char *key) {
+  const char *t = binding_target(e->pipe, SPN_BINDING_PARAM, key);
+  return t ? t : key;
+}
+
+static int32_t pr_segment_plan(void *data, const spn_job_spec_t *job, uint32_t segments, double seconds,
+                               spn_segment_plan_t *plan, spn_error_t *err) {
+  pipeline_runner_t *r = data;
+  memset(plan, 0, sizeof *plan);
+  const char *field = segments ? "segments" : "segment_seconds";
+  const pr_entry_t *e = pr_find(r, job->pipeline);
+  if (!e)
+    return spn_error_set(err, SPN_EINVAL, "\"%s\": pipeline \"%s\" cannot be split (not a media pipeline)", field,
+                         job->pipeline);
+  if (!r->seg)
+    return spn_error_set(err, SPN_EUNSUPPORTED, "\"%s\": no media plugin with segment support is loaded", field);
+  if (job->n_outputs != 1)
+    return spn_error_set(err, SPN_EINVAL, "\"%s\": a segmented job has exactly one output to join, this one has %zu",
+                         field, job->n_outputs);
+  /* The input to cut: the first whose stage takes a per-job start and
+   * duration beside its path (the decode stage). */
+  const spn_job_io_t *in = NULL;
+  char stage[128] = "";
+  for (size_t i = 0; i < job->n_inputs && !in; i++) {
+    const char *t = binding_target(e->pipe, SPN_BINDING_INPUT, job->inputs[i].name);
+    const char *dot = t ? strrchr(t, '.') : NULL;
+    if (!t || !dot || strcmp(dot, ".path") || (size_t)(dot - t) >= sizeof stage)
+      continue;
+    snprintf(stage, sizeof stage, "%.*s", (int)(dot - t), t);
+    snprintf(plan->start_key, sizeof plan->start_key, "%s.start", stage);
+    snprintf(plan->duration_key, sizeof plan->duration_key, "%s.duration", stage);
+    if (pipe_accepts(e, plan->start_key, "1.0") && pipe_accepts(e, plan->duration_key, "1.0"))
+      in = &job->inputs[i];
+  }
+  /* A soundtrack muxed whole by the encoder would restart in every segment. */
+  for (size_t i = 0; i < job->n_inputs; i++) {
+    const char *t = binding_target(e->pipe, SPN_BINDING_INPUT, job->inputs[i].name);
+    const char *dot = t ? strrchr(t, '.') : NULL;
+    if (dot && !strcmp(dot, ".audio_path"))
+      return spn_error_set(err, SPN_EINVAL,
+                           "\"%s\": input \"%s\" is muxed whole (%s); a segmented job's audio must come through "
+                           "the pipeline",
+                           field, job->inputs[i].name, t);
+  }
+  if (!in)
+    return spn_error_set(err, SPN_EINVAL,
+                         "\"%s\": pipeline \"%s\" has no input to cut (a decode stage's path with a per-job start "
+                         "and duration)",
+                         field, e->name);
+  for (size_t i = 0; i < job->n_params; i++) {
+    const char *t = param_target(e, job->params[i].key);
+    if (!strcmp(t, plan->start_key) || !strcmp(t, plan->duration_key))
+      return spn_error_set(err, SPN_EINVAL, "\"%s\" cannot be combined with param \"%s\" (each segment sets %s)",
+                           field, job->params[i].key, t);
+  }
+  snprintf(plan->output, sizeof plan->output, "%s", job->outputs[0].name);
+  snprintf(plan->input, sizeof plan->input, "%s", in->name);
+  double *kf = NULL, dur = 0;
+  size_t m = 0;
+  int32_t rc = r->seg->keyframes(in->path, &kf, &m, &dur, err);
+  if (rc) {
+    spn_error_prefix(err, "\"%s\": input \"%s\"", field, in->name);
+    return rc;
+  }
+  uint32_t n = segments;
+  if (!n) {
+    double want = dur / seconds;
+    n = want < 1.5 ? 1 : (uint32_t)fmin(llround(want), 100000);
+    if (n > m)
+      n = (uint32_t)m;
+  }
+  if (n > m) {
+    rc = spn_error_set(err, SPN_EINVAL,
+                       "\"segments\" = %u: input \"%s\" (%s) has %zu keyframes, so at most %zu segments", n,
+                       in->name, in->path, m, m);
+    goto out;
+  }
+  if (!(plan->bounds = calloc((size_t)n + 1, sizeof *plan->bounds))) {
+    rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
+    goto out;
+  }
+  /* Boundary i goes to the keyframe nearest i * duration / n, leaving at
+   * least one keyframe for each boundary after it. */
+  size_t prev = 0;
+  for (uint32_t i = 1; i < n; i++) {
+    double target = dur * i / n;
+    size_t lo = prev + 1, hi = m - (n - i), best = lo;
+    for (size_t k = lo; k <= hi; k++)
+      if (fabs(kf[k] - target) < fabs(kf[best] - target))
+        best = k;
+    plan->bounds[i] = kf[best];
+    prev = best;
+  }
+  plan->bounds[0] = 0;
+  plan->bounds[n] = dur;
+  plan->count = n;
+out:
+  free(kf);
+  if (rc)
+    spn_segment_plan_free(plan);
+  return rc;
+}
+
+static int32_t pr_join(pipeline_runner_t *r, const spn_job_spec_t *job, spn_job_ctx_t *ctx, spn_error_t *err) {
+  if (!r->seg)
+    return spn_error_set(err, SPN_EUNSUPPORTED, "job %lld: no media plugin with segment support is loaded",
+                         (long long)job->id);
+  if (job->n_outputs != 1)
+    return spn_error_set(err, SPN_EINVAL, "job %lld: a segmented job has one output", (long long)job->id);
+  spn_job_ctx_progress(ctx, 0, 1);
+  int32_t rc = r->seg->join((const char *const *)job->segment_files, job->segment_bounds, job->n_segments,
+                            job->segment_source, spn_job_ctx_output_tmp(ctx, 0), err);
+  if (rc) {
+    spn_error_prefix(err, "job %lld: joining %zu segments", (long long)job->id, job->n_segments);
+    return rc;
+  }
+  spn_job_ctx_progress(ctx, 1, 1);
+  return SPN_OK;
+}
+
 /* ---- running a job ---- */
 
 typedef struct run_state {
@@ -222,6 +364,8 @@ static void report(run_state_t *st, spn_job_ctx_t *ctx, long long *last) {
 
 static int32_t pr_run(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ctx, spn_error_t *err) {
   pipeline_runner_t *r = data;
+  if (job->n_segments)
+    return pr_join(r, job, ctx, err);
   const pr_entry_t *e = pr_find(r, job->pipeline);
   if (!e) {
     if (r->fallback.run)
@@ -284,6 +428,8 @@ static int32_t pr_run(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ctx,
   spn_error_t jerr = SPN_ERROR_INIT;
   rc = spn_job_wait(rj, &jerr);
   report(&st, ctx, &last);
+  /* Device busy time of the job's stages (docs/gpu.md), as its gpu_s. */
+  spn_job_ctx_add_gpu_seconds(ctx, spn_job_device_seconds(rj));
   spn_job_free(&rj);
   if (rc != SPN_OK)
     spn_error_set(err, rc, "job %lld: pipeline \"%s\": %s", (long long)job->id, e->name,
@@ -294,6 +440,29 @@ out_state:
 out:
   ovs_free(&o);
   return rc;
+}
+
+/* The split/join table of the loaded encode plugin, if any. RTLD_NOLOAD:
+ * only a library the runtime already loaded and checked is used. */
+static void seg_lookup(pipeline_runner_t *r, spn_runtime_t *rt) {
+  for (size_t i = 0; i < spn_runtime_kind_count(rt) && !r->seg; i++) {
+    const char *file = NULL;
+    const spn_stage_kind_t *k = spn_runtime_kind_at(rt, i, &file);
+    if (!k || !file || !k->name || strncmp(k->name, "encode", 6) != 0)
+      continue;
+    void *lib = dlopen(file, RTLD_NOW | RTLD_NOLOAD);
+    if (!lib)
+      continue;
+    spn_segment_api_fn fn;
+    *(void **)&fn = dlsym(lib, SPN_SEGMENT_API_SYMBOL);
+    const spn_segment_api_t *api = fn ? fn() : NULL;
+    if (api && api->struct_size >= sizeof *api && api->keyframes && api->join) {
+      r->seg = api;
+      r->seg_lib = lib;
+    } else {
+      dlclose(lib);
+    }
+  }
 }
 
 int32_t spn_pipeline_runner_new(spn_runtime_t *rt, const spn_pipeline_def_t *defs, size_t n,
@@ -329,7 +498,10 @@ int32_t spn_pipeline_runner_new(spn_runtime_t *rt, const spn_pipeline_def_t *def
     }
     r->n++;
   }
-  *out = (spn_job_runner_t){.data = r, .run = pr_run, .has_pipeline = pr_has_pipeline, .check = pr_check};
+  if (rc == SPN_OK)
+    seg_lookup(r, rt);
+  *out = (spn_job_runner_t){.data = r, .run = pr_run, .has_pipeline = pr_has_pipeline, .check = pr_check,
+                            .segment_plan = pr_segment_plan};
   if (rc != SPN_OK)
     spn_pipeline_runner_free(out);
   return rc;
@@ -419,6 +591,8 @@ void spn_pipeline_runner_free(spn_job_runner_t *runner) {
       free(r->entries[i].name);
     }
     free(r->entries);
+    if (r->seg_lib)
+      dlclose(r->seg_lib);
     free(r);
   }
   memset(runner, 0, sizeof *runner);

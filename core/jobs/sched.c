@@ -49,8 +49,47 @@ spn_run_t *spn__run_add(spn_server_t *s) {
   return r;
 }
 
+static void unlink_after_commit(spn_server_t *s, char *path);
+
+/* ---- segments ---- */
+
+/* Remove the segment files of segmented job `p` once this batch commits
+ * (it was joined, or it can never be). */
+static void segments_cleanup(spn_server_t *s, const spn_queue_job_t *p) {
+  cJSON *spec = cJSON_Parse(p->spec_json);
+  spn_job_spec_t js;
+  if (spec && spn__job_spec_from_json(spec, p->id, p->attempts, &js, NULL) == SPN_OK) {
+    for (size_t k = 0; k < js.n_segments; k++) {
+      unlink_after_commit(s, js.segment_files[k]);
+      js.segment_files[k] = NULL;
+    }
+    spn__job_spec_free(&js);
+  }
+  cJSON_Delete(spec);
+}
+
+void spn__segments_settle(spn_server_t *s, int64_t id) {
+  if (!s->q.ops->children)
+    return;
+  spn_queue_job_t j, p;
+  if (s->q.ops->get(s->q.impl, id, &j, NULL) < 0)
+    return;
+  if (j.parent && s->q.ops->get(s->q.impl, j.parent, &p, NULL) == SPN_OK) {
+    /* A segment finished after its job failed or was cancelled: its file
+     * will never be joined. */
+    if (spn_queue_state_terminal(p.state) && p.state != SPN_QSTATE_SUCCEEDED)
+      segments_cleanup(s, &p);
+    spn__notify(s, p.id);
+    spn__queue_job_clear(&p);
+  } else if (!j.parent && spn_queue_state_terminal(j.state) && strstr(j.spec_json, "\"segments\":")) {
+    segments_cleanup(s, &j);
+  }
+  spn__queue_job_clear(&j);
+}
+
 void spn__sched_changed(void *user, int64_t id, spn_queue_state_t st) {
   spn_server_t *s = user;
+  spn__segments_settle(s, id);
   if (st == SPN_QSTATE_SUCCEEDED) {
     /* a sweep handed us a succeeded job whose marker nobody removed */
     spn__unpublish(&s->q, id);
@@ -78,6 +117,13 @@ static void unpublish_after_commit(spn_server_t *s, int64_t id) {
     return;
   }
   char *marker = spn__publish_marker_of(&s->q, id);
+  if (marker)
+    unlink_after_commit(s, marker);
+}
+
+/* Ownership: consumes path. */
+static void unlink_after_commit(spn_server_t *s, char *path) {
+  char *marker = path;
   if (!marker)
     return;
   if (s->nunpublish == s->capunpublish) {
@@ -123,9 +169,17 @@ void spn__sched_finish(spn_server_t *s, int64_t id, uint32_t attempt, const char
   if (rc == SPN_OK && res->status == SPN_OK && !no_outputs) /* else no marker: saves a read */
     unpublish_after_commit(s, id);
   spn_run_t *r = spn__run_find(s, id);
+  /* Not this gateway's run (a report after a restart): look it up. */
+  bool segmented = r ? r->segmented : true;
   if (r && r->attempt == attempt && !strcmp(r->owner, owner))
     spn__run_remove(s, id);
+  if (rc == SPN_OK && segmented)
+    spn__segments_settle(s, id);
   spn__notify(s, id);
+}
+
+static bool is_segmented(const spn_queue_job_t *j) {
+  return j->parent || strstr(j->spec_json, "\"segments\":") != NULL;
 }
 
 static bool assign_local(spn_server_t *s, uint32_t slot, spn_queue_job_t *j) {
@@ -148,6 +202,7 @@ static bool assign_local(spn_server_t *s, uint32_t slot, spn_queue_job_t *j) {
   }
   r->id = j->id;
   r->attempt = j->attempts;
+  r->segmented = is_segmented(j);
   r->slot = (int)slot;
   r->worker = -1;
   r->no_outputs = js.n_outputs == 0;
@@ -170,6 +225,7 @@ static void assign_remote(spn_server_t *s, size_t wi, spn_queue_job_t *j) {
   }
   r->id = j->id;
   r->attempt = j->attempts;
+  r->segmented = is_segmented(j);
   r->slot = -1;
   r->worker = (int64_t)wi;
   const cJSON *outs = cJSON_GetObjectItemCaseSensitive(spec, "outputs");

@@ -50,6 +50,7 @@ typedef struct spn_run {
   uint64_t done, total;
   double progress_at; /* last progress written to the queue (monotonic s) */
   bool no_outputs;    /* no publication marker to remove at the end */
+  bool segmented;     /* a segment, or a segmented job's join: its end concerns another job */
 } spn_run_t;
 
 typedef struct spn_watcher {
@@ -160,6 +161,10 @@ void spn__sched_committed(spn_server_t *s, bool ok);
 /* A run made progress: tell its watchers, and write it to the queue at most
  * once a second (so STATUS on another gateway sharing the queue sees it). */
 void spn__sched_progress(spn_server_t *s, spn_run_t *r, uint64_t done, uint64_t total);
+/* Job `id` changed state: if it is a segment, tell its parent's watchers
+ * and drop its file when the parent can no longer be joined; if it is a
+ * segmented job that ended, remove its segment files after the commit. */
+void spn__segments_settle(spn_server_t *s, int64_t id);
 /* Apply the slot pool's reports (progress, finished jobs). */
 void spn__sched_reports(spn_server_t *s, spn_slot_report_t *r);
 

@@ -16,7 +16,12 @@
  *     or acknowledged) only after EOS arrived on every input link and every
  *     message of the job was processed;
  *   - re-ordering happens at a single-replica stage fed by a replicated one:
- *     the union of its links carries every seq of the job exactly once. */
+ *     the union of its links carries every seq of the job exactly once;
+ *   - multi-device (docs/gpu.md): no data is sent to a replica on a
+ *     quarantined device while a usable one exists, and an actor on such a
+ *     device fails with SPN_EDEVICE whatever still reaches it (the runtime
+ *     restarts the job); every message carries its job's attempt, and one
+ *     of an older attempt is dropped on arrival. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,12 +214,49 @@ static void link_push(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, bool counted
  * device through consecutive replicated stages), else all — skipping full
  * ones; when every one is full (a stage emitting more than it was given credit for) the
  * message still goes, to the next in turn: nothing is ever dropped. */
-static spn__link_t *pick_link(spn__out_edge_t *ed) {
+static bool link_usable(const spn_runtime_t *rt, const spn__link_t *l, int32_t pin) {
+  int32_t slot = l->to->dev_slot;
+  return !spn__slot_down(rt, slot) && (pin < 0 || slot == pin);
+}
+
+/* Chain placement: the device the job's attempt runs on, chosen at its first
+ * message (the next usable device in turn) and chosen again if that device
+ * was quarantined since. */
+static int32_t job_pin(spn_stage_t *a, spn__out_edge_t *ed, spn_job_t *job) {
+  spn_runtime_t *rt = a->pipe->rt;
+  int32_t pin = atomic_load(&job->pin);
+  if (pin >= 0 && !spn__slot_down(rt, pin))
+    return pin;
+  for (uint32_t k = 0; k < ed->n_targets; k++) {
+    int32_t slot = ed->targets[(ed->pin_rr + k) % ed->n_targets]->to->dev_slot;
+    if (slot >= 0 && !spn__slot_down(rt, slot)) {
+      ed->pin_rr += k + 1;
+      if (!atomic_compare_exchange_strong(&job->pin, &pin, slot) && pin >= 0 && !spn__slot_down(rt, pin))
+        slot = pin; /* another producer replica pinned it first */
+      atomic_fetch_or(&job->dev_mask, spn__slot_bit(slot));
+      return slot;
+    }
+  }
+  return -1;
+}
+
+static spn__link_t *pick_link(spn_stage_t *a, spn__out_edge_t *ed, spn__ajob_t *aj) {
+  const spn_runtime_t *rt = a->pipe->rt;
+  int32_t pin = ed->pin && aj ? job_pin(a, ed, aj->job) : -1;
   for (uint32_t k = 0; k < ed->n_targets; k++) {
     uint32_t i = (ed->rr + k) % ed->n_targets;
     spn__link_t *l = ed->targets[i];
-    if (atomic_load(&l->in_flight) < l->capacity) {
+    if (link_usable(rt, l, pin) && atomic_load(&l->in_flight) < l->capacity) {
       ed->rr = i + 1;
+      return l;
+    }
+  }
+  /* All full: the next usable one in turn; none usable: any (its actor
+   * fails the job with SPN_EDEVICE, and the runtime restarts it). */
+  for (uint32_t k = 0; k < ed->n_targets; k++) {
+    spn__link_t *l = ed->targets[(ed->rr + k) % ed->n_targets];
+    if (link_usable(rt, l, pin)) {
+      ed->rr += k + 1;
       return l;
     }
   }
@@ -223,7 +265,8 @@ static spn__link_t *pick_link(spn__out_edge_t *ed) {
 
 /* Send on one port: to one replica of every consumer stage (copies for all
  * but the last). Control messages (EOS) go to every replica. */
-static void send_port(spn_stage_t *a, uint32_t port, spn_msg_t *m, bool counted, bool all_replicas) {
+static void send_port(spn_stage_t *a, uint32_t port, spn_msg_t *m, bool counted, bool all_replicas,
+                      spn__ajob_t *aj) {
   spn__out_port_t *op = &a->out[port];
   for (uint32_t e = 0; e < op->n_edges; e++) {
     spn__out_edge_t *ed = &op->edges[e];
@@ -237,15 +280,17 @@ static void send_port(spn_stage_t *a, uint32_t port, spn_msg_t *m, bool counted,
           log_a(a, SPN_LOG_ERROR, m->env.job_id, "%s", err.msg);
           continue;
         }
+        s->attempt = m->attempt;
       }
-      link_push(a, all_replicas ? ed->links[k] : pick_link(ed), s, counted);
+      link_push(a, all_replicas ? ed->links[k] : pick_link(a, ed, aj), s, counted);
     }
   }
   if (!op->n_edges)
     spn__msg_free(&m);
 }
 
-static void send_control(spn_stage_t *a, uint64_t job_id, uint32_t flags, uint64_t seq, bool all_replicas) {
+static void send_control(spn_stage_t *a, spn__ajob_t *aj, uint32_t flags, uint64_t seq, bool all_replicas) {
+  uint64_t job_id = aj->id;
   for (uint32_t p = 0; p < a->n_out; p++) {
     if (!a->out[p].n_edges)
       continue;
@@ -255,7 +300,8 @@ static void send_control(spn_stage_t *a, uint64_t job_id, uint32_t flags, uint64
       log_a(a, SPN_LOG_ERROR, job_id, "out of memory sending a control message");
       continue;
     }
-    send_port(a, p, m, false, all_replicas);
+    m->attempt = aj->attempt;
+    send_port(a, p, m, false, all_replicas, aj);
   }
 }
 
@@ -285,6 +331,9 @@ static void ajob_open(spn_stage_t *a, spn__ajob_t *aj) {
   if (aj->opened || aj->open_tried)
     return;
   aj->open_tried = true;
+  /* The job touched this device: its quarantine restarts the job. */
+  if (a->dev_slot >= 0)
+    atomic_fetch_or(&aj->job->dev_mask, spn__slot_bit(a->dev_slot));
   if (k->job_open) {
     spn_job_info_t info = {.struct_size = sizeof info,
                            .job_id = aj->id,
@@ -337,6 +386,8 @@ static spn__ajob_t *ajob_get(spn_stage_t *a, uint64_t id, bool open) {
   }
   aj->job = job;
   aj->id = id;
+  /* After the dead check: a restart bumps attempt before it clears dead. */
+  aj->attempt = atomic_load(&job->attempt);
   aj->next = a->jobs;
   a->jobs = aj;
   if (open)
@@ -377,7 +428,10 @@ static void finish_job(spn_stage_t *a, spn__ajob_t *aj) {
     a->cur_job = aj;
     uint64_t t0 = spn__now_ns();
     int32_t rc = k->flush(a, a->state, aj->job_state, &err);
-    atomic_fetch_add(&a->srt->busy_ns, spn__now_ns() - t0);
+    uint64_t dt = spn__now_ns() - t0;
+    atomic_fetch_add(&a->srt->busy_ns, dt);
+    if (a->dev_slot >= 0)
+      atomic_fetch_add_explicit(&aj->job->device_ns, dt, memory_order_relaxed);
     a->cur_job = NULL;
     if (rc < 0)
       fail_job(a, aj, rc, err.msg);
@@ -387,11 +441,10 @@ static void finish_job(spn_stage_t *a, spn__ajob_t *aj) {
   if (aj->opened && k->job_close)
     k->job_close(a, a->state, aj->job_state, true);
   aj->opened = false;
-  uint64_t id = aj->id;
   if (a->srt->terminal)
     spn__loop_post(a->pipe->rt, spn__event_new(SPN__EV_JOB_ACK, aj->job, SPN_OK, NULL));
   else
-    send_control(a, id, SPN_MSG_EOS, 0, true);
+    send_control(a, aj, SPN_MSG_EOS, 0, true);
   ajob_remove(a, aj);
 }
 
@@ -432,7 +485,7 @@ static void in_order(spn_stage_t *a, spn__rx_t rx) {
     uint64_t seq = rx.msg->env.seq;
     spn__msg_free(&rx.msg);
     release(rx.link, rx.counted);
-    send_control(a, rx.aj->id, SPN_MSG_SKIP, seq, false);
+    send_control(a, rx.aj, SPN_MSG_SKIP, seq, false);
     return;
   }
   ready_push(a, rx);
@@ -493,8 +546,19 @@ static void deliver(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, bool counted, 
   /* A replica of a replicated stage that gets no data of a job never opens
    * it: EOS just passes through. */
   bool is_eos = (m->env.flags & SPN_MSG_EOS) != 0;
+  if (m->attempt && !ajob_find(a, m->env.job_id)) {
+    /* Of an attempt that was restarted: never let it open the new one. */
+    spn_job_t *job = spn__pipeline_find_job(a->pipe, m->env.job_id);
+    bool stale = job && atomic_load(&job->attempt) != m->attempt;
+    spn__job_unref(&job);
+    if (stale) {
+      spn__msg_free(&m);
+      release(l, counted);
+      return;
+    }
+  }
   spn__ajob_t *aj = ajob_get(a, m->env.job_id, !is_eos || a->srt->n_replicas == 1);
-  if (!aj || !ajob_ok(aj)) {
+  if (!aj || !ajob_ok(aj) || (m->attempt && m->attempt != aj->attempt)) {
     spn__msg_free(&m);
     release(l, counted);
     return;
@@ -508,6 +572,14 @@ static void deliver(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, bool counted, 
           drain_heap(a, aj, p, true);
       a->n_finishing++;
     }
+    return;
+  }
+  /* ABI 1.1: copy what the port cannot take as it is (edge-mem.c). */
+  spn_error_t perr = SPN_ERROR_INIT;
+  if (spn__edge_place(a, l, m, &perr) != SPN_OK) {
+    fail_job(a, aj, perr.code ? perr.code : SPN_EDEVICE, perr.msg);
+    spn__msg_free(&m);
+    release(l, counted);
     return;
   }
   spn__rx_t rx = {.msg = m, .link = l, .aj = aj, .counted = counted, .t_ns = now};
@@ -671,12 +743,18 @@ static bool actor_batch(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
     const spn_stage_kind_t *k = a->srt->kind;
     int32_t rc = SPN_OK;
     spn_error_t err = SPN_ERROR_INIT;
-    if (k->process) {
+    if (spn__slot_down(a->pipe->rt, a->dev_slot)) {
+      rc = spn_error_set(&err, SPN_EDEVICE, "%s is quarantined", a->device_name);
+    } else if (k->process) {
       uint64_t t0 = spn__now_ns();
       rc = k->process(a, a->state, a->b_msgs, a->b_states, cnt, &err);
       uint64_t dt = spn__now_ns() - t0;
       atomic_fetch_add(&a->srt->busy_ns, dt);
       spn__stage_observe(a->srt, dt, cnt);
+      /* Device time, split evenly among the batch's frames' jobs. */
+      for (uint32_t i = 0; a->dev_slot >= 0 && i < cnt; i++)
+        atomic_fetch_add_explicit(&a->b_rx[i].aj->job->device_ns, dt / cnt + (i == 0 ? dt % cnt : 0),
+                                  memory_order_relaxed);
     }
     if (rc < 0)
       for (uint32_t i = 0; i < cnt; i++)
@@ -751,6 +829,14 @@ static bool actor_generate(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
     if (!out_credit(a) && !want_credit(a))
       break;
     spn_error_t err = SPN_ERROR_INIT;
+    if (spn__slot_down(a->pipe->rt, a->dev_slot)) {
+      aj->generating = false;
+      char text[160];
+      snprintf(text, sizeof text, "%s is quarantined", a->device_name);
+      fail_job(a, aj, SPN_EDEVICE, text);
+      did = true;
+      continue;
+    }
     a->cur_job = aj;
     uint64_t t0 = spn__now_ns();
     int32_t rc = k->generate ? k->generate(a, a->state, aj->job_state, &err) : SPN_EOS;
@@ -758,6 +844,8 @@ static bool actor_generate(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
     atomic_fetch_add(&a->srt->busy_ns, dt);
     if (k->generate)
       spn__stage_observe(a->srt, dt, 0);
+    if (a->dev_slot >= 0)
+      atomic_fetch_add_explicit(&aj->job->device_ns, dt, memory_order_relaxed);
     a->cur_job = NULL;
     did = true;
     if (rc == SPN_EOS) {
@@ -793,12 +881,11 @@ bool spn__actor_step(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
 
 /* ---- commands ------------------------------------------------------------------------------ */
 
-/* A replicated source spreads jobs over its replicas: one of them (by job
- * id) generates the job; the others only send its EOS, so that consumers,
+/* A replicated source spreads jobs over its replicas: one of them (chosen
+ * by the loop: by job id, among those on usable devices) generates the job; the others only send its EOS, so that consumers,
  * which count EOS from every producer replica, see the job end. They never
  * open it. */
-void spn__actor_start_job(spn_stage_t *a, spn_job_t *job) {
-  bool mine = job->id % a->srt->n_replicas == a->replica;
+void spn__actor_start_job(spn_stage_t *a, spn_job_t *job, bool mine) {
   spn__ajob_t *aj = ajob_get(a, job->id, mine);
   if (!aj || !ajob_ok(aj))
     return;
@@ -914,6 +1001,7 @@ void spn__actor_destroy(spn_stage_t *a) {
   if (a->created && k->destroy)
     k->destroy(a, a->state);
   a->created = false;
+  spn__edge_place_done(a);
   for (uint32_t p = 0; p < a->n_out; p++)
     for (uint32_t e = 0; e < a->out[p].n_edges; e++)
       for (uint32_t i = 0; i < a->out[p].edges[e].n_links; i++) {
@@ -969,7 +1057,8 @@ int32_t spn__host_emit(spn_stage_t *a, uint32_t port, spn_msg_t **msgp, spn_erro
     return SPN_OK;
   }
   m->env.flags &= ~(uint32_t)SPN_MSG_EOS; /* EOS is the runtime's to send */
-  send_port(a, port, m, true, false);
+  m->attempt = aj->attempt;
+  send_port(a, port, m, true, false, aj);
   return SPN_OK;
 }
 

@@ -24,6 +24,14 @@ SPN_API int64_t spn__pipeline_reordered(spn_pipeline_t *pipe, uint32_t stage);
 SPN_API uint32_t spn__pipeline_replicas(spn_pipeline_t *pipe, uint32_t stage);
 /* Device i of the runtime (NULL past the end). Ownership: borrowed. */
 SPN_API spn_device_t *spn__runtime_device(spn_runtime_t *rt, uint32_t i);
+/* Test hook: watch the runtime's devices (emulated cpu:N ones too) with the
+ * NVML library at `nvml_lib` (a fake one in tests), device i known by
+ * bus_ids[i] (NULL: not watched), polled every interval_ms on the loop. A
+ * device it reports unhealthy is quarantined as a GPU would be. Refused
+ * (SPN_EEXIST) when the runtime already watches (it has CUDA devices and
+ * NVML). Thread: any, before the first job that should see it. */
+SPN_API int32_t spn__runtime_watch_health(spn_runtime_t *rt, const char *nvml_lib, const char *const *bus_ids,
+                                          uint32_t interval_ms, spn_error_t *err);
 /* The host table plugins get from this runtime. */
 SPN_API const spn_host_api_t *spn__runtime_host_api(spn_runtime_t *rt);
 

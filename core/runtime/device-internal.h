@@ -33,6 +33,7 @@ struct spn_buffer {
   void *data;
   size_t size;
   void *ctx;
+  spn_event_t *ready; /* NULL: complete (see spn_buffer_set_ready) */
 };
 
 typedef struct spn__device_iface {
@@ -91,17 +92,11 @@ void spn__devices_free(spn_device_t ***devs, uint32_t n);
 
 /* Defined only when libspindle is built with CUDA (SPN_HAVE_CUDA; cuda/). */
 const spn__backend_t *spn__backend_cuda(void);
-/* GPU health monitor over the CUDA devices among devs (others are ignored).
- * Without NVML or without CUDA devices *out is NULL and nothing is polled.
- * Ownership: caller owns *out; devs must outlive it. Thread: loop. */
-typedef struct spn__gpu_monitor spn__gpu_monitor_t;
-int32_t spn__gpu_monitor_new(spn_device_t **devs, uint32_t n, spn__gpu_monitor_t **out, spn_error_t *err);
-void spn__gpu_monitor_free(spn__gpu_monitor_t **mon);
-/* Poll once; each device newly found unhealthy is marked unusable (its
- * allocations, streams, copies and events then fail with SPN_EDEVICE) and
- * reported through `report` with a reason. Returns how many were. */
-uint32_t spn__gpu_monitor_poll(spn__gpu_monitor_t *mon, void (*report)(void *data, spn_device_t *dev, const char *why),
-                               void *data);
+/* The PCI bus id of a CUDA device ("0000:17:00.0"), what the NVML health
+ * poller knows it by; SPN_EDEVICE when the driver cannot say. */
+int32_t spn__cuda_device_pci_bus_id(const spn_device_t *dev, char *buf, size_t size, spn_error_t *err);
+/* A drained (quarantined) CUDA device: its allocations, streams, copies and
+ * events then fail with SPN_EDEVICE. */
 void spn__cuda_device_mark_unusable(spn_device_t *dev);
 bool spn__cuda_device_usable(const spn_device_t *dev);
 

@@ -42,6 +42,32 @@ void *spn_buffer_data(spn_buffer_t *buf) { return buf->data; }
 size_t spn_buffer_size(const spn_buffer_t *buf) { return buf->size; }
 spn_device_t *spn_buffer_device(const spn_buffer_t *buf) { return buf->bt->device; }
 bool spn_buffer_is_host(const spn_buffer_t *buf) { return buf->bt->iface->is_host; }
+int32_t spn_buffer_mem_kind(const spn_buffer_t *buf) { return buf->bt->mem_kind; }
+spn_event_t *spn_buffer_ready_event(const spn_buffer_t *buf) { return buf->ready; }
+
+int32_t spn_buffer_set_ready(spn_buffer_t *buf, spn_stream_t *s, spn_error_t *err) {
+  /* CPU streams run work when it is issued: the contents are complete now. */
+  if (!s || s->dev->kind == SPN_DEVICE_CPU) {
+    spn_event_free(&buf->ready);
+    return SPN_OK;
+  }
+  if (buf->ready && buf->ready->dev != s->dev)
+    spn_event_free(&buf->ready);
+  int32_t rc;
+  if (!buf->ready && (rc = spn_event_new(s->dev, &buf->ready, err)) != SPN_OK)
+    return rc;
+  return spn_event_record(buf->ready, s, err);
+}
+
+int32_t spn_buffer_wait_ready(spn_buffer_t *buf, spn_stream_t *s, spn_error_t *err) {
+  if (!buf->ready)
+    return SPN_OK;
+  if (s && s->dev == buf->ready->dev)
+    return spn_stream_wait_event(s, buf->ready, err);
+  /* Another device or the host: wait here (cross-device stream waits are
+   * not portable across backends). */
+  return spn_event_synchronize(buf->ready, err);
+}
 
 spn_buffer_t *spn_buffer_ref(spn_buffer_t *buf) {
   atomic_fetch_add_explicit(&buf->refs, 1, memory_order_relaxed);
@@ -55,6 +81,7 @@ void spn_buffer_unref(spn_buffer_t **buf) {
   *buf = NULL;
   /* acq_rel: the freeing thread sees every write made through other refs. */
   if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) == 1) {
+    spn_event_free(&b->ready);
     b->bt->iface->free(b->bt, b->data, b->ctx);
     free(b);
   }

@@ -122,7 +122,7 @@ static bool run_cmd(spn__executor_t *ex, spn__cmd_t *c) {
     spn__barrier_done(c->barrier, rc, &err);
     break;
   case SPN__CMD_START_JOB:
-    spn__actor_start_job(c->actor, c->job);
+    spn__actor_start_job(c->actor, c->job, c->generate);
     break;
   case SPN__CMD_ABORT_JOB:
     spn__actor_abort_job(c->actor, c->job);

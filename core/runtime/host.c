@@ -3,7 +3,8 @@
  * One constant table serves every runtime: each entry finds its runtime
  * through the stage handle it is given, so no entry touches process-wide
  * state, and the pointer a plugin keeps from init stays valid whatever
- * runtime comes and goes. register_kind/plugin_set_data are the loader's. Entries that act on the calling actor (emit, fail_job) must be
+ * runtime comes and goes; every stage handle carries it too (its public
+ * head, spn_stage_host). register_kind/plugin_set_data are the loader's. Entries that act on the calling actor (emit, fail_job) must be
  * called from that actor's executor, inside one of its callbacks; the
  * buffer and message accessors may be called from any thread. */
 #include <stdarg.h>
@@ -21,6 +22,18 @@ int32_t spn__host_msg_add_tensor(spn_msg_t *msg, const char *name, const spn_ten
 int32_t spn__host_msg_add_meta(spn_msg_t *msg, const char *name, const void *data, size_t size, spn_error_t *err);
 int32_t spn__host_msg_item(const spn_msg_t *msg, size_t i, spn_item_t *item);
 int64_t spn__host_msg_find(const spn_msg_t *msg, const char *name);
+int32_t spn__host_msg_replace_tensor(spn_msg_t *msg, size_t i, const spn_tensor_t *t, spn_buffer_t *buf,
+                                     spn_error_t *err);
+int32_t spn__host_msg_replace_meta(spn_msg_t *msg, size_t i, const void *data, size_t size, spn_error_t *err);
+/* ABI 1.1: memory kinds and formats (edge-mem.c) */
+int32_t spn__host_buffer_new_kind(spn_stage_t *s, size_t size, int32_t mem_kind, spn_buffer_t **out,
+                                  spn_error_t *err);
+int32_t spn__host_buffer_mem_kind(const spn_buffer_t *buf);
+void spn__host_buffer_device(const spn_buffer_t *buf, int32_t *kind, int32_t *index);
+int32_t spn__host_buffer_set_ready(spn_stage_t *s, spn_buffer_t *buf, spn_error_t *err);
+void *spn__host_buffer_event(const spn_buffer_t *buf);
+int32_t spn__host_stage_port_format(spn_stage_t *s, bool is_output, uint32_t port, spn_port_format_t *out,
+                                    spn_error_t *err);
 
 static void *h_stage_get_data(spn_stage_t *s) { return s->state; }
 static const char *h_stage_get_name(spn_stage_t *s) { return s->srt->spec->name; }
@@ -68,7 +81,10 @@ static void h_progress(spn_stage_t *s, uint64_t job_id, int64_t done, int64_t to
 
 static int32_t h_buffer_new(spn_stage_t *s, size_t size, spn_buffer_t **out, spn_error_t *err) {
   spn_device_t *d = s->device ? s->device : s->pipe->rt->host_dev;
-  return spn_buffer_type_alloc(spn_device_buffer_type(d, SPN_MEM_DEVICE), size, out, err);
+  /* A CPU device's memory is host memory: say so (ABI 1.1 memory kinds),
+   * so edges into host ports pass it without a copy. */
+  int32_t kind = d->kind == SPN_DEVICE_CPU ? SPN_MEM_HOST : SPN_MEM_DEVICE;
+  return spn_buffer_type_alloc(spn_device_buffer_type(d, kind), size, out, err);
 }
 
 static void *h_buffer_data(spn_buffer_t *b) { return spn_buffer_data(b); }
@@ -91,6 +107,13 @@ static int32_t h_msg_new_from(spn_stage_t *s, const spn_msg_t *from, spn_msg_t *
   if (rc == SPN_OK)
     (*out)->env.flags &= SPN_MSG_KEY; /* a new message is data, never EOS/SKIP */
   return rc;
+}
+
+static int32_t h_msg_clone(spn_stage_t *s, const spn_msg_t *msg, spn_msg_t **out, spn_error_t *err) {
+  (void)s;
+  if (!msg || !out)
+    return spn_error_set(err, SPN_EINVAL, "msg_clone: NULL message or out");
+  return spn__msg_clone(msg, out, err);
 }
 
 static void h_msg_free(spn_msg_t **m) { spn__msg_free(m); }
@@ -133,6 +156,17 @@ static const spn_host_api_t host_table = {
     .model_io = spn__host_model_io,
     .model_run = spn__host_model_run,
     .model_free_outputs = spn__host_model_free_outputs,
+    /* ABI 1.1: host access and helpers */
+    .msg_clone = h_msg_clone,
+    .msg_replace_tensor = spn__host_msg_replace_tensor,
+    .msg_replace_meta = spn__host_msg_replace_meta,
+    /* ABI 1.1: memory kinds and formats */
+    .buffer_new_kind = spn__host_buffer_new_kind,
+    .buffer_mem_kind = spn__host_buffer_mem_kind,
+    .buffer_device = spn__host_buffer_device,
+    .buffer_set_ready = spn__host_buffer_set_ready,
+    .buffer_event = spn__host_buffer_event,
+    .stage_port_format = spn__host_stage_port_format,
 };
 
 const spn_host_api_t *spn__host_api(void) { return &host_table; }

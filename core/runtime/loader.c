@@ -171,10 +171,15 @@ static int32_t check_desc(const spn_plugin_t *p, const spn_plugin_desc_t *d, spn
   return SPN_OK;
 }
 
+/* The runtime's complete table (host.c). */
+const spn_host_api_t *spn__host_api(void);
+
 int32_t spn__registry_load_file(spn__registry_t *reg, const spn_host_api_t *host, const char *path,
                                 spn_error_t *err) {
+  /* init always gets the complete table (rule of ABI 1.1): a plugin may
+   * keep it and call any member, so no caller may hand it a partial one. */
   if (!host)
-    host = &loader_host_api;
+    host = spn__host_api();
   bool nomem;
   char *name = name_from_path(path, &nomem);
   if (!name) {
@@ -269,12 +274,23 @@ int32_t spn__registry_load_file(spn__registry_t *reg, const spn_host_api_t *host
   p->desc = d;
 
   /* register_kind and plugin_set_data act on the loader's spn_plugin_t: a
-   * runtime table that does not point them here gets a copy that does. The
-   * copy lives as long as the plugin is loaded (plugins keep the pointer). */
-  if (host->register_kind != spn__plugin_register_kind || host->plugin_set_data != spn__plugin_set_data) {
+   * table that does not point them here, or that is not complete (a test's
+   * stand-in, an older table), gets a copy that does: the complete table
+   * with the caller's non-NULL members laid over it. The copy lives as long
+   * as the plugin is loaded (plugins keep the pointer). */
+  const spn_host_api_t *full = spn__host_api();
+  if (host != full) {
     size_t n = host->struct_size < sizeof p->host ? host->struct_size : sizeof p->host;
-    memcpy(&p->host, host, n);
-    p->host.struct_size = (uint32_t)n;
+    p->host = *full;
+    /* Member by member (the table is a header and function pointers):
+     * a NULL member of the caller keeps the complete table's. */
+    size_t first = offsetof(spn_host_api_t, register_kind);
+    for (size_t off = first; off + sizeof(void (*)(void)) <= n; off += sizeof(void (*)(void))) {
+      void (*fn)(void);
+      memcpy(&fn, (const char *)host + off, sizeof fn);
+      if (fn)
+        memcpy((char *)&p->host + off, &fn, sizeof fn);
+    }
     p->host.register_kind = spn__plugin_register_kind;
     p->host.plugin_set_data = spn__plugin_set_data;
     host = &p->host;

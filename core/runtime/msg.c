@@ -27,6 +27,7 @@ int32_t spn__msg_new(const spn_envelope_t *env, spn_msg_t **out, spn_error_t *er
   }
   m->env.struct_size = sizeof m->env;
   m->n_items = m->cap_items = 0;
+  m->attempt = 0;
   m->items = NULL;
   *out = m;
   return SPN_OK;
@@ -119,10 +120,62 @@ int32_t spn__host_msg_add_tensor(spn_msg_t *msg, const char *name, const spn_ten
   it->tensor.dtype = t->dtype;
   it->tensor.ndim = t->ndim;
   memcpy(it->tensor.shape, t->shape, sizeof t->shape);
-  it->tensor.device_kind = buf->bt->device ? buf->bt->device->kind : SPN_DEVICE_CPU;
-  it->tensor.device_index = buf->bt->device ? buf->bt->device->index : 0;
+  /* Host and pinned memory of a GPU is CPU-addressable: a CPU tensor. */
+  bool on_dev = buf->bt->device && (!buf->bt->iface->is_host || buf->bt->device->kind == SPN_DEVICE_CPU);
+  it->tensor.device_kind = on_dev ? buf->bt->device->kind : SPN_DEVICE_CPU;
+  it->tensor.device_index = on_dev ? buf->bt->device->index : 0;
   it->buffer = spn_buffer_ref(buf);
   msg->n_items++;
+  return SPN_OK;
+}
+
+int32_t spn__host_msg_replace_tensor(spn_msg_t *msg, size_t i, const spn_tensor_t *t, spn_buffer_t *buf,
+                                     spn_error_t *err) {
+  if (!msg || !t || !buf)
+    return spn_error_set(err, SPN_EINVAL, "msg_replace_tensor: NULL argument");
+  if (i >= msg->n_items || msg->items[i].kind != SPN_ITEM_TENSOR)
+    return spn_error_set(err, SPN_EINVAL, "msg_replace_tensor: item %zu is not a tensor item (the message has %u items)",
+                         i, msg->n_items);
+  spn__item_t *it = &msg->items[i];
+  if (spn_dtype_size(t->dtype) == 0 || t->ndim < 0 || t->ndim > SPN_TENSOR_MAX_DIMS)
+    return spn_error_set(err, SPN_EINVAL, "msg_replace_tensor \"%s\": bad dtype %d or ndim %d", it->name, t->dtype,
+                         t->ndim);
+  for (int32_t d = 0; d < t->ndim; d++)
+    if (t->shape[d] < 0)
+      return spn_error_set(err, SPN_EINVAL, "msg_replace_tensor \"%s\": negative dimension %d", it->name, d);
+  if (spn_tensor_nbytes(t) > buf->size)
+    return spn_error_set(err, SPN_EOVERFLOW, "msg_replace_tensor \"%s\": tensor needs %zu bytes, buffer has %zu",
+                         it->name, spn_tensor_nbytes(t), buf->size);
+  /* Reference the new buffer before dropping the old: they may be one. */
+  spn_buffer_t *old = it->buffer;
+  it->buffer = spn_buffer_ref(buf);
+  spn_buffer_unref(&old);
+  memset(&it->tensor, 0, sizeof it->tensor);
+  it->tensor.struct_size = sizeof it->tensor;
+  it->tensor.dtype = t->dtype;
+  it->tensor.ndim = t->ndim;
+  memcpy(it->tensor.shape, t->shape, sizeof t->shape);
+  it->tensor.device_kind = buf->bt->device ? buf->bt->device->kind : SPN_DEVICE_CPU;
+  it->tensor.device_index = buf->bt->device ? buf->bt->device->index : 0;
+  return SPN_OK;
+}
+
+int32_t spn__host_msg_replace_meta(spn_msg_t *msg, size_t i, const void *data, size_t size, spn_error_t *err) {
+  if (!msg || (size && !data))
+    return spn_error_set(err, SPN_EINVAL, "msg_replace_meta: NULL argument");
+  if (i >= msg->n_items || msg->items[i].kind != SPN_ITEM_META)
+    return spn_error_set(err, SPN_EINVAL, "msg_replace_meta: item %zu is not a meta item (the message has %u items)",
+                         i, msg->n_items);
+  spn__item_t *it = &msg->items[i];
+  void *copy = NULL;
+  if (size) {
+    if (!(copy = malloc(size)))
+      return spn_error_set(err, SPN_ENOMEM, "out of memory replacing item \"%s\" (%zu bytes)", it->name, size);
+    memcpy(copy, data, size);
+  }
+  free(it->meta);
+  it->meta = copy;
+  it->meta_size = size;
   return SPN_OK;
 }
 

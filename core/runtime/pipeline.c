@@ -9,7 +9,13 @@
  *     a PUSH socket of the producer connected to the consumer's PULL mailbox
  *     (inproc by default, the stage's `endpoint` when it names ipc/tcp);
  *   - re-ordering is switched on where a single consumer replica is fed by a
- *     replicated producer.
+ *     replicated producer;
+ *   - placement ([pipeline] placement, docs/gpu.md): "chain" (the default)
+ *     sends a producer's data to the consumer replicas on its own device, and
+ *     pins each job to one device where a CPU stage feeds replicated device
+ *     stages (actor.c pick_link), so a job runs every device stage on one
+ *     device; "fanout" spreads every producer's batches over the replicas
+ *     of every device, and the consumer after them re-orders by seq.
  * Instances are created and preloaded on their executors (in parallel)
  * before spn_pipeline_load returns; a failure tears everything down and
  * names the stage. */
@@ -27,6 +33,13 @@ static spn_device_t *find_device(spn_runtime_t *rt, int32_t kind, long index) {
     if (rt->devices[i]->kind == kind && rt->devices[i]->index == index)
       return rt->devices[i];
   return NULL;
+}
+
+static int32_t device_slot(spn_runtime_t *rt, const spn_device_t *d) {
+  for (uint32_t i = 0; d && i < rt->n_devices; i++)
+    if (rt->devices[i] == d)
+      return (int32_t)i;
+  return -1;
 }
 
 static spn__executor_t *device_executor(spn_runtime_t *rt, spn_device_t *d) {
@@ -252,6 +265,7 @@ int32_t spn__pipeline_new_from_spec(spn_runtime_t *rt, spn__pipeline_spec_t *spe
   pipe->rt = rt;
   pipe->spec = spec;
   pipe->owns_spec = take_spec;
+  pipe->placement = spec->placement;
   pipe->id = atomic_fetch_add(&rt->next_pipe_id, 1);
   pthread_mutex_init(&pipe->mu, NULL);
   pthread_cond_init(&pipe->cv, NULL);
@@ -307,12 +321,15 @@ int32_t spn__pipeline_new_from_spec(spn_runtime_t *rt, spn__pipeline_spec_t *spe
         rc = spn_error_set(err, SPN_ENOMEM, "out of memory creating stage \"%s\"", srt->spec->name);
         break;
       }
+      a->head.struct_size = sizeof a->head;
+      a->head.host = pipe->rt->host; /* the complete table (host.c), whatever init got */
       a->pipe = pipe;
       a->srt = srt;
       a->replica = r;
       a->index = total;
       a->ex = ex[r];
       a->device = dv[r];
+      a->dev_slot = device_slot(rt, dv[r]);
       snprintf(a->device_name, sizeof a->device_name, "%.63s", dv[r] ? dv[r]->name : "cpu");
       a->is_source = srt->kind->n_inputs == 0;
       a->n_in = srt->kind->n_inputs;
@@ -356,21 +373,33 @@ int32_t spn__pipeline_new_from_spec(spn_runtime_t *rt, spn__pipeline_spec_t *spe
       for (uint32_t c = 0; c < to->n_replicas; c++) {
         if (add_link(pipe, a, es->from_port, to->replicas[c], es->to_port, cap, &ed->links[c]) != SPN_OK)
           goto out_nomem;
+        /* ABI 1.1: what the consumer port takes (edge-mem.c); specs built
+         * without negotiation (tests) take host memory. */
+        ed->links[c]->edge = (uint32_t)e;
+        ed->links[c]->accept_mem = es->mem_to ? es->mem_to
+                                   : to->spec->in_caps ? to->spec->in_caps[es->to_port].mem_kinds
+                                                       : SPN_MEMSET_HOST;
+        if (!ed->links[c]->accept_mem)
+          ed->links[c]->accept_mem = SPN_MEMSET_HOST;
         ed->n_links++;
         to->replicas[c]->links_in[es->to_port]++;
         to->replicas[c]->eos_expected++;
       }
       /* Chain per device: consumer replicas on the producer's device take
-       * all its data; without any, every replica does. */
+       * all its data; without any (or with fan-out), every replica does. */
       ed->targets = calloc(to->n_replicas, sizeof *ed->targets);
       if (!ed->targets)
         goto out_nomem;
-      for (uint32_t c = 0; c < to->n_replicas; c++)
+      for (uint32_t c = 0; c < to->n_replicas && pipe->placement == SPN__PLACE_CHAIN; c++)
         if (a->device && to->replicas[c]->device == a->device)
           ed->targets[ed->n_targets++] = ed->links[c];
       if (!ed->n_targets)
         for (uint32_t c = 0; c < to->n_replicas; c++)
           ed->targets[ed->n_targets++] = ed->links[c];
+      /* Chain placement, consumers on several devices: pin jobs. */
+      for (uint32_t c = 1; c < ed->n_targets && pipe->placement == SPN__PLACE_CHAIN; c++)
+        if (ed->targets[c]->to->dev_slot >= 0 && ed->targets[c]->to->dev_slot != ed->targets[0]->to->dev_slot)
+          ed->pin = true;
     }
     if (to->n_replicas == 1 && from->n_replicas > 1)
       to->replicas[0]->reorder[es->to_port] = true;
@@ -459,6 +488,37 @@ const char *spn_pipeline_stage_time(const spn_pipeline_t *pipe, size_t i, uint64
   if (busy_ns)
     *busy_ns = atomic_load(&pipe->stages[i].busy_ns);
   return pipe->stages[i].spec->name;
+}
+
+size_t spn_pipeline_edge_count(const spn_pipeline_t *pipe) { return pipe ? pipe->spec->n_edges : 0; }
+
+int32_t spn_pipeline_edge_stats(const spn_pipeline_t *pipe, size_t i, spn_edge_stats_t *out) {
+  if (!pipe || !out || i >= pipe->spec->n_edges)
+    return SPN_EINVAL;
+  const spn__edge_spec_t *es = &pipe->spec->edges[i];
+  const spn__stage_spec_t *from = &pipe->spec->stages[es->from_stage], *to = &pipe->spec->stages[es->to_stage];
+  memset(out, 0, sizeof *out);
+  out->from_stage = from->name;
+  out->from_port = from->kind->outputs[es->from_port].name;
+  out->to_stage = to->name;
+  out->to_port = to->kind->inputs[es->to_port].name;
+  out->pixel_format = es->format.pixel_format;
+  out->format = spn__pixel_format_name(es->format.pixel_format);
+  out->mem_kind = es->format.struct_size ? es->format.mem_kind : SPN_MEM_HOST;
+  out->converted = to->inserted;
+  for (uint32_t k = 0; k < pipe->n_links; k++) {
+    const spn__link_t *l = pipe->links[k];
+    if (l->edge != i)
+      continue;
+    out->messages += atomic_load(&l->stats.messages);
+    out->items_passed += atomic_load(&l->stats.items_passed);
+    for (int d = 0; d < SPN__COPY_DIRS; d++) {
+      out->copies[d] += atomic_load(&l->stats.copies[d]);
+      out->bytes[d] += atomic_load(&l->stats.bytes[d]);
+      out->ns[d] += atomic_load(&l->stats.ns[d]);
+    }
+  }
+  return SPN_OK;
 }
 
 const double spn_stage_latency_bounds_s[SPN_STAGE_LATENCY_BUCKETS - 1] = {
@@ -629,6 +689,10 @@ int32_t spn_job_start(spn_pipeline_t *pipe, const spn_job_params_t *params, cons
   atomic_init(&job->refs, 1);
   atomic_init(&job->state, SPN_JOB_QUEUED);
   atomic_init(&job->total, -1);
+  atomic_init(&job->attempt, 1);
+  atomic_init(&job->dev_mask, 0);
+  atomic_init(&job->pin, -1);
+  atomic_init(&job->device_ns, 0);
   job->pipe = pipe;
   if (!job->configs || !job->config_owned || !job->stage_done) {
     spn__job_unref(&job);
@@ -707,5 +771,12 @@ int32_t spn_job_wait(spn_job_t *job, spn_error_t *err) {
 }
 
 uint64_t spn_job_id(const spn_job_t *job) { return job->id; }
+
+double spn_job_device_seconds(const spn_job_t *job) { return job ? (double)atomic_load(&job->device_ns) / 1e9 : 0; }
+
+uint32_t spn_job_restarts(const spn_job_t *job) {
+  /* restarts is the loop's; attempt, its atomic mirror, is safe anywhere. */
+  return job ? atomic_load(&job->attempt) - 1 : 0;
+}
 
 void spn_job_free(spn_job_t **job) { spn__job_unref(job); }

@@ -22,7 +22,7 @@
 
 /* The first size of spn_stage_kind_t (ABI 1.0). A kind from a 1.x plugin is
  * at least this large. */
-#define SPN__KIND_V1_0_SIZE sizeof(spn_stage_kind_t)
+#define SPN__KIND_V1_0_SIZE (offsetof(spn_stage_kind_t, reserved) + sizeof(((spn_stage_kind_t *)0)->reserved))
 
 int32_t spn__registry_new(spn__registry_t **out, spn_error_t *err) {
   spn__registry_t *reg = calloc(1, sizeof *reg);
@@ -223,12 +223,10 @@ int32_t spn__registry_check_kind(const spn__registry_t *reg, const spn_stage_kin
     return spn_error_set(err, SPN_EEXIST,
                          "%s: kind \"%s\" refused: already registered by %s (rule: duplicate kind)", origin, k->name,
                          other);
-  if (k->device_need != SPN_NEED_CPU && k->device_need != SPN_NEED_CUDA && k->device_need != SPN_NEED_EITHER)
+  /* 0 is the default (SPN_STAGE_KIND leaves them out): cpu, no batching. */
+  if (k->device_need != 0 && k->device_need != SPN_NEED_CPU && k->device_need != SPN_NEED_CUDA && k->device_need != SPN_NEED_EITHER)
     return spn_error_set(err, SPN_EABI, "%s: kind \"%s\" refused: device_need %d is not cpu, cuda or either "
                          "(rule: kind device_need)", origin, k->name, k->device_need);
-  if (k->max_batch < 1)
-    return spn_error_set(err, SPN_EABI, "%s: kind \"%s\" refused: max_batch must be at least 1 (rule: kind batching)",
-                         origin, k->name);
   int32_t rc = check_ports(origin, k, k->inputs, k->n_inputs, "inputs", err);
   if (rc == SPN_OK)
     rc = check_ports(origin, k, k->outputs, k->n_outputs, "outputs", err);
@@ -270,6 +268,10 @@ int32_t spn__registry_insert(spn__registry_t *reg, const spn_stage_kind_t *k, co
   }
   memcpy(copy, k, k->struct_size < sizeof *copy ? k->struct_size : sizeof *copy);
   copy->struct_size = sizeof *copy;
+  if (copy->device_need == 0)
+    copy->device_need = SPN_NEED_CPU;
+  if (copy->max_batch == 0)
+    copy->max_batch = 1;
   reg->kinds[reg->n_kinds++] = (spn__kind_entry_t){.kind = copy, .origin = org, .plugin = plugin};
   return SPN_OK;
 }

@@ -18,6 +18,7 @@
 #include <uv.h>
 
 #include "device-internal.h"
+#include "health-internal.h"
 #include "log-internal.h"
 #include "spec-internal.h"
 #include "spindle/device.h"
@@ -39,6 +40,10 @@ typedef struct spn__item {
 
 struct spn_msg {
   spn_envelope_t env;
+  /* The job attempt it belongs to (stamped when sent; 0 = unknown, after a
+   * serialized edge): messages of an attempt that was aborted and restarted
+   * are dropped on arrival (runtime.c, "restart"). */
+  uint32_t attempt;
   uint32_t n_items, cap_items;
   spn__item_t *items;
 };
@@ -69,6 +74,12 @@ struct spn_job {
   atomic_bool dead;      /* failing or cancelled: drop its messages */
   atomic_llong *stage_done; /* per stage: frames finished there (terminal stages) */
   atomic_llong total;    /* largest envelope total seen, -1 unknown */
+  /* Multi-device (runtime.c "placement and quarantine"). */
+  atomic_uint attempt;   /* current attempt, from 1; bumped by a restart */
+  atomic_ullong dev_mask; /* device slots (bit slot % 64) the attempt touched */
+  atomic_int pin;        /* chain placement: the attempt's device slot, -1 none yet */
+  atomic_ullong device_ns; /* busy time on devices, every attempt */
+  uint32_t restarts;     /* loop: restarts after a device was quarantined */
   /* loop */
   uint32_t acks, acks_needed, abort_acks, abort_acks_needed;
   bool aborting, finished_loop;
@@ -112,13 +123,28 @@ typedef struct spn__ajob {
   bool finish_done;    /* finish_job ran (or the source's generate ended) */
   bool open_tried;     /* job_open was called (opened: and succeeded) */
   uint32_t eos_got;
+  uint32_t attempt;    /* the job's attempt this state belongs to */
   uint32_t n_ready;    /* its entries in the actor's ready FIFO */
   uint64_t *next_seq;  /* per input port (re-ordering ports) */
   spn__heap_t *heaps;  /* per input port (re-ordering ports) */
 } spn__ajob_t;
 
+/* ABI 1.1: what crossed an edge (edge-mem.c). Directions of copies. */
+enum { SPN__COPY_H2D = 0, SPN__COPY_D2H = 1, SPN__COPY_D2D = 2, SPN__COPY_H2H = 3, SPN__COPY_DIRS = 4 };
+
+typedef struct spn__link_stats {
+  atomic_ullong messages;               /* data messages delivered */
+  atomic_ullong items_passed;           /* tensor items handed over as they were */
+  atomic_ullong copies[SPN__COPY_DIRS]; /* tensor items copied, per direction */
+  atomic_ullong bytes[SPN__COPY_DIRS];
+  atomic_ullong ns[SPN__COPY_DIRS];     /* host wall time issuing (and, into host memory, waiting for) them */
+} spn__link_stats_t;
+
 struct spn__link {
   uint32_t id; /* index in pipe->links (const) */
+  uint32_t edge;        /* index in pipe->spec->edges (const) */
+  uint32_t accept_mem;  /* SPN_MEMSET_* the consumer port takes (const; never 0) */
+  spn__link_stats_t stats;
   spn_stage_t *from, *to;
   uint32_t from_port, to_port;
   uint32_t capacity;
@@ -142,6 +168,10 @@ typedef struct spn__out_edge {
    * device when there are any (chain per device), else all of `links`. */
   spn__link_t **targets;
   uint32_t n_targets;
+  /* Chain placement with targets on several devices: each job is pinned to
+   * one device (job->pin) and its data goes to that device's replicas. */
+  bool pin;
+  uint32_t pin_rr;
 } spn__out_edge_t;
 
 typedef struct spn__out_port {
@@ -167,12 +197,14 @@ typedef struct spn__stage_rt {
 void spn__stage_observe(spn__stage_rt_t *srt, uint64_t ns, uint32_t n);
 
 struct spn_stage {
+  spn_stage_head_t head;     /* const; first: the public prefix spn_stage_host reads (plugin.h) */
   spn_pipeline_t *pipe;      /* const */
   spn__stage_rt_t *srt;      /* const */
   uint32_t replica;          /* const */
   uint32_t index;            /* in pipe->actors */
   spn__executor_t *ex;       /* const */
   spn_device_t *device;      /* const; NULL = CPU pool (host memory) */
+  int32_t dev_slot;          /* const; index of device in rt->devices, -1 = CPU pool */
   char device_name[64];
   char endpoint[256];        /* where the mailbox listens */
   bool serialized_in;        /* mailbox is ipc/tcp */
@@ -201,6 +233,7 @@ struct spn_stage {
   spn__ajob_t *cur_job;      /* job whose callback runs (generate/flush) */
   uint8_t *ser_buf;          /* serialization scratch */
   atomic_llong reordered;    /* debug: messages that arrived ahead of their turn */
+  spn_stream_t *copy_stream; /* executor: edge copies when the executor has no stream of its own */
   size_t ser_cap;
 };
 
@@ -229,6 +262,7 @@ typedef struct spn__cmd {
   spn_stage_t *actor;
   spn_job_t *job; /* own reference */
   spn__barrier_t *barrier;
+  bool generate;  /* START_JOB: this source replica generates the job */
 } spn__cmd_t;
 
 struct spn__executor {
@@ -258,12 +292,19 @@ void spn__executor_wake(spn__executor_t *ex);
 /* Actor work, on its executor. */
 int32_t spn__actor_create(spn_stage_t *a, spn_error_t *err);
 int32_t spn__actor_connect(spn_stage_t *a, spn_error_t *err);
-void spn__actor_start_job(spn_stage_t *a, spn_job_t *job);
+void spn__actor_start_job(spn_stage_t *a, spn_job_t *job, bool generate);
 void spn__actor_abort_job(spn_stage_t *a, spn_job_t *job);
 void spn__actor_destroy(spn_stage_t *a);
 /* Run what is ready; *deadline_ns gets the next time it wants to run
  * (UINT64_MAX none). Returns true if it did anything. */
 bool spn__actor_step(spn_stage_t *a, uint64_t now_ns, uint64_t *deadline_ns);
+
+/* ABI 1.1 (edge-mem.c): put every tensor item of a message arriving on link
+ * l where the consumer port takes it — one copy per item whose memory kind
+ * or device the port does not take, after the producer's readiness event,
+ * on the consumer's stream; counted in l->stats. Executor of a. */
+int32_t spn__edge_place(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, spn_error_t *err);
+void spn__edge_place_done(spn_stage_t *a);
 
 void spn__barrier_init(spn__barrier_t *b, uint32_t n);
 void spn__barrier_done(spn__barrier_t *b, int32_t status, const spn_error_t *err);
@@ -276,6 +317,7 @@ struct spn_pipeline {
   spn_runtime_t *rt;
   spn__pipeline_spec_t *spec;
   bool owns_spec;
+  int32_t placement; /* spn__placement_t (const) */
   uint64_t id;
   spn__stage_rt_t *stages;
   uint32_t n_stages;
@@ -302,6 +344,8 @@ typedef enum spn__ev_type {
   SPN__EV_JOB_CANCEL,
   SPN__EV_ABORT_ACK,  /* an actor handled ABORT_JOB */
   SPN__EV_PROGRESS,   /* a stage reported progress */
+  SPN__EV_DEVICE_DOWN, /* device slot `status` was quarantined: restart its jobs */
+  SPN__EV_HEALTH_START, /* poll rt->health every `status` ms */
 } spn__ev_type_t;
 
 typedef struct spn__event {
@@ -337,8 +381,17 @@ struct spn_runtime {
   uv_loop_t loop;
   uv_async_t async;
   uv_timer_t timer;
-  uv_timer_t health_timer;          /* polls gpu_monitor; initialised only with one */
-  spn__gpu_monitor_t *gpu_monitor; /* NULL without CUDA devices or NVML */
+  uv_timer_t health_timer;          /* polls health */
+  /* NVML health poller (device-health.c); its device i is runtime device
+   * health_slot[i]. NULL without NVML or without devices it knows. Set
+   * before the loop polls it, never replaced while it does. */
+  spn__nvml_health_t *health;
+  uint32_t *health_slot;
+  /* Quarantine: a drained device takes no new work (pick_link skips it). */
+  atomic_bool *dev_down;         /* per device slot */
+  atomic_uint n_down;
+  atomic_ullong quarantines;     /* devices drained since start */
+  atomic_ullong job_restarts;    /* job attempts restarted after a quarantine */
   pthread_t loop_thread;
   bool loop_started;
   pthread_mutex_t evmu;
@@ -373,6 +426,12 @@ int32_t spn__host_model_run(spn_stage_t *s, spn_model_t *model, const spn_tensor
 void spn__host_model_free_outputs(spn_model_t *model, spn_tensor_t *outputs, size_t n_out);
 
 uint64_t spn__now_ns(void);
+
+/* Is device slot `slot` drained? (-1, the CPU pool, never is.) Thread: any. */
+static inline bool spn__slot_down(const spn_runtime_t *rt, int32_t slot) {
+  return slot >= 0 && atomic_load_explicit(&rt->dev_down[slot], memory_order_relaxed);
+}
+static inline uint64_t spn__slot_bit(int32_t slot) { return slot < 0 ? 0 : 1ull << (slot % 64); }
 /* True on the runtime's loop or executor threads, where waiting for a job
  * or a pipeline would wait for ourselves. */
 bool spn__runtime_own_thread(const spn_runtime_t *rt);

@@ -10,7 +10,18 @@
  * Job life: start -> RUNNING (sources told to generate) -> either every
  * terminal actor acknowledged EOS (SUCCEEDED), or a failure/cancel marks the
  * job dead and every actor is told to abort it (job_close(ok=false)); once
- * every actor acknowledged, on_done fires with the first failure's status. */
+ * every actor acknowledged, on_done fires with the first failure's status.
+ *
+ * Quarantine and restart: a device found unhealthy (NVML, polled here) or
+ * drained by spn_runtime_device_quarantine takes no new work: producers skip
+ * its replicas (actor.c pick_link) and its actors fail what still reaches
+ * them with SPN_EDEVICE. Every running job that touched it is aborted; once
+ * the abort is acknowledged everywhere, a job whose failure is a device
+ * error (SPN_EDEVICE, SPN_ECUDA) and which touched a drained device starts
+ * again from its first frame as a new attempt (at most SPN__MAX_RESTARTS
+ * times, and only while a device is usable), instead of failing. Messages
+ * of the old attempt still in flight carry its number and are dropped on
+ * arrival, so the new attempt sees each frame once. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +31,8 @@
 #include "debug-internal.h"
 #include "runtime-internal.h"
 #include "spindle/engine.h"
+
+#define SPN__MAX_RESTARTS 3
 
 /* ---- events ------------------------------------------------------------------- */
 
@@ -91,6 +104,22 @@ static void progress_report(spn_job_t *job, bool force) {
   job->cb.on_progress(job->cb.data, &p);
 }
 
+/* Which replica of a replicated source generates a job: one on a usable
+ * device, spread by job id. Chosen here, once per attempt, so that exactly
+ * one replica generates even while a device is being quarantined. */
+static uint32_t source_replica(spn_runtime_t *rt, const spn__stage_rt_t *srt, const spn_job_t *job) {
+  uint32_t healthy = 0;
+  for (uint32_t r = 0; r < srt->n_replicas; r++)
+    healthy += !spn__slot_down(rt, srt->replicas[r]->dev_slot);
+  if (!healthy)
+    return (uint32_t)(job->id % srt->n_replicas); /* it fails the job with SPN_EDEVICE */
+  uint32_t k = (uint32_t)(job->id % healthy);
+  for (uint32_t r = 0; r < srt->n_replicas; r++)
+    if (!spn__slot_down(rt, srt->replicas[r]->dev_slot) && !k--)
+      return r;
+  return 0;
+}
+
 static void post_all_actors(spn_pipeline_t *pipe, int32_t type, spn_job_t *job, bool sources_only) {
   for (uint32_t i = 0; i < pipe->n_actors; i++) {
     spn_stage_t *a = pipe->actors[i];
@@ -100,6 +129,8 @@ static void post_all_actors(spn_pipeline_t *pipe, int32_t type, spn_job_t *job, 
     SPN_ASSERT(c);
     c->type = type;
     c->actor = a;
+    if (type == SPN__CMD_START_JOB)
+      c->generate = a->replica == source_replica(pipe->rt, a->srt, job);
     c->job = job;
     atomic_fetch_add(&job->refs, 1);
     spn__executor_post(a->ex, c);
@@ -172,6 +203,48 @@ static void job_abort(spn_runtime_t *rt, spn_job_t *job, int32_t status, const c
   post_all_actors(job->pipe, SPN__CMD_ABORT_JOB, job, false);
 }
 
+/* Should an aborted attempt start again rather than fail? Loop thread. */
+static bool job_should_restart(spn_runtime_t *rt, spn_job_t *job) {
+  if (atomic_load(&job->cancelled) || job->restarts >= SPN__MAX_RESTARTS)
+    return false;
+  if (job->status != SPN_EDEVICE && job->status != SPN_ECUDA)
+    return false;
+  if (atomic_load(&rt->n_down) >= rt->n_devices)
+    return false; /* nowhere to go: fail, the job service may retry elsewhere */
+  uint64_t touched = atomic_load(&job->dev_mask);
+  for (uint32_t i = 0; i < rt->n_devices; i++)
+    if ((touched & spn__slot_bit((int32_t)i)) && spn__slot_down(rt, (int32_t)i))
+      return true;
+  return false;
+}
+
+/* Every actor dropped the attempt: start the next one. Loop thread. */
+static void job_restart(spn_runtime_t *rt, spn_job_t *job) {
+  spn_pipeline_t *pipe = job->pipe;
+  job->restarts++;
+  atomic_fetch_add(&rt->job_restarts, 1);
+  unsigned attempt = atomic_fetch_add(&job->attempt, 1) + 1;
+  spn__log_fields_t f = {.job_id = job->id, .event = "restarted", .pipeline = spn_pipeline_name(pipe),
+                         .attempt = (int32_t)attempt, .duration_ms = -1};
+  spn__log_f(rt->log, SPN_LOG_WARN, &f, "job restarted from the start on healthy devices (attempt %u): %s",
+             attempt, job->msg);
+  for (uint32_t i = 0; i < pipe->n_stages; i++)
+    atomic_store(&job->stage_done[i], 0);
+  atomic_store(&job->total, -1);
+  atomic_store(&job->dev_mask, 0);
+  atomic_store(&job->pin, -1);
+  job->aborting = false;
+  job->acks = job->abort_acks = 0;
+  job->status = SPN_OK;
+  job->msg[0] = '\0';
+  job->last_done = -1;
+  atomic_store(&job->dead, false);
+  job->acks_needed = pipe->n_terminal;
+  post_all_actors(pipe, SPN__CMD_START_JOB, job, true);
+}
+
+static void on_health_timer(uv_timer_t *t);
+
 void spn__loop_handle(spn_runtime_t *rt, spn__event_t *ev) {
   spn_job_t *job = ev->job;
   switch (ev->type) {
@@ -204,8 +277,26 @@ void spn__loop_handle(spn_runtime_t *rt, spn__event_t *ev) {
     }
     break;
   case SPN__EV_ABORT_ACK:
-    if (job->aborting && !job->finished_loop && ++job->abort_acks == job->abort_acks_needed)
-      job_finish(rt, job, job->status, job->msg);
+    if (job->aborting && !job->finished_loop && ++job->abort_acks == job->abort_acks_needed) {
+      if (job_should_restart(rt, job))
+        job_restart(rt, job);
+      else
+        job_finish(rt, job, job->status, job->msg);
+    }
+    break;
+  case SPN__EV_DEVICE_DOWN: {
+    /* Abort every attempt that touched the device; each restarts once its
+     * abort is acknowledged (job_should_restart). */
+    int32_t slot = ev->status;
+    char text[SPN_ERROR_MSG_MAX];
+    snprintf(text, sizeof text, "%s was quarantined: %s", rt->devices[slot]->name, ev->msg);
+    for (spn_job_t *j = rt->running; j; j = j->next_running)
+      if (!j->aborting && !j->finished_loop && (atomic_load(&j->dev_mask) & spn__slot_bit(slot)))
+        job_abort(rt, j, SPN_EDEVICE, text);
+    break;
+  }
+  case SPN__EV_HEALTH_START:
+    uv_timer_start(&rt->health_timer, on_health_timer, (uint64_t)ev->status, (uint64_t)ev->status);
     break;
   case SPN__EV_PROGRESS:
     if (job->cb.on_progress && !job->finished_loop) {
@@ -239,8 +330,7 @@ static void on_async(uv_async_t *h) {
       if (stopping) {
         uv_close((uv_handle_t *)&rt->async, NULL);
         uv_close((uv_handle_t *)&rt->timer, NULL);
-        if (rt->gpu_monitor)
-          uv_close((uv_handle_t *)&rt->health_timer, NULL);
+        uv_close((uv_handle_t *)&rt->health_timer, NULL);
       }
       return;
     }
@@ -256,19 +346,24 @@ static void on_async(uv_async_t *h) {
   }
 }
 
-#ifdef SPN_HAVE_CUDA
-/* GPU health: a device found unhealthy is marked unusable, so new work on it
- * fails with SPN_EDEVICE (docs/gpu.md says how jobs are drained). */
-static void on_gpu_unhealthy(void *data, spn_device_t *dev, const char *why) {
-  spn_runtime_t *rt = data;
-  spn__log(rt->log, SPN_LOG_ERROR, 0, NULL, NULL, "%s: marked unusable: %s", spn_device_name(dev), why);
-}
-
+/* GPU health: a device NVML reports unhealthy is quarantined. */
 static void on_health_timer(uv_timer_t *t) {
   spn_runtime_t *rt = t->data;
-  spn__gpu_monitor_poll(rt->gpu_monitor, on_gpu_unhealthy, rt);
+  if (!rt->health || !spn__nvml_health_poll(rt->health))
+    return;
+  for (uint32_t i = 0; i < rt->n_devices; i++) {
+    unsigned long long xid = 0;
+    spn__nvml_state_t st = spn__nvml_health_state(rt->health, i, &xid);
+    if (st == SPN__NVML_HEALTHY || spn__slot_down(rt, (int32_t)rt->health_slot[i]))
+      continue;
+    char why[96];
+    if (st == SPN__NVML_LOST)
+      snprintf(why, sizeof why, "NVML: GPU is lost (fell off the bus)");
+    else
+      snprintf(why, sizeof why, "NVML: fatal XID %llu", xid);
+    spn_runtime_device_quarantine(rt, rt->health_slot[i], why);
+  }
 }
-#endif
 
 static void *loop_main(void *arg) {
   spn_runtime_t *rt = arg;
@@ -277,6 +372,44 @@ static void *loop_main(void *arg) {
 }
 
 /* ---- runtime ------------------------------------------------------------------------ */
+
+#ifdef SPN_HAVE_CUDA
+/* Watch the CUDA devices through NVML, known to it by PCI bus id. Without
+ * NVML (no driver) nothing is watched. */
+static int32_t health_open_cuda(spn_runtime_t *rt, spn_error_t *err) {
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < rt->n_devices; i++)
+    k += rt->devices[i]->kind == SPN_DEVICE_CUDA;
+  if (!k)
+    return SPN_OK;
+  char (*bus)[32] = calloc(k, sizeof *bus);
+  const char **ids = calloc(k, sizeof *ids);
+  rt->health_slot = calloc(k, sizeof *rt->health_slot);
+  int32_t rc = SPN_OK;
+  if (!bus || !ids || !rt->health_slot) {
+    rc = spn_error_set(err, SPN_ENOMEM, "out of memory creating the GPU health monitor");
+    goto out_free;
+  }
+  uint32_t n = 0;
+  for (uint32_t i = 0; i < rt->n_devices; i++)
+    if (rt->devices[i]->kind == SPN_DEVICE_CUDA) {
+      if (spn__cuda_device_pci_bus_id(rt->devices[i], bus[n], sizeof bus[n], NULL) == SPN_OK)
+        ids[n] = bus[n];
+      rt->health_slot[n++] = i;
+    }
+  rc = spn__nvml_health_new("libnvidia-ml.so.1", ids, n, &rt->health, err);
+  if (rc == SPN_OK && !spn__nvml_health_available(rt->health))
+    spn__nvml_health_free(&rt->health);
+out_free:
+  if (!rt->health) {
+    free(rt->health_slot);
+    rt->health_slot = NULL;
+  }
+  free(bus);
+  free(ids);
+  return rc;
+}
+#endif
 
 int32_t spn_runtime_new(const spn_runtime_opts_t *opts_in, spn_runtime_t **out, spn_error_t *err) {
   spn_runtime_opts_t opts = SPN_RUNTIME_OPTS_INIT;
@@ -329,8 +462,15 @@ int32_t spn_runtime_new(const spn_runtime_opts_t *opts_in, spn_runtime_t **out, 
 #endif
   if (rc != SPN_OK)
     goto out_log;
+  rt->dev_down = calloc(rt->n_devices ? rt->n_devices : 1, sizeof *rt->dev_down);
+  if (!rt->dev_down) {
+    rc = spn_error_set(err, SPN_ENOMEM, "out of memory creating a runtime");
+    goto out_devices;
+  }
+  for (uint32_t i = 0; i < rt->n_devices; i++)
+    atomic_init(&rt->dev_down[i], false);
 #ifdef SPN_HAVE_CUDA
-  rc = spn__gpu_monitor_new(rt->devices, rt->n_devices, &rt->gpu_monitor, err);
+  rc = health_open_cuda(rt, err);
   if (rc != SPN_OK)
     goto out_devices;
 #endif
@@ -376,19 +516,15 @@ int32_t spn_runtime_new(const spn_runtime_opts_t *opts_in, spn_runtime_t **out, 
   rt->async.data = rt;
   uv_timer_init(&rt->loop, &rt->timer);
   rt->timer.data = rt;
-#ifdef SPN_HAVE_CUDA
-  if (rt->gpu_monitor) {
-    uv_timer_init(&rt->loop, &rt->health_timer);
-    rt->health_timer.data = rt;
+  uv_timer_init(&rt->loop, &rt->health_timer);
+  rt->health_timer.data = rt;
+  if (rt->health)
     uv_timer_start(&rt->health_timer, on_health_timer, 1000, 1000);
-  }
-#endif
   if (pthread_create(&rt->loop_thread, NULL, loop_main, rt) != 0) {
     rc = spn_error_set(err, SPN_EINTERNAL, "cannot start the control loop thread");
     uv_close((uv_handle_t *)&rt->async, NULL);
     uv_close((uv_handle_t *)&rt->timer, NULL);
-    if (rt->gpu_monitor)
-      uv_close((uv_handle_t *)&rt->health_timer, NULL);
+    uv_close((uv_handle_t *)&rt->health_timer, NULL);
     uv_run(&rt->loop, UV_RUN_DEFAULT);
     uv_loop_close(&rt->loop);
     goto out_ex;
@@ -413,9 +549,9 @@ out_reg:
 out_host:
   spn__devices_free(&rt->host_devs, 1);
 out_devices:
-#ifdef SPN_HAVE_CUDA
-  spn__gpu_monitor_free(&rt->gpu_monitor);
-#endif
+  spn__nvml_health_free(&rt->health);
+  free(rt->health_slot);
+  free(rt->dev_down);
   spn__devices_free(&rt->devices, rt->n_devices);
 out_log:
   spn__logger_free(&rt->log);
@@ -464,9 +600,9 @@ void spn_runtime_free(spn_runtime_t **rtp) {
   rt->engine = NULL;
   spn__registry_free(&rt->reg);
   spn__devices_free(&rt->host_devs, 1);
-#ifdef SPN_HAVE_CUDA
-  spn__gpu_monitor_free(&rt->gpu_monitor);
-#endif
+  spn__nvml_health_free(&rt->health);
+  free(rt->health_slot);
+  free(rt->dev_down);
   spn__devices_free(&rt->devices, rt->n_devices);
   spn__logger_free(&rt->log);
   pthread_mutex_destroy(&rt->evmu);
@@ -496,18 +632,6 @@ spn_device_t *spn__runtime_device(spn_runtime_t *rt, uint32_t i) { return i < rt
 
 uint32_t spn_runtime_device_count(const spn_runtime_t *rt) { return rt->n_devices; }
 
-uint32_t spn_runtime_usable_device_count(const spn_runtime_t *rt) {
-  uint32_t n = 0;
-  for (uint32_t i = 0; i < rt->n_devices; i++) {
-#ifdef SPN_HAVE_CUDA
-    if (rt->devices[i]->kind == SPN_DEVICE_CUDA && !spn__cuda_device_usable(rt->devices[i]))
-      continue;
-#endif
-    n++;
-  }
-  return n;
-}
-
 const char *spn_runtime_device_name(const spn_runtime_t *rt, uint32_t i) {
   return i < rt->n_devices ? rt->devices[i]->name : NULL;
 }
@@ -525,4 +649,71 @@ const spn_stage_kind_t *spn_runtime_kind_at(const spn_runtime_t *rt, size_t i, c
 int32_t spn_runtime_load_plugins(spn_runtime_t *rt, spn_error_t *err) {
   return spn__registry_load_search_path(rt->reg, rt->host, (const char *const *)rt->plugin_paths, rt->n_plugin_paths,
                                         NULL, 0, err);
+}
+
+/* ---- quarantine ------------------------------------------------------------------------ */
+
+int32_t spn_runtime_device_quarantine(spn_runtime_t *rt, uint32_t i, const char *why) {
+  if (!rt || i >= rt->n_devices)
+    return SPN_EINVAL;
+  if (atomic_exchange(&rt->dev_down[i], true))
+    return SPN_OK;
+  atomic_fetch_add(&rt->n_down, 1);
+  atomic_fetch_add(&rt->quarantines, 1);
+  spn_device_t *dev = rt->devices[i];
+#ifdef SPN_HAVE_CUDA
+  if (dev->kind == SPN_DEVICE_CUDA)
+    spn__cuda_device_mark_unusable(dev);
+#endif
+  uint32_t usable = rt->n_devices - atomic_load(&rt->n_down);
+  spn__log_fields_t f = {.event = "device_quarantined", .device = dev->name, .attempt = -1, .duration_ms = -1};
+  spn__log_f(rt->log, SPN_LOG_ERROR, &f, "%s quarantined: %s; its work moves to the %u usable device%s", dev->name,
+             why && *why ? why : "drained", usable, usable == 1 ? "" : "s");
+  spn__event_t *ev = spn__event_new(SPN__EV_DEVICE_DOWN, NULL, (int32_t)i, why && *why ? why : "drained");
+  spn__loop_post(rt, ev);
+  return SPN_OK;
+}
+
+bool spn_runtime_device_usable(const spn_runtime_t *rt, uint32_t i) {
+  if (!rt || i >= rt->n_devices || spn__slot_down(rt, (int32_t)i))
+    return false;
+#ifdef SPN_HAVE_CUDA
+  if (rt->devices[i]->kind == SPN_DEVICE_CUDA && !spn__cuda_device_usable(rt->devices[i]))
+    return false;
+#endif
+  return true;
+}
+
+uint32_t spn_runtime_usable_device_count(const spn_runtime_t *rt) {
+  uint32_t n = 0;
+  for (uint32_t i = 0; rt && i < rt->n_devices; i++)
+    n += spn_runtime_device_usable(rt, i);
+  return n;
+}
+
+uint64_t spn_runtime_quarantine_count(const spn_runtime_t *rt) { return rt ? atomic_load(&rt->quarantines) : 0; }
+
+uint64_t spn_runtime_job_restart_count(const spn_runtime_t *rt) { return rt ? atomic_load(&rt->job_restarts) : 0; }
+
+int32_t spn__runtime_watch_health(spn_runtime_t *rt, const char *nvml_lib, const char *const *bus_ids,
+                                  uint32_t interval_ms, spn_error_t *err) {
+  if (rt->health)
+    return spn_error_set(err, SPN_EEXIST, "the runtime already watches its devices' health");
+  rt->health_slot = calloc(rt->n_devices ? rt->n_devices : 1, sizeof *rt->health_slot);
+  if (!rt->health_slot)
+    return spn_error_set(err, SPN_ENOMEM, "out of memory watching device health");
+  for (uint32_t i = 0; i < rt->n_devices; i++)
+    rt->health_slot[i] = i;
+  int32_t rc = spn__nvml_health_new(nvml_lib, bus_ids, rt->n_devices, &rt->health, err);
+  if (rc == SPN_OK && !spn__nvml_health_available(rt->health)) {
+    spn__nvml_health_free(&rt->health);
+    rc = spn_error_set(err, SPN_ENOENT, "%s: not an NVML library", nvml_lib);
+  }
+  if (rc != SPN_OK) {
+    free(rt->health_slot);
+    rt->health_slot = NULL;
+    return rc;
+  }
+  spn__loop_post(rt, spn__event_new(SPN__EV_HEALTH_START, NULL, (int32_t)(interval_ms ? interval_ms : 1000), NULL));
+  return SPN_OK;
 }

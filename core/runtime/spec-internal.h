@@ -67,6 +67,11 @@ int32_t spn__registry_load_search_path(spn__registry_t *reg, const spn_host_api_
 typedef struct spn__edge_spec {
   uint32_t from_stage, from_port; /* indexes into stages[] and kind->outputs[] */
   uint32_t to_stage, to_port;     /* indexes into stages[] and kind->inputs[] */
+  /* ABI 1.1: formats (spec-negotiate.c) */
+  bool convert;                   /* convert = "auto" on the edge or on the consumer stage */
+  spn_port_format_t format;       /* negotiated when the spec was built */
+  uint32_t mem_from, mem_to;      /* memory sets of the two ports (SPN_MEMSET_*, never 0) */
+  char where[256];                /* "file:line:col" of the input reference */
 } spn__edge_spec_t;
 
 typedef struct spn__stage_spec {
@@ -81,6 +86,11 @@ typedef struct spn__stage_spec {
   char *endpoint;             /* NULL = inproc; "ipc://..." / "tcp://..." to place the edge by config */
   uint32_t edge_capacity;     /* messages in flight on each input edge; 0 = runtime default */
   char where[256];            /* "file:line:col" of this [[stage]] table, for messages */
+  /* ABI 1.1: formats (spec-negotiate.c) */
+  bool convert;               /* convert = "auto": its input edges may get a conversion */
+  bool inserted;              /* a conversion the runtime inserted (not in the config) */
+  spn_port_caps_t *in_caps;   /* n_inputs entries: the kind's caps narrowed by the config */
+  spn_port_caps_t *out_caps;  /* n_outputs entries */
 } spn__stage_spec_t;
 
 /* A job-side name bound to a per-job stage key: [pipeline.inputs],
@@ -103,7 +113,13 @@ typedef struct spn__pipeline_spec {
   size_t n_plugin_paths;
   spn__binding_t *bindings;   /* [pipeline.inputs/outputs/params], validated */
   size_t n_bindings;
+  int32_t placement;          /* [pipeline] placement: spn__placement_t (0 = chain) */
 } spn__pipeline_spec_t;
+
+typedef enum spn__placement {
+  SPN__PLACE_CHAIN = 0,  /* a job runs every replicated stage on one device */
+  SPN__PLACE_FANOUT = 1, /* batches spread over every device's replica; the consumer re-orders by seq */
+} spn__placement_t;
 
 /* Build and validate a spec from a parsed document. overrides are
  * "stage.key=value" (value parsed as a TOML value, bare words as strings).
@@ -111,6 +127,29 @@ typedef struct spn__pipeline_spec {
 int32_t spn__spec_from_toml(const spn__registry_t *reg, const spn_toml_doc_t *doc, const char *const *overrides,
                             size_t n_overrides, spn__pipeline_spec_t **out, spn_error_t *err);
 void spn__spec_free(spn__pipeline_spec_t **spec);
+
+/* ---- ABI 1.1: format negotiation (spec-negotiate.c) --------------------- */
+
+/* The caps of one port of a kind, narrowed by `config` (the kind's static
+ * table, then its port_caps callback). Fields left 0 mean "any"; mem_kinds
+ * 0 becomes SPN_MEMSET_HOST. */
+int32_t spn__port_caps(const spn_stage_kind_t *k, const void *config, bool is_output, uint32_t port,
+                       spn_port_caps_t *out, spn_error_t *err);
+/* Pick one format per edge of a wired, ordered spec; refuse edges whose ends
+ * share no format unless convert is allowed there, where a stage of kind
+ * "convert" (from reg) is inserted. Fills every stage's in_caps/out_caps and
+ * every edge's format/mem_from/mem_to. Preference (docs/pipelines.md): the
+ * lowest spn_pixel_format_t / spn_sample_format_t both ends allow. */
+int32_t spn__spec_negotiate(const spn__registry_t *reg, spn__pipeline_spec_t *spec, spn_error_t *err);
+/* "rgb24|yuv420p" for a set of pixel formats ("any" for 0). */
+void spn__pixel_set_name(uint32_t set, char *buf, size_t size);
+const char *spn__pixel_format_name(int32_t f);
+/* The memory kind a consumer accepting `accept` (SPN_MEMSET_* bits) on a
+ * device of kind `dev_kind` (-1: the CPU pool) wants a buffer of kind
+ * `have` from device `same_device` (false: another device) turned into:
+ * -1 when it takes it as it is (no copy), else the spn_mem_kind_t to copy
+ * into on the consumer's device. */
+int32_t spn__mem_plan(uint32_t accept, int32_t have, bool same_device, bool consumer_on_device);
 
 /* The whole front end in one call, meant for spn_pipeline_load(_string)
  * and spn_pipeline_validate (so [plugins] path in a config is honoured):

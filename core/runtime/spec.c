@@ -172,10 +172,20 @@ static int32_t read_pipeline_table(build_t *b, const spn_toml_node_t *t, spn_err
       int32_t rc = read_bindings(b, kind, key, v, err);
       if (rc != SPN_OK)
         return rc;
+    } else if (!strcmp(key, "placement")) {
+      /* Multi-device placement (docs/gpu.md): "chain" keeps a job on one
+       * device through the replicated stages, "fanout" spreads its batches. */
+      const char *pl = spn_toml_node_type(v) == SPN_TOML_STRING ? spn_toml_string(v, NULL) : NULL;
+      if (!pl || (strcmp(pl, "chain") && strcmp(pl, "fanout"))) {
+        where_node(v, where, sizeof where);
+        return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline] placement must be \"chain\" or \"fanout\"", where);
+      }
+      b->spec->placement = !strcmp(pl, "fanout") ? SPN__PLACE_FANOUT : SPN__PLACE_CHAIN;
     } else {
       where_key(b, kp, where, sizeof where);
       return spn_error_set(err, SPN_ECONFIG,
-                           "%s: unknown key \"%s\" in [pipeline] (known: name, inputs, outputs, params)", where, key);
+                           "%s: unknown key \"%s\" in [pipeline] (known: name, placement, inputs, outputs, params)",
+                           where, key);
     }
   }
   return SPN_OK;
@@ -481,6 +491,20 @@ static int32_t set_field(build_t *b, size_t i, const char *key, const spn_toml_n
   return spn__config_set(s->kind, f, s->config, v, where, s->name, base_dir, err);
 }
 
+/* convert = "auto" | "none" (on a stage or an edge). */
+static int32_t read_convert(const spn_toml_node_t *v, const char *where, const char *stage, bool *out,
+                            spn_error_t *err) {
+  const char *str = NULL;
+  int32_t rc = get_str(v, where, stage, "convert", &str, err);
+  if (rc != SPN_OK)
+    return rc;
+  if (strcmp(str, "auto") && strcmp(str, "none"))
+    return spn_error_set(err, SPN_ECONFIG, "%s: stage \"%s\": convert \"%s\" is not \"auto\" or \"none\"", where,
+                         stage, str);
+  *out = !strcmp(str, "auto");
+  return SPN_OK;
+}
+
 static int32_t read_stage_body(build_t *b, size_t i, spn_error_t *err) {
   const spn_toml_node_t *t = b->sb[i].table;
   spn__stage_spec_t *s = &b->spec->stages[i];
@@ -494,6 +518,13 @@ static int32_t read_stage_body(build_t *b, size_t i, spn_error_t *err) {
       continue;
     if (!strcmp(key, "inputs")) {
       b->sb[i].inputs = v;
+      continue;
+    }
+    if (!strcmp(key, "convert") && !spn__config_field(s->kind, key)) {
+      /* ABI 1.1; a kind's own "convert" key (ABI 1.0) keeps precedence. */
+      where_node(v, where, sizeof where);
+      if ((rc = read_convert(v, where, s->name, &s->convert, err)) != SPN_OK)
+        return rc;
       continue;
     }
     if (spn__is_common_key(key)) {
@@ -580,9 +611,39 @@ static int32_t connect(build_t *b, uint32_t to, uint32_t to_port, const spn_toml
   spn__pipeline_spec_t *spec = b->spec;
   spn__stage_spec_t *s = &spec->stages[to];
   char where[WHERE_MAX], ports[256];
+  bool convert = s->convert;
   where_node(ref_node, where, sizeof where);
+  if (spn_toml_node_type(ref_node) == SPN_TOML_TABLE) {
+    /* ABI 1.1: { from = "stage.port", convert = "auto" } */
+    const spn_toml_node_t *edge = ref_node;
+    ref_node = NULL;
+    for (size_t k = 0; k < spn_toml_table_len(edge); k++) {
+      spn_toml_pos_t kp;
+      const char *key = spn_toml_table_key_at(edge, k, &kp);
+      const spn_toml_node_t *v = spn_toml_table_value_at(edge, k);
+      int32_t rc;
+      if (!strcmp(key, "from")) {
+        ref_node = v;
+      } else if (!strcmp(key, "convert")) {
+        char cw[WHERE_MAX];
+        where_node(v, cw, sizeof cw);
+        if ((rc = read_convert(v, cw, s->name, &convert, err)) != SPN_OK)
+          return rc;
+      } else {
+        where_key(b, kp, where, sizeof where);
+        return spn_error_set(err, SPN_ECONFIG, "%s: stage \"%s\": unknown key \"%s\" in an input (known: from, convert)",
+                             where, s->name, key);
+      }
+    }
+    if (!ref_node)
+      return spn_error_set(err, SPN_ECONFIG, "%s: stage \"%s\": an input table needs from = \"stage.port\"", where,
+                           s->name);
+    where_node(ref_node, where, sizeof where);
+  }
   if (spn_toml_node_type(ref_node) != SPN_TOML_STRING)
-    return spn_error_set(err, SPN_ETYPE, "%s: stage \"%s\": an input is a string \"stage\" or \"stage.port\", got %s",
+    return spn_error_set(err, SPN_ETYPE,
+                         "%s: stage \"%s\": an input is a string \"stage\" or \"stage.port\" (or a table { from = "
+                         "\"stage.port\", convert = \"auto\" }), got %s",
                          where, s->name, spn_toml_type_name(spn_toml_node_type(ref_node)));
   const char *ref = spn_toml_string(ref_node, NULL);
   const char *dot = strchr(ref, '.');
@@ -617,9 +678,10 @@ static int32_t connect(build_t *b, uint32_t to, uint32_t to_port, const spn_toml
     return spn_error_set(err, SPN_ECONFIG,
                          "%s: stage \"%s\": input port \"%s\" takes %s, but \"%s.%s\" gives %s (port type mismatch)",
                          where, s->name, ip->name, ip->type, from_name, op->name, op->type);
-  return add_edge(b, (spn__edge_spec_t){.from_stage = (uint32_t)from, .from_port = from_port, .to_stage = to,
-                                        .to_port = to_port},
-                  err);
+  spn__edge_spec_t e = {.from_stage = (uint32_t)from, .from_port = from_port, .to_stage = to, .to_port = to_port,
+                        .convert = convert};
+  snprintf(e.where, sizeof e.where, "%s", where);
+  return add_edge(b, e, err);
 }
 
 static int32_t wire_stage(build_t *b, uint32_t i, spn_error_t *err) {
@@ -792,6 +854,8 @@ void spn__spec_free(spn__pipeline_spec_t **specp) {
     free(s->device);
     free(s->instance_devices);
     free(s->endpoint);
+    free(s->in_caps);
+    free(s->out_caps);
   }
   free(spec->stages);
   free(spec->edges);
@@ -900,6 +964,8 @@ int32_t spn__spec_from_toml(const spn__registry_t *reg, const spn_toml_doc_t *do
     if ((rc = wire_stage(&b, (uint32_t)i, err)) != SPN_OK)
       goto out;
   if ((rc = order_stages(&b, err)) != SPN_OK)
+    goto out;
+  if ((rc = spn__spec_negotiate(reg, b.spec, err)) != SPN_OK)
     goto out;
   *out = b.spec;
   b.spec = NULL;

@@ -17,14 +17,23 @@
  *
  * Activations are fp32 NCHW. Precision "fp32" computes in fp32 (cuDNN FMA
  * math, cuBLASLt 32F); "tf32" lets cuDNN and cuBLASLt use TF32 tensor cores;
- * "fp16" is refused at load (not implemented yet). A run goes on the
- * caller's stream when it gives one (else the backend's own), and host
- * synchronisation happens only in run_end when the outputs were copied to
- * the host. The cuDNN and cuBLASLt handles are used by one run at a time
- * (compute holds the backend's lock). Per (node, input shape) the backend
- * builds descriptors and resize tables once; the shared workspace grows on
- * the first run of a shape only. Out of device memory is SPN_ENOMEM naming
- * the GPU, for that model or run only.
+ * "fp16" runs Conv, ConvTranspose, MatMul and Gemm on fp16 tensor cores with
+ * fp32 accumulation: their constant weights are converted to fp16 once, at
+ * prepare; the activation is cast to fp16 at the operator's input and its
+ * result back to fp32 (with the bias) at its output, in the run's scratch.
+ * Every other operator stays fp32, so values between nodes, boundary copies
+ * and outputs are fp32 at every precision (docs/engine.md, "fp16").
+ *
+ * A run goes on the caller's stream when it gives one (else the backend's
+ * own), and host synchronisation happens only in run_end when the outputs
+ * were copied to the host. The cuDNN and cuBLASLt handles are used by one
+ * run at a time (compute holds the backend's lock). Once per (model, input
+ * shapes) prepare_shape() builds, per node, the cuDNN descriptors and
+ * algorithm, the cuBLASLt descriptors and heuristic, and the resize tables,
+ * and sizes the scratch (cuDNN / cuBLASLt workspace and fp16 casts) that the
+ * planner puts in the run's arena: runs allocate nothing on the device and
+ * two runs on two streams never share a workspace. Out of device memory is
+ * SPN_ENOMEM naming the GPU, for that model or run only.
  */
 #include <math.h>
 #include <pthread.h>
@@ -45,6 +54,22 @@
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
 #define CU_WS_MAX ((size_t)512 << 20)
+#define CU_LT_WS ((size_t)32 << 20)
+#define CU_ALIGN(x) (((x) + 255) & ~(size_t)255)
+
+/* A range of nodes run as a CUDA Graph: captured on the second run with the
+ * same signature (model, range, input shapes, every device pointer and
+ * shape the range reads or writes, its scratch), replayed from the third. */
+typedef struct cu_graph {
+  const spn_model_t *m;
+  int64_t *sig;
+  size_t sig_n;
+  int state; /* 0: seen once (ran eagerly); 1: captured; -1: not capturable (eager) */
+  cudaGraphExec_t exec;
+  uint64_t tick;
+  struct cu_graph *next;
+} cu_graph_t;
+#define CU_MAX_GRAPHS 64
 
 typedef struct {
   int dev;
@@ -54,8 +79,9 @@ typedef struct {
   cudnnHandle_t dnn;
   cublasLtHandle_t lt;
   pthread_mutex_t lock;
-  void *ws; /* workspace shared by cuDNN and cuBLASLt, used under lock */
-  size_t ws_n;
+  cu_graph_t *graphs; /* under lock, at most CU_MAX_GRAPHS (least recently used dropped) */
+  int n_graphs;
+  uint64_t graph_tick;
 } cu_ctx_t;
 
 typedef struct cu_conv {
@@ -69,8 +95,18 @@ typedef struct cu_conv {
   struct cu_conv *next;
 } cu_conv_t;
 
+/* A MatMul/Gemm problem as cuBLASLt sees it, built once per (node, shapes). */
+typedef struct cu_lt {
+  int64_t ka[SPN_MAXD + 1], kb[SPN_MAXD + 1], kc[SPN_MAXD + 1]; /* operand shapes: rank, dims */
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t la, lb, lc;
+  cublasLtMatmulHeuristicResult_t heur;
+  size_t ws;
+  struct cu_lt *next;
+} cu_lt_t;
+
 typedef struct cu_resize {
-  int64_t key[SPN_MAXD];
+  int64_t key[SPN_MAXD + 1];
   int64_t ish[3], osh[3];
   int linear;
   int64_t *i01; /* device: i0 then i1 */
@@ -83,8 +119,10 @@ typedef struct {
   void *post_c[SPN_MAX_POST];  /* device copies of constant post-op operands */
   float *bn_scale, *bn_shift;  /* BatchNormalization folded to an affine */
   float *zero_bias;            /* fused conv without a bias */
+  bool half[8];                /* cdata[k] holds fp16 (precision fp16 weights) */
   int n_fused;                 /* leading post-ops fused into cuDNN */
   cu_conv_t *convs;
+  cu_lt_t *lts;
   cu_resize_t *resizes;
 } cu_node_t;
 
@@ -161,6 +199,8 @@ static bool cu_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t
   case SPN_OP_CONVT:
     if (!const_in(m, n, 1) || m->vals[n->in[1]].ndim != 4)
       no = "only 2-D convolutions with constant weights";
+    else if (!all_f32_inputs(m, n, 3))
+      no = "only fp32";
     else if (n->n_in > 2 && n->in[2] >= 0 && !const_in(m, n, 2))
       no = "the bias must be a constant";
     else if (!sym_pads(n))
@@ -252,6 +292,18 @@ static size_t value_bytes(const spn_value_t *v) {
   return n;
 }
 
+/* Input k of n is an fp16 tensor-core operand at this model's precision:
+ * the weight of a convolution, either matrix of MatMul/Gemm (not Gemm's C). */
+static bool half_operand(const spn_model_t *m, const spn_node_t *n, int k) {
+  if (m->precision != SPN_PREC_FP16 || k >= n->n_in || n->in[k] < 0 || m->vals[n->in[k]].dtype != SPN_DTYPE_F32)
+    return false;
+  if (n->op == SPN_OP_CONV || n->op == SPN_OP_CONVT)
+    return k == 1;
+  if (n->op == SPN_OP_MATMUL || n->op == SPN_OP_GEMM)
+    return k == 0 || k == 1;
+  return false;
+}
+
 static void cu_node_free(spn_backend_t *b, spn_node_t *n) {
   (void)b;
   cu_node_t *c = n->bctx;
@@ -274,6 +326,14 @@ static void cu_node_free(spn_backend_t *b, spn_node_t *n) {
     cudnnDestroyActivationDescriptor(e->act);
     free(e);
   }
+  for (cu_lt_t *e = c->lts, *nx; e; e = nx) {
+    nx = e->next;
+    if (e->la) cublasLtMatrixLayoutDestroy(e->la);
+    if (e->lb) cublasLtMatrixLayoutDestroy(e->lb);
+    if (e->lc) cublasLtMatrixLayoutDestroy(e->lc);
+    if (e->desc) cublasLtMatmulDescDestroy(e->desc);
+    free(e);
+  }
   for (cu_resize_t *e = c->resizes, *nx; e; e = nx) {
     nx = e->next;
     cudaFree(e->i01);
@@ -286,17 +346,30 @@ static void cu_node_free(spn_backend_t *b, spn_node_t *n) {
 
 static int32_t cu_prepare(spn_backend_t *b, spn_model_t *m, spn_node_t *n, spn_error_t *err) {
   cu_ctx_t *cx = b->ctx;
-  if (m->precision == SPN_PREC_FP16)
-    return spn_error_set(err, SPN_EUNSUPPORTED, "precision fp16 is not implemented by the CUDA backend yet (use fp32 or tf32)");
   cudaSetDevice(cx->dev);
   cu_node_t *c = calloc(1, sizeof *c);
   if (!c)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
   n->bctx = c;
   int32_t rc = SPN_OK;
-  for (int k = 0; k < n->n_in && k < 8 && !rc; k++)
-    if (const_in(m, n, k))
-      rc = upload(b, m->vals[n->in[k]].data, value_bytes(&m->vals[n->in[k]]), &c->cdata[k], err);
+  for (int k = 0; k < n->n_in && k < 8 && !rc; k++) {
+    if (!const_in(m, n, k))
+      continue;
+    const spn_value_t *v = &m->vals[n->in[k]];
+    if (half_operand(m, n, k)) {
+      /* fp16 weights, converted once here (round to nearest even). */
+      size_t cnt = value_bytes(v) / sizeof(float);
+      uint16_t *h = malloc(cnt ? cnt * sizeof(uint16_t) : 2);
+      if (!h)
+        return spn_error_set(err, SPN_ENOMEM, "out of memory");
+      spn_f32_to_f16_n(v->data, h, cnt);
+      rc = upload(b, h, cnt * sizeof(uint16_t), &c->cdata[k], err);
+      free(h);
+      c->half[k] = true;
+    } else {
+      rc = upload(b, v->data, value_bytes(v), &c->cdata[k], err);
+    }
+  }
   for (int p = 0; p < n->n_post && !rc; p++) {
     const spn_post_t *po = &n->post[p];
     if ((po->kind == SPN_POST_ADD || po->kind == SPN_POST_PRELU) && m->vals[po->val].kind == SPN_VAL_CONST)
@@ -319,8 +392,9 @@ static int32_t cu_prepare(spn_backend_t *b, spn_model_t *m, spn_node_t *n, spn_e
       rc = upload(b, sc + C, (size_t)C * sizeof(float), (void **)&c->bn_shift, err);
     free(sc);
   }
-  if (!rc && n->op == SPN_OP_CONV) {
-    /* cuDNN fuses bias + ReLU (+ a residual added before the ReLU). */
+  if (!rc && n->op == SPN_OP_CONV && m->precision != SPN_PREC_FP16) {
+    /* cuDNN fuses bias + ReLU (+ a residual added before the ReLU); in fp16
+     * the bias is added by the cast back to fp32 instead. */
     if (n->n_post >= 1 && n->post[0].kind == SPN_POST_RELU)
       c->n_fused = 1;
     else if (n->n_post >= 2 && n->post[0].kind == SPN_POST_ADD && n->post[1].kind == SPN_POST_RELU &&
@@ -347,18 +421,36 @@ static const void *in_ptr(const spn_run_t *r, const spn_node_t *n, int k) {
   return r->v[n->in[k]].data;
 }
 
-static int32_t ensure_ws(spn_backend_t *b, spn_run_t *r, size_t need) {
-  cu_ctx_t *cx = b->ctx;
-  if (need <= cx->ws_n)
-    return SPN_OK;
-  /* Grows on the first run of a bigger shape only; cudaFree waits for work
-   * still using the old buffer. */
-  cudaFree(cx->ws);
-  cx->ws = NULL;
-  cx->ws_n = 0;
-  CU(cudaMalloc(&cx->ws, need), "workspace");
-  cx->ws_n = need;
+static bool in_half(const spn_node_t *n, int k) {
+  const cu_node_t *c = n->bctx;
+  return k < 8 && c->half[k];
+}
+
+/* The run's scratch on this backend (workspace and fp16 casts), sized by
+ * prepare_shape() for these shapes; need > its size means the shapes were
+ * not prepared, which is a bug, reported rather than overrun. */
+static int32_t scratch(spn_backend_t *b, spn_run_t *r, size_t need, uint8_t **out) {
+  *out = r->bws[b->slot];
+  if (need > r->bws_n[b->slot] || (need && !*out))
+    return spn_error_set(r->err, SPN_EINTERNAL, "%s: %zu scratch bytes needed, %zu planned for these shapes", b->device, need, r->bws_n[b->slot]);
   return SPN_OK;
+}
+
+/* Shape keys: rank, then the dims (SPN_MAXD + 1 entries). */
+static bool same_shape(const int64_t *key, const spn_rt_val_t *v) {
+  if (key[0] != v->ndim)
+    return false;
+  for (int d = 0; d < v->ndim; d++)
+    if (key[d + 1] != v->shape[d])
+      return false;
+  return true;
+}
+
+static void shape_key(int64_t *key, const spn_rt_val_t *v) {
+  memset(key, 0, (SPN_MAXD + 1) * sizeof *key);
+  key[0] = v->ndim;
+  for (int d = 0; d < v->ndim; d++)
+    key[d + 1] = v->shape[d];
 }
 
 /* Broadcast strides of `a` within output shape `y` (0 on broadcast dims). */
@@ -414,6 +506,7 @@ static int32_t posts(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, int fr
   return SPN_OK;
 }
 
+
 /* ---- convolution ---- */
 
 static cu_conv_t *find_conv(cu_node_t *c, const spn_rt_val_t *x) {
@@ -423,10 +516,15 @@ static cu_conv_t *find_conv(cu_node_t *c, const spn_rt_val_t *x) {
   return NULL;
 }
 
-static int32_t build_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bool tr, cu_conv_t **out) {
+/* Descriptors and algorithm of node n for input x's shape, built once. */
+static int32_t get_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bool tr, cu_conv_t **out) {
   cu_ctx_t *cx = b->ctx;
   cu_node_t *c = n->bctx;
   const spn_rt_val_t *x = &r->v[n->in[0]], *w = &r->v[n->in[1]], *y = &r->v[n->out[0]];
+  if (x->ndim != 4 || y->ndim != 4 || w->ndim != 4)
+    return spn_error_set(r->err, SPN_EUNSUPPORTED, "only 2-D convolutions on %s", b->device);
+  if ((*out = find_conv(c, x)))
+    return SPN_OK;
   int64_t st[2], dil[2], pl[2], pr[2], osp[2];
   int32_t rc = spn_conv_geometry(n, x, w, tr, st, dil, pl, pr, osp, r->err);
   if (rc)
@@ -435,22 +533,28 @@ static int32_t build_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, b
   if (!e)
     return spn_error_set(r->err, SPN_ENOMEM, "out of memory");
   memcpy(e->key, x->shape, 4 * sizeof(int64_t));
+  e->key[0] = -1; /* not findable until complete */
   e->next = c->convs;
   c->convs = e; /* freed with the node even when building fails half-way */
   int g = (int)spn_attr_int(n, "group", 1);
+  int prec = r->m->precision;
+  /* fp16: fp16 tensors, fp32 accumulation (cuDNN's "pseudo half"), tensor
+   * cores; tf32: cuDNN's default math (TF32 tensor cores); fp32: FMA only. */
+  cudnnDataType_t dt = prec == SPN_PREC_FP16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
+  cudnnMathType_t mt = prec == SPN_PREC_FP16 ? CUDNN_TENSOR_OP_MATH : prec == SPN_PREC_TF32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
   DNN(cudnnCreateTensorDescriptor(&e->x), "descriptor");
   DNN(cudnnCreateTensorDescriptor(&e->y), "descriptor");
   DNN(cudnnCreateTensorDescriptor(&e->bias), "descriptor");
   DNN(cudnnCreateFilterDescriptor(&e->w), "descriptor");
   DNN(cudnnCreateConvolutionDescriptor(&e->conv), "descriptor");
   DNN(cudnnCreateActivationDescriptor(&e->act), "descriptor");
-  DNN(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3]), "input descriptor");
-  DNN(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, (int)y->shape[0], (int)y->shape[1], (int)y->shape[2], (int)y->shape[3]), "output descriptor");
+  DNN(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, dt, (int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3]), "input descriptor");
+  DNN(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, dt, (int)y->shape[0], (int)y->shape[1], (int)y->shape[2], (int)y->shape[3]), "output descriptor");
   DNN(cudnnSetTensor4dDescriptor(e->bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, (int)y->shape[1], 1, 1), "bias descriptor");
-  DNN(cudnnSetFilter4dDescriptor(e->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, (int)w->shape[0], (int)w->shape[1], (int)w->shape[2], (int)w->shape[3]), "filter descriptor");
+  DNN(cudnnSetFilter4dDescriptor(e->w, dt, CUDNN_TENSOR_NCHW, (int)w->shape[0], (int)w->shape[1], (int)w->shape[2], (int)w->shape[3]), "filter descriptor");
   DNN(cudnnSetConvolution2dDescriptor(e->conv, (int)pl[0], (int)pl[1], (int)st[0], (int)st[1], (int)dil[0], (int)dil[1], CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT), "convolution descriptor");
   DNN(cudnnSetConvolutionGroupCount(e->conv, g), "group count");
-  DNN(cudnnSetConvolutionMathType(e->conv, r->m->precision == SPN_PREC_TF32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH), "math type");
+  DNN(cudnnSetConvolutionMathType(e->conv, mt), "math type");
   DNN(cudnnSetActivationDescriptor(e->act, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0), "activation");
   int got = 0;
   if (!tr) {
@@ -476,30 +580,48 @@ static int32_t build_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, b
     e->algo = (int)perf[pick].algo;
     e->ws = perf[pick].memory;
   }
+  e->key[0] = x->shape[0];
   *out = e;
   return SPN_OK;
+}
+
+/* Scratch of one convolution: cuDNN's workspace, then in fp16 the input and
+ * the output cast to fp16. */
+static size_t conv_scratch(const spn_run_t *r, const spn_node_t *n, const cu_conv_t *e) {
+  size_t need = CU_ALIGN(e->ws);
+  if (r->m->precision == SPN_PREC_FP16)
+    need += CU_ALIGN((size_t)nelem(&r->v[n->in[0]]) * 2) + CU_ALIGN((size_t)nelem(&r->v[n->out[0]]) * 2);
+  return need;
 }
 
 static int32_t exec_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bool tr) {
   cu_ctx_t *cx = b->ctx;
   cu_node_t *c = n->bctx;
   spn_rt_val_t *x = &r->v[n->in[0]], *y = &r->v[n->out[0]];
-  if (x->ndim != 4)
-    return spn_error_set(r->err, SPN_EUNSUPPORTED, "only 2-D convolutions on %s", b->device);
-  cu_conv_t *e = find_conv(c, x);
-  int32_t rc;
-  if (!e && (rc = build_conv(b, r, n, tr, &e)))
+  cu_conv_t *e;
+  int32_t rc = get_conv(b, r, n, tr, &e);
+  if (rc)
     return rc;
-  if ((rc = ensure_ws(b, r, e->ws)))
+  uint8_t *ws;
+  if ((rc = scratch(b, r, conv_scratch(r, n, e), &ws)))
     return rc;
   cudaStream_t s = run_stream(b, r);
   DNN(cudnnSetStream(cx->dnn, s), "stream");
   const void *w = in_ptr(r, n, 1);
-  const void *bias = n->n_in > 2 && n->in[2] >= 0 ? in_ptr(r, n, 2) : NULL;
+  const float *bias = n->n_in > 2 && n->in[2] >= 0 ? in_ptr(r, n, 2) : NULL;
   const float one = 1.f, zero = 0.f;
+  const void *xin = x->data;
+  void *yout = y->data;
+  bool h = r->m->precision == SPN_PREC_FP16;
+  if (h) {
+    uint16_t *x16 = (uint16_t *)(ws + CU_ALIGN(e->ws));
+    yout = (uint8_t *)x16 + CU_ALIGN((size_t)nelem(x) * 2);
+    CU(spn_cu_f32_to_f16(x->data, x16, nelem(x), s), "fp16 cast");
+    xin = x16;
+  }
   int from = 0;
   if (tr) {
-    DNN(cudnnConvolutionBackwardData(cx->dnn, &one, e->w, w, e->x, x->data, e->conv, (cudnnConvolutionBwdDataAlgo_t)e->algo, cx->ws, e->ws, &zero, e->y, y->data), "transposed convolution");
+    DNN(cudnnConvolutionBackwardData(cx->dnn, &one, e->w, w, e->x, xin, e->conv, (cudnnConvolutionBwdDataAlgo_t)e->algo, ws, e->ws, &zero, e->y, yout), "transposed convolution");
   } else if (c->n_fused) {
     const void *z = y->data;
     float a2 = 0.f;
@@ -511,11 +633,15 @@ static int32_t exec_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bo
        * cannot leak in, whether or not cuDNN reads z then. */
       CU(cudaMemsetAsync(y->data, 0, y->bytes, s), "clearing the output");
     }
-    DNN(cudnnConvolutionBiasActivationForward(cx->dnn, &one, e->x, x->data, e->w, w, e->conv, (cudnnConvolutionFwdAlgo_t)e->algo, cx->ws, e->ws, &a2, e->y, z, e->bias, bias ? bias : c->zero_bias, e->act, e->y, y->data), "fused convolution");
+    DNN(cudnnConvolutionBiasActivationForward(cx->dnn, &one, e->x, x->data, e->w, w, e->conv, (cudnnConvolutionFwdAlgo_t)e->algo, ws, e->ws, &a2, e->y, z, e->bias, bias ? (const void *)bias : c->zero_bias, e->act, e->y, y->data), "fused convolution");
     from = c->n_fused;
     bias = NULL;
   } else {
-    DNN(cudnnConvolutionForward(cx->dnn, &one, e->x, x->data, e->w, w, e->conv, (cudnnConvolutionFwdAlgo_t)e->algo, cx->ws, e->ws, &zero, e->y, y->data), "convolution");
+    DNN(cudnnConvolutionForward(cx->dnn, &one, e->x, xin, e->w, w, e->conv, (cudnnConvolutionFwdAlgo_t)e->algo, ws, e->ws, &zero, e->y, yout), "convolution");
+  }
+  if (h) { /* back to fp32, adding the bias on the way */
+    CU(spn_cu_f16_to_f32_bias(yout, y->data, bias, y->shape[0], y->shape[1], y->shape[2] * y->shape[3], s), "fp32 cast");
+    bias = NULL;
   }
   if (bias)
     CU(spn_cu_channel_affine(y->data, y->data, NULL, bias, y->shape[0], y->shape[1], y->shape[2] * y->shape[3], s), "bias");
@@ -524,148 +650,239 @@ static int32_t exec_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bo
 
 /* ---- MatMul / Gemm (cuBLASLt, row-major through the transposed problem) ---- */
 
-static int32_t lt_gemm(spn_backend_t *b, spn_run_t *r, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                       float alpha, const void *A, const void *B, float beta, void *C, int64_t batch,
-                       int64_t sa, int64_t sb, int64_t sc, const void *bias, bool relu) {
-  cu_ctx_t *cx = b->ctx;
-  int32_t rc = ensure_ws(b, r, (size_t)32 << 20);
-  if (rc)
-    return rc;
-  cublasLtMatmulDesc_t desc = NULL;
-  cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL;
-  cublasLtMatmulPreference_t pref = NULL;
-  cublasComputeType_t ct = r->m->precision == SPN_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  /* Column-major: C^T (N x M) = op(B)^T-side x op(A)^T-side. */
-  cublasOperation_t opa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasStatus_t st = cublasLtMatmulDescCreate(&desc, ct, CUDA_R_32F);
-  if (!st) st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
-  if (!st) st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
-  if (!st && bias) {
-    cublasLtEpilogue_t epi = relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
-    st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
-    if (!st) st = cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+/* Row-major Y (M x N, batch of them) = alpha op(A) op(B) (+ bias, ReLU). */
+typedef struct {
+  bool ta, tb, relu, c_bcast;
+  int64_t M, N, K, batch, sa, sb, sc;
+  float alpha, beta;
+  const void *bias;
+  int from; /* first post-op not fused */
+} cu_gemm_t;
+
+static int32_t gemm_problem(spn_backend_t *b, const spn_run_t *r, const spn_node_t *n, cu_gemm_t *g) {
+  const spn_rt_val_t *a = &r->v[n->in[0]], *w = &r->v[n->in[1]];
+  *g = (cu_gemm_t){.alpha = 1.f, .batch = 1};
+  if (n->op == SPN_OP_MATMUL) {
+    if (a->ndim < 2 || w->ndim < 1 || w->ndim > a->ndim)
+      return spn_error_set(r->err, SPN_EUNSUPPORTED, "MatMul of these ranks on %s", b->device);
+    g->M = a->shape[a->ndim - 2];
+    g->K = a->shape[a->ndim - 1];
+    g->N = w->ndim == 1 ? 1 : w->shape[w->ndim - 1];
+    int64_t mk = g->M * g->K, batch = nelem(a) / (mk > 0 ? mk : 1);
+    if (w->ndim <= 2) { /* fold the batch into M */
+      g->M *= batch;
+    } else if (g->K * g->N > 0 && nelem(w) / (g->K * g->N) == batch) {
+      g->batch = batch;
+      g->sa = g->M * g->K;
+      g->sb = g->K * g->N;
+      g->sc = g->M * g->N;
+    } else {
+      return spn_error_set(r->err, SPN_EUNSUPPORTED, "MatMul with broadcast batch dims on %s", b->device);
+    }
+    return SPN_OK;
   }
-  /* "A" of the column-major call is B: stored K x N row-major (N x K col-major, ld N) or, transposed, N x K row-major. */
-  if (!st) st = cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, tb ? (uint64_t)K : (uint64_t)N, tb ? (uint64_t)N : (uint64_t)K, tb ? K : N);
-  if (!st) st = cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, ta ? (uint64_t)M : (uint64_t)K, ta ? (uint64_t)K : (uint64_t)M, ta ? M : K);
-  if (!st) st = cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, (uint64_t)N, (uint64_t)M, N);
-  if (!st && batch > 1) {
-    int32_t bc = (int32_t)batch;
-    st = cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
-    if (!st) st = cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sb, sizeof sb);
-    if (!st) st = cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
-    if (!st) st = cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sa, sizeof sa);
-    if (!st) st = cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
-    if (!st) st = cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sc, sizeof sc);
+  g->ta = spn_attr_int(n, "transA", 0);
+  g->tb = spn_attr_int(n, "transB", 0);
+  g->alpha = spn_attr_float(n, "alpha", 1.f);
+  float beta = spn_attr_float(n, "beta", 1.f);
+  g->M = g->ta ? a->shape[1] : a->shape[0];
+  g->K = g->ta ? a->shape[0] : a->shape[1];
+  g->N = g->tb ? w->shape[0] : w->shape[1];
+  if (n->n_in > 2 && n->in[2] >= 0 && beta != 0.f) {
+    const spn_rt_val_t *cv = &r->v[n->in[2]];
+    /* The epilogue's bias pointer is fixed in the cached descriptor: only a
+     * constant (uploaded at prepare) can be it. */
+    if (cv->ndim == 1 && cv->shape[0] == g->N && beta == 1.f && const_in(r->m, n, 2)) {
+      g->bias = in_ptr(r, n, 2);
+      g->relu = n->n_post > 0 && n->post[0].kind == SPN_POST_RELU;
+      g->from = g->relu;
+    } else { /* Y = broadcast C, then Y = alpha A B + beta Y */
+      g->c_bcast = true;
+      g->beta = beta;
+    }
   }
-  if (!st) st = cublasLtMatmulPreferenceCreate(&pref);
-  uint64_t wsn = cx->ws_n;
-  if (!st) st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsn, sizeof wsn);
-  cublasLtMatmulHeuristicResult_t heur;
-  int nres = 0;
-  if (!st) st = cublasLtMatmulAlgoGetHeuristic(cx->lt, desc, la, lb, lc, lc, pref, 1, &heur, &nres);
-  if (!st && nres == 0)
-    st = CUBLAS_STATUS_NOT_SUPPORTED;
-  if (!st)
-    st = cublasLtMatmul(cx->lt, desc, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heur.algo, cx->ws, cx->ws_n, run_stream(b, r));
-  if (pref) cublasLtMatmulPreferenceDestroy(pref);
-  if (la) cublasLtMatrixLayoutDestroy(la);
-  if (lb) cublasLtMatrixLayoutDestroy(lb);
-  if (lc) cublasLtMatrixLayoutDestroy(lc);
-  if (desc) cublasLtMatmulDescDestroy(desc);
-  if (st == CUBLAS_STATUS_ALLOC_FAILED)
-    return spn_error_set(r->err, SPN_ENOMEM, "%s: out of device memory (cuBLASLt)", b->device);
-  if (st)
-    return spn_error_set(r->err, SPN_ECUDA, "%s: cuBLASLt matmul failed (status %d)", b->device, (int)st);
   return SPN_OK;
 }
 
-static int32_t exec_matmul(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
-  const spn_rt_val_t *a = &r->v[n->in[0]], *w = &r->v[n->in[1]];
-  spn_rt_val_t *y = &r->v[n->out[0]];
-  if (a->ndim < 2 || w->ndim < 1 || w->ndim > a->ndim)
-    return spn_error_set(r->err, SPN_EUNSUPPORTED, "MatMul of these ranks on %s", b->device);
-  int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1];
-  int64_t N = w->ndim == 1 ? 1 : w->shape[w->ndim - 1];
-  int64_t mk = M * K, batch = nelem(a) / (mk > 0 ? mk : 1);
-  int32_t rc;
-  if (w->ndim <= 2) /* fold the batch into M */
-    rc = lt_gemm(b, r, false, false, M * batch, N, K, 1.f, a->data, in_ptr(r, n, 1), 0.f, y->data, 1, 0, 0, 0, NULL, false);
-  else if (nelem(w) / (K * N) == batch)
-    rc = lt_gemm(b, r, false, false, M, N, K, 1.f, a->data, in_ptr(r, n, 1), 0.f, y->data, batch, M * K, K * N, M * N, NULL, false);
-  else
-    return spn_error_set(r->err, SPN_EUNSUPPORTED, "MatMul with broadcast batch dims on %s", b->device);
-  return rc ? rc : posts(b, r, n, 0, y);
+static cublasStatus_t lt_build(cu_ctx_t *cx, int prec, const cu_gemm_t *g, cu_lt_t *e) {
+  bool h = prec == SPN_PREC_FP16;
+  cudaDataType_t ab = h ? CUDA_R_16F : CUDA_R_32F;
+  /* fp16: fp16 A and B, fp32 accumulation and fp32 C/D. */
+  cublasComputeType_t ct = prec == SPN_PREC_TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  /* Column-major: C^T (N x M) = op(B)^T-side x op(A)^T-side. */
+  cublasOperation_t opa = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  int64_t M = g->M, N = g->N, K = g->K;
+  cublasStatus_t st = cublasLtMatmulDescCreate(&e->desc, ct, CUDA_R_32F);
+  if (!st) st = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+  if (!st) st = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+  if (!st && g->bias) {
+    cublasLtEpilogue_t epi = g->relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    /* The bias has D's type (fp32) by default, at every precision. */
+    st = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    if (!st) st = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias);
+  }
+  /* "A" of the column-major call is B: stored K x N row-major (N x K col-major, ld N) or, transposed, N x K row-major. */
+  if (!st) st = cublasLtMatrixLayoutCreate(&e->la, ab, g->tb ? (uint64_t)K : (uint64_t)N, g->tb ? (uint64_t)N : (uint64_t)K, g->tb ? K : N);
+  if (!st) st = cublasLtMatrixLayoutCreate(&e->lb, ab, g->ta ? (uint64_t)M : (uint64_t)K, g->ta ? (uint64_t)K : (uint64_t)M, g->ta ? M : K);
+  if (!st) st = cublasLtMatrixLayoutCreate(&e->lc, CUDA_R_32F, (uint64_t)N, (uint64_t)M, N);
+  if (!st && g->batch > 1) {
+    int32_t bc = (int32_t)g->batch;
+    st = cublasLtMatrixLayoutSetAttribute(e->la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
+    if (!st) st = cublasLtMatrixLayoutSetAttribute(e->la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &g->sb, sizeof g->sb);
+    if (!st) st = cublasLtMatrixLayoutSetAttribute(e->lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
+    if (!st) st = cublasLtMatrixLayoutSetAttribute(e->lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &g->sa, sizeof g->sa);
+    if (!st) st = cublasLtMatrixLayoutSetAttribute(e->lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
+    if (!st) st = cublasLtMatrixLayoutSetAttribute(e->lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &g->sc, sizeof g->sc);
+  }
+  cublasLtMatmulPreference_t pref = NULL;
+  if (!st) st = cublasLtMatmulPreferenceCreate(&pref);
+  uint64_t wsn = CU_LT_WS;
+  if (!st) st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsn, sizeof wsn);
+  int nres = 0;
+  if (!st) st = cublasLtMatmulAlgoGetHeuristic(cx->lt, e->desc, e->la, e->lb, e->lc, e->lc, pref, 1, &e->heur, &nres);
+  if (!st && nres == 0)
+    st = CUBLAS_STATUS_NOT_SUPPORTED;
+  if (pref)
+    cublasLtMatmulPreferenceDestroy(pref);
+  e->ws = st ? 0 : e->heur.workspaceSize;
+  return st;
 }
 
-static int32_t exec_gemm(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
+static int32_t lt_status(spn_backend_t *b, spn_run_t *r, cublasStatus_t st, const char *what) {
+  if (st == CUBLAS_STATUS_ALLOC_FAILED)
+    return spn_error_set(r->err, SPN_ENOMEM, "%s: out of device memory (cuBLASLt %s)", b->device, what);
+  return spn_error_set(r->err, SPN_ECUDA, "%s: cuBLASLt %s failed (status %d)", b->device, what, (int)st);
+}
+
+/* cuBLASLt descriptors and heuristic of node n for its operand shapes,
+ * built once. */
+static int32_t get_lt(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, cu_gemm_t *g, cu_lt_t **out) {
+  cu_node_t *c = n->bctx;
   const spn_rt_val_t *a = &r->v[n->in[0]], *w = &r->v[n->in[1]];
-  spn_rt_val_t *y = &r->v[n->out[0]];
-  bool ta = spn_attr_int(n, "transA", 0), tb = spn_attr_int(n, "transB", 0);
-  float alpha = spn_attr_float(n, "alpha", 1.f), beta = spn_attr_float(n, "beta", 1.f);
-  int64_t M = ta ? a->shape[1] : a->shape[0], K = ta ? a->shape[0] : a->shape[1], N = tb ? w->shape[0] : w->shape[1];
-  bool has_c = n->n_in > 2 && n->in[2] >= 0 && beta != 0.f;
-  const void *bias = NULL;
-  bool relu = false;
-  int from = 0;
-  int32_t rc;
-  if (has_c) {
-    const spn_rt_val_t *cv = &r->v[n->in[2]];
-    if (cv->ndim == 1 && cv->shape[0] == N && beta == 1.f) {
-      bias = in_ptr(r, n, 2);
-      relu = n->n_post > 0 && n->post[0].kind == SPN_POST_RELU;
-      from = relu;
-    } else { /* Y = broadcast C, then Y = alpha A B + beta Y */
-      spn_cu_nd_t g;
-      bcast_nd(cv, y, &g);
-      CU(spn_cu_strided_copy(in_ptr(r, n, 2), y->data, 4, &g, 0, run_stream(b, r)), "Gemm C");
+  const spn_rt_val_t *cv = n->n_in > 2 && n->in[2] >= 0 ? &r->v[n->in[2]] : NULL;
+  int32_t rc = gemm_problem(b, r, n, g);
+  if (rc)
+    return rc;
+  int64_t kc[SPN_MAXD + 1] = {0};
+  if (cv)
+    shape_key(kc, cv);
+  for (cu_lt_t *e = c->lts; e; e = e->next)
+    if (same_shape(e->ka, a) && same_shape(e->kb, w) && !memcmp(e->kc, kc, sizeof kc)) {
+      *out = e;
+      return SPN_OK;
     }
+  cu_lt_t *e = calloc(1, sizeof *e);
+  if (!e)
+    return spn_error_set(r->err, SPN_ENOMEM, "out of memory");
+  cublasStatus_t st = lt_build(b->ctx, r->m->precision, g, e);
+  if (st) {
+    if (e->la) cublasLtMatrixLayoutDestroy(e->la);
+    if (e->lb) cublasLtMatrixLayoutDestroy(e->lb);
+    if (e->lc) cublasLtMatrixLayoutDestroy(e->lc);
+    if (e->desc) cublasLtMatmulDescDestroy(e->desc);
+    free(e);
+    return lt_status(b, r, st, "matmul setup");
   }
-  rc = lt_gemm(b, r, ta, tb, M, N, K, alpha, a->data, in_ptr(r, n, 1), has_c && !bias ? beta : 0.f, y->data, 1, 0, 0, 0, bias, relu);
-  return rc ? rc : posts(b, r, n, from, y);
+  shape_key(e->ka, a);
+  shape_key(e->kb, w);
+  memcpy(e->kc, kc, sizeof kc);
+  e->next = c->lts;
+  c->lts = e;
+  *out = e;
+  return SPN_OK;
+}
+
+/* Scratch of one MatMul/Gemm: cuBLASLt's workspace, then in fp16 the
+ * operands that are not fp16 weights, cast. */
+static size_t lt_scratch(const spn_run_t *r, const spn_node_t *n, const cu_lt_t *e) {
+  size_t need = CU_ALIGN(e->ws);
+  for (int k = 0; k < 2 && r->m->precision == SPN_PREC_FP16; k++)
+    if (!in_half(n, k))
+      need += CU_ALIGN((size_t)nelem(&r->v[n->in[k]]) * 2);
+  return need;
+}
+
+static int32_t exec_lt(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
+  cu_ctx_t *cx = b->ctx;
+  spn_rt_val_t *y = &r->v[n->out[0]];
+  cu_gemm_t g;
+  cu_lt_t *e;
+  int32_t rc = get_lt(b, r, n, &g, &e);
+  if (rc)
+    return rc;
+  uint8_t *ws;
+  if ((rc = scratch(b, r, lt_scratch(r, n, e), &ws)))
+    return rc;
+  cudaStream_t s = run_stream(b, r);
+  const void *op[2] = {in_ptr(r, n, 0), in_ptr(r, n, 1)};
+  uint8_t *p = ws + CU_ALIGN(e->ws);
+  for (int k = 0; k < 2 && r->m->precision == SPN_PREC_FP16; k++)
+    if (!in_half(n, k)) {
+      int64_t cnt = nelem(&r->v[n->in[k]]);
+      CU(spn_cu_f32_to_f16(op[k], (uint16_t *)p, cnt, s), "fp16 cast");
+      op[k] = p;
+      p += CU_ALIGN((size_t)cnt * 2);
+    }
+  if (g.c_bcast) {
+    spn_cu_nd_t cg;
+    bcast_nd(&r->v[n->in[2]], y, &cg);
+    CU(spn_cu_strided_copy(in_ptr(r, n, 2), y->data, 4, &cg, 0, s), "Gemm C");
+  }
+  cublasStatus_t st = cublasLtMatmul(cx->lt, e->desc, &g.alpha, op[1], e->la, op[0], e->lb, &g.beta, y->data, e->lc, y->data, e->lc, &e->heur.algo, ws, e->ws, s);
+  if (st)
+    return lt_status(b, r, st, "matmul");
+  return posts(b, r, n, g.from, y);
 }
 
 /* ---- the rest ---- */
 
-static int32_t exec_resize(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
+static int32_t get_resize(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, cu_resize_t **out) {
   cu_node_t *c = n->bctx;
   const spn_rt_val_t *x = &r->v[n->in[0]];
-  spn_rt_val_t *y = &r->v[n->out[0]];
   if (x->ndim < 3 || x->ndim > 5)
     return spn_error_set(r->err, SPN_EUNSUPPORTED, "Resize of a %d-D tensor on %s", x->ndim, b->device);
-  cu_resize_t *e = NULL;
-  for (cu_resize_t *it = c->resizes; it && !e; it = it->next)
-    if (!memcmp(it->key, x->shape, sizeof it->key))
-      e = it;
-  if (!e) {
-    int64_t *ib;
-    float *wb;
-    int64_t ish[3], osh[3];
-    int lin;
-    int32_t rc = spn_resize_tables(r, n, ish, osh, &lin, &ib, &wb);
-    if (rc)
-      return rc;
-    e = calloc(1, sizeof *e);
-    if (!e) {
-      free(ib);
-      free(wb);
-      return spn_error_set(r->err, SPN_ENOMEM, "out of memory");
+  for (cu_resize_t *it = c->resizes; it; it = it->next)
+    if (same_shape(it->key, x)) {
+      *out = it;
+      return SPN_OK;
     }
-    memcpy(e->key, x->shape, sizeof e->key);
-    memcpy(e->ish, ish, sizeof ish);
-    memcpy(e->osh, osh, sizeof osh);
-    e->linear = lin;
-    int64_t tot = osh[0] + osh[1] + osh[2];
-    rc = upload(b, ib, (size_t)tot * 2 * sizeof(int64_t), (void **)&e->i01, r->err);
-    if (!rc)
-      rc = upload(b, wb, (size_t)tot * sizeof(float), (void **)&e->w, r->err);
+  int64_t *ib;
+  float *wb;
+  int64_t ish[3], osh[3];
+  int lin;
+  int32_t rc = spn_resize_tables(r, n, ish, osh, &lin, &ib, &wb);
+  if (rc)
+    return rc;
+  cu_resize_t *e = calloc(1, sizeof *e);
+  if (!e) {
     free(ib);
     free(wb);
-    e->next = c->resizes;
-    c->resizes = e;
-    if (rc)
-      return rc;
+    return spn_error_set(r->err, SPN_ENOMEM, "out of memory");
   }
+  memcpy(e->ish, ish, sizeof ish);
+  memcpy(e->osh, osh, sizeof osh);
+  e->linear = lin;
+  int64_t tot = osh[0] + osh[1] + osh[2];
+  rc = upload(b, ib, (size_t)tot * 2 * sizeof(int64_t), (void **)&e->i01, r->err);
+  if (!rc)
+    rc = upload(b, wb, (size_t)tot * sizeof(float), (void **)&e->w, r->err);
+  free(ib);
+  free(wb);
+  if (!rc)
+    shape_key(e->key, x); /* findable only when complete */
+  e->next = c->resizes;
+  c->resizes = e;
+  *out = e;
+  return rc;
+}
+
+static int32_t exec_resize(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
+  const spn_rt_val_t *x = &r->v[n->in[0]];
+  spn_rt_val_t *y = &r->v[n->out[0]];
+  cu_resize_t *e;
+  int32_t rc = get_resize(b, r, n, &e);
+  if (rc)
+    return rc;
   int64_t tot = e->osh[0] + e->osh[1] + e->osh[2];
   CU(spn_cu_resize(x->data, y->data, x->shape[0] * x->shape[1], e->ish, e->osh, e->i01, e->i01 + tot, e->w, e->linear, run_stream(b, r)), "resize kernel");
   return SPN_OK;
@@ -711,8 +928,8 @@ static int32_t exec_node(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
   switch (n->op) {
   case SPN_OP_CONV: return exec_conv(b, r, n, false);
   case SPN_OP_CONVT: return exec_conv(b, r, n, true);
-  case SPN_OP_MATMUL: return exec_matmul(b, r, n);
-  case SPN_OP_GEMM: return exec_gemm(b, r, n);
+  case SPN_OP_MATMUL:
+  case SPN_OP_GEMM: return exec_lt(b, r, n);
   case SPN_OP_RELU: CU(spn_cu_unary(SPN_CU_RELU, X, y->data, cnt, 0, 0, s), "Relu"); return SPN_OK;
   case SPN_OP_LRELU: CU(spn_cu_unary(SPN_CU_LRELU, X, y->data, cnt, spn_attr_float(n, "alpha", 0.01f), 0, s), "LeakyRelu"); return SPN_OK;
   case SPN_OP_SIGMOID: CU(spn_cu_unary(SPN_CU_SIGMOID, X, y->data, cnt, 0, 0, s), "Sigmoid"); return SPN_OK;
@@ -855,11 +1072,50 @@ static int32_t exec_node(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
   }
 }
 
-static int32_t cu_compute(spn_backend_t *b, spn_run_t *r, int first, int last) {
+/* Once per (model, input shapes): everything shape-dependent each node
+ * placed here needs, and the largest scratch any of them uses. */
+static int32_t cu_prepare_shape(spn_backend_t *b, spn_run_t *r, size_t *scratch_n) {
   cu_ctx_t *cx = b->ctx;
   const spn_model_t *m = r->m;
+  size_t need = 0;
+  int32_t rc = SPN_OK;
   pthread_mutex_lock(&cx->lock);
   cudaSetDevice(cx->dev);
+  for (int i = 0; i < m->n_node && !rc; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead || n->shape_class || n->backend != b->slot)
+      continue;
+    int64_t produced = 0;
+    for (int o = 0; o < n->n_out; o++)
+      if (n->out[o] >= 0)
+        produced += nelem(&r->v[n->out[o]]);
+    if (!produced)
+      continue;
+    size_t k = 0;
+    if (n->op == SPN_OP_CONV || n->op == SPN_OP_CONVT) {
+      cu_conv_t *e;
+      if (!(rc = get_conv(b, r, n, n->op == SPN_OP_CONVT, &e)))
+        k = conv_scratch(r, n, e);
+    } else if (n->op == SPN_OP_MATMUL || n->op == SPN_OP_GEMM) {
+      cu_gemm_t g;
+      cu_lt_t *e;
+      if (!(rc = get_lt(b, r, n, &g, &e)))
+        k = lt_scratch(r, n, e);
+    } else if (n->op == SPN_OP_RESIZE || n->op == SPN_OP_UPSAMPLE) {
+      cu_resize_t *e;
+      rc = get_resize(b, r, n, &e);
+    }
+    if (rc)
+      spn_error_prefix(r->err, "%s: node '%s' (%s) on %s", m->path, n->name, n->op_name, b->device);
+    need = k > need ? k : need;
+  }
+  pthread_mutex_unlock(&cx->lock);
+  *scratch_n = need;
+  return rc;
+}
+
+static int32_t run_range(spn_backend_t *b, spn_run_t *r, int first, int last) {
+  const spn_model_t *m = r->m;
   int32_t rc = SPN_OK;
   for (int i = first; i < last && !rc; i++) {
     const spn_node_t *n = &m->nodes[i];
@@ -868,8 +1124,185 @@ static int32_t cu_compute(spn_backend_t *b, spn_run_t *r, int first, int last) {
     if ((rc = exec_node(b, r, n)))
       spn_error_prefix(r->err, "%s: node '%s' (%s) on %s", m->path, n->name, n->op_name, b->device);
   }
+  return rc;
+}
+
+/* ---- CUDA Graphs ---- */
+
+typedef struct {
+  int64_t *v;
+  size_t n, cap;
+  bool oom;
+} cu_sig_t;
+
+static void sig_push(cu_sig_t *s, int64_t x) {
+  if (s->oom)
+    return;
+  if (s->n == s->cap) {
+    size_t cap = s->cap ? s->cap * 2 : 256;
+    int64_t *nv = realloc(s->v, cap * sizeof *nv);
+    if (!nv) {
+      s->oom = true;
+      return;
+    }
+    s->v = nv;
+    s->cap = cap;
+  }
+  s->v[s->n++] = x;
+}
+
+/* A value as the range sees it: its shape, and where it is when that is
+ * device memory (host values, i.e. constants and shape-class values, are
+ * read at enqueue time and follow from the shapes). */
+static void sig_value(cu_sig_t *s, const spn_run_t *r, int vi) {
+  const spn_rt_val_t *v = &r->v[vi];
+  const spn_value_t *mv = &r->m->vals[vi];
+  bool host = mv->kind == SPN_VAL_CONST || v->host_owned;
+  sig_push(s, vi);
+  sig_push(s, host ? 0 : (int64_t)(intptr_t)v->data);
+  sig_push(s, v->ndim);
+  for (int d = 0; d < v->ndim; d++)
+    sig_push(s, v->shape[d]);
+}
+
+static void sig_build(cu_sig_t *s, spn_backend_t *b, const spn_run_t *r, int first, int last) {
+  const spn_model_t *m = r->m;
+  sig_push(s, first);
+  sig_push(s, last);
+  sig_push(s, (int64_t)(intptr_t)r->bws[b->slot]);
+  sig_push(s, (int64_t)r->bws_n[b->slot]);
+  for (int i = 0; i < m->n_inputs; i++)
+    sig_value(s, r, m->inputs[i]);
+  for (int i = first; i < last; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead || n->shape_class || n->backend != b->slot)
+      continue;
+    for (int k = 0; k < n->n_in; k++)
+      if (n->in[k] >= 0)
+        sig_value(s, r, n->in[k]);
+    for (int p = 0; p < n->n_post; p++)
+      if (n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU)
+        sig_value(s, r, n->post[p].val);
+    for (int o = 0; o < n->n_out; o++)
+      if (n->out[o] >= 0)
+        sig_value(s, r, n->out[o]);
+  }
+}
+
+static void graph_free(cu_graph_t *g) {
+  if (g->exec)
+    (void)cudaGraphExecDestroy(g->exec); /* a launch in flight completes first */
+  free(g->sig);
+  free(g);
+}
+
+/* The entry for this signature (taking s->v), made in state 0 when new
+ * (*fresh: this run is its first, which runs eagerly as the warm-up). */
+static cu_graph_t *graph_entry(cu_ctx_t *cx, const spn_model_t *m, cu_sig_t *s, bool *fresh) {
+  *fresh = false;
+  for (cu_graph_t *g = cx->graphs; g; g = g->next)
+    if (g->m == m && g->sig_n == s->n && !memcmp(g->sig, s->v, s->n * sizeof *s->v)) {
+      g->tick = ++cx->graph_tick;
+      return g;
+    }
+  *fresh = true;
+  cu_graph_t *g = calloc(1, sizeof *g);
+  if (!g)
+    return NULL;
+  g->m = m;
+  g->sig = s->v;
+  g->sig_n = s->n;
+  s->v = NULL;
+  g->tick = ++cx->graph_tick;
+  g->next = cx->graphs;
+  cx->graphs = g;
+  if (++cx->n_graphs > CU_MAX_GRAPHS) {
+    cu_graph_t **lru = NULL;
+    for (cu_graph_t **it = &cx->graphs; *it; it = &(*it)->next)
+      if (*it != g && (!lru || (*it)->tick < (*lru)->tick))
+        lru = it;
+    if (lru) {
+      cu_graph_t *old = *lru;
+      *lru = old->next;
+      graph_free(old);
+      cx->n_graphs--;
+    }
+  }
+  return g;
+}
+
+/* Capture the range on the run's stream into g; false (g not capturable,
+ * nothing enqueued) when any step of it fails. */
+static bool graph_capture(spn_backend_t *b, spn_run_t *r, int first, int last, cu_graph_t *g) {
+  cudaStream_t st = run_stream(b, r);
+  if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  spn_error_t cap_err = SPN_ERROR_INIT, *saved = r->err;
+  r->err = &cap_err;
+  int32_t rc = run_range(b, r, first, last);
+  r->err = saved;
+  cudaGraph_t graph = NULL;
+  cudaError_t ce = cudaStreamEndCapture(st, &graph);
+  if (!rc && ce == cudaSuccess && graph)
+    ce = cudaGraphInstantiate(&g->exec, graph, 0);
+  if (graph)
+    (void)cudaGraphDestroy(graph);
+  if (rc || ce != cudaSuccess || !g->exec) {
+    (void)cudaGetLastError();
+    if (g->exec)
+      (void)cudaGraphExecDestroy(g->exec);
+    g->exec = NULL;
+    return false;
+  }
+  return true;
+}
+
+static int32_t cu_compute(spn_backend_t *b, spn_run_t *r, int first, int last) {
+  cu_ctx_t *cx = b->ctx;
+  pthread_mutex_lock(&cx->lock);
+  cudaSetDevice(cx->dev);
+  int32_t rc = SPN_OK;
+  cu_graph_t *g = NULL;
+  bool fresh = false;
+  if (!r->m->no_graphs) {
+    cu_sig_t s = {0};
+    sig_build(&s, b, r, first, last);
+    if (!s.oom)
+      g = graph_entry(cx, r->m, &s, &fresh);
+    free(s.v);
+  }
+  if (g && g->state == 0 && !fresh) /* the second run of this signature: capture it */
+    g->state = graph_capture(b, r, first, last, g) ? 1 : -1;
+  if (g && g->state == 1) {
+    cudaError_t ce = cudaGraphLaunch(g->exec, run_stream(b, r));
+    if (ce != cudaSuccess)
+      rc = cu_err(r->err, b->device, ce, "launching the run's CUDA Graph");
+  } else {
+    rc = run_range(b, r, first, last);
+    if (g && g->state == 0 && rc)
+      g->state = -1;
+  }
   pthread_mutex_unlock(&cx->lock);
   return rc;
+}
+
+static void cu_model_release(spn_backend_t *b, const spn_model_t *m) {
+  cu_ctx_t *cx = b->ctx;
+  pthread_mutex_lock(&cx->lock);
+  cudaSetDevice(cx->dev);
+  for (cu_graph_t **it = &cx->graphs; *it;) {
+    if ((*it)->m == m) {
+      cu_graph_t *old = *it;
+      *it = old->next;
+      graph_free(old);
+      cx->n_graphs--;
+    } else {
+      it = &(*it)->next;
+    }
+  }
+  pthread_mutex_unlock(&cx->lock);
 }
 
 static int32_t cu_run_end(spn_backend_t *b, spn_run_t *r, bool sync) {
@@ -911,11 +1344,42 @@ static int32_t cu_from_host(spn_backend_t *b, spn_run_t *r, void *dst, const voi
   return SPN_OK;
 }
 
+/* Fences are CUDA events (no timing) recorded on the run's stream. */
+static int32_t cu_fence_record(spn_backend_t *b, spn_run_t *r, void **fence) {
+  cu_ctx_t *cx = b->ctx;
+  cudaSetDevice(cx->dev);
+  if (!*fence) {
+    cudaEvent_t ev;
+    CU(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "creating a fence");
+    *fence = ev;
+  }
+  CU(cudaEventRecord((cudaEvent_t)*fence, run_stream(b, r)), "recording a fence");
+  return SPN_OK;
+}
+
+static int32_t cu_fence_wait(spn_backend_t *b, spn_run_t *r, void *fence) {
+  cu_ctx_t *cx = b->ctx;
+  cudaSetDevice(cx->dev);
+  CU(cudaStreamWaitEvent(run_stream(b, r), (cudaEvent_t)fence, 0), "waiting for a fence");
+  return SPN_OK;
+}
+
+static void cu_fence_free(spn_backend_t *b, void *fence) {
+  cu_ctx_t *cx = b->ctx;
+  cudaSetDevice(cx->dev);
+  (void)cudaEventSynchronize((cudaEvent_t)fence);
+  (void)cudaEventDestroy((cudaEvent_t)fence);
+  (void)cudaGetLastError();
+}
+
 static void cu_free(spn_backend_t *b) {
   cu_ctx_t *cx = b->ctx;
   if (cx) {
     cudaSetDevice(cx->dev);
-    cudaFree(cx->ws);
+    for (cu_graph_t *g = cx->graphs, *nx; g; g = nx) {
+      nx = g->next;
+      graph_free(g);
+    }
     if (cx->lt) cublasLtDestroy(cx->lt);
     if (cx->dnn) cudnnDestroy(cx->dnn);
     if (cx->stream) cudaStreamDestroy(cx->stream);
@@ -929,6 +1393,7 @@ static void cu_free(spn_backend_t *b) {
 static const spn_backend_iface_t cu_iface = {
     .supports = cu_supports,
     .prepare = cu_prepare,
+    .prepare_shape = cu_prepare_shape,
     .node_free = cu_node_free,
     .compute = cu_compute,
     .run_end = cu_run_end,
@@ -936,6 +1401,10 @@ static const spn_backend_iface_t cu_iface = {
     .buf_free = cu_buf_free,
     .to_host = cu_to_host,
     .from_host = cu_from_host,
+    .fence_record = cu_fence_record,
+    .fence_wait = cu_fence_wait,
+    .fence_free = cu_fence_free,
+    .model_release = cu_model_release,
     .free = cu_free,
 };
 

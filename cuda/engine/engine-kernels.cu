@@ -2,6 +2,8 @@
  * over 64-bit element counts; no kernel allocates or synchronises. */
 #include <math.h>
 
+#include <cuda_fp16.h>
+
 #include "engine-kernels.cuh"
 
 #define SPN_CU_THREADS 256
@@ -315,5 +317,29 @@ extern "C" cudaError_t spn_cu_pool2d(const float *x, float *y, int64_t NC, int64
   if (n <= 0)
     return cudaSuccess;
   k_pool<<<grid_for(n), SPN_CU_THREADS, 0, s>>>(x, y, H, W, OH, OW, kh, kw, sh, sw, ph, pw, dh, dw, avg, count_pad, n);
+  return cudaGetLastError();
+}
+
+__global__ void k_f2h(const float *x, __half *y, int64_t n) {
+  GRID_LOOP(i, n) y[i] = __float2half_rn(x[i]);
+}
+
+extern "C" cudaError_t spn_cu_f32_to_f16(const float *x, uint16_t *y16, int64_t n, cudaStream_t s) {
+  if (n <= 0)
+    return cudaSuccess;
+  k_f2h<<<grid_for(n), SPN_CU_THREADS, 0, s>>>(x, (__half *)y16, n);
+  return cudaGetLastError();
+}
+
+__global__ void k_h2f_bias(const __half *x, float *y, const float *bias, int64_t C, int64_t HW, int64_t n) {
+  GRID_LOOP(i, n) y[i] = __half2float(x[i]) + (bias ? bias[(i / HW) % C] : 0.f);
+}
+
+extern "C" cudaError_t spn_cu_f16_to_f32_bias(const uint16_t *x16, float *y, const float *bias, int64_t N, int64_t C,
+                                              int64_t HW, cudaStream_t s) {
+  int64_t n = N * C * HW;
+  if (n <= 0)
+    return cudaSuccess;
+  k_h2f_bias<<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const __half *)x16, y, bias, C, HW > 0 ? HW : 1, n);
   return cudaGetLastError();
 }

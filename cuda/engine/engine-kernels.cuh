@@ -52,6 +52,13 @@ cudaError_t spn_cu_depth_to_space(const float *x, float *y, int64_t N, int64_t C
 cudaError_t spn_cu_global_avg_pool(const float *x, float *y, int64_t planes, int64_t sp, cudaStream_t s);
 /* 2-D pooling over NCHW: max (avg = 0) or average; pads top/left; count
  * includes padding when count_pad. Output size given. */
+/* fp16 edges of the tensor-core operators (precision "fp16"): y16[i] =
+ * half(x[i]) rounded to nearest even; y[n,c,i] = float(x16[n,c,i]) +
+ * bias[c] (bias NULL: none; C and HW describe the layout for the bias).
+ * Halves are passed as raw 16-bit storage. */
+cudaError_t spn_cu_f32_to_f16(const float *x, uint16_t *y16, int64_t n, cudaStream_t s);
+cudaError_t spn_cu_f16_to_f32_bias(const uint16_t *x16, float *y, const float *bias, int64_t N, int64_t C,
+                                   int64_t HW, cudaStream_t s);
 cudaError_t spn_cu_pool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
                           int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw, int avg, int count_pad,
                           cudaStream_t s);

@@ -39,7 +39,6 @@
 #include "spindle/plugin.h"
 #include "wav2lip.h"
 
-static const spn_host_api_t *host; /* handed to init; the same table for every load */
 
 /* The most seqs a job may buffer ahead of the oldest one still waiting for
  * its frame or mel chunk: a job whose inputs drift further apart (or that
@@ -120,7 +119,7 @@ typedef struct ls_state {
 
 /* ---- slots ---------------------------------------------------------------------------- */
 
-static void slot_free(ls_slot_t **sp) {
+static void slot_free(const spn_host_api_t *host, ls_slot_t **sp) {
   ls_slot_t *s = *sp;
   if (!s)
     return;
@@ -177,6 +176,7 @@ static ls_slot_t *slot_at(const ls_job_t *j, size_t off) {
 }
 
 static void job_fail(spn_stage_t *stage, ls_job_t *j, int32_t status, const char *msg) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   if (j->failed)
     return;
   j->failed = true;
@@ -197,6 +197,7 @@ static void slot_settle(const ls_job_t *j, ls_slot_t *s) {
 /* ---- input ---------------------------------------------------------------------------- */
 
 static void take_frame(spn_stage_t *stage, ls_state_t *st, ls_job_t *j, spn_msg_t *m, int64_t fidx) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   const spn_envelope_t *env = host->msg_envelope(m);
   char why[512];
   spn_item_t it = {.struct_size = sizeof it};
@@ -274,6 +275,7 @@ static void take_frame(spn_stage_t *stage, ls_state_t *st, ls_job_t *j, spn_msg_
 }
 
 static void take_mel(spn_stage_t *stage, ls_job_t *j, spn_msg_t *m, int64_t midx) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   const spn_envelope_t *env = host->msg_envelope(m);
   char why[512];
   spn_item_t it = {.struct_size = sizeof it};
@@ -317,6 +319,7 @@ static void take_mel(spn_stage_t *stage, ls_job_t *j, spn_msg_t *m, int64_t midx
 /* Run the model over n gathered slots and paste the results into fresh
  * copies of their frames. A failure fails the jobs of those slots only. */
 static void run_batch(spn_stage_t *stage, ls_state_t *st, size_t n) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   const size_t fsz = SPN_W2L_FACE_FLOATS, msz = SPN_W2L_MEL_FLOATS, osz = SPN_W2L_OUT_FLOATS;
   spn_error_t err = SPN_ERROR_INIT;
   for (size_t i = 0; i < n; i++) {
@@ -421,6 +424,7 @@ static void run_ready(spn_stage_t *stage, ls_state_t *st, ls_job_t *only) {
 /* ---- output --------------------------------------------------------------------------- */
 
 static int32_t emit_slot(spn_stage_t *stage, ls_slot_t *s, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   spn_msg_t *m = NULL;
   int32_t rc = host->msg_new(stage, &s->env, &m, err);
   if (rc != SPN_OK)
@@ -440,6 +444,7 @@ out_msg:
  * (`ended`), also move past seqs that never came (a frame dropped upstream
  * with a SKIP the runtime forwards itself) and drop mel-only slots. */
 static int32_t emit_ready(spn_stage_t *stage, ls_job_t *j, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   while (!j->failed && j->cap) {
     ls_slot_t **sp = &j->win[j->head];
     ls_slot_t *s = *sp;
@@ -461,7 +466,7 @@ static int32_t emit_ready(spn_stage_t *stage, ls_job_t *j, spn_error_t *err) {
     } else if (!j->ended) {
       return SPN_OK; /* a mel chunk waiting for its frame */
     }
-    slot_free(sp);
+    slot_free(host, sp);
     j->head = (j->head + 1) % j->cap;
     j->next_emit++;
   }
@@ -507,7 +512,7 @@ static int32_t ls_create(spn_stage_t *stage, const void *config, void **state, s
 
 /* Which model input is which: by shape ((N,6,96,96) face, (N,1,80,16)
  * mel), else by name. */
-static int32_t ls_bind_model(ls_state_t *st, const char *path, spn_error_t *err) {
+static int32_t ls_bind_model(const spn_host_api_t *host, ls_state_t *st, const char *path, spn_error_t *err) {
   int32_t nin = host->model_io_count(st->model, false), nout = host->model_io_count(st->model, true);
   if (nin != 2 || nout < 1)
     return spn_error_set(err, SPN_EINVAL,
@@ -543,11 +548,12 @@ static int32_t ls_bind_model(ls_state_t *st, const char *path, spn_error_t *err)
 }
 
 static int32_t ls_preload(spn_stage_t *stage, void *state, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   ls_state_t *st = state;
   int32_t rc = host->model_load(stage, st->cfg->model, &st->model, err);
   if (rc != SPN_OK)
     return rc;
-  return ls_bind_model(st, st->cfg->model, err);
+  return ls_bind_model(host, st, st->cfg->model, err);
 }
 
 static int32_t ls_job_open(spn_stage_t *stage, void *state, const spn_job_info_t *job, void **job_state,
@@ -568,6 +574,7 @@ static int32_t ls_job_open(spn_stage_t *stage, void *state, const spn_job_info_t
 
 static int32_t ls_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
                           spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   ls_state_t *st = state;
   if (!st->model)
     return spn_error_set(err, SPN_EINVAL, "lipsync: no model loaded (preload did not run)");
@@ -609,6 +616,7 @@ static int32_t ls_flush(spn_stage_t *stage, void *state, void *job_state, spn_er
 }
 
 static void ls_job_close(spn_stage_t *stage, void *state, void *job_state, bool ok) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   (void)stage;
   (void)ok;
   ls_state_t *st = state;
@@ -621,12 +629,13 @@ static void ls_job_close(spn_stage_t *stage, void *state, void *job_state, bool 
       break;
     }
   for (size_t k = 0; k < j->cap; k++)
-    slot_free(&j->win[k]);
+    slot_free(host, &j->win[k]);
   free(j->win);
   free(j);
 }
 
 static void ls_destroy(spn_stage_t *stage, void *state) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   ls_state_t *st = state;
   if (!st)
     return;
@@ -643,7 +652,6 @@ static void ls_destroy(spn_stage_t *stage, void *state) {
 }
 
 static int32_t ls_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
-  host = h;
   static const spn_stage_kind_t kind = {
       .struct_size = sizeof(spn_stage_kind_t),
       .name = "lipsync",

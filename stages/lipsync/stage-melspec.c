@@ -23,7 +23,6 @@
 #include "wav.h"
 #include "wav2lip.h"
 
-static const spn_host_api_t *host;
 
 #define MS_RATE 16000
 
@@ -57,6 +56,7 @@ typedef struct ms_job {
 } ms_job_t;
 
 static int32_t ms_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   (void)config;
   ms_state_t *st = calloc(1, sizeof *st);
   if (!st)
@@ -133,6 +133,7 @@ out_job:
 }
 
 static int32_t ms_generate(spn_stage_t *stage, void *state, void *job_state, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   (void)state;
   ms_job_t *j = job_state;
   if (j->next >= j->chunks)
@@ -182,7 +183,6 @@ static void ms_destroy(spn_stage_t *stage, void *state) {
 }
 
 static int32_t ms_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
-  host = h;
   static const spn_stage_kind_t kind = {
       .struct_size = sizeof(spn_stage_kind_t),
       .name = "melspec",

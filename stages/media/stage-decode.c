@@ -24,7 +24,6 @@
 #include "spindle/plugin.h"
 #include "media-decode.h"
 
-static const spn_host_api_t *host; /* the host table; same for every load */
 
 typedef struct decode_config {
   char *path;
@@ -65,6 +64,27 @@ static const spn_config_field_t decode_schema[] = {
 
 static const spn_port_t decode_outputs[] = {{.name = "video", .type = "video"}, {.name = "audio", .type = "audio"}};
 
+/* ABI 1.1 formats: the one pixel_format the config names; f32 audio at the
+ * configured rate and channel count (0: the file's, unknown until run). */
+static int32_t decode_port_caps(const void *config, bool is_output, uint32_t port, spn_port_caps_t *caps,
+                                spn_error_t *err) {
+  const decode_config_t *c = config;
+  if (!is_output)
+    return SPN_OK;
+  if (port == 1) {
+    caps->sample_formats = SPN_FMTSET(SPN_SAMPLE_F32);
+    caps->sample_rate = (uint32_t)c->audio_rate;
+    caps->channels = (uint32_t)c->audio_channels;
+    return SPN_OK;
+  }
+  int32_t f = spn_pixfmt_from_name(c->pixel_format);
+  if (f == SPN_PIXFMT_NONE || f == SPN_PIXFMT_GRAY8 || f == SPN_PIXFMT_GRAYF32)
+    return spn_error_set(err, SPN_ECONFIG, "pixel_format \"%s\" is not rgb24, bgr24, rgbf32p, bgrf32p, nv12 or yuv420p",
+                         c->pixel_format);
+  caps->pixel_formats = SPN_FMTSET(f);
+  return SPN_OK;
+}
+
 typedef struct decode_job {
   uint64_t job_id;
   spn_decoder_t *dec;
@@ -78,10 +98,12 @@ typedef struct decode_job {
 
 static void ffmpeg_log(void *user, int32_t level, const char *msg) {
   decode_job_t *j = user;
+  const spn_host_api_t *host = spn_stage_host(j->stage);
   host->log(j->stage, j->job_id, level, "%s: %s", j->path, msg);
 }
 
 static int32_t parse_options(spn_stage_t *stage, const decode_config_t *c, spn_decode_opts_t *o, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   spn_decode_opts_t d = SPN_DECODE_OPTS_INIT;
   *o = d;
   o->pixfmt = spn_pixfmt_from_name(c->pixel_format);
@@ -115,6 +137,7 @@ static int32_t decode_create(spn_stage_t *stage, const void *config, void **stat
 
 static int32_t decode_job_open(spn_stage_t *stage, void *state, const spn_job_info_t *job, void **job_state,
                                spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   const decode_config_t *c = job->config;
   spn_decode_opts_t o;
   int32_t rc = parse_options(stage, c, &o, err);
@@ -142,6 +165,7 @@ static int32_t decode_job_open(spn_stage_t *stage, void *state, const spn_job_in
 }
 
 static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *it, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   spn_tensor_t t = SPN_TENSOR_INIT;
   const spn_image_t *im = &it->image;
   int video = it->kind == SPN_MEDIA_VIDEO;
@@ -224,6 +248,7 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
 /* The audio port's first message of a job: the format (channels 0: no
  * audio will follow), so a consumer knows before the first picture. */
 static int32_t send_audio_format(spn_stage_t *stage, decode_job_t *j, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   const spn_decode_info_t *in = spn_decoder_info(j->dec);
   spn_media_audio_meta_t am = {.rate = in->has_audio ? in->audio_rate : 0,
                                .channels = in->has_audio ? in->audio_channels : 0};
@@ -244,6 +269,7 @@ static int32_t send_audio_format(spn_stage_t *stage, decode_job_t *j, spn_error_
 }
 
 static int32_t decode_generate(spn_stage_t *stage, void *state, void *job_state, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   decode_job_t *j = job_state;
   if (host->job_cancelled(stage, j->job_id))
     return SPN_ECANCELLED;
@@ -278,7 +304,6 @@ static void decode_job_close(spn_stage_t *stage, void *state, void *job_state, b
 static void decode_destroy(spn_stage_t *stage, void *state) {}
 
 static int32_t decode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
-  host = h;
   spn_media_log_install();
   static const spn_stage_kind_t kind = {
       .struct_size = sizeof(spn_stage_kind_t),
@@ -295,6 +320,7 @@ static int32_t decode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_er
       .generate = decode_generate,
       .job_close = decode_job_close,
       .destroy = decode_destroy,
+      .port_caps = decode_port_caps,
   };
   return h->register_kind(plugin, &kind, err);
 }

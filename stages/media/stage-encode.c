@@ -28,7 +28,6 @@
 #include "media-decode.h"
 #include "media-encode.h"
 
-static const spn_host_api_t *host; /* the host table; same for every load */
 
 typedef struct encode_config {
   char *path;
@@ -74,6 +73,27 @@ static const spn_config_field_t encode_schema[] = {
 static const spn_port_t encode_inputs[] = {{.name = "video", .type = "video"}};
 static const spn_port_t encode_av_inputs[] = {{.name = "video", .type = "video"}, {.name = "audio", .type = "audio"}};
 
+/* ABI 1.1 formats: packed or planar-float frames in the channel order
+ * pixel_format names, or 4:2:0 planes (no RGB round trip); f32 audio. */
+static const spn_port_caps_t encode_caps[] = {{.struct_size = sizeof(spn_port_caps_t)},
+                                              {.struct_size = sizeof(spn_port_caps_t),
+                                               .sample_formats = SPN_FMTSET(SPN_SAMPLE_F32)}};
+
+static int32_t encode_port_caps(const void *config, bool is_output, uint32_t port, spn_port_caps_t *caps,
+                                spn_error_t *err) {
+  const encode_config_t *c = config;
+  if (is_output || port != 0)
+    return SPN_OK;
+  uint32_t yuv = SPN_FMTSET(SPN_PIX_NV12) | SPN_FMTSET(SPN_PIX_YUV420P);
+  if (!strcmp(c->pixel_format, "rgb24"))
+    caps->pixel_formats = SPN_FMTSET(SPN_PIX_RGB24) | SPN_FMTSET(SPN_PIX_RGBF32P) | yuv;
+  else if (!strcmp(c->pixel_format, "bgr24"))
+    caps->pixel_formats = SPN_FMTSET(SPN_PIX_BGR24) | SPN_FMTSET(SPN_PIX_BGRF32P) | yuv;
+  else
+    return spn_error_set(err, SPN_ECONFIG, "pixel_format \"%s\" is not rgb24 or bgr24", c->pixel_format);
+  return SPN_OK;
+}
+
 /* A frame held by encode_av until the soundtrack's format is known. */
 typedef struct held_frame {
   spn_buffer_t *buf;
@@ -103,10 +123,12 @@ typedef struct encode_job {
 
 static void ffmpeg_log(void *user, int32_t level, const char *msg) {
   encode_job_t *j = user;
+  const spn_host_api_t *host = spn_stage_host(j->stage);
   host->log(j->stage, j->job_id, level, "%s: %s", j->cfg.path, msg);
 }
 
 static int32_t encode_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   const encode_config_t *c = config;
   *state = NULL;
   if (strcmp(c->pixel_format, "rgb24") != 0 && strcmp(c->pixel_format, "bgr24") != 0)
@@ -178,6 +200,7 @@ static int32_t open_encoder(encode_job_t *j, int32_t w, int32_t h, int32_t fmt, 
  * "image" meta item giving size and layout. */
 static int32_t frame_layout(encode_job_t *j, spn_msg_t *msg, const spn_item_t *it, int32_t *fmt, int32_t *w,
                             int32_t *h, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(j->stage);
   const spn_tensor_t *t = &it->tensor;
   int bgr = strcmp(j->cfg.pixel_format, "bgr24") == 0;
   unsigned long long seq = (unsigned long long)host->msg_envelope(msg)->seq;
@@ -220,6 +243,7 @@ static int32_t frame_layout(encode_job_t *j, spn_msg_t *msg, const spn_item_t *i
 
 static int32_t write_frame(encode_job_t *j, spn_buffer_t *buf, int32_t w, int32_t h, int32_t fmt, int64_t pts_us,
                            spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(j->stage);
   int32_t rc;
   if (!j->enc && (rc = open_encoder(j, w, h, fmt, err)))
     return rc;
@@ -233,6 +257,7 @@ static int32_t write_frame(encode_job_t *j, spn_buffer_t *buf, int32_t w, int32_
 }
 
 static int32_t write_held(encode_job_t *j, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(j->stage);
   int32_t rc = SPN_OK;
   for (size_t i = 0; i < j->n_held; i++) {
     held_frame_t *f = &j->held[i];
@@ -245,6 +270,7 @@ static int32_t write_held(encode_job_t *j, spn_error_t *err) {
 }
 
 static int32_t take_audio(encode_job_t *j, spn_msg_t *msg, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(j->stage);
   if (j->file_audio)
     return SPN_OK;
   int64_t ai = host->msg_find(msg, SPN_MEDIA_AUDIO_META);
@@ -293,6 +319,7 @@ static int32_t take_audio(encode_job_t *j, spn_msg_t *msg, spn_error_t *err) {
 }
 
 static int32_t write_msg(spn_stage_t *stage, encode_job_t *j, spn_msg_t *msg, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   int32_t rc = take_audio(j, msg, err);
   if (rc)
     return rc;
@@ -329,6 +356,7 @@ static int32_t write_msg(spn_stage_t *stage, encode_job_t *j, spn_msg_t *msg, sp
 
 static int32_t encode_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
                               spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   for (size_t i = 0; i < n; i++) {
     encode_job_t *j = job_states[i];
     if (!msgs[i] || j->failed)
@@ -359,6 +387,7 @@ static int32_t encode_flush(spn_stage_t *stage, void *state, void *job_state, sp
 }
 
 static void encode_job_close(spn_stage_t *stage, void *state, void *job_state, bool ok) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   encode_job_t *j = job_state;
   if (!j)
     return;
@@ -373,7 +402,6 @@ static void encode_job_close(spn_stage_t *stage, void *state, void *job_state, b
 static void encode_destroy(spn_stage_t *stage, void *state) {}
 
 static int32_t encode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
-  host = h;
   spn_media_log_install();
   static const spn_stage_kind_t kind = {
       .struct_size = sizeof(spn_stage_kind_t),
@@ -391,6 +419,8 @@ static int32_t encode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_er
       .flush = encode_flush,
       .job_close = encode_job_close,
       .destroy = encode_destroy,
+      .input_caps = encode_caps,
+      .port_caps = encode_port_caps,
   };
   static const spn_stage_kind_t kind_av = {
       .struct_size = sizeof(spn_stage_kind_t),
@@ -408,6 +438,8 @@ static int32_t encode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_er
       .flush = encode_flush,
       .job_close = encode_job_close,
       .destroy = encode_destroy,
+      .input_caps = encode_caps,
+      .port_caps = encode_port_caps,
   };
   int32_t rc = h->register_kind(plugin, &kind, err);
   return rc ? rc : h->register_kind(plugin, &kind_av, err);

@@ -13,7 +13,6 @@
 #include "check-logic.h"
 #include "pattern.h"
 
-static const spn_host_api_t *host; /* see synth.c */
 
 typedef struct check_config {
   int64_t expect_frames;
@@ -55,6 +54,7 @@ static int32_t check_job_open(spn_stage_t *stage, void *state, const spn_job_inf
 }
 
 static void check_fail(spn_stage_t *stage, check_job_t *j, const char *why) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   char msg[512];
   /* The host prefixes the stage's name; the job and what broke are ours. */
   snprintf(msg, sizeof msg, "job %llu: %s", (unsigned long long)j->job_id, why);
@@ -63,6 +63,7 @@ static void check_fail(spn_stage_t *stage, check_job_t *j, const char *why) {
 }
 
 static void check_end(spn_stage_t *stage, check_job_t *j) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   char why[256];
   if (j->failed)
     return;
@@ -74,6 +75,7 @@ static void check_end(spn_stage_t *stage, check_job_t *j) {
 
 static bool check_frame(spn_stage_t *stage, check_job_t *j, const spn_msg_t *m, uint64_t seq, char *why,
                         size_t size) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   int64_t idx = host->msg_find(m, "frame");
   if (idx < 0) {
     snprintf(why, size, "seq %llu has no \"frame\" item", (unsigned long long)seq);
@@ -98,6 +100,7 @@ static bool check_frame(spn_stage_t *stage, check_job_t *j, const spn_msg_t *m, 
 
 static int32_t check_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
                              spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   for (size_t i = 0; i < n; i++) {
     check_job_t *j = job_states[i];
     if (j->failed)
@@ -130,7 +133,6 @@ static int32_t check_flush(spn_stage_t *stage, void *state, void *job_state, spn
 static void check_job_close(spn_stage_t *stage, void *state, void *job_state, bool ok) { free(job_state); }
 
 static int32_t check_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
-  host = h;
   static const spn_stage_kind_t kind = {
       .struct_size = sizeof(spn_stage_kind_t),
       .name = "check",

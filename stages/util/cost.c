@@ -10,7 +10,6 @@
 
 #include "spindle/plugin.h"
 
-static const spn_host_api_t *host; /* see synth.c */
 
 typedef struct cost_config {
   int64_t us;
@@ -58,6 +57,7 @@ static void cost_destroy(spn_stage_t *stage, void *state) { free(state); }
 
 static int32_t cost_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
                             spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   const cost_config_t *c = state;
   for (size_t i = 0; i < n; i++) {
     if (c->iterations > 0) {
@@ -75,7 +75,6 @@ static int32_t cost_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, v
 }
 
 static int32_t cost_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
-  host = h;
   static const spn_stage_kind_t kind = {
       .struct_size = sizeof(spn_stage_kind_t),
       .name = "cost",

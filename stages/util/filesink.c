@@ -21,7 +21,6 @@
 
 #include "spindle/plugin.h"
 
-static const spn_host_api_t *host; /* see synth.c */
 
 typedef struct filesink_config {
   char *path;
@@ -76,6 +75,7 @@ static int32_t filesink_job_open(spn_stage_t *stage, void *state, const spn_job_
 }
 
 static void filesink_fail(spn_stage_t *stage, filesink_job_t *j, int32_t status, const char *why) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   char msg[768];
   snprintf(msg, sizeof msg, "job %llu: output %s: %s", (unsigned long long)j->job_id, j->path, why);
   j->failed = true;
@@ -83,6 +83,7 @@ static void filesink_fail(spn_stage_t *stage, filesink_job_t *j, int32_t status,
 }
 
 static void filesink_write(spn_stage_t *stage, filesink_job_t *j, const spn_msg_t *m, uint64_t seq) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   char why[256];
   int64_t idx = host->msg_find(m, "frame");
   spn_item_t it = {.struct_size = sizeof it};
@@ -111,6 +112,7 @@ static void filesink_write(spn_stage_t *stage, filesink_job_t *j, const spn_msg_
 }
 
 static void filesink_end(spn_stage_t *stage, filesink_job_t *j) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   if (j->failed || j->closed)
     return;
   j->closed = true;
@@ -125,6 +127,7 @@ static void filesink_end(spn_stage_t *stage, filesink_job_t *j) {
 
 static int32_t filesink_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
                                 spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   for (size_t i = 0; i < n; i++) {
     filesink_job_t *j = job_states[i];
     if (j->failed)
@@ -173,7 +176,6 @@ static void filesink_job_close(spn_stage_t *stage, void *state, void *job_state,
 }
 
 static int32_t filesink_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
-  host = h;
   static const spn_stage_kind_t kind = {
       .struct_size = sizeof(spn_stage_kind_t),
       .name = "filesink",

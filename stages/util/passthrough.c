@@ -5,13 +5,13 @@
  * and tests the wiring between two stages without touching the data. */
 #include "spindle/plugin.h"
 
-static const spn_host_api_t *host; /* see synth.c */
 
 static const spn_port_t pt_inputs[] = {{.name = "in", .type = "any"}};
 static const spn_port_t pt_outputs[] = {{.name = "out", .type = "any"}};
 
 static int32_t pt_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
                           spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   for (size_t i = 0; i < n; i++) {
     int32_t rc = host->emit(stage, 0, &msgs[i], err);
     if (rc != SPN_OK)
@@ -21,7 +21,6 @@ static int32_t pt_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, voi
 }
 
 static int32_t pt_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
-  host = h;
   static const spn_stage_kind_t kind = {
       .struct_size = sizeof(spn_stage_kind_t),
       .name = "passthrough",

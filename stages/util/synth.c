@@ -13,10 +13,6 @@
 #include "spindle/plugin.h"
 #include "pattern.h"
 
-/* The host table is handed to init only; stage callbacks have no other way
- * to reach it. It is the same table for every load in a process. */
-static const spn_host_api_t *host;
-
 typedef struct synth_config {
   int64_t frames;
   int64_t width;
@@ -53,6 +49,7 @@ typedef struct synth_state {
 } synth_state_t;
 
 static int32_t synth_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   const synth_config_t *c = config;
   int64_t ch = spn_synth_channels(c->format);
   if (!ch)
@@ -81,6 +78,7 @@ static int32_t synth_job_open(spn_stage_t *stage, void *state, const spn_job_inf
 }
 
 static int32_t synth_generate(spn_stage_t *stage, void *state, void *job_state, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   synth_state_t *s = state;
   synth_job_t *j = job_state;
   if ((int64_t)j->seq >= j->frames)
@@ -122,7 +120,6 @@ static void synth_job_close(spn_stage_t *stage, void *state, void *job_state, bo
 static void synth_destroy(spn_stage_t *stage, void *state) { free(state); }
 
 static int32_t synth_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
-  host = h;
   static const spn_stage_kind_t kind = {
       .struct_size = sizeof(spn_stage_kind_t),
       .name = "synth",

@@ -7,7 +7,6 @@
  * so a 4K frame is never duplicated. The original goes to the last port. */
 #include "spindle/plugin.h"
 
-static const spn_host_api_t *host; /* see synth.c */
 
 static const spn_port_t tee_inputs[] = {{.name = "in", .type = "any"}};
 static const spn_port_t tee_outputs[] = {{.name = "out0", .type = "any"}, {.name = "out1", .type = "any"}};
@@ -15,6 +14,7 @@ static const spn_port_t tee_outputs[] = {{.name = "out0", .type = "any"}, {.name
 
 /* A message with the same envelope and items as `from`, sharing buffers. */
 static int32_t tee_copy(spn_stage_t *stage, const spn_msg_t *from, spn_msg_t **out, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   spn_msg_t *m = NULL;
   int32_t rc = host->msg_new_from(stage, from, &m, err);
   size_t n = rc == SPN_OK ? host->msg_item_count(from) : 0;
@@ -40,6 +40,7 @@ static int32_t tee_copy(spn_stage_t *stage, const spn_msg_t *from, spn_msg_t **o
 
 static int32_t tee_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
                            spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   for (size_t i = 0; i < n; i++) {
     for (uint32_t port = 0; port + 1 < TEE_PORTS; port++) {
       spn_msg_t *copy = NULL;
@@ -57,7 +58,6 @@ static int32_t tee_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, vo
 }
 
 static int32_t tee_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
-  host = h;
   static const spn_stage_kind_t kind = {
       .struct_size = sizeof(spn_stage_kind_t),
       .name = "tee",

@@ -127,7 +127,7 @@ static int grow(void **p, int32_t *cap, int32_t need, size_t elem) {
   return 0;
 }
 
-static int32_t add_node(load_ctx_t *L, const spn__haar_node_t *nd) {
+static int32_t add_node(load_ctx_t *L, const haar_node_t *nd) {
   spn_haar_cascade_t *c = L->c;
   if (grow((void **)&c->nodes, &L->cap_nodes, c->nnodes + 1, sizeof *nd))
     return spn_error_set(L->err, SPN_ENOMEM, "%s: out of memory", L->name);
@@ -143,7 +143,7 @@ static int32_t add_leaf(load_ctx_t *L, float v) {
   return SPN_OK;
 }
 
-static int32_t add_tree(load_ctx_t *L, const spn__haar_tree_t *t) {
+static int32_t add_tree(load_ctx_t *L, const haar_tree_t *t) {
   spn_haar_cascade_t *c = L->c;
   if (grow((void **)&c->trees, &L->cap_trees, c->ntrees + 1, sizeof *t))
     return spn_error_set(L->err, SPN_ENOMEM, "%s: out of memory", L->name);
@@ -153,7 +153,7 @@ static int32_t add_tree(load_ctx_t *L, const spn__haar_tree_t *t) {
 
 /* A <feature> (or an element of <features>): <rects> of "x y w h weight"
  * and an optional <tilted>. */
-static int32_t read_feature(load_ctx_t *L, const xmlNode *fn, spn__haar_feature_t *f) {
+static int32_t read_feature(load_ctx_t *L, const xmlNode *fn, haar_feature_t *f) {
   spn_haar_cascade_t *c = L->c;
   memset(f, 0, sizeof *f);
   xmlNode *rects = child(fn, "rects");
@@ -260,7 +260,7 @@ static int32_t read_new(load_ctx_t *L, const xmlNode *root) {
     return spn_error_set(L->err, SPN_ENOMEM, "%s: out of memory", L->name);
 
   for (xmlNode *s = first_elem(stages); s; s = next_elem(s)) {
-    spn__haar_stage_t *stg = &c->stages[c->nstages];
+    haar_stage_t *stg = &c->stages[c->nstages];
     float thr = 0.f;
     if ((rc = parse_float(L, child(s, "stageThreshold"), "stageThreshold", &thr)))
       return rc;
@@ -281,7 +281,7 @@ static int32_t read_new(load_ctx_t *L, const xmlNode *root) {
       int nodes = nn / 4;
       if (nl != nodes + 1)
         return fail(L, lv, SPN_EPARSE, "<leafValues> must hold one more value than there are nodes");
-      spn__haar_tree_t t = {.node_count = nodes, .first_node = c->nnodes, .first_leaf = c->nleaves};
+      haar_tree_t t = {.node_count = nodes, .first_node = c->nnodes, .first_leaf = c->nleaves};
       for (int k = 0; k < nodes; k++) {
         double l = nums[4 * k], r = nums[4 * k + 1], fi = nums[4 * k + 2];
         if (l != floor(l) || r != floor(r) || fi != floor(fi))
@@ -293,7 +293,7 @@ static int32_t read_new(load_ctx_t *L, const xmlNode *root) {
           return fail(L, in, SPN_EPARSE, "node child index out of range");
         if (fi < 0 || fi >= c->nfeatures)
           return fail(L, in, SPN_EPARSE, "node feature index out of range");
-        spn__haar_node_t nd = {.left = (int32_t)l, .right = (int32_t)r, .feature = (int32_t)fi,
+        haar_node_t nd = {.left = (int32_t)l, .right = (int32_t)r, .feature = (int32_t)fi,
                                .threshold = (float)nums[4 * k + 3]};
         if ((rc = add_node(L, &nd)))
           return rc;
@@ -358,7 +358,7 @@ static int32_t read_old(load_ctx_t *L, const xmlNode *root) {
   if (!c->stages)
     return spn_error_set(L->err, SPN_ENOMEM, "%s: out of memory", L->name);
   for (xmlNode *s = first_elem(stages); s; s = next_elem(s)) {
-    spn__haar_stage_t *stg = &c->stages[c->nstages];
+    haar_stage_t *stg = &c->stages[c->nstages];
     float thr = 0.f;
     if ((rc = parse_float(L, child(s, "stage_threshold"), "stage_threshold", &thr)))
       return rc;
@@ -383,7 +383,7 @@ static int32_t read_old(load_ctx_t *L, const xmlNode *root) {
         nodes++;
       if (nodes == 0 || nodes > 64)
         return fail(L, t, SPN_EPARSE, "tree must have 1..64 nodes");
-      spn__haar_tree_t tr = {.node_count = nodes, .first_node = c->nnodes, .first_leaf = c->nleaves};
+      haar_tree_t tr = {.node_count = nodes, .first_node = c->nnodes, .first_leaf = c->nleaves};
       int32_t k = 0, leaf_count = 0;
       for (xmlNode *nd = first_elem(t); nd; nd = next_elem(nd), k++) {
         xmlNode *fe = child(nd, "feature");
@@ -393,7 +393,7 @@ static int32_t read_old(load_ctx_t *L, const xmlNode *root) {
           return spn_error_set(L->err, SPN_ENOMEM, "%s: out of memory", L->name);
         if ((rc = read_feature(L, fe, &c->features[c->nfeatures])))
           return rc;
-        spn__haar_node_t n = {.feature = c->nfeatures++};
+        haar_node_t n = {.feature = c->nfeatures++};
         if ((rc = parse_float(L, child(nd, "threshold"), "threshold", &n.threshold)) ||
             (rc = read_old_child(L, nd, "left_val", "left_node", k, nodes, &leaf_count, &n.left)) ||
             (rc = read_old_child(L, nd, "right_val", "right_node", k, nodes, &leaf_count, &n.right)) ||
@@ -426,7 +426,7 @@ static int32_t finish(spn_haar_cascade_t *c, load_ctx_t *L) {
     if (!c->stumps)
       return spn_error_set(L->err, SPN_ENOMEM, "%s: out of memory", L->name);
     for (int32_t i = 0; i < c->ntrees; i++) {
-      const spn__haar_node_t *n = &c->nodes[c->trees[i].first_node];
+      const haar_node_t *n = &c->nodes[c->trees[i].first_node];
       const float *lv = &c->leaves[c->trees[i].first_leaf];
       c->stumps[i].feature = n->feature;
       c->stumps[i].threshold = n->threshold;

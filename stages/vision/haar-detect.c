@@ -220,7 +220,7 @@ typedef struct plan {
   opt_stump_t *stumps; /* per stump (stump cascades) */
 } plan_t;
 
-static void set_offsets(opt_feature_t *o, const spn__haar_feature_t *f, int32_t S, int32_t tofs) {
+static void set_offsets(opt_feature_t *o, const haar_feature_t *f, int32_t S, int32_t tofs) {
   memset(o, 0, sizeof *o);
   for (int32_t k = 0; k < f->nrects; k++) {
     int32_t x = f->r[k].x, y = f->r[k].y, w = f->r[k].w, h = f->r[k].h;
@@ -255,14 +255,14 @@ static inline float feature_value(const opt_feature_t *f, const uint32_t *p, flo
 static int32_t run_trees(const plan_t *pl, const uint32_t *p, float vnf) {
   const spn_haar_cascade_t *c = pl->c;
   for (int32_t si = 0; si < c->nstages; si++) {
-    const spn__haar_stage_t *stg = &c->stages[si];
+    const haar_stage_t *stg = &c->stages[si];
     double sum = 0;
     for (int32_t t = stg->first_tree; t < stg->first_tree + stg->ntrees; t++) {
-      const spn__haar_tree_t *tr = &c->trees[t];
-      const spn__haar_node_t *nodes = &c->nodes[tr->first_node];
+      const haar_tree_t *tr = &c->trees[t];
+      const haar_node_t *nodes = &c->nodes[tr->first_node];
       int32_t idx = 0;
       do {
-        const spn__haar_node_t *n = &nodes[idx];
+        const haar_node_t *n = &nodes[idx];
         double val = feature_value(&pl->feat[n->feature], p, vnf);
         idx = val < n->threshold ? n->left : n->right;
       } while (idx > 0);
@@ -351,7 +351,7 @@ static int32_t scan_row_stumps(const plan_t *pl, const uint32_t *prow, const uin
   }
   const opt_stump_t *st = pl->stumps;
   for (int32_t si = 0; si < c->nstages && nv > 0; si++) {
-    const spn__haar_stage_t *stg = &c->stages[si];
+    const haar_stage_t *stg = &c->stages[si];
     for (int32_t j = 0; j < nv; j++)
       rs->tmp[j] = 0.0;
     for (int32_t i = 0; i < stg->ntrees; i++) {

@@ -6,44 +6,44 @@
 
 #define SPN__HAAR_MAX_RECTS 3
 
-typedef struct spn__haar_feature {
+typedef struct haar_feature {
   struct {
     int32_t x, y, w, h;
     float weight;
   } r[SPN__HAAR_MAX_RECTS];
   int32_t nrects;
   int32_t tilted;
-} spn__haar_feature_t;
+} haar_feature_t;
 
 /* left/right > 0: node index within the tree; <= 0: leaf -left/-right. */
-typedef struct spn__haar_node {
+typedef struct haar_node {
   int32_t left, right, feature;
   float threshold;
-} spn__haar_node_t;
+} haar_node_t;
 
-typedef struct spn__haar_tree {
+typedef struct haar_tree {
   int32_t node_count, first_node, first_leaf;
-} spn__haar_tree_t;
+} haar_tree_t;
 
-typedef struct spn__haar_stage {
+typedef struct haar_stage {
   int32_t first_tree, ntrees;
   float threshold; /* file value minus 1e-5 */
-} spn__haar_stage_t;
+} haar_stage_t;
 
-typedef struct spn__haar_stump {
+typedef struct haar_stump {
   int32_t feature;
   float threshold, left, right;
-} spn__haar_stump_t;
+} haar_stump_t;
 
 struct spn_haar_cascade {
   int32_t win_w, win_h;
   int32_t nstages, ntrees, nnodes, nleaves, nfeatures;
-  spn__haar_stage_t *stages;
-  spn__haar_tree_t *trees;
-  spn__haar_node_t *nodes;
+  haar_stage_t *stages;
+  haar_tree_t *trees;
+  haar_node_t *nodes;
   float *leaves;
-  spn__haar_feature_t *features;
-  spn__haar_stump_t *stumps; /* non-NULL when every tree is a single node */
+  haar_feature_t *features;
+  haar_stump_t *stumps; /* non-NULL when every tree is a single node */
   int32_t max_nodes;
   int32_t has_tilted;
 };

@@ -1,39 +1,28 @@
 /* plugin-vision.c — the descriptor of libspindle-vision.so: registers the
  * facedetect, superres and metasink stage kinds.
  *
- * plugin.h hands the host API table to init() only, while create() has no
- * way to reach it, so it is kept in one static pointer. A process may load
- * the plugin through more than one table (the runtime's, and a listing-only
- * loader table that can register kinds but not run stages); the pointer then
- * keeps a table that can run stages, and create() checks every function it
- * needs is there before it relies on them. It is the host's constant table,
- * not pipeline state: two pipelines share nothing through it.
+ * Stage callbacks reach the host with spn_stage_host(stage) (ABI 1.1); the
+ * plugin keeps nothing process-wide. create() still checks that every
+ * function it needs is in the table before it relies on them.
  */
-#include <stdatomic.h>
 #include <stdio.h>
 
 #include "model-path.h"
 #include "plugin-vision.h"
 
-static _Atomic(const spn_host_api_t *) g_host;
-
-const spn_host_api_t *spn__vision_host(void) {
-  return atomic_load(&g_host);
-}
-
 static bool can_run_stages(const spn_host_api_t *h) {
   return h->emit && h->msg_find && h->msg_item && h->msg_envelope && h->msg_free && h->fail_job;
 }
 
-int32_t spn__vision_check_host(const spn_host_api_t *h, bool superres, spn_error_t *err) {
+int32_t vision_check_host(const spn_host_api_t *h, bool superres, spn_error_t *err) {
   if (!h || !can_run_stages(h) || !h->msg_add_meta ||
-      (superres && (!h->buffer_new || !h->buffer_data || !h->buffer_unref || !h->msg_new_from ||
-                    !h->msg_add_tensor || !h->msg_item_count)))
+      (superres && (!h->buffer_new || !h->buffer_data || !h->buffer_unref || !SPN_HOST_HAS(h, msg_clone) ||
+                    !SPN_HOST_HAS(h, msg_replace_tensor) || !SPN_HOST_HAS(h, msg_replace_meta))))
     return spn_error_set(err, SPN_EUNSUPPORTED, "vision: this host cannot run stages (API table incomplete)");
   return SPN_OK;
 }
 
-int32_t spn__vision_model_path(const spn_host_api_t *h, spn_stage_t *stage, const char *kind, const char *value,
+int32_t vision_model_path(const spn_host_api_t *h, spn_stage_t *stage, const char *kind, const char *value,
                                bool optional, const char *builtin, char *out, size_t outsz, char *hint,
                                size_t hintsz) {
   const char *name = h->stage_get_name ? h->stage_get_name(stage) : "";
@@ -56,14 +45,11 @@ int32_t spn__vision_model_path(const spn_host_api_t *h, spn_stage_t *stage, cons
 static int32_t vision_init(const spn_host_api_t *host, spn_plugin_t *plugin, spn_error_t *err) {
   if (!host || host->struct_size < offsetof(spn_host_api_t, reserved) || !host->register_kind)
     return spn_error_set(err, SPN_EABI, "vision: host API table too old");
-  /* Keep a table that can run stages once one has been seen. */
-  if (!atomic_load(&g_host) || can_run_stages(host))
-    atomic_store(&g_host, host);
-  int32_t rc = host->register_kind(plugin, spn__vision_facedetect_kind(), err);
+  int32_t rc = host->register_kind(plugin, vision_facedetect_kind(), err);
   if (rc == SPN_OK)
-    rc = host->register_kind(plugin, spn__vision_superres_kind(), err);
+    rc = host->register_kind(plugin, vision_superres_kind(), err);
   if (rc == SPN_OK)
-    rc = host->register_kind(plugin, spn__vision_metasink_kind(), err);
+    rc = host->register_kind(plugin, vision_metasink_kind(), err);
   return rc;
 }
 

@@ -136,10 +136,10 @@ typedef struct fd_job {
 
 static int32_t fd_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
   const fd_config_t *cfg = config;
-  const spn_host_api_t *host = spn__vision_host();
+  const spn_host_api_t *host = spn_stage_host(stage);
   if (!host || !cfg)
     return spn_error_set(err, SPN_ESTATE, "facedetect: plugin not initialised");
-  int32_t hc = spn__vision_check_host(host, false, err);
+  int32_t hc = vision_check_host(host, false, err);
   if (hc != SPN_OK)
     return hc;
   fd_state_t *st = calloc(1, sizeof *st);
@@ -151,7 +151,7 @@ static int32_t fd_create(spn_stage_t *stage, const void *config, void **state, s
   char mpath[4096], hint[1024] = "";
   int32_t use_model = 0;
   if (cfg->model && cfg->model[0])
-    use_model = spn__vision_model_path(host, stage, "facedetect", cfg->model, cfg->model_optional,
+    use_model = vision_model_path(host, stage, "facedetect", cfg->model, cfg->model_optional,
                                        "the Haar cascade", mpath, sizeof mpath, hint, sizeof hint);
   if (use_model) {
     const char *d = cfg->detector ? cfg->detector : "";
@@ -455,6 +455,11 @@ static int32_t fd_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, voi
   return SPN_OK;
 }
 
+/* ABI 1.1 formats: packed RGB frames only (a decode in another format is
+ * refused at validation, or converted where convert = "auto"). */
+static const spn_port_caps_t k_input_caps[] = {{.struct_size = sizeof(spn_port_caps_t),
+                                                .pixel_formats = SPN_FMTSET(SPN_PIX_RGB24)}};
+
 static const spn_stage_kind_t k_facedetect = {
     .struct_size = sizeof(spn_stage_kind_t),
     .name = "facedetect",
@@ -473,8 +478,9 @@ static const spn_stage_kind_t k_facedetect = {
     .process = fd_process,
     .job_close = fd_job_close,
     .destroy = fd_destroy,
+    .input_caps = k_input_caps,
 };
 
-const spn_stage_kind_t *spn__vision_facedetect_kind(void) {
+const spn_stage_kind_t *vision_facedetect_kind(void) {
   return &k_facedetect;
 }

@@ -51,7 +51,7 @@ typedef struct ms_job {
 } ms_job_t;
 
 static int32_t ms_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
-  const spn_host_api_t *h = spn__vision_host();
+  const spn_host_api_t *h = spn_stage_host(stage);
   if (!h || !h->msg_find || !h->msg_item || !h->msg_envelope || !h->fail_job)
     return spn_error_set(err, SPN_EUNSUPPORTED, "metasink: this host cannot run stages (API table incomplete)");
   *state = (void *)h;
@@ -245,6 +245,6 @@ static const spn_stage_kind_t k_metasink = {
     .job_close = ms_job_close,
 };
 
-const spn_stage_kind_t *spn__vision_metasink_kind(void) {
+const spn_stage_kind_t *vision_metasink_kind(void) {
   return &k_metasink;
 }

@@ -81,8 +81,7 @@ static const spn_port_t k_inputs[] = {{.name = "video", .type = "any"}};
 static const spn_port_t k_outputs[] = {{.name = "video", .type = "video"}};
 
 typedef struct sr_state {
-  const spn_host_api_t *host;
-  spn_stage_t *stage;
+  spn_stage_t *stage; /* for the tile callback */
   spn_model_t *model;
   spn_tile_params_t tp;
   float *in, *out; /* planar float frames, reused */
@@ -104,10 +103,10 @@ static const char *embedded_model(void) {
 
 static int32_t sr_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
   const sr_config_t *cfg = config;
-  const spn_host_api_t *host = spn__vision_host();
+  const spn_host_api_t *host = spn_stage_host(stage);
   if (!host || !cfg)
     return spn_error_set(err, SPN_ESTATE, "superres: plugin not initialised");
-  int32_t hc = spn__vision_check_host(host, true, err);
+  int32_t hc = vision_check_host(host, true, err);
   if (hc != SPN_OK)
     return hc;
   if (!host->model_load || !host->model_run)
@@ -121,7 +120,6 @@ static int32_t sr_create(spn_stage_t *stage, const void *config, void **state, s
   sr_state_t *st = calloc(1, sizeof *st);
   if (!st)
     return spn_error_set(err, SPN_ENOMEM, "superres: out of memory");
-  st->host = host;
   st->stage = stage;
   st->faces_only = faces_only;
   st->margin = cfg->face_margin;
@@ -129,7 +127,7 @@ static int32_t sr_create(spn_stage_t *stage, const void *config, void **state, s
   char mpath[4096], hint[1024] = "";
   int32_t use = 0, rc = SPN_OK;
   if (cfg->model && cfg->model[0])
-    use = spn__vision_model_path(host, stage, "superres", cfg->model, cfg->model_optional, "the embedded espcn-x2",
+    use = vision_model_path(host, stage, "superres", cfg->model, cfg->model_optional, "the embedded espcn-x2",
                                  mpath, sizeof mpath, hint, sizeof hint);
   if (use == 0 && cfg->scale != 2)
     rc = spn_error_set(err, SPN_ECONFIG, "the embedded espcn-x2 upscales by 2, not %d (set scale = 2)",
@@ -153,8 +151,8 @@ static void sr_destroy(spn_stage_t *stage, void *state) {
   sr_state_t *st = state;
   if (!st)
     return;
-  if (st->model && st->host->model_release)
-    st->host->model_release(stage, &st->model);
+  if (st->model && spn_stage_host(st->stage)->model_release)
+    spn_stage_host(st->stage)->model_release(stage, &st->model);
   free(st->in);
   free(st->out);
   free(st);
@@ -174,7 +172,7 @@ static int32_t run_tile(void *user, const float *in, int32_t c, int32_t h, int32
   to.shape[3] = (int64_t)w * st->tp.scale;
   ti.data = (void *)in;
   to.data = out;
-  return st->host->model_run(st->stage, st->model, &ti, 1, &to, 1, err);
+  return spn_stage_host(st->stage)->model_run(st->stage, st->model, &ti, 1, &to, 1, err);
 }
 
 static int grow(float **p, size_t *cap, size_t n) {
@@ -248,32 +246,31 @@ out_up:
   return rc;
 }
 
-/* Build the upscaled message for one frame; *out receives it. */
-static int32_t upscale(sr_state_t *st, spn_msg_t *msg, int64_t fidx, spn_msg_t **out, spn_error_t *err) {
-  const spn_host_api_t *h = st->host;
-  const spn_envelope_t *env = h->msg_envelope(msg);
-  unsigned long long seq = env ? (unsigned long long)env->seq : 0ull;
-  spn_item_t fr = {.struct_size = sizeof fr};
-  int32_t rc = h->msg_item(msg, (size_t)fidx, &fr);
-  if (rc != SPN_OK)
-    return spn_error_set(err, rc, "superres: frame %llu: cannot read item \"frame\"", seq);
-  const spn_tensor_t *t = &fr.tensor;
-  if (fr.kind != SPN_ITEM_TENSOR || t->dtype != SPN_DTYPE_U8 || t->ndim != 3 || t->shape[2] != 3 ||
-      t->device_kind != SPN_DEVICE_CPU || !t->data || t->shape[0] < 1 || t->shape[1] < 1 || t->shape[0] > 16384 ||
-      t->shape[1] > 16384)
+/* The frame filter's three steps (plugin.h's spn_frame_filter_t does the
+ * messages and buffers): the output size, the upscale, and the face boxes
+ * of the output message, which follow the new size. */
+static int32_t sr_shape(spn_stage_t *stage, void *state, const spn_msg_t *msg, const spn_tensor_t *t,
+                        spn_tensor_t *out, spn_error_t *err) {
+  sr_state_t *st = state;
+  unsigned long long seq = (unsigned long long)spn_stage_host(stage)->msg_envelope(msg)->seq;
+  if (t->dtype != SPN_DTYPE_U8 || t->ndim != 3 || t->shape[2] != 3 || t->shape[0] < 1 || t->shape[1] < 1 ||
+      t->shape[0] > 16384 || t->shape[1] > 16384)
     return spn_error_set(err, SPN_ETYPE,
                          "superres: frame %llu: item \"frame\" must be a (H,W,3) u8 RGB tensor in host memory", seq);
-  int32_t H = (int32_t)t->shape[0], W = (int32_t)t->shape[1], s = st->tp.scale;
-  size_t on = (size_t)H * W * (size_t)s * s;
-  spn_buffer_t *buf = NULL;
-  spn_msg_t *m = NULL;
-  if ((rc = h->buffer_new(st->stage, 3 * on, &buf, err)) != SPN_OK)
-    return rc;
-  uint8_t *o = h->buffer_data(buf);
+  out->shape[0] = t->shape[0] * st->tp.scale;
+  out->shape[1] = t->shape[1] * st->tp.scale;
+  return SPN_OK;
+}
+
+static int32_t sr_frame(spn_stage_t *stage, void *state, const spn_msg_t *msg, const spn_tensor_t *t,
+                        spn_tensor_t *out, spn_error_t *err) {
+  sr_state_t *st = state;
+  const spn_host_api_t *h = spn_stage_host(stage);
+  int32_t H = (int32_t)t->shape[0], W = (int32_t)t->shape[1], s = st->tp.scale, rc;
   spn_image_t src = SPN_IMAGE_INIT, dst = SPN_IMAGE_INIT;
   if ((rc = spn_image_wrap(&src, t->data, W, H, SPN_PIXFMT_RGB24, err)) != SPN_OK ||
-      (rc = spn_image_wrap(&dst, o, W * s, H * s, SPN_PIXFMT_RGB24, err)) != SPN_OK)
-    goto out_buf;
+      (rc = spn_image_wrap(&dst, out->data, W * s, H * s, SPN_PIXFMT_RGB24, err)) != SPN_OK)
+    return rc;
   if (!st->faces_only) {
     rc = model_upscale(st, &src, &dst, err);
   } else {
@@ -287,93 +284,38 @@ static int32_t upscale(sr_state_t *st, spn_msg_t *msg, int64_t fidx, spn_msg_t *
         rc = paste_face(st, &src, &dst, &faces[k], err);
     }
   }
-  if (rc != SPN_OK) {
-    spn_error_prefix(err, "superres: frame %llu", seq);
-    goto out_buf;
-  }
-  spn_tensor_t ot = SPN_TENSOR_INIT;
-  ot.dtype = SPN_DTYPE_U8;
-  ot.ndim = 3;
-  ot.shape[0] = (int64_t)H * s;
-  ot.shape[1] = (int64_t)W * s;
-  ot.shape[2] = 3;
-  if ((rc = h->msg_new_from(st->stage, msg, &m, err)) != SPN_OK)
-    goto out_buf;
-  if ((rc = h->msg_add_tensor(m, "frame", &ot, buf, err)) != SPN_OK)
-    goto out_msg;
-  /* Carry every other item; face coordinates follow the new size. */
-  size_t count = h->msg_item_count(msg);
-  for (size_t i = 0; i < count; i++) {
-    if ((int64_t)i == fidx)
-      continue;
-    spn_item_t it = {.struct_size = sizeof it};
-    if ((rc = h->msg_item(msg, i, &it)) != SPN_OK)
-      goto out_msg;
-    if (it.kind == SPN_ITEM_TENSOR) {
-      rc = h->msg_add_tensor(m, it.name, &it.tensor, it.buffer, err);
-    } else if (it.name && !strcmp(it.name, "faces") && it.meta_size % sizeof(spn_face_t) == 0) {
-      size_t nf = it.meta_size / sizeof(spn_face_t);
-      spn_face_t *f = nf ? malloc(it.meta_size) : NULL;
-      if (nf && !f) {
-        rc = spn_error_set(err, SPN_ENOMEM, "superres: out of memory");
-        goto out_msg;
-      }
-      if (nf)
-        memcpy(f, it.meta, it.meta_size);
-      for (size_t k = 0; k < nf; k++) {
-        f[k].x0 *= (float)s;
-        f[k].y0 *= (float)s;
-        f[k].x1 *= (float)s;
-        f[k].y1 *= (float)s;
-        for (int l = 0; l < 10; l++)
-          f[k].landmarks[l] *= (float)s;
-      }
-      rc = h->msg_add_meta(m, it.name, f, it.meta_size, err);
-      free(f);
-    } else {
-      rc = h->msg_add_meta(m, it.name, it.meta, it.meta_size, err);
-    }
-    if (rc != SPN_OK)
-      goto out_msg;
-  }
-  h->buffer_unref(&buf); /* the message holds its own reference */
-  *out = m;
-  return SPN_OK;
-
-out_msg:
-  h->msg_free(&m);
-out_buf:
-  h->buffer_unref(&buf);
+  if (rc != SPN_OK)
+    spn_error_prefix(err, "superres: frame %llu", (unsigned long long)h->msg_envelope(msg)->seq);
   return rc;
 }
 
+static int32_t sr_finish(spn_stage_t *stage, void *state, const spn_msg_t *msg, spn_msg_t *out, spn_error_t *err) {
+  const spn_host_api_t *h = spn_stage_host(stage);
+  float s = (float)((sr_state_t *)state)->tp.scale;
+  int64_t fi = h->msg_find(out, "faces");
+  spn_item_t it = {.struct_size = sizeof it};
+  if (fi < 0 || h->msg_item(out, (size_t)fi, &it) != SPN_OK || it.kind != SPN_ITEM_META || !it.meta_size ||
+      it.meta_size % sizeof(spn_face_t))
+    return SPN_OK;
+  spn_face_t *f = malloc(it.meta_size);
+  if (!f)
+    return spn_error_set(err, SPN_ENOMEM, "superres: out of memory");
+  memcpy(f, it.meta, it.meta_size);
+  for (size_t k = 0; k < it.meta_size / sizeof(spn_face_t); k++) {
+    f[k].x0 *= s, f[k].y0 *= s, f[k].x1 *= s, f[k].y1 *= s;
+    for (int l = 0; l < 10; l++)
+      f[k].landmarks[l] *= s;
+  }
+  int32_t rc = h->msg_replace_meta(out, (size_t)fi, f, it.meta_size, err);
+  free(f);
+  return rc;
+}
+
+static const spn_frame_filter_t sr_filter = {.shape = sr_shape, .cpu = sr_frame, .finish = sr_finish};
+
 static int32_t sr_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
                           spn_error_t *err) {
-  (void)job_states;
-  sr_state_t *st = state;
-  const spn_host_api_t *h = st->host;
-  for (size_t i = 0; i < n; i++) {
-    if (!msgs[i])
-      continue;
-    int64_t idx = h->msg_find(msgs[i], "frame");
-    if (idx >= 0) {
-      spn_msg_t *up = NULL;
-      spn_error_t jerr = SPN_ERROR_INIT;
-      int32_t rc = upscale(st, msgs[i], idx, &up, &jerr);
-      if (rc != SPN_OK) {
-        const spn_envelope_t *env = h->msg_envelope(msgs[i]);
-        h->fail_job(stage, env ? env->job_id : 0, rc, jerr.msg);
-        h->msg_free(&msgs[i]);
-        continue;
-      }
-      h->msg_free(&msgs[i]);
-      msgs[i] = up;
-    }
-    int32_t rc = h->emit(stage, 0, &msgs[i], err);
-    if (rc != SPN_OK)
-      return rc;
-  }
-  return SPN_OK;
+  return spn_frame_filter_process(stage, state, msgs, n, &sr_filter, err);
 }
 
 static const spn_stage_kind_t k_superres = {
@@ -393,6 +335,6 @@ static const spn_stage_kind_t k_superres = {
     .destroy = sr_destroy,
 };
 
-const spn_stage_kind_t *spn__vision_superres_kind(void) {
+const spn_stage_kind_t *vision_superres_kind(void) {
   return &k_superres;
 }

@@ -21,11 +21,13 @@ usage: engine-bench.py BUILD_DIR [--threads N] [--iters N] [--only NAME] [--work
                        [--baseline OTHER_BUILD_DIR [--rounds N]]
 """
 import argparse
+import hashlib
 import os
 import re
 import subprocess
 import sys
 import time
+import tomllib
 
 import numpy as np
 import onnx
@@ -97,6 +99,35 @@ def ort_time(path, feeds, threads, warmup, iters):
     return ts[0], ts[len(ts) // 2]
 
 
+def fetched_model(build, model, work):
+    """The stored file of a pretrained model: looked up by name in
+    BUILD/test-real-models (where tools/test.sh fetches) and then as `spindle
+    model path` finds it; an ncnn model not stored is converted from the
+    originals tools/test.sh fetched (BUILD/test-real-models/realesrgan-ncnn),
+    and must then have the manifest's sha256. None when there is neither."""
+    spindle = os.path.join(build, "core", "cli", "spindle")
+    real = os.path.join(build, "test-real-models")
+    env = dict(os.environ, SPINDLE_MODEL_PATH=":".join(p for p in (real, os.environ.get("SPINDLE_MODEL_PATH")) if p))
+    pr = subprocess.run([spindle, "model", "path", model], capture_output=True, text=True, env=env)
+    if pr.returncode == 0:
+        return pr.stdout.strip()
+    param = os.path.join(real, "realesrgan-ncnn", model + ".param")
+    if not os.path.exists(param):
+        return None
+    out = os.path.join(work, model + ".onnx")
+    pr = subprocess.run([spindle, "model", "convert-ncnn", param, param[:-6] + ".bin", out],
+                        capture_output=True, text=True)
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    with open(os.path.join(src, "models", "manifest.toml"), "rb") as f:
+        want = tomllib.load(f)[model]["sha256"]
+    if pr.returncode:
+        raise SystemExit(f"{model}: converting {param} failed: {pr.stderr.strip()}")
+    with open(out, "rb") as f:
+        if hashlib.sha256(f.read()).hexdigest() != want:
+            raise SystemExit(f"{model}: {param} converts to another file than the manifest's")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
@@ -133,12 +164,10 @@ def main():
         base = name.rsplit("_b", 1)[0] if name.startswith("wav2lip") else name
         path = os.path.join(work, base + ".onnx")
         if mk is None:
-            spindle = os.path.join(a.build, "core", "cli", "spindle")
-            pr = subprocess.run([spindle, "model", "path", name[8:].rsplit("_", 1)[0]], capture_output=True, text=True)
-            if pr.returncode:
+            path = fetched_model(a.build, name[8:].rsplit("_", 1)[0], work)
+            if path is None:
                 print(f"{name}: not fetched (spindle model fetch {name[8:].rsplit('_', 1)[0]}); skipped")
                 continue
-            path = pr.stdout.strip()
             name = name[8:]
         elif not os.path.exists(path):
             onnx.save(mk(), path)

@@ -6,6 +6,8 @@ For each configuration it builds the full-size model with random weights
 as ONNX, and times in this one run, one after the other on the same input:
 
   spindle fp32 / tf32 / fp16   `engine-bench MODEL --device cuda:N --precision P`
+                               (runs replayed as CUDA Graphs after the warm-up)
+  spindle fp16 no graphs       the same with SPINDLE_NO_CUDA_GRAPHS=1 (eager)
   torch eager fp32             the same ONNX graph converted to torch.nn modules
                                (onnx2torch: same weights), cudnn.benchmark,
                                channels_last
@@ -17,8 +19,8 @@ RetinaFace MobileNet-0.25 at 640x640, SRVGGNetCompact x4 at 270x480 and
 RRDBNet x4 at 128x128, batch 1 unless stated.
 
 What is timed: Spindle's figure is the median wall time of spn_model_run
-with host inputs and host outputs (the copies in and out are included: the
-engine API takes host tensors today). PyTorch's is the median wall time of a
+with host inputs and host outputs (the copies in and out are included;
+engine-bench does not use spn_model_run_on's device tensors yet). PyTorch's is the median wall time of a
 forward pass with the input already on the GPU, then torch.cuda.synchronize()
 (its usual use), and, beside it, the same with the input copied from host
 memory and the output copied back, which matches Spindle's work. Throughput
@@ -49,13 +51,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import models  # noqa: E402
 
 
-def spindle_time(exe, path, feeds, work, name, device, precision, iters):
+def spindle_time(exe, path, feeds, work, name, device, precision, iters, graphs=True):
     args = [exe, path, "--device", device, "--precision", precision, "--iters", str(iters), "--warmup", "5"]
+    env = dict(os.environ)
+    if not graphs:
+        env["SPINDLE_NO_CUDA_GRAPHS"] = "1"
     for k, v in feeds.items():
         p = os.path.join(work, f"{name}_{k}.npy")
         np.save(p, v)
         args += ["--input", f"{k}={p}"]
-    pr = subprocess.run(args, capture_output=True, text=True)
+    pr = subprocess.run(args, capture_output=True, text=True, env=env)
     if pr.returncode:
         return None, pr.stderr.strip().splitlines()[-1] if pr.stderr.strip() else f"exit {pr.returncode}"
     kv = dict(re.findall(r"(\w+)=([\d.e+-]+)", pr.stdout))
@@ -142,12 +147,13 @@ def main():
         if not os.path.exists(path):
             onnx.save(mk(), path)
         feeds = feeds_fn()
-        for prec in ("fp32", "tf32", "fp16"):
-            ms, why = spindle_time(exe, path, feeds, work, name, a.device, prec, a.iters)
+        for prec, graphs in (("fp32", True), ("tf32", True), ("fp16", True), ("fp16", False)):
+            label = "spindle " + prec + ("" if graphs else " no graphs")
+            ms, why = spindle_time(exe, path, feeds, work, name, a.device, prec, a.iters, graphs)
             if ms is None:
-                print(f"{name:24} {'spindle ' + prec:30} failed: {why}")
+                print(f"{name:24} {label:30} failed: {why}")
             else:
-                print(f"{name:24} {'spindle ' + prec:30} {'':>9} {ms:10.3f} {batch * 1e3 / ms:10.1f}")
+                print(f"{name:24} {label:30} {'':>9} {ms:10.3f} {batch * 1e3 / ms:10.1f}")
         for variant, res in torch_variants(path, feeds, dev, a.iters).items():
             if isinstance(res, str):
                 print(f"{name:24} {variant:30} failed: {res}")

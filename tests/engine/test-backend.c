@@ -21,10 +21,19 @@
 #include "engine-internal.h"
 #include "onnx-build.h"
 
+/* spn_model_opts_t grows only into its reserved tail: no_graphs took one
+ * reserved int, size and earlier offsets unchanged (LP64). */
+#if UINTPTR_MAX == 0xffffffffffffffffu
+_Static_assert(sizeof(spn_model_opts_t) == 64, "spn_model_opts_t size changed");
+_Static_assert(offsetof(spn_model_opts_t, fallback) == 24, "spn_model_opts_t layout changed");
+_Static_assert(offsetof(spn_model_opts_t, no_graphs) == 32, "spn_model_opts_t layout changed");
+_Static_assert(offsetof(spn_model_opts_t, reserved) == 36, "spn_model_opts_t layout changed");
+#endif
+
 /* ---- the mock device backend ---- */
 
 typedef struct {
-  uint32_t ops;        /* bit per spn_op_t it supports */
+  uint64_t ops;        /* bit per spn_op_t it supports */
   int n_buf;
   struct { uint8_t *p; size_t n; } buf[64];
   int from_host, to_host; /* copies */
@@ -32,6 +41,8 @@ typedef struct {
   int computed;           /* nodes run */
   int prepared;           /* nodes prepared */
   int bad;                /* nodes refused: an operand outside its memory */
+  int fences, fence_waits, fence_frees, fences_made;
+  void *last_stream;      /* the stream of the last compute */
 } mock_t;
 
 /* Per-node context: the node's constant inputs, copied into mock memory. */
@@ -50,7 +61,7 @@ static bool mock_owns(mock_t *mk, const void *p, size_t n) {
 static bool mock_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t *n, char *why, size_t why_n) {
   (void)m;
   mock_t *mk = b->ctx;
-  if (n->op < 32 && (mk->ops >> n->op) & 1)
+  if (n->op < 64 && (mk->ops >> n->op) & 1)
     return true;
   snprintf(why, why_n, "the mock backend has no %s kernel", n->op_name);
   return false;
@@ -89,6 +100,7 @@ static void mock_node_free(spn_backend_t *b, spn_node_t *n) {
 
 static int32_t mock_compute(spn_backend_t *b, spn_run_t *r, int first, int last) {
   mock_t *mk = b->ctx;
+  mk->last_stream = r->stream;
   for (int i = first; i < last; i++) {
     const spn_node_t *n = &r->m->nodes[i];
     if (n->dead || n->shape_class || n->backend != b->slot)
@@ -173,6 +185,28 @@ static int32_t mock_from_host(spn_backend_t *b, spn_run_t *r, void *dst, const v
   return SPN_OK;
 }
 
+static int32_t mock_fence_record(spn_backend_t *b, spn_run_t *r, void **fence) {
+  (void)r;
+  mock_t *mk = b->ctx;
+  if (!*fence) {
+    *fence = malloc(1);
+    mk->fences_made++;
+  }
+  mk->fences++;
+  return *fence ? SPN_OK : SPN_ENOMEM;
+}
+
+static int32_t mock_fence_wait(spn_backend_t *b, spn_run_t *r, void *fence) {
+  (void)r, (void)fence;
+  ((mock_t *)b->ctx)->fence_waits++;
+  return SPN_OK;
+}
+
+static void mock_fence_free(spn_backend_t *b, void *fence) {
+  ((mock_t *)b->ctx)->fence_frees++;
+  free(fence);
+}
+
 static void mock_free(spn_backend_t *b) {
   mock_t *mk = b->ctx;
   while (mk->n_buf)
@@ -190,6 +224,9 @@ static const spn_backend_iface_t mock_iface = {
     .buf_free = mock_buf_free,
     .to_host = mock_to_host,
     .from_host = mock_from_host,
+    .fence_record = mock_fence_record,
+    .fence_wait = mock_fence_wait,
+    .fence_free = mock_fence_free,
     .free = mock_free,
 };
 
@@ -207,7 +244,7 @@ static int32_t mock_open(const spn_backend_factory_t *f, int index, spn_backend_
   return SPN_OK;
 }
 
-static spn_engine_t *mock_engine(mock_t *mk, uint32_t ops) {
+static spn_engine_t *mock_engine(mock_t *mk, uint64_t ops) {
   memset(mk, 0, sizeof *mk);
   mk->ops = ops;
   spn_engine_opts_t o = SPN_ENGINE_OPTS_INIT;
@@ -220,7 +257,7 @@ static spn_engine_t *mock_engine(mock_t *mk, uint32_t ops) {
   return e;
 }
 
-#define OPBIT(op) (1u << SPN_OP_##op)
+#define OPBIT(op) (1ull << SPN_OP_##op)
 
 /* ---- models ---- */
 
@@ -523,6 +560,362 @@ static void test_layout_conversion(void **state) {
   assert_memory_equal(b, want, sizeof want);
 }
 
+
+/* ---- arena planning (arena.c) ---- */
+
+static bool live_overlap(const spn_live_t *a, const spn_live_t *b) {
+  int ae = a->last < a->first ? a->first : a->last, be = b->last < b->first ? b->first : b->last;
+  return a->first <= be && b->first <= ae;
+}
+
+/* Random lifetimes: no two values alive at one step share a byte, offsets
+ * are aligned, the arena is no bigger than the sum of the sizes and no
+ * smaller than the bytes alive at the busiest step. */
+static void test_arena_plan_random(void **state) {
+  (void)state;
+  uint64_t seed = 12345;
+  for (int round = 0; round < 200; round++) {
+    int n = 1 + round % 60;
+    spn_live_t v[60];
+    size_t off[60], peak = 0, sum = 0;
+    for (int i = 0; i < n; i++) {
+      seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+      int first = (int)((seed >> 33) % 40), len = (int)((seed >> 20) % 12);
+      size_t size = (size_t)((seed >> 40) % 5000);
+      if (i % 7 == 3)
+        size = 0;
+      v[i] = (spn_live_t){size, first, first + len - (i % 5 == 0 ? len + 1 : 0)}; /* some last < first */
+      sum += (size + 63) & ~(size_t)63;
+    }
+    assert_int_equal(spn_arena_plan(v, n, 64, off, &peak), SPN_OK);
+    assert_true(peak <= sum);
+    size_t busiest = 0;
+    for (int step = 0; step < 60; step++) {
+      size_t alive = 0;
+      for (int i = 0; i < n; i++) {
+        spn_live_t one = {0, step, step};
+        if (live_overlap(&v[i], &one))
+          alive += (v[i].size + 63) & ~(size_t)63;
+      }
+      busiest = alive > busiest ? alive : busiest;
+    }
+    assert_true(peak >= busiest);
+    for (int i = 0; i < n; i++) {
+      assert_int_equal(off[i] % 64, 0);
+      if (v[i].size)
+        assert_true(off[i] + v[i].size <= peak);
+      for (int j = i + 1; j < n; j++)
+        if (v[i].size && v[j].size && live_overlap(&v[i], &v[j]))
+          assert_true(off[i] + v[i].size <= off[j] || off[j] + v[j].size <= off[i]);
+    }
+  }
+}
+
+/* A chain a -> b -> c -> d of equal sizes: a node's output never shares its
+ * input's bytes, but c reuses a's and d reuses b's (two buffers in all). */
+static void test_arena_plan_reuse(void **state) {
+  (void)state;
+  spn_live_t v[4] = {{1000, 0, 1}, {1000, 1, 2}, {1000, 2, 3}, {1000, 3, 3}};
+  size_t off[4], peak;
+  assert_int_equal(spn_arena_plan(v, 4, 64, off, &peak), SPN_OK);
+  assert_int_equal(peak, 2 * 1024);
+  assert_int_not_equal(off[0], off[1]);
+  assert_int_not_equal(off[1], off[2]);
+  assert_int_not_equal(off[2], off[3]);
+  assert_int_equal(off[2], off[0]);
+  assert_int_equal(off[3], off[1]);
+  /* Freed neighbours merge: after a and b die, one value of both sizes fits
+   * below the top. */
+  spn_live_t w[4] = {{512, 0, 1}, {512, 0, 1}, {64, 0, 3}, {1024, 2, 3}};
+  assert_int_equal(spn_arena_plan(w, 4, 64, off, &peak), SPN_OK);
+  assert_int_equal(peak, 1024 + 64);
+  assert_int_equal(spn_arena_plan(w, 4, 48, off, &peak), SPN_EINVAL);
+  assert_int_equal(spn_arena_plan(w, 0, 64, off, &peak), SPN_OK);
+  assert_int_equal(peak, 0);
+}
+
+/* ---- views ---- */
+
+/* x (N,4) -> Relu "relu0" -> a -> Unsqueeze(axes 1) -> b (N,1,4)
+ * -> Squeeze(axes 1) -> c -> Flatten(axis 1) -> d -> Identity -> e
+ * -> Sigmoid -> y (output 1); Identity(a) -> z (output 2). Opset 11. */
+static pb_t view_model(void) {
+  pb_t g = {0};
+  int64_t ax[] = {1};
+  attr_t axes = {.name = "axes", .type = 7, .n = 1, .ints = ax}, fl = {.name = "axis", .type = 2, .i = 1};
+  const char *i0[] = {"x"}, *o0[] = {"a"};
+  node(&g, "Relu", "relu0", i0, 1, o0, 1, NULL, 0);
+  const char *i1[] = {"a"}, *o1[] = {"b"};
+  node(&g, "Unsqueeze", "unsq", i1, 1, o1, 1, &axes, 1);
+  const char *i2[] = {"b"}, *o2[] = {"c"};
+  node(&g, "Squeeze", "sq", i2, 1, o2, 1, &axes, 1);
+  const char *i3[] = {"c"}, *o3[] = {"d"};
+  node(&g, "Flatten", "flat", i3, 1, o3, 1, &fl, 1);
+  const char *i4[] = {"d"}, *o4[] = {"e"};
+  node(&g, "Identity", "ident", i4, 1, o4, 1, NULL, 0);
+  const char *i5[] = {"e"}, *o5[] = {"y"};
+  node(&g, "Sigmoid", "sig0", i5, 1, o5, 1, NULL, 0);
+  const char *i6[] = {"a"}, *o6[] = {"z"};
+  node(&g, "Identity", "identout", i6, 1, o6, 1, NULL, 0);
+  pb_str(&g, 2, "g");
+  int64_t d[] = {-1, 4};
+  value_info(&g, 11, "x", 2, d);
+  value_info(&g, 12, "y", -1, NULL);
+  value_info(&g, 12, "z", -1, NULL);
+  return model(&g, 11);
+}
+
+static int value_named(const spn_model_t *m, const char *name) {
+  int vi = spn_model_find_value(m, name);
+  assert_true(vi >= 0);
+  return vi;
+}
+
+static void check_view_outputs(spn_model_t *m, int64_t batch) {
+  spn_tensor_t out[2];
+  run2(m, batch, out);
+  for (int64_t i = 0; i < batch * 4; i++) {
+    float x = (float)((i * 37) % 17) / 4.f - 2.f, a = x > 0.f ? x : 0.f;
+    assert_float_equal(((float *)out[0].data)[i], 1.f / (1.f + expf(-a)), 1e-6);
+    assert_float_equal(((float *)out[1].data)[i], a, 0);
+  }
+  assert_int_equal(out[0].ndim, 2);
+  assert_int_equal(out[0].shape[1], 4);
+  spn_model_output_free(&out[0]);
+  spn_model_output_free(&out[1]);
+}
+
+/* Reshape-class nodes share their input's bytes: the CPU arena holds one
+ * value (a; y and z are the caller's buffers), results are right, and a
+ * view that is a graph output is a real copy. */
+static void test_views_cpu(void **state) {
+  (void)state;
+  pb_t pm = view_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, 0);
+  spn_model_t *m = load(e, &pm, "cpu", NULL);
+  int a = value_named(m, "a");
+  assert_int_equal(m->vals[a].alias, -1);
+  assert_int_equal(m->vals[value_named(m, "b")].alias, a);
+  assert_int_equal(m->vals[value_named(m, "c")].alias, a);
+  assert_int_equal(m->vals[value_named(m, "d")].alias, a);
+  assert_int_equal(m->vals[value_named(m, "e")].alias, a);
+  assert_int_equal(m->vals[value_named(m, "z")].alias, -1);
+  int64_t batches[] = {5, 1, 5, 33};
+  for (int t = 0; t < 4; t++) {
+    check_view_outputs(m, batches[t]);
+    const spn_shape_plan_t *p = m->plans; /* key: rank 2, batch, 4 */
+    while (p && p->key[1] != batches[t])
+      p = p->next;
+    assert_non_null(p);
+    assert_int_equal(p->top[SPN_BACKEND_CPU], ((size_t)batches[t] * 16 + 63) & ~(size_t)63);
+  }
+  assert_int_equal(m->n_plan_builds, 3); /* 5, 1, 33 */
+  spn_model_release(&m);
+  spn_engine_free(e);
+  free(pm.p);
+}
+
+/* On a device backend: Relu and the views on the mock (views of a there),
+ * Sigmoid on the CPU reading the last view through one boundary copy, the
+ * output view z a device value copied out. */
+static void test_views_device(void **state) {
+  (void)state;
+  pb_t pm = view_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(UNSQUEEZE) | OPBIT(SQUEEZE) | OPBIT(FLATTEN) | OPBIT(IDENTITY));
+  spn_model_t *m = load(e, &pm, "mock:0", NULL);
+  assert_int_equal(spn_model_fallback_count(m), 1);
+  int a = value_named(m, "a");
+  assert_int_equal(m->vals[value_named(m, "e")].alias, a);
+  for (int64_t batch = 1; batch <= 9; batch += 4) {
+    mk.from_host = mk.to_host = 0;
+    check_view_outputs(m, batch);
+    assert_int_equal(mk.from_host, 1); /* x */
+    assert_int_equal(mk.to_host, 2);   /* e for Sigmoid, z at the end */
+  }
+  assert_int_equal(mk.bad, 0);
+  spn_model_release(&m);
+  spn_engine_free(e);
+  free(pm.p);
+}
+
+/* Plans are built once per input shape and at most SPN_MAX_PLANS are kept;
+ * results do not depend on which plan or arena a run got. */
+static void test_plan_cache(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL));
+  spn_model_t *ref = load(e, &pm, "cpu", NULL);
+  spn_model_t *m = load(e, &pm, "mock:0", NULL);
+  int64_t batches[] = {2, 2, 3, 2, 4, 5, 6, 7, 2, 3};
+  for (int t = 0; t < 10; t++) {
+    spn_tensor_t a[2], b[2];
+    run2(ref, batches[t], a);
+    run2(m, batches[t], b);
+    for (int o = 0; o < 2; o++) {
+      assert_memory_equal(a[o].data, b[o].data, (size_t)batches[t] * 4 * sizeof(float));
+      spn_model_output_free(&a[o]);
+      spn_model_output_free(&b[o]);
+    }
+    int listed = 0;
+    for (const spn_shape_plan_t *p = m->plans; p; p = p->next)
+      listed++;
+    assert_true(listed <= SPN_MAX_PLANS);
+  }
+  /* 2, 3, 4, 5, 6, 7, then 2 and 3 again after being dropped. */
+  assert_int_equal(m->n_plan_builds, 8);
+  assert_int_equal(mk.bad, 0);
+  spn_model_release(&m);
+  spn_model_release(&ref);
+  spn_engine_free(e);
+  free(pm.p);
+}
+
+
+/* ---- device-resident inputs and outputs ---- */
+
+static void *mock_mem(spn_model_t *m, size_t n) {
+  spn_backend_t *b = m->shared->backends[m->dev_slot];
+  void *p = NULL, *h = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(b->iface->buf_alloc(b, n, &p, &h, &err), SPN_OK);
+  return p;
+}
+
+static void mock_mem_free(spn_model_t *m, void *p) {
+  spn_backend_t *b = m->shared->backends[m->dev_slot];
+  b->iface->buf_free(b, p, p);
+}
+
+static spn_tensor_t tensor2(void *data, int64_t batch, bool dev) {
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = SPN_DTYPE_F32;
+  t.ndim = 2;
+  t.shape[0] = batch;
+  t.shape[1] = 4;
+  t.data = data;
+  t.device_kind = dev ? SPN_DEVICE_CUDA : SPN_DEVICE_CPU;
+  return t;
+}
+
+/* Inputs and outputs in the device's memory are used in place on the
+ * caller's stream, and a run with only device outputs does not wait: no
+ * copy, no sync, one fence on its arena, which the next run waits for. */
+static void test_device_io_in_place(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL) | OPBIT(SIGMOID) | OPBIT(TANH));
+  spn_model_t *ref = load(e, &pm, "cpu", NULL);
+  spn_model_t *m = load(e, &pm, "mock:0", NULL);
+  const int64_t batch = 6;
+  size_t bytes = (size_t)batch * 4 * sizeof(float);
+  float *x = mock_mem(m, bytes), *y = mock_mem(m, bytes), *bo = mock_mem(m, bytes);
+  for (int64_t i = 0; i < batch * 4; i++)
+    x[i] = (float)((i * 37) % 17) / 4.f - 2.f;
+  spn_tensor_t want[2];
+  run2(ref, batch, want);
+  spn_tensor_t in = tensor2(x, batch, true);
+  spn_tensor_t shapes[2] = {SPN_TENSOR_INIT, SPN_TENSOR_INIT};
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_model_output_shapes(m, &in, 1, shapes, 2, &err), SPN_OK);
+  assert_int_equal(shapes[0].ndim, 2);
+  assert_int_equal(shapes[0].shape[0], batch);
+  assert_int_equal(shapes[1].shape[1], 4);
+  assert_null(shapes[0].data);
+  void *stream = (void *)(uintptr_t)0x5151;
+  for (int round = 0; round < 3; round++) {
+    spn_tensor_t out[2] = {tensor2(y, batch, true), tensor2(bo, batch, true)};
+    mk.from_host = mk.to_host = mk.syncs = mk.fences = mk.fence_waits = 0;
+    int32_t rc = spn_model_run_on(m, &in, 1, out, 2, stream, &err);
+    if (rc)
+      fail_msg("run_on: %s", err.msg);
+    assert_int_equal(mk.from_host, 0);
+    assert_int_equal(mk.to_host, 0);
+    assert_int_equal(mk.syncs, 0);
+    assert_int_equal(mk.fences, 1);
+    assert_int_equal(mk.fence_waits, round ? 1 : 0);
+    assert_ptr_equal(mk.last_stream, stream);
+    assert_ptr_equal(out[0].data, y);
+    assert_int_equal(out[0].device_kind, SPN_DEVICE_CUDA);
+    assert_memory_equal(y, want[0].data, bytes);
+    assert_memory_equal(bo, want[1].data, bytes);
+    memset(y, 0, bytes);
+  }
+  /* A host output makes the run wait again. */
+  spn_tensor_t mixed[2] = {tensor2(y, batch, true), tensor2(NULL, batch, false)};
+  mk.syncs = 0;
+  assert_int_equal(spn_model_run_on(m, &in, 1, mixed, 2, stream, &err), SPN_OK);
+  assert_true(mk.syncs >= 1);
+  assert_memory_equal(mixed[1].data, want[1].data, bytes);
+  assert_memory_equal(y, want[0].data, bytes);
+  spn_model_output_free(&mixed[1]);
+  /* Misuse: a device output without a buffer, another device's memory. */
+  spn_tensor_t nobuf[2] = {tensor2(NULL, batch, true), tensor2(bo, batch, true)};
+  assert_int_equal(spn_model_run_on(m, &in, 1, nobuf, 2, stream, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "caller's buffer"));
+  spn_tensor_t other = in;
+  other.device_index = 1;
+  spn_tensor_t out2[2] = {tensor2(y, batch, true), tensor2(bo, batch, true)};
+  assert_int_equal(spn_model_run_on(m, &other, 1, out2, 2, stream, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "'x'"));
+  assert_int_equal(spn_model_run_on(ref, &in, 1, out2, 2, NULL, &err), SPN_EINVAL); /* a CPU model */
+  assert_int_equal(mk.bad, 0);
+  mock_mem_free(m, x);
+  mock_mem_free(m, y);
+  mock_mem_free(m, bo);
+  int made = mk.fences_made;
+  spn_model_release(&m);
+  assert_int_equal(mk.fence_frees, made); /* waited for before the arena went */
+  spn_model_release(&ref);
+  for (int o = 0; o < 2; o++)
+    spn_model_output_free(&want[o]);
+  spn_engine_free(e);
+  free(pm.p);
+}
+
+/* With nodes on the CPU: a device input the CPU reads is copied to the
+ * host once; a device output produced on the CPU is copied into the
+ * caller's device buffer; results still equal the CPU model's. */
+static void test_device_io_fallback(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL));
+  spn_model_t *ref = load(e, &pm, "cpu", NULL);
+  spn_model_t *m = load(e, &pm, "mock:0", NULL);
+  const int64_t batch = 3;
+  size_t bytes = (size_t)batch * 4 * sizeof(float);
+  float *x = mock_mem(m, bytes), *y = mock_mem(m, bytes);
+  for (int64_t i = 0; i < batch * 4; i++)
+    x[i] = (float)((i * 37) % 17) / 4.f - 2.f;
+  spn_tensor_t want[2];
+  run2(ref, batch, want);
+  spn_tensor_t in = tensor2(x, batch, true);
+  spn_tensor_t out[2] = {tensor2(y, batch, true), tensor2(NULL, batch, false)};
+  spn_error_t err = SPN_ERROR_INIT;
+  mk.from_host = mk.to_host = 0;
+  int32_t rc = spn_model_run_on(m, &in, 1, out, 2, NULL, &err);
+  if (rc)
+    fail_msg("run_on: %s", err.msg);
+  assert_memory_equal(y, want[0].data, bytes);
+  assert_memory_equal(out[1].data, want[1].data, bytes);
+  assert_int_equal(mk.to_host, 1 + 2);   /* x for Sigmoid; d for Tanh and b at the end */
+  assert_int_equal(mk.from_host, 2 + 1); /* x and a into the mock; y into its buffer */
+  assert_int_equal(mk.bad, 0);
+  spn_model_output_free(&out[1]);
+  mock_mem_free(m, x);
+  mock_mem_free(m, y);
+  spn_model_release(&m);
+  spn_model_release(&ref);
+  for (int o = 0; o < 2; o++)
+    spn_model_output_free(&want[o]);
+  spn_engine_free(e);
+  free(pm.p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fallback_places_and_copies),
@@ -532,6 +925,13 @@ int main(void) {
       cmocka_unit_test(test_one_backend_per_device),
       cmocka_unit_test(test_fp16_conversion),
       cmocka_unit_test(test_layout_conversion),
+      cmocka_unit_test(test_arena_plan_random),
+      cmocka_unit_test(test_arena_plan_reuse),
+      cmocka_unit_test(test_views_cpu),
+      cmocka_unit_test(test_views_device),
+      cmocka_unit_test(test_plan_cache),
+      cmocka_unit_test(test_device_io_in_place),
+      cmocka_unit_test(test_device_io_fallback),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,8 +4,8 @@
  * With no device, devices "auto" must fall back to the CPU and "cuda" /
  * "cuda:0" must fail with SPN_EDEVICE and a message naming the spec and
  * saying no CUDA device is available. With devices present, "auto" must open
- * CUDA devices and a bad ordinal must be refused naming it. Also covers the
- * health monitor's XID classification and state machine, which need no GPU. */
+ * CUDA devices and a bad ordinal must be refused naming it. (The health
+ * monitor, which needs no CUDA, is tested in tests/runtime/test-device-health.c.) */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -93,54 +93,11 @@ static void bad_ordinals_are_refused(void **state) {
   assert_has(err.msg, "listed twice");
 }
 
-static void xid_classification(void **state) {
-  (void)state;
-  /* fatal to the GPU: ECC double bit, fell off the bus, uncontained ECC, GSP */
-  const unsigned long long fatal[] = {48, 63, 64, 74, 79, 92, 94, 95, 119, 120};
-  for (size_t i = 0; i < sizeof fatal / sizeof *fatal; i++)
-    if (!spn__cuda_xid_fatal(fatal[i]))
-      fail_msg("XID %llu should be fatal", fatal[i]);
-  /* application faults: the context dies, the GPU is fine */
-  const unsigned long long app[] = {0, 13, 31, 43, 45, 68, 109};
-  for (size_t i = 0; i < sizeof app / sizeof *app; i++)
-    if (spn__cuda_xid_fatal(app[i]))
-      fail_msg("XID %llu should not be fatal", app[i]);
-}
-
-static void health_state_follows_xids(void **state) {
-  (void)state;
-  const char *ids[2] = {"0000:01:00.0", "0000:02:00.0"};
-  spn__cuda_health_t *h = NULL;
-  spn_error_t err = SPN_ERROR_INIT;
-  /* No NVML: a poller that reports nothing (test-cuda-health covers NVML). */
-  assert_int_equal(spn__cuda_health_new("libspindle-no-such-nvml.so", ids, 2, &h, &err), SPN_OK);
-  assert_non_null(h);
-  assert_false(spn__cuda_health_available(h));
-  assert_int_equal(spn__cuda_health_poll(h), 0);
-  unsigned long long xid = 99;
-  assert_int_equal(spn__cuda_health_state(h, 0, &xid), SPN__CUDA_HEALTHY);
-  assert_int_equal(xid, 0);
-  spn__cuda_health_inject_xid(h, 1, 13); /* app fault: still healthy */
-  assert_int_equal(spn__cuda_health_state(h, 1, &xid), SPN__CUDA_HEALTHY);
-  assert_int_equal(xid, 13);
-  spn__cuda_health_inject_xid(h, 1, 79);
-  assert_int_equal(spn__cuda_health_state(h, 1, &xid), SPN__CUDA_XID_FATAL);
-  assert_int_equal(xid, 79);
-  spn__cuda_health_inject_xid(h, 1, 13); /* a later harmless XID does not heal it */
-  assert_int_equal(spn__cuda_health_state(h, 1, NULL), SPN__CUDA_XID_FATAL);
-  assert_int_equal(spn__cuda_health_state(h, 0, NULL), SPN__CUDA_HEALTHY);
-  assert_int_equal(spn__cuda_health_state(h, 7, NULL), SPN__CUDA_HEALTHY); /* out of range */
-  spn__cuda_health_free(&h);
-  assert_null(h);
-}
-
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(auto_picks_cuda_or_falls_back_to_cpu),
       cmocka_unit_test(cuda_without_a_device_fails_clearly),
       cmocka_unit_test(bad_ordinals_are_refused),
-      cmocka_unit_test(xid_classification),
-      cmocka_unit_test(health_state_follows_xids),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

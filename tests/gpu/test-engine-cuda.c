@@ -8,7 +8,14 @@
  *    residual Add and a nearest Resize;
  *  - out of device memory: a model whose activations need ~256 GB fails that
  *    run with SPN_ENOMEM naming the GPU, and the same model then runs a small
- *    input correctly. */
+ *    input correctly;
+ *  - precision fp16 (convolution, Gemm with bias and ReLU, MatMul of two
+ *    activations) against the fp32 CPU within the bound docs/engine.md
+ *    derives;
+ *  - spn_model_run_on with device input and output on the caller's stream,
+ *    repeated so that runs are captured and replayed as CUDA Graphs, across a
+ *    shape change and back, equal to the CPU and to a model loaded with
+ *    no_graphs. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +26,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <cuda_runtime_api.h>
 
 #include "../engine/onnx-build.h"
 #include "gpu-skip.h"
@@ -26,9 +34,11 @@
 
 static spn_engine_t *eng;
 
-static spn_model_t *load(pb_t *pm, const char *device) {
+static spn_model_t *load_opts(pb_t *pm, const char *device, const char *precision, int no_graphs) {
   spn_model_opts_t o = SPN_MODEL_OPTS_INIT;
   o.device = device;
+  o.precision = precision;
+  o.no_graphs = no_graphs;
   o.fallback = "error"; /* every node must run on the GPU */
   spn_model_t *m = NULL;
   spn_error_t err = SPN_ERROR_INIT;
@@ -36,6 +46,8 @@ static spn_model_t *load(pb_t *pm, const char *device) {
     fail_msg("load on %s: %s", device, err.msg);
   return m;
 }
+
+static spn_model_t *load(pb_t *pm, const char *device) { return load_opts(pm, device, NULL, 0); }
 
 static void fill(float *x, size_t n, uint32_t seed) {
   for (size_t i = 0; i < n; i++) {
@@ -202,6 +214,189 @@ static void test_out_of_device_memory(void **state) {
   free(pm.p);
 }
 
+
+/* The conv test's model: x (N,8,12,10) -> Conv 3x3 (bias) -> Relu -> Add x
+ * -> Resize x2 nearest. */
+static pb_t conv_model(void) {
+  pb_t g = {0};
+  const char *ci[] = {"x", "w", "bias"}, *co[] = {"c"}, *ri[] = {"c"}, *ro[] = {"r"}, *ai[] = {"r", "x"},
+             *ao[] = {"s"}, *zi[] = {"s", "", "sc"}, *zo[] = {"y"};
+  const int64_t ks[] = {3, 3}, pads[] = {1, 1, 1, 1};
+  attr_t ca[] = {{.name = "kernel_shape", .type = 7, .n = 2, .ints = ks}, {.name = "pads", .type = 7, .n = 4, .ints = pads}};
+  node(&g, "Conv", "conv0", ci, 3, co, 1, ca, 2);
+  node(&g, "Relu", "relu0", ri, 1, ro, 1, NULL, 0);
+  node(&g, "Add", "add0", ai, 2, ao, 1, NULL, 0);
+  attr_t za[] = {{.name = "mode", .type = 3, .s = "nearest"}};
+  node(&g, "Resize", "rs0", zi, 3, zo, 1, za, 1);
+  pb_str(&g, 2, "g");
+  static float w[8 * 8 * 9], bias[8];
+  fill(w, 8 * 8 * 9, 7);
+  for (int i = 0; i < 8 * 8 * 9; i++)
+    w[i] *= 0.2f;
+  fill(bias, 8, 9);
+  int64_t wd[] = {8, 8, 3, 3}, bd[] = {8}, sd[] = {4};
+  const float sc[] = {1.f, 1.f, 2.f, 2.f};
+  initializer(&g, "w", 4, wd, w, 8 * 8 * 9);
+  initializer(&g, "bias", 1, bd, bias, 8);
+  initializer(&g, "sc", 1, sd, sc, 4);
+  int64_t d[] = {-1, 8, 12, 10};
+  value_info(&g, 11, "x", 4, d);
+  value_info(&g, 12, "y", -1, NULL);
+  return model(&g, 17);
+}
+
+static spn_tensor_t image(float *x, int64_t batch) {
+  spn_tensor_t in = SPN_TENSOR_INIT;
+  in.dtype = SPN_DTYPE_F32;
+  in.ndim = 4;
+  in.shape[0] = batch;
+  in.shape[1] = 8;
+  in.shape[2] = 12;
+  in.shape[3] = 10;
+  in.data = x;
+  return in;
+}
+
+/* fp16: every product's operands are rounded to fp16 (relative error
+ * <= 2^-11 each) and summed in fp32. The 72-term dot products here have
+ * sum |w x| <= 72 * 0.2 = 14.4, so the error is <= 14.4 * 2 * 2^-11 = 0.014
+ * in the worst case (signs aligned) and about 0.002 for random signs, plus
+ * one fp16 rounding of the result (2^-11 of |y|); the test allows 0.02 of
+ * max(1, |y|). A wrong layout or a missed cast is off
+ * by O(1). */
+static void test_fp16_conv(void **state) {
+  (void)state;
+  pb_t pm = conv_model();
+  spn_model_t *cpu = load(&pm, "cpu"), *gpu = load_opts(&pm, "cuda:0", "fp16", 0);
+  for (int64_t batch = 1; batch <= 9; batch += 4) {
+    size_t n = (size_t)batch * 8 * 12 * 10;
+    float *x = malloc(n * sizeof(float));
+    fill(x, n, (uint32_t)batch + 40);
+    spn_tensor_t in = image(x, batch);
+    for (int rep = 0; rep < 3; rep++) /* eager, captured, replayed */
+      compare(cpu, gpu, &in, 1, 2e-2f);
+    free(x);
+  }
+  spn_model_release(&cpu);
+  spn_model_release(&gpu);
+  free(pm.p);
+}
+
+/* x (N,4,16) -> Flatten (N,64) -> Gemm (64 -> 8, transB, bias) -> Relu -> y1; x -> Transpose(0,2,1) -> xt
+ * (N,16,4); MatMul(x, xt) -> y2 (N,4,4): both operands activations. */
+static void test_fp16_matmul(void **state) {
+  (void)state;
+  pb_t g = {0};
+  const char *fi[] = {"x"}, *fo[] = {"f"}, *gi[] = {"f", "w", "bias"}, *go[] = {"gm"}, *ri[] = {"gm"},
+             *ro[] = {"y1"}, *ti[] = {"x"}, *to[] = {"xt"}, *mi[] = {"x", "xt"}, *mo[] = {"y2"};
+  attr_t fa = {.name = "axis", .type = 2, .i = 1}, ga = {.name = "transB", .type = 2, .i = 1};
+  const int64_t perm[] = {0, 2, 1};
+  attr_t ta = {.name = "perm", .type = 7, .n = 3, .ints = perm};
+  node(&g, "Flatten", "flat", fi, 1, fo, 1, &fa, 1);
+  node(&g, "Gemm", "gemm0", gi, 3, go, 1, &ga, 1);
+  node(&g, "Relu", "relu0", ri, 1, ro, 1, NULL, 0);
+  node(&g, "Transpose", "tr0", ti, 1, to, 1, &ta, 1);
+  node(&g, "MatMul", "mm0", mi, 2, mo, 1, NULL, 0);
+  pb_str(&g, 2, "g");
+  static float w[8 * 64], bias[8];
+  fill(w, 8 * 64, 3);
+  for (int i = 0; i < 8 * 64; i++)
+    w[i] *= 0.1f;
+  fill(bias, 8, 5);
+  int64_t wd[] = {8, 64}, bd[] = {8};
+  initializer(&g, "w", 2, wd, w, 8 * 64);
+  initializer(&g, "bias", 1, bd, bias, 8);
+  int64_t d[] = {-1, 4, 16};
+  value_info(&g, 11, "x", 3, d);
+  value_info(&g, 12, "y1", -1, NULL);
+  value_info(&g, 12, "y2", -1, NULL);
+  pb_t pm = model(&g, 17);
+  spn_model_t *cpu = load(&pm, "cpu"), *gpu = load_opts(&pm, "cuda:0", "fp16", 0);
+  assert_int_equal(spn_model_fallback_count(gpu), 0);
+  for (int64_t batch = 1; batch <= 33; batch += 32) {
+    size_t n = (size_t)batch * 64;
+    float *x = malloc(n * sizeof(float));
+    fill(x, n, (uint32_t)batch);
+    spn_tensor_t in = SPN_TENSOR_INIT;
+    in.dtype = SPN_DTYPE_F32;
+    in.ndim = 3;
+    in.shape[0] = batch;
+    in.shape[1] = 4;
+    in.shape[2] = 16;
+    in.data = x;
+    /* Gemm: sum |w x| <= 64 * 0.1, MatMul: <= 16; bound 2 * 2^-11 of
+     * that: 0.006 and 0.016. */
+    compare(cpu, gpu, &in, 2, 2e-2f);
+    free(x);
+  }
+  spn_model_release(&cpu);
+  spn_model_release(&gpu);
+  free(pm.p);
+}
+
+/* Device input and output on the caller's stream, five runs per shape
+ * (warm-up, capture, replays), a shape change and back: equal to the CPU,
+ * and to the same model loaded with no_graphs. */
+static void test_device_io_graphs(void **state) {
+  (void)state;
+  pb_t pm = conv_model();
+  spn_model_t *cpu = load(&pm, "cpu"), *gpu = load(&pm, "cuda:0"), *eager = load_opts(&pm, "cuda:0", NULL, 1);
+  cudaStream_t st;
+  assert_int_equal(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  int64_t batches[] = {2, 5, 2};
+  for (int t = 0; t < 3; t++) {
+    int64_t batch = batches[t];
+    size_t n = (size_t)batch * 8 * 12 * 10, no = n * 4;
+    float *x = malloc(n * sizeof(float)), *y = malloc(no * sizeof(float)), *ye = malloc(no * sizeof(float));
+    fill(x, n, (uint32_t)batch + 100);
+    spn_tensor_t hin = image(x, batch), want = SPN_TENSOR_INIT;
+    spn_error_t err = SPN_ERROR_INIT;
+    if (spn_model_run(cpu, &hin, 1, &want, 1, &err))
+      fail_msg("cpu: %s", err.msg);
+    void *dx = NULL, *dy = NULL;
+    assert_int_equal(cudaMalloc(&dx, n * sizeof(float)), cudaSuccess);
+    assert_int_equal(cudaMalloc(&dy, no * sizeof(float)), cudaSuccess);
+    assert_int_equal(cudaMemcpy(dx, x, n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    spn_tensor_t din = image(dx, batch);
+    din.device_kind = SPN_DEVICE_CUDA;
+    spn_tensor_t dout = SPN_TENSOR_INIT;
+    assert_int_equal(spn_model_output_shapes(gpu, &din, 1, &dout, 1, &err), SPN_OK);
+    assert_int_equal(dout.shape[2], 24);
+    dout.data = dy;
+    dout.device_kind = SPN_DEVICE_CUDA;
+    for (int run = 0; run < 5; run++) {
+      assert_int_equal(cudaMemsetAsync(dy, 0xff, no * sizeof(float), st), cudaSuccess); /* NaNs */
+      if (spn_model_run_on(gpu, &din, 1, &dout, 1, st, &err))
+        fail_msg("run_on: %s", err.msg);
+      assert_int_equal(cudaMemcpyAsync(y, dy, no * sizeof(float), cudaMemcpyDeviceToHost, st), cudaSuccess);
+      assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
+      for (size_t i = 0; i < no; i++) {
+        float a = ((float *)want.data)[i];
+        if (!(fabsf(a - y[i]) <= 1e-4f * fmaxf(1.f, fabsf(a))))
+          fail_msg("batch %lld run %d element %zu: cpu %g, cuda %g", (long long)batch, run, i, (double)a, (double)y[i]);
+      }
+    }
+    if (spn_model_run_on(eager, &din, 1, &dout, 1, st, &err))
+      fail_msg("run_on (no graphs): %s", err.msg);
+    assert_int_equal(cudaMemcpyAsync(ye, dy, no * sizeof(float), cudaMemcpyDeviceToHost, st), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
+    for (size_t i = 0; i < no; i++)
+      if (!(fabsf(ye[i] - y[i]) <= 1e-6f * fmaxf(1.f, fabsf(y[i]))))
+        fail_msg("graph replay %g vs eager %g at %zu", (double)y[i], (double)ye[i], i);
+    cudaFree(dx);
+    cudaFree(dy);
+    spn_model_output_free(&want);
+    free(x);
+    free(y);
+    free(ye);
+  }
+  cudaStreamDestroy(st);
+  spn_model_release(&eager);
+  spn_model_release(&cpu);
+  spn_model_release(&gpu);
+  free(pm.p);
+}
+
 int main(void) {
   SPN_TEST_REQUIRE_GPU();
   spn_engine_opts_t o = SPN_ENGINE_OPTS_INIT;
@@ -215,6 +410,9 @@ int main(void) {
       cmocka_unit_test(test_elementwise_chain),
       cmocka_unit_test(test_conv_relu_add_resize),
       cmocka_unit_test(test_out_of_device_memory),
+      cmocka_unit_test(test_fp16_conv),
+      cmocka_unit_test(test_fp16_matmul),
+      cmocka_unit_test(test_device_io_graphs),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   spn_engine_free(eng);

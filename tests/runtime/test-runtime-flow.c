@@ -37,6 +37,7 @@ static void fanout(int instances, int64_t skip_every) {
   rt_col_init(&col);
   rt_spec_t b;
   rt_spec_init(&b, "fanout");
+  b.spec.placement = SPN__PLACE_FANOUT; /* one job's frames spread over the devices */
   rt_cfg_t *src = rt_spec_stage(&b, "src", &rt_kind_src, h);
   src->count = 3000;
   src->with_tensor = true;

@@ -18,6 +18,9 @@ export PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR=$tmp/dest
 cflags=$(pkg-config --cflags spindle-plugin) || fail "pkg-config --cflags"
 inc=$(echo $cflags); inc=${inc#-I}
 [ -f "$inc/spindle/plugin.h" ] || fail "cflags $cflags do not point at the installed spindle/plugin.h"
+# Only headers whose library is installed: image.h/audio.h are static helpers.
+for h in image.h audio.h; do [ ! -e "$inc/spindle/$h" ] || fail "spindle/$h installed without its library"; done
+for h in harness.h plugin-cuda.h runtime.h; do [ -f "$inc/spindle/$h" ] || fail "spindle/$h not installed"; done
 plugindir=$(pkg-config --variable=plugindir spindle-plugin)
 # pkgconf prefixes variables with the sysroot too; pkg-config 0.29 does not.
 case "$plugindir" in "$tmp/dest"*) ;; *) plugindir=$tmp/dest$plugindir ;; esac
@@ -58,4 +61,13 @@ if grep -q 'not built in' run.txt; then
 else
   [ $rc -eq 0 ] || fail "spindle run exited $rc: $(cat run.txt)"
 fi
+
+# The stage harness as a stage author uses it: a test built out of tree with
+# `pkg-config spindle-harness` runs the example (and a 1.0 binary) on the
+# installed runtime.
+cc -std=c11 -Wall -Wextra -Werror -o "$tmp/abi10" "$src/tests/runtime/test-abi10.c" \
+  $(pkg-config --cflags --libs spindle-harness) >"$tmp/cc.log" 2>&1 ||
+  fail "building a harness test with pkg-config spindle-harness: $(cat "$tmp/cc.log")"
+"$tmp/abi10" "$tmp/ex/libspindle-invert.so" >"$tmp/abi10.txt" 2>&1 ||
+  fail "the harness on the installed runtime: $(cat "$tmp/abi10.txt")"
 echo ok

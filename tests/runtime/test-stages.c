@@ -40,6 +40,7 @@ struct spn_msg {
 
 #define MAX_OUT 256
 struct spn_stage {
+  spn_stage_head_t head; /* first, as plugin.h says: spn_stage_host reads it */
   const char *name;
   spn_msg_t *out[MAX_OUT];
   uint32_t out_port[MAX_OUT];
@@ -147,6 +148,30 @@ static int32_t f_msg_add_meta(spn_msg_t *m, const char *name, const void *data, 
   it->meta_size = size;
   return SPN_OK;
 }
+static int32_t f_msg_clone(spn_stage_t *s, const spn_msg_t *from, spn_msg_t **out, spn_error_t *err) {
+  spn_msg_t *m = calloc(1, sizeof *m);
+  *m = *from;
+  for (size_t i = 0; i < m->n; i++) {
+    if (m->items[i].buf)
+      f_buffer_ref(m->items[i].buf);
+    if (m->items[i].meta) {
+      m->items[i].meta = malloc(from->items[i].meta_size ? from->items[i].meta_size : 1);
+      memcpy(m->items[i].meta, from->items[i].meta, from->items[i].meta_size);
+    }
+  }
+  *out = m;
+  return SPN_OK;
+}
+static int32_t f_msg_replace_tensor(spn_msg_t *m, size_t i, const spn_tensor_t *t, spn_buffer_t *b,
+                                    spn_error_t *err) {
+  assert_true(i < m->n && m->items[i].kind == SPN_ITEM_TENSOR);
+  spn_buffer_t *old = m->items[i].buf;
+  m->items[i].buf = f_buffer_ref(b);
+  buf_unref(&old);
+  m->items[i].t = *t;
+  m->items[i].t.data = NULL;
+  return SPN_OK;
+}
 static int32_t f_emit(spn_stage_t *s, uint32_t port, spn_msg_t **m, spn_error_t *err) {
   assert_true(s->n_out < MAX_OUT);
   s->out_port[s->n_out] = port;
@@ -181,14 +206,19 @@ static const spn_host_api_t fake_host = {
     .msg_add_tensor = f_msg_add_tensor,
     .msg_add_meta = f_msg_add_meta,
     .emit = f_emit,
+    .msg_clone = f_msg_clone,
+    .msg_replace_tensor = f_msg_replace_tensor,
 };
+#define FAKE_STAGE(...) {.head = {.struct_size = sizeof(spn_stage_head_t), .host = &fake_host}, __VA_ARGS__}
 
 static void stage_reset(spn_stage_t *s) {
   for (size_t i = 0; i < s->n_out; i++)
     f_msg_free(&s->out[i]);
   const char *name = s->name;
+  spn_stage_head_t head = s->head;
   memset(s, 0, sizeof *s);
   s->name = name;
+  s->head = head;
 }
 
 /* ---- fixtures -------------------------------------------------------------- */
@@ -282,7 +312,7 @@ static void synth_emits_dense_frames_with_the_pattern(void **state) {
   fixture_t *f = *state;
   const char *sets[] = {"x.frames=5", "x.width=4", "x.height=3", "x.fps=10"};
   built_t b = build_stage(f, "synth", sets, 4);
-  spn_stage_t stage = {.name = "x"};
+  spn_stage_t stage = FAKE_STAGE(.name = "x");
   run_source(b.x, &stage, 5);
   assert_int_equal(stage.n_out, 5);
   for (size_t i = 0; i < 5; i++) {
@@ -310,7 +340,7 @@ static void synth_emits_dense_frames_with_the_pattern(void **state) {
   assert_int_equal(stage.progress_done, 5);
   assert_int_equal(stage.progress_total, 5);
   /* another job gives other bytes */
-  spn_stage_t other = {.name = "x"};
+  spn_stage_t other = FAKE_STAGE(.name = "x");
   run_source(b.x, &other, 6);
   assert_memory_not_equal(other.out[0]->items[0].buf->data, stage.out[0]->items[0].buf->data, 36);
   stage_reset(&stage);
@@ -321,7 +351,7 @@ static void synth_emits_dense_frames_with_the_pattern(void **state) {
 static void synth_with_zero_frames_ends_at_once(void **state) {
   const char *sets[] = {"x.frames=0"};
   built_t b = build_stage(*state, "synth", sets, 1);
-  spn_stage_t stage = {.name = "x"};
+  spn_stage_t stage = FAKE_STAGE(.name = "x");
   run_source(b.x, &stage, 1);
   assert_int_equal(stage.n_out, 0);
   spn__spec_free(&b.spec);
@@ -330,7 +360,7 @@ static void synth_with_zero_frames_ends_at_once(void **state) {
 static void synth_refuses_an_unknown_format(void **state) {
   const char *sets[] = {"x.format=yuv9"};
   built_t b = build_stage(*state, "synth", sets, 1);
-  spn_stage_t stage = {.name = "x"};
+  spn_stage_t stage = FAKE_STAGE(.name = "x");
   void *st = NULL;
   spn_error_t err = SPN_ERROR_INIT;
   assert_int_equal(b.x->kind->create(&stage, b.x->config, &st, &err), SPN_ECONFIG);
@@ -349,7 +379,7 @@ typedef struct sink_run {
 static void sink_open(sink_run_t *r, const spn__stage_spec_t *x, uint64_t job_id) {
   memset(r, 0, sizeof *r);
   r->x = x;
-  r->stage.name = "x";
+  r->stage = (spn_stage_t)FAKE_STAGE(.name = "x");
   spn_error_t err = SPN_ERROR_INIT;
   if (x->kind->create)
     assert_int_equal(x->kind->create(&r->stage, x->config, &r->st, &err), SPN_OK);
@@ -393,7 +423,7 @@ static void make_frames(fixture_t *f, spn_stage_t *src, uint64_t job, int n) {
 static void check_accepts_a_good_stream(void **state) {
   const char *sets[] = {"x.verify_pattern=true", "x.expect_frames=6"};
   built_t b = build_stage(*state, "check", sets, 2);
-  spn_stage_t src = {0};
+  spn_stage_t src = FAKE_STAGE(.name = NULL);
   make_frames(*state, &src, 9, 6);
   sink_run_t r;
   sink_open(&r, b.x, 9);
@@ -414,7 +444,7 @@ static void check_accepts_a_good_stream(void **state) {
 static void check_case(fixture_t *f, const char *const *sets, size_t n_sets, int n, const int *order, size_t n_order,
                        void (*tamper)(spn_msg_t *), char *msg, size_t size) {
   built_t b = build_stage(f, "check", sets, n_sets);
-  spn_stage_t src = {0};
+  spn_stage_t src = FAKE_STAGE(.name = NULL);
   make_frames(f, &src, 3, n);
   sink_run_t r;
   sink_open(&r, b.x, 3);
@@ -457,7 +487,7 @@ static int filesink_case(fixture_t *f, const char *dir, int n, const int *order,
   snprintf(set, sizeof set, "x.path=\"%s/out.raw\"", dir);
   const char *sets[] = {set};
   built_t b = build_stage(f, "filesink", sets, 1);
-  spn_stage_t src = {0};
+  spn_stage_t src = FAKE_STAGE(.name = NULL);
   make_frames(f, &src, 5, n);
   sink_run_t r;
   sink_open(&r, b.x, 5);
@@ -506,7 +536,7 @@ static void filesink_writes_frames_in_order_and_removes_failures(void **state) {
   assert_null(read_all(path, &len));
   /* without a path nothing is written and the job succeeds */
   built_t b = build_stage(*state, "filesink", NULL, 0);
-  spn_stage_t src = {0};
+  spn_stage_t src = FAKE_STAGE(.name = NULL);
   make_frames(*state, &src, 5, 2);
   sink_run_t r;
   sink_open(&r, b.x, 5);
@@ -598,7 +628,7 @@ static void run_filter(fixture_t *f, const char *kind, const char *const *sets, 
 }
 
 static void passthrough_forwards_the_same_message(void **state) {
-  spn_stage_t src = {0}, out = {0};
+  spn_stage_t src = FAKE_STAGE(.name = NULL), out = FAKE_STAGE(.name = NULL);
   make_frames(*state, &src, 3, 3);
   spn_msg_t *first = src.out[0];
   run_filter(*state, "passthrough", NULL, 0, &src, &out);
@@ -610,7 +640,7 @@ static void passthrough_forwards_the_same_message(void **state) {
 }
 
 static void tee_sends_to_both_ports_sharing_buffers(void **state) {
-  spn_stage_t src = {0}, out = {0};
+  spn_stage_t src = FAKE_STAGE(.name = NULL), out = FAKE_STAGE(.name = NULL);
   make_frames(*state, &src, 3, 2);
   spn_msg_t *orig0 = src.out[0];
   spn_buffer_t *buf0 = orig0->items[0].buf;
@@ -640,7 +670,7 @@ static double now_s(void) {
 }
 
 static void cost_burns_at_least_what_it_is_told(void **state) {
-  spn_stage_t src = {0}, out = {0};
+  spn_stage_t src = FAKE_STAGE(.name = NULL), out = FAKE_STAGE(.name = NULL);
   make_frames(*state, &src, 3, 4);
   const char *sets[] = {"x.us=5000"};
   double t0 = now_s();
@@ -657,7 +687,7 @@ static void cost_burns_at_least_what_it_is_told(void **state) {
 }
 
 static void example_invert_inverts_into_a_new_buffer(void **state) {
-  spn_stage_t src = {0}, out = {0};
+  spn_stage_t src = FAKE_STAGE(.name = NULL), out = FAKE_STAGE(.name = NULL);
   make_frames(*state, &src, 3, 2);
   spn_buffer_t *in_buf = src.out[1]->items[0].buf;
   f_buffer_ref(in_buf);

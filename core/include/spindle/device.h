@@ -31,11 +31,15 @@ typedef struct spn_buffer spn_buffer_t;
 typedef struct spn_stream spn_stream_t;
 typedef struct spn_event spn_event_t;
 
+/* Also defined, identically, by spindle/plugin.h. */
+#ifndef SPN_MEM_KIND_DEFINED
+#define SPN_MEM_KIND_DEFINED
 typedef enum spn_mem_kind {
-  SPN_MEM_DEVICE = 0, /* the device's own memory (host memory on a CPU device) */
+  SPN_MEM_DEVICE = 0, /* the device's own memory (on a CPU device: host memory the runtime treats as device memory) */
   SPN_MEM_HOST = 1,   /* pageable host memory */
   SPN_MEM_PINNED = 2, /* page-locked host memory (plain host memory on CPU) */
 } spn_mem_kind_t;
+#endif
 
 /* Kind (spn_device_kind_t), index within the kind, and "cpu:1" /
  * "cuda:0 NVIDIA A10G". Ownership: borrowed for the device's life. Thread: any. */
@@ -55,6 +59,18 @@ SPN_API void *spn_buffer_data(spn_buffer_t *buf);
 SPN_API size_t spn_buffer_size(const spn_buffer_t *buf);
 SPN_API spn_device_t *spn_buffer_device(const spn_buffer_t *buf);
 SPN_API bool spn_buffer_is_host(const spn_buffer_t *buf);
+/* The spn_mem_kind_t of the buffer type it came from. Thread: any. */
+SPN_API int32_t spn_buffer_mem_kind(const spn_buffer_t *buf);
+/* Readiness: the event after which the buffer's contents are complete, or
+ * NULL when they are complete already. spn_buffer_set_ready records a new
+ * one on `s` (replacing the previous one); on a CPU stream (work runs when
+ * issued) it records nothing. Ownership: the buffer owns the event.
+ * Thread: the stream's executor; readers after the buffer was handed on. */
+SPN_API spn_event_t *spn_buffer_ready_event(const spn_buffer_t *buf);
+SPN_API int32_t spn_buffer_set_ready(spn_buffer_t *buf, spn_stream_t *s, spn_error_t *err);
+/* Make `s` wait until buf is ready (a no-op when it is); a NULL `s` waits on
+ * the calling thread. Thread: the stream's executor. */
+SPN_API int32_t spn_buffer_wait_ready(spn_buffer_t *buf, spn_stream_t *s, spn_error_t *err);
 /* New reference; returns buf. Thread: any. */
 SPN_API spn_buffer_t *spn_buffer_ref(spn_buffer_t *buf);
 /* Drop a reference and set *buf to NULL; the last one frees. Thread: any. */

@@ -23,7 +23,10 @@
  *     nothing written beyond the buffer).
  * Any batch size is accepted on a dynamic batch dimension. spn_model_run() is
  * safe to call concurrently from several threads on one model: weights are
- * shared read-only, and every call plans and uses its own scratch arena.
+ * shared read-only; the memory plan of each input shape is made once and
+ * kept, and concurrent calls use separate arenas.
+ * spn_model_run_on() also takes tensors in device memory and the caller's
+ * stream, and then need not wait for the device.
  */
 #ifndef SPINDLE_ENGINE_H
 #define SPINDLE_ENGINE_H
@@ -79,7 +82,8 @@ typedef struct spn_model_opts {
   const char *device;    /* "cpu" (NULL), "cpu:N", "cuda:N" */
   const char *precision; /* "fp32" (NULL), "tf32" or "fp16": device arithmetic; the CPU is always fp32 */
   const char *fallback;  /* "cpu" (NULL): nodes the device cannot run go to the CPU; "error": refuse */
-  int32_t reserved[8];
+  int32_t no_graphs;     /* 1: never replay runs as CUDA Graphs (debugging; also SPINDLE_NO_CUDA_GRAPHS=1) */
+  int32_t reserved[7];
 } spn_model_opts_t;
 
 #define SPN_MODEL_OPTS_INIT {.struct_size = sizeof(spn_model_opts_t)}
@@ -130,6 +134,34 @@ SPN_API int32_t spn_model_fallback_count(const spn_model_t *m);
  * Thread: any, concurrently on one model. */
 SPN_API int32_t spn_model_run(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in,
                               spn_tensor_t *outputs, int32_t n_out, spn_error_t *err);
+
+/* Run with tensors in host or device memory, on the caller's stream.
+ *   - An input whose device_kind/device_index name the model's device
+ *     ("cuda:N": SPN_DEVICE_CUDA, N) is device memory, used in place (if a
+ *     node that fell back to the CPU reads it, it is first copied to the
+ *     host). Host inputs work as in spn_model_run. Any other device is
+ *     SPN_EINVAL.
+ *   - An output with the model's device_kind/device_index is the caller's
+ *     device buffer (data must be set; dtype/ndim/shape must equal what the
+ *     model produces: spn_model_output_shapes() tells), written in place.
+ *     Host outputs follow spn_model_run's rule.
+ *   - stream: the caller's native stream (a cudaStream_t for "cuda:N"), or
+ *     NULL for the backend's own. The run is enqueued on it after the work
+ *     already there. When every output is in device memory the call returns
+ *     without waiting for the device: the outputs are ready, and the inputs
+ *     may be reused, once the stream's work up to here is done (record an
+ *     event or synchronise the stream). With any host output it waits, as
+ *     spn_model_run does.
+ * On a CPU model, device tensors are refused and stream is ignored.
+ * Thread: any, concurrently on one model (one stream per thread). */
+SPN_API int32_t spn_model_run_on(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in,
+                                 spn_tensor_t *outputs, int32_t n_out, void *stream, spn_error_t *err);
+
+/* The dtype, ndim and shape every output would have for these inputs (only
+ * their shapes, dtypes and, for device tensors, device are read; no data is
+ * touched): fills outputs[i] except data and device. Thread: any. */
+SPN_API int32_t spn_model_output_shapes(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in,
+                                        spn_tensor_t *outputs, int32_t n_out, spn_error_t *err);
 
 /* Free an output the engine allocated in spn_model_run and set data NULL.
  * Caller-provided buffers must not be passed here. */

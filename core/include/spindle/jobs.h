@@ -67,6 +67,14 @@ typedef struct spn_job_spec {
   spn_job_io_t *outputs; /* final paths; write to spn_job_ctx_output_tmp() */
   size_t n_params;
   spn_job_param_t *params;
+  /* Set only on the join step of a segmented job (docs/jobs.md,
+   * "Segments"): the segments' outputs in order and their n_segments + 1
+   * boundaries in seconds. A runner given them joins the files into output
+   * 0 instead of running the pipeline. */
+  size_t n_segments;
+  char **segment_files;
+  double *segment_bounds;
+  char *segment_source; /* the input that was cut: the joined file's audio comes from it */
 } spn_job_spec_t;
 
 /* The value of a param, or NULL. Ownership: borrowed from job. */
@@ -93,6 +101,8 @@ SPN_API void spn_job_ctx_add_gpu_seconds(spn_job_ctx_t *ctx, double seconds);
  * errors are retried up to the job's max_attempts. `has_pipeline` says whether
  * the runner can run a pipeline (the gateway refuses jobs for others).
  * Thread: run on worker threads (several at once, one job each). */
+struct spn_segment_plan;
+
 typedef struct spn_job_runner {
   void *data;
   int32_t (*run)(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ctx, spn_error_t *err);
@@ -102,7 +112,49 @@ typedef struct spn_job_runner {
    * could is refused at once instead of failing every attempt. Called on
    * the gateway's loop thread; must not block. NULL: no check. */
   int32_t (*check)(void *data, const spn_job_spec_t *job, spn_error_t *err);
+  /* Optional: cut a video job into segments at its input's keyframes:
+   * `segments` parts, or (segments 0) parts of about `seconds` each. Fills
+   * *plan (spn_segment_plan_free) or fails with a message naming the
+   * request field and the input. Called on the gateway's loop thread at
+   * submit; reads the input's packets (no decoding). NULL: the runner
+   * cannot split jobs and the gateway refuses segmented ones. */
+  int32_t (*segment_plan)(void *data, const spn_job_spec_t *job, uint32_t segments, double seconds,
+                          struct spn_segment_plan *plan, spn_error_t *err);
 } spn_job_runner_t;
+
+/* How a job is cut (spn_job_runner_t.segment_plan). Segment k covers
+ * [bounds[k], bounds[k+1]) seconds of the input; every bounds[k] with k <
+ * count is a keyframe, bounds[count] is the end of the video. */
+typedef struct spn_segment_plan {
+  uint32_t count;
+  double *bounds;          /* count + 1 entries, increasing; owned */
+  char start_key[128];     /* the per-job "stage.key" that starts a segment ("decode.start") */
+  char duration_key[128];  /* ... and the one that gives its length ("decode.duration") */
+  char output[65];         /* the job output the segments are joined into */
+  char input[65];          /* the job input that is cut (the joined file's audio comes from it) */
+} spn_segment_plan_t;
+
+/* Thread: any. */
+SPN_API void spn_segment_plan_free(spn_segment_plan_t *plan);
+
+/* What the job service borrows from the media plugin to split and join
+ * (stages/media/media-segment.c): the encode plugin exports a function
+ * named SPN_SEGMENT_API_SYMBOL returning this table. */
+typedef struct spn_segment_api {
+  uint32_t struct_size;
+  /* Presentation times (seconds after the video stream's start) of the
+   * keyframes of `path`'s first video stream, ascending, and where its last
+   * frame ends. Errors name the file. Ownership: caller frees *times. */
+  int32_t (*keyframes)(const char *path, double **times, size_t *n, double *duration, spn_error_t *err);
+  /* Join n segment outputs in order into `out`: video packets copied, each
+   * part placed at its cut time (bounds: n + 1 seconds); when the parts
+   * have audio, `audio_src`'s soundtrack is decoded whole and encoded once
+   * in their audio format. Errors name the part or file. */
+  int32_t (*join)(const char *const *parts, const double *bounds, size_t n, const char *audio_src, const char *out,
+                  spn_error_t *err);
+} spn_segment_api_t;
+#define SPN_SEGMENT_API_SYMBOL "spindle_segment_api"
+typedef const spn_segment_api_t *(*spn_segment_api_fn)(void);
 
 /* The built-in test runner. Pipelines:
  *   "copy"  copies input "in" (or the first input) to output "out" (or the

@@ -1,11 +1,12 @@
-/* spindle/plugin.h — the stage plugin ABI, version 1.
+/* spindle/plugin.h — the stage plugin ABI, version 1.1.
  *
  * This is the only header a stage plugin includes. A plugin is a shared
  * object named `libspindle-<name>.so` that exports exactly one symbol the host
  * looks up: `const spn_plugin_desc_t *spindle_plugin_<name>_desc(void)`
  * (use SPN_PLUGIN_DEFINE). It never links against host symbols: everything
  * it needs from the host comes through the spn_host_api_t table handed to
- * init(), and everything the host needs from it comes through the
+ * init() and reachable from every stage callback with spn_stage_host(stage)
+ * (ABI 1.1), and everything the host needs from it comes through the
  * descriptor and the stage kinds it registers.
  *
  * ABI rules (enforced by the loader, each refusal names the file and rule):
@@ -40,7 +41,7 @@ extern "C" {
 #endif
 
 #define SPN_PLUGIN_ABI_MAJOR 1
-#define SPN_PLUGIN_ABI_MINOR 0
+#define SPN_PLUGIN_ABI_MINOR 1
 
 /* CUDA major the plugin was built against; 0 when it uses no CUDA. A plugin
  * that uses CUDA defines SPN_PLUGIN_CUDA_MAJOR before including this header
@@ -51,7 +52,7 @@ extern "C" {
 
 /* ---- opaque handles (each has a user pointer reachable via the host) ---- */
 typedef struct spn_plugin spn_plugin_t;         /* a loaded plugin, during init */
-typedef struct spn_stage spn_stage_t;           /* one stage instance (replica) */
+typedef struct spn_stage spn_stage_t;           /* one stage instance (replica); see spn_stage_host */
 typedef struct spn_msg spn_msg_t;               /* a message: envelope + items */
 typedef struct spn_buffer spn_buffer_t;         /* refcounted device-tagged memory */
 typedef struct spn_model spn_model_t;           /* a model loaded on a device */
@@ -135,6 +136,77 @@ typedef struct spn_config_field {
   double min, max;       /* numeric range, checked when min < max */
 } spn_config_field_t;
 
+/* ---- ABI 1.1: memory kinds and formats ---------------------------------- */
+
+/* Where a buffer's bytes live (the same values as spindle/device.h). */
+#ifndef SPN_MEM_KIND_DEFINED
+#define SPN_MEM_KIND_DEFINED
+typedef enum spn_mem_kind {
+  SPN_MEM_DEVICE = 0, /* the device's own memory (a GPU's; emulated on cpu:N) */
+  SPN_MEM_HOST = 1,   /* pageable host memory */
+  SPN_MEM_PINNED = 2, /* page-locked host memory (plain host memory on CPU) */
+} spn_mem_kind_t;
+#endif
+
+/* Sets of memory kinds a port takes or gives: bits (1u << spn_mem_kind_t).
+ * HOST in a set also admits PINNED (pinned memory is host memory); PINNED
+ * alone asks for pinned memory. */
+#define SPN_MEMSET(kind) (1u << (kind))
+#define SPN_MEMSET_DEVICE SPN_MEMSET(SPN_MEM_DEVICE)
+#define SPN_MEMSET_HOST SPN_MEMSET(SPN_MEM_HOST)
+#define SPN_MEMSET_PINNED SPN_MEMSET(SPN_MEM_PINNED)
+
+/* Pixel formats of "video" frames (the same values as spn_pixfmt_t of
+ * spindle/image.h). Layouts: rgb24/bgr24 a (H,W,3) u8 tensor; rgbf32p /
+ * bgrf32p a (3,H,W) f32 tensor; nv12/yuv420p the tight planes as one (N) u8
+ * tensor beside an "image" meta item giving width, height and format. */
+typedef enum spn_pixel_format {
+  SPN_PIX_RGB24 = 1,
+  SPN_PIX_BGR24 = 2,
+  SPN_PIX_GRAY8 = 3,
+  SPN_PIX_RGBF32P = 4,
+  SPN_PIX_BGRF32P = 5,
+  SPN_PIX_NV12 = 6,
+  SPN_PIX_YUV420P = 7,
+} spn_pixel_format_t;
+
+/* Audio sample formats of "audio" items. */
+typedef enum spn_sample_format {
+  SPN_SAMPLE_F32 = 1,  /* interleaved f32, a (samples, channels) tensor */
+  SPN_SAMPLE_S16 = 2,  /* interleaved s16 */
+  SPN_SAMPLE_F32P = 3, /* planar f32, a (channels, samples) tensor */
+} spn_sample_format_t;
+
+/* Sets of formats: bit (1u << format). 0 means "any" (or not this medium). */
+#define SPN_FMTSET(f) (1u << (f))
+
+/* What one port takes (inputs) or can give (outputs). Every zero field means
+ * "any", so a zeroed struct (or no table at all, as in ABI 1.0) is: host
+ * memory, any format. On an output, several bits mean the stage can give
+ * each of them; the runtime picks one per edge when the pipeline is built
+ * and tells the stage with host->stage_port_format. */
+typedef struct spn_port_caps {
+  uint32_t struct_size;
+  uint32_t mem_kinds;      /* SPN_MEMSET_* bits; 0 = host memory */
+  uint32_t pixel_formats;  /* SPN_FMTSET(spn_pixel_format_t) bits; 0 = any */
+  uint32_t sample_formats; /* SPN_FMTSET(spn_sample_format_t) bits; 0 = any */
+  uint32_t sample_rate;    /* Hz; 0 = any */
+  uint32_t channels;       /* 0 = any */
+  uint32_t reserved[2];
+} spn_port_caps_t;
+
+/* The format chosen for one edge (every field a single value; 0 = not
+ * constrained: both ends take anything). */
+typedef struct spn_port_format {
+  uint32_t struct_size;
+  int32_t mem_kind;        /* spn_mem_kind_t the consumer receives */
+  int32_t pixel_format;    /* spn_pixel_format_t, 0 = any */
+  int32_t sample_format;   /* spn_sample_format_t, 0 = any */
+  uint32_t sample_rate;
+  uint32_t channels;
+  uint32_t reserved[2];
+} spn_port_format_t;
+
 /* ---- stage kinds -------------------------------------------------------- */
 
 /* A port: a named input or output with an item type. Connected ports must
@@ -174,8 +246,8 @@ typedef struct spn_stage_kind {
   uint32_t n_inputs;
   uint32_t n_outputs;
   const spn_port_t *outputs;            /* n_outputs entries; none for a sink */
-  int32_t device_need;                  /* spn_device_need_t */
-  uint32_t max_batch;                   /* default batching; 1 = no batching */
+  int32_t device_need;                  /* spn_device_need_t; 0 = SPN_NEED_CPU */
+  uint32_t max_batch;                   /* default batching; 1 (or 0) = no batching */
   uint32_t max_delay_ms;
   uint32_t reserved1;
 
@@ -208,9 +280,32 @@ typedef struct spn_stage_kind {
   void (*destroy)(spn_stage_t *stage, void *state);
 
   void *reserved[8];
+
+  /* ABI 1.1: memory kinds and formats */
+  /* Per-port capabilities: input_caps has n_inputs entries, output_caps
+   * n_outputs (either may be NULL: host memory, any format). */
+  const spn_port_caps_t *input_caps;
+  const spn_port_caps_t *output_caps;
+  /* Optional: narrow one port's caps by the stage's config (e.g. decode
+   * gives only the pixel_format its config names). *caps holds the static
+   * entry on entry. Called while a pipeline is validated, on the validating
+   * thread: a pure function of the config. */
+  int32_t (*port_caps)(const void *config, bool is_output, uint32_t port, spn_port_caps_t *caps, spn_error_t *err);
 } spn_stage_kind_t;
 
 #define SPN_STAGE_KIND_INIT {.struct_size = sizeof(spn_stage_kind_t), .device_need = SPN_NEED_CPU, .max_batch = 1}
+
+/* ABI 1.1: a stage kind initialiser that fills struct_size; list the other
+ * members as designated initialisers:
+ *
+ *   static const spn_stage_kind_t kind = SPN_STAGE_KIND(.name = "invert",
+ *       .inputs = in, .n_inputs = 1, .outputs = out, .n_outputs = 1,
+ *       .process = invert_process);
+ *
+ * A 1.1 host reads device_need 0 as SPN_NEED_CPU and max_batch 0 as 1, so
+ * they may be left out (a 1.0 host refuses such a kind, but it refuses a
+ * 1.1 plugin anyway). */
+#define SPN_STAGE_KIND(...) {.struct_size = sizeof(spn_stage_kind_t), __VA_ARGS__}
 
 /* ---- the host API table ------------------------------------------------- */
 
@@ -299,7 +394,173 @@ typedef struct spn_host_api {
   void (*model_free_outputs)(spn_model_t *model, spn_tensor_t *outputs, size_t n_out);
 
   void *reserved[16];
+
+  /* ABI 1.1: host access and helpers */
+  /* A new message with msg's envelope (flags included) and the same items:
+   * tensor items share msg's buffers (a new reference each, no copy), meta
+   * items are copied. Ownership: caller owns *out (emit or msg_free); msg
+   * is borrowed. Thread: stage. */
+  int32_t (*msg_clone)(spn_stage_t *stage, const spn_msg_t *msg, spn_msg_t **out, spn_error_t *err);
+  /* Make item i (a tensor item) view `buf` as `t` (t->data ignored: offset 0
+   * of buf); its name stays. Takes a new reference to buf (the caller keeps
+   * its own) and drops the item's old one. SPN_EINVAL for a meta item or i
+   * out of range, SPN_EOVERFLOW when t does not fit buf; msg is unchanged
+   * then. Ownership: msg borrowed (the caller's). Thread: stage. */
+  int32_t (*msg_replace_tensor)(spn_msg_t *msg, size_t i, const spn_tensor_t *t, spn_buffer_t *buf,
+                                spn_error_t *err);
+  /* Make item i (a meta item) hold a copy of `size` bytes at `data`; its
+   * name stays. SPN_EINVAL for a tensor item or i out of range (msg is
+   * unchanged then). Ownership: data borrowed (copied). Thread: stage. */
+  int32_t (*msg_replace_meta)(spn_msg_t *msg, size_t i, const void *data, size_t size, spn_error_t *err);
+  /* ABI 1.1: memory kinds and formats */
+  /* A buffer of `mem_kind` (spn_mem_kind_t) on the instance's device (host
+   * memory for HOST/PINNED; cpu:N emulates DEVICE memory with host memory
+   * the runtime treats as device memory). Ownership: caller owns one
+   * reference. Thread: the instance's executor. */
+  int32_t (*buffer_new_kind)(spn_stage_t *stage, size_t size, int32_t mem_kind, spn_buffer_t **out,
+                             spn_error_t *err);
+  /* The buffer's memory kind (spn_mem_kind_t) and its device (kind is a
+   * spn_device_kind_t: 0 CPU, 1 CUDA). Thread: any. */
+  int32_t (*buffer_mem_kind)(const spn_buffer_t *buf);
+  void (*buffer_device)(const spn_buffer_t *buf, int32_t *kind, int32_t *index);
+  /* Readiness: buffer_set_ready marks the point the stage's stream has
+   * reached as the moment buf's contents are complete (call it after
+   * queueing the work that writes buf, before emitting it). buffer_event
+   * is that event's native handle (a cudaEvent_t), NULL when the buffer is
+   * complete already (always on the CPU). The runtime orders every copy
+   * and every consumer on another stream after it. Thread: executor. */
+  int32_t (*buffer_set_ready)(spn_stage_t *stage, spn_buffer_t *buf, spn_error_t *err);
+  void *(*buffer_event)(const spn_buffer_t *buf);
+  /* The format negotiated for a port of this instance's stage (is_output:
+   * an output port, else an input). An output feeding several edges of
+   * different formats reports the first edge's. Thread: any. */
+  int32_t (*stage_port_format)(spn_stage_t *stage, bool is_output, uint32_t port, spn_port_format_t *out,
+                               spn_error_t *err);
 } spn_host_api_t;
+
+/* True when `host` (a table handed to this plugin) has member m: a member
+ * added in a later minor is only there when the table is large enough. */
+#define SPN_HOST_HAS(host, m) \
+  ((host)->struct_size >= offsetof(spn_host_api_t, m) + sizeof(((spn_host_api_t *)0)->m) && (host)->m)
+
+/* ---- ABI 1.1: the host in every callback -------------------------------- */
+
+/* Every spn_stage_t a 1.1 host hands a plugin begins with this prefix;
+ * the rest of the instance is private. Plugins read it only through
+ * spn_stage_host. */
+typedef struct spn_stage_head {
+  uint32_t struct_size;          /* sizeof(spn_stage_head_t) of the host */
+  uint32_t reserved0;
+  const spn_host_api_t *host;    /* the complete host table */
+} spn_stage_head_t;
+
+/* The host API table, from any stage callback (create, process, ...):
+ * no plugin needs to keep the table init got in a static. Ownership:
+ * borrowed, valid while the plugin is loaded. Thread: any. */
+static inline const spn_host_api_t *spn_stage_host(spn_stage_t *stage) {
+  return ((const spn_stage_head_t *)(const void *)stage)->host;
+}
+
+/* ---- ABI 1.1: the frame filter helper ------------------------------------ */
+
+/* A stage that maps one frame to one frame writes only the mapping: the
+ * helper finds the tensor item, allocates the output on the instance's
+ * device, calls the mapping, and emits a copy of the message (its envelope
+ * and other items kept) whose item now holds the output. Messages without
+ * the item are forwarded as they are; a mapping that fails fails that
+ * message's job only (its err message is the job's error). */
+typedef struct spn_frame_filter {
+  const char *item;     /* the tensor item to map; NULL = "frame" */
+  /* The output's dtype and shape from the input's (out starts as a copy of
+   * *in); a refusal here fails the message's job. `msg` is the input
+   * message (borrowed), for its envelope and other items. Optional: NULL =
+   * same as the input. */
+  int32_t (*shape)(spn_stage_t *stage, void *state, const spn_msg_t *msg, const spn_tensor_t *in, spn_tensor_t *out,
+                   spn_error_t *err);
+  /* The mapping on the CPU: in->data and out->data are host pointers; out
+   * has the shape above. */
+  int32_t (*cpu)(spn_stage_t *stage, void *state, const spn_msg_t *msg, const spn_tensor_t *in, spn_tensor_t *out,
+                 spn_error_t *err);
+  /* The mapping on a CUDA device (see spindle/plugin-cuda.h): in->data and
+   * out->data are device pointers, `stream` the instance's cudaStream_t;
+   * queue the work on it and return (do not synchronize). */
+  int32_t (*cuda)(spn_stage_t *stage, void *state, const spn_msg_t *msg, const spn_tensor_t *in, spn_tensor_t *out,
+                  void *stream, spn_error_t *err);
+  /* Adjust the output message (a copy of msg holding the new item) before
+   * it is emitted, e.g. rescale coordinates with msg_replace_meta.
+   * Optional. */
+  int32_t (*finish)(spn_stage_t *stage, void *state, const spn_msg_t *msg, spn_msg_t *out, spn_error_t *err);
+} spn_frame_filter_t;
+
+/* One message through the filter, the input pointer already resolved
+ * (`in` holds it): shared by the CPU and CUDA drivers. */
+static inline int32_t spn__frame_filter_one(spn_stage_t *stage, void *state, spn_msg_t **msgp, size_t idx,
+                                            const spn_tensor_t *in, bool on_cuda, const spn_frame_filter_t *f,
+                                            spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  spn_tensor_t out = *in;
+  spn_buffer_t *buf = NULL;
+  spn_msg_t *m = NULL;
+  spn_error_t ferr = SPN_ERROR_INIT;
+  int32_t rc = f->shape ? f->shape(stage, state, *msgp, in, &out, &ferr) : SPN_OK;
+  if (rc == SPN_OK && (rc = host->buffer_new(stage, spn_tensor_nbytes(&out), &buf, err)) != SPN_OK)
+    return rc; /* out of memory: the batch fails */
+  if (rc == SPN_OK) {
+    out.data = host->buffer_data(buf);
+    rc = on_cuda ? f->cuda(stage, state, *msgp, in, &out, host->stage_get_stream(stage), &ferr)
+                 : f->cpu(stage, state, *msgp, in, &out, &ferr);
+  }
+  if (rc == SPN_OK && (rc = host->msg_clone(stage, *msgp, &m, err)) == SPN_OK &&
+      (rc = host->msg_replace_tensor(m, idx, &out, buf, err)) == SPN_OK && f->finish)
+    rc = f->finish(stage, state, *msgp, m, &ferr);
+  host->buffer_unref(&buf); /* m holds its own reference */
+  if (rc != SPN_OK) { /* this frame was refused: its job fails, the batch goes on */
+    const char *why = ferr.msg[0] ? ferr.msg : err && err->msg[0] ? err->msg : "frame filter failed";
+    host->fail_job(stage, host->msg_envelope(*msgp)->job_id, rc, why);
+    host->msg_free(&m);
+    host->msg_free(msgp);
+    return SPN_OK;
+  }
+  host->msg_free(msgp); /* done with the input: its memory goes now, not after the batch */
+  return host->emit(stage, 0, &m, err);
+}
+
+/* The process callback of a CPU frame filter: call it from your process
+ *
+ *   static int32_t my_process(spn_stage_t *s, void *st, spn_msg_t **msgs, void **js, size_t n,
+ *                             spn_error_t *err) {
+ *     return spn_frame_filter_process(s, st, msgs, n, &my_filter, err);
+ *   }
+ *
+ * Ownership: consumes msgs[0..n) (each is emitted, replaced or freed, and
+ * set to NULL). Thread: stage. */
+static inline int32_t spn_frame_filter_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, size_t n,
+                                               const spn_frame_filter_t *f, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  for (size_t i = 0; i < n; i++) {
+    int64_t idx = host->msg_find(msgs[i], f->item ? f->item : "frame");
+    spn_item_t it;
+    memset(&it, 0, sizeof it); /* (no designated initialisers: C++ includes this too) */
+    it.struct_size = sizeof it;
+    int32_t rc;
+    if (idx < 0 || host->msg_item(msgs[i], (size_t)idx, &it) != SPN_OK || it.kind != SPN_ITEM_TENSOR) {
+      rc = host->emit(stage, 0, &msgs[i], err); /* nothing to map: forwarded */
+    } else if (it.tensor.device_kind != SPN_DEVICE_CPU) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "%s: item \"%s\" is in device memory; this filter runs on the CPU only",
+               host->stage_get_name(stage), it.name);
+      host->fail_job(stage, host->msg_envelope(msgs[i])->job_id, SPN_EUNSUPPORTED, msg);
+      host->msg_free(&msgs[i]);
+      rc = SPN_OK;
+    } else {
+      it.tensor.data = host->buffer_data(it.buffer);
+      rc = spn__frame_filter_one(stage, state, &msgs[i], (size_t)idx, &it.tensor, false, f, err);
+    }
+    if (rc != SPN_OK)
+      return rc;
+  }
+  return SPN_OK;
+}
 
 /* ---- the descriptor ----------------------------------------------------- */
 
@@ -326,10 +587,17 @@ typedef struct spn_plugin_desc {
    .abi_minor = SPN_PLUGIN_ABI_MINOR, .sig_pointer_size = sizeof(void *),       \
    .sig_cuda_major = SPN_PLUGIN_CUDA_MAJOR}
 
-#if defined(__GNUC__)
-#define SPN_PLUGIN_EXPORT __attribute__((visibility("default")))
+/* The descriptor function has C linkage also when the plugin is C++ or
+ * CUDA (nvcc): the loader looks it up by its C name. */
+#ifdef __cplusplus
+#define SPN__EXTERN_C extern "C"
 #else
-#define SPN_PLUGIN_EXPORT
+#define SPN__EXTERN_C
+#endif
+#if defined(__GNUC__)
+#define SPN_PLUGIN_EXPORT SPN__EXTERN_C __attribute__((visibility("default")))
+#else
+#define SPN_PLUGIN_EXPORT SPN__EXTERN_C
 #endif
 
 /* Define the descriptor function for plugin NAME (an identifier: lowercase

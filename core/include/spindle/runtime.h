@@ -63,9 +63,26 @@ SPN_API void spn_runtime_free(spn_runtime_t **rt);
 /* Number of devices and a description ("cpu:2", "cuda:0 NVIDIA A10G"). */
 SPN_API uint32_t spn_runtime_device_count(const spn_runtime_t *rt);
 SPN_API const char *spn_runtime_device_name(const spn_runtime_t *rt, uint32_t i);
-/* Devices that can take work now: every CPU device, and each GPU the health
- * monitor has not marked unusable (lost, fatal XID). Thread: any. */
+/* Quarantine (drain) device i: no new work is placed on it, and every
+ * running job that touched it starts again on the usable devices (a new
+ * attempt, from its first frame; at most 3 times per job). The runtime
+ * calls it itself when NVML reports a fatal XID (48, 79, 94, 95, ...), an
+ * uncorrectable ECC error or a GPU that fell off the bus; an operator may
+ * call it to take a device out of service. A quarantined device stays so
+ * for the runtime's life (recovery needs a GPU reset). The event is logged
+ * (event "device_quarantined") and counted. Returns SPN_EINVAL for a bad
+ * index, SPN_OK otherwise (also when it already was). Thread: any. */
+SPN_API int32_t spn_runtime_device_quarantine(spn_runtime_t *rt, uint32_t i, const char *why);
+/* Whether device i takes work, and how many do: a device is usable unless
+ * it was quarantined, or it is a GPU the health monitor marks unusable
+ * (lost, fatal XID) before the runtime has quarantined it. /readyz is
+ * false when none is. Thread: any. */
+SPN_API bool spn_runtime_device_usable(const spn_runtime_t *rt, uint32_t i);
 SPN_API uint32_t spn_runtime_usable_device_count(const spn_runtime_t *rt);
+/* Counters since start, for metrics: devices quarantined, and job attempts
+ * restarted because a device they used was. Thread: any. */
+SPN_API uint64_t spn_runtime_quarantine_count(const spn_runtime_t *rt);
+SPN_API uint64_t spn_runtime_job_restart_count(const spn_runtime_t *rt);
 
 /* Load one plugin file, or every libspindle-*.so of the search path. A
  * refused plugin returns SPN_EABI (or another code) with a message that
@@ -135,6 +152,32 @@ SPN_API const char *spn_pipeline_name(const spn_pipeline_t *pipe);
 SPN_API size_t spn_pipeline_stage_count(const spn_pipeline_t *pipe);
 SPN_API const char *spn_pipeline_stage_time(const spn_pipeline_t *pipe, size_t i, uint64_t *busy_ns);
 
+/* Per-edge traffic (ABI 1.1 memory kinds and formats): one entry per edge
+ * of the validated pipeline, conversions the runtime inserted included.
+ * Copies are counted per direction: host to device, device to host,
+ * device to device (peer copies between GPUs; emulated on cpu:N) and host
+ * to host (pageable <-> pinned). ns is host wall time spent issuing the
+ * copies, plus waiting for those into host memory. */
+typedef enum spn_copy_dir { SPN_COPY_H2D = 0, SPN_COPY_D2H = 1, SPN_COPY_D2D = 2, SPN_COPY_H2H = 3 } spn_copy_dir_t;
+
+typedef struct spn_edge_stats {
+  const char *from_stage, *from_port; /* borrowed for the pipeline's life */
+  const char *to_stage, *to_port;
+  int32_t pixel_format;   /* negotiated spn_pixel_format_t of plugin.h, 0 = not constrained */
+  const char *format;     /* its name ("yuv420p"), "any" when not constrained */
+  int32_t mem_kind;       /* spn_mem_kind_t the consumer takes */
+  bool converted;         /* the consumer is a conversion the runtime inserted (convert = "auto") */
+  uint64_t messages;      /* data messages delivered */
+  uint64_t items_passed;  /* tensor items handed over without a copy */
+  uint64_t copies[4];     /* tensor items copied, by spn_copy_dir_t */
+  uint64_t bytes[4];
+  uint64_t ns[4];
+} spn_edge_stats_t;
+
+/* Number of edges, and edge i's figures (read atomically while jobs run).
+ * Returns SPN_EINVAL when i is out of range. Thread: any. */
+SPN_API size_t spn_pipeline_edge_count(const spn_pipeline_t *pipe);
+SPN_API int32_t spn_pipeline_edge_stats(const spn_pipeline_t *pipe, size_t i, spn_edge_stats_t *out);
 /* Per-stage histograms since the pipeline was loaded, summed over replicas
  * and jobs: the wall time of each process/generate call (latency_bucket[k]
  * counts calls that took at most spn_stage_latency_bounds_s[k]; the last
@@ -210,6 +253,13 @@ SPN_API void spn_job_cancel(spn_job_t *job);
  * Thread: any but the runtime's own (not from on_done or a stage). */
 SPN_API int32_t spn_job_wait(spn_job_t *job, spn_error_t *err);
 SPN_API uint64_t spn_job_id(const spn_job_t *job);
+/* Device-seconds of the job so far: the time its stage instances placed on
+ * devices (GPUs, or emulated cpu:N devices) spent in process/generate/flush
+ * for it, summed over stages, devices and attempts (a batch's time is split
+ * evenly among its frames). CPU-pool stages are not counted. Thread: any. */
+SPN_API double spn_job_device_seconds(const spn_job_t *job);
+/* Times the job was restarted after a device it used was quarantined. Thread: any. */
+SPN_API uint32_t spn_job_restarts(const spn_job_t *job);
 SPN_API void spn_job_free(spn_job_t **job);
 
 #ifdef __cplusplus

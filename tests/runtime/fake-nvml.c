@@ -4,7 +4,8 @@
  * Devices are known by the bus ids "0000:0N:00.0" for N = 1..4. The test
  * drives it through fake_nvml_push_xid (queue a critical-XID event) and
  * fake_nvml_set_lost (the device answers "GPU is lost"), and checks
- * fake_nvml_inits (init/shutdown balance) and fake_nvml_registered. State is
+ * fake_nvml_inits (init/shutdown balance) and fake_nvml_registered;
+ * fake_nvml_reset heals every device and empties the event queue. State is
  * process-global: it is a test double for a process-global library. */
 #include <string.h>
 
@@ -38,6 +39,7 @@ EXPORT void fake_nvml_push_xid(int n, unsigned long long xid);
 EXPORT void fake_nvml_set_lost(int n);
 EXPORT int fake_nvml_inits(void);
 EXPORT int fake_nvml_registered(int n);
+EXPORT void fake_nvml_reset(void);
 
 unsigned nvmlInit_v2(void) {
   inits++;
@@ -95,3 +97,8 @@ void fake_nvml_push_xid(int n, unsigned long long xid) {
 void fake_nvml_set_lost(int n) { devs[n - 1].lost = 1; }
 int fake_nvml_inits(void) { return inits; }
 int fake_nvml_registered(int n) { return devs[n - 1].registered; }
+void fake_nvml_reset(void) {
+  for (int i = 0; i < 4; i++)
+    devs[i].lost = devs[i].registered = 0;
+  q_head = q_len = 0;
+}

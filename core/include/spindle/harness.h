@@ -1,0 +1,124 @@
+/* spindle/harness.h — test one stage on the real runtime.
+ *
+ * A stage author's unit test: load a plugin, run one of its stage kinds in
+ * a real runtime (real executors, edges, batching, EOS and job failure
+ * handling) between a feeder stage per input port and a collector stage per
+ * output port, push messages into it and read what it emits. Link with
+ * `pkg-config --cflags --libs spindle-harness` (the harness is part of
+ * libspindle); the plugin under test is loaded exactly as `spindle run`
+ * loads it, so it must not link against the harness either.
+ *
+ *   spn_harness_opts_t o = SPN_HARNESS_OPTS_INIT;
+ *   o.plugin = "./libspindle-invert.so";
+ *   o.kind = "invert";
+ *   o.config = "threshold = 128";
+ *   spn_harness_t *h;
+ *   spn_harness_new(&o, &h, &err);
+ *   spn_msg_t *m;
+ *   spn_harness_msg_new(h, 0, &m, &err);                 // seq 0
+ *   spn_harness_add_tensor(h, m, "frame", &t, pixels, &err);
+ *   spn_harness_push(h, 1, 0, &m, &err);                 // job 1, input port 0
+ *   spn_harness_run(h, &err);                            // every job to its end
+ *   spn_harness_job_status(h, 1, &jerr);                 // SPN_OK, or why it failed
+ *   const spn_msg_t *out = spn_harness_output(h, 1, 0, 0);  // job 1, port 0, first
+ *   spn_harness_free(&h);
+ *
+ * A harness and everything it returns belong to one thread (the test's);
+ * the stage itself runs on the runtime's executors as it would in a
+ * pipeline. Two harnesses in one process share nothing.
+ */
+#ifndef SPINDLE_HARNESS_H
+#define SPINDLE_HARNESS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spindle/plugin.h"
+#include "spindle/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct spn_harness spn_harness_t;
+
+typedef struct spn_harness_opts {
+  uint32_t struct_size;
+  /* The plugin file (libspindle-<name>.so). NULL: the kind is looked up on
+   * the plugin search path ($SPINDLE_PLUGIN_PATH, then the install dir). */
+  const char *plugin;
+  /* The stage kind to drive, as `kind = "..."` in a pipeline. */
+  const char *kind;
+  /* The rest of the stage's [[stage]] table as TOML lines (its config keys,
+   * `batching = { max_batch = 4 }`, `device = "cpu"` ...). NULL = none. */
+  const char *config;
+  /* Runtime devices ("cpu", "cpu:2", "cuda:0"); NULL = "cpu". */
+  const char *devices;
+  /* Runtime log level (spn_log_level_t); logs go to stderr. */
+  int32_t log_level;
+} spn_harness_opts_t;
+
+#define SPN_HARNESS_OPTS_INIT {.struct_size = sizeof(spn_harness_opts_t), .log_level = SPN_LOG_WARN}
+
+/* Start a runtime, load the plugin and build the pipeline feeders → stage →
+ * collectors. A bad config or kind fails here with the runtime's message
+ * (file "harness", line and column of the generated table).
+ * Ownership: caller owns *out (spn_harness_free). Thread: any. */
+SPN_API int32_t spn_harness_new(const spn_harness_opts_t *opts, spn_harness_t **out, spn_error_t *err);
+/* Stop the runtime and free everything, the collected messages included.
+ * Sets *h to NULL; NULL and *h == NULL are accepted. Thread: the owner. */
+SPN_API void spn_harness_free(spn_harness_t **h);
+
+/* The host API table the stage sees, to build messages and read the
+ * collected ones (msg_add_meta, msg_item, msg_find, buffer_data ...).
+ * Ownership: borrowed, valid while h lives. Thread: the owner. */
+SPN_API const spn_host_api_t *spn_harness_host(const spn_harness_t *h);
+/* Number of input and output ports of the kind under test. Thread: the owner. */
+SPN_API uint32_t spn_harness_input_count(const spn_harness_t *h);
+SPN_API uint32_t spn_harness_output_count(const spn_harness_t *h);
+
+/* A new, empty message with sequence number `seq` (its job is set by
+ * spn_harness_push). Ownership: caller owns *out (push it or msg_free it).
+ * Thread: the owner. */
+SPN_API int32_t spn_harness_msg_new(spn_harness_t *h, uint64_t seq, spn_msg_t **out, spn_error_t *err);
+/* Add a tensor item holding a copy of spn_tensor_nbytes(t) bytes at `data`
+ * (host memory; t->data is ignored). Ownership: msg and data borrowed.
+ * Thread: the owner. */
+SPN_API int32_t spn_harness_add_tensor(spn_harness_t *h, spn_msg_t *msg, const char *name, const spn_tensor_t *t,
+                                       const void *data, spn_error_t *err);
+
+/* Queue *msg for job `job_id` (non-zero; the test picks it) on input port
+ * `port`, after the ones already queued there; a job appears the first time
+ * it is named. Messages go in when spn_harness_run starts the job, then EOS.
+ * Ownership: consumes *msg (sets it to NULL), also on error. Thread: the owner. */
+SPN_API int32_t spn_harness_push(spn_harness_t *h, uint64_t job_id, uint32_t port, spn_msg_t **msg, spn_error_t *err);
+/* Queue a job with no messages (for a stage that is a source), or add a
+ * per-job override "key=value" of one of the stage's per-job keys (a
+ * decode's path, a filesink's output). Thread: the owner. */
+SPN_API int32_t spn_harness_job_set(spn_harness_t *h, uint64_t job_id, const char *key_value, spn_error_t *err);
+
+/* Start every queued job at once (so batches may mix jobs, as in a real
+ * pipeline) and wait for all of them to end. Returns SPN_OK once they all
+ * ended, whatever each job's outcome (see spn_harness_job_status); an error
+ * only when a job could not be started (its overrides refused, ...). The
+ * outputs of earlier runs are dropped first. Thread: the owner. */
+SPN_API int32_t spn_harness_run(spn_harness_t *h, spn_error_t *err);
+
+/* The last run's outcome for a job: SPN_OK, or its failure with the
+ * message (which names the stage) in *err. SPN_ENOENT for a job that did
+ * not run. Thread: the owner. */
+SPN_API int32_t spn_harness_job_status(const spn_harness_t *h, uint64_t job_id, spn_error_t *err);
+/* Messages the stage emitted for a job on output port `port` in the last
+ * run, in arrival order, and the i-th of them (NULL past the end).
+ * Ownership: borrowed until the next run or spn_harness_free. Thread: the owner. */
+SPN_API size_t spn_harness_output_len(const spn_harness_t *h, uint64_t job_id, uint32_t port);
+SPN_API const spn_msg_t *spn_harness_output(const spn_harness_t *h, uint64_t job_id, uint32_t port, size_t i);
+/* True when the job's end of stream reached the collector of `port` (the
+ * stage flushed and the runtime passed EOS on). Thread: the owner. */
+SPN_API bool spn_harness_output_eos(const spn_harness_t *h, uint64_t job_id, uint32_t port);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,94 @@
+/* spindle/plugin-cuda.h — the CUDA side of the frame filter helper (ABI 1.1).
+ *
+ * For a stage whose frame mapping has a CUDA kernel. Include it instead of
+ * spindle/plugin.h from a plugin built with the CUDA toolkit (it includes
+ * <cuda_runtime_api.h>; define SPN_PLUGIN_CUDA_MAJOR to the toolkit's major,
+ * `pkg-config --variable=cuda_major spindle-plugin`, so the loader accepts
+ * the plugin). Still no host symbols: the plugin links libcudart only.
+ *
+ * spn_frame_filter_process_cuda runs f->cuda with device pointers and the
+ * instance's stream when the instance is placed on a CUDA device, and f->cpu
+ * when it is placed on the CPU, so one kind with device_need = EITHER has a
+ * GPU body and its CPU twin. A frame that arrives in host memory on a GPU
+ * instance is uploaded first (one cudaMemcpyAsync on the instance's stream);
+ * the output always stays on the device (tensor device_kind CUDA).
+ */
+#ifndef SPINDLE_PLUGIN_CUDA_H
+#define SPINDLE_PLUGIN_CUDA_H
+
+#include <cuda_runtime_api.h>
+
+#include "spindle/plugin.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The process callback of a frame filter with a CUDA body (see
+ * spn_frame_filter_process for the CPU-only one). Failures of a frame
+ * (bad input, a CUDA error) fail that frame's job only; out of memory fails
+ * the batch. Ownership: consumes msgs[0..n) (emitted, replaced or freed,
+ * set to NULL). Thread: stage (the instance's GPU executor). */
+static inline int32_t spn_frame_filter_process_cuda(spn_stage_t *stage, void *state, spn_msg_t **msgs, size_t n,
+                                                    const spn_frame_filter_t *f, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  int32_t dev_kind = SPN_DEVICE_CPU, dev_index = 0;
+  host->stage_get_device(stage, &dev_kind, &dev_index);
+  bool on_cuda = dev_kind == SPN_DEVICE_CUDA && f->cuda;
+  for (size_t i = 0; i < n; i++) {
+    int64_t idx = host->msg_find(msgs[i], f->item ? f->item : "frame");
+    spn_item_t it;
+    memset(&it, 0, sizeof it); /* (no designated initialisers: C++ includes this too) */
+    it.struct_size = sizeof it;
+    int32_t rc = SPN_OK;
+    char why[200] = "";
+    spn_buffer_t *up = NULL;
+    if (idx < 0 || host->msg_item(msgs[i], (size_t)idx, &it) != SPN_OK || it.kind != SPN_ITEM_TENSOR) {
+      rc = host->emit(stage, 0, &msgs[i], err); /* nothing to map: forwarded */
+      if (rc != SPN_OK)
+        return rc;
+      continue;
+    }
+    if (!on_cuda && !f->cpu) {
+      snprintf(why, sizeof why, "%s: this filter has no CPU body; place the stage on a CUDA device",
+               host->stage_get_name(stage));
+    } else if (!on_cuda && it.tensor.device_kind != SPN_DEVICE_CPU) {
+      snprintf(why, sizeof why, "%s: item \"%s\" is in device memory but the stage runs on the CPU",
+               host->stage_get_name(stage), it.name);
+    } else if (on_cuda && it.tensor.device_kind != SPN_DEVICE_CUDA) {
+      /* Host frame on a GPU instance: one upload on the instance's stream. */
+      size_t nb = spn_tensor_nbytes(&it.tensor);
+      if ((rc = host->buffer_new(stage, nb, &up, err)) != SPN_OK)
+        return rc;
+      cudaError_t ce = cudaMemcpyAsync(host->buffer_data(up), host->buffer_data(it.buffer), nb,
+                                       cudaMemcpyHostToDevice, (cudaStream_t)host->stage_get_stream(stage));
+      if (ce != cudaSuccess)
+        snprintf(why, sizeof why, "%s: uploading \"%s\" (%zu bytes): %s", host->stage_get_name(stage), it.name, nb,
+                 cudaGetErrorString(ce));
+      it.tensor.data = host->buffer_data(up);
+    } else {
+      it.tensor.data = host->buffer_data(it.buffer);
+    }
+    if (why[0]) {
+      host->fail_job(stage, host->msg_envelope(msgs[i])->job_id, SPN_EUNSUPPORTED, why);
+      host->msg_free(&msgs[i]);
+      host->buffer_unref(&up);
+      continue;
+    }
+    rc = spn__frame_filter_one(stage, state, &msgs[i], (size_t)idx, &it.tensor, on_cuda, f, err);
+    if (up) {
+      /* The kernel may still read the upload: let the stream pass it
+       * before the scratch buffer goes back to the pool. */
+      cudaStreamSynchronize((cudaStream_t)host->stage_get_stream(stage));
+      host->buffer_unref(&up);
+    }
+    if (rc != SPN_OK)
+      return rc;
+  }
+  return SPN_OK;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

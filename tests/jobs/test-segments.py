@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""Segmented video jobs (docs/jobs.md, "Segments"): one job cut at its
+input's keyframes into segments that run as separate jobs on any worker,
+joined in order without re-encoding the video, audio continuous.
+
+Real `spindle serve` / `spindle worker` processes on 127.0.0.1, driven with
+`spindle submit`, outputs checked with ffprobe. The helpers (processes,
+ffprobe, stray files) are test-media-jobs.py's.
+
+usage: test-segments.py SPINDLE SOURCE_ROOT CASE
+
+Cases:
+  join     a 60 s clip (160x120, 25 fps, keyframe every 2 s, a 440 Hz tone)
+           as one job and as 6 segments on a gateway with 2 in-process
+           workers: same frame count, strictly increasing video pts,
+           audio as long as the whole job's (within one AAC frame) with no
+           gap between packets and no drop in loudness at the joins; the
+           status lists 6 segments, each succeeded on its first attempt,
+           and progress adds up; no temporary or segment file is left.
+  kill     the same clip through a slowed-down transcode on two remote
+           `spindle worker` processes; one is killed (SIGKILL) while it runs
+           a segment after others finished: only the segments it held run
+           again (attempt 2, "worker lost"), every other segment ran once,
+           and the output is complete and single.
+  bad      segment requests that cannot work fail at submit with the field
+           named: 0, negative, a fraction, both fields, more segments than
+           keyframes, an input with no video, a non-media pipeline.
+Exit 77 (skip) without ffmpeg/ffprobe. Prints "ok CASE" or "FAIL CASE: why".
+"""
+import array
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location("media_jobs", os.path.join(HERE, "test-media-jobs.py"))
+mj = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(mj)
+Fail, check, cli, status, probe, stray = mj.Fail, mj.check, mj.cli, mj.status, mj.probe, mj.stray
+
+RATE = 48000
+
+
+def make_clip(path, seconds=60, size="160x120"):
+    """H.264 (keyframe every 2 s, closed GOPs) + AAC tone."""
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", f"testsrc2=size={size}:rate=25:duration={seconds}",
+                    "-f", "lavfi", "-i", f"sine=frequency=440:sample_rate={RATE}:duration={seconds}",
+                    "-c:v", "libx264", "-preset", "veryfast", "-g", "50", "-keyint_min", "50", "-sc_threshold", "0",
+                    "-pix_fmt", "yuv420p", "-c:a", "aac", "-b:a", "96k", "-shortest", path], check=True)
+
+
+def server_config(tmp, slow_us=0):
+    """transcode.toml (veryfast x264), optionally with a `cost` stage that
+    spends slow_us of CPU per frame between decode and encode."""
+    text = open(os.path.join(mj.SRC, "configs", "transcode.toml")).read()
+    text = text.replace('"../', '"' + os.path.join(mj.SRC, "")).replace('preset = "medium"', 'preset = "veryfast"')
+    if slow_us:
+        text = text.replace('inputs = { video = "decode.video", audio = "decode.audio" }',
+                            'inputs = { video = "work", audio = "decode.audio" }')
+        text += f'\n[[stage]]\nname = "work"\nkind = "cost"\ninputs = ["decode.video"]\nus = {slow_us}\n'
+    with open(os.path.join(tmp, "transcode.toml"), "w") as f:
+        f.write(text)
+    cfg = os.path.join(tmp, "server.toml")
+    with open(cfg, "w") as f:
+        f.write('[server]\ndevices = "cpu"\n[queue]\nmax_attempts = 3\n'
+                '[[pipeline]]\nname = "transcode"\nconfig = "transcode.toml"\n')
+    return cfg
+
+
+def ffprobe_json(*args):
+    r = subprocess.run(["ffprobe", "-v", "error", "-of", "json", *args], capture_output=True, text=True)
+    check(r.returncode == 0, f"ffprobe {args}: {r.stderr}")
+    return json.loads(r.stdout)
+
+
+def video_pts(path):
+    fr = ffprobe_json("-select_streams", "v", "-show_entries", "frame=pts", path)["frames"]
+    return [int(f["pts"]) for f in fr]
+
+
+def audio_packets(path):
+    """[(pts, duration)] of the audio stream, in its time base units."""
+    pk = ffprobe_json("-select_streams", "a", "-show_entries", "packet=pts,duration", path)["packets"]
+    return [(int(p["pts"]), int(p["duration"])) for p in pk]
+
+
+def decoded_audio(path):
+    """The audio decoded to mono float32 at RATE, as the player hears it."""
+    r = subprocess.run(["ffmpeg", "-v", "error", "-i", path, "-vn", "-ac", "1", "-ar", str(RATE), "-f", "f32le", "-"],
+                       capture_output=True)
+    check(r.returncode == 0, f"decoding the audio of {path}: {r.stderr[-500:]!r}")
+    a = array.array("f")
+    a.frombytes(r.stdout)
+    return a
+
+
+def rms(a, lo, hi):
+    n = max(hi - lo, 1)
+    return (sum(x * x for x in a[lo:hi]) / n) ** 0.5
+
+
+def check_join(ref, seg, joins):
+    """seg is ref's content cut and joined at the times `joins` (seconds)."""
+    pr, ps = probe(ref), probe(seg)
+    check(int(ps["v"]["nb_read_frames"]) == int(pr["v"]["nb_read_frames"]),
+          f"frames: segmented {ps['v']['nb_read_frames']}, whole {pr['v']['nb_read_frames']}")
+    pts = video_pts(seg)
+    bad = [i for i in range(1, len(pts)) if pts[i] <= pts[i - 1]]
+    check(not bad, f"video pts not strictly increasing at frames {bad[:5]}: {[pts[i - 1:i + 1] for i in bad[:3]]}")
+    check(ps["a"] is not None, f"{seg}: no audio stream")
+    # audio: one frame of AAC is 1024 samples
+    da, ra = float(ps["a"]["duration"]), float(pr["a"]["duration"])
+    check(abs(da - ra) <= 1024 / RATE, f"audio lasts {da} s segmented, {ra} s whole")
+    check(abs(da - float(ps["v"]["duration"])) <= 1024 / RATE,
+          f"audio {da} s vs video {ps['v']['duration']} s")
+    pk = audio_packets(seg)
+    gaps = [(i, pk[i - 1], pk[i]) for i in range(1, len(pk)) if pk[i][0] != pk[i - 1][0] + pk[i - 1][1]]
+    check(not gaps, f"audio packets not back to back: {gaps[:5]}")
+    a, b = decoded_audio(seg), decoded_audio(ref)
+    check(abs(len(a) - len(b)) <= 1024, f"decoded audio: {len(a)} samples segmented, {len(b)} whole")
+    # No gap and no click at a join: the tone's loudness around each join
+    # (5 ms windows) is the same as the whole job's there.
+    for t in joins:
+        c = int(t * RATE)
+        for lo in range(c - 960, c + 960, 240):
+            x, y = rms(a, lo, lo + 240), rms(b, lo, lo + 240)
+            check(abs(x - y) <= 0.25 * y + 1e-3,
+                  f"audio at {lo / RATE:.3f} s (join at {t:.3f} s): RMS {x:.4f} segmented, {y:.4f} whole")
+
+
+def submit(ep, clip, out, *extra, check_rc=0, wait=True):
+    r = cli("submit", "transcode", "--input", f"video={clip}", "--output", f"video={out}", *extra,
+            *(["--wait"] if wait else []), "--connect", ep, timeout=600, check_rc=check_rc)
+    return r
+
+
+def case_join(tmp):
+    clip = f"{tmp}/in.mp4"
+    make_clip(clip)
+    p, ep = mj.start_serve(tmp, server_config(tmp), "--workers", "2")
+    os.mkdir(f"{tmp}/out")
+    submit(ep, clip, f"{tmp}/out/whole.mp4")
+    r = submit(ep, clip, f"{tmp}/out/seg.mp4", "--segments", "6")
+    jid = int(r.stdout.split()[0])
+    st = json.loads(cli("status", str(jid), "--json", "--connect", ep, check_rc=0).stdout)
+    segs = st.get("segments")
+    check(st["state"] == "succeeded" and segs and len(segs) == 6, f"status: {st}")
+    check([s["index"] for s in segs] == list(range(6)), f"segment order: {segs}")
+    check(all(s["state"] == "succeeded" and s["attempts"] == 1 for s in segs), f"segments: {segs}")
+    check(st["total"] == sum(s["total"] for s in segs) == 1500 and st["done"] == st["total"],
+          f"progress {st['done']}/{st['total']} vs the segments' {[s['total'] for s in segs]}")
+    check(segs[0]["start"] == 0 and all(abs(segs[i]["end"] - segs[i + 1]["start"]) < 1e-9 for i in range(5)),
+          f"segments do not tile the clip: {[(s['start'], s['end']) for s in segs]}")
+    check(all(abs(s["start"] / 2 - round(s["start"] / 2)) < 1e-6 for s in segs),
+          f"a segment starts off a keyframe (every 2 s): {[s['start'] for s in segs]}")
+    check_join(f"{tmp}/out/whole.mp4", f"{tmp}/out/seg.mp4", [s["start"] for s in segs[1:]])
+    # segment_seconds: about 20 s each
+    r = submit(ep, clip, f"{tmp}/out/secs.mkv", "--segment-seconds", "20")
+    st = status(ep, int(r.stdout.split()[0]))
+    check(len(st["segments"]) == 3, f"segment_seconds=20 of 60 s: {len(st['segments'])} segments")
+    check(int(probe(f"{tmp}/out/secs.mkv")["v"]["nb_read_frames"]) == 1500, "mkv join frame count")
+    check(sorted(os.listdir(f"{tmp}/out")) == ["secs.mkv", "seg.mp4", "whole.mp4"],
+          f"files left beside the outputs: {os.listdir(tmp + '/out')}")
+    check(p.poll() is None, "gateway died")
+
+
+def wait_for(fn, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise Fail(f"timed out waiting for {what}")
+
+
+def case_kill(tmp):
+    clip = f"{tmp}/in.mp4"
+    make_clip(clip)
+    cfg = server_config(tmp, slow_us=4000)  # 250 frames a segment: about 1 s each
+    p, ep = mj.start_serve(tmp, cfg, "--workers", "0", "--heartbeat-ms", "200", "--lease-ms", "2000",
+                           "--backoff-ms", "50")
+    ws = {n: subprocess.Popen([mj.SPINDLE, "worker", "--connect", ep, "--config", cfg, "--name", n,
+                               "--heartbeat-ms", "200", "--slots", "1"],
+                              stdout=open(f"{tmp}/worker-{n}.log", "ab"), stderr=subprocess.STDOUT, cwd=tmp)
+          for n in ("wa", "wb")}
+    mj.PROCS.extend(ws.values())
+    os.mkdir(f"{tmp}/out")
+    r = submit(ep, clip, f"{tmp}/out/seg.mp4", "--segments", "6", wait=False)
+    jid = int(r.stdout.split()[0])
+
+    def victim():
+        st = status(ep, jid)
+        segs = st.get("segments", [])
+        done = [s for s in segs if s["state"] == "succeeded"]
+        # well inside a segment (not about to finish): the kill lands on it
+        running = [s for s in segs if s["state"] == "running" and s.get("worker", "").endswith(":wa")
+                   and 10 < s["done"] < s["total"] - 120]
+        return (st, segs) if done and running else None
+    st, before = wait_for(victim, 60, "worker wa to run a segment after one finished")
+    ws["wa"].send_signal(signal.SIGKILL)
+    ws["wa"].wait()
+    killed = {s["index"] for s in before if s["state"] == "running" and s.get("worker", "").endswith(":wa")}
+    finished = {s["index"] for s in before if s["state"] == "succeeded"}
+    cli("watch", str(jid), "--connect", ep, timeout=120, check_rc=0)
+    st = status(ep, jid)
+    segs = st["segments"]
+    check(st["state"] == "succeeded" and len(segs) == 6, f"status: {st}")
+    for s in segs:
+        want = 2 if s["index"] in killed else 1
+        check(s["state"] == "succeeded" and s["attempts"] == want,
+              f"segment {s['index']}: {s['attempts']} attempts, want {want} "
+              f"(killed on wa: {sorted(killed)}, finished before: {sorted(finished)}): {segs}")
+        if s["index"] in killed:
+            check("lost" in s["errors"][0]["error"], f"segment {s['index']}: first attempt's error {s['errors']}")
+    check(int(probe(f"{tmp}/out/seg.mp4")["v"]["nb_read_frames"]) == 1500, "frames after the kill")
+    pts = video_pts(f"{tmp}/out/seg.mp4")
+    check(all(pts[i] > pts[i - 1] for i in range(1, len(pts))), "pts not increasing after the kill")
+    check(os.listdir(f"{tmp}/out") == ["seg.mp4"], f"exactly one output expected: {os.listdir(tmp + '/out')}")
+    check(ws["wb"].poll() is None and p.poll() is None, "the gateway or the surviving worker exited")
+
+
+def case_bad(tmp):
+    clip = f"{tmp}/in.mp4"
+    make_clip(clip, seconds=8)  # 4 keyframes
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", clip, "-vn", "-c:a", "copy", f"{tmp}/audio.m4a"], check=True)
+    p, ep = mj.start_serve(tmp, server_config(tmp), "--workers", "1")
+    os.mkdir(f"{tmp}/out")
+    cases = [
+        (["--segments", "0"], clip, '"segments" must be an integer'),
+        (["--segments", "-3"], clip, '"segments" must be an integer'),
+        (["--segments", "2.5"], clip, '"segments" must be an integer'),
+        (["--segment-seconds", "0"], clip, '"segment_seconds" must be'),
+        (["--segment-seconds", "-1"], clip, '"segment_seconds" must be'),
+        (["--segments", "5"], clip, "has 4 keyframes, so at most 4 segments"),
+        (["--segments", "2"], f"{tmp}/audio.m4a", "no video stream"),
+        (["--segments", "2", "--param", "start=1.0"], clip, 'cannot be combined with param "start"'),
+        (["--segments", "2", "--deadline", "60"], clip, 'cannot be combined with "deadline"'),
+    ]
+    for extra, src, want in cases:
+        r = submit(ep, src, f"{tmp}/out/x.mp4", *extra, wait=False, check_rc=None)
+        msg = r.stderr.decode()
+        check(r.returncode == 5 and want in msg, f"{extra} on {os.path.basename(src)}: exit {r.returncode}, "
+              f"stderr {msg!r} lacks {want!r}")
+        if "no video" in want:
+            check('input "video"' in msg and "audio.m4a" in msg, f"error does not name the input: {msg!r}")
+    r = cli("submit", "transcode", "--input", f"video={clip}", "--output", f"video={tmp}/out/x.mp4",
+            "--segments", "two", "--connect", ep)
+    check(r.returncode != 0 and b"--segments" in r.stderr, f"--segments two: {r.returncode} {r.stderr!r}")
+    # the gateway is fine and the same clip in 4 segments (one per keyframe) joins
+    submit(ep, clip, f"{tmp}/out/ok.mp4", "--segments", "4")
+    check(int(probe(f"{tmp}/out/ok.mp4")["v"]["nb_read_frames"]) == 200, "4 segments of an 8 s clip")
+    check(os.listdir(f"{tmp}/out") == ["ok.mp4"], f"files left: {os.listdir(tmp + '/out')}")
+    check(p.poll() is None, "gateway died")
+
+
+CASES = {"join": case_join, "kill": case_kill, "bad": case_bad}
+
+
+def main():
+    mj.SPINDLE, mj.SRC = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    if not shutil.which("ffprobe") or not shutil.which("ffmpeg"):
+        print("skip: no ffprobe/ffmpeg")
+        return 77
+    name = sys.argv[3]
+    tmp = tempfile.mkdtemp(prefix=f"spn-segments-{name}-")
+    rc = 0
+    try:
+        CASES[name](tmp)
+        print(f"ok {name}")
+    except Fail as e:
+        print(f"FAIL {name}: {e}")
+        rc = 1
+    except Exception:
+        traceback.print_exc()
+        print(f"FAIL {name}: exception")
+        rc = 1
+    finally:
+        for pr in mj.PROCS:
+            if pr.poll() is None:
+                pr.send_signal(signal.SIGTERM)
+                try:
+                    pr.wait(10)
+                except subprocess.TimeoutExpired:
+                    pr.kill()
+                    pr.wait()
+        if rc == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            print(f"(kept {tmp})")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+/* spindle/plugin.h — the stage plugin ABI, version 1.
+ *
+ * This is the only header a stage plugin includes. A plugin is a shared
+ * object named `libspindle-<name>.so` that exports exactly one symbol the host
+ * looks up: `const spn_plugin_desc_t *spindle_plugin_<name>_desc(void)`
+ * (use SPN_PLUGIN_DEFINE). It never links against host symbols: everything
+ * it needs from the host comes through the spn_host_api_t table handed to
+ * init(), and everything the host needs from it comes through the
+ * descriptor and the stage kinds it registers.
+ *
+ * ABI rules (enforced by the loader, each refusal names the file and rule):
+ *   - abi_major must equal the host's SPN_PLUGIN_ABI_MAJOR;
+ *   - abi_minor must not be newer than the host's SPN_PLUGIN_ABI_MINOR;
+ *   - the build signature (pointer size, CUDA major) must match the host's;
+ *   - desc->name must equal the <name> in the file name;
+ *   - struct_size must be at least the v1.0 size and no larger than the
+ *     host knows (a larger struct comes from a newer header: refused);
+ *   - reserved fields must be zero.
+ * Every struct that crosses the boundary starts with uint32_t struct_size,
+ * has an ..._INIT macro, and only ever grows at the end.
+ *
+ * Threads: init/fini run on the loading thread. A stage instance's callbacks
+ * run on the executor that owns the instance (one CPU worker or one GPU
+ * thread), one call at a time; different instances run concurrently. A
+ * stage never blocks its executor on I/O it could avoid and never touches
+ * global state: two pipelines in one process must not interfere.
+ */
+#ifndef SPINDLE_PLUGIN_H
+#define SPINDLE_PLUGIN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spindle/status.h"
+#include "spindle/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SPN_PLUGIN_ABI_MAJOR 1
+#define SPN_PLUGIN_ABI_MINOR 0
+
+/* CUDA major the plugin was built against; 0 when it uses no CUDA. A plugin
+ * that uses CUDA defines SPN_PLUGIN_CUDA_MAJOR before including this header
+ * (e.g. -DSPN_PLUGIN_CUDA_MAJOR=13). */
+#ifndef SPN_PLUGIN_CUDA_MAJOR
+#define SPN_PLUGIN_CUDA_MAJOR 0
+#endif
+
+/* ---- opaque handles (each has a user pointer reachable via the host) ---- */
+typedef struct spn_plugin spn_plugin_t;         /* a loaded plugin, during init */
+typedef struct spn_stage spn_stage_t;           /* one stage instance (replica) */
+typedef struct spn_msg spn_msg_t;               /* a message: envelope + items */
+typedef struct spn_buffer spn_buffer_t;         /* refcounted device-tagged memory */
+typedef struct spn_model spn_model_t;           /* a model loaded on a device */
+
+/* ---- messages ---------------------------------------------------------- */
+
+enum spn_msg_flags {
+  SPN_MSG_EOS = 1u << 0,  /* end of this job's stream on this edge (no items) */
+  SPN_MSG_SKIP = 1u << 1, /* keeps the seq dense when a stage drops a frame */
+  SPN_MSG_KEY = 1u << 2,  /* a frame a segment may start at */
+};
+
+/* The envelope every message carries. seq is dense per job and per edge
+ * (0, 1, 2, ...): fan-in points re-order by it. pts is in seconds. */
+typedef struct spn_envelope {
+  uint32_t struct_size;
+  uint32_t flags;      /* spn_msg_flags */
+  uint64_t job_id;
+  uint32_t stream;     /* e.g. 0 video, 1 audio; a stage's own convention */
+  uint32_t reserved0;
+  uint64_t seq;
+  double pts;
+  int64_t total;       /* expected number of seqs in this job, -1 unknown */
+} spn_envelope_t;
+
+/* An item of a message: a tensor (frame, mel chunk, ...) backed by a
+ * buffer, or metadata (a typed POD blob such as face boxes). */
+typedef enum spn_item_kind {
+  SPN_ITEM_TENSOR = 1,
+  SPN_ITEM_META = 2,
+} spn_item_kind_t;
+
+typedef struct spn_item {
+  uint32_t struct_size;
+  int32_t kind;              /* spn_item_kind_t */
+  const char *name;          /* "frame", "faces", "mel", ... */
+  spn_tensor_t tensor;       /* SPN_ITEM_TENSOR: view into `buffer` */
+  spn_buffer_t *buffer;      /* SPN_ITEM_TENSOR: borrowed from the message */
+  const void *meta;          /* SPN_ITEM_META: borrowed */
+  size_t meta_size;
+} spn_item_t;
+
+/* Well-known metadata: face detections on a frame. Stages exchange it as an
+ * SPN_ITEM_META named "faces" holding n spn_face_t back to back. */
+typedef struct spn_face {
+  float x0, y0, x1, y1;      /* box in frame pixels */
+  float score;
+  float landmarks[10];       /* 5 (x,y) points; all zero when absent */
+  int32_t track_id;
+  int32_t reserved;
+} spn_face_t;
+
+/* ---- configuration schema (data, not code) ----------------------------- */
+
+typedef enum spn_config_type {
+  SPN_CONFIG_STRING = 1, /* char* in the struct; host-owned, valid for the owner's life */
+  SPN_CONFIG_INT = 2,    /* int64_t */
+  SPN_CONFIG_FLOAT = 3,  /* double; integers are accepted */
+  SPN_CONFIG_BOOL = 4,   /* bool */
+  SPN_CONFIG_PATH = 5,   /* char*; relative paths resolved against the config file */
+} spn_config_type_t;
+
+enum spn_config_flags {
+  SPN_CONFIG_REQUIRED = 1u << 0, /* no default: the config must set it */
+  SPN_CONFIG_PER_JOB = 1u << 1,  /* may be overridden per job (inputs, outputs, params) */
+};
+
+/* One key of a stage's config table. The host parses the [[stage]] table,
+ * rejects unknown keys, wrong types, missing required keys and values out of
+ * [min, max] with file:line:col, and fills the stage's config struct at
+ * `offset`. A schema is an array ending with an entry whose key is NULL. */
+typedef struct spn_config_field {
+  const char *key;
+  int32_t type;          /* spn_config_type_t */
+  uint32_t flags;        /* spn_config_flags */
+  size_t offset;         /* offsetof(struct my_config, field) */
+  const char *doc;       /* one line, shown by `spindle plugins` */
+  const char *def_str;   /* default for STRING/PATH (NULL = none) */
+  int64_t def_int;       /* default for INT and BOOL (0/1) */
+  double def_float;      /* default for FLOAT */
+  double min, max;       /* numeric range, checked when min < max */
+} spn_config_field_t;
+
+/* ---- stage kinds -------------------------------------------------------- */
+
+/* A port: a named input or output with an item type. Connected ports must
+ * have equal types, or one of them is "any". Well-known types: "video"
+ * (frames: a tensor item "frame" (H,W,3) u8 RGB, or what the consumer asked
+ * for), "audio" (a tensor item "pcm"), "faces" (video + "faces" meta),
+ * "mel", "any". */
+typedef struct spn_port {
+  const char *name;
+  const char *type;
+} spn_port_t;
+
+typedef enum spn_device_need {
+  SPN_NEED_CPU = 1,   /* runs on CPU executors only */
+  SPN_NEED_CUDA = 2,  /* needs a CUDA device */
+  SPN_NEED_EITHER = 3 /* runs on whichever device it is placed on */
+} spn_device_need_t;
+
+/* What a job looks like to a stage. */
+typedef struct spn_job_info {
+  uint32_t struct_size;
+  uint32_t reserved0;
+  uint64_t job_id;
+  const void *config;    /* the stage's config struct with this job's overrides */
+  int32_t priority;
+  int32_t reserved1;
+} spn_job_info_t;
+
+typedef struct spn_stage_kind {
+  uint32_t struct_size;
+  uint32_t reserved0;
+  const char *name;                     /* the `kind = "..."` in pipeline TOML */
+  const char *doc;                      /* one line */
+  const spn_config_field_t *schema;     /* NULL-key terminated; may be NULL */
+  size_t config_size;                   /* sizeof the config struct */
+  const spn_port_t *inputs;             /* n_inputs entries; none for a source */
+  uint32_t n_inputs;
+  uint32_t n_outputs;
+  const spn_port_t *outputs;            /* n_outputs entries; none for a sink */
+  int32_t device_need;                  /* spn_device_need_t */
+  uint32_t max_batch;                   /* default batching; 1 = no batching */
+  uint32_t max_delay_ms;
+  uint32_t reserved1;
+
+  /* Create an instance on `device` with its stage-level config. *state is
+   * the instance's user pointer (spn_stage_get_data). Thread: executor. */
+  int32_t (*create)(spn_stage_t *stage, const void *config, void **state, spn_error_t *err);
+  /* Load models and warm up; may be slow. Called once per instance before
+   * any job; the worker reports ready only after every preload. Optional. */
+  int32_t (*preload)(spn_stage_t *stage, void *state, spn_error_t *err);
+  /* A job starts flowing through this instance. *job_state is per job. A
+   * failure fails that job only. Optional. */
+  int32_t (*job_open)(spn_stage_t *stage, void *state, const spn_job_info_t *job, void **job_state,
+                      spn_error_t *err);
+  /* Sources only (n_inputs == 0): produce the next messages of a job with
+   * host->emit. Called again while output credit allows; return SPN_EOS when
+   * the job's stream is complete (the host then sends EOS downstream). */
+  int32_t (*generate)(spn_stage_t *stage, void *state, void *job_state, spn_error_t *err);
+  /* Process a batch: msgs[i] may belong to different jobs (job_states[i] is
+   * the matching job state). Ownership: the messages are borrowed for the
+   * call; emit new ones (host->msg_new_from) or forward one with
+   * host->emit(..., &msgs[i]) which sets msgs[i] to NULL. A non-OK status
+   * fails the jobs of the whole batch; per-job failure: host->fail_job. */
+  int32_t (*process)(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
+                     spn_error_t *err);
+  /* End of a job's stream on every input: emit what is left. Optional. */
+  int32_t (*flush)(spn_stage_t *stage, void *state, void *job_state, spn_error_t *err);
+  /* The job is over (finished, failed or cancelled): free job_state. On
+   * failure/cancel `ok` is false and partial outputs must be removed. */
+  void (*job_close)(spn_stage_t *stage, void *state, void *job_state, bool ok);
+  void (*destroy)(spn_stage_t *stage, void *state);
+
+  void *reserved[8];
+} spn_stage_kind_t;
+
+#define SPN_STAGE_KIND_INIT {.struct_size = sizeof(spn_stage_kind_t), .device_need = SPN_NEED_CPU, .max_batch = 1}
+
+/* ---- the host API table ------------------------------------------------- */
+
+typedef enum spn_log_level {
+  SPN_LOG_DEBUG = 0,
+  SPN_LOG_INFO = 1,
+  SPN_LOG_WARN = 2,
+  SPN_LOG_ERROR = 3,
+} spn_log_level_t;
+
+/* Functions the host offers plugins. struct_size first; append-only: a
+ * plugin built against an older minor sees a prefix of it and must check
+ * struct_size before using a member added later. Thread: any, unless said. */
+typedef struct spn_host_api {
+  uint32_t struct_size;
+  uint32_t abi_major;
+  uint32_t abi_minor;
+  uint32_t reserved0;
+
+  /* During init only: register a stage kind. The kind struct and every
+   * string and table it points to must stay valid until fini. */
+  int32_t (*register_kind)(spn_plugin_t *plugin, const spn_stage_kind_t *kind, spn_error_t *err);
+  /* The plugin's user pointer, returned to fini. */
+  void (*plugin_set_data)(spn_plugin_t *plugin, void *data);
+
+  /* Stage instances. */
+  void *(*stage_get_data)(spn_stage_t *stage);
+  const char *(*stage_get_name)(spn_stage_t *stage);         /* from the config */
+  /* The device the instance is placed on. */
+  void (*stage_get_device)(spn_stage_t *stage, int32_t *kind, int32_t *index);
+  /* The stream the instance's GPU work goes on (a cudaStream_t), or NULL on CPU. */
+  void *(*stage_get_stream)(spn_stage_t *stage);
+  /* Thread count a CPU stage may use for its kernels. */
+  int32_t (*stage_get_threads)(spn_stage_t *stage);
+  /* Log with the job and stage attached (job_id 0 = none). */
+  void (*log)(spn_stage_t *stage, uint64_t job_id, int32_t level, const char *fmt, ...) SPN_PRINTF(4, 5);
+  /* Report progress of a job at this stage (done of total units). */
+  void (*progress)(spn_stage_t *stage, uint64_t job_id, int64_t done, int64_t total);
+  /* Fail one job with a message (it naming the input and position); the
+   * other jobs in a batch go on. The host calls job_close(ok=false). */
+  void (*fail_job)(spn_stage_t *stage, uint64_t job_id, int32_t status, const char *msg);
+  /* True once the job was cancelled; stages check between batches. */
+  bool (*job_cancelled)(spn_stage_t *stage, uint64_t job_id);
+
+  /* Buffers: refcounted memory on the instance's device (or host). */
+  int32_t (*buffer_new)(spn_stage_t *stage, size_t size, spn_buffer_t **out, spn_error_t *err);
+  void *(*buffer_data)(spn_buffer_t *buf);
+  size_t (*buffer_size)(const spn_buffer_t *buf);
+  spn_buffer_t *(*buffer_ref)(spn_buffer_t *buf);
+  void (*buffer_unref)(spn_buffer_t **buf);
+
+  /* Messages. msg_new_from copies the envelope of `from` (job, seq, pts). */
+  int32_t (*msg_new)(spn_stage_t *stage, const spn_envelope_t *env, spn_msg_t **out, spn_error_t *err);
+  int32_t (*msg_new_from)(spn_stage_t *stage, const spn_msg_t *from, spn_msg_t **out, spn_error_t *err);
+  void (*msg_free)(spn_msg_t **msg);
+  const spn_envelope_t *(*msg_envelope)(const spn_msg_t *msg);
+  size_t (*msg_item_count)(const spn_msg_t *msg);
+  /* Fills *item (struct_size set by the caller) with a borrowed view. */
+  int32_t (*msg_item)(const spn_msg_t *msg, size_t i, spn_item_t *item);
+  /* Index of the first item with that name, or -1. */
+  int64_t (*msg_find)(const spn_msg_t *msg, const char *name);
+  /* Add a tensor item; takes a new reference to `buf` (the caller keeps
+   * its own). `t` describes the data inside buf (t->data ignored: offset
+   * 0 of the buffer). */
+  int32_t (*msg_add_tensor)(spn_msg_t *msg, const char *name, const spn_tensor_t *t, spn_buffer_t *buf,
+                            spn_error_t *err);
+  /* Add a metadata item; the bytes are copied. */
+  int32_t (*msg_add_meta)(spn_msg_t *msg, const char *name, const void *data, size_t size, spn_error_t *err);
+  /* Send on output port `port`. Consumes *msg (sets it to NULL), also on
+   * error. May wait for credit (back-pressure) between batches; never drops. */
+  int32_t (*emit)(spn_stage_t *stage, uint32_t port, spn_msg_t **msg, spn_error_t *err);
+
+  /* Models (the engine): loaded once per (file, device), shared by every
+   * instance on that device. Call from create/preload. */
+  int32_t (*model_load)(spn_stage_t *stage, const char *path, spn_model_t **out, spn_error_t *err);
+  void (*model_release)(spn_stage_t *stage, spn_model_t **model);
+  /* Inputs (is_output false) and outputs: name, dtype, shape (-1 dynamic). */
+  int32_t (*model_io_count)(const spn_model_t *model, bool is_output);
+  int32_t (*model_io)(const spn_model_t *model, bool is_output, int32_t i, const char **name, spn_tensor_t *desc);
+  /* Run a batch. Inputs are views on the instance's device. Outputs: the
+   * caller fills dtype/ndim/shape, or leaves data NULL and the engine
+   * allocates it; such outputs are freed with model_free_outputs. Safe to
+   * call concurrently from several instances sharing a model. */
+  int32_t (*model_run)(spn_stage_t *stage, spn_model_t *model, const spn_tensor_t *inputs, size_t n_in,
+                       spn_tensor_t *outputs, size_t n_out, spn_error_t *err);
+  void (*model_free_outputs)(spn_model_t *model, spn_tensor_t *outputs, size_t n_out);
+
+  void *reserved[16];
+} spn_host_api_t;
+
+/* ---- the descriptor ----------------------------------------------------- */
+
+typedef struct spn_plugin_desc {
+  uint32_t struct_size;
+  uint32_t abi_major;
+  uint32_t abi_minor;
+  uint32_t sig_pointer_size;  /* sizeof(void *) of the build */
+  uint32_t sig_cuda_major;    /* SPN_PLUGIN_CUDA_MAJOR of the build */
+  uint32_t reserved0;
+  const char *name;           /* must equal <name> in libspindle-<name>.so */
+  const char *version;
+  const char *license;
+  /* Register stage kinds with host->register_kind. A non-OK status refuses
+   * the plugin (its message is shown with the file name). */
+  int32_t (*init)(const spn_host_api_t *host, spn_plugin_t *plugin, spn_error_t *err);
+  /* Undo init; `data` is what plugin_set_data stored. Optional. */
+  void (*fini)(void *data);
+  void *reserved[8];
+} spn_plugin_desc_t;
+
+#define SPN_PLUGIN_DESC_INIT                                                  \
+  {.struct_size = sizeof(spn_plugin_desc_t), .abi_major = SPN_PLUGIN_ABI_MAJOR, \
+   .abi_minor = SPN_PLUGIN_ABI_MINOR, .sig_pointer_size = sizeof(void *),       \
+   .sig_cuda_major = SPN_PLUGIN_CUDA_MAJOR}
+
+#if defined(__GNUC__)
+#define SPN_PLUGIN_EXPORT __attribute__((visibility("default")))
+#else
+#define SPN_PLUGIN_EXPORT
+#endif
+
+/* Define the descriptor function for plugin NAME (an identifier: lowercase
+ * letters, digits, underscores; the file is libspindle-NAME.so):
+ *
+ *   SPN_PLUGIN_DEFINE(mystage, .version = "1.0", .license = "MIT",
+ *                     .init = my_init)
+ */
+#define SPN_PLUGIN_DEFINE(NAME, ...)                                          \
+  SPN_PLUGIN_EXPORT const spn_plugin_desc_t *spindle_plugin_##NAME##_desc(void); \
+  SPN_PLUGIN_EXPORT const spn_plugin_desc_t *spindle_plugin_##NAME##_desc(void) { \
+    static const spn_plugin_desc_t desc = {                                   \
+        .struct_size = sizeof(spn_plugin_desc_t),                             \
+        .abi_major = SPN_PLUGIN_ABI_MAJOR,                                    \
+        .abi_minor = SPN_PLUGIN_ABI_MINOR,                                    \
+        .sig_pointer_size = sizeof(void *),                                   \
+        .sig_cuda_major = SPN_PLUGIN_CUDA_MAJOR,                              \
+        .name = #NAME,                                                        \
+        __VA_ARGS__};                                                         \
+    return &desc;                                                             \
+  }
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,534 @@
+/* test-harness.c — every built-in stage kind driven by spindle/harness.h on
+ * the real runtime, through the public API only (this program links
+ * libspindle as a stage author's test would). Each test pushes messages
+ * into one stage and checks what it emitted, how its jobs ended and that
+ * end of stream came through; a stage whose plugin is not built (its
+ * folder's variable unset) is skipped.
+ *
+ * Plugin folders come from SPINDLE_UTIL_STAGE_DIR, SPINDLE_VISION_STAGE_DIR,
+ * SPINDLE_MEDIA_STAGE_DIR, SPINDLE_LIPSYNC_STAGE_DIR; the example from
+ * SPINDLE_EXAMPLE_PLUGIN; sample media under SPINDLE_SOURCE_ROOT. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "spindle/harness.h"
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+/* The plugin file libspindle-NAME.so in the folder named by env var ENV, or
+ * NULL (the test skips) when the variable is unset. */
+static const char *plugin_in(const char *env, const char *name, char *buf, size_t size) {
+  const char *dir = getenv(env);
+  if (!dir || !*dir)
+    return NULL;
+  snprintf(buf, size, "%s/libspindle-%s.so", dir, name);
+  return buf;
+}
+
+static spn_harness_t *open_kind(const char *plugin, const char *kind, const char *config) {
+  if (!plugin)
+    return NULL;
+  spn_harness_opts_t o = SPN_HARNESS_OPTS_INIT;
+  o.plugin = plugin;
+  o.kind = kind;
+  o.config = config;
+  spn_harness_t *h = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  int32_t rc = spn_harness_new(&o, &h, &err);
+  if (rc != SPN_OK)
+    fail_msg("harness for %s: %s", kind, err.msg);
+  return h;
+}
+
+/* A (H,W,3) u8 frame whose byte i is (i * 7 + salt) & 255. */
+static spn_msg_t *frame_msg(spn_harness_t *h, uint64_t seq, int32_t H, int32_t W, uint8_t salt) {
+  spn_msg_t *m = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_msg_new(h, seq, &m, &err), SPN_OK);
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = SPN_DTYPE_U8;
+  t.ndim = 3;
+  t.shape[0] = H, t.shape[1] = W, t.shape[2] = 3;
+  size_t n = (size_t)H * W * 3;
+  uint8_t *px = malloc(n);
+  for (size_t i = 0; i < n; i++)
+    px[i] = (uint8_t)(i * 7 + salt);
+  assert_int_equal(spn_harness_add_tensor(h, m, "frame", &t, px, &err), SPN_OK);
+  free(px);
+  return m;
+}
+
+static void push(spn_harness_t *h, uint64_t job, uint32_t port, spn_msg_t *m) {
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_harness_push(h, job, port, &m, &err) != SPN_OK)
+    fail_msg("push: %s", err.msg);
+  assert_null(m);
+}
+
+static void run(spn_harness_t *h) {
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_harness_run(h, &err) != SPN_OK)
+    fail_msg("run: %s", err.msg);
+}
+
+static void expect_ok(spn_harness_t *h, uint64_t job) {
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_harness_job_status(h, job, &err) != SPN_OK)
+    fail_msg("job %llu failed: %s", (unsigned long long)job, err.msg);
+}
+
+static void expect_failure(spn_harness_t *h, uint64_t job, const char *needle) {
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_not_equal(spn_harness_job_status(h, job, &err), SPN_OK);
+  if (!strstr(err.msg, needle))
+    fail_msg("job %llu failed with \"%s\", expected it to say \"%s\"", (unsigned long long)job, err.msg, needle);
+}
+
+/* The tensor item `name` of an output message, its data in *data. */
+static spn_tensor_t out_tensor(spn_harness_t *h, const spn_msg_t *m, const char *name, const uint8_t **data) {
+  const spn_host_api_t *host = spn_harness_host(h);
+  int64_t i = host->msg_find(m, name);
+  assert_true(i >= 0);
+  spn_item_t it = {.struct_size = sizeof it};
+  assert_int_equal(host->msg_item(m, (size_t)i, &it), SPN_OK);
+  assert_int_equal(it.kind, SPN_ITEM_TENSOR);
+  if (data)
+    *data = host->buffer_data(it.buffer);
+  return it.tensor;
+}
+
+static uint64_t seq_of(spn_harness_t *h, const spn_msg_t *m) { return spn_harness_host(h)->msg_envelope(m)->seq; }
+
+static void tmp_path(char *buf, size_t size, const char *name) {
+  snprintf(buf, size, "/tmp/spn-harness-%d-%s", (int)getpid(), name);
+}
+
+static long file_size(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+/* ---- the SDK example ------------------------------------------------------------ */
+
+static void invert_maps_every_frame_and_fails_only_the_bad_job(void **state) {
+  (void)state;
+  spn_harness_t *h = open_kind(getenv("SPINDLE_EXAMPLE_PLUGIN"), "invert", "threshold = 128\nbatching = { max_batch = 4 }");
+  if (!h)
+    skip();
+  assert_int_equal(spn_harness_input_count(h), 1);
+  assert_int_equal(spn_harness_output_count(h), 1);
+  for (uint64_t s = 0; s < 5; s++)
+    push(h, 1, 0, frame_msg(h, s, 4, 6, (uint8_t)s));
+  /* Job 2: a float frame where u8 belongs, after a good one. */
+  push(h, 2, 0, frame_msg(h, 0, 4, 6, 9));
+  spn_msg_t *bad = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_msg_new(h, 1, &bad, &err), SPN_OK);
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = SPN_DTYPE_F32, t.ndim = 1, t.shape[0] = 4;
+  float f[4] = {0};
+  assert_int_equal(spn_harness_add_tensor(h, bad, "frame", &t, f, &err), SPN_OK);
+  push(h, 2, 0, bad);
+  run(h);
+
+  expect_ok(h, 1);
+  assert_int_equal(spn_harness_output_len(h, 1, 0), 5);
+  for (size_t i = 0; i < 5; i++) {
+    const spn_msg_t *m = spn_harness_output(h, 1, 0, i);
+    assert_int_equal(seq_of(h, m), i);
+    const uint8_t *px;
+    spn_tensor_t o = out_tensor(h, m, "frame", &px);
+    assert_int_equal(o.shape[0], 4);
+    assert_int_equal(o.shape[1], 6);
+    for (size_t b = 0; b < 72; b++) {
+      uint8_t v = (uint8_t)(b * 7 + i);
+      assert_int_equal(px[b], v >= 128 ? 255 - v : v);
+    }
+  }
+  assert_true(spn_harness_output_eos(h, 1, 0));
+  expect_failure(h, 2, "must be u8");
+  assert_null(spn_harness_output(h, 1, 0, 5));
+  /* A second run starts from nothing: no job pushed again, no output. */
+  run(h);
+  assert_int_equal(spn_harness_output_len(h, 1, 0), 0);
+  spn_harness_free(&h);
+  assert_null(h);
+}
+
+static void harness_refuses_an_unknown_kind_and_a_bad_config(void **state) {
+  (void)state;
+  const char *ex = getenv("SPINDLE_EXAMPLE_PLUGIN");
+  if (!ex)
+    skip();
+  spn_harness_opts_t o = SPN_HARNESS_OPTS_INIT;
+  o.plugin = ex;
+  o.kind = "nosuchkind";
+  spn_harness_t *h = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_new(&o, &h, &err), SPN_ENOENT);
+  assert_null(h);
+  assert_non_null(strstr(err.msg, "nosuchkind"));
+  o.kind = "invert";
+  o.config = "threshold = 300";
+  assert_int_not_equal(spn_harness_new(&o, &h, &err), SPN_OK);
+  assert_non_null(strstr(err.msg, "threshold"));
+  assert_null(h);
+}
+
+/* ---- util stages ----------------------------------------------------------------- */
+
+static void synth_generates_the_frames_a_job_asks_for(void **state) {
+  (void)state;
+  char p[512];
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "synth", p, sizeof p), "synth",
+                               "width = 8\nheight = 6");
+  if (!h)
+    skip();
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_job_set(h, 3, "frames=4", &err), SPN_OK);
+  run(h);
+  expect_ok(h, 3);
+  assert_int_equal(spn_harness_output_len(h, 3, 0), 4);
+  for (size_t i = 0; i < 4; i++) {
+    const spn_msg_t *m = spn_harness_output(h, 3, 0, i);
+    assert_int_equal(seq_of(h, m), i);
+    spn_tensor_t t = out_tensor(h, m, "frame", NULL);
+    assert_int_equal(t.shape[0], 6);
+    assert_int_equal(t.shape[1], 8);
+  }
+  assert_true(spn_harness_output_eos(h, 3, 0));
+  spn_harness_free(&h);
+}
+
+static void passthrough_forwards_the_same_buffers(void **state) {
+  (void)state;
+  char p[512];
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "passthrough", p, sizeof p), "passthrough", NULL);
+  if (!h)
+    skip();
+  for (uint64_t s = 0; s < 3; s++)
+    push(h, 1, 0, frame_msg(h, s, 2, 2, (uint8_t)(s + 1)));
+  run(h);
+  expect_ok(h, 1);
+  assert_int_equal(spn_harness_output_len(h, 1, 0), 3);
+  const uint8_t *px;
+  out_tensor(h, spn_harness_output(h, 1, 0, 2), "frame", &px);
+  assert_int_equal(px[0], 3);
+  assert_true(spn_harness_output_eos(h, 1, 0));
+  spn_harness_free(&h);
+}
+
+static void tee_sends_every_message_to_both_ports(void **state) {
+  (void)state;
+  char p[512];
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "tee", p, sizeof p), "tee", NULL);
+  if (!h)
+    skip();
+  assert_int_equal(spn_harness_output_count(h), 2);
+  for (uint64_t s = 0; s < 2; s++)
+    push(h, 1, 0, frame_msg(h, s, 2, 2, 0));
+  run(h);
+  expect_ok(h, 1);
+  for (uint32_t q = 0; q < 2; q++) {
+    assert_int_equal(spn_harness_output_len(h, 1, q), 2);
+    assert_true(spn_harness_output_eos(h, 1, q));
+  }
+  const uint8_t *a, *b;
+  out_tensor(h, spn_harness_output(h, 1, 0, 1), "frame", &a);
+  out_tensor(h, spn_harness_output(h, 1, 1, 1), "frame", &b);
+  assert_ptr_equal(a, b); /* one buffer, two references */
+  spn_harness_free(&h);
+}
+
+static void cost_forwards_after_its_delay(void **state) {
+  (void)state;
+  char p[512];
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "cost", p, sizeof p), "cost", "us = 100");
+  if (!h)
+    skip();
+  push(h, 1, 0, frame_msg(h, 0, 2, 2, 0));
+  run(h);
+  expect_ok(h, 1);
+  assert_int_equal(spn_harness_output_len(h, 1, 0), 1);
+  spn_harness_free(&h);
+}
+
+static void check_fails_a_job_that_ends_short(void **state) {
+  (void)state;
+  char p[512];
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "check", p, sizeof p), "check", NULL);
+  if (!h)
+    skip();
+  assert_int_equal(spn_harness_output_count(h), 0);
+  spn_error_t err = SPN_ERROR_INIT;
+  for (uint64_t s = 0; s < 3; s++) {
+    push(h, 1, 0, frame_msg(h, s, 2, 2, 0));
+    push(h, 2, 0, frame_msg(h, s, 2, 2, 0));
+  }
+  assert_int_equal(spn_harness_job_set(h, 1, "expect_frames=3", &err), SPN_OK);
+  assert_int_equal(spn_harness_job_set(h, 2, "expect_frames=5", &err), SPN_OK);
+  run(h);
+  expect_ok(h, 1);
+  expect_failure(h, 2, "5");
+  spn_harness_free(&h);
+}
+
+static void filesink_writes_each_jobs_frames(void **state) {
+  (void)state;
+  char p[512], out[256], set[300];
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "filesink", p, sizeof p), "filesink", NULL);
+  if (!h)
+    skip();
+  tmp_path(out, sizeof out, "filesink.raw");
+  snprintf(set, sizeof set, "path=%s", out);
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_job_set(h, 1, set, &err), SPN_OK);
+  for (uint64_t s = 0; s < 3; s++)
+    push(h, 1, 0, frame_msg(h, s, 4, 5, 0));
+  run(h);
+  expect_ok(h, 1);
+  assert_int_equal(file_size(out), 3 * 4 * 5 * 3);
+  unlink(out);
+  spn_harness_free(&h);
+}
+
+/* ---- vision ---------------------------------------------------------------------- */
+
+static spn_msg_t *with_faces(spn_harness_t *h, spn_msg_t *m, const spn_face_t *f, size_t n) {
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_host(h)->msg_add_meta(m, "faces", f, n * sizeof *f, &err), SPN_OK);
+  return m;
+}
+
+static void superres_doubles_the_frame_and_its_face_boxes(void **state) {
+  (void)state;
+  char p[512];
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_VISION_STAGE_DIR", "vision", p, sizeof p), "superres", NULL);
+  if (!h)
+    skip();
+  spn_face_t f = {.x0 = 1, .y0 = 2, .x1 = 5, .y1 = 6, .score = 0.9f, .landmarks = {1, 1}};
+  push(h, 1, 0, with_faces(h, frame_msg(h, 0, 8, 10, 0), &f, 1));
+  /* Job 2: a 2-D tensor where a (H,W,3) frame belongs. */
+  spn_msg_t *bad = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_msg_new(h, 0, &bad, &err), SPN_OK);
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = SPN_DTYPE_U8, t.ndim = 2, t.shape[0] = 4, t.shape[1] = 4;
+  uint8_t px[16] = {0};
+  assert_int_equal(spn_harness_add_tensor(h, bad, "frame", &t, px, &err), SPN_OK);
+  push(h, 2, 0, bad);
+  run(h);
+  expect_ok(h, 1);
+  assert_int_equal(spn_harness_output_len(h, 1, 0), 1);
+  const spn_msg_t *m = spn_harness_output(h, 1, 0, 0);
+  spn_tensor_t o = out_tensor(h, m, "frame", NULL);
+  assert_int_equal(o.shape[0], 16);
+  assert_int_equal(o.shape[1], 20);
+  assert_int_equal(o.shape[2], 3);
+  const spn_host_api_t *host = spn_harness_host(h);
+  spn_item_t it = {.struct_size = sizeof it};
+  assert_int_equal(host->msg_item(m, (size_t)host->msg_find(m, "faces"), &it), SPN_OK);
+  assert_int_equal(it.meta_size, sizeof(spn_face_t));
+  const spn_face_t *g = it.meta;
+  assert_true(g->x0 == 2 && g->y0 == 4 && g->x1 == 10 && g->y1 == 12 && g->landmarks[0] == 2 && g->score == 0.9f);
+  expect_failure(h, 2, "must be a (H,W,3) u8 RGB tensor");
+  spn_harness_free(&h);
+}
+
+static void facedetect_finds_no_face_on_a_flat_frame(void **state) {
+  (void)state;
+  char p[512];
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_VISION_STAGE_DIR", "vision", p, sizeof p), "facedetect", NULL);
+  if (!h)
+    skip();
+  spn_msg_t *m = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_msg_new(h, 0, &m, &err), SPN_OK);
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = SPN_DTYPE_U8, t.ndim = 3, t.shape[0] = 48, t.shape[1] = 64, t.shape[2] = 3;
+  static uint8_t grey[48 * 64 * 3];
+  memset(grey, 128, sizeof grey);
+  assert_int_equal(spn_harness_add_tensor(h, m, "frame", &t, grey, &err), SPN_OK);
+  push(h, 1, 0, m);
+  run(h);
+  expect_ok(h, 1);
+  assert_int_equal(spn_harness_output_len(h, 1, 0), 1);
+  const spn_msg_t *o = spn_harness_output(h, 1, 0, 0);
+  const spn_host_api_t *host = spn_harness_host(h);
+  int64_t fi = host->msg_find(o, "faces");
+  assert_true(fi >= 0);
+  spn_item_t it = {.struct_size = sizeof it};
+  assert_int_equal(host->msg_item(o, (size_t)fi, &it), SPN_OK);
+  assert_int_equal(it.meta_size, 0);
+  assert_true(host->msg_find(o, "frame") >= 0); /* the frame goes on beside its faces */
+  spn_harness_free(&h);
+}
+
+static void metasink_writes_the_faces_it_sees(void **state) {
+  (void)state;
+  char p[512], out[256], set[300];
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_VISION_STAGE_DIR", "vision", p, sizeof p), "metasink", NULL);
+  if (!h)
+    skip();
+  tmp_path(out, sizeof out, "faces.jsonl");
+  snprintf(set, sizeof set, "path=%s", out);
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_job_set(h, 1, set, &err), SPN_OK);
+  spn_face_t f = {.x0 = 1, .y0 = 2, .x1 = 5, .y1 = 6, .score = 0.5f};
+  push(h, 1, 0, with_faces(h, frame_msg(h, 0, 8, 8, 0), &f, 1));
+  push(h, 1, 0, with_faces(h, frame_msg(h, 1, 8, 8, 0), &f, 0));
+  run(h);
+  expect_ok(h, 1);
+  FILE *fp = fopen(out, "r");
+  assert_non_null(fp);
+  char line[1024];
+  int lines = 0;
+  while (fgets(line, sizeof line, fp))
+    lines++;
+  fclose(fp);
+  assert_int_equal(lines, 2); /* one line per frame */
+  unlink(out);
+  spn_harness_free(&h);
+}
+
+/* ---- media ----------------------------------------------------------------------- */
+
+static void decode_emits_frames_of_the_sample_clip(void **state) {
+  (void)state;
+  char p[512], set[600];
+  const char *root = getenv("SPINDLE_SOURCE_ROOT");
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_MEDIA_STAGE_DIR", "decode", p, sizeof p), "decode",
+                               "path = \"set-per-job\"");
+  if (!h || !root)
+    skip();
+  spn_error_t err = SPN_ERROR_INIT;
+  snprintf(set, sizeof set, "path=%s/samples/media/talking-head.mp4", root);
+  assert_int_equal(spn_harness_job_set(h, 1, set, &err), SPN_OK);
+  assert_int_equal(spn_harness_job_set(h, 1, "duration=0.2", &err), SPN_OK);
+  assert_int_equal(spn_harness_job_set(h, 2, "path=/nonexistent/clip.mp4", &err), SPN_OK);
+  run(h);
+  expect_ok(h, 1);
+  size_t n = spn_harness_output_len(h, 1, 0);
+  assert_true(n >= 2 && n <= 10);
+  for (size_t i = 0; i < n; i++) {
+    const spn_msg_t *m = spn_harness_output(h, 1, 0, i);
+    assert_int_equal(seq_of(h, m), i);
+    spn_tensor_t t = out_tensor(h, m, "frame", NULL);
+    assert_int_equal(t.ndim, 3);
+    assert_int_equal(t.shape[2], 3);
+  }
+  assert_true(spn_harness_output_eos(h, 1, 0));
+  expect_failure(h, 2, "/nonexistent/clip.mp4");
+  spn_harness_free(&h);
+}
+
+static void encode_writes_a_playable_file(void **state) {
+  (void)state;
+  char p[512], out[256], set[300];
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_MEDIA_STAGE_DIR", "encode", p, sizeof p), "encode",
+                               "fps = 25\npath = \"set-per-job\"");
+  if (!h)
+    skip();
+  tmp_path(out, sizeof out, "encode.mp4");
+  snprintf(set, sizeof set, "path=%s", out);
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_job_set(h, 1, set, &err), SPN_OK);
+  for (uint64_t s = 0; s < 5; s++)
+    push(h, 1, 0, frame_msg(h, s, 32, 32, (uint8_t)s));
+  run(h);
+  expect_ok(h, 1);
+  assert_true(file_size(out) > 0);
+  unlink(out);
+  spn_harness_free(&h);
+}
+
+/* ---- lipsync --------------------------------------------------------------------- */
+
+static void melspec_cuts_a_wav_into_mel_chunks(void **state) {
+  (void)state;
+  char p[512], set[600];
+  const char *root = getenv("SPINDLE_SOURCE_ROOT");
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_LIPSYNC_STAGE_DIR", "melspec", p, sizeof p), "melspec", NULL);
+  if (!h || !root)
+    skip();
+  spn_error_t err = SPN_ERROR_INIT;
+  snprintf(set, sizeof set, "path=%s/samples/media/speech.wav", root);
+  assert_int_equal(spn_harness_job_set(h, 1, set, &err), SPN_OK);
+  run(h);
+  expect_ok(h, 1);
+  size_t n = spn_harness_output_len(h, 1, 0);
+  assert_true(n > 0);
+  spn_tensor_t t = out_tensor(h, spn_harness_output(h, 1, 0, 0), "mel", NULL);
+  assert_int_equal(t.dtype, SPN_DTYPE_F32);
+  assert_int_equal(t.shape[t.ndim - 2], 80);
+  assert_true(spn_harness_output_eos(h, 1, 0));
+  spn_harness_free(&h);
+}
+
+/* lipsync: a frame without faces passes untouched even with its mel chunk.
+ * Needs a Wav2Lip-shaped model, made here by tests/lipsync/make-w2l-model.py
+ * (SPINDLE_HARNESS_W2L_SCRIPT, run by SPINDLE_HARNESS_PYTHON); skipped when
+ * that cannot run (no onnx package). */
+static void lipsync_leaves_a_frame_without_faces_untouched(void **state) {
+  (void)state;
+  char p[512], cfg[700], model[256], cmd[1200];
+  const char *py = getenv("SPINDLE_HARNESS_PYTHON"), *script = getenv("SPINDLE_HARNESS_W2L_SCRIPT");
+  if (!py || !script)
+    skip();
+  tmp_path(model, sizeof model, "w2l.onnx");
+  snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' >/dev/null 2>&1", py, script, model);
+  if (system(cmd) != 0 || access(model, R_OK) != 0)
+    skip();
+  snprintf(cfg, sizeof cfg, "model = \"%s\"", model);
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_LIPSYNC_STAGE_DIR", "lipsync", p, sizeof p), "lipsync", cfg);
+  if (!h)
+    skip();
+  assert_int_equal(spn_harness_input_count(h), 2);
+  push(h, 1, 0, with_faces(h, frame_msg(h, 0, 32, 32, 5), NULL, 0));
+  spn_msg_t *mel = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_msg_new(h, 0, &mel, &err), SPN_OK);
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = SPN_DTYPE_F32, t.ndim = 3, t.shape[0] = 1, t.shape[1] = 80, t.shape[2] = 16;
+  static float m[80 * 16];
+  assert_int_equal(spn_harness_add_tensor(h, mel, "mel", &t, m, &err), SPN_OK);
+  push(h, 1, 1, mel);
+  run(h);
+  expect_ok(h, 1);
+  assert_int_equal(spn_harness_output_len(h, 1, 0), 1);
+  const uint8_t *px;
+  out_tensor(h, spn_harness_output(h, 1, 0, 0), "frame", &px);
+  for (size_t b = 0; b < 32 * 32 * 3; b++)
+    assert_int_equal(px[b], (uint8_t)(b * 7 + 5));
+  spn_harness_free(&h);
+  unlink(model);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(invert_maps_every_frame_and_fails_only_the_bad_job),
+      cmocka_unit_test(harness_refuses_an_unknown_kind_and_a_bad_config),
+      cmocka_unit_test(synth_generates_the_frames_a_job_asks_for),
+      cmocka_unit_test(passthrough_forwards_the_same_buffers),
+      cmocka_unit_test(tee_sends_every_message_to_both_ports),
+      cmocka_unit_test(cost_forwards_after_its_delay),
+      cmocka_unit_test(check_fails_a_job_that_ends_short),
+      cmocka_unit_test(filesink_writes_each_jobs_frames),
+      cmocka_unit_test(superres_doubles_the_frame_and_its_face_boxes),
+      cmocka_unit_test(facedetect_finds_no_face_on_a_flat_frame),
+      cmocka_unit_test(metasink_writes_the_faces_it_sees),
+      cmocka_unit_test(decode_emits_frames_of_the_sample_clip),
+      cmocka_unit_test(encode_writes_a_playable_file),
+      cmocka_unit_test(melspec_cuts_a_wav_into_mel_chunks),
+      cmocka_unit_test(lipsync_leaves_a_frame_without_faces_untouched),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
