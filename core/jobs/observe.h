@@ -51,10 +51,10 @@ void spn__mbuf_label(spn__mbuf_t *b, const char *v);
 void spn__mbuf_family(spn__mbuf_t *b, const char *name, const char *type, const char *help);
 
 /* The pipeline runner's families (runner-pipeline.c): load time per
- * pipeline, per-stage latency and batch-size histograms; nothing for another
- * runner. Thread: any. Bytes moved per device belong here too once the
- * runtime counts them per edge (a spn_pipeline_* getter beside
- * spn_pipeline_stage_stats). */
+ * pipeline, per-stage latency and batch-size histograms, bytes copied per
+ * edge and direction, devices quarantined; nothing for another runner.
+ * Thread: any. Bytes per device need the device of each edge's copies in
+ * spn_edge_stats_t (today: per edge only). */
 void spn__runner_metrics(const spn_job_runner_t *runner, spn__mbuf_t *b);
 /* Devices the runner's runtime can use now; -1 when it has no runtime. */
 int64_t spn__runner_usable_devices(const spn_job_runner_t *runner);

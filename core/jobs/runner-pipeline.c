@@ -525,10 +525,43 @@ static void stage_label(spn__mbuf_t *b, const char *fam, const char *pipeline, c
   spn__mbuf_put(b, "\"");
 }
 
+static const char *const copy_dir_names[4] = {"host_to_device", "device_to_host", "device_to_device",
+                                              "host_to_host"};
+
+/* Bytes copied on each edge by direction (spn_pipeline_edge_stats): what
+ * moved between memories. The runtime counts per edge, not per device; the
+ * edge's stages say where (their placement is in the pipeline config). */
+static void edge_metrics(const pipeline_runner_t *r, spn__mbuf_t *b) {
+  spn__mbuf_family(b, "spindle_edge_bytes_copied_total", "counter",
+                   "Bytes of tensor items copied on each pipeline edge, by direction.");
+  for (size_t i = 0; i < r->n; i++)
+    for (size_t k = 0; k < spn_pipeline_edge_count(r->entries[i].pipe); k++) {
+      spn_edge_stats_t st;
+      if (spn_pipeline_edge_stats(r->entries[i].pipe, k, &st) != SPN_OK)
+        continue;
+      for (int d = 0; d < 4; d++) {
+        spn__mbuf_put(b, "spindle_edge_bytes_copied_total{pipeline=\"");
+        spn__mbuf_label(b, r->entries[i].name);
+        spn__mbuf_put(b, "\",from=\"");
+        spn__mbuf_label(b, st.from_stage ? st.from_stage : "");
+        spn__mbuf_put(b, "\",to=\"");
+        spn__mbuf_label(b, st.to_stage ? st.to_stage : "");
+        spn__mbuf_put(b, "\",direction=\"%s\"} %llu\n", copy_dir_names[d], (unsigned long long)st.bytes[d]);
+      }
+    }
+}
+
 void spn__runner_metrics(const spn_job_runner_t *runner, spn__mbuf_t *b) {
   const pipeline_runner_t *r = as_pipeline_runner(runner);
+  if (r && r->rt) {
+    spn__mbuf_family(b, "spindle_device_quarantines_total", "counter",
+                     "Devices this process's runtime took out of service (lost GPU, fatal XID, repeated faults).");
+    spn__mbuf_put(b, "spindle_device_quarantines_total %llu\n",
+                  (unsigned long long)spn_runtime_quarantine_count(r->rt));
+  }
   if (!r || !r->n)
     return;
+  edge_metrics(r, b);
   spn__mbuf_family(b, "spindle_pipeline_load_seconds", "gauge",
                    "Time loading each pipeline at start-up: stage instances and their models.");
   for (size_t i = 0; i < r->n; i++) {
