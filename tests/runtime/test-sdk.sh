@@ -65,7 +65,11 @@ fi
 # The stage harness as a stage author uses it: a test built out of tree with
 # `pkg-config spindle-harness` runs the example (and a 1.0 binary) on the
 # installed runtime.
-cc -std=c11 -Wall -Wextra -Werror -o "$tmp/abi10" "$src/tests/runtime/test-abi10.c" \
+# A sanitized libspindle (the ASan/UBSan build) needs its runtime first in
+# the program, as any program linking that library would.
+san=
+if ldd "$lib/libspindle.so.1" | grep -q libasan; then san="-fsanitize=address,undefined"; fi
+cc -std=c11 -Wall -Wextra -Werror $san -o "$tmp/abi10" "$src/tests/runtime/test-abi10.c" \
   $(pkg-config --cflags --libs spindle-harness) >"$tmp/cc.log" 2>&1 ||
   fail "building a harness test with pkg-config spindle-harness: $(cat "$tmp/cc.log")"
 "$tmp/abi10" "$tmp/ex/libspindle-invert.so" >"$tmp/abi10.txt" 2>&1 ||
