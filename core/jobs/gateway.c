@@ -73,6 +73,9 @@ static void out_flush(spn_server_t *s, bool committed) {
 void spn__batch_begin(spn_server_t *s) {
   if (s->in_batch)
     return;
+  /* Log lines of the batch are written after its replies (spn__batch_end):
+   * a client does not wait for them. */
+  spn__log_hold(spn__observe_logger(s->obs));
   spn_error_t err = SPN_ERROR_INIT;
   if (s->q.ops->begin(s->q.impl, &err) < 0)
     spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
@@ -92,6 +95,7 @@ void spn__batch_end(spn_server_t *s) {
   }
   spn__sched_committed(s, ok);
   out_flush(s, ok);
+  spn__log_release(spn__observe_logger(s->obs));
 }
 
 void spn__out_discard(spn_server_t *s) {

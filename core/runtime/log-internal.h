@@ -30,6 +30,15 @@ int32_t spn__logger_level(const spn__logger_t *lg);
 /* True when the logger writes JSON lines. */
 bool spn__logger_json(const spn__logger_t *lg);
 
+/* Hold: from spn__log_hold until spn__log_release, lines the calling thread
+ * logs are kept and written together at the release (up to 64 KiB; beyond
+ * that, and lines of other threads, are written at once). A loop uses it to
+ * send its replies before it spends time on their log lines. A hold by one
+ * thread makes spn__log_hold of another a no-op. Thread: any; release only
+ * acts in the thread that holds. */
+void spn__log_hold(spn__logger_t *lg);
+void spn__log_release(spn__logger_t *lg);
+
 /* The structured fields of one line. job_id 0, NULL strings and negative
  * numbers are left out. event names a job lifecycle step (submitted, leased,
  * succeeded, failed, retried, dead, cancelled, ...). */

@@ -9,6 +9,8 @@
 #include "log-internal.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +23,20 @@ struct spn__logger {
   int32_t level;
   int32_t json;
   int fd;
+  /* spn__log_hold: the holding thread's marker (NULL when not held) and
+   * the lines it logged since; only the holding thread touches held. */
+  _Atomic(const char *) holder;
+  char *held;
+  size_t nheld, capheld;
 };
+
+/* Identifies the calling thread by an address of its own: never written,
+ * so no state is shared through it. */
+static _Thread_local const char thread_marker;
+
+/* Held lines beyond this are written at once (a burst of errors must not
+ * grow the buffer without bound). */
+#define HELD_MAX 65536
 
 int32_t spn__logger_new(int32_t level, int32_t format, int fd, spn__logger_t **out) {
   spn__logger_t *lg = calloc(1, sizeof *lg);
@@ -40,6 +55,7 @@ int32_t spn__logger_new(int32_t level, int32_t format, int fd, spn__logger_t **o
 void spn__logger_free(spn__logger_t **lg) {
   if (!lg || !*lg)
     return;
+  free((*lg)->held);
   free(*lg);
   *lg = NULL;
 }
@@ -87,6 +103,73 @@ static void json_field(char *line, size_t *n, size_t cap, const char *key, const
     return;
   *n += (size_t)snprintf(line + *n, cap - *n, ",\"%s\":", key);
   json_str(line, n, cap - 4, value);
+}
+
+static void write_all(int fd, const char *p, size_t n) {
+  while (n) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return;
+    p += w;
+    n -= (size_t)w;
+  }
+}
+
+/* Writes the held lines in pieces of whole lines of at most PIPE_BUF bytes
+ * (POSIX keeps such writes to a pipe whole, so another thread's line never
+ * lands inside one of ours). */
+static void flush_held(spn__logger_t *lg) {
+  size_t off = 0;
+  while (off < lg->nheld) {
+    size_t end = off;
+    while (end < lg->nheld) {
+      const char *nl = memchr(lg->held + end, '\n', lg->nheld - end);
+      size_t after = nl ? (size_t)(nl - lg->held) + 1 : lg->nheld;
+      if (after - off > PIPE_BUF && end > off)
+        break; /* this line goes in the next piece */
+      end = after;
+    }
+    write_all(lg->fd, lg->held + off, end - off);
+    off = end;
+  }
+  lg->nheld = 0;
+}
+
+/* Appends one line to the held lines (writing them first when full, so the
+ * order stays); false when it must be written now. */
+static bool hold_line(spn__logger_t *lg, const char *line, size_t n) {
+  if (lg->nheld + n > HELD_MAX)
+    flush_held(lg);
+  if (lg->nheld + n > lg->capheld) {
+    size_t cap = lg->capheld ? lg->capheld * 2 : 4096;
+    while (cap < lg->nheld + n)
+      cap *= 2;
+    char *nb = realloc(lg->held, cap);
+    if (!nb) {
+      flush_held(lg);
+      return false;
+    }
+    lg->held = nb;
+    lg->capheld = cap;
+  }
+  memcpy(lg->held + lg->nheld, line, n);
+  lg->nheld += n;
+  return true;
+}
+
+void spn__log_hold(spn__logger_t *lg) {
+  const char *none = NULL;
+  if (lg)
+    atomic_compare_exchange_strong(&lg->holder, &none, &thread_marker);
+}
+
+void spn__log_release(spn__logger_t *lg) {
+  if (!lg || atomic_load(&lg->holder) != &thread_marker)
+    return;
+  flush_held(lg);
+  atomic_store(&lg->holder, NULL);
 }
 
 void spn__log_fv(spn__logger_t *lg, int32_t level, const spn__log_fields_t *f, const char *fmt, va_list ap) {
@@ -141,10 +224,9 @@ void spn__log_fv(spn__logger_t *lg, int32_t level, const spn__log_fields_t *f, c
   if (n > cap)
     n = cap;
   line[n++] = '\n';
-  ssize_t w;
-  do
-    w = write(lg->fd, line, n);
-  while (w < 0 && errno == EINTR);
+  if (atomic_load_explicit(&lg->holder, memory_order_relaxed) == &thread_marker && hold_line(lg, line, n))
+    return;
+  write_all(lg->fd, line, n);
 }
 
 void spn__log_f(spn__logger_t *lg, int32_t level, const spn__log_fields_t *f, const char *fmt, ...) {
