@@ -8,8 +8,17 @@ meson result. Prints 'N passed, N failed[, N skipped]' as the last line."""
 import json, re, sys
 
 passed = failed = skipped = 0
-for line in (l for f in sys.argv[1:] for l in open(f)):
-    t = json.loads(line)
+def records():
+    for f in sys.argv[1:]:
+        for line in open(f, errors='replace'):
+            if not line.strip():
+                continue
+            try:
+                yield json.loads(line)
+            except ValueError:
+                yield {'result': 'ERROR', 'stdout': 'unreadable testlog line in ' + f}
+
+for t in records():
     res = t.get('result')
     out = (t.get('stdout') or '') + '\n' + (t.get('stderr') or '')
     if res == 'SKIP':
