@@ -499,11 +499,104 @@ static int32_t segment_submit(spn_server_t *s, const cJSON *spec, int64_t id, co
   return rc;
 }
 
+/* A checked SUBMIT on its way into the queue (segmented ones go through the
+ * thread pool for their plan first). */
+typedef struct submit {
+  uv_work_t work;
+  spn_server_t *s;
+  unsigned char ident[SPN_PROTO_IDENT_MAX];
+  size_t ident_len;
+  int64_t req;
+  cJSON *spec;
+  char *key;
+  int64_t prio, deadline, max_att;
+  uint32_t nseg;
+  double seg_s;
+  spn_segment_plan_t plan;
+  int32_t plan_rc;
+  spn_error_t plan_err;
+} submit_t;
+
+static void submit_free(submit_t *sub) {
+  cJSON_Delete(sub->spec);
+  free(sub->key);
+  spn_segment_plan_free(&sub->plan);
+}
+
+/* Stores the job (and its segments) in the current batch and queues the
+ * reply; on a pool thread's error (*plan_err) replies with that instead. */
+static void submit_finish(submit_t *sub, const spn_error_t *plan_err) {
+  spn_server_t *s = sub->s;
+  spn_error_t err = SPN_ERROR_INIT;
+  int32_t rc = SPN_OK;
+  char *spec_js = NULL;
+  if (plan_err) {
+    rc = sub->plan_rc;
+    err = *plan_err;
+    goto out;
+  }
+  if (sub->plan.count && (rc = segment_annotate(sub->spec, &sub->plan, &err)) < 0)
+    goto out;
+  spec_js = cJSON_PrintUnformatted(sub->spec);
+  if (!spec_js) {
+    rc = spn_error_set(&err, SPN_ENOMEM, "out of memory");
+    goto out;
+  }
+  spn_queue_submit_t qs = {.spec_json = spec_js, .priority = (int32_t)sub->prio, .idem_key = sub->key,
+                           .deadline_ms = sub->deadline, .max_attempts = (uint32_t)sub->max_att,
+                           .pending = sub->plan.count};
+  int64_t id = 0;
+  bool existed = false;
+  spn__batch_begin(s);
+  rc = s->q.ops->submit(s->q.impl, &qs, spn__now_ms(), &id, &existed, &err);
+  if (rc == SPN_OK && sub->plan.count && !existed)
+    rc = segment_submit(s, sub->spec, id, &qs, &err);
+  if (rc < 0)
+    goto out;
+  cJSON *r = cJSON_CreateObject();
+  if (r) {
+    if (sub->req)
+      cJSON_AddNumberToObject(r, "req", (double)sub->req);
+    cJSON_AddNumberToObject(r, "id", (double)id);
+    cJSON_AddBoolToObject(r, "existed", existed);
+    spn__out_push(s, sub->ident, sub->ident_len, "SUBMITTED", r, true);
+  }
+out:
+  if (rc < 0)
+    spn__out_error(s, sub->ident, sub->ident_len, sub->req, code_for(rc), err.msg);
+  free(spec_js);
+  submit_free(sub);
+}
+
+/* Thread: a pool thread. Reads only the runner (whose segment_plan may be
+ * called from any thread) and its own submit_t. */
+static void plan_work(uv_work_t *w) {
+  submit_t *sub = w->data;
+  spn_error_t err = SPN_ERROR_INIT;
+  sub->plan_rc = segment_plan(sub->s, sub->spec, sub->nseg, sub->seg_s, &sub->plan, &err);
+  sub->plan_err = err;
+}
+
+/* Thread: the loop's. Runs its own batch: the reply goes out after its
+ * commit, like every other. */
+static void plan_done(uv_work_t *w, int status) {
+  submit_t *sub = w->data;
+  spn_server_t *s = sub->s;
+  s->nplanning--;
+  if (status == UV_ECANCELED) {
+    sub->plan_rc = spn_error_set(&sub->plan_err, SPN_EIO, "SUBMIT: the gateway stopped before planning the segments; "
+                                                         "nothing was stored");
+  }
+  spn__batch_begin(s);
+  submit_finish(sub, sub->plan_rc < 0 ? &sub->plan_err : NULL);
+  spn__batch_end(s);
+  free(sub);
+}
+
 static void on_submit(spn_server_t *s, spn_pmsg_t *m) {
   spn_error_t err = SPN_ERROR_INIT;
   int32_t rc = SPN_OK;
   cJSON *spec = cJSON_CreateObject();
-  char *spec_js = NULL;
   const cJSON *b = m->body;
   const char *pipeline = spn__json_str(b, "pipeline");
   int64_t prio = 0, deadline = 0, max_att = s->cfg->max_attempts;
@@ -585,42 +678,35 @@ static void on_submit(spn_server_t *s, spn_pmsg_t *m) {
   double seg_s = 0;
   if ((rc = segment_request(s, b, deadline != 0, &nseg, &seg_s, &err)) < 0)
     goto out;
-  spn_segment_plan_t plan = {0};
-  if ((nseg || seg_s > 0) && (rc = segment_plan(s, spec, nseg, seg_s, &plan, &err)) < 0)
-    goto out;
-  if (plan.count && (rc = segment_annotate(spec, &plan, &err)) < 0) {
-    spn_segment_plan_free(&plan);
-    goto out;
-  }
-  spec_js = cJSON_PrintUnformatted(spec);
-  if (!spec_js) {
-    spn_segment_plan_free(&plan);
+  submit_t sub = {.s = s, .ident_len = m->ident_len, .req = m->req, .spec = spec, .prio = prio,
+                  .deadline = deadline, .max_att = max_att, .nseg = nseg, .seg_s = seg_s};
+  memcpy(sub.ident, m->ident, m->ident_len);
+  if (key && !(sub.key = strdup(key))) {
     rc = spn_error_set(&err, SPN_ENOMEM, "out of memory");
     goto out;
   }
-  spn_queue_submit_t sub = {.spec_json = spec_js, .priority = (int32_t)prio, .idem_key = key,
-                            .deadline_ms = deadline, .max_attempts = (uint32_t)max_att, .pending = plan.count};
-  int64_t id = 0;
-  bool existed = false;
-  spn__batch_begin(s);
-  rc = s->q.ops->submit(s->q.impl, &sub, spn__now_ms(), &id, &existed, &err);
-  if (rc == SPN_OK && plan.count && !existed)
-    rc = segment_submit(s, spec, id, &sub, &err);
-  spn_segment_plan_free(&plan);
-  if (rc < 0)
+  spec = NULL; /* sub owns it */
+  if (nseg || seg_s > 0) {
+    /* Planning reads the input's packets: on the loop's thread pool, so
+     * this loop keeps serving everyone else meanwhile. */
+    submit_t *p = malloc(sizeof *p);
+    if (p) {
+      *p = sub;
+      p->work.data = p;
+      if (uv_queue_work(&s->loop, &p->work, plan_work, plan_done) == 0) {
+        s->nplanning++;
+        goto out;
+      }
+      free(p);
+    }
+    rc = spn_error_set(&err, SPN_ENOMEM, "out of memory");
+    submit_free(&sub);
     goto out;
-  cJSON *r = cJSON_CreateObject();
-  if (r) {
-    if (m->req)
-      cJSON_AddNumberToObject(r, "req", (double)m->req);
-    cJSON_AddNumberToObject(r, "id", (double)id);
-    cJSON_AddBoolToObject(r, "existed", existed);
-    spn__out_push(s, m->ident, m->ident_len, "SUBMITTED", r, true);
   }
+  submit_finish(&sub, NULL);
 out:
   if (rc < 0)
     spn__out_error(s, m->ident, m->ident_len, m->req, code_for(rc), err.msg);
-  free(spec_js);
   cJSON_Delete(spec);
 }
 

@@ -89,6 +89,7 @@ struct spn_server {
   spn_queue_t q;
   spn__observe_t *obs; /* owned by q's wrapper (observe.c) */
   uv_loop_t loop;
+  size_t nplanning; /* segmented SUBMITs being planned on the thread pool */
   uv_poll_t poll;
   uv_timer_t timer;
   uv_async_t async;

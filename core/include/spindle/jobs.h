@@ -115,9 +115,11 @@ typedef struct spn_job_runner {
   /* Optional: cut a video job into segments at its input's keyframes:
    * `segments` parts, or (segments 0) parts of about `seconds` each. Fills
    * *plan (spn_segment_plan_free) or fails with a message naming the
-   * request field and the input. Called on the gateway's loop thread at
-   * submit; reads the input's packets (no decoding). NULL: the runner
-   * cannot split jobs and the gateway refuses segmented ones. */
+   * request field and the input. Called at submit on a thread of the
+   * gateway's libuv pool, never its loop (it reads the input's packets, no
+   * decoding, which takes as long as the file is big): it may block, and
+   * may run beside `run` and other plans. NULL: the runner cannot split
+   * jobs and the gateway refuses segmented ones. */
   int32_t (*segment_plan)(void *data, const spn_job_spec_t *job, uint32_t segments, double seconds,
                           struct spn_segment_plan *plan, spn_error_t *err);
 } spn_job_runner_t;
