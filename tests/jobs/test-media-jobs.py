@@ -11,6 +11,10 @@ Cases:
             run by the gateway's in-process workers;
   remote    the same jobs through a gateway with workers = 0 and one remote
             `spindle worker` process;
+  redis     the same jobs on the Redis queue: a gateway with workers = 0
+            takes the submissions, a stateless `spindle worker --queue
+            redis://...` (no gateway in its path) runs them (skipped without
+            redis-server);
   failures  bad media (truncated, garbage, no video stream, missing file)
             fails only that job, with a message naming the file and what is
             wrong; the gateway stays up and runs the next job.
@@ -209,6 +213,49 @@ def case_remote(tmp):
     check(p.poll() is None and w.poll() is None, "gateway or worker died")
 
 
+def start_redis(tmp):
+    """redis-server on a free loopback port, appendonly on; returns its URL."""
+    import socket
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    d = os.path.join(tmp, "redis")
+    os.makedirs(d)
+    p = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", d,
+                          "--appendonly", "yes", "--save", ""],
+                         stdout=open(os.path.join(tmp, "redis.log"), "ab"), stderr=subprocess.STDOUT)
+    PROCS.append(p)
+    end = time.monotonic() + 20
+    while time.monotonic() < end:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as so:
+                so.sendall(b"PING\r\n")
+                if so.recv(64).startswith(b"+PONG"):
+                    return f"redis://127.0.0.1:{port}"
+        except OSError:
+            time.sleep(0.1)
+    raise Fail("redis-server did not answer")
+
+
+def case_redis(tmp):
+    if not shutil.which("redis-server"):
+        raise Skip("redis-server is not installed (Debian package redis-server)")
+    url = start_redis(tmp)
+    cfg = server_config(tmp)
+    p, ep = start_serve(tmp, cfg, "--workers", "0", "--queue", url)
+    out = open(os.path.join(tmp, "worker-q.log"), "ab")
+    w = subprocess.Popen([SPINDLE, "worker", "--queue", url, "--config", cfg, "--name", "q"],
+                         stdout=out, stderr=out, cwd=tmp)
+    PROCS.append(w)
+    # workers = 0 and no remote worker on the gateway: every job that
+    # succeeds was leased from Redis by the stateless worker
+    run_all_pipelines(tmp, ep)
+    check(p.poll() is None and w.poll() is None, "gateway or worker died")
+    log = open(os.path.join(tmp, "worker-q.log"), errors="replace").read()
+    for name in ("transcode", "enhance", "lipsync", "synthetic"):
+        check(f'"pipeline":"{name}"' in log, f"the worker's log has no job of {name}")
+
+
 def make_bad_media(tmp):
     """name -> (path, what the error must say)."""
     clip = os.path.join(SRC, "samples/media/talking-head.mp4")
@@ -342,7 +389,7 @@ def case_corrupt(tmp, n=None):
         check(rss1 - rss0 < 65536, f"gateway RSS grew from {rss0} kB to {rss1} kB")
 
 
-CASES = {"gateway": case_gateway, "remote": case_remote, "failures": case_failures, "corrupt": case_corrupt}
+CASES = {"redis": case_redis, "gateway": case_gateway, "remote": case_remote, "failures": case_failures, "corrupt": case_corrupt}
 
 
 def main():
