@@ -694,6 +694,33 @@ static int32_t probe_shapes(spn_model_t *m, spn_rt_val_t **pa, spn_rt_val_t **pb
   return rc;
 }
 
+/* Dtypes (and, where the file did not declare it, rank and static shape) of
+ * the intermediate values, from the batch 1 and 2 probes, so that a device
+ * backend's supports() can judge a node by its operands' types: a file
+ * without value_info for intermediates leaves them unknown otherwise. Dims
+ * that move with the probe are dynamic (-1). A model whose shapes cannot be
+ * probed keeps the unknowns (its device nodes then fall back or refuse). */
+static void static_types(spn_model_t *m) {
+  spn_rt_val_t *a = NULL, *b = NULL;
+  spn_error_t perr = SPN_ERROR_INIT;
+  if (probe_shapes(m, &a, &b, &perr) != SPN_OK)
+    return;
+  for (int vi = 0; vi < m->n_val; vi++) {
+    spn_value_t *v = &m->vals[vi];
+    if (v->kind != SPN_VAL_INTER || a[vi].dtype == SPN_DTYPE_INVALID)
+      continue;
+    if (v->dtype == SPN_DTYPE_INVALID)
+      v->dtype = a[vi].dtype;
+    if (v->ndim < 0 && a[vi].ndim == b[vi].ndim) {
+      v->ndim = a[vi].ndim;
+      for (int d = 0; d < a[vi].ndim; d++)
+        v->shape[d] = a[vi].shape[d] == b[vi].shape[d] ? a[vi].shape[d] : -1;
+    }
+  }
+  rt_free(m, a);
+  rt_free(m, b);
+}
+
 int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
   int32_t rc;
   if (pthread_mutex_init(&m->pool_lock, NULL))
@@ -733,6 +760,8 @@ int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
   remove_dead(m);
   mark_shape_class(m);
   count_uses(m);
+  if (m->dev_slot != SPN_BACKEND_CPU)
+    static_types(m);
   if ((rc = spn_plan_place(m, err)))
     return rc;
   if (fuse)

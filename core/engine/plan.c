@@ -97,7 +97,7 @@ int32_t spn_plan_place(spn_model_t *m, spn_error_t *err) {
         continue;
       if (n->backend != SPN_BACKEND_CPU && vi >= 0 && m->vals[vi].kind == SPN_VAL_INTER && m->vals[vi].producer >= 0 &&
           m->nodes[m->vals[vi].producer].shape_class)
-        continue; /* shape-class values are read from the host by every backend */
+        continue; /* shape-class values stay on the host: a device backend reads them there (shapes, scales, pads) and refuses in supports() a node that would read one as device data */
       int32_t rc = add_cross(m, vi, n->backend, i, err);
       if (rc)
         return rc;

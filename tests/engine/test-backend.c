@@ -34,6 +34,7 @@ _Static_assert(offsetof(spn_model_opts_t, reserved) == 36, "spn_model_opts_t lay
 
 typedef struct {
   uint64_t ops;        /* bit per spn_op_t it supports */
+  bool typed;          /* also require every operand's dtype to be known fp32, as the CUDA backend does */
   int n_buf;
   struct { uint8_t *p; size_t n; } buf[64];
   int from_host, to_host; /* copies */
@@ -59,8 +60,13 @@ static bool mock_owns(mock_t *mk, const void *p, size_t n) {
 }
 
 static bool mock_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t *n, char *why, size_t why_n) {
-  (void)m;
   mock_t *mk = b->ctx;
+  if (mk->typed)
+    for (int k = 0; k < n->n_in; k++)
+      if (n->in[k] >= 0 && m->vals[n->in[k]].dtype != SPN_DTYPE_F32) {
+        snprintf(why, why_n, "operand '%s' is not known to be fp32", m->vals[n->in[k]].name);
+        return false;
+      }
   if (n->op < 64 && (mk->ops >> n->op) & 1)
     return true;
   snprintf(why, why_n, "the mock backend has no %s kernel", n->op_name);
@@ -385,6 +391,34 @@ static void test_all_on_device(void **state) {
   assert_int_equal(mk.to_host, 2);
   for (int o = 0; o < 2; o++) {
     assert_memory_equal(a[o].data, b[o].data, 5 * 4 * sizeof(float));
+    spn_model_output_free(&a[o]);
+    spn_model_output_free(&b[o]);
+  }
+  spn_model_release(&m);
+  spn_model_release(&ref);
+  spn_engine_free(e);
+  free(pm.p);
+}
+
+/* A backend that judges nodes by their operands' dtypes (as the CUDA one
+ * does) sees the intermediates' types at placement although the file
+ * declares none of them (chain_model gives value_info only for x, y and b):
+ * every node goes to the device, and the run matches the CPU. */
+static void test_intermediate_types_known_at_placement(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL) | OPBIT(SIGMOID) | OPBIT(TANH));
+  mk.typed = true;
+  spn_model_t *ref = load(e, &pm, "cpu", NULL);
+  spn_model_t *m = load(e, &pm, "mock:0", "error");
+  assert_int_equal(spn_model_fallback_count(m), 0);
+  spn_tensor_t a[2], b[2];
+  run2(ref, 3, a);
+  run2(m, 3, b);
+  assert_int_equal(mk.computed, 5);
+  for (int o = 0; o < 2; o++) {
+    assert_memory_equal(a[o].data, b[o].data, 3 * 4 * sizeof(float));
     spn_model_output_free(&a[o]);
     spn_model_output_free(&b[o]);
   }
@@ -920,6 +954,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fallback_places_and_copies),
       cmocka_unit_test(test_all_on_device),
+      cmocka_unit_test(test_intermediate_types_known_at_placement),
       cmocka_unit_test(test_fallback_error_refuses),
       cmocka_unit_test(test_bad_options),
       cmocka_unit_test(test_one_backend_per_device),
