@@ -82,6 +82,7 @@ typedef struct {
   cu_graph_t *graphs; /* under lock, at most CU_MAX_GRAPHS (least recently used dropped) */
   int n_graphs;
   uint64_t graph_tick;
+  bool heuristic; /* SPINDLE_CUDNN_HEURISTIC=1: cuDNN's heuristic algorithm, no timing at prepare */
 } cu_ctx_t;
 
 typedef struct cu_conv {
@@ -189,6 +190,28 @@ static bool sym_pads(const spn_node_t *n) {
   return true;
 }
 
+/* A value computed on the host during shape inference (a shape-class node's
+ * output, e.g. ConstantOfShape): host memory, never copied to the device. */
+static bool host_value(const spn_model_t *m, int vi) {
+  return m->vals[vi].kind != SPN_VAL_CONST && m->vals[vi].shape_class;
+}
+
+/* Whether this backend's kernels read input k of op in device memory (the
+ * others — shapes, scales, pads, slice bounds, Clip bounds — are read on
+ * the host). */
+static bool read_on_device(int op, int k) {
+  if (k == 0)
+    return true;
+  switch (op) {
+  case SPN_OP_ADD: case SPN_OP_SUB: case SPN_OP_MUL: case SPN_OP_DIV: case SPN_OP_PRELU:
+  case SPN_OP_CONCAT: case SPN_OP_MATMUL: case SPN_OP_GEMM: case SPN_OP_CONV: case SPN_OP_CONVT:
+  case SPN_OP_BN:
+    return true;
+  default:
+    return false;
+  }
+}
+
 static bool cu_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t *n, char *why, size_t why_n) {
   (void)b;
   const char *no = NULL;
@@ -218,8 +241,10 @@ static bool cu_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t
      * rank with equal, known batch dims; else the CPU (1-D A, broadcast). */
     const spn_value_t *a = &m->vals[n->in[0]], *w = &m->vals[n->in[1]];
     bool ok = a->ndim >= 2 && w->ndim >= 1 && (w->ndim <= 2 || w->ndim == a->ndim);
+    /* Batch dims known and equal, or both dynamic alike (the run checks
+     * that they are equal and refuses a broadcast). */
     for (int d = 0; ok && w->ndim > 2 && d < a->ndim - 2; d++)
-      ok = a->shape[d] >= 0 && a->shape[d] == w->shape[d];
+      ok = a->shape[d] == w->shape[d];
     if (!all_f32_inputs(m, n, 2))
       no = "only fp32";
     else if (!ok)
@@ -267,7 +292,12 @@ static bool cu_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t
     for (int p = 0; p < n->n_post; p++)
       if ((n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU) && m->vals[n->post[p].val].dtype != SPN_DTYPE_F32)
         no = "non-fp32 fused operand";
+      else if ((n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU) && host_value(m, n->post[p].val))
+        no = "a fused operand computed on the host (shape arithmetic)";
   }
+  for (int k = 0; !no && k < n->n_in; k++)
+    if (n->in[k] >= 0 && host_value(m, n->in[k]) && read_on_device(n->op, k))
+      no = "a data operand computed on the host (shape arithmetic)";
   if (no)
     snprintf(why, why_n, "%s", no);
   return !no;
@@ -516,7 +546,23 @@ static cu_conv_t *find_conv(cu_node_t *c, const spn_rt_val_t *x) {
   return NULL;
 }
 
-/* Descriptors and algorithm of node n for input x's shape, built once. */
+/* Whether an algorithm's math type keeps the model's precision: fp32 takes
+ * FMA math only (no TF32 tensor cores), tf32 anything but down-conversion to
+ * fp16, fp16 anything. */
+static bool math_ok(int prec, cudnnMathType_t mt) {
+  if (prec == SPN_PREC_FP32)
+    return mt == CUDNN_FMA_MATH;
+  if (prec == SPN_PREC_TF32)
+    return mt != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+  return true;
+}
+
+/* Descriptors and algorithm of node n for input x's shape, built once.
+ * The algorithm is the fastest that cuDNN measures on this GPU for this
+ * shape (cudnnFind*, as PyTorch's cudnn.benchmark; once per node and shape,
+ * at the first run of a shape) within the workspace cap and the model's
+ * precision; SPINDLE_CUDNN_HEURISTIC=1 takes cuDNN's heuristic order
+ * instead (no timing, for a quicker first run). */
 static int32_t get_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bool tr, cu_conv_t **out) {
   cu_ctx_t *cx = b->ctx;
   cu_node_t *c = n->bctx;
@@ -558,27 +604,35 @@ static int32_t get_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, boo
   DNN(cudnnSetActivationDescriptor(e->act, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0), "activation");
   int got = 0;
   if (!tr) {
-    cudnnConvolutionFwdAlgoPerf_t perf[8];
-    DNN(cudnnGetConvolutionForwardAlgorithm_v7(cx->dnn, e->x, e->w, e->conv, e->y, 8, &got, perf), "algorithm choice");
+    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
+    if (cx->heuristic)
+      DNN(cudnnGetConvolutionForwardAlgorithm_v7(cx->dnn, e->x, e->w, e->conv, e->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf), "algorithm choice");
+    else
+      DNN(cudnnFindConvolutionForwardAlgorithm(cx->dnn, e->x, e->w, e->conv, e->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf), "algorithm timing");
     int pick = -1;
     for (int i = 0; i < got && pick < 0; i++)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= CU_WS_MAX)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= CU_WS_MAX && math_ok(prec, perf[i].mathType))
         pick = i;
     if (pick < 0)
       return spn_error_set(r->err, SPN_EUNSUPPORTED, "%s: cuDNN has no forward algorithm for this convolution", b->device);
     e->algo = (int)perf[pick].algo;
     e->ws = perf[pick].memory;
+    DNN(cudnnSetConvolutionMathType(e->conv, perf[pick].mathType), "math type");
   } else {
-    cudnnConvolutionBwdDataAlgoPerf_t perf[8];
-    DNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(cx->dnn, e->w, e->x, e->conv, e->y, 8, &got, perf), "algorithm choice");
+    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+    if (cx->heuristic)
+      DNN(cudnnGetConvolutionBackwardDataAlgorithm_v7(cx->dnn, e->w, e->x, e->conv, e->y, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf), "algorithm choice");
+    else
+      DNN(cudnnFindConvolutionBackwardDataAlgorithm(cx->dnn, e->w, e->x, e->conv, e->y, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &got, perf), "algorithm timing");
     int pick = -1;
     for (int i = 0; i < got && pick < 0; i++)
-      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= CU_WS_MAX)
+      if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].memory <= CU_WS_MAX && math_ok(prec, perf[i].mathType))
         pick = i;
     if (pick < 0)
       return spn_error_set(r->err, SPN_EUNSUPPORTED, "%s: cuDNN has no algorithm for this transposed convolution", b->device);
     e->algo = (int)perf[pick].algo;
     e->ws = perf[pick].memory;
+    DNN(cudnnSetConvolutionMathType(e->conv, perf[pick].mathType), "math type");
   }
   e->key[0] = x->shape[0];
   *out = e;
@@ -639,8 +693,24 @@ static int32_t exec_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bo
   } else {
     DNN(cudnnConvolutionForward(cx->dnn, &one, e->x, xin, e->w, w, e->conv, (cudnnConvolutionFwdAlgo_t)e->algo, ws, e->ws, &zero, e->y, yout), "convolution");
   }
-  if (h) { /* back to fp32, adding the bias on the way */
-    CU(spn_cu_f16_to_f32_bias(yout, y->data, bias, y->shape[0], y->shape[1], y->shape[2] * y->shape[3], s), "fp32 cast");
+  if (h) { /* back to fp32 in one pass with the bias and the leading post-ops */
+    const float *z = NULL;
+    int act = 0;
+    float slope = 0.f;
+    if (from < n->n_post && n->post[from].kind == SPN_POST_ADD && !c->post_c[from]) {
+      const spn_rt_val_t *o = &r->v[n->post[from].val];
+      if (o->ndim == y->ndim && !memcmp(o->shape, y->shape, (size_t)y->ndim * sizeof(int64_t))) {
+        z = o->data;
+        from++;
+      }
+    }
+    if (from < n->n_post && (n->post[from].kind == SPN_POST_RELU || n->post[from].kind == SPN_POST_LRELU)) {
+      act = n->post[from].kind == SPN_POST_RELU ? 1 : 2;
+      slope = n->post[from].a;
+      from++;
+    }
+    CU(spn_cu_f16_epilogue(yout, y->data, bias, z, y->shape[0], y->shape[1], y->shape[2] * y->shape[3], act, slope, s),
+       "fp32 cast");
     bias = NULL;
   }
   if (bias)
@@ -1425,6 +1495,8 @@ static int32_t cu_open(const spn_backend_factory_t *f, int index, spn_backend_t 
   }
   pthread_mutex_init(&cx->lock, NULL);
   cx->dev = index;
+  const char *heur = getenv("SPINDLE_CUDNN_HEURISTIC");
+  cx->heuristic = heur && *heur && strcmp(heur, "0");
   b->iface = &cu_iface;
   b->ctx = cx;
   snprintf(b->device, sizeof b->device, "cuda:%d", index);

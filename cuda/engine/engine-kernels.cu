@@ -343,3 +343,39 @@ extern "C" cudaError_t spn_cu_f16_to_f32_bias(const uint16_t *x16, float *y, con
   k_h2f_bias<<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const __half *)x16, y, bias, C, HW > 0 ? HW : 1, n);
   return cudaGetLastError();
 }
+
+/* The fp16 convolution's epilogue in one pass: float(x16) + bias[c], + z
+ * (a residual of y's shape), then ReLU (act 1) or LeakyReLU (act 2, slope).
+ * 32-bit indices where they fit: a 64-bit division per element would make
+ * this memory-bound pass bound by arithmetic. */
+template <typename I>
+__global__ void k_h2f_epi(const __half *x, float *y, const float *bias, const float *z, I C, I HW, I n, int act,
+                          float slope) {
+  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+    float v = __half2float(x[i]);
+    if (bias)
+      v += bias[(i / HW) % C];
+    if (z)
+      v += z[i];
+    if (act == 1)
+      v = v > 0.f ? v : 0.f;
+    else if (act == 2)
+      v = v > 0.f ? v : v * slope;
+    y[i] = v;
+  }
+}
+
+extern "C" cudaError_t spn_cu_f16_epilogue(const uint16_t *x16, float *y, const float *bias, const float *z,
+                                           int64_t N, int64_t C, int64_t HW, int act, float slope, cudaStream_t s) {
+  int64_t n = N * C * HW;
+  if (n <= 0)
+    return cudaSuccess;
+  if (HW < 1)
+    HW = 1;
+  if (n < ((int64_t)1 << 31))
+    k_h2f_epi<uint32_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const __half *)x16, y, bias, z, (uint32_t)C,
+                                                              (uint32_t)HW, (uint32_t)n, act, slope);
+  else
+    k_h2f_epi<int64_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const __half *)x16, y, bias, z, C, HW, n, act, slope);
+  return cudaGetLastError();
+}

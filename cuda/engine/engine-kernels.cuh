@@ -59,6 +59,11 @@ cudaError_t spn_cu_global_avg_pool(const float *x, float *y, int64_t planes, int
 cudaError_t spn_cu_f32_to_f16(const float *x, uint16_t *y16, int64_t n, cudaStream_t s);
 cudaError_t spn_cu_f16_to_f32_bias(const uint16_t *x16, float *y, const float *bias, int64_t N, int64_t C,
                                    int64_t HW, cudaStream_t s);
+/* The same cast back with the convolution's leading post-ops fused: y =
+ * act(float(x16) + bias[c] + z), z NULL or a tensor of y's shape, act 0
+ * none, 1 ReLU, 2 LeakyReLU(slope). */
+cudaError_t spn_cu_f16_epilogue(const uint16_t *x16, float *y, const float *bias, const float *z, int64_t N,
+                                int64_t C, int64_t HW, int act, float slope, cudaStream_t s);
 cudaError_t spn_cu_pool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
                           int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw, int avg, int count_pad,
                           cudaStream_t s);
