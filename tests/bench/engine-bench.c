@@ -1,7 +1,15 @@
 /* engine-bench.c — time Spindle's engine on one model and input.
  *
  *   engine-bench MODEL.onnx --input NAME=FILE.npy ... [--threads N]
- *                [--warmup N] [--iters N]
+ *                [--warmup N] [--iters N] [--device D] [--precision P]
+ *                [--device-io]
+ *
+ * --device-io (CUDA builds, device cuda:N): inputs copied to the GPU once,
+ * outputs in device buffers, each run spn_model_run_on on a stream of ours
+ * followed by a stream synchronise — how a GPU stage runs a model, and what
+ * a PyTorch forward on GPU-resident tensors plus torch.cuda.synchronize()
+ * measures. Without it the timed call is spn_model_run with host tensors
+ * (copies in and out included).
  *
  * Prints one line "spindle: load_ms=... best_ms=... median_ms=... flops=..."
  * that tests/bench/engine-bench.py reads and sets beside ONNX Runtime's
@@ -12,6 +20,10 @@
 #include <time.h>
 
 #include "spindle/engine.h"
+
+#ifdef SPN_BENCH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 static double now_ms(void) {
   struct timespec t;
@@ -72,7 +84,7 @@ static int cmp(const void *a, const void *b) {
 int main(int argc, char **argv) {
   spn_model_opts_t mo = SPN_MODEL_OPTS_INIT;
   const char *model = NULL, *names[16], *files[16];
-  int n_given = 0, threads = 2, warmup = 2, iters = 10;
+  int n_given = 0, threads = 2, warmup = 2, iters = 10, device_io = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--input") && i + 1 < argc && n_given < 16) {
       char *eq = strchr(argv[++i], '=');
@@ -91,12 +103,14 @@ int main(int argc, char **argv) {
       mo.device = argv[++i];
     } else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
       mo.precision = argv[++i];
+    } else if (!strcmp(argv[i], "--device-io")) {
+      device_io = 1;
     } else {
       model = argv[i];
     }
   }
   if (!model || iters < 1 || iters > 10000) {
-    fprintf(stderr, "usage: engine-bench MODEL.onnx --input NAME=FILE.npy ... [--threads N] [--warmup N] [--iters N] [--device D] [--precision P]\n");
+    fprintf(stderr, "usage: engine-bench MODEL.onnx --input NAME=FILE.npy ... [--threads N] [--warmup N] [--iters N] [--device D] [--precision P] [--device-io]\n");
     return 2;
   }
   spn_engine_opts_t o = SPN_ENGINE_OPTS_INIT;
@@ -123,19 +137,80 @@ int main(int argc, char **argv) {
   }
   double *t = calloc((size_t)iters, sizeof(double));
   int64_t batch = in[0].ndim ? in[0].shape[0] : 1;
-  for (int it = -warmup; it < iters; it++) {
+  if (device_io) {
+#ifdef SPN_BENCH_CUDA
+    int dev = mo.device && !strncmp(mo.device, "cuda:", 5) ? atoi(mo.device + 5) : -1;
+    if (dev < 0 || cudaSetDevice(dev) != cudaSuccess) {
+      fprintf(stderr, "engine-bench: --device-io needs --device cuda:N and that GPU\n");
+      return 1;
+    }
+    cudaStream_t st;
+    spn_tensor_t din[16], dout[16];
+    if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess)
+      return 1;
+    for (int k = 0; k < n_in; k++) {
+      din[k] = in[k];
+      din[k].device_kind = SPN_DEVICE_CUDA;
+      din[k].device_index = dev;
+      size_t nb = spn_tensor_nbytes(&in[k]);
+      if (cudaMalloc(&din[k].data, nb) != cudaSuccess ||
+          cudaMemcpy(din[k].data, in[k].data, nb, cudaMemcpyHostToDevice) != cudaSuccess) {
+        fprintf(stderr, "engine-bench: cannot place input %d on the GPU\n", k);
+        return 1;
+      }
+    }
     for (int k = 0; k < n_out; k++)
-      out[k] = (spn_tensor_t)SPN_TENSOR_INIT;
-    double a = now_ms();
-    if (spn_model_run(m, in, n_in, out, n_out, &err)) {
+      dout[k] = (spn_tensor_t)SPN_TENSOR_INIT;
+    if (spn_model_output_shapes(m, din, n_in, dout, n_out, &err)) {
       fprintf(stderr, "engine-bench: %s\n", err.msg);
       return 1;
     }
-    double b = now_ms();
-    if (it >= 0)
-      t[it] = b - a;
+    for (int k = 0; k < n_out; k++) {
+      dout[k].device_kind = SPN_DEVICE_CUDA;
+      dout[k].device_index = dev;
+      if (cudaMalloc(&dout[k].data, spn_tensor_nbytes(&dout[k])) != cudaSuccess) {
+        fprintf(stderr, "engine-bench: cannot place output %d on the GPU\n", k);
+        return 1;
+      }
+    }
+    for (int it = -warmup; it < iters; it++) {
+      double a = now_ms();
+      if (spn_model_run_on(m, din, n_in, dout, n_out, st, &err)) {
+        fprintf(stderr, "engine-bench: %s\n", err.msg);
+        return 1;
+      }
+      if (cudaStreamSynchronize(st) != cudaSuccess) {
+        fprintf(stderr, "engine-bench: the run failed on the GPU\n");
+        return 1;
+      }
+      double b = now_ms();
+      if (it >= 0)
+        t[it] = b - a;
+    }
+    for (int k = 0; k < n_in; k++)
+      cudaFree(din[k].data);
     for (int k = 0; k < n_out; k++)
-      spn_model_output_free(&out[k]);
+      cudaFree(dout[k].data);
+    cudaStreamDestroy(st);
+#else
+    fprintf(stderr, "engine-bench: --device-io needs a CUDA build\n");
+    return 1;
+#endif
+  } else {
+    for (int it = -warmup; it < iters; it++) {
+      for (int k = 0; k < n_out; k++)
+        out[k] = (spn_tensor_t)SPN_TENSOR_INIT;
+      double a = now_ms();
+      if (spn_model_run(m, in, n_in, out, n_out, &err)) {
+        fprintf(stderr, "engine-bench: %s\n", err.msg);
+        return 1;
+      }
+      double b = now_ms();
+      if (it >= 0)
+        t[it] = b - a;
+      for (int k = 0; k < n_out; k++)
+        spn_model_output_free(&out[k]);
+    }
   }
   qsort(t, (size_t)iters, sizeof *t, cmp);
   printf("spindle: load_ms=%.1f best_ms=%.3f median_ms=%.3f flops_per_sample=%.6g batch=%lld nodes=%d threads=%d\n",

@@ -18,13 +18,13 @@ Configurations: Wav2Lip at batch 1, 32 and 128 (96x96 face, 80x16 mel),
 RetinaFace MobileNet-0.25 at 640x640, SRVGGNetCompact x4 at 270x480 and
 RRDBNet x4 at 128x128, batch 1 unless stated.
 
-What is timed: Spindle's figure is the median wall time of spn_model_run
-with host inputs and host outputs (the copies in and out are included;
-engine-bench does not use spn_model_run_on's device tensors yet). PyTorch's is the median wall time of a
-forward pass with the input already on the GPU, then torch.cuda.synchronize()
-(its usual use), and, beside it, the same with the input copied from host
-memory and the output copied back, which matches Spindle's work. Throughput
-is batch / median.
+What is timed, the same way on both sides: "ms" is the median wall time of
+one forward pass with the input already on the GPU and the output left there,
+then a synchronise (Spindle: `engine-bench --device-io`, spn_model_run_on
+on a stream then cudaStreamSynchronize; PyTorch: the module on CUDA tensors
+then torch.cuda.synchronize()). "ms+copies" is the same with the input
+copied from host memory and the output copied back (Spindle: spn_model_run
+with host tensors). Throughput (samples/s) is batch / "ms".
 
 usage: engine-gpu-bench.py BUILD_DIR [--device cuda:0] [--iters N]
                            [--only NAME] [--workdir DIR]
@@ -51,8 +51,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import models  # noqa: E402
 
 
-def spindle_time(exe, path, feeds, work, name, device, precision, iters, graphs=True):
+def spindle_time(exe, path, feeds, work, name, device, precision, iters, graphs=True, device_io=False):
     args = [exe, path, "--device", device, "--precision", precision, "--iters", str(iters), "--warmup", "5"]
+    if device_io:
+        args.append("--device-io")
     env = dict(os.environ)
     if not graphs:
         env["SPINDLE_NO_CUDA_GRAPHS"] = "1"
@@ -149,11 +151,12 @@ def main():
         feeds = feeds_fn()
         for prec, graphs in (("fp32", True), ("tf32", True), ("fp16", True), ("fp16", False)):
             label = "spindle " + prec + ("" if graphs else " no graphs")
-            ms, why = spindle_time(exe, path, feeds, work, name, a.device, prec, a.iters, graphs)
-            if ms is None:
-                print(f"{name:24} {label:30} failed: {why}")
+            dms, why = spindle_time(exe, path, feeds, work, name, a.device, prec, a.iters, graphs, True)
+            ms, why2 = spindle_time(exe, path, feeds, work, name, a.device, prec, a.iters, graphs)
+            if dms is None or ms is None:
+                print(f"{name:24} {label:30} failed: {why or why2}")
             else:
-                print(f"{name:24} {label:30} {'':>9} {ms:10.3f} {batch * 1e3 / ms:10.1f}")
+                print(f"{name:24} {label:30} {dms:9.3f} {ms:10.3f} {batch * 1e3 / dms:10.1f}")
         for variant, res in torch_variants(path, feeds, dev, a.iters).items():
             if isinstance(res, str):
                 print(f"{name:24} {variant:30} failed: {res}")
