@@ -156,9 +156,16 @@ static const spn_stage_kind_t hfeed_kind = SPN_STAGE_KIND(
     .config_size = sizeof(hport_config_t), .outputs = hany_out, .n_outputs = 1, .create = hport_create,
     .job_open = hport_job_open, .generate = hfeed_generate, .destroy = hport_destroy);
 
+/* The collector takes every memory kind and is placed as the stage under
+ * test is by default (the runtime's first device), so a GPU stage's device
+ * tensors reach the test as the stage emitted them, not copied to the host. */
+static const spn_port_caps_t hcollect_caps[] = {
+    {.struct_size = sizeof(spn_port_caps_t), .mem_kinds = SPN_MEMSET_DEVICE | SPN_MEMSET_HOST | SPN_MEMSET_PINNED}};
+
 static const spn_stage_kind_t hcollect_kind = SPN_STAGE_KIND(
     .name = "harness_collect", .doc = "the harness's collector (internal)", .schema = hport_schema,
     .config_size = sizeof(hport_config_t), .inputs = hany_in, .n_inputs = 1, .max_batch = 16,
+    .device_need = SPN_NEED_EITHER, .input_caps = hcollect_caps,
     .create = hport_create, .job_open = hport_job_open, .process = hcollect_process, .flush = hcollect_flush,
     .destroy = hport_destroy);
 

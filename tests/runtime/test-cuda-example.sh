@@ -6,6 +6,10 @@
 # spindle-harness.pc and run the stage on a GPU against its CPU twin.
 #   test-cuda-example.sh BUILD_DIR SOURCE_ROOT [gpu]
 # Exits 77 (skip) without nvcc, and in gpu mode without a CUDA device.
+# SPINDLE_TEST_STAGED=DIR: use the install already staged in DIR (`meson
+# install --destdir DIR` of this build, made where the build was configured)
+# instead of installing here — for a GPU host whose meson cannot read the
+# build directory.
 set -u
 build=$(realpath "$1") src=$(realpath "$2") mode=${3:-build}
 fail() { echo "FAIL: $*"; exit 1; }
@@ -15,10 +19,14 @@ unset SPINDLE_PLUGIN_PATH
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-meson install -C "$build" --destdir "$tmp/dest" --no-rebuild --quiet >"$tmp/install.log" 2>&1 ||
-  fail "meson install: $(tail -5 "$tmp/install.log")"
+if [ -n "${SPINDLE_TEST_STAGED:-}" ]; then
+  cp -a "$SPINDLE_TEST_STAGED" "$tmp/dest" || fail "cannot copy the staged install $SPINDLE_TEST_STAGED"
+else
+  meson install -C "$build" --destdir "$tmp/dest" --no-rebuild --quiet >"$tmp/install.log" 2>&1 ||
+    fail "meson install: $(tail -5 "$tmp/install.log")"
+fi
 pc=$(find "$tmp/dest" -name spindle-plugin.pc | head -1)
-export PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR=$tmp/dest
+export PKG_CONFIG_PATH=$(dirname "$pc")${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH} PKG_CONFIG_SYSROOT_DIR=$tmp/dest
 [ "$(pkg-config --variable=cuda_major spindle-plugin)" != 0 ] || { echo "skip: this Spindle is built without CUDA"; exit 77; }
 plugindir=$(pkg-config --variable=plugindir spindle-plugin)
 case "$plugindir" in "$tmp/dest"*) ;; *) plugindir=$tmp/dest$plugindir ;; esac

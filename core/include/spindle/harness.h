@@ -111,7 +111,9 @@ SPN_API int32_t spn_harness_run(spn_harness_t *h, spn_error_t *err);
  * not run. Thread: the owner. Ownership: err receives a copy of the job's message. */
 SPN_API int32_t spn_harness_job_status(const spn_harness_t *h, uint64_t job_id, spn_error_t *err);
 /* Messages the stage emitted for a job on output port `port` in the last
- * run, in arrival order, and the i-th of them (NULL past the end).
+ * run, in arrival order, and the i-th of them (NULL past the end). Tensors
+ * are where the stage put them: a GPU stage's device tensors stay in device
+ * memory (the item's tensor.device_kind tells; copy them to read them).
  * Ownership: borrowed until the next run or spn_harness_free. Thread: the owner. */
 SPN_API size_t spn_harness_output_len(const spn_harness_t *h, uint64_t job_id, uint32_t port);
 SPN_API const spn_msg_t *spn_harness_output(const spn_harness_t *h, uint64_t job_id, uint32_t port, size_t i);
