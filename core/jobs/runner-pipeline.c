@@ -551,9 +551,32 @@ static void edge_metrics(const pipeline_runner_t *r, spn__mbuf_t *b) {
     }
 }
 
+/* The same bytes by the device whose streams copied them (the runtime's
+ * devices, and "host" for copies between host memories of stages placed on
+ * no device). */
+static void device_copy_metrics(const pipeline_runner_t *r, spn__mbuf_t *b) {
+  spn__mbuf_family(b, "spindle_device_bytes_copied_total", "counter",
+                   "Bytes of tensor items copied on pipeline edges, by the device that copied them and direction.");
+  uint32_t n = spn_runtime_device_count(r->rt);
+  for (uint32_t i = 0; i <= n; i++) {
+    const char *name = i < n ? spn_runtime_device_name(r->rt, i) : "host";
+    char dev[64];
+    /* "cuda:0 NVIDIA H100 ..." -> "cuda:0" */
+    snprintf(dev, sizeof dev, "%s", name ? name : "?");
+    dev[strcspn(dev, " ")] = 0;
+    for (int d = 0; d < 4; d++) {
+      spn__mbuf_put(b, "spindle_device_bytes_copied_total{device=\"");
+      spn__mbuf_label(b, dev);
+      spn__mbuf_put(b, "\",direction=\"%s\"} %llu\n", copy_dir_names[d],
+                    (unsigned long long)spn_runtime_device_bytes_copied(r->rt, i, d));
+    }
+  }
+}
+
 void spn__runner_metrics(const spn_job_runner_t *runner, spn__mbuf_t *b) {
   const pipeline_runner_t *r = as_pipeline_runner(runner);
   if (r && r->rt) {
+    device_copy_metrics(r, b);
     spn__mbuf_family(b, "spindle_device_quarantines_total", "counter",
                      "Devices this process's runtime took out of service (lost GPU, fatal XID, repeated faults).");
     spn__mbuf_put(b, "spindle_device_quarantines_total %llu\n",

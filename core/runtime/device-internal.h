@@ -58,6 +58,9 @@ struct spn_device {
   char name[128];
   spn_buffer_type_t bt[3]; /* indexed by spn_mem_kind_t */
   void *ctx;
+  /* Bytes of edge copies (core/runtime/edge-mem.c) this device's streams
+   * ran, by spn_copy_dir_t: for metrics. */
+  _Atomic uint64_t copied[4];
 };
 
 struct spn_stream {

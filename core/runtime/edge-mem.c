@@ -96,6 +96,7 @@ int32_t spn__edge_place(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, spn_error_
     atomic_fetch_add_explicit(&l->stats.copies[d], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&l->stats.bytes[d], src->size, memory_order_relaxed);
     atomic_fetch_add_explicit(&l->stats.ns[d], spn__now_ns() - t0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&sdev->copied[d], src->size, memory_order_relaxed);
     spn_buffer_unref(&it->buffer);
     it->buffer = dst;
     bool on_dev = dst->bt->device && (!dst->bt->iface->is_host || dst->bt->device->kind == SPN_DEVICE_CPU);

@@ -699,6 +699,13 @@ uint64_t spn_runtime_quarantine_count(const spn_runtime_t *rt) { return rt ? ato
 
 uint64_t spn_runtime_job_restart_count(const spn_runtime_t *rt) { return rt ? atomic_load(&rt->job_restarts) : 0; }
 
+uint64_t spn_runtime_device_bytes_copied(const spn_runtime_t *rt, uint32_t i, int32_t dir) {
+  if (!rt || dir < 0 || dir > 3 || i > rt->n_devices)
+    return 0;
+  spn_device_t *d = i < rt->n_devices ? rt->devices[i] : rt->host_dev;
+  return d ? atomic_load(&d->copied[dir]) : 0;
+}
+
 int32_t spn__runtime_watch_health(spn_runtime_t *rt, const char *nvml_lib, const char *const *bus_ids,
                                   uint32_t interval_ms, spn_error_t *err) {
   if (rt->health)

@@ -409,6 +409,7 @@ static void mem_plan(void **state) {
 typedef struct edge_rec {
   spn_edge_stats_t st;
   char from[32], to[32];
+  uint64_t dev[3][4]; /* spn_runtime_device_bytes_copied: cpu:0, cpu:1, host (in rec[0]) */
 } edge_rec_t;
 
 static void run_edges(const char *toml, int64_t frames, edge_rec_t *rec, test_ctx_t *ctx) {
@@ -452,6 +453,12 @@ static void run_edges(const char *toml, int64_t frames, edge_rec_t *rec, test_ct
     snprintf(rec[i].to, sizeof rec[i].to, "%s", st[i].to_stage);
     rec[i].st.from_stage = rec[i].st.to_stage = rec[i].st.from_port = rec[i].st.to_port = rec[i].st.format = NULL;
   }
+  assert_int_equal(spn_runtime_device_count(rt), 2);
+  for (uint32_t d = 0; d < 3; d++)
+    for (int k = 0; k < 4; k++)
+      rec[0].dev[d][k] = spn_runtime_device_bytes_copied(rt, d, k);
+  assert_int_equal(spn_runtime_device_bytes_copied(rt, 3, 0), 0);
+  assert_int_equal(spn_runtime_device_bytes_copied(rt, 0, 4), 0);
   spn_job_free(&job);
   spn_pipeline_free(&pipe);
   spn_runtime_free(&rt);
@@ -476,6 +483,13 @@ static void device_to_host_copies_once(void **state) {
   assert_int_equal(e->copies[SPN_COPY_H2D] + e->copies[SPN_COPY_D2D] + e->copies[SPN_COPY_H2H], 0);
   assert_int_equal(e->items_passed, 0);
   assert_int_equal(e->mem_kind, SPN_MEM_HOST);
+  /* By device: the device-to-host copies drained the source's device
+   * (cpu:0, where its one replica runs); nothing else was copied. */
+  assert_int_equal(st[0].dev[0][SPN_COPY_D2H], 37 * FRAME_BYTES);
+  for (int d = 0; d < 3; d++)
+    for (int k = 0; k < 4; k++)
+      if (d || k != SPN_COPY_D2H)
+        assert_int_equal(st[0].dev[d][k], 0);
   assert_int_equal(atomic_load(&ctx.seen_host), 37);
   assert_int_equal(atomic_load(&ctx.bad_host), 0);
 }

@@ -84,6 +84,13 @@ SPN_API uint32_t spn_runtime_usable_device_count(const spn_runtime_t *rt);
  * restarted because a device they used was. Thread: any. */
 SPN_API uint64_t spn_runtime_quarantine_count(const spn_runtime_t *rt);
 SPN_API uint64_t spn_runtime_job_restart_count(const spn_runtime_t *rt);
+/* Bytes the runtime copied on pipeline edges with device i's streams
+ * (i < spn_runtime_device_count), or with the host's (i == the count: the
+ * CPU side of stages placed on no device), in direction dir
+ * (spn_copy_dir_t: a host-to-device copy counts on the GPU it fills, a
+ * device-to-host copy on the GPU it drains, a device-to-device copy on the
+ * receiving GPU). 0 for other i or dir. Thread: any. Ownership: none. */
+SPN_API uint64_t spn_runtime_device_bytes_copied(const spn_runtime_t *rt, uint32_t i, int32_t dir);
 
 /* Load one plugin file, or every libspindle-*.so of the search path. A
  * refused plugin returns SPN_EABI (or another code) with a message that
