@@ -119,11 +119,11 @@ static void test_a_segment_finished_twice_is_committed_once(void **state) {
   spn_queue_t q = open_q(":memory:");
   int64_t parent, kids[2];
   submit_segmented(&q, 2, 3, &parent, kids);
-  uint32_t a1;
+  uint32_t a1 = 0;
   assert_int_equal(lease(&q, "frozen", T0, &a1), kids[0]);
   /* Its worker froze: the lease expired and another worker ran it again. */
   assert_int_equal(q.ops->sweep(q.impl, T0 + 20000, NULL, NULL, NULL), 1);
-  uint32_t a2;
+  uint32_t a2 = 0;
   assert_int_equal(lease(&q, "w2", T0 + 30000, &a2), kids[0]);
   assert_int_equal(a2, 2);
   assert_int_equal(q.ops->complete(q.impl, kids[0], a2, "w2", 1, 0, T0 + 30001, NULL), SPN_OK);
@@ -142,7 +142,7 @@ static void test_a_dead_segment_fails_its_job_and_stops_the_queued_ones(void **s
   spn_queue_t q = open_q(":memory:");
   int64_t parent, kids[3];
   submit_segmented(&q, 3, 1, &parent, kids);
-  uint32_t a;
+  uint32_t a = 0;
   assert_int_equal(lease(&q, "w", T0, &a), kids[0]);
   spn_queue_state_t st;
   assert_int_equal((q.ops->fail)(q.impl, kids[0], a, "w", "in.mp4: corrupt", false, 0, 0, T0 + 1, &st, NULL), SPN_OK);
@@ -163,7 +163,7 @@ static void test_a_retried_segment_does_not_fail_its_job(void **state) {
   spn_queue_t q = open_q(":memory:");
   int64_t parent, kids[2];
   submit_segmented(&q, 2, 2, &parent, kids);
-  uint32_t a;
+  uint32_t a = 0;
   assert_int_equal(lease(&q, "w", T0, &a), kids[0]);
   spn_queue_state_t st;
   assert_int_equal((q.ops->fail)(q.impl, kids[0], a, "w", "flaky", false, 0, 0, T0 + 1, &st, NULL), SPN_OK);
@@ -178,7 +178,7 @@ static void test_cancelling_the_job_cancels_its_segments(void **state) {
   spn_queue_t q = open_q(":memory:");
   int64_t parent, kids[2];
   submit_segmented(&q, 2, 1, &parent, kids);
-  uint32_t a;
+  uint32_t a = 0;
   assert_int_equal(lease(&q, "w", T0, &a), kids[0]);
   spn_queue_state_t st;
   assert_int_equal(q.ops->cancel(q.impl, parent, T0 + 1, &st, NULL), SPN_OK);
@@ -204,7 +204,7 @@ static void test_checkpoints_survive_a_restart(void **state) {
   spn_queue_t q = open_q(path);
   int64_t parent, kids[3];
   submit_segmented(&q, 3, 2, &parent, kids);
-  uint32_t a0, a1;
+  uint32_t a0 = 0, a1 = 0;
   assert_int_equal(lease(&q, "w", T0, &a0), kids[0]);
   assert_int_equal(lease(&q, "w", T0, &a1), kids[1]);
   assert_int_equal(q.ops->complete(q.impl, kids[0], a0, "w", 1, 0, T0 + 1, NULL), SPN_OK);
