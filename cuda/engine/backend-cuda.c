@@ -289,11 +289,14 @@ static bool cu_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t
     no = "no CUDA kernel";
   }
   if (!no) {
-    for (int p = 0; p < n->n_post; p++)
-      if ((n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU) && m->vals[n->post[p].val].dtype != SPN_DTYPE_F32)
+    for (int p = 0; p < n->n_post; p++) {
+      if (n->post[p].kind != SPN_POST_ADD && n->post[p].kind != SPN_POST_PRELU)
+        continue;
+      if (m->vals[n->post[p].val].dtype != SPN_DTYPE_F32)
         no = "non-fp32 fused operand";
-      else if ((n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU) && host_value(m, n->post[p].val))
+      else if (host_value(m, n->post[p].val))
         no = "a fused operand computed on the host (shape arithmetic)";
+    }
   }
   for (int k = 0; !no && k < n->n_in; k++)
     if (n->in[k] >= 0 && host_value(m, n->in[k]) && read_on_device(n->op, k))

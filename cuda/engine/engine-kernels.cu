@@ -331,19 +331,6 @@ extern "C" cudaError_t spn_cu_f32_to_f16(const float *x, uint16_t *y16, int64_t 
   return cudaGetLastError();
 }
 
-__global__ void k_h2f_bias(const __half *x, float *y, const float *bias, int64_t C, int64_t HW, int64_t n) {
-  GRID_LOOP(i, n) y[i] = __half2float(x[i]) + (bias ? bias[(i / HW) % C] : 0.f);
-}
-
-extern "C" cudaError_t spn_cu_f16_to_f32_bias(const uint16_t *x16, float *y, const float *bias, int64_t N, int64_t C,
-                                              int64_t HW, cudaStream_t s) {
-  int64_t n = N * C * HW;
-  if (n <= 0)
-    return cudaSuccess;
-  k_h2f_bias<<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const __half *)x16, y, bias, C, HW > 0 ? HW : 1, n);
-  return cudaGetLastError();
-}
-
 /* The fp16 convolution's epilogue in one pass: float(x16) + bias[c], + z
  * (a residual of y's shape), then ReLU (act 1) or LeakyReLU (act 2, slope).
  * 32-bit indices where they fit: a 64-bit division per element would make

@@ -53,15 +53,12 @@ cudaError_t spn_cu_global_avg_pool(const float *x, float *y, int64_t planes, int
 /* 2-D pooling over NCHW: max (avg = 0) or average; pads top/left; count
  * includes padding when count_pad. Output size given. */
 /* fp16 edges of the tensor-core operators (precision "fp16"): y16[i] =
- * half(x[i]) rounded to nearest even; y[n,c,i] = float(x16[n,c,i]) +
- * bias[c] (bias NULL: none; C and HW describe the layout for the bias).
- * Halves are passed as raw 16-bit storage. */
+ * half(x[i]) rounded to nearest even; the cast back, with the convolution's
+ * leading post-ops fused, is y[n,c,i] = act(float(x16[n,c,i]) + bias[c] +
+ * z[n,c,i]) (bias NULL: none; z NULL or a tensor of y's shape; C and HW
+ * describe the layout for the bias; act 0 none, 1 ReLU, 2
+ * LeakyReLU(slope)). Halves are passed as raw 16-bit storage. */
 cudaError_t spn_cu_f32_to_f16(const float *x, uint16_t *y16, int64_t n, cudaStream_t s);
-cudaError_t spn_cu_f16_to_f32_bias(const uint16_t *x16, float *y, const float *bias, int64_t N, int64_t C,
-                                   int64_t HW, cudaStream_t s);
-/* The same cast back with the convolution's leading post-ops fused: y =
- * act(float(x16) + bias[c] + z), z NULL or a tensor of y's shape, act 0
- * none, 1 ReLU, 2 LeakyReLU(slope). */
 cudaError_t spn_cu_f16_epilogue(const uint16_t *x16, float *y, const float *bias, const float *z, int64_t N,
                                 int64_t C, int64_t HW, int act, float slope, cudaStream_t s);
 cudaError_t spn_cu_pool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
