@@ -373,13 +373,16 @@ static void test_fallback_places_and_copies(void **state) {
   free(pm.p);
 }
 
-/* Everything on the device: no fallback, only the graph input goes in and
- * the two outputs come out. */
-static void test_all_on_device(void **state) {
-  (void)state;
+/* Every node on the device. With `typed`, the mock also judges nodes by
+ * their operands' dtypes (as the CUDA backend does): it must see the
+ * intermediates' types at placement although the file declares none of them
+ * (chain_model gives value_info only for x, y and b). Either way the run
+ * equals the CPU's, with one copy in and the two outputs copied out. */
+static void check_all_on_device(bool typed) {
   pb_t pm = chain_model();
   mock_t mk;
   spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL) | OPBIT(SIGMOID) | OPBIT(TANH));
+  mk.typed = typed;
   spn_model_t *ref = load(e, &pm, "cpu", NULL);
   spn_model_t *m = load(e, &pm, "mock:0", "error");
   assert_int_equal(spn_model_fallback_count(m), 0);
@@ -400,32 +403,14 @@ static void test_all_on_device(void **state) {
   free(pm.p);
 }
 
-/* A backend that judges nodes by their operands' dtypes (as the CUDA one
- * does) sees the intermediates' types at placement although the file
- * declares none of them (chain_model gives value_info only for x, y and b):
- * every node goes to the device, and the run matches the CPU. */
+static void test_all_on_device(void **state) {
+  (void)state;
+  check_all_on_device(false);
+}
+
 static void test_intermediate_types_known_at_placement(void **state) {
   (void)state;
-  pb_t pm = chain_model();
-  mock_t mk;
-  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL) | OPBIT(SIGMOID) | OPBIT(TANH));
-  mk.typed = true;
-  spn_model_t *ref = load(e, &pm, "cpu", NULL);
-  spn_model_t *m = load(e, &pm, "mock:0", "error");
-  assert_int_equal(spn_model_fallback_count(m), 0);
-  spn_tensor_t a[2], b[2];
-  run2(ref, 3, a);
-  run2(m, 3, b);
-  assert_int_equal(mk.computed, 5);
-  for (int o = 0; o < 2; o++) {
-    assert_memory_equal(a[o].data, b[o].data, 3 * 4 * sizeof(float));
-    spn_model_output_free(&a[o]);
-    spn_model_output_free(&b[o]);
-  }
-  spn_model_release(&m);
-  spn_model_release(&ref);
-  spn_engine_free(e);
-  free(pm.p);
+  check_all_on_device(true);
 }
 
 /* fallback = "error" refuses the first node the device cannot run, naming
