@@ -1,164 +1,232 @@
 /* http.c — /healthz, /readyz, /metrics for the gateway (on its loop) and for
- * `spindle worker` (on a thread of its own).
+ * `spindle worker` (on a thread of its own), served by libmicrohttpd.
  *
  * Invariants:
- * - A deliberately tiny HTTP/1.0 responder: one GET per connection, request
- *   head at most 2 KiB, answer and close. Enough for Kubernetes probes and a
- *   Prometheus scrape; nothing else is served.
- * - A connection never blocks its loop (libuv reads and writes).
- * - The gateway answers on its loop thread (the queue is read there);
- *   /readyz answers 503 once it is draining or stopping, or when it runs jobs
- *   in-process and no device is usable.
+ * - GET (and HEAD) only; any other method gets 405. Each answer is built by
+ *   the caller's handler and handed to libmicrohttpd, which owns the protocol
+ *   (keep-alive, partial writes, limits, timeouts).
+ * - We bind the listening socket ourselves (MHD_OPTION_LISTEN_SOCKET), so a
+ *   bad or busy address is refused with the reason ("address already in
+ *   use"), not a bare failure.
+ * - On a loop (the gateway): libmicrohttpd runs without threads of its own,
+ *   in epoll mode; its epoll descriptor is watched by a uv_poll on the loop
+ *   and a timer drives its timeouts, so the handler runs on the loop thread
+ *   (the queue is read there) and a connection never blocks the loop.
+ * - On its own (the worker): libmicrohttpd's internal polling thread calls
+ *   the handler; the handler must be thread-safe (the worker's is, under its
+ *   mutex).
+ * - libmicrohttpd's own messages go to our logger at debug level, never to
+ *   stderr, so logs stay one JSON object per line.
  */
-#include <pthread.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "observe.h"
 #include "server-internal.h"
 
-/* What a listener answers with; the listener's data. */
-typedef struct http_ctx {
+#define HTTP_CONN_LIMIT 64
+#define HTTP_CONN_TIMEOUT_S 10
+#define HTTP_TICK_MS 1000
+
+struct spn__http {
+  struct MHD_Daemon *d;
   spn__http_handler_t fn;
   void *user;
-} http_ctx_t;
+  spn__logger_t *log;
+  /* on a loop only */
+  bool on_loop;
+  uv_poll_t poll;
+  uv_timer_t timer;
+  int open_handles;
+};
 
-typedef struct http_conn {
-  uv_tcp_t h;
-  uv_write_t w;
-  http_ctx_t *ctx;
-  char in[2048];
-  size_t n;
-  char *out;
-  bool answered;
-} http_conn_t;
-
-static void http_closed(uv_handle_t *h) {
-  http_conn_t *c = h->data;
-  free(c->out);
-  free(c);
-}
-
-static void http_written(uv_write_t *w, int status) {
-  (void)status;
-  http_conn_t *c = w->data;
-  if (!uv_is_closing((uv_handle_t *)&c->h))
-    uv_close((uv_handle_t *)&c->h, http_closed);
-}
-
-static void http_alloc(uv_handle_t *h, size_t sug, uv_buf_t *b) {
-  (void)sug;
-  http_conn_t *c = h->data;
-  b->base = c->in + c->n;
-  b->len = sizeof c->in - 1 - c->n;
-}
-
-static const char *reason_of(int code) {
-  switch (code) {
-  case 200:
-    return "OK";
-  case 400:
-    return "Bad Request";
-  case 404:
-    return "Not Found";
-  case 503:
-    return "Service Unavailable";
-  default:
-    return "Error";
-  }
-}
-
-static void http_answer(http_conn_t *c) {
-  char path[64] = "";
+static enum MHD_Result answer(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
+                              const char *version, const char *upload, size_t *upload_size, void **req) {
+  (void)version;
+  (void)upload;
+  (void)upload_size;
+  (void)req;
+  spn__http_t *h = cls;
   spn__http_reply_t r = {.code = 500, .ctype = NULL, .body = NULL};
-  if (sscanf(c->in, "GET %63s", path) != 1) {
-    r.code = 400;
-    r.body = strdup("bad request\n");
+  if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
+    r.code = MHD_HTTP_METHOD_NOT_ALLOWED;
+    r.body = strdup("only GET is served\n");
   } else {
-    c->ctx->fn(c->ctx->user, path, &r);
+    h->fn(h->user, url, &r);
   }
-  const char *text = r.body ? r.body : "out of memory\n";
-  const char *ctype = r.ctype ? r.ctype : "text/plain; charset=utf-8";
-  size_t cap = strlen(text) + 256;
-  c->out = malloc(cap);
-  if (!c->out) {
+  const char *fallback = "out of memory\n";
+  struct MHD_Response *resp =
+      r.body ? MHD_create_response_from_buffer(strlen(r.body), r.body, MHD_RESPMEM_MUST_FREE)
+             : MHD_create_response_from_buffer(strlen(fallback), (void *)fallback, MHD_RESPMEM_PERSISTENT);
+  if (!resp) {
     free(r.body);
-    uv_close((uv_handle_t *)&c->h, http_closed);
-    return;
+    return MHD_NO; /* libmicrohttpd closes the connection */
   }
-  int n = snprintf(c->out, cap,
-                   "HTTP/1.0 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n%s",
-                   r.code, reason_of(r.code), ctype, strlen(text), text);
-  free(r.body);
-  uv_buf_t b = uv_buf_init(c->out, (unsigned)n);
-  c->w.data = c;
-  c->answered = true;
-  uv_read_stop((uv_stream_t *)&c->h);
-  if (uv_write(&c->w, (uv_stream_t *)&c->h, &b, 1, http_written) != 0)
-    uv_close((uv_handle_t *)&c->h, http_closed);
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r.ctype ? r.ctype : "text/plain; charset=utf-8");
+  if (r.code == MHD_HTTP_METHOD_NOT_ALLOWED)
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+  enum MHD_Result ok = MHD_queue_response(conn, r.body ? (unsigned)r.code : 500u, resp);
+  MHD_destroy_response(resp);
+  return ok;
 }
 
-static void http_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *b) {
-  (void)b;
-  http_conn_t *c = st->data;
-  if (c->answered)
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+  spn__http_t *h = cls;
+  if (!h->log)
     return;
-  if (nread < 0) {
-    uv_close((uv_handle_t *)&c->h, http_closed);
-    return;
-  }
-  c->n += (size_t)nread;
-  c->in[c->n] = '\0';
-  if (strstr(c->in, "\r\n\r\n") || strstr(c->in, "\n\n") || c->n >= sizeof c->in - 1)
-    http_answer(c);
+  char line[512];
+  vsnprintf(line, sizeof line, fmt, ap);
+  size_t n = strlen(line);
+  while (n && (line[n - 1] == '\n' || line[n - 1] == '\r'))
+    line[--n] = '\0';
+  spn__log(h->log, SPN_LOG_DEBUG, 0, NULL, NULL, "http: %s", line);
 }
 
-static void http_accept(uv_stream_t *srv, int status) {
-  if (status < 0)
-    return;
-  http_conn_t *c = calloc(1, sizeof *c);
-  if (!c)
-    return;
-  c->ctx = srv->data;
-  uv_tcp_init(srv->loop, &c->h);
-  c->h.data = c;
-  if (uv_accept(srv, (uv_stream_t *)&c->h) != 0 ||
-      uv_read_start((uv_stream_t *)&c->h, http_alloc, http_read) != 0)
-    uv_close((uv_handle_t *)&c->h, http_closed);
-}
-
-/* Bind tcp (initialised on loop) to "HOST:PORT"; tcp->data = ctx. */
-static int32_t http_listen(uv_loop_t *loop, uv_tcp_t *tcp, const char *addr, http_ctx_t *ctx, spn_error_t *err) {
+/* A listening TCP socket on "HOST:PORT" (IPv4, or [IPv6]:PORT). */
+static int32_t listen_on(const char *addr, int *fd_out, bool *v6, spn_error_t *err) {
   char host[128];
   const char *colon = strrchr(addr, ':');
   if (!colon || colon == addr || (size_t)(colon - addr) >= sizeof host)
     return spn_error_set(err, SPN_ECONFIG, "http \"%s\": expected HOST:PORT", addr);
-  snprintf(host, sizeof host, "%.*s", (int)(colon - addr), addr);
+  const char *hb = addr, *he = colon;
+  *v6 = hb[0] == '[' && he[-1] == ']';
+  if (*v6) {
+    hb++;
+    he--;
+  }
+  snprintf(host, sizeof host, "%.*s", (int)(he - hb), hb);
   char *end;
+  errno = 0;
   long port = strtol(colon + 1, &end, 10);
-  struct sockaddr_in sa;
-  if (*end || port < 0 || port > 65535 || uv_ip4_addr(host, (int)port, &sa) != 0)
-    return spn_error_set(err, SPN_ECONFIG, "http \"%s\": expected IPv4-HOST:PORT", addr);
-  tcp->data = ctx;
-  int r = uv_tcp_bind(tcp, (const struct sockaddr *)&sa, 0);
-  if (r == 0)
-    r = uv_listen((uv_stream_t *)tcp, 64, http_accept);
-  if (r != 0)
-    return spn_error_set(err, SPN_EIO, "http %s: %s", addr, uv_strerror(r));
-  (void)loop;
+  struct sockaddr_storage ss;
+  memset(&ss, 0, sizeof ss);
+  socklen_t len;
+  if (*v6) {
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
+    s6->sin6_family = AF_INET6;
+    s6->sin6_port = htons((uint16_t)port);
+    len = sizeof *s6;
+    if (inet_pton(AF_INET6, host, &s6->sin6_addr) != 1)
+      port = -1;
+  } else {
+    struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
+    s4->sin_family = AF_INET;
+    s4->sin_port = htons((uint16_t)port);
+    len = sizeof *s4;
+    if (inet_pton(AF_INET, host, &s4->sin_addr) != 1)
+      port = -1;
+  }
+  if (colon[1] == '\0' || *end || errno || port < 0 || port > 65535)
+    return spn_error_set(err, SPN_ECONFIG, "http \"%s\": expected HOST:PORT with a numeric IPv4 or [IPv6] host",
+                         addr);
+  int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0)
+    return spn_error_set(err, SPN_EIO, "http %s: socket: %s", addr, strerror(errno));
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (bind(fd, (struct sockaddr *)&ss, len) != 0 || listen(fd, HTTP_CONN_LIMIT) != 0) {
+    int e = errno;
+    close(fd);
+    return spn_error_set(err, SPN_EIO, "http %s: %s", addr, strerror(e));
+  }
+  *fd_out = fd;
   return SPN_OK;
 }
 
-static void on_listener_closed(uv_handle_t *h) {
-  free(h->data);
-  h->data = NULL;
+/* ---- driving libmicrohttpd from a libuv loop ---- */
+
+static void on_tick(uv_timer_t *t);
+
+static void drive(spn__http_t *h) {
+  MHD_run(h->d);
+  MHD_UNSIGNED_LONG_LONG ms = HTTP_TICK_MS;
+  if (MHD_get_timeout(h->d, &ms) != MHD_YES || ms > HTTP_TICK_MS)
+    ms = HTTP_TICK_MS;
+  uv_timer_start(&h->timer, on_tick, ms, 0);
 }
 
-/* Every TCP handle of the loop but the listener is a connection. */
-static void close_conn(uv_handle_t *h, void *listener) {
-  if (h != listener && !uv_is_closing(h) && h->type == UV_TCP)
-    uv_close(h, http_closed);
+static void on_tick(uv_timer_t *t) { drive(t->data); }
+
+static void on_ready(uv_poll_t *p, int status, int events) {
+  (void)status;
+  (void)events;
+  drive(p->data);
+}
+
+static void on_handle_closed(uv_handle_t *hd) {
+  spn__http_t *h = hd->data;
+  if (--h->open_handles == 0)
+    free(h);
+}
+
+int32_t spn__http_open(const char *addr, spn__http_handler_t fn, void *user, uv_loop_t *loop, spn__logger_t *log,
+                       spn__http_t **out, spn_error_t *err) {
+  *out = NULL;
+  spn__http_t *h = calloc(1, sizeof *h);
+  if (!h)
+    return spn_error_set(err, SPN_ENOMEM, "http: out of memory");
+  h->fn = fn;
+  h->user = user;
+  h->log = log;
+  h->on_loop = loop != NULL;
+  int fd = -1;
+  bool v6 = false;
+  int32_t rc = listen_on(addr, &fd, &v6, err);
+  if (rc < 0) {
+    free(h);
+    return rc;
+  }
+  unsigned flags = MHD_USE_EPOLL | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0) |
+                   (loop ? 0 : MHD_USE_INTERNAL_POLLING_THREAD);
+  h->d = MHD_start_daemon(flags, 0, NULL, NULL, answer, h, MHD_OPTION_LISTEN_SOCKET, fd,
+                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_CONN_LIMIT, MHD_OPTION_CONNECTION_TIMEOUT,
+                          (unsigned)HTTP_CONN_TIMEOUT_S, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, h, MHD_OPTION_END);
+  if (!h->d) {
+    close(fd);
+    free(h);
+    return spn_error_set(err, SPN_EIO, "http %s: libmicrohttpd could not start", addr);
+  }
+  if (loop) {
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_EPOLL_FD);
+    if (!info || uv_poll_init(loop, &h->poll, info->epoll_fd) != 0) {
+      MHD_stop_daemon(h->d);
+      free(h);
+      return spn_error_set(err, SPN_EIO, "http %s: cannot watch libmicrohttpd's epoll descriptor", addr);
+    }
+    uv_timer_init(loop, &h->timer);
+    h->poll.data = h->timer.data = h;
+    h->open_handles = 2;
+    uv_poll_start(&h->poll, UV_READABLE, on_ready);
+    uv_timer_start(&h->timer, on_tick, HTTP_TICK_MS, 0);
+  }
+  *out = h;
+  return SPN_OK;
+}
+
+void spn__http_close(spn__http_t **ph) {
+  spn__http_t *h = *ph;
+  if (!h)
+    return;
+  *ph = NULL;
+  if (h->on_loop) {
+    uv_poll_stop(&h->poll);
+    uv_timer_stop(&h->timer);
+  }
+  MHD_stop_daemon(h->d); /* closes the listening socket and every connection */
+  if (h->on_loop) {
+    /* freed when both handles are closed (the loop runs on to close them) */
+    uv_close((uv_handle_t *)&h->poll, on_handle_closed);
+    uv_close((uv_handle_t *)&h->timer, on_handle_closed);
+  } else {
+    free(h);
+  }
 }
 
 /* ---- the gateway ---- */
@@ -201,89 +269,10 @@ static void gw_answer(void *user, const char *path, spn__http_reply_t *out) {
 }
 
 int32_t spn__http_start(spn_server_t *s, spn_error_t *err) {
-  http_ctx_t *ctx = calloc(1, sizeof *ctx);
-  if (!ctx)
-    return spn_error_set(err, SPN_ENOMEM, "server: out of memory");
-  ctx->fn = gw_answer;
-  ctx->user = s;
-  uv_tcp_init(&s->loop, &s->http);
-  s->http_open = true;
-  int32_t rc = http_listen(&s->loop, &s->http, s->cfg->http, ctx, err);
+  int32_t rc = spn__http_open(s->cfg->http, gw_answer, s, &s->loop, spn__observe_logger(s->obs), &s->http, err);
   if (rc < 0)
     spn_error_prefix(err, "%s", rc == SPN_ECONFIG ? "server config" : "server");
   return rc;
 }
 
-void spn__http_stop(spn_server_t *s) {
-  if (s->http_open) {
-    uv_close((uv_handle_t *)&s->http, on_listener_closed);
-    s->http_open = false;
-  }
-  /* Whatever TCP handles are left are HTTP connections: close them so
-   * uv_run returns. */
-  uv_walk(&s->loop, close_conn, &s->http);
-}
-
-/* ---- on a thread of its own (spindle worker) ---- */
-
-struct spn__http_thread {
-  uv_loop_t loop;
-  uv_tcp_t tcp;
-  uv_async_t stop;
-  pthread_t th;
-};
-
-static void on_stop(uv_async_t *a) {
-  spn__http_thread_t *t = a->data;
-  uv_close((uv_handle_t *)&t->tcp, on_listener_closed);
-  uv_walk(&t->loop, close_conn, &t->tcp);
-  uv_close((uv_handle_t *)&t->stop, NULL);
-}
-
-static void *http_thread_main(void *arg) {
-  spn__http_thread_t *t = arg;
-  uv_run(&t->loop, UV_RUN_DEFAULT);
-  return NULL;
-}
-
-int32_t spn__http_thread_start(const char *addr, spn__http_handler_t fn, void *user, spn__http_thread_t **out,
-                               spn_error_t *err) {
-  *out = NULL;
-  spn__http_thread_t *t = calloc(1, sizeof *t);
-  http_ctx_t *ctx = calloc(1, sizeof *ctx);
-  if (!t || !ctx || uv_loop_init(&t->loop) != 0) {
-    free(t);
-    free(ctx);
-    return spn_error_set(err, SPN_ENOMEM, "http: out of memory");
-  }
-  ctx->fn = fn;
-  ctx->user = user;
-  uv_tcp_init(&t->loop, &t->tcp);
-  uv_async_init(&t->loop, &t->stop, on_stop);
-  t->stop.data = t;
-  int32_t rc = http_listen(&t->loop, &t->tcp, addr, ctx, err);
-  if (rc == SPN_OK && pthread_create(&t->th, NULL, http_thread_main, t) != 0)
-    rc = spn_error_set(err, SPN_EIO, "http %s: cannot start its thread", addr);
-  if (rc < 0) {
-    /* never ran: close the handles on this thread */
-    uv_close((uv_handle_t *)&t->tcp, on_listener_closed);
-    uv_close((uv_handle_t *)&t->stop, NULL);
-    uv_run(&t->loop, UV_RUN_DEFAULT);
-    uv_loop_close(&t->loop);
-    free(t);
-    return rc;
-  }
-  *out = t;
-  return SPN_OK;
-}
-
-void spn__http_thread_stop(spn__http_thread_t **pt) {
-  spn__http_thread_t *t = *pt;
-  if (!t)
-    return;
-  uv_async_send(&t->stop);
-  pthread_join(t->th, NULL);
-  uv_loop_close(&t->loop);
-  free(t);
-  *pt = NULL;
-}
+void spn__http_stop(spn_server_t *s) { spn__http_close(&s->http); }

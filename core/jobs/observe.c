@@ -621,7 +621,7 @@ struct spn__wobs {
   bool draining;
   uint64_t jobs[WO_COUNT];
   nvml_t nvml; /* under mu: NVML calls from the HTTP thread only */
-  spn__http_thread_t *http;
+  spn__http_t *http;
 };
 
 static void wobs_answer(void *user, const char *path, spn__http_reply_t *out) {
@@ -683,7 +683,7 @@ int32_t spn__wobs_new(const spn_job_runner_t *runner, uint32_t slots, const char
   o->slots = slots;
   nvml_load(&o->nvml);
   if (http) {
-    int32_t rc = spn__http_thread_start(http, wobs_answer, o, &o->http, err);
+    int32_t rc = spn__http_open(http, wobs_answer, o, NULL, NULL, &o->http, err);
     if (rc < 0) {
       spn__wobs_free(&o);
       return rc;
@@ -721,7 +721,7 @@ void spn__wobs_free(spn__wobs_t **po) {
   spn__wobs_t *o = *po;
   if (!o)
     return;
-  spn__http_thread_stop(&o->http);
+  spn__http_close(&o->http);
   nvml_unload(&o->nvml);
   pthread_mutex_destroy(&o->mu);
   free(o);

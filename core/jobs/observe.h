@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <uv.h>
+
 #include "jobs-internal.h"
 #include "log-internal.h"
 #include "spindle/runtime.h"
@@ -71,14 +73,20 @@ typedef struct spn__http_reply {
   const char *ctype;
   char *body; /* malloc'd, NUL-ended; freed by the server */
 } spn__http_reply_t;
-/* Answer one GET of path (called on the server's loop thread). */
+/* Answer one GET of path. Thread: the server's loop thread (spn__http_open
+ * with a loop) or libmicrohttpd's thread (without one). */
 typedef void (*spn__http_handler_t)(void *user, const char *path, spn__http_reply_t *out);
 
-/* An HTTP server on its own thread and libuv loop ("HOST:PORT"). */
-typedef struct spn__http_thread spn__http_thread_t;
-int32_t spn__http_thread_start(const char *addr, spn__http_handler_t fn, void *user, spn__http_thread_t **out,
-                               spn_error_t *err);
-void spn__http_thread_stop(spn__http_thread_t **t);
+/* An HTTP server on "HOST:PORT" (libmicrohttpd, http.c). With a loop, it is
+ * driven on that loop and fn runs on the loop's thread; spn__http_close must
+ * then be called on that thread and the loop run on so its handles close.
+ * Without a loop, it serves from a thread of its own. log (may be NULL) takes
+ * libmicrohttpd's messages at debug level. Ownership: caller owns *out and
+ * frees it with spn__http_close. Thread: the loop's thread, or any. */
+typedef struct spn__http spn__http_t;
+int32_t spn__http_open(const char *addr, spn__http_handler_t fn, void *user, uv_loop_t *loop, spn__logger_t *log,
+                       spn__http_t **out, spn_error_t *err);
+void spn__http_close(spn__http_t **h);
 
 /* ---- the worker's metrics and probes (spindle worker --http) ---- */
 

@@ -110,8 +110,7 @@ struct spn_server {
   spn_watcher_t *watchers;
   size_t nwatchers, capwatch;
 
-  uv_tcp_t http;
-  bool http_open;
+  spn__http_t *http; /* NULL without --http */
   bool in_batch, pumping;
   spn_outmsg_t *out, **out_tail;
   char **unpublish;        /* publication markers to remove after the commit */

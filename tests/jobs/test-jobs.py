@@ -624,6 +624,31 @@ def case_http(tmp):
     check(http_get(port, "/readyz") == (200, "ready\n"), "readyz")
     check(http_get(port, "/nope")[0] == 404, "404")
     check(http_get(port, None, raw=b"BREW /coffee\r\n\r\n")[0] == 400, "400")
+    check(http_get(port, None, raw=b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                                  b"Connection: close\r\n\r\nhi")[0] == 405, "POST: 405")
+    # HTTP/1.1 keep-alive: several requests on one connection (as Prometheus scrapes)
+    import http.client
+    hc = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    for path, want in [("/healthz", 200), ("/readyz", 200), ("/nope", 404), ("/healthz", 200)]:
+        hc.request("GET", path)
+        r = hc.getresponse()
+        r.read()
+        check(r.status == want, f"keep-alive GET {path}: {r.status}")
+    hc.request("HEAD", "/healthz")
+    r = hc.getresponse()
+    check(r.status == 200 and r.read() == b"", f"HEAD: {r.status}")
+    hc.close()
+    # a request trickled in byte by byte, while another client is served
+    import socket
+    slow = socket.create_connection(("127.0.0.1", port), timeout=5)
+    slow.sendall(b"GET /hea")
+    check(http_get(port, "/healthz") == (200, "ok\n"), "served while a slow client is half-way")
+    slow.sendall(b"lthz HTTP/1.0\r\n\r\n")
+    data = b""
+    while (d := slow.recv(4096)):
+        data += d
+    slow.close()
+    check(data.startswith(b"HTTP/1.") and data.endswith(b"ok\n"), f"slow client: {data!r}")
     for _ in range(3):
         cli("submit", "noop", "--connect", ep, check_rc=0)
     code, body = http_get(port, "/metrics")
@@ -634,8 +659,8 @@ def case_http(tmp):
              "the remote worker to run the queued jobs")
     check('spindle_workers{kind="remote"} 1' in http_get(port, "/metrics")[1], "worker counted")
     # a client that connects and never sends must not keep the gateway from stopping
-    import socket
     idle = socket.create_connection(("127.0.0.1", port))
+    check(http_get(port, "/healthz")[0] == 200, "served while another connection idles")
     p.send_signal(signal.SIGTERM)
     check(p.wait(10) == 0, "gateway did not stop cleanly with an idle HTTP connection")
     idle.close()
