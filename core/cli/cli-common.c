@@ -92,59 +92,95 @@ static void add_build_tree_stages(spn_cli_opts_t *o) {
   }
 }
 
-static bool allowed_opt(const char *const *allowed, const char *name) {
-  for (size_t i = 0; allowed && allowed[i]; i++)
-    if (!strcmp(allowed[i], name))
-      return true;
-  return false;
+int spn_cli_next(spn_cli_getopt_t *g, int argc, char **argv, const struct option *opts) {
+  if (!g->started) {
+    optind = 0; /* glibc: start over, whatever an earlier parse left */
+    g->started = true;
+  }
+  if (g->rest) { /* everything after "--" is positional */
+    if (g->rest >= argc)
+      return SPN_CLI_END;
+    g->arg = g->name = argv[g->rest++];
+    return SPN_CLI_ARG;
+  }
+  opterr = 0;
+  /* "-": positional arguments come back in order (SPN_CLI_ARG), whatever
+   * POSIXLY_CORRECT says; ":": a missing value is told apart. */
+  int idx = -1;
+  int c = getopt_long(argc, argv, "-:h", opts, &idx);
+  if (c == -1) {
+    if (optind >= argc)
+      return SPN_CLI_END;
+    g->rest = optind; /* stopped at "--" */
+    return spn_cli_next(g, argc, argv, opts);
+  }
+  g->arg = optarg;
+  const char *as_written = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
+  g->name = idx >= 0 ? opts[idx].name : as_written;
+  if (c == '?' || c == ':') {
+    char shown[64];
+    if (optopt && strncmp(as_written, "--", 2) != 0)
+      snprintf(shown, sizeof shown, "-%c", optopt);
+    else
+      snprintf(shown, sizeof shown, "%.*s", (int)strcspn(as_written, "="), as_written);
+    if (c == '?')
+      fprintf(stderr, "spindle %s: unknown option '%s' (see 'spindle %s --help')\n", g->cmd, shown, g->cmd);
+    else
+      fprintf(stderr, "spindle %s: option '%s' needs a value\n", g->cmd, shown);
+    return SPN_CLI_BAD;
+  }
+  return c;
 }
+
+enum { O_PLUGIN_PATH = 256, O_SET, O_DEVICES, O_LOG_FORMAT };
 
 int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opts_t *o) {
   memset(o, 0, sizeof *o);
+  static const struct option all[] = {{"plugin-path", required_argument, NULL, O_PLUGIN_PATH},
+                                      {"set", required_argument, NULL, O_SET},
+                                      {"devices", required_argument, NULL, O_DEVICES},
+                                      {"log-format", required_argument, NULL, O_LOG_FORMAT}};
+  struct option opts[sizeof all / sizeof all[0] + 2];
+  size_t n = 0;
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+    for (size_t k = 0; allowed && allowed[k]; k++)
+      if (!strcmp(allowed[k], all[i].name))
+        opts[n++] = all[i];
+  opts[n++] = (struct option)SPN_CLI_HELP_OPT;
+  opts[n] = (struct option){0};
   const char *cmd = argv[0];
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    if (a[0] != '-' || !a[1]) {
+  spn_cli_getopt_t g = {.cmd = cmd};
+  int c;
+  while ((c = spn_cli_next(&g, argc, argv, opts)) != SPN_CLI_END) {
+    const char *val = g.arg;
+    switch (c) {
+    case 'h':
+      return -1;
+    case SPN_CLI_BAD:
+      return 2;
+    case SPN_CLI_ARG:
       if (o->file) {
-        fprintf(stderr, "spindle %s: one file only (got '%s' and '%s')\n", cmd, o->file, a);
+        fprintf(stderr, "spindle %s: one file only (got '%s' and '%s')\n", cmd, o->file, val);
         return 2;
       }
-      o->file = a;
-      continue;
-    }
-    /* --name=value or --name value */
-    const char *name = a + (a[1] == '-' ? 2 : 1);
-    const char *eq = strchr(name, '=');
-    if (!strcmp(a, "--help") || !strcmp(a, "-h"))
-      return -1;
-    char key[32] = "";
-    size_t kl = eq ? (size_t)(eq - name) : strlen(name);
-    if (kl < sizeof key) {
-      memcpy(key, name, kl);
-      key[kl] = '\0';
-    }
-    if (!key[0] || !allowed_opt(allowed, key)) {
-      fprintf(stderr, "spindle %s: unknown option '%s' (see 'spindle %s --help')\n", cmd, a, cmd);
-      return 2;
-    }
-    const char *val = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-    if (!val) {
-      fprintf(stderr, "spindle %s: option '--%s' needs a value\n", cmd, key);
-      return 2;
-    }
-    if (!strcmp(key, "plugin-path")) {
+      o->file = val;
+      break;
+    case O_PLUGIN_PATH:
       if (push(&o->plugin_paths, &o->n_plugin_paths, val))
         return 2;
-    } else if (!strcmp(key, "set")) {
+      break;
+    case O_SET:
       if (!strchr(val, '=') || !strchr(val, '.')) {
         fprintf(stderr, "spindle %s: --set '%s': expected stage.key=value\n", cmd, val);
         return 2;
       }
       if (push(&o->sets, &o->n_sets, val))
         return 2;
-    } else if (!strcmp(key, "devices")) {
+      break;
+    case O_DEVICES:
       o->devices = val;
-    } else if (!strcmp(key, "log-format")) {
+      break;
+    case O_LOG_FORMAT:
       if (!strcmp(val, "json"))
         o->log_format = SPN_LOG_FORMAT_JSON;
       else if (!strcmp(val, "text"))
@@ -153,6 +189,9 @@ int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opt
         fprintf(stderr, "spindle %s: --log-format '%s': expected json or text\n", cmd, val);
         return 2;
       }
+      break;
+    default:
+      return 2;
     }
   }
   add_build_tree_stages(o);

@@ -75,8 +75,24 @@ static int read_key(const char *path, const char *key, char out[41]) {
 /* ---- keygen ---- */
 
 static int cmd_keygen(int argc, char **argv) {
-  if (argc != 2 || argv[1][0] == '-') {
-    fprintf(stderr, "usage: spindle keygen NAME\n  writes NAME.key (public and secret) and NAME.pub\n");
+  static const char usage[] = "usage: spindle keygen NAME\n  writes NAME.key (public and secret) and NAME.pub\n";
+  static const struct option opts[] = {SPN_CLI_HELP_OPT, {0}};
+  const char *name = NULL;
+  spn_cli_getopt_t g = {.cmd = "keygen"};
+  for (int c; (c = spn_cli_next(&g, argc, argv, opts)) != SPN_CLI_END;) {
+    if (c == 'h') {
+      fputs(usage, stdout);
+      return EXIT_OK;
+    }
+    if (c != SPN_CLI_ARG || name) {
+      if (c == SPN_CLI_ARG)
+        fputs(usage, stderr);
+      return EXIT_USAGE;
+    }
+    name = g.arg;
+  }
+  if (!name) {
+    fputs(usage, stderr);
     return EXIT_USAGE;
   }
   char pub[41], sec[41];
@@ -85,7 +101,7 @@ static int cmd_keygen(int argc, char **argv) {
     return EXIT_FAILED;
   }
   char path[PATH_MAX];
-  snprintf(path, sizeof path, "%s.key", argv[1]);
+  snprintf(path, sizeof path, "%s.key", name);
   mode_t old = umask(077);
   FILE *f = fopen(path, "w");
   umask(old);
@@ -94,7 +110,7 @@ static int cmd_keygen(int argc, char **argv) {
     fprintf(stderr, "spindle keygen: %s: %s\n", path, strerror(errno));
     return EXIT_FAILED;
   }
-  snprintf(path, sizeof path, "%s.pub", argv[1]);
+  snprintf(path, sizeof path, "%s.pub", name);
   f = fopen(path, "w");
   if (!f || fprintf(f, "%s\n", pub) < 0 || fclose(f) != 0) {
     fprintf(stderr, "spindle keygen: %s: %s\n", path, strerror(errno));
@@ -194,6 +210,34 @@ static const char serve_help[] =
     "  --http HOST:PORT     serve /healthz, /readyz and /metrics (Prometheus)\n"
     "  --chunk-bytes N --chunk-delay-ms N --exec-log FILE   test runner settings\n";
 
+enum {
+  O_CONFIG = 256, O_PLUGIN_PATH, O_DEVICES, O_BIND, O_DB, O_QUEUE, O_QUEUE_AUTH, O_QUEUE_PREFIX, O_DRAIN_GRACE,
+  O_EXEC_LOG, O_CURVE_KEYFILE, O_CURVE_CLIENTS, O_CURVE_WORKERS, O_HTTP, O_WORKERS, O_LEASE_MS, O_HEARTBEAT_MS,
+  O_MAX_ATTEMPTS, O_BACKOFF_MS, O_BACKOFF_MAX_MS, O_MAX_MSG, O_CHUNK_BYTES, O_CHUNK_DELAY_MS, O_ROOT,
+  O_INPUT_ROOT, O_OUTPUT_ROOT, O_PIPELINE, O_CONNECT, O_NAME, O_SLOTS, O_SERVER_KEY_FILE, O_TIMEOUT_MS,
+  O_WAIT, O_INPUT, O_OUTPUT, O_PARAM, O_PRIORITY, O_DEADLINE, O_SEGMENTS, O_SEGMENT_SECONDS,
+  O_IDEMPOTENCY_KEY, O_JSON, O_STATE, O_LIMIT,
+};
+#define REQ(name, id) {name, required_argument, NULL, id}
+
+static const struct option serve_opts[] = {
+    REQ("config", O_CONFIG), REQ("plugin-path", O_PLUGIN_PATH), REQ("devices", O_DEVICES), REQ("bind", O_BIND),
+    REQ("db", O_DB), REQ("queue", O_QUEUE), REQ("queue-auth-file", O_QUEUE_AUTH),
+    REQ("queue-prefix", O_QUEUE_PREFIX), REQ("drain-grace-s", O_DRAIN_GRACE), REQ("exec-log", O_EXEC_LOG),
+    REQ("curve-keyfile", O_CURVE_KEYFILE), REQ("curve-clients", O_CURVE_CLIENTS),
+    REQ("curve-workers", O_CURVE_WORKERS), REQ("http", O_HTTP), REQ("workers", O_WORKERS),
+    REQ("lease-ms", O_LEASE_MS), REQ("heartbeat-ms", O_HEARTBEAT_MS), REQ("max-attempts", O_MAX_ATTEMPTS),
+    REQ("backoff-ms", O_BACKOFF_MS), REQ("backoff-max-ms", O_BACKOFF_MAX_MS), REQ("max-msg", O_MAX_MSG),
+    REQ("chunk-bytes", O_CHUNK_BYTES), REQ("chunk-delay-ms", O_CHUNK_DELAY_MS), REQ("root", O_ROOT),
+    REQ("input-root", O_INPUT_ROOT), REQ("output-root", O_OUTPUT_ROOT), REQ("pipeline", O_PIPELINE),
+    SPN_CLI_HELP_OPT, {0}};
+
+/* One parsed option of serve: flags are applied after --config is loaded. */
+typedef struct given {
+  int c;
+  const char *v, *name;
+} given_t;
+
 static int cmd_serve(int argc, char **argv) {
   spn_server_config_t cfg;
   spn_server_config_defaults(&cfg);
@@ -201,59 +245,67 @@ static int cmd_serve(int argc, char **argv) {
   int rc = EXIT_FAILED;
   const char *config = NULL;
   const char **plugin_paths = calloc((size_t)argc, sizeof *plugin_paths);
-  size_t n_plugin_paths = 0;
+  given_t *given = calloc((size_t)argc, sizeof *given);
+  size_t n_plugin_paths = 0, n_given = 0;
   runners_t runners = {0};
-  if (!plugin_paths)
-    return EXIT_FAILED;
-  for (int i = 1; i < argc; i++)
-    if (!strcmp(argv[i], "--config") && i + 1 < argc)
-      config = argv[i + 1];
-  if (config && spn_server_config_load(&cfg, config, &err) < 0) {
-    fprintf(stderr, "spindle serve: %s\n", err.msg);
+  if (!plugin_paths || !given)
     goto out;
-  }
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    uint32_t *u = NULL;
-    char **str = NULL;
-    spn_roots_t *roots[2] = {NULL, NULL};
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+  spn_cli_getopt_t g = {.cmd = "serve"};
+  for (int c; (c = spn_cli_next(&g, argc, argv, serve_opts)) != SPN_CLI_END;) {
+    if (c == 'h') {
       fputs(serve_help, stdout);
       rc = EXIT_OK;
       goto out;
     }
-    if (!v) {
-      rc = usage_err("serve", "unknown option or missing value: %s", a);
+    if (c == SPN_CLI_BAD) {
+      rc = EXIT_USAGE;
       goto out;
     }
-    if (!strcmp(a, "--config")) {
-    } else if (!strcmp(a, "--plugin-path")) {
-      plugin_paths[n_plugin_paths++] = v;
-    } else if (!strcmp(a, "--devices")) str = &cfg.devices;
-    else if (!strcmp(a, "--bind")) str = &cfg.bind;
-    else if (!strcmp(a, "--db")) str = &cfg.db_path;
-    else if (!strcmp(a, "--queue")) str = &cfg.queue_url;
-    else if (!strcmp(a, "--queue-auth-file")) str = &cfg.queue_auth_file;
-    else if (!strcmp(a, "--queue-prefix")) str = &cfg.queue_prefix;
-    else if (!strcmp(a, "--drain-grace-s")) u = &cfg.drain_grace_s;
-    else if (!strcmp(a, "--exec-log")) str = &cfg.exec_log;
-    else if (!strcmp(a, "--curve-keyfile")) str = &cfg.curve_key_file;
-    else if (!strcmp(a, "--curve-clients")) str = &cfg.curve_clients_dir;
-    else if (!strcmp(a, "--curve-workers")) str = &cfg.curve_workers_dir;
-    else if (!strcmp(a, "--http")) str = &cfg.http;
-    else if (!strcmp(a, "--workers")) u = &cfg.workers;
-    else if (!strcmp(a, "--lease-ms")) u = &cfg.lease_ms;
-    else if (!strcmp(a, "--heartbeat-ms")) u = &cfg.heartbeat_ms;
-    else if (!strcmp(a, "--max-attempts")) u = &cfg.max_attempts;
-    else if (!strcmp(a, "--backoff-ms")) u = &cfg.backoff_base_ms;
-    else if (!strcmp(a, "--backoff-max-ms")) u = &cfg.backoff_max_ms;
-    else if (!strcmp(a, "--max-msg")) u = &cfg.max_msg_size;
-    else if (!strcmp(a, "--chunk-bytes")) u = &cfg.chunk_bytes;
-    else if (!strcmp(a, "--chunk-delay-ms")) u = &cfg.chunk_delay_ms;
-    else if (!strcmp(a, "--root")) { roots[0] = &cfg.input_roots; roots[1] = &cfg.output_roots; }
-    else if (!strcmp(a, "--input-root")) roots[0] = &cfg.input_roots;
-    else if (!strcmp(a, "--output-root")) roots[1] = &cfg.output_roots;
-    else if (!strcmp(a, "--pipeline")) {
+    if (c == SPN_CLI_ARG) {
+      rc = usage_err("serve", "unexpected argument \"%s\"", g.arg);
+      goto out;
+    }
+    if (c == O_CONFIG)
+      config = g.arg;
+    given[n_given++] = (given_t){c, g.arg, g.name};
+  }
+  if (config && spn_server_config_load(&cfg, config, &err) < 0) {
+    fprintf(stderr, "spindle serve: %s\n", err.msg);
+    goto out;
+  }
+  for (size_t i = 0; i < n_given; i++) {
+    const char *v = given[i].v;
+    uint32_t *u = NULL;
+    char **str = NULL;
+    spn_roots_t *roots[2] = {NULL, NULL};
+    switch (given[i].c) {
+    case O_CONFIG: break;
+    case O_PLUGIN_PATH: plugin_paths[n_plugin_paths++] = v; break;
+    case O_DEVICES: str = &cfg.devices; break;
+    case O_BIND: str = &cfg.bind; break;
+    case O_DB: str = &cfg.db_path; break;
+    case O_QUEUE: str = &cfg.queue_url; break;
+    case O_QUEUE_AUTH: str = &cfg.queue_auth_file; break;
+    case O_QUEUE_PREFIX: str = &cfg.queue_prefix; break;
+    case O_DRAIN_GRACE: u = &cfg.drain_grace_s; break;
+    case O_EXEC_LOG: str = &cfg.exec_log; break;
+    case O_CURVE_KEYFILE: str = &cfg.curve_key_file; break;
+    case O_CURVE_CLIENTS: str = &cfg.curve_clients_dir; break;
+    case O_CURVE_WORKERS: str = &cfg.curve_workers_dir; break;
+    case O_HTTP: str = &cfg.http; break;
+    case O_WORKERS: u = &cfg.workers; break;
+    case O_LEASE_MS: u = &cfg.lease_ms; break;
+    case O_HEARTBEAT_MS: u = &cfg.heartbeat_ms; break;
+    case O_MAX_ATTEMPTS: u = &cfg.max_attempts; break;
+    case O_BACKOFF_MS: u = &cfg.backoff_base_ms; break;
+    case O_BACKOFF_MAX_MS: u = &cfg.backoff_max_ms; break;
+    case O_MAX_MSG: u = &cfg.max_msg_size; break;
+    case O_CHUNK_BYTES: u = &cfg.chunk_bytes; break;
+    case O_CHUNK_DELAY_MS: u = &cfg.chunk_delay_ms; break;
+    case O_ROOT: roots[0] = &cfg.input_roots; roots[1] = &cfg.output_roots; break;
+    case O_INPUT_ROOT: roots[0] = &cfg.input_roots; break;
+    case O_OUTPUT_ROOT: roots[1] = &cfg.output_roots; break;
+    case O_PIPELINE: {
       char **nv = realloc(cfg.pipelines, (cfg.n_pipelines + 1) * sizeof *nv);
       if (!nv || !(nv[cfg.n_pipelines] = strdup(v))) {
         if (nv)
@@ -262,9 +314,9 @@ static int cmd_serve(int argc, char **argv) {
       }
       cfg.pipelines = nv;
       cfg.n_pipelines++;
-    } else {
-      rc = usage_err("serve", "unknown option %s", a);
-      goto out;
+      break;
+    }
+    default: goto out;
     }
     if (str) {
       free(*str);
@@ -272,7 +324,7 @@ static int cmd_serve(int argc, char **argv) {
         goto out;
     }
     if (u && !parse_u32(v, u)) {
-      rc = usage_err("serve", "%s needs a non-negative integer", a);
+      rc = usage_err("serve", "--%s needs a non-negative integer", given[i].name);
       goto out;
     }
     for (int k = 0; k < 2; k++)
@@ -280,7 +332,6 @@ static int cmd_serve(int argc, char **argv) {
         fprintf(stderr, "spindle serve: %s\n", err.msg);
         goto out;
       }
-    i++;
   }
   if (!cfg.bind && !(cfg.bind = strdup(DEFAULT_GATEWAY)))
     goto out;
@@ -333,6 +384,7 @@ out:
   runners_stop(&runners);
   spn_server_config_clear(&cfg);
   free(plugin_paths);
+  free(given);
   return rc;
 }
 
@@ -355,9 +407,20 @@ static int cmd_worker(int argc, char **argv) {
   const char *keyfile = NULL, *server_key_file = NULL, *config = NULL, *devices = NULL;
   const char *plugin_paths[16];
   size_t n_plugin_paths = 0;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+  static const struct option opts[] = {
+      REQ("connect", O_CONNECT), REQ("queue", O_QUEUE), REQ("queue-auth-file", O_QUEUE_AUTH),
+      REQ("queue-prefix", O_QUEUE_PREFIX), REQ("drain-grace-s", O_DRAIN_GRACE), REQ("lease-ms", O_LEASE_MS),
+      REQ("name", O_NAME), REQ("http", O_HTTP), REQ("slots", O_SLOTS), REQ("heartbeat-ms", O_HEARTBEAT_MS),
+      REQ("chunk-bytes", O_CHUNK_BYTES), REQ("chunk-delay-ms", O_CHUNK_DELAY_MS), REQ("exec-log", O_EXEC_LOG),
+      REQ("curve-keyfile", O_CURVE_KEYFILE), REQ("server-key-file", O_SERVER_KEY_FILE),
+      REQ("config", O_CONFIG), REQ("devices", O_DEVICES), REQ("plugin-path", O_PLUGIN_PATH),
+      SPN_CLI_HELP_OPT, {0}};
+  spn_cli_getopt_t g = {.cmd = "worker"};
+  for (int c; (c = spn_cli_next(&g, argc, argv, opts)) != SPN_CLI_END;) {
+    const char *v = g.arg;
+    bool ok = true;
+    switch (c) {
+    case 'h':
       printf("usage: spindle worker --connect tcp://HOST:PORT | --queue redis://HOST[:PORT][/DB]\n"
              "       [--slots N] [--name NAME] [--drain-grace-s N] [--lease-ms N]\n"
              "       [--queue-auth-file F] [--queue-prefix P]\n"
@@ -366,36 +429,34 @@ static int cmd_worker(int argc, char **argv) {
              "       [--http HOST:PORT]   serve /healthz, /readyz and /metrics (Prometheus)\n"
              "       [--chunk-bytes N] [--chunk-delay-ms N] [--exec-log FILE]\n");
       return EXIT_OK;
-    }
-    if (!v)
-      return usage_err("worker", "unknown option or missing value: %s", a);
-    bool ok = true;
-    if (!strcmp(a, "--connect")) wc.connect = v;
-    else if (!strcmp(a, "--queue")) queue = v;
-    else if (!strcmp(a, "--queue-auth-file")) queue_auth = v;
-    else if (!strcmp(a, "--queue-prefix")) queue_prefix = v;
-    else if (!strcmp(a, "--drain-grace-s")) { ok = parse_u32(v, &wc.drain_grace_s); drain_set = true; }
-    else if (!strcmp(a, "--lease-ms")) { ok = parse_u32(v, &wc.lease_ms); lease_set = true; }
-    else if (!strcmp(a, "--name")) wc.name = v;
-    else if (!strcmp(a, "--http")) wc.http = v;
-    else if (!strcmp(a, "--slots")) ok = parse_u32(v, &wc.slots);
-    else if (!strcmp(a, "--heartbeat-ms")) ok = parse_u32(v, &wc.heartbeat_ms);
-    else if (!strcmp(a, "--chunk-bytes")) ok = parse_u32(v, &trc.chunk_bytes);
-    else if (!strcmp(a, "--chunk-delay-ms")) ok = parse_u32(v, &trc.chunk_delay_ms);
-    else if (!strcmp(a, "--exec-log")) trc.exec_log = v;
-    else if (!strcmp(a, "--curve-keyfile")) keyfile = v;
-    else if (!strcmp(a, "--server-key-file")) server_key_file = v;
-    else if (!strcmp(a, "--config")) config = v;
-    else if (!strcmp(a, "--devices")) devices = v;
-    else if (!strcmp(a, "--plugin-path")) {
+    case SPN_CLI_BAD: return EXIT_USAGE;
+    case SPN_CLI_ARG: return usage_err("worker", "unexpected argument \"%s\"", v);
+    case O_CONNECT: wc.connect = v; break;
+    case O_QUEUE: queue = v; break;
+    case O_QUEUE_AUTH: queue_auth = v; break;
+    case O_QUEUE_PREFIX: queue_prefix = v; break;
+    case O_DRAIN_GRACE: ok = parse_u32(v, &wc.drain_grace_s); drain_set = true; break;
+    case O_LEASE_MS: ok = parse_u32(v, &wc.lease_ms); lease_set = true; break;
+    case O_NAME: wc.name = v; break;
+    case O_HTTP: wc.http = v; break;
+    case O_SLOTS: ok = parse_u32(v, &wc.slots); break;
+    case O_HEARTBEAT_MS: ok = parse_u32(v, &wc.heartbeat_ms); break;
+    case O_CHUNK_BYTES: ok = parse_u32(v, &trc.chunk_bytes); break;
+    case O_CHUNK_DELAY_MS: ok = parse_u32(v, &trc.chunk_delay_ms); break;
+    case O_EXEC_LOG: trc.exec_log = v; break;
+    case O_CURVE_KEYFILE: keyfile = v; break;
+    case O_SERVER_KEY_FILE: server_key_file = v; break;
+    case O_CONFIG: config = v; break;
+    case O_DEVICES: devices = v; break;
+    case O_PLUGIN_PATH:
       if (n_plugin_paths == sizeof plugin_paths / sizeof plugin_paths[0])
         return usage_err("worker", "at most 16 --plugin-path%s", "");
       plugin_paths[n_plugin_paths++] = v;
-    } else
-      return usage_err("worker", "unknown option %s", a);
+      break;
+    default: return EXIT_USAGE;
+    }
     if (!ok)
-      return usage_err("worker", "%s needs a non-negative integer", a);
-    i++;
+      return usage_err("worker", "--%s needs a non-negative integer", g.name);
   }
   if (!wc.connect == !queue)
     return usage_err("worker", "give one of --connect (a gateway) or --queue (a shared Redis queue)%s", "");
@@ -459,30 +520,38 @@ typedef struct copts {
   char pub[41], sec[41], srv[41];
 } copts_t;
 
-/* Consume a common client option at argv[*i]; 1 if taken, 0 if not, -1 on error. */
-static int client_opt(copts_t *c, int argc, char **argv, int *i) {
-  const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
-  if (!strcmp(a, "--connect") && v) {
+#define CLIENT_OPTS                                                                                           \
+  REQ("connect", O_CONNECT), REQ("timeout-ms", O_TIMEOUT_MS), REQ("curve-keyfile", O_CURVE_KEYFILE),           \
+      REQ("server-key-file", O_SERVER_KEY_FILE)
+
+/* Take a common client option (c from CLIENT_OPTS): 1 if taken, 0 if not
+ * one, or an exit code (> 1) after printing why. */
+static int client_opt(copts_t *c, const char *cmd, int opt, const char *v) {
+  switch (opt) {
+  case O_CONNECT:
     c->connect = v;
-  } else if (!strcmp(a, "--timeout-ms") && v) {
+    return 1;
+  case O_TIMEOUT_MS: {
     uint32_t t;
     if (!parse_u32(v, &t) || t == 0 || t > INT32_MAX)
-      return -1;
+      return usage_err(cmd, "--timeout-ms needs a positive integer, got \"%s\"", v);
     c->o.timeout_ms = (int32_t)t;
-  } else if (!strcmp(a, "--curve-keyfile") && v) {
+    return 1;
+  }
+  case O_CURVE_KEYFILE:
     if (read_key(v, "public", c->pub) < 0 || read_key(v, "secret", c->sec) < 0)
-      return -1;
+      return EXIT_USAGE;
     c->o.curve_public_key = c->pub;
     c->o.curve_secret_key = c->sec;
-  } else if (!strcmp(a, "--server-key-file") && v) {
+    return 1;
+  case O_SERVER_KEY_FILE:
     if (read_key(v, "public", c->srv) < 0)
-      return -1;
+      return EXIT_USAGE;
     c->o.curve_server_key = c->srv;
-  } else {
+    return 1;
+  default:
     return 0;
   }
-  (*i)++;
-  return 1;
 }
 
 static int client_open(copts_t *c, const char *cmd, spn_client_t **out) {
@@ -612,45 +681,77 @@ static int add_io(spn_client_job_t *job, const char *v, bool input) {
   return rc;
 }
 
+static const char submit_help[] =
+    "usage: spindle submit PIPELINE --input NAME=PATH... --output NAME=PATH...\n"
+    "       [--param K=V]... [--priority N] [--idempotency-key K] [--deadline S]\n"
+    "       [--max-attempts N] [--segments N | --segment-seconds S] [--wait]\n";
+
 static int cmd_submit(int argc, char **argv) {
-  if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-    printf("usage: spindle submit PIPELINE --input NAME=PATH... --output NAME=PATH...\n"
-           "       [--param K=V]... [--priority N] [--idempotency-key K] [--deadline S]\n"
-           "       [--max-attempts N] [--segments N | --segment-seconds S] [--wait]\n%s"
-           "Prints the job id. With --wait, follows the job (progress bar on a terminal)\n"
-           "and exits 0 succeeded, 1 failed, 3 cancelled, 4 dead, 5 gateway error.\n",
-           client_opts_help);
-    return argc < 2 ? EXIT_USAGE : EXIT_OK;
-  }
+  static const struct option opts[] = {
+      CLIENT_OPTS, {"wait", no_argument, NULL, O_WAIT}, REQ("input", O_INPUT), REQ("output", O_OUTPUT),
+      REQ("param", O_PARAM), REQ("priority", O_PRIORITY), REQ("max-attempts", O_MAX_ATTEMPTS),
+      REQ("deadline", O_DEADLINE), REQ("segments", O_SEGMENTS), REQ("segment-seconds", O_SEGMENT_SECONDS),
+      REQ("idempotency-key", O_IDEMPOTENCY_KEY), SPN_CLI_HELP_OPT, {0}};
   copts_t co = {.o = SPN_CLIENT_OPTIONS_INIT};
-  spn_client_job_t *job = spn_client_job_new(argv[1]);
+  given_t *given = calloc((size_t)argc, sizeof *given);
+  spn_client_job_t *job = NULL;
+  const char *pipeline = NULL;
+  size_t n_given = 0;
   bool wait = false;
   int rc = EXIT_USAGE;
-  if (!job)
+  if (!given)
     return EXIT_FAILED;
-  for (int i = 2; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    int t = client_opt(&co, argc, argv, &i);
-    if (t < 0) {
-      rc = usage_err("submit", "bad value for %s", a);
+  spn_cli_getopt_t g = {.cmd = "submit"};
+  for (int c; (c = spn_cli_next(&g, argc, argv, opts)) != SPN_CLI_END;) {
+    if (c == 'h') {
+      printf("%s%s"
+             "Prints the job id. With --wait, follows the job (progress bar on a terminal)\n"
+             "and exits 0 succeeded, 1 failed, 3 cancelled, 4 dead, 5 gateway error.\n",
+             submit_help, client_opts_help);
+      rc = EXIT_OK;
+      goto out;
+    }
+    if (c == SPN_CLI_BAD)
+      goto out;
+    int t = client_opt(&co, "submit", c, g.arg);
+    if (t > 1) {
+      rc = t;
       goto out;
     }
     if (t)
       continue;
-    if (!strcmp(a, "--wait")) {
+    if (c == O_WAIT) {
       wait = true;
-      continue;
+    } else if (c == SPN_CLI_ARG) {
+      if (pipeline) {
+        rc = usage_err("submit", "one pipeline only (also got \"%s\")", g.arg);
+        goto out;
+      }
+      pipeline = g.arg;
+    } else {
+      given[n_given++] = (given_t){c, g.arg, g.name};
     }
-    if (!v) {
-      rc = usage_err("submit", "unknown option or missing value: %s", a);
-      goto out;
-    }
-    if (!strcmp(a, "--input") || !strcmp(a, "--output")) {
-      if (add_io(job, v, a[2] == 'i') < 0) {
+  }
+  if (!pipeline) {
+    fputs(submit_help, stderr);
+    rc = usage_err("submit", "which pipeline?%s", "");
+    goto out;
+  }
+  if (!(job = spn_client_job_new(pipeline))) {
+    rc = EXIT_FAILED;
+    goto out;
+  }
+  for (size_t i = 0; i < n_given; i++) {
+    const char *v = given[i].v;
+    switch (given[i].c) {
+    case O_INPUT:
+    case O_OUTPUT:
+      if (add_io(job, v, given[i].c == O_INPUT) < 0) {
         rc = usage_err("submit", "expected NAME=PATH, got \"%s\"", v);
         goto out;
       }
-    } else if (!strcmp(a, "--param")) {
+      break;
+    case O_PARAM: {
       const char *eq = strchr(v, '=');
       if (!eq || eq == v) {
         rc = usage_err("submit", "expected --param KEY=VALUE, got \"%s\"", v);
@@ -659,22 +760,29 @@ static int cmd_submit(int argc, char **argv) {
       char key[128];
       snprintf(key, sizeof key, "%.*s", (int)(eq - v), v);
       spn_client_job_param(job, key, eq + 1);
-    } else if (!strcmp(a, "--priority")) {
+      break;
+    }
+    case O_PRIORITY: {
       char *end;
+      errno = 0;
       long p = strtol(v, &end, 10);
-      if (*end || end == v || p < INT32_MIN || p > INT32_MAX) {
+      if (*end || end == v || errno || p < INT32_MIN || p > INT32_MAX) {
         rc = usage_err("submit", "--priority needs an integer, got \"%s\"", v);
         goto out;
       }
       spn_client_job_priority(job, (int32_t)p);
-    } else if (!strcmp(a, "--max-attempts")) {
+      break;
+    }
+    case O_MAX_ATTEMPTS: {
       uint32_t n;
       if (!parse_u32(v, &n)) {
         rc = usage_err("submit", "--max-attempts needs an integer, got \"%s\"", v);
         goto out;
       }
       spn_client_job_max_attempts(job, n);
-    } else if (!strcmp(a, "--deadline")) {
+      break;
+    }
+    case O_DEADLINE: {
       char *end;
       double d = strtod(v, &end);
       if (*end || end == v || !(d > 0)) {
@@ -682,7 +790,10 @@ static int cmd_submit(int argc, char **argv) {
         goto out;
       }
       spn_client_job_deadline(job, d);
-    } else if (!strcmp(a, "--segments") || !strcmp(a, "--segment-seconds")) {
+      break;
+    }
+    case O_SEGMENTS:
+    case O_SEGMENT_SECONDS: {
       /* passed on as given: the gateway checks the value and names the field */
       char *end;
       double d = strtod(v, &end);
@@ -690,17 +801,18 @@ static int cmd_submit(int argc, char **argv) {
         rc = usage_err("submit", "--segments / --segment-seconds need a number, got \"%s\"", v);
         goto out;
       }
-      if (a[10] == '\0')
+      if (given[i].c == O_SEGMENTS)
         spn_client_job_segments(job, d);
       else
         spn_client_job_segment_seconds(job, d);
-    } else if (!strcmp(a, "--idempotency-key")) {
+      break;
+    }
+    case O_IDEMPOTENCY_KEY:
       spn_client_job_idempotency_key(job, v);
-    } else {
-      rc = usage_err("submit", "unknown option %s", a);
+      break;
+    default:
       goto out;
     }
-    i++;
   }
   spn_client_t *cl;
   if (client_open(&co, "submit", &cl) < 0) {
@@ -725,28 +837,37 @@ static int cmd_submit(int argc, char **argv) {
   spn_client_free(&cl);
 out:
   spn_client_job_free(&job);
+  free(given);
   return rc;
 }
 
 /* status / watch / cancel: ID plus client options. */
 static int id_cmd(int argc, char **argv, const char *cmd, copts_t *co, int64_t *id) {
+  static const struct option opts[] = {CLIENT_OPTS, {"json", no_argument, NULL, O_JSON}, SPN_CLI_HELP_OPT, {0}};
   bool have = false;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+  spn_cli_getopt_t g = {.cmd = cmd};
+  for (int c; (c = spn_cli_next(&g, argc, argv, opts)) != SPN_CLI_END;) {
+    if (c == 'h') {
       printf("usage: spindle %s ID\n%s", cmd, client_opts_help);
       return EXIT_OK;
     }
-    int t = client_opt(co, argc, argv, &i);
-    if (t < 0)
-      return usage_err(cmd, "bad value for %s", argv[i]);
+    if (c == SPN_CLI_BAD)
+      return EXIT_USAGE;
+    int t = client_opt(co, cmd, c, g.arg);
+    if (t > 1)
+      return t;
     if (t)
       continue;
-    if (!strcmp(argv[i], "--json") && !strcmp(cmd, "status"))
+    if (c == O_JSON) {
+      if (strcmp(cmd, "status") != 0)
+        return usage_err(cmd, "unknown option '--json'%s", "");
       continue; /* status prints JSON either way; the flag is accepted for scripts */
+    }
     char *end;
-    long long v = strtoll(argv[i], &end, 10);
-    if (*end || end == argv[i] || v <= 0 || have)
-      return usage_err(cmd, "expected one job id, got \"%s\"", argv[i]);
+    errno = 0;
+    long long v = strtoll(g.arg, &end, 10);
+    if (*end || end == g.arg || errno || v <= 0 || have)
+      return usage_err(cmd, "expected one job id, got \"%s\"", g.arg);
     *id = v;
     have = true;
   }
@@ -832,27 +953,31 @@ static int cmd_jobs(int argc, char **argv) {
   copts_t co = {.o = SPN_CLIENT_OPTIONS_INIT};
   int32_t state = -1;
   uint32_t limit = 100;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+  static const struct option opts[] = {CLIENT_OPTS, REQ("state", O_STATE), REQ("limit", O_LIMIT), SPN_CLI_HELP_OPT,
+                                       {0}};
+  spn_cli_getopt_t g = {.cmd = "jobs"};
+  for (int c; (c = spn_cli_next(&g, argc, argv, opts)) != SPN_CLI_END;) {
+    const char *v = g.arg;
+    if (c == 'h') {
       printf("usage: spindle jobs [--state S] [--limit N]\n%s", client_opts_help);
       return EXIT_OK;
     }
-    int t = client_opt(&co, argc, argv, &i);
-    if (t < 0)
-      return usage_err("jobs", "bad value for %s", a);
+    if (c == SPN_CLI_BAD)
+      return EXIT_USAGE;
+    int t = client_opt(&co, "jobs", c, v);
+    if (t > 1)
+      return t;
     if (t)
       continue;
-    if (!strcmp(a, "--state") && v) {
+    if (c == O_STATE) {
       if ((state = spn_queue_state_parse(v)) < 0)
         return usage_err("jobs", "unknown state \"%s\"", v);
-    } else if (!strcmp(a, "--limit") && v) {
+    } else if (c == O_LIMIT) {
       if (!parse_u32(v, &limit) || limit == 0 || limit > 1000)
         return usage_err("jobs", "--limit needs 1-1000, got \"%s\"", v);
     } else {
-      return usage_err("jobs", "unknown option %s", a);
+      return usage_err("jobs", "unexpected argument \"%s\"", v);
     }
-    i++;
   }
   spn_client_t *cl;
   if (client_open(&co, "jobs", &cl) < 0)

@@ -487,21 +487,38 @@ static int verify_one(const entry_t *e, bool missing_ok) {
 }
 
 static int cmd_convert_ncnn(int argc, char **argv) {
-  if (argc != 3) {
-    fprintf(stderr, "usage: spindle model convert-ncnn MODEL.param MODEL.bin OUT.onnx\n");
+  static const char usage[] = "usage: spindle model convert-ncnn MODEL.param MODEL.bin OUT.onnx\n";
+  static const struct option opts[] = {SPN_CLI_HELP_OPT, {0}};
+  const char *files[3];
+  int nf = 0;
+  spn_cli_getopt_t g = {.cmd = "model convert-ncnn"};
+  for (int c; (c = spn_cli_next(&g, argc, argv, opts)) != SPN_CLI_END;) {
+    if (c == 'h') {
+      fputs(usage, stdout);
+      return 0;
+    }
+    if (c != SPN_CLI_ARG || nf == 3) {
+      if (c == SPN_CLI_ARG)
+        fputs(usage, stderr);
+      return 2;
+    }
+    files[nf++] = g.arg;
+  }
+  if (nf != 3) {
+    fputs(usage, stderr);
     return 2;
   }
   uint8_t *onnx = NULL;
   size_t n = 0;
   char msg[1024];
-  if (spn_ncnn_to_onnx(argv[0], argv[1], &onnx, &n, msg, sizeof msg)) {
+  if (spn_ncnn_to_onnx(files[0], files[1], &onnx, &n, msg, sizeof msg)) {
     fprintf(stderr, "spindle model: %s\n", msg);
     return 1;
   }
-  int rc = write_all(argv[2], onnx, n);
+  int rc = write_all(files[2], onnx, n);
   free(onnx);
   if (rc) {
-    fprintf(stderr, "spindle model: %s: cannot write\n", argv[2]);
+    fprintf(stderr, "spindle model: %s: cannot write\n", files[2]);
     return 1;
   }
   return 0;
@@ -510,7 +527,7 @@ static int cmd_convert_ncnn(int argc, char **argv) {
 int spn__cli_model_names(int argc, char **argv) {
   const char *sub = argv[0];
   if (!strcmp(sub, "convert-ncnn"))
-    return cmd_convert_ncnn(argc - 1, argv + 1);
+    return cmd_convert_ncnn(argc, argv);
   spn_toml_doc_t *doc = NULL;
   char mpath[4096];
   if (load_manifest(&doc, mpath, sizeof mpath))
@@ -519,15 +536,27 @@ int spn__cli_model_names(int argc, char **argv) {
   int rc = 0;
   bool force = false;
   int nnames = 0;
-  for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "--force") && !strcmp(sub, "fetch")) {
+  const char **names = calloc((size_t)argc, sizeof *names);
+  static const struct option fetch_opts[] = {{"force", no_argument, NULL, 'f'}, SPN_CLI_HELP_OPT, {0}};
+  static const struct option other_opts[] = {SPN_CLI_HELP_OPT, {0}};
+  char cmd[32];
+  snprintf(cmd, sizeof cmd, "model %s", sub);
+  spn_cli_getopt_t g = {.cmd = cmd};
+  if (!names) {
+    rc = 1;
+    goto out;
+  }
+  for (int c; (c = spn_cli_next(&g, argc, argv, !strcmp(sub, "fetch") ? fetch_opts : other_opts)) != SPN_CLI_END;) {
+    if (c == 'f') {
       force = true;
-    } else if (argv[i][0] == '-') {
-      fprintf(stderr, "spindle model %s: unknown option '%s'\n", sub, argv[i]);
-      rc = 2;
+    } else if (c == SPN_CLI_ARG) {
+      names[nnames++] = g.arg;
+    } else if (c == 'h') {
+      printf("usage: spindle model list | fetch NAME... [--force] | verify [NAME...] | path NAME\n");
       goto out;
     } else {
-      nnames++;
+      rc = 2;
+      goto out;
     }
   }
   if (!strcmp(sub, "list")) {
@@ -538,11 +567,9 @@ int spn__cli_model_names(int argc, char **argv) {
       rc = 2;
       goto out;
     }
-    for (int i = 1; i < argc; i++) {
-      if (argv[i][0] == '-')
-        continue;
+    for (int i = 0; i < nnames; i++) {
       entry_t e;
-      if (find_entry(root, argv[i], &e, mpath)) {
+      if (find_entry(root, names[i], &e, mpath)) {
         rc = 1;
         continue;
       }
@@ -567,6 +594,7 @@ int spn__cli_model_names(int argc, char **argv) {
     }
   }
 out:
+  free(names);
   spn_toml_doc_free(&doc);
   return rc;
 }

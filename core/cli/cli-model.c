@@ -178,44 +178,61 @@ static void print_shape(int ndim, const int64_t *s) {
   printf("]");
 }
 
-/* --device/--precision/--fallback/--no-graphs at argv[*i]: consumed (1), not one (0), or
- * missing its value (-1). */
-static int device_opt(int argc, char **argv, int *i, spn_model_opts_t *mo) {
-  const char *a = argv[*i];
-  if (!strcmp(a, "--no-graphs")) {
-    mo->no_graphs = 1;
-    return 1;
+enum { O_DEVICE = 256, O_PRECISION, O_FALLBACK, O_NO_GRAPHS, O_INPUT, O_OUTPUT_DIR, O_THREADS, O_REPEAT,
+       O_NO_FUSION, O_BATCH, O_ITERS, O_WARMUP, O_SIZE };
+#define DEVICE_OPTS                                                                                           \
+  {"device", required_argument, NULL, O_DEVICE}, {"precision", required_argument, NULL, O_PRECISION},         \
+      {"fallback", required_argument, NULL, O_FALLBACK}, {"no-graphs", no_argument, NULL, O_NO_GRAPHS}
+
+/* Take a DEVICE_OPTS option: true if c is one. */
+static bool device_opt(int c, const char *v, spn_model_opts_t *mo) {
+  switch (c) {
+  case O_DEVICE: mo->device = v; return true;
+  case O_PRECISION: mo->precision = v; return true;
+  case O_FALLBACK: mo->fallback = v; return true;
+  case O_NO_GRAPHS: mo->no_graphs = 1; return true;
+  default: return false;
   }
-  const char **dst = !strcmp(a, "--device") ? &mo->device : !strcmp(a, "--precision") ? &mo->precision
-                     : !strcmp(a, "--fallback") ? &mo->fallback : NULL;
-  if (!dst)
-    return 0;
-  if (*i + 1 >= argc) {
-    fprintf(stderr, "spindle model: %s needs a value\n", a);
-    return -1;
-  }
-  *dst = argv[++*i];
-  return 1;
 }
 
+/* A whole decimal integer in [lo, hi], or a usage message naming the option. */
+static bool int_opt(const spn_cli_getopt_t *g, long long lo, long long hi, long long *out) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(g->arg, &end, 10);
+  if (*end || end == g->arg || errno || v < lo || v > hi) {
+    fprintf(stderr, "spindle %s: --%s wants an integer in %lld..%lld, got '%s'\n", g->cmd, g->name, lo, hi, g->arg);
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+static const char inspect_usage[] =
+    "usage: spindle model inspect FILE.onnx [--device D] [--precision P] [--fallback cpu|error] [--no-graphs]\n";
+
 static int cmd_inspect(int argc, char **argv) {
+  static const struct option opts[] = {DEVICE_OPTS, SPN_CLI_HELP_OPT, {0}};
   spn_model_opts_t mo = SPN_MODEL_OPTS_INIT;
   const char *file = NULL;
-  for (int i = 0; i < argc; i++) {
-    int d = device_opt(argc, argv, &i, &mo);
-    if (d < 0)
+  spn_cli_getopt_t g = {.cmd = "model inspect"};
+  for (int c; (c = spn_cli_next(&g, argc, argv, opts)) != SPN_CLI_END;) {
+    if (c == 'h') {
+      fputs(inspect_usage, stdout);
+      return 0;
+    }
+    if (c == SPN_CLI_BAD)
       return 2;
-    if (d)
+    if (device_opt(c, g.arg, &mo))
       continue;
-    if (argv[i][0] != '-' && !file) {
-      file = argv[i];
-    } else {
-      fprintf(stderr, "usage: spindle model inspect FILE.onnx [--device D] [--precision P] [--fallback cpu|error] [--no-graphs]\n");
+    if (c != SPN_CLI_ARG || file) {
+      fprintf(stderr, "spindle model inspect: one model file only (also got '%s')\n", g.arg);
       return 2;
     }
+    file = g.arg;
   }
   if (!file) {
-    fprintf(stderr, "usage: spindle model inspect FILE.onnx [--device D] [--precision P] [--fallback cpu|error] [--no-graphs]\n");
+    fputs(inspect_usage, stderr);
     return 2;
   }
   spn_error_t err = SPN_ERROR_INIT;
@@ -282,43 +299,67 @@ static void safe_name(char *dst, size_t n, const char *src) {
     dst[0] = '_';
 }
 
+static const char run_usage[] =
+    "usage: spindle model run FILE.onnx --input NAME=in.npy ... --output-dir DIR [--threads N] [--repeat N] "
+    "[--no-fusion] [--device D] [--precision P] [--fallback cpu|error] [--no-graphs]\n";
+
 static int cmd_run(int argc, char **argv) {
+  static const struct option cli_opts[] = {DEVICE_OPTS,
+                                       {"input", required_argument, NULL, O_INPUT},
+                                       {"output-dir", required_argument, NULL, O_OUTPUT_DIR},
+                                       {"threads", required_argument, NULL, O_THREADS},
+                                       {"repeat", required_argument, NULL, O_REPEAT},
+                                       {"no-fusion", no_argument, NULL, O_NO_FUSION},
+                                       SPN_CLI_HELP_OPT,
+                                       {0}};
   const char *file = NULL, *outdir = NULL;
   const char *in_names[64], *in_paths[64];
   int n_given = 0, threads = 0, repeat = 1, no_fusion = 0;
   spn_model_opts_t mo = SPN_MODEL_OPTS_INIT;
-  for (int i = 0; i < argc; i++) {
-    int d = device_opt(argc, argv, &i, &mo);
-    if (d < 0)
-      return 2;
-    if (d)
+  spn_cli_getopt_t g = {.cmd = "model run"};
+  for (int c; (c = spn_cli_next(&g, argc, argv, cli_opts)) != SPN_CLI_END;) {
+    long long n;
+    if (device_opt(c, g.arg, &mo))
       continue;
-    if (!strcmp(argv[i], "--input") && i + 1 < argc) {
-      char *eq = strchr(argv[++i], '=');
-      if (!eq || n_given == 64) {
-        fprintf(stderr, "spindle model: --input wants NAME=FILE.npy\n");
+    switch (c) {
+    case 'h':
+      fputs(run_usage, stdout);
+      return 0;
+    case O_INPUT: {
+      char *eq = strchr(g.arg, '=');
+      if (!eq || eq == g.arg || n_given == 64) {
+        fprintf(stderr, "spindle model run: --input wants NAME=FILE.npy (at most 64), got '%s'\n", g.arg);
         return 2;
       }
-      *eq = 0;
-      in_names[n_given] = argv[i];
+      *eq = 0; /* g.arg points into argv */
+      in_names[n_given] = g.arg;
       in_paths[n_given++] = eq + 1;
-    } else if (!strcmp(argv[i], "--output-dir") && i + 1 < argc) {
-      outdir = argv[++i];
-    } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-      threads = atoi(argv[++i]);
-    } else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) {
-      repeat = atoi(argv[++i]);
-    } else if (!strcmp(argv[i], "--no-fusion")) {
-      no_fusion = 1;
-    } else if (argv[i][0] != '-' && !file) {
-      file = argv[i];
-    } else {
-      fprintf(stderr, "spindle model: unknown argument '%s'\n", argv[i]);
-      return 2;
+      break;
+    }
+    case O_OUTPUT_DIR: outdir = g.arg; break;
+    case O_THREADS:
+      if (!int_opt(&g, 0, 4096, &n))
+        return 2;
+      threads = (int)n;
+      break;
+    case O_REPEAT:
+      if (!int_opt(&g, 1, 1000000, &n))
+        return 2;
+      repeat = (int)n;
+      break;
+    case O_NO_FUSION: no_fusion = 1; break;
+    case SPN_CLI_ARG:
+      if (file) {
+        fprintf(stderr, "spindle model run: one model file only (also got '%s')\n", g.arg);
+        return 2;
+      }
+      file = g.arg;
+      break;
+    default: return 2;
     }
   }
-  if (!file || !outdir || threads < 0 || repeat < 1) {
-    fprintf(stderr, "usage: spindle model run FILE.onnx --input NAME=in.npy ... --output-dir DIR [--threads N] [--repeat N] [--no-fusion] [--device D] [--precision P] [--fallback cpu|error] [--no-graphs]\n");
+  if (!file || !outdir) {
+    fputs(run_usage, stderr);
     return 2;
   }
   spn_error_t err = SPN_ERROR_INIT;
@@ -434,40 +475,71 @@ static int parse_batches(const char *s, int64_t *b, int max) {
   return n;
 }
 
+static const char bench_usage[] =
+    "usage: spindle model bench FILE.onnx [--batch 1,32,128] [--size N] [--iters N] [--warmup N] [--threads N] "
+    "[--device D] [--precision P] [--fallback cpu|error] [--no-graphs]\n";
+
 static int cmd_bench(int argc, char **argv) {
+  static const struct option cli_opts[] = {DEVICE_OPTS,
+                                       {"batch", required_argument, NULL, O_BATCH},
+                                       {"iters", required_argument, NULL, O_ITERS},
+                                       {"warmup", required_argument, NULL, O_WARMUP},
+                                       {"threads", required_argument, NULL, O_THREADS},
+                                       {"size", required_argument, NULL, O_SIZE},
+                                       SPN_CLI_HELP_OPT,
+                                       {0}};
   const char *file = NULL;
   int64_t batches[16] = {1};
   int nb = 1, iters = 20, warmup = 3, threads = 0;
   int64_t size = 64;
   spn_model_opts_t mo = SPN_MODEL_OPTS_INIT;
-  for (int i = 0; i < argc; i++) {
-    int d = device_opt(argc, argv, &i, &mo);
-    if (d < 0)
-      return 2;
-    if (d)
+  spn_cli_getopt_t g = {.cmd = "model bench"};
+  for (int c; (c = spn_cli_next(&g, argc, argv, cli_opts)) != SPN_CLI_END;) {
+    long long n;
+    if (device_opt(c, g.arg, &mo))
       continue;
-    if (!strcmp(argv[i], "--batch") && i + 1 < argc) {
-      if ((nb = parse_batches(argv[++i], batches, 16)) < 1) {
-        fprintf(stderr, "spindle model: --batch wants sizes like 1,32,128\n");
+    switch (c) {
+    case 'h':
+      fputs(bench_usage, stdout);
+      return 0;
+    case O_BATCH:
+      if ((nb = parse_batches(g.arg, batches, 16)) < 1) {
+        fprintf(stderr, "spindle model bench: --batch wants sizes like 1,32,128, got '%s'\n", g.arg);
         return 2;
       }
-    } else if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
-      iters = atoi(argv[++i]);
-    } else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) {
-      warmup = atoi(argv[++i]);
-    } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-      threads = atoi(argv[++i]);
-    } else if (!strcmp(argv[i], "--size") && i + 1 < argc) {
-      size = atoll(argv[++i]);
-    } else if (argv[i][0] != '-' && !file) {
-      file = argv[i];
-    } else {
-      fprintf(stderr, "spindle model: unknown argument '%s'\n", argv[i]);
-      return 2;
+      break;
+    case O_ITERS:
+      if (!int_opt(&g, 1, 100000, &n))
+        return 2;
+      iters = (int)n;
+      break;
+    case O_WARMUP:
+      if (!int_opt(&g, 0, 100000, &n))
+        return 2;
+      warmup = (int)n;
+      break;
+    case O_THREADS:
+      if (!int_opt(&g, 0, 4096, &n))
+        return 2;
+      threads = (int)n;
+      break;
+    case O_SIZE:
+      if (!int_opt(&g, 1, 1 << 16, &n))
+        return 2;
+      size = n;
+      break;
+    case SPN_CLI_ARG:
+      if (file) {
+        fprintf(stderr, "spindle model bench: one model file only (also got '%s')\n", g.arg);
+        return 2;
+      }
+      file = g.arg;
+      break;
+    default: return 2;
     }
   }
-  if (!file || iters < 1 || iters > 100000 || warmup < 0 || threads < 0 || size < 1 || size > 1 << 16) {
-    fprintf(stderr, "usage: spindle model bench FILE.onnx [--batch 1,32,128] [--size N] [--iters N] [--warmup N] [--threads N] [--device D] [--precision P] [--fallback cpu|error] [--no-graphs]\n");
+  if (!file) {
+    fputs(bench_usage, stderr);
     return 2;
   }
   spn_error_t err = SPN_ERROR_INIT;
@@ -562,12 +634,13 @@ int spn_cli_model(int argc, char **argv) {
             "DEVICE OPTIONS: --device cpu|cpu:N|cuda:N  --precision fp32|tf32|fp16  --fallback cpu|error\n");
     return argc < 2 ? 2 : 0;
   }
+  /* argv[0] of each is its verb */
   if (!strcmp(argv[1], "inspect"))
-    return cmd_inspect(argc - 2, argv + 2);
+    return cmd_inspect(argc - 1, argv + 1);
   if (!strcmp(argv[1], "run"))
-    return cmd_run(argc - 2, argv + 2);
+    return cmd_run(argc - 1, argv + 1);
   if (!strcmp(argv[1], "bench"))
-    return cmd_bench(argc - 2, argv + 2);
+    return cmd_bench(argc - 1, argv + 1);
   /* models by name (cli-model-fetch.c) */
   static const char *const by_name[] = {"list", "fetch", "verify", "path", "convert-ncnn"};
   for (size_t i = 0; i < sizeof by_name / sizeof by_name[0]; i++)

@@ -28,8 +28,34 @@ int spn__cli_model_names(int argc, char **argv);
 
 /* ---- shared by the subcommands (cli-common.c) ---- */
 
+#include <getopt.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include "spindle/runtime.h"
+
+/* Option parsing: every subcommand reads its argv with getopt_long through
+ * spn_cli_next, so `--name value`, `--name=value`, unambiguous prefixes and
+ * `--` behave the same everywhere, and mistakes get one message shape:
+ *   spindle CMD: unknown option '--x' (see 'spindle CMD --help')
+ *   spindle CMD: option '--x' needs a value
+ * Each table ends with SPN_CLI_HELP_OPT and a zero entry. getopt's state is
+ * process-wide: parse one argv at a time, on the main thread. */
+#define SPN_CLI_HELP_OPT {"help", no_argument, NULL, 'h'}
+enum {
+  SPN_CLI_END = -1, /* no more arguments */
+  SPN_CLI_BAD = -2, /* a usage error, already printed: exit 2 */
+  SPN_CLI_ARG = 1,  /* a positional argument, in g->arg (in command-line order) */
+};
+typedef struct spn_cli_getopt {
+  const char *cmd;  /* for messages, e.g. "serve" or "model run" */
+  const char *arg;  /* the option's value or the positional argument */
+  const char *name; /* the option as written (for messages about its value) */
+  bool started;
+  int rest; /* after "--": the next argv index to hand out as a positional */
+} spn_cli_getopt_t;
+/* The next option's val (or 'h', SPN_CLI_ARG, SPN_CLI_END, SPN_CLI_BAD).
+ * argv[0] is the subcommand; parsing starts at argv[1]. */
+int spn_cli_next(spn_cli_getopt_t *g, int argc, char **argv, const struct option *opts);
 
 /* Options every pipeline command takes. Strings point into argv. */
 typedef struct spn_cli_opts {
