@@ -1,13 +1,17 @@
 /* test-harness.c — every built-in stage kind driven by spindle/harness.h on
  * the real runtime, through the public API only (this program links
  * libspindle as a stage author's test would). Each test pushes messages
- * into one stage and checks what it emitted, how its jobs ended and that
- * end of stream came through; a stage whose plugin is not built (its
- * folder's variable unset) is skipped.
+ * into one stage and checks what it emitted against what it should be, how
+ * its jobs ended and that end of stream came through, and gives it one bad
+ * input (a malformed item, a missing file, a key out of range) that must be
+ * refused with a message naming it; a stage whose plugin is not built (its
+ * folder's variable unset) is skipped. The last test loads every built-in
+ * plugin and fails on a kind that none of these tests drives.
  *
  * Plugin folders come from SPINDLE_UTIL_STAGE_DIR, SPINDLE_VISION_STAGE_DIR,
  * SPINDLE_MEDIA_STAGE_DIR, SPINDLE_LIPSYNC_STAGE_DIR; the example from
  * SPINDLE_EXAMPLE_PLUGIN; sample media under SPINDLE_SOURCE_ROOT. */
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +24,7 @@
 #include <cmocka.h>
 
 #include "spindle/harness.h"
+#include "spindle/runtime.h"
 #include "../../stages/util/pattern.h" /* synth's frames, byte for byte */
 
 /* ---- helpers ------------------------------------------------------------------ */
@@ -752,6 +757,61 @@ static void lipsync_leaves_a_frame_without_faces_untouched(void **state) {
   unlink(model);
 }
 
+/* ---- coverage -------------------------------------------------------------------- */
+
+/* The kinds the tests above drive. A kind registered by a built-in plugin
+ * and missing here fails the next test: a new stage comes with its test. */
+static const char *const k_tested_kinds[] = {"synth",   "passthrough", "tee",        "cost",   "check",
+                                             "filesink", "superres",   "facedetect", "metasink", "decode",
+                                             "encode",  "encode_av",   "convert",    "melspec", "lipsync"};
+
+static void every_built_in_kind_is_driven_here(void **state) {
+  (void)state;
+  static const char *const envs[] = {"SPINDLE_UTIL_STAGE_DIR", "SPINDLE_VISION_STAGE_DIR", "SPINDLE_MEDIA_STAGE_DIR",
+                                     "SPINDLE_LIPSYNC_STAGE_DIR"};
+  spn_runtime_opts_t ro = SPN_RUNTIME_OPTS_INIT;
+  ro.log_level = SPN_LOG_ERROR;
+  spn_runtime_t *rt = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_runtime_new(&ro, &rt, &err), SPN_OK);
+  int plugins = 0;
+  for (size_t e = 0; e < sizeof envs / sizeof *envs; e++) {
+    const char *dir = getenv(envs[e]);
+    DIR *d = dir && *dir ? opendir(dir) : NULL;
+    for (struct dirent *de; d && (de = readdir(d));) {
+      size_t n = strlen(de->d_name);
+      if (strncmp(de->d_name, "libspindle-", 11) || n < 4 || strcmp(de->d_name + n - 3, ".so"))
+        continue;
+      char path[1024];
+      snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+      if (spn_runtime_load_plugin(rt, path, &err) != SPN_OK)
+        fail_msg("%s: %s", path, err.msg);
+      plugins++;
+    }
+    if (d)
+      closedir(d);
+  }
+  if (!plugins) {
+    spn_runtime_free(&rt);
+    skip();
+  }
+  size_t kinds = 0;
+  for (size_t i = 0; i < spn_runtime_kind_count(rt); i++) {
+    const char *file = NULL;
+    const spn_stage_kind_t *k = spn_runtime_kind_at(rt, i, &file);
+    if (!file)
+      continue; /* the runtime's own */
+    bool found = false;
+    for (size_t t = 0; t < sizeof k_tested_kinds / sizeof *k_tested_kinds; t++)
+      found |= !strcmp(k->name, k_tested_kinds[t]);
+    if (!found)
+      fail_msg("kind \"%s\" of %s has no harness test in test-harness.c", k->name, file);
+    kinds++;
+  }
+  assert_true(kinds >= (size_t)plugins);
+  spn_runtime_free(&rt);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(invert_maps_every_frame_and_fails_only_the_bad_job),
@@ -771,6 +831,7 @@ int main(void) {
       cmocka_unit_test(convert_swaps_rgb_into_bgr),
       cmocka_unit_test(melspec_cuts_a_wav_into_mel_chunks),
       cmocka_unit_test(lipsync_leaves_a_frame_without_faces_untouched),
+      cmocka_unit_test(every_built_in_kind_is_driven_here),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
