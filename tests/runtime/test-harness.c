@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -233,11 +234,12 @@ static void synth_generates_the_frames_a_job_asks_for(void **state) {
   (void)state;
   char p[512];
   spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "synth", p, sizeof p), "synth",
-                               "width = 8\nheight = 6");
+                               "width = 8\nheight = 6\nfps = 10");
   if (!h)
     skip();
   spn_error_t err = SPN_ERROR_INIT;
   assert_int_equal(spn_harness_job_set(h, 3, "frames=4", &err), SPN_OK);
+  assert_int_equal(spn_harness_job_set(h, 5, "frames=0", &err), SPN_OK);
   run(h);
   expect_ok(h, 3);
   assert_int_equal(spn_harness_output_len(h, 3, 0), 4);
@@ -250,8 +252,14 @@ static void synth_generates_the_frames_a_job_asks_for(void **state) {
     assert_int_equal(t.shape[1], 8);
     assert_int_equal(t.shape[2], 3);
     assert_int_equal(spn_synth_verify(px, 3, i, 8, 6, 3), -1); /* the pattern of (job 3, seq i) */
+    const spn_envelope_t *env = spn_harness_host(h)->msg_envelope(m);
+    assert_int_equal(env->total, 4); /* progress is known from the first frame */
+    assert_true(env->pts == (double)i / 10.0);
   }
   assert_true(spn_harness_output_eos(h, 3, 0));
+  expect_ok(h, 5); /* zero frames: end of stream at once */
+  assert_int_equal(spn_harness_output_len(h, 5, 0), 0);
+  assert_true(spn_harness_output_eos(h, 5, 0));
   /* A job asking for a negative count is refused before it starts, naming the key. */
   assert_int_equal(spn_harness_job_set(h, 4, "frames=-1", &err), SPN_OK);
   assert_int_not_equal(spn_harness_run(h, &err), SPN_OK);
@@ -291,8 +299,13 @@ static void tee_sends_every_message_to_both_ports(void **state) {
   if (!h)
     skip();
   assert_int_equal(spn_harness_output_count(h), 2);
-  for (uint64_t s = 0; s < 2; s++)
-    push(h, 1, 0, frame_msg(h, s, 2, 2, 0));
+  for (uint64_t s = 0; s < 2; s++) {
+    spn_msg_t *m = frame_msg(h, s, 2, 2, 0);
+    spn_error_t err = SPN_ERROR_INIT;
+    if (s == 0) /* a meta item travels too, to both ports */
+      assert_int_equal(spn_harness_host(h)->msg_add_meta(m, "tag", "abc", 3, &err), SPN_OK);
+    push(h, 1, 0, m);
+  }
   run(h);
   expect_ok(h, 1);
   for (uint32_t q = 0; q < 2; q++) {
@@ -303,6 +316,18 @@ static void tee_sends_every_message_to_both_ports(void **state) {
   out_tensor(h, spn_harness_output(h, 1, 0, 1), "frame", &a);
   out_tensor(h, spn_harness_output(h, 1, 1, 1), "frame", &b);
   assert_ptr_equal(a, b); /* one buffer, two references */
+  const spn_host_api_t *host = spn_harness_host(h);
+  for (uint32_t q = 0; q < 2; q++) {
+    const spn_msg_t *m = spn_harness_output(h, 1, q, 0);
+    assert_int_equal(seq_of(h, m), 0);
+    assert_int_equal(seq_of(h, spn_harness_output(h, 1, q, 1)), 1);
+    spn_item_t it = {.struct_size = sizeof it};
+    int64_t ti = host->msg_find(m, "tag");
+    assert_true(ti >= 0);
+    assert_int_equal(host->msg_item(m, (size_t)ti, &it), SPN_OK);
+    assert_int_equal(it.meta_size, 3);
+    assert_memory_equal(it.meta, "abc", 3);
+  }
   uint8_t want[12];
   frame_bytes(want, sizeof want, 0);
   assert_memory_equal(a, want, sizeof want);
@@ -310,15 +335,23 @@ static void tee_sends_every_message_to_both_ports(void **state) {
   expect_refused(p, "tee", "copies = 3", "copies");
 }
 
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 static void cost_forwards_after_its_delay(void **state) {
   (void)state;
   char p[512];
-  spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "cost", p, sizeof p), "cost", "us = 100");
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "cost", p, sizeof p), "cost", "us = 5000");
   if (!h)
     skip();
   push(h, 1, 0, frame_msg(h, 0, 2, 2, 4));
   push(h, 1, 0, frame_msg(h, 1, 2, 2, 5));
+  double t0 = now_s();
   run(h);
+  assert_true(now_s() - t0 >= 2 * 5000e-6); /* a floor, never a ceiling */
   expect_ok(h, 1);
   assert_int_equal(spn_harness_output_len(h, 1, 0), 2);
   for (size_t i = 0; i < 2; i++) { /* forwarded unchanged, in order */
@@ -349,7 +382,43 @@ static void check_fails_a_job_that_ends_short(void **state) {
   assert_int_equal(spn_harness_job_set(h, 2, "expect_frames=5", &err), SPN_OK);
   run(h);
   expect_ok(h, 1);
-  expect_failure(h, 2, "5");
+  expect_failure(h, 2, "end of stream after 3 frames, expected 5");
+  spn_harness_free(&h);
+}
+
+/* A (2,8,3) frame of synth's pattern for (job, seq), one byte flipped if flip >= 0. */
+static spn_msg_t *pattern_msg(spn_harness_t *h, uint64_t job, uint64_t seq, int flip) {
+  spn_msg_t *m = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_msg_new(h, seq, &m, &err), SPN_OK);
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = SPN_DTYPE_U8, t.ndim = 3, t.shape[0] = 2, t.shape[1] = 8, t.shape[2] = 3;
+  uint8_t px[48];
+  spn_synth_fill(px, job, seq, 8, 2, 3);
+  if (flip >= 0)
+    px[flip] ^= 1;
+  assert_int_equal(spn_harness_add_tensor(h, m, "frame", &t, px, &err), SPN_OK);
+  return m;
+}
+
+static void check_verifies_the_pattern_and_the_order(void **state) {
+  (void)state;
+  char p[512];
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "check", p, sizeof p), "check",
+                               "verify_pattern = true");
+  if (!h)
+    skip();
+  for (uint64_t s = 0; s < 3; s++) {
+    push(h, 1, 0, pattern_msg(h, 1, s, -1));              /* job 1: whole */
+    push(h, 2, 0, pattern_msg(h, 2, s, s == 2 ? 7 : -1)); /* job 2: a byte of its last frame flipped */
+    push(h, 3, 0, pattern_msg(h, 3, s == 2 ? 3 : s, -1)); /* job 3: seq 0, 1, 3 */
+    push(h, 4, 0, pattern_msg(h, 4, s == 2 ? 1 : s, -1)); /* job 4: seq 0, 1, 1 */
+  }
+  run(h);
+  expect_ok(h, 1);
+  expect_failure(h, 2, "seq 2: frame byte 7 differs from the synth pattern");
+  expect_failure(h, 3, "job 3: expected seq 2, got 3 (gap)");
+  expect_failure(h, 4, "expected seq 2, got 1 (repeated or out of order)");
   spn_harness_free(&h);
 }
 
@@ -382,6 +451,16 @@ static void filesink_writes_each_jobs_frames(void **state) {
   fclose(fp);
   expect_failure(h, 2, "/nonexistent-dir/out.raw");
   unlink(out);
+  /* A gap in seq fails the job naming the file, and leaves no file. */
+  assert_int_equal(spn_harness_job_set(h, 3, set, &err), SPN_OK);
+  push(h, 3, 0, frame_msg(h, 0, 4, 5, 0));
+  push(h, 3, 0, frame_msg(h, 2, 4, 5, 0));
+  /* Without a path nothing is written and the job succeeds. */
+  push(h, 4, 0, frame_msg(h, 0, 4, 5, 0));
+  run(h);
+  expect_failure(h, 3, out);
+  assert_int_equal(file_size(out), -1);
+  expect_ok(h, 4);
   spn_harness_free(&h);
 }
 
@@ -821,6 +900,7 @@ int main(void) {
       cmocka_unit_test(tee_sends_every_message_to_both_ports),
       cmocka_unit_test(cost_forwards_after_its_delay),
       cmocka_unit_test(check_fails_a_job_that_ends_short),
+      cmocka_unit_test(check_verifies_the_pattern_and_the_order),
       cmocka_unit_test(filesink_writes_each_jobs_frames),
       cmocka_unit_test(superres_doubles_the_frame_and_its_face_boxes),
       cmocka_unit_test(facedetect_finds_no_face_on_a_flat_frame),
