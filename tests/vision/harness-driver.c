@@ -145,7 +145,7 @@ int main(int argc, char **argv) {
   char config[8192];
   int used = snprintf(config, sizeof config, "batching = { max_batch = %d }\n", atoi(argv[5]));
   int a = 7;
-  for (; a < argc && strcmp(argv[a], "--"); a++)
+  for (; a < argc && strcmp(argv[a], "--") && used < (int)sizeof config; a++)
     used += snprintf(config + used, sizeof config - (size_t)used, "%s\n", argv[a]);
   if (a == argc || used >= (int)sizeof config) {
     fprintf(stderr, "no \"--\" or config too long\n");
