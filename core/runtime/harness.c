@@ -328,6 +328,12 @@ int32_t spn_harness_msg_new(spn_harness_t *h, uint64_t seq, spn_msg_t **out, spn
   return spn__msg_new(&env, out, err);
 }
 
+void spn_harness_msg_set_pts(spn_harness_t *h, spn_msg_t *msg, double pts) {
+  (void)h;
+  SPN_ASSERT(msg);
+  msg->env.pts = pts;
+}
+
 int32_t spn_harness_add_tensor(spn_harness_t *h, spn_msg_t *msg, const char *name, const spn_tensor_t *t,
                                const void *data, spn_error_t *err) {
   if (!h || !msg || !name || !t || !data)

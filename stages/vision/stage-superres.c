@@ -89,6 +89,7 @@ typedef struct sr_state {
   bool faces_only;   /* region = "faces" */
   double margin;     /* face_margin */
   float feather;     /* feather, output pixels */
+  int32_t runs;      /* engine runs for the current frame (logged at debug) */
 } sr_state_t;
 
 /* The embedded espcn-x2: installed under share/spindle/models, or the source
@@ -172,6 +173,7 @@ static int32_t run_tile(void *user, const float *in, int32_t c, int32_t h, int32
   to.shape[3] = (int64_t)w * st->tp.scale;
   ti.data = (void *)in;
   to.data = out;
+  st->runs++;
   return spn_stage_host(st->stage)->model_run(st->stage, st->model, &ti, 1, &to, 1, err);
 }
 
@@ -268,6 +270,7 @@ static int32_t sr_frame(spn_stage_t *stage, void *state, const spn_msg_t *msg, c
   const spn_host_api_t *h = spn_stage_host(stage);
   int32_t H = (int32_t)t->shape[0], W = (int32_t)t->shape[1], s = st->tp.scale, rc;
   spn_image_t src = SPN_IMAGE_INIT, dst = SPN_IMAGE_INIT;
+  st->runs = 0;
   if ((rc = spn_image_wrap(&src, t->data, W, H, SPN_PIXFMT_RGB24, err)) != SPN_OK ||
       (rc = spn_image_wrap(&dst, out->data, W * s, H * s, SPN_PIXFMT_RGB24, err)) != SPN_OK)
     return rc;
@@ -286,6 +289,9 @@ static int32_t sr_frame(spn_stage_t *stage, void *state, const spn_msg_t *msg, c
   }
   if (rc != SPN_OK)
     spn_error_prefix(err, "superres: frame %llu", (unsigned long long)h->msg_envelope(msg)->seq);
+  else /* how much of the frame the model saw: the tiles of the frame or of its faces */
+    h->log(stage, h->msg_envelope(msg)->job_id, SPN_LOG_DEBUG, "superres: frame %llu: %d model runs",
+           (unsigned long long)h->msg_envelope(msg)->seq, st->runs);
   return rc;
 }
 

@@ -1,13 +1,17 @@
 /* test-harness.c — every built-in stage kind driven by spindle/harness.h on
  * the real runtime, through the public API only (this program links
  * libspindle as a stage author's test would). Each test pushes messages
- * into one stage and checks what it emitted, how its jobs ended and that
- * end of stream came through; a stage whose plugin is not built (its
- * folder's variable unset) is skipped.
+ * into one stage and checks what it emitted against what it should be, how
+ * its jobs ended and that end of stream came through, and gives it one bad
+ * input (a malformed item, a missing file, a key out of range) that must be
+ * refused with a message naming it; a stage whose plugin is not built (its
+ * folder's variable unset) is skipped. The last test loads every built-in
+ * plugin and fails on a kind that none of these tests drives.
  *
  * Plugin folders come from SPINDLE_UTIL_STAGE_DIR, SPINDLE_VISION_STAGE_DIR,
  * SPINDLE_MEDIA_STAGE_DIR, SPINDLE_LIPSYNC_STAGE_DIR; the example from
  * SPINDLE_EXAMPLE_PLUGIN; sample media under SPINDLE_SOURCE_ROOT. */
+#include <dirent.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,10 +20,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
 
 #include "spindle/harness.h"
+#include "spindle/runtime.h"
+#include "../../stages/util/pattern.h" /* synth's frames, byte for byte */
 
 /* ---- helpers ------------------------------------------------------------------ */
 
@@ -103,6 +110,44 @@ static spn_tensor_t out_tensor(spn_harness_t *h, const spn_msg_t *m, const char 
   if (data)
     *data = host->buffer_data(it.buffer);
   return it.tensor;
+}
+
+/* A config the kind refuses: spn_harness_new fails and says `needle`. */
+static void expect_refused(const char *plugin, const char *kind, const char *config, const char *needle) {
+  if (!plugin)
+    return;
+  spn_harness_opts_t o = SPN_HARNESS_OPTS_INIT;
+  o.plugin = plugin;
+  o.kind = kind;
+  o.config = config;
+  spn_harness_t *h = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_not_equal(spn_harness_new(&o, &h, &err), SPN_OK);
+  assert_null(h);
+  if (!strstr(err.msg, needle))
+    fail_msg("%s with \"%s\" refused with \"%s\", expected it to say \"%s\"", kind, config, err.msg, needle);
+}
+
+/* A message whose only item is a tensor `name` of dtype/shape, zero-filled. */
+static spn_msg_t *tensor_msg(spn_harness_t *h, uint64_t seq, const char *name, int32_t dtype, int32_t ndim,
+                             const int64_t *shape) {
+  spn_msg_t *m = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_msg_new(h, seq, &m, &err), SPN_OK);
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = dtype, t.ndim = ndim;
+  for (int32_t d = 0; d < ndim; d++)
+    t.shape[d] = shape[d];
+  void *z = calloc(1, spn_tensor_nbytes(&t) + 1);
+  assert_int_equal(spn_harness_add_tensor(h, m, name, &t, z, &err), SPN_OK);
+  free(z);
+  return m;
+}
+
+/* The bytes of frame_msg(h, seq, H, W, salt), to compare outputs with. */
+static void frame_bytes(uint8_t *px, size_t n, uint8_t salt) {
+  for (size_t i = 0; i < n; i++)
+    px[i] = (uint8_t)(i * 7 + salt);
 }
 
 static uint64_t seq_of(spn_harness_t *h, const spn_msg_t *m) { return spn_harness_host(h)->msg_envelope(m)->seq; }
@@ -189,23 +234,38 @@ static void synth_generates_the_frames_a_job_asks_for(void **state) {
   (void)state;
   char p[512];
   spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "synth", p, sizeof p), "synth",
-                               "width = 8\nheight = 6");
+                               "width = 8\nheight = 6\nfps = 10");
   if (!h)
     skip();
   spn_error_t err = SPN_ERROR_INIT;
   assert_int_equal(spn_harness_job_set(h, 3, "frames=4", &err), SPN_OK);
+  assert_int_equal(spn_harness_job_set(h, 5, "frames=0", &err), SPN_OK);
   run(h);
   expect_ok(h, 3);
   assert_int_equal(spn_harness_output_len(h, 3, 0), 4);
   for (size_t i = 0; i < 4; i++) {
     const spn_msg_t *m = spn_harness_output(h, 3, 0, i);
     assert_int_equal(seq_of(h, m), i);
-    spn_tensor_t t = out_tensor(h, m, "frame", NULL);
+    const uint8_t *px;
+    spn_tensor_t t = out_tensor(h, m, "frame", &px);
     assert_int_equal(t.shape[0], 6);
     assert_int_equal(t.shape[1], 8);
+    assert_int_equal(t.shape[2], 3);
+    assert_int_equal(spn_synth_verify(px, 3, i, 8, 6, 3), -1); /* the pattern of (job 3, seq i) */
+    const spn_envelope_t *env = spn_harness_host(h)->msg_envelope(m);
+    assert_int_equal(env->total, 4); /* progress is known from the first frame */
+    assert_true(env->pts == (double)i / 10.0);
   }
   assert_true(spn_harness_output_eos(h, 3, 0));
+  expect_ok(h, 5); /* zero frames: end of stream at once */
+  assert_int_equal(spn_harness_output_len(h, 5, 0), 0);
+  assert_true(spn_harness_output_eos(h, 5, 0));
+  /* A job asking for a negative count is refused before it starts, naming the key. */
+  assert_int_equal(spn_harness_job_set(h, 4, "frames=-1", &err), SPN_OK);
+  assert_int_not_equal(spn_harness_run(h, &err), SPN_OK);
+  assert_non_null(strstr(err.msg, "frames"));
   spn_harness_free(&h);
+  expect_refused(p, "synth", "format = \"yuv9\"", "yuv9");
 }
 
 static void passthrough_forwards_the_same_buffers(void **state) {
@@ -219,11 +279,17 @@ static void passthrough_forwards_the_same_buffers(void **state) {
   run(h);
   expect_ok(h, 1);
   assert_int_equal(spn_harness_output_len(h, 1, 0), 3);
-  const uint8_t *px;
-  out_tensor(h, spn_harness_output(h, 1, 0, 2), "frame", &px);
-  assert_int_equal(px[0], 3);
+  for (size_t i = 0; i < 3; i++) {
+    const uint8_t *px;
+    uint8_t want[12];
+    out_tensor(h, spn_harness_output(h, 1, 0, i), "frame", &px);
+    frame_bytes(want, sizeof want, (uint8_t)(i + 1));
+    assert_memory_equal(px, want, sizeof want);
+    assert_int_equal(seq_of(h, spn_harness_output(h, 1, 0, i)), i);
+  }
   assert_true(spn_harness_output_eos(h, 1, 0));
   spn_harness_free(&h);
+  expect_refused(p, "passthrough", "speed = 2", "speed"); /* it has no config: any key is refused */
 }
 
 static void tee_sends_every_message_to_both_ports(void **state) {
@@ -233,8 +299,13 @@ static void tee_sends_every_message_to_both_ports(void **state) {
   if (!h)
     skip();
   assert_int_equal(spn_harness_output_count(h), 2);
-  for (uint64_t s = 0; s < 2; s++)
-    push(h, 1, 0, frame_msg(h, s, 2, 2, 0));
+  for (uint64_t s = 0; s < 2; s++) {
+    spn_msg_t *m = frame_msg(h, s, 2, 2, 0);
+    spn_error_t err = SPN_ERROR_INIT;
+    if (s == 0) /* a meta item travels too, to both ports */
+      assert_int_equal(spn_harness_host(h)->msg_add_meta(m, "tag", "abc", 3, &err), SPN_OK);
+    push(h, 1, 0, m);
+  }
   run(h);
   expect_ok(h, 1);
   for (uint32_t q = 0; q < 2; q++) {
@@ -245,20 +316,54 @@ static void tee_sends_every_message_to_both_ports(void **state) {
   out_tensor(h, spn_harness_output(h, 1, 0, 1), "frame", &a);
   out_tensor(h, spn_harness_output(h, 1, 1, 1), "frame", &b);
   assert_ptr_equal(a, b); /* one buffer, two references */
+  const spn_host_api_t *host = spn_harness_host(h);
+  for (uint32_t q = 0; q < 2; q++) {
+    const spn_msg_t *m = spn_harness_output(h, 1, q, 0);
+    assert_int_equal(seq_of(h, m), 0);
+    assert_int_equal(seq_of(h, spn_harness_output(h, 1, q, 1)), 1);
+    spn_item_t it = {.struct_size = sizeof it};
+    int64_t ti = host->msg_find(m, "tag");
+    assert_true(ti >= 0);
+    assert_int_equal(host->msg_item(m, (size_t)ti, &it), SPN_OK);
+    assert_int_equal(it.meta_size, 3);
+    assert_memory_equal(it.meta, "abc", 3);
+  }
+  uint8_t want[12];
+  frame_bytes(want, sizeof want, 0);
+  assert_memory_equal(a, want, sizeof want);
   spn_harness_free(&h);
+  expect_refused(p, "tee", "copies = 3", "copies");
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 static void cost_forwards_after_its_delay(void **state) {
   (void)state;
   char p[512];
-  spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "cost", p, sizeof p), "cost", "us = 100");
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "cost", p, sizeof p), "cost", "us = 5000");
   if (!h)
     skip();
-  push(h, 1, 0, frame_msg(h, 0, 2, 2, 0));
+  push(h, 1, 0, frame_msg(h, 0, 2, 2, 4));
+  push(h, 1, 0, frame_msg(h, 1, 2, 2, 5));
+  double t0 = now_s();
   run(h);
+  assert_true(now_s() - t0 >= 2 * 5000e-6); /* a floor, never a ceiling */
   expect_ok(h, 1);
-  assert_int_equal(spn_harness_output_len(h, 1, 0), 1);
+  assert_int_equal(spn_harness_output_len(h, 1, 0), 2);
+  for (size_t i = 0; i < 2; i++) { /* forwarded unchanged, in order */
+    const uint8_t *px;
+    uint8_t want[12];
+    out_tensor(h, spn_harness_output(h, 1, 0, i), "frame", &px);
+    frame_bytes(want, sizeof want, (uint8_t)(4 + i));
+    assert_memory_equal(px, want, sizeof want);
+  }
+  assert_true(spn_harness_output_eos(h, 1, 0));
   spn_harness_free(&h);
+  expect_refused(p, "cost", "us = -5", "us");
 }
 
 static void check_fails_a_job_that_ends_short(void **state) {
@@ -277,7 +382,43 @@ static void check_fails_a_job_that_ends_short(void **state) {
   assert_int_equal(spn_harness_job_set(h, 2, "expect_frames=5", &err), SPN_OK);
   run(h);
   expect_ok(h, 1);
-  expect_failure(h, 2, "5");
+  expect_failure(h, 2, "end of stream after 3 frames, expected 5");
+  spn_harness_free(&h);
+}
+
+/* A (2,8,3) frame of synth's pattern for (job, seq), one byte flipped if flip >= 0. */
+static spn_msg_t *pattern_msg(spn_harness_t *h, uint64_t job, uint64_t seq, int flip) {
+  spn_msg_t *m = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_msg_new(h, seq, &m, &err), SPN_OK);
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = SPN_DTYPE_U8, t.ndim = 3, t.shape[0] = 2, t.shape[1] = 8, t.shape[2] = 3;
+  uint8_t px[48];
+  spn_synth_fill(px, job, seq, 8, 2, 3);
+  if (flip >= 0)
+    px[flip] ^= 1;
+  assert_int_equal(spn_harness_add_tensor(h, m, "frame", &t, px, &err), SPN_OK);
+  return m;
+}
+
+static void check_verifies_the_pattern_and_the_order(void **state) {
+  (void)state;
+  char p[512];
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "check", p, sizeof p), "check",
+                               "verify_pattern = true");
+  if (!h)
+    skip();
+  for (uint64_t s = 0; s < 3; s++) {
+    push(h, 1, 0, pattern_msg(h, 1, s, -1));              /* job 1: whole */
+    push(h, 2, 0, pattern_msg(h, 2, s, s == 2 ? 7 : -1)); /* job 2: a byte of its last frame flipped */
+    push(h, 3, 0, pattern_msg(h, 3, s == 2 ? 3 : s, -1)); /* job 3: seq 0, 1, 3 */
+    push(h, 4, 0, pattern_msg(h, 4, s == 2 ? 1 : s, -1)); /* job 4: seq 0, 1, 1 */
+  }
+  run(h);
+  expect_ok(h, 1);
+  expect_failure(h, 2, "seq 2: frame byte 7 differs from the synth pattern");
+  expect_failure(h, 3, "job 3: expected seq 2, got 3 (gap)");
+  expect_failure(h, 4, "expected seq 2, got 1 (repeated or out of order)");
   spn_harness_free(&h);
 }
 
@@ -292,11 +433,34 @@ static void filesink_writes_each_jobs_frames(void **state) {
   spn_error_t err = SPN_ERROR_INIT;
   assert_int_equal(spn_harness_job_set(h, 1, set, &err), SPN_OK);
   for (uint64_t s = 0; s < 3; s++)
-    push(h, 1, 0, frame_msg(h, s, 4, 5, 0));
+    push(h, 1, 0, frame_msg(h, s, 4, 5, (uint8_t)s));
+  /* Job 2: an output in a folder that does not exist. */
+  assert_int_equal(spn_harness_job_set(h, 2, "path=/nonexistent-dir/out.raw", &err), SPN_OK);
+  push(h, 2, 0, frame_msg(h, 0, 4, 5, 0));
   run(h);
   expect_ok(h, 1);
   assert_int_equal(file_size(out), 3 * 4 * 5 * 3);
+  FILE *fp = fopen(out, "rb");
+  assert_non_null(fp);
+  uint8_t got[60], want[60];
+  for (uint8_t s = 0; s < 3; s++) { /* the frames' bytes, one after the other */
+    assert_int_equal(fread(got, 1, sizeof got, fp), sizeof got);
+    frame_bytes(want, sizeof want, s);
+    assert_memory_equal(got, want, sizeof want);
+  }
+  fclose(fp);
+  expect_failure(h, 2, "/nonexistent-dir/out.raw");
   unlink(out);
+  /* A gap in seq fails the job naming the file, and leaves no file. */
+  assert_int_equal(spn_harness_job_set(h, 3, set, &err), SPN_OK);
+  push(h, 3, 0, frame_msg(h, 0, 4, 5, 0));
+  push(h, 3, 0, frame_msg(h, 2, 4, 5, 0));
+  /* Without a path nothing is written and the job succeeds. */
+  push(h, 4, 0, frame_msg(h, 0, 4, 5, 0));
+  run(h);
+  expect_failure(h, 3, out);
+  assert_int_equal(file_size(out), -1);
+  expect_ok(h, 4);
   spn_harness_free(&h);
 }
 
@@ -369,6 +533,12 @@ static void facedetect_finds_no_face_on_a_flat_frame(void **state) {
   assert_int_equal(host->msg_item(o, (size_t)fi, &it), SPN_OK);
   assert_int_equal(it.meta_size, 0);
   assert_true(host->msg_find(o, "frame") >= 0); /* the frame goes on beside its faces */
+  /* A 2-D tensor where a (H,W,3) frame belongs fails its job, saying so. */
+  const int64_t flat[2] = {8, 8};
+  push(h, 2, 0, tensor_msg(h, 0, "frame", SPN_DTYPE_U8, 2, flat));
+  run(h);
+  expect_failure(h, 2, "(H,W,3) u8");
+  assert_int_equal(spn_harness_output_len(h, 2, 0), 0);
   spn_harness_free(&h);
 }
 
@@ -389,13 +559,23 @@ static void metasink_writes_the_faces_it_sees(void **state) {
   expect_ok(h, 1);
   FILE *fp = fopen(out, "r");
   assert_non_null(fp);
-  char line[1024];
+  char line[2][1024];
   int lines = 0;
-  while (fgets(line, sizeof line, fp))
+  while (lines < 2 && fgets(line[lines], sizeof line[0], fp))
     lines++;
+  assert_null(fgets(line[0] + 512, 512, fp));
   fclose(fp);
-  assert_int_equal(lines, 2); /* one line per frame */
+  assert_int_equal(lines, 2); /* one line per frame: the face on the first, none on the second */
+  assert_non_null(strstr(line[0], "\"seq\":0"));
+  assert_non_null(strstr(line[0], "0.5"));
+  assert_non_null(strstr(line[1], "\"seq\":1"));
+  assert_null(strstr(line[1], "0.5"));
   unlink(out);
+  /* A job whose output cannot be created fails naming it. */
+  assert_int_equal(spn_harness_job_set(h, 2, "path=/nonexistent-dir/faces.jsonl", &err), SPN_OK);
+  push(h, 2, 0, with_faces(h, frame_msg(h, 0, 8, 8, 0), &f, 1));
+  run(h);
+  expect_failure(h, 2, "/nonexistent-dir/faces.jsonl");
   spn_harness_free(&h);
 }
 
@@ -430,6 +610,42 @@ static void decode_emits_frames_of_the_sample_clip(void **state) {
   spn_harness_free(&h);
 }
 
+static spn_msg_t *timed(spn_harness_t *h, spn_msg_t *m, double pts) {
+  spn_harness_msg_set_pts(h, m, pts);
+  return m;
+}
+
+/* What the decode stage reads back from a file: its frames (each must be
+ * W x H) and its audio messages carrying "pcm" of `channels` channels. */
+static void decode_back(const char *file, int64_t W, int64_t H, int64_t channels, size_t *frames, size_t *pcm_msgs) {
+  char p[512], set[300];
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_MEDIA_STAGE_DIR", "decode", p, sizeof p), "decode",
+                               "path = \"set-per-job\"");
+  spn_error_t err = SPN_ERROR_INIT;
+  snprintf(set, sizeof set, "path=%s", file);
+  assert_int_equal(spn_harness_job_set(h, 1, set, &err), SPN_OK);
+  run(h);
+  expect_ok(h, 1);
+  *frames = spn_harness_output_len(h, 1, 0);
+  for (size_t i = 0; i < *frames; i++) {
+    spn_tensor_t t = out_tensor(h, spn_harness_output(h, 1, 0, i), "frame", NULL);
+    assert_int_equal(t.shape[0], H);
+    assert_int_equal(t.shape[1], W);
+  }
+  *pcm_msgs = 0;
+  const spn_host_api_t *host = spn_harness_host(h);
+  for (size_t i = 0; i < spn_harness_output_len(h, 1, 1); i++) {
+    const spn_msg_t *m = spn_harness_output(h, 1, 1, i);
+    if (host->msg_find(m, "pcm") < 0)
+      continue;
+    spn_tensor_t t = out_tensor(h, m, "pcm", NULL);
+    assert_int_equal(t.dtype, SPN_DTYPE_F32);
+    assert_int_equal(t.shape[1], channels);
+    (*pcm_msgs)++;
+  }
+  spn_harness_free(&h);
+}
+
 static void encode_writes_a_playable_file(void **state) {
   (void)state;
   char p[512], out[256], set[300];
@@ -442,12 +658,84 @@ static void encode_writes_a_playable_file(void **state) {
   spn_error_t err = SPN_ERROR_INIT;
   assert_int_equal(spn_harness_job_set(h, 1, set, &err), SPN_OK);
   for (uint64_t s = 0; s < 5; s++)
-    push(h, 1, 0, frame_msg(h, s, 32, 32, (uint8_t)s));
+    push(h, 1, 0, timed(h, frame_msg(h, s, 32, 32, (uint8_t)s), s / 25.0));
+  /* Job 2: a 2-D tensor is no picture; it fails naming its output and frame, and leaves no file. */
+  char out2[256], set2[300];
+  tmp_path(out2, sizeof out2, "encode-bad.mp4");
+  snprintf(set2, sizeof set2, "path=%s", out2);
+  assert_int_equal(spn_harness_job_set(h, 2, set2, &err), SPN_OK);
+  const int64_t flat[2] = {32, 32};
+  push(h, 2, 0, tensor_msg(h, 0, "frame", SPN_DTYPE_U8, 2, flat));
   run(h);
   expect_ok(h, 1);
   assert_true(file_size(out) > 0);
-  unlink(out);
+  expect_failure(h, 2, "encode-bad.mp4: frame 0 is not (H,W,3) u8");
+  assert_int_equal(file_size(out2), -1);
   spn_harness_free(&h);
+  size_t frames, pcm;
+  decode_back(out, 32, 32, 0, &frames, &pcm);
+  assert_int_equal(frames, 5); /* every frame is in the file */
+  assert_int_equal(pcm, 0);
+  unlink(out);
+}
+
+/* encode_av: pictures on "video", the soundtrack on "audio" (its format
+ * first, as decode.audio sends it). */
+static spn_msg_t *audio_msg(spn_harness_t *h, uint64_t seq, int32_t rate, int32_t channels, int64_t samples) {
+  spn_msg_t *m = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_msg_new(h, seq, &m, &err), SPN_OK);
+  if (rate) {
+    const int32_t fmt[2] = {rate, channels}; /* media-decode.h's spn_media_audio_meta_t: rate, channels */
+    assert_int_equal(spn_harness_host(h)->msg_add_meta(m, "audio_format", fmt, sizeof fmt, &err), SPN_OK);
+  }
+  if (samples) {
+    spn_tensor_t t = SPN_TENSOR_INIT;
+    t.dtype = SPN_DTYPE_F32, t.ndim = 2, t.shape[0] = samples, t.shape[1] = channels;
+    float *pcm = malloc(spn_tensor_nbytes(&t));
+    for (int64_t i = 0; i < samples * channels; i++)
+      pcm[i] = 0.25f * (float)((i / 20) % 2 ? 1 : -1); /* a 400 Hz square wave at 16 kHz */
+    assert_int_equal(spn_harness_add_tensor(h, m, "pcm", &t, pcm, &err), SPN_OK);
+    free(pcm);
+  }
+  return m;
+}
+
+static void encode_av_muxes_its_audio_input(void **state) {
+  (void)state;
+  char p[512], out[256], set[300];
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_MEDIA_STAGE_DIR", "encode", p, sizeof p), "encode_av",
+                               "fps = 25\npath = \"set-per-job\"");
+  if (!h)
+    skip();
+  assert_int_equal(spn_harness_input_count(h), 2);
+  tmp_path(out, sizeof out, "encode-av.mp4");
+  snprintf(set, sizeof set, "path=%s", out);
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_job_set(h, 1, set, &err), SPN_OK);
+  push(h, 1, 1, audio_msg(h, 0, 16000, 1, 0));
+  for (uint64_t s = 0; s < 10; s++) {
+    push(h, 1, 0, timed(h, frame_msg(h, s, 32, 32, (uint8_t)s), s / 25.0));
+    push(h, 1, 1, timed(h, audio_msg(h, s + 1, 0, 1, 640), s / 25.0)); /* 40 ms per frame */
+  }
+  /* Job 2: stereo PCM after a mono format fails naming the file and the message. */
+  char out2[256], set2[300];
+  tmp_path(out2, sizeof out2, "encode-av-bad.mp4");
+  snprintf(set2, sizeof set2, "path=%s", out2);
+  assert_int_equal(spn_harness_job_set(h, 2, set2, &err), SPN_OK);
+  push(h, 2, 1, audio_msg(h, 0, 16000, 1, 0));
+  push(h, 2, 1, audio_msg(h, 1, 0, 2, 640));
+  push(h, 2, 0, frame_msg(h, 0, 32, 32, 0));
+  run(h);
+  expect_ok(h, 1);
+  expect_failure(h, 2, "encode-av-bad.mp4: audio message 1 is not (samples, 1) f32");
+  assert_int_equal(file_size(out2), -1);
+  spn_harness_free(&h);
+  size_t frames, pcm;
+  decode_back(out, 32, 32, 1, &frames, &pcm);
+  assert_int_equal(frames, 10);
+  assert_true(pcm > 0); /* the soundtrack is in the file */
+  unlink(out);
 }
 
 static void convert_swaps_rgb_into_bgr(void **state) {
@@ -468,7 +756,13 @@ static void convert_swaps_rgb_into_bgr(void **state) {
   for (size_t i = 0; i < 12; i++)
     for (size_t c = 0; c < 3; c++)
       assert_int_equal(px[3 * i + c], (uint8_t)((3 * i + (2 - c)) * 7 + 1));
+  /* A 2-D float tensor is no picture: its job fails naming the frame. */
+  const int64_t flat[2] = {3, 4};
+  push(h, 2, 0, tensor_msg(h, 0, "frame", SPN_DTYPE_F32, 2, flat));
+  run(h);
+  expect_failure(h, 2, "frame 0: not (H,W,3) u8 nor (3,H,W) f32");
   spn_harness_free(&h);
+  expect_refused(p, "convert", "pixel_format = \"cmyk\"", "cmyk");
 }
 
 /* ---- lipsync --------------------------------------------------------------------- */
@@ -491,6 +785,9 @@ static void melspec_cuts_a_wav_into_mel_chunks(void **state) {
   assert_int_equal(t.dtype, SPN_DTYPE_F32);
   assert_int_equal(t.shape[t.ndim - 2], 80);
   assert_true(spn_harness_output_eos(h, 1, 0));
+  assert_int_equal(spn_harness_job_set(h, 2, "path=/nonexistent/speech.wav", &err), SPN_OK);
+  run(h);
+  expect_failure(h, 2, "/nonexistent/speech.wav");
   spn_harness_free(&h);
 }
 
@@ -529,8 +826,69 @@ static void lipsync_leaves_a_frame_without_faces_untouched(void **state) {
   out_tensor(h, spn_harness_output(h, 1, 0, 0), "frame", &px);
   for (size_t b = 0; b < 32 * 32 * 3; b++)
     assert_int_equal(px[b], (uint8_t)(b * 7 + 5));
+  /* A mel chunk of the wrong shape fails its job, naming the input. */
+  push(h, 2, 0, with_faces(h, frame_msg(h, 0, 32, 32, 5), NULL, 0));
+  const int64_t bad[2] = {80, 15};
+  push(h, 2, 1, tensor_msg(h, 0, "mel", SPN_DTYPE_F32, 2, bad));
+  run(h);
+  expect_failure(h, 2, "item \"mel\" must be an (80,16) or (1,80,16) f32 tensor");
   spn_harness_free(&h);
   unlink(model);
+}
+
+/* ---- coverage -------------------------------------------------------------------- */
+
+/* The kinds the tests above drive. A kind registered by a built-in plugin
+ * and missing here fails the next test: a new stage comes with its test. */
+static const char *const k_tested_kinds[] = {"synth",   "passthrough", "tee",        "cost",   "check",
+                                             "filesink", "superres",   "facedetect", "metasink", "decode",
+                                             "encode",  "encode_av",   "convert",    "melspec", "lipsync"};
+
+static void every_built_in_kind_is_driven_here(void **state) {
+  (void)state;
+  static const char *const envs[] = {"SPINDLE_UTIL_STAGE_DIR", "SPINDLE_VISION_STAGE_DIR", "SPINDLE_MEDIA_STAGE_DIR",
+                                     "SPINDLE_LIPSYNC_STAGE_DIR"};
+  spn_runtime_opts_t ro = SPN_RUNTIME_OPTS_INIT;
+  ro.log_level = SPN_LOG_ERROR;
+  spn_runtime_t *rt = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_runtime_new(&ro, &rt, &err), SPN_OK);
+  int plugins = 0;
+  for (size_t e = 0; e < sizeof envs / sizeof *envs; e++) {
+    const char *dir = getenv(envs[e]);
+    DIR *d = dir && *dir ? opendir(dir) : NULL;
+    for (struct dirent *de; d && (de = readdir(d));) {
+      size_t n = strlen(de->d_name);
+      if (strncmp(de->d_name, "libspindle-", 11) || n < 4 || strcmp(de->d_name + n - 3, ".so"))
+        continue;
+      char path[1024];
+      snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+      if (spn_runtime_load_plugin(rt, path, &err) != SPN_OK)
+        fail_msg("%s: %s", path, err.msg);
+      plugins++;
+    }
+    if (d)
+      closedir(d);
+  }
+  if (!plugins) {
+    spn_runtime_free(&rt);
+    skip();
+  }
+  size_t kinds = 0;
+  for (size_t i = 0; i < spn_runtime_kind_count(rt); i++) {
+    const char *file = NULL;
+    const spn_stage_kind_t *k = spn_runtime_kind_at(rt, i, &file);
+    if (!file)
+      continue; /* the runtime's own */
+    bool found = false;
+    for (size_t t = 0; t < sizeof k_tested_kinds / sizeof *k_tested_kinds; t++)
+      found |= !strcmp(k->name, k_tested_kinds[t]);
+    if (!found)
+      fail_msg("kind \"%s\" of %s has no harness test in test-harness.c", k->name, file);
+    kinds++;
+  }
+  assert_true(kinds >= (size_t)plugins);
+  spn_runtime_free(&rt);
 }
 
 int main(void) {
@@ -542,15 +900,18 @@ int main(void) {
       cmocka_unit_test(tee_sends_every_message_to_both_ports),
       cmocka_unit_test(cost_forwards_after_its_delay),
       cmocka_unit_test(check_fails_a_job_that_ends_short),
+      cmocka_unit_test(check_verifies_the_pattern_and_the_order),
       cmocka_unit_test(filesink_writes_each_jobs_frames),
       cmocka_unit_test(superres_doubles_the_frame_and_its_face_boxes),
       cmocka_unit_test(facedetect_finds_no_face_on_a_flat_frame),
       cmocka_unit_test(metasink_writes_the_faces_it_sees),
       cmocka_unit_test(decode_emits_frames_of_the_sample_clip),
       cmocka_unit_test(encode_writes_a_playable_file),
+      cmocka_unit_test(encode_av_muxes_its_audio_input),
       cmocka_unit_test(convert_swaps_rgb_into_bgr),
       cmocka_unit_test(melspec_cuts_a_wav_into_mel_chunks),
       cmocka_unit_test(lipsync_leaves_a_frame_without_faces_untouched),
+      cmocka_unit_test(every_built_in_kind_is_driven_here),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

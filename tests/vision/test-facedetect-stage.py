@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""The facedetect stage (libspindle-vision.so) driven through the plugin ABI.
+"""The facedetect stage (libspindle-vision.so) driven by the stage harness.
 
-stage-host (argv[2]) loads the plugin (argv[1]) by its descriptor, runs
-init/create/job_open/process/job_close/destroy like the runtime, and prints
-what the stage emits. Frames: the astronaut moving right 4-6 px per frame (job
-1, with one frame where she is gone and an end-of-stream message), a second
-job interleaved in the same batches, and a job whose frame is malformed.
+harness-driver (argv[2]) runs the plugin's (argv[1]) facedetect kind on the
+real runtime through spindle/harness.h and prints what the stage emits.
+Frames: the astronaut moving right 4-6 px per frame (job 1, with one frame
+where she is gone; its end of stream must come through), a second job run at
+the same time (batches of 3 may mix them), and a job whose frame is malformed.
 Expected boxes: OpenCV's detectMultiScale on the same frames (grey via
 cv2.cvtColor), averaged over each job's last (up to) 5 detections — so the test
-checks the plugin, the Haar port and the per-job smoothing together. Exit 77
-only if cv2 is not importable.
+checks the plugin, the Haar port and the per-job smoothing together. The model
+path runs a tiny ONNX stand-in for RetinaFace on the real engine
+(fake_models.retinaface). Exit 77 only if cv2 or onnx is not importable.
 """
 import json
 import os
@@ -22,6 +23,8 @@ try:
     import numpy as np
     if not hasattr(cv2, 'CascadeClassifier'):
         raise ImportError('cv2 without CascadeClassifier')
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import fake_models
 except ImportError as e:
     print(f'skip: {e}')
     sys.exit(77)
@@ -79,14 +82,14 @@ def main():
         check(all(len(ref[d]) == 1 for d in job1 + job2 if d is not None) and ref[None] == [],
               'OpenCV finds exactly one face on every astronaut frame and none on the blank one')
         args = []
-        # Interleave: job 1 frames, with job 2's two frames and job 3's bad frame in between.
+        # Three jobs run together: job 1's frames, job 2's two frames and job 3's bad frame.
         order = [(1, job1[0]), (1, job1[1]), (2, job2[0]), (1, job1[2]), (3, 'bad'), (1, job1[3]), (2, job2[1])] + \
-                [(1, d) for d in job1[4:]] + [(1, 'eos')]
+                [(1, d) for d in job1[4:]]
         for job, d in order:
-            args.append(f'{job}:{d if d in ("bad", "eos") else raw[d]}')
-        out = subprocess.run([HOST, PLUGIN, 'facedetect', str(W), str(H), '3', tmp, f'cascade={cascade}', '--'] + args,
-                             capture_output=True, text=True, timeout=120)
-        check(out.returncode == 0, f'host ran the stage (exit {out.returncode}) {out.stderr.strip()}')
+            args.append(f'{job}:{d if d == "bad" else raw[d]}')
+        out = subprocess.run([HOST, PLUGIN, 'facedetect', str(W), str(H), '3', tmp, f'cascade = "{cascade}"', '--'] +
+                             args, capture_output=True, text=True, timeout=120)
+        check(out.returncode == 0, f'the harness ran the stage (exit {out.returncode}) {out.stderr.strip()}')
         lines = [json.loads(l) for l in out.stdout.splitlines()]
         emitted = [l for l in lines if 'job' in l]
         fails = [l for l in lines if 'failed' in l]
@@ -122,44 +125,49 @@ def main():
             check(ok and worst <= 1e-3 and len(ids) == 1,
                   f'job {job}: {len(got)} frames, boxes = 5-frame means of OpenCV boxes (max diff {worst:.2g}), '
                   f'one track {sorted(ids)}')
-        eos = [l for l in emitted if l['job'] == 1 and l['faces'] is None]
-        check(len(eos) == 1 and eos[0]['seq'] == len(job1), 'end-of-stream message forwarded untouched')
+        seqs = [l['seq'] for l in emitted if l['job'] == 1]
+        check({'eos': 1} in lines and {'eos': 2} in lines and seqs == list(range(len(job1))),
+              f'every frame of job 1 in order ({seqs}), then the end of stream of jobs 1 and 2')
 
         out = subprocess.run([HOST, PLUGIN, 'facedetect', str(W), str(H), '1', tmp,
-                              'cascade=' + os.path.join(tmp, 'missing.xml'), '--', f'1:{raw[0]}'],
+                              'cascade = "' + os.path.join(tmp, 'missing.xml') + '"', '--', f'1:{raw[0]}'],
                              capture_output=True, text=True, timeout=60)
         line = json.loads(out.stdout.splitlines()[0]) if out.stdout else {}
         check('create_error' in line and 'missing.xml' in line['create_error'],
               f'a missing cascade fails create naming the file: {line}')
-        # Model path: RetinaFace through the stand-in engine on a 200x150 frame.
+        # Model path: the RetinaFace stand-in on the real engine, on a 200x150 frame.
         fw, fh = 200, 150
-        f = rng_frame = np.random.default_rng(3).integers(0, 256, size=(fh, fw, 3), dtype=np.uint8)
+        model = os.path.join(tmp, 'fake-retinaface.onnx')
+        fake_models.retinaface(model, fw, fh)
+        f = np.random.default_rng(3).integers(0, 256, size=(fh, fw, 3), dtype=np.uint8)
         p = os.path.join(tmp, 'small.rgb')
         f.tofile(p)
-        out = subprocess.run([HOST, PLUGIN, 'facedetect', str(fw), str(fh), '2', tmp, 'model=fake-retinaface',
-                              'detector=retinaface', '--', f'1:{p}', f'1:{p}'],
+        out = subprocess.run([HOST, PLUGIN, 'facedetect', str(fw), str(fh), '2', tmp, f'model = "{model}"',
+                              'detector = "retinaface"', '--', f'1:{p}', f'1:{p}'],
                              capture_output=True, text=True, timeout=60)
-        check(out.returncode == 0, f'model-backed facedetect ran (exit {out.returncode})')
-        lines = [json.loads(l) for l in out.stdout.splitlines()]
+        check(out.returncode == 0, f'model-backed facedetect ran (exit {out.returncode}) {out.stderr.strip()}')
+        lines = [json.loads(l) for l in out.stdout.splitlines() if '"job"' in l]
         # The anchor the stand-in makes confident: stride 32, row 2, col 3, min_size 256,
-        # a box centred on ((3 + 0.5) * 32, (2 + 0.5) * 32), landmarks on its centre.
+        # a box centred on ((3 + 0.5) * 32, (2 + 0.5) * 32), landmarks on its centre
+        # except the first three values, which carry the input's channel means
+        # (landmark = centre + mean * 0.1 * 256, the variance times the prior's size).
         cx, cy = 3.5 * 32, 2.5 * 32
         want = [cx - 128, cy - 128, cx + 128, cy + 128]
         ok = len(lines) == 2
         for l in lines:
             faces = l.get('faces') or []
             ok = ok and len(faces) == 1 and max(abs(a - b) for a, b in zip(faces[0][:4], want)) < 1e-3 and \
-                abs(faces[0][4] - 0.99) < 1e-6 and abs(faces[0][6] - cx) < 1e-3 and abs(faces[0][7] - cy) < 1e-3
+                abs(faces[0][4] - 0.99) < 1e-6 and \
+                all(abs(faces[0][6 + i] - (cx if i % 2 == 0 else cy)) < 1e-3 for i in range(3, 10))
         check(ok, f'RetinaFace outputs decoded, NMS applied, one face {want} with score 0.99 and landmarks: '
                   f'{[l.get("faces") for l in lines]}')
         bgr_mean = [float(f[:, :, 2].mean() - 104), float(f[:, :, 1].mean() - 117), float(f[:, :, 0].mean() - 123)]
-        means = [l for l in out.stderr.splitlines() if l.startswith('retinaface input')]
-        got = [float(v) for v in means[0].split(':')[1].split()] if means else []
-        check(means and means[0].startswith(f'retinaface input {fw}x{fh}') and
-              max(abs(a - b) for a, b in zip(got, bgr_mean)) < 1e-3,
-              f'engine input is the frame as BGR - (104, 117, 123): means {got} vs {bgr_mean}')
-        out = subprocess.run([HOST, PLUGIN, 'facedetect', str(fw), str(fh), '1', tmp, 'model=fake-retinaface',
-                              'detector=yolo', '--', f'1:{p}'], capture_output=True, text=True, timeout=60)
+        lm = (lines[0].get('faces') or [[0] * 16])[0][6:9] if lines else [0, 0, 0]
+        got = [(lm[0] - cx) / 25.6, (lm[1] - cy) / 25.6, (lm[2] - cx) / 25.6]
+        check(max(abs(a - b) for a, b in zip(got, bgr_mean)) < 1e-3,
+              f'engine input is the {fw}x{fh} frame as BGR - (104, 117, 123): means {got} vs {bgr_mean}')
+        out = subprocess.run([HOST, PLUGIN, 'facedetect', str(fw), str(fh), '1', tmp, f'model = "{model}"',
+                              'detector = "yolo"', '--', f'1:{p}'], capture_output=True, text=True, timeout=60)
         line = json.loads(out.stdout.splitlines()[0]) if out.stdout else {}
         check('create_error' in line and 'yolo' in line['create_error'],
               f'an unknown detector fails create naming it: {line}')

@@ -1,27 +1,39 @@
 #!/usr/bin/env python3
-"""The superres stage (libspindle-vision.so) driven through the plugin ABI.
+"""The superres stage (libspindle-vision.so) driven by the stage harness.
 
-stage-host (argv[2]) loads the plugin (argv[1]); its stand-in engine runs a
-"model" that blurs each channel with a 3x3 box (zero padding) and upsamples x2
-(nearest). The stage must turn the u8 RGB frame into float, tile it (tiles of
-64 with 2 pixels of context: 12 engine runs for a 200x150 frame), stitch, and
-turn it back into u8 — and the result must equal the same operator applied
-to the whole frame in NumPy (no seams). Other items travel along, a "faces"
-item scaled by 2; a malformed frame fails its job only; an unknown model fails
-create naming it.
+harness-driver (argv[2]) runs the plugin's (argv[1]) superres kind on the
+real runtime through spindle/harness.h, with a tiny ONNX model run by the
+real engine (fake_models.sr_x2): it blurs each channel with a 3x3 box (zero
+padding) and upsamples x2 (nearest). The stage must turn the u8 RGB frame into
+float, tile it (tiles of 64 with 2 pixels of context: 12 engine runs for a
+200x150 frame, as its debug log counts them), stitch, and turn it back into
+u8 — and the result must equal the same operator applied to the whole frame
+in NumPy (no seams). Other items travel along, a "faces" item scaled by 2;
+end of stream comes through; a malformed frame fails its job only; an unknown
+model fails create naming it. Exit 77 only if the onnx package is missing.
 
 region = "faces": outside the face box grown by face_margin the output equals
 a bilinear x2 upscale (half-pixel centres, edge clamped, computed here in
 NumPy) exactly; inside it, away from the feather band, it equals the model
-run on the crop alone; a frame without faces is the bilinear upscale only.
+run on the crop alone (bit for bit the stage run on the crop as a frame, and
+the NumPy operator within rounding); a frame without faces is the bilinear
+upscale only.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+try:
+    import fake_models
+except ImportError as e:
+    print(f'skip: {e}')
+    sys.exit(77)
 
 PLUGIN, HOST = sys.argv[1], sys.argv[2]
 passed = failed = 0
@@ -70,18 +82,36 @@ def bilinear2(frame):
     return np.floor(np.clip(y, 0, 255) + 0.5).astype(np.uint8)
 
 
-def faces_mode(tmp, frames, W, H):
+def drive(tmp, W, H, batch, config, frames, env=None):
+    """Run the superres kind through the harness; (exit code, JSON lines, stderr)."""
+    out = subprocess.run([HOST, PLUGIN, 'superres', str(W), str(H), str(batch), tmp] + config + ['--'] + frames,
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(env or os.environ, SPINDLE_DRIVER_LOG='debug'))
+    return out.returncode, [json.loads(l) for l in out.stdout.splitlines()], out.stderr
+
+
+def model_runs(stderr):
+    """{(job, seq): engine runs} from the stage's debug log."""
+    return {(1, int(m.group(1))): int(m.group(2))
+            for m in re.finditer(r'superres: frame (\d+): (\d+) model runs', stderr)}
+
+
+def create_error(lines):
+    return lines[0].get('create_error', '') if lines else ''
+
+
+def faces_mode(tmp, frames, W, H, model):
     f, path = frames[0]
-    args = [HOST, PLUGIN, 'superres', str(W), str(H), '2', tmp, 'model=fake-sr-x2', 'tile=16', 'tile_pad=2',
-            'region=faces', 'face_margin=0.25', 'feather=4', '--', f'1:{path}+faces', f'1:{path}', '1:eos']
-    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    check(out.returncode == 0, f'faces mode: host ran the stage (exit {out.returncode}) {out.stderr.strip()}')
-    ups = [l for l in (json.loads(x) for x in out.stdout.splitlines()) if l.get('frame')]
+    rc, lines, err = drive(tmp, W, H, 2, [f'model = "{model}"', 'tile = 16', 'tile_pad = 2', 'region = "faces"',
+                                          'face_margin = 0.25', 'feather = 4'], [f'1:{path}+faces', f'1:{path}'])
+    check(rc == 0 and not create_error(lines), f'faces mode: the harness ran the stage (exit {rc}) {lines[:1]}')
+    ups = [l for l in lines if l.get('frame')]
     check(len(ups) == 2 and all(l['frame'] == [2 * H, 2 * W] for l in ups), 'faces mode: two frames at 2x')
+    check({'eos': 1} in lines, 'faces mode: end of stream came through')
     if len(ups) != 2:
         return
     bil = bilinear2(f)
-    # stage-host's face: box (10,20)-(30,40); margin 0.25 of 20 px = 5 px each side
+    # harness-driver's face: box (10,20)-(30,40); margin 0.25 of 20 px = 5 px each side
     x0, y0, x1, y1 = 5, 15, 35, 45
     got = np.fromfile(ups[0]['file'], np.uint8).reshape(2 * H, 2 * W, 3)
     outside = np.ones((2 * H, 2 * W), bool)
@@ -89,21 +119,36 @@ def faces_mode(tmp, frames, W, H):
     check(np.array_equal(got[outside], bil[outside]),
           f'faces mode: outside the grown box = bilinear upscale exactly '
           f'(max diff {np.abs(got[outside].astype(int) - bil[outside]).max()})')
-    model = reference(f[y0:y1, x0:x1])
-    inner = got[2 * y0 + 4:2 * y1 - 4, 2 * x0 + 4:2 * x1 - 4]
-    check(np.array_equal(inner, model[4:-4, 4:-4]),
-          f'faces mode: inside the box (off the feather) = the model on the crop '
-          f'(max diff {np.abs(inner.astype(int) - model[4:-4, 4:-4]).max()})')
+    # The model on the crop alone: the stage run on the crop as a whole frame
+    # (same tiles, so the engine sees the same inputs) and the NumPy operator.
+    crop = os.path.join(tmp, 'crop.rgb')
+    np.ascontiguousarray(f[y0:y1, x0:x1]).tofile(crop)
+    cdir = os.path.join(tmp, 'crop')
+    os.makedirs(cdir, exist_ok=True)
+    rc, clines, _ = drive(cdir, x1 - x0, y1 - y0, 1, [f'model = "{model}"', 'tile = 16', 'tile_pad = 2'],
+                          [f'1:{crop}'])
+    cups = [l for l in clines if l.get('frame')]
+    check(rc == 0 and len(cups) == 1, f'faces mode: the crop ran as a frame (exit {rc})')
+    if cups:
+        model_crop = np.fromfile(cups[0]['file'], np.uint8).reshape(2 * (y1 - y0), 2 * (x1 - x0), 3)
+        inner = got[2 * y0 + 4:2 * y1 - 4, 2 * x0 + 4:2 * x1 - 4]
+        check(np.array_equal(inner, model_crop[4:-4, 4:-4]),
+              f'faces mode: inside the box (off the feather) = the model on the crop '
+              f'(max diff {np.abs(inner.astype(int) - model_crop[4:-4, 4:-4]).max()})')
+        ref = reference(f[y0:y1, x0:x1])
+        d = np.abs(model_crop.astype(int) - ref.astype(int))
+        check(d.max() <= 1 and (d == 0).mean() >= 0.999,
+              f'faces mode: the model on the crop = the NumPy operator on the crop (max diff {d.max()})')
     check(not np.array_equal(got[2 * y0:2 * y1, 2 * x0:2 * x1], bil[2 * y0:2 * y1, 2 * x0:2 * x1]),
           'faces mode: the face region differs from the bilinear upscale')
     check(ups[0]['faces'] and ups[0]['faces'][0][:4] == [20, 40, 60, 80], 'faces mode: "faces" scaled by 2')
     nofaces = np.fromfile(ups[1]['file'], np.uint8).reshape(2 * H, 2 * W, 3)
     check(np.array_equal(nofaces, bil), 'faces mode: a frame without faces = bilinear upscale only')
-    check('model calls: 4' in out.stderr, f'faces mode: the model ran on the 30x30 crop only, 4 tiles of 16 '
-          f'({out.stderr.strip()})')
-    bad = subprocess.run([HOST, PLUGIN, 'superres', str(W), str(H), '2', tmp, 'model=fake-sr-x2', 'region=eyes',
-                          '--', f'1:{path}'], capture_output=True, text=True, timeout=60)
-    line = json.loads(bad.stdout.splitlines()[0]) if bad.stdout else {}
+    runs = model_runs(err)
+    check(runs == {(1, 0): 4, (1, 1): 0}, f'faces mode: the model ran on the 30x30 crop only, 4 tiles of 16, '
+          f'and not at all on the frame without faces ({runs})')
+    rc, lines, _ = drive(tmp, W, H, 2, [f'model = "{model}"', 'region = "eyes"'], [f'1:{path}'])
+    line = lines[0] if lines else {}
     check('create_error' in line and 'region' in line['create_error'] and 'eyes' in line['create_error'],
           f'an unknown region fails create naming it: {line}')
 
@@ -112,6 +157,8 @@ def main():
     W, H = 200, 150
     rng = np.random.default_rng(5)
     with tempfile.TemporaryDirectory() as tmp:
+        model = os.path.join(tmp, 'fake-sr-x2.onnx')
+        fake_models.sr_x2(model)
         frames = []
         for k in range(2):
             f = rng.integers(0, 256, size=(H, W, 3), dtype=np.uint8)
@@ -119,18 +166,17 @@ def main():
             p = os.path.join(tmp, f'in{k}.rgb')
             f.tofile(p)
             frames.append((f, p))
-        args = [HOST, PLUGIN, 'superres', str(W), str(H), '2', tmp, 'model=fake-sr-x2', 'tile=64', 'tile_pad=2',
-                '--', f'1:{frames[0][1]}+faces', '2:bad', f'1:{frames[1][1]}', '1:eos']
-        out = subprocess.run(args, capture_output=True, text=True, timeout=120)
-        check(out.returncode == 0, f'host ran the stage (exit {out.returncode}) {out.stderr.strip()}')
-        lines = [json.loads(l) for l in out.stdout.splitlines()]
+        rc, lines, err = drive(tmp, W, H, 2, [f'model = "{model}"', 'tile = 64', 'tile_pad = 2'],
+                               [f'1:{frames[0][1]}+faces', '2:bad', f'1:{frames[1][1]}'])
+        check(rc == 0 and not create_error(lines), f'the harness ran the stage (exit {rc}) {lines[:1]}')
         emitted = [l for l in lines if 'job' in l]
         fails = [l for l in lines if 'failed' in l]
         check(len(fails) == 1 and fails[0]['failed'] == 2 and '(H,W,3) u8' in fails[0]['msg'],
               f'the malformed frame fails its job only: {fails}')
-        check('model calls: 24' in out.stderr, f'12 tiles per frame ran on the engine ({out.stderr.strip()})')
+        runs = model_runs(err)
+        check(runs == {(1, 0): 12, (1, 1): 12}, f'12 tiles per frame ran on the engine ({runs})')
         ups = [l for l in emitted if l['frame'] is not None]
-        check(len(ups) == 2 and all(l['frame'] == [2 * H, 2 * W] for l in ups),
+        check(len(ups) == 2 and all(l['frame'] == [2 * H, 2 * W] and l['job'] == 1 for l in ups),
               f'two frames upscaled to {2 * H}x{2 * W}')
         for l, (f, _) in zip(ups, frames):
             got = np.fromfile(l['file'], np.uint8).reshape(2 * H, 2 * W, 3)
@@ -142,32 +188,28 @@ def main():
         first = ups[0] if ups else {}
         faces = first.get('faces') or []
         check(len(faces) == 1 and faces[0][:4] == [20, 40, 60, 80] and faces[0][5] == 7 and
-              faces[0][6] == 2 and faces[0][7] == 20,
+              faces[0][6] == 2 and faces[0][15] == 20,
               f'"faces" travels along, scaled by 2: {faces}')
-        eos = [l for l in emitted if l['frame'] is None]
-        check(len(eos) == 1 and eos[0]['job'] == 1 and eos[0]['seq'] == 2, 'end-of-stream message forwarded')
+        check({'eos': 1} in lines and len(emitted) == 2, 'end of stream came through after the two frames')
 
-        out = subprocess.run([HOST, PLUGIN, 'superres', str(W), str(H), '1', tmp, 'model=missing-model.onnx', '--',
-                              f'1:{frames[0][1]}'], capture_output=True, text=True, timeout=60)
-        line = json.loads(out.stdout.splitlines()[0]) if out.stdout else {}
+        rc, lines, _ = drive(tmp, W, H, 1, ['model = "missing-model.onnx"'], [f'1:{frames[0][1]}'])
+        line = lines[0] if lines else {}
         check('create_error' in line and 'missing-model.onnx' in line['create_error'],
               f'an unknown model fails create naming it: {line}')
         # A model name not fetched with model_optional: the embedded espcn-x2,
         # which only upscales by 2, so scale = 4 must be refused, not run at 2x.
         env = dict(os.environ, SPINDLE_MODEL_PATH=os.path.join(tmp, 'no-models'), HOME=tmp)
         env.pop('XDG_DATA_HOME', None)
-        out = subprocess.run([HOST, PLUGIN, 'superres', str(W), str(H), '1', tmp, 'model=realesr-animevideov3-x4',
-                              'model_optional=1', 'scale=4', '--', f'1:{frames[0][1]}'],
-                             capture_output=True, text=True, timeout=60, env=env)
-        line = json.loads(out.stdout.splitlines()[0]) if out.stdout else {}
+        rc, lines, _ = drive(tmp, W, H, 1, ['model = "realesr-animevideov3-x4"', 'model_optional = true',
+                                            'scale = 4'], [f'1:{frames[0][1]}'], env=env)
+        line = lines[0] if lines else {}
         check('create_error' in line and 'upscales by 2, not 4' in line['create_error'],
               f'optional model not fetched with scale 4: refused, not run at 2x: {line}')
-        out = subprocess.run([HOST, PLUGIN, 'superres', str(W), str(H), '1', tmp, 'model=realesr-animevideov3-x4',
-                              '--', f'1:{frames[0][1]}'], capture_output=True, text=True, timeout=60, env=env)
-        line = json.loads(out.stdout.splitlines()[0]) if out.stdout else {}
+        rc, lines, _ = drive(tmp, W, H, 1, ['model = "realesr-animevideov3-x4"'], [f'1:{frames[0][1]}'], env=env)
+        line = lines[0] if lines else {}
         check('create_error' in line and 'spindle model fetch realesr-animevideov3-x4' in line['create_error'],
               f'required model not fetched: create fails saying how to fetch it: {line}')
-        faces_mode(tmp, frames, W, H)
+        faces_mode(tmp, frames, W, H, model)
     print(f'superres-stage: {passed} passed, {failed} failed')
     sys.exit(1 if failed else 0)
 

@@ -82,6 +82,10 @@ SPN_API uint32_t spn_harness_output_count(const spn_harness_t *h);
  * spn_harness_push). Ownership: caller owns *out (push it or msg_free it).
  * Thread: the owner. */
 SPN_API int32_t spn_harness_msg_new(spn_harness_t *h, uint64_t seq, spn_msg_t **out, spn_error_t *err);
+/* Set the presentation time (seconds) of a message not yet pushed: 0 from
+ * spn_harness_msg_new; stages that time their output by it (encode) need
+ * it rising. Ownership: msg borrowed. Thread: the owner. */
+SPN_API void spn_harness_msg_set_pts(spn_harness_t *h, spn_msg_t *msg, double pts);
 /* Add a tensor item holding a copy of spn_tensor_nbytes(t) bytes at `data`
  * (host memory; t->data is ignored). Ownership: msg and data borrowed.
  * Thread: the owner. */
