@@ -71,7 +71,12 @@
   "    for _, g in ipairs(groups) do\n"                                                         \
   "      local f = {}\n"                                                                        \
   "      for j = 1, #g, 2 do f[g[j]] = g[j + 1] end\n"                                          \
-  "      if f['name'] == G then lag = tonumber(f['lag']) end\n"                                 \
+  "      if f['name'] == G then\n"                                                              \
+  /* no field at all: Redis before 7 keeps no lag, so there is nothing to    \
+   * compare (false is a lag Redis cannot compute) */                                          \
+  "        if f['lag'] == nil then return 0 end\n"                                              \
+  "        lag = tonumber(f['lag'])\n"                                                          \
+  "      end\n"                                                                                 \
   "    end\n"                                                                                   \
   "  end\n"                                                                                     \
   "  if not lag then\n"                                                                         \
