@@ -44,20 +44,21 @@
   "local G = 'spindle'\n"                                                                       \
   "local W = P .. 'waiting'\n"                                                                  \
   "local function jk(id) return P .. 'job:' .. id end\n"                                        \
-  /* One token per job that became queued. */                                                 \
+  /* One token per job that became queued. The mirror's commands go       \
+   * through pcall: a stream deleted or overwritten by hand must not stop   \
+   * the transition half done (a script is not rolled back); the repair of  \
+   * the next sweep puts the count right. */                                                    \
   "local function wait_put(n)\n"                                                                \
-  "  for _ = 1, n do redis.call('XADD', W, '*', 't', 1) end\n"                                   \
+  "  for _ = 1, n do redis.pcall('XADD', W, '*', 't', 1) end\n"                                  \
   "end\n"                                                                                       \
   /* Take n tokens (the oldest: any token stands for any queued job) and     \
-   * trim them. pcall: a missing group (the stream deleted by hand) must not \
-   * stop the transition half done, as a script is not rolled back; the     \
-   * repair of the next sweep puts the count right. */                                          \
+   * trim them. */                                                                             \
   "local function wait_take(n)\n"                                                               \
   "  local got = redis.pcall('XREADGROUP', 'GROUP', G, 'tokens', 'COUNT', n, 'NOACK',\n"        \
   "                          'STREAMS', W, '>')\n"                                              \
   "  if type(got) ~= 'table' or not got[1] then return 0 end\n"                                 \
   "  local es = got[1][2]\n"                                                                    \
-  "  if #es > 0 then redis.call('XTRIM', W, 'MINID', es[#es][1]) end\n"                         \
+  "  if #es > 0 then redis.pcall('XTRIM', W, 'MINID', es[#es][1]) end\n"                        \
   "  return #es\n"                                                                              \
   "end\n"                                                                                       \
   /* Make the group's lag equal the number of queued jobs; -> tokens added  \

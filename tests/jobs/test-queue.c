@@ -795,6 +795,16 @@ static void test_redis_waiting_mirror_is_repaired(void **state) {
   assert_int_equal(waiting_lag(f), -2);
   assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
   assert_waiting(f, 4);
+  /* the key overwritten with another type: transitions still go through
+   * whole, the sweep rebuilds the stream */
+  freeReplyObject(rcmd(f, "SET %swaiting x", f->prefix));
+  int64_t extra = submit(f, 0, NULL, 0, 1, now);
+  spn_queue_state_t st;
+  assert_int_equal(f->o->cancel(f->q.impl, extra, now, &st, NULL), SPN_OK);
+  assert_int_equal(st, SPN_QSTATE_CANCELLED);
+  assert_int_equal(waiting_lag(f), -2);
+  assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
+  assert_waiting(f, 4);
   /* tokens missing (an RDB older than the jobs): the sweep adds them */
   for (int i = 0; i < 2; i++)
     freeReplyObject(rcmd(f, "XREADGROUP GROUP spindle x COUNT 1 NOACK STREAMS %swaiting >", f->prefix));
