@@ -15,7 +15,12 @@
  *   claims the entries idle longer than the lease (XAUTOCLAIM) and fails
  *   their attempt — so a worker or gateway killed at any moment loses
  *   nothing: its jobs come back after one lease time;
- * - an idempotency key maps to one job for 24 h (SET with a TTL).
+ * - an idempotency key maps to one job for 24 h (SET with a TTL);
+ * - the lag of the group "spindle" on the stream P waiting equals the number
+ *   of queued jobs (what KEDA scales on, 0 -> N): every script that moves a
+ *   job into or out of queued adds or reads one token in the same script;
+ *   drift (a queue written by a Spindle without the mirror, an old RDB) is
+ *   repaired on connect and by every sweep.
  * Durability is Redis's: see docs/jobs.md ("Redis backend").
  *
  * One connection, used from one thread. A broken connection fails the call
@@ -64,6 +69,7 @@ enum {
   SC_RELEASE_OWNER,
   SC_LIST,
   SC_UNPUBLISHED,
+  SC_WAITING_REPAIR,
   SC_COUNT
 };
 
@@ -80,6 +86,7 @@ static const char *const script_body[SC_COUNT] = {
     [SC_RELEASE_OWNER] = RQ_LUA_PRELUDE RQ_LUA_RELEASE_OWNER,
     [SC_LIST] = RQ_LUA_PRELUDE RQ_LUA_LIST,
     [SC_UNPUBLISHED] = RQ_LUA_UNPUBLISHED,
+    [SC_WAITING_REPAIR] = RQ_LUA_PRELUDE RQ_LUA_WAITING_REPAIR,
 };
 
 typedef struct rq {
@@ -98,6 +105,16 @@ typedef struct rq {
   char batch_error[SPN_ERROR_MSG_MAX];
   int64_t id_next, id_end; /* reserved ids [id_next, id_end) */
 } rq_t;
+
+/* Arguments of a script call (after P). */
+typedef struct rargs {
+  int n;
+  const char *v[ARGS_MAX];
+  size_t len[ARGS_MAX];
+  char num[ARGS_MAX][32];
+} rargs_t;
+
+static redisReply *rq_eval(rq_t *q, int sc, rargs_t *a, const char *what, spn_error_t *err);
 
 /* ---- connection ---- */
 
@@ -222,38 +239,45 @@ static int32_t rq_connect(rq_t *q, spn_error_t *err) {
     snprintf(db, sizeof db, "%d", q->db);
     rc = rq_simple(q, "SELECT", err, 2, "SELECT", db);
   }
-  if (rc == SPN_OK) {
-    /* The lease stream and its group; BUSYGROUP means another client made it. */
+  /* The lease stream and the waiting mirror, each with its group;
+   * BUSYGROUP means another client made it. */
+  static const char *const streams[][2] = {{"run", "creating the lease group"},
+                                           {"waiting", "creating the waiting mirror's group"}};
+  for (size_t k = 0; rc == SPN_OK && k < sizeof streams / sizeof *streams; k++) {
     char stream[96];
-    snprintf(stream, sizeof stream, "%srun", q->prefix);
+    snprintf(stream, sizeof stream, "%s%s", q->prefix, streams[k][0]);
     const char *argv[] = {"XGROUP", "CREATE", stream, "spindle", "0", "MKSTREAM"};
     size_t lens[6];
     for (int i = 0; i < 6; i++)
       lens[i] = strlen(argv[i]);
     redisReply *r = redisCommandArgv(q->c, 6, argv, lens);
     if (!r)
-      rc = rq_error(q, err, "creating the lease group", q->c->errstr);
+      rc = rq_error(q, err, streams[k][1], q->c->errstr);
     else {
       if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "BUSYGROUP", 9) != 0)
-        rc = rq_error(q, err, "creating the lease group", r->str);
+        rc = rq_error(q, err, streams[k][1], r->str);
       freeReplyObject(r);
     }
   }
   if (rc == SPN_OK)
     rc = rq_load_scripts(q, err);
+  if (rc == SPN_OK) {
+    /* Count the queued jobs into the mirror (a queue an older Spindle
+     * wrote has none). The scripts are loaded, so the connection counts as
+     * open and rq_eval does not come back here. */
+    rargs_t a = {0};
+    redisReply *r = rq_eval(q, SC_WAITING_REPAIR, &a, "repairing the waiting mirror", err);
+    if (r)
+      freeReplyObject(r);
+    else
+      rc = SPN_EIO;
+  }
   if (rc < 0)
     rq_drop(q);
   return rc;
 }
 
 /* ---- script calls ---- */
-
-typedef struct rargs {
-  int n;
-  const char *v[ARGS_MAX];
-  size_t len[ARGS_MAX];
-  char num[ARGS_MAX][32];
-} rargs_t;
 
 static void a_str(rargs_t *a, const char *s) {
   a->v[a->n] = s ? s : "";

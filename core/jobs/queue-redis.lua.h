@@ -19,6 +19,16 @@
  *                  is the lease table: idle time = time since the lease was
  *                  taken or last renewed (XCLAIM resets it), and XAUTOCLAIM
  *                  finds the expired ones.
+ *   P waiting      STREAM mirroring the number of queued jobs, for KEDA: its
+ *                  consumer group "spindle" has a lag (XINFO GROUPS) equal to
+ *                  the number of jobs in state queued (ZCARD P st:0). A job
+ *                  entering queued XADDs one token, a job leaving it reads
+ *                  one (XREADGROUP ... NOACK), in the same script. Tokens are
+ *                  counters, not job ids. Read tokens are trimmed with XTRIM
+ *                  MINID, never XDEL: a deleted entry past the group's last
+ *                  id makes Redis report the lag as unknown. Drift (a queue
+ *                  written without the mirror, a restored RDB) is repaired on
+ *                  connect and by every sweep.
  * Job fields: id st pr att max spec idem own rsn errs cr dl nb lu cs gs pd pt
  *   cx (cancel requested) sid (stream entry of the live lease) t0..t5 (last
  *   time the job entered each state) fo (FIFO rank) ho (has outputs).
@@ -32,11 +42,61 @@
 #define RQ_LUA_PRELUDE                                                                          \
   "local P = ARGV[1]\n"                                                                         \
   "local G = 'spindle'\n"                                                                       \
+  "local W = P .. 'waiting'\n"                                                                  \
   "local function jk(id) return P .. 'job:' .. id end\n"                                        \
+  /* One token per job that became queued. The mirror's commands go       \
+   * through pcall: a stream deleted or overwritten by hand must not stop   \
+   * the transition half done (a script is not rolled back); the repair of  \
+   * the next sweep puts the count right. */                                                    \
+  "local function wait_put(n)\n"                                                                \
+  "  for _ = 1, n do redis.pcall('XADD', W, '*', 't', 1) end\n"                                  \
+  "end\n"                                                                                       \
+  /* Take n tokens (the oldest: any token stands for any queued job) and     \
+   * trim them. */                                                                             \
+  "local function wait_take(n)\n"                                                               \
+  "  local got = redis.pcall('XREADGROUP', 'GROUP', G, 'tokens', 'COUNT', n, 'NOACK',\n"        \
+  "                          'STREAMS', W, '>')\n"                                              \
+  "  if type(got) ~= 'table' or not got[1] then return 0 end\n"                                 \
+  "  local es = got[1][2]\n"                                                                    \
+  "  if #es > 0 then redis.pcall('XTRIM', W, 'MINID', es[#es][1]) end\n"                        \
+  "  return #es\n"                                                                              \
+  "end\n"                                                                                       \
+  /* Make the group's lag equal the number of queued jobs; -> tokens added  \
+   * (negative: taken). A lag Redis cannot compute (an entry removed with   \
+   * XDEL) or a missing stream or group rebuilds the stream. */                                 \
+  "local function wait_repair()\n"                                                              \
+  "  local n = redis.call('ZCARD', P .. 'st:0')\n"                                              \
+  "  local lag = nil\n"                                                                         \
+  "  local groups = redis.pcall('XINFO', 'GROUPS', W)\n"                                        \
+  "  if type(groups) == 'table' and not groups.err then\n"                                      \
+  "    for _, g in ipairs(groups) do\n"                                                         \
+  "      local f = {}\n"                                                                        \
+  "      for j = 1, #g, 2 do f[g[j]] = g[j + 1] end\n"                                          \
+  "      if f['name'] == G then\n"                                                              \
+  /* no field at all: Redis before 7 keeps no lag, so there is nothing to    \
+   * compare (false is a lag Redis cannot compute) */                                          \
+  "        if f['lag'] == nil then return 0 end\n"                                              \
+  "        lag = tonumber(f['lag'])\n"                                                          \
+  "      end\n"                                                                                 \
+  "    end\n"                                                                                   \
+  "  end\n"                                                                                     \
+  "  if not lag then\n"                                                                         \
+  "    redis.call('DEL', W)\n"                                                                  \
+  "    redis.call('XGROUP', 'CREATE', W, G, '0', 'MKSTREAM')\n"                                 \
+  "    wait_put(n)\n"                                                                           \
+  "    return n\n"                                                                              \
+  "  end\n"                                                                                     \
+  "  if lag < n then wait_put(n - lag) elseif lag > n then wait_take(lag - n) end\n"            \
+  "  return n - lag\n"                                                                          \
+  "end\n"                                                                                       \
+  /* Every state change but a submission goes through here, so the mirror   \
+   * follows state queued whatever the transition. */                                           \
   "local function setst(id, from, to, now)\n"                                                   \
   "  redis.call('HSET', jk(id), 'st', to, 't' .. to, now)\n"                                    \
   "  if from >= 0 then redis.call('ZREM', P .. 'st:' .. from, id) end\n"                        \
   "  redis.call('ZADD', P .. 'st:' .. to, id, id)\n"                                            \
+  "  if from == 0 and to ~= 0 then wait_take(1) end\n"                                          \
+  "  if to == 0 and from ~= 0 then wait_put(1) end\n"                                           \
   "end\n"                                                                                       \
   "local function ready(id)\n"                                                                  \
   "  local h = redis.call('HMGET', jk(id), 'pr', 'fo')\n"                                        \
@@ -126,6 +186,7 @@
   "  redis.call('SET', P .. 'idem:' .. key, id, 'PX', ARGV[8])\n"                               \
   "end\n"                                                                                       \
   "redis.call('ZADD', P .. 'st:0', id, id)\n"                                                   \
+  "wait_put(1)\n"                                                                               \
   "redis.call('ZADD', P .. 'all', id, id)\n"                                                    \
   "redis.call('ZADD', P .. 'ready', -tonumber(ARGV[3]) * 4294967296 + fo, id)\n"               \
   "if tonumber(ARGV[5]) > 0 then redis.call('ZADD', P .. 'deadlines', ARGV[5], id) end\n"       \
@@ -227,7 +288,8 @@
  * Expired leases (pending entries idle >= min_idle) count as a failed
  * attempt; queued jobs past their deadline fail; succeeded jobs whose
  * marker was not confirmed removed within min_idle come back as state 2
- * (the caller removes the marker). */
+ * (the caller removes the marker). Last, the waiting mirror is checked
+ * against the queued jobs and repaired (wait_repair). */
 #define RQ_LUA_SWEEP                                                                            \
   "local now = tonumber(ARGV[2])\n"                                                             \
   "local r0, base, max = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])\n"             \
@@ -276,6 +338,7 @@
   "    out[#out + 1] = 3\n"                                                                     \
   "  end\n"                                                                                     \
   "end\n"                                                                                       \
+  "wait_repair()\n"                                                                             \
   "return out\n"
 
 /* ARGV: P id att owner now -> 1 | 0. Back to the queue, attempt not counted. */
@@ -324,6 +387,9 @@
   "local out = {}\n"                                                                            \
   "for _, id in ipairs(ids) do out[#out + 1] = redis.call('HGETALL', jk(id)) end\n"             \
   "return out\n"
+
+/* ARGV: P -> tokens added to P waiting (negative: taken) to repair drift */
+#define RQ_LUA_WAITING_REPAIR "return wait_repair()\n"
 
 /* ARGV: P id: the publication marker of a succeeded job is gone */
 #define RQ_LUA_UNPUBLISHED "redis.call('ZREM', ARGV[1] .. 'unpub', ARGV[2])\nreturn 1\n"

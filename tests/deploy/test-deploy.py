@@ -82,6 +82,7 @@ def keda():
     deployments = {d['metadata']['name'] for f in glob.glob(os.path.join(deploy, 'k8s', '*.yaml'))
                    for d in load_yaml_docs(f) if d['kind'] == 'Deployment'}
     types = set()
+    streams = {}  # file -> metadata of its redis-streams triggers
     for f in files:
         for d in load_yaml_docs(f):
             errs = list(jsonschema.Draft202012Validator(schema).iter_errors(d))
@@ -92,30 +93,68 @@ def keda():
                 fail(f'{os.path.basename(f)}: scales {target}, not a Deployment of deploy/k8s')
             for t in d['spec']['triggers']:
                 types.add(t['type'])
+                if t['type'] == 'redis-streams':
+                    streams.setdefault(os.path.basename(f), []).append(t['metadata'])
                 if t['type'] == 'prometheus':
                     check_metric_names(t['metadata']['query'], os.path.basename(f))
-                    if d['spec'].get('minReplicaCount') != 0:
-                        fail(f'{os.path.basename(f)}: does not scale to zero')
-                if t['type'] == 'redis-streams':
-                    # The stream and group the Redis queue backend really uses.
-                    with open(os.path.join(src, 'core', 'jobs', 'queue-redis.c')) as q:
-                        code = q.read()
-                    prefix = re.search(r'"(spindle:)"', code)
-                    suffix = re.search(r'snprintf\(stream, sizeof stream, "%s(\w+)"', code)
-                    group = re.search(r'"XGROUP", "CREATE", stream, "(\w+)"', code)
-                    want = (prefix.group(1) + suffix.group(1) if prefix and suffix else None,
-                            group.group(1) if group else None)
-                    got = (t['metadata'].get('stream'), t['metadata'].get('consumerGroup'))
-                    if got != want:
-                        fail(f'{os.path.basename(f)}: stream/group {got}, the Redis backend uses {want}')
+            if d['spec'].get('minReplicaCount') != 0:
+                fail(f'{os.path.basename(f)}: does not scale to zero')
             print(f'{os.path.basename(f)}: valid ScaledObject, target {target}')
     if types != {'redis-streams', 'prometheus'}:
         fail(f'expected a redis-streams and a prometheus ScaledObject, found {sorted(types)}')
+    check_redis_streams(streams)
     bad = {'apiVersion': 'keda.sh/v1alpha1', 'kind': 'ScaledObject', 'metadata': {'name': 'x'},
            'spec': {'scaleTargetRef': {'name': 'x'},
                     'triggers': [{'type': 'redis-streams', 'metadata': {'address': 'r:6379', 'stream': 's'}}]}}
     if jsonschema.Draft202012Validator(schema).is_valid(bad):
         fail('the ScaledObject schema accepted a redis-streams trigger without consumerGroup')
+    # KEDA refuses lagCount without activationLagCount, and with lagCount
+    # ignores pendingEntriesCount: the schema must refuse both.
+    meta = bad['spec']['triggers'][0]['metadata']
+    meta.update(consumerGroup='g', lagCount='4')
+    if jsonschema.Draft202012Validator(schema).is_valid(bad):
+        fail('the ScaledObject schema accepted lagCount without activationLagCount')
+    meta.update(activationLagCount='0', pendingEntriesCount='2')
+    if jsonschema.Draft202012Validator(schema).is_valid(bad):
+        fail('the ScaledObject schema accepted lagCount and pendingEntriesCount in one trigger')
+    del meta['pendingEntriesCount']
+    if not jsonschema.Draft202012Validator(schema).is_valid(bad):
+        fail('the ScaledObject schema refused a lag trigger')
+
+
+def check_redis_streams(streams):
+    """The redis-streams triggers name the streams and group the Redis queue
+    backend really creates (core/jobs/queue-redis.c), and measure each the
+    way that scales 0 -> N: the lag of the waiting mirror (one waiting job
+    activates), the pending entries (leases) of the run stream."""
+    with open(os.path.join(src, 'core', 'jobs', 'queue-redis.c')) as q:
+        code = q.read()
+    with open(os.path.join(src, 'core', 'jobs', 'queue-redis.lua.h')) as q:
+        lua = q.read()
+    prefix = re.search(r'"(spindle:)"', code)
+    table = re.search(r'streams\[\]\[2\] = \{(.*?)\};', code, re.S)
+    names = re.findall(r'\{"(\w+)", "[^"]*"\}', table.group(1)) if table else []
+    group = re.search(r'"XGROUP", "CREATE", stream, "(\w+)"', code)
+    mirror = re.search(r"local W = P \.\. '(\w+)'", lua)
+    if not prefix or not group or sorted(names) != ['run', 'waiting']:
+        fail(f'queue-redis.c: expected the streams run and waiting, each with a group; found {names}')
+    if not mirror or mirror.group(1) != 'waiting':
+        fail('queue-redis.lua.h: the scripts do not write the waiting mirror (local W = P .. \'waiting\')')
+    run, waiting = prefix.group(1) + 'run', prefix.group(1) + 'waiting'
+    for name, triggers in streams.items():
+        before = len(failures)
+        got = sorted((m.get('stream'), m.get('consumerGroup')) for m in triggers)
+        want = sorted((s, group.group(1)) for s in (run, waiting))
+        if got != want:
+            fail(f'{name}: stream/group {got}, the Redis backend uses {want}')
+        for m in triggers:
+            if m.get('stream') == waiting and (m.get('activationLagCount') != '0' or 'lagCount' not in m):
+                fail(f'{name}: {waiting} must scale on lagCount with activationLagCount "0" '
+                     '(one waiting job wakes the first worker)')
+            if m.get('stream') == run and 'pendingEntriesCount' not in m:
+                fail(f'{name}: {run} must scale on pendingEntriesCount (running jobs hold workers)')
+        if len(failures) == before:
+            print(f'{name}: lag of {waiting} and pending entries of {run}, group {group.group(1)}')
 
 
 def documented_metrics():

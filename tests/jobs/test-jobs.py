@@ -71,6 +71,44 @@ def start_redis(tmp, port=None):
     return p, REDIS["url"]
 
 
+def redis_call(*args):
+    """One command to the case's redis-server (RESP over a socket)."""
+    import socket
+    with socket.create_connection(("127.0.0.1", REDIS["port"]), timeout=5) as so:
+        so.sendall(f"*{len(args)}\r\n".encode() + b"".join(
+            b"$%d\r\n%s\r\n" % (len(a), a) for a in (str(x).encode() for x in args)))
+        return resp_read(so.makefile("rb"))
+
+
+def resp_read(f):
+    line = f.readline()[:-2]
+    kind, rest = line[:1], line[1:].decode()
+    if kind == b"+":
+        return rest
+    if kind == b"-":
+        raise Fail(f"redis: {rest}")
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        return None if int(rest) < 0 else f.read(int(rest) + 2)[:-2].decode()
+    if kind == b"*":
+        return None if int(rest) < 0 else [resp_read(f) for _ in range(int(rest))]
+    raise Fail(f"redis: unexpected reply {line!r}")
+
+
+def keda_signals():
+    """What deploy/keda/scaledobject-redis-streams.yaml reads: the lag of
+    group spindle on spindle:waiting (queued jobs) and its pending entries on
+    spindle:run (running jobs)."""
+    def group(stream):
+        for g in redis_call("XINFO", "GROUPS", stream):
+            d = dict(zip(g[::2], g[1::2]))
+            if d["name"] == "spindle":
+                return d
+        raise Fail(f"{stream}: no consumer group spindle")
+    return group("spindle:waiting")["lag"], group("spindle:run")["pending"]
+
+
 def queue_args(tmp):
     if BACKEND != "redis":
         return []
@@ -1100,10 +1138,13 @@ def case_queue_workers(tmp):
     lo = submit_many(ep, tmp, 5, 0, f"{tmp}/prio", priority=-3)
     hi = submit_many(ep, tmp, 5, 0, f"{tmp}/prio", priority=7)
     mid = submit_many(ep, tmp, 5, 0, f"{tmp}/prio", priority=0)
+    # what KEDA sees with no worker at all: 15 waiting (wakes the first), 0 running
+    check(keda_signals() == (15, 0), f"lag and pending with 15 queued, no worker: {keda_signals()}")
     one = start_worker(tmp, url, "--slots", "1", "--chunk-bytes", "4096", "--exec-log", log, name="one")
     wait_all(ep, lo + hi + mid, 60)
     order = [int(l.split()[1]) for l in open(log).read().splitlines() if l.startswith("start")]
     check(order == hi + mid + lo, f"run order {order}, want {hi + mid + lo}")
+    check(keda_signals() == (0, 0), f"lag and pending once all ran: {keda_signals()}")
     one.send_signal(signal.SIGTERM)
     check(one.wait(10) == 0, "idle worker did not exit 0 on SIGTERM")
     # faults: 3 workers, 60 jobs of ~0.3 s
@@ -1124,6 +1165,8 @@ def case_queue_workers(tmp):
     check(all(any("lease expired" in e["error"] for e in st["errors"]) for st in lost),
           f"retried jobs without a lease-expired error: {lost[:2]}")
     check(all(status(ep, j)["done"] == 10 for j in ids[:5]), "progress of succeeded jobs")
+    # after a kill -9 (expired leases retried) and a drain: nothing left to scale on
+    check(keda_signals() == (0, 0), f"lag and pending once all ran: {keda_signals()}")
     print(f"queue-workers: {len(lost)} jobs re-run after the kill -9 of a worker")
 
 
@@ -1149,6 +1192,7 @@ def case_redis_kill(tmp):
     wait_all(ep, ids, 120)
     check_exactly_once(tmp, log, ids, f"{tmp}/out", f"{tmp}/in.bin")
     check(p.poll() is None and w.poll() is None, "the gateway or the worker died with redis")
+    check(keda_signals() == (0, 0), f"lag and pending once all ran after the AOF reload: {keda_signals()}")
 
 
 def case_gateway_kill_shared(tmp):

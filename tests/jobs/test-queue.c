@@ -4,7 +4,9 @@
  * their expiry, backoff, dead-lettering, deadlines, cancel, transitions and
  * durability. Time is passed explicitly, so every expectation is computed
  * from the inputs — except Redis lease expiry, which is pending-entry idle
- * time on the server's clock and is tested with real (short) waits. */
+ * time on the server's clock and is tested with real (short) waits.
+ * On Redis, every case ends by checking the waiting mirror KEDA scales on:
+ * the lag of group "spindle" on P waiting equals the number of queued jobs. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,6 +24,7 @@
 
 #include <cmocka.h>
 #include <cjson/cJSON.h>
+#include <hiredis/hiredis.h>
 
 #include "jobs-internal.h"
 
@@ -184,6 +187,70 @@ static spn_queue_state_t state_of(fx_t *f, int64_t id) {
   spn_queue_state_t s = j.state;
   spn__queue_job_clear(&j);
   return s;
+}
+
+/* A command on the test's own connection to the Redis of the group, the way
+ * KEDA or an operator sees the keys (formatted as redisCommand's). */
+static redisReply *rcmd(fx_t *f, const char *fmt, ...) {
+  int port = 0;
+  assert_int_equal(sscanf(f->srv->url, "redis://127.0.0.1:%d", &port), 1);
+  redisContext *c = redisConnect("127.0.0.1", port);
+  assert_non_null(c);
+  assert_int_equal(c->err, 0);
+  va_list ap;
+  va_start(ap, fmt);
+  redisReply *r = redisvCommand(c, fmt, ap);
+  va_end(ap);
+  assert_non_null(r);
+  redisFree(c);
+  return r;
+}
+
+/* The lag of group "spindle" on P waiting as XINFO GROUPS reports it (what
+ * KEDA's lagCount reads): -1 when Redis cannot say (unknown lag), -2 when
+ * the stream or the group is missing. */
+static long long waiting_lag(fx_t *f) {
+  redisReply *r = rcmd(f, "XINFO GROUPS %swaiting", f->prefix);
+  long long lag = -2;
+  for (size_t g = 0; r->type == REDIS_REPLY_ARRAY && g < r->elements; g++) {
+    const redisReply *e = r->element[g];
+    bool ours = false;
+    long long v = -1;
+    for (size_t i = 0; e->type == REDIS_REPLY_ARRAY && i + 1 < e->elements; i += 2) {
+      const redisReply *k = e->element[i], *x = e->element[i + 1];
+      if (!strcmp(k->str, "name"))
+        ours = x->type == REDIS_REPLY_STRING && !strcmp(x->str, "spindle");
+      else if (!strcmp(k->str, "lag"))
+        v = x->type == REDIS_REPLY_INTEGER ? x->integer : -1;
+    }
+    if (ours)
+      lag = v;
+  }
+  freeReplyObject(r);
+  return lag;
+}
+
+static int64_t queued(fx_t *f) {
+  int64_t cnt[SPN_QSTATE_COUNT];
+  assert_int_equal(f->o->counts(f->q.impl, cnt, NULL), SPN_OK);
+  return cnt[SPN_QSTATE_QUEUED];
+}
+
+/* The mirror holds `want` tokens and that is the number of queued jobs. */
+static void assert_waiting(fx_t *f, int64_t want) {
+  assert_int_equal(queued(f), want);
+  assert_int_equal(waiting_lag(f), want);
+}
+
+/* Every Redis case leaves the waiting mirror equal to its queued jobs. */
+static int teardown_redis(void **state) {
+  fx_t *f = *state;
+  int64_t n = queued(f);
+  long long lag = waiting_lag(f);
+  if (lag != n)
+    fprintf(stderr, "%swaiting: lag %lld, but %lld job(s) queued\n", f->prefix, lag, (long long)n);
+  teardown(state);
+  return lag == n ? 0 : -1;
 }
 
 static void test_priorities_then_fifo(void **state) {
@@ -613,6 +680,160 @@ static void test_succeeded_progress_is_complete(void **state) {
   spn__queue_job_clear(&j);
 }
 
+/* The waiting mirror (P waiting, group "spindle") that KEDA scales 0 -> N
+ * on: its lag follows every way into and out of state queued. */
+static void test_redis_waiting_lag_is_the_number_of_queued_jobs(void **state) {
+  fx_t *f = *state;
+  int64_t now = wall_ms();
+  assert_waiting(f, 0);
+  int64_t a = submit(f, 0, NULL, 0, 2, now);
+  int64_t b = submit(f, 0, NULL, 0, 1, now);
+  int64_t c = submit(f, 0, NULL, 0, 1, now);
+  int64_t d = submit(f, 0, NULL, 0, 3, now);
+  int64_t e = submit(f, 0, NULL, 0, 2, now);
+  assert_waiting(f, 5);
+  uint32_t att_a, att_b, att;
+  assert_int_equal(lease(f, "w1", now, &att_a), a);
+  assert_waiting(f, 4);
+  assert_int_equal(lease(f, "w1", now, &att_b), b);
+  assert_waiting(f, 3);
+  /* cancel: a queued job leaves queued at once; a running one only asks */
+  spn_queue_state_t st;
+  assert_int_equal(f->o->cancel(f->q.impl, c, now, &st, NULL), SPN_OK);
+  assert_int_equal(st, SPN_QSTATE_CANCELLED);
+  assert_waiting(f, 2);
+  assert_int_equal(f->o->cancel(f->q.impl, b, now, &st, NULL), SPN_OK);
+  assert_int_equal(st, SPN_QSTATE_RUNNING);
+  assert_waiting(f, 2);
+  /* a failed attempt with attempts left is queued again (backing off: still
+   * waiting, and a worker must come to take it); a cancelled one is not */
+  assert_int_equal((f->o->fail)(f->q.impl, a, att_a, "w1", "boom", false, 0, 0, now, &st, NULL), SPN_OK);
+  assert_int_equal(st, SPN_QSTATE_QUEUED);
+  assert_waiting(f, 3);
+  assert_int_equal((f->o->fail)(f->q.impl, b, att_b, "w1", "stopped", false, 0, 0, now, &st, NULL), SPN_OK);
+  assert_int_equal(st, SPN_QSTATE_CANCELLED);
+  assert_waiting(f, 3);
+  /* a resubmission with the same idempotency key adds nothing */
+  int64_t g = submit(f, 0, "key-g", 0, 1, now);
+  assert_waiting(f, 4);
+  spn_queue_submit_t sg = {.spec_json = SPEC, .idem_key = "key-g", .max_attempts = 1};
+  int64_t id;
+  bool existed = false;
+  assert_int_equal(f->o->submit(f->q.impl, &sg, now, &id, &existed, NULL), SPN_OK);
+  assert_true(existed);
+  assert_int_equal(id, g);
+  assert_waiting(f, 4);
+  /* a draining worker hands its job back */
+  assert_int_equal(lease(f, "w2", now, &att), d);
+  assert_waiting(f, 3);
+  assert_int_equal(f->o->release(f->q.impl, d, att, "w2", "draining", now, NULL), SPN_OK);
+  assert_waiting(f, 4);
+  /* an expired lease swept back (300 ms on the server's clock) */
+  assert_int_equal(lease(f, "w2", now, &att), d);
+  assert_waiting(f, 3);
+  usleep(350000);
+  seen_t s = {0};
+  assert_int_equal(f->o->sweep(f->q.impl, wall_ms(), seen_cb, &s, NULL), 1);
+  assert_int_equal(s.id[0], d);
+  assert_int_equal(s.st[0], SPN_QSTATE_QUEUED);
+  assert_waiting(f, 4);
+  /* a lost worker's jobs re-queued */
+  assert_int_equal(lease(f, "w3", wall_ms(), &att), e);
+  assert_waiting(f, 3);
+  assert_int_equal(f->o->release_owner(f->q.impl, "w3", "worker w3 lost", wall_ms(), NULL, NULL, NULL), 1);
+  assert_waiting(f, 4);
+  /* a queued job past its deadline fails in the sweep */
+  now = wall_ms();
+  int64_t h = submit(f, 0, NULL, now + 50, 1, now);
+  assert_waiting(f, 5);
+  assert_int_equal(f->o->sweep(f->q.impl, now + 100, NULL, NULL, NULL), 1);
+  assert_int_equal(state_of(f, h), SPN_QSTATE_FAILED);
+  assert_waiting(f, 4);
+  /* pipelined submissions of a group commit */
+  assert_int_equal(f->o->begin(f->q.impl, NULL), SPN_OK);
+  for (int i = 0; i < 3; i++) {
+    spn_queue_submit_t sb = {.spec_json = SPEC, .max_attempts = 1};
+    assert_int_equal(f->o->submit(f->q.impl, &sb, now, &id, &existed, NULL), SPN_OK);
+  }
+  assert_int_equal(f->o->commit(f->q.impl, NULL), SPN_OK);
+  assert_waiting(f, 7);
+  /* everything leased (backoffs passed): lag 0, and the read tokens were
+   * trimmed, so the stream does not grow with the jobs it has seen */
+  for (int64_t left = 7; left > 0; left--) {
+    assert_int_not_equal(lease(f, "w4", now + 3600 * 1000, NULL), 0);
+    assert_waiting(f, left - 1);
+  }
+  assert_int_equal(lease(f, "w4", now + 3600 * 1000, NULL), 0);
+  assert_waiting(f, 0);
+  redisReply *r = rcmd(f, "XLEN %swaiting", f->prefix);
+  assert_true(r->type == REDIS_REPLY_INTEGER && r->integer <= 1);
+  freeReplyObject(r);
+}
+
+/* Drift between the mirror and the queued jobs — junk tokens, the stream
+ * deleted (a queue an older Spindle wrote has none), entries removed with
+ * XDEL (Redis then reports no lag) — is repaired by the next sweep and on
+ * connect; transitions keep working meanwhile. */
+static void test_redis_waiting_mirror_is_repaired(void **state) {
+  fx_t *f = *state;
+  int64_t now = wall_ms();
+  for (int i = 0; i < 4; i++)
+    submit(f, 0, NULL, 0, 1, now);
+  assert_waiting(f, 4);
+  /* junk tokens: taken back by the sweep */
+  for (int i = 0; i < 3; i++)
+    freeReplyObject(rcmd(f, "XADD %swaiting * t 1", f->prefix));
+  assert_int_equal(waiting_lag(f), 7);
+  assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
+  assert_waiting(f, 4);
+  /* the stream deleted: a lease still works; a submission recreates the
+   * stream without its group; the sweep rebuilds it */
+  freeReplyObject(rcmd(f, "DEL %swaiting", f->prefix));
+  assert_int_equal(waiting_lag(f), -2);
+  assert_int_not_equal(lease(f, "w", now, NULL), 0);
+  submit(f, 0, NULL, 0, 1, now);
+  assert_int_equal(waiting_lag(f), -2);
+  assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
+  assert_waiting(f, 4);
+  /* the key overwritten with another type: transitions still go through
+   * whole, the sweep rebuilds the stream */
+  freeReplyObject(rcmd(f, "SET %swaiting x", f->prefix));
+  int64_t extra = submit(f, 0, NULL, 0, 1, now);
+  spn_queue_state_t st;
+  assert_int_equal(f->o->cancel(f->q.impl, extra, now, &st, NULL), SPN_OK);
+  assert_int_equal(st, SPN_QSTATE_CANCELLED);
+  assert_int_equal(waiting_lag(f), -2);
+  assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
+  assert_waiting(f, 4);
+  /* tokens missing (an RDB older than the jobs): the sweep adds them */
+  for (int i = 0; i < 2; i++)
+    freeReplyObject(rcmd(f, "XREADGROUP GROUP spindle x COUNT 1 NOACK STREAMS %swaiting >", f->prefix));
+  assert_int_equal(waiting_lag(f), 2);
+  assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
+  assert_waiting(f, 4);
+  /* an unread entry removed with XDEL: Redis cannot say the lag; a new
+   * connection rebuilds the stream before its first call */
+  redisReply *r = rcmd(f, "XADD %swaiting * t 1", f->prefix);
+  assert_int_equal(r->type, REDIS_REPLY_STRING);
+  freeReplyObject(rcmd(f, "XDEL %swaiting %s", f->prefix, r->str));
+  freeReplyObject(r);
+  assert_int_equal(waiting_lag(f), -1);
+  spn_queue_free(&f->q);
+  assert_int_equal(open_redis(f, 300, &f->q), SPN_OK);
+  f->o = f->q.ops;
+  assert_int_equal(waiting_lag(f), 4);
+  /* a queue written without the mirror: counted in on connect */
+  freeReplyObject(rcmd(f, "DEL %swaiting", f->prefix));
+  spn_queue_free(&f->q);
+  assert_int_equal(open_redis(f, 300, &f->q), SPN_OK);
+  f->o = f->q.ops;
+  assert_waiting(f, 4);
+  for (int64_t left = 4; left > 0; left--) {
+    assert_int_not_equal(lease(f, "w", now, NULL), 0);
+    assert_waiting(f, left - 1);
+  }
+}
+
 static void test_redis_url_errors(void **state) {
   (void)state;
   const char *bad[] = {"http://x", "redis://", "redis://h:0", "redis://h:99999", "redis://u:pw@h:1",
@@ -636,7 +857,7 @@ static void test_redis_url_errors(void **state) {
 }
 
 #define SQ(t) cmocka_unit_test_setup_teardown(t, setup_sqlite, teardown)
-#define RD(t) cmocka_unit_test_setup_teardown(t, setup_redis, teardown)
+#define RD(t) cmocka_unit_test_setup_teardown(t, setup_redis, teardown_redis)
 
 int main(void) {
   const struct CMUnitTest sqlite_tests[] = {
@@ -669,6 +890,8 @@ int main(void) {
       RD(test_succeeded_progress_is_complete),
       RD(test_batch_submit_order),
       RD(test_redis_shared_by_two_clients),
+      RD(test_redis_waiting_lag_is_the_number_of_queued_jobs),
+      RD(test_redis_waiting_mirror_is_repaired),
   };
   int rc = cmocka_run_group_tests_name("sqlite", sqlite_tests, NULL, NULL);
   rc += cmocka_run_group_tests_name("redis", redis_tests, redis_up, redis_down);
