@@ -340,7 +340,10 @@ int32_t spn_harness_add_tensor(spn_harness_t *h, spn_msg_t *msg, const char *nam
     return spn_error_set(err, SPN_EINVAL, "harness: add_tensor: NULL argument");
   size_t n = spn_tensor_nbytes(t);
   spn_buffer_t *buf = NULL;
-  int32_t rc = spn_buffer_type_alloc(spn_device_buffer_type(h->rt->host_dev, SPN_MEM_DEVICE), n, &buf, err);
+  /* Host memory, as a CPU stage's host->buffer_new gives: a stage whose port
+   * takes host memory gets this very buffer (the zero-copy path), not an
+   * edge copy of it. */
+  int32_t rc = spn_buffer_type_alloc(spn_device_buffer_type(h->rt->host_dev, SPN_MEM_HOST), n, &buf, err);
   if (rc != SPN_OK)
     return rc;
   memcpy(spn_buffer_data(buf), data, n);
