@@ -125,17 +125,18 @@ static long long x_in_flight(const spn_harness_t *h) {
 
 /* A job set to fail, out of messages on this port: wait (SPN_EAGAIN: the
  * runtime calls again in a millisecond) until every port fed it all and the
- * stage took everything, then fail it once; never EOS. Called under mu. */
-static int32_t hfeed_fail(spn_stage_t *stage, spn_harness_t *h, hjob_t *j) {
+ * stage took everything; then *fail is set once (the caller fails the job
+ * outside mu). Never an EOS: the dead job is closed by the runtime, and
+ * SPN_EOS from a feeder of a dead job sends nothing. Called under mu. */
+static int32_t hfeed_fail(spn_harness_t *h, hjob_t *j, bool *fail) {
   if (j->fail_sent)
-    return SPN_EOS; /* the job is dead: the runtime closes it, sends nothing */
+    return SPN_EOS;
   for (uint32_t q = 0; q < h->n_in; q++)
     if (j->next_in[q] < j->n_in[q])
       return SPN_EAGAIN;
   if (x_in_flight(h))
     return SPN_EAGAIN;
-  j->fail_sent = true;
-  spn_stage_host(stage)->fail_job(stage, j->id, j->fail_status, j->fail_msg);
+  j->fail_sent = *fail = true;
   return SPN_EOS;
 }
 
@@ -145,14 +146,17 @@ static int32_t hfeed_generate(spn_stage_t *stage, void *state, void *job_state, 
   hjob_t *j = job_state;
   spn_msg_t *m = NULL;
   int32_t rc = SPN_EOS;
+  bool fail = false;
   pthread_mutex_lock(&p->h->mu);
   if (j->next_in[p->port] < j->n_in[p->port]) {
     m = j->in[p->port][j->next_in[p->port]];
     j->in[p->port][j->next_in[p->port]++] = NULL;
   } else if (j->fail_status) {
-    rc = hfeed_fail(stage, p->h, j);
+    rc = hfeed_fail(p->h, j, &fail);
   }
   pthread_mutex_unlock(&p->h->mu);
+  if (fail) /* fail_status and fail_msg do not change during a run */
+    spn_stage_host(stage)->fail_job(stage, j->id, j->fail_status, j->fail_msg);
   if (!m)
     return rc;
   m->env.job_id = j->id;
