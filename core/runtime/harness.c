@@ -13,6 +13,15 @@
  * the feeders' read cursors and the collectors' outputs — which is under
  * h->mu. A message pushed is owned by the harness until a feeder emits it;
  * a collected message is owned by the harness until the next run or free.
+ *
+ * SDK 1.1 additions: a job set to fail (spn_harness_job_fail) gets no EOS
+ * from its feeders; once every message pushed for it was emitted and the
+ * stage under test has processed or dropped everything sent to it (no
+ * credit in flight on its input links), one feeder fails the job, so the
+ * stage sees job_close(ok=false) after its last process call. The stage's
+ * progress reports reach the harness through its stage runtime's progress
+ * tap (host.c), terminal or not; a message the harness made carries its id
+ * in harness_id, which no other message has.
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -36,6 +45,11 @@ typedef struct hjob {
   bool eos[HARNESS_MAX_PORTS];                                                             /* mu */
   bool ran;
   spn_error_t status;
+  int32_t fail_status;          /* spn_harness_job_fail, for the next run; 0 = none */
+  char *fail_msg;
+  bool fail_sent;               /* mu */
+  bool reported;                /* mu: the stage reported progress */
+  int64_t prog_done, prog_total; /* mu */
 } hjob_t;
 
 struct spn_harness {
@@ -45,6 +59,8 @@ struct spn_harness {
   pthread_mutex_t mu;
   hjob_t **jobs;
   size_t n_jobs, cap_jobs;
+  spn__stage_rt_t *x; /* the stage under test */
+  uint64_t next_id;   /* the last spn_harness_msg_id given */
 };
 
 typedef struct hport_config {
@@ -97,19 +113,52 @@ static int32_t hport_job_open(spn_stage_t *stage, void *state, const spn_job_inf
   return SPN_OK;
 }
 
-/* Feeder: one queued message per call, then SPN_EOS. */
+/* Counted messages sent to the stage under test and not yet processed or
+ * dropped by it, all jobs together. */
+static long long x_in_flight(const spn_harness_t *h) {
+  long long n = 0;
+  for (uint32_t i = 0; i < h->pipe->n_links; i++)
+    if (h->pipe->links[i]->to->srt == h->x)
+      n += atomic_load(&h->pipe->links[i]->in_flight);
+  return n;
+}
+
+/* A job set to fail, out of messages on this port: wait (SPN_EAGAIN: the
+ * runtime calls again in a millisecond) until every port fed it all and the
+ * stage took everything; then *fail is set once (the caller fails the job
+ * outside mu). Never an EOS: the dead job is closed by the runtime, and
+ * SPN_EOS from a feeder of a dead job sends nothing. Called under mu. */
+static int32_t hfeed_fail(spn_harness_t *h, hjob_t *j, bool *fail) {
+  if (j->fail_sent)
+    return SPN_EOS;
+  for (uint32_t q = 0; q < h->n_in; q++)
+    if (j->next_in[q] < j->n_in[q])
+      return SPN_EAGAIN;
+  if (x_in_flight(h))
+    return SPN_EAGAIN;
+  j->fail_sent = *fail = true;
+  return SPN_EOS;
+}
+
+/* Feeder: one queued message per call, then SPN_EOS (or the job's failure). */
 static int32_t hfeed_generate(spn_stage_t *stage, void *state, void *job_state, spn_error_t *err) {
   hport_t *p = state;
   hjob_t *j = job_state;
   spn_msg_t *m = NULL;
+  int32_t rc = SPN_EOS;
+  bool fail = false;
   pthread_mutex_lock(&p->h->mu);
   if (j->next_in[p->port] < j->n_in[p->port]) {
     m = j->in[p->port][j->next_in[p->port]];
     j->in[p->port][j->next_in[p->port]++] = NULL;
+  } else if (j->fail_status) {
+    rc = hfeed_fail(p->h, j, &fail);
   }
   pthread_mutex_unlock(&p->h->mu);
+  if (fail) /* fail_status and fail_msg do not change during a run */
+    spn_stage_host(stage)->fail_job(stage, j->id, j->fail_status, j->fail_msg);
   if (!m)
-    return SPN_EOS;
+    return rc;
   m->env.job_id = j->id;
   return spn_stage_host(stage)->emit(stage, 0, &m, err);
 }
@@ -146,6 +195,19 @@ static int32_t hcollect_flush(spn_stage_t *stage, void *state, void *job_state, 
   j->eos[p->port] = true;
   pthread_mutex_unlock(&p->h->mu);
   return SPN_OK;
+}
+
+/* The stage under test's host->progress (host.c): the last report per job. */
+static void hprogress_tap(void *data, uint64_t job_id, int64_t done, int64_t total) {
+  spn_harness_t *h = data;
+  pthread_mutex_lock(&h->mu);
+  hjob_t *j = find_job(h, job_id);
+  if (j) {
+    j->reported = true;
+    j->prog_done = done;
+    j->prog_total = total;
+  }
+  pthread_mutex_unlock(&h->mu);
 }
 
 static const spn_port_t hany_out[] = {{.name = "out", .type = "any"}};
@@ -268,6 +330,12 @@ int32_t spn_harness_new(const spn_harness_opts_t *opts, spn_harness_t **out, spn
   free(b.s);
   if (rc != SPN_OK)
     goto out_free;
+  for (uint32_t i = 0; i < h->pipe->n_stages; i++)
+    if (!strcmp(h->pipe->stages[i].spec->name, "x"))
+      h->x = &h->pipe->stages[i];
+  SPN_ASSERT(h->x);
+  h->x->progress_tap = hprogress_tap; /* no job runs yet: the executors see it set */
+  h->x->progress_tap_data = h;
   *out = h;
   return SPN_OK;
 
@@ -299,6 +367,7 @@ static void job_free(hjob_t **jp) {
   for (size_t i = 0; i < j->n_sets; i++)
     free(j->sets[i]);
   free(j->sets);
+  free(j->fail_msg);
   free(j);
   *jp = NULL;
 }
@@ -323,9 +392,11 @@ uint32_t spn_harness_input_count(const spn_harness_t *h) { return h->n_in; }
 uint32_t spn_harness_output_count(const spn_harness_t *h) { return h->n_out; }
 
 int32_t spn_harness_msg_new(spn_harness_t *h, uint64_t seq, spn_msg_t **out, spn_error_t *err) {
-  (void)h;
   spn_envelope_t env = {.struct_size = sizeof env, .seq = seq, .pts = 0, .total = -1};
-  return spn__msg_new(&env, out, err);
+  int32_t rc = spn__msg_new(&env, out, err);
+  if (rc == SPN_OK && h)
+    (*out)->harness_id = ++h->next_id;
+  return rc;
 }
 
 void spn_harness_msg_set_pts(spn_harness_t *h, spn_msg_t *msg, double pts) {
@@ -340,7 +411,10 @@ int32_t spn_harness_add_tensor(spn_harness_t *h, spn_msg_t *msg, const char *nam
     return spn_error_set(err, SPN_EINVAL, "harness: add_tensor: NULL argument");
   size_t n = spn_tensor_nbytes(t);
   spn_buffer_t *buf = NULL;
-  int32_t rc = spn_buffer_type_alloc(spn_device_buffer_type(h->rt->host_dev, SPN_MEM_DEVICE), n, &buf, err);
+  /* Host memory, as a CPU stage's host->buffer_new gives: a stage whose port
+   * takes host memory gets this very buffer (the zero-copy path), not an
+   * edge copy of it. */
+  int32_t rc = spn_buffer_type_alloc(spn_device_buffer_type(h->rt->host_dev, SPN_MEM_HOST), n, &buf, err);
   if (rc != SPN_OK)
     return rc;
   memcpy(spn_buffer_data(buf), data, n);
@@ -438,6 +512,8 @@ int32_t spn_harness_run(spn_harness_t *h, spn_error_t *err) {
     clear_outputs(j);
     j->ran = false;
     spn_error_clear(&j->status);
+    j->fail_sent = j->reported = false; /* no run in flight: no lock needed */
+    j->prog_done = j->prog_total = 0;
   }
   size_t started = 0;
   for (; started < h->n_jobs; started++) {
@@ -467,6 +543,9 @@ int32_t spn_harness_run(spn_harness_t *h, spn_error_t *err) {
         spn__msg_free(&j->in[p][k]);
       j->n_in[p] = j->next_in[p] = 0;
     }
+    j->fail_status = 0; /* like the pushed messages: for one run */
+    free(j->fail_msg);
+    j->fail_msg = NULL;
   }
   return rc;
 }
@@ -493,4 +572,52 @@ const spn_msg_t *spn_harness_output(const spn_harness_t *h, uint64_t job_id, uin
 bool spn_harness_output_eos(const spn_harness_t *h, uint64_t job_id, uint32_t port) {
   const hjob_t *j = h ? find_job(h, job_id) : NULL;
   return j && port < HARNESS_MAX_PORTS && j->eos[port];
+}
+
+/* ---- SDK 1.1 ---------------------------------------------------------------- */
+
+void spn_harness_msg_set_total(spn_harness_t *h, spn_msg_t *msg, int64_t total) {
+  (void)h;
+  SPN_ASSERT(msg);
+  msg->env.total = total < 0 ? -1 : total;
+}
+
+uint64_t spn_harness_msg_id(const spn_harness_t *h, const spn_msg_t *msg) {
+  (void)h;
+  return msg ? msg->harness_id : 0;
+}
+
+int32_t spn_harness_buffer_refs(const spn_harness_t *h, const spn_buffer_t *buf) {
+  (void)h;
+  return buf ? atomic_load(&buf->refs) : 0;
+}
+
+int32_t spn_harness_job_fail(spn_harness_t *h, uint64_t job_id, int32_t status, const char *msg, spn_error_t *err) {
+  if (!h)
+    return spn_error_set(err, SPN_EINVAL, "harness: job_fail: NULL harness");
+  if (status >= 0)
+    return spn_error_set(err, SPN_EINVAL, "harness: job_fail: status %d is not an error", (int)status);
+  if (!h->n_in)
+    return spn_error_set(err, SPN_EUNSUPPORTED, "harness: job_fail: kind has no input (its feeders fail the job)");
+  hjob_t *j = job_get(h, job_id, err);
+  if (!j)
+    return err ? err->code : SPN_ENOMEM;
+  char *copy = strdup(msg ? msg : spn_strerror(status));
+  if (!copy)
+    return spn_error_set(err, SPN_ENOMEM, "harness: out of memory");
+  free(j->fail_msg);
+  j->fail_msg = copy;
+  j->fail_status = status;
+  return SPN_OK;
+}
+
+bool spn_harness_job_progress(const spn_harness_t *h, uint64_t job_id, int64_t *done, int64_t *total) {
+  const hjob_t *j = h ? find_job(h, job_id) : NULL;
+  if (!j || !j->reported)
+    return false;
+  if (done)
+    *done = j->prog_done;
+  if (total)
+    *total = j->prog_total;
+  return true;
 }

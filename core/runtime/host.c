@@ -66,7 +66,10 @@ static void h_progress(spn_stage_t *s, uint64_t job_id, int64_t done, int64_t to
   /* on_progress reports units finished at the pipeline's sinks (runtime.h).
    * A source or middle stage runs ahead of the sinks by the edges' credit,
    * so forwarding its counts made progress jump ahead and back (a source
-   * reported 60/60 while the sink had 5). Only terminal stages report. */
+   * reported 60/60 while the sink had 5). Only terminal stages report;
+   * the stage harness sees every report, to test the stage's own counts. */
+  if (s->srt->progress_tap)
+    s->srt->progress_tap(s->srt->progress_tap_data, job_id, done, total);
   if (!s->srt->terminal)
     return;
   spn_job_t *job = spn__pipeline_find_job(s->pipe, job_id);

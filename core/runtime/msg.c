@@ -29,6 +29,7 @@ int32_t spn__msg_new(const spn_envelope_t *env, spn_msg_t **out, spn_error_t *er
   m->n_items = m->cap_items = 0;
   m->attempt = 0;
   m->items = NULL;
+  m->harness_id = 0;
   *out = m;
   return SPN_OK;
 }

@@ -46,6 +46,10 @@ struct spn_msg {
   uint32_t attempt;
   uint32_t n_items, cap_items;
   spn__item_t *items;
+  /* Non-zero only on a message spn_harness_msg_new made (its id there);
+   * every message made otherwise (new, clone, deserialized) has 0, so an
+   * output carrying an id is the pushed message itself (harness.c). */
+  uint64_t harness_id;
 };
 
 int32_t spn__msg_new(const spn_envelope_t *env, spn_msg_t **out, spn_error_t *err);
@@ -191,6 +195,10 @@ typedef struct spn__stage_rt {
   /* spn_stage_stats_t's histograms (spn__stage_observe) */
   _Atomic uint64_t calls, call_ns, lat_b[SPN_STAGE_LATENCY_BUCKETS];
   _Atomic uint64_t batches, messages, batch_b[SPN_STAGE_BATCH_BUCKETS];
+  /* The stage harness's copy of every host->progress of this stage, terminal
+   * or not (harness.c); NULL outside the harness. Set before any job starts. */
+  void (*progress_tap)(void *data, uint64_t job_id, int64_t done, int64_t total);
+  void *progress_tap_data;
 } spn__stage_rt_t;
 
 /* Count one process (n >= 1 messages) or generate (n == 0) call of t0..now. */

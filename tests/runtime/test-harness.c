@@ -5,8 +5,12 @@
  * its jobs ended and that end of stream came through, and gives it one bad
  * input (a malformed item, a missing file, a key out of range) that must be
  * refused with a message naming it; a stage whose plugin is not built (its
- * folder's variable unset) is skipped. The last test loads every built-in
- * plugin and fails on a kind that none of these tests drives.
+ * folder's variable unset) is skipped. The util stages and the example
+ * are also held to what the runtime cannot show in their output: zero-copy
+ * forwarding (the pushed message and buffer themselves, no reference kept),
+ * their progress reports, and a sink's clean-up when its job ends failed.
+ * The last test loads every built-in plugin and fails on a kind that none
+ * of these tests drives.
  *
  * Plugin folders come from SPINDLE_UTIL_STAGE_DIR, SPINDLE_VISION_STAGE_DIR,
  * SPINDLE_MEDIA_STAGE_DIR, SPINDLE_LIPSYNC_STAGE_DIR; the example from
@@ -152,6 +156,36 @@ static void frame_bytes(uint8_t *px, size_t n, uint8_t salt) {
 
 static uint64_t seq_of(spn_harness_t *h, const spn_msg_t *m) { return spn_harness_host(h)->msg_envelope(m)->seq; }
 
+/* The buffer of a message's tensor item `name`. */
+static spn_buffer_t *item_buffer(spn_harness_t *h, const spn_msg_t *m, const char *name) {
+  const spn_host_api_t *host = spn_harness_host(h);
+  int64_t i = host->msg_find(m, name);
+  assert_true(i >= 0);
+  spn_item_t it = {.struct_size = sizeof it};
+  assert_int_equal(host->msg_item(m, (size_t)i, &it), SPN_OK);
+  assert_non_null(it.buffer);
+  return it.buffer;
+}
+
+/* A reference of the test's own on the buffer of m's "frame", taken before
+ * m is pushed: the buffer stays alive (its address cannot be reused) to be
+ * compared with the outputs' and read after the run. */
+static spn_buffer_t *keep_frame_buffer(spn_harness_t *h, const spn_msg_t *m) {
+  return spn_harness_host(h)->buffer_ref(item_buffer(h, m, "frame"));
+}
+
+static void drop_buffer(spn_harness_t *h, spn_buffer_t *b) { spn_harness_host(h)->buffer_unref(&b); }
+
+/* The stage's last progress report for a job must be done of total. */
+static void expect_progress(spn_harness_t *h, uint64_t job, int64_t done, int64_t total) {
+  int64_t d = -2, t = -2;
+  if (!spn_harness_job_progress(h, job, &d, &t))
+    fail_msg("job %llu: the stage reported no progress", (unsigned long long)job);
+  if (d != done || t != total)
+    fail_msg("job %llu: progress %lld of %lld, expected %lld of %lld", (unsigned long long)job, (long long)d,
+             (long long)t, (long long)done, (long long)total);
+}
+
 static void tmp_path(char *buf, size_t size, const char *name) {
   snprintf(buf, size, "/tmp/spn-harness-%d-%s", (int)getpid(), name);
 }
@@ -208,6 +242,38 @@ static void invert_maps_every_frame_and_fails_only_the_bad_job(void **state) {
   assert_null(h);
 }
 
+/* invert writes into a new buffer (through spn_frame_filter_process: a
+ * copy of the message holding it) and leaves the pushed one as it was:
+ * another consumer of the same frame (behind a tee) must not see it change. */
+static void invert_writes_a_new_buffer_and_leaves_the_input_untouched(void **state) {
+  (void)state;
+  spn_harness_t *h = open_kind(getenv("SPINDLE_EXAMPLE_PLUGIN"), "invert", NULL);
+  if (!h)
+    skip();
+  spn_msg_t *m = frame_msg(h, 0, 2, 8, 3);
+  uint64_t id = spn_harness_msg_id(h, m);
+  assert_int_not_equal(id, 0);
+  spn_buffer_t *in = keep_frame_buffer(h, m);
+  push(h, 1, 0, m);
+  run(h);
+  expect_ok(h, 1);
+  assert_int_equal(spn_harness_output_len(h, 1, 0), 1);
+  const spn_msg_t *out = spn_harness_output(h, 1, 0, 0);
+  assert_int_equal(spn_harness_msg_id(h, out), 0); /* a new message, not the input written over */
+  spn_buffer_t *ob = item_buffer(h, out, "frame");
+  assert_ptr_not_equal(ob, in);
+  assert_int_equal(spn_harness_buffer_refs(h, ob), 1);   /* the output's only: the stage kept none */
+  assert_int_equal(spn_harness_buffer_refs(h, in), 1);   /* the test's only: the input was released */
+  uint8_t want[48];
+  frame_bytes(want, sizeof want, 3);
+  assert_memory_equal(spn_harness_host(h)->buffer_data(in), want, sizeof want); /* untouched */
+  const uint8_t *px = spn_harness_host(h)->buffer_data(ob);
+  for (size_t b = 0; b < sizeof want; b++)
+    assert_int_equal(px[b], 255 - want[b]);
+  drop_buffer(h, in);
+  spn_harness_free(&h);
+}
+
 static void harness_refuses_an_unknown_kind_and_a_bad_config(void **state) {
   (void)state;
   const char *ex = getenv("SPINDLE_EXAMPLE_PLUGIN");
@@ -226,6 +292,12 @@ static void harness_refuses_an_unknown_kind_and_a_bad_config(void **state) {
   assert_int_not_equal(spn_harness_new(&o, &h, &err), SPN_OK);
   assert_non_null(strstr(err.msg, "threshold"));
   assert_null(h);
+  /* A job can only fail with an error status. */
+  o.config = NULL;
+  assert_int_equal(spn_harness_new(&o, &h, &err), SPN_OK);
+  assert_int_equal(spn_harness_job_fail(h, 1, SPN_OK, "no", &err), SPN_EINVAL);
+  assert_int_equal(spn_harness_job_fail(h, 0, SPN_EIO, "no", &err), SPN_EINVAL); /* job 0 is reserved */
+  spn_harness_free(&h);
 }
 
 /* ---- util stages ----------------------------------------------------------------- */
@@ -255,11 +327,17 @@ static void synth_generates_the_frames_a_job_asks_for(void **state) {
     const spn_envelope_t *env = spn_harness_host(h)->msg_envelope(m);
     assert_int_equal(env->total, 4); /* progress is known from the first frame */
     assert_true(env->pts == (double)i / 10.0);
+    assert_int_equal(spn_harness_msg_id(h, m), 0);                                /* made by the stage */
+    assert_int_equal(spn_harness_buffer_refs(h, item_buffer(h, m, "frame")), 1); /* synth dropped its own */
+    assert_int_equal(spn_harness_host(h)->buffer_size(item_buffer(h, m, "frame")), 6 * 8 * 3);
   }
   assert_true(spn_harness_output_eos(h, 3, 0));
+  expect_progress(h, 3, 4, 4);
   expect_ok(h, 5); /* zero frames: end of stream at once */
   assert_int_equal(spn_harness_output_len(h, 5, 0), 0);
   assert_true(spn_harness_output_eos(h, 5, 0));
+  /* A source cannot be failed by its (absent) feeders. */
+  assert_int_equal(spn_harness_job_fail(h, 3, SPN_EIO, "no", &err), SPN_EUNSUPPORTED);
   /* A job asking for a negative count is refused before it starts, naming the key. */
   assert_int_equal(spn_harness_job_set(h, 4, "frames=-1", &err), SPN_OK);
   assert_int_not_equal(spn_harness_run(h, &err), SPN_OK);
@@ -274,18 +352,30 @@ static void passthrough_forwards_the_same_buffers(void **state) {
   spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "passthrough", p, sizeof p), "passthrough", NULL);
   if (!h)
     skip();
-  for (uint64_t s = 0; s < 3; s++)
-    push(h, 1, 0, frame_msg(h, s, 2, 2, (uint8_t)(s + 1)));
+  uint64_t ids[3];
+  spn_buffer_t *bufs[3];
+  for (uint64_t s = 0; s < 3; s++) {
+    spn_msg_t *m = frame_msg(h, s, 2, 2, (uint8_t)(s + 1));
+    ids[s] = spn_harness_msg_id(h, m);
+    bufs[s] = keep_frame_buffer(h, m);
+    push(h, 1, 0, m);
+  }
   run(h);
   expect_ok(h, 1);
   assert_int_equal(spn_harness_output_len(h, 1, 0), 3);
   for (size_t i = 0; i < 3; i++) {
     const uint8_t *px;
     uint8_t want[12];
-    out_tensor(h, spn_harness_output(h, 1, 0, i), "frame", &px);
+    const spn_msg_t *m = spn_harness_output(h, 1, 0, i);
+    out_tensor(h, m, "frame", &px);
     frame_bytes(want, sizeof want, (uint8_t)(i + 1));
     assert_memory_equal(px, want, sizeof want);
-    assert_int_equal(seq_of(h, spn_harness_output(h, 1, 0, i)), i);
+    assert_int_equal(seq_of(h, m), i);
+    /* Zero-copy: the pushed message itself, its buffer held by it and the test only. */
+    assert_int_equal(spn_harness_msg_id(h, m), ids[i]);
+    assert_ptr_equal(item_buffer(h, m, "frame"), bufs[i]);
+    assert_int_equal(spn_harness_buffer_refs(h, bufs[i]), 2);
+    drop_buffer(h, bufs[i]);
   }
   assert_true(spn_harness_output_eos(h, 1, 0));
   spn_harness_free(&h);
@@ -299,11 +389,15 @@ static void tee_sends_every_message_to_both_ports(void **state) {
   if (!h)
     skip();
   assert_int_equal(spn_harness_output_count(h), 2);
+  uint64_t ids[2];
+  spn_buffer_t *bufs[2];
   for (uint64_t s = 0; s < 2; s++) {
     spn_msg_t *m = frame_msg(h, s, 2, 2, 0);
     spn_error_t err = SPN_ERROR_INIT;
     if (s == 0) /* a meta item travels too, to both ports */
       assert_int_equal(spn_harness_host(h)->msg_add_meta(m, "tag", "abc", 3, &err), SPN_OK);
+    ids[s] = spn_harness_msg_id(h, m);
+    bufs[s] = keep_frame_buffer(h, m);
     push(h, 1, 0, m);
   }
   run(h);
@@ -311,6 +405,18 @@ static void tee_sends_every_message_to_both_ports(void **state) {
   for (uint32_t q = 0; q < 2; q++) {
     assert_int_equal(spn_harness_output_len(h, 1, q), 2);
     assert_true(spn_harness_output_eos(h, 1, q));
+  }
+  /* Zero-copy: the last port gets the pushed message itself, the others a
+   * copy (a new message) sharing its buffer: the two messages and the test
+   * hold it, nothing else. */
+  for (size_t i = 0; i < 2; i++) {
+    const spn_msg_t *copy = spn_harness_output(h, 1, 0, i), *orig = spn_harness_output(h, 1, 1, i);
+    assert_int_equal(spn_harness_msg_id(h, orig), ids[i]);
+    assert_int_equal(spn_harness_msg_id(h, copy), 0);
+    assert_ptr_equal(item_buffer(h, orig, "frame"), bufs[i]);
+    assert_ptr_equal(item_buffer(h, copy, "frame"), bufs[i]);
+    assert_int_equal(spn_harness_buffer_refs(h, bufs[i]), 3);
+    drop_buffer(h, bufs[i]);
   }
   const uint8_t *a, *b;
   out_tensor(h, spn_harness_output(h, 1, 0, 1), "frame", &a);
@@ -363,6 +469,15 @@ static void cost_forwards_after_its_delay(void **state) {
   }
   assert_true(spn_harness_output_eos(h, 1, 0));
   spn_harness_free(&h);
+  /* Counted work instead of time: forwarded all the same. */
+  h = open_kind(p, "cost", "iterations = 1000");
+  push(h, 1, 0, frame_msg(h, 0, 2, 2, 6));
+  push(h, 1, 0, frame_msg(h, 1, 2, 2, 7));
+  run(h);
+  expect_ok(h, 1);
+  assert_int_equal(spn_harness_output_len(h, 1, 0), 2);
+  assert_int_equal(seq_of(h, spn_harness_output(h, 1, 0, 1)), 1);
+  spn_harness_free(&h);
   expect_refused(p, "cost", "us = -5", "us");
 }
 
@@ -383,6 +498,45 @@ static void check_fails_a_job_that_ends_short(void **state) {
   run(h);
   expect_ok(h, 1);
   expect_failure(h, 2, "end of stream after 3 frames, expected 5");
+  spn_harness_free(&h);
+}
+
+/* Without expect_frames, check holds a stream to the envelope's total: a
+ * job whose messages say 4 and that ends after 3 fails, one that says 3
+ * passes. Its progress is frames of expect_frames, else of the total.
+ *
+ * check also handles an EOS message and a SKIP message reaching process;
+ * the runtime delivers neither to a stage (actor.c: deliver() consumes
+ * EOS, in_order() forwards a SKIP downstream and never queues it for
+ * process, whatever the link), so that code cannot run under the runtime and
+ * is not tested here. Under the runtime a sink behind a stage that drops a
+ * frame with SKIP sees a gap in seq where the SKIP was (and check and
+ * filesink fail the job for it). */
+static void check_holds_a_job_to_its_envelope_total(void **state) {
+  (void)state;
+  char p[512];
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "check", p, sizeof p), "check", NULL);
+  if (!h)
+    skip();
+  spn_error_t err = SPN_ERROR_INIT;
+  for (uint64_t s = 0; s < 3; s++) {
+    spn_msg_t *m = frame_msg(h, s, 2, 2, 0);
+    spn_harness_msg_set_total(h, m, 4);
+    push(h, 1, 0, m);
+    m = frame_msg(h, s, 2, 2, 0);
+    spn_harness_msg_set_total(h, m, 3);
+    push(h, 2, 0, m);
+  }
+  for (uint64_t s = 0; s < 6; s++)
+    push(h, 3, 0, frame_msg(h, s, 2, 2, 0));
+  assert_int_equal(spn_harness_job_set(h, 3, "expect_frames=6", &err), SPN_OK);
+  run(h);
+  expect_failure(h, 1, "job 1: end of stream after 3 messages, the envelope's total is 4");
+  expect_progress(h, 1, 3, 4); /* the frames it had seen were fine */
+  expect_ok(h, 2);
+  expect_progress(h, 2, 3, 3);
+  expect_ok(h, 3);
+  expect_progress(h, 3, 6, 6);
   spn_harness_free(&h);
 }
 
@@ -424,12 +578,16 @@ static void check_verifies_the_pattern_and_the_order(void **state) {
 
 static void filesink_writes_each_jobs_frames(void **state) {
   (void)state;
-  char p[512], out[256], set[300];
+  char p[512], out[256], set[300], out3[256], set3[300];
   spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "filesink", p, sizeof p), "filesink", NULL);
   if (!h)
     skip();
+  /* Each job its own file: a job named once runs again in every later run
+   * (with no messages, writing an empty file at its path). */
   tmp_path(out, sizeof out, "filesink.raw");
   snprintf(set, sizeof set, "path=%s", out);
+  tmp_path(out3, sizeof out3, "filesink-3.raw");
+  snprintf(set3, sizeof set3, "path=%s", out3);
   spn_error_t err = SPN_ERROR_INIT;
   assert_int_equal(spn_harness_job_set(h, 1, set, &err), SPN_OK);
   for (uint64_t s = 0; s < 3; s++)
@@ -452,16 +610,42 @@ static void filesink_writes_each_jobs_frames(void **state) {
   expect_failure(h, 2, "/nonexistent-dir/out.raw");
   unlink(out);
   /* A gap in seq fails the job naming the file, and leaves no file. */
-  assert_int_equal(spn_harness_job_set(h, 3, set, &err), SPN_OK);
+  assert_int_equal(spn_harness_job_set(h, 3, set3, &err), SPN_OK);
   push(h, 3, 0, frame_msg(h, 0, 4, 5, 0));
   push(h, 3, 0, frame_msg(h, 2, 4, 5, 0));
   /* Without a path nothing is written and the job succeeds. */
   push(h, 4, 0, frame_msg(h, 0, 4, 5, 0));
   run(h);
-  expect_failure(h, 3, out);
-  assert_int_equal(file_size(out), -1);
+  expect_failure(h, 3, out3);
+  assert_int_equal(file_size(out3), -1);
   expect_ok(h, 4);
+  /* Progress: frames written of the envelope's total. */
+  char out5[256], set5[300];
+  tmp_path(out5, sizeof out5, "filesink-5.raw");
+  snprintf(set5, sizeof set5, "path=%s", out5);
+  assert_int_equal(spn_harness_job_set(h, 5, set5, &err), SPN_OK);
+  for (uint64_t s = 0; s < 3; s++) {
+    spn_msg_t *m = frame_msg(h, s, 4, 5, (uint8_t)s);
+    spn_harness_msg_set_total(h, m, 3);
+    push(h, 5, 0, m);
+  }
+  run(h);
+  expect_ok(h, 5);
+  expect_progress(h, 5, 3, 3);
+  assert_int_equal(file_size(out5), 3 * 4 * 5 * 3);
+  /* A job the host ends as failed after every frame was written (another
+   * stage failed it, or it was cancelled) leaves no file either. */
+  assert_int_equal(spn_harness_job_fail(h, 5, SPN_ECANCELLED, "stopped by the test", &err), SPN_OK);
+  for (uint64_t s = 0; s < 3; s++)
+    push(h, 5, 0, frame_msg(h, s, 4, 5, (uint8_t)s));
+  run(h);
+  assert_int_equal(spn_harness_job_status(h, 5, &err), SPN_ECANCELLED);
+  assert_non_null(strstr(err.msg, "stopped by the test"));
+  expect_progress(h, 5, 3, -1); /* it did write all three */
+  assert_int_equal(file_size(out5), -1);
   spn_harness_free(&h);
+  unlink(out); /* job 1's, written again (empty) by the later runs */
+  unlink(out3);
 }
 
 /* ---- vision ---------------------------------------------------------------------- */
@@ -894,12 +1078,14 @@ static void every_built_in_kind_is_driven_here(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(invert_maps_every_frame_and_fails_only_the_bad_job),
+      cmocka_unit_test(invert_writes_a_new_buffer_and_leaves_the_input_untouched),
       cmocka_unit_test(harness_refuses_an_unknown_kind_and_a_bad_config),
       cmocka_unit_test(synth_generates_the_frames_a_job_asks_for),
       cmocka_unit_test(passthrough_forwards_the_same_buffers),
       cmocka_unit_test(tee_sends_every_message_to_both_ports),
       cmocka_unit_test(cost_forwards_after_its_delay),
       cmocka_unit_test(check_fails_a_job_that_ends_short),
+      cmocka_unit_test(check_holds_a_job_to_its_envelope_total),
       cmocka_unit_test(check_verifies_the_pattern_and_the_order),
       cmocka_unit_test(filesink_writes_each_jobs_frames),
       cmocka_unit_test(superres_doubles_the_frame_and_its_face_boxes),

@@ -125,6 +125,51 @@ SPN_API const spn_msg_t *spn_harness_output(const spn_harness_t *h, uint64_t job
  * stage flushed and the runtime passed EOS on). Thread: the owner. Ownership: none. */
 SPN_API bool spn_harness_output_eos(const spn_harness_t *h, uint64_t job_id, uint32_t port);
 
+/* ---- SDK 1.1: envelope totals, failed jobs, progress, zero-copy ------------ */
+
+/* Set the envelope's total (the messages the job will carry, as a source
+ * such as synth writes on every message; -1 = unknown, what
+ * spn_harness_msg_new sets) of a message not yet pushed.
+ * Ownership: msg borrowed. Thread: the owner. */
+SPN_API void spn_harness_msg_set_total(spn_harness_t *h, spn_msg_t *msg, int64_t total);
+
+/* The id spn_harness_msg_new gave msg (1, 2, ... unique in h), or 0 for a
+ * message the stage or the runtime made (msg_new, msg_new_from, msg_clone,
+ * a copy over an edge). Read it before pushing: an output with that id is
+ * the pushed message itself, forwarded without a copy.
+ * Ownership: msg borrowed. Thread: the owner. */
+SPN_API uint64_t spn_harness_msg_id(const spn_harness_t *h, const spn_msg_t *msg);
+
+/* References held on buf now (messages' items, the test's own). To see
+ * whether an output shares a pushed buffer, take a reference on it before
+ * pushing (host->buffer_ref on the item's buffer: it then cannot be freed
+ * and its address reused), compare after the run and release it with
+ * host->buffer_unref before spn_harness_free. A collected message whose
+ * buffer has no other holder shows 1: the stage kept no reference.
+ * Ownership: buf borrowed. Thread: the owner. */
+SPN_API int32_t spn_harness_buffer_refs(const spn_harness_t *h, const spn_buffer_t *buf);
+
+/* End job `job_id` as failed in the next run instead of ending its stream,
+ * as when another stage of a pipeline fails it: once every message pushed
+ * for it was fed and the stage has processed them all, the harness fails
+ * the job with `status` (an error, < 0) and `msg` (NULL: spn_strerror). The
+ * stage gets no flush but job_close(ok=false) (if it opened the job, which
+ * its first message does); spn_harness_job_status then returns `status`
+ * with a message containing `msg`, and no end of stream reaches the
+ * outputs. Only for a kind with inputs (the feeders fail the job): a
+ * source gets SPN_EUNSUPPORTED. Ownership: msg borrowed (copied).
+ * Thread: the owner. */
+SPN_API int32_t spn_harness_job_fail(spn_harness_t *h, uint64_t job_id, int32_t status, const char *msg,
+                                     spn_error_t *err);
+
+/* The last progress the stage reported for the job in the last run
+ * (host->progress: done of total units) in *done and *total, and true;
+ * false when it reported none. The runtime passes a stage's reports on to
+ * on_progress only when the stage is a pipeline's sink; the harness shows
+ * every stage's. Ownership: done and total written (either may be NULL).
+ * Thread: the owner. */
+SPN_API bool spn_harness_job_progress(const spn_harness_t *h, uint64_t job_id, int64_t *done, int64_t *total);
+
 #ifdef __cplusplus
 }
 #endif
