@@ -619,3 +619,35 @@ void spn_test_runner_free(spn_job_runner_t *r) {
   }
   r->data = NULL;
 }
+
+/* Give fn the segment files of segmented job p. */
+static void segment_files_take(const spn_queue_job_t *p, void (*fn)(void *user, char *path), void *user) {
+  cJSON *spec = cJSON_Parse(p->spec_json);
+  spn_job_spec_t js;
+  if (spec && spn__job_spec_from_json(spec, p->id, p->attempts, &js, NULL) == SPN_OK) {
+    for (size_t k = 0; k < js.n_segments; k++) {
+      fn(user, js.segment_files[k]);
+      js.segment_files[k] = NULL;
+    }
+    spn__job_spec_free(&js);
+  }
+  cJSON_Delete(spec);
+}
+
+int64_t spn__segments_spent(spn_queue_t *q, int64_t id, void (*fn)(void *user, char *path), void *user) {
+  spn_queue_job_t j, p;
+  if (q->ops->get(q->impl, id, &j, NULL) < 0)
+    return 0;
+  int64_t parent = j.parent;
+  if (parent && q->ops->get(q->impl, parent, &p, NULL) == SPN_OK) {
+    /* A segment ended after its job failed or was cancelled: its file will
+     * never be joined. */
+    if (spn_queue_state_terminal(p.state) && p.state != SPN_QSTATE_SUCCEEDED)
+      segment_files_take(&p, fn, user);
+    spn__queue_job_clear(&p);
+  } else if (!parent && spn_queue_state_terminal(j.state) && strstr(j.spec_json, "\"segments\":")) {
+    segment_files_take(&j, fn, user);
+  }
+  spn__queue_job_clear(&j);
+  return parent;
+}

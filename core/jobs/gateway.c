@@ -396,7 +396,7 @@ static int32_t segment_request(spn_server_t *s, const cJSON *b, bool has_deadlin
   if (has_deadline)
     return spn_error_set(err, SPN_EINVAL, "SUBMIT: \"%s\" cannot be combined with \"deadline\"", field);
   if (!s->q.ops->children)
-    return spn_error_set(err, SPN_EUNSUPPORTED, "SUBMIT: \"%s\": the %s job queue cannot split jobs (use sqlite)",
+    return spn_error_set(err, SPN_EUNSUPPORTED, "SUBMIT: \"%s\": the %s job queue cannot split jobs",
                          field, s->q.ops->name);
   if (!s->runner->segment_plan)
     return spn_error_set(err, SPN_EUNSUPPORTED, "SUBMIT: \"%s\": this gateway's runner cannot split jobs", field);

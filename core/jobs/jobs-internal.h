@@ -176,6 +176,13 @@ void spn__job_spec_free(spn_job_spec_t *spec);
  * the extension kept so the encoder picks the same container).
  * Ownership: caller frees. */
 char *spn__segment_file(const char *final, int64_t parent, uint32_t k);
+/* Job `id` (a segment, or a segmented job) has moved: hand fn every segment
+ * file that can no longer be used — all of a segmented job's once it has
+ * ended, joined or not (a failed or cancelled one never will be). fn takes
+ * the path (malloc'd): the gateway unlinks after its batch commits, a
+ * stateless worker at once (Redis commits each script). Returns the id of
+ * the segmented job when `id` is one of its segments, else 0. */
+int64_t spn__segments_spent(spn_queue_t *q, int64_t id, void (*fn)(void *user, char *path), void *user);
 #define SPN_SEGMENTS_MAX 10000
 
 /* ---- path confinement ---- */

@@ -68,6 +68,7 @@ enum {
   SC_RELEASE,
   SC_RELEASE_OWNER,
   SC_LIST,
+  SC_CHILDREN,
   SC_UNPUBLISHED,
   SC_WAITING_REPAIR,
   SC_COUNT
@@ -85,6 +86,7 @@ static const char *const script_body[SC_COUNT] = {
     [SC_RELEASE] = RQ_LUA_PRELUDE RQ_LUA_RELEASE,
     [SC_RELEASE_OWNER] = RQ_LUA_PRELUDE RQ_LUA_RELEASE_OWNER,
     [SC_LIST] = RQ_LUA_PRELUDE RQ_LUA_LIST,
+    [SC_CHILDREN] = RQ_LUA_PRELUDE RQ_LUA_CHILDREN,
     [SC_UNPUBLISHED] = RQ_LUA_UNPUBLISHED,
     [SC_WAITING_REPAIR] = RQ_LUA_PRELUDE RQ_LUA_WAITING_REPAIR,
 };
@@ -397,6 +399,12 @@ static int32_t job_from_reply(const redisReply *r, spn_queue_job_t *j, spn_error
       j->progress_total = (uint64_t)i64(v);
     else if (!strcmp(k, "cx"))
       j->cancel_requested = i64(v) != 0;
+    else if (!strcmp(k, "par"))
+      j->parent = i64(v);
+    else if (!strcmp(k, "si"))
+      j->seg_index = (int32_t)i64(v);
+    else if (!strcmp(k, "pn"))
+      j->pending = (uint32_t)i64(v);
     else if (k[0] == 't' && k[1] >= '0' && k[1] < '0' + SPN_QSTATE_COUNT && !k[2])
       j->t_state_ms[k[1] - '0'] = i64(v);
     if (dst && !(*dst = strdup(v))) {
@@ -477,6 +485,9 @@ static int32_t rq_submit_pipelined(rq_t *q, const spn_queue_submit_t *s, int64_t
   a_i64(&a, IDEM_WINDOW_MS);
   a_i64(&a, *id);
   a_str(&a, has_outputs(s->spec_json) ? "1" : "0");
+  a_i64(&a, s->parent);
+  a_i64(&a, s->seg_index);
+  a_i64(&a, s->pending);
   const char *argv[ARGS_MAX + 4] = {"EVALSHA", q->sha[SC_SUBMIT], "0", q->prefix};
   size_t lens[ARGS_MAX + 4] = {7, 40, 1, strlen(q->prefix)};
   for (int i = 0; i < a.n; i++) {
@@ -509,6 +520,9 @@ static int32_t rq_submit(void *qv, const spn_queue_submit_t *s, int64_t now, int
   a_i64(&a, IDEM_WINDOW_MS);
   a_str(&a, "");
   a_str(&a, has_outputs(s->spec_json) ? "1" : "0");
+  a_i64(&a, s->parent);
+  a_i64(&a, s->seg_index);
+  a_i64(&a, s->pending);
   redisReply *r = rq_eval(q, SC_SUBMIT, &a, "submitting a job", err);
   if (!r)
     return SPN_EIO;
@@ -751,6 +765,24 @@ static int32_t rq_list(void *qv, int32_t state, uint32_t limit, spn_queue_list_c
   return rc;
 }
 
+static int32_t rq_children(void *qv, int64_t parent, spn_queue_list_cb cb, void *user, spn_error_t *err) {
+  rq_t *q = qv;
+  rargs_t a = {0};
+  a_i64(&a, parent);
+  redisReply *r = rq_eval(q, SC_CHILDREN, &a, "listing a job's segments", err);
+  if (!r)
+    return SPN_EIO;
+  for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+    spn_queue_job_t j;
+    if (job_from_reply(r->element[i], &j, NULL) < 0)
+      continue;
+    cb(user, &j);
+    spn__queue_job_clear(&j);
+  }
+  freeReplyObject(r);
+  return SPN_OK;
+}
+
 static int32_t rq_counts(void *qv, int64_t out[SPN_QSTATE_COUNT], spn_error_t *err) {
   rq_t *q = qv;
   rq_drain(q);
@@ -808,6 +840,7 @@ static const spn_queue_ops_t rq_ops = {
     .unpublished = rq_unpublished,
     .get = rq_get,
     .list = rq_list,
+    .children = rq_children,
     .counts = rq_counts,
     .free = rq_free,
 };

@@ -29,9 +29,13 @@
  *                  id makes Redis report the lag as unknown. Drift (a queue
  *                  written without the mirror, a restored RDB) is repaired on
  *                  connect and by every sweep.
+ *   P kids:<id>    ZSET of the segments of job <id>, score = segment index
  * Job fields: id st pr att max spec idem own rsn errs cr dl nb lu cs gs pd pt
  *   cx (cancel requested) sid (stream entry of the live lease) t0..t5 (last
- *   time the job entered each state) fo (FIFO rank) ho (has outputs).
+ *   time the job entered each state) fo (FIFO rank) ho (has outputs);
+ *   segments (docs/jobs.md): par (a segment's job, 0 none) si (its index)
+ *   pn (a job's segments not yet succeeded: it is queued but not in P ready
+ *   until that is 0, when its join can run).
  *   P seq and P fifo are INCR counters.
  * States: 0 queued, 1 running, 2 succeeded, 3 failed, 4 cancelled, 5 dead.
  * ARGV[1] is always P. Not for Redis Cluster: the scripts name keys they
@@ -89,18 +93,69 @@
   "  if lag < n then wait_put(n - lag) elseif lag > n then wait_take(lag - n) end\n"            \
   "  return n - lag\n"                                                                          \
   "end\n"                                                                                       \
+  "local function ready(id)\n"                                                                  \
+  "  local h = redis.call('HMGET', jk(id), 'pr', 'fo')\n"                                        \
+  "  redis.call('ZADD', P .. 'ready', -tonumber(h[1]) * 4294967296 + tonumber(h[2]), id)\n"     \
+  "end\n"                                                                                       \
+  "local function unqueue(id)\n"                                                                \
+  "  redis.call('ZREM', P .. 'ready', id)\n"                                                    \
+  "  redis.call('ZREM', P .. 'delayed', id)\n"                                                  \
+  "  redis.call('ZREM', P .. 'deadlines', id)\n"                                                \
+  "end\n"                                                                                       \
+  "local SN = {'queued', 'running', 'succeeded', 'failed', 'cancelled', 'dead'}\n"               \
+  "local setst\n"                                                                               \
+  /* Segments, on a segment's or a segmented job's move to a final state   \
+   * (the same rules as the SQLite queue's, in the same script as the move): \
+   * a succeeded segment is one fewer for its job, which becomes ready at   \
+   * 0; a segment that ends otherwise fails its waiting job, and a job that \
+   * ends cancels its queued segments and asks the running ones to stop.   */                   \
+  "local function kids_stop(id, why, now)\n"                                                    \
+  "  for _, c in ipairs(redis.call('ZRANGE', P .. 'kids:' .. id, 0, -1)) do\n"                  \
+  "    local st = redis.call('HGET', jk(c), 'st')\n"                                             \
+  "    if st == '0' then\n"                                                                     \
+  "      unqueue(c)\n"                                                                          \
+  "      redis.call('HSET', jk(c), 'rsn', why)\n"                                               \
+  "      setst(c, 0, 4, now)\n"                                                                 \
+  "    elseif st == '1' then\n"                                                                 \
+  "      redis.call('HSET', jk(c), 'cx', 1)\n"                                                  \
+  "    end\n"                                                                                   \
+  "  end\n"                                                                                     \
+  "end\n"                                                                                       \
+  "local function segment_ended(id, to, now)\n"                                                 \
+  "  local h = redis.call('HMGET', jk(id), 'par', 'si', 'rsn')\n"                                \
+  "  local par = tonumber(h[1]) or 0\n"                                                         \
+  "  if to >= 3 and redis.call('EXISTS', P .. 'kids:' .. id) == 1 then\n"                       \
+  "    local why = 'the job was cancelled'\n"                                                   \
+  "    if to ~= 4 then why = 'the job ' .. SN[to + 1] end\n"                                     \
+  "    kids_stop(id, why, now)\n"                                                               \
+  "  end\n"                                                                                     \
+  "  if par == 0 then return end\n"                                                             \
+  "  local pk = jk(par)\n"                                                                      \
+  "  local p = redis.call('HMGET', pk, 'st', 'pn')\n"                                            \
+  "  local pn = tonumber(p[2]) or 0\n"                                                          \
+  "  if p[1] ~= '0' or pn <= 0 then return end\n"                                               \
+  "  if to == 2 then\n"                                                                         \
+  "    pn = redis.call('HINCRBY', pk, 'pn', -1)\n"                                               \
+  "    if pn == 0 then ready(par) end\n"                                                        \
+  "    return\n"                                                                                \
+  "  end\n"                                                                                     \
+  "  local msg = 'segment ' .. (h[2] or '?') .. ' (job ' .. id .. ') ' .. SN[to + 1] .. ': ' ..\n"  \
+  "              (h[3] or '')\n"                                                                \
+  "  local errs = cjson.decode(redis.call('HGET', pk, 'errs') or '[]')\n"                        \
+  "  errs[#errs + 1] = {attempt = tonumber(redis.call('HGET', pk, 'att')), at = now, error = msg}\n" \
+  "  redis.call('HSET', pk, 'errs', cjson.encode(errs), 'rsn', msg, 'pn', 0)\n"                  \
+  "  unqueue(par)\n"                                                                            \
+  "  setst(par, 0, 3, now)\n"                                                                   \
+  "end\n"                                                                                       \
   /* Every state change but a submission goes through here, so the mirror   \
-   * follows state queued whatever the transition. */                                           \
-  "local function setst(id, from, to, now)\n"                                                   \
+   * follows state queued, and segments their job, whatever the transition. */                  \
+  "setst = function(id, from, to, now)\n"                                                       \
   "  redis.call('HSET', jk(id), 'st', to, 't' .. to, now)\n"                                    \
   "  if from >= 0 then redis.call('ZREM', P .. 'st:' .. from, id) end\n"                        \
   "  redis.call('ZADD', P .. 'st:' .. to, id, id)\n"                                            \
   "  if from == 0 and to ~= 0 then wait_take(1) end\n"                                          \
   "  if to == 0 and from ~= 0 then wait_put(1) end\n"                                           \
-  "end\n"                                                                                       \
-  "local function ready(id)\n"                                                                  \
-  "  local h = redis.call('HMGET', jk(id), 'pr', 'fo')\n"                                        \
-  "  redis.call('ZADD', P .. 'ready', -tonumber(h[1]) * 4294967296 + tonumber(h[2]), id)\n"     \
+  "  if to >= 2 then segment_ended(id, to, now) end\n"                                          \
   "end\n"                                                                                       \
   "local function requeue_deadline(id)\n"                                                       \
   "  local dl = tonumber(redis.call('HGET', jk(id), 'dl'))\n"                                   \
@@ -160,7 +215,10 @@
   "end\n"
 
 /* ARGV: P spec priority idem_key deadline max_attempts now idem_ttl_ms
- *       id ('' = take the next) has_outputs (0|1) -> {id, existed}
+ *       id ('' = take the next) has_outputs (0|1) parent seg_index pending
+ *       -> {id, existed}
+ * A job with pending > 0 waits for that many segments before it is ready;
+ * a segment (parent > 0) is listed in P kids:<parent>.
  * FIFO order within a priority is the order of the scripts (P fifo), not of
  * the ids: a gateway allocates ids in blocks to pipeline its submissions. */
 #define RQ_LUA_SUBMIT                                                                           \
@@ -180,7 +238,9 @@
   /* one HSET with every field, state queued (0) entered now */             \
   "redis.call('HSET', k, 'id', id, 'pr', ARGV[3], 'att', 0, 'max', ARGV[6], 'spec', ARGV[2],\n" \
   "  'cr', now, 'dl', ARGV[5], 'nb', 0, 'errs', '[]', 'cs', 0, 'gs', 0, 'pd', 0, 'pt', 0,\n"    \
-  "  'fo', fo, 'ho', ARGV[10], 'st', 0, 't0', now)\n"                                            \
+  "  'fo', fo, 'ho', ARGV[10], 'st', 0, 't0', now, 'par', ARGV[11], 'si', ARGV[12],\n"          \
+  "  'pn', ARGV[13])\n"                                                                         \
+  "if tonumber(ARGV[11]) > 0 then redis.call('ZADD', P .. 'kids:' .. ARGV[11], ARGV[12], id) end\n" \
   "if key ~= '' then\n"                                                                         \
   "  redis.call('HSET', k, 'idem', key)\n"                                                      \
   "  redis.call('SET', P .. 'idem:' .. key, id, 'PX', ARGV[8])\n"                               \
@@ -188,7 +248,9 @@
   "redis.call('ZADD', P .. 'st:0', id, id)\n"                                                   \
   "wait_put(1)\n"                                                                               \
   "redis.call('ZADD', P .. 'all', id, id)\n"                                                    \
-  "redis.call('ZADD', P .. 'ready', -tonumber(ARGV[3]) * 4294967296 + fo, id)\n"               \
+  "if tonumber(ARGV[13]) == 0 then\n"                                                           \
+  "  redis.call('ZADD', P .. 'ready', -tonumber(ARGV[3]) * 4294967296 + fo, id)\n"             \
+  "end\n"                                                                                       \
   "if tonumber(ARGV[5]) > 0 then redis.call('ZADD', P .. 'deadlines', ARGV[5], id) end\n"       \
   "return {id, 0}\n"
 
@@ -271,10 +333,8 @@
   "local st = redis.call('HGET', k, 'st')\n"                                                    \
   "if not st then return -1 end\n"                                                              \
   "if st == '0' then\n"                                                                         \
-  "  redis.call('ZREM', P .. 'ready', id)\n"                                                    \
-  "  redis.call('ZREM', P .. 'delayed', id)\n"                                                  \
-  "  redis.call('ZREM', P .. 'deadlines', id)\n"                                                \
-  "  redis.call('HSET', k, 'rsn', 'cancelled while queued')\n"                                  \
+  "  unqueue(id)\n"                                                                             \
+  "  redis.call('HSET', k, 'rsn', 'cancelled while queued', 'pn', 0)\n"                          \
   "  setst(id, 0, 4, tonumber(ARGV[3]))\n"                                                      \
   "  return 4\n"                                                                                \
   "end\n"                                                                                       \
@@ -386,6 +446,14 @@
   "local ids = redis.call('ZREVRANGE', z, 0, tonumber(ARGV[3]) - 1)\n"                          \
   "local out = {}\n"                                                                            \
   "for _, id in ipairs(ids) do out[#out + 1] = redis.call('HGETALL', jk(id)) end\n"             \
+  "return out\n"
+
+/* ARGV: P id -> {HGETALL, ...} of its segments, by index */
+#define RQ_LUA_CHILDREN                                                                         \
+  "local out = {}\n"                                                                            \
+  "for _, c in ipairs(redis.call('ZRANGE', P .. 'kids:' .. ARGV[2], 0, -1)) do\n"               \
+  "  out[#out + 1] = redis.call('HGETALL', jk(c))\n"                                            \
+  "end\n"                                                                                       \
   "return out\n"
 
 /* ARGV: P -> tokens added to P waiting (negative: taken) to repair drift */

@@ -37,6 +37,8 @@ typedef struct qrun {
   uint64_t done, total;
   double progress_at; /* last progress written to the queue */
   bool no_outputs;    /* no publication marker to remove at the end */
+  bool segment;       /* one segment of a segmented job */
+  bool segmented;     /* a segmented job (its join) */
 } qrun_t;
 
 typedef struct qw {
@@ -56,6 +58,12 @@ static void say_error(qw_t *w, const char *msg) {
     snprintf(w->last_error, sizeof w->last_error, "%s", msg);
     spn__log_f(spn__observe_logger(w->obs), SPN_LOG_ERROR, NULL, "%s", msg);
   }
+}
+
+static void unlink_now(void *user, char *path) {
+  (void)user;
+  unlink(path); /* already gone (another worker got there first) is fine */
+  free(path);
 }
 
 /* A sweep handed us a succeeded job whose marker nobody removed. */
@@ -90,6 +98,9 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
     say_error(w, err.msg);
     return false;
   }
+  /* No gateway sees this job end: its segment files go here. */
+  if (rc == SPN_OK && (r->segmented || r->segment))
+    spn__segments_spent(&w->q, r->id, unlink_now, NULL);
   if (rc < 0 && rc != SPN_ESTATE)
     spn__log_f(spn__observe_logger(w->obs), SPN_LOG_ERROR,
                &(spn__log_fields_t){.job_id = (uint64_t)r->id, .attempt = -1, .duration_ms = -1}, "%s", err.msg);
@@ -118,7 +129,8 @@ static bool lease_some(qw_t *w) {
     }
     w->last_error[0] = '\0';
     qrun_t *r = &w->runs[slot];
-    *r = (qrun_t){.busy = true, .id = j.id, .attempt = j.attempts};
+    *r = (qrun_t){.busy = true, .id = j.id, .attempt = j.attempts, .segment = j.parent != 0,
+                  .segmented = strstr(j.spec_json, "\"segments\":") != NULL};
     cJSON *spec = cJSON_Parse(j.spec_json);
     spn_job_spec_t js;
     rc = spec ? spn__job_spec_from_json(spec, j.id, j.attempts, &js, &err)

@@ -53,38 +53,16 @@ static void unlink_after_commit(spn_server_t *s, char *path);
 
 /* ---- segments ---- */
 
-/* Remove the segment files of segmented job `p` once this batch commits
- * (it was joined, or it can never be). */
-static void segments_cleanup(spn_server_t *s, const spn_queue_job_t *p) {
-  cJSON *spec = cJSON_Parse(p->spec_json);
-  spn_job_spec_t js;
-  if (spec && spn__job_spec_from_json(spec, p->id, p->attempts, &js, NULL) == SPN_OK) {
-    for (size_t k = 0; k < js.n_segments; k++) {
-      unlink_after_commit(s, js.segment_files[k]);
-      js.segment_files[k] = NULL;
-    }
-    spn__job_spec_free(&js);
-  }
-  cJSON_Delete(spec);
-}
+static void unlink_cb(void *user, char *path) { unlink_after_commit(user, path); }
 
+/* Segment files that can no longer be used go once this batch commits;
+ * the segmented job's watchers hear of a segment's end. */
 void spn__segments_settle(spn_server_t *s, int64_t id) {
   if (!s->q.ops->children)
     return;
-  spn_queue_job_t j, p;
-  if (s->q.ops->get(s->q.impl, id, &j, NULL) < 0)
-    return;
-  if (j.parent && s->q.ops->get(s->q.impl, j.parent, &p, NULL) == SPN_OK) {
-    /* A segment finished after its job failed or was cancelled: its file
-     * will never be joined. */
-    if (spn_queue_state_terminal(p.state) && p.state != SPN_QSTATE_SUCCEEDED)
-      segments_cleanup(s, &p);
-    spn__notify(s, p.id);
-    spn__queue_job_clear(&p);
-  } else if (!j.parent && spn_queue_state_terminal(j.state) && strstr(j.spec_json, "\"segments\":")) {
-    segments_cleanup(s, &j);
-  }
-  spn__queue_job_clear(&j);
+  int64_t parent = spn__segments_spent(&s->q, id, unlink_cb, s);
+  if (parent)
+    spn__notify(s, parent);
 }
 
 void spn__sched_changed(void *user, int64_t id, spn_queue_state_t st) {

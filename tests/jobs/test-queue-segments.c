@@ -1,11 +1,15 @@
-/* test-queue-segments.c — segments in the SQLite queue (docs/jobs.md,
+/* test-queue-segments.c — segments in the job queue, on both backends
+ * (SQLite, and Redis on a redis-server this test starts; docs/jobs.md,
  * "Segments"): a segmented job is not leased until every segment has
  * succeeded; each segment's success is its checkpoint, committed with the
  * segment's own state and counted once however many times it is reported;
  * a segment that ends failed or cancelled fails its job and cancels the
  * queued siblings; cancelling the job cancels its segments; the count
- * survives closing and reopening the queue file, so a restarted gateway
- * resumes with only the unfinished segments. Time is passed explicitly. */
+ * survives closing and reopening the queue, so a restarted gateway resumes
+ * with only the unfinished segments. Time is passed explicitly, except
+ * Redis lease expiry (pending-entry idle time on the server's clock: real,
+ * short waits). On Redis each case ends with the waiting mirror (the KEDA
+ * signal) equal to the queued jobs, segmented ones included. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,17 +22,93 @@
 #include <cmocka.h>
 
 #include "jobs-internal.h"
+#include "redis-fixture.h"
 
 #define T0 1700000000000LL
 #define PARENT "{\"pipeline\":\"transcode\",\"segments\":{}}"
 #define CHILD "{\"pipeline\":\"transcode\"}"
+#define REDIS_LEASE_MS 300
 
-static spn_queue_t open_q(const char *path) {
+typedef struct fx {
   spn_queue_t q;
-  spn_queue_config_t c = {.path = path, .backoff_base_ms = 100, .backoff_max_ms = 100, .seed = 7};
+  server_t *srv; /* NULL: SQLite */
+  char prefix[32];
+  char path[64];
+} fx_t;
+
+/* (Re)open the case's queue: the same file or the same Redis keys. */
+static void reopen(fx_t *f) {
+  spn_queue_config_t c = {.backoff_base_ms = 100, .backoff_max_ms = 100, .seed = 7};
   spn_error_t err = SPN_ERROR_INIT;
-  assert_int_equal(spn_queue_sqlite_open(&c, &q, &err), SPN_OK);
-  return q;
+  if (f->srv) {
+    c.backend = "redis";
+    c.url = f->srv->url;
+    c.prefix = f->prefix;
+    c.lease_ms = REDIS_LEASE_MS;
+  } else {
+    c.path = f->path;
+  }
+  int32_t rc = spn_queue_open(&c, &f->q, &err);
+  if (rc != SPN_OK)
+    fprintf(stderr, "%s\n", err.msg);
+  assert_int_equal(rc, SPN_OK);
+}
+
+static int setup_sqlite(void **state) {
+  fx_t *f = calloc(1, sizeof *f);
+  snprintf(f->path, sizeof f->path, "/tmp/spn-qseg-XXXXXX");
+  int fd = mkstemp(f->path);
+  assert_true(fd >= 0);
+  close(fd);
+  unlink(f->path);
+  reopen(f);
+  *state = f;
+  return 0;
+}
+
+static int setup_redis(void **state) {
+  server_t *srv = *state;
+  if (!srv || !srv->pid)
+    return -1; /* no redis-server: the group was skipped */
+  fx_t *f = calloc(1, sizeof *f);
+  f->srv = srv;
+  snprintf(f->prefix, sizeof f->prefix, "seg%d:", ++srv->n);
+  reopen(f);
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fx_t *f = *state;
+  int rc = 0;
+  if (f->srv) {
+    int64_t cnt[SPN_QSTATE_COUNT];
+    assert_int_equal(f->q.ops->counts(f->q.impl, cnt, NULL), SPN_OK);
+    long long lag = waiting_lag(f->srv, f->prefix);
+    if (lag != cnt[SPN_QSTATE_QUEUED]) {
+      fprintf(stderr, "%swaiting: lag %lld, but %lld job(s) queued\n", f->prefix, lag,
+              (long long)cnt[SPN_QSTATE_QUEUED]);
+      rc = -1;
+    }
+    *state = f->srv;
+  } else {
+    char side[80];
+    unlink(f->path);
+    snprintf(side, sizeof side, "%s-wal", f->path);
+    unlink(side);
+    snprintf(side, sizeof side, "%s-shm", f->path);
+    unlink(side);
+    *state = NULL;
+  }
+  spn_queue_free(&f->q);
+  free(f);
+  return rc;
+}
+
+/* Let the leases taken so far expire: on Redis that is real idle time. */
+static void leases_expire(fx_t *f) {
+  if (f->srv)
+    usleep((REDIS_LEASE_MS + 150) * 1000);
 }
 
 /* A job of n segments: parent id in *parent, segment ids in kids[]. */
@@ -89,8 +169,8 @@ static void on_child(void *user, const spn_queue_job_t *j) {
 }
 
 static void test_parent_waits_for_every_segment_then_is_leased(void **state) {
-  (void)state;
-  spn_queue_t q = open_q(":memory:");
+  fx_t *f = *state;
+  spn_queue_t q = f->q;
   int64_t parent, kids[3];
   submit_segmented(&q, 3, 2, &parent, kids);
   kids_seen_t seen = {0};
@@ -111,17 +191,17 @@ static void test_parent_waits_for_every_segment_then_is_leased(void **state) {
     assert_int_equal(lease(&q, "w", T0 + 3, NULL), k == 2 ? parent : 0);
   }
   assert_int_equal(state_of(&q, parent), SPN_QSTATE_RUNNING);
-  spn_queue_free(&q);
 }
 
 static void test_a_segment_finished_twice_is_committed_once(void **state) {
-  (void)state;
-  spn_queue_t q = open_q(":memory:");
+  fx_t *f = *state;
+  spn_queue_t q = f->q;
   int64_t parent, kids[2];
   submit_segmented(&q, 2, 3, &parent, kids);
   uint32_t a1 = 0;
   assert_int_equal(lease(&q, "frozen", T0, &a1), kids[0]);
   /* Its worker froze: the lease expired and another worker ran it again. */
+  leases_expire(f);
   assert_int_equal(q.ops->sweep(q.impl, T0 + 20000, NULL, NULL, NULL), 1);
   uint32_t a2 = 0;
   assert_int_equal(lease(&q, "w2", T0 + 30000, &a2), kids[0]);
@@ -134,12 +214,11 @@ static void test_a_segment_finished_twice_is_committed_once(void **state) {
   assert_int_equal(q.ops->complete(q.impl, kids[0], a2, "w2", 1, 0, T0 + 30003, NULL), SPN_ESTATE);
   assert_int_equal(pending(&q, parent), 1);
   assert_int_equal(lease(&q, "w2", T0 + 30004, NULL), kids[1]);
-  spn_queue_free(&q);
 }
 
 static void test_a_dead_segment_fails_its_job_and_stops_the_queued_ones(void **state) {
-  (void)state;
-  spn_queue_t q = open_q(":memory:");
+  fx_t *f = *state;
+  spn_queue_t q = f->q;
   int64_t parent, kids[3];
   submit_segmented(&q, 3, 1, &parent, kids);
   uint32_t a = 0;
@@ -155,12 +234,11 @@ static void test_a_dead_segment_fails_its_job_and_stops_the_queued_ones(void **s
   assert_int_equal(state_of(&q, kids[1]), SPN_QSTATE_CANCELLED);
   assert_int_equal(state_of(&q, kids[2]), SPN_QSTATE_CANCELLED);
   assert_int_equal(lease(&q, "w", T0 + 2, NULL), 0);
-  spn_queue_free(&q);
 }
 
 static void test_a_retried_segment_does_not_fail_its_job(void **state) {
-  (void)state;
-  spn_queue_t q = open_q(":memory:");
+  fx_t *f = *state;
+  spn_queue_t q = f->q;
   int64_t parent, kids[2];
   submit_segmented(&q, 2, 2, &parent, kids);
   uint32_t a = 0;
@@ -170,12 +248,11 @@ static void test_a_retried_segment_does_not_fail_its_job(void **state) {
   assert_int_equal(st, SPN_QSTATE_QUEUED);
   assert_int_equal(state_of(&q, parent), SPN_QSTATE_QUEUED);
   assert_int_equal(pending(&q, parent), 2);
-  spn_queue_free(&q);
 }
 
 static void test_cancelling_the_job_cancels_its_segments(void **state) {
-  (void)state;
-  spn_queue_t q = open_q(":memory:");
+  fx_t *f = *state;
+  spn_queue_t q = f->q;
   int64_t parent, kids[2];
   submit_segmented(&q, 2, 1, &parent, kids);
   uint32_t a = 0;
@@ -191,51 +268,42 @@ static void test_cancelling_the_job_cancels_its_segments(void **state) {
   assert_int_equal((q.ops->fail)(q.impl, kids[0], a, "w", "stopped", false, 0, 0, T0 + 2, &st, NULL), SPN_OK);
   assert_int_equal(st, SPN_QSTATE_CANCELLED);
   assert_int_equal(state_of(&q, parent), SPN_QSTATE_CANCELLED);
-  spn_queue_free(&q);
 }
 
 static void test_checkpoints_survive_a_restart(void **state) {
-  (void)state;
-  char path[] = "/tmp/spn-qseg-XXXXXX";
-  int fd = mkstemp(path);
-  assert_true(fd >= 0);
-  close(fd);
-  unlink(path);
-  spn_queue_t q = open_q(path);
+  fx_t *f = *state;
   int64_t parent, kids[3];
-  submit_segmented(&q, 3, 2, &parent, kids);
+  submit_segmented(&f->q, 3, 2, &parent, kids);
   uint32_t a0 = 0, a1 = 0;
-  assert_int_equal(lease(&q, "w", T0, &a0), kids[0]);
-  assert_int_equal(lease(&q, "w", T0, &a1), kids[1]);
-  assert_int_equal(q.ops->complete(q.impl, kids[0], a0, "w", 1, 0, T0 + 1, NULL), SPN_OK);
-  spn_queue_free(&q); /* the gateway dies with segment 1 running */
-  q = open_q(path);
-  assert_int_equal(pending(&q, parent), 2);
-  assert_int_equal(state_of(&q, kids[0]), SPN_QSTATE_SUCCEEDED);
+  assert_int_equal(lease(&f->q, "w", T0, &a0), kids[0]);
+  assert_int_equal(lease(&f->q, "w", T0, &a1), kids[1]);
+  assert_int_equal(f->q.ops->complete(f->q.impl, kids[0], a0, "w", 1, 0, T0 + 1, NULL), SPN_OK);
+  spn_queue_free(&f->q); /* the gateway dies with segment 1 running */
+  reopen(f);
+  assert_int_equal(pending(&f->q, parent), 2);
+  assert_int_equal(state_of(&f->q, kids[0]), SPN_QSTATE_SUCCEEDED);
   /* the lost lease expires; segment 1 runs again, segment 0 never */
-  assert_int_equal(q.ops->sweep(q.impl, T0 + 20000, NULL, NULL, NULL), 1);
+  leases_expire(f);
+  assert_int_equal(f->q.ops->sweep(f->q.impl, T0 + 20000, NULL, NULL, NULL), 1);
   uint32_t att;
-  assert_int_equal(lease(&q, "w", T0 + 30000, &att), kids[1]);
+  assert_int_equal(lease(&f->q, "w", T0 + 30000, &att), kids[1]);
   assert_int_equal(att, 2);
-  assert_int_equal(lease(&q, "w", T0 + 30000, &att), kids[2]);
-  assert_int_equal(lease(&q, "w", T0 + 30000, NULL), 0);
-  spn_queue_free(&q);
-  unlink(path);
-  char side[64];
-  snprintf(side, sizeof side, "%s-wal", path);
-  unlink(side);
-  snprintf(side, sizeof side, "%s-shm", path);
-  unlink(side);
+  assert_int_equal(lease(&f->q, "w", T0 + 30000, &att), kids[2]);
+  assert_int_equal(lease(&f->q, "w", T0 + 30000, NULL), 0);
 }
 
+#define SQ(t) cmocka_unit_test_setup_teardown(t, setup_sqlite, teardown)
+#define RD(t) cmocka_unit_test_setup_teardown(t, setup_redis, teardown)
+#define CASES(X)                                                                                              \
+  X(test_parent_waits_for_every_segment_then_is_leased), X(test_a_segment_finished_twice_is_committed_once),    \
+      X(test_a_dead_segment_fails_its_job_and_stops_the_queued_ones),                                          \
+      X(test_a_retried_segment_does_not_fail_its_job), X(test_cancelling_the_job_cancels_its_segments),         \
+      X(test_checkpoints_survive_a_restart)
+
 int main(void) {
-  const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_parent_waits_for_every_segment_then_is_leased),
-      cmocka_unit_test(test_a_segment_finished_twice_is_committed_once),
-      cmocka_unit_test(test_a_dead_segment_fails_its_job_and_stops_the_queued_ones),
-      cmocka_unit_test(test_a_retried_segment_does_not_fail_its_job),
-      cmocka_unit_test(test_cancelling_the_job_cancels_its_segments),
-      cmocka_unit_test(test_checkpoints_survive_a_restart),
-  };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  const struct CMUnitTest sqlite_tests[] = {CASES(SQ)};
+  const struct CMUnitTest redis_tests[] = {CASES(RD)};
+  int rc = cmocka_run_group_tests_name("sqlite", sqlite_tests, NULL, NULL);
+  rc += cmocka_run_group_tests_name("redis", redis_tests, redis_up, redis_down);
+  return rc;
 }

@@ -27,17 +27,10 @@
 #include <hiredis/hiredis.h>
 
 #include "jobs-internal.h"
+#include "redis-fixture.h"
 
 #define T0 1700000000000LL
 #define SPEC "{\"pipeline\":\"copy\"}"
-
-/* The redis-server of the Redis group. */
-typedef struct server {
-  pid_t pid;
-  char dir[64];
-  char url[64];
-  int n; /* tests so far: each gets its own key prefix */
-} server_t;
 
 typedef struct fx {
   spn_queue_t q;
@@ -88,72 +81,6 @@ static int teardown(void **state) {
   return 0;
 }
 
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-      getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-    if (fd >= 0)
-      close(fd);
-    return -1;
-  }
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
-static int redis_up(void **state) {
-  server_t *srv = calloc(1, sizeof *srv);
-  *state = srv;
-  snprintf(srv->dir, sizeof srv->dir, "/tmp/spn-redis-XXXXXX");
-  int port = free_port();
-  if (!mkdtemp(srv->dir) || port < 0)
-    return 0;
-  char ports[16];
-  snprintf(ports, sizeof ports, "%d", port);
-  pid_t pid = fork();
-  if (pid == 0) {
-    int null = open("/dev/null", 1);
-    dup2(null, 1);
-    execlp("redis-server", "redis-server", "--port", ports, "--bind", "127.0.0.1", "--dir", srv->dir,
-           "--appendonly", "yes", "--save", "", (char *)NULL);
-    _exit(127);
-  }
-  snprintf(srv->url, sizeof srv->url, "redis://127.0.0.1:%d", port);
-  for (int i = 0; i < 100; i++) {
-    int st;
-    if (waitpid(pid, &st, WNOHANG) == pid) {
-      fprintf(stderr, "redis-server did not start (is it installed?): the Redis cases are skipped\n");
-      return 0;
-    }
-    spn_queue_config_t c = {.backend = "redis", .url = srv->url, .prefix = "probe:"};
-    spn_queue_t q;
-    if (spn_queue_open(&c, &q, NULL) == SPN_OK) {
-      spn_queue_free(&q);
-      srv->pid = pid;
-      return 0;
-    }
-    usleep(50000);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
-  return 0;
-}
-
-static int redis_down(void **state) {
-  server_t *srv = *state;
-  if (srv->pid) {
-    kill(srv->pid, SIGTERM);
-    waitpid(srv->pid, NULL, 0);
-  }
-  char cmd[128];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", srv->dir);
-  if (srv->dir[0] && system(cmd) != 0)
-    fprintf(stderr, "could not remove %s\n", srv->dir);
-  free(srv);
-  return 0;
-}
-
 static int64_t submit(fx_t *f, int32_t prio, const char *key, int64_t deadline, uint32_t max_att,
                       int64_t now) {
   spn_queue_submit_t s = {.spec_json = SPEC, .priority = prio, .idem_key = key,
@@ -189,47 +116,6 @@ static spn_queue_state_t state_of(fx_t *f, int64_t id) {
   return s;
 }
 
-/* A command on the test's own connection to the Redis of the group, the way
- * KEDA or an operator sees the keys (formatted as redisCommand's). */
-static redisReply *rcmd(fx_t *f, const char *fmt, ...) {
-  int port = 0;
-  assert_int_equal(sscanf(f->srv->url, "redis://127.0.0.1:%d", &port), 1);
-  redisContext *c = redisConnect("127.0.0.1", port);
-  assert_non_null(c);
-  assert_int_equal(c->err, 0);
-  va_list ap;
-  va_start(ap, fmt);
-  redisReply *r = redisvCommand(c, fmt, ap);
-  va_end(ap);
-  assert_non_null(r);
-  redisFree(c);
-  return r;
-}
-
-/* The lag of group "spindle" on P waiting as XINFO GROUPS reports it (what
- * KEDA's lagCount reads): -1 when Redis cannot say (unknown lag), -2 when
- * the stream or the group is missing. */
-static long long waiting_lag(fx_t *f) {
-  redisReply *r = rcmd(f, "XINFO GROUPS %swaiting", f->prefix);
-  long long lag = -2;
-  for (size_t g = 0; r->type == REDIS_REPLY_ARRAY && g < r->elements; g++) {
-    const redisReply *e = r->element[g];
-    bool ours = false;
-    long long v = -1;
-    for (size_t i = 0; e->type == REDIS_REPLY_ARRAY && i + 1 < e->elements; i += 2) {
-      const redisReply *k = e->element[i], *x = e->element[i + 1];
-      if (!strcmp(k->str, "name"))
-        ours = x->type == REDIS_REPLY_STRING && !strcmp(x->str, "spindle");
-      else if (!strcmp(k->str, "lag"))
-        v = x->type == REDIS_REPLY_INTEGER ? x->integer : -1;
-    }
-    if (ours)
-      lag = v;
-  }
-  freeReplyObject(r);
-  return lag;
-}
-
 static int64_t queued(fx_t *f) {
   int64_t cnt[SPN_QSTATE_COUNT];
   assert_int_equal(f->o->counts(f->q.impl, cnt, NULL), SPN_OK);
@@ -239,14 +125,14 @@ static int64_t queued(fx_t *f) {
 /* The mirror holds `want` tokens and that is the number of queued jobs. */
 static void assert_waiting(fx_t *f, int64_t want) {
   assert_int_equal(queued(f), want);
-  assert_int_equal(waiting_lag(f), want);
+  assert_int_equal(waiting_lag(f->srv, f->prefix), want);
 }
 
 /* Every Redis case leaves the waiting mirror equal to its queued jobs. */
 static int teardown_redis(void **state) {
   fx_t *f = *state;
   int64_t n = queued(f);
-  long long lag = waiting_lag(f);
+  long long lag = waiting_lag(f->srv, f->prefix);
   if (lag != n)
     fprintf(stderr, "%swaiting: lag %lld, but %lld job(s) queued\n", f->prefix, lag, (long long)n);
   teardown(state);
@@ -765,7 +651,7 @@ static void test_redis_waiting_lag_is_the_number_of_queued_jobs(void **state) {
   }
   assert_int_equal(lease(f, "w4", now + 3600 * 1000, NULL), 0);
   assert_waiting(f, 0);
-  redisReply *r = rcmd(f, "XLEN %swaiting", f->prefix);
+  redisReply *r = rcmd(f->srv, "XLEN %swaiting", f->prefix);
   assert_true(r->type == REDIS_REPLY_INTEGER && r->integer <= 1);
   freeReplyObject(r);
 }
@@ -782,48 +668,48 @@ static void test_redis_waiting_mirror_is_repaired(void **state) {
   assert_waiting(f, 4);
   /* junk tokens: taken back by the sweep */
   for (int i = 0; i < 3; i++)
-    freeReplyObject(rcmd(f, "XADD %swaiting * t 1", f->prefix));
-  assert_int_equal(waiting_lag(f), 7);
+    freeReplyObject(rcmd(f->srv, "XADD %swaiting * t 1", f->prefix));
+  assert_int_equal(waiting_lag(f->srv, f->prefix), 7);
   assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
   assert_waiting(f, 4);
   /* the stream deleted: a lease still works; a submission recreates the
    * stream without its group; the sweep rebuilds it */
-  freeReplyObject(rcmd(f, "DEL %swaiting", f->prefix));
-  assert_int_equal(waiting_lag(f), -2);
+  freeReplyObject(rcmd(f->srv, "DEL %swaiting", f->prefix));
+  assert_int_equal(waiting_lag(f->srv, f->prefix), -2);
   assert_int_not_equal(lease(f, "w", now, NULL), 0);
   submit(f, 0, NULL, 0, 1, now);
-  assert_int_equal(waiting_lag(f), -2);
+  assert_int_equal(waiting_lag(f->srv, f->prefix), -2);
   assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
   assert_waiting(f, 4);
   /* the key overwritten with another type: transitions still go through
    * whole, the sweep rebuilds the stream */
-  freeReplyObject(rcmd(f, "SET %swaiting x", f->prefix));
+  freeReplyObject(rcmd(f->srv, "SET %swaiting x", f->prefix));
   int64_t extra = submit(f, 0, NULL, 0, 1, now);
   spn_queue_state_t st;
   assert_int_equal(f->o->cancel(f->q.impl, extra, now, &st, NULL), SPN_OK);
   assert_int_equal(st, SPN_QSTATE_CANCELLED);
-  assert_int_equal(waiting_lag(f), -2);
+  assert_int_equal(waiting_lag(f->srv, f->prefix), -2);
   assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
   assert_waiting(f, 4);
   /* tokens missing (an RDB older than the jobs): the sweep adds them */
   for (int i = 0; i < 2; i++)
-    freeReplyObject(rcmd(f, "XREADGROUP GROUP spindle x COUNT 1 NOACK STREAMS %swaiting >", f->prefix));
-  assert_int_equal(waiting_lag(f), 2);
+    freeReplyObject(rcmd(f->srv, "XREADGROUP GROUP spindle x COUNT 1 NOACK STREAMS %swaiting >", f->prefix));
+  assert_int_equal(waiting_lag(f->srv, f->prefix), 2);
   assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
   assert_waiting(f, 4);
   /* an unread entry removed with XDEL: Redis cannot say the lag; a new
    * connection rebuilds the stream before its first call */
-  redisReply *r = rcmd(f, "XADD %swaiting * t 1", f->prefix);
+  redisReply *r = rcmd(f->srv, "XADD %swaiting * t 1", f->prefix);
   assert_int_equal(r->type, REDIS_REPLY_STRING);
-  freeReplyObject(rcmd(f, "XDEL %swaiting %s", f->prefix, r->str));
+  freeReplyObject(rcmd(f->srv, "XDEL %swaiting %s", f->prefix, r->str));
   freeReplyObject(r);
-  assert_int_equal(waiting_lag(f), -1);
+  assert_int_equal(waiting_lag(f->srv, f->prefix), -1);
   spn_queue_free(&f->q);
   assert_int_equal(open_redis(f, 300, &f->q), SPN_OK);
   f->o = f->q.ops;
-  assert_int_equal(waiting_lag(f), 4);
+  assert_int_equal(waiting_lag(f->srv, f->prefix), 4);
   /* a queue written without the mirror: counted in on connect */
-  freeReplyObject(rcmd(f, "DEL %swaiting", f->prefix));
+  freeReplyObject(rcmd(f->srv, "DEL %swaiting", f->prefix));
   spn_queue_free(&f->q);
   assert_int_equal(open_redis(f, 300, &f->q), SPN_OK);
   f->o = f->q.ops;
