@@ -617,5 +617,5 @@ void spn_test_runner_free(spn_job_runner_t *r) {
     free(t->exec_log);
     free(t);
   }
-  r->data = NULL;
+  *r = (spn_job_runner_t){0};
 }

@@ -20,12 +20,31 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "spindle/jobs.h"
 #include "spindle/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* A job's state in the durable queue. The runtime's spn_job_state_t
+ * (spindle/runtime.h) covers one run; the queue adds retries, so it also has
+ * "dead" (retries exhausted). */
+typedef enum spn_queue_state {
+  SPN_QSTATE_QUEUED = 0,
+  SPN_QSTATE_RUNNING = 1,
+  SPN_QSTATE_SUCCEEDED = 2,
+  SPN_QSTATE_FAILED = 3,
+  SPN_QSTATE_CANCELLED = 4,
+  SPN_QSTATE_DEAD = 5,
+} spn_queue_state_t;
+#define SPN_QSTATE_COUNT 6
+
+/* "queued", "running", ...; NULL for an unknown value. Ownership: static. Thread: any. */
+SPN_API const char *spn_queue_state_name(spn_queue_state_t s);
+/* Parse a state name; -1 if unknown. Thread: any. Ownership: arguments borrowed. */
+SPN_API int32_t spn_queue_state_parse(const char *name);
+/* succeeded, failed, cancelled and dead are terminal. Ownership: none. Thread: any. */
+static inline bool spn_queue_state_terminal(spn_queue_state_t s) { return s >= SPN_QSTATE_SUCCEEDED; }
 
 typedef struct spn_client spn_client_t;
 typedef struct spn_client_job spn_client_job_t;
