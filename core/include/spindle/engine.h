@@ -57,10 +57,11 @@ typedef struct spn_engine_opts {
  * caller's, freed with spn_engine_free. Thread: any. */
 SPN_API int32_t spn_engine_new(const spn_engine_opts_t *opts, spn_engine_t **out, spn_error_t *err);
 
-/* Free the engine. Models still referenced stay valid until their last
- * release (they hold a reference on the engine's shared backend state).
- * NULL is ignored. Thread: not concurrently with load on the same engine. */
-SPN_API void spn_engine_free(spn_engine_t *eng);
+/* Free the engine and set *eng to NULL. Models still referenced stay valid
+ * until their last release (they hold a reference on the engine's shared
+ * backend state). A NULL *eng is ignored. Ownership: consumes *eng.
+ * Thread: any, not concurrently with a load on the same engine. */
+SPN_API void spn_engine_free(spn_engine_t **eng);
 
 /* Load `path` on `device` ("cpu", "cpu:1", "cuda:0"), or take another
  * reference on the already loaded model with the same canonical path and
