@@ -131,13 +131,15 @@ int32_t spn_mel_new(const spn_mel_params_t *params, pthread_mutex_t *plan_lock, 
   *out = mel;
   return SPN_OK;
 out_free:
-  spn_mel_free(mel);
+  spn_mel_free(&mel);
   return rc;
 }
 
-void spn_mel_free(spn_mel_t *mel) {
+void spn_mel_free(spn_mel_t **melp) {
+  spn_mel_t *mel = *melp;
   if (!mel)
     return;
+  *melp = NULL;
   if (mel->plan) {
     if (mel->plan_lock)
       pthread_mutex_lock(mel->plan_lock);

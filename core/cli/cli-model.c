@@ -240,7 +240,7 @@ static int cmd_inspect(int argc, char **argv) {
   spn_model_t *m = NULL;
   if (spn_engine_new(NULL, &eng, &err) || spn_engine_load_opts(eng, file, &mo, &m, &err)) {
     fprintf(stderr, "spindle model: %s\n", err.msg);
-    spn_engine_free(eng);
+    spn_engine_free(&eng);
     return 1;
   }
   printf("model: %s\n", file);
@@ -283,7 +283,7 @@ static int cmd_inspect(int argc, char **argv) {
   printf("FLOPs per sample: %.4g (%.3f GFLOP)%s\n", spn_model_flops(m), spn_model_flops(m) / 1e9,
          dyn_spatial ? " with dynamic dims other than the batch taken as 64" : "");
   spn_model_release(&m);
-  spn_engine_free(eng);
+  spn_engine_free(&eng);
   return 0;
 }
 
@@ -446,7 +446,7 @@ out:
     spn_model_output_free(&outs[k]);
   }
   spn_model_release(&m);
-  spn_engine_free(eng);
+  spn_engine_free(&eng);
   return rc;
 }
 
@@ -617,7 +617,7 @@ out:
   }
   free(ts);
   spn_model_release(&m);
-  spn_engine_free(eng);
+  spn_engine_free(&eng);
   return rc;
 }
 

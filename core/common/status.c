@@ -1,4 +1,5 @@
-/* status.c — status names and messages, error records, assertions.
+/* status.c — status names and messages (records and assertions are
+ * header-inline in spindle/status.h).
  *
  * The tables come from SPN_STATUS_MAP so a new code cannot be added to the
  * enum without a name and a message. Error records (status.h, inline) are
@@ -25,9 +26,4 @@ const char *spn_err_name(int32_t status) {
 #undef SPN__STATUS_NAME
   }
   return "SPN_UNKNOWN";
-}
-
-void spn__assert_fail(const char *expr, const char *file, int line, const char *func) {
-  fprintf(stderr, "spindle: assertion failed: %s (%s:%d, %s)\n", expr, file, line, func);
-  abort();
 }

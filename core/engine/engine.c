@@ -164,9 +164,11 @@ int32_t spn_engine_new(const spn_engine_opts_t *opts, spn_engine_t **out, spn_er
   return SPN_OK;
 }
 
-void spn_engine_free(spn_engine_t *eng) {
+void spn_engine_free(spn_engine_t **engp) {
+  spn_engine_t *eng = *engp;
   if (!eng)
     return;
+  *engp = NULL;
   pthread_mutex_lock(&eng->lock);
   for (spn_model_t *m = eng->models; m; m = m->next)
     m->eng = NULL; /* detach: they live on until released */

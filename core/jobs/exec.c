@@ -617,7 +617,7 @@ void spn_test_runner_free(spn_job_runner_t *r) {
     free(t->exec_log);
     free(t);
   }
-  r->data = NULL;
+  *r = (spn_job_runner_t){0};
 }
 
 /* Give fn the segment files of segmented job p. */

@@ -600,8 +600,7 @@ void spn_runtime_free(spn_runtime_t **rtp) {
   free(rt->dev_ex);
   zmq_ctx_term(rt->zctx);
   /* After every pipeline: stages released their models in destroy. */
-  spn_engine_free(rt->engine);
-  rt->engine = NULL;
+  spn_engine_free(&rt->engine);
   spn__registry_free(&rt->reg);
   spn__devices_free(&rt->host_devs, 1);
   spn__nvml_health_free(&rt->health);

@@ -178,7 +178,7 @@ static void ms_destroy(spn_stage_t *stage, void *state) {
   ms_state_t *st = state;
   if (!st)
     return;
-  spn_mel_free(st->mel);
+  spn_mel_free(&st->mel);
   free(st);
 }
 

@@ -219,6 +219,6 @@ int main(int argc, char **argv) {
   for (int k = 0; k < 16; k++)
     free(in[k].data);
   spn_model_release(&m);
-  spn_engine_free(eng);
+  spn_engine_free(&eng);
   return 0;
 }

@@ -30,6 +30,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     (void)spn_model_flops(m);
     spn_model_release(&m);
   }
-  spn_engine_free(eng);
+  spn_engine_free(&eng);
   return 0;
 }

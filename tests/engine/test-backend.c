@@ -369,7 +369,7 @@ static void test_fallback_places_and_copies(void **state) {
   assert_int_equal(mk.bad, 0);
   spn_model_release(&m);
   spn_model_release(&ref);
-  spn_engine_free(e);
+  spn_engine_free(&e);
   free(pm.p);
 }
 
@@ -399,7 +399,7 @@ static void check_all_on_device(bool typed) {
   }
   spn_model_release(&m);
   spn_model_release(&ref);
-  spn_engine_free(e);
+  spn_engine_free(&e);
   free(pm.p);
 }
 
@@ -431,7 +431,7 @@ static void test_fallback_error_refuses(void **state) {
   assert_non_null(strstr(err.msg, "'sig0' (Sigmoid)"));
   assert_non_null(strstr(err.msg, "mock:0"));
   assert_non_null(strstr(err.msg, "no Sigmoid kernel"));
-  spn_engine_free(e);
+  spn_engine_free(&e);
   free(pm.p);
 }
 
@@ -465,7 +465,7 @@ static void test_bad_options(void **state) {
   o.precision = "fp16";
   assert_int_equal(spn_engine_load_memory_opts(e, pm.p, pm.n, "chain.onnx", &o, &m, &err), SPN_OK);
   spn_model_release(&m);
-  spn_engine_free(e);
+  spn_engine_free(&e);
   free(pm.p);
 }
 
@@ -482,7 +482,7 @@ static void test_one_backend_per_device(void **state) {
   spn_model_release(&a);
   spn_model_release(&b);
   spn_model_release(&c);
-  spn_engine_free(e);
+  spn_engine_free(&e);
   free(pm.p);
 }
 
@@ -731,7 +731,7 @@ static void test_views_cpu(void **state) {
   }
   assert_int_equal(m->n_plan_builds, 3); /* 5, 1, 33 */
   spn_model_release(&m);
-  spn_engine_free(e);
+  spn_engine_free(&e);
   free(pm.p);
 }
 
@@ -755,7 +755,7 @@ static void test_views_device(void **state) {
   }
   assert_int_equal(mk.bad, 0);
   spn_model_release(&m);
-  spn_engine_free(e);
+  spn_engine_free(&e);
   free(pm.p);
 }
 
@@ -788,7 +788,7 @@ static void test_plan_cache(void **state) {
   assert_int_equal(mk.bad, 0);
   spn_model_release(&m);
   spn_model_release(&ref);
-  spn_engine_free(e);
+  spn_engine_free(&e);
   free(pm.p);
 }
 
@@ -891,7 +891,7 @@ static void test_device_io_in_place(void **state) {
   spn_model_release(&ref);
   for (int o = 0; o < 2; o++)
     spn_model_output_free(&want[o]);
-  spn_engine_free(e);
+  spn_engine_free(&e);
   free(pm.p);
 }
 
@@ -931,7 +931,7 @@ static void test_device_io_fallback(void **state) {
   spn_model_release(&ref);
   for (int o = 0; o < 2; o++)
     spn_model_output_free(&want[o]);
-  spn_engine_free(e);
+  spn_engine_free(&e);
   free(pm.p);
 }
 

@@ -79,7 +79,7 @@ static void expect_load_error(pb_t *m, int32_t code, const char *needle) {
     fail_msg("expected %d containing '%s', got %d: %s", code, needle, rc, err.msg);
   assert_null(mod);
   assert_non_null(strstr(err.msg, "crafted.onnx"));
-  spn_engine_free(e);
+  spn_engine_free(&e);
   free(m->p);
 }
 
@@ -152,7 +152,7 @@ static void test_relu_runs_dynamic_batch(void **state) {
   assert_int_equal(spn_model_run(mod, &in, 1, &out, 1, &err), SPN_EINVAL);
   spn_model_release(&mod);
   assert_null(mod);
-  spn_engine_free(e);
+  spn_engine_free(&e);
 }
 
 static void test_registry_shares_models(void **state) {
@@ -187,12 +187,12 @@ static void test_registry_shares_models(void **state) {
   /* b still valid after one release */
   assert_int_equal(spn_model_input_count(b), 1);
   spn_model_release(&b);
-  spn_engine_free(e);
+  spn_engine_free(&e);
   /* a model outlives its engine */
   assert_int_equal(spn_model_output_count(c), 1);
   spn_model_release(&c);
   spn_model_release(&d);
-  spn_engine_free(e2);
+  spn_engine_free(&e2);
 }
 
 static void test_truncated_files_fail(void **state) {
@@ -207,7 +207,7 @@ static void test_truncated_files_fail(void **state) {
       fail_msg("prefix of %zu/%zu bytes loaded", n, m.n);
     assert_non_null(strstr(err.msg, "cut.onnx"));
   }
-  spn_engine_free(e);
+  spn_engine_free(&e);
   free(m.p);
 }
 
@@ -279,7 +279,7 @@ static void test_empty_huge_constant_folds(void **state) {
   assert_int_equal(y.shape[2], 0);
   spn_model_output_free(&y);
   spn_model_release(&mod);
-  spn_engine_free(e);
+  spn_engine_free(&e);
   free(m.p);
 }
 
@@ -441,7 +441,7 @@ static void test_external_data(void **state) {
   snprintf(path, sizeof path, "%s", write_file("evil.onnx", b.p, b.n));
   free(b.p);
   assert_int_equal(spn_engine_load(e, path, "cpu", &mod, &err), SPN_EPERM);
-  spn_engine_free(e);
+  spn_engine_free(&e);
 }
 
 /* ---- convolution: numeric check and concurrent runs ---- */
@@ -556,7 +556,7 @@ static void test_conv_matches_reference_concurrently(void **state) {
     assert_int_equal(w[i].failures, 0);
   }
   spn_model_release(&mod);
-  spn_engine_free(e);
+  spn_engine_free(&e);
 }
 
 /* Flip bytes of a valid model: every load must end in success or a clean
@@ -589,7 +589,7 @@ static void test_mutated_models_never_crash(void **state) {
   assert_true(loaded > 0 && loaded < 3000);
   free(buf);
   free(m.p);
-  spn_engine_free(e);
+  spn_engine_free(&e);
 }
 
 int main(void) {

@@ -415,6 +415,6 @@ int main(void) {
       cmocka_unit_test(test_device_io_graphs),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
-  spn_engine_free(eng);
+  spn_engine_free(&eng);
   return rc;
 }

@@ -50,7 +50,7 @@ int main(int argc, char **argv) {
   rc = 0;
 out:
   fclose(f);
-  spn_mel_free(mel);
+  spn_mel_free(&mel);
   free(x);
   free(out);
   return rc;

@@ -54,7 +54,7 @@ static void bad_parameters_are_refused(void **state) {
   float x[300] = {0}, out[80 * 2];
   assert_int_equal(spn_mel_compute(mel, x, 300, out, &err), SPN_EINVAL);
   assert_non_null(strstr(err.msg, "too short"));
-  spn_mel_free(mel);
+  spn_mel_free(&mel);
 }
 
 typedef struct {
@@ -73,7 +73,7 @@ static void *worker(void *arg) {
     j->rc = spn_mel_new(NULL, j->lock, &mel, &err);
     if (j->rc == SPN_OK)
       j->rc = spn_mel_compute(mel, j->x, j->n, j->out, &err);
-    spn_mel_free(mel);
+    spn_mel_free(&mel);
   }
   return NULL;
 }
@@ -90,7 +90,7 @@ static void contexts_in_threads_agree(void **state) {
   int64_t frames = spn_mel_frames(mel, n);
   float *ref = malloc(sizeof(float) * 80 * frames);
   assert_int_equal(spn_mel_compute(mel, x, n, ref, &err), SPN_OK);
-  spn_mel_free(mel);
+  spn_mel_free(&mel);
   pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
   enum { T = 4 };
   pthread_t th[T];

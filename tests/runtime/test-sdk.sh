@@ -18,9 +18,10 @@ export PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_SYSROOT_DIR=$tmp/dest
 cflags=$(pkg-config --cflags spindle-plugin) || fail "pkg-config --cflags"
 inc=$(echo $cflags); inc=${inc#-I}
 [ -f "$inc/spindle/plugin.h" ] || fail "cflags $cflags do not point at the installed spindle/plugin.h"
-# Only headers whose library is installed: image.h/audio.h are static helpers.
-for h in image.h audio.h; do [ ! -e "$inc/spindle/$h" ] || fail "spindle/$h installed without its library"; done
-for h in harness.h plugin-cuda.h runtime.h; do [ -f "$inc/spindle/$h" ] || fail "spindle/$h not installed"; done
+# Only headers whose library is installed: image.h/audio.h are static helpers,
+# jobs.h is the job service's runner interface inside the spindle program.
+for h in image.h audio.h jobs.h; do [ ! -e "$inc/spindle/$h" ] || fail "spindle/$h installed without its library"; done
+for h in harness.h plugin-cuda.h runtime.h client.h; do [ -f "$inc/spindle/$h" ] || fail "spindle/$h not installed"; done
 plugindir=$(pkg-config --variable=plugindir spindle-plugin)
 # pkgconf prefixes variables with the sysroot too; pkg-config 0.29 does not.
 case "$plugindir" in "$tmp/dest"*) ;; *) plugindir=$tmp/dest$plugindir ;; esac

@@ -13,12 +13,6 @@
 
 #include "spindle/toml.h"
 
-/* The library's assertion hook; this program does not link libspindle. */
-void spn__assert_fail(const char *expr, const char *file, int line, const char *func) {
-  fprintf(stderr, "%s:%d: %s: assertion failed: %s\n", file, line, func, expr);
-  abort();
-}
-
 static unsigned walk(const spn_toml_node_t *n, unsigned depth) {
   unsigned count = 1;
   if (depth > 300) /* the parser caps nesting at 256 */

@@ -73,7 +73,9 @@ typedef struct spn_mel spn_mel_t;
  * (see above). Ownership: caller owns *out (spn_mel_free). Thread: any. */
 int32_t spn_mel_new(const spn_mel_params_t *params, pthread_mutex_t *plan_lock, spn_mel_t **out,
                     spn_error_t *err);
-void spn_mel_free(spn_mel_t *mel);
+/* Free the context and set *mel to NULL (a NULL *mel is ignored).
+ * Ownership: consumes *mel. Thread: any, once no spn_mel_compute on it runs. */
+void spn_mel_free(spn_mel_t **mel);
 
 /* Number of STFT frames for n samples: 1 + n / hop. */
 int64_t spn_mel_frames(const spn_mel_t *mel, int64_t n_samples);

@@ -20,12 +20,31 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "spindle/jobs.h"
 #include "spindle/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* A job's state in the durable queue. The runtime's spn_job_state_t
+ * (spindle/runtime.h) covers one run; the queue adds retries, so it also has
+ * "dead" (retries exhausted). */
+typedef enum spn_queue_state {
+  SPN_QSTATE_QUEUED = 0,
+  SPN_QSTATE_RUNNING = 1,
+  SPN_QSTATE_SUCCEEDED = 2,
+  SPN_QSTATE_FAILED = 3,
+  SPN_QSTATE_CANCELLED = 4,
+  SPN_QSTATE_DEAD = 5,
+} spn_queue_state_t;
+#define SPN_QSTATE_COUNT 6
+
+/* "queued", "running", ...; NULL for an unknown value. Ownership: static. Thread: any. */
+SPN_API const char *spn_queue_state_name(spn_queue_state_t s);
+/* Parse a state name; -1 if unknown. Thread: any. Ownership: arguments borrowed. */
+SPN_API int32_t spn_queue_state_parse(const char *name);
+/* succeeded, failed, cancelled and dead are terminal. Ownership: none. Thread: any. */
+static inline bool spn_queue_state_terminal(spn_queue_state_t s) { return s >= SPN_QSTATE_SUCCEEDED; }
 
 typedef struct spn_client spn_client_t;
 typedef struct spn_client_job spn_client_job_t;
@@ -57,12 +76,18 @@ typedef struct spn_client_status {
  * timeout). Ownership: caller owns *out (spn_client_free). Thread: any. */
 SPN_API int32_t spn_client_new(const char *endpoint, const spn_client_options_t *opt,
                                spn_client_t **out, spn_error_t *err);
+/* Close the socket, free the client and set *c to NULL (NULL is ignored).
+ * Ownership: consumes *c. Thread: the client's (one thread at a time). */
 SPN_API void spn_client_free(spn_client_t **c);
 
-/* Job builder. Strings are copied. Ownership: caller owns the job
- * (spn_client_job_free). Setters return SPN_OK or SPN_ENOMEM. Thread: any. */
+/* Job builder; NULL when out of memory. Ownership: caller owns the job
+ * (spn_client_job_free); pipeline is copied. Thread: any. */
 SPN_API spn_client_job_t *spn_client_job_new(const char *pipeline);
+/* Free the job and set *job to NULL (NULL is ignored). Ownership: consumes
+ * *job. Thread: any. */
 SPN_API void spn_client_job_free(spn_client_job_t **job);
+/* Setters: return SPN_OK or SPN_ENOMEM. Ownership: job borrowed; strings
+ * are copied. Thread: any, one at a time per job. */
 SPN_API int32_t spn_client_job_input(spn_client_job_t *job, const char *name, const char *path);
 SPN_API int32_t spn_client_job_output(spn_client_job_t *job, const char *name, const char *path);
 SPN_API int32_t spn_client_job_param(spn_client_job_t *job, const char *key, const char *value);
@@ -75,7 +100,8 @@ SPN_API int32_t spn_client_job_idempotency_key(spn_client_job_t *job, const char
 /* Split a video job into n segments cut at its input's keyframes, or into
  * segments of about `seconds` each; they run as separate jobs on any worker
  * and are joined in order (docs/jobs.md, "Segments"). The gateway checks
- * the value (an integer >= 1; seconds > 0) and names the field. */
+ * the value (an integer >= 1; seconds > 0) and names the field.
+ * Ownership: job borrowed. Thread: any, one at a time per job. */
 SPN_API void spn_client_job_segments(spn_client_job_t *job, double n);
 SPN_API void spn_client_job_segment_seconds(spn_client_job_t *job, double seconds);
 
@@ -86,6 +112,8 @@ SPN_API void spn_client_job_segment_seconds(spn_client_job_t *job, double second
  * Thread: the client's (one thread at a time). */
 SPN_API int32_t spn_client_submit(spn_client_t *c, const spn_client_job_t *job, int64_t *id,
                                   bool *existed, spn_error_t *err);
+/* The job's state now, into *st; errors as for submit. Ownership: *st is
+ * the caller's, filled. Thread: the client's (one thread at a time). */
 SPN_API int32_t spn_client_status(spn_client_t *c, int64_t id, spn_client_status_t *st,
                                   spn_error_t *err);
 /* Return non-zero to stop watching early. */

@@ -53,10 +53,13 @@ SPN_API spn_buffer_type_t *spn_device_buffer_type(spn_device_t *dev, int32_t mem
 /* Allocate `size` bytes (64-byte aligned on the host). Ownership: caller owns
  * one reference to *out. Thread: any. */
 SPN_API int32_t spn_buffer_type_alloc(spn_buffer_type_t *bt, size_t size, spn_buffer_t **out, spn_error_t *err);
+/* Whether the type's memory is host-addressable. Ownership: bt borrowed. Thread: any. */
 SPN_API bool spn_buffer_type_is_host(const spn_buffer_type_t *bt);
 
 /* spn_buffer_data: Ownership: borrowed, valid while a reference is held. Thread: any. */
 SPN_API void *spn_buffer_data(spn_buffer_t *buf);
+/* Size, device and host-addressability of the buffer. Ownership: the device
+ * is borrowed (the runtime's, for its life). Thread: any. */
 SPN_API size_t spn_buffer_size(const spn_buffer_t *buf);
 SPN_API spn_device_t *spn_buffer_device(const spn_buffer_t *buf);
 SPN_API bool spn_buffer_is_host(const spn_buffer_t *buf);
@@ -81,7 +84,11 @@ SPN_API void spn_buffer_unref(spn_buffer_t **buf);
 /* Streams order work on a device; on the CPU work runs when issued.
  * Ownership: caller owns *out. Thread: the device's executor. */
 SPN_API int32_t spn_stream_new(spn_device_t *dev, spn_stream_t **out, spn_error_t *err);
+/* Free the stream and set *s to NULL (NULL is ignored). Ownership: consumes
+ * *s. Thread: the device's executor. */
 SPN_API void spn_stream_free(spn_stream_t **s);
+/* Wait on the calling thread until the stream's work is done.
+ * Ownership: borrowed. Thread: the device's executor. */
 SPN_API int32_t spn_stream_synchronize(spn_stream_t *s, spn_error_t *err);
 /* The backend's native handle (cudaStream_t), NULL on the CPU.
  * Ownership: borrowed, valid for the stream's life. Thread: the device's executor. */
@@ -94,6 +101,8 @@ SPN_API int32_t spn_stream_copy(spn_stream_t *s, spn_buffer_t *dst, size_t dst_o
 
 /* spn_event_new: Ownership: caller owns *out (spn_event_free). Thread: the device's executor. */
 SPN_API int32_t spn_event_new(spn_device_t *dev, spn_event_t **out, spn_error_t *err);
+/* Free the event and set *ev to NULL (NULL is ignored). Ownership: consumes
+ * *ev. Thread: the device's executor. */
 SPN_API void spn_event_free(spn_event_t **ev);
 /* Mark the point reached by `s`; event_synchronize waits for it on the host,
  * stream_wait_event makes another stream wait for it. Ownership: borrowed. Thread: the device's executor. */

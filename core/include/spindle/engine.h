@@ -57,10 +57,11 @@ typedef struct spn_engine_opts {
  * caller's, freed with spn_engine_free. Thread: any. */
 SPN_API int32_t spn_engine_new(const spn_engine_opts_t *opts, spn_engine_t **out, spn_error_t *err);
 
-/* Free the engine. Models still referenced stay valid until their last
- * release (they hold a reference on the engine's shared backend state).
- * NULL is ignored. Thread: not concurrently with load on the same engine. */
-SPN_API void spn_engine_free(spn_engine_t *eng);
+/* Free the engine and set *eng to NULL. Models still referenced stay valid
+ * until their last release (they hold a reference on the engine's shared
+ * backend state). A NULL *eng is ignored. Ownership: consumes *eng.
+ * Thread: any, not concurrently with a load on the same engine. */
+SPN_API void spn_engine_free(spn_engine_t **eng);
 
 /* Load `path` on `device` ("cpu", "cpu:1", "cuda:0"), or take another
  * reference on the already loaded model with the same canonical path and
@@ -71,7 +72,9 @@ SPN_API int32_t spn_engine_load(spn_engine_t *eng, const char *path, const char 
                                 spn_model_t **out, spn_error_t *err);
 
 /* Load a model from memory (not registered for sharing; external data is
- * refused). `name` is used in error messages. Ownership/thread as above. */
+ * refused). `name` is used in error messages. Ownership: *out holds one
+ * reference (spn_model_release); data is borrowed for the call (the
+ * weights are copied). Thread: any. */
 SPN_API int32_t spn_engine_load_memory(spn_engine_t *eng, const void *data, size_t len,
                                        const char *name, const char *device, spn_model_t **out,
                                        spn_error_t *err);
@@ -90,7 +93,9 @@ typedef struct spn_model_opts {
 
 /* spn_engine_load / spn_engine_load_memory with options (opts NULL: the
  * defaults). The registry shares a model only between loads with the same
- * device, precision and fallback. */
+ * device, precision and fallback. Ownership: *out holds one reference
+ * (spn_model_release); opts and data borrowed for the call. Thread: any
+ * (the registry is locked). */
 SPN_API int32_t spn_engine_load_opts(spn_engine_t *eng, const char *path, const spn_model_opts_t *opts,
                                      spn_model_t **out, spn_error_t *err);
 SPN_API int32_t spn_engine_load_memory_opts(spn_engine_t *eng, const void *data, size_t len,
@@ -98,40 +103,49 @@ SPN_API int32_t spn_engine_load_memory_opts(spn_engine_t *eng, const void *data,
                                             spn_model_t **out, spn_error_t *err);
 
 /* Drop one reference and set *model to NULL; the last one frees the model.
- * Thread: any. */
+ * Ownership: consumes *model. Thread: any. */
 SPN_API void spn_model_release(spn_model_t **model);
 
-/* Inspection. Index i is in [0, count). Strings are owned by the model and
- * live as long as it. shape[] receives up to SPN_TENSOR_MAX_DIMS dims with
- * -1 for a dynamic dimension. Thread: any. */
+/* Inspection. Index i is in [0, count). shape[] receives up to
+ * SPN_TENSOR_MAX_DIMS dims with -1 for a dynamic dimension.
+ * Ownership: the strings are the model's and live as long as it; the other
+ * outputs are the caller's, filled. Thread: any. */
 SPN_API int32_t spn_model_input_count(const spn_model_t *m);
 SPN_API int32_t spn_model_output_count(const spn_model_t *m);
 SPN_API int32_t spn_model_input_info(const spn_model_t *m, int32_t i, const char **name,
                                      int32_t *dtype, int32_t *ndim, int64_t *shape);
 SPN_API int32_t spn_model_output_info(const spn_model_t *m, int32_t i, const char **name,
                                       int32_t *dtype, int32_t *ndim, int64_t *shape);
-/* Position of the input/output called `name`, or -1. */
+/* Position of the input/output called `name`, or -1.
+ * Ownership: name borrowed. Thread: any. */
 SPN_API int32_t spn_model_input_index(const spn_model_t *m, const char *name);
 SPN_API int32_t spn_model_output_index(const spn_model_t *m, const char *name);
-/* Number of parameters (elements of float initializers as loaded). */
+/* Number of parameters (elements of float initializers as loaded).
+ * Ownership: none. Thread: any. */
 SPN_API int64_t spn_model_param_count(const spn_model_t *m);
 /* Multiply-adds x2 per sample (batch 1) for Conv, ConvTranspose, MatMul,
- * Gemm; other operators are not counted. */
+ * Gemm; other operators are not counted. Ownership: none. Thread: any. */
 SPN_API double spn_model_flops(const spn_model_t *m);
 /* Operator histogram of the graph as loaded (before passes): entry i gives
- * the op name and node count; returns the number of distinct ops. */
+ * the op name and node count; returns the number of distinct ops.
+ * Ownership: *op is the model's (a static name). Thread: any. */
 SPN_API int32_t spn_model_op_histogram(const spn_model_t *m, int32_t i, const char **op,
                                        int32_t *count);
-/* Number of nodes that run after the graph passes (folding, fusion). */
+/* Number of nodes that run after the graph passes (folding, fusion).
+ * Ownership: none. Thread: any. */
 SPN_API int32_t spn_model_node_count(const spn_model_t *m);
-/* The device the model was loaded on ("cpu", "cuda:0"). */
+/* The device the model was loaded on ("cpu", "cuda:0").
+ * Ownership: the model's, valid as long as it. Thread: any. */
 SPN_API const char *spn_model_device(const spn_model_t *m);
-/* Number of nodes placed on the CPU because the device cannot run them. */
+/* Number of nodes placed on the CPU because the device cannot run them.
+ * Ownership: none. Thread: any. */
 SPN_API int32_t spn_model_fallback_count(const spn_model_t *m);
 
 /* Run the model. See the header comment for the output allocation rule.
  * inputs: n_in == spn_model_input_count, host memory, dtype as declared.
- * Thread: any, concurrently on one model. */
+ * Ownership: inputs borrowed for the call; an output the engine allocates
+ * (data NULL on entry) is the caller's (spn_model_output_free), a caller
+ * buffer stays the caller's. Thread: any, concurrently on one model. */
 SPN_API int32_t spn_model_run(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in,
                               spn_tensor_t *outputs, int32_t n_out, spn_error_t *err);
 
@@ -153,18 +167,24 @@ SPN_API int32_t spn_model_run(spn_model_t *m, const spn_tensor_t *inputs, int32_
  *     event or synchronise the stream). With any host output it waits, as
  *     spn_model_run does.
  * On a CPU model, device tensors are refused and stream is ignored.
- * Thread: any, concurrently on one model (one stream per thread). */
+ * Ownership: as spn_model_run; device tensors and stream stay the caller's
+ * and must outlive the enqueued work. Thread: any, concurrently on one
+ * model (one stream per thread). */
 SPN_API int32_t spn_model_run_on(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in,
                                  spn_tensor_t *outputs, int32_t n_out, void *stream, spn_error_t *err);
 
 /* The dtype, ndim and shape every output would have for these inputs (only
  * their shapes, dtypes and, for device tensors, device are read; no data is
- * touched): fills outputs[i] except data and device. Thread: any. */
+ * touched): fills outputs[i] except data and device. Ownership: inputs
+ * borrowed; outputs are the caller's, filled. Thread: any. */
 SPN_API int32_t spn_model_output_shapes(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in,
                                         spn_tensor_t *outputs, int32_t n_out, spn_error_t *err);
 
 /* Free an output the engine allocated in spn_model_run and set data NULL.
- * Caller-provided buffers must not be passed here. */
+ * Caller-provided buffers must not be passed here. It takes the tensor, not
+ * a T **: the tensor is the caller's value (often an array element), and
+ * only its data goes; t->data is set to NULL, so a second call is harmless.
+ * Ownership: consumes t->data; t stays the caller's. Thread: any. */
 SPN_API void spn_model_output_free(spn_tensor_t *t);
 
 #ifdef __cplusplus

@@ -11,6 +11,12 @@
  * `run` is called on a worker thread, never on the loop thread; it may block.
  * It must poll spn_job_ctx_cancelled() between batches/chunks and return
  * SPN_ECANCELLED when it is set.
+ *
+ * Not installed: the runner interface, the job contexts and the test runner
+ * live in the `spindle` program's job service (the static spindle-jobs
+ * library), which no installed library exports; the encode plugin takes
+ * spn_segment_api_t from here in the tree. The queue states that clients see
+ * are in spindle/client.h (libspindle-client).
  */
 #ifndef SPINDLE_JOBS_H
 #define SPINDLE_JOBS_H
@@ -19,31 +25,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "spindle/client.h" /* spn_queue_state_t */
 #include "spindle/status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* A job's state in the durable queue. The runtime's spn_job_state_t
- * (spindle/runtime.h) covers one run; the queue adds retries, so it also has
- * "dead" (retries exhausted). */
-typedef enum spn_queue_state {
-  SPN_QSTATE_QUEUED = 0,
-  SPN_QSTATE_RUNNING = 1,
-  SPN_QSTATE_SUCCEEDED = 2,
-  SPN_QSTATE_FAILED = 3,
-  SPN_QSTATE_CANCELLED = 4,
-  SPN_QSTATE_DEAD = 5,
-} spn_queue_state_t;
-#define SPN_QSTATE_COUNT 6
-
-/* "queued", "running", ...; NULL for an unknown value. Ownership: static. Thread: any. */
-SPN_API const char *spn_queue_state_name(spn_queue_state_t s);
-/* Parse a state name; -1 if unknown. Thread: any. Ownership: arguments borrowed. */
-SPN_API int32_t spn_queue_state_parse(const char *name);
-/* succeeded, failed, cancelled and dead are terminal. Ownership: none. Thread: any. */
-static inline bool spn_queue_state_terminal(spn_queue_state_t s) { return s >= SPN_QSTATE_SUCCEEDED; }
 
 /* A named file: an input read by the pipeline or an output it produces. */
 typedef struct spn_job_io {
@@ -78,23 +65,23 @@ typedef struct spn_job_spec {
 } spn_job_spec_t;
 
 /* The value of a param, or NULL. Ownership: borrowed from job. Thread: any. */
-SPN_API const char *spn_job_spec_param(const spn_job_spec_t *job, const char *key);
+const char *spn_job_spec_param(const spn_job_spec_t *job, const char *key);
 
 typedef struct spn_job_ctx spn_job_ctx_t;
 
 /* Report progress: `done` of `total` units (frames, chunks). Cheap; may be
  * called per frame (events are coalesced). Thread: the runner's. Ownership: none. */
-SPN_API void spn_job_ctx_progress(spn_job_ctx_t *ctx, uint64_t done, uint64_t total);
+void spn_job_ctx_progress(spn_job_ctx_t *ctx, uint64_t done, uint64_t total);
 /* True once the job was cancelled; the runner stops at the next batch
  * boundary and returns SPN_ECANCELLED. Thread: the runner's. Ownership: none. */
-SPN_API bool spn_job_ctx_cancelled(const spn_job_ctx_t *ctx);
+bool spn_job_ctx_cancelled(const spn_job_ctx_t *ctx);
 /* The temporary path to write output i to (same directory as the final path,
  * so the final rename is atomic). NULL when i is out of range.
  * Ownership: borrowed from ctx. Thread: the runner's. */
-SPN_API const char *spn_job_ctx_output_tmp(const spn_job_ctx_t *ctx, size_t i);
+const char *spn_job_ctx_output_tmp(const spn_job_ctx_t *ctx, size_t i);
 /* Add seconds of accelerator time used by this job (recorded per job beside
  * its wall compute seconds). Thread: the runner's. Ownership: none. */
-SPN_API void spn_job_ctx_add_gpu_seconds(spn_job_ctx_t *ctx, double seconds);
+void spn_job_ctx_add_gpu_seconds(spn_job_ctx_t *ctx, double seconds);
 
 /* A runner. `run` returns SPN_OK (outputs complete), SPN_ECANCELLED (it saw
  * the cancel flag) or an error with err->msg naming the input and position;
@@ -136,8 +123,11 @@ typedef struct spn_segment_plan {
   char input[65];          /* the job input that is cut (the joined file's audio comes from it) */
 } spn_segment_plan_t;
 
-/* Thread: any. */
-SPN_API void spn_segment_plan_free(spn_segment_plan_t *plan);
+/* Free what the plan holds (bounds) and zero it, so a second call is
+ * harmless. A plan is a value the caller keeps (embedded in its own
+ * structs), not an object: it takes T *, not T **. Ownership: releases
+ * plan->bounds; plan itself stays the caller's. Thread: any. */
+void spn_segment_plan_free(spn_segment_plan_t *plan);
 
 /* What the job service borrows from the media plugin to split and join
  * (stages/media/media-segment.c): the encode plugin exports a function
@@ -175,10 +165,16 @@ typedef struct spn_test_runner_config {
   const char *exec_log;
 } spn_test_runner_config_t;
 
-/* Ownership: caller owns *out (spn_test_runner_free). Thread: any. */
-SPN_API int32_t spn_test_runner_new(const spn_test_runner_config_t *cfg, spn_job_runner_t *out,
-                                    spn_error_t *err);
-SPN_API void spn_test_runner_free(spn_job_runner_t *runner);
+/* Fill *out, a runner value the caller keeps, with the test runner.
+ * Ownership: caller owns what *out holds (spn_test_runner_free); cfg is
+ * borrowed (exec_log copied). Thread: any. */
+int32_t spn_test_runner_new(const spn_test_runner_config_t *cfg, spn_job_runner_t *out,
+                            spn_error_t *err);
+/* Free what spn_test_runner_new put in *runner and zero it (a second call
+ * is harmless). Like spn_segment_plan_free it releases a value's contents,
+ * so it takes T *. Ownership: releases runner->data; runner stays the
+ * caller's. Thread: any, once no job runs on it. */
+void spn_test_runner_free(spn_job_runner_t *runner);
 
 #ifdef __cplusplus
 }

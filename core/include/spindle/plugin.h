@@ -326,71 +326,119 @@ typedef struct spn_host_api {
   uint32_t reserved0;
 
   /* During init only: register a stage kind. The kind struct and every
-   * string and table it points to must stay valid until fini. */
+   * string and table it points to must stay valid until fini.
+   * Ownership: kind borrowed (not copied) until fini. Thread: init's. */
   int32_t (*register_kind)(spn_plugin_t *plugin, const spn_stage_kind_t *kind, spn_error_t *err);
-  /* The plugin's user pointer, returned to fini. */
+  /* The plugin's user pointer, returned to fini. Ownership: data stays the
+   * plugin's (fini frees it). Thread: init's. */
   void (*plugin_set_data)(spn_plugin_t *plugin, void *data);
 
   /* Stage instances. */
+  /* The instance's user pointer (what create returned). Ownership: the
+   * plugin's. Thread: any. */
   void *(*stage_get_data)(spn_stage_t *stage);
-  const char *(*stage_get_name)(spn_stage_t *stage);         /* from the config */
-  /* The device the instance is placed on. */
+  /* The instance's name, from the config. Ownership: borrowed for the
+   * instance's life. Thread: any. */
+  const char *(*stage_get_name)(spn_stage_t *stage);
+  /* The device the instance is placed on. Ownership: none (kind and index
+   * written). Thread: any. */
   void (*stage_get_device)(spn_stage_t *stage, int32_t *kind, int32_t *index);
-  /* The stream the instance's GPU work goes on (a cudaStream_t), or NULL on CPU. */
+  /* The stream the instance's GPU work goes on (a cudaStream_t), or NULL on
+   * CPU. Ownership: borrowed, the runtime's, for the instance's life.
+   * Thread: any; queue work on it from the stage's callbacks. */
   void *(*stage_get_stream)(spn_stage_t *stage);
-  /* Thread count a CPU stage may use for its kernels. */
+  /* Thread count a CPU stage may use for its kernels. Ownership: none.
+   * Thread: any. */
   int32_t (*stage_get_threads)(spn_stage_t *stage);
-  /* Log with the job and stage attached (job_id 0 = none). */
+  /* Log with the job and stage attached (job_id 0 = none). Ownership: fmt
+   * and arguments borrowed (formatted at once). Thread: any. */
   void (*log)(spn_stage_t *stage, uint64_t job_id, int32_t level, const char *fmt, ...) SPN_PRINTF(4, 5);
-  /* Report progress of a job at this stage (done of total units). */
+  /* Report progress of a job at this stage (done of total units); only a
+   * stage that ends the pipeline is counted. Ownership: none. Thread: any. */
   void (*progress)(spn_stage_t *stage, uint64_t job_id, int64_t done, int64_t total);
   /* Fail one job with a message (it naming the input and position); the
-   * other jobs in a batch go on. The host calls job_close(ok=false). */
+   * other jobs in a batch go on. The host calls job_close(ok=false).
+   * Ownership: msg borrowed (copied). Thread: stage (inside one of the
+   * instance's callbacks). */
   void (*fail_job)(spn_stage_t *stage, uint64_t job_id, int32_t status, const char *msg);
-  /* True once the job was cancelled; stages check between batches. */
+  /* True once the job was cancelled; stages check between batches.
+   * Ownership: none. Thread: stage. */
   bool (*job_cancelled)(spn_stage_t *stage, uint64_t job_id);
 
   /* Buffers: refcounted memory on the instance's device (or host). */
+  /* A buffer of `size` bytes on the instance's device (host memory on the
+   * CPU). Ownership: caller owns one reference (buffer_unref).
+   * Thread: stage (the instance's executor, where a GPU's context is). */
   int32_t (*buffer_new)(spn_stage_t *stage, size_t size, spn_buffer_t **out, spn_error_t *err);
+  /* Its memory and size. Ownership: borrowed, valid while a reference is
+   * held. Thread: any. */
   void *(*buffer_data)(spn_buffer_t *buf);
   size_t (*buffer_size)(const spn_buffer_t *buf);
+  /* A new reference; returns buf. Ownership: caller owns one more reference
+   * (buffer_unref). Thread: any. */
   spn_buffer_t *(*buffer_ref)(spn_buffer_t *buf);
+  /* Drop a reference and set *buf to NULL; the last one frees. Ownership:
+   * consumes *buf. Thread: any. */
   void (*buffer_unref)(spn_buffer_t **buf);
 
-  /* Messages. msg_new_from copies the envelope of `from` (job, seq, pts). */
+  /* Messages. msg_new_from copies the envelope of `from` (job, seq, pts).
+   * Ownership: caller owns *out (emit or msg_free); env and from borrowed.
+   * Thread: any. */
   int32_t (*msg_new)(spn_stage_t *stage, const spn_envelope_t *env, spn_msg_t **out, spn_error_t *err);
   int32_t (*msg_new_from)(spn_stage_t *stage, const spn_msg_t *from, spn_msg_t **out, spn_error_t *err);
+  /* Free a message (its buffer references dropped) and set *msg to NULL.
+   * Ownership: consumes *msg. Thread: any. */
   void (*msg_free)(spn_msg_t **msg);
+  /* The envelope and the item count. Ownership: borrowed from msg.
+   * Thread: any. */
   const spn_envelope_t *(*msg_envelope)(const spn_msg_t *msg);
   size_t (*msg_item_count)(const spn_msg_t *msg);
-  /* Fills *item (struct_size set by the caller) with a borrowed view. */
+  /* Fills *item (struct_size set by the caller) with a borrowed view.
+   * Ownership: the view is borrowed from msg, valid until msg changes or
+   * goes. Thread: any. */
   int32_t (*msg_item)(const spn_msg_t *msg, size_t i, spn_item_t *item);
-  /* Index of the first item with that name, or -1. */
+  /* Index of the first item with that name, or -1. Ownership: name
+   * borrowed. Thread: any. */
   int64_t (*msg_find)(const spn_msg_t *msg, const char *name);
   /* Add a tensor item; takes a new reference to `buf` (the caller keeps
    * its own). `t` describes the data inside buf (t->data ignored: offset
-   * 0 of the buffer). */
+   * 0 of the buffer). Ownership: name and t copied; buf gains a
+   * reference. Thread: any (one thread at a time per message). */
   int32_t (*msg_add_tensor)(spn_msg_t *msg, const char *name, const spn_tensor_t *t, spn_buffer_t *buf,
                             spn_error_t *err);
-  /* Add a metadata item; the bytes are copied. */
+  /* Add a metadata item; the bytes are copied. Ownership: name and data
+   * borrowed (copied). Thread: any (one thread at a time per message). */
   int32_t (*msg_add_meta)(spn_msg_t *msg, const char *name, const void *data, size_t size, spn_error_t *err);
   /* Send on output port `port`. Consumes *msg (sets it to NULL), also on
-   * error. May wait for credit (back-pressure) between batches; never drops. */
+   * error. May wait for credit (back-pressure) between batches; never drops.
+   * Ownership: consumes *msg. Thread: stage (inside one of the instance's
+   * callbacks). */
   int32_t (*emit)(spn_stage_t *stage, uint32_t port, spn_msg_t **msg, spn_error_t *err);
 
   /* Models (the engine): loaded once per (file, device), shared by every
-   * instance on that device. Call from create/preload. */
+   * instance on that device. Call from create/preload. Ownership: *out
+   * holds one reference (model_release); path borrowed. Thread: stage
+   * (create or preload). */
   int32_t (*model_load)(spn_stage_t *stage, const char *path, spn_model_t **out, spn_error_t *err);
+  /* Drop the reference and set *model to NULL. Ownership: consumes *model.
+   * Thread: any. */
   void (*model_release)(spn_stage_t *stage, spn_model_t **model);
-  /* Inputs (is_output false) and outputs: name, dtype, shape (-1 dynamic). */
+  /* Inputs (is_output false) and outputs: name, dtype, shape (-1 dynamic).
+   * Ownership: *name is the model's, valid as long as it; *desc the
+   * caller's, filled. Thread: any. */
   int32_t (*model_io_count)(const spn_model_t *model, bool is_output);
   int32_t (*model_io)(const spn_model_t *model, bool is_output, int32_t i, const char **name, spn_tensor_t *desc);
   /* Run a batch. Inputs are views on the instance's device. Outputs: the
    * caller fills dtype/ndim/shape, or leaves data NULL and the engine
    * allocates it; such outputs are freed with model_free_outputs. Safe to
-   * call concurrently from several instances sharing a model. */
+   * call concurrently from several instances sharing a model.
+   * Ownership: inputs borrowed for the call; engine-allocated outputs are
+   * the caller's. Thread: stage. */
   int32_t (*model_run)(spn_stage_t *stage, spn_model_t *model, const spn_tensor_t *inputs, size_t n_in,
                        spn_tensor_t *outputs, size_t n_out, spn_error_t *err);
+  /* Free the data model_run allocated in outputs[0..n_out) and set each
+   * data to NULL. Ownership: consumes those data; the tensors stay the
+   * caller's. Thread: any. */
   void (*model_free_outputs)(spn_model_t *model, spn_tensor_t *outputs, size_t n_out);
 
   void *reserved[16];
@@ -420,7 +468,7 @@ typedef struct spn_host_api {
   int32_t (*buffer_new_kind)(spn_stage_t *stage, size_t size, int32_t mem_kind, spn_buffer_t **out,
                              spn_error_t *err);
   /* The buffer's memory kind (spn_mem_kind_t) and its device (kind is a
-   * spn_device_kind_t: 0 CPU, 1 CUDA). Thread: any. */
+   * spn_device_kind_t: 0 CPU, 1 CUDA). Ownership: none. Thread: any. */
   int32_t (*buffer_mem_kind)(const spn_buffer_t *buf);
   void (*buffer_device)(const spn_buffer_t *buf, int32_t *kind, int32_t *index);
   /* Readiness: buffer_set_ready marks the point the stage's stream has
@@ -428,12 +476,14 @@ typedef struct spn_host_api {
    * queueing the work that writes buf, before emitting it). buffer_event
    * is that event's native handle (a cudaEvent_t), NULL when the buffer is
    * complete already (always on the CPU). The runtime orders every copy
-   * and every consumer on another stream after it. Thread: executor. */
+   * and every consumer on another stream after it. Ownership: buf
+   * borrowed; the event is the buffer's. Thread: executor. */
   int32_t (*buffer_set_ready)(spn_stage_t *stage, spn_buffer_t *buf, spn_error_t *err);
   void *(*buffer_event)(const spn_buffer_t *buf);
   /* The format negotiated for a port of this instance's stage (is_output:
    * an output port, else an input). An output feeding several edges of
-   * different formats reports the first edge's. Thread: any. */
+   * different formats reports the first edge's. Ownership: *out the
+   * caller's, filled. Thread: any. */
   int32_t (*stage_port_format)(spn_stage_t *stage, bool is_output, uint32_t port, spn_port_format_t *out,
                                spn_error_t *err);
 } spn_host_api_t;

@@ -72,16 +72,17 @@ SPN_API const char *spn_runtime_device_name(const spn_runtime_t *rt, uint32_t i)
  * call it to take a device out of service. A quarantined device stays so
  * for the runtime's life (recovery needs a GPU reset). The event is logged
  * (event "device_quarantined") and counted. Returns SPN_EINVAL for a bad
- * index, SPN_OK otherwise (also when it already was). Thread: any. */
+ * index, SPN_OK otherwise (also when it already was). Ownership: why is
+ * borrowed (copied into the log). Thread: any. */
 SPN_API int32_t spn_runtime_device_quarantine(spn_runtime_t *rt, uint32_t i, const char *why);
 /* Whether device i takes work, and how many do: a device is usable unless
  * it was quarantined, or it is a GPU the health monitor marks unusable
  * (lost, fatal XID) before the runtime has quarantined it. /readyz is
- * false when none is. Thread: any. */
+ * false when none is. Ownership: none. Thread: any. */
 SPN_API bool spn_runtime_device_usable(const spn_runtime_t *rt, uint32_t i);
 SPN_API uint32_t spn_runtime_usable_device_count(const spn_runtime_t *rt);
 /* Counters since start, for metrics: devices quarantined, and job attempts
- * restarted because a device they used was. Thread: any. */
+ * restarted because a device they used was. Ownership: none. Thread: any. */
 SPN_API uint64_t spn_runtime_quarantine_count(const spn_runtime_t *rt);
 SPN_API uint64_t spn_runtime_job_restart_count(const spn_runtime_t *rt);
 /* Bytes the runtime copied on pipeline edges with device i's streams
@@ -150,6 +151,8 @@ SPN_API int32_t spn_pipeline_check_job(const spn_pipeline_t *pipe, const spn_job
 /* Waits for the pipeline's jobs to end (cancelling them) and frees it.
  * Thread: any but the runtime's own (not from on_done or a stage). Ownership: consumes *pipe, sets it to NULL. */
 SPN_API void spn_pipeline_free(spn_pipeline_t **pipe);
+/* The [pipeline] name ("" when the config gives none). Ownership: borrowed
+ * from pipe, valid for its life. Thread: any. */
 SPN_API const char *spn_pipeline_name(const spn_pipeline_t *pipe);
 
 /* Per-stage time: the number of [[stage]]s, and for stage i (config order) its
@@ -185,7 +188,9 @@ typedef struct spn_edge_stats {
 } spn_edge_stats_t;
 
 /* Number of edges, and edge i's figures (read atomically while jobs run).
- * Returns SPN_EINVAL when i is out of range. Thread: any. */
+ * Returns SPN_EINVAL when i is out of range. Ownership: *out is the
+ * caller's, filled; its strings are borrowed for the pipeline's life.
+ * Thread: any. */
 SPN_API size_t spn_pipeline_edge_count(const spn_pipeline_t *pipe);
 SPN_API int32_t spn_pipeline_edge_stats(const spn_pipeline_t *pipe, size_t i, spn_edge_stats_t *out);
 /* Per-stage histograms since the pipeline was loaded, summed over replicas
@@ -208,6 +213,9 @@ typedef struct spn_stage_stats {
   uint64_t messages; /* messages handed to them */
   uint64_t batch_bucket[SPN_STAGE_BATCH_BUCKETS];
 } spn_stage_stats_t;
+/* Stage i's histograms (see above) into *out (the whole struct is written,
+ * struct_size included). Ownership: *out is the caller's, filled; the returned name is
+ * borrowed for the pipeline's life. Thread: any. */
 SPN_API const char *spn_pipeline_stage_stats(const spn_pipeline_t *pipe, size_t i, spn_stage_stats_t *out);
 
 /* ---- jobs --------------------------------------------------------------- */
@@ -263,14 +271,20 @@ SPN_API void spn_job_cancel(spn_job_t *job);
  * Thread: any but the runtime's own (not from on_done or a stage).
  * Ownership: borrowed; err receives a copy of the job's message. */
 SPN_API int32_t spn_job_wait(spn_job_t *job, spn_error_t *err);
+/* The job's id (assigned at start). Ownership: none. Thread: any. */
 SPN_API uint64_t spn_job_id(const spn_job_t *job);
 /* Device-seconds of the job so far: the time its stage instances placed on
  * devices (GPUs, or emulated cpu:N devices) spent in process/generate/flush
  * for it, summed over stages, devices and attempts (a batch's time is split
- * evenly among its frames). CPU-pool stages are not counted. Thread: any. */
+ * evenly among its frames). CPU-pool stages are not counted.
+ * Ownership: none. Thread: any. */
 SPN_API double spn_job_device_seconds(const spn_job_t *job);
-/* Times the job was restarted after a device it used was quarantined. Thread: any. */
+/* Times the job was restarted after a device it used was quarantined.
+ * Ownership: none. Thread: any. */
 SPN_API uint32_t spn_job_restarts(const spn_job_t *job);
+/* Drop the caller's handle and set *job to NULL; a job still running goes
+ * on (detached) and on_done is still called. Ownership: consumes *job.
+ * Thread: any, on_done included. */
 SPN_API void spn_job_free(spn_job_t **job);
 
 #ifdef __cplusplus

@@ -141,8 +141,18 @@ static inline void spn_error_clear(spn_error_t *err) {
 }
 
 /* Programmer errors: abort with the expression and file:line. Never used for
- * bad input. Ownership: none (does not return). Thread: any. */
-SPN_API void spn__assert_fail(const char *expr, const char *file, int line, const char *func);
+ * bad input. Header-inline, like the error records: a plugin may assert
+ * without linking a host symbol, and the library exports no spn__ name.
+ * spn__assert_fail is SPN_ASSERT's helper, not an API of its own.
+ * Ownership: none (does not return). Thread: any. */
+#include <stdlib.h>
+#if defined(__GNUC__)
+__attribute__((noreturn, cold))
+#endif
+static inline void spn__assert_fail(const char *expr, const char *file, int line, const char *func) {
+  fprintf(stderr, "spindle: assertion failed: %s (%s:%d, %s)\n", expr, file, line, func);
+  abort();
+}
 #define SPN_ASSERT(e) ((e) ? (void)0 : spn__assert_fail(#e, __FILE__, __LINE__, __func__))
 
 #ifdef __cplusplus

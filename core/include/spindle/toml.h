@@ -125,11 +125,11 @@ SPN_API int32_t spn_toml_get_string(const spn_toml_node_t *table, const char *pa
                                     spn_error_t *err);
 SPN_API int32_t spn_toml_get_int(const spn_toml_node_t *table, const char *path, int64_t *out,
                                  spn_error_t *err);
+SPN_API int32_t spn_toml_get_bool(const spn_toml_node_t *table, const char *path, bool *out,
+                                  spn_error_t *err);
 /* Accepts integers too (converted). Ownership: arguments borrowed. Thread: any (a parsed document is read-only). */
 SPN_API int32_t spn_toml_get_float(const spn_toml_node_t *table, const char *path, double *out,
                                    spn_error_t *err);
-SPN_API int32_t spn_toml_get_bool(const spn_toml_node_t *table, const char *path, bool *out,
-                                  spn_error_t *err);
 
 #ifdef __cplusplus
 }
