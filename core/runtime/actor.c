@@ -477,10 +477,17 @@ static void count_done(spn_stage_t *a, spn_job_t *job, int64_t total, long long 
     ;
 }
 
+/* Whether a sink asked for SKIPs (SPN_KIND_SEES_SKIPS, ABI 1.1; the
+ * registry's copy of an older kind has flags 0). */
+static bool sees_skips(const spn_stage_t *a) {
+  return a->srt->terminal && (a->srt->kind->flags & SPN_KIND_SEES_SKIPS);
+}
+
 /* A message in order: SKIPs are forwarded (keeping seqs dense downstream)
- * and never reach process; data joins the ready FIFO. */
+ * and never reach process, except in a sink that asked for them; data (and
+ * those SKIPs) join the ready FIFO. */
 static void in_order(spn_stage_t *a, spn__rx_t rx) {
-  if (rx.msg->env.flags & SPN_MSG_SKIP) {
+  if ((rx.msg->env.flags & SPN_MSG_SKIP) && !sees_skips(a)) {
     count_done(a, rx.aj->job, rx.msg->env.total, 1);
     uint64_t seq = rx.msg->env.seq;
     spn__msg_free(&rx.msg);

@@ -582,6 +582,12 @@ void spn_harness_msg_set_total(spn_harness_t *h, spn_msg_t *msg, int64_t total) 
   msg->env.total = total < 0 ? -1 : total;
 }
 
+void spn_harness_msg_set_skip(spn_harness_t *h, spn_msg_t *msg) {
+  (void)h;
+  SPN_ASSERT(msg);
+  msg->env.flags |= SPN_MSG_SKIP;
+}
+
 uint64_t spn_harness_msg_id(const spn_harness_t *h, const spn_msg_t *msg) {
   (void)h;
   return msg ? msg->harness_id : 0;

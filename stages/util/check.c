@@ -147,6 +147,7 @@ static int32_t check_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_err
       .process = check_process,
       .flush = check_flush,
       .job_close = check_job_close,
+      .flags = SPN_KIND_SEES_SKIPS, /* a dropped frame is not a gap */
   };
   return h->register_kind(plugin, &kind, err);
 }

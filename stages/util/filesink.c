@@ -190,6 +190,7 @@ static int32_t filesink_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_
       .process = filesink_process,
       .flush = filesink_flush,
       .job_close = filesink_job_close,
+      .flags = SPN_KIND_SEES_SKIPS, /* a dropped frame is not a gap */
   };
   return h->register_kind(plugin, &kind, err);
 }

@@ -243,6 +243,7 @@ static const spn_stage_kind_t k_metasink = {
     .process = ms_process,
     .flush = ms_flush,
     .job_close = ms_job_close,
+    .flags = SPN_KIND_SEES_SKIPS, /* a dropped frame is not a gap */
 };
 
 const spn_stage_kind_t *vision_metasink_kind(void) {

@@ -45,7 +45,7 @@ SIZE(spn_job_info_t, 32);
 AT(spn_job_info_t, job_id, 8); AT(spn_job_info_t, config, 16); AT(spn_job_info_t, priority, 24);
 AT(spn_job_info_t, reserved1, 28);
 
-SIZE(spn_stage_kind_t, 232);
+SIZE(spn_stage_kind_t, 240);
 AT(spn_stage_kind_t, struct_size, 0); AT(spn_stage_kind_t, reserved0, 4); AT(spn_stage_kind_t, name, 8);
 AT(spn_stage_kind_t, doc, 16); AT(spn_stage_kind_t, schema, 24); AT(spn_stage_kind_t, config_size, 32);
 AT(spn_stage_kind_t, inputs, 40); AT(spn_stage_kind_t, n_inputs, 48); AT(spn_stage_kind_t, n_outputs, 52);
@@ -56,6 +56,7 @@ AT(spn_stage_kind_t, process, 112); AT(spn_stage_kind_t, flush, 120); AT(spn_sta
 AT(spn_stage_kind_t, destroy, 136); AT(spn_stage_kind_t, reserved, 144);
 /* ABI 1.1: memory kinds and formats */
 AT(spn_stage_kind_t, input_caps, 208); AT(spn_stage_kind_t, output_caps, 216); AT(spn_stage_kind_t, port_caps, 224);
+AT(spn_stage_kind_t, flags, 232); /* appended after the first 1.1 layout (232 bytes), which still loads */
 
 SIZE(spn_port_caps_t, 32);
 AT(spn_port_caps_t, struct_size, 0); AT(spn_port_caps_t, mem_kinds, 4); AT(spn_port_caps_t, pixel_formats, 8);

@@ -505,13 +505,10 @@ static void check_fails_a_job_that_ends_short(void **state) {
  * job whose messages say 4 and that ends after 3 fails, one that says 3
  * passes. Its progress is frames of expect_frames, else of the total.
  *
- * check also handles an EOS message and a SKIP message reaching process;
- * the runtime delivers neither to a stage (actor.c: deliver() consumes
- * EOS, in_order() forwards a SKIP downstream and never queues it for
- * process, whatever the link), so that code cannot run under the runtime and
- * is not tested here. Under the runtime a sink behind a stage that drops a
- * frame with SKIP sees a gap in seq where the SKIP was (and check and
- * filesink fail the job for it). */
+ * check also handles an EOS message reaching process; the runtime never
+ * delivers one to a stage (actor.c: deliver() consumes EOS), so that code
+ * cannot run under the runtime and is not tested here. SKIPs: see
+ * sinks_take_a_dropped_frame_as_no_gap. */
 static void check_holds_a_job_to_its_envelope_total(void **state) {
   (void)state;
   char p[512];
@@ -646,6 +643,66 @@ static void filesink_writes_each_jobs_frames(void **state) {
   spn_harness_free(&h);
   unlink(out); /* job 1's, written again (empty) by the later runs */
   unlink(out3);
+}
+
+/* A stage upstream that drops a frame sends a SKIP of its seq. The sinks
+ * that count seqs (check, filesink, metasink) ask for SKIPs
+ * (SPN_KIND_SEES_SKIPS) and take one as no gap; a stage with outputs never
+ * sees one (the runtime forwards it past the stage). Before the flag the
+ * runtime swallowed every SKIP at a sink, which then failed the job with a
+ * gap. */
+static spn_msg_t *skip_msg(spn_harness_t *h, uint64_t seq, int64_t total) {
+  spn_msg_t *m = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_msg_new(h, seq, &m, &err), SPN_OK);
+  spn_harness_msg_set_skip(h, m);
+  spn_harness_msg_set_total(h, m, total);
+  return m;
+}
+
+static void sinks_take_a_dropped_frame_as_no_gap(void **state) {
+  (void)state;
+  char p[512], out[256], set[300];
+  spn_error_t err = SPN_ERROR_INIT;
+  /* check: seq 0, SKIP 1, 2 of a job of 3 passes; 0, 2 without the SKIP is a gap */
+  spn_harness_t *h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "check", p, sizeof p), "check", NULL);
+  if (!h)
+    skip();
+  for (uint64_t s = 0; s < 3; s++) {
+    spn_msg_t *m = s == 1 ? skip_msg(h, s, 3) : frame_msg(h, s, 2, 2, 0);
+    spn_harness_msg_set_total(h, m, 3);
+    push(h, 1, 0, m);
+    if (s != 1)
+      push(h, 2, 0, frame_msg(h, s, 2, 2, 0));
+  }
+  run(h);
+  expect_ok(h, 1);
+  expect_failure(h, 2, "expected seq 1, got 2 (gap)");
+  spn_harness_free(&h);
+  /* filesink: the two frames written, back to back */
+  h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "filesink", p, sizeof p), "filesink", NULL);
+  assert_non_null(h);
+  tmp_path(out, sizeof out, "filesink-skip.raw");
+  snprintf(set, sizeof set, "path=%s", out);
+  assert_int_equal(spn_harness_job_set(h, 1, set, &err), SPN_OK);
+  push(h, 1, 0, frame_msg(h, 0, 4, 5, 0));
+  push(h, 1, 0, skip_msg(h, 1, -1));
+  push(h, 1, 0, frame_msg(h, 2, 4, 5, 2));
+  run(h);
+  expect_ok(h, 1);
+  assert_int_equal(file_size(out), 2 * 4 * 5 * 3);
+  spn_harness_free(&h);
+  unlink(out);
+  /* passthrough (has an output): the SKIP goes past it, the frames through it */
+  h = open_kind(plugin_in("SPINDLE_UTIL_STAGE_DIR", "passthrough", p, sizeof p), "passthrough", NULL);
+  assert_non_null(h);
+  push(h, 1, 0, frame_msg(h, 0, 2, 2, 0));
+  push(h, 1, 0, skip_msg(h, 1, -1));
+  push(h, 1, 0, frame_msg(h, 2, 2, 2, 2));
+  run(h);
+  expect_ok(h, 1);
+  assert_int_equal(spn_harness_output_len(h, 1, 0), 2);
+  spn_harness_free(&h);
 }
 
 /* ---- vision ---------------------------------------------------------------------- */
@@ -1088,6 +1145,7 @@ int main(void) {
       cmocka_unit_test(check_holds_a_job_to_its_envelope_total),
       cmocka_unit_test(check_verifies_the_pattern_and_the_order),
       cmocka_unit_test(filesink_writes_each_jobs_frames),
+      cmocka_unit_test(sinks_take_a_dropped_frame_as_no_gap),
       cmocka_unit_test(superres_doubles_the_frame_and_its_face_boxes),
       cmocka_unit_test(facedetect_finds_no_face_on_a_flat_frame),
       cmocka_unit_test(metasink_writes_the_faces_it_sees),

@@ -133,6 +133,12 @@ SPN_API bool spn_harness_output_eos(const spn_harness_t *h, uint64_t job_id, uin
  * Ownership: msg borrowed. Thread: the owner. */
 SPN_API void spn_harness_msg_set_total(spn_harness_t *h, spn_msg_t *msg, int64_t total);
 
+/* Make a message not yet pushed (and with no items) the SKIP of its seq,
+ * as a stage upstream sends when it drops that frame (SPN_MSG_SKIP): a kind
+ * with outputs never sees it (the runtime forwards it), a sink only with
+ * SPN_KIND_SEES_SKIPS. Ownership: msg borrowed. Thread: the owner. */
+SPN_API void spn_harness_msg_set_skip(spn_harness_t *h, spn_msg_t *msg);
+
 /* The id spn_harness_msg_new gave msg (1, 2, ... unique in h), or 0 for a
  * message the stage or the runtime made (msg_new, msg_new_from, msg_clone,
  * a copy over an edge). Read it before pushing: an output with that id is

@@ -291,7 +291,21 @@ typedef struct spn_stage_kind {
    * entry on entry. Called while a pipeline is validated, on the validating
    * thread: a pure function of the config. */
   int32_t (*port_caps)(const void *config, bool is_output, uint32_t port, spn_port_caps_t *caps, spn_error_t *err);
+
+  /* ABI 1.1: spn_kind_flags (0 for a kind built before they existed) */
+  uint32_t flags;
 } spn_stage_kind_t;
+
+/* What a stage kind asks of the runtime (spn_stage_kind_t.flags).
+ * SPN_KIND_SEES_SKIPS: a kind with no outputs (a sink) also gets the SKIP
+ * messages of its inputs in process — no items, SPN_MSG_SKIP set, in seq
+ * order among the others — so it can tell a frame a stage dropped on purpose
+ * from a lost one and keep its own count of the seqs. Without it a sink
+ * never sees a SKIP (the gap is just absent), and a stage with outputs never
+ * does either way: the runtime forwards SKIPs past it, keeping seqs dense. */
+enum spn_kind_flags {
+  SPN_KIND_SEES_SKIPS = 1u << 0,
+};
 
 #define SPN_STAGE_KIND_INIT {.struct_size = sizeof(spn_stage_kind_t), .device_need = SPN_NEED_CPU, .max_batch = 1}
 
