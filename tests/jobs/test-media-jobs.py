@@ -376,6 +376,13 @@ def case_corrupt(tmp, n=None):
         k = kinds.setdefault(c["kind"], [0, 0])
         k[0 if status(ep, jid)["state"] == "succeeded" else 1] += 1
     print("by kind (succeeded, failed): " + ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in sorted(kinds.items())))
+    # c0012 (of the default 50, seed fixed) has bits flipped in its first
+    # frames: with the decoder's frame threads alone its damage went unflagged
+    # in 11 runs of 12 and the job passed with concealed frames.
+    for jid, c in ids.items():
+        if c["file"] == "c0012-bitflip.mp4":
+            check(status(ep, jid)["state"] in ("failed", "dead"),
+                  f"{c['file']}: damaged frames passed as a success")
     rss1 = rss_kb(p.pid)
     print(f"corrupt clips: {len(ids)} jobs, {ok} succeeded (all frames), {bad} failed cleanly; "
           f"gateway RSS {rss0} kB before, {rss1} kB after")
@@ -402,10 +409,10 @@ def case_corrupt(tmp, n=None):
     for jid, first in again.items():
         cli("watch", str(jid), "--connect", ep, timeout=600)
         st = status(ep, jid)["state"]
-        check(st in ("succeeded", "failed", "dead"), f"job {jid}: {st} on the second pass")
-        # A damaged clip may decode differently from one run to the next
-        # (FFmpeg's frame threads conceal errors in the order they finish),
-        # so only the memory is compared; the first pass checked each outcome.
+        # The same clip ends the same way every time: damage is refused at
+        # the packet, whatever the decoder's frame threads do (one clip used
+        # to pass quietly in most runs and fail in some).
+        check(st == first, f"job {jid}: {st} on the second pass, {first} on the first")
         differ += st != first
     rss2 = rss_kb(p.pid)
     print(f"second pass: gateway RSS {rss1} kB before, {rss2} kB after; {differ} job(s) ended otherwise")
