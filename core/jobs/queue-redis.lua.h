@@ -102,8 +102,27 @@
   "  redis.call('ZREM', P .. 'delayed', id)\n"                                                  \
   "  redis.call('ZREM', P .. 'deadlines', id)\n"                                                \
   "end\n"                                                                                       \
+  "local function add_error(k, att, now, reason)\n"                                             \
+  "  local errs = cjson.decode(redis.call('HGET', k, 'errs') or '[]')\n"                        \
+  "  errs[#errs + 1] = {attempt = tonumber(att), at = now, error = reason}\n"                   \
+  "  redis.call('HSET', k, 'errs', cjson.encode(errs))\n"                                       \
+  "end\n"                                                                                       \
   "local SN = {'queued', 'running', 'succeeded', 'failed', 'cancelled', 'dead'}\n"               \
   "local setst\n"                                                                               \
+  /* A queued job is cancelled, or fails with `why` without running (past   \
+   * its deadline, or a segment of it ended badly). */                                          \
+  "local function cancel_queued(id, why, now)\n"                                                \
+  "  unqueue(id)\n"                                                                             \
+  "  redis.call('HSET', jk(id), 'rsn', why, 'pn', 0)\n"                                         \
+  "  setst(id, 0, 4, now)\n"                                                                    \
+  "end\n"                                                                                       \
+  "local function fail_queued(id, why, now)\n"                                                  \
+  "  local k = jk(id)\n"                                                                        \
+  "  unqueue(id)\n"                                                                             \
+  "  add_error(k, redis.call('HGET', k, 'att'), now, why)\n"                                    \
+  "  redis.call('HSET', k, 'rsn', why, 'nb', 0, 'pn', 0)\n"                                     \
+  "  setst(id, 0, 3, now)\n"                                                                    \
+  "end\n"                                                                                       \
   /* Segments, on a segment's or a segmented job's move to a final state   \
    * (the same rules as the SQLite queue's, in the same script as the move): \
    * a succeeded segment is one fewer for its job, which becomes ready at   \
@@ -113,9 +132,7 @@
   "  for _, c in ipairs(redis.call('ZRANGE', P .. 'kids:' .. id, 0, -1)) do\n"                  \
   "    local st = redis.call('HGET', jk(c), 'st')\n"                                             \
   "    if st == '0' then\n"                                                                     \
-  "      unqueue(c)\n"                                                                          \
-  "      redis.call('HSET', jk(c), 'rsn', why)\n"                                               \
-  "      setst(c, 0, 4, now)\n"                                                                 \
+  "      cancel_queued(c, why, now)\n"                                                          \
   "    elseif st == '1' then\n"                                                                 \
   "      redis.call('HSET', jk(c), 'cx', 1)\n"                                                  \
   "    end\n"                                                                                   \
@@ -141,11 +158,7 @@
   "  end\n"                                                                                     \
   "  local msg = 'segment ' .. (h[2] or '?') .. ' (job ' .. id .. ') ' .. SN[to + 1] .. ': ' ..\n"  \
   "              (h[3] or '')\n"                                                                \
-  "  local errs = cjson.decode(redis.call('HGET', pk, 'errs') or '[]')\n"                        \
-  "  errs[#errs + 1] = {attempt = tonumber(redis.call('HGET', pk, 'att')), at = now, error = msg}\n" \
-  "  redis.call('HSET', pk, 'errs', cjson.encode(errs), 'rsn', msg, 'pn', 0)\n"                  \
-  "  unqueue(par)\n"                                                                            \
-  "  setst(par, 0, 3, now)\n"                                                                   \
+  "  fail_queued(par, msg, now)\n"                                                               \
   "end\n"                                                                                       \
   /* Every state change but a submission goes through here, so the mirror   \
    * follows state queued, and segments their job, whatever the transition. */                  \
@@ -178,11 +191,6 @@
   "  if d > max then d = max end\n"                                                             \
   "  local h = math.floor(d / 2)\n"                                                             \
   "  return d - h + math.floor(r * (h + 1))\n"                                                  \
-  "end\n"                                                                                       \
-  "local function add_error(k, att, now, reason)\n"                                             \
-  "  local errs = cjson.decode(redis.call('HGET', k, 'errs') or '[]')\n"                        \
-  "  errs[#errs + 1] = {attempt = tonumber(att), at = now, error = reason}\n"                   \
-  "  redis.call('HSET', k, 'errs', cjson.encode(errs))\n"                                       \
   "end\n"                                                                                       \
   /* The failure path shared by worker reports, expired leases and lost     \
    * workers: the job is running. Returns the new state. */                                   \
@@ -333,9 +341,7 @@
   "local st = redis.call('HGET', k, 'st')\n"                                                    \
   "if not st then return -1 end\n"                                                              \
   "if st == '0' then\n"                                                                         \
-  "  unqueue(id)\n"                                                                             \
-  "  redis.call('HSET', k, 'rsn', 'cancelled while queued', 'pn', 0)\n"                          \
-  "  setst(id, 0, 4, tonumber(ARGV[3]))\n"                                                      \
+  "  cancel_queued(id, 'cancelled while queued', tonumber(ARGV[3]))\n"                          \
   "  return 4\n"                                                                                \
   "end\n"                                                                                       \
   "if st == '1' then\n"                                                                         \
@@ -386,14 +392,8 @@
 "local dl = redis.call('ZRANGEBYSCORE', P .. 'deadlines', '-inf', '(' .. now, 'LIMIT', 0, 256)\n" \
   "for _, id in ipairs(dl) do\n"                                                                \
   "  redis.call('ZREM', P .. 'deadlines', id)\n"                                                \
-  "  local k = jk(id)\n"                                                                        \
-  "  if redis.call('HGET', k, 'st') == '0' then\n"                                              \
-  "    redis.call('ZREM', P .. 'ready', id)\n"                                                  \
-  "    redis.call('ZREM', P .. 'delayed', id)\n"                                                \
-  "    local why = 'deadline passed while queued'\n"                                            \
-  "    add_error(k, redis.call('HGET', k, 'att'), now, why)\n"                                  \
-  "    redis.call('HSET', k, 'rsn', why, 'nb', 0)\n"                                            \
-  "    setst(id, 0, 3, now)\n"                                                                  \
+  "  if redis.call('HGET', jk(id), 'st') == '0' then\n"                                         \
+  "    fail_queued(id, 'deadline passed while queued', now)\n"                                  \
   "    out[#out + 1] = tonumber(id)\n"                                                          \
   "    out[#out + 1] = 3\n"                                                                     \
   "  end\n"                                                                                     \
