@@ -140,4 +140,17 @@ static long long waiting_lag(const server_t *srv, const char *prefix) {
   return lag;
 }
 
+/* Whether the waiting mirror KEDA scales on holds: the lag of group
+ * "spindle" on P waiting equals q's queued jobs. Says which when not (each
+ * Redis case's teardown checks it). */
+static bool waiting_mirror_ok(const server_t *srv, const char *prefix, spn_queue_t *q) {
+  int64_t cnt[SPN_QSTATE_COUNT];
+  assert_int_equal(q->ops->counts(q->impl, cnt, NULL), SPN_OK);
+  long long lag = waiting_lag(srv, prefix);
+  if (lag == cnt[SPN_QSTATE_QUEUED])
+    return true;
+  fprintf(stderr, "%swaiting: lag %lld, but %lld job(s) queued\n", prefix, lag, (long long)cnt[SPN_QSTATE_QUEUED]);
+  return false;
+}
+
 #endif
