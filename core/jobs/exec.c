@@ -620,6 +620,10 @@ void spn_test_runner_free(spn_job_runner_t *r) {
   *r = (spn_job_runner_t){0};
 }
 
+bool spn__job_is_segmented(const spn_queue_job_t *j) {
+  return j->parent || strstr(j->spec_json, "\"segments\":") != NULL;
+}
+
 /* Give fn the segment files of segmented job p. */
 static void segment_files_take(const spn_queue_job_t *p, void (*fn)(void *user, char *path), void *user) {
   cJSON *spec = cJSON_Parse(p->spec_json);
@@ -645,7 +649,7 @@ int64_t spn__segments_spent(spn_queue_t *q, int64_t id, void (*fn)(void *user, c
     if (spn_queue_state_terminal(p.state) && p.state != SPN_QSTATE_SUCCEEDED)
       segment_files_take(&p, fn, user);
     spn__queue_job_clear(&p);
-  } else if (!parent && spn_queue_state_terminal(j.state) && strstr(j.spec_json, "\"segments\":")) {
+  } else if (!parent && spn_queue_state_terminal(j.state) && spn__job_is_segmented(&j)) {
     segment_files_take(&j, fn, user);
   }
   spn__queue_job_clear(&j);

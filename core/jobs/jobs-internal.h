@@ -183,6 +183,8 @@ char *spn__segment_file(const char *final, int64_t parent, uint32_t k);
  * stateless worker at once (Redis commits each script). Returns the id of
  * the segmented job when `id` is one of its segments, else 0. */
 int64_t spn__segments_spent(spn_queue_t *q, int64_t id, void (*fn)(void *user, char *path), void *user);
+/* Whether job j is a segment or a segmented job (its join). */
+bool spn__job_is_segmented(const spn_queue_job_t *j);
 #define SPN_SEGMENTS_MAX 10000
 
 /* ---- path confinement ---- */

@@ -37,8 +37,7 @@ typedef struct qrun {
   uint64_t done, total;
   double progress_at; /* last progress written to the queue */
   bool no_outputs;    /* no publication marker to remove at the end */
-  bool segment;       /* one segment of a segmented job */
-  bool segmented;     /* a segmented job (its join) */
+  bool segmented;     /* a segment or a segmented job (spn__job_is_segmented) */
 } qrun_t;
 
 typedef struct qw {
@@ -99,7 +98,7 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
     return false;
   }
   /* No gateway sees this job end: its segment files go here. */
-  if (rc == SPN_OK && (r->segmented || r->segment))
+  if (rc == SPN_OK && r->segmented)
     spn__segments_spent(&w->q, r->id, unlink_now, NULL);
   if (rc < 0 && rc != SPN_ESTATE)
     spn__log_f(spn__observe_logger(w->obs), SPN_LOG_ERROR,
@@ -129,8 +128,7 @@ static bool lease_some(qw_t *w) {
     }
     w->last_error[0] = '\0';
     qrun_t *r = &w->runs[slot];
-    *r = (qrun_t){.busy = true, .id = j.id, .attempt = j.attempts, .segment = j.parent != 0,
-                  .segmented = strstr(j.spec_json, "\"segments\":") != NULL};
+    *r = (qrun_t){.busy = true, .id = j.id, .attempt = j.attempts, .segmented = spn__job_is_segmented(&j)};
     cJSON *spec = cJSON_Parse(j.spec_json);
     spn_job_spec_t js;
     rc = spec ? spn__job_spec_from_json(spec, j.id, j.attempts, &js, &err)

@@ -156,10 +156,6 @@ void spn__sched_finish(spn_server_t *s, int64_t id, uint32_t attempt, const char
   spn__notify(s, id);
 }
 
-static bool is_segmented(const spn_queue_job_t *j) {
-  return j->parent || strstr(j->spec_json, "\"segments\":") != NULL;
-}
-
 static bool assign_local(spn_server_t *s, uint32_t slot, spn_queue_job_t *j) {
   cJSON *spec = cJSON_Parse(j->spec_json);
   spn_job_spec_t js;
@@ -180,7 +176,7 @@ static bool assign_local(spn_server_t *s, uint32_t slot, spn_queue_job_t *j) {
   }
   r->id = j->id;
   r->attempt = j->attempts;
-  r->segmented = is_segmented(j);
+  r->segmented = spn__job_is_segmented(j);
   r->slot = (int)slot;
   r->worker = -1;
   r->no_outputs = js.n_outputs == 0;
@@ -203,7 +199,7 @@ static void assign_remote(spn_server_t *s, size_t wi, spn_queue_job_t *j) {
   }
   r->id = j->id;
   r->attempt = j->attempts;
-  r->segmented = is_segmented(j);
+  r->segmented = spn__job_is_segmented(j);
   r->slot = -1;
   r->worker = (int64_t)wi;
   const cJSON *outs = cJSON_GetObjectItemCaseSensitive(spec, "outputs");
