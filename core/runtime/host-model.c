@@ -6,14 +6,31 @@
  * is keyed by (canonical path, device), so every instance placed on one
  * device shares one copy of a model's weights, and instances on different
  * (real or emulated) devices get their own: "models load once per device".
- * Errors name the stage and the model file. */
+ * Errors name the stage and the model file.
+ *
+ * On a CUDA device the model is loaded at the stage's `precision` and runs
+ * on the instance's stream (spn_model_run_on), so inputs and outputs may be
+ * device tensors of that GPU: a GPU stage keeps its frames on the device. */
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "runtime-internal.h"
 #include "spindle/engine.h"
 
+#define SPN_HOST_MODEL_MAX_IO 16
+
 static const char *stage_name(const spn_stage_t *s) { return s ? s->srt->spec->name : "?"; }
+
+/* The CUDA ordinal of the instance's device ("cuda:2 NVIDIA ..." is runtime
+ * device 1 under --devices cuda:0,2), or -1 when it is not a GPU. */
+static int cuda_ordinal(const spn_stage_t *s) {
+  int ordinal = -1;
+  if (!s->device || spn_device_kind(s->device) != SPN_DEVICE_CUDA ||
+      sscanf(spn_device_name(s->device), "cuda:%d", &ordinal) != 1)
+    return -1;
+  return ordinal;
+}
 
 static int32_t runtime_engine(spn_runtime_t *rt, spn_engine_t **out, spn_error_t *err) {
   int32_t rc = SPN_OK;
@@ -37,8 +54,17 @@ int32_t spn__host_model_load(spn_stage_t *s, const char *path, spn_model_t **out
   int32_t rc = runtime_engine(s->pipe->rt, &eng, err);
   if (rc != SPN_OK)
     return spn_error_prefix(err, "stage \"%s\"", stage_name(s));
-  const char *device = s->device ? spn_device_name(s->device) : "cpu";
-  rc = spn_engine_load(eng, path, device, out, err);
+  char device[32];
+  int ordinal = cuda_ordinal(s);
+  spn_model_opts_t mo = SPN_MODEL_OPTS_INIT;
+  if (ordinal >= 0) {
+    snprintf(device, sizeof device, "cuda:%d", ordinal);
+    mo.precision = spn__precision_name(s->srt->spec->precision);
+  } else {
+    snprintf(device, sizeof device, "%s", s->device ? spn_device_name(s->device) : "cpu");
+  }
+  mo.device = device;
+  rc = spn_engine_load_opts(eng, path, &mo, out, err);
   if (rc != SPN_OK)
     spn_error_prefix(err, "stage \"%s\" on %s", stage_name(s), device);
   return rc;
@@ -85,7 +111,35 @@ int32_t spn__host_model_run(spn_stage_t *s, spn_model_t *model, const spn_tensor
                             spn_tensor_t *out, size_t n_out, spn_error_t *err) {
   if (!model)
     return spn_error_set(err, SPN_EINVAL, "stage \"%s\": model_run without a model", stage_name(s));
-  int32_t rc = spn_model_run(model, in, (int32_t)n_in, out, (int32_t)n_out, err);
+  int ordinal = s ? cuda_ordinal(s) : -1;
+  int32_t rc;
+  if (ordinal < 0) {
+    rc = spn_model_run(model, in, (int32_t)n_in, out, (int32_t)n_out, err);
+  } else if (n_in > SPN_HOST_MODEL_MAX_IO || n_out > SPN_HOST_MODEL_MAX_IO) {
+    rc = spn_error_set(err, SPN_EINVAL, "model_run: at most %d inputs and outputs on a GPU", SPN_HOST_MODEL_MAX_IO);
+  } else {
+    /* Device tensors name the runtime's device index (buffer_device); the
+     * engine wants the CUDA ordinal. Outputs the engine filled travel back
+     * with the caller's index. */
+    spn_tensor_t ti[SPN_HOST_MODEL_MAX_IO], to[SPN_HOST_MODEL_MAX_IO];
+    for (size_t i = 0; i < n_in; i++) {
+      ti[i] = in[i];
+      if (ti[i].device_kind == SPN_DEVICE_CUDA)
+        ti[i].device_index = ordinal;
+    }
+    for (size_t i = 0; i < n_out; i++) {
+      to[i] = out[i];
+      if (to[i].device_kind == SPN_DEVICE_CUDA)
+        to[i].device_index = ordinal;
+    }
+    rc = spn_model_run_on(model, ti, (int32_t)n_in, to, (int32_t)n_out, spn_stream_native(s->ex->stream), err);
+    for (size_t i = 0; i < n_out; i++) {
+      int32_t idx = out[i].device_index;
+      out[i] = to[i];
+      if (out[i].device_kind == SPN_DEVICE_CUDA)
+        out[i].device_index = idx;
+    }
+  }
   if (rc != SPN_OK)
     spn_error_prefix(err, "stage \"%s\"", stage_name(s));
   return rc;

@@ -74,6 +74,19 @@ typedef struct spn__edge_spec {
   char where[256];                /* "file:line:col" of the input reference */
 } spn__edge_spec_t;
 
+/* A stage's `precision` key: the arithmetic of the models it loads when it
+ * is placed on a CUDA device (the CPU backend always computes in fp32).
+ * AUTO is tf32 on a GPU. */
+typedef enum spn__precision {
+  SPN__PREC_AUTO = 0,
+  SPN__PREC_FP32 = 1,
+  SPN__PREC_TF32 = 2,
+  SPN__PREC_FP16 = 3,
+} spn__precision_t;
+
+/* The engine's name for p on a GPU ("fp32", "tf32", "fp16"). */
+const char *spn__precision_name(int32_t p);
+
 typedef struct spn__stage_spec {
   char *name;
   const spn_stage_kind_t *kind;
@@ -85,6 +98,7 @@ typedef struct spn__stage_spec {
   uint32_t max_delay_ms;
   char *endpoint;             /* NULL = inproc; "ipc://..." / "tcp://..." to place the edge by config */
   uint32_t edge_capacity;     /* messages in flight on each input edge; 0 = runtime default */
+  int32_t precision;          /* spn__precision_t: the arithmetic of the stage's models on a GPU */
   char where[256];            /* "file:line:col" of this [[stage]] table, for messages */
   /* ABI 1.1: formats (spec-negotiate.c) */
   bool convert;               /* convert = "auto": its input edges may get a conversion */

@@ -492,6 +492,32 @@ static int32_t set_field(build_t *b, size_t i, const char *key, const spn_toml_n
 }
 
 /* convert = "auto" | "none" (on a stage or an edge). */
+const char *spn__precision_name(int32_t p) {
+  switch (p) {
+  case SPN__PREC_FP32: return "fp32";
+  case SPN__PREC_FP16: return "fp16";
+  default: return "tf32";
+  }
+}
+
+/* precision = "auto" | "fp32" | "tf32" | "fp16" (ABI 1.1 host key; a
+ * kind's own "precision" key keeps precedence, as with convert). */
+static int32_t read_precision(const spn_toml_node_t *v, const char *where, const char *stage, int32_t *out,
+                              spn_error_t *err) {
+  static const char *const names[] = {"auto", "fp32", "tf32", "fp16"};
+  const char *str = NULL;
+  int32_t rc = get_str(v, where, stage, "precision", &str, err);
+  if (rc != SPN_OK)
+    return rc;
+  for (int32_t i = 0; i < 4; i++)
+    if (!strcmp(str, names[i])) {
+      *out = i;
+      return SPN_OK;
+    }
+  return spn_error_set(err, SPN_ECONFIG, "%s: stage \"%s\": precision \"%s\" is not auto, fp32, tf32 or fp16", where,
+                       stage, str);
+}
+
 static int32_t read_convert(const spn_toml_node_t *v, const char *where, const char *stage, bool *out,
                             spn_error_t *err) {
   const char *str = NULL;
@@ -524,6 +550,12 @@ static int32_t read_stage_body(build_t *b, size_t i, spn_error_t *err) {
       /* ABI 1.1; a kind's own "convert" key (ABI 1.0) keeps precedence. */
       where_node(v, where, sizeof where);
       if ((rc = read_convert(v, where, s->name, &s->convert, err)) != SPN_OK)
+        return rc;
+      continue;
+    }
+    if (!strcmp(key, "precision") && !spn__config_field(s->kind, key)) {
+      where_node(v, where, sizeof where);
+      if ((rc = read_precision(v, where, s->name, &s->precision, err)) != SPN_OK)
         return rc;
       continue;
     }
@@ -561,7 +593,9 @@ static int32_t apply_override(build_t *b, const char *text, spn_error_t *err) {
   const spn_toml_node_t *v = NULL;
   if ((rc = spn__override_value(value, &vdoc, &v, err)) != SPN_OK)
     return rc;
-  if (spn__is_common_key(key))
+  if (!strcmp(key, "precision") && !spn__config_field(b->spec->stages[i].kind, key))
+    rc = read_precision(v, where, stage, &b->spec->stages[i].precision, err);
+  else if (spn__is_common_key(key))
     rc = read_common(NULL, &b->spec->stages[i], key, v, where, err);
   else
     rc = set_field(b, i, key, v, where, NULL, err); /* --set paths are as typed: relative to the cwd */

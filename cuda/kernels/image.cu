@@ -45,6 +45,14 @@ int32_t check(const spn_image_t *im, const char *what, spn_error_t *err) {
   return SPN_OK;
 }
 
+/* mean/scale of to_float and from_float; NULL means 0 and 1. */
+void norm_params(const float mean[3], const float scale[3], float m[3], float s[3]) {
+  for (int c = 0; c < 3; c++) {
+    m[c] = mean ? mean[c] : 0.0f;
+    s[c] = scale ? scale[c] : 1.0f;
+  }
+}
+
 int32_t launched(const char *op, spn_error_t *err) {
   cudaError_t ce = cudaGetLastError();
   if (ce != cudaSuccess)
@@ -165,6 +173,35 @@ __global__ void paste_kernel(img_desc dst, img_desc src, img_desc mask, bool has
   }
 }
 
+/* v / scale + mean per channel, rounded and saturated (rgb_put on the CPU). */
+__global__ void from_float_kernel(img_desc src, img_desc dst, float m0, float m1, float m2, float s0, float s1,
+                                  float s2) {
+  int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+  if (x >= dst.w || y >= dst.h)
+    return;
+  float m[3] = {m0, m1, m2}, s[3] = {s0, s1, s2}, rgb[3];
+  bool sbgr = src.format == SPN_PIXFMT_BGRF32P;
+  for (int c = 0; c < 3; c++) /* c: the source plane; its colour is 2 - c in BGR order */
+    rgb[sbgr ? 2 - c : c] = __fadd_rn(__fdiv_rn(((const float *)(src.data[c] + y * src.stride[c]))[x], s[c]), m[c]);
+  uint8_t *p = dst.data[0] + y * dst.stride[0] + (int64_t)x * 3;
+  bool dbgr = dst.format == SPN_PIXFMT_BGR24;
+  p[dbgr ? 2 : 0] = sat_u8(rgb[0]);
+  p[1] = sat_u8(rgb[1]);
+  p[dbgr ? 0 : 2] = sat_u8(rgb[2]);
+}
+
+/* Linear ramps from each edge over `feather` pixels, multiplied. */
+__global__ void feather_mask_kernel(img_desc mask, float feather) {
+  int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+  if (x >= mask.w || y >= mask.h)
+    return;
+  float dy = fminf(__fadd_rn((float)y, 0.5f), __fsub_rn(__fsub_rn((float)mask.h, (float)y), 0.5f));
+  float dx = fminf(__fadd_rn((float)x, 0.5f), __fsub_rn(__fsub_rn((float)mask.w, (float)x), 0.5f));
+  float ay = feather > 0 ? fminf(fmaxf(__fdiv_rn(dy, feather), 0.0f), 1.0f) : 1.0f;
+  float ax = feather > 0 ? fminf(fmaxf(__fdiv_rn(dx, feather), 0.0f), 1.0f) : 1.0f;
+  ((float *)(mask.data[0] + y * mask.stride[0]))[x] = __fmul_rn(ax, ay);
+}
+
 dim3 grid_for(int32_t w, int32_t h, dim3 block) {
   return dim3((unsigned)((w + (int32_t)block.x - 1) / (int32_t)block.x),
               (unsigned)((h + (int32_t)block.y - 1) / (int32_t)block.y));
@@ -198,13 +235,8 @@ extern "C" int32_t spn_cuda_to_float(const spn_image_t *src, spn_image_t *dst, c
   if (!is_rgb_u8(src->format) || (dst->format != SPN_PIXFMT_RGBF32P && dst->format != SPN_PIXFMT_BGRF32P))
     return spn_error_set(err, SPN_EUNSUPPORTED, "cuda image: to_float from %s to %s is not supported",
                          spn_pixfmt_name(src->format), spn_pixfmt_name(dst->format));
-  float m[3] = {0, 0, 0}, s[3] = {1, 1, 1};
-  for (int c = 0; c < 3; c++) {
-    if (mean)
-      m[c] = mean[c];
-    if (scale)
-      s[c] = scale[c];
-  }
+  float m[3], s[3];
+  norm_params(mean, scale, m, s);
   to_float_kernel<<<grid_for(dst->width, dst->height, k_block), k_block, 0, stream>>>(
       describe(src), describe(dst), m[0], m[1], m[2], s[0], s[1], s[2]);
   return launched("to_float", err);
@@ -264,4 +296,34 @@ extern "C" int32_t spn_cuda_paste(spn_image_t *dst, const spn_image_t *src, int3
   paste_kernel<<<grid_for(w, h, k_block), k_block, 0, stream>>>(d, s, m, mask != NULL, x, y, (int32_t)sx0,
                                                                 (int32_t)sy0, w, h, swap);
   return launched("paste", err);
+}
+
+extern "C" int32_t spn_cuda_from_float(const spn_image_t *src, spn_image_t *dst, const float mean[3],
+                                       const float scale[3], cudaStream_t stream, spn_error_t *err) {
+  int32_t rc;
+  if ((rc = check(src, "from_float source", err)) || (rc = check(dst, "from_float destination", err)))
+    return rc;
+  if (src->width != dst->width || src->height != dst->height)
+    return spn_error_set(err, SPN_EINVAL, "cuda image: from_float: sizes differ (%dx%d vs %dx%d)", (int)src->width,
+                         (int)src->height, (int)dst->width, (int)dst->height);
+  if (!is_rgb_u8(dst->format) || (src->format != SPN_PIXFMT_RGBF32P && src->format != SPN_PIXFMT_BGRF32P))
+    return spn_error_set(err, SPN_EUNSUPPORTED, "cuda image: from_float from %s to %s is not supported",
+                         spn_pixfmt_name(src->format), spn_pixfmt_name(dst->format));
+  float m[3], s[3];
+  norm_params(mean, scale, m, s);
+  if (s[0] == 0.0f || s[1] == 0.0f || s[2] == 0.0f)
+    return spn_error_set(err, SPN_EINVAL, "cuda image: from_float with a zero scale");
+  from_float_kernel<<<grid_for(dst->width, dst->height, k_block), k_block, 0, stream>>>(
+      describe(src), describe(dst), m[0], m[1], m[2], s[0], s[1], s[2]);
+  return launched("from_float", err);
+}
+
+extern "C" int32_t spn_cuda_feather_mask(spn_image_t *mask, float feather, cudaStream_t stream, spn_error_t *err) {
+  int32_t rc;
+  if ((rc = check(mask, "mask", err)))
+    return rc;
+  if (mask->format != SPN_PIXFMT_GRAYF32)
+    return spn_error_set(err, SPN_EINVAL, "cuda image: a mask must be grayf32, not %s", spn_pixfmt_name(mask->format));
+  feather_mask_kernel<<<grid_for(mask->width, mask->height, k_block), k_block, 0, stream>>>(describe(mask), feather);
+  return launched("feather_mask", err);
 }

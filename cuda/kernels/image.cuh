@@ -46,6 +46,15 @@ int32_t spn_cuda_yuv420_to_rgb(const spn_image_t *src, spn_image_t *dst, cudaStr
 int32_t spn_cuda_paste(spn_image_t *dst, const spn_image_t *src, int32_t x, int32_t y, const spn_image_t *mask,
                        cudaStream_t stream, spn_error_t *err);
 
+/* planar float RGBF32P/BGRF32P → u8 RGB24/BGR24 of the same size with
+ * u8 = round(v / scale[c] + mean[c]) saturated (spn_image_from_float). */
+int32_t spn_cuda_from_float(const spn_image_t *src, spn_image_t *dst, const float mean[3], const float scale[3],
+                            cudaStream_t stream, spn_error_t *err);
+
+/* A GRAYF32 blend mask ramping from 0 at the edges to 1 over `feather`
+ * pixels (spn_image_feather_mask). */
+int32_t spn_cuda_feather_mask(spn_image_t *mask, float feather, cudaStream_t stream, spn_error_t *err);
+
 #ifdef __cplusplus
 }
 #endif

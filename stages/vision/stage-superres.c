@@ -20,6 +20,19 @@
  * between instances on a device). With `model` empty the embedded
  * espcn-x2.onnx installed with Spindle is used. A bad frame or a failing
  * model run fails that frame's job only.
+ *
+ * On a CUDA device (a build with CUDA; the kind runs on either side) the
+ * same steps run on the GPU, on the instance's stream, with the frame in
+ * device memory from start to end: to_float, the tiles (cut and stitched
+ * with 2-D device copies along the same spn_tile_at geometry), the model
+ * (the engine's CUDA backend at the stage's `precision`, device tensors in
+ * and out), back to u8, and for region = "faces" the bilinear frame, the
+ * feather mask and the paste as kernels (cuda/kernels/image.cuh, the twins
+ * of spindle/image.h). One difference, for speed: a face's crop is grown
+ * to a multiple of 32 pixels a side (within the frame) before the model
+ * sees it, so that the engine meets a few input shapes instead of one per
+ * frame (each new shape costs a cuDNN algorithm search); only the face's
+ * own box is pasted, so the extra pixels are context, not output.
  */
 #include <math.h>
 #include <stdbool.h>
@@ -29,7 +42,12 @@
 #include <unistd.h>
 
 #include "spindle/image.h"
+#ifdef SPN_VISION_CUDA
+#include "image.cuh"
+#include "spindle/plugin-cuda.h"
+#else
 #include "spindle/plugin.h"
+#endif
 
 #include "plugin-vision.h"
 #include "tile.h"
@@ -90,6 +108,12 @@ typedef struct sr_state {
   double margin;     /* face_margin */
   float feather;     /* feather, output pixels */
   int32_t runs;      /* engine runs for the current frame (logged at debug) */
+#ifdef SPN_VISION_CUDA
+  /* device scratch on a GPU instance: planar float frame in and out, one
+   * tile in and out, a face's upscaled crop, its mask */
+  spn_buffer_t *d_in, *d_out, *d_tin, *d_tout, *d_up, *d_mask;
+  int32_t dev_index; /* the runtime's index of the instance's GPU */
+#endif
 } sr_state_t;
 
 /* The embedded espcn-x2: installed under share/spindle/models, or the source
@@ -156,6 +180,14 @@ static void sr_destroy(spn_stage_t *stage, void *state) {
     spn_stage_host(st->stage)->model_release(stage, &st->model);
   free(st->in);
   free(st->out);
+#ifdef SPN_VISION_CUDA
+  const spn_host_api_t *h = spn_stage_host(st->stage);
+  spn_buffer_t **bufs[] = {&st->d_in, &st->d_out, &st->d_tin, &st->d_tout, &st->d_up, &st->d_mask};
+  if (st->d_in || st->d_up) /* work queued on them ends before they go back to the pool */
+    cudaStreamSynchronize((cudaStream_t)h->stage_get_stream(st->stage));
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+    h->buffer_unref(bufs[i]);
+#endif
   free(st);
 }
 
@@ -216,21 +248,40 @@ static int32_t model_upscale(sr_state_t *st, const spn_image_t *src, spn_image_t
   return SPN_OK;
 }
 
-/* region = "faces": upscale one face's box (grown by the margin, clamped) with
- * the model and paste it over dst with a feathered edge. Boxes that are not
- * finite or fall outside the frame are skipped. */
-static int32_t paste_face(sr_state_t *st, const spn_image_t *src, spn_image_t *dst, const spn_face_t *f,
-                          spn_error_t *err) {
+/* The boxes of msg's "faces" item; NULL and 0 when it has none. */
+static const spn_face_t *msg_faces(const spn_host_api_t *h, const spn_msg_t *msg, size_t *n) {
+  int64_t fi = h->msg_find(msg, "faces");
+  spn_item_t fit = {.struct_size = sizeof fit};
+  *n = 0;
+  if (fi < 0 || h->msg_item(msg, (size_t)fi, &fit) != SPN_OK || !fit.meta || fit.meta_size % sizeof(spn_face_t))
+    return NULL;
+  *n = fit.meta_size / sizeof(spn_face_t);
+  return fit.meta;
+}
+
+/* region = "faces": the box of a face grown by the margin and clamped to
+ * the frame, [x0, x1) x [y0, y1). False for a box that is not finite or
+ * falls outside the frame (the face is skipped). */
+static bool face_box(const sr_state_t *st, const spn_image_t *src, const spn_face_t *f, int32_t *x0, int32_t *y0,
+                     int32_t *x1, int32_t *y1) {
   if (!isfinite(f->x0) || !isfinite(f->y0) || !isfinite(f->x1) || !isfinite(f->y1) || f->x1 <= f->x0 ||
       f->y1 <= f->y0)
-    return SPN_OK;
+    return false;
   double mx = st->margin * (f->x1 - f->x0), my = st->margin * (f->y1 - f->y0);
   double fx0 = floor(f->x0 - mx), fy0 = floor(f->y0 - my), fx1 = ceil(f->x1 + mx), fy1 = ceil(f->y1 + my);
-  int32_t x0 = fx0 < 0 ? 0 : (fx0 > src->width ? src->width : (int32_t)fx0);
-  int32_t y0 = fy0 < 0 ? 0 : (fy0 > src->height ? src->height : (int32_t)fy0);
-  int32_t x1 = fx1 < 0 ? 0 : (fx1 > src->width ? src->width : (int32_t)fx1);
-  int32_t y1 = fy1 < 0 ? 0 : (fy1 > src->height ? src->height : (int32_t)fy1);
-  if (x1 - x0 < 1 || y1 - y0 < 1)
+  *x0 = fx0 < 0 ? 0 : (fx0 > src->width ? src->width : (int32_t)fx0);
+  *y0 = fy0 < 0 ? 0 : (fy0 > src->height ? src->height : (int32_t)fy0);
+  *x1 = fx1 < 0 ? 0 : (fx1 > src->width ? src->width : (int32_t)fx1);
+  *y1 = fy1 < 0 ? 0 : (fy1 > src->height ? src->height : (int32_t)fy1);
+  return *x1 - *x0 >= 1 && *y1 - *y0 >= 1;
+}
+
+/* Upscale one face's box with the model and paste it over dst with a
+ * feathered edge. */
+static int32_t paste_face(sr_state_t *st, const spn_image_t *src, spn_image_t *dst, const spn_face_t *f,
+                          spn_error_t *err) {
+  int32_t x0, y0, x1, y1;
+  if (!face_box(st, src, f, &x0, &y0, &x1, &y1))
     return SPN_OK;
   int32_t s = st->tp.scale, rc;
   spn_image_t crop = SPN_IMAGE_INIT, up = SPN_IMAGE_INIT, mask = SPN_IMAGE_INIT;
@@ -247,6 +298,172 @@ out_up:
   spn_image_release(&up);
   return rc;
 }
+
+#ifdef SPN_VISION_CUDA
+/* ---- the GPU twin ------------------------------------------------------- */
+
+static int32_t cu_ok(cudaError_t ce, const char *what, spn_error_t *err) {
+  return ce == cudaSuccess ? SPN_OK
+                           : spn_error_set(err, SPN_ECUDA, "superres: %s: %s (%s)", what, cudaGetErrorString(ce),
+                                           cudaGetErrorName(ce));
+}
+
+/* A device scratch buffer of at least n bytes. A smaller one is dropped
+ * once the stream has finished with it (the pool may hand it out again at
+ * once). */
+static int32_t scratch(sr_state_t *st, spn_buffer_t **b, size_t n, cudaStream_t stream, spn_error_t *err) {
+  const spn_host_api_t *h = spn_stage_host(st->stage);
+  if (*b && h->buffer_size(*b) >= n)
+    return SPN_OK;
+  if (*b) {
+    int32_t rc = cu_ok(cudaStreamSynchronize(stream), "waiting for the stream", err);
+    h->buffer_unref(b);
+    if (rc != SPN_OK)
+      return rc;
+  }
+  return h->buffer_new_kind(st->stage, n + n / 4, SPN_MEM_DEVICE, b, err);
+}
+
+static spn_tensor_t dev_tensor(const sr_state_t *st, void *data, int64_t h, int64_t w) {
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = SPN_DTYPE_F32;
+  t.ndim = 4;
+  t.shape[0] = 1;
+  t.shape[1] = 3;
+  t.shape[2] = h;
+  t.shape[3] = w;
+  t.data = data;
+  t.device_kind = SPN_DEVICE_CUDA;
+  t.device_index = st->dev_index;
+  return t;
+}
+
+/* model_upscale on the GPU: src and dst are RGB24 views of device memory
+ * (any pitch), dst s times src's size. Everything is queued on `stream`. */
+static int32_t gpu_upscale(sr_state_t *st, const spn_image_t *src, spn_image_t *dst, cudaStream_t stream,
+                           spn_error_t *err) {
+  const spn_host_api_t *h = spn_stage_host(st->stage);
+  const spn_tile_params_t *tp = &st->tp;
+  int32_t H = src->height, W = src->width, s = tp->scale, OH = H * s, OW = W * s, rc;
+  if ((rc = spn_tile_check(H, W, tp, err)) != SPN_OK)
+    return rc;
+  size_t n = (size_t)H * W, on = n * (size_t)s * s;
+  int64_t maxp = (int64_t)(tp->tile < H ? tp->tile : H) + 2 * (int64_t)tp->tile_pad;
+  int64_t maxq = (int64_t)(tp->tile < W ? tp->tile : W) + 2 * (int64_t)tp->tile_pad;
+  maxp = maxp > H ? H : maxp;
+  maxq = maxq > W ? W : maxq;
+  size_t tn = (size_t)(maxp * maxq);
+  if ((rc = scratch(st, &st->d_in, 3 * n * sizeof(float), stream, err)) != SPN_OK ||
+      (rc = scratch(st, &st->d_out, 3 * on * sizeof(float), stream, err)) != SPN_OK ||
+      (rc = scratch(st, &st->d_tin, 3 * tn * sizeof(float), stream, err)) != SPN_OK ||
+      (rc = scratch(st, &st->d_tout, 3 * tn * (size_t)s * s * sizeof(float), stream, err)) != SPN_OK)
+    return rc;
+  float *in = h->buffer_data(st->d_in), *out = h->buffer_data(st->d_out);
+  float *tin = h->buffer_data(st->d_tin), *tout = h->buffer_data(st->d_tout);
+  static const float k_unit[3] = {1.0f / 255.0f, 1.0f / 255.0f, 1.0f / 255.0f};
+  spn_image_t fin, fout;
+  if ((rc = spn_image_wrap(&fin, in, W, H, SPN_PIXFMT_RGBF32P, err)) != SPN_OK ||
+      (rc = spn_image_wrap(&fout, out, OW, OH, SPN_PIXFMT_RGBF32P, err)) != SPN_OK ||
+      (rc = spn_cuda_to_float(src, &fin, NULL, k_unit, stream, err)) != SPN_OK)
+    return rc;
+  for (int32_t k = 0, nt = spn_tile_count(H, W, tp); k < nt; k++) {
+    spn_tile_rect_t r;
+    spn_tile_at(H, W, tp, k, &r);
+    size_t th = (size_t)(r.py1 - r.py0), tw = (size_t)(r.px1 - r.px0), ow = tw * s, oh = th * s;
+    for (size_t c = 0; c < 3 && rc == SPN_OK; c++)
+      rc = cu_ok(cudaMemcpy2DAsync(tin + c * th * tw, tw * sizeof(float), in + (c * H + r.py0) * W + r.px0,
+                                   (size_t)W * sizeof(float), tw * sizeof(float), th, cudaMemcpyDeviceToDevice,
+                                   stream),
+                 "cutting a tile", err);
+    spn_tensor_t ti = dev_tensor(st, tin, (int64_t)th, (int64_t)tw), to = dev_tensor(st, tout, (int64_t)oh, (int64_t)ow);
+    st->runs++;
+    if (rc == SPN_OK)
+      rc = h->model_run(st->stage, st->model, &ti, 1, &to, 1, err);
+    size_t oy = (size_t)(r.y0 - r.py0) * s, ox = (size_t)(r.x0 - r.px0) * s;
+    size_t cw = (size_t)(r.x1 - r.x0) * s, ch = (size_t)(r.y1 - r.y0) * s;
+    for (size_t c = 0; c < 3 && rc == SPN_OK; c++)
+      rc = cu_ok(cudaMemcpy2DAsync(out + c * on + ((size_t)r.y0 * s) * OW + (size_t)r.x0 * s, (size_t)OW * sizeof(float),
+                                   tout + (c * oh + oy) * ow + ox, ow * sizeof(float), cw * sizeof(float), ch,
+                                   cudaMemcpyDeviceToDevice, stream),
+                 "stitching a tile", err);
+    if (rc != SPN_OK)
+      return spn_error_prefix(err, "tile at (%d, %d)", r.x0, r.y0);
+  }
+  return spn_cuda_from_float(&fout, dst, NULL, k_unit, stream, err);
+}
+
+/* Grow [*a, *b) to a multiple of q pixels (or the whole [0, limit)),
+ * keeping it centred where the frame allows. */
+static void grow_to_multiple(int32_t *a, int32_t *b, int32_t limit, int32_t q) {
+  int32_t len = *b - *a, want = (len + q - 1) / q * q;
+  if (want > limit)
+    want = limit;
+  *a -= (want - len) / 2;
+  if (*a < 0)
+    *a = 0;
+  if (*a + want > limit)
+    *a = limit - want;
+  *b = *a + want;
+}
+
+static int32_t gpu_paste_face(sr_state_t *st, const spn_image_t *src, spn_image_t *dst, const spn_face_t *f,
+                              cudaStream_t stream, spn_error_t *err) {
+  int32_t x0, y0, x1, y1;
+  if (!face_box(st, src, f, &x0, &y0, &x1, &y1))
+    return SPN_OK;
+  int32_t mx0 = x0, my0 = y0, mx1 = x1, my1 = y1, s = st->tp.scale, rc;
+  grow_to_multiple(&mx0, &mx1, src->width, 32);
+  grow_to_multiple(&my0, &my1, src->height, 32);
+  const spn_host_api_t *h = spn_stage_host(st->stage);
+  size_t upn = (size_t)(mx1 - mx0) * s * (size_t)(my1 - my0) * s;
+  spn_image_t crop, up, face, mask;
+  if ((rc = scratch(st, &st->d_up, upn * 3, stream, err)) != SPN_OK ||
+      (rc = scratch(st, &st->d_mask, upn * sizeof(float), stream, err)) != SPN_OK ||
+      (rc = spn_image_crop(src, mx0, my0, mx1 - mx0, my1 - my0, &crop, err)) != SPN_OK ||
+      (rc = spn_image_wrap(&up, h->buffer_data(st->d_up), (mx1 - mx0) * s, (my1 - my0) * s, SPN_PIXFMT_RGB24,
+                           err)) != SPN_OK ||
+      (rc = spn_image_crop(&up, (x0 - mx0) * s, (y0 - my0) * s, (x1 - x0) * s, (y1 - y0) * s, &face, err)) !=
+          SPN_OK ||
+      (rc = spn_image_wrap(&mask, h->buffer_data(st->d_mask), face.width, face.height, SPN_PIXFMT_GRAYF32, err)) !=
+          SPN_OK)
+    return rc;
+  if ((rc = gpu_upscale(st, &crop, &up, stream, err)) != SPN_OK ||
+      (rc = spn_cuda_feather_mask(&mask, st->feather, stream, err)) != SPN_OK)
+    return rc;
+  return spn_cuda_paste(dst, &face, x0 * s, y0 * s, &mask, stream, err);
+}
+
+/* The frame filter's CUDA body: `t` and `out` are device tensors of the
+ * instance's GPU; nothing waits for the GPU here. */
+static int32_t sr_frame_cuda(spn_stage_t *stage, void *state, const spn_msg_t *msg, const spn_tensor_t *t,
+                             spn_tensor_t *out, void *stream_p, spn_error_t *err) {
+  sr_state_t *st = state;
+  const spn_host_api_t *h = spn_stage_host(stage);
+  cudaStream_t stream = (cudaStream_t)stream_p;
+  int32_t H = (int32_t)t->shape[0], W = (int32_t)t->shape[1], s = st->tp.scale, rc, kind = 0;
+  h->stage_get_device(stage, &kind, &st->dev_index);
+  spn_image_t src, dst;
+  st->runs = 0;
+  if ((rc = spn_image_wrap(&src, t->data, W, H, SPN_PIXFMT_RGB24, err)) != SPN_OK ||
+      (rc = spn_image_wrap(&dst, out->data, W * s, H * s, SPN_PIXFMT_RGB24, err)) != SPN_OK)
+    return rc;
+  if (!st->faces_only) {
+    rc = gpu_upscale(st, &src, &dst, stream, err);
+  } else {
+    rc = spn_cuda_resize_bilinear(&src, &dst, stream, err);
+    size_t nf = 0;
+    const spn_face_t *faces = msg_faces(h, msg, &nf);
+    for (size_t k = 0; rc == SPN_OK && k < nf; k++)
+      rc = gpu_paste_face(st, &src, &dst, &faces[k], stream, err);
+  }
+  if (rc != SPN_OK)
+    spn_error_prefix(err, "superres: frame %llu on the GPU", (unsigned long long)h->msg_envelope(msg)->seq);
+  else
+    h->log(stage, h->msg_envelope(msg)->job_id, SPN_LOG_DEBUG, "superres: frame %llu: %d model runs on the GPU",
+           (unsigned long long)h->msg_envelope(msg)->seq, st->runs);
+  return rc;
+}
+#endif
 
 /* The frame filter's three steps (plugin.h's spn_frame_filter_t does the
  * messages and buffers): the output size, the upscale, and the face boxes
@@ -278,14 +495,10 @@ static int32_t sr_frame(spn_stage_t *stage, void *state, const spn_msg_t *msg, c
     rc = model_upscale(st, &src, &dst, err);
   } else {
     rc = spn_image_resize(&src, &dst, SPN_INTERP_BILINEAR, err);
-    int64_t fi = h->msg_find(msg, "faces");
-    spn_item_t fit = {.struct_size = sizeof fit};
-    if (rc == SPN_OK && fi >= 0 && h->msg_item(msg, (size_t)fi, &fit) == SPN_OK && fit.meta &&
-        fit.meta_size % sizeof(spn_face_t) == 0) {
-      const spn_face_t *faces = fit.meta;
-      for (size_t k = 0; rc == SPN_OK && k < fit.meta_size / sizeof(spn_face_t); k++)
-        rc = paste_face(st, &src, &dst, &faces[k], err);
-    }
+    size_t nf = 0;
+    const spn_face_t *faces = msg_faces(h, msg, &nf);
+    for (size_t k = 0; rc == SPN_OK && k < nf; k++)
+      rc = paste_face(st, &src, &dst, &faces[k], err);
   }
   if (rc != SPN_OK)
     spn_error_prefix(err, "superres: frame %llu", (unsigned long long)h->msg_envelope(msg)->seq);
@@ -317,12 +530,27 @@ static int32_t sr_finish(spn_stage_t *stage, void *state, const spn_msg_t *msg, 
   return rc;
 }
 
+#ifdef SPN_VISION_CUDA
+static const spn_frame_filter_t sr_filter = {
+    .shape = sr_shape, .cpu = sr_frame, .cuda = sr_frame_cuda, .finish = sr_finish};
+#else
 static const spn_frame_filter_t sr_filter = {.shape = sr_shape, .cpu = sr_frame, .finish = sr_finish};
+#endif
 
 static int32_t sr_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
                           spn_error_t *err) {
+  (void)job_states;
+#ifdef SPN_VISION_CUDA
+  return spn_frame_filter_process_cuda(stage, state, msgs, n, &sr_filter, err);
+#else
   return spn_frame_filter_process(stage, state, msgs, n, &sr_filter, err);
+#endif
 }
+
+/* Frames in host memory, or on a GPU instance in that GPU's memory (no copy
+ * between a GPU producer and this stage). */
+static const spn_port_caps_t k_mem_caps[] = {
+    {.struct_size = sizeof(spn_port_caps_t), .mem_kinds = SPN_MEMSET_HOST | SPN_MEMSET_DEVICE}};
 
 static const spn_stage_kind_t k_superres = {
     .struct_size = sizeof(spn_stage_kind_t),
@@ -334,7 +562,13 @@ static const spn_stage_kind_t k_superres = {
     .n_inputs = 1,
     .n_outputs = 1,
     .outputs = k_outputs,
+#ifdef SPN_VISION_CUDA
+    .device_need = SPN_NEED_EITHER,
+    .input_caps = k_mem_caps,
+    .output_caps = k_mem_caps,
+#else
     .device_need = SPN_NEED_CPU,
+#endif
     .max_batch = 1,
     .create = sr_create,
     .process = sr_process,

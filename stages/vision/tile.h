@@ -34,6 +34,24 @@ typedef struct spn_tile_params {
 
 #define SPN_TILE_PARAMS_INIT {.tile = 256, .tile_pad = 10, .scale = 2, .channels = 3, .out_channels = 3}
 
+/* The geometry of one tile, in input pixels: the tile [x0, x1) x [y0, y1)
+ * and the block the model sees, [px0, px1) x [py0, py1) (the tile grown by
+ * tile_pad, clamped to the image). spn_tile_run copies the block, runs the
+ * model on it and keeps the part of its output that covers the tile; a
+ * device twin does the same with its own copies. */
+typedef struct spn_tile_rect {
+  int32_t x0, y0, x1, y1;
+  int32_t px0, py0, px1, py1;
+} spn_tile_rect_t;
+
+/* Check an image size and params as spn_tile_run does (SPN_EINVAL names
+ * them). Thread: any. */
+int32_t spn_tile_check(int32_t h, int32_t w, const spn_tile_params_t *params, spn_error_t *err);
+/* Number of tiles of a checked (h, w, params), and tile k of them (row by
+ * row, 0 <= k < count). Thread: any. */
+int32_t spn_tile_count(int32_t h, int32_t w, const spn_tile_params_t *params);
+void spn_tile_at(int32_t h, int32_t w, const spn_tile_params_t *params, int32_t k, spn_tile_rect_t *out);
+
 /* Run `fn` over the tiles of `in` (channels, h, w) and assemble `out`
  * (out_channels, h * scale, w * scale). Tiles are visited row by row; border
  * tiles are smaller. Returns SPN_OK, SPN_EINVAL (bad params, fn never

@@ -205,6 +205,58 @@ static void to_float_matches_cpu(void **state) {
     }
 }
 
+static void from_float_matches_cpu(void **state) {
+  (void)state;
+  const int32_t pairs[][2] = {{SPN_PIXFMT_RGBF32P, SPN_PIXFMT_RGB24}, {SPN_PIXFMT_RGBF32P, SPN_PIXFMT_BGR24},
+                              {SPN_PIXFMT_BGRF32P, SPN_PIXFMT_RGB24}, {SPN_PIXFMT_BGRF32P, SPN_PIXFMT_BGR24}};
+  const float mean[3] = {0, 0, 0}, scale[3] = {1 / 255.0f, 1 / 255.0f, 1 / 255.0f};
+  uint32_t seed = 300;
+  for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
+    for (int unit = 0; unit < 2; unit++) {
+      /* unit: superres's 0..1 range (a little outside it, saturating); else raw values */
+      spn_image_t src = host_image(83, 47, pairs[i][0], seed++, unit ? -0.1f : -20.0f, unit ? 1.1f : 280.0f);
+      spn_image_t ref = SPN_IMAGE_INIT, got = SPN_IMAGE_INIT;
+      CK(spn_image_alloc(&ref, 83, 47, pairs[i][1], &e_));
+      CK(spn_image_alloc(&got, 83, 47, pairs[i][1], &e_));
+      CK(spn_image_from_float(&src, &ref, unit ? mean : NULL, unit ? scale : NULL, &e_));
+      spn_image_t dsrc = to_device(&src), ddst = to_device(&got);
+      CK(spn_cuda_from_float(&dsrc, &ddst, unit ? mean : NULL, unit ? scale : NULL, NULL, &e_));
+      from_device(&ddst, &got);
+      char what[96];
+      snprintf(what, sizeof what, "from_float %s->%s unit=%d", spn_pixfmt_name(pairs[i][0]),
+               spn_pixfmt_name(pairs[i][1]), unit);
+      compare(&ref, &got, what);
+      device_free(&dsrc);
+      device_free(&ddst);
+      spn_image_release(&src);
+      spn_image_release(&ref);
+      spn_image_release(&got);
+    }
+}
+
+static void feather_mask_matches_cpu(void **state) {
+  (void)state;
+  const int32_t sizes[][2] = {{1, 1}, {17, 9}, {128, 96}, {301, 55}};
+  const float feathers[] = {0.0f, 1.0f, 8.0f, 40.0f};
+  for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+    for (size_t f = 0; f < sizeof feathers / sizeof *feathers; f++) {
+      spn_image_t ref = SPN_IMAGE_INIT, got = SPN_IMAGE_INIT;
+      CK(spn_image_alloc(&ref, sizes[s][0], sizes[s][1], SPN_PIXFMT_GRAYF32, &e_));
+      CK(spn_image_alloc(&got, sizes[s][0], sizes[s][1], SPN_PIXFMT_GRAYF32, &e_));
+      CK(spn_image_feather_mask(&ref, feathers[f], &e_));
+      spn_image_t dm = to_device(&got);
+      CK(spn_cuda_feather_mask(&dm, feathers[f], NULL, &e_));
+      from_device(&dm, &got);
+      char what[96];
+      snprintf(what, sizeof what, "feather_mask %dx%d feather %g", (int)sizes[s][0], (int)sizes[s][1],
+               (double)feathers[f]);
+      compare(&ref, &got, what);
+      device_free(&dm);
+      spn_image_release(&ref);
+      spn_image_release(&got);
+    }
+}
+
 static void yuv420_to_rgb_matches_cpu(void **state) {
   (void)state;
   const int32_t pairs[][2] = {{SPN_PIXFMT_NV12, SPN_PIXFMT_RGB24}, {SPN_PIXFMT_NV12, SPN_PIXFMT_BGR24},
@@ -284,6 +336,9 @@ static void bad_arguments_are_refused_before_launch(void **state) {
   assert_int_equal(spn_cuda_to_float(&a, &b, NULL, NULL, NULL, &err), SPN_EUNSUPPORTED);
   assert_int_equal(spn_cuda_yuv420_to_rgb(&a, &b, NULL, &err), SPN_EUNSUPPORTED);
   assert_int_equal(spn_cuda_paste(&b, &a, 0, 0, NULL, NULL, &err), SPN_EUNSUPPORTED);
+  assert_int_equal(spn_cuda_from_float(&a, &a, NULL, NULL, NULL, &err), SPN_EUNSUPPORTED);
+  assert_int_equal(spn_cuda_feather_mask(&a, 4.0f, NULL, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "grayf32"));
   spn_image_t empty = SPN_IMAGE_INIT;
   assert_int_equal(spn_cuda_resize_bilinear(&empty, &a, NULL, &err), SPN_EINVAL);
   spn_image_release(&a);
@@ -297,6 +352,8 @@ int main(void) {
       cmocka_unit_test(to_float_matches_cpu),
       cmocka_unit_test(yuv420_to_rgb_matches_cpu),
       cmocka_unit_test(paste_matches_cpu),
+      cmocka_unit_test(from_float_matches_cpu),
+      cmocka_unit_test(feather_mask_matches_cpu),
       cmocka_unit_test(bad_arguments_are_refused_before_launch),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

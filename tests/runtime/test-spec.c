@@ -405,6 +405,35 @@ static void bad_overrides(void **state) {
   spn__spec_free(&spec);
 }
 
+/* precision: the GPU arithmetic of a stage's models; auto unless set, by
+ * the file or by --set, and a bad value is named with its place. */
+static void precision_key(void **state) {
+  spn__pipeline_spec_t *spec = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (build(*state, "p.toml", "[[stage]]\nname = \"s\"\nkind = \"src\"\nmodel = \"m\"\nprecision = \"fp16\"\n", NULL, 0,
+            &spec, &err) != SPN_OK)
+    fail_msg("%s", err.msg);
+  assert_int_equal(spec->stages[0].precision, SPN__PREC_FP16);
+  assert_string_equal(spn__precision_name(spec->stages[0].precision), "fp16");
+  spn__spec_free(&spec);
+  const char *ov[] = {"s.precision=fp32"};
+  if (build(*state, "p.toml", SRC, ov, 1, &spec, &err) != SPN_OK)
+    fail_msg("%s", err.msg);
+  assert_int_equal(spec->stages[0].precision, SPN__PREC_FP32);
+  spn__spec_free(&spec);
+  if (build(*state, "p.toml", SRC, NULL, 0, &spec, &err) != SPN_OK)
+    fail_msg("%s", err.msg);
+  assert_int_equal(spec->stages[0].precision, SPN__PREC_AUTO);
+  assert_string_equal(spn__precision_name(SPN__PREC_AUTO), "tf32"); /* auto on a GPU */
+  spn__spec_free(&spec);
+  expect_error(*state, "[[stage]]\nname = \"s\"\nkind = \"src\"\nmodel = \"m\"\nprecision = \"half\"\n", NULL, 0,
+               SPN_ECONFIG, "conf/pipe.toml:5", "precision \"half\" is not auto, fp32, tf32 or fp16", NULL);
+  expect_error(*state, "[[stage]]\nname = \"s\"\nkind = \"src\"\nmodel = \"m\"\nprecision = 16\n", NULL, 0, SPN_ETYPE,
+               "conf/pipe.toml:5", "precision", NULL);
+  const char *bad[] = {"s.precision=int8"};
+  expect_error(*state, SRC, bad, 1, SPN_ECONFIG, "--set \"s.precision=int8\"", "is not auto, fp32, tf32 or fp16", NULL);
+}
+
 static void plugin_paths_resolve_against_the_config(void **state) {
   spn__pipeline_spec_t *spec = NULL;
   spn_error_t err = SPN_ERROR_INIT;
@@ -526,6 +555,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(job_configs, setup, teardown),
       cmocka_unit_test_setup_teardown(job_bindings, setup, teardown),
       cmocka_unit_test_setup_teardown(two_specs_share_nothing, setup, teardown),
+      cmocka_unit_test_setup_teardown(precision_key, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

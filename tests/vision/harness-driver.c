@@ -20,12 +20,18 @@
  * A stage that cannot be built (its create refused the config) prints
  * {"create_error": MSG} and exits 0. Exit 1 when anything else went wrong.
  * SPINDLE_DRIVER_LOG=debug turns on the runtime's debug log (stderr).
+ * SPINDLE_DRIVER_DEVICES sets the runtime's devices ("cuda:0" runs a kind
+ * that can use a GPU there; frames it leaves in device memory are copied to
+ * the host for the file, in a build with CUDA).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "spindle/harness.h"
+#ifdef SPN_DRIVER_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #define MAX_JOBS 16
 
@@ -122,10 +128,22 @@ static int print_output(spn_harness_t *h, const spn_msg_t *m, const char *outdir
     snprintf(path, sizeof path, "%s/%llu-%llu.rgb", outdir, (unsigned long long)env->job_id,
              (unsigned long long)env->seq);
     size_t n = spn_tensor_nbytes(&it.tensor);
-    FILE *fp = fopen(path, "wb");
-    bad |= !fp || fwrite(host->buffer_data(it.buffer), 1, n, fp) != n;
+    const void *bytes = host->buffer_data(it.buffer);
+    void *copy = NULL;
+    if (it.tensor.device_kind != SPN_DEVICE_CPU) {
+#ifdef SPN_DRIVER_CUDA
+      copy = malloc(n);
+      bad |= !copy || cudaMemcpy(copy, bytes, n, cudaMemcpyDeviceToHost) != cudaSuccess;
+      bytes = copy;
+#else
+      bad = 1;
+#endif
+    }
+    FILE *fp = bad ? NULL : fopen(path, "wb");
+    bad |= !fp || fwrite(bytes, 1, n, fp) != n;
     if (fp)
       fclose(fp);
+    free(copy);
     printf(", \"frame\": [%lld, %lld], \"file\": ", (long long)it.tensor.shape[0], (long long)it.tensor.shape[1]);
     print_json_string(path);
   } else {
@@ -156,6 +174,7 @@ int main(int argc, char **argv) {
   o.plugin = argv[1];
   o.kind = argv[2];
   o.config = config;
+  o.devices = getenv("SPINDLE_DRIVER_DEVICES");
   if (lv && !strcmp(lv, "debug"))
     o.log_level = SPN_LOG_DEBUG;
   spn_harness_t *h = NULL;

@@ -156,11 +156,47 @@ static void test_callback_error_stops(void **state) {
   free(out);
 }
 
+/* The geometry a device twin uses (spn_tile_at): the tiles cover every
+ * pixel exactly once, each block holds its tile plus tile_pad of context
+ * where the image has it, and the count matches the grid. */
+static void test_tile_geometry_covers_once(void **state) {
+  (void)state;
+  const int32_t dims[][4] = {{1, 1, 8, 0}, {37, 53, 16, 5}, {64, 64, 32, 10}, {720, 1280, 256, 20}, {5, 300, 7, 100}};
+  for (size_t d = 0; d < sizeof dims / sizeof *dims; d++) {
+    int32_t h = dims[d][0], w = dims[d][1];
+    spn_tile_params_t p = {.tile = dims[d][2], .tile_pad = dims[d][3], .scale = 2, .channels = 3, .out_channels = 3};
+    assert_int_equal(spn_tile_check(h, w, &p, NULL), SPN_OK);
+    int32_t n = spn_tile_count(h, w, &p);
+    assert_int_equal(n, ((h + p.tile - 1) / p.tile) * ((w + p.tile - 1) / p.tile));
+    unsigned char *seen = calloc((size_t)h * w, 1);
+    assert_non_null(seen);
+    for (int32_t k = 0; k < n; k++) {
+      spn_tile_rect_t r;
+      spn_tile_at(h, w, &p, k, &r);
+      assert_true(r.x0 < r.x1 && r.y0 < r.y1 && r.x1 <= w && r.y1 <= h);
+      assert_int_equal(r.px0, r.x0 - p.tile_pad > 0 ? r.x0 - p.tile_pad : 0);
+      assert_int_equal(r.py1, r.y1 + p.tile_pad < h ? r.y1 + p.tile_pad : h);
+      assert_true(r.px0 <= r.x0 && r.px1 >= r.x1 && r.py0 <= r.y0 && r.px1 <= w && r.py1 <= h);
+      for (int32_t y = r.y0; y < r.y1; y++)
+        for (int32_t x = r.x0; x < r.x1; x++)
+          seen[(size_t)y * w + x]++;
+    }
+    for (size_t i = 0; i < (size_t)h * w; i++)
+      assert_int_equal(seen[i], 1);
+    free(seen);
+  }
+  spn_tile_params_t bad = {.tile = 0, .tile_pad = 1, .scale = 2, .channels = 3, .out_channels = 3};
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_tile_check(10, 10, &bad, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "tile 0"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_tiled_matches_untiled),
       cmocka_unit_test(test_too_little_padding_shows_seams),
       cmocka_unit_test(test_callback_error_stops),
+      cmocka_unit_test(test_tile_geometry_covers_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -445,7 +445,12 @@ typedef struct spn_host_api {
   /* Run a batch. Inputs are views on the instance's device. Outputs: the
    * caller fills dtype/ndim/shape, or leaves data NULL and the engine
    * allocates it; such outputs are freed with model_free_outputs. Safe to
-   * call concurrently from several instances sharing a model.
+   * call concurrently from several instances sharing a model. On a CUDA
+   * device the model runs at the stage's `precision` on the instance's
+   * stream (stage_get_stream); tensors may be host memory or device memory
+   * of that GPU (device_kind CUDA); with every output in device memory the
+   * call returns without waiting for the GPU (queue more work on the
+   * stream, buffer_set_ready before emitting).
    * Ownership: inputs borrowed for the call; engine-allocated outputs are
    * the caller's. Thread: stage. */
   int32_t (*model_run)(spn_stage_t *stage, spn_model_t *model, const spn_tensor_t *inputs, size_t n_in,
@@ -574,6 +579,12 @@ static inline int32_t spn__frame_filter_one(spn_stage_t *stage, void *state, spn
     out.data = host->buffer_data(buf);
     rc = on_cuda ? f->cuda(stage, state, *msgp, in, &out, host->stage_get_stream(stage), &ferr)
                  : f->cpu(stage, state, *msgp, in, &out, &ferr);
+    /* The kernels are queued, not done: consumers on other streams (an
+     * edge copy to the host, another GPU) wait for this point. */
+    if (rc == SPN_OK && on_cuda && (rc = host->buffer_set_ready(stage, buf, err)) != SPN_OK) {
+      host->buffer_unref(&buf);
+      return rc;
+    }
   }
   if (rc == SPN_OK && (rc = host->msg_clone(stage, *msgp, &m, err)) == SPN_OK &&
       (rc = host->msg_replace_tensor(m, idx, &out, buf, err)) == SPN_OK && f->finish)
