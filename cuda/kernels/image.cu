@@ -202,6 +202,44 @@ __global__ void feather_mask_kernel(img_desc mask, float feather) {
   ((float *)(mask.data[0] + y * mask.stride[0]))[x] = __fmul_rn(ax, ay);
 }
 
+/* The detector input (face detector preprocessing, stages/vision/facedet.c):
+ * inside the rectangle a bilinear sample of the u8 image with its own edge
+ * rules, outside it the padding value; then (v - mean) * inv_std. */
+struct fit_desc {
+  int32_t rx, ry, rw, rh; /* the resized image's rectangle in the input */
+  float mean[3], inv_std[3];
+  int32_t swap;           /* output channel c reads image channel 2 - c */
+};
+
+__global__ void fit_normalize_kernel(img_desc src, float *out, int32_t in_w, int32_t in_h, fit_desc f) {
+  int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+  if (x >= in_w || y >= in_h)
+    return;
+  size_t plane = (size_t)in_w * in_h, o = (size_t)y * in_w + x;
+  int32_t lx = x - f.rx, ly = y - f.ry;
+  if (lx < 0 || ly < 0 || lx >= f.rw || ly >= f.rh) {
+    for (int c = 0; c < 3; c++)
+      out[c * plane + o] = __fmul_rn(__fsub_rn(0.0f, f.mean[c]), f.inv_std[c]);
+    return;
+  }
+  double sx = (double)src.w / f.rw, sy = (double)src.h / f.rh;
+  double fy = __dsub_rn(__dmul_rn(ly + 0.5, sy), 0.5), fx = __dsub_rn(__dmul_rn(lx + 0.5, sx), 0.5);
+  fy = fy < 0 ? 0 : fy;
+  fx = fx < 0 ? 0 : fx;
+  int32_t y0 = (int32_t)fy, x0 = (int32_t)fx;
+  y0 = y0 > src.h - 1 ? src.h - 1 : y0;
+  x0 = x0 > src.w - 1 ? src.w - 1 : x0;
+  int32_t y1 = y0 + 1 < src.h ? y0 + 1 : y0, x1 = x0 + 1 < src.w ? x0 + 1 : x0;
+  float wy = y0 == src.h - 1 ? 0.0f : (float)(fy - y0), wx = x0 == src.w - 1 ? 0.0f : (float)(fx - x0);
+  const uint8_t *r0 = src.data[0] + y0 * src.stride[0], *r1 = src.data[0] + y1 * src.stride[0];
+  for (int c = 0; c < 3; c++) {
+    int ic = f.swap ? 2 - c : c;
+    float a = r0[3 * x0 + ic], b = r0[3 * x1 + ic], cc = r1[3 * x0 + ic], d = r1[3 * x1 + ic];
+    float top = lerp_rn(a, b, wx), bot = lerp_rn(cc, d, wx);
+    out[c * plane + o] = __fmul_rn(__fsub_rn(lerp_rn(top, bot, wy), f.mean[c]), f.inv_std[c]);
+  }
+}
+
 dim3 grid_for(int32_t w, int32_t h, dim3 block) {
   return dim3((unsigned)((w + (int32_t)block.x - 1) / (int32_t)block.x),
               (unsigned)((h + (int32_t)block.y - 1) / (int32_t)block.y));
@@ -326,4 +364,28 @@ extern "C" int32_t spn_cuda_feather_mask(spn_image_t *mask, float feather, cudaS
     return spn_error_set(err, SPN_EINVAL, "cuda image: a mask must be grayf32, not %s", spn_pixfmt_name(mask->format));
   feather_mask_kernel<<<grid_for(mask->width, mask->height, k_block), k_block, 0, stream>>>(describe(mask), feather);
   return launched("feather_mask", err);
+}
+
+extern "C" int32_t spn_cuda_fit_normalize(const spn_image_t *src, float *out, int32_t in_w, int32_t in_h,
+                                          int32_t rx, int32_t ry, int32_t rw, int32_t rh, const float mean[3],
+                                          const float inv_std[3], int32_t swap, cudaStream_t stream,
+                                          spn_error_t *err) {
+  int32_t rc;
+  if ((rc = check(src, "fit_normalize source", err)))
+    return rc;
+  if (!is_rgb_u8(src->format))
+    return spn_error_set(err, SPN_EUNSUPPORTED, "cuda image: fit_normalize from %s is not supported",
+                         spn_pixfmt_name(src->format));
+  if (!out || in_w <= 0 || in_h <= 0 || rw <= 0 || rh <= 0 || rx < 0 || ry < 0 || rx + rw > in_w || ry + rh > in_h)
+    return spn_error_set(err, SPN_EINVAL, "cuda image: fit_normalize: rectangle %dx%d+%d+%d outside the %dx%d input",
+                         (int)rw, (int)rh, (int)rx, (int)ry, (int)in_w, (int)in_h);
+  fit_desc f;
+  f.rx = rx;
+  f.ry = ry;
+  f.rw = rw;
+  f.rh = rh;
+  norm_params(mean, inv_std, f.mean, f.inv_std);
+  f.swap = swap;
+  fit_normalize_kernel<<<grid_for(in_w, in_h, k_block), k_block, 0, stream>>>(describe(src), out, in_w, in_h, f);
+  return launched("fit_normalize", err);
 }

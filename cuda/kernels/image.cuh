@@ -55,6 +55,16 @@ int32_t spn_cuda_from_float(const spn_image_t *src, spn_image_t *dst, const floa
  * pixels (spn_image_feather_mask). */
 int32_t spn_cuda_feather_mask(spn_image_t *mask, float feather, cudaStream_t stream, spn_error_t *err);
 
+/* A detector's input: `out` is (3, in_h, in_w) float, the u8 RGB24/BGR24
+ * src resized bilinearly into the rectangle (rx, ry, rw, rh) with the face
+ * detectors' sampling rules (stages/vision/facedet.c's
+ * spn_facedet_preprocess, its CPU twin), the rest padded with what a black
+ * pixel becomes; every value (v - mean[c]) * inv_std[c], output channel c
+ * reading image channel 2 - c when swap is set. */
+int32_t spn_cuda_fit_normalize(const spn_image_t *src, float *out, int32_t in_w, int32_t in_h, int32_t rx,
+                               int32_t ry, int32_t rw, int32_t rh, const float mean[3], const float inv_std[3],
+                               int32_t swap, cudaStream_t stream, spn_error_t *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -108,6 +108,16 @@ static int32_t model_norm(int32_t model, int32_t bgr, norm_t *n) {
   }
 }
 
+int32_t spn_facedet_norm(int32_t model, int32_t bgr, float mean[3], float inv_std[3], int32_t *swap) {
+  norm_t nm;
+  if (model_norm(model, bgr, &nm) != SPN_OK)
+    return SPN_EINVAL;
+  memcpy(mean, nm.mean, sizeof nm.mean);
+  memcpy(inv_std, nm.inv_std, sizeof nm.inv_std);
+  *swap = nm.swap;
+  return SPN_OK;
+}
+
 int32_t spn_facedet_preprocess(int32_t model, const uint8_t *img, int32_t stride, int32_t bgr,
                                const spn_facedet_geom_t *g, float *out, spn_error_t *err) {
   norm_t nm;

@@ -89,6 +89,12 @@ void spn_facedet_yunet_input_size(int32_t img_w, int32_t img_h, int32_t *in_w, i
 int32_t spn_facedet_preprocess(int32_t model, const uint8_t *img, int32_t stride, int32_t bgr,
                                const spn_facedet_geom_t *geom, float *out, spn_error_t *err);
 
+/* The normalisation spn_facedet_preprocess applies for a model: output
+ * channel c is (image channel (swap ? 2 - c : c) - mean[c]) * inv_std[c].
+ * For a device twin. Returns SPN_OK or SPN_EINVAL (unknown model).
+ * Thread: any. */
+int32_t spn_facedet_norm(int32_t model, int32_t bgr, float mean[3], float inv_std[3], int32_t *swap);
+
 /* Decode raw outputs into faces: threshold, pre-NMS top-k by score, greedy
  * NMS, post-NMS top-k, map to image pixels. `outputs` are in the model's
  * output order (see above): RetinaFace 3, SCRFD 6 or 9, YuNet 12 tensors,

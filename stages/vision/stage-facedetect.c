@@ -19,6 +19,15 @@
  * share tracks. A bad frame fails only its job (host->fail_job), naming the
  * job, the seq and what was wrong.
  *
+ * On a CUDA device (a build with CUDA; the kind runs on either side) the
+ * frame is kept in that GPU's memory: a host frame is uploaded once and
+ * replaces the message's item, so the GPU stages after this one receive it
+ * in device memory; the model path fits and normalises it with a kernel
+ * (spn_cuda_fit_normalize, the twin of spn_facedet_preprocess) and runs the
+ * model on the device; the outputs come back to the host (the engine waits
+ * for them), where decode and NMS run as on the CPU. The Haar path copies
+ * the frame to the host for the cascade.
+ *
  * The plugin links no host symbols: it uses only the host API table and the
  * header-inline helpers of spindle/status.h and spindle/tensor.h.
  */
@@ -26,7 +35,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef SPN_VISION_CUDA
+#include "image.cuh"
+#include "spindle/image.h"
+#include "spindle/plugin-cuda.h"
+#else
 #include "spindle/plugin.h"
+#endif
 
 #include "facedet.h"
 #include "haar.h"
@@ -127,6 +142,11 @@ typedef struct fd_state {
   spn_box_t *boxes;
   spn_tracked_box_t *tracked;
   int32_t faces_cap;
+#ifdef SPN_VISION_CUDA
+  spn_buffer_t *d_input; /* the model's input on a GPU instance */
+  uint8_t *h_frame;      /* Haar on a GPU instance: the frame copied back */
+  size_t h_frame_cap;
+#endif
 } fd_state_t;
 
 typedef struct fd_job {
@@ -220,6 +240,13 @@ static void fd_destroy(spn_stage_t *stage, void *state) {
   free(st->faces);
   free(st->boxes);
   free(st->tracked);
+#ifdef SPN_VISION_CUDA
+  if (st->d_input) { /* queued work on it ends before it goes back to the pool */
+    cudaStreamSynchronize((cudaStream_t)st->host->stage_get_stream(stage));
+    st->host->buffer_unref(&st->d_input);
+  }
+  free(st->h_frame);
+#endif
   free(st);
 }
 
@@ -325,7 +352,46 @@ static int32_t detect_haar(fd_state_t *st, const uint8_t *rgb, int32_t W, int32_
 
 /* Model path: fit and preprocess for the detector, one engine run, decode.
  * Fills st->dets, best score first. */
-static int32_t detect_model(fd_state_t *st, const uint8_t *rgb, int32_t W, int32_t H, int32_t *n_out,
+#ifdef SPN_VISION_CUDA
+static int32_t cu_ok(cudaError_t ce, const char *what, spn_error_t *err) {
+  return ce == cudaSuccess ? SPN_OK
+                           : spn_error_set(err, SPN_ECUDA, "%s: %s (%s)", what, cudaGetErrorString(ce), cudaGetErrorName(ce));
+}
+
+/* The model's input on the GPU: `rgb` is the frame in device memory; the
+ * fitted, normalised input goes to d_input (kept across frames). */
+static int32_t preprocess_gpu(fd_state_t *st, const uint8_t *rgb, int32_t W, int32_t H, const spn_facedet_geom_t *g,
+                              spn_tensor_t *in, spn_error_t *err) {
+  const spn_host_api_t *h = st->host;
+  cudaStream_t stream = (cudaStream_t)h->stage_get_stream(st->stage);
+  size_t need = (size_t)3 * g->in_w * g->in_h * sizeof(float);
+  int32_t rc, kind = 0, index = 0;
+  if (st->d_input && h->buffer_size(st->d_input) < need) {
+    rc = cu_ok(cudaStreamSynchronize(stream), "waiting for the stream", err);
+    h->buffer_unref(&st->d_input);
+    if (rc != SPN_OK)
+      return rc;
+  }
+  if (!st->d_input && (rc = h->buffer_new_kind(st->stage, need, SPN_MEM_DEVICE, &st->d_input, err)) != SPN_OK)
+    return rc;
+  float mean[3], inv_std[3];
+  int32_t swap = 0;
+  spn_image_t img;
+  if (spn_facedet_norm(st->detector, 0, mean, inv_std, &swap) != SPN_OK)
+    return spn_error_set(err, SPN_EINVAL, "unknown detector %d", st->detector);
+  if ((rc = spn_image_wrap(&img, (void *)rgb, W, H, SPN_PIXFMT_RGB24, err)) != SPN_OK ||
+      (rc = spn_cuda_fit_normalize(&img, h->buffer_data(st->d_input), g->in_w, g->in_h, g->pad_x, g->pad_y,
+                                   g->resized_w, g->resized_h, mean, inv_std, swap, stream, err)) != SPN_OK)
+    return rc;
+  h->stage_get_device(st->stage, &kind, &index);
+  in->data = h->buffer_data(st->d_input);
+  in->device_kind = SPN_DEVICE_CUDA;
+  in->device_index = index;
+  return SPN_OK;
+}
+#endif
+
+static int32_t detect_model(fd_state_t *st, const uint8_t *rgb, int32_t W, int32_t H, bool on_gpu, int32_t *n_out,
                             spn_error_t *err) {
   const spn_host_api_t *h = st->host;
   int32_t in_w = st->in_w, in_h = st->in_h, fit = SPN_FACEDET_FIT_STRETCH;
@@ -346,16 +412,6 @@ static int32_t detect_model(fd_state_t *st, const uint8_t *rgb, int32_t W, int32
   int32_t rc = spn_facedet_fit(W, H, in_w, in_h, fit, &g, err);
   if (rc != SPN_OK)
     return rc;
-  size_t need = (size_t)3 * in_w * in_h;
-  if (need > st->input_cap) {
-    float *p = realloc(st->input, need * sizeof *p);
-    if (!p)
-      return spn_error_set(err, SPN_ENOMEM, "out of memory");
-    st->input = p;
-    st->input_cap = need;
-  }
-  if ((rc = spn_facedet_preprocess(st->detector, rgb, W * 3, 0, &g, st->input, err)) != SPN_OK)
-    return rc;
   int32_t nout = h->model_io_count(st->model, true);
   if (nout < 1 || nout > FD_MAX_OUTPUTS)
     return spn_error_set(err, SPN_EMODEL, "face model has %d outputs", nout);
@@ -366,7 +422,24 @@ static int32_t detect_model(fd_state_t *st, const uint8_t *rgb, int32_t W, int32
   in.shape[1] = 3;
   in.shape[2] = in_h;
   in.shape[3] = in_w;
-  in.data = st->input;
+  if (on_gpu) {
+#ifdef SPN_VISION_CUDA
+    if ((rc = preprocess_gpu(st, rgb, W, H, &g, &in, err)) != SPN_OK)
+      return rc;
+#endif
+  } else {
+    size_t need = (size_t)3 * in_w * in_h;
+    if (need > st->input_cap) {
+      float *p = realloc(st->input, need * sizeof *p);
+      if (!p)
+        return spn_error_set(err, SPN_ENOMEM, "out of memory");
+      st->input = p;
+      st->input_cap = need;
+    }
+    if ((rc = spn_facedet_preprocess(st->detector, rgb, W * 3, 0, &g, st->input, err)) != SPN_OK)
+      return rc;
+    in.data = st->input;
+  }
   for (int32_t i = 0; i < nout; i++)
     outs[i] = (spn_tensor_t)SPN_TENSOR_INIT; /* data NULL: the engine allocates */
   if ((rc = h->model_run(st->stage, st->model, &in, 1, outs, (size_t)nout, err)) != SPN_OK)
@@ -386,6 +459,56 @@ static int32_t detect_model(fd_state_t *st, const uint8_t *rgb, int32_t W, int32
   return SPN_OK;
 }
 
+#ifdef SPN_VISION_CUDA
+/* A GPU instance's frame: one in host memory is uploaded and replaces the
+ * message's item (later GPU stages take it as it is); *px becomes the
+ * device copy for the model path, or a host copy for the Haar path. */
+static int32_t frame_on_gpu(fd_state_t *st, spn_msg_t *msg, int64_t idx, const spn_item_t *item, const uint8_t **px,
+                            spn_error_t *err) {
+  const spn_host_api_t *h = st->host;
+  cudaStream_t stream = (cudaStream_t)h->stage_get_stream(st->stage);
+  size_t n = spn_tensor_nbytes(&item->tensor);
+  int32_t rc;
+  if (item->tensor.device_kind != SPN_DEVICE_CUDA) {
+    spn_buffer_t *buf = NULL;
+    spn_tensor_t t = item->tensor;
+    int32_t kind = 0, index = 0;
+    if ((rc = h->buffer_new_kind(st->stage, n, SPN_MEM_DEVICE, &buf, err)) != SPN_OK)
+      return rc;
+    h->stage_get_device(st->stage, &kind, &index);
+    t.data = h->buffer_data(buf);
+    t.device_kind = SPN_DEVICE_CUDA;
+    t.device_index = index;
+    /* From pageable memory the copy is staged before cudaMemcpyAsync
+     * returns, so the host frame may go with the replaced item. */
+    if ((rc = cu_ok(cudaMemcpyAsync(t.data, *px, n, cudaMemcpyHostToDevice, stream), "uploading the frame", err)) ==
+            SPN_OK &&
+        (rc = h->buffer_set_ready(st->stage, buf, err)) == SPN_OK)
+      rc = h->msg_replace_tensor(msg, (size_t)idx, &t, buf, err);
+    h->buffer_unref(&buf); /* the message holds its own reference */
+    if (rc != SPN_OK)
+      return rc;
+    *px = t.data;
+  }
+  if (st->model)
+    return SPN_OK;
+  /* The cascade runs on the host. */
+  if (n > st->h_frame_cap) {
+    uint8_t *p = realloc(st->h_frame, n);
+    if (!p)
+      return spn_error_set(err, SPN_ENOMEM, "out of memory");
+    st->h_frame = p;
+    st->h_frame_cap = n;
+  }
+  if ((rc = cu_ok(cudaMemcpyAsync(st->h_frame, *px, n, cudaMemcpyDeviceToHost, stream), "copying the frame back",
+                  err)) != SPN_OK ||
+      (rc = cu_ok(cudaStreamSynchronize(stream), "copying the frame back", err)) != SPN_OK)
+    return rc;
+  *px = st->h_frame;
+  return SPN_OK;
+}
+#endif
+
 /* Detect on one frame message and attach the "faces" item. Returns SPN_OK,
  * or an error whose message says what was wrong with this job's frame. */
 static int32_t detect_frame(fd_state_t *st, fd_job_t *job, spn_msg_t *msg, int64_t idx, spn_error_t *err) {
@@ -397,14 +520,22 @@ static int32_t detect_frame(fd_state_t *st, fd_job_t *job, spn_msg_t *msg, int64
   if (rc != SPN_OK)
     return spn_error_set(err, rc, "facedetect: frame %llu: cannot read item \"frame\"", seq);
   const spn_tensor_t *t = &item.tensor;
+  int32_t kind = SPN_DEVICE_CPU;
+  h->stage_get_device(st->stage, &kind, NULL);
+  bool on_gpu = kind == SPN_DEVICE_CUDA;
   if (item.kind != SPN_ITEM_TENSOR || t->dtype != SPN_DTYPE_U8 || t->ndim != 3 || t->shape[2] != 3 ||
-      t->device_kind != SPN_DEVICE_CPU || !t->data || t->shape[0] < 1 || t->shape[1] < 1 ||
+      (t->device_kind != SPN_DEVICE_CPU && !on_gpu) || !t->data || t->shape[0] < 1 || t->shape[1] < 1 ||
       t->shape[0] > 65536 || t->shape[1] > 65536)
-    return spn_error_set(err, SPN_ETYPE,
-                         "facedetect: frame %llu: item \"frame\" must be a (H,W,3) u8 RGB tensor in host memory", seq);
+    return spn_error_set(err, SPN_ETYPE, "facedetect: frame %llu: item \"frame\" must be a (H,W,3) u8 RGB tensor in %s",
+                         seq, on_gpu ? "host or device memory" : "host memory");
   int32_t H = (int32_t)t->shape[0], W = (int32_t)t->shape[1];
   int32_t n = 0;
-  rc = st->model ? detect_model(st, t->data, W, H, &n, err) : detect_haar(st, t->data, W, H, &n, err);
+  const uint8_t *px = t->data;
+#ifdef SPN_VISION_CUDA
+  if (on_gpu && (rc = frame_on_gpu(st, msg, idx, &item, &px, err)) != SPN_OK)
+    return spn_error_prefix(err, "facedetect: frame %llu", seq);
+#endif
+  rc = st->model ? detect_model(st, px, W, H, on_gpu, &n, err) : detect_haar(st, px, W, H, &n, err);
   if (rc != SPN_OK)
     return spn_error_prefix(err, "facedetect: frame %llu", seq);
   if (grow_faces(st, n > 0 ? n : 1))
@@ -457,8 +588,15 @@ static int32_t fd_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, voi
 
 /* ABI 1.1 formats: packed RGB frames only (a decode in another format is
  * refused at validation, or converted where convert = "auto"). */
-static const spn_port_caps_t k_input_caps[] = {{.struct_size = sizeof(spn_port_caps_t),
+#ifdef SPN_VISION_CUDA
+/* On a GPU instance frames may already be in its memory (a GPU decode). */
+#define FD_MEM_KINDS (SPN_MEMSET_HOST | SPN_MEMSET_DEVICE)
+#else
+#define FD_MEM_KINDS SPN_MEMSET_HOST
+#endif
+static const spn_port_caps_t k_input_caps[] = {{.struct_size = sizeof(spn_port_caps_t), .mem_kinds = FD_MEM_KINDS,
                                                 .pixel_formats = SPN_FMTSET(SPN_PIX_RGB24)}};
+static const spn_port_caps_t k_output_caps[] = {{.struct_size = sizeof(spn_port_caps_t), .mem_kinds = FD_MEM_KINDS}};
 
 static const spn_stage_kind_t k_facedetect = {
     .struct_size = sizeof(spn_stage_kind_t),
@@ -470,7 +608,11 @@ static const spn_stage_kind_t k_facedetect = {
     .n_inputs = 1,
     .n_outputs = 1,
     .outputs = k_outputs,
+#ifdef SPN_VISION_CUDA
+    .device_need = SPN_NEED_EITHER,
+#else
     .device_need = SPN_NEED_CPU,
+#endif
     .max_batch = 8,
     .max_delay_ms = 5,
     .create = fd_create,
@@ -479,6 +621,7 @@ static const spn_stage_kind_t k_facedetect = {
     .job_close = fd_job_close,
     .destroy = fd_destroy,
     .input_caps = k_input_caps,
+    .output_caps = k_output_caps,
 };
 
 const spn_stage_kind_t *vision_facedetect_kind(void) {

@@ -29,6 +29,9 @@
 
 #include "gpu-skip.h"
 #include "image.cuh"
+#ifdef SPN_TEST_FACEDET
+#include "facedet.h"
+#endif
 #include "spindle/image.h"
 
 #define CK(call)                                                                 \
@@ -257,6 +260,50 @@ static void feather_mask_matches_cpu(void **state) {
     }
 }
 
+#ifdef SPN_TEST_FACEDET
+/* spn_cuda_fit_normalize against spn_facedet_preprocess, its CPU twin, for
+ * each detector's normalisation and each fit (as is, stretched, letterboxed
+ * top-left, down and up). Floats: the 1e-5 tolerance of compare(). */
+static void fit_normalize_matches_facedet(void **state) {
+  (void)state;
+  const int32_t models[] = {SPN_FACEDET_RETINAFACE, SPN_FACEDET_SCRFD, SPN_FACEDET_YUNET};
+  const int32_t cases[][5] = {{200, 150, 200, 150, SPN_FACEDET_FIT_NONE}, {200, 150, 224, 160, SPN_FACEDET_FIT_NONE},
+                              {640, 360, 160, 96, SPN_FACEDET_FIT_STRETCH}, {90, 70, 320, 320, SPN_FACEDET_FIT_TOPLEFT},
+                              {1280, 720, 640, 640, SPN_FACEDET_FIT_TOPLEFT}};
+  uint32_t seed = 400;
+  for (size_t m = 0; m < sizeof models / sizeof *models; m++)
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+      int32_t w = cases[c][0], h = cases[c][1], iw = cases[c][2], ih = cases[c][3];
+      spn_facedet_geom_t g;
+      CK(spn_facedet_fit(w, h, iw, ih, cases[c][4], &g, &e_));
+      spn_image_t src = host_image(w, h, SPN_PIXFMT_RGB24, seed++, 0, 0);
+      spn_image_t ref = SPN_IMAGE_INIT, got = SPN_IMAGE_INIT;
+      CK(spn_image_alloc(&ref, iw, ih, SPN_PIXFMT_RGBF32P, &e_));
+      CK(spn_image_alloc(&got, iw, ih, SPN_PIXFMT_RGBF32P, &e_));
+      CK(spn_facedet_preprocess(models[m], src.data[0], (int32_t)src.stride[0], 0, &g, (float *)ref.data[0], &e_));
+      float mean[3], inv[3];
+      int32_t swap = 0;
+      assert_int_equal(spn_facedet_norm(models[m], 0, mean, inv, &swap), SPN_OK);
+      spn_image_t dsrc = to_device(&src);
+      /* the kernel writes a dense (3, ih, iw) block, as spn_image_alloc lays out ref and got */
+      float *dense = NULL;
+      CU(cudaMalloc((void **)&dense, (size_t)3 * iw * ih * sizeof(float)));
+      CK(spn_cuda_fit_normalize(&dsrc, dense, iw, ih, g.pad_x, g.pad_y, g.resized_w, g.resized_h, mean, inv, swap,
+                                NULL, &e_));
+      CU(cudaMemcpy(got.data[0], dense, (size_t)3 * iw * ih * sizeof(float), cudaMemcpyDeviceToHost));
+      CU(cudaFree(dense));
+      char what[128];
+      snprintf(what, sizeof what, "fit_normalize model %d %dx%d->%dx%d fit %d", (int)models[m], (int)w, (int)h,
+               (int)iw, (int)ih, (int)cases[c][4]);
+      compare(&ref, &got, what);
+      device_free(&dsrc);
+      spn_image_release(&src);
+      spn_image_release(&ref);
+      spn_image_release(&got);
+    }
+}
+#endif
+
 static void yuv420_to_rgb_matches_cpu(void **state) {
   (void)state;
   const int32_t pairs[][2] = {{SPN_PIXFMT_NV12, SPN_PIXFMT_RGB24}, {SPN_PIXFMT_NV12, SPN_PIXFMT_BGR24},
@@ -354,6 +401,9 @@ int main(void) {
       cmocka_unit_test(paste_matches_cpu),
       cmocka_unit_test(from_float_matches_cpu),
       cmocka_unit_test(feather_mask_matches_cpu),
+#ifdef SPN_TEST_FACEDET
+      cmocka_unit_test(fit_normalize_matches_facedet),
+#endif
       cmocka_unit_test(bad_arguments_are_refused_before_launch),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -14,7 +14,8 @@
  *
  * Prints, per job in order of first appearance, one JSON line per message
  * the stage emitted ({"job", "seq", "faces": [[x0,y0,x1,y1,score,track,
- * lm0..lm9], ...] or null, "frame": [h, w] or null, "file": OUTDIR/JOB-SEQ.rgb
+ * lm0..lm9], ...] or null, "frame": [h, w] or null, "device_kind": 0 host / 1 CUDA,
+ * "file": OUTDIR/JOB-SEQ.rgb
  * holding the emitted frame, "items"}), then {"eos": JOB} when its end of
  * stream came through and {"failed": JOB, "status", "msg"} when it failed.
  * A stage that cannot be built (its create refused the config) prints
@@ -144,7 +145,8 @@ static int print_output(spn_harness_t *h, const spn_msg_t *m, const char *outdir
     if (fp)
       fclose(fp);
     free(copy);
-    printf(", \"frame\": [%lld, %lld], \"file\": ", (long long)it.tensor.shape[0], (long long)it.tensor.shape[1]);
+    printf(", \"frame\": [%lld, %lld], \"device_kind\": %d, \"file\": ", (long long)it.tensor.shape[0],
+           (long long)it.tensor.shape[1], (int)it.tensor.device_kind);
     print_json_string(path);
   } else {
     printf(", \"frame\": null");

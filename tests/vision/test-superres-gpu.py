@@ -98,6 +98,8 @@ def main():
             check(sorted(gpu_runs) == sorted(cpu_runs), f'{tag}: same model runs per frame (cpu {cpu_runs}, gpu {gpu_runs})')
             check(any(l.get('failed') == 2 for l in lg) and {'eos': 1} in lg,
                   f'{tag}: the bad frame failed job 2 only on the GPU')
+            check(all(l.get('device_kind') == 1 for l in lg if l.get('frame')),
+                  f'{tag}: the upscaled frames stay in device memory')
             fc, fg = frame_files(lc, 1, W, H), frame_files(lg, 1, W, H)
             if len(fc) != 2 or len(fg) != 2:
                 check(False, f'{tag}: two frames from each side ({len(fc)}, {len(fg)})')
