@@ -190,6 +190,21 @@ __global__ void from_float_kernel(img_desc src, img_desc dst, float m0, float m1
   p[dbgr ? 0 : 2] = sat_u8(rgb[2]);
 }
 
+/* A network's 0..1 output to u8: round(clamp(v * 255, 0, 255)). */
+__global__ void unit_to_u8_kernel(img_desc src, img_desc dst) {
+  int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+  if (x >= dst.w || y >= dst.h)
+    return;
+  bool sbgr = src.format == SPN_PIXFMT_BGRF32P, dbgr = dst.format == SPN_PIXFMT_BGR24;
+  uint8_t *p = dst.data[0] + y * dst.stride[0] + (int64_t)x * 3;
+  for (int c = 0; c < 3; c++) { /* source plane c holds colour (sbgr ? 2 - c : c) */
+    float v = __fmul_rn(((const float *)(src.data[c] + y * src.stride[c]))[x], 255.0f);
+    v = v > 0.0f ? (v < 255.0f ? v : 255.0f) : 0.0f; /* NaN: 0 */
+    int colour = sbgr ? 2 - c : c;
+    p[dbgr ? 2 - colour : colour] = sat_u8(v);
+  }
+}
+
 /* Linear ramps from each edge over `feather` pixels, multiplied. */
 __global__ void feather_mask_kernel(img_desc mask, float feather) {
   int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
@@ -388,4 +403,19 @@ extern "C" int32_t spn_cuda_fit_normalize(const spn_image_t *src, float *out, in
   f.swap = swap;
   fit_normalize_kernel<<<grid_for(in_w, in_h, k_block), k_block, 0, stream>>>(describe(src), out, in_w, in_h, f);
   return launched("fit_normalize", err);
+}
+
+extern "C" int32_t spn_cuda_unit_to_u8(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream,
+                                       spn_error_t *err) {
+  int32_t rc;
+  if ((rc = check(src, "unit_to_u8 source", err)) || (rc = check(dst, "unit_to_u8 destination", err)))
+    return rc;
+  if (src->width != dst->width || src->height != dst->height)
+    return spn_error_set(err, SPN_EINVAL, "cuda image: unit_to_u8: sizes differ (%dx%d vs %dx%d)", (int)src->width,
+                         (int)src->height, (int)dst->width, (int)dst->height);
+  if (!is_rgb_u8(dst->format) || (src->format != SPN_PIXFMT_RGBF32P && src->format != SPN_PIXFMT_BGRF32P))
+    return spn_error_set(err, SPN_EUNSUPPORTED, "cuda image: unit_to_u8 from %s to %s is not supported",
+                         spn_pixfmt_name(src->format), spn_pixfmt_name(dst->format));
+  unit_to_u8_kernel<<<grid_for(dst->width, dst->height, k_block), k_block, 0, stream>>>(describe(src), describe(dst));
+  return launched("unit_to_u8", err);
 }

@@ -51,6 +51,12 @@ int32_t spn_cuda_paste(spn_image_t *dst, const spn_image_t *src, int32_t x, int3
 int32_t spn_cuda_from_float(const spn_image_t *src, spn_image_t *dst, const float mean[3], const float scale[3],
                             cudaStream_t stream, spn_error_t *err);
 
+/* A network's planar float output in 0..1 (RGBF32P/BGRF32P) → u8
+ * RGB24/BGR24: round(clamp(v * 255, 0, 255)), NaN as 0 — what superres and
+ * lipsync do on the CPU (multiplying: from_float's division by 1/255 would
+ * round a few halves the other way). */
+int32_t spn_cuda_unit_to_u8(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream, spn_error_t *err);
+
 /* A GRAYF32 blend mask ramping from 0 at the edges to 1 over `feather`
  * pixels (spn_image_feather_mask). */
 int32_t spn_cuda_feather_mask(spn_image_t *mask, float feather, cudaStream_t stream, spn_error_t *err);

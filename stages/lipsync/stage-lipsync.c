@@ -26,15 +26,28 @@
  *
  * Frames are never modified in place (an output may feed several stages that
  * share the buffer): a synced frame is copied into a new buffer first; an
- * untouched frame is forwarded by reference. The stage runs on the CPU
- * (inputs are packed in host memory) and must have a single instance per
- * job's frames: replicas would each see only part of a job's seqs.
+ * untouched frame is forwarded by reference. The stage must have a single
+ * instance per job's frames: replicas would each see only part of a job's
+ * seqs.
+ *
+ * On a CUDA device (a build with CUDA; the kind runs on either side) the
+ * frames stay in that GPU's memory: a host frame is uploaded once when it
+ * arrives, the batch's crops are prepared by kernels into a device batch,
+ * Wav2Lip runs on the engine's CUDA backend with its output left on the
+ * device (the mel chunks, 5 KB a frame, go up with the run), and each synced
+ * frame is a device copy with the mouth pasted by kernels (wav2lip-cuda.c,
+ * the twins of wav2lip.c). The one wait is at the end of a batch, before the
+ * input frames it replaced are released.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#ifdef SPN_LIPSYNC_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 #include "spindle/plugin.h"
 #include "wav2lip.h"
@@ -115,7 +128,25 @@ typedef struct ls_state {
   ls_slot_t **run; /* runnable slots gathered for one batch */
   ls_job_t **run_job;
   ls_job_t *jobs;
+  /* On a GPU instance: the batch in device memory, the paste's scratch, and
+   * the frames a batch replaced (released once the stream is past them). */
+  spn_buffer_t *d_face, *d_out, *d_small, *d_big, *d_mask;
+  spn_buffer_t **retired;
 } ls_state_t;
+
+/* Whether this instance runs on a GPU (only in a build with CUDA); *index
+ * its runtime device index. */
+static bool on_gpu(spn_stage_t *stage, int32_t *index) {
+  int32_t kind = SPN_DEVICE_CPU, idx = 0;
+  spn_stage_host(stage)->stage_get_device(stage, &kind, &idx);
+  if (index)
+    *index = idx;
+#ifdef SPN_LIPSYNC_CUDA
+  return kind == SPN_DEVICE_CUDA;
+#else
+  return false;
+#endif
+}
 
 /* ---- slots ---------------------------------------------------------------------------- */
 
@@ -208,10 +239,12 @@ static void take_frame(spn_stage_t *stage, ls_state_t *st, ls_job_t *j, spn_msg_
     return;
   }
   const spn_tensor_t *t = &it.tensor;
+  int32_t dev_index = 0;
+  bool gpu = on_gpu(stage, &dev_index);
   if (t->dtype != SPN_DTYPE_U8 || t->ndim != 3 || t->shape[2] != 3 || t->shape[0] <= 0 || t->shape[1] <= 0 ||
-      t->shape[0] > INT32_MAX / 4 || t->shape[1] > INT32_MAX / 4 || t->device_kind != SPN_DEVICE_CPU) {
-    snprintf(why, sizeof why, "input \"video\" seq %llu: frame must be an (H,W,3) u8 RGB tensor in host memory",
-             (unsigned long long)env->seq);
+      t->shape[0] > INT32_MAX / 4 || t->shape[1] > INT32_MAX / 4 || (t->device_kind != SPN_DEVICE_CPU && !gpu)) {
+    snprintf(why, sizeof why, "input \"video\" seq %llu: frame must be an (H,W,3) u8 RGB tensor in %s",
+             (unsigned long long)env->seq, gpu ? "host or device memory" : "host memory");
     job_fail(stage, j, SPN_EINVAL, why);
     return;
   }
@@ -253,9 +286,13 @@ static void take_frame(spn_stage_t *stage, ls_state_t *st, ls_job_t *j, spn_msg_
   s->t = *t;
   s->t.data = NULL;
   /* Keep the pixels by reference when the tensor is the whole buffer from
-   * its start (what msg_add_tensor makes); otherwise copy them out. */
+   * its start (what msg_add_tensor makes) and where this instance works
+   * (host memory on the CPU, this GPU's memory on a GPU); otherwise copy
+   * them there. */
   size_t nb = spn_tensor_nbytes(t);
-  if (it.buffer && host->buffer_data(it.buffer) == t->data && host->buffer_size(it.buffer) >= nb) {
+  bool here = gpu ? t->device_kind == SPN_DEVICE_CUDA && t->device_index == dev_index
+                  : t->device_kind == SPN_DEVICE_CPU;
+  if (here && it.buffer && host->buffer_data(it.buffer) == t->data && host->buffer_size(it.buffer) >= nb) {
     s->buf = host->buffer_ref(it.buffer);
   } else {
     spn_error_t err = SPN_ERROR_INIT;
@@ -263,7 +300,22 @@ static void take_frame(spn_stage_t *stage, ls_state_t *st, ls_job_t *j, spn_msg_
       job_fail(stage, j, SPN_ENOMEM, err.msg);
       return;
     }
-    memcpy(host->buffer_data(s->buf), t->data, nb);
+#ifdef SPN_LIPSYNC_CUDA
+    if (gpu) {
+      /* Host, this GPU's or another GPU's memory (unified addressing). */
+      cudaError_t ce = cudaMemcpyAsync(host->buffer_data(s->buf), t->data, nb, cudaMemcpyDefault,
+                                       (cudaStream_t)host->stage_get_stream(stage));
+      if (ce != cudaSuccess || host->buffer_set_ready(stage, s->buf, &err) != SPN_OK) {
+        snprintf(why, sizeof why, "input \"video\" seq %llu: copying the frame to the GPU: %.400s",
+                 (unsigned long long)env->seq, ce != cudaSuccess ? cudaGetErrorString(ce) : err.msg);
+        job_fail(stage, j, SPN_ECUDA, why);
+        return;
+      }
+      s->t.device_kind = SPN_DEVICE_CUDA;
+      s->t.device_index = dev_index;
+    } else
+#endif
+      memcpy(host->buffer_data(s->buf), t->data, nb);
   }
   s->have_frame = true;
   int32_t pick = spn_w2l_pick_face(s->faces, s->n_faces);
@@ -316,24 +368,82 @@ static void take_mel(spn_stage_t *stage, ls_job_t *j, spn_msg_t *m, int64_t midx
 
 /* ---- model ---------------------------------------------------------------------------- */
 
+#ifdef SPN_LIPSYNC_CUDA
+/* A device scratch buffer of at least n bytes (a smaller one is released
+ * once the stream is past it). */
+static int32_t scratch(spn_stage_t *stage, spn_buffer_t **b, size_t n, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  if (*b && host->buffer_size(*b) >= n)
+    return SPN_OK;
+  if (*b) {
+    cudaError_t ce = cudaStreamSynchronize((cudaStream_t)host->stage_get_stream(stage));
+    host->buffer_unref(b);
+    if (ce != cudaSuccess)
+      return spn_error_set(err, SPN_ECUDA, "lipsync: %s", cudaGetErrorString(ce));
+  }
+  return host->buffer_new_kind(stage, n, SPN_MEM_DEVICE, b, err);
+}
+#endif
+
+static void fail_slot(spn_stage_t *stage, ls_job_t *j, const ls_slot_t *s, int32_t rc, const char *why) {
+  char msg[SPN_ERROR_MSG_MAX + 64];
+  snprintf(msg, sizeof msg, "seq %llu: %s", (unsigned long long)s->env.seq, why);
+  job_fail(stage, j, rc, msg);
+}
+
 /* Run the model over n gathered slots and paste the results into fresh
- * copies of their frames. A failure fails the jobs of those slots only. */
+ * copies of their frames — on the CPU, or on the instance's GPU with the
+ * twins of wav2lip.c. A failure fails the jobs of those slots only. */
 static void run_batch(spn_stage_t *stage, ls_state_t *st, size_t n) {
   const spn_host_api_t *host = spn_stage_host(stage);
   const size_t fsz = SPN_W2L_FACE_FLOATS, msz = SPN_W2L_MEL_FLOATS, osz = SPN_W2L_OUT_FLOATS;
   spn_error_t err = SPN_ERROR_INIT;
+  int32_t dev_index = 0, rc = SPN_OK;
+  bool gpu = on_gpu(stage, &dev_index);
+  void *stream = host->stage_get_stream(stage);
+  (void)stream; /* (a build without CUDA) */
+  float *face = st->face_buf, *outp = st->out_buf;
+#ifdef SPN_LIPSYNC_CUDA
+  size_t paste_px = 0; /* the largest crop of the batch, for the paste's scratch */
+  for (size_t i = 0; i < n; i++)
+    if ((size_t)st->run[i]->rect.w * (size_t)st->run[i]->rect.h > paste_px)
+      paste_px = (size_t)st->run[i]->rect.w * (size_t)st->run[i]->rect.h;
+  if (gpu && ((rc = scratch(stage, &st->d_face, st->bs * fsz * sizeof(float), &err)) != SPN_OK ||
+              (rc = scratch(stage, &st->d_out, st->bs * osz * sizeof(float), &err)) != SPN_OK ||
+              (rc = scratch(stage, &st->d_small, (size_t)SPN_W2L_SIZE * SPN_W2L_SIZE * 3, &err)) != SPN_OK ||
+              (rc = scratch(stage, &st->d_big, paste_px * 3, &err)) != SPN_OK ||
+              (rc = scratch(stage, &st->d_mask, paste_px * sizeof(float), &err)) != SPN_OK)) {
+    for (size_t i = 0; i < n; i++)
+      fail_slot(stage, st->run_job[i], st->run[i], rc, err.msg);
+    return;
+  }
+  if (gpu) {
+    face = host->buffer_data(st->d_face);
+    outp = host->buffer_data(st->d_out);
+  }
+#endif
   for (size_t i = 0; i < n; i++) {
     ls_slot_t *s = st->run[i];
     spn_image_t img = SPN_IMAGE_INIT;
-    int32_t rc = spn_image_wrap(&img, host->buffer_data(s->buf), (int32_t)s->t.shape[1], (int32_t)s->t.shape[0],
-                                SPN_PIXFMT_RGB24, &err);
-    if (rc == SPN_OK)
-      rc = spn_w2l_prepare(&img, &s->rect, st->face_buf + i * fsz, &err);
-    if (rc != SPN_OK) {
-      char msg[SPN_ERROR_MSG_MAX + 64];
-      snprintf(msg, sizeof msg, "seq %llu: %s", (unsigned long long)s->env.seq, err.msg);
-      job_fail(stage, st->run_job[i], rc, msg);
-      memset(st->face_buf + i * fsz, 0, fsz * sizeof(float));
+    rc = spn_image_wrap(&img, host->buffer_data(s->buf), (int32_t)s->t.shape[1], (int32_t)s->t.shape[0],
+                        SPN_PIXFMT_RGB24, &err);
+#ifdef SPN_LIPSYNC_CUDA
+    if (gpu) {
+      if (rc == SPN_OK)
+        rc = spn_w2l_prepare_cuda(&img, &s->rect, face + i * fsz, host->buffer_data(st->d_small), stream, &err);
+      if (rc != SPN_OK) {
+        fail_slot(stage, st->run_job[i], s, rc, err.msg);
+        cudaMemsetAsync(face + i * fsz, 0, fsz * sizeof(float), (cudaStream_t)stream);
+      }
+    } else
+#endif
+    {
+      if (rc == SPN_OK)
+        rc = spn_w2l_prepare(&img, &s->rect, face + i * fsz, &err);
+      if (rc != SPN_OK) {
+        fail_slot(stage, st->run_job[i], s, rc, err.msg);
+        memset(face + i * fsz, 0, fsz * sizeof(float));
+      }
     }
     memcpy(st->mel_buf + i * msz, s->mel, msz * sizeof(float));
   }
@@ -342,30 +452,32 @@ static void run_batch(spn_stage_t *stage, ls_state_t *st, size_t n) {
   fi->dtype = SPN_DTYPE_F32;
   fi->ndim = 4;
   fi->shape[0] = (int64_t)n, fi->shape[1] = 6, fi->shape[2] = SPN_W2L_SIZE, fi->shape[3] = SPN_W2L_SIZE;
-  fi->data = st->face_buf;
+  fi->data = face;
   mi->dtype = SPN_DTYPE_F32;
   mi->ndim = 4;
   mi->shape[0] = (int64_t)n, mi->shape[1] = 1, mi->shape[2] = SPN_W2L_MEL_BINS, mi->shape[3] = SPN_W2L_MEL_STEPS;
-  mi->data = st->mel_buf;
+  mi->data = st->mel_buf; /* host memory on a GPU too: the run uploads it */
   spn_tensor_t out = SPN_TENSOR_INIT;
   out.dtype = SPN_DTYPE_F32;
   out.ndim = 4;
   out.shape[0] = (int64_t)n, out.shape[1] = 3, out.shape[2] = SPN_W2L_SIZE, out.shape[3] = SPN_W2L_SIZE;
-  out.data = st->out_buf;
+  out.data = outp;
+  if (gpu) {
+    fi->device_kind = out.device_kind = SPN_DEVICE_CUDA;
+    fi->device_index = out.device_index = dev_index;
+  }
   /* run_ready gathers job by job: count the jobs sharing this run. */
   size_t n_jobs = 1;
   for (size_t i = 1; i < n; i++)
     n_jobs += st->run_job[i] != st->run_job[i - 1];
-  host->log(stage, 0, SPN_LOG_DEBUG, "wav2lip run: %zu faces from %zu jobs", n, n_jobs);
-  int32_t rc = host->model_run(stage, st->model, in, 2, &out, 1, &err);
+  host->log(stage, 0, SPN_LOG_DEBUG, "wav2lip run: %zu faces from %zu jobs%s", n, n_jobs, gpu ? " on the GPU" : "");
+  rc = host->model_run(stage, st->model, in, 2, &out, 1, &err);
   if (rc != SPN_OK) {
-    for (size_t i = 0; i < n; i++) {
-      char msg[SPN_ERROR_MSG_MAX + 64];
-      snprintf(msg, sizeof msg, "seq %llu: %s", (unsigned long long)st->run[i]->env.seq, err.msg);
-      job_fail(stage, st->run_job[i], rc, msg);
-    }
+    for (size_t i = 0; i < n; i++)
+      fail_slot(stage, st->run_job[i], st->run[i], rc, err.msg);
     return;
   }
+  size_t n_retired = 0;
   for (size_t i = 0; i < n; i++) {
     ls_slot_t *s = st->run[i];
     ls_job_t *j = st->run_job[i];
@@ -377,23 +489,50 @@ static void run_batch(spn_stage_t *stage, ls_state_t *st, size_t n) {
       job_fail(stage, j, rc, err.msg);
       continue;
     }
-    memcpy(host->buffer_data(nbuf), host->buffer_data(s->buf), nb);
     spn_image_t img = SPN_IMAGE_INIT;
     rc = spn_image_wrap(&img, host->buffer_data(nbuf), (int32_t)s->t.shape[1], (int32_t)s->t.shape[0],
                         SPN_PIXFMT_RGB24, &err);
-    if (rc == SPN_OK)
-      rc = spn_w2l_paste(&img, &s->rect, st->out_buf + i * osz, (float)st->cfg->feather, &err);
+#ifdef SPN_LIPSYNC_CUDA
+    if (gpu) {
+      cudaError_t ce = cudaMemcpyAsync(host->buffer_data(nbuf), host->buffer_data(s->buf), nb,
+                                       cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
+      if (ce != cudaSuccess)
+        rc = spn_error_set(&err, SPN_ECUDA, "copying the frame: %s", cudaGetErrorString(ce));
+      if (rc == SPN_OK)
+        rc = spn_w2l_paste_cuda(&img, &s->rect, outp + i * osz, (float)st->cfg->feather,
+                                host->buffer_data(st->d_small), host->buffer_data(st->d_big),
+                                host->buffer_data(st->d_mask), stream, &err);
+      if (rc == SPN_OK)
+        rc = host->buffer_set_ready(stage, nbuf, &err);
+    } else
+#endif
+    {
+      memcpy(host->buffer_data(nbuf), host->buffer_data(s->buf), nb);
+      if (rc == SPN_OK)
+        rc = spn_w2l_paste(&img, &s->rect, outp + i * osz, (float)st->cfg->feather, &err);
+    }
     if (rc != SPN_OK) {
-      host->buffer_unref(&nbuf);
-      char msg[SPN_ERROR_MSG_MAX + 64];
-      snprintf(msg, sizeof msg, "seq %llu: %s", (unsigned long long)s->env.seq, err.msg);
-      job_fail(stage, j, rc, msg);
+      if (gpu)
+        st->retired[n_retired++] = nbuf; /* the stream may still write it */
+      else
+        host->buffer_unref(&nbuf);
+      fail_slot(stage, j, s, rc, err.msg);
       continue;
     }
-    host->buffer_unref(&s->buf);
+    if (gpu)
+      st->retired[n_retired++] = s->buf; /* the stream still reads it */
+    else
+      host->buffer_unref(&s->buf);
     s->buf = nbuf;
     s->done = true;
   }
+#ifdef SPN_LIPSYNC_CUDA
+  if (n_retired) {
+    cudaStreamSynchronize((cudaStream_t)stream);
+    for (size_t i = 0; i < n_retired; i++)
+      host->buffer_unref(&st->retired[i]);
+  }
+#endif
 }
 
 /* Run every runnable slot of `only` (or of all jobs when NULL), in batches. */
@@ -502,7 +641,8 @@ static int32_t ls_create(spn_stage_t *stage, const void *config, void **state, s
   st->out_buf = malloc(st->bs * SPN_W2L_OUT_FLOATS * sizeof(float));
   st->run = malloc(st->bs * sizeof *st->run);
   st->run_job = malloc(st->bs * sizeof *st->run_job);
-  if (!st->face_buf || !st->mel_buf || !st->out_buf || !st->run || !st->run_job) {
+  st->retired = calloc(st->bs, sizeof *st->retired);
+  if (!st->face_buf || !st->mel_buf || !st->out_buf || !st->run || !st->run_job || !st->retired) {
     ls_destroy(stage, st);
     return spn_error_set(err, SPN_ENOMEM, "lipsync: out of memory for a batch of %zu faces", (size_t)cfg->batch_size);
   }
@@ -648,8 +788,29 @@ static void ls_destroy(spn_stage_t *stage, void *state) {
   free(st->out_buf);
   free(st->run);
   free(st->run_job);
+  free(st->retired);
+#ifdef SPN_LIPSYNC_CUDA
+  if (st->d_face || st->d_small) /* work queued on them ends before they go back to the pool */
+    cudaStreamSynchronize((cudaStream_t)host->stage_get_stream(stage));
+  host->buffer_unref(&st->d_face);
+  host->buffer_unref(&st->d_out);
+  host->buffer_unref(&st->d_small);
+  host->buffer_unref(&st->d_big);
+  host->buffer_unref(&st->d_mask);
+#endif
   free(st);
 }
+
+#ifdef SPN_LIPSYNC_CUDA
+/* On a GPU instance the frames may already be in its memory. */
+#define LS_FRAME_MEM (SPN_MEMSET_HOST | SPN_MEMSET_DEVICE)
+#else
+#define LS_FRAME_MEM SPN_MEMSET_HOST
+#endif
+static const spn_port_caps_t ls_input_caps[] = {
+    {.struct_size = sizeof(spn_port_caps_t), .mem_kinds = LS_FRAME_MEM},
+    {.struct_size = sizeof(spn_port_caps_t), .mem_kinds = SPN_MEMSET_HOST}};
+static const spn_port_caps_t ls_output_caps[] = {{.struct_size = sizeof(spn_port_caps_t), .mem_kinds = LS_FRAME_MEM}};
 
 static int32_t ls_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
   static const spn_stage_kind_t kind = {
@@ -662,7 +823,13 @@ static int32_t ls_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_
       .n_inputs = 2,
       .outputs = ls_outputs,
       .n_outputs = 1,
+#ifdef SPN_LIPSYNC_CUDA
+      .device_need = SPN_NEED_EITHER,
+#else
       .device_need = SPN_NEED_CPU,
+#endif
+      .input_caps = ls_input_caps,
+      .output_caps = ls_output_caps,
       .max_batch = 128,
       .max_delay_ms = 10,
       .create = ls_create,

@@ -73,6 +73,21 @@ int32_t spn_w2l_prepare(const spn_image_t *frame, const spn_w2l_rect_t *rect, fl
 int32_t spn_w2l_paste(spn_image_t *frame, const spn_w2l_rect_t *rect, const float *out3, float feather,
                       spn_error_t *err);
 
+#ifdef SPN_LIPSYNC_CUDA
+/* GPU twins (wav2lip-cuda.c, built with CUDA): the same steps on device
+ * memory, queued on `stream` (a cudaStream_t), nothing waited for. frame is
+ * an RGB24 view of device memory; face6/out3 device floats as above.
+ * Scratch (device memory, the caller's): `small` 96*96*3 bytes; for paste
+ * `big` rect->w*rect->h*3 bytes and `mask` rect->w*rect->h floats, reused
+ * from call to call in stream order. Errors as the CPU functions', plus
+ * SPN_ECUDA for a launch or copy that failed. Thread: the stream's device
+ * current. */
+int32_t spn_w2l_prepare_cuda(const spn_image_t *frame, const spn_w2l_rect_t *rect, float *face6, uint8_t *small,
+                             void *stream, spn_error_t *err);
+int32_t spn_w2l_paste_cuda(spn_image_t *frame, const spn_w2l_rect_t *rect, const float *out3, float feather,
+                           uint8_t *small, uint8_t *big, float *mask, void *stream, spn_error_t *err);
+#endif
+
 /* The audio window of video frame i at `fps` in a mel spectrogram of
  * n_frames columns (80 per second, Wav2Lip's hop of 200 samples at 16 kHz):
  * start = floor(i * 80 / fps), clamped to n_frames - 16 (the last window of

@@ -389,7 +389,7 @@ static int32_t gpu_upscale(sr_state_t *st, const spn_image_t *src, spn_image_t *
     if (rc != SPN_OK)
       return spn_error_prefix(err, "tile at (%d, %d)", r.x0, r.y0);
   }
-  return spn_cuda_from_float(&fout, dst, NULL, k_unit, stream, err);
+  return spn_cuda_unit_to_u8(&fout, dst, stream, err);
 }
 
 /* Grow [*a, *b) to a multiple of q pixels (or the whole [0, limit)),

@@ -21,6 +21,7 @@
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -237,6 +238,42 @@ static void from_float_matches_cpu(void **state) {
     }
 }
 
+/* unit_to_u8 against the loop superres and lipsync run on the CPU:
+ * round(clamp(v * 255, 0, 255)) with NaN as 0, channel orders swapped. */
+static void unit_to_u8_matches_cpu(void **state) {
+  (void)state;
+  const int32_t pairs[][2] = {{SPN_PIXFMT_RGBF32P, SPN_PIXFMT_RGB24}, {SPN_PIXFMT_BGRF32P, SPN_PIXFMT_RGB24},
+                              {SPN_PIXFMT_BGRF32P, SPN_PIXFMT_BGR24}};
+  uint32_t seed = 500;
+  for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
+    spn_image_t src = host_image(96, 96, pairs[i][0], seed++, -0.2f, 1.2f);
+    ((float *)src.data[0])[5] = NAN;
+    spn_image_t ref = SPN_IMAGE_INIT, got = SPN_IMAGE_INIT;
+    CK(spn_image_alloc(&ref, 96, 96, pairs[i][1], &e_));
+    CK(spn_image_alloc(&got, 96, 96, pairs[i][1], &e_));
+    bool sbgr = pairs[i][0] == SPN_PIXFMT_BGRF32P, dbgr = pairs[i][1] == SPN_PIXFMT_BGR24;
+    for (int32_t y = 0; y < 96; y++)
+      for (int32_t x = 0; x < 96; x++)
+        for (int c = 0; c < 3; c++) {
+          float v = ((const float *)(src.data[c] + y * src.stride[c]))[x] * 255.0f;
+          v = v > 0.0f ? (v < 255.0f ? v : 255.0f) : 0.0f;
+          int colour = sbgr ? 2 - c : c;
+          ref.data[0][y * ref.stride[0] + x * 3 + (dbgr ? 2 - colour : colour)] = (uint8_t)(v + 0.5f);
+        }
+    spn_image_t dsrc = to_device(&src), ddst = to_device(&got);
+    CK(spn_cuda_unit_to_u8(&dsrc, &ddst, NULL, &e_));
+    from_device(&ddst, &got);
+    char what[96];
+    snprintf(what, sizeof what, "unit_to_u8 %s->%s", spn_pixfmt_name(pairs[i][0]), spn_pixfmt_name(pairs[i][1]));
+    compare(&ref, &got, what);
+    device_free(&dsrc);
+    device_free(&ddst);
+    spn_image_release(&src);
+    spn_image_release(&ref);
+    spn_image_release(&got);
+  }
+}
+
 static void feather_mask_matches_cpu(void **state) {
   (void)state;
   const int32_t sizes[][2] = {{1, 1}, {17, 9}, {128, 96}, {301, 55}};
@@ -401,6 +438,7 @@ int main(void) {
       cmocka_unit_test(paste_matches_cpu),
       cmocka_unit_test(from_float_matches_cpu),
       cmocka_unit_test(feather_mask_matches_cpu),
+      cmocka_unit_test(unit_to_u8_matches_cpu),
 #ifdef SPN_TEST_FACEDET
       cmocka_unit_test(fit_normalize_matches_facedet),
 #endif
