@@ -132,7 +132,8 @@ int32_t spn__host_model_run(spn_stage_t *s, spn_model_t *model, const spn_tensor
       if (to[i].device_kind == SPN_DEVICE_CUDA)
         to[i].device_index = ordinal;
     }
-    rc = spn_model_run_on(model, ti, (int32_t)n_in, to, (int32_t)n_out, spn_stream_native(s->ex->stream), err);
+    rc = spn_model_run_on(model, ti, (int32_t)n_in, to, (int32_t)n_out,
+                          s->ex && s->ex->stream ? spn_stream_native(s->ex->stream) : NULL, err);
     for (size_t i = 0; i < n_out; i++) {
       int32_t idx = out[i].device_index;
       out[i] = to[i];
