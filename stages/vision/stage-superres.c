@@ -549,8 +549,12 @@ static int32_t sr_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, voi
 
 /* Frames in host memory, or on a GPU instance in that GPU's memory (no copy
  * between a GPU producer and this stage). */
-static const spn_port_caps_t k_mem_caps[] = {
-    {.struct_size = sizeof(spn_port_caps_t), .mem_kinds = SPN_MEMSET_HOST | SPN_MEMSET_DEVICE}};
+#ifdef SPN_VISION_CUDA
+#define SR_MEM_KINDS (SPN_MEMSET_HOST | SPN_MEMSET_DEVICE)
+#else
+#define SR_MEM_KINDS SPN_MEMSET_HOST
+#endif
+static const spn_port_caps_t k_mem_caps[] = {{.struct_size = sizeof(spn_port_caps_t), .mem_kinds = SR_MEM_KINDS}};
 
 static const spn_stage_kind_t k_superres = {
     .struct_size = sizeof(spn_stage_kind_t),
@@ -564,11 +568,11 @@ static const spn_stage_kind_t k_superres = {
     .outputs = k_outputs,
 #ifdef SPN_VISION_CUDA
     .device_need = SPN_NEED_EITHER,
-    .input_caps = k_mem_caps,
-    .output_caps = k_mem_caps,
 #else
     .device_need = SPN_NEED_CPU,
 #endif
+    .input_caps = k_mem_caps,
+    .output_caps = k_mem_caps,
     .max_batch = 1,
     .create = sr_create,
     .process = sr_process,
