@@ -506,6 +506,11 @@ int32_t spn_pipeline_edge_stats(const spn_pipeline_t *pipe, size_t i, spn_edge_s
   out->pixel_format = es->format.pixel_format;
   out->format = spn__pixel_format_name(es->format.pixel_format);
   out->mem_kind = es->format.struct_size ? es->format.mem_kind : SPN_MEM_HOST;
+  /* With one CPU device there is no device memory: a consumer that would
+   * take it gets host memory. */
+  if (out->mem_kind == SPN_MEM_DEVICE && pipe->rt->n_devices <= 1 &&
+      (!pipe->rt->n_devices || spn_device_kind(pipe->rt->devices[0]) == SPN_DEVICE_CPU))
+    out->mem_kind = SPN_MEM_HOST;
   out->converted = to->inserted;
   for (uint32_t k = 0; k < pipe->n_links; k++) {
     const spn__link_t *l = pipe->links[k];
