@@ -225,6 +225,13 @@ static cJSON *job_json(spn_server_t *s, const spn_queue_job_t *j, bool full) {
   cJSON_AddNumberToObject(o, "total", (double)total);
   cJSON_AddNumberToObject(o, "compute_s", j->compute_s);
   cJSON_AddNumberToObject(o, "gpu_s", j->gpu_s);
+  /* What was copied for it, every attempt; per output frame once the
+   * frames are known (host<->device and device<->device: what crosses PCIe). */
+  cJSON *xf = spn__xfer_to_json(o, "transfers", &j->xfer);
+  if (xf && done > 0) {
+    uint64_t b = j->xfer.bytes[0] + j->xfer.bytes[1] + j->xfer.bytes[2];
+    cJSON_AddNumberToObject(xf, "bytes_per_frame", (double)b / (double)done);
+  }
   cJSON_AddNumberToObject(o, "created", (double)j->created_ms);
   if (segs) {
     cJSON_AddNumberToObject(o, "segments_pending", j->pending);

@@ -429,6 +429,10 @@ static int32_t pr_run(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ctx,
   report(&st, ctx, &last);
   /* Device busy time of the job's stages (docs/gpu.md), as its gpu_s. */
   spn_job_ctx_add_gpu_seconds(ctx, spn_job_device_seconds(rj));
+  /* What was copied for it (edges and stages' own copies), as its transfers. */
+  spn_transfer_stats_t x = SPN_TRANSFER_STATS_INIT;
+  spn_job_transfers(rj, &x);
+  spn_job_ctx_add_transfers(ctx, x.bytes, x.ns);
   spn_job_free(&rj);
   if (rc != SPN_OK)
     spn_error_set(err, rc, "job %lld: pipeline \"%s\": %s", (long long)job->id, e->name,
