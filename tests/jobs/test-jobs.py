@@ -1056,6 +1056,42 @@ def case_pipeline_transfers(tmp):
     xfer_pair(tmp, ep, f"{tmp}/out2", 50, 30)
 
 
+def case_worker_transfers(tmp):
+    """A worker's DONE carries the attempt's transfers: the gateway stores
+    them exactly; malformed ones (negative, fractional bytes, not an object)
+    count as none, the job still succeeds and the gateway says why."""
+    p, ep = start_serve(tmp, "--workers", "0")
+    ctx = zmq.Context()
+    w = Raw(ctx, ep)
+    bad = [{"h2d": {"bytes": -5}}, {"d2h": {"bytes": 1.5}}, {"d2d": 7}, "lots"]
+    ids = [int(cli("submit", "noop", "--connect", ep, check_rc=0).stdout.split()[0]) for _ in range(1 + len(bad))]
+    w.req("LEASE", {"worker": "rw", "credit": len(ids)})
+    jobs = {}
+    while len(jobs) < len(ids):
+        m = w.recv(10000)
+        check(m is not None, f"only {len(jobs)} of {len(ids)} jobs handed to the raw worker")
+        if m[0] == "JOB":
+            jobs[m[1]["id"]] = m[1]["attempt"]
+    good = {"h2d": {"bytes": 1000, "ms": 0.5}, "d2h": {"bytes": 24, "ms": 0.25}}
+    for jid, xf in zip(ids, [good] + bad):
+        w.req("DONE", {"worker": "rw", "id": jid, "attempt": jobs[jid], "compute_s": 0.1, "gpu_s": 0,
+                       "transfers": xf})
+    for jid in ids:
+        wait_for(lambda: status(ep, jid)["state"] == "succeeded", 10, f"job {jid} to succeed")
+    t = status(ep, ids[0])["transfers"]
+    check({k: (t[k]["bytes"], t[k]["ms"]) for k in ("h2d", "d2h", "d2d", "h2h")} ==
+          {"h2d": (1000, 0.5), "d2h": (24, 0.25), "d2d": (0, 0), "h2h": (0, 0)}, f"stored transfers: {t}")
+    check(t["bytes_per_frame"] == 1024, f"bytes per frame of a 1-unit job: {t}")
+    for jid in ids[1:]:
+        t = status(ep, jid)["transfers"]
+        check(all(t[k]["bytes"] == 0 and t[k]["ms"] == 0 for k in ("h2d", "d2h", "d2d", "h2h")),
+              f"job {jid}: malformed transfers were recorded: {t}")
+    log = open(f"{tmp}/serve.log", errors="replace").read()
+    check(log.count("recorded as no transfers") == len(bad), f"warnings for malformed transfers: {log[-2000:]}")
+    w.close()
+    ctx.term()
+
+
 CASE_OK = {}
 # ------------------------------------------- drain, shared queue, faults
 
