@@ -57,6 +57,27 @@ static void json_string(FILE *f, const char *s);
 static const char *const copy_dirs[] = {"h2d", "d2h", "d2d", "h2h"};
 static const char *const mem_names[] = {"device", "host", "pinned"};
 
+/* Copies by direction (count, bytes, time): every direction as JSON
+ * members, or the non-zero ones as text; the same shape for an edge, a
+ * stage and the job. */
+static void print_copies(const uint64_t copies[4], const uint64_t bytes[4], const uint64_t ns[4], bool json) {
+  for (int d = 0; d < 4; d++) {
+    if (json)
+      printf(",\"%s\":{\"copies\":%llu,\"bytes\":%llu,\"ms\":%.3f}", copy_dirs[d], (unsigned long long)copies[d],
+             (unsigned long long)bytes[d], (double)ns[d] / 1e6);
+    else if (copies[d])
+      printf(", %s %llu copies %llu bytes %.1f ms", copy_dirs[d], (unsigned long long)copies[d],
+             (unsigned long long)bytes[d], (double)ns[d] / 1e6);
+  }
+}
+
+/* Bytes that crossed between host and device or between devices (not host
+ * to host) per output frame: the figure issue 14 holds to one frame. */
+static double device_bytes_per_frame(const spn_transfer_stats_t *x, long long frames) {
+  uint64_t b = x->bytes[SPN_COPY_H2D] + x->bytes[SPN_COPY_D2H] + x->bytes[SPN_COPY_D2D];
+  return frames > 0 ? (double)b / (double)frames : 0.0;
+}
+
 /* Per-edge traffic: format, memory, what passed as it was, what was copied
  * (count, bytes, time per direction), and whether a conversion sits there. */
 static void print_edges(const spn_pipeline_t *pipe, bool json) {
@@ -78,18 +99,13 @@ static void print_edges(const spn_pipeline_t *pipe, bool json) {
       json_string(stdout, e.to_port);
       printf(",\"format\":\"%s\",\"memory\":\"%s\",\"conversion\":%s,\"messages\":%llu,\"passed\":%llu", e.format,
              mem, e.converted ? "true" : "false", (unsigned long long)e.messages, (unsigned long long)e.items_passed);
-      for (int d = 0; d < 4; d++)
-        printf(",\"%s\":{\"copies\":%llu,\"bytes\":%llu,\"ms\":%.3f}", copy_dirs[d], (unsigned long long)e.copies[d],
-               (unsigned long long)e.bytes[d], (double)e.ns[d] / 1e6);
+      print_copies(e.copies, e.bytes, e.ns, true);
       printf("}");
     } else {
       printf("  edge  %s.%s -> %s.%s: %s, %s memory%s; %llu messages, %llu items passed", e.from_stage, e.from_port,
              e.to_stage, e.to_port, e.format, mem, e.converted ? ", conversion" : "", (unsigned long long)e.messages,
              (unsigned long long)e.items_passed);
-      for (int d = 0; d < 4; d++)
-        if (e.copies[d])
-          printf(", %s %llu copies %llu bytes %.1f ms", copy_dirs[d], (unsigned long long)e.copies[d],
-                 (unsigned long long)e.bytes[d], (double)e.ns[d] / 1e6);
+      print_copies(e.copies, e.bytes, e.ns, false);
       printf("\n");
     }
   }
@@ -209,12 +225,17 @@ int spn_cli_run(int argc, char **argv) {
   long long frames = atomic_load(&st.done);
   const char *what = status == SPN_OK ? "succeeded" : status == SPN_ECANCELLED ? "cancelled" : "failed";
   double fps = elapsed > 0 ? (double)frames / elapsed : 0;
+  spn_transfer_stats_t xfer = SPN_TRANSFER_STATS_INIT;
+  spn_job_transfers(job, &xfer);
   if (json) {
     printf("{\"pipeline\":");
     json_string(stdout, spn_pipeline_name(pipe));
     printf(",\"job_id\":%llu,\"status\":\"%s\",\"frames\":%lld,\"elapsed_s\":%.3f,\"frames_per_s\":%.1f",
            (unsigned long long)spn_job_id(job), what, frames, elapsed, isfinite(fps) ? fps : 0.0);
     printf(",\"device_s\":%.3f,\"restarts\":%u", spn_job_device_seconds(job), spn_job_restarts(job));
+    printf(",\"transfers\":{\"bytes_per_frame\":%.1f", device_bytes_per_frame(&xfer, frames));
+    print_copies(xfer.copies, xfer.bytes, xfer.ns, true);
+    printf("}");
     if (status != SPN_OK) {
       printf(",\"error\":");
       json_string(stdout, st.msg[0] ? st.msg : err.msg);
@@ -225,7 +246,11 @@ int spn_cli_run(int argc, char **argv) {
       const char *name = spn_pipeline_stage_time(pipe, i, &ns);
       printf("%s{\"name\":", i ? "," : "");
       json_string(stdout, name ? name : "");
-      printf(",\"busy_ms\":%.3f,\"share\":%.4f}", (double)ns / 1e6, stage_share(pipe, ns));
+      printf(",\"busy_ms\":%.3f,\"share\":%.4f", (double)ns / 1e6, stage_share(pipe, ns));
+      spn_transfer_stats_t x = SPN_TRANSFER_STATS_INIT;
+      spn_pipeline_stage_transfers(pipe, i, &x);
+      print_copies(x.copies, x.bytes, x.ns, true);
+      printf("}");
     }
     printf("]");
     print_edges(pipe, true);
@@ -240,9 +265,21 @@ int spn_cli_run(int argc, char **argv) {
     for (size_t i = 0; i < spn_pipeline_stage_count(pipe); i++) {
       uint64_t ns = 0;
       const char *name = spn_pipeline_stage_time(pipe, i, &ns);
-      printf("  stage %-16s %10.1f ms %5.1f%%\n", name ? name : "", (double)ns / 1e6, 100.0 * stage_share(pipe, ns));
+      printf("  stage %-16s %10.1f ms %5.1f%%", name ? name : "", (double)ns / 1e6, 100.0 * stage_share(pipe, ns));
+      spn_transfer_stats_t x = SPN_TRANSFER_STATS_INIT;
+      spn_pipeline_stage_transfers(pipe, i, &x);
+      print_copies(x.copies, x.bytes, x.ns, false); /* the stage's own (buffer_copy) */
+      printf("\n");
     }
     print_edges(pipe, false);
+    bool copied = false;
+    for (int d = 0; d < 4; d++)
+      copied |= xfer.copies[d] != 0;
+    if (copied) { /* edges and stages together, this job's */
+      printf("  transfers");
+      print_copies(xfer.copies, xfer.bytes, xfer.ns, false);
+      printf("; %.1f bytes per frame between host and devices\n", device_bytes_per_frame(&xfer, frames));
+    }
   }
   rc = status == SPN_OK ? 0 : (interrupted ? 130 : 1);
 out_signals:

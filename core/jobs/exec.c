@@ -427,6 +427,7 @@ void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
     res->status = runner->run(runner->data, job, &ctx, &err);
   res->compute_s = spn__mono_s() - t0;
   res->gpu_s = ctx.gpu_s;
+  res->xfer = ctx.xfer;
   if (res->status == SPN_OK && spn_job_ctx_cancelled(&ctx))
     res->status = spn_error_set(&err, SPN_ECANCELLED, "cancelled");
   if (res->status == SPN_OK && marker)

@@ -140,6 +140,7 @@ typedef struct seg_ctx {
   spn_server_t *s;
   cJSON *arr;
   uint64_t done, total;
+  spn_job_xfer_t xfer; /* the segments' transfers, added up */
 } seg_ctx_t;
 
 static void seg_cb(void *user, const spn_queue_job_t *c) {
@@ -155,6 +156,7 @@ static void seg_cb(void *user, const spn_queue_job_t *c) {
   }
   sc->done += done;
   sc->total += total;
+  spn__xfer_add_to(&sc->xfer, &c->xfer);
   cJSON_AddNumberToObject(o, "index", c->seg_index);
   cJSON_AddNumberToObject(o, "id", (double)c->id);
   cJSON_AddStringToObject(o, "state", spn_queue_state_name(c->state));
@@ -211,11 +213,13 @@ static cJSON *job_json(spn_server_t *s, const spn_queue_job_t *j, bool full) {
   /* A segmented job: its progress is its segments' added up, and each is
    * listed with its state and attempts. */
   cJSON *segs = NULL;
+  spn_job_xfer_t xfer = j->xfer;
   if (spec && cJSON_GetObjectItemCaseSensitive(spec, "segments") && s->q.ops->children) {
     seg_ctx_t sc = {.s = s, .arr = cJSON_CreateArray()};
     if (sc.arr && s->q.ops->children(s->q.impl, j->id, seg_cb, &sc, NULL) == SPN_OK) {
       done = sc.done;
       total = sc.total;
+      spn__xfer_add_to(&xfer, &sc.xfer); /* the join's and every segment's */
       segs = sc.arr;
     } else {
       cJSON_Delete(sc.arr);
@@ -225,6 +229,13 @@ static cJSON *job_json(spn_server_t *s, const spn_queue_job_t *j, bool full) {
   cJSON_AddNumberToObject(o, "total", (double)total);
   cJSON_AddNumberToObject(o, "compute_s", j->compute_s);
   cJSON_AddNumberToObject(o, "gpu_s", j->gpu_s);
+  /* What was copied for it, every attempt; per output frame once the
+   * frames are known (host<->device and device<->device: what crosses PCIe). */
+  cJSON *xf = spn__xfer_to_json(o, "transfers", &xfer);
+  if (xf && done > 0) {
+    uint64_t b = xfer.bytes[0] + xfer.bytes[1] + xfer.bytes[2];
+    cJSON_AddNumberToObject(xf, "bytes_per_frame", (double)b / (double)done);
+  }
   cJSON_AddNumberToObject(o, "created", (double)j->created_ms);
   if (segs) {
     cJSON_AddNumberToObject(o, "segments_pending", j->pending);

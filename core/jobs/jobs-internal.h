@@ -18,6 +18,27 @@ typedef struct cJSON cJSON;
 int64_t spn__now_ms(void);  /* wall clock, ms since the epoch (persisted) */
 double spn__mono_s(void);   /* monotonic seconds */
 
+/* ---- transfers ---- */
+
+/* Copies made for a job (docs/jobs.md, "Transfers"): bytes and host ns by
+ * direction, indexed as spn_copy_dir_t (host to device, device to host,
+ * device to device, host to host), summed over its attempts. */
+typedef struct spn_job_xfer {
+  uint64_t bytes[4];
+  uint64_t ns[4];
+} spn_job_xfer_t;
+
+/* The JSON field names of the directions: "h2d", "d2h", "d2d", "h2h". */
+extern const char *const spn__xfer_dir_names[4];
+/* Add x to *acc (x may be NULL). */
+void spn__xfer_add_to(spn_job_xfer_t *acc, const spn_job_xfer_t *x);
+/* {"h2d": {"bytes": N, "ms": T}, ...} added to obj as `name` (DONE and FAIL
+ * bodies, STATUS replies). Returns the new object or NULL (out of memory). */
+cJSON *spn__xfer_to_json(cJSON *obj, const char *name, const spn_job_xfer_t *x);
+/* Read what spn__xfer_to_json wrote (missing members read as 0; a member
+ * that is not an object of non-negative numbers is refused). */
+int32_t spn__xfer_from_json(const cJSON *o, spn_job_xfer_t *x, spn_error_t *err);
+
 /* ---- durable queue ---- */
 
 typedef struct spn_queue_job {
@@ -34,6 +55,7 @@ typedef struct spn_queue_job {
   int64_t created_ms, deadline_ms, not_before_ms, lease_until_ms;
   int64_t t_state_ms[SPN_QSTATE_COUNT]; /* last time it entered each state; 0 never */
   double compute_s, gpu_s;
+  spn_job_xfer_t xfer; /* every attempt's copies, as reported */
   uint64_t progress_done, progress_total;
   bool cancel_requested;
   /* Segments (docs/jobs.md): a segment's parent job and its index (when
@@ -85,13 +107,16 @@ typedef struct spn_queue_ops {
   int32_t (*renew)(void *q, int64_t id, uint32_t attempt, const char *owner, int64_t now,
                    int64_t lease_ms, spn_error_t *err);
   int32_t (*progress)(void *q, int64_t id, uint64_t done, uint64_t total, spn_error_t *err);
-  /* running → succeeded. SPN_ESTATE when the lease is not held. */
+  /* running → succeeded. SPN_ESTATE when the lease is not held. The
+   * attempt's compute_s, gpu_s and transfers (xfer; NULL = none) are added
+   * to the job's in the same write. */
   int32_t (*complete)(void *q, int64_t id, uint32_t attempt, const char *owner, double compute_s,
-                      double gpu_s, int64_t now, spn_error_t *err);
+                      double gpu_s, const spn_job_xfer_t *xfer, int64_t now, spn_error_t *err);
   /* running → queued (retry after backoff) | dead (attempts exhausted) |
-   * cancelled (cancelled=true). *state gets the new state. */
+   * cancelled (cancelled=true). *state gets the new state. Usage as for
+   * complete. */
   int32_t (*fail)(void *q, int64_t id, uint32_t attempt, const char *owner, const char *reason,
-                  bool cancelled, double compute_s, double gpu_s, int64_t now,
+                  bool cancelled, double compute_s, double gpu_s, const spn_job_xfer_t *xfer, int64_t now,
                   spn_queue_state_t *state, spn_error_t *err);
   /* queued → cancelled at once; running → cancel requested (*state stays
    * running; the worker stops it); terminal → SPN_ESTATE. */
@@ -214,6 +239,7 @@ struct spn_job_ctx {
   spn_exec_progress_cb progress;
   void *progress_user;
   double gpu_s;
+  spn_job_xfer_t xfer;
   double last_progress_s;
 };
 
@@ -222,6 +248,7 @@ typedef struct spn_exec_result {
   char error[SPN_ERROR_MSG_MAX];
   double compute_s; /* wall seconds in run() */
   double gpu_s;
+  spn_job_xfer_t xfer; /* copies the runner reported (spn_job_ctx_add_transfers) */
   bool published_before; /* an earlier attempt had published; not run again */
 } spn_exec_result_t;
 

@@ -232,19 +232,20 @@ static int32_t w_progress(void *q, int64_t id, uint64_t done, uint64_t total, sp
 }
 
 static int32_t w_complete(void *q, int64_t id, uint32_t attempt, const char *owner, double compute_s, double gpu_s,
-                          int64_t now, spn_error_t *err) {
+                          const spn_job_xfer_t *xfer, int64_t now, spn_error_t *err) {
   spn__observe_t *o = q;
-  int32_t rc = o->inner.ops->complete(o->inner.impl, id, attempt, owner, compute_s, gpu_s, now, err);
+  int32_t rc = o->inner.ops->complete(o->inner.impl, id, attempt, owner, compute_s, gpu_s, xfer, now, err);
   if (rc >= 0)
     attempt_ended(o, id, attempt, SPN_QSTATE_SUCCEEDED, NULL, now);
   return rc;
 }
 
 static int32_t w_fail(void *q, int64_t id, uint32_t attempt, const char *owner, const char *reason, bool cancelled,
-                      double compute_s, double gpu_s, int64_t now, spn_queue_state_t *state, spn_error_t *err) {
+                      double compute_s, double gpu_s, const spn_job_xfer_t *xfer, int64_t now,
+                      spn_queue_state_t *state, spn_error_t *err) {
   spn__observe_t *o = q;
-  int32_t rc =
-      o->inner.ops->fail(o->inner.impl, id, attempt, owner, reason, cancelled, compute_s, gpu_s, now, state, err);
+  int32_t rc = o->inner.ops->fail(o->inner.impl, id, attempt, owner, reason, cancelled, compute_s, gpu_s, xfer, now,
+                                  state, err);
   if (rc >= 0)
     attempt_ended(o, id, attempt, *state, reason, now);
   return rc;

@@ -53,7 +53,7 @@
 #include "queue-redis.lua.h"
 
 #define IDEM_WINDOW_MS (24LL * 3600 * 1000)
-#define ARGS_MAX 16
+#define ARGS_MAX 24
 #define ID_BLOCK 256
 
 enum {
@@ -282,6 +282,7 @@ static int32_t rq_connect(rq_t *q, spn_error_t *err) {
 /* ---- script calls ---- */
 
 static void a_str(rargs_t *a, const char *s) {
+  SPN_ASSERT(a->n < ARGS_MAX);
   a->v[a->n] = s ? s : "";
   a->len[a->n] = strlen(a->v[a->n]);
   a->n++;
@@ -405,6 +406,8 @@ static int32_t job_from_reply(const redisReply *r, spn_queue_job_t *j, spn_error
       j->seg_index = (int32_t)i64(v);
     else if (!strcmp(k, "pn"))
       j->pending = (uint32_t)i64(v);
+    else if (k[0] == 'x' && (k[1] == 'b' || k[1] == 'n') && k[2] >= '0' && k[2] <= '3' && !k[3])
+      (k[1] == 'b' ? j->xfer.bytes : j->xfer.ns)[k[2] - '0'] = (uint64_t)i64(v);
     else if (k[0] == 't' && k[1] >= '0' && k[1] < '0' + SPN_QSTATE_COUNT && !k[2])
       j->t_state_ms[k[1] - '0'] = i64(v);
     if (dst && !(*dst = strdup(v))) {
@@ -598,8 +601,17 @@ static int32_t rq_progress(void *qv, int64_t id, uint64_t done, uint64_t total, 
   return lease_int(q, SC_PROGRESS, &a, "recording progress", &v, err);
 }
 
+/* An attempt's transfers as the scripts' last eight arguments (add_xfer):
+ * bytes then ns by direction, clamped to what HINCRBY takes. */
+static void a_xfer(rargs_t *a, const spn_job_xfer_t *x) {
+  for (int i = 0; i < 8; i++) {
+    uint64_t v = !x ? 0 : i < 4 ? x->bytes[i] : x->ns[i - 4];
+    a_i64(a, v > INT64_MAX ? INT64_MAX : (int64_t)v);
+  }
+}
+
 static int32_t rq_complete(void *qv, int64_t id, uint32_t attempt, const char *owner, double compute_s,
-                           double gpu_s, int64_t now, spn_error_t *err) {
+                           double gpu_s, const spn_job_xfer_t *xfer, int64_t now, spn_error_t *err) {
   rq_t *q = qv;
   rargs_t a = {0};
   a_i64(&a, id);
@@ -608,6 +620,7 @@ static int32_t rq_complete(void *qv, int64_t id, uint32_t attempt, const char *o
   a_dbl(&a, compute_s);
   a_dbl(&a, gpu_s);
   a_i64(&a, now);
+  a_xfer(&a, xfer);
   int64_t v = 0;
   int32_t rc = lease_int(q, SC_COMPLETE, &a, "completing a job", &v, err);
   if (rc == SPN_OK && v != 1)
@@ -616,7 +629,7 @@ static int32_t rq_complete(void *qv, int64_t id, uint32_t attempt, const char *o
 }
 
 static int32_t rq_fail(void *qv, int64_t id, uint32_t attempt, const char *owner, const char *reason,
-                       bool cancelled, double compute_s, double gpu_s, int64_t now,
+                       bool cancelled, double compute_s, double gpu_s, const spn_job_xfer_t *xfer, int64_t now,
                        spn_queue_state_t *state, spn_error_t *err) {
   rq_t *q = qv;
   rargs_t a = {0};
@@ -631,6 +644,7 @@ static int32_t rq_fail(void *qv, int64_t id, uint32_t attempt, const char *owner
   a_dbl(&a, rq_rand(q));
   a_i64(&a, q->backoff_base_ms);
   a_i64(&a, q->backoff_max_ms);
+  a_xfer(&a, xfer);
   int64_t v = 0;
   int32_t rc = lease_int(q, SC_FAIL, &a, "recording a failure", &v, err);
   if (rc == SPN_OK && v < 0)

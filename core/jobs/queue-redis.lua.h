@@ -182,6 +182,18 @@
   "  end\n"                                                                                     \
   "  redis.call('HDEL', k, 'own', 'sid', 'lu')\n"                                               \
   "end\n"                                                                                       \
+  /* An attempt's transfers (docs/jobs.md): ARGV[first .. first + 7] are    \
+   * its bytes then its ns by direction, added to fields xb0..xb3, xn0..xn3. */ \
+  "local function add_xfer(k, first)\n"                                                        \
+  "  for i = 0, 7 do\n"                                                                         \
+  "    local v = ARGV[first + i]\n"                                                             \
+  "    if v and v ~= '0' then\n"                                                                \
+  "      local f = 'xb' .. i\n"                                                                 \
+  "      if i >= 4 then f = 'xn' .. (i - 4) end\n"                                              \
+  "      redis.call('HINCRBY', k, f, v)\n"                                                      \
+  "    end\n"                                                                                   \
+  "  end\n"                                                                                     \
+  "end\n"                                                                                       \
   "local function holds(k, att, owner)\n"                                                       \
   "  local h = redis.call('HMGET', k, 'st', 'att', 'own')\n"                                    \
   "  return h[1] == '1' and h[2] == att and h[3] == owner\n"                                    \
@@ -310,14 +322,16 @@
   "redis.call('HSET', k, 'pd', ARGV[3], 'pt', ARGV[4])\n"                                       \
   "return 1\n"
 
-/* ARGV: P id att owner compute_s gpu_s now -> 1 | 0. A succeeded job's
- * progress is complete: done = total (1 of 1 when it never reported). */
+/* ARGV: P id att owner compute_s gpu_s now xfer(8: bytes, ns by direction)
+ * -> 1 | 0. A succeeded job's progress is complete: done = total (1 of 1
+ * when it never reported). */
 #define RQ_LUA_COMPLETE                                                                         \
   "local k = jk(ARGV[2])\n"                                                                     \
   "if not holds(k, ARGV[3], ARGV[4]) then return 0 end\n"                                       \
   "unrun(k)\n"                                                                                  \
   "redis.call('HINCRBYFLOAT', k, 'cs', ARGV[5])\n"                                              \
   "redis.call('HINCRBYFLOAT', k, 'gs', ARGV[6])\n"                                              \
+  "add_xfer(k, 8)\n"                                                                            \
   "local pt = tonumber(redis.call('HGET', k, 'pt')) or 0\n"                                     \
   "if pt == 0 then pt = 1 end\n"                                                                \
   "redis.call('HSET', k, 'pd', pt, 'pt', pt)\n"                                                 \
@@ -327,10 +341,12 @@
   "end\n"                                                                                       \
   "return 1\n"
 
-/* ARGV: P id att owner reason cancelled cs gs now r base max -> state | -1 */
+/* ARGV: P id att owner reason cancelled cs gs now r base max xfer(8)
+ * -> state | -1 */
 #define RQ_LUA_FAIL                                                                             \
   "local k = jk(ARGV[2])\n"                                                                     \
   "if not holds(k, ARGV[3], ARGV[4]) then return -1 end\n"                                      \
+  "add_xfer(k, 13)\n"                                      \
   "return fail_attempt(ARGV[2], ARGV[5], ARGV[6] == '1', ARGV[7], ARGV[8], tonumber(ARGV[9]),\n" \
   "                    tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]))\n"
 

@@ -58,6 +58,7 @@ enum {
   ST_SIBLINGS_CANCEL,
   ST_CHILDREN_CANCEL_R,
   ST_CHILDREN,
+  ST_XFER,
   ST_COUNT
 };
 
@@ -97,7 +98,8 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_CANCEL_R] = "UPDATE jobs SET cancel_requested = 1 WHERE id = ?1 AND state = 1",
     [ST_GET] = "SELECT id, state, priority, attempts, max_attempts, spec, idem_key, lease_owner, "
                "reason, errors, created, deadline, not_before, lease_until, compute_s, gpu_s, "
-               "progress_done, progress_total, cancel_requested, parent, seg_index, pending FROM jobs WHERE id = ?1",
+               "progress_done, progress_total, cancel_requested, parent, seg_index, pending, h2d_bytes, d2h_bytes, "
+               "d2d_bytes, h2h_bytes, h2d_ns, d2h_ns, d2d_ns, h2h_ns FROM jobs WHERE id = ?1",
     [ST_EXPIRED] = "SELECT id, attempts, lease_owner FROM jobs WHERE state = 1 AND lease_until < ?1",
     [ST_DEADLINE] = "SELECT id FROM jobs WHERE state = 0 AND deadline > 0 AND deadline < ?1",
     [ST_BY_OWNER] = "SELECT id, attempts FROM jobs WHERE state = 1 AND lease_owner = ?1",
@@ -115,6 +117,10 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_SIBLINGS_CANCEL] = "UPDATE jobs SET state = 4, reason = ?2 WHERE parent = ?1 AND state = 0",
     [ST_CHILDREN_CANCEL_R] = "UPDATE jobs SET cancel_requested = 1 WHERE parent = ?1 AND state = 1",
     [ST_CHILDREN] = "SELECT id FROM jobs WHERE parent = ?1 ORDER BY seg_index",
+    /* An attempt's transfers, added in the transaction that ends it. */
+    [ST_XFER] = "UPDATE jobs SET h2d_bytes = h2d_bytes + ?2, d2h_bytes = d2h_bytes + ?3, "
+                "d2d_bytes = d2d_bytes + ?4, h2h_bytes = h2h_bytes + ?5, h2d_ns = h2d_ns + ?6, "
+                "d2h_ns = d2h_ns + ?7, d2d_ns = d2d_ns + ?8, h2h_ns = h2h_ns + ?9 WHERE id = ?1",
 };
 
 static const char schema[] =
@@ -140,7 +146,11 @@ static const char schema[] =
     " progress_total INTEGER NOT NULL DEFAULT 0,"
     " parent INTEGER NOT NULL DEFAULT 0,"
     " seg_index INTEGER NOT NULL DEFAULT 0,"
-    " pending INTEGER NOT NULL DEFAULT 0);"
+    " pending INTEGER NOT NULL DEFAULT 0,"
+    " h2d_bytes INTEGER NOT NULL DEFAULT 0, d2h_bytes INTEGER NOT NULL DEFAULT 0,"
+    " d2d_bytes INTEGER NOT NULL DEFAULT 0, h2h_bytes INTEGER NOT NULL DEFAULT 0,"
+    " h2d_ns INTEGER NOT NULL DEFAULT 0, d2h_ns INTEGER NOT NULL DEFAULT 0,"
+    " d2d_ns INTEGER NOT NULL DEFAULT 0, h2h_ns INTEGER NOT NULL DEFAULT 0);"
     "CREATE INDEX IF NOT EXISTS jobs_pick ON jobs(state, priority DESC, id);"
     "CREATE INDEX IF NOT EXISTS jobs_deadline ON jobs(deadline) WHERE state = 0 AND deadline > 0;"
     "CREATE INDEX IF NOT EXISTS jobs_lease ON jobs(lease_until) WHERE state = 1;"
@@ -154,6 +164,15 @@ static const char *const schema_added[] = {
     "ALTER TABLE jobs ADD COLUMN parent INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE jobs ADD COLUMN seg_index INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE jobs ADD COLUMN pending INTEGER NOT NULL DEFAULT 0",
+    /* transfers (docs/jobs.md): a job that ended before them reads 0 */
+    "ALTER TABLE jobs ADD COLUMN h2d_bytes INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN d2h_bytes INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN d2d_bytes INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN h2h_bytes INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN h2d_ns INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN d2h_ns INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN d2d_ns INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE jobs ADD COLUMN h2h_ns INTEGER NOT NULL DEFAULT 0",
 };
 static const char schema_index[] = "CREATE INDEX IF NOT EXISTS jobs_parent ON jobs(parent) WHERE parent > 0;";
 
@@ -346,6 +365,10 @@ static int32_t sq_get(void *qv, int64_t id, spn_queue_job_t *j, spn_error_t *err
   j->parent = sqlite3_column_int64(s, 19);
   j->seg_index = sqlite3_column_int(s, 20);
   j->pending = (uint32_t)sqlite3_column_int(s, 21);
+  for (int d = 0; d < 4; d++) {
+    j->xfer.bytes[d] = (uint64_t)sqlite3_column_int64(s, 22 + d);
+    j->xfer.ns[d] = (uint64_t)sqlite3_column_int64(s, 26 + d);
+  }
   sqlite3_reset(s);
   if (!j->spec_json || !j->errors_json) {
     spn__queue_job_clear(j);
@@ -473,8 +496,27 @@ static int32_t segment_failed(sq_t *q, int64_t id, spn_queue_state_t ns, const c
   return exec_stmt(q, s, err, "cancelling segments") < 0 ? SPN_EIO : SPN_OK;
 }
 
+/* Add an attempt's transfers to job id's (in the caller's transaction);
+ * nothing to do for none. Counts above INT64_MAX are clamped there (SQLite
+ * integers are signed; no job copies 8 EiB). */
+static int32_t add_xfer(sq_t *q, int64_t id, const spn_job_xfer_t *x, spn_error_t *err) {
+  bool any = false;
+  for (int d = 0; x && d < 4; d++)
+    any |= x->bytes[d] || x->ns[d];
+  if (!any)
+    return SPN_OK;
+  sqlite3_stmt *s = stmt(q, ST_XFER);
+  sqlite3_bind_int64(s, 1, id);
+  for (int d = 0; d < 4; d++) {
+    sqlite3_bind_int64(s, 2 + d, x->bytes[d] > INT64_MAX ? INT64_MAX : (int64_t)x->bytes[d]);
+    sqlite3_bind_int64(s, 6 + d, x->ns[d] > INT64_MAX ? INT64_MAX : (int64_t)x->ns[d]);
+  }
+  return exec_stmt(q, s, err, "recording a job's transfers") < 0 ? SPN_EIO : SPN_OK;
+}
+
 static int32_t sq_complete(void *qv, int64_t id, uint32_t attempt, const char *owner,
-                           double compute_s, double gpu_s, int64_t now, spn_error_t *err) {
+                           double compute_s, double gpu_s, const spn_job_xfer_t *xfer, int64_t now,
+                           spn_error_t *err) {
   sq_t *q = qv;
   int opened;
   int32_t rc = auto_begin(q, err, &opened);
@@ -494,6 +536,8 @@ static int32_t sq_complete(void *qv, int64_t id, uint32_t attempt, const char *o
                        attempt, owner);
   else
     rc = record_transition(q, id, now, SPN_QSTATE_SUCCEEDED, owner, err);
+  if (rc == SPN_OK)
+    rc = add_xfer(q, id, xfer, err);
   if (rc == SPN_OK)
     rc = segment_done(q, id, err);
   return auto_end(q, opened, rc, err);
@@ -546,7 +590,7 @@ static int32_t fail_locked(sq_t *q, int64_t id, uint32_t attempts, uint32_t max_
 }
 
 static int32_t sq_fail(void *qv, int64_t id, uint32_t attempt, const char *owner, const char *reason,
-                       bool cancelled, double compute_s, double gpu_s, int64_t now,
+                       bool cancelled, double compute_s, double gpu_s, const spn_job_xfer_t *xfer, int64_t now,
                        spn_queue_state_t *state, spn_error_t *err) {
   sq_t *q = qv;
   int opened;
@@ -571,8 +615,10 @@ static int32_t sq_fail(void *qv, int64_t id, uint32_t attempt, const char *owner
   sqlite3_reset(s);
   /* A job whose cancel was requested ends cancelled whatever the worker
    * says, so a cancel is never undone by a retry. */
-  rc = fail_locked(q, id, attempts, max_attempts, cancelled || cancel_req, reason, compute_s, gpu_s,
-                   now, state, err);
+  rc = add_xfer(q, id, xfer, err);
+  if (rc == SPN_OK)
+    rc = fail_locked(q, id, attempts, max_attempts, cancelled || cancel_req, reason, compute_s, gpu_s, now, state,
+                     err);
   return auto_end(q, opened, rc, err);
 }
 

@@ -82,8 +82,8 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
   if (r->total)
     w->q.ops->progress(w->q.impl, r->id, r->done, r->total, NULL);
   if (res->status == SPN_OK) {
-    rc = w->q.ops->complete(w->q.impl, r->id, r->attempt, w->owner[slot], res->compute_s, res->gpu_s, now,
-                            &err);
+    rc = w->q.ops->complete(w->q.impl, r->id, r->attempt, w->owner[slot], res->compute_s, res->gpu_s,
+                            &res->xfer, now, &err);
     if (rc == SPN_OK && !r->no_outputs) /* else no marker: saves a read */
       spn__unpublish(&w->q, r->id);
   } else {
@@ -91,7 +91,7 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
     char reason[SPN_ERROR_MSG_MAX + 200];
     snprintf(reason, sizeof reason, "%s: %s", w->owner[slot], res->error);
     rc = w->q.ops->fail(w->q.impl, r->id, r->attempt, w->owner[slot], reason, res->status == SPN_ECANCELLED,
-                        res->compute_s, res->gpu_s, now, &st, &err);
+                        res->compute_s, res->gpu_s, &res->xfer, now, &st, &err);
   }
   if (rc == SPN_EIO) {
     say_error(w, err.msg);

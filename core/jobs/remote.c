@@ -173,6 +173,15 @@ void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m) {
     const cJSON *gs = cJSON_GetObjectItemCaseSensitive(m->body, "gpu_s");
     res.compute_s = cJSON_IsNumber(cs) ? cs->valuedouble : 0;
     res.gpu_s = cJSON_IsNumber(gs) ? gs->valuedouble : 0;
+    /* Malformed transfers do not cost the job its result: they count as none. */
+    if (spn__xfer_from_json(cJSON_GetObjectItemCaseSensitive(m->body, "transfers"), &res.xfer, &err) != SPN_OK) {
+      spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
+      lf.worker = w->owner;
+      lf.job_id = (uint64_t)id;
+      spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, &lf, "%s %lld: %s; recorded as no transfers", m->type,
+                 (long long)id, err.msg);
+      memset(&res.xfer, 0, sizeof res.xfer);
+    }
     if (!strcmp(m->type, "FAIL")) {
       const char *e = spn__json_str(m->body, "error");
       res.status = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m->body, "cancelled")) ? SPN_ECANCELLED

@@ -429,6 +429,10 @@ static int32_t pr_run(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ctx,
   report(&st, ctx, &last);
   /* Device busy time of the job's stages (docs/gpu.md), as its gpu_s. */
   spn_job_ctx_add_gpu_seconds(ctx, spn_job_device_seconds(rj));
+  /* What was copied for it (edges and stages' own copies), as its transfers. */
+  spn_transfer_stats_t x = SPN_TRANSFER_STATS_INIT;
+  spn_job_transfers(rj, &x);
+  spn_job_ctx_add_transfers(ctx, x.bytes, x.ns);
   spn_job_free(&rj);
   if (rc != SPN_OK)
     spn_error_set(err, rc, "job %lld: pipeline \"%s\": %s", (long long)job->id, e->name,
@@ -551,6 +555,34 @@ static void edge_metrics(const pipeline_runner_t *r, spn__mbuf_t *b) {
     }
 }
 
+/* What each stage copied itself (host->buffer_copy: a GPU stage's own
+ * uploads and downloads), by direction: bytes, and the host time spent
+ * issuing them. Its input edges' copies are the edge family's. */
+static void stage_copy_metrics(const pipeline_runner_t *r, spn__mbuf_t *b) {
+  spn__mbuf_family(b, "spindle_stage_bytes_copied_total", "counter",
+                   "Bytes each stage copied itself (its own uploads, downloads and peer copies), by direction.");
+  for (size_t i = 0; i < r->n; i++)
+    for (size_t k = 0; k < spn_pipeline_stage_count(r->entries[i].pipe); k++) {
+      spn_transfer_stats_t st;
+      const char *stage = spn_pipeline_stage_transfers(r->entries[i].pipe, k, &st);
+      for (int d = 0; stage && d < 4; d++) {
+        stage_label(b, "spindle_stage_bytes_copied_total", r->entries[i].name, stage);
+        spn__mbuf_put(b, ",direction=\"%s\"} %llu\n", copy_dir_names[d], (unsigned long long)st.bytes[d]);
+      }
+    }
+  spn__mbuf_family(b, "spindle_stage_copy_seconds_total", "counter",
+                   "Host time each stage spent issuing the copies it made itself, by direction.");
+  for (size_t i = 0; i < r->n; i++)
+    for (size_t k = 0; k < spn_pipeline_stage_count(r->entries[i].pipe); k++) {
+      spn_transfer_stats_t st;
+      const char *stage = spn_pipeline_stage_transfers(r->entries[i].pipe, k, &st);
+      for (int d = 0; stage && d < 4; d++) {
+        stage_label(b, "spindle_stage_copy_seconds_total", r->entries[i].name, stage);
+        spn__mbuf_put(b, ",direction=\"%s\"} %.9f\n", copy_dir_names[d], (double)st.ns[d] / 1e9);
+      }
+    }
+}
+
 /* The same bytes by the device whose streams copied them (the runtime's
  * devices, and "host" for copies between host memories of stages placed on
  * no device). */
@@ -585,6 +617,7 @@ void spn__runner_metrics(const spn_job_runner_t *runner, spn__mbuf_t *b) {
   if (!r || !r->n)
     return;
   edge_metrics(r, b);
+  stage_copy_metrics(r, b);
   spn__mbuf_family(b, "spindle_pipeline_load_seconds", "gauge",
                    "Time loading each pipeline at start-up: stage instances and their models.");
   for (size_t i = 0; i < r->n; i++) {

@@ -583,7 +583,7 @@ static void deliver(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, bool counted, 
   }
   /* ABI 1.1: copy what the port cannot take as it is (edge-mem.c). */
   spn_error_t perr = SPN_ERROR_INIT;
-  if (spn__edge_place(a, l, m, &perr) != SPN_OK) {
+  if (spn__edge_place(a, l, m, aj->job, &perr) != SPN_OK) {
     fail_job(a, aj, perr.code ? perr.code : SPN_EDEVICE, perr.msg);
     spn__msg_free(&m);
     release(l, counted);

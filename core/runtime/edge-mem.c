@@ -10,9 +10,14 @@
  * stream, after the producer's readiness event, and synchronised before a
  * CPU consumer reads it. Copies between two GPUs are peer copies where the
  * pair supports it (the CUDA backend's copy picks cudaMemcpyPeerAsync).
- * Every copy is counted on the link by direction, with bytes and time.
+ * Every copy is counted on the link by direction, with bytes and time,
+ * and for the message's job.
  *
- * Also here: the host API entries of ABI 1.1 for buffers and formats.
+ * Also here: the host API entries of ABI 1.1 for buffers and formats, and
+ * buffer_copy, the copy a stage makes itself: counted the same way for the
+ * stage and for the job the stage names, so a job's transfers are its
+ * edges' plus its stages' (the runtime never guesses which job of a batch
+ * a stage's copy served).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +52,15 @@ static int32_t copy_stream(spn_stage_t *a, spn_device_t *dev, spn_stream_t **out
   return SPN_OK;
 }
 
-int32_t spn__edge_place(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, spn_error_t *err) {
+void spn__xfer_read(const spn__xfer_t *x, spn_transfer_stats_t *out) {
+  for (int d = 0; d < SPN__COPY_DIRS; d++) {
+    out->copies[d] += atomic_load_explicit(&x->copies[d], memory_order_relaxed);
+    out->bytes[d] += atomic_load_explicit(&x->bytes[d], memory_order_relaxed);
+    out->ns[d] += atomic_load_explicit(&x->ns[d], memory_order_relaxed);
+  }
+}
+
+int32_t spn__edge_place(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, spn_job_t *job, spn_error_t *err) {
   spn_device_t *home = a->device ? a->device : a->pipe->rt->host_dev;
   atomic_fetch_add_explicit(&l->stats.messages, 1, memory_order_relaxed);
   for (uint32_t i = 0; i < m->n_items; i++) {
@@ -93,9 +106,12 @@ int32_t spn__edge_place(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, spn_error_
                            src->bt->device ? src->bt->device->name : "host", dst_dev->name, e.msg);
     }
     int d = dir_of(have, want);
+    uint64_t dt = spn__now_ns() - t0;
     atomic_fetch_add_explicit(&l->stats.copies[d], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&l->stats.bytes[d], src->size, memory_order_relaxed);
-    atomic_fetch_add_explicit(&l->stats.ns[d], spn__now_ns() - t0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&l->stats.ns[d], dt, memory_order_relaxed);
+    if (job)
+      spn__xfer_add(&job->xfer, d, src->size, dt);
     atomic_fetch_add_explicit(&sdev->copied[d], src->size, memory_order_relaxed);
     spn_buffer_unref(&it->buffer);
     it->buffer = dst;
@@ -170,5 +186,60 @@ int32_t spn__host_stage_port_format(spn_stage_t *s, bool is_output, uint32_t por
   memset(out, 0, sizeof *out);
   out->struct_size = sizeof *out;
   out->mem_kind = SPN_MEM_HOST;
+  return SPN_OK;
+}
+
+/* The job a stage names in buffer_copy: among the jobs this actor holds
+ * (its executor's list, so no lock), else among the pipeline's live jobs
+ * (a new reference, dropped by the caller). NULL for 0 or an id no live job
+ * has: the copy is then counted for the stage only. */
+static spn_job_t *copy_job(spn_stage_t *s, uint64_t job_id, bool *owned) {
+  *owned = false;
+  if (!job_id)
+    return NULL;
+  for (spn__ajob_t *aj = s->jobs; aj; aj = aj->next)
+    if (aj->id == job_id)
+      return aj->job;
+  *owned = true;
+  return spn__pipeline_find_job(s->pipe, job_id);
+}
+
+int32_t spn__host_buffer_copy(spn_stage_t *s, uint64_t job_id, spn_buffer_t *dst, size_t dst_off, spn_buffer_t *src,
+                              size_t src_off, size_t n, spn_error_t *err) {
+  if (!s || !dst || !src)
+    return spn_error_set(err, SPN_EINVAL, "buffer_copy: NULL stage or buffer");
+  const char *name = s->srt->spec->name;
+  if (dst_off > dst->size || n > dst->size - dst_off || src_off > src->size || n > src->size - src_off)
+    return spn_error_set(err, SPN_EINVAL,
+                         "buffer_copy: stage \"%s\": %zu bytes from offset %zu of a %zu-byte buffer to offset %zu "
+                         "of a %zu-byte buffer do not fit",
+                         name, n, src_off, src->size, dst_off, dst->size);
+  spn_device_t *host = s->pipe->rt->host_dev;
+  spn_device_t *ddev = dst->bt->device ? dst->bt->device : host, *sdev = src->bt->device ? src->bt->device : host;
+  uint64_t t0 = spn__now_ns();
+  spn_stream_t *st = s->ex->stream;
+  int32_t rc = SPN_OK;
+  spn_error_t e = SPN_ERROR_INIT;
+  if (!st) {
+    /* A CPU-pool instance: a stream of the side that is not plain host
+     * memory (as on an edge), waited for before returning. */
+    spn_device_t *cdev = (!dst->bt->iface->is_host || src->bt->iface->is_host) ? ddev : sdev;
+    rc = copy_stream(s, cdev, &st, &e);
+  }
+  if (rc == SPN_OK && (rc = spn_buffer_wait_ready(src, st, &e)) == SPN_OK &&
+      (rc = spn_stream_copy(st, dst, dst_off, src, src_off, n, &e)) == SPN_OK && !s->ex->stream)
+    rc = spn_stream_synchronize(st, &e);
+  if (rc != SPN_OK)
+    return spn_error_set(err, rc, "buffer_copy: stage \"%s\": %zu bytes from %s to %s: %.800s", name, n, sdev->name,
+                         ddev->name, e.msg);
+  int d = dir_of(src->bt->mem_kind, dst->bt->mem_kind);
+  uint64_t dt = spn__now_ns() - t0;
+  spn__xfer_add(&s->srt->xfer, d, n, dt);
+  bool owned;
+  spn_job_t *job = copy_job(s, job_id, &owned);
+  if (job)
+    spn__xfer_add(&job->xfer, d, n, dt);
+  if (owned)
+    spn__job_unref(&job);
   return SPN_OK;
 }

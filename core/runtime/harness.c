@@ -50,6 +50,7 @@ typedef struct hjob {
   bool fail_sent;               /* mu */
   bool reported;                /* mu: the stage reported progress */
   int64_t prog_done, prog_total; /* mu */
+  spn_transfer_stats_t xfer;    /* its copies in the last run (spn_job_transfers at its end) */
 } hjob_t;
 
 struct spn_harness {
@@ -514,6 +515,7 @@ int32_t spn_harness_run(spn_harness_t *h, spn_error_t *err) {
     spn_error_clear(&j->status);
     j->fail_sent = j->reported = false; /* no run in flight: no lock needed */
     j->prog_done = j->prog_total = 0;
+    memset(&j->xfer, 0, sizeof j->xfer);
   }
   size_t started = 0;
   for (; started < h->n_jobs; started++) {
@@ -531,6 +533,7 @@ int32_t spn_harness_run(spn_harness_t *h, spn_error_t *err) {
   for (size_t i = 0; i < started; i++) {
     hjob_t *j = h->jobs[i];
     j->status.code = spn_job_wait(jobs[i], &j->status);
+    spn_job_transfers(jobs[i], &j->xfer);
     j->ran = true;
     spn_job_free(&jobs[i]);
   }
@@ -626,4 +629,22 @@ bool spn_harness_job_progress(const spn_harness_t *h, uint64_t job_id, int64_t *
   if (total)
     *total = j->prog_total;
   return true;
+}
+
+int32_t spn_harness_job_transfers(const spn_harness_t *h, uint64_t job_id, spn_transfer_stats_t *out,
+                                  spn_error_t *err) {
+  const hjob_t *j = h ? find_job(h, job_id) : NULL;
+  if (!out)
+    return spn_error_set(err, SPN_EINVAL, "harness: job_transfers: NULL out");
+  if (!j || !j->ran)
+    return spn_error_set(err, SPN_ENOENT, "harness: job %" PRIu64 " did not run", job_id);
+  *out = j->xfer;
+  return SPN_OK;
+}
+
+int32_t spn_harness_stage_transfers(const spn_harness_t *h, spn_transfer_stats_t *out, spn_error_t *err) {
+  if (!h || !out)
+    return spn_error_set(err, SPN_EINVAL, "harness: stage_transfers: NULL harness or out");
+  return spn_pipeline_stage_transfers(h->pipe, h->x->index, out) ? SPN_OK
+                                                                  : spn_error_set(err, SPN_EINVAL, "harness: no stage");
 }

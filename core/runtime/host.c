@@ -34,6 +34,9 @@ int32_t spn__host_buffer_set_ready(spn_stage_t *s, spn_buffer_t *buf, spn_error_
 void *spn__host_buffer_event(const spn_buffer_t *buf);
 int32_t spn__host_stage_port_format(spn_stage_t *s, bool is_output, uint32_t port, spn_port_format_t *out,
                                     spn_error_t *err);
+/* ABI 1.1: counted copies (edge-mem.c) */
+int32_t spn__host_buffer_copy(spn_stage_t *s, uint64_t job_id, spn_buffer_t *dst, size_t dst_off, spn_buffer_t *src,
+                              size_t src_off, size_t n, spn_error_t *err);
 
 static void *h_stage_get_data(spn_stage_t *s) { return s->state; }
 static const char *h_stage_get_name(spn_stage_t *s) { return s->srt->spec->name; }
@@ -170,6 +173,8 @@ static const spn_host_api_t host_table = {
     .buffer_set_ready = spn__host_buffer_set_ready,
     .buffer_event = spn__host_buffer_event,
     .stage_port_format = spn__host_stage_port_format,
+    /* ABI 1.1: counted copies */
+    .buffer_copy = spn__host_buffer_copy,
 };
 
 const spn_host_api_t *spn__host_api(void) { return &host_table; }

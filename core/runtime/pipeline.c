@@ -491,6 +491,15 @@ const char *spn_pipeline_stage_time(const spn_pipeline_t *pipe, size_t i, uint64
   return pipe->stages[i].spec->name;
 }
 
+const char *spn_pipeline_stage_transfers(const spn_pipeline_t *pipe, size_t i, spn_transfer_stats_t *out) {
+  if (!pipe || i >= pipe->n_stages || !out)
+    return NULL;
+  memset(out, 0, sizeof *out);
+  out->struct_size = sizeof *out;
+  spn__xfer_read(&pipe->stages[i].xfer, out);
+  return pipe->stages[i].spec->name;
+}
+
 size_t spn_pipeline_edge_count(const spn_pipeline_t *pipe) { return pipe ? pipe->spec->n_edges : 0; }
 
 int32_t spn_pipeline_edge_stats(const spn_pipeline_t *pipe, size_t i, spn_edge_stats_t *out) {
@@ -779,6 +788,15 @@ int32_t spn_job_wait(spn_job_t *job, spn_error_t *err) {
 uint64_t spn_job_id(const spn_job_t *job) { return job->id; }
 
 double spn_job_device_seconds(const spn_job_t *job) { return job ? (double)atomic_load(&job->device_ns) / 1e9 : 0; }
+
+void spn_job_transfers(const spn_job_t *job, spn_transfer_stats_t *out) {
+  if (!out)
+    return;
+  memset(out, 0, sizeof *out);
+  out->struct_size = sizeof *out;
+  if (job)
+    spn__xfer_read(&job->xfer, out);
+}
 
 uint32_t spn_job_restarts(const spn_job_t *job) {
   /* restarts is the loop's; attempt, its atomic mirror, is safe anywhere. */

@@ -63,6 +63,29 @@ int32_t spn__msg_serialize_append(const spn_msg_t *m, bool counted, uint8_t **bu
 int32_t spn__msg_deserialize(const uint8_t *buf, size_t len, size_t *pos, spn_device_t *dev, spn_msg_t **out,
                              bool *counted, spn_error_t *err);
 
+/* ---- copies ---------------------------------------------------------------- */
+
+/* ABI 1.1: what crossed an edge or a stage copied (edge-mem.c). Directions
+ * of copies, as spn_copy_dir_t. */
+enum { SPN__COPY_H2D = 0, SPN__COPY_D2H = 1, SPN__COPY_D2D = 2, SPN__COPY_H2H = 3, SPN__COPY_DIRS = 4 };
+
+/* Copies by direction: how many, their bytes, and the host wall time spent
+ * issuing them (and, into host memory on an edge, waiting for them). */
+typedef struct spn__xfer {
+  atomic_ullong copies[SPN__COPY_DIRS];
+  atomic_ullong bytes[SPN__COPY_DIRS];
+  atomic_ullong ns[SPN__COPY_DIRS];
+} spn__xfer_t;
+
+/* Count one copy of `bytes` in direction d that took ns. Thread: any. */
+static inline void spn__xfer_add(spn__xfer_t *x, int d, uint64_t bytes, uint64_t ns) {
+  atomic_fetch_add_explicit(&x->copies[d], 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&x->bytes[d], bytes, memory_order_relaxed);
+  atomic_fetch_add_explicit(&x->ns[d], ns, memory_order_relaxed);
+}
+/* Add x's figures to out's (spn_transfer_stats_t of runtime.h). Thread: any. */
+void spn__xfer_read(const spn__xfer_t *x, spn_transfer_stats_t *out);
+
 /* ---- jobs ----------------------------------------------------------------- */
 
 struct spn_job {
@@ -83,6 +106,7 @@ struct spn_job {
   atomic_ullong dev_mask; /* device slots (bit slot % 64) the attempt touched */
   atomic_int pin;        /* chain placement: the attempt's device slot, -1 none yet */
   atomic_ullong device_ns; /* busy time on devices, every attempt */
+  spn__xfer_t xfer;      /* copies made for it: its edges' and its stages' own (buffer_copy), every attempt */
   uint32_t restarts;     /* loop: restarts after a device was quarantined */
   /* loop */
   uint32_t acks, acks_needed, abort_acks, abort_acks_needed;
@@ -132,9 +156,6 @@ typedef struct spn__ajob {
   uint64_t *next_seq;  /* per input port (re-ordering ports) */
   spn__heap_t *heaps;  /* per input port (re-ordering ports) */
 } spn__ajob_t;
-
-/* ABI 1.1: what crossed an edge (edge-mem.c). Directions of copies. */
-enum { SPN__COPY_H2D = 0, SPN__COPY_D2H = 1, SPN__COPY_D2D = 2, SPN__COPY_H2H = 3, SPN__COPY_DIRS = 4 };
 
 typedef struct spn__link_stats {
   atomic_ullong messages;               /* data messages delivered */
@@ -192,6 +213,7 @@ typedef struct spn__stage_rt {
   uint32_t max_batch, max_delay_ms;
   bool terminal; /* no outgoing edge: acknowledges EOS to the job */
   _Atomic uint64_t busy_ns; /* wall time in process/generate/flush, all replicas, all jobs */
+  spn__xfer_t xfer;         /* copies its instances made themselves (host buffer_copy), all replicas, all jobs */
   /* spn_stage_stats_t's histograms (spn__stage_observe) */
   _Atomic uint64_t calls, call_ns, lat_b[SPN_STAGE_LATENCY_BUCKETS];
   _Atomic uint64_t batches, messages, batch_b[SPN_STAGE_BATCH_BUCKETS];
@@ -310,8 +332,9 @@ bool spn__actor_step(spn_stage_t *a, uint64_t now_ns, uint64_t *deadline_ns);
 /* ABI 1.1 (edge-mem.c): put every tensor item of a message arriving on link
  * l where the consumer port takes it — one copy per item whose memory kind
  * or device the port does not take, after the producer's readiness event,
- * on the consumer's stream; counted in l->stats. Executor of a. */
-int32_t spn__edge_place(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, spn_error_t *err);
+ * on the consumer's stream; counted in l->stats and in job->xfer (the
+ * message's job). Executor of a. */
+int32_t spn__edge_place(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, spn_job_t *job, spn_error_t *err);
 void spn__edge_place_done(spn_stage_t *a);
 
 void spn__barrier_init(spn__barrier_t *b, uint32_t n);

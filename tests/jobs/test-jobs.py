@@ -980,6 +980,118 @@ def case_pipeline_worker_kill(tmp):
     check(ws[other].poll() is None, "the surviving worker exited")
 
 
+XFER_FRAME = 8 * 4 * 3  # synth at 8x4 RGB: 96 bytes a frame
+
+
+def xfer_config(tmp):
+    """A pipeline whose copies are known to the byte: synth (host memory) ->
+    cost (5 ms a frame, so two jobs overlap) -> upload on emulated device
+    cpu:1 (the test stage of tests/runtime/xfer: per frame it copies the
+    96-byte frame to the device and 32 bytes back itself, plus 8 bytes host
+    to host for no job) -> filesink (host memory: the runtime copies each
+    device frame back on the edge)."""
+    with open(f"{tmp}/xfer.toml", "w") as f:
+        f.write('[pipeline]\nname = "xfer"\n[pipeline.outputs]\nframes = "sink.path"\n'
+                '[pipeline.params]\nframes = "source.frames"\n'
+                '[[stage]]\nname = "source"\nkind = "synth"\nframes = 10\nwidth = 8\nheight = 4\n'
+                '[[stage]]\nname = "work"\nkind = "cost"\ninputs = ["source"]\nus = 5000\n'
+                '[[stage]]\nname = "up"\nkind = "upload"\ninputs = ["work"]\ndevice = "cpu:1"\n'
+                'back = 32\nuntagged = 8\n'
+                '[[stage]]\nname = "sink"\nkind = "filesink"\ninputs = ["up"]\n')
+    with open(f"{tmp}/xsrv.toml", "w") as f:
+        f.write('[server]\ndevices = "cpu:2"\n[[pipeline]]\nname = "xfer"\nconfig = "xfer.toml"\n')
+    return f"{tmp}/xsrv.toml"
+
+
+def check_transfers(st, frames):
+    """A job's status carries exactly its own frames' copies: the stage's
+    upload and download, the edge's copy back; nothing of the other job and
+    nothing of the job-less host copies."""
+    t = st.get("transfers")
+    check(t is not None, f"no transfers in the status: {st}")
+    got = {k: t[k]["bytes"] for k in ("h2d", "d2h", "d2d", "h2h")}
+    want = {"h2d": XFER_FRAME * frames, "d2h": (32 + XFER_FRAME) * frames, "d2d": 0, "h2h": 0}
+    check(got == want, f"job {st['id']} ({frames} frames): transfers {got}, want {want}")
+    check(all(t[k]["ms"] >= 0 for k in want), f"transfer times: {t}")
+    check(t.get("bytes_per_frame") == 2 * XFER_FRAME + 32, f"bytes per frame: {t}")
+
+
+def xfer_pair(tmp, ep, outdir, n1, n2):
+    """Two xfer jobs submitted together; both must succeed, overlapping."""
+    ids = []
+    for i, n in enumerate((n1, n2)):
+        r = cli("submit", "xfer", "--output", f"frames={outdir}/{i}.raw", "--param", f"frames={n}",
+                "--connect", ep, check_rc=0)
+        ids.append(int(r.stdout.split()[0]))
+    wait_all(ep, ids, 60)
+    sts = [status(ep, j) for j in ids]
+    for st, n, i in zip(sts, (n1, n2), range(2)):
+        check(read(f"{outdir}/{i}.raw") == synth_expected(st["id"], n, 8, 4, 3), f"job {st['id']} output")
+        check_transfers(st, n)
+    a, b = (s["times"] for s in sts)
+    check(a["running"] < b["succeeded"] and b["running"] < a["succeeded"],
+          f"the two jobs did not run at the same time: {a} {b}")
+    return ids
+
+
+def case_pipeline_transfers(tmp):
+    """Per-job transfers in `spindle status`, edges and stages together, for
+    two jobs at once: run by the gateway's own slots, then by a remote
+    worker (on Redis: a worker leasing from the queue), and still there
+    after the gateway restarts."""
+    xfer = os.environ.get("SPINDLE_XFER_PLUGIN_DIR")
+    check(xfer, "SPINDLE_XFER_PLUGIN_DIR is not set (the upload test stage)")
+    cfg = xfer_config(tmp)
+    for d in ("out1", "out2"):
+        os.mkdir(f"{tmp}/{d}")
+    p, ep = start_serve(tmp, "--config", cfg, "--workers", "2", "--plugin-path", xfer)
+    first = xfer_pair(tmp, ep, f"{tmp}/out1", 40, 60)
+    p.send_signal(signal.SIGINT)
+    check(p.wait(20) == 0, f"gateway exit {p.returncode}")
+    p, ep = start_serve(tmp, "--config", cfg, "--workers", "0", "--plugin-path", xfer, log="serve2.log")
+    for j, n in zip(first, (40, 60)):
+        check_transfers(status(ep, j), n)  # stored with the job
+    where = REDIS["url"] if BACKEND == "redis" else ep
+    start_worker(tmp, where, "--config", cfg, "--plugin-path", xfer, "--slots", "2", name="xw")
+    xfer_pair(tmp, ep, f"{tmp}/out2", 50, 30)
+
+
+def case_worker_transfers(tmp):
+    """A worker's DONE carries the attempt's transfers: the gateway stores
+    them exactly; malformed ones (negative, fractional bytes, not an object)
+    count as none, the job still succeeds and the gateway says why."""
+    p, ep = start_serve(tmp, "--workers", "0")
+    ctx = zmq.Context()
+    w = Raw(ctx, ep)
+    bad = [{"h2d": {"bytes": -5}}, {"d2h": {"bytes": 1.5}}, {"d2d": 7}, "lots"]
+    ids = [int(cli("submit", "noop", "--connect", ep, check_rc=0).stdout.split()[0]) for _ in range(1 + len(bad))]
+    w.req("LEASE", {"worker": "rw", "credit": len(ids)})
+    jobs = {}
+    while len(jobs) < len(ids):
+        m = w.recv(10000)
+        check(m is not None, f"only {len(jobs)} of {len(ids)} jobs handed to the raw worker")
+        if m[0] == "JOB":
+            jobs[m[1]["id"]] = m[1]["attempt"]
+    good = {"h2d": {"bytes": 1000, "ms": 0.5}, "d2h": {"bytes": 24, "ms": 0.25}}
+    for jid, xf in zip(ids, [good] + bad):
+        w.req("DONE", {"worker": "rw", "id": jid, "attempt": jobs[jid], "compute_s": 0.1, "gpu_s": 0,
+                       "transfers": xf})
+    for jid in ids:
+        wait_for(lambda: status(ep, jid)["state"] == "succeeded", 10, f"job {jid} to succeed")
+    t = status(ep, ids[0])["transfers"]
+    check({k: (t[k]["bytes"], t[k]["ms"]) for k in ("h2d", "d2h", "d2d", "h2h")} ==
+          {"h2d": (1000, 0.5), "d2h": (24, 0.25), "d2d": (0, 0), "h2h": (0, 0)}, f"stored transfers: {t}")
+    check(t["bytes_per_frame"] == 1024, f"bytes per frame of a 1-unit job: {t}")
+    for jid in ids[1:]:
+        t = status(ep, jid)["transfers"]
+        check(all(t[k]["bytes"] == 0 and t[k]["ms"] == 0 for k in ("h2d", "d2h", "d2d", "h2h")),
+              f"job {jid}: malformed transfers were recorded: {t}")
+    log = open(f"{tmp}/serve.log", errors="replace").read()
+    check(log.count("recorded as no transfers") == len(bad), f"warnings for malformed transfers: {log[-2000:]}")
+    w.close()
+    ctx.term()
+
+
 CASE_OK = {}
 # ------------------------------------------- drain, shared queue, faults
 

@@ -180,7 +180,7 @@ static void test_parent_waits_for_every_segment_then_is_leased(void **state) {
     assert_int_equal(lease(&q, "w", T0 + 1, &att[k]), kids[k]);
   assert_int_equal(lease(&q, "w", T0 + 1, NULL), 0);
   for (int k = 0; k < 3; k++) {
-    assert_int_equal(q.ops->complete(q.impl, kids[k], att[k], "w", 1, 0, T0 + 2, NULL), SPN_OK);
+    assert_int_equal(q.ops->complete(q.impl, kids[k], att[k], "w", 1, 0, NULL, T0 + 2, NULL), SPN_OK);
     assert_int_equal(pending(&q, parent), 2 - k);
     assert_int_equal(lease(&q, "w", T0 + 3, NULL), k == 2 ? parent : 0);
   }
@@ -200,12 +200,12 @@ static void test_a_segment_finished_twice_is_committed_once(void **state) {
   uint32_t a2 = 0;
   assert_int_equal(lease(&q, "w2", T0 + 30000, &a2), kids[0]);
   assert_int_equal(a2, 2);
-  assert_int_equal(q.ops->complete(q.impl, kids[0], a2, "w2", 1, 0, T0 + 30001, NULL), SPN_OK);
+  assert_int_equal(q.ops->complete(q.impl, kids[0], a2, "w2", 1, 0, NULL, T0 + 30001, NULL), SPN_OK);
   assert_int_equal(pending(&q, parent), 1);
   /* The frozen worker wakes up and reports the same segment done: refused,
    * and the count does not move. Nor does a second report of the live one. */
-  assert_int_equal(q.ops->complete(q.impl, kids[0], a1, "frozen", 1, 0, T0 + 30002, NULL), SPN_ESTATE);
-  assert_int_equal(q.ops->complete(q.impl, kids[0], a2, "w2", 1, 0, T0 + 30003, NULL), SPN_ESTATE);
+  assert_int_equal(q.ops->complete(q.impl, kids[0], a1, "frozen", 1, 0, NULL, T0 + 30002, NULL), SPN_ESTATE);
+  assert_int_equal(q.ops->complete(q.impl, kids[0], a2, "w2", 1, 0, NULL, T0 + 30003, NULL), SPN_ESTATE);
   assert_int_equal(pending(&q, parent), 1);
   assert_int_equal(lease(&q, "w2", T0 + 30004, NULL), kids[1]);
 }
@@ -218,7 +218,7 @@ static void test_a_dead_segment_fails_its_job_and_stops_the_queued_ones(void **s
   uint32_t a = 0;
   assert_int_equal(lease(&q, "w", T0, &a), kids[0]);
   spn_queue_state_t st;
-  assert_int_equal((q.ops->fail)(q.impl, kids[0], a, "w", "in.mp4: corrupt", false, 0, 0, T0 + 1, &st, NULL), SPN_OK);
+  assert_int_equal((q.ops->fail)(q.impl, kids[0], a, "w", "in.mp4: corrupt", false, 0, 0, NULL, T0 + 1, &st, NULL), SPN_OK);
   assert_int_equal(st, SPN_QSTATE_FAILED);
   spn_queue_job_t p = get(&q, parent);
   assert_int_equal(p.state, SPN_QSTATE_FAILED);
@@ -238,7 +238,7 @@ static void test_a_retried_segment_does_not_fail_its_job(void **state) {
   uint32_t a = 0;
   assert_int_equal(lease(&q, "w", T0, &a), kids[0]);
   spn_queue_state_t st;
-  assert_int_equal((q.ops->fail)(q.impl, kids[0], a, "w", "flaky", false, 0, 0, T0 + 1, &st, NULL), SPN_OK);
+  assert_int_equal((q.ops->fail)(q.impl, kids[0], a, "w", "flaky", false, 0, 0, NULL, T0 + 1, &st, NULL), SPN_OK);
   assert_int_equal(st, SPN_QSTATE_QUEUED);
   assert_int_equal(state_of(&q, parent), SPN_QSTATE_QUEUED);
   assert_int_equal(pending(&q, parent), 2);
@@ -259,7 +259,7 @@ static void test_cancelling_the_job_cancels_its_segments(void **state) {
   spn_queue_job_t k = get(&q, kids[0]);
   assert_true(k.cancel_requested);
   spn__queue_job_clear(&k);
-  assert_int_equal((q.ops->fail)(q.impl, kids[0], a, "w", "stopped", false, 0, 0, T0 + 2, &st, NULL), SPN_OK);
+  assert_int_equal((q.ops->fail)(q.impl, kids[0], a, "w", "stopped", false, 0, 0, NULL, T0 + 2, &st, NULL), SPN_OK);
   assert_int_equal(st, SPN_QSTATE_CANCELLED);
   assert_int_equal(state_of(&q, parent), SPN_QSTATE_CANCELLED);
 }
@@ -271,7 +271,7 @@ static void test_checkpoints_survive_a_restart(void **state) {
   uint32_t a0 = 0, a1 = 0;
   assert_int_equal(lease(&f->q, "w", T0, &a0), kids[0]);
   assert_int_equal(lease(&f->q, "w", T0, &a1), kids[1]);
-  assert_int_equal(f->q.ops->complete(f->q.impl, kids[0], a0, "w", 1, 0, T0 + 1, NULL), SPN_OK);
+  assert_int_equal(f->q.ops->complete(f->q.impl, kids[0], a0, "w", 1, 0, NULL, T0 + 1, NULL), SPN_OK);
   spn_queue_free(&f->q); /* the gateway dies with segment 1 running */
   reopen(f);
   assert_int_equal(pending(&f->q, parent), 2);

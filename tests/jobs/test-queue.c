@@ -25,6 +25,7 @@
 #include <cmocka.h>
 #include <cjson/cJSON.h>
 #include <hiredis/hiredis.h>
+#include <sqlite3.h>
 
 #include "jobs-internal.h"
 #include "redis-fixture.h"
@@ -203,13 +204,13 @@ static void test_lease_expiry_and_renew(void **state) {
   int64_t nb = j.not_before_ms;
   spn__queue_job_clear(&j);
   /* The old holder's completion is stale now. */
-  assert_int_equal(f->o->complete(f->q.impl, id, 1, "w1", 1, 0, T0 + 2001, NULL), SPN_ESTATE);
+  assert_int_equal(f->o->complete(f->q.impl, id, 1, "w1", 1, 0, NULL, T0 + 2001, NULL), SPN_ESTATE);
   /* Not leasable before its backoff, leasable after, as attempt 2. */
   assert_int_equal(lease(f, "w2", nb - 1, NULL), 0);
   assert_int_equal(lease(f, "w2", nb, &att), id);
   assert_int_equal(att, 2);
-  assert_int_equal(f->o->complete(f->q.impl, id, 1, "w2", 1, 0, nb + 1, NULL), SPN_ESTATE);
-  assert_int_equal(f->o->complete(f->q.impl, id, 2, "w2", 1.5, 0.25, nb + 1, NULL), SPN_OK);
+  assert_int_equal(f->o->complete(f->q.impl, id, 1, "w2", 1, 0, NULL, nb + 1, NULL), SPN_ESTATE);
+  assert_int_equal(f->o->complete(f->q.impl, id, 2, "w2", 1.5, 0.25, NULL, nb + 1, NULL), SPN_OK);
   assert_int_equal(f->o->get(f->q.impl, id, &j, NULL), SPN_OK);
   assert_int_equal(j.state, SPN_QSTATE_SUCCEEDED);
   assert_true(j.compute_s == 1.5 && j.gpu_s == 0.25);
@@ -249,7 +250,7 @@ static void test_dead_letter(void **state) {
     assert_int_equal(lease(f, "w", now, &att), id);
     assert_int_equal(att, (uint32_t)i + 1);
     spn_queue_state_t st;
-    assert_int_equal((f->o->fail)(f->q.impl, id, att, "w", reasons[i], false, 0.5, 0, now, &st, NULL), SPN_OK);
+    assert_int_equal((f->o->fail)(f->q.impl, id, att, "w", reasons[i], false, 0.5, 0, NULL, now, &st, NULL), SPN_OK);
     assert_int_equal(st, i < 2 ? SPN_QSTATE_QUEUED : SPN_QSTATE_DEAD);
   }
   spn_queue_job_t j;
@@ -272,7 +273,7 @@ static void test_dead_letter(void **state) {
   uint32_t att;
   assert_int_equal(lease(f, "w", now, &att), one);
   spn_queue_state_t st;
-  assert_int_equal((f->o->fail)(f->q.impl, one, att, "w", "nope", false, 0, 0, now, &st, NULL), SPN_OK);
+  assert_int_equal((f->o->fail)(f->q.impl, one, att, "w", "nope", false, 0, 0, NULL, now, &st, NULL), SPN_OK);
   assert_int_equal(st, SPN_QSTATE_FAILED);
 }
 
@@ -326,7 +327,7 @@ static void test_cancel(void **state) {
   assert_int_equal(f->o->cancel(f->q.impl, r, T0 + 3, &st, NULL), SPN_OK);
   assert_int_equal(st, SPN_QSTATE_RUNNING);
   assert_int_equal(state_of(f, r), SPN_QSTATE_RUNNING);
-  assert_int_equal((f->o->fail)(f->q.impl, r, att, "w", "stopped", false, 0, 0, T0 + 4, &st, NULL), SPN_OK);
+  assert_int_equal((f->o->fail)(f->q.impl, r, att, "w", "stopped", false, 0, 0, NULL, T0 + 4, &st, NULL), SPN_OK);
   assert_int_equal(st, SPN_QSTATE_CANCELLED);
   /* Terminal: refused. */
   assert_int_equal(f->o->cancel(f->q.impl, r, T0 + 5, &st, NULL), SPN_ESTATE);
@@ -351,7 +352,7 @@ static void test_release_keeps_attempts(void **state) {
   /* leasable at once, and still as attempt 1 of 1 */
   assert_int_equal(lease(f, "g2", T0 + 2, &att), id);
   assert_int_equal(att, 1);
-  assert_int_equal(f->o->complete(f->q.impl, id, 1, "g2", 0, 0, T0 + 3, NULL), SPN_OK);
+  assert_int_equal(f->o->complete(f->q.impl, id, 1, "g2", 0, 0, NULL, T0 + 3, NULL), SPN_OK);
 }
 
 static void test_release_owner(void **state) {
@@ -444,11 +445,11 @@ static void test_redis_lease_expiry_and_renew(void **state) {
   spn__queue_job_clear(&j);
   /* A second sweep finds nothing: the expired entry was acknowledged. */
   assert_int_equal(f->o->sweep(f->q.impl, now + 1, NULL, NULL, NULL), 0);
-  assert_int_equal(f->o->complete(f->q.impl, id, 1, "w1", 1, 0, now + 1, NULL), SPN_ESTATE);
+  assert_int_equal(f->o->complete(f->q.impl, id, 1, "w1", 1, 0, NULL, now + 1, NULL), SPN_ESTATE);
   assert_int_equal(lease(f, "w2", nb - 1, NULL), 0);
   assert_int_equal(lease(f, "w2", nb, &att), id);
   assert_int_equal(att, 2);
-  assert_int_equal(f->o->complete(f->q.impl, id, 2, "w2", 1.5, 0.25, nb + 1, NULL), SPN_OK);
+  assert_int_equal(f->o->complete(f->q.impl, id, 2, "w2", 1.5, 0.25, NULL, nb + 1, NULL), SPN_OK);
   assert_int_equal(f->o->get(f->q.impl, id, &j, NULL), SPN_OK);
   assert_int_equal(j.state, SPN_QSTATE_SUCCEEDED);
   assert_true(j.compute_s == 1.5 && j.gpu_s == 0.25);
@@ -463,7 +464,7 @@ static void test_redis_lease_expiry_and_renew(void **state) {
   bool ex;
   assert_int_equal(f->o->submit(f->q.impl, &so, nb, &id1, &ex, NULL), SPN_OK);
   assert_int_equal(lease(f, "w3", nb, &att), id1);
-  assert_int_equal(f->o->complete(f->q.impl, id1, att, "w3", 0, 0, nb + 1, NULL), SPN_OK);
+  assert_int_equal(f->o->complete(f->q.impl, id1, att, "w3", 0, 0, NULL, nb + 1, NULL), SPN_OK);
   s = (seen_t){0};
   assert_int_equal(f->o->sweep(f->q.impl, nb + 100, seen_cb, &s, NULL), 0);
   assert_int_equal(f->o->sweep(f->q.impl, nb + 400, seen_cb, &s, NULL), 1);
@@ -474,7 +475,7 @@ static void test_redis_lease_expiry_and_renew(void **state) {
   int64_t id2;
   assert_int_equal(f->o->submit(f->q.impl, &so, nb, &id2, &ex, NULL), SPN_OK);
   assert_int_equal(lease(f, "w3", nb, &att), id2);
-  assert_int_equal(f->o->complete(f->q.impl, id2, att, "w3", 0, 0, nb + 1, NULL), SPN_OK);
+  assert_int_equal(f->o->complete(f->q.impl, id2, att, "w3", 0, 0, NULL, nb + 1, NULL), SPN_OK);
   assert_int_equal(f->o->unpublished(f->q.impl, id2, NULL), SPN_OK);
   assert_int_equal(f->o->sweep(f->q.impl, nb + 1000, NULL, NULL, NULL), 0);
 }
@@ -549,9 +550,9 @@ static void test_succeeded_progress_is_complete(void **state) {
   uint32_t att;
   assert_int_equal(lease(f, "w", T0, &att), a);
   assert_int_equal(f->o->progress(f->q.impl, a, 3, 10, NULL), SPN_OK);
-  assert_int_equal(f->o->complete(f->q.impl, a, att, "w", 0, 0, T0 + 1, NULL), SPN_OK);
+  assert_int_equal(f->o->complete(f->q.impl, a, att, "w", 0, 0, NULL, T0 + 1, NULL), SPN_OK);
   assert_int_equal(lease(f, "w", T0, &att), b);
-  assert_int_equal(f->o->complete(f->q.impl, b, att, "w", 0, 0, T0 + 1, NULL), SPN_OK);
+  assert_int_equal(f->o->complete(f->q.impl, b, att, "w", 0, 0, NULL, T0 + 1, NULL), SPN_OK);
   spn_queue_job_t j;
   assert_int_equal(f->o->get(f->q.impl, a, &j, NULL), SPN_OK);
   assert_int_equal(j.progress_done, 10);
@@ -561,6 +562,100 @@ static void test_succeeded_progress_is_complete(void **state) {
   assert_true(j.progress_total > 0);
   assert_int_equal(j.progress_done, j.progress_total);
   spn__queue_job_clear(&j);
+}
+
+/* An attempt's transfers are added to its job in the write that ends the
+ * attempt: a failed attempt's and the succeeding one's sum up, a stale
+ * report adds nothing, another job keeps its own (both backends). */
+static void test_transfers_add_up_over_attempts(void **state) {
+  fx_t *f = *state;
+  int64_t a = submit(f, 0, NULL, 0, 3, T0);
+  int64_t b = submit(f, 0, NULL, 0, 1, T0 + 1);
+  uint32_t att;
+  const spn_job_xfer_t x1 = {.bytes = {100, 200, 0, 1}, .ns = {1000, 2000, 0, 5}};
+  const spn_job_xfer_t x2 = {.bytes = {10, 20, 1ull << 40, 0}, .ns = {1, 2, 3, 0}};
+  assert_int_equal(lease(f, "w", T0 + 2, &att), a);
+  spn_queue_state_t st;
+  assert_int_equal((f->o->fail)(f->q.impl, a, att, "w", "flaky", false, 1, 0, &x1, T0 + 3, &st, NULL), SPN_OK);
+  assert_int_equal(st, SPN_QSTATE_QUEUED);
+  spn_queue_job_t j;
+  assert_int_equal(f->o->get(f->q.impl, a, &j, NULL), SPN_OK);
+  assert_memory_equal(&j.xfer, &x1, sizeof x1);
+  int64_t nb = j.not_before_ms;
+  spn__queue_job_clear(&j);
+  assert_int_equal(lease(f, "w", T0 + 4, &att), b); /* a backs off */
+  assert_int_equal(f->o->complete(f->q.impl, b, att, "w", 0, 0, NULL, T0 + 5, NULL), SPN_OK);
+  assert_int_equal(lease(f, "w2", nb + 1, &att), a);
+  assert_int_equal(att, 2);
+  /* A stale report (the first attempt's) is refused and adds nothing. */
+  assert_int_equal(f->o->complete(f->q.impl, a, 1, "w", 0, 0, &x2, nb + 2, NULL), SPN_ESTATE);
+  assert_int_equal(f->o->complete(f->q.impl, a, att, "w2", 0, 0, &x2, nb + 3, NULL), SPN_OK);
+  assert_int_equal(f->o->get(f->q.impl, a, &j, NULL), SPN_OK);
+  const spn_job_xfer_t sum = {.bytes = {110, 220, 1ull << 40, 1}, .ns = {1001, 2002, 3, 5}};
+  assert_memory_equal(&j.xfer, &sum, sizeof sum);
+  spn__queue_job_clear(&j);
+  assert_int_equal(f->o->get(f->q.impl, b, &j, NULL), SPN_OK);
+  const spn_job_xfer_t none = {.bytes = {0}};
+  assert_memory_equal(&j.xfer, &none, sizeof none);
+  spn__queue_job_clear(&j);
+}
+
+/* A queue file written before transfers existed (no h2d_bytes ... columns)
+ * opens, reads its jobs' transfers as 0, and records new ones. */
+static void test_sqlite_file_from_before_transfers(void **state) {
+  (void)state;
+  char path[] = "/tmp/spn-xfer-queue-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  sqlite3 *db = NULL;
+  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+  /* The jobs table as the release before transfers made it. */
+  const char *old =
+      "CREATE TABLE jobs(id INTEGER PRIMARY KEY AUTOINCREMENT, spec TEXT NOT NULL, priority INTEGER NOT NULL "
+      "DEFAULT 0, state INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, max_attempts INTEGER NOT NULL, "
+      "idem_key TEXT UNIQUE, created INTEGER NOT NULL, deadline INTEGER NOT NULL DEFAULT 0, not_before INTEGER "
+      "NOT NULL DEFAULT 0, lease_owner TEXT, lease_until INTEGER NOT NULL DEFAULT 0, cancel_requested INTEGER NOT "
+      "NULL DEFAULT 0, reason TEXT, errors TEXT NOT NULL DEFAULT '[]', compute_s REAL NOT NULL DEFAULT 0, gpu_s "
+      "REAL NOT NULL DEFAULT 0, progress_done INTEGER NOT NULL DEFAULT 0, progress_total INTEGER NOT NULL DEFAULT "
+      "0, parent INTEGER NOT NULL DEFAULT 0, seg_index INTEGER NOT NULL DEFAULT 0, pending INTEGER NOT NULL "
+      "DEFAULT 0);"
+      "CREATE TABLE transitions(job INTEGER NOT NULL, at INTEGER NOT NULL, state INTEGER NOT NULL, note TEXT);"
+      "INSERT INTO jobs(spec, state, max_attempts, created, compute_s) VALUES('" SPEC "', 2, 1, 1, 2.5);"
+      "INSERT INTO jobs(spec, state, max_attempts, created) VALUES('" SPEC "', 0, 1, 1);";
+  char *msg = NULL;
+  if (sqlite3_exec(db, old, NULL, NULL, &msg) != SQLITE_OK)
+    fail_msg("old schema: %s", msg);
+  sqlite3_close(db);
+  spn_queue_config_t c = {.path = path, .backoff_base_ms = 1000, .backoff_max_ms = 8000, .seed = 1};
+  spn_queue_t q;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_queue_sqlite_open(&c, &q, &err) != SPN_OK)
+    fail_msg("open the old file: %s", err.msg);
+  spn_queue_job_t j;
+  const spn_job_xfer_t none = {.bytes = {0}};
+  assert_int_equal(q.ops->get(q.impl, 1, &j, NULL), SPN_OK);
+  assert_true(j.state == SPN_QSTATE_SUCCEEDED && j.compute_s == 2.5);
+  assert_memory_equal(&j.xfer, &none, sizeof none);
+  spn__queue_job_clear(&j);
+  assert_int_equal(q.ops->lease(q.impl, "w", T0, 1000, &j, NULL), SPN_OK);
+  assert_int_equal(j.id, 2);
+  spn__queue_job_clear(&j);
+  const spn_job_xfer_t x = {.bytes = {7, 8, 9, 10}, .ns = {11, 12, 13, 14}};
+  assert_int_equal(q.ops->complete(q.impl, 2, 1, "w", 0, 0, &x, T0 + 1, NULL), SPN_OK);
+  spn_queue_free(&q);
+  /* And it is on disk: reopened, the figures are there. */
+  assert_int_equal(spn_queue_sqlite_open(&c, &q, &err), SPN_OK);
+  assert_int_equal(q.ops->get(q.impl, 2, &j, NULL), SPN_OK);
+  assert_memory_equal(&j.xfer, &x, sizeof x);
+  spn__queue_job_clear(&j);
+  spn_queue_free(&q);
+  static const char *const sfx[] = {"", "-wal", "-shm"};
+  for (size_t i = 0; i < 3; i++) {
+    char p[64];
+    snprintf(p, sizeof p, "%s%s", path, sfx[i]);
+    unlink(p);
+  }
 }
 
 /* The waiting mirror (P waiting, group "spindle") that KEDA scales 0 -> N
@@ -590,10 +685,10 @@ static void test_redis_waiting_lag_is_the_number_of_queued_jobs(void **state) {
   assert_waiting(f, 2);
   /* a failed attempt with attempts left is queued again (backing off: still
    * waiting, and a worker must come to take it); a cancelled one is not */
-  assert_int_equal((f->o->fail)(f->q.impl, a, att_a, "w1", "boom", false, 0, 0, now, &st, NULL), SPN_OK);
+  assert_int_equal((f->o->fail)(f->q.impl, a, att_a, "w1", "boom", false, 0, 0, NULL, now, &st, NULL), SPN_OK);
   assert_int_equal(st, SPN_QSTATE_QUEUED);
   assert_waiting(f, 3);
-  assert_int_equal((f->o->fail)(f->q.impl, b, att_b, "w1", "stopped", false, 0, 0, now, &st, NULL), SPN_OK);
+  assert_int_equal((f->o->fail)(f->q.impl, b, att_b, "w1", "stopped", false, 0, 0, NULL, now, &st, NULL), SPN_OK);
   assert_int_equal(st, SPN_QSTATE_CANCELLED);
   assert_waiting(f, 3);
   /* a resubmission with the same idempotency key adds nothing */
@@ -756,6 +851,8 @@ int main(void) {
       SQ(test_release_keeps_attempts),
       SQ(test_succeeded_progress_is_complete),
       SQ(test_batch_submit_order),
+      SQ(test_transfers_add_up_over_attempts),
+      cmocka_unit_test(test_sqlite_file_from_before_transfers),
       cmocka_unit_test(test_group_commit_and_durability),
       cmocka_unit_test(test_redis_url_errors),
   };
@@ -772,6 +869,7 @@ int main(void) {
       RD(test_release_keeps_attempts),
       RD(test_succeeded_progress_is_complete),
       RD(test_batch_submit_order),
+      RD(test_transfers_add_up_over_attempts),
       RD(test_redis_shared_by_two_clients),
       RD(test_redis_waiting_lag_is_the_number_of_queued_jobs),
       RD(test_redis_waiting_mirror_is_repaired),

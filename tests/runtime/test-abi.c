@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <cmocka.h>
 
 #include "spindle/plugin.h"
@@ -66,7 +67,7 @@ SIZE(spn_port_format_t, 32);
 AT(spn_port_format_t, mem_kind, 4); AT(spn_port_format_t, pixel_format, 8); AT(spn_port_format_t, sample_format, 12);
 AT(spn_port_format_t, sample_rate, 16); AT(spn_port_format_t, channels, 20); AT(spn_port_format_t, reserved, 24);
 
-SIZE(spn_host_api_t, 472);
+SIZE(spn_host_api_t, 480);
 AT(spn_host_api_t, struct_size, 0); AT(spn_host_api_t, abi_major, 4); AT(spn_host_api_t, abi_minor, 8);
 AT(spn_host_api_t, reserved0, 12); AT(spn_host_api_t, register_kind, 16); AT(spn_host_api_t, plugin_set_data, 24);
 AT(spn_host_api_t, stage_get_data, 32); AT(spn_host_api_t, stage_get_name, 40);
@@ -90,6 +91,8 @@ AT(spn_stage_head_t, struct_size, 0); AT(spn_stage_head_t, reserved0, 4); AT(spn
 AT(spn_host_api_t, buffer_new_kind, 424); AT(spn_host_api_t, buffer_mem_kind, 432);
 AT(spn_host_api_t, buffer_device, 440); AT(spn_host_api_t, buffer_set_ready, 448);
 AT(spn_host_api_t, buffer_event, 456); AT(spn_host_api_t, stage_port_format, 464);
+/* ABI 1.1: counted copies */
+AT(spn_host_api_t, buffer_copy, 472);
 
 SIZE(spn_plugin_desc_t, 128);
 AT(spn_plugin_desc_t, struct_size, 0); AT(spn_plugin_desc_t, abi_major, 4); AT(spn_plugin_desc_t, abi_minor, 8);
@@ -131,9 +134,30 @@ static void init_macros_fill_what_the_loader_checks(void **state) {
   assert_int_equal(t.struct_size, sizeof t);
 }
 
+static int32_t fake_copy(spn_stage_t *s, uint64_t job, spn_buffer_t *d, size_t doff, spn_buffer_t *src, size_t soff,
+                         size_t n, spn_error_t *err) {
+  (void)s, (void)job, (void)d, (void)doff, (void)src, (void)soff, (void)n, (void)err;
+  return SPN_OK;
+}
+
+/* A plugin built against this header, on a host whose table ends before
+ * buffer_copy (an earlier 1.1 host), must see it missing. */
+static void a_table_that_ends_before_a_member_does_not_have_it(void **state) {
+  (void)state;
+  spn_host_api_t h;
+  memset(&h, 0, sizeof h);
+  h.struct_size = sizeof h;
+  assert_false(SPN_HOST_HAS(&h, buffer_copy)); /* present but NULL */
+  h.buffer_copy = fake_copy;
+  assert_true(SPN_HOST_HAS(&h, buffer_copy));
+  h.struct_size = offsetof(spn_host_api_t, buffer_copy); /* the table before it was appended */
+  assert_false(SPN_HOST_HAS(&h, buffer_copy));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(init_macros_fill_what_the_loader_checks),
+      cmocka_unit_test(a_table_that_ends_before_a_member_does_not_have_it),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # `spindle run`: every config in configs/ runs to success (exit 0, summary
 # on stdout); a job that fails exits 1 naming the stage and why; config and
-# usage errors exit 2. Skipped (77) in a build without the runtime.
-#   test-cli-run.sh SPINDLE UTIL_STAGE_DIR SOURCE_ROOT
+# usage errors exit 2. Skipped (77) in a build without the runtime. The
+# summary's transfers (per edge, per stage, for the job) are checked byte
+# for byte with the test stage `upload` of XFER_PLUGIN_DIR on cpu:2.
+#   test-cli-run.sh SPINDLE UTIL_STAGE_DIR SOURCE_ROOT XFER_PLUGIN_DIR
 set -u
-spindle=$(realpath "$1") util=$(realpath "$2") src=$(realpath "$3")
+spindle=$(realpath "$1") util=$(realpath "$2") src=$(realpath "$3") xfer=$(realpath "$4")
 fail() { echo "FAIL: $*"; exit 1; }
 export SPINDLE_PLUGIN_PATH=$util${SPINDLE_MEDIA_STAGE_DIR:+:$SPINDLE_MEDIA_STAGE_DIR}
 # configs that need the media stages are skipped in builds without them
@@ -72,6 +74,59 @@ assert all(s["busy_ms"] >= 0 for s in st) and st[0]["busy_ms"] > 0, st
 assert abs(sum(s["share"] for s in st) - 1) < 1e-3, st
 assert all(abs(s["share"] - s["busy_ms"] / sum(t["busy_ms"] for t in st)) < 1e-3 for s in st), st
 ' || fail "json summary: $(cat out.txt)"
+
+# Transfers: synth (host memory, 8x4 RGB: 96-byte frames) -> upload on
+# emulated device cpu:1 (its own copies: 96 bytes host to device and 32
+# back, per frame) -> check (host memory: the runtime copies each 96-byte
+# device frame back on the edge). Per stage, per edge and for the job.
+cat >xfer.toml <<'EOT'
+[pipeline]
+name = "xfer"
+[[stage]]
+name = "source"
+kind = "synth"
+frames = 6
+width = 8
+height = 4
+[[stage]]
+name = "up"
+kind = "upload"
+inputs = ["source"]
+device = "cpu:1"
+back = 32
+[[stage]]
+name = "sink"
+kind = "check"
+inputs = ["up"]
+expect_frames = 6
+verify_pattern = true
+EOT
+"$spindle" run xfer.toml --plugin-path "$xfer" --devices cpu:2 >out.txt 2>err.txt || fail "xfer run: $(cat err.txt)"
+grep -Eq '^  stage up +[0-9.]+ ms +[0-9.]+%, h2d 6 copies 576 bytes [0-9.]+ ms, d2h 6 copies 192 bytes [0-9.]+ ms$' \
+  out.txt || fail "the stage's own copies: $(cat out.txt)"
+grep -Eq '^  stage (source|sink) +[0-9.]+ ms +[0-9.]+%$' out.txt || fail "stages that copy nothing: $(cat out.txt)"
+grep -Eq '^  edge  up.out -> sink.in: .*, d2h 6 copies 576 bytes [0-9.]+ ms$' out.txt ||
+  fail "the edge's copies: $(cat out.txt)"
+grep -Eq '^  transfers, h2d 6 copies 576 bytes [0-9.]+ ms, d2h 12 copies 768 bytes [0-9.]+ ms; 224.0 bytes per frame' \
+  out.txt || fail "the job's transfers: $(cat out.txt)"
+"$spindle" run xfer.toml --plugin-path "$xfer" --devices cpu:2 --log-format json >out.txt 2>err.txt ||
+  fail "xfer json run: $(cat err.txt)"
+python3 -c '
+import json
+d = json.loads(open("out.txt").read().strip().splitlines()[-1])
+assert d["status"] == "succeeded" and d["frames"] == 6, d
+def figs(o):
+    return {k: (o[k]["copies"], o[k]["bytes"]) for k in ("h2d", "d2h", "d2d", "h2h")}
+st = {s["name"]: figs(s) for s in d["stages"]}
+none = {"h2d": (0, 0), "d2h": (0, 0), "d2d": (0, 0), "h2h": (0, 0)}
+assert st == {"source": none, "up": dict(none, h2d=(6, 576), d2h=(6, 192)), "sink": none}, st
+ed = {(e["from"], e["to"]): figs(e) for e in d["edges"]}
+assert ed == {("source", "up"): none, ("up", "sink"): dict(none, d2h=(6, 576))}, ed
+t = d["transfers"]
+assert figs(t) == dict(none, h2d=(6, 576), d2h=(12, 768)), t
+assert t["bytes_per_frame"] == 224.0, t
+assert all(t[k]["ms"] >= 0 for k in ("h2d", "d2h")), t
+' || fail "json transfers: $(cat out.txt)"
 
 # Config and usage errors.
 "$spindle" run "$src/configs/synthetic.toml" --set source.frames=lots >/dev/null 2>err.txt

@@ -1132,6 +1132,73 @@ static void every_built_in_kind_is_driven_here(void **state) {
   spn_runtime_free(&rt);
 }
 
+/* ---- transfer accounting (host->buffer_copy) ------------------------------------ */
+
+/* The test stage `upload` (tests/runtime/xfer) on emulated device cpu:1
+ * copies each 72-byte frame into device memory (host to device), 16 bytes of
+ * it back (device to host) and 8 bytes host to host for no job. The
+ * collector sits on cpu:0 and takes device memory, so the runtime adds one
+ * peer copy (device to device) per frame on the edge out of the stage. Two
+ * jobs batched together must each get exactly their own frames' bytes; the
+ * job-less copies count for the stage only. */
+static void upload_counts_its_copies_per_stage_and_per_job(void **state) {
+  (void)state;
+  const char *plugin = getenv("SPINDLE_XFER_PLUGIN");
+  if (!plugin || !*plugin)
+    skip();
+  spn_harness_opts_t o = SPN_HARNESS_OPTS_INIT;
+  o.plugin = plugin;
+  o.kind = "upload";
+  o.devices = "cpu:2";
+  o.config = "device = \"cpu:1\"\nback = 16\nuntagged = 8\nbatching = { max_batch = 4, max_delay_ms = 20 }";
+  spn_harness_t *h = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_harness_new(&o, &h, &err) != SPN_OK)
+    fail_msg("harness for upload: %s", err.msg);
+  const uint64_t frames[3] = {0, 5, 3}; /* jobs 1 and 2 */
+  for (uint64_t s = 0; s < 5; s++) {
+    push(h, 1, 0, frame_msg(h, s, 4, 6, (uint8_t)s));
+    if (s < frames[2])
+      push(h, 2, 0, frame_msg(h, s, 4, 6, (uint8_t)(100 + s)));
+  }
+  spn_transfer_stats_t st;
+  assert_int_equal(spn_harness_job_transfers(h, 1, &st, &err), SPN_ENOENT); /* not run yet */
+  run(h);
+  for (uint64_t j = 1; j <= 2; j++) {
+    expect_ok(h, j);
+    assert_int_equal(spn_harness_output_len(h, j, 0), frames[j]);
+    assert_int_equal(spn_harness_job_transfers(h, j, &st, &err), SPN_OK);
+    assert_int_equal(st.struct_size, sizeof st);
+    assert_int_equal(st.copies[SPN_COPY_H2D], frames[j]);
+    assert_int_equal(st.bytes[SPN_COPY_H2D], frames[j] * 72);
+    assert_int_equal(st.copies[SPN_COPY_D2H], frames[j]);
+    assert_int_equal(st.bytes[SPN_COPY_D2H], frames[j] * 16);
+    assert_int_equal(st.copies[SPN_COPY_D2D], frames[j]); /* the edge to the collector on cpu:0 */
+    assert_int_equal(st.bytes[SPN_COPY_D2D], frames[j] * 72);
+    assert_int_equal(st.copies[SPN_COPY_H2H], 0); /* untagged: not the job's */
+    assert_int_equal(st.bytes[SPN_COPY_H2H], 0);
+  }
+  /* The stage: its own copies only (not the edge's peer copies), with the
+   * job-less ones, and the refused over-long copies counted nowhere. */
+  assert_int_equal(spn_harness_stage_transfers(h, &st, &err), SPN_OK);
+  assert_int_equal(st.copies[SPN_COPY_H2D], 8);
+  assert_int_equal(st.bytes[SPN_COPY_H2D], 8 * 72);
+  assert_int_equal(st.bytes[SPN_COPY_D2H], 8 * 16);
+  assert_int_equal(st.copies[SPN_COPY_D2D], 0);
+  assert_int_equal(st.copies[SPN_COPY_H2H], 8);
+  assert_int_equal(st.bytes[SPN_COPY_H2H], 8 * 8);
+  /* A second run adds to the stage's figures; each job's are that run's. */
+  push(h, 2, 0, frame_msg(h, 0, 4, 6, 7));
+  run(h);
+  assert_int_equal(spn_harness_job_transfers(h, 2, &st, &err), SPN_OK);
+  assert_int_equal(st.bytes[SPN_COPY_H2D], 72);
+  assert_int_equal(spn_harness_job_transfers(h, 1, &st, &err), SPN_OK); /* ran with nothing pushed */
+  assert_int_equal(st.bytes[SPN_COPY_H2D] + st.bytes[SPN_COPY_D2H] + st.bytes[SPN_COPY_D2D], 0);
+  assert_int_equal(spn_harness_stage_transfers(h, &st, &err), SPN_OK);
+  assert_int_equal(st.bytes[SPN_COPY_H2D], 9 * 72);
+  spn_harness_free(&h);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(invert_maps_every_frame_and_fails_only_the_bad_job),
@@ -1155,6 +1222,7 @@ int main(void) {
       cmocka_unit_test(convert_swaps_rgb_into_bgr),
       cmocka_unit_test(melspec_cuts_a_wav_into_mel_chunks),
       cmocka_unit_test(lipsync_leaves_a_frame_without_faces_untouched),
+      cmocka_unit_test(upload_counts_its_copies_per_stage_and_per_job),
       cmocka_unit_test(every_built_in_kind_is_driven_here),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -35,6 +35,7 @@
 #include <stdint.h>
 
 #include "spindle/plugin.h"
+#include "spindle/runtime.h" /* spn_transfer_stats_t */
 #include "spindle/status.h"
 
 #ifdef __cplusplus
@@ -175,6 +176,20 @@ SPN_API int32_t spn_harness_job_fail(spn_harness_t *h, uint64_t job_id, int32_t 
  * every stage's. Ownership: done and total written (either may be NULL).
  * Thread: the owner. */
 SPN_API bool spn_harness_job_progress(const spn_harness_t *h, uint64_t job_id, int64_t *done, int64_t *total);
+
+/* What was copied for job `job_id` in the last run (spn_job_transfers at
+ * its end): the runtime's copies on the edges into and out of the stage
+ * (e.g. device memory it emitted, copied to the host for the collector)
+ * plus the stage's own host->buffer_copy calls naming the job. SPN_ENOENT
+ * when the job did not run. Ownership: *out is the caller's, filled whole.
+ * Thread: the owner. */
+SPN_API int32_t spn_harness_job_transfers(const spn_harness_t *h, uint64_t job_id, spn_transfer_stats_t *out,
+                                          spn_error_t *err);
+/* The stage's own copies (host->buffer_copy, every job and job id 0 too)
+ * since the harness was made, all runs together
+ * (spn_pipeline_stage_transfers). Ownership: *out is the caller's, filled
+ * whole. Thread: the owner. */
+SPN_API int32_t spn_harness_stage_transfers(const spn_harness_t *h, spn_transfer_stats_t *out, spn_error_t *err);
 
 #ifdef __cplusplus
 }

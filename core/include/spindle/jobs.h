@@ -82,6 +82,12 @@ const char *spn_job_ctx_output_tmp(const spn_job_ctx_t *ctx, size_t i);
 /* Add seconds of accelerator time used by this job (recorded per job beside
  * its wall compute seconds). Thread: the runner's. Ownership: none. */
 void spn_job_ctx_add_gpu_seconds(spn_job_ctx_t *ctx, double seconds);
+/* Add copies made for this job, by direction (0 host to device, 1 device
+ * to host, 2 device to device, 3 host to host: spn_copy_dir_t): bytes and
+ * host nanoseconds (recorded with the job, summed over attempts, shown in
+ * its status). Either array may be NULL. Thread: the runner's. Ownership:
+ * arrays borrowed. */
+void spn_job_ctx_add_transfers(spn_job_ctx_t *ctx, const uint64_t bytes[4], const uint64_t ns[4]);
 
 /* A runner. `run` returns SPN_OK (outputs complete), SPN_ECANCELLED (it saw
  * the cancel flag) or an error with err->msg naming the input and position;

@@ -10,8 +10,10 @@
  * instance's stream when the instance is placed on a CUDA device, and f->cpu
  * when it is placed on the CPU, so one kind with device_need = EITHER has a
  * GPU body and its CPU twin. A frame that arrives in host memory on a GPU
- * instance is uploaded first (one cudaMemcpyAsync on the instance's stream);
- * the output always stays on the device (tensor device_kind CUDA).
+ * instance is uploaded first (one copy on the instance's stream: the host's
+ * buffer_copy, counted for the stage and the job, or, on an earlier 1.1 host
+ * without it, cudaMemcpyAsync); the output always stays on the device
+ * (tensor device_kind CUDA).
  */
 #ifndef SPINDLE_PLUGIN_CUDA_H
 #define SPINDLE_PLUGIN_CUDA_H
@@ -60,11 +62,18 @@ static inline int32_t spn_frame_filter_process_cuda(spn_stage_t *stage, void *st
       size_t nb = spn_tensor_nbytes(&it.tensor);
       if ((rc = host->buffer_new(stage, nb, &up, err)) != SPN_OK)
         return rc;
-      cudaError_t ce = cudaMemcpyAsync(host->buffer_data(up), host->buffer_data(it.buffer), nb,
-                                       cudaMemcpyHostToDevice, (cudaStream_t)host->stage_get_stream(stage));
-      if (ce != cudaSuccess)
-        snprintf(why, sizeof why, "%s: uploading \"%s\" (%zu bytes): %s", host->stage_get_name(stage), it.name, nb,
-                 cudaGetErrorString(ce));
+      if (SPN_HOST_HAS(host, buffer_copy)) {
+        /* Counted for the stage and the job (what crossed PCIe). */
+        spn_error_t cerr = SPN_ERROR_INIT;
+        if (host->buffer_copy(stage, host->msg_envelope(msgs[i])->job_id, up, 0, it.buffer, 0, nb, &cerr) != SPN_OK)
+          snprintf(why, sizeof why, "%s: uploading \"%s\": %s", host->stage_get_name(stage), it.name, cerr.msg);
+      } else { /* an earlier 1.1 host: the same copy, uncounted */
+        cudaError_t ce = cudaMemcpyAsync(host->buffer_data(up), host->buffer_data(it.buffer), nb,
+                                         cudaMemcpyHostToDevice, (cudaStream_t)host->stage_get_stream(stage));
+        if (ce != cudaSuccess)
+          snprintf(why, sizeof why, "%s: uploading \"%s\" (%zu bytes): %s", host->stage_get_name(stage), it.name,
+                   nb, cudaGetErrorString(ce));
+      }
       it.tensor.data = host->buffer_data(up);
     } else {
       it.tensor.data = host->buffer_data(it.buffer);

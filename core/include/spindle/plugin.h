@@ -505,6 +505,26 @@ typedef struct spn_host_api {
    * caller's, filled. Thread: any. */
   int32_t (*stage_port_format)(spn_stage_t *stage, bool is_output, uint32_t port, spn_port_format_t *out,
                                spn_error_t *err);
+  /* ABI 1.1: counted copies (check SPN_HOST_HAS(host, buffer_copy): an
+   * earlier 1.1 host has no such member) */
+  /* Copy n bytes from src at src_off to dst at dst_off, for job `job_id`
+   * (the envelope's job_id of the message the copy serves; 0 = no job, e.g.
+   * in preload). Any two buffers, of any memory kinds and devices: an
+   * upload, a download, a peer copy. The copy is queued on the instance's
+   * stream after src's readiness event (buffer_set_ready), so work the
+   * stage queues after it on that stream sees the data, as with
+   * cudaMemcpyAsync; on an instance without a stream (the CPU pool) it is
+   * complete when this returns. It is counted by direction (from the two
+   * memory kinds, as the runtime counts its edge copies: host or pinned to
+   * device is host to device, ...) for the stage (spn_pipeline_stage_transfers,
+   * `spindle run`'s summary, the metrics) and for the job (its status), so
+   * the accounting of what crossed PCIe includes the stage's own uploads.
+   * SPN_EINVAL for a NULL buffer or a range outside either buffer (nothing
+   * is copied or counted then). Ownership: dst and src borrowed; keep both
+   * referenced until the stream has passed the copy. Thread: stage (inside
+   * one of the instance's callbacks, on its executor). */
+  int32_t (*buffer_copy)(spn_stage_t *stage, uint64_t job_id, spn_buffer_t *dst, size_t dst_off, spn_buffer_t *src,
+                         size_t src_off, size_t n, spn_error_t *err);
 } spn_host_api_t;
 
 /* True when `host` (a table handed to this plugin) has member m: a member

@@ -193,6 +193,29 @@ typedef struct spn_edge_stats {
  * Thread: any. */
 SPN_API size_t spn_pipeline_edge_count(const spn_pipeline_t *pipe);
 SPN_API int32_t spn_pipeline_edge_stats(const spn_pipeline_t *pipe, size_t i, spn_edge_stats_t *out);
+/* Copies a stage made itself (host->buffer_copy of plugin.h: uploads,
+ * downloads and peer copies inside its callbacks), and the copies made for
+ * one job (see spn_job_transfers): by spn_copy_dir_t, how many, their bytes
+ * and ns, the host wall time spent issuing them (a copy queued on a GPU
+ * stream is not waited for; on an edge, one into host memory is). */
+typedef struct spn_transfer_stats {
+  uint32_t struct_size;
+  uint32_t reserved0;
+  uint64_t copies[4];
+  uint64_t bytes[4];
+  uint64_t ns[4];
+} spn_transfer_stats_t;
+
+#define SPN_TRANSFER_STATS_INIT {.struct_size = sizeof(spn_transfer_stats_t)}
+
+/* Stage i's own copies (config order), summed over replicas and jobs since
+ * the pipeline was loaded: what its instances copied with buffer_copy, not
+ * what the runtime copied on its input edges (spn_pipeline_edge_stats).
+ * Returns the stage's name, NULL when i is out of range (*out untouched).
+ * Ownership: *out is the caller's, filled whole (struct_size included);
+ * the name is borrowed for the pipeline's life. Thread: any (read
+ * atomically while jobs run). */
+SPN_API const char *spn_pipeline_stage_transfers(const spn_pipeline_t *pipe, size_t i, spn_transfer_stats_t *out);
 /* Per-stage histograms since the pipeline was loaded, summed over replicas
  * and jobs: the wall time of each process/generate call (latency_bucket[k]
  * counts calls that took at most spn_stage_latency_bounds_s[k]; the last
@@ -279,6 +302,12 @@ SPN_API uint64_t spn_job_id(const spn_job_t *job);
  * evenly among its frames). CPU-pool stages are not counted.
  * Ownership: none. Thread: any. */
 SPN_API double spn_job_device_seconds(const spn_job_t *job);
+/* Copies made for the job so far, every attempt: those the runtime made on
+ * the pipeline's edges for its messages, plus those its stages made with
+ * buffer_copy naming its id. Figures as in spn_transfer_stats_t. A NULL job
+ * gives zeros. Ownership: *out is the caller's, filled whole (struct_size
+ * included). Thread: any (read atomically while the job runs). */
+SPN_API void spn_job_transfers(const spn_job_t *job, spn_transfer_stats_t *out);
 /* Times the job was restarted after a device it used was quarantined.
  * Ownership: none. Thread: any. */
 SPN_API uint32_t spn_job_restarts(const spn_job_t *job);
