@@ -302,13 +302,24 @@ static void take_frame(spn_stage_t *stage, ls_state_t *st, ls_job_t *j, spn_msg_
     }
 #ifdef SPN_LIPSYNC_CUDA
     if (gpu) {
-      /* Host, this GPU's or another GPU's memory (unified addressing). */
-      cudaError_t ce = cudaMemcpyAsync(host->buffer_data(s->buf), t->data, nb, cudaMemcpyDefault,
-                                       (cudaStream_t)host->stage_get_stream(stage));
-      if (ce != cudaSuccess || host->buffer_set_ready(stage, s->buf, &err) != SPN_OK) {
+      /* From host memory or another GPU's, counted for the stage and the
+       * job where the host can; the message (and its buffer) goes when this
+       * call returns, so the copy is waited for. */
+      cudaStream_t stream = (cudaStream_t)host->stage_get_stream(stage);
+      int32_t rc = SPN_OK;
+      if (SPN_HOST_HAS(host, buffer_copy) && it.buffer)
+        rc = host->buffer_copy(stage, env->job_id, s->buf, 0, it.buffer,
+                               (size_t)((const char *)t->data - (const char *)host->buffer_data(it.buffer)), nb, &err);
+      else if (cudaMemcpyAsync(host->buffer_data(s->buf), t->data, nb, cudaMemcpyDefault, stream) != cudaSuccess)
+        rc = spn_error_set(&err, SPN_ECUDA, "%s", cudaGetErrorString(cudaGetLastError()));
+      if (rc == SPN_OK && cudaStreamSynchronize(stream) != cudaSuccess)
+        rc = spn_error_set(&err, SPN_ECUDA, "%s", cudaGetErrorString(cudaGetLastError()));
+      if (rc == SPN_OK)
+        rc = host->buffer_set_ready(stage, s->buf, &err);
+      if (rc != SPN_OK) {
         snprintf(why, sizeof why, "input \"video\" seq %llu: copying the frame to the GPU: %.400s",
-                 (unsigned long long)env->seq, ce != cudaSuccess ? cudaGetErrorString(ce) : err.msg);
-        job_fail(stage, j, SPN_ECUDA, why);
+                 (unsigned long long)env->seq, err.msg);
+        job_fail(stage, j, rc, why);
         return;
       }
       s->t.device_kind = SPN_DEVICE_CUDA;
@@ -494,10 +505,14 @@ static void run_batch(spn_stage_t *stage, ls_state_t *st, size_t n) {
                         SPN_PIXFMT_RGB24, &err);
 #ifdef SPN_LIPSYNC_CUDA
     if (gpu) {
-      cudaError_t ce = cudaMemcpyAsync(host->buffer_data(nbuf), host->buffer_data(s->buf), nb,
-                                       cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
-      if (ce != cudaSuccess)
-        rc = spn_error_set(&err, SPN_ECUDA, "copying the frame: %s", cudaGetErrorString(ce));
+      if (rc == SPN_OK && SPN_HOST_HAS(host, buffer_copy)) {
+        rc = host->buffer_copy(stage, s->env.job_id, nbuf, 0, s->buf, 0, nb, &err);
+      } else if (rc == SPN_OK) {
+        cudaError_t ce = cudaMemcpyAsync(host->buffer_data(nbuf), host->buffer_data(s->buf), nb,
+                                         cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
+        if (ce != cudaSuccess)
+          rc = spn_error_set(&err, SPN_ECUDA, "copying the frame: %s", cudaGetErrorString(ce));
+      }
       if (rc == SPN_OK)
         rc = spn_w2l_paste_cuda(&img, &s->rect, outp + i * osz, (float)st->cfg->feather,
                                 host->buffer_data(st->d_small), host->buffer_data(st->d_big),

@@ -144,8 +144,8 @@ typedef struct fd_state {
   int32_t faces_cap;
 #ifdef SPN_VISION_CUDA
   spn_buffer_t *d_input; /* the model's input on a GPU instance */
-  uint8_t *h_frame;      /* Haar on a GPU instance: the frame copied back */
-  size_t h_frame_cap;
+  spn_buffer_t *h_frame; /* Haar on a GPU instance: the frame copied back (pinned) */
+  spn_buffer_t *held;    /* Haar on a GPU instance: the host frame an upload replaced, until detected */
 #endif
 } fd_state_t;
 
@@ -245,7 +245,8 @@ static void fd_destroy(spn_stage_t *stage, void *state) {
     cudaStreamSynchronize((cudaStream_t)st->host->stage_get_stream(stage));
     st->host->buffer_unref(&st->d_input);
   }
-  free(st->h_frame);
+  st->host->buffer_unref(&st->h_frame);
+  st->host->buffer_unref(&st->held);
 #endif
   free(st);
 }
@@ -467,8 +468,12 @@ static int32_t frame_on_gpu(fd_state_t *st, spn_msg_t *msg, int64_t idx, const s
                             spn_error_t *err) {
   const spn_host_api_t *h = st->host;
   cudaStream_t stream = (cudaStream_t)h->stage_get_stream(st->stage);
+  uint64_t job_id = h->msg_envelope(msg)->job_id;
   size_t n = spn_tensor_nbytes(&item->tensor);
+  bool counted = SPN_HOST_HAS(h, buffer_copy) && item->buffer; /* the host counts the copy for stage and job */
+  size_t src_off = counted ? (size_t)(*px - (const uint8_t *)h->buffer_data(item->buffer)) : 0;
   int32_t rc;
+  h->buffer_unref(&st->held); /* (a frame that failed before detection) */
   if (item->tensor.device_kind != SPN_DEVICE_CUDA) {
     spn_buffer_t *buf = NULL;
     spn_tensor_t t = item->tensor;
@@ -479,33 +484,39 @@ static int32_t frame_on_gpu(fd_state_t *st, spn_msg_t *msg, int64_t idx, const s
     t.data = h->buffer_data(buf);
     t.device_kind = SPN_DEVICE_CUDA;
     t.device_index = index;
-    /* From pageable memory the copy is staged before cudaMemcpyAsync
-     * returns, so the host frame may go with the replaced item. */
-    if ((rc = cu_ok(cudaMemcpyAsync(t.data, *px, n, cudaMemcpyHostToDevice, stream), "uploading the frame", err)) ==
-            SPN_OK &&
-        (rc = h->buffer_set_ready(st->stage, buf, err)) == SPN_OK)
+    rc = counted ? h->buffer_copy(st->stage, job_id, buf, 0, item->buffer, src_off, n, err)
+                 : cu_ok(cudaMemcpyAsync(t.data, *px, n, cudaMemcpyHostToDevice, stream), "uploading the frame", err);
+    /* The host frame goes with the replaced item: the upload must have read
+     * it first (the model waits for the stream soon after anyway). */
+    if (rc == SPN_OK)
+      rc = cu_ok(cudaStreamSynchronize(stream), "uploading the frame", err);
+    if (rc == SPN_OK && !st->model && item->buffer) /* the cascade reads the host frame: keep it until then */
+      st->held = h->buffer_ref(item->buffer);
+    else if (rc == SPN_OK && !st->model)
+      rc = spn_error_set(err, SPN_EINVAL, "the frame has no buffer");
+    if (rc == SPN_OK && (rc = h->buffer_set_ready(st->stage, buf, err)) == SPN_OK)
       rc = h->msg_replace_tensor(msg, (size_t)idx, &t, buf, err);
     h->buffer_unref(&buf); /* the message holds its own reference */
     if (rc != SPN_OK)
       return rc;
-    *px = t.data;
+    if (st->model)
+      *px = t.data;
+    return SPN_OK;
   }
   if (st->model)
     return SPN_OK;
-  /* The cascade runs on the host. */
-  if (n > st->h_frame_cap) {
-    uint8_t *p = realloc(st->h_frame, n);
-    if (!p)
-      return spn_error_set(err, SPN_ENOMEM, "out of memory");
-    st->h_frame = p;
-    st->h_frame_cap = n;
-  }
-  if ((rc = cu_ok(cudaMemcpyAsync(st->h_frame, *px, n, cudaMemcpyDeviceToHost, stream), "copying the frame back",
-                  err)) != SPN_OK ||
-      (rc = cu_ok(cudaStreamSynchronize(stream), "copying the frame back", err)) != SPN_OK)
+  /* The cascade runs on the host: one copy of the device frame back. */
+  if (st->h_frame && h->buffer_size(st->h_frame) < n)
+    h->buffer_unref(&st->h_frame); /* the last copy into it was waited for */
+  if (!st->h_frame && (rc = h->buffer_new_kind(st->stage, n, SPN_MEM_PINNED, &st->h_frame, err)) != SPN_OK)
     return rc;
-  *px = st->h_frame;
-  return SPN_OK;
+  rc = counted ? h->buffer_copy(st->stage, job_id, st->h_frame, 0, item->buffer, src_off, n, err)
+               : cu_ok(cudaMemcpyAsync(h->buffer_data(st->h_frame), *px, n, cudaMemcpyDeviceToHost, stream),
+                       "copying the frame back", err);
+  if (rc == SPN_OK)
+    rc = cu_ok(cudaStreamSynchronize(stream), "copying the frame back", err);
+  *px = h->buffer_data(st->h_frame);
+  return rc;
 }
 #endif
 
@@ -536,6 +547,9 @@ static int32_t detect_frame(fd_state_t *st, fd_job_t *job, spn_msg_t *msg, int64
     return spn_error_prefix(err, "facedetect: frame %llu", seq);
 #endif
   rc = st->model ? detect_model(st, px, W, H, on_gpu, &n, err) : detect_haar(st, px, W, H, &n, err);
+#ifdef SPN_VISION_CUDA
+  h->buffer_unref(&st->held);
+#endif
   if (rc != SPN_OK)
     return spn_error_prefix(err, "facedetect: frame %llu", seq);
   if (grow_faces(st, n > 0 ? n : 1))

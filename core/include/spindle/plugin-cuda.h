@@ -66,7 +66,8 @@ static inline int32_t spn_frame_filter_process_cuda(spn_stage_t *stage, void *st
         /* Counted for the stage and the job (what crossed PCIe). */
         spn_error_t cerr = SPN_ERROR_INIT;
         if (host->buffer_copy(stage, host->msg_envelope(msgs[i])->job_id, up, 0, it.buffer, 0, nb, &cerr) != SPN_OK)
-          snprintf(why, sizeof why, "%s: uploading \"%s\": %s", host->stage_get_name(stage), it.name, cerr.msg);
+          snprintf(why, sizeof why, "%.60s: uploading \"%.40s\": %.80s", host->stage_get_name(stage), it.name,
+                   cerr.msg);
       } else { /* an earlier 1.1 host: the same copy, uncounted */
         cudaError_t ce = cudaMemcpyAsync(host->buffer_data(up), host->buffer_data(it.buffer), nb,
                                          cudaMemcpyHostToDevice, (cudaStream_t)host->stage_get_stream(stage));
