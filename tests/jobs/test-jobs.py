@@ -985,7 +985,8 @@ XFER_FRAME = 8 * 4 * 3  # synth at 8x4 RGB: 96 bytes a frame
 
 def xfer_config(tmp):
     """A pipeline whose copies are known to the byte: synth (host memory) ->
-    cost (5 ms a frame, so two jobs overlap) -> upload on emulated device
+    cost (20 ms a frame, so two jobs overlap even where a loaded machine is
+    slow to start the second `spindle submit`) -> upload on emulated device
     cpu:1 (the test stage of tests/runtime/xfer: per frame it copies the
     96-byte frame to the device and 32 bytes back itself, plus 8 bytes host
     to host for no job) -> filesink (host memory: the runtime copies each
@@ -994,7 +995,7 @@ def xfer_config(tmp):
         f.write('[pipeline]\nname = "xfer"\n[pipeline.outputs]\nframes = "sink.path"\n'
                 '[pipeline.params]\nframes = "source.frames"\n'
                 '[[stage]]\nname = "source"\nkind = "synth"\nframes = 10\nwidth = 8\nheight = 4\n'
-                '[[stage]]\nname = "work"\nkind = "cost"\ninputs = ["source"]\nus = 5000\n'
+                '[[stage]]\nname = "work"\nkind = "cost"\ninputs = ["source"]\nus = 20000\n'
                 '[[stage]]\nname = "up"\nkind = "upload"\ninputs = ["work"]\ndevice = "cpu:1"\n'
                 'back = 32\nuntagged = 8\n'
                 '[[stage]]\nname = "sink"\nkind = "filesink"\ninputs = ["up"]\n')
