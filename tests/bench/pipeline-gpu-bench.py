@@ -90,6 +90,7 @@ except ImportError as e:  # pragma: no cover
 
 SRC = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 FD_BATCH = 16  # inference.py's face_det_batch_size
+HAAR = "haarcascade_frontalface_default.xml"
 
 
 def load_script(path, name):
@@ -211,13 +212,13 @@ def models_from_log(text):
             msg = json.loads(line).get("msg", "")
         except ValueError:
             msg = line
-        m = re.match(r"(facedetect|superres) (\S+): model (.+)$", msg)
-        if m:
-            out[m.group(2)] = m.group(3)
-            continue
         m = re.match(r"(facedetect|superres) (\S+): .*; using (.+)$", msg)
         if m:
             out[m.group(2)] = "builtin: " + m.group(3)
+            continue
+        m = re.match(r"(facedetect|superres) (\S+): model (.+)$", msg)
+        if m:
+            out[m.group(2)] = m.group(3)
     return out
 
 
@@ -314,8 +315,15 @@ class Peer:
             self.fd_priors = {}
             self.fd_mean = torch.tensor([104.0, 117.0, 123.0], device=self.dev).view(1, 3, 1, 1)
         else:
+            # Spindle fell back to its Haar cascade: the same cascade in OpenCV
             self.fd_kind = "haar"
-            xml = fd_cfg.get("cascade") or os.path.join(cv2.data.haarcascades, "haarcascade_frontalface_default.xml")
+            if not hasattr(cv2, "CascadeClassifier"):
+                raise RuntimeError(f"OpenCV {cv2.__version__} has no Haar cascade: fetch retinaface-mnet025 "
+                                   "(spindle model fetch) so that both sides run RetinaFace")
+            names = [fd_cfg.get("cascade")] if fd_cfg.get("cascade") else [
+                os.path.join(getattr(getattr(cv2, "data", None), "haarcascades", ""), HAAR),
+                "/usr/share/opencv4/haarcascades/" + HAAR, "/usr/share/opencv/haarcascades/" + HAAR]
+            xml = next((n for n in names if os.path.exists(n)), names[0])
             self.haar = cv2.CascadeClassifier(xml)
 
     def priors(self, h, w):
@@ -377,7 +385,7 @@ class Peer:
             args = ["ffmpeg", "-nostdin", "-hide_banner", "-loglevel", "error", "-y",
                     "-f", "rawvideo", "-pix_fmt", "bgr24", "-s", f"{w}x{h}", "-r", str(fps), "-i", "pipe:0"]
             if audio:
-                args += ["-i", audio, "-map", "0:v:0", "-map", "1:a:0", "-c:a", "aac", "-shortest"]
+                args += ["-i", audio, "-map", "0:v:0", "-map", "1:a:0", "-c:a", "aac"]
             args += ["-c:v", codec, "-preset", preset, "-crf", str(crf), "-pix_fmt", "yuv420p",
                      "-movflags", "+faststart", path]
             return Writer(subprocess.Popen(args, stdin=subprocess.PIPE), None, "bgr24")
@@ -710,7 +718,7 @@ def main():
             full_sets = sets + [f"encode.path={os.path.join(work, tag + '-spindle.mp4')}",
                                 f"encode.audio_path={wav if pipe == 'lipsync' else clip}"]
             r = {"pipeline": pipe, "clip": os.path.basename(clip), "width": W, "height": H, "devices": a.devices,
-                 "gpu": gpu}
+                 "gpu": gpu, "scale": int(stage_of(doc, "sr").get("scale", 2))}
             try:
                 full = run_spindle(spindle, cfg, full_sets, a.devices, env, os.path.join(work, tag + "-full.log"))
                 part = run_spindle(spindle, sink_cfg, sets, a.devices, env, os.path.join(work, tag + "-gpupart.log"))
@@ -767,7 +775,7 @@ def main():
 def print_report(results, a, gpu, enc_kind):
     print(f"\n### Pipelines on {a.devices} ({gpu}); Python peer encoder: {enc_kind}\n")
     print("| pipeline | resolution | frames | Spindle frames/s | Python frames/s | ratio | PCIe bytes/frame "
-          "| PCIe frames/frame | GPU part frames/s | bounding stage |")
+          "| PCIe in frames (input / output size) | GPU part frames/s | bounding stage |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         res = f"{r['width']}x{r['height']}"
@@ -781,9 +789,10 @@ def print_report(results, a, gpu, enc_kind):
         x = s["transfers_per_frame"]["pcie"]
         mark = "" if s["transfers_source"].startswith("job") else " (" + s["transfers_source"] + ")"
         bn, bs = r["bounding_stage"]
+        fin = x / (r["width"] * r["height"] * 3)
+        fout = fin / (r["scale"] * r["scale"])
         print(f"| {r['pipeline']} | {res} | {s['frames']} | {s['frames_per_s']:.1f} | {pf} | {ratio} | "
-              f"{x:,.0f}{mark} | {x / (r['width'] * r['height'] * 3):.2f} | {g['frames_per_s']:.1f} | "
-              f"{bn} ({100 * bs:.0f}%) |")
+              f"{x:,.0f}{mark} | {fin:.2f} / {fout:.2f} | {g['frames_per_s']:.1f} | {bn} ({100 * bs:.0f}%) |")
     print("\nPer run (Spindle: busy ms and share per stage; GPU part: the same without the encoder; "
           "Python: seconds per phase):\n")
     for r in results:
