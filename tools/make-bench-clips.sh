@@ -16,12 +16,13 @@
 # speech as its audio track, faststart). The picture: the astronaut scaled to
 # the frame's height and centred on a dark background, with a slow zoom
 # towards the face and a gentle sideways pan, so every frame differs and the
-# face stays near a third of the frame's height.
+# face stays about a fifth of the frame's height (150 pixels at 720p).
 #
 # Needs ffmpeg (libx264, aac), espeak-ng and Debian's python3-skimage. A GPU
 # host usually has none of them: make the clips on the build machine and copy
-# the folder over (docs/gpu.md, "Benchmarks"). At the default CRF ten
-# seconds are about 0.5 MB at 720p and 0.9 MB at 1080p.
+# the folder over, or make them there with tools/make-bench-clips.py (OpenCV
+# and Spindle's own encoder; see docs/gpu.md, "Benchmarks"). At the default
+# CRF ten seconds are about 0.5 MB at 720p and 0.9 MB at 1080p.
 set -euo pipefail
 out=""; seconds=10; sizes=1280x720,1920x1080; crf=26
 while [ $# -gt 0 ]; do
