@@ -295,11 +295,11 @@ class Peer:
         return convert(fold_identity_weights(onnx.load(path))).to(self.dev).eval()
 
     def precision(self, p):
-        # tf32 only matters on a GPU; fp16 = autocast (what a torch team writes)
+        # fp16 = autocast (what a torch team writes); like Spindle, the CPU
+        # computes in fp32 whatever the config asks
         torch.backends.cuda.matmul.allow_tf32 = p == "tf32"
         torch.backends.cudnn.allow_tf32 = p == "tf32"
-        return torch.autocast(self.dev.type, dtype=torch.float16 if self.cuda else torch.bfloat16,
-                              enabled=p == "fp16")
+        return torch.autocast("cuda", dtype=torch.float16, enabled=self.cuda and p == "fp16")
 
     def run_model(self, net, prec, *xs):
         with torch.inference_mode(), self.precision(prec):
@@ -793,6 +793,19 @@ def print_report(results, a, gpu, enc_kind):
         fout = fin / (r["scale"] * r["scale"])
         print(f"| {r['pipeline']} | {res} | {s['frames']} | {s['frames_per_s']:.1f} | {pf} | {ratio} | "
               f"{x:,.0f}{mark} | {fin:.2f} / {fout:.2f} | {g['frames_per_s']:.1f} | {bn} ({100 * bs:.0f}%) |")
+    print("\nTargets (met / missed): Spindle >= 5x the Python frames/s; GPU part >= 900 frames/s at 720p; "
+          "at most one output frame over PCIe per output frame\n")
+    for r in results:
+        if "spindle" not in r:
+            continue
+        x = r["spindle"]["transfers_per_frame"]["pcie"] / (r["width"] * r["height"] * 3 * r["scale"] ** 2)
+        checks = [("ratio >= 5", r["ratio"] >= 5 if "ratio" in r else None),
+                  ("PCIe <= 1 frame" + ("" if r["spindle"]["transfers_source"].startswith("job") else
+                                        " (edges only)"), x <= 1.0)]
+        if r["height"] == 720:
+            checks.insert(1, ("GPU part >= 900 frames/s", r["gpu_part"]["frames_per_s"] >= 900))
+        print(f"- {r['pipeline']} {r['width']}x{r['height']}: " +
+              ", ".join(f"{n} {'-' if ok is None else 'met' if ok else 'missed'}" for n, ok in checks))
     print("\nPer run (Spindle: busy ms and share per stage; GPU part: the same without the encoder; "
           "Python: seconds per phase):\n")
     for r in results:
