@@ -177,30 +177,97 @@ def precision_of(stage):
 # Spindle
 # --------------------------------------------------------------------------
 
-def run_spindle(spindle, cfg, sets, devices, env, log_path):
+def run_spindle(spindle, cfg, sets, devices, env, log_path, pcie=None):
+    """One `spindle run`; its JSON summary with wall_s, models and, when
+    `pcie` (an NvmlPcie) is given, NVML's estimate of the job's PCIe bytes."""
     args = [spindle, "run", cfg, "--devices", devices, "--log-format", "json"]
     for s in sets:
         args += ["--set", s]
+    if pcie:
+        pcie.start()
     t0 = time.perf_counter()
-    pr = subprocess.run(args, capture_output=True, text=True, env=env)
+    with tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        lines = []
+        for line in p.stdout:  # the summary's arrival time ends the job's window
+            lines.append((time.perf_counter(), line))
+        rc = p.wait()
+        err.seek(0)
+        stderr = err.read()
     wall = time.perf_counter() - t0
+    samples = pcie.stop() if pcie else None
     with open(log_path, "w") as f:
-        f.write("$ " + " ".join(args) + "\n" + pr.stderr + pr.stdout)
-    summary = None
-    for line in pr.stdout.strip().splitlines()[::-1]:
+        f.write("$ " + " ".join(args) + "\n" + stderr + "".join(l for _, l in lines))
+    summary, t_end = None, None
+    for t, line in lines[::-1]:
         try:
             d = json.loads(line)
         except ValueError:
             continue
         if "stages" in d:
-            summary = d
+            summary, t_end = d, t
             break
-    if pr.returncode or not summary or summary.get("status") != "succeeded":
-        why = (summary or {}).get("error") or (pr.stderr.strip().splitlines() or [f"exit {pr.returncode}"])[-1]
+    if rc or not summary or summary.get("status") != "succeeded":
+        why = (summary or {}).get("error") or (stderr.strip().splitlines() or [f"exit {rc}"])[-1]
         raise RuntimeError(f"spindle run {os.path.basename(cfg)} failed: {why} (log: {log_path})")
     summary["wall_s"] = wall
-    summary["models"] = models_from_log(pr.stderr)
+    summary["models"] = models_from_log(stderr)
+    if samples is not None:
+        summary["nvml_pcie"] = NvmlPcie.integrate(samples, t_end - summary["elapsed_s"], t_end)
     return summary
+
+
+class NvmlPcie:
+    """NVML's PCIe throughput counters (nvmlDeviceGetPcieThroughput: KB/s over
+    a 20 ms window, sampled back to back by a thread), integrated over a
+    job's time: an estimate of every byte that crossed, whoever copied it, to
+    check the summary's counted copies against. None where NVML is missing."""
+
+    def __init__(self, index=0):
+        import ctypes
+        self.ct = ctypes
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        if self.lib.nvmlInit_v2():
+            raise OSError("nvmlInit failed")
+        self.dev = ctypes.c_void_p()
+        if self.lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self.dev)):
+            raise OSError(f"no NVML device {index}")
+
+    @staticmethod
+    def create():
+        try:
+            return NvmlPcie()
+        except (OSError, AttributeError):
+            return None
+
+    def start(self):
+        import threading
+        self.samples, self.stopping = [], False
+
+        def loop():
+            v = self.ct.c_uint()
+            while not self.stopping:
+                row = [time.perf_counter()]
+                for counter in (1, 0):  # RX (host to device), TX (device to host), from the GPU's side
+                    row.append(v.value if self.lib.nvmlDeviceGetPcieThroughput(self.dev, counter,
+                                                                              self.ct.byref(v)) == 0 else 0)
+                self.samples.append(row)
+        self.thread = threading.Thread(target=loop, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.stopping = True
+        self.thread.join()
+        return self.samples
+
+    @staticmethod
+    def integrate(samples, t0, t1):
+        h2d = d2h = 0.0
+        for (ta, rx, tx), (tb, _, _) in zip(samples, samples[1:]):
+            dt = max(0.0, min(tb, t1) - max(ta, t0))
+            h2d += rx * 1024.0 * dt
+            d2h += tx * 1024.0 * dt
+        return {"h2d": h2d, "d2h": d2h, "samples": len(samples)}
 
 
 def models_from_log(text):
@@ -218,7 +285,7 @@ def models_from_log(text):
             continue
         m = re.match(r"(facedetect|superres) (\S+): model (.+)$", msg)
         if m:
-            out[m.group(2)] = m.group(3)
+            out[m.group(2)] = os.path.normpath(m.group(3))
     return out
 
 
@@ -696,6 +763,7 @@ def main():
         subprocess.run([sys.executable, os.path.join(SRC, "tests", "lipsync", "make-w2l-model.py"), w2l,
                         "--arch", "wav2lip", "--width", "1.0"], check=True, stdout=subprocess.DEVNULL)
     torch_dev = "cuda:0" if cuda else "cpu"
+    nvml = NvmlPcie.create() if cuda else None
     gpu = torch.cuda.get_device_name(0) if cuda else "CPU"
     print(f"device: {a.devices} ({gpu}); torch {torch.__version__}, cv2 {cv2.__version__}; "
           f"peer encoder: {enc_kind}; Wav2Lip: {a.w2l or 'random weights, real shape'}")
@@ -720,8 +788,10 @@ def main():
             r = {"pipeline": pipe, "clip": os.path.basename(clip), "width": W, "height": H, "devices": a.devices,
                  "gpu": gpu, "scale": int(stage_of(doc, "sr").get("scale", 2))}
             try:
-                full = run_spindle(spindle, cfg, full_sets, a.devices, env, os.path.join(work, tag + "-full.log"))
-                part = run_spindle(spindle, sink_cfg, sets, a.devices, env, os.path.join(work, tag + "-gpupart.log"))
+                full = run_spindle(spindle, cfg, full_sets, a.devices, env, os.path.join(work, tag + "-full.log"),
+                                   nvml)
+                part = run_spindle(spindle, sink_cfg, sets, a.devices, env, os.path.join(work, tag + "-gpupart.log"),
+                                   nvml)
             except RuntimeError as e:
                 print(f"{tag}: {e}")
                 r["error"] = str(e)
@@ -732,6 +802,9 @@ def main():
                             "frames_per_s": full["frames"] / full["elapsed_s"], "stages": full["stages"],
                             "models": full["models"], "transfers_per_frame": xfer, "transfers_source": xsrc,
                             "summary": full}
+            if "nvml_pcie" in full:
+                r["spindle"]["nvml_pcie_per_frame"] = {k: full["nvml_pcie"][k] / max(1, full["frames"])
+                                                       for k in ("h2d", "d2h")}
             pxfer, _ = transfers(part)
             r["gpu_part"] = {"frames": part["frames"], "elapsed_s": part["elapsed_s"],
                              "frames_per_s": part["frames"] / part["elapsed_s"], "stages": part["stages"],
@@ -813,10 +886,13 @@ def print_report(results, a, gpu, enc_kind):
             continue
         s, g = r["spindle"], r["gpu_part"]
         print(f"- {r['pipeline']} {r['width']}x{r['height']}: models {s['models'] or '(none logged)'}")
+        x = s["transfers_per_frame"]
         print("  - Spindle: " + ", ".join(f"{st['name']} {st['busy_ms']:.0f} ms ({100 * st['share']:.0f}%)"
                                            for st in s["stages"]) +
-              f"; per frame h2d {s['transfers_per_frame']['h2d']:,.0f} B, d2h {s['transfers_per_frame']['d2h']:,.0f} B, "
-              f"d2d {s['transfers_per_frame']['d2d']:,.0f} B ({s['transfers_source']})")
+              f"; per frame h2d {x['h2d']:,.0f} B, d2h {x['d2h']:,.0f} B, "
+              f"d2d {x['d2d']:,.0f} B ({s['transfers_source']})" +
+              ("; NVML estimate h2d {h2d:,.0f} B, d2h {d2h:,.0f} B".format(**s["nvml_pcie_per_frame"])
+               if "nvml_pcie_per_frame" in s else ""))
         gb, gs = g["bounding_stage"]
         print("  - GPU part: " + ", ".join(f"{st['name']} {st['busy_ms']:.0f} ms ({100 * st['share']:.0f}%)"
                                             for st in g["stages"]) + f"; bound by {gb}")
