@@ -359,7 +359,16 @@ class Peer:
         return r
 
     def load(self, path):
-        return convert(fold_identity_weights(onnx.load(path))).to(self.dev).eval()
+        m = fold_identity_weights(onnx.load(path))
+        net = convert(m).to(self.dev).eval()
+        inits = {i.name for i in m.graph.initializer}
+        net.spn_inputs = [i.name for i in m.graph.input if i.name not in inits]
+        return net
+
+    def run_w2l(self, net, prec, mel, face):
+        """Wav2Lip with its two inputs in the export's order (by name)."""
+        args = [mel if n == "mel" or "audio" in n else face for n in net.spn_inputs]
+        return self.run_model(net, prec, *args)
 
     def precision(self, p):
         # fp16 = autocast (what a torch team writes); like Spindle, the CPU
@@ -658,8 +667,8 @@ def peer_lipsync(peer, clip, wav, n, doc, models, w2l, writer_kind, out, spindle
     cap.release()
     h, w = first.shape[:2]
     peer.detect([first] * 2)
-    peer.run_model(w2l_net, w2l_prec, peer.up(np.zeros((batch, 1, 80, 16), np.float32)),
-                   peer.up(np.zeros((batch, 6, 96, 96), np.float32)))
+    peer.run_w2l(w2l_net, w2l_prec, peer.up(np.zeros((batch, 1, 80, 16), np.float32)),
+                 peer.up(np.zeros((batch, 6, 96, 96), np.float32)))
     sr_frame(peer, sr_net, sr_prec, first)
     peer.sync()
     peer.h2d = peer.d2h = 0
@@ -684,8 +693,8 @@ def peer_lipsync(peer, clip, wav, n, doc, models, w2l, writer_kind, out, spindle
             sm.append(None)
             continue
         near = [q for q in rects[i:i + win] if q is not None]
-        y1, y2, x1, x2 = np.mean(near, 0)
-        sm.append((int(y1), int(y2), int(x1), int(x2)))
+        y1, y2, x1, x2 = (int(v) for v in np.mean(near, 0))
+        sm.append((y1, y2, x1, x2) if y2 - y1 >= 2 and x2 - x1 >= 2 else None)
     wr = peer.open_writer(writer_kind, out, w * scale, h * scale, fps, enc, wav, spindle)
     for i in range(0, len(frames), batch):
         idx = [j for j in range(i, min(i + batch, len(frames))) if sm[j] is not None]
@@ -700,7 +709,7 @@ def peer_lipsync(peer, clip, wav, n, doc, models, w2l, writer_kind, out, spindle
             img, mel = peer.timed("prepare", prepare)
 
             def infer():
-                pred = peer.run_model(w2l_net, w2l_prec, peer.up(mel), peer.up(img))
+                pred = peer.run_w2l(w2l_net, w2l_prec, peer.up(mel), peer.up(img))
                 return peer.down(pred.float()).transpose(0, 2, 3, 1) * 255.0
             pred = peer.timed("wav2lip", infer)
 
