@@ -14,8 +14,10 @@
 #                        cannot read the build directory)
 #   WHEELS               a folder of wheels to install first (onnx2torch for
 #                        the benchmark)
-#   TEST_LIMIT           seconds for the tests (default 400), then killed
-#   BENCH                a command run after the tests (e.g. the benchmark)
+#   TEST_LIMIT           seconds for the tests (default 400), then killed;
+#                        0: no tests, only BENCH
+#   BENCH                a command run after the tests (e.g. the benchmark;
+#                        pipeline-gpu-bench.py: docs/gpu.md, "Benchmarks")
 #   LOGS                 where each test's log goes (default /tmp/spn-gpu-logs);
 #                        all of them are also packed into $OUT/logs.tgz when
 #                        OUT is set
@@ -55,10 +57,14 @@ for p in libuv libzmq; do
 done
 export PKG_CONFIG_PATH=/tmp/spn-pcstub${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 rc=0
-timeout -s KILL "${TEST_LIMIT:-400}" python3 .gpu/runner.py $t/tests.json $t/benchmarks.json "$@" || rc=$?
-echo "runner exit $rc"
+if [ "${TEST_LIMIT:-400}" != 0 ]; then
+  timeout -s KILL "${TEST_LIMIT:-400}" python3 .gpu/runner.py $t/tests.json $t/benchmarks.json "$@" || rc=$?
+  echo "runner exit $rc"
+fi
 if [ -n "${BENCH:-}" ]; then
-  eval "$BENCH" 2>&1 | tee "$logs/bench.txt"
+  set -o pipefail
+  eval "$BENCH" 2>&1 | tee "$logs/bench.txt" || echo "bench exit $?"
+  set +o pipefail
 fi
 [ -z "${OUT:-}" ] || tar czf "$OUT/logs.tgz" -C "$(dirname "$logs")" "$(basename "$logs")"
 exit $rc
