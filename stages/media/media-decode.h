@@ -56,7 +56,9 @@ typedef struct spn_decode_opts {
    * device_frames: 1 = a frame NVDEC decoded stays on the GPU: the item's
    * image is then an NV12 view of device memory held by item.hw_frame
    * (needs rotation 0 and 8-bit 4:2:0; other frames are downloaded as
-   * before, and info.host_frames_why says why). 0 = every frame is
+   * before, and info.host_frames_why says why). Use it with hw_device:
+   * without one the frames live in FFmpeg's own CUDA context, which the
+   * runtime's is not. 0 = every frame is
    * downloaded and converted on the CPU (the default). */
   void *hw_device;
   int32_t device_frames;
