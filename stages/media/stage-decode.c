@@ -191,6 +191,9 @@ static int32_t gpu_job_open(spn_stage_t *stage, const decode_config_t *c, decode
       return spn_error_set(err, SPN_EDEVICE, "%s: NVDEC is not available (hwaccel = \"cuda\"): %s", c->path, e.msg);
     snprintf(j->open_why_buf, sizeof j->open_why_buf, "%s", e.msg);
     j->open_why = j->open_why_buf;
+    /* software, not FFmpeg's own CUDA device: its frames would live in a
+     * context other than the runtime's */
+    o->hwaccel = SPN_HWACCEL_NONE;
     return SPN_OK;
   }
   o->hw_device = j->hwdev;
@@ -241,7 +244,9 @@ static int32_t gpu_fill_frame(spn_stage_t *stage, decode_job_t *j, spn_media_ite
   }
   if (rc == SPN_OK)
     rc = host->buffer_set_ready(stage, buf, err);
-  return rc ? spn_error_prefix(err, "%s: frame %llu", j->path, (unsigned long long)j->vseq) : SPN_OK;
+  if (rc)
+    spn_error_prefix(err, "%s: frame %llu", j->path, (unsigned long long)j->vseq);
+  return rc;
 }
 #endif
 

@@ -349,8 +349,11 @@ static int32_t write_frame(encode_job_t *j, spn_buffer_t *buf, int32_t w, int32_
 #ifdef SPN_MEDIA_CUDA
   if (j->on_gpu) {
     spn_image_t gimg;
-    if ((rc = gpu_frame(j, buf, w, h, fmt, &gimg, err)))
-      return spn_error_prefix(err, "%s: frame %lld", j->cfg.path, (long long)j->frames);
+    if ((rc = gpu_frame(j, buf, w, h, fmt, &gimg, err))) {
+      if (err && strncmp(err->msg, j->cfg.path, strlen(j->cfg.path)) != 0) /* the encoder's own name the file */
+        spn_error_prefix(err, "%s: frame %lld", j->cfg.path, (long long)j->frames);
+      return rc;
+    }
     if ((rc = spn_encoder_write_video(j->enc, &gimg, pts_us, 1, 1000000, err)))
       return rc;
     j->frames++;
