@@ -298,14 +298,17 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
   spn_tensor_t t = SPN_TENSOR_INIT;
   const spn_image_t *im = &it->image;
   int video = it->kind == SPN_MEDIA_VIDEO;
+  /* An NVDEC frame (hw_frame) is NV12 on the device until gpu_fill_frame
+   * converts it: the tensor and its "image" item have the job's format. */
+  int32_t fmt = it->hw_frame ? j->pixfmt : im->format;
   if (video) {
-    if (im->format == SPN_PIXFMT_RGB24 || im->format == SPN_PIXFMT_BGR24) {
+    if (fmt == SPN_PIXFMT_RGB24 || fmt == SPN_PIXFMT_BGR24) {
       t.dtype = SPN_DTYPE_U8;
       t.ndim = 3;
       t.shape[0] = im->height;
       t.shape[1] = im->width;
       t.shape[2] = 3;
-    } else if (im->format == SPN_PIXFMT_RGBF32P || im->format == SPN_PIXFMT_BGRF32P) {
+    } else if (fmt == SPN_PIXFMT_RGBF32P || fmt == SPN_PIXFMT_BGRF32P) {
       t.dtype = SPN_DTYPE_F32;
       t.ndim = 3;
       t.shape[0] = 3;
@@ -368,7 +371,7 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
     rc = host->msg_add_tensor(msg, video ? "frame" : "pcm", &t, buf, err);
   if (rc == SPN_OK && video) {
     /* size and layout: the (N) vector of nv12/yuv420p needs them */
-    spn_media_image_meta_t im_meta = {.width = im->width, .height = im->height, .format = im->format};
+    spn_media_image_meta_t im_meta = {.width = im->width, .height = im->height, .format = fmt};
     rc = host->msg_add_meta(msg, SPN_MEDIA_IMAGE_META, &im_meta, sizeof im_meta, err);
   } else if (rc == SPN_OK) {
     spn_media_audio_meta_t am = {.rate = it->rate, .channels = it->channels};
