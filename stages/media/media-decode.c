@@ -135,16 +135,25 @@ static int32_t open_codec(spn_decoder_t *d, AVStream *st, AVCodecContext **out, 
   if (!d->o.tolerate_errors)
     ctx->err_recognition |= AV_EF_EXPLODE;
   if (video && d->o.hwaccel != SPN_HWACCEL_NONE) {
-    int ok = codec_has_cuda(codec) &&
-             av_hwdevice_ctx_create(&d->hw, AV_HWDEVICE_TYPE_CUDA, NULL, NULL, 0) >= 0;
+    /* The caller's device (the stage's GPU, context and stream) when given,
+     * else FFmpeg's default CUDA device. */
+    int has = codec_has_cuda(codec);
+    int ok = has && (d->o.hw_device ? (d->hw = av_buffer_ref(d->o.hw_device)) != NULL
+                                    : av_hwdevice_ctx_create(&d->hw, AV_HWDEVICE_TYPE_CUDA, NULL, NULL, 0) >= 0);
     if (ok) {
       ctx->hw_device_ctx = av_buffer_ref(d->hw);
+      if (!ctx->hw_device_ctx)
+        return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", d->path);
       ctx->get_format = pick_cuda;
       d->info.hwaccel_active = 1;
     } else if (d->o.hwaccel == SPN_HWACCEL_CUDA) {
       return spn_error_set(err, SPN_EDEVICE, "%s: CUDA decoding of %s is not available", d->path,
                            codec->name);
+    } else {
+      d->info.host_frames_why = has ? "FFmpeg could not open a CUDA device" : "the decoder has no CUDA hwaccel";
     }
+  } else if (video) {
+    d->info.host_frames_why = "hwaccel is none";
   }
   r = avcodec_open2(ctx, codec, NULL);
   if (r < 0)
@@ -294,7 +303,12 @@ const spn_decode_info_t *spn_decoder_info(const spn_decoder_t *d) {
 void spn_media_item_release(spn_media_item_t *item) {
   if (!item)
     return;
-  spn_image_release(&item->image);
+  if (item->hw_frame) {
+    AVFrame *f = item->hw_frame;
+    av_frame_free(&f); /* the image only viewed it */
+  } else {
+    spn_image_release(&item->image);
+  }
   free(item->samples);
   memset(item, 0, sizeof *item);
 }
@@ -308,9 +322,73 @@ static enum AVPixelFormat av_format_for(int32_t f) {
   }
 }
 
-static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *item, spn_error_t *err) {
+/* Pts, index and the video end of a frame item (every path). */
+static void video_item_times(spn_decoder_t *d, const AVFrame *f, spn_media_item_t *item) {
   AVStream *st = d->fmt->streams[d->vidx];
+  int64_t ts = f->best_effort_timestamp;
+  if (ts == AV_NOPTS_VALUE)
+    ts = f->pts;
+  item->kind = SPN_MEDIA_VIDEO;
+  item->index = d->vcount++;
+  item->pts = ts == AV_NOPTS_VALUE ? 0 : ts - d->vstart;
+  item->tb_num = st->time_base.num;
+  item->tb_den = st->time_base.den;
+  item->pts_sec = item->pts * av_q2d(st->time_base);
+  double fdur = (double)d->info.fps_den / d->info.fps_num;
+  if (item->pts_sec + fdur > d->v_end)
+    d->v_end = item->pts_sec + fdur;
+}
+
+/* device_frames: keep an NVDEC frame on the GPU when the caller can take it
+ * as it is (8-bit 4:2:0, i.e. NV12, and no rotation to apply): the item
+ * views the frame's device planes and holds a reference to it. Returns 0
+ * when the frame must take the host path (host_frames_why says why). */
+static int32_t device_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *item, int *kept,
+                                 spn_error_t *err) {
+  *kept = 0;
+  const AVHWFramesContext *fc = f->hw_frames_ctx ? (const AVHWFramesContext *)f->hw_frames_ctx->data : NULL;
+  if (d->info.rotation) {
+    d->info.host_frames_why = "the video has a rotation to apply (done on the CPU)";
+    return SPN_OK;
+  }
+  if (!fc || fc->sw_format != AV_PIX_FMT_NV12) {
+    d->info.host_frames_why = "NVDEC gives this stream in a layout other than NV12 (more than 8 bits or not 4:2:0)";
+    return SPN_OK;
+  }
+  AVFrame *ref = av_frame_clone(f);
+  if (!ref)
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", d->path);
+  memset(item, 0, sizeof *item);
+  item->hw_frame = ref;
+  item->image.width = ref->width;
+  item->image.height = ref->height;
+  item->image.format = SPN_PIXFMT_NV12;
+  item->image.nplanes = 2;
+  for (int p = 0; p < 2; p++) {
+    item->image.data[p] = ref->data[p];
+    item->image.stride[p] = ref->linesize[p];
+  }
+  d->info.host_frames_why = NULL;
+  video_item_times(d, ref, item);
+  *kept = 1;
+  return SPN_OK;
+}
+
+static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *item, spn_error_t *err) {
   int32_t rc;
+  if (d->info.hwaccel_active && f->format != AV_PIX_FMT_CUDA) {
+    /* FFmpeg's get_format fell back to software: NVDEC refused the stream
+     * (a profile, bit depth or size it does not do, or no NVDEC at all). */
+    if (d->o.hwaccel == SPN_HWACCEL_CUDA)
+      return spn_error_set(err, SPN_EDEVICE, "%s: NVDEC cannot decode this %s stream (FFmpeg fell back to software "
+                           "decoding; hwaccel = \"cuda\" requires NVDEC)", d->path, d->info.video_codec);
+    d->info.host_frames_why = "NVDEC refused the stream: FFmpeg decodes it in software";
+  }
+  if (f->format == AV_PIX_FMT_CUDA && d->o.device_frames) {
+    int kept = 0;
+    if ((rc = device_video_item(d, f, item, &kept, err)) || kept)
+      return rc;
+  }
   if (f->format == AV_PIX_FMT_CUDA) {
     av_frame_unref(d->swframe);
     int r = av_hwframe_transfer_data(d->swframe, f, 0);
@@ -366,18 +444,7 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   } else {
     item->image = *cur;
   }
-  int64_t ts = f->best_effort_timestamp;
-  if (ts == AV_NOPTS_VALUE)
-    ts = f->pts;
-  item->kind = SPN_MEDIA_VIDEO;
-  item->index = d->vcount++;
-  item->pts = ts == AV_NOPTS_VALUE ? 0 : ts - d->vstart;
-  item->tb_num = st->time_base.num;
-  item->tb_den = st->time_base.den;
-  item->pts_sec = item->pts * av_q2d(st->time_base);
-  double fdur = (double)d->info.fps_den / d->info.fps_num;
-  if (item->pts_sec + fdur > d->v_end)
-    d->v_end = item->pts_sec + fdur;
+  video_item_times(d, f, item);
   return SPN_OK;
 }
 

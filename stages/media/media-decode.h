@@ -47,9 +47,24 @@ typedef struct spn_decode_opts {
    * is accepted; spn_decode_info_t counts what was lost. */
   int32_t tolerate_errors;
   const spn_media_log_t *log; /* FFmpeg's messages for this file go here; borrowed, NULL: dropped */
+  /* GPU decode (a decode stage placed on a CUDA device; media-cuda.h).
+   * hw_device: an AVBufferRef * of an AV_HWDEVICE_TYPE_CUDA device the
+   * caller made (spn_media_cuda_device_new: the stage's GPU, its primary
+   * context and its stream); borrowed, the decoder takes its own reference.
+   * NULL: with hwaccel auto/cuda FFmpeg opens its default CUDA device. Not
+   * used with hwaccel none.
+   * device_frames: 1 = a frame NVDEC decoded stays on the GPU: the item's
+   * image is then an NV12 view of device memory held by item.hw_frame
+   * (needs rotation 0 and 8-bit 4:2:0; other frames are downloaded as
+   * before, and info.host_frames_why says why). Use it with hw_device:
+   * without one the frames live in FFmpeg's own CUDA context, which the
+   * runtime's is not. 0 = every frame is
+   * downloaded and converted on the CPU (the default). */
+  void *hw_device;
+  int32_t device_frames;
 } spn_decode_opts_t;
 
-#define SPN_DECODE_OPTS_INIT {SPN_PIXFMT_RGB24, 1, 1, 0, 0, 0.0, 0.0, SPN_HWACCEL_NONE, 1, 0, NULL}
+#define SPN_DECODE_OPTS_INIT {SPN_PIXFMT_RGB24, 1, 1, 0, 0, 0.0, 0.0, SPN_HWACCEL_NONE, 1, 0, NULL, NULL, 0}
 
 typedef struct spn_decode_info {
   int32_t has_video, has_audio;
@@ -59,6 +74,10 @@ typedef struct spn_decode_info {
   double duration;              /* seconds, container's; 0 if unknown */
   int32_t audio_rate, audio_channels; /* output audio format */
   int32_t hwaccel_active;       /* 1 when frames are decoded on CUDA */
+  /* With device_frames: NULL while frames come on the device; else a static
+   * phrase saying why frames come in host memory ("the decoder has no CUDA
+   * hwaccel", "NVDEC refused the stream: FFmpeg decodes it in software", ...). */
+  const char *host_frames_why;
   const char *video_codec;      /* static names from libavcodec */
   const char *audio_codec;
   /* Filled as decoding goes (final at SPN_EOS); with tolerate_errors these
@@ -76,7 +95,8 @@ typedef struct spn_media_item {
   int64_t pts;                  /* in tb units */
   int32_t tb_num, tb_den;
   double pts_sec;
-  spn_image_t image;            /* video: owns its buffer */
+  spn_image_t image;            /* video: owns its buffer (or, with hw_frame, views device memory) */
+  void *hw_frame;               /* device_frames: the AVFrame * (AV_PIX_FMT_CUDA, NV12) image views; owned */
   float *samples;               /* audio: interleaved float32, owned */
   int64_t n_samples;            /* per channel */
   int32_t channels, rate;

@@ -170,6 +170,7 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
     rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
     goto out_free;
   }
+  e->tmp[0] = '\0'; /* no temporary file yet: free() must not unlink what the heap held */
   e->in_w = width;
   e->in_h = height;
   e->in_fmt = pixfmt;

@@ -16,13 +16,28 @@
  * file fails the job with a message naming the file and what is wrong,
  * unless `tolerate_errors` accepts the damage (then a warning says what was
  * lost).
+ *
+ * GPU (a CUDA build; the kind is then SPN_NEED_EITHER): placed on a CUDA
+ * device, the stage decodes with NVDEC on that GPU (FFmpeg's CUDA hwaccel on
+ * the GPU's primary context, its copies on the stage's stream, media-cuda.c)
+ * and converts each NV12 picture on the GPU into a device buffer of the
+ * same shape as the CPU path's, emitted as a device tensor after
+ * buffer_set_ready. Where NVDEC cannot be used (hwaccel none, no NVDEC or
+ * no CUDA hwaccel for the codec, a stream NVDEC refuses, a rotation, a
+ * layout other than NV12) it decodes in software and uploads each frame
+ * once, and says why in one log line per job. Audio stays in host memory.
+ * Placed on the CPU it does exactly what it does in a build without CUDA.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "spindle/plugin.h"
 #include "media-decode.h"
+#ifdef SPN_MEDIA_CUDA
+#include "media-cuda.h"
+#endif
 
 
 typedef struct decode_config {
@@ -52,7 +67,9 @@ static const spn_config_field_t decode_schema[] = {
      .offset = offsetof(decode_config_t, duration), .doc = "segment length in seconds (0: to the end)",
      .def_float = 0.0, .min = 0.0, .max = 1e9},
     {.key = "hwaccel", .type = SPN_CONFIG_STRING, .offset = offsetof(decode_config_t, hwaccel),
-     .doc = "video decoding: none, auto (CUDA when available) or cuda (required)", .def_str = "none"},
+     .doc = "video decoding: default (NVDEC when placed on a CUDA device, else software), none (software), auto "
+            "(NVDEC when available) or cuda (NVDEC required)",
+     .def_str = "default"},
     {.key = "audio", .type = SPN_CONFIG_BOOL, .offset = offsetof(decode_config_t, audio),
      .doc = "decode and emit the audio track on port `audio`", .def_int = 1},
     {.key = "tolerate_errors", .type = SPN_CONFIG_BOOL, .flags = SPN_CONFIG_PER_JOB,
@@ -94,6 +111,17 @@ typedef struct decode_job {
   bool format_sent;  /* the audio port's "audio_format" message went out */
   spn_stage_t *stage;
   spn_media_log_t log; /* FFmpeg's messages about this job's file */
+  int32_t pixfmt;      /* what the frames are emitted as */
+#ifdef SPN_MEDIA_CUDA
+  /* Placed on a CUDA device: frames are emitted in its memory. */
+  bool on_gpu;
+  cudaStream_t stream;  /* the instance's */
+  void *hwdev;          /* FFmpeg's CUDA device for NVDEC (AVBufferRef *), or NULL */
+  const char *open_why; /* why NVDEC is not used, when known at open */
+  char open_why_buf[sizeof(((spn_error_t *)0)->msg)];
+  spn_buffer_t *scratch; /* device scratch of the float conversions, kept for the job */
+  bool said_path;       /* the log line saying NVDEC or software + upload went out */
+#endif
 } decode_job_t;
 
 static void ffmpeg_log(void *user, int32_t level, const char *msg) {
@@ -111,14 +139,16 @@ static int32_t parse_options(spn_stage_t *stage, const decode_config_t *c, spn_d
     return spn_error_set(err, SPN_ECONFIG,
                          "stage \"%s\": pixel_format \"%s\" is not rgb24, bgr24, rgbf32p, bgrf32p, nv12 or yuv420p",
                          host->stage_get_name(stage), c->pixel_format);
-  if (strcmp(c->hwaccel, "none") == 0)
+  /* "default": NVDEC when the stage is placed on a CUDA device (job_open
+   * makes it auto there), software on the CPU, where it reads as none. */
+  if (strcmp(c->hwaccel, "none") == 0 || strcmp(c->hwaccel, "default") == 0)
     o->hwaccel = SPN_HWACCEL_NONE;
   else if (strcmp(c->hwaccel, "auto") == 0)
     o->hwaccel = SPN_HWACCEL_AUTO;
   else if (strcmp(c->hwaccel, "cuda") == 0)
     o->hwaccel = SPN_HWACCEL_CUDA;
   else
-    return spn_error_set(err, SPN_ECONFIG, "stage \"%s\": hwaccel \"%s\" is not none, auto or cuda",
+    return spn_error_set(err, SPN_ECONFIG, "stage \"%s\": hwaccel \"%s\" is not default, none, auto or cuda",
                          host->stage_get_name(stage), c->hwaccel);
   o->audio_rate = (int32_t)c->audio_rate;
   o->audio_channels = (int32_t)c->audio_channels;
@@ -135,6 +165,91 @@ static int32_t decode_create(spn_stage_t *stage, const void *config, void **stat
   return parse_options(stage, config, &o, err); /* refuse bad options before any job */
 }
 
+#ifdef SPN_MEDIA_CUDA
+/* On a CUDA device: the job's NVDEC device (the instance's GPU, primary
+ * context and stream) unless hwaccel says software; frames are asked for on
+ * the device. On the CPU: nothing changes. */
+static int32_t gpu_job_open(spn_stage_t *stage, const decode_config_t *c, decode_job_t *j, spn_decode_opts_t *o,
+                            spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  int32_t kind = SPN_DEVICE_CPU, index = 0;
+  host->stage_get_device(stage, &kind, &index);
+  if (kind != SPN_DEVICE_CUDA)
+    return SPN_OK;
+  j->on_gpu = true;
+  j->stream = (cudaStream_t)host->stage_get_stream(stage);
+  o->device_frames = 1;
+  if (strcmp(c->hwaccel, "default") == 0)
+    o->hwaccel = SPN_HWACCEL_AUTO;
+  if (o->hwaccel == SPN_HWACCEL_NONE) {
+    j->open_why = "hwaccel is none";
+    return SPN_OK;
+  }
+  spn_error_t e = SPN_ERROR_INIT;
+  if (spn_media_cuda_device_new(j->stream, &j->hwdev, &e) != SPN_OK) {
+    if (o->hwaccel == SPN_HWACCEL_CUDA)
+      return spn_error_set(err, SPN_EDEVICE, "%s: NVDEC is not available (hwaccel = \"cuda\"): %s", c->path, e.msg);
+    snprintf(j->open_why_buf, sizeof j->open_why_buf, "%s", e.msg);
+    j->open_why = j->open_why_buf;
+    /* software, not FFmpeg's own CUDA device: its frames would live in a
+     * context other than the runtime's */
+    o->hwaccel = SPN_HWACCEL_NONE;
+    return SPN_OK;
+  }
+  o->hw_device = j->hwdev;
+  return SPN_OK;
+}
+
+/* The one line per job that says how its frames reach the GPU. */
+static void gpu_say_path(spn_stage_t *stage, decode_job_t *j, bool nvdec) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  if (j->said_path)
+    return;
+  j->said_path = true;
+  if (nvdec) {
+    host->log(stage, j->job_id, SPN_LOG_INFO, "%s: decoding video with NVDEC; frames stay on the GPU", j->path);
+    return;
+  }
+  const char *why = j->open_why ? j->open_why : spn_decoder_info(j->dec)->host_frames_why;
+  bool asked = j->open_why && strcmp(j->open_why, "hwaccel is none") == 0;
+  host->log(stage, j->job_id, asked ? SPN_LOG_INFO : SPN_LOG_WARN,
+            "%s: decoding video in software and uploading each frame to the GPU (%s)", j->path,
+            why ? why : "NVDEC gave no frame on the device");
+}
+
+/* A video frame into device memory: NVDEC's NV12 converted on the GPU, or
+ * the CPU path's frame uploaded once. buf: tight (the CPU path's layout). */
+static int32_t gpu_fill_frame(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *it, spn_buffer_t *buf,
+                              spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  int32_t rc;
+  if (it->hw_frame) {
+    gpu_say_path(stage, j, true);
+    size_t need = spn_media_cuda_scratch_size(j->pixfmt, it->image.width, it->image.height);
+    if (need && (!j->scratch || host->buffer_size(j->scratch) < need)) {
+      if (j->scratch) {
+        /* the old one may still be read by queued work */
+        if ((rc = spn_media_cuda_sync(j->stream, "replacing the conversion scratch", err)))
+          return rc;
+        host->buffer_unref(&j->scratch);
+      }
+      if ((rc = host->buffer_new(stage, need, &j->scratch, err)))
+        return rc;
+    }
+    rc = spn_media_cuda_from_nv12(&it->image, j->pixfmt, host->buffer_data(buf),
+                                  need ? host->buffer_data(j->scratch) : NULL, j->stream, err);
+  } else {
+    gpu_say_path(stage, j, false);
+    rc = spn_media_cuda_upload(&it->image, host->buffer_data(buf), j->stream, err);
+  }
+  if (rc == SPN_OK)
+    rc = host->buffer_set_ready(stage, buf, err);
+  if (rc)
+    spn_error_prefix(err, "%s: frame %llu", j->path, (unsigned long long)j->vseq);
+  return rc;
+}
+#endif
+
 static int32_t decode_job_open(spn_stage_t *stage, void *state, const spn_job_info_t *job, void **job_state,
                                spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(stage);
@@ -150,15 +265,29 @@ static int32_t decode_job_open(spn_stage_t *stage, void *state, const spn_job_in
   j->path = c->path;
   j->stage = stage;
   j->log = (spn_media_log_t){.magic = SPN_MEDIA_LOG_MAGIC, .fn = ffmpeg_log, .user = j};
+  j->pixfmt = o.pixfmt;
   o.log = &j->log;
+#ifdef SPN_MEDIA_CUDA
+  if ((rc = gpu_job_open(stage, c, j, &o, err))) {
+    free(j);
+    return rc;
+  }
+#endif
   if ((rc = spn_decoder_new(c->path, &o, &j->dec, err))) {
+#ifdef SPN_MEDIA_CUDA
+    spn_media_cuda_device_free(&j->hwdev);
+#endif
     free(j);
     return rc;
   }
   const spn_decode_info_t *in = spn_decoder_info(j->dec);
   double len = c->duration > 0 ? c->duration : in->duration - c->start;
   j->total = len > 0 ? (int64_t)llround(len * in->fps_num / in->fps_den) : -1;
+#ifdef SPN_MEDIA_CUDA
+  if (in->hwaccel_active && !j->on_gpu) /* on a GPU, the first frame says how it came */
+#else
   if (in->hwaccel_active)
+#endif
     host->log(stage, job->job_id, SPN_LOG_INFO, "%s: decoding video on CUDA", c->path);
   *job_state = j;
   return SPN_OK;
@@ -169,14 +298,17 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
   spn_tensor_t t = SPN_TENSOR_INIT;
   const spn_image_t *im = &it->image;
   int video = it->kind == SPN_MEDIA_VIDEO;
+  /* An NVDEC frame (hw_frame) is NV12 on the device until gpu_fill_frame
+   * converts it: the tensor and its "image" item have the job's format. */
+  int32_t fmt = it->hw_frame ? j->pixfmt : im->format;
   if (video) {
-    if (im->format == SPN_PIXFMT_RGB24 || im->format == SPN_PIXFMT_BGR24) {
+    if (fmt == SPN_PIXFMT_RGB24 || fmt == SPN_PIXFMT_BGR24) {
       t.dtype = SPN_DTYPE_U8;
       t.ndim = 3;
       t.shape[0] = im->height;
       t.shape[1] = im->width;
       t.shape[2] = 3;
-    } else if (im->format == SPN_PIXFMT_RGBF32P || im->format == SPN_PIXFMT_BGRF32P) {
+    } else if (fmt == SPN_PIXFMT_RGBF32P || fmt == SPN_PIXFMT_BGRF32P) {
       t.dtype = SPN_DTYPE_F32;
       t.ndim = 3;
       t.shape[0] = 3;
@@ -194,10 +326,26 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
     t.shape[1] = it->channels;
   }
   spn_buffer_t *buf = NULL;
-  int32_t rc = host->buffer_new(stage, spn_tensor_nbytes(&t), &buf, err);
-  if (rc)
+  int32_t rc;
+#ifdef SPN_MEDIA_CUDA
+  if (j->on_gpu) {
+    /* frames in the GPU's memory, audio in host memory */
+    rc = video ? host->buffer_new(stage, spn_tensor_nbytes(&t), &buf, err)
+               : host->buffer_new_kind(stage, spn_tensor_nbytes(&t), SPN_MEM_HOST, &buf, err);
+    if (rc == SPN_OK && video && (rc = gpu_fill_frame(stage, j, it, buf, err)))
+      host->buffer_unref(&buf);
+    if (rc)
+      return rc;
+  } else
+#endif
+  if ((rc = host->buffer_new(stage, spn_tensor_nbytes(&t), &buf, err)))
     return rc;
   uint8_t *dst = host->buffer_data(buf);
+#ifdef SPN_MEDIA_CUDA
+  if (j->on_gpu && video) {
+    /* filled on the GPU above */
+  } else
+#endif
   if (video) {
     /* copy plane rows tightly (the image rows are padded) */
     for (int32_t p = 0; p < im->nplanes; p++) {
@@ -223,7 +371,7 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
     rc = host->msg_add_tensor(msg, video ? "frame" : "pcm", &t, buf, err);
   if (rc == SPN_OK && video) {
     /* size and layout: the (N) vector of nv12/yuv420p needs them */
-    spn_media_image_meta_t im_meta = {.width = im->width, .height = im->height, .format = im->format};
+    spn_media_image_meta_t im_meta = {.width = im->width, .height = im->height, .format = fmt};
     rc = host->msg_add_meta(msg, SPN_MEDIA_IMAGE_META, &im_meta, sizeof im_meta, err);
   } else if (rc == SPN_OK) {
     spn_media_audio_meta_t am = {.rate = it->rate, .channels = it->channels};
@@ -297,7 +445,20 @@ static void decode_job_close(spn_stage_t *stage, void *state, void *job_state, b
   decode_job_t *j = job_state;
   if (!j)
     return;
+#ifdef SPN_MEDIA_CUDA
+  if (j->on_gpu) {
+    /* Queued conversions may still read NVDEC's surfaces and the scratch:
+     * let the stream pass them before either is released. */
+    spn_error_t e = SPN_ERROR_INIT;
+    if (spn_media_cuda_sync(j->stream, "closing the job", &e) != SPN_OK)
+      spn_stage_host(stage)->log(stage, j->job_id, SPN_LOG_WARN, "%s: %s", j->path, e.msg);
+    spn_stage_host(stage)->buffer_unref(&j->scratch);
+  }
+#endif
   spn_decoder_free(j->dec);
+#ifdef SPN_MEDIA_CUDA
+  spn_media_cuda_device_free(&j->hwdev);
+#endif
   free(j);
 }
 
@@ -313,7 +474,11 @@ static int32_t decode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_er
       .config_size = sizeof(decode_config_t),
       .outputs = decode_outputs,
       .n_outputs = 2,
+#ifdef SPN_MEDIA_CUDA
+      .device_need = SPN_NEED_EITHER, /* NVDEC and device frames on a GPU, as before on the CPU */
+#else
       .device_need = SPN_NEED_CPU,
+#endif
       .max_batch = 1,
       .create = decode_create,
       .job_open = decode_job_open,

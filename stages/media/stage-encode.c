@@ -19,6 +19,19 @@
  * encode_av muxes that file, as encode does, and ignores its audio input.
  * A segment's audio and video
  * are cut from the same interval by decode, so they stay in sync.
+ *
+ * GPU (a CUDA build; the kinds are then SPN_NEED_EITHER and their video
+ * input takes device memory): placed on a CUDA device, a frame that arrives
+ * in that GPU's memory is not copied to the host as it is. An rgb24/bgr24
+ * frame is converted to yuv420p on the GPU (spn_cuda_rgb_to_yuv420, the
+ * twin of spn_image_convert) and only its 4:2:0 planes are downloaded, once,
+ * into pinned memory: half the bytes of the RGB frame. Other frames
+ * (nv12/yuv420p planes, f32) are downloaded once as they are. The stream is
+ * synchronised, then libx264 gets the frame as on the CPU. Frames in host
+ * memory take the CPU path, except that an encoder opened for the GPU's
+ * yuv420p converts later host RGB frames with spn_image_convert too, so one
+ * job's frames all go through the same conversion. Placed on the CPU it
+ * does exactly what it does in a build without CUDA.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -27,6 +40,9 @@
 #include "spindle/plugin.h"
 #include "media-decode.h"
 #include "media-encode.h"
+#ifdef SPN_MEDIA_CUDA
+#include "media-cuda.h"
+#endif
 
 
 typedef struct encode_config {
@@ -91,6 +107,12 @@ static int32_t encode_port_caps(const void *config, bool is_output, uint32_t por
     caps->pixel_formats = SPN_FMTSET(SPN_PIX_BGR24) | SPN_FMTSET(SPN_PIX_BGRF32P) | yuv;
   else
     return spn_error_set(err, SPN_ECONFIG, "pixel_format \"%s\" is not rgb24 or bgr24", c->pixel_format);
+#ifdef SPN_MEDIA_CUDA
+  /* On a GPU, frames in its memory come as they are (converted and
+   * downloaded here); host frames too. On the CPU the runtime copies device
+   * frames to the host, as for any host port. */
+  caps->mem_kinds = SPN_MEMSET_DEVICE | SPN_MEMSET_HOST;
+#endif
   return SPN_OK;
 }
 
@@ -119,6 +141,14 @@ typedef struct encode_job {
   size_t n_held, cap_held;
   float *pending;
   size_t n_pending, cap_pending; /* in floats */
+#ifdef SPN_MEDIA_CUDA
+  /* Placed on a CUDA device. */
+  bool on_gpu;
+  cudaStream_t stream;
+  int32_t enc_fmt;       /* the format the encoder was opened for */
+  spn_buffer_t *yuv_dev; /* device yuv420p planes of the GPU conversion */
+  spn_buffer_t *pinned;  /* pinned host memory the frame is downloaded into */
+#endif
 } encode_job_t;
 
 static void ffmpeg_log(void *user, int32_t level, const char *msg) {
@@ -153,6 +183,13 @@ static int32_t job_open(spn_stage_t *stage, const spn_job_info_t *job, void **jo
   j->a_known = !av || j->file_audio;
   j->stage = stage;
   j->log = (spn_media_log_t){.magic = SPN_MEDIA_LOG_MAGIC, .fn = ffmpeg_log, .user = j};
+#ifdef SPN_MEDIA_CUDA
+  const spn_host_api_t *host = spn_stage_host(stage);
+  int32_t kind = SPN_DEVICE_CPU, index = 0;
+  host->stage_get_device(stage, &kind, &index);
+  j->on_gpu = kind == SPN_DEVICE_CUDA;
+  j->stream = j->on_gpu ? (cudaStream_t)host->stage_get_stream(stage) : NULL;
+#endif
   *job_state = j;
   return SPN_OK;
 }
@@ -241,10 +278,88 @@ static int32_t frame_layout(encode_job_t *j, spn_msg_t *msg, const spn_item_t *i
                        j->cfg.path, seq);
 }
 
+#ifdef SPN_MEDIA_CUDA
+/* Bytes of a tight w x h frame in fmt (the stages' layout). */
+static size_t tight_size(int32_t fmt, int32_t w, int32_t h) {
+  size_t px = (size_t)w * (size_t)h;
+  switch (fmt) {
+  case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24: return px * 3;
+  case SPN_PIXFMT_RGBF32P: case SPN_PIXFMT_BGRF32P: return px * 3 * sizeof(float);
+  default: return px + 2 * (size_t)((w + 1) / 2) * (size_t)((h + 1) / 2);
+  }
+}
+
+/* A per-job buffer of at least `size` bytes of `mem_kind`, kept for the
+ * next frames (every frame's GPU work is waited for before the next). */
+static int32_t job_buffer(encode_job_t *j, spn_buffer_t **b, size_t size, int32_t mem_kind, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(j->stage);
+  if (*b && host->buffer_size(*b) >= size)
+    return SPN_OK;
+  host->buffer_unref(b);
+  return host->buffer_new_kind(j->stage, size, mem_kind, b, err);
+}
+
+/* On a GPU: the frame into pinned host memory in the format the encoder
+ * takes, with one download (see the file's header). *img views the result. */
+static int32_t gpu_frame(encode_job_t *j, spn_buffer_t *buf, int32_t w, int32_t h, int32_t fmt, spn_image_t *img,
+                         spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(j->stage);
+  int32_t kind = SPN_DEVICE_CPU, index = 0, rc;
+  host->buffer_device(buf, &kind, &index);
+  bool dev = kind == SPN_DEVICE_CUDA && host->buffer_mem_kind(buf) == SPN_MEM_DEVICE;
+  bool rgb = fmt == SPN_PIXFMT_RGB24 || fmt == SPN_PIXFMT_BGR24;
+  if (!j->enc) {
+    j->enc_fmt = rgb && dev ? SPN_PIXFMT_YUV420P : fmt;
+    if ((rc = open_encoder(j, w, h, j->enc_fmt, err)))
+      return rc;
+  }
+  bool to_yuv = rgb && j->enc_fmt == SPN_PIXFMT_YUV420P;
+  if (!dev && !to_yuv) /* a host frame the encoder takes as it is: the CPU path */
+    return spn_image_wrap(img, host->buffer_data(buf), w, h, fmt, err);
+  size_t n = tight_size(to_yuv ? SPN_PIXFMT_YUV420P : fmt, w, h);
+  if ((rc = job_buffer(j, &j->pinned, n, SPN_MEM_PINNED, err)))
+    return rc;
+  void *out = host->buffer_data(j->pinned);
+  if (!dev) {
+    /* host RGB for an encoder the GPU path opened: the same conversion (CPU twin) */
+    spn_image_t src, yuv;
+    if ((rc = spn_image_wrap(&src, host->buffer_data(buf), w, h, fmt, err)) ||
+        (rc = spn_image_wrap(&yuv, out, w, h, SPN_PIXFMT_YUV420P, err)) || (rc = spn_image_convert(&src, &yuv, err)))
+      return rc;
+    return spn_image_wrap(img, out, w, h, SPN_PIXFMT_YUV420P, err);
+  }
+  if (to_yuv) {
+    if ((rc = job_buffer(j, &j->yuv_dev, n, SPN_MEM_DEVICE, err)) ||
+        (rc = spn_media_cuda_rgb_to_yuv420p_host(host->buffer_data(buf), fmt, w, h, host->buffer_data(j->yuv_dev),
+                                                 out, j->stream, err)))
+      return rc;
+  } else if ((rc = spn_media_cuda_download(host->buffer_data(buf), out, n, j->stream, err))) {
+    return rc;
+  }
+  if ((rc = spn_media_cuda_sync(j->stream, "encoding a device frame", err)))
+    return rc;
+  return spn_image_wrap(img, out, w, h, to_yuv ? SPN_PIXFMT_YUV420P : fmt, err);
+}
+#endif
+
 static int32_t write_frame(encode_job_t *j, spn_buffer_t *buf, int32_t w, int32_t h, int32_t fmt, int64_t pts_us,
                            spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(j->stage);
   int32_t rc;
+#ifdef SPN_MEDIA_CUDA
+  if (j->on_gpu) {
+    spn_image_t gimg;
+    if ((rc = gpu_frame(j, buf, w, h, fmt, &gimg, err))) {
+      if (err && strncmp(err->msg, j->cfg.path, strlen(j->cfg.path)) != 0) /* the encoder's own name the file */
+        spn_error_prefix(err, "%s: frame %lld", j->cfg.path, (long long)j->frames);
+      return rc;
+    }
+    if ((rc = spn_encoder_write_video(j->enc, &gimg, pts_us, 1, 1000000, err)))
+      return rc;
+    j->frames++;
+    return SPN_OK;
+  }
+#endif
   if (!j->enc && (rc = open_encoder(j, w, h, fmt, err)))
     return rc;
   spn_image_t img;
@@ -394,12 +509,28 @@ static void encode_job_close(spn_stage_t *stage, void *state, void *job_state, b
   spn_encoder_free(j->enc); /* removes the temporary file unless finished */
   for (size_t i = 0; i < j->n_held; i++)
     host->buffer_unref(&j->held[i].buf);
+#ifdef SPN_MEDIA_CUDA
+  if (j->on_gpu && (j->yuv_dev || j->pinned)) {
+    /* a frame that failed half-way may have left work queued on them */
+    spn_error_t e = SPN_ERROR_INIT;
+    if (spn_media_cuda_sync(j->stream, "closing the job", &e) != SPN_OK)
+      host->log(stage, j->job_id, SPN_LOG_WARN, "%s: %s", j->cfg.path, e.msg);
+  }
+  host->buffer_unref(&j->yuv_dev);
+  host->buffer_unref(&j->pinned);
+#endif
   free(j->held);
   free(j->pending);
   free(j);
 }
 
 static void encode_destroy(spn_stage_t *stage, void *state) {}
+
+#ifdef SPN_MEDIA_CUDA
+#define SPN_MEDIA_DEVICE_NEED SPN_NEED_EITHER /* device frames encoded from a GPU, as before on the CPU */
+#else
+#define SPN_MEDIA_DEVICE_NEED SPN_NEED_CPU
+#endif
 
 static int32_t encode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
   spn_media_log_install();
@@ -411,7 +542,7 @@ static int32_t encode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_er
       .config_size = sizeof(encode_config_t),
       .inputs = encode_inputs,
       .n_inputs = 1,
-      .device_need = SPN_NEED_CPU,
+      .device_need = SPN_MEDIA_DEVICE_NEED,
       .max_batch = 1,
       .create = encode_create,
       .job_open = encode_job_open,
@@ -430,7 +561,7 @@ static int32_t encode_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_er
       .config_size = sizeof(encode_config_t),
       .inputs = encode_av_inputs,
       .n_inputs = 2,
-      .device_need = SPN_NEED_CPU,
+      .device_need = SPN_MEDIA_DEVICE_NEED,
       .max_batch = 1,
       .create = encode_create,
       .job_open = encode_av_job_open,

@@ -301,6 +301,51 @@ static void bad_inputs_name_the_file(void **state) {
   assert_true(s.frames > 0 && s.frames < 50);
 }
 
+/* device_frames (a decode stage placed on a GPU) where NVDEC is not used:
+ * the frames come in host memory exactly as without it, and the decoder
+ * says why, for the stage's one log line (software decode + upload). */
+static void device_frames_fall_back_to_host_frames_saying_why(void **state) {
+  (void)state;
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_decode_opts_t plain = SPN_DECODE_OPTS_INIT, dev = SPN_DECODE_OPTS_INIT;
+  plain.want_audio = dev.want_audio = 0;
+  dev.device_frames = 1; /* hwaccel none */
+  spn_decoder_t *a = NULL, *b = NULL;
+  assert_int_equal(spn_decoder_new(p("clip.mp4"), &plain, &a, &err), SPN_OK);
+  assert_int_equal(spn_decoder_new(p("clip.mp4"), &dev, &b, &err), SPN_OK);
+  assert_string_equal(spn_decoder_info(b)->host_frames_why, "hwaccel is none");
+  int frames = 0;
+  spn_media_item_t x, y;
+  while (spn_decoder_next(a, &x, &err) == SPN_OK) {
+    assert_int_equal(spn_decoder_next(b, &y, &err), SPN_OK);
+    assert_null(y.hw_frame);
+    assert_int_equal(x.pts, y.pts);
+    for (int32_t r = 0; r < x.image.height; r++)
+      assert_memory_equal(x.image.data[0] + r * x.image.stride[0], y.image.data[0] + r * y.image.stride[0],
+                          (size_t)x.image.width * 3);
+    spn_media_item_release(&x);
+    spn_media_item_release(&y);
+    frames++;
+  }
+  assert_int_equal(frames, 50);
+  assert_int_equal(spn_decoder_next(b, &y, &err), SPN_EOS);
+  spn_decoder_free(a);
+  spn_decoder_free(b);
+  /* auto without a usable CUDA device: host frames, and a reason */
+  dev.hwaccel = SPN_HWACCEL_AUTO;
+  assert_int_equal(spn_decoder_new(p("clip.mp4"), &dev, &b, &err), SPN_OK);
+  assert_int_equal(spn_decoder_next(b, &y, &err), SPN_OK);
+  printf("# device_frames, hwaccel auto: %s\n",
+         y.hw_frame ? "NVDEC frame on the device" : spn_decoder_info(b)->host_frames_why);
+  if (!y.hw_frame) {
+    assert_non_null(spn_decoder_info(b)->host_frames_why);
+  } else {
+    assert_int_equal(y.image.format, SPN_PIXFMT_NV12);
+  }
+  spn_media_item_release(&y);
+  spn_decoder_free(b);
+}
+
 static void hwaccel_falls_back_or_names_the_file(void **state) {
   (void)state;
   spn_error_t err = SPN_ERROR_INIT;
@@ -419,6 +464,7 @@ int main(void) {
       cmocka_unit_test(audio_file_is_muxed),
       cmocka_unit_test(bad_inputs_name_the_file),
       cmocka_unit_test(hwaccel_falls_back_or_names_the_file),
+      cmocka_unit_test(device_frames_fall_back_to_host_frames_saying_why),
       cmocka_unit_test(failed_encode_leaves_no_file),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

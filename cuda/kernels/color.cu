@@ -1,0 +1,164 @@
+/* cuda/kernels/color.cu — GPU twins of spn_image_convert's RGB → 4:2:0 and
+ * 4:2:0 ↔ 4:2:0 paths (see color.cuh).
+ *
+ * One thread per chroma sample: it converts the (up to) four pixels the
+ * sample covers, writes their luma, and writes the mean of their chroma.
+ * The float arithmetic is core/image/image.c's rgb_to_yuv, operation by
+ * operation, with the explicit-rounding intrinsics (__fmul_rn, __fadd_rn,
+ * __fsub_rn, __fdiv_rn) so nvcc cannot contract a multiply and an add into
+ * one fused operation the CPU does not do; the chroma sum accumulates in the
+ * reference's order (rows, then columns). The result is the CPU's, byte for
+ * byte, on any input. */
+#include <stdint.h>
+
+#include "color.cuh"
+
+namespace {
+
+struct plane3 {
+  uint8_t *data[3];
+  int64_t stride[3];
+  int32_t w, h, format;
+};
+
+plane3 describe(const spn_image_t *im) {
+  plane3 d;
+  for (int p = 0; p < 3; p++) {
+    d.data[p] = im->data[p];
+    d.stride[p] = im->stride[p];
+  }
+  d.w = im->width;
+  d.h = im->height;
+  d.format = im->format;
+  return d;
+}
+
+bool is_rgb_u8(int32_t f) { return f == SPN_PIXFMT_RGB24 || f == SPN_PIXFMT_BGR24; }
+bool is_yuv420(int32_t f) { return f == SPN_PIXFMT_NV12 || f == SPN_PIXFMT_YUV420P; }
+
+int32_t check(const spn_image_t *im, const char *op, const char *what, spn_error_t *err) {
+  if (!im || im->width <= 0 || im->height <= 0 || !im->data[0])
+    return spn_error_set(err, SPN_EINVAL, "cuda color: %s: %s is empty or has no data", op, what);
+  if (im->format == SPN_PIXFMT_NV12 && !im->data[1])
+    return spn_error_set(err, SPN_EINVAL, "cuda color: %s: %s (nv12) has no chroma plane", op, what);
+  if (im->format == SPN_PIXFMT_YUV420P && (!im->data[1] || !im->data[2]))
+    return spn_error_set(err, SPN_EINVAL, "cuda color: %s: %s (yuv420p) lacks a chroma plane", op, what);
+  return SPN_OK;
+}
+
+int32_t check_pair(const spn_image_t *src, spn_image_t *dst, const char *op, spn_error_t *err) {
+  int32_t rc;
+  if ((rc = check(src, op, "source", err)) || (rc = check(dst, op, "destination", err)))
+    return rc;
+  if (src->width != dst->width || src->height != dst->height)
+    return spn_error_set(err, SPN_EINVAL, "cuda color: %s: sizes differ (%dx%d vs %dx%d)", op, (int)src->width,
+                         (int)src->height, (int)dst->width, (int)dst->height);
+  return SPN_OK;
+}
+
+int32_t launched(const char *op, spn_error_t *err) {
+  cudaError_t ce = cudaGetLastError();
+  if (ce != cudaSuccess)
+    return spn_error_set(err, SPN_ECUDA, "cuda color: %s launch failed: %s (%s)", op, cudaGetErrorString(ce),
+                         cudaGetErrorName(ce));
+  return SPN_OK;
+}
+
+__device__ __forceinline__ uint8_t sat_u8(float v) {
+  if (!(v > 0.0f))
+    return 0;
+  if (v >= 254.5f)
+    return 255;
+  return (uint8_t)__fadd_rn(v, 0.5f);
+}
+
+/* image.c's rgb_to_yuv: 16 + (65.481 R + 128.553 G + 24.966 B) / 255, ... */
+__device__ __forceinline__ void rgb_to_yuv(float r, float g, float b, float *y, float *u, float *v) {
+  *y = __fadd_rn(16.0f, __fdiv_rn(__fadd_rn(__fadd_rn(__fmul_rn(65.481f, r), __fmul_rn(128.553f, g)),
+                                            __fmul_rn(24.966f, b)),
+                                  255.0f));
+  *u = __fadd_rn(128.0f, __fdiv_rn(__fadd_rn(__fsub_rn(__fmul_rn(-37.797f, r), __fmul_rn(74.203f, g)),
+                                             __fmul_rn(112.0f, b)),
+                                   255.0f));
+  *v = __fadd_rn(128.0f, __fdiv_rn(__fsub_rn(__fsub_rn(__fmul_rn(112.0f, r), __fmul_rn(93.786f, g)),
+                                             __fmul_rn(18.214f, b)),
+                                   255.0f));
+}
+
+__device__ __forceinline__ uint8_t *chroma_u(const plane3 &im, int32_t cx, int32_t cy) {
+  return im.format == SPN_PIXFMT_NV12 ? im.data[1] + cy * im.stride[1] + (int64_t)cx * 2
+                                      : im.data[1] + cy * im.stride[1] + cx;
+}
+__device__ __forceinline__ uint8_t *chroma_v(const plane3 &im, int32_t cx, int32_t cy) {
+  return im.format == SPN_PIXFMT_NV12 ? im.data[1] + cy * im.stride[1] + (int64_t)cx * 2 + 1
+                                      : im.data[2] + cy * im.stride[2] + cx;
+}
+
+/* (cx, cy): one chroma sample of dst and the pixels it covers. */
+__global__ void rgb_to_yuv420_kernel(plane3 src, plane3 dst) {
+  int32_t cx = blockIdx.x * blockDim.x + threadIdx.x, cy = blockIdx.y * blockDim.y + threadIdx.y;
+  if (cx >= (dst.w + 1) / 2 || cy >= (dst.h + 1) / 2)
+    return;
+  bool bgr = src.format == SPN_PIXFMT_BGR24;
+  float su = 0.0f, sv = 0.0f;
+  int n = 0;
+  for (int32_t y = 2 * cy; y < 2 * cy + 2 && y < dst.h; y++)
+    for (int32_t x = 2 * cx; x < 2 * cx + 2 && x < dst.w; x++) {
+      const uint8_t *p = src.data[0] + y * src.stride[0] + (int64_t)x * 3;
+      float r = p[bgr ? 2 : 0], g = p[1], b = p[bgr ? 0 : 2], yv, u, v;
+      rgb_to_yuv(r, g, b, &yv, &u, &v);
+      dst.data[0][y * dst.stride[0] + x] = sat_u8(yv);
+      su = __fadd_rn(su, u);
+      sv = __fadd_rn(sv, v);
+      n++;
+    }
+  *chroma_u(dst, cx, cy) = sat_u8(__fdiv_rn(su, (float)n));
+  *chroma_v(dst, cx, cy) = sat_u8(__fdiv_rn(sv, (float)n));
+}
+
+__global__ void yuv420_repack_kernel(plane3 src, plane3 dst) {
+  int32_t cx = blockIdx.x * blockDim.x + threadIdx.x, cy = blockIdx.y * blockDim.y + threadIdx.y;
+  if (cx >= (dst.w + 1) / 2 || cy >= (dst.h + 1) / 2)
+    return;
+  for (int32_t y = 2 * cy; y < 2 * cy + 2 && y < dst.h; y++)
+    for (int32_t x = 2 * cx; x < 2 * cx + 2 && x < dst.w; x++)
+      dst.data[0][y * dst.stride[0] + x] = src.data[0][y * src.stride[0] + x];
+  *chroma_u(dst, cx, cy) = *chroma_u(src, cx, cy);
+  *chroma_v(dst, cx, cy) = *chroma_v(src, cx, cy);
+}
+
+const dim3 k_block(32, 8);
+
+dim3 chroma_grid(int32_t w, int32_t h) {
+  int32_t cw = (w + 1) / 2, ch = (h + 1) / 2;
+  return dim3((unsigned)((cw + (int32_t)k_block.x - 1) / (int32_t)k_block.x),
+              (unsigned)((ch + (int32_t)k_block.y - 1) / (int32_t)k_block.y));
+}
+
+} // namespace
+
+extern "C" int32_t spn_cuda_rgb_to_yuv420(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream,
+                                          spn_error_t *err) {
+  int32_t rc = check_pair(src, dst, "rgb_to_yuv420", err);
+  if (rc)
+    return rc;
+  if (!is_rgb_u8(src->format) || !is_yuv420(dst->format))
+    return spn_error_set(err, SPN_EUNSUPPORTED, "cuda color: rgb_to_yuv420: conversion from %s to %s is not "
+                         "supported (rgb24/bgr24 to yuv420p/nv12)", spn_pixfmt_name(src->format),
+                         spn_pixfmt_name(dst->format));
+  rgb_to_yuv420_kernel<<<chroma_grid(dst->width, dst->height), k_block, 0, stream>>>(describe(src), describe(dst));
+  return launched("rgb_to_yuv420", err);
+}
+
+extern "C" int32_t spn_cuda_yuv420_repack(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream,
+                                          spn_error_t *err) {
+  int32_t rc = check_pair(src, dst, "yuv420_repack", err);
+  if (rc)
+    return rc;
+  if (!is_yuv420(src->format) || !is_yuv420(dst->format))
+    return spn_error_set(err, SPN_EUNSUPPORTED, "cuda color: yuv420_repack: conversion from %s to %s is not "
+                         "supported (nv12/yuv420p to nv12/yuv420p)", spn_pixfmt_name(src->format),
+                         spn_pixfmt_name(dst->format));
+  yuv420_repack_kernel<<<chroma_grid(dst->width, dst->height), k_block, 0, stream>>>(describe(src), describe(dst));
+  return launched("yuv420_repack", err);
+}

@@ -1,0 +1,44 @@
+/* cuda/kernels/color.cuh — GPU twins of the colour conversions of
+ * spn_image_convert (spindle/image.h) that the media stages need on a GPU:
+ * RGB → 4:2:0 for the encoder, and between the two 4:2:0 layouts for
+ * decode's nv12/yuv420p outputs. (4:2:0 → RGB is spn_cuda_yuv420_to_rgb in
+ * image.cuh.)
+ *
+ * Same conventions as image.cuh: BT.601 limited range with the reference's
+ * float arithmetic in the same order (no fused multiply-adds), 4:2:0 chroma
+ * = mean of the Cb/Cr of the (up to four) pixels a sample covers, u8 results
+ * rounded to nearest (ties away from zero) and saturated. Odd sizes have
+ * chroma planes of ceil(w/2) x ceil(h/2). Images are spn_image_t views
+ * whose plane pointers are device memory; any row pitch works.
+ *
+ * Argument errors (empty image, sizes that differ, an unsupported pair of
+ * formats, a missing plane) are reported before any launch as SPN_EINVAL /
+ * SPN_EUNSUPPORTED naming the operation and the formats; a failed launch as
+ * SPN_ECUDA. Each call launches on `stream` and returns without waiting.
+ * Ownership: every image is borrowed. Thread: any thread that has made the
+ * stream's device current. Tested against core/image by
+ * tests/gpu/test-cuda-color.c (and its argument checks, without a GPU, by
+ * tests/gpu/test-cuda-color-args.c). */
+#ifndef SPINDLE_CUDA_KERNELS_COLOR_CUH
+#define SPINDLE_CUDA_KERNELS_COLOR_CUH
+
+#include <cuda_runtime_api.h>
+
+#include "spindle/image.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* RGB24/BGR24 → YUV420P or NV12 of the same size (spn_image_convert). */
+int32_t spn_cuda_rgb_to_yuv420(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream, spn_error_t *err);
+
+/* NV12 ↔ YUV420P (or either to itself) of the same size: the luma plane
+ * copied, the chroma samples moved between the interleaved and the planar
+ * layout (spn_image_convert; lossless). */
+int32_t spn_cuda_yuv420_repack(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream, spn_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,217 @@
+/* media-cuda.c — NVDEC on the stage's GPU, frame conversions on the GPU and
+ * the host<->device copies of decode and encode (see media-cuda.h).
+ *
+ * Invariants: FFmpeg's CUDA device is always the primary context of the
+ * calling thread's current device (the context the CUDA runtime API, and so
+ * the rest of Spindle, uses), retained for as long as FFmpeg holds the
+ * device; its stream is the caller's, so NVDEC's picture copies and the
+ * conversions that read them are ordered on one stream without a host wait.
+ * Nothing here is global: the driver entry points are looked up per device.
+ */
+#include "media-cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda.h>
+#include <libavutil/buffer.h>
+#include <libavutil/hwcontext.h>
+#include <libavutil/hwcontext_cuda.h>
+
+#include "color.cuh"
+#include "image.cuh"
+
+#define CU_FAIL(call, what, err)                                                                               \
+  do {                                                                                                         \
+    cudaError_t ce_ = (call);                                                                                  \
+    if (ce_ != cudaSuccess)                                                                                    \
+      return spn_error_set(err, SPN_ECUDA, "media cuda: %s: %s: %s (%s) at %s:%d", what, #call,               \
+                           cudaGetErrorString(ce_), cudaGetErrorName(ce_), __FILE__, __LINE__);                \
+  } while (0)
+
+typedef CUresult (*cu_device_get_fn)(CUdevice *, int);
+typedef CUresult (*cu_primary_retain_fn)(CUcontext *, CUdevice);
+typedef CUresult (*cu_primary_release_fn)(CUdevice);
+
+/* What the device's free callback needs to release the primary context. */
+typedef struct primary_hold {
+  cu_primary_release_fn release;
+  CUdevice dev;
+} primary_hold_t;
+
+static int32_t driver_fn(const char *name, void **fn, spn_error_t *err) {
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+  cudaError_t ce = cudaGetDriverEntryPointByVersion(name, fn, 12000, cudaEnableDefault, &q);
+#else
+  cudaError_t ce = cudaGetDriverEntryPoint(name, fn, cudaEnableDefault, &q);
+#endif
+  if (ce != cudaSuccess || q != cudaDriverEntryPointSuccess || !*fn)
+    return spn_error_set(err, SPN_ECUDA, "media cuda: the CUDA driver has no %s: %s", name,
+                         ce != cudaSuccess ? cudaGetErrorString(ce) : "symbol not found");
+  return SPN_OK;
+}
+
+static void primary_release(AVHWDeviceContext *dc) {
+  primary_hold_t *h = dc->user_opaque;
+  if (h) {
+    h->release(h->dev);
+    free(h);
+    dc->user_opaque = NULL;
+  }
+}
+
+int32_t spn_media_cuda_device_new(cudaStream_t stream, void **out, spn_error_t *err) {
+  *out = NULL;
+  int ordinal = 0;
+  CU_FAIL(cudaGetDevice(&ordinal), "opening NVDEC's device", err);
+  /* Make sure the runtime has made the primary context (a no-op when the
+   * stage's executor has used the device, as it always has). */
+  CU_FAIL(cudaFree(NULL), "opening NVDEC's device", err);
+  cu_device_get_fn dev_get = NULL;
+  cu_primary_retain_fn retain = NULL;
+  cu_primary_release_fn release = NULL;
+  int32_t rc;
+  if ((rc = driver_fn("cuDeviceGet", (void **)&dev_get, err)) ||
+      (rc = driver_fn("cuDevicePrimaryCtxRetain", (void **)&retain, err)) ||
+      (rc = driver_fn("cuDevicePrimaryCtxRelease", (void **)&release, err)))
+    return rc;
+  CUdevice dev = 0;
+  CUcontext ctx = NULL;
+  CUresult cr = dev_get(&dev, ordinal);
+  if (cr != CUDA_SUCCESS)
+    return spn_error_set(err, SPN_ECUDA, "media cuda: cuDeviceGet(%d) failed: CUDA driver error %d", ordinal, (int)cr);
+  primary_hold_t *hold = calloc(1, sizeof *hold);
+  if (!hold)
+    return spn_error_set(err, SPN_ENOMEM, "media cuda: out of memory opening NVDEC's device");
+  if ((cr = retain(&ctx, dev)) != CUDA_SUCCESS) {
+    free(hold);
+    return spn_error_set(err, SPN_ECUDA, "media cuda: cuDevicePrimaryCtxRetain(cuda:%d) failed: CUDA driver error %d",
+                         ordinal, (int)cr);
+  }
+  hold->release = release;
+  hold->dev = dev;
+  AVBufferRef *ref = av_hwdevice_ctx_alloc(AV_HWDEVICE_TYPE_CUDA);
+  if (!ref) {
+    release(dev);
+    free(hold);
+    return spn_error_set(err, SPN_ENOMEM, "media cuda: out of memory opening NVDEC's device");
+  }
+  AVHWDeviceContext *dc = (AVHWDeviceContext *)ref->data;
+  AVCUDADeviceContext *hw = dc->hwctx;
+  hw->cuda_ctx = ctx;
+  hw->stream = (CUstream)stream;
+  dc->user_opaque = hold; /* from here on, freeing ref releases the context */
+  dc->free = primary_release;
+  int r = av_hwdevice_ctx_init(ref);
+  if (r < 0) {
+    av_buffer_unref(&ref);
+    char buf[AV_ERROR_MAX_STRING_SIZE] = {0};
+    av_strerror(r, buf, sizeof buf);
+    return spn_error_set(err, SPN_EDEVICE, "media cuda: FFmpeg cannot use cuda:%d for NVDEC: %s", ordinal, buf);
+  }
+  *out = ref;
+  return SPN_OK;
+}
+
+void spn_media_cuda_device_free(void **dev) {
+  if (dev && *dev) {
+    AVBufferRef *ref = *dev;
+    av_buffer_unref(&ref);
+    *dev = NULL;
+  }
+}
+
+size_t spn_media_cuda_scratch_size(int32_t pixfmt, int32_t width, int32_t height) {
+  if (pixfmt == SPN_PIXFMT_RGBF32P || pixfmt == SPN_PIXFMT_BGRF32P)
+    return (size_t)width * (size_t)height * 3;
+  return 0;
+}
+
+int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, int32_t pixfmt, void *dst, void *scratch,
+                                 cudaStream_t stream, spn_error_t *err) {
+  if (!nv12 || nv12->format != SPN_PIXFMT_NV12 || !dst)
+    return spn_error_set(err, SPN_EINVAL, "media cuda: frame conversion needs an nv12 source and a destination");
+  spn_image_t out, mid;
+  int32_t rc;
+  switch (pixfmt) {
+  case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24:
+    if ((rc = spn_image_wrap(&out, dst, nv12->width, nv12->height, pixfmt, err)))
+      return rc;
+    return spn_cuda_yuv420_to_rgb(nv12, &out, stream, err);
+  case SPN_PIXFMT_NV12: case SPN_PIXFMT_YUV420P:
+    if ((rc = spn_image_wrap(&out, dst, nv12->width, nv12->height, pixfmt, err)))
+      return rc;
+    return spn_cuda_yuv420_repack(nv12, &out, stream, err);
+  case SPN_PIXFMT_RGBF32P: case SPN_PIXFMT_BGRF32P:
+    /* As on the CPU: to u8 RGB/BGR first, then to float (mean 0, scale 1). */
+    if (!scratch)
+      return spn_error_set(err, SPN_EINVAL, "media cuda: conversion to %s needs scratch memory",
+                           spn_pixfmt_name(pixfmt));
+    if ((rc = spn_image_wrap(&mid, scratch, nv12->width, nv12->height,
+                             pixfmt == SPN_PIXFMT_RGBF32P ? SPN_PIXFMT_RGB24 : SPN_PIXFMT_BGR24, err)) ||
+        (rc = spn_image_wrap(&out, dst, nv12->width, nv12->height, pixfmt, err)) ||
+        (rc = spn_cuda_yuv420_to_rgb(nv12, &mid, stream, err)))
+      return rc;
+    return spn_cuda_to_float(&mid, &out, NULL, NULL, stream, err);
+  default:
+    return spn_error_set(err, SPN_EUNSUPPORTED, "media cuda: decode to %s on the GPU is not supported",
+                         spn_pixfmt_name(pixfmt));
+  }
+}
+
+/* Bytes per element of plane p (as spn_image_wrap lays them out). */
+static size_t elem_size(int32_t fmt, int32_t p) {
+  switch (fmt) {
+  case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24: return 3;
+  case SPN_PIXFMT_RGBF32P: case SPN_PIXFMT_BGRF32P: case SPN_PIXFMT_GRAYF32: return 4;
+  case SPN_PIXFMT_NV12: return p == 1 ? 2 : 1;
+  default: return 1;
+  }
+}
+
+int32_t spn_media_cuda_upload(const spn_image_t *src, void *dst, cudaStream_t stream, spn_error_t *err) {
+  spn_image_t out;
+  int32_t rc;
+  if (!src || !dst)
+    return spn_error_set(err, SPN_EINVAL, "media cuda: upload needs a source and a destination");
+  if ((rc = spn_image_wrap(&out, dst, src->width, src->height, src->format, err)))
+    return rc;
+  for (int32_t p = 0; p < out.nplanes; p++) {
+    int32_t pw = 0, ph = 0;
+    spn_pixfmt_plane_size(src->format, src->width, src->height, p, &pw, &ph);
+    CU_FAIL(cudaMemcpy2DAsync(out.data[p], (size_t)out.stride[p], src->data[p], (size_t)src->stride[p],
+                              (size_t)pw * elem_size(src->format, p), (size_t)ph, cudaMemcpyHostToDevice, stream),
+            "uploading a decoded frame", err);
+  }
+  return SPN_OK;
+}
+
+int32_t spn_media_cuda_rgb_to_yuv420p_host(const void *rgb_dev, int32_t fmt, int32_t width, int32_t height,
+                                           void *yuv_dev, void *yuv_host, cudaStream_t stream, spn_error_t *err) {
+  spn_image_t rgb, yuv;
+  int32_t rc;
+  if (!rgb_dev || !yuv_dev || !yuv_host)
+    return spn_error_set(err, SPN_EINVAL, "media cuda: rgb to yuv420p needs source, scratch and destination");
+  if ((rc = spn_image_wrap(&rgb, (void *)rgb_dev, width, height, fmt, err)) ||
+      (rc = spn_image_wrap(&yuv, yuv_dev, width, height, SPN_PIXFMT_YUV420P, err)) ||
+      (rc = spn_cuda_rgb_to_yuv420(&rgb, &yuv, stream, err)))
+    return rc;
+  size_t n = (size_t)width * (size_t)height + 2 * (size_t)((width + 1) / 2) * (size_t)((height + 1) / 2);
+  CU_FAIL(cudaMemcpyAsync(yuv_host, yuv_dev, n, cudaMemcpyDeviceToHost, stream), "downloading a yuv420p frame", err);
+  return SPN_OK;
+}
+
+int32_t spn_media_cuda_download(const void *src_dev, void *dst_host, size_t size, cudaStream_t stream,
+                                spn_error_t *err) {
+  CU_FAIL(cudaMemcpyAsync(dst_host, src_dev, size, cudaMemcpyDeviceToHost, stream), "downloading a frame", err);
+  return SPN_OK;
+}
+
+int32_t spn_media_cuda_sync(cudaStream_t stream, const char *what, spn_error_t *err) {
+  cudaError_t ce = cudaStreamSynchronize(stream);
+  if (ce != cudaSuccess)
+    return spn_error_set(err, SPN_ECUDA, "media cuda: %s: cudaStreamSynchronize: %s (%s)", what,
+                         cudaGetErrorString(ce), cudaGetErrorName(ce));
+  return SPN_OK;
+}

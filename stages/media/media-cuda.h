@@ -1,0 +1,88 @@
+/* media-cuda.h — the GPU side of decode and encode (built only with CUDA).
+ *
+ * Plain C over the CUDA runtime API, FFmpeg's CUDA hwcontext and the kernels
+ * of cuda/kernels (color.cuh, image.cuh); no libspindle symbol. Linked into
+ * the decode and encode stages of a CUDA build and into the gpu tests.
+ *
+ * Device memory is laid out as the stages emit frames (spn_image_wrap's
+ * tight layout): (H,W,3) u8 rows for rgb24/bgr24, three (H,W) f32 planes for
+ * rgbf32p/bgrf32p, and the planes of nv12/yuv420p back to back. Every call
+ * queues its work on `stream` and returns without waiting, except where it
+ * says otherwise; the caller synchronises (or records an event) before the
+ * host reads a result or memory is released.
+ * Thread: the thread whose current device is the stream's (a stage's GPU
+ * executor). Every error message names the operation.
+ */
+#ifndef SPN_MEDIA_CUDA_H
+#define SPN_MEDIA_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "spindle/image.h"
+#include "spindle/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An FFmpeg CUDA device (an AVBufferRef * of AV_HWDEVICE_TYPE_CUDA, for
+ * spn_decode_opts_t.hw_device) on the calling thread's current CUDA device:
+ * its primary context, the one the CUDA runtime API uses, so NVDEC's frames
+ * are device pointers the runtime's kernels and copies can use; and with
+ * `stream` as its stream, so NVDEC's copy of each decoded picture is queued
+ * on the stage's stream, ahead of the kernels that read it.
+ *
+ * Not av_hwdevice_ctx_create(AV_CUDA_USE_PRIMARY_CONTEXT): FFmpeg 5.1 wants
+ * the primary context created with blocking-sync scheduling and refuses one
+ * that is already active with other flags ("Primary context already active
+ * with incompatible flags"), which the runtime's always is. Here the
+ * primary context is retained through the driver API (reached with
+ * cudaGetDriverEntryPoint*, so nothing links libcuda) and handed to FFmpeg,
+ * and released when the last reference to the device goes.
+ * Ownership: caller owns *out (av_buffer_unref, or spn_media_cuda_device_free). */
+int32_t spn_media_cuda_device_new(cudaStream_t stream, void **out, spn_error_t *err);
+void spn_media_cuda_device_free(void **dev);
+
+/* Bytes of device scratch spn_media_cuda_from_nv12 needs for `pixfmt`
+ * (0: none). */
+size_t spn_media_cuda_scratch_size(int32_t pixfmt, int32_t width, int32_t height);
+
+/* A decoded NV12 picture in device memory (spn_media_item_t.image with
+ * hw_frame) → `dst` (device memory of the frame's tight size in `pixfmt`):
+ * rgb24/bgr24 with spn_cuda_yuv420_to_rgb, rgbf32p/bgrf32p through an RGB24
+ * scratch and spn_cuda_to_float, nv12/yuv420p with spn_cuda_yuv420_repack
+ * (lossless: the bytes the CPU path gives). scratch: device memory of
+ * spn_media_cuda_scratch_size bytes, or NULL when that is 0. */
+int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, int32_t pixfmt, void *dst, void *scratch,
+                                 cudaStream_t stream, spn_error_t *err);
+
+/* A host image (any row pitch; what the CPU decode path gives) → `dst`,
+ * device memory of its tight size: one cudaMemcpy2DAsync per plane. The
+ * host rows may be freed once this returns (pageable copies are staged
+ * before the call returns; pinned ones must outlive the copy). */
+int32_t spn_media_cuda_upload(const spn_image_t *src, void *dst, cudaStream_t stream, spn_error_t *err);
+
+/* Encode from device frames: a tight RGB24/BGR24 frame in device memory →
+ * YUV420P (spn_cuda_rgb_to_yuv420, the twin of spn_image_convert) in
+ * `yuv_dev` (device, width*height + 2*ceil(w/2)*ceil(h/2) bytes), then one
+ * copy of those planes into `yuv_host` (pinned host memory of the same
+ * size). Returns once both are queued; the caller synchronises the stream
+ * before the host reads yuv_host. */
+int32_t spn_media_cuda_rgb_to_yuv420p_host(const void *rgb_dev, int32_t fmt, int32_t width, int32_t height,
+                                           void *yuv_dev, void *yuv_host, cudaStream_t stream, spn_error_t *err);
+
+/* One device → host copy of `size` bytes on `stream` (frames the encoder
+ * takes as they are: nv12/yuv420p planes, f32 frames). */
+int32_t spn_media_cuda_download(const void *src_dev, void *dst_host, size_t size, cudaStream_t stream,
+                                spn_error_t *err);
+
+/* Wait for `stream`. */
+int32_t spn_media_cuda_sync(cudaStream_t stream, const char *what, spn_error_t *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

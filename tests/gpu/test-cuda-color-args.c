@@ -1,0 +1,77 @@
+/* test-cuda-color-args.c — the argument checks of cuda/kernels/color.cu,
+ * which run before any launch and so need no GPU (suite unit; runs in every
+ * CUDA build). A check that is missing would reach the launch: without a GPU
+ * that fails as SPN_ECUDA, with one it would read or write out of bounds —
+ * so each case expects the specific status and a message naming the
+ * operation and what is wrong. The plane pointers are never dereferenced.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "color.cuh"
+
+static uint8_t fake[16]; /* stands in for device memory: never touched */
+
+static spn_image_t view(int32_t w, int32_t h, int32_t fmt) {
+  spn_image_t im = SPN_IMAGE_INIT;
+  im.width = w;
+  im.height = h;
+  im.format = fmt;
+  im.nplanes = spn_pixfmt_planes(fmt);
+  for (int p = 0; p < im.nplanes; p++) {
+    im.data[p] = fake;
+    im.stride[p] = 4096;
+  }
+  return im;
+}
+
+typedef int32_t (*conv_fn)(const spn_image_t *, spn_image_t *, cudaStream_t, spn_error_t *);
+
+static void expect(conv_fn f, const spn_image_t *src, spn_image_t *dst, int32_t status, const char *op,
+                   const char *part) {
+  spn_error_t err = SPN_ERROR_INIT;
+  int32_t rc = f(src, dst, NULL, &err);
+  if (rc != status || !strstr(err.msg, op) || !strstr(err.msg, part))
+    fail_msg("expected status %d with \"%s\" and \"%s\", got %d: %s", (int)status, op, part, (int)rc, err.msg);
+}
+
+static void rgb_to_yuv420_refuses_bad_arguments(void **state) {
+  (void)state;
+  spn_image_t rgb = view(64, 48, SPN_PIXFMT_RGB24), yuv = view(64, 48, SPN_PIXFMT_YUV420P);
+  spn_image_t small = view(32, 48, SPN_PIXFMT_YUV420P), gray = view(64, 48, SPN_PIXFMT_GRAY8);
+  spn_image_t rgbf = view(64, 48, SPN_PIXFMT_RGBF32P), empty = view(0, 48, SPN_PIXFMT_RGB24);
+  spn_image_t nv12 = view(64, 48, SPN_PIXFMT_NV12), no_chroma = view(64, 48, SPN_PIXFMT_YUV420P);
+  no_chroma.data[2] = NULL;
+  expect(spn_cuda_rgb_to_yuv420, NULL, &yuv, SPN_EINVAL, "rgb_to_yuv420", "source is empty");
+  expect(spn_cuda_rgb_to_yuv420, &empty, &yuv, SPN_EINVAL, "rgb_to_yuv420", "source is empty");
+  expect(spn_cuda_rgb_to_yuv420, &rgb, &small, SPN_EINVAL, "rgb_to_yuv420", "sizes differ (64x48 vs 32x48)");
+  expect(spn_cuda_rgb_to_yuv420, &rgb, &gray, SPN_EUNSUPPORTED, "rgb_to_yuv420", "from rgb24 to gray8");
+  expect(spn_cuda_rgb_to_yuv420, &rgbf, &yuv, SPN_EUNSUPPORTED, "rgb_to_yuv420", "from rgbf32p to yuv420p");
+  expect(spn_cuda_rgb_to_yuv420, &nv12, &yuv, SPN_EUNSUPPORTED, "rgb_to_yuv420", "from nv12 to yuv420p");
+  expect(spn_cuda_rgb_to_yuv420, &rgb, &no_chroma, SPN_EINVAL, "rgb_to_yuv420", "destination (yuv420p) lacks");
+}
+
+static void yuv420_repack_refuses_bad_arguments(void **state) {
+  (void)state;
+  spn_image_t nv12 = view(64, 48, SPN_PIXFMT_NV12), yuv = view(64, 48, SPN_PIXFMT_YUV420P);
+  spn_image_t rgb = view(64, 48, SPN_PIXFMT_RGB24), odd = view(63, 48, SPN_PIXFMT_YUV420P);
+  spn_image_t no_uv = view(64, 48, SPN_PIXFMT_NV12);
+  no_uv.data[1] = NULL;
+  expect(spn_cuda_yuv420_repack, &nv12, NULL, SPN_EINVAL, "yuv420_repack", "destination is empty");
+  expect(spn_cuda_yuv420_repack, &nv12, &odd, SPN_EINVAL, "yuv420_repack", "sizes differ");
+  expect(spn_cuda_yuv420_repack, &rgb, &yuv, SPN_EUNSUPPORTED, "yuv420_repack", "from rgb24 to yuv420p");
+  expect(spn_cuda_yuv420_repack, &nv12, &rgb, SPN_EUNSUPPORTED, "yuv420_repack", "from nv12 to rgb24");
+  expect(spn_cuda_yuv420_repack, &no_uv, &yuv, SPN_EINVAL, "yuv420_repack", "source (nv12) has no chroma plane");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(rgb_to_yuv420_refuses_bad_arguments),
+      cmocka_unit_test(yuv420_repack_refuses_bad_arguments),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

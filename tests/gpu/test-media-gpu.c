@@ -1,0 +1,351 @@
+/* test-media-gpu.c — decode with NVDEC and encode from device frames
+ * (stages/media/media-cuda.c) against the CPU paths, on the sample clip
+ * (suite gpu; exits 77 without a device).
+ *
+ * The device is opened as the runtime opens it (cudaSetDevice, a
+ * non-blocking stream, the primary context made active with the default
+ * flags), which is the situation in which FFmpeg 5.1 refuses
+ * AV_CUDA_USE_PRIMARY_CONTEXT; spn_media_cuda_device_new must work there.
+ *
+ * Decode. NVDEC's H.264 output is bit-exact, so its NV12 holds the samples
+ * the software decoder gives, and the conversions are the cuda/kernels twins
+ * of spn_image_convert. Hence, frame by frame, with the same pts:
+ *   - yuv420p and nv12 from the GPU equal the CPU decode's yuv420p (and its
+ *     nv12 repack) byte for byte;
+ *   - rgb24 equals spn_image_convert of the CPU's yuv420p within the
+ *     tolerance of tests/gpu/test-cuda-image.c for yuv420_to_rgb (at most 1
+ *     LSB, at least 99.9 % of the bytes exact);
+ *   - against the CPU decode's rgb24, which comes from swscale (bilinear
+ *     chroma upsampling, fixed-point BT.601), only a PSNR bound holds: the
+ *     two conversions of the same 4:2:0 samples differ by up to ~45 levels
+ *     at sharp chroma edges (swscale interpolates chroma, the twin repeats
+ *     each sample over its 2x2 block). Measured on the CPU with the exact
+ *     arithmetic of both paths over the 100 frames of the sample: 42.03 dB,
+ *     max difference 45. The bound is 40 dB.
+ *   - rgbf32p is rgb24 as floats: within 1.0 of spn_image_to_float of the
+ *     CPU twin's rgb24.
+ * If NVDEC cannot be used on this host (no libnvcuvid in the container: it
+ * comes with the driver's "video" capability), the decode case is skipped
+ * with that reason printed.
+ *
+ * Encode. The CPU decode's rgb24 frames are encoded twice with libx264 from
+ * yuv420p: once converted on the GPU (uploaded, spn_media_cuda_rgb_to_
+ * yuv420p_host into pinned memory), once with spn_image_convert on the CPU.
+ * The yuv420p planes must be equal for every frame, and so the two files
+ * byte for byte (x264 is deterministic for the same input and settings).
+ * The encode stage's CPU path converts with swscale instead; the GPU's
+ * planes are compared with swscale's: PSNR >= 50 dB (measured on the CPU
+ * with both conversions over the sample: 63.65 dB, max difference 4).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include <libswscale/swscale.h>
+
+#include "gpu-skip.h"
+#include "media-cuda.h"
+#include "media-decode.h"
+#include "media-encode.h"
+#include "spindle/image.h"
+
+#define CK(call)                                                                 \
+  do {                                                                           \
+    spn_error_t e_ = SPN_ERROR_INIT;                                             \
+    int32_t rc_ = (call);                                                        \
+    if (rc_ != SPN_OK)                                                           \
+      fail_msg("%s: %s", #call, e_.msg);                                         \
+  } while (0)
+#define CU(call)                                                                 \
+  do {                                                                           \
+    cudaError_t ce_ = (call);                                                    \
+    if (ce_ != cudaSuccess)                                                      \
+      fail_msg("%s: %s", #call, cudaGetErrorString(ce_));                        \
+  } while (0)
+
+static char sample[4096];
+
+static size_t tight(int32_t fmt, int32_t w, int32_t h) {
+  size_t px = (size_t)w * (size_t)h;
+  switch (fmt) {
+  case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24: return px * 3;
+  case SPN_PIXFMT_RGBF32P: case SPN_PIXFMT_BGRF32P: return px * 12;
+  default: return px + 2 * (size_t)((w + 1) / 2) * (size_t)((h + 1) / 2);
+  }
+}
+
+/* A CPU image in the tight layout (what the stages emit). */
+static void *tight_copy(const spn_image_t *im) {
+  size_t n = tight(im->format, im->width, im->height);
+  uint8_t *buf = malloc(n);
+  assert_non_null(buf);
+  spn_image_t t;
+  CK(spn_image_wrap(&t, buf, im->width, im->height, im->format, &e_));
+  CK(spn_image_copy(im, &t, &e_));
+  return buf;
+}
+
+static cudaStream_t open_like_the_runtime(void) {
+  cudaStream_t s = NULL;
+  CU(cudaSetDevice(0));
+  CU(cudaFree(NULL)); /* primary context active, default flags */
+  CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
+
+static spn_decoder_t *open_cpu(int32_t fmt) {
+  spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
+  o.want_audio = 0;
+  o.pixfmt = fmt;
+  spn_decoder_t *d = NULL;
+  CK(spn_decoder_new(sample, &o, &d, &e_));
+  return d;
+}
+
+static void gpu_decode_matches_cpu(void **state) {
+  (void)state;
+  cudaStream_t s = open_like_the_runtime();
+  void *hw = NULL;
+  CK(spn_media_cuda_device_new(s, &hw, &e_));
+  spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
+  o.want_audio = 0;
+  o.hwaccel = SPN_HWACCEL_CUDA;
+  o.hw_device = hw;
+  o.device_frames = 1;
+  spn_decoder_t *g = NULL, *cy = open_cpu(SPN_PIXFMT_YUV420P), *cr = open_cpu(SPN_PIXFMT_RGB24);
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_decoder_new(sample, &o, &g, &err) != SPN_OK) {
+    printf("# SKIP NVDEC is not usable here: %s\n", err.msg);
+    spn_decoder_free(cy);
+    spn_decoder_free(cr);
+    spn_media_cuda_device_free(&hw);
+    skip();
+  }
+  const int32_t w = spn_decoder_info(g)->width, h = spn_decoder_info(g)->height;
+  const int32_t fmts[] = {SPN_PIXFMT_RGB24, SPN_PIXFMT_YUV420P, SPN_PIXFMT_NV12, SPN_PIXFMT_RGBF32P};
+  void *dev = NULL, *scratch = NULL;
+  CU(cudaMalloc(&dev, tight(SPN_PIXFMT_RGBF32P, w, h)));
+  CU(cudaMalloc(&scratch, spn_media_cuda_scratch_size(SPN_PIXFMT_RGBF32P, w, h)));
+  uint8_t *got = malloc(tight(SPN_PIXFMT_RGBF32P, w, h));
+  assert_non_null(got);
+  double se = 0;
+  size_t n_sw = 0, frames = 0, off_by_one = 0, total = 0;
+  bool no_nvdec = false;
+  for (;;) {
+    spn_media_item_t gi, yi, ri;
+    spn_error_t e1 = SPN_ERROR_INIT, e2 = SPN_ERROR_INIT, e3 = SPN_ERROR_INIT;
+    int32_t rg = spn_decoder_next(g, &gi, &e1), ry = spn_decoder_next(cy, &yi, &e2), rr = spn_decoder_next(cr, &ri, &e3);
+    if (rg == SPN_EDEVICE && frames == 0 && strstr(e1.msg, "fell back to software")) {
+      printf("# SKIP NVDEC is not usable here: %s\n", e1.msg);
+      no_nvdec = true;
+      if (ry == SPN_OK)
+        spn_media_item_release(&yi);
+      if (rr == SPN_OK)
+        spn_media_item_release(&ri);
+      break;
+    }
+    if (rg != SPN_OK || ry != SPN_OK || rr != SPN_OK) {
+      if (rg != ry || rg != rr || rg != SPN_EOS)
+        fail_msg("frame %zu: gpu %d (%s), cpu yuv420p %d (%s), cpu rgb24 %d (%s)", frames, (int)rg, e1.msg, (int)ry,
+                 e2.msg, (int)rr, e3.msg);
+      break;
+    }
+    if (!gi.hw_frame)
+      fail_msg("frame %zu came in host memory: %s", frames, spn_decoder_info(g)->host_frames_why);
+    assert_int_equal(gi.image.format, SPN_PIXFMT_NV12);
+    assert_int_equal(gi.pts, yi.pts);
+    assert_int_equal(gi.pts, ri.pts);
+    for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++) {
+      size_t n = tight(fmts[f], w, h);
+      CK(spn_media_cuda_from_nv12(&gi.image, fmts[f], dev, scratch, s, &e_));
+      CU(cudaMemcpyAsync(got, dev, n, cudaMemcpyDeviceToHost, s));
+      CU(cudaStreamSynchronize(s));
+      spn_image_t ref = SPN_IMAGE_INIT;
+      CK(spn_image_alloc(&ref, w, h, fmts[f] == SPN_PIXFMT_RGBF32P ? SPN_PIXFMT_RGB24 : fmts[f], &e_));
+      CK(spn_image_convert(&yi.image, &ref, &e_));
+      if (fmts[f] == SPN_PIXFMT_RGBF32P) {
+        spn_image_t fl = SPN_IMAGE_INIT;
+        CK(spn_image_alloc(&fl, w, h, SPN_PIXFMT_RGBF32P, &e_));
+        CK(spn_image_to_float(&ref, &fl, NULL, NULL, &e_));
+        float *rf = tight_copy(&fl);
+        for (size_t i = 0; i < n / 4; i++)
+          if (fabsf(rf[i] - ((const float *)got)[i]) > 1.0f)
+            fail_msg("frame %zu rgbf32p value %zu: cpu %g gpu %g", frames, i, rf[i], ((const float *)got)[i]);
+        free(rf);
+        spn_image_release(&fl);
+      } else {
+        uint8_t *rb = tight_copy(&ref);
+        for (size_t i = 0; i < n; i++) {
+          int d = abs((int)rb[i] - (int)got[i]);
+          if (fmts[f] != SPN_PIXFMT_RGB24 && d)
+            fail_msg("frame %zu %s byte %zu: cpu %d gpu %d (NVDEC is bit-exact for H.264)", frames,
+                     spn_pixfmt_name(fmts[f]), i, rb[i], got[i]);
+          if (d > 1)
+            fail_msg("frame %zu rgb24 byte %zu: cpu twin %d gpu %d", frames, i, rb[i], got[i]);
+          if (fmts[f] == SPN_PIXFMT_RGB24) {
+            off_by_one += (size_t)d;
+            total++;
+          }
+        }
+        free(rb);
+      }
+      spn_image_release(&ref);
+      if (fmts[f] == SPN_PIXFMT_RGB24) {
+        uint8_t *sw = tight_copy(&ri.image); /* swscale's rgb24 */
+        for (size_t i = 0; i < n; i++) {
+          double d = (double)sw[i] - (double)got[i];
+          se += d * d;
+        }
+        n_sw += n;
+        free(sw);
+      }
+    }
+    spn_media_item_release(&gi);
+    spn_media_item_release(&yi);
+    spn_media_item_release(&ri);
+    frames++;
+  }
+  spn_decoder_free(g);
+  spn_decoder_free(cy);
+  spn_decoder_free(cr);
+  CU(cudaFree(dev));
+  CU(cudaFree(scratch));
+  free(got);
+  spn_media_cuda_device_free(&hw);
+  CU(cudaStreamDestroy(s));
+  if (no_nvdec)
+    skip();
+  assert_true(frames >= 100);
+  double psnr = 10.0 * log10(255.0 * 255.0 / (se / (double)n_sw));
+  printf("# %zu frames; rgb24 vs the CPU twin: %zu of %zu bytes off by one; vs swscale: PSNR %.2f dB\n", frames,
+         off_by_one, total, psnr);
+  if (off_by_one * 1000 > total)
+    fail_msg("rgb24: %zu of %zu bytes off by one (more than 0.1%%)", off_by_one, total);
+  if (psnr < 40.0)
+    fail_msg("rgb24 vs the CPU decode's (swscale) rgb24: PSNR %.2f dB < 40 dB", psnr);
+}
+
+static void read_file(const char *path, uint8_t **data, size_t *size) {
+  FILE *f = fopen(path, "rb");
+  if (!f)
+    fail_msg("%s: cannot open", path);
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  *data = malloc((size_t)n + 1);
+  assert_non_null(*data);
+  *size = fread(*data, 1, (size_t)n, f);
+  fclose(f);
+}
+
+static void gpu_encode_matches_cpu_twin(void **state) {
+  (void)state;
+  cudaStream_t s = open_like_the_runtime();
+  char dir[] = "/tmp/spn-media-gpu-XXXXXX", pa[4200], pb[4200];
+  assert_non_null(mkdtemp(dir));
+  snprintf(pa, sizeof pa, "%s/gpu.mp4", dir);
+  snprintf(pb, sizeof pb, "%s/cpu.mp4", dir);
+  spn_decoder_t *d = open_cpu(SPN_PIXFMT_RGB24);
+  const int32_t w = spn_decoder_info(d)->width, h = spn_decoder_info(d)->height;
+  spn_encode_opts_t eo = SPN_ENCODE_OPTS_INIT;
+  eo.preset = "ultrafast";
+  spn_encoder_t *ea = NULL, *eb = NULL;
+  CK(spn_encoder_new(pa, w, h, SPN_PIXFMT_YUV420P, &eo, &ea, &e_));
+  CK(spn_encoder_new(pb, w, h, SPN_PIXFMT_YUV420P, &eo, &eb, &e_));
+  size_t n420 = tight(SPN_PIXFMT_YUV420P, w, h);
+  void *rgb_dev = NULL, *yuv_dev = NULL, *pinned = NULL;
+  CU(cudaMalloc(&rgb_dev, tight(SPN_PIXFMT_RGB24, w, h)));
+  CU(cudaMalloc(&yuv_dev, n420));
+  CU(cudaMallocHost(&pinned, n420));
+  uint8_t *cpu = malloc(n420), *sws_out = malloc(n420);
+  assert_true(cpu && sws_out);
+  struct SwsContext *sws = NULL;
+  double se = 0;
+  size_t n_cmp = 0, frames = 0;
+  for (;;) {
+    spn_media_item_t it;
+    spn_error_t e = SPN_ERROR_INIT;
+    int32_t rc = spn_decoder_next(d, &it, &e);
+    if (rc == SPN_EOS)
+      break;
+    if (rc)
+      fail_msg("decoding the sample: %s", e.msg);
+    uint8_t *rgb = tight_copy(&it.image);
+    CU(cudaMemcpyAsync(rgb_dev, rgb, tight(SPN_PIXFMT_RGB24, w, h), cudaMemcpyHostToDevice, s));
+    CK(spn_media_cuda_rgb_to_yuv420p_host(rgb_dev, SPN_PIXFMT_RGB24, w, h, yuv_dev, pinned, s, &e_));
+    CK(spn_media_cuda_sync(s, "test", &e_));
+    spn_image_t yuv_gpu, yuv_cpu, yuv_sws;
+    CK(spn_image_wrap(&yuv_gpu, pinned, w, h, SPN_PIXFMT_YUV420P, &e_));
+    CK(spn_image_wrap(&yuv_cpu, cpu, w, h, SPN_PIXFMT_YUV420P, &e_));
+    CK(spn_image_wrap(&yuv_sws, sws_out, w, h, SPN_PIXFMT_YUV420P, &e_));
+    CK(spn_image_convert(&it.image, &yuv_cpu, &e_));
+    if (memcmp(pinned, cpu, n420) != 0)
+      fail_msg("frame %zu: the GPU's yuv420p differs from spn_image_convert's", frames);
+    /* the encode stage's CPU path: swscale, as media-encode.c calls it */
+    sws = sws_getCachedContext(sws, w, h, AV_PIX_FMT_RGB24, w, h, AV_PIX_FMT_YUV420P,
+                               SWS_BILINEAR | SWS_ACCURATE_RND, NULL, NULL, NULL);
+    assert_non_null(sws);
+    const uint8_t *sp[4] = {it.image.data[0], NULL, NULL, NULL};
+    int sl[4] = {(int)it.image.stride[0], 0, 0, 0};
+    uint8_t *dp[4] = {yuv_sws.data[0], yuv_sws.data[1], yuv_sws.data[2], NULL};
+    int dl[4] = {(int)yuv_sws.stride[0], (int)yuv_sws.stride[1], (int)yuv_sws.stride[2], 0};
+    sws_scale(sws, sp, sl, 0, h, dp, dl);
+    for (size_t i = 0; i < n420; i++) {
+      double df = (double)sws_out[i] - (double)((const uint8_t *)pinned)[i];
+      se += df * df;
+    }
+    n_cmp += n420;
+    CK(spn_encoder_write_video(ea, &yuv_gpu, it.pts, it.tb_num, it.tb_den, &e_));
+    CK(spn_encoder_write_video(eb, &yuv_cpu, it.pts, it.tb_num, it.tb_den, &e_));
+    free(rgb);
+    spn_media_item_release(&it);
+    frames++;
+  }
+  CK(spn_encoder_finish(ea, &e_));
+  CK(spn_encoder_finish(eb, &e_));
+  spn_encoder_free(ea);
+  spn_encoder_free(eb);
+  spn_decoder_free(d);
+  sws_freeContext(sws);
+  CU(cudaFree(rgb_dev));
+  CU(cudaFree(yuv_dev));
+  CU(cudaFreeHost(pinned));
+  CU(cudaStreamDestroy(s));
+  free(cpu);
+  free(sws_out);
+  uint8_t *fa, *fb;
+  size_t na, nb;
+  read_file(pa, &fa, &na);
+  read_file(pb, &fb, &nb);
+  double psnr = 10.0 * log10(255.0 * 255.0 / (se / (double)n_cmp));
+  printf("# %zu frames; files %zu and %zu bytes; GPU yuv420p vs swscale's: PSNR %.2f dB\n", frames, na, nb, psnr);
+  assert_true(frames >= 100);
+  if (na != nb || memcmp(fa, fb, na) != 0)
+    fail_msg("%s and %s differ although every frame's yuv420p was equal", pa, pb);
+  if (psnr < 50.0)
+    fail_msg("GPU yuv420p vs swscale's: PSNR %.2f dB < 50 dB", psnr);
+  free(fa);
+  free(fb);
+  unlink(pa);
+  unlink(pb);
+  rmdir(dir);
+}
+
+int main(void) {
+  SPN_TEST_REQUIRE_GPU();
+  const char *root = getenv("SPINDLE_SOURCE_ROOT");
+  snprintf(sample, sizeof sample, "%s/samples/media/talking-head.mp4", root ? root : ".");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(gpu_decode_matches_cpu),
+      cmocka_unit_test(gpu_encode_matches_cpu_twin),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
