@@ -96,6 +96,8 @@ static int32_t place_stage(spn_pipeline_t *pipe, spn__stage_rt_t *srt, spn__exec
         pool = true;
       else if (need == SPN_NEED_CUDA)
         list[n_list++] = find_device(rt, SPN_DEVICE_CUDA, 0);
+      else if (rt->n_devices <= 1 && !find_device(rt, SPN_DEVICE_CUDA, 0))
+        pool = true; /* a kind that runs either side, on a runtime that is one CPU: the pool, as a CPU kind */
       else
         list[n_list++] = rt->devices[0];
     } else if (!strcmp(d, "cpu")) {
