@@ -191,12 +191,14 @@ int32_t spn_media_cuda_rgb_to_yuv420p_host(const void *rgb_dev, int32_t fmt, int
                                            void *yuv_dev, void *yuv_host, cudaStream_t stream, spn_error_t *err) {
   spn_image_t rgb, yuv;
   int32_t rc;
-  if (!rgb_dev || !yuv_dev || !yuv_host)
-    return spn_error_set(err, SPN_EINVAL, "media cuda: rgb to yuv420p needs source, scratch and destination");
+  if (!rgb_dev || !yuv_dev)
+    return spn_error_set(err, SPN_EINVAL, "media cuda: rgb to yuv420p needs a source and a scratch");
   if ((rc = spn_image_wrap(&rgb, (void *)rgb_dev, width, height, fmt, err)) ||
       (rc = spn_image_wrap(&yuv, yuv_dev, width, height, SPN_PIXFMT_YUV420P, err)) ||
       (rc = spn_cuda_rgb_to_yuv420(&rgb, &yuv, stream, err)))
     return rc;
+  if (!yuv_host) /* the caller downloads it (a counted copy) */
+    return SPN_OK;
   size_t n = (size_t)width * (size_t)height + 2 * (size_t)((width + 1) / 2) * (size_t)((height + 1) / 2);
   CU_FAIL(cudaMemcpyAsync(yuv_host, yuv_dev, n, cudaMemcpyDeviceToHost, stream), "downloading a yuv420p frame", err);
   return SPN_OK;

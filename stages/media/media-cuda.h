@@ -69,8 +69,9 @@ int32_t spn_media_cuda_upload(const spn_image_t *src, void *dst, cudaStream_t st
  * YUV420P (spn_cuda_rgb_to_yuv420, the twin of spn_image_convert) in
  * `yuv_dev` (device, width*height + 2*ceil(w/2)*ceil(h/2) bytes), then one
  * copy of those planes into `yuv_host` (pinned host memory of the same
- * size). Returns once both are queued; the caller synchronises the stream
- * before the host reads yuv_host. */
+ * size; NULL: no copy, the caller makes it, e.g. a counted host
+ * buffer_copy). Returns once both are queued; the caller synchronises the
+ * stream before the host reads yuv_host. */
 int32_t spn_media_cuda_rgb_to_yuv420p_host(const void *rgb_dev, int32_t fmt, int32_t width, int32_t height,
                                            void *yuv_dev, void *yuv_host, cudaStream_t stream, spn_error_t *err);
 

@@ -328,12 +328,17 @@ static int32_t gpu_frame(encode_job_t *j, spn_buffer_t *buf, int32_t w, int32_t 
       return rc;
     return spn_image_wrap(img, out, w, h, SPN_PIXFMT_YUV420P, err);
   }
+  /* The one download, counted for the stage and the job where the host
+   * can (what crossed PCIe). */
+  bool counted = SPN_HOST_HAS(host, buffer_copy);
   if (to_yuv) {
     if ((rc = job_buffer(j, &j->yuv_dev, n, SPN_MEM_DEVICE, err)) ||
         (rc = spn_media_cuda_rgb_to_yuv420p_host(host->buffer_data(buf), fmt, w, h, host->buffer_data(j->yuv_dev),
-                                                 out, j->stream, err)))
+                                                 counted ? NULL : out, j->stream, err)) ||
+        (counted && (rc = host->buffer_copy(j->stage, j->job_id, j->pinned, 0, j->yuv_dev, 0, n, err))))
       return rc;
-  } else if ((rc = spn_media_cuda_download(host->buffer_data(buf), out, n, j->stream, err))) {
+  } else if ((rc = counted ? host->buffer_copy(j->stage, j->job_id, j->pinned, 0, buf, 0, n, err)
+                           : spn_media_cuda_download(host->buffer_data(buf), out, n, j->stream, err))) {
     return rc;
   }
   if ((rc = spn_media_cuda_sync(j->stream, "encoding a device frame", err)))
