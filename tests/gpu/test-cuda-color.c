@@ -20,77 +20,8 @@
 
 #include "color.cuh"
 #include "gpu-skip.h"
+#include "gpu-test.h"
 #include "spindle/image.h"
-
-#define CK(call)                                                                 \
-  do {                                                                           \
-    spn_error_t e_ = SPN_ERROR_INIT;                                             \
-    int32_t rc_ = (call);                                                        \
-    if (rc_ != SPN_OK)                                                           \
-      fail_msg("%s: %s", #call, e_.msg);                                         \
-  } while (0)
-#define CU(call)                                                                 \
-  do {                                                                           \
-    cudaError_t ce_ = (call);                                                    \
-    if (ce_ != cudaSuccess)                                                      \
-      fail_msg("%s: %s", #call, cudaGetErrorString(ce_));                        \
-  } while (0)
-
-static uint32_t rng_next(uint32_t *s) {
-  *s = *s * 1664525u + 1013904223u;
-  return *s >> 8;
-}
-
-/* Bytes of plane p that hold pixels, and its rows. */
-static size_t row_bytes(const spn_image_t *im, int p) {
-  int32_t pw = 0, ph = 0;
-  spn_pixfmt_plane_size(im->format, im->width, im->height, p, &pw, &ph);
-  if (im->format == SPN_PIXFMT_RGB24 || im->format == SPN_PIXFMT_BGR24)
-    return (size_t)pw * 3;
-  return (size_t)pw * (im->format == SPN_PIXFMT_NV12 && p == 1 ? 2 : 1);
-}
-static int32_t plane_rows(const spn_image_t *im, int p) {
-  int32_t pw = 0, ph = 0;
-  spn_pixfmt_plane_size(im->format, im->width, im->height, p, &pw, &ph);
-  return ph;
-}
-
-static spn_image_t random_image(int32_t w, int32_t h, int32_t fmt, uint32_t seed) {
-  spn_image_t im = SPN_IMAGE_INIT;
-  CK(spn_image_alloc(&im, w, h, fmt, &e_));
-  for (int p = 0; p < im.nplanes; p++)
-    for (int32_t y = 0; y < plane_rows(&im, p); y++)
-      for (size_t i = 0; i < row_bytes(&im, p); i++)
-        im.data[p][y * im.stride[p] + (int64_t)i] = (uint8_t)rng_next(&seed);
-  return im;
-}
-
-static spn_image_t to_device(const spn_image_t *h) {
-  spn_image_t d = *h;
-  d.owned = NULL;
-  for (int p = 0; p < h->nplanes; p++) {
-    d.stride[p] = h->stride[p] + 64;
-    void *ptr = NULL;
-    CU(cudaMalloc(&ptr, (size_t)d.stride[p] * (size_t)plane_rows(h, p)));
-    d.data[p] = ptr;
-    CU(cudaMemcpy2D(ptr, (size_t)d.stride[p], h->data[p], (size_t)h->stride[p], row_bytes(h, p),
-                    (size_t)plane_rows(h, p), cudaMemcpyHostToDevice));
-  }
-  return d;
-}
-
-static void from_device(const spn_image_t *d, spn_image_t *h) {
-  CU(cudaDeviceSynchronize());
-  for (int p = 0; p < h->nplanes; p++)
-    CU(cudaMemcpy2D(h->data[p], (size_t)h->stride[p], d->data[p], (size_t)d->stride[p], row_bytes(h, p),
-                    (size_t)plane_rows(h, p), cudaMemcpyDeviceToHost));
-}
-
-static void device_free(spn_image_t *d) {
-  for (int p = 0; p < d->nplanes; p++)
-    CU(cudaFree(d->data[p]));
-  memset(d, 0, sizeof *d);
-}
 
 static void expect_equal(const spn_image_t *cpu, const spn_image_t *gpu, const char *what) {
   for (int p = 0; p < cpu->nplanes; p++)
@@ -112,7 +43,7 @@ static void rgb_to_yuv420_matches_cpu_exactly(void **state) {
   for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
     for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
       int32_t w = sizes[s][0], h = sizes[s][1];
-      spn_image_t src = random_image(w, h, pairs[i][0], seed++), ref = SPN_IMAGE_INIT, got = SPN_IMAGE_INIT;
+      spn_image_t src = host_image(w, h, pairs[i][0], seed++, 0, 0), ref = SPN_IMAGE_INIT, got = SPN_IMAGE_INIT;
       CK(spn_image_alloc(&ref, w, h, pairs[i][1], &e_));
       CK(spn_image_alloc(&got, w, h, pairs[i][1], &e_));
       CK(spn_image_convert(&src, &ref, &e_));
@@ -139,7 +70,7 @@ static void yuv420_repack_matches_cpu_exactly(void **state) {
   for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
     for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
       int32_t w = sizes[s][0], h = sizes[s][1];
-      spn_image_t src = random_image(w, h, pairs[i][0], seed++), ref = SPN_IMAGE_INIT, got = SPN_IMAGE_INIT;
+      spn_image_t src = host_image(w, h, pairs[i][0], seed++, 0, 0), ref = SPN_IMAGE_INIT, got = SPN_IMAGE_INIT;
       CK(spn_image_alloc(&ref, w, h, pairs[i][1], &e_));
       CK(spn_image_alloc(&got, w, h, pairs[i][1], &e_));
       CK(spn_image_convert(&src, &ref, &e_));

@@ -52,24 +52,11 @@
 #include <libswscale/swscale.h>
 
 #include "gpu-skip.h"
+#include "gpu-test.h"
 #include "media-cuda.h"
 #include "media-decode.h"
 #include "media-encode.h"
 #include "spindle/image.h"
-
-#define CK(call)                                                                 \
-  do {                                                                           \
-    spn_error_t e_ = SPN_ERROR_INIT;                                             \
-    int32_t rc_ = (call);                                                        \
-    if (rc_ != SPN_OK)                                                           \
-      fail_msg("%s: %s", #call, e_.msg);                                         \
-  } while (0)
-#define CU(call)                                                                 \
-  do {                                                                           \
-    cudaError_t ce_ = (call);                                                    \
-    if (ce_ != cudaSuccess)                                                      \
-      fail_msg("%s: %s", #call, cudaGetErrorString(ce_));                        \
-  } while (0)
 
 static char sample[4096];
 
