@@ -12,8 +12,14 @@
 #include <stdint.h>
 
 #include "color.cuh"
+#include "kernel-common.cuh"
 
 namespace {
+
+using spn_kernels::sat_u8;
+
+/* This family's launch check. */
+int32_t launched(const char *op, spn_error_t *err) { return spn_kernels::launched("cuda color", op, err); }
 
 struct plane3 {
   uint8_t *data[3];
@@ -54,22 +60,6 @@ int32_t check_pair(const spn_image_t *src, spn_image_t *dst, const char *op, spn
     return spn_error_set(err, SPN_EINVAL, "cuda color: %s: sizes differ (%dx%d vs %dx%d)", op, (int)src->width,
                          (int)src->height, (int)dst->width, (int)dst->height);
   return SPN_OK;
-}
-
-int32_t launched(const char *op, spn_error_t *err) {
-  cudaError_t ce = cudaGetLastError();
-  if (ce != cudaSuccess)
-    return spn_error_set(err, SPN_ECUDA, "cuda color: %s launch failed: %s (%s)", op, cudaGetErrorString(ce),
-                         cudaGetErrorName(ce));
-  return SPN_OK;
-}
-
-__device__ __forceinline__ uint8_t sat_u8(float v) {
-  if (!(v > 0.0f))
-    return 0;
-  if (v >= 254.5f)
-    return 255;
-  return (uint8_t)__fadd_rn(v, 0.5f);
 }
 
 /* image.c's rgb_to_yuv: 16 + (65.481 R + 128.553 G + 24.966 B) / 255, ... */

@@ -9,8 +9,14 @@
 #include <stdint.h>
 
 #include "image.cuh"
+#include "kernel-common.cuh"
 
 namespace {
+
+using spn_kernels::sat_u8;
+
+/* This family's launch check. */
+int32_t launched(const char *op, spn_error_t *err) { return spn_kernels::launched("cuda image", op, err); }
 
 struct img_desc {
   uint8_t *data[4];
@@ -51,22 +57,6 @@ void norm_params(const float mean[3], const float scale[3], float m[3], float s[
     m[c] = mean ? mean[c] : 0.0f;
     s[c] = scale ? scale[c] : 1.0f;
   }
-}
-
-int32_t launched(const char *op, spn_error_t *err) {
-  cudaError_t ce = cudaGetLastError();
-  if (ce != cudaSuccess)
-    return spn_error_set(err, SPN_ECUDA, "cuda image: %s launch failed: %s (%s)", op, cudaGetErrorString(ce),
-                         cudaGetErrorName(ce));
-  return SPN_OK;
-}
-
-__device__ __forceinline__ uint8_t sat_u8(float v) {
-  if (!(v > 0.0f))
-    return 0;
-  if (v >= 254.5f)
-    return 255;
-  return (uint8_t)__fadd_rn(v, 0.5f);
 }
 
 __device__ __forceinline__ float get_px(const img_desc &im, int c, int32_t x, int32_t y) {
