@@ -25,6 +25,16 @@
 extern "C" {
 #endif
 
+/* A CUDA runtime call's result as a status: SPN_OK, or SPN_ECUDA with
+ * "who: what: CUDA's message (its name)" (who NULL: no prefix). For the
+ * stages' own copies and waits around the kernels. */
+static inline int32_t spn_cuda_status(cudaError_t ce, const char *who, const char *what, spn_error_t *err) {
+  if (ce == cudaSuccess)
+    return SPN_OK;
+  return spn_error_set(err, SPN_ECUDA, "%s%s%s: %s (%s)", who ? who : "", who ? ": " : "", what,
+                       cudaGetErrorString(ce), cudaGetErrorName(ce));
+}
+
 /* Bilinear resize (spn_image_resize with SPN_INTERP_BILINEAR): src and dst of
  * the same format, one of RGB24, BGR24, GRAY8, RGBF32P, BGRF32P, GRAYF32;
  * dst's size is the target. */

@@ -46,10 +46,10 @@
 #include <unistd.h>
 
 #ifdef SPN_LIPSYNC_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
+#include "spindle/plugin-cuda.h"
+#else
 #include "spindle/plugin.h"
+#endif
 #include "wav2lip.h"
 
 
@@ -379,22 +379,6 @@ static void take_mel(spn_stage_t *stage, ls_job_t *j, spn_msg_t *m, int64_t midx
 
 /* ---- model ---------------------------------------------------------------------------- */
 
-#ifdef SPN_LIPSYNC_CUDA
-/* A device scratch buffer of at least n bytes (a smaller one is released
- * once the stream is past it). */
-static int32_t scratch(spn_stage_t *stage, spn_buffer_t **b, size_t n, spn_error_t *err) {
-  const spn_host_api_t *host = spn_stage_host(stage);
-  if (*b && host->buffer_size(*b) >= n)
-    return SPN_OK;
-  if (*b) {
-    cudaError_t ce = cudaStreamSynchronize((cudaStream_t)host->stage_get_stream(stage));
-    host->buffer_unref(b);
-    if (ce != cudaSuccess)
-      return spn_error_set(err, SPN_ECUDA, "lipsync: %s", cudaGetErrorString(ce));
-  }
-  return host->buffer_new_kind(stage, n, SPN_MEM_DEVICE, b, err);
-}
-#endif
 
 static void fail_slot(spn_stage_t *stage, ls_job_t *j, const ls_slot_t *s, int32_t rc, const char *why) {
   char msg[SPN_ERROR_MSG_MAX + 64];
@@ -419,11 +403,11 @@ static void run_batch(spn_stage_t *stage, ls_state_t *st, size_t n) {
   for (size_t i = 0; i < n; i++)
     if ((size_t)st->run[i]->rect.w * (size_t)st->run[i]->rect.h > paste_px)
       paste_px = (size_t)st->run[i]->rect.w * (size_t)st->run[i]->rect.h;
-  if (gpu && ((rc = scratch(stage, &st->d_face, st->bs * fsz * sizeof(float), &err)) != SPN_OK ||
-              (rc = scratch(stage, &st->d_out, st->bs * osz * sizeof(float), &err)) != SPN_OK ||
-              (rc = scratch(stage, &st->d_small, (size_t)SPN_W2L_SIZE * SPN_W2L_SIZE * 3, &err)) != SPN_OK ||
-              (rc = scratch(stage, &st->d_big, paste_px * 3, &err)) != SPN_OK ||
-              (rc = scratch(stage, &st->d_mask, paste_px * sizeof(float), &err)) != SPN_OK)) {
+  if (gpu && ((rc = spn_cuda_scratch(stage, &st->d_face, st->bs * fsz * sizeof(float), 0, &err)) != SPN_OK ||
+              (rc = spn_cuda_scratch(stage, &st->d_out, st->bs * osz * sizeof(float), 0, &err)) != SPN_OK ||
+              (rc = spn_cuda_scratch(stage, &st->d_small, (size_t)SPN_W2L_SIZE * SPN_W2L_SIZE * 3, 0, &err)) != SPN_OK ||
+              (rc = spn_cuda_scratch(stage, &st->d_big, paste_px * 3, 0, &err)) != SPN_OK ||
+              (rc = spn_cuda_scratch(stage, &st->d_mask, paste_px * sizeof(float), 0, &err)) != SPN_OK)) {
     for (size_t i = 0; i < n; i++)
       fail_slot(stage, st->run_job[i], st->run[i], rc, err.msg);
     return;

@@ -15,9 +15,7 @@
 #include "wav2lip.h"
 
 static int32_t cu_ok(cudaError_t ce, const char *what, spn_error_t *err) {
-  return ce == cudaSuccess ? SPN_OK
-                           : spn_error_set(err, SPN_ECUDA, "wav2lip: %s: %s (%s)", what, cudaGetErrorString(ce),
-                                           cudaGetErrorName(ce));
+  return spn_cuda_status(ce, "wav2lip", what, err);
 }
 
 static bool inside(const spn_image_t *f, const spn_w2l_rect_t *r) {

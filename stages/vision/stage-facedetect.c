@@ -355,8 +355,7 @@ static int32_t detect_haar(fd_state_t *st, const uint8_t *rgb, int32_t W, int32_
  * Fills st->dets, best score first. */
 #ifdef SPN_VISION_CUDA
 static int32_t cu_ok(cudaError_t ce, const char *what, spn_error_t *err) {
-  return ce == cudaSuccess ? SPN_OK
-                           : spn_error_set(err, SPN_ECUDA, "%s: %s (%s)", what, cudaGetErrorString(ce), cudaGetErrorName(ce));
+  return spn_cuda_status(ce, NULL, what, err);
 }
 
 /* The model's input on the GPU: `rgb` is the frame in device memory; the
@@ -365,15 +364,9 @@ static int32_t preprocess_gpu(fd_state_t *st, const uint8_t *rgb, int32_t W, int
                               spn_tensor_t *in, spn_error_t *err) {
   const spn_host_api_t *h = st->host;
   cudaStream_t stream = (cudaStream_t)h->stage_get_stream(st->stage);
-  size_t need = (size_t)3 * g->in_w * g->in_h * sizeof(float);
   int32_t rc, kind = 0, index = 0;
-  if (st->d_input && h->buffer_size(st->d_input) < need) {
-    rc = cu_ok(cudaStreamSynchronize(stream), "waiting for the stream", err);
-    h->buffer_unref(&st->d_input);
-    if (rc != SPN_OK)
-      return rc;
-  }
-  if (!st->d_input && (rc = h->buffer_new_kind(st->stage, need, SPN_MEM_DEVICE, &st->d_input, err)) != SPN_OK)
+  if ((rc = spn_cuda_scratch(st->stage, &st->d_input, (size_t)3 * g->in_w * g->in_h * sizeof(float), 0, err)) !=
+      SPN_OK)
     return rc;
   float mean[3], inv_std[3];
   int32_t swap = 0;

@@ -303,25 +303,12 @@ out_up:
 /* ---- the GPU twin ------------------------------------------------------- */
 
 static int32_t cu_ok(cudaError_t ce, const char *what, spn_error_t *err) {
-  return ce == cudaSuccess ? SPN_OK
-                           : spn_error_set(err, SPN_ECUDA, "superres: %s: %s (%s)", what, cudaGetErrorString(ce),
-                                           cudaGetErrorName(ce));
+  return spn_cuda_status(ce, "superres", what, err);
 }
 
-/* A device scratch buffer of at least n bytes. A smaller one is dropped
- * once the stream has finished with it (the pool may hand it out again at
- * once). */
-static int32_t scratch(sr_state_t *st, spn_buffer_t **b, size_t n, cudaStream_t stream, spn_error_t *err) {
-  const spn_host_api_t *h = spn_stage_host(st->stage);
-  if (*b && h->buffer_size(*b) >= n)
-    return SPN_OK;
-  if (*b) {
-    int32_t rc = cu_ok(cudaStreamSynchronize(stream), "waiting for the stream", err);
-    h->buffer_unref(b);
-    if (rc != SPN_OK)
-      return rc;
-  }
-  return h->buffer_new_kind(st->stage, n + n / 4, SPN_MEM_DEVICE, b, err);
+/* Device scratch, with a quarter to spare: face crops vary in size. */
+static int32_t scratch(sr_state_t *st, spn_buffer_t **b, size_t n, spn_error_t *err) {
+  return spn_cuda_scratch(st->stage, b, n, n / 4, err);
 }
 
 static spn_tensor_t dev_tensor(const sr_state_t *st, void *data, int64_t h, int64_t w) {
@@ -353,10 +340,10 @@ static int32_t gpu_upscale(sr_state_t *st, const spn_image_t *src, spn_image_t *
   maxp = maxp > H ? H : maxp;
   maxq = maxq > W ? W : maxq;
   size_t tn = (size_t)(maxp * maxq);
-  if ((rc = scratch(st, &st->d_in, 3 * n * sizeof(float), stream, err)) != SPN_OK ||
-      (rc = scratch(st, &st->d_out, 3 * on * sizeof(float), stream, err)) != SPN_OK ||
-      (rc = scratch(st, &st->d_tin, 3 * tn * sizeof(float), stream, err)) != SPN_OK ||
-      (rc = scratch(st, &st->d_tout, 3 * tn * (size_t)s * s * sizeof(float), stream, err)) != SPN_OK)
+  if ((rc = scratch(st, &st->d_in, 3 * n * sizeof(float), err)) != SPN_OK ||
+      (rc = scratch(st, &st->d_out, 3 * on * sizeof(float), err)) != SPN_OK ||
+      (rc = scratch(st, &st->d_tin, 3 * tn * sizeof(float), err)) != SPN_OK ||
+      (rc = scratch(st, &st->d_tout, 3 * tn * (size_t)s * s * sizeof(float), err)) != SPN_OK)
     return rc;
   float *in = h->buffer_data(st->d_in), *out = h->buffer_data(st->d_out);
   float *tin = h->buffer_data(st->d_tin), *tout = h->buffer_data(st->d_tout);
@@ -417,8 +404,8 @@ static int32_t gpu_paste_face(sr_state_t *st, const spn_image_t *src, spn_image_
   const spn_host_api_t *h = spn_stage_host(st->stage);
   size_t upn = (size_t)(mx1 - mx0) * s * (size_t)(my1 - my0) * s;
   spn_image_t crop, up, face, mask;
-  if ((rc = scratch(st, &st->d_up, upn * 3, stream, err)) != SPN_OK ||
-      (rc = scratch(st, &st->d_mask, upn * sizeof(float), stream, err)) != SPN_OK ||
+  if ((rc = scratch(st, &st->d_up, upn * 3, err)) != SPN_OK ||
+      (rc = scratch(st, &st->d_mask, upn * sizeof(float), err)) != SPN_OK ||
       (rc = spn_image_crop(src, mx0, my0, mx1 - mx0, my1 - my0, &crop, err)) != SPN_OK ||
       (rc = spn_image_wrap(&up, h->buffer_data(st->d_up), (mx1 - mx0) * s, (my1 - my0) * s, SPN_PIXFMT_RGB24,
                            err)) != SPN_OK ||

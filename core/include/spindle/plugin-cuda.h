@@ -98,6 +98,28 @@ static inline int32_t spn_frame_filter_process_cuda(spn_stage_t *stage, void *st
   return SPN_OK;
 }
 
+/* A device scratch buffer of the instance, kept from call to call: *buf
+ * grows to at least n bytes (plus `slack` more when it has to grow, so a
+ * size that creeps up does not regrow every time). A smaller buffer is
+ * released once the instance's stream has passed the work queued on it
+ * (the pool may hand its memory out again at once). Ownership: *buf is the
+ * caller's reference (buffer_unref it after the stream's last use).
+ * Thread: stage (the instance's GPU executor). */
+static inline int32_t spn_cuda_scratch(spn_stage_t *stage, spn_buffer_t **buf, size_t n, size_t slack,
+                                       spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  if (*buf && host->buffer_size(*buf) >= n)
+    return SPN_OK;
+  if (*buf) {
+    cudaError_t ce = cudaStreamSynchronize((cudaStream_t)host->stage_get_stream(stage));
+    host->buffer_unref(buf);
+    if (ce != cudaSuccess)
+      return spn_error_set(err, SPN_ECUDA, "%s: waiting for the stream: %s (%s)", host->stage_get_name(stage),
+                           cudaGetErrorString(ce), cudaGetErrorName(ce));
+  }
+  return host->buffer_new_kind(stage, n + slack, SPN_MEM_DEVICE, buf, err);
+}
+
 #ifdef __cplusplus
 }
 #endif
