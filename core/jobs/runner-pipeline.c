@@ -559,28 +559,30 @@ static void edge_metrics(const pipeline_runner_t *r, spn__mbuf_t *b) {
  * uploads and downloads), by direction: bytes, and the host time spent
  * issuing them. Its input edges' copies are the edge family's. */
 static void stage_copy_metrics(const pipeline_runner_t *r, spn__mbuf_t *b) {
-  spn__mbuf_family(b, "spindle_stage_bytes_copied_total", "counter",
-                   "Bytes each stage copied itself (its own uploads, downloads and peer copies), by direction.");
-  for (size_t i = 0; i < r->n; i++)
-    for (size_t k = 0; k < spn_pipeline_stage_count(r->entries[i].pipe); k++) {
-      spn_transfer_stats_t st;
-      const char *stage = spn_pipeline_stage_transfers(r->entries[i].pipe, k, &st);
-      for (int d = 0; stage && d < 4; d++) {
-        stage_label(b, "spindle_stage_bytes_copied_total", r->entries[i].name, stage);
-        spn__mbuf_put(b, ",direction=\"%s\"} %llu\n", copy_dir_names[d], (unsigned long long)st.bytes[d]);
+  static const struct {
+    const char *name, *help;
+    bool seconds; /* else bytes */
+  } fam[] = {
+      {"spindle_stage_bytes_copied_total",
+       "Bytes each stage copied itself (its own uploads, downloads and peer copies), by direction.", false},
+      {"spindle_stage_copy_seconds_total",
+       "Host time each stage spent issuing the copies it made itself, by direction.", true},
+  };
+  for (size_t f = 0; f < sizeof fam / sizeof *fam; f++) { /* a family's samples together, as the format wants */
+    spn__mbuf_family(b, fam[f].name, "counter", fam[f].help);
+    for (size_t i = 0; i < r->n; i++)
+      for (size_t k = 0; k < spn_pipeline_stage_count(r->entries[i].pipe); k++) {
+        spn_transfer_stats_t st;
+        const char *stage = spn_pipeline_stage_transfers(r->entries[i].pipe, k, &st);
+        for (int d = 0; stage && d < 4; d++) {
+          stage_label(b, fam[f].name, r->entries[i].name, stage);
+          if (fam[f].seconds)
+            spn__mbuf_put(b, ",direction=\"%s\"} %.9f\n", copy_dir_names[d], (double)st.ns[d] / 1e9);
+          else
+            spn__mbuf_put(b, ",direction=\"%s\"} %llu\n", copy_dir_names[d], (unsigned long long)st.bytes[d]);
+        }
       }
-    }
-  spn__mbuf_family(b, "spindle_stage_copy_seconds_total", "counter",
-                   "Host time each stage spent issuing the copies it made itself, by direction.");
-  for (size_t i = 0; i < r->n; i++)
-    for (size_t k = 0; k < spn_pipeline_stage_count(r->entries[i].pipe); k++) {
-      spn_transfer_stats_t st;
-      const char *stage = spn_pipeline_stage_transfers(r->entries[i].pipe, k, &st);
-      for (int d = 0; stage && d < 4; d++) {
-        stage_label(b, "spindle_stage_copy_seconds_total", r->entries[i].name, stage);
-        spn__mbuf_put(b, ",direction=\"%s\"} %.9f\n", copy_dir_names[d], (double)st.ns[d] / 1e9);
-      }
-    }
+  }
 }
 
 /* The same bytes by the device whose streams copied them (the runtime's
