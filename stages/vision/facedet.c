@@ -217,6 +217,8 @@ int32_t spn_facedet_nms(const spn_detface_t *f, int32_t n, float threshold, int3
 /* ---------------------------------------------------------------------------
  * Decoding. */
 
+static const int32_t k_strides[3] = {8, 16, 32};
+
 typedef struct cands {
   spn_detface_t *v;
   int32_t n, cap;
@@ -257,6 +259,56 @@ static int32_t check_out(int32_t model, const spn_tensor_t *outs, int32_t idx, i
   return SPN_OK;
 }
 
+int32_t spn_facedet_layout(int32_t model, int32_t noutputs, const spn_facedet_geom_t *g,
+                           spn_facedet_output_t *outs, spn_error_t *err) {
+  if (!g || !outs)
+    return spn_error_set(err, SPN_EINVAL, "facedet: NULL argument");
+  switch (model) {
+  case SPN_FACEDET_RETINAFACE: {
+    if (noutputs != 3)
+      return spn_error_set(err, SPN_EMODEL, "facedet: retinaface needs 3 outputs (loc, conf, landms), got %d",
+                           noutputs);
+    int64_t N = 0;
+    for (int k = 0; k < 3; k++)
+      N += (int64_t)((g->in_h + k_strides[k] - 1) / k_strides[k]) * ((g->in_w + k_strides[k] - 1) / k_strides[k]) *
+           2;
+    outs[0] = (spn_facedet_output_t){N, 4, "loc"};
+    outs[1] = (spn_facedet_output_t){N, 2, "conf"};
+    outs[2] = (spn_facedet_output_t){N, 10, "landms"};
+    return SPN_OK;
+  }
+  case SPN_FACEDET_SCRFD:
+    if (noutputs != 6 && noutputs != 9)
+      return spn_error_set(
+          err, SPN_EMODEL,
+          "facedet: scrfd needs 6 or 9 outputs (scores, boxes[, keypoints] per stride 8/16/32), got %d", noutputs);
+    for (int k = 0; k < 3; k++) {
+      int64_t N = (int64_t)(g->in_h / k_strides[k]) * (g->in_w / k_strides[k]) * 2;
+      outs[k] = (spn_facedet_output_t){N, 1, "scores"};
+      outs[3 + k] = (spn_facedet_output_t){N, 4, "bbox"};
+      if (noutputs == 9)
+        outs[6 + k] = (spn_facedet_output_t){N, 10, "kps"};
+    }
+    return SPN_OK;
+  case SPN_FACEDET_YUNET:
+    if (noutputs != 12)
+      return spn_error_set(err, SPN_EMODEL, "facedet: yunet needs 12 outputs (cls, obj, bbox, kps per stride), got %d",
+                           noutputs);
+    if (g->in_w % 32 || g->in_h % 32)
+      return spn_error_set(err, SPN_EINVAL, "facedet: yunet input %dx%d must be a multiple of 32", g->in_w, g->in_h);
+    for (int k = 0; k < 3; k++) {
+      int64_t N = (int64_t)(g->in_h / k_strides[k]) * (g->in_w / k_strides[k]);
+      outs[k] = (spn_facedet_output_t){N, 1, "cls"};
+      outs[3 + k] = (spn_facedet_output_t){N, 1, "obj"};
+      outs[6 + k] = (spn_facedet_output_t){N, 4, "bbox"};
+      outs[9 + k] = (spn_facedet_output_t){N, 10, "kps"};
+    }
+    return SPN_OK;
+  default:
+    return spn_error_set(err, SPN_EINVAL, "facedet: unknown model %d", model);
+  }
+}
+
 static void to_image(const spn_facedet_geom_t *g, spn_detface_t *f) {
   f->x0 = (f->x0 - (float)g->pad_x) / g->scale_x;
   f->x1 = (f->x1 - (float)g->pad_x) / g->scale_x;
@@ -269,21 +321,10 @@ static void to_image(const spn_facedet_geom_t *g, spn_detface_t *f) {
     }
 }
 
-static const int32_t k_strides[3] = {8, 16, 32};
-
 static int32_t decode_retinaface(const spn_tensor_t *o, int32_t no, const spn_facedet_geom_t *g,
                                  const spn_facedet_params_t *p, cands_t *cs, spn_error_t *err) {
   static const int32_t min_sizes[3][2] = {{16, 32}, {64, 128}, {256, 512}};
-  if (no != 3)
-    return spn_error_set(err, SPN_EMODEL, "facedet: retinaface needs 3 outputs (loc, conf, landms), got %d", no);
-  int64_t N = 0;
-  for (int k = 0; k < 3; k++)
-    N += (int64_t)((g->in_h + k_strides[k] - 1) / k_strides[k]) * ((g->in_w + k_strides[k] - 1) / k_strides[k]) * 2;
-  int32_t rc;
-  if ((rc = check_out(SPN_FACEDET_RETINAFACE, o, 0, N, 4, "loc", err)) ||
-      (rc = check_out(SPN_FACEDET_RETINAFACE, o, 1, N, 2, "conf", err)) ||
-      (rc = check_out(SPN_FACEDET_RETINAFACE, o, 2, N, 10, "landms", err)))
-    return rc;
+  (void)no;
   const float *loc = o[0].data, *conf = o[1].data, *lm = o[2].data;
   float W = (float)g->in_w, H = (float)g->in_h;
   int64_t a = 0;
@@ -324,20 +365,7 @@ static int32_t decode_retinaface(const spn_tensor_t *o, int32_t no, const spn_fa
 
 static int32_t decode_scrfd(const spn_tensor_t *o, int32_t no, const spn_facedet_geom_t *g,
                             const spn_facedet_params_t *p, cands_t *cs, spn_error_t *err) {
-  if (no != 6 && no != 9)
-    return spn_error_set(err, SPN_EMODEL,
-                         "facedet: scrfd needs 6 or 9 outputs (scores, boxes[, keypoints] per stride 8/16/32), got %d",
-                         no);
   int has_kps = no == 9;
-  int32_t rc;
-  for (int k = 0; k < 3; k++) {
-    int32_t s = k_strides[k];
-    int64_t N = (int64_t)(g->in_h / s) * (g->in_w / s) * 2;
-    if ((rc = check_out(SPN_FACEDET_SCRFD, o, k, N, 1, "scores", err)) ||
-        (rc = check_out(SPN_FACEDET_SCRFD, o, 3 + k, N, 4, "bbox", err)) ||
-        (has_kps && (rc = check_out(SPN_FACEDET_SCRFD, o, 6 + k, N, 10, "kps", err))))
-      return rc;
-  }
   for (int k = 0; k < 3; k++) {
     int32_t s = k_strides[k];
     int32_t fh = g->in_h / s, fw = g->in_w / s;
@@ -376,21 +404,7 @@ static float clamp01(float v) {
 /* Candidates stay in input pixels: OpenCV runs NMS there. */
 static int32_t decode_yunet(const spn_tensor_t *o, int32_t no, const spn_facedet_geom_t *g,
                             const spn_facedet_params_t *p, cands_t *cs, spn_error_t *err) {
-  if (no != 12)
-    return spn_error_set(err, SPN_EMODEL, "facedet: yunet needs 12 outputs (cls, obj, bbox, kps per stride), got %d",
-                         no);
-  if (g->in_w % 32 || g->in_h % 32)
-    return spn_error_set(err, SPN_EINVAL, "facedet: yunet input %dx%d must be a multiple of 32", g->in_w, g->in_h);
-  int32_t rc;
-  for (int k = 0; k < 3; k++) {
-    int32_t s = k_strides[k];
-    int64_t N = (int64_t)(g->in_h / s) * (g->in_w / s);
-    if ((rc = check_out(SPN_FACEDET_YUNET, o, k, N, 1, "cls", err)) ||
-        (rc = check_out(SPN_FACEDET_YUNET, o, 3 + k, N, 1, "obj", err)) ||
-        (rc = check_out(SPN_FACEDET_YUNET, o, 6 + k, N, 4, "bbox", err)) ||
-        (rc = check_out(SPN_FACEDET_YUNET, o, 9 + k, N, 10, "kps", err)))
-      return rc;
-  }
+  (void)no;
   for (int k = 0; k < 3; k++) {
     int32_t s = k_strides[k];
     int32_t rows = g->in_h / s, cols = g->in_w / s;
@@ -422,6 +436,15 @@ static int32_t decode_yunet(const spn_tensor_t *o, int32_t no, const spn_facedet
   return SPN_OK;
 }
 
+static int32_t check_params(const spn_facedet_geom_t *g, const spn_facedet_params_t *P, spn_error_t *err) {
+  if (g->in_w <= 0 || g->in_h <= 0 || g->in_w > FD_MAX_INPUT || g->in_h > FD_MAX_INPUT || !(g->scale_x > 0) ||
+      !(g->scale_y > 0))
+    return spn_error_set(err, SPN_EINVAL, "facedet: bad geometry (input %dx%d)", g->in_w, g->in_h);
+  if (!(P->nms_threshold >= 0.f && P->nms_threshold <= 1.f) || P->pre_nms_top_k < 0 || P->post_nms_top_k < 0)
+    return spn_error_set(err, SPN_EINVAL, "facedet: nms_threshold must be in [0, 1] and top-k >= 0");
+  return SPN_OK;
+}
+
 typedef struct order {
   float score;
   int32_t idx;
@@ -445,74 +468,84 @@ int32_t spn_facedet_decode(int32_t model, const spn_tensor_t *outputs, int32_t n
   spn_facedet_params_t P = SPN_FACEDET_PARAMS_INIT;
   if (params)
     P = *params;
-  if (g->in_w <= 0 || g->in_h <= 0 || g->in_w > FD_MAX_INPUT || g->in_h > FD_MAX_INPUT || !(g->scale_x > 0) ||
-      !(g->scale_y > 0))
-    return spn_error_set(err, SPN_EINVAL, "facedet: bad geometry (input %dx%d)", g->in_w, g->in_h);
-  if (!(P.nms_threshold >= 0.f && P.nms_threshold <= 1.f) || P.pre_nms_top_k < 0 || P.post_nms_top_k < 0)
-    return spn_error_set(err, SPN_EINVAL, "facedet: nms_threshold must be in [0, 1] and top-k >= 0");
+  int32_t rc;
+  if ((rc = check_params(g, &P, err)) != SPN_OK)
+    return rc;
+  spn_facedet_output_t lay[SPN_FACEDET_MAX_OUTPUTS];
+  if ((rc = spn_facedet_layout(model, noutputs, g, lay, err)) != SPN_OK)
+    return rc;
+  for (int32_t i = 0; i < noutputs; i++)
+    if ((rc = check_out(model, outputs, i, lay[i].rows, lay[i].cols, lay[i].what, err)) != SPN_OK)
+      return rc;
   cands_t cs = {0};
+  switch (model) {
+  case SPN_FACEDET_RETINAFACE: rc = decode_retinaface(outputs, noutputs, g, &P, &cs, err); break;
+  case SPN_FACEDET_SCRFD: rc = decode_scrfd(outputs, noutputs, g, &P, &cs, err); break;
+  default: rc = decode_yunet(outputs, noutputs, g, &P, &cs, err); break;
+  }
+  if (rc == SPN_OK && cs.n > 0)
+    rc = spn_facedet_select(model, cs.v, cs.n, g, &P, faces, n, err);
+  free(cs.v);
+  return rc;
+}
+
+int32_t spn_facedet_select(int32_t model, const spn_detface_t *cands, int32_t ncands, const spn_facedet_geom_t *g,
+                           const spn_facedet_params_t *params, spn_detface_t **faces, int32_t *n, spn_error_t *err) {
+  if (!faces || !n || !g || (!cands && ncands > 0) || ncands < 0)
+    return spn_error_set(err, SPN_EINVAL, "facedet: NULL argument");
+  *faces = NULL;
+  *n = 0;
+  spn_facedet_params_t P = SPN_FACEDET_PARAMS_INIT;
+  if (params)
+    P = *params;
   int32_t rc, mode;
+  if ((rc = check_params(g, &P, err)) != SPN_OK)
+    return rc;
   switch (model) {
   case SPN_FACEDET_RETINAFACE:
-    rc = decode_retinaface(outputs, noutputs, g, &P, &cs, err);
-    mode = SPN_NMS_PLUS_ONE;
-    break;
-  case SPN_FACEDET_SCRFD:
-    rc = decode_scrfd(outputs, noutputs, g, &P, &cs, err);
-    mode = SPN_NMS_PLUS_ONE;
-    break;
-  case SPN_FACEDET_YUNET:
-    rc = decode_yunet(outputs, noutputs, g, &P, &cs, err);
-    mode = SPN_NMS_INT_RECT;
-    break;
-  default:
-    return spn_error_set(err, SPN_EINVAL, "facedet: unknown model %d", model);
+  case SPN_FACEDET_SCRFD: mode = SPN_NMS_PLUS_ONE; break;
+  case SPN_FACEDET_YUNET: mode = SPN_NMS_INT_RECT; break;
+  default: return spn_error_set(err, SPN_EINVAL, "facedet: unknown model %d", model);
   }
-  if (rc != SPN_OK || cs.n == 0)
-    goto out;
+  if (ncands == 0)
+    return SPN_OK;
   /* Stable order for equal scores: sort (score, decode index). */
-  order_t *ord = malloc((size_t)cs.n * sizeof *ord);
-  spn_detface_t *sorted = malloc((size_t)cs.n * sizeof *sorted);
-  if (!ord || !sorted) {
-    free(ord);
-    free(sorted);
-    rc = spn_error_set(err, SPN_ENOMEM, "facedet: out of memory");
-    goto out;
-  }
-  for (int32_t i = 0; i < cs.n; i++)
-    ord[i] = (order_t){cs.v[i].score, i};
-  qsort(ord, (size_t)cs.n, sizeof *ord, order_cmp);
-  for (int32_t i = 0; i < cs.n; i++)
-    sorted[i] = cs.v[ord[i].idx];
-  free(ord);
-  free(cs.v);
-  cs.v = sorted;
-  int32_t m = cs.n;
+  order_t *ord = malloc((size_t)ncands * sizeof *ord);
+  spn_detface_t *sorted = malloc((size_t)ncands * sizeof *sorted);
+  int32_t m = ncands;
   if (P.pre_nms_top_k > 0 && m > P.pre_nms_top_k)
     m = P.pre_nms_top_k;
   int32_t *keep = malloc((size_t)m * sizeof *keep);
-  if (!keep) {
+  if (!ord || !sorted || !keep) {
     rc = spn_error_set(err, SPN_ENOMEM, "facedet: out of memory");
     goto out;
   }
-  int32_t k = spn_facedet_nms(cs.v, m, P.nms_threshold, mode, keep);
+  for (int32_t i = 0; i < ncands; i++)
+    ord[i] = (order_t){cands[i].score, i};
+  qsort(ord, (size_t)ncands, sizeof *ord, order_cmp);
+  for (int32_t i = 0; i < ncands; i++)
+    sorted[i] = cands[ord[i].idx];
+  int32_t k = spn_facedet_nms(sorted, m, P.nms_threshold, mode, keep);
   if (P.post_nms_top_k > 0 && k > P.post_nms_top_k)
     k = P.post_nms_top_k;
-  spn_detface_t *res = malloc((size_t)k * sizeof *res);
+  spn_detface_t *res = malloc((size_t)(k > 0 ? k : 1) * sizeof *res);
   if (!res) {
-    free(keep);
     rc = spn_error_set(err, SPN_ENOMEM, "facedet: out of memory");
     goto out;
   }
   for (int32_t i = 0; i < k; i++) {
-    res[i] = cs.v[keep[i]];
+    res[i] = sorted[keep[i]];
     if (model == SPN_FACEDET_YUNET)
       to_image(g, &res[i]);
   }
-  free(keep);
-  *faces = res;
+  if (k > 0)
+    *faces = res;
+  else
+    free(res);
   *n = k;
 out:
-  free(cs.v);
+  free(ord);
+  free(sorted);
+  free(keep);
   return rc;
 }

@@ -106,6 +106,34 @@ int32_t spn_facedet_decode(int32_t model, const spn_tensor_t *outputs, int32_t n
                            const spn_facedet_geom_t *geom, const spn_facedet_params_t *params,
                            spn_detface_t **faces, int32_t *n, spn_error_t *err);
 
+/* The most outputs a supported detector has (YuNet: 12). */
+#define SPN_FACEDET_MAX_OUTPUTS 12
+
+/* One raw output of a detector: (..., rows, cols) float32 values. */
+typedef struct spn_facedet_output {
+  int64_t rows, cols;
+  const char *what; /* its name in the reference code: "loc", "scores", ... (static) */
+} spn_facedet_output_t;
+
+/* The outputs a detector must give for the geometry's input size, in the
+ * model's output order: fills outs[0..noutputs). A wrong output count (or a
+ * YuNet input not a multiple of 32) is an error naming what was expected.
+ * For callers that provide the output buffers themselves (a device run).
+ * Ownership: outs is the caller's, SPN_FACEDET_MAX_OUTPUTS entries.
+ * Thread: any. */
+int32_t spn_facedet_layout(int32_t model, int32_t noutputs, const spn_facedet_geom_t *geom,
+                           spn_facedet_output_t *outs, spn_error_t *err);
+
+/* The second half of spn_facedet_decode: the candidates (boxes above the
+ * threshold, in decode order: by output level, then row, column and anchor,
+ * as the decoders visit them; boxes in image pixels, except YuNet's, in
+ * input pixels) sorted by score, pre-NMS top-k, NMS, post-NMS top-k, mapped
+ * to image pixels. For candidates decoded elsewhere (on a GPU). On success
+ * *faces is malloc'd (NULL when *n == 0), best score first.
+ * Ownership: cands borrowed; caller frees *faces. Thread: any. */
+int32_t spn_facedet_select(int32_t model, const spn_detface_t *cands, int32_t ncands, const spn_facedet_geom_t *geom,
+                           const spn_facedet_params_t *params, spn_detface_t **faces, int32_t *n, spn_error_t *err);
+
 typedef enum spn_nms_mode {
   SPN_NMS_PLAIN = 0,    /* float boxes, width = x1 - x0 */
   SPN_NMS_PLUS_ONE = 1, /* float boxes, width = x1 - x0 + 1 (RetinaFace, SCRFD reference code) */

@@ -24,9 +24,11 @@
  * replaces the message's item, so the GPU stages after this one receive it
  * in device memory; the model path fits and normalises it with a kernel
  * (spn_cuda_fit_normalize, the twin of spn_facedet_preprocess) and runs the
- * model on the device; the outputs come back to the host (the engine waits
- * for them), where decode and NMS run as on the CPU. The Haar path copies
- * the frame to the host for the cascade.
+ * model on the device with its outputs left there; a kernel picks the
+ * candidates above the threshold (cuda/kernels/detect.cu) and only they come
+ * back, for the sort and NMS on the host (spn_facedet_select), as on the CPU.
+ * With gpu_decode = false the outputs come back whole and are decoded on the
+ * host. The Haar path copies the frame to the host for the cascade.
  *
  * The plugin links no host symbols: it uses only the host API table and the
  * header-inline helpers of spindle/status.h and spindle/tensor.h.
@@ -36,6 +38,7 @@
 #include <string.h>
 
 #ifdef SPN_VISION_CUDA
+#include "detect.cuh"
 #include "image.cuh"
 #include "spindle/image.h"
 #include "spindle/plugin-cuda.h"
@@ -65,6 +68,7 @@ typedef struct fd_config {
   double score_threshold;
   double nms_threshold;
   int64_t top_k;
+  bool gpu_decode;
 } fd_config_t;
 
 /* Where Debian's opencv-data (and older layouts) put the default cascade;
@@ -113,6 +117,10 @@ static const spn_config_field_t k_schema[] = {
      .doc = "IoU above which the weaker of two boxes is dropped (models)", .def_float = 0.4, .min = 0.0, .max = 1.0},
     {.key = "top_k", .type = SPN_CONFIG_INT, .offset = offsetof(fd_config_t, top_k),
      .doc = "best candidates entering NMS (models)", .def_int = 5000, .min = 1, .max = 1000000},
+    {.key = "gpu_decode", .type = SPN_CONFIG_BOOL, .offset = offsetof(fd_config_t, gpu_decode),
+     .doc = "on a GPU, pick the candidates above score_threshold there and copy back only those (false: copy "
+            "the model's whole outputs back and decode on the host)",
+     .def_int = 1},
     {.key = NULL},
 };
 
@@ -146,6 +154,12 @@ typedef struct fd_state {
   spn_buffer_t *d_input; /* the model's input on a GPU instance */
   spn_buffer_t *h_frame; /* Haar on a GPU instance: the frame copied back (pinned) */
   spn_buffer_t *held;    /* Haar on a GPU instance: the host frame an upload replaced, until detected */
+  bool gpu_decode;       /* model path: candidates picked on the GPU (detect.cuh) */
+  spn_buffer_t *d_outs;  /* the model's outputs, in device memory */
+  spn_buffer_t *d_cands; /* the candidate list (count, then rows) */
+  spn_buffer_t *h_cands; /* its copy in pinned host memory */
+  int32_t cand_cap;      /* rows d_cands and h_cands hold */
+  int32_t cand_guess;    /* rows copied back with the count (the last frame's count, doubled) */
 #endif
 } fd_state_t;
 
@@ -223,6 +237,9 @@ static int32_t fd_create(spn_stage_t *stage, const void *config, void **state, s
   st->smooth.window = (int32_t)cfg->smooth_window;
   st->smooth.max_missed = (int32_t)cfg->max_missed;
   st->max_faces = (int32_t)cfg->max_faces;
+#ifdef SPN_VISION_CUDA
+  st->gpu_decode = cfg->gpu_decode;
+#endif
   *state = st;
   return SPN_OK;
 }
@@ -241,10 +258,12 @@ static void fd_destroy(spn_stage_t *stage, void *state) {
   free(st->boxes);
   free(st->tracked);
 #ifdef SPN_VISION_CUDA
-  if (st->d_input) { /* queued work on it ends before it goes back to the pool */
+  if (st->d_input || st->d_outs || st->d_cands) /* queued work on them ends before they go back to the pool */
     cudaStreamSynchronize((cudaStream_t)st->host->stage_get_stream(stage));
-    st->host->buffer_unref(&st->d_input);
-  }
+  st->host->buffer_unref(&st->d_input);
+  st->host->buffer_unref(&st->d_outs);
+  st->host->buffer_unref(&st->d_cands);
+  st->host->buffer_unref(&st->h_cands);
   st->host->buffer_unref(&st->h_frame);
   st->host->buffer_unref(&st->held);
 #endif
@@ -383,10 +402,153 @@ static int32_t preprocess_gpu(fd_state_t *st, const uint8_t *rgb, int32_t W, int
   in->device_index = index;
   return SPN_OK;
 }
+
+_Static_assert((int)SPN_CUDA_FACEDET_RETINAFACE == (int)SPN_FACEDET_RETINAFACE &&
+                   (int)SPN_CUDA_FACEDET_SCRFD == (int)SPN_FACEDET_SCRFD &&
+                   (int)SPN_CUDA_FACEDET_YUNET == (int)SPN_FACEDET_YUNET,
+               "detect.cuh's detector numbers are facedet.h's");
+_Static_assert(offsetof(spn_cuda_facecand_t, score) == offsetof(spn_detface_t, score) &&
+                   offsetof(spn_cuda_facecand_t, landmarks) == offsetof(spn_detface_t, landmarks),
+               "a candidate row starts as a spn_detface_t");
+
+/* Grow the candidate list (device) and its pinned copy to `rows` rows. */
+static int32_t cands_grow(fd_state_t *st, int32_t rows, spn_error_t *err) {
+  if (rows <= st->cand_cap)
+    return SPN_OK;
+  int32_t cap = st->cand_cap ? st->cand_cap : 1024, rc;
+  while (cap < rows)
+    cap *= 2;
+  size_t bytes = SPN_CUDA_FACECAND_HEADER + (size_t)cap * sizeof(spn_cuda_facecand_t);
+  st->cand_cap = 0;
+  if ((rc = spn_cuda_scratch(st->stage, &st->d_cands, bytes, 0, err)) != SPN_OK)
+    return rc;
+  st->host->buffer_unref(&st->h_cands); /* every copy into it was waited for */
+  if ((rc = st->host->buffer_new_kind(st->stage, bytes, SPN_MEM_PINNED, &st->h_cands, err)) != SPN_OK)
+    return rc;
+  st->cand_cap = cap;
+  return SPN_OK;
+}
+
+/* Bytes [off, off+n) of the device list into its pinned copy, waited for;
+ * counted for the stage and the job where the host counts copies. */
+static int32_t cands_back(fd_state_t *st, uint64_t job_id, size_t off, size_t n, spn_error_t *err) {
+  const spn_host_api_t *h = st->host;
+  cudaStream_t stream = (cudaStream_t)h->stage_get_stream(st->stage);
+  int32_t rc = SPN_HOST_HAS(h, buffer_copy)
+                   ? h->buffer_copy(st->stage, job_id, st->h_cands, off, st->d_cands, off, n, err)
+                   : cu_ok(cudaMemcpyAsync((uint8_t *)h->buffer_data(st->h_cands) + off,
+                                           (const uint8_t *)h->buffer_data(st->d_cands) + off, n,
+                                           cudaMemcpyDeviceToHost, stream),
+                           "copying the face candidates back", err);
+  return rc != SPN_OK ? rc : cu_ok(cudaStreamSynchronize(stream), "copying the face candidates back", err);
+}
+
+static int cand_by_anchor(const void *a, const void *b) {
+  int32_t p = ((const spn_cuda_facecand_t *)a)->anchor, q = ((const spn_cuda_facecand_t *)b)->anchor;
+  return (p > q) - (p < q);
+}
+
+/* The model path's run and decode with the outputs left on the GPU: the
+ * candidates above the threshold are picked there (detect.cuh) and only
+ * they come back — the count and the number of rows the last frame had,
+ * doubled, in one copy; the rest, if any, in a second — then sort and NMS
+ * run on the host (spn_facedet_select), as on the CPU. *host_path is set
+ * (and nothing run) when the model's declared outputs are not the layout's;
+ * the caller then takes the host path, whose decode names the output. */
+static int32_t detect_gpu_decode(fd_state_t *st, uint64_t job_id, const spn_facedet_geom_t *g,
+                                 const spn_tensor_t *in, int32_t nout, spn_detface_t **dets, int32_t *n,
+                                 bool *host_path, spn_error_t *err) {
+  const spn_host_api_t *h = st->host;
+  cudaStream_t stream = (cudaStream_t)h->stage_get_stream(st->stage);
+  spn_facedet_output_t lay[SPN_FACEDET_MAX_OUTPUTS];
+  spn_tensor_t outs[FD_MAX_OUTPUTS];
+  int32_t rc, kind = 0, index = 0;
+  *host_path = true;
+  if (nout > SPN_FACEDET_MAX_OUTPUTS || spn_facedet_layout(st->detector, nout, g, lay, NULL) != SPN_OK)
+    return SPN_OK;
+  size_t total = 0;
+  for (int32_t i = 0; i < nout; i++)
+    total += (size_t)lay[i].rows * (size_t)lay[i].cols;
+  if ((rc = spn_cuda_scratch(st->stage, &st->d_outs, total * sizeof(float), 0, err)) != SPN_OK)
+    return rc;
+  h->stage_get_device(st->stage, &kind, &index);
+  float *base = h->buffer_data(st->d_outs);
+  spn_cuda_facedet_t d = {.model = st->detector, .n_outputs = nout};
+  size_t off = 0;
+  for (int32_t i = 0; i < nout; i++) {
+    spn_tensor_t desc = SPN_TENSOR_INIT;
+    const char *name = NULL;
+    if (h->model_io(st->model, true, i, &name, &desc) != SPN_OK || desc.dtype != SPN_DTYPE_F32 || desc.ndim < 2 ||
+        desc.ndim > 3)
+      return SPN_OK;
+    outs[i] = (spn_tensor_t)SPN_TENSOR_INIT;
+    outs[i].dtype = SPN_DTYPE_F32;
+    outs[i].ndim = desc.ndim;
+    int32_t a = 0;
+    if (desc.ndim == 3)
+      outs[i].shape[a++] = 1;
+    outs[i].shape[a++] = lay[i].rows;
+    outs[i].shape[a] = lay[i].cols;
+    outs[i].data = base + off;
+    outs[i].device_kind = SPN_DEVICE_CUDA;
+    outs[i].device_index = index;
+    d.outputs[i] = base + off;
+    off += (size_t)lay[i].rows * (size_t)lay[i].cols;
+  }
+  rc = h->model_run(st->stage, st->model, in, 1, outs, (size_t)nout, err);
+  if (rc == SPN_EINVAL) /* the outputs are not the layout's shapes: the host path says which */
+    return SPN_OK;
+  if (rc != SPN_OK)
+    return rc;
+  *host_path = false;
+  d.in_w = g->in_w;
+  d.in_h = g->in_h;
+  d.pad_x = g->pad_x;
+  d.pad_y = g->pad_y;
+  d.scale_x = g->scale_x;
+  d.scale_y = g->scale_y;
+  d.score_threshold = st->dparams.score_threshold;
+  if (st->cand_guess < 64)
+    st->cand_guess = 64;
+  if ((rc = cands_grow(st, st->cand_guess, err)) != SPN_OK)
+    return rc;
+  const size_t row = sizeof(spn_cuda_facecand_t);
+  int32_t found = 0;
+  for (int pass = 0;; pass++) {
+    if ((rc = spn_cuda_facedet_candidates(&d, h->buffer_data(st->d_cands), st->cand_cap, stream, err)) != SPN_OK)
+      return rc;
+    int32_t guess = st->cand_guess < st->cand_cap ? st->cand_guess : st->cand_cap;
+    if ((rc = cands_back(st, job_id, 0, SPN_CUDA_FACECAND_HEADER + (size_t)guess * row, err)) != SPN_OK)
+      return rc;
+    memcpy(&found, h->buffer_data(st->h_cands), sizeof found);
+    if (found >= 0 && found <= st->cand_cap) {
+      if (found > guess && (rc = cands_back(st, job_id, SPN_CUDA_FACECAND_HEADER + (size_t)guess * row,
+                                            (size_t)(found - guess) * row, err)) != SPN_OK)
+        return rc;
+      break;
+    }
+    if (found < 0 || pass) /* the outputs did not change between the two passes */
+      return spn_error_set(err, SPN_ECUDA, "the GPU's candidate count is inconsistent (%d)", found);
+    if ((rc = cands_grow(st, found, err)) != SPN_OK) /* more than the list holds: grow it, pick again */
+      return rc;
+  }
+  st->cand_guess = found > st->cand_cap / 2 ? st->cand_cap : (found * 2 > 64 ? found * 2 : 64);
+  spn_cuda_facecand_t *rows = (spn_cuda_facecand_t *)((uint8_t *)h->buffer_data(st->h_cands) + SPN_CUDA_FACECAND_HEADER);
+  if (found > 1) /* the CPU decoder's order: ties in score keep it */
+    qsort(rows, (size_t)found, row, cand_by_anchor);
+  spn_detface_t *c = malloc((size_t)(found > 0 ? found : 1) * sizeof *c);
+  if (!c)
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  for (int32_t i = 0; i < found; i++)
+    memcpy(&c[i], &rows[i], sizeof c[i]);
+  rc = spn_facedet_select(st->detector, c, found, g, &st->dparams, dets, n, err);
+  free(c);
+  return rc;
+}
 #endif
 
-static int32_t detect_model(fd_state_t *st, const uint8_t *rgb, int32_t W, int32_t H, bool on_gpu, int32_t *n_out,
-                            spn_error_t *err) {
+static int32_t detect_model(fd_state_t *st, uint64_t job_id, const uint8_t *rgb, int32_t W, int32_t H, bool on_gpu,
+                            int32_t *n_out, spn_error_t *err) {
   const spn_host_api_t *h = st->host;
   int32_t in_w = st->in_w, in_h = st->in_h, fit = SPN_FACEDET_FIT_STRETCH;
   if (st->detector == SPN_FACEDET_SCRFD) {
@@ -434,17 +596,27 @@ static int32_t detect_model(fd_state_t *st, const uint8_t *rgb, int32_t W, int32
       return rc;
     in.data = st->input;
   }
-  for (int32_t i = 0; i < nout; i++)
-    outs[i] = (spn_tensor_t)SPN_TENSOR_INIT; /* data NULL: the engine allocates */
-  if ((rc = h->model_run(st->stage, st->model, &in, 1, outs, (size_t)nout, err)) != SPN_OK)
-    return rc;
   spn_detface_t *dets = NULL;
   int32_t n = 0;
-  rc = spn_facedet_decode(st->detector, outs, nout, &g, &st->dparams, &dets, &n, err);
-  if (h->model_free_outputs)
-    h->model_free_outputs(st->model, outs, (size_t)nout);
-  if (rc != SPN_OK)
+  bool host_path = true;
+#ifdef SPN_VISION_CUDA
+  if (on_gpu && st->gpu_decode &&
+      (rc = detect_gpu_decode(st, job_id, &g, &in, nout, &dets, &n, &host_path, err)) != SPN_OK)
     return rc;
+#else
+  (void)job_id;
+#endif
+  if (host_path) {
+    for (int32_t i = 0; i < nout; i++)
+      outs[i] = (spn_tensor_t)SPN_TENSOR_INIT; /* data NULL: the engine allocates */
+    if ((rc = h->model_run(st->stage, st->model, &in, 1, outs, (size_t)nout, err)) != SPN_OK)
+      return rc;
+    rc = spn_facedet_decode(st->detector, outs, nout, &g, &st->dparams, &dets, &n, err);
+    if (h->model_free_outputs)
+      h->model_free_outputs(st->model, outs, (size_t)nout);
+    if (rc != SPN_OK)
+      return rc;
+  }
   if (st->max_faces > 0 && n > st->max_faces)
     n = st->max_faces;
   free(st->dets);
@@ -539,7 +711,8 @@ static int32_t detect_frame(fd_state_t *st, fd_job_t *job, spn_msg_t *msg, int64
   if (on_gpu && (rc = frame_on_gpu(st, msg, idx, &item, &px, err)) != SPN_OK)
     return spn_error_prefix(err, "facedetect: frame %llu", seq);
 #endif
-  rc = st->model ? detect_model(st, px, W, H, on_gpu, &n, err) : detect_haar(st, px, W, H, &n, err);
+  rc = st->model ? detect_model(st, env ? env->job_id : 0, px, W, H, on_gpu, &n, err)
+                 : detect_haar(st, px, W, H, &n, err);
 #ifdef SPN_VISION_CUDA
   h->buffer_unref(&st->held);
 #endif

@@ -5,8 +5,9 @@ harness-driver (argv[2]) runs the vision plugin's (argv[1]) facedetect kind
 on the CPU and with SPINDLE_DRIVER_DEVICES=cuda:0, on the same frames, with
 the RetinaFace stand-in of fake_models (its landmarks carry the channel means
 of the engine's input, so they check the GPU's fit-and-normalise kernel) at
-the frame's size and stretched to another input size, and with the Haar
-cascade when one is installed. Checked:
+the frame's size (candidates picked on the GPU, the default, and with
+gpu_decode = false, decoded on the host) and stretched to another input
+size, and with the Haar cascade when one is installed. Checked:
   - the same faces (boxes and scores within 1e-3, landmarks within 0.05 px:
     the kernel repeats the CPU's arithmetic, the model runs fp32 on both
     sides, only the engine's reductions sum in another order);
@@ -71,6 +72,10 @@ def main():
         fake_models.retinaface(same, W, H)
         cases.append(('retinaface at the frame size', [f'model = "{same}"', 'detector = "retinaface"',
                                                        'precision = "fp32"']))
+        # the same, with the raw outputs copied back and decoded on the host
+        # (the default picks the candidates on the GPU: cuda/kernels/detect.cu)
+        cases.append(('retinaface at the frame size, host decode', [f'model = "{same}"', 'detector = "retinaface"',
+                                                                    'precision = "fp32"', 'gpu_decode = false']))
         small = os.path.join(tmp, 'rf-small.onnx')
         fake_models.retinaface(small, 160, 96)
         cases.append(('retinaface stretched to 160x96', [f'model = "{small}"', 'detector = "retinaface"',
