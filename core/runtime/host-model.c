@@ -107,6 +107,25 @@ int32_t spn__host_model_io(const spn_model_t *model, bool is_output, int32_t i, 
   return SPN_OK;
 }
 
+/* A model run on a GPU uploads its host inputs and downloads its host
+ * outputs itself: count those bytes as the stage's copies (as buffer_copy
+ * would), and the job's when the instance holds exactly one job — with
+ * several, the runtime cannot tell whose batch it was and counts the stage
+ * only. Their time is inside the run's and is not split out (0 ns). */
+static void count_host_tensors(spn_stage_t *s, const spn_tensor_t *in, size_t n_in, const spn_tensor_t *out,
+                               size_t n_out) {
+  spn_job_t *job = s->jobs && !s->jobs->next ? s->jobs->job : NULL;
+  for (size_t i = 0; i < n_in + n_out; i++) {
+    const spn_tensor_t *t = i < n_in ? &in[i] : &out[i - n_in];
+    if (t->device_kind == SPN_DEVICE_CUDA || !t->data)
+      continue;
+    int d = i < n_in ? SPN__COPY_H2D : SPN__COPY_D2H;
+    spn__xfer_add(&s->srt->xfer, d, spn_tensor_nbytes(t), 0);
+    if (job)
+      spn__xfer_add(&job->xfer, d, spn_tensor_nbytes(t), 0);
+  }
+}
+
 int32_t spn__host_model_run(spn_stage_t *s, spn_model_t *model, const spn_tensor_t *in, size_t n_in,
                             spn_tensor_t *out, size_t n_out, spn_error_t *err) {
   if (!model)
@@ -140,6 +159,8 @@ int32_t spn__host_model_run(spn_stage_t *s, spn_model_t *model, const spn_tensor
       if (out[i].device_kind == SPN_DEVICE_CUDA)
         out[i].device_index = idx;
     }
+    if (rc == SPN_OK)
+      count_host_tensors(s, in, n_in, out, n_out);
   }
   if (rc != SPN_OK)
     spn_error_prefix(err, "stage \"%s\"", stage_name(s));

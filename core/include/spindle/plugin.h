@@ -450,7 +450,8 @@ typedef struct spn_host_api {
    * stream (stage_get_stream); tensors may be host memory or device memory
    * of that GPU (device_kind CUDA); with every output in device memory the
    * call returns without waiting for the GPU (queue more work on the
-   * stream, buffer_set_ready before emitting).
+   * stream, buffer_set_ready before emitting). The copies of host tensors
+   * a GPU run makes are counted as the stage's transfers (buffer_copy).
    * Ownership: inputs borrowed for the call; engine-allocated outputs are
    * the caller's. Thread: stage. */
   int32_t (*model_run)(spn_stage_t *stage, spn_model_t *model, const spn_tensor_t *inputs, size_t n_in,
