@@ -28,6 +28,7 @@ struct levels {
 struct args {
   spn_cuda_facedet_t d;
   levels lv;
+  int64_t per_image[SPN_CUDA_FACEDET_MAX_OUTPUTS]; /* floats of one image in each output */
   float thr;
 };
 
@@ -53,10 +54,12 @@ __device__ void to_image(const spn_cuda_facedet_t &d, spn_cuda_facecand_t &f) {
 }
 
 __global__ void candidates_kernel(args a, uint8_t *list, int32_t cap) {
-  int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t gidx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const levels &lv = a.lv;
-  if (idx >= lv.base[3])
+  if (gidx >= lv.base[3] * a.d.batch)
     return;
+  int32_t image = (int32_t)(gidx / lv.base[3]);
+  int64_t idx = gidx - (int64_t)image * lv.base[3];
   int k = idx < lv.base[1] ? 0 : (idx < lv.base[2] ? 1 : 2);
   int64_t local = idx - lv.base[k];
   int32_t m = (int32_t)(local % lv.per_cell);
@@ -64,8 +67,11 @@ __global__ void candidates_kernel(args a, uint8_t *list, int32_t cap) {
   int32_t row = (int32_t)(cell / lv.fw[k]), col = (int32_t)(cell % lv.fw[k]);
   const int32_t step = 8 << k; /* k_strides[k] */
   const float fs = (float)step;
-  const spn_cuda_facedet_t &d = a.d;
+  spn_cuda_facedet_t d = a.d;
+  for (int32_t o = 0; o < d.n_outputs; o++) /* this image's part of each output */
+    d.outputs[o] += a.per_image[o] * image;
   spn_cuda_facecand_t f;
+  f.image = image;
   f.anchor = (int32_t)idx;
   switch (d.model) {
   case SPN_CUDA_FACEDET_RETINAFACE: {
@@ -158,8 +164,12 @@ extern "C" int32_t spn_cuda_facedet_candidates(const spn_cuda_facedet_t *det, vo
   for (int32_t i = 0; i < det->n_outputs; i++)
     if (!det->outputs[i])
       return spn_error_set(err, SPN_EINVAL, "cuda detect: output %d is NULL", (int)i);
+  if (det->batch < 0 || det->batch > 65536)
+    return spn_error_set(err, SPN_EINVAL, "cuda detect: batch %d", (int)det->batch);
   args a;
   a.d = *det;
+  if (a.d.batch == 0)
+    a.d.batch = 1;
   a.thr = det->score_threshold;
   a.lv.per_cell = det->model == SPN_CUDA_FACEDET_YUNET ? 1 : 2;
   a.lv.base[0] = 0;
@@ -172,11 +182,21 @@ extern "C" int32_t spn_cuda_facedet_candidates(const spn_cuda_facedet_t *det, vo
     a.lv.fw[k] = fw > 0 ? fw : 1; /* (a level without cells has no anchors: never divided by) */
     a.lv.base[k + 1] = a.lv.base[k] + (int64_t)fh * fw * a.lv.per_cell;
   }
+  /* Floats per image: RetinaFace's three outputs span every level (4, 2,
+   * 10 per anchor); SCRFD and YuNet have one output per level and kind. */
+  static const int32_t retina_cols[3] = {4, 2, 10}, scrfd_cols[3] = {1, 4, 10}, yunet_cols[4] = {1, 1, 4, 10};
+  for (int32_t o = 0; o < det->n_outputs; o++) {
+    int32_t k = o % 3;
+    int64_t anchors = a.lv.base[k + 1] - a.lv.base[k];
+    a.per_image[o] = det->model == SPN_CUDA_FACEDET_RETINAFACE ? a.lv.base[3] * retina_cols[o]
+                     : det->model == SPN_CUDA_FACEDET_SCRFD    ? anchors * scrfd_cols[o / 3]
+                                                               : anchors * yunet_cols[o / 3];
+  }
   cudaError_t ce = cudaMemsetAsync(list, 0, sizeof(int32_t), stream);
   if (ce != cudaSuccess)
     return spn_error_set(err, SPN_ECUDA, "cuda detect: clearing the count: %s (%s)", cudaGetErrorString(ce),
                          cudaGetErrorName(ce));
-  int64_t n = a.lv.base[3];
+  int64_t n = a.lv.base[3] * a.d.batch;
   if (n == 0)
     return SPN_OK;
   const int threads = 256;

@@ -44,13 +44,14 @@ enum {
 #define SPN_CUDA_FACEDET_MAX_OUTPUTS 12
 #define SPN_CUDA_FACECAND_HEADER 16
 
-/* One candidate: spn_detface_t's fields in its order, then the anchor's
- * index in decode order. */
+/* One candidate: spn_detface_t's fields in its order, then the image of the
+ * batch and the anchor's index in that image's decode order. */
 typedef struct spn_cuda_facecand {
   float x0, y0, x1, y1;
   float score;
   int32_t has_landmarks;
   float landmarks[10];
+  int32_t image;
   int32_t anchor;
 } spn_cuda_facecand_t;
 
@@ -58,16 +59,18 @@ typedef struct spn_cuda_facecand {
 typedef struct spn_cuda_facedet {
   int32_t model;                                       /* SPN_CUDA_FACEDET_* */
   int32_t n_outputs;                                   /* 3; 6 or 9; 12 */
-  const float *outputs[SPN_CUDA_FACEDET_MAX_OUTPUTS];  /* device, in the model's output order */
+  int32_t batch;                                       /* images (0 counts as 1) */
+  const float *outputs[SPN_CUDA_FACEDET_MAX_OUTPUTS];  /* device, in the model's output order, (batch, rows, cols) */
   int32_t in_w, in_h;                                  /* network input */
   int32_t pad_x, pad_y;
   float scale_x, scale_y;
   float score_threshold;
 } spn_cuda_facedet_t;
 
-/* Zero the list's count and append the candidates of one image (batch 1).
- * The outputs' sizes are those spn_facedet_layout gives for the geometry
- * (the caller allocated them so). Launches on `stream` and returns.
+/* Zero the list's count and append the candidates of the batch's images
+ * (all of one geometry). Each output holds `batch` images back to back, each
+ * of the size spn_facedet_layout gives for the geometry (the caller
+ * allocated them so). Launches on `stream` and returns.
  * Errors: SPN_EINVAL (model, output count, sizes, cap < 0) before any launch;
  * SPN_ECUDA for a failed launch. */
 int32_t spn_cuda_facedet_candidates(const spn_cuda_facedet_t *det, void *list, int32_t cap, cudaStream_t stream,

@@ -129,6 +129,18 @@ static const spn_port_t k_outputs[] = {{.name = "faces", .type = "faces"}};
 
 #define FD_MAX_OUTPUTS 16
 
+/* One message of a process() batch on its way through the stage. */
+typedef struct fd_frame {
+  int64_t idx;       /* the "frame" item; -1: the message has none */
+  size_t at;         /* the message's place in the batch */
+  bool pending;      /* checked: waits for the detector */
+  bool done;         /* detected: dets and n hold the frame's faces */
+  const uint8_t *px; /* its pixels (device memory on a GPU instance's model path) */
+  int32_t W, H;
+  spn_detface_t *dets;
+  int32_t n;
+} fd_frame_t;
+
 typedef struct fd_state {
   const spn_host_api_t *host;
   spn_stage_t *stage;
@@ -139,7 +151,11 @@ typedef struct fd_state {
   spn_facedet_params_t dparams;
   float *input;
   size_t input_cap;
-  spn_detface_t *dets; /* detections of the current frame, with scores and landmarks */
+  spn_detface_t *dets; /* Haar: detections of the current frame */
+  bool batch_dyn;      /* the model takes a batch of frames (its first axis is dynamic) */
+  fd_frame_t *frames;  /* process() scratch, one per message */
+  fd_frame_t **group;  /* the frames of one engine run */
+  size_t frames_cap;
   spn_haar_params_t params;
   spn_box_smoother_params_t smooth;
   int32_t max_faces;
@@ -167,6 +183,24 @@ typedef struct fd_job {
   uint64_t job_id;
   spn_box_smoother_t *smoother;
 } fd_job_t;
+
+/* Whether the model runs a batch of frames at once: one input (N,3,H,W)
+ * and outputs (N,rows,cols), N dynamic in all of them (RetinaFace's usual
+ * export). Otherwise frames go through it one by one. */
+static bool model_takes_batch(const spn_host_api_t *h, const spn_model_t *m) {
+  spn_tensor_t d = SPN_TENSOR_INIT;
+  const char *name = NULL;
+  int32_t nout = h->model_io_count(m, true);
+  if (h->model_io_count(m, false) != 1 || h->model_io(m, false, 0, &name, &d) != SPN_OK || d.ndim != 4 ||
+      d.shape[0] >= 0 || nout < 1 || nout > FD_MAX_OUTPUTS)
+    return false;
+  for (int32_t i = 0; i < nout; i++) {
+    d = (spn_tensor_t)SPN_TENSOR_INIT;
+    if (h->model_io(m, true, i, &name, &d) != SPN_OK || d.ndim != 3 || d.shape[0] >= 0)
+      return false;
+  }
+  return true;
+}
 
 static int32_t fd_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
   const fd_config_t *cfg = config;
@@ -210,6 +244,8 @@ static int32_t fd_create(spn_stage_t *stage, const void *config, void **state, s
     st->dparams.nms_threshold = (float)cfg->nms_threshold;
     st->dparams.pre_nms_top_k = (int32_t)cfg->top_k;
     st->dparams.post_nms_top_k = 0;
+    if (rc == SPN_OK)
+      st->batch_dyn = model_takes_batch(host, st->model);
   } else if (cfg->cascade && cfg->cascade[0]) {
     rc = spn_haar_cascade_load(cfg->cascade, &st->cascade, err);
   } else {
@@ -253,6 +289,8 @@ static void fd_destroy(spn_stage_t *stage, void *state) {
     st->host->model_release(stage, &st->model);
   free(st->input);
   free(st->dets);
+  free(st->frames);
+  free(st->group);
   free(st->gray);
   free(st->faces);
   free(st->boxes);
@@ -378,23 +416,23 @@ static int32_t cu_ok(cudaError_t ce, const char *what, spn_error_t *err) {
 }
 
 /* The model's input on the GPU: `rgb` is the frame in device memory; the
- * fitted, normalised input goes to d_input (kept across frames). */
+ * fitted, normalised input goes to image `slot` of d_input (kept across
+ * calls; the caller grew it to the batch first). */
 static int32_t preprocess_gpu(fd_state_t *st, const uint8_t *rgb, int32_t W, int32_t H, const spn_facedet_geom_t *g,
-                              spn_tensor_t *in, spn_error_t *err) {
+                              int32_t slot, spn_tensor_t *in, spn_error_t *err) {
   const spn_host_api_t *h = st->host;
   cudaStream_t stream = (cudaStream_t)h->stage_get_stream(st->stage);
   int32_t rc, kind = 0, index = 0;
-  if ((rc = spn_cuda_scratch(st->stage, &st->d_input, (size_t)3 * g->in_w * g->in_h * sizeof(float), 0, err)) !=
-      SPN_OK)
-    return rc;
+  size_t plane3 = (size_t)3 * g->in_w * g->in_h;
+  float *dst = (float *)h->buffer_data(st->d_input) + plane3 * (size_t)slot;
   float mean[3], inv_std[3];
   int32_t swap = 0;
   spn_image_t img;
   if (spn_facedet_norm(st->detector, 0, mean, inv_std, &swap) != SPN_OK)
     return spn_error_set(err, SPN_EINVAL, "unknown detector %d", st->detector);
   if ((rc = spn_image_wrap(&img, (void *)rgb, W, H, SPN_PIXFMT_RGB24, err)) != SPN_OK ||
-      (rc = spn_cuda_fit_normalize(&img, h->buffer_data(st->d_input), g->in_w, g->in_h, g->pad_x, g->pad_y,
-                                   g->resized_w, g->resized_h, mean, inv_std, swap, stream, err)) != SPN_OK)
+      (rc = spn_cuda_fit_normalize(&img, dst, g->in_w, g->in_h, g->pad_x, g->pad_y, g->resized_w, g->resized_h,
+                                   mean, inv_std, swap, stream, err)) != SPN_OK)
     return rc;
   h->stage_get_device(st->stage, &kind, &index);
   in->data = h->buffer_data(st->d_input);
@@ -443,57 +481,62 @@ static int32_t cands_back(fd_state_t *st, uint64_t job_id, size_t off, size_t n,
   return rc != SPN_OK ? rc : cu_ok(cudaStreamSynchronize(stream), "copying the face candidates back", err);
 }
 
-static int cand_by_anchor(const void *a, const void *b) {
-  int32_t p = ((const spn_cuda_facecand_t *)a)->anchor, q = ((const spn_cuda_facecand_t *)b)->anchor;
-  return (p > q) - (p < q);
+static int cand_order(const void *a, const void *b) {
+  const spn_cuda_facecand_t *p = a, *q = b;
+  if (p->image != q->image)
+    return p->image < q->image ? -1 : 1;
+  return (p->anchor > q->anchor) - (p->anchor < q->anchor);
 }
 
-/* The model path's run and decode with the outputs left on the GPU: the
+/* The model path's run and decode with the outputs left on the GPU, for a
+ * batch of `k` images (the input holds `batch` >= k, the rest padding): the
  * candidates above the threshold are picked there (detect.cuh) and only
- * they come back — the count and the number of rows the last frame had,
+ * they come back — the count and the number of rows the last batch had,
  * doubled, in one copy; the rest, if any, in a second — then sort and NMS
- * run on the host (spn_facedet_select), as on the CPU. *host_path is set
- * (and nothing run) when the model's declared outputs are not the layout's;
- * the caller then takes the host path, whose decode names the output. */
+ * run on the host per image (spn_facedet_select), as on the CPU. *host_path
+ * is set (and nothing run) when the model's declared outputs are not the
+ * layout's; the caller then takes the host path, whose decode names the
+ * output. `job_id`: the job the copies are counted for (0: the stage only). */
 static int32_t detect_gpu_decode(fd_state_t *st, uint64_t job_id, const spn_facedet_geom_t *g,
-                                 const spn_tensor_t *in, int32_t nout, spn_detface_t **dets, int32_t *n,
+                                 const spn_tensor_t *in, int32_t nout, int32_t k, spn_detface_t **dets, int32_t *ns,
                                  bool *host_path, spn_error_t *err) {
   const spn_host_api_t *h = st->host;
   cudaStream_t stream = (cudaStream_t)h->stage_get_stream(st->stage);
   spn_facedet_output_t lay[SPN_FACEDET_MAX_OUTPUTS];
   spn_tensor_t outs[FD_MAX_OUTPUTS];
   int32_t rc, kind = 0, index = 0;
+  int64_t batch = in->shape[0];
   *host_path = true;
   if (nout > SPN_FACEDET_MAX_OUTPUTS || spn_facedet_layout(st->detector, nout, g, lay, NULL) != SPN_OK)
     return SPN_OK;
   size_t total = 0;
   for (int32_t i = 0; i < nout; i++)
     total += (size_t)lay[i].rows * (size_t)lay[i].cols;
-  if ((rc = spn_cuda_scratch(st->stage, &st->d_outs, total * sizeof(float), 0, err)) != SPN_OK)
+  if ((rc = spn_cuda_scratch(st->stage, &st->d_outs, total * (size_t)batch * sizeof(float), 0, err)) != SPN_OK)
     return rc;
   h->stage_get_device(st->stage, &kind, &index);
   float *base = h->buffer_data(st->d_outs);
-  spn_cuda_facedet_t d = {.model = st->detector, .n_outputs = nout};
+  spn_cuda_facedet_t d = {.model = st->detector, .n_outputs = nout, .batch = k};
   size_t off = 0;
   for (int32_t i = 0; i < nout; i++) {
     spn_tensor_t desc = SPN_TENSOR_INIT;
     const char *name = NULL;
     if (h->model_io(st->model, true, i, &name, &desc) != SPN_OK || desc.dtype != SPN_DTYPE_F32 || desc.ndim < 2 ||
-        desc.ndim > 3)
+        desc.ndim > 3 || (batch > 1 && desc.ndim != 3))
       return SPN_OK;
     outs[i] = (spn_tensor_t)SPN_TENSOR_INIT;
     outs[i].dtype = SPN_DTYPE_F32;
     outs[i].ndim = desc.ndim;
     int32_t a = 0;
     if (desc.ndim == 3)
-      outs[i].shape[a++] = 1;
+      outs[i].shape[a++] = batch;
     outs[i].shape[a++] = lay[i].rows;
     outs[i].shape[a] = lay[i].cols;
     outs[i].data = base + off;
     outs[i].device_kind = SPN_DEVICE_CUDA;
     outs[i].device_index = index;
     d.outputs[i] = base + off;
-    off += (size_t)lay[i].rows * (size_t)lay[i].cols;
+    off += (size_t)lay[i].rows * (size_t)lay[i].cols * (size_t)batch;
   }
   rc = h->model_run(st->stage, st->model, in, 1, outs, (size_t)nout, err);
   if (rc == SPN_EINVAL) /* the outputs are not the layout's shapes: the host path says which */
@@ -534,22 +577,42 @@ static int32_t detect_gpu_decode(fd_state_t *st, uint64_t job_id, const spn_face
   }
   st->cand_guess = found > st->cand_cap / 2 ? st->cand_cap : (found * 2 > 64 ? found * 2 : 64);
   spn_cuda_facecand_t *rows = (spn_cuda_facecand_t *)((uint8_t *)h->buffer_data(st->h_cands) + SPN_CUDA_FACECAND_HEADER);
-  if (found > 1) /* the CPU decoder's order: ties in score keep it */
-    qsort(rows, (size_t)found, row, cand_by_anchor);
+  if (found > 1) /* per image, the CPU decoder's order: ties in score keep it */
+    qsort(rows, (size_t)found, row, cand_order);
   spn_detface_t *c = malloc((size_t)(found > 0 ? found : 1) * sizeof *c);
   if (!c)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
   for (int32_t i = 0; i < found; i++)
     memcpy(&c[i], &rows[i], sizeof c[i]);
-  rc = spn_facedet_select(st->detector, c, found, g, &st->dparams, dets, n, err);
+  int32_t first = 0;
+  for (int32_t im = 0; im < k && rc == SPN_OK; im++) {
+    int32_t end = first;
+    while (end < found && rows[end].image == im)
+      end++;
+    if (first < found && rows[first].image < im) { /* an image index outside the batch */
+      rc = spn_error_set(err, SPN_ECUDA, "the GPU's candidate list is inconsistent");
+      break;
+    }
+    rc = spn_facedet_select(st->detector, c + first, end - first, g, &st->dparams, &dets[im], &ns[im], err);
+    first = end;
+  }
+  if (rc == SPN_OK && first != found)
+    rc = spn_error_set(err, SPN_ECUDA, "the GPU's candidate list is inconsistent");
   free(c);
   return rc;
 }
 #endif
 
-static int32_t detect_model(fd_state_t *st, uint64_t job_id, const uint8_t *rgb, int32_t W, int32_t H, bool on_gpu,
-                            int32_t *n_out, spn_error_t *err) {
+/* Fit, preprocess, one engine run and decode for k frames of one size (the
+ * model path): sets each frame's dets and n. On a GPU the batch is padded to
+ * a power of two, so the engine meets a few input shapes (each new one costs
+ * a cuDNN algorithm search and a CUDA Graph capture). `job_id`: the job a
+ * GPU copy is counted for (0: the stage only). On failure no frame keeps
+ * detections. */
+static int32_t detect_model(fd_state_t *st, fd_frame_t **fr, int32_t k, bool on_gpu, uint64_t job_id,
+                            spn_error_t *err) {
   const spn_host_api_t *h = st->host;
+  int32_t W = fr[0]->W, H = fr[0]->H;
   int32_t in_w = st->in_w, in_h = st->in_h, fit = SPN_FACEDET_FIT_STRETCH;
   if (st->detector == SPN_FACEDET_SCRFD) {
     fit = SPN_FACEDET_FIT_TOPLEFT;
@@ -571,20 +634,28 @@ static int32_t detect_model(fd_state_t *st, uint64_t job_id, const uint8_t *rgb,
   int32_t nout = h->model_io_count(st->model, true);
   if (nout < 1 || nout > FD_MAX_OUTPUTS)
     return spn_error_set(err, SPN_EMODEL, "face model has %d outputs", nout);
+  int32_t batch = k;
+  if (on_gpu)
+    for (batch = 1; batch < k; batch *= 2)
+      ;
   spn_tensor_t in = SPN_TENSOR_INIT, outs[FD_MAX_OUTPUTS];
   in.dtype = SPN_DTYPE_F32;
   in.ndim = 4;
-  in.shape[0] = 1;
+  in.shape[0] = batch;
   in.shape[1] = 3;
   in.shape[2] = in_h;
   in.shape[3] = in_w;
+  size_t plane3 = (size_t)3 * in_w * in_h;
   if (on_gpu) {
 #ifdef SPN_VISION_CUDA
-    if ((rc = preprocess_gpu(st, rgb, W, H, &g, &in, err)) != SPN_OK)
+    if ((rc = spn_cuda_scratch(st->stage, &st->d_input, plane3 * (size_t)batch * sizeof(float), 0, err)) != SPN_OK)
       return rc;
+    for (int32_t i = 0; i < k; i++)
+      if ((rc = preprocess_gpu(st, fr[i]->px, W, H, &g, i, &in, err)) != SPN_OK)
+        return rc;
 #endif
   } else {
-    size_t need = (size_t)3 * in_w * in_h;
+    size_t need = plane3 * (size_t)batch;
     if (need > st->input_cap) {
       float *p = realloc(st->input, need * sizeof *p);
       if (!p)
@@ -592,37 +663,66 @@ static int32_t detect_model(fd_state_t *st, uint64_t job_id, const uint8_t *rgb,
       st->input = p;
       st->input_cap = need;
     }
-    if ((rc = spn_facedet_preprocess(st->detector, rgb, W * 3, 0, &g, st->input, err)) != SPN_OK)
-      return rc;
+    for (int32_t i = 0; i < k; i++)
+      if ((rc = spn_facedet_preprocess(st->detector, fr[i]->px, W * 3, 0, &g, st->input + plane3 * (size_t)i, err)) !=
+          SPN_OK)
+        return rc;
     in.data = st->input;
   }
-  spn_detface_t *dets = NULL;
-  int32_t n = 0;
+  if (h->log)
+    h->log(st->stage, job_id, SPN_LOG_DEBUG, "facedetect: %d frames of %dx%d in one run (batch %d)", k, W, H, batch);
+  spn_detface_t **dets = calloc((size_t)k, sizeof *dets);
+  int32_t *ns = calloc((size_t)k, sizeof *ns);
+  if (!dets || !ns) {
+    free(dets);
+    free(ns);
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  }
   bool host_path = true;
 #ifdef SPN_VISION_CUDA
-  if (on_gpu && st->gpu_decode &&
-      (rc = detect_gpu_decode(st, job_id, &g, &in, nout, &dets, &n, &host_path, err)) != SPN_OK)
-    return rc;
+  if (on_gpu && st->gpu_decode)
+    rc = detect_gpu_decode(st, job_id, &g, &in, nout, k, dets, ns, &host_path, err);
 #else
   (void)job_id;
 #endif
-  if (host_path) {
+  if (rc == SPN_OK && host_path) {
     for (int32_t i = 0; i < nout; i++)
       outs[i] = (spn_tensor_t)SPN_TENSOR_INIT; /* data NULL: the engine allocates */
-    if ((rc = h->model_run(st->stage, st->model, &in, 1, outs, (size_t)nout, err)) != SPN_OK)
-      return rc;
-    rc = spn_facedet_decode(st->detector, outs, nout, &g, &st->dparams, &dets, &n, err);
-    if (h->model_free_outputs)
-      h->model_free_outputs(st->model, outs, (size_t)nout);
-    if (rc != SPN_OK)
-      return rc;
+    if ((rc = h->model_run(st->stage, st->model, &in, 1, outs, (size_t)nout, err)) == SPN_OK) {
+      for (int32_t i = 0; i < k && rc == SPN_OK; i++) {
+        spn_tensor_t views[FD_MAX_OUTPUTS];
+        for (int32_t o = 0; o < nout && rc == SPN_OK; o++) {
+          views[o] = outs[o];
+          if (batch == 1)
+            continue; /* as the model gave it: the decoder checks its shape */
+          if (outs[o].ndim < 2 || outs[o].shape[0] != batch)
+            rc = spn_error_set(err, SPN_EMODEL, "face model output %d does not have the batch of %d frames on its "
+                               "first axis", o, batch);
+          else {
+            size_t per = (size_t)(spn_tensor_numel(&outs[o]) / batch);
+            views[o].shape[0] = 1;
+            views[o].data = (uint8_t *)outs[o].data + per * spn_dtype_size(outs[o].dtype) * (size_t)i;
+          }
+        }
+        if (rc == SPN_OK)
+          rc = spn_facedet_decode(st->detector, views, nout, &g, &st->dparams, &dets[i], &ns[i], err);
+      }
+      if (h->model_free_outputs)
+        h->model_free_outputs(st->model, outs, (size_t)nout);
+    }
   }
-  if (st->max_faces > 0 && n > st->max_faces)
-    n = st->max_faces;
-  free(st->dets);
-  st->dets = dets;
-  *n_out = n;
-  return SPN_OK;
+  for (int32_t i = 0; i < k; i++) {
+    if (rc != SPN_OK) {
+      free(dets[i]);
+      continue;
+    }
+    fr[i]->dets = dets[i];
+    fr[i]->n = st->max_faces > 0 && ns[i] > st->max_faces ? st->max_faces : ns[i];
+    fr[i]->done = true;
+  }
+  free(dets);
+  free(ns);
+  return rc;
 }
 
 #ifdef SPN_VISION_CUDA
@@ -685,46 +785,43 @@ static int32_t frame_on_gpu(fd_state_t *st, spn_msg_t *msg, int64_t idx, const s
 }
 #endif
 
-/* Detect on one frame message and attach the "faces" item. Returns SPN_OK,
- * or an error whose message says what was wrong with this job's frame. */
-static int32_t detect_frame(fd_state_t *st, fd_job_t *job, spn_msg_t *msg, int64_t idx, spn_error_t *err) {
+/* Check one frame message's item and, on a GPU instance, bring the frame
+ * there (frame_on_gpu). Fills fr's pixels and size. Returns SPN_OK, or an
+ * error whose message says what was wrong with this job's frame. */
+static int32_t frame_take(fd_state_t *st, spn_msg_t *msg, fd_frame_t *fr, bool on_gpu, unsigned long long seq,
+                          spn_error_t *err) {
   const spn_host_api_t *h = st->host;
-  const spn_envelope_t *env = h->msg_envelope(msg);
-  unsigned long long seq = env ? (unsigned long long)env->seq : 0ull;
   spn_item_t item = {.struct_size = sizeof item};
-  int32_t rc = h->msg_item(msg, (size_t)idx, &item);
+  int32_t rc = h->msg_item(msg, (size_t)fr->idx, &item);
   if (rc != SPN_OK)
     return spn_error_set(err, rc, "facedetect: frame %llu: cannot read item \"frame\"", seq);
   const spn_tensor_t *t = &item.tensor;
-  int32_t kind = SPN_DEVICE_CPU;
-  h->stage_get_device(st->stage, &kind, NULL);
-  bool on_gpu = kind == SPN_DEVICE_CUDA;
   if (item.kind != SPN_ITEM_TENSOR || t->dtype != SPN_DTYPE_U8 || t->ndim != 3 || t->shape[2] != 3 ||
       (t->device_kind != SPN_DEVICE_CPU && !on_gpu) || !t->data || t->shape[0] < 1 || t->shape[1] < 1 ||
       t->shape[0] > 65536 || t->shape[1] > 65536)
     return spn_error_set(err, SPN_ETYPE, "facedetect: frame %llu: item \"frame\" must be a (H,W,3) u8 RGB tensor in %s",
                          seq, on_gpu ? "host or device memory" : "host memory");
-  int32_t H = (int32_t)t->shape[0], W = (int32_t)t->shape[1];
-  int32_t n = 0;
-  const uint8_t *px = t->data;
+  fr->H = (int32_t)t->shape[0];
+  fr->W = (int32_t)t->shape[1];
+  fr->px = t->data;
 #ifdef SPN_VISION_CUDA
-  if (on_gpu && (rc = frame_on_gpu(st, msg, idx, &item, &px, err)) != SPN_OK)
+  if (on_gpu && (rc = frame_on_gpu(st, msg, fr->idx, &item, &fr->px, err)) != SPN_OK)
     return spn_error_prefix(err, "facedetect: frame %llu", seq);
 #endif
-  rc = st->model ? detect_model(st, env ? env->job_id : 0, px, W, H, on_gpu, &n, err)
-                 : detect_haar(st, px, W, H, &n, err);
-#ifdef SPN_VISION_CUDA
-  h->buffer_unref(&st->held);
-#endif
-  if (rc != SPN_OK)
-    return spn_error_prefix(err, "facedetect: frame %llu", seq);
+  return SPN_OK;
+}
+
+/* Tie the frame's detections to tracks, smooth them and attach the "faces"
+ * item. */
+static int32_t frame_finish(fd_state_t *st, fd_job_t *job, spn_msg_t *msg, const fd_frame_t *fr, spn_error_t *err) {
+  int32_t n = fr->n;
   if (grow_faces(st, n > 0 ? n : 1))
-    return spn_error_set(err, SPN_ENOMEM, "facedetect: out of memory");
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
   for (int32_t i = 0; i < n; i++)
-    st->boxes[i] = (spn_box_t){st->dets[i].x0, st->dets[i].y0, st->dets[i].x1, st->dets[i].y1};
-  rc = spn_box_smoother_update(job->smoother, st->boxes, n, st->tracked, err);
+    st->boxes[i] = (spn_box_t){fr->dets[i].x0, fr->dets[i].y0, fr->dets[i].x1, fr->dets[i].y1};
+  int32_t rc = spn_box_smoother_update(job->smoother, st->boxes, n, st->tracked, err);
   if (rc != SPN_OK)
-    return spn_error_prefix(err, "facedetect: frame %llu", seq);
+    return rc;
   for (int32_t i = 0; i < n; i++) {
     spn_face_t *f = &st->faces[i];
     memset(f, 0, sizeof *f);
@@ -732,38 +829,122 @@ static int32_t detect_frame(fd_state_t *st, fd_job_t *job, spn_msg_t *msg, int64
     f->y0 = st->tracked[i].box.y0;
     f->x1 = st->tracked[i].box.x1;
     f->y1 = st->tracked[i].box.y1;
-    f->score = st->dets[i].score;
-    if (st->dets[i].has_landmarks) /* this frame's, not smoothed */
-      memcpy(f->landmarks, st->dets[i].landmarks, sizeof f->landmarks);
+    f->score = fr->dets[i].score;
+    if (fr->dets[i].has_landmarks) /* this frame's, not smoothed */
+      memcpy(f->landmarks, fr->dets[i].landmarks, sizeof f->landmarks);
     f->track_id = (int32_t)st->tracked[i].track_id;
   }
-  return h->msg_add_meta(msg, "faces", st->faces, (size_t)n * sizeof(spn_face_t), err);
+  return st->host->msg_add_meta(msg, "faces", st->faces, (size_t)n * sizeof(spn_face_t), err);
 }
 
+static unsigned long long msg_seq(const spn_host_api_t *h, const spn_msg_t *m) {
+  const spn_envelope_t *env = h->msg_envelope(m);
+  return env ? (unsigned long long)env->seq : 0ull;
+}
+
+static uint64_t msg_job(const spn_host_api_t *h, const spn_msg_t *m) {
+  const spn_envelope_t *env = h->msg_envelope(m);
+  return env ? env->job_id : 0;
+}
+
+/* Bad input fails its own job only; the rest of the batch goes on. */
+static void fail_frame(fd_state_t *st, spn_msg_t **msg, int32_t rc, spn_error_t *jerr) {
+  st->host->fail_job(st->stage, msg_job(st->host, *msg), rc, jerr->msg);
+  st->host->msg_free(msg);
+}
+
+static int grow_frames(fd_state_t *st, size_t n) {
+  if (n <= st->frames_cap)
+    return 0;
+  fd_frame_t *f = realloc(st->frames, n * sizeof *f);
+  if (f)
+    st->frames = f;
+  fd_frame_t **g = realloc(st->group, n * sizeof *g);
+  if (g)
+    st->group = g;
+  if (!f || !g)
+    return -1;
+  st->frames_cap = n;
+  return 0;
+}
+
+/* A process() batch: every frame is checked (and on a GPU brought there)
+ * first; the Haar path detects each at once, the model path runs the frames
+ * of one size together (one engine run, when the model takes a batch); then
+ * the messages are finished and emitted in their order. */
 static int32_t fd_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
                           spn_error_t *err) {
   fd_state_t *st = state;
   const spn_host_api_t *h = st->host;
+  if (grow_frames(st, n))
+    return spn_error_set(err, SPN_ENOMEM, "facedetect: out of memory");
+  fd_frame_t *fr = st->frames;
+  int32_t kind = SPN_DEVICE_CPU;
+  h->stage_get_device(stage, &kind, NULL);
+  bool on_gpu = kind == SPN_DEVICE_CUDA;
   for (size_t i = 0; i < n; i++) {
-    if (!msgs[i])
+    fr[i] = (fd_frame_t){.idx = -1};
+    if (!msgs[i] || (fr[i].idx = h->msg_find(msgs[i], "frame")) < 0)
       continue;
-    int64_t idx = h->msg_find(msgs[i], "frame");
-    if (idx >= 0) {
+    spn_error_t jerr = SPN_ERROR_INIT;
+    unsigned long long seq = msg_seq(h, msgs[i]);
+    int32_t rc = frame_take(st, msgs[i], &fr[i], on_gpu, seq, &jerr);
+    if (rc == SPN_OK && !st->model) { /* the cascade, now: the frame it reads is held for this one only */
+      rc = detect_haar(st, fr[i].px, fr[i].W, fr[i].H, &fr[i].n, &jerr);
+      fr[i].dets = st->dets;
+      st->dets = NULL;
+      fr[i].done = rc == SPN_OK;
+      if (rc != SPN_OK)
+        spn_error_prefix(&jerr, "facedetect: frame %llu", seq);
+    } else if (rc == SPN_OK)
+      fr[i].pending = true;
+#ifdef SPN_VISION_CUDA
+    h->buffer_unref(&st->held);
+#endif
+    if (rc != SPN_OK)
+      fail_frame(st, &msgs[i], rc, &jerr);
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (!fr[i].pending)
+      continue;
+    /* The pending frames of this one's size (all of them where the model
+     * takes a batch, else this one), detected together. */
+    int32_t k = 0;
+    uint64_t job = msg_job(h, msgs[i]);
+    for (size_t j = i; j < n && (st->batch_dyn || k == 0); j++)
+      if (fr[j].pending && fr[j].W == fr[i].W && fr[j].H == fr[i].H) {
+        fr[j].pending = false;
+        fr[j].at = j;
+        st->group[k++] = &fr[j];
+        if (msg_job(h, msgs[j]) != job)
+          job = 0; /* a mixed batch: its copies count for the stage only */
+      }
+    spn_error_t gerr = SPN_ERROR_INIT;
+    int32_t rc = detect_model(st, st->group, k, on_gpu, job, &gerr);
+    if (rc != SPN_OK)
+      for (int32_t g = 0; g < k; g++) {
+        size_t j = st->group[g]->at;
+        spn_error_t jerr = SPN_ERROR_INIT;
+        spn_error_set(&jerr, rc, "facedetect: frame %llu: %s", msg_seq(h, msgs[j]), gerr.msg);
+        fail_frame(st, &msgs[j], rc, &jerr);
+      }
+  }
+  int32_t out = SPN_OK;
+  for (size_t i = 0; i < n; i++) {
+    if (out == SPN_OK && msgs[i] && fr[i].done) {
       spn_error_t jerr = SPN_ERROR_INIT;
-      int32_t rc = detect_frame(st, job_states[i], msgs[i], idx, &jerr);
+      int32_t rc = frame_finish(st, job_states[i], msgs[i], &fr[i], &jerr);
       if (rc != SPN_OK) {
-        const spn_envelope_t *env = h->msg_envelope(msgs[i]);
-        /* Bad input fails its own job only; the rest of the batch goes on. */
-        h->fail_job(stage, env ? env->job_id : 0, rc, jerr.msg);
-        h->msg_free(&msgs[i]);
-        continue;
+        spn_error_prefix(&jerr, "facedetect: frame %llu", msg_seq(h, msgs[i]));
+        fail_frame(st, &msgs[i], rc, &jerr);
       }
     }
-    int32_t rc = h->emit(stage, 0, &msgs[i], err);
-    if (rc != SPN_OK)
-      return rc;
+    free(fr[i].dets);
+    fr[i].dets = NULL;
+    if (out == SPN_OK && msgs[i])
+      out = h->emit(stage, 0, &msgs[i], err);
   }
-  return SPN_OK;
+  return out;
 }
 
 /* ABI 1.1 formats: packed RGB frames only (a decode in another format is
@@ -793,7 +974,7 @@ static const spn_stage_kind_t k_facedetect = {
 #else
     .device_need = SPN_NEED_CPU,
 #endif
-    .max_batch = 8,
+    .max_batch = 16, /* frames per engine run when the model takes a batch (Wav2Lip's inference.py: 16) */
     .max_delay_ms = 5,
     .create = fd_create,
     .job_open = fd_job_open,

@@ -90,8 +90,10 @@ static spn_cuda_facedet_t describe(int32_t model, const outputs_t *o, const spn_
 }
 
 static int by_anchor(const void *a, const void *b) {
-  int32_t p = ((const spn_cuda_facecand_t *)a)->anchor, q = ((const spn_cuda_facecand_t *)b)->anchor;
-  return (p > q) - (p < q);
+  const spn_cuda_facecand_t *p = a, *q = b;
+  if (p->image != q->image)
+    return p->image < q->image ? -1 : 1;
+  return (p->anchor > q->anchor) - (p->anchor < q->anchor);
 }
 
 /* Run the kernel with room for `cap` rows; returns the count it reported and
@@ -118,6 +120,23 @@ static int32_t run_kernel(const spn_cuda_facedet_t *d, int32_t cap, spn_cuda_fac
 }
 
 static int near(float a, float b) { return fabsf(a - b) <= 1e-4f * fmaxf(1.f, fabsf(a)); }
+
+static void compare_faces(const spn_detface_t *ref, int32_t nref, const spn_detface_t *got, int32_t ngot, int model,
+                          int what) {
+  if (ngot != nref)
+    fail_msg("model %d case %d: %d faces on the GPU, %d on the CPU", model, what, ngot, nref);
+  for (int32_t i = 0; i < nref; i++) {
+    const float *a = &ref[i].x0, *b = &got[i].x0;
+    for (int k = 0; k < 5; k++)
+      if (!near(a[k], b[k]))
+        fail_msg("model %d case %d face %d field %d: GPU %.9g CPU %.9g", model, what, i, k, b[k], a[k]);
+    assert_int_equal(got[i].has_landmarks, ref[i].has_landmarks);
+    for (int k = 0; k < 10 && ref[i].has_landmarks; k++)
+      if (!near(ref[i].landmarks[k], got[i].landmarks[k]))
+        fail_msg("model %d case %d face %d landmark %d: GPU %.9g CPU %.9g", model, what, i, k, got[i].landmarks[k],
+                 ref[i].landmarks[k]);
+  }
+}
 
 static void gpu_matches_cpu(void **state) {
   (void)state;
@@ -152,23 +171,11 @@ static void gpu_matches_cpu(void **state) {
       assert_non_null(c);
       for (int32_t i = 0; i < count; i++) {
         memcpy(&c[i], &rows[i], sizeof c[i]);
-        assert_true(i == 0 || rows[i].anchor > rows[i - 1].anchor);
+        assert_true(rows[i].image == 0 && (i == 0 || rows[i].anchor > rows[i - 1].anchor));
       }
       CK(spn_facedet_select(model, c, count, &g, &p, &got, &ngot, &e_));
-      if (ngot != nref)
-        fail_msg("model %d fit %zu: %d faces on the GPU, %d on the CPU", model, f, ngot, nref);
       assert_true(nref > 0);
-      for (int32_t i = 0; i < nref; i++) {
-        const float *a = &ref[i].x0, *b = &got[i].x0;
-        for (int k = 0; k < 5; k++)
-          if (!near(a[k], b[k]))
-            fail_msg("model %d fit %zu face %d field %d: GPU %.9g CPU %.9g", model, f, i, k, b[k], a[k]);
-        assert_int_equal(got[i].has_landmarks, ref[i].has_landmarks);
-        for (int k = 0; k < 10 && ref[i].has_landmarks; k++)
-          if (!near(ref[i].landmarks[k], got[i].landmarks[k]))
-            fail_msg("model %d fit %zu face %d landmark %d: GPU %.9g CPU %.9g", model, f, i, k,
-                     got[i].landmarks[k], ref[i].landmarks[k]);
-      }
+      compare_faces(ref, nref, got, ngot, model, (int)f);
       compared += nref;
       free(c);
       free(rows);
@@ -177,6 +184,62 @@ static void gpu_matches_cpu(void **state) {
       free_outputs(&o);
     }
   assert_true(compared > 100);
+}
+
+/* Three images in one launch (batch = 3, each output holding the three back
+ * to back): split by the rows' image, each image's faces are the CPU's for
+ * that image alone. */
+static void batch_matches_per_image(void **state) {
+  (void)state;
+  const int32_t models[][2] = {{SPN_FACEDET_RETINAFACE, 3}, {SPN_FACEDET_SCRFD, 9}, {SPN_FACEDET_YUNET, 12}};
+  enum { B = 3 };
+  for (size_t m = 0; m < sizeof models / sizeof *models; m++) {
+    int32_t model = models[m][0], nout = models[m][1];
+    spn_facedet_geom_t g;
+    CK(spn_facedet_fit(320, 224, 320, 224, SPN_FACEDET_FIT_NONE, &g, &e_));
+    outputs_t o[B];
+    for (int b = 0; b < B; b++)
+      make_outputs(model, nout, &g, 100u + (uint32_t)(7 * b + m), model == SPN_FACEDET_YUNET ? 0.3f : 0.02f, &o[b]);
+    spn_cuda_facedet_t d = describe(model, &o[0], &g, 0.5f);
+    d.batch = B;
+    float *cat[SPN_FACEDET_MAX_OUTPUTS];
+    for (int32_t i = 0; i < nout; i++) {
+      size_t cnt = (size_t)o[0].lay[i].rows * (size_t)o[0].lay[i].cols;
+      CU(cudaMalloc((void **)&cat[i], cnt * B * sizeof(float)));
+      for (int b = 0; b < B; b++)
+        CU(cudaMemcpy(cat[i] + cnt * b, o[b].host[i], cnt * sizeof(float), cudaMemcpyHostToDevice));
+      d.outputs[i] = cat[i];
+    }
+    spn_cuda_facecand_t *rows = NULL;
+    int32_t count = run_kernel(&d, 1 << 16, &rows);
+    spn_facedet_params_t p = SPN_FACEDET_PARAMS_INIT;
+    int32_t first = 0;
+    for (int b = 0; b < B; b++) {
+      int32_t end = first;
+      while (end < count && rows[end].image == b)
+        end++;
+      assert_true(end > first);
+      spn_detface_t *c = malloc((size_t)(end - first) * sizeof *c), *ref = NULL, *got = NULL;
+      assert_non_null(c);
+      for (int32_t i = first; i < end; i++)
+        memcpy(&c[i - first], &rows[i], sizeof *c);
+      int32_t nref = 0, ngot = 0;
+      CK(spn_facedet_decode(model, o[b].t, nout, &g, &p, &ref, &nref, &e_));
+      CK(spn_facedet_select(model, c, end - first, &g, &p, &got, &ngot, &e_));
+      assert_true(nref > 0);
+      compare_faces(ref, nref, got, ngot, model, 100 + b);
+      free(c);
+      free(ref);
+      free(got);
+      first = end;
+    }
+    assert_int_equal(first, count); /* every row belongs to one of the three */
+    free(rows);
+    for (int32_t i = 0; i < nout; i++)
+      CU(cudaFree(cat[i]));
+    for (int b = 0; b < B; b++)
+      free_outputs(&o[b]);
+  }
 }
 
 /* A list too small for the candidates: the count is the true number, the
@@ -233,6 +296,7 @@ int main(void) {
   SPN_TEST_REQUIRE_GPU();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(gpu_matches_cpu),
+      cmocka_unit_test(batch_matches_per_image),
       cmocka_unit_test(short_list_reports_the_count),
       cmocka_unit_test(bad_arguments_are_refused),
   };

@@ -11,6 +11,8 @@ anchor of stride 32, row 2, col 3, min_size 256 (score 0.99) and its right
 neighbour (0.9, suppressed by NMS: IoU 0.78). The landmarks of that anchor
 carry the per-channel means of the input in their first three values (the
 rest zero), so a test can check the preprocessing from the decoded face.
+With batch=True the first axis of the input and outputs is dynamic (N, as
+the real export has it) and each image's landmarks carry its own means.
 
 Both need the onnx package; callers skip (exit 77) without it.
 """
@@ -53,8 +55,9 @@ def retinaface_anchors(w, h):
     return n, target
 
 
-def retinaface(path, w, h):
+def retinaface(path, w, h, batch=False):
     n, target = retinaface_anchors(w, h)
+    b = -1 if batch else 1
     conf = np.zeros((1, n, 2), np.float32)
     conf[0, :, 0], conf[0, :, 1] = 0.99, 0.01
     conf[0, target, 1] = 0.99
@@ -66,8 +69,8 @@ def retinaface(path, w, h):
     inits = [numpy_helper.from_array(a, name) for a, name in [
         (conf, 'conf_c'), (mask, 'mask'), (np.ones((1, n, 1), np.float32), 'ones'), (pick, 'pick'),
         (np.zeros((3, 4), np.float32), 'z4'), (np.zeros((3, 2), np.float32), 'z2'),
-        (np.array([1, 3], np.int64), 's13'), (np.array([1, 1, 10], np.int64), 's10'),
-        (np.array([1, 1, 4], np.int64), 's4'), (np.array([1, 1, 2], np.int64), 's2')]]
+        (np.array([b, 3], np.int64), 's13'), (np.array([b, 1, 10], np.int64), 's10'),
+        (np.array([b, 1, 4], np.int64), 's4'), (np.array([b, 1, 2], np.int64), 's2')]]
     nodes = [
         helper.make_node('GlobalAveragePool', ['input'], ['gap']),
         helper.make_node('Reshape', ['gap', 's13'], ['means']),
@@ -81,11 +84,12 @@ def retinaface(path, w, h):
         helper.make_node('Reshape', ['zero2', 's2'], ['zero2r']),
         helper.make_node('Add', ['conf_c', 'zero2r'], ['conf']),
     ]
+    N = 'N' if batch else 1
     g = helper.make_graph(
         nodes, 'fake_retinaface',
-        [helper.make_tensor_value_info('input', TensorProto.FLOAT, [1, 3, h, w])],
-        [helper.make_tensor_value_info('loc', TensorProto.FLOAT, [1, n, 4]),
-         helper.make_tensor_value_info('conf', TensorProto.FLOAT, [1, n, 2]),
-         helper.make_tensor_value_info('landms', TensorProto.FLOAT, [1, n, 10])],
+        [helper.make_tensor_value_info('input', TensorProto.FLOAT, [N, 3, h, w])],
+        [helper.make_tensor_value_info('loc', TensorProto.FLOAT, [N, n, 4]),
+         helper.make_tensor_value_info('conf', TensorProto.FLOAT, [N, n, 2]),
+         helper.make_tensor_value_info('landms', TensorProto.FLOAT, [N, n, 10])],
         inits)
     _save(g, path)

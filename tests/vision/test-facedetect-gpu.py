@@ -45,11 +45,11 @@ def check(cond, label):
     failed += not cond
 
 
-def drive(tmp, W, H, config, frames, devices=None):
+def drive(tmp, W, H, config, frames, devices=None, batch=2):
     env = dict(os.environ)
     if devices:
         env['SPINDLE_DRIVER_DEVICES'] = devices
-    out = subprocess.run([HOST, PLUGIN, 'facedetect', str(W), str(H), '2', tmp] + config + ['--'] + frames,
+    out = subprocess.run([HOST, PLUGIN, 'facedetect', str(W), str(H), str(batch), tmp] + config + ['--'] + frames,
                          capture_output=True, text=True, timeout=300, env=env)
     return out.returncode, [json.loads(l) for l in out.stdout.splitlines() if l.startswith('{')], out.stderr
 
@@ -113,6 +113,33 @@ def main():
             check(same_bytes, f'{label}: the frame leaves the GPU instance intact (copied back from the device)')
             check(any(l.get('failed') == 2 for l in lg) and {'eos': 1} in lg,
                   f'{label}: the bad frame failed job 2 only on the GPU')
+        # A batch-axis model: five distinct frames of two jobs in one engine
+        # run (padded to 8 on the GPU), the candidates of all five picked by
+        # one kernel and split by image; each frame's faces must be the CPU's
+        # (the landmarks carry each frame's own channel means).
+        bmodel = os.path.join(tmp, 'rf-batch.onnx')
+        fake_models.retinaface(bmodel, W, H, batch=True)
+        rng = np.random.default_rng(17)
+        args = []
+        for i in range(5):
+            pi = os.path.join(tmp, f'b{i}.rgb')
+            rng.integers(0, 256, size=(H, W, 3), dtype=np.uint8).tofile(pi)
+            args.append(f'{1 + i % 2}:{pi}')
+        cfg = [f'model = "{bmodel}"', 'detector = "retinaface"', 'precision = "fp32"']
+        res = {}
+        for dev in ('cpu', 'cuda:0'):
+            d = os.path.join(tmp, f'batch-{dev.replace(":", "")}')
+            os.makedirs(d)
+            env_dev = None if dev == 'cpu' else dev
+            res[dev] = drive(d, W, H, cfg, args, devices=env_dev, batch=8)
+        (rc_c, lc, _), (rc_g, lg, eg) = res['cpu'], res['cuda:0']
+        fc = {(l['job'], l['seq']): l.get('faces') for l in lc if 'seq' in l}
+        fg = {(l['job'], l['seq']): l.get('faces') for l in lg if 'seq' in l}
+        ok = rc_c == 0 and rc_g == 0 and len(fc) == 5 and fc.keys() == fg.keys() and all(
+            len(fc[k]) == len(fg[k]) == 1 and
+            max(abs(x - y) for x, y in zip(fc[k][0][:6], fg[k][0][:6])) < 1e-3 and
+            max(abs(x - y) for x, y in zip(fc[k][0][6:], fg[k][0][6:])) < 0.05 for k in fc)
+        check(ok, f'batched: five frames in one run, the same faces on both ({fc} vs {fg}) {eg.strip()[-300:]}')
     print(f'{passed} passed, {failed} failed')
     return 1 if failed else 0
 

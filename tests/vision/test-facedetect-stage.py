@@ -13,6 +13,7 @@ path runs a tiny ONNX stand-in for RetinaFace on the real engine
 (fake_models.retinaface). Exit 77 only if cv2 or onnx is not importable.
 """
 import json
+import re
 import os
 import subprocess
 import sys
@@ -166,6 +167,40 @@ def main():
         got = [(lm[0] - cx) / 25.6, (lm[1] - cy) / 25.6, (lm[2] - cx) / 25.6]
         check(max(abs(a - b) for a, b in zip(got, bgr_mean)) < 1e-3,
               f'engine input is the {fw}x{fh} frame as BGR - (104, 117, 123): means {got} vs {bgr_mean}')
+        # A model whose batch axis is dynamic (as the real export): the frames
+        # of a process() call go through it together, each in its own slot —
+        # every frame's landmarks carry its own channel means — and a bad
+        # frame among them fails its job only.
+        bmodel = os.path.join(tmp, 'fake-retinaface-batch.onnx')
+        fake_models.retinaface(bmodel, fw, fh, batch=True)
+        rng = np.random.default_rng(11)
+        frames, args = [], []
+        for i in range(6):
+            fi = rng.integers(0, 256, size=(fh, fw, 3), dtype=np.uint8)
+            pi = os.path.join(tmp, f'b{i}.rgb')
+            fi.tofile(pi)
+            frames.append(fi)
+            args.append(f'{1 + i % 2}:{pi}')
+        args.insert(3, '3:bad')
+        env = dict(os.environ, SPINDLE_DRIVER_LOG='debug')
+        out = subprocess.run([HOST, PLUGIN, 'facedetect', str(fw), str(fh), '8', tmp, f'model = "{bmodel}"',
+                              'detector = "retinaface"', '--'] + args,
+                             capture_output=True, text=True, timeout=60, env=env)
+        check(out.returncode == 0, f'batched facedetect ran (exit {out.returncode}) {out.stderr.strip()[-400:]}')
+        res = [json.loads(l) for l in out.stdout.splitlines() if l.startswith('{')]
+        got = {(l['job'], l['seq']): l.get('faces') for l in res if 'seq' in l and l.get('job') in (1, 2)}
+        ok = len(got) == 6
+        for i, fi in enumerate(frames):
+            faces = got.get((1 + i % 2, i // 2)) or []
+            want_m = [float(fi[:, :, 2].mean() - 104), float(fi[:, :, 1].mean() - 117), float(fi[:, :, 0].mean() - 123)]
+            ok = ok and len(faces) == 1 and max(abs(a - b) for a, b in zip(faces[0][:4], want)) < 1e-3 and max(
+                abs((faces[0][6 + j] - (cx if j % 2 == 0 else cy)) / 25.6 - want_m[j]) for j in range(3)) < 1e-3
+        check(ok, f'batched: each of 6 frames (2 jobs) decoded from its own slot of the batch: {got}')
+        check(any(l.get('failed') == 3 for l in res) and {'eos': 1} in res and {'eos': 2} in res,
+              f'batched: the bad frame failed job 3 only: {[l for l in res if "seq" not in l]}')
+        runs = [int(m) for m in re.findall(r'facedetect: (\d+) frames of 200x150 in one run', out.stderr)]
+        check(runs and max(runs) > 1 and sum(runs) == 6,
+              f'batched: the frames went through the model together (frames per run: {runs})')
         out = subprocess.run([HOST, PLUGIN, 'facedetect', str(fw), str(fh), '1', tmp, f'model = "{model}"',
                               'detector = "yolo"', '--', f'1:{p}'], capture_output=True, text=True, timeout=60)
         line = json.loads(out.stdout.splitlines()[0]) if out.stdout else {}
