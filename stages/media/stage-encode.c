@@ -21,8 +21,21 @@
  * are cut from the same interval by decode, so they stay in sync.
  *
  * GPU (a CUDA build; the kinds are then SPN_NEED_EITHER and their video
- * input takes device memory): placed on a CUDA device, a frame that arrives
- * in that GPU's memory is not copied to the host as it is. An rgb24/bgr24
+ * input takes device memory): placed on a CUDA device, the job's first
+ * frame picks the encoder. With `hwaccel` default or cuda and the frame in
+ * the GPU's memory (with cuda, a host frame too), the encoder is NVENC
+ * (h264_nvenc for libx264/h264_nvenc/auto, hevc_nvenc for libx265/
+ * hevc_nvenc) on FFmpeg's CUDA device over the GPU's primary context and
+ * the stage's stream: each frame is converted on the GPU straight into the
+ * encoder's next NV12 pool frame (spn_media_cuda_to_nv12), the stream is
+ * waited for, and NVENC reads the frame there; nothing is downloaded. Where
+ * NVENC does not open (no encoder on the GPU, as on H100/H200; no
+ * libnvidia-encode; a codec without NVENC) default falls back to the host
+ * path below, cuda fails the job; one log line per job says which path and
+ * why. cuda on a stage placed on the CPU is refused at create.
+ *
+ * The host path on a GPU (hwaccel none, or the fallback): a frame that
+ * arrives in that GPU's memory is not copied to the host as it is. An rgb24/bgr24
  * frame is converted to yuv420p on the GPU (spn_cuda_rgb_to_yuv420, the
  * twin of spn_image_convert) and only its 4:2:0 planes are downloaded, once,
  * into pinned memory: half the bytes of the RGB frame. Other frames
