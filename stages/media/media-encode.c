@@ -536,13 +536,13 @@ int32_t spn_encoder_write_video(spn_encoder_t *e, const spn_image_t *img, int64_
                                 int32_t tb_den, spn_error_t *err) {
   if (e->finished || e->failed)
     return spn_error_set(err, SPN_ESTATE, "%s: encoder already finished or failed", e->path);
+  if (e->hw_frames)
+    return spn_error_set(err, SPN_ESTATE, "%s: the encoder takes device frames (spn_encoder_device_frame)", e->path);
   if (!img || img->width != e->in_w || img->height != e->in_h || img->format != e->in_fmt)
     return spn_error_set(err, SPN_EINVAL, "%s: frame is %dx%d %s, the encoder was opened for %dx%d %s", e->path,
                          img ? (int)img->width : 0, img ? (int)img->height : 0,
                          spn_pixfmt_name(img ? img->format : 0), (int)e->in_w, (int)e->in_h,
                          spn_pixfmt_name(e->in_fmt));
-  if (e->hw_frames)
-    return spn_error_set(err, SPN_ESTATE, "%s: the encoder takes device frames (spn_encoder_device_frame)", e->path);
   if (tb_num <= 0 || tb_den <= 0)
     return spn_error_set(err, SPN_EINVAL, "%s: invalid time base %d/%d", e->path, (int)tb_num, (int)tb_den);
   int32_t rc;
