@@ -413,8 +413,11 @@ static int32_t gpu_open(encode_job_t *j, bool dev, int32_t w, int32_t h, int32_t
                            "%s: NVENC cannot encode from device frames (hwaccel = \"cuda\"): %s", j->cfg.path, reason);
     level = SPN_LOG_WARN;
   }
+  /* codec auto would try NVENC again, on host frames: after NVENC failed
+   * here that only adds FFmpeg's error lines, so it is libx264 at once */
+  const char *codec = level == SPN_LOG_WARN && strcmp(j->cfg.codec, "auto") == 0 ? "libx264" : NULL;
   j->enc_fmt = rgb && dev ? SPN_PIXFMT_YUV420P : fmt;
-  if ((rc = open_encoder(j, w, h, j->enc_fmt, NULL, NULL, err)))
+  if ((rc = open_encoder(j, w, h, j->enc_fmt, codec, NULL, err)))
     return rc;
   host->log(j->stage, j->job_id, level, "%s: encoding video with %s on the host%s (%s)", j->cfg.path,
             spn_encoder_codec_name(j->enc), dev ? ", one download per frame" : "", reason);
