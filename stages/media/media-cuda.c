@@ -215,7 +215,8 @@ int32_t spn_media_cuda_to_nv12(const void *src_dev, int32_t fmt, int32_t width, 
   spn_image_t src, mid;
   int32_t rc;
   if (!src_dev || !nv12 || nv12->format != SPN_PIXFMT_NV12)
-    return spn_error_set(err, SPN_EINVAL, "media cuda: conversion to the encoder's nv12 needs a source and nv12 planes");
+    return spn_error_set(err, SPN_EINVAL,
+                         "media cuda: conversion to the encoder's nv12 needs a source and nv12 planes");
   if (nv12->width > width || nv12->height > height)
     return spn_error_set(err, SPN_EINVAL, "media cuda: a %dx%d frame cannot fill %dx%d encoder planes", (int)width,
                          (int)height, (int)nv12->width, (int)nv12->height);
