@@ -64,10 +64,10 @@ static void primary_release(AVHWDeviceContext *dc) {
 int32_t spn_media_cuda_device_new(cudaStream_t stream, void **out, spn_error_t *err) {
   *out = NULL;
   int ordinal = 0;
-  CU_FAIL(cudaGetDevice(&ordinal), "opening NVDEC's device", err);
+  CU_FAIL(cudaGetDevice(&ordinal), "opening the GPU for NVDEC/NVENC", err);
   /* Make sure the runtime has made the primary context (a no-op when the
    * stage's executor has used the device, as it always has). */
-  CU_FAIL(cudaFree(NULL), "opening NVDEC's device", err);
+  CU_FAIL(cudaFree(NULL), "opening the GPU for NVDEC/NVENC", err);
   cu_device_get_fn dev_get = NULL;
   cu_primary_retain_fn retain = NULL;
   cu_primary_release_fn release = NULL;
@@ -83,7 +83,7 @@ int32_t spn_media_cuda_device_new(cudaStream_t stream, void **out, spn_error_t *
     return spn_error_set(err, SPN_ECUDA, "media cuda: cuDeviceGet(%d) failed: CUDA driver error %d", ordinal, (int)cr);
   primary_hold_t *hold = calloc(1, sizeof *hold);
   if (!hold)
-    return spn_error_set(err, SPN_ENOMEM, "media cuda: out of memory opening NVDEC's device");
+    return spn_error_set(err, SPN_ENOMEM, "media cuda: out of memory opening the GPU for NVDEC/NVENC");
   if ((cr = retain(&ctx, dev)) != CUDA_SUCCESS) {
     free(hold);
     return spn_error_set(err, SPN_ECUDA, "media cuda: cuDevicePrimaryCtxRetain(cuda:%d) failed: CUDA driver error %d",
@@ -95,7 +95,7 @@ int32_t spn_media_cuda_device_new(cudaStream_t stream, void **out, spn_error_t *
   if (!ref) {
     release(dev);
     free(hold);
-    return spn_error_set(err, SPN_ENOMEM, "media cuda: out of memory opening NVDEC's device");
+    return spn_error_set(err, SPN_ENOMEM, "media cuda: out of memory opening the GPU for NVDEC/NVENC");
   }
   AVHWDeviceContext *dc = (AVHWDeviceContext *)ref->data;
   AVCUDADeviceContext *hw = dc->hwctx;
@@ -108,7 +108,7 @@ int32_t spn_media_cuda_device_new(cudaStream_t stream, void **out, spn_error_t *
     av_buffer_unref(&ref);
     char buf[AV_ERROR_MAX_STRING_SIZE] = {0};
     av_strerror(r, buf, sizeof buf);
-    return spn_error_set(err, SPN_EDEVICE, "media cuda: FFmpeg cannot use cuda:%d for NVDEC: %s", ordinal, buf);
+    return spn_error_set(err, SPN_EDEVICE, "media cuda: FFmpeg cannot use cuda:%d for NVDEC/NVENC: %s", ordinal, buf);
   }
   *out = ref;
   return SPN_OK;
@@ -202,6 +202,51 @@ int32_t spn_media_cuda_rgb_to_yuv420p_host(const void *rgb_dev, int32_t fmt, int
   size_t n = (size_t)width * (size_t)height + 2 * (size_t)((width + 1) / 2) * (size_t)((height + 1) / 2);
   CU_FAIL(cudaMemcpyAsync(yuv_host, yuv_dev, n, cudaMemcpyDeviceToHost, stream), "downloading a yuv420p frame", err);
   return SPN_OK;
+}
+
+size_t spn_media_cuda_nv12_scratch_size(int32_t fmt, int32_t width, int32_t height) {
+  if (fmt == SPN_PIXFMT_RGBF32P || fmt == SPN_PIXFMT_BGRF32P)
+    return (size_t)(width & ~1) * (size_t)(height & ~1) * 3;
+  return 0;
+}
+
+int32_t spn_media_cuda_to_nv12(const void *src_dev, int32_t fmt, int32_t width, int32_t height,
+                               const spn_image_t *nv12, void *scratch, cudaStream_t stream, spn_error_t *err) {
+  spn_image_t src, mid;
+  int32_t rc;
+  if (!src_dev || !nv12 || nv12->format != SPN_PIXFMT_NV12)
+    return spn_error_set(err, SPN_EINVAL,
+                         "media cuda: conversion to the encoder's nv12 needs a source and nv12 planes");
+  if (nv12->width > width || nv12->height > height)
+    return spn_error_set(err, SPN_EINVAL, "media cuda: a %dx%d frame cannot fill %dx%d encoder planes", (int)width,
+                         (int)height, (int)nv12->width, (int)nv12->height);
+  /* The source as the stages lay it out, then seen at the encoder's size:
+   * same pointers and pitches, fewer columns/rows (the crop to even sizes;
+   * every chroma sample inside it covers the same pixels as before). */
+  if ((rc = spn_image_wrap(&src, (void *)src_dev, width, height, fmt, err)))
+    return rc;
+  src.width = nv12->width;
+  src.height = nv12->height;
+  spn_image_t dst = *nv12;
+  switch (fmt) {
+  case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24:
+    return spn_cuda_rgb_to_yuv420(&src, &dst, stream, err);
+  case SPN_PIXFMT_NV12: case SPN_PIXFMT_YUV420P:
+    return spn_cuda_yuv420_repack(&src, &dst, stream, err);
+  case SPN_PIXFMT_RGBF32P: case SPN_PIXFMT_BGRF32P:
+    /* as the CPU path: to u8 first (spn_image_from_float's twin), then 4:2:0 */
+    if (!scratch)
+      return spn_error_set(err, SPN_EINVAL, "media cuda: conversion of %s to nv12 needs scratch memory",
+                           spn_pixfmt_name(fmt));
+    if ((rc = spn_image_wrap(&mid, scratch, nv12->width, nv12->height,
+                             fmt == SPN_PIXFMT_RGBF32P ? SPN_PIXFMT_RGB24 : SPN_PIXFMT_BGR24, err)) ||
+        (rc = spn_cuda_from_float(&src, &mid, NULL, NULL, stream, err)))
+      return rc;
+    return spn_cuda_rgb_to_yuv420(&mid, &dst, stream, err);
+  default:
+    return spn_error_set(err, SPN_EUNSUPPORTED, "media cuda: encoding %s frames from the GPU is not supported",
+                         spn_pixfmt_name(fmt));
+  }
 }
 
 int32_t spn_media_cuda_download(const void *src_dev, void *dst_host, size_t size, cudaStream_t stream,

@@ -75,6 +75,20 @@ int32_t spn_media_cuda_upload(const spn_image_t *src, void *dst, cudaStream_t st
 int32_t spn_media_cuda_rgb_to_yuv420p_host(const void *rgb_dev, int32_t fmt, int32_t width, int32_t height,
                                            void *yuv_dev, void *yuv_host, cudaStream_t stream, spn_error_t *err);
 
+/* NVENC from device frames: a tight frame of width x height in `fmt`
+ * (rgb24/bgr24, rgbf32p/bgrf32p in [0, 255], nv12/yuv420p; device memory,
+ * the stages' layout) → the encoder's NV12 planes `nv12` (device memory,
+ * any pitch, e.g. spn_encoder_device_frame's view; its size may be the
+ * frame's cropped to even, as the encoder crops). rgb24/bgr24 with
+ * spn_cuda_rgb_to_yuv420 (the twin of spn_image_convert), f32 through u8
+ * RGB in `scratch` with spn_cuda_from_float (spn_image_from_float's twin),
+ * 4:2:0 planes with spn_cuda_yuv420_repack (lossless). scratch: device
+ * memory of spn_media_cuda_nv12_scratch_size bytes, or NULL when that is
+ * 0. Nothing is copied to the host. */
+size_t spn_media_cuda_nv12_scratch_size(int32_t fmt, int32_t width, int32_t height);
+int32_t spn_media_cuda_to_nv12(const void *src_dev, int32_t fmt, int32_t width, int32_t height,
+                               const spn_image_t *nv12, void *scratch, cudaStream_t stream, spn_error_t *err);
+
 /* One device → host copy of `size` bytes on `stream` (frames the encoder
  * takes as they are: nv12/yuv420p planes, f32 frames). */
 int32_t spn_media_cuda_download(const void *src_dev, void *dst_host, size_t size, cudaStream_t stream,

@@ -8,6 +8,15 @@
  * one clock. When muxing an audio file, its audio is pulled in step with the
  * video (up to half a second ahead) so the muxer interleaves without
  * buffering the whole video.
+ *
+ * Device frames (opts.hw_device): the video encoder is an NVENC one opened
+ * for AV_PIX_FMT_CUDA frames of a pool of NV12 frames on that CUDA device;
+ * the caller fills one pool frame per picture on the device and the
+ * encoder reads it there, so no picture passes through host memory here.
+ * While such an encoder opens, FFmpeg's lines go to the error (the first
+ * error line is the reason NVENC could not open), not to the job's log, so
+ * a caller that then falls back to the host path logs one line, not
+ * FFmpeg's several.
  */
 #include "media-encode.h"
 #include "media-decode.h"
@@ -23,10 +32,13 @@
 #include <libavformat/avformat.h>
 #include <libavutil/audio_fifo.h>
 #include <libavutil/display.h>
+#include <libavutil/hwcontext.h>
 #include <libavutil/imgutils.h>
 #include <libavutil/opt.h>
 #include <libswresample/swresample.h>
 #include <libswscale/swscale.h>
+
+#include "spindle/plugin.h" /* SPN_LOG_* levels */
 
 struct spn_encoder {
   char *path, *tmp;
@@ -41,6 +53,10 @@ struct spn_encoder {
   AVFrame *vframe, *aframe;
   AVPacket *pkt;
   spn_image_t tmpimg;            /* float → u8 staging */
+  AVBufferRef *hw_frames;        /* device frames: the NV12 pool on opts.hw_device; NULL: host frames */
+  int hw_frame_out;              /* a pool frame was handed out and not yet sent */
+  spn_media_log_t open_log;      /* catches FFmpeg's lines while a device-frame encoder opens */
+  char open_why[256];            /* the first error line among them */
   spn_decoder_t *audio_src;      /* audio_path */
   int audio_src_done;
   int64_t first_pts_us;          /* first video pts in microseconds, INT64_MIN until set */
@@ -66,6 +82,47 @@ const char *spn_encoder_codec_name(const spn_encoder_t *e) {
   return e->vctx ? e->vctx->codec->name : "";
 }
 
+const char *spn_encoder_nvenc_for(const char *codec) {
+  if (!codec || !*codec || !strcmp(codec, "libx264") || !strcmp(codec, "h264_nvenc") || !strcmp(codec, "auto"))
+    return "h264_nvenc";
+  if (!strcmp(codec, "libx265") || !strcmp(codec, "hevc_nvenc"))
+    return "hevc_nvenc";
+  return NULL;
+}
+
+static int is_nvenc(const char *name) {
+  size_t n = strlen(name);
+  return n > 6 && !strcmp(name + n - 6, "_nvenc");
+}
+
+/* One preset key for both families, so a config names one and keeps
+ * working when the stage falls back from NVENC to libx264 or back: x264's
+ * names map to NVENC's p1 (fastest) .. p7 (best) by speed, and p1 .. p7 to
+ * the x264 preset of about the same place in its range. Other names go to
+ * the encoder as they are (NVENC's own "hq", "ll", ...). */
+static const char *preset_for(const char *codec, const char *preset) {
+  static const struct { const char *x264, *nvenc; } map[] = {
+      {"ultrafast", "p1"}, {"superfast", "p1"}, {"veryfast", "p2"}, {"faster", "p3"}, {"fast", "p3"},
+      {"medium", "p4"},    {"slow", "p5"},      {"slower", "p6"},   {"veryslow", "p7"}, {"placebo", "p7"},
+  };
+  static const char *const back[] = {"ultrafast", "veryfast", "faster", "medium", "slow", "slower", "veryslow"};
+  if (is_nvenc(codec)) {
+    for (size_t i = 0; i < sizeof map / sizeof *map; i++)
+      if (!strcmp(preset, map[i].x264))
+        return map[i].nvenc;
+  } else if (!strcmp(codec, "libx264") && preset[0] == 'p' && preset[1] >= '1' && preset[1] <= '7' && !preset[2]) {
+    return back[preset[1] - '1'];
+  }
+  return preset;
+}
+
+/* While a device-frame encoder opens: keep FFmpeg's first error line. */
+static void catch_open_line(void *user, int32_t level, const char *msg) {
+  spn_encoder_t *e = user;
+  if (level >= SPN_LOG_WARN && !e->open_why[0])
+    snprintf(e->open_why, sizeof e->open_why, "%s", msg);
+}
+
 static int32_t open_video(spn_encoder_t *e, const char *name, spn_error_t *err) {
   const AVCodec *codec = avcodec_find_encoder_by_name(name);
   if (!codec)
@@ -73,10 +130,25 @@ static int32_t open_video(spn_encoder_t *e, const char *name, spn_error_t *err) 
   AVCodecContext *c = avcodec_alloc_context3(codec);
   if (!c)
     return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", e->path);
-  spn_media_log_claim_codec(c, e->o.log);
+  if (e->hw_frames) {
+    e->open_why[0] = '\0';
+    e->open_log = (spn_media_log_t){.magic = SPN_MEDIA_LOG_MAGIC, .fn = catch_open_line, .user = e};
+    spn_media_log_claim_codec(c, &e->open_log);
+  } else {
+    spn_media_log_claim_codec(c, e->o.log);
+  }
   c->width = e->w;
   c->height = e->h;
   c->pix_fmt = AV_PIX_FMT_YUV420P;
+  if (e->hw_frames) {
+    /* pictures are the pool's CUDA frames; the encoder reads their NV12
+     * planes on the device */
+    c->pix_fmt = AV_PIX_FMT_CUDA;
+    if (!(c->hw_frames_ctx = av_buffer_ref(e->hw_frames))) {
+      avcodec_free_context(&c);
+      return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", e->path);
+    }
+  }
   c->time_base = (AVRational){1, 90000};
   c->framerate = (AVRational){e->o.fps_num, e->o.fps_den};
   c->sample_aspect_ratio = (AVRational){1, 1};
@@ -86,8 +158,21 @@ static int32_t open_video(spn_encoder_t *e, const char *name, spn_error_t *err) 
   AVDictionary *d = NULL;
   char num[32];
   if (e->o.preset && *e->o.preset)
-    av_dict_set(&d, "preset", e->o.preset, 0);
-  if (e->o.bitrate > 0) {
+    av_dict_set(&d, "preset", preset_for(codec->name, e->o.preset), 0);
+  if (is_nvenc(codec->name)) {
+    /* NVENC's quality-targeted mode: variable bit rate steered by cq (the
+     * QP scale x264's crf uses, 1..51; NVENC reads cq 0 as "not set", so
+     * crf 0, x264's lossless, asks for its best, 1), with no bit rate cap;
+     * or the average rate asked for. */
+    av_dict_set(&d, "rc", "vbr", 0);
+    if (e->o.bitrate > 0) {
+      c->bit_rate = e->o.bitrate;
+    } else {
+      c->bit_rate = 0;
+      snprintf(num, sizeof num, "%d", e->o.crf > 0 ? (int)e->o.crf : 1);
+      av_dict_set(&d, "cq", num, 0);
+    }
+  } else if (e->o.bitrate > 0) {
     c->bit_rate = e->o.bitrate;
   } else {
     snprintf(num, sizeof num, "%d", (int)e->o.crf);
@@ -97,8 +182,18 @@ static int32_t open_video(spn_encoder_t *e, const char *name, spn_error_t *err) 
   av_dict_free(&d);
   if (r < 0) {
     avcodec_free_context(&c);
+    if (e->hw_frames && e->open_why[0]) {
+      char buf[AV_ERROR_MAX_STRING_SIZE] = {0};
+      av_strerror(r, buf, sizeof buf);
+      if (buf[0] >= 'A' && buf[0] <= 'Z')
+        buf[0] = (char)(buf[0] - 'A' + 'a');
+      return spn_error_set(err, r == AVERROR(ENOMEM) ? SPN_ENOMEM : SPN_EMEDIA, "%s: %s: %s (%s)", e->path, name,
+                           buf, e->open_why);
+    }
     return av_fail(e, err, r, name);
   }
+  if (e->hw_frames) /* open: from here on FFmpeg's lines go to the job's log */
+    spn_media_log_claim_codec(c, e->o.log);
   e->vctx = c;
   return SPN_OK;
 }
@@ -142,6 +237,29 @@ static int32_t open_audio(spn_encoder_t *e, spn_error_t *err) {
   return SPN_OK;
 }
 
+/* The pool of NV12 device frames a device-frame encoder reads (opts
+ * hw_device), of the encoder's even size. */
+static int32_t open_hw_frames(spn_encoder_t *e, spn_error_t *err) {
+  AVBufferRef *dev = e->o.hw_device;
+  if (((AVHWDeviceContext *)dev->data)->type != AV_HWDEVICE_TYPE_CUDA)
+    return spn_error_set(err, SPN_EINVAL, "%s: encoding from device frames needs a CUDA device", e->path);
+  AVBufferRef *ref = av_hwframe_ctx_alloc(dev);
+  if (!ref)
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", e->path);
+  AVHWFramesContext *fc = (AVHWFramesContext *)ref->data;
+  fc->format = AV_PIX_FMT_CUDA;
+  fc->sw_format = AV_PIX_FMT_NV12;
+  fc->width = e->w;
+  fc->height = e->h;
+  int r = av_hwframe_ctx_init(ref);
+  if (r < 0) {
+    av_buffer_unref(&ref);
+    return av_fail(e, err, r, "setting up a pool of device frames");
+  }
+  e->hw_frames = ref;
+  return SPN_OK;
+}
+
 int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t pixfmt,
                         const spn_encode_opts_t *opts, spn_encoder_t **out, spn_error_t *err) {
   static const spn_encode_opts_t defaults = SPN_ENCODE_OPTS_INIT;
@@ -178,6 +296,10 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
   e->h = height & ~1;
   if (e->w < 2 || e->h < 2 || width > 16384 || height > 16384) {
     rc = spn_error_set(err, SPN_EINVAL, "%s: cannot encode %dx%d frames", path, (int)width, (int)height);
+    goto out_free;
+  }
+  if (e->o.hw_device && pixfmt != SPN_PIXFMT_NV12) {
+    rc = spn_error_set(err, SPN_EINVAL, "%s: device frames are nv12, not %s", path, spn_pixfmt_name(pixfmt));
     goto out_free;
   }
   switch (pixfmt) {
@@ -218,7 +340,12 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
   }
   spn_media_log_claim_format(e->oc, e->o.log);
   const char *codec = e->o.codec;
-  if (strcmp(codec, "auto") == 0) {
+  if (e->o.hw_device) {
+    if ((rc = open_hw_frames(e, err)))
+      goto out_free;
+    if (strcmp(codec, "auto") == 0)
+      codec = "h264_nvenc";
+  } else if (strcmp(codec, "auto") == 0) {
     spn_error_t ignored = SPN_ERROR_INIT;
     if (open_video(e, "h264_nvenc", &ignored) != SPN_OK)
       codec = "libx264";
@@ -281,7 +408,8 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
   e->vframe->format = AV_PIX_FMT_YUV420P;
   e->vframe->width = e->w;
   e->vframe->height = e->h;
-  if ((r = av_frame_get_buffer(e->vframe, 0)) < 0) {
+  /* device frames come from the pool, one per picture */
+  if (!e->hw_frames && (r = av_frame_get_buffer(e->vframe, 0)) < 0) {
     rc = av_fail(e, err, r, "allocating a frame");
     goto out_free;
   }
@@ -402,10 +530,14 @@ static int32_t pull_audio_file(spn_encoder_t *e, double until, spn_error_t *err)
   return SPN_OK;
 }
 
+static int32_t send_video(spn_encoder_t *e, int64_t pts, int32_t tb_num, int32_t tb_den, spn_error_t *err);
+
 int32_t spn_encoder_write_video(spn_encoder_t *e, const spn_image_t *img, int64_t pts, int32_t tb_num,
                                 int32_t tb_den, spn_error_t *err) {
   if (e->finished || e->failed)
     return spn_error_set(err, SPN_ESTATE, "%s: encoder already finished or failed", e->path);
+  if (e->hw_frames)
+    return spn_error_set(err, SPN_ESTATE, "%s: the encoder takes device frames (spn_encoder_device_frame)", e->path);
   if (!img || img->width != e->in_w || img->height != e->in_h || img->format != e->in_fmt)
     return spn_error_set(err, SPN_EINVAL, "%s: frame is %dx%d %s, the encoder was opened for %dx%d %s", e->path,
                          img ? (int)img->width : 0, img ? (int)img->height : 0,
@@ -442,6 +574,19 @@ int32_t spn_encoder_write_video(spn_encoder_t *e, const spn_image_t *img, int64_
     }
     sws_scale(e->sws, sp, sl, 0, e->h, e->vframe->data, e->vframe->linesize);
   }
+  if ((rc = send_video(e, pts, tb_num, tb_den, err)))
+    goto out_fail;
+  return SPN_OK;
+out_fail:
+  e->failed = 1;
+  return rc;
+}
+
+/* e->vframe (filled) at pts: timestamps rebased and kept increasing, the
+ * audio file's end moved with the video's, the frame encoded and written,
+ * and the audio file read on in step. */
+static int32_t send_video(spn_encoder_t *e, int64_t pts, int32_t tb_num, int32_t tb_den, spn_error_t *err) {
+  int32_t rc;
   int64_t us = av_rescale_q(pts, (AVRational){tb_num, tb_den}, (AVRational){1, 1000000});
   if (e->first_pts_us == INT64_MIN)
     e->first_pts_us = us;
@@ -458,12 +603,50 @@ int32_t spn_encoder_write_video(spn_encoder_t *e, const spn_image_t *img, int64_
   e->last_vpts = vp;
   e->vframe->pts = vp;
   if ((rc = encode(e, e->vctx, e->vst, e->vframe, err)))
-    goto out_fail;
-  if ((rc = pull_audio_file(e, (us - e->first_pts_us) / 1e6 + 0.5, err)))
-    goto out_fail;
+    return rc;
+  return pull_audio_file(e, (us - e->first_pts_us) / 1e6 + 0.5, err);
+}
+
+int32_t spn_encoder_device_frame(spn_encoder_t *e, spn_image_t *nv12, spn_error_t *err) {
+  if (e->finished || e->failed)
+    return spn_error_set(err, SPN_ESTATE, "%s: encoder already finished or failed", e->path);
+  if (!e->hw_frames)
+    return spn_error_set(err, SPN_ESTATE, "%s: the encoder takes host frames (spn_encoder_write_video)", e->path);
+  /* The encoder keeps its own reference to a frame it still reads; ours
+   * goes back here, so the pool hands out one it is done with. */
+  av_frame_unref(e->vframe);
+  e->hw_frame_out = 0;
+  int r = av_hwframe_get_buffer(e->hw_frames, e->vframe, 0);
+  if (r < 0) {
+    e->failed = 1;
+    return av_fail(e, err, r, "taking a device frame from the pool");
+  }
+  if (!e->vframe->data[0] || !e->vframe->data[1] || e->vframe->width < e->w || e->vframe->height < e->h) {
+    e->failed = 1;
+    return spn_error_set(err, SPN_EMEDIA, "%s: the device frame pool gave an unusable frame", e->path);
+  }
+  *nv12 = (spn_image_t){.width = e->w, .height = e->h, .format = SPN_PIXFMT_NV12, .nplanes = 2};
+  nv12->data[0] = e->vframe->data[0];
+  nv12->data[1] = e->vframe->data[1];
+  nv12->stride[0] = e->vframe->linesize[0];
+  nv12->stride[1] = e->vframe->linesize[1];
+  e->hw_frame_out = 1;
   return SPN_OK;
-out_fail:
-  e->failed = 1;
+}
+
+int32_t spn_encoder_send_device_frame(spn_encoder_t *e, int64_t pts, int32_t tb_num, int32_t tb_den,
+                                      spn_error_t *err) {
+  if (e->finished || e->failed)
+    return spn_error_set(err, SPN_ESTATE, "%s: encoder already finished or failed", e->path);
+  if (!e->hw_frames || !e->hw_frame_out)
+    return spn_error_set(err, SPN_ESTATE, "%s: no device frame was taken (spn_encoder_device_frame)", e->path);
+  if (tb_num <= 0 || tb_den <= 0)
+    return spn_error_set(err, SPN_EINVAL, "%s: invalid time base %d/%d", e->path, (int)tb_num, (int)tb_den);
+  e->hw_frame_out = 0;
+  int32_t rc = send_video(e, pts, tb_num, tb_den, err);
+  av_frame_unref(e->vframe); /* the encoder holds what it still needs */
+  if (rc)
+    e->failed = 1;
   return rc;
 }
 
@@ -531,6 +714,7 @@ void spn_encoder_free(spn_encoder_t *e) {
   avformat_free_context(e->oc);
   avcodec_free_context(&e->vctx);
   avcodec_free_context(&e->actx);
+  av_buffer_unref(&e->hw_frames); /* our reference: the codec and a frame hold their own */
   sws_freeContext(e->sws);
   swr_free(&e->swr);
   if (e->fifo)

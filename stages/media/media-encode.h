@@ -32,14 +32,23 @@ typedef struct spn_encode_opts {
                              * 6144 bits per channel per 1024 samples (96 kbit/s at 16 kHz mono) */
   int32_t rotation;         /* display rotation to record, degrees clockwise (0/90/180/270) */
   const spn_media_log_t *log; /* FFmpeg's messages for this file go here; borrowed, NULL: dropped */
+  /* Encode from device frames: an FFmpeg CUDA device (AVBufferRef * of
+   * AV_HWDEVICE_TYPE_CUDA, e.g. from spn_media_cuda_device_new); NULL: host
+   * frames. With it, `codec` must take AV_PIX_FMT_CUDA frames (h264_nvenc,
+   * hevc_nvenc): the encoder keeps a pool of NV12 frames on that device
+   * (the even size, see above) and pictures go in through
+   * spn_encoder_device_frame + spn_encoder_send_device_frame instead of
+   * spn_encoder_write_video. Borrowed: the encoder takes its own reference. */
+  void *hw_device;
 } spn_encode_opts_t;
 
-#define SPN_ENCODE_OPTS_INIT {"libx264", 23, "medium", 0, 25, 1, 1, NULL, 0, 0, 0, 0, NULL}
+#define SPN_ENCODE_OPTS_INIT {"libx264", 23, "medium", 0, 25, 1, 1, NULL, 0, 0, 0, 0, NULL, NULL}
 
 typedef struct spn_encoder spn_encoder_t;
 
 /* Create an encoder for frames of width x height in `pixfmt` (RGB24, BGR24,
- * NV12, YUV420P, RGBF32P/BGRF32P in [0, 255]). Ownership: caller owns *out.
+ * NV12, YUV420P, RGBF32P/BGRF32P in [0, 255]; with opts->hw_device, NV12:
+ * what the caller writes into the device frames). Ownership: caller owns *out.
  * Thread: any; one encoder is used by one thread at a time. */
 int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t pixfmt,
                         const spn_encode_opts_t *opts, spn_encoder_t **out, spn_error_t *err);
@@ -48,6 +57,25 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
  * rebased so the first frame is at 0; non-increasing ones are bumped). */
 int32_t spn_encoder_write_video(spn_encoder_t *enc, const spn_image_t *img, int64_t pts, int32_t tb_num,
                                 int32_t tb_den, spn_error_t *err);
+
+/* Encoders opened with hw_device: the next picture's NV12 planes, device
+ * memory of the encoder's (even) size from its frame pool, as a view in
+ * *nv12 (any row pitch; no `owned`). The caller fills them on the device's
+ * stream and then calls spn_encoder_send_device_frame; the view is valid
+ * until that call. Ownership: the encoder's. Thread: as write_video. */
+int32_t spn_encoder_device_frame(spn_encoder_t *enc, spn_image_t *nv12, spn_error_t *err);
+
+/* Encode the picture spn_encoder_device_frame handed out, shown at pts *
+ * tb_num / tb_den seconds (as write_video). The work that filled it must
+ * be queued on the CUDA device's stream (FFmpeg's NVENC reads the frame on
+ * that stream) or finished. */
+int32_t spn_encoder_send_device_frame(spn_encoder_t *enc, int64_t pts, int32_t tb_num, int32_t tb_den,
+                                      spn_error_t *err);
+
+/* The NVENC encoder that makes what `codec` names, for frames in device
+ * memory: "h264_nvenc" for libx264, h264_nvenc and auto; "hevc_nvenc" for
+ * libx265 and hevc_nvenc; NULL for any other codec (no NVENC encoder). */
+const char *spn_encoder_nvenc_for(const char *codec);
 
 /* Append interleaved float32 PCM (audio_rate, audio_channels of the opts). */
 int32_t spn_encoder_write_audio(spn_encoder_t *enc, const float *samples, int64_t n_samples,

@@ -21,8 +21,21 @@
  * are cut from the same interval by decode, so they stay in sync.
  *
  * GPU (a CUDA build; the kinds are then SPN_NEED_EITHER and their video
- * input takes device memory): placed on a CUDA device, a frame that arrives
- * in that GPU's memory is not copied to the host as it is. An rgb24/bgr24
+ * input takes device memory): placed on a CUDA device, the job's first
+ * frame picks the encoder. With `hwaccel` default or cuda and the frame in
+ * the GPU's memory (with cuda, a host frame too), the encoder is NVENC
+ * (h264_nvenc for libx264/h264_nvenc/auto, hevc_nvenc for libx265/
+ * hevc_nvenc) on FFmpeg's CUDA device over the GPU's primary context and
+ * the stage's stream: each frame is converted on the GPU straight into the
+ * encoder's next NV12 pool frame (spn_media_cuda_to_nv12), the stream is
+ * waited for, and NVENC reads the frame there; nothing is downloaded. Where
+ * NVENC does not open (no encoder on the GPU, as on H100/H200; no
+ * libnvidia-encode; a codec without NVENC) default falls back to the host
+ * path below, cuda fails the job; one log line per job says which path and
+ * why. cuda on a stage placed on the CPU is refused at create.
+ *
+ * The host path on a GPU (hwaccel none, or the fallback): a frame that
+ * arrives in that GPU's memory is not copied to the host as it is. An rgb24/bgr24
  * frame is converted to yuv420p on the GPU (spn_cuda_rgb_to_yuv420, the
  * twin of spn_image_convert) and only its 4:2:0 planes are downloaded, once,
  * into pinned memory: half the bytes of the RGB frame. Other frames
@@ -56,7 +69,11 @@ typedef struct encode_config {
   double fps;
   char *pixel_format;
   int64_t audio_bitrate;
+  char *hwaccel;
 } encode_config_t;
+
+/* hwaccel: whether device frames go to NVENC (see the file's header). */
+enum { HW_DEFAULT, HW_NONE, HW_CUDA };
 
 static const spn_config_field_t encode_schema[] = {
     {.key = "path", .type = SPN_CONFIG_STRING, .flags = SPN_CONFIG_PER_JOB | SPN_CONFIG_REQUIRED,
@@ -83,6 +100,11 @@ static const spn_config_field_t encode_schema[] = {
      .offset = offsetof(encode_config_t, audio_bitrate),
      .doc = "AAC bit rate in bit/s (0: 64 kbit/s per channel, capped at what AAC fits at the source rate)",
      .def_int = 0, .min = 0, .max = 1000000},
+    {.key = "hwaccel", .type = SPN_CONFIG_STRING, .offset = offsetof(encode_config_t, hwaccel),
+     .doc = "video encoding on a GPU: default (NVENC from device frames when the stage is on a CUDA device and "
+            "NVENC opens there, else the host path), none (never NVENC from device frames) or cuda (NVENC from "
+            "device frames, or the job fails)",
+     .def_str = "default"},
     {0},
 };
 
@@ -145,9 +167,14 @@ typedef struct encode_job {
   /* Placed on a CUDA device. */
   bool on_gpu;
   cudaStream_t stream;
+  int32_t hwaccel;       /* HW_* */
+  bool nvenc;            /* the encoder is NVENC reading device frames */
+  int32_t nv_w, nv_h;    /* NVENC: the frame size it was opened for */
   int32_t enc_fmt;       /* the format the encoder was opened for */
   spn_buffer_t *yuv_dev; /* device yuv420p planes of the GPU conversion */
   spn_buffer_t *pinned;  /* pinned host memory the frame is downloaded into */
+  spn_buffer_t *dev_in;  /* NVENC: a host frame uploaded (device) */
+  spn_buffer_t *scratch; /* NVENC: u8 RGB of an f32 frame (device) */
 #endif
 } encode_job_t;
 
@@ -157,13 +184,46 @@ static void ffmpeg_log(void *user, int32_t level, const char *msg) {
   host->log(j->stage, j->job_id, level, "%s: %s", j->cfg.path, msg);
 }
 
+static int32_t parse_hwaccel(spn_stage_t *stage, const encode_config_t *c, int32_t *hw, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  if (strcmp(c->hwaccel, "default") == 0)
+    *hw = HW_DEFAULT;
+  else if (strcmp(c->hwaccel, "none") == 0)
+    *hw = HW_NONE;
+  else if (strcmp(c->hwaccel, "cuda") == 0)
+    *hw = HW_CUDA;
+  else
+    return spn_error_set(err, SPN_ECONFIG, "stage \"%s\": hwaccel \"%s\" is not default, none or cuda",
+                         host->stage_get_name(stage), c->hwaccel);
+  return SPN_OK;
+}
+
 static int32_t encode_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(stage);
   const encode_config_t *c = config;
+  int32_t hw = HW_DEFAULT, rc;
   *state = NULL;
   if (strcmp(c->pixel_format, "rgb24") != 0 && strcmp(c->pixel_format, "bgr24") != 0)
     return spn_error_set(err, SPN_ECONFIG, "stage \"%s\": pixel_format \"%s\" is not rgb24 or bgr24",
                          host->stage_get_name(stage), c->pixel_format);
+  if ((rc = parse_hwaccel(stage, c, &hw, err)))
+    return rc;
+  /* hwaccel = "cuda" asks for NVENC from the GPU's memory: refused before
+   * any job where the stage cannot have it at all. */
+#ifdef SPN_MEDIA_CUDA
+  int32_t kind = SPN_DEVICE_CPU, index = 0;
+  host->stage_get_device(stage, &kind, &index);
+  if (hw == HW_CUDA && kind != SPN_DEVICE_CUDA)
+    return spn_error_set(err, SPN_ECONFIG,
+                         "stage \"%s\": hwaccel \"cuda\" (NVENC from device frames) needs the stage on a CUDA "
+                         "device; it is placed on the CPU (set device = \"cuda\")",
+                         host->stage_get_name(stage));
+#else
+  if (hw == HW_CUDA)
+    return spn_error_set(err, SPN_ECONFIG,
+                         "stage \"%s\": hwaccel \"cuda\" (NVENC from device frames) needs a build with CUDA",
+                         host->stage_get_name(stage));
+#endif
   return SPN_OK;
 }
 
@@ -189,6 +249,11 @@ static int32_t job_open(spn_stage_t *stage, const spn_job_info_t *job, void **jo
   host->stage_get_device(stage, &kind, &index);
   j->on_gpu = kind == SPN_DEVICE_CUDA;
   j->stream = j->on_gpu ? (cudaStream_t)host->stage_get_stream(stage) : NULL;
+  int32_t rc = parse_hwaccel(stage, c, &j->hwaccel, err);
+  if (rc) {
+    free(j);
+    return rc;
+  }
 #endif
   *job_state = j;
   return SPN_OK;
@@ -204,9 +269,13 @@ static int32_t encode_av_job_open(spn_stage_t *stage, void *state, const spn_job
   return job_open(stage, job, job_state, true, err);
 }
 
-static int32_t open_encoder(encode_job_t *j, int32_t w, int32_t h, int32_t fmt, spn_error_t *err) {
+/* codec: NULL for the configured one; hw_device: NVENC from device frames
+ * (see spn_encode_opts_t). */
+static int32_t open_encoder(encode_job_t *j, int32_t w, int32_t h, int32_t fmt, const char *codec, void *hw_device,
+                            spn_error_t *err) {
   spn_encode_opts_t o = SPN_ENCODE_OPTS_INIT;
-  o.codec = j->cfg.codec;
+  o.codec = codec ? codec : j->cfg.codec;
+  o.hw_device = hw_device;
   o.crf = (int32_t)j->cfg.crf;
   o.preset = j->cfg.preset;
   o.bitrate = j->cfg.bitrate;
@@ -299,20 +368,113 @@ static int32_t job_buffer(encode_job_t *j, spn_buffer_t **b, size_t size, int32_
   return host->buffer_new_kind(j->stage, size, mem_kind, b, err);
 }
 
-/* On a GPU: the frame into pinned host memory in the format the encoder
- * takes, with one download (see the file's header). *img views the result. */
-static int32_t gpu_frame(encode_job_t *j, spn_buffer_t *buf, int32_t w, int32_t h, int32_t fmt, spn_image_t *img,
-                         spn_error_t *err) {
+/* The job's first frame on a GPU picks the encoder: NVENC reading the
+ * GPU's memory where the frame is there (or hwaccel is cuda) and NVENC
+ * opens, else the host path; one log line per job says which and why. */
+static int32_t gpu_open(encode_job_t *j, bool dev, int32_t w, int32_t h, int32_t fmt, spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(j->stage);
-  int32_t kind = SPN_DEVICE_CPU, index = 0, rc;
-  host->buffer_device(buf, &kind, &index);
-  bool dev = kind == SPN_DEVICE_CUDA && host->buffer_mem_kind(buf) == SPN_MEM_DEVICE;
   bool rgb = fmt == SPN_PIXFMT_RGB24 || fmt == SPN_PIXFMT_BGR24;
-  if (!j->enc) {
-    j->enc_fmt = rgb && dev ? SPN_PIXFMT_YUV420P : fmt;
-    if ((rc = open_encoder(j, w, h, j->enc_fmt, err)))
-      return rc;
+  spn_error_t why = SPN_ERROR_INIT;
+  const char *reason;
+  int32_t rc, level = SPN_LOG_INFO;
+  if (j->hwaccel == HW_NONE) {
+    reason = "hwaccel is none";
+  } else if (!dev && j->hwaccel == HW_DEFAULT) {
+    reason = "the frames arrive in host memory";
+  } else {
+    const char *nv = spn_encoder_nvenc_for(j->cfg.codec);
+    void *hwdev = NULL;
+    if (!nv) {
+      spn_error_set(&why, SPN_EUNSUPPORTED, "codec \"%s\" has no NVENC encoder", j->cfg.codec);
+    } else if (spn_media_cuda_device_new(j->stream, &hwdev, &why) == SPN_OK) {
+      rc = open_encoder(j, w, h, SPN_PIXFMT_NV12, nv, hwdev, &why);
+      spn_media_cuda_device_free(&hwdev); /* the encoder keeps its own reference */
+      if (rc == SPN_OK) {
+        j->nvenc = true;
+        j->enc_fmt = SPN_PIXFMT_NV12;
+        j->nv_w = w;
+        j->nv_h = h;
+        host->log(j->stage, j->job_id, SPN_LOG_INFO, "%s: encoding video with %s from device frames; frames stay on "
+                  "the GPU", j->cfg.path, spn_encoder_codec_name(j->enc));
+        return SPN_OK;
+      }
+      if (j->enc) { /* NVENC opened; what failed after it (the held audio) is no reason to fall back */
+        *err = why;
+        return rc;
+      }
+    }
+    /* the encoder's messages start with the path: the line names it once */
+    reason = why.msg;
+    size_t pl = strlen(j->cfg.path);
+    if (strncmp(reason, j->cfg.path, pl) == 0 && reason[pl] == ':' && reason[pl + 1] == ' ')
+      reason += pl + 2;
+    if (j->hwaccel == HW_CUDA)
+      return spn_error_set(err, why.code ? why.code : SPN_EDEVICE,
+                           "%s: NVENC cannot encode from device frames (hwaccel = \"cuda\"): %s", j->cfg.path, reason);
+    level = SPN_LOG_WARN;
   }
+  /* codec auto would try NVENC again, on host frames: after NVENC failed
+   * here that only adds FFmpeg's error lines, so it is libx264 at once */
+  const char *codec = level == SPN_LOG_WARN && strcmp(j->cfg.codec, "auto") == 0 ? "libx264" : NULL;
+  j->enc_fmt = rgb && dev ? SPN_PIXFMT_YUV420P : fmt;
+  if ((rc = open_encoder(j, w, h, j->enc_fmt, codec, NULL, err)))
+    return rc;
+  host->log(j->stage, j->job_id, level, "%s: encoding video with %s on the host%s (%s)", j->cfg.path,
+            spn_encoder_codec_name(j->enc), dev ? ", one download per frame" : "", reason);
+  return SPN_OK;
+}
+
+/* NVENC: the frame converted on the GPU into the encoder's next NV12 device
+ * frame and sent; nothing is downloaded. A host frame (rare: the encoder
+ * was opened for device frames) is uploaded once first. */
+static int32_t nvenc_frame(encode_job_t *j, spn_buffer_t *buf, bool dev, int32_t w, int32_t h, int32_t fmt,
+                           int64_t pts_us, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(j->stage);
+  int32_t rc;
+  const void *src = host->buffer_data(buf);
+  if (w != j->nv_w || h != j->nv_h)
+    return spn_error_set(err, SPN_EINVAL, "%s: frame is %dx%d, the encoder was opened for %dx%d", j->cfg.path, (int)w,
+                         (int)h, (int)j->nv_w, (int)j->nv_h);
+  if (!dev) {
+    size_t n = tight_size(fmt, w, h);
+    if ((rc = job_buffer(j, &j->dev_in, n, SPN_MEM_DEVICE, err)))
+      return rc;
+    if (SPN_HOST_HAS(host, buffer_copy)) {
+      rc = host->buffer_copy(j->stage, j->job_id, j->dev_in, 0, buf, 0, n, err);
+    } else {
+      spn_image_t im;
+      if ((rc = spn_image_wrap(&im, host->buffer_data(buf), w, h, fmt, err)) == SPN_OK)
+        rc = spn_media_cuda_upload(&im, host->buffer_data(j->dev_in), j->stream, err);
+    }
+    if (rc)
+      return rc;
+    src = host->buffer_data(j->dev_in);
+  }
+  size_t sn = spn_media_cuda_nv12_scratch_size(fmt, w, h);
+  if (sn && (rc = job_buffer(j, &j->scratch, sn, SPN_MEM_DEVICE, err)))
+    return rc;
+  spn_image_t planes;
+  if ((rc = spn_encoder_device_frame(j->enc, &planes, err)) ||
+      (rc = spn_media_cuda_to_nv12(src, fmt, w, h, &planes, sn ? host->buffer_data(j->scratch) : NULL, j->stream,
+                                   err)))
+    return rc;
+  /* Wait for the conversion before the encoder reads the frame: the input
+   * buffer and our scratch are released or reused after this call, and
+   * FFmpeg orders NVENC after the stream's work only when it was built with
+   * CUDA stream support. A wait on the GPU, not a copy. */
+  if ((rc = spn_media_cuda_sync(j->stream, "converting a frame for NVENC", err)))
+    return rc;
+  return spn_encoder_send_device_frame(j->enc, pts_us, 1, 1000000, err);
+}
+
+/* Host path on a GPU: the frame into pinned host memory in the format the
+ * encoder takes, with one download (see the file's header). *img views the
+ * result. */
+static int32_t gpu_frame(encode_job_t *j, spn_buffer_t *buf, bool dev, int32_t w, int32_t h, int32_t fmt,
+                         spn_image_t *img, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(j->stage);
+  int32_t rc;
+  bool rgb = fmt == SPN_PIXFMT_RGB24 || fmt == SPN_PIXFMT_BGR24;
   bool to_yuv = rgb && j->enc_fmt == SPN_PIXFMT_YUV420P;
   if (!dev && !to_yuv) /* a host frame the encoder takes as it is: the CPU path */
     return spn_image_wrap(img, host->buffer_data(buf), w, h, fmt, err);
@@ -353,19 +515,28 @@ static int32_t write_frame(encode_job_t *j, spn_buffer_t *buf, int32_t w, int32_
   int32_t rc;
 #ifdef SPN_MEDIA_CUDA
   if (j->on_gpu) {
+    int32_t kind = SPN_DEVICE_CPU, index = 0;
+    host->buffer_device(buf, &kind, &index);
+    bool dev = kind == SPN_DEVICE_CUDA && host->buffer_mem_kind(buf) == SPN_MEM_DEVICE;
     spn_image_t gimg;
-    if ((rc = gpu_frame(j, buf, w, h, fmt, &gimg, err))) {
+    if (!j->enc)
+      rc = gpu_open(j, dev, w, h, fmt, err);
+    else
+      rc = SPN_OK;
+    if (rc == SPN_OK)
+      rc = j->nvenc ? nvenc_frame(j, buf, dev, w, h, fmt, pts_us, err) : gpu_frame(j, buf, dev, w, h, fmt, &gimg, err);
+    if (rc) {
       if (err && strncmp(err->msg, j->cfg.path, strlen(j->cfg.path)) != 0) /* the encoder's own name the file */
         spn_error_prefix(err, "%s: frame %lld", j->cfg.path, (long long)j->frames);
       return rc;
     }
-    if ((rc = spn_encoder_write_video(j->enc, &gimg, pts_us, 1, 1000000, err)))
+    if (!j->nvenc && (rc = spn_encoder_write_video(j->enc, &gimg, pts_us, 1, 1000000, err)))
       return rc;
     j->frames++;
     return SPN_OK;
   }
 #endif
-  if (!j->enc && (rc = open_encoder(j, w, h, fmt, err)))
+  if (!j->enc && (rc = open_encoder(j, w, h, fmt, NULL, NULL, err)))
     return rc;
   spn_image_t img;
   if ((rc = spn_image_wrap(&img, host->buffer_data(buf), w, h, fmt, err)))
@@ -515,7 +686,7 @@ static void encode_job_close(spn_stage_t *stage, void *state, void *job_state, b
   for (size_t i = 0; i < j->n_held; i++)
     host->buffer_unref(&j->held[i].buf);
 #ifdef SPN_MEDIA_CUDA
-  if (j->on_gpu && (j->yuv_dev || j->pinned)) {
+  if (j->on_gpu && (j->yuv_dev || j->pinned || j->dev_in || j->scratch)) {
     /* a frame that failed half-way may have left work queued on them */
     spn_error_t e = SPN_ERROR_INIT;
     if (spn_media_cuda_sync(j->stream, "closing the job", &e) != SPN_OK)
@@ -523,6 +694,8 @@ static void encode_job_close(spn_stage_t *stage, void *state, void *job_state, b
   }
   host->buffer_unref(&j->yuv_dev);
   host->buffer_unref(&j->pinned);
+  host->buffer_unref(&j->dev_in);
+  host->buffer_unref(&j->scratch);
 #endif
   free(j->held);
   free(j->pending);

@@ -18,6 +18,8 @@
 #include <unistd.h>
 #include <cmocka.h>
 
+#include <libavutil/buffer.h>
+#include <libavutil/hwcontext.h>
 #include <libavutil/log.h>
 
 #include "media-decode.h"
@@ -422,6 +424,50 @@ static void failed_encode_leaves_no_file(void **state) {
   spn_image_release(&small);
 }
 
+/* What the encode stage relies on without a GPU: which NVENC encoder a
+ * codec maps to, one preset name serving libx264 too (p1 .. p7 map back),
+ * and the device-frame calls refused on an encoder opened for host frames
+ * (and device frames that are not nv12 refused at open). */
+static void device_frame_calls_and_presets(void **state) {
+  (void)state;
+  assert_string_equal(spn_encoder_nvenc_for("libx264"), "h264_nvenc");
+  assert_string_equal(spn_encoder_nvenc_for("auto"), "h264_nvenc");
+  assert_string_equal(spn_encoder_nvenc_for("h264_nvenc"), "h264_nvenc");
+  assert_string_equal(spn_encoder_nvenc_for("libx265"), "hevc_nvenc");
+  assert_string_equal(spn_encoder_nvenc_for("hevc_nvenc"), "hevc_nvenc");
+  assert_null(spn_encoder_nvenc_for("mpeg4"));
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_encoder_t *e = NULL;
+  spn_encode_opts_t eo = SPN_ENCODE_OPTS_INIT;
+  eo.preset = "p1"; /* NVENC's name: libx264 gets ultrafast */
+  spn_image_t img;
+  assert_int_equal(spn_image_alloc(&img, 64, 48, SPN_PIXFMT_RGB24, &err), SPN_OK);
+  assert_int_equal(spn_encoder_new(p("preset.mp4"), 64, 48, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_OK);
+  assert_string_equal(spn_encoder_codec_name(e), "libx264");
+  spn_image_t nv12;
+  assert_int_equal(spn_encoder_device_frame(e, &nv12, &err), SPN_ESTATE);
+  assert_non_null(strstr(err.msg, "preset.mp4: the encoder takes host frames"));
+  assert_int_equal(spn_encoder_send_device_frame(e, 0, 1, 25, &err), SPN_ESTATE);
+  /* those refusals leave the encoder working */
+  assert_int_equal(spn_encoder_write_video(e, &img, 0, 1, 25, &err), SPN_OK);
+  assert_int_equal(spn_encoder_finish(e, &err), SPN_OK);
+  spn_encoder_free(e);
+  assert_true(dir_has_prefix("preset.mp4"));
+  /* device frames are nv12: anything else is refused before the device is used */
+  AVBufferRef *dev = av_hwdevice_ctx_alloc(AV_HWDEVICE_TYPE_CUDA);
+  if (dev) {
+    eo.codec = "h264_nvenc";
+    eo.hw_device = dev;
+    assert_int_equal(spn_encoder_new(p("dev.mp4"), 64, 48, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_EINVAL);
+    assert_non_null(strstr(err.msg, "dev.mp4: device frames are nv12, not rgb24"));
+    assert_false(dir_has_prefix("dev.mp4"));
+    av_buffer_unref(&dev);
+  } else {
+    printf("# this FFmpeg has no CUDA hwcontext: the nv12 refusal is not checked\n");
+  }
+  spn_image_release(&img);
+}
+
 static int setup_clips(void) {
   const char *ff = "ffmpeg -nostdin -hide_banner -loglevel error -y";
   int r = 0;
@@ -466,6 +512,7 @@ int main(void) {
       cmocka_unit_test(hwaccel_falls_back_or_names_the_file),
       cmocka_unit_test(device_frames_fall_back_to_host_frames_saying_why),
       cmocka_unit_test(failed_encode_leaves_no_file),
+      cmocka_unit_test(device_frame_calls_and_presets),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   sh("rm -rf '%s'", dir);

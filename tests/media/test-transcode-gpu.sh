@@ -2,16 +2,26 @@
 # The decode and encode stages placed on a GPU (a CUDA build), under the real
 # runtime, on the sample clip.
 #   test-transcode-gpu.sh MODE SPINDLE MEDIA_STAGE_DIR SOURCE_ROOT
-# MODE nogpu (unit, every CUDA build): on a host without a GPU, a decode
-#   pinned to "cuda" fails before running, naming the config position, the
-#   stage and the devices there are; on a GPU host it skips (77).
-# MODE gpu (suite gpu): skips (77) without a GPU; else, with yuv420p frames,
-#   the GPU run (NVDEC, NV12 repacked to yuv420p on the GPU, frames kept on
-#   the device from decode to encode, one download per frame) writes the
-#   same bytes as the CPU run, and so does a GPU run with hwaccel = "none"
-#   (software decode + one upload); each says how its frames came in one log
-#   line; an rgb24 run on the GPU (device RGB converted to yuv420p on the
-#   GPU) writes the 100 frames.
+# MODE nogpu (unit, every CUDA build): on a host without a GPU, a decode or
+#   an encode pinned to "cuda" fails before running, naming the config
+#   position, the stage and the devices there are, and an encode with
+#   hwaccel = "cuda" (NVENC from device frames) is refused because it is
+#   placed on the CPU; on a GPU host it skips (77).
+# MODE gpu (suite gpu): skips (77) without a GPU; else, with yuv420p frames
+#   and encode.hwaccel = "none", the GPU run (NVDEC, NV12 repacked to yuv420p
+#   on the GPU, frames kept on the device from decode to encode, one download
+#   per frame for libx264) writes the same bytes as the CPU run, and so does
+#   a GPU run with decode.hwaccel = "none" too (software decode + one
+#   upload); each says how its frames came in one log line; an rgb24 run on
+#   the GPU (device RGB converted to yuv420p on the GPU) writes the 100
+#   frames. Encode's default on the GPU (yuv420p and rgb24 frames): where
+#   NVENC opens (checked at run time: the job's log line says which path it
+#   took), the file is H.264 with 100 frames, PSNR >= 30 dB against the
+#   source, and the stage downloaded nothing; where it does not (H100/H200
+#   have no NVENC), one warning gives the reason, libx264 writes the 100
+#   frames and each was downloaded once. hwaccel = "cuda" succeeds the same
+#   way where NVENC opens, and elsewhere fails the job naming the stage and
+#   leaves no file.
 set -u
 mode=$1 spindle=$(realpath "$2") media=$(realpath "$3") src=$(realpath "$4")
 fail() { echo "FAIL: $*"; exit 1; }
@@ -38,13 +48,25 @@ else
 fi
 if [ "$mode" = nogpu ]; then
   [ $gpu = 0 ] || { echo "skip: a GPU is here (the gpu suite's transcode-gpu runs)"; exit 77; }
+  run probe2 auto --set encode.device=cuda && fail "encode on cuda without a GPU ran"
+  grep -q 'transcode.toml:[0-9]*:[0-9]*: stage "encode": device "cuda" is not available (runtime devices: auto)' \
+    probe2.err || fail "encode on cuda without a GPU: $(cat probe2.err)"
+  run probe3 auto --set encode.hwaccel=cuda
+  rc=$?
+  [ $rc = 2 ] || fail "encode with hwaccel = cuda and no GPU: exit $rc, want 2 (refused before running)"
+  grep -q 'transcode.toml:[0-9]*:[0-9]*: stage "encode": create: stage "encode": hwaccel "cuda" (NVENC from device frames) needs the stage on a CUDA device; it is placed on the CPU' \
+    probe3.err || fail "encode with hwaccel = cuda and no GPU: $(cat probe3.err)"
+  [ ! -e probe3.mp4 ] || fail "probe3.mp4 written by a refused pipeline"
   exit 0
 fi
 [ $gpu = 1 ] || { echo "skip: no GPU"; exit 77; }
+command -v ffprobe >/dev/null && command -v ffmpeg >/dev/null || { echo "skip: no ffmpeg/ffprobe"; exit 77; }
 
 run cpu cpu || fail "cpu run: $(tail -3 cpu.err)"
-run gpu cuda --set decode.device=cuda --set encode.device=cuda || fail "gpu run: $(tail -3 gpu.err)"
+run gpu cuda --set decode.device=cuda --set encode.device=cuda --set encode.hwaccel=none || fail "gpu run: $(tail -3 gpu.err)"
 grep -q 'decoding video with NVDEC; frames stay on the GPU' gpu.err || fail "gpu run did not use NVDEC: $(cat gpu.err)"
+grep -q 'encoding video with libx264 on the host, one download per frame (hwaccel is none)' gpu.err ||
+  fail "no line saying libx264 + download: $(cat gpu.err)"
 grep -Eq 'job [0-9]+ succeeded: 100 frames' gpu.txt || fail "gpu summary: $(cat gpu.txt)"
 # decode -> encode on one GPU: every frame handed over as it is, no copy
 line=$(grep 'edge  decode.video -> encode.video' gpu.txt)
@@ -54,13 +76,63 @@ case "$line" in
 esac
 cmp -s cpu.mp4 gpu.mp4 || fail "NVDEC + yuv420p on the GPU wrote other bytes than the CPU run"
 
-run none cuda --set decode.device=cuda --set encode.device=cuda --set decode.hwaccel=none ||
+run none cuda --set decode.device=cuda --set encode.device=cuda --set decode.hwaccel=none --set encode.hwaccel=none ||
   fail "hwaccel none on the GPU: $(tail -3 none.err)"
 grep -q 'decoding video in software and uploading each frame to the GPU (hwaccel is none)' none.err ||
   fail "no line saying software + upload: $(cat none.err)"
 cmp -s cpu.mp4 none.mp4 || fail "software decode + upload wrote other bytes than the CPU run"
 
-run rgb cuda --set decode.device=cuda --set encode.device=cuda --set decode.pixel_format=rgb24 ||
-  fail "rgb24 on the GPU: $(tail -3 rgb.err)"
+run rgb cuda --set decode.device=cuda --set encode.device=cuda --set decode.pixel_format=rgb24 \
+  --set encode.hwaccel=none || fail "rgb24 on the GPU: $(tail -3 rgb.err)"
 grep -Eq 'job [0-9]+ succeeded: 100 frames' rgb.txt || fail "rgb24 summary: $(cat rgb.txt)"
-echo "ok: gpu and hwaccel=none runs equal the CPU run; rgb24 on the GPU wrote $(stat -c %s rgb.mp4) bytes"
+
+frames() { ffprobe -v error -select_streams v -count_frames -show_entries stream=nb_read_frames -of csv=p=0 "$1"; }
+vcodec() { ffprobe -v error -select_streams v -show_entries stream=codec_name -of csv=p=0 "$1"; }
+psnr() { # OUT.mp4: average PSNR (dB) of its pictures against the sample's
+  ffmpeg -hide_banner -i "$1" -i "$clip" -lavfi "[0:v]format=yuv420p[a];[1:v]format=yuv420p[b];[a][b]psnr" -f null - 2>&1 |
+    sed -n 's/.*average:\([0-9.inf]*\).*/\1/p'
+}
+# The encode stage's own counted copies are on its summary line ("d2h N
+# copies"); NVENC must have none, the host path one per frame.
+encode_line() { grep -E '^  stage encode ' "$1"; }
+nvenc=unknown
+for pf in yuv420p rgb24; do
+  out=nv-$pf
+  run $out cuda --set decode.device=cuda --set encode.device=cuda --set decode.pixel_format=$pf ||
+    fail "default encode on the GPU ($pf): $(tail -3 $out.err)"
+  grep -Eq 'job [0-9]+ succeeded: 100 frames' $out.txt || fail "default encode ($pf) summary: $(cat $out.txt)"
+  [ "$(frames $out.mp4)" = 100 ] || fail "default encode ($pf): $out.mp4 does not have 100 frames"
+  if grep -q 'encoding video with h264_nvenc from device frames; frames stay on the GPU' $out.err; then
+    nvenc=yes
+    [ "$(vcodec $out.mp4)" = h264 ] || fail "NVENC ($pf) wrote $(vcodec $out.mp4), not h264"
+    p=$(psnr $out.mp4)
+    python3 -c "import sys; p = '$p'; sys.exit(0 if p and (p == 'inf' or float(p) >= 30) else 1)" ||
+      fail "NVENC ($pf): PSNR against the source is '$p' dB (want >= 30)"
+    ! encode_line $out.txt | grep -q d2h || fail "NVENC ($pf) downloaded frames: $(encode_line $out.txt)"
+    echo "# NVENC from device $pf frames: PSNR $p dB"
+  else
+    nvenc=no
+    line=$(grep 'encoding video with libx264 on the host, one download per frame (' $out.err) ||
+      fail "default encode ($pf): no line saying NVENC or why not: $(cat $out.err)"
+    [ "$(printf '%s\n' "$line" | wc -l)" = 1 ] || fail "default encode ($pf): more than one line says why: $line"
+    printf '%s\n' "$line" | grep -q '"level":"warn"' || fail "default encode ($pf): the fallback is not a warning: $line"
+    ! grep -v 'encoding video with libx264 on the host' $out.err | grep -q nvenc ||
+      fail "default encode ($pf): FFmpeg's NVENC lines in the log besides the one line: $(cat $out.err)"
+    encode_line $out.txt | grep -q 'd2h 100 copies' || fail "fallback ($pf): not one download per frame: $(encode_line $out.txt)"
+    echo "# NVENC not here ($pf): $line"
+  fi
+done
+
+run cu cuda --set decode.device=cuda --set encode.device=cuda --set encode.hwaccel=cuda
+rc=$?
+if [ $nvenc = yes ]; then
+  [ $rc = 0 ] || fail "hwaccel = cuda with NVENC here: exit $rc: $(tail -3 cu.err)"
+  [ "$(frames cu.mp4)" = 100 ] && [ "$(vcodec cu.mp4)" = h264 ] || fail "hwaccel = cuda: not 100 h264 frames"
+else
+  [ $rc = 1 ] || fail "hwaccel = cuda without NVENC: exit $rc, want 1 (the job fails)"
+  # stderr is JSON lines here (not a TTY): the quotes in msg are escaped
+  grep -q '"level":"error","msg":"stage \\"encode\\" .*: cu.mp4: NVENC cannot encode from device frames (hwaccel = \\"cuda\\"): ' cu.err ||
+    fail "hwaccel = cuda without NVENC: the error does not name the stage and the cause: $(cat cu.err)"
+  [ -z "$(ls -A | grep '^cu\.mp4')" ] || fail "hwaccel = cuda without NVENC left files: $(ls -A | grep cu.mp4)"
+fi
+echo "ok: gpu and hwaccel=none runs equal the CPU run; rgb24 on the GPU wrote $(stat -c %s rgb.mp4) bytes; NVENC: $nvenc"

@@ -29,6 +29,28 @@ ffprobe -v error -select_streams a -show_entries stream=bit_rate -of csv=p=0 out
   python3 -c "import sys; b = int(sys.stdin.read()); sys.exit(0 if 40000 <= b <= 96000 else 1)" ||
   fail "AAC bit rate of a 16 kHz mono soundtrack is not 64 kbit/s"
 
+# encode's hwaccel: "none" on the CPU writes what the default does; a value
+# it does not know, and "cuda" (NVENC from device frames) on a stage placed
+# on the CPU, are refused before anything runs, naming the config position
+# and the stage.
+"$spindle" run "$src/configs/transcode.toml" --set decode.path="$clip" --set encode.path=none.mp4 \
+  --set encode.preset=ultrafast --set encode.hwaccel=none >out.txt 2>err.txt || fail "hwaccel none: exit $?: $(tail -3 err.txt)"
+cmp -s out.mp4 none.mp4 || fail "encode.hwaccel = none on the CPU wrote other bytes than the default"
+rm -f none.mp4
+"$spindle" run "$src/configs/transcode.toml" --set decode.path="$clip" --set encode.path=bad.mp4 \
+  --set encode.hwaccel=nvenc >out.txt 2>err.txt
+rc=$?
+[ $rc -eq 2 ] || fail "encode.hwaccel = nvenc: exit $rc, want 2"
+grep -q 'transcode.toml:[0-9]*:[0-9]*: stage "encode": create: stage "encode": hwaccel "nvenc" is not default, none or cuda' err.txt ||
+  fail "encode.hwaccel = nvenc: $(cat err.txt)"
+"$spindle" run "$src/configs/transcode.toml" --devices cpu --set decode.path="$clip" --set encode.path=bad.mp4 \
+  --set encode.hwaccel=cuda >out.txt 2>err.txt
+rc=$?
+[ $rc -eq 2 ] || fail "encode.hwaccel = cuda on the CPU: exit $rc, want 2"
+grep -q 'transcode.toml:[0-9]*:[0-9]*: stage "encode": create: stage "encode": hwaccel "cuda" (NVENC from device frames) needs ' err.txt ||
+  fail "encode.hwaccel = cuda on the CPU: $(cat err.txt)"
+[ -z "$(ls -A | grep bad)" ] || fail "a refused pipeline left files: $(ls -A)"
+
 # A 1 s segment of the 4 s clip: the soundtrack taken from the whole clip is
 # cut where the pictures end (within one 25 fps frame), not muxed to 4 s.
 "$spindle" run "$src/configs/transcode.toml" --set decode.path="$clip" --set encode.path=seg.mp4 \
