@@ -7,6 +7,7 @@
  * counter. The comparisons are the references' (RetinaFace and YuNet keep
  * score > threshold, SCRFD score >= threshold; NaN never passes). */
 #include <stdint.h>
+#include <string.h>
 
 #include "detect.cuh"
 #include "kernel-common.cuh"
@@ -32,15 +33,32 @@ struct args {
   float thr;
 };
 
+/* The arithmetic, rounded as the CPU rounds: on the device with the
+ * explicit-rounding intrinsics (no fused multiply-add); on the host (the
+ * same code run by spn_cuda_facedet_candidates_host) the plain operators,
+ * which x86-64 rounds the same way. */
+#ifdef __CUDA_ARCH__
 __device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ float sub(float a, float b) { return __fsub_rn(a, b); }
 __device__ __forceinline__ float divf(float a, float b) { return __fdiv_rn(a, b); }
+__device__ __forceinline__ double dadd(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ double dmul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ double ddiv(double a, double b) { return __ddiv_rn(a, b); }
+#else
+inline float mul(float a, float b) { return a * b; }
+inline float add(float a, float b) { return a + b; }
+inline float sub(float a, float b) { return a - b; }
+inline float divf(float a, float b) { return a / b; }
+inline double dadd(double a, double b) { return a + b; }
+inline double dmul(double a, double b) { return a * b; }
+inline double ddiv(double a, double b) { return a / b; }
+#endif
 
-__device__ __forceinline__ float clamp01(float v) { return v < 0.f ? 0.f : (v > 1.f ? 1.f : v); }
+__host__ __device__ __forceinline__ float clamp01(float v) { return v < 0.f ? 0.f : (v > 1.f ? 1.f : v); }
 
 /* facedet.c's to_image: input pixels → image pixels. */
-__device__ void to_image(const spn_cuda_facedet_t &d, spn_cuda_facecand_t &f) {
+__host__ __device__ void to_image(const spn_cuda_facedet_t &d, spn_cuda_facecand_t &f) {
   float px = (float)d.pad_x, py = (float)d.pad_y;
   f.x0 = divf(sub(f.x0, px), d.scale_x);
   f.x1 = divf(sub(f.x1, px), d.scale_x);
@@ -53,11 +71,10 @@ __device__ void to_image(const spn_cuda_facedet_t &d, spn_cuda_facecand_t &f) {
     }
 }
 
-__global__ void candidates_kernel(args a, uint8_t *list, int32_t cap) {
-  int64_t gidx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+/* Anchor gidx of the batch (image gidx / anchors, then the anchor): decode it
+ * into *f when its score passes; false when it does not. */
+__host__ __device__ bool decode_anchor(const args &a, int64_t gidx, spn_cuda_facecand_t &f) {
   const levels &lv = a.lv;
-  if (gidx >= lv.base[3] * a.d.batch)
-    return;
   int32_t image = (int32_t)(gidx / lv.base[3]);
   int64_t idx = gidx - (int64_t)image * lv.base[3];
   int k = idx < lv.base[1] ? 0 : (idx < lv.base[2] ? 1 : 2);
@@ -70,7 +87,6 @@ __global__ void candidates_kernel(args a, uint8_t *list, int32_t cap) {
   spn_cuda_facedet_t d = a.d;
   for (int32_t o = 0; o < d.n_outputs; o++) /* this image's part of each output */
     d.outputs[o] += a.per_image[o] * image;
-  spn_cuda_facecand_t f;
   f.image = image;
   f.anchor = (int32_t)idx;
   switch (d.model) {
@@ -78,11 +94,11 @@ __global__ void candidates_kernel(args a, uint8_t *list, int32_t cap) {
     const int32_t min_sizes[3][2] = {{16, 32}, {64, 128}, {256, 512}};
     float score = d.outputs[1][2 * idx + 1];
     if (!(score > a.thr))
-      return;
-    float pw = (float)__ddiv_rn((double)min_sizes[k][m], (double)d.in_w);
-    float ph = (float)__ddiv_rn((double)min_sizes[k][m], (double)d.in_h);
-    float pcx = (float)__ddiv_rn(__dmul_rn(__dadd_rn((double)col, 0.5), (double)step), (double)d.in_w);
-    float pcy = (float)__ddiv_rn(__dmul_rn(__dadd_rn((double)row, 0.5), (double)step), (double)d.in_h);
+      return false;
+    float pw = (float)ddiv((double)min_sizes[k][m], (double)d.in_w);
+    float ph = (float)ddiv((double)min_sizes[k][m], (double)d.in_h);
+    float pcx = (float)ddiv(dmul(dadd((double)col, 0.5), (double)step), (double)d.in_w);
+    float pcy = (float)ddiv(dmul(dadd((double)row, 0.5), (double)step), (double)d.in_h);
     const float *l = d.outputs[0] + 4 * idx, *q = d.outputs[2] + 10 * idx;
     float W = (float)d.in_w, H = (float)d.in_h;
     float cx = add(pcx, mul(mul(l[0], 0.1f), pw)), cy = add(pcy, mul(mul(l[1], 0.1f), ph));
@@ -104,7 +120,7 @@ __global__ void candidates_kernel(args a, uint8_t *list, int32_t cap) {
   case SPN_CUDA_FACEDET_SCRFD: {
     float score = d.outputs[k][local];
     if (!(score >= a.thr))
-      return;
+      return false;
     const float *bb = d.outputs[3 + k] + 4 * local;
     const float *kp = d.n_outputs == 9 ? d.outputs[6 + k] + 10 * local : nullptr;
     float cx = mul((float)col, fs), cy = mul((float)row, fs);
@@ -124,7 +140,7 @@ __global__ void candidates_kernel(args a, uint8_t *list, int32_t cap) {
   default: { /* YuNet: stays in input pixels (NMS runs there; spn_facedet_select maps it) */
     float score = sqrtf(mul(clamp01(d.outputs[k][local]), clamp01(d.outputs[3 + k][local])));
     if (!(score > a.thr))
-      return;
+      return false;
     const float *bb = d.outputs[6 + k] + 4 * local, *kp = d.outputs[9 + k] + 10 * local;
     float cx = mul(add((float)col, bb[0]), fs), cy = mul(add((float)row, bb[1]), fs);
     float w = mul(expf(bb[2]), fs), h = mul(expf(bb[3]), fs);
@@ -141,15 +157,21 @@ __global__ void candidates_kernel(args a, uint8_t *list, int32_t cap) {
     break;
   }
   }
+  return true;
+}
+
+__global__ void candidates_kernel(args a, uint8_t *list, int32_t cap) {
+  int64_t gidx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  spn_cuda_facecand_t f;
+  if (gidx >= a.lv.base[3] * a.d.batch || !decode_anchor(a, gidx, f))
+    return;
   int32_t slot = atomicAdd((int32_t *)list, 1);
   if (slot < cap)
     ((spn_cuda_facecand_t *)(list + SPN_CUDA_FACECAND_HEADER))[slot] = f;
 }
 
-} // namespace
-
-extern "C" int32_t spn_cuda_facedet_candidates(const spn_cuda_facedet_t *det, void *list, int32_t cap,
-                                               cudaStream_t stream, spn_error_t *err) {
+/* Check the arguments and lay out the levels and the per-image strides. */
+int32_t setup(const spn_cuda_facedet_t *det, const void *list, int32_t cap, args *out, spn_error_t *err) {
   if (!det || !list || cap < 0)
     return spn_error_set(err, SPN_EINVAL, "cuda detect: NULL argument or negative capacity");
   if (det->in_w <= 0 || det->in_h <= 0 || det->in_w > 8192 || det->in_h > 8192 || !(det->scale_x > 0) ||
@@ -166,7 +188,7 @@ extern "C" int32_t spn_cuda_facedet_candidates(const spn_cuda_facedet_t *det, vo
       return spn_error_set(err, SPN_EINVAL, "cuda detect: output %d is NULL", (int)i);
   if (det->batch < 0 || det->batch > 65536)
     return spn_error_set(err, SPN_EINVAL, "cuda detect: batch %d", (int)det->batch);
-  args a;
+  args &a = *out;
   a.d = *det;
   if (a.d.batch == 0)
     a.d.batch = 1;
@@ -192,6 +214,17 @@ extern "C" int32_t spn_cuda_facedet_candidates(const spn_cuda_facedet_t *det, vo
                      : det->model == SPN_CUDA_FACEDET_SCRFD    ? anchors * scrfd_cols[o / 3]
                                                                : anchors * yunet_cols[o / 3];
   }
+  return SPN_OK;
+}
+
+} // namespace
+
+extern "C" int32_t spn_cuda_facedet_candidates(const spn_cuda_facedet_t *det, void *list, int32_t cap,
+                                               cudaStream_t stream, spn_error_t *err) {
+  args a;
+  int32_t rc = setup(det, list, cap, &a, err);
+  if (rc != SPN_OK)
+    return rc;
   cudaError_t ce = cudaMemsetAsync(list, 0, sizeof(int32_t), stream);
   if (ce != cudaSuccess)
     return spn_error_set(err, SPN_ECUDA, "cuda detect: clearing the count: %s (%s)", cudaGetErrorString(ce),
@@ -202,4 +235,26 @@ extern "C" int32_t spn_cuda_facedet_candidates(const spn_cuda_facedet_t *det, vo
   const int threads = 256;
   candidates_kernel<<<(unsigned)((n + threads - 1) / threads), threads, 0, stream>>>(a, (uint8_t *)list, cap);
   return launched("facedet candidates", err);
+}
+
+extern "C" int32_t spn_cuda_facedet_candidates_host(const spn_cuda_facedet_t *det, void *list, int32_t cap,
+                                                    spn_error_t *err) {
+  args a;
+  int32_t rc = setup(det, list, cap, &a, err);
+  if (rc != SPN_OK)
+    return rc;
+  int32_t count = 0;
+  spn_cuda_facecand_t *rows = (spn_cuda_facecand_t *)((uint8_t *)list + SPN_CUDA_FACECAND_HEADER);
+  /* From the last anchor down: the kernel's rows come in no set order, nor
+   * do these (a caller that relied on the order would fail here too). */
+  for (int64_t g = a.lv.base[3] * a.d.batch - 1; g >= 0; g--) {
+    spn_cuda_facecand_t f;
+    if (!decode_anchor(a, g, f))
+      continue;
+    if (count < cap)
+      rows[count] = f;
+    count++;
+  }
+  memcpy(list, &count, sizeof count);
+  return SPN_OK;
 }

@@ -76,6 +76,12 @@ typedef struct spn_cuda_facedet {
 int32_t spn_cuda_facedet_candidates(const spn_cuda_facedet_t *det, void *list, int32_t cap, cudaStream_t stream,
                                     spn_error_t *err);
 
+/* The kernel's code run on the host, one anchor after another, on host
+ * copies of the outputs and a host list: for tests of its decoding on a
+ * machine without a GPU. Same arguments, checks and results (rows in
+ * another order). Thread: any. */
+int32_t spn_cuda_facedet_candidates_host(const spn_cuda_facedet_t *det, void *list, int32_t cap, spn_error_t *err);
+
 #ifdef __cplusplus
 }
 #endif

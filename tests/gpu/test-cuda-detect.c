@@ -10,7 +10,14 @@
  * glibc's; everything else is the same arithmetic). Also: a list smaller
  * than the candidates reports the true count and writes only its capacity;
  * argument errors are refused before any launch.
- * Exits 77 without a CUDA device. */
+ * Exits 77 without a CUDA device.
+ *
+ * Built a second time with SPN_TEST_DETECT_HOST (test cuda-detect-host, in
+ * every CUDA build): the same cases through spn_cuda_facedet_candidates_host,
+ * the kernel's code run on the host on host memory, so its indexing, layout
+ * and batch split are checked on a machine without a GPU; there the rows
+ * come in another order than the decoders', and the arithmetic is the
+ * host's, so boxes match exactly. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -25,6 +32,26 @@
 #include "facedet.h"
 #include "gpu-skip.h"
 #include "gpu-test.h"
+
+/* Where the outputs and the list live: device memory and the kernel, or
+ * host memory and the kernel's code run on the host. */
+#ifdef SPN_TEST_DETECT_HOST
+#define DEV_ALLOC(pp, n) assert_non_null(*(void **)(pp) = malloc(n))
+#define DEV_FREE(p) free(p)
+#define TO_DEV(dst, src, n) memcpy(dst, src, n)
+#define FROM_DEV(dst, src, n) memcpy(dst, src, n)
+#define DEV_SET(p, v, n) memset(p, v, n)
+#define CANDIDATES(d, list, cap, e) spn_cuda_facedet_candidates_host(d, list, cap, e)
+#define TOL 0.f
+#else
+#define DEV_ALLOC(pp, n) CU(cudaMalloc((void **)(pp), n))
+#define DEV_FREE(p) CU(cudaFree(p))
+#define TO_DEV(dst, src, n) CU(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice))
+#define FROM_DEV(dst, src, n) CU(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost))
+#define DEV_SET(p, v, n) CU(cudaMemset(p, v, n))
+#define CANDIDATES(d, list, cap, e) spn_cuda_facedet_candidates(d, list, cap, 0, e)
+#define TOL 1e-4f
+#endif
 
 typedef struct outputs {
   int32_t n;
@@ -63,15 +90,15 @@ static void make_outputs(int32_t model, int32_t n, const spn_facedet_geom_t *g, 
     o->t[i].shape[1] = o->lay[i].rows;
     o->t[i].shape[2] = o->lay[i].cols;
     o->t[i].data = o->host[i];
-    CU(cudaMalloc((void **)&o->dev[i], cnt * sizeof(float)));
-    CU(cudaMemcpy(o->dev[i], o->host[i], cnt * sizeof(float), cudaMemcpyHostToDevice));
+    DEV_ALLOC(&o->dev[i], cnt * sizeof(float));
+    TO_DEV(o->dev[i], o->host[i], cnt * sizeof(float));
   }
 }
 
 static void free_outputs(outputs_t *o) {
   for (int32_t i = 0; i < o->n; i++) {
     free(o->host[i]);
-    CU(cudaFree(o->dev[i]));
+    DEV_FREE(o->dev[i]);
   }
 }
 
@@ -101,13 +128,13 @@ static int by_anchor(const void *a, const void *b) {
 static int32_t run_kernel(const spn_cuda_facedet_t *d, int32_t cap, spn_cuda_facecand_t **rows) {
   size_t bytes = SPN_CUDA_FACECAND_HEADER + (size_t)cap * sizeof(spn_cuda_facecand_t);
   void *list = NULL;
-  CU(cudaMalloc(&list, bytes));
-  CU(cudaMemset(list, 0xff, bytes)); /* the kernel must clear the count itself */
-  CK(spn_cuda_facedet_candidates(d, list, cap, 0, &e_));
+  DEV_ALLOC(&list, bytes);
+  DEV_SET(list, 0xff, bytes); /* the kernel must clear the count itself */
+  CK(CANDIDATES(d, list, cap, &e_));
   uint8_t *host = malloc(bytes);
   assert_non_null(host);
-  CU(cudaMemcpy(host, list, bytes, cudaMemcpyDeviceToHost));
-  CU(cudaFree(list));
+  FROM_DEV(host, list, bytes);
+  DEV_FREE(list);
   int32_t count;
   memcpy(&count, host, sizeof count);
   int32_t got = count < cap ? count : cap;
@@ -119,7 +146,7 @@ static int32_t run_kernel(const spn_cuda_facedet_t *d, int32_t cap, spn_cuda_fac
   return count;
 }
 
-static int near(float a, float b) { return fabsf(a - b) <= 1e-4f * fmaxf(1.f, fabsf(a)); }
+static int near(float a, float b) { return fabsf(a - b) <= TOL * fmaxf(1.f, fabsf(a)); }
 
 static void compare_faces(const spn_detface_t *ref, int32_t nref, const spn_detface_t *got, int32_t ngot, int model,
                           int what) {
@@ -205,9 +232,9 @@ static void batch_matches_per_image(void **state) {
     float *cat[SPN_FACEDET_MAX_OUTPUTS];
     for (int32_t i = 0; i < nout; i++) {
       size_t cnt = (size_t)o[0].lay[i].rows * (size_t)o[0].lay[i].cols;
-      CU(cudaMalloc((void **)&cat[i], cnt * B * sizeof(float)));
+      DEV_ALLOC(&cat[i], cnt * B * sizeof(float));
       for (int b = 0; b < B; b++)
-        CU(cudaMemcpy(cat[i] + cnt * b, o[b].host[i], cnt * sizeof(float), cudaMemcpyHostToDevice));
+        TO_DEV(cat[i] + cnt * b, o[b].host[i], cnt * sizeof(float));
       d.outputs[i] = cat[i];
     }
     spn_cuda_facecand_t *rows = NULL;
@@ -236,7 +263,7 @@ static void batch_matches_per_image(void **state) {
     assert_int_equal(first, count); /* every row belongs to one of the three */
     free(rows);
     for (int32_t i = 0; i < nout; i++)
-      CU(cudaFree(cat[i]));
+      DEV_FREE(cat[i]);
     for (int b = 0; b < B; b++)
       free_outputs(&o[b]);
   }
@@ -276,24 +303,26 @@ static void bad_arguments_are_refused(void **state) {
   spn_cuda_facedet_t d = {.model = SPN_CUDA_FACEDET_RETINAFACE, .n_outputs = 3, .in_w = 64, .in_h = 64,
                           .scale_x = 1, .scale_y = 1, .score_threshold = 0.5f};
   d.outputs[0] = d.outputs[1] = d.outputs[2] = &dummy;
-  assert_int_equal(spn_cuda_facedet_candidates(&d, NULL, 4, 0, &e), SPN_EINVAL);
+  assert_int_equal(CANDIDATES(&d, NULL, 4, &e), SPN_EINVAL);
   spn_cuda_facedet_t bad = d;
   bad.n_outputs = 4;
-  assert_int_equal(spn_cuda_facedet_candidates(&bad, &dummy, 4, 0, &e), SPN_EINVAL);
+  assert_int_equal(CANDIDATES(&bad, &dummy, 4, &e), SPN_EINVAL);
   assert_non_null(strstr(e.msg, "4 outputs"));
   bad = d;
   bad.outputs[2] = NULL;
-  assert_int_equal(spn_cuda_facedet_candidates(&bad, &dummy, 4, 0, &e), SPN_EINVAL);
+  assert_int_equal(CANDIDATES(&bad, &dummy, 4, &e), SPN_EINVAL);
   bad = d;
   bad.model = 7;
-  assert_int_equal(spn_cuda_facedet_candidates(&bad, &dummy, 4, 0, &e), SPN_EINVAL);
+  assert_int_equal(CANDIDATES(&bad, &dummy, 4, &e), SPN_EINVAL);
   bad = d;
   bad.scale_x = 0;
-  assert_int_equal(spn_cuda_facedet_candidates(&bad, &dummy, 4, 0, &e), SPN_EINVAL);
+  assert_int_equal(CANDIDATES(&bad, &dummy, 4, &e), SPN_EINVAL);
 }
 
 int main(void) {
+#ifndef SPN_TEST_DETECT_HOST
   SPN_TEST_REQUIRE_GPU();
+#endif
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(gpu_matches_cpu),
       cmocka_unit_test(batch_matches_per_image),
