@@ -470,6 +470,12 @@ static void run_batch(spn_stage_t *stage, ls_state_t *st, size_t n) {
   if (rc != SPN_OK) {
     for (size_t i = 0; i < n; i++)
       fail_slot(stage, st->run_job[i], st->run[i], rc, err.msg);
+#ifdef SPN_LIPSYNC_CUDA
+    /* The prepare kernels may still read the frames, which the failed
+     * jobs release when they close (after this call). */
+    if (gpu)
+      (void)cudaStreamSynchronize((cudaStream_t)stream);
+#endif
     return;
   }
   size_t n_retired = 0;
@@ -526,8 +532,19 @@ static void run_batch(spn_stage_t *stage, ls_state_t *st, size_t n) {
     s->done = true;
   }
 #ifdef SPN_LIPSYNC_CUDA
-  if (n_retired) {
-    cudaStreamSynchronize((cudaStream_t)stream);
+  if (gpu) {
+    /* Also with nothing retired: the frames of slots whose job failed in
+     * this batch were read by its kernels and are released when the job
+     * closes, after this call. A failed wait means the pasted frames cannot
+     * be trusted: their jobs fail (nothing of them is emitted). */
+    cudaError_t ce = cudaStreamSynchronize((cudaStream_t)stream);
+    if (ce != cudaSuccess) {
+      char why[256];
+      snprintf(why, sizeof why, "lipsync: waiting for the GPU after a batch of %zu faces: %s (%s)", n,
+               cudaGetErrorString(ce), cudaGetErrorName(ce));
+      for (size_t i = 0; i < n; i++)
+        fail_slot(stage, st->run_job[i], st->run[i], SPN_ECUDA, why);
+    }
     for (size_t i = 0; i < n_retired; i++)
       host->buffer_unref(&st->retired[i]);
   }
@@ -778,6 +795,12 @@ static void ls_destroy(spn_stage_t *stage, void *state) {
   ls_state_t *st = state;
   if (!st)
     return;
+#ifdef SPN_LIPSYNC_CUDA
+  /* Work queued on the scratch and on the open jobs' frames ends before
+   * they go back to the pool. */
+  if (st->d_face || st->d_small)
+    cudaStreamSynchronize((cudaStream_t)host->stage_get_stream(stage));
+#endif
   while (st->jobs)
     ls_job_close(stage, st, st->jobs, false);
   if (st->model)
@@ -789,8 +812,6 @@ static void ls_destroy(spn_stage_t *stage, void *state) {
   free(st->run_job);
   free(st->retired);
 #ifdef SPN_LIPSYNC_CUDA
-  if (st->d_face || st->d_small) /* work queued on them ends before they go back to the pool */
-    cudaStreamSynchronize((cudaStream_t)host->stage_get_stream(stage));
   host->buffer_unref(&st->d_face);
   host->buffer_unref(&st->d_out);
   host->buffer_unref(&st->d_small);

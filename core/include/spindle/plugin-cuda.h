@@ -13,10 +13,14 @@
  * instance is uploaded first (one copy on the instance's stream: the host's
  * buffer_copy, counted for the stage and the job, or, on an earlier 1.1 host
  * without it, cudaMemcpyAsync); the output always stays on the device
- * (tensor device_kind CUDA).
+ * (tensor device_kind CUDA). The batch ends with one wait for the stream,
+ * after which the inputs it read are released (not before: released memory
+ * may be handed to another stream at once).
  */
 #ifndef SPINDLE_PLUGIN_CUDA_H
 #define SPINDLE_PLUGIN_CUDA_H
+
+#include <stdlib.h>
 
 #include <cuda_runtime_api.h>
 
@@ -26,17 +30,47 @@
 extern "C" {
 #endif
 
+/* Release the buffers a batch's queued work may still use, once the
+ * instance's stream has passed them: one wait for the whole batch. A failed
+ * wait is the batch's error (naming the stage); the buffers are released
+ * either way. Ownership: consumes held[0..n) and the array. Thread: stage. */
+static inline int32_t spn__cuda_release_held(spn_stage_t *stage, spn_buffer_t **held, size_t n, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  int32_t rc = SPN_OK;
+  if (n) {
+    cudaError_t ce = cudaStreamSynchronize((cudaStream_t)host->stage_get_stream(stage));
+    if (ce != cudaSuccess)
+      rc = spn_error_set(err, SPN_ECUDA, "%s: waiting for the stream: %s (%s)", host->stage_get_name(stage),
+                         cudaGetErrorString(ce), cudaGetErrorName(ce));
+  }
+  for (size_t i = 0; i < n; i++)
+    host->buffer_unref(&held[i]);
+  free(held);
+  return rc;
+}
+
 /* The process callback of a frame filter with a CUDA body (see
  * spn_frame_filter_process for the CPU-only one). Failures of a frame
  * (bad input, a CUDA error) fail that frame's job only; out of memory fails
- * the batch. Ownership: consumes msgs[0..n) (emitted, replaced or freed,
- * set to NULL). Thread: stage (the instance's GPU executor). */
+ * the batch, and so does a failed wait for the stream at its end. The
+ * buffers the batch's queued work reads or writes (each input, its upload,
+ * the output of a frame that failed) stay referenced until that one wait:
+ * a buffer's last reference returns its memory to the pool, which may hand
+ * it to another stream at once. Ownership: consumes msgs[0..n) (emitted,
+ * replaced or freed, set to NULL). Thread: stage (the instance's GPU
+ * executor). */
 static inline int32_t spn_frame_filter_process_cuda(spn_stage_t *stage, void *state, spn_msg_t **msgs, size_t n,
                                                     const spn_frame_filter_t *f, spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(stage);
   int32_t dev_kind = SPN_DEVICE_CPU, dev_index = 0;
   host->stage_get_device(stage, &dev_kind, &dev_index);
   bool on_cuda = dev_kind == SPN_DEVICE_CUDA && f->cuda;
+  /* At most three a frame: its input, its upload, a failed frame's output. */
+  spn_buffer_t **held = NULL;
+  size_t n_held = 0;
+  if (on_cuda && n && !(held = (spn_buffer_t **)calloc(3 * n, sizeof *held)))
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory for a batch of %zu frames", host->stage_get_name(stage),
+                         n);
   for (size_t i = 0; i < n; i++) {
     int64_t idx = host->msg_find(msgs[i], f->item ? f->item : "frame");
     spn_item_t it;
@@ -47,8 +81,10 @@ static inline int32_t spn_frame_filter_process_cuda(spn_stage_t *stage, void *st
     spn_buffer_t *up = NULL;
     if (idx < 0 || host->msg_item(msgs[i], (size_t)idx, &it) != SPN_OK || it.kind != SPN_ITEM_TENSOR) {
       rc = host->emit(stage, 0, &msgs[i], err); /* nothing to map: forwarded */
-      if (rc != SPN_OK)
+      if (rc != SPN_OK) {
+        spn__cuda_release_held(stage, held, n_held, NULL);
         return rc;
+      }
       continue;
     }
     if (!on_cuda && !f->cpu) {
@@ -60,8 +96,10 @@ static inline int32_t spn_frame_filter_process_cuda(spn_stage_t *stage, void *st
     } else if (on_cuda && it.tensor.device_kind != SPN_DEVICE_CUDA) {
       /* Host frame on a GPU instance: one upload on the instance's stream. */
       size_t nb = spn_tensor_nbytes(&it.tensor);
-      if ((rc = host->buffer_new(stage, nb, &up, err)) != SPN_OK)
+      if ((rc = host->buffer_new(stage, nb, &up, err)) != SPN_OK) {
+        spn__cuda_release_held(stage, held, n_held, NULL);
         return rc;
+      }
       if (SPN_HOST_HAS(host, buffer_copy)) {
         /* Counted for the stage and the job (what crossed PCIe). */
         spn_error_t cerr = SPN_ERROR_INIT;
@@ -85,17 +123,26 @@ static inline int32_t spn_frame_filter_process_cuda(spn_stage_t *stage, void *st
       host->buffer_unref(&up);
       continue;
     }
-    rc = spn__frame_filter_one(stage, state, &msgs[i], (size_t)idx, &it.tensor, on_cuda, f, err);
-    if (up) {
-      /* The kernel may still read the upload: let the stream pass it
-       * before the scratch buffer goes back to the pool. */
-      cudaStreamSynchronize((cudaStream_t)host->stage_get_stream(stage));
-      host->buffer_unref(&up);
+    if (on_cuda) {
+      /* The input message goes inside spn__frame_filter_one while the
+       * kernels (or the upload) may still read its buffer. */
+      if (it.buffer)
+        held[n_held++] = host->buffer_ref(it.buffer);
+      if (up)
+        held[n_held++] = up;
+      up = NULL;
     }
-    if (rc != SPN_OK)
+    spn_buffer_t *kept = NULL;
+    rc = spn__frame_filter_one(stage, state, &msgs[i], (size_t)idx, &it.tensor, on_cuda, f, on_cuda ? &kept : NULL,
+                               err);
+    if (kept)
+      held[n_held++] = kept;
+    if (rc != SPN_OK) {
+      spn__cuda_release_held(stage, held, n_held, NULL);
       return rc;
+    }
   }
-  return SPN_OK;
+  return spn__cuda_release_held(stage, held, n_held, err);
 }
 
 /* A device scratch buffer of the instance, kept from call to call: *buf

@@ -583,11 +583,17 @@ typedef struct spn_frame_filter {
 } spn_frame_filter_t;
 
 /* One message through the filter, the input pointer already resolved
- * (`in` holds it): shared by the CPU and CUDA drivers.
- * Ownership: consumes *msgp (emitted as a copy, or freed). Thread: stage. */
+ * (`in` holds it): shared by the CPU and CUDA drivers. On a GPU the body's
+ * work is queued, not done: an output buffer that is not emitted (the frame
+ * failed after its body ran) is handed to *keep instead of being released,
+ * for the caller to release once the stream has passed it (the pool may
+ * hand released memory to another stream at once); the input's buffer is
+ * the caller's to keep alive likewise (the input message is freed here).
+ * Ownership: consumes *msgp (emitted as a copy, or freed); *keep (NULL on
+ * the CPU) receives at most one reference. Thread: stage. */
 static inline int32_t spn__frame_filter_one(spn_stage_t *stage, void *state, spn_msg_t **msgp, size_t idx,
                                             const spn_tensor_t *in, bool on_cuda, const spn_frame_filter_t *f,
-                                            spn_error_t *err) {
+                                            spn_buffer_t **keep, spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(stage);
   spn_tensor_t out = *in;
   spn_buffer_t *buf = NULL;
@@ -603,13 +609,20 @@ static inline int32_t spn__frame_filter_one(spn_stage_t *stage, void *state, spn
     /* The kernels are queued, not done: consumers on other streams (an
      * edge copy to the host, another GPU) wait for this point. */
     if (rc == SPN_OK && on_cuda && (rc = host->buffer_set_ready(stage, buf, err)) != SPN_OK) {
-      host->buffer_unref(&buf);
+      if (keep) /* the stream may still write it */
+        *keep = buf;
+      else
+        host->buffer_unref(&buf);
       return rc;
     }
   }
   if (rc == SPN_OK && (rc = host->msg_clone(stage, *msgp, &m, err)) == SPN_OK &&
       (rc = host->msg_replace_tensor(m, idx, &out, buf, err)) == SPN_OK && f->finish)
     rc = f->finish(stage, state, *msgp, m, &ferr);
+  if (rc != SPN_OK && on_cuda && keep && buf) {
+    *keep = buf; /* not emitted, and the stream may still write it */
+    buf = NULL;
+  }
   host->buffer_unref(&buf); /* m holds its own reference */
   if (rc != SPN_OK) { /* this frame was refused: its job fails, the batch goes on */
     const char *why = ferr.msg[0] ? ferr.msg : err && err->msg[0] ? err->msg : "frame filter failed";
@@ -651,7 +664,7 @@ static inline int32_t spn_frame_filter_process(spn_stage_t *stage, void *state, 
       rc = SPN_OK;
     } else {
       it.tensor.data = host->buffer_data(it.buffer);
-      rc = spn__frame_filter_one(stage, state, &msgs[i], (size_t)idx, &it.tensor, false, f, err);
+      rc = spn__frame_filter_one(stage, state, &msgs[i], (size_t)idx, &it.tensor, false, f, NULL, err);
     }
     if (rc != SPN_OK)
       return rc;

@@ -1,0 +1,502 @@
+/* test-lipsync-gpu-batch.c — the lipsync stage's GPU batch path
+ * (stages/lipsync/stage-lipsync.c built with SPN_LIPSYNC_CUDA) without a GPU:
+ * buffer lifetimes and the end-of-batch wait.
+ *
+ * The stage's source is included here and runs on a fake host whose stage
+ * is "placed on cuda:0"; this file defines the CUDA runtime calls the stage
+ * makes and the two GPU twins it calls (spn_w2l_prepare_cuda,
+ * spn_w2l_paste_cuda), so the test links neither libcudart nor the kernels.
+ * Work is "queued" by those fakes (and the fake model run) and "done" at the
+ * next stream synchronisation. A buffer whose last reference goes while
+ * queued work touches it is what these tests catch: on a GPU the pool hands
+ * that memory to another stream at once. The runtime closes a failed job
+ * (releasing its frames) after process() returns, as the test does.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#ifndef SPN_LIPSYNC_CUDA
+#define SPN_LIPSYNC_CUDA 1
+#endif
+#include "stage-lipsync.c"
+
+/* ---- fake buffers and CUDA runtime ---------------------------------------- */
+
+#define MAX_BUFS 64
+
+struct spn_buffer {
+  int refs;
+  bool touched; /* used by queued work since the last sync */
+  size_t size;
+  unsigned char *data;
+};
+
+static struct {
+  spn_buffer_t *all[MAX_BUFS];
+  int n_all;
+  int syncs, early_frees, fails;
+  char last_fail[512];
+  spn_msg_t *out[16];
+  int emitted;
+  int32_t model_rc;
+  cudaError_t sync_result;
+} g;
+
+static spn_buffer_t *buf_of_ptr(const void *p) {
+  for (int i = 0; i < g.n_all; i++)
+    if (g.all[i] && (const unsigned char *)p >= g.all[i]->data &&
+        (const unsigned char *)p < g.all[i]->data + g.all[i]->size)
+      return g.all[i];
+  return NULL;
+}
+
+static void touch(const void *p) {
+  spn_buffer_t *b = buf_of_ptr(p);
+  assert_non_null(b); /* queued work only on live buffers */
+  b->touched = true;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  (void)stream;
+  g.syncs++;
+  for (int i = 0; i < g.n_all; i++)
+    if (g.all[i])
+      g.all[i]->touched = false;
+  return g.sync_result;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t stream) {
+  (void)kind, (void)stream;
+  touch(dst);
+  touch(src);
+  memcpy(dst, src, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t stream) {
+  (void)stream;
+  touch(dst);
+  memset(dst, v, n);
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "fake fault"; }
+const char *cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaErrorFake"; }
+
+/* The twins: queue "kernels" on the frame and the scratch; a frame whose
+ * first byte is 0xee fails in prepare after its first kernel was queued. */
+int32_t spn_w2l_prepare_cuda(const spn_image_t *frame, const spn_w2l_rect_t *rect, float *face6, uint8_t *small,
+                             void *stream, spn_error_t *err) {
+  (void)rect, (void)stream;
+  touch(frame->data[0]);
+  touch(small);
+  if (frame->data[0][0] == 0xee)
+    return spn_error_set(err, SPN_ECUDA, "wav2lip: to_float launch failed (fake)");
+  touch(face6);
+  return SPN_OK;
+}
+int32_t spn_w2l_paste_cuda(spn_image_t *frame, const spn_w2l_rect_t *rect, const float *out3, float feather,
+                           uint8_t *small, uint8_t *big, float *mask, void *stream, spn_error_t *err) {
+  (void)rect, (void)feather, (void)stream, (void)err;
+  touch(frame->data[0]);
+  touch(out3);
+  touch(small);
+  touch(big);
+  touch(mask);
+  frame->data[0][1] = 0x5a; /* the pasted mouth */
+  return SPN_OK;
+}
+
+/* ---- fake host ------------------------------------------------------------- */
+
+#define MAX_ITEMS 3
+
+struct spn_msg {
+  spn_envelope_t env;
+  int n;
+  struct {
+    char name[16];
+    int32_t kind;
+    spn_tensor_t t;
+    spn_buffer_t *buf;
+    void *meta;
+    size_t meta_size;
+  } it[MAX_ITEMS];
+};
+
+static spn_buffer_t *fb_new(size_t n) {
+  spn_buffer_t *b = calloc(1, sizeof *b);
+  assert_non_null(b);
+  b->refs = 1;
+  b->size = n;
+  b->data = calloc(1, n ? n : 1);
+  assert_true(g.n_all < MAX_BUFS);
+  g.all[g.n_all++] = b;
+  return b;
+}
+static spn_buffer_t *h_buffer_ref(spn_buffer_t *b) {
+  b->refs++;
+  return b;
+}
+static void h_buffer_unref(spn_buffer_t **bp) {
+  spn_buffer_t *b = *bp;
+  *bp = NULL;
+  if (!b || --b->refs > 0)
+    return;
+  if (b->touched)
+    g.early_frees++;
+  for (int i = 0; i < g.n_all; i++)
+    if (g.all[i] == b)
+      g.all[i] = NULL;
+  free(b->data);
+  free(b);
+}
+static void *h_buffer_data(spn_buffer_t *b) { return b->data; }
+static size_t h_buffer_size(const spn_buffer_t *b) { return b->size; }
+static int32_t h_buffer_new(spn_stage_t *s, size_t n, spn_buffer_t **out, spn_error_t *err) {
+  (void)s, (void)err;
+  *out = fb_new(n);
+  return SPN_OK;
+}
+static int32_t h_buffer_new_kind(spn_stage_t *s, size_t n, int32_t kind, spn_buffer_t **out, spn_error_t *err) {
+  (void)kind;
+  return h_buffer_new(s, n, out, err);
+}
+static int32_t h_buffer_set_ready(spn_stage_t *s, spn_buffer_t *b, spn_error_t *err) {
+  (void)s, (void)b, (void)err;
+  return SPN_OK;
+}
+static int32_t h_buffer_copy(spn_stage_t *s, uint64_t job, spn_buffer_t *dst, size_t doff, spn_buffer_t *src,
+                             size_t soff, size_t n, spn_error_t *err) {
+  (void)s, (void)job, (void)err;
+  return cudaMemcpyAsync(dst->data + doff, src->data + soff, n, cudaMemcpyDeviceToDevice, NULL) == cudaSuccess
+             ? SPN_OK
+             : SPN_ECUDA;
+}
+static void h_stage_get_device(spn_stage_t *s, int32_t *kind, int32_t *index) {
+  (void)s;
+  *kind = SPN_DEVICE_CUDA;
+  *index = 0;
+}
+static const char *h_stage_get_name(spn_stage_t *s) {
+  (void)s;
+  return "lips";
+}
+static void *h_stage_get_stream(spn_stage_t *s) {
+  (void)s;
+  return NULL;
+}
+static void h_log(spn_stage_t *s, uint64_t job, int32_t level, const char *fmt, ...) {
+  (void)s, (void)job, (void)level, (void)fmt;
+}
+static void h_fail_job(spn_stage_t *s, uint64_t job, int32_t status, const char *msg) {
+  (void)s, (void)job, (void)status;
+  g.fails++;
+  snprintf(g.last_fail, sizeof g.last_fail, "%s", msg);
+}
+
+static int32_t h_msg_new(spn_stage_t *s, const spn_envelope_t *env, spn_msg_t **out, spn_error_t *err) {
+  (void)s, (void)err;
+  *out = calloc(1, sizeof **out);
+  assert_non_null(*out);
+  (*out)->env = *env;
+  return SPN_OK;
+}
+static void h_msg_free(spn_msg_t **mp) {
+  spn_msg_t *m = *mp;
+  if (!m)
+    return;
+  for (int i = 0; i < m->n; i++) {
+    h_buffer_unref(&m->it[i].buf);
+    free(m->it[i].meta);
+  }
+  free(m);
+  *mp = NULL;
+}
+static const spn_envelope_t *h_msg_envelope(const spn_msg_t *m) { return &m->env; }
+static int64_t h_msg_find(const spn_msg_t *m, const char *name) {
+  for (int i = 0; i < m->n; i++)
+    if (!strcmp(m->it[i].name, name))
+      return i;
+  return -1;
+}
+static int32_t h_msg_item(const spn_msg_t *m, size_t i, spn_item_t *it) {
+  if ((int)i >= m->n)
+    return SPN_EINVAL;
+  it->kind = m->it[i].kind;
+  it->name = m->it[i].name;
+  it->tensor = m->it[i].t;
+  it->buffer = m->it[i].buf;
+  if (it->buffer)
+    it->tensor.data = it->buffer->data;
+  it->meta = m->it[i].meta;
+  it->meta_size = m->it[i].meta_size;
+  return SPN_OK;
+}
+static int32_t h_msg_add_tensor(spn_msg_t *m, const char *name, const spn_tensor_t *t, spn_buffer_t *b,
+                                spn_error_t *err) {
+  (void)err;
+  assert_true(m->n < MAX_ITEMS);
+  snprintf(m->it[m->n].name, sizeof m->it[m->n].name, "%s", name);
+  m->it[m->n].kind = SPN_ITEM_TENSOR;
+  m->it[m->n].t = *t;
+  m->it[m->n].t.data = NULL;
+  m->it[m->n].buf = h_buffer_ref(b);
+  m->n++;
+  return SPN_OK;
+}
+static int32_t h_msg_add_meta(spn_msg_t *m, const char *name, const void *data, size_t size, spn_error_t *err) {
+  (void)err;
+  assert_true(m->n < MAX_ITEMS);
+  snprintf(m->it[m->n].name, sizeof m->it[m->n].name, "%s", name);
+  m->it[m->n].kind = SPN_ITEM_META;
+  m->it[m->n].meta = malloc(size ? size : 1);
+  memcpy(m->it[m->n].meta, data, size);
+  m->it[m->n].meta_size = size;
+  m->n++;
+  return SPN_OK;
+}
+static int32_t h_emit(spn_stage_t *s, uint32_t port, spn_msg_t **mp, spn_error_t *err) {
+  (void)s, (void)port, (void)err;
+  assert_true(g.emitted < 16);
+  g.out[g.emitted++] = *mp;
+  *mp = NULL;
+  return SPN_OK;
+}
+
+static int g_model;
+static int32_t h_model_load(spn_stage_t *s, const char *path, spn_model_t **out, spn_error_t *err) {
+  (void)s, (void)path, (void)err;
+  *out = (spn_model_t *)(void *)&g_model;
+  return SPN_OK;
+}
+static void h_model_release(spn_stage_t *s, spn_model_t **m) {
+  (void)s;
+  *m = NULL;
+}
+static int32_t h_model_io_count(const spn_model_t *m, bool is_output) {
+  (void)m;
+  return is_output ? 1 : 2;
+}
+static int32_t h_model_io(const spn_model_t *m, bool is_output, int32_t i, const char **name, spn_tensor_t *d) {
+  (void)m;
+  d->ndim = 4;
+  d->shape[0] = -1;
+  if (is_output) {
+    *name = "out";
+    d->shape[1] = 3, d->shape[2] = d->shape[3] = SPN_W2L_SIZE;
+  } else if (i == 0) {
+    *name = "mel";
+    d->shape[1] = 1, d->shape[2] = SPN_W2L_MEL_BINS, d->shape[3] = SPN_W2L_MEL_STEPS;
+  } else {
+    *name = "face";
+    d->shape[1] = 6, d->shape[2] = d->shape[3] = SPN_W2L_SIZE;
+  }
+  return SPN_OK;
+}
+static int32_t h_model_run(spn_stage_t *s, spn_model_t *m, const spn_tensor_t *in, size_t n_in, spn_tensor_t *out,
+                           size_t n_out, spn_error_t *err) {
+  (void)s, (void)m;
+  for (size_t i = 0; i < n_in; i++)
+    if (in[i].device_kind == SPN_DEVICE_CUDA)
+      touch(in[i].data);
+  for (size_t i = 0; i < n_out; i++)
+    touch(out[i].data);
+  return g.model_rc ? spn_error_set(err, g.model_rc, "model run failed (fake)") : SPN_OK;
+}
+
+static spn_host_api_t g_host;
+static struct {
+  spn_stage_head_t head;
+} g_stage;
+#define STAGE ((spn_stage_t *)(void *)&g_stage)
+
+#define FW 64
+#define FH 48
+
+static int setup(void **state) {
+  (void)state;
+  memset(&g, 0, sizeof g);
+  memset(&g_host, 0, sizeof g_host);
+  g_host.struct_size = sizeof g_host;
+  g_host.stage_get_device = h_stage_get_device;
+  g_host.stage_get_name = h_stage_get_name;
+  g_host.stage_get_stream = h_stage_get_stream;
+  g_host.log = h_log;
+  g_host.fail_job = h_fail_job;
+  g_host.buffer_new = h_buffer_new;
+  g_host.buffer_new_kind = h_buffer_new_kind;
+  g_host.buffer_data = h_buffer_data;
+  g_host.buffer_size = h_buffer_size;
+  g_host.buffer_ref = h_buffer_ref;
+  g_host.buffer_unref = h_buffer_unref;
+  g_host.buffer_set_ready = h_buffer_set_ready;
+  g_host.buffer_copy = h_buffer_copy;
+  g_host.msg_new = h_msg_new;
+  g_host.msg_free = h_msg_free;
+  g_host.msg_envelope = h_msg_envelope;
+  g_host.msg_find = h_msg_find;
+  g_host.msg_item = h_msg_item;
+  g_host.msg_add_tensor = h_msg_add_tensor;
+  g_host.msg_add_meta = h_msg_add_meta;
+  g_host.emit = h_emit;
+  g_host.model_load = h_model_load;
+  g_host.model_release = h_model_release;
+  g_host.model_io_count = h_model_io_count;
+  g_host.model_io = h_model_io;
+  g_host.model_run = h_model_run;
+  g_stage.head.struct_size = sizeof g_stage.head;
+  g_stage.head.host = &g_host;
+  return 0;
+}
+
+/* A frame of job `job` already in this GPU's memory (kept by reference),
+ * with one face; `first` is its first byte. */
+static spn_msg_t *frame_msg(uint64_t job, uint64_t seq, unsigned char first) {
+  spn_envelope_t env = {.struct_size = sizeof env, .job_id = job, .seq = seq, .total = -1};
+  spn_msg_t *m = NULL;
+  h_msg_new(STAGE, &env, &m, NULL);
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = SPN_DTYPE_U8;
+  t.ndim = 3;
+  t.shape[0] = FH, t.shape[1] = FW, t.shape[2] = 3;
+  t.device_kind = SPN_DEVICE_CUDA;
+  spn_buffer_t *b = fb_new(spn_tensor_nbytes(&t));
+  memset(b->data, 9, b->size);
+  b->data[0] = first;
+  h_msg_add_tensor(m, "frame", &t, b, NULL);
+  h_buffer_unref(&b);
+  spn_face_t f = {.x0 = 10, .y0 = 8, .x1 = 40, .y1 = 36, .score = 0.9f};
+  h_msg_add_meta(m, "faces", &f, sizeof f, NULL);
+  return m;
+}
+
+static spn_msg_t *mel_msg(uint64_t job, uint64_t seq, int64_t total) {
+  spn_envelope_t env = {.struct_size = sizeof env, .job_id = job, .seq = seq, .total = total};
+  spn_msg_t *m = NULL;
+  h_msg_new(STAGE, &env, &m, NULL);
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = SPN_DTYPE_F32;
+  t.ndim = 2;
+  t.shape[0] = SPN_W2L_MEL_BINS, t.shape[1] = SPN_W2L_MEL_STEPS;
+  spn_buffer_t *b = fb_new(spn_tensor_nbytes(&t));
+  h_msg_add_tensor(m, "mel", &t, b, NULL);
+  h_buffer_unref(&b);
+  return m;
+}
+
+/* One process() call with n frames and their mel chunks for each job in
+ * jobs[0..nj) (frames' first bytes from firsts), then what the runtime
+ * does after it: the inputs go, the jobs close; then the instance goes. */
+static void run(int nj, const unsigned char firsts[][3], int n) {
+  ls_config_t cfg = {.model = "/dev/null", .pad_bottom = 0, .batch_size = 8, .feather = 2.0};
+  void *state = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(ls_create(STAGE, &cfg, &state, &err), SPN_OK);
+  assert_int_equal(ls_preload(STAGE, state, &err), SPN_OK);
+  void *js[4] = {0};
+  spn_msg_t *msgs[24];
+  void *mjs[24];
+  int k = 0;
+  for (int j = 0; j < nj; j++) {
+    spn_job_info_t info = {.struct_size = sizeof info, .job_id = (uint64_t)j + 1};
+    assert_int_equal(ls_job_open(STAGE, state, &info, &js[j], &err), SPN_OK);
+    for (int i = 0; i < n; i++) {
+      mjs[k] = js[j];
+      msgs[k++] = frame_msg((uint64_t)j + 1, (uint64_t)i, firsts[j][i]);
+      mjs[k] = js[j];
+      msgs[k++] = mel_msg((uint64_t)j + 1, (uint64_t)i, n);
+    }
+  }
+  assert_int_equal(ls_process(STAGE, state, msgs, mjs, (size_t)k, &err), SPN_OK);
+  for (int i = 0; i < k; i++)
+    h_msg_free(&msgs[i]);
+  for (int j = 0; j < nj; j++)
+    ls_job_close(STAGE, state, js[j], true);
+  ls_destroy(STAGE, state);
+}
+
+static int teardown(void **state) {
+  (void)state;
+  for (int i = 0; i < g.emitted; i++)
+    h_msg_free(&g.out[i]);
+  for (int i = 0; i < g.n_all; i++)
+    assert_null(g.all[i]); /* nothing leaked */
+  return 0;
+}
+
+static void a_good_batch_emits_pasted_copies_and_releases_the_frames_after_the_wait(void **state) {
+  (void)state;
+  const unsigned char firsts[2][3] = {{1, 2, 3}, {4, 5, 6}};
+  run(2, firsts, 3);
+  assert_int_equal(g.fails, 0);
+  assert_int_equal(g.emitted, 6);
+  assert_int_equal(g.early_frees, 0);
+  for (int i = 0; i < 6; i++) {
+    spn_item_t it = {.struct_size = sizeof it};
+    assert_int_equal(h_msg_item(g.out[i], 0, &it), SPN_OK);
+    assert_int_equal(it.buffer->data[1], 0x5a); /* a pasted copy, not the input */
+  }
+}
+
+static void a_failed_model_run_releases_the_frames_only_after_the_stream_passed_them(void **state) {
+  (void)state;
+  const unsigned char firsts[1][3] = {{1, 2, 3}};
+  g.model_rc = SPN_EINTERNAL;
+  run(1, firsts, 3);
+  assert_true(g.fails >= 1);
+  assert_int_equal(g.emitted, 0);
+  assert_int_equal(g.early_frees, 0);
+}
+
+static void a_batch_whose_jobs_all_failed_still_waits_before_their_frames_go(void **state) {
+  (void)state;
+  /* seq 1 fails in prepare after seq 0's kernels (and its own first one)
+   * were queued: the job fails, nothing of the batch is retired. */
+  const unsigned char firsts[1][3] = {{1, 0xee, 3}};
+  run(1, firsts, 3);
+  assert_int_equal(g.fails, 1);
+  assert_int_equal(g.emitted, 0);
+  assert_int_equal(g.early_frees, 0);
+}
+
+static void a_job_failing_mid_batch_leaves_the_other_jobs_frames_good(void **state) {
+  (void)state;
+  const unsigned char firsts[2][3] = {{1, 0xee, 3}, {4, 5, 6}};
+  run(2, firsts, 3);
+  assert_int_equal(g.fails, 1);
+  assert_int_equal(g.emitted, 3);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(g.out[i]->env.job_id, 2);
+  assert_int_equal(g.early_frees, 0);
+}
+
+static void a_failed_wait_for_the_stream_fails_the_jobs_instead_of_emitting_their_frames(void **state) {
+  (void)state;
+  const unsigned char firsts[1][3] = {{1, 2, 3}};
+  g.sync_result = cudaErrorLaunchFailure;
+  run(1, firsts, 3);
+  assert_int_equal(g.emitted, 0);
+  assert_int_equal(g.fails, 1);
+  assert_non_null(strstr(g.last_fail, "lipsync: waiting for the GPU"));
+  assert_non_null(strstr(g.last_fail, "cudaErrorFake"));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(a_good_batch_emits_pasted_copies_and_releases_the_frames_after_the_wait, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(a_failed_model_run_releases_the_frames_only_after_the_stream_passed_them,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(a_batch_whose_jobs_all_failed_still_waits_before_their_frames_go, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(a_job_failing_mid_batch_leaves_the_other_jobs_frames_good, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_failed_wait_for_the_stream_fails_the_jobs_instead_of_emitting_their_frames,
+                                      setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
