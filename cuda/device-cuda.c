@@ -17,14 +17,27 @@
  * stream, so the pointer is usable on any stream when alloc returns); the
  * pool keeps freed blocks (release threshold raised to "keep everything")
  * so steady-state allocation does not reach the driver. SPN_MEM_PINNED is
- * cudaMallocHost, SPN_MEM_HOST plain aligned host memory. As on the CPU, the
- * last reference to a buffer must be dropped only once the work that uses it
- * is complete (synchronise the stream or an event first).
+ * cudaMallocHost, SPN_MEM_HOST plain aligned host memory.
+ *
+ * Freeing device memory is ordered after the work already queued on the
+ * device: the last reference to a buffer is often dropped right after the
+ * work that reads it was queued (an edge copy's source, a frame a stage's
+ * kernels still read), and the pool must not hand that memory to another
+ * allocation before that work has run. So dev_free records an event on every
+ * stream made here (each has one, reused), makes the device's free stream
+ * wait for them all, and frees there (cudaFreeAsync); the pool is told not
+ * to reuse a block through an internal dependency on another stream
+ * (cudaMemPoolReuseAllowInternalDependencies = 0), so an allocation never
+ * waits for that chain either: it takes a block whose free has completed,
+ * or new memory. Pinned and host memory are freed at once: drop their last
+ * reference only once the work that uses them is complete (synchronise the
+ * stream or an event first), as on the CPU.
  *
  * Health: a device found unhealthy (device-cuda-health.c, polled by the
  * runtime's loop) is marked unusable; from then on its allocations, streams,
  * copies and events fail with SPN_EDEVICE naming the device. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,11 +46,21 @@
 #include "cuda-internal.h"
 #include "../core/runtime/device-internal.h"
 
+/* A stream made on the device, with the event dev_free records on it. */
+typedef struct cu_stream {
+  cudaStream_t s;
+  cudaEvent_t fence;
+  struct cu_stream *next;
+} cu_stream_t;
+
 typedef struct cuda_dev {
   int ordinal;
-  cudaStream_t alloc_stream; /* cudaMallocAsync/cudaFreeAsync order */
+  cudaStream_t alloc_stream; /* cudaMallocAsync order */
+  cudaStream_t free_stream;  /* cudaFreeAsync, after the fences of every stream */
   cudaMemPool_t pool;
   atomic_bool usable;
+  pthread_mutex_t mu;        /* streams, and the fences while dev_free records them */
+  cu_stream_t *streams;
 } cuda_dev_t;
 
 int32_t spn__cuda_error(spn_error_t *err, cudaError_t ce, const char *call, const char *file, int line) {
@@ -77,7 +100,20 @@ static int32_t dev_alloc(spn_buffer_type_t *bt, size_t size, void **base, void *
     return rc;
   cuda_dev_t *c = cdev(bt->device);
   void *p = NULL;
-  SPN_CUDA_CHECK(cudaMallocFromPoolAsync(&p, size ? size : 1, c->pool, c->alloc_stream), err);
+  cudaError_t me = cudaMallocFromPoolAsync(&p, size ? size : 1, c->pool, c->alloc_stream);
+  if (me == cudaErrorMemoryAllocation) {
+    /* Blocks whose free waits for queued work (dev_free) may be what is
+     * missing: wait for those frees, then try once more. */
+    (void)cudaGetLastError();
+    if (cudaStreamSynchronize(c->free_stream) == cudaSuccess)
+      me = cudaMallocFromPoolAsync(&p, size ? size : 1, c->pool, c->alloc_stream);
+  }
+  if (me == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of device memory allocating %zu bytes", bt->device->name, size);
+  }
+  if (me != cudaSuccess)
+    return spn__cuda_error(err, me, "cudaMallocFromPoolAsync", __FILE__, __LINE__);
   cudaError_t ce = cudaStreamSynchronize(c->alloc_stream);
   if (ce != cudaSuccess) {
     (void)cudaFreeAsync(p, c->alloc_stream);
@@ -92,8 +128,16 @@ static void dev_free(spn_buffer_type_t *bt, void *base, void *ctx) {
   (void)ctx;
   cuda_dev_t *c = cdev(bt->device);
   /* Freeing must work on a device marked unusable too (drain). */
-  if (cudaSetDevice(c->ordinal) == cudaSuccess)
-    (void)cudaFreeAsync(base, c->alloc_stream);
+  if (cudaSetDevice(c->ordinal) == cudaSuccess) {
+    /* After everything queued so far on the device's streams: a fence on
+     * each, the free stream waits for them, the block is freed there. */
+    pthread_mutex_lock(&c->mu);
+    for (cu_stream_t *x = c->streams; x; x = x->next)
+      if (cudaEventRecord(x->fence, x->s) == cudaSuccess)
+        (void)cudaStreamWaitEvent(c->free_stream, x->fence, 0);
+    pthread_mutex_unlock(&c->mu);
+    (void)cudaFreeAsync(base, c->free_stream);
+  }
   (void)cudaGetLastError();
 }
 
@@ -137,28 +181,56 @@ static const spn__buffer_type_iface_t bt_pinned = {.alloc = pinned_alloc, .free 
 
 /* ---- streams, copies, events ---- */
 
+/* A stream's ctx is its cu_stream_t, listed on the device for dev_free. */
 static int32_t cu_stream_new(spn_device_t *dev, void **native, void **ctx, spn_error_t *err) {
   int32_t rc = enter(dev, err);
   if (rc != SPN_OK)
     return rc;
-  cudaStream_t s = NULL;
-  SPN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), err);
-  *native = s;
-  *ctx = s;
+  cuda_dev_t *c = cdev(dev);
+  cu_stream_t *x = calloc(1, sizeof *x);
+  if (!x)
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory creating a stream", dev->name);
+  cudaError_t ce = cudaStreamCreateWithFlags(&x->s, cudaStreamNonBlocking);
+  if (ce == cudaSuccess && (ce = cudaEventCreateWithFlags(&x->fence, cudaEventDisableTiming)) != cudaSuccess)
+    (void)cudaStreamDestroy(x->s);
+  if (ce != cudaSuccess) {
+    free(x);
+    return spn__cuda_error(err, ce, "cudaStreamCreateWithFlags/cudaEventCreateWithFlags", __FILE__, __LINE__);
+  }
+  pthread_mutex_lock(&c->mu);
+  x->next = c->streams;
+  c->streams = x;
+  pthread_mutex_unlock(&c->mu);
+  *native = x->s;
+  *ctx = x;
   return SPN_OK;
 }
 
 static void cu_stream_free(spn_device_t *dev, void *ctx) {
-  if (cudaSetDevice(cdev(dev)->ordinal) == cudaSuccess)
-    (void)cudaStreamDestroy((cudaStream_t)ctx);
+  cuda_dev_t *c = cdev(dev);
+  cu_stream_t *x = ctx;
+  pthread_mutex_lock(&c->mu);
+  for (cu_stream_t **p = &c->streams; *p; p = &(*p)->next)
+    if (*p == x) {
+      *p = x->next;
+      break;
+    }
+  pthread_mutex_unlock(&c->mu);
+  if (cudaSetDevice(c->ordinal) == cudaSuccess) {
+    (void)cudaEventDestroy(x->fence);
+    (void)cudaStreamDestroy(x->s);
+  }
   (void)cudaGetLastError();
+  free(x);
 }
+
+static cudaStream_t native_stream(void *ctx) { return ((cu_stream_t *)ctx)->s; }
 
 static int32_t cu_stream_sync(spn_device_t *dev, void *ctx, spn_error_t *err) {
   int32_t rc = enter(dev, err);
   if (rc != SPN_OK)
     return rc;
-  SPN_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)ctx), err);
+  SPN_CUDA_CHECK(cudaStreamSynchronize(native_stream(ctx)), err);
   return SPN_OK;
 }
 
@@ -172,7 +244,7 @@ static int32_t cu_copy(spn_device_t *dev, void *stream_ctx, spn_buffer_t *dst, s
   int32_t rc = enter(dev, err);
   if (rc != SPN_OK)
     return rc;
-  cudaStream_t s = (cudaStream_t)stream_ctx;
+  cudaStream_t s = native_stream(stream_ctx);
   void *d = (char *)dst->data + dst_off;
   const void *p = (const char *)src->data + src_off;
   int dord = buffer_ordinal(dst), sord = buffer_ordinal(src);
@@ -207,7 +279,7 @@ static int32_t cu_event_record(spn_device_t *dev, void *ev, void *s, spn_error_t
   int32_t rc = enter(dev, err);
   if (rc != SPN_OK)
     return rc;
-  SPN_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)s), err);
+  SPN_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, native_stream(s)), err);
   return SPN_OK;
 }
 
@@ -223,18 +295,23 @@ static int32_t cu_stream_wait(spn_device_t *dev, void *s, void *ev, spn_error_t 
   int32_t rc = enter(dev, err);
   if (rc != SPN_OK)
     return rc;
-  SPN_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)s, (cudaEvent_t)ev, 0), err);
+  SPN_CUDA_CHECK(cudaStreamWaitEvent(native_stream(s), (cudaEvent_t)ev, 0), err);
   return SPN_OK;
 }
 
 static void cu_dev_free(spn_device_t *dev) {
   cuda_dev_t *c = cdev(dev);
   if (c) {
-    if (c->alloc_stream && cudaSetDevice(c->ordinal) == cudaSuccess) {
-      (void)cudaStreamSynchronize(c->alloc_stream);
-      (void)cudaStreamDestroy(c->alloc_stream);
+    if (cudaSetDevice(c->ordinal) == cudaSuccess) {
+      cudaStream_t own[2] = {c->alloc_stream, c->free_stream};
+      for (int i = 0; i < 2; i++)
+        if (own[i]) {
+          (void)cudaStreamSynchronize(own[i]);
+          (void)cudaStreamDestroy(own[i]);
+        }
     }
     (void)cudaGetLastError();
+    pthread_mutex_destroy(&c->mu);
     free(c);
   }
   free(dev);
@@ -278,6 +355,7 @@ static int32_t open_one(int ordinal, spn_device_t **out, spn_error_t *err) {
   }
   c->ordinal = ordinal;
   atomic_init(&c->usable, true);
+  pthread_mutex_init(&c->mu, NULL);
   d->iface = &cuda_iface;
   d->kind = SPN_DEVICE_CUDA;
   d->ctx = c;
@@ -290,10 +368,15 @@ static int32_t open_one(int ordinal, spn_device_t **out, spn_error_t *err) {
   SPN_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal), err);
   snprintf(d->name, sizeof d->name, "cuda:%d %.100s", ordinal, prop.name);
   SPN_CUDA_CHECK(cudaStreamCreateWithFlags(&c->alloc_stream, cudaStreamNonBlocking), err);
+  SPN_CUDA_CHECK(cudaStreamCreateWithFlags(&c->free_stream, cudaStreamNonBlocking), err);
   SPN_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&c->pool, ordinal), err);
   /* Keep freed blocks in the pool instead of returning them at every sync. */
   uint64_t keep = UINT64_MAX;
   SPN_CUDA_CHECK(cudaMemPoolSetAttribute(c->pool, cudaMemPoolAttrReleaseThreshold, &keep), err);
+  /* A block freed on the free stream is reused once its free has run, never
+   * by making the allocation wait for it (dev_free's comment). */
+  int no = 0;
+  SPN_CUDA_CHECK(cudaMemPoolSetAttribute(c->pool, cudaMemPoolReuseAllowInternalDependencies, &no), err);
   return SPN_OK;
 }
 

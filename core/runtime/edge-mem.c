@@ -97,8 +97,11 @@ int32_t spn__edge_place(spn_stage_t *a, spn__link_t *l, spn_msg_t *m, spn_job_t 
         (rc = spn_stream_copy(s, dst, 0, src, 0, src->size, &e)) == SPN_OK) {
       if (dst->bt->iface->is_host || !a->device)
         rc = spn_stream_synchronize(s, &e); /* the CPU reads it next */
-      else
-        rc = spn_buffer_set_ready(dst, s, &e);
+      else if ((rc = spn_buffer_set_ready(dst, s, &e)) == SPN_OK && have == SPN_MEM_PINNED)
+        /* The source goes below: a device source's free is ordered after
+         * the copy by its device, a pageable one was staged before the copy
+         * call returned, a pinned one is read by the DMA itself. */
+        rc = spn_stream_synchronize(s, &e);
     }
     if (rc != SPN_OK) {
       spn_buffer_unref(&dst);

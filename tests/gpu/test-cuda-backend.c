@@ -11,6 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
+#include <unistd.h>
+#include <cuda_runtime_api.h>
 
 #include "device-internal.h"
 #include "gpu-skip.h"
@@ -169,12 +171,62 @@ static void unusable_device_refuses_work(void **state) {
   spn_buffer_unref(&b); /* freeing still works (drain) */
 }
 
+static void CUDART_CB stall(void *ms) { usleep((useconds_t)(uintptr_t)ms * 1000u); }
+
+/* The last reference to a device buffer dropped while queued work still
+ * reads it (as an edge drops a copy's source): the block must not go to a
+ * new allocation that is written before that work runs. Stream 1 is held by
+ * a host callback, then copies a into b; a is released, a buffer of the same
+ * size is allocated and filled on stream 2 at once; b must still get a's
+ * bytes. */
+static void free_waits_for_queued_work(void **state) {
+  fx_t *f = *state;
+  spn_device_t *d = f->devs[0];
+  spn_error_t err = SPN_ERROR_INIT;
+  const size_t n = 8u << 20;
+  spn_buffer_t *pin = NULL, *a = NULL, *b = NULL, *c = NULL, *back = NULL;
+  spn_stream_t *s1 = NULL, *s2 = NULL;
+  CHECK(spn_stream_new(d, &s1, &err));
+  CHECK(spn_stream_new(d, &s2, &err));
+  CHECK(spn_buffer_type_alloc(spn_device_buffer_type(d, SPN_MEM_PINNED), n, &pin, &err));
+  CHECK(spn_buffer_type_alloc(spn_device_buffer_type(d, SPN_MEM_PINNED), n, &back, &err));
+  CHECK(spn_buffer_type_alloc(spn_device_buffer_type(d, SPN_MEM_DEVICE), n, &a, &err));
+  CHECK(spn_buffer_type_alloc(spn_device_buffer_type(d, SPN_MEM_DEVICE), n, &b, &err));
+  fill(spn_buffer_data(pin), n, 7);
+  CHECK(spn_stream_copy(s1, a, 0, pin, 0, n, &err));
+  CHECK(spn_stream_synchronize(s1, &err));
+  void *old = spn_buffer_data(a);
+  assert_int_equal(cudaLaunchHostFunc((cudaStream_t)spn_stream_native(s1), stall, (void *)(uintptr_t)300),
+                   cudaSuccess);
+  CHECK(spn_stream_copy(s1, b, 0, a, 0, n, &err)); /* runs after the stall */
+  spn_buffer_unref(&a);
+  CHECK(spn_buffer_type_alloc(spn_device_buffer_type(d, SPN_MEM_DEVICE), n, &c, &err));
+  assert_int_equal(cudaMemsetAsync(spn_buffer_data(c), 0xEE, n, (cudaStream_t)spn_stream_native(s2)), cudaSuccess);
+  CHECK(spn_stream_synchronize(s2, &err));
+  CHECK(spn_stream_synchronize(s1, &err));
+  CHECK(spn_stream_copy(s1, back, 0, b, 0, n, &err));
+  CHECK(spn_stream_synchronize(s1, &err));
+  print_message("the new allocation %s the released block\n", spn_buffer_data(c) == old ? "reused" : "did not reuse");
+  assert_memory_equal(spn_buffer_data(back), spn_buffer_data(pin), n);
+  /* once the queued work has run, the block is there for the next one */
+  spn_buffer_t *again = NULL;
+  CHECK(spn_buffer_type_alloc(spn_device_buffer_type(d, SPN_MEM_DEVICE), n, &again, &err));
+  spn_buffer_unref(&again);
+  spn_buffer_unref(&c);
+  spn_buffer_unref(&b);
+  spn_buffer_unref(&pin);
+  spn_buffer_unref(&back);
+  spn_stream_free(&s1);
+  spn_stream_free(&s2);
+}
+
 int main(void) {
   SPN_TEST_REQUIRE_GPU();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(names_and_buffer_types, setup, teardown),
       cmocka_unit_test_setup_teardown(round_trip_through_two_streams, setup, teardown),
       cmocka_unit_test_setup_teardown(pool_reuse_keeps_allocations_cheap, setup, teardown),
+      cmocka_unit_test_setup_teardown(free_waits_for_queued_work, setup, teardown),
       cmocka_unit_test_setup_teardown(peer_copy_between_devices, setup, teardown),
       cmocka_unit_test_setup_teardown(unusable_device_refuses_work, setup, teardown),
   };
