@@ -7,7 +7,7 @@
  * threshold. The kernel reads them where the model wrote them, decodes only
  * the anchors above the threshold, and appends each as one row to a small
  * device list; the stage copies back the count and those rows (tens of rows
- * per face, 68 bytes each) and runs the sort and NMS on the host
+ * per face, 72 bytes each) and runs the sort and NMS on the host
  * (spn_facedet_select), as the CPU path does.
  *
  * The arithmetic is the CPU decoder's, operation by operation, with the
