@@ -462,7 +462,8 @@ static int32_t sr_shape(spn_stage_t *stage, void *state, const spn_msg_t *msg, c
   if (t->dtype != SPN_DTYPE_U8 || t->ndim != 3 || t->shape[2] != 3 || t->shape[0] < 1 || t->shape[1] < 1 ||
       t->shape[0] > 16384 || t->shape[1] > 16384)
     return spn_error_set(err, SPN_ETYPE,
-                         "superres: frame %llu: item \"frame\" must be a (H,W,3) u8 RGB tensor in host memory", seq);
+                         "superres: frame %llu: item \"frame\" must be a (H,W,3) u8 RGB tensor (dtype %d, %d axes)",
+                         seq, (int)t->dtype, (int)t->ndim);
   out->shape[0] = t->shape[0] * st->tp.scale;
   out->shape[1] = t->shape[1] * st->tp.scale;
   return SPN_OK;
