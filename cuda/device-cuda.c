@@ -6,11 +6,13 @@
  * it, so device-to-device copies go over NVLink/PCIe P2P; other pairs are
  * staged by the driver (cudaMemcpyPeerAsync does either).
  *
- * Threads: every entry point first makes its device current with
- * cudaSetDevice (cheap, per thread), so buffers may be allocated and freed
- * from any thread. Streams are created on the device's executor thread
- * (executor.c), which binds that thread to the device for the stage code it
- * runs.
+ * Threads: every entry point makes its device current with cudaSetDevice
+ * (cheap, per thread) for the call and gives the thread its previous device
+ * back, so buffers may be allocated, copied and freed from any thread —
+ * a GPU's executor that frees another GPU's buffer still launches on its
+ * own GPU after. Streams are created on the device's executor thread
+ * (executor.c), and creating one is the call that keeps its device: it
+ * binds that thread to the device for the stage code it runs.
  *
  * Memory: SPN_MEM_DEVICE comes from the device's default memory pool
  * (cudaMallocAsync on a per-device allocation stream, then a sync on that
@@ -92,9 +94,29 @@ bool spn__cuda_device_usable(const spn_device_t *dev) {
 }
 int spn__cuda_device_ordinal(const spn_device_t *dev) { return ((cuda_dev_t *)dev->ctx)->ordinal; }
 
+/* Entry points make their device current (enter) for the call and then
+ * give the calling thread its own back: a thread bound to one GPU (its
+ * executor, whose stage launches kernels without naming a device) may free
+ * or copy another GPU's buffer, and must still launch on its own GPU after.
+ * cu_stream_new alone keeps the binding: it is what binds an executor. */
+static int caller_device(void) {
+  int d = -1;
+  if (cudaGetDevice(&d) != cudaSuccess) {
+    (void)cudaGetLastError();
+    d = -1;
+  }
+  return d;
+}
+
+static void restore_device(int d) {
+  int now = -1;
+  if (d >= 0 && cudaGetDevice(&now) == cudaSuccess && now != d && cudaSetDevice(d) != cudaSuccess)
+    (void)cudaGetLastError();
+}
+
 /* ---- buffer types ---- */
 
-static int32_t dev_alloc(spn_buffer_type_t *bt, size_t size, void **base, void **ctx, spn_error_t *err) {
+static int32_t dev_alloc_on(spn_buffer_type_t *bt, size_t size, void **base, void **ctx, spn_error_t *err) {
   int32_t rc = enter(bt->device, err);
   if (rc != SPN_OK)
     return rc;
@@ -124,7 +146,14 @@ static int32_t dev_alloc(spn_buffer_type_t *bt, size_t size, void **base, void *
   return SPN_OK;
 }
 
-static void dev_free(spn_buffer_type_t *bt, void *base, void *ctx) {
+static int32_t dev_alloc(spn_buffer_type_t *bt, size_t size, void **base, void **ctx, spn_error_t *err) {
+  int prev = caller_device();
+  int32_t rc = dev_alloc_on(bt, size, base, ctx, err);
+  restore_device(prev);
+  return rc;
+}
+
+static void dev_free_on(spn_buffer_type_t *bt, void *base, void *ctx) {
   (void)ctx;
   cuda_dev_t *c = cdev(bt->device);
   /* Freeing must work on a device marked unusable too (drain). */
@@ -141,7 +170,13 @@ static void dev_free(spn_buffer_type_t *bt, void *base, void *ctx) {
   (void)cudaGetLastError();
 }
 
-static int32_t pinned_alloc(spn_buffer_type_t *bt, size_t size, void **base, void **ctx, spn_error_t *err) {
+static void dev_free(spn_buffer_type_t *bt, void *base, void *ctx) {
+  int prev = caller_device();
+  dev_free_on(bt, base, ctx);
+  restore_device(prev);
+}
+
+static int32_t pinned_alloc_on(spn_buffer_type_t *bt, size_t size, void **base, void **ctx, spn_error_t *err) {
   int32_t rc = enter(bt->device, err);
   if (rc != SPN_OK)
     return rc;
@@ -150,6 +185,13 @@ static int32_t pinned_alloc(spn_buffer_type_t *bt, size_t size, void **base, voi
   *base = p;
   *ctx = NULL;
   return SPN_OK;
+}
+
+static int32_t pinned_alloc(spn_buffer_type_t *bt, size_t size, void **base, void **ctx, spn_error_t *err) {
+  int prev = caller_device();
+  int32_t rc = pinned_alloc_on(bt, size, base, ctx, err);
+  restore_device(prev);
+  return rc;
 }
 
 static void pinned_free(spn_buffer_type_t *bt, void *base, void *ctx) {
@@ -206,7 +248,7 @@ static int32_t cu_stream_new(spn_device_t *dev, void **native, void **ctx, spn_e
   return SPN_OK;
 }
 
-static void cu_stream_free(spn_device_t *dev, void *ctx) {
+static void cu_stream_free_on(spn_device_t *dev, void *ctx) {
   cuda_dev_t *c = cdev(dev);
   cu_stream_t *x = ctx;
   pthread_mutex_lock(&c->mu);
@@ -224,9 +266,15 @@ static void cu_stream_free(spn_device_t *dev, void *ctx) {
   free(x);
 }
 
+static void cu_stream_free(spn_device_t *dev, void *ctx) {
+  int prev = caller_device();
+  cu_stream_free_on(dev, ctx);
+  restore_device(prev);
+}
+
 static cudaStream_t native_stream(void *ctx) { return ((cu_stream_t *)ctx)->s; }
 
-static int32_t cu_stream_sync(spn_device_t *dev, void *ctx, spn_error_t *err) {
+static int32_t cu_stream_sync_on(spn_device_t *dev, void *ctx, spn_error_t *err) {
   int32_t rc = enter(dev, err);
   if (rc != SPN_OK)
     return rc;
@@ -234,12 +282,19 @@ static int32_t cu_stream_sync(spn_device_t *dev, void *ctx, spn_error_t *err) {
   return SPN_OK;
 }
 
+static int32_t cu_stream_sync(spn_device_t *dev, void *ctx, spn_error_t *err) {
+  int prev = caller_device();
+  int32_t rc = cu_stream_sync_on(dev, ctx, err);
+  restore_device(prev);
+  return rc;
+}
+
 static int buffer_ordinal(const spn_buffer_t *b) {
   const spn_device_t *d = b->bt->device;
   return (!b->bt->iface->is_host && d->kind == SPN_DEVICE_CUDA) ? ((const cuda_dev_t *)d->ctx)->ordinal : -1;
 }
 
-static int32_t cu_copy(spn_device_t *dev, void *stream_ctx, spn_buffer_t *dst, size_t dst_off, spn_buffer_t *src,
+static int32_t cu_copy_on(spn_device_t *dev, void *stream_ctx, spn_buffer_t *dst, size_t dst_off, spn_buffer_t *src,
                        size_t src_off, size_t size, spn_error_t *err) {
   int32_t rc = enter(dev, err);
   if (rc != SPN_OK)
@@ -259,7 +314,15 @@ static int32_t cu_copy(spn_device_t *dev, void *stream_ctx, spn_buffer_t *dst, s
   return SPN_OK;
 }
 
-static int32_t cu_event_new(spn_device_t *dev, void **ctx, spn_error_t *err) {
+static int32_t cu_copy(spn_device_t *dev, void *stream_ctx, spn_buffer_t *dst, size_t dst_off, spn_buffer_t *src,
+                       size_t src_off, size_t size, spn_error_t *err) {
+  int prev = caller_device();
+  int32_t rc = cu_copy_on(dev, stream_ctx, dst, dst_off, src, src_off, size, err);
+  restore_device(prev);
+  return rc;
+}
+
+static int32_t cu_event_new_on(spn_device_t *dev, void **ctx, spn_error_t *err) {
   int32_t rc = enter(dev, err);
   if (rc != SPN_OK)
     return rc;
@@ -269,13 +332,26 @@ static int32_t cu_event_new(spn_device_t *dev, void **ctx, spn_error_t *err) {
   return SPN_OK;
 }
 
-static void cu_event_free(spn_device_t *dev, void *ctx) {
+static int32_t cu_event_new(spn_device_t *dev, void **ctx, spn_error_t *err) {
+  int prev = caller_device();
+  int32_t rc = cu_event_new_on(dev, ctx, err);
+  restore_device(prev);
+  return rc;
+}
+
+static void cu_event_free_on(spn_device_t *dev, void *ctx) {
   if (cudaSetDevice(cdev(dev)->ordinal) == cudaSuccess)
     (void)cudaEventDestroy((cudaEvent_t)ctx);
   (void)cudaGetLastError();
 }
 
-static int32_t cu_event_record(spn_device_t *dev, void *ev, void *s, spn_error_t *err) {
+static void cu_event_free(spn_device_t *dev, void *ctx) {
+  int prev = caller_device();
+  cu_event_free_on(dev, ctx);
+  restore_device(prev);
+}
+
+static int32_t cu_event_record_on(spn_device_t *dev, void *ev, void *s, spn_error_t *err) {
   int32_t rc = enter(dev, err);
   if (rc != SPN_OK)
     return rc;
@@ -283,7 +359,14 @@ static int32_t cu_event_record(spn_device_t *dev, void *ev, void *s, spn_error_t
   return SPN_OK;
 }
 
-static int32_t cu_event_sync(spn_device_t *dev, void *ev, spn_error_t *err) {
+static int32_t cu_event_record(spn_device_t *dev, void *ev, void *s, spn_error_t *err) {
+  int prev = caller_device();
+  int32_t rc = cu_event_record_on(dev, ev, s, err);
+  restore_device(prev);
+  return rc;
+}
+
+static int32_t cu_event_sync_on(spn_device_t *dev, void *ev, spn_error_t *err) {
   int32_t rc = enter(dev, err);
   if (rc != SPN_OK)
     return rc;
@@ -291,12 +374,26 @@ static int32_t cu_event_sync(spn_device_t *dev, void *ev, spn_error_t *err) {
   return SPN_OK;
 }
 
-static int32_t cu_stream_wait(spn_device_t *dev, void *s, void *ev, spn_error_t *err) {
+static int32_t cu_event_sync(spn_device_t *dev, void *ev, spn_error_t *err) {
+  int prev = caller_device();
+  int32_t rc = cu_event_sync_on(dev, ev, err);
+  restore_device(prev);
+  return rc;
+}
+
+static int32_t cu_stream_wait_on(spn_device_t *dev, void *s, void *ev, spn_error_t *err) {
   int32_t rc = enter(dev, err);
   if (rc != SPN_OK)
     return rc;
   SPN_CUDA_CHECK(cudaStreamWaitEvent(native_stream(s), (cudaEvent_t)ev, 0), err);
   return SPN_OK;
+}
+
+static int32_t cu_stream_wait(spn_device_t *dev, void *s, void *ev, spn_error_t *err) {
+  int prev = caller_device();
+  int32_t rc = cu_stream_wait_on(dev, s, ev, err);
+  restore_device(prev);
+  return rc;
 }
 
 static void cu_dev_free(spn_device_t *dev) {
