@@ -220,6 +220,31 @@ static void free_waits_for_queued_work(void **state) {
   spn_stream_free(&s2);
 }
 
+/* A thread on one GPU that allocates, copies and frees on another stays on
+ * its own GPU: its stage launches kernels without naming a device. */
+static void calls_keep_the_callers_device(void **state) {
+  fx_t *f = *state;
+  if (f->n < 2)
+    skip();
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_stream_t *s0 = NULL;
+  spn_buffer_t *a = NULL, *b = NULL;
+  CHECK(spn_stream_new(f->devs[0], &s0, &err)); /* (binds this thread to cuda:0, as an executor) */
+  assert_int_equal(cudaSetDevice(1), cudaSuccess);
+  CHECK(spn_buffer_type_alloc(spn_device_buffer_type(f->devs[0], SPN_MEM_DEVICE), 4096, &a, &err));
+  CHECK(spn_buffer_type_alloc(spn_device_buffer_type(f->devs[0], SPN_MEM_DEVICE), 4096, &b, &err));
+  CHECK(spn_stream_copy(s0, b, 0, a, 0, 4096, &err));
+  CHECK(spn_stream_synchronize(s0, &err));
+  spn_buffer_unref(&a);
+  spn_buffer_unref(&b);
+  int now = -1;
+  assert_int_equal(cudaGetDevice(&now), cudaSuccess);
+  assert_int_equal(now, 1);
+  spn_stream_free(&s0);
+  assert_int_equal(cudaGetDevice(&now), cudaSuccess);
+  assert_int_equal(now, 1);
+}
+
 int main(void) {
   SPN_TEST_REQUIRE_GPU();
   const struct CMUnitTest tests[] = {
@@ -228,6 +253,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(pool_reuse_keeps_allocations_cheap, setup, teardown),
       cmocka_unit_test_setup_teardown(free_waits_for_queued_work, setup, teardown),
       cmocka_unit_test_setup_teardown(peer_copy_between_devices, setup, teardown),
+      cmocka_unit_test_setup_teardown(calls_keep_the_callers_device, setup, teardown),
       cmocka_unit_test_setup_teardown(unusable_device_refuses_work, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
