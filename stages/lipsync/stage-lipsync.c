@@ -557,7 +557,7 @@ static void run_ready(spn_stage_t *stage, ls_state_t *st, ls_job_t *only) {
   for (ls_job_t *j = only ? only : st->jobs; j; j = only ? NULL : j->next) {
     if (j->failed)
       continue;
-    for (size_t k = 0; k < j->cap; k++) {
+    for (size_t k = 0; k < j->cap && !j->failed; k++) { /* (a batch run below may fail the job) */
       ls_slot_t *s = slot_at(j, k);
       if (!s)
         continue;
