@@ -743,6 +743,12 @@ def main():
     ap.add_argument("--encoder", default="auto", choices=("auto", "ffmpeg", "spindle", "cv2"),
                     help="the peer's encoder (auto: ffmpeg CLI if on PATH, else spindle)")
     ap.add_argument("--workdir")
+    ap.add_argument("--set", action="append", default=[], metavar="STAGE.KEY=VALUE",
+                    help="passed to Spindle's runs (repeatable; encode.* to the full run only), e.g. "
+                         "encode.hwaccel=none on a GPU with NVENC so both sides encode with libx264")
+    ap.add_argument("--gpu-decode-both", action="store_true",
+                    help="also run the GPU part with faces.gpu_decode=false (the detector's raw outputs copied "
+                         "back and decoded on the host) and report both")
     a = ap.parse_args()
     if tomllib is None:
         print("SKIP: needs Python 3.11 (tomllib)")
@@ -792,13 +798,16 @@ def main():
                 sets.append(f"decode.duration={(a.frames - 0.5) / fps:.4f}")
             if pipe == "lipsync":
                 sets += [f"lips.model={w2l}", f"melspec.path={wav}"]
-            full_sets = sets + [f"encode.path={os.path.join(work, tag + '-spindle.mp4')}",
+            # --set: the encoder's keys go to the full run only (the GPU part's
+            # encode is a counting filesink)
+            full_sets = sets + list(a.set) + [f"encode.path={os.path.join(work, tag + '-spindle.mp4')}",
                                 f"encode.audio_path={wav if pipe == 'lipsync' else clip}"]
             r = {"pipeline": pipe, "clip": os.path.basename(clip), "width": W, "height": H, "devices": a.devices,
                  "gpu": gpu, "scale": int(stage_of(doc, "sr").get("scale", 2))}
             try:
                 full = run_spindle(spindle, cfg, full_sets, a.devices, env, os.path.join(work, tag + "-full.log"),
                                    nvml)
+                sets += [x for x in a.set if not x.startswith("encode.")]
                 part = run_spindle(spindle, sink_cfg, sets, a.devices, env, os.path.join(work, tag + "-gpupart.log"),
                                    nvml)
             except RuntimeError as e:
@@ -820,6 +829,16 @@ def main():
                              "transfers_per_frame": pxfer, "summary": part}
             r["bounding_stage"] = bounding_stage(full)
             r["gpu_part"]["bounding_stage"] = bounding_stage(part)
+            if a.gpu_decode_both:
+                try:
+                    hd = run_spindle(spindle, sink_cfg, sets + ["faces.gpu_decode=false"], a.devices, env,
+                                     os.path.join(work, tag + "-gpupart-hostdecode.log"), nvml)
+                    hx, _ = transfers(hd)
+                    r["gpu_part_host_decode"] = {"frames": hd["frames"], "elapsed_s": hd["elapsed_s"],
+                                                 "frames_per_s": hd["frames"] / hd["elapsed_s"],
+                                                 "stages": hd["stages"], "transfers_per_frame": hx}
+                except RuntimeError as e:
+                    r["gpu_part_host_decode"] = {"error": str(e)}
             # the peer, on the same frames (Spindle's count)
             peer = Peer(torch_dev)
             out = os.path.join(work, tag + "-python.mp4")
@@ -848,7 +867,7 @@ def main():
     with open(a.out, "w") as f:
         json.dump({"device": a.devices, "gpu": gpu, "torch": torch.__version__, "peer_encoder": enc_kind,
                    "wav2lip": a.w2l or "random weights (tests/lipsync/make-w2l-model.py --arch wav2lip --width 1.0)",
-                   "frames_limit": a.frames, "results": results}, f, indent=1)
+                   "frames_limit": a.frames, "spindle_sets": a.set, "results": results}, f, indent=1)
     print_report(results, a, gpu, enc_kind)
     print(f"\nJSON: {a.out}; outputs and logs: {work}")
     return 0
@@ -888,6 +907,22 @@ def print_report(results, a, gpu, enc_kind):
             checks.insert(1, ("GPU part >= 900 frames/s", r["gpu_part"]["frames_per_s"] >= 900))
         print(f"- {r['pipeline']} {r['width']}x{r['height']}: " +
               ", ".join(f"{n} {'-' if ok is None else 'met' if ok else 'missed'}" for n, ok in checks))
+    hd = [r for r in results if "gpu_part_host_decode" in r]
+    if hd:
+        print("facedetect: candidates picked on the GPU (default) vs the raw outputs decoded on the host "
+              "(gpu_decode = false), GPU part:\n")
+        for r in hd:
+            g, h = r["gpu_part"], r["gpu_part_host_decode"]
+            if "error" in h:
+                print(f"- {r['pipeline']} {r['width']}x{r['height']}: host decode run failed: {h['error']}")
+                continue
+            fd = {st["name"]: st["busy_ms"] for st in g["stages"]}
+            fh = {st["name"]: st["busy_ms"] for st in h["stages"]}
+            print(f"- {r['pipeline']} {r['width']}x{r['height']}: {g['frames_per_s']:.1f} vs "
+                  f"{h['frames_per_s']:.1f} frames/s; faces stage {fd.get('faces', 0):.0f} vs "
+                  f"{fh.get('faces', 0):.0f} ms; PCIe {g['transfers_per_frame']['pcie']:,.0f} vs "
+                  f"{h['transfers_per_frame']['pcie']:,.0f} bytes/frame")
+        print()
     print("\nPer run (Spindle: busy ms and share per stage; GPU part: the same without the encoder; "
           "Python: seconds per phase):\n")
     for r in results:
