@@ -55,6 +55,16 @@ typedef struct spn_cuda_facecand {
   int32_t anchor;
 } spn_cuda_facecand_t;
 
+/* qsort order of a list's rows that gives each image's candidates in the
+ * CPU decoder's order (by image, then anchor): what spn_facedet_select needs
+ * for ties in score to break as on the CPU. */
+static inline int spn_cuda_facecand_order(const void *a, const void *b) {
+  const spn_cuda_facecand_t *p = (const spn_cuda_facecand_t *)a, *q = (const spn_cuda_facecand_t *)b;
+  if (p->image != q->image)
+    return p->image < q->image ? -1 : 1;
+  return (p->anchor > q->anchor) - (p->anchor < q->anchor);
+}
+
 /* The outputs and the geometry (spn_facedet_geom_t's fields). */
 typedef struct spn_cuda_facedet {
   int32_t model;                                       /* SPN_CUDA_FACEDET_* */

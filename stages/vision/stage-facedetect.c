@@ -481,13 +481,6 @@ static int32_t cands_back(fd_state_t *st, uint64_t job_id, size_t off, size_t n,
   return rc != SPN_OK ? rc : cu_ok(cudaStreamSynchronize(stream), "copying the face candidates back", err);
 }
 
-static int cand_order(const void *a, const void *b) {
-  const spn_cuda_facecand_t *p = a, *q = b;
-  if (p->image != q->image)
-    return p->image < q->image ? -1 : 1;
-  return (p->anchor > q->anchor) - (p->anchor < q->anchor);
-}
-
 /* The model path's run and decode with the outputs left on the GPU, for a
  * batch of `k` images (the input holds `batch` >= k, the rest padding): the
  * candidates above the threshold are picked there (detect.cuh) and only
@@ -578,7 +571,7 @@ static int32_t detect_gpu_decode(fd_state_t *st, uint64_t job_id, const spn_face
   st->cand_guess = found > st->cand_cap / 2 ? st->cand_cap : (found * 2 > 64 ? found * 2 : 64);
   spn_cuda_facecand_t *rows = (spn_cuda_facecand_t *)((uint8_t *)h->buffer_data(st->h_cands) + SPN_CUDA_FACECAND_HEADER);
   if (found > 1) /* per image, the CPU decoder's order: ties in score keep it */
-    qsort(rows, (size_t)found, row, cand_order);
+    qsort(rows, (size_t)found, row, spn_cuda_facecand_order);
   spn_detface_t *c = malloc((size_t)(found > 0 ? found : 1) * sizeof *c);
   if (!c)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");

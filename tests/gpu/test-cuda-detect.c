@@ -116,15 +116,8 @@ static spn_cuda_facedet_t describe(int32_t model, const outputs_t *o, const spn_
   return d;
 }
 
-static int by_anchor(const void *a, const void *b) {
-  const spn_cuda_facecand_t *p = a, *q = b;
-  if (p->image != q->image)
-    return p->image < q->image ? -1 : 1;
-  return (p->anchor > q->anchor) - (p->anchor < q->anchor);
-}
-
 /* Run the kernel with room for `cap` rows; returns the count it reported and
- * the rows it wrote (min(count, cap)), sorted by anchor. */
+ * the rows it wrote (min(count, cap)), sorted as the stage sorts them. */
 static int32_t run_kernel(const spn_cuda_facedet_t *d, int32_t cap, spn_cuda_facecand_t **rows) {
   size_t bytes = SPN_CUDA_FACECAND_HEADER + (size_t)cap * sizeof(spn_cuda_facecand_t);
   void *list = NULL;
@@ -142,7 +135,7 @@ static int32_t run_kernel(const spn_cuda_facedet_t *d, int32_t cap, spn_cuda_fac
   assert_non_null(*rows);
   memcpy(*rows, host + SPN_CUDA_FACECAND_HEADER, (size_t)got * sizeof **rows);
   free(host);
-  qsort(*rows, (size_t)got, sizeof **rows, by_anchor);
+  qsort(*rows, (size_t)got, sizeof **rows, spn_cuda_facecand_order);
   return count;
 }
 
