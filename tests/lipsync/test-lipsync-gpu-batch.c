@@ -26,66 +26,24 @@
 #endif
 #include "stage-lipsync.c"
 
-/* ---- fake buffers and CUDA runtime ---------------------------------------- */
+/* ---- fake buffers and CUDA runtime (and tests/gpu/fake-gpu-host.h) ------ */
 
-#define MAX_BUFS 64
-
-struct spn_buffer {
-  int refs;
-  bool touched; /* used by queued work since the last sync */
-  size_t size;
-  unsigned char *data;
-};
+#include "fake-gpu-host.h"
 
 static struct {
-  spn_buffer_t *all[MAX_BUFS];
-  int n_all;
-  int syncs, early_frees, fails;
+  int fails;
   char last_fail[512];
   spn_msg_t *out[16];
   int emitted;
   int32_t model_rc;
-  cudaError_t sync_result;
 } g;
 
-static spn_buffer_t *buf_of_ptr(const void *p) {
-  for (int i = 0; i < g.n_all; i++)
-    if (g.all[i] && (const unsigned char *)p >= g.all[i]->data &&
-        (const unsigned char *)p < g.all[i]->data + g.all[i]->size)
-      return g.all[i];
-  return NULL;
-}
-
-static void touch(const void *p) {
-  spn_buffer_t *b = buf_of_ptr(p);
-  assert_non_null(b); /* queued work only on live buffers */
-  b->touched = true;
-}
-
-cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  (void)stream;
-  g.syncs++;
-  for (int i = 0; i < g.n_all; i++)
-    if (g.all[i])
-      g.all[i]->touched = false;
-  return g.sync_result;
-}
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t stream) {
-  (void)kind, (void)stream;
-  touch(dst);
-  touch(src);
-  memcpy(dst, src, n);
-  return cudaSuccess;
-}
 cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t stream) {
   (void)stream;
   touch(dst);
   memset(dst, v, n);
   return cudaSuccess;
 }
-cudaError_t cudaGetLastError(void) { return cudaSuccess; }
-const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "fake fault"; }
-const char *cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaErrorFake"; }
 
 /* The twins: queue "kernels" on the frame and the scratch; a frame whose
  * first byte is 0xee fails in prepare after its first kernel was queued. */
@@ -128,47 +86,14 @@ struct spn_msg {
   } it[MAX_ITEMS];
 };
 
-static spn_buffer_t *fb_new(size_t n) {
-  spn_buffer_t *b = calloc(1, sizeof *b);
-  assert_non_null(b);
-  b->refs = 1;
-  b->size = n;
-  b->data = calloc(1, n ? n : 1);
-  assert_true(g.n_all < MAX_BUFS);
-  g.all[g.n_all++] = b;
-  return b;
-}
-static spn_buffer_t *h_buffer_ref(spn_buffer_t *b) {
-  b->refs++;
-  return b;
-}
-static void h_buffer_unref(spn_buffer_t **bp) {
-  spn_buffer_t *b = *bp;
-  *bp = NULL;
-  if (!b || --b->refs > 0)
-    return;
-  if (b->touched)
-    g.early_frees++;
-  for (int i = 0; i < g.n_all; i++)
-    if (g.all[i] == b)
-      g.all[i] = NULL;
-  free(b->data);
-  free(b);
-}
-static void *h_buffer_data(spn_buffer_t *b) { return b->data; }
-static size_t h_buffer_size(const spn_buffer_t *b) { return b->size; }
 static int32_t h_buffer_new(spn_stage_t *s, size_t n, spn_buffer_t **out, spn_error_t *err) {
   (void)s, (void)err;
-  *out = fb_new(n);
+  *out = fake_buffer(n, 0, true);
   return SPN_OK;
 }
 static int32_t h_buffer_new_kind(spn_stage_t *s, size_t n, int32_t kind, spn_buffer_t **out, spn_error_t *err) {
   (void)kind;
   return h_buffer_new(s, n, out, err);
-}
-static int32_t h_buffer_set_ready(spn_stage_t *s, spn_buffer_t *b, spn_error_t *err) {
-  (void)s, (void)b, (void)err;
-  return SPN_OK;
 }
 static int32_t h_buffer_copy(spn_stage_t *s, uint64_t job, spn_buffer_t *dst, size_t doff, spn_buffer_t *src,
                              size_t soff, size_t n, spn_error_t *err) {
@@ -177,21 +102,9 @@ static int32_t h_buffer_copy(spn_stage_t *s, uint64_t job, spn_buffer_t *dst, si
              ? SPN_OK
              : SPN_ECUDA;
 }
-static void h_stage_get_device(spn_stage_t *s, int32_t *kind, int32_t *index) {
-  (void)s;
-  *kind = SPN_DEVICE_CUDA;
-  *index = 0;
-}
 static const char *h_stage_get_name(spn_stage_t *s) {
   (void)s;
   return "lips";
-}
-static void *h_stage_get_stream(spn_stage_t *s) {
-  (void)s;
-  return NULL;
-}
-static void h_log(spn_stage_t *s, uint64_t job, int32_t level, const char *fmt, ...) {
-  (void)s, (void)job, (void)level, (void)fmt;
 }
 static void h_fail_job(spn_stage_t *s, uint64_t job, int32_t status, const char *msg) {
   (void)s, (void)job, (void)status;
@@ -321,6 +234,7 @@ static struct {
 static int setup(void **state) {
   (void)state;
   memset(&g, 0, sizeof g);
+  fake_reset();
   memset(&g_host, 0, sizeof g_host);
   g_host.struct_size = sizeof g_host;
   g_host.stage_get_device = h_stage_get_device;
@@ -365,7 +279,7 @@ static spn_msg_t *frame_msg(uint64_t job, uint64_t seq, unsigned char first) {
   t.ndim = 3;
   t.shape[0] = FH, t.shape[1] = FW, t.shape[2] = 3;
   t.device_kind = SPN_DEVICE_CUDA;
-  spn_buffer_t *b = fb_new(spn_tensor_nbytes(&t));
+  spn_buffer_t *b = fake_buffer(spn_tensor_nbytes(&t), 0, true);
   memset(b->data, 9, b->size);
   b->data[0] = first;
   h_msg_add_tensor(m, "frame", &t, b, NULL);
@@ -383,7 +297,7 @@ static spn_msg_t *mel_msg(uint64_t job, uint64_t seq, int64_t total) {
   t.dtype = SPN_DTYPE_F32;
   t.ndim = 2;
   t.shape[0] = SPN_W2L_MEL_BINS, t.shape[1] = SPN_W2L_MEL_STEPS;
-  spn_buffer_t *b = fb_new(spn_tensor_nbytes(&t));
+  spn_buffer_t *b = fake_buffer(spn_tensor_nbytes(&t), 0, true);
   h_msg_add_tensor(m, "mel", &t, b, NULL);
   h_buffer_unref(&b);
   return m;
@@ -424,8 +338,7 @@ static int teardown(void **state) {
   (void)state;
   for (int i = 0; i < g.emitted; i++)
     h_msg_free(&g.out[i]);
-  for (int i = 0; i < g.n_all; i++)
-    assert_null(g.all[i]); /* nothing leaked */
+  assert_true(fake_none_live()); /* nothing leaked */
   return 0;
 }
 
@@ -435,7 +348,7 @@ static void a_good_batch_emits_pasted_copies_and_releases_the_frames_after_the_w
   run(2, firsts, 3);
   assert_int_equal(g.fails, 0);
   assert_int_equal(g.emitted, 6);
-  assert_int_equal(g.early_frees, 0);
+  assert_int_equal(fake.early_frees, 0);
   for (int i = 0; i < 6; i++) {
     spn_item_t it = {.struct_size = sizeof it};
     assert_int_equal(h_msg_item(g.out[i], 0, &it), SPN_OK);
@@ -450,7 +363,7 @@ static void a_failed_model_run_releases_the_frames_only_after_the_stream_passed_
   run(1, firsts, 3);
   assert_true(g.fails >= 1);
   assert_int_equal(g.emitted, 0);
-  assert_int_equal(g.early_frees, 0);
+  assert_int_equal(fake.early_frees, 0);
 }
 
 static void a_batch_whose_jobs_all_failed_still_waits_before_their_frames_go(void **state) {
@@ -461,7 +374,7 @@ static void a_batch_whose_jobs_all_failed_still_waits_before_their_frames_go(voi
   run(1, firsts, 3);
   assert_int_equal(g.fails, 1);
   assert_int_equal(g.emitted, 0);
-  assert_int_equal(g.early_frees, 0);
+  assert_int_equal(fake.early_frees, 0);
 }
 
 static void a_job_failing_mid_batch_leaves_the_other_jobs_frames_good(void **state) {
@@ -472,13 +385,13 @@ static void a_job_failing_mid_batch_leaves_the_other_jobs_frames_good(void **sta
   assert_int_equal(g.emitted, 3);
   for (int i = 0; i < 3; i++)
     assert_int_equal(g.out[i]->env.job_id, 2);
-  assert_int_equal(g.early_frees, 0);
+  assert_int_equal(fake.early_frees, 0);
 }
 
 static void a_failed_wait_for_the_stream_fails_the_jobs_instead_of_emitting_their_frames(void **state) {
   (void)state;
   const unsigned char firsts[1][3] = {{1, 2, 3}};
-  g.sync_result = cudaErrorLaunchFailure;
+  fake.sync_result = cudaErrorLaunchFailure;
   run(1, firsts, 3);
   assert_int_equal(g.emitted, 0);
   assert_int_equal(g.fails, 1);

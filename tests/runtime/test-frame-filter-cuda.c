@@ -2,8 +2,8 @@
  * spn_frame_filter_process_cuda (spindle/plugin-cuda.h), without a GPU.
  *
  * The helper runs on a fake host table whose stage is "placed on cuda:0",
- * and this file defines the four CUDA runtime calls the header makes
- * (cudaStreamSynchronize, cudaMemcpyAsync, cudaGetErrorString,
+ * and tests/gpu/fake-gpu-host.h defines the CUDA runtime calls the header
+ * makes (cudaStreamSynchronize, cudaMemcpyAsync, cudaGetErrorString,
  * cudaGetErrorName): the test links no libcudart. Work is "queued" by the
  * fake cuda body and the fake upload and "done" at the next stream
  * synchronisation; a buffer whose last reference goes while queued work
@@ -22,63 +22,13 @@
 
 #include "spindle/plugin-cuda.h"
 
-/* ---- fake CUDA runtime ---------------------------------------------------- */
-
-#define MAX_BUFS 32
-
-struct spn_buffer {
-  int refs;
-  bool device;
-  bool touched; /* read or written by queued work since the last sync */
-  size_t size;
-  unsigned char *data;
-};
+#include "fake-gpu-host.h"
 
 static struct {
-  spn_buffer_t *all[MAX_BUFS];
-  int n_all;
-  int syncs;
-  int early_frees; /* buffers released while queued work touched them */
   int fails;
   int emitted;
   spn_msg_t *out[8];
-  cudaError_t sync_result;
 } g;
-
-static spn_buffer_t *buf_of_ptr(const void *p) {
-  for (int i = 0; i < g.n_all; i++)
-    if (g.all[i] && (const unsigned char *)p >= g.all[i]->data &&
-        (const unsigned char *)p < g.all[i]->data + g.all[i]->size)
-      return g.all[i];
-  return NULL;
-}
-
-static void touch(const void *p) {
-  spn_buffer_t *b = buf_of_ptr(p);
-  assert_non_null(b); /* queued work only on live buffers */
-  b->touched = true;
-}
-
-cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  (void)stream;
-  g.syncs++;
-  for (int i = 0; i < g.n_all; i++)
-    if (g.all[i])
-      g.all[i]->touched = false;
-  return g.sync_result;
-}
-
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind,
-                            cudaStream_t stream) {
-  (void)kind, (void)stream;
-  touch(dst);
-  touch(src);
-  memcpy(dst, src, count);
-  return cudaSuccess;
-}
-
-const char *cudaGetErrorString(cudaError_t error) { return error == cudaSuccess ? "no error" : "fake error"; }
-const char *cudaGetErrorName(cudaError_t error) { return error == cudaSuccess ? "cudaSuccess" : "cudaErrorFake"; }
 
 /* ---- fake host ------------------------------------------------------------- */
 
@@ -88,65 +38,16 @@ struct spn_msg {
   spn_buffer_t *buf;
 };
 
-static spn_buffer_t *fb_new(size_t n, bool device) {
-  spn_buffer_t *b = calloc(1, sizeof *b);
-  assert_non_null(b);
-  b->refs = 1;
-  b->device = device;
-  b->size = n;
-  b->data = calloc(1, n ? n : 1);
-  assert_true(g.n_all < MAX_BUFS);
-  g.all[g.n_all++] = b;
-  return b;
-}
-
-static spn_buffer_t *h_buffer_ref(spn_buffer_t *b) {
-  b->refs++;
-  return b;
-}
-
-static void h_buffer_unref(spn_buffer_t **bp) {
-  spn_buffer_t *b = *bp;
-  *bp = NULL;
-  if (!b || --b->refs > 0)
-    return;
-  if (b->touched)
-    g.early_frees++;
-  for (int i = 0; i < g.n_all; i++)
-    if (g.all[i] == b)
-      g.all[i] = NULL;
-  free(b->data);
-  free(b);
-}
-
-static void *h_buffer_data(spn_buffer_t *b) { return b->data; }
-static size_t h_buffer_size(const spn_buffer_t *b) { return b->size; }
-
 static int32_t h_buffer_new(spn_stage_t *s, size_t n, spn_buffer_t **out, spn_error_t *err) {
   (void)s, (void)err;
-  *out = fb_new(n, true);
+  *out = fake_buffer(n, 0, true);
   return SPN_OK;
 }
 
-static int32_t h_buffer_set_ready(spn_stage_t *s, spn_buffer_t *b, spn_error_t *err) {
-  (void)s, (void)b, (void)err;
-  return SPN_OK;
-}
-
-static void h_stage_get_device(spn_stage_t *s, int32_t *kind, int32_t *index) {
-  (void)s;
-  *kind = SPN_DEVICE_CUDA;
-  *index = 0;
-}
 static const char *h_stage_get_name(spn_stage_t *s) {
   (void)s;
   return "sr";
 }
-static void *h_stage_get_stream(spn_stage_t *s) {
-  (void)s;
-  return NULL;
-}
-
 static int64_t h_msg_find(const spn_msg_t *m, const char *name) { return m->buf && !strcmp(name, "frame") ? 0 : -1; }
 static int32_t h_msg_item(const spn_msg_t *m, size_t i, spn_item_t *it) {
   if (i != 0 || !m->buf)
@@ -231,7 +132,7 @@ static spn_msg_t *frame_msg(uint64_t job, bool on_device, unsigned char first) {
   m->t.ndim = 3;
   m->t.shape[0] = 4, m->t.shape[1] = 5, m->t.shape[2] = 3;
   m->t.device_kind = on_device ? SPN_DEVICE_CUDA : SPN_DEVICE_CPU;
-  m->buf = fb_new(spn_tensor_nbytes(&m->t), on_device);
+  m->buf = fake_buffer(spn_tensor_nbytes(&m->t), 0, on_device);
   memset(m->buf->data, 7, m->buf->size);
   m->buf->data[0] = first;
   return m;
@@ -240,7 +141,7 @@ static spn_msg_t *frame_msg(uint64_t job, bool on_device, unsigned char first) {
 static int setup(void **state) {
   (void)state;
   memset(&g, 0, sizeof g);
-  g.sync_result = cudaSuccess;
+  fake_reset();
   memset(&g_host, 0, sizeof g_host);
   g_host.struct_size = offsetof(spn_host_api_t, buffer_copy); /* an earlier 1.1 host: the upload is cudaMemcpyAsync */
   g_host.stage_get_device = h_stage_get_device;
@@ -269,8 +170,7 @@ static int teardown(void **state) {
   (void)state;
   for (int i = 0; i < g.emitted; i++)
     h_msg_free(&g.out[i]);
-  for (int i = 0; i < g.n_all; i++)
-    assert_null(g.all[i]); /* nothing leaked */
+  assert_true(fake_none_live()); /* nothing leaked */
   return 0;
 }
 
@@ -284,8 +184,8 @@ static void device_inputs_are_released_only_after_the_stream_passed_them(void **
   spn_error_t err = SPN_ERROR_INIT;
   assert_int_equal(run(msgs, 3, &err), SPN_OK);
   assert_int_equal(g.emitted, 3);
-  assert_int_equal(g.early_frees, 0);
-  assert_true(g.syncs >= 1);
+  assert_int_equal(fake.early_frees, 0);
+  assert_true(fake.syncs >= 1);
   for (int i = 0; i < 3; i++) {
     assert_null(msgs[i]);
     assert_int_equal(g.out[i]->t.device_kind, SPN_DEVICE_CUDA);
@@ -299,7 +199,7 @@ static void host_inputs_and_their_uploads_outlive_the_queued_work(void **state) 
   spn_error_t err = SPN_ERROR_INIT;
   assert_int_equal(run(msgs, 2, &err), SPN_OK);
   assert_int_equal(g.emitted, 2);
-  assert_int_equal(g.early_frees, 0);
+  assert_int_equal(fake.early_frees, 0);
   assert_int_equal(g.out[1]->buf->data[0], 5);
 }
 
@@ -310,14 +210,14 @@ static void a_failed_frames_output_outlives_the_work_its_body_queued(void **stat
   assert_int_equal(run(msgs, 3, &err), SPN_OK); /* the frames' jobs fail, not the batch */
   assert_int_equal(g.emitted, 1);
   assert_int_equal(g.fails, 2);
-  assert_int_equal(g.early_frees, 0);
+  assert_int_equal(fake.early_frees, 0);
 }
 
 static void a_failed_wait_for_the_stream_fails_the_batch_naming_the_stage(void **state) {
   (void)state;
   spn_msg_t *msgs[1] = {frame_msg(1, true, 1)};
   spn_error_t err = SPN_ERROR_INIT;
-  g.sync_result = cudaErrorLaunchFailure;
+  fake.sync_result = cudaErrorLaunchFailure;
   assert_int_equal(run(msgs, 1, &err), SPN_ECUDA);
   assert_non_null(strstr(err.msg, "sr: waiting for the stream"));
 }

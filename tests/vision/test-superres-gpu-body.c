@@ -26,56 +26,19 @@
 #endif
 #include "stage-superres.c"
 
-/* ---- fake buffers ---------------------------------------------------------- */
+/* ---- fake buffers (tests/gpu/fake-gpu-host.h), CUDA runtime and kernels
+ * (their CPU references) ------------------------------------------------- */
 
-#define MAX_BUFS 32
-
-struct spn_buffer {
-  int refs;
-  size_t size;
-  unsigned char *data;
-};
+#include "fake-gpu-host.h"
 
 static struct {
-  spn_buffer_t *all[MAX_BUFS];
-  int n_all;
   int out_of_bounds;
   int model_runs;
 } g;
 
-static spn_buffer_t *fb_new(size_t n) {
-  spn_buffer_t *b = calloc(1, sizeof *b);
-  assert_non_null(b);
-  b->refs = 1;
-  b->size = n;
-  b->data = malloc(n ? n : 1);
-  assert_non_null(b->data);
-  memset(b->data, 0xcd, n); /* garbage: anything not written shows */
-  assert_true(g.n_all < MAX_BUFS);
-  g.all[g.n_all++] = b;
-  return b;
-}
-
 /* Whether [p, p + n) lies inside one live buffer. */
-static bool inside(const void *p, size_t n) {
-  for (int i = 0; i < g.n_all; i++)
-    if (g.all[i] && (const unsigned char *)p >= g.all[i]->data &&
-        (const unsigned char *)p + n <= g.all[i]->data + g.all[i]->size)
-      return true;
-  return false;
-}
+static bool inside(const void *p, size_t n) { return fake_buffer_at(p, n) != NULL; }
 
-/* ---- fake CUDA runtime and kernels (their CPU references) ------------------ */
-
-cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  (void)s;
-  return cudaSuccess;
-}
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind k, cudaStream_t s) {
-  (void)k, (void)s;
-  memcpy(dst, src, n);
-  return cudaSuccess;
-}
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                               enum cudaMemcpyKind k, cudaStream_t s) {
   (void)k, (void)s;
@@ -88,8 +51,6 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
     memcpy((char *)dst + y * dpitch, (const char *)src + y * spitch, width);
   return cudaSuccess;
 }
-const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "fake error"; }
-const char *cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaErrorFake"; }
 
 /* The last byte of an image's plane p. */
 static bool image_inside(const spn_image_t *im) {
@@ -174,37 +135,12 @@ struct spn_msg {
 
 static int32_t h_buffer_new_kind(spn_stage_t *s, size_t n, int32_t kind, spn_buffer_t **out, spn_error_t *err) {
   (void)s, (void)kind, (void)err;
-  *out = fb_new(n);
+  *out = fake_buffer(n, 0xcd, true); /* garbage: anything not written shows */
   return SPN_OK;
-}
-static void h_buffer_unref(spn_buffer_t **bp) {
-  spn_buffer_t *b = *bp;
-  *bp = NULL;
-  if (!b || --b->refs > 0)
-    return;
-  for (int i = 0; i < g.n_all; i++)
-    if (g.all[i] == b)
-      g.all[i] = NULL;
-  free(b->data);
-  free(b);
-}
-static void *h_buffer_data(spn_buffer_t *b) { return b->data; }
-static size_t h_buffer_size(const spn_buffer_t *b) { return b->size; }
-static void h_stage_get_device(spn_stage_t *s, int32_t *kind, int32_t *index) {
-  (void)s;
-  *kind = SPN_DEVICE_CUDA;
-  *index = 0;
 }
 static const char *h_stage_get_name(spn_stage_t *s) {
   (void)s;
   return "sr";
-}
-static void *h_stage_get_stream(spn_stage_t *s) {
-  (void)s;
-  return NULL;
-}
-static void h_log(spn_stage_t *s, uint64_t job, int32_t level, const char *fmt, ...) {
-  (void)s, (void)job, (void)level, (void)fmt;
 }
 static const spn_envelope_t *h_msg_envelope(const spn_msg_t *m) { return &m->env; }
 static int64_t h_msg_find(const spn_msg_t *m, const char *name) { return m->faces && !strcmp(name, "faces") ? 0 : -1; }
@@ -255,6 +191,7 @@ static struct {
 static int setup(void **state) {
   (void)state;
   memset(&g, 0, sizeof g);
+  fake_reset();
   memset(&g_host, 0, sizeof g_host);
   g_host.struct_size = sizeof g_host;
   g_host.stage_get_device = h_stage_get_device;
@@ -296,7 +233,7 @@ static void both(int32_t W, int32_t H, int32_t scale, int32_t tile, int32_t pad,
   assert_int_equal(sr_shape(STAGE, st, &msg, &t, &o, &err), SPN_OK);
   size_t in_n = spn_tensor_nbytes(&t), out_n = spn_tensor_nbytes(&o);
   /* the frame: a pattern with edges everywhere */
-  spn_buffer_t *din = fb_new(in_n), *dout = fb_new(out_n);
+  spn_buffer_t *din = fake_buffer(in_n, 0xcd, true), *dout = fake_buffer(out_n, 0xcd, true);
   uint32_t seed = (uint32_t)(W * 31 + H);
   for (size_t i = 0; i < in_n; i++) {
     seed = seed * 1664525u + 1013904223u;
@@ -332,8 +269,7 @@ static void both(int32_t W, int32_t H, int32_t scale, int32_t tile, int32_t pad,
   h_buffer_unref(&din);
   h_buffer_unref(&dout);
   free(cpu_out);
-  for (int i = 0; i < g.n_all; i++)
-    assert_null(g.all[i]); /* the scratch went with the instance */
+  assert_true(fake_none_live()); /* the scratch went with the instance */
 }
 
 static void frame_tiles_match_the_cpu_on_odd_sizes_and_border_tiles(void **state) {
