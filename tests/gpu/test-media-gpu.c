@@ -232,6 +232,18 @@ static void gpu_decode_matches_cpu(void **state) {
     fail_msg("rgb24 vs the CPU decode's (swscale) rgb24: PSNR %.2f dB < 40 dB", psnr);
 }
 
+/* The decoder's next item; false at the end of the stream, a failed test on
+ * an error (`what` names the input). */
+static bool next_item(spn_decoder_t *d, spn_media_item_t *it, const char *what) {
+  spn_error_t e = SPN_ERROR_INIT;
+  int32_t rc = spn_decoder_next(d, it, &e);
+  if (rc == SPN_EOS)
+    return false;
+  if (rc)
+    fail_msg("decoding %s: %s", what, e.msg);
+  return true;
+}
+
 static void read_file(const char *path, uint8_t **data, size_t *size) {
   FILE *f = fopen(path, "rb");
   if (!f)
@@ -269,14 +281,8 @@ static void gpu_encode_matches_cpu_twin(void **state) {
   struct SwsContext *sws = NULL;
   double se = 0;
   size_t n_cmp = 0, frames = 0;
-  for (;;) {
-    spn_media_item_t it;
-    spn_error_t e = SPN_ERROR_INIT;
-    int32_t rc = spn_decoder_next(d, &it, &e);
-    if (rc == SPN_EOS)
-      break;
-    if (rc)
-      fail_msg("decoding the sample: %s", e.msg);
+  spn_media_item_t it;
+  while (next_item(d, &it, "the sample")) {
     uint8_t *rgb = tight_copy(&it.image);
     CU(cudaMemcpyAsync(rgb_dev, rgb, tight(SPN_PIXFMT_RGB24, w, h), cudaMemcpyHostToDevice, s));
     CK(spn_media_cuda_rgb_to_yuv420p_host(rgb_dev, SPN_PIXFMT_RGB24, w, h, yuv_dev, pinned, s, &e_));
@@ -464,14 +470,8 @@ static void nvenc_encodes_device_frames(void **state) {
   size_t frames = 0;
   void *rgb_dev = NULL;
   CU(cudaMalloc(&rgb_dev, tight(SPN_PIXFMT_RGB24, w, h)));
-  for (;;) {
-    spn_media_item_t it;
-    spn_error_t e = SPN_ERROR_INIT;
-    int32_t rc = spn_decoder_next(d, &it, &e);
-    if (rc == SPN_EOS)
-      break;
-    if (rc)
-      fail_msg("decoding the sample: %s", e.msg);
+  spn_media_item_t it;
+  while (next_item(d, &it, "the sample")) {
     if (frames == 0) { /* host pictures are refused by an encoder opened for device frames */
       spn_error_t e2 = SPN_ERROR_INIT;
       assert_int_equal(spn_encoder_write_video(enc, &it.image, it.pts, it.tb_num, it.tb_den, &e2), SPN_ESTATE);
@@ -515,14 +515,7 @@ static void nvenc_encodes_device_frames(void **state) {
   double worst = 999.0, sum = 0;
   uint8_t *got = malloc(n420);
   assert_non_null(got);
-  for (;;) {
-    spn_media_item_t it;
-    spn_error_t e = SPN_ERROR_INIT;
-    int32_t rc = spn_decoder_next(back, &it, &e);
-    if (rc == SPN_EOS)
-      break;
-    if (rc)
-      fail_msg("decoding NVENC's file: %s", e.msg);
+  while (next_item(back, &it, "NVENC's file")) {
     if (n >= frames)
       fail_msg("NVENC's file has more frames than the %zu that went in", frames);
     spn_image_t t;
