@@ -132,7 +132,6 @@ static const spn_port_t k_outputs[] = {{.name = "faces", .type = "faces"}};
 /* One message of a process() batch on its way through the stage. */
 typedef struct fd_frame {
   int64_t idx;       /* the "frame" item; -1: the message has none */
-  size_t at;         /* the message's place in the batch */
   bool pending;      /* checked: waits for the detector */
   bool done;         /* detected: dets and n hold the frame's faces */
   const uint8_t *px; /* its pixels (device memory on a GPU instance's model path) */
@@ -907,7 +906,6 @@ static int32_t fd_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, voi
     for (size_t j = i; j < n && (st->batch_dyn || k == 0); j++)
       if (fr[j].pending && fr[j].W == fr[i].W && fr[j].H == fr[i].H) {
         fr[j].pending = false;
-        fr[j].at = j;
         st->group[k++] = &fr[j];
         if (msg_job(h, msgs[j]) != job)
           job = 0; /* a mixed batch: its copies count for the stage only */
@@ -916,7 +914,7 @@ static int32_t fd_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, voi
     int32_t rc = detect_model(st, st->group, k, on_gpu, job, &gerr);
     if (rc != SPN_OK)
       for (int32_t g = 0; g < k; g++) {
-        size_t j = st->group[g]->at;
+        size_t j = (size_t)(st->group[g] - fr); /* the message's place in the batch */
         spn_error_t jerr = SPN_ERROR_INIT;
         spn_error_set(&jerr, rc, "facedetect: frame %llu: %s", msg_seq(h, msgs[j]), gerr.msg);
         fail_frame(st, &msgs[j], rc, &jerr);
