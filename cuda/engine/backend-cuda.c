@@ -83,6 +83,7 @@ typedef struct {
   int n_graphs;
   uint64_t graph_tick;
   bool heuristic; /* SPINDLE_CUDNN_HEURISTIC=1: cuDNN's heuristic algorithm, no timing at prepare */
+  bool nhwc;      /* SPINDLE_CUDA_NHWC=1: fp16 models keep fp16 channels-last values (plan_forms) */
 } cu_ctx_t;
 
 typedef struct cu_conv {
@@ -122,6 +123,13 @@ typedef struct {
   float *zero_bias;            /* fused conv without a bias */
   bool half[8];                /* cdata[k] holds fp16 (precision fp16 weights) */
   int n_fused;                 /* leading post-ops fused into cuDNN */
+  /* fp16 channels-last (plan_forms): a convolution run on NHWC fp16 tensors
+   * (its weights stored K,R,S,C); which of the node's values are fp16
+   * channels-last; an element-wise node run on them. */
+  bool nhwc;
+  bool planned;
+  bool h_out, h_in[8], h_post[SPN_MAX_POST];
+  bool h_node;
   cu_conv_t *convs;
   cu_lt_t *lts;
   cu_resize_t *resizes;
@@ -337,6 +345,21 @@ static bool half_operand(const spn_model_t *m, const spn_node_t *n, int k) {
   return false;
 }
 
+/* A convolution this backend runs on fp16 channels-last tensors: fp16 with
+ * SPINDLE_CUDA_NHWC=1, 2-D, ungrouped, both channel counts multiples of 8
+ * (what cuDNN's NHWC tensor-core kernels take; the others keep the NCHW
+ * path and convert at their edges). */
+static bool nhwc_conv(spn_backend_t *b, const spn_model_t *m, const spn_node_t *n) {
+  const cu_ctx_t *cx = b->ctx;
+  if (!cx->nhwc || m->precision != SPN_PREC_FP16 || (n->op != SPN_OP_CONV && n->op != SPN_OP_CONVT) ||
+      !const_in(m, n, 1) || spn_attr_int(n, "group", 1) != 1)
+    return false;
+  const spn_value_t *w = &m->vals[n->in[1]];
+  /* Conv (K, C, R, S); ConvTranspose (C_in, C_out, R, S): either way the
+   * first two dims are the two channel counts. */
+  return w->ndim == 4 && w->shape[0] % 8 == 0 && w->shape[1] % 8 == 0;
+}
+
 static void cu_node_free(spn_backend_t *b, spn_node_t *n) {
   (void)b;
   cu_node_t *c = n->bctx;
@@ -384,19 +407,26 @@ static int32_t cu_prepare(spn_backend_t *b, spn_model_t *m, spn_node_t *n, spn_e
   if (!c)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
   n->bctx = c;
+  c->nhwc = nhwc_conv(b, m, n);
   int32_t rc = SPN_OK;
   for (int k = 0; k < n->n_in && k < 8 && !rc; k++) {
     if (!const_in(m, n, k))
       continue;
     const spn_value_t *v = &m->vals[n->in[k]];
     if (half_operand(m, n, k)) {
-      /* fp16 weights, converted once here (round to nearest even). */
+      /* fp16 weights, converted once here (round to nearest even); a
+       * channels-last convolution's from (K, C, R, S) to (K, R, S, C). */
       size_t cnt = value_bytes(v) / sizeof(float);
-      uint16_t *h = malloc(cnt ? cnt * sizeof(uint16_t) : 2);
+      uint16_t *h = malloc(cnt ? 2 * cnt * sizeof(uint16_t) : 2);
       if (!h)
         return spn_error_set(err, SPN_ENOMEM, "out of memory");
       spn_f32_to_f16_n(v->data, h, cnt);
-      rc = upload(b, h, cnt * sizeof(uint16_t), &c->cdata[k], err);
+      uint16_t *w = h;
+      if (c->nhwc && k == 1) {
+        w = h + cnt;
+        spn_nchw_to_nhwc(h, w, sizeof(uint16_t), v->shape[0], v->shape[1], v->shape[2] * v->shape[3]);
+      }
+      rc = upload(b, w, cnt * sizeof(uint16_t), &c->cdata[k], err);
       free(h);
       c->half[k] = true;
     } else {
@@ -540,6 +570,129 @@ static int32_t posts(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, int fr
 }
 
 
+/* ---- fp16 channels-last steps ---- */
+
+static int post_unary(int kind) {
+  switch (kind) {
+  case SPN_POST_RELU: return SPN_CU_RELU;
+  case SPN_POST_LRELU: return SPN_CU_LRELU;
+  case SPN_POST_SIGMOID: return SPN_CU_SIGMOID;
+  case SPN_POST_TANH: return SPN_CU_TANH;
+  case SPN_POST_CLIP: return SPN_CU_CLIP;
+  default: return -1;
+  }
+}
+
+static bool same_dims(const spn_rt_val_t *a, const spn_rt_val_t *y) {
+  return a->ndim == y->ndim && !memcmp(a->shape, y->shape, (size_t)y->ndim * sizeof(int64_t));
+}
+
+/* Operand vi of a binary step on y: fp16 channels-last of y's shape, or a
+ * constant (dev: its device copy) of one element or one per channel. */
+static int32_t h_operand(spn_backend_t *b, spn_run_t *r, int vi, const void *dev, const spn_rt_val_t *y,
+                         spn_cu_hstep_t *st) {
+  const spn_value_t *mv = &r->m->vals[vi];
+  if (mv->kind == SPN_VAL_CONST) {
+    int64_t cnt = 1;
+    for (int d = 0; d < mv->ndim; d++)
+      cnt *= mv->shape[d];
+    if (cnt != 1 && cnt != y->shape[1])
+      return spn_error_set(r->err, SPN_EINTERNAL, "%s: a constant of %lld elements on %lld channels (fp16 channels-last)", b->device, (long long)cnt, (long long)y->shape[1]);
+    st->f = dev;
+    st->per_channel = cnt > 1;
+    return SPN_OK;
+  }
+  const spn_rt_val_t *v = &r->v[vi];
+  if (!same_dims(v, y))
+    return spn_error_set(r->err, SPN_EUNSUPPORTED, "%s: fp16 channels-last operands of different shapes (a broadcast); run with SPINDLE_CUDA_NHWC=0", b->device);
+  st->h = v->data;
+  return SPN_OK;
+}
+
+/* Node n's post-ops as one chain on its fp16 channels-last output y. */
+static int32_t h_chain_posts(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, const spn_rt_val_t *y,
+                             spn_cu_hchain_t *ch) {
+  const cu_node_t *c = n->bctx;
+  memset(ch, 0, sizeof *ch);
+  for (int p = 0; p < n->n_post; p++) {
+    const spn_post_t *po = &n->post[p];
+    spn_cu_hstep_t *st = &ch->s[ch->n++];
+    st->unary = post_unary(po->kind);
+    st->a = po->a;
+    st->b = po->b;
+    if (st->unary < 0) {
+      st->binary = po->kind == SPN_POST_ADD ? SPN_CU_ADD : SPN_CU_PRELU;
+      int32_t rc = h_operand(b, r, po->val, c->post_c[p], y, st);
+      if (rc)
+        return rc;
+    }
+  }
+  return SPN_OK;
+}
+
+/* Clip's bounds: attributes before opset 11, else optional inputs (constants
+ * or shape-class values: host memory). */
+static void clip_bounds(const spn_run_t *r, const spn_node_t *n, float *lo, float *hi) {
+  *lo = -INFINITY;
+  *hi = INFINITY;
+  if (r->m->opset < 11) {
+    *lo = spn_attr_float(n, "min", *lo);
+    *hi = spn_attr_float(n, "max", *hi);
+  } else {
+    if (n->n_in > 1 && n->in[1] >= 0) *lo = *(const float *)r->v[n->in[1]].data;
+    if (n->n_in > 2 && n->in[2] >= 0) *hi = *(const float *)r->v[n->in[2]].data;
+  }
+}
+
+/* An element-wise node on fp16 channels-last values (plan_forms). */
+static int32_t exec_h(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
+  spn_rt_val_t *y = &r->v[n->out[0]];
+  cudaStream_t s = run_stream(b, r);
+  if (y->ndim != 4)
+    return spn_error_set(r->err, SPN_EINTERNAL, "%s: an fp16 channels-last value of rank %d", b->device, y->ndim);
+  if (n->op == SPN_OP_CONCAT) { /* along C: each input fills its C-slice of every pixel */
+    size_t rows = (size_t)(y->shape[0] * y->shape[2] * y->shape[3]), orow = (size_t)y->shape[1] * 2, pos = 0;
+    for (int k = 0; k < n->n_in; k++) {
+      const spn_rt_val_t *v = &r->v[n->in[k]];
+      size_t chunk = (size_t)v->shape[1] * 2;
+      if (chunk && rows)
+        CU(cudaMemcpy2DAsync((uint8_t *)y->data + pos, orow, v->data, chunk, chunk, rows, cudaMemcpyDeviceToDevice, s), "Concat");
+      pos += chunk;
+    }
+    return SPN_OK;
+  }
+  spn_cu_hchain_t ch;
+  memset(&ch, 0, sizeof ch);
+  ch.n = 1;
+  spn_cu_hstep_t *st = &ch.s[0];
+  st->unary = -1;
+  int a = 0; /* the operand the chain starts from */
+  int32_t rc = SPN_OK;
+  switch (n->op) {
+  case SPN_OP_RELU: st->unary = SPN_CU_RELU; break;
+  case SPN_OP_LRELU: st->unary = SPN_CU_LRELU; st->a = spn_attr_float(n, "alpha", 0.01f); break;
+  case SPN_OP_SIGMOID: st->unary = SPN_CU_SIGMOID; break;
+  case SPN_OP_TANH: st->unary = SPN_CU_TANH; break;
+  case SPN_OP_CLIP: st->unary = SPN_CU_CLIP; clip_bounds(r, n, &st->a, &st->b); break;
+  case SPN_OP_PRELU:
+  case SPN_OP_ADD: case SPN_OP_SUB: case SPN_OP_MUL: case SPN_OP_DIV: {
+    st->binary = n->op == SPN_OP_ADD ? SPN_CU_ADD : n->op == SPN_OP_SUB ? SPN_CU_SUB : n->op == SPN_OP_MUL ? SPN_CU_MUL
+               : n->op == SPN_OP_DIV ? SPN_CU_DIV : SPN_CU_PRELU;
+    a = const_in(r->m, n, 0) ? 1 : 0; /* a constant first operand: Add and Mul only (plan_forms) */
+    rc = h_operand(b, r, n->in[1 - a], in_ptr(r, n, 1 - a), y, st);
+    break;
+  }
+  default:
+    return spn_error_set(r->err, SPN_EINTERNAL, "%s: no fp16 channels-last kernel", b->device);
+  }
+  if (rc)
+    return rc;
+  if (!same_dims(&r->v[n->in[a]], y))
+    return spn_error_set(r->err, SPN_EUNSUPPORTED, "%s: fp16 channels-last operands of different shapes (a broadcast); run with SPINDLE_CUDA_NHWC=0", b->device);
+  CU(spn_cu_h_map(r->v[n->in[a]].data, y->data, NULL, nelem(y), y->shape[1], &ch, s), "fp16 channels-last element-wise");
+  return SPN_OK;
+}
+
 /* ---- convolution ---- */
 
 static cu_conv_t *find_conv(cu_node_t *c, const spn_rt_val_t *x) {
@@ -597,10 +750,13 @@ static int32_t get_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, boo
   DNN(cudnnCreateFilterDescriptor(&e->w), "descriptor");
   DNN(cudnnCreateConvolutionDescriptor(&e->conv), "descriptor");
   DNN(cudnnCreateActivationDescriptor(&e->act), "descriptor");
-  DNN(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, dt, (int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3]), "input descriptor");
-  DNN(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, dt, (int)y->shape[0], (int)y->shape[1], (int)y->shape[2], (int)y->shape[3]), "output descriptor");
+  /* A channels-last convolution: NHWC tensors, K,R,S,C filter (the dims are
+   * still given as N, C, H, W and K, C, R, S). */
+  cudnnTensorFormat_t fmt = c->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+  DNN(cudnnSetTensor4dDescriptor(e->x, fmt, dt, (int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3]), "input descriptor");
+  DNN(cudnnSetTensor4dDescriptor(e->y, fmt, dt, (int)y->shape[0], (int)y->shape[1], (int)y->shape[2], (int)y->shape[3]), "output descriptor");
   DNN(cudnnSetTensor4dDescriptor(e->bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, (int)y->shape[1], 1, 1), "bias descriptor");
-  DNN(cudnnSetFilter4dDescriptor(e->w, dt, CUDNN_TENSOR_NCHW, (int)w->shape[0], (int)w->shape[1], (int)w->shape[2], (int)w->shape[3]), "filter descriptor");
+  DNN(cudnnSetFilter4dDescriptor(e->w, dt, fmt, (int)w->shape[0], (int)w->shape[1], (int)w->shape[2], (int)w->shape[3]), "filter descriptor");
   DNN(cudnnSetConvolution2dDescriptor(e->conv, (int)pl[0], (int)pl[1], (int)st[0], (int)st[1], (int)dil[0], (int)dil[1], CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT), "convolution descriptor");
   DNN(cudnnSetConvolutionGroupCount(e->conv, g), "group count");
   DNN(cudnnSetConvolutionMathType(e->conv, mt), "math type");
@@ -671,10 +827,20 @@ static int32_t exec_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bo
   void *yout = y->data;
   bool h = r->m->precision == SPN_PREC_FP16;
   if (h) {
+    /* fp16 operands: the input cast into the scratch unless it is an fp16
+     * channels-last value already; the output into the scratch unless it
+     * stays one. */
     uint16_t *x16 = (uint16_t *)(ws + CU_ALIGN(e->ws));
     yout = (uint8_t *)x16 + CU_ALIGN((size_t)nelem(x) * 2);
-    CU(spn_cu_f32_to_f16(x->data, x16, nelem(x), s), "fp16 cast");
+    if (c->nhwc && c->h_in[0])
+      x16 = x->data;
+    else if (c->nhwc)
+      CU(spn_cu_nchw_to_nhwc16(x->data, x16, x->shape[0], x->shape[1], x->shape[2] * x->shape[3], s), "fp16 channels-last cast");
+    else
+      CU(spn_cu_f32_to_f16(x->data, x16, nelem(x), s), "fp16 cast");
     xin = x16;
+    if (c->h_out)
+      yout = y->data;
   }
   int from = 0;
   if (tr) {
@@ -696,6 +862,13 @@ static int32_t exec_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bo
   } else {
     DNN(cudnnConvolutionForward(cx->dnn, &one, e->x, xin, e->w, w, e->conv, (cudnnConvolutionFwdAlgo_t)e->algo, ws, e->ws, &zero, e->y, yout), "convolution");
   }
+  if (h && c->h_out) { /* stays fp16 channels-last: bias and every post-op in one pass, in place */
+    spn_cu_hchain_t ch;
+    if ((rc = h_chain_posts(b, r, n, y, &ch)))
+      return rc;
+    CU(spn_cu_h_map(y->data, y->data, bias, nelem(y), y->shape[1], &ch, s), "fp16 channels-last epilogue");
+    return SPN_OK;
+  }
   if (h) { /* back to fp32 in one pass with the bias and the leading post-ops */
     const float *z = NULL;
     int act = 0;
@@ -712,7 +885,8 @@ static int32_t exec_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bo
       slope = n->post[from].a;
       from++;
     }
-    CU(spn_cu_f16_epilogue(yout, y->data, bias, z, y->shape[0], y->shape[1], y->shape[2] * y->shape[3], act, slope, s),
+    CU(spn_cu_f16_epilogue(yout, y->data, bias, z, y->shape[0], y->shape[1], y->shape[2] * y->shape[3], act, slope,
+                           c->nhwc, s),
        "fp32 cast");
     bias = NULL;
   }
@@ -997,6 +1171,8 @@ static int32_t exec_node(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
       produced += nelem(&r->v[n->out[o]]);
   if (!produced)
     return SPN_OK;
+  if (c->h_node)
+    return exec_h(b, r, n);
   const void *X = x ? in_ptr(r, n, 0) : NULL;
   switch (n->op) {
   case SPN_OP_CONV: return exec_conv(b, r, n, false);
@@ -1009,14 +1185,8 @@ static int32_t exec_node(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
   case SPN_OP_TANH: CU(spn_cu_unary(SPN_CU_TANH, X, y->data, cnt, 0, 0, s), "Tanh"); return SPN_OK;
   case SPN_OP_EXP: CU(spn_cu_unary(SPN_CU_EXP, X, y->data, cnt, 0, 0, s), "Exp"); return SPN_OK;
   case SPN_OP_CLIP: {
-    float lo = -INFINITY, hi = INFINITY;
-    if (r->m->opset < 11) {
-      lo = spn_attr_float(n, "min", lo);
-      hi = spn_attr_float(n, "max", hi);
-    } else { /* bounds are constants or shape-class values: host memory */
-      if (n->n_in > 1 && n->in[1] >= 0) lo = *(const float *)r->v[n->in[1]].data;
-      if (n->n_in > 2 && n->in[2] >= 0) hi = *(const float *)r->v[n->in[2]].data;
-    }
+    float lo, hi;
+    clip_bounds(r, n, &lo, &hi);
     CU(spn_cu_unary(SPN_CU_CLIP, X, y->data, cnt, lo, hi, s), "Clip");
     return SPN_OK;
   }
@@ -1145,6 +1315,179 @@ static int32_t exec_node(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
   }
 }
 
+/* ---- fp16 channels-last values ---- */
+
+/* A constant operand the fp16 channels-last chain reads as f[0] (one
+ * element) or f[c] (shape (C, 1, 1) or (1, C, 1, 1) against an NCHW
+ * value). */
+static bool chan_const(const spn_value_t *v) {
+  if (v->kind != SPN_VAL_CONST || v->dtype != SPN_DTYPE_F32)
+    return false;
+  int64_t cnt = 1;
+  for (int d = 0; d < v->ndim; d++)
+    cnt *= v->shape[d];
+  if (cnt == 1)
+    return true;
+  if (v->ndim == 3)
+    return v->shape[1] == 1 && v->shape[2] == 1;
+  return v->ndim == 4 && v->shape[0] == 1 && v->shape[2] == 1 && v->shape[3] == 1;
+}
+
+static bool live_here(const spn_backend_t *b, const spn_node_t *n) {
+  return !n->dead && !n->shape_class && n->backend == b->slot;
+}
+
+/* An element-wise node that can run on fp16 channels-last values: its
+ * data operands are such values (decided by plan_forms) or per-channel
+ * constants, at least one is not a constant, and a constant first operand
+ * only where the operation commutes. */
+static bool h_elementwise(const spn_backend_t *b, const spn_model_t *m, const spn_node_t *n) {
+  if (!live_here(b, n) || n->n_out != 1 || n->out[0] < 0 || n->n_in < 1 || n->in[0] < 0)
+    return false;
+  const spn_value_t *a = &m->vals[n->in[0]];
+  switch (n->op) {
+  case SPN_OP_RELU: case SPN_OP_LRELU: case SPN_OP_SIGMOID: case SPN_OP_TANH: case SPN_OP_CLIP:
+    return a->kind != SPN_VAL_CONST;
+  case SPN_OP_PRELU:
+    return a->kind != SPN_VAL_CONST && n->n_in == 2 && chan_const(&m->vals[n->in[1]]);
+  case SPN_OP_ADD: case SPN_OP_SUB: case SPN_OP_MUL: case SPN_OP_DIV: {
+    if (n->n_in != 2 || n->in[1] < 0)
+      return false;
+    const spn_value_t *w = &m->vals[n->in[1]];
+    if (a->kind == SPN_VAL_CONST)
+      return (n->op == SPN_OP_ADD || n->op == SPN_OP_MUL) && chan_const(a) && w->kind != SPN_VAL_CONST;
+    return w->kind != SPN_VAL_CONST || chan_const(w);
+  }
+  case SPN_OP_CONCAT: {
+    int64_t ax = spn_attr_int(n, "axis", 0);
+    if (ax != 1 && ax != -3)
+      return false;
+    for (int k = 0; k < n->n_in; k++)
+      if (n->in[k] < 0 || m->vals[n->in[k]].kind == SPN_VAL_CONST)
+        return false;
+    return true;
+  }
+  default:
+    return false;
+  }
+}
+
+/* The fused post-ops the chain of a channels-last convolution can apply:
+ * activations, and Add/PRelu of a per-channel constant or (Add only) of
+ * another fp16 channels-last value. */
+static bool h_posts_ok(const spn_model_t *m, const spn_node_t *n) {
+  for (int p = 0; p < n->n_post; p++) {
+    const spn_post_t *po = &n->post[p];
+    if (po->kind == SPN_POST_PRELU && !chan_const(&m->vals[po->val]))
+      return false;
+    if (po->kind == SPN_POST_ADD && m->vals[po->val].kind == SPN_VAL_CONST && !chan_const(&m->vals[po->val]))
+      return false;
+  }
+  return true;
+}
+
+/* Once per model, before its first run: which values stay fp16
+ * channels-last. A value does when a channels-last convolution (with post-
+ * ops the chain applies) or an element-wise node of such values produces
+ * it, it is not a model output, and every reader is on this backend and
+ * takes it as such: a channels-last convolution's data input, the residual
+ * Add of a channels-last convolution whose output stays fp16, or an
+ * element-wise node whose output stays fp16. Everything starts optimistic
+ * and drops out until nothing changes (as the CPU backend's mark_nhwc);
+ * every other value is fp32 NCHW, and the convolutions convert at their
+ * edges. Called under the backend's lock. */
+static void plan_forms(spn_backend_t *b, const spn_model_t *m) {
+  /* Every fp16 value traces back to a channels-last convolution: none
+   * without them. */
+  bool on = ((cu_ctx_t *)b->ctx)->nhwc && m->precision == SPN_PREC_FP16;
+  bool *hv = on ? calloc((size_t)m->n_val + 1, sizeof(bool)) : NULL;
+  bool *el = on ? calloc((size_t)m->n_node + 1, sizeof(bool)) : NULL;
+  if (hv && el) {
+    for (int i = 0; i < m->n_node; i++) {
+      const spn_node_t *n = &m->nodes[i];
+      const cu_node_t *c = n->bctx;
+      el[i] = h_elementwise(b, m, n);
+      bool conv = live_here(b, n) && c && c->nhwc && h_posts_ok(m, n);
+      if ((el[i] || conv) && n->out[0] >= 0 && !m->vals[n->out[0]].is_output)
+        hv[n->out[0]] = true;
+    }
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (int i = 0; i < m->n_node; i++) {
+        const spn_node_t *n = &m->nodes[i];
+        if (n->dead)
+          continue;
+        const cu_node_t *c = live_here(b, n) ? n->bctx : NULL;
+        bool conv = c && c->nhwc;
+        bool yh = n->n_out > 0 && n->out[0] >= 0 && hv[n->out[0]];
+        /* A node computing fp16 needs all its data operands in fp16. */
+        bool need = yh && (el[i] || conv);
+        for (int k = 0; k < n->n_in; k++) {
+          int vi = n->in[k];
+          if (vi < 0 || m->vals[vi].kind == SPN_VAL_CONST || (n->op == SPN_OP_CLIP && k > 0))
+            continue; /* constants, and Clip's bounds (read on the host) */
+          bool takes = n->shape_class ? n->op == SPN_OP_SHAPE : conv ? k == 0 : el[i] && yh;
+          if (hv[vi] && !takes) {
+            hv[vi] = false;
+            changed = true;
+          }
+          if (need && !conv && !hv[vi]) {
+            hv[n->out[0]] = false;
+            need = yh = false;
+            changed = true;
+          }
+        }
+        for (int p = 0; p < n->n_post; p++) {
+          int vi = n->post[p].val;
+          if (n->post[p].kind != SPN_POST_ADD && n->post[p].kind != SPN_POST_PRELU)
+            continue;
+          if (m->vals[vi].kind == SPN_VAL_CONST)
+            continue;
+          if (hv[vi] && !(conv && yh && n->post[p].kind == SPN_POST_ADD)) {
+            hv[vi] = false;
+            changed = true;
+          }
+          if (yh && conv && !hv[vi]) {
+            hv[n->out[0]] = false;
+            yh = false;
+            changed = true;
+          }
+        }
+        for (int o = 1; o < n->n_out; o++)
+          if (n->out[o] >= 0 && hv[n->out[o]]) {
+            hv[n->out[o]] = false;
+            changed = true;
+          }
+      }
+    }
+  }
+  int convs = 0, nhwc = 0, kept = 0;
+  for (int i = 0; i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    cu_node_t *c = live_here(b, n) ? n->bctx : NULL;
+    if (!c)
+      continue;
+    c->planned = true;
+    convs += n->op == SPN_OP_CONV || n->op == SPN_OP_CONVT;
+    nhwc += c->nhwc;
+    kept += hv && el && n->n_out > 0 && n->out[0] >= 0 && hv[n->out[0]];
+    if (!hv || !el)
+      continue; /* out of memory: everything fp32 NCHW, which is always right */
+    c->h_out = n->n_out > 0 && n->out[0] >= 0 && hv[n->out[0]];
+    for (int k = 0; k < n->n_in && k < 8; k++)
+      c->h_in[k] = n->in[k] >= 0 && hv[n->in[k]];
+    for (int p = 0; p < n->n_post; p++)
+      c->h_post[p] = (n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU) && hv[n->post[p].val];
+    c->h_node = el[i] && c->h_out;
+  }
+  /* What the opt-in did, once per model (as the load's CPU-fallback line). */
+  if (on)
+    fprintf(stderr, "spindle engine: %s on %s: fp16 channels-last: %d of %d convolutions, %d values kept fp16%s\n",
+            m->path, b->device, nhwc, convs, kept, hv && el ? "" : " (out of host memory: none)");
+  free(hv);
+  free(el);
+}
+
 /* Once per (model, input shapes): everything shape-dependent each node
  * placed here needs, and the largest scratch any of them uses. */
 static int32_t cu_prepare_shape(spn_backend_t *b, spn_run_t *r, size_t *scratch_n) {
@@ -1154,6 +1497,12 @@ static int32_t cu_prepare_shape(spn_backend_t *b, spn_run_t *r, size_t *scratch_
   int32_t rc = SPN_OK;
   pthread_mutex_lock(&cx->lock);
   cudaSetDevice(cx->dev);
+  for (int i = 0; i < m->n_node; i++)
+    if (live_here(b, &m->nodes[i]) && m->nodes[i].bctx) {
+      if (!((cu_node_t *)m->nodes[i].bctx)->planned)
+        plan_forms(b, m);
+      break;
+    }
   for (int i = 0; i < m->n_node && !rc; i++) {
     const spn_node_t *n = &m->nodes[i];
     if (n->dead || n->shape_class || n->backend != b->slot)
@@ -1500,6 +1849,8 @@ static int32_t cu_open(const spn_backend_factory_t *f, int index, spn_backend_t 
   cx->dev = index;
   const char *heur = getenv("SPINDLE_CUDNN_HEURISTIC");
   cx->heuristic = heur && *heur && strcmp(heur, "0");
+  const char *nhwc = getenv("SPINDLE_CUDA_NHWC");
+  cx->nhwc = nhwc && *nhwc && strcmp(nhwc, "0");
   b->iface = &cu_iface;
   b->ctx = cx;
   snprintf(b->device, sizeof b->device, "cuda:%d", index);

@@ -17,19 +17,31 @@ static unsigned grid_for(int64_t n) {
 
 #define GRID_LOOP(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
-__global__ void k_unary(int op, const float *x, float *y, int64_t n, float a, float b) {
-  GRID_LOOP(i, n) {
-    float v = x[i];
-    switch (op) {
-    case SPN_CU_RELU: v = v > 0.f ? v : 0.f; break;
-    case SPN_CU_LRELU: v = v > 0.f ? v : v * a; break;
-    case SPN_CU_SIGMOID: v = 1.f / (1.f + expf(-v)); break;
-    case SPN_CU_TANH: v = tanhf(v); break;
-    case SPN_CU_CLIP: v = v < a ? a : (v > b ? b : v); break;
-    default: v = expf(v); break;
-    }
-    y[i] = v;
+/* One element of each operator family; the fp32 kernels and the fp16
+ * channels-last chain (k_h_map) share them. */
+__device__ __forceinline__ float unary_op(int op, float v, float a, float b) {
+  switch (op) {
+  case SPN_CU_RELU: return v > 0.f ? v : 0.f;
+  case SPN_CU_LRELU: return v > 0.f ? v : v * a;
+  case SPN_CU_SIGMOID: return 1.f / (1.f + expf(-v));
+  case SPN_CU_TANH: return tanhf(v);
+  case SPN_CU_CLIP: return v < a ? a : (v > b ? b : v);
+  default: return expf(v);
   }
+}
+
+__device__ __forceinline__ float binary_op(int op, float x, float w) {
+  switch (op) {
+  case SPN_CU_ADD: return x + w;
+  case SPN_CU_SUB: return x - w;
+  case SPN_CU_MUL: return x * w;
+  case SPN_CU_DIV: return x / w;
+  default: return x > 0.f ? x : x * w;
+  }
+}
+
+__global__ void k_unary(int op, const float *x, float *y, int64_t n, float a, float b) {
+  GRID_LOOP(i, n) y[i] = unary_op(op, x[i], a, b);
 }
 
 extern "C" cudaError_t spn_cu_unary(int op, const float *x, float *y, int64_t n, float a, float b, cudaStream_t s) {
@@ -48,15 +60,7 @@ __global__ void k_binary(int op, const float *A, const float *B, float *Y, spn_c
       oa += c * ga.st[d];
       ob += c * gb.st[d];
     }
-    float x = A[oa], w = B[ob], v;
-    switch (op) {
-    case SPN_CU_ADD: v = x + w; break;
-    case SPN_CU_SUB: v = x - w; break;
-    case SPN_CU_MUL: v = x * w; break;
-    case SPN_CU_DIV: v = x / w; break;
-    default: v = x > 0.f ? x : x * w; break;
-    }
-    Y[i] = v;
+    Y[i] = binary_op(op, A[oa], B[ob]);
   }
 }
 
@@ -333,15 +337,19 @@ extern "C" cudaError_t spn_cu_f32_to_f16(const float *x, uint16_t *y16, int64_t 
 
 /* The fp16 convolution's epilogue in one pass: float(x16) + bias[c], + z
  * (a residual of y's shape), then ReLU (act 1) or LeakyReLU (act 2, slope).
- * 32-bit indices where they fit: a 64-bit division per element would make
- * this memory-bound pass bound by arithmetic. */
+ * y is NCHW; x16 is NCHW too, or NHWC (nhwc: the channels-last convolution
+ * whose output is not kept in fp16). 32-bit indices where they fit: a
+ * 64-bit division per element would make this memory-bound pass bound by
+ * arithmetic. */
 template <typename I>
 __global__ void k_h2f_epi(const __half *x, float *y, const float *bias, const float *z, I C, I HW, I n, int act,
-                          float slope) {
+                          float slope, int nhwc) {
   for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
-    float v = __half2float(x[i]);
+    I c = (i / HW) % C;
+    I src = nhwc ? (i / (HW * C) * HW + i % HW) * C + c : i;
+    float v = __half2float(x[src]);
     if (bias)
-      v += bias[(i / HW) % C];
+      v += bias[c];
     if (z)
       v += z[i];
     if (act == 1)
@@ -353,7 +361,8 @@ __global__ void k_h2f_epi(const __half *x, float *y, const float *bias, const fl
 }
 
 extern "C" cudaError_t spn_cu_f16_epilogue(const uint16_t *x16, float *y, const float *bias, const float *z,
-                                           int64_t N, int64_t C, int64_t HW, int act, float slope, cudaStream_t s) {
+                                           int64_t N, int64_t C, int64_t HW, int act, float slope, int nhwc,
+                                           cudaStream_t s) {
   int64_t n = N * C * HW;
   if (n <= 0)
     return cudaSuccess;
@@ -361,8 +370,68 @@ extern "C" cudaError_t spn_cu_f16_epilogue(const uint16_t *x16, float *y, const 
     HW = 1;
   if (n < ((int64_t)1 << 31))
     k_h2f_epi<uint32_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const __half *)x16, y, bias, z, (uint32_t)C,
-                                                              (uint32_t)HW, (uint32_t)n, act, slope);
+                                                              (uint32_t)HW, (uint32_t)n, act, slope, nhwc);
   else
-    k_h2f_epi<int64_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const __half *)x16, y, bias, z, C, HW, n, act, slope);
+    k_h2f_epi<int64_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const __half *)x16, y, bias, z, C, HW, n, act, slope,
+                                                             nhwc);
+  return cudaGetLastError();
+}
+
+/* ---- fp16 channels-last values ---- */
+
+template <typename I>
+__global__ void k_f2h_nhwc(const float *x, __half *y, I C, I HW, I n) {
+  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+    I c = i % C, p = (i / C) % HW, b = i / (C * HW);
+    y[i] = __float2half_rn(x[(b * C + c) * HW + p]);
+  }
+}
+
+extern "C" cudaError_t spn_cu_nchw_to_nhwc16(const float *x, uint16_t *y16, int64_t N, int64_t C, int64_t HW,
+                                             cudaStream_t s) {
+  int64_t n = N * C * HW;
+  if (n <= 0)
+    return cudaSuccess;
+  if (n < ((int64_t)1 << 31))
+    k_f2h_nhwc<uint32_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>(x, (__half *)y16, (uint32_t)C, (uint32_t)HW,
+                                                               (uint32_t)n);
+  else
+    k_f2h_nhwc<int64_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>(x, (__half *)y16, C, HW, n);
+  return cudaGetLastError();
+}
+
+template <typename I>
+__global__ void k_h_map(const __half *x, __half *y, const float *bias, I C, I n, spn_cu_hchain_t ch) {
+  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+    I c = i % C;
+    float v = __half2float(x[i]);
+    if (bias)
+      v += bias[c];
+    /* Unrolled: constant step indices keep the chain in parameter space. */
+#pragma unroll
+    for (int k = 0; k < SPN_CU_MAX_HSTEPS; k++) {
+      if (k >= ch.n)
+        break;
+      if (ch.s[k].unary >= 0)
+        v = unary_op(ch.s[k].unary, v, ch.s[k].a, ch.s[k].b);
+      else
+        v = binary_op(ch.s[k].binary, v,
+                      ch.s[k].h ? __half2float(((const __half *)ch.s[k].h)[i]) : ch.s[k].f[ch.s[k].per_channel ? c : 0]);
+    }
+    y[i] = __float2half_rn(v);
+  }
+}
+
+extern "C" cudaError_t spn_cu_h_map(const uint16_t *x16, uint16_t *y16, const float *bias, int64_t n, int64_t C,
+                                    const spn_cu_hchain_t *ch, cudaStream_t s) {
+  if (n <= 0)
+    return cudaSuccess;
+  if (C < 1 || ch->n < 0 || ch->n > SPN_CU_MAX_HSTEPS)
+    return cudaErrorInvalidValue;
+  if (n < ((int64_t)1 << 31))
+    k_h_map<uint32_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const __half *)x16, (__half *)y16, bias, (uint32_t)C,
+                                                            (uint32_t)n, *ch);
+  else
+    k_h_map<int64_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const __half *)x16, (__half *)y16, bias, C, n, *ch);
   return cudaGetLastError();
 }

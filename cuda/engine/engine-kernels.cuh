@@ -1,5 +1,6 @@
 /* cuda/engine/engine-kernels.cuh — the CUDA engine backend's own kernels
- * (everything cuDNN and cuBLASLt do not do), fp32, NCHW.
+ * (everything cuDNN and cuBLASLt do not do): fp32 NCHW, and the fp16
+ * channels-last helpers at the end.
  *
  * Each is the GPU twin of a CPU kernel in core/engine/cpu-kernels.c, with the
  * same semantics (broadcast strides, pad modes, resize tables computed on the
@@ -50,17 +51,44 @@ cudaError_t spn_cu_softmax(const float *x, float *y, int64_t outer, int64_t len,
 cudaError_t spn_cu_depth_to_space(const float *x, float *y, int64_t N, int64_t C, int64_t H, int64_t W,
                                   int64_t b, int crd, cudaStream_t s);
 cudaError_t spn_cu_global_avg_pool(const float *x, float *y, int64_t planes, int64_t sp, cudaStream_t s);
-/* 2-D pooling over NCHW: max (avg = 0) or average; pads top/left; count
- * includes padding when count_pad. Output size given. */
 /* fp16 edges of the tensor-core operators (precision "fp16"): y16[i] =
  * half(x[i]) rounded to nearest even; the cast back, with the convolution's
  * leading post-ops fused, is y[n,c,i] = act(float(x16[n,c,i]) + bias[c] +
  * z[n,c,i]) (bias NULL: none; z NULL or a tensor of y's shape; C and HW
  * describe the layout for the bias; act 0 none, 1 ReLU, 2
- * LeakyReLU(slope)). Halves are passed as raw 16-bit storage. */
+ * LeakyReLU(slope)); nhwc: x16 is channels-last (N, HW, C) while y stays
+ * NCHW. Halves are passed as raw 16-bit storage. */
 cudaError_t spn_cu_f32_to_f16(const float *x, uint16_t *y16, int64_t n, cudaStream_t s);
 cudaError_t spn_cu_f16_epilogue(const uint16_t *x16, float *y, const float *bias, const float *z, int64_t N,
-                                int64_t C, int64_t HW, int act, float slope, cudaStream_t s);
+                                int64_t C, int64_t HW, int act, float slope, int nhwc, cudaStream_t s);
+/* fp16 channels-last values (precision fp16 with channels-last activations,
+ * docs/engine.md): a tensor of logical shape (N, C, H, W) stored as
+ * half[N][H][W][C]. A chain applies up to SPN_CU_MAX_HSTEPS element-wise
+ * steps in fp32 and rounds once: a unary step (`unary` one of SPN_CU_RELU..
+ * SPN_CU_EXP, with a, b as for spn_cu_unary) or, with unary < 0, a binary
+ * one (`binary` one of SPN_CU_ADD..SPN_CU_PRELU) whose second operand is h
+ * (fp16 channels-last, y's shape) or else the fp32 constant f[0] (a scalar)
+ * or f[c] (per_channel). */
+#define SPN_CU_MAX_HSTEPS 6
+typedef struct spn_cu_hstep {
+  int unary, binary;
+  float a, b;
+  const uint16_t *h;
+  const float *f;
+  int per_channel;
+} spn_cu_hstep_t;
+typedef struct spn_cu_hchain {
+  int n;
+  spn_cu_hstep_t s[SPN_CU_MAX_HSTEPS];
+} spn_cu_hchain_t;
+/* y16 = chain(float(x16[i]) + bias[i % C]) over n elements with C channels
+ * innermost (bias NULL: none; x16 may equal y16). */
+cudaError_t spn_cu_h_map(const uint16_t *x16, uint16_t *y16, const float *bias, int64_t n, int64_t C,
+                         const spn_cu_hchain_t *ch, cudaStream_t s);
+/* y16 (N, HW, C) = half(x (N, C, HW)), rounded to nearest even. */
+cudaError_t spn_cu_nchw_to_nhwc16(const float *x, uint16_t *y16, int64_t N, int64_t C, int64_t HW, cudaStream_t s);
+/* 2-D pooling over NCHW: max (avg = 0) or average; pads top/left; count
+ * includes padding when count_pad. Output size given. */
 cudaError_t spn_cu_pool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,
                           int kh, int kw, int sh, int sw, int ph, int pw, int dh, int dw, int avg, int count_pad,
                           cudaStream_t s);

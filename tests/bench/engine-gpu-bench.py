@@ -8,6 +8,8 @@ as ONNX, and times in this one run, one after the other on the same input:
   spindle fp32 / tf32 / fp16   `engine-bench MODEL --device cuda:N --precision P`
                                (runs replayed as CUDA Graphs after the warm-up)
   spindle fp16 no graphs       the same with SPINDLE_NO_CUDA_GRAPHS=1 (eager)
+  spindle fp16 nhwc            fp16 with SPINDLE_CUDA_NHWC=1: activations kept
+                               fp16 channels-last between convolutions
   torch eager fp32             the same ONNX graph converted to torch.nn modules
                                (onnx2torch: same weights), cudnn.benchmark,
                                channels_last
@@ -27,7 +29,9 @@ copied from host memory and the output copied back (Spindle: spn_model_run
 with host tensors). Throughput (samples/s) is batch / "ms".
 
 usage: engine-gpu-bench.py BUILD_DIR [--device cuda:0] [--iters N]
-                           [--only NAME] [--workdir DIR]
+                           [--only NAME] [--workdir DIR] [--spindle LIST]
+--spindle: which Spindle variants, comma-separated among fp32, tf32, fp16,
+fp16-nographs, fp16-nhwc (default: all).
 Needs a CUDA GPU, torch (with CUDA) and onnx2torch; exits 77 (skipped)
 without them.
 """
@@ -51,13 +55,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import models  # noqa: E402
 
 
-def spindle_time(exe, path, feeds, work, name, device, precision, iters, graphs=True, device_io=False):
+def spindle_time(exe, path, feeds, work, name, device, precision, iters, graphs=True, device_io=False, nhwc=False):
     args = [exe, path, "--device", device, "--precision", precision, "--iters", str(iters), "--warmup", "5"]
     if device_io:
         args.append("--device-io")
     env = dict(os.environ)
+    env.pop("SPINDLE_CUDA_NHWC", None)
     if not graphs:
         env["SPINDLE_NO_CUDA_GRAPHS"] = "1"
+    if nhwc:
+        env["SPINDLE_CUDA_NHWC"] = "1"
     for k, v in feeds.items():
         p = os.path.join(work, f"{name}_{k}.npy")
         np.save(p, v)
@@ -122,7 +129,14 @@ def main():
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--only")
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--spindle", default="fp32,tf32,fp16,fp16-nographs,fp16-nhwc")
     a = ap.parse_args()
+    variants = {"fp32": ("fp32", True, False), "tf32": ("tf32", True, False), "fp16": ("fp16", True, False),
+                "fp16-nographs": ("fp16", False, False), "fp16-nhwc": ("fp16", True, True)}
+    wanted = [v.strip() for v in a.spindle.split(",") if v.strip()]
+    for v in wanted:
+        if v not in variants:
+            ap.error(f"--spindle: unknown variant {v!r} (known: {', '.join(variants)})")
     if not torch.cuda.is_available():
         print("SKIP: torch sees no CUDA device")
         return 77
@@ -149,10 +163,11 @@ def main():
         if not os.path.exists(path):
             onnx.save(mk(), path)
         feeds = feeds_fn()
-        for prec, graphs in (("fp32", True), ("tf32", True), ("fp16", True), ("fp16", False)):
-            label = "spindle " + prec + ("" if graphs else " no graphs")
-            dms, why = spindle_time(exe, path, feeds, work, name, a.device, prec, a.iters, graphs, True)
-            ms, why2 = spindle_time(exe, path, feeds, work, name, a.device, prec, a.iters, graphs)
+        for v in wanted:
+            prec, graphs, nhwc = variants[v]
+            label = "spindle " + prec + ("" if graphs else " no graphs") + (" nhwc" if nhwc else "")
+            dms, why = spindle_time(exe, path, feeds, work, name, a.device, prec, a.iters, graphs, True, nhwc)
+            ms, why2 = spindle_time(exe, path, feeds, work, name, a.device, prec, a.iters, graphs, False, nhwc)
             if dms is None or ms is None:
                 print(f"{name:24} {label:30} failed: {why or why2}")
             else:

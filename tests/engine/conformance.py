@@ -23,11 +23,16 @@ matrix-product layers (MODEL_DEPTH below): both formats keep 10 mantissa
 bits (unit roundoff 2^-11), each such layer rounds its two operands and (fp16)
 its result once, and the errors of successive layers are taken to add up.
 
-usage: conformance.py SPINDLE WORKDIR [--only SUBSTR] [--device D] [--precision P]
+With --nhwc (cuda:N, fp16) SPINDLE_CUDA_NHWC=1 is set for every run: values
+between convolutions stay fp16 channels-last (docs/engine.md, "fp16
+channels-last"); the cases named *_h16 must then report fp16 values kept.
+
+usage: conformance.py SPINDLE WORKDIR [--only SUBSTR] [--device D] [--precision P] [--nhwc]
 Exits 77 (skipped) when onnx/onnxruntime are not installed, or when the
 device is cuda:N and no CUDA device (or no CUDA engine backend) is there.
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -214,6 +219,27 @@ def op_cases():
     c["constant_folding_chain"] = case([N("Mul", ["w", "two"], ["w2"]), N("Add", ["w2", "one"], ["w3"]), N("Add", ["x", "w3"], ["y"])],
                                        {"x": rnd(3, 4)}, [("y", F)], {"w": rnd(3, 4), "two": np.array(2, np.float32), "one": np.array(1, np.float32)})
     c["dead_node_removed"] = case([N("Relu", ["x"], ["unused"]), N("Sigmoid", ["x"], ["y"])], {"x": rnd(3, 4)}, [("y", F)])
+    # Channel counts that are multiples of 8, so that with --nhwc (fp16
+    # channels-last on the GPU) the convolutions run channels-last and the
+    # values between them stay fp16: a residual, element-wise nodes on a
+    # scalar, a per-channel constant and two fp16 values, a channel Concat, a
+    # transposed convolution with a fused Sigmoid, and two outputs converted
+    # back (one through a fused Clip). Last, so the other cases' random data
+    # does not change.
+    c["conv_chain_h16"] = case([
+        N("Conv", ["x", "w1", "b1"], ["a0"], pads=[1, 1, 1, 1]), N("Relu", ["a0"], ["a"]),
+        N("Conv", ["a", "w2"], ["b0"], pads=[1, 1, 1, 1]), N("Add", ["b0", "a"], ["b1s"]), N("Relu", ["b1s"], ["b"]),
+        N("Mul", ["b", "half"], ["m"]), N("Add", ["cb", "m"], ["m2"]), N("PRelu", ["m2", "s"], ["p"]),
+        N("Sub", ["p", "half"], ["q"]), N("LeakyRelu", ["q"], ["l"], alpha=0.2), N("Mul", ["l", "a"], ["lm"]),
+        N("Div", ["lm", "two"], ["ld"]), N("Concat", ["ld", "a"], ["cc"], axis=1),
+        N("ConvTranspose", ["cc", "wt", "bt"], ["u"], strides=[2, 2], pads=[1, 1, 1, 1]), N("Sigmoid", ["u"], ["us"]),
+        N("Conv", ["us", "w3", "b3"], ["y"], pads=[1, 1, 1, 1]),
+        N("Conv", ["cc", "w4"], ["z0"]), N("Clip", ["z0", "lo", "hi"], ["z"]),
+    ], {"x": rnd(2, 8, 7, 9)}, [("y", F), ("z", F)],
+        {"w1": rnd(16, 8, 3, 3) * 0.3, "b1": rnd(16), "w2": rnd(16, 16, 3, 3) * 0.2, "half": np.array(0.5, np.float32),
+         "cb": rnd(1, 16, 1, 1), "s": rnd(16, 1, 1, lo=0.05, hi=0.3), "two": np.array(2, np.float32),
+         "wt": rnd(32, 16, 4, 4) * 0.15, "bt": rnd(16), "w3": rnd(8, 16, 3, 3) * 0.2, "b3": rnd(8),
+         "w4": rnd(8, 32, 1, 1) * 0.3, "lo": np.array(-0.4, np.float32), "hi": np.array(0.5, np.float32)}, dyn_batch=True)
     return c
 
 
@@ -237,6 +263,7 @@ def save_npy(path, a):
 ESPCN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "models", "espcn-x2.onnx")
 DEVICE_ARGS = []
 PRECISION = "fp32"
+NHWC = False
 # Longest chain of Conv/ConvTranspose/Gemm/MatMul nodes from an input to an
 # output of each whole-model case (counted on the graphs model_cases builds).
 MODEL_DEPTH = {"model_srvggnet_compact": 6, "model_rrdbnet": 21, "model_retinaface_mnet025": 34,
@@ -271,6 +298,10 @@ def run_case(spindle, work, name, model, feeds):
     if pr.returncode != 0:
         return False, f"spindle failed ({pr.returncode}): {pr.stderr.strip()}"
     fell_back = "run on the CPU" in pr.stderr
+    if NHWC and name.endswith("_h16"):
+        m = re.search(r"fp16 channels-last: (\d+) of (\d+) convolutions, (\d+) values", pr.stderr)
+        if not m or int(m.group(3)) == 0:
+            return False, f"no fp16 channels-last values reported: {pr.stderr.strip()}"
     if fell_back and name.startswith("model_"):
         return False, f"nodes fell back to the CPU: {pr.stderr.strip()}"
     worst = 0.0
@@ -303,8 +334,11 @@ def gpu_missing(spindle, work, device):
 
 
 def main():
-    global DEVICE_ARGS, PRECISION
+    global DEVICE_ARGS, PRECISION, NHWC
     args = sys.argv[1:]
+    if "--nhwc" in args:
+        args.remove("--nhwc")
+        NHWC = True
     opts = {}
     pos = []
     i = 0
@@ -332,6 +366,11 @@ def main():
             return 2
         DEVICE_ARGS = ["--device", device, "--precision", precision]
         PRECISION = precision
+    if NHWC:
+        if device == "cpu" or precision != "fp16":
+            print("--nhwc needs --device cuda:N --precision fp16")
+            return 2
+        os.environ["SPINDLE_CUDA_NHWC"] = "1"
     cases = {}
     cases.update(op_cases())
     cases.update(model_cases())
