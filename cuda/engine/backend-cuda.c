@@ -124,9 +124,12 @@ typedef struct {
   bool half[8];                /* cdata[k] holds fp16 (precision fp16 weights) */
   int n_fused;                 /* leading post-ops fused into cuDNN */
   /* fp16 channels-last (plan_forms): a convolution run on NHWC fp16 tensors
-   * (its weights stored K,R,S,C); which of the node's values are fp16
-   * channels-last; an element-wise node run on them. */
+   * (its weights stored K,R,S,C), with its input and output channel counts
+   * and those rounded up to a multiple of 8 for cuDNN (zero channels); which
+   * of the node's values are fp16 channels-last; an element-wise node run
+   * on them. */
   bool nhwc;
+  int64_t cin, cout, cin_p, cout_p;
   bool planned;
   bool h_out, h_in[8], h_post[SPN_MAX_POST];
   bool h_node;
@@ -346,18 +349,48 @@ static bool half_operand(const spn_model_t *m, const spn_node_t *n, int k) {
 }
 
 /* A convolution this backend runs on fp16 channels-last tensors: fp16 with
- * SPINDLE_CUDA_NHWC=1, 2-D, ungrouped, both channel counts multiples of 8
- * (what cuDNN's NHWC tensor-core kernels take; the others keep the NCHW
- * path and convert at their edges). */
-static bool nhwc_conv(spn_backend_t *b, const spn_model_t *m, const spn_node_t *n) {
+ * SPINDLE_CUDA_NHWC=1, 2-D, ungrouped (depthwise and grouped layers keep
+ * the NCHW path and convert at their edges). Sets its channel counts, and
+ * pads each to a multiple of 8, what cuDNN's NHWC tensor-core kernels take
+ * (a 3- or 6-channel first layer reads zero channels beside its input; a
+ * 3-channel last layer writes three it drops). */
+static bool nhwc_conv(spn_backend_t *b, const spn_model_t *m, const spn_node_t *n, cu_node_t *c) {
   const cu_ctx_t *cx = b->ctx;
   if (!cx->nhwc || m->precision != SPN_PREC_FP16 || (n->op != SPN_OP_CONV && n->op != SPN_OP_CONVT) ||
-      !const_in(m, n, 1) || spn_attr_int(n, "group", 1) != 1)
+      !const_in(m, n, 1) || spn_attr_int(n, "group", 1) != 1 || m->vals[n->in[1]].ndim != 4)
     return false;
-  const spn_value_t *w = &m->vals[n->in[1]];
-  /* Conv (K, C, R, S); ConvTranspose (C_in, C_out, R, S): either way the
-   * first two dims are the two channel counts. */
-  return w->ndim == 4 && w->shape[0] % 8 == 0 && w->shape[1] % 8 == 0;
+  /* Conv weights are (C_out, C_in, R, S), ConvTranspose's (C_in, C_out, R, S). */
+  const int64_t *ws = m->vals[n->in[1]].shape;
+  bool tr = n->op == SPN_OP_CONVT;
+  c->cin = tr ? ws[0] : ws[1];
+  c->cout = tr ? ws[1] : ws[0];
+  c->cin_p = (c->cin + 7) / 8 * 8;
+  c->cout_p = (c->cout + 7) / 8 * 8;
+  return c->cin > 0 && c->cout > 0;
+}
+
+/* A channels-last convolution's weights: fp16, (d0, d1, R, S) reordered to
+ * (p0, R, S, p1) with the added channels zero (d0, d1 = the weight's first
+ * two dims, p0, p1 = them padded). Caller frees. */
+static uint16_t *nhwc_weights(const float *w, const cu_node_t *c, bool tr, int64_t rs, size_t *bytes) {
+  int64_t d0 = tr ? c->cin : c->cout, d1 = tr ? c->cout : c->cin;
+  int64_t p0 = tr ? c->cin_p : c->cout_p, p1 = tr ? c->cout_p : c->cin_p;
+  size_t cnt = (size_t)(d0 * d1 * rs), pcnt = (size_t)(p0 * p1 * rs);
+  uint16_t *h = malloc(cnt * sizeof(uint16_t) + 2);
+  uint16_t *out = calloc(pcnt + 1, sizeof(uint16_t)); /* fp16 +0 is all zero bits */
+  if (!h || !out) {
+    free(h);
+    free(out);
+    return NULL;
+  }
+  spn_f32_to_f16_n(w, h, cnt);
+  for (int64_t a = 0; a < d0; a++)
+    for (int64_t q = 0; q < rs; q++)
+      for (int64_t k = 0; k < d1; k++)
+        out[(a * rs + q) * p1 + k] = h[(a * d1 + k) * rs + q];
+  free(h);
+  *bytes = pcnt * sizeof(uint16_t);
+  return out;
 }
 
 static void cu_node_free(spn_backend_t *b, spn_node_t *n) {
@@ -407,26 +440,29 @@ static int32_t cu_prepare(spn_backend_t *b, spn_model_t *m, spn_node_t *n, spn_e
   if (!c)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
   n->bctx = c;
-  c->nhwc = nhwc_conv(b, m, n);
+  c->nhwc = nhwc_conv(b, m, n, c);
   int32_t rc = SPN_OK;
   for (int k = 0; k < n->n_in && k < 8 && !rc; k++) {
     if (!const_in(m, n, k))
       continue;
     const spn_value_t *v = &m->vals[n->in[k]];
-    if (half_operand(m, n, k)) {
-      /* fp16 weights, converted once here (round to nearest even); a
-       * channels-last convolution's from (K, C, R, S) to (K, R, S, C). */
+    if (half_operand(m, n, k) && c->nhwc && k == 1) {
+      /* A channels-last convolution's weights: fp16, K,R,S,C, padded. */
+      size_t bytes = 0;
+      uint16_t *w = nhwc_weights(v->data, c, n->op == SPN_OP_CONVT, v->shape[2] * v->shape[3], &bytes);
+      if (!w)
+        return spn_error_set(err, SPN_ENOMEM, "out of memory");
+      rc = upload(b, w, bytes, &c->cdata[k], err);
+      free(w);
+      c->half[k] = true;
+    } else if (half_operand(m, n, k)) {
+      /* fp16 weights, converted once here (round to nearest even). */
       size_t cnt = value_bytes(v) / sizeof(float);
-      uint16_t *h = malloc(cnt ? 2 * cnt * sizeof(uint16_t) : 2);
+      uint16_t *h = malloc(cnt ? cnt * sizeof(uint16_t) : 2);
       if (!h)
         return spn_error_set(err, SPN_ENOMEM, "out of memory");
       spn_f32_to_f16_n(v->data, h, cnt);
-      uint16_t *w = h;
-      if (c->nhwc && k == 1) {
-        w = h + cnt;
-        spn_nchw_to_nhwc(h, w, sizeof(uint16_t), v->shape[0], v->shape[1], v->shape[2] * v->shape[3]);
-      }
-      rc = upload(b, w, cnt * sizeof(uint16_t), &c->cdata[k], err);
+      rc = upload(b, h, cnt * sizeof(uint16_t), &c->cdata[k], err);
       free(h);
       c->half[k] = true;
     } else {
@@ -753,10 +789,17 @@ static int32_t get_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, boo
   /* A channels-last convolution: NHWC tensors, K,R,S,C filter (the dims are
    * still given as N, C, H, W and K, C, R, S). */
   cudnnTensorFormat_t fmt = c->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
-  DNN(cudnnSetTensor4dDescriptor(e->x, fmt, dt, (int)x->shape[0], (int)x->shape[1], (int)x->shape[2], (int)x->shape[3]), "input descriptor");
-  DNN(cudnnSetTensor4dDescriptor(e->y, fmt, dt, (int)y->shape[0], (int)y->shape[1], (int)y->shape[2], (int)y->shape[3]), "output descriptor");
+  int64_t xc = x->shape[1], yc = y->shape[1], w0 = w->shape[0], w1 = w->shape[1];
+  if (c->nhwc) { /* the padded channel counts */
+    xc = c->cin_p;
+    yc = c->cout_p;
+    w0 = tr ? c->cin_p : c->cout_p;
+    w1 = tr ? c->cout_p : c->cin_p;
+  }
+  DNN(cudnnSetTensor4dDescriptor(e->x, fmt, dt, (int)x->shape[0], (int)xc, (int)x->shape[2], (int)x->shape[3]), "input descriptor");
+  DNN(cudnnSetTensor4dDescriptor(e->y, fmt, dt, (int)y->shape[0], (int)yc, (int)y->shape[2], (int)y->shape[3]), "output descriptor");
   DNN(cudnnSetTensor4dDescriptor(e->bias, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, (int)y->shape[1], 1, 1), "bias descriptor");
-  DNN(cudnnSetFilter4dDescriptor(e->w, dt, fmt, (int)w->shape[0], (int)w->shape[1], (int)w->shape[2], (int)w->shape[3]), "filter descriptor");
+  DNN(cudnnSetFilter4dDescriptor(e->w, dt, fmt, (int)w0, (int)w1, (int)w->shape[2], (int)w->shape[3]), "filter descriptor");
   DNN(cudnnSetConvolution2dDescriptor(e->conv, (int)pl[0], (int)pl[1], (int)st[0], (int)st[1], (int)dil[0], (int)dil[1], CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT), "convolution descriptor");
   DNN(cudnnSetConvolutionGroupCount(e->conv, g), "group count");
   DNN(cudnnSetConvolutionMathType(e->conv, mt), "math type");
@@ -798,12 +841,22 @@ static int32_t get_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, boo
   return SPN_OK;
 }
 
+/* Bytes of a convolution's input or output in fp16, with the channels a
+ * channels-last convolution pads. */
+static size_t half_bytes(const spn_node_t *n, const spn_rt_val_t *v, bool input) {
+  const cu_node_t *c = n->bctx;
+  int64_t cnt = nelem(v);
+  if (c->nhwc && v->ndim == 4 && v->shape[1] > 0)
+    cnt = cnt / v->shape[1] * (input ? c->cin_p : c->cout_p);
+  return (size_t)cnt * 2;
+}
+
 /* Scratch of one convolution: cuDNN's workspace, then in fp16 the input and
  * the output cast to fp16. */
 static size_t conv_scratch(const spn_run_t *r, const spn_node_t *n, const cu_conv_t *e) {
   size_t need = CU_ALIGN(e->ws);
   if (r->m->precision == SPN_PREC_FP16)
-    need += CU_ALIGN((size_t)nelem(&r->v[n->in[0]]) * 2) + CU_ALIGN((size_t)nelem(&r->v[n->out[0]]) * 2);
+    need += CU_ALIGN(half_bytes(n, &r->v[n->in[0]], true)) + CU_ALIGN(half_bytes(n, &r->v[n->out[0]], false));
   return need;
 }
 
@@ -831,11 +884,11 @@ static int32_t exec_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bo
      * channels-last value already; the output into the scratch unless it
      * stays one. */
     uint16_t *x16 = (uint16_t *)(ws + CU_ALIGN(e->ws));
-    yout = (uint8_t *)x16 + CU_ALIGN((size_t)nelem(x) * 2);
+    yout = (uint8_t *)x16 + CU_ALIGN(half_bytes(n, x, true));
     if (c->nhwc && c->h_in[0])
       x16 = x->data;
     else if (c->nhwc)
-      CU(spn_cu_nchw_to_nhwc16(x->data, x16, x->shape[0], x->shape[1], x->shape[2] * x->shape[3], s), "fp16 channels-last cast");
+      CU(spn_cu_nchw_to_nhwc16(x->data, x16, x->shape[0], x->shape[1], x->shape[2] * x->shape[3], c->cin_p, s), "fp16 channels-last cast");
     else
       CU(spn_cu_f32_to_f16(x->data, x16, nelem(x), s), "fp16 cast");
     xin = x16;
@@ -886,7 +939,7 @@ static int32_t exec_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bo
       from++;
     }
     CU(spn_cu_f16_epilogue(yout, y->data, bias, z, y->shape[0], y->shape[1], y->shape[2] * y->shape[3], act, slope,
-                           c->nhwc, s),
+                           c->nhwc ? c->cout_p : 0, s),
        "fp32 cast");
     bias = NULL;
   }
@@ -1407,7 +1460,7 @@ static void plan_forms(spn_backend_t *b, const spn_model_t *m) {
       const spn_node_t *n = &m->nodes[i];
       const cu_node_t *c = n->bctx;
       el[i] = h_elementwise(b, m, n);
-      bool conv = live_here(b, n) && c && c->nhwc && h_posts_ok(m, n);
+      bool conv = live_here(b, n) && c && c->nhwc && c->cout_p == c->cout && h_posts_ok(m, n);
       if ((el[i] || conv) && n->out[0] >= 0 && !m->vals[n->out[0]].is_output)
         hv[n->out[0]] = true;
     }
@@ -1426,7 +1479,7 @@ static void plan_forms(spn_backend_t *b, const spn_model_t *m) {
           int vi = n->in[k];
           if (vi < 0 || m->vals[vi].kind == SPN_VAL_CONST || (n->op == SPN_OP_CLIP && k > 0))
             continue; /* constants, and Clip's bounds (read on the host) */
-          bool takes = n->shape_class ? n->op == SPN_OP_SHAPE : conv ? k == 0 : el[i] && yh;
+          bool takes = n->shape_class ? n->op == SPN_OP_SHAPE : conv ? k == 0 && c->cin_p == c->cin : el[i] && yh;
           if (hv[vi] && !takes) {
             hv[vi] = false;
             changed = true;

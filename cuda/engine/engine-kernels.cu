@@ -337,16 +337,16 @@ extern "C" cudaError_t spn_cu_f32_to_f16(const float *x, uint16_t *y16, int64_t 
 
 /* The fp16 convolution's epilogue in one pass: float(x16) + bias[c], + z
  * (a residual of y's shape), then ReLU (act 1) or LeakyReLU (act 2, slope).
- * y is NCHW; x16 is NCHW too, or NHWC (nhwc: the channels-last convolution
- * whose output is not kept in fp16). 32-bit indices where they fit: a
+ * y is NCHW; x16 is NCHW too, or NHWC with cs >= C channels a pixel (cs > 0:
+ * the channels-last convolution whose output is not kept in fp16). 32-bit indices where they fit: a
  * 64-bit division per element would make this memory-bound pass bound by
  * arithmetic. */
 template <typename I>
 __global__ void k_h2f_epi(const __half *x, float *y, const float *bias, const float *z, I C, I HW, I n, int act,
-                          float slope, int nhwc) {
+                          float slope, I cs) {
   for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
     I c = (i / HW) % C;
-    I src = nhwc ? (i / (HW * C) * HW + i % HW) * C + c : i;
+    I src = cs ? (i / (HW * C) * HW + i % HW) * cs + c : i;
     float v = __half2float(x[src]);
     if (bias)
       v += bias[c];
@@ -361,42 +361,46 @@ __global__ void k_h2f_epi(const __half *x, float *y, const float *bias, const fl
 }
 
 extern "C" cudaError_t spn_cu_f16_epilogue(const uint16_t *x16, float *y, const float *bias, const float *z,
-                                           int64_t N, int64_t C, int64_t HW, int act, float slope, int nhwc,
+                                           int64_t N, int64_t C, int64_t HW, int act, float slope, int64_t cs,
                                            cudaStream_t s) {
   int64_t n = N * C * HW;
   if (n <= 0)
     return cudaSuccess;
   if (HW < 1)
     HW = 1;
-  if (n < ((int64_t)1 << 31))
+  if (cs && cs < C)
+    return cudaErrorInvalidValue;
+  if (n < ((int64_t)1 << 31) && N * cs * HW < ((int64_t)1 << 31))
     k_h2f_epi<uint32_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const __half *)x16, y, bias, z, (uint32_t)C,
-                                                              (uint32_t)HW, (uint32_t)n, act, slope, nhwc);
+                                                              (uint32_t)HW, (uint32_t)n, act, slope, (uint32_t)cs);
   else
     k_h2f_epi<int64_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const __half *)x16, y, bias, z, C, HW, n, act, slope,
-                                                             nhwc);
+                                                             cs);
   return cudaGetLastError();
 }
 
 /* ---- fp16 channels-last values ---- */
 
 template <typename I>
-__global__ void k_f2h_nhwc(const float *x, __half *y, I C, I HW, I n) {
+__global__ void k_f2h_nhwc(const float *x, __half *y, I C, I Cp, I HW, I n) {
   for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
-    I c = i % C, p = (i / C) % HW, b = i / (C * HW);
-    y[i] = __float2half_rn(x[(b * C + c) * HW + p]);
+    I c = i % Cp, p = (i / Cp) % HW, b = i / (Cp * HW);
+    y[i] = c < C ? __float2half_rn(x[(b * C + c) * HW + p]) : __float2half_rn(0.f);
   }
 }
 
 extern "C" cudaError_t spn_cu_nchw_to_nhwc16(const float *x, uint16_t *y16, int64_t N, int64_t C, int64_t HW,
-                                             cudaStream_t s) {
-  int64_t n = N * C * HW;
+                                             int64_t Cp, cudaStream_t s) {
+  int64_t n = N * Cp * HW;
   if (n <= 0)
     return cudaSuccess;
+  if (Cp < C)
+    return cudaErrorInvalidValue;
   if (n < ((int64_t)1 << 31))
-    k_f2h_nhwc<uint32_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>(x, (__half *)y16, (uint32_t)C, (uint32_t)HW,
-                                                               (uint32_t)n);
+    k_f2h_nhwc<uint32_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>(x, (__half *)y16, (uint32_t)C, (uint32_t)Cp,
+                                                               (uint32_t)HW, (uint32_t)n);
   else
-    k_f2h_nhwc<int64_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>(x, (__half *)y16, C, HW, n);
+    k_f2h_nhwc<int64_t><<<grid_for(n), SPN_CU_THREADS, 0, s>>>(x, (__half *)y16, C, Cp, HW, n);
   return cudaGetLastError();
 }
 

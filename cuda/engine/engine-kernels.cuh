@@ -56,11 +56,12 @@ cudaError_t spn_cu_global_avg_pool(const float *x, float *y, int64_t planes, int
  * leading post-ops fused, is y[n,c,i] = act(float(x16[n,c,i]) + bias[c] +
  * z[n,c,i]) (bias NULL: none; z NULL or a tensor of y's shape; C and HW
  * describe the layout for the bias; act 0 none, 1 ReLU, 2
- * LeakyReLU(slope)); nhwc: x16 is channels-last (N, HW, C) while y stays
- * NCHW. Halves are passed as raw 16-bit storage. */
+ * LeakyReLU(slope)); cs > 0: x16 is channels-last (N, HW, cs), of which
+ * the first C channels are y's, while y stays NCHW. Halves are passed as raw
+ * 16-bit storage. */
 cudaError_t spn_cu_f32_to_f16(const float *x, uint16_t *y16, int64_t n, cudaStream_t s);
 cudaError_t spn_cu_f16_epilogue(const uint16_t *x16, float *y, const float *bias, const float *z, int64_t N,
-                                int64_t C, int64_t HW, int act, float slope, int nhwc, cudaStream_t s);
+                                int64_t C, int64_t HW, int act, float slope, int64_t cs, cudaStream_t s);
 /* fp16 channels-last values (precision fp16 with channels-last activations,
  * docs/engine.md): a tensor of logical shape (N, C, H, W) stored as
  * half[N][H][W][C]. A chain applies up to SPN_CU_MAX_HSTEPS element-wise
@@ -85,8 +86,10 @@ typedef struct spn_cu_hchain {
  * innermost (bias NULL: none; x16 may equal y16). */
 cudaError_t spn_cu_h_map(const uint16_t *x16, uint16_t *y16, const float *bias, int64_t n, int64_t C,
                          const spn_cu_hchain_t *ch, cudaStream_t s);
-/* y16 (N, HW, C) = half(x (N, C, HW)), rounded to nearest even. */
-cudaError_t spn_cu_nchw_to_nhwc16(const float *x, uint16_t *y16, int64_t N, int64_t C, int64_t HW, cudaStream_t s);
+/* y16 (N, HW, Cp) = half(x (N, C, HW)), rounded to nearest even; channels
+ * C..Cp-1 of every pixel zero (Cp >= C: a channel count padded for cuDNN). */
+cudaError_t spn_cu_nchw_to_nhwc16(const float *x, uint16_t *y16, int64_t N, int64_t C, int64_t HW, int64_t Cp,
+                                  cudaStream_t s);
 /* 2-D pooling over NCHW: max (avg = 0) or average; pads top/left; count
  * includes padding when count_pad. Output size given. */
 cudaError_t spn_cu_pool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,

@@ -219,13 +219,13 @@ def op_cases():
     c["constant_folding_chain"] = case([N("Mul", ["w", "two"], ["w2"]), N("Add", ["w2", "one"], ["w3"]), N("Add", ["x", "w3"], ["y"])],
                                        {"x": rnd(3, 4)}, [("y", F)], {"w": rnd(3, 4), "two": np.array(2, np.float32), "one": np.array(1, np.float32)})
     c["dead_node_removed"] = case([N("Relu", ["x"], ["unused"]), N("Sigmoid", ["x"], ["y"])], {"x": rnd(3, 4)}, [("y", F)])
-    # Channel counts that are multiples of 8, so that with --nhwc (fp16
-    # channels-last on the GPU) the convolutions run channels-last and the
-    # values between them stay fp16: a residual, element-wise nodes on a
-    # scalar, a per-channel constant and two fp16 values, a channel Concat, a
-    # transposed convolution with a fused Sigmoid, and two outputs converted
-    # back (one through a fused Clip). Last, so the other cases' random data
-    # does not change.
+    # For --nhwc (fp16 channels-last on the GPU): the convolutions run
+    # channels-last and the values between them stay fp16: a 6-channel input
+    # (padded to 8 for cuDNN), a residual, element-wise nodes on a scalar, a
+    # per-channel constant and two fp16 values, a channel Concat, a transposed
+    # convolution with a fused Sigmoid, and three outputs converted back (one
+    # through a fused Clip, one of 3 channels, padded to 8 and dropped).
+    # Last, so the other cases' random data does not change.
     c["conv_chain_h16"] = case([
         N("Conv", ["x", "w1", "b1"], ["a0"], pads=[1, 1, 1, 1]), N("Relu", ["a0"], ["a"]),
         N("Conv", ["a", "w2"], ["b0"], pads=[1, 1, 1, 1]), N("Add", ["b0", "a"], ["b1s"]), N("Relu", ["b1s"], ["b"]),
@@ -235,8 +235,9 @@ def op_cases():
         N("ConvTranspose", ["cc", "wt", "bt"], ["u"], strides=[2, 2], pads=[1, 1, 1, 1]), N("Sigmoid", ["u"], ["us"]),
         N("Conv", ["us", "w3", "b3"], ["y"], pads=[1, 1, 1, 1]),
         N("Conv", ["cc", "w4"], ["z0"]), N("Clip", ["z0", "lo", "hi"], ["z"]),
-    ], {"x": rnd(2, 8, 7, 9)}, [("y", F), ("z", F)],
-        {"w1": rnd(16, 8, 3, 3) * 0.3, "b1": rnd(16), "w2": rnd(16, 16, 3, 3) * 0.2, "half": np.array(0.5, np.float32),
+        N("Conv", ["cc", "w5", "b5"], ["v"], pads=[1, 1, 1, 1]),
+    ], {"x": rnd(2, 6, 7, 9)}, [("y", F), ("z", F), ("v", F)],
+        {"w1": rnd(16, 6, 3, 3) * 0.3, "w5": rnd(3, 32, 3, 3) * 0.1, "b5": rnd(3), "b1": rnd(16), "w2": rnd(16, 16, 3, 3) * 0.2, "half": np.array(0.5, np.float32),
          "cb": rnd(1, 16, 1, 1), "s": rnd(16, 1, 1, lo=0.05, hi=0.3), "two": np.array(2, np.float32),
          "wt": rnd(32, 16, 4, 4) * 0.15, "bt": rnd(16), "w3": rnd(8, 16, 3, 3) * 0.2, "b3": rnd(8),
          "w4": rnd(8, 32, 1, 1) * 0.3, "lo": np.array(-0.4, np.float32), "hi": np.array(0.5, np.float32)}, dyn_batch=True)
