@@ -117,11 +117,12 @@ typedef struct cu_resize {
 } cu_resize_t;
 
 typedef struct {
-  void *cdata[8];              /* device copies of constant inputs (fp32 etc.) */
+  int n_c;                     /* n_in: entries of cdata and half */
+  void **cdata;                /* device copies of constant inputs (fp32 etc.) */
   void *post_c[SPN_MAX_POST];  /* device copies of constant post-op operands */
   float *bn_scale, *bn_shift;  /* BatchNormalization folded to an affine */
   float *zero_bias;            /* fused conv without a bias */
-  bool half[8];                /* cdata[k] holds fp16 (precision fp16 weights) */
+  bool *half;                  /* cdata[k] holds fp16 (precision fp16 weights) */
   int n_fused;                 /* leading post-ops fused into cuDNN */
   /* fp16 channels-last (plan_forms): a convolution run on NHWC fp16 tensors
    * (its weights stored K,R,S,C), with its input and output channel counts
@@ -309,9 +310,18 @@ static bool cu_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t
         no = "a fused operand computed on the host (shape arithmetic)";
     }
   }
-  for (int k = 0; !no && k < n->n_in; k++)
-    if (n->in[k] >= 0 && host_value(m, n->in[k]) && read_on_device(n->op, k))
+  for (int k = 0; !no && k < n->n_in; k++) {
+    int vi = n->in[k];
+    if (vi < 0)
+      continue;
+    if (host_value(m, vi) && read_on_device(n->op, k))
       no = "a data operand computed on the host (shape arithmetic)";
+    /* Bounds, pads, fill values, scales, shapes and slice bounds are read
+     * on the host when the node is enqueued: a constant or a shape-class
+     * value, never one a node on the device computes. */
+    else if (!read_on_device(n->op, k) && m->vals[vi].kind != SPN_VAL_CONST && !host_value(m, vi))
+      no = "an operand read on the host (bound, pad, scale or shape) computed by another node";
+  }
   if (no)
     snprintf(why, why_n, "%s", no);
   return !no;
@@ -398,8 +408,10 @@ static void cu_node_free(spn_backend_t *b, spn_node_t *n) {
   cu_node_t *c = n->bctx;
   if (!c)
     return;
-  for (int k = 0; k < 8; k++)
+  for (int k = 0; k < c->n_c; k++)
     cudaFree(c->cdata[k]);
+  free(c->cdata);
+  free(c->half);
   for (int p = 0; p < SPN_MAX_POST; p++)
     cudaFree(c->post_c[p]);
   cudaFree(c->bn_scale);
@@ -440,9 +452,14 @@ static int32_t cu_prepare(spn_backend_t *b, spn_model_t *m, spn_node_t *n, spn_e
   if (!c)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
   n->bctx = c;
+  c->n_c = n->n_in;
+  c->cdata = calloc((size_t)n->n_in + 1, sizeof *c->cdata);
+  c->half = calloc((size_t)n->n_in + 1, sizeof *c->half);
+  if (!c->cdata || !c->half)
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
   c->nhwc = nhwc_conv(b, m, n, c);
   int32_t rc = SPN_OK;
-  for (int k = 0; k < n->n_in && k < 8 && !rc; k++) {
+  for (int k = 0; k < n->n_in && !rc; k++) {
     if (!const_in(m, n, k))
       continue;
     const spn_value_t *v = &m->vals[n->in[k]];
@@ -515,14 +532,14 @@ static int32_t cu_prepare(spn_backend_t *b, spn_model_t *m, spn_node_t *n, spn_e
 
 static const void *in_ptr(const spn_run_t *r, const spn_node_t *n, int k) {
   const cu_node_t *c = n->bctx;
-  if (k < 8 && c->cdata[k])
+  if (k < c->n_c && c->cdata[k])
     return c->cdata[k];
   return r->v[n->in[k]].data;
 }
 
 static bool in_half(const spn_node_t *n, int k) {
   const cu_node_t *c = n->bctx;
-  return k < 8 && c->half[k];
+  return k < c->n_c && c->half[k];
 }
 
 /* The run's scratch on this backend (workspace and fp16 casts), sized by
@@ -1534,7 +1551,7 @@ static void plan_forms(spn_backend_t *b, const spn_model_t *m) {
     c->h_node = el[i] && c->h_out;
   }
   /* What the opt-in did, once per model (as the load's CPU-fallback line). */
-  if (on)
+  if (on && convs)
     fprintf(stderr, "spindle engine: %s on %s: fp16 channels-last: %d of %d convolutions, %d values kept fp16%s\n",
             m->path, b->device, nhwc, convs, kept, hv && el ? "" : " (out of host memory: none)");
   free(hv);
