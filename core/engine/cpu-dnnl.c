@@ -589,17 +589,15 @@ int32_t spn_dnnl_conv(spn_run_t *r, const spn_node_t *n, bool transposed) {
   return exec_entry(r, n, e, true);
 }
 
-static int32_t build_pool(spn_run_t *r, const spn_node_t *n, bool unused, const spn_rt_val_t *x,
-                          const spn_rt_val_t *y, spn_dnnl_entry_t *e) {
-  (void)unused;
-  dnnl_engine_t eng = spn_cpu_dnnl_engine(r->m);
-  int nd = x->ndim, nsp = nd - 2;
+/* A pooling node's window per spatial dim: kernel, stride, dilation (oneDNN's:
+ * minus one), left pad, and right pad as declared (or as auto_pad makes it)
+ * and as widened for ceil_mode until oneDNN's floor formula gives y's size. */
+static void pool_geometry(const spn_node_t *n, const spn_rt_val_t *x, const spn_rt_val_t *y, dnnl_dims_t kd,
+                          dnnl_dims_t sd, dnnl_dims_t dd, dnnl_dims_t pld, dnnl_dims_t prd_decl, dnnl_dims_t prd) {
+  int nsp = x->ndim - 2;
   const spn_attr_t *ks = spn_node_attr(n, "kernel_shape"), *as = spn_node_attr(n, "strides"),
                    *ad = spn_node_attr(n, "dilations"), *ap = spn_node_attr(n, "pads");
   const char *autopad = spn_attr_str(n, "auto_pad", "NOTSET");
-  dnnl_dims_t xd, yd, kd, sd, dd, pld, prd;
-  to_dims(xd, x->shape, nd);
-  to_dims(yd, y->shape, nd);
   for (int i = 0; i < nsp; i++) {
     kd[i] = ks->ints[i];
     sd[i] = as ? as->ints[i] : 1;
@@ -615,10 +613,22 @@ static int32_t build_pool(spn_run_t *r, const spn_node_t *n, bool unused, const 
       pld[i] = !strcmp(autopad, "SAME_UPPER") ? tot / 2 : tot - tot / 2;
       prd[i] = tot - pld[i];
     }
+    prd_decl[i] = prd[i];
     /* ceil_mode: widen the right pad until oneDNN's floor formula yields out. */
     while ((in - ek + pld[i] + prd[i]) / sd[i] + 1 < out)
       prd[i]++;
   }
+}
+
+static int32_t build_pool(spn_run_t *r, const spn_node_t *n, bool unused, const spn_rt_val_t *x,
+                          const spn_rt_val_t *y, spn_dnnl_entry_t *e) {
+  (void)unused;
+  dnnl_engine_t eng = spn_cpu_dnnl_engine(r->m);
+  int nd = x->ndim;
+  dnnl_dims_t xd, yd, kd, sd, dd, pld, prd_decl, prd;
+  to_dims(xd, x->shape, nd);
+  to_dims(yd, y->shape, nd);
+  pool_geometry(n, x, y, kd, sd, dd, pld, prd_decl, prd);
   bool avg = n->op == SPN_OP_AVGPOOL;
   dnnl_alg_kind_t alg = !avg ? dnnl_pooling_max : (spn_attr_int(n, "count_include_pad", 0) ? dnnl_pooling_avg_include_padding : dnnl_pooling_avg_exclude_padding);
   dnnl_memory_desc_t xmd, ymd;
@@ -645,12 +655,54 @@ out:
   return rc;
 }
 
+/* oneDNN's average with padding divides by the whole window, counting the
+ * right padding ceil_mode adds; ONNX's count_include_pad counts the declared
+ * padding only (ONNX Runtime's reference): rescale the outputs whose window
+ * reaches past it, by (window size) / (positions inside input and pads). */
+static void pool_ceil_divisor(spn_run_t *r, const spn_node_t *n) {
+  const spn_rt_val_t *x = &r->v[n->in[0]];
+  spn_rt_val_t *y = &r->v[n->out[0]];
+  int nsp = x->ndim - 2;
+  dnnl_dims_t kd, sd, dd, pld, prd_decl, prd;
+  pool_geometry(n, x, y, kd, sd, dd, pld, prd_decl, prd);
+  bool widened = false;
+  int64_t window = 1;
+  for (int i = 0; i < nsp; i++) {
+    widened |= prd[i] != prd_decl[i];
+    window *= kd[i];
+  }
+  if (!widened)
+    return;
+  int64_t planes = x->shape[0] * x->shape[1], sp = 1;
+  for (int i = 0; i < nsp; i++)
+    sp *= y->shape[2 + i];
+  float *yp = y->data;
+  for (int64_t o = 0; o < sp; o++) {
+    int64_t rem = o, cnt = 1;
+    for (int i = nsp - 1; i >= 0; i--) {
+      int64_t oi = rem % y->shape[2 + i], in = 0;
+      rem /= y->shape[2 + i];
+      for (int64_t a = 0; a < kd[i]; a++)
+        in += oi * sd[i] - pld[i] + a * (dd[i] + 1) < x->shape[2 + i] + prd_decl[i];
+      cnt *= in;
+    }
+    if (cnt == window || cnt == 0)
+      continue;
+    float f = (float)window / (float)cnt;
+    for (int64_t p = 0; p < planes; p++)
+      yp[p * sp + o] *= f;
+  }
+}
+
 int32_t spn_dnnl_pool(spn_run_t *r, const spn_node_t *n) {
   spn_dnnl_entry_t *e;
   int32_t rc = get_entry(r, n, false, build_pool, &e);
   if (rc)
     return rc;
-  return exec_entry(r, n, e, false);
+  rc = exec_entry(r, n, e, false);
+  if (!rc && n->op == SPN_OP_AVGPOOL && spn_attr_int(n, "count_include_pad", 0))
+    pool_ceil_divisor(r, n);
+  return rc;
 }
 
 void spn_dnnl_run_end(spn_run_t *r) {

@@ -241,6 +241,10 @@ def op_cases():
          "cb": rnd(1, 16, 1, 1), "s": rnd(16, 1, 1, lo=0.05, hi=0.3), "two": np.array(2, np.float32),
          "wt": rnd(32, 16, 4, 4) * 0.15, "bt": rnd(16), "w3": rnd(8, 16, 3, 3) * 0.2, "b3": rnd(8),
          "w4": rnd(8, 32, 1, 1) * 0.3, "lo": np.array(-0.4, np.float32), "hi": np.array(0.5, np.float32)}, dyn_batch=True)
+    # ceil_mode's extra window positions are not padding to count_include_pad
+    # (the CPU backend once divided by the whole window there).
+    c["avgpool_ceil_include_pad"] = case([N("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                                            ceil_mode=1, count_include_pad=1)], {"x": rnd(2, 3, 6, 7)}, [("y", F)])
     return c
 
 
