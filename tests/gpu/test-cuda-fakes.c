@@ -12,7 +12,10 @@
  *  - a workspace smaller than the algorithm's, and a host pointer where
  *    device memory belongs, are refused;
  *  - a captured stream records and a graph replays (reading memory at
- *    replay), and cudaMalloc during a thread-local capture invalidates it.
+ *    replay), and cudaMalloc during a thread-local capture invalidates it;
+ *  - an engine kernel handed a host pointer does not run and leaves
+ *    cudaErrorIllegalAddress; the one kernel with a block barrier (global
+ *    average pooling's tree sum) gives the mean.
  * Unit suite; no GPU. */
 #include <math.h>
 #include <setjmp.h>
@@ -26,6 +29,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 #include <cudnn.h>
+
+#include "engine-kernels.cuh"
 
 #pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
@@ -474,6 +479,25 @@ static void copies_check_which_side_is_device_memory(void **state) {
   cudaFree(d);
 }
 
+static void kernels_take_device_pointers_and_barriers_hold(void **state) {
+  (void)state;
+  enum { P = 3, SP = 1000 };
+  static float x[P * SP], y[P];
+  fill(x, P * SP, 15);
+  float *dx = dev_copy(x, sizeof x), *dy = dev_copy(NULL, sizeof y);
+  assert_int_equal(spn_cu_global_avg_pool(dx, dy, P, SP, NULL), cudaSuccess);
+  to_host(y, dy, sizeof y);
+  for (int p = 0; p < P; p++) {
+    double m = 0;
+    for (int i = 0; i < SP; i++)
+      m += x[p * SP + i];
+    assert_true(fabs(m / SP - y[p]) < 1e-6);
+  }
+  assert_int_equal(spn_cu_unary(SPN_CU_RELU, x, dy, P, 0, 0, NULL), cudaErrorIllegalAddress);
+  assert_int_equal(cudaGetLastError(), cudaSuccess);
+  cudaFree(dx), cudaFree(dy);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(conv_nchw_f32_and_nhwc_f16_match_the_reference),
@@ -483,6 +507,7 @@ int main(void) {
       cmocka_unit_test(lt_transposes_read_the_stored_matrices),
       cmocka_unit_test(a_graph_replays_what_its_capture_recorded),
       cmocka_unit_test(copies_check_which_side_is_device_memory),
+      cmocka_unit_test(kernels_take_device_pointers_and_barriers_hold),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

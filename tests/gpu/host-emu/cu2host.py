@@ -5,7 +5,7 @@ kernels run on the CPU (tests/gpu/host-emu/README: the cuda-*-host tests).
   cu2host.py IN.cu OUT.cpp
 
 Every launch `kernel[<T>]<<<grid, block[, shmem[, stream]]>>>(args);` becomes
-`spn_emu_launch(grid, block, shmem, stream, BARRIER, [](auto... a) { kernel(a...); }, args)`:
+`spn_emu_launch(grid, block, shmem, stream, BARRIER, "kernel", [](auto... a) { kernel(a...); }, args)`:
 the arguments are evaluated at the launch, as CUDA does, and the launch runs
 the kernel's body once per thread of the grid, one after another, with
 blockIdx/threadIdx set (kernel-emu.h); with the fake runtime
@@ -90,7 +90,7 @@ def main():
         name = m.group(1) + (m.group(2) or '').strip()
         barrier = 'true' if '__syncthreads' in bodies.get(m.group(1), '') else 'false'
         args = (', ' + args) if args.strip() else ''
-        out.append(f'spn_emu_launch({cfg[0]}, {cfg[1]}, {cfg[2]}, {cfg[3]}, {barrier}, '
+        out.append(f'spn_emu_launch({cfg[0]}, {cfg[1]}, {cfg[2]}, {cfg[3]}, {barrier}, "{name}", '
                    f'[](auto... spn_a) {{ {name}(spn_a...); }}{args})')
         pos = j + 1
         n += 1

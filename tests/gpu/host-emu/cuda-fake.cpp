@@ -11,7 +11,10 @@
  *    a copy whose kind says a side is device memory checks that it lies in
  *    one device (or pinned) block, and fails with cudaErrorInvalidValue and
  *    a line on stderr when it does not, so host and device pointers mixed up
- *    by the caller are caught where the real runtime would refuse them.
+ *    by the caller are caught where the real runtime would refuse them. A
+ *    kernel launch given a pointer argument outside device and pinned memory
+ *    does not run and leaves cudaErrorIllegalAddress as the last error, as
+ *    the fault would.
  *  - Streams: work runs at once, in call order (so no ordering bug between
  *    streams can show here); events, waits and synchronisations succeed.
  *  - CUDA Graphs: a stream capturing records its work (copies, memsets,
@@ -216,6 +219,14 @@ bool spn_emu_is_device(const void *p, size_t n) {
   return b && b->dev >= 0;
 }
 
+bool spn_emu_kernel_pointer_ok(const void *p, const char *kernel, int arg) {
+  if (is_device_or_pinned(p, 0))
+    return true;
+  spn_emu_complain("kernel launch (%s): argument %d, %p, is not device memory", kernel, arg, p);
+  last_error = cudaErrorIllegalAddress;
+  return false;
+}
+
 void spn_emu_stream_do(cudaStream_t s, std::function<void()> fn) {
   emu_stream *st = stream_of(s);
   {
@@ -248,6 +259,7 @@ const char *cudaGetErrorName(cudaError_t e) {
   case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
   case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
   case cudaErrorIllegalState: return "cudaErrorIllegalState";
+  case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
   case cudaErrorPeerAccessAlreadyEnabled: return "cudaErrorPeerAccessAlreadyEnabled";
   case cudaErrorNoDevice: return "cudaErrorNoDevice";
   default: return "cudaErrorUnknown";

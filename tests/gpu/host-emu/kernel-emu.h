@@ -22,9 +22,13 @@
 #include <cuda_runtime_api.h>
 
 #ifdef SPN_EMU_FAKE_RUNTIME
+#include <type_traits>
 /* cuda-fake.cpp: run fn on stream s (now, or at each replay of the graph
- * s is capturing). */
+ * s is capturing); whether a kernel may dereference p (device or pinned
+ * memory), else the launch's error is recorded as a kernel's illegal
+ * address would be. */
 void spn_emu_stream_do(cudaStream_t s, std::function<void()> fn);
+bool spn_emu_kernel_pointer_ok(const void *p, const char *kernel, int arg);
 #else
 #include "runtime-emu.h"
 #endif
@@ -88,14 +92,34 @@ template <class F> inline void spn_emu_grid(dim3 grid, dim3 block, bool barrier,
 /* kernel<<<grid, block, shmem, stream>>>(args): the arguments are copied
  * here (evaluated at the launch, as CUDA does); the shared-memory size is
  * read and unused. */
+#ifdef SPN_EMU_FAKE_RUNTIME
+/* Every pointer argument is null or points into device (or pinned) memory:
+ * a host pointer handed to a kernel faults on a GPU. */
+template <class... A> inline bool spn_emu_pointers_ok(const char *kernel, const A &...args) {
+  bool ok = true;
+  int i = 0;
+  auto one = [&](const auto &a) {
+    if constexpr (std::is_pointer_v<std::decay_t<decltype(a)>>)
+      if (a && !spn_emu_kernel_pointer_ok((const void *)a, kernel, i))
+        ok = false;
+    i++;
+  };
+  (one(args), ...);
+  return ok;
+}
+#endif
+
 template <class K, class... A>
-inline void spn_emu_launch(dim3 grid, dim3 block, size_t shmem, cudaStream_t s, bool barrier, K kernel, A... args) {
+inline void spn_emu_launch(dim3 grid, dim3 block, size_t shmem, cudaStream_t s, bool barrier, const char *name,
+                           K kernel, A... args) {
   (void)shmem;
   auto run = [=] { spn_emu_grid(grid, block, barrier, [&] { kernel(args...); }); };
 #ifdef SPN_EMU_FAKE_RUNTIME
+  if (!spn_emu_pointers_ok(name, args...))
+    return;
   spn_emu_stream_do(s, run);
 #else
-  (void)s;
+  (void)s, (void)name;
   run();
 #endif
 }
