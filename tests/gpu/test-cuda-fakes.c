@@ -11,6 +11,7 @@
  *    and the bias and ReLU epilogues against a plain product;
  *  - a workspace smaller than the algorithm's, and a host pointer where
  *    device memory belongs, are refused;
+ *  - host code that reads device memory stops with SIGSEGV, as on a GPU;
  *  - a captured stream records and a graph replays (reading memory at
  *    replay), and cudaMalloc during a thread-local capture invalidates it;
  *  - an engine kernel handed a host pointer does not run and leaves
@@ -19,11 +20,15 @@
  * Unit suite; no GPU. */
 #include <math.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <cublasLt.h>
@@ -498,6 +503,25 @@ static void kernels_take_device_pointers_and_barriers_hold(void **state) {
   cudaFree(dx), cudaFree(dy);
 }
 
+static void host_code_cannot_read_device_memory(void **state) {
+  (void)state;
+  float one = 1.f;
+  float *d = dev_copy(&one, sizeof one);
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    signal(SIGSEGV, SIG_DFL); /* not cmocka's handler, which would go on with the tests */
+    volatile float v = *d;
+    (void)v;
+    _exit(0);
+  }
+  int st = 0;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV);
+  cudaFree(d);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(conv_nchw_f32_and_nhwc_f16_match_the_reference),
@@ -508,6 +532,7 @@ int main(void) {
       cmocka_unit_test(a_graph_replays_what_its_capture_recorded),
       cmocka_unit_test(copies_check_which_side_is_device_memory),
       cmocka_unit_test(kernels_take_device_pointers_and_barriers_hold),
+      cmocka_unit_test(host_code_cannot_read_device_memory),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

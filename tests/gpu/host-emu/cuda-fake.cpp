@@ -15,6 +15,12 @@
  *    kernel launch given a pointer argument outside device and pinned memory
  *    does not run and leaves cudaErrorIllegalAddress as the last error, as
  *    the fault would.
+ *  - Device memory is not host memory: each device block is its own
+ *    mapping, kept PROT_NONE except while the fake itself works on the
+ *    device's behalf (a copy, a memset, a kernel, a cuDNN or cuBLASLt call,
+ *    a graph replay), so host code that dereferences a device pointer stops
+ *    at once with SIGSEGV, as it would on a GPU. SPN_EMU_CUDA_STRICT=0 keeps
+ *    device memory readable instead (pinned memory always is).
  *  - Streams: work runs at once, in call order (so no ordering bug between
  *    streams can show here); events, waits and synchronisations succeed.
  *  - CUDA Graphs: a stream capturing records its work (copies, memsets,
@@ -37,6 +43,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <map>
 #include <mutex>
@@ -71,6 +79,24 @@ emu_stream legacy = {0, nullptr, false, cudaStreamCaptureModeGlobal};
 thread_local int current_dev;
 thread_local cudaError_t last_error = cudaSuccess;
 thread_local int capturing; /* captures this thread began (thread-local / global mode) */
+int device_access;          /* fake operations under way (any thread), under lock */
+
+bool strict() {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("SPN_EMU_CUDA_STRICT");
+    on = !(e && !strcmp(e, "0"));
+  }
+  return on;
+}
+
+size_t page_round(size_t n) {
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  return n ? (n + pg - 1) / pg * pg : pg;
+}
+
+/* The protection of every device block follows device_access; under lock. */
+void protect_all(int prot);
 int global_captures;        /* captures in global mode, any thread */
 
 bool tracing() {
@@ -155,8 +181,9 @@ cudaError_t dev_alloc(void **p, size_t size, int dev) {
     *p = nullptr;
     return ret(cudaErrorMemoryAllocation);
   }
-  void *q = aligned_alloc(256, (size + 255) & ~(size_t)255 ? (size + 255) & ~(size_t)255 : 256);
-  if (!q) {
+  int prot = !strict() || device_access ? PROT_READ | PROT_WRITE : PROT_NONE;
+  void *q = mmap(nullptr, page_round(size), prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (q == MAP_FAILED) {
     *p = nullptr;
     return ret(cudaErrorMemoryAllocation);
   }
@@ -175,11 +202,39 @@ cudaError_t block_free(void *p, bool pinned) {
     spn_emu_complain("freeing %p, not the start of a %s block", p, pinned ? "pinned" : "device");
     return ret(cudaErrorInvalidValue);
   }
-  if (it->second.dev >= 0)
-    used[it->second.dev] -= it->second.size;
+  bool dev = it->second.dev >= 0;
+  size_t size = it->second.size;
+  if (dev)
+    used[it->second.dev] -= size;
   blocks.erase(it);
-  free(p);
+  if (dev)
+    munmap(p, page_round(size));
+  else
+    free(p);
   return cudaSuccess;
+}
+
+void protect_all(int prot) {
+  for (const auto &b : blocks)
+    if (b.second.dev >= 0)
+      mprotect((void *)b.first, page_round(b.second.size), prot);
+}
+
+/* Device memory readable and writable for the duration of fn. */
+template <class F> void with_device_access(F fn) {
+  if (!strict()) {
+    fn();
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> g(lock);
+    if (device_access++ == 0)
+      protect_all(PROT_READ | PROT_WRITE);
+  }
+  fn();
+  std::lock_guard<std::mutex> g(lock);
+  if (--device_access == 0)
+    protect_all(PROT_NONE);
 }
 
 /* Both sides of a copy as its kind describes them. */
@@ -236,7 +291,7 @@ void spn_emu_stream_do(cudaStream_t s, std::function<void()> fn) {
       return;
     }
   }
-  fn();
+  with_device_access(fn);
 }
 
 extern "C" {
@@ -410,7 +465,7 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k) {
   if (!e)
     e = check_copy(dst, src, n, k, false);
   if (!e && n)
-    memmove(dst, src, n);
+    with_device_access([=] { memmove(dst, src, n); });
   return e;
 }
 

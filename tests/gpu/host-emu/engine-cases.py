@@ -7,7 +7,8 @@ bias, the residual being the input), depthwise dilated, ConvTranspose with
 output_padding and dilation, Concat of constants, pooling with ceil_mode and
 dilations, BatchNormalization not folded, 5-D Transpose and Resize, and a
 small Wav2Lip-like chain (conv-relu-conv + residual add, concat,
-convtranspose, sigmoid).
+convtranspose, sigmoid); Clip and Pad whose bound or fill value a node
+computes.
 
 Each case runs with `SPINDLE model run --repeat 3` on cpu and on cuda:0 (so
 the CUDA side's second run is captured as a CUDA Graph and its third is the
@@ -39,6 +40,11 @@ except ImportError as e:  # pragma: no cover
 KNOWN_BUGS = {
     "concat9_const_last": "backend-cuda.c uploads constant inputs 0-7 only (cdata[8]); in_ptr() hands "
                           "Concat's 10th input, a constant, as its host pointer to a device-to-device copy",
+    "clip_min_from_a_node": "backend-cuda.c's Clip (opset >= 11) reads its bounds on the host "
+                            "(*(const float *)r->v[in].data); a bound computed by a node on the GPU is a device "
+                            "pointer there (SIGSEGV), and cu_supports() does not refuse it",
+    "pad_value_from_a_node": "Pad's constant_value, read on the host by spn_op_pad_params() from the CUDA "
+                             "backend's exec_node(), is a device pointer when a node on the GPU computed it (SIGSEGV)",
     "avgpool_ceil_include_pad": "the CPU backend (the reference here) differs from ONNX Runtime on "
                                 "AveragePool with ceil_mode=1 and count_include_pad=1; cuda:0 matches ONNX Runtime",
 }
@@ -94,6 +100,10 @@ case("transpose_5d", [h.make_node("Transpose", ["x"], ["y"], perm=[0, 3, 1, 4, 2
 case("resize_linear_3d", [h.make_node("Resize", ["x", "", "sc"], ["y"], mode="linear")], {"x": r(1, 2, 3, 4, 5)}, {"sc": np.array([1, 1, 2, 1.5, 2], np.float32)})
 case("resize_nearest_down", [h.make_node("Resize", ["x", "", "sc"], ["y"], mode="nearest")], {"x": r(1, 2, 8, 9)}, {"sc": np.array([1, 1, 0.5, 0.34], np.float32)})
 case("d2s_then_conv", [h.make_node("DepthToSpace", ["x"], ["d"], blocksize=2), h.make_node("Conv", ["d", "w"], ["y"], pads=[1, 1, 1, 1])], {"x": r(1, 8, 3, 3)}, {"w": r(3, 2, 3, 3)})
+case("clip_min_from_a_node", [h.make_node("Relu", ["lo"], ["l2"]), h.make_node("Clip", ["x", "l2"], ["y"])],
+     {"x": r(2, 3), "lo": np.array(0.25, np.float32)})
+case("pad_value_from_a_node", [h.make_node("Relu", ["v"], ["v2"]), h.make_node("Pad", ["x", "p", "v2"], ["y"])],
+     {"x": r(1, 2, 2, 3), "v": np.array(0.5, np.float32)}, {"p": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)})
 case("mini_wav2lip", [
     h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c1"], ["r1"]),
     h.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]), h.make_node("Add", ["c2", "r1"], ["s2"]), h.make_node("Relu", ["s2"], ["r2"]),
@@ -110,7 +120,7 @@ def run(spindle, path, out, device, precision, args):
                          "--precision", precision, "--repeat", "3", "--fallback", "error"] + args,
                         capture_output=True, text=True, timeout=300)
     if pr.returncode:
-        return None, pr.stderr.strip().replace("\n", " | ")
+        return None, f"exit {pr.returncode}: " + pr.stderr.strip().replace("\n", " | ")
     return np.load(os.path.join(out, "y.npy")), None
 
 
