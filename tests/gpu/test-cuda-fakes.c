@@ -11,7 +11,8 @@
  *    and the bias and ReLU epilogues against a plain product;
  *  - a workspace smaller than the algorithm's, and a host pointer where
  *    device memory belongs, are refused;
- *  - host code that reads device memory stops with SIGSEGV, as on a GPU;
+ *  - host code that reads device memory, and a kernel running past its
+ *    block's end, stop with SIGSEGV;
  *  - a captured stream records and a graph replays (reading memory at
  *    replay), and cudaMalloc during a thread-local capture invalidates it;
  *  - an engine kernel handed a host pointer does not run and leaves
@@ -22,6 +23,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -503,22 +505,36 @@ static void kernels_take_device_pointers_and_barriers_hold(void **state) {
   cudaFree(dx), cudaFree(dy);
 }
 
-static void host_code_cannot_read_device_memory(void **state) {
-  (void)state;
-  float one = 1.f;
-  float *d = dev_copy(&one, sizeof one);
+/* Whether fn(arg) in a child process dies of SIGSEGV. */
+static bool segfaults(void (*fn)(float *), float *arg) {
   fflush(NULL);
   pid_t pid = fork();
   assert_true(pid >= 0);
   if (pid == 0) {
     signal(SIGSEGV, SIG_DFL); /* not cmocka's handler, which would go on with the tests */
-    volatile float v = *d;
-    (void)v;
+    fn(arg);
     _exit(0);
   }
   int st = 0;
   assert_int_equal(waitpid(pid, &st, 0), pid);
-  assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV);
+  return WIFSIGNALED(st) && WTERMSIG(st) == SIGSEGV;
+}
+
+static void read_on_host(float *d) {
+  volatile float v = *d;
+  (void)v;
+}
+
+/* ReLU over 1024 floats of a 1-float block: past its end into the guard. */
+static void overrun(float *d) { (void)spn_cu_unary(SPN_CU_RELU, d, d, 1024, 0, 0, NULL); }
+
+static void host_reads_and_overruns_of_device_memory_fault(void **state) {
+  (void)state;
+  float one = 1.f;
+  float *d = dev_copy(&one, sizeof one);
+  assert_true(segfaults(read_on_host, d));
+  assert_true(segfaults(overrun, d));
+  assert_int_equal(spn_cu_unary(SPN_CU_RELU, d, d, 1, 0, 0, NULL), cudaSuccess);
   cudaFree(d);
 }
 
@@ -532,7 +548,7 @@ int main(void) {
       cmocka_unit_test(a_graph_replays_what_its_capture_recorded),
       cmocka_unit_test(copies_check_which_side_is_device_memory),
       cmocka_unit_test(kernels_take_device_pointers_and_barriers_hold),
-      cmocka_unit_test(host_code_cannot_read_device_memory),
+      cmocka_unit_test(host_reads_and_overruns_of_device_memory_fault),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

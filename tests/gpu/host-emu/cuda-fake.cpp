@@ -20,7 +20,10 @@
  *    device's behalf (a copy, a memset, a kernel, a cuDNN or cuBLASLt call,
  *    a graph replay), so host code that dereferences a device pointer stops
  *    at once with SIGSEGV, as it would on a GPU. SPN_EMU_CUDA_STRICT=0 keeps
- *    device memory readable instead (pinned memory always is).
+ *    device memory readable instead (pinned memory always is). A guard page
+ *    follows each block, which ends less than 256 bytes before it (CUDA's
+ *    alignment), so a kernel or library call running past a block's end
+ *    faults too.
  *  - Streams: work runs at once, in call order (so no ordering bug between
  *    streams can show here); events, waits and synchronisations succeed.
  *  - CUDA Graphs: a stream capturing records its work (copies, memsets,
@@ -58,7 +61,9 @@ namespace {
 
 struct emu_block {
   size_t size;
-  int dev; /* -1: pinned host memory */
+  int dev;      /* -1: pinned host memory */
+  char *map;    /* device blocks: the mapping, data pages then a guard page */
+  size_t pages; /* bytes of data pages */
 };
 
 struct emu_stream {
@@ -182,13 +187,19 @@ cudaError_t dev_alloc(void **p, size_t size, int dev) {
     return ret(cudaErrorMemoryAllocation);
   }
   int prot = !strict() || device_access ? PROT_READ | PROT_WRITE : PROT_NONE;
-  void *q = mmap(nullptr, page_round(size), prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (q == MAP_FAILED) {
+  /* The block ends as near its last data page's end as CUDA's 256-byte
+   * alignment allows, before a guard page that is never accessible. */
+  size_t pages = page_round(size), pg = (size_t)sysconf(_SC_PAGESIZE);
+  char *map = (char *)mmap(nullptr, pages + pg, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (map == MAP_FAILED) {
     *p = nullptr;
     return ret(cudaErrorMemoryAllocation);
   }
+  if (prot != PROT_NONE)
+    mprotect(map, pages, prot);
+  char *q = map + ((pages - size) & ~(size_t)255);
   used[dev] += size;
-  blocks[(uintptr_t)q] = emu_block{size, dev};
+  blocks[(uintptr_t)q] = emu_block{size, dev, map, pages};
   *p = q;
   return cudaSuccess;
 }
@@ -202,22 +213,21 @@ cudaError_t block_free(void *p, bool pinned) {
     spn_emu_complain("freeing %p, not the start of a %s block", p, pinned ? "pinned" : "device");
     return ret(cudaErrorInvalidValue);
   }
-  bool dev = it->second.dev >= 0;
-  size_t size = it->second.size;
-  if (dev)
-    used[it->second.dev] -= size;
+  emu_block b = it->second;
   blocks.erase(it);
-  if (dev)
-    munmap(p, page_round(size));
-  else
+  if (b.dev >= 0) {
+    used[b.dev] -= b.size;
+    munmap(b.map, b.pages + (size_t)sysconf(_SC_PAGESIZE));
+  } else {
     free(p);
+  }
   return cudaSuccess;
 }
 
 void protect_all(int prot) {
   for (const auto &b : blocks)
     if (b.second.dev >= 0)
-      mprotect((void *)b.first, page_round(b.second.size), prot);
+      mprotect(b.second.map, b.second.pages, prot);
 }
 
 /* Device memory readable and writable for the duration of fn. */
@@ -436,7 +446,7 @@ cudaError_t cudaMallocHost(void **p, size_t size) {
   if (!q)
     return ret(cudaErrorMemoryAllocation);
   std::lock_guard<std::mutex> g(lock);
-  blocks[(uintptr_t)q] = emu_block{size, -1};
+  blocks[(uintptr_t)q] = emu_block{size, -1, nullptr, 0};
   *p = q;
   return cudaSuccess;
 }
