@@ -11,6 +11,8 @@
  *    and the bias and ReLU epilogues against a plain product;
  *  - a workspace smaller than the algorithm's, and a host pointer where
  *    device memory belongs, are refused;
+ *  - in lazy mode (cuda-fakes-host-lazy), a stream's work waits until
+ *    something waits for it, and an event wait runs it as far as the record;
  *  - host code that reads device memory, and a kernel running past its
  *    block's end, stop with SIGSEGV;
  *  - a captured stream records and a graph replays (reading memory at
@@ -451,6 +453,7 @@ static void a_graph_replays_what_its_capture_recorded(void **state) {
   assert_int_equal(cudaMemcpyAsync(b, a, sizeof v, cudaMemcpyDeviceToDevice, s), cudaSuccess);
   cudaGraph_t g = NULL;
   assert_int_equal(cudaStreamEndCapture(s, &g), cudaSuccess);
+  assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
   to_host(&got, b, sizeof got);
   assert_int_not_equal(got, 1); /* recorded, not run */
   cudaGraphExec_t ex = NULL;
@@ -459,6 +462,7 @@ static void a_graph_replays_what_its_capture_recorded(void **state) {
   v = 7;
   assert_int_equal(cudaMemcpy(a, &v, sizeof v, cudaMemcpyHostToDevice), cudaSuccess);
   assert_int_equal(cudaGraphLaunch(ex, s), cudaSuccess);
+  assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
   to_host(&got, b, sizeof got);
   assert_int_equal(got, 7); /* the replay read a's contents at launch */
   cudaGraphExecDestroy(ex);
@@ -526,7 +530,44 @@ static void read_on_host(float *d) {
 }
 
 /* ReLU over 1024 floats of a 1-float block: past its end into the guard. */
-static void overrun(float *d) { (void)spn_cu_unary(SPN_CU_RELU, d, d, 1024, 0, 0, NULL); }
+static void overrun(float *d) {
+  (void)spn_cu_unary(SPN_CU_RELU, d, d, 1024, 0, 0, NULL);
+  (void)cudaDeviceSynchronize();
+}
+
+/* SPN_EMU_CUDA_LAZY=1 (cuda-fakes-host-lazy): s1's work has not run until
+ * something waits for it; s2 waiting for s1's event runs it up to the
+ * record, not past it. */
+static void lazy_streams_run_when_waited_for(void **state) {
+  (void)state;
+  const char *lz = getenv("SPN_EMU_CUDA_LAZY");
+  if (!lz || strcmp(lz, "1"))
+    skip();
+  cudaStream_t s1, s2;
+  cudaEvent_t ev;
+  assert_int_equal(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+  int zero = 0, got = -1;
+  int *a = dev_copy(&zero, sizeof zero), *b = dev_copy(&zero, sizeof zero);
+  assert_int_equal(cudaMemsetAsync(a, 1, sizeof(int), s1), cudaSuccess);
+  assert_int_equal(cudaEventRecord(ev, s1), cudaSuccess);
+  assert_int_equal(cudaMemsetAsync(a, 2, sizeof(int), s1), cudaSuccess); /* after the record */
+  to_host(&got, a, sizeof got);
+  assert_int_equal(got, 0); /* nothing waited for s1 */
+  assert_int_equal(cudaStreamWaitEvent(s2, ev, 0), cudaSuccess);
+  assert_int_equal(cudaMemcpyAsync(b, a, sizeof(int), cudaMemcpyDeviceToDevice, s2), cudaSuccess);
+  assert_int_equal(cudaStreamSynchronize(s2), cudaSuccess);
+  to_host(&got, b, sizeof got);
+  assert_int_equal(got, 0x01010101); /* s1 ran as far as the event */
+  assert_int_equal(cudaStreamSynchronize(s1), cudaSuccess);
+  to_host(&got, a, sizeof got);
+  assert_int_equal(got, 0x02020202);
+  cudaEventDestroy(ev);
+  cudaStreamDestroy(s1);
+  cudaStreamDestroy(s2);
+  cudaFree(a), cudaFree(b);
+}
 
 static void host_reads_and_overruns_of_device_memory_fault(void **state) {
   (void)state;
@@ -549,6 +590,7 @@ int main(void) {
       cmocka_unit_test(copies_check_which_side_is_device_memory),
       cmocka_unit_test(kernels_take_device_pointers_and_barriers_hold),
       cmocka_unit_test(host_reads_and_overruns_of_device_memory_fault),
+      cmocka_unit_test(lazy_streams_run_when_waited_for),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

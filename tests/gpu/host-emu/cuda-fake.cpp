@@ -24,8 +24,17 @@
  *    follows each block, which ends less than 256 bytes before it (CUDA's
  *    alignment), so a kernel or library call running past a block's end
  *    faults too.
- *  - Streams: work runs at once, in call order (so no ordering bug between
- *    streams can show here); events, waits and synchronisations succeed.
+ *  - Streams: work runs at once, in call order; events, waits and
+ *    synchronisations succeed. With SPN_EMU_CUDA_LAZY=1 a stream's work is
+ *    queued instead and runs only when something waits for it: a
+ *    synchronisation of the stream, its event or the device, a stream that
+ *    waits for one of its events running, a copy to pageable memory (which
+ *    CUDA completes before returning; one from pageable memory is staged at
+ *    the call), cudaFree; a cudaFreeAsync runs its stream's queue at once,
+ *    so the block goes as early as the stream's waits allow. Host code that
+ *    reads a result it did not wait for sees stale memory, work another
+ *    stream did not wait for has not happened, and a free not ordered after
+ *    the work using the block unmaps it under that work (a fault).
  *  - CUDA Graphs: a stream capturing records its work (copies, memsets,
  *    kernel launches, host functions, the fake cuDNN and cuBLASLt calls)
  *    instead of running it; the graph replays the records at each launch,
@@ -49,8 +58,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <deque>
 #include <map>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include <cuda_runtime_api.h>
@@ -71,6 +82,14 @@ struct emu_stream {
   std::vector<std::function<void()>> *cap; /* recording a graph */
   bool invalid;                            /* the capture hit a forbidden call */
   cudaStreamCaptureMode mode;
+  /* Lazy mode: work queued, not yet run; submitted - done of it. */
+  std::deque<std::function<void()>> q;
+  uint64_t submitted, done;
+};
+
+struct emu_event {
+  emu_stream *s; /* the stream of the last record (null: never recorded) */
+  uint64_t pos;  /* that stream's work at the record */
 };
 
 struct emu_graph {
@@ -80,11 +99,24 @@ struct emu_graph {
 std::mutex lock;
 std::map<uintptr_t, emu_block> blocks;
 std::vector<size_t> used; /* bytes per device */
-emu_stream legacy = {0, nullptr, false, cudaStreamCaptureModeGlobal};
+emu_stream legacy = {0, nullptr, false, cudaStreamCaptureModeGlobal, {}, 0, 0};
+std::set<emu_stream *> streams;     /* every stream made, under lock */
+std::recursive_mutex exec_lock;     /* one thread runs queued work at a time */
 thread_local int current_dev;
 thread_local cudaError_t last_error = cudaSuccess;
 thread_local int capturing; /* captures this thread began (thread-local / global mode) */
 int device_access;          /* fake operations under way (any thread), under lock */
+
+/* SPN_EMU_CUDA_LAZY=1: a stream's work runs only when something waits for
+ * it (README). */
+bool lazy() {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("SPN_EMU_CUDA_LAZY");
+    on = e && *e && strcmp(e, "0");
+  }
+  return on;
+}
 
 bool strict() {
   static int on = -1;
@@ -247,6 +279,38 @@ template <class F> void with_device_access(F fn) {
     protect_all(PROT_NONE);
 }
 
+/* Lazy mode: run st's queued work up to its upto-th operation. */
+void drain(emu_stream *st, uint64_t upto) {
+  std::lock_guard<std::recursive_mutex> run(exec_lock);
+  for (;;) {
+    std::function<void()> op;
+    {
+      std::lock_guard<std::mutex> g(lock);
+      if (st->done >= upto || st->q.empty())
+        return;
+      op = std::move(st->q.front());
+      st->q.pop_front();
+    }
+    with_device_access(op);
+    std::lock_guard<std::mutex> g(lock);
+    st->done++;
+  }
+}
+
+void drain_all() {
+  std::vector<emu_stream *> all;
+  {
+    std::lock_guard<std::mutex> g(lock);
+    all.assign(streams.begin(), streams.end());
+  }
+  all.push_back(&legacy);
+  for (emu_stream *st : all)
+    drain(st, UINT64_MAX);
+}
+
+/* Whether p is pageable host memory (not device, not pinned). */
+bool pageable(const void *p) { return !is_device_or_pinned(p, 0); }
+
 /* Both sides of a copy as its kind describes them. */
 cudaError_t check_copy(const void *dst, const void *src, size_t n, cudaMemcpyKind k, bool async) {
   bool dd = k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice;
@@ -298,6 +362,11 @@ void spn_emu_stream_do(cudaStream_t s, std::function<void()> fn) {
     std::lock_guard<std::mutex> g(lock);
     if (st->cap) {
       st->cap->push_back(std::move(fn));
+      return;
+    }
+    if (lazy()) {
+      st->q.push_back(std::move(fn));
+      st->submitted++;
       return;
     }
   }
@@ -392,7 +461,12 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
   return peer < n_devices() ? cudaSuccess : ret(cudaErrorInvalidDevice);
 }
 
-cudaError_t cudaDeviceSynchronize(void) { return forbidden("cudaDeviceSynchronize"); }
+cudaError_t cudaDeviceSynchronize(void) {
+  cudaError_t e = forbidden("cudaDeviceSynchronize");
+  if (!e && lazy())
+    drain_all();
+  return e;
+}
 
 cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total) {
   std::lock_guard<std::mutex> g(lock);
@@ -421,6 +495,8 @@ cudaError_t cudaMalloc(void **p, size_t size) {
 
 cudaError_t cudaFree(void *p) {
   cudaError_t e = forbidden("cudaFree");
+  if (!e && lazy() && p)
+    drain_all(); /* cudaFree synchronises the device */
   return e ? e : block_free(p, false);
 }
 
@@ -434,8 +510,23 @@ cudaError_t cudaMallocFromPoolAsync(void **p, size_t size, cudaMemPool_t pool, c
 }
 
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
-  (void)s;
-  return block_free(p, false);
+  if (!lazy() || !p)
+    return block_free(p, false);
+  {
+    std::lock_guard<std::mutex> g(lock);
+    if (!find_block(p, 0)) {
+      spn_emu_complain("freeing %p, not a device block", p);
+      return ret(cudaErrorInvalidValue);
+    }
+  }
+  /* The free runs as early as the stream's order lets it (its earlier work
+   * and the events it waits for first): a missing wait frees the block under
+   * work still queued elsewhere, which then faults. */
+  spn_emu_stream_do(s, [p] { (void)block_free(p, false); });
+  emu_stream *st = stream_of(s);
+  if (!st->cap)
+    drain(st, UINT64_MAX);
+  return cudaSuccess;
 }
 
 cudaError_t cudaMallocHost(void **p, size_t size) {
@@ -451,7 +542,11 @@ cudaError_t cudaMallocHost(void **p, size_t size) {
   return cudaSuccess;
 }
 
-cudaError_t cudaFreeHost(void *p) { return block_free(p, true); }
+cudaError_t cudaFreeHost(void *p) {
+  if (lazy() && p)
+    drain_all(); /* synchronises the device */
+  return block_free(p, true);
+}
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void *p) {
   memset(a, 0, sizeof *a);
@@ -472,6 +567,8 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k) {
   cudaError_t e = forbidden("cudaMemcpy");
+  if (!e && lazy())
+    drain(&legacy, UINT64_MAX); /* after the legacy stream's work */
   if (!e)
     e = check_copy(dst, src, n, k, false);
   if (!e && n)
@@ -480,10 +577,22 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k) {
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k, cudaStream_t s) {
-  cudaError_t e = check_copy(dst, src, n, k, stream_of(s)->cap != nullptr);
-  if (!e && n)
+  emu_stream *st = stream_of(s);
+  cudaError_t e = check_copy(dst, src, n, k, st->cap != nullptr);
+  if (e || !n)
+    return e;
+  if (lazy() && !st->cap && pageable(src)) {
+    /* From pageable memory CUDA stages the source before returning. */
+    std::vector<char> staged((const char *)src, (const char *)src + n);
+    spn_emu_stream_do(s, [=] { memmove(dst, staged.data(), n); });
+  } else if (lazy() && !st->cap && pageable(dst)) {
+    /* To pageable memory the call returns once the copy is done. */
     spn_emu_stream_do(s, [=] { memmove(dst, src, n); });
-  return e;
+    drain(st, UINT64_MAX);
+  } else {
+    spn_emu_stream_do(s, [=] { memmove(dst, src, n); });
+  }
+  return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyPeerAsync(void *dst, int dd, const void *src, int sd, size_t n, cudaStream_t s) {
@@ -516,10 +625,21 @@ static cudaError_t copy2d(void *dst, size_t dp, const void *src, size_t sp, size
     if (e)
       return e;
   }
+  emu_stream *st = stream_of(s);
+  if (lazy() && !st->cap && pageable(src)) { /* staged at the call */
+    std::vector<char> staged((const char *)src, (const char *)src + sn);
+    spn_emu_stream_do(s, [=] {
+      for (size_t y = 0; y < h; y++)
+        memmove((char *)dst + y * dp, staged.data() + y * sp, w);
+    });
+    return cudaSuccess;
+  }
   spn_emu_stream_do(s, [=] {
     for (size_t y = 0; y < h; y++)
       memmove((char *)dst + y * dp, (const char *)src + y * sp, w);
   });
+  if (lazy() && !st->cap && (pageable(dst) || !async)) /* done when the call returns */
+    drain(st, UINT64_MAX);
   return cudaSuccess;
 }
 
@@ -545,7 +665,11 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
 
 cudaError_t cudaMemset(void *p, int v, size_t n) {
   cudaError_t e = forbidden("cudaMemset");
-  return e ? e : cudaMemsetAsync(p, v, n, nullptr);
+  if (!e)
+    e = cudaMemsetAsync(p, v, n, nullptr);
+  if (!e && lazy())
+    drain(&legacy, UINT64_MAX);
+  return e;
 }
 
 cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t w, size_t h, cudaStream_t s) {
@@ -566,7 +690,10 @@ cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t w, size_t h, 
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
   (void)flags;
-  *s = (cudaStream_t)new emu_stream{current_dev, nullptr, false, cudaStreamCaptureModeGlobal};
+  emu_stream *st = new emu_stream{current_dev, nullptr, false, cudaStreamCaptureModeGlobal, {}, 0, 0};
+  std::lock_guard<std::mutex> g(lock);
+  streams.insert(st);
+  *s = (cudaStream_t)st;
   return cudaSuccess;
 }
 
@@ -580,6 +707,11 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     spn_emu_complain("destroying a capturing stream");
     return ret(cudaErrorIllegalState);
   }
+  drain(st, UINT64_MAX); /* its queued work still runs */
+  {
+    std::lock_guard<std::mutex> g(lock);
+    streams.erase(st);
+  }
   delete st;
   return cudaSuccess;
 }
@@ -590,36 +722,55 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     invalidate_captures();
     return ret(cudaErrorStreamCaptureUnsupported);
   }
+  drain(stream_of(s), UINT64_MAX);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
-  (void)s, (void)flags;
-  return e ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+  (void)flags;
+  if (!e)
+    return ret(cudaErrorInvalidResourceHandle);
+  emu_event ev = *(emu_event *)e; /* the record current at the call */
+  if (lazy() && ev.s && ev.s != stream_of(s))
+    spn_emu_stream_do(s, [ev] { drain(ev.s, ev.pos); });
+  return cudaSuccess;
 }
 
 /* Events carry nothing: all work has run when they are recorded. */
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
   (void)flags;
-  *e = (cudaEvent_t) new char[1];
+  *e = (cudaEvent_t) new emu_event{nullptr, 0};
   return cudaSuccess;
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  delete[] (char *)e;
+  delete (emu_event *)e;
   return cudaSuccess;
 }
 
+/* A record during a capture is a graph node that waits for nothing here. */
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-  (void)s;
-  return e ? cudaSuccess : ret(cudaErrorInvalidResourceHandle);
+  if (!e)
+    return ret(cudaErrorInvalidResourceHandle);
+  emu_stream *st = stream_of(s);
+  std::lock_guard<std::mutex> g(lock);
+  if (!st->cap)
+    *(emu_event *)e = emu_event{st, st->submitted};
+  return cudaSuccess;
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { return e ? cudaSuccess : ret(cudaErrorInvalidResourceHandle); }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  if (!e)
+    return ret(cudaErrorInvalidResourceHandle);
+  emu_event ev = *(emu_event *)e;
+  if (lazy() && ev.s)
+    drain(ev.s, ev.pos);
+  return cudaSuccess;
+}
 
 cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
 
