@@ -101,6 +101,7 @@ std::map<uintptr_t, emu_block> blocks;
 std::vector<size_t> used; /* bytes per device */
 emu_stream legacy = {0, nullptr, false, cudaStreamCaptureModeGlobal, {}, 0, 0};
 std::set<emu_stream *> streams;     /* every stream made, under lock */
+std::set<emu_event *> events;       /* every event made, under lock */
 std::recursive_mutex exec_lock;     /* one thread runs queued work at a time */
 thread_local int current_dev;
 thread_local cudaError_t last_error = cudaSuccess;
@@ -711,6 +712,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   {
     std::lock_guard<std::mutex> g(lock);
     streams.erase(st);
+    for (emu_event *ev : events) /* their work is done */
+      if (ev->s == st)
+        ev->s = nullptr;
   }
   delete st;
   return cudaSuccess;
@@ -732,7 +736,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
   (void)flags;
   if (!e)
     return ret(cudaErrorInvalidResourceHandle);
-  emu_event ev = *(emu_event *)e; /* the record current at the call */
+  emu_event ev;
+  {
+    std::lock_guard<std::mutex> g(lock);
+    ev = *(emu_event *)e; /* the record current at the call */
+  }
   if (lazy() && ev.s && ev.s != stream_of(s))
     spn_emu_stream_do(s, [ev] { drain(ev.s, ev.pos); });
   return cudaSuccess;
@@ -741,13 +749,18 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
 /* Events carry nothing: all work has run when they are recorded. */
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
   (void)flags;
-  *e = (cudaEvent_t) new emu_event{nullptr, 0};
+  emu_event *ev = new emu_event{nullptr, 0};
+  std::lock_guard<std::mutex> g(lock);
+  events.insert(ev);
+  *e = (cudaEvent_t)ev;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
 
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  std::lock_guard<std::mutex> g(lock);
+  events.erase((emu_event *)e);
   delete (emu_event *)e;
   return cudaSuccess;
 }
@@ -766,7 +779,11 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   if (!e)
     return ret(cudaErrorInvalidResourceHandle);
-  emu_event ev = *(emu_event *)e;
+  emu_event ev;
+  {
+    std::lock_guard<std::mutex> g(lock);
+    ev = *(emu_event *)e;
+  }
   if (lazy() && ev.s)
     drain(ev.s, ev.pos);
   return cudaSuccess;
