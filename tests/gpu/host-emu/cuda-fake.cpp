@@ -5,7 +5,8 @@
  * checked) and is linked instead of libcudart.
  *
  *  - Devices: SPN_EMU_CUDA_DEVICES of them (default 1), each with
- *    SPN_EMU_CUDA_MEM_MB of memory (default 4096): an allocation past that
+ *    SPN_EMU_CUDA_MEM_MB of memory (default 4096, fractions allowed): an
+ *    allocation past that
  *    is cudaErrorMemoryAllocation, as on a full GPU.
  *  - Memory: device and pinned blocks are host blocks kept in a registry;
  *    a copy whose kind says a side is device memory checks that it lies in
@@ -150,7 +151,7 @@ int n_devices() {
 
 size_t dev_mem() {
   const char *e = getenv("SPN_EMU_CUDA_MEM_MB");
-  return (size_t)(e && *e ? atoll(e) : 4096) << 20;
+  return (size_t)((e && *e ? atof(e) : 4096.0) * (1 << 20));
 }
 
 cudaError_t ret(cudaError_t e) {
