@@ -350,6 +350,13 @@ bool spn_emu_is_device(const void *p, size_t n) {
   return b && b->dev >= 0;
 }
 
+bool spn_emu_stream_alive(cudaStream_t s) {
+  if (stream_of(s) == &legacy)
+    return true;
+  std::lock_guard<std::mutex> g(lock);
+  return streams.count((emu_stream *)s) != 0;
+}
+
 bool spn_emu_kernel_pointer_ok(const void *p, const char *kernel, int arg) {
   if (is_device_or_pinned(p, 0))
     return true;

@@ -28,7 +28,10 @@
  *    (cuda-fake.cpp's registry): CUDNN_STATUS_BAD_PARAM and a line on stderr
  *    otherwise;
  *  - work goes on the handle's stream (cudnnSetStream), so a captured graph
- *    replays it with the descriptors as they were at the call.
+ *    replays it with the descriptors as they were at the call; the searches
+ *    that time algorithms (cudnnFind*) and every operation fail
+ *    (CUDNN_STATUS_EXECUTION_FAILED, a line on stderr) when that stream has
+ *    been destroyed since.
  * Not modelled: which algorithm real cuDNN picks, its rounding, the
  * data-type configurations it refuses (beyond FLOAT/HALF x, w, y alike).
  * Test code only. */
@@ -198,6 +201,7 @@ const char *cudnnGetErrorString(cudnnStatus_t st) {
   case CUDNN_STATUS_BAD_PARAM: return "CUDNN_STATUS_BAD_PARAM";
   case CUDNN_STATUS_NOT_SUPPORTED: return "CUDNN_STATUS_NOT_SUPPORTED";
   case CUDNN_STATUS_ALLOC_FAILED: return "CUDNN_STATUS_ALLOC_FAILED";
+  case CUDNN_STATUS_EXECUTION_FAILED: return "CUDNN_STATUS_EXECUTION_FAILED";
   default: return "CUDNN_STATUS (fake: other)";
   }
 }
@@ -370,12 +374,22 @@ static cudnnStatus_t fwd_algos(const cudnnConvolutionStruct *c, const cudnnTenso
   return CUDNN_STATUS_SUCCESS;
 }
 
+/* The searches that time algorithms run them on the handle's stream. */
+static bool handle_stream_ok(cudnnHandle_t h, const char *what) {
+  if (spn_emu_stream_alive(h->stream))
+    return true;
+  spn_emu_complain("cuDNN %s on the handle's stream %p, which was destroyed (cudnnSetStream named it)", what,
+                   (void *)h->stream);
+  return false;
+}
+
 cudnnStatus_t cudnnFindConvolutionForwardAlgorithm(cudnnHandle_t h, const cudnnTensorDescriptor_t x,
                                                    const cudnnFilterDescriptor_t w,
                                                    const cudnnConvolutionDescriptor_t c,
                                                    const cudnnTensorDescriptor_t y, const int req, int *got,
                                                    cudnnConvolutionFwdAlgoPerf_t *perf) {
-  (void)h;
+  if (!handle_stream_ok(h, "cudnnFindConvolutionForwardAlgorithm"))
+    return CUDNN_STATUS_EXECUTION_FAILED;
   return fwd_algos(c, x, w, y, req, got, perf);
 }
 
@@ -427,7 +441,8 @@ cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithm(cudnnHandle_t h, const c
                                                         const cudnnConvolutionDescriptor_t c,
                                                         const cudnnTensorDescriptor_t dx, const int req, int *got,
                                                         cudnnConvolutionBwdDataAlgoPerf_t *perf) {
-  (void)h;
+  if (!handle_stream_ok(h, "cudnnFindConvolutionBackwardDataAlgorithm"))
+    return CUDNN_STATUS_EXECUTION_FAILED;
   return bwd_algos(c, w, dy, dx, req, got, perf);
 }
 
@@ -458,7 +473,7 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t h, const void *alpha, const 
                                       size_t wsn, const void *beta, const cudnnTensorDescriptor_t yd, void *y) {
   if (!geometry_ok(*cd, *xd, *wd, *yd) || algo != CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)
     return CUDNN_STATUS_BAD_PARAM;
-  if (!workspace_ok(ws, wsn, "forward") || !on_device(x, t_extent(*xd), "x") || !on_device(w, f_bytes(*wd), "w") ||
+  if (!handle_stream_ok(h, "cudnnConvolutionForward") || !workspace_ok(ws, wsn, "forward") || !on_device(x, t_extent(*xd), "x") || !on_device(w, f_bytes(*wd), "w") ||
       !on_device(y, t_extent(*yd), "y"))
     return CUDNN_STATUS_BAD_PARAM;
   float a = scalar(alpha), b = scalar(beta);
@@ -496,7 +511,7 @@ cudnnStatus_t cudnnConvolutionBiasActivationForward(
     spn_emu_complain("cuDNN fused convolution: z must have y's dims and bias (1,K,1,1)");
     return CUDNN_STATUS_BAD_PARAM;
   }
-  if (!workspace_ok(ws, wsn, "fused forward") || !on_device(x, t_extent(*xd), "x") ||
+  if (!handle_stream_ok(h, "cudnnConvolutionBiasActivationForward") || !workspace_ok(ws, wsn, "fused forward") || !on_device(x, t_extent(*xd), "x") ||
       !on_device(w, f_bytes(*wd), "w") || !on_device(y, t_extent(*yd), "y") || !on_device(z, t_extent(*zd), "z") ||
       !on_device(bias, t_extent(*bd), "bias"))
     return CUDNN_STATUS_BAD_PARAM;
@@ -530,7 +545,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha, c
                                            void *dx) {
   if (!bwd_geometry_ok(*cd, *wd, *dyd, *dxd) || algo != CUDNN_CONVOLUTION_BWD_DATA_ALGO_1)
     return CUDNN_STATUS_BAD_PARAM;
-  if (!workspace_ok(ws, wsn, "backward data") || !on_device(dy, t_extent(*dyd), "dy") ||
+  if (!handle_stream_ok(h, "cudnnConvolutionBackwardData") || !workspace_ok(ws, wsn, "backward data") || !on_device(dy, t_extent(*dyd), "dy") ||
       !on_device(w, f_bytes(*wd), "w") || !on_device(dx, t_extent(*dxd), "dx"))
     return CUDNN_STATUS_BAD_PARAM;
   float a = scalar(alpha), b = scalar(beta);

@@ -15,6 +15,10 @@
  * launch of that graph (what fn reads and writes is read then). */
 void spn_emu_stream_do(cudaStream_t s, std::function<void()> fn);
 
+/* Whether s is the null/legacy/per-thread stream or one made and not yet
+ * destroyed. */
+bool spn_emu_stream_alive(cudaStream_t s);
+
 /* Whether [p, p + n) lies in one device allocation made by the fake (or
  * n == 0 and p is in one). */
 bool spn_emu_is_device(const void *p, size_t n);
