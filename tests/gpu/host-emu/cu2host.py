@@ -4,12 +4,17 @@ kernels run on the CPU (tests/gpu/host-emu/README: the cuda-*-host tests).
 
   cu2host.py IN.cu OUT.cpp
 
-Every launch `kernel<<<grid, block[, shmem[, stream]]>>>(args);` becomes
-`spn_emu_launch(grid, block, [&] { kernel(args); }, shmem, stream);`, which runs the
-kernel's body once per thread of the grid, one after another, with
-blockIdx/threadIdx set (kernel-emu.h). Nothing else changes: the kernels
-must not use shared memory, barriers or warp functions (the families here
-are one-thread-per-output). A launch the script cannot parse is an error.
+Every launch `kernel[<T>]<<<grid, block[, shmem[, stream]]>>>(args);` becomes
+`spn_emu_launch(grid, block, shmem, stream, BARRIER, "kernel", [](auto... a) { kernel(a...); }, args)`:
+the arguments are evaluated at the launch, as CUDA does, and the launch runs
+the kernel's body once per thread of the grid, one after another, with
+blockIdx/threadIdx set (kernel-emu.h); with the fake runtime
+(tests/gpu/host-emu/README) it goes through the stream, so a captured
+CUDA Graph replays it. A kernel whose body calls __syncthreads (BARRIER
+true) runs each block's threads side by side instead, with __shared__
+storage shared by the block. Warp functions and atomics are not emulated:
+a kernel using one is an error. A launch the script cannot parse is an
+error too.
 """
 import re
 import sys
@@ -32,10 +37,33 @@ def split_top(s):
     return out
 
 
+def kernel_bodies(src):
+    """{name: body} of every __global__ function."""
+    out = {}
+    for m in re.finditer(r'__global__\s+void\s+(\w+)\s*\(', src):
+        i = src.index('{', m.end())
+        depth, j = 0, i
+        while True:
+            if src[j] == '{':
+                depth += 1
+            elif src[j] == '}':
+                depth -= 1
+                if depth == 0:
+                    break
+            j += 1
+        out[m.group(1)] = src[i:j + 1]
+    return out
+
+
 def main():
     src = open(sys.argv[1]).read()
+    bodies = kernel_bodies(src)
+    for name, body in bodies.items():
+        bad = re.search(r'\b(__shfl\w*|atomic\w+|__ballot\w*|__any_sync|__all_sync)\b', body)
+        if bad:
+            sys.exit(f'{sys.argv[1]}: kernel {name} uses {bad.group(1)}, which the host emulation does not do')
     out, pos, n = [], 0, 0
-    for m in re.finditer(r'(\w+)\s*<<<', src):
+    for m in re.finditer(r'(\w+)(\s*<[^<>;()]*>)?\s*<<<', src):
         if m.start() < pos:
             continue
         end = src.index('>>>', m.end())
@@ -58,8 +86,12 @@ def main():
             j += 1
         args = src[i + 1:j]
         out.append(src[pos:m.start()])
-        rest = ''.join(', ' + c for c in cfg[2:])
-        out.append(f'spn_emu_launch({cfg[0]}, {cfg[1]}, [&] {{ {m.group(1)}({args}); }}{rest})')
+        cfg += ['0', '0'][len(cfg) - 2:]
+        name = m.group(1) + (m.group(2) or '').strip()
+        barrier = 'true' if '__syncthreads' in bodies.get(m.group(1), '') else 'false'
+        args = (', ' + args) if args.strip() else ''
+        out.append(f'spn_emu_launch({cfg[0]}, {cfg[1]}, {cfg[2]}, {cfg[3]}, {barrier}, "{name}", '
+                   f'[](auto... spn_a) {{ {name}(spn_a...); }}{args})')
         pos = j + 1
         n += 1
     out.append(src[pos:])

@@ -2,37 +2,126 @@
  * compiler (cu2host.py prepends it): the thread coordinates, a launch that
  * runs the grid one thread after another, and the rounding intrinsics as
  * plain operations (x86-64 rounds each to nearest, as the intrinsics do;
- * built with -ffp-contract=off so nothing is fused). Test code only. */
+ * built with -ffp-contract=off so nothing is fused). Test code only.
+ *
+ * Without SPN_EMU_FAKE_RUNTIME the runtime calls are runtime-emu.h's macros
+ * and a launch runs at once. With it (the engine's kernels, linked with
+ * cuda-fake.cpp) a launch is handed to its stream: run at once, or recorded
+ * when the stream is capturing a CUDA Graph and run at each replay. */
 #ifndef SPN_TEST_KERNEL_EMU_H
 #define SPN_TEST_KERNEL_EMU_H
 
 #include <math.h>
+#include <pthread.h>
+
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
 #include <cuda_runtime_api.h>
 
+#ifdef SPN_EMU_FAKE_RUNTIME
+#include <type_traits>
+/* cuda-fake.cpp: run fn on stream s (now, or at each replay of the graph
+ * s is capturing); whether a kernel may dereference p (device or pinned
+ * memory), else the launch's error is recorded as a kernel's illegal
+ * address would be. */
+void spn_emu_stream_do(cudaStream_t s, std::function<void()> fn);
+bool spn_emu_kernel_pointer_ok(const void *p, const char *kernel, int arg);
+#else
 #include "runtime-emu.h"
+#endif
 
 inline thread_local uint3 spn_emu_block_idx, spn_emu_thread_idx;
 inline thread_local dim3 spn_emu_block_dim, spn_emu_grid_dim;
+inline thread_local pthread_barrier_t *spn_emu_block_barrier;
 #define blockIdx spn_emu_block_idx
 #define threadIdx spn_emu_thread_idx
 #define blockDim spn_emu_block_dim
 #define gridDim spn_emu_grid_dim
+/* __shared__ storage is a static: one per kernel, which the threads of the
+ * block running (barrier kernels run one block at a time, under a lock)
+ * share. */
+#undef __shared__
+#define __shared__ static
+#define __syncthreads() ((void)pthread_barrier_wait(spn_emu_block_barrier))
 
-/* The launch's shared-memory size and stream (rest) are read and unused. */
-template <class F, class... R> inline void spn_emu_launch(dim3 grid, dim3 block, F body, const R &...rest) {
-  ((void)rest, ...);
+/* One thread of a block at (b, t). */
+template <class F> inline void spn_emu_thread(dim3 grid, dim3 block, uint3 b, uint3 t, const F &body) {
   spn_emu_grid_dim = grid;
   spn_emu_block_dim = block;
+  spn_emu_block_idx = b;
+  spn_emu_thread_idx = t;
+  body();
+}
+
+/* The grid, one thread after another; with barrier, each block's threads as
+ * host threads that meet at __syncthreads. */
+template <class F> inline void spn_emu_grid(dim3 grid, dim3 block, bool barrier, const F &body) {
+  static std::mutex block_lock;
   for (unsigned bz = 0; bz < grid.z; bz++)
     for (unsigned by = 0; by < grid.y; by++)
-      for (unsigned bx = 0; bx < grid.x; bx++)
+      for (unsigned bx = 0; bx < grid.x; bx++) {
+        uint3 b = {bx, by, bz};
+        if (!barrier) {
+          for (unsigned tz = 0; tz < block.z; tz++)
+            for (unsigned ty = 0; ty < block.y; ty++)
+              for (unsigned tx = 0; tx < block.x; tx++)
+                spn_emu_thread(grid, block, b, uint3{tx, ty, tz}, body);
+          continue;
+        }
+        std::lock_guard<std::mutex> hold(block_lock);
+        unsigned nt = block.x * block.y * block.z;
+        pthread_barrier_t bar;
+        pthread_barrier_init(&bar, NULL, nt);
+        std::vector<std::thread> th;
         for (unsigned tz = 0; tz < block.z; tz++)
           for (unsigned ty = 0; ty < block.y; ty++)
-            for (unsigned tx = 0; tx < block.x; tx++) {
-              spn_emu_block_idx = uint3{bx, by, bz};
-              spn_emu_thread_idx = uint3{tx, ty, tz};
-              body();
-            }
+            for (unsigned tx = 0; tx < block.x; tx++)
+              th.emplace_back([&, tx, ty, tz] {
+                spn_emu_block_barrier = &bar;
+                spn_emu_thread(grid, block, b, uint3{tx, ty, tz}, body);
+              });
+        for (auto &t : th)
+          t.join();
+        pthread_barrier_destroy(&bar);
+      }
+}
+
+/* kernel<<<grid, block, shmem, stream>>>(args): the arguments are copied
+ * here (evaluated at the launch, as CUDA does); the shared-memory size is
+ * read and unused. */
+#ifdef SPN_EMU_FAKE_RUNTIME
+/* Every pointer argument is null or points into device (or pinned) memory:
+ * a host pointer handed to a kernel faults on a GPU. */
+template <class... A> inline bool spn_emu_pointers_ok(const char *kernel, const A &...args) {
+  bool ok = true;
+  int i = 0;
+  auto one = [&](const auto &a) {
+    if constexpr (std::is_pointer_v<std::decay_t<decltype(a)>>)
+      if (a && !spn_emu_kernel_pointer_ok((const void *)a, kernel, i))
+        ok = false;
+    i++;
+  };
+  (one(args), ...);
+  return ok;
+}
+#endif
+
+template <class K, class... A>
+inline void spn_emu_launch(dim3 grid, dim3 block, size_t shmem, cudaStream_t s, bool barrier, const char *name,
+                           K kernel, A... args) {
+  (void)shmem;
+  auto run = [=] { spn_emu_grid(grid, block, barrier, [&] { kernel(args...); }); };
+#ifdef SPN_EMU_FAKE_RUNTIME
+  if (!spn_emu_pointers_ok(name, args...))
+    return;
+  spn_emu_stream_do(s, run);
+#else
+  (void)s, (void)name;
+  run();
+#endif
 }
 
 inline float __fmul_rn(float a, float b) { return a * b; }
