@@ -1567,6 +1567,13 @@ static int32_t cu_prepare_shape(spn_backend_t *b, spn_run_t *r, size_t *scratch_
   int32_t rc = SPN_OK;
   pthread_mutex_lock(&cx->lock);
   cudaSetDevice(cx->dev);
+  /* cuDNN times its algorithms on the handle's stream, which the last run
+   * left on its caller's stream: that stream may be gone by now. */
+  cudnnStatus_t ds = cudnnSetStream(cx->dnn, cx->stream);
+  if (ds != CUDNN_STATUS_SUCCESS) {
+    pthread_mutex_unlock(&cx->lock);
+    return dnn_err(r->err, b->device, ds, "stream");
+  }
   for (int i = 0; i < m->n_node; i++)
     if (live_here(b, &m->nodes[i]) && m->nodes[i].bctx) {
       if (!((cu_node_t *)m->nodes[i].bctx)->planned)

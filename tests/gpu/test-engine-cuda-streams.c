@@ -3,12 +3,13 @@
  *
  *  - a run on the caller's stream, the caller then destroys that stream, and
  *    the model runs a new shape on the backend's own stream: preparing that
- *    shape must not use the destroyed stream. It does today (KNOWN BUG,
- *    meson should_fail): exec_conv() leaves the cuDNN handle on the last
- *    run's stream (cudnnSetStream), and get_conv()'s cudnnFind*Algorithm,
- *    called by prepare_shape() before any cudnnSetStream of the new run,
- *    times the algorithms on that stream. The fake cuDNN refuses a destroyed
- *    stream (CUDNN_STATUS_EXECUTION_FAILED); on a GPU it is undefined.
+ *    shape must not use the destroyed stream. It once did: exec_conv()
+ *    leaves the cuDNN handle on the last run's stream (cudnnSetStream), and
+ *    get_conv()'s cudnnFind*Algorithm, called by prepare_shape() before any
+ *    cudnnSetStream of the new run, timed the algorithms on that stream;
+ *    prepare_shape() now puts the handle on the backend's own stream first.
+ *    The fake cuDNN refuses a destroyed stream
+ *    (CUDNN_STATUS_EXECUTION_FAILED); on a GPU it is undefined.
  * Unit suite; no GPU. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -19,10 +19,15 @@ measured as max|cuda - cpu| / max(1, max|cpu|). KNOWN_BUGS lists the cases
 that fail because of a bug in the engine: they are reported XFAIL, and one
 that passes (XPASS) fails the run so that it is taken off the list.
 
-usage: engine-cases.py SPINDLE WORKDIR [--precision fp32|tf32|fp16]
+Clip and Pad whose bound or fill value a node computes must run on the CPU
+fallback (ON_CPU): the CUDA backend reads those on the host. --nhwc sets
+SPINDLE_CUDA_NHWC=1 for the cuda:0 runs (fp16 channels-last values).
+
+usage: engine-cases.py SPINDLE WORKDIR [--precision fp32|tf32|fp16] [--nhwc]
 Exits 77 (skipped) when onnx/onnxruntime are not installed.
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -37,17 +42,12 @@ except ImportError as e:  # pragma: no cover
     print(f"SKIP: {e}")
     sys.exit(77)
 
-KNOWN_BUGS = {
-    "concat9_const_last": "backend-cuda.c uploads constant inputs 0-7 only (cdata[8]); in_ptr() hands "
-                          "Concat's 10th input, a constant, as its host pointer to a device-to-device copy",
-    "clip_min_from_a_node": "backend-cuda.c's Clip (opset >= 11) reads its bounds on the host "
-                            "(*(const float *)r->v[in].data); a bound computed by a node on the GPU is a device "
-                            "pointer there (SIGSEGV), and cu_supports() does not refuse it",
-    "pad_value_from_a_node": "Pad's constant_value, read on the host by spn_op_pad_params() from the CUDA "
-                             "backend's exec_node(), is a device pointer when a node on the GPU computed it (SIGSEGV)",
-    "avgpool_ceil_include_pad": "the CPU backend (the reference here) differs from ONNX Runtime on "
-                                "AveragePool with ceil_mode=1 and count_include_pad=1; cuda:0 matches ONNX Runtime",
-}
+KNOWN_BUGS = {}
+
+# Cases whose named node must run on the CPU fallback (an operand it reads on
+# the host is computed by a node on the GPU): run with the default fallback,
+# which must say so, and compared like the rest.
+ON_CPU = {"clip_min_from_a_node": "Clip", "pad_value_from_a_node": "Pad"}
 
 rng = np.random.default_rng(5)
 
@@ -114,13 +114,17 @@ case("mini_wav2lip", [
     {"w1": r(8, 3, 3, 3) * 0.5, "b1": r(8), "w2": r(8, 8, 3, 3) * 0.3, "b2": r(8), "wt": r(12, 6, 3, 3) * 0.3, "bt": r(6), "w3": r(3, 6, 1, 1), "b3": r(3)})
 
 
-def run(spindle, path, out, device, precision, args):
-    """The output y of one `model run`, or an error message."""
+def run(spindle, path, out, device, precision, args, on_cpu=None, env=None):
+    """The output y of one `model run`, or an error message. on_cpu: the op
+    the run must report on the CPU fallback (else nothing may fall back)."""
+    fb = [] if on_cpu else ["--fallback", "error"]
     pr = subprocess.run([spindle, "model", "run", path, "--output-dir", out, "--device", device,
-                         "--precision", precision, "--repeat", "3", "--fallback", "error"] + args,
-                        capture_output=True, text=True, timeout=300)
+                         "--precision", precision, "--repeat", "3"] + fb + args,
+                        capture_output=True, text=True, timeout=300, env=env)
     if pr.returncode:
         return None, f"exit {pr.returncode}: " + pr.stderr.strip().replace("\n", " | ")
+    if on_cpu and not re.search(r"run on the CPU.*\(" + on_cpu + r"\)", pr.stderr):
+        return None, f"{on_cpu} did not fall back to the CPU: " + pr.stderr.strip().replace("\n", " | ")
     return np.load(os.path.join(out, "y.npy")), None
 
 
@@ -131,6 +135,11 @@ def rel(a, ref):
 def main():
     args = sys.argv[1:]
     prec = "fp32"
+    env = dict(os.environ)
+    env.pop("SPINDLE_CUDA_NHWC", None)
+    if "--nhwc" in args:
+        args.remove("--nhwc")
+        env["SPINDLE_CUDA_NHWC"] = "1"
     if "--precision" in args:
         i = args.index("--precision")
         prec = args[i + 1]
@@ -152,7 +161,7 @@ def main():
             np.save(os.path.join(d, k + ".npy"), v)
             ins += ["--input", f"{k}={os.path.join(d, k + '.npy')}"]
         cpu, cpu_err = run(spindle, p, os.path.join(d, "cpu"), "cpu", "fp32", ins)
-        gpu, gpu_err = run(spindle, p, os.path.join(d, "cuda"), "cuda:0", prec, ins)
+        gpu, gpu_err = run(spindle, p, os.path.join(d, "cuda"), "cuda:0", prec, ins, ON_CPU.get(name), env)
         if cpu_err or gpu_err:
             ok, msg = False, f"cpu: {cpu_err or 'ok'}; cuda:0: {gpu_err or 'ok'}"
         elif cpu.shape != gpu.shape:
