@@ -21,6 +21,8 @@ interpolation, about 42 dB from it: media-gpu holds that apart). Per frame:
 and most frames were synced (differ from the decoded frame in the crop), so
 the comparison is not between two untouched copies.
 Exits 77 without a CUDA device or without the onnx package.
+SPINDLE_TEST_DURATION shortens the 2 s of video (the runs on the fake GPU of
+tests/gpu/host-emu, whose convolutions are naive loops).
 """
 import json
 import os
@@ -51,6 +53,7 @@ def derive(config, out):
 def main():
     spindle, script, src = sys.argv[1], sys.argv[2], sys.argv[3]
     gpu = os.environ.get('SPINDLE_TEST_GPU_DEVICES', 'cuda')
+    duration = os.environ.get('SPINDLE_TEST_DURATION', '2')
     with tempfile.TemporaryDirectory() as tmp:
         model = os.path.join(tmp, 'w2l.onnx')
         r = subprocess.run([sys.executable, script, model, '--arch', 'wav2lip', '--width', '0.25'],
@@ -65,7 +68,7 @@ def main():
         for side, dev in (('gpu', gpu), ('cpu', 'cpu')):
             d = os.path.join(tmp, side)
             os.makedirs(d)
-            args = [spindle, 'run', cfg, '--devices', dev, '--set', 'decode.duration=2', '--set',
+            args = [spindle, 'run', cfg, '--devices', dev, '--set', f'decode.duration={duration}', '--set',
                     f'lips.model={model}', '--set', 'faces.precision=fp32', '--set', 'lips.precision=fp32',
                     '--set', 'decode.hwaccel=none', '--set', f'synced.path={d}/synced.rgb', '--set',
                     f'decoded.path={d}/decoded.rgb', '--set', f'boxes.path={d}/faces.jsonl', '--log-format', 'json']

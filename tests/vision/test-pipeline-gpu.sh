@@ -14,7 +14,10 @@
 #      (the job's transfers: edges and the stages' own copies).
 #   test-pipeline-gpu.sh enhance|lipsync SPINDLE PLUGIN_DIRS SOURCE_ROOT
 #   (PLUGIN_DIRS: the plugin folders, colon-separated)
+# SPINDLE_TEST_DURATION shortens the 2 s (the runs on the fake GPU of
+# tests/gpu/host-emu, whose convolutions are naive loops).
 set -u
+duration=${SPINDLE_TEST_DURATION:-2}
 name=$1 spindle=$(realpath "$2") src=$(realpath "$4")
 export SPINDLE_PLUGIN_PATH=$3
 fail() { echo "FAIL: $*"; exit 1; }
@@ -47,7 +50,7 @@ head = head.replace('"../', '"' + root + '/')  # the config's relative paths, fr
 open(sys.argv[2], 'w').write(head + '[[stage]]\nname = "raw"\nkind = "filesink"\ninputs = ["%s"]\n' % feeds.group(1))
 PY
 run() { # DEVICES OUT
-  "$spindle" run raw.toml --devices "$1" --set raw.path="$tmp/$2" --set decode.duration=2 "${sets[@]}" \
+  "$spindle" run raw.toml --devices "$1" --set raw.path="$tmp/$2" --set decode.duration="$duration" "${sets[@]}" \
     --log-format json >"$2.json" 2>"$2.err"
 }
 run cuda gpu.rgb
@@ -88,7 +91,7 @@ for s in stages:
     assert f'"stage":"{s}","device":"cuda:' in log or f'stage \\"{s}\\" (replica 0 on cuda:' in log, \
         f'no sign in the log that stage {s} ran on a GPU'
 PY
-"$spindle" run "$config" --devices cuda --set encode.path="$tmp/out.mp4" --set decode.duration=2 "${sets[@]}" \
+"$spindle" run "$config" --devices cuda --set encode.path="$tmp/out.mp4" --set decode.duration="$duration" "${sets[@]}" \
   --log-format json >mp4.json 2>mp4.err || fail "$name.toml on cuda: exit $?: $(tail -3 mp4.err)"
 [ -s out.mp4 ] || fail "no out.mp4"
 # The whole job, its stages' own copies included (facedetect's upload when

@@ -453,6 +453,18 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int d) {
   return cudaSuccess;
 }
 
+/* The driver API (libcuda) is not faked: no driver entry point is found,
+ * so whatever needs one (FFmpeg's NVDEC/NVENC through media-cuda.c) takes
+ * the path a GPU without that driver function would. */
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsigned int version,
+                                             unsigned long long flags, enum cudaDriverEntryPointQueryResult *status) {
+  (void)symbol, (void)version, (void)flags;
+  *fn = NULL;
+  if (status)
+    *status = cudaDriverEntryPointSymbolNotFound;
+  return cudaSuccess;
+}
+
 cudaError_t cudaDeviceGetPCIBusId(char *buf, int len, int d) {
   if (d < 0 || d >= n_devices())
     return ret(cudaErrorInvalidDevice);

@@ -80,9 +80,26 @@ size_t esize(cudnnDataType_t dt) { return dt == CUDNN_DATA_HALF ? 2 : 4; }
 
 bool dt_ok(cudnnDataType_t dt) { return dt == CUDNN_DATA_FLOAT || dt == CUDNN_DATA_HALF; }
 
+/* Every half's value, by its bits: the same conversion as a cast, made
+ * once (without F16C the cast is a libgcc call per element, which made the
+ * convolutions' inner loop several times slower). */
+const float *half_values() {
+  static const float *table = [] {
+    float *t = new float[65536];
+    for (uint32_t b = 0; b < 65536; b++) {
+      uint16_t bits = (uint16_t)b;
+      _Float16 h;
+      memcpy(&h, &bits, sizeof h);
+      t[b] = (float)h;
+    }
+    return t;
+  }();
+  return table;
+}
+
 double load(const void *p, cudnnDataType_t dt, int64_t i) {
   if (dt == CUDNN_DATA_HALF)
-    return (double)(float)((const _Float16 *)p)[i];
+    return (double)half_values()[((const uint16_t *)p)[i]];
   return (double)((const float *)p)[i];
 }
 
@@ -160,25 +177,46 @@ bool geometry_ok(const cudnnConvolutionStruct &cv, const cudnnTensorStruct &x, c
   return !memcmp(o, y.dims, sizeof o);
 }
 
-/* sum over the group's c, r, s of x * w at output (n, k, oh, ow). */
-double conv_at(const cudnnConvolutionStruct &cv, const cudnnTensorStruct &xd, const void *x,
-               const cudnnFilterStruct &wd, const void *w, int n, int k, int oh, int ow) {
+/* One element as a double: a float, or a half by its bits. */
+inline double elem(const float *p, int64_t i) { return (double)p[i]; }
+inline double elem(const uint16_t *p, int64_t i) { return (double)half_values()[p[i]]; }
+
+/* sum over the group's c, r, s of x * w at output (n, k, oh, ow), in that
+ * order. Element type T for both x and w (geometry_ok holds them equal);
+ * the offsets are stepped per c and r rather than recomputed per element
+ * (the same elements, the same order: only faster, for the pipelines'
+ * whole models). */
+template <class T>
+double conv_at_t(const cudnnConvolutionStruct &cv, const cudnnTensorStruct &xd, const T *x,
+                 const cudnnFilterStruct &wd, const T *w, int n, int k, int oh, int ow) {
   int Cg = wd.dims[1], R = wd.dims[2], S = wd.dims[3], Kg = wd.dims[0] / cv.groups, g = k / Kg;
+  bool flip = cv.mode == CUDNN_CONVOLUTION;
+  int64_t wc_step = f_off(wd, 0, 1, 0, 0), wr_step = f_off(wd, 0, 0, 1, 0), ws_step = f_off(wd, 0, 0, 0, 1);
+  const T *xn = x + t_off(xd, n, g * Cg, 0, 0), *wk = w + f_off(wd, k, 0, 0, 0);
   double acc = 0;
-  for (int c = 0; c < Cg; c++)
+  for (int c = 0; c < Cg; c++) {
+    const T *xc = xn + (int64_t)c * xd.strides[1], *wc = wk + c * wc_step;
     for (int r = 0; r < R; r++) {
       int ih = oh * cv.stride[0] - cv.pad[0] + r * cv.dil[0];
       if (ih < 0 || ih >= xd.dims[2])
         continue;
+      const T *xr = xc + (int64_t)ih * xd.strides[2], *wr = wc + (flip ? R - 1 - r : r) * wr_step;
       for (int s = 0; s < S; s++) {
         int iw = ow * cv.stride[1] - cv.pad[1] + s * cv.dil[1];
         if (iw < 0 || iw >= xd.dims[3])
           continue;
-        int fr = cv.mode == CUDNN_CONVOLUTION ? R - 1 - r : r, fs = cv.mode == CUDNN_CONVOLUTION ? S - 1 - s : s;
-        acc += load(x, xd.dt, t_off(xd, n, g * Cg + c, ih, iw)) * load(w, wd.dt, f_off(wd, k, c, fr, fs));
+        acc += elem(xr, (int64_t)iw * xd.strides[3]) * elem(wr, (flip ? S - 1 - s : s) * ws_step);
       }
     }
+  }
   return acc;
+}
+
+double conv_at(const cudnnConvolutionStruct &cv, const cudnnTensorStruct &xd, const void *x,
+               const cudnnFilterStruct &wd, const void *w, int n, int k, int oh, int ow) {
+  if (xd.dt == CUDNN_DATA_HALF)
+    return conv_at_t(cv, xd, (const uint16_t *)x, wd, (const uint16_t *)w, n, k, oh, ow);
+  return conv_at_t(cv, xd, (const float *)x, wd, (const float *)w, n, k, oh, ow);
 }
 
 bool workspace_ok(void *ws, size_t n, const char *op) {

@@ -124,6 +124,15 @@ inline void spn_emu_launch(dim3 grid, dim3 block, size_t shmem, cudaStream_t s, 
 #endif
 }
 
+/* atomicAdd in a kernel whose threads run one after another (cu2host.py
+ * allows it only there): the plain read-modify-write, as any serial order
+ * of the threads would leave it. */
+template <class T> inline T atomicAdd(T *p, T v) {
+  T old = *p;
+  *p = old + v;
+  return old;
+}
+
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
