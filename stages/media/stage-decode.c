@@ -120,6 +120,8 @@ typedef struct decode_job {
   const char *open_why; /* why NVDEC is not used, when known at open */
   char open_why_buf[sizeof(((spn_error_t *)0)->msg)];
   spn_buffer_t *scratch; /* device scratch of the float conversions, kept for the job */
+  spn_buffer_t *staging; /* software path: the frame in pinned memory, uploaded from there */
+  bool staged;           /* an upload from staging may still be queued on the stream */
   bool said_path;       /* the log line saying NVDEC or software + upload went out */
 #endif
 } decode_job_t;
@@ -217,6 +219,40 @@ static void gpu_say_path(spn_stage_t *stage, decode_job_t *j, bool nvdec) {
             why ? why : "NVDEC gave no frame on the device");
 }
 
+/* The software path's upload: the frame packed into pinned memory, then one
+ * counted copy (buffer_copy), so the stage's and the job's transfers show
+ * what crossed PCIe. The staging buffer is reused frame after frame; the
+ * previous upload from it is waited for first (long done by then: a frame
+ * takes longer to decode in software than to upload). A host without
+ * buffer_copy gets the uncounted upload. */
+static int32_t gpu_upload(spn_stage_t *stage, decode_job_t *j, const spn_media_item_t *it, spn_buffer_t *buf,
+                          spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  if (!SPN_HOST_HAS(host, buffer_copy))
+    return spn_media_cuda_upload(&it->image, host->buffer_data(buf), j->stream, err);
+  size_t n = host->buffer_size(buf);
+  int32_t rc;
+  if (j->staged) {
+    if ((rc = spn_media_cuda_sync(j->stream, "reusing the upload's staging buffer", err)))
+      return rc;
+    j->staged = false;
+  }
+  if (!j->staging || host->buffer_size(j->staging) < n) {
+    host->buffer_unref(&j->staging);
+    if ((rc = host->buffer_new_kind(stage, n, SPN_MEM_PINNED, &j->staging, err)))
+      return rc;
+  }
+  spn_image_t tight;
+  if ((rc = spn_image_wrap(&tight, host->buffer_data(j->staging), it->image.width, it->image.height,
+                           it->image.format, err)) ||
+      (rc = spn_image_copy(&it->image, &tight, err)))
+    return rc;
+  if ((rc = host->buffer_copy(stage, j->job_id, buf, 0, j->staging, 0, n, err)))
+    return rc;
+  j->staged = true;
+  return SPN_OK;
+}
+
 /* A video frame into device memory: NVDEC's NV12 converted on the GPU, or
  * the CPU path's frame uploaded once. buf: tight (the CPU path's layout). */
 static int32_t gpu_fill_frame(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *it, spn_buffer_t *buf,
@@ -240,7 +276,7 @@ static int32_t gpu_fill_frame(spn_stage_t *stage, decode_job_t *j, spn_media_ite
                                   need ? host->buffer_data(j->scratch) : NULL, j->stream, err);
   } else {
     gpu_say_path(stage, j, false);
-    rc = spn_media_cuda_upload(&it->image, host->buffer_data(buf), j->stream, err);
+    rc = gpu_upload(stage, j, it, buf, err);
   }
   if (rc == SPN_OK)
     rc = host->buffer_set_ready(stage, buf, err);
@@ -453,6 +489,7 @@ static void decode_job_close(spn_stage_t *stage, void *state, void *job_state, b
     if (spn_media_cuda_sync(j->stream, "closing the job", &e) != SPN_OK)
       spn_stage_host(stage)->log(stage, j->job_id, SPN_LOG_WARN, "%s: %s", j->path, e.msg);
     spn_stage_host(stage)->buffer_unref(&j->scratch);
+    spn_stage_host(stage)->buffer_unref(&j->staging);
   }
 #endif
   spn_decoder_free(j->dec);

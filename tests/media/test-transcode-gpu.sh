@@ -90,6 +90,10 @@ run none cuda --set decode.device=cuda --set encode.device=cuda --set decode.hwa
 grep -q 'decoding video in software and uploading each frame to the GPU (hwaccel is none)' none.err ||
   fail "no line saying software + upload: $(cat none.err)"
 cmp -s cpu.mp4 none.mp4 || fail "software decode + upload wrote other bytes than the CPU run"
+# ... and each frame's upload is the decode stage's counted copy (what
+# crossed PCIe shows in the stage's and the job's transfers).
+decode_line() { grep -E '^  stage decode ' "$1"; }
+decode_line none.txt | grep -q 'h2d 100 copies' || fail "software decode: not one counted upload per frame: $(decode_line none.txt)"
 
 run rgb cuda --set decode.device=cuda --set encode.device=cuda --set decode.pixel_format=rgb24 \
   --set encode.hwaccel=none || fail "rgb24 on the GPU: $(tail -3 rgb.err)"
