@@ -42,5 +42,7 @@ fi
 # archive) and the toml-test corpus through the parser (toml-replay still
 # replays the fuzz corpus under ASan). Both run in the normal build.
 skip=()
-if [ "$builddir" = build-asan ]; then skip=(--no-suite deploy --no-suite toml-corpus); fi
+# Under ASan: no deploy checks, no TOML corpus, and not the slowest runs on
+# the fake GPU (suite emu-slow: their eager twins run), for CI's time.
+if [ "$builddir" = build-asan ]; then skip=(--no-suite deploy --no-suite toml-corpus --no-suite emu-slow); fi
 meson test -C "$builddir" --print-errorlogs --no-suite gpu --no-suite fuzz "${skip[@]}"
