@@ -132,7 +132,7 @@ typedef struct {
   bool nhwc;
   int64_t cin, cout, cin_p, cout_p;
   bool planned;
-  bool h_out, h_in[8], h_post[SPN_MAX_POST];
+  bool h_out, h_x; /* output 0, and the data input 0, are fp16 channels-last */
   bool h_node;
   cu_conv_t *convs;
   cu_lt_t *lts;
@@ -593,38 +593,7 @@ static int32_t binary(spn_backend_t *b, spn_run_t *r, int op, const spn_rt_val_t
   return SPN_OK;
 }
 
-/* Post-ops [from, n_post) on y (NCHW, fp32). */
-static int32_t posts(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, int from, spn_rt_val_t *y) {
-  const cu_node_t *c = n->bctx;
-  cudaStream_t s = run_stream(b, r);
-  int64_t cnt = nelem(y);
-  for (int p = from; p < n->n_post; p++) {
-    const spn_post_t *po = &n->post[p];
-    int32_t rc = SPN_OK;
-    switch (po->kind) {
-    case SPN_POST_RELU: CU(spn_cu_unary(SPN_CU_RELU, y->data, y->data, cnt, 0, 0, s), "post-op"); break;
-    case SPN_POST_LRELU: CU(spn_cu_unary(SPN_CU_LRELU, y->data, y->data, cnt, po->a, 0, s), "post-op"); break;
-    case SPN_POST_SIGMOID: CU(spn_cu_unary(SPN_CU_SIGMOID, y->data, y->data, cnt, 0, 0, s), "post-op"); break;
-    case SPN_POST_TANH: CU(spn_cu_unary(SPN_CU_TANH, y->data, y->data, cnt, 0, 0, s), "post-op"); break;
-    case SPN_POST_CLIP: CU(spn_cu_unary(SPN_CU_CLIP, y->data, y->data, cnt, po->a, po->b, s), "post-op"); break;
-    case SPN_POST_ADD:
-    case SPN_POST_PRELU: {
-      const spn_rt_val_t *o = &r->v[po->val];
-      const void *op = c->post_c[p] ? c->post_c[p] : o->data;
-      rc = binary(b, r, po->kind == SPN_POST_ADD ? SPN_CU_ADD : SPN_CU_PRELU, y, y->data, o, op, y, y->data);
-      break;
-    }
-    default: break;
-    }
-    if (rc)
-      return rc;
-  }
-  return SPN_OK;
-}
-
-
-/* ---- fp16 channels-last steps ---- */
-
+/* A fused activation's kernel code (-1: Add or PRelu, a binary step). */
 static int post_unary(int kind) {
   switch (kind) {
   case SPN_POST_RELU: return SPN_CU_RELU;
@@ -635,6 +604,41 @@ static int post_unary(int kind) {
   default: return -1;
   }
 }
+
+/* An element-wise node's binary kernel code. */
+static int binary_code(int op) {
+  switch (op) {
+  case SPN_OP_ADD: return SPN_CU_ADD;
+  case SPN_OP_SUB: return SPN_CU_SUB;
+  case SPN_OP_MUL: return SPN_CU_MUL;
+  case SPN_OP_DIV: return SPN_CU_DIV;
+  default: return SPN_CU_PRELU;
+  }
+}
+
+/* Post-ops [from, n_post) on y (NCHW, fp32). */
+static int32_t posts(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, int from, spn_rt_val_t *y) {
+  const cu_node_t *c = n->bctx;
+  cudaStream_t s = run_stream(b, r);
+  int64_t cnt = nelem(y);
+  for (int p = from; p < n->n_post; p++) {
+    const spn_post_t *po = &n->post[p];
+    int u = post_unary(po->kind);
+    if (u >= 0) { /* a, b: LeakyRelu's slope, Clip's bounds; the others ignore them */
+      CU(spn_cu_unary(u, y->data, y->data, cnt, po->a, po->b, s), "post-op");
+      continue;
+    }
+    const spn_rt_val_t *o = &r->v[po->val];
+    const void *op = c->post_c[p] ? c->post_c[p] : o->data;
+    int32_t rc = binary(b, r, po->kind == SPN_POST_ADD ? SPN_CU_ADD : SPN_CU_PRELU, y, y->data, o, op, y, y->data);
+    if (rc)
+      return rc;
+  }
+  return SPN_OK;
+}
+
+
+/* ---- fp16 channels-last steps ---- */
 
 static bool same_dims(const spn_rt_val_t *a, const spn_rt_val_t *y) {
   return a->ndim == y->ndim && !memcmp(a->shape, y->shape, (size_t)y->ndim * sizeof(int64_t));
@@ -697,23 +701,32 @@ static void clip_bounds(const spn_run_t *r, const spn_node_t *n, float *lo, floa
   }
 }
 
+/* Concat as row copies: the output is `rows` rows of y->shape[ax] units of
+ * `unit` bytes, and input k fills its shape[ax] units of every row (NCHW:
+ * rows = the dims before the axis, unit = the elements after it times
+ * their size; fp16 channels-last along C: rows = the pixels, unit = 2). */
+static int32_t concat_rows(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, int ax, size_t rows, size_t unit) {
+  spn_rt_val_t *y = &r->v[n->out[0]];
+  size_t orow = (size_t)y->shape[ax] * unit, pos = 0;
+  for (int k = 0; k < n->n_in; k++) {
+    size_t chunk = (size_t)r->v[n->in[k]].shape[ax] * unit;
+    if (chunk && rows)
+      CU(cudaMemcpy2DAsync((uint8_t *)y->data + pos, orow, in_ptr(r, n, k), chunk, chunk, rows,
+                           cudaMemcpyDeviceToDevice, run_stream(b, r)),
+         "Concat");
+    pos += chunk;
+  }
+  return SPN_OK;
+}
+
 /* An element-wise node on fp16 channels-last values (plan_forms). */
 static int32_t exec_h(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
   spn_rt_val_t *y = &r->v[n->out[0]];
   cudaStream_t s = run_stream(b, r);
   if (y->ndim != 4)
     return spn_error_set(r->err, SPN_EINTERNAL, "%s: an fp16 channels-last value of rank %d", b->device, y->ndim);
-  if (n->op == SPN_OP_CONCAT) { /* along C: each input fills its C-slice of every pixel */
-    size_t rows = (size_t)(y->shape[0] * y->shape[2] * y->shape[3]), orow = (size_t)y->shape[1] * 2, pos = 0;
-    for (int k = 0; k < n->n_in; k++) {
-      const spn_rt_val_t *v = &r->v[n->in[k]];
-      size_t chunk = (size_t)v->shape[1] * 2;
-      if (chunk && rows)
-        CU(cudaMemcpy2DAsync((uint8_t *)y->data + pos, orow, v->data, chunk, chunk, rows, cudaMemcpyDeviceToDevice, s), "Concat");
-      pos += chunk;
-    }
-    return SPN_OK;
-  }
+  if (n->op == SPN_OP_CONCAT) /* along C: each input fills its C-slice of every pixel */
+    return concat_rows(b, r, n, 1, (size_t)(y->shape[0] * y->shape[2] * y->shape[3]), 2);
   spn_cu_hchain_t ch;
   memset(&ch, 0, sizeof ch);
   ch.n = 1;
@@ -729,8 +742,7 @@ static int32_t exec_h(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
   case SPN_OP_CLIP: st->unary = SPN_CU_CLIP; clip_bounds(r, n, &st->a, &st->b); break;
   case SPN_OP_PRELU:
   case SPN_OP_ADD: case SPN_OP_SUB: case SPN_OP_MUL: case SPN_OP_DIV: {
-    st->binary = n->op == SPN_OP_ADD ? SPN_CU_ADD : n->op == SPN_OP_SUB ? SPN_CU_SUB : n->op == SPN_OP_MUL ? SPN_CU_MUL
-               : n->op == SPN_OP_DIV ? SPN_CU_DIV : SPN_CU_PRELU;
+    st->binary = binary_code(n->op);
     a = const_in(r->m, n, 0) ? 1 : 0; /* a constant first operand: Add and Mul only (plan_forms) */
     rc = h_operand(b, r, n->in[1 - a], in_ptr(r, n, 1 - a), y, st);
     break;
@@ -902,7 +914,7 @@ static int32_t exec_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bo
      * stays one. */
     uint16_t *x16 = (uint16_t *)(ws + CU_ALIGN(e->ws));
     yout = (uint8_t *)x16 + CU_ALIGN(half_bytes(n, x, true));
-    if (c->nhwc && c->h_in[0])
+    if (c->nhwc && c->h_x)
       x16 = x->data;
     else if (c->nhwc)
       CU(spn_cu_nchw_to_nhwc16(x->data, x16, x->shape[0], x->shape[1], x->shape[2] * x->shape[3], c->cin_p, s), "fp16 channels-last cast");
@@ -945,7 +957,7 @@ static int32_t exec_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bo
     float slope = 0.f;
     if (from < n->n_post && n->post[from].kind == SPN_POST_ADD && !c->post_c[from]) {
       const spn_rt_val_t *o = &r->v[n->post[from].val];
-      if (o->ndim == y->ndim && !memcmp(o->shape, y->shape, (size_t)y->ndim * sizeof(int64_t))) {
+      if (same_dims(o, y)) {
         z = o->data;
         from++;
       }
@@ -1264,8 +1276,7 @@ static int32_t exec_node(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
     CU(spn_cu_channel_affine(X, y->data, c->bn_scale, c->bn_shift, x->shape[0], x->shape[1], cnt / (x->shape[0] * x->shape[1]), s), "BatchNormalization");
     return SPN_OK;
   case SPN_OP_ADD: case SPN_OP_SUB: case SPN_OP_MUL: case SPN_OP_DIV: case SPN_OP_PRELU: {
-    int op = n->op == SPN_OP_ADD ? SPN_CU_ADD : n->op == SPN_OP_SUB ? SPN_CU_SUB : n->op == SPN_OP_MUL ? SPN_CU_MUL : n->op == SPN_OP_DIV ? SPN_CU_DIV : SPN_CU_PRELU;
-    return binary(b, r, op, x, X, &r->v[n->in[1]], in_ptr(r, n, 1), y, y->data);
+    return binary(b, r, binary_code(n->op), x, X, &r->v[n->in[1]], in_ptr(r, n, 1), y, y->data);
   }
   case SPN_OP_SOFTMAX: {
     int64_t def = r->m->opset >= 13 ? -1 : 1;
@@ -1283,19 +1294,10 @@ static int32_t exec_node(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
   case SPN_OP_CONCAT: {
     int64_t ax = spn_attr_int(n, "axis", 0);
     if (ax < 0) ax += y->ndim;
-    size_t es = spn_dtype_size(y->dtype);
     int64_t outer = 1, inner = 1;
     for (int d = 0; d < ax; d++) outer *= y->shape[d];
     for (int d = (int)ax + 1; d < y->ndim; d++) inner *= y->shape[d];
-    size_t orow = (size_t)(y->shape[ax] * inner) * es, pos = 0;
-    for (int k = 0; k < n->n_in; k++) {
-      const spn_rt_val_t *v = &r->v[n->in[k]];
-      size_t chunk = (size_t)(v->shape[ax] * inner) * es;
-      if (chunk && outer)
-        CU(cudaMemcpy2DAsync((uint8_t *)y->data + pos, orow, in_ptr(r, n, k), chunk, chunk, (size_t)outer, cudaMemcpyDeviceToDevice, s), "Concat");
-      pos += chunk;
-    }
-    return SPN_OK;
+    return concat_rows(b, r, n, (int)ax, (size_t)outer, (size_t)inner * spn_dtype_size(y->dtype));
   }
   case SPN_OP_SPLIT: {
     int64_t ax = spn_attr_int(n, "axis", 0);
@@ -1544,10 +1546,7 @@ static void plan_forms(spn_backend_t *b, const spn_model_t *m) {
     if (!hv || !el)
       continue; /* out of memory: everything fp32 NCHW, which is always right */
     c->h_out = n->n_out > 0 && n->out[0] >= 0 && hv[n->out[0]];
-    for (int k = 0; k < n->n_in && k < 8; k++)
-      c->h_in[k] = n->in[k] >= 0 && hv[n->in[k]];
-    for (int p = 0; p < n->n_post; p++)
-      c->h_post[p] = (n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU) && hv[n->post[p].val];
+    c->h_x = n->n_in > 0 && n->in[0] >= 0 && hv[n->in[0]];
     c->h_node = el[i] && c->h_out;
   }
   /* What the opt-in did, once per model (as the load's CPU-fallback line). */

@@ -404,6 +404,14 @@ extern "C" cudaError_t spn_cu_nchw_to_nhwc16(const float *x, uint16_t *y16, int6
   return cudaGetLastError();
 }
 
+/* One step of a chain on v at channel c; w is the step's fp16 operand at
+ * this element when it has one (st.h), read by the caller. */
+__device__ __forceinline__ float h_step(const spn_cu_hstep_t &st, float v, float w, uint64_t c) {
+  if (st.unary >= 0)
+    return unary_op(st.unary, v, st.a, st.b);
+  return binary_op(st.binary, v, st.h ? w : st.f[st.per_channel ? c : 0]);
+}
+
 template <typename I>
 __global__ void k_h_map(const __half *x, __half *y, const float *bias, I C, I n, spn_cu_hchain_t ch) {
   for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
@@ -416,11 +424,7 @@ __global__ void k_h_map(const __half *x, __half *y, const float *bias, I C, I n,
     for (int k = 0; k < SPN_CU_MAX_HSTEPS; k++) {
       if (k >= ch.n)
         break;
-      if (ch.s[k].unary >= 0)
-        v = unary_op(ch.s[k].unary, v, ch.s[k].a, ch.s[k].b);
-      else
-        v = binary_op(ch.s[k].binary, v,
-                      ch.s[k].h ? __half2float(((const __half *)ch.s[k].h)[i]) : ch.s[k].f[ch.s[k].per_channel ? c : 0]);
+      v = h_step(ch.s[k], v, ch.s[k].h ? __half2float(((const __half *)ch.s[k].h)[i]) : 0.f, c);
     }
     y[i] = __float2half_rn(v);
   }
@@ -447,21 +451,11 @@ __global__ void k_h_map8(const uint4 *x, uint4 *y, const float *bias, uint32_t C
     for (int k = 0; k < SPN_CU_MAX_HSTEPS; k++) {
       if (k >= ch.n)
         break;
-      if (ch.s[k].unary >= 0) {
+      h8 w;
+      w.u = ch.s[k].h ? ((const uint4 *)ch.s[k].h)[j] : make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int e = 0; e < 8; e++)
-          v[e] = unary_op(ch.s[k].unary, v[e], ch.s[k].a, ch.s[k].b);
-      } else if (ch.s[k].h) {
-        h8 w;
-        w.u = ((const uint4 *)ch.s[k].h)[j];
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-          v[e] = binary_op(ch.s[k].binary, v[e], __half2float(w.h[e]));
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; e++)
-          v[e] = binary_op(ch.s[k].binary, v[e], ch.s[k].f[ch.s[k].per_channel ? c0 + e : 0]);
-      }
+      for (int e = 0; e < 8; e++)
+        v[e] = h_step(ch.s[k], v[e], __half2float(w.h[e]), c0 + e);
     }
 #pragma unroll
     for (int e = 0; e < 8; e++)
