@@ -36,6 +36,14 @@ uint32_t spn__nccl_size(const spn__nccl_t *comm);
 int32_t spn__nccl_broadcast(spn__nccl_t *comm, spn_buffer_t *const *bufs, uint32_t root, size_t size,
                             spn_error_t *err);
 
+/* Broadcast n_items device buffers from rank `root`: item i is sizes[i]
+ * bytes at ptrs[i * n + root], copied into ptrs[i * n + r] for every rank r
+ * (n ranks; each pointer device memory of its rank's GPU, allocated with
+ * cudaMalloc). Issued in NCCL groups of up to 64 items on the ranks'
+ * streams, then waited for. Thread: as above. */
+int32_t spn__nccl_broadcast_many(spn__nccl_t *comm, uint32_t root, size_t n_items, void *const *ptrs,
+                                 const size_t *sizes, spn_error_t *err);
+
 /* Move `size` bytes from src (on rank `from`'s device) to dst (on rank
  * `to`'s), a grouped ncclSend/ncclRecv on the two ranks' streams, and wait
  * for it (from == to is a copy through NCCL). Thread: as above. */

@@ -156,6 +156,32 @@ int32_t spn__nccl_broadcast(spn__nccl_t *c, spn_buffer_t *const *bufs, uint32_t 
   return sync_ranks(c, UINT32_MAX, UINT32_MAX, err);
 }
 
+int32_t spn__nccl_broadcast_many(spn__nccl_t *c, uint32_t root, size_t n_items, void *const *ptrs,
+                                 const size_t *sizes, spn_error_t *err) {
+  if (root >= c->n)
+    return spn_error_set(err, SPN_EINVAL, "NCCL: broadcast root %u, the communicator has %u ranks", root, c->n);
+  enum { GROUP = 64 };
+  for (size_t g = 0; g < n_items; g += GROUP) {
+    size_t end = n_items - g > GROUP ? g + GROUP : n_items;
+    SPN_NCCL_CHECK(ncclGroupStart(), err);
+    for (size_t i = g; i < end; i++)
+      for (uint32_t r = 0; r < c->n; r++) {
+        cudaError_t ce = cudaSetDevice(c->ordinals[r]);
+        const void *src = ptrs[i * c->n + root];
+        ncclResult_t nr = ce == cudaSuccess ? ncclBroadcast(src, ptrs[i * c->n + r], sizes[i], ncclUint8, (int)root,
+                                                            c->comms[r], c->streams[r])
+                                            : ncclSuccess;
+        if (ce != cudaSuccess || nr != ncclSuccess) {
+          (void)ncclGroupEnd();
+          return ce != cudaSuccess ? spn__cuda_error(err, ce, "cudaSetDevice", __FILE__, __LINE__)
+                                   : nccl_error(err, nr, "ncclBroadcast", __FILE__, __LINE__);
+        }
+      }
+    SPN_NCCL_CHECK(ncclGroupEnd(), err);
+  }
+  return sync_ranks(c, UINT32_MAX, UINT32_MAX, err);
+}
+
 int32_t spn__nccl_sendrecv(spn__nccl_t *c, spn_buffer_t *src, uint32_t from, spn_buffer_t *dst, uint32_t to,
                            size_t size, spn_error_t *err) {
   int32_t rc;

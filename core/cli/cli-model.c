@@ -11,6 +11,12 @@
  * --fallback cpu|error, --no-graphs (see spn_model_opts_t in
  * spindle/engine.h).
  *
+ *   spindle model load FILE.onnx --devices D0,D1,... [--repeat N] [DEVICE OPTIONS]
+ *
+ * `load` times loading the model on every listed device three ways: each
+ * device reading the file, one read with the peers uploading their own
+ * weights, one read with the weights broadcast (spn_model_opts_t.peers).
+ *
  * `bench` feeds uniform random inputs in [0, 1) with the batch dimension set
  * to each --batch value (other dynamic dimensions to --size, default 64) and
  * prints the median and best latency and the throughput (samples/s at the
@@ -179,7 +185,7 @@ static void print_shape(int ndim, const int64_t *s) {
 }
 
 enum { O_DEVICE = 256, O_PRECISION, O_FALLBACK, O_NO_GRAPHS, O_INPUT, O_OUTPUT_DIR, O_THREADS, O_REPEAT,
-       O_NO_FUSION, O_BATCH, O_ITERS, O_WARMUP, O_SIZE };
+       O_NO_FUSION, O_BATCH, O_ITERS, O_WARMUP, O_SIZE, O_DEVICES };
 #define DEVICE_OPTS                                                                                           \
   {"device", required_argument, NULL, O_DEVICE}, {"precision", required_argument, NULL, O_PRECISION},         \
       {"fallback", required_argument, NULL, O_FALLBACK}, {"no-graphs", no_argument, NULL, O_NO_GRAPHS}
@@ -621,6 +627,112 @@ out:
   return rc;
 }
 
+static const char load_usage[] =
+    "usage: spindle model load FILE.onnx --devices cuda:0,cuda:1,... [--repeat N] [--precision P] "
+    "[--fallback cpu|error] [--no-graphs]\n";
+
+/* `load`: the time to load one model on every listed device, three ways,
+ * each from a fresh engine (the file in the page cache after the first):
+ * every device reading the file on its own; the first reading it and
+ * naming the others as peers that prepare and upload their own weights;
+ * and the same with the weights broadcast from the first (NCCL on GPUs). */
+static int cmd_load(int argc, char **argv) {
+  static const struct option cli_opts[] = {DEVICE_OPTS,
+                                           {"devices", required_argument, NULL, O_DEVICES},
+                                           {"repeat", required_argument, NULL, O_REPEAT},
+                                           SPN_CLI_HELP_OPT,
+                                           {0}};
+  const char *file = NULL;
+  char list[512] = "";
+  int repeat = 3;
+  spn_model_opts_t mo = SPN_MODEL_OPTS_INIT;
+  spn_cli_getopt_t g = {.cmd = "model load"};
+  for (int c; (c = spn_cli_next(&g, argc, argv, cli_opts)) != SPN_CLI_END;) {
+    long long n;
+    if (c != O_DEVICE && device_opt(c, g.arg, &mo))
+      continue;
+    switch (c) {
+    case 'h':
+      fputs(load_usage, stdout);
+      return 0;
+    case O_DEVICE:
+    case O_DEVICES:
+      if (strlen(g.arg) >= sizeof list) {
+        fprintf(stderr, "spindle model load: --devices: list too long\n");
+        return 2;
+      }
+      snprintf(list, sizeof list, "%s", g.arg);
+      break;
+    case O_REPEAT:
+      if (!int_opt(&g, 1, 1000, &n))
+        return 2;
+      repeat = (int)n;
+      break;
+    case SPN_CLI_ARG:
+      if (file) {
+        fprintf(stderr, "spindle model load: one model file only (also got '%s')\n", g.arg);
+        return 2;
+      }
+      file = g.arg;
+      break;
+    default: return 2;
+    }
+  }
+  const char *devs[8];
+  int nd = 0;
+  for (char *save = NULL, *t = strtok_r(list, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    if (nd == 8) {
+      fprintf(stderr, "spindle model load: --devices: at most 8\n");
+      return 2;
+    }
+    devs[nd++] = t;
+  }
+  if (!file || !nd) {
+    fputs(load_usage, stderr);
+    return 2;
+  }
+  static const char *const modes[] = {"each device reads the file", "read once, peers upload their own",
+                                      "read once, weights broadcast"};
+  printf("model: %s on %d device%s, precision %s, median of %d\n", file, nd, nd > 1 ? "s" : "",
+         mo.precision ? mo.precision : "fp32", repeat);
+  printf("%-36s %12s  %s\n", "how", "load ms", "first device's weights");
+  double ts[1000];
+  for (int mode = 0; mode < 3; mode++) {
+    char origin[256] = "";
+    for (int r = 0; r < repeat; r++) {
+      spn_error_t err = SPN_ERROR_INIT;
+      spn_engine_t *eng = NULL;
+      spn_model_t *ms[8] = {0};
+      int rc = spn_engine_new(NULL, &eng, &err);
+      double t0 = now_ms();
+      for (int i = 0; i < nd && !rc; i++) {
+        spn_model_opts_t o = mo;
+        o.device = devs[i];
+        if (mode && i == 0) {
+          o.peers = devs;
+          o.n_peers = nd;
+          o.peer_uploads = mode == 1;
+        }
+        rc = spn_engine_load_opts(eng, file, &o, &ms[i], &err);
+      }
+      ts[r] = now_ms() - t0;
+      if (!rc)
+        snprintf(origin, sizeof origin, "%s", spn_model_origin(ms[0]));
+      for (int i = 0; i < nd; i++)
+        spn_model_release(&ms[i]);
+      spn_engine_free(&eng);
+      if (rc) {
+        fprintf(stderr, "spindle model load: %s\n", err.msg);
+        return 1;
+      }
+    }
+    qsort(ts, (size_t)repeat, sizeof *ts, cmp_double);
+    printf("%-36s %12.1f  %s\n", modes[mode], ts[repeat / 2], origin);
+    fflush(stdout);
+  }
+  return 0;
+}
+
 int spn_cli_model(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
     fprintf(argc < 2 ? stderr : stdout,
@@ -629,6 +741,7 @@ int spn_cli_model(int argc, char **argv) {
             "                         [--threads N] [--repeat N] [--no-fusion] [DEVICE OPTIONS]\n"
             "       spindle model bench FILE.onnx [--batch 1,32,128] [--size N] [--iters N]\n"
             "                         [--warmup N] [--threads N] [DEVICE OPTIONS]\n"
+            "       spindle model load FILE.onnx --devices cuda:0,cuda:1,... [--repeat N] [DEVICE OPTIONS]\n"
             "       spindle model list | fetch NAME... [--force] | verify [NAME...] | path NAME\n"
             "       spindle model convert-ncnn MODEL.param MODEL.bin OUT.onnx\n"
             "DEVICE OPTIONS: --device cpu|cpu:N|cuda:N  --precision fp32|tf32|fp16  --fallback cpu|error\n");
@@ -641,6 +754,8 @@ int spn_cli_model(int argc, char **argv) {
     return cmd_run(argc - 1, argv + 1);
   if (!strcmp(argv[1], "bench"))
     return cmd_bench(argc - 1, argv + 1);
+  if (!strcmp(argv[1], "load"))
+    return cmd_load(argc - 1, argv + 1);
   /* models by name (cli-model-fetch.c) */
   static const char *const by_name[] = {"list", "fetch", "verify", "path", "convert-ncnn"};
   for (size_t i = 0; i < sizeof by_name / sizeof by_name[0]; i++)

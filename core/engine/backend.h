@@ -80,6 +80,13 @@ typedef struct spn_backend_iface {
   int32_t (*fence_record)(spn_backend_t *b, struct spn_run *r, void **fence);
   int32_t (*fence_wait)(spn_backend_t *b, struct spn_run *r, void *fence);
   void (*fence_free)(spn_backend_t *b, void *fence);
+  /* Fill the device weights of models ms[1..n), each prepared on another
+   * device of this backend's kind with weights_deferred set, from ms[0]'s,
+   * prepared here (bs[i] is ms[i]'s backend; every model parsed from the
+   * same file with the same options, so each prepares the same weights in
+   * the same order). On error the deferred models must not run. NULL: not
+   * supported (peers then upload their own). Thread: load. */
+  int32_t (*replicate)(spn_backend_t *const *bs, struct spn_model *const *ms, int n, spn_error_t *err);
   /* Model m is going away: drop anything kept for it beyond its nodes
    * (captured graphs). NULL: nothing. Thread: model destruction. */
   void (*model_release)(spn_backend_t *b, const struct spn_model *m);

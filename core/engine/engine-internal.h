@@ -179,6 +179,12 @@ struct spn_model {
   int precision;       /* spn_precision_t */
   bool fallback_error; /* refuse nodes the device cannot run */
   bool no_graphs;      /* device backends run eagerly, never as CUDA Graphs */
+  bool unclaimed;      /* loaded for a peer (spn_model_opts_t.peers), no load has taken it yet */
+  char origin[256];    /* spn_model_origin */
+  /* Loaded for a peer whose device weights come from another GPU's copy of
+   * the same model (backend replicate()): prepare allocates them and leaves
+   * their contents. Set only during that load. */
+  bool weights_deferred;
   int n_fallback;      /* live nodes placed on the CPU although the device is not */
   int n_cross;
   spn_cross_t *cross;

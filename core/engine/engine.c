@@ -169,6 +169,7 @@ void spn_engine_free(spn_engine_t **engp) {
   if (!eng)
     return;
   *engp = NULL;
+  spn_engine_trim(eng); /* models loaded for peers no load took */
   pthread_mutex_lock(&eng->lock);
   for (spn_model_t *m = eng->models; m; m = m->next)
     m->eng = NULL; /* detach: they live on until released */
@@ -184,6 +185,9 @@ typedef struct {
   int precision;
   bool fallback_error;
   bool no_graphs;
+  int n_peers;
+  const char *const *peers;
+  bool peer_uploads; /* peers upload their own weights, no NCCL broadcast */
 } model_opts_t;
 
 static const char *const prec_names[] = {"fp32", "tf32", "fp16"};
@@ -192,8 +196,15 @@ static int32_t check_opts(spn_engine_t *eng, const spn_model_opts_t *o, model_op
                           spn_error_t *err) {
   *mo = (model_opts_t){.device = "cpu"};
   if (o) {
-    if (o->struct_size < offsetof(spn_model_opts_t, reserved))
+    if (o->struct_size < offsetof(spn_model_opts_t, n_peers))
       return spn_error_set(err, SPN_EABI, "spn_model_opts_t struct_size %u too small", o->struct_size);
+    if (o->struct_size >= offsetof(spn_model_opts_t, reserved) && o->n_peers) {
+      if (o->n_peers < 0 || !o->peers)
+        return spn_error_set(err, SPN_EINVAL, "%d peers given without a list", o->n_peers);
+      mo->n_peers = o->n_peers;
+      mo->peers = o->peers;
+      mo->peer_uploads = o->peer_uploads != 0;
+    }
     if (o->device)
       mo->device = o->device;
     if (o->precision) {
@@ -215,12 +226,15 @@ static int32_t check_opts(spn_engine_t *eng, const spn_model_opts_t *o, model_op
   const char *ng = getenv("SPINDLE_NO_CUDA_GRAPHS");
   if (ng && *ng && strcmp(ng, "0"))
     mo->no_graphs = true;
+  const char *bc = getenv("SPINDLE_NCCL_BROADCAST");
+  if (bc && !strcmp(bc, "0"))
+    mo->peer_uploads = true;
   return spn_shared_backend(eng->shared, mo->device, slot, err);
 }
 
 static int32_t load_common(spn_engine_t *eng, const uint8_t *buf, size_t len, const char *name,
                            const char *dir, const model_opts_t *mo, int slot, const char *key,
-                           spn_model_t **out, spn_error_t *err) {
+                           bool deferred, spn_model_t **out, spn_error_t *err) {
   const char *device = mo->device;
   spn_model_t *m = calloc(1, sizeof *m);
   if (!m)
@@ -238,6 +252,7 @@ static int32_t load_common(spn_engine_t *eng, const uint8_t *buf, size_t len, co
   m->precision = mo->precision;
   m->fallback_error = mo->fallback_error;
   m->no_graphs = mo->no_graphs;
+  snprintf(m->origin, sizeof m->origin, "%s", key ? "read from the file" : "loaded from memory");
   int32_t rc;
   if (!m->path || !m->device || (key && !m->key)) {
     rc = spn_error_set(err, SPN_ENOMEM, "out of memory");
@@ -245,7 +260,10 @@ static int32_t load_common(spn_engine_t *eng, const uint8_t *buf, size_t len, co
   }
   if ((rc = spn_onnx_parse(m, buf, len, dir, err)))
     goto fail;
-  if ((rc = spn_graph_prepare(m, !eng->opts.no_fusion, err)))
+  m->weights_deferred = deferred;
+  rc = spn_graph_prepare(m, !eng->opts.no_fusion, err);
+  m->weights_deferred = false;
+  if (rc)
     goto fail;
   *out = m;
   return SPN_OK;
@@ -262,6 +280,113 @@ int32_t spn_engine_load(spn_engine_t *eng, const char *path, const char *device,
   return spn_engine_load_opts(eng, path, &o, out, err);
 }
 
+/* The registry key: device, precision, fallback, graphs, canonical path. */
+static char *model_key(const model_opts_t *mo, const char *real) {
+  size_t klen = strlen(real) + strlen(mo->device) + 40;
+  char *key = malloc(klen);
+  if (key)
+    snprintf(key, klen, "%s|%s|%s%s|%s", mo->device, prec_names[mo->precision], mo->fallback_error ? "error" : "cpu",
+             mo->no_graphs ? "|nographs" : "", real);
+  return key;
+}
+
+/* Thread: registry lock held. */
+static spn_model_t *find_model(spn_engine_t *eng, const char *key) {
+  for (spn_model_t *m = eng->models; m; m = m->next)
+    if (!strcmp(m->key, key))
+      return m;
+  return NULL;
+}
+
+static void model_drop(spn_model_t *m) {
+  spn_engine_shared_t *s = m->shared;
+  spn_model_destroy(m);
+  shared_unref(s);
+}
+
+static void register_model(spn_engine_t *eng, spn_model_t *m) {
+  m->eng = eng;
+  m->next = eng->models;
+  eng->models = m;
+}
+
+/* After m was loaded from buf for mo->device: load the model for every peer
+ * device that has none yet, from the same bytes, and register each
+ * unclaimed. Peers of m's backend, when it can replicate (NCCL) and uploads
+ * are not asked for, get their weights from m's; the others, and all of
+ * them when that fails, convert and upload their own. A peer that fails is
+ * skipped (its own load will say why). Thread: registry lock held. */
+static void load_peers(spn_engine_t *eng, spn_model_t *m, const uint8_t *buf, size_t len, const char *path,
+                       const char *dir, const char *real, const model_opts_t *mo) {
+  spn_backend_t *own = eng->shared->backends[m->dev_slot];
+  bool can_rep = own->iface->replicate && m->dev_slot != SPN_BACKEND_CPU && !mo->peer_uploads;
+  spn_model_t *rep[SPN_MAX_BACKENDS] = {m};
+  spn_backend_t *bk[SPN_MAX_BACKENDS] = {own};
+  int n = 1, n_up = 0;
+  for (int i = 0; i < mo->n_peers; i++) {
+    if (!mo->peers[i])
+      continue;
+    model_opts_t po = *mo;
+    po.device = mo->peers[i];
+    int slot;
+    spn_error_t e = SPN_ERROR_INIT;
+    if (spn_shared_backend(eng->shared, po.device, &slot, &e))
+      continue;
+    char *key = model_key(&po, real);
+    bool have = !key || find_model(eng, key);
+    for (int j = 1; j < n && !have; j++)
+      have = !strcmp(rep[j]->key, key);
+    spn_backend_t *pb = eng->shared->backends[slot];
+    bool deferred = can_rep && pb->iface == own->iface && n < SPN_MAX_BACKENDS;
+    spn_model_t *pm = NULL;
+    if (!have && load_common(eng, buf, len, path, dir, &po, slot, key, deferred, &pm, &e) == SPN_OK) {
+      pm->unclaimed = true;
+      if (deferred) {
+        rep[n] = pm;
+        bk[n++] = pb;
+      } else {
+        snprintf(pm->origin, sizeof pm->origin, "parsed from the file read for %s", m->device);
+        register_model(eng, pm);
+        n_up++;
+      }
+    }
+    free(key);
+  }
+  if (n == 1) {
+    if (n_up)
+      snprintf(m->origin, sizeof m->origin, "read from the file; also parsed for %d peer%s", n_up, n_up > 1 ? "s" : "");
+    return;
+  }
+  spn_error_t e = SPN_ERROR_INIT;
+  int32_t rc = own->iface->replicate(bk, rep, n, &e);
+  if (rc == SPN_OK)
+    snprintf(m->origin, sizeof m->origin, "read from the file; weights broadcast to %d peer%s", n - 1,
+             n > 2 ? "s" : "");
+  else
+    snprintf(m->origin, sizeof m->origin, "read from the file; the weights' broadcast failed, peers uploaded their own: %.140s",
+             e.msg);
+  for (int j = 1; j < n; j++) {
+    spn_model_t *pm = rep[j];
+    if (rc != SPN_OK) {
+      /* Their weights were never filled: load them again, uploading. */
+      model_opts_t po = *mo;
+      po.device = pm->device;
+      spn_model_t *again = NULL;
+      spn_error_t e2 = SPN_ERROR_INIT;
+      int32_t rc2 = load_common(eng, buf, len, path, dir, &po, pm->dev_slot, pm->key, false, &again, &e2);
+      model_drop(pm);
+      if (rc2 != SPN_OK)
+        continue;
+      pm = again;
+      pm->unclaimed = true;
+      snprintf(pm->origin, sizeof pm->origin, "parsed from the file read for %s (the broadcast failed)", m->device);
+    } else {
+      snprintf(pm->origin, sizeof pm->origin, "weights broadcast from %s", m->device);
+    }
+    register_model(eng, pm);
+  }
+}
+
 int32_t spn_engine_load_opts(spn_engine_t *eng, const char *path, const spn_model_opts_t *opts,
                              spn_model_t **out, spn_error_t *err) {
   if (!eng || !path || !out)
@@ -275,20 +400,22 @@ int32_t spn_engine_load_opts(spn_engine_t *eng, const char *path, const spn_mode
   char real[PATH_MAX];
   if (!realpath(path, real))
     return spn_error_set(err, SPN_ENOENT, "%s: %s", path, strerror(errno));
-  size_t klen = strlen(real) + strlen(mo.device) + 40;
-  char *key = malloc(klen);
+  char *key = model_key(&mo, real);
   if (!key)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
-  snprintf(key, klen, "%s|%s|%s%s|%s", mo.device, prec_names[mo.precision], mo.fallback_error ? "error" : "cpu", mo.no_graphs ? "|nographs" : "", real);
   pthread_mutex_lock(&eng->lock);
-  for (spn_model_t *m = eng->models; m; m = m->next)
-    if (!strcmp(m->key, key)) {
-      m->refs++;
-      *out = m;
-      pthread_mutex_unlock(&eng->lock);
-      free(key);
-      return SPN_OK;
-    }
+  spn_model_t *have = find_model(eng, key);
+  if (have) {
+    /* A model loaded for this device as a peer: take its reference. */
+    if (have->unclaimed)
+      have->unclaimed = false;
+    else
+      have->refs++;
+    *out = have;
+    pthread_mutex_unlock(&eng->lock);
+    free(key);
+    return SPN_OK;
+  }
   /* Load under the lock: a second loader of the same file waits and then
    * shares instead of reading it twice. */
   uint8_t *buf = NULL;
@@ -319,11 +446,11 @@ int32_t spn_engine_load_opts(spn_engine_t *eng, const char *path, const spn_mode
   else if (slash)
     *slash = 0;
   spn_model_t *m;
-  if ((rc = load_common(eng, buf, (size_t)stt.st_size, path, dir, &mo, slot, key, &m, err)))
+  if ((rc = load_common(eng, buf, (size_t)stt.st_size, path, dir, &mo, slot, key, false, &m, err)))
     goto out;
-  m->eng = eng;
-  m->next = eng->models;
-  eng->models = m;
+  register_model(eng, m);
+  if (mo.n_peers)
+    load_peers(eng, m, buf, (size_t)stt.st_size, path, dir, real, &mo);
   *out = m;
 out:
   pthread_mutex_unlock(&eng->lock);
@@ -332,6 +459,32 @@ out:
   free(buf);
   free(key);
   return rc;
+}
+
+int32_t spn_engine_trim(spn_engine_t *eng) {
+  if (!eng)
+    return 0;
+  spn_model_t *gone = NULL;
+  int32_t n = 0;
+  pthread_mutex_lock(&eng->lock);
+  for (spn_model_t **pp = &eng->models; *pp;) {
+    spn_model_t *m = *pp;
+    if (!m->unclaimed) {
+      pp = &m->next;
+      continue;
+    }
+    *pp = m->next;
+    m->next = gone;
+    gone = m;
+    n++;
+  }
+  pthread_mutex_unlock(&eng->lock);
+  while (gone) {
+    spn_model_t *m = gone;
+    gone = m->next;
+    model_drop(m);
+  }
+  return n;
 }
 
 int32_t spn_engine_load_memory(spn_engine_t *eng, const void *data, size_t len, const char *name,
@@ -351,7 +504,7 @@ int32_t spn_engine_load_memory_opts(spn_engine_t *eng, const void *data, size_t 
   int32_t rc = check_opts(eng, opts, &mo, &slot, err);
   if (rc)
     return rc;
-  return load_common(eng, data, len, name ? name : "<memory>", NULL, &mo, slot, NULL, out, err);
+  return load_common(eng, data, len, name ? name : "<memory>", NULL, &mo, slot, NULL, false, out, err);
 }
 
 void spn_model_release(spn_model_t **pm) {
@@ -375,9 +528,7 @@ void spn_model_release(spn_model_t **pm) {
   } else if (m->key && --m->refs > 0) {
     return; /* registry gone: refs are only touched by their holders */
   }
-  spn_engine_shared_t *s = m->shared;
-  spn_model_destroy(m);
-  shared_unref(s);
+  model_drop(m);
 }
 
 int32_t spn_model_input_count(const spn_model_t *m) { return m ? m->n_inputs : 0; }
@@ -463,6 +614,7 @@ int32_t spn_model_output_shapes(spn_model_t *m, const spn_tensor_t *inputs, int3
 
 const char *spn_model_device(const spn_model_t *m) { return m ? m->device : NULL; }
 int32_t spn_model_fallback_count(const spn_model_t *m) { return m ? m->n_fallback : 0; }
+const char *spn_model_origin(const spn_model_t *m) { return m ? m->origin : ""; }
 
 void spn_model_output_free(spn_tensor_t *t) {
   if (!t)

@@ -10,7 +10,14 @@
  *
  * On a CUDA device the model is loaded at the stage's `precision` and runs
  * on the instance's stream (spn_model_run_on), so inputs and outputs may be
- * device tensors of that GPU: a GPU stage keeps its frames on the device. */
+ * device tensors of that GPU: a GPU stage keeps its frames on the device.
+ *
+ * The first instance to load names the devices of the stage's other
+ * instances as peers: the engine reads the file once, loads the model for
+ * each of them too and, on GPUs with NCCL, broadcasts the prepared weights
+ * from this GPU instead of each converting and uploading its own; the other
+ * instances then take those models. The runtime trims the ones no instance
+ * took once the pipeline's instances are created. */
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -45,6 +52,40 @@ static int32_t runtime_engine(spn_runtime_t *rt, spn_engine_t **out, spn_error_t
   return rc;
 }
 
+/* The engine's name for an instance's device: "cuda:N" by CUDA ordinal,
+ * else the device's own ("cpu:1"), "cpu" for the CPU pool. */
+static void engine_device(const spn_stage_t *s, char *name, size_t n) {
+  int ordinal = cuda_ordinal(s);
+  if (ordinal >= 0)
+    snprintf(name, n, "cuda:%d", ordinal);
+  else
+    snprintf(name, n, "%s", s->device ? spn_device_name(s->device) : "cpu");
+}
+
+#define SPN_HOST_MODEL_MAX_PEERS 8
+
+/* The devices of the stage's other instances of the same kind as s's, each
+ * once: the engine loads the model there too from one read of the file,
+ * and on GPUs broadcasts the weights (spn_model_opts_t.peers). */
+static int peer_devices(const spn_stage_t *s, char names[][32], const char **peers) {
+  int n = 0;
+  for (uint32_t r = 0; r < s->srt->n_replicas && n < SPN_HOST_MODEL_MAX_PEERS; r++) {
+    const spn_stage_t *o = s->srt->replicas[r];
+    if (!o || !o->device || !s->device || o->device == s->device ||
+        spn_device_kind(o->device) != spn_device_kind(s->device))
+      continue;
+    engine_device(o, names[n], sizeof names[n]);
+    bool seen = false;
+    for (int i = 0; i < n && !seen; i++)
+      seen = !strcmp(names[i], names[n]);
+    if (!seen) {
+      peers[n] = names[n];
+      n++;
+    }
+  }
+  return n;
+}
+
 int32_t spn__host_model_load(spn_stage_t *s, const char *path, spn_model_t **out, spn_error_t *err) {
   if (out)
     *out = NULL;
@@ -55,19 +96,21 @@ int32_t spn__host_model_load(spn_stage_t *s, const char *path, spn_model_t **out
   if (rc != SPN_OK)
     return spn_error_prefix(err, "stage \"%s\"", stage_name(s));
   char device[32];
-  int ordinal = cuda_ordinal(s);
+  engine_device(s, device, sizeof device);
   spn_model_opts_t mo = SPN_MODEL_OPTS_INIT;
-  if (ordinal >= 0) {
-    snprintf(device, sizeof device, "cuda:%d", ordinal);
+  if (cuda_ordinal(s) >= 0)
     mo.precision = spn__precision_name(s->srt->spec->precision);
-  } else {
-    snprintf(device, sizeof device, "%s", s->device ? spn_device_name(s->device) : "cpu");
-  }
   mo.device = device;
+  char names[SPN_HOST_MODEL_MAX_PEERS][32];
+  const char *peers[SPN_HOST_MODEL_MAX_PEERS];
+  mo.n_peers = peer_devices(s, names, peers);
+  mo.peers = peers;
   rc = spn_engine_load_opts(eng, path, &mo, out, err);
   if (rc != SPN_OK)
-    spn_error_prefix(err, "stage \"%s\" on %s", stage_name(s), device);
-  return rc;
+    return spn_error_prefix(err, "stage \"%s\" on %s", stage_name(s), device);
+  spn__log(s->pipe->rt->log, cuda_ordinal(s) >= 0 ? SPN_LOG_INFO : SPN_LOG_DEBUG, 0, stage_name(s), device,
+           "model %s: %s", path, spn_model_origin(*out));
+  return SPN_OK;
 }
 
 void spn__host_model_release(spn_stage_t *s, spn_model_t **model) {

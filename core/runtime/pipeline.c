@@ -27,6 +27,7 @@
 
 #include "debug-internal.h"
 #include "runtime-internal.h"
+#include "spindle/engine.h"
 
 static spn_device_t *find_device(spn_runtime_t *rt, int32_t kind, long index) {
   for (uint32_t i = 0; i < rt->n_devices; i++)
@@ -418,6 +419,11 @@ int32_t spn__pipeline_new_from_spec(spn_runtime_t *rt, spn__pipeline_spec_t *spe
   }
   /* Create and preload every instance on its executor, then wire. */
   post_and_wait(pipe, SPN__CMD_CREATE, pipe->n_actors, &rc, err);
+  /* Models loaded for instances that did not take them (one failed): gone. */
+  pthread_mutex_lock(&rt->engmu);
+  if (rt->engine)
+    spn_engine_trim(rt->engine);
+  pthread_mutex_unlock(&rt->engmu);
   if (rc == SPN_OK)
     post_and_wait(pipe, SPN__CMD_CONNECT, pipe->n_actors, &rc, err);
   if (rc != SPN_OK) {

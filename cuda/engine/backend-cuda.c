@@ -48,6 +48,9 @@
 #include "../../core/engine/ops-internal.h"
 #include "../../core/runtime/device-internal.h"
 #include "engine-kernels.cuh"
+#ifdef SPN_HAVE_NCCL
+#include "../nccl-internal.h"
+#endif
 
 /* The legacy convolution API is deprecated in cuDNN 9 but complete and
  * frontend-free; its declarations carry deprecation attributes. */
@@ -137,6 +140,11 @@ typedef struct {
   cu_conv_t *convs;
   cu_lt_t *lts;
   cu_resize_t *resizes;
+  /* Every device weight above, in the order prepare made them, with its
+   * size (not owned here): what replicate() broadcasts. */
+  void **wp;
+  size_t *wn;
+  int n_w, cap_w;
 } cu_node_t;
 
 static int32_t cu_err(spn_error_t *err, const char *dev, cudaError_t ce, const char *what) {
@@ -339,6 +347,39 @@ static int32_t upload(spn_backend_t *b, const void *src, size_t bytes, void **ou
   return ce == cudaSuccess ? SPN_OK : cu_err(err, b->device, ce, "uploading weights");
 }
 
+/* A weight of node c: `bytes` of device memory holding src, or, in a model
+ * whose weights come from another GPU (m->weights_deferred), left for
+ * replicate() to fill. Recorded in c->wp so replicate() finds the same
+ * weights in the same order in every copy of the model. */
+static int32_t weight(spn_backend_t *b, const spn_model_t *m, cu_node_t *c, const void *src, size_t bytes, void **out,
+                      spn_error_t *err) {
+  if (c->n_w == c->cap_w) {
+    int cap = c->cap_w ? 2 * c->cap_w : 8;
+    void **wp = realloc(c->wp, (size_t)cap * sizeof *wp);
+    if (wp)
+      c->wp = wp;
+    size_t *wn = wp ? realloc(c->wn, (size_t)cap * sizeof *wn) : NULL;
+    if (!wn)
+      return spn_error_set(err, SPN_ENOMEM, "out of memory");
+    c->wn = wn;
+    c->cap_w = cap;
+  }
+  int32_t rc;
+  if (m->weights_deferred) {
+    cudaError_t ce = cudaMalloc(out, bytes ? bytes : 4);
+    if (ce != cudaSuccess) {
+      *out = NULL;
+      return cu_err(err, b->device, ce, "allocating weights");
+    }
+    rc = SPN_OK;
+  } else if ((rc = upload(b, src, bytes, out, err)) != SPN_OK) {
+    return rc;
+  }
+  c->wp[c->n_w] = *out;
+  c->wn[c->n_w++] = bytes;
+  return SPN_OK;
+}
+
 static size_t value_bytes(const spn_value_t *v) {
   size_t n = spn_dtype_size(v->dtype);
   for (int d = 0; d < v->ndim; d++)
@@ -417,6 +458,8 @@ static void cu_node_free(spn_backend_t *b, spn_node_t *n) {
   cudaFree(c->bn_scale);
   cudaFree(c->bn_shift);
   cudaFree(c->zero_bias);
+  free(c->wp);
+  free(c->wn);
   for (cu_conv_t *e = c->convs, *nx; e; e = nx) {
     nx = e->next;
     cudnnDestroyTensorDescriptor(e->x);
@@ -469,7 +512,7 @@ static int32_t cu_prepare(spn_backend_t *b, spn_model_t *m, spn_node_t *n, spn_e
       uint16_t *w = nhwc_weights(v->data, c, n->op == SPN_OP_CONVT, v->shape[2] * v->shape[3], &bytes);
       if (!w)
         return spn_error_set(err, SPN_ENOMEM, "out of memory");
-      rc = upload(b, w, bytes, &c->cdata[k], err);
+      rc = weight(b, m, c, w, bytes, &c->cdata[k], err);
       free(w);
       c->half[k] = true;
     } else if (half_operand(m, n, k)) {
@@ -479,17 +522,17 @@ static int32_t cu_prepare(spn_backend_t *b, spn_model_t *m, spn_node_t *n, spn_e
       if (!h)
         return spn_error_set(err, SPN_ENOMEM, "out of memory");
       spn_f32_to_f16_n(v->data, h, cnt);
-      rc = upload(b, h, cnt * sizeof(uint16_t), &c->cdata[k], err);
+      rc = weight(b, m, c, h, cnt * sizeof(uint16_t), &c->cdata[k], err);
       free(h);
       c->half[k] = true;
     } else {
-      rc = upload(b, v->data, value_bytes(v), &c->cdata[k], err);
+      rc = weight(b, m, c, v->data, value_bytes(v), &c->cdata[k], err);
     }
   }
   for (int p = 0; p < n->n_post && !rc; p++) {
     const spn_post_t *po = &n->post[p];
     if ((po->kind == SPN_POST_ADD || po->kind == SPN_POST_PRELU) && m->vals[po->val].kind == SPN_VAL_CONST)
-      rc = upload(b, m->vals[po->val].data, value_bytes(&m->vals[po->val]), &c->post_c[p], err);
+      rc = weight(b, m, c, m->vals[po->val].data, value_bytes(&m->vals[po->val]), &c->post_c[p], err);
   }
   if (!rc && n->op == SPN_OP_BN) {
     const spn_value_t *g = &m->vals[n->in[1]], *be = &m->vals[n->in[2]], *mu = &m->vals[n->in[3]], *var = &m->vals[n->in[4]];
@@ -503,9 +546,9 @@ static int32_t cu_prepare(spn_backend_t *b, spn_model_t *m, spn_node_t *n, spn_e
       sc[i] = s;
       sc[C + i] = ((const float *)be->data)[i] - ((const float *)mu->data)[i] * s;
     }
-    rc = upload(b, sc, (size_t)C * sizeof(float), (void **)&c->bn_scale, err);
+    rc = weight(b, m, c, sc, (size_t)C * sizeof(float), (void **)&c->bn_scale, err);
     if (!rc)
-      rc = upload(b, sc + C, (size_t)C * sizeof(float), (void **)&c->bn_shift, err);
+      rc = weight(b, m, c, sc + C, (size_t)C * sizeof(float), (void **)&c->bn_shift, err);
     free(sc);
   }
   if (!rc && n->op == SPN_OP_CONV && m->precision != SPN_PREC_FP16) {
@@ -521,7 +564,7 @@ static int32_t cu_prepare(spn_backend_t *b, spn_model_t *m, spn_node_t *n, spn_e
       float *z = calloc((size_t)K, sizeof(float));
       if (!z)
         return spn_error_set(err, SPN_ENOMEM, "out of memory");
-      rc = upload(b, z, (size_t)K * sizeof(float), (void **)&c->zero_bias, err);
+      rc = weight(b, m, c, z, (size_t)K * sizeof(float), (void **)&c->zero_bias, err);
       free(z);
     }
   }
@@ -1888,6 +1931,65 @@ static void cu_free(spn_backend_t *b) {
   free(b);
 }
 
+#ifdef SPN_HAVE_NCCL
+/* Node j of m when it runs here, prepared: its context, else NULL. */
+static const cu_node_t *gpu_node(const spn_model_t *m, int j) {
+  const spn_node_t *n = &m->nodes[j];
+  return !n->dead && n->backend == m->dev_slot ? n->bctx : NULL;
+}
+
+/* replicate(): ms[0]'s device weights broadcast to ms[1..n) with NCCL over
+ * one communicator of the n GPUs, made for the call. The copies must hold
+ * the same weights in the same order (they were parsed and prepared alike);
+ * a difference is refused before anything moves. */
+static int32_t cu_replicate(spn_backend_t *const *bs, spn_model_t *const *ms, int n, spn_error_t *err) {
+  const spn_model_t *m0 = ms[0];
+  size_t items = 0;
+  for (int i = 1; i < n; i++)
+    if (ms[i]->n_node != m0->n_node)
+      return spn_error_set(err, SPN_EINTERNAL, "%s: its graphs on %s and %s differ", m0->path, m0->device,
+                           ms[i]->device);
+  for (int j = 0; j < m0->n_node; j++) {
+    const cu_node_t *c0 = gpu_node(m0, j);
+    for (int i = 1; i < n; i++) {
+      const cu_node_t *ci = gpu_node(ms[i], j);
+      if (!c0 != !ci || (c0 && (ci->n_w != c0->n_w || (c0->n_w && memcmp(ci->wn, c0->wn, (size_t)c0->n_w * sizeof *c0->wn)))))
+        return spn_error_set(err, SPN_EINTERNAL, "%s: node \"%s\" holds different weights on %s and %s", m0->path,
+                             m0->nodes[j].name ? m0->nodes[j].name : "?", m0->device, ms[i]->device);
+    }
+    if (c0)
+      items += (size_t)c0->n_w;
+  }
+  void **ptrs = calloc(items * (size_t)n + 1, sizeof *ptrs);
+  size_t *sizes = calloc(items + 1, sizeof *sizes);
+  if (!ptrs || !sizes) {
+    free(ptrs);
+    free(sizes);
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  }
+  size_t k = 0;
+  for (int j = 0; j < m0->n_node; j++) {
+    const cu_node_t *c0 = gpu_node(m0, j);
+    for (int w = 0; c0 && w < c0->n_w; w++, k++) {
+      sizes[k] = c0->wn[w];
+      for (int i = 0; i < n; i++)
+        ptrs[k * (size_t)n + (size_t)i] = gpu_node(ms[i], j)->wp[w];
+    }
+  }
+  spn_device_t *devs[SPN_MAX_BACKENDS];
+  for (int i = 0; i < n; i++)
+    devs[i] = ((cu_ctx_t *)bs[i]->ctx)->devs[0];
+  spn__nccl_t *comm = NULL;
+  int32_t rc = spn__nccl_new(devs, (uint32_t)n, &comm, err);
+  if (rc == SPN_OK)
+    rc = spn__nccl_broadcast_many(comm, 0, items, ptrs, sizes, err);
+  spn__nccl_free(&comm);
+  free(ptrs);
+  free(sizes);
+  return rc;
+}
+#endif
+
 static const spn_backend_iface_t cu_iface = {
     .supports = cu_supports,
     .prepare = cu_prepare,
@@ -1903,6 +2005,9 @@ static const spn_backend_iface_t cu_iface = {
     .fence_wait = cu_fence_wait,
     .fence_free = cu_fence_free,
     .model_release = cu_model_release,
+#ifdef SPN_HAVE_NCCL
+    .replicate = cu_replicate,
+#endif
     .free = cu_free,
 };
 

@@ -1,9 +1,10 @@
 /* onnx-build.h — a tiny protobuf writer for hand-built ONNX models, shared
- * by the engine tests (test-engine.c, test-backend.c). */
+ * by the engine tests (test-engine.c, test-backend.c, test-engine-cuda.c). */
 #ifndef SPN_TEST_ONNX_BUILD_H
 #define SPN_TEST_ONNX_BUILD_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -141,6 +142,18 @@ static inline pb_t model(pb_t *graph, int64_t opset) {
   pb_msg(&m, 8, &os);
   pb_msg(&m, 7, graph);
   return m;
+}
+
+/* The model bytes in a fresh temporary file; *path (n >= 32) gets its name
+ * (the caller unlinks it). */
+static inline void model_file(const pb_t *pm, char *path, size_t n) {
+  snprintf(path, n, "/tmp/spn-onnx-XXXXXX");
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  FILE *f = fdopen(fd, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(pm->p, 1, pm->n, f), pm->n);
+  assert_int_equal(fclose(f), 0);
 }
 
 #endif

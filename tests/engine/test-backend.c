@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -27,7 +28,11 @@
 _Static_assert(sizeof(spn_model_opts_t) == 64, "spn_model_opts_t size changed");
 _Static_assert(offsetof(spn_model_opts_t, fallback) == 24, "spn_model_opts_t layout changed");
 _Static_assert(offsetof(spn_model_opts_t, no_graphs) == 32, "spn_model_opts_t layout changed");
-_Static_assert(offsetof(spn_model_opts_t, reserved) == 36, "spn_model_opts_t layout changed");
+_Static_assert(offsetof(spn_model_opts_t, n_peers) == 36, "spn_model_opts_t layout changed");
+_Static_assert(offsetof(spn_model_opts_t, peers) == 40, "spn_model_opts_t layout changed");
+_Static_assert(offsetof(spn_model_opts_t, peer_uploads) == 48, "spn_model_opts_t layout changed");
+_Static_assert(offsetof(spn_model_opts_t, reserved) == 52, "spn_model_opts_t layout changed");
+_Static_assert(sizeof(spn_model_opts_t) == 64, "spn_model_opts_t size changed");
 #endif
 
 /* ---- the mock device backend ---- */
@@ -44,6 +49,11 @@ typedef struct {
   int bad;                /* nodes refused: an operand outside its memory */
   int fences, fence_waits, fence_frees, fences_made;
   void *last_stream;      /* the stream of the last compute */
+  bool can_replicate;     /* offer replicate() (peers' weights from one copy) */
+  bool replicate_fails;   /* ... which then fails */
+  int weights_copied;     /* constant inputs filled by prepare */
+  int weights_deferred;   /* ... left for replicate */
+  int replicates, replicated; /* replicate() calls; models filled by them */
 } mock_t;
 
 /* Per-node context: the node's constant inputs, copied into mock memory. */
@@ -91,7 +101,12 @@ static int32_t mock_prepare(spn_backend_t *b, spn_model_t *m, spn_node_t *n, spn
       free(c);
       return SPN_ENOMEM;
     }
-    memcpy(c->data[k], v->data, bytes);
+    if (m->weights_deferred) {
+      mk->weights_deferred++; /* left as garbage: replicate() fills it */
+    } else {
+      memcpy(c->data[k], v->data, bytes);
+      mk->weights_copied++;
+    }
   }
   n->bctx = c;
   mk->prepared++;
@@ -220,28 +235,51 @@ static void mock_free(spn_backend_t *b) {
   free(b);
 }
 
-static const spn_backend_iface_t mock_iface = {
-    .supports = mock_supports,
-    .prepare = mock_prepare,
-    .node_free = mock_node_free,
-    .compute = mock_compute,
-    .run_end = mock_run_end,
-    .buf_alloc = mock_alloc,
-    .buf_free = mock_buf_free,
-    .to_host = mock_to_host,
-    .from_host = mock_from_host,
-    .fence_record = mock_fence_record,
-    .fence_wait = mock_fence_wait,
-    .fence_free = mock_fence_free,
-    .free = mock_free,
-};
+/* The peers' constants copied from ms[0]'s, node by node. */
+static int32_t mock_replicate(spn_backend_t *const *bs, spn_model_t *const *ms, int n, spn_error_t *err) {
+  mock_t *mk = bs[0]->ctx;
+  mk->replicates++;
+  if (mk->replicate_fails)
+    return spn_error_set(err, SPN_ECUDA, "mock: the interconnect is down");
+  const spn_model_t *m0 = ms[0];
+  for (int i = 1; i < n; i++) {
+    assert_int_equal(ms[i]->n_node, m0->n_node);
+    assert_true(ms[i]->dev_slot != m0->dev_slot);
+    for (int j = 0; j < m0->n_node; j++) {
+      const spn_node_t *a = &m0->nodes[j], *b = &ms[i]->nodes[j];
+      if (a->dead || a->backend != m0->dev_slot)
+        continue;
+      assert_int_equal(b->backend, ms[i]->dev_slot);
+      const mock_node_t *ca = a->bctx, *cb = b->bctx;
+      for (int k = 0; k < a->n_in && k < 8; k++) {
+        if (!ca->data[k])
+          continue;
+        const spn_value_t *v = &m0->vals[a->in[k]];
+        size_t bytes = spn_dtype_size(v->dtype);
+        for (int d = 0; d < v->ndim; d++)
+          bytes *= (size_t)v->shape[d];
+        memcpy(cb->data[k], ca->data[k], bytes);
+      }
+    }
+    mk->replicated++;
+  }
+  return SPN_OK;
+}
+
+#define MOCK_IFACE                                                                                     \
+  .supports = mock_supports, .prepare = mock_prepare, .node_free = mock_node_free, .compute = mock_compute, \
+  .run_end = mock_run_end, .buf_alloc = mock_alloc, .buf_free = mock_buf_free, .to_host = mock_to_host,   \
+  .from_host = mock_from_host, .fence_record = mock_fence_record, .fence_wait = mock_fence_wait,          \
+  .fence_free = mock_fence_free, .free = mock_free
+static const spn_backend_iface_t mock_iface = {MOCK_IFACE};
+static const spn_backend_iface_t mock_rep_iface = {MOCK_IFACE, .replicate = mock_replicate};
 
 static int32_t mock_open(const spn_backend_factory_t *f, int index, spn_backend_t **out, spn_error_t *err) {
   (void)index;
   spn_backend_t *b = calloc(1, sizeof *b);
   if (!b)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
-  b->iface = &mock_iface;
+  b->iface = ((mock_t *)f->data)->can_replicate ? &mock_rep_iface : &mock_iface;
   b->device_kind = SPN_DEVICE_CUDA;
   b->mem_kind = SPN_MEM_DEVICE;
   b->host_memory = false;
@@ -935,6 +973,186 @@ static void test_device_io_fallback(void **state) {
   free(pm.p);
 }
 
+/* ---- peers: one read of the file, the weights from one copy ---- */
+
+/* Overwrite the file: a load that reads it from now on fails. */
+static void spoil(const char *path) {
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  fputs("not a model", f);
+  assert_int_equal(fclose(f), 0);
+}
+
+static int32_t load_peers(spn_engine_t *e, const char *path, const char *device, const char *const *peers,
+                          int n_peers, bool uploads, spn_model_t **m, spn_error_t *err) {
+  spn_model_opts_t o = SPN_MODEL_OPTS_INIT;
+  o.device = device;
+  o.peers = peers;
+  o.n_peers = n_peers;
+  o.peer_uploads = uploads;
+  return spn_engine_load_opts(e, path, &o, m, err);
+}
+
+/* m's outputs equal ref's, bit for bit (same kernels). */
+static void same_outputs(spn_model_t *ref, spn_model_t *m) {
+  spn_tensor_t a[2], b[2];
+  run2(ref, 3, a);
+  run2(m, 3, b);
+  for (int o = 0; o < 2; o++) {
+    assert_memory_equal(a[o].data, b[o].data, 3 * 4 * sizeof(float));
+    spn_model_output_free(&a[o]);
+    spn_model_output_free(&b[o]);
+  }
+}
+
+/* One load on mock:0 naming mock:1 and mock:2 (and itself, and mock:1
+ * twice) as peers: the file is read once, the peers' constants are left to
+ * replicate(), which fills both in one call; the later loads on the peers
+ * take those models without touching the file (spoiled in between), and
+ * every copy computes what the CPU does. `fails`: replicate() fails, the
+ * peers are loaded again with their own uploads, and still compute right. */
+static void check_peers(bool fails) {
+  pb_t pm = chain_model();
+  char path[64];
+  model_file(&pm, path, sizeof path);
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL));
+  mk.can_replicate = true;
+  mk.replicate_fails = fails;
+  spn_model_t *ref = load(e, &pm, "cpu", NULL);
+  const char *peers[] = {"mock:1", "mock:0", "mock:2", "mock:1"};
+  spn_model_t *m0 = NULL, *m1 = NULL, *m2 = NULL, *again = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(load_peers(e, path, "mock:0", peers, 4, false, &m0, &err), SPN_OK);
+  assert_int_equal(mk.replicates, 1);
+  assert_int_equal(mk.replicated, fails ? 0 : 2);
+  /* "mulk"'s constant k: copied on mock:0, deferred on each peer (and
+   * copied by the peers' second loads when replicate failed). */
+  assert_int_equal(mk.weights_copied, fails ? 3 : 1);
+  assert_int_equal(mk.weights_deferred, 2);
+  if (fails)
+    assert_non_null(strstr(spn_model_origin(m0), "broadcast failed, peers uploaded their own: mock: the interconnect is down"));
+  else
+    assert_string_equal(spn_model_origin(m0), "read from the file; weights broadcast to 2 peers");
+  spoil(path);
+  assert_int_equal(load_peers(e, path, "mock:1", NULL, 0, false, &m1, &err), SPN_OK);
+  assert_int_equal(load_peers(e, path, "mock:2", peers, 4, false, &m2, &err), SPN_OK);
+  assert_ptr_not_equal(m1, m2);
+  assert_string_equal(spn_model_device(m1), "mock:1");
+  assert_string_equal(spn_model_device(m2), "mock:2");
+  assert_string_equal(spn_model_origin(m2), fails ? "parsed from the file read for mock:0 (the broadcast failed)"
+                                                  : "weights broadcast from mock:0");
+  assert_int_equal(mk.replicates, 1);
+  /* A second load on a peer shares the model as any load does. */
+  assert_int_equal(load_peers(e, path, "mock:1", NULL, 0, false, &again, &err), SPN_OK);
+  assert_ptr_equal(again, m1);
+  spn_model_release(&again);
+  assert_int_equal(spn_engine_trim(e), 0);
+  same_outputs(ref, m0);
+  same_outputs(ref, m1);
+  same_outputs(ref, m2);
+  assert_int_equal(mk.bad, 0);
+  /* The file is spoiled: a device that was no peer reads it and fails. */
+  assert_int_not_equal(load_peers(e, path, "mock:3", NULL, 0, false, &again, &err), SPN_OK);
+  assert_null(again);
+  spn_model_release(&m0);
+  spn_model_release(&m1);
+  spn_model_release(&m2);
+  spn_model_release(&ref);
+  spn_engine_free(&e);
+  unlink(path);
+  free(pm.p);
+}
+
+static void test_peers_replicated(void **state) {
+  (void)state;
+  check_peers(false);
+}
+
+static void test_peers_replicate_fails(void **state) {
+  (void)state;
+  check_peers(true);
+}
+
+/* peer_uploads, a backend that cannot replicate, and emulated CPU devices:
+ * the peers are parsed from the one read and prepare their own weights. */
+static void test_peers_upload_their_own(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  char path[64];
+  model_file(&pm, path, sizeof path);
+  for (int mode = 0; mode < 3; mode++) {
+    mock_t mk;
+    spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL));
+    mk.can_replicate = mode != 1;
+    const char *dev = mode == 2 ? "cpu:0" : "mock:0";
+    const char *peers[] = {mode == 2 ? "cpu:1" : "mock:1"};
+    spn_model_t *ref = load(e, &pm, "cpu", NULL), *m0 = NULL, *m1 = NULL;
+    spn_error_t err = SPN_ERROR_INIT;
+    assert_int_equal(load_peers(e, path, dev, peers, 1, mode == 0, &m0, &err), SPN_OK);
+    assert_string_equal(spn_model_origin(m0), "read from the file; also parsed for 1 peer");
+    assert_int_equal(mk.replicates, 0);
+    assert_int_equal(mk.weights_deferred, 0);
+    assert_int_equal(mk.weights_copied, mode == 2 ? 0 : 2);
+    FILE *f = fopen(path, "rb"); /* kept for the next mode */
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(load_peers(e, path, peers[0], NULL, 0, false, &m1, &err), SPN_OK);
+    char want[64];
+    snprintf(want, sizeof want, "parsed from the file read for %s", dev);
+    assert_string_equal(spn_model_origin(m1), want);
+    same_outputs(ref, m1);
+    spn_model_release(&m0);
+    spn_model_release(&m1);
+    spn_model_release(&ref);
+    spn_engine_free(&e);
+  }
+  unlink(path);
+  free(pm.p);
+}
+
+/* Models loaded for peers that no load took: spn_engine_trim frees them
+ * (a later load on that device reads the file: spoiled here, it fails),
+ * and so does spn_engine_free (the sanitizer build sees any leak). A peer
+ * that cannot be opened is skipped without failing the load. */
+static void test_peers_trim(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  char path[64];
+  model_file(&pm, path, sizeof path);
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL));
+  mk.can_replicate = true;
+  const char *peers[] = {"mock:1", "warp:9", "mock:2"};
+  spn_model_t *m0 = NULL, *m1 = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(load_peers(e, path, "mock:0", peers, 3, false, &m0, &err), SPN_OK);
+  assert_int_equal(mk.replicated, 2);
+  spoil(path);
+  assert_int_equal(load_peers(e, path, "mock:1", NULL, 0, false, &m1, &err), SPN_OK);
+  assert_int_equal(spn_engine_trim(e), 1); /* mock:2's */
+  assert_int_equal(spn_engine_trim(e), 0);
+  spn_model_t *m2 = NULL;
+  assert_int_not_equal(load_peers(e, path, "mock:2", NULL, 0, false, &m2, &err), SPN_OK);
+  spn_model_release(&m1);
+  /* Peers left unclaimed at spn_engine_free. */
+  pb_t pm2 = chain_model();
+  char path2[64];
+  model_file(&pm2, path2, sizeof path2);
+  const char *more[] = {"mock:3", "mock:4"};
+  spn_model_t *m3 = NULL;
+  assert_int_equal(load_peers(e, path2, "mock:2", more, 2, false, &m3, &err), SPN_OK);
+  spn_engine_free(&e);
+  /* The models still held outlive the engine. */
+  same_outputs(m0, m3);
+  spn_model_release(&m0);
+  spn_model_release(&m3);
+  unlink(path);
+  unlink(path2);
+  free(pm.p);
+  free(pm2.p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fallback_places_and_copies),
@@ -952,6 +1170,10 @@ int main(void) {
       cmocka_unit_test(test_plan_cache),
       cmocka_unit_test(test_device_io_in_place),
       cmocka_unit_test(test_device_io_fallback),
+      cmocka_unit_test(test_peers_replicated),
+      cmocka_unit_test(test_peers_replicate_fails),
+      cmocka_unit_test(test_peers_upload_their_own),
+      cmocka_unit_test(test_peers_trim),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,15 +15,25 @@
  *  - spn_model_run_on with device input and output on the caller's stream,
  *    repeated so that runs are captured and replayed as CUDA Graphs, across a
  *    shape change and back, equal to the CPU and to a model loaded with
- *    no_graphs. */
+ *    no_graphs;
+ *  - peers (spn_model_opts_t.peers): a model loaded on cuda:0 naming the
+ *    other GPUs gets its weights to them by NCCL broadcast (where built; the
+ *    fake NCCL made to fail: by their own uploads), their loads take those
+ *    copies without reading the file again, and each computes what the CPU
+ *    does, at fp32 and fp16. Needs two GPUs (the unit suite runs it on
+ *    three fake ones); with one, only that a peer list naming it is harmless.
+ *
+ * SPN_TEST_FILTER: run only the cases matching this cmocka pattern. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
@@ -397,6 +407,89 @@ static void test_device_io_graphs(void **state) {
   free(pm.p);
 }
 
+static spn_model_t *load_peers(const char *path, const char *device, const char *precision, const char *const *peers,
+                               int n_peers) {
+  spn_model_opts_t o = SPN_MODEL_OPTS_INIT;
+  o.device = device;
+  o.precision = precision;
+  o.fallback = "error";
+  o.peers = peers;
+  o.n_peers = n_peers;
+  spn_model_t *m = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_engine_load_opts(eng, path, &o, &m, &err))
+    fail_msg("load on %s: %s", device, err.msg);
+  return m;
+}
+
+static void test_peers(void **state) {
+  (void)state;
+  int n_gpu = spn_test_gpu_count();
+  if (n_gpu > 8)
+    n_gpu = 8;
+  pb_t pm = conv_model();
+  char path[64];
+  spn_model_t *cpu = load(&pm, "cpu");
+  char names[8][16];
+  const char *peers[8];
+  for (int i = 0; i < 8; i++) {
+    snprintf(names[i], sizeof names[i], "cuda:%d", i);
+    peers[i] = names[i];
+  }
+  const char *ff = getenv("SPN_EMU_NCCL_FAIL");
+  bool fails = ff && *ff && strcmp(ff, "0");
+  const char *precs[] = {"fp32", "fp16"};
+  for (int p = 0; p < 2; p++) {
+    /* cuda:0 names every GPU, itself included (ignored). */
+    model_file(&pm, path, sizeof path);
+    spn_model_t *ms[8] = {load_peers(path, "cuda:0", precs[p], peers, n_gpu)};
+    const char *origin = spn_model_origin(ms[0]);
+    char want[128];
+    if (n_gpu < 2) {
+      assert_string_equal(origin, "read from the file");
+    } else if (fails) {
+      assert_non_null(strstr(origin, "read from the file; the weights' broadcast failed"));
+    } else {
+#ifdef SPN_TEST_NCCL
+      snprintf(want, sizeof want, "read from the file; weights broadcast to %d peer%s", n_gpu - 1, n_gpu > 2 ? "s" : "");
+#else
+      snprintf(want, sizeof want, "read from the file; also parsed for %d peer%s", n_gpu - 1, n_gpu > 2 ? "s" : "");
+#endif
+      assert_string_equal(origin, want);
+    }
+    if (n_gpu > 1) {
+      /* From here a load that reads the file fails. */
+      FILE *f = fopen(path, "wb");
+      assert_non_null(f);
+      fputs("spoiled", f);
+      assert_int_equal(fclose(f), 0);
+    }
+    for (int i = 1; i < n_gpu; i++) {
+      ms[i] = load_peers(path, names[i], precs[p], NULL, 0);
+#ifdef SPN_TEST_NCCL
+      snprintf(want, sizeof want, fails ? "parsed from the file read for cuda:0 (the broadcast failed)"
+                                        : "weights broadcast from cuda:0");
+#else
+      snprintf(want, sizeof want, "parsed from the file read for cuda:0");
+#endif
+      assert_string_equal(spn_model_origin(ms[i]), want);
+    }
+    for (int i = 0; i < n_gpu; i++) {
+      size_t n = (size_t)3 * 8 * 12 * 10;
+      float *x = malloc(n * sizeof(float));
+      fill(x, n, 77);
+      spn_tensor_t in = image(x, 3);
+      compare(cpu, ms[i], &in, 1, p ? 2e-2f : 1e-4f);
+      free(x);
+      spn_model_release(&ms[i]);
+    }
+    assert_int_equal(spn_engine_trim(eng), 0);
+    unlink(path);
+  }
+  spn_model_release(&cpu);
+  free(pm.p);
+}
+
 int main(void) {
   SPN_TEST_REQUIRE_GPU();
   spn_engine_opts_t o = SPN_ENGINE_OPTS_INIT;
@@ -413,7 +506,11 @@ int main(void) {
       cmocka_unit_test(test_fp16_conv),
       cmocka_unit_test(test_fp16_matmul),
       cmocka_unit_test(test_device_io_graphs),
+      cmocka_unit_test(test_peers),
   };
+  const char *filter = getenv("SPN_TEST_FILTER");
+  if (filter && *filter)
+    cmocka_set_test_filter(filter);
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   spn_engine_free(&eng);
   return rc;

@@ -63,6 +63,13 @@ SPN_API int32_t spn_engine_new(const spn_engine_opts_t *opts, spn_engine_t **out
  * Thread: any, not concurrently with a load on the same engine. */
 SPN_API void spn_engine_free(spn_engine_t **eng);
 
+/* Free the models loaded for peers (spn_model_opts_t.peers) that no load
+ * has taken; returns how many. Call when the loads that named the peers are
+ * done (the runtime does after creating a pipeline). A later load on such a
+ * device simply reads the file again. Ownership: none (the freed models
+ * were the engine's). Thread: any. */
+SPN_API int32_t spn_engine_trim(spn_engine_t *eng);
+
 /* Load `path` on `device` ("cpu", "cpu:1", "cuda:0"), or take another
  * reference on the already loaded model with the same canonical path and
  * device. External-data files must lie in the model's folder. Errors name the
@@ -86,7 +93,21 @@ typedef struct spn_model_opts {
   const char *precision; /* "fp32" (NULL), "tf32" or "fp16": device arithmetic; the CPU is always fp32 */
   const char *fallback;  /* "cpu" (NULL): nodes the device cannot run go to the CPU; "error": refuse */
   int32_t no_graphs;     /* 1: never replay runs as CUDA Graphs (debugging; also SPINDLE_NO_CUDA_GRAPHS=1) */
-  int32_t reserved[7];
+  /* Peers: other devices that will load the same file with the same options
+   * soon (a stage's instances on the other GPUs). When this load reads the
+   * file, it loads the model for each peer not loaded yet too, from the one
+   * read: on CUDA devices with NCCL, the weights prepared on `device` are
+   * broadcast to the peers (ncclBroadcast) instead of each peer converting
+   * and uploading its own; without NCCL, or with peer_uploads = 1 (also
+   * SPINDLE_NCCL_BROADCAST=0), or if the broadcast fails, each peer uploads
+   * from the host. A later load on a peer takes that model; models loaded
+   * for peers that no load has taken are freed by spn_engine_trim and with
+   * the engine. A peer that cannot load is skipped: its own load reports
+   * why. */
+  int32_t n_peers;
+  const char *const *peers;
+  int32_t peer_uploads;
+  int32_t reserved[3];
 } spn_model_opts_t;
 
 #define SPN_MODEL_OPTS_INIT {.struct_size = sizeof(spn_model_opts_t)}
@@ -140,6 +161,13 @@ SPN_API const char *spn_model_device(const spn_model_t *m);
 /* Number of nodes placed on the CPU because the device cannot run them.
  * Ownership: none. Thread: any. */
 SPN_API int32_t spn_model_fallback_count(const spn_model_t *m);
+/* Where the model's weights came from, one line for logs: "read from the
+ * file" (with the peers' outcome when it loaded peers too, or why their
+ * broadcast failed), "weights broadcast from cuda:0" (NCCL on GPUs),
+ * "parsed from the file read for cuda:0", "loaded from memory"
+ * (spn_model_opts_t.peers). Ownership: the model's, valid as long as it.
+ * Thread: any. */
+SPN_API const char *spn_model_origin(const spn_model_t *m);
 
 /* Run the model. See the header comment for the output allocation rule.
  * inputs: n_in == spn_model_input_count, host memory, dtype as declared.

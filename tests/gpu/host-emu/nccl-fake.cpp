@@ -3,10 +3,14 @@
  * builds with NCCL. Communicators from ncclCommInitAll know their rank and
  * size; the collectives and point-to-point calls of one group
  * (ncclGroupStart ... ncclGroupEnd, or one call outside a group) are matched
- * at its end: a broadcast copies the root's buffer into every rank's, a send
- * goes to the receive the peer posted for it (in order). Only ncclInt8/Uint8
+ * at its end: the k-th broadcast of a rank copies the root's k-th broadcast
+ * buffer into its own (the sizes must agree, as NCCL requires), a send goes
+ * to the receive the peer posted for it (in order). Only ncclInt8/Uint8
  * /Float32/Float16 sizes are known; the buffers must be device memory.
- * Test code only; one group at a time (cuda/nccl.c calls them under a lock). */
+ * SPN_EMU_NCCL_FAIL=1 makes ncclCommInitAll fail (as with an unusable
+ * interconnect). Test code only; one group at a time (cuda/nccl.c calls
+ * them under a lock). */
+#include <stdlib.h>
 #include <string.h>
 
 #include <mutex>
@@ -47,14 +51,26 @@ size_t type_size(ncclDataType_t t) {
 ncclResult_t flush() {
   std::vector<op> ops;
   ops.swap(pending);
-  for (const op &o : ops) {
+  for (size_t i = 0; i < ops.size(); i++) {
+    const op &o = ops[i];
     if (o.kind == 0) {
-      const void *src = nullptr;
-      for (const op &r : ops)
-        if (r.kind == 0 && r.rank == o.peer)
-          src = r.src;
-      if (!src)
+      /* This rank's k-th broadcast matches the root's k-th. */
+      size_t k = 0;
+      for (size_t j = 0; j < i; j++)
+        k += ops[j].kind == 0 && ops[j].rank == o.rank;
+      const op *root = nullptr;
+      for (const op &r : ops) {
+        if (r.kind != 0 || r.rank != o.peer)
+          continue;
+        if (!k) {
+          root = &r;
+          break;
+        }
+        k--;
+      }
+      if (!root || !root->src || root->bytes != o.bytes)
         return ncclInvalidUsage;
+      const void *src = root->src;
       void *dst = o.dst;
       size_t n = o.bytes;
       spn_emu_stream_do(o.s, [=] { memmove(dst, src, n); });
@@ -97,6 +113,9 @@ const char *ncclGetErrorString(ncclResult_t r) { return r == ncclSuccess ? "no e
 
 ncclResult_t ncclCommInitAll(ncclComm_t *comms, int n, const int *devs) {
   (void)devs;
+  const char *f = getenv("SPN_EMU_NCCL_FAIL");
+  if (f && *f && strcmp(f, "0"))
+    return ncclSystemError;
   for (int i = 0; i < n; i++)
     comms[i] = new ncclComm{i, n};
   return ncclSuccess;
