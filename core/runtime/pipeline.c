@@ -508,6 +508,43 @@ const char *spn_pipeline_stage_transfers(const spn_pipeline_t *pipe, size_t i, s
   return pipe->stages[i].spec->name;
 }
 
+/* The memory an edge's consumer receives, for the summary. Ports declare
+ * memory sets per config, not per placement (a stage that runs on either
+ * side declares both kinds), so the negotiated sets are narrowed here by
+ * where the replicas were placed, as edge-mem.c treats the buffers at run
+ * time: a producer that declares host memory besides device memory gives
+ * device memory only on a GPU (on the CPU pool or a cpu:N device it gives
+ * the host memory it declares: no such stage writes cpu:N's emulated device
+ * memory), and a consumer in the CPU pool fed by a producer on a device
+ * gets host memory where it takes it (spn__mem_plan). A set of device memory
+ * alone is kept: that producer gives nothing else. With one CPU device there
+ * is no device memory: a consumer that would take it gets host memory. */
+static int32_t edge_mem_kind(const spn_pipeline_t *pipe, const spn__edge_spec_t *es) {
+  if (!es->format.struct_size)
+    return SPN_MEM_HOST;
+  const uint32_t host = SPN_MEMSET_HOST | SPN_MEMSET_PINNED;
+  const spn__stage_rt_t *from = &pipe->stages[es->from_stage], *to = &pipe->stages[es->to_stage];
+  bool from_dev = false, from_gpu = false, to_dev = false;
+  for (uint32_t r = 0; r < from->n_replicas; r++) {
+    const spn_device_t *d = from->replicas[r]->device;
+    from_dev |= d != NULL;
+    from_gpu |= d && spn_device_kind(d) != SPN_DEVICE_CPU;
+  }
+  for (uint32_t r = 0; r < to->n_replicas; r++)
+    if (to->replicas[r]->device)
+      to_dev = true;
+  uint32_t gives = es->mem_from ? es->mem_from : SPN_MEMSET_HOST, takes = es->mem_to ? es->mem_to : SPN_MEMSET_HOST;
+  if (!from_gpu && (gives & host))
+    gives &= ~SPN_MEMSET_DEVICE;
+  if (!to_dev && from_dev && (takes & host))
+    takes &= ~SPN_MEMSET_DEVICE;
+  int32_t kind = spn__mem_pick(gives, takes);
+  if (kind == SPN_MEM_DEVICE && pipe->rt->n_devices <= 1 &&
+      (!pipe->rt->n_devices || spn_device_kind(pipe->rt->devices[0]) == SPN_DEVICE_CPU))
+    kind = SPN_MEM_HOST;
+  return kind;
+}
+
 size_t spn_pipeline_edge_count(const spn_pipeline_t *pipe) { return pipe ? pipe->spec->n_edges : 0; }
 
 int32_t spn_pipeline_edge_stats(const spn_pipeline_t *pipe, size_t i, spn_edge_stats_t *out) {
@@ -522,12 +559,7 @@ int32_t spn_pipeline_edge_stats(const spn_pipeline_t *pipe, size_t i, spn_edge_s
   out->to_port = to->kind->inputs[es->to_port].name;
   out->pixel_format = es->format.pixel_format;
   out->format = spn__pixel_format_name(es->format.pixel_format);
-  out->mem_kind = es->format.struct_size ? es->format.mem_kind : SPN_MEM_HOST;
-  /* With one CPU device there is no device memory: a consumer that would
-   * take it gets host memory. */
-  if (out->mem_kind == SPN_MEM_DEVICE && pipe->rt->n_devices <= 1 &&
-      (!pipe->rt->n_devices || spn_device_kind(pipe->rt->devices[0]) == SPN_DEVICE_CPU))
-    out->mem_kind = SPN_MEM_HOST;
+  out->mem_kind = edge_mem_kind(pipe, es);
   out->converted = to->inserted;
   for (uint32_t k = 0; k < pipe->n_links; k++) {
     const spn__link_t *l = pipe->links[k];

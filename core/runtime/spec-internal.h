@@ -164,6 +164,11 @@ const char *spn__pixel_format_name(int32_t f);
  * -1 when it takes it as it is (no copy), else the spn_mem_kind_t to copy
  * into on the consumer's device. */
 int32_t spn__mem_plan(uint32_t accept, int32_t have, bool same_device, bool consumer_on_device);
+/* The spn_mem_kind_t an edge's consumer receives, from the memory sets the
+ * producer gives (`from`) and the consumer takes (`to`): device memory where
+ * both allow it, else pinned, else host (HOST in `to` admits PINNED); with
+ * nothing in common, what the consumer takes. */
+int32_t spn__mem_pick(uint32_t from, uint32_t to);
 
 /* The whole front end in one call, meant for spn_pipeline_load(_string)
  * and spn_pipeline_validate (so [plugins] path in a config is honoured):

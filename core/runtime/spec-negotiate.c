@@ -96,7 +96,7 @@ int32_t spn__mem_plan(uint32_t accept, int32_t have, bool same_device, bool cons
 
 /* The kind a consumer receives when it takes what the producer gives:
  * device memory if both allow it, then pinned, then pageable host. */
-static int32_t pick_mem(uint32_t from, uint32_t to) {
+int32_t spn__mem_pick(uint32_t from, uint32_t to) {
   if (to & SPN_MEMSET_HOST)
     to |= SPN_MEMSET_PINNED;
   uint32_t both = from & to;
@@ -292,7 +292,7 @@ static int32_t negotiate_port(const spn__registry_t *reg, spn__pipeline_spec_t *
     e->format.struct_size = sizeof e->format;
     e->mem_from = oc->mem_kinds;
     e->mem_to = ic->mem_kinds;
-    e->format.mem_kind = pick_mem(oc->mem_kinds, ic->mem_kinds);
+    e->format.mem_kind = spn__mem_pick(oc->mem_kinds, ic->mem_kinds);
     if ((rc = check_audio(spec, e, &e->format, err)) != SPN_OK)
       return rc;
     if (!gives) {
@@ -322,9 +322,9 @@ static int32_t negotiate_port(const spn__registry_t *reg, spn__pipeline_spec_t *
     ce->format.pixel_format = lowest(spec->stages[to_stage + 1].in_caps[to_port].pixel_formats);
     ce->mem_from = cs->out_caps[0].mem_kinds;
     ce->mem_to = spec->stages[to_stage + 1].in_caps[to_port].mem_kinds;
-    ce->format.mem_kind = pick_mem(ce->mem_from, ce->mem_to);
+    ce->format.mem_kind = spn__mem_pick(ce->mem_from, ce->mem_to);
     spec->edges[i].mem_to = cs->in_caps[0].mem_kinds;
-    spec->edges[i].format.mem_kind = pick_mem(spec->edges[i].mem_from, spec->edges[i].mem_to);
+    spec->edges[i].format.mem_kind = spn__mem_pick(spec->edges[i].mem_from, spec->edges[i].mem_to);
   }
   return SPN_OK;
 }

@@ -82,7 +82,12 @@ static const spn_config_field_t decode_schema[] = {
 static const spn_port_t decode_outputs[] = {{.name = "video", .type = "video"}, {.name = "audio", .type = "audio"}};
 
 /* ABI 1.1 formats: the one pixel_format the config names; f32 audio at the
- * configured rate and channel count (0: the file's, unknown until run). */
+ * configured rate and channel count (0: the file's, unknown until run).
+ * Memory: video frames in device memory where the stage is placed on a GPU
+ * and in host memory elsewhere; caps are per config, not per placement, so a
+ * CUDA build declares both and the runtime narrows the set by where the
+ * stage runs (a producer off the GPU gives the host memory it declares).
+ * Audio is always host memory (0). */
 static int32_t decode_port_caps(const void *config, bool is_output, uint32_t port, spn_port_caps_t *caps,
                                 spn_error_t *err) {
   const decode_config_t *c = config;
@@ -99,6 +104,9 @@ static int32_t decode_port_caps(const void *config, bool is_output, uint32_t por
     return spn_error_set(err, SPN_ECONFIG, "pixel_format \"%s\" is not rgb24, bgr24, rgbf32p, bgrf32p, nv12 or yuv420p",
                          c->pixel_format);
   caps->pixel_formats = SPN_FMTSET(f);
+#ifdef SPN_MEDIA_CUDA
+  caps->mem_kinds = SPN_MEMSET_DEVICE | SPN_MEMSET_HOST;
+#endif
   return SPN_OK;
 }
 

@@ -14,7 +14,12 @@
 #   a GPU run with decode.hwaccel = "none" too (software decode + one
 #   upload); each says how its frames came in one log line; an rgb24 run on
 #   the GPU (device RGB converted to yuv420p on the GPU) writes the 100
-#   frames. Encode's default on the GPU (yuv420p and rgb24 frames): where
+#   frames. The summary's decode.video -> encode.video edge says what
+#   crossed it: device memory with both stages on the GPU, host memory on
+#   the CPU, and host memory where only one of them is on the GPU — decode
+#   on the CPU handing host frames to a GPU encode as they are, decode on
+#   the GPU having each frame copied down once — the same bytes each time.
+#   Encode's default on the GPU (yuv420p and rgb24 frames): where
 #   NVENC opens (checked at run time: the job's log line says which path it
 #   took), the file is H.264 with 100 frames, PSNR >= 30 dB against the
 #   source, and the stage downloaded nothing; where it does not (H100/H200
@@ -77,12 +82,35 @@ fi
 grep -q 'encoding video with libx264 on the host, one download per frame (hwaccel is none)' gpu.err ||
   fail "no line saying libx264 + download: $(cat gpu.err)"
 grep -Eq 'job [0-9]+ succeeded: 100 frames' gpu.txt || fail "gpu summary: $(cat gpu.txt)"
-# decode -> encode on one GPU: every frame handed over as it is, no copy
+# decode -> encode on one GPU: every frame handed over as it is, no copy,
+# and the summary says they stayed in device memory
 line=$(grep 'edge  decode.video -> encode.video' gpu.txt)
 case "$line" in
 *"100 messages, 100 items passed") ;;
 *) fail "frames were copied between decode and encode: $line" ;;
 esac
+case "$line" in
+*": yuv420p, device memory; "*) ;;
+*) fail "decode -> encode on one GPU: the edge is not described as device memory: $line" ;;
+esac
+grep -Fxq '  edge  decode.video -> encode.video: yuv420p, host memory; 100 messages, 100 items passed' cpu.txt ||
+  fail "cpu run: decode -> encode not host memory without copies: $(grep 'edge  decode.video' cpu.txt)"
+# One stage on the GPU: decode on the CPU gives host frames, which a GPU
+# encode takes as they are; decode on the GPU gives device frames, which a
+# CPU encode gets copied down once each.
+run c2g cuda --set decode.device=cpu --set encode.device=cuda --set encode.hwaccel=none ||
+  fail "decode on the CPU, encode on the GPU: $(tail -3 c2g.err)"
+grep -Fxq '  edge  decode.video -> encode.video: yuv420p, host memory; 100 messages, 100 items passed' c2g.txt ||
+  fail "decode on the CPU, encode on the GPU: $(grep 'edge  decode.video' c2g.txt)"
+cmp -s cpu.mp4 c2g.mp4 || fail "decode on the CPU, encode on the GPU wrote other bytes than the CPU run"
+run g2c cuda --set decode.device=cuda --set encode.device=cpu ||
+  fail "decode on the GPU, encode on the CPU: $(tail -3 g2c.err)"
+line=$(grep 'edge  decode.video -> encode.video' g2c.txt)
+case "$line" in
+*": yuv420p, host memory; 100 messages, 0 items passed, d2h 100 copies "*) ;;
+*) fail "decode on the GPU, encode on the CPU: not one download per frame into host memory: $line" ;;
+esac
+cmp -s cpu.mp4 g2c.mp4 || fail "decode on the GPU, encode on the CPU wrote other bytes than the CPU run"
 cmp -s cpu.mp4 gpu.mp4 || fail "NVDEC + yuv420p on the GPU wrote other bytes than the CPU run"
 
 run none cuda --set decode.device=cuda --set encode.device=cuda --set decode.hwaccel=none --set encode.hwaccel=none ||

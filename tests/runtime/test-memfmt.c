@@ -12,7 +12,12 @@
  *     memory feeding a host-only sink copies exactly once per message (D2H
  *     counter == messages, the bytes are the frames' bytes, the sink sees
  *     host memory with the source's bytes); feeding a sink that takes device
- *     memory on the same device passes every handle (0 copies).
+ *     memory on the same device passes every handle (0 copies);
+ *   - the edge's memory in the figures follows placement, as the copies
+ *     do: a source declaring device or host memory (a stage that gives
+ *     device memory on a GPU only) gives host memory on cpu:N, handed over
+ *     as it is and described as host memory; a consumer in the CPU pool
+ *     taking either gets host memory.
  * Kinds are registered directly (no plugin files). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -30,6 +35,7 @@ typedef struct src_config {
   int64_t frames;
   char *format; /* narrows the output's pixel formats when not "" */
   int64_t rate;
+  bool either; /* declares device or host memory and, off a GPU, gives host memory */
 } src_config_t;
 
 static const spn_config_field_t src_schema[] = {
@@ -39,6 +45,8 @@ static const spn_config_field_t src_schema[] = {
      .def_str = ""},
     {.key = "rate", .type = SPN_CONFIG_INT, .offset = offsetof(src_config_t, rate), .doc = "rate", .def_int = 0,
      .min = 0, .max = 192000},
+    {.key = "either", .type = SPN_CONFIG_BOOL, .offset = offsetof(src_config_t, either),
+     .doc = "device or host memory (host off a GPU)", .def_int = 0},
     {0},
 };
 
@@ -47,11 +55,13 @@ static const spn_config_field_t src_schema[] = {
 typedef struct src_job {
   uint64_t id;
   int64_t next, n;
+  int32_t mem_kind; /* what it writes */
 } src_job_t;
 
 static int32_t src_open(spn_stage_t *s, void *st, const spn_job_info_t *job, void **js, spn_error_t *e) {
   src_job_t *j = calloc(1, sizeof *j);
   j->n = ((const src_config_t *)job->config)->frames;
+  j->mem_kind = ((const src_config_t *)job->config)->either ? SPN_MEM_HOST : SPN_MEM_DEVICE;
   j->id = job->job_id;
   *js = j;
   return SPN_OK;
@@ -60,14 +70,16 @@ static int32_t src_open(spn_stage_t *s, void *st, const spn_job_info_t *job, voi
 static void src_close(spn_stage_t *s, void *st, void *js, bool ok) { free(js); }
 
 /* One frame per call in DEVICE memory of the instance's device (emulated
- * on cpu:N: host memory the runtime treats as device memory). */
+ * on cpu:N: host memory the runtime treats as device memory), or with
+ * `either` in HOST memory, as a stage that gives device memory on a GPU
+ * only does on cpu:N. */
 static int32_t src_gen(spn_stage_t *s, void *st, void *js, spn_error_t *e) {
   src_job_t *j = js;
   const spn_host_api_t *h = st;
   if (j->next == j->n)
     return SPN_EOS;
   spn_buffer_t *buf = NULL;
-  int32_t rc = h->buffer_new_kind(s, FRAME_BYTES, SPN_MEM_DEVICE, &buf, e);
+  int32_t rc = h->buffer_new_kind(s, FRAME_BYTES, j->mem_kind, &buf, e);
   if (rc != SPN_OK)
     return rc;
   memset(h->buffer_data(buf), (int)(j->next & 0xff), FRAME_BYTES);
@@ -163,6 +175,8 @@ static int32_t src_caps(const void *config, bool is_output, uint32_t port, spn_p
     else
       return spn_error_set(err, SPN_ECONFIG, "format \"%s\" is not nv12 or rgb24", c->format);
   }
+  if (is_output && port == 0 && c->either)
+    caps->mem_kinds = SPN_MEMSET_DEVICE | SPN_MEMSET_HOST;
   if (is_output && port == 1)
     caps->sample_rate = (uint32_t)c->rate;
   return SPN_OK;
@@ -185,9 +199,11 @@ static const spn_port_caps_t rgb_caps[] = {{.struct_size = sizeof(spn_port_caps_
 static const spn_port_caps_t bgr_caps[] = {{.struct_size = sizeof(spn_port_caps_t),
                                             .pixel_formats = SPN_FMTSET(SPN_PIX_BGR24)}};
 static const spn_port_caps_t dev_caps[] = {{.struct_size = sizeof(spn_port_caps_t), .mem_kinds = SPN_MEMSET_DEVICE}};
+static const spn_port_caps_t either_caps[] = {
+    {.struct_size = sizeof(spn_port_caps_t), .mem_kinds = SPN_MEMSET_DEVICE | SPN_MEMSET_HOST}};
 static const spn_port_caps_t rate_caps[] = {{.struct_size = sizeof(spn_port_caps_t), .sample_rate = 16000}};
 
-static spn_stage_kind_t k_src, k_yuv, k_rgb, k_bgr, k_old, k_hsink, k_dsink, k_rate;
+static spn_stage_kind_t k_src, k_yuv, k_rgb, k_bgr, k_old, k_hsink, k_dsink, k_esink, k_rate;
 
 static spn_stage_kind_t sink_kind(const char *name, const spn_port_t *in, const spn_port_caps_t *caps) {
   spn_stage_kind_t k = SPN_STAGE_KIND_INIT;
@@ -228,6 +244,8 @@ static void init_kinds(void) {
   k_hsink.struct_size = (uint32_t)offsetof(spn_stage_kind_t, input_caps);
   k_dsink = sink_kind("dsink", any_in, dev_caps);
   k_dsink.create = dsink_create;
+  /* Takes either memory; in these tests it always gets host memory. */
+  k_esink = sink_kind("esink", any_in, either_caps);
 }
 
 static int setup(void **state) {
@@ -423,7 +441,7 @@ static void run_edges(const char *toml, int64_t frames, edge_rec_t *rec, test_ct
     fail_msg("runtime: %s", err.msg);
   g_host = spn__runtime_host_api(rt);
   g_ctx = ctx;
-  const spn_stage_kind_t *all[] = {&k_src, &k_old, &k_hsink, &k_dsink};
+  const spn_stage_kind_t *all[] = {&k_src, &k_old, &k_hsink, &k_dsink, &k_esink};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
     if (spn__registry_add_kind(rt->reg, all[i], "test", &err) != SPN_OK)
       fail_msg("kind: %s", err.msg);
@@ -517,6 +535,48 @@ static void same_device_passes_handles(void **state) {
   assert_int_equal(atomic_load(&ctx.bad_dev), 0);
 }
 
+static void either_source_off_gpu_gives_host(void **state) {
+  (void)state;
+  test_ctx_t ctx = {0};
+  edge_rec_t st[2];
+  /* s declares device or host memory and writes host memory on cpu:0; the
+   * sink takes either: every handle passes, and the figures say host
+   * memory (the sets alone would say device). */
+  const char *t = "[[stage]]\nname = \"s\"\nkind = \"src\"\neither = true\n"
+                  "[[stage]]\nname = \"a\"\nkind = \"old\"\ninputs = [\"s.audio\"]\n"
+                  "[[stage]]\nname = \"e\"\nkind = \"esink\"\ninputs = [\"s.video\"]\n";
+  run_edges(t, 12, st, &ctx);
+  const edge_rec_t *r = !strcmp(st[0].to, "e") ? &st[0] : &st[1];
+  const spn_edge_stats_t *e = &r->st;
+  assert_string_equal(r->to, "e");
+  assert_int_equal(e->mem_kind, SPN_MEM_HOST);
+  for (int d = 0; d < 4; d++)
+    assert_int_equal(e->copies[d], 0);
+  assert_int_equal(e->items_passed, 12);
+  assert_int_equal(atomic_load(&ctx.seen_host), 12);
+  assert_int_equal(atomic_load(&ctx.bad_host), 0);
+}
+
+static void pool_consumer_gets_host(void **state) {
+  (void)state;
+  test_ctx_t ctx = {0};
+  edge_rec_t st[2];
+  /* s writes device memory on cpu:0; the sink takes either but runs in the
+   * CPU pool: each frame is copied to host memory, and the figures say so. */
+  const char *t = "[[stage]]\nname = \"s\"\nkind = \"src\"\n"
+                  "[[stage]]\nname = \"a\"\nkind = \"old\"\ninputs = [\"s.audio\"]\n"
+                  "[[stage]]\nname = \"e\"\nkind = \"esink\"\ndevice = \"cpu\"\ninputs = [\"s.video\"]\n";
+  run_edges(t, 9, st, &ctx);
+  const edge_rec_t *r = !strcmp(st[0].to, "e") ? &st[0] : &st[1];
+  const spn_edge_stats_t *e = &r->st;
+  assert_string_equal(r->to, "e");
+  assert_int_equal(e->mem_kind, SPN_MEM_HOST);
+  assert_int_equal(e->copies[SPN_COPY_D2H], 9);
+  assert_int_equal(e->copies[SPN_COPY_H2D] + e->copies[SPN_COPY_D2D] + e->copies[SPN_COPY_H2H], 0);
+  assert_int_equal(atomic_load(&ctx.seen_host), 9);
+  assert_int_equal(atomic_load(&ctx.bad_host), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(picks_lowest_common),
@@ -526,6 +586,8 @@ int main(void) {
       cmocka_unit_test(mem_plan),
       cmocka_unit_test(device_to_host_copies_once),
       cmocka_unit_test(same_device_passes_handles),
+      cmocka_unit_test(either_source_off_gpu_gives_host),
+      cmocka_unit_test(pool_consumer_gets_host),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -7,7 +7,9 @@
 #      frame by frame the GPU's output is within PSNR >= 40 dB of the CPU's
 #      (the issue's bar), the model stages ran on cuda:0, and the summary
 #      shows the frames reaching the CPU sink with one device-to-host copy
-#      each (nothing else crossed PCIe on an edge).
+#      each (nothing else crossed PCIe on an edge). The summary describes
+#      decode's video edges as device memory on the GPU (handed over as they
+#      are) and every edge as host memory, without copies, on the CPU.
 #   2. The config itself, unchanged (but for the Wav2Lip model's path), runs
 #      with --devices cuda, writes as many frames as the CPU run, and moves
 #      at most one output frame's bytes between host and GPU per output frame
@@ -84,7 +86,18 @@ assert sink and sink[0]['d2h']['copies'] == n, f'the edge into the sink: {sink}'
 d2h = sum(e['d2h']['copies'] for e in edges)
 h2d = sum(e['h2d']['copies'] for e in edges)
 assert d2h == n, f'{d2h} device-to-host copies on edges, want {n} (one per frame)'
+assert h2d == 0, f'{h2d} host-to-device copies on edges, want none (decode gives frames on the GPU)'
 print(f'edges: {h2d} host-to-device and {d2h} device-to-host copies for {n} frames')
+dirs = ('h2d', 'd2h', 'd2d', 'h2h')
+dec = [e for e in edges if e['from'] == 'decode' and e['from_port'] == 'video']
+assert dec, f'no edge from decode.video: {edges}'
+for e in dec:
+    assert e['memory'] == 'device' and not any(e[d]['copies'] for d in dirs), \
+        f"decode.video -> {e['to']}.{e['to_port']} on the GPU: {e['memory']} memory, copies {[e[d] for d in dirs]}"
+for e in res['cpu'].get('edges', []):
+    assert e['memory'] == 'host' and not any(e[d]['copies'] for d in dirs), \
+        f"{e['from']}.{e['from_port']} -> {e['to']}.{e['to_port']} on the CPU: {e['memory']} memory, " \
+        f"copies {[e[d] for d in dirs]}"
 # where each model stage ran: its log lines carry the device
 log = open(f'{tmp}/gpu.rgb.err').read()
 for s in stages:

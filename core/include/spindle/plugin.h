@@ -184,7 +184,11 @@ typedef enum spn_sample_format {
  * "any", so a zeroed struct (or no table at all, as in ABI 1.0) is: host
  * memory, any format. On an output, several bits mean the stage can give
  * each of them; the runtime picks one per edge when the pipeline is built
- * and tells the stage with host->stage_port_format. */
+ * and tells the stage with host->stage_port_format. Caps are per config,
+ * not per placement: an output's DEVICE beside HOST or PINNED reads as
+ * device memory where the stage is placed on a GPU and host memory
+ * elsewhere (the edge's memory in spn_pipeline_edge_stats); copies follow
+ * the memory each buffer is actually in. */
 typedef struct spn_port_caps {
   uint32_t struct_size;
   uint32_t mem_kinds;      /* SPN_MEMSET_* bits; 0 = host memory */
