@@ -2,7 +2,11 @@
  * and running.
  *
  * The registry maps (device, precision, fallback, canonical path) to a
- * loaded model with a reference count, under one mutex per engine. A model
+ * loaded model with a reference count, under one mutex per engine. A load
+ * reserves its key (and its peers' keys) and reads, parses and prepares
+ * outside the mutex: different models load at once, and a second loader of
+ * a key being loaded waits for it and shares the result. Weight broadcasts
+ * to peers (NCCL) run one at a time (replicate_lock). A model
  * holds a reference on the engine's shared backend state (the backend
  * instances: the CPU one with its oneDNN engine, and one per device opened),
  * so it stays usable after spn_engine_free until its own last release.
@@ -32,10 +36,22 @@ static int32_t spn_engine_add_cuda(spn_engine_t *e, spn_error_t *err) {
   return SPN_OK;
 }
 
+/* A registry key being loaded: a second loader of it waits until it is
+ * gone, then takes the model (or, if the load failed, loads it itself). */
+typedef struct pending {
+  char *key;
+  struct pending *next;
+} pending_t;
+
 struct spn_engine {
   spn_engine_opts_t opts;
-  pthread_mutex_t lock;
-  spn_model_t *models; /* registered models */
+  pthread_mutex_t lock; /* the registry: models and pending */
+  pthread_cond_t loaded; /* a pending key was resolved */
+  spn_model_t *models;  /* registered models */
+  pending_t *pending;   /* keys being loaded, outside the lock */
+  /* One weights' broadcast at a time: NCCL communicators over the same GPUs
+   * must not run collectives concurrently from different threads. */
+  pthread_mutex_t replicate_lock;
   spn_engine_shared_t *shared;
 };
 
@@ -160,6 +176,8 @@ int32_t spn_engine_new(const spn_engine_opts_t *opts, spn_engine_t **out, spn_er
     return rc;
   }
   pthread_mutex_init(&e->lock, NULL);
+  pthread_cond_init(&e->loaded, NULL);
+  pthread_mutex_init(&e->replicate_lock, NULL);
   *out = e;
   return SPN_OK;
 }
@@ -175,6 +193,8 @@ void spn_engine_free(spn_engine_t **engp) {
     m->eng = NULL; /* detach: they live on until released */
   pthread_mutex_unlock(&eng->lock);
   pthread_mutex_destroy(&eng->lock);
+  pthread_cond_destroy(&eng->loaded);
+  pthread_mutex_destroy(&eng->replicate_lock);
   shared_unref(eng->shared);
   free(eng);
 }
@@ -310,20 +330,51 @@ static void register_model(spn_engine_t *eng, spn_model_t *m) {
   eng->models = m;
 }
 
-/* After m was loaded from buf for mo->device: load the model for every peer
- * device that has none yet, from the same bytes, and register each
- * unclaimed. Peers of m's backend, when it can replicate (NCCL) and uploads
- * are not asked for, get their weights from m's; the others, and all of
- * them when that fails, convert and upload their own. A peer that fails is
- * skipped (its own load will say why). Thread: registry lock held. */
-static void load_peers(spn_engine_t *eng, spn_model_t *m, const uint8_t *buf, size_t len, const char *path,
-                       const char *dir, const char *real, const model_opts_t *mo) {
-  spn_backend_t *own = eng->shared->backends[m->dev_slot];
-  bool can_rep = own->iface->replicate && m->dev_slot != SPN_BACKEND_CPU && !mo->peer_uploads;
-  spn_model_t *rep[SPN_MAX_BACKENDS] = {m};
-  spn_backend_t *bk[SPN_MAX_BACKENDS] = {own};
-  int n = 1, n_up = 0;
-  for (int i = 0; i < mo->n_peers; i++) {
+/* Thread: registry lock held. */
+static bool is_pending(const spn_engine_t *eng, const char *key) {
+  for (const pending_t *p = eng->pending; p; p = p->next)
+    if (!strcmp(p->key, key))
+      return true;
+  return false;
+}
+
+/* Reserve key (the pending entry takes it); false when out of memory.
+ * Thread: registry lock held. */
+static bool add_pending(spn_engine_t *eng, char *key) {
+  pending_t *p = malloc(sizeof *p);
+  if (!p)
+    return false;
+  p->key = key;
+  p->next = eng->pending;
+  eng->pending = p;
+  return true;
+}
+
+/* Release key's reservation (freeing the key). Thread: registry lock held. */
+static void drop_pending(spn_engine_t *eng, const char *key) {
+  for (pending_t **pp = &eng->pending; *pp; pp = &(*pp)->next)
+    if (!strcmp((*pp)->key, key)) {
+      pending_t *p = *pp;
+      *pp = p->next;
+      free(p->key);
+      free(p);
+      return;
+    }
+}
+
+/* A peer device reserved by a load (its key pending), and what it got. */
+typedef struct {
+  const char *device;
+  int slot;
+  const char *key; /* the pending entry's */
+  spn_model_t *m;  /* loaded, unclaimed; NULL if it failed */
+} peer_t;
+
+/* Reserve every peer device of mo that has no model and no load under way,
+ * once each (not the load's own device). Thread: registry lock held. */
+static int reserve_peers(spn_engine_t *eng, const model_opts_t *mo, const char *real, peer_t *peers) {
+  int n = 0;
+  for (int i = 0; i < mo->n_peers && n < SPN_MAX_BACKENDS - 1; i++) {
     if (!mo->peers[i])
       continue;
     model_opts_t po = *mo;
@@ -333,24 +384,48 @@ static void load_peers(spn_engine_t *eng, spn_model_t *m, const uint8_t *buf, si
     if (spn_shared_backend(eng->shared, po.device, &slot, &e))
       continue;
     char *key = model_key(&po, real);
-    bool have = !key || find_model(eng, key);
-    for (int j = 1; j < n && !have; j++)
-      have = !strcmp(rep[j]->key, key);
-    spn_backend_t *pb = eng->shared->backends[slot];
-    bool deferred = can_rep && pb->iface == own->iface && n < SPN_MAX_BACKENDS;
-    spn_model_t *pm = NULL;
-    if (!have && load_common(eng, buf, len, path, dir, &po, slot, key, deferred, &pm, &e) == SPN_OK) {
-      pm->unclaimed = true;
-      if (deferred) {
-        rep[n] = pm;
-        bk[n++] = pb;
-      } else {
-        snprintf(pm->origin, sizeof pm->origin, "parsed from the file read for %s", m->device);
-        register_model(eng, pm);
-        n_up++;
-      }
+    if (!key || find_model(eng, key) || is_pending(eng, key) || !add_pending(eng, key)) {
+      free(key);
+      continue;
     }
-    free(key);
+    peers[n++] = (peer_t){.device = po.device, .slot = slot, .key = key};
+  }
+  return n;
+}
+
+/* After m was loaded from buf for mo->device: load the model for each
+ * reserved peer from the same bytes. Peers of m's backend, when it can
+ * replicate (NCCL) and uploads are not asked for, get their weights from
+ * m's; the others, and all of them when that fails, convert and upload their
+ * own. A peer that fails is left NULL (its own load will say why). Thread:
+ * any, registry lock not held (the peers' keys are pending). */
+static void load_peers(spn_engine_t *eng, spn_model_t *m, const uint8_t *buf, size_t len, const char *path,
+                       const char *dir, const model_opts_t *mo, peer_t *peers, int np) {
+  spn_backend_t *own = eng->shared->backends[m->dev_slot];
+  bool can_rep = own->iface->replicate && m->dev_slot != SPN_BACKEND_CPU && !mo->peer_uploads;
+  spn_model_t *rep[SPN_MAX_BACKENDS] = {m};
+  spn_backend_t *bk[SPN_MAX_BACKENDS] = {own};
+  int which[SPN_MAX_BACKENDS];
+  int n = 1, n_up = 0;
+  for (int i = 0; i < np; i++) {
+    model_opts_t po = *mo;
+    po.device = peers[i].device;
+    spn_backend_t *pb = eng->shared->backends[peers[i].slot];
+    bool deferred = can_rep && pb->iface == own->iface;
+    spn_error_t e = SPN_ERROR_INIT;
+    spn_model_t *pm = NULL;
+    if (load_common(eng, buf, len, path, dir, &po, peers[i].slot, peers[i].key, deferred, &pm, &e) != SPN_OK)
+      continue;
+    pm->unclaimed = true;
+    if (deferred) {
+      which[n] = i;
+      rep[n] = pm;
+      bk[n++] = pb;
+    } else {
+      snprintf(pm->origin, sizeof pm->origin, "parsed from the file read for %s", m->device);
+      peers[i].m = pm;
+      n_up++;
+    }
   }
   if (n == 1) {
     if (n_up)
@@ -358,13 +433,15 @@ static void load_peers(spn_engine_t *eng, spn_model_t *m, const uint8_t *buf, si
     return;
   }
   spn_error_t e = SPN_ERROR_INIT;
+  pthread_mutex_lock(&eng->replicate_lock);
   int32_t rc = own->iface->replicate(bk, rep, n, &e);
+  pthread_mutex_unlock(&eng->replicate_lock);
   if (rc == SPN_OK)
     snprintf(m->origin, sizeof m->origin, "read from the file; weights broadcast to %d peer%s", n - 1,
              n > 2 ? "s" : "");
   else
-    snprintf(m->origin, sizeof m->origin, "read from the file; the weights' broadcast failed, peers uploaded their own: %.140s",
-             e.msg);
+    snprintf(m->origin, sizeof m->origin,
+             "read from the file; the weights' broadcast failed, peers uploaded their own: %.140s", e.msg);
   for (int j = 1; j < n; j++) {
     spn_model_t *pm = rep[j];
     if (rc != SPN_OK) {
@@ -383,7 +460,7 @@ static void load_peers(spn_engine_t *eng, spn_model_t *m, const uint8_t *buf, si
     } else {
       snprintf(pm->origin, sizeof pm->origin, "weights broadcast from %s", m->device);
     }
-    register_model(eng, pm);
+    peers[which[j]].m = pm;
   }
 }
 
@@ -403,22 +480,38 @@ int32_t spn_engine_load_opts(spn_engine_t *eng, const char *path, const spn_mode
   char *key = model_key(&mo, real);
   if (!key)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  /* Take the model if it is loaded; wait while another thread loads it;
+   * else reserve its key (and its peers'), and load outside the lock, so
+   * different models load at once. */
   pthread_mutex_lock(&eng->lock);
-  spn_model_t *have = find_model(eng, key);
-  if (have) {
-    /* A model loaded for this device as a peer: take its reference. */
-    if (have->unclaimed)
-      have->unclaimed = false;
-    else
-      have->refs++;
-    *out = have;
+  for (;;) {
+    spn_model_t *have = find_model(eng, key);
+    if (have) {
+      /* A model loaded for this device as a peer: take its reference. */
+      if (have->unclaimed)
+        have->unclaimed = false;
+      else
+        have->refs++;
+      *out = have;
+      pthread_mutex_unlock(&eng->lock);
+      free(key);
+      return SPN_OK;
+    }
+    if (!is_pending(eng, key))
+      break;
+    pthread_cond_wait(&eng->loaded, &eng->lock);
+  }
+  if (!add_pending(eng, key)) {
     pthread_mutex_unlock(&eng->lock);
     free(key);
-    return SPN_OK;
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
   }
-  /* Load under the lock: a second loader of the same file waits and then
-   * shares instead of reading it twice. */
+  peer_t peers[SPN_MAX_BACKENDS];
+  int np = mo.n_peers ? reserve_peers(eng, &mo, real, peers) : 0;
+  pthread_mutex_unlock(&eng->lock);
+
   uint8_t *buf = NULL;
+  spn_model_t *m = NULL;
   FILE *f = fopen(real, "rb");
   struct stat stt;
   if (!f || fstat(fileno(f), &stt) || !S_ISREG(stt.st_mode)) {
@@ -445,19 +538,27 @@ int32_t spn_engine_load_opts(spn_engine_t *eng, const char *path, const spn_mode
     dir[1] = 0;
   else if (slash)
     *slash = 0;
-  spn_model_t *m;
   if ((rc = load_common(eng, buf, (size_t)stt.st_size, path, dir, &mo, slot, key, false, &m, err)))
     goto out;
-  register_model(eng, m);
-  if (mo.n_peers)
-    load_peers(eng, m, buf, (size_t)stt.st_size, path, dir, real, &mo);
-  *out = m;
+  if (np)
+    load_peers(eng, m, buf, (size_t)stt.st_size, path, dir, &mo, peers, np);
 out:
-  pthread_mutex_unlock(&eng->lock);
   if (f)
     fclose(f);
   free(buf);
-  free(key);
+  pthread_mutex_lock(&eng->lock);
+  if (m) {
+    register_model(eng, m);
+    *out = m;
+  }
+  for (int i = 0; i < np; i++) {
+    if (peers[i].m)
+      register_model(eng, peers[i].m);
+    drop_pending(eng, peers[i].key);
+  }
+  drop_pending(eng, key);
+  pthread_cond_broadcast(&eng->loaded);
+  pthread_mutex_unlock(&eng->lock);
   return rc;
 }
 

@@ -8,6 +8,8 @@
  * plain CPU run bit for bit (same kernels), so any wrong copy, wrong arena
  * slot or stale value shows. */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -45,15 +48,21 @@ typedef struct {
   int from_host, to_host; /* copies */
   int syncs;              /* run_end(sync) calls */
   int computed;           /* nodes run */
-  int prepared;           /* nodes prepared */
+  _Atomic int prepared;   /* nodes prepared */
   int bad;                /* nodes refused: an operand outside its memory */
   int fences, fence_waits, fence_frees, fences_made;
   void *last_stream;      /* the stream of the last compute */
   bool can_replicate;     /* offer replicate() (peers' weights from one copy) */
   bool replicate_fails;   /* ... which then fails */
-  int weights_copied;     /* constant inputs filled by prepare */
-  int weights_deferred;   /* ... left for replicate */
+  _Atomic int weights_copied;   /* constant inputs filled by prepare */
+  _Atomic int weights_deferred; /* ... left for replicate */
   int replicates, replicated; /* replicate() calls; models filled by them */
+  /* Concurrent loads: buffers are tracked under buf_lock; with `hold`, a
+   * prepare waits (up to 5 s) until two loads are inside prepare at once,
+   * which sets `overlapped`. */
+  pthread_mutex_t buf_lock;
+  _Atomic bool hold, overlapped;
+  _Atomic int in_prepare;
 } mock_t;
 
 /* Per-node context: the node's constant inputs, copied into mock memory. */
@@ -63,10 +72,23 @@ typedef struct {
 } mock_node_t;
 
 static bool mock_owns(mock_t *mk, const void *p, size_t n) {
-  for (int i = 0; i < mk->n_buf; i++)
-    if ((const uint8_t *)p >= mk->buf[i].p && (const uint8_t *)p + n <= mk->buf[i].p + mk->buf[i].n)
-      return true;
-  return false;
+  bool yes = false;
+  pthread_mutex_lock(&mk->buf_lock);
+  for (int i = 0; i < mk->n_buf && !yes; i++)
+    yes = (const uint8_t *)p >= mk->buf[i].p && (const uint8_t *)p + n <= mk->buf[i].p + mk->buf[i].n;
+  pthread_mutex_unlock(&mk->buf_lock);
+  return yes;
+}
+
+/* With mk->hold: wait until another load is in prepare too (5 s at most). */
+static void mock_meet(mock_t *mk) {
+  if (!mk->hold || mk->overlapped)
+    return;
+  if (atomic_fetch_add(&mk->in_prepare, 1) + 1 >= 2)
+    mk->overlapped = true;
+  for (int ms = 0; ms < 5000 && !mk->overlapped; ms++)
+    nanosleep(&(struct timespec){0, 1000000}, NULL);
+  atomic_fetch_sub(&mk->in_prepare, 1);
 }
 
 static bool mock_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t *n, char *why, size_t why_n) {
@@ -85,6 +107,7 @@ static bool mock_supports(spn_backend_t *b, const spn_model_t *m, const spn_node
 
 static int32_t mock_prepare(spn_backend_t *b, spn_model_t *m, spn_node_t *n, spn_error_t *err) {
   mock_t *mk = b->ctx;
+  mock_meet(mk);
   mock_node_t *c = calloc(1, sizeof *c);
   if (!c)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
@@ -164,14 +187,19 @@ static int32_t mock_run_end(spn_backend_t *b, spn_run_t *r, bool sync) {
 
 static int32_t mock_alloc(spn_backend_t *b, size_t size, void **data, void **handle, spn_error_t *err) {
   mock_t *mk = b->ctx;
-  if (mk->n_buf == 64)
-    return spn_error_set(err, SPN_ENOMEM, "mock: out of buffers");
   uint8_t *p = malloc(size ? size : 1);
   if (!p)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
   memset(p, 0xA5, size); /* garbage, as device memory would be */
+  pthread_mutex_lock(&mk->buf_lock);
+  if (mk->n_buf == 64) {
+    pthread_mutex_unlock(&mk->buf_lock);
+    free(p);
+    return spn_error_set(err, SPN_ENOMEM, "mock: out of buffers");
+  }
   mk->buf[mk->n_buf].p = p;
   mk->buf[mk->n_buf++].n = size;
+  pthread_mutex_unlock(&mk->buf_lock);
   *data = p;
   *handle = p;
   return SPN_OK;
@@ -180,11 +208,13 @@ static int32_t mock_alloc(spn_backend_t *b, size_t size, void **data, void **han
 static void mock_buf_free(spn_backend_t *b, void *data, void *handle) {
   (void)handle;
   mock_t *mk = b->ctx;
+  pthread_mutex_lock(&mk->buf_lock);
   for (int i = 0; i < mk->n_buf; i++)
     if (mk->buf[i].p == data) {
       mk->buf[i] = mk->buf[--mk->n_buf];
       break;
     }
+  pthread_mutex_unlock(&mk->buf_lock);
   free(data);
 }
 
@@ -290,6 +320,7 @@ static int32_t mock_open(const spn_backend_factory_t *f, int index, spn_backend_
 
 static spn_engine_t *mock_engine(mock_t *mk, uint64_t ops) {
   memset(mk, 0, sizeof *mk);
+  pthread_mutex_init(&mk->buf_lock, NULL);
   mk->ops = ops;
   spn_engine_opts_t o = SPN_ENGINE_OPTS_INIT;
   o.threads = 1;
@@ -1153,6 +1184,101 @@ static void test_peers_trim(void **state) {
   free(pm2.p);
 }
 
+/* ---- concurrent loads ---- */
+
+typedef struct {
+  spn_engine_t *e;
+  const char *path, *device;
+  const char *const *peers;
+  int n_peers;
+  spn_model_t *m;
+  int32_t rc;
+  spn_error_t err;
+} loader_t;
+
+static void *loader(void *arg) {
+  loader_t *l = arg;
+  l->err = (spn_error_t)SPN_ERROR_INIT;
+  l->rc = load_peers(l->e, l->path, l->device, l->peers, l->n_peers, false, &l->m, &l->err);
+  return NULL;
+}
+
+/* Two threads each start one load at once; wait for both. */
+static void load_both(loader_t *a, loader_t *b) {
+  pthread_t ta, tb;
+  assert_int_equal(pthread_create(&ta, NULL, loader, a), 0);
+  assert_int_equal(pthread_create(&tb, NULL, loader, b), 0);
+  pthread_join(ta, NULL);
+  pthread_join(tb, NULL);
+  if (a->rc || b->rc)
+    fail_msg("load: %s / %s", a->err.msg, b->err.msg);
+}
+
+/* Different models load at the same time: each prepare waits until the
+ * other load is inside prepare too (an engine that loaded one model after
+ * another would never get there, and the test would see no overlap). */
+static void test_loads_run_concurrently(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  char p1[64], p2[64];
+  model_file(&pm, p1, sizeof p1);
+  model_file(&pm, p2, sizeof p2);
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL));
+  mk.hold = true;
+  loader_t a = {.e = e, .path = p1, .device = "mock:0"}, b = {.e = e, .path = p2, .device = "mock:0"};
+  load_both(&a, &b);
+  assert_true(mk.overlapped);
+  assert_ptr_not_equal(a.m, b.m);
+  assert_int_equal(mk.prepared, 6);
+  same_outputs(a.m, b.m);
+  spn_model_release(&a.m);
+  spn_model_release(&b.m);
+  spn_engine_free(&e);
+  unlink(p1);
+  unlink(p2);
+  free(pm.p);
+}
+
+/* Loads of one model at once: one load, one shared model. A load naming
+ * peers racing the peer's own load: whichever comes first, each device ends
+ * with one model, nothing is left unclaimed, and every copy computes right. */
+static void test_same_model_loads_share(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  char path[64];
+  model_file(&pm, path, sizeof path);
+  for (int round = 0; round < 20; round++) {
+    mock_t mk;
+    spn_engine_t *e = mock_engine(&mk, OPBIT(RELU) | OPBIT(MUL));
+    mk.can_replicate = round % 2;
+    spn_model_t *ref = load(e, &pm, "cpu", NULL);
+    loader_t a = {.e = e, .path = path, .device = "mock:0"}, b = a;
+    load_both(&a, &b);
+    assert_ptr_equal(a.m, b.m);
+    assert_int_equal(mk.prepared, 3);
+    const char *peers[] = {"mock:1", "mock:2"};
+    loader_t c = {.e = e, .path = path, .device = "mock:1", .peers = peers, .n_peers = 2};
+    loader_t d = {.e = e, .path = path, .device = "mock:2", .peers = peers, .n_peers = 2};
+    load_both(&c, &d);
+    assert_ptr_not_equal(c.m, d.m);
+    assert_string_equal(spn_model_device(c.m), "mock:1");
+    assert_string_equal(spn_model_device(d.m), "mock:2");
+    assert_int_equal(mk.prepared, 9); /* mock:1 and mock:2 once each */
+    assert_int_equal(spn_engine_trim(e), 0);
+    same_outputs(ref, c.m);
+    same_outputs(ref, d.m);
+    spn_model_release(&a.m);
+    spn_model_release(&b.m);
+    spn_model_release(&c.m);
+    spn_model_release(&d.m);
+    spn_model_release(&ref);
+    spn_engine_free(&e);
+  }
+  unlink(path);
+  free(pm.p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fallback_places_and_copies),
@@ -1174,6 +1300,8 @@ int main(void) {
       cmocka_unit_test(test_peers_replicate_fails),
       cmocka_unit_test(test_peers_upload_their_own),
       cmocka_unit_test(test_peers_trim),
+      cmocka_unit_test(test_loads_run_concurrently),
+      cmocka_unit_test(test_same_model_loads_share),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

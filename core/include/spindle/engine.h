@@ -74,7 +74,8 @@ SPN_API int32_t spn_engine_trim(spn_engine_t *eng);
  * reference on the already loaded model with the same canonical path and
  * device. External-data files must lie in the model's folder. Errors name the
  * file and the node or tensor. Ownership: *out holds one reference, released
- * with spn_model_release. Thread: any (the registry is locked). */
+ * with spn_model_release. Thread: any: loads of different models run at
+ * once; a second load of a model being loaded waits and shares it. */
 SPN_API int32_t spn_engine_load(spn_engine_t *eng, const char *path, const char *device,
                                 spn_model_t **out, spn_error_t *err);
 
