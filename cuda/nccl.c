@@ -134,26 +134,16 @@ static int32_t check_buffer(const spn__nccl_t *c, spn_buffer_t *b, uint32_t rank
 
 int32_t spn__nccl_broadcast(spn__nccl_t *c, spn_buffer_t *const *bufs, uint32_t root, size_t size,
                             spn_error_t *err) {
-  int32_t rc;
-  if (root >= c->n)
-    return spn_error_set(err, SPN_EINVAL, "NCCL: broadcast root %u, the communicator has %u ranks", root, c->n);
-  for (uint32_t i = 0; i < c->n; i++)
-    if ((rc = check_buffer(c, bufs[i], i, size, err)) != SPN_OK)
-      return rc;
-  SPN_NCCL_CHECK(ncclGroupStart(), err);
-  for (uint32_t i = 0; i < c->n; i++) {
-    cudaError_t ce = cudaSetDevice(c->ordinals[i]);
-    ncclResult_t r = ce == cudaSuccess ? ncclBroadcast(spn_buffer_data(bufs[root]), spn_buffer_data(bufs[i]), size,
-                                                       ncclUint8, (int)root, c->comms[i], c->streams[i])
-                                       : ncclSuccess;
-    if (ce != cudaSuccess || r != ncclSuccess) {
-      (void)ncclGroupEnd();
-      return ce != cudaSuccess ? spn__cuda_error(err, ce, "cudaSetDevice", __FILE__, __LINE__)
-                               : nccl_error(err, r, "ncclBroadcast", __FILE__, __LINE__);
-    }
-  }
-  SPN_NCCL_CHECK(ncclGroupEnd(), err);
-  return sync_ranks(c, UINT32_MAX, UINT32_MAX, err);
+  int32_t rc = SPN_OK;
+  void **ptrs = calloc(c->n, sizeof *ptrs);
+  if (!ptrs)
+    return spn_error_set(err, SPN_ENOMEM, "NCCL: out of memory");
+  for (uint32_t i = 0; i < c->n && !(rc = check_buffer(c, bufs[i], i, size, err)); i++)
+    ptrs[i] = spn_buffer_data(bufs[i]);
+  if (rc == SPN_OK)
+    rc = spn__nccl_broadcast_many(c, root, 1, ptrs, &size, err);
+  free(ptrs);
+  return rc;
 }
 
 int32_t spn__nccl_broadcast_many(spn__nccl_t *c, uint32_t root, size_t n_items, void *const *ptrs,

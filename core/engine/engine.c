@@ -365,13 +365,13 @@ static void drop_pending(spn_engine_t *eng, const char *key) {
 /* A peer device reserved by a load (its key pending), and what it got. */
 typedef struct {
   const char *device;
-  int slot;
   const char *key; /* the pending entry's */
   spn_model_t *m;  /* loaded, unclaimed; NULL if it failed */
 } peer_t;
 
 /* Reserve every peer device of mo that has no model and no load under way,
- * once each (not the load's own device). Thread: registry lock held. */
+ * once each (not the load's own device). Its backend is opened later,
+ * outside the lock (load_peers). Thread: registry lock held. */
 static int reserve_peers(spn_engine_t *eng, const model_opts_t *mo, const char *real, peer_t *peers) {
   int n = 0;
   for (int i = 0; i < mo->n_peers && n < SPN_MAX_BACKENDS - 1; i++) {
@@ -379,16 +379,12 @@ static int reserve_peers(spn_engine_t *eng, const model_opts_t *mo, const char *
       continue;
     model_opts_t po = *mo;
     po.device = mo->peers[i];
-    int slot;
-    spn_error_t e = SPN_ERROR_INIT;
-    if (spn_shared_backend(eng->shared, po.device, &slot, &e))
-      continue;
     char *key = model_key(&po, real);
     if (!key || find_model(eng, key) || is_pending(eng, key) || !add_pending(eng, key)) {
       free(key);
       continue;
     }
-    peers[n++] = (peer_t){.device = po.device, .slot = slot, .key = key};
+    peers[n++] = (peer_t){.device = po.device, .key = key};
   }
   return n;
 }
@@ -410,11 +406,14 @@ static void load_peers(spn_engine_t *eng, spn_model_t *m, const uint8_t *buf, si
   for (int i = 0; i < np; i++) {
     model_opts_t po = *mo;
     po.device = peers[i].device;
-    spn_backend_t *pb = eng->shared->backends[peers[i].slot];
-    bool deferred = can_rep && pb->iface == own->iface;
+    int slot;
     spn_error_t e = SPN_ERROR_INIT;
+    if (spn_shared_backend(eng->shared, po.device, &slot, &e) != SPN_OK)
+      continue;
+    spn_backend_t *pb = eng->shared->backends[slot];
+    bool deferred = can_rep && pb->iface == own->iface;
     spn_model_t *pm = NULL;
-    if (load_common(eng, buf, len, path, dir, &po, peers[i].slot, peers[i].key, deferred, &pm, &e) != SPN_OK)
+    if (load_common(eng, buf, len, path, dir, &po, slot, peers[i].key, deferred, &pm, &e) != SPN_OK)
       continue;
     pm->unclaimed = true;
     if (deferred) {

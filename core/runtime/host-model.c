@@ -53,13 +53,15 @@ static int32_t runtime_engine(spn_runtime_t *rt, spn_engine_t **out, spn_error_t
 }
 
 /* The engine's name for an instance's device: "cuda:N" by CUDA ordinal,
- * else the device's own ("cpu:1"), "cpu" for the CPU pool. */
-static void engine_device(const spn_stage_t *s, char *name, size_t n) {
+ * else the device's own ("cpu:1"), "cpu" for the CPU pool. Returns the
+ * ordinal (-1: not a GPU). */
+static int engine_device(const spn_stage_t *s, char *name, size_t n) {
   int ordinal = cuda_ordinal(s);
   if (ordinal >= 0)
     snprintf(name, n, "cuda:%d", ordinal);
   else
     snprintf(name, n, "%s", s->device ? spn_device_name(s->device) : "cpu");
+  return ordinal;
 }
 
 #define SPN_HOST_MODEL_MAX_PEERS 8
@@ -74,7 +76,7 @@ static int peer_devices(const spn_stage_t *s, char names[][32], const char **pee
     if (!o || !o->device || !s->device || o->device == s->device ||
         spn_device_kind(o->device) != spn_device_kind(s->device))
       continue;
-    engine_device(o, names[n], sizeof names[n]);
+    (void)engine_device(o, names[n], sizeof names[n]);
     bool seen = false;
     for (int i = 0; i < n && !seen; i++)
       seen = !strcmp(names[i], names[n]);
@@ -96,9 +98,9 @@ int32_t spn__host_model_load(spn_stage_t *s, const char *path, spn_model_t **out
   if (rc != SPN_OK)
     return spn_error_prefix(err, "stage \"%s\"", stage_name(s));
   char device[32];
-  engine_device(s, device, sizeof device);
+  int ordinal = engine_device(s, device, sizeof device);
   spn_model_opts_t mo = SPN_MODEL_OPTS_INIT;
-  if (cuda_ordinal(s) >= 0)
+  if (ordinal >= 0)
     mo.precision = spn__precision_name(s->srt->spec->precision);
   mo.device = device;
   char names[SPN_HOST_MODEL_MAX_PEERS][32];
@@ -108,7 +110,7 @@ int32_t spn__host_model_load(spn_stage_t *s, const char *path, spn_model_t **out
   rc = spn_engine_load_opts(eng, path, &mo, out, err);
   if (rc != SPN_OK)
     return spn_error_prefix(err, "stage \"%s\" on %s", stage_name(s), device);
-  spn__log(s->pipe->rt->log, cuda_ordinal(s) >= 0 ? SPN_LOG_INFO : SPN_LOG_DEBUG, 0, stage_name(s), device,
+  spn__log(s->pipe->rt->log, ordinal >= 0 ? SPN_LOG_INFO : SPN_LOG_DEBUG, 0, stage_name(s), device,
            "model %s: %s", path, spn_model_origin(*out));
   return SPN_OK;
 }

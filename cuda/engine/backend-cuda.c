@@ -142,8 +142,7 @@ typedef struct {
   cu_resize_t *resizes;
   /* Every device weight above, in the order prepare made them, with its
    * size (not owned here): what replicate() broadcasts. */
-  void **wp;
-  size_t *wn;
+  struct cu_weight { void *p; size_t n; } *w;
   int n_w, cap_w;
 } cu_node_t;
 
@@ -337,46 +336,36 @@ static bool cu_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t
 
 /* ---- prepare ---- */
 
+/* `bytes` of device memory at *out; with src, holding its contents. */
 static int32_t upload(spn_backend_t *b, const void *src, size_t bytes, void **out, spn_error_t *err) {
+  const char *what = src ? "uploading weights" : "allocating weights";
   cudaError_t ce = cudaMalloc(out, bytes ? bytes : 4);
   if (ce != cudaSuccess) {
     *out = NULL;
-    return cu_err(err, b->device, ce, "uploading weights");
+    return cu_err(err, b->device, ce, what);
   }
-  ce = cudaMemcpy(*out, src, bytes, cudaMemcpyHostToDevice);
-  return ce == cudaSuccess ? SPN_OK : cu_err(err, b->device, ce, "uploading weights");
+  ce = src ? cudaMemcpy(*out, src, bytes, cudaMemcpyHostToDevice) : cudaSuccess;
+  return ce == cudaSuccess ? SPN_OK : cu_err(err, b->device, ce, what);
 }
 
 /* A weight of node c: `bytes` of device memory holding src, or, in a model
  * whose weights come from another GPU (m->weights_deferred), left for
- * replicate() to fill. Recorded in c->wp so replicate() finds the same
+ * replicate() to fill. Recorded in c->w so replicate() finds the same
  * weights in the same order in every copy of the model. */
 static int32_t weight(spn_backend_t *b, const spn_model_t *m, cu_node_t *c, const void *src, size_t bytes, void **out,
                       spn_error_t *err) {
   if (c->n_w == c->cap_w) {
     int cap = c->cap_w ? 2 * c->cap_w : 8;
-    void **wp = realloc(c->wp, (size_t)cap * sizeof *wp);
-    if (wp)
-      c->wp = wp;
-    size_t *wn = wp ? realloc(c->wn, (size_t)cap * sizeof *wn) : NULL;
-    if (!wn)
+    struct cu_weight *w = realloc(c->w, (size_t)cap * sizeof *w);
+    if (!w)
       return spn_error_set(err, SPN_ENOMEM, "out of memory");
-    c->wn = wn;
+    c->w = w;
     c->cap_w = cap;
   }
-  int32_t rc;
-  if (m->weights_deferred) {
-    cudaError_t ce = cudaMalloc(out, bytes ? bytes : 4);
-    if (ce != cudaSuccess) {
-      *out = NULL;
-      return cu_err(err, b->device, ce, "allocating weights");
-    }
-    rc = SPN_OK;
-  } else if ((rc = upload(b, src, bytes, out, err)) != SPN_OK) {
+  int32_t rc = upload(b, m->weights_deferred ? NULL : src, bytes, out, err);
+  if (rc != SPN_OK)
     return rc;
-  }
-  c->wp[c->n_w] = *out;
-  c->wn[c->n_w++] = bytes;
+  c->w[c->n_w++] = (struct cu_weight){*out, bytes};
   return SPN_OK;
 }
 
@@ -458,8 +447,7 @@ static void cu_node_free(spn_backend_t *b, spn_node_t *n) {
   cudaFree(c->bn_scale);
   cudaFree(c->bn_shift);
   cudaFree(c->zero_bias);
-  free(c->wp);
-  free(c->wn);
+  free(c->w);
   for (cu_conv_t *e = c->convs, *nx; e; e = nx) {
     nx = e->next;
     cudnnDestroyTensorDescriptor(e->x);
@@ -1953,7 +1941,10 @@ static int32_t cu_replicate(spn_backend_t *const *bs, spn_model_t *const *ms, in
     const cu_node_t *c0 = gpu_node(m0, j);
     for (int i = 1; i < n; i++) {
       const cu_node_t *ci = gpu_node(ms[i], j);
-      if (!c0 != !ci || (c0 && (ci->n_w != c0->n_w || (c0->n_w && memcmp(ci->wn, c0->wn, (size_t)c0->n_w * sizeof *c0->wn)))))
+      bool same = !c0 == !ci && (!c0 || ci->n_w == c0->n_w);
+      for (int w = 0; same && c0 && w < c0->n_w; w++)
+        same = ci->w[w].n == c0->w[w].n;
+      if (!same)
         return spn_error_set(err, SPN_EINTERNAL, "%s: node \"%s\" holds different weights on %s and %s", m0->path,
                              m0->nodes[j].name ? m0->nodes[j].name : "?", m0->device, ms[i]->device);
     }
@@ -1971,9 +1962,9 @@ static int32_t cu_replicate(spn_backend_t *const *bs, spn_model_t *const *ms, in
   for (int j = 0; j < m0->n_node; j++) {
     const cu_node_t *c0 = gpu_node(m0, j);
     for (int w = 0; c0 && w < c0->n_w; w++, k++) {
-      sizes[k] = c0->wn[w];
+      sizes[k] = c0->w[w].n;
       for (int i = 0; i < n; i++)
-        ptrs[k * (size_t)n + (size_t)i] = gpu_node(ms[i], j)->wp[w];
+        ptrs[k * (size_t)n + (size_t)i] = gpu_node(ms[i], j)->w[w].p;
     }
   }
   spn_device_t *devs[SPN_MAX_BACKENDS];

@@ -467,12 +467,12 @@ static void test_peers(void **state) {
     for (int i = 1; i < n_gpu; i++) {
       ms[i] = load_peers(path, names[i], precs[p], NULL, 0);
 #ifdef SPN_TEST_NCCL
-      snprintf(want, sizeof want, fails ? "parsed from the file read for cuda:0 (the broadcast failed)"
-                                        : "weights broadcast from cuda:0");
+      const char *peer_origin = fails ? "parsed from the file read for cuda:0 (the broadcast failed)"
+                                      : "weights broadcast from cuda:0";
 #else
-      snprintf(want, sizeof want, "parsed from the file read for cuda:0");
+      const char *peer_origin = "parsed from the file read for cuda:0";
 #endif
-      assert_string_equal(spn_model_origin(ms[i]), want);
+      assert_string_equal(spn_model_origin(ms[i]), peer_origin);
     }
     for (int i = 0; i < n_gpu; i++) {
       size_t n = (size_t)3 * 8 * 12 * 10;

@@ -482,6 +482,13 @@ static void run_edges(const char *toml, int64_t frames, edge_rec_t *rec, test_ct
   spn_runtime_free(&rt);
 }
 
+/* Of run_edges' two records, the edge into stage `to`. */
+static const edge_rec_t *edge_into(const edge_rec_t rec[2], const char *to) {
+  const edge_rec_t *r = !strcmp(rec[0].to, to) ? &rec[0] : &rec[1];
+  assert_string_equal(r->to, to);
+  return r;
+}
+
 static void device_to_host_copies_once(void **state) {
   (void)state;
   test_ctx_t ctx = {0};
@@ -491,9 +498,8 @@ static void device_to_host_copies_once(void **state) {
                   "[[stage]]\nname = \"a\"\nkind = \"old\"\ninputs = [\"s.audio\"]\n"
                   "[[stage]]\nname = \"h\"\nkind = \"hsink\"\ninputs = [\"s.video\"]\n";
   run_edges(t, 37, st, &ctx);
-  const edge_rec_t *r = !strcmp(st[0].to, "h") ? &st[0] : &st[1];
+  const edge_rec_t *r = edge_into(st, "h");
   const spn_edge_stats_t *e = &r->st;
-  assert_string_equal(r->to, "h");
   assert_string_equal(r->from, "s");
   assert_int_equal(e->messages, 37);
   assert_int_equal(e->copies[SPN_COPY_D2H], 37);
@@ -522,9 +528,8 @@ static void same_device_passes_handles(void **state) {
                   "[[stage]]\nname = \"a\"\nkind = \"old\"\ninputs = [\"s.audio\"]\n"
                   "[[stage]]\nname = \"d\"\nkind = \"dsink\"\ninputs = [\"s.video\"]\n";
   run_edges(t, 20, st, &ctx);
-  const edge_rec_t *r = !strcmp(st[0].to, "d") ? &st[0] : &st[1];
+  const edge_rec_t *r = edge_into(st, "d");
   const spn_edge_stats_t *e = &r->st;
-  assert_string_equal(r->to, "d");
   assert_int_equal(e->mem_kind, SPN_MEM_DEVICE);
   for (int d = 0; d < 4; d++)
     assert_int_equal(e->copies[d], 0);
@@ -546,9 +551,8 @@ static void either_source_off_gpu_gives_host(void **state) {
                   "[[stage]]\nname = \"a\"\nkind = \"old\"\ninputs = [\"s.audio\"]\n"
                   "[[stage]]\nname = \"e\"\nkind = \"esink\"\ninputs = [\"s.video\"]\n";
   run_edges(t, 12, st, &ctx);
-  const edge_rec_t *r = !strcmp(st[0].to, "e") ? &st[0] : &st[1];
+  const edge_rec_t *r = edge_into(st, "e");
   const spn_edge_stats_t *e = &r->st;
-  assert_string_equal(r->to, "e");
   assert_int_equal(e->mem_kind, SPN_MEM_HOST);
   for (int d = 0; d < 4; d++)
     assert_int_equal(e->copies[d], 0);
@@ -567,9 +571,8 @@ static void pool_consumer_gets_host(void **state) {
                   "[[stage]]\nname = \"a\"\nkind = \"old\"\ninputs = [\"s.audio\"]\n"
                   "[[stage]]\nname = \"e\"\nkind = \"esink\"\ndevice = \"cpu\"\ninputs = [\"s.video\"]\n";
   run_edges(t, 9, st, &ctx);
-  const edge_rec_t *r = !strcmp(st[0].to, "e") ? &st[0] : &st[1];
+  const edge_rec_t *r = edge_into(st, "e");
   const spn_edge_stats_t *e = &r->st;
-  assert_string_equal(r->to, "e");
   assert_int_equal(e->mem_kind, SPN_MEM_HOST);
   assert_int_equal(e->copies[SPN_COPY_D2H], 9);
   assert_int_equal(e->copies[SPN_COPY_H2D] + e->copies[SPN_COPY_D2D] + e->copies[SPN_COPY_H2H], 0);
