@@ -117,6 +117,22 @@ __global__ void yuv420_repack_kernel(plane3 src, plane3 dst) {
   *chroma_v(dst, cx, cy) = *chroma_v(src, cx, cy);
 }
 
+/* P010/P016 -> 8 bits: each 16-bit sample (the value in its high bits)
+ * rounded to its top 8 bits, ties up, saturated. */
+__device__ __forceinline__ uint8_t top8(uint16_t v) { return v >= 0xff80 ? 255 : (uint8_t)((v + 0x80u) >> 8); }
+
+__global__ void p016_to_yuv420_kernel(const uint8_t *y16, int64_t ys, const uint8_t *uv16, int64_t uvs, plane3 dst) {
+  int32_t cx = blockIdx.x * blockDim.x + threadIdx.x, cy = blockIdx.y * blockDim.y + threadIdx.y;
+  if (cx >= (dst.w + 1) / 2 || cy >= (dst.h + 1) / 2)
+    return;
+  for (int32_t y = 2 * cy; y < 2 * cy + 2 && y < dst.h; y++)
+    for (int32_t x = 2 * cx; x < 2 * cx + 2 && x < dst.w; x++)
+      dst.data[0][y * dst.stride[0] + x] = top8(((const uint16_t *)(y16 + y * ys))[x]);
+  const uint16_t *c = (const uint16_t *)(uv16 + cy * uvs) + 2 * cx;
+  *chroma_u(dst, cx, cy) = top8(c[0]);
+  *chroma_v(dst, cx, cy) = top8(c[1]);
+}
+
 const dim3 k_block(32, 8);
 
 dim3 chroma_grid(int32_t w, int32_t h) {
@@ -151,4 +167,22 @@ extern "C" int32_t spn_cuda_yuv420_repack(const spn_image_t *src, spn_image_t *d
                          spn_pixfmt_name(dst->format));
   yuv420_repack_kernel<<<chroma_grid(dst->width, dst->height), k_block, 0, stream>>>(describe(src), describe(dst));
   return launched("yuv420_repack", err);
+}
+
+extern "C" int32_t spn_cuda_p016_to_yuv420(const void *y16, int64_t y_pitch, const void *uv16, int64_t uv_pitch,
+                                           spn_image_t *dst, cudaStream_t stream, spn_error_t *err) {
+  int32_t rc = check(dst, "p016_to_yuv420", "destination", err);
+  if (rc)
+    return rc;
+  if (!is_yuv420(dst->format))
+    return spn_error_set(err, SPN_EUNSUPPORTED, "cuda color: p016_to_yuv420: conversion to %s is not supported "
+                         "(nv12/yuv420p)", spn_pixfmt_name(dst->format));
+  int64_t row = 2 * (int64_t)dst->width, crow = 4 * (int64_t)((dst->width + 1) / 2);
+  if (!y16 || !uv16 || y_pitch < row || uv_pitch < crow)
+    return spn_error_set(err, SPN_EINVAL, "cuda color: p016_to_yuv420: a %dx%d source needs both planes and "
+                         "pitches of at least %lld and %lld bytes (got %lld and %lld)", (int)dst->width,
+                         (int)dst->height, (long long)row, (long long)crow, (long long)y_pitch, (long long)uv_pitch);
+  p016_to_yuv420_kernel<<<chroma_grid(dst->width, dst->height), k_block, 0, stream>>>(
+      (const uint8_t *)y16, y_pitch, (const uint8_t *)uv16, uv_pitch, describe(dst));
+  return launched("p016_to_yuv420", err);
 }

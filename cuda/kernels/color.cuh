@@ -38,6 +38,16 @@ int32_t spn_cuda_rgb_to_yuv420(const spn_image_t *src, spn_image_t *dst, cudaStr
  * layout (spn_image_convert; lossless). */
 int32_t spn_cuda_yuv420_repack(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream, spn_error_t *err);
 
+/* 4:2:0 above 8 bits as NVDEC gives it (P010 for 10-bit streams, P016 for
+ * 12-bit: a luma plane, then interleaved Cb,Cr pairs at half size, 16-bit
+ * little-endian samples holding the value in their high bits) → 8-bit NV12
+ * or YUV420P of dst's size: each sample rounded to its top 8 bits, ties up,
+ * saturated ((v + 128) >> 8). y16/uv16 and their pitches in bytes are the
+ * source planes (device memory). What the CPU path's swscale makes of the
+ * same samples may differ by 1 level (its dither). */
+int32_t spn_cuda_p016_to_yuv420(const void *y16, int64_t y_pitch, const void *uv16, int64_t uv_pitch,
+                                spn_image_t *dst, cudaStream_t stream, spn_error_t *err);
+
 #ifdef __cplusplus
 }
 #endif

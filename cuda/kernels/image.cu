@@ -245,6 +245,52 @@ __global__ void fit_normalize_kernel(img_desc src, float *out, int32_t in_w, int
   }
 }
 
+/* One plane of a rotation by a quarter turn (or a half): thread (x, y) is
+ * destination element (x, y) of a dw x dh plane, read from the source
+ * element that lands there; es bytes per element (1: gray, luma or a
+ * yuv420p chroma plane; 2: nv12's Cb,Cr pairs; 3: rgb24/bgr24 pixels; 4: a
+ * float plane). Writes are coalesced, reads strided (through the cache). */
+__global__ void rotate_plane_kernel(const uint8_t *src, int64_t ss, uint8_t *dst, int64_t ds, int32_t dw, int32_t dh,
+                                    int32_t es, int32_t deg) {
+  int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+  if (x >= dw || y >= dh)
+    return;
+  /* the inverse of spn_image_rotate's (x, y) -> (nx, ny) */
+  int32_t sx, sy;
+  if (deg == 90) { /* nx = ph - 1 - y, ny = x */
+    sx = y;
+    sy = dw - 1 - x;
+  } else if (deg == 180) {
+    sx = dw - 1 - x;
+    sy = dh - 1 - y;
+  } else { /* 270: nx = y, ny = pw - 1 - x */
+    sx = dh - 1 - y;
+    sy = x;
+  }
+  const uint8_t *s = src + sy * ss + (int64_t)sx * es;
+  uint8_t *d = dst + y * ds + (int64_t)x * es;
+  for (int32_t i = 0; i < es; i++)
+    d[i] = s[i];
+}
+
+/* Bytes per element of plane p (spn_image_alloc's layout). */
+int32_t plane_elem(int32_t f, int32_t p) {
+  switch (f) {
+  case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24: return 3;
+  case SPN_PIXFMT_RGBF32P: case SPN_PIXFMT_BGRF32P: case SPN_PIXFMT_GRAYF32: return 4;
+  case SPN_PIXFMT_NV12: return p == 1 ? 2 : 1;
+  default: return 1;
+  }
+}
+
+int32_t plane_count(int32_t f) {
+  switch (f) {
+  case SPN_PIXFMT_NV12: return 2;
+  case SPN_PIXFMT_YUV420P: case SPN_PIXFMT_RGBF32P: case SPN_PIXFMT_BGRF32P: return 3;
+  default: return 1;
+  }
+}
+
 dim3 grid_for(int32_t w, int32_t h, dim3 block) {
   return dim3((unsigned)((w + (int32_t)block.x - 1) / (int32_t)block.x),
               (unsigned)((h + (int32_t)block.y - 1) / (int32_t)block.y));
@@ -408,4 +454,58 @@ extern "C" int32_t spn_cuda_unit_to_u8(const spn_image_t *src, spn_image_t *dst,
                          spn_pixfmt_name(src->format), spn_pixfmt_name(dst->format));
   unit_to_u8_kernel<<<grid_for(dst->width, dst->height, k_block), k_block, 0, stream>>>(describe(src), describe(dst));
   return launched("unit_to_u8", err);
+}
+
+extern "C" int32_t spn_cuda_rotate(const spn_image_t *src, spn_image_t *dst, int32_t degrees_cw, cudaStream_t stream,
+                                   spn_error_t *err) {
+  int32_t rc;
+  if ((rc = check(src, "rotate source", err)) || (rc = check(dst, "rotate destination", err)))
+    return rc;
+  int32_t deg = ((degrees_cw % 360) + 360) % 360;
+  if (deg % 90)
+    return spn_error_set(err, SPN_EINVAL, "cuda image: rotation by %d degrees (only multiples of 90)", (int)degrees_cw);
+  if (src->format != dst->format)
+    return spn_error_set(err, SPN_EINVAL, "cuda image: rotate between %s and %s", spn_pixfmt_name(src->format),
+                         spn_pixfmt_name(dst->format));
+  switch (src->format) {
+  case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24: case SPN_PIXFMT_GRAY8: case SPN_PIXFMT_RGBF32P:
+  case SPN_PIXFMT_BGRF32P: case SPN_PIXFMT_GRAYF32: case SPN_PIXFMT_NV12: case SPN_PIXFMT_YUV420P:
+    break;
+  default:
+    return spn_error_set(err, SPN_EUNSUPPORTED, "cuda image: rotate of %s is not supported",
+                         spn_pixfmt_name(src->format));
+  }
+  bool quarter = deg == 90 || deg == 270;
+  int32_t ew = quarter ? src->height : src->width, eh = quarter ? src->width : src->height;
+  if (dst->width != ew || dst->height != eh)
+    return spn_error_set(err, SPN_EINVAL, "cuda image: rotate by %d needs a %dx%d destination (got %dx%d)", (int)deg,
+                         (int)ew, (int)eh, (int)dst->width, (int)dst->height);
+  bool yuv = src->format == SPN_PIXFMT_NV12 || src->format == SPN_PIXFMT_YUV420P;
+  if (quarter && yuv && ((src->width | src->height) & 1))
+    return spn_error_set(err, SPN_EINVAL, "cuda image: rotating 4:2:0 by %d needs even sizes (got %dx%d)", (int)deg,
+                         (int)src->width, (int)src->height);
+  int32_t np = plane_count(src->format);
+  for (int32_t p = 0; p < np; p++)
+    if (!src->data[p] || !dst->data[p])
+      return spn_error_set(err, SPN_EINVAL, "cuda image: rotate: %s plane %d has no data",
+                           spn_pixfmt_name(src->format), (int)p);
+  for (int32_t p = 0; p < np; p++) {
+    int32_t pw = 0, ph = 0, dw = 0, dh = 0;
+    spn_pixfmt_plane_size(src->format, src->width, src->height, p, &pw, &ph);
+    spn_pixfmt_plane_size(dst->format, dst->width, dst->height, p, &dw, &dh);
+    int32_t es = plane_elem(src->format, p);
+    if (deg == 0) { /* a copy */
+      cudaError_t ce = cudaMemcpy2DAsync(dst->data[p], (size_t)dst->stride[p], src->data[p], (size_t)src->stride[p],
+                                         (size_t)pw * (size_t)es, (size_t)ph, cudaMemcpyDeviceToDevice, stream);
+      if (ce != cudaSuccess)
+        return spn_error_set(err, SPN_ECUDA, "cuda image: rotate by 0: copying plane %d: %s (%s)", (int)p,
+                             cudaGetErrorString(ce), cudaGetErrorName(ce));
+      continue;
+    }
+    rotate_plane_kernel<<<grid_for(dw, dh, k_block), k_block, 0, stream>>>(src->data[p], src->stride[p], dst->data[p],
+                                                                          dst->stride[p], dw, dh, es, deg);
+    if ((rc = launched("rotate", err)))
+      return rc;
+  }
+  return SPN_OK;
 }

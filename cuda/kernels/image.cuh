@@ -71,6 +71,14 @@ int32_t spn_cuda_unit_to_u8(const spn_image_t *src, spn_image_t *dst, cudaStream
  * pixels (spn_image_feather_mask). */
 int32_t spn_cuda_feather_mask(spn_image_t *mask, float feather, cudaStream_t stream, spn_error_t *err);
 
+/* Rotation by a multiple of 90 degrees clockwise (spn_image_rotate's twin,
+ * equal to it byte for byte): src and dst of the same format, one of
+ * RGB24, BGR24, GRAY8, RGBF32P, BGRF32P, GRAYF32, NV12, YUV420P; dst is
+ * src's size turned (width and height swapped for 90 and 270); 4:2:0 turned
+ * by a quarter needs even sizes. 0 copies. */
+int32_t spn_cuda_rotate(const spn_image_t *src, spn_image_t *dst, int32_t degrees_cw, cudaStream_t stream,
+                        spn_error_t *err);
+
 /* A detector's input: `out` is (3, in_h, in_w) float, the u8 RGB24/BGR24
  * src resized bilinearly into the rectangle (rx, ry, rw, rh) with the face
  * detectors' sampling rules (stages/vision/facedet.c's

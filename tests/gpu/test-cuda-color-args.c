@@ -68,10 +68,40 @@ static void yuv420_repack_refuses_bad_arguments(void **state) {
   expect(spn_cuda_yuv420_repack, &no_uv, &yuv, SPN_EINVAL, "yuv420_repack", "source (nv12) has no chroma plane");
 }
 
+static void p016_to_yuv420_refuses_bad_arguments(void **state) {
+  (void)state;
+  spn_image_t nv12 = view(64, 48, SPN_PIXFMT_NV12), rgb = view(64, 48, SPN_PIXFMT_RGB24);
+  spn_image_t empty = view(0, 48, SPN_PIXFMT_NV12), no_uv = view(64, 48, SPN_PIXFMT_NV12);
+  no_uv.data[1] = NULL;
+  struct {
+    const void *y, *uv;
+    int64_t yp, uvp;
+    spn_image_t *dst;
+    int32_t status;
+    const char *part;
+  } cases[] = {
+      {fake, fake, 128, 128, &rgb, SPN_EUNSUPPORTED, "conversion to rgb24"},
+      {fake, fake, 128, 128, &empty, SPN_EINVAL, "destination is empty"},
+      {fake, fake, 128, 128, &no_uv, SPN_EINVAL, "destination (nv12) has no chroma plane"},
+      {NULL, fake, 128, 128, &nv12, SPN_EINVAL, "needs both planes"},
+      {fake, NULL, 128, 128, &nv12, SPN_EINVAL, "needs both planes"},
+      {fake, fake, 127, 128, &nv12, SPN_EINVAL, "at least 128 and 128 bytes (got 127 and 128)"},
+      {fake, fake, 128, 96, &nv12, SPN_EINVAL, "at least 128 and 128 bytes (got 128 and 96)"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    spn_error_t err = SPN_ERROR_INIT;
+    int32_t rc = spn_cuda_p016_to_yuv420(cases[i].y, cases[i].yp, cases[i].uv, cases[i].uvp, cases[i].dst, NULL, &err);
+    if (rc != cases[i].status || !strstr(err.msg, "p016_to_yuv420") || !strstr(err.msg, cases[i].part))
+      fail_msg("case %zu: expected status %d with \"%s\", got %d: %s", i, (int)cases[i].status, cases[i].part,
+               (int)rc, err.msg);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(rgb_to_yuv420_refuses_bad_arguments),
       cmocka_unit_test(yuv420_repack_refuses_bad_arguments),
+      cmocka_unit_test(p016_to_yuv420_refuses_bad_arguments),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

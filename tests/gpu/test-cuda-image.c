@@ -325,6 +325,50 @@ static void paste_matches_cpu(void **state) {
       }
 }
 
+/* Rotation moves bytes: byte for byte equal to spn_image_rotate for every
+ * format and quarter, at sizes whose width and height differ (a swapped
+ * axis shows), odd ones for the formats that allow them, into destination
+ * rows pitched wider than the source's. The destination starts as garbage,
+ * so an element the kernel misses shows too. */
+static void rotate_matches_cpu_exactly(void **state) {
+  (void)state;
+  const int32_t fmts[] = {SPN_PIXFMT_RGB24, SPN_PIXFMT_BGR24, SPN_PIXFMT_GRAY8, SPN_PIXFMT_RGBF32P,
+                          SPN_PIXFMT_GRAYF32, SPN_PIXFMT_NV12, SPN_PIXFMT_YUV420P};
+  const int32_t sizes[][2] = {{64, 36}, {37, 21}, {1, 5}, {320, 322}, {2, 6}};
+  const int32_t degs[] = {0, 90, 180, 270, -90, 450};
+  uint32_t seed = 900;
+  int checked = 0;
+  for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++)
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+      for (size_t d = 0; d < sizeof degs / sizeof *degs; d++) {
+        int32_t w = sizes[s][0], h = sizes[s][1], deg = ((degs[d] % 360) + 360) % 360;
+        bool yuv = fmts[f] == SPN_PIXFMT_NV12 || fmts[f] == SPN_PIXFMT_YUV420P;
+        bool quarter = deg == 90 || deg == 270;
+        if (yuv && ((w | h) & 1))
+          continue; /* refused on both sides (bad_arguments) */
+        int32_t rw = quarter ? h : w, rh = quarter ? w : h;
+        spn_image_t src = host_image(w, h, fmts[f], seed++, -3.0f, 300.0f), ref = SPN_IMAGE_INIT;
+        spn_image_t got = host_image(rw, rh, fmts[f], seed++, -3.0f, 300.0f);
+        CK(spn_image_alloc(&ref, rw, rh, fmts[f], &e_));
+        CK(spn_image_rotate(&src, &ref, degs[d], &e_));
+        spn_image_t dsrc = to_device(&src), ddst = to_device(&got);
+        CK(spn_cuda_rotate(&dsrc, &ddst, degs[d], NULL, &e_));
+        from_device(&ddst, &got);
+        for (int p = 0; p < ref.nplanes; p++)
+          for (int32_t y = 0; y < plane_rows(&ref, p); y++)
+            if (memcmp(ref.data[p] + y * ref.stride[p], got.data[p] + y * got.stride[p], row_bytes(&ref, p)))
+              fail_msg("rotate %s %dx%d by %d: plane %d row %d differs from spn_image_rotate",
+                       spn_pixfmt_name(fmts[f]), (int)w, (int)h, (int)degs[d], p, (int)y);
+        checked++;
+        device_free(&dsrc);
+        device_free(&ddst);
+        spn_image_release(&src);
+        spn_image_release(&ref);
+        spn_image_release(&got);
+      }
+  assert_true(checked >= 150);
+}
+
 static void bad_arguments_are_refused_before_launch(void **state) {
   (void)state;
   spn_image_t a = host_image(8, 8, SPN_PIXFMT_RGB24, 1, 0, 0), b = host_image(8, 8, SPN_PIXFMT_GRAY8, 2, 0, 0);
@@ -339,6 +383,23 @@ static void bad_arguments_are_refused_before_launch(void **state) {
   assert_non_null(strstr(err.msg, "grayf32"));
   spn_image_t empty = SPN_IMAGE_INIT;
   assert_int_equal(spn_cuda_resize_bilinear(&empty, &a, NULL, &err), SPN_EINVAL);
+  /* rotate: the destination's size, formats that differ, a turn that is
+   * not a quarter, an odd 4:2:0 turned by a quarter, a format it does not
+   * take */
+  spn_image_t c = host_image(8, 6, SPN_PIXFMT_RGB24, 3, 0, 0), odd = host_image(6, 5, SPN_PIXFMT_YUV420P, 4, 0, 0);
+  spn_image_t oddr = host_image(5, 6, SPN_PIXFMT_YUV420P, 5, 0, 0), gray = host_image(6, 8, SPN_PIXFMT_GRAY8, 6, 0, 0);
+  assert_int_equal(spn_cuda_rotate(&c, &c, 90, NULL, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "needs a 6x8 destination (got 8x6)"));
+  assert_int_equal(spn_cuda_rotate(&c, &gray, 90, NULL, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "rotate between rgb24 and gray8"));
+  assert_int_equal(spn_cuda_rotate(&c, &c, 45, NULL, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "45 degrees"));
+  assert_int_equal(spn_cuda_rotate(&odd, &oddr, 270, NULL, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "even sizes (got 6x5)"));
+  spn_image_release(&c);
+  spn_image_release(&odd);
+  spn_image_release(&oddr);
+  spn_image_release(&gray);
   spn_image_release(&a);
   spn_image_release(&b);
 }
@@ -353,6 +414,7 @@ int main(void) {
       cmocka_unit_test(from_float_matches_cpu),
       cmocka_unit_test(feather_mask_matches_cpu),
       cmocka_unit_test(unit_to_u8_matches_cpu),
+      cmocka_unit_test(rotate_matches_cpu_exactly),
 #ifdef SPN_TEST_FACEDET
       cmocka_unit_test(fit_normalize_matches_facedet),
 #endif
