@@ -160,6 +160,68 @@ int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, int32_t pixfmt, void *
   }
 }
 
+/* Tight bytes of a width x height frame in fmt (spn_image_wrap's layout). */
+static size_t tight_size(int32_t fmt, int32_t width, int32_t height) {
+  size_t px = (size_t)width * (size_t)height;
+  switch (fmt) {
+  case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24: return px * 3;
+  case SPN_PIXFMT_RGBF32P: case SPN_PIXFMT_BGRF32P: return px * 12;
+  default: return px + 2 * (size_t)((width + 1) / 2) * (size_t)((height + 1) / 2);
+  }
+}
+
+/* Scratch pieces start 256-byte aligned (what cudaMalloc gives). */
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+size_t spn_media_cuda_frame_scratch_size(int32_t pixfmt, int32_t width, int32_t height, int32_t deep,
+                                         int32_t rotation) {
+  size_t n = align256(spn_media_cuda_scratch_size(pixfmt, width, height));
+  if (deep)
+    n += align256(tight_size(SPN_PIXFMT_NV12, width, height));
+  if (rotation % 360)
+    n += align256(tight_size(pixfmt, width, height));
+  return n;
+}
+
+int32_t spn_media_cuda_from_frame(const spn_image_t *frame, int32_t deep, int32_t rotation, int32_t pixfmt,
+                                  void *dst, void *scratch, cudaStream_t stream, spn_error_t *err) {
+  if (!frame || frame->format != SPN_PIXFMT_NV12 || !dst)
+    return spn_error_set(err, SPN_EINVAL, "media cuda: frame conversion needs an nv12 source and a destination");
+  int32_t w = frame->width, h = frame->height;
+  size_t conv = align256(spn_media_cuda_scratch_size(pixfmt, w, h));
+  size_t need = spn_media_cuda_frame_scratch_size(pixfmt, w, h, deep, rotation);
+  if (need && !scratch)
+    return spn_error_set(err, SPN_EINVAL, "media cuda: converting a %s%s frame to %s needs scratch memory",
+                         deep ? "16-bit 4:2:0" : "nv12", rotation % 360 ? " turned" : "", spn_pixfmt_name(pixfmt));
+  uint8_t *next = (uint8_t *)scratch + conv;
+  spn_image_t nv12 = *frame;
+  int32_t rc;
+  if (deep) {
+    if ((rc = spn_image_wrap(&nv12, next, w, h, SPN_PIXFMT_NV12, err)) ||
+        (rc = spn_cuda_p016_to_yuv420(frame->data[0], frame->stride[0], frame->data[1], frame->stride[1], &nv12,
+                                      stream, err)))
+      return rc;
+    next += align256(tight_size(SPN_PIXFMT_NV12, w, h));
+  }
+  if (!(rotation % 360))
+    return spn_media_cuda_from_nv12(&nv12, pixfmt, dst, conv ? scratch : NULL, stream, err);
+  if ((rc = spn_media_cuda_from_nv12(&nv12, pixfmt, next, conv ? scratch : NULL, stream, err)))
+    return rc;
+  return spn_media_cuda_rotate(next, pixfmt, w, h, rotation, dst, stream, err);
+}
+
+int32_t spn_media_cuda_rotate(const void *src, int32_t fmt, int32_t width, int32_t height, int32_t rotation,
+                              void *dst, cudaStream_t stream, spn_error_t *err) {
+  spn_image_t in, out;
+  int32_t rc, deg = ((rotation % 360) + 360) % 360, quarter = deg == 90 || deg == 270;
+  if (!src || !dst)
+    return spn_error_set(err, SPN_EINVAL, "media cuda: turning a frame needs a source and a destination");
+  if ((rc = spn_image_wrap(&in, (void *)src, width, height, fmt, err)) ||
+      (rc = spn_image_wrap(&out, dst, quarter ? height : width, quarter ? width : height, fmt, err)))
+    return rc;
+  return spn_cuda_rotate(&in, &out, deg, stream, err);
+}
+
 /* Bytes per element of plane p (as spn_image_wrap lays them out). */
 static size_t elem_size(int32_t fmt, int32_t p) {
   switch (fmt) {

@@ -59,6 +59,27 @@ size_t spn_media_cuda_scratch_size(int32_t pixfmt, int32_t width, int32_t height
 int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, int32_t pixfmt, void *dst, void *scratch,
                                  cudaStream_t stream, spn_error_t *err);
 
+/* The general form of the above, for any picture NVDEC keeps on the GPU:
+ * `frame` is the item's device view (spn_media_item_t.image with
+ * hw_frame: NV12 planes, or with deep = 1 the same planes holding 16-bit
+ * P010/P016 samples), `rotation` the clockwise turn that makes it upright
+ * (spn_media_item_t.rotation: 0, 90, 180 or 270). `dst` is device memory of
+ * the upright frame's tight size in `pixfmt`. Deep samples are first
+ * rounded to 8 bits (spn_cuda_p016_to_yuv420), then converted as
+ * spn_media_cuda_from_nv12 does, then turned (spn_cuda_rotate), each step
+ * on `stream`. scratch: device memory of spn_media_cuda_frame_scratch_size
+ * bytes, or NULL when that is 0. */
+size_t spn_media_cuda_frame_scratch_size(int32_t pixfmt, int32_t width, int32_t height, int32_t deep,
+                                         int32_t rotation);
+int32_t spn_media_cuda_from_frame(const spn_image_t *frame, int32_t deep, int32_t rotation, int32_t pixfmt,
+                                  void *dst, void *scratch, cudaStream_t stream, spn_error_t *err);
+
+/* A tight `fmt` frame of width x height in device memory turned clockwise
+ * by `rotation` (a multiple of 90) into `dst`, device memory of the turned
+ * frame's tight size (spn_cuda_rotate: the bytes spn_image_rotate gives). */
+int32_t spn_media_cuda_rotate(const void *src, int32_t fmt, int32_t width, int32_t height, int32_t rotation,
+                              void *dst, cudaStream_t stream, spn_error_t *err);
+
 /* A host image (any row pitch; what the CPU decode path gives) → `dst`,
  * device memory of its tight size: one cudaMemcpy2DAsync per plane. The
  * host rows may be freed once this returns (pageable copies are staged

@@ -340,19 +340,21 @@ static void video_item_times(spn_decoder_t *d, const AVFrame *f, spn_media_item_
 }
 
 /* device_frames: keep an NVDEC frame on the GPU when the caller can take it
- * as it is (8-bit 4:2:0, i.e. NV12, and no rotation to apply): the item
- * views the frame's device planes and holds a reference to it. Returns 0
- * when the frame must take the host path (host_frames_why says why). */
+ * as it is (4:2:0: NV12, or P010/P016 above 8 bits; a rotation only when
+ * the caller applies it, device_rotate): the item views the frame's device
+ * planes and holds a reference to it. Returns 0 when the frame must take
+ * the host path (host_frames_why says why). */
 static int32_t device_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *item, int *kept,
                                  spn_error_t *err) {
   *kept = 0;
   const AVHWFramesContext *fc = f->hw_frames_ctx ? (const AVHWFramesContext *)f->hw_frames_ctx->data : NULL;
-  if (d->info.rotation) {
+  if (d->info.rotation && !d->o.device_rotate) {
     d->info.host_frames_why = "the video has a rotation to apply (done on the CPU)";
     return SPN_OK;
   }
-  if (!fc || fc->sw_format != AV_PIX_FMT_NV12) {
-    d->info.host_frames_why = "NVDEC gives this stream in a layout other than NV12 (more than 8 bits or not 4:2:0)";
+  int deep = fc && (fc->sw_format == AV_PIX_FMT_P010 || fc->sw_format == AV_PIX_FMT_P016);
+  if (!fc || (fc->sw_format != AV_PIX_FMT_NV12 && !deep)) {
+    d->info.host_frames_why = "NVDEC gives this stream in a layout other than 4:2:0 (NV12, P010 or P016)";
     return SPN_OK;
   }
   AVFrame *ref = av_frame_clone(f);
@@ -360,6 +362,8 @@ static int32_t device_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t 
     return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", d->path);
   memset(item, 0, sizeof *item);
   item->hw_frame = ref;
+  item->deep = deep;
+  item->rotation = d->info.rotation;
   item->image.width = ref->width;
   item->image.height = ref->height;
   item->image.format = SPN_PIXFMT_NV12;
@@ -421,7 +425,7 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
     sws_scale(d->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, dst, lines);
   }
   spn_image_t *cur = &conv;
-  if (d->info.rotation) {
+  if (d->info.rotation && !d->o.device_rotate) {
     int q = d->info.rotation != 180;
     if ((rc = spn_image_alloc(&rot, q ? f->height : f->width, q ? f->width : f->height, mid_fmt, err)) ||
         (rc = spn_image_rotate(&conv, &rot, d->info.rotation, err))) {
@@ -444,6 +448,8 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   } else {
     item->image = *cur;
   }
+  if (d->o.device_rotate)
+    item->rotation = d->info.rotation;
   video_item_times(d, f, item);
   return SPN_OK;
 }

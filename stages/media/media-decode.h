@@ -55,16 +55,22 @@ typedef struct spn_decode_opts {
    * used with hwaccel none.
    * device_frames: 1 = a frame NVDEC decoded stays on the GPU: the item's
    * image is then an NV12 view of device memory held by item.hw_frame
-   * (needs rotation 0 and 8-bit 4:2:0; other frames are downloaded as
-   * before, and info.host_frames_why says why). Use it with hw_device:
-   * without one the frames live in FFmpeg's own CUDA context, which the
-   * runtime's is not. 0 = every frame is
-   * downloaded and converted on the CPU (the default). */
+   * (4:2:0 only: 8-bit NV12, or with item.deep the same planes of 16-bit
+   * P010/P016 samples; a turn is left to the caller only with
+   * device_rotate; other frames are downloaded as before, and
+   * info.host_frames_why says why). Use it with hw_device: without one the
+   * frames live in FFmpeg's own CUDA context, which the runtime's is not.
+   * 0 = every frame is downloaded and converted on the CPU (the default).
+   * device_rotate: 1 = the stream's rotation is not applied here: every
+   * frame (on the device or not) comes as stored and item.rotation says the
+   * clockwise turn the caller applies (info.width/height and info.rotation
+   * still describe the upright picture). 0 (default): frames come upright. */
   void *hw_device;
   int32_t device_frames;
+  int32_t device_rotate;
 } spn_decode_opts_t;
 
-#define SPN_DECODE_OPTS_INIT {SPN_PIXFMT_RGB24, 1, 1, 0, 0, 0.0, 0.0, SPN_HWACCEL_NONE, 1, 0, NULL, NULL, 0}
+#define SPN_DECODE_OPTS_INIT {SPN_PIXFMT_RGB24, 1, 1, 0, 0, 0.0, 0.0, SPN_HWACCEL_NONE, 1, 0, NULL, NULL, 0, 0}
 
 typedef struct spn_decode_info {
   int32_t has_video, has_audio;
@@ -97,6 +103,8 @@ typedef struct spn_media_item {
   double pts_sec;
   spn_image_t image;            /* video: owns its buffer (or, with hw_frame, views device memory) */
   void *hw_frame;               /* device_frames: the AVFrame * (AV_PIX_FMT_CUDA, NV12) image views; owned */
+  int32_t deep;                 /* with hw_frame: the planes hold 16-bit P010/P016 samples, not NV12's bytes */
+  int32_t rotation;             /* device_rotate: clockwise degrees the caller turns the image by; else 0 */
   float *samples;               /* audio: interleaved float32, owned */
   int64_t n_samples;            /* per channel */
   int32_t channels, rate;

@@ -127,7 +127,7 @@ typedef struct decode_job {
   void *hwdev;          /* FFmpeg's CUDA device for NVDEC (AVBufferRef *), or NULL */
   const char *open_why; /* why NVDEC is not used, when known at open */
   char open_why_buf[sizeof(((spn_error_t *)0)->msg)];
-  spn_buffer_t *scratch; /* device scratch of the float conversions, kept for the job */
+  spn_buffer_t *scratch; /* device scratch of the conversions and the turn, kept for the job */
   spn_buffer_t *staging; /* software path: the frame in pinned memory, uploaded from there */
   bool staged;           /* an upload from staging may still be queued on the stream */
   bool said_path;       /* the log line saying NVDEC or software + upload went out */
@@ -189,6 +189,7 @@ static int32_t gpu_job_open(spn_stage_t *stage, const decode_config_t *c, decode
   j->on_gpu = true;
   j->stream = (cudaStream_t)host->stage_get_stream(stage);
   o->device_frames = 1;
+  o->device_rotate = 1; /* a phone video's turn is done on the GPU, after the upload or from NVDEC */
   if (strcmp(c->hwaccel, "default") == 0)
     o->hwaccel = SPN_HWACCEL_AUTO;
   if (o->hwaccel == SPN_HWACCEL_NONE) {
@@ -211,34 +212,51 @@ static int32_t gpu_job_open(spn_stage_t *stage, const decode_config_t *c, decode
 }
 
 /* The one line per job that says how its frames reach the GPU. */
-static void gpu_say_path(spn_stage_t *stage, decode_job_t *j, bool nvdec) {
+static void gpu_say_path(spn_stage_t *stage, decode_job_t *j, const spn_media_item_t *it) {
   const spn_host_api_t *host = spn_stage_host(stage);
   if (j->said_path)
     return;
   j->said_path = true;
-  if (nvdec) {
-    host->log(stage, j->job_id, SPN_LOG_INFO, "%s: decoding video with NVDEC; frames stay on the GPU", j->path);
+  char turn[48] = "";
+  if (it->rotation)
+    snprintf(turn, sizeof turn, "; turned %d degrees clockwise on the GPU", (int)it->rotation);
+  if (it->hw_frame) {
+    host->log(stage, j->job_id, SPN_LOG_INFO, "%s: decoding video with NVDEC; frames stay on the GPU%s%s", j->path,
+              it->deep ? "; samples above 8 bits rounded to 8 on the GPU" : "", turn);
     return;
   }
   const char *why = j->open_why ? j->open_why : spn_decoder_info(j->dec)->host_frames_why;
   bool asked = j->open_why && strcmp(j->open_why, "hwaccel is none") == 0;
   host->log(stage, j->job_id, asked ? SPN_LOG_INFO : SPN_LOG_WARN,
-            "%s: decoding video in software and uploading each frame to the GPU (%s)", j->path,
-            why ? why : "NVDEC gave no frame on the device");
+            "%s: decoding video in software and uploading each frame to the GPU (%s)%s", j->path,
+            why ? why : "NVDEC gave no frame on the device", turn);
 }
 
-/* The software path's upload: the frame packed into pinned memory, then one
- * counted copy (buffer_copy), so the stage's and the job's transfers show
- * what crossed PCIe. The staging buffer is reused frame after frame; the
- * previous upload from it is waited for first (long done by then: a frame
- * takes longer to decode in software than to upload). A host without
- * buffer_copy gets the uncounted upload. */
-static int32_t gpu_upload(spn_stage_t *stage, decode_job_t *j, const spn_media_item_t *it, spn_buffer_t *buf,
-                          spn_error_t *err) {
+/* The job's device scratch, at least `need` bytes (kept while big enough;
+ * a smaller one is replaced once queued work that may read it is done). */
+static int32_t gpu_scratch(spn_stage_t *stage, decode_job_t *j, size_t need, spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(stage);
-  if (!SPN_HOST_HAS(host, buffer_copy))
-    return spn_media_cuda_upload(&it->image, host->buffer_data(buf), j->stream, err);
-  size_t n = host->buffer_size(buf);
+  int32_t rc;
+  if (!need || (j->scratch && host->buffer_size(j->scratch) >= need))
+    return SPN_OK;
+  if (j->scratch) {
+    /* the old one may still be read by queued work */
+    if ((rc = spn_media_cuda_sync(j->stream, "replacing the conversion scratch", err)))
+      return rc;
+    host->buffer_unref(&j->scratch);
+  }
+  return host->buffer_new(stage, need, &j->scratch, err);
+}
+
+/* The software path's upload of a frame of n tight bytes into the first
+ * bytes of `to`: the frame packed into pinned memory, then one counted copy
+ * (buffer_copy), so the stage's and the job's transfers show what crossed
+ * PCIe. The staging buffer is reused frame after frame; the previous upload
+ * from it is waited for first (long done by then: a frame takes longer to
+ * decode in software than to upload). */
+static int32_t gpu_upload_counted(spn_stage_t *stage, decode_job_t *j, const spn_media_item_t *it, spn_buffer_t *to,
+                                  size_t n, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
   int32_t rc;
   if (j->staged) {
     if ((rc = spn_media_cuda_sync(j->stream, "reusing the upload's staging buffer", err)))
@@ -255,35 +273,54 @@ static int32_t gpu_upload(spn_stage_t *stage, decode_job_t *j, const spn_media_i
                            it->image.format, err)) ||
       (rc = spn_image_copy(&it->image, &tight, err)))
     return rc;
-  if ((rc = host->buffer_copy(stage, j->job_id, buf, 0, j->staging, 0, n, err)))
+  if ((rc = host->buffer_copy(stage, j->job_id, to, 0, j->staging, 0, n, err)))
     return rc;
   j->staged = true;
   return SPN_OK;
 }
 
-/* A video frame into device memory: NVDEC's NV12 converted on the GPU, or
- * the CPU path's frame uploaded once. buf: tight (the CPU path's layout). */
+/* The software path: the CPU's frame uploaded once (counted where the host
+ * has buffer_copy). A frame still to be turned (it->rotation) is uploaded
+ * as it is into the scratch and turned from there into buf on the GPU. */
+static int32_t gpu_upload(spn_stage_t *stage, decode_job_t *j, const spn_media_item_t *it, spn_buffer_t *buf,
+                          spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  size_t n = host->buffer_size(buf); /* the same bytes turned or not */
+  int32_t rc;
+  spn_buffer_t *to = buf;
+  if (it->rotation) {
+    if ((rc = gpu_scratch(stage, j, n, err)))
+      return rc;
+    to = j->scratch;
+  }
+  if (!SPN_HOST_HAS(host, buffer_copy))
+    rc = spn_media_cuda_upload(&it->image, host->buffer_data(to), j->stream, err);
+  else
+    rc = gpu_upload_counted(stage, j, it, to, n, err);
+  if (rc || !it->rotation)
+    return rc;
+  return spn_media_cuda_rotate(host->buffer_data(j->scratch), it->image.format, it->image.width, it->image.height,
+                               it->rotation, host->buffer_data(buf), j->stream, err);
+}
+
+/* A video frame into device memory: NVDEC's picture (NV12, or P010/P016
+ * rounded to 8 bits) converted and turned upright on the GPU, or the CPU
+ * path's frame uploaded once (and turned on the GPU). buf: tight, upright
+ * (the CPU path's layout). */
 static int32_t gpu_fill_frame(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *it, spn_buffer_t *buf,
                               spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(stage);
   int32_t rc;
   if (it->hw_frame) {
-    gpu_say_path(stage, j, true);
-    size_t need = spn_media_cuda_scratch_size(j->pixfmt, it->image.width, it->image.height);
-    if (need && (!j->scratch || host->buffer_size(j->scratch) < need)) {
-      if (j->scratch) {
-        /* the old one may still be read by queued work */
-        if ((rc = spn_media_cuda_sync(j->stream, "replacing the conversion scratch", err)))
-          return rc;
-        host->buffer_unref(&j->scratch);
-      }
-      if ((rc = host->buffer_new(stage, need, &j->scratch, err)))
-        return rc;
-    }
-    rc = spn_media_cuda_from_nv12(&it->image, j->pixfmt, host->buffer_data(buf),
-                                  need ? host->buffer_data(j->scratch) : NULL, j->stream, err);
+    gpu_say_path(stage, j, it);
+    size_t need = spn_media_cuda_frame_scratch_size(j->pixfmt, it->image.width, it->image.height, it->deep,
+                                                    it->rotation);
+    if ((rc = gpu_scratch(stage, j, need, err)))
+      return rc;
+    rc = spn_media_cuda_from_frame(&it->image, it->deep, it->rotation, j->pixfmt, host->buffer_data(buf),
+                                   need ? host->buffer_data(j->scratch) : NULL, j->stream, err);
   } else {
-    gpu_say_path(stage, j, false);
+    gpu_say_path(stage, j, it);
     rc = gpu_upload(stage, j, it, buf, err);
   }
   if (rc == SPN_OK)
@@ -345,23 +382,26 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
   /* An NVDEC frame (hw_frame) is NV12 on the device until gpu_fill_frame
    * converts it: the tensor and its "image" item have the job's format. */
   int32_t fmt = it->hw_frame ? j->pixfmt : im->format;
+  /* A frame still to be turned (on the GPU) is emitted upright. */
+  bool quarter = it->rotation == 90 || it->rotation == 270;
+  int32_t ow = quarter ? im->height : im->width, oh = quarter ? im->width : im->height;
   if (video) {
     if (fmt == SPN_PIXFMT_RGB24 || fmt == SPN_PIXFMT_BGR24) {
       t.dtype = SPN_DTYPE_U8;
       t.ndim = 3;
-      t.shape[0] = im->height;
-      t.shape[1] = im->width;
+      t.shape[0] = oh;
+      t.shape[1] = ow;
       t.shape[2] = 3;
     } else if (fmt == SPN_PIXFMT_RGBF32P || fmt == SPN_PIXFMT_BGRF32P) {
       t.dtype = SPN_DTYPE_F32;
       t.ndim = 3;
       t.shape[0] = 3;
-      t.shape[1] = im->height;
-      t.shape[2] = im->width;
+      t.shape[1] = oh;
+      t.shape[2] = ow;
     } else {
       t.dtype = SPN_DTYPE_U8;
       t.ndim = 1;
-      t.shape[0] = (int64_t)im->width * im->height + 2 * (int64_t)((im->width + 1) / 2) * ((im->height + 1) / 2);
+      t.shape[0] = (int64_t)ow * oh + 2 * (int64_t)((ow + 1) / 2) * ((oh + 1) / 2);
     }
   } else {
     t.dtype = SPN_DTYPE_F32;
@@ -415,7 +455,7 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
     rc = host->msg_add_tensor(msg, video ? "frame" : "pcm", &t, buf, err);
   if (rc == SPN_OK && video) {
     /* size and layout: the (N) vector of nv12/yuv420p needs them */
-    spn_media_image_meta_t im_meta = {.width = im->width, .height = im->height, .format = fmt};
+    spn_media_image_meta_t im_meta = {.width = ow, .height = oh, .format = fmt};
     rc = host->msg_add_meta(msg, SPN_MEDIA_IMAGE_META, &im_meta, sizeof im_meta, err);
   } else if (rc == SPN_OK) {
     spn_media_audio_meta_t am = {.rate = it->rate, .channels = it->channels};

@@ -72,18 +72,9 @@
 
 static char sample[4096];
 
-static size_t tight(int32_t fmt, int32_t w, int32_t h) {
-  size_t px = (size_t)w * (size_t)h;
-  switch (fmt) {
-  case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24: return px * 3;
-  case SPN_PIXFMT_RGBF32P: case SPN_PIXFMT_BGRF32P: return px * 12;
-  default: return px + 2 * (size_t)((w + 1) / 2) * (size_t)((h + 1) / 2);
-  }
-}
-
 /* A CPU image in the tight layout (what the stages emit). */
 static void *tight_copy(const spn_image_t *im) {
-  size_t n = tight(im->format, im->width, im->height);
+  size_t n = frame_bytes(im->format, im->width, im->height);
   uint8_t *buf = malloc(n);
   assert_non_null(buf);
   spn_image_t t;
@@ -131,9 +122,9 @@ static void gpu_decode_matches_cpu(void **state) {
   const int32_t w = spn_decoder_info(g)->width, h = spn_decoder_info(g)->height;
   const int32_t fmts[] = {SPN_PIXFMT_RGB24, SPN_PIXFMT_YUV420P, SPN_PIXFMT_NV12, SPN_PIXFMT_RGBF32P};
   void *dev = NULL, *scratch = NULL;
-  CU(cudaMalloc(&dev, tight(SPN_PIXFMT_RGBF32P, w, h)));
+  CU(cudaMalloc(&dev, frame_bytes(SPN_PIXFMT_RGBF32P, w, h)));
   CU(cudaMalloc(&scratch, spn_media_cuda_scratch_size(SPN_PIXFMT_RGBF32P, w, h)));
-  uint8_t *got = malloc(tight(SPN_PIXFMT_RGBF32P, w, h));
+  uint8_t *got = malloc(frame_bytes(SPN_PIXFMT_RGBF32P, w, h));
   assert_non_null(got);
   double se = 0;
   size_t n_sw = 0, frames = 0, off_by_one = 0, total = 0;
@@ -163,7 +154,7 @@ static void gpu_decode_matches_cpu(void **state) {
     assert_int_equal(gi.pts, yi.pts);
     assert_int_equal(gi.pts, ri.pts);
     for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++) {
-      size_t n = tight(fmts[f], w, h);
+      size_t n = frame_bytes(fmts[f], w, h);
       CK(spn_media_cuda_from_nv12(&gi.image, fmts[f], dev, scratch, s, &e_));
       CU(cudaMemcpyAsync(got, dev, n, cudaMemcpyDeviceToHost, s));
       CU(cudaStreamSynchronize(s));
@@ -232,6 +223,105 @@ static void gpu_decode_matches_cpu(void **state) {
     fail_msg("rgb24 vs the CPU decode's (swscale) rgb24: PSNR %.2f dB < 40 dB", psnr);
 }
 
+/* A phone video (rotation metadata) and a 10-bit HEVC one through NVDEC
+ * with the turn left to the GPU (device_rotate), as the decode stage runs
+ * them: every frame stays on the device (deep for the 10-bit one: P010)
+ * and spn_media_cuda_from_frame makes the upright yuv420p the CPU decode
+ * gives. The turn moves bytes: equal to the CPU's for the H.264 clip.
+ * 10-bit: the GPU rounds each sample to 8 bits, swscale (the CPU path)
+ * dithers, so samples differ by at most 1 level (measured on the CPU with
+ * both roundings over this clip: 24 % of the samples differ, none by more
+ * than 1); the bound is 1 level, with at least half the samples equal. */
+static void gpu_decode_turned_and_deep_frames(void **state) {
+  (void)state;
+  const char *root = getenv("SPINDLE_SOURCE_ROOT");
+  const char *clips[] = {"talking-head-rot90.mp4", "talking-head-hevc10.mp4"};
+  cudaStream_t s = open_like_the_runtime();
+  void *hw = NULL;
+  CK(spn_media_cuda_device_new(s, &hw, &e_));
+  for (int c = 0; c < 2; c++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/samples/media/%s", root ? root : ".", clips[c]);
+    spn_decode_opts_t o = SPN_DECODE_OPTS_INIT, co = SPN_DECODE_OPTS_INIT;
+    o.want_audio = co.want_audio = 0;
+    o.hwaccel = SPN_HWACCEL_CUDA;
+    o.hw_device = hw;
+    o.device_frames = 1;
+    o.device_rotate = 1;
+    co.pixfmt = SPN_PIXFMT_YUV420P;
+    spn_decoder_t *g = NULL, *cd = NULL;
+    spn_error_t err = SPN_ERROR_INIT;
+    CK(spn_decoder_new(path, &co, &cd, &e_));
+    if (spn_decoder_new(path, &o, &g, &err) != SPN_OK) {
+      printf("# SKIP %s: NVDEC is not usable here: %s\n", clips[c], err.msg);
+      spn_decoder_free(cd);
+      continue;
+    }
+    const spn_decode_info_t *in = spn_decoder_info(g);
+    assert_int_equal(in->rotation, c == 0 ? 270 : 0);
+    int32_t w = in->width, h = in->height; /* upright */
+    size_t n = frame_bytes(SPN_PIXFMT_YUV420P, w, h), frames = 0, diff = 0, total = 0;
+    void *dev = NULL, *scratch = NULL;
+    uint8_t *got = malloc(n);
+    assert_non_null(got);
+    CU(cudaMalloc(&dev, n));
+    size_t sn = spn_media_cuda_frame_scratch_size(SPN_PIXFMT_YUV420P, w, h, 1, 90);
+    CU(cudaMalloc(&scratch, sn));
+    spn_media_item_t gi, ci;
+    bool skipped = false;
+    for (;;) {
+      spn_error_t e1 = SPN_ERROR_INIT, e2 = SPN_ERROR_INIT;
+      int32_t rg = spn_decoder_next(g, &gi, &e1), rc = spn_decoder_next(cd, &ci, &e2);
+      if (rg == SPN_EDEVICE && frames == 0 && strstr(e1.msg, "fell back to software")) {
+        printf("# SKIP %s: NVDEC does not decode it here: %s\n", clips[c], e1.msg);
+        if (rc == SPN_OK)
+          spn_media_item_release(&ci);
+        skipped = true;
+        break;
+      }
+      if (rg != SPN_OK || rc != SPN_OK) {
+        if (rg != rc || rg != SPN_EOS)
+          fail_msg("%s frame %zu: gpu %d (%s), cpu %d (%s)", clips[c], frames, (int)rg, e1.msg, (int)rc, e2.msg);
+        break;
+      }
+      if (!gi.hw_frame)
+        fail_msg("%s frame %zu came in host memory: %s", clips[c], frames, in->host_frames_why);
+      assert_int_equal(gi.deep, c == 1);
+      assert_int_equal(gi.rotation, c == 0 ? 270 : 0);
+      assert_int_equal(gi.pts, ci.pts);
+      CK(spn_media_cuda_from_frame(&gi.image, gi.deep, gi.rotation, SPN_PIXFMT_YUV420P, dev, scratch, s, &e_));
+      CU(cudaMemcpyAsync(got, dev, n, cudaMemcpyDeviceToHost, s));
+      CU(cudaStreamSynchronize(s));
+      uint8_t *want = tight_copy(&ci.image);
+      for (size_t i = 0; i < n; i++) {
+        int d = abs((int)want[i] - (int)got[i]);
+        if (d > (c == 1 ? 1 : 0))
+          fail_msg("%s frame %zu byte %zu: cpu %d gpu %d", clips[c], frames, i, want[i], got[i]);
+        diff += d != 0;
+        total++;
+      }
+      free(want);
+      spn_media_item_release(&gi);
+      spn_media_item_release(&ci);
+      frames++;
+    }
+    spn_decoder_free(g);
+    spn_decoder_free(cd);
+    CU(cudaFree(dev));
+    CU(cudaFree(scratch));
+    free(got);
+    if (skipped)
+      continue;
+    printf("# %s: %zu frames %dx%d upright; %zu of %zu samples differ from the CPU decode's\n", clips[c], frames,
+           (int)w, (int)h, diff, total);
+    assert_true(frames >= 100);
+    if (diff * 2 > total)
+      fail_msg("%s: %zu of %zu samples differ by 1 (more than half)", clips[c], diff, total);
+  }
+  spn_media_cuda_device_free(&hw);
+  CU(cudaStreamDestroy(s));
+}
+
 /* The decoder's next item; false at the end of the stream, a failed test on
  * an error (`what` names the input). */
 static bool next_item(spn_decoder_t *d, spn_media_item_t *it, const char *what) {
@@ -271,9 +361,9 @@ static void gpu_encode_matches_cpu_twin(void **state) {
   spn_encoder_t *ea = NULL, *eb = NULL;
   CK(spn_encoder_new(pa, w, h, SPN_PIXFMT_YUV420P, &eo, &ea, &e_));
   CK(spn_encoder_new(pb, w, h, SPN_PIXFMT_YUV420P, &eo, &eb, &e_));
-  size_t n420 = tight(SPN_PIXFMT_YUV420P, w, h);
+  size_t n420 = frame_bytes(SPN_PIXFMT_YUV420P, w, h);
   void *rgb_dev = NULL, *yuv_dev = NULL, *pinned = NULL;
-  CU(cudaMalloc(&rgb_dev, tight(SPN_PIXFMT_RGB24, w, h)));
+  CU(cudaMalloc(&rgb_dev, frame_bytes(SPN_PIXFMT_RGB24, w, h)));
   CU(cudaMalloc(&yuv_dev, n420));
   CU(cudaMallocHost(&pinned, n420));
   uint8_t *cpu = malloc(n420), *sws_out = malloc(n420);
@@ -284,7 +374,7 @@ static void gpu_encode_matches_cpu_twin(void **state) {
   spn_media_item_t it;
   while (next_item(d, &it, "the sample")) {
     uint8_t *rgb = tight_copy(&it.image);
-    CU(cudaMemcpyAsync(rgb_dev, rgb, tight(SPN_PIXFMT_RGB24, w, h), cudaMemcpyHostToDevice, s));
+    CU(cudaMemcpyAsync(rgb_dev, rgb, frame_bytes(SPN_PIXFMT_RGB24, w, h), cudaMemcpyHostToDevice, s));
     CK(spn_media_cuda_rgb_to_yuv420p_host(rgb_dev, SPN_PIXFMT_RGB24, w, h, yuv_dev, pinned, s, &e_));
     CK(spn_media_cuda_sync(s, "test", &e_));
     spn_image_t yuv_gpu, yuv_cpu, yuv_sws;
@@ -370,8 +460,8 @@ static void gpu_to_nv12_matches_cpu_twins(void **state) {
       spn_image_t src = host_image(w, h, fmt, seed++, -10.0f, 265.0f);
       uint8_t *t = tight_copy(&src);
       void *dsrc = NULL, *scratch = NULL;
-      CU(cudaMalloc(&dsrc, tight(fmt, w, h)));
-      CU(cudaMemcpy(dsrc, t, tight(fmt, w, h), cudaMemcpyHostToDevice));
+      CU(cudaMalloc(&dsrc, frame_bytes(fmt, w, h)));
+      CU(cudaMemcpy(dsrc, t, frame_bytes(fmt, w, h), cudaMemcpyHostToDevice));
       size_t sn = spn_media_cuda_nv12_scratch_size(fmt, w, h);
       assert_true(fl ? sn >= (size_t)ew * (size_t)eh * 3 : sn == 0);
       if (sn)
@@ -465,11 +555,11 @@ static void nvenc_encodes_device_frames(void **state) {
   spn_media_cuda_device_free(&hw); /* the encoder keeps its own reference */
   assert_string_equal(spn_encoder_codec_name(enc), "h264_nvenc");
   const int32_t ew = w & ~1, eh = h & ~1;
-  const size_t n420 = tight(SPN_PIXFMT_YUV420P, ew, eh);
+  const size_t n420 = frame_bytes(SPN_PIXFMT_YUV420P, ew, eh);
   uint8_t *refs = NULL; /* what went in, as yuv420p, frame after frame */
   size_t frames = 0;
   void *rgb_dev = NULL;
-  CU(cudaMalloc(&rgb_dev, tight(SPN_PIXFMT_RGB24, w, h)));
+  CU(cudaMalloc(&rgb_dev, frame_bytes(SPN_PIXFMT_RGB24, w, h)));
   spn_media_item_t it;
   while (next_item(d, &it, "the sample")) {
     if (frames == 0) { /* host pictures are refused by an encoder opened for device frames */
@@ -477,7 +567,7 @@ static void nvenc_encodes_device_frames(void **state) {
       assert_int_equal(spn_encoder_write_video(enc, &it.image, it.pts, it.tb_num, it.tb_den, &e2), SPN_ESTATE);
     }
     uint8_t *rgb = tight_copy(&it.image);
-    CU(cudaMemcpyAsync(rgb_dev, rgb, tight(SPN_PIXFMT_RGB24, w, h), cudaMemcpyHostToDevice, s));
+    CU(cudaMemcpyAsync(rgb_dev, rgb, frame_bytes(SPN_PIXFMT_RGB24, w, h), cudaMemcpyHostToDevice, s));
     spn_image_t planes;
     CK(spn_encoder_device_frame(enc, &planes, &e_));
     assert_int_equal(planes.width, ew);
@@ -546,6 +636,7 @@ int main(void) {
   snprintf(sample, sizeof sample, "%s/samples/media/talking-head.mp4", root ? root : ".");
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(gpu_decode_matches_cpu),
+      cmocka_unit_test(gpu_decode_turned_and_deep_frames),
       cmocka_unit_test(gpu_encode_matches_cpu_twin),
       cmocka_unit_test(gpu_to_nv12_matches_cpu_twins),
       cmocka_unit_test(nvenc_encodes_device_frames),

@@ -41,7 +41,7 @@ clip="$src/samples/media/talking-head.mp4"
 run() { # OUT DEVICES [--set ...]: stdout in OUT.txt, stderr in OUT.err
   local out=$1 devs=$2
   shift 2
-  "$spindle" run "$cfg" --devices "$devs" --set decode.path="$clip" --set encode.path="$out.mp4" \
+  "$spindle" run "$cfg" --devices "$devs" --set decode.path="${CLIP:-$clip}" --set encode.path="$out.mp4" \
     --set encode.preset=ultrafast "$@" >"$out.txt" 2>"$out.err"
 }
 
@@ -122,6 +122,51 @@ cmp -s cpu.mp4 none.mp4 || fail "software decode + upload wrote other bytes than
 # crossed PCIe shows in the stage's and the job's transfers).
 decode_line() { grep -E '^  stage decode ' "$1"; }
 decode_line none.txt | grep -q 'h2d 100 copies' || fail "software decode: not one counted upload per frame: $(decode_line none.txt)"
+
+# A phone video (rotation metadata: stored 320x240, upright 240x320) and a
+# 10-bit HEVC one. On the GPU the turn is made there, on the frames NVDEC
+# gives or after the software path's upload (of the frame as stored), and
+# NVDEC's 10-bit samples are rounded to 8 bits there; the log line says so.
+# The turn moves bytes: the file equals the CPU run's. 10-bit through
+# NVDEC: swscale (the CPU path) dithers to 8 bits where the GPU rounds, so
+# samples differ by 1 level and the two files' pictures by ~41 dB PSNR
+# (measured on the CPU, both roundings of this clip, libx264 ultrafast):
+# the bound is 35 dB. Without NVDEC both paths are swscale's: equal bytes.
+rot="$src/samples/media/talking-head-rot90.mp4" deep="$src/samples/media/talking-head-hevc10.mp4"
+both="--set decode.device=cuda --set encode.device=cuda --set encode.hwaccel=none"
+CLIP=$rot run rot-cpu cpu || fail "rotated clip on the CPU: $(tail -3 rot-cpu.err)"
+CLIP=$rot run rot-gpu cuda $both || fail "rotated clip on the GPU: $(tail -3 rot-gpu.err)"
+grep -q 'talking-head-rot90.mp4: decoding video .*; turned 270 degrees clockwise on the GPU' rot-gpu.err ||
+  fail "rotated clip on the GPU: no line saying the turn is made on the GPU: $(cat rot-gpu.err)"
+cmp -s rot-cpu.mp4 rot-gpu.mp4 || fail "rotated clip: the GPU run wrote other bytes than the CPU run"
+wh() { ffprobe -v error -select_streams v -show_entries stream=width,height -of csv=p=0 "$1"; }
+[ "$(wh rot-gpu.mp4)" = 240,320 ] || fail "rotated clip on the GPU: $(wh rot-gpu.mp4), not 240,320 (upright)"
+decode_line rot-gpu.txt | grep -q 'h2d 100 copies 11520000 bytes' || [ "${SPINDLE_TEST_NO_NVDEC:-0}" = 0 ] ||
+  fail "rotated clip, software path: not one upload of the stored frame each: $(decode_line rot-gpu.txt)"
+for pf in rgb24 rgbf32p; do # float frames: the same turn on 4-byte planes; encode on the CPU
+  CLIP=$rot run rot-$pf-cpu cpu --set decode.pixel_format=$pf || fail "rotated $pf on the CPU: $(tail -3 rot-$pf-cpu.err)"
+  CLIP=$rot run rot-$pf-gpu cuda --set decode.device=cuda --set encode.device=cpu --set decode.pixel_format=$pf ||
+    fail "rotated $pf, decode on the GPU: $(tail -3 rot-$pf-gpu.err)"
+  if [ "${SPINDLE_TEST_NO_NVDEC:-0}" = 1 ]; then
+    cmp -s rot-$pf-cpu.mp4 rot-$pf-gpu.mp4 || fail "rotated $pf: the GPU's turn wrote other bytes than the CPU's"
+  else
+    [ "$(wh rot-$pf-gpu.mp4)" = 240,320 ] || fail "rotated $pf on the GPU: $(wh rot-$pf-gpu.mp4), not 240,320"
+  fi
+done
+CLIP=$deep run deep-cpu cpu || fail "10-bit clip on the CPU: $(tail -3 deep-cpu.err)"
+CLIP=$deep run deep-gpu cuda $both || fail "10-bit clip on the GPU: $(tail -3 deep-gpu.err)"
+grep -Eq 'job [0-9]+ succeeded: 100 frames' deep-gpu.txt || fail "10-bit clip on the GPU: $(cat deep-gpu.txt)"
+if [ "${SPINDLE_TEST_NO_NVDEC:-0}" = 1 ]; then
+  cmp -s deep-cpu.mp4 deep-gpu.mp4 || fail "10-bit clip, software path on the GPU: other bytes than the CPU run"
+else
+  grep -q 'decoding video with NVDEC; frames stay on the GPU; samples above 8 bits rounded to 8 on the GPU' \
+    deep-gpu.err || fail "10-bit clip: NVDEC's frames did not stay on the GPU: $(cat deep-gpu.err)"
+  p=$(ffmpeg -hide_banner -i deep-gpu.mp4 -i deep-cpu.mp4 -lavfi psnr -f null - 2>&1 |
+    sed -n 's/.*average:\([0-9.inf]*\).*/\1/p')
+  python3 -c "import sys; p = '$p'; sys.exit(0 if p and (p == 'inf' or float(p) >= 35) else 1)" ||
+    fail "10-bit clip: the GPU run's pictures are $p dB from the CPU run's (want >= 35)"
+  echo "# 10-bit HEVC through NVDEC: $p dB from the CPU run"
+fi
 
 run rgb cuda --set decode.device=cuda --set encode.device=cuda --set decode.pixel_format=rgb24 \
   --set encode.hwaccel=none || fail "rgb24 on the GPU: $(tail -3 rgb.err)"

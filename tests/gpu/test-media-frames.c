@@ -1,0 +1,209 @@
+/* test-media-frames.c — spn_media_cuda_from_frame (stages/media/media-
+ * cuda.c), what the decode stage runs on each picture NVDEC keeps on the
+ * GPU, against its CPU twin composed step by step (suite gpu; exits 77
+ * without a device; also built on the fake GPU of tests/gpu/host-emu, so it
+ * runs in every CUDA build's unit suite).
+ *
+ * Random pictures in NVDEC's layouts — NV12, and P010/P016 (16-bit samples
+ * in the same two planes) — with plane pitches wider than their rows (as
+ * NVDEC's are), are converted to every format decode emits, at each
+ * rotation, and compared with the CPU path written out:
+ *   - 16-bit samples rounded to 8 bits ((v + 128) >> 8, saturated);
+ *   - the 4:2:0 picture converted with spn_image_convert (rgb24/bgr24 from
+ *     4:2:0: the twin of spn_cuda_yuv420_to_rgb; nv12/yuv420p: a repack),
+ *     floats through spn_image_to_float of that rgb24/bgr24;
+ *   - turned with spn_image_rotate.
+ * nv12/yuv420p must be equal byte for byte (only bytes move); rgb24/bgr24
+ * within 1 LSB with at least 99.9 % of the bytes exact, floats within 1.0
+ * (test-cuda-image.c's tolerance for yuv420_to_rgb: a value within an ulp
+ * of a rounding tie may round the other way). The scratch handed to
+ * from_frame is exactly spn_media_cuda_frame_scratch_size bytes and the
+ * destination starts as garbage, so a step that wrote out of its piece or
+ * skipped a pixel shows.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "gpu-skip.h"
+#include "gpu-test.h"
+#include "media-cuda.h"
+#include "spindle/image.h"
+
+static uint8_t top8(uint16_t v) {
+  unsigned r = ((unsigned)v + 128u) >> 8;
+  return (uint8_t)(r > 255 ? 255 : r);
+}
+
+/* The CPU twin: nv12 (8-bit, host) -> fmt -> turned, as a tight buffer. */
+static void *cpu_twin(const spn_image_t *nv12, int32_t fmt, int32_t rot) {
+  int32_t w = nv12->width, h = nv12->height;
+  bool flt = fmt == SPN_PIXFMT_RGBF32P || fmt == SPN_PIXFMT_BGRF32P;
+  int32_t mid_fmt = fmt == SPN_PIXFMT_RGBF32P ? SPN_PIXFMT_RGB24 : fmt == SPN_PIXFMT_BGRF32P ? SPN_PIXFMT_BGR24 : fmt;
+  spn_image_t mid = SPN_IMAGE_INIT, conv = SPN_IMAGE_INIT, out = SPN_IMAGE_INIT;
+  CK(spn_image_alloc(&mid, w, h, mid_fmt, &e_));
+  CK(spn_image_convert(nv12, &mid, &e_));
+  if (flt) {
+    CK(spn_image_alloc(&conv, w, h, fmt, &e_));
+    CK(spn_image_to_float(&mid, &conv, NULL, NULL, &e_));
+    spn_image_release(&mid);
+  } else {
+    conv = mid;
+  }
+  bool q = rot == 90 || rot == 270;
+  void *buf = malloc(frame_bytes(fmt, w, h));
+  assert_non_null(buf);
+  CK(spn_image_wrap(&out, buf, q ? h : w, q ? w : h, fmt, &e_));
+  CK(spn_image_rotate(&conv, &out, rot, &e_));
+  spn_image_release(&conv);
+  return buf;
+}
+
+static void compare(const void *cpu, const void *gpu, int32_t fmt, size_t n, const char *what) {
+  if (fmt == SPN_PIXFMT_NV12 || fmt == SPN_PIXFMT_YUV420P) {
+    for (size_t i = 0; i < n; i++)
+      if (((const uint8_t *)cpu)[i] != ((const uint8_t *)gpu)[i])
+        fail_msg("%s: byte %zu: cpu %d gpu %d", what, i, ((const uint8_t *)cpu)[i], ((const uint8_t *)gpu)[i]);
+    return;
+  }
+  if (fmt == SPN_PIXFMT_RGBF32P || fmt == SPN_PIXFMT_BGRF32P) {
+    for (size_t i = 0; i < n / 4; i++) {
+      float a = ((const float *)cpu)[i], b = ((const float *)gpu)[i];
+      if (!(fabsf(a - b) <= 1.0f))
+        fail_msg("%s: value %zu: cpu %g gpu %g", what, i, a, b);
+    }
+    return;
+  }
+  size_t off = 0;
+  for (size_t i = 0; i < n; i++) {
+    int d = abs((int)((const uint8_t *)cpu)[i] - (int)((const uint8_t *)gpu)[i]);
+    if (d > 1)
+      fail_msg("%s: byte %zu: cpu %d gpu %d", what, i, ((const uint8_t *)cpu)[i], ((const uint8_t *)gpu)[i]);
+    off += (size_t)d;
+  }
+  if (off * 1000 > n)
+    fail_msg("%s: %zu of %zu bytes off by one", what, off, n);
+}
+
+static void from_frame_matches_cpu_twin(void **state) {
+  (void)state;
+  const int32_t fmts[] = {SPN_PIXFMT_RGB24, SPN_PIXFMT_BGR24, SPN_PIXFMT_RGBF32P, SPN_PIXFMT_BGRF32P,
+                          SPN_PIXFMT_NV12, SPN_PIXFMT_YUV420P};
+  const int32_t sizes[][2] = {{64, 48}, {38, 22}, {37, 21}};
+  const int32_t rots[] = {0, 90, 180, 270};
+  uint32_t seed = 31337;
+  int checked = 0;
+  cudaStream_t s = NULL;
+  CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int deep = 0; deep < 2; deep++)
+    for (size_t z = 0; z < sizeof sizes / sizeof *sizes; z++) {
+      int32_t w = sizes[z][0], h = sizes[z][1], cw = (w + 1) / 2, ch = (h + 1) / 2;
+      /* The picture NVDEC would hand over: planes pitched 128 bytes wider
+       * than their rows; deep: 16-bit samples, any value (P016). */
+      size_t es = deep ? 2 : 1, yp = (size_t)w * es + 128, cp = (size_t)cw * 2 * es + 128;
+      uint8_t *hy = calloc((size_t)h, yp), *hc = calloc((size_t)ch, cp);
+      assert_non_null(hy);
+      assert_non_null(hc);
+      spn_image_t nv12 = SPN_IMAGE_INIT; /* its 8-bit samples, what the CPU twin starts from */
+      CK(spn_image_alloc(&nv12, w, h, SPN_PIXFMT_NV12, &e_));
+      for (int32_t y = 0; y < h; y++)
+        for (int32_t x = 0; x < w; x++) {
+          uint32_t v = rng_next(&seed);
+          if (deep) {
+            ((uint16_t *)(hy + y * yp))[x] = (uint16_t)v;
+            nv12.data[0][y * nv12.stride[0] + x] = top8((uint16_t)v);
+          } else {
+            hy[y * yp + x] = (uint8_t)v;
+            nv12.data[0][y * nv12.stride[0] + x] = (uint8_t)v;
+          }
+        }
+      for (int32_t y = 0; y < ch; y++)
+        for (int32_t x = 0; x < 2 * cw; x++) {
+          uint32_t v = rng_next(&seed);
+          if (deep) {
+            ((uint16_t *)(hc + y * cp))[x] = (uint16_t)v;
+            nv12.data[1][y * nv12.stride[1] + x] = top8((uint16_t)v);
+          } else {
+            hc[y * cp + x] = (uint8_t)v;
+            nv12.data[1][y * nv12.stride[1] + x] = (uint8_t)v;
+          }
+        }
+      void *dy = NULL, *dc = NULL;
+      CU(cudaMalloc(&dy, (size_t)h * yp));
+      CU(cudaMalloc(&dc, (size_t)ch * cp));
+      CU(cudaMemcpy(dy, hy, (size_t)h * yp, cudaMemcpyHostToDevice));
+      CU(cudaMemcpy(dc, hc, (size_t)ch * cp, cudaMemcpyHostToDevice));
+      spn_image_t frame = SPN_IMAGE_INIT; /* the item's view: NV12 with the device planes */
+      frame.width = w;
+      frame.height = h;
+      frame.format = SPN_PIXFMT_NV12;
+      frame.nplanes = 2;
+      frame.data[0] = dy;
+      frame.data[1] = dc;
+      frame.stride[0] = (int64_t)yp;
+      frame.stride[1] = (int64_t)cp;
+      for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++)
+        for (size_t r = 0; r < sizeof rots / sizeof *rots; r++) {
+          int32_t fmt = fmts[f], rot = rots[r];
+          bool q = rot == 90 || rot == 270, yuv = fmt == SPN_PIXFMT_NV12 || fmt == SPN_PIXFMT_YUV420P;
+          char what[128];
+          snprintf(what, sizeof what, "%s %dx%d -> %s turned %d", deep ? "p016" : "nv12", (int)w, (int)h,
+                   spn_pixfmt_name(fmt), (int)rot);
+          size_t n = frame_bytes(fmt, w, h), sn = spn_media_cuda_frame_scratch_size(fmt, w, h, deep, rot);
+          void *ddst = NULL, *dscr = NULL;
+          CU(cudaMalloc(&ddst, n));
+          CU(cudaMemset(ddst, 0xa5, n));
+          if (sn)
+            CU(cudaMalloc(&dscr, sn));
+          spn_error_t err = SPN_ERROR_INIT;
+          int32_t rc = spn_media_cuda_from_frame(&frame, deep, rot, fmt, ddst, dscr, s, &err);
+          if (q && yuv && ((w | h) & 1)) { /* as the CPU: an odd 4:2:0 picture is not turned by a quarter */
+            if (rc != SPN_EINVAL || !strstr(err.msg, "even sizes"))
+              fail_msg("%s: expected a refusal naming even sizes, got %d: %s", what, (int)rc, err.msg);
+          } else {
+            if (rc != SPN_OK)
+              fail_msg("%s: %s", what, err.msg);
+            CU(cudaStreamSynchronize(s));
+            void *got = malloc(n), *want = cpu_twin(&nv12, fmt, rot);
+            assert_non_null(got);
+            CU(cudaMemcpy(got, ddst, n, cudaMemcpyDeviceToHost));
+            compare(want, got, fmt, n, what);
+            free(got);
+            free(want);
+            checked++;
+          }
+          CU(cudaFree(ddst));
+          if (dscr)
+            CU(cudaFree(dscr));
+        }
+      /* a scratch that is needed and missing is refused, not written through */
+      spn_error_t err = SPN_ERROR_INIT;
+      void *ddst = NULL;
+      CU(cudaMalloc(&ddst, frame_bytes(SPN_PIXFMT_RGB24, w, h)));
+      assert_int_equal(spn_media_cuda_from_frame(&frame, deep, 90, SPN_PIXFMT_RGB24, ddst, NULL, s, &err), SPN_EINVAL);
+      assert_non_null(strstr(err.msg, "needs scratch memory"));
+      CU(cudaFree(ddst));
+      CU(cudaFree(dy));
+      CU(cudaFree(dc));
+      free(hy);
+      free(hc);
+      spn_image_release(&nv12);
+    }
+  CU(cudaStreamDestroy(s));
+  assert_int_equal(checked, 2 * (3 * 6 * 4 - 2 * 2));
+}
+
+int main(void) {
+  SPN_TEST_REQUIRE_GPU();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(from_frame_matches_cpu_twin),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
