@@ -4,7 +4,10 @@
 # Needs: ffmpeg (libx264, aac), espeak-ng, and Debian's python3-skimage for
 # the public-domain astronaut.png (NASA photograph shipped in scikit-image).
 # Writes speech.wav (16 kHz mono s16, espeak-ng) and talking-head.mp4
-# (320x320, 25 fps, H.264 + AAC, the speech as its audio track).
+# (320x320, 25 fps, H.264 + AAC, the speech as its audio track), and from it
+# talking-head-rot90.mp4 (a phone video: 320x240 stored, rotation metadata
+# turning it upright to 240x320) and talking-head-hevc10.mp4 (HEVC Main 10,
+# yuv420p10le, no audio; also needs libx265).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:-$here}"
@@ -42,4 +45,14 @@ ffmpeg -nostdin -hide_banner -loglevel error -y \
   -c:a aac -b:a 64k \
   -movflags +faststart -fflags +bitexact -map_metadata -1 \
   "$out/talking-head.mp4"
-ls -l "$out/speech.wav" "$out/talking-head.mp4"
+# A phone video: a 320x240 crop, then the rotation tag set on a stream copy
+# (FFmpeg 5.1 writes the tag as the display matrix only when not encoding).
+ffmpeg -nostdin -hide_banner -loglevel error -y -i "$out/talking-head.mp4" \
+  -vf crop=320:240:0:40 -c:v libx264 -preset slow -crf 26 -pix_fmt yuv420p -c:a copy "$tmp/crop.mp4"
+ffmpeg -nostdin -hide_banner -loglevel error -y -i "$tmp/crop.mp4" -c copy -metadata:s:v:0 rotate=90 \
+  -movflags +faststart "$out/talking-head-rot90.mp4"
+# 10-bit HEVC, as phones record HDR: NVDEC decodes it into P010.
+ffmpeg -nostdin -hide_banner -loglevel error -y -i "$out/talking-head.mp4" -an \
+  -c:v libx265 -pix_fmt yuv420p10le -preset fast -crf 30 -x265-params log-level=error -tag:v hvc1 \
+  -movflags +faststart "$out/talking-head-hevc10.mp4"
+ls -l "$out/speech.wav" "$out/talking-head.mp4" "$out/talking-head-rot90.mp4" "$out/talking-head-hevc10.mp4"
