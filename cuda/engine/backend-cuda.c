@@ -750,6 +750,9 @@ static int32_t concat_rows(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, 
   return SPN_OK;
 }
 
+static int32_t get_resize(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, cu_resize_t **out);
+static int32_t exec_resize_h(spn_backend_t *b, spn_run_t *r, const spn_node_t *n);
+
 /* An element-wise node on fp16 channels-last values (plan_forms). */
 static int32_t exec_h(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
   spn_rt_val_t *y = &r->v[n->out[0]];
@@ -758,6 +761,8 @@ static int32_t exec_h(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
     return spn_error_set(r->err, SPN_EINTERNAL, "%s: an fp16 channels-last value of rank %d", b->device, y->ndim);
   if (n->op == SPN_OP_CONCAT) /* along C: each input fills its C-slice of every pixel */
     return concat_rows(b, r, n, 1, (size_t)(y->shape[0] * y->shape[2] * y->shape[3]), 2);
+  if (n->op == SPN_OP_RESIZE || n->op == SPN_OP_UPSAMPLE)
+    return exec_resize_h(b, r, n);
   spn_cu_hchain_t ch;
   memset(&ch, 0, sizeof ch);
   ch.n = 1;
@@ -1248,6 +1253,21 @@ static int32_t exec_resize(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) 
   return SPN_OK;
 }
 
+/* Resize of an fp16 channels-last value (plan_forms): over H and W only. */
+static int32_t exec_resize_h(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
+  const spn_rt_val_t *x = &r->v[n->in[0]];
+  spn_rt_val_t *y = &r->v[n->out[0]];
+  if (x->ndim != 4 || y->ndim != 4 || x->shape[0] != y->shape[0] || x->shape[1] != y->shape[1])
+    return spn_error_set(r->err, SPN_EUNSUPPORTED, "%s: an fp16 channels-last Resize of other than H and W; run with SPINDLE_CUDA_NHWC=0", b->device);
+  cu_resize_t *e;
+  int32_t rc = get_resize(b, r, n, &e);
+  if (rc)
+    return rc;
+  int64_t tot = e->osh[0] + e->osh[1] + e->osh[2];
+  CU(spn_cu_resize_h(x->data, y->data, x->shape[0], x->shape[1], e->ish, e->osh, e->i01, e->i01 + tot, e->w, e->linear, run_stream(b, r)), "fp16 channels-last resize");
+  return SPN_OK;
+}
+
 static int32_t exec_pool(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
   const spn_rt_val_t *x = &r->v[n->in[0]];
   spn_rt_val_t *y = &r->v[n->out[0]];
@@ -1461,6 +1481,8 @@ static bool h_elementwise(const spn_backend_t *b, const spn_model_t *m, const sp
       return (n->op == SPN_OP_ADD || n->op == SPN_OP_MUL) && chan_const(a) && w->kind != SPN_VAL_CONST;
     return w->kind != SPN_VAL_CONST || chan_const(w);
   }
+  case SPN_OP_RESIZE: case SPN_OP_UPSAMPLE: /* over H and W; its other inputs are read on the host */
+    return a->kind != SPN_VAL_CONST && a->ndim == 4 && strcmp(spn_attr_str(n, "mode", "nearest"), "cubic") != 0;
   case SPN_OP_CONCAT: {
     int64_t ax = spn_attr_int(n, "axis", 0);
     if (ax != 1 && ax != -3)
@@ -1527,8 +1549,9 @@ static void plan_forms(spn_backend_t *b, const spn_model_t *m) {
         bool need = yh && (el[i] || conv);
         for (int k = 0; k < n->n_in; k++) {
           int vi = n->in[k];
-          if (vi < 0 || m->vals[vi].kind == SPN_VAL_CONST || (n->op == SPN_OP_CLIP && k > 0))
-            continue; /* constants, and Clip's bounds (read on the host) */
+          if (vi < 0 || m->vals[vi].kind == SPN_VAL_CONST ||
+              ((n->op == SPN_OP_CLIP || n->op == SPN_OP_RESIZE || n->op == SPN_OP_UPSAMPLE) && k > 0))
+            continue; /* constants, Clip's bounds, Resize's roi/scales/sizes (read on the host) */
           bool takes = n->shape_class ? n->op == SPN_OP_SHAPE : conv ? k == 0 && c->cin_p == c->cin : el[i] && yh;
           if (hv[vi] && !takes) {
             hv[vi] = false;

@@ -212,6 +212,40 @@ extern "C" cudaError_t spn_cu_resize(const float *x, float *y, int64_t planes, c
   return cudaGetLastError();
 }
 
+/* Resize of an fp16 channels-last (N, H, W, C) tensor over H and W with the
+ * tables k_resize reads (D entries first, one of them here): nearest copies
+ * the sample, linear blends in fp32 and rounds once. */
+__global__ void k_resize_h(const __half *X, __half *Y, int64_t C, int64_t ih, int64_t iw, int64_t oh, int64_t ow,
+                           const int64_t *i0, const int64_t *i1, const float *w, int linear, int64_t n) {
+  const int64_t *i0h = i0 + 1, *i0w = i0 + 1 + oh, *i1h = i1 + 1, *i1w = i1 + 1 + oh;
+  const float *wh = w + 1, *ww = w + 1 + oh;
+  GRID_LOOP(i, n) {
+    int64_t c = i % C, t = i / C, x = t % ow, t2 = t / ow, y = t2 % oh, b = t2 / oh;
+    const __half *xp = X + b * ih * iw * C + c;
+    if (!linear) {
+      Y[i] = xp[(i0h[y] * iw + i0w[x]) * C];
+      continue;
+    }
+    float v00 = __half2float(xp[(i0h[y] * iw + i0w[x]) * C]), v01 = __half2float(xp[(i0h[y] * iw + i1w[x]) * C]);
+    float v10 = __half2float(xp[(i1h[y] * iw + i0w[x]) * C]), v11 = __half2float(xp[(i1h[y] * iw + i1w[x]) * C]);
+    float top = v00 * (1.f - ww[x]) + v01 * ww[x], bot = v10 * (1.f - ww[x]) + v11 * ww[x];
+    Y[i] = __float2half_rn(top * (1.f - wh[y]) + bot * wh[y]);
+  }
+}
+
+extern "C" cudaError_t spn_cu_resize_h(const uint16_t *x16, uint16_t *y16, int64_t N, int64_t C, const int64_t *ish,
+                                       const int64_t *osh, const int64_t *i0, const int64_t *i1, const float *w,
+                                       int linear, cudaStream_t s) {
+  int64_t n = N * C * osh[1] * osh[2];
+  if (n <= 0)
+    return cudaSuccess;
+  if (ish[0] != 1 || osh[0] != 1)
+    return cudaErrorInvalidValue;
+  k_resize_h<<<grid_for(n), SPN_CU_THREADS, 0, s>>>((const __half *)x16, (__half *)y16, C, ish[1], ish[2], osh[1],
+                                                    osh[2], i0, i1, w, linear, n);
+  return cudaGetLastError();
+}
+
 /* One thread per (outer, inner) row; rows are short in the models served. */
 __global__ void k_softmax(const float *x, float *y, int64_t outer, int64_t len, int64_t inner) {
   GRID_LOOP(r, outer * inner) {

@@ -90,6 +90,13 @@ cudaError_t spn_cu_h_map(const uint16_t *x16, uint16_t *y16, const float *bias, 
  * C..Cp-1 of every pixel zero (Cp >= C: a channel count padded for cuDNN). */
 cudaError_t spn_cu_nchw_to_nhwc16(const float *x, uint16_t *y16, int64_t N, int64_t C, int64_t HW, int64_t Cp,
                                   cudaStream_t s);
+/* Resize of an fp16 channels-last (N, H, W, C) tensor over H and W, with
+ * spn_cu_resize's tables (ish/osh: D, H, W with D = 1; the D table's one
+ * entry first): nearest copies samples, linear blends them in fp32 and
+ * rounds once. */
+cudaError_t spn_cu_resize_h(const uint16_t *x16, uint16_t *y16, int64_t N, int64_t C, const int64_t *ish,
+                            const int64_t *osh, const int64_t *i0, const int64_t *i1, const float *w, int linear,
+                            cudaStream_t s);
 /* 2-D pooling over NCHW: max (avg = 0) or average; pads top/left; count
  * includes padding when count_pad. Output size given. */
 cudaError_t spn_cu_pool2d(const float *x, float *y, int64_t NC, int64_t H, int64_t W, int64_t OH, int64_t OW,

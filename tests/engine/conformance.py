@@ -241,6 +241,22 @@ def op_cases():
          "cb": rnd(1, 16, 1, 1), "s": rnd(16, 1, 1, lo=0.05, hi=0.3), "two": np.array(2, np.float32),
          "wt": rnd(32, 16, 4, 4) * 0.15, "bt": rnd(16), "w3": rnd(8, 16, 3, 3) * 0.2, "b3": rnd(8),
          "w4": rnd(8, 32, 1, 1) * 0.3, "lo": np.array(-0.4, np.float32), "hi": np.array(0.5, np.float32)}, dyn_batch=True)
+    # Resize between channels-last fp16 convolutions (SPINDLE_CUDA_NHWC=1):
+    # linear half_pixel up, nearest asymmetric/floor to sizes, linear
+    # align_corners down, each read by a convolution, so each stays fp16.
+    c["resize_chain_h16"] = case([
+        N("Conv", ["x", "w1", "b1"], ["a0"], pads=[1, 1, 1, 1]), N("Relu", ["a0"], ["a"]),
+        N("Resize", ["a", "", "up"], ["u"], mode="linear"),
+        N("Conv", ["u", "w2"], ["b"], pads=[1, 1, 1, 1]),
+        N("Resize", ["b", "", "", "sz"], ["d"], mode="nearest", coordinate_transformation_mode="asymmetric",
+          nearest_mode="floor"),
+        N("Conv", ["d", "w3", "b3"], ["y"], pads=[1, 1, 1, 1]),
+        N("Resize", ["b", "", "down"], ["e"], mode="linear", coordinate_transformation_mode="align_corners"),
+        N("Conv", ["e", "w4"], ["z"]),
+    ], {"x": rnd(2, 6, 7, 9)}, [("y", F), ("z", F)],
+        {"w1": rnd(16, 6, 3, 3) * 0.3, "b1": rnd(16), "up": np.array([1, 1, 2, 2], np.float32),
+         "w2": rnd(16, 16, 3, 3) * 0.2, "sz": i64(2, 16, 19, 25), "w3": rnd(8, 16, 3, 3) * 0.2, "b3": rnd(8),
+         "down": np.array([1, 1, 0.5, 0.75], np.float32), "w4": rnd(8, 16, 1, 1) * 0.3})
     # ceil_mode's extra window positions are not padding to count_include_pad
     # (the CPU backend once divided by the whole window there).
     c["avgpool_ceil_include_pad"] = case([N("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
