@@ -183,6 +183,7 @@ int32_t spn__host_stage_port_format(spn_stage_t *s, bool is_output, uint32_t por
                          : (es->to_stage == s->srt->index && es->to_port == port);
     if (hit && es->format.struct_size) {
       *out = es->format;
+      out->mem_kind = spn__edge_mem_kind(s->pipe, es); /* by placement, as the run summary says */
       return SPN_OK;
     }
   }

@@ -519,7 +519,7 @@ const char *spn_pipeline_stage_transfers(const spn_pipeline_t *pipe, size_t i, s
  * gets host memory where it takes it (spn__mem_plan). A set of device memory
  * alone is kept: that producer gives nothing else. With one CPU device there
  * is no device memory: a consumer that would take it gets host memory. */
-static int32_t edge_mem_kind(const spn_pipeline_t *pipe, const spn__edge_spec_t *es) {
+int32_t spn__edge_mem_kind(const spn_pipeline_t *pipe, const spn__edge_spec_t *es) {
   if (!es->format.struct_size)
     return SPN_MEM_HOST;
   const uint32_t host = SPN_MEMSET_HOST | SPN_MEMSET_PINNED;
@@ -559,7 +559,7 @@ int32_t spn_pipeline_edge_stats(const spn_pipeline_t *pipe, size_t i, spn_edge_s
   out->to_port = to->kind->inputs[es->to_port].name;
   out->pixel_format = es->format.pixel_format;
   out->format = spn__pixel_format_name(es->format.pixel_format);
-  out->mem_kind = edge_mem_kind(pipe, es);
+  out->mem_kind = spn__edge_mem_kind(pipe, es);
   out->converted = to->inserted;
   for (uint32_t k = 0; k < pipe->n_links; k++) {
     const spn__link_t *l = pipe->links[k];

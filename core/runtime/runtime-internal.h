@@ -444,6 +444,11 @@ void spn__loop_job_started(spn_runtime_t *rt, spn_job_t *job);
 void spn__loop_handle(spn_runtime_t *rt, spn__event_t *ev);
 void spn__loop_progress_tick(spn_runtime_t *rt);
 
+/* The memory kind the consumer of edge `es` of `pipe` receives, from the
+ * negotiated sets and where the two stages were placed (pipeline.c); what
+ * spn_pipeline_edge_stats and host->stage_port_format report. */
+int32_t spn__edge_mem_kind(const spn_pipeline_t *pipe, const spn__edge_spec_t *es);
+
 /* The host table handed to plugins: one static table for every runtime
  * (plugins keep the pointer in a static; entries find their runtime through
  * the stage handle). */

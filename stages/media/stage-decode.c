@@ -211,6 +211,27 @@ static int32_t gpu_job_open(spn_stage_t *stage, const decode_config_t *c, decode
   return SPN_OK;
 }
 
+/* Software decoding on a GPU whose frames go to a stage in the CPU pool:
+ * the runtime would copy each uploaded frame straight back down
+ * (stage_port_format says the edge is host memory), so the frames stay in
+ * host memory, as on the CPU, and nothing crosses PCIe. NVDEC's frames
+ * are still converted on the GPU and copied down once by the runtime. */
+static void gpu_software_to_host(spn_stage_t *stage, decode_job_t *j, spn_decode_opts_t *o) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  spn_port_format_t pf = {.struct_size = sizeof pf};
+  spn_error_t e = SPN_ERROR_INIT;
+  if (!j->on_gpu || o->hwaccel != SPN_HWACCEL_NONE || !SPN_HOST_HAS(host, stage_port_format) ||
+      host->stage_port_format(stage, true, 0, &pf, &e) != SPN_OK ||
+      (pf.mem_kind != SPN_MEM_HOST && pf.mem_kind != SPN_MEM_PINNED))
+    return;
+  j->on_gpu = false;
+  o->device_frames = 0;
+  o->device_rotate = 0;
+  host->log(stage, j->job_id, SPN_LOG_INFO,
+            "%s: decoding video in software into host memory, as the stage it feeds runs on the CPU (%s)", j->path,
+            j->open_why ? j->open_why : "no NVDEC");
+}
+
 /* The one line per job that says how its frames reach the GPU. */
 static void gpu_say_path(spn_stage_t *stage, decode_job_t *j, const spn_media_item_t *it) {
   const spn_host_api_t *host = spn_stage_host(stage);
@@ -353,6 +374,7 @@ static int32_t decode_job_open(spn_stage_t *stage, void *state, const spn_job_in
     free(j);
     return rc;
   }
+  gpu_software_to_host(stage, j, &o);
 #endif
   if ((rc = spn_decoder_new(c->path, &o, &j->dec, err))) {
 #ifdef SPN_MEDIA_CUDA
@@ -419,6 +441,10 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
     if (rc == SPN_OK && video && (rc = gpu_fill_frame(stage, j, it, buf, err)))
       host->buffer_unref(&buf);
     if (rc)
+      return rc;
+  } else if (j->stream) {
+    /* placed on a GPU, frames in host memory (gpu_software_to_host) */
+    if ((rc = host->buffer_new_kind(stage, spn_tensor_nbytes(&t), SPN_MEM_HOST, &buf, err)))
       return rc;
   } else
 #endif

@@ -58,16 +58,20 @@ typedef struct src_job {
   int32_t mem_kind; /* what it writes */
 } src_job_t;
 
+static void src_note_port(spn_stage_t *s, const spn_host_api_t *h);
+
 static int32_t src_open(spn_stage_t *s, void *st, const spn_job_info_t *job, void **js, spn_error_t *e) {
   src_job_t *j = calloc(1, sizeof *j);
   j->n = ((const src_config_t *)job->config)->frames;
   j->mem_kind = ((const src_config_t *)job->config)->either ? SPN_MEM_HOST : SPN_MEM_DEVICE;
   j->id = job->job_id;
   *js = j;
+  src_note_port(s, st);
   return SPN_OK;
 }
 
 static void src_close(spn_stage_t *s, void *st, void *js, bool ok) { free(js); }
+
 
 /* One frame per call in DEVICE memory of the instance's device (emulated
  * on cpu:N: host memory the runtime treats as device memory), or with
@@ -130,6 +134,7 @@ static int32_t sink_proc(spn_stage_t *s, void *st, spn_msg_t **m, void **js, siz
 
 typedef struct test_ctx {
   atomic_llong seen_host, bad_host, seen_dev, bad_dev;
+  atomic_int port_mem; /* what stage_port_format told the source at job open (its video port), + 1 */
 } test_ctx_t;
 
 static int32_t src_create(spn_stage_t *s, const void *cfg, void **st, spn_error_t *e);
@@ -140,6 +145,15 @@ static void sink_destroy(spn_stage_t *s, void *st) { free(st); }
 /* Test-only: the create callbacks find the host table and the counters of
  * the test that runs (one at a time in this process) here. */
 static test_ctx_t *g_ctx;
+
+/* What the host says the source's video port gives (placement included),
+ * kept for the test (+ 1: 0 is "not asked"). */
+static void src_note_port(spn_stage_t *s, const spn_host_api_t *h) {
+  spn_port_format_t pf = {.struct_size = sizeof pf};
+  spn_error_t e = SPN_ERROR_INIT;
+  if (g_ctx && h->stage_port_format(s, true, 0, &pf, &e) == SPN_OK)
+    atomic_store(&g_ctx->port_mem, pf.mem_kind + 1);
+}
 static const spn_host_api_t *g_host;
 
 static int32_t src_create(spn_stage_t *s, const void *cfg, void **st, spn_error_t *e) {
@@ -531,6 +545,7 @@ static void same_device_passes_handles(void **state) {
   const edge_rec_t *r = edge_into(st, "d");
   const spn_edge_stats_t *e = &r->st;
   assert_int_equal(e->mem_kind, SPN_MEM_DEVICE);
+  assert_int_equal(atomic_load(&ctx.port_mem), SPN_MEM_DEVICE + 1); /* stage_port_format agrees */
   for (int d = 0; d < 4; d++)
     assert_int_equal(e->copies[d], 0);
   /* one job: the source replica it ran on emitted 20 frames */
@@ -554,6 +569,8 @@ static void either_source_off_gpu_gives_host(void **state) {
   const edge_rec_t *r = edge_into(st, "e");
   const spn_edge_stats_t *e = &r->st;
   assert_int_equal(e->mem_kind, SPN_MEM_HOST);
+  /* and so does stage_port_format, which the source reads at job open */
+  assert_int_equal(atomic_load(&ctx.port_mem), SPN_MEM_HOST + 1);
   for (int d = 0; d < 4; d++)
     assert_int_equal(e->copies[d], 0);
   assert_int_equal(e->items_passed, 12);
@@ -574,6 +591,9 @@ static void pool_consumer_gets_host(void **state) {
   const edge_rec_t *r = edge_into(st, "e");
   const spn_edge_stats_t *e = &r->st;
   assert_int_equal(e->mem_kind, SPN_MEM_HOST);
+  /* stage_port_format tells the source so (a source that can give host
+   * memory can then skip the copy, as decode does) */
+  assert_int_equal(atomic_load(&ctx.port_mem), SPN_MEM_HOST + 1);
   assert_int_equal(e->copies[SPN_COPY_D2H], 9);
   assert_int_equal(e->copies[SPN_COPY_H2D] + e->copies[SPN_COPY_D2D] + e->copies[SPN_COPY_H2H], 0);
   assert_int_equal(atomic_load(&ctx.seen_host), 9);

@@ -505,9 +505,13 @@ typedef struct spn_host_api {
   int32_t (*buffer_set_ready)(spn_stage_t *stage, spn_buffer_t *buf, spn_error_t *err);
   void *(*buffer_event)(const spn_buffer_t *buf);
   /* The format negotiated for a port of this instance's stage (is_output:
-   * an output port, else an input). An output feeding several edges of
-   * different formats reports the first edge's. Ownership: *out the
-   * caller's, filled. Thread: any. */
+   * an output port, else an input). mem_kind is the memory the edge's
+   * consumer receives given where both stages were placed (what the run
+   * summary names): an output declaring device and host memory reads host
+   * memory where its consumer runs in the CPU pool, or where the stage
+   * itself is not on a GPU. An output feeding several edges of different
+   * formats reports the first edge's. Ownership: *out the caller's,
+   * filled. Thread: any. */
   int32_t (*stage_port_format)(spn_stage_t *stage, bool is_output, uint32_t port, spn_port_format_t *out,
                                spn_error_t *err);
   /* ABI 1.1: counted copies (check SPN_HOST_HAS(host, buffer_copy): an
