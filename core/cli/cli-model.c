@@ -185,7 +185,7 @@ static void print_shape(int ndim, const int64_t *s) {
 }
 
 enum { O_DEVICE = 256, O_PRECISION, O_FALLBACK, O_NO_GRAPHS, O_INPUT, O_OUTPUT_DIR, O_THREADS, O_REPEAT,
-       O_NO_FUSION, O_BATCH, O_ITERS, O_WARMUP, O_SIZE, O_DEVICES };
+       O_NO_FUSION, O_BATCH, O_ITERS, O_WARMUP, O_SIZE, O_DEVICES, O_PROFILE };
 #define DEVICE_OPTS                                                                                           \
   {"device", required_argument, NULL, O_DEVICE}, {"precision", required_argument, NULL, O_PRECISION},         \
       {"fallback", required_argument, NULL, O_FALLBACK}, {"no-graphs", no_argument, NULL, O_NO_GRAPHS}
@@ -483,7 +483,98 @@ static int parse_batches(const char *s, int64_t *b, int max) {
 
 static const char bench_usage[] =
     "usage: spindle model bench FILE.onnx [--batch 1,32,128] [--size N] [--iters N] [--warmup N] [--threads N] "
-    "[--device D] [--precision P] [--fallback cpu|error] [--no-graphs]\n";
+    "[--device D] [--precision P] [--fallback cpu|error] [--no-graphs] [--profile TOP]\n";
+
+/* One node's profile totals, and sorting them slowest first. */
+typedef struct prof_row {
+  spn_node_time_t t; /* ms: the sum over the runs */
+} prof_row_t;
+
+static int cmp_row(const void *a, const void *b) {
+  double x = ((const prof_row_t *)a)->t.ms, y = ((const prof_row_t *)b)->t.ms;
+  return x > y ? -1 : x < y;
+}
+
+/* --profile: `runs` profiled runs (spn_model_profile) after the timed ones;
+ * prints the `top` slowest nodes (mean ms, share of the profiled total)
+ * and the total per operator. Returns 0, or 1 after printing the error. */
+static int bench_profile(spn_model_t *m, const spn_tensor_t *ins, int n_in, spn_tensor_t *outs, int n_out,
+                         int64_t batch, int runs, int top, double normal_ms) {
+  int cap = spn_model_node_count(m) + 1;
+  spn_node_time_t *t = calloc((size_t)cap, sizeof *t);
+  prof_row_t *rows = calloc((size_t)cap, sizeof *rows);
+  int rc = 1, n = 0;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (!t || !rows) {
+    fprintf(stderr, "spindle model: out of memory for the profile\n");
+    goto out;
+  }
+  for (int it = 0; it < runs; it++) {
+    for (int k = 0; k < n_out; k++) {
+      spn_model_output_free(&outs[k]);
+      outs[k] = (spn_tensor_t)SPN_TENSOR_INIT;
+    }
+    int32_t got = 0;
+    if (spn_model_profile(m, ins, n_in, outs, n_out, t, cap, &got, &err)) {
+      fprintf(stderr, "spindle model: batch %lld: profile: %s\n", (long long)batch, err.msg);
+      goto out;
+    }
+    if (got > cap)
+      got = cap;
+    if (it == 0) {
+      n = got;
+      for (int i = 0; i < n; i++) {
+        rows[i].t = t[i];
+        rows[i].t.ms = 0;
+      }
+    }
+    for (int i = 0; i < n && i < got; i++)
+      rows[i].t.ms += t[i].ms;
+  }
+  double total = 0;
+  for (int i = 0; i < n; i++)
+    total += rows[i].t.ms / runs;
+  printf("profile, batch %lld: %d nodes, each run and waited for on its own (%d runs, mean): %.3f ms in all, "
+         "a timed run %.3f ms\n", (long long)batch, n, runs, total, normal_ms);
+  /* per operator, in order of first appearance, before sorting the nodes */
+  const char *ops[64];
+  double op_ms[64];
+  int op_cnt[64], n_ops = 0;
+  for (int i = 0; i < n; i++) {
+    int o = 0;
+    while (o < n_ops && strcmp(ops[o], rows[i].t.op))
+      o++;
+    if (o == n_ops) {
+      if (n_ops == 64)
+        continue;
+      ops[n_ops] = rows[i].t.op;
+      op_ms[n_ops] = 0;
+      op_cnt[n_ops++] = 0;
+    }
+    op_ms[o] += rows[i].t.ms / runs;
+    op_cnt[o]++;
+  }
+  qsort(rows, (size_t)n, sizeof *rows, cmp_row);
+  printf("%10s %7s  %s\n", "ms", "share", "node (operator, fused operators, device)");
+  for (int i = 0; i < n && i < top; i++) {
+    double ms = rows[i].t.ms / runs;
+    char fused[32] = "";
+    if (rows[i].t.fused)
+      snprintf(fused, sizeof fused, " with %d fused", (int)rows[i].t.fused);
+    printf("%10.4f %6.1f%%  #%d %s (%s%s, %s)\n", ms, total > 0 ? 100 * ms / total : 0.0, (int)rows[i].t.index,
+           rows[i].t.name, rows[i].t.op, fused, rows[i].t.device);
+  }
+  printf("by operator:");
+  for (int o = 0; o < n_ops; o++)
+    printf("%s %s x%d %.3f ms (%.1f%%)", o ? "," : "", ops[o], op_cnt[o], op_ms[o], total > 0 ? 100 * op_ms[o] / total : 0.0);
+  printf("\n");
+  fflush(stdout);
+  rc = 0;
+out:
+  free(t);
+  free(rows);
+  return rc;
+}
 
 static int cmd_bench(int argc, char **argv) {
   static const struct option cli_opts[] = {DEVICE_OPTS,
@@ -492,11 +583,12 @@ static int cmd_bench(int argc, char **argv) {
                                        {"warmup", required_argument, NULL, O_WARMUP},
                                        {"threads", required_argument, NULL, O_THREADS},
                                        {"size", required_argument, NULL, O_SIZE},
+                                       {"profile", required_argument, NULL, O_PROFILE},
                                        SPN_CLI_HELP_OPT,
                                        {0}};
   const char *file = NULL;
   int64_t batches[16] = {1};
-  int nb = 1, iters = 20, warmup = 3, threads = 0;
+  int nb = 1, iters = 20, warmup = 3, threads = 0, top = 0;
   int64_t size = 64;
   spn_model_opts_t mo = SPN_MODEL_OPTS_INIT;
   spn_cli_getopt_t g = {.cmd = "model bench"};
@@ -533,6 +625,11 @@ static int cmd_bench(int argc, char **argv) {
       if (!int_opt(&g, 1, 1 << 16, &n))
         return 2;
       size = n;
+      break;
+    case O_PROFILE:
+      if (!int_opt(&g, 1, 100000, &n))
+        return 2;
+      top = (int)n;
       break;
     case SPN_CLI_ARG:
       if (file) {
@@ -614,6 +711,8 @@ static int cmd_bench(int argc, char **argv) {
     double med = ts[iters / 2];
     printf("%8lld %12.3f %12.3f %14.1f\n", (long long)batches[bi], med, ts[0], med > 0 ? (double)batches[bi] * 1e3 / med : 0.0);
     fflush(stdout);
+    if (top && bench_profile(m, ins, n_in, outs, n_out, batches[bi], iters, top, med))
+      goto out;
   }
   rc = 0;
 out:

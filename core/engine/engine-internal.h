@@ -240,6 +240,7 @@ typedef struct spn_run {
   void *scratch;     /* per-run transient host buffer for CPU temporaries */
   size_t scratch_n;
   void *scratch_h;
+  bool profile;      /* node by node (spn_model_profile): device backends run eagerly */
 } spn_run_t;
 
 /* Pooled buffers of backend `slot`: take one of at least `n` bytes (NULL on
@@ -286,8 +287,15 @@ void *spn_aligned_alloc(size_t bytes);
 int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err);
 /* Run (see spn_model_run_on for host and device tensors and the stream);
  * shapes_only: infer and fill the outputs' dtype, ndim and shape only. */
+/* prof (NULL: a normal run): run node by node, waiting for each, and
+ * record each node's time (spn_model_profile). */
+typedef struct spn_profile {
+  spn_node_time_t *t;
+  int max, n;
+} spn_profile_t;
 int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tensor_t *out,
-                      int n_out, int threads, void *stream, bool shapes_only, spn_error_t *err);
+                      int n_out, int threads, void *stream, bool shapes_only, spn_profile_t *prof,
+                      spn_error_t *err);
 
 /* plan.c: place live nodes on backends, prepare them, find boundary values. */
 int32_t spn_plan_place(spn_model_t *m, spn_error_t *err);

@@ -695,21 +695,31 @@ int32_t spn_model_run(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in,
                       spn_tensor_t *outputs, int32_t n_out, spn_error_t *err) {
   if (!m || (n_in && !inputs) || (n_out && !outputs))
     return spn_error_set(err, SPN_EINVAL, "spn_model_run: NULL argument");
-  return spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, NULL, false, err);
+  return spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, NULL, false, NULL, err);
 }
 
 int32_t spn_model_run_on(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in, spn_tensor_t *outputs,
                          int32_t n_out, void *stream, spn_error_t *err) {
   if (!m || (n_in && !inputs) || (n_out && !outputs))
     return spn_error_set(err, SPN_EINVAL, "spn_model_run_on: NULL argument");
-  return spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, stream, false, err);
+  return spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, stream, false, NULL, err);
+}
+
+int32_t spn_model_profile(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in, spn_tensor_t *outputs,
+                          int32_t n_out, spn_node_time_t *times, int32_t max, int32_t *n_times, spn_error_t *err) {
+  if (!m || (n_in && !inputs) || (n_out && !outputs) || !n_times || max < 0 || (max && !times))
+    return spn_error_set(err, SPN_EINVAL, "spn_model_profile: NULL argument");
+  spn_profile_t prof = {.t = times, .max = max};
+  int32_t rc = spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, NULL, false, &prof, err);
+  *n_times = prof.n;
+  return rc;
 }
 
 int32_t spn_model_output_shapes(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in, spn_tensor_t *outputs,
                                 int32_t n_out, spn_error_t *err) {
   if (!m || (n_in && !inputs) || (n_out && !outputs))
     return spn_error_set(err, SPN_EINVAL, "spn_model_output_shapes: NULL argument");
-  return spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, NULL, true, err);
+  return spn_graph_run(m, inputs, n_in, outputs, n_out, m->threads, NULL, true, NULL, err);
 }
 
 const char *spn_model_device(const spn_model_t *m) { return m ? m->device : NULL; }

@@ -17,6 +17,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine-internal.h"
 
@@ -1225,8 +1226,15 @@ static bool host_reads(const spn_model_t *m, int vi) {
   return false;
 }
 
+static double mono_ms(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
 int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tensor_t *out,
-                      int n_out, int threads, void *stream, bool shapes_only, spn_error_t *err) {
+                      int n_out, int threads, void *stream, bool shapes_only, spn_profile_t *prof,
+                      spn_error_t *err) {
   if (n_in != m->n_inputs)
     return spn_error_set(err, SPN_EINVAL, "%s: %d inputs given, the model takes %d", m->path, n_in, m->n_inputs);
   if (n_out != m->n_outputs)
@@ -1237,7 +1245,7 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
   spn_backend_t *const *bk = m->shared->backends;
   spn_backend_t *dev = bk[m->dev_slot];
   int nb = m->shared->n_backends;
-  spn_run_t r = {.m = m, .v = rv, .err = err, .threads = threads, .stream = stream};
+  spn_run_t r = {.m = m, .v = rv, .err = err, .threads = threads, .stream = stream, .profile = prof != NULL};
   spn_shape_plan_t *plan = NULL;
   uint8_t *arena[SPN_MAX_BACKENDS] = {0};
   size_t arena_n[SPN_MAX_BACKENDS] = {0};
@@ -1417,8 +1425,9 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
       continue;
     }
     int b = n->backend, j = i + 1;
-    while (j < m->n_node && (m->nodes[j].dead || m->nodes[j].shape_class || m->nodes[j].backend == b))
+    while (j < m->n_node && (m->nodes[j].dead || m->nodes[j].shape_class || (!prof && m->nodes[j].backend == b)))
       j++;
+    double t0 = prof ? mono_ms() : 0;
     for (int c = 0; c < m->n_cross && !rc; c++) {
       const spn_cross_t *x = &m->cross[c];
       if (x->slot != b || x->last < i || x->first >= j || (in_place[x->val] && b == m->dev_slot))
@@ -1431,6 +1440,14 @@ int32_t spn_graph_run(spn_model_t *m, const spn_tensor_t *in, int n_in, spn_tens
     }
     if (!rc)
       rc = bk[b]->iface->compute(bk[b], &r, i, j);
+    if (prof && !rc) { /* one live node: wait for its device, then time it */
+      if (b != SPN_BACKEND_CPU)
+        rc = bk[b]->iface->run_end(bk[b], &r, true);
+      if (!rc && prof->n < prof->max)
+        prof->t[prof->n] = (spn_node_time_t){.op = n->op_name, .name = n->name, .device = bk[b]->device,
+                                             .fused = n->n_post, .index = i, .ms = mono_ms() - t0};
+      prof->n++;
+    }
     for (int c = 0; c < m->n_cross; c++)
       if (xsave[c]) {
         rv[m->cross[c].val].data = xsave[c];

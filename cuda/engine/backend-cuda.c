@@ -1818,7 +1818,7 @@ static int32_t cu_compute(spn_backend_t *b, spn_run_t *r, int first, int last) {
   int32_t rc = SPN_OK;
   cu_graph_t *g = NULL;
   bool fresh = false;
-  if (!r->m->no_graphs) {
+  if (!r->m->no_graphs && !r->profile) {
     cu_sig_t s = {0};
     sig_build(&s, b, r, first, last);
     if (!s.oom)

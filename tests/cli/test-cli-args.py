@@ -64,6 +64,20 @@ expect(["jobs", "--limit=0"], 2, '--limit needs 1-1000, got "0"')
 expect(["jobs", "--state", "sleeping"], 2, 'unknown state "sleeping"')
 expect(["model", "bench", model, "--iters", "0"], 2, "--iters wants an integer in 1..100000, got '0'")
 expect(["model", "bench", model, "--threads=many"], 2, "--threads wants an integer")
+expect(["model", "bench", model, "--profile", "0"], 2, "--profile wants an integer in 1..100000, got '0'")
+# --profile TOP: after the timing, the TOP slowest nodes and the time per
+# operator (ESPCN: three convolutions and a DepthToSpace)
+r = run("model", "bench", model, "--batch", "1", "--size", "24", "--iters", "2", "--warmup", "0", "--profile", "2")
+lines = r.stdout.splitlines()
+head = [i for i, ln in enumerate(lines) if ln.startswith("profile, batch 1: ")]
+if r.returncode != 0 or len(head) != 1:
+    failures.append(f"model bench --profile: rc {r.returncode}, stdout {r.stdout[:400]!r}, stderr {r.stderr[:300]!r}")
+else:
+    rows = [ln for ln in lines[head[0] + 2:] if "%  #" in ln]
+    by_op = [ln for ln in lines if ln.startswith("by operator: ")]
+    if len(rows) != 2 or not all("(Conv" in ln or "(DepthToSpace" in ln for ln in rows) or \
+            len(by_op) != 1 or "Conv x" not in by_op[0] or "DepthToSpace x1" not in by_op[0]:
+        failures.append(f"model bench --profile 2: rows {rows!r}, by operator {by_op!r}")
 expect(["model", "run", model, "--input", "x"], 2, "--input wants NAME=FILE.npy")
 expect(["model", "inspect", model, model], 2, "one model file only")
 expect(["model", "inspect", model, "-x"], 2, "unknown option '-x'")

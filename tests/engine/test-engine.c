@@ -449,7 +449,8 @@ static void test_external_data(void **state) {
 enum { CI = 3, CO = 5, H = 9, W = 8, K = 3 };
 static float conv_w[CO * CI * K * K], conv_b[CO];
 
-static pb_t conv_model(void) {
+/* The convolution's nodes and initializers, without inputs and outputs. */
+static pb_t conv_model_graph(void) {
   for (int i = 0; i < CO * CI * K * K; i++)
     conv_w[i] = (float)((i * 37) % 17 - 8) / 16.f;
   for (int i = 0; i < CO; i++)
@@ -464,6 +465,11 @@ static pb_t conv_model(void) {
                 {.name = "strides", .type = 7, .n = 2, .ints = strides}};
   node(&g, "Conv", "conv0", in, 3, out, 1, a, 2);
   node(&g, "Relu", "relu0", in2, 1, out2, 1, NULL, 0); /* fused as a post-op */
+  return g;
+}
+
+static pb_t conv_model(void) {
+  pb_t g = conv_model_graph();
   int64_t d[] = {-1, CI, H, W};
   value_info(&g, 11, "x", 4, d);
   value_info(&g, 12, "y", -1, NULL);
@@ -561,6 +567,86 @@ static void test_conv_matches_reference_concurrently(void **state) {
 
 /* Flip bytes of a valid model: every load must end in success or a clean
  * error (the sanitizer build checks "clean"). */
+/* ---- profile: each node timed on its own ---- */
+
+/* conv0 (+ its Relu, fused) -> tr0 (Transpose) -> sig0 (Sigmoid): three
+ * nodes run. */
+static pb_t chain_model(void) {
+  pb_t g = conv_model_graph();
+  const char *in3[] = {"y"}, *out3[] = {"t"}, *in4[] = {"t"}, *out4[] = {"z"};
+  int64_t perm[] = {0, 1, 3, 2};
+  attr_t a[] = {{.name = "perm", .type = 7, .n = 4, .ints = perm}};
+  node(&g, "Transpose", "tr0", in3, 1, out3, 1, a, 1);
+  node(&g, "Sigmoid", "sig0", in4, 1, out4, 1, NULL, 0);
+  int64_t d[] = {-1, CI, H, W};
+  value_info(&g, 11, "x", 4, d);
+  value_info(&g, 12, "z", -1, NULL);
+  return model(&g, 13);
+}
+
+static void test_profile_times_each_node(void **state) {
+  (void)state;
+  pb_t m = chain_model();
+  spn_engine_t *e = engine(1);
+  spn_model_t *mod = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_engine_load_memory(e, m.p, m.n, "chain.onnx", "cpu", &mod, &err), SPN_OK);
+  free(m.p);
+  float x[2 * CI * H * W];
+  for (int i = 0; i < 2 * CI * H * W; i++)
+    x[i] = (float)((i * 5) % 11) / 5.f - 1.f;
+  spn_tensor_t in = SPN_TENSOR_INIT, ref = SPN_TENSOR_INIT, got = SPN_TENSOR_INIT;
+  in.dtype = SPN_DTYPE_F32;
+  in.ndim = 4;
+  in.shape[0] = 2;
+  in.shape[1] = CI;
+  in.shape[2] = H;
+  in.shape[3] = W;
+  in.data = x;
+  assert_int_equal(spn_model_run(mod, &in, 1, &ref, 1, &err), SPN_OK);
+  spn_node_time_t t[4];
+  memset(t, 0xab, sizeof t);
+  int32_t n = -1;
+  assert_int_equal(spn_model_profile(mod, &in, 1, &got, 1, t, 4, &n, &err), SPN_OK);
+  assert_int_equal(n, 3);
+  const char *ops[] = {"Conv", "Transpose", "Sigmoid"}, *names[] = {"conv0", "tr0", "sig0"};
+  for (int i = 0; i < 3; i++) {
+    assert_string_equal(t[i].op, ops[i]);
+    assert_string_equal(t[i].name, names[i]);
+    assert_string_equal(t[i].device, "cpu");
+    assert_int_equal(t[i].fused, i == 0); /* the Relu */
+    assert_true(t[i].ms >= 0 && t[i].ms < 60e3);
+    if (i)
+      assert_true(t[i].index > t[i - 1].index);
+  }
+  /* the outputs are the run's, bit for bit */
+  assert_int_equal(got.ndim, ref.ndim);
+  assert_memory_equal(got.shape, ref.shape, sizeof got.shape);
+  assert_memory_equal(got.data, ref.data, (size_t)(2 * CO * 5 * 7) * sizeof(float));
+  spn_model_output_free(&got);
+  /* fewer slots than nodes: the count still says 3, nothing past max */
+  memset(t, 0xab, sizeof t);
+  assert_int_equal(spn_model_profile(mod, &in, 1, &got, 1, t, 1, &n, &err), SPN_OK);
+  assert_int_equal(n, 3);
+  assert_string_equal(t[0].name, "conv0");
+  unsigned char junk[sizeof t[1]];
+  memset(junk, 0xab, sizeof junk);
+  assert_memory_equal(&t[1], junk, sizeof junk);
+  spn_model_output_free(&got);
+  assert_int_equal(spn_model_profile(mod, &in, 1, &got, 1, NULL, 0, &n, &err), SPN_OK);
+  assert_int_equal(n, 3);
+  spn_model_output_free(&got);
+  /* caller errors */
+  assert_int_equal(spn_model_profile(mod, &in, 1, &got, 1, t, 4, NULL, &err), SPN_EINVAL);
+  assert_int_equal(spn_model_profile(mod, &in, 1, &got, 1, NULL, 2, &n, &err), SPN_EINVAL);
+  in.shape[1] = CI + 1; /* as spn_model_run: the input named */
+  assert_int_not_equal(spn_model_profile(mod, &in, 1, &got, 1, t, 4, &n, &err), SPN_OK);
+  assert_non_null(strstr(err.msg, "'x'"));
+  spn_model_output_free(&ref);
+  spn_model_release(&mod);
+  spn_engine_free(&e);
+}
+
 static void test_mutated_models_never_crash(void **state) {
   (void)state;
   pb_t m = conv_model();
@@ -607,6 +693,7 @@ int main(void) {
       cmocka_unit_test(test_unsupported_op_and_attribute),
       cmocka_unit_test(test_external_data),
       cmocka_unit_test(test_conv_matches_reference_concurrently),
+      cmocka_unit_test(test_profile_times_each_node),
       cmocka_unit_test(test_mutated_models_never_crash),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -173,6 +173,27 @@ static void test_conv_relu_add_resize(void **state) {
     in.shape[3] = 10;
     in.data = x;
     compare(cpu, gpu, &in, 1, 1e-4f);
+    /* Profiled (spn_model_profile): the GPU's nodes, each waited for, and
+     * the run's outputs bit for bit; runs as graphs before and after. */
+    spn_tensor_t a = SPN_TENSOR_INIT, b = SPN_TENSOR_INIT;
+    spn_node_time_t t[8];
+    int32_t nt = 0;
+    spn_error_t err = SPN_ERROR_INIT;
+    assert_int_equal(spn_model_run(gpu, &in, 1, &a, 1, &err), SPN_OK);
+    if (spn_model_profile(gpu, &in, 1, &b, 1, t, 8, &nt, &err))
+      fail_msg("profile: %s", err.msg);
+    assert_int_equal(nt, 2); /* the Conv with its Relu and Add, the Resize */
+    assert_string_equal(t[0].op, "Conv");
+    assert_int_equal(t[0].fused, 2);
+    assert_string_equal(t[1].op, "Resize");
+    for (int i = 0; i < 2; i++) {
+      assert_string_equal(t[i].device, "cuda:0");
+      assert_true(t[i].ms >= 0);
+    }
+    assert_memory_equal(a.data, b.data, n * 4 * sizeof(float));
+    spn_model_output_free(&a);
+    spn_model_output_free(&b);
+    compare(cpu, gpu, &in, 1, 1e-4f);
     free(x);
   }
   spn_model_release(&cpu);

@@ -209,6 +209,30 @@ SPN_API int32_t spn_model_run_on(spn_model_t *m, const spn_tensor_t *inputs, int
 SPN_API int32_t spn_model_output_shapes(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in,
                                         spn_tensor_t *outputs, int32_t n_out, spn_error_t *err);
 
+/* One node's time in a profiled run (spn_model_profile). */
+typedef struct spn_node_time {
+  const char *op;     /* its ONNX operator ("Conv") */
+  const char *name;   /* its name in the file (or one made from its position) */
+  const char *device; /* the backend that ran it: "cpu", "cuda:0", ... */
+  int32_t fused;      /* operators fused into it (activations, a residual Add, ...) */
+  int32_t index;      /* its position among the model's nodes */
+  double ms;          /* wall time from queueing it, with the copies of its inputs
+                         from another backend, until its device was done */
+} spn_node_time_t;
+
+/* spn_model_run, node by node: each node's work (a device's included) is
+ * waited for before the next one starts, and timed; nothing is replayed as
+ * a CUDA Graph. The times add up to more than a normal run takes (every
+ * wait, and no overlap): read them as each node's share, to see where a
+ * model's time goes. times[0 .. min(max, *n_times)) get the nodes run, in
+ * order; *n_times is how many ran (more than max: the rest are not
+ * recorded). Outputs as spn_model_run (host memory). The strings live as
+ * long as the model. Ownership: as spn_model_run; times the caller's.
+ * Thread: any, concurrently on one model. */
+SPN_API int32_t spn_model_profile(spn_model_t *m, const spn_tensor_t *inputs, int32_t n_in, spn_tensor_t *outputs,
+                                  int32_t n_out, spn_node_time_t *times, int32_t max, int32_t *n_times,
+                                  spn_error_t *err);
+
 /* Free an output the engine allocated in spn_model_run and set data NULL.
  * Caller-provided buffers must not be passed here. It takes the tensor, not
  * a T **: the tensor is the caller's value (often an array element), and
