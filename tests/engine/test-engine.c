@@ -5,6 +5,7 @@
  * cycles, missing initializers, wrong attribute types, external data that
  * escapes the model's folder. Numeric checks compare against results
  * computed here independently (a direct convolution loop, max(x, 0)). */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -647,6 +648,104 @@ static void test_profile_times_each_node(void **state) {
   spn_engine_free(&e);
 }
 
+/* ---- strided ConvTranspose on the CPU: Conv + DepthToSpace ---- */
+
+enum { TC = 6, TO = 4, TH = 5, TW = 7 };
+static float tw[TC * TO * 9], tb[TO];
+
+/* Wav2Lip's decoder layer shape: ConvTranspose 3x3, stride 2, pads 1,
+ * output_padding 1, bias, then Relu; group g (1: rewritten, 2: not). */
+static pb_t convt_model(int g) {
+  for (int i = 0; i < TC * TO * 9; i++)
+    tw[i] = (float)((i * 29) % 23 - 11) / 16.f;
+  for (int i = 0; i < TO; i++)
+    tb[i] = (float)i / 3.f - 0.6f;
+  pb_t m = {0};
+  int64_t wd[] = {TC, TO / g, 3, 3}, bd[] = {TO};
+  initializer(&m, "w", 4, wd, tw, TC * TO / g * 9);
+  initializer(&m, "b", 1, bd, tb, TO);
+  const char *in[] = {"x", "w", "b"}, *out[] = {"c"}, *in2[] = {"c"}, *out2[] = {"y"};
+  int64_t pads[] = {1, 1, 1, 1}, strides[] = {2, 2}, opad[] = {1, 1};
+  attr_t a[] = {{.name = "pads", .type = 7, .n = 4, .ints = pads},
+                {.name = "strides", .type = 7, .n = 2, .ints = strides},
+                {.name = "output_padding", .type = 7, .n = 2, .ints = opad},
+                {.name = "group", .type = 2, .i = g}};
+  node(&m, "ConvTranspose", "up0", in, 3, out, 1, a, 4);
+  node(&m, "Relu", "relu0", in2, 1, out2, 1, NULL, 0);
+  int64_t d[] = {-1, TC, TH, TW};
+  value_info(&m, 11, "x", 4, d);
+  value_info(&m, 12, "y", -1, NULL);
+  return model(&m, 13);
+}
+
+/* The transposed convolution by its definition (scatter each input pixel
+ * through the kernel), written independently of the engine. */
+static void convt_ref(const float *x, int n, int g, float *y) {
+  int oh = 2 * TH, ow = 2 * TW, cig = TC / g, cog = TO / g;
+  for (int b = 0; b < n; b++)
+    for (int o = 0; o < TO; o++)
+      for (int i = 0; i < oh * ow; i++)
+        y[(b * TO + o) * oh * ow + i] = tb[o];
+  for (int b = 0; b < n; b++)
+    for (int c = 0; c < TC; c++)
+      for (int i = 0; i < TH; i++)
+        for (int j = 0; j < TW; j++)
+          for (int oo = 0; oo < cog; oo++)
+            for (int ki = 0; ki < 3; ki++)
+              for (int kj = 0; kj < 3; kj++) {
+                int yy = i * 2 - 1 + ki, xx = j * 2 - 1 + kj, o = (c / cig) * cog + oo;
+                if (yy >= 0 && yy < oh && xx >= 0 && xx < ow)
+                  y[((b * TO + o) * oh + yy) * ow + xx] += x[((b * TC + c) * TH + i) * TW + j] * tw[((c * cog + oo) * 3 + ki) * 3 + kj];
+              }
+  for (int i = 0; i < n * TO * oh * ow; i++)
+    y[i] = y[i] > 0 ? y[i] : 0.f;
+}
+
+static void test_strided_convtranspose_runs_as_conv(void **state) {
+  (void)state;
+  for (int g = 1; g <= 2; g++) {
+    pb_t m = convt_model(g);
+    spn_engine_t *e = engine(1);
+    spn_model_t *mod = NULL;
+    spn_error_t err = SPN_ERROR_INIT;
+    assert_int_equal(spn_engine_load_memory(e, m.p, m.n, "convt.onnx", "cpu", &mod, &err), SPN_OK);
+    free(m.p);
+    static float x[3 * TC * TH * TW], ref[3 * TO * 4 * TH * TW];
+    for (int i = 0; i < 3 * TC * TH * TW; i++)
+      x[i] = (float)((i * 13) % 19) / 9.f - 1.f;
+    convt_ref(x, 3, g, ref);
+    spn_tensor_t in = SPN_TENSOR_INIT, out = SPN_TENSOR_INIT;
+    in.dtype = SPN_DTYPE_F32;
+    in.ndim = 4;
+    in.shape[0] = 3;
+    in.shape[1] = TC;
+    in.shape[2] = TH;
+    in.shape[3] = TW;
+    in.data = x;
+    spn_node_time_t t[4];
+    int32_t n = 0;
+    assert_int_equal(spn_model_profile(mod, &in, 1, &out, 1, t, 4, &n, &err), SPN_OK);
+    if (g == 1) { /* the Conv of the four phases (the Relu fused into it), then the shuffle */
+      assert_int_equal(n, 2);
+      assert_string_equal(t[0].op, "Conv");
+      assert_int_equal(t[0].fused, 1);
+      assert_string_equal(t[1].op, "DepthToSpace");
+    } else { /* grouped: as it is */
+      assert_int_equal(n, 1);
+      assert_string_equal(t[0].op, "ConvTranspose");
+    }
+    assert_int_equal(out.shape[2], 2 * TH);
+    assert_int_equal(out.shape[3], 2 * TW);
+    const float *y = out.data;
+    for (int i = 0; i < 3 * TO * 4 * TH * TW; i++)
+      if (!(fabsf(y[i] - ref[i]) <= 1e-4f * (1.f + fabsf(ref[i]))))
+        fail_msg("group %d: element %d: engine %g, reference %g", g, i, (double)y[i], (double)ref[i]);
+    spn_model_output_free(&out);
+    spn_model_release(&mod);
+    spn_engine_free(&e);
+  }
+}
+
 static void test_mutated_models_never_crash(void **state) {
   (void)state;
   pb_t m = conv_model();
@@ -694,6 +793,7 @@ int main(void) {
       cmocka_unit_test(test_external_data),
       cmocka_unit_test(test_conv_matches_reference_concurrently),
       cmocka_unit_test(test_profile_times_each_node),
+      cmocka_unit_test(test_strided_convtranspose_runs_as_conv),
       cmocka_unit_test(test_mutated_models_never_crash),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
