@@ -445,7 +445,7 @@ static int32_t fold_batchnorm(spn_model_t *m, spn_error_t *err) {
  * c_r = (r + pad_begin) mod s and d_r = (r + pad_begin) div s. One Conv with
  * s*s*C_out output channels (phase-major, the taps a phase does not use
  * zero) over the common window of offsets, then DepthToSpace (DCR), gives
- * the same output. oneDNN 2.7's jit deconvolution on AVX-512 runs Wav2Lip's
+ * the same output. oneDNN 2.6's jit deconvolution on AVX-512 runs Wav2Lip's
  * stride-2 decoder layers at a fraction of its convolution speed (58% of a
  * batch-8 run on the CPU; ONNX Runtime spends 24% there); the rewritten
  * layers do up to 16/9 of the multiply-adds, at convolution speed. */
