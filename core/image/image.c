@@ -69,6 +69,16 @@ void spn_pixfmt_plane_size(int32_t format, int32_t w, int32_t h, int32_t p, int3
   *ph = sub ? (h + 1) / 2 : h;
 }
 
+size_t spn_pixfmt_tight_size(int32_t format, int32_t w, int32_t h) {
+  size_t n = 0;
+  for (int32_t p = 0; p < spn_pixfmt_planes(format); p++) {
+    int32_t pw, ph;
+    spn_pixfmt_plane_size(format, w, h, p, &pw, &ph);
+    n += (size_t)pw * (size_t)ph * (size_t)plane_elem_size(format, p);
+  }
+  return n;
+}
+
 static int valid_size(int32_t w, int32_t h) {
   return w > 0 && h > 0 && w <= (1 << 16) && h <= (1 << 16);
 }

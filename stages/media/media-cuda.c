@@ -160,16 +160,6 @@ int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, int32_t pixfmt, void *
   }
 }
 
-/* Tight bytes of a width x height frame in fmt (spn_image_wrap's layout). */
-static size_t tight_size(int32_t fmt, int32_t width, int32_t height) {
-  size_t px = (size_t)width * (size_t)height;
-  switch (fmt) {
-  case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24: return px * 3;
-  case SPN_PIXFMT_RGBF32P: case SPN_PIXFMT_BGRF32P: return px * 12;
-  default: return px + 2 * (size_t)((width + 1) / 2) * (size_t)((height + 1) / 2);
-  }
-}
-
 /* Scratch pieces start 256-byte aligned (what cudaMalloc gives). */
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
@@ -177,9 +167,9 @@ size_t spn_media_cuda_frame_scratch_size(int32_t pixfmt, int32_t width, int32_t 
                                          int32_t rotation) {
   size_t n = align256(spn_media_cuda_scratch_size(pixfmt, width, height));
   if (deep)
-    n += align256(tight_size(SPN_PIXFMT_NV12, width, height));
+    n += align256(spn_pixfmt_tight_size(SPN_PIXFMT_NV12, width, height));
   if (rotation % 360)
-    n += align256(tight_size(pixfmt, width, height));
+    n += align256(spn_pixfmt_tight_size(pixfmt, width, height));
   return n;
 }
 
@@ -201,7 +191,7 @@ int32_t spn_media_cuda_from_frame(const spn_image_t *frame, int32_t deep, int32_
         (rc = spn_cuda_p016_to_yuv420(frame->data[0], frame->stride[0], frame->data[1], frame->stride[1], &nv12,
                                       stream, err)))
       return rc;
-    next += align256(tight_size(SPN_PIXFMT_NV12, w, h));
+    next += align256(spn_pixfmt_tight_size(SPN_PIXFMT_NV12, w, h));
   }
   if (!(rotation % 360))
     return spn_media_cuda_from_nv12(&nv12, pixfmt, dst, conv ? scratch : NULL, stream, err);

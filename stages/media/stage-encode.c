@@ -348,16 +348,6 @@ static int32_t frame_layout(encode_job_t *j, spn_msg_t *msg, const spn_item_t *i
 }
 
 #ifdef SPN_MEDIA_CUDA
-/* Bytes of a tight w x h frame in fmt (the stages' layout). */
-static size_t tight_size(int32_t fmt, int32_t w, int32_t h) {
-  size_t px = (size_t)w * (size_t)h;
-  switch (fmt) {
-  case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24: return px * 3;
-  case SPN_PIXFMT_RGBF32P: case SPN_PIXFMT_BGRF32P: return px * 3 * sizeof(float);
-  default: return px + 2 * (size_t)((w + 1) / 2) * (size_t)((h + 1) / 2);
-  }
-}
-
 /* A per-job buffer of at least `size` bytes of `mem_kind`, kept for the
  * next frames (every frame's GPU work is waited for before the next). */
 static int32_t job_buffer(encode_job_t *j, spn_buffer_t **b, size_t size, int32_t mem_kind, spn_error_t *err) {
@@ -436,7 +426,7 @@ static int32_t nvenc_frame(encode_job_t *j, spn_buffer_t *buf, bool dev, int32_t
     return spn_error_set(err, SPN_EINVAL, "%s: frame is %dx%d, the encoder was opened for %dx%d", j->cfg.path, (int)w,
                          (int)h, (int)j->nv_w, (int)j->nv_h);
   if (!dev) {
-    size_t n = tight_size(fmt, w, h);
+    size_t n = spn_pixfmt_tight_size(fmt, w, h);
     if ((rc = job_buffer(j, &j->dev_in, n, SPN_MEM_DEVICE, err)))
       return rc;
     if (SPN_HOST_HAS(host, buffer_copy)) {
@@ -478,7 +468,7 @@ static int32_t gpu_frame(encode_job_t *j, spn_buffer_t *buf, bool dev, int32_t w
   bool to_yuv = rgb && j->enc_fmt == SPN_PIXFMT_YUV420P;
   if (!dev && !to_yuv) /* a host frame the encoder takes as it is: the CPU path */
     return spn_image_wrap(img, host->buffer_data(buf), w, h, fmt, err);
-  size_t n = tight_size(to_yuv ? SPN_PIXFMT_YUV420P : fmt, w, h);
+  size_t n = spn_pixfmt_tight_size(to_yuv ? SPN_PIXFMT_YUV420P : fmt, w, h);
   if ((rc = job_buffer(j, &j->pinned, n, SPN_MEM_PINNED, err)))
     return rc;
   void *out = host->buffer_data(j->pinned);

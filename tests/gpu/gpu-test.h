@@ -53,17 +53,6 @@ static inline int32_t plane_rows(const spn_image_t *im, int p) {
   return ph;
 }
 
-/* Bytes of a width x height frame in fmt with tight rows (the layout the
- * media stages emit: spn_image_wrap's). */
-static inline size_t frame_bytes(int32_t fmt, int32_t w, int32_t h) {
-  size_t px = (size_t)w * (size_t)h;
-  switch (fmt) {
-  case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24: return px * 3;
-  case SPN_PIXFMT_RGBF32P: case SPN_PIXFMT_BGRF32P: return px * 12;
-  default: return px + 2 * (size_t)((w + 1) / 2) * (size_t)((h + 1) / 2);
-  }
-}
-
 static inline spn_image_t host_image(int32_t w, int32_t h, int32_t fmt, uint32_t seed, float lo, float hi) {
   spn_image_t im = SPN_IMAGE_INIT;
   CK(spn_image_alloc(&im, w, h, fmt, &e_));

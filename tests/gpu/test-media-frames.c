@@ -58,7 +58,7 @@ static void *cpu_twin(const spn_image_t *nv12, int32_t fmt, int32_t rot) {
     conv = mid;
   }
   bool q = rot == 90 || rot == 270;
-  void *buf = malloc(frame_bytes(fmt, w, h));
+  void *buf = malloc(spn_pixfmt_tight_size(fmt, w, h));
   assert_non_null(buf);
   CK(spn_image_wrap(&out, buf, q ? h : w, q ? w : h, fmt, &e_));
   CK(spn_image_rotate(&conv, &out, rot, &e_));
@@ -156,7 +156,7 @@ static void from_frame_matches_cpu_twin(void **state) {
           char what[128];
           snprintf(what, sizeof what, "%s %dx%d -> %s turned %d", deep ? "p016" : "nv12", (int)w, (int)h,
                    spn_pixfmt_name(fmt), (int)rot);
-          size_t n = frame_bytes(fmt, w, h), sn = spn_media_cuda_frame_scratch_size(fmt, w, h, deep, rot);
+          size_t n = spn_pixfmt_tight_size(fmt, w, h), sn = spn_media_cuda_frame_scratch_size(fmt, w, h, deep, rot);
           void *ddst = NULL, *dscr = NULL;
           CU(cudaMalloc(&ddst, n));
           CU(cudaMemset(ddst, 0xa5, n));
@@ -186,7 +186,7 @@ static void from_frame_matches_cpu_twin(void **state) {
       /* a scratch that is needed and missing is refused, not written through */
       spn_error_t err = SPN_ERROR_INIT;
       void *ddst = NULL;
-      CU(cudaMalloc(&ddst, frame_bytes(SPN_PIXFMT_RGB24, w, h)));
+      CU(cudaMalloc(&ddst, spn_pixfmt_tight_size(SPN_PIXFMT_RGB24, w, h)));
       assert_int_equal(spn_media_cuda_from_frame(&frame, deep, 90, SPN_PIXFMT_RGB24, ddst, NULL, s, &err), SPN_EINVAL);
       assert_non_null(strstr(err.msg, "needs scratch memory"));
       CU(cudaFree(ddst));

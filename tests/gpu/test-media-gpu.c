@@ -74,7 +74,7 @@ static char sample[4096];
 
 /* A CPU image in the tight layout (what the stages emit). */
 static void *tight_copy(const spn_image_t *im) {
-  size_t n = frame_bytes(im->format, im->width, im->height);
+  size_t n = spn_pixfmt_tight_size(im->format, im->width, im->height);
   uint8_t *buf = malloc(n);
   assert_non_null(buf);
   spn_image_t t;
@@ -122,9 +122,9 @@ static void gpu_decode_matches_cpu(void **state) {
   const int32_t w = spn_decoder_info(g)->width, h = spn_decoder_info(g)->height;
   const int32_t fmts[] = {SPN_PIXFMT_RGB24, SPN_PIXFMT_YUV420P, SPN_PIXFMT_NV12, SPN_PIXFMT_RGBF32P};
   void *dev = NULL, *scratch = NULL;
-  CU(cudaMalloc(&dev, frame_bytes(SPN_PIXFMT_RGBF32P, w, h)));
+  CU(cudaMalloc(&dev, spn_pixfmt_tight_size(SPN_PIXFMT_RGBF32P, w, h)));
   CU(cudaMalloc(&scratch, spn_media_cuda_scratch_size(SPN_PIXFMT_RGBF32P, w, h)));
-  uint8_t *got = malloc(frame_bytes(SPN_PIXFMT_RGBF32P, w, h));
+  uint8_t *got = malloc(spn_pixfmt_tight_size(SPN_PIXFMT_RGBF32P, w, h));
   assert_non_null(got);
   double se = 0;
   size_t n_sw = 0, frames = 0, off_by_one = 0, total = 0;
@@ -154,7 +154,7 @@ static void gpu_decode_matches_cpu(void **state) {
     assert_int_equal(gi.pts, yi.pts);
     assert_int_equal(gi.pts, ri.pts);
     for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++) {
-      size_t n = frame_bytes(fmts[f], w, h);
+      size_t n = spn_pixfmt_tight_size(fmts[f], w, h);
       CK(spn_media_cuda_from_nv12(&gi.image, fmts[f], dev, scratch, s, &e_));
       CU(cudaMemcpyAsync(got, dev, n, cudaMemcpyDeviceToHost, s));
       CU(cudaStreamSynchronize(s));
@@ -260,7 +260,7 @@ static void gpu_decode_turned_and_deep_frames(void **state) {
     const spn_decode_info_t *in = spn_decoder_info(g);
     assert_int_equal(in->rotation, c == 0 ? 270 : 0);
     int32_t w = in->width, h = in->height; /* upright */
-    size_t n = frame_bytes(SPN_PIXFMT_YUV420P, w, h), frames = 0, diff = 0, total = 0;
+    size_t n = spn_pixfmt_tight_size(SPN_PIXFMT_YUV420P, w, h), frames = 0, diff = 0, total = 0;
     void *dev = NULL, *scratch = NULL;
     uint8_t *got = malloc(n);
     assert_non_null(got);
@@ -361,9 +361,9 @@ static void gpu_encode_matches_cpu_twin(void **state) {
   spn_encoder_t *ea = NULL, *eb = NULL;
   CK(spn_encoder_new(pa, w, h, SPN_PIXFMT_YUV420P, &eo, &ea, &e_));
   CK(spn_encoder_new(pb, w, h, SPN_PIXFMT_YUV420P, &eo, &eb, &e_));
-  size_t n420 = frame_bytes(SPN_PIXFMT_YUV420P, w, h);
+  size_t n420 = spn_pixfmt_tight_size(SPN_PIXFMT_YUV420P, w, h);
   void *rgb_dev = NULL, *yuv_dev = NULL, *pinned = NULL;
-  CU(cudaMalloc(&rgb_dev, frame_bytes(SPN_PIXFMT_RGB24, w, h)));
+  CU(cudaMalloc(&rgb_dev, spn_pixfmt_tight_size(SPN_PIXFMT_RGB24, w, h)));
   CU(cudaMalloc(&yuv_dev, n420));
   CU(cudaMallocHost(&pinned, n420));
   uint8_t *cpu = malloc(n420), *sws_out = malloc(n420);
@@ -374,7 +374,7 @@ static void gpu_encode_matches_cpu_twin(void **state) {
   spn_media_item_t it;
   while (next_item(d, &it, "the sample")) {
     uint8_t *rgb = tight_copy(&it.image);
-    CU(cudaMemcpyAsync(rgb_dev, rgb, frame_bytes(SPN_PIXFMT_RGB24, w, h), cudaMemcpyHostToDevice, s));
+    CU(cudaMemcpyAsync(rgb_dev, rgb, spn_pixfmt_tight_size(SPN_PIXFMT_RGB24, w, h), cudaMemcpyHostToDevice, s));
     CK(spn_media_cuda_rgb_to_yuv420p_host(rgb_dev, SPN_PIXFMT_RGB24, w, h, yuv_dev, pinned, s, &e_));
     CK(spn_media_cuda_sync(s, "test", &e_));
     spn_image_t yuv_gpu, yuv_cpu, yuv_sws;
@@ -460,8 +460,8 @@ static void gpu_to_nv12_matches_cpu_twins(void **state) {
       spn_image_t src = host_image(w, h, fmt, seed++, -10.0f, 265.0f);
       uint8_t *t = tight_copy(&src);
       void *dsrc = NULL, *scratch = NULL;
-      CU(cudaMalloc(&dsrc, frame_bytes(fmt, w, h)));
-      CU(cudaMemcpy(dsrc, t, frame_bytes(fmt, w, h), cudaMemcpyHostToDevice));
+      CU(cudaMalloc(&dsrc, spn_pixfmt_tight_size(fmt, w, h)));
+      CU(cudaMemcpy(dsrc, t, spn_pixfmt_tight_size(fmt, w, h), cudaMemcpyHostToDevice));
       size_t sn = spn_media_cuda_nv12_scratch_size(fmt, w, h);
       assert_true(fl ? sn >= (size_t)ew * (size_t)eh * 3 : sn == 0);
       if (sn)
@@ -555,11 +555,11 @@ static void nvenc_encodes_device_frames(void **state) {
   spn_media_cuda_device_free(&hw); /* the encoder keeps its own reference */
   assert_string_equal(spn_encoder_codec_name(enc), "h264_nvenc");
   const int32_t ew = w & ~1, eh = h & ~1;
-  const size_t n420 = frame_bytes(SPN_PIXFMT_YUV420P, ew, eh);
+  const size_t n420 = spn_pixfmt_tight_size(SPN_PIXFMT_YUV420P, ew, eh);
   uint8_t *refs = NULL; /* what went in, as yuv420p, frame after frame */
   size_t frames = 0;
   void *rgb_dev = NULL;
-  CU(cudaMalloc(&rgb_dev, frame_bytes(SPN_PIXFMT_RGB24, w, h)));
+  CU(cudaMalloc(&rgb_dev, spn_pixfmt_tight_size(SPN_PIXFMT_RGB24, w, h)));
   spn_media_item_t it;
   while (next_item(d, &it, "the sample")) {
     if (frames == 0) { /* host pictures are refused by an encoder opened for device frames */
@@ -567,7 +567,7 @@ static void nvenc_encodes_device_frames(void **state) {
       assert_int_equal(spn_encoder_write_video(enc, &it.image, it.pts, it.tb_num, it.tb_den, &e2), SPN_ESTATE);
     }
     uint8_t *rgb = tight_copy(&it.image);
-    CU(cudaMemcpyAsync(rgb_dev, rgb, frame_bytes(SPN_PIXFMT_RGB24, w, h), cudaMemcpyHostToDevice, s));
+    CU(cudaMemcpyAsync(rgb_dev, rgb, spn_pixfmt_tight_size(SPN_PIXFMT_RGB24, w, h), cudaMemcpyHostToDevice, s));
     spn_image_t planes;
     CK(spn_encoder_device_frame(enc, &planes, &e_));
     assert_int_equal(planes.width, ew);

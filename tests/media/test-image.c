@@ -191,6 +191,29 @@ static void warp_and_rotate_by_hand(void **state) {
   spn_image_release(&rot);
 }
 
+/* spn_pixfmt_tight_size: the bytes spn_image_wrap's planes span, by hand
+ * for an odd 4:2:0 frame, and for every format at even and odd sizes. */
+static void tight_sizes_are_the_wrapped_layout(void **state) {
+  (void)state;
+  assert_int_equal(spn_pixfmt_tight_size(SPN_PIXFMT_NV12, 5, 3), 5 * 3 + 3 * 2 * 2);
+  assert_int_equal(spn_pixfmt_tight_size(SPN_PIXFMT_RGBF32P, 5, 3), 5 * 3 * 3 * 4);
+  assert_int_equal(spn_pixfmt_tight_size(0, 5, 3), 0);
+  const int32_t fmts[] = {SPN_PIXFMT_RGB24, SPN_PIXFMT_BGR24, SPN_PIXFMT_GRAY8, SPN_PIXFMT_RGBF32P,
+                          SPN_PIXFMT_BGRF32P, SPN_PIXFMT_GRAYF32, SPN_PIXFMT_NV12, SPN_PIXFMT_YUV420P};
+  const int32_t sizes[][2] = {{64, 48}, {37, 21}, {1, 1}};
+  static uint8_t buf[64 * 48 * 12];
+  for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++)
+    for (size_t z = 0; z < sizeof sizes / sizeof *sizes; z++) {
+      spn_image_t v;
+      spn_error_t err = SPN_ERROR_INIT;
+      assert_int_equal(spn_image_wrap(&v, buf, sizes[z][0], sizes[z][1], fmts[f], &err), SPN_OK);
+      int32_t pw, ph, last = v.nplanes - 1;
+      spn_pixfmt_plane_size(fmts[f], v.width, v.height, last, &pw, &ph);
+      size_t end = (size_t)(v.data[last] - buf) + (size_t)v.stride[last] * (size_t)ph;
+      assert_int_equal(spn_pixfmt_tight_size(fmts[f], sizes[z][0], sizes[z][1]), end);
+    }
+}
+
 static void crop_views_and_rejections(void **state) {
   (void)state;
   spn_error_t err = SPN_ERROR_INIT;
@@ -445,6 +468,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(feather_mask_by_hand),
       cmocka_unit_test(warp_and_rotate_by_hand),
       cmocka_unit_test(crop_views_and_rejections),
+      cmocka_unit_test(tight_sizes_are_the_wrapped_layout),
       cmocka_unit_test(resize_u8_matches_opencv),
       cmocka_unit_test(resize_f32_matches_opencv),
       cmocka_unit_test(gray_and_yuv_match_reference),

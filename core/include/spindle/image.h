@@ -76,6 +76,9 @@ int32_t spn_pixfmt_from_name(const char *name);
 int32_t spn_pixfmt_planes(int32_t format);
 void spn_pixfmt_plane_size(int32_t format, int32_t w, int32_t h, int32_t p,
                            int32_t *pw, int32_t *ph);
+/* Bytes of a w x h frame with tight rows and the planes back to back (what
+ * spn_image_wrap lays out; 0 for an unknown format). */
+size_t spn_pixfmt_tight_size(int32_t format, int32_t w, int32_t h);
 
 /* Allocate a zeroed image with tight rows (each row 32-byte aligned).
  * Ownership: *img owns the buffer until spn_image_release(). Thread: any. */
