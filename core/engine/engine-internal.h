@@ -281,6 +281,8 @@ int64_t spn_attr_int(const spn_node_t *n, const char *name, int64_t def);
 float spn_attr_float(const spn_node_t *n, const char *name, float def);
 const char *spn_attr_str(const spn_node_t *n, const char *name, const char *def);
 void spn_model_destroy(spn_model_t *m);
+/* Free a node's attributes (their strings and arrays too); none left. */
+void spn_node_attrs_free(spn_node_t *n);
 void *spn_aligned_alloc(size_t bytes);
 
 /* graph.c */

@@ -349,6 +349,21 @@ static int new_const(spn_model_t *m, const char *base, const char *suffix, int n
   return vi;
 }
 
+/* A Conv/ConvTranspose node's weight and bias inputs become nw and nb
+ * (a bias input added where it had none). */
+static int32_t set_weights(spn_node_t *c, int nw, int nb, spn_error_t *err) {
+  if (c->n_in < 3) {
+    int *ni = realloc(c->in, 3 * sizeof(int));
+    if (!ni)
+      return spn_error_set(err, SPN_ENOMEM, "out of memory");
+    c->in = ni;
+    c->n_in = 3;
+  }
+  c->in[1] = nw;
+  c->in[2] = nb;
+  return SPN_OK;
+}
+
 /* Conv -> BatchNormalization with constant parameters becomes one Conv. */
 static int32_t fold_batchnorm(spn_model_t *m, spn_error_t *err) {
   for (int i = 0; i < m->n_node; i++) {
@@ -419,15 +434,9 @@ static int32_t fold_batchnorm(spn_model_t *m, spn_error_t *err) {
             NW[(ii * ocg + jj) * per + q] = W[(ii * ocg + jj) * per + q] * s;
         }
     }
-    if (c->n_in < 3) {
-      int *ni = realloc(c->in, 3 * sizeof(int));
-      if (!ni)
-        return spn_error_set(err, SPN_ENOMEM, "out of memory");
-      c->in = ni;
-      c->n_in = 3;
-    }
-    c->in[1] = nw;
-    c->in[2] = nb;
+    int32_t rc = set_weights(c, nw, nb, err);
+    if (rc)
+      return rc;
     m->vals[c->out[0]].producer = -1;
     c->out[0] = b->out[0];
     m->vals[c->out[0]].producer = i;
@@ -501,14 +510,7 @@ static int64_t attr_ints_at(const spn_node_t *n, const char *name, int i, int64_
 }
 
 static int32_t set_conv_attrs(spn_node_t *c, const subpix_dim_t d[2]) {
-  for (int a = 0; a < c->n_attr; a++) {
-    free(c->attrs[a].name);
-    free(c->attrs[a].s);
-    free(c->attrs[a].ints);
-    free(c->attrs[a].floats);
-  }
-  free(c->attrs);
-  c->n_attr = 0;
+  spn_node_attrs_free(c);
   c->attrs = calloc(4, sizeof *c->attrs);
   if (!c->attrs)
     return SPN_ENOMEM;
@@ -554,18 +556,14 @@ static int32_t convt_subpixel(spn_model_t *m, spn_error_t *err) {
       continue;
     int64_t s = d[0].s, ci = w->shape[0], co = w->shape[1], kh = d[0].k, kw = d[1].k;
     int64_t oc = s * s * co, wsh[4] = {oc, ci, d[0].win, d[1].win}, bsh[1] = {oc};
-    int nw = new_const(m, c->name, "/subpixel_w", 4, wsh, err);
-    int nb = nw < 0 ? -1 : new_const(m, c->name, "/subpixel_b", 1, bsh, err);
-    int nt = nb < 0 ? -1 : spn_model_add_value(m, "", err);
-    if (nt < 0)
-      return err ? err->code : SPN_ENOMEM;
-    c = &m->nodes[i];
-    w = &m->vals[c->in[1]];
     char tname[512];
     snprintf(tname, sizeof tname, "%s/subpixel", c->name);
-    free(m->vals[nt].name);
-    if (!(m->vals[nt].name = strdup(tname)))
-      return spn_error_set(err, SPN_ENOMEM, "out of memory");
+    int nw = new_const(m, c->name, "/subpixel_w", 4, wsh, err);
+    int nb = nw < 0 ? -1 : new_const(m, c->name, "/subpixel_b", 1, bsh, err);
+    int nt = nb < 0 ? -1 : spn_model_add_value(m, tname, err);
+    if (nt < 0)
+      return err ? err->code : SPN_ENOMEM;
+    w = &m->vals[c->in[1]]; /* the value table may have moved */
     m->vals[nt].kind = SPN_VAL_INTER;
     m->vals[nt].dtype = SPN_DTYPE_F32;
     const float *W = w->data, *B = c->n_in >= 3 && c->in[2] >= 0 ? m->vals[c->in[2]].data : NULL;
@@ -616,12 +614,11 @@ static int32_t convt_subpixel(spn_model_t *m, spn_error_t *err) {
     ds->in = malloc(sizeof(int));
     ds->out = malloc(sizeof(int));
     ds->attrs = calloc(2, sizeof *ds->attrs);
-    ds->dead = true; /* until complete: a half-made node is only freed */
+    ds->n_attr = ds->attrs ? 2 : 0; /* on a failure below, what was made is freed with the model */
     if (!ds->name || !ds->op_name || !ds->in || !ds->out || !ds->attrs ||
         !(ds->attrs[0].name = strdup("blocksize")) || !(ds->attrs[1].name = strdup("mode")) ||
         !(ds->attrs[1].s = strdup("DCR")))
       return spn_error_set(err, SPN_ENOMEM, "out of memory");
-    ds->n_attr = 2;
     ds->attrs[0].type = SPN_ATTR_I;
     ds->attrs[0].i = s;
     ds->attrs[0].tval = -1;
@@ -633,25 +630,17 @@ static int32_t convt_subpixel(spn_model_t *m, spn_error_t *err) {
     if (pthread_mutex_init(&ds->lock, NULL))
       return spn_error_set(err, SPN_EINTERNAL, "mutex init failed");
     ds->lock_init = true;
-    ds->dead = false;
     m->vals[ds->out[0]].producer = i + 1;
     /* the node itself becomes the Conv */
     free(c->op_name);
     if (!(c->op_name = strdup("Conv")) || set_conv_attrs(c, d))
       return spn_error_set(err, SPN_ENOMEM, "out of memory");
     c->op = SPN_OP_CONV;
-    if (c->n_in < 3) {
-      int *ni = realloc(c->in, 3 * sizeof(int));
-      if (!ni)
-        return spn_error_set(err, SPN_ENOMEM, "out of memory");
-      c->in = ni;
-      c->n_in = 3;
-    }
-    c->in[1] = nw;
-    c->in[2] = nb;
+    int32_t rc;
+    if ((rc = set_weights(c, nw, nb, err)))
+      return rc;
     c->out[0] = nt;
     m->vals[nt].producer = i;
-    int32_t rc;
     if ((rc = spn_op_check(m, c, err)) || (rc = spn_op_check(m, &m->nodes[i + 1], err)))
       return rc;
     i++; /* past the DepthToSpace */

@@ -70,6 +70,18 @@ int spn_model_add_value(spn_model_t *m, const char *name, spn_error_t *err) {
   return m->n_val++;
 }
 
+void spn_node_attrs_free(spn_node_t *n) {
+  for (int a = 0; a < n->n_attr; a++) {
+    free(n->attrs[a].name);
+    free(n->attrs[a].s);
+    free(n->attrs[a].ints);
+    free(n->attrs[a].floats);
+  }
+  free(n->attrs);
+  n->attrs = NULL;
+  n->n_attr = 0;
+}
+
 const spn_attr_t *spn_node_attr(const spn_node_t *n, const char *name) {
   for (int i = 0; i < n->n_attr; i++)
     if (!strcmp(n->attrs[i].name, name))
@@ -578,13 +590,7 @@ void spn_model_destroy(spn_model_t *m) {
       b->iface->node_free(b, n);
     if (n->lock_init)
       pthread_mutex_destroy(&n->lock);
-    for (int a = 0; a < n->n_attr; a++) {
-      free(n->attrs[a].name);
-      free(n->attrs[a].s);
-      free(n->attrs[a].ints);
-      free(n->attrs[a].floats);
-    }
-    free(n->attrs);
+    spn_node_attrs_free(n);
     free(n->in);
     free(n->out);
     free(n->name);
