@@ -70,6 +70,19 @@ static spn_engine_t *engine(int threads) {
   return e;
 }
 
+/* An (n, c, h, w) float32 host tensor over x. */
+static spn_tensor_t tensor4(float *x, int64_t n, int64_t c, int64_t h, int64_t w) {
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = SPN_DTYPE_F32;
+  t.ndim = 4;
+  t.shape[0] = n;
+  t.shape[1] = c;
+  t.shape[2] = h;
+  t.shape[3] = w;
+  t.data = x;
+  return t;
+}
+
 /* Load bytes from memory and expect failure with `code` and `needle`. */
 static void expect_load_error(pb_t *m, int32_t code, const char *needle) {
   spn_engine_t *e = engine(1);
@@ -513,14 +526,7 @@ static void *worker(void *p) {
   int oh, ow;
   conv_ref(x, n, ref, &oh, &ow);
   for (int it = 0; it < w->iters; it++) {
-    spn_tensor_t in = SPN_TENSOR_INIT, out = SPN_TENSOR_INIT;
-    in.dtype = SPN_DTYPE_F32;
-    in.ndim = 4;
-    in.shape[0] = n;
-    in.shape[1] = CI;
-    in.shape[2] = H;
-    in.shape[3] = W;
-    in.data = x;
+    spn_tensor_t in = tensor4(x, n, CI, H, W), out = SPN_TENSOR_INIT;
     spn_error_t err = SPN_ERROR_INIT;
     if (spn_model_run(w->m, &in, 1, &out, 1, &err) != SPN_OK || out.shape[2] != oh || out.shape[3] != ow) {
       w->failures++;
@@ -566,8 +572,6 @@ static void test_conv_matches_reference_concurrently(void **state) {
   spn_engine_free(&e);
 }
 
-/* Flip bytes of a valid model: every load must end in success or a clean
- * error (the sanitizer build checks "clean"). */
 /* ---- profile: each node timed on its own ---- */
 
 /* conv0 (+ its Relu, fused) -> tr0 (Transpose) -> sig0 (Sigmoid): three
@@ -596,14 +600,7 @@ static void test_profile_times_each_node(void **state) {
   float x[2 * CI * H * W];
   for (int i = 0; i < 2 * CI * H * W; i++)
     x[i] = (float)((i * 5) % 11) / 5.f - 1.f;
-  spn_tensor_t in = SPN_TENSOR_INIT, ref = SPN_TENSOR_INIT, got = SPN_TENSOR_INIT;
-  in.dtype = SPN_DTYPE_F32;
-  in.ndim = 4;
-  in.shape[0] = 2;
-  in.shape[1] = CI;
-  in.shape[2] = H;
-  in.shape[3] = W;
-  in.data = x;
+  spn_tensor_t in = tensor4(x, 2, CI, H, W), ref = SPN_TENSOR_INIT, got = SPN_TENSOR_INIT;
   assert_int_equal(spn_model_run(mod, &in, 1, &ref, 1, &err), SPN_OK);
   spn_node_time_t t[4];
   memset(t, 0xab, sizeof t);
@@ -714,14 +711,7 @@ static void test_strided_convtranspose_runs_as_conv(void **state) {
     for (int i = 0; i < 3 * TC * TH * TW; i++)
       x[i] = (float)((i * 13) % 19) / 9.f - 1.f;
     convt_ref(x, 3, g, ref);
-    spn_tensor_t in = SPN_TENSOR_INIT, out = SPN_TENSOR_INIT;
-    in.dtype = SPN_DTYPE_F32;
-    in.ndim = 4;
-    in.shape[0] = 3;
-    in.shape[1] = TC;
-    in.shape[2] = TH;
-    in.shape[3] = TW;
-    in.data = x;
+    spn_tensor_t in = tensor4(x, 3, TC, TH, TW), out = SPN_TENSOR_INIT;
     spn_node_time_t t[4];
     int32_t n = 0;
     assert_int_equal(spn_model_profile(mod, &in, 1, &out, 1, t, 4, &n, &err), SPN_OK);
@@ -746,6 +736,8 @@ static void test_strided_convtranspose_runs_as_conv(void **state) {
   }
 }
 
+/* Flip bytes of a valid model: every load must end in success or a clean
+ * error (the sanitizer build checks "clean"). */
 static void test_mutated_models_never_crash(void **state) {
   (void)state;
   pb_t m = conv_model();

@@ -42,6 +42,22 @@ static uint8_t top8(uint16_t v) {
   return (uint8_t)(r > 255 ? 255 : r);
 }
 
+/* Random samples into `cols` x `rows` of one plane as NVDEC would hand it
+ * over (pitch bytes a row; deep: 16-bit samples) and the same samples at
+ * 8 bits into plane p of the CPU twin's nv12. */
+static void fill_plane(uint8_t *dev_layout, size_t pitch, spn_image_t *nv12, int p, int32_t cols, int32_t rows,
+                       int deep, uint32_t *seed) {
+  for (int32_t y = 0; y < rows; y++)
+    for (int32_t x = 0; x < cols; x++) {
+      uint32_t v = rng_next(seed);
+      if (deep)
+        ((uint16_t *)(dev_layout + y * pitch))[x] = (uint16_t)v;
+      else
+        dev_layout[y * pitch + x] = (uint8_t)v;
+      nv12->data[p][y * nv12->stride[p] + x] = deep ? top8((uint16_t)v) : (uint8_t)v;
+    }
+}
+
 /* The CPU twin: nv12 (8-bit, host) -> fmt -> turned, as a tight buffer. */
 static void *cpu_twin(const spn_image_t *nv12, int32_t fmt, int32_t rot) {
   int32_t w = nv12->width, h = nv12->height;
@@ -113,28 +129,8 @@ static void from_frame_matches_cpu_twin(void **state) {
       assert_non_null(hc);
       spn_image_t nv12 = SPN_IMAGE_INIT; /* its 8-bit samples, what the CPU twin starts from */
       CK(spn_image_alloc(&nv12, w, h, SPN_PIXFMT_NV12, &e_));
-      for (int32_t y = 0; y < h; y++)
-        for (int32_t x = 0; x < w; x++) {
-          uint32_t v = rng_next(&seed);
-          if (deep) {
-            ((uint16_t *)(hy + y * yp))[x] = (uint16_t)v;
-            nv12.data[0][y * nv12.stride[0] + x] = top8((uint16_t)v);
-          } else {
-            hy[y * yp + x] = (uint8_t)v;
-            nv12.data[0][y * nv12.stride[0] + x] = (uint8_t)v;
-          }
-        }
-      for (int32_t y = 0; y < ch; y++)
-        for (int32_t x = 0; x < 2 * cw; x++) {
-          uint32_t v = rng_next(&seed);
-          if (deep) {
-            ((uint16_t *)(hc + y * cp))[x] = (uint16_t)v;
-            nv12.data[1][y * nv12.stride[1] + x] = top8((uint16_t)v);
-          } else {
-            hc[y * cp + x] = (uint8_t)v;
-            nv12.data[1][y * nv12.stride[1] + x] = (uint8_t)v;
-          }
-        }
+      fill_plane(hy, yp, &nv12, 0, w, h, deep, &seed);
+      fill_plane(hc, cp, &nv12, 1, 2 * cw, ch, deep, &seed);
       void *dy = NULL, *dc = NULL;
       CU(cudaMalloc(&dy, (size_t)h * yp));
       CU(cudaMalloc(&dc, (size_t)ch * cp));
