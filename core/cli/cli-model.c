@@ -485,13 +485,9 @@ static const char bench_usage[] =
     "usage: spindle model bench FILE.onnx [--batch 1,32,128] [--size N] [--iters N] [--warmup N] [--threads N] "
     "[--device D] [--precision P] [--fallback cpu|error] [--no-graphs] [--profile TOP]\n";
 
-/* One node's profile totals, and sorting them slowest first. */
-typedef struct prof_row {
-  spn_node_time_t t; /* ms: the sum over the runs */
-} prof_row_t;
-
+/* Node times, slowest first. */
 static int cmp_row(const void *a, const void *b) {
-  double x = ((const prof_row_t *)a)->t.ms, y = ((const prof_row_t *)b)->t.ms;
+  double x = ((const spn_node_time_t *)a)->ms, y = ((const spn_node_time_t *)b)->ms;
   return x > y ? -1 : x < y;
 }
 
@@ -502,7 +498,7 @@ static int bench_profile(spn_model_t *m, const spn_tensor_t *ins, int n_in, spn_
                          int64_t batch, int runs, int top, double normal_ms) {
   int cap = spn_model_node_count(m) + 1;
   spn_node_time_t *t = calloc((size_t)cap, sizeof *t);
-  prof_row_t *rows = calloc((size_t)cap, sizeof *rows);
+  spn_node_time_t *rows = calloc((size_t)cap, sizeof *rows); /* ms: the sum over the runs */
   int rc = 1, n = 0;
   spn_error_t err = SPN_ERROR_INIT;
   if (!t || !rows) {
@@ -524,16 +520,16 @@ static int bench_profile(spn_model_t *m, const spn_tensor_t *ins, int n_in, spn_
     if (it == 0) {
       n = got;
       for (int i = 0; i < n; i++) {
-        rows[i].t = t[i];
-        rows[i].t.ms = 0;
+        rows[i] = t[i];
+        rows[i].ms = 0;
       }
     }
     for (int i = 0; i < n && i < got; i++)
-      rows[i].t.ms += t[i].ms;
+      rows[i].ms += t[i].ms;
   }
   double total = 0;
   for (int i = 0; i < n; i++)
-    total += rows[i].t.ms / runs;
+    total += rows[i].ms / runs;
   printf("profile, batch %lld: %d nodes, each run and waited for on its own (%d runs, mean): %.3f ms in all, "
          "a timed run %.3f ms\n", (long long)batch, n, runs, total, normal_ms);
   /* per operator, in order of first appearance, before sorting the nodes */
@@ -542,27 +538,27 @@ static int bench_profile(spn_model_t *m, const spn_tensor_t *ins, int n_in, spn_
   int op_cnt[64], n_ops = 0;
   for (int i = 0; i < n; i++) {
     int o = 0;
-    while (o < n_ops && strcmp(ops[o], rows[i].t.op))
+    while (o < n_ops && strcmp(ops[o], rows[i].op))
       o++;
     if (o == n_ops) {
       if (n_ops == 64)
         continue;
-      ops[n_ops] = rows[i].t.op;
+      ops[n_ops] = rows[i].op;
       op_ms[n_ops] = 0;
       op_cnt[n_ops++] = 0;
     }
-    op_ms[o] += rows[i].t.ms / runs;
+    op_ms[o] += rows[i].ms / runs;
     op_cnt[o]++;
   }
   qsort(rows, (size_t)n, sizeof *rows, cmp_row);
   printf("%10s %7s  %s\n", "ms", "share", "node (operator, fused operators, device)");
   for (int i = 0; i < n && i < top; i++) {
-    double ms = rows[i].t.ms / runs;
+    double ms = rows[i].ms / runs;
     char fused[32] = "";
-    if (rows[i].t.fused)
-      snprintf(fused, sizeof fused, " with %d fused", (int)rows[i].t.fused);
-    printf("%10.4f %6.1f%%  #%d %s (%s%s, %s)\n", ms, total > 0 ? 100 * ms / total : 0.0, (int)rows[i].t.index,
-           rows[i].t.name, rows[i].t.op, fused, rows[i].t.device);
+    if (rows[i].fused)
+      snprintf(fused, sizeof fused, " with %d fused", (int)rows[i].fused);
+    printf("%10.4f %6.1f%%  #%d %s (%s%s, %s)\n", ms, total > 0 ? 100 * ms / total : 0.0, (int)rows[i].index,
+           rows[i].name, rows[i].op, fused, rows[i].device);
   }
   printf("by operator:");
   for (int o = 0; o < n_ops; o++)
