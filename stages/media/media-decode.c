@@ -322,9 +322,11 @@ static enum AVPixelFormat av_format_for(int32_t f) {
   }
 }
 
-/* Pts, index and the video end of a frame item (every path). */
+/* Pts, index, the turn left to the caller, and the video end of a frame
+ * item (every path). */
 static void video_item_times(spn_decoder_t *d, const AVFrame *f, spn_media_item_t *item) {
   AVStream *st = d->fmt->streams[d->vidx];
+  item->rotation = d->o.device_rotate ? d->info.rotation : 0;
   int64_t ts = f->best_effort_timestamp;
   if (ts == AV_NOPTS_VALUE)
     ts = f->pts;
@@ -363,7 +365,6 @@ static int32_t device_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t 
   memset(item, 0, sizeof *item);
   item->hw_frame = ref;
   item->deep = deep;
-  item->rotation = d->info.rotation;
   item->image.width = ref->width;
   item->image.height = ref->height;
   item->image.format = SPN_PIXFMT_NV12;
@@ -448,8 +449,6 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   } else {
     item->image = *cur;
   }
-  if (d->o.device_rotate)
-    item->rotation = d->info.rotation;
   video_item_times(d, f, item);
   return SPN_OK;
 }
