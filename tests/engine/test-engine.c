@@ -70,6 +70,18 @@ static spn_engine_t *engine(int threads) {
   return e;
 }
 
+/* A built model loaded on the CPU of a one-thread engine (*e, freed by the
+ * caller after the model); the bytes are freed. */
+static spn_model_t *load_cpu(pb_t m, const char *name, spn_engine_t **e) {
+  *e = engine(1);
+  spn_model_t *mod = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_engine_load_memory(*e, m.p, m.n, name, "cpu", &mod, &err) != SPN_OK)
+    fail_msg("%s: %s", name, err.msg);
+  free(m.p);
+  return mod;
+}
+
 /* An (n, c, h, w) float32 host tensor over x. */
 static spn_tensor_t tensor4(float *x, int64_t n, int64_t c, int64_t h, int64_t w) {
   spn_tensor_t t = SPN_TENSOR_INIT;
@@ -547,12 +559,8 @@ static void *worker(void *p) {
 
 static void test_conv_matches_reference_concurrently(void **state) {
   (void)state;
-  pb_t m = conv_model();
-  spn_engine_t *e = engine(1);
-  spn_model_t *mod = NULL;
-  spn_error_t err = SPN_ERROR_INIT;
-  assert_int_equal(spn_engine_load_memory(e, m.p, m.n, "conv.onnx", "cpu", &mod, &err), SPN_OK);
-  free(m.p);
+  spn_engine_t *e = NULL;
+  spn_model_t *mod = load_cpu(conv_model(), "conv.onnx", &e);
   assert_int_equal(spn_model_node_count(mod), 1); /* Relu fused into Conv */
   /* FLOPs per sample: 2 * CO * oh * ow * CI * K * K */
   int oh = (H + 3 - K) / 2 + 1, ow = (W + 1 - K) + 1;
@@ -591,12 +599,9 @@ static pb_t chain_model(void) {
 
 static void test_profile_times_each_node(void **state) {
   (void)state;
-  pb_t m = chain_model();
-  spn_engine_t *e = engine(1);
-  spn_model_t *mod = NULL;
+  spn_engine_t *e = NULL;
+  spn_model_t *mod = load_cpu(chain_model(), "chain.onnx", &e);
   spn_error_t err = SPN_ERROR_INIT;
-  assert_int_equal(spn_engine_load_memory(e, m.p, m.n, "chain.onnx", "cpu", &mod, &err), SPN_OK);
-  free(m.p);
   float x[2 * CI * H * W];
   for (int i = 0; i < 2 * CI * H * W; i++)
     x[i] = (float)((i * 5) % 11) / 5.f - 1.f;
@@ -701,12 +706,9 @@ static void convt_ref(const float *x, int n, int g, float *y) {
 static void test_strided_convtranspose_runs_as_conv(void **state) {
   (void)state;
   for (int g = 1; g <= 2; g++) {
-    pb_t m = convt_model(g);
-    spn_engine_t *e = engine(1);
-    spn_model_t *mod = NULL;
+    spn_engine_t *e = NULL;
+    spn_model_t *mod = load_cpu(convt_model(g), "convt.onnx", &e);
     spn_error_t err = SPN_ERROR_INIT;
-    assert_int_equal(spn_engine_load_memory(e, m.p, m.n, "convt.onnx", "cpu", &mod, &err), SPN_OK);
-    free(m.p);
     static float x[3 * TC * TH * TW], ref[3 * TO * 4 * TH * TW];
     for (int i = 0; i < 3 * TC * TH * TW; i++)
       x[i] = (float)((i * 13) % 19) / 9.f - 1.f;
