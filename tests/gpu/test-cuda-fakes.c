@@ -509,6 +509,50 @@ static void kernels_take_device_pointers_and_barriers_hold(void **state) {
   cudaFree(dx), cudaFree(dy);
 }
 
+/* host-emu/launch-probe.cpp: one kernel through the fake's launch, each
+ * thread adding one to *hits. */
+cudaError_t spn_emu_probe_launch(int64_t *hits, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                 unsigned bz, size_t shmem);
+
+/* A launch a GPU refuses is refused here too: nothing runs, the call and
+ * then cudaGetLastError (once) say cudaErrorInvalidConfiguration. A valid
+ * one at each limit runs every thread. */
+static void launches_a_gpu_refuses_are_refused(void **state) {
+  (void)state;
+  int64_t *d = dev_copy(NULL, sizeof(int64_t)), hits = 0;
+  static const struct {
+    unsigned g[3], b[3];
+    size_t shmem;
+    bool ok;
+  } cases[] = {
+      {{2, 1, 1}, {1024, 1, 1}, 0, true},  {{1, 1, 1}, {32, 32, 1}, 48 * 1024, true},
+      {{1, 1, 1}, {1, 16, 64}, 0, true},   {{1, 65535, 1}, {1, 1, 1}, 0, true},
+      {{1, 1, 65535}, {1, 1, 1}, 0, true}, {{0, 1, 1}, {32, 1, 1}, 0, false},
+      {{1, 1, 1}, {0, 1, 1}, 0, false},    {{1, 1, 1}, {1025, 1, 1}, 0, false},
+      {{1, 1, 1}, {64, 32, 1}, 0, false},  {{1, 1, 1}, {1, 1, 65}, 0, false},
+      {{1, 65536, 1}, {1, 1, 1}, 0, false}, {{1, 1, 65536}, {1, 1, 1}, 0, false},
+      {{1, 1, 1}, {32, 1, 1}, 48 * 1024 + 1, false},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    assert_int_equal(cudaMemset(d, 0, sizeof hits), cudaSuccess);
+    cudaError_t e = spn_emu_probe_launch(d, cases[i].g[0], cases[i].g[1], cases[i].g[2], cases[i].b[0], cases[i].b[1],
+                                         cases[i].b[2], cases[i].shmem);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+    to_host(&hits, d, sizeof hits);
+    int64_t threads = (int64_t)cases[i].g[0] * cases[i].g[1] * cases[i].g[2] * cases[i].b[0] * cases[i].b[1] *
+                      cases[i].b[2];
+    if (cases[i].ok) {
+      assert_int_equal(e, cudaSuccess);
+      assert_int_equal(hits, threads);
+    } else {
+      assert_int_equal(e, cudaErrorInvalidConfiguration);
+      assert_int_equal(hits, 0);
+    }
+    assert_int_equal(cudaGetLastError(), cudaSuccess); /* read once, then clear */
+  }
+  cudaFree(d);
+}
+
 /* Whether fn(arg) in a child process dies of SIGSEGV. */
 static bool segfaults(void (*fn)(float *), float *arg) {
   fflush(NULL);
@@ -589,6 +633,7 @@ int main(void) {
       cmocka_unit_test(a_graph_replays_what_its_capture_recorded),
       cmocka_unit_test(copies_check_which_side_is_device_memory),
       cmocka_unit_test(kernels_take_device_pointers_and_barriers_hold),
+      cmocka_unit_test(launches_a_gpu_refuses_are_refused),
       cmocka_unit_test(host_reads_and_overruns_of_device_memory_fault),
       cmocka_unit_test(lazy_streams_run_when_waited_for),
   };

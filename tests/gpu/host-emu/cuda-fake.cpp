@@ -365,6 +365,11 @@ bool spn_emu_kernel_pointer_ok(const void *p, const char *kernel, int arg) {
   return false;
 }
 
+void spn_emu_launch_refused(const char *kernel, const char *why) {
+  spn_emu_complain("kernel launch (%s) refused: %s", kernel, why);
+  last_error = cudaErrorInvalidConfiguration;
+}
+
 void spn_emu_stream_do(cudaStream_t s, std::function<void()> fn) {
   emu_stream *st = stream_of(s);
   {

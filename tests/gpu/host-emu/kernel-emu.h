@@ -29,8 +29,27 @@
  * address would be. */
 void spn_emu_stream_do(cudaStream_t s, std::function<void()> fn);
 bool spn_emu_kernel_pointer_ok(const void *p, const char *kernel, int arg);
+/* cuda-fake.cpp: a launch CUDA refuses (its configuration): a line on
+ * stderr, and the error the next cudaGetLastError returns. */
+void spn_emu_launch_refused(const char *kernel, const char *why);
 #else
+#include <stdio.h>
+
 #include "runtime-emu.h"
+/* Without the fake runtime, a refused launch's error is kept here for the
+ * family's own cudaGetLastError (its wrappers return it after a launch). */
+inline thread_local cudaError_t spn_emu_launch_error = cudaSuccess;
+inline cudaError_t spn_emu_take_launch_error(void) {
+  cudaError_t e = spn_emu_launch_error;
+  spn_emu_launch_error = cudaSuccess;
+  return e;
+}
+#undef cudaGetLastError
+#define cudaGetLastError() spn_emu_take_launch_error()
+inline void spn_emu_launch_refused(const char *kernel, const char *why) {
+  fprintf(stderr, "fake GPU: kernel launch (%s) refused: %s\n", kernel, why);
+  spn_emu_launch_error = cudaErrorInvalidConfiguration;
+}
 #endif
 
 inline thread_local uint3 spn_emu_block_idx, spn_emu_thread_idx;
@@ -89,9 +108,32 @@ template <class F> inline void spn_emu_grid(dim3 grid, dim3 block, bool barrier,
       }
 }
 
+/* What every GPU we build for refuses at a launch (compute capability 5.0
+ * and later): an empty grid or block, more than 1024 threads in a block
+ * (1024 along x or y, 64 along z), a grid over 2^31 - 1 blocks along x or
+ * 65535 along y or z, or over 48 KiB of dynamic shared memory (more needs
+ * cudaFuncSetAttribute, which no kernel here asks for). The launch then
+ * does nothing and cudaGetLastError says cudaErrorInvalidConfiguration, as
+ * on a GPU, where only running on it would otherwise show it. Returns why,
+ * or NULL when the launch is valid. */
+inline const char *spn_emu_launch_invalid(dim3 grid, dim3 block, size_t shmem) {
+  if (!grid.x || !grid.y || !grid.z)
+    return "an empty grid";
+  if (!block.x || !block.y || !block.z)
+    return "an empty block";
+  if (block.x > 1024 || block.y > 1024 || block.z > 64 ||
+      (unsigned long long)block.x * block.y * block.z > 1024)
+    return "over 1024 threads in a block (or over 1024 along x or y, 64 along z)";
+  if (grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
+    return "a grid over 2^31 - 1 blocks along x or 65535 along y or z";
+  if (shmem > 48 * 1024)
+    return "over 48 KiB of dynamic shared memory";
+  return NULL;
+}
+
 /* kernel<<<grid, block, shmem, stream>>>(args): the arguments are copied
  * here (evaluated at the launch, as CUDA does); the shared-memory size is
- * read and unused. */
+ * checked (spn_emu_launch_invalid) and otherwise unused. */
 #ifdef SPN_EMU_FAKE_RUNTIME
 /* Every pointer argument is null or points into device (or pinned) memory:
  * a host pointer handed to a kernel faults on a GPU. */
@@ -112,7 +154,10 @@ template <class... A> inline bool spn_emu_pointers_ok(const char *kernel, const 
 template <class K, class... A>
 inline void spn_emu_launch(dim3 grid, dim3 block, size_t shmem, cudaStream_t s, bool barrier, const char *name,
                            K kernel, A... args) {
-  (void)shmem;
+  if (const char *why = spn_emu_launch_invalid(grid, block, shmem)) {
+    spn_emu_launch_refused(name, why);
+    return;
+  }
   auto run = [=] { spn_emu_grid(grid, block, barrier, [&] { kernel(args...); }); };
 #ifdef SPN_EMU_FAKE_RUNTIME
   if (!spn_emu_pointers_ok(name, args...))
