@@ -131,8 +131,9 @@ typedef struct {
    * (its weights stored K,R,S,C), with its input and output channel counts
    * and those rounded up to a multiple of 8 for cuDNN (zero channels); which
    * of the node's values are fp16 channels-last; an element-wise node run
-   * on them. */
-  bool nhwc;
+   * on them. A depthwise one (dw: one group per channel, one output channel
+   * each) has groups of one channel, the padded ones included. */
+  bool nhwc, dw;
   int64_t cin, cout, cin_p, cout_p;
   bool planned;
   bool h_out, h_x; /* output 0, and the data input 0, are fp16 channels-last */
@@ -389,19 +390,32 @@ static bool half_operand(const spn_model_t *m, const spn_node_t *n, int k) {
 }
 
 /* A convolution this backend runs on fp16 channels-last tensors: fp16 with
- * SPINDLE_CUDA_NHWC=1, 2-D, ungrouped (depthwise and grouped layers keep
- * the NCHW path and convert at their edges). Sets its channel counts, and
- * pads each to a multiple of 8, what cuDNN's NHWC tensor-core kernels take
- * (a 3- or 6-channel first layer reads zero channels beside its input; a
- * 3-channel last layer writes three it drops). */
+ * SPINDLE_CUDA_NHWC=1, 2-D, ungrouped or depthwise (a Conv with as many
+ * groups as input channels and one output channel per group: MobileNet's,
+ * RetinaFace's); other grouped layers keep the NCHW path and convert at
+ * their edges. Sets its channel counts, and pads each to a multiple of 8,
+ * what cuDNN's NHWC tensor-core kernels take (a 3- or 6-channel first layer
+ * reads zero channels beside its input; a 3-channel last layer writes three
+ * it drops; a depthwise layer gets a group of one zero channel for each it
+ * adds). */
 static bool nhwc_conv(spn_backend_t *b, const spn_model_t *m, const spn_node_t *n, cu_node_t *c) {
   const cu_ctx_t *cx = b->ctx;
   if (!cx->nhwc || m->precision != SPN_PREC_FP16 || (n->op != SPN_OP_CONV && n->op != SPN_OP_CONVT) ||
-      !const_in(m, n, 1) || spn_attr_int(n, "group", 1) != 1 || m->vals[n->in[1]].ndim != 4)
+      !const_in(m, n, 1) || m->vals[n->in[1]].ndim != 4)
     return false;
-  /* Conv weights are (C_out, C_in, R, S), ConvTranspose's (C_in, C_out, R, S). */
+  /* Conv weights are (C_out, C_in / group, R, S), ConvTranspose's (C_in,
+   * C_out / group, R, S). */
   const int64_t *ws = m->vals[n->in[1]].shape;
+  int64_t g = spn_attr_int(n, "group", 1);
   bool tr = n->op == SPN_OP_CONVT;
+  if (g != 1) {
+    if (tr || g < 1 || ws[0] != g || ws[1] != 1)
+      return false;
+    c->dw = true;
+    c->cin = c->cout = g;
+    c->cin_p = c->cout_p = (g + 7) / 8 * 8;
+    return true;
+  }
   c->cin = tr ? ws[0] : ws[1];
   c->cout = tr ? ws[1] : ws[0];
   c->cin_p = (c->cin + 7) / 8 * 8;
@@ -411,10 +425,13 @@ static bool nhwc_conv(spn_backend_t *b, const spn_model_t *m, const spn_node_t *
 
 /* A channels-last convolution's weights: fp16, (d0, d1, R, S) reordered to
  * (p0, R, S, p1) with the added channels zero (d0, d1 = the weight's first
- * two dims, p0, p1 = them padded). Caller frees. */
+ * two dims, p0, p1 = them padded; a depthwise layer's d1 = p1 = 1). Caller
+ * frees. */
 static uint16_t *nhwc_weights(const float *w, const cu_node_t *c, bool tr, int64_t rs, size_t *bytes) {
   int64_t d0 = tr ? c->cin : c->cout, d1 = tr ? c->cout : c->cin;
   int64_t p0 = tr ? c->cin_p : c->cout_p, p1 = tr ? c->cout_p : c->cin_p;
+  if (c->dw)
+    d1 = p1 = 1;
   size_t cnt = (size_t)(d0 * d1 * rs), pcnt = (size_t)(p0 * p1 * rs);
   uint16_t *h = malloc(cnt * sizeof(uint16_t) + 2);
   uint16_t *out = calloc(pcnt + 1, sizeof(uint16_t)); /* fp16 +0 is all zero bits */
@@ -855,11 +872,13 @@ static int32_t get_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, boo
    * still given as N, C, H, W and K, C, R, S). */
   cudnnTensorFormat_t fmt = c->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
   int64_t xc = x->shape[1], yc = y->shape[1], w0 = w->shape[0], w1 = w->shape[1];
-  if (c->nhwc) { /* the padded channel counts */
+  if (c->nhwc) { /* the padded channel counts; a depthwise layer's groups with them */
     xc = c->cin_p;
     yc = c->cout_p;
     w0 = tr ? c->cin_p : c->cout_p;
-    w1 = tr ? c->cout_p : c->cin_p;
+    w1 = c->dw ? 1 : tr ? c->cout_p : c->cin_p;
+    if (c->dw)
+      g = (int)c->cout_p;
   }
   DNN(cudnnSetTensor4dDescriptor(e->x, fmt, dt, (int)x->shape[0], (int)xc, (int)x->shape[2], (int)x->shape[3]), "input descriptor");
   DNN(cudnnSetTensor4dDescriptor(e->y, fmt, dt, (int)y->shape[0], (int)yc, (int)y->shape[2], (int)y->shape[3]), "output descriptor");

@@ -25,7 +25,8 @@ its result once, and the errors of successive layers are taken to add up.
 
 With --nhwc (cuda:N, fp16) SPINDLE_CUDA_NHWC=1 is set for every run: values
 between convolutions stay fp16 channels-last (docs/engine.md, "fp16
-channels-last"); the cases named *_h16 must then report fp16 values kept.
+channels-last"); the cases named *_h16 must then report fp16 values kept and
+every convolution run channels-last.
 
 usage: conformance.py SPINDLE WORKDIR [--only SUBSTR] [--device D] [--precision P] [--nhwc]
 Exits 77 (skipped) when onnx/onnxruntime are not installed, or when the
@@ -270,6 +271,21 @@ def op_cases():
     # (the CPU backend once divided by the whole window there).
     c["avgpool_ceil_include_pad"] = case([N("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
                                             ceil_mode=1, count_include_pad=1)], {"x": rnd(2, 3, 6, 7)}, [("y", F)])
+    # Depthwise convolutions between channels-last fp16 ones, as in
+    # MobileNet/RetinaFace: a 12-channel depthwise layer (padded to 16 groups
+    # for cuDNN) with stride 2, a pointwise layer, a 16-channel depthwise
+    # layer with dilation 2 and a LeakyRelu, whose values stay fp16.
+    c["depthwise_chain_h16"] = case([
+        N("Conv", ["x", "w1", "b1"], ["a0"], pads=[1, 1, 1, 1]), N("Relu", ["a0"], ["a"]),
+        N("Conv", ["a", "dw1", "db1"], ["b0"], group=12, strides=[2, 2], pads=[1, 1, 1, 1]), N("Relu", ["b0"], ["b"]),
+        N("Conv", ["b", "w2", "b2"], ["c0"]), N("Relu", ["c0"], ["c"]),
+        N("Conv", ["c", "dw2", "db2"], ["d0"], group=16, dilations=[2, 2], pads=[2, 2, 2, 2]),
+        N("LeakyRelu", ["d0"], ["d"], alpha=0.1),
+        N("Conv", ["d", "w3", "b3"], ["y"], pads=[1, 1, 1, 1]),
+    ], {"x": rnd(2, 6, 9, 11)}, [("y", F)],
+        {"w1": rnd(12, 6, 3, 3) * 0.3, "b1": rnd(12), "dw1": rnd(12, 1, 3, 3) * 0.4, "db1": rnd(12),
+         "w2": rnd(16, 12, 1, 1) * 0.3, "b2": rnd(16), "dw2": rnd(16, 1, 3, 3) * 0.4, "db2": rnd(16),
+         "w3": rnd(8, 16, 3, 3) * 0.2, "b3": rnd(8)})
     return c
 
 
@@ -332,6 +348,8 @@ def run_case(spindle, work, name, model, feeds):
         m = re.search(r"fp16 channels-last: (\d+) of (\d+) convolutions, (\d+) values", pr.stderr)
         if not m or int(m.group(3)) == 0:
             return False, f"no fp16 channels-last values reported: {pr.stderr.strip()}"
+        if int(m.group(1)) != int(m.group(2)):
+            return False, f"not every convolution ran channels-last: {m.group(0)}"
     if fell_back and name.startswith("model_"):
         return False, f"nodes fell back to the CPU: {pr.stderr.strip()}"
     worst = 0.0
