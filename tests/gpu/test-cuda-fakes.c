@@ -516,7 +516,8 @@ cudaError_t spn_emu_probe_launch(int64_t *hits, unsigned gx, unsigned gy, unsign
 
 /* A launch a GPU refuses is refused here too: nothing runs, the call and
  * then cudaGetLastError (once) say cudaErrorInvalidConfiguration. A valid
- * one at each limit runs every thread. */
+ * one at each limit runs every thread. A pointer argument misaligned for
+ * its type fails as the kernel's fault would. */
 static void launches_a_gpu_refuses_are_refused(void **state) {
   (void)state;
   int64_t *d = dev_copy(NULL, sizeof(int64_t)), hits = 0;
@@ -550,6 +551,11 @@ static void launches_a_gpu_refuses_are_refused(void **state) {
     }
     assert_int_equal(cudaGetLastError(), cudaSuccess); /* read once, then clear */
   }
+  /* An int64_t * four bytes into a block: a GPU's 8-byte access faults. */
+  assert_int_equal(cudaMemset(d, 0, sizeof hits), cudaSuccess);
+  assert_int_equal(spn_emu_probe_launch((int64_t *)((char *)d + 4), 1, 1, 1, 1, 1, 1, 0), cudaErrorMisalignedAddress);
+  to_host(&hits, d, sizeof hits);
+  assert_int_equal(hits, 0);
   cudaFree(d);
 }
 

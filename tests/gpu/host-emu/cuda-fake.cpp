@@ -365,9 +365,9 @@ bool spn_emu_kernel_pointer_ok(const void *p, const char *kernel, int arg) {
   return false;
 }
 
-void spn_emu_launch_refused(const char *kernel, const char *why) {
+void spn_emu_launch_refused(const char *kernel, const char *why, cudaError_t e) {
   spn_emu_complain("kernel launch (%s) refused: %s", kernel, why);
-  last_error = cudaErrorInvalidConfiguration;
+  last_error = e;
 }
 
 void spn_emu_stream_do(cudaStream_t s, std::function<void()> fn) {

@@ -13,28 +13,28 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <cuda_runtime_api.h>
 
 #ifdef SPN_EMU_FAKE_RUNTIME
-#include <type_traits>
 /* cuda-fake.cpp: run fn on stream s (now, or at each replay of the graph
  * s is capturing); whether a kernel may dereference p (device or pinned
  * memory), else the launch's error is recorded as a kernel's illegal
  * address would be. */
 void spn_emu_stream_do(cudaStream_t s, std::function<void()> fn);
 bool spn_emu_kernel_pointer_ok(const void *p, const char *kernel, int arg);
-/* cuda-fake.cpp: a launch CUDA refuses (its configuration): a line on
- * stderr, and the error the next cudaGetLastError returns. */
-void spn_emu_launch_refused(const char *kernel, const char *why);
+/* cuda-fake.cpp: a launch CUDA refuses (its configuration), or one whose
+ * kernel would fault: a line on stderr, and e for the next cudaGetLastError. */
+void spn_emu_launch_refused(const char *kernel, const char *why, cudaError_t e);
 #else
-#include <stdio.h>
-
 #include "runtime-emu.h"
 /* Without the fake runtime, a refused launch's error is kept here for the
  * family's own cudaGetLastError (its wrappers return it after a launch). */
@@ -46,9 +46,9 @@ inline cudaError_t spn_emu_take_launch_error(void) {
 }
 #undef cudaGetLastError
 #define cudaGetLastError() spn_emu_take_launch_error()
-inline void spn_emu_launch_refused(const char *kernel, const char *why) {
+inline void spn_emu_launch_refused(const char *kernel, const char *why, cudaError_t e) {
   fprintf(stderr, "fake GPU: kernel launch (%s) refused: %s\n", kernel, why);
-  spn_emu_launch_error = cudaErrorInvalidConfiguration;
+  spn_emu_launch_error = e;
 }
 #endif
 
@@ -151,11 +151,34 @@ template <class... A> inline bool spn_emu_pointers_ok(const char *kernel, const 
 }
 #endif
 
+/* Every pointer argument T * is aligned to T: a GPU's load or store of a
+ * misaligned T faults (cudaErrorMisalignedAddress), where x86-64 reads it
+ * anyway. The launch is then refused as that fault would end it. Returns
+ * the first misaligned argument's index, or -1. */
+template <class... A> inline int spn_emu_misaligned(const A &...args) {
+  int i = 0, bad = -1;
+  auto one = [&](const auto &a) {
+    using P = std::decay_t<decltype(a)>;
+    if constexpr (std::is_pointer_v<P> && !std::is_void_v<std::remove_cv_t<std::remove_pointer_t<P>>>)
+      if (bad < 0 && ((uintptr_t)a % alignof(std::remove_pointer_t<P>)) != 0)
+        bad = i;
+    i++;
+  };
+  (one(args), ...);
+  return bad;
+}
+
 template <class K, class... A>
 inline void spn_emu_launch(dim3 grid, dim3 block, size_t shmem, cudaStream_t s, bool barrier, const char *name,
                            K kernel, A... args) {
   if (const char *why = spn_emu_launch_invalid(grid, block, shmem)) {
-    spn_emu_launch_refused(name, why);
+    spn_emu_launch_refused(name, why, cudaErrorInvalidConfiguration);
+    return;
+  }
+  if (int bad = spn_emu_misaligned(args...); bad >= 0) {
+    char why[96];
+    snprintf(why, sizeof why, "argument %d is not aligned to its type (a GPU faults on the access)", bad);
+    spn_emu_launch_refused(name, why, cudaErrorMisalignedAddress);
     return;
   }
   auto run = [=] { spn_emu_grid(grid, block, barrier, [&] { kernel(args...); }); };
