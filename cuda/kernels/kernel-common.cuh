@@ -1,5 +1,5 @@
 /* cuda/kernels/kernel-common.cuh — what the kernel families (image.cu,
- * color.cu) share: the CPU reference's u8 rounding on the device, and the
+ * color.cu, mel.cu) share: the CPU reference's u8 rounding on the device, and the
  * launch check. Internal to the kernels library (C++ only). */
 #ifndef SPINDLE_CUDA_KERNELS_COMMON_CUH
 #define SPINDLE_CUDA_KERNELS_COMMON_CUH

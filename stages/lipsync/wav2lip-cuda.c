@@ -1,17 +1,21 @@
-/* wav2lip-cuda.c — the GPU twins of spn_w2l_prepare and spn_w2l_paste
- * (wav2lip.h), built into the lipsync plugin when the build has CUDA.
+/* wav2lip-cuda.c — the GPU twins of spn_w2l_prepare, spn_w2l_paste and
+ * spn_w2l_mel_chunk (wav2lip.h), built into the lipsync plugin when the
+ * build has CUDA.
  *
  * Each step is the same operation as on the CPU, through the twin kernels of
  * cuda/kernels/image.cuh: crop → 96×96 bilinear u8 → BGR float / 255 for the
  * reference half, its top rows copied and its bottom rows zeroed for the
  * masked half; the network output ×255 rounded to u8 → bilinear to the crop's
- * size → blended over the frame with the feathered mask. Everything is queued
- * on the caller's stream; nothing waits.
+ * size → blended over the frame with the feathered mask. A batch's mel chunks
+ * are cut from the jobs' spectrograms on the device (cuda/kernels/mel.cuh),
+ * each window starting where spn_w2l_mel_start says, as on the CPU.
+ * Everything is queued on the caller's stream; nothing waits.
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
 
 #include "image.cuh"
+#include "mel.cuh"
 #include "wav2lip.h"
 
 static int32_t cu_ok(cudaError_t ce, const char *what, spn_error_t *err) {
@@ -77,4 +81,35 @@ int32_t spn_w2l_paste_cuda(spn_image_t *frame, const spn_w2l_rect_t *rect, const
   if (feather > 0 && (rc = spn_cuda_feather_mask(&mk, feather, s, err)) != SPN_OK)
     return rc;
   return spn_cuda_paste(frame, &bg, rect->x, rect->y, feather > 0 ? &mk : NULL, s, err);
+}
+
+int32_t spn_w2l_mel_gather_cuda(float *batch, int32_t n_rows, const spn_w2l_mel_src_t *src, size_t n, void *stream,
+                                spn_error_t *err) {
+  /* Every source is checked before the first launch (one per
+   * SPN_CUDA_MEL_LAUNCH_ROWS rows), so a bad one queues nothing. */
+  for (size_t k = 0; k < n; k++) {
+    int64_t start = spn_w2l_mel_start(src[k].i, src[k].fps, src[k].n_frames);
+    if (start < 0 || !src[k].mel || src[k].n_frames > INT32_MAX || src[k].row < 0 || src[k].row >= n_rows)
+      return spn_error_set(err, SPN_EINVAL,
+                           "wav2lip: mel gather: source %zu (chunk %lld of %lld mel frames at %g fps, row %d of "
+                           "%d) has no chunk or row",
+                           k, (long long)src[k].i, (long long)src[k].n_frames, src[k].fps, (int)src[k].row,
+                           (int)n_rows);
+  }
+  spn_cuda_mel_window_t w[SPN_CUDA_MEL_LAUNCH_ROWS];
+  for (size_t off = 0; off < n; off += SPN_CUDA_MEL_LAUNCH_ROWS) {
+    size_t m = n - off < SPN_CUDA_MEL_LAUNCH_ROWS ? n - off : SPN_CUDA_MEL_LAUNCH_ROWS;
+    for (size_t k = 0; k < m; k++) {
+      const spn_w2l_mel_src_t *s = &src[off + k];
+      w[k] = (spn_cuda_mel_window_t){.spec = s->mel,
+                                     .cols = (int32_t)s->n_frames,
+                                     .start = (int32_t)spn_w2l_mel_start(s->i, s->fps, s->n_frames),
+                                     .row = s->row};
+    }
+    int32_t rc = spn_cuda_mel_gather(batch, n_rows, SPN_W2L_MEL_BINS, SPN_W2L_MEL_STEPS, w, m, (cudaStream_t)stream,
+                                     err);
+    if (rc != SPN_OK)
+      return rc;
+  }
+  return SPN_OK;
 }

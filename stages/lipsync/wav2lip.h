@@ -86,6 +86,28 @@ int32_t spn_w2l_prepare_cuda(const spn_image_t *frame, const spn_w2l_rect_t *rec
                              void *stream, spn_error_t *err);
 int32_t spn_w2l_paste_cuda(spn_image_t *frame, const spn_w2l_rect_t *rect, const float *out3, float feather,
                            uint8_t *small, uint8_t *big, float *mask, void *stream, spn_error_t *err);
+
+/* One batch row for spn_w2l_mel_gather_cuda: the chunk of video frame i at
+ * fps, as spn_w2l_mel_chunk cuts it, out of a job's whole spectrogram held
+ * in device memory. */
+typedef struct spn_w2l_mel_src {
+  const float *mel; /* (80, n_frames) row-major, device memory */
+  int64_t n_frames;
+  double fps;
+  int64_t i;   /* the video frame (its envelope's seq) */
+  int32_t row; /* the batch row it fills */
+} spn_w2l_mel_src_t;
+
+/* The twin of spn_w2l_mel_chunk for a batch: fills row src[k].row of
+ * `batch` ((n_rows,1,80,16) device floats) with chunk src[k].i of its
+ * spectrogram, for k < n, by gather kernels (cuda/kernels/mel.cuh) whose
+ * window table travels in their parameters: nothing is uploaded. Rows no
+ * source names are left as they are. SPN_EINVAL, with nothing queued, when
+ * a source has no such chunk (spn_w2l_mel_start is -1) or names a row
+ * outside the batch; SPN_ECUDA for a failed launch. Thread: the stream's
+ * device current. */
+int32_t spn_w2l_mel_gather_cuda(float *batch, int32_t n_rows, const spn_w2l_mel_src_t *src, size_t n, void *stream,
+                                spn_error_t *err);
 #endif
 
 /* The audio window of video frame i at `fps` in a mel spectrogram of
@@ -104,5 +126,20 @@ int64_t spn_w2l_mel_chunks(double fps, int64_t n_frames);
  * row-major). SPN_EINVAL when n_frames < 16 or i < 0. Thread: any. */
 int32_t spn_w2l_mel_chunk(const float *mel, int64_t n_frames, int64_t i, double fps, float *chunk,
                           spn_error_t *err);
+
+/* A job's whole spectrogram beside its chunks. melspec adds to the first
+ * message of a job's mel stream (seq 0), next to its "mel" chunk, a tensor
+ * item SPN_W2L_SPEC_ITEM, (80, n_frames) f32 in host memory, and a meta item
+ * SPN_W2L_SPEC_FPS_ITEM, the fps its chunks were cut at (one double): chunk
+ * i is spn_w2l_mel_chunk(spec, n_frames, i, fps), and the stream's total is
+ * spn_w2l_mel_chunks(fps, n_frames). lipsync on a GPU uploads it once per
+ * job and cuts every chunk there; the chunks are still sent and remain what
+ * the port promises (the CPU ignores the spectrogram). Only spectrograms of
+ * at most SPN_W2L_SPEC_MAX_BYTES are attached, or taken: 16 MiB is 52428
+ * columns, 655 s of audio (25.6 KB a second); beyond it, or without the
+ * items, lipsync uploads each chunk with its batch. */
+#define SPN_W2L_SPEC_ITEM "melspec"
+#define SPN_W2L_SPEC_FPS_ITEM "melspec_fps"
+#define SPN_W2L_SPEC_MAX_BYTES ((size_t)16 << 20)
 
 #endif

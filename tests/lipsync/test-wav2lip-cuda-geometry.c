@@ -1,14 +1,15 @@
-/* test-wav2lip-cuda-geometry.c — spn_w2l_prepare_cuda and spn_w2l_paste_cuda
- * (stages/lipsync/wav2lip-cuda.c) against their CPU twins, without a GPU.
+/* test-wav2lip-cuda-geometry.c — spn_w2l_prepare_cuda, spn_w2l_paste_cuda
+ * and spn_w2l_mel_gather_cuda (stages/lipsync/wav2lip-cuda.c) against their
+ * CPU twins, without a GPU.
  *
  * wav2lip-cuda.c is built here with the kernels it calls (image.cuh)
  * replaced by their CPU references (spindle/image.h) and the 2-D copy and
  * set by fakes on host memory that refuse to reach outside the buffers the
  * test gave: what is checked is the GPU twins' own part — the crop view, the
  * masked half made with cudaMemcpy2DAsync / cudaMemset2DAsync over the three
- * planes, the scratch sizes and the paste rectangle — which must give the
- * CPU twins' floats and bytes exactly (tests/lipsync/test-wav2lip-gpu.c
- * checks the real kernels on a GPU).
+ * planes, the scratch sizes and the paste rectangle, the mel windows and
+ * their launches — which must give the CPU twins' floats and bytes exactly
+ * (tests/lipsync/test-wav2lip-gpu.c checks the real kernels on a GPU).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +23,7 @@
 #include <cuda_runtime_api.h>
 
 #include "image.cuh"
+#include "mel.cuh"
 #include "wav2lip.h"
 
 #define W 160
@@ -127,6 +129,26 @@ int32_t spn_cuda_paste(spn_image_t *dst, const spn_image_t *src, int32_t x, int3
   return spn_image_paste(dst, src, x, y, mask, err);
 }
 
+static int g_mel_calls, g_mel_most; /* spn_cuda_mel_gather's calls, the most windows in one */
+int32_t spn_cuda_mel_gather(float *dst, int32_t n_rows, int32_t bins, int32_t steps, const spn_cuda_mel_window_t *w,
+                            size_t n, cudaStream_t s, spn_error_t *err) {
+  (void)s;
+  g_mel_calls++;
+  g_mel_most = (int)n > g_mel_most ? (int)n : g_mel_most;
+  for (size_t k = 0; k < n; k++) {
+    if (w[k].start < 0 || w[k].start + steps > w[k].cols || w[k].row < 0 || w[k].row >= n_rows ||
+        !inside(w[k].spec, (size_t)bins * (size_t)w[k].cols * sizeof(float)) ||
+        !inside(dst + (size_t)w[k].row * bins * steps, (size_t)bins * steps * sizeof(float))) {
+      g.out_of_bounds++;
+      return spn_error_set(err, SPN_EINVAL, "mel window out of bounds");
+    }
+    for (int32_t b = 0; b < bins; b++)
+      memcpy(dst + ((size_t)w[k].row * bins + b) * steps, w[k].spec + (size_t)b * w[k].cols + w[k].start,
+             (size_t)steps * sizeof(float));
+  }
+  return SPN_OK;
+}
+
 static uint32_t rng(uint32_t *s) {
   *s = *s * 1664525u + 1013904223u;
   return *s >> 8;
@@ -207,11 +229,50 @@ static void a_crop_outside_the_frame_is_refused_before_any_work(void **state) {
   assert_int_equal(g.out_of_bounds, 0);
 }
 
+/* 200 rows from two spectrograms, the last chunks clamped to the end:
+ * spn_w2l_mel_chunk's windows in the rows named, in two launches (128 + 72). */
+static void mel_gather_cuda_gives_the_cpu_chunks_in_launches_of_128(void **state) {
+  (void)state;
+  enum { ROWS = 200, COLS_A = 90, COLS_B = 17 };
+  static float a[SPN_W2L_MEL_BINS * COLS_A], b[SPN_W2L_MEL_BINS * COLS_B], got[ROWS * SPN_W2L_MEL_FLOATS],
+      want[SPN_W2L_MEL_FLOATS];
+  uint32_t seed = 11;
+  for (size_t i = 0; i < sizeof a / sizeof *a; i++)
+    a[i] = (float)rng(&seed);
+  for (size_t i = 0; i < sizeof b / sizeof *b; i++)
+    b[i] = (float)rng(&seed);
+  spn_w2l_mel_src_t src[ROWS];
+  for (int32_t r = 0; r < ROWS; r++)
+    src[r] = r % 2 ? (spn_w2l_mel_src_t){.mel = a, .n_frames = COLS_A, .fps = 25.0, .i = r / 2, .row = ROWS - 1 - r}
+                   : (spn_w2l_mel_src_t){.mel = b, .n_frames = COLS_B, .fps = 30.0, .i = r / 2, .row = ROWS - 1 - r};
+  g.n = 0;
+  allow(a, sizeof a);
+  allow(b, sizeof b);
+  allow(got, sizeof got);
+  g_mel_calls = g_mel_most = 0;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_w2l_mel_gather_cuda(got, ROWS, src, ROWS, NULL, &err) != SPN_OK)
+    fail_msg("mel_gather_cuda: %s", err.msg);
+  assert_int_equal(g.out_of_bounds, 0);
+  assert_int_equal(g_mel_calls, 2);
+  assert_int_equal(g_mel_most, SPN_CUDA_MEL_LAUNCH_ROWS);
+  for (int32_t r = 0; r < ROWS; r++) {
+    assert_int_equal(spn_w2l_mel_chunk(src[r].mel, src[r].n_frames, src[r].i, src[r].fps, want, &err), SPN_OK);
+    assert_memory_equal(got + (size_t)src[r].row * SPN_W2L_MEL_FLOATS, want, sizeof want);
+  }
+  /* No chunk for a source: refused before the first launch. */
+  src[150].n_frames = 0;
+  g_mel_calls = 0;
+  assert_int_equal(spn_w2l_mel_gather_cuda(got, ROWS, src, ROWS, NULL, &err), SPN_EINVAL);
+  assert_int_equal(g_mel_calls, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(prepare_cuda_gives_the_cpu_floats),
       cmocka_unit_test(paste_cuda_gives_the_cpu_bytes),
       cmocka_unit_test(a_crop_outside_the_frame_is_refused_before_any_work),
+      cmocka_unit_test(mel_gather_cuda_gives_the_cpu_chunks_in_launches_of_128),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
