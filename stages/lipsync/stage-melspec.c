@@ -10,6 +10,17 @@
  * envelope's total is the chunk count, so `lipsync` knows from the first
  * chunk where the audio ends.
  *
+ * The first message of a job (seq 0) also carries the whole spectrogram the
+ * chunks are cut from (wav2lip.h, SPN_W2L_SPEC_ITEM: (80, frames) f32, and
+ * the fps as SPN_W2L_SPEC_FPS_ITEM), so a lipsync on a GPU uploads the job's
+ * audio features once and cuts its windows there instead of uploading each
+ * chunk (16 columns a frame where the spectrogram advances by 80/fps: about
+ * 5x the bytes at 25 fps). Only up to `spectrogram_max_kb` (at most and by
+ * default SPN_W2L_SPEC_MAX_BYTES, 16 MiB: 655 s of audio); a longer job's
+ * chunks go alone. The item is the buffer the chunks are copied from, so in
+ * a process it costs a reference; on an edge to another process it is one
+ * more tensor on the job's first message, a fifth of what its chunks weigh.
+ *
  * The whole file is decoded in job_open (a WAV of an hour is about 115 MB as
  * 16 kHz floats plus 92 MB of spectrogram): simple and exact, at the price of
  * holding one job's audio features in memory. One spn_mel_t (FFTW plan and
@@ -29,6 +40,7 @@
 typedef struct ms_config {
   char *path;
   double fps;
+  int64_t spectrogram_max_kb;
 } ms_config_t;
 
 static const spn_config_field_t ms_schema[] = {
@@ -37,6 +49,10 @@ static const spn_config_field_t ms_schema[] = {
     {.key = "fps", .type = SPN_CONFIG_FLOAT, .flags = SPN_CONFIG_PER_JOB, .offset = offsetof(ms_config_t, fps),
      .doc = "frame rate of the video the chunks go with (one chunk per frame)", .def_float = 25.0, .min = 1.0,
      .max = 1000.0},
+    {.key = "spectrogram_max_kb", .type = SPN_CONFIG_INT, .offset = offsetof(ms_config_t, spectrogram_max_kb),
+     .doc = "largest spectrogram sent whole with a job's first chunk, for a GPU lipsync to upload once (KiB; 0: "
+            "never; the chunks are sent either way)",
+     .def_int = (int64_t)(SPN_W2L_SPEC_MAX_BYTES >> 10), .min = 0, .max = (double)(SPN_W2L_SPEC_MAX_BYTES >> 10)},
     {0},
 };
 
@@ -49,10 +65,12 @@ typedef struct ms_state {
 typedef struct ms_job {
   uint64_t job_id;
   double fps;
-  float *spec;      /* (80, frames) */
+  spn_buffer_t *spec_buf; /* host memory: the spectrogram, also the first message's item */
+  float *spec;            /* (80, frames), in spec_buf */
   int64_t frames;
   int64_t chunks;
   int64_t next;
+  bool attach;            /* spec goes whole with seq 0 (within spectrogram_max_kb) */
 } ms_job_t;
 
 static int32_t ms_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
@@ -71,16 +89,16 @@ static int32_t ms_create(spn_stage_t *stage, const void *config, void **state, s
   return SPN_OK;
 }
 
-static void ms_job_free(ms_job_t *j) {
+static void ms_job_free(const spn_host_api_t *host, ms_job_t *j) {
   if (!j)
     return;
-  free(j->spec);
+  host->buffer_unref(&j->spec_buf);
   free(j);
 }
 
 static int32_t ms_job_open(spn_stage_t *stage, void *state, const spn_job_info_t *job, void **job_state,
                            spn_error_t *err) {
-  (void)stage;
+  const spn_host_api_t *host = spn_stage_host(stage);
   ms_state_t *st = state;
   const ms_config_t *c = job->config;
   if (!c->path || !*c->path)
@@ -112,11 +130,15 @@ static int32_t ms_job_open(spn_stage_t *stage, void *state, const spn_job_info_t
                        c->path, (long long)n, (double)n / MS_RATE, SPN_W2L_MEL_STEPS);
     goto out_pcm;
   }
-  j->spec = malloc((size_t)j->frames * SPN_W2L_MEL_BINS * sizeof *j->spec);
-  if (!j->spec) {
+  /* In a buffer (on this CPU instance, host memory), which the first
+   * message can carry as it is. */
+  size_t spec_bytes = (size_t)j->frames * SPN_W2L_MEL_BINS * sizeof *j->spec;
+  if (host->buffer_new(stage, spec_bytes, &j->spec_buf, err) != SPN_OK) {
     rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory for %lld mel frames", c->path, (long long)j->frames);
     goto out_pcm;
   }
+  j->spec = host->buffer_data(j->spec_buf);
+  j->attach = spec_bytes <= (size_t)c->spectrogram_max_kb << 10;
   if ((rc = spn_mel_compute(st->mel, pcm, n, j->spec, err)) != SPN_OK) {
     spn_error_prefix(err, "%s", c->path);
     goto out_pcm;
@@ -128,7 +150,20 @@ static int32_t ms_job_open(spn_stage_t *stage, void *state, const spn_job_info_t
 out_pcm:
   free(pcm);
 out_job:
-  ms_job_free(j);
+  ms_job_free(host, j);
+  return rc;
+}
+
+/* The job's whole spectrogram and the fps its chunks are cut at, beside the
+ * first chunk (wav2lip.h: SPN_W2L_SPEC_ITEM). */
+static int32_t ms_add_spectrogram(const spn_host_api_t *host, ms_job_t *j, spn_msg_t *msg, spn_error_t *err) {
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = SPN_DTYPE_F32;
+  t.ndim = 2;
+  t.shape[0] = SPN_W2L_MEL_BINS, t.shape[1] = j->frames;
+  int32_t rc = host->msg_add_tensor(msg, SPN_W2L_SPEC_ITEM, &t, j->spec_buf, err);
+  if (rc == SPN_OK)
+    rc = host->msg_add_meta(msg, SPN_W2L_SPEC_FPS_ITEM, &j->fps, sizeof j->fps, err);
   return rc;
 }
 
@@ -156,6 +191,8 @@ static int32_t ms_generate(spn_stage_t *stage, void *state, void *job_state, spn
     rc = host->msg_new(stage, &env, &msg, err);
   if (rc == SPN_OK)
     rc = host->msg_add_tensor(msg, "mel", &t, buf, err);
+  if (rc == SPN_OK && j->next == 0 && j->attach)
+    rc = ms_add_spectrogram(host, j, msg, err);
   host->buffer_unref(&buf);
   if (rc != SPN_OK) {
     host->msg_free(&msg);
@@ -169,8 +206,8 @@ static int32_t ms_generate(spn_stage_t *stage, void *state, void *job_state, spn
 }
 
 static void ms_job_close(spn_stage_t *stage, void *state, void *job_state, bool ok) {
-  (void)stage, (void)state, (void)ok;
-  ms_job_free(job_state);
+  (void)state, (void)ok;
+  ms_job_free(spn_stage_host(stage), job_state);
 }
 
 static void ms_destroy(spn_stage_t *stage, void *state) {
@@ -186,7 +223,8 @@ static int32_t ms_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_
   static const spn_stage_kind_t kind = {
       .struct_size = sizeof(spn_stage_kind_t),
       .name = "melspec",
-      .doc = "Wav2Lip mel chunks (80x16), one per video frame, from the job's WAV file",
+      .doc = "Wav2Lip mel chunks (80x16), one per video frame, from the job's WAV file (the first also carries the "
+             "whole spectrogram)",
       .schema = ms_schema,
       .config_size = sizeof(ms_config_t),
       .outputs = ms_outputs,

@@ -1,0 +1,218 @@
+/* test-melspec.c — the melspec stage's output on the stage harness.
+ *
+ * Runs stages/lipsync/stage-melspec.c (the built plugin, found through
+ * SPINDLE_LIPSYNC_STAGE_DIR) on WAV files the test writes and checks what it
+ * emits against the computation done here with the same library calls
+ * (spn_wav_read, spn_audio_resample, spn_mel_compute):
+ *   - the first message of each job carries the whole spectrogram
+ *     (SPN_W2L_SPEC_ITEM, (80, frames) f32 in host memory, equal to
+ *     spn_mel_compute's) and the fps its chunks are cut at
+ *     (SPN_W2L_SPEC_FPS_ITEM); no later message carries either;
+ *   - every chunk is spn_w2l_mel_chunk of that spectrogram, there are
+ *     spn_w2l_mel_chunks of them and the envelopes' total says so;
+ *   - a spectrogram larger than `spectrogram_max_kb` is not attached (the
+ *     chunks are the same), and one of exactly that size is.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "spindle/audio.h"
+#include "spindle/harness.h"
+#include "wav.h"
+#include "wav2lip.h"
+
+static char g_dir[256];
+
+static void put_le(FILE *f, uint32_t v, int bytes) {
+  for (int i = 0; i < bytes; i++)
+    fputc((int)((v >> (8 * i)) & 0xff), f);
+}
+
+/* A 16-bit PCM WAV of n samples a channel: a tone whose pitch rises, so
+ * every mel column differs from its neighbours. */
+static void write_wav(const char *path, uint32_t rate, uint16_t channels, uint32_t n) {
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  uint32_t data = n * channels * 2;
+  fwrite("RIFF", 1, 4, f), put_le(f, 36 + data, 4), fwrite("WAVEfmt ", 1, 8, f);
+  put_le(f, 16, 4), put_le(f, 1, 2), put_le(f, channels, 2), put_le(f, rate, 4);
+  put_le(f, rate * channels * 2, 4), put_le(f, channels * 2u, 2), put_le(f, 16, 2);
+  fwrite("data", 1, 4, f), put_le(f, data, 4);
+  for (uint32_t i = 0; i < n; i++) {
+    double t = (double)i / rate;
+    for (uint16_t c = 0; c < channels; c++)
+      put_le(f, (uint32_t)(uint16_t)(int16_t)lrint(9000.0 * sin(2 * M_PI * (300.0 + 900.0 * t + 50.0 * c) * t)), 2);
+  }
+  fclose(f);
+}
+
+/* What melspec computes for `path`: the (80, *frames) spectrogram. */
+static float *reference(const char *path, int64_t *frames) {
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_wav_t wav;
+  float *pcm = NULL;
+  int64_t n = 0;
+  assert_int_equal(spn_wav_read(path, &wav, &err), SPN_OK);
+  assert_int_equal(spn_audio_resample(wav.samples, wav.n, wav.sample_rate, 16000, &pcm, &n, &err), SPN_OK);
+  spn_wav_release(&wav);
+  spn_mel_params_t p = SPN_MEL_PARAMS_WAV2LIP;
+  spn_mel_t *mel = NULL;
+  assert_int_equal(spn_mel_new(&p, NULL, &mel, &err), SPN_OK);
+  *frames = spn_mel_frames(mel, n);
+  float *spec = malloc((size_t)*frames * SPN_W2L_MEL_BINS * sizeof *spec);
+  assert_non_null(spec);
+  assert_int_equal(spn_mel_compute(mel, pcm, n, spec, &err), SPN_OK);
+  spn_mel_free(&mel);
+  free(pcm);
+  return spec;
+}
+
+static spn_harness_t *open_melspec(const char *config) {
+  const char *dir = getenv("SPINDLE_LIPSYNC_STAGE_DIR");
+  assert_non_null(dir);
+  char plugin[512];
+  snprintf(plugin, sizeof plugin, "%s/libspindle-melspec.so", dir);
+  spn_harness_opts_t o = SPN_HARNESS_OPTS_INIT;
+  o.plugin = plugin;
+  o.kind = "melspec";
+  o.config = config;
+  spn_harness_t *h = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_harness_new(&o, &h, &err) != SPN_OK)
+    fail_msg("harness: %s", err.msg);
+  return h;
+}
+
+static void job(spn_harness_t *h, uint64_t id, const char *path, double fps) {
+  char kv[600];
+  spn_error_t err = SPN_ERROR_INIT;
+  snprintf(kv, sizeof kv, "path=%s", path);
+  assert_int_equal(spn_harness_job_set(h, id, kv, &err), SPN_OK);
+  snprintf(kv, sizeof kv, "fps=%g", fps);
+  assert_int_equal(spn_harness_job_set(h, id, kv, &err), SPN_OK);
+}
+
+/* Check job `id`'s messages against the reference spectrogram of `path`;
+ * `attached`: whether its first message must carry it. */
+static void check_job(spn_harness_t *h, uint64_t id, const char *path, double fps, bool attached) {
+  const spn_host_api_t *host = spn_harness_host(h);
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_harness_job_status(h, id, &err) != SPN_OK)
+    fail_msg("job %llu: %s", (unsigned long long)id, err.msg);
+  int64_t frames = 0;
+  float *spec = reference(path, &frames);
+  int64_t chunks = spn_w2l_mel_chunks(fps, frames);
+  size_t n = spn_harness_output_len(h, id, 0);
+  assert_int_equal((int64_t)n, chunks);
+  float want[SPN_W2L_MEL_FLOATS];
+  for (size_t i = 0; i < n; i++) {
+    const spn_msg_t *m = spn_harness_output(h, id, 0, i);
+    const spn_envelope_t *env = host->msg_envelope(m);
+    assert_int_equal(env->seq, i);
+    assert_int_equal(env->total, chunks);
+    spn_item_t it = {.struct_size = sizeof it};
+    int64_t k = host->msg_find(m, "mel");
+    assert_true(k >= 0);
+    assert_int_equal(host->msg_item(m, (size_t)k, &it), SPN_OK);
+    assert_int_equal(spn_w2l_mel_chunk(spec, frames, (int64_t)i, fps, want, &err), SPN_OK);
+    assert_memory_equal(host->buffer_data(it.buffer), want, sizeof want);
+    int64_t s = host->msg_find(m, SPN_W2L_SPEC_ITEM), f = host->msg_find(m, SPN_W2L_SPEC_FPS_ITEM);
+    if (i > 0 || !attached) {
+      if (s >= 0 || f >= 0)
+        fail_msg("job %llu message %zu carries the spectrogram", (unsigned long long)id, i);
+      continue;
+    }
+    assert_true(s >= 0 && f >= 0);
+    assert_int_equal(host->msg_item(m, (size_t)s, &it), SPN_OK);
+    assert_int_equal(it.kind, SPN_ITEM_TENSOR);
+    assert_int_equal(it.tensor.dtype, SPN_DTYPE_F32);
+    assert_int_equal(it.tensor.device_kind, SPN_DEVICE_CPU);
+    assert_int_equal(it.tensor.ndim, 2);
+    assert_int_equal(it.tensor.shape[0], SPN_W2L_MEL_BINS);
+    assert_int_equal(it.tensor.shape[1], frames);
+    assert_memory_equal(it.tensor.data, spec, (size_t)frames * SPN_W2L_MEL_BINS * sizeof *spec);
+    assert_int_equal(host->msg_item(m, (size_t)f, &it), SPN_OK);
+    assert_int_equal(it.kind, SPN_ITEM_META);
+    assert_int_equal(it.meta_size, sizeof(double));
+    double got_fps;
+    memcpy(&got_fps, it.meta, sizeof got_fps);
+    assert_true(got_fps == fps);
+  }
+  free(spec);
+}
+
+static void the_first_message_of_each_job_carries_its_spectrogram(void **state) {
+  (void)state;
+  char a[400], b[400];
+  snprintf(a, sizeof a, "%s/a16k.wav", g_dir);
+  snprintf(b, sizeof b, "%s/b48k.wav", g_dir);
+  write_wav(a, 16000, 1, 16000);
+  write_wav(b, 48000, 2, 33600);
+  spn_harness_t *h = open_melspec("fps = 25.0");
+  job(h, 1, a, 25.0);
+  job(h, 2, b, 29.97);
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_harness_run(h, &err), SPN_OK);
+  check_job(h, 1, a, 25.0, true);
+  check_job(h, 2, b, 29.97, true);
+  spn_harness_free(&h);
+  unlink(a);
+  unlink(b);
+}
+
+static void a_spectrogram_over_spectrogram_max_kb_is_not_attached(void **state) {
+  (void)state;
+  char a[400];
+  snprintf(a, sizeof a, "%s/a16k.wav", g_dir);
+  write_wav(a, 16000, 1, 15800);
+  /* 15800 samples at 16 kHz: 80 columns of 80 floats, 25600 bytes: 25 KiB
+   * exactly. */
+  int64_t frames = 0;
+  free(reference(a, &frames));
+  assert_int_equal(frames, 80);
+  const char *configs[] = {"spectrogram_max_kb = 24", "spectrogram_max_kb = 0", "spectrogram_max_kb = 25"};
+  for (int c = 0; c < 3; c++) {
+    spn_harness_t *h = open_melspec(configs[c]);
+    job(h, 1, a, 25.0);
+    spn_error_t err = SPN_ERROR_INIT;
+    assert_int_equal(spn_harness_run(h, &err), SPN_OK);
+    check_job(h, 1, a, 25.0, c == 2);
+    spn_harness_free(&h);
+  }
+  /* The bound is lipsync's: no more can be asked for. */
+  spn_harness_opts_t o = SPN_HARNESS_OPTS_INIT;
+  char plugin[512], config[64];
+  snprintf(plugin, sizeof plugin, "%s/libspindle-melspec.so", getenv("SPINDLE_LIPSYNC_STAGE_DIR"));
+  snprintf(config, sizeof config, "spectrogram_max_kb = %zu", (SPN_W2L_SPEC_MAX_BYTES >> 10) + 1);
+  o.plugin = plugin;
+  o.kind = "melspec";
+  o.config = config;
+  spn_harness_t *h = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_not_equal(spn_harness_new(&o, &h, &err), SPN_OK);
+  assert_non_null(strstr(err.msg, "spectrogram_max_kb"));
+  unlink(a);
+}
+
+int main(void) {
+  snprintf(g_dir, sizeof g_dir, "%s/spn-melspec-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  if (!mkdtemp(g_dir)) {
+    perror("mkdtemp");
+    return 1;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(the_first_message_of_each_job_carries_its_spectrogram),
+      cmocka_unit_test(a_spectrogram_over_spectrogram_max_kb_is_not_attached),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  rmdir(g_dir);
+  return rc;
+}
