@@ -34,10 +34,19 @@
  * frames stay in that GPU's memory: a host frame is uploaded once when it
  * arrives, the batch's crops are prepared by kernels into a device batch,
  * Wav2Lip runs on the engine's CUDA backend with its output left on the
- * device (the mel chunks, 5 KB a frame, go up with the run), and each synced
- * frame is a device copy with the mouth pasted by kernels (wav2lip-cuda.c,
- * the twins of wav2lip.c). The one wait is at the end of a batch, before the
- * input frames it replaced are released.
+ * device, and each synced frame is a device copy with the mouth pasted by
+ * kernels (wav2lip-cuda.c, the twins of wav2lip.c). The mel input is a
+ * device batch too: a job whose mel source sends its whole spectrogram
+ * (melspec does, with seq 0: wav2lip.h, SPN_W2L_SPEC_ITEM) has it uploaded
+ * once and kept until the job closes, and its rows are cut from it by a
+ * gather kernel, 80×16 windows starting where spn_w2l_mel_start says, so
+ * its chunks never cross PCIe; the chunks of a job without one (another mel
+ * source, a spectrogram over 16 MiB) are uploaded into their rows, 5 KB a
+ * synced frame, as the one copy per batch and job. A batch may mix both.
+ * Every upload is the stage's buffer_copy, counted for the stage and the
+ * job. The one wait is at the end of a batch, before the input frames it
+ * replaced are released (and once per job after its spectrogram's upload,
+ * before the message holding it goes).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -113,6 +122,12 @@ typedef struct ls_job {
   ls_slot_t **win;     /* ring of cap slots; win[(head + k) % cap] is seq next_emit + k */
   size_t cap, head;
   struct ls_job *next; /* the state's list of open jobs */
+  /* On a GPU instance: the job's whole spectrogram in its memory, when the
+   * mel source sent one (take_spec), and the fps its chunks are cut at. */
+  spn_buffer_t *d_spec; /* (80, spec_frames) f32 */
+  int64_t spec_frames;
+  double spec_fps;
+  bool spec_refused;    /* one was sent and left aside (logged once) */
 } ls_job_t;
 
 typedef struct ls_state {
@@ -132,6 +147,12 @@ typedef struct ls_state {
    * the frames a batch replaced (released once the stream is past them). */
   spn_buffer_t *d_face, *d_out, *d_small, *d_big, *d_mask;
   spn_buffer_t **retired;
+  /* The batch's mel input on the device, the pinned staging of the chunks
+   * of jobs without a spectrogram there, the gather's rows. */
+  spn_buffer_t *d_mel, *h_mel;
+#ifdef SPN_LIPSYNC_CUDA
+  spn_w2l_mel_src_t *mel_src;
+#endif
 } ls_state_t;
 
 /* Whether this instance runs on a GPU (only in a build with CUDA); *index
@@ -337,6 +358,78 @@ static void take_frame(spn_stage_t *stage, ls_state_t *st, ls_job_t *j, spn_msg_
   slot_settle(j, s);
 }
 
+#ifdef SPN_LIPSYNC_CUDA
+/* The job's whole spectrogram, when its mel source sends one beside a chunk
+ * (melspec does on seq 0; wav2lip.h, SPN_W2L_SPEC_ITEM): uploaded to this
+ * GPU once, counted for the stage and the job, after which every batch cuts
+ * the job's chunks there (spn_w2l_mel_gather_cuda) instead of uploading
+ * them. The chunks stay what the port promises, so a spectrogram that does
+ * not fit them (shape, more than SPN_W2L_SPEC_MAX_BYTES, its chunk count at
+ * its fps not the stream's total) or that cannot be uploaded is logged and
+ * left aside: the job goes on with its chunks. */
+static void take_spec(spn_stage_t *stage, ls_job_t *j, spn_msg_t *m) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  int64_t si = host->msg_find(m, SPN_W2L_SPEC_ITEM), fi = host->msg_find(m, SPN_W2L_SPEC_FPS_ITEM);
+  if (si < 0 || j->d_spec || j->spec_refused)
+    return;
+  char why[SPN_ERROR_MSG_MAX] = "";
+  spn_item_t it = {.struct_size = sizeof it}, ft = {.struct_size = sizeof ft};
+  const spn_tensor_t *t = &it.tensor;
+  double fps = 0;
+  bool has_fps = fi >= 0 && host->msg_item(m, (size_t)fi, &ft) == SPN_OK && ft.kind == SPN_ITEM_META &&
+                 ft.meta_size == sizeof fps;
+  if (has_fps)
+    memcpy(&fps, ft.meta, sizeof fps);
+  if (!has_fps) {
+    snprintf(why, sizeof why, "no item \"%s\" (one double) beside it", SPN_W2L_SPEC_FPS_ITEM);
+  } else if (host->msg_item(m, (size_t)si, &it) != SPN_OK || it.kind != SPN_ITEM_TENSOR || !it.buffer ||
+             t->dtype != SPN_DTYPE_F32 || t->ndim != 2 || t->shape[0] != SPN_W2L_MEL_BINS ||
+             t->shape[1] < SPN_W2L_MEL_STEPS || t->device_kind != SPN_DEVICE_CPU) {
+    snprintf(why, sizeof why, "not an (80, n >= 16) f32 tensor in host memory");
+  } else if (spn_tensor_nbytes(t) > SPN_W2L_SPEC_MAX_BYTES) {
+    snprintf(why, sizeof why, "%zu bytes, more than the %zu taken", spn_tensor_nbytes(t), SPN_W2L_SPEC_MAX_BYTES);
+  } else if (!(fps > 0) || !(fps < 1e6)) {
+    snprintf(why, sizeof why, "its fps (%g) is not a frame rate", fps);
+  } else if (j->mel_total >= 0 && spn_w2l_mel_chunks(fps, t->shape[1]) != j->mel_total) {
+    snprintf(why, sizeof why, "%lld columns at %g fps make %lld chunks, the stream has %lld", (long long)t->shape[1],
+             fps, (long long)spn_w2l_mel_chunks(fps, t->shape[1]), (long long)j->mel_total);
+  }
+  if (!why[0]) {
+    spn_error_t err = SPN_ERROR_INIT;
+    cudaStream_t stream = (cudaStream_t)host->stage_get_stream(stage);
+    size_t nb = spn_tensor_nbytes(t);
+    size_t off = (size_t)((const char *)t->data - (const char *)host->buffer_data(it.buffer));
+    int32_t rc = host->buffer_new_kind(stage, nb, SPN_MEM_DEVICE, &j->d_spec, &err);
+    if (rc == SPN_OK && SPN_HOST_HAS(host, buffer_copy))
+      rc = host->buffer_copy(stage, j->job_id, j->d_spec, 0, it.buffer, off, nb, &err);
+    else if (rc == SPN_OK && cudaMemcpyAsync(host->buffer_data(j->d_spec), t->data, nb, cudaMemcpyHostToDevice,
+                                             stream) != cudaSuccess)
+      rc = spn_error_set(&err, SPN_ECUDA, "%s", cudaGetErrorString(cudaGetLastError()));
+    /* The message, and the host memory it holds, goes when this call
+     * returns: the copy is waited for, once per job. */
+    if (rc == SPN_OK && cudaStreamSynchronize(stream) != cudaSuccess)
+      rc = spn_error_set(&err, SPN_ECUDA, "%s", cudaGetErrorString(cudaGetLastError()));
+    if (rc != SPN_OK) {
+      host->buffer_unref(&j->d_spec);
+      snprintf(why, sizeof why, "uploading it: %.400s", err.msg);
+    }
+  }
+  if (why[0]) {
+    j->spec_refused = true;
+    host->log(stage, j->job_id, SPN_LOG_WARN,
+              "input \"mel\": the spectrogram (item \"%s\") is left aside: %s; the job's mel chunks go up one by "
+              "one with their batches",
+              SPN_W2L_SPEC_ITEM, why);
+    return;
+  }
+  j->spec_frames = t->shape[1];
+  j->spec_fps = fps;
+  host->log(stage, j->job_id, SPN_LOG_DEBUG,
+            "the job's spectrogram (%lld mel frames, %zu bytes) is on the GPU: its chunks are cut there",
+            (long long)j->spec_frames, spn_tensor_nbytes(t));
+}
+#endif
+
 static void take_mel(spn_stage_t *stage, ls_job_t *j, spn_msg_t *m, int64_t midx) {
   const spn_host_api_t *host = spn_stage_host(stage);
   const spn_envelope_t *env = host->msg_envelope(m);
@@ -359,6 +452,10 @@ static void take_mel(spn_stage_t *stage, ls_job_t *j, spn_msg_t *m, int64_t midx
     job_fail(stage, j, SPN_EINVAL, why);
     return;
   }
+#ifdef SPN_LIPSYNC_CUDA
+  if (on_gpu(stage, NULL))
+    take_spec(stage, j, m);
+#endif
   if (env->seq < j->next_emit)
     return; /* its frame is already out (it passed through): a late chunk is dropped */
   ls_slot_t *s = slot_get(j, env->seq, why, sizeof why);
@@ -386,6 +483,55 @@ static void fail_slot(spn_stage_t *stage, ls_job_t *j, const ls_slot_t *s, int32
   job_fail(stage, j, rc, msg);
 }
 
+#ifdef SPN_LIPSYNC_CUDA
+/* The mel input of a batch of n slots on the GPU, (n,1,80,16) in d_mel:
+ * rows of jobs whose spectrogram is on the device are cut from it by the
+ * gather kernels (nothing crosses PCIe for them); the chunks of the other
+ * jobs are staged in pinned memory and uploaded into their rows, one copy
+ * per job's run of consecutive rows (run_ready gathers job by job), counted
+ * for that job. Both kinds may share a batch. The staging is written again
+ * only by the next batch, after this one's wait. */
+static int32_t mel_batch_cuda(spn_stage_t *stage, ls_state_t *st, size_t n, void *stream, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  const size_t msz = SPN_W2L_MEL_FLOATS;
+  float *d = host->buffer_data(st->d_mel);
+  size_t n_src = 0;
+  for (size_t i = 0; i < n; i++) {
+    ls_job_t *j = st->run_job[i];
+    if (j->d_spec) {
+      st->mel_src[n_src++] = (spn_w2l_mel_src_t){.mel = host->buffer_data(j->d_spec),
+                                                 .n_frames = j->spec_frames,
+                                                 .fps = j->spec_fps,
+                                                 .i = (int64_t)st->run[i]->env.seq,
+                                                 .row = (int32_t)i};
+      continue;
+    }
+    int32_t rc;
+    if (!st->h_mel &&
+        (rc = host->buffer_new_kind(stage, st->bs * msz * sizeof(float), SPN_MEM_PINNED, &st->h_mel, err)) != SPN_OK)
+      return rc;
+    float *h = host->buffer_data(st->h_mel);
+    size_t last = i;
+    while (last + 1 < n && st->run_job[last + 1] == j)
+      last++;
+    for (size_t r = i; r <= last; r++)
+      memcpy(h + r * msz, st->run[r]->mel, msz * sizeof(float));
+    size_t off = i * msz * sizeof(float), nb = (last + 1 - i) * msz * sizeof(float);
+    if (SPN_HOST_HAS(host, buffer_copy))
+      rc = host->buffer_copy(stage, j->job_id, st->d_mel, off, st->h_mel, off, nb, err);
+    else if (cudaMemcpyAsync((char *)d + off, (char *)h + off, nb, cudaMemcpyHostToDevice, (cudaStream_t)stream) !=
+             cudaSuccess)
+      rc = spn_error_set(err, SPN_ECUDA, "uploading mel chunks: %s", cudaGetErrorString(cudaGetLastError()));
+    else
+      rc = SPN_OK;
+    if (rc != SPN_OK)
+      return rc;
+    i = last;
+  }
+  return spn_w2l_mel_gather_cuda(d, (int32_t)n, st->mel_src, n_src, stream, err);
+}
+#endif
+
 /* Run the model over n gathered slots and paste the results into fresh
  * copies of their frames — on the CPU, or on the instance's GPU with the
  * twins of wav2lip.c. A failure fails the jobs of those slots only. */
@@ -407,9 +553,18 @@ static void run_batch(spn_stage_t *stage, ls_state_t *st, size_t n) {
               (rc = spn_cuda_scratch(stage, &st->d_out, st->bs * osz * sizeof(float), 0, &err)) != SPN_OK ||
               (rc = spn_cuda_scratch(stage, &st->d_small, (size_t)SPN_W2L_SIZE * SPN_W2L_SIZE * 3, 0, &err)) != SPN_OK ||
               (rc = spn_cuda_scratch(stage, &st->d_big, paste_px * 3, 0, &err)) != SPN_OK ||
-              (rc = spn_cuda_scratch(stage, &st->d_mask, paste_px * sizeof(float), 0, &err)) != SPN_OK)) {
+              (rc = spn_cuda_scratch(stage, &st->d_mask, paste_px * sizeof(float), 0, &err)) != SPN_OK ||
+              (rc = spn_cuda_scratch(stage, &st->d_mel, st->bs * msz * sizeof(float), 0, &err)) != SPN_OK)) {
     for (size_t i = 0; i < n; i++)
       fail_slot(stage, st->run_job[i], st->run[i], rc, err.msg);
+    return;
+  }
+  if (gpu && (rc = mel_batch_cuda(stage, st, n, stream, &err)) != SPN_OK) {
+    for (size_t i = 0; i < n; i++)
+      fail_slot(stage, st->run_job[i], st->run[i], rc, err.msg);
+    /* The copies and gathers already queued read the jobs' spectrograms,
+     * which the failed jobs release when they close (after this call). */
+    (void)cudaStreamSynchronize((cudaStream_t)stream);
     return;
   }
   if (gpu) {
@@ -439,8 +594,8 @@ static void run_batch(spn_stage_t *stage, ls_state_t *st, size_t n) {
         fail_slot(stage, st->run_job[i], s, rc, err.msg);
         memset(face + i * fsz, 0, fsz * sizeof(float));
       }
+      memcpy(st->mel_buf + i * msz, s->mel, msz * sizeof(float));
     }
-    memcpy(st->mel_buf + i * msz, s->mel, msz * sizeof(float));
   }
   spn_tensor_t in[2] = {SPN_TENSOR_INIT, SPN_TENSOR_INIT};
   spn_tensor_t *fi = &in[st->in_face], *mi = &in[st->in_mel];
@@ -451,15 +606,16 @@ static void run_batch(spn_stage_t *stage, ls_state_t *st, size_t n) {
   mi->dtype = SPN_DTYPE_F32;
   mi->ndim = 4;
   mi->shape[0] = (int64_t)n, mi->shape[1] = 1, mi->shape[2] = SPN_W2L_MEL_BINS, mi->shape[3] = SPN_W2L_MEL_STEPS;
-  mi->data = st->mel_buf; /* host memory on a GPU too: the run uploads it */
+  mi->data = st->mel_buf;
   spn_tensor_t out = SPN_TENSOR_INIT;
   out.dtype = SPN_DTYPE_F32;
   out.ndim = 4;
   out.shape[0] = (int64_t)n, out.shape[1] = 3, out.shape[2] = SPN_W2L_SIZE, out.shape[3] = SPN_W2L_SIZE;
   out.data = outp;
   if (gpu) {
-    fi->device_kind = out.device_kind = SPN_DEVICE_CUDA;
-    fi->device_index = out.device_index = dev_index;
+    fi->device_kind = mi->device_kind = out.device_kind = SPN_DEVICE_CUDA;
+    fi->device_index = mi->device_index = out.device_index = dev_index;
+    mi->data = host->buffer_data(st->d_mel);
   }
   /* run_ready gathers job by job: count the jobs sharing this run. */
   size_t n_jobs = 1;
@@ -658,7 +814,13 @@ static int32_t ls_create(spn_stage_t *stage, const void *config, void **state, s
   st->run = malloc(st->bs * sizeof *st->run);
   st->run_job = malloc(st->bs * sizeof *st->run_job);
   st->retired = calloc(st->bs, sizeof *st->retired);
-  if (!st->face_buf || !st->mel_buf || !st->out_buf || !st->run || !st->run_job || !st->retired) {
+#ifdef SPN_LIPSYNC_CUDA
+  st->mel_src = malloc(st->bs * sizeof *st->mel_src);
+  bool gpu_ok = st->mel_src != NULL;
+#else
+  bool gpu_ok = true;
+#endif
+  if (!st->face_buf || !st->mel_buf || !st->out_buf || !st->run || !st->run_job || !st->retired || !gpu_ok) {
     ls_destroy(stage, st);
     return spn_error_set(err, SPN_ENOMEM, "lipsync: out of memory for a batch of %zu faces", (size_t)cfg->batch_size);
   }
@@ -787,6 +949,10 @@ static void ls_job_close(spn_stage_t *stage, void *state, void *job_state, bool 
   for (size_t k = 0; k < j->cap; k++)
     slot_free(host, &j->win[k]);
   free(j->win);
+  /* Device memory goes back to the pool after the work queued on it (the
+   * device layer orders the free after every stream's work); every batch
+   * that read it was waited for anyway, and so was its upload. */
+  host->buffer_unref(&j->d_spec);
   free(j);
 }
 
@@ -798,7 +964,7 @@ static void ls_destroy(spn_stage_t *stage, void *state) {
 #ifdef SPN_LIPSYNC_CUDA
   /* Work queued on the scratch and on the open jobs' frames ends before
    * they go back to the pool. */
-  if (st->d_face || st->d_small)
+  if (st->d_face || st->d_small || st->d_mel || st->h_mel)
     cudaStreamSynchronize((cudaStream_t)host->stage_get_stream(stage));
 #endif
   while (st->jobs)
@@ -817,6 +983,9 @@ static void ls_destroy(spn_stage_t *stage, void *state) {
   host->buffer_unref(&st->d_small);
   host->buffer_unref(&st->d_big);
   host->buffer_unref(&st->d_mask);
+  host->buffer_unref(&st->d_mel);
+  host->buffer_unref(&st->h_mel);
+  free(st->mel_src);
 #endif
   free(st);
 }

@@ -4,7 +4,10 @@
  * of lipsync-test-pattern.h keyed by (seed, seq), each with a "faces" item
  * (one box, or none on every 4th frame) — what facedetect emits.
  * `lt_mel`: per job, `chunks` mel chunks (1,80,16) f32 keyed by (seed, seq),
- * with the envelope's total set to `chunks` — what melspec emits.
+ * with the envelope's total set to `chunks` — what melspec emits; with
+ * `mode = "windows"` the chunks are cut from one spectrogram per job
+ * (lt_spec), and with `mode = "spectrogram"` that spectrogram also goes
+ * whole with seq 0, as melspec sends it (wav2lip.h, SPN_W2L_SPEC_ITEM).
  * Both are sources producing one message per generate() call.
  */
 #include <stdlib.h>
@@ -14,6 +17,11 @@
 #include "lipsync-test-pattern.h"
 #include "spindle/plugin.h"
 
+/* wav2lip.h's names of the items (not included: this plugin links only the
+ * plugin API). */
+#define LT_SPEC_ITEM "melspec"
+#define LT_SPEC_FPS_ITEM "melspec_fps"
+
 static const spn_host_api_t *host;
 
 typedef struct lt_config {
@@ -21,6 +29,7 @@ typedef struct lt_config {
   int64_t seed;
   int64_t bad_at; /* lt_mel: the chunk at this seq has a wrong shape (-1: none) */
   int64_t pace_ms; /* lt_faces: wait this long before each frame */
+  char *mode;      /* lt_mel: "chunks", "windows" or "spectrogram" */
 } lt_config_t;
 
 static const spn_config_field_t lt_faces_schema[] = {
@@ -42,13 +51,20 @@ static const spn_config_field_t lt_mel_schema[] = {
      .doc = "pattern seed", .def_int = 1, .min = 0, .max = 1000},
     {.key = "bad_at", .type = SPN_CONFIG_INT, .flags = SPN_CONFIG_PER_JOB, .offset = offsetof(lt_config_t, bad_at),
      .doc = "seq of a chunk sent with a wrong shape (1,80,8); -1: none", .def_int = -1, .min = -1, .max = 100000},
+    {.key = "mode", .type = SPN_CONFIG_STRING, .flags = SPN_CONFIG_PER_JOB, .offset = offsetof(lt_config_t, mode),
+     .doc = "chunks: a pattern per chunk; windows: cut from one spectrogram; spectrogram: the same, and the "
+            "spectrogram sent whole with seq 0",
+     .def_str = "chunks"},
     {0},
 };
+
+enum { LT_CHUNKS, LT_WINDOWS, LT_SPECTROGRAM };
 
 typedef struct lt_job {
   uint64_t job_id;
   uint64_t seq;
   int64_t count, seed, bad_at, pace_ms;
+  int mode;
 } lt_job_t;
 
 static int32_t lt_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
@@ -69,8 +85,37 @@ static int32_t lt_job_open(spn_stage_t *stage, void *state, const spn_job_info_t
   j->seed = c->seed;
   j->bad_at = c->bad_at; /* lt_faces' schema has no such key: its struct field stays 0 */
   j->pace_ms = c->pace_ms; /* likewise 0 for lt_mel */
+  j->mode = LT_CHUNKS;     /* and NULL for lt_faces */
+  if (c->mode && !strcmp(c->mode, "windows"))
+    j->mode = LT_WINDOWS;
+  else if (c->mode && !strcmp(c->mode, "spectrogram"))
+    j->mode = LT_SPECTROGRAM;
+  else if (c->mode && strcmp(c->mode, "chunks")) {
+    free(j);
+    return spn_error_set(err, SPN_ECONFIG, "lt_mel: mode \"%s\": chunks, windows or spectrogram", c->mode);
+  }
   *job_state = j;
   return SPN_OK;
+}
+
+/* The job's spectrogram and its fps as two more items of msg. */
+static int32_t lt_add_spectrogram(spn_stage_t *stage, lt_job_t *j, spn_msg_t *msg, spn_error_t *err) {
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = SPN_DTYPE_F32;
+  t.ndim = 2;
+  t.shape[0] = 80, t.shape[1] = lt_spec_cols(j->count);
+  spn_buffer_t *buf = NULL;
+  int32_t rc = host->buffer_new(stage, spn_tensor_nbytes(&t), &buf, err);
+  if (rc != SPN_OK)
+    return rc;
+  float *m = host->buffer_data(buf);
+  for (int32_t b = 0; b < 80; b++)
+    for (int64_t c = 0; c < t.shape[1]; c++)
+      m[b * t.shape[1] + c] = lt_spec(j->seed, b, c);
+  rc = host->msg_add_tensor(msg, LT_SPEC_ITEM, &t, buf, err);
+  host->buffer_unref(&buf);
+  const double fps = 25.0;
+  return rc == SPN_OK ? host->msg_add_meta(msg, LT_SPEC_FPS_ITEM, &fps, sizeof fps, err) : rc;
 }
 
 static int32_t lt_send(spn_stage_t *stage, lt_job_t *j, const char *name, const spn_tensor_t *t, spn_buffer_t *buf,
@@ -83,6 +128,8 @@ static int32_t lt_send(spn_stage_t *stage, lt_job_t *j, const char *name, const 
     rc = host->msg_add_tensor(msg, name, t, buf, err);
   if (rc == SPN_OK && faces)
     rc = host->msg_add_meta(msg, "faces", faces, n_faces * sizeof *faces, err);
+  if (rc == SPN_OK && j->mode == LT_SPECTROGRAM && j->seq == 0)
+    rc = lt_add_spectrogram(stage, j, msg, err);
   if (rc == SPN_OK)
     rc = host->emit(stage, 0, &msg, err);
   else
@@ -137,9 +184,10 @@ static int32_t lt_mel_generate(spn_stage_t *stage, void *state, void *job_state,
   if (rc != SPN_OK)
     return rc;
   float *m = host->buffer_data(buf);
+  int64_t cols = lt_spec_cols(j->count), start = lt_spec_start((int64_t)j->seq, cols);
   for (int32_t b = 0; b < 80; b++)
     for (int32_t s = 0; s < t.shape[2]; s++)
-      m[b * t.shape[2] + s] = lt_mel(j->seed, j->seq, b, s);
+      m[b * t.shape[2] + s] = j->mode == LT_CHUNKS ? lt_mel(j->seed, j->seq, b, s) : lt_spec(j->seed, b, start + s);
   rc = lt_send(stage, j, "mel", &t, buf, NULL, 0, err);
   host->buffer_unref(&buf);
   return rc;

@@ -4,13 +4,17 @@
  *
  * The stage's source is included here and runs on a fake host whose stage
  * is "placed on cuda:0"; this file defines the CUDA runtime calls the stage
- * makes and the two GPU twins it calls (spn_w2l_prepare_cuda,
- * spn_w2l_paste_cuda), so the test links neither libcudart nor the kernels.
+ * makes and the GPU twins it calls (spn_w2l_prepare_cuda, spn_w2l_paste_cuda,
+ * spn_w2l_mel_gather_cuda: the last one as the CPU cuts the same chunks),
+ * so the test links neither libcudart nor the kernels.
  * Work is "queued" by those fakes (and the fake model run) and "done" at the
  * next stream synchronisation. A buffer whose last reference goes while
  * queued work touches it is what these tests catch: on a GPU the pool hands
  * that memory to another stream at once. The runtime closes a failed job
- * (releasing its frames) after process() returns, as the test does.
+ * (releasing its frames) after process() returns, as the test does. The
+ * fake model run keeps the batch's mel input, so the rows cut from a job's
+ * spectrogram on the device and the rows uploaded from chunks can be told
+ * apart and checked, also in one batch.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -30,12 +34,24 @@
 
 #include "fake-gpu-host.h"
 
+#define MAX_ROWS 8
+
 static struct {
   int fails;
   char last_fail[512];
   spn_msg_t *out[16];
   int emitted;
   int32_t model_rc;
+  /* the last model run's mel input */
+  float mel[MAX_ROWS * SPN_W2L_MEL_FLOATS];
+  int64_t mel_rows;
+  int32_t mel_device_kind;
+  /* buffer_copy calls and bytes, by job (1..3) */
+  int copies[4];
+  size_t copy_bytes[4];
+  int gathers; /* rows cut from spectrograms */
+  int warnings;
+  char last_warning[512];
 } g;
 
 cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t stream) {
@@ -68,6 +84,23 @@ int32_t spn_w2l_paste_cuda(spn_image_t *frame, const spn_w2l_rect_t *rect, const
   frame->data[0][1] = 0x5a; /* the pasted mouth */
   return SPN_OK;
 }
+/* Queued "kernels" reading the spectrograms and writing the rows: the
+ * chunks spn_w2l_mel_chunk cuts on the CPU. */
+int32_t spn_w2l_mel_gather_cuda(float *batch, int32_t n_rows, const spn_w2l_mel_src_t *src, size_t n, void *stream,
+                                spn_error_t *err) {
+  (void)stream;
+  for (size_t k = 0; k < n; k++) {
+    assert_true(src[k].row >= 0 && src[k].row < n_rows);
+    touch(src[k].mel);
+    touch(batch + (size_t)src[k].row * SPN_W2L_MEL_FLOATS);
+    int32_t rc = spn_w2l_mel_chunk(src[k].mel, src[k].n_frames, src[k].i, src[k].fps,
+                                   batch + (size_t)src[k].row * SPN_W2L_MEL_FLOATS, err);
+    if (rc != SPN_OK)
+      return rc;
+    g.gathers++;
+  }
+  return SPN_OK;
+}
 
 /* ---- fake host ------------------------------------------------------------- */
 
@@ -92,12 +125,19 @@ static int32_t h_buffer_new(spn_stage_t *s, size_t n, spn_buffer_t **out, spn_er
   return SPN_OK;
 }
 static int32_t h_buffer_new_kind(spn_stage_t *s, size_t n, int32_t kind, spn_buffer_t **out, spn_error_t *err) {
-  (void)kind;
-  return h_buffer_new(s, n, out, err);
+  (void)s, (void)err;
+  *out = fake_buffer(n, 0, kind == SPN_MEM_DEVICE);
+  return SPN_OK;
 }
 static int32_t h_buffer_copy(spn_stage_t *s, uint64_t job, spn_buffer_t *dst, size_t doff, spn_buffer_t *src,
                              size_t soff, size_t n, spn_error_t *err) {
-  (void)s, (void)job, (void)err;
+  (void)s, (void)err;
+  assert_true(job >= 1 && job <= 3);
+  assert_true(doff + n <= dst->size && soff + n <= src->size);
+  if (!src->device && dst->device) { /* an upload */
+    g.copies[job]++;
+    g.copy_bytes[job] += n;
+  }
   return cudaMemcpyAsync(dst->data + doff, src->data + soff, n, cudaMemcpyDeviceToDevice, NULL) == cudaSuccess
              ? SPN_OK
              : SPN_ECUDA;
@@ -217,9 +257,25 @@ static int32_t h_model_run(spn_stage_t *s, spn_model_t *m, const spn_tensor_t *i
   for (size_t i = 0; i < n_in; i++)
     if (in[i].device_kind == SPN_DEVICE_CUDA)
       touch(in[i].data);
+  /* input 0 is the mel (h_model_io) */
+  assert_true(in[0].shape[0] <= MAX_ROWS);
+  g.mel_rows = in[0].shape[0];
+  g.mel_device_kind = in[0].device_kind;
+  memcpy(g.mel, in[0].data, (size_t)in[0].shape[0] * SPN_W2L_MEL_FLOATS * sizeof(float));
   for (size_t i = 0; i < n_out; i++)
     touch(out[i].data);
   return g.model_rc ? spn_error_set(err, g.model_rc, "model run failed (fake)") : SPN_OK;
+}
+
+static void h_log_kept(spn_stage_t *s, uint64_t job, int32_t level, const char *fmt, ...) {
+  (void)s, (void)job;
+  if (level < SPN_LOG_WARN)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(g.last_warning, sizeof g.last_warning, fmt, ap);
+  va_end(ap);
+  g.warnings++;
 }
 
 static spn_host_api_t g_host;
@@ -240,7 +296,7 @@ static int setup(void **state) {
   g_host.stage_get_device = h_stage_get_device;
   g_host.stage_get_name = h_stage_get_name;
   g_host.stage_get_stream = h_stage_get_stream;
-  g_host.log = h_log;
+  g_host.log = h_log_kept;
   g_host.fail_job = h_fail_job;
   g_host.buffer_new = h_buffer_new;
   g_host.buffer_new_kind = h_buffer_new_kind;
@@ -301,6 +357,90 @@ static spn_msg_t *mel_msg(uint64_t job, uint64_t seq, int64_t total) {
   h_msg_add_tensor(m, "mel", &t, b, NULL);
   h_buffer_unref(&b);
   return m;
+}
+
+/* A spectrogram of `cols` columns whose values say where they are, and the
+ * mel message of seq 0 carrying it, as melspec sends it, with a chunk of
+ * `fill` values (not the spectrogram's: the rows of the batch tell which of
+ * the two they were made from). shape1 != cols claims another width. */
+static float *spectrogram(int64_t cols, int job) {
+  float *m = malloc((size_t)SPN_W2L_MEL_BINS * (size_t)cols * sizeof *m);
+  assert_non_null(m);
+  for (int64_t k = 0; k < SPN_W2L_MEL_BINS * cols; k++)
+    m[k] = (float)job * 1000.0f + (float)k;
+  return m;
+}
+static spn_msg_t *mel_msg_filled(uint64_t job, uint64_t seq, int64_t total, float fill) {
+  spn_msg_t *m = mel_msg(job, seq, total);
+  float *c = (float *)(void *)m->it[0].buf->data;
+  for (int k = 0; k < SPN_W2L_MEL_FLOATS; k++)
+    c[k] = fill;
+  return m;
+}
+static void attach_spectrogram(spn_msg_t *m, const float *spec, int64_t cols, int64_t shape1, double fps) {
+  spn_tensor_t t = SPN_TENSOR_INIT;
+  t.dtype = SPN_DTYPE_F32;
+  t.ndim = 2;
+  t.shape[0] = SPN_W2L_MEL_BINS, t.shape[1] = shape1;
+  spn_buffer_t *b = fake_buffer((size_t)SPN_W2L_MEL_BINS * (size_t)cols * sizeof(float), 0, false);
+  memcpy(b->data, spec, b->size);
+  h_msg_add_tensor(m, SPN_W2L_SPEC_ITEM, &t, b, NULL);
+  h_buffer_unref(&b);
+  h_msg_add_meta(m, SPN_W2L_SPEC_FPS_ITEM, &fps, sizeof fps, NULL);
+}
+
+/* Two jobs of 3 frames in one process() call, one batch: job 1's mel
+ * stream carries a spectrogram of cols1 columns claiming shape1 (0: none),
+ * job 2's of cols2/shape2; every chunk is filled with 100 * job + seq. */
+static void run_spec(int64_t cols1, int64_t shape1, int64_t cols2, int64_t shape2, float *spec1, float *spec2) {
+  ls_config_t cfg = {.model = "/dev/null", .pad_bottom = 0, .batch_size = MAX_ROWS, .feather = 2.0};
+  void *state = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(ls_create(STAGE, &cfg, &state, &err), SPN_OK);
+  assert_int_equal(ls_preload(STAGE, state, &err), SPN_OK);
+  void *js[2] = {0};
+  spn_msg_t *msgs[12];
+  void *mjs[12];
+  int k = 0;
+  for (int j = 0; j < 2; j++) {
+    spn_job_info_t info = {.struct_size = sizeof info, .job_id = (uint64_t)j + 1};
+    assert_int_equal(ls_job_open(STAGE, state, &info, &js[j], &err), SPN_OK);
+    for (int i = 0; i < 3; i++) {
+      mjs[k] = js[j];
+      msgs[k++] = frame_msg((uint64_t)j + 1, (uint64_t)i, 1);
+      mjs[k] = js[j];
+      msgs[k] = mel_msg_filled((uint64_t)j + 1, (uint64_t)i, 3, 100.0f * (float)(j + 1) + (float)i);
+      if (i == 0 && (j == 0 ? shape1 : shape2))
+        attach_spectrogram(msgs[k], j == 0 ? spec1 : spec2, j == 0 ? cols1 : cols2, j == 0 ? shape1 : shape2, 25.0);
+      k++;
+    }
+  }
+  assert_int_equal(ls_process(STAGE, state, msgs, mjs, (size_t)k, &err), SPN_OK);
+  for (int i = 0; i < k; i++)
+    h_msg_free(&msgs[i]);
+  for (int j = 0; j < 2; j++)
+    ls_job_close(STAGE, state, js[j], true);
+  ls_destroy(STAGE, state);
+}
+
+/* How many rows of the last batch hold exactly `want`. */
+static int rows_holding(const float *want) {
+  int n = 0;
+  for (int64_t r = 0; r < g.mel_rows; r++)
+    n += !memcmp(g.mel + r * SPN_W2L_MEL_FLOATS, want, SPN_W2L_MEL_FLOATS * sizeof(float));
+  return n;
+}
+static int rows_holding_chunk_of(uint64_t job, uint64_t seq) {
+  float want[SPN_W2L_MEL_FLOATS];
+  for (int k = 0; k < SPN_W2L_MEL_FLOATS; k++)
+    want[k] = 100.0f * (float)job + (float)seq;
+  return rows_holding(want);
+}
+static int rows_holding_window_of(const float *spec, int64_t cols, int64_t i) {
+  float want[SPN_W2L_MEL_FLOATS];
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_w2l_mel_chunk(spec, cols, i, 25.0, want, &err), SPN_OK);
+  return rows_holding(want);
 }
 
 /* One process() call with n frames and their mel chunks for each job in
@@ -399,6 +539,61 @@ static void a_failed_wait_for_the_stream_fails_the_jobs_instead_of_emitting_thei
   assert_non_null(strstr(g.last_fail, "cudaErrorFake"));
 }
 
+/* 3 chunks at 25 fps: windows at 0 and 3, the last clamped to 5 (not 6). */
+#define SPEC_COLS 21
+
+static void a_batch_mixing_a_job_with_its_spectrogram_on_the_gpu_and_one_without_gets_both_right(void **state) {
+  (void)state;
+  assert_int_equal(spn_w2l_mel_chunks(25.0, SPEC_COLS), 3);
+  float *spec = spectrogram(SPEC_COLS, 1);
+  run_spec(SPEC_COLS, SPEC_COLS, 0, 0, spec, NULL);
+  assert_int_equal(g.fails, 0);
+  assert_int_equal(g.emitted, 6);
+  assert_int_equal(g.warnings, 0);
+  /* one batch of six rows, on the device */
+  assert_int_equal(g.mel_rows, 6);
+  assert_int_equal(g.mel_device_kind, SPN_DEVICE_CUDA);
+  /* job 1: its spectrogram went up once, its rows are its windows (the
+   * clamped one included), cut on the device; its chunks went nowhere */
+  assert_int_equal(g.copies[1], 1);
+  assert_int_equal(g.copy_bytes[1], (size_t)SPN_W2L_MEL_BINS * SPEC_COLS * sizeof(float));
+  assert_int_equal(g.gathers, 3);
+  for (int64_t i = 0; i < 3; i++) {
+    assert_int_equal(rows_holding_window_of(spec, SPEC_COLS, i), 1);
+    assert_int_equal(rows_holding_chunk_of(1, (uint64_t)i), 0);
+  }
+  /* job 2: its three chunks in one upload into their rows */
+  assert_int_equal(g.copies[2], 1);
+  assert_int_equal(g.copy_bytes[2], 3 * SPN_W2L_MEL_FLOATS * sizeof(float));
+  for (uint64_t i = 0; i < 3; i++)
+    assert_int_equal(rows_holding_chunk_of(2, i), 1);
+  /* the spectrogram's device copy went at job close, not before the wait */
+  assert_int_equal(fake.early_frees, 0);
+  free(spec);
+}
+
+static void a_spectrogram_that_does_not_fit_the_chunks_is_left_aside_and_the_chunks_go_up(void **state) {
+  (void)state;
+  /* job 1: 30 columns make 6 chunks at 25 fps, its stream has 3; job 2
+   * claims 16 MiB and a column (its buffer is never read) */
+  float *spec1 = spectrogram(30, 1), *spec2 = spectrogram(SPEC_COLS, 2);
+  run_spec(30, 30, SPEC_COLS, (int64_t)(SPN_W2L_SPEC_MAX_BYTES / (SPN_W2L_MEL_BINS * sizeof(float))) + 1, spec1,
+           spec2);
+  assert_int_equal(g.fails, 0);
+  assert_int_equal(g.emitted, 6);
+  assert_int_equal(g.warnings, 2);
+  assert_non_null(strstr(g.last_warning, "left aside"));
+  assert_int_equal(g.gathers, 0);
+  for (uint64_t j = 1; j <= 2; j++) {
+    assert_int_equal(g.copies[j], 1);
+    assert_int_equal(g.copy_bytes[j], 3 * SPN_W2L_MEL_FLOATS * sizeof(float));
+    for (uint64_t i = 0; i < 3; i++)
+      assert_int_equal(rows_holding_chunk_of(j, i), 1);
+  }
+  free(spec1);
+  free(spec2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(a_good_batch_emits_pasted_copies_and_releases_the_frames_after_the_wait, setup,
@@ -410,6 +605,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(a_job_failing_mid_batch_leaves_the_other_jobs_frames_good, setup, teardown),
       cmocka_unit_test_setup_teardown(a_failed_wait_for_the_stream_fails_the_jobs_instead_of_emitting_their_frames,
                                       setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          a_batch_mixing_a_job_with_its_spectrogram_on_the_gpu_and_one_without_gets_both_right, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          a_spectrogram_that_does_not_fit_the_chunks_is_left_aside_and_the_chunks_go_up, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,8 +9,15 @@ stage takes its GPU body (frames uploaded once, crops prepared and pasted by
 kernels, the model on the CUDA backend). The issue's bar: within 2 levels
 inside the crop, identical outside; the GPU body ran (every frame leaves it
 in device memory: the edge to the CPU sink copies each one down) and every
-frame came out. Exits 77 without a CUDA device or
-without onnx.
+frame came out.
+
+The mel chunks are cut from one spectrogram (lt_mel's mode "windows"), which
+the source also sends whole with seq 0 in mode "spectrogram", as melspec
+does. On the GPU the spectrogram goes up once and the chunks are cut there:
+the stage's own host-to-device bytes are its frames' uploads plus the
+spectrogram, not plus 5120 bytes a synced frame; without it ("windows") the
+chunks go up with their batches, as before, and the output is the same byte
+for byte. Exits 77 without a CUDA device or without onnx.
 """
 import json
 import os
@@ -55,12 +62,12 @@ kind = "filesink"
 inputs = ["lips.video"]
 """)
         n, seed = 12, 5
-        outs = {}
-        for dev in ("cuda", "cpu"):
-            out = os.path.join(tmp, f"{dev}.rgb")
+        outs, lips = {}, {}
+        for dev, mode in (("cuda", "spectrogram"), ("cuda", "windows"), ("cpu", "spectrogram")):
+            out = os.path.join(tmp, f"{dev}-{mode}.rgb")
             args = [spindle, "run", cfg, "--devices", dev, "--set", f"video.frames={n}", "--set", f"video.seed={seed}",
-                    "--set", f"mel.chunks={n}", "--set", f"mel.seed={seed}", "--set", f"sink.path={out}",
-                    "--log-format", "json"]
+                    "--set", f"mel.chunks={n}", "--set", f"mel.seed={seed}", "--set", f"mel.mode={mode}",
+                    "--set", f"sink.path={out}", "--log-format", "json"]
             for d in plugin_dirs:
                 args += ["--plugin-path", d]
             r = subprocess.run(args, capture_output=True, text=True)
@@ -68,15 +75,31 @@ inputs = ["lips.video"]
                 print("skip: no CUDA device here")
                 return 77
             assert r.returncode == 0, f"spindle run --devices {dev}: {r.returncode}\n{r.stdout}\n{r.stderr[-2000:]}"
+            assert "left aside" not in r.stderr, f"{dev} {mode}: lipsync refused the spectrogram: {r.stderr[-2000:]}"
             if dev == "cuda":
                 # frames leave lipsync in device memory: the edge to the CPU sink copies each one down
                 summary = json.loads(r.stdout.strip().splitlines()[-1])
                 edge = [e for e in summary["edges"] if e["from"] == "lips" and e["to"] == "sink"]
                 assert edge and edge[0]["d2h"]["copies"] == n, f"lipsync did not run on a GPU: {edge}"
+                lips[mode] = [s for s in summary["stages"] if s["name"] == "lips"][0]["h2d"]
             got = np.fromfile(out, dtype=np.uint8)
             assert got.size == n * H * W * 3, f"{dev}: {got.size} bytes, want {n} frames"
-            outs[dev] = got.reshape(n, H, W, 3).astype(int)
-        d = np.abs(outs["cuda"] - outs["cpu"])
+            outs[(dev, mode)] = got.reshape(n, H, W, 3).astype(int)
+        # What lipsync itself uploaded: every frame (the test source's are in
+        # host memory), and the mel input of its synced frames (those with a
+        # face: every 4th has none). With the spectrogram: it, once; without:
+        # one 80x16 chunk each.
+        frames_up, synced = n * H * W * 3, sum(1 for i in range(n) if i % 4 != 3)
+        cols = int((n - 1) * (80.0 / 25.0)) + 15  # lipsync-test-pattern.h's lt_spec_cols
+        want = {"spectrogram": frames_up + 80 * cols * 4, "windows": frames_up + synced * 80 * 16 * 4}
+        for mode, w in want.items():
+            assert lips[mode]["bytes"] == w, f"{mode}: lipsync uploaded {lips[mode]}, want {w} bytes"
+        assert lips["spectrogram"]["copies"] == n + 1, f"spectrogram: {lips['spectrogram']}, want {n + 1} copies"
+        print(f"ok: lipsync's uploads: {lips['spectrogram']['bytes'] - frames_up} mel bytes with the spectrogram, "
+              f"{lips['windows']['bytes'] - frames_up} with the chunks, besides {frames_up} of frames")
+        same = outs[("cuda", "spectrogram")] == outs[("cuda", "windows")]
+        assert same.all(), f"cuda: the chunks cut on the GPU gave other bytes than the uploaded ones ({(~same).sum()})"
+        d = np.abs(outs[("cuda", "spectrogram")] - outs[("cpu", "spectrogram")])
         outside = np.ones((n, H, W), bool)
         outside[:, 30:90, 40:100] = False  # the crop of lipsync-test-pattern.h's box with the default pads
         assert d[outside].max() == 0, f"pixels outside the crop differ (max {d[outside].max()})"

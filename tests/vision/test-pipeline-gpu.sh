@@ -9,7 +9,9 @@
 #      shows the frames reaching the CPU sink with one device-to-host copy
 #      each (nothing else crossed PCIe on an edge). The summary describes
 #      decode's video edges as device memory on the GPU (handed over as they
-#      are) and every edge as host memory, without copies, on the CPU.
+#      are) and every edge as host memory, without copies, on the CPU. For
+#      lipsync: the only bytes lipsync itself uploads are melspec's
+#      spectrogram, once (the mel chunks are cut from it on the GPU).
 #   2. The config itself, unchanged (but for the Wav2Lip model's path), runs
 #      with --devices cuda, writes as many frames as the CPU run, and moves
 #      at most one output frame's bytes between host and GPU per output frame
@@ -104,11 +106,29 @@ for s in stages:
     assert f'"stage":"{s}","device":"cuda:' in log or f'stage \\"{s}\\" (replica 0 on cuda:' in log, \
         f'no sign in the log that stage {s} ran on a GPU'
 PY
+if [ "$name" = lipsync ]; then
+  python3 - "$tmp" <<'PY' || fail "lipsync's own uploads"
+import json, re, sys, wave
+tmp = sys.argv[1]
+raw = open(f'{tmp}/raw.toml').read()
+wav = re.search(r'kind = "melspec"\n(?:[^\[]*\n)*?path = "([^"]+)"', raw)
+assert wav, 'no melspec path in raw.toml'
+with wave.open(wav.group(1)) as w:
+    samples = w.getnframes() * 16000 // w.getframerate()  # at 16 kHz, as melspec resamples
+spec = 80 * (1 + samples // 200) * 4  # (80, frames) f32: hop 200 (spn_mel_frames)
+lips = [s for s in json.load(open(f'{tmp}/gpu.rgb.json'))['stages'] if s['name'] == 'lips']
+assert lips, 'no stage lips in the summary'
+h2d = lips[0]['h2d']
+assert h2d['copies'] == 1 and h2d['bytes'] == spec, \
+    f"lipsync uploaded {h2d}, want the spectrogram once ({spec} bytes): the mel chunks must not go up"
+print(f'lipsync: the spectrogram ({spec} bytes) went up once, nothing else')
+PY
+fi
 "$spindle" run "$config" --devices cuda --set encode.path="$tmp/out.mp4" --set decode.duration="$duration" "${sets[@]}" \
   --log-format json >mp4.json 2>mp4.err || fail "$name.toml on cuda: exit $?: $(tail -3 mp4.err)"
 [ -s out.mp4 ] || fail "no out.mp4"
 # The whole job, its stages' own copies included (the encoder's YUV
-# download, lipsync's mel chunks): at most one output frame's bytes between
+# download, lipsync's spectrogram): at most one output frame's bytes between
 # host and GPU per output frame (the issue's budget). Where the GPU has no
 # NVDEC (the fake GPU of tests/gpu/host-emu) decode falls back to software
 # and uploads each frame, one counted copy per frame that NVDEC saves: that
