@@ -230,10 +230,14 @@ static void cubic_taps(const char *ct, float scale, int64_t in, int64_t out, flo
   }
 }
 
-/* Resize mode "cubic" over the two innermost dims of (N,C,H,W) (or (N,C,W)). */
-static int32_t exec_resize_cubic(spn_run_t *r, const spn_node_t *n, const float *sc) {
+int32_t spn_resize_cubic_tables(spn_run_t *r, const spn_node_t *n, int64_t *sp, int64_t **idx_out, float **w_out) {
   const spn_rt_val_t *x = IN(0);
   spn_rt_val_t *y = OUT(0);
+  float sc[SPN_MAXD];
+  int64_t sz[SPN_MAXD];
+  int32_t rc = spn_op_infer_resize(r, n, sc, sz);
+  if (rc)
+    return rc;
   int nsp = x->ndim - 2;
   if (nsp < 1 || nsp > 2)
     return spn_op_fail(r, SPN_EUNSUPPORTED, "cubic Resize needs 1 or 2 spatial dims, not %d", nsp);
@@ -243,7 +247,6 @@ static int32_t exec_resize_cubic(spn_run_t *r, const spn_node_t *n, const float 
   int64_t ih = nsp == 2 ? x->shape[2] : 1, iw = x->shape[x->ndim - 1];
   int64_t oh = nsp == 2 ? y->shape[2] : 1, ow = y->shape[y->ndim - 1];
   float sh = nsp == 2 ? sc[2] : 1.f, sw = sc[x->ndim - 1];
-  int64_t planes = x->shape[0] * x->shape[1];
   int64_t *hi = malloc((size_t)(oh + ow) * 4 * sizeof(int64_t));
   float *hw = malloc((size_t)(oh + ow) * 4 * sizeof(float));
   if (!hi || !hw) {
@@ -251,15 +254,33 @@ static int32_t exec_resize_cubic(spn_run_t *r, const spn_node_t *n, const float 
     free(hw);
     return spn_op_fail(r, SPN_ENOMEM, "out of memory");
   }
-  int64_t *wi = hi + 4 * oh;
-  float *ww = hw + 4 * oh;
   cubic_taps(ct, sh, ih, oh, a, excl, hi, hw);
-  cubic_taps(ct, sw, iw, ow, a, excl, wi, ww);
+  cubic_taps(ct, sw, iw, ow, a, excl, hi + 4 * oh, hw + 4 * oh);
   if (nsp == 1) /* one row: the H axis is the identity */
     for (int64_t k = 0; k < 4; k++) {
       hi[k] = 0;
       hw[k] = k == 1 ? 1.f : 0.f;
     }
+  sp[0] = ih, sp[1] = iw, sp[2] = oh, sp[3] = ow;
+  *idx_out = hi;
+  *w_out = hw;
+  return SPN_OK;
+}
+
+/* Resize mode "cubic" over the two innermost dims of (N,C,H,W) (or (N,C,W)):
+ * each output sums four rows of four taps (spn_resize_cubic_tables). */
+static int32_t exec_resize_cubic(spn_run_t *r, const spn_node_t *n) {
+  const spn_rt_val_t *x = IN(0);
+  spn_rt_val_t *y = OUT(0);
+  int64_t sp[4], *hi;
+  float *hw;
+  int32_t rc = spn_resize_cubic_tables(r, n, sp, &hi, &hw);
+  if (rc)
+    return rc;
+  int64_t ih = sp[0], iw = sp[1], oh = sp[2], ow = sp[3];
+  int64_t *wi = hi + 4 * oh;
+  float *ww = hw + 4 * oh;
+  int64_t planes = x->shape[0] * x->shape[1];
   const float *X = x->data;
   float *Y = y->data;
 #pragma omp parallel for collapse(2) if (planes * oh * ow > PAR_MIN)
@@ -347,12 +368,8 @@ int32_t spn_resize_tables(spn_run_t *r, const spn_node_t *n, int64_t *ish, int64
 static int32_t exec_resize(spn_run_t *r, const spn_node_t *n) {
   const spn_rt_val_t *x = IN(0);
   spn_rt_val_t *y = OUT(0);
-  if (n->op == SPN_OP_RESIZE && !strcmp(spn_attr_str(n, "mode", "nearest"), "cubic")) {
-    float sc[SPN_MAXD];
-    int64_t sz[SPN_MAXD];
-    int32_t rc = spn_op_infer_resize(r, n, sc, sz);
-    return rc ? rc : exec_resize_cubic(r, n, sc);
-  }
+  if (n->op == SPN_OP_RESIZE && !strcmp(spn_attr_str(n, "mode", "nearest"), "cubic"))
+    return exec_resize_cubic(r, n);
   int64_t ish[3], osh[3], *ib;
   float *wb;
   int lin;

@@ -335,6 +335,13 @@ int32_t spn_cpu_exec(spn_run_t *r, const spn_node_t *n);
  * second. Shared by the CPU kernel and device backends. Caller frees both. */
 int32_t spn_resize_tables(spn_run_t *r, const spn_node_t *n, int64_t *ish, int64_t *osh, int *linear,
                           int64_t **i0, float **w);
+/* Resize mode "cubic" over the one or two innermost (spatial) dims: sp =
+ * {ih, iw, oh, ow} (a 1-D resize has ih = oh = 1 and an identity H table),
+ * and per output coordinate, H then W, its 4 source indices (clamped to
+ * the edge) in *idx and their weights in *w (exclude_outside applied):
+ * 4 * (oh + ow) entries each. The CPU kernel's tables, shared with device
+ * backends, which sum the taps in its order. Caller frees both. */
+int32_t spn_resize_cubic_tables(spn_run_t *r, const spn_node_t *n, int64_t *sp, int64_t **idx, float **w);
 
 /* cpu-dnnl.c (the CPU backend's oneDNN part) */
 int32_t spn_dnnl_engine_new(void **eng, spn_error_t *err);

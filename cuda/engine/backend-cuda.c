@@ -114,7 +114,8 @@ typedef struct cu_resize {
   int64_t key[SPN_MAXD + 1];
   int64_t ish[3], osh[3];
   int linear;
-  int64_t *i01; /* device: i0 then i1 */
+  bool cubic;   /* 4-tap tables (spn_resize_cubic_tables); ish/osh = 1, H, W */
+  int64_t *i01; /* device: i0 then i1, or the cubic indices */
   float *w;     /* device */
   struct cu_resize *next;
 } cu_resize_t;
@@ -280,8 +281,9 @@ static bool cu_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t
   case SPN_OP_RESIZE: case SPN_OP_UPSAMPLE:
     if (xdt != SPN_DTYPE_F32)
       no = "only fp32";
-    else if (!strcmp(spn_attr_str(n, "mode", "nearest"), "cubic"))
-      no = "cubic Resize (CPU only for now)";
+    else if (!strcmp(spn_attr_str(n, "mode", "nearest"), "cubic") &&
+             (m->vals[xin].ndim < 3 || m->vals[xin].ndim > 4))
+      no = "cubic Resize of other than 1 or 2 spatial dims";
     break;
   case SPN_OP_ADD: case SPN_OP_SUB: case SPN_OP_MUL: case SPN_OP_DIV:
     if (!all_f32_inputs(m, n, 2))
@@ -1233,8 +1235,16 @@ static int32_t get_resize(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, c
   int64_t *ib;
   float *wb;
   int64_t ish[3], osh[3];
-  int lin;
-  int32_t rc = spn_resize_tables(r, n, ish, osh, &lin, &ib, &wb);
+  int lin = 0;
+  bool cubic = n->op == SPN_OP_RESIZE && !strcmp(spn_attr_str(n, "mode", "nearest"), "cubic");
+  int32_t rc;
+  if (cubic) {
+    int64_t sp[4];
+    rc = spn_resize_cubic_tables(r, n, sp, &ib, &wb);
+    ish[0] = osh[0] = 1, ish[1] = sp[0], ish[2] = sp[1], osh[1] = sp[2], osh[2] = sp[3];
+  } else {
+    rc = spn_resize_tables(r, n, ish, osh, &lin, &ib, &wb);
+  }
   if (rc)
     return rc;
   cu_resize_t *e = calloc(1, sizeof *e);
@@ -1246,8 +1256,11 @@ static int32_t get_resize(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, c
   memcpy(e->ish, ish, sizeof ish);
   memcpy(e->osh, osh, sizeof osh);
   e->linear = lin;
-  int64_t tot = osh[0] + osh[1] + osh[2];
-  rc = upload(b, ib, (size_t)tot * 2 * sizeof(int64_t), (void **)&e->i01, r->err);
+  e->cubic = cubic;
+  /* Two index tables and one of weights over D, H and W; or a cubic's 4
+   * indices and 4 weights per output coordinate of H and W. */
+  int64_t tot = cubic ? 4 * (osh[1] + osh[2]) : osh[0] + osh[1] + osh[2];
+  rc = upload(b, ib, (size_t)tot * (cubic ? 1 : 2) * sizeof(int64_t), (void **)&e->i01, r->err);
   if (!rc)
     rc = upload(b, wb, (size_t)tot * sizeof(float), (void **)&e->w, r->err);
   free(ib);
@@ -1267,6 +1280,11 @@ static int32_t exec_resize(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) 
   int32_t rc = get_resize(b, r, n, &e);
   if (rc)
     return rc;
+  if (e->cubic) {
+    int64_t sp[4] = {e->ish[1], e->ish[2], e->osh[1], e->osh[2]};
+    CU(spn_cu_resize_cubic(x->data, y->data, x->shape[0] * x->shape[1], sp, e->i01, e->w, run_stream(b, r)), "cubic resize kernel");
+    return SPN_OK;
+  }
   int64_t tot = e->osh[0] + e->osh[1] + e->osh[2];
   CU(spn_cu_resize(x->data, y->data, x->shape[0] * x->shape[1], e->ish, e->osh, e->i01, e->i01 + tot, e->w, e->linear, run_stream(b, r)), "resize kernel");
   return SPN_OK;

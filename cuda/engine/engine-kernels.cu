@@ -212,6 +212,39 @@ extern "C" cudaError_t spn_cu_resize(const float *x, float *y, int64_t planes, c
   return cudaGetLastError();
 }
 
+/* Resize mode cubic over (planes, H, W) with the 4-tap tables of
+ * spn_resize_cubic_tables (device pointers: H's 4 * oh entries, then W's):
+ * each output sums four rows of four taps, in the CPU kernel's order, each
+ * product and sum rounded on its own (no fused multiply-add), so it gives
+ * the CPU's result. */
+__global__ void k_resize_cubic(const float *X, float *Y, int64_t ih, int64_t iw, int64_t oh, int64_t ow,
+                               const int64_t *idx, const float *w, int64_t n) {
+  const int64_t *hi = idx, *wi = idx + 4 * oh;
+  const float *hw = w, *ww = w + 4 * oh;
+  GRID_LOOP(i, n) {
+    int64_t q = i % ow, t = i / ow, o = t % oh, p = t / oh;
+    const float *xp = X + p * ih * iw;
+    float acc = 0.f;
+    for (int k = 0; k < 4; k++) {
+      const float *src = xp + hi[4 * o + k] * iw;
+      float rowv = 0.f;
+      for (int j = 0; j < 4; j++)
+        rowv = __fadd_rn(rowv, __fmul_rn(ww[4 * q + j], src[wi[4 * q + j]]));
+      acc = __fadd_rn(acc, __fmul_rn(hw[4 * o + k], rowv));
+    }
+    Y[i] = acc;
+  }
+}
+
+extern "C" cudaError_t spn_cu_resize_cubic(const float *x, float *y, int64_t planes, const int64_t *sp,
+                                           const int64_t *idx, const float *w, cudaStream_t s) {
+  int64_t n = planes * sp[2] * sp[3];
+  if (n <= 0)
+    return cudaSuccess;
+  k_resize_cubic<<<grid_for(n), SPN_CU_THREADS, 0, s>>>(x, y, sp[0], sp[1], sp[2], sp[3], idx, w, n);
+  return cudaGetLastError();
+}
+
 /* Resize of an fp16 channels-last (N, H, W, C) tensor over H and W with the
  * tables k_resize reads (D entries first, one of them here): nearest copies
  * the sample, linear blends in fp32 and rounds once. */

@@ -47,6 +47,10 @@ cudaError_t spn_cu_pad(const float *x, float *y, const spn_cu_nd_t *g, const int
  * host (device pointers): i0/i1/w per axis, concatenated D then H then W. */
 cudaError_t spn_cu_resize(const float *x, float *y, int64_t planes, const int64_t *ish, const int64_t *osh,
                           const int64_t *i0, const int64_t *i1, const float *w, int linear, cudaStream_t s);
+/* Resize mode cubic over (planes, H, W), sp = {ih, iw, oh, ow}, with the
+ * 4-tap tables of spn_resize_cubic_tables on the device (H's, then W's). */
+cudaError_t spn_cu_resize_cubic(const float *x, float *y, int64_t planes, const int64_t *sp, const int64_t *idx,
+                                const float *w, cudaStream_t s);
 cudaError_t spn_cu_softmax(const float *x, float *y, int64_t outer, int64_t len, int64_t inner, cudaStream_t s);
 cudaError_t spn_cu_depth_to_space(const float *x, float *y, int64_t N, int64_t C, int64_t H, int64_t W,
                                   int64_t b, int crd, cudaStream_t s);
