@@ -294,6 +294,8 @@ def model_cases():
     f = lambda *s: r.uniform(0, 1, s).astype(np.float32)
     return {
         "model_srvggnet_compact": (models.srvgg(feat=16, nconv=4, scale=4), {"input": f(2, 3, 20, 24)}),
+        # realesr-animevideov3-x2's shape: the x4 network, then a bicubic 0.5x.
+        "model_srvggnet_x2_cubic": (models.srvgg(feat=16, nconv=4, scale=4, down=0.5), {"input": f(2, 3, 20, 24)}),
         "model_rrdbnet": (models.rrdbnet(feat=16, grow=8, nblock=1), {"input": f(2, 3, 16, 20)}),
         "model_retinaface_mnet025": (models.retinaface(), {"input": f(2, 3, 64, 80)}),
         "model_wav2lip": (models.wav2lip(width=0.0625), {"mel": f(3, 1, 80, 16), "face": f(3, 6, 96, 96)}),
@@ -315,7 +317,7 @@ PRECISION = "fp32"
 NHWC = False
 # Longest chain of Conv/ConvTranspose/Gemm/MatMul nodes from an input to an
 # output of each whole-model case (counted on the graphs model_cases builds).
-MODEL_DEPTH = {"model_srvggnet_compact": 6, "model_rrdbnet": 21, "model_retinaface_mnet025": 34,
+MODEL_DEPTH = {"model_srvggnet_compact": 6, "model_srvggnet_x2_cubic": 6, "model_rrdbnet": 21, "model_retinaface_mnet025": 34,
                "model_wav2lip": 37, "model_espcn_x2": 3}
 
 

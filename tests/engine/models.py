@@ -101,7 +101,10 @@ def vi(name, shape, dt=TensorProto.FLOAT):
 
 
 # ---- SRVGGNetCompact ----
-def srvgg(feat=64, nconv=32, scale=4, seed=1):
+def srvgg(feat=64, nconv=32, scale=4, seed=1, down=None):
+    """SRVGGNetCompact (realesr-animevideov3); with down, a bicubic Resize by
+    that factor after it, as the x2/x3 models fetched from PyPI end (the x4
+    network, then 0.5 or 0.75)."""
     g = G(seed)
     x = "input"
     h = g.conv(x, 3, feat, 3, 1, 1)
@@ -114,6 +117,11 @@ def srvgg(feat=64, nconv=32, scale=4, seed=1):
     h = g.op("DepthToSpace", [h], blocksize=scale, mode="CRD")
     base = g.resize_scale(x, scale)
     out = g.op("Add", [h, base])
+    if down:
+        roi = g.const(np.zeros(0, np.float32), "roi")
+        sc = g.const(np.array([1, 1, down, down], np.float32), "scales")
+        out = g.op("Resize", [out, roi, sc], mode="cubic", coordinate_transformation_mode="half_pixel",
+                   cubic_coeff_a=-0.75)
     g.nodes[-1].output[0] = "output"
     return g.model([vi("input", ["N", 3, "H", "W"])], [vi("output", None)])
 
