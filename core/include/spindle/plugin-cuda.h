@@ -13,9 +13,10 @@
  * instance is uploaded first (one copy on the instance's stream: the host's
  * buffer_copy, counted for the stage and the job, or, on an earlier 1.1 host
  * without it, cudaMemcpyAsync); the output always stays on the device
- * (tensor device_kind CUDA). The batch ends with one wait for the stream,
- * after which the inputs it read are released (not before: released memory
- * may be handed to another stream at once).
+ * (tensor device_kind CUDA). The inputs the batch read are released when
+ * it ends: device memory of the instance's GPU at once (the device layer
+ * frees it after the work queued so far), host memory (a frame uploaded
+ * here) after one wait for the stream.
  */
 #ifndef SPINDLE_PLUGIN_CUDA_H
 #define SPINDLE_PLUGIN_CUDA_H
@@ -30,14 +31,40 @@
 extern "C" {
 #endif
 
-/* Release the buffers a batch's queued work may still use, once the
- * instance's stream has passed them: one wait for the whole batch. A failed
- * wait is the batch's error (naming the stage); the buffers are released
- * either way. Ownership: consumes held[0..n) and the array. Thread: stage. */
+/* Whether releasing held[0..n) must wait for the instance's stream first:
+ * when one of them is host or pinned memory (freed at once, while a queued
+ * upload may still read it) or another device's memory. The instance's own
+ * device memory needs no wait: the device layer orders its free after the
+ * work queued on every stream of the device so far (device-cuda.c), and the
+ * pool hands a block out again only once that free has run. */
+static inline bool spn__cuda_held_need_wait(spn_stage_t *stage, spn_buffer_t *const *held, size_t n) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  int32_t kind = SPN_DEVICE_CPU, index = 0;
+  host->stage_get_device(stage, &kind, &index);
+  for (size_t i = 0; i < n; i++) {
+    int32_t bk = SPN_DEVICE_CPU, bi = -1;
+    if (host->buffer_mem_kind(held[i]) != SPN_MEM_DEVICE)
+      return true;
+    host->buffer_device(held[i], &bk, &bi);
+    if (bk != kind || bi != index)
+      return true;
+  }
+  return false;
+}
+
+/* Release the buffers a batch's queued work may still use: the instance's
+ * device memory at once (its free is ordered after that work), anything
+ * else once the instance's stream has passed them, one wait for the whole
+ * batch. A failed wait is the batch's error (naming the stage); the buffers
+ * are released either way. Without the wait, the batch's frames already
+ * went out with their readiness events (buffer_set_ready): the executor
+ * thread, which every stage placed on the GPU shares, goes on to queue
+ * other work while the GPU runs this batch's. Ownership: consumes
+ * held[0..n) and the array. Thread: stage. */
 static inline int32_t spn__cuda_release_held(spn_stage_t *stage, spn_buffer_t **held, size_t n, spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(stage);
   int32_t rc = SPN_OK;
-  if (n) {
+  if (n && spn__cuda_held_need_wait(stage, held, n)) {
     cudaError_t ce = cudaStreamSynchronize((cudaStream_t)host->stage_get_stream(stage));
     if (ce != cudaSuccess)
       rc = spn_error_set(err, SPN_ECUDA, "%s: waiting for the stream: %s (%s)", host->stage_get_name(stage),
