@@ -559,6 +559,72 @@ static void launches_a_gpu_refuses_are_refused(void **state) {
   cudaFree(d);
 }
 
+/* SPN_EMU_CUDA_STATS=path in a child that makes the calls of `calls` (or
+ * none) and exits: the counts its line reports. */
+static void stats_of_child(bool calls, long long v[11]) {
+  char path[] = "/tmp/spn-emu-stats-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  close(fd);
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    setenv("SPN_EMU_CUDA_STATS", path, 1);
+    int bad = 0;
+    if (calls) {
+      float host[4] = {1, 2, 3, 4}, *pinned = NULL, *d = NULL, *d2 = NULL;
+      cudaStream_t s = NULL;
+      cudaEvent_t e = NULL;
+      bad = cudaMalloc((void **)&d, sizeof host) || cudaMallocAsync((void **)&d2, sizeof host, NULL) ||
+            cudaMallocHost((void **)&pinned, sizeof host) || cudaStreamCreate(&s) || cudaEventCreate(&e) ||
+            cudaMemcpy(d, host, sizeof host, cudaMemcpyHostToDevice) ||
+            cudaMemcpyAsync(d2, host, sizeof host, cudaMemcpyHostToDevice, s) ||   /* pageable */
+            cudaMemcpyAsync(pinned, d2, sizeof host, cudaMemcpyDeviceToHost, s) || /* pinned */
+            cudaMemcpyAsync(d, d2, sizeof host, cudaMemcpyDeviceToDevice, s) ||    /* device */
+            spn_cu_unary(SPN_CU_RELU, d, d2, 4, 0, 0, s) || cudaEventRecord(e, s) || cudaStreamQuery(s) ||
+            cudaEventSynchronize(e) || cudaStreamSynchronize(s) || cudaDeviceSynchronize() || cudaFree(d) ||
+            cudaFreeAsync(d2, s) || cudaFreeHost(pinned) || cudaEventDestroy(e) || cudaStreamDestroy(s);
+    }
+    exit(bad ? 3 : 0); /* exit, not _exit: the report is written by a static destructor */
+  }
+  int st = 0;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFEXITED(st));
+  assert_int_equal(WEXITSTATUS(st), 0);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char line[512] = "";
+  bool got = fgets(line, sizeof line, f) != NULL;
+  fclose(f);
+  unlink(path);
+  assert_true(got);
+  int n = sscanf(line,
+                 "pid=%*d device_alloc=%lld device_free=%lld pinned_alloc=%lld pinned_free=%lld host_sync=%lld "
+                 "query=%lld copy_blocking=%lld copy_async=%lld copy_async_pageable=%lld kernel_launch=%lld "
+                 "graph_launch=%lld",
+                 &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10]);
+  assert_int_equal(n, 11);
+}
+
+/* SPN_EMU_CUDA_STATS counts each call that costs host time on a GPU: a
+ * child making known calls reports them over a child making none (both
+ * start from this process's counts). */
+static void stats_count_what_costs_host_time(void **state) {
+  (void)state;
+  long long base[11], v[11];
+  stats_of_child(false, base);
+  stats_of_child(true, v);
+  /* device alloc/free, pinned alloc/free, syncs (stream, event, device),
+   * queries, blocking copies, async copies (one pageable), kernels, graphs */
+  static const long long want[11] = {2, 2, 1, 1, 3, 1, 1, 3, 1, 1, 0};
+  for (int i = 0; i < 11; i++) {
+    if (v[i] - base[i] != want[i])
+      print_message("count %d: %lld, expected %lld\n", i, v[i] - base[i], want[i]);
+    assert_int_equal(v[i] - base[i], want[i]);
+  }
+}
+
 /* Whether fn(arg) in a child process dies of SIGSEGV. */
 static bool segfaults(void (*fn)(float *), float *arg) {
   fflush(NULL);
@@ -642,6 +708,7 @@ int main(void) {
       cmocka_unit_test(launches_a_gpu_refuses_are_refused),
       cmocka_unit_test(host_reads_and_overruns_of_device_memory_fault),
       cmocka_unit_test(lazy_streams_run_when_waited_for),
+      cmocka_unit_test(stats_count_what_costs_host_time),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -49,6 +49,14 @@
  *    on stderr (what a test can grep to see that graphs were replayed).
  *  - Errors: the last error of each thread, returned and cleared by
  *    cudaGetLastError, as in CUDA (none is sticky here).
+ *  - SPN_EMU_CUDA_STATS=FILE appends, at the process's exit, one line of
+ *    counts of what costs host time on a GPU: device and pinned
+ *    allocations and frees, host synchronisations (stream, event, device;
+ *    queries apart), blocking copies, asynchronous copies (and how many of
+ *    them had a pageable host side, which CUDA stages or completes before
+ *    returning), kernel launches and graph launches. Running a pipeline on
+ *    N and 2N frames and taking the difference gives the counts per frame
+ *    (tests/gpu/host-emu/README, "Counting what a frame costs").
  *
  * Test code only. Thread-safe: one lock over the registry and the graphs;
  * work itself runs on the calling thread. */
@@ -59,6 +67,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -70,6 +79,34 @@
 #include "fake-internal.h"
 
 namespace {
+
+/* SPN_EMU_CUDA_STATS: the counters, and their report at exit. */
+enum emu_stat {
+  ST_ALLOC, ST_FREE, ST_PINNED_ALLOC, ST_PINNED_FREE, ST_SYNC, ST_QUERY, ST_COPY_BLOCKING, ST_COPY_ASYNC,
+  ST_COPY_PAGEABLE, ST_KERNEL, ST_GRAPH, ST_N
+};
+const char *const stat_names[ST_N] = {"device_alloc", "device_free", "pinned_alloc", "pinned_free", "host_sync",
+                                      "query", "copy_blocking", "copy_async", "copy_async_pageable",
+                                      "kernel_launch", "graph_launch"};
+std::atomic<long long> stats[ST_N];
+
+struct stats_report {
+  ~stats_report() {
+    const char *path = getenv("SPN_EMU_CUDA_STATS");
+    if (!path || !*path)
+      return;
+    FILE *f = fopen(path, "a");
+    if (!f)
+      return;
+    fprintf(f, "pid=%ld", (long)getpid());
+    for (int i = 0; i < ST_N; i++)
+      fprintf(f, " %s=%lld", stat_names[i], stats[i].load());
+    fprintf(f, "\n");
+    fclose(f);
+  }
+} report_at_exit;
+
+void count(emu_stat k) { stats[k]++; }
 
 struct emu_block {
   size_t size;
@@ -357,6 +394,8 @@ bool spn_emu_stream_alive(cudaStream_t s) {
   return streams.count((emu_stream *)s) != 0;
 }
 
+void spn_emu_count_launch(void) { count(ST_KERNEL); }
+
 bool spn_emu_kernel_pointer_ok(const void *p, const char *kernel, int arg) {
   if (is_device_or_pinned(p, 0))
     return true;
@@ -488,6 +527,7 @@ cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned int flags) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  count(ST_SYNC);
   cudaError_t e = forbidden("cudaDeviceSynchronize");
   if (!e && lazy())
     drain_all();
@@ -515,11 +555,14 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr att
 }
 
 cudaError_t cudaMalloc(void **p, size_t size) {
+  count(ST_ALLOC);
   cudaError_t e = forbidden("cudaMalloc");
   return e ? e : dev_alloc(p, size, current_dev);
 }
 
 cudaError_t cudaFree(void *p) {
+  if (p)
+    count(ST_FREE);
   cudaError_t e = forbidden("cudaFree");
   if (!e && lazy() && p)
     drain_all(); /* cudaFree synchronises the device */
@@ -528,14 +571,20 @@ cudaError_t cudaFree(void *p) {
 
 /* Stream-ordered allocation happens at the call (the stream's earlier work
  * has run already); a free likewise. */
-cudaError_t cudaMallocAsync(void **p, size_t size, cudaStream_t s) { return dev_alloc(p, size, stream_of(s)->dev); }
+cudaError_t cudaMallocAsync(void **p, size_t size, cudaStream_t s) {
+  count(ST_ALLOC);
+  return dev_alloc(p, size, stream_of(s)->dev);
+}
 
 cudaError_t cudaMallocFromPoolAsync(void **p, size_t size, cudaMemPool_t pool, cudaStream_t s) {
   (void)s;
+  count(ST_ALLOC);
   return dev_alloc(p, size, (int)(uintptr_t)pool - 1);
 }
 
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
+  if (p)
+    count(ST_FREE);
   if (!lazy() || !p)
     return block_free(p, false);
   {
@@ -556,6 +605,7 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
 }
 
 cudaError_t cudaMallocHost(void **p, size_t size) {
+  count(ST_PINNED_ALLOC);
   cudaError_t e = forbidden("cudaMallocHost");
   if (e)
     return e;
@@ -569,6 +619,8 @@ cudaError_t cudaMallocHost(void **p, size_t size) {
 }
 
 cudaError_t cudaFreeHost(void *p) {
+  if (p)
+    count(ST_PINNED_FREE);
   if (lazy() && p)
     drain_all(); /* synchronises the device */
   return block_free(p, true);
@@ -592,6 +644,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k) {
+  count(ST_COPY_BLOCKING);
   cudaError_t e = forbidden("cudaMemcpy");
   if (!e && lazy())
     drain(&legacy, UINT64_MAX); /* after the legacy stream's work */
@@ -603,6 +656,9 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k) {
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k, cudaStream_t s) {
+  count(ST_COPY_ASYNC);
+  if (k != cudaMemcpyDeviceToDevice && (pageable(src) || pageable(dst)))
+    count(ST_COPY_PAGEABLE);
   emu_stream *st = stream_of(s);
   cudaError_t e = check_copy(dst, src, n, k, st->cap != nullptr);
   if (e || !n)
@@ -670,12 +726,16 @@ static cudaError_t copy2d(void *dst, size_t dp, const void *src, size_t sp, size
 }
 
 cudaError_t cudaMemcpy2D(void *dst, size_t dp, const void *src, size_t sp, size_t w, size_t h, cudaMemcpyKind k) {
+  count(ST_COPY_BLOCKING);
   cudaError_t e = forbidden("cudaMemcpy2D");
   return e ? e : copy2d(dst, dp, src, sp, w, h, k, nullptr, false);
 }
 
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dp, const void *src, size_t sp, size_t w, size_t h, cudaMemcpyKind k,
                               cudaStream_t s) {
+  count(ST_COPY_ASYNC);
+  if (k != cudaMemcpyDeviceToDevice && (pageable(src) || pageable(dst)))
+    count(ST_COPY_PAGEABLE);
   return copy2d(dst, dp, src, sp, w, h, k, s, true);
 }
 
@@ -745,7 +805,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+static cudaError_t stream_sync(cudaStream_t s) {
   if (stream_of(s)->cap) {
     spn_emu_complain("synchronising a capturing stream");
     invalidate_captures();
@@ -755,7 +815,16 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  count(ST_SYNC);
+  return stream_sync(s);
+}
+
+/* Here the stream's work is done once this returns: a query finds it so. */
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  count(ST_QUERY);
+  return stream_sync(s);
+}
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
   (void)flags;
@@ -801,7 +870,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   return cudaSuccess;
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+static cudaError_t event_sync(cudaEvent_t e) {
   if (!e)
     return ret(cudaErrorInvalidResourceHandle);
   emu_event ev;
@@ -814,7 +883,15 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   return cudaSuccess;
 }
 
-cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  count(ST_SYNC);
+  return event_sync(e);
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  count(ST_QUERY);
+  return event_sync(e);
+}
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *data) {
   spn_emu_stream_do(s, [=] { fn(data); });
@@ -895,6 +972,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
   if (!exec)
     return ret(cudaErrorInvalidValue);
   const emu_graph *g = (const emu_graph *)exec;
+  count(ST_GRAPH);
   if (tracing())
     fprintf(stderr, "cuda-fake: launching a graph of %zu operations\n", g->ops.size());
   spn_emu_stream_do(s, [g] {

@@ -34,6 +34,8 @@ bool spn_emu_kernel_pointer_ok(const void *p, const char *kernel, int arg);
 /* cuda-fake.cpp: a launch CUDA refuses (its configuration), or one whose
  * kernel would fault: a line on stderr, and e for the next cudaGetLastError. */
 void spn_emu_launch_refused(const char *kernel, const char *why, cudaError_t e);
+/* cuda-fake.cpp: one more kernel launch for SPN_EMU_CUDA_STATS. */
+void spn_emu_count_launch(void);
 #else
 #include "runtime-emu.h"
 /* Without the fake runtime, a refused launch's error is kept here for the
@@ -183,6 +185,7 @@ inline void spn_emu_launch(dim3 grid, dim3 block, size_t shmem, cudaStream_t s, 
   }
   auto run = [=] { spn_emu_grid(grid, block, barrier, [&] { kernel(args...); }); };
 #ifdef SPN_EMU_FAKE_RUNTIME
+  spn_emu_count_launch();
   if (!spn_emu_pointers_ok(name, args...))
     return;
   spn_emu_stream_do(s, run);
