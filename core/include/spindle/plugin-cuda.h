@@ -39,6 +39,8 @@ extern "C" {
  * pool hands a block out again only once that free has run. */
 static inline bool spn__cuda_held_need_wait(spn_stage_t *stage, spn_buffer_t *const *held, size_t n) {
   const spn_host_api_t *host = spn_stage_host(stage);
+  if (!SPN_HOST_HAS(host, buffer_device))
+    return true;
   int32_t kind = SPN_DEVICE_CPU, index = 0;
   host->stage_get_device(stage, &kind, &index);
   for (size_t i = 0; i < n; i++) {
