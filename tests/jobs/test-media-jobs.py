@@ -6,7 +6,7 @@ outputs checked with ffprobe (frame count, size, audio stream and duration).
 usage: test-media-jobs.py SPINDLE SOURCE_ROOT MAKE_W2L_MODEL CASE
 
 Cases:
-  gateway   configs/server-media.toml's entries (transcode, enhance,
+  gateway   configs/server-media.toml's entries (transcode, enhance, faces,
             synthetic) plus lipsync with a small random-weight Wav2Lip model,
             run by the gateway's in-process workers;
   remote    the same jobs through a gateway with workers = 0 and one remote
@@ -191,6 +191,17 @@ def run_all_pipelines(tmp, ep):
         check(st["state"] == "succeeded" and st["done"] == st["total"] == frames,
               f"{name}: status {st}")
         check_video(out, frames, w, h, audio)
+    # faces: one JSON line per frame (configs/faces.toml's metasink)
+    det = f"{tmp}/out/faces.jsonl"
+    r = cli("submit", "faces", "--input", f"video={clip}", "--output", f"detections={det}",
+            "--param", "duration=1.0", "--wait", "--connect", ep, check_rc=0)
+    st = status(ep, int(r.stdout.split()[0]))
+    check(st["state"] == "succeeded" and st["done"] == st["total"] == 25, f"faces: status {st}")
+    lines = [json.loads(ln) for ln in open(det)] if os.path.exists(det) else []
+    check([ln.get("seq") for ln in lines] == list(range(25)), f"faces: {len(lines)} lines, seqs not 0..24")
+    check(all(abs(ln["pts"] - ln["seq"] * 0.04) < 1e-6 and isinstance(ln["faces"], list) for ln in lines),
+          "faces: a line without the pts of a 25 fps clip or a faces list")
+    check(sum(1 for ln in lines if ln["faces"]) >= 20, "faces: the sample's face found in fewer than 20 of 25 frames")
     r = cli("submit", "synthetic", "--output", f"frames={tmp}/out/syn.raw", "--param", "frames=30",
             "--wait", "--connect", ep, check_rc=0)
     check(os.path.getsize(f"{tmp}/out/syn.raw") == 30 * 64 * 48 * 3, "synthetic output size")
@@ -252,7 +263,7 @@ def case_redis(tmp):
     run_all_pipelines(tmp, ep)
     check(p.poll() is None and w.poll() is None, "gateway or worker died")
     log = open(os.path.join(tmp, "worker-q.log"), errors="replace").read()
-    for name in ("transcode", "enhance", "lipsync", "synthetic"):
+    for name in ("transcode", "enhance", "lipsync", "faces", "synthetic"):
         check(f'"pipeline":"{name}"' in log, f"the worker's log has no job of {name}")
 
 
