@@ -62,6 +62,29 @@ def k8s():
                     fail(f"{d['metadata']['name']}: no nvidia.com/gpu: 1 limit")
                 if not pod.get('initContainers'):
                     fail(f"{d['metadata']['name']}: no GPU check init container")
+    # The server config the gateway and the workers share names pipeline
+    # configs the image installs (share/spindle/configs = the repository's
+    # configs/), and serves the media pipelines, not only the synthetic one.
+    import tomllib
+    prefix = '/opt/spindle/share/spindle/configs/'
+    served = set()
+    for f in files:
+        for d in load_yaml_docs(f):
+            if d['kind'] != 'ConfigMap' or 'server.toml' not in d.get('data', {}):
+                continue
+            try:
+                cfg = tomllib.loads(d['data']['server.toml'])
+            except tomllib.TOMLDecodeError as e:
+                fail(f"{d['metadata']['name']}: server.toml: {e}")
+                continue
+            for pl in cfg.get('pipeline', []):
+                path = pl.get('config', '')
+                if not path.startswith(prefix) or not os.path.isfile(os.path.join(src, 'configs', path[len(prefix):])):
+                    fail(f"{d['metadata']['name']}: pipeline {pl.get('name')}: {path} is not a config the image installs")
+                served.add(pl.get('name'))
+    for want in ('transcode', 'enhance', 'faces', 'synthetic'):
+        if want not in served:
+            fail(f'the k8s server.toml does not serve {want}')
     # A broken copy (a misspelt field) must be refused.
     with tempfile.TemporaryDirectory() as t:
         bad = os.path.join(t, 'bad.yaml')
