@@ -314,3 +314,27 @@ int32_t spn_media_cuda_sync(cudaStream_t stream, const char *what, spn_error_t *
                          cudaGetErrorString(ce), cudaGetErrorName(ce));
   return SPN_OK;
 }
+
+int32_t spn_media_cuda_mark(cudaStream_t stream, void **ev, spn_error_t *err) {
+  if (!*ev) {
+    cudaEvent_t e = NULL;
+    CU_FAIL(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "marking a point of the stream", err);
+    *ev = e;
+  }
+  CU_FAIL(cudaEventRecord((cudaEvent_t)*ev, stream), "marking a point of the stream", err);
+  return SPN_OK;
+}
+
+int32_t spn_media_cuda_wait_mark(void *ev, const char *what, spn_error_t *err) {
+  cudaError_t ce = cudaEventSynchronize((cudaEvent_t)ev);
+  if (ce != cudaSuccess)
+    return spn_error_set(err, SPN_ECUDA, "media cuda: %s: cudaEventSynchronize: %s (%s)", what,
+                         cudaGetErrorString(ce), cudaGetErrorName(ce));
+  return SPN_OK;
+}
+
+void spn_media_cuda_mark_free(void **ev) {
+  if (*ev)
+    (void)cudaEventDestroy((cudaEvent_t)*ev);
+  *ev = NULL;
+}

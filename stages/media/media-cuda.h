@@ -118,6 +118,13 @@ int32_t spn_media_cuda_download(const void *src_dev, void *dst_host, size_t size
 /* Wait for `stream`. */
 int32_t spn_media_cuda_sync(cudaStream_t stream, const char *what, spn_error_t *err);
 
+/* Mark the point `stream` has reached (*ev: an event made on first use,
+ * reused after); wait on the host until the stream has passed a mark (the
+ * work queued after it may still run); free the mark. */
+int32_t spn_media_cuda_mark(cudaStream_t stream, void **ev, spn_error_t *err);
+int32_t spn_media_cuda_wait_mark(void *ev, const char *what, spn_error_t *err);
+void spn_media_cuda_mark_free(void **ev);
+
 #ifdef __cplusplus
 }
 #endif

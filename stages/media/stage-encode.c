@@ -39,8 +39,10 @@
  * frame is converted to yuv420p on the GPU (spn_cuda_rgb_to_yuv420, the
  * twin of spn_image_convert) and only its 4:2:0 planes are downloaded, once,
  * into pinned memory: half the bytes of the RGB frame. Other frames
- * (nv12/yuv420p planes, f32) are downloaded once as they are. The stream is
- * synchronised, then libx264 gets the frame as on the CPU. Frames in host
+ * (nv12/yuv420p planes, f32) are downloaded once as they are, one frame
+ * ahead: a frame is encoded during the next frame's call (or the flush),
+ * after waiting for its own download's mark (gpu_frame, encode_pending),
+ * then libx264 gets it as on the CPU. Frames in host
  * memory take the CPU path, except that an encoder opened for the GPU's
  * yuv420p converts later host RGB frames with spn_image_convert too, so one
  * job's frames all go through the same conversion. Placed on the CPU it
@@ -172,7 +174,19 @@ typedef struct encode_job {
   int32_t nv_w, nv_h;    /* NVENC: the frame size it was opened for */
   int32_t enc_fmt;       /* the format the encoder was opened for */
   spn_buffer_t *yuv_dev; /* device yuv420p planes of the GPU conversion */
-  spn_buffer_t *pinned;  /* pinned host memory the frame is downloaded into */
+  spn_buffer_t *pinned;  /* pinned host memory a host frame is converted into */
+  /* The host path's downloads, one frame deep (gpu_frame): frame N goes
+   * into pin[cur] behind the mark pin_ev[cur] and is encoded during frame
+   * N + 1's call (or the flush), when its download has long finished, so
+   * the executor, which every stage on this GPU shares, does not wait for
+   * the GPU on each frame. At most one frame is pending, in the other slot. */
+  spn_buffer_t *pin[2];
+  void *pin_ev[2];
+  int cur;
+  bool pend;
+  int pend_slot;
+  int32_t pend_w, pend_h, pend_fmt;
+  int64_t pend_pts;
   spn_buffer_t *dev_in;  /* NVENC: a host frame uploaded (device) */
   spn_buffer_t *scratch; /* NVENC: u8 RGB of an f32 frame (device) */
 #endif
@@ -457,21 +471,48 @@ static int32_t nvenc_frame(encode_job_t *j, spn_buffer_t *buf, bool dev, int32_t
   return spn_encoder_send_device_frame(j->enc, pts_us, 1, 1000000, err);
 }
 
+/* Encode the frame whose download gpu_frame left pending, once its mark
+ * has passed. */
+static int32_t encode_pending(encode_job_t *j, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(j->stage);
+  if (!j->pend)
+    return SPN_OK;
+  j->pend = false;
+  int s = j->pend_slot;
+  spn_image_t img;
+  int32_t rc = spn_media_cuda_wait_mark(j->pin_ev[s], "downloading a frame for the encoder", err);
+  if (rc == SPN_OK)
+    rc = spn_image_wrap(&img, host->buffer_data(j->pin[s]), j->pend_w, j->pend_h, j->pend_fmt, err);
+  if (rc == SPN_OK)
+    rc = spn_encoder_write_video(j->enc, &img, j->pend_pts, 1, 1000000, err);
+  if (rc != SPN_OK) {
+    if (err && strncmp(err->msg, j->cfg.path, strlen(j->cfg.path)) != 0)
+      spn_error_prefix(err, "%s: frame %lld", j->cfg.path, (long long)j->frames);
+    return rc;
+  }
+  j->frames++;
+  return SPN_OK;
+}
+
 /* Host path on a GPU: the frame into pinned host memory in the format the
- * encoder takes, with one download (see the file's header). *img views the
- * result. */
+ * encoder takes, with one download (see the file's header). A host frame
+ * is converted at once and *img views the result; a device frame's
+ * conversion and download are queued into pin[cur] and left pending
+ * (*deferred), after the previous pending frame is encoded. */
 static int32_t gpu_frame(encode_job_t *j, spn_buffer_t *buf, bool dev, int32_t w, int32_t h, int32_t fmt,
-                         spn_image_t *img, spn_error_t *err) {
+                         int64_t pts_us, spn_image_t *img, bool *deferred, spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(j->stage);
   int32_t rc;
   bool rgb = fmt == SPN_PIXFMT_RGB24 || fmt == SPN_PIXFMT_BGR24;
   bool to_yuv = rgb && j->enc_fmt == SPN_PIXFMT_YUV420P;
+  *deferred = false;
   if (!dev && !to_yuv) /* a host frame the encoder takes as it is: the CPU path */
     return spn_image_wrap(img, host->buffer_data(buf), w, h, fmt, err);
   size_t n = spn_pixfmt_tight_size(to_yuv ? SPN_PIXFMT_YUV420P : fmt, w, h);
-  if ((rc = job_buffer(j, &j->pinned, n, SPN_MEM_PINNED, err)))
+  int s = j->cur;
+  if ((rc = job_buffer(j, dev ? &j->pin[s] : &j->pinned, n, SPN_MEM_PINNED, err)))
     return rc;
-  void *out = host->buffer_data(j->pinned);
+  void *out = host->buffer_data(dev ? j->pin[s] : j->pinned);
   if (!dev) {
     /* host RGB for an encoder the GPU path opened: the same conversion (CPU twin) */
     spn_image_t src, yuv;
@@ -487,15 +528,21 @@ static int32_t gpu_frame(encode_job_t *j, spn_buffer_t *buf, bool dev, int32_t w
     if ((rc = job_buffer(j, &j->yuv_dev, n, SPN_MEM_DEVICE, err)) ||
         (rc = spn_media_cuda_rgb_to_yuv420p_host(host->buffer_data(buf), fmt, w, h, host->buffer_data(j->yuv_dev),
                                                  counted ? NULL : out, j->stream, err)) ||
-        (counted && (rc = host->buffer_copy(j->stage, j->job_id, j->pinned, 0, j->yuv_dev, 0, n, err))))
+        (counted && (rc = host->buffer_copy(j->stage, j->job_id, j->pin[s], 0, j->yuv_dev, 0, n, err))))
       return rc;
-  } else if ((rc = counted ? host->buffer_copy(j->stage, j->job_id, j->pinned, 0, buf, 0, n, err)
+  } else if ((rc = counted ? host->buffer_copy(j->stage, j->job_id, j->pin[s], 0, buf, 0, n, err)
                            : spn_media_cuda_download(host->buffer_data(buf), out, n, j->stream, err))) {
     return rc;
   }
-  if ((rc = spn_media_cuda_sync(j->stream, "encoding a device frame", err)))
+  if ((rc = spn_media_cuda_mark(j->stream, &j->pin_ev[s], err)) || (rc = encode_pending(j, err)))
     return rc;
-  return spn_image_wrap(img, out, w, h, to_yuv ? SPN_PIXFMT_YUV420P : fmt, err);
+  j->pend = true;
+  j->pend_slot = s;
+  j->pend_w = w, j->pend_h = h, j->pend_fmt = to_yuv ? SPN_PIXFMT_YUV420P : fmt;
+  j->pend_pts = pts_us;
+  j->cur = 1 - s;
+  *deferred = true;
+  return SPN_OK;
 }
 #endif
 
@@ -509,17 +556,24 @@ static int32_t write_frame(encode_job_t *j, spn_buffer_t *buf, int32_t w, int32_
     host->buffer_device(buf, &kind, &index);
     bool dev = kind == SPN_DEVICE_CUDA && host->buffer_mem_kind(buf) == SPN_MEM_DEVICE;
     spn_image_t gimg;
+    bool deferred = false;
     if (!j->enc)
       rc = gpu_open(j, dev, w, h, fmt, err);
     else
       rc = SPN_OK;
+    /* A host frame is encoded at once: after the pending device frame. */
+    if (rc == SPN_OK && !dev)
+      rc = encode_pending(j, err);
     if (rc == SPN_OK)
-      rc = j->nvenc ? nvenc_frame(j, buf, dev, w, h, fmt, pts_us, err) : gpu_frame(j, buf, dev, w, h, fmt, &gimg, err);
+      rc = j->nvenc ? nvenc_frame(j, buf, dev, w, h, fmt, pts_us, err)
+                    : gpu_frame(j, buf, dev, w, h, fmt, pts_us, &gimg, &deferred, err);
     if (rc) {
       if (err && strncmp(err->msg, j->cfg.path, strlen(j->cfg.path)) != 0) /* the encoder's own name the file */
         spn_error_prefix(err, "%s: frame %lld", j->cfg.path, (long long)j->frames);
       return rc;
     }
+    if (deferred)
+      return SPN_OK; /* counted when encoded (encode_pending) */
     if (!j->nvenc && (rc = spn_encoder_write_video(j->enc, &gimg, pts_us, 1, 1000000, err)))
       return rc;
     j->frames++;
@@ -664,6 +718,10 @@ static int32_t encode_flush(spn_stage_t *stage, void *state, void *job_state, sp
   }
   if (!j->enc)
     return spn_error_set(err, SPN_EMEDIA, "%s: no video frames arrived", j->cfg.path);
+#ifdef SPN_MEDIA_CUDA
+  if ((rc = encode_pending(j, err)))
+    return rc;
+#endif
   return spn_encoder_finish(j->enc, err);
 }
 
@@ -676,7 +734,7 @@ static void encode_job_close(spn_stage_t *stage, void *state, void *job_state, b
   for (size_t i = 0; i < j->n_held; i++)
     host->buffer_unref(&j->held[i].buf);
 #ifdef SPN_MEDIA_CUDA
-  if (j->on_gpu && (j->yuv_dev || j->pinned || j->dev_in || j->scratch)) {
+  if (j->on_gpu && (j->yuv_dev || j->pinned || j->pin[0] || j->pin[1] || j->dev_in || j->scratch)) {
     /* a frame that failed half-way may have left work queued on them */
     spn_error_t e = SPN_ERROR_INIT;
     if (spn_media_cuda_sync(j->stream, "closing the job", &e) != SPN_OK)
@@ -684,6 +742,10 @@ static void encode_job_close(spn_stage_t *stage, void *state, void *job_state, b
   }
   host->buffer_unref(&j->yuv_dev);
   host->buffer_unref(&j->pinned);
+  for (int s = 0; s < 2; s++) {
+    host->buffer_unref(&j->pin[s]);
+    spn_media_cuda_mark_free(&j->pin_ev[s]);
+  }
   host->buffer_unref(&j->dev_in);
   host->buffer_unref(&j->scratch);
 #endif
