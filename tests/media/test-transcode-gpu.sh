@@ -28,7 +28,9 @@
 #   way where NVENC opens, and elsewhere fails the job naming the stage and
 #   leaves no file.
 # SPINDLE_TEST_NO_NVDEC=1: the GPU has no NVDEC (tests/gpu/host-emu's fake
-#   GPU); the first GPU run then takes the software decode + upload fallback.
+#   GPU); the first GPU run then takes the software decode + upload fallback,
+#   and the fake's counts (SPN_EMU_CUDA_STATS) bound what each frame of the
+#   GPU path costs in host time: allocations, host waits, copies.
 set -u
 mode=$1 spindle=$(realpath "$2") media=$(realpath "$3") src=$(realpath "$4")
 fail() { echo "FAIL: $*"; exit 1; }
@@ -130,6 +132,36 @@ grep -q 'decoding video in software into host memory, as the stage it feeds runs
   fail "software decode for a CPU consumer: no line saying so: $(cat g2c-sw.err)"
 cmp -s cpu.mp4 g2c-sw.mp4 || fail "software decode on the GPU, encode on the CPU wrote other bytes than the CPU run"
 cmp -s cpu.mp4 gpu.mp4 || fail "NVDEC + yuv420p on the GPU wrote other bytes than the CPU run"
+
+if [ "${SPINDLE_TEST_NO_NVDEC:-0}" = 1 ]; then
+  # What a frame costs in host time on the GPU path (the fake GPU counts
+  # it, tests/gpu/host-emu/README): the difference between 50 and 100
+  # frames of decode -> encode on the GPU, over 50. At most one device
+  # allocation (decode's frame), three host waits (that allocation, the
+  # software decode's upload, encode's wait for the previous frame's
+  # download), two copies (the upload and the download), none from or to
+  # pageable memory, no pinned allocation. A stage that starts waiting for
+  # the GPU on each frame, or allocating, fails here.
+  for d in 2 4; do
+    SPN_EMU_CUDA_STATS="$tmp/stats$d.txt" run stats$d cuda --set decode.device=cuda --set encode.device=cuda \
+      --set encode.hwaccel=none --set decode.duration=$d || fail "gpu run of $d s: $(tail -3 stats$d.err)"
+    [ -s "stats$d.txt" ] || fail "the fake GPU wrote no counts (SPN_EMU_CUDA_STATS)"
+  done
+  grep -Eq 'job [0-9]+ succeeded: 50 frames' stats2.txt && grep -Eq 'job [0-9]+ succeeded: 100 frames' stats4.txt ||
+    fail "the 2 s and 4 s runs did not write 50 and 100 frames"
+  per_frame=$(awk '
+    function val(line, key,   m) { return match(line, key "=[0-9]+") ? substr(line, RSTART + length(key) + 1, RLENGTH - length(key) - 1) : -1 }
+    NR == FNR { a = $0; next } { b = $0 }
+    END {
+      n = split("device_alloc host_sync copy_async copy_async_pageable pinned_alloc", k, " ")
+      for (i = 1; i <= n; i++) printf "%s=%.2f ", k[i], (val(b, k[i]) - val(a, k[i])) / 50
+    }' stats2.txt stats4.txt)
+  echo "per frame on the fake GPU: $per_frame"
+  awk -v s="$per_frame" 'BEGIN {
+    n = split(s, kv, " "); split("device_alloc=1 host_sync=3 copy_async=2 copy_async_pageable=0 pinned_alloc=0", lim, " ")
+    for (i = 1; i <= 5; i++) { split(kv[i], x, "="); split(lim[i], y, "="); if (x[2] > y[2] + 0.001) exit 1 }
+  }' || fail "decode -> encode on the GPU costs more host time per frame than it did: $per_frame (at most device_alloc=1 host_sync=3 copy_async=2 copy_async_pageable=0 pinned_alloc=0)"
+fi
 
 run none cuda --set decode.device=cuda --set encode.device=cuda --set decode.hwaccel=none --set encode.hwaccel=none ||
   fail "hwaccel none on the GPU: $(tail -3 none.err)"
