@@ -179,12 +179,11 @@ typedef struct encode_job {
    * into pin[cur] behind the mark pin_ev[cur] and is encoded during frame
    * N + 1's call (or the flush), when its download has long finished, so
    * the executor, which every stage on this GPU shares, does not wait for
-   * the GPU on each frame. At most one frame is pending, in the other slot. */
+   * the GPU on each frame. At most one frame is pending: in pin[1 - cur]. */
   spn_buffer_t *pin[2];
   void *pin_ev[2];
   int cur;
   bool pend;
-  int pend_slot;
   int32_t pend_w, pend_h, pend_fmt;
   int64_t pend_pts;
   spn_buffer_t *dev_in;  /* NVENC: a host frame uploaded (device) */
@@ -363,7 +362,10 @@ static int32_t frame_layout(encode_job_t *j, spn_msg_t *msg, const spn_item_t *i
 
 #ifdef SPN_MEDIA_CUDA
 /* A per-job buffer of at least `size` bytes of `mem_kind`, kept for the
- * next frames (every frame's GPU work is waited for before the next). */
+ * next frames. Regrowing frees the old one at once: device memory's free
+ * waits for the work queued on it (the device layer); a pinned buffer is
+ * regrown only once its last download has been waited for (gpu_frame's two
+ * slots take turns, and a frame waits for the other slot's download). */
 static int32_t job_buffer(encode_job_t *j, spn_buffer_t **b, size_t size, int32_t mem_kind, spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(j->stage);
   if (*b && host->buffer_size(*b) >= size)
@@ -471,25 +473,30 @@ static int32_t nvenc_frame(encode_job_t *j, spn_buffer_t *buf, bool dev, int32_t
   return spn_encoder_send_device_frame(j->enc, pts_us, 1, 1000000, err);
 }
 
-/* Encode the frame whose download gpu_frame left pending, once its mark
- * has passed. */
+/* A frame's failure names the file and the frame, unless the message
+ * already starts with the file (the encoder's own do). Returns rc. */
+static int32_t frame_failed(encode_job_t *j, int32_t rc, spn_error_t *err) {
+  if (err && strncmp(err->msg, j->cfg.path, strlen(j->cfg.path)) != 0)
+    spn_error_prefix(err, "%s: frame %lld", j->cfg.path, (long long)j->frames);
+  return rc;
+}
+
+/* Encode the frame whose download gpu_frame left pending (in the slot
+ * before cur), once its mark has passed. */
 static int32_t encode_pending(encode_job_t *j, spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(j->stage);
   if (!j->pend)
     return SPN_OK;
   j->pend = false;
-  int s = j->pend_slot;
+  int s = 1 - j->cur;
   spn_image_t img;
   int32_t rc = spn_media_cuda_wait_mark(j->pin_ev[s], "downloading a frame for the encoder", err);
   if (rc == SPN_OK)
     rc = spn_image_wrap(&img, host->buffer_data(j->pin[s]), j->pend_w, j->pend_h, j->pend_fmt, err);
   if (rc == SPN_OK)
     rc = spn_encoder_write_video(j->enc, &img, j->pend_pts, 1, 1000000, err);
-  if (rc != SPN_OK) {
-    if (err && strncmp(err->msg, j->cfg.path, strlen(j->cfg.path)) != 0)
-      spn_error_prefix(err, "%s: frame %lld", j->cfg.path, (long long)j->frames);
-    return rc;
-  }
+  if (rc != SPN_OK)
+    return frame_failed(j, rc, err);
   j->frames++;
   return SPN_OK;
 }
@@ -537,7 +544,6 @@ static int32_t gpu_frame(encode_job_t *j, spn_buffer_t *buf, bool dev, int32_t w
   if ((rc = spn_media_cuda_mark(j->stream, &j->pin_ev[s], err)) || (rc = encode_pending(j, err)))
     return rc;
   j->pend = true;
-  j->pend_slot = s;
   j->pend_w = w, j->pend_h = h, j->pend_fmt = to_yuv ? SPN_PIXFMT_YUV420P : fmt;
   j->pend_pts = pts_us;
   j->cur = 1 - s;
@@ -567,11 +573,8 @@ static int32_t write_frame(encode_job_t *j, spn_buffer_t *buf, int32_t w, int32_
     if (rc == SPN_OK)
       rc = j->nvenc ? nvenc_frame(j, buf, dev, w, h, fmt, pts_us, err)
                     : gpu_frame(j, buf, dev, w, h, fmt, pts_us, &gimg, &deferred, err);
-    if (rc) {
-      if (err && strncmp(err->msg, j->cfg.path, strlen(j->cfg.path)) != 0) /* the encoder's own name the file */
-        spn_error_prefix(err, "%s: frame %lld", j->cfg.path, (long long)j->frames);
-      return rc;
-    }
+    if (rc)
+      return frame_failed(j, rc, err);
     if (deferred)
       return SPN_OK; /* counted when encoded (encode_pending) */
     if (!j->nvenc && (rc = spn_encoder_write_video(j->enc, &gimg, pts_us, 1, 1000000, err)))
