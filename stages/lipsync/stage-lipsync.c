@@ -169,6 +169,26 @@ static bool on_gpu(spn_stage_t *stage, int32_t *index) {
 #endif
 }
 
+#ifdef SPN_LIPSYNC_CUDA
+/* n bytes from src at src_off to dst at dst_off on the instance's stream,
+ * for job `job_id`: the host's buffer_copy, counted for the stage and the
+ * job, or on an earlier 1.1 host without it the same cudaMemcpyAsync,
+ * uncounted (its error then says `what`, when given). */
+static int32_t stage_copy(spn_stage_t *stage, uint64_t job_id, spn_buffer_t *dst, size_t dst_off, spn_buffer_t *src,
+                          size_t src_off, size_t n, const char *what, spn_error_t *err) {
+  const spn_host_api_t *host = spn_stage_host(stage);
+  if (SPN_HOST_HAS(host, buffer_copy))
+    return host->buffer_copy(stage, job_id, dst, dst_off, src, src_off, n, err);
+  cudaError_t ce = cudaMemcpyAsync((char *)host->buffer_data(dst) + dst_off,
+                                   (const char *)host->buffer_data(src) + src_off, n, cudaMemcpyDefault,
+                                   (cudaStream_t)host->stage_get_stream(stage));
+  if (ce == cudaSuccess)
+    return SPN_OK;
+  return what ? spn_error_set(err, SPN_ECUDA, "%s: %s", what, cudaGetErrorString(ce))
+              : spn_error_set(err, SPN_ECUDA, "%s", cudaGetErrorString(ce));
+}
+#endif
+
 /* ---- slots ---------------------------------------------------------------------------- */
 
 static void slot_free(const spn_host_api_t *host, ls_slot_t **sp) {
@@ -328,9 +348,9 @@ static void take_frame(spn_stage_t *stage, ls_state_t *st, ls_job_t *j, spn_msg_
        * call returns, so the copy is waited for. */
       cudaStream_t stream = (cudaStream_t)host->stage_get_stream(stage);
       int32_t rc = SPN_OK;
-      if (SPN_HOST_HAS(host, buffer_copy) && it.buffer)
-        rc = host->buffer_copy(stage, env->job_id, s->buf, 0, it.buffer,
-                               (size_t)((const char *)t->data - (const char *)host->buffer_data(it.buffer)), nb, &err);
+      if (it.buffer)
+        rc = stage_copy(stage, env->job_id, s->buf, 0, it.buffer,
+                        (size_t)((const char *)t->data - (const char *)host->buffer_data(it.buffer)), nb, NULL, &err);
       else if (cudaMemcpyAsync(host->buffer_data(s->buf), t->data, nb, cudaMemcpyDefault, stream) != cudaSuccess)
         rc = spn_error_set(&err, SPN_ECUDA, "%s", cudaGetErrorString(cudaGetLastError()));
       if (rc == SPN_OK && cudaStreamSynchronize(stream) != cudaSuccess)
@@ -400,11 +420,8 @@ static void take_spec(spn_stage_t *stage, ls_job_t *j, spn_msg_t *m) {
     size_t nb = spn_tensor_nbytes(t);
     size_t off = (size_t)((const char *)t->data - (const char *)host->buffer_data(it.buffer));
     int32_t rc = host->buffer_new_kind(stage, nb, SPN_MEM_DEVICE, &j->d_spec, &err);
-    if (rc == SPN_OK && SPN_HOST_HAS(host, buffer_copy))
-      rc = host->buffer_copy(stage, j->job_id, j->d_spec, 0, it.buffer, off, nb, &err);
-    else if (rc == SPN_OK && cudaMemcpyAsync(host->buffer_data(j->d_spec), t->data, nb, cudaMemcpyHostToDevice,
-                                             stream) != cudaSuccess)
-      rc = spn_error_set(&err, SPN_ECUDA, "%s", cudaGetErrorString(cudaGetLastError()));
+    if (rc == SPN_OK)
+      rc = stage_copy(stage, j->job_id, j->d_spec, 0, it.buffer, off, nb, NULL, &err);
     /* The message, and the host memory it holds, goes when this call
      * returns: the copy is waited for, once per job. */
     if (rc == SPN_OK && cudaStreamSynchronize(stream) != cudaSuccess)
@@ -517,14 +534,7 @@ static int32_t mel_batch_cuda(spn_stage_t *stage, ls_state_t *st, size_t n, void
     for (size_t r = i; r <= last; r++)
       memcpy(h + r * msz, st->run[r]->mel, msz * sizeof(float));
     size_t off = i * msz * sizeof(float), nb = (last + 1 - i) * msz * sizeof(float);
-    if (SPN_HOST_HAS(host, buffer_copy))
-      rc = host->buffer_copy(stage, j->job_id, st->d_mel, off, st->h_mel, off, nb, err);
-    else if (cudaMemcpyAsync((char *)d + off, (char *)h + off, nb, cudaMemcpyHostToDevice, (cudaStream_t)stream) !=
-             cudaSuccess)
-      rc = spn_error_set(err, SPN_ECUDA, "uploading mel chunks: %s", cudaGetErrorString(cudaGetLastError()));
-    else
-      rc = SPN_OK;
-    if (rc != SPN_OK)
+    if ((rc = stage_copy(stage, j->job_id, st->d_mel, off, st->h_mel, off, nb, "uploading mel chunks", err)) != SPN_OK)
       return rc;
     i = last;
   }
@@ -651,14 +661,8 @@ static void run_batch(spn_stage_t *stage, ls_state_t *st, size_t n) {
                         SPN_PIXFMT_RGB24, &err);
 #ifdef SPN_LIPSYNC_CUDA
     if (gpu) {
-      if (rc == SPN_OK && SPN_HOST_HAS(host, buffer_copy)) {
-        rc = host->buffer_copy(stage, s->env.job_id, nbuf, 0, s->buf, 0, nb, &err);
-      } else if (rc == SPN_OK) {
-        cudaError_t ce = cudaMemcpyAsync(host->buffer_data(nbuf), host->buffer_data(s->buf), nb,
-                                         cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
-        if (ce != cudaSuccess)
-          rc = spn_error_set(&err, SPN_ECUDA, "copying the frame: %s", cudaGetErrorString(ce));
-      }
+      if (rc == SPN_OK)
+        rc = stage_copy(stage, s->env.job_id, nbuf, 0, s->buf, 0, nb, "copying the frame", &err);
       if (rc == SPN_OK)
         rc = spn_w2l_paste_cuda(&img, &s->rect, outp + i * osz, (float)st->cfg->feather,
                                 host->buffer_data(st->d_small), host->buffer_data(st->d_big),
