@@ -230,6 +230,10 @@ static void cubic_taps(const char *ct, float scale, int64_t in, int64_t out, flo
   }
 }
 
+bool spn_resize_is_cubic(const spn_node_t *n) {
+  return n->op == SPN_OP_RESIZE && !strcmp(spn_attr_str(n, "mode", "nearest"), "cubic");
+}
+
 int32_t spn_resize_cubic_tables(spn_run_t *r, const spn_node_t *n, int64_t *sp, int64_t **idx_out, float **w_out) {
   const spn_rt_val_t *x = IN(0);
   spn_rt_val_t *y = OUT(0);
@@ -368,7 +372,7 @@ int32_t spn_resize_tables(spn_run_t *r, const spn_node_t *n, int64_t *ish, int64
 static int32_t exec_resize(spn_run_t *r, const spn_node_t *n) {
   const spn_rt_val_t *x = IN(0);
   spn_rt_val_t *y = OUT(0);
-  if (n->op == SPN_OP_RESIZE && !strcmp(spn_attr_str(n, "mode", "nearest"), "cubic"))
+  if (spn_resize_is_cubic(n))
     return exec_resize_cubic(r, n);
   int64_t ish[3], osh[3], *ib;
   float *wb;

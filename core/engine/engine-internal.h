@@ -342,6 +342,9 @@ int32_t spn_resize_tables(spn_run_t *r, const spn_node_t *n, int64_t *ish, int64
  * 4 * (oh + ow) entries each. The CPU kernel's tables, shared with device
  * backends, which sum the taps in its order. Caller frees both. */
 int32_t spn_resize_cubic_tables(spn_run_t *r, const spn_node_t *n, int64_t *sp, int64_t **idx, float **w);
+/* Whether n is a Resize of mode "cubic" (spn_resize_cubic_tables' kind;
+ * the loader refuses cubic for Upsample). */
+bool spn_resize_is_cubic(const spn_node_t *n);
 
 /* cpu-dnnl.c (the CPU backend's oneDNN part) */
 int32_t spn_dnnl_engine_new(void **eng, spn_error_t *err);

@@ -281,8 +281,7 @@ static bool cu_supports(spn_backend_t *b, const spn_model_t *m, const spn_node_t
   case SPN_OP_RESIZE: case SPN_OP_UPSAMPLE:
     if (xdt != SPN_DTYPE_F32)
       no = "only fp32";
-    else if (!strcmp(spn_attr_str(n, "mode", "nearest"), "cubic") &&
-             (m->vals[xin].ndim < 3 || m->vals[xin].ndim > 4))
+    else if (spn_resize_is_cubic(n) && (m->vals[xin].ndim < 3 || m->vals[xin].ndim > 4))
       no = "cubic Resize of other than 1 or 2 spatial dims";
     break;
   case SPN_OP_ADD: case SPN_OP_SUB: case SPN_OP_MUL: case SPN_OP_DIV:
@@ -1236,7 +1235,7 @@ static int32_t get_resize(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, c
   float *wb;
   int64_t ish[3], osh[3];
   int lin = 0;
-  bool cubic = n->op == SPN_OP_RESIZE && !strcmp(spn_attr_str(n, "mode", "nearest"), "cubic");
+  bool cubic = spn_resize_is_cubic(n);
   int32_t rc;
   if (cubic) {
     int64_t sp[4];
@@ -1519,7 +1518,7 @@ static bool h_elementwise(const spn_backend_t *b, const spn_model_t *m, const sp
     return w->kind != SPN_VAL_CONST || chan_const(w);
   }
   case SPN_OP_RESIZE: case SPN_OP_UPSAMPLE: /* over H and W; its other inputs are read on the host */
-    return a->kind != SPN_VAL_CONST && a->ndim == 4 && strcmp(spn_attr_str(n, "mode", "nearest"), "cubic") != 0;
+    return a->kind != SPN_VAL_CONST && a->ndim == 4 && !spn_resize_is_cubic(n);
   case SPN_OP_CONCAT: {
     int64_t ax = spn_attr_int(n, "axis", 0);
     if (ax != 1 && ax != -3)
