@@ -55,15 +55,54 @@ EOF
 
 # Copy in the libraries the tree's ELF files resolve on this machine (ldd lists
 # the whole closure), named by their soname.
-mapfile -t own < <(elfs)
-for f in "${own[@]}"; do
-  ldd "$f" 2>/dev/null | while read -r name arrow path _; do
+carry_deps() {
+  ldd "$1" 2>/dev/null | while read -r name arrow path _; do
     [ "$arrow" = "=>" ] || continue
     is_system "$name" && continue
     [ -e "$lib/$name" ] && continue
-    if [ ! -f "$path" ]; then echo "bundle: $f needs $name, which is not found" >&2; exit 1; fi
+    if [ ! -f "$path" ]; then echo "bundle: $1 needs $name, which is not found" >&2; exit 1; fi
     cp -L "$path" "$lib/$name"
   done
+}
+mapfile -t own < <(elfs)
+for f in "${own[@]}"; do
+  carry_deps "$f"
+done
+
+# Libraries loaded with dlopen, which ldd does not see. cuDNN 9 opens its
+# sub-libraries (graph, ops, cnn, adv, heuristic, the engines) by soname, and
+# its runtime-compiled engines open NVRTC: where the bundle carries libcudnn,
+# it carries those from the same folder too, with what they link.
+carry_closure() {
+  [ -e "$lib/$(basename "$1")" ] || cp -L "$1" "$lib/$(basename "$1")"
+  carry_deps "$1"
+}
+for carried in "$lib"/libcudnn.so.*; do
+  [ -e "$carried" ] || continue
+  soname=$(basename "$carried")
+  src=$(ldd "$lib/$(basename "$(find "$out/$libdir" -maxdepth 1 -name 'libspindle.so.*' -print -quit)")" 2>/dev/null |
+        awk -v n="$soname" '$1 == n {print $3}')
+  [ -n "$src" ] || src=$(ldconfig -p | awk -v n="$soname" '$1 == n {print $NF; exit}')
+  [ -n "$src" ] || { echo "bundle: cannot find where $soname came from" >&2; exit 1; }
+  dir=$(dirname "$(readlink -f "$src")")
+  n=0
+  for sub in "$dir"/libcudnn_*.so."${soname##*.so.}"; do
+    [ -e "$sub" ] || continue
+    carry_closure "$sub"
+    n=$((n + 1))
+  done
+  [ $n -gt 0 ] || { echo "bundle: $soname is carried but none of its sub-libraries ($dir/libcudnn_*) is" >&2; exit 1; }
+  # NVRTC: beside cuDNN, or beside the CUDA runtime the build linked
+  cudart=$(ldd "$lib/$(basename "$(find "$out/$libdir" -maxdepth 1 -name 'libspindle.so.*' -print -quit)")" \
+           2>/dev/null | awk '$1 ~ /^libcudart\.so/ {print $3; exit}')
+  for d in "$dir" ${cudart:+"$(dirname "$(readlink -f "$cudart")")"}; do
+    ls "$d"/libnvrtc.so.[0-9]* >/dev/null 2>&1 || continue
+    for nv in "$d"/libnvrtc.so.[0-9]* "$d"/libnvrtc-builtins.so.[0-9]*; do
+      [ -e "$nv" ] && carry_closure "$nv"
+    done
+    break
+  done
+  echo "bundle: carried $n cuDNN sub-libraries from $dir"
 done
 
 # Run paths: programs look in ../<libdir>, libraries beside themselves,

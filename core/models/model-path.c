@@ -5,13 +5,24 @@
  */
 #include "model-path.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #ifndef SPN_MODELS_INSTALL_DIR
 #define SPN_MODELS_INSTALL_DIR ""
+#endif
+/* The install's bindir and models folder relative to its prefix ("bin",
+ * "share/spindle/models"): a relocated install (the portable archive
+ * unpacked anywhere) finds its models beside the program that runs. */
+#ifndef SPN_MODELS_BINDIR
+#define SPN_MODELS_BINDIR ""
+#endif
+#ifndef SPN_MODELS_REL_DIR
+#define SPN_MODELS_REL_DIR ""
 #endif
 
 bool spn_models_is_name(const char *s) {
@@ -60,6 +71,48 @@ int spn_models_store_dir(char *out, size_t outsz, char *msg, size_t msz) {
   return 0;
 }
 
+/* PREFIX/share/spindle/models when this program is PREFIX/bin/NAME, with
+ * PREFIX not the built-in one (that one is tried already). */
+static int relocated_dir(char *out, size_t outsz) {
+  const char *bindir = SPN_MODELS_BINDIR, *rel = SPN_MODELS_REL_DIR;
+  if (!*bindir || *bindir == '/' || !*rel || *rel == '/')
+    return -1;
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0)
+    return -1;
+  exe[n] = '\0';
+  char *slash = strrchr(exe, '/');
+  if (!slash)
+    return -1;
+  *slash = '\0'; /* the program's folder: PREFIX/bindir? */
+  size_t len = strlen(exe), bl = strlen(bindir);
+  if (len <= bl || exe[len - bl - 1] != '/' || strcmp(exe + len - bl, bindir))
+    return -1;
+  exe[len - bl - 1] = '\0';
+  int m = snprintf(out, outsz, "%s/%s", exe, rel);
+  if (m <= 0 || (size_t)m >= outsz || !strcmp(out, SPN_MODELS_INSTALL_DIR))
+    return -1;
+  return 0;
+}
+
+int spn_models_install_file(const char *file, char *out, size_t outsz) {
+  const char *inst = SPN_MODELS_INSTALL_DIR;
+  int n;
+  if (*inst) {
+    n = snprintf(out, outsz, "%s/%s", inst, file);
+    if (n > 0 && (size_t)n < outsz && is_file(out))
+      return 0;
+  }
+  char dir[PATH_MAX];
+  if (relocated_dir(dir, sizeof dir) == 0) {
+    n = snprintf(out, outsz, "%s/%s", dir, file);
+    if (n > 0 && (size_t)n < outsz && is_file(out))
+      return 0;
+  }
+  return -1;
+}
+
 /* Try DIR/NAME.onnx; dir of length dlen. */
 static bool try_dir(const char *dir, size_t dlen, const char *name, char *out, size_t outsz) {
   if (!dlen)
@@ -96,7 +149,13 @@ int spn_models_find(const char *name, char *out, size_t outsz, char *msg, size_t
   if (try_dir(inst, strlen(inst), name, out, outsz))
     return 0;
   if (*inst && lk < sizeof looked)
-    snprintf(looked + lk, sizeof looked - lk, "%s%s", lk ? ", " : "", inst);
+    lk += (size_t)snprintf(looked + lk, sizeof looked - lk, "%s%s", lk ? ", " : "", inst);
+  if (relocated_dir(dir, sizeof dir) == 0) {
+    if (try_dir(dir, strlen(dir), name, out, outsz))
+      return 0;
+    if (lk < sizeof looked)
+      snprintf(looked + lk, sizeof looked - lk, "%s%s", lk ? ", " : "", dir);
+  }
   snprintf(msg, msz, "model '%s' is not fetched (looked in %s); run: spindle model fetch %s", name, looked, name);
   return -1;
 }

@@ -6,7 +6,9 @@
  * the first directory of the search list that has it:
  *   1. each directory of $SPINDLE_MODEL_PATH (colon-separated), if set;
  *   2. $XDG_DATA_HOME/spindle/models, or ~/.local/share/spindle/models;
- *   3. the install's share/spindle/models (built in).
+ *   3. the install's share/spindle/models (built in), then, when the
+ *      program runs from PREFIX/bin of another prefix (the portable archive
+ *      unpacked elsewhere), PREFIX/share/spindle/models.
  * `spindle model fetch` stores into the first directory of
  * $SPINDLE_MODEL_PATH when set, else into (2).
  *
@@ -30,6 +32,11 @@ int spn_models_store_dir(char *out, size_t outsz, char *msg, size_t msz);
 /* Find NAME.onnx along the search list. Returns 0 with the path in out, or
  * -1 with msg saying where it looked and how to fetch it. Thread: any. */
 int spn_models_find(const char *name, char *out, size_t outsz, char *msg, size_t msz);
+
+/* FILE (a file name, e.g. "espcn-x2.onnx") in the install's models folder:
+ * the built-in one, then the relocated one (list entry 3). Returns 0 with
+ * the path in out, or -1. Thread: any. */
+int spn_models_install_file(const char *file, char *out, size_t outsz);
 
 /* A config's `model` value: an existing file is used as given; otherwise,
  * when its last path component is a model name (a PATH key arrives joined

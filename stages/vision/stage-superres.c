@@ -49,6 +49,7 @@
 #include "spindle/plugin.h"
 #endif
 
+#include "model-path.h"
 #include "plugin-vision.h"
 #include "tile.h"
 
@@ -116,9 +117,13 @@ typedef struct sr_state {
 #endif
 } sr_state_t;
 
-/* The embedded espcn-x2: installed under share/spindle/models, or the source
- * tree's copy when running from the build tree (not installed). */
-static const char *embedded_model(void) {
+/* The embedded espcn-x2: installed under share/spindle/models (where the
+ * install was built for, or beside the running program when the install was
+ * moved: spn_models_install_file), or the source tree's copy when running
+ * from the build tree (not installed). buf holds the first. */
+static const char *embedded_model(char *buf, size_t bufsz) {
+  if (spn_models_install_file("espcn-x2.onnx", buf, bufsz) == 0)
+    return buf;
 #ifdef SPN_VISION_SOURCE_SR_MODEL
   if (access(SPN_VISION_DEFAULT_SR_MODEL, R_OK) != 0 && access(SPN_VISION_SOURCE_SR_MODEL, R_OK) == 0)
     return SPN_VISION_SOURCE_SR_MODEL;
@@ -149,16 +154,18 @@ static int32_t sr_create(spn_stage_t *stage, const void *config, void **state, s
   st->faces_only = faces_only;
   st->margin = cfg->face_margin;
   st->feather = (float)cfg->feather;
-  char mpath[4096], hint[1024] = "";
+  char mpath[4096], hint[1024] = "", epath[4096], builtin[4200];
+  const char *embedded = embedded_model(epath, sizeof epath);
+  snprintf(builtin, sizeof builtin, "the embedded espcn-x2 (%s)", embedded);
   int32_t use = 0, rc = SPN_OK;
   if (cfg->model && cfg->model[0])
-    use = vision_model_path(host, stage, "superres", cfg->model, cfg->model_optional, "the embedded espcn-x2",
-                                 mpath, sizeof mpath, hint, sizeof hint);
+    use = vision_model_path(host, stage, "superres", cfg->model, cfg->model_optional, builtin, mpath,
+                            sizeof mpath, hint, sizeof hint);
   if (use == 0 && cfg->scale != 2)
     rc = spn_error_set(err, SPN_ECONFIG, "the embedded espcn-x2 upscales by 2, not %d (set scale = 2)",
                        (int)cfg->scale);
   else
-    rc = host->model_load(stage, use ? mpath : embedded_model(), &st->model, err);
+    rc = host->model_load(stage, use ? mpath : embedded, &st->model, err);
   if (rc != SPN_OK && hint[0])
     spn_error_prefix(err, "%s", hint);
   if (rc != SPN_OK) {

@@ -36,6 +36,34 @@ while read -r p; do
 done <<<"$plugins"
 grep -q "libspindle-synth.so" <<<"$plugins" || bad "the synth stage is not among the bundle's plugins"
 
+# Models are found inside the moved archive: the main job, configs/enhance.toml,
+# with an empty model store. A model by name that sits in the archive's
+# share/spindle/models (here the ESPCN file under the default Real-ESRGAN's
+# name; `spindle model fetch` with SPINDLE_MODEL_PATH=that folder puts the
+# real one there) and the ESPCN x2 that superres falls back to both come from
+# the archive, not from the prefix it was built for or the source tree.
+if [ -f "$u/share/spindle/models/espcn-x2.onnx" ] && [ -f "$u/share/spindle/configs/enhance.toml" ]; then
+  mkdir -p "$tmp/home"
+  enh=(env -u SPINDLE_MODEL_PATH -u XDG_DATA_HOME HOME="$tmp/home" "${clean[@]}"
+       "$u/bin/spindle" run "$u/share/spindle/configs/enhance.toml" --set decode.duration=0.2
+       --set encode.path="$tmp/cwd/enhanced.mp4")
+  out=$(cd "$tmp/cwd" && "${enh[@]}" 2>&1)
+  rc=$?
+  [ $rc -eq 0 ] || bad "enhance.toml (nothing fetched) exited $rc: $(tail -3 <<<"$out")"
+  grep -q "job 1 succeeded: 5 frames" <<<"$out" || bad "enhance.toml (nothing fetched): no 'job 1 succeeded: 5 frames'"
+  grep -q "using the embedded espcn-x2 ($u/share/spindle/models/espcn-x2.onnx)" <<<"$out" ||
+    bad "enhance.toml (nothing fetched): superres did not fall back to the archive's espcn-x2.onnx: $(grep -m1 'superres' <<<"$out")"
+  cp "$u/share/spindle/models/espcn-x2.onnx" "$u/share/spindle/models/realesr-animevideov3-x2.onnx"
+  out=$(cd "$tmp/cwd" && "${enh[@]}" 2>&1)
+  rc=$?
+  [ $rc -eq 0 ] || bad "enhance.toml (a model in the archive) exited $rc: $(tail -3 <<<"$out")"
+  grep -q "superres sr: model $u/share/spindle/models/realesr-animevideov3-x2.onnx" <<<"$out" ||
+    bad "realesr-animevideov3-x2 in the archive's models folder was not found by name"
+  rm -f "$u/share/spindle/models/realesr-animevideov3-x2.onnx"
+else
+  echo "note: the archive has no vision stage models or configs; enhance.toml not run"
+fi
+
 # Every ELF file has an $ORIGIN run path, and every library it resolves that
 # the bundle carries resolves to the bundle's copy; none is missing.
 n=0
@@ -55,5 +83,15 @@ done < <(find "$u/bin" "$u/lib" -type f \( -name '*.so*' -o -perm -u+x \) -exec 
 echo "checked $n ELF files"
 [ $n -gt 10 ] || bad "only $n ELF files in the bundle"
 [ -f "$u/share/doc/spindle/LICENSE" ] || bad "no LICENSE in the bundle"
+# cuDNN 9 opens its sub-libraries with dlopen (ldd does not list them): a
+# bundle that carries libcudnn without them fails its first convolution on a
+# GPU host that has no cuDNN of its own.
+for c in "$u"/lib/*/libcudnn.so.[0-9]*; do
+  [ -e "$c" ] || continue
+  v=${c##*.so.}
+  for sub in graph ops cnn heuristic engines_precompiled; do
+    [ -f "$(dirname "$c")/libcudnn_$sub.so.$v" ] || bad "the bundle carries $(basename "$c") but not libcudnn_$sub.so.$v"
+  done
+done
 [ $fail -eq 0 ] && echo OK
 exit $fail
