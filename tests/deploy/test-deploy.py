@@ -36,6 +36,29 @@ def load_yaml_docs(path):
         return [d for d in yaml.safe_load_all(f) if d]
 
 
+def check_engine_check(where, args):
+    """An init container's `spindle model bench` on the pod's GPU: a model the
+    image installs, on cuda:0, every node there (--fallback error). With the
+    fake-GPU CLI (argv[3], CUDA builds), its arguments are run for real."""
+    def opt(name):
+        return args[args.index(name) + 1] if name in args and args.index(name) + 1 < len(args) else None
+    if opt('--device') != 'cuda:0' or opt('--fallback') != 'error':
+        return fail(f'{where}: engine check {args} is not on cuda:0 with --fallback error')
+    model = args[2]
+    prefix = '/opt/spindle/share/spindle/models/'
+    if not model.startswith(prefix) or not os.path.isfile(os.path.join(src, 'models', model[len(prefix):])):
+        return fail(f'{where}: engine check model {model} is not one the image installs (models/ of the repository)')
+    emu = sys.argv[3] if len(sys.argv) > 3 else ''
+    if not emu:
+        print(f'{where}: engine check not run (no fake-GPU CLI in this build)')
+        return
+    local = [emu] + [os.path.join(src, 'models', a[len(prefix):]) if a.startswith(prefix) else a for a in args]
+    r = run(local)
+    print(f'{where}: engine check on the fake GPU: exit {r.returncode}', (r.stdout + r.stderr).strip()[-300:])
+    if r.returncode != 0:
+        fail(f'{where}: engine check {args} failed on the fake GPU: {(r.stdout + r.stderr)[-500:]}')
+
+
 def k8s():
     files = sorted(glob.glob(os.path.join(deploy, 'k8s', '*.yaml')))
     if not files:
@@ -62,6 +85,11 @@ def k8s():
                     fail(f"{d['metadata']['name']}: no nvidia.com/gpu: 1 limit")
                 if not pod.get('initContainers'):
                     fail(f"{d['metadata']['name']}: no GPU check init container")
+                engine = [c for c in pod.get('initContainers', []) if c.get('args', [])[:2] == ['model', 'bench']]
+                if not engine:
+                    fail(f"{d['metadata']['name']}: no init container runs a model on the GPU")
+                for c in engine:
+                    check_engine_check(d['metadata']['name'], c['args'])
     # The server config the gateway and the workers share names pipeline
     # configs the image installs (share/spindle/configs = the repository's
     # configs/), and serves the media pipelines, not only the synthetic one.
