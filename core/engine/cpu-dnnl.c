@@ -175,6 +175,8 @@ static dnnl_status_t conv_pd(spn_run_t *r, const spn_node_t *n, bool tr, const d
       case SPN_POST_SIGMOID: s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_logistic, 0.f, 0.f); break;
       case SPN_POST_TANH: s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_tanh, 0.f, 0.f); break;
       case SPN_POST_CLIP: s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_clip, pp->a, pp->b); break;
+      /* alpha * x + 0: the product rounded once, as the Mul node it replaces */
+      case SPN_POST_SCALE: s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_linear, pp->a, 0.f); break;
       case SPN_POST_ADD: s = dnnl_post_ops_append_binary(po, dnnl_binary_add, addmd); break;
       case SPN_POST_PRELU: s = dnnl_post_ops_append_prelu(po, pp->a > 1 ? 2 : 0); break;
       default: s = dnnl_unimplemented; break;
@@ -200,6 +202,39 @@ static dnnl_status_t conv_pd(spn_run_t *r, const spn_node_t *n, bool tr, const d
     dnnl_post_ops_destroy(po);
   dnnl_primitive_attr_destroy(attr);
   return s;
+}
+
+/* The eltwise algorithm a post-op runs as in oneDNN (Relu and LeakyRelu
+ * share one), with its two parameters; -1 for the others. */
+static int post_alg(const spn_post_t *p, float *a, float *b) {
+  *a = *b = 0.f;
+  switch (p->kind) {
+  case SPN_POST_RELU: return dnnl_eltwise_relu;
+  case SPN_POST_LRELU: *a = p->a; return dnnl_eltwise_relu;
+  case SPN_POST_SIGMOID: return dnnl_eltwise_logistic;
+  case SPN_POST_TANH: return dnnl_eltwise_tanh;
+  case SPN_POST_CLIP: *a = p->a; *b = p->b; return dnnl_eltwise_clip;
+  case SPN_POST_SCALE: *a = p->a; return dnnl_eltwise_linear;
+  default: return -1;
+  }
+}
+
+/* How many of the first `want` post-ops may run inside one primitive:
+ * oneDNN 2.6 computes a chain with two eltwise post-ops of one algorithm and
+ * different parameters wrongly (conv * 0.5 + x then * 0.2 comes out as if
+ * both scales were the same, in its brgemm and direct kernels alike), so
+ * the chain is cut before the second; the rest runs in C. */
+static int fusable_posts(const spn_node_t *n, int want) {
+  for (int p = 1; p < want; p++) {
+    float a, b;
+    int alg = post_alg(&n->post[p], &a, &b);
+    for (int q = 0; q < p && alg >= 0; q++) {
+      float qa, qb;
+      if (post_alg(&n->post[q], &qa, &qb) == alg && (qa != a || qb != b))
+        return p;
+    }
+  }
+  return want;
 }
 
 /* Build a conv/deconv primitive for input x.
@@ -271,6 +306,7 @@ static int32_t build_conv(spn_run_t *r, const spn_node_t *n, bool tr, const spn_
   int nfuse = 0;
   while (nfuse < n->n_post && n->post[nfuse].kind != SPN_POST_PRELU)
     nfuse++;
+  nfuse = fusable_posts(n, nfuse);
   if (nd == 4) {
     dnnl_memory_desc_init_by_tag(&xnhwc, nd, xd, dnnl_f32, dnnl_acdb);
     dnnl_memory_desc_init_by_tag(&ynhwc, nd, yd, dnnl_f32, dnnl_acdb);
@@ -280,6 +316,7 @@ static int32_t build_conv(spn_run_t *r, const spn_node_t *n, bool tr, const spn_
       int nf = 0;
       while (nf < n->n_post && n->post[nf].kind != SPN_POST_PRELU && n->post[nf].kind != SPN_POST_ADD)
         nf++;
+      nf = fusable_posts(n, nf);
       s = conv_pd(r, n, tr, &xany, &wmd_any, bias, &yany, &ynhwc, sd, dd, pld, prd, nf, &pd);
       if (s == dnnl_success && !impl_is_ref(pd)) {
         nfuse = nf;
@@ -411,7 +448,8 @@ out:
 }
 
 /* Post-ops from `from` on, in C, on the output in its stored layout (NHWC
- * when the value is kept channels-last). */
+ * when the value is kept channels-last); a residual addend may be stored
+ * either way too. */
 static int32_t rest_posts(spn_run_t *r, const spn_node_t *n, int from) {
   spn_rt_val_t *y = &r->v[n->out[0]];
   bool nhwc = r->m->vals[n->out[0]].nhwc;
@@ -419,15 +457,11 @@ static int32_t rest_posts(spn_run_t *r, const spn_node_t *n, int from) {
   for (int d = 0; d < y->ndim; d++)
     cnt *= y->shape[d];
   float *Y = y->data;
-  if (!nhwc) {
-    spn_spost_t tail = {.n = n, .from = from};
-    spn_apply_post_from(r, &tail, Y, cnt);
-    return SPN_OK;
-  }
-  int64_t N = y->shape[0], C = y->shape[1], HW = cnt / (N * C);
+  int64_t N = y->shape[0], C = y->ndim > 1 ? y->shape[1] : 1, HW = N * C != 0 ? cnt / (N * C) : 0;
   for (int p = from; p < n->n_post; p++) {
     const spn_post_t *po = &n->post[p];
-    if (po->kind == SPN_POST_PRELU) {
+    bool a_nhwc = po->kind == SPN_POST_ADD && r->m->vals[po->val].nhwc;
+    if (nhwc && po->kind == SPN_POST_PRELU) {
       const float *sl = r->v[po->val].data;
       bool per = po->a > 1;
 #pragma omp parallel for if (cnt > 32768)
@@ -436,19 +470,21 @@ static int32_t rest_posts(spn_run_t *r, const spn_node_t *n, int from) {
           float v = Y[i * C + c];
           Y[i * C + c] = v > 0 ? v : v * sl[per ? c : 0];
         }
-    } else if (po->kind == SPN_POST_ADD) {
+    } else if (po->kind == SPN_POST_ADD && nhwc == a_nhwc && nhwc) {
       const float *A = r->v[po->val].data;
-      if (r->m->vals[po->val].nhwc) {
 #pragma omp parallel for if (cnt > 32768)
-        for (int64_t i = 0; i < cnt; i++)
-          Y[i] += A[i];
-      } else {
+      for (int64_t i = 0; i < cnt; i++)
+        Y[i] += A[i];
+    } else if (po->kind == SPN_POST_ADD && nhwc != a_nhwc) {
+      /* one of the two channels-last: the addend has the output's shape */
+      const float *A = r->v[po->val].data;
 #pragma omp parallel for collapse(2) if (cnt > 32768)
-        for (int64_t b = 0; b < N; b++)
-          for (int64_t i = 0; i < HW; i++)
-            for (int64_t c = 0; c < C; c++)
-              Y[(b * HW + i) * C + c] += A[(b * C + c) * HW + i];
-      }
+      for (int64_t b = 0; b < N; b++)
+        for (int64_t i = 0; i < HW; i++)
+          for (int64_t c = 0; c < C; c++) {
+            int64_t l = (b * HW + i) * C + c, f = (b * C + c) * HW + i;
+            Y[nhwc ? l : f] += A[nhwc ? f : l];
+          }
     } else {
       spn_spost_t one = {.n = n, .from = p, .to = p + 1};
       spn_apply_post_from(r, &one, Y, cnt);

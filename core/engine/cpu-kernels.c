@@ -138,6 +138,10 @@ void spn_apply_post_from(spn_run_t *r, const spn_spost_t *sp, float *y, int64_t 
 #pragma omp parallel for if (count > PAR_MIN)
       for (int64_t i = 0; i < count; i++) y[i] = y[i] < a ? a : (y[i] > b ? b : y[i]);
       break;
+    case SPN_POST_SCALE:
+#pragma omp parallel for if (count > PAR_MIN)
+      for (int64_t i = 0; i < count; i++) y[i] *= a;
+      break;
     case SPN_POST_ADD:
     case SPN_POST_PRELU: {
       const spn_rt_val_t *o = &r->v[po->val];

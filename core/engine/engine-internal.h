@@ -106,8 +106,10 @@ typedef struct spn_value {
                              value whose bytes it uses (never itself an alias) */
 } spn_value_t;
 
-/* Fused post-operations on Conv/ConvTranspose/Gemm outputs, in order. */
-typedef enum { SPN_POST_RELU, SPN_POST_LRELU, SPN_POST_SIGMOID, SPN_POST_TANH, SPN_POST_CLIP, SPN_POST_ADD, SPN_POST_PRELU } spn_post_kind_t;
+/* Fused post-operations on Conv/ConvTranspose/Gemm outputs, in order.
+ * SCALE multiplies by the constant a (a Mul by a one-element constant); it
+ * is fused only in models whose device is the CPU (graph.c). */
+typedef enum { SPN_POST_RELU, SPN_POST_LRELU, SPN_POST_SIGMOID, SPN_POST_TANH, SPN_POST_CLIP, SPN_POST_ADD, SPN_POST_PRELU, SPN_POST_SCALE } spn_post_kind_t;
 typedef struct spn_post {
   int kind;
   float a, b;

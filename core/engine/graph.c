@@ -667,8 +667,13 @@ static bool same_probed_shape(const spn_rt_val_t *pa, const spn_rt_val_t *pb, in
 
 /* Activations and residual adds following a Conv/ConvTranspose become
  * post-ops of it. pa/pb are the values' shapes at two probe sizes (NULL
- * when they could not be inferred: then no add is fused). */
-static void fuse_post_ops(spn_model_t *m, const spn_rt_val_t *pa, const spn_rt_val_t *pb) {
+ * when they could not be inferred: then no add is fused). With `scale`, a
+ * Mul by a one-element f32 constant does too (SPN_POST_SCALE): residual
+ * scaling as RRDBNet's dense blocks end (conv * 0.2 + x), which otherwise
+ * stops the chain at the Mul, leaves the Add unfused and sends every block's
+ * output through NCHW (the CUDA backend has no such post-op, so only models
+ * whose device is the CPU ask for it). */
+static void fuse_post_ops(spn_model_t *m, const spn_rt_val_t *pa, const spn_rt_val_t *pb, bool scale) {
   for (int i = 0; i < m->n_node; i++) {
     spn_node_t *c = &m->nodes[i];
     if (c->dead || (c->op != SPN_OP_CONV && c->op != SPN_OP_CONVT) || c->n_out != 1)
@@ -733,6 +738,25 @@ static void fuse_post_ops(spn_model_t *m, const spn_rt_val_t *pa, const spn_rt_v
         p.kind = SPN_POST_PRELU;
         p.val = a->in[1];
         p.a = (float)cnt;
+        break;
+      }
+      case SPN_OP_MUL: {
+        p.kind = -1;
+        if (!scale || a->n_in != 2)
+          break;
+        int other = a->in[0] == c->out[0] ? a->in[1] : a->in[0];
+        if (other < 0 || other == c->out[0])
+          break;
+        const spn_value_t *k = &m->vals[other];
+        /* one element, of a rank that cannot raise the output's */
+        int64_t cnt = 1;
+        for (int d = 0; d < k->ndim; d++)
+          cnt *= k->shape[d];
+        if (k->kind != SPN_VAL_CONST || k->dtype != SPN_DTYPE_F32 || !k->data || cnt != 1 || k->ndim < 0 ||
+            k->ndim > m->vals[c->in[1]].ndim)
+          break;
+        p.kind = SPN_POST_SCALE;
+        p.a = *(const float *)k->data;
         break;
       }
       case SPN_OP_ADD: {
@@ -968,7 +992,9 @@ int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
     mark_shape_class(m);
     if (probe_shapes(m, &pa, &pb, &perr) != SPN_OK)
       pa = pb = NULL;
-    fuse_post_ops(m, pa, pb);
+    /* on the CPU: a Mul by a scalar too (SPINDLE_NO_SCALE_FUSION=1: not) */
+    const char *nsf = getenv("SPINDLE_NO_SCALE_FUSION");
+    fuse_post_ops(m, pa, pb, m->dev_slot == SPN_BACKEND_CPU && !(nsf && *nsf && strcmp(nsf, "0")));
     rt_free(m, pa);
     rt_free(m, pb);
     /* on the CPU: strided ConvTranspose as Conv + DepthToSpace (SPINDLE_NO_SUBPIXEL=1: not) */

@@ -286,6 +286,17 @@ def op_cases():
         {"w1": rnd(12, 6, 3, 3) * 0.3, "b1": rnd(12), "dw1": rnd(12, 1, 3, 3) * 0.4, "db1": rnd(12),
          "w2": rnd(16, 12, 1, 1) * 0.3, "b2": rnd(16), "dw2": rnd(16, 1, 3, 3) * 0.4, "db2": rnd(16),
          "w3": rnd(8, 16, 3, 3) * 0.2, "b3": rnd(8)})
+    # Two different scales in one conv's chain, writing a graph output (not
+    # channels-last) with channels-last addends: oneDNN 2.6 gets two linear
+    # post-ops of different scales wrong, so the second scale and what
+    # follows run in C, each addend read in its own layout.
+    c["conv_two_scales_to_output"] = case([
+        N("Conv", ["x", "w0"], ["o1"], pads=[1, 1, 1, 1]), N("Conv", ["o1", "w1", "b1"], ["o2"], pads=[1, 1, 1, 1]),
+        N("Conv", ["o2", "w2"], ["c"], pads=[1, 1, 1, 1]), N("Mul", ["c", "ka"], ["s"]), N("Add", ["s", "o2"], ["p"]),
+        N("Mul", ["p", "kb"], ["sp"]), N("Add", ["sp", "o1"], ["y"]),
+    ], {"x": rnd(2, 8, 7, 9)}, [("y", F)],
+        {"w0": rnd(8, 8, 3, 3) * 0.3, "w1": rnd(8, 8, 3, 3) * 0.3, "b1": rnd(8), "w2": rnd(8, 8, 3, 3) * 0.3,
+         "ka": np.array(-0.3, np.float32), "kb": np.array(0.2, np.float32)})
     return c
 
 
