@@ -9,8 +9,10 @@
  * im2col/gemm path for plain NCHW tensors, the primitive is built on blocked
  * layouts instead and the input/output are reordered around it (that pays
  * for anything but tiny channel counts); fused post-ops then run in C after
- * the output reorder. Otherwise post-ops (activation, residual add) are
- * fused into the primitive.
+ * the output reorder. Otherwise post-ops (activation, scale, residual add)
+ * are fused into the primitive; a residual add whose output was planned
+ * over the addend's bytes (spn_plan_inplace) is a sum post-op, any other a
+ * binary one.
  */
 #include <oneapi/dnnl/dnnl.h>
 #include <stdlib.h>
@@ -29,6 +31,8 @@ typedef struct spn_dnnl_entry {
   dnnl_memory_desc_t wei_md;
   bool blocked, fused_posts, nhwc_path;
   int n_fused; /* leading post-ops run inside the primitive; the rest in C */
+  int sum_at;  /* the fused Add done as a sum post-op on the output written
+                  over its addend (spn_plan_inplace), or -1 */
   struct spn_dnnl_entry *next;
 } spn_dnnl_entry_t;
 
@@ -157,7 +161,7 @@ static dnnl_status_t conv_pd(spn_run_t *r, const spn_node_t *n, bool tr, const d
                              const dnnl_memory_desc_t *wei, const dnnl_memory_desc_t *bias,
                              const dnnl_memory_desc_t *dst, const dnnl_memory_desc_t *addmd,
                              const dnnl_dims_t sd, const dnnl_dims_t dd, const dnnl_dims_t pld,
-                             const dnnl_dims_t prd, int nfuse, dnnl_primitive_desc_t *pd) {
+                             const dnnl_dims_t prd, int nfuse, int sum_at, dnnl_primitive_desc_t *pd) {
   dnnl_engine_t eng = spn_cpu_dnnl_engine(r->m);
   dnnl_primitive_attr_t attr = NULL;
   dnnl_post_ops_t po = NULL;
@@ -177,7 +181,10 @@ static dnnl_status_t conv_pd(spn_run_t *r, const spn_node_t *n, bool tr, const d
       case SPN_POST_CLIP: s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_clip, pp->a, pp->b); break;
       /* alpha * x + 0: the product rounded once, as the Mul node it replaces */
       case SPN_POST_SCALE: s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_linear, pp->a, 0.f); break;
-      case SPN_POST_ADD: s = dnnl_post_ops_append_binary(po, dnnl_binary_add, addmd); break;
+      case SPN_POST_ADD:
+        /* sum: the addend is already in dst (written in place over it) */
+        s = p == sum_at ? dnnl_post_ops_append_sum(po, 1.f) : dnnl_post_ops_append_binary(po, dnnl_binary_add, addmd);
+        break;
       case SPN_POST_PRELU: s = dnnl_post_ops_append_prelu(po, pp->a > 1 ? 2 : 0); break;
       default: s = dnnl_unimplemented; break;
       }
@@ -235,6 +242,21 @@ static int fusable_posts(const spn_node_t *n, int want) {
     }
   }
   return want;
+}
+
+/* The fused Add whose addend's bytes the node's output is written over
+ * (spn_plan_inplace), or -1. */
+static int inplace_post(const spn_model_t *m, const spn_node_t *n) {
+  int root = m->vals[n->out[0]].alias;
+  if (root < 0)
+    return -1;
+  for (int p = 0; p < n->n_post; p++)
+    if (n->post[p].kind == SPN_POST_ADD) {
+      int a = n->post[p].val;
+      if ((m->vals[a].alias >= 0 ? m->vals[a].alias : a) == root)
+        return p;
+    }
+  return -1;
 }
 
 /* Build a conv/deconv primitive for input x.
@@ -307,6 +329,20 @@ static int32_t build_conv(spn_run_t *r, const spn_node_t *n, bool tr, const spn_
   while (nfuse < n->n_post && n->post[nfuse].kind != SPN_POST_PRELU)
     nfuse++;
   nfuse = fusable_posts(n, nfuse);
+  /* Written over the addend of post-op sp (spn_plan_inplace): on the NHWC
+   * path that Add is a sum post-op, and fusion stops before any other Add,
+   * whose binary post-op would cost the brgemm kernel (the rest runs in C). */
+  int sp = inplace_post(r->m, n), sum_at = -1;
+  if (nd == 4 && !tr && sp >= 0 && out_nhwc) {
+    int nf = 0;
+    while (nf < n->n_post && n->post[nf].kind != SPN_POST_PRELU && (n->post[nf].kind != SPN_POST_ADD || nf == sp))
+      nf++;
+    nf = fusable_posts(n, nf);
+    if (sp < nf) {
+      nfuse = nf;
+      sum_at = sp;
+    }
+  }
   if (nd == 4) {
     dnnl_memory_desc_init_by_tag(&xnhwc, nd, xd, dnnl_f32, dnnl_acdb);
     dnnl_memory_desc_init_by_tag(&ynhwc, nd, yd, dnnl_f32, dnnl_acdb);
@@ -317,7 +353,7 @@ static int32_t build_conv(spn_run_t *r, const spn_node_t *n, bool tr, const spn_
       while (nf < n->n_post && n->post[nf].kind != SPN_POST_PRELU && n->post[nf].kind != SPN_POST_ADD)
         nf++;
       nf = fusable_posts(n, nf);
-      s = conv_pd(r, n, tr, &xany, &wmd_any, bias, &yany, &ynhwc, sd, dd, pld, prd, nf, &pd);
+      s = conv_pd(r, n, tr, &xany, &wmd_any, bias, &yany, &ynhwc, sd, dd, pld, prd, nf, -1, &pd);
       if (s == dnnl_success && !impl_is_ref(pd)) {
         nfuse = nf;
         fused = true;
@@ -330,15 +366,17 @@ static int32_t build_conv(spn_run_t *r, const spn_node_t *n, bool tr, const spn_
         dnnl_primitive_desc_destroy(pd);
       pd = NULL;
     }
-    s = conv_pd(r, n, tr, &xnhwc, &wmd_any, bias, &ynhwc, &ynhwc, sd, dd, pld, prd, nfuse, &pd);
+    s = conv_pd(r, n, tr, &xnhwc, &wmd_any, bias, &ynhwc, &ynhwc, sd, dd, pld, prd, nfuse, sum_at, &pd);
     fused = s == dnnl_success;
     if (s == dnnl_success && nfuse && impl_is_ref(pd)) {
       dnnl_primitive_desc_destroy(pd);
       pd = NULL;
       s = dnnl_unimplemented;
     }
-    if (s != dnnl_success)
-      s = conv_pd(r, n, tr, &xnhwc, &wmd_any, bias, &ynhwc, &ynhwc, sd, dd, pld, prd, 0, &pd);
+    if (s != dnnl_success) {
+      sum_at = -1;
+      s = conv_pd(r, n, tr, &xnhwc, &wmd_any, bias, &ynhwc, &ynhwc, sd, dd, pld, prd, 0, -1, &pd);
+    }
     e->nhwc_path = s == dnnl_success;
     e->bin_md = ynhwc;
     e->usr_src_md = in_nhwc ? xnhwc : xmd;
@@ -348,14 +386,15 @@ static int32_t build_conv(spn_run_t *r, const spn_node_t *n, bool tr, const spn_
     if (in_nhwc || out_nhwc)
       return spn_error_set(r->err, SPN_EUNSUPPORTED, "oneDNN refused this %s on NHWC tensors", tr ? "ConvTranspose" : "Conv");
     nfuse = 0; /* posts in C on the plain output keep this path simple */
+    sum_at = -1;
     e->usr_src_md = xmd;
     e->usr_dst_md = ymd;
     e->bin_md = ymd;
-    s = conv_pd(r, n, tr, &xmd, &wmd_any, bias, &ymd, &ymd, sd, dd, pld, prd, 0, &pd);
+    s = conv_pd(r, n, tr, &xmd, &wmd_any, bias, &ymd, &ymd, sd, dd, pld, prd, 0, -1, &pd);
     fused = false;
     if (s == dnnl_success && impl_is_gemm(pd) && ic / g >= 8 && oc / g >= 8) {
       dnnl_primitive_desc_t pd2 = NULL;
-      if (conv_pd(r, n, tr, &xany, &wmd_any, bias, &yany, &ymd, sd, dd, pld, prd, 0, &pd2) == dnnl_success) {
+      if (conv_pd(r, n, tr, &xany, &wmd_any, bias, &yany, &ymd, sd, dd, pld, prd, 0, -1, &pd2) == dnnl_success) {
         dnnl_primitive_desc_destroy(pd);
         pd = pd2;
         fused = false;
@@ -367,6 +406,7 @@ static int32_t build_conv(spn_run_t *r, const spn_node_t *n, bool tr, const spn_
 have_pd:
   e->fused_posts = fused;
   e->n_fused = fused ? nfuse : 0;
+  e->sum_at = fused ? sum_at : -1;
   rc = SPN_EINTERNAL;
   if (dnnl_primitive_create(&e->prim, pd) != dnnl_success) {
     rc = spn_error_set(r->err, SPN_EINTERNAL, "oneDNN: cannot create the primitive");
@@ -388,6 +428,10 @@ have_pd:
   }
   e->src_tmp = dnnl_memory_desc_equal(&e->src_md, &e->usr_src_md) ? 0 : dnnl_memory_desc_get_size(&e->src_md);
   e->dst_tmp = dnnl_memory_desc_equal(&e->dst_md, &e->usr_dst_md) ? 0 : dnnl_memory_desc_get_size(&e->dst_md);
+  if (e->sum_at >= 0 && e->dst_tmp) { /* the sum must read the addend where the primitive writes */
+    rc = spn_error_set(r->err, SPN_EINTERNAL, "oneDNN: in-place Add on a reordered output");
+    goto out;
+  }
   if ((e->src_tmp && !(e->src_reorder = make_reorder(eng, &e->usr_src_md, &e->src_md))) ||
       (e->dst_tmp && !(e->dst_reorder = make_reorder(eng, &e->dst_md, &e->usr_dst_md)))) {
     rc = spn_error_set(r->err, SPN_EINTERNAL, "oneDNN: activation reorder unavailable");
@@ -508,7 +552,15 @@ static int32_t exec_entry(spn_run_t *r, const spn_node_t *n, spn_dnnl_entry_t *e
   for (int p = 0; p < n->n_post && conv; p++)
     if (n->post[p].kind == SPN_POST_ADD && e->nhwc_path && !r->m->vals[n->post[p].val].nhwc)
       s_add += (dnnl_memory_desc_get_size(&e->bin_md) + al - 1) / al * al;
-  uint8_t *blk = spn_run_scratch(r, s_scr + s_src + s_dst + s_add + al);
+  /* Written over an addend that the primitive does not add as a sum (a
+   * path without fused post-ops): that addend is read from a copy. */
+  int ip = conv ? inplace_post(r->m, n) : -1;
+  if (ip == e->sum_at)
+    ip = -1;
+  size_t s_save = ip >= 0 ? (y->bytes + al - 1) / al * al : 0;
+  spn_rt_val_t *saved = ip >= 0 ? &r->v[n->post[ip].val] : NULL;
+  void *saved_data = saved ? saved->data : NULL;
+  uint8_t *blk = spn_run_scratch(r, s_scr + s_src + s_dst + s_add + s_save + al);
   void *scratch = e->scratch && blk ? blk : NULL;
   void *src_tmp = e->src_tmp && blk ? blk + s_scr : NULL;
   void *dst_tmp = e->dst_tmp && blk ? blk + s_scr + s_src : NULL;
@@ -526,6 +578,11 @@ static int32_t exec_entry(spn_run_t *r, const spn_node_t *n, spn_dnnl_entry_t *e
   if (!blk) {
     rc = spn_error_set(r->err, SPN_ENOMEM, "out of memory for oneDNN buffers");
     goto out;
+  }
+  if (saved) {
+    void *copy = blk + s_scr + s_src + s_dst + s_add;
+    memcpy(copy, saved_data, y->bytes);
+    saved->data = copy;
   }
   dnnl_memory_t usr_src, usr_dst, src, dst;
 #define MK(var, md, ptr)                                                          \
@@ -577,7 +634,7 @@ static int32_t exec_entry(spn_run_t *r, const spn_node_t *n, spn_dnnl_entry_t *e
           dnnl_memory_t mp;
           MK(mp, &pmd, r->v[n->post[p].val].data);
           args[na++] = (dnnl_exec_arg_t){DNNL_ARG_ATTR_MULTIPLE_POST_OP(p) | DNNL_ARG_WEIGHTS, mp};
-        } else if (n->post[p].kind == SPN_POST_ADD) {
+        } else if (n->post[p].kind == SPN_POST_ADD && p != e->sum_at) {
           dnnl_memory_t madd;
           void *addp = r->v[n->post[p].val].data;
           if (e->nhwc_path && !r->m->vals[n->post[p].val].nhwc) {
@@ -609,6 +666,8 @@ static int32_t exec_entry(spn_run_t *r, const spn_node_t *n, spn_dnnl_entry_t *e
   rc = SPN_OK;
 #undef MK
 out:
+  if (saved)
+    saved->data = saved_data;
   if (rc == SPN_EINTERNAL)
     spn_error_set(r->err, rc, "oneDNN execution failed");
   for (int i = 0; i < nm; i++)

@@ -308,6 +308,14 @@ int32_t spn_plan_place(spn_model_t *m, spn_error_t *err);
  * intermediate on the view's own backend, the output is not a graph output.
  * The view then runs as nothing. Call after placement. */
 void spn_plan_views(spn_model_t *m);
+/* plan.c: in a model whose device is the CPU, a 2-D Conv with a fused
+ * residual Add writes its channels-last output over its channels-last
+ * addend (vals[out].alias) when nothing reads the addend's bytes after it:
+ * oneDNN then adds it as a sum
+ * post-op, which keeps its brgemm kernels (a binary add post-op makes
+ * oneDNN 2.6 fall back to its slower direct kernel), with no copy. Call
+ * after spn_plan_views. */
+void spn_plan_inplace(spn_model_t *m);
 /* graph.c: free the model's cached shape plans and their arenas. */
 void spn_plans_free(spn_model_t *m);
 

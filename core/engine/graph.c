@@ -1012,6 +1012,10 @@ int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
   if (fuse)
     mark_nhwc(m);
   spn_plan_views(m);
+  /* SPINDLE_NO_INPLACE_ADD=1: every fused Add reads its own buffer */
+  const char *nia = getenv("SPINDLE_NO_INPLACE_ADD");
+  if (fuse && !(nia && *nia && strcmp(nia, "0")))
+    spn_plan_inplace(m);
   m->n_live_nodes = 0;
   for (int i = 0; i < m->n_node; i++)
     m->n_live_nodes += !m->nodes[i].dead;

@@ -13,6 +13,10 @@
  * reader there, into that backend's arena.
  * Constants are not boundaries: a backend's prepare() places the constants
  * its nodes read in its own buffers.
+ * Views (Reshape and the like) share their input's bytes, and on the CPU a
+ * convolution may write its output over its residual addend; both are
+ * vals[].alias, which the arena planner gives no bytes of its own and whose
+ * root value it keeps alive until the last of them is read.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,5 +148,54 @@ void spn_plan_views(spn_model_t *m) {
         m->nodes[xv->producer].shape_class || value_home(m, x) != n->backend)
       continue;
     yv->alias = xv->alias >= 0 ? xv->alias : x;
+  }
+}
+
+/* The bytes a value lives in: its own, or those of the value it is a view of. */
+static int bytes_root(const spn_model_t *m, int vi) {
+  return m->vals[vi].alias >= 0 ? m->vals[vi].alias : vi;
+}
+
+void spn_plan_inplace(spn_model_t *m) {
+  if (m->dev_slot != SPN_BACKEND_CPU)
+    return;
+  for (int i = 0; i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead || n->shape_class || n->backend != SPN_BACKEND_CPU || n->op != SPN_OP_CONV || n->n_out != 1 ||
+        n->out[0] < 0 || m->vals[n->in[1]].ndim != 4)
+      continue;
+    int p = 0;
+    while (p < n->n_post && n->post[p].kind != SPN_POST_ADD)
+      p++;
+    if (p == n->n_post)
+      continue;
+    int y = n->out[0], a = n->post[p].val;
+    const spn_value_t *yv = &m->vals[y], *av = &m->vals[a];
+    /* The output is written to the caller's buffer when it is a graph
+     * output; both must be channels-last (only there can oneDNN add the
+     * addend as a sum: elsewhere the output is reordered after the
+     * primitive, and writing in place would only cost a copy); the addend
+     * must be an arena value of this backend, its bytes not used after this
+     * node by anyone (the views sharing them included), and read by this
+     * node only as that addend (the convolution must not read what it
+     * overwrites). */
+    if (yv->is_output || yv->alias >= 0 || !yv->nhwc || !av->nhwc || av->kind != SPN_VAL_INTER ||
+        av->producer < 0 || m->nodes[av->producer].shape_class || value_home(m, a) != SPN_BACKEND_CPU)
+      continue;
+    int root = bytes_root(m, a);
+    bool ok = !m->vals[root].is_output && m->vals[root].kind == SPN_VAL_INTER;
+    for (int vi = 0; vi < m->n_val && ok; vi++)
+      if (bytes_root(m, vi) == root && (m->vals[vi].is_output || m->vals[vi].last_use > i))
+        ok = false;
+    int reads = 0;
+    for (int k = 0; k < n->n_in && ok; k++)
+      if (n->in[k] >= 0 && bytes_root(m, n->in[k]) == root)
+        reads++;
+    for (int q = 0; q < n->n_post && ok; q++)
+      if ((n->post[q].kind == SPN_POST_ADD || n->post[q].kind == SPN_POST_PRELU) && bytes_root(m, n->post[q].val) == root)
+        reads++;
+    if (!ok || reads != 1)
+      continue;
+    m->vals[y].alias = root;
   }
 }

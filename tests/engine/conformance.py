@@ -286,6 +286,26 @@ def op_cases():
         {"w1": rnd(12, 6, 3, 3) * 0.3, "b1": rnd(12), "dw1": rnd(12, 1, 3, 3) * 0.4, "db1": rnd(12),
          "w2": rnd(16, 12, 1, 1) * 0.3, "b2": rnd(16), "dw2": rnd(16, 1, 3, 3) * 0.4, "db2": rnd(16),
          "w3": rnd(8, 16, 3, 3) * 0.2, "b3": rnd(8)})
+    # RRDBNet's residual scaling (conv * 0.2 + x): on the CPU a Mul by a
+    # one-element constant (rank 0, [1] or [1,1,1,1], on either side) is a
+    # post-op of the conv before it, up to two scale-and-add pairs in one
+    # conv, the output written over an addend whose last use it is (o2 over h)
+    # but not over the conv's own input (p); a per-channel Mul stays a node.
+    c["conv_scale_residual"] = case([
+        N("Conv", ["x", "w0", "b0"], ["h"], pads=[1, 1, 1, 1]),
+        N("Conv", ["h", "w1"], ["a0"], pads=[1, 1, 1, 1]), N("LeakyRelu", ["a0"], ["a"], alpha=0.2),
+        N("Concat", ["h", "a"], ["cat"], axis=1),
+        N("Conv", ["cat", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]), N("Mul", ["c2", "k0"], ["s2"]),
+        N("Add", ["s2", "x"], ["o1"]),
+        N("Conv", ["o1", "w3"], ["c3"], pads=[1, 1, 1, 1]), N("Mul", ["k1", "c3"], ["s3"]), N("Add", ["h", "s3"], ["o2"]),
+        N("Conv", ["o2", "w4", "b4"], ["c4"], pads=[1, 1, 1, 1]), N("Mul", ["c4", "k2"], ["s4"]),
+        N("Add", ["s4", "o2"], ["p"]), N("Mul", ["p", "k0"], ["sp"]), N("Add", ["sp", "o1"], ["q"]),
+        N("Conv", ["q", "w5"], ["c5"], pads=[1, 1, 1, 1]), N("Mul", ["c5", "kc"], ["y"]),
+    ], {"x": rnd(2, 8, 7, 9)}, [("y", F)],
+        {"w0": rnd(8, 8, 3, 3) * 0.3, "b0": rnd(8), "w1": rnd(4, 8, 3, 3) * 0.3, "w2": rnd(8, 12, 3, 3) * 0.3,
+         "b2": rnd(8), "w3": rnd(8, 8, 3, 3) * 0.3, "w4": rnd(8, 8, 3, 3) * 0.3, "b4": rnd(8),
+         "w5": rnd(8, 8, 3, 3) * 0.3, "k0": np.array(0.2, np.float32), "k1": np.array([0.5], np.float32),
+         "k2": np.full((1, 1, 1, 1), -0.3, np.float32), "kc": rnd(1, 8, 1, 1)})
     # Two different scales in one conv's chain, writing a graph output (not
     # channels-last) with channels-last addends: oneDNN 2.6 gets two linear
     # post-ops of different scales wrong, so the second scale and what

@@ -1276,6 +1276,216 @@ static void test_same_model_loads_share(void **state) {
   free(pm.p);
 }
 
+/* ---- RRDBNet's dense-block ending: conv * 0.2 + x in place ---- */
+
+enum { DC = 4, DF = 8, DH = 5, DW = 6, DO = 3 };
+static float dw_[8][DF * 2 * DF * 9], db_[8][DF], dslope[DF];
+static const int d_ci[8] = {DC, DF, 2 * DF, DF, DF, DF, DF, DF}, d_co[8] = {DF, DF, DF, DF, DO, DF, DF, DF};
+
+/* h = Conv0(x); a = LeakyRelu(Conv1(h)); o1 = Conv2(Concat(h, a)) * 0.2 + h
+ * (h's last use: written over it, a sum post-op); o2 = o1 + 0.2 * Conv3(o1)
+ * (the addend is the convolution's own input: not in place); y = Conv4(o2);
+ * g = Conv5(o2); o3 = PRelu(Conv6(o2)) + g (in place, but the PRelu runs
+ * in C after the primitive, and the Add after it); z = Conv7(o3). */
+static pb_t dense_model(void) {
+  pb_t g = {0};
+  char wn[8], bn[8];
+  for (int k = 0; k < 8; k++) {
+    for (int i = 0; i < d_co[k] * d_ci[k] * 9; i++)
+      dw_[k][i] = (float)((i * 37 + k * 11) % 17 - 8) / (8.f * (float)d_ci[k]);
+    for (int i = 0; i < d_co[k]; i++)
+      db_[k][i] = (float)((i * 5 + k) % 7 - 3) / 10.f;
+    int64_t wd[] = {d_co[k], d_ci[k], 3, 3}, bd[] = {d_co[k]};
+    snprintf(wn, sizeof wn, "w%d", k);
+    snprintf(bn, sizeof bn, "b%d", k);
+    initializer(&g, wn, 4, wd, dw_[k], (size_t)d_co[k] * d_ci[k] * 9);
+    initializer(&g, bn, 1, bd, db_[k], (size_t)d_co[k]);
+  }
+  for (int i = 0; i < DF; i++)
+    dslope[i] = (float)i / 16.f;
+  int64_t sd[] = {DF, 1, 1};
+  initializer(&g, "slope", 3, sd, dslope, DF);
+  float k02 = 0.2f;
+  initializer(&g, "k", 0, NULL, &k02, 1); /* a rank-0 scalar, as PyTorch exports it */
+  int64_t pads[] = {1, 1, 1, 1};
+  attr_t pa = {.name = "pads", .type = 7, .n = 4, .ints = pads};
+  static const struct { const char *x, *y; } convs[8] = {{"x", "h"}, {"h", "c1"}, {"cat", "c2"}, {"o1", "c3"},
+                                                          {"o2", "y"}, {"o2", "g"}, {"o2", "c6"}, {"o3", "z"}};
+  static const char *wnames[8] = {"w0", "w1", "w2", "w3", "w4", "w5", "w6", "w7"},
+                    *bnames[8] = {"b0", "b1", "b2", "b3", "b4", "b5", "b6", "b7"},
+                    *cnames[8] = {"conv0", "conv1", "conv2", "conv3", "conv4", "conv5", "conv6", "conv7"};
+#define CONV(k)                                                                  \
+  do {                                                                           \
+    const char *ci[] = {convs[k].x, wnames[k], bnames[k]}, *co[] = {convs[k].y}; \
+    node(&g, "Conv", cnames[k], ci, 3, co, 1, &pa, 1);                          \
+  } while (0)
+  CONV(0);
+  CONV(1);
+  attr_t al = {.name = "alpha", .type = 1, .f = 0.2f};
+  const char *i1[] = {"c1"}, *o1_[] = {"a"};
+  node(&g, "LeakyRelu", "lrelu1", i1, 1, o1_, 1, &al, 1);
+  attr_t ax = {.name = "axis", .type = 2, .i = 1};
+  const char *i2[] = {"h", "a"}, *o2_[] = {"cat"};
+  node(&g, "Concat", "cat", i2, 2, o2_, 1, &ax, 1);
+  CONV(2);
+  const char *i3[] = {"c2", "k"}, *o3_[] = {"s2"}, *i4[] = {"s2", "h"}, *o4_[] = {"o1"};
+  node(&g, "Mul", "mul2", i3, 2, o3_, 1, NULL, 0);
+  node(&g, "Add", "add2", i4, 2, o4_, 1, NULL, 0);
+  CONV(3);
+  const char *i5[] = {"k", "c3"}, *o5_[] = {"s3"}, *i6[] = {"o1", "s3"}, *o6_[] = {"o2"};
+  node(&g, "Mul", "mul3", i5, 2, o5_, 1, NULL, 0);
+  node(&g, "Add", "add3", i6, 2, o6_, 1, NULL, 0);
+  CONV(4);
+  CONV(5);
+  CONV(6);
+  const char *i7[] = {"c6", "slope"}, *o7_[] = {"p6"}, *i8[] = {"p6", "g"}, *o8_[] = {"o3"};
+  node(&g, "PRelu", "prelu6", i7, 2, o7_, 1, NULL, 0);
+  node(&g, "Add", "add6", i8, 2, o8_, 1, NULL, 0);
+  CONV(7);
+#undef CONV
+  pb_str(&g, 2, "dense");
+  int64_t d[] = {-1, DC, DH, DW};
+  value_info(&g, 11, "x", 4, d);
+  value_info(&g, 12, "y", -1, NULL);
+  value_info(&g, 12, "z", -1, NULL);
+  return model(&g, 13);
+}
+
+/* 3x3 convolution, pads 1, NCHW, by its definition. */
+static void dense_conv(int k, const float *x, int n, float *y) {
+  int ci = d_ci[k], co = d_co[k];
+  for (int b = 0; b < n; b++)
+    for (int o = 0; o < co; o++)
+      for (int i = 0; i < DH; i++)
+        for (int j = 0; j < DW; j++) {
+          double s = db_[k][o];
+          for (int c = 0; c < ci; c++)
+            for (int ki = 0; ki < 3; ki++)
+              for (int kj = 0; kj < 3; kj++) {
+                int yy = i - 1 + ki, xx = j - 1 + kj;
+                if (yy >= 0 && yy < DH && xx >= 0 && xx < DW)
+                  s += (double)x[((b * ci + c) * DH + yy) * DW + xx] * dw_[k][((o * ci + c) * 3 + ki) * 3 + kj];
+              }
+          y[((b * co + o) * DH + i) * DW + j] = (float)s;
+        }
+}
+
+static void dense_ref(const float *x, int n, float *y, float *z) {
+  enum { P = DH * DW };
+  static float h[2 * DF * P], a[2 * DF * P], cat[2 * 2 * DF * P], o1[2 * DF * P], c[2 * DF * P], o2[2 * DF * P],
+      gg[2 * DF * P];
+  dense_conv(0, x, n, h);
+  dense_conv(1, h, n, a);
+  for (int i = 0; i < n * DF * P; i++)
+    a[i] = a[i] > 0 ? a[i] : 0.2f * a[i];
+  for (int b = 0; b < n; b++) {
+    memcpy(cat + b * 2 * DF * P, h + b * DF * P, DF * P * sizeof(float));
+    memcpy(cat + (b * 2 + 1) * DF * P, a + b * DF * P, DF * P * sizeof(float));
+  }
+  dense_conv(2, cat, n, c);
+  for (int i = 0; i < n * DF * P; i++)
+    o1[i] = c[i] * 0.2f + h[i];
+  dense_conv(3, o1, n, c);
+  for (int i = 0; i < n * DF * P; i++)
+    o2[i] = o1[i] + 0.2f * c[i];
+  dense_conv(4, o2, n, y);
+  dense_conv(5, o2, n, gg);
+  dense_conv(6, o2, n, c);
+  for (int i = 0; i < n * DF * P; i++) {
+    float v = c[i], s = dslope[(i / P) % DF];
+    o1[i] = (v > 0 ? v : v * s) + gg[i]; /* o3 */
+  }
+  dense_conv(7, o1, n, z);
+}
+
+static const spn_node_t *producer_of(const spn_model_t *m, const char *name) {
+  int p = m->vals[value_named(m, name)].producer;
+  assert_true(p >= 0);
+  return &m->nodes[p];
+}
+
+/* On the CPU the Muls by 0.2 and the Adds become post-ops of the
+ * convolutions (no Mul or Add node runs), the chain stays channels-last, the
+ * output is written over the addend whose last use it is (o1 over h; o3
+ * over g, whose bytes are copied first since the PRelu before that Add runs
+ * in C), never over the convolution's own input (o2), and every output
+ * matches the reference at batch 1 and 2. On another device the Muls stay
+ * nodes and nothing is written in place. */
+static void test_residual_scale_fused_in_place(void **state) {
+  (void)state;
+  pb_t pm = dense_model();
+  mock_t mk;
+  spn_engine_t *e = mock_engine(&mk, OPBIT(MUL) | OPBIT(ADD));
+  spn_model_t *m = load(e, &pm, "cpu", NULL);
+  int live = 0;
+  for (int i = 0; i < m->n_node; i++)
+    if (!m->nodes[i].dead) {
+      live++;
+      assert_int_not_equal(m->nodes[i].op, SPN_OP_MUL);
+      assert_int_not_equal(m->nodes[i].op, SPN_OP_ADD);
+    }
+  assert_int_equal(live, 9); /* 8 Conv and the Concat (LeakyRelu and PRelu fused) */
+  const spn_node_t *n2 = producer_of(m, "o1"), *n3 = producer_of(m, "o2");
+  assert_string_equal(n2->name, "conv2");
+  assert_int_equal(n2->n_post, 2);
+  assert_int_equal(n2->post[0].kind, SPN_POST_SCALE);
+  assert_true(n2->post[0].a == 0.2f);
+  assert_int_equal(n2->post[1].kind, SPN_POST_ADD);
+  assert_int_equal(n2->post[1].val, value_named(m, "h"));
+  assert_string_equal(n3->name, "conv3");
+  assert_int_equal(n3->n_post, 2);
+  assert_int_equal(n3->post[0].kind, SPN_POST_SCALE);
+  assert_int_equal(n3->post[1].kind, SPN_POST_ADD);
+  assert_true(m->vals[value_named(m, "h")].nhwc && m->vals[value_named(m, "o1")].nhwc &&
+              m->vals[value_named(m, "o2")].nhwc);
+  assert_true(m->vals[value_named(m, "g")].nhwc && m->vals[value_named(m, "o3")].nhwc);
+  assert_int_equal(producer_of(m, "o3")->post[0].kind, SPN_POST_PRELU);
+  assert_int_equal(m->vals[value_named(m, "o1")].alias, value_named(m, "h"));
+  assert_int_equal(m->vals[value_named(m, "o2")].alias, -1);
+  assert_int_equal(m->vals[value_named(m, "o3")].alias, value_named(m, "g"));
+  spn_model_t *dev = load(e, &pm, "mock:0", NULL);
+  int muls = 0;
+  for (int i = 0; i < dev->n_node; i++)
+    muls += !dev->nodes[i].dead && dev->nodes[i].op == SPN_OP_MUL;
+  assert_int_equal(muls, 2);
+  for (int vi = 0; vi < dev->n_val; vi++)
+    if (dev->vals[vi].producer >= 0 && dev->nodes[dev->vals[vi].producer].op == SPN_OP_CONV)
+      assert_int_equal(dev->vals[vi].alias, -1);
+  static float x[2 * DC * DH * DW], yr[2 * DO * DH * DW], zr[2 * DF * DH * DW];
+  for (int i = 0; i < 2 * DC * DH * DW; i++)
+    x[i] = (float)((i * 13) % 19) / 9.f - 1.f;
+  spn_model_t *ms[2] = {m, dev};
+  for (int t = 0; t < 2; t++)
+    for (int n = 1; n <= 2; n++) {
+      dense_ref(x, n, yr, zr);
+      spn_tensor_t in = SPN_TENSOR_INIT, out[2] = {SPN_TENSOR_INIT, SPN_TENSOR_INIT};
+      in.dtype = SPN_DTYPE_F32;
+      in.ndim = 4;
+      in.shape[0] = n;
+      in.shape[1] = DC;
+      in.shape[2] = DH;
+      in.shape[3] = DW;
+      in.data = x;
+      spn_error_t err = SPN_ERROR_INIT;
+      if (spn_model_run(ms[t], &in, 1, out, 2, &err))
+        fail_msg("run: %s", err.msg);
+      const float *y = out[0].data, *z = out[1].data;
+      for (int i = 0; i < n * DO * DH * DW; i++)
+        if (!(fabsf(y[i] - yr[i]) <= 1e-4f * (1.f + fabsf(yr[i]))))
+          fail_msg("%s, batch %d: y[%d] %g, reference %g", t ? "mock" : "cpu", n, i, (double)y[i], (double)yr[i]);
+      for (int i = 0; i < n * DF * DH * DW; i++)
+        if (!(fabsf(z[i] - zr[i]) <= 1e-4f * (1.f + fabsf(zr[i]))))
+          fail_msg("%s, batch %d: z[%d] %g, reference %g", t ? "mock" : "cpu", n, i, (double)z[i], (double)zr[i]);
+      spn_model_output_free(&out[0]);
+      spn_model_output_free(&out[1]);
+    }
+  assert_int_equal(mk.bad, 0);
+  spn_model_release(&dev);
+  spn_model_release(&m);
+  spn_engine_free(&e);
+  free(pm.p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fallback_places_and_copies),
@@ -1290,6 +1500,7 @@ int main(void) {
       cmocka_unit_test(test_arena_plan_reuse),
       cmocka_unit_test(test_views_cpu),
       cmocka_unit_test(test_views_device),
+      cmocka_unit_test(test_residual_scale_fused_in_place),
       cmocka_unit_test(test_plan_cache),
       cmocka_unit_test(test_device_io_in_place),
       cmocka_unit_test(test_device_io_fallback),
