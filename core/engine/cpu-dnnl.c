@@ -329,6 +329,21 @@ static int32_t build_conv(spn_run_t *r, const spn_node_t *n, bool tr, const spn_
   while (nfuse < n->n_post && n->post[nfuse].kind != SPN_POST_PRELU)
     nfuse++;
   nfuse = fusable_posts(n, nfuse);
+  /* A scaled residual (RRDBNet's conv * 0.2 + x) whose addend is read
+   * again later: a binary add post-op would cost the brgemm kernel, so the
+   * Add runs in C on the channels-last output (one pass over data still in
+   * cache), and the convolution's sums stay those of the unfused graph. */
+  if (nd == 4 && !tr) {
+    bool scaled = false;
+    for (int p = 0; p < nfuse; p++) {
+      if (n->post[p].kind == SPN_POST_SCALE)
+        scaled = true;
+      else if (n->post[p].kind == SPN_POST_ADD && scaled) {
+        nfuse = p;
+        break;
+      }
+    }
+  }
   /* Written over the addend of post-op sp (spn_plan_inplace): on the NHWC
    * path that Add is a sum post-op, and fusion stops before any other Add,
    * whose binary post-op would cost the brgemm kernel (the rest runs in C). */
