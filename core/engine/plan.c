@@ -194,6 +194,12 @@ void spn_plan_inplace(spn_model_t *m) {
     for (int q = 0; q < n->n_post && ok; q++)
       if ((n->post[q].kind == SPN_POST_ADD || n->post[q].kind == SPN_POST_PRELU) && bytes_root(m, n->post[q].val) == root)
         reads++;
+    /* A view of the output would point at an alias (views are planned
+     * first); none exists while the output is channels-last, but the
+     * planner's invariant (an alias is never itself viewed) is kept here. */
+    for (int vi = 0; vi < m->n_val && ok; vi++)
+      if (m->vals[vi].alias == y)
+        ok = false;
     if (!ok || reads != 1)
       continue;
     m->vals[y].alias = root;
