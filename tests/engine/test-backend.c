@@ -1461,10 +1461,8 @@ static void test_residual_scale_fused_in_place(void **state) {
       spn_tensor_t in = SPN_TENSOR_INIT, out[2] = {SPN_TENSOR_INIT, SPN_TENSOR_INIT};
       in.dtype = SPN_DTYPE_F32;
       in.ndim = 4;
-      in.shape[0] = n;
-      in.shape[1] = DC;
-      in.shape[2] = DH;
-      in.shape[3] = DW;
+      const int64_t dims[4] = {n, DC, DH, DW};
+      memcpy(in.shape, dims, sizeof dims);
       in.data = x;
       spn_error_t err = SPN_ERROR_INIT;
       if (spn_model_run(ms[t], &in, 1, out, 2, &err))
