@@ -615,6 +615,13 @@ void spn__runner_metrics(const spn_job_runner_t *runner, spn__mbuf_t *b) {
                      "Devices this process's runtime took out of service (lost GPU, fatal XID, repeated faults).");
     spn__mbuf_put(b, "spindle_device_quarantines_total %llu\n",
                   (unsigned long long)spn_runtime_quarantine_count(r->rt));
+    spn__mbuf_family(b, "spindle_log_messages_total", "counter",
+                     "Log records at warn and error level since start, the runtime's and its stages' "
+                     "(a model replaced by a built-in one is a warning), whatever the log level.");
+    spn__mbuf_put(b, "spindle_log_messages_total{level=\"warn\"} %llu\n",
+                  (unsigned long long)spn_runtime_log_count(r->rt, SPN_LOG_WARN));
+    spn__mbuf_put(b, "spindle_log_messages_total{level=\"error\"} %llu\n",
+                  (unsigned long long)spn_runtime_log_count(r->rt, SPN_LOG_ERROR));
   }
   if (!r || !r->n)
     return;

@@ -27,6 +27,9 @@ void spn__log(spn__logger_t *lg, int32_t level, uint64_t job_id, const char *sta
 void spn__logv(spn__logger_t *lg, int32_t level, uint64_t job_id, const char *stage, const char *device,
                const char *fmt, va_list ap) SPN_PRINTF(6, 0);
 int32_t spn__logger_level(const spn__logger_t *lg);
+/* Records logged at SPN_LOG_WARN or SPN_LOG_ERROR since the logger was made,
+ * filtered out or not (0 for other levels). Thread: any. */
+uint64_t spn__logger_count(const spn__logger_t *lg, int32_t level);
 /* True when the logger writes JSON lines. */
 bool spn__logger_json(const spn__logger_t *lg);
 

@@ -28,6 +28,10 @@ struct spn__logger {
   _Atomic(const char *) holder;
   char *held;
   size_t nheld, capheld;
+  /* Records logged at warn and error, whatever the level filter: metrics
+   * (spindle_log_messages_total) count what went wrong even where the log
+   * is quiet. */
+  _Atomic uint64_t warns, errors;
 };
 
 /* Identifies the calling thread by an address of its own: never written,
@@ -172,7 +176,17 @@ void spn__log_release(spn__logger_t *lg) {
   atomic_store(&lg->holder, NULL);
 }
 
+uint64_t spn__logger_count(const spn__logger_t *lg, int32_t level) {
+  if (!lg)
+    return 0;
+  return level == SPN_LOG_WARN ? atomic_load(&lg->warns) : level == SPN_LOG_ERROR ? atomic_load(&lg->errors) : 0;
+}
+
 void spn__log_fv(spn__logger_t *lg, int32_t level, const spn__log_fields_t *f, const char *fmt, va_list ap) {
+  if (lg && level == SPN_LOG_WARN)
+    atomic_fetch_add(&lg->warns, 1);
+  else if (lg && level >= SPN_LOG_ERROR)
+    atomic_fetch_add(&lg->errors, 1);
   if (!lg || level < lg->level)
     return;
   static const spn__log_fields_t none = SPN__LOG_FIELDS_INIT;

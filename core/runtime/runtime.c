@@ -695,6 +695,9 @@ uint32_t spn_runtime_usable_device_count(const spn_runtime_t *rt) {
 }
 
 uint64_t spn_runtime_quarantine_count(const spn_runtime_t *rt) { return rt ? atomic_load(&rt->quarantines) : 0; }
+uint64_t spn_runtime_log_count(const spn_runtime_t *rt, int32_t level) {
+  return rt ? spn__logger_count(rt->log, level) : 0;
+}
 
 uint64_t spn_runtime_job_restart_count(const spn_runtime_t *rt) { return rt ? atomic_load(&rt->job_restarts) : 0; }
 

@@ -37,6 +37,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -78,12 +79,40 @@ def start_serve(tmp, cfg, *args, log="serve.log", db="q.db"):
     return p, line.decode().split("ready on ")[1].strip()
 
 
-def start_worker(tmp, ep, cfg, name="w"):
+def start_worker(tmp, ep, cfg, name="w", *args, env=None):
     out = open(os.path.join(tmp, f"worker-{name}.log"), "ab")
-    p = subprocess.Popen([SPINDLE, "worker", "--connect", ep, "--config", cfg, "--name", name],
-                         stdout=out, stderr=out, cwd=tmp)
+    p = subprocess.Popen([SPINDLE, "worker", "--connect", ep, "--config", cfg, "--name", name, *args],
+                         stdout=out, stderr=out, cwd=tmp, env=env)
     PROCS.append(p)
     return p
+
+
+def free_port():
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+def log_metric(port, level, proc):
+    """spindle_log_messages_total{level=LEVEL} of the process serving
+    127.0.0.1:PORT, once it answers (it opens after its pipelines loaded)."""
+    import urllib.request
+    end = time.monotonic() + 120
+    while True:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+            break
+        except OSError:
+            check(proc.poll() is None, f"worker on port {port} exited {proc.returncode}")
+            check(time.monotonic() < end, f"no /metrics on port {port}")
+            time.sleep(0.2)
+    m = re.search(r'^spindle_log_messages_total\{level="%s"\} (\d+)$' % level, text, re.M)
+    check(m, f"no spindle_log_messages_total{{level={level!r}}} in /metrics")
+    return int(m.group(1))
+
+
+def warn_lines(path):
+    return sum(1 for ln in open(path, errors="replace") if '"level":"warn"' in ln)
 
 
 def cli(*args, timeout=300, check_rc=None):
@@ -250,10 +279,7 @@ def case_remote(tmp):
 
 def start_redis(tmp):
     """redis-server on a free loopback port, appendonly on; returns its URL."""
-    import socket
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        port = so.getsockname()[1]
+    port = free_port()
     d = os.path.join(tmp, "redis")
     os.makedirs(d)
     p = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", d,
@@ -569,10 +595,30 @@ def case_pretrained(tmp):
     p.wait(60)
     # 3. a gateway without workers and a remote worker
     p, ep = start_serve(tmp, cfg, "--workers", "0", log="serve-remote.log", db="q-remote.db")
-    w = start_worker(tmp, ep, cfg, name="remote")
+    port = free_port()
+    w = start_worker(tmp, ep, cfg, "remote", "--http", f"127.0.0.1:{port}")
     submit_all("remote worker", ep)
     check_pretrained_log(os.path.join(tmp, "worker-remote.log"), paths, "remote worker")
     check(p.poll() is None and w.poll() is None, "gateway or remote worker died")
+    # Its /metrics count the warnings its log has (none about models); a
+    # worker on a host without the models counts one per built-in fallback
+    # (enhance: faces, sr; faces: faces; lipsync: faces), which an operator
+    # can alert on although its jobs would succeed.
+    n = log_metric(port, "warn", w)
+    check(n == warn_lines(os.path.join(tmp, "worker-remote.log")),
+          f"remote worker: {n} warnings counted, its log has {warn_lines(os.path.join(tmp, 'worker-remote.log'))}")
+    port2 = free_port()
+    bare = start_worker(tmp, ep, cfg, "bare", "--http", f"127.0.0.1:{port2}", "--slots", "1",
+                        env=dict(os.environ, SPINDLE_MODEL_PATH=os.path.join(tmp, "no-models")))
+    nb = log_metric(port2, "warn", bare)
+    blog = os.path.join(tmp, "worker-bare.log")
+    fallbacks = sum(1 for ln in open(blog, errors="replace") if "; using the " in ln and '"level":"warn"' in ln)
+    check(fallbacks == 4, f"worker without the models: {fallbacks} fallback warnings in its log, want 4")
+    check(nb == warn_lines(blog) and nb >= 4, f"worker without the models: {nb} warnings counted, its log has "
+          f"{warn_lines(blog)}")
+    bare.send_signal(signal.SIGTERM)
+    check(bare.wait(30) == 0, f"worker without the models exited {bare.returncode} after SIGTERM")
+    print(f"warnings counted in /metrics: {n} (models fetched), {nb} (none fetched)")
     # 4. the Redis queue and a stateless worker
     if shutil.which("redis-server"):
         url = start_redis(tmp)

@@ -85,6 +85,11 @@ SPN_API uint32_t spn_runtime_usable_device_count(const spn_runtime_t *rt);
  * restarted because a device they used was. Ownership: none. Thread: any. */
 SPN_API uint64_t spn_runtime_quarantine_count(const spn_runtime_t *rt);
 SPN_API uint64_t spn_runtime_job_restart_count(const spn_runtime_t *rt);
+/* Log records at SPN_LOG_WARN or SPN_LOG_ERROR (level) since start, the
+ * runtime's and its stages' (a model not fetched and replaced by a built-in
+ * one is a warning), counted whatever the log level. Ownership: none.
+ * Thread: any. */
+SPN_API uint64_t spn_runtime_log_count(const spn_runtime_t *rt, int32_t level);
 /* Bytes the runtime copied on pipeline edges with device i's streams
  * (i < spn_runtime_device_count), or with the host's (i == the count: the
  * CPU side of stages placed on no device), in direction dir
