@@ -77,11 +77,13 @@ carry_closure() {
   [ -e "$lib/$(basename "$1")" ] || cp -L "$1" "$lib/$(basename "$1")"
   carry_deps "$1"
 }
+# Where the build's libraries came from: libspindle's dependencies as this
+# machine resolves them (the run paths are not set yet).
+spindle_deps=$(ldd "$(find "$lib" -maxdepth 1 -name 'libspindle.so.*' -print -quit)" 2>/dev/null || true)
 for carried in "$lib"/libcudnn.so.*; do
   [ -e "$carried" ] || continue
   soname=$(basename "$carried")
-  src=$(ldd "$lib/$(basename "$(find "$out/$libdir" -maxdepth 1 -name 'libspindle.so.*' -print -quit)")" 2>/dev/null |
-        awk -v n="$soname" '$1 == n {print $3}')
+  src=$(awk -v n="$soname" '$1 == n {print $3}' <<<"$spindle_deps")
   [ -n "$src" ] || src=$(ldconfig -p | awk -v n="$soname" '$1 == n {print $NF; exit}')
   [ -n "$src" ] || { echo "bundle: cannot find where $soname came from" >&2; exit 1; }
   dir=$(dirname "$(readlink -f "$src")")
@@ -93,8 +95,7 @@ for carried in "$lib"/libcudnn.so.*; do
   done
   [ $n -gt 0 ] || { echo "bundle: $soname is carried but none of its sub-libraries ($dir/libcudnn_*) is" >&2; exit 1; }
   # NVRTC: beside cuDNN, or beside the CUDA runtime the build linked
-  cudart=$(ldd "$lib/$(basename "$(find "$out/$libdir" -maxdepth 1 -name 'libspindle.so.*' -print -quit)")" \
-           2>/dev/null | awk '$1 ~ /^libcudart\.so/ {print $3; exit}')
+  cudart=$(awk '$1 ~ /^libcudart\.so/ {print $3; exit}' <<<"$spindle_deps")
   for d in "$dir" ${cudart:+"$(dirname "$(readlink -f "$cudart")")"}; do
     ls "$d"/libnvrtc.so.[0-9]* >/dev/null 2>&1 || continue
     for nv in "$d"/libnvrtc.so.[0-9]* "$d"/libnvrtc-builtins.so.[0-9]*; do

@@ -31,6 +31,7 @@ Cases:
             gateway alive, its RSS reported before and after.
 Exit 77 (skip) without ffprobe. Prints "ok CASE" or "FAIL CASE: why".
 """
+import hashlib
 import json
 import os
 import re
@@ -83,6 +84,16 @@ def start_worker(tmp, ep, cfg, name="w", *args, env=None):
     out = open(os.path.join(tmp, f"worker-{name}.log"), "ab")
     p = subprocess.Popen([SPINDLE, "worker", "--connect", ep, "--config", cfg, "--name", name, *args],
                          stdout=out, stderr=out, cwd=tmp, env=env)
+    PROCS.append(p)
+    return p
+
+
+def start_queue_worker(tmp, url, cfg, name="q"):
+    """A stateless worker leasing from the Redis queue at url (no gateway in
+    its path); its log is worker-NAME.log."""
+    out = open(os.path.join(tmp, f"worker-{name}.log"), "ab")
+    p = subprocess.Popen([SPINDLE, "worker", "--queue", url, "--config", cfg, "--name", name],
+                         stdout=out, stderr=out, cwd=tmp)
     PROCS.append(p)
     return p
 
@@ -186,23 +197,26 @@ def lipsync_config(tmp, model, pretrained=False):
     return lip
 
 
-def server_config(tmp, with_lipsync=True):
+def server_config(tmp, with_lipsync=True, pretrained=False):
     """configs/server-media.toml, its pipeline configs made absolute, plus
-    lipsync with a generated random-weight Wav2Lip model."""
+    lipsync with a generated random-weight Wav2Lip model. pretrained: the
+    server config and its pipelines' models exactly as shipped (only Wav2Lip
+    replaced); otherwise on the CPU with ESPCN in place of Real-ESRGAN."""
     text = open(os.path.join(SRC, "configs", "server-media.toml")).read()
     text = text.replace('config = "', f'config = "{SRC}/configs/')
-    text = text.replace('devices = "auto"', 'devices = "cpu"')
-    # enhance as shipped, except that superres uses the repository's ESPCN
-    # file: the "embedded" fallback is looked up where `meson install` puts
-    # it, which a build tree does not have
-    enh = open(os.path.join(SRC, "configs", "enhance.toml")).read()
-    enh = enh.replace('"../', '"' + os.path.join(SRC, ""))
-    enh = re.sub(r'model = "realesr-[^"]*"', f'model = "{SRC}/models/espcn-x2.onnx"', enh)
-    with open(os.path.join(tmp, "enhance.toml"), "w") as f:
-        f.write(enh)
-    text = text.replace(f'config = "{SRC}/configs/enhance.toml"', f'config = "{tmp}/enhance.toml"')
+    if not pretrained:
+        text = text.replace('devices = "auto"', 'devices = "cpu"')
+        # enhance as shipped, except that superres uses the repository's
+        # ESPCN file: the "embedded" fallback is looked up where `meson
+        # install` puts it, which a build tree does not have
+        enh = open(os.path.join(SRC, "configs", "enhance.toml")).read()
+        enh = enh.replace('"../', '"' + os.path.join(SRC, ""))
+        enh = re.sub(r'model = "realesr-[^"]*"', f'model = "{SRC}/models/espcn-x2.onnx"', enh)
+        with open(os.path.join(tmp, "enhance.toml"), "w") as f:
+            f.write(enh)
+        text = text.replace(f'config = "{SRC}/configs/enhance.toml"', f'config = "{tmp}/enhance.toml"')
     if with_lipsync:
-        lipsync_config(tmp, make_w2l(tmp))
+        lipsync_config(tmp, make_w2l(tmp), pretrained)
         check('# name = "lipsync"' in text, "server-media.toml no longer names the lipsync entry")
         text += f'\n[[pipeline]]\nname = "lipsync"\nconfig = "{tmp}/lipsync.toml"\n'
     cfg = os.path.join(tmp, "server.toml")
@@ -304,10 +318,7 @@ def case_redis(tmp):
     url = start_redis(tmp)
     cfg = server_config(tmp)
     p, ep = start_serve(tmp, cfg, "--workers", "0", "--queue", url)
-    out = open(os.path.join(tmp, "worker-q.log"), "ab")
-    w = subprocess.Popen([SPINDLE, "worker", "--queue", url, "--config", cfg, "--name", "q"],
-                         stdout=out, stderr=out, cwd=tmp)
-    PROCS.append(w)
+    w = start_queue_worker(tmp, url, cfg)
     # workers = 0 and no remote worker on the gateway: every job that
     # succeeds was leased from Redis by the stateless worker
     run_all_pipelines(tmp, ep)
@@ -485,7 +496,6 @@ def pretrained_store():
     store = os.path.join(os.environ.get("SPINDLE_BUILD_ROOT", ""), "test-real-models")
     with open(os.path.join(SRC, "models", "manifest.toml"), "rb") as f:
         man = tomllib.load(f)
-    import hashlib
     paths = {}
     for name in ("retinaface-mnet025", "realesr-animevideov3-x2"):
         path = os.path.join(store, man[name]["file"])
@@ -528,14 +538,9 @@ def case_pretrained(tmp):
     # configs/server-media.toml as shipped (its pipelines' configs where they
     # are, models by name), plus lipsync with a random-weight Wav2Lip: the
     # only model the registry cannot fetch
-    text = open(os.path.join(SRC, "configs", "server-media.toml")).read()
-    text = text.replace('config = "', f'config = "{SRC}/configs/')
-    lip = lipsync_config(tmp, make_w2l(tmp), pretrained=True)
-    check('model = "retinaface-mnet025"' in lip, "configs/lipsync.toml's facedetect no longer names RetinaFace")
-    text += f'\n[[pipeline]]\nname = "lipsync"\nconfig = "{tmp}/lipsync.toml"\n'
-    cfg = os.path.join(tmp, "server.toml")
-    with open(cfg, "w") as f:
-        f.write(text)
+    cfg = server_config(tmp, pretrained=True)
+    check('model = "retinaface-mnet025"' in open(os.path.join(tmp, "lipsync.toml")).read(),
+          "configs/lipsync.toml's facedetect no longer names RetinaFace")
     for f in ("enhance.toml", "faces.toml"):
         check(re.search(r'model = "(realesr-animevideov3-x2|retinaface-mnet025)"',
                         open(os.path.join(SRC, "configs", f)).read()), f"configs/{f} names no pretrained model")
@@ -604,9 +609,8 @@ def case_pretrained(tmp):
     # worker on a host without the models counts one per built-in fallback
     # (enhance: faces, sr; faces: faces; lipsync: faces), which an operator
     # can alert on although its jobs would succeed.
-    n = log_metric(port, "warn", w)
-    check(n == warn_lines(os.path.join(tmp, "worker-remote.log")),
-          f"remote worker: {n} warnings counted, its log has {warn_lines(os.path.join(tmp, 'worker-remote.log'))}")
+    n, logged = log_metric(port, "warn", w), warn_lines(os.path.join(tmp, "worker-remote.log"))
+    check(n == logged, f"remote worker: {n} warnings counted, its log has {logged}")
     port2 = free_port()
     bare = start_worker(tmp, ep, cfg, "bare", "--http", f"127.0.0.1:{port2}", "--slots", "1",
                         env=dict(os.environ, SPINDLE_MODEL_PATH=os.path.join(tmp, "no-models")))
@@ -614,8 +618,8 @@ def case_pretrained(tmp):
     blog = os.path.join(tmp, "worker-bare.log")
     fallbacks = sum(1 for ln in open(blog, errors="replace") if "; using the " in ln and '"level":"warn"' in ln)
     check(fallbacks == 4, f"worker without the models: {fallbacks} fallback warnings in its log, want 4")
-    check(nb == warn_lines(blog) and nb >= 4, f"worker without the models: {nb} warnings counted, its log has "
-          f"{warn_lines(blog)}")
+    logged = warn_lines(blog)
+    check(nb == logged and nb >= 4, f"worker without the models: {nb} warnings counted, its log has {logged}")
     bare.send_signal(signal.SIGTERM)
     check(bare.wait(30) == 0, f"worker without the models exited {bare.returncode} after SIGTERM")
     print(f"warnings counted in /metrics: {n} (models fetched), {nb} (none fetched)")
@@ -624,10 +628,7 @@ def case_pretrained(tmp):
         url = start_redis(tmp)
         p2, ep2 = start_serve(tmp, cfg, "--workers", "0", "--queue", url, log="serve-redis.log",
                               db="q-redis.db")
-        lf = open(os.path.join(tmp, "worker-q.log"), "ab")
-        wq = subprocess.Popen([SPINDLE, "worker", "--queue", url, "--config", cfg, "--name", "q"],
-                              stdout=lf, stderr=lf, cwd=tmp)
-        PROCS.append(wq)
+        wq = start_queue_worker(tmp, url, cfg)
         submit_all("redis worker", ep2)
         check_pretrained_log(os.path.join(tmp, "worker-q.log"), paths, "redis worker")
         check(p2.poll() is None and wq.poll() is None, "gateway or redis worker died")
