@@ -61,6 +61,19 @@ static void h_log(spn_stage_t *s, uint64_t job_id, int32_t level, const char *fm
 static void h_log(spn_stage_t *s, uint64_t job_id, int32_t level, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
+  if (level >= SPN_LOG_WARN) {
+    /* kept for the job's status (spn_job_warning), or the pipeline's when
+     * the stage names no job (model fallbacks at load) */
+    va_list ap2;
+    va_copy(ap2, ap);
+    spn_job_t *job = job_id ? spn__pipeline_find_job(s->pipe, job_id) : NULL;
+    if (job)
+      spn__warns_addv(&job->warns, s->srt->spec->name, fmt, ap2);
+    else if (!job_id)
+      spn__warns_addv(&s->pipe->warns, s->srt->spec->name, fmt, ap2);
+    va_end(ap2);
+    spn__job_unref(&job);
+  }
   spn__logv(s->pipe->rt->log, level, job_id, s->srt->spec->name, s->device_name, fmt, ap);
   va_end(ap);
 }

@@ -9,8 +9,10 @@
 #ifndef SPINDLE_LOG_INTERNAL_H
 #define SPINDLE_LOG_INTERNAL_H
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "spindle/status.h"
@@ -58,5 +60,26 @@ void spn__log_f(spn__logger_t *lg, int32_t level, const spn__log_fields_t *f, co
     SPN_PRINTF(4, 5);
 void spn__log_fv(spn__logger_t *lg, int32_t level, const spn__log_fields_t *f, const char *fmt, va_list ap)
     SPN_PRINTF(4, 0);
+
+/* Warnings kept for a reader (spn_job_warning, spn_pipeline_warning): the
+ * first SPN__WARNS_KEEP lines a job's or a pipeline's stages logged at
+ * SPN_LOG_WARN or above, each "STAGE: message" cut at SPN__WARN_MAX bytes,
+ * and how many there were in all. Whatever the log level. */
+#define SPN__WARNS_KEEP 16
+#define SPN__WARN_MAX 400
+typedef struct spn__warns {
+  pthread_mutex_t mu;
+  char *kept[SPN__WARNS_KEEP];
+  uint32_t n_kept;
+  uint64_t n_total;
+} spn__warns_t;
+
+void spn__warns_init(spn__warns_t *w);
+void spn__warns_destroy(spn__warns_t *w); /* frees the kept lines */
+/* Thread: any. stage may be NULL. */
+void spn__warns_addv(spn__warns_t *w, const char *stage, const char *fmt, va_list ap) SPN_PRINTF(3, 0);
+uint64_t spn__warns_count(spn__warns_t *w);
+/* Copy line i into buf (cut to size); SPN_EINVAL when i is not kept. */
+int32_t spn__warns_get(spn__warns_t *w, size_t i, char *buf, size_t size);
 
 #endif

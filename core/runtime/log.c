@@ -266,3 +266,60 @@ void spn__log(spn__logger_t *lg, int32_t level, uint64_t job_id, const char *sta
   spn__logv(lg, level, job_id, stage, device, fmt, ap);
   va_end(ap);
 }
+
+/* ---- warnings kept for readers ---- */
+
+void spn__warns_init(spn__warns_t *w) {
+  memset(w, 0, sizeof *w);
+  pthread_mutex_init(&w->mu, NULL);
+}
+
+void spn__warns_destroy(spn__warns_t *w) {
+  for (uint32_t i = 0; i < w->n_kept; i++)
+    free(w->kept[i]);
+  w->n_kept = 0;
+  pthread_mutex_destroy(&w->mu);
+}
+
+void spn__warns_addv(spn__warns_t *w, const char *stage, const char *fmt, va_list ap) {
+  char *line = NULL;
+  pthread_mutex_lock(&w->mu);
+  bool keep = w->n_kept < SPN__WARNS_KEEP;
+  w->n_total++;
+  pthread_mutex_unlock(&w->mu);
+  if (!keep)
+    return;
+  line = malloc(SPN__WARN_MAX);
+  if (!line)
+    return; /* counted; the line itself is lost */
+  int n = stage && *stage ? snprintf(line, SPN__WARN_MAX, "%s: ", stage) : 0;
+  if (n < 0 || n >= SPN__WARN_MAX)
+    n = 0;
+  vsnprintf(line + n, SPN__WARN_MAX - (size_t)n, fmt, ap);
+  pthread_mutex_lock(&w->mu);
+  if (w->n_kept < SPN__WARNS_KEEP) {
+    w->kept[w->n_kept++] = line;
+    line = NULL;
+  }
+  pthread_mutex_unlock(&w->mu);
+  free(line); /* another thread took the last place meanwhile */
+}
+
+uint64_t spn__warns_count(spn__warns_t *w) {
+  pthread_mutex_lock(&w->mu);
+  uint64_t n = w->n_total;
+  pthread_mutex_unlock(&w->mu);
+  return n;
+}
+
+int32_t spn__warns_get(spn__warns_t *w, size_t i, char *buf, size_t size) {
+  int32_t rc = SPN_EINVAL;
+  pthread_mutex_lock(&w->mu);
+  if (i < w->n_kept) {
+    if (buf && size)
+      snprintf(buf, size, "%s", w->kept[i]);
+    rc = SPN_OK;
+  }
+  pthread_mutex_unlock(&w->mu);
+  return rc;
+}

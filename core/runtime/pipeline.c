@@ -226,6 +226,7 @@ static void pipeline_release(spn_pipeline_t *pipe) {
     spn__spec_free(&pipe->spec);
   pthread_mutex_destroy(&pipe->mu);
   pthread_cond_destroy(&pipe->cv);
+  spn__warns_destroy(&pipe->warns);
   free(pipe);
 }
 
@@ -273,6 +274,7 @@ int32_t spn__pipeline_new_from_spec(spn_runtime_t *rt, spn__pipeline_spec_t *spe
   pipe->id = atomic_fetch_add(&rt->next_pipe_id, 1);
   pthread_mutex_init(&pipe->mu, NULL);
   pthread_cond_init(&pipe->cv, NULL);
+  spn__warns_init(&pipe->warns);
   const char *pname = spec->name ? spec->name : "pipeline";
   if (!spec->n_stages) {
     rc = spn_error_set(err, SPN_ECONFIG, "%s: pipeline \"%s\" has no stages", spec->file ? spec->file : pname, pname);
@@ -741,6 +743,7 @@ int32_t spn_job_start(spn_pipeline_t *pipe, const spn_job_params_t *params, cons
   job->stage_done = calloc(pipe->n_stages, sizeof *job->stage_done);
   pthread_mutex_init(&job->mu, NULL);
   pthread_cond_init(&job->cv, NULL);
+  spn__warns_init(&job->warns);
   atomic_init(&job->refs, 1);
   atomic_init(&job->state, SPN_JOB_QUEUED);
   atomic_init(&job->total, -1);
@@ -844,3 +847,21 @@ uint32_t spn_job_restarts(const spn_job_t *job) {
 }
 
 void spn_job_free(spn_job_t **job) { spn__job_unref(job); }
+
+/* ---- warnings ---- */
+
+uint64_t spn_pipeline_warning_count(const spn_pipeline_t *pipe) {
+  return pipe ? spn__warns_count(&((spn_pipeline_t *)pipe)->warns) : 0;
+}
+
+int32_t spn_pipeline_warning(const spn_pipeline_t *pipe, size_t i, char *buf, size_t size) {
+  return pipe ? spn__warns_get(&((spn_pipeline_t *)pipe)->warns, i, buf, size) : SPN_EINVAL;
+}
+
+uint64_t spn_job_warning_count(const spn_job_t *job) {
+  return job ? spn__warns_count(&((spn_job_t *)job)->warns) : 0;
+}
+
+int32_t spn_job_warning(const spn_job_t *job, size_t i, char *buf, size_t size) {
+  return job ? spn__warns_get(&((spn_job_t *)job)->warns, i, buf, size) : SPN_EINVAL;
+}

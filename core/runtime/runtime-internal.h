@@ -108,6 +108,7 @@ struct spn_job {
   atomic_ullong device_ns; /* busy time on devices, every attempt */
   spn__xfer_t xfer;      /* copies made for it: its edges' and its stages' own (buffer_copy), every attempt */
   uint32_t restarts;     /* loop: restarts after a device was quarantined */
+  spn__warns_t warns;    /* warnings its stages logged naming it (spn_job_warning) */
   /* loop */
   uint32_t acks, acks_needed, abort_acks, abort_acks_needed;
   bool aborting, finished_loop;
@@ -362,6 +363,7 @@ struct spn_pipeline {
   pthread_cond_t cv;
   spn_job_t *live; /* jobs not yet finished */
   uint32_t n_live;
+  spn__warns_t warns; /* warnings its stages logged outside any job (spn_pipeline_warning) */
   spn_pipeline_t *next; /* rt->pipes */
 };
 

@@ -71,6 +71,7 @@ void spn__job_unref(spn_job_t **jp) {
     return;
   pthread_mutex_destroy(&job->mu);
   pthread_cond_destroy(&job->cv);
+  spn__warns_destroy(&job->warns);
   free(job->stage_done);
   free(job->configs);
   free(job->config_owned);

@@ -60,6 +60,8 @@ typedef struct rt_cfg {
   int32_t fail_create;  /* create returns this when set */
   int32_t fail_preload; /* preload returns this when set */
   const char *model;    /* preload: load this model through the host */
+  bool warn_preload;    /* preload: log a warning naming no job */
+  int64_t warn_every;   /* pass: log a warning for the job on frames whose seq % warn_every == 0 (0 never) */
 } rt_cfg_t;
 
 static inline uint64_t rt_now_ns(void) {
@@ -166,6 +168,10 @@ static int32_t rt_preload(spn_stage_t *s, void *state, spn_error_t *err) {
   }
   if (in->cfg.fail_preload)
     return spn_error_set(err, in->cfg.fail_preload, "weights are corrupt");
+  if (in->cfg.warn_preload) {
+    in->cfg.host->log(s, 0, SPN_LOG_WARN, "model \"%s\" not found; using the built-in one", "w.onnx");
+    in->cfg.host->log(s, 0, SPN_LOG_INFO, "preloaded");
+  }
   return SPN_OK;
 }
 
@@ -269,6 +275,11 @@ static int32_t rt_pass_process(spn_stage_t *s, void *state, spn_msg_t **msgs, vo
   for (size_t i = 0; i < n; i++) {
     const spn_envelope_t *env = h->msg_envelope(msgs[i]);
     rt_check_msg(in, msgs[i]);
+    if (in->cfg.warn_every && (int64_t)env->seq % in->cfg.warn_every == 0) {
+      h->log(s, env->job_id, SPN_LOG_WARN, "frame %llu of job %llu is damaged; accepted",
+             (unsigned long long)env->seq, (unsigned long long)env->job_id);
+      h->log(s, env->job_id, SPN_LOG_INFO, "frame %llu: info", (unsigned long long)env->seq);
+    }
     if (in->cfg.delay_us_max > 0)
       usleep((useconds_t)(rand_r(&in->seed) % (unsigned)in->cfg.delay_us_max));
     if (in->cfg.fail_seq >= 0 && env->job_id == in->cfg.fail_job && (int64_t)env->seq == in->cfg.fail_seq) {

@@ -383,6 +383,67 @@ static void test_build_errors(void **st) {
   spn_runtime_free(&rt);
 }
 
+/* Warnings the stages log are kept for the job they name (spn_job_warning)
+ * or, naming none, for the pipeline (spn_pipeline_warning), whatever the
+ * log level; info lines are not; each job gets its own; 16 are kept and
+ * all are counted. */
+static void test_warnings(void **st) {
+  (void)st;
+  spn_runtime_t *rt = rt_new("cpu", 2); /* logs nothing */
+  const spn_host_api_t *h = spn__runtime_host_api(rt);
+  rt_col_t col;
+  rt_col_init(&col);
+  rt_spec_t b;
+  rt_spec_init(&b, "warn");
+  rt_spec_stage(&b, "src", &rt_kind_src, h)->count = 40;
+  rt_cfg_t *pass = rt_spec_stage(&b, "fix", &rt_kind_pass, h);
+  pass->warn_preload = true;
+  pass->warn_every = 2; /* 20 of 40 frames */
+  rt_spec_stage(&b, "sink", &rt_kind_sink, h)->col = &col;
+  rt_spec_edge(&b, 0, 1);
+  rt_spec_edge(&b, 1, 2);
+  spn_pipeline_t *pipe = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn__pipeline_new_from_spec(rt, &b.spec, false, &pipe, &err), SPN_OK);
+  char line[512];
+  assert_int_equal(spn_pipeline_warning_count(pipe), 1);
+  assert_int_equal(spn_pipeline_warning(pipe, 0, line, sizeof line), SPN_OK);
+  assert_string_equal(line, "fix: model \"w.onnx\" not found; using the built-in one");
+  assert_int_equal(spn_pipeline_warning(pipe, 1, line, sizeof line), SPN_EINVAL);
+  rt_done_t d[2];
+  spn_job_t *jobs[2];
+  for (int i = 0; i < 2; i++) {
+    spn_job_callbacks_t cb = rt_callbacks(&d[i]);
+    spn_job_params_t p = SPN_JOB_PARAMS_INIT;
+    p.job_id = 7 + (uint64_t)i;
+    assert_int_equal(spn_job_start(pipe, &p, &cb, &jobs[i], &err), SPN_OK);
+  }
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(spn_job_wait(jobs[i], &err), SPN_OK);
+    assert_int_equal(spn_job_warning_count(jobs[i]), 20);
+    for (size_t k = 0; k < 16; k++) {
+      assert_int_equal(spn_job_warning(jobs[i], k, line, sizeof line), SPN_OK);
+      /* its own frames only, in order (one instance) */
+      char want[128];
+      snprintf(want, sizeof want, "fix: frame %zu of job %d is damaged; accepted", 2 * k, 7 + i);
+      assert_string_equal(line, want);
+    }
+    assert_int_equal(spn_job_warning(jobs[i], 16, line, sizeof line), SPN_EINVAL);
+    /* cut to the caller's buffer */
+    char small[8];
+    assert_int_equal(spn_job_warning(jobs[i], 0, small, sizeof small), SPN_OK);
+    assert_string_equal(small, "fix: fr");
+    spn_job_free(&jobs[i]);
+  }
+  /* the jobs' warnings are not the pipeline's */
+  assert_int_equal(spn_pipeline_warning_count(pipe), 1);
+  assert_int_equal(spn_job_warning_count(NULL), 0);
+  assert_int_equal(spn_job_warning(NULL, 0, line, sizeof line), SPN_EINVAL);
+  spn_pipeline_free(&pipe);
+  spn_runtime_free(&rt);
+  rt_col_free(&col);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chain_two_jobs),
@@ -391,6 +452,7 @@ int main(void) {
       cmocka_unit_test(test_device_layer),
       cmocka_unit_test(test_messages),
       cmocka_unit_test(test_json_log),
+      cmocka_unit_test(test_warnings),
       cmocka_unit_test(test_build_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

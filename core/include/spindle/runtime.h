@@ -160,6 +160,12 @@ SPN_API void spn_pipeline_free(spn_pipeline_t **pipe);
  * from pipe, valid for its life. Thread: any. */
 SPN_API const char *spn_pipeline_name(const spn_pipeline_t *pipe);
 
+/* Warnings the pipeline's stages logged outside any job, from the load on
+ * (a model the config marks optional replaced by a built-in one), kept and
+ * cut as spn_job_warning's. Ownership: buf is the caller's. Thread: any. */
+SPN_API uint64_t spn_pipeline_warning_count(const spn_pipeline_t *pipe);
+SPN_API int32_t spn_pipeline_warning(const spn_pipeline_t *pipe, size_t i, char *buf, size_t size);
+
 /* Per-stage time: the number of [[stage]]s, and for stage i (config order) its
  * name and *busy_ns, the wall time its instances have spent inside the kind's
  * process/generate/flush callbacks since the pipeline was loaded, summed over
@@ -316,6 +322,16 @@ SPN_API void spn_job_transfers(const spn_job_t *job, spn_transfer_stats_t *out);
 /* Times the job was restarted after a device it used was quarantined.
  * Ownership: none. Thread: any. */
 SPN_API uint32_t spn_job_restarts(const spn_job_t *job);
+/* Warnings the job's stages logged naming it (SPN_LOG_WARN and above,
+ * whatever the log level): damaged input accepted, a codec or decoder
+ * replaced, ... spn_job_warning_count is how many there were; the first 16
+ * are kept, each "STAGE: message" cut at 400 bytes, and spn_job_warning
+ * copies kept line i into buf (cut to size), SPN_EINVAL when i is not
+ * kept. Warnings a stage logs outside any job (a model replaced by a
+ * built-in one at load) are the pipeline's: spn_pipeline_warning.
+ * Ownership: buf is the caller's. Thread: any (on_done included). */
+SPN_API uint64_t spn_job_warning_count(const spn_job_t *job);
+SPN_API int32_t spn_job_warning(const spn_job_t *job, size_t i, char *buf, size_t size);
 /* Drop the caller's handle and set *job to NULL; a job still running goes
  * on (detached) and on_done is still called. Ownership: consumes *job.
  * Thread: any, on_done included. */
