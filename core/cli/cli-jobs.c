@@ -638,6 +638,22 @@ static int on_event(void *user, const spn_client_status_t *ev) {
   return 0;
 }
 
+/* A succeeded job's warnings (its status's "warnings"), one line each on
+ * stderr: the job is done, but not quite as asked (a model replaced by a
+ * built-in one, damaged input accepted). */
+static void print_warnings(spn_client_t *cl, int64_t id, const char *cmd) {
+  char type[17], *reply = NULL, body[64];
+  snprintf(body, sizeof body, "{\"id\":%lld}", (long long)id);
+  if (spn_client_request(cl, "STATUS", body, type, &reply, NULL) < 0)
+    return;
+  cJSON *j = cJSON_Parse(reply);
+  const cJSON *it;
+  cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(j, "warnings")) if (cJSON_IsString(it))
+    fprintf(stderr, "spindle %s: job %lld warning: %s\n", cmd, (long long)id, it->valuestring);
+  cJSON_Delete(j);
+  free(reply);
+}
+
 static int watch_job(spn_client_t *cl, int64_t id, const char *cmd) {
   watch_ui_t ui = {.tty = isatty(STDERR_FILENO), .t0 = spn__mono_s(), .last_state = -1};
   ui.rate_t = ui.t0;
@@ -650,6 +666,8 @@ static int watch_job(spn_client_t *cl, int64_t id, const char *cmd) {
   if (final.state != SPN_QSTATE_SUCCEEDED && final.reason[0])
     fprintf(stderr, "spindle %s: job %lld %s: %s\n", cmd, (long long)id,
             spn_queue_state_name(final.state), final.reason);
+  if (final.state == SPN_QSTATE_SUCCEEDED)
+    print_warnings(cl, id, cmd);
   printf("%lld %s\n", (long long)id, spn_queue_state_name(final.state));
   return outcome(final.state);
 }

@@ -234,6 +234,51 @@ const char *spn_job_ctx_output_tmp(const spn_job_ctx_t *ctx, size_t i) {
 
 void spn_job_ctx_add_gpu_seconds(spn_job_ctx_t *ctx, double seconds) { ctx->gpu_s += seconds; }
 
+void spn_job_ctx_warn(spn_job_ctx_t *ctx, const char *msg) {
+  if (!msg || !*msg)
+    return;
+  if (!ctx->warnings)
+    ctx->warnings = cJSON_CreateArray();
+  if (ctx->warnings)
+    cJSON_AddItemToArray(ctx->warnings, cJSON_CreateString(msg));
+}
+
+void spn__warnings_render(const cJSON *arr, char *out, size_t size) {
+  out[0] = '\0';
+  int n = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : 0;
+  if (!n || size < 64)
+    return;
+  /* Keep lines while they fit with room left for the "more" line. */
+  cJSON *keep = cJSON_CreateArray();
+  int kept = 0;
+  const cJSON *it;
+  cJSON_ArrayForEach(it, arr) {
+    if (!cJSON_IsString(it))
+      continue;
+    cJSON_AddItemToArray(keep, cJSON_CreateString(it->valuestring));
+    char *txt = cJSON_PrintUnformatted(keep);
+    bool fits = txt && strlen(txt) + 80 < size;
+    free(txt);
+    if (!fits) {
+      cJSON_DeleteItemFromArray(keep, kept);
+      break;
+    }
+    kept++;
+  }
+  int strings = 0;
+  cJSON_ArrayForEach(it, arr) strings += cJSON_IsString(it);
+  if (kept < strings) {
+    char more[80];
+    snprintf(more, sizeof more, "... %d more warnings: see the worker's log", strings - kept);
+    cJSON_AddItemToArray(keep, cJSON_CreateString(more));
+  }
+  char *txt = kept || strings ? cJSON_PrintUnformatted(keep) : NULL;
+  if (txt && strlen(txt) < size)
+    memcpy(out, txt, strlen(txt) + 1);
+  free(txt);
+  cJSON_Delete(keep);
+}
+
 char *spn__publish_marker(const spn_job_spec_t *job) {
   if (job->n_outputs == 0)
     return NULL;
@@ -428,6 +473,7 @@ void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
   res->compute_s = spn__mono_s() - t0;
   res->gpu_s = ctx.gpu_s;
   res->xfer = ctx.xfer;
+  spn__warnings_render(ctx.warnings, res->warnings, sizeof res->warnings);
   if (res->status == SPN_OK && spn_job_ctx_cancelled(&ctx))
     res->status = spn_error_set(&err, SPN_ECANCELLED, "cancelled");
   if (res->status == SPN_OK && marker)
@@ -459,6 +505,7 @@ out:
     free(ctx.tmp_paths[i]);
   free(ctx.tmp_paths);
   free(marker);
+  cJSON_Delete(ctx.warnings);
 }
 
 /* ---- the built-in test runner ---- */

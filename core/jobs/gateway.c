@@ -141,7 +141,18 @@ typedef struct seg_ctx {
   cJSON *arr;
   uint64_t done, total;
   spn_job_xfer_t xfer; /* the segments' transfers, added up */
+  cJSON *warns;        /* the segments' warnings, "segment N: ..." */
 } seg_ctx_t;
+
+/* A stored warnings array (NULL: none) parsed, or NULL when empty. */
+static cJSON *warnings_of(const spn_queue_job_t *j) {
+  cJSON *w = j->warnings_json ? cJSON_Parse(j->warnings_json) : NULL;
+  if (!cJSON_IsArray(w) || !cJSON_GetArraySize(w)) {
+    cJSON_Delete(w);
+    return NULL;
+  }
+  return w;
+}
 
 static void seg_cb(void *user, const spn_queue_job_t *c) {
   seg_ctx_t *sc = user;
@@ -171,6 +182,16 @@ static void seg_cb(void *user, const spn_queue_job_t *c) {
     cJSON_AddNumberToObject(o, "end", strtod(b, NULL));
   }
   cJSON_Delete(spec);
+  cJSON *w = warnings_of(c);
+  if (w) {
+    const cJSON *it;
+    cJSON_ArrayForEach(it, w) if (cJSON_IsString(it) && sc->warns) {
+      char line[SPN_JOB_WARNINGS_MAX + 32];
+      snprintf(line, sizeof line, "segment %d: %s", c->seg_index, it->valuestring);
+      cJSON_AddItemToArray(sc->warns, cJSON_CreateString(line));
+    }
+    cJSON_AddItemToObject(o, "warnings", w);
+  }
   if (c->lease_owner)
     cJSON_AddStringToObject(o, "worker", c->lease_owner);
   if (c->reason)
@@ -212,17 +233,19 @@ static cJSON *job_json(spn_server_t *s, const spn_queue_job_t *j, bool full) {
   }
   /* A segmented job: its progress is its segments' added up, and each is
    * listed with its state and attempts. */
-  cJSON *segs = NULL;
+  cJSON *segs = NULL, *seg_warns = NULL;
   spn_job_xfer_t xfer = j->xfer;
   if (spec && cJSON_GetObjectItemCaseSensitive(spec, "segments") && s->q.ops->children) {
-    seg_ctx_t sc = {.s = s, .arr = cJSON_CreateArray()};
+    seg_ctx_t sc = {.s = s, .arr = cJSON_CreateArray(), .warns = cJSON_CreateArray()};
     if (sc.arr && s->q.ops->children(s->q.impl, j->id, seg_cb, &sc, NULL) == SPN_OK) {
       done = sc.done;
       total = sc.total;
       spn__xfer_add_to(&xfer, &sc.xfer); /* the join's and every segment's */
       segs = sc.arr;
+      seg_warns = sc.warns;
     } else {
       cJSON_Delete(sc.arr);
+      cJSON_Delete(sc.warns);
     }
   }
   cJSON_AddNumberToObject(o, "done", (double)done);
@@ -243,6 +266,19 @@ static cJSON *job_json(spn_server_t *s, const spn_queue_job_t *j, bool full) {
   }
   if (j->reason)
     cJSON_AddStringToObject(o, "reason", j->reason);
+  /* What the succeeded attempt warned of (a model replaced by a built-in
+   * one, damaged input accepted): the job's own, then its segments'. */
+  cJSON *warns = warnings_of(j);
+  if (seg_warns && cJSON_GetArraySize(seg_warns)) {
+    if (!warns)
+      warns = cJSON_CreateArray();
+    cJSON *it;
+    while (warns && (it = cJSON_DetachItemFromArray(seg_warns, 0)))
+      cJSON_AddItemToArray(warns, it);
+  }
+  cJSON_Delete(seg_warns);
+  if (warns)
+    cJSON_AddItemToObject(o, "warnings", warns);
   if (j->lease_owner)
     cJSON_AddStringToObject(o, "worker", j->lease_owner);
   if (full) {

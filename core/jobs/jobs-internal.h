@@ -52,6 +52,7 @@ typedef struct spn_queue_job {
   char *lease_owner; /* NULL unless running */
   char *reason;      /* why it failed/died/was cancelled, NULL otherwise */
   char *errors_json; /* JSON array of {attempt, at, error} */
+  char *warnings_json; /* JSON array of strings: the succeeded attempt's warnings; NULL when none */
   int64_t created_ms, deadline_ms, not_before_ms, lease_until_ms;
   int64_t t_state_ms[SPN_QSTATE_COUNT]; /* last time it entered each state; 0 never */
   double compute_s, gpu_s;
@@ -109,9 +110,11 @@ typedef struct spn_queue_ops {
   int32_t (*progress)(void *q, int64_t id, uint64_t done, uint64_t total, spn_error_t *err);
   /* running → succeeded. SPN_ESTATE when the lease is not held. The
    * attempt's compute_s, gpu_s and transfers (xfer; NULL = none) are added
-   * to the job's in the same write. */
+   * to the job's in the same write, and its warnings (a JSON array of
+   * strings; NULL or "" = none) recorded. */
   int32_t (*complete)(void *q, int64_t id, uint32_t attempt, const char *owner, double compute_s,
-                      double gpu_s, const spn_job_xfer_t *xfer, int64_t now, spn_error_t *err);
+                      double gpu_s, const spn_job_xfer_t *xfer, const char *warnings, int64_t now,
+                      spn_error_t *err);
   /* running → queued (retry after backoff) | dead (attempts exhausted) |
    * cancelled (cancelled=true). *state gets the new state. Usage as for
    * complete. */
@@ -241,7 +244,15 @@ struct spn_job_ctx {
   double gpu_s;
   spn_job_xfer_t xfer;
   double last_progress_s;
+  cJSON *warnings; /* spn_job_ctx_warn: an array, NULL until the first */
 };
+
+enum { SPN_JOB_WARNINGS_MAX = 2048 };
+
+/* Render a JSON array of strings into out (size SPN_JOB_WARNINGS_MAX): the
+ * lines that fit, then "... N more warnings: see the worker's log" when
+ * some did not; "" for NULL or an empty array. */
+void spn__warnings_render(const cJSON *arr, char *out, size_t size);
 
 typedef struct spn_exec_result {
   int32_t status;   /* SPN_OK, SPN_ECANCELLED or an error */
@@ -249,6 +260,10 @@ typedef struct spn_exec_result {
   double compute_s; /* wall seconds in run() */
   double gpu_s;
   spn_job_xfer_t xfer; /* copies the runner reported (spn_job_ctx_add_transfers) */
+  /* What the runner reported with spn_job_ctx_warn: a JSON array of
+   * strings, "" when none; lines that do not fit are left out and counted
+   * in a last "... N more" line. */
+  char warnings[SPN_JOB_WARNINGS_MAX];
   bool published_before; /* an earlier attempt had published; not run again */
 } spn_exec_result_t;
 

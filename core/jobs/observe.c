@@ -232,9 +232,9 @@ static int32_t w_progress(void *q, int64_t id, uint64_t done, uint64_t total, sp
 }
 
 static int32_t w_complete(void *q, int64_t id, uint32_t attempt, const char *owner, double compute_s, double gpu_s,
-                          const spn_job_xfer_t *xfer, int64_t now, spn_error_t *err) {
+                          const spn_job_xfer_t *xfer, const char *warnings, int64_t now, spn_error_t *err) {
   spn__observe_t *o = q;
-  int32_t rc = o->inner.ops->complete(o->inner.impl, id, attempt, owner, compute_s, gpu_s, xfer, now, err);
+  int32_t rc = o->inner.ops->complete(o->inner.impl, id, attempt, owner, compute_s, gpu_s, xfer, warnings, now, err);
   if (rc >= 0)
     attempt_ended(o, id, attempt, SPN_QSTATE_SUCCEEDED, NULL, now);
   return rc;

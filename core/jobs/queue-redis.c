@@ -382,6 +382,8 @@ static int32_t job_from_reply(const redisReply *r, spn_queue_job_t *j, spn_error
       dst = &j->reason;
     else if (!strcmp(k, "errs"))
       dst = &j->errors_json;
+    else if (!strcmp(k, "wn"))
+      dst = &j->warnings_json;
     else if (!strcmp(k, "cr"))
       j->created_ms = i64(v);
     else if (!strcmp(k, "dl"))
@@ -611,7 +613,8 @@ static void a_xfer(rargs_t *a, const spn_job_xfer_t *x) {
 }
 
 static int32_t rq_complete(void *qv, int64_t id, uint32_t attempt, const char *owner, double compute_s,
-                           double gpu_s, const spn_job_xfer_t *xfer, int64_t now, spn_error_t *err) {
+                           double gpu_s, const spn_job_xfer_t *xfer, const char *warnings, int64_t now,
+                           spn_error_t *err) {
   rq_t *q = qv;
   rargs_t a = {0};
   a_i64(&a, id);
@@ -621,6 +624,7 @@ static int32_t rq_complete(void *qv, int64_t id, uint32_t attempt, const char *o
   a_dbl(&a, gpu_s);
   a_i64(&a, now);
   a_xfer(&a, xfer);
+  a_str(&a, warnings ? warnings : "");
   int64_t v = 0;
   int32_t rc = lease_int(q, SC_COMPLETE, &a, "completing a job", &v, err);
   if (rc == SPN_OK && v != 1)

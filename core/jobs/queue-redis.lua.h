@@ -323,8 +323,8 @@
   "return 1\n"
 
 /* ARGV: P id att owner compute_s gpu_s now xfer(8: bytes, ns by direction)
- * -> 1 | 0. A succeeded job's progress is complete: done = total (1 of 1
- * when it never reported). */
+ * warnings ("" none) -> 1 | 0. A succeeded job's progress is complete:
+ * done = total (1 of 1 when it never reported). */
 #define RQ_LUA_COMPLETE                                                                         \
   "local k = jk(ARGV[2])\n"                                                                     \
   "if not holds(k, ARGV[3], ARGV[4]) then return 0 end\n"                                       \
@@ -332,6 +332,7 @@
   "redis.call('HINCRBYFLOAT', k, 'cs', ARGV[5])\n"                                              \
   "redis.call('HINCRBYFLOAT', k, 'gs', ARGV[6])\n"                                              \
   "add_xfer(k, 8)\n"                                                                            \
+  "if ARGV[16] ~= '' then redis.call('HSET', k, 'wn', ARGV[16]) else redis.call('HDEL', k, 'wn') end\n" \
   "local pt = tonumber(redis.call('HGET', k, 'pt')) or 0\n"                                     \
   "if pt == 0 then pt = 1 end\n"                                                                \
   "redis.call('HSET', k, 'pd', pt, 'pt', pt)\n"                                                 \

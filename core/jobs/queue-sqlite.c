@@ -78,7 +78,7 @@ static const char *const sql_text[ST_COUNT] = {
                  "attempts = ?2 AND lease_owner = ?3",
     [ST_PROGRESS] = "UPDATE jobs SET progress_done = ?2, progress_total = ?3 WHERE id = ?1",
     [ST_COMPLETE] = "UPDATE jobs SET state = 2, lease_owner = NULL, compute_s = compute_s + ?4, "
-                    "gpu_s = gpu_s + ?5, progress_total = max(progress_total, 1), "
+                    "gpu_s = gpu_s + ?5, warnings = ?6, progress_total = max(progress_total, 1), "
                     "progress_done = max(progress_total, 1) WHERE id = ?1 AND state = 1 AND attempts = ?2 AND "
                     "lease_owner = ?3",
     [ST_GETLEASE] = "SELECT attempts, max_attempts, cancel_requested FROM jobs WHERE id = ?1 AND "
@@ -99,7 +99,7 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_GET] = "SELECT id, state, priority, attempts, max_attempts, spec, idem_key, lease_owner, "
                "reason, errors, created, deadline, not_before, lease_until, compute_s, gpu_s, "
                "progress_done, progress_total, cancel_requested, parent, seg_index, pending, h2d_bytes, d2h_bytes, "
-               "d2d_bytes, h2h_bytes, h2d_ns, d2h_ns, d2d_ns, h2h_ns FROM jobs WHERE id = ?1",
+               "d2d_bytes, h2h_bytes, h2d_ns, d2h_ns, d2d_ns, h2h_ns, warnings FROM jobs WHERE id = ?1",
     [ST_EXPIRED] = "SELECT id, attempts, lease_owner FROM jobs WHERE state = 1 AND lease_until < ?1",
     [ST_DEADLINE] = "SELECT id FROM jobs WHERE state = 0 AND deadline > 0 AND deadline < ?1",
     [ST_BY_OWNER] = "SELECT id, attempts FROM jobs WHERE state = 1 AND lease_owner = ?1",
@@ -150,7 +150,8 @@ static const char schema[] =
     " h2d_bytes INTEGER NOT NULL DEFAULT 0, d2h_bytes INTEGER NOT NULL DEFAULT 0,"
     " d2d_bytes INTEGER NOT NULL DEFAULT 0, h2h_bytes INTEGER NOT NULL DEFAULT 0,"
     " h2d_ns INTEGER NOT NULL DEFAULT 0, d2h_ns INTEGER NOT NULL DEFAULT 0,"
-    " d2d_ns INTEGER NOT NULL DEFAULT 0, h2h_ns INTEGER NOT NULL DEFAULT 0);"
+    " d2d_ns INTEGER NOT NULL DEFAULT 0, h2h_ns INTEGER NOT NULL DEFAULT 0,"
+    " warnings TEXT);"
     "CREATE INDEX IF NOT EXISTS jobs_pick ON jobs(state, priority DESC, id);"
     "CREATE INDEX IF NOT EXISTS jobs_deadline ON jobs(deadline) WHERE state = 0 AND deadline > 0;"
     "CREATE INDEX IF NOT EXISTS jobs_lease ON jobs(lease_until) WHERE state = 1;"
@@ -173,6 +174,8 @@ static const char *const schema_added[] = {
     "ALTER TABLE jobs ADD COLUMN d2h_ns INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE jobs ADD COLUMN d2d_ns INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE jobs ADD COLUMN h2h_ns INTEGER NOT NULL DEFAULT 0",
+    /* the succeeded attempt's warnings (docs/jobs.md): NULL before them */
+    "ALTER TABLE jobs ADD COLUMN warnings TEXT",
 };
 static const char schema_index[] = "CREATE INDEX IF NOT EXISTS jobs_parent ON jobs(parent) WHERE parent > 0;";
 
@@ -369,6 +372,7 @@ static int32_t sq_get(void *qv, int64_t id, spn_queue_job_t *j, spn_error_t *err
     j->xfer.bytes[d] = (uint64_t)sqlite3_column_int64(s, 22 + d);
     j->xfer.ns[d] = (uint64_t)sqlite3_column_int64(s, 26 + d);
   }
+  j->warnings_json = sqlite3_column_type(s, 30) == SQLITE_NULL ? NULL : dup_col(s, 30);
   sqlite3_reset(s);
   if (!j->spec_json || !j->errors_json) {
     spn__queue_job_clear(j);
@@ -515,8 +519,8 @@ static int32_t add_xfer(sq_t *q, int64_t id, const spn_job_xfer_t *x, spn_error_
 }
 
 static int32_t sq_complete(void *qv, int64_t id, uint32_t attempt, const char *owner,
-                           double compute_s, double gpu_s, const spn_job_xfer_t *xfer, int64_t now,
-                           spn_error_t *err) {
+                           double compute_s, double gpu_s, const spn_job_xfer_t *xfer, const char *warnings,
+                           int64_t now, spn_error_t *err) {
   sq_t *q = qv;
   int opened;
   int32_t rc = auto_begin(q, err, &opened);
@@ -528,6 +532,10 @@ static int32_t sq_complete(void *qv, int64_t id, uint32_t attempt, const char *o
   bind_text(s, 3, owner);
   sqlite3_bind_double(s, 4, compute_s);
   sqlite3_bind_double(s, 5, gpu_s);
+  if (warnings && *warnings)
+    bind_text(s, 6, warnings);
+  else
+    sqlite3_bind_null(s, 6);
   int n = exec_stmt(q, s, err, "completing a job");
   if (n < 0)
     rc = SPN_EIO;
@@ -1060,6 +1068,7 @@ void spn__queue_job_clear(spn_queue_job_t *j) {
   free(j->lease_owner);
   free(j->reason);
   free(j->errors_json);
+  free(j->warnings_json);
   memset(j, 0, sizeof *j);
 }
 

@@ -83,7 +83,7 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
     w->q.ops->progress(w->q.impl, r->id, r->done, r->total, NULL);
   if (res->status == SPN_OK) {
     rc = w->q.ops->complete(w->q.impl, r->id, r->attempt, w->owner[slot], res->compute_s, res->gpu_s,
-                            &res->xfer, now, &err);
+                            &res->xfer, res->warnings, now, &err);
     if (rc == SPN_OK && !r->no_outputs) /* else no marker: saves a read */
       spn__unpublish(&w->q, r->id);
   } else {

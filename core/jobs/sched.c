@@ -136,7 +136,8 @@ void spn__sched_finish(spn_server_t *s, int64_t id, uint32_t attempt, const char
   if (live && live->attempt == attempt && !strcmp(live->owner, owner) && live->total)
     s->q.ops->progress(s->q.impl, id, live->done, live->total, NULL);
   if (res->status == SPN_OK) {
-    rc = s->q.ops->complete(s->q.impl, id, attempt, owner, res->compute_s, res->gpu_s, &res->xfer, now, &err);
+    rc = s->q.ops->complete(s->q.impl, id, attempt, owner, res->compute_s, res->gpu_s, &res->xfer,
+                            res->warnings, now, &err);
   } else {
     spn_queue_state_t st;
     rc = s->q.ops->fail(s->q.impl, id, attempt, owner, res->error, res->status == SPN_ECANCELLED,

@@ -288,6 +288,7 @@ def case_remote(tmp):
     w = start_worker(tmp, ep, cfg)
     # workers = 0: every job that succeeds ran on the remote worker
     run_all_pipelines(tmp, ep)
+    tolerated_job(tmp, ep, "remote worker")
     check(p.poll() is None and w.poll() is None, "gateway or worker died")
 
 
@@ -322,6 +323,7 @@ def case_redis(tmp):
     # workers = 0 and no remote worker on the gateway: every job that
     # succeeds was leased from Redis by the stateless worker
     run_all_pipelines(tmp, ep)
+    tolerated_job(tmp, ep, "redis worker")
     check(p.poll() is None and w.poll() is None, "gateway or worker died")
     log = open(os.path.join(tmp, "worker-q.log"), errors="replace").read()
     for name in ("transcode", "enhance", "lipsync", "faces", "synthetic"):
@@ -349,6 +351,30 @@ def make_bad_media(tmp):
     return bad
 
 
+def tolerated_job(tmp, ep, where):
+    """tolerate_errors, a job param, accepts a truncated file explicitly, and
+    the job says so in its status and on submit --wait's stderr: never a
+    silent partial success."""
+    clip = os.path.join(SRC, "samples/media/talking-head.mp4")
+    src, out = f"{tmp}/third.mp4", f"{tmp}/tolerated.mp4"
+    if not os.path.exists(src):
+        data = open(clip, "rb").read()
+        with open(src, "wb") as f:
+            f.write(data[:len(data) // 3])
+    r = cli("submit", "transcode", "--input", f"video={src}", "--output", f"video={out}",
+            "--param", "tolerate_errors=true", "--wait", "--connect", ep, check_rc=0)
+    n = int(probe(out)["v"]["nb_read_frames"])
+    check(10 < n < 100, f"{where}: tolerated truncated file: {n} frames")
+    jid = int(r.stdout.split()[0])
+    wn = status(ep, jid).get("warnings", [])
+    acc = [w for w in wn if "damaged input accepted (tolerate_errors)" in w]
+    check(len(acc) == 1 and acc[0].startswith("decode: ") and "third.mp4" in acc[0] and "truncated" in acc[0],
+          f"{where}: tolerated truncated file: warnings {wn}")
+    check(f"job {jid} warning: {acc[0]}" in r.stderr.decode(),
+          f"{where}: submit --wait did not print {acc[0]!r}: {r.stderr!r}")
+    print(f"{where}: tolerated truncated file: {len(wn)} warnings, the first {wn[:2]}")
+
+
 def case_failures(tmp):
     cfg = server_config(tmp, with_lipsync=False)
     p, ep = start_serve(tmp, cfg, "--workers", "1")
@@ -364,17 +390,16 @@ def case_failures(tmp):
         check(want in msg and os.path.basename(path) in msg, f"{name}: error {msg!r} lacks {want!r}")
         check(not os.path.exists(out), f"{name}: a failed job left {out}")
     # tolerate_errors, a job param, accepts the truncated file explicitly
-    cli("submit", "transcode", "--input", f"video={tmp}/third.mp4", "--output", f"video={tmp}/out/tol.mp4",
-        "--param", "tolerate_errors=true", "--wait", "--connect", ep, check_rc=0)
-    n = int(probe(f"{tmp}/out/tol.mp4")["v"]["nb_read_frames"])
-    check(10 < n < 100, f"tolerated truncated file: {n} frames")
+    tolerated_job(tmp, ep, "gateway")
     r = cli("submit", "transcode", "--input", f"video={SRC}/samples/media/talking-head.mp4", "--output", f"video={tmp}/out/ok.mp4", "--param", "duration=0.4", "--wait", "--connect", ep)
     # (the sample is outside the roots: refused) — copy it in and retry
     check(r.returncode == 5, f"input outside the roots: exit {r.returncode}")
     shutil.copy(os.path.join(SRC, "samples/media/talking-head.mp4"), f"{tmp}/in.mp4")
-    cli("submit", "transcode", "--input", f"video={tmp}/in.mp4", "--output", f"video={tmp}/out/ok.mp4",
-        "--param", "duration=0.4", "--wait", "--connect", ep, check_rc=0)
+    r = cli("submit", "transcode", "--input", f"video={tmp}/in.mp4", "--output", f"video={tmp}/out/ok.mp4",
+            "--param", "duration=0.4", "--wait", "--connect", ep, check_rc=0)
     check_video(f"{tmp}/out/ok.mp4", 10, 320, 320)
+    st = status(ep, int(r.stdout.split()[0]))
+    check("warnings" not in st and b"warning" not in r.stderr, f"a clean job has warnings: {st.get('warnings')}")
     check(stray(f"{tmp}/out") == [], f"temporary files left: {stray(tmp + '/out')}")
     check(p.poll() is None, "gateway died")
 
@@ -589,6 +614,9 @@ def case_pretrained(tmp):
             r = cli("submit", name, *args, "--param", "duration=1.0", "--wait", "--connect", ep, check_rc=0)
             st = status(ep, int(r.stdout.split()[0]))
             check(st["state"] == "succeeded" and st["done"] == st["total"] == 25, f"{where}: {name}: status {st}")
+            # with the models it names, a job has nothing to warn of
+            check("warnings" not in st and b"warning" not in r.stderr,
+                  f"{where}: {name}: warnings {st.get('warnings')}, stderr {r.stderr[-500:]!r}")
         collect(where, f"{d}/enhance.mp4", f"{d}/lipsync.mp4", f"{d}/faces.jsonl")
         check(stray(d) == [], f"{where}: temporary files left: {stray(d)}")
 
@@ -620,6 +648,24 @@ def case_pretrained(tmp):
     check(fallbacks == 4, f"worker without the models: {fallbacks} fallback warnings in its log, want 4")
     logged = warn_lines(blog)
     check(nb == logged and nb >= 4, f"worker without the models: {nb} warnings counted, its log has {logged}")
+    # A job that ran there says so: its status lists the fallback (the job
+    # succeeded, on the built-in detector), and submit --wait prints it.
+    w.send_signal(signal.SIGTERM)
+    check(w.wait(30) == 0, f"remote worker exited {w.returncode} after SIGTERM")
+    d = os.path.join(tmp, "bare")
+    os.makedirs(d)
+    r = cli("submit", "faces", "--input", f"video={clip}", "--output", f"detections={d}/faces.jsonl",
+            "--param", "duration=1.0", "--wait", "--connect", ep, check_rc=0)
+    jid = int(r.stdout.split()[0])
+    st = status(ep, jid)
+    wn = st.get("warnings", [])
+    check(st["state"] == "succeeded" and len(wn) == 1 and wn[0].startswith("faces: ")
+          and "retinaface-mnet025" in wn[0] and "; using the Haar cascade" in wn[0],
+          f"faces job on the worker without the models: state {st['state']}, warnings {wn}")
+    err_lines = [ln for ln in r.stderr.decode().splitlines() if "warning:" in ln]
+    check(err_lines == [f"spindle submit: job {jid} warning: {wn[0]}"],
+          f"submit --wait on the worker without the models printed {err_lines}")
+    print(f"job {jid} on the worker without the models: {wn[0]}")
     bare.send_signal(signal.SIGTERM)
     check(bare.wait(30) == 0, f"worker without the models exited {bare.returncode} after SIGTERM")
     print(f"warnings counted in /metrics: {n} (models fetched), {nb} (none fetched)")

@@ -180,7 +180,7 @@ static void test_parent_waits_for_every_segment_then_is_leased(void **state) {
     assert_int_equal(lease(&q, "w", T0 + 1, &att[k]), kids[k]);
   assert_int_equal(lease(&q, "w", T0 + 1, NULL), 0);
   for (int k = 0; k < 3; k++) {
-    assert_int_equal(q.ops->complete(q.impl, kids[k], att[k], "w", 1, 0, NULL, T0 + 2, NULL), SPN_OK);
+    assert_int_equal(q.ops->complete(q.impl, kids[k], att[k], "w", 1, 0, NULL, NULL, T0 + 2, NULL), SPN_OK);
     assert_int_equal(pending(&q, parent), 2 - k);
     assert_int_equal(lease(&q, "w", T0 + 3, NULL), k == 2 ? parent : 0);
   }
@@ -200,12 +200,12 @@ static void test_a_segment_finished_twice_is_committed_once(void **state) {
   uint32_t a2 = 0;
   assert_int_equal(lease(&q, "w2", T0 + 30000, &a2), kids[0]);
   assert_int_equal(a2, 2);
-  assert_int_equal(q.ops->complete(q.impl, kids[0], a2, "w2", 1, 0, NULL, T0 + 30001, NULL), SPN_OK);
+  assert_int_equal(q.ops->complete(q.impl, kids[0], a2, "w2", 1, 0, NULL, NULL, T0 + 30001, NULL), SPN_OK);
   assert_int_equal(pending(&q, parent), 1);
   /* The frozen worker wakes up and reports the same segment done: refused,
    * and the count does not move. Nor does a second report of the live one. */
-  assert_int_equal(q.ops->complete(q.impl, kids[0], a1, "frozen", 1, 0, NULL, T0 + 30002, NULL), SPN_ESTATE);
-  assert_int_equal(q.ops->complete(q.impl, kids[0], a2, "w2", 1, 0, NULL, T0 + 30003, NULL), SPN_ESTATE);
+  assert_int_equal(q.ops->complete(q.impl, kids[0], a1, "frozen", 1, 0, NULL, NULL, T0 + 30002, NULL), SPN_ESTATE);
+  assert_int_equal(q.ops->complete(q.impl, kids[0], a2, "w2", 1, 0, NULL, NULL, T0 + 30003, NULL), SPN_ESTATE);
   assert_int_equal(pending(&q, parent), 1);
   assert_int_equal(lease(&q, "w2", T0 + 30004, NULL), kids[1]);
 }
@@ -271,7 +271,7 @@ static void test_checkpoints_survive_a_restart(void **state) {
   uint32_t a0 = 0, a1 = 0;
   assert_int_equal(lease(&f->q, "w", T0, &a0), kids[0]);
   assert_int_equal(lease(&f->q, "w", T0, &a1), kids[1]);
-  assert_int_equal(f->q.ops->complete(f->q.impl, kids[0], a0, "w", 1, 0, NULL, T0 + 1, NULL), SPN_OK);
+  assert_int_equal(f->q.ops->complete(f->q.impl, kids[0], a0, "w", 1, 0, NULL, NULL, T0 + 1, NULL), SPN_OK);
   spn_queue_free(&f->q); /* the gateway dies with segment 1 running */
   reopen(f);
   assert_int_equal(pending(&f->q, parent), 2);

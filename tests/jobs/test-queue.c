@@ -204,15 +204,21 @@ static void test_lease_expiry_and_renew(void **state) {
   int64_t nb = j.not_before_ms;
   spn__queue_job_clear(&j);
   /* The old holder's completion is stale now. */
-  assert_int_equal(f->o->complete(f->q.impl, id, 1, "w1", 1, 0, NULL, T0 + 2001, NULL), SPN_ESTATE);
+  assert_int_equal(f->o->complete(f->q.impl, id, 1, "w1", 1, 0, NULL, NULL, T0 + 2001, NULL), SPN_ESTATE);
   /* Not leasable before its backoff, leasable after, as attempt 2. */
   assert_int_equal(lease(f, "w2", nb - 1, NULL), 0);
   assert_int_equal(lease(f, "w2", nb, &att), id);
   assert_int_equal(att, 2);
-  assert_int_equal(f->o->complete(f->q.impl, id, 1, "w2", 1, 0, NULL, nb + 1, NULL), SPN_ESTATE);
-  assert_int_equal(f->o->complete(f->q.impl, id, 2, "w2", 1.5, 0.25, NULL, nb + 1, NULL), SPN_OK);
+  /* A stale completion records none of its warnings; the holder's are the job's. */
+  const char *wn = "[\"faces: model \\\"x\\\" not found; using the built-in Haar cascade\"]";
+  assert_int_equal(f->o->complete(f->q.impl, id, 1, "w2", 1, 0, NULL, "[\"stale\"]", nb + 1, NULL), SPN_ESTATE);
+  assert_int_equal(f->o->get(f->q.impl, id, &j, NULL), SPN_OK);
+  assert_null(j.warnings_json);
+  spn__queue_job_clear(&j);
+  assert_int_equal(f->o->complete(f->q.impl, id, 2, "w2", 1.5, 0.25, NULL, wn, nb + 1, NULL), SPN_OK);
   assert_int_equal(f->o->get(f->q.impl, id, &j, NULL), SPN_OK);
   assert_int_equal(j.state, SPN_QSTATE_SUCCEEDED);
+  assert_string_equal(j.warnings_json, wn);
   assert_true(j.compute_s == 1.5 && j.gpu_s == 0.25);
   assert_int_equal(j.t_state_ms[SPN_QSTATE_QUEUED], T0 + 2000);
   assert_int_equal(j.t_state_ms[SPN_QSTATE_RUNNING], nb);
@@ -352,7 +358,7 @@ static void test_release_keeps_attempts(void **state) {
   /* leasable at once, and still as attempt 1 of 1 */
   assert_int_equal(lease(f, "g2", T0 + 2, &att), id);
   assert_int_equal(att, 1);
-  assert_int_equal(f->o->complete(f->q.impl, id, 1, "g2", 0, 0, NULL, T0 + 3, NULL), SPN_OK);
+  assert_int_equal(f->o->complete(f->q.impl, id, 1, "g2", 0, 0, NULL, NULL, T0 + 3, NULL), SPN_OK);
 }
 
 static void test_release_owner(void **state) {
@@ -445,11 +451,11 @@ static void test_redis_lease_expiry_and_renew(void **state) {
   spn__queue_job_clear(&j);
   /* A second sweep finds nothing: the expired entry was acknowledged. */
   assert_int_equal(f->o->sweep(f->q.impl, now + 1, NULL, NULL, NULL), 0);
-  assert_int_equal(f->o->complete(f->q.impl, id, 1, "w1", 1, 0, NULL, now + 1, NULL), SPN_ESTATE);
+  assert_int_equal(f->o->complete(f->q.impl, id, 1, "w1", 1, 0, NULL, NULL, now + 1, NULL), SPN_ESTATE);
   assert_int_equal(lease(f, "w2", nb - 1, NULL), 0);
   assert_int_equal(lease(f, "w2", nb, &att), id);
   assert_int_equal(att, 2);
-  assert_int_equal(f->o->complete(f->q.impl, id, 2, "w2", 1.5, 0.25, NULL, nb + 1, NULL), SPN_OK);
+  assert_int_equal(f->o->complete(f->q.impl, id, 2, "w2", 1.5, 0.25, NULL, NULL, nb + 1, NULL), SPN_OK);
   assert_int_equal(f->o->get(f->q.impl, id, &j, NULL), SPN_OK);
   assert_int_equal(j.state, SPN_QSTATE_SUCCEEDED);
   assert_true(j.compute_s == 1.5 && j.gpu_s == 0.25);
@@ -464,7 +470,7 @@ static void test_redis_lease_expiry_and_renew(void **state) {
   bool ex;
   assert_int_equal(f->o->submit(f->q.impl, &so, nb, &id1, &ex, NULL), SPN_OK);
   assert_int_equal(lease(f, "w3", nb, &att), id1);
-  assert_int_equal(f->o->complete(f->q.impl, id1, att, "w3", 0, 0, NULL, nb + 1, NULL), SPN_OK);
+  assert_int_equal(f->o->complete(f->q.impl, id1, att, "w3", 0, 0, NULL, NULL, nb + 1, NULL), SPN_OK);
   s = (seen_t){0};
   assert_int_equal(f->o->sweep(f->q.impl, nb + 100, seen_cb, &s, NULL), 0);
   assert_int_equal(f->o->sweep(f->q.impl, nb + 400, seen_cb, &s, NULL), 1);
@@ -475,7 +481,7 @@ static void test_redis_lease_expiry_and_renew(void **state) {
   int64_t id2;
   assert_int_equal(f->o->submit(f->q.impl, &so, nb, &id2, &ex, NULL), SPN_OK);
   assert_int_equal(lease(f, "w3", nb, &att), id2);
-  assert_int_equal(f->o->complete(f->q.impl, id2, att, "w3", 0, 0, NULL, nb + 1, NULL), SPN_OK);
+  assert_int_equal(f->o->complete(f->q.impl, id2, att, "w3", 0, 0, NULL, NULL, nb + 1, NULL), SPN_OK);
   assert_int_equal(f->o->unpublished(f->q.impl, id2, NULL), SPN_OK);
   assert_int_equal(f->o->sweep(f->q.impl, nb + 1000, NULL, NULL, NULL), 0);
 }
@@ -550,9 +556,9 @@ static void test_succeeded_progress_is_complete(void **state) {
   uint32_t att;
   assert_int_equal(lease(f, "w", T0, &att), a);
   assert_int_equal(f->o->progress(f->q.impl, a, 3, 10, NULL), SPN_OK);
-  assert_int_equal(f->o->complete(f->q.impl, a, att, "w", 0, 0, NULL, T0 + 1, NULL), SPN_OK);
+  assert_int_equal(f->o->complete(f->q.impl, a, att, "w", 0, 0, NULL, NULL, T0 + 1, NULL), SPN_OK);
   assert_int_equal(lease(f, "w", T0, &att), b);
-  assert_int_equal(f->o->complete(f->q.impl, b, att, "w", 0, 0, NULL, T0 + 1, NULL), SPN_OK);
+  assert_int_equal(f->o->complete(f->q.impl, b, att, "w", 0, 0, NULL, NULL, T0 + 1, NULL), SPN_OK);
   spn_queue_job_t j;
   assert_int_equal(f->o->get(f->q.impl, a, &j, NULL), SPN_OK);
   assert_int_equal(j.progress_done, 10);
@@ -584,19 +590,23 @@ static void test_transfers_add_up_over_attempts(void **state) {
   int64_t nb = j.not_before_ms;
   spn__queue_job_clear(&j);
   assert_int_equal(lease(f, "w", T0 + 4, &att), b); /* a backs off */
-  assert_int_equal(f->o->complete(f->q.impl, b, att, "w", 0, 0, NULL, T0 + 5, NULL), SPN_OK);
+  assert_int_equal(f->o->complete(f->q.impl, b, att, "w", 0, 0, NULL, NULL, T0 + 5, NULL), SPN_OK);
   assert_int_equal(lease(f, "w2", nb + 1, &att), a);
   assert_int_equal(att, 2);
   /* A stale report (the first attempt's) is refused and adds nothing. */
-  assert_int_equal(f->o->complete(f->q.impl, a, 1, "w", 0, 0, &x2, nb + 2, NULL), SPN_ESTATE);
-  assert_int_equal(f->o->complete(f->q.impl, a, att, "w2", 0, 0, &x2, nb + 3, NULL), SPN_OK);
+  /* ... and records no warnings; the holder's completion records its own. */
+  const char *wn = "[\"decode: in.mp4: damaged input accepted\",\"sr: \u00e9 \\\"quoted\\\"\"]";
+  assert_int_equal(f->o->complete(f->q.impl, a, 1, "w", 0, 0, &x2, "[\"stale\"]", nb + 2, NULL), SPN_ESTATE);
+  assert_int_equal(f->o->complete(f->q.impl, a, att, "w2", 0, 0, &x2, wn, nb + 3, NULL), SPN_OK);
   assert_int_equal(f->o->get(f->q.impl, a, &j, NULL), SPN_OK);
   const spn_job_xfer_t sum = {.bytes = {110, 220, 1ull << 40, 1}, .ns = {1001, 2002, 3, 5}};
   assert_memory_equal(&j.xfer, &sum, sizeof sum);
+  assert_string_equal(j.warnings_json, wn);
   spn__queue_job_clear(&j);
   assert_int_equal(f->o->get(f->q.impl, b, &j, NULL), SPN_OK);
   const spn_job_xfer_t none = {.bytes = {0}};
   assert_memory_equal(&j.xfer, &none, sizeof none);
+  assert_null(j.warnings_json); /* completed with none */
   spn__queue_job_clear(&j);
 }
 
@@ -642,7 +652,7 @@ static void test_sqlite_file_from_before_transfers(void **state) {
   assert_int_equal(j.id, 2);
   spn__queue_job_clear(&j);
   const spn_job_xfer_t x = {.bytes = {7, 8, 9, 10}, .ns = {11, 12, 13, 14}};
-  assert_int_equal(q.ops->complete(q.impl, 2, 1, "w", 0, 0, &x, T0 + 1, NULL), SPN_OK);
+  assert_int_equal(q.ops->complete(q.impl, 2, 1, "w", 0, 0, &x, NULL, T0 + 1, NULL), SPN_OK);
   spn_queue_free(&q);
   /* And it is on disk: reopened, the figures are there. */
   assert_int_equal(spn_queue_sqlite_open(&c, &q, &err), SPN_OK);
@@ -834,6 +844,48 @@ static void test_redis_url_errors(void **state) {
   assert_non_null(strstr(err.msg, "redis://127.0.0.1:1"));
 }
 
+/* A run's warnings rendered for the queue: whole lines while they fit in
+ * SPN_JOB_WARNINGS_MAX, then one line counting the rest; valid JSON. */
+static void test_warnings_render(void **state) {
+  (void)state;
+  char out[SPN_JOB_WARNINGS_MAX];
+  spn__warnings_render(NULL, out, sizeof out);
+  assert_string_equal(out, "");
+  cJSON *a = cJSON_CreateArray();
+  spn__warnings_render(a, out, sizeof out);
+  assert_string_equal(out, "");
+  char line[128];
+  for (int i = 0; i < 30; i++) {
+    snprintf(line, sizeof line, "stage%02d: %090d", i, i);
+    cJSON_AddItemToArray(a, cJSON_CreateString(line));
+  }
+  spn__warnings_render(a, out, sizeof out);
+  assert_true(strlen(out) < sizeof out);
+  cJSON *r = cJSON_Parse(out);
+  assert_true(cJSON_IsArray(r));
+  int n = cJSON_GetArraySize(r);
+  assert_true(n > 10 && n < 30);
+  for (int i = 0; i < n - 1; i++) { /* the first lines, whole and in order */
+    snprintf(line, sizeof line, "stage%02d: %090d", i, i);
+    assert_string_equal(cJSON_GetArrayItem(r, i)->valuestring, line);
+  }
+  char more[80];
+  snprintf(more, sizeof more, "... %d more warnings: see the worker's log", 30 - (n - 1));
+  assert_string_equal(cJSON_GetArrayItem(r, n - 1)->valuestring, more);
+  cJSON_Delete(r);
+  cJSON_Delete(a);
+  /* one line longer than the whole room: only counted */
+  a = cJSON_CreateArray();
+  char *big = malloc(3000);
+  memset(big, 'x', 2999);
+  big[2999] = '\0';
+  cJSON_AddItemToArray(a, cJSON_CreateString(big));
+  free(big);
+  spn__warnings_render(a, out, sizeof out);
+  assert_string_equal(out, "[\"... 1 more warnings: see the worker's log\"]");
+  cJSON_Delete(a);
+}
+
 #define SQ(t) cmocka_unit_test_setup_teardown(t, setup_sqlite, teardown)
 #define RD(t) cmocka_unit_test_setup_teardown(t, setup_redis, teardown_redis)
 
@@ -844,6 +896,7 @@ int main(void) {
       SQ(test_idempotency),
       SQ(test_lease_expiry_and_renew),
       cmocka_unit_test(test_backoff_bounds),
+      cmocka_unit_test(test_warnings_render),
       SQ(test_dead_letter),
       SQ(test_deadline),
       SQ(test_cancel),

@@ -158,6 +158,7 @@ def case_join(tmp):
     check(st["state"] == "succeeded" and segs and len(segs) == 6, f"status: {st}")
     check([s["index"] for s in segs] == list(range(6)), f"segment order: {segs}")
     check(all(s["state"] == "succeeded" and s["attempts"] == 1 for s in segs), f"segments: {segs}")
+    check("warnings" not in st and not any("warnings" in s for s in segs), f"a clean clip warned: {st}")
     check(st["total"] == sum(s["total"] for s in segs) == 1500 and st["done"] == st["total"],
           f"progress {st['done']}/{st['total']} vs the segments' {[s['total'] for s in segs]}")
     check(segs[0]["start"] == 0 and all(abs(segs[i]["end"] - segs[i + 1]["start"]) < 1e-9 for i in range(5)),

@@ -89,6 +89,12 @@ void spn_job_ctx_add_gpu_seconds(spn_job_ctx_t *ctx, double seconds);
  * arrays borrowed. */
 void spn_job_ctx_add_transfers(spn_job_ctx_t *ctx, const uint64_t bytes[4], const uint64_t ns[4]);
 
+/* Record a warning for the job (a damaged input accepted, a model replaced
+ * by a built-in one): the job still succeeds, and its status lists the
+ * warnings of the attempt that did. Thread: the runner's. Ownership: msg
+ * borrowed (copied). */
+void spn_job_ctx_warn(spn_job_ctx_t *ctx, const char *msg);
+
 /* A runner. `run` returns SPN_OK (outputs complete), SPN_ECANCELLED (it saw
  * the cancel flag) or an error with err->msg naming the input and position;
  * errors are retried up to the job's max_attempts. `has_pipeline` says whether
