@@ -375,6 +375,15 @@ def tolerated_job(tmp, ep, where):
     print(f"{where}: tolerated truncated file: {len(wn)} warnings, the first {wn[:2]}")
 
 
+def run_json(tmp, conf, *sets):
+    """spindle run CONF --log-format json with --set each of sets: its summary."""
+    args = [a for kv in sets for a in ("--set", kv)]
+    r = subprocess.run([SPINDLE, "run", os.path.join(SRC, "configs", conf), "--log-format", "json", *args],
+                       capture_output=True, cwd=tmp, timeout=300)
+    check(r.returncode == 0, f"spindle run {conf}: exit {r.returncode}: {r.stderr.decode()[-2000:]}")
+    return json.loads(r.stdout)
+
+
 def case_failures(tmp):
     cfg = server_config(tmp, with_lipsync=False)
     p, ep = start_serve(tmp, cfg, "--workers", "1")
@@ -391,6 +400,15 @@ def case_failures(tmp):
         check(not os.path.exists(out), f"{name}: a failed job left {out}")
     # tolerate_errors, a job param, accepts the truncated file explicitly
     tolerated_job(tmp, ep, "gateway")
+    # spindle run's summary lists the same warnings (and none for a clean file)
+    got = run_json(tmp, "transcode.toml", f"decode.path={tmp}/third.mp4", "decode.tolerate_errors=true",
+                   f"encode.path={tmp}/run-tol.mp4")
+    acc = [w for w in got["warnings"] if "damaged input accepted (tolerate_errors)" in w]
+    check(got["status"] == "succeeded" and len(acc) == 1 and acc[0].startswith("decode: "),
+          f"spindle run of the truncated file: {got['status']}, warnings {got['warnings']}")
+    got = run_json(tmp, "transcode.toml", f"decode.path={SRC}/samples/media/talking-head.mp4", "decode.duration=0.4",
+                   f"encode.path={tmp}/run-ok.mp4")
+    check(got["status"] == "succeeded" and got["warnings"] == [], f"spindle run of a clean file: {got['warnings']}")
     r = cli("submit", "transcode", "--input", f"video={SRC}/samples/media/talking-head.mp4", "--output", f"video={tmp}/out/ok.mp4", "--param", "duration=0.4", "--wait", "--connect", ep)
     # (the sample is outside the roots: refused) — copy it in and retry
     check(r.returncode == 5, f"input outside the roots: exit {r.returncode}")
@@ -600,6 +618,7 @@ def case_pretrained(tmp):
             check(r.returncode == 0, f"spindle run {conf}: exit {r.returncode}; "
                   + open(log, errors="replace").read()[-2000:])
     check_pretrained_log(log, paths, "spindle run")
+    check("  warning: " not in open(log, errors="replace").read(), "spindle run's summary lists warnings")
     collect("spindle run", f"{out}/enhance.mp4", f"{out}/lipsync.mp4", f"{out}/faces.jsonl")
 
     def submit_all(where, ep):
