@@ -28,7 +28,10 @@ Cases:
            runs again when its lease expires.
   bad      segment requests that cannot work fail at submit with the field
            named: 0, negative, a fraction, both fields, more segments than
-           keyframes, an input with no video, a non-media pipeline.
+           keyframes, an input with no video, a non-media pipeline; a
+           damaged clip accepted with tolerate_errors in 4 segments: the
+           segments that met the damage list it as warnings, and the job
+           lists them all, each prefixed with its segment.
 Exit 77 (skip) without ffmpeg/ffprobe. Prints "ok CASE" or "FAIL CASE: why".
 """
 import array
@@ -295,6 +298,28 @@ def case_bad(tmp):
     submit(ep, clip, f"{tmp}/out/ok.mp4", "--segments", "4")
     check(int(probe(f"{tmp}/out/ok.mp4")["v"]["nb_read_frames"]) == 200, "4 segments of an 8 s clip")
     check(os.listdir(f"{tmp}/out") == ["ok.mp4"], f"files left: {os.listdir(tmp + '/out')}")
+    # A damaged clip accepted with tolerate_errors, in segments: each segment
+    # that met the damage lists it, and the whole job lists them all, each
+    # prefixed with its segment (docs/jobs.md, "Warnings").
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=size=160x120:rate=25:duration=8",
+                    "-c:v", "libx264", "-g", "50", "-keyint_min", "50", "-sc_threshold", "0", "-pix_fmt", "yuv420p",
+                    f"{tmp}/v.mp4"], check=True)
+    data = bytearray(open(f"{tmp}/v.mp4", "rb").read())
+    mid = len(data) // 2  # inside mdat: the index (moov) is at the end
+    data[mid:mid + 400] = b"\xab" * 400
+    open(f"{tmp}/vbad.mp4", "wb").write(data)
+    r = submit(ep, f"{tmp}/vbad.mp4", f"{tmp}/out/tol.mp4", "--segments", "4", "--param", "tolerate_errors=true")
+    jid = int(r.stdout.split()[0])
+    st = status(ep, jid)
+    wn, segs = st.get("warnings", []), st["segments"]
+    hit = [s for s in segs if any("damaged input accepted (tolerate_errors)" in w for w in s.get("warnings", []))]
+    check(st["state"] == "succeeded" and hit, f"damaged clip in segments: {st['state']}, segments' warnings "
+          f"{[s.get('warnings') for s in segs]}")
+    want = [f"segment {s['index']}: {w}" for s in segs for w in s.get("warnings", [])]
+    check(wn == want and all(w.split(": ")[1] == "decode" for w in wn),
+          f"the job's warnings are not its segments', prefixed: {wn} vs {want}")
+    printed = [ln.split(" warning: ", 1)[1] for ln in r.stderr.decode().splitlines() if " warning: " in ln]
+    check(printed == wn, f"submit --wait printed {printed}")
     check(p.poll() is None, "gateway died")
 
 
