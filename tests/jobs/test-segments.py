@@ -30,8 +30,9 @@ Cases:
            named: 0, negative, a fraction, both fields, more segments than
            keyframes, an input with no video, a non-media pipeline; a
            damaged clip accepted with tolerate_errors in 4 segments: the
-           segments that met the damage list it as warnings, and the job
-           lists them all, each prefixed with its segment.
+           segments that met the damage list the decoder's errors as
+           warnings, and the job lists them all, each prefixed with its
+           segment.
 Exit 77 (skip) without ffmpeg/ffprobe. Prints "ok CASE" or "FAIL CASE: why".
 """
 import array
@@ -298,8 +299,8 @@ def case_bad(tmp):
     submit(ep, clip, f"{tmp}/out/ok.mp4", "--segments", "4")
     check(int(probe(f"{tmp}/out/ok.mp4")["v"]["nb_read_frames"]) == 200, "4 segments of an 8 s clip")
     check(os.listdir(f"{tmp}/out") == ["ok.mp4"], f"files left: {os.listdir(tmp + '/out')}")
-    # A damaged clip accepted with tolerate_errors, in segments: each segment
-    # that met the damage lists it, and the whole job lists them all, each
+    # A damaged clip accepted with tolerate_errors, in segments: the segments
+    # that met the damage list what the decoder said of it, and the whole job lists them all, each
     # prefixed with its segment (docs/jobs.md, "Warnings").
     subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=size=160x120:rate=25:duration=8",
                     "-c:v", "libx264", "-g", "50", "-keyint_min", "50", "-sc_threshold", "0", "-pix_fmt", "yuv420p",
@@ -312,7 +313,10 @@ def case_bad(tmp):
     jid = int(r.stdout.split()[0])
     st = status(ep, jid)
     wn, segs = st.get("warnings", []), st["segments"]
-    hit = [s for s in segs if any("damaged input accepted (tolerate_errors)" in w for w in s.get("warnings", []))]
+    # FFmpeg's decode errors at least ("error while decoding MB ..."); whether
+    # it also flags the frame corrupt (our "damaged input accepted" line)
+    # varies with its frame threads
+    hit = [s for s in segs if any(w.startswith("decode: ") and "vbad.mp4" in w for w in s.get("warnings", []))]
     check(st["state"] == "succeeded" and hit, f"damaged clip in segments: {st['state']}, segments' warnings "
           f"{[s.get('warnings') for s in segs]}")
     want = [f"segment {s['index']}: {w}" for s in segs for w in s.get("warnings", [])]
