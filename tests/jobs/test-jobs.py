@@ -1058,9 +1058,11 @@ def case_pipeline_transfers(tmp):
 
 
 def case_worker_transfers(tmp):
-    """A worker's DONE carries the attempt's transfers: the gateway stores
-    them exactly; malformed ones (negative, fractional bytes, not an object)
-    count as none, the job still succeeds and the gateway says why."""
+    """A worker's DONE carries the attempt's transfers and warnings: the
+    gateway stores the transfers exactly and the warnings as far as they fit
+    in 2 KiB (then a line counting the rest); malformed ones (transfers:
+    negative, fractional bytes, not an object; warnings: not an array of
+    strings) count as none, the job still succeeds and the gateway says why."""
     p, ep = start_serve(tmp, "--workers", "0")
     ctx = zmq.Context()
     w = Raw(ctx, ep)
@@ -1074,9 +1076,11 @@ def case_worker_transfers(tmp):
         if m[0] == "JOB":
             jobs[m[1]["id"]] = m[1]["attempt"]
     good = {"h2d": {"bytes": 1000, "ms": 0.5}, "d2h": {"bytes": 24, "ms": 0.25}}
-    for jid, xf in zip(ids, [good] + bad):
+    many = [f'decode: line {i} "quoted" \u00e9 ' + "x" * 80 for i in range(40)]
+    bad_wn = ["decode: one string", ["decode: ok", 7], {"decode": "x"}, [["decode: nested"]]]
+    for jid, xf, wn in zip(ids, [good] + bad, [many] + bad_wn):
         w.req("DONE", {"worker": "rw", "id": jid, "attempt": jobs[jid], "compute_s": 0.1, "gpu_s": 0,
-                       "transfers": xf})
+                       "transfers": xf, "warnings": wn})
     for jid in ids:
         wait_for(lambda: status(ep, jid)["state"] == "succeeded", 10, f"job {jid} to succeed")
     t = status(ep, ids[0])["transfers"]
@@ -1089,6 +1093,15 @@ def case_worker_transfers(tmp):
               f"job {jid}: malformed transfers were recorded: {t}")
     log = open(f"{tmp}/serve.log", errors="replace").read()
     check(log.count("recorded as no transfers") == len(bad), f"warnings for malformed transfers: {log[-2000:]}")
+    # the warnings: the first lines whole and in order, then the count of the rest
+    got = status(ep, ids[0]).get("warnings", [])
+    k = len(got) - 1
+    check(5 < k < 40 and got[:k] == many[:k] and got[k] == f"... {40 - k} more warnings: see the worker's log"
+          and len(json.dumps(got, separators=(",", ":"))) < 2048, f"stored warnings: {got}")
+    for jid in ids[1:]:
+        check("warnings" not in status(ep, jid), f"job {jid}: malformed warnings were recorded")
+    check(log.count('"warnings\\" is not an array of strings; recorded as none') == len(bad_wn),
+          f"warnings for malformed warnings: {log[-2000:]}")
     w.close()
     ctx.term()
 
