@@ -638,13 +638,19 @@ static int on_event(void *user, const spn_client_status_t *ev) {
   return 0;
 }
 
+/* The gateway's STATUS reply for a job: its full job object (JSON). */
+static int32_t request_status(spn_client_t *cl, int64_t id, char **reply, spn_error_t *err) {
+  char type[17], body[64];
+  snprintf(body, sizeof body, "{\"id\":%lld}", (long long)id);
+  return spn_client_request(cl, "STATUS", body, type, reply, err);
+}
+
 /* A succeeded job's warnings (its status's "warnings"), one line each on
  * stderr: the job is done, but not quite as asked (a model replaced by a
  * built-in one, damaged input accepted). */
 static void print_warnings(spn_client_t *cl, int64_t id, const char *cmd) {
-  char type[17], *reply = NULL, body[64];
-  snprintf(body, sizeof body, "{\"id\":%lld}", (long long)id);
-  if (spn_client_request(cl, "STATUS", body, type, &reply, NULL) < 0)
+  char *reply = NULL;
+  if (request_status(cl, id, &reply, NULL) < 0)
     return;
   cJSON *j = cJSON_Parse(reply);
   const cJSON *it;
@@ -903,11 +909,10 @@ static int cmd_status(int argc, char **argv) {
   spn_client_t *cl;
   if (client_open(&co, "status", &cl) < 0)
     return EXIT_GATEWAY;
-  char type[17], *reply = NULL, body[64];
-  snprintf(body, sizeof body, "{\"id\":%lld}", (long long)id);
+  char *reply = NULL;
   spn_error_t err = SPN_ERROR_INIT;
   int rc = EXIT_OK;
-  if (spn_client_request(cl, "STATUS", body, type, &reply, &err) < 0) {
+  if (request_status(cl, id, &reply, &err) < 0) {
     fprintf(stderr, "spindle status: %s\n", err.msg);
     rc = EXIT_GATEWAY;
   } else {

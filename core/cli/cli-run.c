@@ -160,34 +160,21 @@ static void usage(FILE *f) {
           "Exit status: 0 job succeeded, 1 job failed, 2 usage or config error, 130 interrupted.\n");
 }
 
-static void print_warning(const char *line, bool json, size_t *k) {
-  if (json) {
-    printf("%s", (*k)++ ? "," : "");
+/* What the stages warned of (docs/jobs.md, "Warnings"), the pipeline's then
+ * the job's; the log showed them as they came, among the rest. JSON: the
+ * members of an array of strings (n counts them); text: a line each. */
+typedef struct warn_out {
+  bool json;
+  size_t n;
+} warn_out_t;
+
+static void print_warning(void *user, const char *line) {
+  warn_out_t *w = user;
+  if (w->json) {
+    printf("%s", w->n++ ? "," : "");
     json_string(stdout, line);
   } else {
     printf("  warning: %s\n", line);
-  }
-}
-
-/* What the stages warned of (docs/jobs.md, "Warnings"): the pipeline's
- * (a model replaced by a built-in one at load), then the job's (damaged
- * input accepted, ...); the log showed them as they came, among the rest.
- * JSON: the members of an array of strings; text: a line each. */
-static void print_warnings(const spn_pipeline_t *pipe, const spn_job_t *job, bool json) {
-  char line[512];
-  size_t k = 0;
-  for (int src = 0; src < 2; src++) {
-    uint64_t n = src ? spn_job_warning_count(job) : spn_pipeline_warning_count(pipe), i = 0;
-    for (; i < n; i++) {
-      int32_t rc = src ? spn_job_warning(job, i, line, sizeof line) : spn_pipeline_warning(pipe, i, line, sizeof line);
-      if (rc != SPN_OK)
-        break;
-      print_warning(line, json, &k);
-    }
-    if (i < n) {
-      snprintf(line, sizeof line, "... %llu more warnings: see the log", (unsigned long long)(n - i));
-      print_warning(line, json, &k);
-    }
   }
 }
 
@@ -286,7 +273,7 @@ int spn_cli_run(int argc, char **argv) {
     printf("]");
     print_edges(pipe, true);
     printf(",\"warnings\":[");
-    print_warnings(pipe, job, true);
+    spn_job_warnings_each(job, "the log", print_warning, &(warn_out_t){.json = true});
     printf("]}\n");
   } else {
     printf("%s: job %llu %s: %lld frames in %.2f s (%.1f frames/s)\n", spn_pipeline_name(pipe),
@@ -313,7 +300,7 @@ int spn_cli_run(int argc, char **argv) {
       print_copies(xfer.copies, xfer.bytes, xfer.ns, false);
       printf("; %.1f bytes per frame between host and devices\n", device_bytes_per_frame(&xfer, frames));
     }
-    print_warnings(pipe, job, false);
+    spn_job_warnings_each(job, "the log", print_warning, &(warn_out_t){.json = false});
   }
   rc = status == SPN_OK ? 0 : (interrupted ? 130 : 1);
 out_signals:

@@ -624,7 +624,7 @@ static int32_t rq_complete(void *qv, int64_t id, uint32_t attempt, const char *o
   a_dbl(&a, gpu_s);
   a_i64(&a, now);
   a_xfer(&a, xfer);
-  a_str(&a, warnings ? warnings : "");
+  a_str(&a, warnings); /* NULL: "" */
   int64_t v = 0;
   int32_t rc = lease_int(q, SC_COMPLETE, &a, "completing a job", &v, err);
   if (rc == SPN_OK && v != 1)

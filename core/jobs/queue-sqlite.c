@@ -532,10 +532,7 @@ static int32_t sq_complete(void *qv, int64_t id, uint32_t attempt, const char *o
   bind_text(s, 3, owner);
   sqlite3_bind_double(s, 4, compute_s);
   sqlite3_bind_double(s, 5, gpu_s);
-  if (warnings && *warnings)
-    bind_text(s, 6, warnings);
-  else
-    sqlite3_bind_null(s, 6);
+  bind_text(s, 6, warnings && *warnings ? warnings : NULL);
   int n = exec_stmt(q, s, err, "completing a job");
   if (n < 0)
     rc = SPN_EIO;

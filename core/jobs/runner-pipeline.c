@@ -344,21 +344,7 @@ static void on_progress(void *data, const spn_job_progress_t *p) {
   atomic_store(&st->p_done, p->done);
 }
 
-/* n warnings of a pipeline or of a job into ctx; those not kept are named. */
-static void add_warnings(spn_job_ctx_t *ctx, uint64_t n, const spn_pipeline_t *pipe, const spn_job_t *job) {
-  char line[512];
-  uint64_t i = 0;
-  for (; i < n; i++) {
-    int32_t rc = pipe ? spn_pipeline_warning(pipe, i, line, sizeof line) : spn_job_warning(job, i, line, sizeof line);
-    if (rc != SPN_OK)
-      break;
-    spn_job_ctx_warn(ctx, line);
-  }
-  if (i < n) {
-    snprintf(line, sizeof line, "... %llu more warnings: see the worker's log", (unsigned long long)(n - i));
-    spn_job_ctx_warn(ctx, line);
-  }
-}
+static void ctx_warn(void *ctx, const char *line) { spn_job_ctx_warn(ctx, line); }
 
 static void on_done(void *data, uint64_t job_id, int32_t status, const char *msg) {
   (void)job_id, (void)status, (void)msg; /* spn_job_wait returns them */
@@ -452,8 +438,7 @@ static int32_t pr_run(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ctx,
   /* Its warnings, for its status: the pipeline's own first (a model
    * replaced by a built-in one at load holds for every job), then the
    * job's (damaged input accepted, a codec replaced, ...). */
-  add_warnings(ctx, spn_pipeline_warning_count(e->pipe), e->pipe, NULL);
-  add_warnings(ctx, spn_job_warning_count(rj), NULL, rj);
+  spn_job_warnings_each(rj, "the worker's log", ctx_warn, ctx);
   spn_job_free(&rj);
   if (rc != SPN_OK)
     spn_error_set(err, rc, "job %lld: pipeline \"%s\": %s", (long long)job->id, e->name,

@@ -239,9 +239,9 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
           cJSON_AddNumberToObject(b, "compute_s", r->res.compute_s);
           cJSON_AddNumberToObject(b, "gpu_s", r->res.gpu_s);
           spn__xfer_to_json(b, "transfers", &r->res.xfer);
-          if (r->res.status == SPN_OK)
+          if (r->res.status == SPN_OK) {
             add_warnings(b, &r->res);
-          if (r->res.status != SPN_OK) {
+          } else {
             cJSON_AddStringToObject(b, "error", r->res.error);
             cJSON_AddBoolToObject(b, "cancelled", r->res.status == SPN_ECANCELLED);
           }

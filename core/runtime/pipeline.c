@@ -865,3 +865,21 @@ uint64_t spn_job_warning_count(const spn_job_t *job) {
 int32_t spn_job_warning(const spn_job_t *job, size_t i, char *buf, size_t size) {
   return job ? spn__warns_get(&((spn_job_t *)job)->warns, i, buf, size) : SPN_EINVAL;
 }
+
+void spn_job_warnings_each(const spn_job_t *job, const char *where, void (*fn)(void *user, const char *line),
+                           void *user) {
+  if (!job || !fn)
+    return;
+  spn__warns_t *src[2] = {&job->pipe->warns, &((spn_job_t *)job)->warns};
+  char line[SPN__WARN_MAX + 64];
+  for (int k = 0; k < 2; k++) {
+    uint64_t n = spn__warns_count(src[k]), i = 0;
+    for (; i < n && spn__warns_get(src[k], i, line, sizeof line) == SPN_OK; i++)
+      fn(user, line);
+    if (i < n) {
+      snprintf(line, sizeof line, "... %llu more warnings: see %s", (unsigned long long)(n - i),
+               where ? where : "the log");
+      fn(user, line);
+    }
+  }
+}

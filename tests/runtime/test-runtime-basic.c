@@ -383,6 +383,17 @@ static void test_build_errors(void **st) {
   spn_runtime_free(&rt);
 }
 
+typedef struct warn_lines {
+  char v[24][512];
+  size_t n;
+} warn_lines_t;
+
+static void collect_line(void *user, const char *line) {
+  warn_lines_t *w = user;
+  assert_true(w->n < 24);
+  snprintf(w->v[w->n++], sizeof w->v[0], "%s", line);
+}
+
 /* Warnings the stages log are kept for the job they name (spn_job_warning)
  * or, naming none, for the pipeline (spn_pipeline_warning), whatever the
  * log level; info lines are not; each job gets its own; 16 are kept and
@@ -429,6 +440,17 @@ static void test_warnings(void **st) {
       assert_string_equal(line, want);
     }
     assert_int_equal(spn_job_warning(jobs[i], 16, line, sizeof line), SPN_EINVAL);
+    /* all of them, as a job status lists them: the pipeline's, the job's
+     * kept ones, then the count of the rest */
+    warn_lines_t all = {0};
+    spn_job_warnings_each(jobs[i], "the test's log", collect_line, &all);
+    assert_int_equal(all.n, 1 + 16 + 1);
+    assert_string_equal(all.v[0], "fix: model \"w.onnx\" not found; using the built-in one");
+    for (size_t k = 0; k < 16; k++) {
+      assert_int_equal(spn_job_warning(jobs[i], k, line, sizeof line), SPN_OK);
+      assert_string_equal(all.v[1 + k], line);
+    }
+    assert_string_equal(all.v[17], "... 4 more warnings: see the test's log");
     /* cut to the caller's buffer */
     char small[8];
     assert_int_equal(spn_job_warning(jobs[i], 0, small, sizeof small), SPN_OK);

@@ -332,6 +332,13 @@ SPN_API uint32_t spn_job_restarts(const spn_job_t *job);
  * Ownership: buf is the caller's. Thread: any (on_done included). */
 SPN_API uint64_t spn_job_warning_count(const spn_job_t *job);
 SPN_API int32_t spn_job_warning(const spn_job_t *job, size_t i, char *buf, size_t size);
+/* Every warning that concerns the job, in order: its pipeline's
+ * (spn_pipeline_warning), then its own (spn_job_warning), each line handed
+ * to fn; where a source logged more lines than it kept, "... N more
+ * warnings: see WHERE" follows its lines. What a job status or a run's
+ * summary lists. Ownership: arguments borrowed. Thread: any. */
+SPN_API void spn_job_warnings_each(const spn_job_t *job, const char *where,
+                                   void (*fn)(void *user, const char *line), void *user);
 /* Drop the caller's handle and set *job to NULL; a job still running goes
  * on (detached) and on_done is still called. Ownership: consumes *job.
  * Thread: any, on_done included. */
