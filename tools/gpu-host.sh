@@ -14,8 +14,12 @@
 #                        cannot read the build directory)
 #   WHEELS               a folder of wheels to install first (onnx2torch for
 #                        the benchmark)
-#   TEST_LIMIT           seconds for the tests (default 400), then killed;
-#                        0: no tests, only BENCH
+#   TEST_LIMIT           seconds for the tests (default 400), then killed
+#                        with everything they started; 0: no tests, only BENCH
+#   MODELS               a folder of fetched models (e.g. .bench/models from
+#                        tools/prepare-gpu-bench.sh) put in the tests' model
+#                        folder, so that the pipeline tests run RetinaFace and
+#                        Real-ESRGAN on the GPU instead of their fallbacks
 #   BENCH                a command run after the tests (e.g. the benchmark;
 #                        pipeline-gpu-bench.py: docs/gpu.md, "Benchmarks")
 #   LOGS                 where each test's log goes (default /tmp/spn-gpu-logs);
@@ -56,9 +60,36 @@ for p in libuv libzmq; do
   pkg-config --exists $p 2>/dev/null || printf 'Name: %s\nDescription: stub\nVersion: 1.0\n' $p >/tmp/spn-pcstub/$p.pc
 done
 export PKG_CONFIG_PATH=/tmp/spn-pcstub${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+# The tests' model folder (SPINDLE_MODEL_PATH in their environment).
+if [ -n "${MODELS:-}" ] && [ -d "$MODELS" ]; then
+  mkdir -p "$SPN_GPU_BUILD/test-models"
+  cp "$MODELS"/*.onnx "$SPN_GPU_BUILD/test-models/" && echo "test models: $(ls "$MODELS")"
+fi
+# facedetect's fallback, the Haar cascade, comes with opencv-data on Debian;
+# a GPU host often has OpenCV's wheel instead, which carries the same file.
+hc=/usr/share/opencv4/haarcascades/haarcascade_frontalface_default.xml
+if [ ! -f $hc ]; then
+  w=$(python3 -c 'import cv2, os; print(os.path.join(cv2.data.haarcascades, "haarcascade_frontalface_default.xml"))' 2>/dev/null)
+  [ -n "$w" ] && [ -f "$w" ] && mkdir -p "$(dirname $hc)" 2>/dev/null && cp "$w" $hc 2>/dev/null &&
+    echo "haar cascade: $hc from $w"
+fi
+# Tests meson runs alone (is_parallel: false: engine-cuda drives the GPU out
+# of memory on purpose) run after the others, one at a time; the runner
+# takes the two lists as two runs.
+python3 - "$t/tests.json" <<'PY'
+import json, sys
+tests = json.load(open(sys.argv[1]))
+json.dump([x for x in tests if x.get("is_parallel", True)], open("/tmp/spn-gpu/tests-par.json", "w"))
+json.dump([x for x in tests if not x.get("is_parallel", True)], open("/tmp/spn-gpu/tests-ser.json", "w"))
+json.dump([], open("/tmp/spn-gpu/none.json", "w"))
+PY
 rc=0
 if [ "${TEST_LIMIT:-400}" != 0 ]; then
-  timeout -s KILL "${TEST_LIMIT:-400}" python3 .gpu/runner.py $t/tests.json $t/benchmarks.json "$@" || rc=$?
+  # timeout signals its whole process group: the tests die with the runner
+  timeout -s KILL "${TEST_LIMIT:-400}" bash -c '
+    python3 .gpu/runner.py /tmp/spn-gpu/tests-par.json '"$t"'/benchmarks.json "$@"; a=$?
+    python3 .gpu/runner.py /tmp/spn-gpu/tests-ser.json /tmp/spn-gpu/none.json "$@" --jobs 1; b=$?
+    exit $(( a || b ))' runner "$@" || rc=$?
   echo "runner exit $rc"
 fi
 if [ -n "${BENCH:-}" ]; then
