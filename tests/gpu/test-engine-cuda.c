@@ -387,7 +387,9 @@ static void test_device_io_graphs(void **state) {
     void *dx = NULL, *dy = NULL;
     assert_int_equal(cudaMalloc(&dx, n * sizeof(float)), cudaSuccess);
     assert_int_equal(cudaMalloc(&dy, no * sizeof(float)), cudaSuccess);
-    assert_int_equal(cudaMemcpy(dx, x, n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    /* on st: a synchronous copy from pageable memory may return before its
+     * DMA lands, and st (non-blocking) does not wait for the legacy stream */
+    assert_int_equal(cudaMemcpyAsync(dx, x, n * sizeof(float), cudaMemcpyHostToDevice, st), cudaSuccess);
     spn_tensor_t din = image(dx, batch);
     din.device_kind = SPN_DEVICE_CUDA;
     spn_tensor_t dout = SPN_TENSOR_INIT;
@@ -411,8 +413,11 @@ static void test_device_io_graphs(void **state) {
       fail_msg("run_on (no graphs): %s", err.msg);
     assert_int_equal(cudaMemcpyAsync(ye, dy, no * sizeof(float), cudaMemcpyDeviceToHost, st), cudaSuccess);
     assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
+    /* Each loaded model times cuDNN's algorithms itself (cudnnFind), so the
+     * two may sum in another order: equal to within fp32 rounding of a
+     * 72-term dot product, not bit for bit (seen on an H200: 16 ulps). */
     for (size_t i = 0; i < no; i++)
-      if (!(fabsf(ye[i] - y[i]) <= 1e-6f * fmaxf(1.f, fabsf(y[i]))))
+      if (!(fabsf(ye[i] - y[i]) <= 1e-5f * fmaxf(1.f, fabsf(y[i]))))
         fail_msg("graph replay %g vs eager %g at %zu", (double)y[i], (double)ye[i], i);
     cudaFree(dx);
     cudaFree(dy);

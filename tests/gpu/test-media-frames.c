@@ -134,8 +134,10 @@ static void from_frame_matches_cpu_twin(void **state) {
       void *dy = NULL, *dc = NULL;
       CU(cudaMalloc(&dy, (size_t)h * yp));
       CU(cudaMalloc(&dc, (size_t)ch * cp));
-      CU(cudaMemcpy(dy, hy, (size_t)h * yp, cudaMemcpyHostToDevice));
-      CU(cudaMemcpy(dc, hc, (size_t)ch * cp, cudaMemcpyHostToDevice));
+      /* on s: a synchronous copy from pageable memory may return before its
+       * DMA lands, and s (non-blocking) does not wait for the legacy stream */
+      CU(cudaMemcpyAsync(dy, hy, (size_t)h * yp, cudaMemcpyHostToDevice, s));
+      CU(cudaMemcpyAsync(dc, hc, (size_t)ch * cp, cudaMemcpyHostToDevice, s));
       spn_image_t frame = SPN_IMAGE_INIT; /* the item's view: NV12 with the device planes */
       frame.width = w;
       frame.height = h;
