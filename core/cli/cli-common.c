@@ -8,6 +8,7 @@
  * binary never looks there.
  */
 #include <dirent.h>
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,14 +133,16 @@ int spn_cli_next(spn_cli_getopt_t *g, int argc, char **argv, const struct option
   return c;
 }
 
-enum { O_PLUGIN_PATH = 256, O_SET, O_DEVICES, O_LOG_FORMAT };
+enum { O_PLUGIN_PATH = 256, O_SET, O_DEVICES, O_LOG_FORMAT, O_REPEAT };
 
 int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opts_t *o) {
   memset(o, 0, sizeof *o);
+  o->repeat = 1;
   static const struct option all[] = {{"plugin-path", required_argument, NULL, O_PLUGIN_PATH},
                                       {"set", required_argument, NULL, O_SET},
                                       {"devices", required_argument, NULL, O_DEVICES},
-                                      {"log-format", required_argument, NULL, O_LOG_FORMAT}};
+                                      {"log-format", required_argument, NULL, O_LOG_FORMAT},
+                                      {"repeat", required_argument, NULL, O_REPEAT}};
   struct option opts[sizeof all / sizeof all[0] + 2];
   size_t n = 0;
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -190,6 +193,17 @@ int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opt
         return 2;
       }
       break;
+    case O_REPEAT: {
+      char *end = NULL;
+      errno = 0;
+      long v = strtol(val, &end, 10);
+      if (errno || end == val || *end || v < 1 || v > 1000) {
+        fprintf(stderr, "spindle %s: --repeat '%s': expected a whole number from 1 to 1000\n", cmd, val);
+        return 2;
+      }
+      o->repeat = (int32_t)v;
+      break;
+    }
     default:
       return 2;
     }

@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -51,7 +52,67 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* A stage's busy time as a fraction of all stages' busy time (0 when none). */
+/* The pipeline's counters (busy time and copies per stage, traffic per
+ * edge) add up over every job since it was loaded; with --repeat each run's
+ * summary shows what that run added: the counters at its start are kept
+ * here and subtracted. */
+typedef struct run_base {
+  size_t n_stages, n_edges;
+  uint64_t *busy;
+  spn_transfer_stats_t *stage_x;
+  spn_edge_stats_t *edge;
+} run_base_t;
+
+static void base_free(run_base_t *b) {
+  free(b->busy);
+  free(b->stage_x);
+  free(b->edge);
+  memset(b, 0, sizeof *b);
+}
+
+/* Fill b with the counters now (allocating on first use); false when out of
+ * memory. */
+static bool base_take(const spn_pipeline_t *pipe, run_base_t *b) {
+  if (!b->busy) {
+    b->n_stages = spn_pipeline_stage_count(pipe);
+    b->n_edges = spn_pipeline_edge_count(pipe);
+    b->busy = calloc(b->n_stages + 1, sizeof *b->busy);
+    b->stage_x = calloc(b->n_stages + 1, sizeof *b->stage_x);
+    b->edge = calloc(b->n_edges + 1, sizeof *b->edge);
+    if (!b->busy || !b->stage_x || !b->edge)
+      return false;
+  }
+  for (size_t i = 0; i < b->n_stages; i++) {
+    spn_pipeline_stage_time(pipe, i, &b->busy[i]);
+    b->stage_x[i] = (spn_transfer_stats_t)SPN_TRANSFER_STATS_INIT;
+    spn_pipeline_stage_transfers(pipe, i, &b->stage_x[i]);
+  }
+  for (size_t i = 0; i < b->n_edges; i++)
+    if (spn_pipeline_edge_stats(pipe, i, &b->edge[i]) != SPN_OK)
+      memset(&b->edge[i], 0, sizeof b->edge[i]);
+  return true;
+}
+
+static void sub4(uint64_t a[4], const uint64_t b[4]) {
+  for (int d = 0; d < 4; d++)
+    a[d] -= b[d];
+}
+
+/* Stage i's busy ns and own copies since the base. */
+static const char *stage_run(const spn_pipeline_t *pipe, const run_base_t *b, size_t i, uint64_t *ns,
+                             spn_transfer_stats_t *x) {
+  const char *name = spn_pipeline_stage_time(pipe, i, ns);
+  *x = (spn_transfer_stats_t)SPN_TRANSFER_STATS_INIT;
+  spn_pipeline_stage_transfers(pipe, i, x);
+  if (i < b->n_stages) {
+    *ns -= b->busy[i];
+    sub4(x->copies, b->stage_x[i].copies);
+    sub4(x->bytes, b->stage_x[i].bytes);
+    sub4(x->ns, b->stage_x[i].ns);
+  }
+  return name;
+}
+
 static void json_string(FILE *f, const char *s);
 
 static const char *const copy_dirs[] = {"h2d", "d2h", "d2d", "h2h"};
@@ -80,13 +141,20 @@ static double device_bytes_per_frame(const spn_transfer_stats_t *x, long long fr
 
 /* Per-edge traffic: format, memory, what passed as it was, what was copied
  * (count, bytes, time per direction), and whether a conversion sits there. */
-static void print_edges(const spn_pipeline_t *pipe, bool json) {
+static void print_edges(const spn_pipeline_t *pipe, const run_base_t *b, bool json) {
   if (json)
     printf(",\"edges\":[");
   for (size_t i = 0; i < spn_pipeline_edge_count(pipe); i++) {
     spn_edge_stats_t e;
     if (spn_pipeline_edge_stats(pipe, i, &e) != SPN_OK)
       continue;
+    if (i < b->n_edges) {
+      e.messages -= b->edge[i].messages;
+      e.items_passed -= b->edge[i].items_passed;
+      sub4(e.copies, b->edge[i].copies);
+      sub4(e.bytes, b->edge[i].bytes);
+      sub4(e.ns, b->edge[i].ns);
+    }
     const char *mem = e.mem_kind >= 0 && e.mem_kind <= 2 ? mem_names[e.mem_kind] : "?";
     if (json) {
       printf("%s{\"from\":", i ? "," : "");
@@ -113,12 +181,12 @@ static void print_edges(const spn_pipeline_t *pipe, bool json) {
     printf("]");
 }
 
-static double stage_share(const spn_pipeline_t *pipe, uint64_t ns) {
+static double stage_share(const spn_pipeline_t *pipe, const run_base_t *b, uint64_t ns) {
   uint64_t total = 0;
   for (size_t i = 0; i < spn_pipeline_stage_count(pipe); i++) {
     uint64_t t = 0;
     spn_pipeline_stage_time(pipe, i, &t);
-    total += t;
+    total += t - (i < b->n_stages ? b->busy[i] : 0);
   }
   return total ? (double)ns / (double)total : 0.0;
 }
@@ -155,8 +223,11 @@ static void json_string(FILE *f, const char *s) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: spindle run PIPELINE.toml [--set stage.key=value]... [--devices SPEC]\n"
-          "                   [--plugin-path DIR]... [--log-format json|text]\n"
+          "                   [--plugin-path DIR]... [--log-format json|text] [--repeat N]\n"
           "Runs one job through the pipeline. --devices: auto, cpu, cpu:N, cuda, cuda:0,1.\n"
+          "--repeat N: N jobs, one after the other, on the pipeline loaded once (models\n"
+          "stay resident, as on a worker): a summary per run; the first includes the\n"
+          "warm-up (cuDNN algorithm choice, CUDA Graph capture), later ones do not.\n"
           "Exit status: 0 job succeeded, 1 job failed, 2 usage or config error, 130 interrupted.\n");
 }
 
@@ -178,8 +249,79 @@ static void print_warning(void *user, const char *line) {
   }
 }
 
+/* One run's summary: JSON (one object on a line) or text. run is 1..n with
+ * --repeat, 0 without. */
+static void print_summary(const spn_pipeline_t *pipe, spn_job_t *job, const run_base_t *b, const run_state_t *st,
+                          const spn_error_t *err, int32_t status, double elapsed, bool json, int32_t run, int32_t n) {
+  long long frames = atomic_load(&st->done);
+  const char *what = status == SPN_OK ? "succeeded" : status == SPN_ECANCELLED ? "cancelled" : "failed";
+  double fps = elapsed > 0 ? (double)frames / elapsed : 0;
+  spn_transfer_stats_t xfer = SPN_TRANSFER_STATS_INIT;
+  spn_job_transfers(job, &xfer);
+  if (json) {
+    printf("{\"pipeline\":");
+    json_string(stdout, spn_pipeline_name(pipe));
+    if (run)
+      printf(",\"run\":%d,\"runs\":%d", (int)run, (int)n);
+    printf(",\"job_id\":%llu,\"status\":\"%s\",\"frames\":%lld,\"elapsed_s\":%.3f,\"frames_per_s\":%.1f",
+           (unsigned long long)spn_job_id(job), what, frames, elapsed, isfinite(fps) ? fps : 0.0);
+    printf(",\"device_s\":%.3f,\"restarts\":%u", spn_job_device_seconds(job), spn_job_restarts(job));
+    printf(",\"transfers\":{\"bytes_per_frame\":%.1f", device_bytes_per_frame(&xfer, frames));
+    print_copies(xfer.copies, xfer.bytes, xfer.ns, true);
+    printf("}");
+    if (status != SPN_OK) {
+      printf(",\"error\":");
+      json_string(stdout, st->msg[0] ? st->msg : err->msg);
+    }
+    printf(",\"stages\":[");
+    for (size_t i = 0; i < spn_pipeline_stage_count(pipe); i++) {
+      uint64_t ns = 0;
+      spn_transfer_stats_t x;
+      const char *name = stage_run(pipe, b, i, &ns, &x);
+      printf("%s{\"name\":", i ? "," : "");
+      json_string(stdout, name ? name : "");
+      printf(",\"busy_ms\":%.3f,\"share\":%.4f", (double)ns / 1e6, stage_share(pipe, b, ns));
+      print_copies(x.copies, x.bytes, x.ns, true);
+      printf("}");
+    }
+    printf("]");
+    print_edges(pipe, b, true);
+    printf(",\"warnings\":[");
+    spn_job_warnings_each(job, "the log", print_warning, &(warn_out_t){.json = true});
+    printf("]}\n");
+  } else {
+    if (run)
+      printf("run %d of %d: ", (int)run, (int)n);
+    printf("%s: job %llu %s: %lld frames in %.2f s (%.1f frames/s)\n", spn_pipeline_name(pipe),
+           (unsigned long long)spn_job_id(job), what, frames, elapsed, fps);
+    /* Only with stages on devices (GPUs, or emulated cpu:N ones). */
+    if (spn_job_device_seconds(job) > 0 || spn_job_restarts(job))
+      printf("  device time %.2f s; restarted %u times after a device was quarantined\n", spn_job_device_seconds(job),
+             spn_job_restarts(job));
+    for (size_t i = 0; i < spn_pipeline_stage_count(pipe); i++) {
+      uint64_t ns = 0;
+      spn_transfer_stats_t x;
+      const char *name = stage_run(pipe, b, i, &ns, &x);
+      printf("  stage %-16s %10.1f ms %5.1f%%", name ? name : "", (double)ns / 1e6, 100.0 * stage_share(pipe, b, ns));
+      print_copies(x.copies, x.bytes, x.ns, false); /* the stage's own (buffer_copy) */
+      printf("\n");
+    }
+    print_edges(pipe, b, false);
+    bool copied = false;
+    for (int d = 0; d < 4; d++)
+      copied |= xfer.copies[d] != 0;
+    if (copied) { /* edges and stages together, this job's */
+      printf("  transfers");
+      print_copies(xfer.copies, xfer.bytes, xfer.ns, false);
+      printf("; %.1f bytes per frame between host and devices\n", device_bytes_per_frame(&xfer, frames));
+    }
+    spn_job_warnings_each(job, "the log", print_warning, &(warn_out_t){.json = false});
+  }
+  fflush(stdout);
+}
+
 int spn_cli_run(int argc, char **argv) {
-  static const char *const allowed[] = {"plugin-path", "set", "devices", "log-format", NULL};
+  static const char *const allowed[] = {"plugin-path", "set", "devices", "log-format", "repeat", NULL};
   spn_cli_opts_t o;
   int rc = spn_cli_parse(argc, argv, allowed, &o);
   if (rc || !o.file) {
@@ -203,107 +345,64 @@ int spn_cli_run(int argc, char **argv) {
     goto out;
   }
   spn_job_params_t params = SPN_JOB_PARAMS_INIT;
-  spn_job_callbacks_t cb = {.struct_size = sizeof cb, .data = &st, .on_progress = on_progress, .on_done = on_done};
   struct sigaction sa = {.sa_handler = on_sigint}, old_int, old_term;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
-  double t0 = now_s();
-  if (spn_job_start(pipe, &params, &cb, &job, &err) != SPN_OK) {
-    fprintf(stderr, "spindle run: %s\n", err.msg);
-    rc = 1;
-    goto out_signals;
+  run_base_t base = {0};
+  for (int32_t run = 1; run <= o.repeat; run++) {
+    /* Each run is a new job on the same pipeline: stages, models and
+     * device memory stay as the previous run left them. */
+    spn_job_free(&job);
+    atomic_store(&st.done, 0);
+    atomic_store(&st.total, -1);
+    atomic_store(&st.finished, false);
+    st.status = 0;
+    st.msg[0] = 0;
+    if (!base_take(pipe, &base)) {
+      fprintf(stderr, "spindle run: out of memory\n");
+      rc = 1;
+      break;
+    }
+    spn_job_callbacks_t cb = {.struct_size = sizeof cb, .data = &st, .on_progress = on_progress, .on_done = on_done};
+    double t0 = now_s();
+    if (spn_job_start(pipe, &params, &cb, &job, &err) != SPN_OK) {
+      fprintf(stderr, "spindle run: %s\n", err.msg);
+      rc = 1;
+      break;
+    }
+    bool cancel_sent = false;
+    double last_print = t0;
+    long long last_done = 0;
+    while (!atomic_load(&st.finished)) {
+      struct timespec ts = {0, 50 * 1000 * 1000};
+      nanosleep(&ts, NULL);
+      if (interrupted && !cancel_sent) {
+        spn_job_cancel(job);
+        cancel_sent = true;
+      }
+      double t = now_s();
+      if (tty && t - last_print >= 0.5) {
+        long long d = atomic_load(&st.done), tot = atomic_load(&st.total);
+        double fps = (double)(d - last_done) / (t - last_print);
+        if (tot >= 0)
+          fprintf(stderr, "\r%s: %lld/%lld frames  %.1f frames/s   ", spn_pipeline_name(pipe), d, tot, fps);
+        else
+          fprintf(stderr, "\r%s: %lld frames  %.1f frames/s   ", spn_pipeline_name(pipe), d, fps);
+        last_print = t;
+        last_done = d;
+      }
+    }
+    status = spn_job_wait(job, &err);
+    double elapsed = now_s() - t0;
+    if (tty)
+      fprintf(stderr, "\r\033[K");
+    print_summary(pipe, job, &base, &st, &err, status, elapsed, json, o.repeat > 1 ? run : 0, o.repeat);
+    rc = status == SPN_OK ? 0 : (interrupted ? 130 : 1);
+    if (rc)
+      break;
   }
-  bool cancel_sent = false;
-  double last_print = t0;
-  long long last_done = 0;
-  while (!atomic_load(&st.finished)) {
-    struct timespec ts = {0, 50 * 1000 * 1000};
-    nanosleep(&ts, NULL);
-    if (interrupted && !cancel_sent) {
-      spn_job_cancel(job);
-      cancel_sent = true;
-    }
-    double t = now_s();
-    if (tty && t - last_print >= 0.5) {
-      long long d = atomic_load(&st.done), tot = atomic_load(&st.total);
-      double fps = (double)(d - last_done) / (t - last_print);
-      if (tot >= 0)
-        fprintf(stderr, "\r%s: %lld/%lld frames  %.1f frames/s   ", spn_pipeline_name(pipe), d, tot, fps);
-      else
-        fprintf(stderr, "\r%s: %lld frames  %.1f frames/s   ", spn_pipeline_name(pipe), d, fps);
-      last_print = t;
-      last_done = d;
-    }
-  }
-  status = spn_job_wait(job, &err);
-  double elapsed = now_s() - t0;
-  if (tty)
-    fprintf(stderr, "\r\033[K");
-  long long frames = atomic_load(&st.done);
-  const char *what = status == SPN_OK ? "succeeded" : status == SPN_ECANCELLED ? "cancelled" : "failed";
-  double fps = elapsed > 0 ? (double)frames / elapsed : 0;
-  spn_transfer_stats_t xfer = SPN_TRANSFER_STATS_INIT;
-  spn_job_transfers(job, &xfer);
-  if (json) {
-    printf("{\"pipeline\":");
-    json_string(stdout, spn_pipeline_name(pipe));
-    printf(",\"job_id\":%llu,\"status\":\"%s\",\"frames\":%lld,\"elapsed_s\":%.3f,\"frames_per_s\":%.1f",
-           (unsigned long long)spn_job_id(job), what, frames, elapsed, isfinite(fps) ? fps : 0.0);
-    printf(",\"device_s\":%.3f,\"restarts\":%u", spn_job_device_seconds(job), spn_job_restarts(job));
-    printf(",\"transfers\":{\"bytes_per_frame\":%.1f", device_bytes_per_frame(&xfer, frames));
-    print_copies(xfer.copies, xfer.bytes, xfer.ns, true);
-    printf("}");
-    if (status != SPN_OK) {
-      printf(",\"error\":");
-      json_string(stdout, st.msg[0] ? st.msg : err.msg);
-    }
-    printf(",\"stages\":[");
-    for (size_t i = 0; i < spn_pipeline_stage_count(pipe); i++) {
-      uint64_t ns = 0;
-      const char *name = spn_pipeline_stage_time(pipe, i, &ns);
-      printf("%s{\"name\":", i ? "," : "");
-      json_string(stdout, name ? name : "");
-      printf(",\"busy_ms\":%.3f,\"share\":%.4f", (double)ns / 1e6, stage_share(pipe, ns));
-      spn_transfer_stats_t x = SPN_TRANSFER_STATS_INIT;
-      spn_pipeline_stage_transfers(pipe, i, &x);
-      print_copies(x.copies, x.bytes, x.ns, true);
-      printf("}");
-    }
-    printf("]");
-    print_edges(pipe, true);
-    printf(",\"warnings\":[");
-    spn_job_warnings_each(job, "the log", print_warning, &(warn_out_t){.json = true});
-    printf("]}\n");
-  } else {
-    printf("%s: job %llu %s: %lld frames in %.2f s (%.1f frames/s)\n", spn_pipeline_name(pipe),
-           (unsigned long long)spn_job_id(job), what, frames, elapsed, fps);
-    /* Only with stages on devices (GPUs, or emulated cpu:N ones). */
-    if (spn_job_device_seconds(job) > 0 || spn_job_restarts(job))
-      printf("  device time %.2f s; restarted %u times after a device was quarantined\n", spn_job_device_seconds(job),
-             spn_job_restarts(job));
-    for (size_t i = 0; i < spn_pipeline_stage_count(pipe); i++) {
-      uint64_t ns = 0;
-      const char *name = spn_pipeline_stage_time(pipe, i, &ns);
-      printf("  stage %-16s %10.1f ms %5.1f%%", name ? name : "", (double)ns / 1e6, 100.0 * stage_share(pipe, ns));
-      spn_transfer_stats_t x = SPN_TRANSFER_STATS_INIT;
-      spn_pipeline_stage_transfers(pipe, i, &x);
-      print_copies(x.copies, x.bytes, x.ns, false); /* the stage's own (buffer_copy) */
-      printf("\n");
-    }
-    print_edges(pipe, false);
-    bool copied = false;
-    for (int d = 0; d < 4; d++)
-      copied |= xfer.copies[d] != 0;
-    if (copied) { /* edges and stages together, this job's */
-      printf("  transfers");
-      print_copies(xfer.copies, xfer.bytes, xfer.ns, false);
-      printf("; %.1f bytes per frame between host and devices\n", device_bytes_per_frame(&xfer, frames));
-    }
-    spn_job_warnings_each(job, "the log", print_warning, &(warn_out_t){.json = false});
-  }
-  rc = status == SPN_OK ? 0 : (interrupted ? 130 : 1);
-out_signals:
+  base_free(&base);
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
 out:

@@ -65,13 +65,15 @@ typedef struct spn_cli_opts {
   size_t n_sets;
   const char *devices;       /* --devices */
   int32_t log_format;        /* --log-format */
+  int32_t repeat;            /* --repeat (spindle run), 1 when not given */
   const char *file;          /* the one positional argument, or NULL */
   char **owned;              /* strings this struct allocated */
   size_t n_owned;
 } spn_cli_opts_t;
 
 /* Parse argv (argv[0] is the subcommand). `allowed` lists the long options
- * the command accepts ("plugin-path", "set", "devices", "log-format").
+ * the command accepts ("plugin-path", "set", "devices", "log-format",
+ * "repeat").
  * Returns 0, -1 for --help, or 2 after printing a usage error. */
 int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opts_t *o);
 void spn_cli_opts_free(spn_cli_opts_t *o);

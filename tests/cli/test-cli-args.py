@@ -6,6 +6,7 @@ options after positionals) mean the same as the long form.
 
 usage: test-cli-args.py SPINDLE SOURCE_ROOT
 """
+import json
 import os
 import subprocess
 import sys
@@ -101,6 +102,36 @@ with tempfile.TemporaryDirectory() as tmp:
     expect(["keygen", "--", os.path.join(tmp, "-k")], 0)
     if not os.path.exists(os.path.join(tmp, "-k.pub")):
         failures.append("keygen -- -k wrote no -k.pub")
+
+# spindle run --repeat N: N jobs on the pipeline loaded once, a summary each
+expect(["run", synthetic, "--repeat", "0"], 2, "--repeat '0': expected a whole number from 1 to 1000")
+expect(["run", synthetic, "--repeat=two"], 2, "--repeat 'two': expected a whole number from 1 to 1000")
+expect(["validate", synthetic, "--repeat", "2"], 2, "unknown option '--repeat'")  # spindle run's alone
+r = run("run", synthetic, "--repeat", "3", "--log-format", "json", "--set", "source.frames=20",
+        "--set", "sink.expect_frames=20")
+runs = []
+for line in r.stdout.splitlines():
+    try:
+        d = json.loads(line)
+    except ValueError:
+        continue
+    if "stages" in d:
+        runs.append(d)
+if r.returncode != 0 or [d.get("run") for d in runs] != [1, 2, 3] or {d.get("runs") for d in runs} != {3}:
+    failures.append(f"run --repeat 3: rc {r.returncode}, runs {[d.get('run') for d in runs]}: {r.stderr[-300:]!r}")
+else:
+    # each summary is its own job's: 20 frames, 20 messages on every edge
+    # (not the pipeline's totals since it was loaded), its own job id
+    for d in runs:
+        msgs = [e["messages"] for e in d["edges"]]
+        if d["frames"] != 20 or d["status"] != "succeeded" or msgs != [20] * len(msgs) or not msgs:
+            failures.append(f"run --repeat 3: run {d['run']}: frames {d['frames']}, edge messages {msgs}")
+    if len({d["job_id"] for d in runs}) != 3:
+        failures.append(f"run --repeat 3: job ids {[d['job_id'] for d in runs]}")
+# a run that fails ends the repeat with its exit status: one summary, exit 1
+r = run("run", synthetic, "--repeat", "3", "--set", "source.frames=20", "--set", "sink.expect_frames=21")
+if r.returncode != 1 or r.stdout.count("synthetic: job") != 1 or "run 1 of 3: synthetic: job 1 failed" not in r.stdout:
+    failures.append(f"run --repeat 3 with a failing job: rc {r.returncode}, stdout {r.stdout[:300]!r}")
 
 for f in failures:
     print("FAIL:", f)
