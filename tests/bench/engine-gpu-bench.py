@@ -29,7 +29,9 @@ copied from host memory and the output copied back (Spindle: spn_model_run
 with host tensors). Throughput (samples/s) is batch / "ms".
 
 usage: engine-gpu-bench.py BUILD_DIR [--device cuda:0] [--iters N]
-                           [--only NAME] [--workdir DIR] [--spindle LIST]
+                           [--only NAME[,NAME...]] [--workdir DIR] [--spindle LIST]
+--only: configurations by exact name (wav2lip_b1) or by a part of their
+names (wav2lip: all three batches), comma-separated.
 --spindle: which Spindle variants, comma-separated among fp32, tf32, fp16,
 fp16-nographs, fp16-nhwc (default: all).
 Needs a CUDA GPU, torch (with CUDA) and onnx2torch; exits 77 (skipped)
@@ -60,11 +62,9 @@ def spindle_time(exe, path, feeds, work, name, device, precision, iters, graphs=
     if device_io:
         args.append("--device-io")
     env = dict(os.environ)
-    env.pop("SPINDLE_CUDA_NHWC", None)
     if not graphs:
         env["SPINDLE_NO_CUDA_GRAPHS"] = "1"
-    if nhwc:
-        env["SPINDLE_CUDA_NHWC"] = "1"
+    env["SPINDLE_CUDA_NHWC"] = "1" if nhwc else "0"  # each variant says which, whatever the default
     for k, v in feeds.items():
         p = os.path.join(work, f"{name}_{k}.npy")
         np.save(p, v)
@@ -154,10 +154,11 @@ def main():
         ("srvggnet_x4_270x480", "srvgg", lambda: models.srvgg(64, 32, 4), lambda: {"input": f(1, 3, 270, 480)}, 1),
         ("rrdbnet_x4_128", "rrdbnet", lambda: models.rrdbnet(64, 32, 23), lambda: {"input": f(1, 3, 128, 128)}, 1),
     ]
+    names = {c[0] for c in configs}  # --only: exact names, or substrings of them
     print(f"GPU: {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
     print(f"{'config':24} {'variant':30} {'ms':>9} {'ms+copies':>10} {'samples/s':>10}")
     for name, base, mk, feeds_fn, batch in configs:
-        if a.only and a.only not in name:
+        if a.only and not any(o == name or (o not in names and o in name) for o in a.only.split(",")):
             continue
         path = os.path.join(work, base + ".onnx")
         if not os.path.exists(path):

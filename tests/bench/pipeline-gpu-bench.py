@@ -177,10 +177,14 @@ def precision_of(stage):
 # Spindle
 # --------------------------------------------------------------------------
 
-def run_spindle(spindle, cfg, sets, devices, env, log_path, pcie=None):
-    """One `spindle run`; its JSON summary with wall_s, models and, when
-    `pcie` (an NvmlPcie) is given, NVML's estimate of the job's PCIe bytes."""
+def run_spindle(spindle, cfg, sets, devices, env, log_path, pcie=None, repeat=1):
+    """One `spindle run` (with --repeat N: N jobs on the pipeline loaded
+    once); the last job's JSON summary with wall_s, models, the first job's
+    figures as "cold" when there were several, and, when `pcie` (an
+    NvmlPcie) is given, NVML's estimate of the last job's PCIe bytes."""
     args = [spindle, "run", cfg, "--devices", devices, "--log-format", "json"]
+    if repeat > 1:
+        args += ["--repeat", str(repeat)]
     for s in sets:
         args += ["--set", s]
     if pcie:
@@ -198,20 +202,26 @@ def run_spindle(spindle, cfg, sets, devices, env, log_path, pcie=None):
     samples = pcie.stop() if pcie else None
     with open(log_path, "w") as f:
         f.write("$ " + " ".join(args) + "\n" + stderr + "".join(l for _, l in lines))
-    summary, t_end = None, None
-    for t, line in lines[::-1]:
+    runs = []
+    for t, line in lines:
         try:
             d = json.loads(line)
         except ValueError:
             continue
         if "stages" in d:
-            summary, t_end = d, t
-            break
+            runs.append((d, t))
+    summary, t_end = runs[-1] if runs else (None, None)
+    if summary and len(runs) < repeat and summary.get("status") == "succeeded":
+        summary = dict(summary, status="incomplete", error=f"{len(runs)} of {repeat} runs")
     if rc or not summary or summary.get("status") != "succeeded":
         why = (summary or {}).get("error") or (stderr.strip().splitlines() or [f"exit {rc}"])[-1]
         raise RuntimeError(f"spindle run {os.path.basename(cfg)} failed: {why} (log: {log_path})")
     summary["wall_s"] = wall
     summary["models"] = models_from_log(stderr)
+    if len(runs) > 1:
+        c = runs[0][0]
+        summary["cold"] = {"frames": c["frames"], "elapsed_s": c["elapsed_s"],
+                           "frames_per_s": c["frames"] / c["elapsed_s"], "stages": c["stages"]}
     if samples is not None:
         summary["nvml_pcie"] = NvmlPcie.integrate(samples, t_end - summary["elapsed_s"], t_end)
     return summary
@@ -746,6 +756,10 @@ def main():
     ap.add_argument("--set", action="append", default=[], metavar="STAGE.KEY=VALUE",
                     help="passed to Spindle's runs (repeatable; encode.* to the full run only), e.g. "
                          "encode.hwaccel=none on a GPU with NVENC so both sides encode with libx264")
+    ap.add_argument("--repeat", type=int, default=2,
+                    help="Spindle's runs are `spindle run --repeat N`: N jobs on the pipeline loaded once; the "
+                         "figures are the last job's (models resident and warm, as on a worker; the Python side's "
+                         "models are warmed before its clock too), the first job's frames/s is shown as cold")
     ap.add_argument("--gpu-decode-both", action="store_true",
                     help="also run the GPU part with faces.gpu_decode=false (the detector's raw outputs copied "
                          "back and decoded on the host) and report both")
@@ -806,10 +820,10 @@ def main():
                  "gpu": gpu, "scale": int(stage_of(doc, "sr").get("scale", 2))}
             try:
                 full = run_spindle(spindle, cfg, full_sets, a.devices, env, os.path.join(work, tag + "-full.log"),
-                                   nvml)
+                                   nvml, a.repeat)
                 sets += [x for x in a.set if not x.startswith("encode.")]
                 part = run_spindle(spindle, sink_cfg, sets, a.devices, env, os.path.join(work, tag + "-gpupart.log"),
-                                   nvml)
+                                   nvml, a.repeat)
             except RuntimeError as e:
                 print(f"{tag}: {e}")
                 r["error"] = str(e)
@@ -818,6 +832,7 @@ def main():
             xfer, xsrc = transfers(full)
             r["spindle"] = {"frames": full["frames"], "elapsed_s": full["elapsed_s"],
                             "frames_per_s": full["frames"] / full["elapsed_s"], "stages": full["stages"],
+                            "cold": full.get("cold"),
                             "models": full["models"], "transfers_per_frame": xfer, "transfers_source": xsrc,
                             "summary": full}
             if "nvml_pcie" in full:
@@ -826,13 +841,14 @@ def main():
             pxfer, _ = transfers(part)
             r["gpu_part"] = {"frames": part["frames"], "elapsed_s": part["elapsed_s"],
                              "frames_per_s": part["frames"] / part["elapsed_s"], "stages": part["stages"],
+                             "cold": part.get("cold"),
                              "transfers_per_frame": pxfer, "summary": part}
             r["bounding_stage"] = bounding_stage(full)
             r["gpu_part"]["bounding_stage"] = bounding_stage(part)
             if a.gpu_decode_both:
                 try:
                     hd = run_spindle(spindle, sink_cfg, sets + ["faces.gpu_decode=false"], a.devices, env,
-                                     os.path.join(work, tag + "-gpupart-hostdecode.log"), nvml)
+                                     os.path.join(work, tag + "-gpupart-hostdecode.log"), nvml, a.repeat)
                     hx, _ = transfers(hd)
                     r["gpu_part_host_decode"] = {"frames": hd["frames"], "elapsed_s": hd["elapsed_s"],
                                                  "frames_per_s": hd["frames"] / hd["elapsed_s"],
@@ -860,14 +876,16 @@ def main():
                            "d2h_per_frame": peer.d2h / max(1, pn), **extra}
             r["ratio"] = r["spindle"]["frames_per_s"] / r["python"]["frames_per_s"]
             results.append(r)
-            print(f"{tag}: spindle {r['spindle']['frames_per_s']:.1f} frames/s, python "
+            cold = lambda k: f" (cold {r[k]['cold']['frames_per_s']:.1f})" if r[k].get("cold") else ""
+            print(f"{tag}: spindle {r['spindle']['frames_per_s']:.1f} frames/s{cold('spindle')}, python "
                   f"{r['python']['frames_per_s']:.1f} frames/s, GPU part {r['gpu_part']['frames_per_s']:.1f} "
-                  f"frames/s", flush=True)
+                  f"frames/s{cold('gpu_part')}", flush=True)
 
     with open(a.out, "w") as f:
         json.dump({"device": a.devices, "gpu": gpu, "torch": torch.__version__, "peer_encoder": enc_kind,
                    "wav2lip": a.w2l or "random weights (tests/lipsync/make-w2l-model.py --arch wav2lip --width 1.0)",
-                   "frames_limit": a.frames, "spindle_sets": a.set, "results": results}, f, indent=1)
+                   "frames_limit": a.frames, "spindle_sets": a.set, "spindle_repeat": a.repeat,
+                   "results": results}, f, indent=1)
     print_report(results, a, gpu, enc_kind)
     print(f"\nJSON: {a.out}; outputs and logs: {work}")
     return 0
@@ -940,6 +958,12 @@ def print_report(results, a, gpu, enc_kind):
         gb, gs = g["bounding_stage"]
         print("  - GPU part: " + ", ".join(f"{st['name']} {st['busy_ms']:.0f} ms ({100 * st['share']:.0f}%)"
                                             for st in g["stages"]) + f"; bound by {gb}")
+        for label, k in (("Spindle", s), ("GPU part", g)):
+            c = k.get("cold")
+            if c:
+                print(f"  - {label}, first run (cold: cuDNN algorithm choice, CUDA Graph capture): "
+                      f"{c['frames_per_s']:.1f} frames/s; " +
+                      ", ".join(f"{st['name']} {st['busy_ms']:.0f} ms" for st in c["stages"]))
         p = r.get("python", {})
         if "phases_s" in p:
             print("  - Python: " + ", ".join(f"{k} {v:.2f} s" for k, v in p["phases_s"].items()) +
