@@ -12,10 +12,11 @@ files and speech.wav. Every clip runs through every pipeline.
 
 Spindle, for each pipeline and clip:
   full      `spindle run configs/<pipeline>.toml --devices D --log-format json
-            --set decode.path=CLIP --set encode.path=OUT ...`; frames/s is the
-            summary's frames / elapsed_s (from the job's start to the output
-            file closed and renamed; the models were loaded before, when the
-            pipeline was built).
+            --repeat 2 --set decode.path=CLIP --set encode.path=OUT ...`;
+            frames/s is the second job's frames / elapsed_s (from the job's
+            start to the output file closed and renamed; the models were
+            loaded, and warmed by the first job, before); the first job's is
+            reported as "cold" (--repeat N: N jobs, the last reported).
   GPU part  the same file with the encoder replaced by a sink that counts
             frames and writes nothing (filesink, empty path): decode (on the
             CPU, as in the full run) -> models -> paste, and the last stage's
