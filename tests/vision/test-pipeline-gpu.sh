@@ -81,6 +81,20 @@ mse = ((a - b) ** 2).mean(axis=1)
 psnr = np.where(mse == 0, np.inf, 10 * np.log10(255.0 ** 2 / np.maximum(mse, 1e-12)))
 fin = psnr[np.isfinite(psnr)]
 print(f'{n} frames: PSNR gpu vs cpu min {psnr.min():.2f} dB, mean {fin.mean() if fin.size else float("inf"):.2f} dB')
+if psnr.min() < 40.0:
+    # where the worst frames differ: a region (the crop, a face box that
+    # moved) or everywhere (a colour or scaling slip)
+    px = a.shape[1] // 3
+    w = next((w for w in range(int(px ** 0.5), px + 1) for r in (1.0, 16 / 9, 4 / 3)
+              if px % w == 0 and abs(w / (px // w) - r) < 0.01), 0) if px else 0
+    for f in np.argsort(psnr)[:3]:
+        if psnr[f] >= 40.0 or not w:
+            break
+        d = np.abs(a[f] - b[f]).reshape(px // w, w, 3).max(axis=2)
+        ys, xs = np.nonzero(d > 16)
+        where = (f'{ys.size} pixels over 16 levels in x {xs.min()}..{xs.max()}, y {ys.min()}..{ys.max()} '
+                 f'of {w}x{px // w}' if ys.size else 'no pixel over 16 levels')
+        print(f'frame {int(f)}: {psnr[f]:.2f} dB, max difference {int(d.max())}; {where}')
 assert psnr.min() >= 40.0, f'frame {int(psnr.argmin())} at {psnr.min():.2f} dB'
 edges = res['gpu'].get('edges', [])
 sink = [e for e in edges if e['to'] == 'raw']
