@@ -374,6 +374,10 @@ void spn_nchw_to_nhwc(const void *src, void *dst, size_t es, int64_t N, int64_t 
 void spn_nhwc_to_nchw(const void *src, void *dst, size_t es, int64_t N, int64_t C, int64_t HW);
 /* backend-cpu.c: the oneDNN engine of the model's CPU backend. */
 void *spn_cpu_dnnl_engine(const spn_model_t *m);
+/* Whether this CPU's oneDNN runs a convolution whose sum post-op (an Add
+ * written in place over its addend) follows other post-ops, in a kernel
+ * other than the reference one (AVX-512: yes; AVX2 in oneDNN 2.6: no). */
+bool spn_cpu_dnnl_late_sum(const spn_model_t *m);
 int32_t spn_sgemm(char ta, char tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
                   int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 

@@ -159,6 +159,7 @@ static int bytes_root(const spn_model_t *m, int vi) {
 void spn_plan_inplace(spn_model_t *m) {
   if (m->dev_slot != SPN_BACKEND_CPU)
     return;
+  int late_sum = -1; /* spn_cpu_dnnl_late_sum, asked once, when needed */
   for (int i = 0; i < m->n_node; i++) {
     const spn_node_t *n = &m->nodes[i];
     if (n->dead || n->shape_class || n->backend != SPN_BACKEND_CPU || n->op != SPN_OP_CONV || n->n_out != 1 ||
@@ -168,6 +169,18 @@ void spn_plan_inplace(spn_model_t *m) {
     while (p < n->n_post && n->post[p].kind != SPN_POST_ADD)
       p++;
     if (p == n->n_post)
+      continue;
+    /* After other fused post-ops (RRDBNet's conv * 0.2 + x) the in-place
+     * sum needs a oneDNN kernel that takes a late sum; without one the Add
+     * reads its own buffer. After a PRelu (never fused) the posts run in C
+     * and the addend's bytes are copied first, on any CPU. */
+    bool late = p > 0;
+    for (int q = 0; q < p; q++)
+      if (n->post[q].kind == SPN_POST_PRELU)
+        late = false;
+    if (late && late_sum < 0)
+      late_sum = spn_cpu_dnnl_late_sum(m);
+    if (late && !late_sum)
       continue;
     int y = n->out[0], a = n->post[p].val;
     const spn_value_t *yv = &m->vals[y], *av = &m->vals[a];

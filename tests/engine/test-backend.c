@@ -1406,10 +1406,12 @@ static const spn_node_t *producer_of(const spn_model_t *m, const char *name) {
 
 /* On the CPU the Muls by 0.2 and the Adds become post-ops of the
  * convolutions (no Mul or Add node runs), the chain stays channels-last, the
- * output is written over the addend whose last use it is (o1 over h; o3
- * over g, whose bytes are copied first since the PRelu before that Add runs
- * in C), never over the convolution's own input (o2), and every output
- * matches the reference at batch 1 and 2. On another device the Muls stay
+ * output is written over the addend whose last use it is (o1 over h where
+ * the CPU's oneDNN fuses that sum; o3 over g, whose bytes are copied first
+ * since the PRelu before that Add runs in C), never over the convolution's
+ * own input (o2), and every output matches the reference at batch 1 and 2
+ * (on AVX2 and AVX-512 alike: an earlier build lost conv2's scale and Add
+ * on AVX2). On another device the Muls stay
  * nodes and nothing is written in place. */
 static void test_residual_scale_fused_in_place(void **state) {
   (void)state;
@@ -1440,7 +1442,10 @@ static void test_residual_scale_fused_in_place(void **state) {
               m->vals[value_named(m, "o2")].nhwc);
   assert_true(m->vals[value_named(m, "g")].nhwc && m->vals[value_named(m, "o3")].nhwc);
   assert_int_equal(producer_of(m, "o3")->post[0].kind, SPN_POST_PRELU);
-  assert_int_equal(m->vals[value_named(m, "o1")].alias, value_named(m, "h"));
+  /* o1 = conv * 0.2 + h goes over h only where oneDNN runs a sum after the
+   * scale in a real kernel (AVX-512; on AVX2 oneDNN 2.6 has only its
+   * reference kernel for that chain, and the Add reads its own buffer) */
+  assert_int_equal(m->vals[value_named(m, "o1")].alias, spn_cpu_dnnl_late_sum(m) ? value_named(m, "h") : -1);
   assert_int_equal(m->vals[value_named(m, "o2")].alias, -1);
   assert_int_equal(m->vals[value_named(m, "o3")].alias, value_named(m, "g"));
   spn_model_t *dev = load(e, &pm, "mock:0", NULL);
