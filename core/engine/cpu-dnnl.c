@@ -14,7 +14,6 @@
  * over the addend's bytes (spn_plan_inplace) is a sum post-op, any other a
  * binary one.
  */
-#include <math.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,19 +169,9 @@ static dnnl_status_t conv_pd(spn_run_t *r, const spn_node_t *n, bool tr, const d
   if (s != dnnl_success)
     return s;
   dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
-  /* conv * a + x written over x (RRDBNet's scaled residual, in place) as
-   * a * (conv + x / a): oneDNN 2.6's AVX2 kernels take a sum post-op only
-   * first in the chain (an eltwise before it makes them fall back to the
-   * reference kernel), its AVX-512 ones either way. */
-  bool sum_first = sum_at == 1 && nfuse >= 2 && n->post[0].kind == SPN_POST_SCALE && n->post[0].a != 0.f &&
-                   isfinite(1.f / n->post[0].a);
   if (nfuse > 0) {
     dnnl_post_ops_create(&po);
-    if (sum_first)
-      s = dnnl_post_ops_append_sum(po, 1.f / n->post[0].a);
     for (int p = 0; p < nfuse && s == dnnl_success; p++) {
-      if (sum_first && p == sum_at)
-        continue;
       const spn_post_t *pp = &n->post[p];
       switch (pp->kind) {
       case SPN_POST_RELU: s = dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_relu, 0.f, 0.f); break;
@@ -223,35 +212,25 @@ static dnnl_status_t conv_pd(spn_run_t *r, const spn_node_t *n, bool tr, const d
 }
 
 bool spn_cpu_dnnl_late_sum(const spn_model_t *m) {
-  /* A small channels-last convolution with [eltwise, sum]: oneDNN 2.6 runs
-   * that chain in its AVX-512 kernels, but on AVX2 only its reference
-   * kernel takes it (a sum there must come first, with scale 1). */
-  dnnl_engine_t eng = spn_cpu_dnnl_engine(m);
+  /* The chain build_conv asks for, [scale, sum], on a small channels-last
+   * convolution: oneDNN 2.6 runs it in its AVX-512 kernels, but on AVX2
+   * only its reference kernel takes it (a sum there must come first, with
+   * scale 1). */
+  spn_run_t r = {.m = (spn_model_t *)m};
+  spn_node_t n = {.n_post = 2};
+  n.post[0] = (spn_post_t){.kind = SPN_POST_SCALE, .a = 0.5f};
+  n.post[1] = (spn_post_t){.kind = SPN_POST_ADD};
   dnnl_memory_desc_t x, w, y;
-  const dnnl_dims_t xd = {1, 8, 6, 6}, wd = {8, 8, 3, 3}, st = {1, 1}, dl = {0, 0}, pd1 = {1, 1};
-  dnnl_primitive_attr_t attr = NULL;
-  dnnl_post_ops_t po = NULL;
+  const dnnl_dims_t xd = {1, 8, 6, 6}, wd = {8, 8, 3, 3}, st = {1, 1}, dl = {0, 0}, pad = {1, 1};
   dnnl_primitive_desc_t pd = NULL;
-  dnnl_convolution_desc_t cd;
   bool ok = false;
-  if (!eng || dnnl_memory_desc_init_by_tag(&x, 4, xd, dnnl_f32, dnnl_acdb) != dnnl_success ||
-      dnnl_memory_desc_init_by_tag(&y, 4, xd, dnnl_f32, dnnl_acdb) != dnnl_success ||
-      dnnl_memory_desc_init_by_tag(&w, 4, wd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
-      dnnl_primitive_attr_create(&attr) != dnnl_success)
-    return false;
-  dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user);
-  if (dnnl_post_ops_create(&po) == dnnl_success &&
-      dnnl_post_ops_append_eltwise(po, 1.f, dnnl_eltwise_linear, 0.5f, 0.f) == dnnl_success &&
-      dnnl_post_ops_append_sum(po, 1.f) == dnnl_success && dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success &&
-      dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct, &x, &w, NULL,
-                                                 &y, st, dl, pd1, pd1) == dnnl_success &&
-      dnnl_primitive_desc_create(&pd, &cd, attr, eng, NULL) == dnnl_success)
+  if (spn_cpu_dnnl_engine(m) && dnnl_memory_desc_init_by_tag(&x, 4, xd, dnnl_f32, dnnl_acdb) == dnnl_success &&
+      dnnl_memory_desc_init_by_tag(&y, 4, xd, dnnl_f32, dnnl_acdb) == dnnl_success &&
+      dnnl_memory_desc_init_by_tag(&w, 4, wd, dnnl_f32, dnnl_format_tag_any) == dnnl_success &&
+      conv_pd(&r, &n, false, &x, &w, NULL, &y, &y, st, dl, pad, pad, 2, 1, &pd) == dnnl_success)
     ok = !impl_is_ref(pd);
   if (pd)
     dnnl_primitive_desc_destroy(pd);
-  if (po)
-    dnnl_post_ops_destroy(po);
-  dnnl_primitive_attr_destroy(attr);
   return ok;
 }
 
