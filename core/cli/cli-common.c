@@ -212,6 +212,16 @@ int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opt
   return 0;
 }
 
+int spn_cli_parse_cmd(int argc, char **argv, const char *const *allowed, bool need_file, void (*usage)(FILE *),
+                      spn_cli_opts_t *o) {
+  int rc = spn_cli_parse(argc, argv, allowed, o);
+  if (!rc && (o->file || !need_file))
+    return -1;
+  usage(rc < 0 ? stdout : stderr);
+  spn_cli_opts_free(o);
+  return rc < 0 ? 0 : 2;
+}
+
 void spn_cli_opts_free(spn_cli_opts_t *o) {
   free(o->plugin_paths);
   free(o->sets);

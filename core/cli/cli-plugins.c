@@ -92,12 +92,9 @@ static void usage(FILE *f) {
 int spn_cli_plugins(int argc, char **argv) {
   static const char *const allowed[] = {"plugin-path", NULL};
   spn_cli_opts_t o;
-  int rc = spn_cli_parse(argc, argv, allowed, &o);
-  if (rc) {
-    usage(rc < 0 ? stdout : stderr);
-    spn_cli_opts_free(&o);
-    return rc < 0 ? 0 : rc;
-  }
+  int rc = spn_cli_parse_cmd(argc, argv, allowed, false, usage, &o);
+  if (rc >= 0)
+    return rc;
   spn_runtime_t *rt = NULL;
   rc = spn_cli_runtime(&o, true, &rt);
   if (rc) {

@@ -323,12 +323,9 @@ static void print_summary(const spn_pipeline_t *pipe, spn_job_t *job, const run_
 int spn_cli_run(int argc, char **argv) {
   static const char *const allowed[] = {"plugin-path", "set", "devices", "log-format", "repeat", NULL};
   spn_cli_opts_t o;
-  int rc = spn_cli_parse(argc, argv, allowed, &o);
-  if (rc || !o.file) {
-    usage(rc < 0 ? stdout : stderr);
-    spn_cli_opts_free(&o);
-    return rc < 0 ? 0 : 2;
-  }
+  int rc = spn_cli_parse_cmd(argc, argv, allowed, true, usage, &o);
+  if (rc >= 0)
+    return rc;
   spn_runtime_t *rt = NULL;
   spn_pipeline_t *pipe = NULL;
   spn_job_t *job = NULL;

@@ -14,12 +14,9 @@ static void usage(FILE *f) {
 int spn_cli_validate(int argc, char **argv) {
   static const char *const allowed[] = {"plugin-path", "set", NULL};
   spn_cli_opts_t o;
-  int rc = spn_cli_parse(argc, argv, allowed, &o);
-  if (rc || !o.file) {
-    usage(rc < 0 ? stdout : stderr);
-    spn_cli_opts_free(&o);
-    return rc < 0 ? 0 : 2;
-  }
+  int rc = spn_cli_parse_cmd(argc, argv, allowed, true, usage, &o);
+  if (rc >= 0)
+    return rc;
   spn_runtime_t *rt = NULL;
   rc = spn_cli_runtime(&o, true, &rt);
   if (rc) {

@@ -31,6 +31,7 @@ int spn__cli_model_names(int argc, char **argv);
 #include <getopt.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 #include "spindle/runtime.h"
 
 /* Option parsing: every subcommand reads its argv with getopt_long through
@@ -77,6 +78,12 @@ typedef struct spn_cli_opts {
  * Returns 0, -1 for --help, or 2 after printing a usage error. */
 int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opts_t *o);
 void spn_cli_opts_free(spn_cli_opts_t *o);
+/* spn_cli_parse, then what each pipeline command does with the outcome:
+ * --help prints usage on stdout (exit 0); a usage error, or no file where
+ * the command needs one (need_file), prints it on stderr (exit 2). Returns
+ * -1 to go on with *o filled, else the exit status (*o freed). */
+int spn_cli_parse_cmd(int argc, char **argv, const char *const *allowed, bool need_file, void (*usage)(FILE *),
+                      spn_cli_opts_t *o);
 /* A runtime with the command's plugin paths, plugins loaded. Refused
  * plugins are reported on stderr as warnings. Returns 0 or an exit code. */
 int spn_cli_runtime(const spn_cli_opts_t *o, bool load_plugins, spn_runtime_t **out);
