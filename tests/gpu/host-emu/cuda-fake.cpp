@@ -123,11 +123,13 @@ struct emu_stream {
   /* Lazy mode: work queued, not yet run; submitted - done of it. */
   std::deque<std::function<void()>> q;
   uint64_t submitted, done;
+  uint64_t serial = 0; /* unique per stream made (0: the legacy stream) */
 };
 
 struct emu_event {
-  emu_stream *s; /* the stream of the last record (null: never recorded) */
-  uint64_t pos;  /* that stream's work at the record */
+  emu_stream *s;   /* the stream of the last record (null: never recorded) */
+  uint64_t pos;    /* that stream's work at the record */
+  uint64_t serial; /* s's serial: s may be destroyed (and its address reused) since */
 };
 
 struct emu_graph {
@@ -139,6 +141,7 @@ std::map<uintptr_t, emu_block> blocks;
 std::vector<size_t> used; /* bytes per device */
 emu_stream legacy = {0, nullptr, false, cudaStreamCaptureModeGlobal, {}, 0, 0};
 std::set<emu_stream *> streams;     /* every stream made, under lock */
+uint64_t stream_serial;             /* the last stream's serial, under lock */
 std::set<emu_event *> events;       /* every event made, under lock */
 std::recursive_mutex exec_lock;     /* one thread runs queued work at a time */
 thread_local int current_dev;
@@ -318,13 +321,18 @@ template <class F> void with_device_access(F fn) {
     protect_all(PROT_NONE);
 }
 
-/* Lazy mode: run st's queued work up to its upto-th operation. */
-void drain(emu_stream *st, uint64_t upto) {
+/* Lazy mode: run st's queued work up to its upto-th operation. With a
+ * serial (an event's record, a stream listed earlier), st may have been
+ * destroyed since: then its work has all run (cudaStreamDestroy drains it,
+ * under exec_lock, which this holds) and there is nothing to do. */
+void drain(emu_stream *st, uint64_t upto, uint64_t serial = 0) {
   std::lock_guard<std::recursive_mutex> run(exec_lock);
   for (;;) {
     std::function<void()> op;
     {
       std::lock_guard<std::mutex> g(lock);
+      if (serial && (!streams.count(st) || st->serial != serial))
+        return;
       if (st->done >= upto || st->q.empty())
         return;
       op = std::move(st->q.front());
@@ -337,14 +345,15 @@ void drain(emu_stream *st, uint64_t upto) {
 }
 
 void drain_all() {
-  std::vector<emu_stream *> all;
+  std::vector<std::pair<emu_stream *, uint64_t>> all;
   {
     std::lock_guard<std::mutex> g(lock);
-    all.assign(streams.begin(), streams.end());
+    for (emu_stream *st : streams)
+      all.emplace_back(st, st->serial);
   }
-  all.push_back(&legacy);
-  for (emu_stream *st : all)
-    drain(st, UINT64_MAX);
+  for (const auto &it : all) /* each checked again: another thread may destroy it meanwhile */
+    drain(it.first, UINT64_MAX, it.second);
+  drain(&legacy, UINT64_MAX);
 }
 
 /* Whether p is pageable host memory (not device, not pinned). */
@@ -778,6 +787,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
   (void)flags;
   emu_stream *st = new emu_stream{current_dev, nullptr, false, cudaStreamCaptureModeGlobal, {}, 0, 0};
   std::lock_guard<std::mutex> g(lock);
+  st->serial = ++stream_serial;
   streams.insert(st);
   *s = (cudaStream_t)st;
   return cudaSuccess;
@@ -793,7 +803,10 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
     spn_emu_complain("destroying a capturing stream");
     return ret(cudaErrorIllegalState);
   }
-  drain(st, UINT64_MAX); /* its queued work still runs */
+  /* Its queued work still runs; exec_lock held until it is gone, so that no
+   * other thread's drain (an event's, drain_all's) finds it half destroyed. */
+  std::lock_guard<std::recursive_mutex> run(exec_lock);
+  drain(st, UINT64_MAX);
   {
     std::lock_guard<std::mutex> g(lock);
     streams.erase(st);
@@ -836,14 +849,14 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
     ev = *(emu_event *)e; /* the record current at the call */
   }
   if (lazy() && ev.s && ev.s != stream_of(s))
-    spn_emu_stream_do(s, [ev] { drain(ev.s, ev.pos); });
+    spn_emu_stream_do(s, [ev] { drain(ev.s, ev.pos, ev.serial); });
   return cudaSuccess;
 }
 
 /* Events carry nothing: all work has run when they are recorded. */
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
   (void)flags;
-  emu_event *ev = new emu_event{nullptr, 0};
+  emu_event *ev = new emu_event{nullptr, 0, 0};
   std::lock_guard<std::mutex> g(lock);
   events.insert(ev);
   *e = (cudaEvent_t)ev;
@@ -866,7 +879,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   emu_stream *st = stream_of(s);
   std::lock_guard<std::mutex> g(lock);
   if (!st->cap)
-    *(emu_event *)e = emu_event{st, st->submitted};
+    *(emu_event *)e = emu_event{st, st->submitted, st->serial};
   return cudaSuccess;
 }
 
@@ -879,7 +892,7 @@ static cudaError_t event_sync(cudaEvent_t e) {
     ev = *(emu_event *)e;
   }
   if (lazy() && ev.s)
-    drain(ev.s, ev.pos);
+    drain(ev.s, ev.pos, ev.serial);
   return cudaSuccess;
 }
 
