@@ -123,6 +123,9 @@ static void conv_open(conv_t *c, cudnnTensorFormat_t fmt, cudnnDataType_t dt) {
                                                    CUDNN_DATA_FLOAT),
                    CUDNN_STATUS_SUCCESS);
   assert_int_equal(cudnnSetConvolutionGroupCount(c->cv, G), CUDNN_STATUS_SUCCESS);
+  /* fp32 arithmetic: the default math type lets cuDNN (and the fake) read
+   * FLOAT operands as TF32 (default_math_reads_float_as_tf32). */
+  assert_int_equal(cudnnSetConvolutionMathType(c->cv, CUDNN_FMA_MATH), CUDNN_STATUS_SUCCESS);
   cudnnSetActivationDescriptor(c->act, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0);
   int n, k, oh, ow;
   assert_int_equal(cudnnGetConvolution2dForwardOutputDim(c->cv, c->x, c->w, &n, &k, &oh, &ow), CUDNN_STATUS_SUCCESS);
@@ -221,6 +224,45 @@ static void conv_nchw_f32_and_nhwc_f16_match_the_reference(void **state) {
   assert_true(e < 1e-2);
   assert_true(e > 0); /* fp16 rounding did happen */
   cudaFree(dx), cudaFree(dw), cudaFree(dy);
+  conv_close(&c);
+}
+
+/* x rounded to TF32: 10 explicit mantissa bits, to nearest, ties away. */
+static float tf32_of(float x) {
+  float m = ldexpf(1.f, ilogbf(x) - 10); /* one unit in TF32's last place at x's exponent */
+  return x == 0.f ? 0.f : copysignf(floorf(fabsf(x) / m + 0.5f) * m, x);
+}
+
+/* With CUDNN_DEFAULT_MATH a FLOAT convolution is computed on TF32 operands,
+ * as the tensor cores of an Ampere or later GPU read them: the fake's result
+ * is the reference on rounded x and w, and measurably not the fp32 one. */
+static void default_math_reads_float_as_tf32(void **state) {
+  (void)state;
+  static float x[NX], w[NW], xr[NX], wr[NW], ref[NY], ref32[NY], y[NY];
+  fill(x, NX, 3);
+  fill(w, NW, 4);
+  for (size_t i = 0; i < NX; i++)
+    xr[i] = tf32_of(x[i]);
+  for (size_t i = 0; i < NW; i++)
+    wr[i] = tf32_of(w[i]);
+  ref_conv(xr, wr, ref);
+  ref_conv(x, w, ref32);
+  const float one = 1.f, zero = 0.f;
+  conv_t c;
+  conv_open(&c, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT);
+  assert_int_equal(cudnnSetConvolutionMathType(c.cv, CUDNN_DEFAULT_MATH), CUDNN_STATUS_SUCCESS);
+  size_t wsn;
+  cudnnConvolutionFwdAlgo_t algo = conv_algo(&c, &wsn);
+  void *dx = dev_copy(x, sizeof x), *dw = dev_copy(w, sizeof w), *dy = dev_copy(NULL, sizeof y);
+  assert_int_equal(cudnnConvolutionForward(c.h, &one, c.x, dx, c.w, dw, c.cv, algo, c.ws, wsn, &zero, c.y, dy),
+                   CUDNN_STATUS_SUCCESS);
+  to_host(y, dy, sizeof y);
+  double e = rel_err(ref, y, NY), e32 = rel_err(ref32, y, NY);
+  if (!(e < 1e-6 && e32 > 1e-5 && e32 < 1e-2))
+    fail_msg("TF32 convolution: %g from the TF32 reference, %g from the fp32 one", e, e32);
+  cudaFree(dx);
+  cudaFree(dw);
+  cudaFree(dy);
   conv_close(&c);
 }
 
@@ -698,6 +740,7 @@ static void host_reads_and_overruns_of_device_memory_fault(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(conv_nchw_f32_and_nhwc_f16_match_the_reference),
+      cmocka_unit_test(default_math_reads_float_as_tf32),
       cmocka_unit_test(fused_conv_adds_z_and_bias_then_relu),
       cmocka_unit_test(backward_data_is_the_adjoint_of_forward),
       cmocka_unit_test(lt_matmul_matches_a_plain_product),

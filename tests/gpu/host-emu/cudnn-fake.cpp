@@ -32,6 +32,9 @@
  *    that time algorithms (cudnnFind*) and every operation fail
  *    (CUDNN_STATUS_EXECUTION_FAILED, a line on stderr) when that stream has
  *    been destroyed since.
+ *  - FLOAT operands (x and w; dy and w) are rounded to TF32 first unless
+ *    the math type is CUDNN_FMA_MATH, as Ampere and later GPUs' tensor
+ *    cores read them (the engine's tf32 precision asks for DEFAULT_MATH).
  * Not modelled: which algorithm real cuDNN picks, its rounding, the
  * data-type configurations it refuses (beyond FLOAT/HALF x, w, y alike).
  * Test code only. */
@@ -177,6 +180,26 @@ bool geometry_ok(const cudnnConvolutionStruct &cv, const cudnnTensorStruct &x, c
   return !memcmp(o, y.dims, sizeof o);
 }
 
+/* A float rounded to TF32 (10 explicit mantissa bits, to nearest, ties
+ * away from zero, as cvt.rna.tf32.f32 does): what the tensor cores read of
+ * FLOAT operands when the math type lets cuDNN use them (CUDNN_DEFAULT_MATH
+ * and the TENSOR_OP types on an Ampere or later GPU). Inf and NaN pass. */
+float to_tf32(float v) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  if ((u & 0x7f800000u) != 0x7f800000u) {
+    u += 0x1000u;
+    u &= 0xffffe000u;
+  }
+  memcpy(&v, &u, sizeof v);
+  return v;
+}
+
+/* FLOAT operands go through the tensor cores as TF32 (FMA_MATH keeps fp32). */
+bool tf32_math(const cudnnConvolutionStruct &cv, cudnnDataType_t dt) {
+  return dt == CUDNN_DATA_FLOAT && cv.math != CUDNN_FMA_MATH;
+}
+
 /* A whole forward convolution, a row of outputs at a time: for output
  * (n, k, oh, ow) it adds x * w over the group's c, r, s in the same order
  * as a direct sum per element would (so the same sums), but the R input rows of every channel are
@@ -191,14 +214,15 @@ void conv_forward_rows(const cudnnConvolutionStruct &cv, const cudnnTensorStruct
   const int Ct = xd.dims[1], H = xd.dims[2], Wx = xd.dims[3];
   const int K = wd.dims[0], Cg = wd.dims[1], R = wd.dims[2], S = wd.dims[3], Kg = K / cv.groups;
   const int OH = yd.dims[2], OW = yd.dims[3];
-  const bool flip = cv.mode == CUDNN_CONVOLUTION;
+  const bool flip = cv.mode == CUDNN_CONVOLUTION, tf32 = tf32_math(cv, xd.dt);
   std::vector<double> wf((size_t)K * Cg * R * S);
   for (int k = 0; k < K; k++)
     for (int c = 0; c < Cg; c++)
       for (int r = 0; r < R; r++)
         for (int s2 = 0; s2 < S; s2++)
           wf[(((size_t)k * Cg + c) * R + r) * S + s2] =
-              load(w, wd.dt, f_off(wd, k, c, flip ? R - 1 - r : r, flip ? S - 1 - s2 : s2));
+              tf32 ? (double)to_tf32((float)load(w, wd.dt, f_off(wd, k, c, flip ? R - 1 - r : r, flip ? S - 1 - s2 : s2)))
+                   : load(w, wd.dt, f_off(wd, k, c, flip ? R - 1 - r : r, flip ? S - 1 - s2 : s2));
   std::vector<double> wt, acck;
   if (Kg >= OW) {
     wt.resize(wf.size());
@@ -229,6 +253,9 @@ void conv_forward_rows(const cudnnConvolutionStruct &cv, const cudnnTensorStruct
           float *dst = &rows[((size_t)c * R + r) * Wx];
           for (int iw = 0; iw < Wx; iw++)
             dst[iw] = (float)load(x, xd.dt, t_off(xd, n, c, ih, iw));
+          if (tf32)
+            for (int iw = 0; iw < Wx; iw++)
+              dst[iw] = to_tf32(dst[iw]);
         }
       }
       if (Kg >= OW) {
@@ -671,6 +698,7 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha, c
      * (vectorised): each dx element still gets its terms in the order
      * k, oh, ow, as one loop over dy's elements would add them. */
     const int OW = DY.dims[3], st = C.stride[1];
+    const bool tf32 = tf32_math(C, DY.dt);
     std::vector<double> dyrow(OW);
     std::vector<int> lo(S), hi(S);
     for (int s = 0; s < S; s++) {
@@ -684,7 +712,8 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha, c
         int g = k / Kg;
         for (int oh = 0; oh < DY.dims[2]; oh++) {
           for (int ow = 0; ow < OW; ow++)
-            dyrow[ow] = load(dy, DY.dt, t_off(DY, n, k, oh, ow));
+            dyrow[ow] = tf32 ? (double)to_tf32((float)load(dy, DY.dt, t_off(DY, n, k, oh, ow)))
+                             : load(dy, DY.dt, t_off(DY, n, k, oh, ow));
           for (int c = 0; c < Cg; c++)
             for (int r = 0; r < R; r++) {
               int ih = oh * C.stride[0] - C.pad[0] + r * C.dil[0];
@@ -695,6 +724,8 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t h, const void *alpha, c
               for (int s = S - 1; s >= 0; s--) {
                 int fs = C.mode == CUDNN_CONVOLUTION ? S - 1 - s : s, off = s * C.dil[1] - C.pad[1];
                 double wv = load(w, W.dt, f_off(W, k, c, fr, fs));
+                if (tf32)
+                  wv = (double)to_tf32((float)wv);
                 for (int ow = lo[s]; ow < hi[s]; ow++)
                   dxrow[ow * st + off] += dyrow[ow] * wv;
               }
