@@ -63,6 +63,7 @@ typedef struct sr_config {
   int64_t scale;
   int64_t tile;
   int64_t tile_pad;
+  int64_t tile_batch;
   char *region;
   double face_margin;
   double feather;
@@ -82,6 +83,10 @@ static const spn_config_field_t k_schema[] = {
     {.key = "tile_pad", .type = SPN_CONFIG_INT, .offset = offsetof(sr_config_t, tile_pad),
      .doc = "context pixels around each tile (>= the model's receptive radius: no seams)", .def_int = 10, .min = 0,
      .max = 512},
+    {.key = "tile_batch", .type = SPN_CONFIG_INT, .offset = offsetof(sr_config_t, tile_batch),
+     .doc = "on a GPU: tiles per model run (the frame's tiles, each cut at one size, run as one batch; 1: a run "
+            "per tile; models with a fixed batch of 1 run a tile at a time)",
+     .def_int = 16, .min = 1, .max = 256},
     {.key = "region", .type = SPN_CONFIG_STRING, .offset = offsetof(sr_config_t, region),
      .doc = "what the model upscales: \"frame\" (all of it) or \"faces\" (the \"faces\" boxes; the rest bilinear)",
      .def_str = "frame"},
@@ -109,6 +114,7 @@ typedef struct sr_state {
   double margin;     /* face_margin */
   float feather;     /* feather, output pixels */
   int32_t runs;      /* engine runs for the current frame (logged at debug) */
+  int32_t tile_batch; /* tiles per run on a GPU: tile_batch, or 1 for a model of batch 1 */
 #ifdef SPN_VISION_CUDA
   /* device scratch on a GPU instance: planar float frame in and out, one
    * tile in and out, a face's upscaled crop, its mask */
@@ -175,6 +181,14 @@ static int32_t sr_create(spn_stage_t *stage, const void *config, void **state, s
   }
   st->tp = (spn_tile_params_t){.tile = (int32_t)cfg->tile, .tile_pad = (int32_t)cfg->tile_pad,
                                .scale = (int32_t)cfg->scale, .channels = 3, .out_channels = 3};
+  /* A batch of tiles needs a model whose input batch is not fixed. */
+  st->tile_batch = (int32_t)cfg->tile_batch;
+  spn_tensor_t in0 = SPN_TENSOR_INIT;
+  const char *in_name = NULL;
+  if (host->model_io_count && host->model_io &&
+      (host->model_io_count(st->model, false) != 1 || host->model_io(st->model, false, 0, &in_name, &in0) != SPN_OK ||
+       in0.ndim != 4 || in0.shape[0] >= 0))
+    st->tile_batch = 1;
   *state = st;
   return SPN_OK;
 }
@@ -318,11 +332,11 @@ static int32_t scratch(sr_state_t *st, spn_buffer_t **b, size_t n, spn_error_t *
   return spn_cuda_scratch(st->stage, b, n, n / 4, err);
 }
 
-static spn_tensor_t dev_tensor(const sr_state_t *st, void *data, int64_t h, int64_t w) {
+static spn_tensor_t dev_tensor(const sr_state_t *st, void *data, int64_t n, int64_t h, int64_t w) {
   spn_tensor_t t = SPN_TENSOR_INIT;
   t.dtype = SPN_DTYPE_F32;
   t.ndim = 4;
-  t.shape[0] = 1;
+  t.shape[0] = n;
   t.shape[1] = 3;
   t.shape[2] = h;
   t.shape[3] = w;
@@ -333,7 +347,16 @@ static spn_tensor_t dev_tensor(const sr_state_t *st, void *data, int64_t h, int6
 }
 
 /* model_upscale on the GPU: src and dst are RGB24 views of device memory
- * (any pitch), dst s times src's size. Everything is queued on `stream`. */
+ * (any pitch), dst s times src's size. Everything is queued on `stream`.
+ * The tiles are spn_tile_at's, but each block the model sees is cut at one
+ * size, P x Q (tile + 2 tile_pad, or the frame's side where that is
+ * smaller), placed to hold the tile's padded block and to stay inside the
+ * frame: it gives the tile at least tile_pad pixels of context wherever
+ * the CPU's block does, and the frame's own edge where that is, so with
+ * tile_pad >= the model's receptive radius each output pixel is the one the
+ * CPU computes. Same-size blocks make a batch: up to tile_batch tiles per
+ * engine run (one shape per frame size, so one CUDA Graph), instead of a
+ * run and a shape per tile. */
 static int32_t gpu_upscale(sr_state_t *st, const spn_image_t *src, spn_image_t *dst, cudaStream_t stream,
                            spn_error_t *err) {
   const spn_host_api_t *h = spn_stage_host(st->stage);
@@ -342,15 +365,15 @@ static int32_t gpu_upscale(sr_state_t *st, const spn_image_t *src, spn_image_t *
   if ((rc = spn_tile_check(H, W, tp, err)) != SPN_OK)
     return rc;
   size_t n = (size_t)H * W, on = n * (size_t)s * s;
-  int64_t maxp = (int64_t)(tp->tile < H ? tp->tile : H) + 2 * (int64_t)tp->tile_pad;
-  int64_t maxq = (int64_t)(tp->tile < W ? tp->tile : W) + 2 * (int64_t)tp->tile_pad;
-  maxp = maxp > H ? H : maxp;
-  maxq = maxq > W ? W : maxq;
-  size_t tn = (size_t)(maxp * maxq);
+  int64_t P = (int64_t)tp->tile + 2 * (int64_t)tp->tile_pad, Q = P;
+  P = P > H ? H : P;
+  Q = Q > W ? W : Q;
+  int32_t nt = spn_tile_count(H, W, tp), nb = st->tile_batch < nt ? st->tile_batch : nt;
+  size_t tn = (size_t)(P * Q), tsz = 3 * tn, osz = tsz * (size_t)s * s;
   if ((rc = scratch(st, &st->d_in, 3 * n * sizeof(float), err)) != SPN_OK ||
       (rc = scratch(st, &st->d_out, 3 * on * sizeof(float), err)) != SPN_OK ||
-      (rc = scratch(st, &st->d_tin, 3 * tn * sizeof(float), err)) != SPN_OK ||
-      (rc = scratch(st, &st->d_tout, 3 * tn * (size_t)s * s * sizeof(float), err)) != SPN_OK)
+      (rc = scratch(st, &st->d_tin, (size_t)nb * tsz * sizeof(float), err)) != SPN_OK ||
+      (rc = scratch(st, &st->d_tout, (size_t)nb * osz * sizeof(float), err)) != SPN_OK)
     return rc;
   float *in = h->buffer_data(st->d_in), *out = h->buffer_data(st->d_out);
   float *tin = h->buffer_data(st->d_tin), *tout = h->buffer_data(st->d_tout);
@@ -360,28 +383,41 @@ static int32_t gpu_upscale(sr_state_t *st, const spn_image_t *src, spn_image_t *
       (rc = spn_image_wrap(&fout, out, OW, OH, SPN_PIXFMT_RGBF32P, err)) != SPN_OK ||
       (rc = spn_cuda_to_float(src, &fin, NULL, k_unit, stream, err)) != SPN_OK)
     return rc;
-  for (int32_t k = 0, nt = spn_tile_count(H, W, tp); k < nt; k++) {
+  size_t oq = (size_t)Q * s, op = (size_t)P * s;
+  for (int32_t k0 = 0; k0 < nt; k0 += nb) {
+    int32_t b = nt - k0 < nb ? nt - k0 : nb;
     spn_tile_rect_t r;
-    spn_tile_at(H, W, tp, k, &r);
-    size_t th = (size_t)(r.py1 - r.py0), tw = (size_t)(r.px1 - r.px0), ow = tw * s, oh = th * s;
-    for (size_t c = 0; c < 3 && rc == SPN_OK; c++)
-      rc = cu_ok(cudaMemcpy2DAsync(tin + c * th * tw, tw * sizeof(float), in + (c * H + r.py0) * W + r.px0,
-                                   (size_t)W * sizeof(float), tw * sizeof(float), th, cudaMemcpyDeviceToDevice,
-                                   stream),
-                 "cutting a tile", err);
-    spn_tensor_t ti = dev_tensor(st, tin, (int64_t)th, (int64_t)tw), to = dev_tensor(st, tout, (int64_t)oh, (int64_t)ow);
+    /* cut: tile k0 + i's block into batch item i */
+    for (int32_t i = 0; i < b && rc == SPN_OK; i++) {
+      spn_tile_at(H, W, tp, k0 + i, &r);
+      int64_t by = r.py0 + P > H ? H - P : r.py0, bx = r.px0 + Q > W ? W - Q : r.px0;
+      for (size_t c = 0; c < 3 && rc == SPN_OK; c++)
+        rc = cu_ok(cudaMemcpy2DAsync(tin + (size_t)i * tsz + c * tn, (size_t)Q * sizeof(float),
+                                     in + (c * H + (size_t)by) * W + (size_t)bx, (size_t)W * sizeof(float),
+                                     (size_t)Q * sizeof(float), (size_t)P, cudaMemcpyDeviceToDevice, stream),
+                   "cutting a tile", err);
+    }
+    spn_tensor_t ti = dev_tensor(st, tin, b, P, Q), to = dev_tensor(st, tout, b, P * s, Q * s);
     st->runs++;
     if (rc == SPN_OK)
       rc = h->model_run(st->stage, st->model, &ti, 1, &to, 1, err);
-    size_t oy = (size_t)(r.y0 - r.py0) * s, ox = (size_t)(r.x0 - r.px0) * s;
-    size_t cw = (size_t)(r.x1 - r.x0) * s, ch = (size_t)(r.y1 - r.y0) * s;
-    for (size_t c = 0; c < 3 && rc == SPN_OK; c++)
-      rc = cu_ok(cudaMemcpy2DAsync(out + c * on + ((size_t)r.y0 * s) * OW + (size_t)r.x0 * s, (size_t)OW * sizeof(float),
-                                   tout + (c * oh + oy) * ow + ox, ow * sizeof(float), cw * sizeof(float), ch,
-                                   cudaMemcpyDeviceToDevice, stream),
-                 "stitching a tile", err);
-    if (rc != SPN_OK)
-      return spn_error_prefix(err, "tile at (%d, %d)", r.x0, r.y0);
+    /* stitch: the part of item i's output that covers tile k0 + i */
+    for (int32_t i = 0; i < b && rc == SPN_OK; i++) {
+      spn_tile_at(H, W, tp, k0 + i, &r);
+      int64_t by = r.py0 + P > H ? H - P : r.py0, bx = r.px0 + Q > W ? W - Q : r.px0;
+      size_t oy = (size_t)(r.y0 - by) * s, ox = (size_t)(r.x0 - bx) * s;
+      size_t cw = (size_t)(r.x1 - r.x0) * s, ch = (size_t)(r.y1 - r.y0) * s;
+      for (size_t c = 0; c < 3 && rc == SPN_OK; c++)
+        rc = cu_ok(cudaMemcpy2DAsync(out + c * on + ((size_t)r.y0 * s) * OW + (size_t)r.x0 * s,
+                                     (size_t)OW * sizeof(float), tout + (size_t)i * osz + (c * op + oy) * oq + ox,
+                                     oq * sizeof(float), cw * sizeof(float), ch, cudaMemcpyDeviceToDevice, stream),
+                   "stitching a tile", err);
+    }
+    if (rc != SPN_OK) {
+      spn_tile_at(H, W, tp, k0, &r);
+      return b > 1 ? spn_error_prefix(err, "tiles %d..%d of %d (the first at (%d, %d))", k0, k0 + b - 1, nt, r.x0, r.y0)
+                   : spn_error_prefix(err, "tile at (%d, %d)", r.x0, r.y0);
+    }
   }
   return spn_cuda_unit_to_u8(&fout, dst, stream, err);
 }

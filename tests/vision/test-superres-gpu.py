@@ -6,8 +6,11 @@ with the embedded ESPCN x2 twice on the same frames: on the CPU, and with
 SPINDLE_DRIVER_DEVICES=cuda:0, where the stage takes its CUDA body (the frame
 uploaded once, tiles cut and stitched on the device, the model on the engine's
 CUDA backend, u8 out on the device). Checked:
-  - the GPU body ran (the stage's debug log says "on the GPU" per frame) with
-    as many model runs as the CPU (same tiles);
+  - the GPU body ran (the stage's debug log says "on the GPU" per frame),
+    its tiles batched: ceil(the CPU's runs / tile_batch) model runs per
+    frame (the CPU runs one per tile), at the default 16 (12 tiles: one
+    run), at 5 (runs of 5, 5 and 2) and, for a copy of the model whose batch
+    is fixed at 1, one run per tile whatever tile_batch says;
   - region = "frame": PSNR against the CPU >= 50 dB at fp32 (the two
     backends differ in summation order only) and >= 40 dB at fp16 (the
     issue's bar for enhance; docs/engine.md gives ESPCN's fp16 error);
@@ -66,6 +69,18 @@ def picture(W, H, seed):
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
+def make_fixed_batch(path):
+    """The embedded ESPCN with its input's batch fixed at 1 (the shipped file's is dynamic)."""
+    import onnx
+    src = os.path.join(os.environ.get('SPINDLE_SOURCE_ROOT', os.path.join(os.path.dirname(__file__), '..', '..')),
+                       'models', 'espcn-x2.onnx')
+    m = onnx.load(src)
+    d = m.graph.input[0].type.tensor_type.shape.dim[0]
+    d.ClearField('dim_param')
+    d.dim_value = 1
+    onnx.save(m, path)
+
+
 def main():
     W, H = 200, 150
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,21 +96,30 @@ def main():
         if rc == 0 and ce and ('CUDA' in ce or 'cuda' in ce):
             print(f'skip: no CUDA device here ({ce})')
             return 77
-        for region, prec, bar in (('frame', 'fp32', 50.0), ('frame', 'fp16', 40.0), ('faces', 'fp16', 40.0)):
-            cfg = ['tile = 64', 'tile_pad = 8', f'region = "{region}"', f'precision = "{prec}"', 'feather = 4']
+        fixed = os.path.join(tmp, 'espcn-batch1.onnx')
+        make_fixed_batch(fixed)
+        cases = [('frame', 'fp32', 50.0, [], 16), ('frame', 'fp16', 40.0, [], 16), ('faces', 'fp16', 40.0, [], 16),
+                 ('frame', 'fp32', 50.0, ['tile_batch = 5'], 5),
+                 ('frame', 'fp32', 50.0, [f'model = "{fixed}"'], 1)]
+        for region, prec, bar, extra, batch in cases:
+            cfg = ['tile = 64', 'tile_pad = 8', f'region = "{region}"', f'precision = "{prec}"', 'feather = 4'] + extra
             frames = [f'1:{paths[0]}+faces' if region == 'faces' else f'1:{paths[0]}', f'1:{paths[1]}', '2:bad']
             out = {}
             for dev in ('cpu', 'cuda:0'):
-                d = os.path.join(tmp, f'{region}-{prec}-{dev.replace(":", "")}')
+                d = os.path.join(tmp, f'{region}-{prec}-{batch}-{len(extra)}-{dev.replace(":", "")}')
                 os.makedirs(d)
                 out[dev] = drive(d, W, H, cfg, frames, devices=None if dev == 'cpu' else dev)
             (rc_c, lc, ec), (rc_g, lg, eg) = out['cpu'], out['cuda:0']
-            tag = f'{region} {prec}'
+            tag = f'{region} {prec}' + (f' ({extra[0]})' if extra else '')
             check(rc_c == 0 and rc_g == 0, f'{tag}: both runs exit 0 (cpu {rc_c}, gpu {rc_g}) {lg[:1]}')
             gpu_runs = re.findall(r'superres: frame (\d+): (\d+) model runs on the GPU', eg)
             cpu_runs = re.findall(r'superres: frame (\d+): (\d+) model runs(?! on the GPU)', ec)
             check(len(gpu_runs) == 2, f'{tag}: the CUDA body ran for both frames ({len(gpu_runs)})')
-            check(sorted(gpu_runs) == sorted(cpu_runs), f'{tag}: same model runs per frame (cpu {cpu_runs}, gpu {gpu_runs})')
+            want = sorted((f, str(-(-int(n) // batch))) for f, n in cpu_runs)
+            check(len(cpu_runs) == 2 and sorted(gpu_runs) == want,
+                  f'{tag}: ceil(cpu runs / {batch}) model runs per frame on the GPU (cpu {cpu_runs}, gpu {gpu_runs})')
+            if region == 'frame' and not extra:
+                check(all(int(n) == 12 for _, n in cpu_runs), f'{tag}: 12 tiles a frame on the CPU ({cpu_runs})')
             check(any(l.get('failed') == 2 for l in lg) and {'eos': 1} in lg,
                   f'{tag}: the bad frame failed job 2 only on the GPU')
             check(all(l.get('device_kind') == 1 for l in lg if l.get('frame')),
