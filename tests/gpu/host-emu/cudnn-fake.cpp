@@ -92,7 +92,7 @@ bool dt_ok(cudnnDataType_t dt) { return dt == CUDNN_DATA_FLOAT || dt == CUDNN_DA
 /* Every half's value, by its bits: the same conversion as a cast, made
  * once (without F16C the cast is a libgcc call per element, which made the
  * convolutions' inner loop several times slower). */
-const float *half_values() {
+SPN_FAKE_HOT const float *half_values() {
   static const float *table = [] {
     float *t = new float[65536];
     for (uint32_t b = 0; b < 65536; b++) {
@@ -106,7 +106,7 @@ const float *half_values() {
   return table;
 }
 
-double load(const void *p, cudnnDataType_t dt, int64_t i) {
+SPN_FAKE_HOT double load(const void *p, cudnnDataType_t dt, int64_t i) {
   if (dt == CUDNN_DATA_HALF)
     return (double)half_values()[((const uint16_t *)p)[i]];
   return (double)((const float *)p)[i];
@@ -119,7 +119,7 @@ void store(void *p, cudnnDataType_t dt, int64_t i, double v) {
     ((float *)p)[i] = (float)v;
 }
 
-int64_t t_off(const cudnnTensorStruct &t, int64_t n, int64_t c, int64_t h, int64_t w) {
+SPN_FAKE_HOT int64_t t_off(const cudnnTensorStruct &t, int64_t n, int64_t c, int64_t h, int64_t w) {
   return n * t.strides[0] + c * t.strides[1] + h * t.strides[2] + w * t.strides[3];
 }
 
@@ -131,7 +131,7 @@ size_t t_extent(const cudnnTensorStruct &t) {
   return (size_t)(last + 1) * esize(t.dt);
 }
 
-int64_t f_off(const cudnnFilterStruct &f, int64_t k, int64_t c, int64_t r, int64_t s) {
+SPN_FAKE_HOT int64_t f_off(const cudnnFilterStruct &f, int64_t k, int64_t c, int64_t r, int64_t s) {
   const int *d = f.dims;
   if (f.fmt == CUDNN_TENSOR_NHWC) /* KRSC */
     return ((k * d[2] + r) * d[3] + s) * d[1] + c;
@@ -190,7 +190,7 @@ bool geometry_ok(const cudnnConvolutionStruct &cv, const cudnnTensorStruct &x, c
  * away from zero, as cvt.rna.tf32.f32 does): what the tensor cores read of
  * FLOAT operands when the math type lets cuDNN use them (CUDNN_DEFAULT_MATH
  * and the TENSOR_OP types on an Ampere or later GPU). Inf and NaN pass. */
-float to_tf32(float v) {
+SPN_FAKE_HOT float to_tf32(float v) {
   uint32_t u;
   memcpy(&u, &v, sizeof u);
   if ((u & 0x7f800000u) != 0x7f800000u) {
@@ -202,7 +202,7 @@ float to_tf32(float v) {
 }
 
 /* FLOAT operands go through the tensor cores as TF32 (FMA_MATH keeps fp32). */
-bool tf32_math(const cudnnConvolutionStruct &cv, cudnnDataType_t dt) {
+SPN_FAKE_HOT bool tf32_math(const cudnnConvolutionStruct &cv, cudnnDataType_t dt) {
   return dt == CUDNN_DATA_FLOAT && cv.math != CUDNN_FMA_MATH;
 }
 
@@ -240,8 +240,13 @@ SPN_FAKE_HOT void conv_forward_rows(const cudnnConvolutionStruct &cv, const cudn
   std::vector<float> rows((size_t)Ct * R * Wx);
   std::vector<char> row_ok(R);
   std::vector<double> acc(OW);
+  /* raw pointers: vector's operator[] is not inlined into an uninstrumented function */
+  double *wfp = wf.data(), *wtp = wt.data(), *accp = acc.data(), *acckp = acck.data();
+  float *rowsp = rows.data();
+  char *row_okp = row_ok.data();
   /* For tap s, the outputs whose input column lies inside x: [lo[s], hi[s]). */
-  std::vector<int> lo(S), hi(S);
+  std::vector<int> lov(S), hiv(S);
+  int *lo = lov.data(), *hi = hiv.data();
   for (int s2 = 0; s2 < S; s2++) {
     int off = s2 * cv.dil[1] - cv.pad[1];
     int a = off >= 0 ? 0 : (-off + cv.stride[1] - 1) / cv.stride[1];
@@ -252,11 +257,11 @@ SPN_FAKE_HOT void conv_forward_rows(const cudnnConvolutionStruct &cv, const cudn
     for (int oh = 0; oh < OH; oh++) {
       for (int r = 0; r < R; r++) {
         int ih = oh * cv.stride[0] - cv.pad[0] + r * cv.dil[0];
-        row_ok[r] = ih >= 0 && ih < H;
-        if (!row_ok[r])
+        row_okp[r] = ih >= 0 && ih < H;
+        if (!row_okp[r])
           continue;
         for (int c = 0; c < Ct; c++) {
-          float *dst = &rows[((size_t)c * R + r) * Wx];
+          float *dst = &rowsp[((size_t)c * R + r) * Wx];
           for (int iw = 0; iw < Wx; iw++)
             dst[iw] = (float)load(x, xd.dt, t_off(xd, n, c, ih, iw));
           if (tf32)
@@ -269,20 +274,20 @@ SPN_FAKE_HOT void conv_forward_rows(const cudnnConvolutionStruct &cv, const cudn
          * outputs' channels innermost instead, against the filter
          * transposed to (g, c, r, s, k), each output's terms still in the
          * order c, r, s. */
-        std::fill(acck.begin(), acck.end(), 0.0);
+        memset(acckp, 0, (size_t)OW * K * sizeof *acckp);
         for (int g = 0; g < cv.groups; g++)
           for (int ow = 0; ow < OW; ow++) {
-            double *a = &acck[(size_t)ow * K + (size_t)g * Kg];
+            double *a = &acckp[(size_t)ow * K + (size_t)g * Kg];
             for (int c = 0; c < Cg; c++)
               for (int r = 0; r < R; r++) {
-                if (!row_ok[r])
+                if (!row_okp[r])
                   continue;
-                const float *row = &rows[((size_t)(g * Cg + c) * R + r) * Wx];
+                const float *row = &rowsp[((size_t)(g * Cg + c) * R + r) * Wx];
                 for (int s2 = 0; s2 < S; s2++) {
                   if (ow < lo[s2] || ow >= hi[s2])
                     continue;
                   const double pv = row[ow * cv.stride[1] + s2 * cv.dil[1] - cv.pad[1]];
-                  const double *wk = &wt[((((size_t)g * Cg + c) * R + r) * S + s2) * Kg];
+                  const double *wk = &wtp[((((size_t)g * Cg + c) * R + r) * S + s2) * Kg];
                   for (int kk = 0; kk < Kg; kk++)
                     a[kk] += pv * wk[kk];
                 }
@@ -290,24 +295,24 @@ SPN_FAKE_HOT void conv_forward_rows(const cudnnConvolutionStruct &cv, const cudn
           }
         for (int k = 0; k < K; k++) {
           for (int ow = 0; ow < OW; ow++)
-            acc[ow] = acck[(size_t)ow * K + k];
-          emit(n, k, oh, acc.data());
+            accp[ow] = acckp[(size_t)ow * K + k];
+          emit(n, k, oh, accp);
         }
         continue;
       }
       for (int k = 0; k < K; k++) {
         int g = k / Kg;
-        std::fill(acc.begin(), acc.end(), 0.0);
+        memset(accp, 0, (size_t)OW * sizeof *accp);
         for (int c = 0; c < Cg; c++)
           for (int r = 0; r < R; r++) {
-            if (!row_ok[r])
+            if (!row_okp[r])
               continue;
-            const float *row = &rows[((size_t)(g * Cg + c) * R + r) * Wx];
-            const double *wr = &wf[(((size_t)k * Cg + c) * R + r) * S];
+            const float *row = &rowsp[((size_t)(g * Cg + c) * R + r) * Wx];
+            const double *wr = &wfp[(((size_t)k * Cg + c) * R + r) * S];
             for (int s2 = 0; s2 < S; s2++) {
               const double wv = wr[s2];
               const int off = s2 * cv.dil[1] - cv.pad[1], st = cv.stride[1];
-              double *a = acc.data();
+              double *a = accp;
               if (st == 1) {
                 const float *xr = row + off;
                 for (int ow = lo[s2]; ow < hi[s2]; ow++)
@@ -318,7 +323,7 @@ SPN_FAKE_HOT void conv_forward_rows(const cudnnConvolutionStruct &cv, const cudn
               }
             }
           }
-        emit(n, k, oh, acc.data());
+        emit(n, k, oh, accp);
       }
     }
 }
@@ -336,8 +341,10 @@ SPN_FAKE_HOT void conv_backward_rows(const cudnnConvolutionStruct &C, const cudn
    * k, oh, ow, as one loop over dy's elements would add them. */
   const int OW = DY.dims[3], st = C.stride[1];
   const bool tf32 = tf32_math(C, DY.dt);
-  std::vector<double> dyrow(OW);
-  std::vector<int> lo(S), hi(S);
+  std::vector<double> dyrowv(OW);
+  std::vector<int> lov(S), hiv(S);
+  double *dyrow = dyrowv.data(); /* raw pointers, as in conv_forward_rows */
+  int *lo = lov.data(), *hi = hiv.data();
   for (int s = 0; s < S; s++) {
     int off = s * C.dil[1] - C.pad[1];
     int a2 = off >= 0 ? 0 : (-off + st - 1) / st;
