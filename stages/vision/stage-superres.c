@@ -369,6 +369,8 @@ static int32_t gpu_upscale(sr_state_t *st, const spn_image_t *src, spn_image_t *
   P = P > H ? H : P;
   Q = Q > W ? W : Q;
   int32_t nt = spn_tile_count(H, W, tp), nb = st->tile_batch < nt ? st->tile_batch : nt;
+  if (nb < 1)
+    nb = 1;
   size_t tn = (size_t)(P * Q), tsz = 3 * tn, osz = tsz * (size_t)s * s;
   if ((rc = scratch(st, &st->d_in, 3 * n * sizeof(float), err)) != SPN_OK ||
       (rc = scratch(st, &st->d_out, 3 * on * sizeof(float), err)) != SPN_OK ||
