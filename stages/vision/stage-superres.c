@@ -346,6 +346,16 @@ static spn_tensor_t dev_tensor(const sr_state_t *st, void *data, int64_t n, int6
   return t;
 }
 
+/* Tile k of an H x W frame, and the top-left corner (*by, *bx) of the
+ * P x Q block the model sees for it: at the padded block's corner, moved in
+ * where that would reach past the frame's bottom or right edge. */
+static void gpu_block_at(int32_t H, int32_t W, const spn_tile_params_t *tp, int64_t P, int64_t Q, int32_t k,
+                         spn_tile_rect_t *r, int64_t *by, int64_t *bx) {
+  spn_tile_at(H, W, tp, k, r);
+  *by = r->py0 + P > H ? H - P : r->py0;
+  *bx = r->px0 + Q > W ? W - Q : r->px0;
+}
+
 /* model_upscale on the GPU: src and dst are RGB24 views of device memory
  * (any pitch), dst s times src's size. Everything is queued on `stream`.
  * The tiles are spn_tile_at's, but each block the model sees is cut at one
@@ -389,10 +399,10 @@ static int32_t gpu_upscale(sr_state_t *st, const spn_image_t *src, spn_image_t *
   for (int32_t k0 = 0; k0 < nt; k0 += nb) {
     int32_t b = nt - k0 < nb ? nt - k0 : nb;
     spn_tile_rect_t r;
+    int64_t by, bx;
     /* cut: tile k0 + i's block into batch item i */
     for (int32_t i = 0; i < b && rc == SPN_OK; i++) {
-      spn_tile_at(H, W, tp, k0 + i, &r);
-      int64_t by = r.py0 + P > H ? H - P : r.py0, bx = r.px0 + Q > W ? W - Q : r.px0;
+      gpu_block_at(H, W, tp, P, Q, k0 + i, &r, &by, &bx);
       for (size_t c = 0; c < 3 && rc == SPN_OK; c++)
         rc = cu_ok(cudaMemcpy2DAsync(tin + (size_t)i * tsz + c * tn, (size_t)Q * sizeof(float),
                                      in + (c * H + (size_t)by) * W + (size_t)bx, (size_t)W * sizeof(float),
@@ -405,8 +415,7 @@ static int32_t gpu_upscale(sr_state_t *st, const spn_image_t *src, spn_image_t *
       rc = h->model_run(st->stage, st->model, &ti, 1, &to, 1, err);
     /* stitch: the part of item i's output that covers tile k0 + i */
     for (int32_t i = 0; i < b && rc == SPN_OK; i++) {
-      spn_tile_at(H, W, tp, k0 + i, &r);
-      int64_t by = r.py0 + P > H ? H - P : r.py0, bx = r.px0 + Q > W ? W - Q : r.px0;
+      gpu_block_at(H, W, tp, P, Q, k0 + i, &r, &by, &bx);
       size_t oy = (size_t)(r.y0 - by) * s, ox = (size_t)(r.x0 - bx) * s;
       size_t cw = (size_t)(r.x1 - r.x0) * s, ch = (size_t)(r.y1 - r.y0) * s;
       for (size_t c = 0; c < 3 && rc == SPN_OK; c++)
