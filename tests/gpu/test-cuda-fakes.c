@@ -160,6 +160,19 @@ static void conv_close(conv_t *c) {
   cudaFree(c->ws);
 }
 
+/* y = conv(x, w) through c (opened, its math type set): the search's
+ * algorithm, the operands copied to the device and the result back. */
+static void conv_forward_once(conv_t *c, const void *x, size_t xn, const void *w, size_t wn, void *y, size_t yn) {
+  const float one = 1.f, zero = 0.f;
+  size_t wsn;
+  cudnnConvolutionFwdAlgo_t algo = conv_algo(c, &wsn);
+  void *dx = dev_copy(x, xn), *dw = dev_copy(w, wn), *dy = dev_copy(NULL, yn);
+  assert_int_equal(cudnnConvolutionForward(c->h, &one, c->x, dx, c->w, dw, c->cv, algo, c->ws, wsn, &zero, c->y, dy),
+                   CUDNN_STATUS_SUCCESS);
+  to_host(y, dy, yn);
+  cudaFree(dx), cudaFree(dw), cudaFree(dy);
+}
+
 #define NX (N * C * H * W)
 #define NW (K * (C / G) * R * S)
 #define NY (N * K * OH * OW)
@@ -214,16 +227,11 @@ static void conv_nchw_f32_and_nhwc_f16_match_the_reference(void **state) {
   nchw_to_nhwc(x, x16, N, C, H, W);
   nchw_to_nhwc(w, w16, K, C / G, R, S); /* KCRS -> KRSC is the same permutation */
   conv_open(&c, CUDNN_TENSOR_NHWC, CUDNN_DATA_HALF);
-  algo = conv_algo(&c, &wsn);
-  dx = dev_copy(x16, sizeof x16), dw = dev_copy(w16, sizeof w16), dy = dev_copy(NULL, sizeof y16);
-  assert_int_equal(cudnnConvolutionForward(c.h, &one, c.x, dx, c.w, dw, c.cv, algo, c.ws, wsn, &zero, c.y, dy),
-                   CUDNN_STATUS_SUCCESS);
-  to_host(y16, dy, sizeof y16);
+  conv_forward_once(&c, x16, sizeof x16, w16, sizeof w16, y16, sizeof y16);
   nhwc_to_nchw(y16, y, N, K, OH, OW);
   double e = rel_err(ref, y, NY);
   assert_true(e < 1e-2);
   assert_true(e > 0); /* fp16 rounding did happen */
-  cudaFree(dx), cudaFree(dw), cudaFree(dy);
   conv_close(&c);
 }
 
@@ -247,22 +255,13 @@ static void default_math_reads_float_as_tf32(void **state) {
     wr[i] = tf32_of(w[i]);
   ref_conv(xr, wr, ref);
   ref_conv(x, w, ref32);
-  const float one = 1.f, zero = 0.f;
   conv_t c;
   conv_open(&c, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT);
   assert_int_equal(cudnnSetConvolutionMathType(c.cv, CUDNN_DEFAULT_MATH), CUDNN_STATUS_SUCCESS);
-  size_t wsn;
-  cudnnConvolutionFwdAlgo_t algo = conv_algo(&c, &wsn);
-  void *dx = dev_copy(x, sizeof x), *dw = dev_copy(w, sizeof w), *dy = dev_copy(NULL, sizeof y);
-  assert_int_equal(cudnnConvolutionForward(c.h, &one, c.x, dx, c.w, dw, c.cv, algo, c.ws, wsn, &zero, c.y, dy),
-                   CUDNN_STATUS_SUCCESS);
-  to_host(y, dy, sizeof y);
+  conv_forward_once(&c, x, sizeof x, w, sizeof w, y, sizeof y);
   double e = rel_err(ref, y, NY), e32 = rel_err(ref32, y, NY);
   if (!(e < 1e-6 && e32 > 1e-5 && e32 < 1e-2))
     fail_msg("TF32 convolution: %g from the TF32 reference, %g from the fp32 one", e, e32);
-  cudaFree(dx);
-  cudaFree(dw);
-  cudaFree(dy);
   conv_close(&c);
 }
 

@@ -206,6 +206,25 @@ SPN_FAKE_HOT bool tf32_math(const cudnnConvolutionStruct &cv, cudnnDataType_t dt
   return dt == CUDNN_DATA_FLOAT && cv.math != CUDNN_FMA_MATH;
 }
 
+/* One operand element as a double, read as the convolution's math reads it
+ * (TF32 when tf32). */
+SPN_FAKE_HOT double operand(const void *p, cudnnDataType_t dt, int64_t i, bool tf32) {
+  double v = load(p, dt, i);
+  return tf32 ? (double)to_tf32((float)v) : v;
+}
+
+/* For each tap s of a row of S taps: the outputs [lo[s], hi[s]) of a row of
+ * OW whose input column (ow * stride - pad + s * dil) lies inside [0, Wx). */
+SPN_FAKE_HOT void tap_ranges(const cudnnConvolutionStruct &cv, int S, int Wx, int OW, int *lo, int *hi) {
+  const int st = cv.stride[1];
+  for (int s = 0; s < S; s++) {
+    int off = s * cv.dil[1] - cv.pad[1];
+    int a = off >= 0 ? 0 : (-off + st - 1) / st;
+    int b = Wx - 1 - off < 0 ? 0 : (Wx - 1 - off) / st + 1;
+    lo[s] = a, hi[s] = b < OW ? b : OW;
+  }
+}
+
 /* A whole forward convolution, a row of outputs at a time: for output
  * (n, k, oh, ow) it adds x * w over the group's c, r, s in the same order
  * as a direct sum per element would (so the same sums), but the R input rows of every channel are
@@ -227,8 +246,7 @@ SPN_FAKE_HOT void conv_forward_rows(const cudnnConvolutionStruct &cv, const cudn
       for (int r = 0; r < R; r++)
         for (int s2 = 0; s2 < S; s2++)
           wf[(((size_t)k * Cg + c) * R + r) * S + s2] =
-              tf32 ? (double)to_tf32((float)load(w, wd.dt, f_off(wd, k, c, flip ? R - 1 - r : r, flip ? S - 1 - s2 : s2)))
-                   : load(w, wd.dt, f_off(wd, k, c, flip ? R - 1 - r : r, flip ? S - 1 - s2 : s2));
+              operand(w, wd.dt, f_off(wd, k, c, flip ? R - 1 - r : r, flip ? S - 1 - s2 : s2), tf32);
   std::vector<double> wt, acck;
   if (Kg >= OW) {
     wt.resize(wf.size());
@@ -247,12 +265,7 @@ SPN_FAKE_HOT void conv_forward_rows(const cudnnConvolutionStruct &cv, const cudn
   /* For tap s, the outputs whose input column lies inside x: [lo[s], hi[s]). */
   std::vector<int> lov(S), hiv(S);
   int *lo = lov.data(), *hi = hiv.data();
-  for (int s2 = 0; s2 < S; s2++) {
-    int off = s2 * cv.dil[1] - cv.pad[1];
-    int a = off >= 0 ? 0 : (-off + cv.stride[1] - 1) / cv.stride[1];
-    int b = Wx - 1 - off < 0 ? 0 : (Wx - 1 - off) / cv.stride[1] + 1;
-    lo[s2] = a, hi[s2] = b < OW ? b : OW;
-  }
+  tap_ranges(cv, S, Wx, OW, lo, hi);
   for (int n = 0; n < yd.dims[0]; n++)
     for (int oh = 0; oh < OH; oh++) {
       for (int r = 0; r < R; r++) {
@@ -263,10 +276,7 @@ SPN_FAKE_HOT void conv_forward_rows(const cudnnConvolutionStruct &cv, const cudn
         for (int c = 0; c < Ct; c++) {
           float *dst = &rowsp[((size_t)c * R + r) * Wx];
           for (int iw = 0; iw < Wx; iw++)
-            dst[iw] = (float)load(x, xd.dt, t_off(xd, n, c, ih, iw));
-          if (tf32)
-            for (int iw = 0; iw < Wx; iw++)
-              dst[iw] = to_tf32(dst[iw]);
+            dst[iw] = (float)operand(x, xd.dt, t_off(xd, n, c, ih, iw), tf32);
         }
       }
       if (Kg >= OW) {
@@ -345,19 +355,13 @@ SPN_FAKE_HOT void conv_backward_rows(const cudnnConvolutionStruct &C, const cudn
   std::vector<int> lov(S), hiv(S);
   double *dyrow = dyrowv.data(); /* raw pointers, as in conv_forward_rows */
   int *lo = lov.data(), *hi = hiv.data();
-  for (int s = 0; s < S; s++) {
-    int off = s * C.dil[1] - C.pad[1];
-    int a2 = off >= 0 ? 0 : (-off + st - 1) / st;
-    int b2 = xd[3] - 1 - off < 0 ? 0 : (xd[3] - 1 - off) / st + 1;
-    lo[s] = a2, hi[s] = b2 < OW ? b2 : OW;
-  }
+  tap_ranges(C, S, xd[3], OW, lo, hi);
   for (int n = 0; n < DY.dims[0]; n++)
     for (int k = 0; k < DY.dims[1]; k++) {
       int g = k / Kg;
       for (int oh = 0; oh < DY.dims[2]; oh++) {
         for (int ow = 0; ow < OW; ow++)
-          dyrow[ow] = tf32 ? (double)to_tf32((float)load(dy, DY.dt, t_off(DY, n, k, oh, ow)))
-                           : load(dy, DY.dt, t_off(DY, n, k, oh, ow));
+          dyrow[ow] = operand(dy, DY.dt, t_off(DY, n, k, oh, ow), tf32);
         for (int c = 0; c < Cg; c++)
           for (int r = 0; r < R; r++) {
             int ih = oh * C.stride[0] - C.pad[0] + r * C.dil[0];
@@ -367,9 +371,7 @@ SPN_FAKE_HOT void conv_backward_rows(const cudnnConvolutionStruct &C, const cudn
             int fr = C.mode == CUDNN_CONVOLUTION ? R - 1 - r : r;
             for (int s = S - 1; s >= 0; s--) {
               int fs = C.mode == CUDNN_CONVOLUTION ? S - 1 - s : s, off = s * C.dil[1] - C.pad[1];
-              double wv = load(w, W.dt, f_off(W, k, c, fr, fs));
-              if (tf32)
-                wv = (double)to_tf32((float)wv);
+              double wv = operand(w, W.dt, f_off(W, k, c, fr, fs), tf32);
               for (int ow = lo[s]; ow < hi[s]; ow++)
                 dxrow[ow * st + off] += dyrow[ow] * wv;
             }
