@@ -4,7 +4,11 @@
  * forwards each message after `us` microseconds of busy work (timed) or
  * `iterations` rounds of a fixed arithmetic loop (untimed, so the same work
  * on any machine). It spins rather than sleeps: a sleeping stage would not
- * show what an executor does with a busy one. */
+ * show what an executor does with a busy one. With `sleep = true` it sleeps
+ * the `us` instead: a slow stage for tests of job mechanics (leases, kills,
+ * progress) that leaves the CPU to whatever else the machine runs. */
+#include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -14,6 +18,7 @@
 typedef struct cost_config {
   int64_t us;
   int64_t iterations;
+  bool sleep;
 } cost_config_t;
 
 static const spn_config_field_t cost_schema[] = {
@@ -22,6 +27,8 @@ static const spn_config_field_t cost_schema[] = {
     {.key = "iterations", .type = SPN_CONFIG_INT, .offset = offsetof(cost_config_t, iterations),
      .doc = "if > 0: rounds of a fixed arithmetic loop per message instead of `us`", .def_int = 0, .min = 0,
      .max = 1e12},
+    {.key = "sleep", .type = SPN_CONFIG_BOOL, .offset = offsetof(cost_config_t, sleep),
+     .doc = "sleep the `us` instead of spinning (a slow stage that leaves the CPU idle)", .def_int = 0},
     {0},
 };
 
@@ -62,6 +69,10 @@ static int32_t cost_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, v
   for (size_t i = 0; i < n; i++) {
     if (c->iterations > 0) {
       burn_iterations(c->iterations);
+    } else if (c->us > 0 && c->sleep) {
+      struct timespec ts = {.tv_sec = (time_t)(c->us / 1000000), .tv_nsec = (long)(c->us % 1000000) * 1000};
+      while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
     } else if (c->us > 0) {
       double end = now_us() + (double)c->us;
       while (now_us() < end)

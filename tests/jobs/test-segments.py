@@ -66,13 +66,15 @@ def make_clip(path, seconds=60, size="160x120"):
 
 def server_config(tmp, slow_us=0):
     """transcode.toml (veryfast x264), optionally with a `cost` stage that
-    spends slow_us of CPU per frame between decode and encode."""
+    sleeps slow_us per frame between decode and encode (sleeps, not spins:
+    the slow stage stands for a slow model without taking the CPU that the
+    other tests of a parallel suite need)."""
     text = open(os.path.join(mj.SRC, "configs", "transcode.toml")).read()
     text = text.replace('"../', '"' + os.path.join(mj.SRC, "")).replace('preset = "medium"', 'preset = "veryfast"')
     if slow_us:
         text = text.replace('inputs = { video = "decode.video", audio = "decode.audio" }',
                             'inputs = { video = "work", audio = "decode.audio" }')
-        text += f'\n[[stage]]\nname = "work"\nkind = "cost"\ninputs = ["decode.video"]\nus = {slow_us}\n'
+        text += f'\n[[stage]]\nname = "work"\nkind = "cost"\ninputs = ["decode.video"]\nus = {slow_us}\nsleep = true\n'
     with open(os.path.join(tmp, "transcode.toml"), "w") as f:
         f.write(text)
     cfg = os.path.join(tmp, "server.toml")
@@ -200,9 +202,12 @@ def on_worker(seg, name):
 def case_kill(tmp, redis=False):
     clip = f"{tmp}/in.mp4"
     make_clip(clip)
-    # 250 frames a segment: about 1 s each; on Redis 3 s, since a stateless
-    # worker writes progress once a second and the kill waits for a figure
-    cfg = server_config(tmp, slow_us=12000 if redis else 4000)
+    # 250 frames a segment, about 3 s each: the kill waits to see wa inside
+    # a segment, and each look is a `spindle status` process (a second or
+    # more under ASan on a loaded machine; a stateless Redis worker also
+    # writes its progress only once a second). With 1 s segments the window
+    # was shorter than a look, and a CI run missed all of wa's segments.
+    cfg = server_config(tmp, slow_us=12000)
     if redis:
         # stateless workers leasing straight from Redis; the gateway runs nothing
         if not shutil.which("redis-server"):
@@ -226,15 +231,22 @@ def case_kill(tmp, redis=False):
     r = submit(ep, clip, f"{tmp}/out/seg.mp4", "--segments", "6", wait=False)
     jid = int(r.stdout.split()[0])
 
+    seen = []
+
     def victim():
+        t = time.monotonic()
         st = status(ep, jid)
         segs = st.get("segments", [])
+        seen.append((round(time.monotonic() - t, 2), st.get("state"),
+                     [(s["index"], s["state"], s.get("worker", "")[-2:], s.get("done")) for s in segs]))
+        if st.get("state") in ("succeeded", "failed", "cancelled"):
+            raise Fail(f"the job ended before wa was seen inside a segment; looks (seconds each, segments): {seen}")
         done = [s for s in segs if s["state"] == "succeeded"]
         # well inside a segment (not about to finish): the kill lands on it
         running = [s for s in segs if s["state"] == "running" and on_worker(s, "wa")
-                   and 10 < s["done"] < s["total"] - 120]
+                   and 10 < s["done"] < s["total"] - 100]
         return (st, segs) if done and running else None
-    wait_for(victim, 60, "worker wa to run a segment after one finished")
+    wait_for(victim, 90, "worker wa to run a segment after one finished")
     t0 = time.monotonic()
     ws["wa"].send_signal(signal.SIGKILL)
     ws["wa"].wait()
