@@ -12,6 +12,13 @@
 #      are) and every edge as host memory, without copies, on the CPU. For
 #      lipsync: the only bytes lipsync itself uploads are melspec's
 #      spectrogram, once (the mel chunks are cut from it on the GPU).
+#      One exception, for lipsync: Wav2Lip's crop is the face box rounded to
+#      whole pixels, and where a box edge lies within the detectors'
+#      difference of .5 the CPU and the GPU crop a pixel apart, and the model
+#      paints a different mouth. Such a frame may fall below 40 dB if its
+#      boxes (decode -> faces -> metasink, run on each device) show exactly
+#      that, and the frame outside both crops (plus the superres reach) is
+#      still >= 40 dB; at most one frame in ten.
 #   2. The config itself, unchanged (but for the Wav2Lip model's path), runs
 #      with --devices cuda, writes as many frames as the CPU run, and moves
 #      at most one output frame's bytes between host and GPU per output frame
@@ -65,8 +72,23 @@ if [ $rc -ne 0 ] && grep -q "no CUDA device\|CUDA engine backend is not built" g
 fi
 [ $rc -eq 0 ] || fail "GPU run: exit $rc: $(tail -3 gpu.rgb.err)"
 run cpu cpu.rgb || fail "CPU run: exit $?: $(tail -3 cpu.rgb.err)"
+if [ "$name" = lipsync ]; then
+  # the faces each device's detector gave, for the crop rule above
+  python3 - raw.toml boxes.toml <<'PY' || fail "could not derive the boxes pipeline from raw.toml"
+import re, sys
+blocks = open(sys.argv[1]).read().split('[[stage]]\n')
+keep = [b for b in blocks[1:] if re.match(r'name = "(decode|faces)"\n', b)]
+assert len(keep) == 2, 'no decode and faces stages'
+open(sys.argv[2], 'w').write('[pipeline]\nname = "boxes"\n\n' + ''.join('[[stage]]\n' + b for b in keep) +
+                             '[[stage]]\nname = "boxes"\nkind = "metasink"\ninputs = ["faces.faces"]\n')
+PY
+  for d in cpu cuda; do
+    "$spindle" run boxes.toml --devices $d --set boxes.path="$tmp/$d.boxes" --set decode.duration="$duration" \
+      >boxes-$d.out 2>&1 || fail "faces alone on $d: exit $?: $(tail -3 boxes-$d.out)"
+  done
+fi
 python3 - "$tmp" $stages <<'PY' || fail "comparison failed"
-import json, sys
+import json, math, os, re, sys
 import numpy as np
 tmp, stages = sys.argv[1], sys.argv[2:]
 res = {k: json.load(open(f'{tmp}/{k}.rgb.json')) for k in ('cpu', 'gpu')}
@@ -95,7 +117,51 @@ if psnr.min() < 40.0:
         where = (f'{ys.size} pixels over 16 levels in x {xs.min()}..{xs.max()}, y {ys.min()}..{ys.max()} '
                  f'of {w}x{px // w}' if ys.size else 'no pixel over 16 levels')
         print(f'frame {int(f)}: {psnr[f]:.2f} dB, max difference {int(d.max())}; {where}')
-assert psnr.min() >= 40.0, f'frame {int(psnr.argmin())} at {psnr.min():.2f} dB'
+low = [int(f) for f in np.nonzero(psnr < 40.0)[0]]
+if low and os.path.exists(f'{tmp}/cpu.boxes'):
+    # lipsync: a frame below 40 dB passes only when its crop moved by the
+    # rounding of a box edge that sits at .5 (see the header), the rest of
+    # the frame agrees, and such frames are rare
+    raw = open(f'{tmp}/raw.toml').read()
+    lips = raw[raw.index('kind = "lipsync"'):]
+    lips = lips[:lips.find('[[stage]]') if '[[stage]]' in lips else len(lips)]
+    pad = {k: int(re.search(rf'pad_{k} = (\d+)', lips).group(1)) for k in ('top', 'bottom', 'left', 'right')}
+    boxes = {}
+    for d in ('cpu', 'cuda'):
+        lines = [json.loads(l) for l in open(f'{tmp}/{d}.boxes')]
+        assert len(lines) == n, f'{d}.boxes: {len(lines)} frames, want {n}'
+        boxes[d] = [l['faces'][0]['box'] if l['faces'] else None for l in lines]
+    px = a.shape[1] // 3
+    w = int(round(px ** 0.5))  # the sample is square
+    assert w * w == px, f'{px} pixels a frame: not the square sample'
+    scale = 2 if 'kind = "superres"' in raw else 1
+    src = w // scale
+    def crop(b):  # spn_w2l_crop_rect: edges rounded half up, then padded
+        r = lambda v: math.floor(v + 0.5)
+        return (max(r(b[0]) - pad['left'], 0), max(r(b[1]) - pad['top'], 0),
+                min(r(b[2]) + pad['right'], src), min(r(b[3]) + pad['bottom'], src))
+    reach = 5  # source pixels: the crop's one-pixel shift and the superres kernels' reach
+    for f in low:
+        bc, bg = boxes['cpu'][f], boxes['cuda'][f]
+        assert bc and bg, f'frame {f} at {psnr[f]:.2f} dB and a device found no face there: cpu {bc}, cuda {bg}'
+        near = [k for k in range(4) if crop(bc)[k] != crop(bg)[k] or
+                min(abs(v - math.floor(v) - 0.5) for v in (bc[k], bg[k])) <= 0.02]
+        assert near, (f'frame {f} at {psnr[f]:.2f} dB, but its box edges are not at .5 (the crops agree): '
+                      f'cpu {bc}, cuda {bg}')
+        cc, cg = crop(bc), crop(bg)
+        x0, y0 = (max(min(cc[0], cg[0]) - reach, 0) * scale, max(min(cc[1], cg[1]) - reach, 0) * scale)
+        x1, y1 = (min(max(cc[2], cg[2]) + reach, src) * scale, min(max(cc[3], cg[3]) + reach, src) * scale)
+        out = np.ones((w, w), bool)
+        out[y0:y1, x0:x1] = False
+        fa, fb = a[f].reshape(w, w, 3)[out], b[f].reshape(w, w, 3)[out]
+        m = ((fa - fb) ** 2).mean()
+        p = np.inf if m == 0 else 10 * np.log10(255.0 ** 2 / m)
+        print(f'frame {f}: {psnr[f]:.2f} dB; crop cpu {cc}, cuda {cg} (edges {near} at .5: boxes cpu '
+              f'{[round(v, 4) for v in bc]}, cuda {[round(v, 4) for v in bg]}); outside both crops {p:.2f} dB')
+        assert p >= 40.0, f'frame {f}: {p:.2f} dB outside the crops, want >= 40'
+    assert len(low) <= max(1, n // 10), f'{len(low)} of {n} frames below 40 dB (crop rounding explains one in ten)'
+    low = []
+assert not low, f'frame {int(psnr.argmin())} at {psnr.min():.2f} dB'
 edges = res['gpu'].get('edges', [])
 sink = [e for e in edges if e['to'] == 'raw']
 assert sink and sink[0]['d2h']['copies'] == n, f'the edge into the sink: {sink}'
