@@ -116,6 +116,24 @@ for carried in "$lib"/libcudnn.so.*; do
   echo "bundle: carried $n cuDNN sub-libraries from $dir"
 done
 
+# cuBLASLt: libspindle opens it itself when a CUDA backend opens (its name
+# is in the library's text, cuda/engine/cublaslt-api.h), so ldd does not
+# list it; carried from where this machine's loader, or the CUDA runtime's
+# folder, or libspindle's run path has it.
+spindle_so=$(find "$lib" -maxdepth 1 -name 'libspindle.so.*' -print -quit)
+lt=$(grep -ao 'libcublasLt\.so\.[0-9][0-9]*' "$spindle_so" 2>/dev/null | head -1 || true)
+if [ -n "$lt" ] && [ ! -e "$lib/$lt" ]; then
+  src=$(ldconfig -p | awk -v n="$lt" '$1 == n {print $NF; exit}')
+  cudart=$(awk '$1 ~ /^libcudart\.so/ {print $3; exit}' <<<"$spindle_deps")
+  rp=$(readelf -d "$spindle_so" 2>/dev/null | sed -n 's/.*R[UN]*PATH.*\[\(.*\)\]/\1/p' | tr ':' ' ')
+  for d in ${cudart:+"$(dirname "$(readlink -f "$cudart")")"} $rp; do
+    [ -z "$src" ] && [ -e "$d/$lt" ] && src=$d/$lt
+  done
+  [ -n "$src" ] || { echo "bundle: libspindle opens $lt, which is not found on this machine" >&2; exit 1; }
+  carry_closure "$src"
+  echo "bundle: carried $lt from $(dirname "$src")"
+fi
+
 # Run paths: programs look in ../<libdir>, libraries beside themselves,
 # plugins (<libdir>/spindle-N/) one folder up.
 up=$(python3 -c 'import os,sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' "$lib" "$out/bin")

@@ -47,6 +47,7 @@
 
 #include "../../core/engine/ops-internal.h"
 #include "../../core/runtime/device-internal.h"
+#include "cublaslt-api.h"
 #include "engine-kernels.cuh"
 #ifdef SPN_HAVE_NCCL
 #include "../nccl-internal.h"
@@ -81,6 +82,7 @@ typedef struct {
   cudaStream_t stream; /* used when the caller gives none */
   cudnnHandle_t dnn;
   cublasLtHandle_t lt;
+  spn__lt_api_t lt_api; /* cuBLASLt's entry points (cublaslt-api.h) */
   pthread_mutex_t lock;
   cu_graph_t *graphs; /* under lock, at most CU_MAX_GRAPHS (least recently used dropped) */
   int n_graphs;
@@ -451,6 +453,15 @@ static uint16_t *nhwc_weights(const float *w, const cu_node_t *c, bool tr, int64
   return out;
 }
 
+/* A MatMul/Gemm entry's cuBLASLt descriptors and the entry. */
+static void lt_entry_free(cu_ctx_t *cx, cu_lt_t *e) {
+  if (e->la) cx->lt_api.MatrixLayoutDestroy(e->la);
+  if (e->lb) cx->lt_api.MatrixLayoutDestroy(e->lb);
+  if (e->lc) cx->lt_api.MatrixLayoutDestroy(e->lc);
+  if (e->desc) cx->lt_api.MatmulDescDestroy(e->desc);
+  free(e);
+}
+
 static void cu_node_free(spn_backend_t *b, spn_node_t *n) {
   (void)b;
   cu_node_t *c = n->bctx;
@@ -478,11 +489,7 @@ static void cu_node_free(spn_backend_t *b, spn_node_t *n) {
   }
   for (cu_lt_t *e = c->lts, *nx; e; e = nx) {
     nx = e->next;
-    if (e->la) cublasLtMatrixLayoutDestroy(e->la);
-    if (e->lb) cublasLtMatrixLayoutDestroy(e->lb);
-    if (e->lc) cublasLtMatrixLayoutDestroy(e->lc);
-    if (e->desc) cublasLtMatmulDescDestroy(e->desc);
-    free(e);
+    lt_entry_free(b->ctx, e);
   }
   for (cu_resize_t *e = c->resizes, *nx; e; e = nx) {
     nx = e->next;
@@ -1097,38 +1104,38 @@ static cublasStatus_t lt_build(cu_ctx_t *cx, int prec, const cu_gemm_t *g, cu_lt
   /* Column-major: C^T (N x M) = op(B)^T-side x op(A)^T-side. */
   cublasOperation_t opa = g->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = g->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   int64_t M = g->M, N = g->N, K = g->K;
-  cublasStatus_t st = cublasLtMatmulDescCreate(&e->desc, ct, CUDA_R_32F);
-  if (!st) st = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
-  if (!st) st = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+  cublasStatus_t st = cx->lt_api.MatmulDescCreate(&e->desc, ct, CUDA_R_32F);
+  if (!st) st = cx->lt_api.MatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+  if (!st) st = cx->lt_api.MatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
   if (!st && g->bias) {
     cublasLtEpilogue_t epi = g->relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
     /* The bias has D's type (fp32) by default, at every precision. */
-    st = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
-    if (!st) st = cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias);
+    st = cx->lt_api.MatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    if (!st) st = cx->lt_api.MatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias);
   }
   /* "A" of the column-major call is B: stored K x N row-major (N x K col-major, ld N) or, transposed, N x K row-major. */
-  if (!st) st = cublasLtMatrixLayoutCreate(&e->la, ab, g->tb ? (uint64_t)K : (uint64_t)N, g->tb ? (uint64_t)N : (uint64_t)K, g->tb ? K : N);
-  if (!st) st = cublasLtMatrixLayoutCreate(&e->lb, ab, g->ta ? (uint64_t)M : (uint64_t)K, g->ta ? (uint64_t)K : (uint64_t)M, g->ta ? M : K);
-  if (!st) st = cublasLtMatrixLayoutCreate(&e->lc, CUDA_R_32F, (uint64_t)N, (uint64_t)M, N);
+  if (!st) st = cx->lt_api.MatrixLayoutCreate(&e->la, ab, g->tb ? (uint64_t)K : (uint64_t)N, g->tb ? (uint64_t)N : (uint64_t)K, g->tb ? K : N);
+  if (!st) st = cx->lt_api.MatrixLayoutCreate(&e->lb, ab, g->ta ? (uint64_t)M : (uint64_t)K, g->ta ? (uint64_t)K : (uint64_t)M, g->ta ? M : K);
+  if (!st) st = cx->lt_api.MatrixLayoutCreate(&e->lc, CUDA_R_32F, (uint64_t)N, (uint64_t)M, N);
   if (!st && g->batch > 1) {
     int32_t bc = (int32_t)g->batch;
-    st = cublasLtMatrixLayoutSetAttribute(e->la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
-    if (!st) st = cublasLtMatrixLayoutSetAttribute(e->la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &g->sb, sizeof g->sb);
-    if (!st) st = cublasLtMatrixLayoutSetAttribute(e->lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
-    if (!st) st = cublasLtMatrixLayoutSetAttribute(e->lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &g->sa, sizeof g->sa);
-    if (!st) st = cublasLtMatrixLayoutSetAttribute(e->lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
-    if (!st) st = cublasLtMatrixLayoutSetAttribute(e->lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &g->sc, sizeof g->sc);
+    st = cx->lt_api.MatrixLayoutSetAttribute(e->la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
+    if (!st) st = cx->lt_api.MatrixLayoutSetAttribute(e->la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &g->sb, sizeof g->sb);
+    if (!st) st = cx->lt_api.MatrixLayoutSetAttribute(e->lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
+    if (!st) st = cx->lt_api.MatrixLayoutSetAttribute(e->lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &g->sa, sizeof g->sa);
+    if (!st) st = cx->lt_api.MatrixLayoutSetAttribute(e->lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
+    if (!st) st = cx->lt_api.MatrixLayoutSetAttribute(e->lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &g->sc, sizeof g->sc);
   }
   cublasLtMatmulPreference_t pref = NULL;
-  if (!st) st = cublasLtMatmulPreferenceCreate(&pref);
+  if (!st) st = cx->lt_api.MatmulPreferenceCreate(&pref);
   uint64_t wsn = CU_LT_WS;
-  if (!st) st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsn, sizeof wsn);
+  if (!st) st = cx->lt_api.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsn, sizeof wsn);
   int nres = 0;
-  if (!st) st = cublasLtMatmulAlgoGetHeuristic(cx->lt, e->desc, e->la, e->lb, e->lc, e->lc, pref, 1, &e->heur, &nres);
+  if (!st) st = cx->lt_api.MatmulAlgoGetHeuristic(cx->lt, e->desc, e->la, e->lb, e->lc, e->lc, pref, 1, &e->heur, &nres);
   if (!st && nres == 0)
     st = CUBLAS_STATUS_NOT_SUPPORTED;
   if (pref)
-    cublasLtMatmulPreferenceDestroy(pref);
+    cx->lt_api.MatmulPreferenceDestroy(pref);
   e->ws = st ? 0 : e->heur.workspaceSize;
   return st;
 }
@@ -1161,11 +1168,7 @@ static int32_t get_lt(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, cu_ge
     return spn_error_set(r->err, SPN_ENOMEM, "out of memory");
   cublasStatus_t st = lt_build(b->ctx, r->m->precision, g, e);
   if (st) {
-    if (e->la) cublasLtMatrixLayoutDestroy(e->la);
-    if (e->lb) cublasLtMatrixLayoutDestroy(e->lb);
-    if (e->lc) cublasLtMatrixLayoutDestroy(e->lc);
-    if (e->desc) cublasLtMatmulDescDestroy(e->desc);
-    free(e);
+    lt_entry_free(b->ctx, e);
     return lt_status(b, r, st, "matmul setup");
   }
   shape_key(e->ka, a);
@@ -1213,7 +1216,7 @@ static int32_t exec_lt(spn_backend_t *b, spn_run_t *r, const spn_node_t *n) {
     bcast_nd(&r->v[n->in[2]], y, &cg);
     CU(spn_cu_strided_copy(in_ptr(r, n, 2), y->data, 4, &cg, 0, s), "Gemm C");
   }
-  cublasStatus_t st = cublasLtMatmul(cx->lt, e->desc, &g.alpha, op[1], e->la, op[0], e->lb, &g.beta, y->data, e->lc, y->data, e->lc, &e->heur.algo, ws, e->ws, s);
+  cublasStatus_t st = cx->lt_api.Matmul(cx->lt, e->desc, &g.alpha, op[1], e->la, op[0], e->lb, &g.beta, y->data, e->lc, y->data, e->lc, &e->heur.algo, ws, e->ws, s);
   if (st)
     return lt_status(b, r, st, "matmul");
   return posts(b, r, n, g.from, y);
@@ -1968,7 +1971,8 @@ static void cu_free(spn_backend_t *b) {
       nx = g->next;
       graph_free(g);
     }
-    if (cx->lt) cublasLtDestroy(cx->lt);
+    if (cx->lt) cx->lt_api.Destroy(cx->lt);
+    spn__lt_api_close(&cx->lt_api);
     if (cx->dnn) cudnnDestroy(cx->dnn);
     if (cx->stream) cudaStreamDestroy(cx->stream);
     if (cx->devs) spn__devices_free(&cx->devs, cx->n_devs);
@@ -2102,7 +2106,9 @@ static int32_t cu_open(const spn_backend_factory_t *f, int index, spn_backend_t 
   cudnnStatus_t ds;
   if (!rc && (ds = cudnnCreate(&cx->dnn)) != CUDNN_STATUS_SUCCESS)
     rc = dnn_err(err, b->device, ds, "handle");
-  if (!rc && cublasLtCreate(&cx->lt) != CUBLAS_STATUS_SUCCESS)
+  if (!rc)
+    rc = spn__lt_api_open(&cx->lt_api, b->device, err);
+  if (!rc && cx->lt_api.Create(&cx->lt) != CUBLAS_STATUS_SUCCESS)
     rc = spn_error_set(err, SPN_ECUDA, "%s: cannot create the cuBLASLt handle", b->device);
   if (rc) {
     cu_free(b);

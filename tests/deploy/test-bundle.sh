@@ -106,5 +106,13 @@ for c in "$u"/lib/*/libcudnn.so.[0-9]*; do
     [ -f "$(dirname "$c")/libcudnn_$sub.so.$v" ] || bad "the bundle carries $(basename "$c") but not libcudnn_$sub.so.$v"
   done
 done
+# cuBLASLt too is opened with dlopen, by libspindle itself (its soname is in
+# the library's text): a CUDA bundle without it cannot open a GPU.
+for s in "$u"/lib/*/libspindle.so.[0-9]* "$u"/lib/libspindle.so.[0-9]*; do
+  [ -f "$s" ] || continue
+  lt=$(grep -ao 'libcublasLt\.so\.[0-9][0-9]*' "$s" | head -1 || true)
+  [ -z "$lt" ] || [ -f "$(dirname "$s")/$lt" ] || bad "libspindle opens $lt, which the bundle does not carry beside it"
+  [ -z "$lt" ] || echo "carried: $lt"
+done
 [ $fail -eq 0 ] && echo OK
 exit $fail

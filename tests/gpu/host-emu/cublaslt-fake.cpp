@@ -114,6 +114,9 @@ bool dims(const lt_desc &d, const lt_layout &a, const lt_layout &b, const lt_lay
 
 extern "C" {
 
+/* The headers' version: cublaslt-api.c checks the major of what it found. */
+size_t cublasLtGetVersion(void) { return CUBLAS_VERSION; }
+
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
   *h = (cublasLtHandle_t) new char[1];
   return CUBLAS_STATUS_SUCCESS;
