@@ -807,12 +807,13 @@ def synth_expected(job_id, frames, w=SYN_W, h=SYN_H, c=SYN_C):
 
 def pipeline_config(tmp):
     """A server config with the repository's synthetic pipeline, a slow one
-    (20 ms of CPU per frame) and one whose sink checks a per-job count."""
+    (20 ms a frame, slept: the stand-in for a slow model takes no CPU from
+    the tests beside it) and one whose sink checks a per-job count."""
     with open(f"{tmp}/slow.toml", "w") as f:
         f.write('[pipeline]\nname = "slow"\n[pipeline.outputs]\nframes = "sink.path"\n'
                 '[pipeline.params]\nframes = "source.frames"\n'
                 '[[stage]]\nname = "source"\nkind = "synth"\nframes = 100\nwidth = 64\nheight = 48\n'
-                '[[stage]]\nname = "work"\nkind = "cost"\ninputs = ["source"]\nus = 20000\n'
+                '[[stage]]\nname = "work"\nkind = "cost"\ninputs = ["source"]\nus = 20000\nsleep = true\n'
                 '[[stage]]\nname = "sink"\nkind = "filesink"\ninputs = ["work"]\n')
     with open(f"{tmp}/checked.toml", "w") as f:
         f.write('[pipeline]\nname = "checked"\n[pipeline.params]\nframes = "source.frames"\n'
@@ -995,7 +996,7 @@ def xfer_config(tmp):
         f.write('[pipeline]\nname = "xfer"\n[pipeline.outputs]\nframes = "sink.path"\n'
                 '[pipeline.params]\nframes = "source.frames"\n'
                 '[[stage]]\nname = "source"\nkind = "synth"\nframes = 10\nwidth = 8\nheight = 4\n'
-                '[[stage]]\nname = "work"\nkind = "cost"\ninputs = ["source"]\nus = 20000\n'
+                '[[stage]]\nname = "work"\nkind = "cost"\ninputs = ["source"]\nus = 20000\nsleep = true\n'
                 '[[stage]]\nname = "up"\nkind = "upload"\ninputs = ["work"]\ndevice = "cpu:1"\n'
                 'back = 32\nuntagged = 8\n'
                 '[[stage]]\nname = "sink"\nkind = "filesink"\ninputs = ["up"]\n')
