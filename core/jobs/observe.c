@@ -48,6 +48,12 @@ typedef struct lease {
   char pipeline[64];
 } lease_t;
 
+/* Jobs of a pipeline that succeeded with warnings. */
+typedef struct warned {
+  char pipeline[64];
+  uint64_t n;
+} warned_t;
+
 /* The few NVML entry points used, with the ABI's types. */
 typedef struct nvml_util {
   unsigned gpu, memory;
@@ -74,6 +80,8 @@ struct spn__observe {
   uint64_t events[EV_COUNT];
   dur_series_t *dur;
   size_t ndur;
+  warned_t *warned;
+  size_t nwarned;
   lease_t *leases;
   size_t nleases, caplease;
   nvml_t nvml;
@@ -123,6 +131,29 @@ static void duration_observe(spn__observe_t *o, const char *pipeline, const char
       d->bucket[i]++;
   d->count++;
   d->sum += s;
+}
+
+/* A job succeeded (`warnings`: the stored JSON array, "" when none): its
+ * pipeline's series exists from its first success (at 0, so that a rate
+ * starts there), and counts the jobs that had warnings. */
+static void warned_count(spn__observe_t *o, int64_t id, const char *warnings) {
+  bool warned = warnings && *warnings && strcmp(warnings, "[]");
+  const lease_t *l = lease_find(o, id);
+  const char *pipeline = l ? l->pipeline : "";
+  warned_t *w = NULL;
+  for (size_t i = 0; i < o->nwarned && !w; i++)
+    if (!strcmp(o->warned[i].pipeline, pipeline))
+      w = &o->warned[i];
+  if (!w) {
+    warned_t *nw = realloc(o->warned, (o->nwarned + 1) * sizeof *nw);
+    if (!nw)
+      return;
+    o->warned = nw;
+    w = &o->warned[o->nwarned++];
+    memset(w, 0, sizeof *w);
+    snprintf(w->pipeline, sizeof w->pipeline, "%s", pipeline);
+  }
+  w->n += warned;
 }
 
 /* A job's attempt ended (lease gone): log the event, count it, and for the
@@ -235,8 +266,10 @@ static int32_t w_complete(void *q, int64_t id, uint32_t attempt, const char *own
                           const spn_job_xfer_t *xfer, const char *warnings, int64_t now, spn_error_t *err) {
   spn__observe_t *o = q;
   int32_t rc = o->inner.ops->complete(o->inner.impl, id, attempt, owner, compute_s, gpu_s, xfer, warnings, now, err);
-  if (rc >= 0)
+  if (rc >= 0) {
+    warned_count(o, id, warnings);
     attempt_ended(o, id, attempt, SPN_QSTATE_SUCCEEDED, NULL, now);
+  }
   return rc;
 }
 
@@ -333,6 +366,7 @@ static void w_free(void *q) {
   nvml_unload(&o->nvml);
   spn__logger_free(&o->log);
   free(o->dur);
+  free(o->warned);
   free(o->leases);
   free(o);
 }
@@ -565,6 +599,13 @@ char *spn__observe_render(spn__observe_t *o, const spn__observe_workers_t *w, co
   spn__mbuf_family(&b, "spindle_job_events_total", "counter", "Job lifecycle transitions since the gateway started, by event.");
   for (int i = 0; i < EV_COUNT; i++)
     spn__mbuf_put(&b, "spindle_job_events_total{event=\"%s\"} %llu\n", ev_names[i], (unsigned long long)o->events[i]);
+  spn__mbuf_family(&b, "spindle_jobs_warned_total", "counter",
+                   "Jobs that succeeded with warnings (damaged input accepted, a codec or model replaced), by pipeline.");
+  for (size_t i = 0; i < o->nwarned; i++) {
+    spn__mbuf_put(&b, "spindle_jobs_warned_total{pipeline=\"");
+    spn__mbuf_label(&b, o->warned[i].pipeline);
+    spn__mbuf_put(&b, "\"} %llu\n", (unsigned long long)o->warned[i].n);
+  }
   spn__mbuf_family(&b, "spindle_job_duration_seconds", "histogram",
          "Time from lease to the end of an attempt, by pipeline and outcome.");
   for (size_t k = 0; k < o->ndur; k++) {
@@ -621,6 +662,7 @@ struct spn__wobs {
   int64_t busy;
   bool draining;
   uint64_t jobs[WO_COUNT];
+  uint64_t warned; /* succeeded with warnings */
   nvml_t nvml; /* under mu: NVML calls from the HTTP thread only */
   spn__http_t *http;
 };
@@ -655,6 +697,9 @@ static void wobs_answer(void *user, const char *path, spn__http_reply_t *out) {
   for (int i = 0; i < WO_COUNT; i++)
     spn__mbuf_put(&b, "spindle_worker_jobs_total{outcome=\"%s\"} %llu\n", wo_names[i],
                   (unsigned long long)o->jobs[i]);
+  spn__mbuf_family(&b, "spindle_worker_jobs_warned_total", "counter",
+                   "Jobs this worker finished that succeeded with warnings.");
+  spn__mbuf_put(&b, "spindle_worker_jobs_warned_total %llu\n", (unsigned long long)o->warned);
   spn__mbuf_family(&b, "spindle_worker_slots", "gauge", "Job slots of this worker, busy or idle.");
   int64_t busy = o->busy < 0 ? 0 : o->busy > o->slots ? o->slots : o->busy;
   spn__mbuf_put(&b, "spindle_worker_slots{state=\"busy\"} %lld\nspindle_worker_slots{state=\"idle\"} %lld\n",
@@ -694,11 +739,12 @@ int32_t spn__wobs_new(const spn_job_runner_t *runner, uint32_t slots, const char
   return SPN_OK;
 }
 
-void spn__wobs_job_end(spn__wobs_t *o, int32_t status) {
+void spn__wobs_job_end(spn__wobs_t *o, int32_t status, bool warned) {
   if (!o)
     return;
   pthread_mutex_lock(&o->mu);
   o->jobs[status == SPN_OK ? WO_SUCCEEDED : status == SPN_ECANCELLED ? WO_CANCELLED : WO_FAILED]++;
+  o->warned += status == SPN_OK && warned;
   pthread_mutex_unlock(&o->mu);
 }
 

@@ -106,7 +106,7 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
   r->busy = false;
   spn__slot_pool_set_idle(w->pool, slot);
   spn__wobs_busy(w->wobs, -1);
-  spn__wobs_job_end(w->wobs, res->status);
+  spn__wobs_job_end(w->wobs, res->status, res->warnings[0] != '\0');
   return true;
 }
 

@@ -251,7 +251,7 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
         spn__slot_pool_set_idle(w.pool, r->slot);
         w.busy[r->slot] = false;
         spn__wobs_busy(w.obs, -1);
-        spn__wobs_job_end(w.obs, r->res.status);
+        spn__wobs_job_end(w.obs, r->res.status, r->res.warnings[0] != '\0');
         if (!w.draining)
           grant(&w, sock, 1);
       }

@@ -88,11 +88,11 @@ def start_worker(tmp, ep, cfg, name="w", *args, env=None):
     return p
 
 
-def start_queue_worker(tmp, url, cfg, name="q"):
+def start_queue_worker(tmp, url, cfg, name="q", *args):
     """A stateless worker leasing from the Redis queue at url (no gateway in
     its path); its log is worker-NAME.log."""
     out = open(os.path.join(tmp, f"worker-{name}.log"), "ab")
-    p = subprocess.Popen([SPINDLE, "worker", "--queue", url, "--config", cfg, "--name", name],
+    p = subprocess.Popen([SPINDLE, "worker", "--queue", url, "--config", cfg, "--name", name, *args],
                          stdout=out, stderr=out, cwd=tmp)
     PROCS.append(p)
     return p
@@ -120,6 +120,42 @@ def log_metric(port, level, proc):
     m = re.search(r'^spindle_log_messages_total\{level="%s"\} (\d+)$' % level, text, re.M)
     check(m, f"no spindle_log_messages_total{{level={level!r}}} in /metrics")
     return int(m.group(1))
+
+
+def warned_by_status(ep):
+    """Per pipeline, how many jobs succeeded with warnings in their status
+    (a pipeline with a success and none: 0), over jobs 1, 2, ... as far as
+    the gateway knows them."""
+    want, jid = {}, 1
+    while True:
+        r = cli("status", str(jid), "--connect", ep)
+        if r.returncode != 0:
+            break
+        st = json.loads(r.stdout)
+        if st["state"] == "succeeded":
+            want[st["pipeline"]] = want.get(st["pipeline"], 0) + (1 if st.get("warnings") else 0)
+        jid += 1
+    check(jid > 1, "no job found by status")
+    return want
+
+
+def scrape(port, family):
+    """{labels: value} of a family in the /metrics of 127.0.0.1:PORT."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {m.group(1) or "": int(float(m.group(2))) for m in
+            re.finditer(r'^%s(\{[^}]*\})? (\S+)$' % re.escape(family), text, re.M)}
+
+
+def check_warned_metric(ep, port, where):
+    """spindle_jobs_warned_total on the gateway's /metrics against the jobs'
+    own statuses: per pipeline, as many as succeeded with warnings, and a
+    series (maybe 0) for every pipeline with a success."""
+    got = {k[len('{pipeline="'):-2]: v for k, v in scrape(port, "spindle_jobs_warned_total").items()}
+    want = warned_by_status(ep)
+    check(got == want, f"{where}: spindle_jobs_warned_total {got}, the jobs' statuses say {want}")
+    print(f"{where}: jobs that succeeded with warnings, by pipeline: {got}")
+    return got
 
 
 def warn_lines(path):
@@ -284,11 +320,15 @@ def case_gateway(tmp):
 
 def case_remote(tmp):
     cfg = server_config(tmp)
-    p, ep = start_serve(tmp, cfg, "--workers", "0")
+    hp = free_port()
+    p, ep = start_serve(tmp, cfg, "--workers", "0", "--http", f"127.0.0.1:{hp}")
     w = start_worker(tmp, ep, cfg)
     # workers = 0: every job that succeeds ran on the remote worker
     run_all_pipelines(tmp, ep)
     tolerated_job(tmp, ep, "remote worker")
+    # the worker's warnings reach the gateway's metrics: the tolerated job's
+    got = check_warned_metric(ep, hp, "remote worker")
+    check(got.get("transcode", 0) >= 1, f"remote worker: the tolerated job is not counted as warned: {got}")
     check(p.poll() is None and w.poll() is None, "gateway or worker died")
 
 
@@ -318,12 +358,21 @@ def case_redis(tmp):
         raise Skip("redis-server is not installed (Debian package redis-server)")
     url = start_redis(tmp)
     cfg = server_config(tmp)
-    p, ep = start_serve(tmp, cfg, "--workers", "0", "--queue", url)
-    w = start_queue_worker(tmp, url, cfg)
+    hp, wp = free_port(), free_port()
+    p, ep = start_serve(tmp, cfg, "--workers", "0", "--queue", url, "--http", f"127.0.0.1:{hp}")
+    w = start_queue_worker(tmp, url, cfg, "q", "--http", f"127.0.0.1:{wp}")
     # workers = 0 and no remote worker on the gateway: every job that
     # succeeds was leased from Redis by the stateless worker
     run_all_pipelines(tmp, ep)
     tolerated_job(tmp, ep, "redis worker")
+    # the worker counts the jobs it finished with warnings; the gateway never
+    # sees them finish (the worker completes them in Redis)
+    want = warned_by_status(ep)
+    n = scrape(wp, "spindle_worker_jobs_warned_total").get("")
+    check(n == sum(want.values()) and n >= 1,
+          f"redis worker: spindle_worker_jobs_warned_total {n}, the jobs' statuses say {want}")
+    print(f"redis worker: {n} jobs succeeded with warnings ({want}); the gateway counted "
+          f"{scrape(hp, 'spindle_jobs_warned_total')}")
     check(p.poll() is None and w.poll() is None, "gateway or worker died")
     log = open(os.path.join(tmp, "worker-q.log"), errors="replace").read()
     for name in ("transcode", "enhance", "lipsync", "faces", "synthetic"):
@@ -386,7 +435,8 @@ def run_json(tmp, conf, *sets):
 
 def case_failures(tmp):
     cfg = server_config(tmp, with_lipsync=False)
-    p, ep = start_serve(tmp, cfg, "--workers", "1")
+    hp = free_port()
+    p, ep = start_serve(tmp, cfg, "--workers", "1", "--http", f"127.0.0.1:{hp}")
     os.mkdir(f"{tmp}/out")
     for name, (path, want) in make_bad_media(tmp).items():
         out = f"{tmp}/out/{name}.mp4"
@@ -418,6 +468,9 @@ def case_failures(tmp):
     check_video(f"{tmp}/out/ok.mp4", 10, 320, 320)
     st = status(ep, int(r.stdout.split()[0]))
     check("warnings" not in st and b"warning" not in r.stderr, f"a clean job has warnings: {st.get('warnings')}")
+    # one transcode succeeded with warnings (the tolerated file), one without
+    got = check_warned_metric(ep, hp, "gateway")
+    check(got == {"transcode": 1}, f"gateway: spindle_jobs_warned_total {got}, want transcode 1")
     check(stray(f"{tmp}/out") == [], f"temporary files left: {stray(tmp + '/out')}")
     check(p.poll() is None, "gateway died")
 
