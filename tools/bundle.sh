@@ -89,7 +89,11 @@ carry_closure() {
 }
 # Where the build's libraries came from: libspindle's dependencies as this
 # machine resolves them (the run paths are not set yet).
-spindle_deps=$(ldd "$(find "$lib" -maxdepth 1 -name 'libspindle.so.*' -print -quit)" 2>/dev/null || true)
+spindle_so=$(find "$lib" -maxdepth 1 -name 'libspindle.so.*' -print -quit)
+spindle_deps=$(ldd "$spindle_so" 2>/dev/null || true)
+# the folder of the CUDA runtime the build linked (empty without CUDA)
+cudart=$(awk '$1 ~ /^libcudart\.so/ {print $3; exit}' <<<"$spindle_deps")
+cudart_dir=${cudart:+$(dirname "$(readlink -f "$cudart")")}
 for carried in "$lib"/libcudnn.so.*; do
   [ -e "$carried" ] || continue
   soname=$(basename "$carried")
@@ -105,8 +109,7 @@ for carried in "$lib"/libcudnn.so.*; do
   done
   [ $n -gt 0 ] || { echo "bundle: $soname is carried but none of its sub-libraries ($dir/libcudnn_*) is" >&2; exit 1; }
   # NVRTC: beside cuDNN, or beside the CUDA runtime the build linked
-  cudart=$(awk '$1 ~ /^libcudart\.so/ {print $3; exit}' <<<"$spindle_deps")
-  for d in "$dir" ${cudart:+"$(dirname "$(readlink -f "$cudart")")"}; do
+  for d in "$dir" ${cudart_dir:+"$cudart_dir"}; do
     ls "$d"/libnvrtc.so.[0-9]* >/dev/null 2>&1 || continue
     for nv in "$d"/libnvrtc.so.[0-9]* "$d"/libnvrtc-builtins.so.[0-9]*; do
       [ -e "$nv" ] && carry_closure "$nv"
@@ -120,13 +123,11 @@ done
 # is in the library's text, cuda/engine/cublaslt-api.h), so ldd does not
 # list it; carried from where this machine's loader, or the CUDA runtime's
 # folder, or libspindle's run path has it.
-spindle_so=$(find "$lib" -maxdepth 1 -name 'libspindle.so.*' -print -quit)
 lt=$(grep -ao 'libcublasLt\.so\.[0-9][0-9]*' "$spindle_so" 2>/dev/null | head -1 || true)
 if [ -n "$lt" ] && [ ! -e "$lib/$lt" ]; then
   src=$(ldconfig -p | awk -v n="$lt" '$1 == n {print $NF; exit}')
-  cudart=$(awk '$1 ~ /^libcudart\.so/ {print $3; exit}' <<<"$spindle_deps")
   rp=$(readelf -d "$spindle_so" 2>/dev/null | sed -n 's/.*R[UN]*PATH.*\[\(.*\)\]/\1/p' | tr ':' ' ')
-  for d in ${cudart:+"$(dirname "$(readlink -f "$cudart")")"} $rp; do
+  for d in ${cudart_dir:+"$cudart_dir"} $rp; do
     [ -z "$src" ] && [ -e "$d/$lt" ] && src=$d/$lt
   done
   [ -n "$src" ] || { echo "bundle: libspindle opens $lt, which is not found on this machine" >&2; exit 1; }

@@ -104,9 +104,10 @@ def free_port():
         return so.getsockname()[1]
 
 
-def log_metric(port, level, proc):
-    """spindle_log_messages_total{level=LEVEL} of the process serving
-    127.0.0.1:PORT, once it answers (it opens after its pipelines loaded)."""
+def scrape(port, family, proc=None):
+    """{labels: value} of a family in the /metrics of 127.0.0.1:PORT; with
+    proc, waiting until it answers (a worker opens it after its pipelines
+    loaded) while proc lives."""
     import urllib.request
     end = time.monotonic() + 120
     while True:
@@ -114,12 +115,21 @@ def log_metric(port, level, proc):
             text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
             break
         except OSError:
+            if proc is None:
+                raise
             check(proc.poll() is None, f"worker on port {port} exited {proc.returncode}")
             check(time.monotonic() < end, f"no /metrics on port {port}")
             time.sleep(0.2)
-    m = re.search(r'^spindle_log_messages_total\{level="%s"\} (\d+)$' % level, text, re.M)
-    check(m, f"no spindle_log_messages_total{{level={level!r}}} in /metrics")
-    return int(m.group(1))
+    return {m.group(1) or "": int(float(m.group(2))) for m in
+            re.finditer(r'^%s(\{[^}]*\})? (\S+)$' % re.escape(family), text, re.M)}
+
+
+def log_metric(port, level, proc):
+    """spindle_log_messages_total{level=LEVEL} of the process serving
+    127.0.0.1:PORT, once it answers (it opens after its pipelines loaded)."""
+    v = scrape(port, "spindle_log_messages_total", proc).get(f'{{level="{level}"}}')
+    check(v is not None, f"no spindle_log_messages_total{{level={level!r}}} in /metrics")
+    return v
 
 
 def warned_by_status(ep):
@@ -137,14 +147,6 @@ def warned_by_status(ep):
         jid += 1
     check(jid > 1, "no job found by status")
     return want
-
-
-def scrape(port, family):
-    """{labels: value} of a family in the /metrics of 127.0.0.1:PORT."""
-    import urllib.request
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {m.group(1) or "": int(float(m.group(2))) for m in
-            re.finditer(r'^%s(\{[^}]*\})? (\S+)$' % re.escape(family), text, re.M)}
 
 
 def check_warned_metric(ep, port, where):

@@ -203,10 +203,10 @@ def case_kill(tmp, redis=False):
     clip = f"{tmp}/in.mp4"
     make_clip(clip)
     # 250 frames a segment, about 3 s each: the kill waits to see wa inside
-    # a segment, and each look is a `spindle status` process (a second or
-    # more under ASan on a loaded machine; a stateless Redis worker also
-    # writes its progress only once a second). With 1 s segments the window
-    # was shorter than a look, and a CI run missed all of wa's segments.
+    # a segment, and each look is a `spindle status` process (slower under
+    # ASan on a loaded machine; a stateless Redis worker also writes its
+    # progress only once a second). With 1 s segments the window was about
+    # half a second, and a CI run missed all of wa's segments.
     cfg = server_config(tmp, slow_us=12000)
     if redis:
         # stateless workers leasing straight from Redis; the gateway runs nothing
@@ -238,8 +238,9 @@ def case_kill(tmp, redis=False):
         st = status(ep, jid)
         segs = st.get("segments", [])
         seen.append((round(time.monotonic() - t, 2), st.get("state"),
-                     [(s["index"], s["state"], s.get("worker", "")[-2:], s.get("done")) for s in segs]))
-        if st.get("state") in ("succeeded", "failed", "cancelled"):
+                     [(s["index"], s["state"], next((n for n in ws if on_worker(s, n)), ""), s.get("done"))
+                      for s in segs]))
+        if st.get("state") in ("succeeded", "failed", "cancelled", "dead"):
             raise Fail(f"the job ended before wa was seen inside a segment; looks (seconds each, segments): {seen}")
         done = [s for s in segs if s["state"] == "succeeded"]
         # well inside a segment (not about to finish): the kill lands on it

@@ -99,8 +99,9 @@ a = np.fromfile(f'{tmp}/cpu.rgb', np.uint8)
 b = np.fromfile(f'{tmp}/gpu.rgb', np.uint8)
 assert a.size == b.size and a.size % n == 0, f'sizes {a.size} {b.size}'
 a, b = a.reshape(n, -1).astype(np.float64), b.reshape(n, -1).astype(np.float64)
-mse = ((a - b) ** 2).mean(axis=1)
-psnr = np.where(mse == 0, np.inf, 10 * np.log10(255.0 ** 2 / np.maximum(mse, 1e-12)))
+def psnr_of(mse):
+    return np.where(mse == 0, np.inf, 10 * np.log10(255.0 ** 2 / np.maximum(mse, 1e-12)))
+psnr = psnr_of(((a - b) ** 2).mean(axis=1))
 fin = psnr[np.isfinite(psnr)]
 print(f'{n} frames: PSNR gpu vs cpu min {psnr.min():.2f} dB, mean {fin.mean() if fin.size else float("inf"):.2f} dB')
 if psnr.min() < 40.0:
@@ -144,18 +145,17 @@ if low and os.path.exists(f'{tmp}/cpu.boxes'):
     for f in low:
         bc, bg = boxes['cpu'][f], boxes['cuda'][f]
         assert bc and bg, f'frame {f} at {psnr[f]:.2f} dB and a device found no face there: cpu {bc}, cuda {bg}'
-        near = [k for k in range(4) if crop(bc)[k] != crop(bg)[k] or
+        cc, cg = crop(bc), crop(bg)
+        near = [k for k in range(4) if cc[k] != cg[k] or
                 min(abs(v - math.floor(v) - 0.5) for v in (bc[k], bg[k])) <= 0.02]
         assert near, (f'frame {f} at {psnr[f]:.2f} dB, but its box edges are not at .5 (the crops agree): '
                       f'cpu {bc}, cuda {bg}')
-        cc, cg = crop(bc), crop(bg)
         x0, y0 = (max(min(cc[0], cg[0]) - reach, 0) * scale, max(min(cc[1], cg[1]) - reach, 0) * scale)
         x1, y1 = (min(max(cc[2], cg[2]) + reach, src) * scale, min(max(cc[3], cg[3]) + reach, src) * scale)
         out = np.ones((w, w), bool)
         out[y0:y1, x0:x1] = False
         fa, fb = a[f].reshape(w, w, 3)[out], b[f].reshape(w, w, 3)[out]
-        m = ((fa - fb) ** 2).mean()
-        p = np.inf if m == 0 else 10 * np.log10(255.0 ** 2 / m)
+        p = float(psnr_of(((fa - fb) ** 2).mean()))
         print(f'frame {f}: {psnr[f]:.2f} dB; crop cpu {cc}, cuda {cg} (edges {near} at .5: boxes cpu '
               f'{[round(v, 4) for v in bc]}, cuda {[round(v, 4) for v in bg]}); outside both crops {p:.2f} dB')
         assert p >= 40.0, f'frame {f}: {p:.2f} dB outside the crops, want >= 40'
