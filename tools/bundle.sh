@@ -13,6 +13,7 @@
 # incompressible libraries, as small; needs zstd) or none (OUTDIR/ only, as
 # the container image uses it).
 set -euo pipefail
+trap 'echo "bundle: line $LINENO: a command failed (exit $?)" >&2' ERR
 builddir=${1:-build}
 [ -f "$builddir/meson-private/coredata.dat" ] || { echo "bundle: $builddir is not a meson build folder" >&2; exit 2; }
 command -v patchelf >/dev/null || { echo "bundle: patchelf not found (Debian package patchelf)" >&2; exit 2; }
@@ -87,6 +88,11 @@ carry_closure() {
   [ -e "$lib/$(basename "$1")" ] || cp -L "$1" "$lib/$(basename "$1")"
   carry_deps "$1"
 }
+# The path the loader's cache gives SONAME (empty when it has none). awk
+# reads the whole listing: stopping at the first match would kill ldconfig
+# with SIGPIPE on a machine whose cache lists more than a pipe holds (64 KB),
+# and with pipefail and -e that ended the script without a word.
+ldcache() { ldconfig -p | awk -v n="$1" '$1 == n && !found {print $NF; found = 1}'; }
 # Where the build's libraries came from: libspindle's dependencies as this
 # machine resolves them (the run paths are not set yet).
 spindle_so=$(find "$lib" -maxdepth 1 -name 'libspindle.so.*' -print -quit)
@@ -98,7 +104,7 @@ for carried in "$lib"/libcudnn.so.*; do
   [ -e "$carried" ] || continue
   soname=$(basename "$carried")
   src=$(awk -v n="$soname" '$1 == n {print $3}' <<<"$spindle_deps")
-  [ -n "$src" ] || src=$(ldconfig -p | awk -v n="$soname" '$1 == n {print $NF; exit}')
+  [ -n "$src" ] || src=$(ldcache "$soname")
   [ -n "$src" ] || { echo "bundle: cannot find where $soname came from" >&2; exit 1; }
   dir=$(dirname "$(readlink -f "$src")")
   n=0
@@ -125,7 +131,7 @@ done
 # folder, or libspindle's run path has it.
 lt=$(grep -ao 'libcublasLt\.so\.[0-9][0-9]*' "$spindle_so" 2>/dev/null | head -1 || true)
 if [ -n "$lt" ] && [ ! -e "$lib/$lt" ]; then
-  src=$(ldconfig -p | awk -v n="$lt" '$1 == n {print $NF; exit}')
+  src=$(ldcache "$lt")
   rp=$(readelf -d "$spindle_so" 2>/dev/null | sed -n 's/.*R[UN]*PATH.*\[\(.*\)\]/\1/p' | tr ':' ' ')
   for d in ${cudart_dir:+"$cudart_dir"} $rp; do
     [ -z "$src" ] && [ -e "$d/$lt" ] && src=$d/$lt
