@@ -88,6 +88,27 @@ typedef void (*spn_queue_list_cb)(void *user, const spn_queue_job_t *job);
  * takes `now` (ms since the epoch) so tests control time. Writes made
  * between begin and commit are one durable transaction (group commit); a
  * write outside begin/commit commits by itself. */
+/* Job lifecycle events, as the gateway's and the queue's counters name them
+ * (docs/operations.md). failed: an attempt failed (the job is retried after a
+ * backoff, or failed for good with one attempt allowed); dead: the last of
+ * several attempts failed; released: handed back uncounted at shutdown. */
+enum {
+  SPN_QEV_SUBMITTED,
+  SPN_QEV_LEASED,
+  SPN_QEV_SUCCEEDED,
+  SPN_QEV_FAILED,
+  SPN_QEV_DEAD,
+  SPN_QEV_CANCELLED,
+  SPN_QEV_RELEASED,
+  SPN_QEV_COUNT
+};
+
+static inline const char *spn__queue_event_name(int ev) {
+  static const char *const names[SPN_QEV_COUNT] = {"submitted", "leased",    "succeeded", "failed",
+                                                   "dead",      "cancelled", "released"};
+  return ev >= 0 && ev < SPN_QEV_COUNT ? names[ev] : "?";
+}
+
 typedef struct spn_queue_ops {
   const char *name;
   int32_t (*begin)(void *q, spn_error_t *err);
@@ -157,6 +178,11 @@ typedef struct spn_queue_ops {
   int32_t (*children)(void *q, int64_t parent, spn_queue_list_cb cb, void *user, spn_error_t *err);
   /* Number of jobs in each state (metrics, autoscaling on queue depth). */
   int32_t (*counts)(void *q, int64_t out[SPN_QSTATE_COUNT], spn_error_t *err);
+  /* The queue's own lifecycle counters (out[SPN_QEV_*]), whoever made each
+   * move: every gateway and worker of a shared queue, since the queue was
+   * made (spindle_queue_events_total). NULL when the backend keeps none
+   * (SQLite: its one gateway makes every move and counts them itself). */
+  int32_t (*events)(void *q, uint64_t out[SPN_QEV_COUNT], spn_error_t *err);
   void (*free)(void *q);
 } spn_queue_ops_t;
 

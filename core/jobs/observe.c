@@ -22,13 +22,6 @@
 
 #include "spindle/runtime.h"
 
-/* failed: an attempt failed (the job is retried after a backoff, or has
- * failed for good); dead: its last attempt failed; released: handed back
- * uncounted at shutdown. */
-enum { EV_SUBMITTED, EV_LEASED, EV_SUCCEEDED, EV_FAILED, EV_DEAD, EV_CANCELLED, EV_RELEASED, EV_COUNT };
-static const char *const ev_names[EV_COUNT] = {"submitted", "leased",    "succeeded", "failed",
-                                               "dead",      "cancelled", "released"};
-
 static const double dur_bounds[SPN__OBSERVE_DURATION_BUCKETS] = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800};
 
 /* One histogram series: job duration for a pipeline and outcome. */
@@ -77,7 +70,7 @@ struct spn__observe {
   spn_queue_t inner;
   spn__logger_t *log;
   char who[32];
-  uint64_t events[EV_COUNT];
+  uint64_t events[SPN_QEV_COUNT];
   dur_series_t *dur;
   size_t ndur;
   warned_t *warned;
@@ -160,25 +153,27 @@ static void warned_count(spn__observe_t *o, int64_t id, const char *warnings) {
  * end of a run observe its duration. */
 static void attempt_ended(spn__observe_t *o, int64_t id, uint32_t attempt, spn_queue_state_t st, const char *reason,
                           int64_t now) {
-  int ev = st == SPN_QSTATE_SUCCEEDED   ? EV_SUCCEEDED
-           : st == SPN_QSTATE_DEAD      ? EV_DEAD
-           : st == SPN_QSTATE_CANCELLED ? EV_CANCELLED
-                                        : EV_FAILED;
+  int ev = st == SPN_QSTATE_SUCCEEDED   ? SPN_QEV_SUCCEEDED
+           : st == SPN_QSTATE_DEAD      ? SPN_QEV_DEAD
+           : st == SPN_QSTATE_CANCELLED ? SPN_QEV_CANCELLED
+                                        : SPN_QEV_FAILED;
   bool retry = st == SPN_QSTATE_QUEUED;
   lease_t *l = lease_find(o, id);
   spn__log_fields_t f = SPN__LOG_FIELDS_INIT;
   f.job_id = (uint64_t)id;
-  f.event = ev_names[ev];
+  f.event = spn__queue_event_name(ev);
   f.attempt = (int32_t)(attempt ? attempt : l ? l->attempt : 0);
   if (l) {
     f.pipeline = l->pipeline;
     f.duration_ms = now > l->since_ms ? now - l->since_ms : 0;
-    duration_observe(o, l->pipeline, ev_names[ev], (double)f.duration_ms / 1000.0);
+    duration_observe(o, l->pipeline, spn__queue_event_name(ev), (double)f.duration_ms / 1000.0);
   }
   o->events[ev]++;
-  int32_t level = ev == EV_SUCCEEDED || ev == EV_CANCELLED ? SPN_LOG_INFO : retry ? SPN_LOG_WARN : SPN_LOG_ERROR;
-  spn__log_f(o->log, level, &f, "job %s%s%s%s", ev_names[ev], retry ? " (will retry)" : "", reason && *reason ? ": " : "",
-             reason ? reason : "");
+  int32_t level = ev == SPN_QEV_SUCCEEDED || ev == SPN_QEV_CANCELLED ? SPN_LOG_INFO
+                  : retry                                            ? SPN_LOG_WARN
+                                                                     : SPN_LOG_ERROR;
+  spn__log_f(o->log, level, &f, "job %s%s%s%s", spn__queue_event_name(ev), retry ? " (will retry)" : "",
+             reason && *reason ? ": " : "", reason ? reason : "");
   lease_drop(o, id);
 }
 
@@ -205,10 +200,10 @@ static int32_t w_submit(void *q, const spn_queue_submit_t *s, int64_t now, int64
     pipeline_of(s->spec_json, pipeline, sizeof pipeline);
     spn__log_fields_t f = SPN__LOG_FIELDS_INIT;
     f.job_id = (uint64_t)*id;
-    f.event = ev_names[EV_SUBMITTED];
+    f.event = spn__queue_event_name(SPN_QEV_SUBMITTED);
     f.pipeline = pipeline;
     spn__log_f(o->log, SPN_LOG_INFO, &f, "job submitted (priority %d)", (int)s->priority);
-    o->events[EV_SUBMITTED]++;
+    o->events[SPN_QEV_SUBMITTED]++;
   }
   return rc;
 }
@@ -240,14 +235,14 @@ static int32_t w_lease(void *q, const char *owner, int64_t now, int64_t lease_ms
   }
   spn__log_fields_t f = SPN__LOG_FIELDS_INIT;
   f.job_id = (uint64_t)out->id;
-  f.event = ev_names[EV_LEASED];
+  f.event = spn__queue_event_name(SPN_QEV_LEASED);
   f.pipeline = pipeline;
   f.worker = owner;
   f.attempt = (int32_t)out->attempts;
   if (out->created_ms > 0 && now >= out->created_ms)
     f.duration_ms = now - out->created_ms; /* time since submit */
   spn__log_f(o->log, SPN_LOG_INFO, &f, "job leased");
-  o->events[EV_LEASED]++;
+  o->events[SPN_QEV_LEASED]++;
   return rc;
 }
 
@@ -303,7 +298,10 @@ typedef struct relay {
 
 static void relay_changed(void *user, int64_t id, spn_queue_state_t st) {
   relay_t *r = user;
-  if (st != SPN_QSTATE_RUNNING)
+  /* A succeeded job from a sweep is not a move: it succeeded earlier, where
+   * it was counted (a Redis worker completes in Redis, and its count is the
+   * queue's), and is handed over only for its publication marker. */
+  if (st != SPN_QSTATE_RUNNING && st != SPN_QSTATE_SUCCEEDED)
     attempt_ended(r->o, id, 0, st, r->why, r->now);
   if (r->cb)
     r->cb(r->user, id, st);
@@ -322,10 +320,10 @@ static int32_t w_release(void *q, int64_t id, uint32_t attempt, const char *owne
   if (rc >= 0) {
     spn__log_fields_t f = SPN__LOG_FIELDS_INIT;
     f.job_id = (uint64_t)id;
-    f.event = ev_names[EV_RELEASED];
+    f.event = spn__queue_event_name(SPN_QEV_RELEASED);
     f.attempt = (int32_t)attempt;
     spn__log_f(o->log, SPN_LOG_INFO, &f, "job released: %s", note ? note : "");
-    o->events[EV_RELEASED]++;
+    o->events[SPN_QEV_RELEASED]++;
     lease_drop(o, id);
   }
   return rc;
@@ -360,6 +358,13 @@ static int32_t w_counts(void *q, int64_t out[SPN_QSTATE_COUNT], spn_error_t *err
   return o->inner.ops->counts(o->inner.impl, out, err);
 }
 
+static int32_t w_events(void *q, uint64_t out[SPN_QEV_COUNT], spn_error_t *err) {
+  spn__observe_t *o = q;
+  if (!o->inner.ops->events)
+    return spn_error_set(err, SPN_EUNSUPPORTED, "this queue keeps no event counters");
+  return o->inner.ops->events(o->inner.impl, out, err);
+}
+
 static void w_free(void *q) {
   spn__observe_t *o = q;
   spn_queue_free(&o->inner);
@@ -389,6 +394,7 @@ static const spn_queue_ops_t observed_ops = {
     .list = w_list,
     .children = w_children,
     .counts = w_counts,
+    .events = w_events,
     .free = w_free,
 };
 
@@ -434,6 +440,8 @@ int32_t spn__observe_attach(spn_queue_t *q, const char *who, spn__observe_t **ou
   o->ops.name = q->ops->name;
   if (!q->ops->children)
     o->ops.children = NULL; /* the gateway refuses segmented jobs then */
+  if (!q->ops->events)
+    o->ops.events = NULL;
   q->ops = &o->ops;
   q->impl = o;
   *out = o;
@@ -597,8 +605,25 @@ char *spn__observe_render(spn__observe_t *o, const spn__observe_workers_t *w, co
   }
   free(acc.d);
   spn__mbuf_family(&b, "spindle_job_events_total", "counter", "Job lifecycle transitions since the gateway started, by event.");
-  for (int i = 0; i < EV_COUNT; i++)
-    spn__mbuf_put(&b, "spindle_job_events_total{event=\"%s\"} %llu\n", ev_names[i], (unsigned long long)o->events[i]);
+  for (int i = 0; i < SPN_QEV_COUNT; i++)
+    spn__mbuf_put(&b, "spindle_job_events_total{event=\"%s\"} %llu\n", spn__queue_event_name(i),
+                  (unsigned long long)o->events[i]);
+  /* The queue's count: a shared queue's own (every gateway of it serves the
+   * same), else this gateway's, which made every move. */
+  uint64_t qev[SPN_QEV_COUNT];
+  if (o->inner.ops->events) {
+    if (o->inner.ops->events(o->inner.impl, qev, err) < 0) {
+      free(b.p);
+      return NULL;
+    }
+  } else {
+    memcpy(qev, o->events, sizeof qev);
+  }
+  spn__mbuf_family(&b, "spindle_queue_events_total", "counter",
+                   "Job lifecycle transitions in the queue, whichever gateway or worker made them, by event.");
+  for (int i = 0; i < SPN_QEV_COUNT; i++)
+    spn__mbuf_put(&b, "spindle_queue_events_total{event=\"%s\"} %llu\n", spn__queue_event_name(i),
+                  (unsigned long long)qev[i]);
   spn__mbuf_family(&b, "spindle_jobs_warned_total", "counter",
                    "Jobs that succeeded with warnings (damaged input accepted, a codec or model replaced), by pipeline.");
   for (size_t i = 0; i < o->nwarned; i++) {

@@ -829,6 +829,36 @@ static int32_t rq_counts(void *qv, int64_t out[SPN_QSTATE_COUNT], spn_error_t *e
   return rc;
 }
 
+static int32_t rq_events(void *qv, uint64_t out[SPN_QEV_COUNT], spn_error_t *err) {
+  rq_t *q = qv;
+  rq_drain(q);
+  if (rq_connect(q, err) < 0)
+    return SPN_EIO;
+  memset(out, 0, SPN_QEV_COUNT * sizeof *out);
+  char key[96];
+  snprintf(key, sizeof key, "%sevents", q->prefix);
+  redisReply *r = redisCommand(q->c, "HGETALL %s", key);
+  if (!r) {
+    int32_t rc = rq_error(q, err, "reading the event counters", q->c->errstr[0] ? q->c->errstr : "connection lost");
+    rq_drop(q);
+    return rc;
+  }
+  int32_t rc = SPN_OK;
+  if (r->type == REDIS_REPLY_ERROR)
+    rc = rq_error(q, err, "reading the event counters", r->str);
+  else if (r->type == REDIS_REPLY_ARRAY)
+    for (size_t i = 0; i + 1 < r->elements; i += 2) {
+      const redisReply *k = r->element[i], *v = r->element[i + 1];
+      if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
+        continue;
+      for (int e = 0; e < SPN_QEV_COUNT; e++)
+        if (!strcmp(k->str, spn__queue_event_name(e)))
+          out[e] = strtoull(v->str, NULL, 10);
+    }
+  freeReplyObject(r);
+  return rc;
+}
+
 static void rq_free(void *qv) {
   rq_t *q = qv;
   rq_drop(q);
@@ -860,6 +890,7 @@ static const spn_queue_ops_t rq_ops = {
     .list = rq_list,
     .children = rq_children,
     .counts = rq_counts,
+    .events = rq_events,
     .free = rq_free,
 };
 

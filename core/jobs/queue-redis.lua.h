@@ -30,6 +30,10 @@
  *                  written without the mirror, a restored RDB) is repaired on
  *                  connect and by every sweep.
  *   P kids:<id>    ZSET of the segments of job <id>, score = segment index
+ *   P events       HASH of job lifecycle counters, by event (submitted leased
+ *                  succeeded failed dead cancelled released), HINCRBY in the
+ *                  script of each transition: the queue's own count, whoever
+ *                  made the move (docs/operations.md, spindle_queue_events_total)
  * Job fields: id st pr att max spec idem own rsn errs cr dl nb lu cs gs pd pt
  *   cx (cancel requested) sid (stream entry of the live lease) t0..t5 (last
  *   time the job entered each state) fo (FIFO rank) ho (has outputs);
@@ -108,6 +112,11 @@
   "  redis.call('HSET', k, 'errs', cjson.encode(errs))\n"                                       \
   "end\n"                                                                                       \
   "local SN = {'queued', 'running', 'succeeded', 'failed', 'cancelled', 'dead'}\n"               \
+  /* P events: the event each move into a state counts (a failed attempt   \
+   * that is retried, and a release, count where they happen) */            \
+  "local function ev(name) redis.call('HINCRBY', P .. 'events', name, 1) end\n"                \
+  "local EV = {[1] = 'leased', [2] = 'succeeded', [3] = 'failed', [4] = 'cancelled',\n"        \
+  "            [5] = 'dead'}\n"                                                                \
   "local setst\n"                                                                               \
   /* A queued job is cancelled, or fails with `why` without running (past   \
    * its deadline, or a segment of it ended badly). */                                          \
@@ -169,6 +178,7 @@
   "  if from == 0 and to ~= 0 then wait_take(1) end\n"                                          \
   "  if to == 0 and from ~= 0 then wait_put(1) end\n"                                           \
   "  if to >= 2 then segment_ended(id, to, now) end\n"                                          \
+  "  if EV[to] and from ~= to then ev(EV[to]) end\n"                                          \
   "end\n"                                                                                       \
   "local function requeue_deadline(id)\n"                                                       \
   "  local dl = tonumber(redis.call('HGET', jk(id), 'dl'))\n"                                   \
@@ -225,6 +235,7 @@
   "    redis.call('ZADD', P .. 'delayed', nb, id)\n"                                            \
   "    requeue_deadline(id)\n"                                                                  \
   "    setst(id, 1, 0, now)\n"                                                                  \
+  "    ev('failed')\n"                                                                           \
   "    return 0\n"                                                                              \
   "  end\n"                                                                                     \
   "  local ns = 3\n"                                                                            \
@@ -266,6 +277,7 @@
   "  redis.call('SET', P .. 'idem:' .. key, id, 'PX', ARGV[8])\n"                               \
   "end\n"                                                                                       \
   "redis.call('ZADD', P .. 'st:0', id, id)\n"                                                   \
+  "ev('submitted')\n"                                                                           \
   "wait_put(1)\n"                                                                               \
   "redis.call('ZADD', P .. 'all', id, id)\n"                                                    \
   "if tonumber(ARGV[13]) == 0 then\n"                                                           \
@@ -429,6 +441,7 @@
   "ready(id)\n"                                                    \
   "requeue_deadline(id)\n"                                                                      \
   "setst(id, 1, 0, tonumber(ARGV[5]))\n"                                                        \
+  "ev('released')\n"                                                                            \
   "return 1\n"
 
 /* ARGV: P owner reason now r base max -> {id, state, ...} */

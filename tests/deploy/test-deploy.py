@@ -221,6 +221,13 @@ def check_metric_names(expr, where):
         fail(f'{where}: query {expr!r} names no spindle metric')
     for m in used - docs:
         fail(f'{where}: {m} is not documented in docs/operations.md')
+    # The queue's families: every gateway of a shared queue serves the same
+    # values (docs/operations.md), so a query adds them up across gateways
+    # only under a max (sum alone counts each job once per gateway).
+    shared = used & {'spindle_jobs', 'spindle_queue_depth', 'spindle_queue_events_total'}
+    if shared and not re.match(r'\s*max\b', expr):
+        fail(f'{where}: query {expr!r} aggregates {sorted(shared)} (the same on every gateway of a '
+             'shared queue) with something other than an outer max')
     return used
 
 

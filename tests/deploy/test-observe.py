@@ -209,6 +209,12 @@ try:
     for event, n in [('submitted', 5), ('succeeded', 3), ('failed', 1), ('dead', 1), ('cancelled', 1)]:
         key = 'spindle_job_events_total{event="%s"}' % event
         check(ev.get(key) == n, f'events {event}: {ev.get(key)}, expected {n}')
+    # SQLite: the gateway makes every move of its queue, so the queue's
+    # count is the gateway's, event by event.
+    qev = last.get('spindle_queue_events_total', {})
+    check({k.replace('spindle_job_events_total', ''): v for k, v in ev.items()}
+          == {k.replace('spindle_queue_events_total', ''): v for k, v in qev.items()} and len(ev) == 7,
+          f'queue events {qev} differ from the gateway\'s {ev}')
     check(last['spindle_workers'].get('spindle_workers{kind="remote"}') == 1, f'workers: {last.get("spindle_workers")}')
     check(last['spindle_jobs'].get('spindle_jobs{state="succeeded"}') == 3, 'jobs succeeded')
     dur = last.get('spindle_job_duration_seconds', {})

@@ -101,7 +101,7 @@ static int redis_down(void **state) {
 
 /* A command on the test's own connection to the Redis of the group, the way
  * KEDA or an operator sees the keys (formatted as redisCommand's). */
-static redisReply *rcmd(const server_t *srv, const char *fmt, ...) {
+static redisReply *redis_cmd(const server_t *srv, const char *fmt, ...) {
   int port = 0;
   assert_int_equal(sscanf(srv->url, "redis://127.0.0.1:%d", &port), 1);
   redisContext *c = redisConnect("127.0.0.1", port);
@@ -120,7 +120,7 @@ static redisReply *rcmd(const server_t *srv, const char *fmt, ...) {
  * KEDA's lagCount reads): -1 when Redis cannot say (unknown lag), -2 when
  * the stream or the group is missing. */
 static long long waiting_lag(const server_t *srv, const char *prefix) {
-  redisReply *r = rcmd(srv, "XINFO GROUPS %swaiting", prefix);
+  redisReply *r = redis_cmd(srv, "XINFO GROUPS %swaiting", prefix);
   long long lag = -2;
   for (size_t g = 0; r->type == REDIS_REPLY_ARRAY && g < r->elements; g++) {
     const redisReply *e = r->element[g];

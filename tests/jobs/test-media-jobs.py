@@ -149,6 +149,26 @@ def warned_by_status(ep):
     return want
 
 
+def events_by_status(ep):
+    """The lifecycle counts the jobs' own statuses imply, over jobs 1, 2, ...:
+    one submission each, a lease per attempt, a failed attempt per error but
+    a dead job's last, which counts as dead."""
+    want = dict.fromkeys(["submitted", "leased", "succeeded", "failed", "dead", "cancelled", "released"], 0)
+    jid = 1
+    while True:
+        r = cli("status", str(jid), "--connect", ep)
+        if r.returncode != 0:
+            break
+        st = json.loads(r.stdout)
+        want["submitted"] += 1
+        want["leased"] += st["attempts"]
+        want["failed"] += len(st.get("errors", [])) - (st["state"] == "dead")
+        if st["state"] in ("succeeded", "dead", "cancelled"):
+            want[st["state"]] += 1
+        jid += 1
+    return want
+
+
 def check_warned_metric(ep, port, where):
     """spindle_jobs_warned_total on the gateway's /metrics against the jobs'
     own statuses: per pipeline, as many as succeeded with warnings, and a
@@ -375,6 +395,21 @@ def case_redis(tmp):
           f"redis worker: spindle_worker_jobs_warned_total {n}, the jobs' statuses say {want}")
     print(f"redis worker: {n} jobs succeeded with warnings ({want}); the gateway counted "
           f"{scrape(hp, 'spindle_jobs_warned_total')}")
+    # a damaged file the worker fails twice: failed, then dead
+    bad = make_bad_media(tmp)["garbage"][0]
+    r = cli("submit", "transcode", "--input", f"video={bad}", "--output", f"video={tmp}/out/bad.mp4",
+            "--max-attempts", "2", "--wait", "--connect", ep)
+    st = status(ep, int(r.stdout.split()[0]))
+    check(st["state"] == "dead" and st["attempts"] == 2, f"redis worker: the damaged file's job: {st}")
+    # The queue counts every move, wherever it was made; the gateway (no
+    # workers of its own) only the submissions it took.
+    want = events_by_status(ep)
+    got = {k[len('{event="'):-2]: v for k, v in scrape(hp, "spindle_queue_events_total").items()}
+    check(got == want, f"redis: spindle_queue_events_total {got}, the jobs' statuses say {want}")
+    own = {k[len('{event="'):-2]: v for k, v in scrape(hp, "spindle_job_events_total").items()}
+    check(own == dict(want, leased=0, succeeded=0, failed=0, dead=0),
+          f"redis: the gateway's own spindle_job_events_total {own}; it made only the {want['submitted']} submissions")
+    print(f"redis: queue events {got}; the gateway's own {own}")
     check(p.poll() is None and w.poll() is None, "gateway or worker died")
     log = open(os.path.join(tmp, "worker-q.log"), errors="replace").read()
     for name in ("transcode", "enhance", "lipsync", "faces", "synthetic"):

@@ -28,6 +28,7 @@
 #include <sqlite3.h>
 
 #include "jobs-internal.h"
+#include "observe.h"
 #include "redis-fixture.h"
 
 #define T0 1700000000000LL
@@ -753,7 +754,7 @@ static void test_redis_waiting_lag_is_the_number_of_queued_jobs(void **state) {
   }
   assert_int_equal(lease(f, "w4", now + 3600 * 1000, NULL), 0);
   assert_waiting(f, 0);
-  redisReply *r = rcmd(f->srv, "XLEN %swaiting", f->prefix);
+  redisReply *r = redis_cmd(f->srv, "XLEN %swaiting", f->prefix);
   assert_true(r->type == REDIS_REPLY_INTEGER && r->integer <= 1);
   freeReplyObject(r);
 }
@@ -770,13 +771,13 @@ static void test_redis_waiting_mirror_is_repaired(void **state) {
   assert_waiting(f, 4);
   /* junk tokens: taken back by the sweep */
   for (int i = 0; i < 3; i++)
-    freeReplyObject(rcmd(f->srv, "XADD %swaiting * t 1", f->prefix));
+    freeReplyObject(redis_cmd(f->srv, "XADD %swaiting * t 1", f->prefix));
   assert_int_equal(waiting_lag(f->srv, f->prefix), 7);
   assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
   assert_waiting(f, 4);
   /* the stream deleted: a lease still works; a submission recreates the
    * stream without its group; the sweep rebuilds it */
-  freeReplyObject(rcmd(f->srv, "DEL %swaiting", f->prefix));
+  freeReplyObject(redis_cmd(f->srv, "DEL %swaiting", f->prefix));
   assert_int_equal(waiting_lag(f->srv, f->prefix), -2);
   assert_int_not_equal(lease(f, "w", now, NULL), 0);
   submit(f, 0, NULL, 0, 1, now);
@@ -785,7 +786,7 @@ static void test_redis_waiting_mirror_is_repaired(void **state) {
   assert_waiting(f, 4);
   /* the key overwritten with another type: transitions still go through
    * whole, the sweep rebuilds the stream */
-  freeReplyObject(rcmd(f->srv, "SET %swaiting x", f->prefix));
+  freeReplyObject(redis_cmd(f->srv, "SET %swaiting x", f->prefix));
   int64_t extra = submit(f, 0, NULL, 0, 1, now);
   spn_queue_state_t st;
   assert_int_equal(f->o->cancel(f->q.impl, extra, now, &st, NULL), SPN_OK);
@@ -795,15 +796,15 @@ static void test_redis_waiting_mirror_is_repaired(void **state) {
   assert_waiting(f, 4);
   /* tokens missing (an RDB older than the jobs): the sweep adds them */
   for (int i = 0; i < 2; i++)
-    freeReplyObject(rcmd(f->srv, "XREADGROUP GROUP spindle x COUNT 1 NOACK STREAMS %swaiting >", f->prefix));
+    freeReplyObject(redis_cmd(f->srv, "XREADGROUP GROUP spindle x COUNT 1 NOACK STREAMS %swaiting >", f->prefix));
   assert_int_equal(waiting_lag(f->srv, f->prefix), 2);
   assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
   assert_waiting(f, 4);
   /* an unread entry removed with XDEL: Redis cannot say the lag; a new
    * connection rebuilds the stream before its first call */
-  redisReply *r = rcmd(f->srv, "XADD %swaiting * t 1", f->prefix);
+  redisReply *r = redis_cmd(f->srv, "XADD %swaiting * t 1", f->prefix);
   assert_int_equal(r->type, REDIS_REPLY_STRING);
-  freeReplyObject(rcmd(f->srv, "XDEL %swaiting %s", f->prefix, r->str));
+  freeReplyObject(redis_cmd(f->srv, "XDEL %swaiting %s", f->prefix, r->str));
   freeReplyObject(r);
   assert_int_equal(waiting_lag(f->srv, f->prefix), -1);
   spn_queue_free(&f->q);
@@ -811,7 +812,7 @@ static void test_redis_waiting_mirror_is_repaired(void **state) {
   f->o = f->q.ops;
   assert_int_equal(waiting_lag(f->srv, f->prefix), 4);
   /* a queue written without the mirror: counted in on connect */
-  freeReplyObject(rcmd(f->srv, "DEL %swaiting", f->prefix));
+  freeReplyObject(redis_cmd(f->srv, "DEL %swaiting", f->prefix));
   spn_queue_free(&f->q);
   assert_int_equal(open_redis(f, 300, &f->q), SPN_OK);
   f->o = f->q.ops;
@@ -886,6 +887,137 @@ static void test_warnings_render(void **state) {
   cJSON_Delete(a);
 }
 
+/* Lease on another client of the queue; the id leased. */
+static int64_t lease_on(spn_queue_t *q, const char *owner, int64_t now, int64_t lease_ms) {
+  spn_queue_job_t j;
+  assert_int_equal(q->ops->lease(q->impl, owner, now, lease_ms, &j, NULL), SPN_OK);
+  int64_t id = j.id;
+  spn__queue_job_clear(&j);
+  return id;
+}
+
+/* Fail attempt att of id on client q; the state it moved to. */
+static spn_queue_state_t fail_on(spn_queue_t *q, int64_t id, uint32_t att, const char *owner, int64_t now) {
+  spn_queue_state_t st;
+  assert_int_equal((q->ops->fail)(q->impl, id, att, owner, "boom", false, 0, 0, NULL, now, &st, NULL), SPN_OK);
+  return st;
+}
+
+/* A counter's value in a /metrics body (-1 when the sample is absent). */
+static long long metric(const char *body, const char *family, const char *event) {
+  char key[128];
+  snprintf(key, sizeof key, "\n%s{event=\"%s\"} ", family, event);
+  const char *p = strstr(body, key);
+  return p ? strtoll(p + strlen(key), NULL, 10) : -1;
+}
+
+/* Every event of family in a /metrics body has the count want[SPN_QEV_*]. */
+static void assert_events(const char *body, const char *family, const long long want[SPN_QEV_COUNT]) {
+  for (int i = 0; i < SPN_QEV_COUNT; i++) {
+    long long got = metric(body, family, spn__queue_event_name(i));
+    if (got != want[i])
+      fail_msg("%s{event=\"%s\"}: %lld, want %lld", family, spn__queue_event_name(i), got, want[i]);
+  }
+}
+
+/* The queue's event counters (P events) count every move, whichever client
+ * made it; a gateway's (the observing wrapper's spindle_job_events_total)
+ * only its own. A succeeded job a sweep hands over for its publication
+ * marker is not a move: neither counts it again. */
+static void test_redis_event_counters(void **state) {
+  fx_t *f = *state;
+  spn__observe_t *o = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn__observe_attach(&f->q, "test gateway", &o, &err), SPN_OK);
+  f->o = f->q.ops;
+  spn_queue_t w; /* a worker leasing straight from Redis */
+  assert_int_equal(open_redis(f, 300, &w), SPN_OK);
+  spn_queue_state_t st;
+  int64_t a = submit(f, 0, NULL, 0, 2, T0);
+  int64_t b = submit(f, 0, NULL, 0, 1, T0);
+  spn_queue_submit_t sc = {.spec_json = "{\"pipeline\":\"copy\",\"outputs\":{\"out\":\"/nonexistent/c.raw\"}}",
+                           .idem_key = "c", .max_attempts = 3};
+  int64_t c = 0, c2 = 0;
+  bool existed = true;
+  assert_int_equal(f->o->submit(f->q.impl, &sc, T0, &c, &existed, NULL), SPN_OK);
+  assert_false(existed);
+  assert_int_equal(f->o->submit(f->q.impl, &sc, T0, &c2, &existed, NULL), SPN_OK);
+  assert_true(existed && c2 == c); /* the same job again: no submission */
+  int64_t d = submit(f, 0, NULL, 0, 3, T0);
+  int64_t e = submit(f, 0, NULL, 0, 3, T0);
+  assert_int_equal(f->o->cancel(f->q.impl, d, T0 + 1, &st, NULL), SPN_OK);
+  /* the worker: a fails (retried), b fails for good, c succeeds and the
+   * worker dies before removing its marker */
+  const int64_t t = T0 + 10;
+  assert_int_equal(lease_on(&w, "W", t, 1000), a);
+  assert_int_equal(fail_on(&w, a, 1, "W", t), SPN_QSTATE_QUEUED);
+  assert_int_equal(lease_on(&w, "W", t, 1000), b);
+  assert_int_equal(fail_on(&w, b, 1, "W", t), SPN_QSTATE_FAILED);
+  assert_int_equal(lease_on(&w, "W", t, 1000), c);
+  assert_int_equal(w.ops->complete(w.impl, c, 1, "W", 0, 0, NULL, NULL, t, NULL), SPN_OK);
+  /* the gateway leases e and hands it back at shutdown */
+  assert_int_equal(lease(f, "G", t, NULL), e);
+  assert_int_equal(f->o->release(f->q.impl, e, 1, "G", "gateway shut down", t, NULL), SPN_OK);
+  /* the worker again, past a's backoff: a dies, e succeeds */
+  const int64_t t2 = T0 + 100000;
+  assert_int_equal(lease_on(&w, "W", t2, 1000), a);
+  assert_int_equal(fail_on(&w, a, 2, "W", t2), SPN_QSTATE_DEAD);
+  assert_int_equal(lease_on(&w, "W", t2, 1000), e);
+  assert_int_equal(w.ops->complete(w.impl, e, 1, "W", 0, 0, NULL, NULL, t2, NULL), SPN_OK);
+  /* h: the worker's lease expires (300 ms of Redis time); the gateway's
+   * sweep fails that attempt and hands it c, whose marker nobody removed */
+  int64_t h = submit(f, 0, NULL, 0, 3, t2);
+  assert_int_equal(lease_on(&w, "W2", t2, 300), h);
+  usleep(450000);
+  seen_t s = {0};
+  assert_int_equal(f->o->sweep(f->q.impl, t2 + 100000, seen_cb, &s, NULL), 2);
+  assert_int_equal(s.n, 2);
+  assert_true((s.id[0] == h && s.st[0] == SPN_QSTATE_QUEUED && s.id[1] == c && s.st[1] == SPN_QSTATE_SUCCEEDED) ||
+              (s.id[1] == h && s.st[1] == SPN_QSTATE_QUEUED && s.id[0] == c && s.st[0] == SPN_QSTATE_SUCCEEDED));
+  assert_int_equal(state_of(f, h), SPN_QSTATE_QUEUED);
+
+  spn__observe_workers_t wk = {0};
+  char *body = spn__observe_render(o, &wk, NULL, &err);
+  assert_non_null(body);
+  /* submitted a b c d e h; leased a b c e (gateway) a e h; failed a's
+   * first attempt, b, h's expired lease */
+  /*                               submitted leased succeeded failed dead cancelled released */
+  assert_events(body, "spindle_queue_events_total", (long long[]){6, 7, 2, 3, 1, 1, 1});
+  /* the gateway's own: its submissions, d's cancel, e's lease and release,
+   * h's failure in its sweep; not c's hand-over */
+  assert_events(body, "spindle_job_events_total", (long long[]){6, 1, 0, 1, 0, 1, 1});
+  free(body);
+  /* another client of the queue reads the same counters */
+  uint64_t ev[SPN_QEV_COUNT];
+  assert_int_equal(w.ops->events(w.impl, ev, NULL), SPN_OK);
+  assert_int_equal(ev[SPN_QEV_SUBMITTED], 6);
+  assert_int_equal(ev[SPN_QEV_LEASED], 7);
+  assert_int_equal(ev[SPN_QEV_FAILED], 3);
+  spn_queue_free(&w);
+}
+
+/* Without counters of its own (SQLite: one gateway makes every move), the
+ * queue's family is the gateway's count. */
+static void test_sqlite_queue_events_are_the_gateways(void **state) {
+  fx_t *f = *state;
+  spn__observe_t *o = NULL;
+  assert_null(f->o->events);
+  assert_int_equal(spn__observe_attach(&f->q, "test gateway", &o, NULL), SPN_OK);
+  f->o = f->q.ops;
+  assert_null(f->o->events);
+  int64_t a = submit(f, 0, NULL, 0, 1, T0);
+  submit(f, 0, NULL, 0, 1, T0);
+  assert_int_equal(lease(f, "G", T0, NULL), a);
+  assert_int_equal(f->o->complete(f->q.impl, a, 1, "G", 0, 0, NULL, NULL, T0 + 1, NULL), SPN_OK);
+  spn__observe_workers_t wk = {0};
+  char *body = spn__observe_render(o, &wk, NULL, NULL);
+  assert_non_null(body);
+  const long long want[SPN_QEV_COUNT] = {[SPN_QEV_SUBMITTED] = 2, [SPN_QEV_LEASED] = 1, [SPN_QEV_SUCCEEDED] = 1};
+  assert_events(body, "spindle_job_events_total", want);
+  assert_events(body, "spindle_queue_events_total", want);
+  free(body);
+}
+
 #define SQ(t) cmocka_unit_test_setup_teardown(t, setup_sqlite, teardown)
 #define RD(t) cmocka_unit_test_setup_teardown(t, setup_redis, teardown_redis)
 
@@ -908,6 +1040,7 @@ int main(void) {
       cmocka_unit_test(test_sqlite_file_from_before_transfers),
       cmocka_unit_test(test_group_commit_and_durability),
       cmocka_unit_test(test_redis_url_errors),
+      SQ(test_sqlite_queue_events_are_the_gateways),
   };
   /* The same cases on Redis (lease expiry in real time). */
   const struct CMUnitTest redis_tests[] = {
@@ -926,6 +1059,7 @@ int main(void) {
       RD(test_redis_shared_by_two_clients),
       RD(test_redis_waiting_lag_is_the_number_of_queued_jobs),
       RD(test_redis_waiting_mirror_is_repaired),
+      RD(test_redis_event_counters),
   };
   int rc = cmocka_run_group_tests_name("sqlite", sqlite_tests, NULL, NULL);
   rc += cmocka_run_group_tests_name("redis", redis_tests, redis_up, redis_down);
