@@ -358,6 +358,11 @@ static int32_t w_counts(void *q, int64_t out[SPN_QSTATE_COUNT], spn_error_t *err
   return o->inner.ops->counts(o->inner.impl, out, err);
 }
 
+static int32_t w_unpublished(void *q, int64_t id, spn_error_t *err) {
+  spn__observe_t *o = q;
+  return o->inner.ops->unpublished(o->inner.impl, id, err);
+}
+
 static int32_t w_events(void *q, uint64_t out[SPN_QEV_COUNT], spn_error_t *err) {
   spn__observe_t *o = q;
   if (!o->inner.ops->events)
@@ -390,6 +395,7 @@ static const spn_queue_ops_t observed_ops = {
     .sweep = w_sweep,
     .release = w_release,
     .release_owner = w_release_owner,
+    .unpublished = w_unpublished,
     .get = w_get,
     .list = w_list,
     .children = w_children,
@@ -442,6 +448,8 @@ int32_t spn__observe_attach(spn_queue_t *q, const char *who, spn__observe_t **ou
     o->ops.children = NULL; /* the gateway refuses segmented jobs then */
   if (!q->ops->events)
     o->ops.events = NULL;
+  if (!q->ops->unpublished)
+    o->ops.unpublished = NULL; /* callers remove markers after commit then */
   q->ops = &o->ops;
   q->impl = o;
   *out = o;

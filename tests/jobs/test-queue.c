@@ -996,6 +996,31 @@ static void test_redis_event_counters(void **state) {
   spn_queue_free(&w);
 }
 
+/* A gateway or worker records a removed publication marker through its
+ * observing wrapper, so no sweep hands the job over again; on SQLite the
+ * wrapper has no such call either (the marker goes after the commit). */
+static void test_unpublished_through_the_wrapper(void **state) {
+  fx_t *f = *state;
+  bool redis = f->o->unpublished != NULL;
+  spn__observe_t *o = NULL;
+  assert_int_equal(spn__observe_attach(&f->q, "test worker", &o, NULL), SPN_OK);
+  f->o = f->q.ops;
+  assert_int_equal(f->o->unpublished != NULL, redis);
+  if (!redis)
+    return;
+  spn_queue_submit_t sc = {.spec_json = "{\"pipeline\":\"copy\",\"outputs\":{\"out\":\"/nonexistent/o.raw\"}}",
+                           .max_attempts = 1};
+  int64_t id = 0;
+  bool existed = true;
+  assert_int_equal(f->o->submit(f->q.impl, &sc, T0, &id, &existed, NULL), SPN_OK);
+  assert_int_equal(lease(f, "W", T0, NULL), id);
+  assert_int_equal(f->o->complete(f->q.impl, id, 1, "W", 0, 0, NULL, NULL, T0, NULL), SPN_OK);
+  assert_int_equal(f->o->unpublished(f->q.impl, id, NULL), SPN_OK);
+  seen_t s = {0};
+  assert_int_equal(f->o->sweep(f->q.impl, T0 + 100000, seen_cb, &s, NULL), 0);
+  assert_int_equal(s.n, 0);
+}
+
 /* Without counters of its own (SQLite: one gateway makes every move), the
  * queue's family is the gateway's count. */
 static void test_sqlite_queue_events_are_the_gateways(void **state) {
@@ -1041,6 +1066,7 @@ int main(void) {
       cmocka_unit_test(test_group_commit_and_durability),
       cmocka_unit_test(test_redis_url_errors),
       SQ(test_sqlite_queue_events_are_the_gateways),
+      SQ(test_unpublished_through_the_wrapper),
   };
   /* The same cases on Redis (lease expiry in real time). */
   const struct CMUnitTest redis_tests[] = {
@@ -1060,6 +1086,7 @@ int main(void) {
       RD(test_redis_waiting_lag_is_the_number_of_queued_jobs),
       RD(test_redis_waiting_mirror_is_repaired),
       RD(test_redis_event_counters),
+      RD(test_unpublished_through_the_wrapper),
   };
   int rc = cmocka_run_group_tests_name("sqlite", sqlite_tests, NULL, NULL);
   rc += cmocka_run_group_tests_name("redis", redis_tests, redis_up, redis_down);
