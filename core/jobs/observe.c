@@ -33,6 +33,12 @@ typedef struct dur_series {
   double sum;
 } dur_series_t;
 
+/* A duration histogram family: one series per (pipeline, outcome). */
+typedef struct dur_hist {
+  dur_series_t *s;
+  size_t n;
+} dur_hist_t;
+
 /* A running lease: what its end needs to know. */
 typedef struct lease {
   int64_t id;
@@ -71,8 +77,7 @@ struct spn__observe {
   spn__logger_t *log;
   char who[32];
   uint64_t events[SPN_QEV_COUNT];
-  dur_series_t *dur;
-  size_t ndur;
+  dur_hist_t dur;
   warned_t *warned;
   size_t nwarned;
   lease_t *leases;
@@ -104,17 +109,17 @@ static void lease_drop(spn__observe_t *o, int64_t id) {
     *l = o->leases[--o->nleases];
 }
 
-static void duration_observe(spn__observe_t *o, const char *pipeline, const char *outcome, double s) {
+static void dur_observe(dur_hist_t *h, const char *pipeline, const char *outcome, double s) {
   dur_series_t *d = NULL;
-  for (size_t i = 0; i < o->ndur && !d; i++)
-    if (!strcmp(o->dur[i].pipeline, pipeline) && !strcmp(o->dur[i].outcome, outcome))
-      d = &o->dur[i];
+  for (size_t i = 0; i < h->n && !d; i++)
+    if (!strcmp(h->s[i].pipeline, pipeline) && !strcmp(h->s[i].outcome, outcome))
+      d = &h->s[i];
   if (!d) {
-    dur_series_t *nd = realloc(o->dur, (o->ndur + 1) * sizeof *nd);
+    dur_series_t *nd = realloc(h->s, (h->n + 1) * sizeof *nd);
     if (!nd)
       return;
-    o->dur = nd;
-    d = &o->dur[o->ndur++];
+    h->s = nd;
+    d = &h->s[h->n++];
     memset(d, 0, sizeof *d);
     snprintf(d->pipeline, sizeof d->pipeline, "%s", pipeline);
     snprintf(d->outcome, sizeof d->outcome, "%s", outcome);
@@ -124,6 +129,29 @@ static void duration_observe(spn__observe_t *o, const char *pipeline, const char
       d->bucket[i]++;
   d->count++;
   d->sum += s;
+}
+
+/* The family's # lines and every series' buckets, sum and count. */
+static void dur_render(spn__mbuf_t *b, const dur_hist_t *h, const char *family, const char *help) {
+  spn__mbuf_family(b, family, "histogram", help);
+  for (size_t k = 0; k < h->n; k++) {
+    const dur_series_t *d = &h->s[k];
+    for (int i = 0; i <= SPN__OBSERVE_DURATION_BUCKETS; i++) {
+      spn__mbuf_put(b, "%s_bucket{pipeline=\"", family);
+      spn__mbuf_label(b, d->pipeline);
+      if (i < SPN__OBSERVE_DURATION_BUCKETS)
+        spn__mbuf_put(b, "\",outcome=\"%s\",le=\"%g\"} %llu\n", d->outcome, dur_bounds[i],
+                      (unsigned long long)d->bucket[i]);
+      else
+        spn__mbuf_put(b, "\",outcome=\"%s\",le=\"+Inf\"} %llu\n", d->outcome, (unsigned long long)d->count);
+    }
+    spn__mbuf_put(b, "%s_sum{pipeline=\"", family);
+    spn__mbuf_label(b, d->pipeline);
+    spn__mbuf_put(b, "\",outcome=\"%s\"} %.6f\n", d->outcome, d->sum);
+    spn__mbuf_put(b, "%s_count{pipeline=\"", family);
+    spn__mbuf_label(b, d->pipeline);
+    spn__mbuf_put(b, "\",outcome=\"%s\"} %llu\n", d->outcome, (unsigned long long)d->count);
+  }
 }
 
 /* A job succeeded (`warnings`: the stored JSON array, "" when none): its
@@ -166,7 +194,7 @@ static void attempt_ended(spn__observe_t *o, int64_t id, uint32_t attempt, spn_q
   if (l) {
     f.pipeline = l->pipeline;
     f.duration_ms = now > l->since_ms ? now - l->since_ms : 0;
-    duration_observe(o, l->pipeline, spn__queue_event_name(ev), (double)f.duration_ms / 1000.0);
+    dur_observe(&o->dur, l->pipeline, spn__queue_event_name(ev), (double)f.duration_ms / 1000.0);
   }
   o->events[ev]++;
   int32_t level = ev == SPN_QEV_SUCCEEDED || ev == SPN_QEV_CANCELLED ? SPN_LOG_INFO
@@ -375,7 +403,7 @@ static void w_free(void *q) {
   spn_queue_free(&o->inner);
   nvml_unload(&o->nvml);
   spn__logger_free(&o->log);
-  free(o->dur);
+  free(o->dur.s);
   free(o->warned);
   free(o->leases);
   free(o);
@@ -639,25 +667,8 @@ char *spn__observe_render(spn__observe_t *o, const spn__observe_workers_t *w, co
     spn__mbuf_label(&b, o->warned[i].pipeline);
     spn__mbuf_put(&b, "\"} %llu\n", (unsigned long long)o->warned[i].n);
   }
-  spn__mbuf_family(&b, "spindle_job_duration_seconds", "histogram",
-         "Time from lease to the end of an attempt, by pipeline and outcome.");
-  for (size_t k = 0; k < o->ndur; k++) {
-    const dur_series_t *d = &o->dur[k];
-    for (int i = 0; i <= SPN__OBSERVE_DURATION_BUCKETS; i++) {
-      spn__mbuf_put(&b, "spindle_job_duration_seconds_bucket{pipeline=\"");
-      spn__mbuf_label(&b, d->pipeline);
-      if (i < SPN__OBSERVE_DURATION_BUCKETS)
-        spn__mbuf_put(&b, "\",outcome=\"%s\",le=\"%g\"} %llu\n", d->outcome, dur_bounds[i], (unsigned long long)d->bucket[i]);
-      else
-        spn__mbuf_put(&b, "\",outcome=\"%s\",le=\"+Inf\"} %llu\n", d->outcome, (unsigned long long)d->count);
-    }
-    spn__mbuf_put(&b, "spindle_job_duration_seconds_sum{pipeline=\"");
-    spn__mbuf_label(&b, d->pipeline);
-    spn__mbuf_put(&b, "\",outcome=\"%s\"} %.6f\n", d->outcome, d->sum);
-    spn__mbuf_put(&b, "spindle_job_duration_seconds_count{pipeline=\"");
-    spn__mbuf_label(&b, d->pipeline);
-    spn__mbuf_put(&b, "\",outcome=\"%s\"} %llu\n", d->outcome, (unsigned long long)d->count);
-  }
+  dur_render(&b, &o->dur, "spindle_job_duration_seconds",
+             "Time from lease to the end of an attempt, by pipeline and outcome.");
   spn__mbuf_family(&b, "spindle_workers", "gauge", "Workers by kind: in-process slots, and remote workers sending heartbeats.");
   spn__mbuf_put(&b, "spindle_workers{kind=\"local\"} %u\nspindle_workers{kind=\"remote\"} %zu\n", w->local, w->remote);
   render_nvml(&o->nvml, &b);
@@ -696,6 +707,7 @@ struct spn__wobs {
   bool draining;
   uint64_t jobs[WO_COUNT];
   uint64_t warned; /* succeeded with warnings */
+  dur_hist_t dur;   /* lease to end of each job this worker ran */
   nvml_t nvml; /* under mu: NVML calls from the HTTP thread only */
   spn__http_t *http;
 };
@@ -733,6 +745,8 @@ static void wobs_answer(void *user, const char *path, spn__http_reply_t *out) {
   spn__mbuf_family(&b, "spindle_worker_jobs_warned_total", "counter",
                    "Jobs this worker finished that succeeded with warnings.");
   spn__mbuf_put(&b, "spindle_worker_jobs_warned_total %llu\n", (unsigned long long)o->warned);
+  dur_render(&b, &o->dur, "spindle_worker_job_duration_seconds",
+             "Time from lease to the end of each job this worker ran, by pipeline and outcome.");
   spn__mbuf_family(&b, "spindle_worker_slots", "gauge", "Job slots of this worker, busy or idle.");
   int64_t busy = o->busy < 0 ? 0 : o->busy > o->slots ? o->slots : o->busy;
   spn__mbuf_put(&b, "spindle_worker_slots{state=\"busy\"} %lld\nspindle_worker_slots{state=\"idle\"} %lld\n",
@@ -772,12 +786,14 @@ int32_t spn__wobs_new(const spn_job_runner_t *runner, uint32_t slots, const char
   return SPN_OK;
 }
 
-void spn__wobs_job_end(spn__wobs_t *o, int32_t status, bool warned) {
+void spn__wobs_job_end(spn__wobs_t *o, const char *pipeline, double seconds, int32_t status, bool warned) {
   if (!o)
     return;
+  int outcome = status == SPN_OK ? WO_SUCCEEDED : status == SPN_ECANCELLED ? WO_CANCELLED : WO_FAILED;
   pthread_mutex_lock(&o->mu);
-  o->jobs[status == SPN_OK ? WO_SUCCEEDED : status == SPN_ECANCELLED ? WO_CANCELLED : WO_FAILED]++;
+  o->jobs[outcome]++;
   o->warned += status == SPN_OK && warned;
+  dur_observe(&o->dur, pipeline ? pipeline : "", wo_names[outcome], seconds < 0 ? 0 : seconds);
   pthread_mutex_unlock(&o->mu);
 }
 
@@ -804,6 +820,7 @@ void spn__wobs_free(spn__wobs_t **po) {
   spn__http_close(&o->http);
   nvml_unload(&o->nvml);
   pthread_mutex_destroy(&o->mu);
+  free(o->dur.s);
   free(o);
   *po = NULL;
 }

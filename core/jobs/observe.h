@@ -95,9 +95,10 @@ typedef struct spn__wobs spn__wobs_t;
  * runner is borrowed. Thread: any for every call below. */
 int32_t spn__wobs_new(const spn_job_runner_t *runner, uint32_t slots, const char *http, spn__wobs_t **out,
                       spn_error_t *err);
-/* A job ended on this worker: outcome "succeeded", "failed" or "cancelled";
- * warned: it has warnings (counted when it succeeded). */
-void spn__wobs_job_end(spn__wobs_t *o, int32_t status, bool warned);
+/* A job of `pipeline` ended on this worker `seconds` after its lease:
+ * outcome "succeeded", "failed" or "cancelled" by status; warned: it has
+ * warnings (counted when it succeeded). */
+void spn__wobs_job_end(spn__wobs_t *o, const char *pipeline, double seconds, int32_t status, bool warned);
 void spn__wobs_busy(spn__wobs_t *o, int delta);
 void spn__wobs_draining(spn__wobs_t *o);
 void spn__wobs_free(spn__wobs_t **o);

@@ -38,6 +38,8 @@ typedef struct qrun {
   double progress_at; /* last progress written to the queue */
   bool no_outputs;    /* no publication marker to remove at the end */
   bool segmented;     /* a segment or a segmented job (spn__job_is_segmented) */
+  char pipeline[64];  /* for the metrics */
+  double since;       /* spn__mono_s() at the lease */
 } qrun_t;
 
 typedef struct qw {
@@ -106,7 +108,7 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
   r->busy = false;
   spn__slot_pool_set_idle(w->pool, slot);
   spn__wobs_busy(w->wobs, -1);
-  spn__wobs_job_end(w->wobs, res->status, res->warnings[0] != '\0');
+  spn__wobs_job_end(w->wobs, r->pipeline, spn__mono_s() - r->since, res->status, res->warnings[0] != '\0');
   return true;
 }
 
@@ -128,7 +130,8 @@ static bool lease_some(qw_t *w) {
     }
     w->last_error[0] = '\0';
     qrun_t *r = &w->runs[slot];
-    *r = (qrun_t){.busy = true, .id = j.id, .attempt = j.attempts, .segmented = spn__job_is_segmented(&j)};
+    *r = (qrun_t){.busy = true, .id = j.id, .attempt = j.attempts, .segmented = spn__job_is_segmented(&j),
+                  .since = spn__mono_s()};
     cJSON *spec = cJSON_Parse(j.spec_json);
     spn_job_spec_t js;
     rc = spec ? spn__job_spec_from_json(spec, j.id, j.attempts, &js, &err)
@@ -142,6 +145,7 @@ static bool lease_some(qw_t *w) {
       continue;
     }
     r->no_outputs = js.n_outputs == 0;
+    snprintf(r->pipeline, sizeof r->pipeline, "%s", js.pipeline ? js.pipeline : "");
     spn__slot_pool_assign(w->pool, (uint32_t)slot, &js);
     spn__wobs_busy(w->wobs, 1);
   }

@@ -28,6 +28,14 @@
 #include "proto-internal.h"
 #include "spindle/runtime.h"
 
+typedef struct wslot {
+  bool busy;
+  int64_t id;
+  uint32_t att;
+  char pipeline[64]; /* for the metrics */
+  double since;      /* spn__mono_s() at the assignment */
+} wslot_t;
+
 typedef struct wctx {
   const spn_worker_config_t *cfg;
   spn_slot_pool_t *pool;
@@ -35,10 +43,7 @@ typedef struct wctx {
   spn__logger_t *log; /* JSON lines unless stderr is a terminal */
   spn__wobs_t *obs;   /* metrics and probes (--http) */
   bool draining;
-  /* per slot: the job it runs (main thread only) */
-  bool *busy;
-  int64_t *id;
-  uint32_t *att;
+  wslot_t *slot; /* per slot: the job it runs (main thread only) */
 } wctx_t;
 
 /* A succeeded attempt's warnings (a JSON array the runner rendered) as
@@ -108,11 +113,11 @@ static void on_job(wctx_t *w, void *sock, const cJSON *m) {
       grant(w, sock, 1);
     return;
   }
-  spn__slot_pool_assign(w->pool, (uint32_t)sl, &js);
-  w->busy[sl] = true;
+  wslot_t *ws = &w->slot[sl];
+  *ws = (wslot_t){.busy = true, .id = id, .att = (uint32_t)att, .since = spn__mono_s()};
+  snprintf(ws->pipeline, sizeof ws->pipeline, "%s", js.pipeline ? js.pipeline : "");
+  spn__slot_pool_assign(w->pool, (uint32_t)sl, &js); /* takes js */
   spn__wobs_busy(w->obs, 1);
-  w->id[sl] = id;
-  w->att[sl] = (uint32_t)att;
 }
 
 int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *runner,
@@ -134,10 +139,8 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
   }
   void *ctx = zmq_ctx_new();
   void *sock = ctx ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
-  w.busy = calloc(cfg->slots, sizeof *w.busy);
-  w.id = calloc(cfg->slots, sizeof *w.id);
-  w.att = calloc(cfg->slots, sizeof *w.att);
-  if (!sock || !w.busy || !w.id || !w.att) {
+  w.slot = calloc(cfg->slots, sizeof *w.slot);
+  if (!sock || !w.slot) {
     rc = spn_error_set(err, SPN_ENOMEM, "worker: cannot create its socket");
     goto out;
   }
@@ -186,7 +189,7 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
     if (w.draining) {
       bool any = false;
       for (uint32_t i = 0; i < cfg->slots; i++)
-        any |= w.busy[i];
+        any |= w.slot[i].busy;
       if (!any || spn__mono_s() >= drain_until)
         break;
     }
@@ -249,9 +252,11 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
         send_body(sock, r->res.status == SPN_OK ? "DONE" : "FAIL", b);
         /* The thread cleared `assigned` before reporting: the slot is free. */
         spn__slot_pool_set_idle(w.pool, r->slot);
-        w.busy[r->slot] = false;
+        wslot_t *ws = &w.slot[r->slot];
+        ws->busy = false;
         spn__wobs_busy(w.obs, -1);
-        spn__wobs_job_end(w.obs, r->res.status, r->res.warnings[0] != '\0');
+        spn__wobs_job_end(w.obs, ws->pipeline, spn__mono_s() - ws->since, r->res.status,
+                          r->res.warnings[0] != '\0');
         if (!w.draining)
           grant(&w, sock, 1);
       }
@@ -282,7 +287,7 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
   spn__slot_pool_stop(w.pool);
   for (spn_slot_report_t *r = spn__slot_pool_take(w.pool), *next; r; r = next) {
     next = r->next;
-    if (r->kind == SPN_SLOT_FINISHED && r->res.status == SPN_OK && w.busy[r->slot]) {
+    if (r->kind == SPN_SLOT_FINISHED && r->res.status == SPN_OK && w.slot[r->slot].busy) {
       cJSON *b = body(&w);
       if (b) {
         cJSON_AddNumberToObject(b, "id", (double)r->id);
@@ -293,13 +298,13 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
         add_warnings(b, &r->res);
       }
       send_body(sock, "DONE", b);
-      w.busy[r->slot] = false;
+      w.slot[r->slot].busy = false;
     }
     free(r);
   }
   for (uint32_t i = 0; i < cfg->slots; i++)
-    if (w.busy[i])
-      send_release(&w, sock, w.id[i], w.att[i]);
+    if (w.slot[i].busy)
+      send_release(&w, sock, w.slot[i].id, w.slot[i].att);
   int linger = 2000; /* let DONE and RELEASE reach the gateway */
   zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
 out:
@@ -309,9 +314,7 @@ out:
     zmq_ctx_term(ctx);
   spn__slot_pool_free(&w.pool);
   spn__wobs_free(&w.obs);
-  free(w.busy);
-  free(w.id);
-  free(w.att);
+  free(w.slot);
   spn__logger_free(&w.log);
   return rc;
 }

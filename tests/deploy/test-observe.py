@@ -193,6 +193,14 @@ try:
     wj = wlast.get('spindle_worker_jobs_total', {})
     check(wj.get('spindle_worker_jobs_total{outcome="succeeded"}') == 3, f'worker jobs: {wj}')
     check(wj.get('spindle_worker_jobs_total{outcome="failed"}') == 2, f'worker jobs: {wj}')
+    # ... and their durations, by pipeline and outcome: +Inf is the count
+    wd = wlast.get('spindle_worker_job_duration_seconds', {})
+    for pipeline, outcome, n in [('synthetic', 'succeeded', 3), ('fail', 'failed', 2)]:
+        lab = f'pipeline="{pipeline}",outcome="{outcome}"'
+        cnt = wd.get(f'spindle_worker_job_duration_seconds_count{{{lab}}}')
+        inf = wd.get(f'spindle_worker_job_duration_seconds_bucket{{{lab},le="+Inf"}}')
+        check(cnt == n and inf == n and wd.get(f'spindle_worker_job_duration_seconds_sum{{{lab}}}', -1) >= 0,
+              f'worker durations {pipeline}/{outcome}: count {cnt}, +Inf {inf}, want {n}: {sorted(wd)[:4]}')
     lat = wlast.get('spindle_stage_latency_seconds', {})
     counts = {k: v for k, v in lat.items() if k.startswith('spindle_stage_latency_seconds_count{pipeline="synthetic"')}
     check(counts and all(v > 0 for v in counts.values()), f'every stage of synthetic was called: {counts}')

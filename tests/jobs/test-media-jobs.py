@@ -410,6 +410,17 @@ def case_redis(tmp):
     check(own == dict(want, leased=0, succeeded=0, failed=0, dead=0),
           f"redis: the gateway's own spindle_job_events_total {own}; it made only the {want['submitted']} submissions")
     print(f"redis: queue events {got}; the gateway's own {own}")
+    # The worker timed each attempt it ran, by pipeline and outcome: one
+    # success per succeeded job, one failure per error of the damaged one.
+    dur = scrape(wp, "spindle_worker_job_duration_seconds_count")
+    want_dur = {}
+    for jid in range(1, want["submitted"] + 1):
+        st = status(ep, jid)
+        for outcome, n in (("succeeded", st["state"] == "succeeded"), ("failed", len(st.get("errors", [])))):
+            if n:
+                key = f'{{pipeline="{st["pipeline"]}",outcome="{outcome}"}}'
+                want_dur[key] = want_dur.get(key, 0) + n
+    check(dur == want_dur, f"redis worker: spindle_worker_job_duration_seconds counts {dur}, statuses say {want_dur}")
     check(p.poll() is None and w.poll() is None, "gateway or worker died")
     log = open(os.path.join(tmp, "worker-q.log"), errors="replace").read()
     for name in ("transcode", "enhance", "lipsync", "faces", "synthetic"):
