@@ -187,10 +187,24 @@ static void attempt_ended(spn__observe_t *o, int64_t id, uint32_t attempt, spn_q
                                         : SPN_QEV_FAILED;
   bool retry = st == SPN_QSTATE_QUEUED;
   lease_t *l = lease_find(o, id);
+  char pipeline[64] = "";
+  if (!l && !attempt) {
+    /* Not leased through this wrapper (a sweep failed the expired lease of a
+     * worker leasing straight from Redis, or a queued job was cancelled):
+     * the job's own record names its attempt and pipeline for the line. */
+    spn_queue_job_t j;
+    if (o->inner.ops->get(o->inner.impl, id, &j, NULL) == SPN_OK) {
+      attempt = j.attempts;
+      pipeline_of(j.spec_json, pipeline, sizeof pipeline);
+      spn__queue_job_clear(&j);
+    }
+  }
   spn__log_fields_t f = SPN__LOG_FIELDS_INIT;
   f.job_id = (uint64_t)id;
   f.event = spn__queue_event_name(ev);
   f.attempt = (int32_t)(attempt ? attempt : l ? l->attempt : 0);
+  if (pipeline[0])
+    f.pipeline = pipeline;
   if (l) {
     f.pipeline = l->pipeline;
     f.duration_ms = now > l->since_ms ? now - l->since_ms : 0;

@@ -903,6 +903,38 @@ static spn_queue_state_t fail_on(spn_queue_t *q, int64_t id, uint32_t att, const
   return st;
 }
 
+/* Standard error into a temporary file until stderr_end, which returns
+ * what was written (malloc'd) and puts the old one back. */
+typedef struct captured {
+  char path[64];
+  int saved;
+} captured_t;
+
+static void stderr_begin(captured_t *c) {
+  snprintf(c->path, sizeof c->path, "/tmp/spn-queue-log-XXXXXX");
+  int fd = mkstemp(c->path);
+  assert_true(fd >= 0);
+  fflush(stderr);
+  c->saved = dup(STDERR_FILENO);
+  assert_true(c->saved >= 0 && dup2(fd, STDERR_FILENO) >= 0);
+  close(fd);
+}
+
+static char *stderr_end(captured_t *c) {
+  fflush(stderr);
+  dup2(c->saved, STDERR_FILENO);
+  close(c->saved);
+  FILE *fp = fopen(c->path, "rb");
+  assert_non_null(fp);
+  char *text = calloc(1, 1 << 16);
+  assert_non_null(text);
+  size_t n = fread(text, 1, (1 << 16) - 1, fp);
+  text[n] = '\0';
+  fclose(fp);
+  unlink(c->path);
+  return text;
+}
+
 /* A counter's value in a /metrics body (-1 when the sample is absent). */
 static long long metric(const char *body, const char *family, const char *event) {
   char key[128];
@@ -928,6 +960,8 @@ static void test_redis_event_counters(void **state) {
   fx_t *f = *state;
   spn__observe_t *o = NULL;
   spn_error_t err = SPN_ERROR_INIT;
+  captured_t cap; /* the gateway's lifecycle lines (JSON: not a terminal) */
+  stderr_begin(&cap);
   assert_int_equal(spn__observe_attach(&f->q, "test gateway", &o, &err), SPN_OK);
   f->o = f->q.ops;
   spn_queue_t w; /* a worker leasing straight from Redis */
@@ -975,6 +1009,20 @@ static void test_redis_event_counters(void **state) {
   assert_true((s.id[0] == h && s.st[0] == SPN_QSTATE_QUEUED && s.id[1] == c && s.st[1] == SPN_QSTATE_SUCCEEDED) ||
               (s.id[1] == h && s.st[1] == SPN_QSTATE_QUEUED && s.id[0] == c && s.st[0] == SPN_QSTATE_SUCCEEDED));
   assert_int_equal(state_of(f, h), SPN_QSTATE_QUEUED);
+  /* The sweep's line for h names its attempt and pipeline, though this
+   * gateway never leased it. */
+  char *log = stderr_end(&cap);
+  char want[96];
+  snprintf(want, sizeof want, "\"job_id\":%lld,\"event\":\"failed\"", (long long)h);
+  const char *line = strstr(log, want);
+  const char *end = line ? strchr(line, '\n') : NULL;
+  if (!line || !end)
+    fail_msg("no failed line for job %lld in: %s", (long long)h, log);
+  char one[512];
+  snprintf(one, sizeof one, "%.*s", (int)(end - line), line);
+  if (!strstr(one, "\"attempt\":1") || !strstr(one, "\"pipeline\":\"copy\""))
+    fail_msg("the sweep's line lacks attempt 1 or pipeline copy: %s", one);
+  free(log);
 
   spn__observe_workers_t wk = {0};
   char *body = spn__observe_render(o, &wk, NULL, &err);
