@@ -53,6 +53,12 @@ typedef struct warned {
   uint64_t n;
 } warned_t;
 
+/* Jobs that succeeded with warnings, by pipeline. */
+typedef struct warned_set {
+  warned_t *w;
+  size_t n;
+} warned_set_t;
+
 /* The few NVML entry points used, with the ABI's types. */
 typedef struct nvml_util {
   unsigned gpu, memory;
@@ -78,8 +84,7 @@ struct spn__observe {
   char who[32];
   uint64_t events[SPN_QEV_COUNT];
   dur_hist_t dur;
-  warned_t *warned;
-  size_t nwarned;
+  warned_set_t warned;
   lease_t *leases;
   size_t nleases, caplease;
   nvml_t nvml;
@@ -157,24 +162,35 @@ static void dur_render(spn__mbuf_t *b, const dur_hist_t *h, const char *family, 
 /* A job succeeded (`warnings`: the stored JSON array, "" when none): its
  * pipeline's series exists from its first success (at 0, so that a rate
  * starts there), and counts the jobs that had warnings. */
-static void warned_count(spn__observe_t *o, int64_t id, const char *warnings) {
-  bool warned = warnings && *warnings && strcmp(warnings, "[]");
-  const lease_t *l = lease_find(o, id);
-  const char *pipeline = l ? l->pipeline : "";
+static void warned_add(warned_set_t *ws, const char *pipeline, bool warned) {
   warned_t *w = NULL;
-  for (size_t i = 0; i < o->nwarned && !w; i++)
-    if (!strcmp(o->warned[i].pipeline, pipeline))
-      w = &o->warned[i];
+  for (size_t i = 0; i < ws->n && !w; i++)
+    if (!strcmp(ws->w[i].pipeline, pipeline))
+      w = &ws->w[i];
   if (!w) {
-    warned_t *nw = realloc(o->warned, (o->nwarned + 1) * sizeof *nw);
+    warned_t *nw = realloc(ws->w, (ws->n + 1) * sizeof *nw);
     if (!nw)
       return;
-    o->warned = nw;
-    w = &o->warned[o->nwarned++];
+    ws->w = nw;
+    w = &ws->w[ws->n++];
     memset(w, 0, sizeof *w);
     snprintf(w->pipeline, sizeof w->pipeline, "%s", pipeline);
   }
   w->n += warned;
+}
+
+static void warned_render(spn__mbuf_t *b, const warned_set_t *ws, const char *family, const char *help) {
+  spn__mbuf_family(b, family, "counter", help);
+  for (size_t i = 0; i < ws->n; i++) {
+    spn__mbuf_put(b, "%s{pipeline=\"", family);
+    spn__mbuf_label(b, ws->w[i].pipeline);
+    spn__mbuf_put(b, "\"} %llu\n", (unsigned long long)ws->w[i].n);
+  }
+}
+
+static void warned_count(spn__observe_t *o, int64_t id, const char *warnings) {
+  const lease_t *l = lease_find(o, id);
+  warned_add(&o->warned, l ? l->pipeline : "", warnings && *warnings && strcmp(warnings, "[]"));
 }
 
 /* A job's attempt ended (lease gone): log the event, count it, and for the
@@ -418,7 +434,7 @@ static void w_free(void *q) {
   nvml_unload(&o->nvml);
   spn__logger_free(&o->log);
   free(o->dur.s);
-  free(o->warned);
+  free(o->warned.w);
   free(o->leases);
   free(o);
 }
@@ -674,13 +690,8 @@ char *spn__observe_render(spn__observe_t *o, const spn__observe_workers_t *w, co
   for (int i = 0; i < SPN_QEV_COUNT; i++)
     spn__mbuf_put(&b, "spindle_queue_events_total{event=\"%s\"} %llu\n", spn__queue_event_name(i),
                   (unsigned long long)qev[i]);
-  spn__mbuf_family(&b, "spindle_jobs_warned_total", "counter",
-                   "Jobs that succeeded with warnings (damaged input accepted, a codec or model replaced), by pipeline.");
-  for (size_t i = 0; i < o->nwarned; i++) {
-    spn__mbuf_put(&b, "spindle_jobs_warned_total{pipeline=\"");
-    spn__mbuf_label(&b, o->warned[i].pipeline);
-    spn__mbuf_put(&b, "\"} %llu\n", (unsigned long long)o->warned[i].n);
-  }
+  warned_render(&b, &o->warned, "spindle_jobs_warned_total",
+                "Jobs that succeeded with warnings (damaged input accepted, a codec or model replaced), by pipeline.");
   dur_render(&b, &o->dur, "spindle_job_duration_seconds",
              "Time from lease to the end of an attempt, by pipeline and outcome.");
   spn__mbuf_family(&b, "spindle_workers", "gauge", "Workers by kind: in-process slots, and remote workers sending heartbeats.");
@@ -720,7 +731,7 @@ struct spn__wobs {
   int64_t busy;
   bool draining;
   uint64_t jobs[WO_COUNT];
-  uint64_t warned; /* succeeded with warnings */
+  warned_set_t warned; /* succeeded with warnings, by pipeline */
   dur_hist_t dur;   /* lease to end of each job this worker ran */
   nvml_t nvml; /* under mu: NVML calls from the HTTP thread only */
   spn__http_t *http;
@@ -756,9 +767,8 @@ static void wobs_answer(void *user, const char *path, spn__http_reply_t *out) {
   for (int i = 0; i < WO_COUNT; i++)
     spn__mbuf_put(&b, "spindle_worker_jobs_total{outcome=\"%s\"} %llu\n", wo_names[i],
                   (unsigned long long)o->jobs[i]);
-  spn__mbuf_family(&b, "spindle_worker_jobs_warned_total", "counter",
-                   "Jobs this worker finished that succeeded with warnings.");
-  spn__mbuf_put(&b, "spindle_worker_jobs_warned_total %llu\n", (unsigned long long)o->warned);
+  warned_render(&b, &o->warned, "spindle_worker_jobs_warned_total",
+                "Jobs this worker finished that succeeded with warnings, by pipeline.");
   dur_render(&b, &o->dur, "spindle_worker_job_duration_seconds",
              "Time from lease to the end of each job this worker ran, by pipeline and outcome.");
   spn__mbuf_family(&b, "spindle_worker_slots", "gauge", "Job slots of this worker, busy or idle.");
@@ -806,7 +816,8 @@ void spn__wobs_job_end(spn__wobs_t *o, const char *pipeline, double seconds, int
   int outcome = status == SPN_OK ? WO_SUCCEEDED : status == SPN_ECANCELLED ? WO_CANCELLED : WO_FAILED;
   pthread_mutex_lock(&o->mu);
   o->jobs[outcome]++;
-  o->warned += status == SPN_OK && warned;
+  if (status == SPN_OK)
+    warned_add(&o->warned, pipeline ? pipeline : "", warned);
   dur_observe(&o->dur, pipeline ? pipeline : "", wo_names[outcome], seconds < 0 ? 0 : seconds);
   pthread_mutex_unlock(&o->mu);
 }
@@ -835,6 +846,7 @@ void spn__wobs_free(spn__wobs_t **po) {
   nvml_unload(&o->nvml);
   pthread_mutex_destroy(&o->mu);
   free(o->dur.s);
+  free(o->warned.w);
   free(o);
   *po = NULL;
 }
