@@ -84,10 +84,6 @@ typedef struct spn_queue_submit {
 typedef void (*spn_queue_changed_cb)(void *user, int64_t id, spn_queue_state_t state);
 typedef void (*spn_queue_list_cb)(void *user, const spn_queue_job_t *job);
 
-/* A queue backend. Every call is made from one thread (the loop thread) and
- * takes `now` (ms since the epoch) so tests control time. Writes made
- * between begin and commit are one durable transaction (group commit); a
- * write outside begin/commit commits by itself. */
 /* Job lifecycle events, as the gateway's and the queue's counters name them
  * (docs/operations.md). failed: an attempt failed (the job is retried after a
  * backoff, or failed for good with one attempt allowed); dead: the last of
@@ -109,6 +105,10 @@ static inline const char *spn__queue_event_name(int ev) {
   return ev >= 0 && ev < SPN_QEV_COUNT ? names[ev] : "?";
 }
 
+/* A queue backend. Every call is made from one thread (the loop thread) and
+ * takes `now` (ms since the epoch) so tests control time. Writes made
+ * between begin and commit are one durable transaction (group commit); a
+ * write outside begin/commit commits by itself. */
 typedef struct spn_queue_ops {
   const char *name;
   int32_t (*begin)(void *q, spn_error_t *err);

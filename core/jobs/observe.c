@@ -421,10 +421,9 @@ static int32_t w_unpublished(void *q, int64_t id, spn_error_t *err) {
   return o->inner.ops->unpublished(o->inner.impl, id, err);
 }
 
+/* Only in the ops when the inner backend has it (spn__observe_attach). */
 static int32_t w_events(void *q, uint64_t out[SPN_QEV_COUNT], spn_error_t *err) {
   spn__observe_t *o = q;
-  if (!o->inner.ops->events)
-    return spn_error_set(err, SPN_EUNSUPPORTED, "this queue keeps no event counters");
   return o->inner.ops->events(o->inner.impl, out, err);
 }
 
@@ -732,7 +731,7 @@ struct spn__wobs {
   bool draining;
   uint64_t jobs[WO_COUNT];
   warned_set_t warned; /* succeeded with warnings, by pipeline */
-  dur_hist_t dur;   /* lease to end of each job this worker ran */
+  dur_hist_t dur;       /* lease to end of each job this worker ran */
   nvml_t nvml; /* under mu: NVML calls from the HTTP thread only */
   spn__http_t *http;
 };

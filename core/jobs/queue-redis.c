@@ -837,26 +837,21 @@ static int32_t rq_events(void *qv, uint64_t out[SPN_QEV_COUNT], spn_error_t *err
   memset(out, 0, SPN_QEV_COUNT * sizeof *out);
   char key[96];
   snprintf(key, sizeof key, "%sevents", q->prefix);
-  redisReply *r = redisCommand(q->c, "HGETALL %s", key);
-  if (!r) {
-    int32_t rc = rq_error(q, err, "reading the event counters", q->c->errstr[0] ? q->c->errstr : "connection lost");
-    rq_drop(q);
-    return rc;
+  const char *argv[] = {"HGETALL", key};
+  size_t lens[] = {7, strlen(key)};
+  redisReply *r = rq_cmd(q, 2, argv, lens, "reading the event counters", err);
+  if (!r)
+    return SPN_EIO;
+  for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i + 1 < r->elements; i += 2) {
+    const redisReply *k = r->element[i], *v = r->element[i + 1];
+    if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
+      continue;
+    for (int e = 0; e < SPN_QEV_COUNT; e++)
+      if (!strcmp(k->str, spn__queue_event_name(e)))
+        out[e] = strtoull(v->str, NULL, 10);
   }
-  int32_t rc = SPN_OK;
-  if (r->type == REDIS_REPLY_ERROR)
-    rc = rq_error(q, err, "reading the event counters", r->str);
-  else if (r->type == REDIS_REPLY_ARRAY)
-    for (size_t i = 0; i + 1 < r->elements; i += 2) {
-      const redisReply *k = r->element[i], *v = r->element[i + 1];
-      if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
-        continue;
-      for (int e = 0; e < SPN_QEV_COUNT; e++)
-        if (!strcmp(k->str, spn__queue_event_name(e)))
-          out[e] = strtoull(v->str, NULL, 10);
-    }
   freeReplyObject(r);
-  return rc;
+  return SPN_OK;
 }
 
 static void rq_free(void *qv) {

@@ -132,40 +132,39 @@ def log_metric(port, level, proc):
     return v
 
 
-def warned_by_status(ep):
-    """Per pipeline, how many jobs succeeded with warnings in their status
-    (a pipeline with a success and none: 0), over jobs 1, 2, ... as far as
-    the gateway knows them."""
-    want, jid = {}, 1
+def statuses(ep):
+    """The statuses of jobs 1, 2, ... as far as the gateway knows them."""
+    out = []
     while True:
-        r = cli("status", str(jid), "--connect", ep)
+        r = cli("status", str(len(out) + 1), "--connect", ep)
         if r.returncode != 0:
             break
-        st = json.loads(r.stdout)
+        out.append(json.loads(r.stdout))
+    check(out, "no job found by status")
+    return out
+
+
+def warned_by_status(sts):
+    """Per pipeline, how many jobs succeeded with warnings in their status
+    (a pipeline with a success and none: 0)."""
+    want = {}
+    for st in sts:
         if st["state"] == "succeeded":
             want[st["pipeline"]] = want.get(st["pipeline"], 0) + (1 if st.get("warnings") else 0)
-        jid += 1
-    check(jid > 1, "no job found by status")
     return want
 
 
-def events_by_status(ep):
-    """The lifecycle counts the jobs' own statuses imply, over jobs 1, 2, ...:
-    one submission each, a lease per attempt, a failed attempt per error but
-    a dead job's last, which counts as dead."""
+def events_by_status(sts):
+    """The lifecycle counts the jobs' statuses imply: one submission each, a
+    lease per attempt, a failed attempt per error but a dead job's last,
+    which counts as dead."""
     want = dict.fromkeys(["submitted", "leased", "succeeded", "failed", "dead", "cancelled", "released"], 0)
-    jid = 1
-    while True:
-        r = cli("status", str(jid), "--connect", ep)
-        if r.returncode != 0:
-            break
-        st = json.loads(r.stdout)
+    for st in sts:
         want["submitted"] += 1
         want["leased"] += st["attempts"]
         want["failed"] += len(st.get("errors", [])) - (st["state"] == "dead")
         if st["state"] in ("succeeded", "dead", "cancelled"):
             want[st["state"]] += 1
-        jid += 1
     return want
 
 
@@ -174,7 +173,7 @@ def check_warned_metric(ep, port, where):
     own statuses: per pipeline, as many as succeeded with warnings, and a
     series (maybe 0) for every pipeline with a success."""
     got = {k[len('{pipeline="'):-2]: v for k, v in scrape(port, "spindle_jobs_warned_total").items()}
-    want = warned_by_status(ep)
+    want = warned_by_status(statuses(ep))
     check(got == want, f"{where}: spindle_jobs_warned_total {got}, the jobs' statuses say {want}")
     print(f"{where}: jobs that succeeded with warnings, by pipeline: {got}")
     return got
@@ -389,7 +388,7 @@ def case_redis(tmp):
     tolerated_job(tmp, ep, "redis worker")
     # the worker counts the jobs it finished with warnings; the gateway never
     # sees them finish (the worker completes them in Redis)
-    want = warned_by_status(ep)
+    want = warned_by_status(statuses(ep))
     got = {k[len('{pipeline="'):-2]: v for k, v in scrape(wp, "spindle_worker_jobs_warned_total").items()}
     check(got == want and got.get("transcode", 0) >= 1,
           f"redis worker: spindle_worker_jobs_warned_total {got}, the jobs' statuses say {want}")
@@ -403,7 +402,8 @@ def case_redis(tmp):
     check(st["state"] == "dead" and st["attempts"] == 2, f"redis worker: the damaged file's job: {st}")
     # The queue counts every move, wherever it was made; the gateway (no
     # workers of its own) only the submissions it took.
-    want = events_by_status(ep)
+    sts = statuses(ep)
+    want = events_by_status(sts)
     got = {k[len('{event="'):-2]: v for k, v in scrape(hp, "spindle_queue_events_total").items()}
     check(got == want, f"redis: spindle_queue_events_total {got}, the jobs' statuses say {want}")
     own = {k[len('{event="'):-2]: v for k, v in scrape(hp, "spindle_job_events_total").items()}
@@ -414,8 +414,7 @@ def case_redis(tmp):
     # success per succeeded job, one failure per error of the damaged one.
     dur = scrape(wp, "spindle_worker_job_duration_seconds_count")
     want_dur = {}
-    for jid in range(1, want["submitted"] + 1):
-        st = status(ep, jid)
+    for st in sts:
         for outcome, n in (("succeeded", st["state"] == "succeeded"), ("failed", len(st.get("errors", [])))):
             if n:
                 key = f'{{pipeline="{st["pipeline"]}",outcome="{outcome}"}}'

@@ -33,6 +33,8 @@
 
 #define T0 1700000000000LL
 #define SPEC "{\"pipeline\":\"copy\"}"
+/* with outputs: a publication marker to track once it succeeds */
+#define SPEC_OUT "{\"pipeline\":\"copy\",\"outputs\":{\"out\":\"/nowhere/x\"}}"
 
 typedef struct fx {
   spn_queue_t q;
@@ -83,15 +85,21 @@ static int teardown(void **state) {
   return 0;
 }
 
-static int64_t submit(fx_t *f, int32_t prio, const char *key, int64_t deadline, uint32_t max_att,
-                      int64_t now) {
-  spn_queue_submit_t s = {.spec_json = SPEC, .priority = prio, .idem_key = key,
+/* Submit a new job of spec (not an idempotent repeat); its id. */
+static int64_t submit_spec(fx_t *f, const char *spec, int32_t prio, const char *key, int64_t deadline,
+                           uint32_t max_att, int64_t now) {
+  spn_queue_submit_t s = {.spec_json = spec, .priority = prio, .idem_key = key,
                           .deadline_ms = deadline, .max_attempts = max_att};
   int64_t id = 0;
   bool existed = true;
   assert_int_equal(f->o->submit(f->q.impl, &s, now, &id, &existed, NULL), SPN_OK);
   assert_false(existed);
   return id;
+}
+
+static int64_t submit(fx_t *f, int32_t prio, const char *key, int64_t deadline, uint32_t max_att,
+                      int64_t now) {
+  return submit_spec(f, SPEC, prio, key, deadline, max_att, now);
 }
 
 /* Lease and return the id (0 when none is ready). */
@@ -465,11 +473,7 @@ static void test_redis_lease_expiry_and_renew(void **state) {
   /* A job with outputs whose publication marker was never confirmed
    * removed: a sweep one lease later hands it out (once) so the sweeper
    * removes the marker. Without outputs there is no marker to track. */
-  spn_queue_submit_t so = {.spec_json = "{\"pipeline\":\"copy\",\"outputs\":{\"out\":\"/nowhere/x\"}}",
-                           .max_attempts = 1};
-  int64_t id1;
-  bool ex;
-  assert_int_equal(f->o->submit(f->q.impl, &so, nb, &id1, &ex, NULL), SPN_OK);
+  int64_t id1 = submit_spec(f, SPEC_OUT, 0, NULL, 0, 1, nb);
   assert_int_equal(lease(f, "w3", nb, &att), id1);
   assert_int_equal(f->o->complete(f->q.impl, id1, att, "w3", 0, 0, NULL, NULL, nb + 1, NULL), SPN_OK);
   s = (seen_t){0};
@@ -479,8 +483,7 @@ static void test_redis_lease_expiry_and_renew(void **state) {
   assert_int_equal(s.st[0], SPN_QSTATE_SUCCEEDED);
   assert_int_equal(f->o->sweep(f->q.impl, nb + 500, NULL, NULL, NULL), 0);
   /* Confirmed at once: never handed out. */
-  int64_t id2;
-  assert_int_equal(f->o->submit(f->q.impl, &so, nb, &id2, &ex, NULL), SPN_OK);
+  int64_t id2 = submit_spec(f, SPEC_OUT, 0, NULL, 0, 1, nb);
   assert_int_equal(lease(f, "w3", nb, &att), id2);
   assert_int_equal(f->o->complete(f->q.impl, id2, att, "w3", 0, 0, NULL, NULL, nb + 1, NULL), SPN_OK);
   assert_int_equal(f->o->unpublished(f->q.impl, id2, NULL), SPN_OK);
@@ -969,13 +972,11 @@ static void test_redis_event_counters(void **state) {
   spn_queue_state_t st;
   int64_t a = submit(f, 0, NULL, 0, 2, T0);
   int64_t b = submit(f, 0, NULL, 0, 1, T0);
-  spn_queue_submit_t sc = {.spec_json = "{\"pipeline\":\"copy\",\"outputs\":{\"out\":\"/nonexistent/c.raw\"}}",
-                           .idem_key = "c", .max_attempts = 3};
-  int64_t c = 0, c2 = 0;
-  bool existed = true;
-  assert_int_equal(f->o->submit(f->q.impl, &sc, T0, &c, &existed, NULL), SPN_OK);
-  assert_false(existed);
-  assert_int_equal(f->o->submit(f->q.impl, &sc, T0, &c2, &existed, NULL), SPN_OK);
+  int64_t c = submit_spec(f, SPEC_OUT, 0, "c", 0, 3, T0);
+  spn_queue_submit_t again = {.spec_json = SPEC_OUT, .idem_key = "c", .max_attempts = 3};
+  int64_t c2 = 0;
+  bool existed = false;
+  assert_int_equal(f->o->submit(f->q.impl, &again, T0, &c2, &existed, NULL), SPN_OK);
   assert_true(existed && c2 == c); /* the same job again: no submission */
   int64_t d = submit(f, 0, NULL, 0, 3, T0);
   int64_t e = submit(f, 0, NULL, 0, 3, T0);
@@ -1056,11 +1057,7 @@ static void test_unpublished_through_the_wrapper(void **state) {
   assert_int_equal(f->o->unpublished != NULL, redis);
   if (!redis)
     return;
-  spn_queue_submit_t sc = {.spec_json = "{\"pipeline\":\"copy\",\"outputs\":{\"out\":\"/nonexistent/o.raw\"}}",
-                           .max_attempts = 1};
-  int64_t id = 0;
-  bool existed = true;
-  assert_int_equal(f->o->submit(f->q.impl, &sc, T0, &id, &existed, NULL), SPN_OK);
+  int64_t id = submit_spec(f, SPEC_OUT, 0, NULL, 0, 1, T0);
   assert_int_equal(lease(f, "W", T0, NULL), id);
   assert_int_equal(f->o->complete(f->q.impl, id, 1, "W", 0, 0, NULL, NULL, T0, NULL), SPN_OK);
   assert_int_equal(f->o->unpublished(f->q.impl, id, NULL), SPN_OK);
