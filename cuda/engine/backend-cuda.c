@@ -80,6 +80,7 @@ typedef struct {
   spn_device_t **devs; /* the GPU as a spindle/device.h device: arena buffers */
   uint32_t n_devs;
   cudaStream_t stream; /* used when the caller gives none */
+  cudaStream_t cap_stream; /* graph captures only (graph_capture): known to nothing else */
   cudnnHandle_t dnn;
   cublasLtHandle_t lt;
   spn__lt_api_t lt_api; /* cuBLASLt's entry points (cublaslt-api.h) */
@@ -1822,17 +1823,29 @@ static cu_graph_t *graph_entry(cu_ctx_t *cx, const spn_model_t *m, cu_sig_t *s, 
   return g;
 }
 
-/* Capture the range on the run's stream into g; false (g not capturable,
- * nothing enqueued) when any step of it fails. */
+/* Capture the range into g; false (g not capturable, nothing enqueued)
+ * when any step of it fails. The capture runs on the backend's own capture
+ * stream, not the run's: a run's stream is a stage's, which the device
+ * layer lists, and any thread that frees device memory records a fence on
+ * every listed stream and makes the free stream wait for it (dev_free in
+ * cuda/device-cuda.c). A fence recorded into a capture and waited for from
+ * outside it pulls the free stream, and the free, into the capture: the
+ * capture then ends unjoined (not capturable) and the free never happens.
+ * Nothing runs during a capture, so where it is recorded changes nothing
+ * else; the graph is launched on the run's stream. */
 static bool graph_capture(spn_backend_t *b, spn_run_t *r, int first, int last, cu_graph_t *g) {
-  cudaStream_t st = run_stream(b, r);
+  cu_ctx_t *cx = b->ctx;
+  cudaStream_t st = cx->cap_stream;
   if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
     (void)cudaGetLastError();
     return false;
   }
   spn_error_t cap_err = SPN_ERROR_INIT, *saved = r->err;
+  void *run_st = r->stream;
   r->err = &cap_err;
+  r->stream = st; /* what run_range enqueues goes into the capture */
   int32_t rc = run_range(b, r, first, last);
+  r->stream = run_st;
   r->err = saved;
   cudaGraph_t graph = NULL;
   cudaError_t ce = cudaStreamEndCapture(st, &graph);
@@ -1975,6 +1988,7 @@ static void cu_free(spn_backend_t *b) {
     spn__lt_api_close(&cx->lt_api);
     if (cx->dnn) cudnnDestroy(cx->dnn);
     if (cx->stream) cudaStreamDestroy(cx->stream);
+    if (cx->cap_stream) cudaStreamDestroy(cx->cap_stream);
     if (cx->devs) spn__devices_free(&cx->devs, cx->n_devs);
     pthread_mutex_destroy(&cx->lock);
     free(cx);
@@ -2100,7 +2114,9 @@ static int32_t cu_open(const spn_backend_factory_t *f, int index, spn_backend_t 
     rc = spn_error_set(err, SPN_EDEVICE, "%s: the device layer opened %u devices", spec, cx->n_devs);
   if (!rc) {
     b->buffer_type = spn_device_buffer_type(cx->devs[0], SPN_MEM_DEVICE);
-    if ((ce = cudaSetDevice(index)) != cudaSuccess || (ce = cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking)) != cudaSuccess)
+    if ((ce = cudaSetDevice(index)) != cudaSuccess ||
+        (ce = cudaStreamCreateWithFlags(&cx->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (ce = cudaStreamCreateWithFlags(&cx->cap_stream, cudaStreamNonBlocking)) != cudaSuccess)
       rc = cu_err(err, b->device, ce, "opening the device");
   }
   cudnnStatus_t ds;

@@ -520,6 +520,48 @@ static void a_graph_replays_what_its_capture_recorded(void **state) {
   cudaFree(a), cudaFree(b);
 }
 
+int spn_emu_stream_captures(cudaStream_t s); /* cuda-fake.cpp's test hook */
+
+/* An event recorded into a capture and waited for by a stream outside it:
+ * in CUDA that stream joins the capture, which then cannot end (unjoined).
+ * An event recorded before the capture began is an ordinary wait. */
+static void a_wait_on_a_captured_event_joins_the_capture(void **state) {
+  (void)state;
+  cudaStream_t s, other;
+  cudaEvent_t before, during;
+  assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaEventCreateWithFlags(&before, cudaEventDisableTiming), cudaSuccess);
+  assert_int_equal(cudaEventCreateWithFlags(&during, cudaEventDisableTiming), cudaSuccess);
+  assert_int_equal(spn_emu_stream_captures(s), 0);
+  assert_int_equal(cudaEventRecord(before, s), cudaSuccess);
+  assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  assert_int_equal(cudaStreamWaitEvent(other, before, 0), cudaSuccess);
+  cudaGraph_t g = NULL;
+  assert_int_equal(cudaStreamEndCapture(s, &g), cudaSuccess);
+  assert_non_null(g);
+  cudaGraphDestroy(g);
+  g = NULL;
+
+  assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  assert_int_equal(cudaEventRecord(during, s), cudaSuccess);
+  assert_int_equal(cudaStreamWaitEvent(other, during, 0), cudaSuccess);
+  assert_int_equal(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureUnjoined);
+  assert_null(g);
+  assert_int_equal(cudaGetLastError(), cudaErrorStreamCaptureUnjoined);
+  assert_int_equal(spn_emu_stream_captures(s), 2);
+  assert_int_equal(spn_emu_stream_captures(other), 0);
+
+  /* That capture is over: the event is an old capture's node, and a new
+   * capture on s ends normally. */
+  assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  assert_int_equal(cudaStreamWaitEvent(other, during, 0), cudaSuccess);
+  assert_int_equal(cudaStreamEndCapture(s, &g), cudaSuccess);
+  cudaGraphDestroy(g);
+  cudaEventDestroy(before), cudaEventDestroy(during);
+  cudaStreamDestroy(s), cudaStreamDestroy(other);
+}
+
 static void copies_check_which_side_is_device_memory(void **state) {
   (void)state;
   char host[16] = {0};
@@ -751,6 +793,7 @@ int main(void) {
       cmocka_unit_test(host_reads_and_overruns_of_device_memory_fault),
       cmocka_unit_test(lazy_streams_run_when_waited_for),
       cmocka_unit_test(stats_count_what_costs_host_time),
+      cmocka_unit_test(a_wait_on_a_captured_event_joins_the_capture),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,9 +10,17 @@
  *    prepare_shape() now puts the handle on the backend's own stream first.
  *    The fake cuDNN refuses a destroyed stream
  *    (CUDNN_STATUS_EXECUTION_FAILED); on a GPU it is undefined.
+ *  - graphs are captured on the backend's own stream, never on the caller's:
+ *    a caller's stream is a stage's, which the device layer lists, and any
+ *    thread freeing device memory records a fence on it that the free
+ *    stream waits for; recorded into a capture, that fence pulls the free
+ *    stream into the capture, which then ends unjoined (the fake models it:
+ *    test-cuda-fakes.c). The third run of a shape replays its graph on the
+ *    caller's stream, and reads its input then.
  * Unit suite; no GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -37,8 +45,11 @@ static spn_tensor_t image(void *data, int64_t batch) {
   return t;
 }
 
-static void a_new_shape_after_the_callers_stream_is_gone(void **state) {
-  (void)state;
+int spn_emu_stream_captures(cudaStream_t s);  /* cuda-fake.cpp's test hooks */
+long long spn_emu_graph_launches(void);
+
+/* A one-Conv model (3 output channels, 2 input channels, 3x3, pad 1). */
+static pb_t conv_model(void) {
   pb_t g = {0};
   const char *ci[] = {"x", "w"}, *co[] = {"y"};
   const int64_t ks[] = {3, 3}, pads[] = {1, 1, 1, 1};
@@ -52,7 +63,12 @@ static void a_new_shape_after_the_callers_stream_is_gone(void **state) {
   initializer(&g, "w", 4, wd, w, 3 * 2 * 9);
   value_info(&g, 11, "x", 4, d);
   value_info(&g, 12, "y", -1, NULL);
-  pb_t pm = model(&g, 17);
+  return model(&g, 17);
+}
+
+static void a_new_shape_after_the_callers_stream_is_gone(void **state) {
+  (void)state;
+  pb_t pm = conv_model();
 
   spn_engine_opts_t o = SPN_ENGINE_OPTS_INIT;
   spn_engine_t *eng = NULL;
@@ -93,9 +109,67 @@ static void a_new_shape_after_the_callers_stream_is_gone(void **state) {
   free(pm.p);
 }
 
+static void graphs_are_captured_off_the_callers_stream(void **state) {
+  (void)state;
+  pb_t pm = conv_model();
+  spn_engine_opts_t o = SPN_ENGINE_OPTS_INIT;
+  spn_engine_t *eng = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_engine_new(&o, &eng, &err), SPN_OK);
+  spn_model_opts_t mo = SPN_MODEL_OPTS_INIT;
+  mo.device = "cuda:0";
+  mo.fallback = "error";
+  spn_model_t *m = NULL;
+  if (spn_engine_load_memory_opts(eng, pm.p, pm.n, "t.onnx", &mo, &m, &err))
+    fail_msg("load: %s", err.msg);
+  cudaStream_t st;
+  assert_int_equal(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  void *dx = NULL, *dy = NULL;
+  assert_int_equal(cudaMalloc(&dx, 50 * sizeof(float)), cudaSuccess);
+  assert_int_equal(cudaMalloc(&dy, 75 * sizeof(float)), cudaSuccess);
+  spn_tensor_t din = image(dx, 1), dout = SPN_TENSOR_INIT;
+  din.device_kind = SPN_DEVICE_CUDA;
+  assert_int_equal(spn_model_output_shapes(m, &din, 1, &dout, 1, &err), SPN_OK);
+  dout.data = dy;
+  dout.device_kind = SPN_DEVICE_CUDA;
+  float x[50], y1[75], y3[75];
+  long long launches = spn_emu_graph_launches();
+  for (int run = 1; run <= 3; run++) {
+    /* A different input each run: the replay must read run 3's. */
+    for (int i = 0; i < 50; i++)
+      x[i] = (float)((i * 7 + run * 3) % 11) * 0.25f;
+    assert_int_equal(cudaMemcpyAsync(dx, x, sizeof x, cudaMemcpyHostToDevice, st), cudaSuccess);
+    if (spn_model_run_on(m, &din, 1, &dout, 1, st, &err))
+      fail_msg("run %d: %s", run, err.msg);
+    assert_int_equal(cudaMemcpyAsync(run == 1 ? y1 : y3, dy, sizeof y1, cudaMemcpyDeviceToHost, st), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
+  }
+  assert_int_equal(spn_emu_stream_captures(st), 0);
+  assert_true(spn_emu_graph_launches() > launches); /* run 3 replayed a graph */
+  /* Run 3's input through the eager path (a new engine run on the host). */
+  spn_tensor_t hin = image(x, 1), hout = SPN_TENSOR_INIT;
+  if (spn_model_run(m, &hin, 1, &hout, 1, &err))
+    fail_msg("host run: %s", err.msg);
+  const float *ref = hout.data;
+  bool differs = false;
+  for (int i = 0; i < 75; i++) {
+    assert_float_equal(y3[i], ref[i], 1e-5);
+    differs |= y3[i] != y1[i];
+  }
+  assert_true(differs); /* the replay did not return run 1's result */
+  spn_model_output_free(&hout);
+  spn_model_release(&m);
+  spn_engine_free(&eng);
+  cudaStreamDestroy(st);
+  cudaFree(dx);
+  cudaFree(dy);
+  free(pm.p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_new_shape_after_the_callers_stream_is_gone),
+      cmocka_unit_test(graphs_are_captured_off_the_callers_stream),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

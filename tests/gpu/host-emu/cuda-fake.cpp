@@ -44,7 +44,11 @@
  *    synchronous copies and memsets, synchronising the capturing stream or
  *    the device, a copy to or from pageable host memory) fail with
  *    cudaErrorStreamCaptureUnsupported and invalidate the capture, whose end
- *    is then cudaErrorStreamCaptureInvalidated.
+ *    is then cudaErrorStreamCaptureInvalidated. A stream outside a capture
+ *    that waits for an event recorded into it joins it in CUDA (its later
+ *    work becomes graph nodes): the fake complains, and the capture's end
+ *    is cudaErrorStreamCaptureUnjoined. spn_emu_stream_captures(s) counts
+ *    the captures begun on s.
  *  - SPN_EMU_CUDA_TRACE=1 prints each capture's end and each graph launch
  *    on stderr (what a test can grep to see that graphs were replayed).
  *  - Errors: the last error of each thread, returned and cleared by
@@ -119,6 +123,8 @@ struct emu_stream {
   int dev;
   std::vector<std::function<void()>> *cap; /* recording a graph */
   bool invalid;                            /* the capture hit a forbidden call */
+  bool unjoined; /* another stream joined the capture (a wait on one of its events) and never rejoined */
+  int captures = 0; /* captures begun on this stream (spn_emu_stream_captures) */
   cudaStreamCaptureMode mode;
   /* Lazy mode: work queued, not yet run; submitted - done of it. */
   std::deque<std::function<void()>> q;
@@ -130,6 +136,8 @@ struct emu_event {
   emu_stream *s;   /* the stream of the last record (null: never recorded) */
   uint64_t pos;    /* that stream's work at the record */
   uint64_t serial; /* s's serial: s may be destroyed (and its address reused) since */
+  emu_stream *capture = nullptr; /* recorded into this stream's capture (a node of its graph) */
+  int capture_no = 0;            /* which of that stream's captures */
 };
 
 struct emu_graph {
@@ -139,7 +147,7 @@ struct emu_graph {
 std::mutex lock;
 std::map<uintptr_t, emu_block> blocks;
 std::vector<size_t> used; /* bytes per device */
-emu_stream legacy = {0, nullptr, false, cudaStreamCaptureModeGlobal, {}, 0, 0};
+emu_stream legacy = {0, nullptr, false, false, 0, cudaStreamCaptureModeGlobal, {}, 0, 0};
 std::set<emu_stream *> streams;     /* every stream made, under lock */
 uint64_t stream_serial;             /* the last stream's serial, under lock */
 std::set<emu_event *> events;       /* every event made, under lock */
@@ -396,6 +404,16 @@ bool spn_emu_is_device(const void *p, size_t n) {
   return b && b->dev >= 0;
 }
 
+/* Test hook: graph launches so far (the SPN_EMU_CUDA_STATS counter). */
+extern "C" long long spn_emu_graph_launches(void) { return stats[ST_GRAPH].load(); }
+
+/* Test hook: how many captures were begun on s. */
+extern "C" int spn_emu_stream_captures(cudaStream_t s) {
+  emu_stream *st = stream_of(s);
+  std::lock_guard<std::mutex> g(lock);
+  return st->captures;
+}
+
 bool spn_emu_stream_alive(cudaStream_t s) {
   if (stream_of(s) == &legacy)
     return true;
@@ -454,6 +472,7 @@ const char *cudaGetErrorName(cudaError_t e) {
   case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
   case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
   case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+  case cudaErrorStreamCaptureUnjoined: return "cudaErrorStreamCaptureUnjoined";
   case cudaErrorIllegalState: return "cudaErrorIllegalState";
   case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
   case cudaErrorPeerAccessAlreadyEnabled: return "cudaErrorPeerAccessAlreadyEnabled";
@@ -469,6 +488,7 @@ const char *cudaGetErrorString(cudaError_t e) {
   case cudaErrorInvalidValue: return "invalid argument";
   case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
   case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+  case cudaErrorStreamCaptureUnjoined: return "capture sequence contains a fork that was not joined to the primary stream";
   default: return cudaGetErrorName(e);
   }
 }
@@ -785,7 +805,7 @@ cudaError_t cudaMemset2DAsync(void *p, size_t pitch, int v, size_t w, size_t h, 
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
   (void)flags;
-  emu_stream *st = new emu_stream{current_dev, nullptr, false, cudaStreamCaptureModeGlobal, {}, 0, 0};
+  emu_stream *st = new emu_stream{current_dev, nullptr, false, false, 0, cudaStreamCaptureModeGlobal, {}, 0, 0};
   std::lock_guard<std::mutex> g(lock);
   st->serial = ++stream_serial;
   streams.insert(st);
@@ -844,11 +864,22 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
   if (!e)
     return ret(cudaErrorInvalidResourceHandle);
   emu_event ev;
+  emu_stream *ws = stream_of(s);
   {
     std::lock_guard<std::mutex> g(lock);
     ev = *(emu_event *)e; /* the record current at the call */
+    /* An event recorded into a capture, waited for by a stream outside it:
+     * CUDA makes that stream join the capture (its later work becomes graph
+     * nodes, not run), and the capture's end fails unjoined unless it waits
+     * its way back. No code here means to fork a capture: say so. */
+    if (ev.capture && ev.capture != ws && ev.capture->cap && ev.capture->captures == ev.capture_no) {
+      ev.capture->unjoined = true;
+      spn_emu_complain("a stream waits for an event recorded during another stream's capture: it joins that "
+                       "capture, whose end then fails (cudaErrorStreamCaptureUnjoined)");
+      return cudaSuccess;
+    }
   }
-  if (lazy() && ev.s && ev.s != stream_of(s))
+  if (lazy() && ev.s && ev.s != ws)
     spn_emu_stream_do(s, [ev] { drain(ev.s, ev.pos, ev.serial); });
   return cudaSuccess;
 }
@@ -878,8 +909,12 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     return ret(cudaErrorInvalidResourceHandle);
   emu_stream *st = stream_of(s);
   std::lock_guard<std::mutex> g(lock);
-  if (!st->cap)
+  if (!st->cap) {
     *(emu_event *)e = emu_event{st, st->submitted, st->serial};
+  } else {
+    ((emu_event *)e)->capture = st;
+    ((emu_event *)e)->capture_no = st->captures;
+  }
   return cudaSuccess;
 }
 
@@ -920,6 +955,8 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mo
     return ret(cudaErrorIllegalState);
   st->cap = new std::vector<std::function<void()>>;
   st->invalid = false;
+  st->unjoined = false;
+  st->captures++;
   st->mode = mode;
   live_captures.push_back(st);
   if (mode == cudaStreamCaptureModeGlobal)
@@ -944,11 +981,11 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
     global_captures--;
   else if (st->mode == cudaStreamCaptureModeThreadLocal)
     capturing--;
-  if (st->invalid) {
+  if (st->invalid || st->unjoined) {
     delete ops;
     if (tracing())
-      fprintf(stderr, "cuda-fake: capture invalidated\n");
-    return ret(cudaErrorStreamCaptureInvalidated);
+      fprintf(stderr, "cuda-fake: capture %s\n", st->invalid ? "invalidated" : "unjoined");
+    return ret(st->invalid ? cudaErrorStreamCaptureInvalidated : cudaErrorStreamCaptureUnjoined);
   }
   if (tracing())
     fprintf(stderr, "cuda-fake: captured a graph of %zu operations\n", ops->size());
