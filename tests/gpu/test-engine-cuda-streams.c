@@ -66,72 +66,77 @@ static pb_t conv_model(void) {
   return model(&g, 17);
 }
 
-static void a_new_shape_after_the_callers_stream_is_gone(void **state) {
-  (void)state;
-  pb_t pm = conv_model();
+/* The model loaded on cuda:0, a caller's stream, device input and output
+ * for a batch of 1. */
+typedef struct conv_case {
+  pb_t pm;
+  spn_engine_t *eng;
+  spn_model_t *m;
+  cudaStream_t st; /* NULL once the test destroyed it */
+  void *dx, *dy;
+  spn_tensor_t din, dout;
+} conv_case_t;
 
+static void conv_case_open(conv_case_t *c) {
+  memset(c, 0, sizeof *c);
+  c->pm = conv_model();
   spn_engine_opts_t o = SPN_ENGINE_OPTS_INIT;
-  spn_engine_t *eng = NULL;
   spn_error_t err = SPN_ERROR_INIT;
-  assert_int_equal(spn_engine_new(&o, &eng, &err), SPN_OK);
+  assert_int_equal(spn_engine_new(&o, &c->eng, &err), SPN_OK);
   spn_model_opts_t mo = SPN_MODEL_OPTS_INIT;
   mo.device = "cuda:0";
   mo.fallback = "error";
-  spn_model_t *m = NULL;
-  if (spn_engine_load_memory_opts(eng, pm.p, pm.n, "t.onnx", &mo, &m, &err))
+  if (spn_engine_load_memory_opts(c->eng, c->pm.p, c->pm.n, "t.onnx", &mo, &c->m, &err))
     fail_msg("load: %s", err.msg);
+  assert_int_equal(cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking), cudaSuccess);
+  assert_int_equal(cudaMalloc(&c->dx, 50 * sizeof(float)), cudaSuccess);
+  assert_int_equal(cudaMalloc(&c->dy, 75 * sizeof(float)), cudaSuccess);
+  c->din = image(c->dx, 1);
+  c->din.device_kind = SPN_DEVICE_CUDA;
+  c->dout = (spn_tensor_t)SPN_TENSOR_INIT;
+  assert_int_equal(spn_model_output_shapes(c->m, &c->din, 1, &c->dout, 1, &err), SPN_OK);
+  c->dout.data = c->dy;
+  c->dout.device_kind = SPN_DEVICE_CUDA;
+}
 
-  cudaStream_t st;
-  assert_int_equal(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
-  void *dx = NULL, *dy = NULL;
-  assert_int_equal(cudaMalloc(&dx, 50 * sizeof(float)), cudaSuccess);
-  assert_int_equal(cudaMalloc(&dy, 75 * sizeof(float)), cudaSuccess);
-  assert_int_equal(cudaMemset(dx, 0, 50 * sizeof(float)), cudaSuccess);
-  spn_tensor_t din = image(dx, 1), dout = SPN_TENSOR_INIT;
-  din.device_kind = SPN_DEVICE_CUDA;
-  assert_int_equal(spn_model_output_shapes(m, &din, 1, &dout, 1, &err), SPN_OK);
-  dout.data = dy;
-  dout.device_kind = SPN_DEVICE_CUDA;
-  if (spn_model_run_on(m, &din, 1, &dout, 1, st, &err))
+static void conv_case_close(conv_case_t *c) {
+  spn_model_release(&c->m);
+  spn_engine_free(&c->eng);
+  if (c->st)
+    cudaStreamDestroy(c->st);
+  cudaFree(c->dx);
+  cudaFree(c->dy);
+  free(c->pm.p);
+}
+
+static void a_new_shape_after_the_callers_stream_is_gone(void **state) {
+  (void)state;
+  conv_case_t c;
+  spn_error_t err = SPN_ERROR_INIT;
+  conv_case_open(&c);
+  assert_int_equal(cudaMemset(c.dx, 0, 50 * sizeof(float)), cudaSuccess);
+  if (spn_model_run_on(c.m, &c.din, 1, &c.dout, 1, c.st, &err))
     fail_msg("run_on: %s", err.msg);
-  assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
-  assert_int_equal(cudaStreamDestroy(st), cudaSuccess);
+  assert_int_equal(cudaStreamSynchronize(c.st), cudaSuccess);
+  assert_int_equal(cudaStreamDestroy(c.st), cudaSuccess);
+  c.st = NULL;
 
   float x[100] = {0};
   spn_tensor_t hin = image(x, 2), hout = SPN_TENSOR_INIT;
-  if (spn_model_run(m, &hin, 1, &hout, 1, &err))
+  if (spn_model_run(c.m, &hin, 1, &hout, 1, &err))
     fail_msg("a new shape after the caller's stream was destroyed: %s", err.msg);
   spn_model_output_free(&hout);
-  spn_model_release(&m);
-  spn_engine_free(&eng);
-  cudaFree(dx);
-  cudaFree(dy);
-  free(pm.p);
+  conv_case_close(&c);
 }
 
 static void graphs_are_captured_off_the_callers_stream(void **state) {
   (void)state;
-  pb_t pm = conv_model();
-  spn_engine_opts_t o = SPN_ENGINE_OPTS_INIT;
-  spn_engine_t *eng = NULL;
+  conv_case_t c;
+  conv_case_open(&c);
+  spn_model_t *m = c.m;
   spn_error_t err = SPN_ERROR_INIT;
-  assert_int_equal(spn_engine_new(&o, &eng, &err), SPN_OK);
-  spn_model_opts_t mo = SPN_MODEL_OPTS_INIT;
-  mo.device = "cuda:0";
-  mo.fallback = "error";
-  spn_model_t *m = NULL;
-  if (spn_engine_load_memory_opts(eng, pm.p, pm.n, "t.onnx", &mo, &m, &err))
-    fail_msg("load: %s", err.msg);
-  cudaStream_t st;
-  assert_int_equal(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
-  void *dx = NULL, *dy = NULL;
-  assert_int_equal(cudaMalloc(&dx, 50 * sizeof(float)), cudaSuccess);
-  assert_int_equal(cudaMalloc(&dy, 75 * sizeof(float)), cudaSuccess);
-  spn_tensor_t din = image(dx, 1), dout = SPN_TENSOR_INIT;
-  din.device_kind = SPN_DEVICE_CUDA;
-  assert_int_equal(spn_model_output_shapes(m, &din, 1, &dout, 1, &err), SPN_OK);
-  dout.data = dy;
-  dout.device_kind = SPN_DEVICE_CUDA;
+  cudaStream_t st = c.st;
+  void *dx = c.dx, *dy = c.dy;
   float x[50], y1[75], y3[75];
   long long launches = spn_emu_graph_launches();
   for (int run = 1; run <= 3; run++) {
@@ -139,7 +144,7 @@ static void graphs_are_captured_off_the_callers_stream(void **state) {
     for (int i = 0; i < 50; i++)
       x[i] = (float)((i * 7 + run * 3) % 11) * 0.25f;
     assert_int_equal(cudaMemcpyAsync(dx, x, sizeof x, cudaMemcpyHostToDevice, st), cudaSuccess);
-    if (spn_model_run_on(m, &din, 1, &dout, 1, st, &err))
+    if (spn_model_run_on(m, &c.din, 1, &c.dout, 1, st, &err))
       fail_msg("run %d: %s", run, err.msg);
     assert_int_equal(cudaMemcpyAsync(run == 1 ? y1 : y3, dy, sizeof y1, cudaMemcpyDeviceToHost, st), cudaSuccess);
     assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
@@ -158,12 +163,7 @@ static void graphs_are_captured_off_the_callers_stream(void **state) {
   }
   assert_true(differs); /* the replay did not return run 1's result */
   spn_model_output_free(&hout);
-  spn_model_release(&m);
-  spn_engine_free(&eng);
-  cudaStreamDestroy(st);
-  cudaFree(dx);
-  cudaFree(dy);
-  free(pm.p);
+  conv_case_close(&c);
 }
 
 int main(void) {
