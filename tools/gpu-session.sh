@@ -14,11 +14,15 @@
 #   TN      the pipeline and stage tests again with SPINDLE_CUDA_NHWC=1 (40)
 #   TP      each pipeline benchmark run (90), PIPES (enhance lipsync) at
 #           SIZES (720), FRAMES frames (0: the whole clip), PNHWC the
-#           SPINDLE_CUDA_NHWC of Spindle's runs (default: unset)
+#           SPINDLE_CUDA_NHWC of Spindle's runs (default: unset); the
+#           pipelines in CMPDT (lipsync) run again with
+#           SPINDLE_DEVICE_THREADS=device (one thread and stream for every
+#           stage on the GPU) to compare with the default (one per stage)
 #   TE      the engine benchmark (170), ONLY its configurations (all), SV
 #           its Spindle variants (fp16,fp16-nhwc)
 # Files under $OUT: session.txt (every step's summary), suite.txt,
-# suite-nhwc.txt, logs.tgz (each test's log), engine.txt, pgb-*.json.
+# suite-nhwc.txt, logs.tgz (each test's log), engine.txt, pgb-*.json
+# (pgb-P-SIZE-device.json: the CMPDT runs).
 set -u
 export PYTHONUNBUFFERED=1
 root=$PWD; b=$root/.bench
@@ -49,13 +53,18 @@ if [ "${TP:-90}" != 0 ]; then
   for size in ${SIZES:-720}; do
     c=/tmp/clips-$size; mkdir -p $c
     ln -sf "$b"/clips/speech.wav "$b"/clips/talking-head-${size}p.mp4 $c/
-    for p in ${PIPES:-enhance lipsync}; do
-      say "pipeline $p ${size}p"
+    runs=""
+    for p in ${PIPES:-enhance lipsync}; do runs="$runs $p:stage"; done
+    for p in ${CMPDT-lipsync}; do runs="$runs $p:device"; done
+    for r in $runs; do
+      p=${r%%:*}; dt=${r#*:}; tag=$p-$size; [ "$dt" = device ] && tag=$tag-device
+      say "pipeline $p ${size}p, SPINDLE_DEVICE_THREADS=$dt"
       extra=""; [ "$p" = enhance ] && extra=--gpu-decode-both
-      ${PNHWC:+env SPINDLE_CUDA_NHWC=$PNHWC} timeout "${TP:-90}" python3 tests/bench/pipeline-gpu-bench.py \
-        --build "$SPN_GPU_BUILD" --clips $c --devices cuda --pipelines $p --frames "${FRAMES:-0}" --repeat 2 $extra \
-        --out "$O/pgb-$p-$size.json" --workdir /tmp/pgb/$p-$size >/tmp/pgb-$p-$size.txt 2>&1
-      say "exit $?"; grep -v "UserWarning\|x = x\[pos" /tmp/pgb-$p-$size.txt >>"$O/session.txt"
+      env SPINDLE_DEVICE_THREADS=$dt ${PNHWC:+SPINDLE_CUDA_NHWC=$PNHWC} timeout "${TP:-90}" \
+        python3 tests/bench/pipeline-gpu-bench.py --build "$SPN_GPU_BUILD" --clips $c --devices cuda --pipelines $p \
+        --frames "${FRAMES:-0}" --repeat 2 $extra --out "$O/pgb-$tag.json" --workdir /tmp/pgb/$tag \
+        >/tmp/pgb-$tag.txt 2>&1
+      say "exit $?"; grep -v "UserWarning\|x = x\[pos" /tmp/pgb-$tag.txt >>"$O/session.txt"
     done
   done
 fi

@@ -141,7 +141,8 @@ static bool run_cmd(spn__executor_t *ex, spn__cmd_t *c) {
 
 static void *executor_main(void *arg) {
   spn__executor_t *ex = arg;
-  /* The device's stream belongs to the thread that owns the device. */
+  /* A device executor's stream belongs to its thread (the device's, or one
+   * stage instance's). */
   if (ex->device) {
     spn_error_t err = SPN_ERROR_INIT;
     if (spn_stream_new(ex->device, &ex->stream, &err) != SPN_OK)
@@ -203,12 +204,14 @@ static void *executor_main(void *arg) {
 }
 
 int32_t spn__executor_start(spn_runtime_t *rt, spn__executor_t *ex, uint32_t index, spn_device_t *dev,
-                            spn_error_t *err) {
+                            const char *name, spn_error_t *err) {
   memset(ex, 0, sizeof *ex);
   ex->rt = rt;
   ex->index = index;
   ex->device = dev;
-  if (dev)
+  if (name)
+    snprintf(ex->name, sizeof ex->name, "%.63s", name);
+  else if (dev)
     snprintf(ex->name, sizeof ex->name, "%.63s", dev->name);
   else
     snprintf(ex->name, sizeof ex->name, "cpu-pool-%u", index);

@@ -200,6 +200,10 @@ static void pipeline_release(spn_pipeline_t *pipe) {
     spn_stage_t *a = pipe->actors[i];
     if (!a)
       continue;
+    if (a->own_ex) { /* its actor is destroyed (or was never created) */
+      spn__executor_stop(a->own_ex);
+      free(a->own_ex);
+    }
     for (uint32_t p = 0; p < a->n_out; p++) {
       for (uint32_t e = 0; e < a->out[p].n_edges; e++) {
         free(a->out[p].edges[e].links);
@@ -337,15 +341,32 @@ int32_t spn__pipeline_new_from_spec(spn_runtime_t *rt, spn__pipeline_spec_t *spe
       a->device = dv[r];
       a->dev_slot = device_slot(rt, dv[r]);
       snprintf(a->device_name, sizeof a->device_name, "%.63s", dv[r] ? dv[r]->name : "cpu");
+      pipe->actors[total++] = a;
+      pipe->n_actors = total;
+      srt->replicas[r] = a;
+      if (dv[r] && rt->stage_threads) {
+        /* Its own thread and stream on the device (spn_device_threads_t). */
+        char name[64];
+        snprintf(name, sizeof name, "%.30s %.20s#%u", dv[r]->name, srt->spec->name, r);
+        a->own_ex = calloc(1, sizeof *a->own_ex);
+        if (!a->own_ex) {
+          rc = spn_error_set(err, SPN_ENOMEM, "out of memory creating stage \"%s\"", srt->spec->name);
+          break;
+        }
+        if ((rc = spn__executor_start(rt, a->own_ex, a->index, dv[r], name, err)) != SPN_OK) {
+          free(a->own_ex);
+          a->own_ex = NULL;
+          spn_error_prefix(err, "stage \"%s\" on %s", srt->spec->name, dv[r]->name);
+          break;
+        }
+        a->ex = a->own_ex;
+      }
       a->is_source = srt->kind->n_inputs == 0;
       a->n_in = srt->kind->n_inputs;
       a->n_out = srt->kind->n_outputs;
       a->out = calloc(a->n_out ? a->n_out : 1, sizeof *a->out);
       a->links_in = calloc(a->n_in ? a->n_in : 1, sizeof *a->links_in);
       a->reorder = calloc(a->n_in ? a->n_in : 1, sizeof *a->reorder);
-      pipe->actors[total++] = a;
-      pipe->n_actors = total;
-      srt->replicas[r] = a;
       if (!a->out || !a->links_in || !a->reorder)
         rc = spn_error_set(err, SPN_ENOMEM, "out of memory creating stage \"%s\"", srt->spec->name);
       else

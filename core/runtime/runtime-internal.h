@@ -234,6 +234,7 @@ struct spn_stage {
   uint32_t replica;          /* const */
   uint32_t index;            /* in pipe->actors */
   spn__executor_t *ex;       /* const */
+  spn__executor_t *own_ex;   /* const; its own thread on its device (rt->stage_threads), else NULL */
   spn_device_t *device;      /* const; NULL = CPU pool (host memory) */
   int32_t dev_slot;          /* const; index of device in rt->devices, -1 = CPU pool */
   char device_name[64];
@@ -312,8 +313,9 @@ struct spn__executor {
   uint32_t n_actors, cap_actors;
 };
 
+/* name: NULL for the device's (or the pool thread's) own. */
 int32_t spn__executor_start(spn_runtime_t *rt, spn__executor_t *ex, uint32_t index, spn_device_t *dev,
-                            spn_error_t *err);
+                            const char *name, spn_error_t *err);
 void spn__executor_stop(spn__executor_t *ex);
 /* Queue a command (takes ownership of cmd). Thread: any. */
 void spn__executor_post(spn__executor_t *ex, spn__cmd_t *cmd);
@@ -403,7 +405,8 @@ struct spn_runtime {
   spn_device_t *host_dev;
   spn__executor_t *pool; /* CPU pool */
   uint32_t n_pool;
-  spn__executor_t *dev_ex; /* one per device */
+  spn__executor_t *dev_ex; /* one per device (the instances' with device_threads DEVICE) */
+  bool stage_threads;      /* device_threads resolved: each instance on a device has its own (const) */
   atomic_uint pool_rr;
   void *zctx;
   spn__registry_t *reg;

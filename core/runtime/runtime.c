@@ -442,6 +442,23 @@ int32_t spn_runtime_new(const spn_runtime_opts_t *opts_in, spn_runtime_t **out, 
         goto out_rt;
       }
   }
+  int32_t dt = opts.device_threads;
+  const char *dt_env = getenv("SPINDLE_DEVICE_THREADS");
+  if (dt == SPN_DEVICE_THREADS_AUTO && dt_env && *dt_env) {
+    if (!strcmp(dt_env, "stage"))
+      dt = SPN_DEVICE_THREADS_STAGE;
+    else if (!strcmp(dt_env, "device"))
+      dt = SPN_DEVICE_THREADS_DEVICE;
+    else {
+      rc = spn_error_set(err, SPN_ECONFIG, "SPINDLE_DEVICE_THREADS=\"%.100s\": expected \"stage\" (a thread and a "
+                         "stream per stage instance on a device) or \"device\" (one per device)", dt_env);
+      goto out_rt;
+    }
+  } else if (dt != SPN_DEVICE_THREADS_AUTO && dt != SPN_DEVICE_THREADS_STAGE && dt != SPN_DEVICE_THREADS_DEVICE) {
+    rc = spn_error_set(err, SPN_EINVAL, "runtime options: device_threads %d is not one of spn_device_threads_t", (int)dt);
+    goto out_rt;
+  }
+  rt->stage_threads = dt != SPN_DEVICE_THREADS_DEVICE;
   rt->devices_spec = strdup(opts.devices ? opts.devices : "auto");
   rt->edge_capacity = opts.edge_capacity ? opts.edge_capacity : 256;
   atomic_init(&rt->next_job_id, 1);
@@ -507,10 +524,10 @@ int32_t spn_runtime_new(const spn_runtime_opts_t *opts_in, spn_runtime_t **out, 
   for (uint32_t i = 0; i < rt->n_devices; i++)
     rt->dev_ex[i].efd = -1;
   for (uint32_t i = 0; i < rt->n_pool; i++)
-    if ((rc = spn__executor_start(rt, &rt->pool[i], i, NULL, err)) != SPN_OK)
+    if ((rc = spn__executor_start(rt, &rt->pool[i], i, NULL, NULL, err)) != SPN_OK)
       goto out_ex;
   for (uint32_t i = 0; i < rt->n_devices; i++)
-    if ((rc = spn__executor_start(rt, &rt->dev_ex[i], i, rt->devices[i], err)) != SPN_OK)
+    if ((rc = spn__executor_start(rt, &rt->dev_ex[i], i, rt->devices[i], NULL, err)) != SPN_OK)
       goto out_ex;
   /* The loop. */
   if (uv_loop_init(&rt->loop) != 0) {
@@ -629,7 +646,13 @@ bool spn__runtime_own_thread(const spn_runtime_t *rt) {
   for (uint32_t i = 0; i < rt->n_devices; i++)
     if (pthread_equal(self, rt->dev_ex[i].thread))
       return true;
-  return false;
+  bool own = false;
+  pthread_mutex_lock((pthread_mutex_t *)&rt->pmu);
+  for (const spn_pipeline_t *p = rt->pipes; p && !own; p = p->next)
+    for (uint32_t i = 0; i < p->n_actors && !own; i++)
+      own = p->actors[i]->own_ex && pthread_equal(self, p->actors[i]->own_ex->thread);
+  pthread_mutex_unlock((pthread_mutex_t *)&rt->pmu);
+  return own;
 }
 
 spn_device_t *spn__runtime_device(spn_runtime_t *rt, uint32_t i) { return i < rt->n_devices ? rt->devices[i] : NULL; }

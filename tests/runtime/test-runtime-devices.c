@@ -10,9 +10,13 @@
  *     to the others and the jobs finish complete (a restarted attempt), no
  *     frame is processed there afterwards, a harmless XID changes nothing,
  *     and with every device drained a job fails instead of looping;
- *   - device-seconds: a job's time on devices is summed, CPU stages are not.
+ *   - device-seconds: a job's time on devices is summed, CPU stages are not;
+ *   - threads on a device: two stages on one device each have their own
+ *     thread (a stage that waits does not hold the other), or share the
+ *     device's with SPINDLE_DEVICE_THREADS=device; a bad value is refused.
  */
 #include <dlfcn.h>
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -503,6 +507,178 @@ static void test_device_seconds_sum_device_stages(void **st) {
   spn_runtime_free(&rt);
 }
 
+/* ---- threads on a device ----------------------------------------------------------- */
+
+/* Two chains side by side, src -> gate -> sink and src2 -> probe, gate and
+ * probe both on cpu:0. gate, handed its first frame, waits until probe has
+ * seen one (or the timeout); which thread each ran on is kept. */
+typedef struct th_world {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool probe_saw, gate_timed_out, gate_waited;
+  pthread_t gate_thread, probe_thread;
+  int timeout_ms;
+} th_world_t;
+
+typedef struct th_cfg {
+  const spn_host_api_t *host;
+  th_world_t *w;
+} th_cfg_t;
+
+static int32_t th_create(spn_stage_t *s, const void *config, void **state, spn_error_t *err) {
+  (void)s, (void)err;
+  *state = (void *)config; /* the test's, outlives the pipeline */
+  return SPN_OK;
+}
+
+static int32_t th_gate_process(spn_stage_t *s, void *state, spn_msg_t **msgs, void **job_states, size_t n,
+                               spn_error_t *err) {
+  (void)job_states;
+  th_cfg_t *c = state;
+  th_world_t *w = c->w;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t seq = c->host->msg_envelope(msgs[i])->seq;
+    pthread_mutex_lock(&w->mu);
+    w->gate_thread = pthread_self();
+    if (seq == 0) {
+      struct timespec until;
+      clock_gettime(CLOCK_REALTIME, &until);
+      until.tv_sec += w->timeout_ms / 1000;
+      until.tv_nsec += (long)(w->timeout_ms % 1000) * 1000000L;
+      if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+      }
+      w->gate_waited = true;
+      while (!w->probe_saw && !w->gate_timed_out)
+        if (pthread_cond_timedwait(&w->cv, &w->mu, &until) == ETIMEDOUT)
+          w->gate_timed_out = true;
+    }
+    pthread_mutex_unlock(&w->mu);
+    int32_t rc = c->host->emit(s, 0, &msgs[i], err);
+    if (rc != SPN_OK)
+      return rc;
+  }
+  return SPN_OK;
+}
+
+static int32_t th_probe_process(spn_stage_t *s, void *state, spn_msg_t **msgs, void **job_states, size_t n,
+                                spn_error_t *err) {
+  (void)s, (void)msgs, (void)job_states, (void)n, (void)err;
+  th_world_t *w = ((th_cfg_t *)state)->w;
+  pthread_mutex_lock(&w->mu);
+  w->probe_thread = pthread_self();
+  w->probe_saw = true;
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  return SPN_OK;
+}
+
+static void th_destroy(spn_stage_t *s, void *state) { (void)s, (void)state; }
+
+static const spn_stage_kind_t th_kind_gate = {
+    .struct_size = sizeof(spn_stage_kind_t), .name = "test_gate", .config_size = sizeof(th_cfg_t),
+    .inputs = rt_any_port, .n_inputs = 1, .n_outputs = 1, .outputs = rt_any_port,
+    .device_need = SPN_NEED_EITHER, .max_batch = 1, .create = th_create, .process = th_gate_process,
+    .destroy = th_destroy};
+static const spn_stage_kind_t th_kind_probe = {
+    .struct_size = sizeof(spn_stage_kind_t), .name = "test_probe", .config_size = sizeof(th_cfg_t),
+    .inputs = rt_any_port, .n_inputs = 1,
+    .device_need = SPN_NEED_EITHER, .max_batch = 1, .create = th_create, .process = th_probe_process,
+    .destroy = th_destroy};
+
+/* src -> gate -> sink and src2 -> probe, 5 frames a source; src, src2 and
+ * sink on the pool, gate and probe on cpu:0. */
+static void th_run(int32_t device_threads, int timeout_ms, th_world_t *w) {
+  memset(w, 0, sizeof *w);
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->cv, NULL);
+  w->timeout_ms = timeout_ms;
+  spn_runtime_opts_t o = SPN_RUNTIME_OPTS_INIT;
+  o.devices = "cpu:1";
+  o.cpu_threads = 2;
+  o.log_level = SPN_LOG_ERROR + 1;
+  o.device_threads = device_threads;
+  spn_runtime_t *rt = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_runtime_new(&o, &rt, &err) != SPN_OK)
+    fail_msg("spn_runtime_new: %s", err.msg);
+  const spn_host_api_t *h = spn__runtime_host_api(rt);
+  th_cfg_t gate = {.host = h, .w = w}, probe = {.host = h, .w = w};
+  rt_col_t col;
+  rt_col_init(&col);
+  rt_spec_t b;
+  rt_spec_init(&b, "threads");
+  rt_cfg_t *src = rt_spec_stage(&b, "src", &rt_kind_src, h);
+  src->col = &col;
+  src->count = 5;
+  rt_spec_stage(&b, "gate", &th_kind_gate, h);
+  b.stages[1].config = &gate;
+  b.stages[1].device = (char *)"cpu:0";
+  rt_spec_stage(&b, "sink", &rt_kind_sink, h)->col = &col;
+  rt_spec_stage(&b, "src2", &rt_kind_src, h)->count = 5;
+  rt_spec_stage(&b, "probe", &th_kind_probe, h);
+  b.stages[4].config = &probe;
+  b.stages[4].device = (char *)"cpu:0";
+  rt_spec_edge(&b, 0, 1);
+  rt_spec_edge(&b, 1, 2);
+  rt_spec_edge(&b, 3, 4);
+  spn_pipeline_t *pipe = NULL;
+  if (spn__pipeline_new_from_spec(rt, &b.spec, false, &pipe, &err) != SPN_OK)
+    fail_msg("pipeline: %s", err.msg);
+  rt_done_t d;
+  spn_job_callbacks_t cb = rt_callbacks(&d);
+  spn_job_t *job = NULL;
+  assert_int_equal(spn_job_start(pipe, NULL, &cb, &job, &err), SPN_OK);
+  assert_int_equal(spn_job_wait(job, NULL), SPN_OK);
+  char why[256] = "";
+  if (!rt_col_check(&col, spn_job_id(job), 5, why, sizeof why)) /* every frame, either way */
+    fail_msg("%s", why);
+  spn_job_free(&job);
+  spn_pipeline_free(&pipe);
+  rt_col_free(&col);
+  spn_runtime_free(&rt);
+  pthread_mutex_destroy(&w->mu);
+  pthread_cond_destroy(&w->cv);
+}
+
+static void test_stages_on_a_device_have_their_own_threads(void **st) {
+  (void)st;
+  th_world_t w;
+  /* The default: probe runs while gate waits, on another thread. */
+  th_run(SPN_DEVICE_THREADS_AUTO, 20000, &w);
+  assert_true(w.gate_waited);
+  assert_false(w.gate_timed_out);
+  assert_false(pthread_equal(w.gate_thread, w.probe_thread));
+  /* One thread per device: gate's wait holds probe, which sees nothing
+   * until the wait times out (what the default avoids). */
+  th_run(SPN_DEVICE_THREADS_DEVICE, 300, &w);
+  assert_true(w.gate_waited);
+  assert_true(w.gate_timed_out);
+  assert_true(pthread_equal(w.gate_thread, w.probe_thread));
+  /* The environment chooses when the options leave it to it. */
+  setenv("SPINDLE_DEVICE_THREADS", "device", 1);
+  th_run(SPN_DEVICE_THREADS_AUTO, 300, &w);
+  assert_true(w.gate_timed_out);
+  setenv("SPINDLE_DEVICE_THREADS", "stage", 1);
+  th_run(SPN_DEVICE_THREADS_AUTO, 20000, &w);
+  assert_false(w.gate_timed_out);
+  /* A value it does not know is refused, naming the variable. */
+  setenv("SPINDLE_DEVICE_THREADS", "gpu", 1);
+  spn_runtime_opts_t o = SPN_RUNTIME_OPTS_INIT;
+  o.devices = "cpu:1";
+  o.log_level = SPN_LOG_ERROR + 1;
+  spn_runtime_t *rt = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_runtime_new(&o, &rt, &err), SPN_ECONFIG);
+  assert_null(rt);
+  assert_non_null(strstr(err.msg, "SPINDLE_DEVICE_THREADS=\"gpu\""));
+  unsetenv("SPINDLE_DEVICE_THREADS");
+  o.device_threads = 7;
+  assert_int_equal(spn_runtime_new(&o, &rt, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "device_threads 7"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fanout_reorders_overtaken_frames),
@@ -511,6 +687,7 @@ int main(void) {
       cmocka_unit_test(test_fatal_xid_moves_chain_work),
       cmocka_unit_test(test_wire_pipeline_fails_instead_of_restarting),
       cmocka_unit_test(test_device_seconds_sum_device_stages),
+      cmocka_unit_test(test_stages_on_a_device_have_their_own_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -434,11 +434,15 @@ static void test_replicated_source(void **st) {
       fail_msg("%s", why);
     spn_job_free(&jobs[i]);
   }
-  /* 4 jobs x (1 source replica + the 2 pass replicas of its device + sink)
-   * opened and closed: chain per device keeps each job on the device of the
-   * source replica that generated it, spread over that device's replicas. */
-  assert_int_equal(atomic_load(&col.opens), 16);
-  assert_int_equal(atomic_load(&col.closes_ok), 16);
+  /* Each job opened and closed on its source replica, the sink, and the
+   * pass replicas of its device that got any of its frames: one or both
+   * (emit's round-robin runs over every job a source interleaves, so two
+   * jobs alternating frame by frame can each stay on one replica). Chain
+   * per device keeps each job on the device of the source replica that
+   * generated it (below). */
+  int opens = atomic_load(&col.opens);
+  assert_in_range(opens, 12, 16);
+  assert_int_equal(atomic_load(&col.closes_ok), opens);
   pthread_mutex_lock(&col.mu);
   for (uint64_t j = 60; j < 64; j++)
     assert_int_equal(rt_col_job(&col, j)->dev_mask, 1u << (j % 2));

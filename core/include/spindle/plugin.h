@@ -362,7 +362,10 @@ typedef struct spn_host_api {
    * written). Thread: any. */
   void (*stage_get_device)(spn_stage_t *stage, int32_t *kind, int32_t *index);
   /* The stream the instance's GPU work goes on (a cudaStream_t), or NULL on
-   * CPU. Ownership: borrowed, the runtime's, for the instance's life.
+   * CPU: the instance's own (another instance's work may run beside it;
+   * device buffers it emits carry buffer_set_ready's event for that). With
+   * SPINDLE_DEVICE_THREADS=device, one stream shared by every instance on
+   * the device. Ownership: borrowed, the runtime's, for the instance's life.
    * Thread: any; queue work on it from the stage's callbacks. */
   void *(*stage_get_stream)(spn_stage_t *stage);
   /* Thread count a CPU stage may use for its kernels. Ownership: none.

@@ -4,7 +4,8 @@
  * (Stage plugins use spindle/plugin.h only.)
  *
  * A runtime owns the control loop thread (libuv), the executors (a CPU worker
- * pool and one thread per device), the plugin registry and the model engine.
+ * pool, and a thread per stage instance placed on a device: spn_device_threads_t),
+ * the plugin registry and the model engine.
  * There is no process-wide state: any number of runtimes may live in one
  * process, and any number of pipelines in one runtime.
  */
@@ -49,7 +50,24 @@ typedef struct spn_runtime_opts {
   int log_fd;                  /* where logs go; -1 = stderr */
   /* Edge capacity (messages in flight per edge) unless a config says. */
   uint32_t edge_capacity;
+  /* Threads on a device (a GPU, or an emulated cpu:N one): spn_device_threads_t.
+   * SPN_DEVICE_THREADS_AUTO: $SPINDLE_DEVICE_THREADS ("stage" or "device"),
+   * else per stage. */
+  int32_t device_threads;
 } spn_runtime_opts_t;
+
+/* How stage instances placed on a device get threads and streams:
+ *  - STAGE (the default): each instance has its own executor thread and its
+ *    own stream on the device, so one stage's host work and waits (a
+ *    decoder's, a download's) do not hold the others, and their GPU work
+ *    overlaps; device buffers cross between them with readiness events.
+ *  - DEVICE: every instance on the device shares the device's one thread
+ *    and stream (Spindle's first placement; kept for comparison). */
+typedef enum spn_device_threads {
+  SPN_DEVICE_THREADS_AUTO = 0,
+  SPN_DEVICE_THREADS_STAGE = 1,
+  SPN_DEVICE_THREADS_DEVICE = 2,
+} spn_device_threads_t;
 
 #define SPN_RUNTIME_OPTS_INIT {.struct_size = sizeof(spn_runtime_opts_t), .log_level = SPN_LOG_INFO, .log_fd = -1}
 
