@@ -1065,6 +1065,27 @@ int32_t spn__host_emit(spn_stage_t *a, uint32_t port, spn_msg_t **msgp, spn_erro
   }
   m->env.flags &= ~(uint32_t)SPN_MSG_EOS; /* EOS is the runtime's to send */
   m->attempt = aj->attempt;
+  /* A buffer of this device (device or pinned memory) emitted without a
+   * readiness event: whatever the stage queued on its stream before emit
+   * may still be writing it, and the consumer runs on another stream (its
+   * own thread and stream, spn_device_threads_t). buffer_set_ready is the
+   * stage's to call; where it did not, mark the buffer ready here, after
+   * all the stage queued so far, so a consumer waits for it either way. */
+  if (a->ex->stream && a->device)
+    for (uint32_t i = 0; i < m->n_items; i++) {
+      spn_buffer_t *b = m->items[i].buffer;
+      if (m->items[i].kind == SPN_ITEM_TENSOR && b && !b->ready && b->bt->device == a->device &&
+          b->bt->mem_kind != SPN_MEM_HOST) {
+        spn_error_t e = SPN_ERROR_INIT;
+        if (spn_buffer_set_ready(b, a->ex->stream, &e) != SPN_OK) {
+          int32_t rc = spn_error_set(err, SPN_EDEVICE, "stage \"%s\": job %llu: marking \"%s\" ready on %s: %.800s",
+                                     aname(a), (unsigned long long)m->env.job_id,
+                                     m->items[i].name ? m->items[i].name : "", a->device->name, e.msg);
+          spn__msg_free(&m);
+          return rc;
+        }
+      }
+    }
   send_port(a, port, m, true, false, aj);
   return SPN_OK;
 }

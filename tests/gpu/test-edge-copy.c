@@ -4,7 +4,12 @@
  * readiness event (the sink sees the source's bytes); a host source feeding
  * a sink that takes device memory is copied host-to-device once per message
  * and the sink reads the bytes back from the GPU. With two GPUs or more the
- * same runs across them (peer copies: device-to-device counters). */
+ * same runs across them (peer copies: device-to-device counters). On one
+ * GPU, a source that writes device memory on its stream and emits it
+ * without buffer_set_ready still reaches a sink on the same GPU (its own
+ * thread and stream) with its bytes: the runtime marks the buffer ready at
+ * emit (on the fake GPU's lazy streams, SPN_EMU_CUDA_LAZY, the sink would
+ * otherwise read memory the source's stream has not written yet). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -47,18 +52,30 @@ static int32_t s_open(spn_stage_t *s, void *st, const spn_job_info_t *job, void 
 }
 static void s_close(spn_stage_t *s, void *st, void *js, bool ok) { free(js); }
 
+/* A frame's bytes: never 0, which fresh memory holds. */
+static int pattern(uint64_t seq) { return (int)((seq * 37 + 11) & 0xff); }
+
+/* kind SPN_MEM_DEVICE + 100: device memory set on the stage's stream, no
+ * buffer_set_ready (a plugin that forgot it). */
 static int32_t gen(spn_stage_t *s, void *js, int32_t kind, spn_error_t *e) {
   sjob_t *j = js;
   const spn_host_api_t *h = g_host;
   if (j->next == j->n)
     return SPN_EOS;
+  bool unready = kind == SPN_MEM_DEVICE + 100;
+  if (unready)
+    kind = SPN_MEM_DEVICE;
   spn_buffer_t *buf = NULL;
   int32_t rc = h->buffer_new_kind(s, FRAME_BYTES, kind, &buf, e);
   if (rc != SPN_OK)
     return rc;
   uint8_t *pat = malloc(FRAME_BYTES);
-  memset(pat, (int)(j->next & 0xff), FRAME_BYTES);
-  if (kind == SPN_MEM_DEVICE) {
+  memset(pat, pattern((uint64_t)j->next), FRAME_BYTES);
+  if (unready) {
+    if (cudaMemsetAsync(h->buffer_data(buf), pattern((uint64_t)j->next), FRAME_BYTES,
+                        (cudaStream_t)h->stage_get_stream(s)) != cudaSuccess)
+      rc = spn_error_set(e, SPN_EDEVICE, "cudaMemsetAsync failed");
+  } else if (kind == SPN_MEM_DEVICE) {
     /* Device memory is written on the stage's stream, then marked ready. */
     if (cudaMemcpyAsync(h->buffer_data(buf), pat, FRAME_BYTES, cudaMemcpyHostToDevice,
                         (cudaStream_t)h->stage_get_stream(s)) != cudaSuccess)
@@ -90,6 +107,9 @@ static int32_t gen(spn_stage_t *s, void *js, int32_t kind, spn_error_t *e) {
 
 static int32_t gsrc_gen(spn_stage_t *s, void *st, void *js, spn_error_t *e) { return gen(s, js, SPN_MEM_DEVICE, e); }
 static int32_t hsrc_gen(spn_stage_t *s, void *st, void *js, spn_error_t *e) { return gen(s, js, SPN_MEM_HOST, e); }
+static int32_t usrc_gen(spn_stage_t *s, void *st, void *js, spn_error_t *e) {
+  return gen(s, js, SPN_MEM_DEVICE + 100, e);
+}
 
 static void check(spn_stage_t *s, spn_msg_t *m, int32_t want_kind) {
   const spn_host_api_t *h = g_host;
@@ -112,7 +132,7 @@ static void check(spn_stage_t *s, spn_msg_t *m, int32_t want_kind) {
   } else {
     memcpy(p, h->buffer_data(it.buffer), FRAME_BYTES);
   }
-  uint8_t v = (uint8_t)(h->msg_envelope(m)->seq & 0xff);
+  uint8_t v = (uint8_t)pattern(h->msg_envelope(m)->seq);
   bool ok = true;
   for (size_t k = 0; ok && k < FRAME_BYTES; k++)
     ok = p[k] == v;
@@ -134,7 +154,7 @@ static int32_t gsink_proc(spn_stage_t *s, void *st, spn_msg_t **m, void **js, si
 static const spn_port_t out[] = {{"out", "any"}};
 static const spn_port_t in[] = {{"in", "any"}};
 static const spn_port_caps_t dev_caps[] = {{.struct_size = sizeof(spn_port_caps_t), .mem_kinds = SPN_MEMSET_DEVICE}};
-static spn_stage_kind_t k_gsrc, k_hsrc, k_hsink, k_gsink;
+static spn_stage_kind_t k_gsrc, k_hsrc, k_hsink, k_gsink, k_usrc;
 
 static void init_kinds(void) {
   spn_stage_kind_t b = SPN_STAGE_KIND_INIT;
@@ -149,6 +169,9 @@ static void init_kinds(void) {
   k_gsrc.job_close = s_close;
   k_gsrc.generate = gsrc_gen;
   k_gsrc.output_caps = dev_caps;
+  k_usrc = k_gsrc;
+  k_usrc.name = "usrc";
+  k_usrc.generate = usrc_gen;
   k_hsrc = k_gsrc;
   k_hsrc.name = "hsrc";
   k_hsrc.device_need = SPN_NEED_CPU;
@@ -177,8 +200,8 @@ static void run(const char *toml, int64_t frames, spn_edge_stats_t *st) {
   g_host = spn__runtime_host_api(rt);
   atomic_store(&g_ok, 0);
   atomic_store(&g_bad, 0);
-  const spn_stage_kind_t *all[] = {&k_gsrc, &k_hsrc, &k_hsink, &k_gsink};
-  for (size_t i = 0; i < 4; i++)
+  const spn_stage_kind_t *all[] = {&k_gsrc, &k_hsrc, &k_hsink, &k_gsink, &k_usrc};
+  for (size_t i = 0; i < 5; i++)
     if (spn__registry_add_kind(rt->reg, all[i], "test", &err) != SPN_OK)
       fail_msg("kind: %s", err.msg);
   spn_pipeline_t *pipe = NULL;
@@ -227,6 +250,18 @@ static void host_to_device(void **state) {
   assert_int_equal(atomic_load(&g_bad), 0);
 }
 
+static void same_gpu_without_set_ready(void **state) {
+  spn_edge_stats_t st;
+  run("[[stage]]\nname = \"s\"\nkind = \"usrc\"\ninstances = { count = 1, devices = \"0\" }\n"
+      "[[stage]]\nname = \"k\"\nkind = \"gsink\"\ninputs = [\"s\"]\ninstances = { count = 1, devices = \"0\" }\n",
+      1, &st);
+  assert_int_equal(st.messages, 1);
+  assert_int_equal(st.items_passed, 1); /* handed over as it is */
+  assert_int_equal(st.copies[SPN_COPY_H2D] + st.copies[SPN_COPY_D2H] + st.copies[SPN_COPY_D2D], 0);
+  assert_int_equal(atomic_load(&g_bad), 0);
+  assert_int_equal(atomic_load(&g_ok), 1);
+}
+
 static void across_gpus(void **state) {
   if (spn_test_gpu_count() < 2)
     skip();
@@ -245,6 +280,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(device_to_host),
       cmocka_unit_test(host_to_device),
+      cmocka_unit_test(same_gpu_without_set_ready),
       cmocka_unit_test(across_gpus),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -503,7 +503,10 @@ typedef struct spn_host_api {
    * queueing the work that writes buf, before emitting it). buffer_event
    * is that event's native handle (a cudaEvent_t), NULL when the buffer is
    * complete already (always on the CPU). The runtime orders every copy
-   * and every consumer on another stream after it. Ownership: buf
+   * and every consumer on another stream after it (the next stage on the
+   * same GPU has its own stream). A buffer of the stage's GPU emitted
+   * without one is marked ready at emit, on the instance's stream.
+   * Ownership: buf
    * borrowed; the event is the buffer's. Thread: executor. */
   int32_t (*buffer_set_ready)(spn_stage_t *stage, spn_buffer_t *buf, spn_error_t *err);
   void *(*buffer_event)(const spn_buffer_t *buf);
