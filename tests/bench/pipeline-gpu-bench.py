@@ -323,6 +323,20 @@ def transfers(summary):
     return per, source
 
 
+def stage_bounds(summary):
+    """Busy ms a frame of the slowest stage and of all stages together, and
+    the frames/s each allows: with a thread per stage (the default) the
+    stages overlap and the slowest one bounds the pipeline; with
+    SPINDLE_DEVICE_THREADS=device the GPU's stages share one thread and
+    their sum does."""
+    n = summary.get("frames") or 0
+    busy = [st["busy_ms"] for st in summary.get("stages", [])]
+    if not n or not busy or max(busy) <= 0:
+        return None
+    mx, sm = max(busy) / n, sum(busy) / n
+    return {"max_ms": mx, "sum_ms": sm, "max_fps": 1000.0 / mx, "sum_fps": 1000.0 / sm}
+
+
 def bounding_stage(summary):
     s = max(summary["stages"], key=lambda s: s["busy_ms"])
     return s["name"], s["share"]
@@ -959,6 +973,13 @@ def print_report(results, a, gpu, enc_kind):
         gb, gs = g["bounding_stage"]
         print("  - GPU part: " + ", ".join(f"{st['name']} {st['busy_ms']:.0f} ms ({100 * st['share']:.0f}%)"
                                             for st in g["stages"]) + f"; bound by {gb}")
+        for label, k in (("Spindle", s), ("GPU part", g)):
+            b = stage_bounds(k)
+            if b:
+                print(f"  - {label}, busy time a frame: slowest stage {b['max_ms']:.2f} ms (at most "
+                      f"{b['max_fps']:.0f} frames/s with the stages overlapping), all stages {b['sum_ms']:.2f} ms "
+                      f"({b['sum_fps']:.0f} frames/s one after another); measured {k['frames_per_s']:.1f} "
+                      f"(SPINDLE_DEVICE_THREADS={os.environ.get('SPINDLE_DEVICE_THREADS') or 'stage'})")
         for label, k in (("Spindle", s), ("GPU part", g)):
             c = k.get("cold")
             if c:
