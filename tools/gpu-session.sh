@@ -50,6 +50,10 @@ fi
 tar czf "$O/logs.tgz" -C /tmp $(cd /tmp && ls -d spn-gpu-logs spn-gpu-logs-nhwc 2>/dev/null) 2>/dev/null
 if [ "${TP:-90}" != 0 ]; then
   export SPINDLE_MODEL_PATH=$b/models
+  # cuDNN's algorithm timings, kept across the runs of this session: each
+  # pipeline's first process times them, later ones read them (their
+  # "cold" runs then show the cache's effect)
+  export SPINDLE_CACHE_DIR=/tmp/spn-cudnn-cache
   for size in ${SIZES:-720}; do
     c=/tmp/clips-$size; mkdir -p $c
     ln -sf "$b"/clips/speech.wav "$b"/clips/talking-head-${size}p.mp4 $c/

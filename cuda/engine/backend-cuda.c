@@ -34,12 +34,25 @@
  * planner puts in the run's arena: runs allocate nothing on the device and
  * two runs on two streams never share a workspace. Out of device memory is
  * SPN_ENOMEM naming the GPU, for that model or run only.
+ *
+ * Convolution algorithms: cuDNN times every algorithm of a convolution
+ * problem the first time it is met (cudnnFind*), which runs (and loads)
+ * each candidate kernel. The choice is kept per problem (layout, type, math,
+ * shapes, padding, strides, dilation, groups), so nodes of the same shape
+ * in any model on the GPU share one timing, and in a cache file per GPU
+ * model and cuDNN version (docs/engine.md, "Algorithm cache") that later
+ * processes read at open: a worker that restarts, or a new replica, skips
+ * the timing for every problem a process met before.
  */
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -88,6 +101,8 @@ typedef struct {
   cu_graph_t *graphs; /* under lock, at most CU_MAX_GRAPHS (least recently used dropped) */
   int n_graphs;
   uint64_t graph_tick;
+  struct cu_algo *algos; /* convolution problems' chosen algorithms (timed, or read from algo_file), under lock */
+  char *algo_file;       /* the algorithm cache file; NULL: none (SPINDLE_CUDNN_CACHE=0, or no place for it) */
   bool heuristic; /* SPINDLE_CUDNN_HEURISTIC=1: cuDNN's heuristic algorithm, no timing at prepare */
   bool nhwc;      /* SPINDLE_CUDA_NHWC=1: fp16 models keep fp16 channels-last values (plan_forms) */
 } cu_ctx_t;
@@ -840,6 +855,160 @@ static bool math_ok(int prec, cudnnMathType_t mt) {
   return true;
 }
 
+/* ---- convolution algorithm cache ---- */
+
+/* One convolution problem's algorithm: its key (conv_key), the algorithm,
+ * the math type it was timed with and its workspace. */
+typedef struct cu_algo {
+  char *key;
+  int algo, math;
+  size_t ws;
+  struct cu_algo *next;
+} cu_algo_t;
+
+#define CU_ALGO_FILE_HEAD "spindle cudnn algorithms 1"
+
+static cu_algo_t *algo_find(cu_ctx_t *cx, const char *key) {
+  for (cu_algo_t *a = cx->algos; a; a = a->next)
+    if (!strcmp(a->key, key))
+      return a;
+  return NULL;
+}
+
+/* Keep (or replace) key's choice; false when out of memory. */
+static bool algo_put(cu_ctx_t *cx, const char *key, int algo, int math, size_t ws) {
+  cu_algo_t *a = algo_find(cx, key);
+  if (!a) {
+    char *k = strdup(key);
+    if (!k || !(a = calloc(1, sizeof *a))) {
+      free(k);
+      return false;
+    }
+    a->key = k;
+    a->next = cx->algos;
+    cx->algos = a;
+  }
+  a->algo = algo;
+  a->math = math;
+  a->ws = ws;
+  return true;
+}
+
+/* Append one choice to the cache file: one short line in one write() to a
+ * file opened O_APPEND, so processes sharing the file do not interleave
+ * lines. A failure only costs the next process a timing. */
+static void algo_save(cu_ctx_t *cx, const char *key, int algo, int math, size_t ws) {
+  if (!cx->algo_file)
+    return;
+  int fd = open(cx->algo_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return;
+  char line[512];
+  struct stat sb;
+  int n = 0;
+  if (fstat(fd, &sb) == 0 && sb.st_size == 0)
+    n = snprintf(line, sizeof line, "%s\n", CU_ALGO_FILE_HEAD);
+  n += snprintf(line + n, sizeof line - (size_t)n, "%s %d %d %zu\n", key, algo, math, ws);
+  if (n > 0 && (size_t)n < sizeof line) {
+    ssize_t w = write(fd, line, (size_t)n);
+    (void)w;
+  }
+  close(fd);
+}
+
+/* Make dir and its parent (the cache root may not exist yet). */
+static bool make_dirs(const char *dir) {
+  char tmp[4096];
+  if (snprintf(tmp, sizeof tmp, "%s", dir) >= (int)sizeof tmp)
+    return false;
+  for (char *p = tmp + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
+        return false;
+      *p = '/';
+    }
+  return mkdir(tmp, 0755) == 0 || errno == EEXIST;
+}
+
+/* The cache file of this GPU model and cuDNN version, read into cx->algos
+ * (lines it cannot read are skipped and counted). Where: $SPINDLE_CACHE_DIR,
+ * else $XDG_CACHE_HOME/spindle, else $HOME/.cache/spindle. None with
+ * SPINDLE_CUDNN_CACHE=0 or without a place to put it. */
+static void algos_open(cu_ctx_t *cx, const char *device) {
+  const char *off = getenv("SPINDLE_CUDNN_CACHE");
+  if (off && (!strcmp(off, "0") || !strcmp(off, "off")))
+    return;
+  char dir[4096];
+  const char *d = getenv("SPINDLE_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
+  if (d && *d)
+    snprintf(dir, sizeof dir, "%s", d);
+  else if (x && *x)
+    snprintf(dir, sizeof dir, "%s/spindle", x);
+  else if (h && *h)
+    snprintf(dir, sizeof dir, "%s/.cache/spindle", h);
+  else
+    return;
+  struct cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, cx->dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  char name[64];
+  size_t k = 0;
+  for (const char *c = prop.name; *c && k + 1 < sizeof name; c++)
+    name[k++] = (*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ? *c : '-';
+  name[k] = 0;
+  char path[4096 + 160];
+  snprintf(path, sizeof path, "%s/cudnn-algos-%s-sm%d%d-cudnn%zu.txt", dir, name, prop.major, prop.minor,
+           (size_t)cudnnGetVersion());
+  if (!make_dirs(dir) || !(cx->algo_file = strdup(path)))
+    return;
+  FILE *f = fopen(path, "re");
+  if (!f)
+    return; /* a first process: nothing yet */
+  char line[512], key[400];
+  int n = 0, bad = 0, algo, math;
+  size_t ws;
+  bool head = fgets(line, sizeof line, f) && !strncmp(line, CU_ALGO_FILE_HEAD, strlen(CU_ALGO_FILE_HEAD));
+  while (head && fgets(line, sizeof line, f)) {
+    if (sscanf(line, "%399s %d %d %zu", key, &algo, &math, &ws) == 4 && algo >= 0 && math >= 0 && ws <= CU_WS_MAX &&
+        algo_put(cx, key, algo, math, ws))
+      n++;
+    else
+      bad++;
+  }
+  fclose(f);
+  if (!head) { /* another format (or not ours): started again */
+    fprintf(stderr, "spindle engine: %s: %s is not an algorithm cache of this version: replaced\n", device, path);
+    unlink(path);
+  } else if (n || bad) {
+    fprintf(stderr, "spindle engine: %s: %d convolution algorithms from %s", device, n, path);
+    if (bad)
+      fprintf(stderr, " (lines skipped: %d)", bad);
+    fprintf(stderr, "\n");
+  }
+}
+
+static void algos_free(cu_ctx_t *cx) {
+  for (cu_algo_t *a = cx->algos, *nx; a; a = nx) {
+    nx = a->next;
+    free(a->key);
+    free(a);
+  }
+  cx->algos = NULL;
+  free(cx->algo_file);
+  cx->algo_file = NULL;
+}
+
+/* A timed choice: kept for the process, and in the file (a heuristic
+ * choice is neither: it is cheap to make again, and not a timing). */
+static void algo_keep(cu_ctx_t *cx, const char *key, int algo, int math, size_t ws) {
+  if (cx->heuristic || !algo_put(cx, key, algo, math, ws))
+    return;
+  algo_save(cx, key, algo, math, ws);
+}
+
 /* Descriptors and algorithm of node n for input x's shape, built once.
  * The algorithm is the fastest that cuDNN measures on this GPU for this
  * shape (cudnnFind*, as PyTorch's cudnn.benchmark; once per node and shape,
@@ -897,6 +1066,35 @@ static int32_t get_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, boo
   DNN(cudnnSetConvolutionGroupCount(e->conv, g), "group count");
   DNN(cudnnSetConvolutionMathType(e->conv, mt), "math type");
   DNN(cudnnSetActivationDescriptor(e->act, CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0), "activation");
+  /* The problem as cuDNN sees it: a choice made for it before (this
+   * process, or one that wrote the cache file) is taken when cuDNN still
+   * gives that algorithm a workspace (a cache from another build of the
+   * same version may not hold). */
+  char key[400];
+  snprintf(key, sizeof key,
+           "%c%d:%d:%d:x%lldx%lldx%lldx%lld:y%lldx%lldx%lldx%lld:w%lldx%lldx%lldx%lld:p%lld,%lld:s%lld,%lld:d%lld,%lld:g%d",
+           tr ? 'B' : 'F', (int)fmt, (int)dt, (int)mt, (long long)x->shape[0], (long long)xc, (long long)x->shape[2],
+           (long long)x->shape[3], (long long)y->shape[0], (long long)yc, (long long)y->shape[2],
+           (long long)y->shape[3], (long long)w0, (long long)w1, (long long)w->shape[2], (long long)w->shape[3],
+           (long long)pl[0], (long long)pl[1], (long long)st[0], (long long)st[1], (long long)dil[0],
+           (long long)dil[1], g);
+  const cu_algo_t *known = cx->heuristic ? NULL : algo_find(cx, key);
+  if (known && math_ok(prec, (cudnnMathType_t)known->math) &&
+      cudnnSetConvolutionMathType(e->conv, (cudnnMathType_t)known->math) == CUDNN_STATUS_SUCCESS) {
+    size_t ws = 0;
+    cudnnStatus_t ks = tr ? cudnnGetConvolutionBackwardDataWorkspaceSize(cx->dnn, e->w, e->x, e->conv, e->y,
+                                                                        (cudnnConvolutionBwdDataAlgo_t)known->algo, &ws)
+                          : cudnnGetConvolutionForwardWorkspaceSize(cx->dnn, e->x, e->w, e->conv, e->y,
+                                                                    (cudnnConvolutionFwdAlgo_t)known->algo, &ws);
+    if (ks == CUDNN_STATUS_SUCCESS && ws <= CU_WS_MAX) {
+      e->algo = known->algo;
+      e->ws = ws;
+      e->key[0] = x->shape[0];
+      *out = e;
+      return SPN_OK;
+    }
+    DNN(cudnnSetConvolutionMathType(e->conv, mt), "math type"); /* time them after all */
+  }
   int got = 0;
   if (!tr) {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
@@ -913,6 +1111,7 @@ static int32_t get_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, boo
     e->algo = (int)perf[pick].algo;
     e->ws = perf[pick].memory;
     DNN(cudnnSetConvolutionMathType(e->conv, perf[pick].mathType), "math type");
+    algo_keep(cx, key, e->algo, (int)perf[pick].mathType, e->ws);
   } else {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     if (cx->heuristic)
@@ -928,6 +1127,7 @@ static int32_t get_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, boo
     e->algo = (int)perf[pick].algo;
     e->ws = perf[pick].memory;
     DNN(cudnnSetConvolutionMathType(e->conv, perf[pick].mathType), "math type");
+    algo_keep(cx, key, e->algo, (int)perf[pick].mathType, e->ws);
   }
   e->key[0] = x->shape[0];
   *out = e;
@@ -1987,6 +2187,7 @@ static void cu_free(spn_backend_t *b) {
     if (cx->lt) cx->lt_api.Destroy(cx->lt);
     spn__lt_api_close(&cx->lt_api);
     if (cx->dnn) cudnnDestroy(cx->dnn);
+    algos_free(cx);
     if (cx->stream) cudaStreamDestroy(cx->stream);
     if (cx->cap_stream) cudaStreamDestroy(cx->cap_stream);
     if (cx->devs) spn__devices_free(&cx->devs, cx->n_devs);
@@ -2122,6 +2323,8 @@ static int32_t cu_open(const spn_backend_factory_t *f, int index, spn_backend_t 
   cudnnStatus_t ds;
   if (!rc && (ds = cudnnCreate(&cx->dnn)) != CUDNN_STATUS_SUCCESS)
     rc = dnn_err(err, b->device, ds, "handle");
+  if (!rc && !cx->heuristic)
+    algos_open(cx, b->device);
   if (!rc)
     rc = spn__lt_api_open(&cx->lt_api, b->device, err);
   if (!rc && cx->lt_api.Create(&cx->lt) != CUBLAS_STATUS_SUCCESS)

@@ -38,6 +38,7 @@
  * Not modelled: which algorithm real cuDNN picks, its rounding, the
  * data-type configurations it refuses (beyond FLOAT/HALF x, w, y alike).
  * Test code only. */
+#include <atomic>
 #include <math.h>
 #include <string.h>
 
@@ -582,11 +583,17 @@ static bool handle_stream_ok(cudnnHandle_t h, const char *what) {
   return false;
 }
 
+/* Test hook: the algorithm timings asked for so far (forward and
+ * backward-data searches). */
+static std::atomic<long long> finds;
+extern "C" long long spn_emu_cudnn_finds(void) { return finds.load(); }
+
 cudnnStatus_t cudnnFindConvolutionForwardAlgorithm(cudnnHandle_t h, const cudnnTensorDescriptor_t x,
                                                    const cudnnFilterDescriptor_t w,
                                                    const cudnnConvolutionDescriptor_t c,
                                                    const cudnnTensorDescriptor_t y, const int req, int *got,
                                                    cudnnConvolutionFwdAlgoPerf_t *perf) {
+  finds++;
   if (!handle_stream_ok(h, "cudnnFindConvolutionForwardAlgorithm"))
     return CUDNN_STATUS_EXECUTION_FAILED;
   return fwd_algos(c, x, w, y, req, got, perf);
@@ -640,6 +647,7 @@ cudnnStatus_t cudnnFindConvolutionBackwardDataAlgorithm(cudnnHandle_t h, const c
                                                         const cudnnConvolutionDescriptor_t c,
                                                         const cudnnTensorDescriptor_t dx, const int req, int *got,
                                                         cudnnConvolutionBwdDataAlgoPerf_t *perf) {
+  finds++;
   if (!handle_stream_ok(h, "cudnnFindConvolutionBackwardDataAlgorithm"))
     return CUDNN_STATUS_EXECUTION_FAILED;
   return bwd_algos(c, w, dy, dx, req, got, perf);
