@@ -510,12 +510,14 @@ static void test_device_seconds_sum_device_stages(void **st) {
 /* ---- threads on a device ----------------------------------------------------------- */
 
 /* Two chains side by side, src -> gate -> sink and src2 -> probe, gate and
- * probe both on cpu:0. gate, handed its first frame, waits until probe has
- * seen one (or the timeout); which thread each ran on is kept. */
+ * probe both on cpu:0; src2 sends a frame every 4 ms for 1.2 s. gate,
+ * handed its first frame, waits until probe has seen one more frame than
+ * when the wait began (or the timeout); which thread each ran on is kept. */
 typedef struct th_world {
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  bool probe_saw, gate_timed_out, gate_waited;
+  long probe_seen;
+  bool gate_timed_out, gate_waited;
   pthread_t gate_thread, probe_thread;
   int timeout_ms;
 } th_world_t;
@@ -550,7 +552,8 @@ static int32_t th_gate_process(spn_stage_t *s, void *state, spn_msg_t **msgs, vo
         until.tv_nsec -= 1000000000L;
       }
       w->gate_waited = true;
-      while (!w->probe_saw && !w->gate_timed_out)
+      long seen = w->probe_seen;
+      while (w->probe_seen == seen && !w->gate_timed_out)
         if (pthread_cond_timedwait(&w->cv, &w->mu, &until) == ETIMEDOUT)
           w->gate_timed_out = true;
     }
@@ -568,7 +571,7 @@ static int32_t th_probe_process(spn_stage_t *s, void *state, spn_msg_t **msgs, v
   th_world_t *w = ((th_cfg_t *)state)->w;
   pthread_mutex_lock(&w->mu);
   w->probe_thread = pthread_self();
-  w->probe_saw = true;
+  w->probe_seen += (long)n;
   pthread_cond_broadcast(&w->cv);
   pthread_mutex_unlock(&w->mu);
   return SPN_OK;
@@ -587,8 +590,8 @@ static const spn_stage_kind_t th_kind_probe = {
     .device_need = SPN_NEED_EITHER, .max_batch = 1, .create = th_create, .process = th_probe_process,
     .destroy = th_destroy};
 
-/* src -> gate -> sink and src2 -> probe, 5 frames a source; src, src2 and
- * sink on the pool, gate and probe on cpu:0. */
+/* src -> gate -> sink (5 frames) and src2 -> probe (300 frames, 4 ms
+ * apart); src, src2 and sink on the pool, gate and probe on cpu:0. */
 static void th_run(int32_t device_threads, int timeout_ms, th_world_t *w) {
   memset(w, 0, sizeof *w);
   pthread_mutex_init(&w->mu, NULL);
@@ -616,7 +619,9 @@ static void th_run(int32_t device_threads, int timeout_ms, th_world_t *w) {
   b.stages[1].config = &gate;
   b.stages[1].device = (char *)"cpu:0";
   rt_spec_stage(&b, "sink", &rt_kind_sink, h)->col = &col;
-  rt_spec_stage(&b, "src2", &rt_kind_src, h)->count = 5;
+  rt_cfg_t *src2 = rt_spec_stage(&b, "src2", &rt_kind_src, h);
+  src2->count = 300;
+  src2->gap_us = 4000;
   rt_spec_stage(&b, "probe", &th_kind_probe, h);
   b.stages[4].config = &probe;
   b.stages[4].device = (char *)"cpu:0";
@@ -650,8 +655,8 @@ static void test_stages_on_a_device_have_their_own_threads(void **st) {
   assert_true(w.gate_waited);
   assert_false(w.gate_timed_out);
   assert_false(pthread_equal(w.gate_thread, w.probe_thread));
-  /* One thread per device: gate's wait holds probe, which sees nothing
-   * until the wait times out (what the default avoids). */
+  /* One thread per device: gate's wait holds probe, which sees no new
+   * frame until the wait times out (what the default avoids). */
   th_run(SPN_DEVICE_THREADS_DEVICE, 300, &w);
   assert_true(w.gate_waited);
   assert_true(w.gate_timed_out);
