@@ -231,19 +231,6 @@ static int rm_rf(const char *path) {
   return unlink(path);
 }
 
-static int mkdir_p(const char *dir) {
-  char tmp[4096];
-  fmt_to(tmp, sizeof tmp, "%s", dir);
-  for (char *p = tmp + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      if (mkdir(tmp, 0755) && errno != EEXIST)
-        return -1;
-      *p = '/';
-    }
-  return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
-}
-
 static int write_all(const char *path, const uint8_t *buf, size_t n) {
   FILE *f = fopen(path, "wb");
   if (!f)
@@ -330,7 +317,7 @@ static int fetch_one(const entry_t *e, bool force) {
     printf("%s: already fetched, verified: %s\n", e->name, final);
     return 0;
   }
-  if (mkdir_p(dir)) {
+  if (spn_models_mkdir_p(dir)) {
     fprintf(stderr, "spindle model: cannot create %s: %s\n", dir, strerror(errno));
     return 1;
   }

@@ -5,6 +5,7 @@
  */
 #include "model-path.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,17 +40,49 @@ static bool is_file(const char *path) {
   return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* The user data directory for models (list entry 2). */
-static int user_dir(char *out, size_t outsz) {
-  const char *xdg = getenv("XDG_DATA_HOME"), *home = getenv("HOME");
+/* $XDG_<kind>_HOME/SUB when that variable is absolute (the XDG spec
+ * ignores a relative one), else ~/HOME_REL/SUB. */
+static int xdg_dir(char *out, size_t outsz, const char *var, const char *home_rel, const char *sub) {
+  const char *xdg = getenv(var), *home = getenv("HOME");
   int n;
   if (xdg && *xdg == '/')
-    n = snprintf(out, outsz, "%s/spindle/models", xdg);
+    n = snprintf(out, outsz, "%s/%s", xdg, sub);
   else if (home && *home)
-    n = snprintf(out, outsz, "%s/.local/share/spindle/models", home);
+    n = snprintf(out, outsz, "%s/%s/%s", home, home_rel, sub);
   else
     return -1;
   return n > 0 && (size_t)n < outsz ? 0 : -1;
+}
+
+/* The user data directory for models (list entry 2). */
+static int user_dir(char *out, size_t outsz) {
+  return xdg_dir(out, outsz, "XDG_DATA_HOME", ".local/share", "spindle/models");
+}
+
+int spn_models_cache_dir(char *out, size_t outsz) {
+  const char *env = getenv("SPINDLE_CACHE_DIR");
+  if (env && *env) {
+    int n = snprintf(out, outsz, "%s", env);
+    return n > 0 && (size_t)n < outsz ? 0 : -1;
+  }
+  return xdg_dir(out, outsz, "XDG_CACHE_HOME", ".cache", "spindle");
+}
+
+int spn_models_mkdir_p(const char *dir) {
+  char tmp[4096];
+  int n = snprintf(tmp, sizeof tmp, "%s", dir);
+  if (n <= 0 || (size_t)n >= sizeof tmp) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  for (char *p = tmp + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      if (mkdir(tmp, 0755) && errno != EEXIST)
+        return -1;
+      *p = '/';
+    }
+  return mkdir(tmp, 0755) && errno != EEXIST ? -1 : 0;
 }
 
 int spn_models_store_dir(char *out, size_t outsz, char *msg, size_t msz) {

@@ -12,14 +12,28 @@
  * `spindle model fetch` stores into the first directory of
  * $SPINDLE_MODEL_PATH when set, else into (2).
  *
- * Nothing here links libspindle (the vision plugin uses it too); no state
- * is kept between calls.
+ * Also here: Spindle's per-user cache directory (the CUDA engine's cuDNN
+ * algorithm cache) and creating a directory with its parents, for
+ * `spindle model fetch` and that cache alike.
+ *
+ * Nothing here links libspindle (the vision plugin uses it too; libspindle
+ * links it); no state is kept between calls.
  */
 #ifndef SPINDLE_MODELS_MODEL_PATH_H
 #define SPINDLE_MODELS_MODEL_PATH_H
 
 #include <stdbool.h>
 #include <stddef.h>
+
+/* Spindle's cache directory (not created): $SPINDLE_CACHE_DIR, else
+ * $XDG_CACHE_HOME/spindle (an absolute one, as the XDG spec asks), else
+ * ~/.cache/spindle. Returns 0, or -1 when none is set or it does not fit.
+ * Thread: any. */
+int spn_models_cache_dir(char *out, size_t outsz);
+
+/* Create dir and every missing parent (mode 0755). Returns 0 when it exists
+ * afterwards, -1 otherwise (errno set). Thread: any. */
+int spn_models_mkdir_p(const char *dir);
 
 /* True when s is a model name (not a path). Thread: any. */
 bool spn_models_is_name(const char *s);

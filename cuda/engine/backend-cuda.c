@@ -44,7 +44,6 @@
  * processes read at open: a worker that restarts, or a new replica, skips
  * the timing for every problem a process met before.
  */
-#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
@@ -59,6 +58,7 @@
 #include <cudnn.h>
 
 #include "../../core/engine/ops-internal.h"
+#include "../../core/models/model-path.h"
 #include "../../core/runtime/device-internal.h"
 #include "cublaslt-api.h"
 #include "engine-kernels.cuh"
@@ -857,8 +857,9 @@ static bool math_ok(int prec, cudnnMathType_t mt) {
 
 /* ---- convolution algorithm cache ---- */
 
-/* One convolution problem's algorithm: its key (conv_key), the algorithm,
- * the math type it was timed with and its workspace. */
+/* One convolution problem's algorithm: its key (the problem as text,
+ * get_conv), the algorithm, the math type it was timed with and its
+ * workspace. */
 typedef struct cu_algo {
   char *key;
   int algo, math;
@@ -916,38 +917,14 @@ static void algo_save(cu_ctx_t *cx, const char *key, int algo, int math, size_t 
   close(fd);
 }
 
-/* Make dir and its parent (the cache root may not exist yet). */
-static bool make_dirs(const char *dir) {
-  char tmp[4096];
-  if (snprintf(tmp, sizeof tmp, "%s", dir) >= (int)sizeof tmp)
-    return false;
-  for (char *p = tmp + 1; *p; p++)
-    if (*p == '/') {
-      *p = 0;
-      if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-        return false;
-      *p = '/';
-    }
-  return mkdir(tmp, 0755) == 0 || errno == EEXIST;
-}
-
 /* The cache file of this GPU model and cuDNN version, read into cx->algos
- * (lines it cannot read are skipped and counted). Where: $SPINDLE_CACHE_DIR,
- * else $XDG_CACHE_HOME/spindle, else $HOME/.cache/spindle. None with
- * SPINDLE_CUDNN_CACHE=0 or without a place to put it. */
+ * (lines it cannot read are skipped and counted), in Spindle's cache
+ * directory (spn_models_cache_dir). None with SPINDLE_CUDNN_CACHE=0 or
+ * without a place to put it. */
 static void algos_open(cu_ctx_t *cx, const char *device) {
   const char *off = getenv("SPINDLE_CUDNN_CACHE");
-  if (off && (!strcmp(off, "0") || !strcmp(off, "off")))
-    return;
   char dir[4096];
-  const char *d = getenv("SPINDLE_CACHE_DIR"), *x = getenv("XDG_CACHE_HOME"), *h = getenv("HOME");
-  if (d && *d)
-    snprintf(dir, sizeof dir, "%s", d);
-  else if (x && *x)
-    snprintf(dir, sizeof dir, "%s/spindle", x);
-  else if (h && *h)
-    snprintf(dir, sizeof dir, "%s/.cache/spindle", h);
-  else
+  if ((off && (!strcmp(off, "0") || !strcmp(off, "off"))) || spn_models_cache_dir(dir, sizeof dir))
     return;
   struct cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, cx->dev) != cudaSuccess) {
@@ -962,7 +939,7 @@ static void algos_open(cu_ctx_t *cx, const char *device) {
   char path[4096 + 160];
   snprintf(path, sizeof path, "%s/cudnn-algos-%s-sm%d%d-cudnn%zu.txt", dir, name, prop.major, prop.minor,
            (size_t)cudnnGetVersion());
-  if (!make_dirs(dir) || !(cx->algo_file = strdup(path)))
+  if (spn_models_mkdir_p(dir) || !(cx->algo_file = strdup(path)))
     return;
   FILE *f = fopen(path, "re");
   if (!f)
@@ -1011,9 +988,9 @@ static void algo_keep(cu_ctx_t *cx, const char *key, int algo, int math, size_t 
 
 /* Descriptors and algorithm of node n for input x's shape, built once.
  * The algorithm is the fastest that cuDNN measures on this GPU for this
- * shape (cudnnFind*, as PyTorch's cudnn.benchmark; once per node and shape,
- * at the first run of a shape) within the workspace cap and the model's
- * precision; SPINDLE_CUDNN_HEURISTIC=1 takes cuDNN's heuristic order
+ * shape (cudnnFind*, as PyTorch's cudnn.benchmark; once per convolution
+ * problem, at the first run of a shape that meets it, or never when the
+ * cache holds it) within the workspace cap and the model's precision; SPINDLE_CUDNN_HEURISTIC=1 takes cuDNN's heuristic order
  * instead (no timing, for a quicker first run). */
 static int32_t get_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, bool tr, cu_conv_t **out) {
   cu_ctx_t *cx = b->ctx;
@@ -1079,6 +1056,7 @@ static int32_t get_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, boo
            (long long)pl[0], (long long)pl[1], (long long)st[0], (long long)st[1], (long long)dil[0],
            (long long)dil[1], g);
   const cu_algo_t *known = cx->heuristic ? NULL : algo_find(cx, key);
+  bool reused = false;
   if (known && math_ok(prec, (cudnnMathType_t)known->math) &&
       cudnnSetConvolutionMathType(e->conv, (cudnnMathType_t)known->math) == CUDNN_STATUS_SUCCESS) {
     size_t ws = 0;
@@ -1089,14 +1067,15 @@ static int32_t get_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, boo
     if (ks == CUDNN_STATUS_SUCCESS && ws <= CU_WS_MAX) {
       e->algo = known->algo;
       e->ws = ws;
-      e->key[0] = x->shape[0];
-      *out = e;
-      return SPN_OK;
+      reused = true;
+    } else {
+      DNN(cudnnSetConvolutionMathType(e->conv, mt), "math type"); /* time them after all */
     }
-    DNN(cudnnSetConvolutionMathType(e->conv, mt), "math type"); /* time them after all */
   }
-  int got = 0;
-  if (!tr) {
+  int got = 0, picked_math = 0;
+  if (reused) {
+    /* nothing to time */
+  } else if (!tr) {
     cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
     if (cx->heuristic)
       DNN(cudnnGetConvolutionForwardAlgorithm_v7(cx->dnn, e->x, e->w, e->conv, e->y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &got, perf), "algorithm choice");
@@ -1110,8 +1089,8 @@ static int32_t get_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, boo
       return spn_error_set(r->err, SPN_EUNSUPPORTED, "%s: cuDNN has no forward algorithm for this convolution", b->device);
     e->algo = (int)perf[pick].algo;
     e->ws = perf[pick].memory;
+    picked_math = (int)perf[pick].mathType;
     DNN(cudnnSetConvolutionMathType(e->conv, perf[pick].mathType), "math type");
-    algo_keep(cx, key, e->algo, (int)perf[pick].mathType, e->ws);
   } else {
     cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
     if (cx->heuristic)
@@ -1126,9 +1105,11 @@ static int32_t get_conv(spn_backend_t *b, spn_run_t *r, const spn_node_t *n, boo
       return spn_error_set(r->err, SPN_EUNSUPPORTED, "%s: cuDNN has no algorithm for this transposed convolution", b->device);
     e->algo = (int)perf[pick].algo;
     e->ws = perf[pick].memory;
+    picked_math = (int)perf[pick].mathType;
     DNN(cudnnSetConvolutionMathType(e->conv, perf[pick].mathType), "math type");
-    algo_keep(cx, key, e->algo, (int)perf[pick].mathType, e->ws);
   }
+  if (!reused)
+    algo_keep(cx, key, e->algo, picked_math, e->ws);
   e->key[0] = x->shape[0];
   *out = e;
   return SPN_OK;
