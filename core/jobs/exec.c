@@ -24,6 +24,12 @@
  * finds the marker, finishes the recorded attempt's renames if any are left
  * (its temporaries are still there), and succeeds without running the job
  * again: an output once renamed into place is never written again.
+ *
+ * The marker also carries what the publishing attempt reported — its last
+ * progress, compute and GPU seconds, transfers and warnings — and the re-run
+ * reports those as its own, so the job's record says what produced its
+ * outputs (not "1 of 1" with no warnings). Lines after the first are
+ * optional: a marker with only "attempt N" still rolls forward.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -216,6 +222,8 @@ const char *spn_job_spec_param(const spn_job_spec_t *job, const char *key) {
 void spn_job_ctx_progress(spn_job_ctx_t *ctx, uint64_t done, uint64_t total) {
   if (!ctx->progress)
     return;
+  ctx->done = done;
+  ctx->total = total;
   /* Coalesce: at most one event per 50 ms, but always the last one. */
   double now = spn__mono_s();
   if (done < total && now - ctx->last_progress_s < 0.05)
@@ -342,12 +350,48 @@ char *spn__segment_file(const char *final, int64_t parent, uint32_t k) {
  * renames and report success without running again. Returns true when the
  * job is published; false when there is no usable marker (it is removed
  * then, and the job runs). */
-static bool roll_forward(const spn_job_spec_t *job, const char *marker, spn_exec_result_t *res) {
+static bool roll_forward(const spn_job_spec_t *job, const char *marker, spn_job_ctx_t *ctx,
+                         spn_exec_result_t *res) {
   FILE *f = fopen(marker, "r");
   if (!f)
     return false;
   unsigned att = 0;
-  bool ok = fscanf(f, "attempt %u", &att) == 1 && att > 0 && att <= job->attempt;
+  char line[SPN_JOB_WARNINGS_MAX + 32];
+  bool ok = fgets(line, sizeof line, f) && sscanf(line, "attempt %u", &att) == 1 && att > 0 &&
+            att <= job->attempt;
+  /* What the publishing attempt reported (write_marker); a line that does
+   * not parse is left out, never guessed. */
+  unsigned long long done = 0, total = 0;
+  while (ok && fgets(line, sizeof line, f)) {
+    line[strcspn(line, "\n")] = '\0';
+    unsigned long long d, n;
+    if (sscanf(line, "progress %llu %llu", &d, &n) == 2) {
+      done = d;
+      total = n;
+    } else if (!strncmp(line, "seconds ", 8)) {
+      double c, g;
+      if (sscanf(line + 8, "%lf %lf", &c, &g) == 2 && c >= 0 && g >= 0) {
+        res->compute_s = c;
+        res->gpu_s = g;
+      }
+    } else if (!strncmp(line, "transfers ", 10)) {
+      spn_job_xfer_t t;
+      unsigned long long v[8];
+      if (sscanf(line + 10, "%llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4],
+                 &v[5], &v[6], &v[7]) == 8) {
+        for (int i = 0; i < 4; i++) {
+          t.bytes[i] = v[i];
+          t.ns[i] = v[4 + i];
+        }
+        res->xfer = t;
+      }
+    } else if (!strncmp(line, "warnings ", 9)) {
+      cJSON *w = cJSON_Parse(line + 9);
+      if (cJSON_IsArray(w))
+        spn__warnings_render(w, res->warnings, sizeof res->warnings);
+      cJSON_Delete(w);
+    }
+  }
   fclose(f);
   for (size_t i = 0; ok && i < job->n_outputs; i++) {
     char *t = tmp_name(job->outputs[i].path, job->id, att);
@@ -362,20 +406,36 @@ static bool roll_forward(const spn_job_spec_t *job, const char *marker, spn_exec
   }
   if (!ok) {
     unlink(marker);
+    *res = (spn_exec_result_t){0};
     return false;
   }
+  if (total > 0 && done <= total)
+    spn_job_ctx_progress(ctx, done, total);
   res->status = SPN_OK;
   res->published_before = true;
   return true;
 }
 
-static int32_t write_marker(const char *marker, uint32_t attempt, spn_error_t *err) {
+/* The marker: "attempt N", then what this attempt reported (roll_forward
+ * reads it back). The warnings are res->warnings, already one line of JSON. */
+static int32_t write_marker(const char *marker, uint32_t attempt, const spn_job_ctx_t *ctx,
+                            const spn_exec_result_t *res, spn_error_t *err) {
   int fd = open(marker, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
     return spn_error_set(err, SPN_EIO, "publication marker %s: %s", marker, strerror(errno));
-  char line[32];
-  int n = snprintf(line, sizeof line, "attempt %u\n", attempt);
-  bool ok = write(fd, line, (size_t)n) == n && fsync(fd) == 0;
+  char line[SPN_JOB_WARNINGS_MAX + 512];
+  const spn_job_xfer_t *x = &res->xfer;
+  int n = snprintf(line, sizeof line,
+                   "attempt %u\nprogress %llu %llu\nseconds %.6f %.6f\n"
+                   "transfers %llu %llu %llu %llu %llu %llu %llu %llu\n",
+                   attempt, (unsigned long long)ctx->done, (unsigned long long)ctx->total, res->compute_s,
+                   res->gpu_s, (unsigned long long)x->bytes[0], (unsigned long long)x->bytes[1],
+                   (unsigned long long)x->bytes[2], (unsigned long long)x->bytes[3],
+                   (unsigned long long)x->ns[0], (unsigned long long)x->ns[1], (unsigned long long)x->ns[2],
+                   (unsigned long long)x->ns[3]);
+  if (res->warnings[0] && n > 0 && (size_t)n < sizeof line)
+    n += snprintf(line + n, sizeof line - (size_t)n, "warnings %s\n", res->warnings);
+  bool ok = n > 0 && (size_t)n < sizeof line && write(fd, line, (size_t)n) == n && fsync(fd) == 0;
   close(fd);
   if (!ok) {
     unlink(marker);
@@ -437,7 +497,7 @@ void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
                        .progress_user = user, .last_progress_s = -1};
   spn_error_t err = SPN_ERROR_INIT;
   char *marker = spn__publish_marker(job);
-  if (marker && roll_forward(job, marker, res)) {
+  if (marker && roll_forward(job, marker, &ctx, res)) {
     free(marker);
     return;
   }
@@ -477,7 +537,7 @@ void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
   if (res->status == SPN_OK && spn_job_ctx_cancelled(&ctx))
     res->status = spn_error_set(&err, SPN_ECANCELLED, "cancelled");
   if (res->status == SPN_OK && marker)
-    res->status = write_marker(marker, job->attempt, &err);
+    res->status = write_marker(marker, job->attempt, &ctx, res, &err);
   if (res->status == SPN_OK) {
     for (size_t i = 0; i < job->n_outputs; i++) {
       if (rename(ctx.tmp_paths[i], job->outputs[i].path) != 0) {

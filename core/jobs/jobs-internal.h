@@ -270,6 +270,7 @@ struct spn_job_ctx {
   double gpu_s;
   spn_job_xfer_t xfer;
   double last_progress_s;
+  uint64_t done, total; /* the last progress the runner reported, sent or coalesced */
   cJSON *warnings; /* spn_job_ctx_warn: an array, NULL until the first */
 };
 
