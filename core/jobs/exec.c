@@ -25,19 +25,22 @@
  * (its temporaries are still there), and succeeds without running the job
  * again: an output once renamed into place is never written again.
  *
- * The marker also carries what the publishing attempt reported — its last
- * progress, compute and GPU seconds, transfers and warnings — and the re-run
- * reports those as its own, so the job's record says what produced its
- * outputs (not "1 of 1" with no warnings). Lines after the first are
- * optional: a marker with only "attempt N" still rolls forward.
+ * The marker's second line carries what the publishing attempt reported, as
+ * one JSON object: its last progress ("done", "total") and the fields of a
+ * remote worker's DONE (spn__exec_report_to_json). The re-run reports those
+ * as its own, so the job's record says what produced its outputs (not "1 of
+ * 1" with no warnings). The line is optional: a marker with only "attempt N"
+ * still rolls forward.
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -287,6 +290,43 @@ void spn__warnings_render(const cJSON *arr, char *out, size_t size) {
   cJSON_Delete(keep);
 }
 
+void spn__exec_report_to_json(cJSON *b, const spn_exec_result_t *res) {
+  cJSON_AddNumberToObject(b, "compute_s", res->compute_s);
+  cJSON_AddNumberToObject(b, "gpu_s", res->gpu_s);
+  spn__xfer_to_json(b, "transfers", &res->xfer);
+  cJSON *w = res->status == SPN_OK && res->warnings[0] ? cJSON_Parse(res->warnings) : NULL;
+  if (cJSON_IsArray(w))
+    cJSON_AddItemToObject(b, "warnings", w);
+  else
+    cJSON_Delete(w);
+}
+
+static double seconds_of(const cJSON *b, const char *key) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(b, key);
+  return cJSON_IsNumber(v) && isfinite(v->valuedouble) && v->valuedouble >= 0 ? v->valuedouble : 0;
+}
+
+uint32_t spn__exec_report_from_json(const cJSON *b, spn_exec_result_t *res, spn_error_t *err) {
+  uint32_t bad = 0;
+  res->compute_s = seconds_of(b, "compute_s");
+  res->gpu_s = seconds_of(b, "gpu_s");
+  if (spn__xfer_from_json(cJSON_GetObjectItemCaseSensitive(b, "transfers"), &res->xfer, err) != SPN_OK) {
+    memset(&res->xfer, 0, sizeof res->xfer);
+    bad |= SPN_REPORT_BAD_TRANSFERS;
+  }
+  /* Warnings: an array of strings, kept as far as they fit. */
+  const cJSON *wn = cJSON_GetObjectItemCaseSensitive(b, "warnings");
+  bool wn_ok = !wn || cJSON_IsArray(wn);
+  const cJSON *it;
+  if (wn_ok && wn)
+    cJSON_ArrayForEach(it, wn) wn_ok = wn_ok && cJSON_IsString(it);
+  if (wn_ok)
+    spn__warnings_render(wn, res->warnings, sizeof res->warnings);
+  else
+    bad |= SPN_REPORT_BAD_WARNINGS;
+  return bad;
+}
+
 char *spn__publish_marker(const spn_job_spec_t *job) {
   if (job->n_outputs == 0)
     return NULL;
@@ -356,42 +396,19 @@ static bool roll_forward(const spn_job_spec_t *job, const char *marker, spn_job_
   if (!f)
     return false;
   unsigned att = 0;
-  char line[SPN_JOB_WARNINGS_MAX + 32];
+  char line[SPN_JOB_WARNINGS_MAX + 1024];
   bool ok = fgets(line, sizeof line, f) && sscanf(line, "attempt %u", &att) == 1 && att > 0 &&
             att <= job->attempt;
-  /* What the publishing attempt reported (write_marker); a line that does
-   * not parse is left out, never guessed. */
-  unsigned long long done = 0, total = 0;
-  while (ok && fgets(line, sizeof line, f)) {
-    line[strcspn(line, "\n")] = '\0';
-    unsigned long long d, n;
-    if (sscanf(line, "progress %llu %llu", &d, &n) == 2) {
-      done = d;
-      total = n;
-    } else if (!strncmp(line, "seconds ", 8)) {
-      double c, g;
-      if (sscanf(line + 8, "%lf %lf", &c, &g) == 2 && c >= 0 && g >= 0) {
-        res->compute_s = c;
-        res->gpu_s = g;
-      }
-    } else if (!strncmp(line, "transfers ", 10)) {
-      spn_job_xfer_t t;
-      unsigned long long v[8];
-      if (sscanf(line + 10, "%llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4],
-                 &v[5], &v[6], &v[7]) == 8) {
-        for (int i = 0; i < 4; i++) {
-          t.bytes[i] = v[i];
-          t.ns[i] = v[4 + i];
-        }
-        res->xfer = t;
-      }
-    } else if (!strncmp(line, "warnings ", 9)) {
-      cJSON *w = cJSON_Parse(line + 9);
-      if (cJSON_IsArray(w))
-        spn__warnings_render(w, res->warnings, sizeof res->warnings);
-      cJSON_Delete(w);
-    }
+  /* What the publishing attempt reported (write_marker); what does not parse
+   * is left out, never guessed. */
+  int64_t done = 0, total = 0;
+  cJSON *rep = ok && fgets(line, sizeof line, f) ? cJSON_Parse(line) : NULL;
+  if (cJSON_IsObject(rep)) {
+    if (!spn__json_int(rep, "done", &done) || !spn__json_int(rep, "total", &total))
+      done = total = 0;
+    spn__exec_report_from_json(rep, res, NULL);
   }
+  cJSON_Delete(rep);
   fclose(f);
   for (size_t i = 0; ok && i < job->n_outputs; i++) {
     char *t = tmp_name(job->outputs[i].path, job->id, att);
@@ -409,33 +426,39 @@ static bool roll_forward(const spn_job_spec_t *job, const char *marker, spn_job_
     *res = (spn_exec_result_t){0};
     return false;
   }
-  if (total > 0 && done <= total)
-    spn_job_ctx_progress(ctx, done, total);
+  if (total > 0 && done >= 0 && done <= total)
+    spn_job_ctx_progress(ctx, (uint64_t)done, (uint64_t)total);
   res->status = SPN_OK;
   res->published_before = true;
   return true;
 }
 
-/* The marker: "attempt N", then what this attempt reported (roll_forward
- * reads it back). The warnings are res->warnings, already one line of JSON. */
+/* The marker: "attempt N", then what this attempt reported as one line of
+ * JSON (roll_forward reads it back). */
 static int32_t write_marker(const char *marker, uint32_t attempt, const spn_job_ctx_t *ctx,
                             const spn_exec_result_t *res, spn_error_t *err) {
+  cJSON *rep = cJSON_CreateObject();
+  char *txt = NULL;
+  if (rep) {
+    cJSON_AddNumberToObject(rep, "done", (double)ctx->done);
+    cJSON_AddNumberToObject(rep, "total", (double)ctx->total);
+    spn__exec_report_to_json(rep, res);
+    txt = cJSON_PrintUnformatted(rep);
+    cJSON_Delete(rep);
+  }
+  if (!txt)
+    return spn_error_set(err, SPN_ENOMEM, "publication marker %s: out of memory", marker);
   int fd = open(marker, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
+  if (fd < 0) {
+    free(txt);
     return spn_error_set(err, SPN_EIO, "publication marker %s: %s", marker, strerror(errno));
-  char line[SPN_JOB_WARNINGS_MAX + 512];
-  const spn_job_xfer_t *x = &res->xfer;
-  int n = snprintf(line, sizeof line,
-                   "attempt %u\nprogress %llu %llu\nseconds %.6f %.6f\n"
-                   "transfers %llu %llu %llu %llu %llu %llu %llu %llu\n",
-                   attempt, (unsigned long long)ctx->done, (unsigned long long)ctx->total, res->compute_s,
-                   res->gpu_s, (unsigned long long)x->bytes[0], (unsigned long long)x->bytes[1],
-                   (unsigned long long)x->bytes[2], (unsigned long long)x->bytes[3],
-                   (unsigned long long)x->ns[0], (unsigned long long)x->ns[1], (unsigned long long)x->ns[2],
-                   (unsigned long long)x->ns[3]);
-  if (res->warnings[0] && n > 0 && (size_t)n < sizeof line)
-    n += snprintf(line + n, sizeof line - (size_t)n, "warnings %s\n", res->warnings);
-  bool ok = n > 0 && (size_t)n < sizeof line && write(fd, line, (size_t)n) == n && fsync(fd) == 0;
+  }
+  char head[32];
+  int n = snprintf(head, sizeof head, "attempt %u\n", attempt);
+  struct iovec iov[] = {{head, (size_t)n}, {txt, strlen(txt)}, {"\n", 1}};
+  ssize_t want = (ssize_t)(iov[0].iov_len + iov[1].iov_len + 1);
+  bool ok = writev(fd, iov, 3) == want && fsync(fd) == 0;
+  free(txt);
   close(fd);
   if (!ok) {
     unlink(marker);

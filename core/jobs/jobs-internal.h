@@ -294,6 +294,17 @@ typedef struct spn_exec_result {
   bool published_before; /* an earlier attempt had published; not run again */
 } spn_exec_result_t;
 
+/* A finished attempt's figures as fields of object b: compute_s, gpu_s,
+ * transfers and, for a succeeded one with any, warnings. The body of a
+ * remote worker's DONE / FAIL (worker.c) and the report in a publication
+ * marker (exec.c) are both this. */
+void spn__exec_report_to_json(cJSON *b, const spn_exec_result_t *res);
+/* Read them back into res. A field that is malformed counts as none: seconds
+ * that are not a finite number >= 0 without a word; transfers and warnings
+ * flagged in the result (SPN_REPORT_BAD_*), with transfers' reason in err. */
+enum { SPN_REPORT_BAD_TRANSFERS = 1, SPN_REPORT_BAD_WARNINGS = 2 };
+uint32_t spn__exec_report_from_json(const cJSON *b, spn_exec_result_t *res, spn_error_t *err);
+
 /* Run one job: derive temporary output names, call the runner, rename the
  * temporaries to the final paths on success, remove them otherwise.
  * Thread: a worker thread. */

@@ -169,35 +169,18 @@ void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m) {
     if (!lease_args(s, m, &id, &att))
       return;
     spn_exec_result_t res = {.status = SPN_OK};
-    const cJSON *cs = cJSON_GetObjectItemCaseSensitive(m->body, "compute_s");
-    const cJSON *gs = cJSON_GetObjectItemCaseSensitive(m->body, "gpu_s");
-    res.compute_s = cJSON_IsNumber(cs) ? cs->valuedouble : 0;
-    res.gpu_s = cJSON_IsNumber(gs) ? gs->valuedouble : 0;
-    /* Malformed transfers do not cost the job its result: they count as none. */
-    if (spn__xfer_from_json(cJSON_GetObjectItemCaseSensitive(m->body, "transfers"), &res.xfer, &err) != SPN_OK) {
-      spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
-      lf.worker = w->owner;
-      lf.job_id = (uint64_t)id;
+    /* Malformed transfers or warnings do not cost the job its result: they
+     * count as none, with a line. */
+    uint32_t bad = spn__exec_report_from_json(m->body, &res, &err);
+    spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
+    lf.worker = w->owner;
+    lf.job_id = (uint64_t)id;
+    if (bad & SPN_REPORT_BAD_TRANSFERS)
       spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, &lf, "%s %lld: %s; recorded as no transfers", m->type,
                  (long long)id, err.msg);
-      memset(&res.xfer, 0, sizeof res.xfer);
-    }
-    /* Warnings: an array of strings, kept as far as they fit; anything else
-     * is dropped with a line (the job's result stands). */
-    const cJSON *wn = cJSON_GetObjectItemCaseSensitive(m->body, "warnings");
-    bool wn_ok = !wn || cJSON_IsArray(wn);
-    const cJSON *it;
-    if (wn_ok && wn)
-      cJSON_ArrayForEach(it, wn) wn_ok = wn_ok && cJSON_IsString(it);
-    if (wn_ok) {
-      spn__warnings_render(wn, res.warnings, sizeof res.warnings);
-    } else {
-      spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
-      lf.worker = w->owner;
-      lf.job_id = (uint64_t)id;
+    if (bad & SPN_REPORT_BAD_WARNINGS)
       spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, &lf,
                  "%s %lld: \"warnings\" is not an array of strings; recorded as none", m->type, (long long)id);
-    }
     if (!strcmp(m->type, "FAIL")) {
       const char *e = spn__json_str(m->body, "error");
       res.status = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m->body, "cancelled")) ? SPN_ECANCELLED

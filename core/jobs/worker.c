@@ -48,14 +48,6 @@ typedef struct wctx {
 
 /* A succeeded attempt's warnings (a JSON array the runner rendered) as
  * DONE's "warnings". */
-static void add_warnings(cJSON *b, const spn_exec_result_t *res) {
-  cJSON *w = res->warnings[0] ? cJSON_Parse(res->warnings) : NULL;
-  if (cJSON_IsArray(w))
-    cJSON_AddItemToObject(b, "warnings", w);
-  else
-    cJSON_Delete(w);
-}
-
 static void send_body(void *sock, const char *type, cJSON *b) {
   if (b)
     spn__proto_send(sock, NULL, 0, type, b);
@@ -239,12 +231,8 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
         send_body(sock, "PROGRESS", b);
       } else {
         if (b) {
-          cJSON_AddNumberToObject(b, "compute_s", r->res.compute_s);
-          cJSON_AddNumberToObject(b, "gpu_s", r->res.gpu_s);
-          spn__xfer_to_json(b, "transfers", &r->res.xfer);
-          if (r->res.status == SPN_OK) {
-            add_warnings(b, &r->res);
-          } else {
+          spn__exec_report_to_json(b, &r->res);
+          if (r->res.status != SPN_OK) {
             cJSON_AddStringToObject(b, "error", r->res.error);
             cJSON_AddBoolToObject(b, "cancelled", r->res.status == SPN_ECANCELLED);
           }
@@ -292,10 +280,7 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
       if (b) {
         cJSON_AddNumberToObject(b, "id", (double)r->id);
         cJSON_AddNumberToObject(b, "attempt", r->attempt);
-        cJSON_AddNumberToObject(b, "compute_s", r->res.compute_s);
-        cJSON_AddNumberToObject(b, "gpu_s", r->res.gpu_s);
-        spn__xfer_to_json(b, "transfers", &r->res.xfer);
-        add_warnings(b, &r->res);
+        spn__exec_report_to_json(b, &r->res);
       }
       send_body(sock, "DONE", b);
       w.slot[r->slot].busy = false;

@@ -183,19 +183,31 @@ static void test_a_rerun_finishes_the_renames_of_an_old_marker(void **state) {
   assert_string_equal(line, "from attempt 1\n");
 }
 
-/* Lines that do not parse are left out; the rest still count. */
-static void test_a_damaged_report_line_is_left_out(void **state) {
+/* Fields of the report that do not parse are left out; the rest still
+ * count. A report line that is not JSON reports nothing. */
+static void test_a_damaged_report_is_left_out(void **state) {
   fixture_t *f = *state;
   char tmp[160];
   progress_seen_t p = {0};
   spn_exec_result_t r;
-  rerun_after_a_kill(f, "x\n", "attempt 1\nprogress 3\nseconds -1 2\nwarnings [\"a\"\nprogress 4 9\n", tmp, &p,
-                     &r);
+  rerun_after_a_kill(f, "x\n",
+                     "attempt 1\n{\"done\":4,\"total\":9,\"compute_s\":-1,\"gpu_s\":\"2\","
+                     "\"transfers\":{\"h2d\":{\"bytes\":-5}},\"warnings\":[\"a\",7]}\n",
+                     tmp, &p, &r);
   assert_int_equal(p.calls, 1);
   assert_int_equal(p.done, 4);
   assert_int_equal(p.total, 9);
   assert_true(r.compute_s == 0 && r.gpu_s == 0);
+  assert_int_equal(r.xfer.bytes[0], 0);
   assert_string_equal(r.warnings, "");
+
+  unlink(f->out);
+  p = (progress_seen_t){0};
+  rerun_after_a_kill(f, "x\n", "attempt 1\nprogress 4 9\n", tmp, &p, &r);
+  assert_int_equal(p.calls, 0);
+  assert_true(r.compute_s == 0 && r.gpu_s == 0);
+  assert_string_equal(r.warnings, "");
+  assert_int_equal(f->rs.runs, 0);
 }
 
 /* A marker that names no attempt, or a later attempt than this one, is not
@@ -220,7 +232,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_a_rerun_of_a_published_job_reports_what_published_it, setup, teardown),
       cmocka_unit_test_setup_teardown(test_a_rerun_finishes_the_renames_of_an_old_marker, setup, teardown),
-      cmocka_unit_test_setup_teardown(test_a_damaged_report_line_is_left_out, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_damaged_report_is_left_out, setup, teardown),
       cmocka_unit_test_setup_teardown(test_an_unusable_marker_runs_the_job, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
