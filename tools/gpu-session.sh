@@ -1,33 +1,46 @@
 #!/usr/bin/env bash
 # One call on a GPU host: the gpu suite, then the pipeline and engine
-# benchmarks, everything a session measures, each step time-boxed, with its
-# results under $OUT (at most 8 files come back from a device call). Run
-# under the shared GPU tooling's `run`, from the project root, with .gpu/
-# (../shared/gpu/pack, then tools/gpu-repack.sh) and .bench/
-# (tools/prepare-gpu-bench.sh build-gpu --clips DIR, then
-# `meson install -C build-gpu --destdir $PWD/.bench/stage`) carried:
+# benchmarks, everything a session measures, each step time-boxed and the
+# whole held to a deadline, with its results under $OUT (at most 8 files come
+# back from a device call). Run under the shared GPU tooling's `run`, from
+# the project root, with .gpu/ (../shared/gpu/pack, then
+# tools/gpu-repack.sh) and .bench/ (tools/prepare-gpu-bench.sh build-gpu
+# --clips DIR, then `meson install -C build-gpu --destdir $PWD/.bench/stage`)
+# carried:
 #
 #   bash .gpu/run -- bash tools/gpu-session.sh
 #
 # Environment (seconds unless said; 0 skips the step):
+#   BUDGET  the whole script's deadline (default 560): a step gets at most
+#           what is left of it, less 10 s to pack the results
 #   TL      the gpu suite (default 150; 8 at a time, the serial ones after)
 #   TN      the pipeline and stage tests again with SPINDLE_CUDA_NHWC=1 (40)
-#   TP      each pipeline benchmark run (90), PIPES (enhance lipsync) at
-#           SIZES (720), FRAMES frames (0: the whole clip), PNHWC the
-#           SPINDLE_CUDA_NHWC of Spindle's runs (default: unset); the
-#           pipelines in CMPDT (lipsync) run again with
-#           SPINDLE_DEVICE_THREADS=device (one thread and stream for every
-#           stage on the GPU) to compare with the default (one per stage)
-#   TE      the engine benchmark (170), ONLY its configurations (all), SV
-#           its Spindle variants (fp16,fp16-nhwc)
+#   RUNS    benchmark runs, in order: pipeline runs PIPE:SIZE[:OPTS] and
+#           engine runs engine:CONFIGS[:SECONDS]. A pipeline run's OPTS
+#           is a comma list of: device (SPINDLE_DEVICE_THREADS=device: one
+#           thread and stream for every stage on the GPU, the default is one
+#           per stage), nhwc0 / nhwc1 (SPINDLE_CUDA_NHWC), nopeer (no Python
+#           pipeline), fN (N frames; default the whole clip), tN (its time
+#           box, default TP=90), blocking (CUDA_LAUNCH_BLOCKING=1).
+#           A run that fails is run once more with blocking,nopeer to tell
+#           an asynchronous error's launch (when time is left).
+#           An engine run's CONFIGS is a '+'-list of engine-gpu-bench.py
+#           configurations, SV its Spindle variants (fp16,fp16-nhwc)
+#   DEVICES the pipeline runs' --devices (default cuda; cpu for a dry run of
+#           this script on a build machine, with TL=0 TN=0, RUNS and
+#           SPN_GPU_BUILD set)
 # Files under $OUT: session.txt (every step's summary), suite.txt,
-# suite-nhwc.txt, logs.tgz (each test's log), engine.txt, pgb-*.json
-# (pgb-P-SIZE-device.json: the CMPDT runs).
+# suite-nhwc.txt, logs.tgz (each test's log, each pipeline run's logs,
+# nvidia-smi dmon's utilisation a second),
+# pgb.tgz (the pipeline runs' JSON), engine.txt.
 set -u
 export PYTHONUNBUFFERED=1
 root=$PWD; b=$root/.bench
 O=${OUT:-/tmp/spn-session}; mkdir -p "$O"
-say() { echo "=== $(date +%T) $*" | tee -a "$O/session.txt"; }
+t0=$(date +%s); deadline=$((t0 + ${BUDGET:-560}))
+say() { echo "=== $(date +%T) +$(($(date +%s) - t0))s $*" | tee -a "$O/session.txt"; }
+# box N: N, or what is left before the deadline less 10 s, whichever is less
+box() { local left=$((deadline - $(date +%s) - 10)); [ "$left" -lt "$1" ] && echo $left || echo "$1"; }
 say start
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a "$O/session.txt"
 if ls "$b"/wheels/*.whl >/dev/null 2>&1; then
@@ -36,46 +49,74 @@ if ls "$b"/wheels/*.whl >/dev/null 2>&1; then
 fi
 if [ "${TL:-150}" != 0 ]; then
   say suite
-  MODELS=$b/models SPINDLE_TEST_STAGED=$b/stage TEST_LIMIT=${TL:-150} LOGS=/tmp/spn-gpu-logs \
+  MODELS=$b/models SPINDLE_TEST_STAGED=$b/stage TEST_LIMIT=$(box "${TL:-150}") LOGS=/tmp/spn-gpu-logs \
     bash tools/gpu-host.sh --suite gpu --jobs 8 >"$O/suite.txt" 2>&1
-  say "suite exit $?"; grep -E "^(OK|FAIL|SKIP)|passed" "$O/suite.txt" >>"$O/session.txt"
+  say "suite exit $?"; grep -E "^(OK|FAIL|SKIP|TIMEOUT)|passed" "$O/suite.txt" >>"$O/session.txt"
 fi
 if [ "${TN:-40}" != 0 ]; then
   say "pipeline and stage tests, fp16 channels-last"
-  SPINDLE_CUDA_NHWC=1 TEST_LIMIT=${TN:-40} LOGS=/tmp/spn-gpu-logs-nhwc bash tools/gpu-host.sh --name enhance-gpu \
+  SPINDLE_CUDA_NHWC=1 TEST_LIMIT=$(box "${TN:-40}") LOGS=/tmp/spn-gpu-logs-nhwc bash tools/gpu-host.sh --name enhance-gpu \
     --name lipsync-pipeline-gpu --name lipsync-crop-gpu --name superres-gpu --name facedetect-gpu --jobs 5 \
     >"$O/suite-nhwc.txt" 2>&1
-  say "exit $?"; grep -E "^(OK|FAIL|SKIP)|passed" "$O/suite-nhwc.txt" >>"$O/session.txt"
+  say "exit $?"; grep -E "^(OK|FAIL|SKIP|TIMEOUT)|passed" "$O/suite-nhwc.txt" >>"$O/session.txt"
 fi
-tar czf "$O/logs.tgz" -C /tmp $(cd /tmp && ls -d spn-gpu-logs spn-gpu-logs-nhwc 2>/dev/null) 2>/dev/null
-if [ "${TP:-90}" != 0 ]; then
-  export SPINDLE_MODEL_PATH=$b/models
-  # cuDNN's algorithm timings, kept across the runs of this session: each
-  # pipeline's first process times them, later ones read them (their
-  # "cold" runs then show the cache's effect)
-  export SPINDLE_CACHE_DIR=/tmp/spn-cudnn-cache
-  for size in ${SIZES:-720}; do
-    c=/tmp/clips-$size; mkdir -p $c
-    ln -sf "$b"/clips/speech.wav "$b"/clips/talking-head-${size}p.mp4 $c/
-    runs=""
-    for p in ${PIPES:-enhance lipsync}; do runs="$runs $p:stage"; done
-    for p in ${CMPDT-lipsync}; do runs="$runs $p:device"; done
-    for r in $runs; do
-      p=${r%%:*}; dt=${r#*:}; tag=$p-$size; [ "$dt" = device ] && tag=$tag-device
-      say "pipeline $p ${size}p, SPINDLE_DEVICE_THREADS=$dt"
-      extra=""; [ "$p" = enhance ] && extra=--gpu-decode-both
-      env SPINDLE_DEVICE_THREADS=$dt ${PNHWC:+SPINDLE_CUDA_NHWC=$PNHWC} timeout "${TP:-90}" \
-        python3 tests/bench/pipeline-gpu-bench.py --build "$SPN_GPU_BUILD" --clips $c --devices cuda --pipelines $p \
-        --frames "${FRAMES:-0}" --repeat 2 $extra --out "$O/pgb-$tag.json" --workdir /tmp/pgb/$tag \
-        >/tmp/pgb-$tag.txt 2>&1
-      say "exit $?"; grep -v "UserWarning\|x = x\[pos" /tmp/pgb-$tag.txt >>"$O/session.txt"
-    done
+
+export SPINDLE_MODEL_PATH=$b/models
+# cuDNN's algorithm timings, kept across the runs of this session: each
+# pipeline's first process times them, later ones read them (their "cold"
+# runs then show the cache's effect)
+export SPINDLE_CACHE_DIR=/tmp/spn-cudnn-cache
+mkdir -p /tmp/pgbj
+pipeline_run() { # PIPE SIZE OPTS
+  local p=$1 size=$2 opts=$3 tag="$1-$2${3:+-${3//,/-}}" envs=() args=() tp=${TP:-90} o
+  local c=/tmp/clips-$size
+  mkdir -p $c; ln -sf "$b"/clips/speech.wav "$b"/clips/talking-head-${size}p.mp4 $c/
+  local frames=${FRAMES:-0}
+  for o in ${opts//,/ }; do
+    case $o in
+      device) envs+=(SPINDLE_DEVICE_THREADS=device) ;;
+      nhwc0) envs+=(SPINDLE_CUDA_NHWC=0) ;;
+      nhwc1) envs+=(SPINDLE_CUDA_NHWC=1) ;;
+      blocking) envs+=(CUDA_LAUNCH_BLOCKING=1) ;;
+      nopeer) args+=(--no-peer) ;;
+      f*) frames=${o#f} ;;
+      t*) tp=${o#t} ;;
+    esac
   done
-fi
-if [ "${TE:-170}" != 0 ]; then
-  say engine
-  timeout "${TE:-170}" python3 tests/bench/engine-gpu-bench.py "$SPN_GPU_BUILD" ${ONLY:+--only $ONLY} \
-    --spindle "${SV:-fp16,fp16-nhwc}" --iters 20 >"$O/engine.txt" 2>&1
-  say "engine exit $?"; grep -v "W1\|UserWarning\|x = x\[pos" "$O/engine.txt" >>"$O/session.txt"
-fi
+  [ "$p" = enhance ] && [ "$size" = 720 ] && args+=(--gpu-decode-both)
+  local tb; tb=$(box "$tp")
+  if [ "$tb" -lt 15 ]; then say "pipeline $tag: skipped (no time left)"; return 0; fi
+  say "pipeline $tag (${envs[*]:-defaults}; ${tb} s)"
+  env "${envs[@]}" timeout "$tb" python3 tests/bench/pipeline-gpu-bench.py --build "$SPN_GPU_BUILD" --clips $c \
+    --devices "${DEVICES:-cuda}" --pipelines $p --frames "$frames" --repeat 2 "${args[@]}" --out /tmp/pgbj/$tag.json \
+    --workdir /tmp/pgb/$tag >/tmp/pgb/$tag.txt 2>&1
+  local rc=$?
+  say "exit $rc"; grep -v "UserWarning\|x = x\[pos" /tmp/pgb/$tag.txt >>"$O/session.txt"
+  if [ $rc != 0 ] || grep -q '"error"' /tmp/pgbj/$tag.json 2>/dev/null; then return 1; fi
+}
+engine_run() { # CONFIGS SECONDS
+  local tb; tb=$(box "${2:-100}")
+  if [ "$tb" -lt 20 ]; then say "engine $1: skipped (no time left)"; return 0; fi
+  say "engine $1 (${tb} s)"
+  timeout "$tb" python3 tests/bench/engine-gpu-bench.py "$SPN_GPU_BUILD" --only "${1//+/,}" \
+    --spindle "${SV:-fp16,fp16-nhwc}" --iters 20 >>"$O/engine.txt" 2>&1
+  say "engine exit $?"
+}
+mkdir -p /tmp/pgb
+# GPU utilisation, a line a second, while the benchmarks run
+(nvidia-smi dmon -s u -d 1 >/tmp/pgb/dmon.txt 2>&1 &)
+for r in ${RUNS-enhance:720:nhwc1 lipsync:720:nhwc1 engine:wav2lip_b128+wav2lip_b1:100 lipsync:720:nhwc1,device,nopeer lipsync:720:nhwc0,nopeer enhance:1080:nhwc1,f100,nopeer,t70 lipsync:1080:nhwc1,f100,t100 engine:rrdbnet_x4_128:60}; do
+  IFS=: read -r p size opts <<<"$r"
+  if [ "$p" = engine ]; then engine_run "$size" "${opts:-100}"; continue; fi
+  if ! pipeline_run "$p" "$size" "${opts:-}"; then
+    case ${opts:-} in *blocking*) ;; *) pipeline_run "$p" "$size" "${opts:+$opts,}blocking,nopeer,t60" ;; esac
+  fi
+done
+pkill -f "nvidia-smi dmon" 2>/dev/null
+grep -v "W1\|UserWarning\|x = x\[pos" "$O/engine.txt" >>"$O/session.txt" 2>/dev/null
+
+# What comes back: the logs (tests and pipeline runs, no media) and the JSON
+find /tmp/pgb -name '*.log' -size -8M -o -name '*.txt' -size -8M 2>/dev/null | sed 's|^/tmp/||' >/tmp/pgb-logs.list
+tar czf "$O/logs.tgz" -C /tmp $(cd /tmp && ls -d spn-gpu-logs spn-gpu-logs-nhwc 2>/dev/null) -T /tmp/pgb-logs.list 2>/dev/null
+tar czf "$O/pgb.tgz" -C /tmp pgbj 2>/dev/null
 say end

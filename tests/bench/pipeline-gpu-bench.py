@@ -5,7 +5,7 @@ same clips, the same device and the same model files, in one run.
 
   pipeline-gpu-bench.py --build BUILD_DIR --clips CLIPS_DIR [--out results.json]
                         [--devices cuda|cpu] [--frames N] [--pipelines enhance,lipsync]
-                        [--w2l wav2lip.onnx] [--encoder auto|ffmpeg|spindle|cv2]
+                        [--w2l wav2lip.onnx] [--encoder auto|ffmpeg|spindle|cv2] [--no-peer]
 
 CLIPS_DIR is what tools/make-bench-clips.sh writes: talking-head-<H>p.mp4
 files and speech.wav. Every clip runs through every pipeline.
@@ -778,6 +778,9 @@ def main():
     ap.add_argument("--gpu-decode-both", action="store_true",
                     help="also run the GPU part with faces.gpu_decode=false (the detector's raw outputs copied "
                          "back and decoded on the host) and report both")
+    ap.add_argument("--no-peer", action="store_true",
+                    help="Spindle's runs only, no Python pipeline (for comparing Spindle's settings with each "
+                         "other; the ratio column then stays empty)")
     a = ap.parse_args()
     if tomllib is None:
         print("SKIP: needs Python 3.11 (tomllib)")
@@ -870,6 +873,11 @@ def main():
                                                  "stages": hd["stages"], "transfers_per_frame": hx}
                 except RuntimeError as e:
                     r["gpu_part_host_decode"] = {"error": str(e)}
+            if a.no_peer:
+                results.append(r)
+                print(f"{tag}: spindle {r['spindle']['frames_per_s']:.1f} frames/s, GPU part "
+                      f"{r['gpu_part']['frames_per_s']:.1f} frames/s (no Python peer)", flush=True)
+                continue
             # the peer, on the same frames (Spindle's count)
             peer = Peer(torch_dev)
             out = os.path.join(work, tag + "-python.mp4")
@@ -918,7 +926,7 @@ def print_report(results, a, gpu, enc_kind):
             continue
         s, g = r["spindle"], r["gpu_part"]
         p = r.get("python", {})
-        pf = f"{p['frames_per_s']:.1f}" if "frames_per_s" in p else "failed"
+        pf = f"{p['frames_per_s']:.1f}" if "frames_per_s" in p else "failed" if p else "-"
         ratio = f"{r['ratio']:.2f}x" if "ratio" in r else "-"
         x = s["transfers_per_frame"]["pcie"]
         mark = "" if s["transfers_source"].startswith("job") else " (" + s["transfers_source"] + ")"
