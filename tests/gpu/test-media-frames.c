@@ -157,7 +157,10 @@ static void from_frame_matches_cpu_twin(void **state) {
           size_t n = spn_pixfmt_tight_size(fmt, w, h), sn = spn_media_cuda_frame_scratch_size(fmt, w, h, deep, rot);
           void *ddst = NULL, *dscr = NULL;
           CU(cudaMalloc(&ddst, n));
-          CU(cudaMemset(ddst, 0xa5, n));
+          /* on s too: cudaMemset runs on the legacy stream, which s does
+           * not wait for (it once landed over rows the conversion had
+           * written: an H200 read 0xa5 from row 32 on) */
+          CU(cudaMemsetAsync(ddst, 0xa5, n, s));
           if (sn)
             CU(cudaMalloc(&dscr, sn));
           spn_error_t err = SPN_ERROR_INIT;
