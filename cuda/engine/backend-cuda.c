@@ -104,7 +104,7 @@ typedef struct {
   struct cu_algo *algos; /* convolution problems' chosen algorithms (timed, or read from algo_file), under lock */
   char *algo_file;       /* the algorithm cache file; NULL: none (SPINDLE_CUDNN_CACHE=0, or no place for it) */
   bool heuristic; /* SPINDLE_CUDNN_HEURISTIC=1: cuDNN's heuristic algorithm, no timing at prepare */
-  bool nhwc;      /* SPINDLE_CUDA_NHWC=1: fp16 models keep fp16 channels-last values (plan_forms) */
+  bool nhwc;      /* fp16 models keep fp16 channels-last values (plan_forms); off with SPINDLE_CUDA_NHWC=0 */
 } cu_ctx_t;
 
 typedef struct cu_conv {
@@ -2281,7 +2281,7 @@ static int32_t cu_open(const spn_backend_factory_t *f, int index, spn_backend_t 
   const char *heur = getenv("SPINDLE_CUDNN_HEURISTIC");
   cx->heuristic = heur && *heur && strcmp(heur, "0");
   const char *nhwc = getenv("SPINDLE_CUDA_NHWC");
-  cx->nhwc = nhwc && *nhwc && strcmp(nhwc, "0");
+  cx->nhwc = !nhwc || strcmp(nhwc, "0") != 0; /* the default since an H200 measured it faster on every model */
   b->iface = &cu_iface;
   b->ctx = cx;
   snprintf(b->device, sizeof b->device, "cuda:%d", index);

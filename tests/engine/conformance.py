@@ -26,7 +26,9 @@ its result once, and the errors of successive layers are taken to add up.
 With --nhwc (cuda:N, fp16) SPINDLE_CUDA_NHWC=1 is set for every run: values
 between convolutions stay fp16 channels-last (docs/engine.md, "fp16
 channels-last"); the cases named *_h16 must then report fp16 values kept and
-every convolution run channels-last.
+every convolution run channels-last. Without it SPINDLE_CUDA_NHWC=0 is set
+(fp16 channels-last is the backend's default; the plain fp16 run covers the
+NCHW path that variable selects).
 
 usage: conformance.py SPINDLE WORKDIR [--only SUBSTR] [--device D] [--precision P] [--nhwc]
 Exits 77 (skipped) when onnx/onnxruntime are not installed, or when the
@@ -455,6 +457,8 @@ def main():
             print("--nhwc needs --device cuda:N --precision fp16")
             return 2
         os.environ["SPINDLE_CUDA_NHWC"] = "1"
+    else:  # fp16 channels-last is the default: without --nhwc, the NCHW path
+        os.environ["SPINDLE_CUDA_NHWC"] = "0"
     cases = {}
     cases.update(op_cases())
     cases.update(model_cases())

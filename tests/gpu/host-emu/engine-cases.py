@@ -21,7 +21,8 @@ that passes (XPASS) fails the run so that it is taken off the list.
 
 Clip and Pad whose bound or fill value a node computes must run on the CPU
 fallback (ON_CPU): the CUDA backend reads those on the host. --nhwc sets
-SPINDLE_CUDA_NHWC=1 for the cuda:0 runs (fp16 channels-last values).
+SPINDLE_CUDA_NHWC=1 for the cuda:0 runs (fp16 channels-last values, the
+default); without it they run with SPINDLE_CUDA_NHWC=0 (the NCHW path).
 
 usage: engine-cases.py SPINDLE WORKDIR [--precision fp32|tf32|fp16] [--nhwc]
 Exits 77 (skipped) when onnx/onnxruntime are not installed.
@@ -136,7 +137,7 @@ def main():
     args = sys.argv[1:]
     prec = "fp32"
     env = dict(os.environ)
-    env.pop("SPINDLE_CUDA_NHWC", None)
+    env["SPINDLE_CUDA_NHWC"] = "0"  # fp16 channels-last is the default: without --nhwc, the NCHW path
     if "--nhwc" in args:
         args.remove("--nhwc")
         env["SPINDLE_CUDA_NHWC"] = "1"
