@@ -25,7 +25,12 @@
 #           A run that fails is run once more with blocking,nopeer to tell
 #           an asynchronous error's launch (when time is left).
 #           An engine run's CONFIGS is a '+'-list of engine-gpu-bench.py
-#           configurations, SV its Spindle variants (fp16,fp16-nhwc)
+#           configurations, SV its Spindle variants (fp16,fp16-nhwc).
+#           x264:SIZE times libx264 alone: configs/transcode.toml (the
+#           configs' preset, crf 20) on the upscaled output of the last
+#           enhance run at SIZE, with NVDEC and with the CPU decoding: the
+#           most frames/s any pipeline that encodes that output can reach
+#           on this host.
 #   DEVICES the pipeline runs' --devices (default cuda; cpu for a dry run of
 #           this script on a build machine, with TL=0 TN=0, RUNS and
 #           SPN_GPU_BUILD set)
@@ -102,12 +107,28 @@ engine_run() { # CONFIGS SECONDS
     --spindle "${SV:-fp16,fp16-nhwc}" --iters 20 >>"$O/engine.txt" 2>&1
   say "engine exit $?"
 }
+x264_run() { # SIZE
+  local src dev s e rc
+  src=$(ls -t /tmp/pgb/enhance-$1*/enhance-$1p-spindle.mp4 2>/dev/null | head -1)
+  if [ -z "$src" ]; then say "x264 $1: no enhance output at ${1}p to encode"; return 0; fi
+  for dev in cuda cpu; do
+    if [ "$(box 30)" -lt 15 ]; then say "x264 $1 on $dev: skipped (no time left)"; return 0; fi
+    say "x264 alone: transcode of $src, decode on $dev"
+    s=$(date +%s.%N)
+    timeout "$(box 30)" "$SPN_GPU_BUILD"/core/cli/spindle run configs/transcode.toml --devices $dev \
+      --set decode.path="$src" --set encode.path=/tmp/x264-$1-$dev.mp4 --set encode.crf=20 --log-format json \
+      >/tmp/pgb/x264-$1-$dev.log 2>&1
+    rc=$?; e=$(date +%s.%N)
+    say "exit $rc, $(python3 -c "print(f'{$e - $s:.2f} s wall')"); $(grep -o '"frames":[0-9]*\|"elapsed_s":[0-9.]*\|"frames_per_s":[0-9.]*' /tmp/pgb/x264-$1-$dev.log | tail -3 | tr '\n' ' ')"
+  done
+}
 mkdir -p /tmp/pgb
 # GPU utilisation, a line a second, while the benchmarks run
 (nvidia-smi dmon -s u -d 1 >/tmp/pgb/dmon.txt 2>&1 &)
-for r in ${RUNS-enhance:720:nhwc1 lipsync:720:nhwc1 engine:wav2lip_b128+wav2lip_b1:100 lipsync:720:nhwc1,device,nopeer lipsync:720:nhwc0,nopeer enhance:1080:nhwc1,f100,nopeer,t70 lipsync:1080:nhwc1,f100,t100 engine:rrdbnet_x4_128:60}; do
+for r in ${RUNS-enhance:720:nhwc1 x264:720 lipsync:720:nhwc1 engine:wav2lip_b128+wav2lip_b1:100 lipsync:720:nhwc1,device,nopeer lipsync:720:nhwc0,nopeer enhance:1080:nhwc1,f100,nopeer,t70 lipsync:1080:nhwc1,f100,t100 engine:rrdbnet_x4_128:60}; do
   IFS=: read -r p size opts <<<"$r"
   if [ "$p" = engine ]; then engine_run "$size" "${opts:-100}"; continue; fi
+  if [ "$p" = x264 ]; then x264_run "$size"; continue; fi
   if ! pipeline_run "$p" "$size" "${opts:-}"; then
     case ${opts:-} in *blocking*) ;; *) pipeline_run "$p" "$size" "${opts:+$opts,}blocking,nopeer,t60" ;; esac
   fi

@@ -6,10 +6,12 @@ For each configuration it builds the full-size model with random weights
 as ONNX, and times in this one run, one after the other on the same input:
 
   spindle fp32 / tf32 / fp16   `engine-bench MODEL --device cuda:N --precision P`
-                               (runs replayed as CUDA Graphs after the warm-up)
+                               (runs replayed as CUDA Graphs after the warm-up);
+                               fp16 here is the NCHW path (SPINDLE_CUDA_NHWC=0)
   spindle fp16 no graphs       the same with SPINDLE_NO_CUDA_GRAPHS=1 (eager)
   spindle fp16 nhwc            fp16 with SPINDLE_CUDA_NHWC=1: activations kept
-                               fp16 channels-last between convolutions
+                               fp16 channels-last between convolutions (the
+                               backend's default for fp16 models)
   torch eager fp32             the same ONNX graph converted to torch.nn modules
                                (onnx2torch: same weights), cudnn.benchmark,
                                channels_last
