@@ -23,6 +23,8 @@ Clip and Pad whose bound or fill value a node computes must run on the CPU
 fallback (ON_CPU): the CUDA backend reads those on the host. --nhwc sets
 SPINDLE_CUDA_NHWC=1 for the cuda:0 runs (fp16 channels-last values, the
 default); without it they run with SPINDLE_CUDA_NHWC=0 (the NCHW path).
+At fp16 it also checks the default layout: mini_wav2lip with SPINDLE_CUDA_NHWC
+unset and =1 plans its convolutions channels-last, with =0 it does not.
 
 usage: engine-cases.py SPINDLE WORKDIR [--precision fp32|tf32|fp16] [--nhwc]
 Exits 77 (skipped) when onnx/onnxruntime are not installed.
@@ -181,8 +183,38 @@ def main():
             continue
         failed += not ok
         print(f"{'PASS' if ok else 'FAIL'} {name}: {msg}")
+    if prec == "fp16":
+        failed += not layout_default(spindle, work)
     print(f"{len(cases) - failed - xfail} passed, {xfail} known bugs, {failed} failed")
     return 1 if failed else 0
+
+
+def layout_default(spindle, work):
+    """fp16 channels-last is the default: mini_wav2lip at fp16 with
+    SPINDLE_CUDA_NHWC unset and =1 plans its convolutions channels-last (the
+    load-time line says so), with =0 it does not."""
+    d = os.path.join(work, "mini_wav2lip")
+    p = os.path.join(d, "model.onnx")
+    ins = []
+    for k in cases["mini_wav2lip"][1]:
+        ins += ["--input", f"{k}={os.path.join(d, k + '.npy')}"]
+    ok = True
+    for val, want in ((None, True), ("1", True), ("0", False)):
+        env = dict(os.environ)
+        env.pop("SPINDLE_CUDA_NHWC", None)
+        if val is not None:
+            env["SPINDLE_CUDA_NHWC"] = val
+        pr = subprocess.run([spindle, "model", "run", p, "--output-dir", os.path.join(d, f"layout-{val}"),
+                             "--device", "cuda:0", "--precision", "fp16", "--fallback", "error"] + ins,
+                            capture_output=True, text=True, timeout=300, env=env)
+        said = re.search(r"fp16 channels-last: (\d+) of (\d+) convolutions", pr.stderr)
+        got = bool(said) and said.group(1) != "0"
+        good = pr.returncode == 0 and got == want
+        ok &= good
+        print(f"{'PASS' if good else 'FAIL'} layout, SPINDLE_CUDA_NHWC {'unset' if val is None else '=' + val}: "
+              f"{said.group(0) if said else 'no channels-last line'}"
+              f"{'' if pr.returncode == 0 else ' (exit %d: %s)' % (pr.returncode, pr.stderr.strip()[-300:])}")
+    return ok
 
 
 if __name__ == "__main__":
