@@ -125,7 +125,11 @@ x264_run() { # SIZE
 mkdir -p /tmp/pgb
 # GPU utilisation, a line a second, while the benchmarks run
 (nvidia-smi dmon -s u -d 1 >/tmp/pgb/dmon.txt 2>&1 &)
-for r in ${RUNS-enhance:720:nhwc1 x264:720 lipsync:720:nhwc1 engine:wav2lip_b128+wav2lip_b1:100 lipsync:720:nhwc1,device,nopeer lipsync:720:nhwc0,nopeer enhance:1080:nhwc1,f100,nopeer,t70 lipsync:1080:nhwc1,f100,t100 engine:rrdbnet_x4_128:60}; do
+# The default list: what the 2026-11-27 session left open (docs/gpu.md):
+# enhance with one thread for the GPU stages (never run), lipsync both ways
+# again, PyTorch's RRDBNet figures (torch.compile of it outlasts 60 s),
+# Wav2Lip b128 once more, the 1080p peers; the deadline cuts the tail.
+for r in ${RUNS-enhance:720 x264:720 lipsync:720 enhance:720:device,nopeer lipsync:720:device,nopeer engine:rrdbnet_x4_128:200 engine:wav2lip_b128:80 enhance:1080:f100,t100 lipsync:1080:f100,t100}; do
   IFS=: read -r p size opts <<<"$r"
   if [ "$p" = engine ]; then engine_run "$size" "${opts:-100}"; continue; fi
   if [ "$p" = x264 ]; then x264_run "$size"; continue; fi
