@@ -365,6 +365,12 @@ static int32_t upload(spn_backend_t *b, const void *src, size_t bytes, void **ou
     return cu_err(err, b->device, ce, what);
   }
   ce = src ? cudaMemcpy(*out, src, bytes, cudaMemcpyHostToDevice) : cudaSuccess;
+  /* From pageable memory cudaMemcpy may return once the bytes are staged,
+   * before the DMA lands; the model's runs are on non-blocking streams,
+   * which do not wait for the legacy stream that copy is on. Wait for it
+   * (load time only). */
+  if (ce == cudaSuccess && src)
+    ce = cudaStreamSynchronize(cudaStreamLegacy);
   return ce == cudaSuccess ? SPN_OK : cu_err(err, b->device, ce, what);
 }
 
