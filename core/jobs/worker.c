@@ -46,8 +46,6 @@ typedef struct wctx {
   wslot_t *slot; /* per slot: the job it runs (main thread only) */
 } wctx_t;
 
-/* A succeeded attempt's warnings (a JSON array the runner rendered) as
- * DONE's "warnings". */
 static void send_body(void *sock, const char *type, cJSON *b) {
   if (b)
     spn__proto_send(sock, NULL, 0, type, b);
