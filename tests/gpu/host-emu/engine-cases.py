@@ -118,17 +118,18 @@ case("mini_wav2lip", [
 
 
 def run(spindle, path, out, device, precision, args, on_cpu=None, env=None):
-    """The output y of one `model run`, or an error message. on_cpu: the op
-    the run must report on the CPU fallback (else nothing may fall back)."""
+    """The output y of one `model run`, or an error message, and what the run
+    logged. on_cpu: the op the run must report on the CPU fallback (else
+    nothing may fall back)."""
     fb = [] if on_cpu else ["--fallback", "error"]
     pr = subprocess.run([spindle, "model", "run", path, "--output-dir", out, "--device", device,
                          "--precision", precision, "--repeat", "3"] + fb + args,
                         capture_output=True, text=True, timeout=300, env=env)
     if pr.returncode:
-        return None, f"exit {pr.returncode}: " + pr.stderr.strip().replace("\n", " | ")
+        return None, f"exit {pr.returncode}: " + pr.stderr.strip().replace("\n", " | "), pr.stderr
     if on_cpu and not re.search(r"run on the CPU.*\(" + on_cpu + r"\)", pr.stderr):
-        return None, f"{on_cpu} did not fall back to the CPU: " + pr.stderr.strip().replace("\n", " | ")
-    return np.load(os.path.join(out, "y.npy")), None
+        return None, f"{on_cpu} did not fall back to the CPU: " + pr.stderr.strip().replace("\n", " | "), pr.stderr
+    return np.load(os.path.join(out, "y.npy")), None, pr.stderr
 
 
 def rel(a, ref):
@@ -163,8 +164,8 @@ def main():
         for k, v in feeds.items():
             np.save(os.path.join(d, k + ".npy"), v)
             ins += ["--input", f"{k}={os.path.join(d, k + '.npy')}"]
-        cpu, cpu_err = run(spindle, p, os.path.join(d, "cpu"), "cpu", "fp32", ins)
-        gpu, gpu_err = run(spindle, p, os.path.join(d, "cuda"), "cuda:0", prec, ins, ON_CPU.get(name), env)
+        cpu, cpu_err, _ = run(spindle, p, os.path.join(d, "cpu"), "cpu", "fp32", ins)
+        gpu, gpu_err, _ = run(spindle, p, os.path.join(d, "cuda"), "cuda:0", prec, ins, ON_CPU.get(name), env)
         if cpu_err or gpu_err:
             ok, msg = False, f"cpu: {cpu_err or 'ok'}; cuda:0: {gpu_err or 'ok'}"
         elif cpu.shape != gpu.shape:
@@ -204,16 +205,13 @@ def layout_default(spindle, work):
         env.pop("SPINDLE_CUDA_NHWC", None)
         if val is not None:
             env["SPINDLE_CUDA_NHWC"] = val
-        pr = subprocess.run([spindle, "model", "run", p, "--output-dir", os.path.join(d, f"layout-{val}"),
-                             "--device", "cuda:0", "--precision", "fp16", "--fallback", "error"] + ins,
-                            capture_output=True, text=True, timeout=300, env=env)
-        said = re.search(r"fp16 channels-last: (\d+) of (\d+) convolutions", pr.stderr)
+        _, why, log = run(spindle, p, os.path.join(d, f"layout-{val}"), "cuda:0", "fp16", ins, env=env)
+        said = re.search(r"fp16 channels-last: (\d+) of (\d+) convolutions", log)
         got = bool(said) and said.group(1) != "0"
-        good = pr.returncode == 0 and got == want
+        good = why is None and got == want
         ok &= good
         print(f"{'PASS' if good else 'FAIL'} layout, SPINDLE_CUDA_NHWC {'unset' if val is None else '=' + val}: "
-              f"{said.group(0) if said else 'no channels-last line'}"
-              f"{'' if pr.returncode == 0 else ' (exit %d: %s)' % (pr.returncode, pr.stderr.strip()[-300:])}")
+              f"{said.group(0) if said else 'no channels-last line'}{'' if why is None else ' (' + why[-300:] + ')'}")
     return ok
 
 
