@@ -339,6 +339,44 @@ static int32_t cu_event_new(spn_device_t *dev, void **ctx, spn_error_t *err) {
   return rc;
 }
 
+/* Timed events: the runtime's stream time per stage (actor.c). */
+static int32_t cu_event_new_timed(spn_device_t *dev, void **ctx, spn_error_t *err) {
+  int prev = caller_device();
+  int32_t rc = enter(dev, err);
+  cudaEvent_t e = NULL;
+  cudaError_t ce = cudaSuccess;
+  if (rc == SPN_OK && (ce = cudaEventCreateWithFlags(&e, cudaEventDefault)) != cudaSuccess)
+    rc = spn__cuda_error(err, ce, "cudaEventCreateWithFlags(timed)", __FILE__, __LINE__);
+  restore_device(prev);
+  if (rc == SPN_OK)
+    *ctx = e;
+  return rc;
+}
+
+static int32_t cu_event_elapsed(spn_device_t *dev, void *a, void *b, bool wait, uint64_t *ns, spn_error_t *err) {
+  int prev = caller_device();
+  int32_t rc = enter(dev, err);
+  cudaError_t ce = cudaSuccess;
+  if (rc == SPN_OK) {
+    ce = wait ? cudaEventSynchronize((cudaEvent_t)b) : cudaEventQuery((cudaEvent_t)b);
+    if (ce == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      rc = SPN_EAGAIN;
+    } else if (ce != cudaSuccess) {
+      rc = spn__cuda_error(err, ce, wait ? "cudaEventSynchronize(timed)" : "cudaEventQuery(timed)", __FILE__,
+                           __LINE__);
+    } else {
+      float ms = 0;
+      if ((ce = cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b)) != cudaSuccess)
+        rc = spn__cuda_error(err, ce, "cudaEventElapsedTime", __FILE__, __LINE__);
+      else
+        *ns = ms > 0 ? (uint64_t)((double)ms * 1e6) : 0;
+    }
+  }
+  restore_device(prev);
+  return rc;
+}
+
 static void cu_event_free_on(spn_device_t *dev, void *ctx) {
   if (cudaSetDevice(cdev(dev)->ordinal) == cudaSuccess)
     (void)cudaEventDestroy((cudaEvent_t)ctx);
@@ -425,6 +463,8 @@ static const spn__device_iface_t cuda_iface = {
     .event_record = cu_event_record,
     .event_sync = cu_event_sync,
     .stream_wait_event = cu_stream_wait,
+    .event_new_timed = cu_event_new_timed,
+    .event_elapsed = cu_event_elapsed,
 };
 
 /* ---- enumeration ---- */

@@ -58,13 +58,15 @@ static double now_s(void) {
  * here and subtracted. */
 typedef struct run_base {
   size_t n_stages, n_edges;
-  uint64_t *busy;
+  uint64_t *busy, *stream, *stream_calls;
   spn_transfer_stats_t *stage_x;
   spn_edge_stats_t *edge;
 } run_base_t;
 
 static void base_free(run_base_t *b) {
   free(b->busy);
+  free(b->stream);
+  free(b->stream_calls);
   free(b->stage_x);
   free(b->edge);
   memset(b, 0, sizeof *b);
@@ -77,13 +79,16 @@ static bool base_take(const spn_pipeline_t *pipe, run_base_t *b) {
     b->n_stages = spn_pipeline_stage_count(pipe);
     b->n_edges = spn_pipeline_edge_count(pipe);
     b->busy = calloc(b->n_stages + 1, sizeof *b->busy);
+    b->stream = calloc(b->n_stages + 1, sizeof *b->stream);
+    b->stream_calls = calloc(b->n_stages + 1, sizeof *b->stream_calls);
     b->stage_x = calloc(b->n_stages + 1, sizeof *b->stage_x);
     b->edge = calloc(b->n_edges + 1, sizeof *b->edge);
-    if (!b->busy || !b->stage_x || !b->edge)
+    if (!b->busy || !b->stream || !b->stream_calls || !b->stage_x || !b->edge)
       return false;
   }
   for (size_t i = 0; i < b->n_stages; i++) {
     spn_pipeline_stage_time(pipe, i, &b->busy[i]);
+    spn_pipeline_stage_stream_time(pipe, i, &b->stream[i], &b->stream_calls[i]);
     b->stage_x[i] = (spn_transfer_stats_t)SPN_TRANSFER_STATS_INIT;
     spn_pipeline_stage_transfers(pipe, i, &b->stage_x[i]);
   }
@@ -111,6 +116,18 @@ static const char *stage_run(const spn_pipeline_t *pipe, const run_base_t *b, si
     sub4(x->ns, b->stage_x[i].ns);
   }
   return name;
+}
+
+/* Stage i's stream time since the base (*ns) and the calls timed; false
+ * when none was (not on a device, or the device cannot time). */
+static bool stage_stream(const spn_pipeline_t *pipe, const run_base_t *b, size_t i, uint64_t *ns) {
+  uint64_t calls = 0;
+  spn_pipeline_stage_stream_time(pipe, i, ns, &calls);
+  if (i < b->n_stages) {
+    *ns -= b->stream[i];
+    calls -= b->stream_calls[i];
+  }
+  return calls > 0;
 }
 
 static void json_string(FILE *f, const char *s);
@@ -281,6 +298,9 @@ static void print_summary(const spn_pipeline_t *pipe, spn_job_t *job, const run_
       printf("%s{\"name\":", i ? "," : "");
       json_string(stdout, name ? name : "");
       printf(",\"busy_ms\":%.3f,\"share\":%.4f", (double)ns / 1e6, stage_share(pipe, b, ns));
+      uint64_t sns = 0;
+      if (stage_stream(pipe, b, i, &sns))
+        printf(",\"stream_ms\":%.3f", (double)sns / 1e6);
       print_copies(x.copies, x.bytes, x.ns, true);
       printf("}");
     }
@@ -303,6 +323,9 @@ static void print_summary(const spn_pipeline_t *pipe, spn_job_t *job, const run_
       spn_transfer_stats_t x;
       const char *name = stage_run(pipe, b, i, &ns, &x);
       printf("  stage %-16s %10.1f ms %5.1f%%", name ? name : "", (double)ns / 1e6, 100.0 * stage_share(pipe, b, ns));
+      uint64_t sns = 0;
+      if (stage_stream(pipe, b, i, &sns))
+        printf(", stream %.1f ms", (double)sns / 1e6);
       print_copies(x.copies, x.bytes, x.ns, false); /* the stage's own (buffer_copy) */
       printf("\n");
     }

@@ -591,6 +591,22 @@ static void stage_copy_metrics(const pipeline_runner_t *r, spn__mbuf_t *b) {
   }
 }
 
+/* Stream time (spn_pipeline_stage_stream_time) of every stage: 0 for those
+ * on the CPU pool, which use no device stream. */
+static void stage_stream_metrics(const pipeline_runner_t *r, spn__mbuf_t *b) {
+  spn__mbuf_family(b, "spindle_stage_stream_seconds_total", "counter",
+                   "Device time each stage's stream spent on the work its calls queued (0 on the CPU pool).");
+  for (size_t i = 0; i < r->n; i++)
+    for (size_t k = 0; k < spn_pipeline_stage_count(r->entries[i].pipe); k++) {
+      uint64_t ns = 0;
+      const char *stage = spn_pipeline_stage_stream_time(r->entries[i].pipe, k, &ns, NULL);
+      if (!stage)
+        continue;
+      stage_label(b, "spindle_stage_stream_seconds_total", r->entries[i].name, stage);
+      spn__mbuf_put(b, "} %.9f\n", (double)ns / 1e9);
+    }
+}
+
 /* The same bytes by the device whose streams copied them (the runtime's
  * devices, and "host" for copies between host memories of stages placed on
  * no device). */
@@ -633,6 +649,7 @@ void spn__runner_metrics(const spn_job_runner_t *runner, spn__mbuf_t *b) {
     return;
   edge_metrics(r, b);
   stage_copy_metrics(r, b);
+  stage_stream_metrics(r, b);
   spn__mbuf_family(b, "spindle_pipeline_load_seconds", "gauge",
                    "Time loading each pipeline at start-up: stage instances and their models.");
   for (size_t i = 0; i < r->n; i++) {

@@ -65,6 +65,88 @@ static void log_a(spn_stage_t *a, int32_t level, uint64_t job, const char *fmt, 
   va_end(ap);
 }
 
+/* ---- stream time -------------------------------------------------------------- */
+
+/* An instance on a device (its executor has the stream its work goes on)
+ * brackets each process, generate and flush call with two timed events on
+ * that stream; the device time between the two, summed, is the stage's
+ * stream time (spn_pipeline_stage_stream_time): how long the stream was
+ * busy with the stage's work. On a GPU that is what the stage costs the
+ * GPU, where its busy time is what it costs the host (launching work, not
+ * waiting for it); it also holds the time the stream waited for the host
+ * to queue more during the call and for other streams sharing the GPU. The
+ * pairs complete after the call returns: each call reads those complete by
+ * then without waiting, the oldest is waited for when SPN__ST_PAIRS are
+ * out (many calls old: done by then), and every one at a job's end and
+ * before the instance goes. A device that cannot time (or a failing timed
+ * event, once logged) turns it off for the instance. */
+static void st_stop(spn_stage_t *a, const spn_error_t *err) {
+  if (!a->st_off && err->code != SPN_EUNSUPPORTED)
+    log_a(a, SPN_LOG_WARN, 0, "stream time is not measured from here on: %s", err->msg);
+  a->st_off = true;
+  a->st_n = 0;
+}
+
+/* Read the complete pairs from the oldest on; wait for the first `wait`. */
+static void st_read(spn_stage_t *a, uint32_t wait) {
+  for (uint32_t i = 0; a->st_n; i++) {
+    spn_error_t err = SPN_ERROR_INIT;
+    uint64_t ns = 0;
+    int32_t rc = spn__event_elapsed(a->st_ev[2 * a->st_head], a->st_ev[2 * a->st_head + 1], i < wait, &ns, &err);
+    if (rc == SPN_EAGAIN)
+      return;
+    if (rc != SPN_OK) {
+      st_stop(a, &err);
+      return;
+    }
+    atomic_fetch_add_explicit(&a->srt->stream_ns, ns, memory_order_relaxed);
+    atomic_fetch_add_explicit(&a->srt->stream_calls, 1, memory_order_relaxed);
+    a->st_head = (a->st_head + 1) % SPN__ST_PAIRS;
+    a->st_n--;
+  }
+}
+
+/* Before a call: the pair's slot, its start recorded; -1 when not timed. */
+static int st_begin(spn_stage_t *a) {
+  if (a->st_off || !a->device || !a->ex->stream)
+    return -1;
+  if (a->st_n == SPN__ST_PAIRS)
+    st_read(a, 1);
+  if (a->st_off || a->st_n == SPN__ST_PAIRS)
+    return -1;
+  uint32_t k = (a->st_head + a->st_n) % SPN__ST_PAIRS;
+  spn_error_t err = SPN_ERROR_INIT;
+  for (int e = 0; e < 2; e++)
+    if (!a->st_ev[2 * k + e] && spn__event_new_timed(a->device, &a->st_ev[2 * k + e], &err) != SPN_OK) {
+      st_stop(a, &err);
+      return -1;
+    }
+  if (spn_event_record(a->st_ev[2 * k], a->ex->stream, &err) != SPN_OK) {
+    st_stop(a, &err);
+    return -1;
+  }
+  return (int)k;
+}
+
+/* After the call: its end recorded, and what is complete read. */
+static void st_end(spn_stage_t *a, int k) {
+  if (k < 0 || a->st_off)
+    return;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_event_record(a->st_ev[2 * k + 1], a->ex->stream, &err) != SPN_OK) {
+    st_stop(a, &err);
+    return;
+  }
+  a->st_n++;
+  st_read(a, 0);
+}
+
+static void st_free(spn_stage_t *a) {
+  st_read(a, SPN__ST_PAIRS);
+  for (uint32_t i = 0; i < 2 * SPN__ST_PAIRS; i++)
+    spn_event_free(&a->st_ev[i]);
+}
+
 /* ---- credit -------------------------------------------------------------------- */
 
 /* Never below zero: a forged frame on an ipc/tcp mailbox must not be able
@@ -426,9 +508,11 @@ static void finish_job(spn_stage_t *a, spn__ajob_t *aj) {
   if (ajob_ok(aj) && aj->opened && k->flush && !a->is_source) {
     spn_error_t err = SPN_ERROR_INIT;
     a->cur_job = aj;
+    int st = st_begin(a);
     uint64_t t0 = spn__now_ns();
     int32_t rc = k->flush(a, a->state, aj->job_state, &err);
     uint64_t dt = spn__now_ns() - t0;
+    st_end(a, st);
     atomic_fetch_add(&a->srt->busy_ns, dt);
     if (a->dev_slot >= 0)
       atomic_fetch_add_explicit(&aj->job->device_ns, dt, memory_order_relaxed);
@@ -436,6 +520,8 @@ static void finish_job(spn_stage_t *a, spn__ajob_t *aj) {
     if (rc < 0)
       fail_job(a, aj, rc, err.msg);
   }
+  /* The job's stream time is all read before its end is told. */
+  st_read(a, a->st_n);
   if (!ajob_ok(aj))
     return; /* ABORT_JOB will close it with ok=false */
   if (aj->opened && k->job_close)
@@ -753,9 +839,11 @@ static bool actor_batch(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
     if (spn__slot_down(a->pipe->rt, a->dev_slot)) {
       rc = spn_error_set(&err, SPN_EDEVICE, "%s is quarantined", a->device_name);
     } else if (k->process) {
+      int st = st_begin(a);
       uint64_t t0 = spn__now_ns();
       rc = k->process(a, a->state, a->b_msgs, a->b_states, cnt, &err);
       uint64_t dt = spn__now_ns() - t0;
+      st_end(a, st);
       atomic_fetch_add(&a->srt->busy_ns, dt);
       spn__stage_observe(a->srt, dt, cnt);
       /* Device time, split evenly among the batch's frames' jobs. */
@@ -845,9 +933,11 @@ static bool actor_generate(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
       continue;
     }
     a->cur_job = aj;
+    int st = k->generate ? st_begin(a) : -1;
     uint64_t t0 = spn__now_ns();
     int32_t rc = k->generate ? k->generate(a, a->state, aj->job_state, &err) : SPN_EOS;
     uint64_t dt = spn__now_ns() - t0;
+    st_end(a, st);
     atomic_fetch_add(&a->srt->busy_ns, dt);
     if (k->generate)
       spn__stage_observe(a->srt, dt, 0);
@@ -1005,6 +1095,7 @@ void spn__actor_destroy(spn_stage_t *a) {
       k->job_close(a, a->state, a->jobs->job_state, false);
     ajob_remove(a, a->jobs);
   }
+  st_free(a);
   if (a->created && k->destroy)
     k->destroy(a, a->state);
   a->created = false;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "device-internal.h"
@@ -67,15 +68,36 @@ static int32_t cpu_event_new(spn_device_t *dev, void **ctx, spn_error_t *err) {
   *ctx = NULL;
   return SPN_OK;
 }
+/* A timed event is the time it was recorded at: the work before it has run
+ * by then (streams run work as it is issued). Plain events carry nothing. */
+static int32_t cpu_event_new_timed(spn_device_t *dev, void **ctx, spn_error_t *err) {
+  uint64_t *t = calloc(1, sizeof *t);
+  if (!t)
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory creating an event", dev->name);
+  *ctx = t;
+  return SPN_OK;
+}
 static void cpu_event_free(spn_device_t *dev, void *ctx) {
   (void)dev;
-  (void)ctx;
+  free(ctx);
 }
 static int32_t cpu_event_record(spn_device_t *dev, void *ev, void *s, spn_error_t *err) {
   (void)dev;
-  (void)ev;
   (void)s;
   (void)err;
+  if (ev) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    *(uint64_t *)ev = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+  }
+  return SPN_OK;
+}
+static int32_t cpu_event_elapsed(spn_device_t *dev, void *a, void *b, bool wait, uint64_t *ns, spn_error_t *err) {
+  (void)wait;
+  if (!a || !b)
+    return spn_error_set(err, SPN_EINVAL, "%s: an event that was not made timed", dev->name);
+  uint64_t t0 = *(uint64_t *)a, t1 = *(uint64_t *)b;
+  *ns = t1 > t0 ? t1 - t0 : 0;
   return SPN_OK;
 }
 static int32_t cpu_event_sync(spn_device_t *dev, void *ev, spn_error_t *err) {
@@ -103,6 +125,8 @@ static const spn__device_iface_t cpu_iface = {
     .event_record = cpu_event_record,
     .event_sync = cpu_event_sync,
     .stream_wait_event = cpu_stream_wait,
+    .event_new_timed = cpu_event_new_timed,
+    .event_elapsed = cpu_event_elapsed,
 };
 
 static int32_t cpu_probe(void) { return 1; }

@@ -49,6 +49,13 @@ typedef struct spn__device_iface {
   int32_t (*event_record)(spn_device_t *dev, void *ev_ctx, void *stream_ctx, spn_error_t *err);
   int32_t (*event_sync)(spn_device_t *dev, void *ev_ctx, spn_error_t *err);
   int32_t (*stream_wait_event)(spn_device_t *dev, void *stream_ctx, void *ev_ctx, spn_error_t *err);
+  /* Timing (spn__event_new_timed, spn__event_elapsed): an event that can be
+   * timed (freed and recorded as any other), and the device time from
+   * `start` to `end` once both are complete: SPN_OK with *ns, SPN_EAGAIN
+   * while `end` is not reached and !wait. NULL: the device cannot time. */
+  int32_t (*event_new_timed)(spn_device_t *dev, void **ctx, spn_error_t *err);
+  int32_t (*event_elapsed)(spn_device_t *dev, void *start_ctx, void *end_ctx, bool wait, uint64_t *ns,
+                           spn_error_t *err);
 } spn__device_iface_t;
 
 struct spn_device {
@@ -73,6 +80,15 @@ struct spn_event {
   spn_device_t *dev;
   void *ctx;
 };
+
+/* Stream time (the runtime's per-stage stream time, actor.c): a timed
+ * event, recorded with spn_event_record and freed with spn_event_free;
+ * SPN_EUNSUPPORTED where the device cannot time. */
+int32_t spn__event_new_timed(spn_device_t *dev, spn_event_t **out, spn_error_t *err);
+/* Device time between two timed events of one device recorded in that
+ * order: SPN_OK with *ns; SPN_EAGAIN when `end` is not complete and !wait
+ * (wait: block until it is). */
+int32_t spn__event_elapsed(spn_event_t *start, spn_event_t *end, bool wait, uint64_t *ns, spn_error_t *err);
 
 /* A backend: opens the devices a spec names. `spec` is the part after the
  * kind ("4" of "cpu:4", "0,1" of "cuda:0,1", "" for all). */

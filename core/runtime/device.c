@@ -120,12 +120,14 @@ int32_t spn_stream_copy(spn_stream_t *s, spn_buffer_t *dst, size_t dst_off, spn_
   return s->dev->iface->copy(s->dev, s->ctx, dst, dst_off, src, src_off, size, err);
 }
 
-int32_t spn_event_new(spn_device_t *dev, spn_event_t **out, spn_error_t *err) {
+/* An event of dev made by `make` (the iface's event_new or event_new_timed). */
+static int32_t event_make(spn_device_t *dev, int32_t (*make)(spn_device_t *, void **, spn_error_t *),
+                          spn_event_t **out, spn_error_t *err) {
   spn_event_t *e = calloc(1, sizeof *e);
   if (!e)
     return spn_error_set(err, SPN_ENOMEM, "%s: out of memory creating an event", dev->name);
   e->dev = dev;
-  int32_t rc = dev->iface->event_new(dev, &e->ctx, err);
+  int32_t rc = make(dev, &e->ctx, err);
   if (rc != SPN_OK) {
     free(e);
     return rc;
@@ -134,12 +136,28 @@ int32_t spn_event_new(spn_device_t *dev, spn_event_t **out, spn_error_t *err) {
   return SPN_OK;
 }
 
+int32_t spn_event_new(spn_device_t *dev, spn_event_t **out, spn_error_t *err) {
+  return event_make(dev, dev->iface->event_new, out, err);
+}
+
 void spn_event_free(spn_event_t **ev) {
   if (!ev || !*ev)
     return;
   (*ev)->dev->iface->event_free((*ev)->dev, (*ev)->ctx);
   free(*ev);
   *ev = NULL;
+}
+
+int32_t spn__event_new_timed(spn_device_t *dev, spn_event_t **out, spn_error_t *err) {
+  if (!dev->iface->event_new_timed || !dev->iface->event_elapsed)
+    return spn_error_set(err, SPN_EUNSUPPORTED, "%s: no timed events", dev->name);
+  return event_make(dev, dev->iface->event_new_timed, out, err);
+}
+
+int32_t spn__event_elapsed(spn_event_t *start, spn_event_t *end, bool wait, uint64_t *ns, spn_error_t *err) {
+  if (start->dev != end->dev)
+    return spn_error_set(err, SPN_EINVAL, "%s, %s: timed events of two devices", start->dev->name, end->dev->name);
+  return start->dev->iface->event_elapsed(start->dev, start->ctx, end->ctx, wait, ns, err);
 }
 
 int32_t spn_event_record(spn_event_t *ev, spn_stream_t *s, spn_error_t *err) {

@@ -522,6 +522,17 @@ const char *spn_pipeline_stage_time(const spn_pipeline_t *pipe, size_t i, uint64
   return pipe->stages[i].spec->name;
 }
 
+const char *spn_pipeline_stage_stream_time(const spn_pipeline_t *pipe, size_t i, uint64_t *stream_ns,
+                                           uint64_t *timed_calls) {
+  if (!pipe || i >= pipe->n_stages)
+    return NULL;
+  if (stream_ns)
+    *stream_ns = atomic_load(&pipe->stages[i].stream_ns);
+  if (timed_calls)
+    *timed_calls = atomic_load(&pipe->stages[i].stream_calls);
+  return pipe->stages[i].spec->name;
+}
+
 const char *spn_pipeline_stage_transfers(const spn_pipeline_t *pipe, size_t i, spn_transfer_stats_t *out) {
   if (!pipe || i >= pipe->n_stages || !out)
     return NULL;

@@ -214,6 +214,10 @@ typedef struct spn__stage_rt {
   uint32_t max_batch, max_delay_ms;
   bool terminal; /* no outgoing edge: acknowledges EOS to the job */
   _Atomic uint64_t busy_ns; /* wall time in process/generate/flush, all replicas, all jobs */
+  /* Stream time (actor.c, "stream time"): device time between timed events
+   * recorded on the instance's stream around those calls, and how many
+   * calls were timed; 0 calls: not measured (no device, or it cannot time). */
+  _Atomic uint64_t stream_ns, stream_calls;
   spn__xfer_t xfer;         /* copies its instances made themselves (host buffer_copy), all replicas, all jobs */
   /* spn_stage_stats_t's histograms (spn__stage_observe) */
   _Atomic uint64_t calls, call_ns, lat_b[SPN_STAGE_LATENCY_BUCKETS];
@@ -226,6 +230,10 @@ typedef struct spn__stage_rt {
 
 /* Count one process (n >= 1 messages) or generate (n == 0) call of t0..now. */
 void spn__stage_observe(spn__stage_rt_t *srt, uint64_t ns, uint32_t n);
+
+/* Timed calls of a stage instance whose stream time is not read yet, at
+ * most (actor.c, "stream time"). */
+#define SPN__ST_PAIRS 64
 
 struct spn_stage {
   spn_stage_head_t head;     /* const; first: the public prefix spn_stage_host reads (plugin.h) */
@@ -267,6 +275,11 @@ struct spn_stage {
   atomic_llong reordered;    /* debug: messages that arrived ahead of their turn */
   spn_stream_t *copy_stream; /* executor: edge copies when the executor has no stream of its own */
   size_t ser_cap;
+  /* executor: stream time (actor.c): pairs of timed events in a ring, the
+   * oldest st_n from st_head not read yet; st_off once timing failed */
+  spn_event_t *st_ev[2 * SPN__ST_PAIRS];
+  uint32_t st_head, st_n;
+  bool st_off;
 };
 
 /* ---- executors ---------------------------------------------------------------- */

@@ -989,6 +989,13 @@ def print_report(results, a, gpu, enc_kind):
                       f"({b['sum_fps']:.0f} frames/s one after another); measured {k['frames_per_s']:.1f} "
                       f"(SPINDLE_DEVICE_THREADS={os.environ.get('SPINDLE_DEVICE_THREADS') or 'stage'})")
         for label, k in (("Spindle", s), ("GPU part", g)):
+            sm = [(st["name"], st["stream_ms"]) for st in k.get("stages", []) if "stream_ms" in st]
+            n = k.get("frames") or 0
+            if sm and n:
+                print(f"  - {label}, stream time a frame (the device's time on each stage's work, "
+                      "docs/gpu.md): " + ", ".join(f"{nm} {v / n:.2f} ms" for nm, v in sm) +
+                      f"; all {sum(v for _, v in sm) / n:.2f} ms")
+        for label, k in (("Spindle", s), ("GPU part", g)):
             c = k.get("cold")
             if c:
                 print(f"  - {label}, first run (cold: cuDNN algorithm choice, CUDA Graph capture): "

@@ -9,7 +9,12 @@
  * without buffer_set_ready still reaches a sink on the same GPU (its own
  * thread and stream) with its bytes: the runtime marks the buffer ready at
  * emit (on the fake GPU's lazy streams, SPN_EMU_CUDA_LAZY, the sink would
- * otherwise read memory the source's stream has not written yet). */
+ * otherwise read memory the source's stream has not written yet). Stream
+ * time: a GPU sink that only queues work on its stream (never waits) has
+ * every process call timed (spn_pipeline_stage_stream_time), 300 of them —
+ * more than the runtime keeps unread, so on the lazy fake GPU, whose events
+ * stay not ready until something waits, the oldest are waited for — with
+ * a time above zero; the host source has none. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -36,7 +41,9 @@ static const spn_config_field_t schema[] = {
 /* Test-only: the host table and counters of the test that runs (one at a
  * time in this process). */
 static const spn_host_api_t *g_host;
-static atomic_llong g_ok, g_bad;
+static atomic_llong g_ok, g_bad, g_calls;
+/* The run's stream time and timed calls, stage by stage (config order). */
+static uint64_t g_stream_ns[2], g_stream_calls[2];
 
 typedef struct sjob {
   uint64_t id;
@@ -151,10 +158,33 @@ static int32_t gsink_proc(spn_stage_t *s, void *st, spn_msg_t **m, void **js, si
   return SPN_OK;
 }
 
+/* Queues work on its stream and never waits for it: a 1 MiB device buffer
+ * of the job's, set once per message (nothing is freed on the way, which
+ * would make the device layer order the free after the stream's work). */
+static int32_t q_open(spn_stage_t *s, void *st, const spn_job_info_t *job, void **js, spn_error_t *e) {
+  spn_buffer_t *buf = NULL;
+  int32_t rc = g_host->buffer_new_kind(s, 1 << 20, SPN_MEM_DEVICE, &buf, e);
+  *js = buf;
+  return rc;
+}
+static void q_close(spn_stage_t *s, void *st, void *js, bool ok) {
+  spn_buffer_t *buf = js;
+  cudaStreamSynchronize((cudaStream_t)g_host->stage_get_stream(s));
+  g_host->buffer_unref(&buf);
+}
+static int32_t qsink_proc(spn_stage_t *s, void *st, spn_msg_t **m, void **js, size_t n, spn_error_t *e) {
+  const spn_host_api_t *h = g_host;
+  atomic_fetch_add(&g_calls, 1);
+  for (size_t i = 0; i < n; i++)
+    if (cudaMemsetAsync(h->buffer_data(js[i]), 7, 1 << 20, (cudaStream_t)h->stage_get_stream(s)) != cudaSuccess)
+      return spn_error_set(e, SPN_EDEVICE, "cudaMemsetAsync failed");
+  return SPN_OK;
+}
+
 static const spn_port_t out[] = {{"out", "any"}};
 static const spn_port_t in[] = {{"in", "any"}};
 static const spn_port_caps_t dev_caps[] = {{.struct_size = sizeof(spn_port_caps_t), .mem_kinds = SPN_MEMSET_DEVICE}};
-static spn_stage_kind_t k_gsrc, k_hsrc, k_hsink, k_gsink, k_usrc;
+static spn_stage_kind_t k_gsrc, k_hsrc, k_hsink, k_gsink, k_usrc, k_qsink;
 
 static void init_kinds(void) {
   spn_stage_kind_t b = SPN_STAGE_KIND_INIT;
@@ -187,6 +217,12 @@ static void init_kinds(void) {
   k_gsink.device_need = SPN_NEED_CUDA;
   k_gsink.process = gsink_proc;
   k_gsink.input_caps = dev_caps;
+  k_qsink = k_gsink;
+  k_qsink.name = "qsink";
+  k_qsink.process = qsink_proc;
+  k_qsink.job_open = q_open;
+  k_qsink.job_close = q_close;
+  k_qsink.input_caps = NULL; /* host frames as they are: no edge copy (which would wait on the stream) */
 }
 
 static void run(const char *toml, int64_t frames, spn_edge_stats_t *st) {
@@ -200,8 +236,9 @@ static void run(const char *toml, int64_t frames, spn_edge_stats_t *st) {
   g_host = spn__runtime_host_api(rt);
   atomic_store(&g_ok, 0);
   atomic_store(&g_bad, 0);
-  const spn_stage_kind_t *all[] = {&k_gsrc, &k_hsrc, &k_hsink, &k_gsink, &k_usrc};
-  for (size_t i = 0; i < 5; i++)
+  atomic_store(&g_calls, 0);
+  const spn_stage_kind_t *all[] = {&k_gsrc, &k_hsrc, &k_hsink, &k_gsink, &k_usrc, &k_qsink};
+  for (size_t i = 0; i < 6; i++)
     if (spn__registry_add_kind(rt->reg, all[i], "test", &err) != SPN_OK)
       fail_msg("kind: %s", err.msg);
   spn_pipeline_t *pipe = NULL;
@@ -220,6 +257,8 @@ static void run(const char *toml, int64_t frames, spn_edge_stats_t *st) {
   assert_int_equal(spn_pipeline_edge_count(pipe), 1);
   assert_int_equal(spn_pipeline_edge_stats(pipe, 0, st), SPN_OK);
   st->from_stage = st->to_stage = st->from_port = st->to_port = st->format = NULL; /* freed below */
+  for (size_t i = 0; i < 2; i++)
+    assert_non_null(spn_pipeline_stage_stream_time(pipe, i, &g_stream_ns[i], &g_stream_calls[i]));
   spn_job_free(&job);
   spn_pipeline_free(&pipe);
   spn_runtime_free(&rt);
@@ -262,6 +301,19 @@ static void same_gpu_without_set_ready(void **state) {
   assert_int_equal(atomic_load(&g_ok), 1);
 }
 
+static void stream_time(void **state) {
+  spn_edge_stats_t st;
+  run("[[stage]]\nname = \"s\"\nkind = \"hsrc\"\n"
+      "[[stage]]\nname = \"k\"\nkind = \"qsink\"\ninputs = [\"s\"]\ninstances = { count = 1, devices = \"0\" }\n",
+      300, &st);
+  assert_int_equal(st.messages, 300);
+  assert_int_equal(g_stream_calls[0], 0); /* on the CPU pool: not measured */
+  assert_int_equal(g_stream_ns[0], 0);
+  assert_int_equal(g_stream_calls[1], atomic_load(&g_calls));
+  assert_true(g_stream_calls[1] > SPN__ST_PAIRS);
+  assert_true(g_stream_ns[1] > 0);
+}
+
 static void across_gpus(void **state) {
   if (spn_test_gpu_count() < 2)
     skip();
@@ -281,6 +333,7 @@ int main(void) {
       cmocka_unit_test(device_to_host),
       cmocka_unit_test(host_to_device),
       cmocka_unit_test(same_gpu_without_set_ready),
+      cmocka_unit_test(stream_time),
       cmocka_unit_test(across_gpus),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -102,7 +102,7 @@ expect_frames = 6
 verify_pattern = true
 EOT
 "$spindle" run xfer.toml --plugin-path "$xfer" --devices cpu:2 >out.txt 2>err.txt || fail "xfer run: $(cat err.txt)"
-grep -Eq '^  stage up +[0-9.]+ ms +[0-9.]+%, h2d 6 copies 576 bytes [0-9.]+ ms, d2h 6 copies 192 bytes [0-9.]+ ms$' \
+grep -Eq '^  stage up +[0-9.]+ ms +[0-9.]+%, stream [0-9.]+ ms, h2d 6 copies 576 bytes [0-9.]+ ms, d2h 6 copies 192 bytes [0-9.]+ ms$' \
   out.txt || fail "the stage's own copies: $(cat out.txt)"
 grep -Eq '^  stage (source|sink) +[0-9.]+ ms +[0-9.]+%$' out.txt || fail "stages that copy nothing: $(cat out.txt)"
 grep -Eq '^  edge  up.out -> sink.in: .*, d2h 6 copies 576 bytes [0-9.]+ ms$' out.txt ||
@@ -127,6 +127,43 @@ assert figs(t) == dict(none, h2d=(6, 576), d2h=(12, 768)), t
 assert t["bytes_per_frame"] == 224.0, t
 assert all(t[k]["ms"] >= 0 for k in ("h2d", "d2h")), t
 ' || fail "json transfers: $(cat out.txt)"
+
+# Stream time: a stage on a device (emulated cpu:1, whose events are the
+# host's clock at their record) has every call timed, and its stream time
+# is the time inside them: a stage sleeping 4 ms a frame for 50 frames
+# shows 200 ms or more, no more than its busy time; stages on the CPU pool
+# have none (text line without ", stream", no stream_ms member).
+cat >stime.toml <<'EOT'
+[pipeline]
+name = "stime"
+[[stage]]
+name = "source"
+kind = "synth"
+frames = 50
+width = 8
+height = 4
+[[stage]]
+name = "relay"
+kind = "cost"
+inputs = ["source"]
+device = "cpu:1"
+us = 4000
+sleep = true
+[[stage]]
+name = "sink"
+kind = "check"
+inputs = ["relay"]
+expect_frames = 50
+EOT
+"$spindle" run stime.toml --devices cpu:2 --log-format json >out.txt 2>err.txt || fail "stream time run: $(cat err.txt)"
+python3 -c '
+import json
+d = json.loads(open("out.txt").read().strip().splitlines()[-1])
+st = {s["name"]: s for s in d["stages"]}
+assert "stream_ms" not in st["source"] and "stream_ms" not in st["sink"], st
+r = st["relay"]
+assert 200 <= r["stream_ms"] <= r["busy_ms"] + 1, r
+' || fail "stream time: $(cat out.txt)"
 
 # Config and usage errors.
 "$spindle" run "$src/configs/synthetic.toml" --set source.frames=lots >/dev/null 2>err.txt

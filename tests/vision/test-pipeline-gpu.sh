@@ -22,7 +22,8 @@
 #   2. The config itself, unchanged (but for the Wav2Lip model's path), runs
 #      with --devices cuda, writes as many frames as the CPU run, and moves
 #      at most one output frame's bytes between host and GPU per output frame
-#      (the job's transfers: edges and the stages' own copies).
+#      (the job's transfers: edges and the stages' own copies); each model
+#      stage's stream time is above zero and within the job's time.
 #   test-pipeline-gpu.sh enhance|lipsync SPINDLE PLUGIN_DIRS SOURCE_ROOT
 #   (PLUGIN_DIRS: the plugin folders, colon-separated)
 # SPINDLE_TEST_DURATION shortens the 2 s (the runs on the fake GPU of
@@ -231,5 +232,12 @@ pcie = (t['h2d']['bytes'] + t['d2h']['bytes'] - upload) / n
 print(f'host<->GPU per output frame: {pcie:.0f} bytes = {pcie / frame:.3f} frames '
       f"(h2d {t['h2d']['bytes']}, d2h {t['d2h']['bytes']}, d2d {t['d2d']['bytes']})")
 assert 0 < pcie <= frame, f'{pcie:.0f} bytes per frame crossed PCIe, the budget is one output frame ({frame} bytes)'
+# Stream time (docs/gpu.md): every model stage, one instance on the GPU,
+# has its calls timed on its stream: above zero, at most the job's time.
+for s in gpu['stages']:
+    print(f"stage {s['name']}: busy {s['busy_ms']:.1f} ms, stream {s.get('stream_ms', '-')} ms")
+    if s['name'] in ('faces', 'lips', 'sr'):
+        assert 0 < s.get('stream_ms', 0) <= gpu['elapsed_s'] * 1000 + 1, \
+            f"stage {s['name']} on the GPU: stream time {s.get('stream_ms')} ms, job {gpu['elapsed_s']} s"
 PY
 echo "ok: $name"

@@ -193,6 +193,19 @@ SPN_API int32_t spn_pipeline_warning(const spn_pipeline_t *pipe, size_t i, char 
  * atomically while jobs run. Ownership: arguments borrowed. */
 SPN_API size_t spn_pipeline_stage_count(const spn_pipeline_t *pipe);
 SPN_API const char *spn_pipeline_stage_time(const spn_pipeline_t *pipe, size_t i, uint64_t *busy_ns);
+/* Stage i's stream time: for instances placed on a device, the device time
+ * their stream spent on the work queued by each process/generate/flush
+ * call, from a timed event recorded on the stream before the call to one
+ * after it, summed over replicas and jobs (*stream_ns), and how many calls
+ * were timed (*timed_calls; 0: not measured — the stage runs on the CPU
+ * pool, or its device cannot time). On a GPU, busy time is what a stage
+ * costs the host and stream time what it costs the GPU; the stream time
+ * also holds what the stream waited for the host to queue work during the
+ * call, and the time other streams' work shared the GPU with it. A pair is
+ * read once complete, at the latest when the job ends. Returns NULL when i
+ * is out of range. Thread: any. Ownership: arguments borrowed. */
+SPN_API const char *spn_pipeline_stage_stream_time(const spn_pipeline_t *pipe, size_t i, uint64_t *stream_ns,
+                                                   uint64_t *timed_calls);
 
 /* Per-edge traffic (ABI 1.1 memory kinds and formats): one entry per edge
  * of the validated pipeline, conversions the runtime inserted included.

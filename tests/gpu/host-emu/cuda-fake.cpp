@@ -72,6 +72,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -138,6 +139,8 @@ struct emu_event {
   uint64_t serial; /* s's serial: s may be destroyed (and its address reused) since */
   emu_stream *capture = nullptr; /* recorded into this stream's capture (a node of its graph) */
   int capture_no = 0;            /* which of that stream's captures */
+  bool timing = true;            /* not made with cudaEventDisableTiming */
+  double t_ms = 0;               /* host time of the last record (the work before it has run by then) */
 };
 
 struct emu_graph {
@@ -884,10 +887,11 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flag
   return cudaSuccess;
 }
 
-/* Events carry nothing: all work has run when they are recorded. */
+/* Events carry nothing but the time of their last record: all work has run
+ * when they are recorded (lazy mode: that time is when it was queued). */
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags) {
-  (void)flags;
   emu_event *ev = new emu_event{nullptr, 0, 0};
+  ev->timing = !(flags & cudaEventDisableTiming);
   std::lock_guard<std::mutex> g(lock);
   events.insert(ev);
   *e = (cudaEvent_t)ev;
@@ -910,7 +914,11 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   emu_stream *st = stream_of(s);
   std::lock_guard<std::mutex> g(lock);
   if (!st->cap) {
-    *(emu_event *)e = emu_event{st, st->submitted, st->serial};
+    emu_event *ev = (emu_event *)e;
+    bool timing = ev->timing;
+    *ev = emu_event{st, st->submitted, st->serial};
+    ev->timing = timing;
+    ev->t_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
   } else {
     ((emu_event *)e)->capture = st;
     ((emu_event *)e)->capture_no = st->captures;
@@ -936,9 +944,31 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   return event_sync(e);
 }
 
+/* Lazy mode: not ready while the work before the record is queued (as on a
+ * GPU still running it); nothing runs for a query. Otherwise complete. */
 cudaError_t cudaEventQuery(cudaEvent_t e) {
   count(ST_QUERY);
-  return event_sync(e);
+  if (!e)
+    return ret(cudaErrorInvalidResourceHandle);
+  if (lazy()) {
+    std::lock_guard<std::mutex> g(lock);
+    const emu_event *ev = (const emu_event *)e;
+    if (ev->s && streams.count(ev->s) && ev->s->serial == ev->serial && ev->s->done < ev->pos)
+      return cudaErrorNotReady;
+  }
+  return cudaSuccess;
+}
+
+/* As CUDA: both events recorded, neither made without timing. */
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+  if (!ms || !a || !b)
+    return ret(cudaErrorInvalidValue);
+  std::lock_guard<std::mutex> g(lock);
+  const emu_event *x = (const emu_event *)a, *y = (const emu_event *)b;
+  if (!x->timing || !y->timing || !x->s || !y->s)
+    return ret(cudaErrorInvalidResourceHandle);
+  *ms = (float)(y->t_ms - x->t_ms);
+  return cudaSuccess;
 }
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *data) {
