@@ -195,6 +195,42 @@ __global__ void unit_to_u8_kernel(img_desc src, img_desc dst) {
   }
 }
 
+/* One thread per block pixel (x, y) of tile blockIdx.z: its three colours,
+ * as to_float_kernel with mean 0 (RGB planes). */
+__global__ void tiles_cut_kernel(img_desc src, spn_cuda_tiles_t t, int32_t P, int32_t Q, float scale, float *dst) {
+  int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y, i = blockIdx.z;
+  if (x >= Q || y >= P || i >= t.n)
+    return;
+  const uint8_t *p = src.data[0] + (int64_t)(t.by[i] + y) * src.stride[0] + (int64_t)(t.bx[i] + x) * 3;
+  bool sbgr = src.format == SPN_PIXFMT_BGR24;
+  float rgb[3] = {(float)p[sbgr ? 2 : 0], (float)p[1], (float)p[sbgr ? 0 : 2]};
+  size_t plane = (size_t)P * Q;
+  float *o = dst + (size_t)i * 3 * plane + (size_t)y * Q + x;
+  for (int c = 0; c < 3; c++)
+    o[c * plane] = __fmul_rn(rgb[c], scale); /* (v - 0) * scale */
+}
+/* One thread per output pixel of tile blockIdx.z's own part, (X, Y) from
+ * its corner: unit_to_u8_kernel's arithmetic on the value the tile's output
+ * has there. */
+__global__ void tiles_stitch_kernel(const float *src, int32_t P, int32_t Q, int32_t s, spn_cuda_tiles_t t,
+                                    img_desc dst) {
+  int32_t i = blockIdx.z;
+  if (i >= t.n)
+    return;
+  int32_t X = blockIdx.x * blockDim.x + threadIdx.x, Y = blockIdx.y * blockDim.y + threadIdx.y;
+  if (X >= (t.x1[i] - t.x0[i]) * s || Y >= (t.y1[i] - t.y0[i]) * s)
+    return;
+  int64_t oq = (int64_t)Q * s, plane = (int64_t)P * s * oq;
+  int64_t ox = (int64_t)(t.x0[i] - t.bx[i]) * s + X, oy = (int64_t)(t.y0[i] - t.by[i]) * s + Y;
+  const float *v = src + (int64_t)i * 3 * plane + oy * oq + ox;
+  bool dbgr = dst.format == SPN_PIXFMT_BGR24;
+  uint8_t *p = dst.data[0] + ((int64_t)t.y0[i] * s + Y) * dst.stride[0] + ((int64_t)t.x0[i] * s + X) * 3;
+  for (int c = 0; c < 3; c++) {
+    float u = __fmul_rn(v[c * plane], 255.0f);
+    u = u > 0.0f ? (u < 255.0f ? u : 255.0f) : 0.0f; /* NaN: 0 */
+    p[dbgr ? 2 - c : c] = sat_u8(u);
+  }
+}
 /* Linear ramps from each edge over `feather` pixels, multiplied. */
 __global__ void feather_mask_kernel(img_desc mask, float feather) {
   int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
@@ -508,4 +544,65 @@ extern "C" int32_t spn_cuda_rotate(const spn_image_t *src, spn_image_t *dst, int
       return rc;
   }
   return SPN_OK;
+}
+
+/* The tiles a call is given: 1..SPN_CUDA_TILES of them, each rectangle
+ * inside its block, each block inside a w x h frame. */
+static int32_t tiles_check(const spn_cuda_tiles_t *t, int32_t P, int32_t Q, int32_t w, int32_t h, const char *op,
+                           spn_error_t *err) {
+  if (!t || t->n < 1 || t->n > SPN_CUDA_TILES || P < 1 || Q < 1)
+    return spn_error_set(err, SPN_EINVAL, "cuda image: %s: %d tiles of %dx%d (1..%d tiles, blocks not empty)", op,
+                         t ? (int)t->n : 0, (int)Q, (int)P, SPN_CUDA_TILES);
+  for (int32_t i = 0; i < t->n; i++)
+    if (t->bx[i] < 0 || t->by[i] < 0 || t->bx[i] + Q > w || t->by[i] + P > h || t->x0[i] < t->bx[i] ||
+        t->y0[i] < t->by[i] || t->x1[i] > t->bx[i] + Q || t->y1[i] > t->by[i] + P || t->x1[i] <= t->x0[i] ||
+        t->y1[i] <= t->y0[i])
+      return spn_error_set(err, SPN_EINVAL,
+                           "cuda image: %s: tile %d ([%d, %d) x [%d, %d), block at (%d, %d)) does not fit a %dx%d "
+                           "block inside the %dx%d frame",
+                           op, (int)i, (int)t->x0[i], (int)t->x1[i], (int)t->y0[i], (int)t->y1[i], (int)t->bx[i],
+                           (int)t->by[i], (int)Q, (int)P, (int)w, (int)h);
+  return SPN_OK;
+}
+
+extern "C" int32_t spn_cuda_tiles_cut(const spn_image_t *src, const spn_cuda_tiles_t *t, int32_t P, int32_t Q,
+                                      float scale, float *dst, cudaStream_t stream, spn_error_t *err) {
+  int32_t rc;
+  if ((rc = check(src, "tiles_cut source", err)))
+    return rc;
+  if (!is_rgb_u8(src->format))
+    return spn_error_set(err, SPN_EUNSUPPORTED, "cuda image: tiles_cut from %s is not supported",
+                         spn_pixfmt_name(src->format));
+  if (!dst)
+    return spn_error_set(err, SPN_EINVAL, "cuda image: tiles_cut: no destination");
+  if ((rc = tiles_check(t, P, Q, src->width, src->height, "tiles_cut", err)))
+    return rc;
+  dim3 g = grid_for(Q, P, k_block);
+  g.z = (unsigned)t->n;
+  tiles_cut_kernel<<<g, k_block, 0, stream>>>(describe(src), *t, P, Q, scale, dst);
+  return launched("tiles_cut", err);
+}
+
+extern "C" int32_t spn_cuda_tiles_stitch(const float *src, int32_t P, int32_t Q, int32_t s, const spn_cuda_tiles_t *t,
+                                         spn_image_t *dst, cudaStream_t stream, spn_error_t *err) {
+  int32_t rc;
+  if ((rc = check(dst, "tiles_stitch destination", err)))
+    return rc;
+  if (!is_rgb_u8(dst->format))
+    return spn_error_set(err, SPN_EUNSUPPORTED, "cuda image: tiles_stitch to %s is not supported",
+                         spn_pixfmt_name(dst->format));
+  if (!src || s < 1 || dst->width % s || dst->height % s)
+    return spn_error_set(err, SPN_EINVAL, "cuda image: tiles_stitch: no source, or a %dx%d frame is not %d times one",
+                         (int)dst->width, (int)dst->height, (int)s);
+  if ((rc = tiles_check(t, P, Q, dst->width / s, dst->height / s, "tiles_stitch", err)))
+    return rc;
+  int32_t mw = 1, mh = 1;
+  for (int32_t i = 0; i < t->n; i++) {
+    mw = (t->x1[i] - t->x0[i]) * s > mw ? (t->x1[i] - t->x0[i]) * s : mw;
+    mh = (t->y1[i] - t->y0[i]) * s > mh ? (t->y1[i] - t->y0[i]) * s : mh;
+  }
+  dim3 g = grid_for(mw, mh, k_block);
+  g.z = (unsigned)t->n;
+  tiles_stitch_kernel<<<g, k_block, 0, stream>>>(src, P, Q, s, *t, describe(dst));
+  return launched("tiles_stitch", err);
 }

@@ -89,6 +89,32 @@ int32_t spn_cuda_fit_normalize(const spn_image_t *src, float *out, int32_t in_w,
                                int32_t ry, int32_t rw, int32_t rh, const float mean[3], const float inv_std[3],
                                int32_t swap, cudaStream_t stream, spn_error_t *err);
 
+/* Tiles of a frame for a model that sees same-size blocks (superres on the
+ * GPU, stage-superres.c's gpu_upscale): tile i's own rectangle [x0, x1) x
+ * [y0, y1) of the source and the corner (bx, by) of the P x Q block the
+ * model sees for it. At most SPN_CUDA_TILES tiles a call. */
+#define SPN_CUDA_TILES 64
+typedef struct spn_cuda_tiles {
+  int32_t n;
+  int32_t bx[SPN_CUDA_TILES], by[SPN_CUDA_TILES];
+  int32_t x0[SPN_CUDA_TILES], y0[SPN_CUDA_TILES], x1[SPN_CUDA_TILES], y1[SPN_CUDA_TILES];
+} spn_cuda_tiles_t;
+
+/* Cut: the u8 RGB24/BGR24 src's block of each tile into dst, a batch of
+ * (n, 3, P, Q) float RGB planes, each value u8 * scale — what
+ * spn_cuda_to_float (mean 0) of the whole frame then a copy of each block
+ * gives, in one launch. Every block must lie inside src. */
+int32_t spn_cuda_tiles_cut(const spn_image_t *src, const spn_cuda_tiles_t *t, int32_t P, int32_t Q, float scale,
+                           float *dst, cudaStream_t stream, spn_error_t *err);
+
+/* Stitch: the model's (n, 3, P s, Q s) float RGB output in 0..1, each
+ * tile's own part (its rectangle times s, read at its block's corner times
+ * s) into the u8 RGB24/BGR24 dst (s times the source's size) as
+ * spn_cuda_unit_to_u8 writes it — the float frame and its conversion
+ * without the float frame, in one launch. */
+int32_t spn_cuda_tiles_stitch(const float *src, int32_t P, int32_t Q, int32_t s, const spn_cuda_tiles_t *t,
+                              spn_image_t *dst, cudaStream_t stream, spn_error_t *err);
+
 #ifdef __cplusplus
 }
 #endif

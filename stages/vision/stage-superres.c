@@ -118,7 +118,7 @@ typedef struct sr_state {
 #ifdef SPN_VISION_CUDA
   /* device scratch on a GPU instance: planar float frame in and out, one
    * tile in and out, a face's upscaled crop, its mask */
-  spn_buffer_t *d_in, *d_out, *d_tin, *d_tout, *d_up, *d_mask;
+  spn_buffer_t *d_tin, *d_tout, *d_up, *d_mask;
   int32_t dev_index; /* the runtime's index of the instance's GPU */
 #endif
 } sr_state_t;
@@ -203,8 +203,8 @@ static void sr_destroy(spn_stage_t *stage, void *state) {
   free(st->out);
 #ifdef SPN_VISION_CUDA
   const spn_host_api_t *h = spn_stage_host(st->stage);
-  spn_buffer_t **bufs[] = {&st->d_in, &st->d_out, &st->d_tin, &st->d_tout, &st->d_up, &st->d_mask};
-  if (st->d_in || st->d_up) /* work queued on them ends before they go back to the pool */
+  spn_buffer_t **bufs[] = {&st->d_tin, &st->d_tout, &st->d_up, &st->d_mask};
+  if (st->d_tin || st->d_up) /* work queued on them ends before they go back to the pool */
     cudaStreamSynchronize((cudaStream_t)h->stage_get_stream(st->stage));
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
     h->buffer_unref(bufs[i]);
@@ -323,10 +323,6 @@ out_up:
 #ifdef SPN_VISION_CUDA
 /* ---- the GPU twin ------------------------------------------------------- */
 
-static int32_t cu_ok(cudaError_t ce, const char *what, spn_error_t *err) {
-  return spn_cuda_status(ce, "superres", what, err);
-}
-
 /* Device scratch, with a quarter to spare: face crops vary in size. */
 static int32_t scratch(sr_state_t *st, spn_buffer_t **b, size_t n, spn_error_t *err) {
   return spn_cuda_scratch(st->stage, b, n, n / 4, err);
@@ -356,6 +352,24 @@ static void gpu_block_at(int32_t H, int32_t W, const spn_tile_params_t *tp, int6
   *bx = r->px0 + Q > W ? W - Q : r->px0;
 }
 
+/* Tiles k .. k + n - 1 (n <= SPN_CUDA_TILES) with their blocks, for the
+ * cut and stitch kernels. */
+static void tiles_of(int32_t H, int32_t W, const spn_tile_params_t *tp, int64_t P, int64_t Q, int32_t k, int32_t n,
+                     spn_cuda_tiles_t *t) {
+  t->n = n;
+  for (int32_t i = 0; i < n; i++) {
+    spn_tile_rect_t r;
+    int64_t by, bx;
+    gpu_block_at(H, W, tp, P, Q, k + i, &r, &by, &bx);
+    t->bx[i] = (int32_t)bx;
+    t->by[i] = (int32_t)by;
+    t->x0[i] = r.x0;
+    t->y0[i] = r.y0;
+    t->x1[i] = r.x1;
+    t->y1[i] = r.y1;
+  }
+}
+
 /* model_upscale on the GPU: src and dst are RGB24 views of device memory
  * (any pitch), dst s times src's size. Everything is queued on `stream`.
  * The tiles are spn_tile_at's, but each block the model sees is cut at one
@@ -366,71 +380,53 @@ static void gpu_block_at(int32_t H, int32_t W, const spn_tile_params_t *tp, int6
  * tile_pad >= the model's receptive radius each output pixel is the one the
  * CPU computes. Same-size blocks make a batch: up to tile_batch tiles per
  * engine run (one shape per frame size, so one CUDA Graph), instead of a
- * run and a shape per tile. */
+ * run and a shape per tile. A batch's blocks are cut from the u8 frame
+ * straight into the model's float input, and each tile's part of the output
+ * written straight to dst as u8, by one kernel each per SPN_CUDA_TILES
+ * tiles (image.cuh): no float copy of the frame, no copy per tile. */
 static int32_t gpu_upscale(sr_state_t *st, const spn_image_t *src, spn_image_t *dst, cudaStream_t stream,
                            spn_error_t *err) {
   const spn_host_api_t *h = spn_stage_host(st->stage);
   const spn_tile_params_t *tp = &st->tp;
-  int32_t H = src->height, W = src->width, s = tp->scale, OH = H * s, OW = W * s, rc;
+  int32_t H = src->height, W = src->width, s = tp->scale, rc;
   if ((rc = spn_tile_check(H, W, tp, err)) != SPN_OK)
     return rc;
-  size_t n = (size_t)H * W, on = n * (size_t)s * s;
   int64_t P = (int64_t)tp->tile + 2 * (int64_t)tp->tile_pad, Q = P;
   P = P > H ? H : P;
   Q = Q > W ? W : Q;
   int32_t nt = spn_tile_count(H, W, tp), nb = st->tile_batch < nt ? st->tile_batch : nt;
   if (nb < 1)
     nb = 1;
-  size_t tn = (size_t)(P * Q), tsz = 3 * tn, osz = tsz * (size_t)s * s;
-  if ((rc = scratch(st, &st->d_in, 3 * n * sizeof(float), err)) != SPN_OK ||
-      (rc = scratch(st, &st->d_out, 3 * on * sizeof(float), err)) != SPN_OK ||
-      (rc = scratch(st, &st->d_tin, (size_t)nb * tsz * sizeof(float), err)) != SPN_OK ||
+  size_t tsz = 3 * (size_t)(P * Q), osz = tsz * (size_t)s * s;
+  if ((rc = scratch(st, &st->d_tin, (size_t)nb * tsz * sizeof(float), err)) != SPN_OK ||
       (rc = scratch(st, &st->d_tout, (size_t)nb * osz * sizeof(float), err)) != SPN_OK)
     return rc;
-  float *in = h->buffer_data(st->d_in), *out = h->buffer_data(st->d_out);
   float *tin = h->buffer_data(st->d_tin), *tout = h->buffer_data(st->d_tout);
-  static const float k_unit[3] = {1.0f / 255.0f, 1.0f / 255.0f, 1.0f / 255.0f};
-  spn_image_t fin, fout;
-  if ((rc = spn_image_wrap(&fin, in, W, H, SPN_PIXFMT_RGBF32P, err)) != SPN_OK ||
-      (rc = spn_image_wrap(&fout, out, OW, OH, SPN_PIXFMT_RGBF32P, err)) != SPN_OK ||
-      (rc = spn_cuda_to_float(src, &fin, NULL, k_unit, stream, err)) != SPN_OK)
-    return rc;
-  size_t oq = (size_t)Q * s, op = (size_t)P * s;
-  for (int32_t k0 = 0; k0 < nt; k0 += nb) {
+  spn_cuda_tiles_t tl;
+  for (int32_t k0 = 0; k0 < nt && rc == SPN_OK; k0 += nb) {
     int32_t b = nt - k0 < nb ? nt - k0 : nb;
-    spn_tile_rect_t r;
-    int64_t by, bx;
     /* cut: tile k0 + i's block into batch item i */
-    for (int32_t i = 0; i < b && rc == SPN_OK; i++) {
-      gpu_block_at(H, W, tp, P, Q, k0 + i, &r, &by, &bx);
-      for (size_t c = 0; c < 3 && rc == SPN_OK; c++)
-        rc = cu_ok(cudaMemcpy2DAsync(tin + (size_t)i * tsz + c * tn, (size_t)Q * sizeof(float),
-                                     in + (c * H + (size_t)by) * W + (size_t)bx, (size_t)W * sizeof(float),
-                                     (size_t)Q * sizeof(float), (size_t)P, cudaMemcpyDeviceToDevice, stream),
-                   "cutting a tile", err);
+    for (int32_t c0 = 0; c0 < b && rc == SPN_OK; c0 += SPN_CUDA_TILES) {
+      tiles_of(H, W, tp, P, Q, k0 + c0, b - c0 < SPN_CUDA_TILES ? b - c0 : SPN_CUDA_TILES, &tl);
+      rc = spn_cuda_tiles_cut(src, &tl, (int32_t)P, (int32_t)Q, 1.0f / 255.0f, tin + (size_t)c0 * tsz, stream, err);
     }
     spn_tensor_t ti = dev_tensor(st, tin, b, P, Q), to = dev_tensor(st, tout, b, P * s, Q * s);
     st->runs++;
     if (rc == SPN_OK)
       rc = h->model_run(st->stage, st->model, &ti, 1, &to, 1, err);
     /* stitch: the part of item i's output that covers tile k0 + i */
-    for (int32_t i = 0; i < b && rc == SPN_OK; i++) {
-      gpu_block_at(H, W, tp, P, Q, k0 + i, &r, &by, &bx);
-      size_t oy = (size_t)(r.y0 - by) * s, ox = (size_t)(r.x0 - bx) * s;
-      size_t cw = (size_t)(r.x1 - r.x0) * s, ch = (size_t)(r.y1 - r.y0) * s;
-      for (size_t c = 0; c < 3 && rc == SPN_OK; c++)
-        rc = cu_ok(cudaMemcpy2DAsync(out + c * on + ((size_t)r.y0 * s) * OW + (size_t)r.x0 * s,
-                                     (size_t)OW * sizeof(float), tout + (size_t)i * osz + (c * op + oy) * oq + ox,
-                                     oq * sizeof(float), cw * sizeof(float), ch, cudaMemcpyDeviceToDevice, stream),
-                   "stitching a tile", err);
+    for (int32_t c0 = 0; c0 < b && rc == SPN_OK; c0 += SPN_CUDA_TILES) {
+      tiles_of(H, W, tp, P, Q, k0 + c0, b - c0 < SPN_CUDA_TILES ? b - c0 : SPN_CUDA_TILES, &tl);
+      rc = spn_cuda_tiles_stitch(tout + (size_t)c0 * osz, (int32_t)P, (int32_t)Q, s, &tl, dst, stream, err);
     }
     if (rc != SPN_OK) {
+      spn_tile_rect_t r;
       spn_tile_at(H, W, tp, k0, &r);
       return b > 1 ? spn_error_prefix(err, "tiles %d..%d of %d (the first at (%d, %d))", k0, k0 + b - 1, nt, r.x0, r.y0)
                    : spn_error_prefix(err, "tile at (%d, %d)", r.x0, r.y0);
     }
   }
-  return spn_cuda_unit_to_u8(&fout, dst, stream, err);
+  return rc;
 }
 
 /* Grow [*a, *b) to a multiple of q pixels (or the whole [0, limit)),

@@ -369,6 +369,111 @@ static void rotate_matches_cpu_exactly(void **state) {
   assert_true(checked >= 150);
 }
 
+/* Superres's tiles (image.cuh): three tiles of a 97x61 frame, blocks of
+ * 24x32, x2. The cut equals to_float (mean 0, scale 1/255) of the whole
+ * frame then each block copied out, value for value; the stitch writes
+ * unit_to_u8 of each tile's part of the model output at its place, byte
+ * for byte, and leaves every other byte of the destination as it was. Both
+ * channel orders of the frame; a NaN in the output is 0. */
+static const spn_cuda_tiles_t k_tiles = {
+    .n = 3, .bx = {0, 18, 65}, .by = {0, 0, 37}, .x0 = {0, 20, 80}, .y0 = {0, 0, 40}, .x1 = {20, 50, 97},
+    .y1 = {16, 20, 61}};
+
+static void tiles_cut_and_stitch_match_whole_frame(void **state) {
+  (void)state;
+  const int32_t W = 97, H = 61, P = 24, Q = 32, S = 2, n = k_tiles.n;
+  const size_t plane = (size_t)P * Q, oplane = plane * S * S;
+  const int32_t fmts[] = {SPN_PIXFMT_RGB24, SPN_PIXFMT_BGR24};
+  uint32_t seed = 900;
+  for (size_t f = 0; f < 2; f++) {
+    /* cut */
+    spn_image_t src = host_image(W, H, fmts[f], seed++, 0, 0), fl = SPN_IMAGE_INIT;
+    CK(spn_image_alloc(&fl, W, H, SPN_PIXFMT_RGBF32P, &e_));
+    const float unit[3] = {1.0f / 255.0f, 1.0f / 255.0f, 1.0f / 255.0f};
+    CK(spn_image_to_float(&src, &fl, NULL, unit, &e_));
+    float *want = malloc((size_t)n * 3 * plane * sizeof *want), *got = malloc((size_t)n * 3 * plane * sizeof *got);
+    for (int32_t i = 0; i < n; i++)
+      for (int c = 0; c < 3; c++)
+        for (int32_t y = 0; y < P; y++)
+          for (int32_t x = 0; x < Q; x++)
+            want[(i * 3 + c) * plane + (size_t)y * Q + x] =
+                ((const float *)(fl.data[c] + (k_tiles.by[i] + y) * fl.stride[c]))[k_tiles.bx[i] + x];
+    spn_image_t dsrc = to_device(&src);
+    void *dcut = NULL;
+    CU(cudaMalloc(&dcut, (size_t)n * 3 * plane * sizeof(float)));
+    CK(spn_cuda_tiles_cut(&dsrc, &k_tiles, P, Q, 1.0f / 255.0f, dcut, NULL, &e_));
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(got, dcut, (size_t)n * 3 * plane * sizeof(float), cudaMemcpyDeviceToHost));
+    for (size_t k = 0; k < (size_t)n * 3 * plane; k++)
+      if (got[k] != want[k])
+        fail_msg("tiles_cut %s: value %zu (tile %zu, plane %zu): %.9g, want %.9g", spn_pixfmt_name(fmts[f]), k,
+                 k / (3 * plane), k / plane % 3, got[k], want[k]);
+    /* stitch */
+    spn_image_t dst = host_image(W * S, H * S, fmts[f], seed++, 0, 0), ref = SPN_IMAGE_INIT;
+    CK(spn_image_alloc(&ref, W * S, H * S, fmts[f], &e_));
+    for (int32_t y = 0; y < H * S; y++)
+      memcpy(ref.data[0] + y * ref.stride[0], dst.data[0] + y * dst.stride[0], (size_t)W * S * 3);
+    float *out = malloc((size_t)n * 3 * oplane * sizeof *out);
+    for (size_t k = 0; k < (size_t)n * 3 * oplane; k++)
+      out[k] = -0.2f + 1.4f * rng_unit(&seed);
+    out[7] = NAN;
+    bool bgr = fmts[f] == SPN_PIXFMT_BGR24;
+    for (int32_t i = 0; i < n; i++)
+      for (int32_t Y = k_tiles.y0[i] * S; Y < k_tiles.y1[i] * S; Y++)
+        for (int32_t X = k_tiles.x0[i] * S; X < k_tiles.x1[i] * S; X++)
+          for (int c = 0; c < 3; c++) {
+            float v = out[(i * 3 + c) * oplane + (size_t)(Y - k_tiles.by[i] * S) * Q * S + (X - k_tiles.bx[i] * S)];
+            v *= 255.0f;
+            v = v > 0.0f ? (v < 255.0f ? v : 255.0f) : 0.0f;
+            ref.data[0][Y * ref.stride[0] + X * 3 + (bgr ? 2 - c : c)] = (uint8_t)(v + 0.5f);
+          }
+    spn_image_t ddst = to_device(&dst);
+    void *dout = NULL;
+    CU(cudaMalloc(&dout, (size_t)n * 3 * oplane * sizeof(float)));
+    CU(cudaMemcpy(dout, out, (size_t)n * 3 * oplane * sizeof(float), cudaMemcpyHostToDevice));
+    CK(spn_cuda_tiles_stitch(dout, P, Q, S, &k_tiles, &ddst, NULL, &e_));
+    from_device(&ddst, &dst);
+    for (int32_t y = 0; y < H * S; y++)
+      for (int32_t x = 0; x < W * S * 3; x++)
+        if (dst.data[0][y * dst.stride[0] + x] != ref.data[0][y * ref.stride[0] + x])
+          fail_msg("tiles_stitch %s: row %d byte %d: %d, want %d", spn_pixfmt_name(fmts[f]), (int)y, (int)x,
+                   dst.data[0][y * dst.stride[0] + x], ref.data[0][y * ref.stride[0] + x]);
+    CU(cudaFree(dcut));
+    CU(cudaFree(dout));
+    device_free(&dsrc);
+    device_free(&ddst);
+    free(want);
+    free(got);
+    free(out);
+    spn_image_release(&src);
+    spn_image_release(&fl);
+    spn_image_release(&dst);
+    spn_image_release(&ref);
+  }
+  /* refused before any launch: a block past the frame, no tiles, a rect
+   * outside its block, a format without RGB bytes */
+  spn_image_t a = host_image(W, H, SPN_PIXFMT_RGB24, 7, 0, 0), g8 = host_image(W, H, SPN_PIXFMT_GRAY8, 8, 0, 0);
+  spn_image_t big = host_image(W * S, H * S, SPN_PIXFMT_RGB24, 9, 0, 0);
+  float dummy[4];
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_cuda_tiles_t t = k_tiles;
+  t.bx[2] = 70;
+  assert_int_equal(spn_cuda_tiles_cut(&a, &t, P, Q, 1.0f, dummy, NULL, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "tile 2"));
+  assert_int_equal(spn_cuda_tiles_stitch(dummy, P, Q, S, &t, &big, NULL, &err), SPN_EINVAL);
+  t = k_tiles;
+  t.n = 0;
+  assert_int_equal(spn_cuda_tiles_cut(&a, &t, P, Q, 1.0f, dummy, NULL, &err), SPN_EINVAL);
+  t = k_tiles;
+  t.x1[0] = 40; /* past its block's 32 columns */
+  assert_int_equal(spn_cuda_tiles_stitch(dummy, P, Q, S, &t, &big, NULL, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "tile 0"));
+  assert_int_equal(spn_cuda_tiles_cut(&g8, &k_tiles, P, Q, 1.0f, dummy, NULL, &err), SPN_EUNSUPPORTED);
+  spn_image_release(&a);
+  spn_image_release(&g8);
+  spn_image_release(&big);
+}
+
 static void bad_arguments_are_refused_before_launch(void **state) {
   (void)state;
   spn_image_t a = host_image(8, 8, SPN_PIXFMT_RGB24, 1, 0, 0), b = host_image(8, 8, SPN_PIXFMT_GRAY8, 2, 0, 0);
@@ -415,6 +520,7 @@ int main(void) {
       cmocka_unit_test(feather_mask_matches_cpu),
       cmocka_unit_test(unit_to_u8_matches_cpu),
       cmocka_unit_test(rotate_matches_cpu_exactly),
+      cmocka_unit_test(tiles_cut_and_stitch_match_whole_frame),
 #ifdef SPN_TEST_FACEDET
       cmocka_unit_test(fit_normalize_matches_facedet),
 #endif

@@ -7,8 +7,8 @@
  * outside a live buffer, and the model by a nearest-neighbour upscaler (a
  * pointwise model: tiling and the crop's extra context cannot change its
  * output). So the GPU body's geometry — tiles cut (at one size, in batches of
- * tile_batch: 1, 4, 7, 64) and stitched with 2-D
- * copies, the frame and tile pitches, a face's crop grown to a multiple of
+ * tile_batch: 1, 4, 7, 64, 100: more than one tile kernel's SPN_CUDA_TILES)
+ * and stitched by the tile kernels, the frame and tile pitches, a face's crop grown to a multiple of
  * 32 inside the frame, the part of it pasted, the scratch sizes — must give
  * the CPU body's bytes exactly: odd sizes, border tiles, faces at the frame's
  * edges and partly outside it, no faces.
@@ -97,6 +97,59 @@ int32_t spn_cuda_unit_to_u8(const spn_image_t *src, spn_image_t *dst, cudaStream
         v = v > 0.0f ? (v < 255.0f ? v : 255.0f) : 0.0f;
         dst->data[0][y * dst->stride[0] + 3 * x + c] = (uint8_t)(v + 0.5f);
       }
+  return SPN_OK;
+}
+/* The tile kernels (image.cuh) as loops, every block and part read or
+ * written checked to lie inside a live buffer. */
+int32_t spn_cuda_tiles_cut(const spn_image_t *src, const spn_cuda_tiles_t *t, int32_t P, int32_t Q, float scale,
+                           float *dst, cudaStream_t stream, spn_error_t *err) {
+  (void)stream;
+  CHECK_IMAGES(src, src);
+  assert_int_equal(src->format, SPN_PIXFMT_RGB24);
+  assert_true(t->n >= 1 && t->n <= SPN_CUDA_TILES);
+  size_t plane = (size_t)P * Q;
+  if (!inside(dst, (size_t)t->n * 3 * plane * sizeof *dst)) {
+    g.out_of_bounds++;
+    return spn_error_set(err, SPN_EINVAL, "tiles out of bounds");
+  }
+  for (int32_t i = 0; i < t->n; i++) {
+    if (t->bx[i] < 0 || t->by[i] < 0 || t->bx[i] + Q > src->width || t->by[i] + P > src->height) {
+      g.out_of_bounds++;
+      return spn_error_set(err, SPN_EINVAL, "block out of the frame");
+    }
+    for (int c = 0; c < 3; c++)
+      for (int32_t y = 0; y < P; y++)
+        for (int32_t x = 0; x < Q; x++)
+          dst[((size_t)i * 3 + c) * plane + (size_t)y * Q + x] =
+              (float)src->data[0][(t->by[i] + y) * src->stride[0] + (t->bx[i] + x) * 3 + c] * scale;
+  }
+  return SPN_OK;
+}
+int32_t spn_cuda_tiles_stitch(const float *src, int32_t P, int32_t Q, int32_t s, const spn_cuda_tiles_t *t,
+                              spn_image_t *dst, cudaStream_t stream, spn_error_t *err) {
+  (void)stream;
+  CHECK_IMAGES(dst, dst);
+  assert_int_equal(dst->format, SPN_PIXFMT_RGB24);
+  size_t oq = (size_t)Q * s, oplane = (size_t)P * s * oq;
+  if (!inside(src, (size_t)t->n * 3 * oplane * sizeof *src)) {
+    g.out_of_bounds++;
+    return spn_error_set(err, SPN_EINVAL, "tile outputs out of bounds");
+  }
+  for (int32_t i = 0; i < t->n; i++) {
+    if (t->x0[i] < t->bx[i] || t->y0[i] < t->by[i] || t->x1[i] > t->bx[i] + Q || t->y1[i] > t->by[i] + P ||
+        t->x1[i] * s > dst->width || t->y1[i] * s > dst->height) {
+      g.out_of_bounds++;
+      return spn_error_set(err, SPN_EINVAL, "tile part out of bounds");
+    }
+    for (int32_t Y = t->y0[i] * s; Y < t->y1[i] * s; Y++)
+      for (int32_t X = t->x0[i] * s; X < t->x1[i] * s; X++)
+        for (int c = 0; c < 3; c++) {
+          float v = src[((size_t)i * 3 + c) * oplane + (size_t)(Y - t->by[i] * s) * oq + (size_t)(X - t->bx[i] * s)];
+          v *= 255.0f;
+          v = v > 0.0f ? (v < 255.0f ? v : 255.0f) : 0.0f;
+          dst->data[0][Y * dst->stride[0] + X * 3 + c] = (uint8_t)(v + 0.5f);
+        }
+  }
   return SPN_OK;
 }
 int32_t spn_cuda_paste(spn_image_t *dst, const spn_image_t *src, int32_t x, int32_t y, const spn_image_t *mask,
@@ -280,8 +333,10 @@ static void both(int32_t W, int32_t H, int32_t scale, int32_t tile, int32_t pad,
 static void frame_tiles_match_the_cpu_on_odd_sizes_and_border_tiles(void **state) {
   (void)state;
   /* a run per tile; batches with a short last one (15 tiles by 4: 4+4+4+3,
-   * by 7: 7+7+1; 12 by 7: 7+5); all tiles in one run */
-  const int batches[] = {1, 4, 7, 64};
+   * by 7: 7+7+1; 12 by 7: 7+5); all tiles in one run; 247 tiles by 64 and
+   * by 100 (100 + 100 + 47: a batch cut and stitched by two tile kernels,
+   * 64 + 36) */
+  const int batches[] = {1, 4, 7, 64, 100};
   for (size_t i = 0; i < sizeof batches / sizeof *batches; i++) {
     g.tile_batch = batches[i];
     fake_reset(); /* every buffer of the last round is gone (both() checks it); room for this round's */
@@ -289,6 +344,7 @@ static void frame_tiles_match_the_cpu_on_odd_sizes_and_border_tiles(void **state
     both(67, 45, 3, 20, 0, false, NULL, 0);
     both(33, 17, 2, 64, 8, false, NULL, 0); /* one tile, pad beyond the frame */
     both(1, 1, 4, 8, 2, false, NULL, 0);
+    both(150, 100, 2, 8, 2, false, NULL, 0);
   }
 }
 
