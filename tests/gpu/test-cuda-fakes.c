@@ -644,7 +644,7 @@ static void launches_a_gpu_refuses_are_refused(void **state) {
 
 /* SPN_EMU_CUDA_STATS=path in a child that makes the calls of `calls` (or
  * none) and exits: the counts its line reports. */
-static void stats_of_child(bool calls, long long v[11]) {
+static void stats_of_child(bool calls, long long v[13]) {
   char path[] = "/tmp/spn-emu-stats-XXXXXX";
   int fd = mkstemp(path);
   assert_true(fd >= 0);
@@ -685,9 +685,9 @@ static void stats_of_child(bool calls, long long v[11]) {
   int n = sscanf(line,
                  "pid=%*d device_alloc=%lld device_free=%lld pinned_alloc=%lld pinned_free=%lld host_sync=%lld "
                  "query=%lld copy_blocking=%lld copy_async=%lld copy_async_pageable=%lld kernel_launch=%lld "
-                 "graph_launch=%lld",
-                 &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10]);
-  assert_int_equal(n, 11);
+                 "graph_launch=%lld event_record=%lld stream_wait=%lld",
+                 &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10], &v[11], &v[12]);
+  assert_int_equal(n, 13);
 }
 
 /* SPN_EMU_CUDA_STATS counts each call that costs host time on a GPU: a
@@ -695,13 +695,14 @@ static void stats_of_child(bool calls, long long v[11]) {
  * start from this process's counts). */
 static void stats_count_what_costs_host_time(void **state) {
   (void)state;
-  long long base[11], v[11];
+  long long base[13], v[13];
   stats_of_child(false, base);
   stats_of_child(true, v);
   /* device alloc/free, pinned alloc/free, syncs (stream, event, device),
-   * queries, blocking copies, async copies (one pageable), kernels, graphs */
-  static const long long want[11] = {2, 2, 1, 1, 3, 1, 1, 3, 1, 1, 0};
-  for (int i = 0; i < 11; i++) {
+   * queries, blocking copies, async copies (one pageable), kernels, graphs,
+   * event records, stream waits */
+  static const long long want[13] = {2, 2, 1, 1, 3, 1, 1, 3, 1, 1, 0, 1, 0};
+  for (int i = 0; i < 13; i++) {
     if (v[i] - base[i] != want[i])
       print_message("count %d: %lld, expected %lld\n", i, v[i] - base[i], want[i]);
     assert_int_equal(v[i] - base[i], want[i]);

@@ -58,7 +58,8 @@
  *    allocations and frees, host synchronisations (stream, event, device;
  *    queries apart), blocking copies, asynchronous copies (and how many of
  *    them had a pageable host side, which CUDA stages or completes before
- *    returning), kernel launches and graph launches. Running a pipeline on
+ *    returning), kernel launches, graph launches, event records and
+ *    stream waits for an event. Running a pipeline on
  *    N and 2N frames and taking the difference gives the counts per frame
  *    (tests/gpu/host-emu/README, "Counting what a frame costs").
  *
@@ -88,11 +89,11 @@ namespace {
 /* SPN_EMU_CUDA_STATS: the counters, and their report at exit. */
 enum emu_stat {
   ST_ALLOC, ST_FREE, ST_PINNED_ALLOC, ST_PINNED_FREE, ST_SYNC, ST_QUERY, ST_COPY_BLOCKING, ST_COPY_ASYNC,
-  ST_COPY_PAGEABLE, ST_KERNEL, ST_GRAPH, ST_N
+  ST_COPY_PAGEABLE, ST_KERNEL, ST_GRAPH, ST_EVENT_RECORD, ST_STREAM_WAIT, ST_N
 };
 const char *const stat_names[ST_N] = {"device_alloc", "device_free", "pinned_alloc", "pinned_free", "host_sync",
                                       "query", "copy_blocking", "copy_async", "copy_async_pageable",
-                                      "kernel_launch", "graph_launch"};
+                                      "kernel_launch", "graph_launch", "event_record", "stream_wait"};
 std::atomic<long long> stats[ST_N];
 
 struct stats_report {
@@ -864,6 +865,7 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
   (void)flags;
+  count(ST_STREAM_WAIT);
   if (!e)
     return ret(cudaErrorInvalidResourceHandle);
   emu_event ev;
@@ -909,6 +911,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 
 /* A record during a capture is a graph node that waits for nothing here. */
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  count(ST_EVENT_RECORD);
   if (!e)
     return ret(cudaErrorInvalidResourceHandle);
   emu_stream *st = stream_of(s);

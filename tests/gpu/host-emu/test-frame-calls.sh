@@ -36,7 +36,7 @@ per_frame=$(awk -v n="$n" '
   function val(line, key,   m) { return match(line, " " key "=[0-9]+") ? substr(line, RSTART + length(key) + 2, RLENGTH - length(key) - 2) : -1 }
   NR == FNR { a = $0; next } { b = $0 }
   END {
-    k = split("device_alloc device_free pinned_alloc host_sync query copy_blocking copy_async copy_async_pageable kernel_launch graph_launch", keys, " ")
+    k = split("device_alloc device_free pinned_alloc host_sync query copy_blocking copy_async copy_async_pageable kernel_launch graph_launch event_record stream_wait", keys, " ")
     for (i = 1; i <= k; i++) printf "%s=%.2f ", keys[i], (val(b, keys[i]) - val(a, keys[i])) / n
   }' stats1.txt stats2.txt)
 echo "$name.toml, per frame on the fake GPU ($n and $((2 * n)) frames): $per_frame"
