@@ -32,10 +32,14 @@ with host tensors). Throughput (samples/s) is batch / "ms".
 
 usage: engine-gpu-bench.py BUILD_DIR [--device cuda:0] [--iters N]
                            [--only NAME[,NAME...]] [--workdir DIR] [--spindle LIST]
+                           [--no-compile]
 --only: configurations by exact name (wav2lip_b1) or by a part of their
 names (wav2lip: all three batches), comma-separated.
 --spindle: which Spindle variants, comma-separated among fp32, tf32, fp16,
-fp16-nographs, fp16-nhwc (default: all).
+fp16-nographs, fp16-nhwc (default: all). Each figure is printed as soon as
+it is measured, torch.compile last: a time box that ends while it compiles
+(RRDBNet's compilation takes minutes on 16 cores) keeps everything else;
+--no-compile leaves it out.
 Needs a CUDA GPU, torch (with CUDA) and onnx2torch; exits 77 (skipped)
 without them.
 """
@@ -92,9 +96,9 @@ def torch_time(fn, iters):
     return ts[len(ts) // 2]
 
 
-def torch_variants(path, feeds, dev, iters):
-    """{variant: (ms with GPU-resident input, ms with host copies in and out) or error}"""
-    out = {}
+def torch_variants(path, feeds, dev, iters, compile_too=True):
+    """(variant, (ms with GPU-resident input, ms with host copies in and out) or error), each as soon as it
+    is measured: a time box that ends during torch.compile (minutes for RRDBNet) keeps the eager figures"""
     torch.backends.cudnn.benchmark = True
     net = convert(onnx.load(path)).to(dev).eval().to(memory_format=torch.channels_last)
     host = [torch.from_numpy(v) for v in feeds.values()]
@@ -112,16 +116,19 @@ def torch_variants(path, feeds, dev, iters):
 
     for name, module, amp in (("torch eager fp32", net, False), ("torch eager fp16 autocast", net, True)):
         try:
-            out[name] = (torch_time(lambda: run(module, amp, gpu), iters), torch_time(lambda: with_copies(module, amp), iters))
+            yield name, (torch_time(lambda: run(module, amp, gpu), iters),
+                         torch_time(lambda: with_copies(module, amp), iters))
         except Exception as e:  # report and go on
-            out[name] = f"{type(e).__name__}: {e}"
+            yield name, f"{type(e).__name__}: {e}"
+    if not compile_too:
+        yield "torch.compile fp16 autocast", "not run (--no-compile)"
+        return
     try:
         comp = torch.compile(net)
-        out["torch.compile fp16 autocast"] = (torch_time(lambda: run(comp, True, gpu), iters),
+        yield "torch.compile fp16 autocast", (torch_time(lambda: run(comp, True, gpu), iters),
                                               torch_time(lambda: with_copies(comp, True), iters))
     except Exception as e:
-        out["torch.compile fp16 autocast"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    return out
+        yield "torch.compile fp16 autocast", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 def main():
@@ -132,6 +139,8 @@ def main():
     ap.add_argument("--only")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--spindle", default="fp32,tf32,fp16,fp16-nographs,fp16-nhwc")
+    ap.add_argument("--no-compile", action="store_true",
+                    help="leave torch.compile out (its compilation of RRDBNet takes minutes)")
     a = ap.parse_args()
     variants = {"fp32": ("fp32", True, False), "tf32": ("tf32", True, False), "fp16": ("fp16", True, False),
                 "fp16-nographs": ("fp16", False, False), "fp16-nhwc": ("fp16", True, True)}
@@ -175,12 +184,13 @@ def main():
                 print(f"{name:24} {label:30} failed: {why or why2}")
             else:
                 print(f"{name:24} {label:30} {dms:9.3f} {ms:10.3f} {batch * 1e3 / dms:10.1f}")
-        for variant, res in torch_variants(path, feeds, dev, a.iters).items():
+            sys.stdout.flush()
+        for variant, res in torch_variants(path, feeds, dev, a.iters, not a.no_compile):
             if isinstance(res, str):
                 print(f"{name:24} {variant:30} failed: {res}")
             else:
                 print(f"{name:24} {variant:30} {res[0]:9.3f} {res[1]:10.3f} {batch * 1e3 / res[0]:10.1f}")
-        sys.stdout.flush()
+            sys.stdout.flush()
     return 0
 
 
