@@ -81,8 +81,10 @@ static void log_a(spn_stage_t *a, int32_t level, uint64_t job, const char *fmt, 
  * before the instance goes. A device that cannot time (or a failing timed
  * event, once logged) turns it off for the instance. */
 static void st_stop(spn_stage_t *a, const spn_error_t *err) {
+  /* A quarantined device (SPN_EDEVICE) has said so already. */
   if (!a->st_off && err->code != SPN_EUNSUPPORTED)
-    log_a(a, SPN_LOG_WARN, 0, "stream time is not measured from here on: %s", err->msg);
+    log_a(a, err->code == SPN_EDEVICE ? SPN_LOG_INFO : SPN_LOG_WARN, 0, "stream time is not measured from here on: %s",
+          err->msg);
   a->st_off = true;
   a->st_n = 0;
 }
