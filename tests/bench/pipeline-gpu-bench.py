@@ -992,9 +992,12 @@ def print_report(results, a, gpu, enc_kind):
             sm = [(st["name"], st["stream_ms"]) for st in k.get("stages", []) if "stream_ms" in st]
             n = k.get("frames") or 0
             if sm and n:
+                top, top_ms = max(sm, key=lambda x: x[1])
                 print(f"  - {label}, stream time a frame (the device's time on each stage's work, "
                       "docs/gpu.md): " + ", ".join(f"{nm} {v / n:.2f} ms" for nm, v in sm) +
-                      f"; all {sum(v for _, v in sm) / n:.2f} ms")
+                      f"; all {sum(v for _, v in sm) / n:.2f} ms; the most: {top} "
+                      f"({1000.0 * n / top_ms if top_ms > 0 else float('inf'):.0f} frames/s if its stream bounds "
+                      "the pipeline)")
         for label, k in (("Spindle", s), ("GPU part", g)):
             c = k.get("cold")
             if c:
