@@ -322,35 +322,30 @@ static int32_t cu_copy(spn_device_t *dev, void *stream_ctx, spn_buffer_t *dst, s
   return rc;
 }
 
-static int32_t cu_event_new_on(spn_device_t *dev, void **ctx, spn_error_t *err) {
+static int32_t cu_event_new_on(spn_device_t *dev, unsigned flags, void **ctx, spn_error_t *err) {
   int32_t rc = enter(dev, err);
   if (rc != SPN_OK)
     return rc;
   cudaEvent_t e = NULL;
-  SPN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), err);
+  SPN_CUDA_CHECK(cudaEventCreateWithFlags(&e, flags), err);
   *ctx = e;
   return SPN_OK;
 }
 
-static int32_t cu_event_new(spn_device_t *dev, void **ctx, spn_error_t *err) {
+static int32_t cu_event_new_flags(spn_device_t *dev, unsigned flags, void **ctx, spn_error_t *err) {
   int prev = caller_device();
-  int32_t rc = cu_event_new_on(dev, ctx, err);
+  int32_t rc = cu_event_new_on(dev, flags, ctx, err);
   restore_device(prev);
   return rc;
 }
 
+static int32_t cu_event_new(spn_device_t *dev, void **ctx, spn_error_t *err) {
+  return cu_event_new_flags(dev, cudaEventDisableTiming, ctx, err);
+}
+
 /* Timed events: the runtime's stream time per stage (actor.c). */
 static int32_t cu_event_new_timed(spn_device_t *dev, void **ctx, spn_error_t *err) {
-  int prev = caller_device();
-  int32_t rc = enter(dev, err);
-  cudaEvent_t e = NULL;
-  cudaError_t ce = cudaSuccess;
-  if (rc == SPN_OK && (ce = cudaEventCreateWithFlags(&e, cudaEventDefault)) != cudaSuccess)
-    rc = spn__cuda_error(err, ce, "cudaEventCreateWithFlags(timed)", __FILE__, __LINE__);
-  restore_device(prev);
-  if (rc == SPN_OK)
-    *ctx = e;
-  return rc;
+  return cu_event_new_flags(dev, cudaEventDefault, ctx, err);
 }
 
 static int32_t cu_event_elapsed(spn_device_t *dev, void *a, void *b, bool wait, uint64_t *ns, spn_error_t *err) {

@@ -152,8 +152,15 @@ static void from_float_matches_cpu(void **state) {
     }
 }
 
-/* unit_to_u8 against the loop superres and lipsync run on the CPU:
- * round(clamp(v * 255, 0, 255)) with NaN as 0, channel orders swapped. */
+/* The loop superres and lipsync run on the CPU for a network's 0..1
+ * output: round(clamp(v * 255, 0, 255)), NaN as 0. */
+static uint8_t unit_u8(float v) {
+  v *= 255.0f;
+  v = v > 0.0f ? (v < 255.0f ? v : 255.0f) : 0.0f;
+  return (uint8_t)(v + 0.5f);
+}
+
+/* unit_to_u8 against unit_u8, channel orders swapped. */
 static void unit_to_u8_matches_cpu(void **state) {
   (void)state;
   const int32_t pairs[][2] = {{SPN_PIXFMT_RGBF32P, SPN_PIXFMT_RGB24}, {SPN_PIXFMT_BGRF32P, SPN_PIXFMT_RGB24},
@@ -169,10 +176,9 @@ static void unit_to_u8_matches_cpu(void **state) {
     for (int32_t y = 0; y < 96; y++)
       for (int32_t x = 0; x < 96; x++)
         for (int c = 0; c < 3; c++) {
-          float v = ((const float *)(src.data[c] + y * src.stride[c]))[x] * 255.0f;
-          v = v > 0.0f ? (v < 255.0f ? v : 255.0f) : 0.0f;
           int colour = sbgr ? 2 - c : c;
-          ref.data[0][y * ref.stride[0] + x * 3 + (dbgr ? 2 - colour : colour)] = (uint8_t)(v + 0.5f);
+          ref.data[0][y * ref.stride[0] + x * 3 + (dbgr ? 2 - colour : colour)] =
+              unit_u8(((const float *)(src.data[c] + y * src.stride[c]))[x]);
         }
     spn_image_t dsrc = to_device(&src), ddst = to_device(&got);
     CK(spn_cuda_unit_to_u8(&dsrc, &ddst, NULL, &e_));
@@ -421,12 +427,9 @@ static void tiles_cut_and_stitch_match_whole_frame(void **state) {
     for (int32_t i = 0; i < n; i++)
       for (int32_t Y = k_tiles.y0[i] * S; Y < k_tiles.y1[i] * S; Y++)
         for (int32_t X = k_tiles.x0[i] * S; X < k_tiles.x1[i] * S; X++)
-          for (int c = 0; c < 3; c++) {
-            float v = out[(i * 3 + c) * oplane + (size_t)(Y - k_tiles.by[i] * S) * Q * S + (X - k_tiles.bx[i] * S)];
-            v *= 255.0f;
-            v = v > 0.0f ? (v < 255.0f ? v : 255.0f) : 0.0f;
-            ref.data[0][Y * ref.stride[0] + X * 3 + (bgr ? 2 - c : c)] = (uint8_t)(v + 0.5f);
-          }
+          for (int c = 0; c < 3; c++)
+            ref.data[0][Y * ref.stride[0] + X * 3 + (bgr ? 2 - c : c)] =
+                unit_u8(out[(i * 3 + c) * oplane + (size_t)(Y - k_tiles.by[i] * S) * Q * S + (X - k_tiles.bx[i] * S)]);
     spn_image_t ddst = to_device(&dst);
     void *dout = NULL;
     CU(cudaMalloc(&dout, (size_t)n * 3 * oplane * sizeof(float)));

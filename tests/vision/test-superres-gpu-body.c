@@ -79,26 +79,6 @@ int32_t spn_cuda_resize_bilinear(const spn_image_t *src, spn_image_t *dst, cudaS
   CHECK_IMAGES(src, dst);
   return spn_image_resize(src, dst, SPN_INTERP_BILINEAR, err);
 }
-int32_t spn_cuda_to_float(const spn_image_t *src, spn_image_t *dst, const float mean[3], const float scale[3],
-                          cudaStream_t stream, spn_error_t *err) {
-  (void)stream;
-  CHECK_IMAGES(src, dst);
-  return spn_image_to_float(src, dst, mean, scale, err);
-}
-int32_t spn_cuda_unit_to_u8(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream, spn_error_t *err) {
-  (void)stream;
-  CHECK_IMAGES(src, dst);
-  assert_int_equal(src->format, SPN_PIXFMT_RGBF32P);
-  assert_int_equal(dst->format, SPN_PIXFMT_RGB24);
-  for (int32_t y = 0; y < dst->height; y++)
-    for (int32_t x = 0; x < dst->width; x++)
-      for (int c = 0; c < 3; c++) {
-        float v = ((const float *)(src->data[c] + y * src->stride[c]))[x] * 255.0f;
-        v = v > 0.0f ? (v < 255.0f ? v : 255.0f) : 0.0f;
-        dst->data[0][y * dst->stride[0] + 3 * x + c] = (uint8_t)(v + 0.5f);
-      }
-  return SPN_OK;
-}
 /* The tile kernels (image.cuh) as loops, every block and part read or
  * written checked to lie inside a live buffer. */
 int32_t spn_cuda_tiles_cut(const spn_image_t *src, const spn_cuda_tiles_t *t, int32_t P, int32_t Q, float scale,
