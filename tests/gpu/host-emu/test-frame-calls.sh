@@ -32,22 +32,8 @@ for k in 1 2; do
   grep -Eq "job [0-9]+ succeeded: $f frames" "run$k.txt" || fail "$name.toml: not $f frames: $(head -1 "run$k.txt")"
   [ -s "stats$k.txt" ] || fail "the fake GPU wrote no counts (SPN_EMU_CUDA_STATS)"
 done
-per_frame=$(awk -v n="$n" '
-  function val(line, key,   m) { return match(line, " " key "=[0-9]+") ? substr(line, RSTART + length(key) + 2, RLENGTH - length(key) - 2) : -1 }
-  NR == FNR { a = $0; next } { b = $0 }
-  END {
-    k = split("device_alloc device_free pinned_alloc host_sync query copy_blocking copy_async copy_async_pageable kernel_launch graph_launch event_record stream_wait", keys, " ")
-    for (i = 1; i <= k; i++) printf "%s=%.2f ", keys[i], (val(b, keys[i]) - val(a, keys[i])) / n
-  }' stats1.txt stats2.txt)
-echo "$name.toml, per frame on the fake GPU ($n and $((2 * n)) frames): $per_frame"
-over=$(awk -v s="$per_frame" -v lim="$budgets" 'BEGIN {
-  n = split(s, kv, " "); for (i = 1; i <= n; i++) { split(kv[i], x, "="); have[x[1]] = x[2] }
-  m = split(lim, lv, " ")
-  for (i = 1; i <= m; i++) {
-    split(lv[i], y, "=")
-    if (!(y[1] in have)) { printf "%s (not counted) ", y[1]; continue }
-    if (have[y[1]] > y[2] + 0.001) printf "%s=%s (budget %s) ", y[1], have[y[1]], y[2]
-  }
-}')
-[ -z "$over" ] || fail "$name.toml on the GPU costs more host calls per frame than its budget: $over"
+out=$(bash "$src/tests/gpu/host-emu/calls-per-frame.sh" stats1.txt stats2.txt "$n" "$budgets")
+rc=$?
+echo "$name.toml, per frame on the fake GPU ($n and $((2 * n)) frames): $(head -1 <<<"$out")"
+[ $rc = 0 ] || fail "$name.toml on the GPU costs more host calls per frame than its budget: $(sed -n 's/^over: //p' <<<"$out")"
 echo "ok: within $budgets"
