@@ -77,9 +77,9 @@ static void log_a(spn_stage_t *a, int32_t level, uint64_t job, const char *fmt, 
  * to queue more during the call and for other streams sharing the GPU. The
  * pairs complete after the call returns: each call reads those complete by
  * then without waiting, the oldest is waited for when SPN__ST_PAIRS are
- * out (many calls old: done by then), and every one at a job's end and
- * before the instance goes. A device that cannot time (or a failing timed
- * event, once logged) turns it off for the instance. */
+ * out (many calls old: done by then), and every one at a job's end (one
+ * wait, st_job_end) and before the instance goes. A device that cannot time
+ * (or a failing timed event, once logged) turns it off for the instance. */
 static void st_stop(spn_stage_t *a, const spn_error_t *err) {
   /* A quarantined device (SPN_EDEVICE) has said so already. */
   if (!a->st_off && err->code != SPN_EUNSUPPORTED)
@@ -140,7 +140,26 @@ static void st_end(spn_stage_t *a, int k) {
     return;
   }
   a->st_n++;
+  a->st_last = (uint32_t)k;
+  a->st_timed = true;
   st_read(a, 0);
+}
+
+/* At a job's end: one wait, for the newest end (a stream runs its work in
+ * order: every pair before it is complete then), and every pair read. The
+ * wait is made whenever a call was timed since the last job's end, even
+ * when everything is complete already, so that what a job costs the host
+ * does not depend on how far the device had got (the fake GPU's per-frame
+ * budgets count host syncs). */
+static void st_job_end(spn_stage_t *a) {
+  if (a->st_timed && !a->st_off) {
+    spn_error_t err = SPN_ERROR_INIT;
+    if (spn_event_synchronize(a->st_ev[2 * a->st_last + 1], &err) != SPN_OK)
+      st_stop(a, &err);
+  }
+  a->st_timed = false;
+  st_read(a, 0);
+  st_read(a, a->st_n); /* none left but on a device that broke its order */
 }
 
 static void st_free(spn_stage_t *a) {
@@ -523,7 +542,7 @@ static void finish_job(spn_stage_t *a, spn__ajob_t *aj) {
       fail_job(a, aj, rc, err.msg);
   }
   /* The job's stream time is all read before its end is told. */
-  st_read(a, a->st_n);
+  st_job_end(a);
   if (!ajob_ok(aj))
     return; /* ABORT_JOB will close it with ok=false */
   if (aj->opened && k->job_close)

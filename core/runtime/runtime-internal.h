@@ -276,10 +276,12 @@ struct spn_stage {
   spn_stream_t *copy_stream; /* executor: edge copies when the executor has no stream of its own */
   size_t ser_cap;
   /* executor: stream time (actor.c): pairs of timed events in a ring, the
-   * oldest st_n from st_head not read yet; st_off once timing failed */
+   * oldest st_n from st_head not read yet, st_last the newest recorded;
+   * st_timed once a call was timed since the last job's end; st_off once
+   * timing failed */
   spn_event_t *st_ev[2 * SPN__ST_PAIRS];
-  uint32_t st_head, st_n;
-  bool st_off;
+  uint32_t st_head, st_n, st_last;
+  bool st_timed, st_off;
 };
 
 /* ---- executors ---------------------------------------------------------------- */
