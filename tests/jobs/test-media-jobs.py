@@ -18,6 +18,13 @@ Cases:
   failures  bad media (truncated, garbage, no video stream, missing file)
             fails only that job, with a message naming the file and what is
             wrong; the gateway stays up and runs the next job.
+  gpu       on a fake GPU (tests/gpu/host-emu; SPINDLE is its
+            spindle-emu-pipeline): configs/server-media.toml with its
+            devices = "auto" as shipped, transcode, enhance and lipsync
+            through `spindle run`, a gateway's own workers, a remote
+            worker and a Redis worker (when redis-server is there); every job ran on the GPU (GPU seconds, frames downloaded
+            for libx264 in its transfers) and every entry point gives the
+            same frames;
   pretrained
             the shipped configs with the pretrained models by name
             (RetinaFace, Real-ESRGAN realesr-animevideov3-x2, as fetched into
@@ -254,15 +261,18 @@ def lipsync_config(tmp, model, pretrained=False):
     return lip
 
 
-def server_config(tmp, with_lipsync=True, pretrained=False):
+def server_config(tmp, with_lipsync=True, pretrained=False, devices="cpu"):
     """configs/server-media.toml, its pipeline configs made absolute, plus
     lipsync with a generated random-weight Wav2Lip model. pretrained: the
     server config and its pipelines' models exactly as shipped (only Wav2Lip
-    replaced); otherwise on the CPU with ESPCN in place of Real-ESRGAN."""
+    replaced); otherwise on DEVICES (None: the shipped "auto") with ESPCN in
+    place of Real-ESRGAN."""
     text = open(os.path.join(SRC, "configs", "server-media.toml")).read()
     text = text.replace('config = "', f'config = "{SRC}/configs/')
     if not pretrained:
-        text = text.replace('devices = "auto"', 'devices = "cpu"')
+        check('devices = "auto"' in text, 'configs/server-media.toml no longer says devices = "auto"')
+        if devices:
+            text = text.replace('devices = "auto"', f'devices = "{devices}"')
         # enhance as shipped, except that superres uses the repository's
         # ESPCN file: the "embedded" fallback is looked up where `meson
         # install` puts it, which a build tree does not have
@@ -820,7 +830,104 @@ def case_pretrained(tmp):
     print(f"pretrained models through {', '.join(results)}: same frames and detections")
 
 
-CASES = {"redis": case_redis, "gateway": case_gateway, "remote": case_remote, "failures": case_failures, "corrupt": case_corrupt,
+def case_gpu(tmp):
+    """The shipped GPU pipelines as jobs on a (fake) GPU host, through every
+    entry point: the server config as shipped (devices = "auto" finds the
+    GPU), the jobs' frames the same whichever way they ran."""
+    cfg = server_config(tmp, devices=None)
+    clip = os.path.join(tmp, "in.mp4")
+    speech = os.path.join(tmp, "speech.wav")
+    shutil.copy(os.path.join(SRC, "samples/media/talking-head.mp4"), clip)
+    shutil.copy(os.path.join(SRC, "samples/media/speech.wav"), speech)
+    # name, config, job args, --set for spindle run, frames, width, height
+    # (few frames: the fake GPU's convolutions are naive loops, and lipsync
+    # upscales whole frames)
+    jobs = [("transcode", f"{SRC}/configs/transcode.toml", ["--input", f"video={clip}", "--param", "duration=0.4"],
+             [f"decode.path={clip}", "decode.duration=0.4"], 10, 320, 320),
+            ("enhance", f"{tmp}/enhance.toml", ["--input", f"video={clip}", "--input", f"soundtrack={clip}",
+                                                "--param", "duration=0.2"],
+             [f"decode.path={clip}", f"encode.audio_path={clip}", "decode.duration=0.2"], 5, 640, 640),
+            ("lipsync", f"{tmp}/lipsync.toml", ["--input", f"video={clip}", "--input", f"speech={speech}",
+                                                "--input", f"soundtrack={speech}", "--param", "duration=0.08"],
+             [f"decode.path={clip}", f"melspec.path={speech}", f"encode.audio_path={speech}",
+              "decode.duration=0.08"], 2, 640, 640)]
+    results = {}  # entry point -> {pipeline: frames' md5s}
+
+    def collect(where, outs):
+        got = {}
+        for name, _, _, _, frames, w, h in jobs:
+            check_video(outs[name], frames, w, h)
+            got[name] = framemd5(outs[name])
+        results[where] = got
+
+    # 1. spindle run, with its default devices (auto)
+    d = os.path.join(tmp, "run")
+    os.makedirs(d)
+    outs = {}
+    for name, conf, _, sets, frames, _, _ in jobs:
+        outs[name] = f"{d}/{name}.mp4"
+        args = [a for kv in sets + [f"encode.path={outs[name]}"] for a in ("--set", kv)]
+        r = subprocess.run([SPINDLE, "run", conf, "--log-format", "json", *args], capture_output=True, cwd=tmp,
+                           timeout=300)
+        check(r.returncode == 0, f"spindle run {name}: exit {r.returncode}: {r.stderr.decode()[-2000:]}")
+        summ = json.loads(r.stdout)
+        check(summ.get("frames") == frames, f"spindle run {name}: {summ.get('frames')} frames, want {frames}")
+        # on the GPU: the frames reach libx264 with a download each
+        d2h = summ.get("transfers", {}).get("d2h", {})
+        check(d2h.get("bytes", 0) >= frames * 320 * 320,
+              f"spindle run {name}: not on the GPU: transfers {summ.get('transfers')}")
+    collect("spindle run", outs)
+
+    def submit_all(where, ep):
+        d = os.path.join(tmp, where.replace(" ", "-"))
+        os.makedirs(d)
+        outs = {}
+        for name, _, args, _, frames, _, _ in jobs:
+            outs[name] = f"{d}/{name}.mp4"
+            r = cli("submit", name, *args, "--output", f"video={outs[name]}", "--wait", "--connect", ep, check_rc=0)
+            st = status(ep, int(r.stdout.split()[0]))
+            check(st["state"] == "succeeded" and st["done"] == st["total"] == frames, f"{where}: {name}: status {st}")
+            xf = st.get("transfers", {})
+            check(st.get("gpu_s", 0) > 0 and xf.get("d2h", {}).get("bytes", 0) >= frames * 320 * 320,
+                  f"{where}: {name} did not run on the GPU: gpu_s {st.get('gpu_s')}, transfers {xf}")
+        collect(where, outs)
+        check(stray(d) == [], f"{where}: temporary files left: {stray(d)}")
+
+    # 2. a gateway running the jobs in its own worker
+    p, ep = start_serve(tmp, cfg, "--workers", "1", log="serve-gateway.log")
+    submit_all("gateway", ep)
+    check(p.poll() is None, "the gateway died")
+    p.send_signal(signal.SIGTERM)
+    check(p.wait(60) == 0, f"the gateway exited {p.returncode} after SIGTERM")
+    # 3. a gateway without workers and a remote worker
+    p, ep = start_serve(tmp, cfg, "--workers", "0", log="serve-remote.log", db="q-remote.db")
+    w = start_worker(tmp, ep, cfg, "remote")
+    submit_all("remote worker", ep)
+    check(p.poll() is None and w.poll() is None, "the gateway or the remote worker died")
+    logs = ["serve-gateway.log", "worker-remote.log"]
+    # 4. a stateless worker leasing from Redis
+    if shutil.which("redis-server"):
+        url = start_redis(tmp)
+        p, ep = start_serve(tmp, cfg, "--workers", "0", "--queue", url, log="serve-redis.log", db="q-redis.db")
+        w = start_queue_worker(tmp, url, cfg, "q")
+        submit_all("redis worker", ep)
+        check(p.poll() is None and w.poll() is None, "the gateway or the Redis worker died")
+        logs.append("worker-q.log")
+    else:
+        print("note: no redis-server; the Redis entry point was not run")
+    for log in logs:
+        text = open(os.path.join(tmp, log), errors="replace").read()
+        check("cuda:0" in text, f"{log} never names cuda:0: {text[-1500:]}")
+    ref = results["spindle run"]
+    for where, got in results.items():
+        for name in ref:
+            diff = [k for k, (a, b) in enumerate(zip(ref[name], got[name])) if a != b]
+            check(not diff, f"{where}: {name}'s frames {diff[:5]} differ from spindle run's")
+    print(f"on the GPU through {', '.join(results)}: {', '.join(f'{n} {len(v)} frames' for n, v in ref.items())}, "
+          "the same frames")
+
+
+CASES = {"gpu": case_gpu, "redis": case_redis, "gateway": case_gateway, "remote": case_remote, "failures": case_failures, "corrupt": case_corrupt,
          "pretrained": case_pretrained}
 
 
