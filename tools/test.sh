@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Install what is missing (tools/deps.sh), build Spindle and run its whole
 # test suite.
-#   tools/test.sh [--werror] [--sanitize] [extra meson setup args]
+#   tools/test.sh [--werror] [--sanitize | --no-cuda] [extra meson setup args]
 # --sanitize builds into build-asan with ASan/UBSan.
+# --no-cuda builds into build-nocuda with -Dcuda=disabled, what a machine
+# without the CUDA toolkit builds, and runs the suites that exercise what
+# such a build changes (devices, the engine, the stages, the CLI) and the
+# shipped pipelines through spindle run and the job service.
 # SPINDLE_NO_INSTALL=1 skips the installs (the packages must be there);
 # SPINDLE_NO_FETCH=1 skips fetching the real models the comparison tests use.
 set -euo pipefail
@@ -18,6 +22,7 @@ for a in "$@"; do
   case "$a" in
     --werror) args+=(-Dwerror=true) ;;
     --sanitize) builddir=build-asan; args+=(-Db_sanitize=address,undefined -Db_lundef=false) ;;
+    --no-cuda) builddir=build-nocuda; args+=(-Dcuda=disabled) ;;
     *) args+=("$a") ;;
   esac
 done
@@ -45,4 +50,11 @@ skip=()
 # Under ASan: no deploy checks, no TOML corpus, and not the slowest runs on
 # the fake GPU (suite emu-slow: their eager twins run), for CI's time.
 if [ "$builddir" = build-asan ]; then skip=(--no-suite deploy --no-suite toml-corpus --no-suite emu-slow); fi
+if [ "$builddir" = build-nocuda ]; then
+  # A selection, for CI's time: the CPU half is the normal build's too.
+  mapfile -t sel < <(meson test -C "$builddir" --list --no-rebuild --suite unit --suite runtime --suite conformance \
+    --suite cli --suite lipsync --suite models --suite toml --suite engine 2>/dev/null | sed 's|.* / ||')
+  [ ${#sel[@]} -gt 20 ] || { echo "tools/test.sh: no tests selected in $builddir" >&2; exit 1; }
+  exec meson test -C "$builddir" --print-errorlogs "${sel[@]}" enhance media-jobs-gateway
+fi
 meson test -C "$builddir" --print-errorlogs --no-suite gpu --no-suite fuzz "${skip[@]}"
