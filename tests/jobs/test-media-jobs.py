@@ -24,7 +24,9 @@ Cases:
             through `spindle run`, a gateway's own workers, a remote
             worker and a Redis worker (when redis-server is there); every job ran on the GPU (GPU seconds, frames downloaded
             for libx264 in its transfers) and every entry point gives the
-            same frames;
+            same frames; a 4K job on a GPU of 16 MiB fails alone, with an
+            error naming the stage, the device and the allocation, and the
+            gateway runs the next job;
   pretrained
             the shipped configs with the pretrained models by name
             (RetinaFace, Real-ESRGAN realesr-animevideov3-x2, as fetched into
@@ -66,11 +68,11 @@ def check(cond, msg):
         raise Fail(msg)
 
 
-def start_serve(tmp, cfg, *args, log="serve.log", db="q.db"):
+def start_serve(tmp, cfg, *args, log="serve.log", db="q.db", env=None):
     out = open(os.path.join(tmp, log), "ab")
     p = subprocess.Popen([SPINDLE, "serve", "--config", cfg, "--bind", "tcp://127.0.0.1:*",
                           "--db", os.path.join(tmp, db), "--root", tmp, *args],
-                         stdout=subprocess.PIPE, stderr=out, cwd=tmp)
+                         stdout=subprocess.PIPE, stderr=out, cwd=tmp, env=env)
     PROCS.append(p)
     line = b""
     end = time.monotonic() + 120  # loads every pipeline (models) before ready
@@ -925,6 +927,31 @@ def case_gpu(tmp):
             check(not diff, f"{where}: {name}'s frames {diff[:5]} differ from spindle run's")
     print(f"on the GPU through {', '.join(results)}: {', '.join(f'{n} {len(v)} frames' for n, v in ref.items())}, "
           "the same frames")
+    # 5. A job too big for the GPU's memory fails alone: a gateway on a
+    # 16 MiB GPU takes a 4K transcode (12 MB frames) and the sample after it.
+    big = os.path.join(tmp, "big.mp4")
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=size=3840x2160:rate=25",
+                    "-frames:v", "3", "-pix_fmt", "yuv420p", big], check=True)
+    small_cfg = os.path.join(tmp, "server-transcode.toml")
+    with open(small_cfg, "w") as f:
+        f.write(f'[server]\nworkers = 1\n\n[queue]\nmax_attempts = 1\n\n'
+                f'[[pipeline]]\nname = "transcode"\nconfig = "{SRC}/configs/transcode.toml"\n')
+    p, ep = start_serve(tmp, small_cfg, log="serve-small-gpu.log", db="q-small.db",
+                        env=dict(os.environ, SPN_EMU_CUDA_MEM_MB="16"))
+    r = cli("submit", "transcode", "--input", f"video={big}", "--output", f"video={tmp}/big-out.mp4", "--wait",
+            "--connect", ep)
+    st = status(ep, int(r.stdout.split()[0]))
+    msg = st["errors"][-1]["error"] if st.get("errors") else ""
+    check(r.returncode in (1, 4) and st["state"] in ("failed", "dead") and 'stage "decode"' in msg
+          and "out of device memory allocating" in msg and "cuda:0" in msg,
+          f"the 4K job on a 16 MiB GPU: exit {r.returncode}, state {st['state']}, error {msg!r}")
+    check(not os.path.exists(f"{tmp}/big-out.mp4") and p.poll() is None,
+          "the 4K job left its output, or the gateway died")
+    r = cli("submit", "transcode", "--input", f"video={clip}", "--output", f"video={tmp}/after.mp4",
+            "--param", "duration=0.4", "--wait", "--connect", ep, check_rc=0)
+    check_video(f"{tmp}/after.mp4", 10, 320, 320)
+    check(p.poll() is None, "the gateway on the 16 MiB GPU died")
+    print(f"a 4K job on a 16 MiB GPU failed alone ({msg}); the next job succeeded")
 
 
 CASES = {"gpu": case_gpu, "redis": case_redis, "gateway": case_gateway, "remote": case_remote, "failures": case_failures, "corrupt": case_corrupt,
