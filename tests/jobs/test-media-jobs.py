@@ -22,9 +22,10 @@ Cases:
             spindle-emu-pipeline): configs/server-media.toml with its
             devices = "auto" as shipped, transcode, enhance and lipsync
             through `spindle run`, a gateway's own workers, a remote
-            worker and a Redis worker (when redis-server is there); every job ran on the GPU (GPU seconds, frames downloaded
-            for libx264 in its transfers) and every entry point gives the
-            same frames; a 4K job on a GPU of 16 MiB fails alone, with an
+            worker and a Redis worker (when redis-server is there); every
+            job ran on the GPU (GPU seconds, frames downloaded for libx264
+            in its transfers) and every entry point gives the same frames;
+            a 4K job on a GPU of 16 MiB fails alone, with an
             error naming the stage, the device and the allocation, and the
             gateway runs the next job;
   pretrained
