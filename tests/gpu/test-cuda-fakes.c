@@ -644,6 +644,9 @@ static void launches_a_gpu_refuses_are_refused(void **state) {
 
 /* SPN_EMU_CUDA_STATS=path in a child that makes the calls of `calls` (or
  * none) and exits: the counts its line reports. */
+/* A query's answer: done, or (lazy mode, work still queued) not yet. */
+static bool answered(cudaError_t e) { return e == cudaSuccess || e == cudaErrorNotReady; }
+
 static void stats_of_child(bool calls, long long v[13]) {
   char path[] = "/tmp/spn-emu-stats-XXXXXX";
   int fd = mkstemp(path);
@@ -665,7 +668,7 @@ static void stats_of_child(bool calls, long long v[13]) {
             cudaMemcpyAsync(d2, host, sizeof host, cudaMemcpyHostToDevice, s) ||   /* pageable */
             cudaMemcpyAsync(pinned, d2, sizeof host, cudaMemcpyDeviceToHost, s) || /* pinned */
             cudaMemcpyAsync(d, d2, sizeof host, cudaMemcpyDeviceToDevice, s) ||    /* device */
-            spn_cu_unary(SPN_CU_RELU, d, d2, 4, 0, 0, s) || cudaEventRecord(e, s) || cudaStreamQuery(s) ||
+            spn_cu_unary(SPN_CU_RELU, d, d2, 4, 0, 0, s) || cudaEventRecord(e, s) || !answered(cudaStreamQuery(s)) ||
             cudaEventSynchronize(e) || cudaStreamSynchronize(s) || cudaDeviceSynchronize() || cudaFree(d) ||
             cudaFreeAsync(d2, s) || cudaFreeHost(pinned) || cudaEventDestroy(e) || cudaStreamDestroy(s);
     }
@@ -736,8 +739,8 @@ static void overrun(float *d) {
 }
 
 /* SPN_EMU_CUDA_LAZY=1 (cuda-fakes-host-lazy): s1's work has not run until
- * something waits for it; s2 waiting for s1's event runs it up to the
- * record, not past it. */
+ * something waits for it (a query does not); s2 waiting for s1's event runs
+ * it up to the record, not past it. */
 static void lazy_streams_run_when_waited_for(void **state) {
   (void)state;
   const char *lz = getenv("SPN_EMU_CUDA_LAZY");
@@ -755,12 +758,20 @@ static void lazy_streams_run_when_waited_for(void **state) {
   assert_int_equal(cudaMemsetAsync(a, 2, sizeof(int), s1), cudaSuccess); /* after the record */
   to_host(&got, a, sizeof got);
   assert_int_equal(got, 0); /* nothing waited for s1 */
+  /* Queries answer "not ready" and run nothing. */
+  assert_int_equal(cudaStreamQuery(s1), cudaErrorNotReady);
+  assert_int_equal(cudaEventQuery(ev), cudaErrorNotReady);
+  to_host(&got, a, sizeof got);
+  assert_int_equal(got, 0);
   assert_int_equal(cudaStreamWaitEvent(s2, ev, 0), cudaSuccess);
   assert_int_equal(cudaMemcpyAsync(b, a, sizeof(int), cudaMemcpyDeviceToDevice, s2), cudaSuccess);
   assert_int_equal(cudaStreamSynchronize(s2), cudaSuccess);
   to_host(&got, b, sizeof got);
   assert_int_equal(got, 0x01010101); /* s1 ran as far as the event */
+  assert_int_equal(cudaStreamQuery(s1), cudaErrorNotReady); /* the second memset is still queued */
+  assert_int_equal(cudaEventQuery(ev), cudaSuccess);
   assert_int_equal(cudaStreamSynchronize(s1), cudaSuccess);
+  assert_int_equal(cudaStreamQuery(s1), cudaSuccess);
   to_host(&got, a, sizeof got);
   assert_int_equal(got, 0x02020202);
   cudaEventDestroy(ev);

@@ -857,10 +857,24 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   return stream_sync(s);
 }
 
-/* Here the stream's work is done once this returns: a query finds it so. */
+/* As an event query: in lazy mode a stream with work still queued is not
+ * ready, and the query runs none of it (a caller that polls instead of
+ * waiting must not see the fake finish the work for it); otherwise its work
+ * has run at the call. */
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   count(ST_QUERY);
-  return stream_sync(s);
+  emu_stream *st = stream_of(s);
+  if (st->cap) {
+    spn_emu_complain("querying a capturing stream");
+    invalidate_captures();
+    return ret(cudaErrorStreamCaptureUnsupported);
+  }
+  if (lazy()) {
+    std::lock_guard<std::mutex> g(lock);
+    if (!st->q.empty())
+      return cudaErrorNotReady;
+  }
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
