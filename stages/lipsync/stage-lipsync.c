@@ -44,9 +44,15 @@
  * source, a spectrogram over 16 MiB) are uploaded into their rows, 5 KB a
  * synced frame, as the one copy per batch and job. A batch may mix both.
  * Every upload is the stage's buffer_copy, counted for the stage and the
- * job. The one wait is at the end of a batch, before the input frames it
- * replaced are released (and once per job after its spectrogram's upload,
- * before the message holding it goes).
+ * job. A batch does not wait for the GPU: its pasted frames go downstream
+ * with their ready events, and the input frames it replaced are released at
+ * once (this GPU's memory returns to the pool only after the work queued on
+ * the device; a host that cannot say where a buffer lives gets one wait a
+ * batch, as before). The waits are once per job after its spectrogram's upload,
+ * before the message holding it goes; per frame that arrives in host memory
+ * or on another GPU, after its upload, for the same reason; and, for jobs
+ * without a spectrogram on the device, before a batch rewrites the pinned
+ * staging of mel chunks that the last batch's upload may still read.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -144,7 +150,8 @@ typedef struct ls_state {
   ls_job_t **run_job;
   ls_job_t *jobs;
   /* On a GPU instance: the batch in device memory, the paste's scratch, and
-   * the frames a batch replaced (released once the stream is past them). */
+   * the frames a batch replaced (released at its end: spindle/plugin-cuda.h,
+   * spn__cuda_held_need_wait). */
   spn_buffer_t *d_face, *d_out, *d_small, *d_big, *d_mask;
   spn_buffer_t **retired;
   /* The batch's mel input on the device, the pinned staging of the chunks
@@ -152,6 +159,10 @@ typedef struct ls_state {
   spn_buffer_t *d_mel, *h_mel;
 #ifdef SPN_LIPSYNC_CUDA
   spn_w2l_mel_src_t *mel_src;
+  /* Recorded after the last batch's uploads from h_mel (h_mel_queued):
+   * the next batch waits for it before writing h_mel again. */
+  cudaEvent_t h_mel_ev;
+  bool h_mel_queued;
 #endif
 } ls_state_t;
 
@@ -513,6 +524,7 @@ static int32_t mel_batch_cuda(spn_stage_t *stage, ls_state_t *st, size_t n, void
   const size_t msz = SPN_W2L_MEL_FLOATS;
   float *d = host->buffer_data(st->d_mel);
   size_t n_src = 0;
+  bool staged = false; /* this batch has queued an upload from h_mel */
   for (size_t i = 0; i < n; i++) {
     ls_job_t *j = st->run_job[i];
     if (j->d_spec) {
@@ -527,6 +539,15 @@ static int32_t mel_batch_cuda(spn_stage_t *stage, ls_state_t *st, size_t n, void
     if (!st->h_mel &&
         (rc = host->buffer_new_kind(stage, st->bs * msz * sizeof(float), SPN_MEM_PINNED, &st->h_mel, err)) != SPN_OK)
       return rc;
+    /* The last batch's uploads from h_mel may still be queued (this
+     * batch's own read other rows). */
+    if (st->h_mel_queued && !staged) {
+      cudaError_t ce = cudaEventSynchronize(st->h_mel_ev);
+      if (ce != cudaSuccess)
+        return spn_error_set(err, SPN_ECUDA, "lipsync: waiting for the last batch's mel upload: %s (%s)",
+                             cudaGetErrorString(ce), cudaGetErrorName(ce));
+      st->h_mel_queued = false;
+    }
     float *h = host->buffer_data(st->h_mel);
     size_t last = i;
     while (last + 1 < n && st->run_job[last + 1] == j)
@@ -534,8 +555,17 @@ static int32_t mel_batch_cuda(spn_stage_t *stage, ls_state_t *st, size_t n, void
     for (size_t r = i; r <= last; r++)
       memcpy(h + r * msz, st->run[r]->mel, msz * sizeof(float));
     size_t off = i * msz * sizeof(float), nb = (last + 1 - i) * msz * sizeof(float);
+    cudaError_t ce;
+    if (!st->h_mel_ev && (ce = cudaEventCreateWithFlags(&st->h_mel_ev, cudaEventDisableTiming)) != cudaSuccess)
+      return spn_error_set(err, SPN_ECUDA, "lipsync: an event for the mel upload: %s (%s)", cudaGetErrorString(ce),
+                           cudaGetErrorName(ce));
     if ((rc = stage_copy(stage, j->job_id, st->d_mel, off, st->h_mel, off, nb, "uploading mel chunks", err)) != SPN_OK)
       return rc;
+    ce = cudaEventRecord(st->h_mel_ev, (cudaStream_t)stream);
+    if (ce != cudaSuccess)
+      return spn_error_set(err, SPN_ECUDA, "lipsync: marking the mel upload: %s (%s)", cudaGetErrorString(ce),
+                           cudaGetErrorName(ce));
+    st->h_mel_queued = staged = true;
     i = last;
   }
   return spn_w2l_mel_gather_cuda(d, (int32_t)n, st->mel_src, n_src, stream, err);
@@ -693,15 +723,20 @@ static void run_batch(spn_stage_t *stage, ls_state_t *st, size_t n) {
   }
 #ifdef SPN_LIPSYNC_CUDA
   if (gpu) {
-    /* Also with nothing retired: the frames of slots whose job failed in
-     * this batch were read by its kernels and are released when the job
-     * closes, after this call. A failed wait means the pasted frames cannot
-     * be trusted: their jobs fail (nothing of them is emitted). */
-    cudaError_t ce = cudaStreamSynchronize((cudaStream_t)stream);
-    if (ce != cudaSuccess) {
+    /* The frames the batch replaced, and those of slots whose job failed in
+     * it (released when the job closes, after this call), are this GPU's
+     * memory, whose free the device layer orders after the work queued so
+     * far: the batch does not wait for the GPU. Its pasted frames went out
+     * with their ready events, and the stream runs on while the next batch
+     * gathers; an error the GPU has already reported (a fault is sticky)
+     * fails the batch's jobs here. A host that cannot say where a buffer
+     * lives (no buffer_device) gets one wait, whose failure does the same. */
+    bool wait = spn__cuda_held_need_wait(stage, st->retired, n_retired);
+    cudaError_t ce = wait ? cudaStreamSynchronize((cudaStream_t)stream) : cudaStreamQuery((cudaStream_t)stream);
+    if (ce != cudaSuccess && (wait || ce != cudaErrorNotReady)) {
       char why[256];
-      snprintf(why, sizeof why, "lipsync: waiting for the GPU after a batch of %zu faces: %s (%s)", n,
-               cudaGetErrorString(ce), cudaGetErrorName(ce));
+      snprintf(why, sizeof why, "lipsync: the GPU failed a batch of %zu faces: %s (%s)", n, cudaGetErrorString(ce),
+               cudaGetErrorName(ce));
       for (size_t i = 0; i < n; i++)
         fail_slot(stage, st->run_job[i], st->run[i], SPN_ECUDA, why);
     }
@@ -970,6 +1005,8 @@ static void ls_destroy(spn_stage_t *stage, void *state) {
    * they go back to the pool. */
   if (st->d_face || st->d_small || st->d_mel || st->h_mel)
     cudaStreamSynchronize((cudaStream_t)host->stage_get_stream(stage));
+  if (st->h_mel_ev)
+    cudaEventDestroy(st->h_mel_ev);
 #endif
   while (st->jobs)
     ls_job_close(stage, st, st->jobs, false);

@@ -8,9 +8,12 @@
  * spn_w2l_mel_gather_cuda: the last one as the CPU cuts the same chunks),
  * so the test links neither libcudart nor the kernels.
  * Work is "queued" by those fakes (and the fake model run) and "done" at the
- * next stream synchronisation. A buffer whose last reference goes while
- * queued work touches it is what these tests catch: on a GPU the pool hands
- * that memory to another stream at once. The runtime closes a failed job
+ * next wait (stream or event). The host reports where buffers live, as the
+ * runtime does: a device buffer may go while queued work touches it (the
+ * device layer orders its free after that work), host or pinned memory may
+ * not, and pinned staging must not be rewritten while a queued upload may
+ * still read it; a batch does not wait for the GPU. A host that cannot say
+ * where a buffer lives gets one wait a batch. The runtime closes a failed job
  * (releasing its frames) after process() returns, as the test does. The
  * fake model run keeps the batch's mel input, so the rows cut from a job's
  * spectrogram on the device and the rows uploaded from chunks can be told
@@ -45,6 +48,9 @@ static struct {
   /* the last model run's mel input */
   float mel[MAX_ROWS * SPN_W2L_MEL_FLOATS];
   int64_t mel_rows;
+  /* every model run's mel rows, one after another */
+  float all_mel[2 * MAX_ROWS * SPN_W2L_MEL_FLOATS];
+  int64_t all_rows;
   int32_t mel_device_kind;
   /* buffer_copy calls and bytes, by job (1..3) */
   int copies[4];
@@ -52,6 +58,8 @@ static struct {
   int gathers; /* rows cut from spectrograms */
   int warnings;
   char last_warning[512];
+  int bs;              /* run_spec's batch size (0: MAX_ROWS) */
+  int waits_in_process; /* stream and event waits during process() */
 } g;
 
 cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t stream) {
@@ -137,6 +145,7 @@ static int32_t h_buffer_copy(spn_stage_t *s, uint64_t job, spn_buffer_t *dst, si
   if (!src->device && dst->device) { /* an upload */
     g.copies[job]++;
     g.copy_bytes[job] += n;
+    fake_host_read(src->data + soff, n);
   }
   return cudaMemcpyAsync(dst->data + doff, src->data + soff, n, cudaMemcpyDeviceToDevice, NULL) == cudaSuccess
              ? SPN_OK
@@ -262,6 +271,10 @@ static int32_t h_model_run(spn_stage_t *s, spn_model_t *m, const spn_tensor_t *i
   g.mel_rows = in[0].shape[0];
   g.mel_device_kind = in[0].device_kind;
   memcpy(g.mel, in[0].data, (size_t)in[0].shape[0] * SPN_W2L_MEL_FLOATS * sizeof(float));
+  assert_true(g.all_rows + in[0].shape[0] <= 2 * MAX_ROWS);
+  memcpy(g.all_mel + g.all_rows * SPN_W2L_MEL_FLOATS, in[0].data,
+         (size_t)in[0].shape[0] * SPN_W2L_MEL_FLOATS * sizeof(float));
+  g.all_rows += in[0].shape[0];
   for (size_t i = 0; i < n_out; i++)
     touch(out[i].data);
   return g.model_rc ? spn_error_set(err, g.model_rc, "model run failed (fake)") : SPN_OK;
@@ -306,6 +319,9 @@ static int setup(void **state) {
   g_host.buffer_unref = h_buffer_unref;
   g_host.buffer_set_ready = h_buffer_set_ready;
   g_host.buffer_copy = h_buffer_copy;
+  fake.kinds = true; /* a_host_without_buffer_device_waits_once_a_batch clears them */
+  g_host.buffer_mem_kind = h_buffer_mem_kind;
+  g_host.buffer_device = h_buffer_device;
   g_host.msg_new = h_msg_new;
   g_host.msg_free = h_msg_free;
   g_host.msg_envelope = h_msg_envelope;
@@ -393,7 +409,7 @@ static void attach_spectrogram(spn_msg_t *m, const float *spec, int64_t cols, in
  * stream carries a spectrogram of cols1 columns claiming shape1 (0: none),
  * job 2's of cols2/shape2; every chunk is filled with 100 * job + seq. */
 static void run_spec(int64_t cols1, int64_t shape1, int64_t cols2, int64_t shape2, float *spec1, float *spec2) {
-  ls_config_t cfg = {.model = "/dev/null", .pad_bottom = 0, .batch_size = MAX_ROWS, .feather = 2.0};
+  ls_config_t cfg = {.model = "/dev/null", .pad_bottom = 0, .batch_size = g.bs ? g.bs : MAX_ROWS, .feather = 2.0};
   void *state = NULL;
   spn_error_t err = SPN_ERROR_INIT;
   assert_int_equal(ls_create(STAGE, &cfg, &state, &err), SPN_OK);
@@ -415,7 +431,9 @@ static void run_spec(int64_t cols1, int64_t shape1, int64_t cols2, int64_t shape
       k++;
     }
   }
+  int before = fake.syncs + fake.event_syncs;
   assert_int_equal(ls_process(STAGE, state, msgs, mjs, (size_t)k, &err), SPN_OK);
+  g.waits_in_process = fake.syncs + fake.event_syncs - before;
   for (int i = 0; i < k; i++)
     h_msg_free(&msgs[i]);
   for (int j = 0; j < 2; j++)
@@ -466,7 +484,9 @@ static void run(int nj, const unsigned char firsts[][3], int n) {
       msgs[k++] = mel_msg((uint64_t)j + 1, (uint64_t)i, n);
     }
   }
+  int before = fake.syncs + fake.event_syncs;
   assert_int_equal(ls_process(STAGE, state, msgs, mjs, (size_t)k, &err), SPN_OK);
+  g.waits_in_process = fake.syncs + fake.event_syncs - before;
   for (int i = 0; i < k; i++)
     h_msg_free(&msgs[i]);
   for (int j = 0; j < nj; j++)
@@ -482,13 +502,16 @@ static int teardown(void **state) {
   return 0;
 }
 
-static void a_good_batch_emits_pasted_copies_and_releases_the_frames_after_the_wait(void **state) {
+static void a_good_batch_emits_pasted_copies_without_waiting_for_the_gpu(void **state) {
   (void)state;
   const unsigned char firsts[2][3] = {{1, 2, 3}, {4, 5, 6}};
   run(2, firsts, 3);
   assert_int_equal(g.fails, 0);
   assert_int_equal(g.emitted, 6);
+  assert_int_equal(g.waits_in_process, 0);
+  assert_true(fake.queries >= 1); /* an error already reported would fail the batch */
   assert_int_equal(fake.early_frees, 0);
+  assert_int_equal(fake.ordered_frees, 6); /* the input frames, while the pastes still read them */
   for (int i = 0; i < 6; i++) {
     spn_item_t it = {.struct_size = sizeof it};
     assert_int_equal(h_msg_item(g.out[i], 0, &it), SPN_OK);
@@ -506,10 +529,11 @@ static void a_failed_model_run_releases_the_frames_only_after_the_stream_passed_
   assert_int_equal(fake.early_frees, 0);
 }
 
-static void a_batch_whose_jobs_all_failed_still_waits_before_their_frames_go(void **state) {
+static void a_batch_whose_jobs_all_failed_releases_their_frames_in_order(void **state) {
   (void)state;
   /* seq 1 fails in prepare after seq 0's kernels (and its own first one)
-   * were queued: the job fails, nothing of the batch is retired. */
+   * were queued: the job fails, nothing of the batch is retired; its frames
+   * go when it closes, their frees ordered after the queued work. */
   const unsigned char firsts[1][3] = {{1, 0xee, 3}};
   run(1, firsts, 3);
   assert_int_equal(g.fails, 1);
@@ -528,15 +552,45 @@ static void a_job_failing_mid_batch_leaves_the_other_jobs_frames_good(void **sta
   assert_int_equal(fake.early_frees, 0);
 }
 
-static void a_failed_wait_for_the_stream_fails_the_jobs_instead_of_emitting_their_frames(void **state) {
+static void an_error_the_gpu_reported_fails_the_jobs_instead_of_emitting_their_frames(void **state) {
   (void)state;
   const unsigned char firsts[1][3] = {{1, 2, 3}};
+  fake.query_result = cudaErrorLaunchFailure;
+  run(1, firsts, 3);
+  assert_int_equal(g.emitted, 0);
+  assert_int_equal(g.fails, 1);
+  assert_non_null(strstr(g.last_fail, "lipsync: the GPU failed a batch of 3 faces"));
+  assert_non_null(strstr(g.last_fail, "cudaErrorFake"));
+  assert_int_equal(fake.early_frees, 0);
+}
+
+/* A host that leaves buffer_device out cannot say the frames are device
+ * memory: one wait a batch before they go, and a failed wait fails them. */
+static void without_buffer_device(void) {
+  fake.kinds = false;
+  g_host.buffer_mem_kind = NULL;
+  g_host.buffer_device = NULL;
+}
+static void a_host_without_buffer_device_waits_once_a_batch(void **state) {
+  (void)state;
+  const unsigned char firsts[2][3] = {{1, 2, 3}, {4, 5, 6}};
+  without_buffer_device();
+  run(2, firsts, 3);
+  assert_int_equal(g.fails, 0);
+  assert_int_equal(g.emitted, 6);
+  assert_int_equal(g.waits_in_process, 1);
+  assert_int_equal(fake.early_frees, 0);
+}
+static void a_host_without_buffer_device_fails_the_jobs_on_a_failed_wait(void **state) {
+  (void)state;
+  const unsigned char firsts[1][3] = {{1, 2, 3}};
+  without_buffer_device();
   fake.sync_result = cudaErrorLaunchFailure;
   run(1, firsts, 3);
   assert_int_equal(g.emitted, 0);
   assert_int_equal(g.fails, 1);
-  assert_non_null(strstr(g.last_fail, "lipsync: waiting for the GPU"));
-  assert_non_null(strstr(g.last_fail, "cudaErrorFake"));
+  assert_non_null(strstr(g.last_fail, "lipsync: the GPU failed a batch"));
+  assert_int_equal(fake.early_frees, 0);
 }
 
 /* 3 chunks at 25 fps: windows at 0 and 3, the last clamped to 5 (not 6). */
@@ -594,21 +648,51 @@ static void a_spectrogram_that_does_not_fit_the_chunks_is_left_aside_and_the_chu
   free(spec2);
 }
 
+/* Jobs without a spectrogram on the device, in batches of 2 over 6 rows:
+ * each batch writes the pinned staging's first rows again, which the last
+ * batch's upload may still read; it waits for that upload first (and only
+ * then), and every batch's rows are its own chunks. */
+static void batches_reusing_the_mel_staging_wait_for_the_last_upload_first(void **state) {
+  (void)state;
+  g.bs = 2;
+  run_spec(0, 0, 0, 0, NULL, NULL);
+  assert_int_equal(g.fails, 0);
+  assert_int_equal(g.emitted, 6);
+  assert_int_equal(fake.staging_rewrites, 0);
+  assert_int_equal(g.waits_in_process, 2); /* batches 2 and 3, one each */
+  /* three runs of two rows: each chunk of each job in exactly one row */
+  assert_int_equal(g.mel_rows, 2);
+  assert_int_equal(g.all_rows, 6);
+  for (uint64_t j = 1; j <= 2; j++)
+    for (uint64_t i = 0; i < 3; i++) {
+      float want[SPN_W2L_MEL_FLOATS];
+      int n = 0;
+      for (int k = 0; k < SPN_W2L_MEL_FLOATS; k++)
+        want[k] = 100.0f * (float)j + (float)i;
+      for (int64_t r = 0; r < g.all_rows; r++)
+        n += !memcmp(g.all_mel + r * SPN_W2L_MEL_FLOATS, want, sizeof want);
+      assert_int_equal(n, 1);
+    }
+  assert_int_equal(fake.early_frees, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(a_good_batch_emits_pasted_copies_and_releases_the_frames_after_the_wait, setup,
-                                      teardown),
+      cmocka_unit_test_setup_teardown(a_good_batch_emits_pasted_copies_without_waiting_for_the_gpu, setup, teardown),
       cmocka_unit_test_setup_teardown(a_failed_model_run_releases_the_frames_only_after_the_stream_passed_them,
                                       setup, teardown),
-      cmocka_unit_test_setup_teardown(a_batch_whose_jobs_all_failed_still_waits_before_their_frames_go, setup,
-                                      teardown),
+      cmocka_unit_test_setup_teardown(a_batch_whose_jobs_all_failed_releases_their_frames_in_order, setup, teardown),
       cmocka_unit_test_setup_teardown(a_job_failing_mid_batch_leaves_the_other_jobs_frames_good, setup, teardown),
-      cmocka_unit_test_setup_teardown(a_failed_wait_for_the_stream_fails_the_jobs_instead_of_emitting_their_frames,
+      cmocka_unit_test_setup_teardown(an_error_the_gpu_reported_fails_the_jobs_instead_of_emitting_their_frames,
                                       setup, teardown),
+      cmocka_unit_test_setup_teardown(a_host_without_buffer_device_waits_once_a_batch, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_host_without_buffer_device_fails_the_jobs_on_a_failed_wait, setup, teardown),
       cmocka_unit_test_setup_teardown(
           a_batch_mixing_a_job_with_its_spectrogram_on_the_gpu_and_one_without_gets_both_right, setup, teardown),
       cmocka_unit_test_setup_teardown(
           a_spectrogram_that_does_not_fit_the_chunks_is_left_aside_and_the_chunks_go_up, setup, teardown),
+      cmocka_unit_test_setup_teardown(batches_reusing_the_mel_staging_wait_for_the_last_upload_first, setup,
+                                      teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
