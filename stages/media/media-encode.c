@@ -260,6 +260,35 @@ static int32_t open_hw_frames(spn_encoder_t *e, spn_error_t *err) {
   return SPN_OK;
 }
 
+static int32_t container_error(const char *path, spn_error_t *err) {
+  return spn_error_set(err, SPN_EINVAL, "%s: cannot pick a container from this file name (use .mp4 or .mkv)", path);
+}
+static int32_t tmp_error(const char *path, int e, spn_error_t *err) {
+  return spn_error_set(err, SPN_EIO, "%s: cannot create a temporary file beside it: %s", path, strerror(e));
+}
+
+int32_t spn_encoder_check_path(const char *path, spn_error_t *err) {
+  if (!path || !*path)
+    return spn_error_set(err, SPN_EINVAL, "no output path");
+  if (!av_guess_format(NULL, path, NULL))
+    return container_error(path, err);
+  size_t tl = strlen(path) + 16;
+  char *tmp = malloc(tl);
+  if (!tmp)
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
+  snprintf(tmp, tl, "%s.XXXXXX", path);
+  int fd = mkstemp(tmp);
+  int32_t rc = SPN_OK;
+  if (fd < 0) {
+    rc = tmp_error(path, errno, err);
+  } else {
+    close(fd);
+    unlink(tmp);
+  }
+  free(tmp);
+  return rc;
+}
+
 int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t pixfmt,
                         const spn_encode_opts_t *opts, spn_encoder_t **out, spn_error_t *err) {
   static const spn_encode_opts_t defaults = SPN_ENCODE_OPTS_INIT;
@@ -316,14 +345,14 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
   }
   const AVOutputFormat *ofmt = av_guess_format(NULL, path, NULL);
   if (!ofmt) {
-    rc = spn_error_set(err, SPN_EINVAL, "%s: cannot pick a container from this file name (use .mp4 or .mkv)", path);
+    rc = container_error(path, err);
     goto out_free;
   }
   /* temporary file beside the target */
   snprintf(e->tmp, tl, "%s.XXXXXX", path);
   int fd = mkstemp(e->tmp);
   if (fd < 0) {
-    rc = spn_error_set(err, SPN_EIO, "%s: cannot create a temporary file beside it: %s", path, strerror(errno));
+    rc = tmp_error(path, errno, err);
     e->tmp[0] = '\0';
     goto out_free;
   }

@@ -53,6 +53,13 @@ typedef struct spn_encoder spn_encoder_t;
 int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t pixfmt,
                         const spn_encode_opts_t *opts, spn_encoder_t **out, spn_error_t *err);
 
+/* Whether an encoder could write `path`: a container its name picks, and a
+ * temporary file that can be made beside it (made and removed here, as
+ * spn_encoder_new will make it). Lets a job whose output can never be
+ * written fail before its first frame, with the error spn_encoder_new
+ * would give. Thread: any. */
+int32_t spn_encoder_check_path(const char *path, spn_error_t *err);
+
 /* Encode one frame shown at pts * tb_num / tb_den seconds (timestamps are
  * rebased so the first frame is at 0; non-increasing ones are bumped). */
 int32_t spn_encoder_write_video(spn_encoder_t *enc, const spn_image_t *img, int64_t pts, int32_t tb_num,

@@ -5,7 +5,9 @@
  * size; every frame is encoded at its envelope pts (H.264: libx264, or
  * NVENC); at the end of the stream the file is finished and renamed into
  * place. A job that fails or is cancelled leaves no file at `path` (the
- * temporary file beside it is removed). Frames: (H,W,3) u8 as
+ * temporary file beside it is removed); a path that can never be written
+ * (no container for its name, no temporary file possible beside it) fails
+ * the job when it opens, before any frame. Frames: (H,W,3) u8 as
  * `pixel_format` says (rgb24 or bgr24), (3,H,W) f32 in [0,255]
  * (rgbf32p/bgrf32p by the same setting's channel order), or the (N) u8
  * planes of nv12/yuv420p with decode's "image" item (no RGB round trip).
@@ -243,6 +245,11 @@ static int32_t encode_create(spn_stage_t *stage, const void *config, void **stat
 static int32_t job_open(spn_stage_t *stage, const spn_job_info_t *job, void **job_state, bool av,
                         spn_error_t *err) {
   const encode_config_t *c = job->config;
+  /* An output that can never be written fails the job now, not once its
+   * first frame has been decoded and run through the pipeline. */
+  int32_t rc = spn_encoder_check_path(c->path, err);
+  if (rc)
+    return rc;
   encode_job_t *j = calloc(1, sizeof *j);
   if (!j)
     return spn_error_set(err, SPN_ENOMEM, "encode: out of memory");
@@ -262,7 +269,7 @@ static int32_t job_open(spn_stage_t *stage, const spn_job_info_t *job, void **jo
   host->stage_get_device(stage, &kind, &index);
   j->on_gpu = kind == SPN_DEVICE_CUDA;
   j->stream = j->on_gpu ? (cudaStream_t)host->stage_get_stream(stage) : NULL;
-  int32_t rc = parse_hwaccel(stage, c, &j->hwaccel, err);
+  rc = parse_hwaccel(stage, c, &j->hwaccel, err);
   if (rc) {
     free(j);
     return rc;

@@ -420,6 +420,15 @@ static void failed_encode_leaves_no_file(void **state) {
   eo.codec = "no_such_encoder";
   assert_int_equal(spn_encoder_new(p("y.mp4"), 64, 48, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_EUNSUPPORTED);
   assert_false(dir_has_prefix("y.mp4"));
+  /* the same path errors before any encoder: spn_encoder_check_path leaves
+   * nothing behind either way */
+  assert_int_equal(spn_encoder_check_path(p("x.nosuchext"), &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "x.nosuchext: cannot pick a container"));
+  assert_int_equal(spn_encoder_check_path(p("no-such-dir/z.mp4"), &err), SPN_EIO);
+  assert_non_null(strstr(err.msg, "no-such-dir/z.mp4: cannot create a temporary file beside it: No such file"));
+  assert_int_equal(spn_encoder_check_path(p("z.mp4"), &err), SPN_OK);
+  assert_false(dir_has_prefix("z.mp4"));
+  assert_int_equal(spn_encoder_check_path("", &err), SPN_EINVAL);
   spn_image_release(&img);
   spn_image_release(&small);
 }

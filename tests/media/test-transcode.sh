@@ -133,6 +133,22 @@ rc=$?
 grep -q "out3.mp4: video encoder 'no_such_codec' is not available" err.txt || fail "bad codec message: $(cat err.txt)"
 [ -z "$(ls -A | grep out3)" ] || fail "out3 files left: $(ls -A)"
 
+# An output that can never be written (its folder does not exist; a name no
+# container is known for) fails the job when it opens, before any frame is
+# decoded, naming the path; nothing is left anywhere.
+for bad in "$tmp/no-such-dir/out4.mp4:cannot create a temporary file beside it: No such file or directory" \
+           "out4.nosuchext:cannot pick a container from this file name"; do
+  path=${bad%%:*} want=${bad#*:}
+  "$spindle" run "$src/configs/transcode.toml" --set decode.path="$clip" --set encode.path="$path" >out.txt 2>err.txt
+  rc=$?
+  [ $rc -eq 1 ] || fail "output $path: exit $rc, want 1"
+  grep -Eq 'job [0-9]+ failed: 0 frames' out.txt || fail "output $path: not failed at 0 frames: $(cat out.txt)"
+  grep -q 'edge  decode.video -> encode.video: .*; 0 messages' out.txt ||
+    fail "output $path: frames were decoded for a job that could not be written: $(grep 'edge ' out.txt)"
+  grep -qF "$path: $want" err.txt || fail "output $path: message: $(cat err.txt)"
+  [ -z "$(ls -A | grep out4)" ] || fail "output $path: files left: $(ls -A)"
+done
+
 # Damaged media fails the job with a message naming the file and what is
 # wrong; never a short success. The first third of the clip (its index is at
 # the front, so it opens) is truncated.
