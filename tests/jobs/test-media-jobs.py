@@ -508,6 +508,14 @@ def case_failures(tmp):
         msg = st["errors"][-1]["error"]
         check(want in msg and os.path.basename(path) in msg, f"{name}: error {msg!r} lacks {want!r}")
         check(not os.path.exists(out), f"{name}: a failed job left {out}")
+    # an output folder that does not exist: the gateway refuses the job at
+    # submit (exit 5, not_found), naming the path; the jobs after it run
+    out = f"{tmp}/out/no-such-dir/x.mp4"
+    shutil.copy(os.path.join(SRC, "samples/media/talking-head.mp4"), f"{tmp}/in.mp4")
+    r = cli("submit", "transcode", "--input", f"video={tmp}/in.mp4", "--output", f"video={out}", "--wait",
+            "--connect", ep)
+    check(r.returncode == 5 and f"not_found: output {out}: directory: No such file or directory".encode() in r.stderr,
+          f"missing output folder: submit exit {r.returncode}; {r.stderr!r}")
     # tolerate_errors, a job param, accepts the truncated file explicitly
     tolerated_job(tmp, ep, "gateway")
     # spindle run's summary lists the same warnings (and none for a clean file)
@@ -520,9 +528,8 @@ def case_failures(tmp):
                    f"encode.path={tmp}/run-ok.mp4")
     check(got["status"] == "succeeded" and got["warnings"] == [], f"spindle run of a clean file: {got['warnings']}")
     r = cli("submit", "transcode", "--input", f"video={SRC}/samples/media/talking-head.mp4", "--output", f"video={tmp}/out/ok.mp4", "--param", "duration=0.4", "--wait", "--connect", ep)
-    # (the sample is outside the roots: refused) — copy it in and retry
+    # (the sample is outside the roots: refused) — its copy in.mp4 is inside
     check(r.returncode == 5, f"input outside the roots: exit {r.returncode}")
-    shutil.copy(os.path.join(SRC, "samples/media/talking-head.mp4"), f"{tmp}/in.mp4")
     r = cli("submit", "transcode", "--input", f"video={tmp}/in.mp4", "--output", f"video={tmp}/out/ok.mp4",
             "--param", "duration=0.4", "--wait", "--connect", ep, check_rc=0)
     check_video(f"{tmp}/out/ok.mp4", 10, 320, 320)
