@@ -516,6 +516,15 @@ static void a_graph_replays_what_its_capture_recorded(void **state) {
   assert_null(g);
   assert_int_equal(cudaGetLastError(), cudaErrorStreamCaptureInvalidated);
   assert_int_equal(cudaGetLastError(), cudaSuccess);
+  /* So do a synchronisation and a query of the capturing stream. */
+  for (int query = 0; query < 2; query++) {
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    assert_int_equal(query ? cudaStreamQuery(s) : cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+    assert_int_equal(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    assert_null(g);
+    assert_int_equal(cudaGetLastError(), cudaErrorStreamCaptureInvalidated);
+    assert_int_equal(cudaGetLastError(), cudaSuccess);
+  }
   cudaStreamDestroy(s);
   cudaFree(a), cudaFree(b);
 }

@@ -842,12 +842,19 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 
+/* A synchronisation or query of a stream that is capturing: refused, as
+ * CUDA refuses it, and the capture invalidated; cudaSuccess otherwise. */
+static cudaError_t refuse_if_capturing(emu_stream *st, const char *what) {
+  if (!st->cap)
+    return cudaSuccess;
+  spn_emu_complain("%s a capturing stream", what);
+  invalidate_captures();
+  return ret(cudaErrorStreamCaptureUnsupported);
+}
+
 static cudaError_t stream_sync(cudaStream_t s) {
-  if (stream_of(s)->cap) {
-    spn_emu_complain("synchronising a capturing stream");
-    invalidate_captures();
-    return ret(cudaErrorStreamCaptureUnsupported);
-  }
+  if (cudaError_t e = refuse_if_capturing(stream_of(s), "synchronising"))
+    return e;
   drain(stream_of(s), UINT64_MAX);
   return cudaSuccess;
 }
@@ -864,11 +871,8 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s) {
 cudaError_t cudaStreamQuery(cudaStream_t s) {
   count(ST_QUERY);
   emu_stream *st = stream_of(s);
-  if (st->cap) {
-    spn_emu_complain("querying a capturing stream");
-    invalidate_captures();
-    return ret(cudaErrorStreamCaptureUnsupported);
-  }
+  if (cudaError_t e = refuse_if_capturing(st, "querying"))
+    return e;
   if (lazy()) {
     std::lock_guard<std::mutex> g(lock);
     if (!st->q.empty())
