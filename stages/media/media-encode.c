@@ -263,8 +263,18 @@ static int32_t open_hw_frames(spn_encoder_t *e, spn_error_t *err) {
 static int32_t container_error(const char *path, spn_error_t *err) {
   return spn_error_set(err, SPN_EINVAL, "%s: cannot pick a container from this file name (use .mp4 or .mkv)", path);
 }
-static int32_t tmp_error(const char *path, int e, spn_error_t *err) {
-  return spn_error_set(err, SPN_EIO, "%s: cannot create a temporary file beside it: %s", path, strerror(e));
+/* Bytes of a buffer for tmp_create's name. */
+static size_t tmp_size(const char *path) { return strlen(path) + 16; }
+
+/* The temporary file beside `path` (its name into tmp, tmp_size(path)
+ * bytes, "" when none was made): its descriptor in *fd. */
+static int32_t tmp_create(const char *path, char *tmp, int *fd, spn_error_t *err) {
+  snprintf(tmp, tmp_size(path), "%s.XXXXXX", path);
+  *fd = mkstemp(tmp);
+  if (*fd >= 0)
+    return SPN_OK;
+  tmp[0] = '\0';
+  return spn_error_set(err, SPN_EIO, "%s: cannot create a temporary file beside it: %s", path, strerror(errno));
 }
 
 int32_t spn_encoder_check_path(const char *path, spn_error_t *err) {
@@ -272,16 +282,12 @@ int32_t spn_encoder_check_path(const char *path, spn_error_t *err) {
     return spn_error_set(err, SPN_EINVAL, "no output path");
   if (!av_guess_format(NULL, path, NULL))
     return container_error(path, err);
-  size_t tl = strlen(path) + 16;
-  char *tmp = malloc(tl);
+  char *tmp = malloc(tmp_size(path));
   if (!tmp)
     return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
-  snprintf(tmp, tl, "%s.XXXXXX", path);
-  int fd = mkstemp(tmp);
-  int32_t rc = SPN_OK;
-  if (fd < 0) {
-    rc = tmp_error(path, errno, err);
-  } else {
+  int fd = -1;
+  int32_t rc = tmp_create(path, tmp, &fd, err);
+  if (rc == SPN_OK) {
     close(fd);
     unlink(tmp);
   }
@@ -311,8 +317,7 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
   e->last_vpts = INT64_MIN;
   e->a_limit = INT64_MAX;
   e->path = strdup(path);
-  size_t tl = strlen(path) + 16;
-  e->tmp = malloc(tl);
+  e->tmp = malloc(tmp_size(path));
   if (!e->path || !e->tmp) {
     rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
     goto out_free;
@@ -349,13 +354,9 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
     goto out_free;
   }
   /* temporary file beside the target */
-  snprintf(e->tmp, tl, "%s.XXXXXX", path);
-  int fd = mkstemp(e->tmp);
-  if (fd < 0) {
-    rc = tmp_error(path, errno, err);
-    e->tmp[0] = '\0';
+  int fd = -1;
+  if ((rc = tmp_create(path, e->tmp, &fd, err)))
     goto out_free;
-  }
   /* mkstemp creates 0600; the finished file should read like any other */
   if (fchmod(fd, 0644) != 0) {
     rc = spn_error_set(err, SPN_EIO, "%s: cannot set the temporary file's mode: %s", path, strerror(errno));
