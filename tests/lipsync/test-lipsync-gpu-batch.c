@@ -319,7 +319,7 @@ static int setup(void **state) {
   g_host.buffer_unref = h_buffer_unref;
   g_host.buffer_set_ready = h_buffer_set_ready;
   g_host.buffer_copy = h_buffer_copy;
-  fake.kinds = true; /* a_host_without_buffer_device_waits_once_a_batch clears them */
+  fake.kinds = true; /* without_buffer_device() clears them */
   g_host.buffer_mem_kind = h_buffer_mem_kind;
   g_host.buffer_device = h_buffer_device;
   g_host.msg_new = h_msg_new;
@@ -405,6 +405,15 @@ static void attach_spectrogram(spn_msg_t *m, const float *spec, int64_t cols, in
   h_msg_add_meta(m, SPN_W2L_SPEC_FPS_ITEM, &fps, sizeof fps, NULL);
 }
 
+/* The stage's process() over msgs, which must succeed; the stream and
+ * event waits it made into g.waits_in_process. */
+static void process_counting_waits(void *state, spn_msg_t **msgs, void **mjs, size_t n) {
+  spn_error_t err = SPN_ERROR_INIT;
+  int before = fake.syncs + fake.event_syncs;
+  assert_int_equal(ls_process(STAGE, state, msgs, mjs, n, &err), SPN_OK);
+  g.waits_in_process = fake.syncs + fake.event_syncs - before;
+}
+
 /* Two jobs of 3 frames in one process() call, one batch: job 1's mel
  * stream carries a spectrogram of cols1 columns claiming shape1 (0: none),
  * job 2's of cols2/shape2; every chunk is filled with 100 * job + seq. */
@@ -431,9 +440,7 @@ static void run_spec(int64_t cols1, int64_t shape1, int64_t cols2, int64_t shape
       k++;
     }
   }
-  int before = fake.syncs + fake.event_syncs;
-  assert_int_equal(ls_process(STAGE, state, msgs, mjs, (size_t)k, &err), SPN_OK);
-  g.waits_in_process = fake.syncs + fake.event_syncs - before;
+  process_counting_waits(state, msgs, mjs, (size_t)k);
   for (int i = 0; i < k; i++)
     h_msg_free(&msgs[i]);
   for (int j = 0; j < 2; j++)
@@ -442,18 +449,21 @@ static void run_spec(int64_t cols1, int64_t shape1, int64_t cols2, int64_t shape
 }
 
 /* How many rows of the last batch hold exactly `want`. */
-static int rows_holding(const float *want) {
+static int rows_in(const float *rows, int64_t n_rows, const float *want) {
   int n = 0;
-  for (int64_t r = 0; r < g.mel_rows; r++)
-    n += !memcmp(g.mel + r * SPN_W2L_MEL_FLOATS, want, SPN_W2L_MEL_FLOATS * sizeof(float));
+  for (int64_t r = 0; r < n_rows; r++)
+    n += !memcmp(rows + r * SPN_W2L_MEL_FLOATS, want, SPN_W2L_MEL_FLOATS * sizeof(float));
   return n;
 }
-static int rows_holding_chunk_of(uint64_t job, uint64_t seq) {
+static int rows_holding(const float *want) { return rows_in(g.mel, g.mel_rows, want); }
+/* How many rows of the last batch (all: of every run) hold job's chunk seq. */
+static int chunk_rows(uint64_t job, uint64_t seq, bool all) {
   float want[SPN_W2L_MEL_FLOATS];
   for (int k = 0; k < SPN_W2L_MEL_FLOATS; k++)
     want[k] = 100.0f * (float)job + (float)seq;
-  return rows_holding(want);
+  return all ? rows_in(g.all_mel, g.all_rows, want) : rows_holding(want);
 }
+static int rows_holding_chunk_of(uint64_t job, uint64_t seq) { return chunk_rows(job, seq, false); }
 static int rows_holding_window_of(const float *spec, int64_t cols, int64_t i) {
   float want[SPN_W2L_MEL_FLOATS];
   spn_error_t err = SPN_ERROR_INIT;
@@ -484,9 +494,7 @@ static void run(int nj, const unsigned char firsts[][3], int n) {
       msgs[k++] = mel_msg((uint64_t)j + 1, (uint64_t)i, n);
     }
   }
-  int before = fake.syncs + fake.event_syncs;
-  assert_int_equal(ls_process(STAGE, state, msgs, mjs, (size_t)k, &err), SPN_OK);
-  g.waits_in_process = fake.syncs + fake.event_syncs - before;
+  process_counting_waits(state, msgs, mjs, (size_t)k);
   for (int i = 0; i < k; i++)
     h_msg_free(&msgs[i]);
   for (int j = 0; j < nj; j++)
@@ -664,15 +672,8 @@ static void batches_reusing_the_mel_staging_wait_for_the_last_upload_first(void 
   assert_int_equal(g.mel_rows, 2);
   assert_int_equal(g.all_rows, 6);
   for (uint64_t j = 1; j <= 2; j++)
-    for (uint64_t i = 0; i < 3; i++) {
-      float want[SPN_W2L_MEL_FLOATS];
-      int n = 0;
-      for (int k = 0; k < SPN_W2L_MEL_FLOATS; k++)
-        want[k] = 100.0f * (float)j + (float)i;
-      for (int64_t r = 0; r < g.all_rows; r++)
-        n += !memcmp(g.all_mel + r * SPN_W2L_MEL_FLOATS, want, sizeof want);
-      assert_int_equal(n, 1);
-    }
+    for (uint64_t i = 0; i < 3; i++)
+      assert_int_equal(chunk_rows(j, i, true), 1);
   assert_int_equal(fake.early_frees, 0);
 }
 
