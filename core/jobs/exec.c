@@ -512,6 +512,28 @@ static void remove_leftovers(const char *tmp) {
   free(dir);
 }
 
+/* The folder of each output must exist and be writable here, on the worker
+ * that runs the job: the gateway checked it at submit, but a worker that
+ * does not mount what the gateway does, or a folder removed meanwhile, would
+ * otherwise fail only deep in a runner, naming the temporary. */
+static int32_t check_output_dirs(const spn_job_spec_t *job, spn_error_t *err) {
+  for (size_t i = 0; i < job->n_outputs; i++) {
+    const char *path = job->outputs[i].path;
+    const char *slash = strrchr(path, '/');
+    char *dir = slash == path ? strdup("/") : slash ? strndup(path, (size_t)(slash - path)) : strdup(".");
+    if (!dir)
+      return spn_error_set(err, SPN_ENOMEM, "job %lld: out of memory", (long long)job->id);
+    struct stat st;
+    int e = stat(dir, &st) != 0 ? errno : !S_ISDIR(st.st_mode) ? ENOTDIR
+                                          : access(dir, W_OK | X_OK) != 0 ? errno : 0;
+    free(dir);
+    if (e)
+      return spn_error_set(err, SPN_ENOENT, "job %lld: output %s=%s: directory: %s (on this worker)",
+                           (long long)job->id, job->outputs[i].name, path, strerror(e));
+  }
+  return SPN_OK;
+}
+
 void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
                       const volatile int *cancel_flag, spn_exec_progress_cb progress, void *user,
                       spn_exec_result_t *res) {
@@ -547,6 +569,8 @@ void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
       free(old);
     }
   }
+  if ((res->status = check_output_dirs(job, &err)) != SPN_OK)
+    goto out;
   double t0 = spn__mono_s();
   if (!runner->has_pipeline(runner->data, job->pipeline))
     res->status = spn_error_set(&err, SPN_ENOENT, "job %lld: unknown pipeline \"%s\"",

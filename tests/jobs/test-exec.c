@@ -4,7 +4,8 @@
  * Such a re-run does not run the job again, and must report what the
  * publishing attempt reported: its progress, seconds, transfers and
  * warnings. Without them the job's record said "1 of 1" (the queue's value
- * for a job that never reported progress) and lost its warnings. */
+ * for a job that never reported progress) and lost its warnings. And a job
+ * whose output folder is not there on the worker fails before it runs. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -228,12 +229,44 @@ static void test_an_unusable_marker_runs_the_job(void **state) {
   }
 }
 
+/* An output whose folder is missing on the worker, or is a file: the job
+ * fails before the runner runs, naming the output as submitted (not the
+ * temporary), and leaves nothing; once the folder is there it runs. */
+static void test_an_output_folder_missing_here_fails_before_the_run(void **state) {
+  fixture_t *f = *state;
+  char sub[96], want[256];
+  snprintf(sub, sizeof sub, "%s/sub", f->dir);
+  snprintf(f->out, sizeof f->out, "%s/out.txt", sub);
+  const char *why[] = {"No such file or directory", "Not a directory"};
+  for (int i = 0; i < 2; i++) {
+    if (i == 1)
+      write_text(sub, "a file where the folder should be\n");
+    progress_seen_t p = {0};
+    spn_exec_result_t r;
+    execute(f, 1, &p, &r);
+    assert_int_equal(r.status, SPN_ENOENT);
+    snprintf(want, sizeof want, "job 42: output out=%s: directory: %s (on this worker)", f->out, why[i]);
+    assert_string_equal(r.error, want);
+    assert_int_equal(f->rs.runs, 0);
+    assert_int_equal(p.calls, 0);
+  }
+  unlink(sub);
+  assert_int_equal(mkdir(sub, 0755), 0);
+  progress_seen_t p = {0};
+  spn_exec_result_t r;
+  execute(f, 1, &p, &r);
+  assert_int_equal(r.status, SPN_OK);
+  assert_int_equal(f->rs.runs, 1);
+  assert_true(exists(f->out));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_a_rerun_of_a_published_job_reports_what_published_it, setup, teardown),
       cmocka_unit_test_setup_teardown(test_a_rerun_finishes_the_renames_of_an_old_marker, setup, teardown),
       cmocka_unit_test_setup_teardown(test_a_damaged_report_is_left_out, setup, teardown),
       cmocka_unit_test_setup_teardown(test_an_unusable_marker_runs_the_job, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_an_output_folder_missing_here_fails_before_the_run, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

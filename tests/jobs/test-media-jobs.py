@@ -345,6 +345,40 @@ def run_all_pipelines(tmp, ep):
     check(stray(f"{tmp}/out") == [], f"temporary files left: {stray(tmp + '/out')}")
 
 
+def submit_vanishing_output(tmp, ep):
+    """Before any worker runs: a transcode job whose output folder is there
+    when it is submitted (the gateway checks and accepts it) and gone when a
+    worker opens the job, as on a worker that does not mount what the gateway
+    does. Returns (job id, output path)."""
+    d = f"{tmp}/gone"
+    os.makedirs(d)
+    clip = f"{tmp}/in.mp4"
+    shutil.copy(os.path.join(SRC, "samples/media/talking-head.mp4"), clip)
+    r = cli("submit", "transcode", "--input", f"video={clip}", "--output", f"video={d}/x.mp4",
+            "--param", "duration=1.0", "--max-attempts", "1", "--connect", ep, check_rc=0)
+    os.rmdir(d)
+    return int(r.stdout.split()[0]), f"{d}/x.mp4"
+
+
+def check_vanished_output(ep, jid, out, where):
+    """The job of submit_vanishing_output failed on the worker before it ran,
+    with an error naming its output as submitted (not the temporary the job
+    would write first); the jobs after it ran (the caller checked them)."""
+    end = time.monotonic() + 60
+    st = status(ep, jid)
+    while st["state"] not in ("failed", "dead", "succeeded") and time.monotonic() < end:
+        time.sleep(0.2)
+        st = status(ep, jid)
+    # one attempt only, and it failed: "failed" (retries exhausted: "dead")
+    check(st["state"] == "failed" and st.get("done", 0) == 0 and st["attempts"] == 1,
+          f"{where}: output folder gone after submit: {st}")
+    msg = st["errors"][-1]["error"]
+    check(f"job {jid}: output video={out}: directory: No such file or directory (on this worker)" in msg,
+          f"{where}: output folder gone after submit: error {msg!r}")
+    check(not os.path.exists(os.path.dirname(out)), f"{where}: the job made {os.path.dirname(out)}")
+    print(f"{where}: output folder gone after submit: {st['state']}, {msg!r}")
+
+
 def case_gateway(tmp):
     cfg = server_config(tmp)
     p, ep = start_serve(tmp, cfg, "--workers", "2")
@@ -356,9 +390,11 @@ def case_remote(tmp):
     cfg = server_config(tmp)
     hp = free_port()
     p, ep = start_serve(tmp, cfg, "--workers", "0", "--http", f"127.0.0.1:{hp}")
+    gone = submit_vanishing_output(tmp, ep)
     w = start_worker(tmp, ep, cfg)
     # workers = 0: every job that succeeds ran on the remote worker
     run_all_pipelines(tmp, ep)
+    check_vanished_output(ep, *gone, "remote worker")
     tolerated_job(tmp, ep, "remote worker")
     # the worker's warnings reach the gateway's metrics: the tolerated job's
     got = check_warned_metric(ep, hp, "remote worker")
@@ -394,10 +430,12 @@ def case_redis(tmp):
     cfg = server_config(tmp)
     hp, wp = free_port(), free_port()
     p, ep = start_serve(tmp, cfg, "--workers", "0", "--queue", url, "--http", f"127.0.0.1:{hp}")
+    gone = submit_vanishing_output(tmp, ep)
     w = start_queue_worker(tmp, url, cfg, "q", "--http", f"127.0.0.1:{wp}")
     # workers = 0 and no remote worker on the gateway: every job that
     # succeeds was leased from Redis by the stateless worker
     run_all_pipelines(tmp, ep)
+    check_vanished_output(ep, *gone, "redis worker")
     tolerated_job(tmp, ep, "redis worker")
     # the worker counts the jobs it finished with warnings; the gateway never
     # sees them finish (the worker completes them in Redis)
