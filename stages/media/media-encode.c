@@ -295,6 +295,19 @@ int32_t spn_encoder_check_path(const char *path, spn_error_t *err) {
   return rc;
 }
 
+int32_t spn_encoder_check_codec(const char *name, spn_error_t *err) {
+  if (!name || !strcmp(name, "auto"))
+    return SPN_OK;
+  const AVCodec *codec = avcodec_find_encoder_by_name(name);
+  if (!codec)
+    return spn_error_set(err, SPN_EUNSUPPORTED,
+                         "video encoder '%s' is not available in this FFmpeg (`ffmpeg -encoders` lists those it has)",
+                         name);
+  if (codec->type != AVMEDIA_TYPE_VIDEO)
+    return spn_error_set(err, SPN_EUNSUPPORTED, "'%s' is not a video encoder", name);
+  return SPN_OK;
+}
+
 int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t pixfmt,
                         const spn_encode_opts_t *opts, spn_encoder_t **out, spn_error_t *err) {
   static const spn_encode_opts_t defaults = SPN_ENCODE_OPTS_INIT;

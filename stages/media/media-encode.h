@@ -60,6 +60,12 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
  * would give. Thread: any. */
 int32_t spn_encoder_check_path(const char *path, spn_error_t *err);
 
+/* Whether this FFmpeg has the video encoder `name` names ("auto" always
+ * passes: it picks one of NVENC and libx264 per job). The stage checks its
+ * codec when it is created, so a misspelt codec fails the pipeline's load,
+ * not every job at its first frame. Thread: any. */
+int32_t spn_encoder_check_codec(const char *name, spn_error_t *err);
+
 /* Encode one frame shown at pts * tb_num / tb_den seconds (timestamps are
  * rebased so the first frame is at 0; non-increasing ones are bumped). */
 int32_t spn_encoder_write_video(spn_encoder_t *enc, const spn_image_t *img, int64_t pts, int32_t tb_num,

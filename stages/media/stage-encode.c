@@ -223,6 +223,11 @@ static int32_t encode_create(spn_stage_t *stage, const void *config, void **stat
                          host->stage_get_name(stage), c->pixel_format);
   if ((rc = parse_hwaccel(stage, c, &hw, err)))
     return rc;
+  /* Every job would open the configured codec (on the host path at least):
+   * one that FFmpeg does not have fails the load, not each job later. */
+  spn_error_t why = SPN_ERROR_INIT;
+  if (spn_encoder_check_codec(c->codec, &why))
+    return spn_error_set(err, SPN_ECONFIG, "codec: %s", why.msg);
   /* hwaccel = "cuda" asks for NVENC from the GPU's memory: refused before
    * any job where the stage cannot have it at all. */
 #ifdef SPN_MEDIA_CUDA

@@ -429,6 +429,13 @@ static void failed_encode_leaves_no_file(void **state) {
   assert_int_equal(spn_encoder_check_path(p("z.mp4"), &err), SPN_OK);
   assert_false(dir_has_prefix("z.mp4"));
   assert_int_equal(spn_encoder_check_path("", &err), SPN_EINVAL);
+  /* the codec the stage checks when it is created */
+  assert_int_equal(spn_encoder_check_codec("no_such_encoder", &err), SPN_EUNSUPPORTED);
+  assert_non_null(strstr(err.msg, "video encoder 'no_such_encoder' is not available in this FFmpeg"));
+  assert_int_equal(spn_encoder_check_codec("aac", &err), SPN_EUNSUPPORTED);
+  assert_string_equal(err.msg, "'aac' is not a video encoder");
+  assert_int_equal(spn_encoder_check_codec("libx264", &err), SPN_OK);
+  assert_int_equal(spn_encoder_check_codec("auto", &err), SPN_OK);
   spn_image_release(&img);
   spn_image_release(&small);
 }

@@ -102,7 +102,7 @@ for img in still.png still.jpg; do
   for pf in yuv420p rgb24; do
     "$spindle" run "$src/configs/transcode.toml" --set decode.path=$img --set decode.pixel_format=$pf \
       --set encode.path=still.mp4 --set encode.crf=5 >out.txt 2>err.txt || fail "$img $pf: exit $?: $(tail -3 err.txt)"
-    grep -Eq 'job [0-9]+ succeeded: 1 frames' out.txt || fail "$img $pf: $(cat out.txt)"
+    grep -Eq 'job [0-9]+ succeeded: 1 frame in ' out.txt || fail "$img $pf: $(cat out.txt)"
     [ "$(ffprobe -v error -select_streams v -count_frames -show_entries stream=nb_read_frames,width,height -of csv=p=0 still.mp4)" = "96,64,1" ] ||
       fail "$img $pf: not one 96x64 frame"
     psnr=$(ffmpeg -hide_banner -i still.mp4 -i $img -lavfi "[1]format=yuv420p[r];[0][r]psnr" -f null - 2>&1 |
@@ -125,13 +125,21 @@ rc=$?
 grep -q "nope.mp4: no such file or directory" err.txt || fail "missing input message: $(cat err.txt)"
 [ ! -e out2.mp4 ] || fail "out2.mp4 exists after a failed job"
 
-# An encoder that does not exist fails the job; nothing at the path.
-"$spindle" run "$src/configs/transcode.toml" --set decode.path="$clip" --set encode.path=out3.mp4 \
-  --set encode.codec=no_such_codec >out.txt 2>err.txt
-rc=$?
-[ $rc -eq 1 ] || fail "bad codec: exit $rc, want 1"
-grep -q "out3.mp4: video encoder 'no_such_codec' is not available" err.txt || fail "bad codec message: $(cat err.txt)"
-[ -z "$(ls -A | grep out3)" ] || fail "out3 files left: $(ls -A)"
+# An encoder this FFmpeg does not have, or one that is not a video encoder,
+# is refused when the pipeline loads (exit 2, naming the stage and the
+# line), not at each job's first frame; nothing at the path.
+for bad in "no_such_codec:video encoder 'no_such_codec' is not available in this FFmpeg" \
+           "aac:'aac' is not a video encoder"; do
+  codec=${bad%%:*} want=${bad#*:}
+  "$spindle" run "$src/configs/transcode.toml" --set decode.path="$clip" --set encode.path=out3.mp4 \
+    --set encode.codec="$codec" >out.txt 2>err.txt
+  rc=$?
+  [ $rc -eq 2 ] || fail "codec $codec: exit $rc, want 2"
+  grep -q "transcode.toml:[0-9]*:[0-9]*: stage \"encode\": create: codec: $want" err.txt ||
+    fail "codec $codec: $(cat err.txt)"
+  [ ! -s out.txt ] || fail "codec $codec: a job ran: $(cat out.txt)"
+  [ -z "$(ls -A | grep out3)" ] || fail "codec $codec: out3 files left: $(ls -A)"
+done
 
 # An output that can never be written (its folder does not exist; a name no
 # container is known for) fails the job when it opens, before any frame is
@@ -142,7 +150,7 @@ for bad in "$tmp/no-such-dir/out4.mp4:cannot create a temporary file beside it: 
   "$spindle" run "$src/configs/transcode.toml" --set decode.path="$clip" --set encode.path="$path" >out.txt 2>err.txt
   rc=$?
   [ $rc -eq 1 ] || fail "output $path: exit $rc, want 1"
-  grep -Eq 'job [0-9]+ failed: 0 frames' out.txt || fail "output $path: not failed at 0 frames: $(cat out.txt)"
+  grep -Eq 'job [0-9]+ failed: 0 frames in ' out.txt || fail "output $path: not failed at 0 frames: $(cat out.txt)"
   grep -q 'edge  decode.video -> encode.video: .*; 0 messages' out.txt ||
     fail "output $path: frames were decoded for a job that could not be written: $(grep 'edge ' out.txt)"
   grep -qF "$path: $want" err.txt || fail "output $path: message: $(cat err.txt)"
