@@ -312,8 +312,8 @@ static void print_summary(const spn_pipeline_t *pipe, spn_job_t *job, const run_
   } else {
     if (run)
       printf("run %d of %d: ", (int)run, (int)n);
-    printf("%s: job %llu %s: %lld frames in %.2f s (%.1f frames/s)\n", spn_pipeline_name(pipe),
-           (unsigned long long)spn_job_id(job), what, frames, elapsed, fps);
+    printf("%s: job %llu %s: %lld frame%s in %.2f s (%.1f frames/s)\n", spn_pipeline_name(pipe),
+           (unsigned long long)spn_job_id(job), what, frames, frames == 1 ? "" : "s", elapsed, fps);
     /* Only with stages on devices (GPUs, or emulated cpu:N ones). */
     if (spn_job_device_seconds(job) > 0 || spn_job_restarts(job))
       printf("  device time %.2f s; restarted %u times after a device was quarantined\n", spn_job_device_seconds(job),
