@@ -746,9 +746,57 @@ static int32_t test_run(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ct
   return rc;
 }
 
+static const char *const test_pipelines[] = {"copy", "fail", "noop"};
+
 static bool test_has_pipeline(void *data, const char *name) {
   (void)data;
-  return !strcmp(name, "copy") || !strcmp(name, "fail") || !strcmp(name, "noop");
+  for (size_t i = 0; i < sizeof test_pipelines / sizeof *test_pipelines; i++)
+    if (!strcmp(name, test_pipelines[i]))
+      return true;
+  return false;
+}
+
+bool spn__pipeline_filter_add(char **filter, const char *name) {
+  if (!*name || strchr(name, '\n'))
+    return false;
+  size_t have = *filter ? strlen(*filter) : 0, n = strlen(name);
+  char *f = realloc(*filter, have + n + 3);
+  if (!f)
+    return false;
+  if (!have)
+    f[have++] = '\n';
+  memcpy(f + have, name, n);
+  f[have + n] = '\n';
+  f[have + n + 1] = '\0';
+  *filter = f;
+  return true;
+}
+
+void spn__pipeline_filter_describe(const char *filter, char *out, size_t n) {
+  snprintf(out, n, "%s", filter ? "" : "any");
+  size_t at = 0;
+  for (const char *name = filter ? filter + 1 : NULL, *nl; name && (nl = strchr(name, '\n')) && at < n;
+       name = nl + 1) {
+    int w = snprintf(out + at, n - at, "%s%.*s", at ? ", " : "", (int)(nl - name), name);
+    at += w > 0 ? (size_t)w : 0;
+  }
+}
+
+char *spn__runner_pipelines(const spn_job_runner_t *runner) {
+  char *f = NULL;
+  bool ok = false;
+  if (runner && runner->run == test_run) {
+    ok = true;
+    for (size_t i = 0; ok && i < sizeof test_pipelines / sizeof *test_pipelines; i++)
+      ok = spn__pipeline_filter_add(&f, test_pipelines[i]);
+  } else {
+    ok = spn__pipeline_runner_names(runner, &f);
+  }
+  if (!ok) {
+    free(f);
+    return NULL;
+  }
+  return f;
 }
 
 int32_t spn_test_runner_new(const spn_test_runner_config_t *cfg, spn_job_runner_t *out,

@@ -118,10 +118,13 @@ typedef struct spn_queue_ops {
   int32_t (*submit)(void *q, const spn_queue_submit_t *s, int64_t now, int64_t *id, bool *existed,
                     spn_error_t *err);
   /* Lease the next job: highest priority first, FIFO within one, skipping jobs
-   * backing off or past their deadline. SPN_EAGAIN when none. Fills *out
+   * backing off or past their deadline. `pipelines`: NULL for a job of any
+   * pipeline; else only jobs of the pipelines it lists (spn__pipeline_filter's
+   * form: each name between newlines), the others left queued where they
+   * are for a worker that runs them. SPN_EAGAIN when none. Fills *out
    * (caller clears it). */
-  int32_t (*lease)(void *q, const char *owner, int64_t now, int64_t lease_ms, spn_queue_job_t *out,
-                   spn_error_t *err);
+  int32_t (*lease)(void *q, const char *owner, const char *pipelines, int64_t now, int64_t lease_ms,
+                   spn_queue_job_t *out, spn_error_t *err);
   /* Extend a lease. SPN_ESTATE when (id, attempt, owner) no longer holds it;
    * SPN_ECANCELLED (lease still extended) when a cancel was requested and
    * the backend tells (Redis: the cancel may have come through another
@@ -392,6 +395,20 @@ typedef struct spn_runtime spn_runtime_t;
 int32_t spn_pipeline_runner_new(spn_runtime_t *rt, const spn_pipeline_def_t *defs, size_t n,
                                 const spn_job_runner_t *fallback, spn_job_runner_t *out, spn_error_t *err);
 void spn_pipeline_runner_free(spn_job_runner_t *runner);
+
+/* Which pipelines a worker runs, for the queue's lease (spn_queue_ops_t):
+ * "\nname\nname\n", each name between newlines. spn__pipeline_filter_add
+ * appends one (false: out of memory, or a name that cannot be listed: empty
+ * or with a newline). spn__runner_pipelines: the filter of what `runner`
+ * runs (its pipelines and its fallback's), or NULL when that is not known
+ * (a runner not made here) or cannot be listed: lease jobs of any pipeline.
+ * spn__pipeline_runner_names: the part a pipeline runner adds (false when
+ * runner is not one). Ownership: the caller frees the filter. */
+bool spn__pipeline_filter_add(char **filter, const char *name);
+/* "copy, fail, noop, transcode" ("any" for NULL) into out, for log lines. */
+void spn__pipeline_filter_describe(const char *filter, char *out, size_t n);
+char *spn__runner_pipelines(const spn_job_runner_t *runner);
+bool spn__pipeline_runner_names(const spn_job_runner_t *runner, char **filter);
 
 /* ---- server ---- */
 

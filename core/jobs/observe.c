@@ -266,10 +266,10 @@ static int32_t w_submit(void *q, const spn_queue_submit_t *s, int64_t now, int64
   return rc;
 }
 
-static int32_t w_lease(void *q, const char *owner, int64_t now, int64_t lease_ms, spn_queue_job_t *out,
-                       spn_error_t *err) {
+static int32_t w_lease(void *q, const char *owner, const char *pipelines, int64_t now, int64_t lease_ms,
+                       spn_queue_job_t *out, spn_error_t *err) {
   spn__observe_t *o = q;
-  int32_t rc = o->inner.ops->lease(o->inner.impl, owner, now, lease_ms, out, err);
+  int32_t rc = o->inner.ops->lease(o->inner.impl, owner, pipelines, now, lease_ms, out, err);
   if (rc < 0)
     return rc;
   lease_t *l = lease_find(o, out->id);

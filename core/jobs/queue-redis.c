@@ -542,13 +542,14 @@ static int32_t rq_submit(void *qv, const spn_queue_submit_t *s, int64_t now, int
   return rc;
 }
 
-static int32_t rq_lease(void *qv, const char *owner, int64_t now, int64_t lease_ms, spn_queue_job_t *out,
-                        spn_error_t *err) {
+static int32_t rq_lease(void *qv, const char *owner, const char *pipelines, int64_t now, int64_t lease_ms,
+                        spn_queue_job_t *out, spn_error_t *err) {
   rq_t *q = qv;
   rargs_t a = {0};
   a_str(&a, owner);
   a_i64(&a, now);
   a_i64(&a, lease_ms);
+  a_str(&a, pipelines ? pipelines : "");
   redisReply *r = rq_eval(q, SC_LEASE, &a, "leasing a job", err);
   if (!r)
     return SPN_EIO;

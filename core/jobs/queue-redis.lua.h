@@ -36,7 +36,8 @@
  *                  made the move (docs/operations.md, spindle_queue_events_total)
  * Job fields: id st pr att max spec idem own rsn errs cr dl nb lu cs gs pd pt
  *   cx (cancel requested) sid (stream entry of the live lease) t0..t5 (last
- *   time the job entered each state) fo (FIFO rank) ho (has outputs);
+ *   time the job entered each state) fo (FIFO rank) ho (has outputs) pl (its
+ *   pipeline, which a lease may filter on);
  *   segments (docs/jobs.md): par (a segment's job, 0 none) si (its index)
  *   pn (a job's segments not yet succeeded: it is queued but not in P ready
  *   until that is 0, when its join can run).
@@ -266,11 +267,14 @@
   "if not id then id = redis.call('INCR', P .. 'seq') end\n"                                     \
   "local k = jk(id)\n"                                                                          \
   "local fo = redis.call('INCR', P .. 'fifo')\n"                                                \
+  /* the pipeline, for leases that ask for some pipelines only */          \
+  "local okp, sp = pcall(cjson.decode, ARGV[2])\n"                                              \
+  "local pl = okp and type(sp) == 'table' and type(sp.pipeline) == 'string' and sp.pipeline or ''\n" \
   /* one HSET with every field, state queued (0) entered now */             \
   "redis.call('HSET', k, 'id', id, 'pr', ARGV[3], 'att', 0, 'max', ARGV[6], 'spec', ARGV[2],\n" \
   "  'cr', now, 'dl', ARGV[5], 'nb', 0, 'errs', '[]', 'cs', 0, 'gs', 0, 'pd', 0, 'pt', 0,\n"    \
   "  'fo', fo, 'ho', ARGV[10], 'st', 0, 't0', now, 'par', ARGV[11], 'si', ARGV[12],\n"          \
-  "  'pn', ARGV[13])\n"                                                                         \
+  "  'pn', ARGV[13], 'pl', pl)\n"                                                              \
   "if tonumber(ARGV[11]) > 0 then redis.call('ZADD', P .. 'kids:' .. ARGV[11], ARGV[12], id) end\n" \
   "if key ~= '' then\n"                                                                         \
   "  redis.call('HSET', k, 'idem', key)\n"                                                      \
@@ -286,36 +290,55 @@
   "if tonumber(ARGV[5]) > 0 then redis.call('ZADD', P .. 'deadlines', ARGV[5], id) end\n"       \
   "return {id, 0}\n"
 
-/* ARGV: P owner now lease_ms -> HGETALL of the leased job, or false */
+/* ARGV: P owner now lease_ms pipelines -> HGETALL of the leased job, or
+ * false. pipelines: "" for any; else "\nname\n...\n", and a job of another
+ * pipeline stays in P ready, in its place, for a worker that runs it. At
+ * most RQ_LEASE_SCAN such jobs are passed over in one lease. */
+#define RQ_LEASE_SCAN "1000"
 #define RQ_LUA_LEASE                                                                            \
   "local now = tonumber(ARGV[3])\n"                                                             \
+  "local F = ARGV[5] ~= '' and ARGV[5] or nil\n"                                                \
   "local due = redis.call('ZRANGEBYSCORE', P .. 'delayed', '-inf', now, 'LIMIT', 0, 256)\n"     \
   "for _, id in ipairs(due) do\n"                                                               \
   "  redis.call('ZREM', P .. 'delayed', id)\n"                                                  \
   "  ready(id)\n"                                             \
   "end\n"                                                                                       \
+  /* a job's pipeline: its field pl, or (a job submitted before pl was     \
+   * kept) the one its spec names */                                                           \
+  "local function pipe_of(k)\n"                                                                 \
+  "  local pl = redis.call('HGET', k, 'pl')\n"                                                  \
+  "  if pl then return pl end\n"                                                                \
+  "  local ok, sp = pcall(cjson.decode, redis.call('HGET', k, 'spec') or '')\n"                 \
+  "  return ok and type(sp) == 'table' and type(sp.pipeline) == 'string' and sp.pipeline or ''\n" \
+  "end\n"                                                                                       \
+  "local skip = 0\n"                                                                            \
   "while true do\n"                                                                             \
-  "  local top = redis.call('ZRANGE', P .. 'ready', 0, 0)\n"                                    \
-  "  if #top == 0 then return false end\n"                                                      \
+  "  local top = redis.call('ZRANGE', P .. 'ready', skip, skip)\n"                              \
+  "  if #top == 0 or skip >= " RQ_LEASE_SCAN " then return false end\n"                         \
   "  local id = top[1]\n"                                                                       \
-  "  redis.call('ZREM', P .. 'ready', id)\n"                                                    \
   "  local k = jk(id)\n"                                                                        \
   "  local h = redis.call('HMGET', k, 'st', 'dl')\n"                                            \
   /* past its deadline: left queued for the sweep to fail */                                  \
   "  local dl = tonumber(h[2]) or 0\n"                                                          \
-  "  if h[1] == '0' and (dl == 0 or dl >= now) then\n"                                          \
-  "    local att = redis.call('HINCRBY', k, 'att', 1)\n"                                        \
-  "    local sid = redis.call('XADD', P .. 'run', '*', 'id', id, 'att', att)\n"                 \
-  "    local got = redis.call('XREADGROUP', 'GROUP', G, ARGV[2], 'COUNT', 1,\n"                 \
-  "                           'STREAMS', P .. 'run', '>')\n"                                    \
-  "    if got[1][2][1][1] ~= sid then return redis.error_reply('lease stream out of step') end\n" \
-  "    redis.call('HSET', k, 'own', ARGV[2], 'sid', sid, 'lu', now + tonumber(ARGV[4]),\n"      \
-  "               'pd', 0, 'pt', 0)\n"                                                          \
-  "    redis.call('ZREM', P .. 'deadlines', id)\n"                                              \
-  "    setst(id, 0, 1, now)\n"                                                                  \
-  "    return redis.call('HGETALL', k)\n"                                                       \
+  "  local live = h[1] == '0' and (dl == 0 or dl >= now)\n"                                     \
+  "  if live and F and not string.find(F, '\\n' .. pipe_of(k) .. '\\n', 1, true) then\n"        \
+  "    skip = skip + 1\n"                                                                       \
+  "  else\n"                                                                                    \
+  "    redis.call('ZREM', P .. 'ready', id)\n"                                                  \
+  "    if live then\n"                                                                          \
+  "      local att = redis.call('HINCRBY', k, 'att', 1)\n"                                      \
+  "      local sid = redis.call('XADD', P .. 'run', '*', 'id', id, 'att', att)\n"               \
+  "      local got = redis.call('XREADGROUP', 'GROUP', G, ARGV[2], 'COUNT', 1,\n"               \
+  "                             'STREAMS', P .. 'run', '>')\n"                                  \
+  "      if got[1][2][1][1] ~= sid then return redis.error_reply('lease stream out of step') end\n" \
+  "      redis.call('HSET', k, 'own', ARGV[2], 'sid', sid, 'lu', now + tonumber(ARGV[4]),\n"    \
+  "                 'pd', 0, 'pt', 0)\n"                                                        \
+  "      redis.call('ZREM', P .. 'deadlines', id)\n"                                            \
+  "      setst(id, 0, 1, now)\n"                                                                \
+  "      return redis.call('HGETALL', k)\n"                                                     \
+  "    end\n"                                                                                   \
   "  end\n"                                                                                     \
-  "end\n"
+  "end\n"                                                                                       
 
 /* ARGV: P id att owner now lease_ms -> 1 | 2 (cancel requested) | 0 (not held) */
 #define RQ_LUA_RENEW                                                                            \

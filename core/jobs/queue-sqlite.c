@@ -71,7 +71,10 @@ static const char *const sql_text[ST_COUNT] = {
                   "deadline, not_before, parent, seg_index, pending) VALUES(?1, ?2, 0, ?3, ?4, ?5, ?6, 0, ?7, ?8, ?9)",
     [ST_TRANS] = "INSERT INTO transitions(job, at, state, note) VALUES(?1, ?2, ?3, ?4)",
     [ST_PICK] = "SELECT id FROM jobs WHERE state = 0 AND pending = 0 AND not_before <= ?1 AND "
-                "(deadline = 0 OR deadline >= ?1) ORDER BY priority DESC, id ASC LIMIT 1",
+                "(deadline = 0 OR deadline >= ?1) AND (?2 IS NULL OR "
+                "instr(?2, char(10) || CASE WHEN json_valid(spec) THEN json_extract(spec, '$.pipeline') "
+                "ELSE '' END || char(10)) > 0) "
+                "ORDER BY priority DESC, id ASC LIMIT 1",
     [ST_LEASE] = "UPDATE jobs SET state = 1, attempts = attempts + 1, lease_owner = ?2, "
                  "lease_until = ?3, progress_done = 0, progress_total = 0 WHERE id = ?1",
     [ST_RENEW] = "UPDATE jobs SET lease_until = ?4 WHERE id = ?1 AND state = 1 AND "
@@ -389,11 +392,15 @@ static int32_t sq_get(void *qv, int64_t id, spn_queue_job_t *j, spn_error_t *err
   return SPN_OK;
 }
 
-static int32_t sq_lease(void *qv, const char *owner, int64_t now, int64_t lease_ms,
+static int32_t sq_lease(void *qv, const char *owner, const char *pipelines, int64_t now, int64_t lease_ms,
                         spn_queue_job_t *out, spn_error_t *err) {
   sq_t *q = qv;
   sqlite3_stmt *s = stmt(q, ST_PICK);
   sqlite3_bind_int64(s, 1, now);
+  if (pipelines)
+    sqlite3_bind_text(s, 2, pipelines, -1, SQLITE_TRANSIENT);
+  else
+    sqlite3_bind_null(s, 2);
   int r = sqlite3_step(s);
   if (r == SQLITE_DONE) {
     sqlite3_reset(s);

@@ -48,6 +48,7 @@ typedef struct qw {
   spn_slot_pool_t *pool;
   qrun_t *runs;
   char (*owner)[192];
+  char *pipelines; /* what it leases (spn__runner_pipelines); NULL: any */
   char last_error[SPN_ERROR_MSG_MAX];
   spn__observe_t *obs; /* lifecycle log lines; owned by q's wrapper */
   spn__wobs_t *wobs;   /* metrics and probes (--http) */
@@ -121,7 +122,8 @@ static bool lease_some(qw_t *w) {
       return true;
     spn_queue_job_t j;
     spn_error_t err = SPN_ERROR_INIT;
-    int32_t rc = w->q.ops->lease(w->q.impl, w->owner[slot], spn__now_ms(), w->cfg->lease_ms, &j, &err);
+    int32_t rc = w->q.ops->lease(w->q.impl, w->owner[slot], w->pipelines, spn__now_ms(), w->cfg->lease_ms, &j,
+                                 &err);
     if (rc == SPN_EAGAIN)
       return false;
     if (rc < 0) {
@@ -246,8 +248,14 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
   }
   spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
   lf.worker = name;
-  spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker leasing from %s queue %s with %u slots",
-             w.q.ops->name, cfg->queue->url ? cfg->queue->url : "", cfg->slots);
+  /* Only jobs of the pipelines it runs: in a farm whose workers load
+   * different pipelines, a job waits for a worker that has its pipeline
+   * instead of failing its attempts on the others. */
+  w.pipelines = spn__runner_pipelines(runner);
+  char pipes[512];
+  spn__pipeline_filter_describe(w.pipelines, pipes, sizeof pipes);
+  spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker leasing from %s queue %s with %u slots, "
+             "pipelines: %s", w.q.ops->name, cfg->queue->url ? cfg->queue->url : "", cfg->slots, pipes);
   double renew_every = cfg->lease_ms / 3000.0, sweep_every = cfg->lease_ms / 2000.0;
   double last_renew = spn__mono_s(), last_sweep = 0, drain_until = 0;
   bool draining = false;
@@ -336,6 +344,7 @@ out:
   spn__wobs_free(&w.wobs);
   free(w.runs);
   free(w.owner);
+  free(w.pipelines);
   spn_queue_free(&w.q);
   return rc;
 }

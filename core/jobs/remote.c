@@ -59,7 +59,9 @@ static spn_rworker_t *worker_register(spn_server_t *s, spn_pmsg_t *m) {
       return NULL;
     s->workers = nv;
     w = &s->workers[s->nworkers++];
+    w->pipelines = NULL;
   }
+  free(w->pipelines);
   memset(w, 0, sizeof *w);
   memcpy(w->ident, m->ident, m->ident_len);
   w->ident_len = m->ident_len;
@@ -94,6 +96,26 @@ void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m) {
     if (!spn__json_int(m->body, "credit", &credit) || credit < 0 || credit > 1024) {
       spn__out_error(s, m->ident, m->ident_len, m->req, "invalid", "\"credit\" must be an integer in [0, 1024]");
       return;
+    }
+    /* "pipelines": the names of what it runs (a worker that sends none runs
+     * anything: it gets jobs of every pipeline, as before). */
+    const cJSON *pl = cJSON_GetObjectItemCaseSensitive(m->body, "pipelines"), *it;
+    char *filter = NULL;
+    bool ok = !pl || (cJSON_IsArray(pl) && cJSON_GetArraySize(pl) <= 1024);
+    const cJSON *names = ok ? pl : NULL;
+    cJSON_ArrayForEach(it, names) {
+      if (!(ok = cJSON_IsString(it) && strlen(it->valuestring) <= 128 && spn__pipeline_filter_add(&filter, it->valuestring)))
+        break;
+    }
+    if (!ok) {
+      free(filter);
+      spn__out_error(s, m->ident, m->ident_len, m->req, "invalid",
+                     "\"pipelines\" must be an array of at most 1024 names of 1-128 bytes without newlines");
+      return;
+    }
+    if (pl) {
+      free(w->pipelines);
+      w->pipelines = filter ? filter : strdup("\n"); /* [] runs nothing */
     }
     w->credit += credit;
     w->leased = true;

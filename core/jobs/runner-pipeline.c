@@ -522,6 +522,26 @@ static const pipeline_runner_t *as_pipeline_runner(const spn_job_runner_t *runne
   return runner && runner->run == pr_run ? runner->data : NULL;
 }
 
+bool spn__pipeline_runner_names(const spn_job_runner_t *runner, char **filter) {
+  const pipeline_runner_t *r = as_pipeline_runner(runner);
+  if (!r)
+    return false;
+  for (size_t i = 0; i < r->n; i++)
+    if (!spn__pipeline_filter_add(filter, r->entries[i].name))
+      return false;
+  if (!r->fallback.run)
+    return true;
+  char *fb = spn__runner_pipelines(&r->fallback);
+  bool ok = fb != NULL;
+  /* the fallback's names, without its leading newline */
+  for (char *name = fb ? fb + 1 : NULL, *nl; ok && name && (nl = strchr(name, '\n')); name = nl + 1) {
+    *nl = '\0';
+    ok = spn__pipeline_filter_add(filter, name);
+  }
+  free(fb);
+  return ok;
+}
+
 int64_t spn__runner_usable_devices(const spn_job_runner_t *runner) {
   const pipeline_runner_t *r = as_pipeline_runner(runner);
   return r && r->rt ? (int64_t)spn_runtime_usable_device_count(r->rt) : -1;

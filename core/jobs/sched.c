@@ -214,38 +214,54 @@ static void assign_remote(spn_server_t *s, size_t wi, spn_queue_job_t *j) {
   spn__out_push(s, w->ident, w->ident_len, "JOB", b, true);
 }
 
+/* Lease one job for `owner` (pipelines: what it runs, NULL any): 1 leased
+ * into *j, 0 none for it, -1 the queue failed (logged). */
+static int lease_for(spn_server_t *s, const char *owner, const char *pipelines, spn_queue_job_t *j) {
+  spn_error_t err = SPN_ERROR_INIT;
+  int32_t rc = s->q.ops->lease(s->q.impl, owner, pipelines, spn__now_ms(), s->cfg->lease_ms, j, &err);
+  if (rc == SPN_EAGAIN)
+    return 0;
+  if (rc < 0) {
+    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
+    return -1;
+  }
+  return 1;
+}
+
+/* Hand queued jobs to idle local slots, else to remote workers with
+ * credit, round robin; each takes only jobs of the pipelines it runs (the
+ * gateway's runner's for its own slots), so a job no free worker runs stays
+ * queued, in its place, and does not hold back the jobs behind it. */
 void spn__sched_dispatch(spn_server_t *s) {
   if (s->stopping || s->draining)
     return;
   for (;;) {
+    spn_queue_job_t j;
     int32_t sl = spn__slot_pool_idle(s->pool);
-    size_t wi = SIZE_MAX;
-    if (sl < 0) {
-      for (size_t k = 0; k < s->nworkers; k++) {
+    int got = sl >= 0 ? lease_for(s, s->slot_owner[sl], s->pipelines, &j) : 0;
+    if (got < 0 || (sl >= 0 && !got && !s->pipelines))
+      return; /* the queue failed, or has no job for anyone */
+    if (got) {
+      assign_local(s, (uint32_t)sl, &j);
+    } else {
+      size_t wi = SIZE_MAX;
+      for (size_t k = 0; k < s->nworkers && wi == SIZE_MAX; k++) {
         size_t i = (s->rr + k) % s->nworkers;
-        if (s->workers[i].alive && s->workers[i].credit > 0) {
+        spn_rworker_t *w = &s->workers[i];
+        if (!w->alive || w->credit <= 0)
+          continue;
+        int took = lease_for(s, w->owner, w->pipelines, &j);
+        if (took < 0 || (!took && !w->pipelines))
+          return; /* the queue failed, or has no job for anyone */
+        if (took) {
           wi = i;
           s->rr = i + 1;
-          break;
         }
       }
       if (wi == SIZE_MAX)
         return;
-    }
-    const char *owner = sl >= 0 ? s->slot_owner[sl] : s->workers[wi].owner;
-    spn_queue_job_t j;
-    spn_error_t err = SPN_ERROR_INIT;
-    int32_t rc = s->q.ops->lease(s->q.impl, owner, spn__now_ms(), s->cfg->lease_ms, &j, &err);
-    if (rc == SPN_EAGAIN)
-      return;
-    if (rc < 0) {
-      spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
-      return;
-    }
-    if (sl >= 0)
-      assign_local(s, (uint32_t)sl, &j);
-    else
       assign_remote(s, wi, &j);
+    }
     spn__notify(s, j.id);
     spn__queue_job_clear(&j);
   }

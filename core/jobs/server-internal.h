@@ -39,6 +39,7 @@ typedef struct spn_rworker {
   double last_seen;
   bool alive;
   bool leased; /* sent LEASE to this gateway instance: its credit is known */
+  char *pipelines; /* what its LEASE said it runs (spn__runner_pipelines' form); NULL: any */
 } spn_rworker_t;
 
 typedef struct spn_run {
@@ -86,6 +87,7 @@ typedef struct spn_zap {
 struct spn_server {
   const spn_server_config_t *cfg;
   const spn_job_runner_t *runner;
+  char *pipelines; /* what runner runs, for its own slots' leases (NULL: any) */
   spn_queue_t q;
   spn__observe_t *obs; /* owned by q's wrapper (observe.c) */
   uv_loop_t loop;

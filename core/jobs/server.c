@@ -236,6 +236,9 @@ int32_t spn_server_new(const spn_server_config_t *cfg, const spn_job_runner_t *r
     spn_error_prefix(err, "server");
     goto out_loop;
   }
+  /* Its own workers run what its runner runs: with a shared queue, another
+   * gateway may have taken jobs of pipelines this one does not have. */
+  s->pipelines = spn__runner_pipelines(runner);
   *out = s;
   return SPN_OK;
 out_loop:
@@ -346,6 +349,9 @@ void spn_server_free(spn_server_t **sp) {
   zmq_ctx_term(s->zctx);
   spn_queue_free(&s->q);
   free(s->slot_owner);
+  free(s->pipelines);
+  for (size_t i = 0; i < s->nworkers; i++)
+    free(s->workers[i].pipelines);
   free(s->workers);
   free(s->runs);
   free(s->watchers);

@@ -44,6 +44,7 @@ typedef struct wctx {
   spn__wobs_t *obs;   /* metrics and probes (--http) */
   bool draining;
   wslot_t *slot; /* per slot: the job it runs (main thread only) */
+  char *pipelines; /* what it runs (spn__runner_pipelines); NULL: any */
 } wctx_t;
 
 static void send_body(void *sock, const char *type, cJSON *b) {
@@ -59,10 +60,19 @@ static cJSON *body(wctx_t *w) {
   return b;
 }
 
+/* LEASE: `credit` more jobs, of the pipelines it names (all of them, every
+ * time: a gateway that restarted learns them from the next LEASE). */
 static void grant(wctx_t *w, void *sock, int64_t credit) {
   cJSON *b = body(w);
   if (b)
     cJSON_AddNumberToObject(b, "credit", (double)credit);
+  cJSON *names = b && w->pipelines ? cJSON_AddArrayToObject(b, "pipelines") : NULL;
+  for (const char *name = names ? w->pipelines + 1 : NULL, *nl; name && (nl = strchr(name, '\n')); name = nl + 1) {
+    char *v = strndup(name, (size_t)(nl - name));
+    if (v)
+      cJSON_AddItemToArray(names, cJSON_CreateString(v));
+    free(v);
+  }
   send_body(sock, "LEASE", b);
 }
 
@@ -159,7 +169,11 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
   }
   spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
   lf.worker = w.name;
-  spn__log_f(w.log, SPN_LOG_INFO, &lf, "worker connected to %s with %u slots", cfg->connect, cfg->slots);
+  w.pipelines = spn__runner_pipelines(runner);
+  char pipes[512];
+  spn__pipeline_filter_describe(w.pipelines, pipes, sizeof pipes);
+  spn__log_f(w.log, SPN_LOG_INFO, &lf, "worker connected to %s with %u slots, pipelines: %s", cfg->connect,
+             cfg->slots, pipes);
   grant(&w, sock, cfg->slots);
   double hb = (cfg->heartbeat_ms ? cfg->heartbeat_ms : 1000) / 1000.0, last_hb = spn__mono_s();
   char last_error[256] = "";
@@ -298,6 +312,7 @@ out:
   spn__slot_pool_free(&w.pool);
   spn__wobs_free(&w.obs);
   free(w.slot);
+  free(w.pipelines);
   spn__logger_free(&w.log);
   return rc;
 }

@@ -453,6 +453,9 @@ def case_malformed(tmp):
     expect("not_found", b"", b"SPN1", b"STATUS", b"{\"id\": 12345}")
     expect("invalid", b"", b"SPN1", b"LIST", b"{\"state\": \"weird\"}")
     expect("invalid", b"", b"SPN1", b"LEASE", b"{\"credit\": 1}")    # worker without a name
+    # the pipelines a worker runs: an array of names without newlines
+    for bad in (b'"copy"', b'[3]', b'["co\\npy"]', b'[""]', b'["' + b"p" * 129 + b'"]'):
+        expect("invalid", b"", b"SPN1", b"LEASE", b'{"worker": "m", "credit": 1, "pipelines": ' + bad + b'}')
     expect("unsupported_version", b"", b"SPN1", b"HELLO", b"{\"versions\": [2]}")
     # a request id is echoed on errors
     c.req("STATUS", {"req": 99, "id": -1})
@@ -1356,6 +1359,52 @@ def case_gateway_kill_shared(tmp):
     check_exactly_once(tmp, log, ids, f"{tmp}/out", f"{tmp}/in.bin")
     st = status(epb, ids[-1])
     check(st["done"] == st["total"] == 10, f"progress of a succeeded job: {st}")
+
+
+def case_mixed_workers(tmp):
+    """A farm whose workers load different pipelines (remote workers on a
+    gateway; with --backend redis, stateless workers on the queue): each
+    worker leases only jobs of the pipelines it runs (with Redis, so do the
+    own workers of a second gateway whose config lacks one). A job of a pipeline no
+    worker runs waits, queued with no attempt spent, while the jobs behind
+    it run, and runs once a worker that has its pipeline arrives. (Before,
+    the first free worker took it and failed it: "unknown pipeline".)"""
+    cfg = pipeline_config(tmp)
+    p, ep = start_serve(tmp, "--config", cfg, "--workers", "0", "--max-attempts", "1")
+    where = REDIS["url"] if BACKEND == "redis" else ep
+    if BACKEND == "redis":
+        # a second gateway on the same queue, without the synthetic pipeline,
+        # whose own workers must leave that job alone too
+        start_serve(tmp, "--workers", "2", db="q2.db", log="serve2.log")
+    os.mkdir(f"{tmp}/out")
+    make_file(f"{tmp}/in.bin", 20_000, 5)
+    # the synthetic job first and at a higher priority, copy jobs behind it
+    r = cli("submit", "synthetic", "--output", f"frames={tmp}/out/s.raw", "--param", "frames=5",
+            "--priority", "5", "--connect", ep, check_rc=0)
+    syn = int(r.stdout.split()[0])
+    copies = submit_many(ep, tmp, 4, 0, f"{tmp}/out")
+    # a worker with the built-in test pipelines only (no --config)
+    start_worker(tmp, where, "--slots", "2", name="plain")
+    wait_all(ep, copies, 30, "the copy jobs to succeed on the worker without the synthetic pipeline")
+    st = status(ep, syn)
+    check(st["state"] == "queued" and st["attempts"] == 0 and not st.get("errors"),
+          f"the synthetic job, which no worker runs yet: {st}")
+    plain_log = open(f"{tmp}/worker-plain.log", errors="replace").read()
+    check("pipelines: copy, fail, noop" in plain_log, f"the plain worker's start line: {plain_log[-1500:]}")
+    # a worker that loads the synthetic pipeline takes it
+    start_worker(tmp, where, "--config", cfg, "--slots", "1", name="full")
+    wait_all(ep, [syn], 60, "the synthetic job to succeed on the worker that has its pipeline")
+    st = status(ep, syn)
+    check(st["attempts"] == 1 and not st.get("errors"), f"the synthetic job: {st}")
+    check(read(f"{tmp}/out/s.raw") == synth_expected(syn, 5), "the synthetic job's output")
+    full_log = open(f"{tmp}/worker-full.log", errors="replace").read()
+    check("pipelines: synthetic, slow, checked, copy, fail, noop" in full_log,
+          f"the full worker's start line: {full_log[-1500:]}")
+    for log in ("worker-plain.log", "serve2.log"):
+        if os.path.exists(f"{tmp}/{log}"):
+            check('"pipeline":"synthetic"' not in open(f"{tmp}/{log}", errors="replace").read(),
+                  f"{log}: a worker without the synthetic pipeline touched its job")
+    check(p.poll() is None, "gateway died")
 
 
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}

@@ -119,7 +119,7 @@ static void submit_segmented(spn_queue_t *q, uint32_t n, uint32_t max_attempts, 
 
 static int64_t lease(spn_queue_t *q, const char *owner, int64_t now, uint32_t *attempt) {
   spn_queue_job_t j;
-  int32_t rc = q->ops->lease(q->impl, owner, now, 10000, &j, NULL);
+  int32_t rc = q->ops->lease(q->impl, owner, NULL, now, 10000, &j, NULL);
   if (rc == SPN_EAGAIN)
     return 0;
   assert_int_equal(rc, SPN_OK);

@@ -105,7 +105,7 @@ static int64_t submit(fx_t *f, int32_t prio, const char *key, int64_t deadline, 
 /* Lease and return the id (0 when none is ready). */
 static int64_t lease(fx_t *f, const char *owner, int64_t now, uint32_t *attempt) {
   spn_queue_job_t j;
-  int32_t rc = f->o->lease(f->q.impl, owner, now, 1000, &j, NULL);
+  int32_t rc = f->o->lease(f->q.impl, owner, NULL, now, 1000, &j, NULL);
   if (rc == SPN_EAGAIN)
     return 0;
   assert_int_equal(rc, SPN_OK);
@@ -504,14 +504,14 @@ static void test_redis_shared_by_two_clients(void **state) {
   for (int i = 0; i < 20; i++) {
     spn_queue_job_t j;
     spn_queue_t *q = i % 2 ? &q2 : &f->q;
-    assert_int_equal(q->ops->lease(q->impl, i % 2 ? "B" : "A", T0 + 100, 1000, &j, NULL), SPN_OK);
+    assert_int_equal(q->ops->lease(q->impl, i % 2 ? "B" : "A", NULL, T0 + 100, 1000, &j, NULL), SPN_OK);
     assert_true(j.id >= ids[0] && j.id <= ids[19]);
     assert_false(seen[j.id - ids[0]]);
     seen[j.id - ids[0]] = true;
     spn__queue_job_clear(&j);
   }
   spn_queue_job_t j;
-  assert_int_equal(q2.ops->lease(q2.impl, "B", T0 + 100, 1000, &j, NULL), SPN_EAGAIN);
+  assert_int_equal(q2.ops->lease(q2.impl, "B", NULL, T0 + 100, 1000, &j, NULL), SPN_EAGAIN);
   assert_int_equal(q2.ops->progress(q2.impl, ids[3], 7, 9, NULL), SPN_OK);
   assert_int_equal(f->o->get(f->q.impl, ids[3], &j, NULL), SPN_OK);
   assert_int_equal(j.progress_done, 7);
@@ -652,7 +652,7 @@ static void test_sqlite_file_from_before_transfers(void **state) {
   assert_true(j.state == SPN_QSTATE_SUCCEEDED && j.compute_s == 2.5);
   assert_memory_equal(&j.xfer, &none, sizeof none);
   spn__queue_job_clear(&j);
-  assert_int_equal(q.ops->lease(q.impl, "w", T0, 1000, &j, NULL), SPN_OK);
+  assert_int_equal(q.ops->lease(q.impl, "w", NULL, T0, 1000, &j, NULL), SPN_OK);
   assert_int_equal(j.id, 2);
   spn__queue_job_clear(&j);
   const spn_job_xfer_t x = {.bytes = {7, 8, 9, 10}, .ns = {11, 12, 13, 14}};
@@ -893,7 +893,7 @@ static void test_warnings_render(void **state) {
 /* Lease on another client of the queue; the id leased. */
 static int64_t lease_on(spn_queue_t *q, const char *owner, int64_t now, int64_t lease_ms) {
   spn_queue_job_t j;
-  assert_int_equal(q->ops->lease(q->impl, owner, now, lease_ms, &j, NULL), SPN_OK);
+  assert_int_equal(q->ops->lease(q->impl, owner, NULL, now, lease_ms, &j, NULL), SPN_OK);
   int64_t id = j.id;
   spn__queue_job_clear(&j);
   return id;
@@ -1088,6 +1088,66 @@ static void test_sqlite_queue_events_are_the_gateways(void **state) {
   free(body);
 }
 
+/* Lease `owner` a job of the pipelines in filter ("\nname\n..."): its id,
+ * 0 when none of them is ready. */
+static int64_t lease_of(fx_t *f, const char *filter, int64_t now) {
+  spn_queue_job_t j;
+  int32_t rc = f->o->lease(f->q.impl, "w", filter, now, 1000, &j, NULL);
+  if (rc == SPN_EAGAIN)
+    return 0;
+  assert_int_equal(rc, SPN_OK);
+  int64_t id = j.id;
+  spn__queue_job_clear(&j);
+  return id;
+}
+
+/* A worker leases only jobs of the pipelines it runs, in priority then FIFO
+ * order among them; the jobs it passes over stay queued, in their place, for
+ * a worker that runs them. Names match whole ("trans" is not "transcode"). */
+static void test_lease_by_pipeline(void **state) {
+  fx_t *f = *state;
+  int64_t a = submit_spec(f, "{\"pipeline\":\"enhance\"}", 5, NULL, 0, 1, T0);
+  int64_t b = submit_spec(f, "{\"pipeline\":\"transcode\"}", 0, NULL, 0, 1, T0 + 1);
+  int64_t c = submit_spec(f, "{\"pipeline\":\"enhance\"}", 0, NULL, 0, 1, T0 + 2);
+  int64_t d = submit_spec(f, "{\"pipeline\":\"transcode\"}", 7, NULL, 0, 1, T0 + 3);
+  assert_int_equal(lease_of(f, "\ntrans\n", T0 + 10), 0);
+  assert_int_equal(lease_of(f, "\ncopy\nfail\n", T0 + 10), 0);
+  assert_int_equal(lease_of(f, "\ncopy\ntranscode\n", T0 + 10), d);
+  assert_int_equal(lease_of(f, "\ntranscode\n", T0 + 10), b);
+  assert_int_equal(lease_of(f, "\ntranscode\n", T0 + 10), 0);
+  assert_int_equal(queued(f), 2);
+  assert_int_equal(state_of(f, a), SPN_QSTATE_QUEUED);
+  /* "\n" lists no pipeline: nothing */
+  assert_int_equal(lease_of(f, "\n", T0 + 10), 0);
+  int64_t e = submit_spec(f, "{\"pipeline\":\"transcode\"}", 9, NULL, 0, 1, T0 + 4);
+  /* any pipeline (NULL): the order of the whole queue */
+  assert_int_equal(lease_of(f, NULL, T0 + 10), e);
+  assert_int_equal(lease_of(f, "\nenhance\n", T0 + 10), a);
+  assert_int_equal(lease_of(f, NULL, T0 + 10), c);
+  assert_int_equal(queued(f), 0);
+  /* a stored spec that is not JSON names no pipeline: a filtered lease
+   * passes it over (no error), an unfiltered one takes it */
+  int64_t g = submit_spec(f, "{\"pipeline\": \"transcode\"", 0, NULL, 0, 1, T0 + 5);
+  assert_int_equal(lease_of(f, "\ntranscode\n", T0 + 10), 0);
+  assert_int_equal(lease_of(f, NULL, T0 + 10), g);
+}
+
+/* Jobs stored before the queue kept their pipeline beside the spec (no
+ * field pl) are matched by the pipeline their spec names. */
+static void test_redis_lease_by_pipeline_of_an_older_job(void **state) {
+  fx_t *f = *state;
+  int64_t a = submit_spec(f, "{\"pipeline\":\"enhance\"}", 0, NULL, 0, 1, T0);
+  int64_t b = submit_spec(f, "{\"pipeline\":\"transcode\"}", 0, NULL, 0, 1, T0 + 1);
+  for (int64_t id = a; id <= b; id++) {
+    redisReply *r = redis_cmd(f->srv, "HDEL %sjob:%lld pl", f->prefix, (long long)id);
+    assert_int_equal(r->integer, 1);
+    freeReplyObject(r);
+  }
+  assert_int_equal(lease_of(f, "\ntranscode\n", T0 + 10), b);
+  assert_int_equal(lease_of(f, "\ntranscode\n", T0 + 10), 0);
+  assert_int_equal(lease_of(f, "\nenhance\n", T0 + 10), a);
+}
+
 #define SQ(t) cmocka_unit_test_setup_teardown(t, setup_sqlite, teardown)
 #define RD(t) cmocka_unit_test_setup_teardown(t, setup_redis, teardown_redis)
 
@@ -1112,6 +1172,7 @@ int main(void) {
       cmocka_unit_test(test_redis_url_errors),
       SQ(test_sqlite_queue_events_are_the_gateways),
       SQ(test_unpublished_through_the_wrapper),
+      SQ(test_lease_by_pipeline),
   };
   /* The same cases on Redis (lease expiry in real time). */
   const struct CMUnitTest redis_tests[] = {
@@ -1132,6 +1193,8 @@ int main(void) {
       RD(test_redis_waiting_mirror_is_repaired),
       RD(test_redis_event_counters),
       RD(test_unpublished_through_the_wrapper),
+      RD(test_lease_by_pipeline),
+      RD(test_redis_lease_by_pipeline_of_an_older_job),
   };
   int rc = cmocka_run_group_tests_name("sqlite", sqlite_tests, NULL, NULL);
   rc += cmocka_run_group_tests_name("redis", redis_tests, redis_up, redis_down);
