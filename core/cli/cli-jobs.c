@@ -613,9 +613,12 @@ static int on_event(void *user, const spn_client_status_t *ev) {
         bar[i] = i < fill ? '#' : '.';
       bar[width] = '\0';
       double eta = ui->fps > 0 ? (double)(ev->total - ev->done) / ui->fps : NAN;
-      fprintf(stderr, "\r\033[Kjob %lld [%s] %llu/%llu frames  %.1f fps  ETA %s%.0fs",
-              (long long)ev->id, bar, (unsigned long long)ev->done, (unsigned long long)ev->total,
-              ui->fps, isnan(eta) ? "?" : "", isnan(eta) ? 0.0 : eta);
+      char fps[32] = "? fps";
+      if (ui->fps > 0)
+        snprintf(fps, sizeof fps, "%.1f fps", ui->fps);
+      fprintf(stderr, "\r\033[Kjob %lld [%s] %llu/%llu frames  %s  ETA %s%.0fs", (long long)ev->id, bar,
+              (unsigned long long)ev->done, (unsigned long long)ev->total, fps, isnan(eta) ? "?" : "",
+              isnan(eta) ? 0.0 : eta);
     } else if (state_changed) {
       /* keep a finished progress bar on screen; state lines replace the rest */
       bool keep_bar = ui->last_state == SPN_QSTATE_RUNNING && ui->last_done > 0;
@@ -627,9 +630,14 @@ static int on_event(void *user, const spn_client_status_t *ev) {
   } else if (state_changed || (ev->done != ui->last_done && now - ui->last_print >= 1.0) ||
              (ev->total && ev->done == ev->total && ev->done != ui->last_done)) {
     ui->last_print = now;
-    if (ev->state == SPN_QSTATE_RUNNING && ev->total)
+    /* no rate yet (the first 0.2 s, or a job that ran in less): none shown,
+     * not "0.0 fps" */
+    if (ev->state == SPN_QSTATE_RUNNING && ev->total && ui->fps > 0)
       fprintf(stderr, "job %lld: running %llu/%llu frames %.1f fps\n", (long long)ev->id,
               (unsigned long long)ev->done, (unsigned long long)ev->total, ui->fps);
+    else if (ev->state == SPN_QSTATE_RUNNING && ev->total)
+      fprintf(stderr, "job %lld: running %llu/%llu frames\n", (long long)ev->id, (unsigned long long)ev->done,
+              (unsigned long long)ev->total);
     else
       fprintf(stderr, "job %lld: %s\n", (long long)ev->id, spn_queue_state_name(ev->state));
   }
