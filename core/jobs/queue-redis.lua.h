@@ -7,6 +7,9 @@
  *   P job:<id>     HASH: the job (fields below)
  *   P ready        ZSET of queued ids ready to run, score -priority*2^32 + fo
  *                  (highest priority first, FIFO within one)
+ *   P ready:<pl>   ZSET, the entries of P ready whose job is of pipeline pl
+ *                  (same scores), for leases that name their pipelines
+ *   P pls          SET of the pipelines that have had a P ready:<pl>
  *   P delayed      ZSET of queued ids backing off, score = not_before (ms)
  *   P deadlines    ZSET of queued ids with a deadline, score = deadline (ms)
  *   P st:<n>       ZSET of ids in state n (score id): LIST and counts
@@ -98,14 +101,51 @@
   "  if lag < n then wait_put(n - lag) elseif lag > n then wait_take(lag - n) end\n"            \
   "  return n - lag\n"                                                                          \
   "end\n"                                                                                       \
+  /* P ready:<pipeline> holds the same entries as P ready, by pipeline, for  \
+   * leases that ask for some pipelines only; P pls names every pipeline that  \
+   * has had one. A job's pipeline: its field pl, or (a job stored before pl  \
+   * was kept) the one its spec names. */  \
+  "local function rk(pl) return P .. 'ready:' .. pl end\n"                                      \
+  "local function pl_of(k)\n"                                                                   \
+  "  local pl = redis.call('HGET', k, 'pl')\n"                                                  \
+  "  if pl then return pl end\n"                                                                \
+  "  local ok, sp = pcall(cjson.decode, redis.call('HGET', k, 'spec') or '')\n"                 \
+  "  return ok and type(sp) == 'table' and type(sp.pipeline) == 'string' and sp.pipeline or ''\n" \
+  "end\n"                                                                                       \
   "local function ready(id)\n"                                                                  \
-  "  local h = redis.call('HMGET', jk(id), 'pr', 'fo')\n"                                        \
-  "  redis.call('ZADD', P .. 'ready', -tonumber(h[1]) * 4294967296 + tonumber(h[2]), id)\n"     \
+  "  local h = redis.call('HMGET', jk(id), 'pr', 'fo')\n"                                       \
+  "  local sc = -tonumber(h[1]) * 4294967296 + tonumber(h[2])\n"                                \
+  "  local pl = pl_of(jk(id))\n"                                                                \
+  "  redis.call('ZADD', P .. 'ready', sc, id)\n"                                                \
+  "  redis.call('ZADD', rk(pl), sc, id)\n"                                                      \
+  "  redis.call('SADD', P .. 'pls', pl)\n"                                                      \
+  "end\n"                                                                                       \
+  "local function unready(id)\n"                                                                \
+  "  redis.call('ZREM', P .. 'ready', id)\n"                                                    \
+  "  redis.call('ZREM', rk(pl_of(jk(id))), id)\n"                                               \
   "end\n"                                                                                       \
   "local function unqueue(id)\n"                                                                \
-  "  redis.call('ZREM', P .. 'ready', id)\n"                                                    \
+  "  unready(id)\n"                                                                             \
   "  redis.call('ZREM', P .. 'delayed', id)\n"                                                  \
   "  redis.call('ZREM', P .. 'deadlines', id)\n"                                                \
+  "end\n"                                                                                       \
+  /* The pipelines' sets hold as many entries as P ready, or are rebuilt  \
+   * from it (a queue written before they were kept, or by such a version  \
+   * during a rolling upgrade); -> the entries rebuilt (0: none). */  \
+  "local function ready_repair()\n"                                                             \
+  "  local pls = redis.call('SMEMBERS', P .. 'pls')\n"                                          \
+  "  local m = 0\n"                                                                             \
+  "  for _, pl in ipairs(pls) do m = m + redis.call('ZCARD', rk(pl)) end\n"                     \
+  "  local n = redis.call('ZCARD', P .. 'ready')\n"                                             \
+  "  if m == n then return 0 end\n"                                                             \
+  "  for _, pl in ipairs(pls) do redis.call('DEL', rk(pl)) end\n"                               \
+  "  local all = redis.call('ZRANGE', P .. 'ready', 0, -1, 'WITHSCORES')\n"                     \
+  "  for i = 1, #all, 2 do\n"                                                                   \
+  "    local pl = pl_of(jk(all[i]))\n"                                                          \
+  "    redis.call('ZADD', rk(pl), all[i + 1], all[i])\n"                                        \
+  "    redis.call('SADD', P .. 'pls', pl)\n"                                                    \
+  "  end\n"                                                                                     \
+  "  return n\n"                                                                                \
   "end\n"                                                                                       \
   "local function add_error(k, att, now, reason)\n"                                             \
   "  local errs = cjson.decode(redis.call('HGET', k, 'errs') or '[]')\n"                        \
@@ -284,61 +324,55 @@
   "ev('submitted')\n"                                                                           \
   "wait_put(1)\n"                                                                               \
   "redis.call('ZADD', P .. 'all', id, id)\n"                                                    \
-  "if tonumber(ARGV[13]) == 0 then\n"                                                           \
-  "  redis.call('ZADD', P .. 'ready', -tonumber(ARGV[3]) * 4294967296 + fo, id)\n"             \
-  "end\n"                                                                                       \
+  "if tonumber(ARGV[13]) == 0 then ready(id) end\n"                                            \
   "if tonumber(ARGV[5]) > 0 then redis.call('ZADD', P .. 'deadlines', ARGV[5], id) end\n"       \
   "return {id, 0}\n"
 
 /* ARGV: P owner now lease_ms pipelines -> HGETALL of the leased job, or
- * false. pipelines: "" for any; else "\nname\n...\n", and a job of another
- * pipeline stays in P ready, in its place, for a worker that runs it. At
- * most RQ_LEASE_SCAN such jobs are passed over in one lease. */
-#define RQ_LEASE_SCAN "1000"
+ * false. pipelines: "" for any (the head of P ready); else "\nname\n...\n":
+ * the best-placed head of those pipelines' P ready:<name>, so jobs of other
+ * pipelines stay where they are for a worker that runs them. */
 #define RQ_LUA_LEASE                                                                            \
   "local now = tonumber(ARGV[3])\n"                                                             \
   "local F = ARGV[5] ~= '' and ARGV[5] or nil\n"                                                \
   "local due = redis.call('ZRANGEBYSCORE', P .. 'delayed', '-inf', now, 'LIMIT', 0, 256)\n"     \
   "for _, id in ipairs(due) do\n"                                                               \
   "  redis.call('ZREM', P .. 'delayed', id)\n"                                                  \
-  "  ready(id)\n"                                             \
+  "  ready(id)\n"                                                                               \
   "end\n"                                                                                       \
-  /* a job's pipeline: its field pl, or (a job submitted before pl was     \
-   * kept) the one its spec names */                                                           \
-  "local function pipe_of(k)\n"                                                                 \
-  "  local pl = redis.call('HGET', k, 'pl')\n"                                                  \
-  "  if pl then return pl end\n"                                                                \
-  "  local ok, sp = pcall(cjson.decode, redis.call('HGET', k, 'spec') or '')\n"                 \
-  "  return ok and type(sp) == 'table' and type(sp.pipeline) == 'string' and sp.pipeline or ''\n" \
-  "end\n"                                                                                       \
-  "local skip = 0\n"                                                                            \
   "while true do\n"                                                                             \
-  "  local top = redis.call('ZRANGE', P .. 'ready', skip, skip)\n"                              \
-  "  if #top == 0 or skip >= " RQ_LEASE_SCAN " then return false end\n"                         \
-  "  local id = top[1]\n"                                                                       \
+  "  local id, from\n"                                                                          \
+  "  if F then\n"                                                                               \
+  "    local best\n"                                                                            \
+  "    for name in string.gmatch(F, '[^\\n]+') do\n"                                            \
+  "      local t = redis.call('ZRANGE', rk(name), 0, 0, 'WITHSCORES')\n"                        \
+  "      if #t > 0 and (not best or tonumber(t[2]) < best) then id, from, best = t[1], name, tonumber(t[2]) end\n" \
+  "    end\n"                                                                                   \
+  "    if not id then return false end\n"                                                       \
+  "  else\n"                                                                                    \
+  "    local top = redis.call('ZRANGE', P .. 'ready', 0, 0)\n"                                  \
+  "    if #top == 0 then return false end\n"                                                    \
+  "    id = top[1]\n"                                                                           \
+  "  end\n"                                                                                     \
+  "  unready(id)\n"                                                                             \
+  "  if from then redis.call('ZREM', rk(from), id) end\n"                                       \
   "  local k = jk(id)\n"                                                                        \
   "  local h = redis.call('HMGET', k, 'st', 'dl')\n"                                            \
-  /* past its deadline: left queued for the sweep to fail */                                  \
+  /* past its deadline: left queued for the sweep to fail */  \
   "  local dl = tonumber(h[2]) or 0\n"                                                          \
-  "  local live = h[1] == '0' and (dl == 0 or dl >= now)\n"                                     \
-  "  if live and F and not string.find(F, '\\n' .. pipe_of(k) .. '\\n', 1, true) then\n"        \
-  "    skip = skip + 1\n"                                                                       \
-  "  else\n"                                                                                    \
-  "    redis.call('ZREM', P .. 'ready', id)\n"                                                  \
-  "    if live then\n"                                                                          \
-  "      local att = redis.call('HINCRBY', k, 'att', 1)\n"                                      \
-  "      local sid = redis.call('XADD', P .. 'run', '*', 'id', id, 'att', att)\n"               \
-  "      local got = redis.call('XREADGROUP', 'GROUP', G, ARGV[2], 'COUNT', 1,\n"               \
-  "                             'STREAMS', P .. 'run', '>')\n"                                  \
-  "      if got[1][2][1][1] ~= sid then return redis.error_reply('lease stream out of step') end\n" \
-  "      redis.call('HSET', k, 'own', ARGV[2], 'sid', sid, 'lu', now + tonumber(ARGV[4]),\n"    \
-  "                 'pd', 0, 'pt', 0)\n"                                                        \
-  "      redis.call('ZREM', P .. 'deadlines', id)\n"                                            \
-  "      setst(id, 0, 1, now)\n"                                                                \
-  "      return redis.call('HGETALL', k)\n"                                                     \
-  "    end\n"                                                                                   \
+  "  if h[1] == '0' and (dl == 0 or dl >= now) then\n"                                          \
+  "    local att = redis.call('HINCRBY', k, 'att', 1)\n"                                        \
+  "    local sid = redis.call('XADD', P .. 'run', '*', 'id', id, 'att', att)\n"                 \
+  "    local got = redis.call('XREADGROUP', 'GROUP', G, ARGV[2], 'COUNT', 1,\n"                 \
+  "                           'STREAMS', P .. 'run', '>')\n"                                    \
+  "    if got[1][2][1][1] ~= sid then return redis.error_reply('lease stream out of step') end\n" \
+  "    redis.call('HSET', k, 'own', ARGV[2], 'sid', sid, 'lu', now + tonumber(ARGV[4]),\n"      \
+  "               'pd', 0, 'pt', 0)\n"                                                          \
+  "    redis.call('ZREM', P .. 'deadlines', id)\n"                                              \
+  "    setst(id, 0, 1, now)\n"                                                                  \
+  "    return redis.call('HGETALL', k)\n"                                                       \
   "  end\n"                                                                                     \
-  "end\n"                                                                                       
+  "end\n"
 
 /* ARGV: P id att owner now lease_ms -> 1 | 2 (cancel requested) | 0 (not held) */
 #define RQ_LUA_RENEW                                                                            \
@@ -451,6 +485,7 @@
   "  end\n"                                                                                     \
   "end\n"                                                                                       \
   "wait_repair()\n"                                                                             \
+  "ready_repair()\n"                                                                            \
   "return out\n"
 
 /* ARGV: P id att owner now -> 1 | 0. Back to the queue, attempt not counted. */
@@ -510,7 +545,7 @@
   "return out\n"
 
 /* ARGV: P -> tokens added to P waiting (negative: taken) to repair drift */
-#define RQ_LUA_WAITING_REPAIR "return wait_repair()\n"
+#define RQ_LUA_WAITING_REPAIR "ready_repair()\nreturn wait_repair()\n"
 
 /* ARGV: P id: the publication marker of a succeeded job is gone */
 #define RQ_LUA_UNPUBLISHED "redis.call('ZREM', ARGV[1] .. 'unpub', ARGV[2])\nreturn 1\n"

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""What an idle worker costs Redis while jobs it does not run wait.
+
+usage: tools/redis-lease-cost.py SPINDLE SOURCE_ROOT N [SECONDS]
+
+Starts redis-server on a free loopback port, a gateway (no workers of its
+own) on it with the synthetic pipeline, submits N synthetic jobs, then one
+stateless worker that loads no pipeline (only the built-in test ones: it
+can run none of the N). It prints Redis' own count of the scripts run and
+their time (INFO commandstats, reset after the worker started) over
+SECONDS (10): every lease the worker polls for, its sweeps and renewals.
+Needs redis-server, redis-cli and pyzmq; the stages of stages/util on
+SPINDLE_PLUGIN_PATH when SPINDLE is a build tree's.
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import zmq
+
+
+def main():
+    if len(sys.argv) < 4:
+        print(__doc__)
+        return 2
+    spindle, src, n = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]), int(sys.argv[3])
+    if not shutil.which("redis-server") or not shutil.which("redis-cli"):
+        print("redis-server is not installed (Debian package redis-server): skipped")
+        return 77
+    seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 10.0
+    tmp = tempfile.mkdtemp(prefix="spn-lease-cost-")
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    procs = []
+    try:
+        procs.append(subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                       "--dir", tmp], stdout=subprocess.DEVNULL))
+        time.sleep(0.5)
+        url = f"redis://127.0.0.1:{port}"
+
+        def redis(*args):
+            return subprocess.run(["redis-cli", "-p", str(port), *args], capture_output=True, text=True).stdout
+
+        with open(f"{tmp}/server.toml", "w") as f:
+            f.write(f'[server]\ndevices = "cpu"\n[[pipeline]]\nname = "synthetic"\n'
+                    f'config = "{src}/configs/synthetic-job.toml"\n')
+        gw = subprocess.Popen([spindle, "serve", "--config", f"{tmp}/server.toml", "--bind", "tcp://127.0.0.1:*",
+                               "--workers", "0", "--queue", url, "--root", tmp, "--db", f"{tmp}/q.db"],
+                              stdout=subprocess.PIPE, stderr=open(f"{tmp}/serve.log", "w"), cwd=tmp)
+        procs.append(gw)
+        ep = gw.stdout.readline().decode().split("ready on ")[1].strip()
+        ctx = zmq.Context()
+        d = ctx.socket(zmq.DEALER)
+        d.connect(ep)
+        for i in range(n):
+            body = {"req": i + 1, "pipeline": "synthetic", "outputs": {"frames": f"{tmp}/{i}.raw"}}
+            d.send_multipart([b"", b"SPN1", b"SUBMIT", json.dumps(body).encode()])
+        for _ in range(n):
+            d.recv_multipart()
+        d.close(0)
+        ctx.term()
+        procs.append(subprocess.Popen([spindle, "worker", "--queue", url, "--name", "idle", "--slots", "1"],
+                                      stdout=open(f"{tmp}/worker.log", "w"), stderr=subprocess.STDOUT, cwd=tmp))
+        time.sleep(2)
+        redis("CONFIG", "RESETSTAT")
+        time.sleep(seconds)
+        stats = {}
+        for line in redis("INFO", "commandstats").splitlines():
+            if line.startswith("cmdstat_evalsha:"):
+                stats = dict(kv.split("=") for kv in line.split(":", 1)[1].split(","))
+        queued = redis("ZCARD", "spindle:st:0").strip()
+        calls, usec = int(stats.get("calls", 0)), int(stats.get("usec", 0))
+        if queued != str(n) or calls == 0:
+            print(f"the worker took a job it cannot run, or ran no script: {queued} of {n} queued, {calls} calls")
+            return 1
+        print(f"{queued} jobs queued that the worker does not run; over {seconds:.0f} s its scripts ran "
+              f"{calls} times, {usec / 1000:.1f} ms of Redis time ({usec / max(calls, 1):.0f} us each), "
+              f"{100 * usec / 1e6 / seconds:.2f}% of Redis' core")
+    finally:
+        for p in reversed(procs):
+            p.send_signal(2)
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
