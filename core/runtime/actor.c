@@ -57,6 +57,17 @@ typedef struct frame_hdr {
 
 static const char *aname(const spn_stage_t *a) { return a->srt->spec->name; }
 
+/* Prefix a plugin's error with where the stage is and what failed; a
+ * message that opens with its stage's name already (`stage "encode": ...`,
+ * as several plugins write) does not name it twice. */
+static void stage_error(spn_error_t *err, const spn_stage_t *a, const char *what) {
+  char own[SPN_ERROR_MSG_MAX];
+  int n = snprintf(own, sizeof own, "stage \"%s\": ", aname(a));
+  if (n > 0 && (size_t)n < sizeof own && !strncmp(err->msg, own, (size_t)n))
+    memmove(err->msg, err->msg + n, strlen(err->msg + n) + 1);
+  spn_error_prefix(err, "%s: stage \"%s\": %s", a->srt->spec->where, aname(a), what);
+}
+
 static void log_a(spn_stage_t *a, int32_t level, uint64_t job, const char *fmt, ...) SPN_PRINTF(4, 5);
 static void log_a(spn_stage_t *a, int32_t level, uint64_t job, const char *fmt, ...) {
   va_list ap;
@@ -1061,7 +1072,7 @@ int32_t spn__actor_create(spn_stage_t *a, spn_error_t *err) {
   if (k->create) {
     int32_t rc = k->create(a, a->srt->spec->config, &a->state, err);
     if (rc < 0) {
-      spn_error_prefix(err, "%s: stage \"%s\": create", a->srt->spec->where, aname(a));
+      stage_error(err, a, "create");
       return rc;
     }
   }
@@ -1069,7 +1080,9 @@ int32_t spn__actor_create(spn_stage_t *a, spn_error_t *err) {
   if (k->preload) {
     int32_t rc = k->preload(a, a->state, err);
     if (rc < 0) {
-      spn_error_prefix(err, "%s: stage \"%s\": preload on %s", a->srt->spec->where, aname(a), a->device_name);
+      char what[96];
+      snprintf(what, sizeof what, "preload on %s", a->device_name);
+      stage_error(err, a, what);
       return rc;
     }
   }

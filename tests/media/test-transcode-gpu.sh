@@ -63,7 +63,7 @@ if [ "$mode" = nogpu ]; then
   run probe3 auto --set encode.hwaccel=cuda
   rc=$?
   [ $rc = 2 ] || fail "encode with hwaccel = cuda and no GPU: exit $rc, want 2 (refused before running)"
-  grep -q 'transcode.toml:[0-9]*:[0-9]*: stage "encode": create: stage "encode": hwaccel "cuda" (NVENC from device frames) needs the stage on a CUDA device; it is placed on the CPU' \
+  grep -q 'transcode.toml:[0-9]*:[0-9]*: stage "encode": create: hwaccel "cuda" (NVENC from device frames) needs the stage on a CUDA device; it is placed on the CPU' \
     probe3.err || fail "encode with hwaccel = cuda and no GPU: $(cat probe3.err)"
   [ ! -e probe3.mp4 ] || fail "probe3.mp4 written by a refused pipeline"
   exit 0

@@ -41,13 +41,13 @@ rm -f none.mp4
   --set encode.hwaccel=nvenc >out.txt 2>err.txt
 rc=$?
 [ $rc -eq 2 ] || fail "encode.hwaccel = nvenc: exit $rc, want 2"
-grep -q 'transcode.toml:[0-9]*:[0-9]*: stage "encode": create: stage "encode": hwaccel "nvenc" is not default, none or cuda' err.txt ||
+grep -q 'transcode.toml:[0-9]*:[0-9]*: stage "encode": create: hwaccel "nvenc" is not default, none or cuda' err.txt ||
   fail "encode.hwaccel = nvenc: $(cat err.txt)"
 "$spindle" run "$src/configs/transcode.toml" --devices cpu --set decode.path="$clip" --set encode.path=bad.mp4 \
   --set encode.hwaccel=cuda >out.txt 2>err.txt
 rc=$?
 [ $rc -eq 2 ] || fail "encode.hwaccel = cuda on the CPU: exit $rc, want 2"
-grep -q 'transcode.toml:[0-9]*:[0-9]*: stage "encode": create: stage "encode": hwaccel "cuda" (NVENC from device frames) needs ' err.txt ||
+grep -q 'transcode.toml:[0-9]*:[0-9]*: stage "encode": create: hwaccel "cuda" (NVENC from device frames) needs ' err.txt ||
   fail "encode.hwaccel = cuda on the CPU: $(cat err.txt)"
 [ -z "$(ls -A | grep bad)" ] || fail "a refused pipeline left files: $(ls -A)"
 
