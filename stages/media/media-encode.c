@@ -123,10 +123,23 @@ static void catch_open_line(void *user, int32_t level, const char *msg) {
     snprintf(e->open_why, sizeof e->open_why, "%s", msg);
 }
 
-static int32_t open_video(spn_encoder_t *e, const char *name, spn_error_t *err) {
+/* The video encoder `name` names in this FFmpeg, or NULL with why. */
+static const AVCodec *video_encoder(const char *name, spn_error_t *err) {
   const AVCodec *codec = avcodec_find_encoder_by_name(name);
   if (!codec)
-    return spn_error_set(err, SPN_EUNSUPPORTED, "%s: video encoder '%s' is not available", e->path, name);
+    spn_error_set(err, SPN_EUNSUPPORTED,
+                  "video encoder '%s' is not available in this FFmpeg (`ffmpeg -encoders` lists those it has)", name);
+  else if (codec->type != AVMEDIA_TYPE_VIDEO)
+    spn_error_set(err, SPN_EUNSUPPORTED, "'%s' is not a video encoder", name);
+  return codec && codec->type == AVMEDIA_TYPE_VIDEO ? codec : NULL;
+}
+
+static int32_t open_video(spn_encoder_t *e, const char *name, spn_error_t *err) {
+  const AVCodec *codec = video_encoder(name, err);
+  if (!codec) {
+    spn_error_prefix(err, "%s", e->path);
+    return SPN_EUNSUPPORTED;
+  }
   AVCodecContext *c = avcodec_alloc_context3(codec);
   if (!c)
     return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", e->path);
@@ -296,16 +309,9 @@ int32_t spn_encoder_check_path(const char *path, spn_error_t *err) {
 }
 
 int32_t spn_encoder_check_codec(const char *name, spn_error_t *err) {
-  if (!name || !strcmp(name, "auto"))
+  if (!name || !strcmp(name, "auto") || video_encoder(name, err))
     return SPN_OK;
-  const AVCodec *codec = avcodec_find_encoder_by_name(name);
-  if (!codec)
-    return spn_error_set(err, SPN_EUNSUPPORTED,
-                         "video encoder '%s' is not available in this FFmpeg (`ffmpeg -encoders` lists those it has)",
-                         name);
-  if (codec->type != AVMEDIA_TYPE_VIDEO)
-    return spn_error_set(err, SPN_EUNSUPPORTED, "'%s' is not a video encoder", name);
-  return SPN_OK;
+  return SPN_EUNSUPPORTED;
 }
 
 int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t pixfmt,
