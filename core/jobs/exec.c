@@ -772,31 +772,40 @@ bool spn__pipeline_filter_add(char **filter, const char *name) {
   return true;
 }
 
+bool spn__pipeline_filter_next(const char *filter, const char **name, size_t *len) {
+  const char *at = *name ? *name + *len + 1 : filter ? filter + 1 : NULL;
+  const char *nl = at ? strchr(at, '\n') : NULL;
+  if (!nl)
+    return false;
+  *name = at;
+  *len = (size_t)(nl - at);
+  return true;
+}
+
 void spn__pipeline_filter_describe(const char *filter, char *out, size_t n) {
   snprintf(out, n, "%s", filter ? "" : "any");
-  size_t at = 0;
-  for (const char *name = filter ? filter + 1 : NULL, *nl; name && (nl = strchr(name, '\n')) && at < n;
-       name = nl + 1) {
-    int w = snprintf(out + at, n - at, "%s%.*s", at ? ", " : "", (int)(nl - name), name);
+  size_t at = 0, len = 0;
+  for (const char *name = NULL; at < n && spn__pipeline_filter_next(filter, &name, &len);) {
+    int w = snprintf(out + at, n - at, "%s%.*s", at ? ", " : "", (int)len, name);
     at += w > 0 ? (size_t)w : 0;
   }
 }
 
+bool spn__runner_pipelines_add(const spn_job_runner_t *runner, char **filter) {
+  if (!runner || runner->run != test_run)
+    return spn__pipeline_runner_names(runner, filter);
+  for (size_t i = 0; i < sizeof test_pipelines / sizeof *test_pipelines; i++)
+    if (!spn__pipeline_filter_add(filter, test_pipelines[i]))
+      return false;
+  return true;
+}
+
 char *spn__runner_pipelines(const spn_job_runner_t *runner) {
   char *f = NULL;
-  bool ok = false;
-  if (runner && runner->run == test_run) {
-    ok = true;
-    for (size_t i = 0; ok && i < sizeof test_pipelines / sizeof *test_pipelines; i++)
-      ok = spn__pipeline_filter_add(&f, test_pipelines[i]);
-  } else {
-    ok = spn__pipeline_runner_names(runner, &f);
-  }
-  if (!ok) {
-    free(f);
-    return NULL;
-  }
-  return f;
+  if (spn__runner_pipelines_add(runner, &f))
+    return f;
+  free(f);
+  return NULL;
 }
 
 int32_t spn_test_runner_new(const spn_test_runner_config_t *cfg, spn_job_runner_t *out,

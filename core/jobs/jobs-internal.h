@@ -402,12 +402,18 @@ void spn_pipeline_runner_free(spn_job_runner_t *runner);
  * or with a newline). spn__runner_pipelines: the filter of what `runner`
  * runs (its pipelines and its fallback's), or NULL when that is not known
  * (a runner not made here) or cannot be listed: lease jobs of any pipeline.
- * spn__pipeline_runner_names: the part a pipeline runner adds (false when
- * runner is not one). Ownership: the caller frees the filter. */
+ * spn__runner_pipelines_add appends those names to *filter (false: not
+ * known or cannot be listed); spn__pipeline_runner_names is the part of it
+ * for a pipeline runner (false when runner is not one). Ownership: the
+ * caller frees the filter. */
 bool spn__pipeline_filter_add(char **filter, const char *name);
+/* The filter's names in order: start with *name NULL; each call sets *name
+ * (not terminated: *len bytes) to the next one; false after the last. */
+bool spn__pipeline_filter_next(const char *filter, const char **name, size_t *len);
 /* "copy, fail, noop, transcode" ("any" for NULL) into out, for log lines. */
 void spn__pipeline_filter_describe(const char *filter, char *out, size_t n);
 char *spn__runner_pipelines(const spn_job_runner_t *runner);
+bool spn__runner_pipelines_add(const spn_job_runner_t *runner, char **filter);
 bool spn__pipeline_runner_names(const spn_job_runner_t *runner, char **filter);
 
 /* ---- server ---- */

@@ -529,17 +529,7 @@ bool spn__pipeline_runner_names(const spn_job_runner_t *runner, char **filter) {
   for (size_t i = 0; i < r->n; i++)
     if (!spn__pipeline_filter_add(filter, r->entries[i].name))
       return false;
-  if (!r->fallback.run)
-    return true;
-  char *fb = spn__runner_pipelines(&r->fallback);
-  bool ok = fb != NULL;
-  /* the fallback's names, without its leading newline */
-  for (char *name = fb ? fb + 1 : NULL, *nl; ok && name && (nl = strchr(name, '\n')); name = nl + 1) {
-    *nl = '\0';
-    ok = spn__pipeline_filter_add(filter, name);
-  }
-  free(fb);
-  return ok;
+  return !r->fallback.run || spn__runner_pipelines_add(&r->fallback, filter);
 }
 
 int64_t spn__runner_usable_devices(const spn_job_runner_t *runner) {

@@ -67,8 +67,9 @@ static void grant(wctx_t *w, void *sock, int64_t credit) {
   if (b)
     cJSON_AddNumberToObject(b, "credit", (double)credit);
   cJSON *names = b && w->pipelines ? cJSON_AddArrayToObject(b, "pipelines") : NULL;
-  for (const char *name = names ? w->pipelines + 1 : NULL, *nl; name && (nl = strchr(name, '\n')); name = nl + 1) {
-    char *v = strndup(name, (size_t)(nl - name));
+  size_t len = 0;
+  for (const char *name = NULL; names && spn__pipeline_filter_next(w->pipelines, &name, &len);) {
+    char *v = strndup(name, len);
     if (v)
       cJSON_AddItemToArray(names, cJSON_CreateString(v));
     free(v);
