@@ -106,11 +106,12 @@
    * has had one. A job's pipeline: its field pl, or (a job stored before pl  \
    * was kept) the one its spec names. */  \
   "local function rk(pl) return P .. 'ready:' .. pl end\n"                                      \
-  "local function pl_of(k)\n"                                                                   \
-  "  local pl = redis.call('HGET', k, 'pl')\n"                                                  \
-  "  if pl then return pl end\n"                                                                \
-  "  local ok, sp = pcall(cjson.decode, redis.call('HGET', k, 'spec') or '')\n"                 \
+  "local function spec_pipeline(spec)\n"                                                        \
+  "  local ok, sp = pcall(cjson.decode, spec or '')\n"                                          \
   "  return ok and type(sp) == 'table' and type(sp.pipeline) == 'string' and sp.pipeline or ''\n" \
+  "end\n"                                                                                       \
+  "local function pl_of(k)\n"                                                                   \
+  "  return redis.call('HGET', k, 'pl') or spec_pipeline(redis.call('HGET', k, 'spec'))\n"      \
   "end\n"                                                                                       \
   "local function ready(id)\n"                                                                  \
   "  local h = redis.call('HMGET', jk(id), 'pr', 'fo')\n"                                       \
@@ -308,8 +309,7 @@
   "local k = jk(id)\n"                                                                          \
   "local fo = redis.call('INCR', P .. 'fifo')\n"                                                \
   /* the pipeline, for leases that ask for some pipelines only */          \
-  "local okp, sp = pcall(cjson.decode, ARGV[2])\n"                                              \
-  "local pl = okp and type(sp) == 'table' and type(sp.pipeline) == 'string' and sp.pipeline or ''\n" \
+  "local pl = spec_pipeline(ARGV[2])\n"                                                         \
   /* one HSET with every field, state queued (0) entered now */             \
   "redis.call('HSET', k, 'id', id, 'pr', ARGV[3], 'att', 0, 'max', ARGV[6], 'spec', ARGV[2],\n" \
   "  'cr', now, 'dl', ARGV[5], 'nb', 0, 'errs', '[]', 'cs', 0, 'gs', 0, 'pd', 0, 'pt', 0,\n"    \
