@@ -668,7 +668,23 @@ static void print_warnings(spn_client_t *cl, int64_t id, const char *cmd) {
   free(reply);
 }
 
+/* A queued job that no worker will take yet (its status's "waiting"): say
+ * so once, before following it, so a farm without a worker for the
+ * pipeline does not look like a slow queue. */
+static void print_waiting(spn_client_t *cl, int64_t id, const char *cmd) {
+  char *reply = NULL;
+  if (request_status(cl, id, &reply, NULL) < 0)
+    return;
+  cJSON *j = cJSON_Parse(reply);
+  const cJSON *why = cJSON_GetObjectItemCaseSensitive(j, "waiting");
+  if (cJSON_IsString(why))
+    fprintf(stderr, "spindle %s: job %lld is waiting: %s\n", cmd, (long long)id, why->valuestring);
+  cJSON_Delete(j);
+  free(reply);
+}
+
 static int watch_job(spn_client_t *cl, int64_t id, const char *cmd) {
+  print_waiting(cl, id, cmd);
   watch_ui_t ui = {.tty = isatty(STDERR_FILENO), .t0 = spn__mono_s(), .last_state = -1};
   ui.rate_t = ui.t0;
   spn_client_status_t final;

@@ -206,6 +206,23 @@ static void seg_cb(void *user, const spn_queue_job_t *c) {
   cJSON_AddItemToArray(sc->arr, o);
 }
 
+/* A queued job whose pipeline no worker has been said to run lately (ops.present):
+ * true with the reason in why. With scale to zero this is normal for a
+ * while; it stays for good when no worker's config has the pipeline. */
+static bool no_worker(spn_server_t *s, const char *pipeline, char *why, size_t n) {
+  int64_t at = 0, now = spn__now_ms();
+  if (s->q.ops->seen(s->q.impl, pipeline, &at, NULL) < 0 || now - at <= SPN_PRESENCE_STALE_MS)
+    return false;
+  char ago[48] = "";
+  double secs = (double)(now - at) / 1000.0;
+  if (at > 0)
+    snprintf(ago, sizeof ago, secs < 120 ? " for %.0f s" : secs < 7200 ? " for %.0f min" : " for %.0f h",
+             secs < 120 ? secs : secs < 7200 ? secs / 60 : secs / 3600);
+  snprintf(why, n, "no worker that runs pipeline \"%s\" has been seen%s; the job stays queued until one asks for work",
+           pipeline, ago);
+  return true;
+}
+
 static cJSON *job_json(spn_server_t *s, const spn_queue_job_t *j, bool full) {
   cJSON *o = cJSON_CreateObject();
   if (!o)
@@ -293,6 +310,9 @@ static cJSON *job_json(spn_server_t *s, const spn_queue_job_t *j, bool full) {
     cJSON *errs = cJSON_Parse(j->errors_json);
     if (errs)
       cJSON_AddItemToObject(o, "errors", errs);
+    char why[320];
+    if (j->state == SPN_QSTATE_QUEUED && p && no_worker(s, p, why, sizeof why))
+      cJSON_AddStringToObject(o, "waiting", why);
     if (spec) {
       cJSON_AddItemToObject(o, "spec", spec);
       spec = NULL;

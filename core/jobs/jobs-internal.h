@@ -105,6 +105,12 @@ static inline const char *spn__queue_event_name(int ev) {
   return ev >= 0 && ev < SPN_QEV_COUNT ? names[ev] : "?";
 }
 
+/* Worker presence: how often each process with workers says so
+ * (ops.present), and how long after the last time a pipeline counts as
+ * having no worker (three missed times). */
+#define SPN_PRESENCE_MS 5000
+#define SPN_PRESENCE_STALE_MS (3 * SPN_PRESENCE_MS)
+
 /* A queue backend. Every call is made from one thread (the loop thread) and
  * takes `now` (ms since the epoch) so tests control time. Writes made
  * between begin and commit are one durable transaction (group commit); a
@@ -186,6 +192,15 @@ typedef struct spn_queue_ops {
    * made (spindle_queue_events_total). NULL when the backend keeps none
    * (SQLite: its one gateway makes every move and counts them itself). */
   int32_t (*events)(void *q, uint64_t out[SPN_QEV_COUNT], spn_error_t *err);
+  /* Worker presence (docs/jobs.md, "A job that no worker runs"): every
+   * process with workers says, every SPN_PRESENCE_MS, which pipelines they
+   * run (spn__pipeline_filter's form; NULL: any pipeline), whether busy or
+   * idle. seen: *at gets when a worker of `pipeline` (or of any) was last
+   * said to be there, 0 never. The SQLite backend keeps this in memory (its
+   * one gateway knows every worker); Redis keeps it for every gateway and
+   * worker of the queue. */
+  int32_t (*present)(void *q, const char *pipelines, int64_t now, spn_error_t *err);
+  int32_t (*seen)(void *q, const char *pipeline, int64_t *at, spn_error_t *err);
   void (*free)(void *q);
 } spn_queue_ops_t;
 

@@ -427,6 +427,16 @@ static int32_t w_events(void *q, uint64_t out[SPN_QEV_COUNT], spn_error_t *err) 
   return o->inner.ops->events(o->inner.impl, out, err);
 }
 
+static int32_t w_present(void *q, const char *pipelines, int64_t now, spn_error_t *err) {
+  spn__observe_t *o = q;
+  return o->inner.ops->present(o->inner.impl, pipelines, now, err);
+}
+
+static int32_t w_seen(void *q, const char *pipeline, int64_t *at, spn_error_t *err) {
+  spn__observe_t *o = q;
+  return o->inner.ops->seen(o->inner.impl, pipeline, at, err);
+}
+
 static void w_free(void *q) {
   spn__observe_t *o = q;
   spn_queue_free(&o->inner);
@@ -458,6 +468,8 @@ static const spn_queue_ops_t observed_ops = {
     .children = w_children,
     .counts = w_counts,
     .events = w_events,
+    .present = w_present,
+    .seen = w_seen,
     .free = w_free,
 };
 

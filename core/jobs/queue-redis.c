@@ -855,6 +855,66 @@ static int32_t rq_events(void *qv, uint64_t out[SPN_QEV_COUNT], spn_error_t *err
   return SPN_OK;
 }
 
+/* Worker presence: P seen, a hash of pipeline name -> ms; "\n" (no
+ * pipeline's name) stands for a worker of any pipeline. */
+static int32_t rq_present(void *qv, const char *pipelines, int64_t now, spn_error_t *err) {
+  rq_t *q = qv;
+  rq_drain(q);
+  if (rq_connect(q, err) < 0)
+    return SPN_EIO;
+  size_t n = 1, len = 0;
+  for (const char *name = NULL; spn__pipeline_filter_next(pipelines, &name, &len);)
+    n++;
+  char key[96], at[24];
+  snprintf(key, sizeof key, "%sseen", q->prefix);
+  snprintf(at, sizeof at, "%lld", (long long)now);
+  const char **argv = malloc((2 + 2 * n) * sizeof *argv);
+  size_t *lens = malloc((2 + 2 * n) * sizeof *lens);
+  if (!argv || !lens) {
+    free(argv);
+    free(lens);
+    return spn_error_set(err, SPN_ENOMEM, "redis queue: out of memory");
+  }
+  int argc = 0;
+  argv[argc] = "HSET", lens[argc++] = 4;
+  argv[argc] = key, lens[argc++] = strlen(key);
+  if (!pipelines) {
+    argv[argc] = "\n", lens[argc++] = 1;
+    argv[argc] = at, lens[argc++] = strlen(at);
+  }
+  for (const char *name = NULL; spn__pipeline_filter_next(pipelines, &name, &len);) {
+    argv[argc] = name, lens[argc++] = len;
+    argv[argc] = at, lens[argc++] = strlen(at);
+  }
+  redisReply *r = argc > 2 ? rq_cmd(q, argc, argv, lens, "recording its workers", err) : NULL;
+  int32_t rc = argc > 2 && !r ? SPN_EIO : SPN_OK;
+  freeReplyObject(r);
+  free(argv);
+  free(lens);
+  return rc;
+}
+
+static int32_t rq_seen(void *qv, const char *pipeline, int64_t *at, spn_error_t *err) {
+  rq_t *q = qv;
+  *at = 0;
+  rq_drain(q);
+  if (rq_connect(q, err) < 0)
+    return SPN_EIO;
+  char key[96];
+  snprintf(key, sizeof key, "%sseen", q->prefix);
+  const char *argv[] = {"HMGET", key, pipeline, "\n"};
+  size_t lens[] = {5, strlen(key), strlen(pipeline), 1};
+  redisReply *r = rq_cmd(q, 4, argv, lens, "reading which workers are there", err);
+  if (!r)
+    return SPN_EIO;
+  for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+    long long v = r->element[i]->type == REDIS_REPLY_STRING ? strtoll(r->element[i]->str, NULL, 10) : 0;
+    *at = v > *at ? v : *at;
+  }
+  freeReplyObject(r);
+  return SPN_OK;
+}
+
 static void rq_free(void *qv) {
   rq_t *q = qv;
   rq_drop(q);
@@ -887,6 +947,8 @@ static const spn_queue_ops_t rq_ops = {
     .children = rq_children,
     .counts = rq_counts,
     .events = rq_events,
+    .present = rq_present,
+    .seen = rq_seen,
     .free = rq_free,
 };
 

@@ -37,6 +37,9 @@
  *                  succeeded failed dead cancelled released), HINCRBY in the
  *                  script of each transition: the queue's own count, whoever
  *                  made the move (docs/operations.md, spindle_queue_events_total)
+ *   P seen         HASH pipeline -> ms: when a worker that runs it was last
+ *                  said to be there (rq_present, HSET outside the scripts;
+ *                  field "\n": a worker of any pipeline)
  * Job fields: id st pr att max spec idem own rsn errs cr dl nb lu cs gs pd pt
  *   cx (cancel requested) sid (stream entry of the live lease) t0..t5 (last
  *   time the job entered each state) fo (FIFO rank) ho (has outputs) pl (its

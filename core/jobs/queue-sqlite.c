@@ -195,6 +195,14 @@ typedef struct sq {
   int in_txn;
   uint32_t backoff_base_ms, backoff_max_ms;
   uint64_t rng;
+  /* Worker presence (ops.present), in memory: the one gateway of this
+   * file knows every worker and says so again after a restart. */
+  struct sq_seen {
+    char *name;
+    int64_t at;
+  } *seen;
+  size_t nseen;
+  int64_t seen_any;
 } sq_t;
 
 static int32_t db_error(sq_t *q, spn_error_t *err, const char *what) {
@@ -925,10 +933,61 @@ static void *ckpt_main(void *arg) {
   return NULL;
 }
 
+/* A name appears once; at most SQ_SEEN_MAX of them (the gateway passes
+ * only pipelines it has), the oldest replaced beyond that. */
+#define SQ_SEEN_MAX 4096
+
+static int32_t sq_present(void *qv, const char *pipelines, int64_t now, spn_error_t *err) {
+  sq_t *q = qv;
+  if (!pipelines) {
+    q->seen_any = now;
+    return SPN_OK;
+  }
+  size_t len = 0;
+  for (const char *name = NULL; spn__pipeline_filter_next(pipelines, &name, &len);) {
+    size_t i = 0, oldest = 0;
+    for (; i < q->nseen && (strlen(q->seen[i].name) != len || memcmp(q->seen[i].name, name, len)); i++)
+      oldest = q->seen[i].at < q->seen[oldest].at ? i : oldest;
+    if (i == q->nseen) {
+      if (q->nseen < SQ_SEEN_MAX) {
+        struct sq_seen *grown = realloc(q->seen, (q->nseen + 1) * sizeof *q->seen);
+        if (!grown)
+          return spn_error_set(err, SPN_ENOMEM, "job queue: out of memory");
+        q->seen = grown;
+      } else {
+        i = oldest;
+      }
+      char *copy = strndup(name, len);
+      if (!copy)
+        return spn_error_set(err, SPN_ENOMEM, "job queue: out of memory");
+      if (i == q->nseen)
+        q->nseen++;
+      else
+        free(q->seen[i].name);
+      q->seen[i].name = copy;
+    }
+    q->seen[i].at = now;
+  }
+  return SPN_OK;
+}
+
+static int32_t sq_seen(void *qv, const char *pipeline, int64_t *at, spn_error_t *err) {
+  (void)err;
+  sq_t *q = qv;
+  *at = q->seen_any;
+  for (size_t i = 0; i < q->nseen; i++)
+    if (!strcmp(q->seen[i].name, pipeline) && q->seen[i].at > *at)
+      *at = q->seen[i].at;
+  return SPN_OK;
+}
+
 static void sq_free(void *qv) {
   sq_t *q = qv;
   if (!q)
     return;
+  for (size_t i = 0; i < q->nseen; i++)
+    free(q->seen[i].name);
+  free(q->seen);
   if (q->ckpt_started) {
     pthread_mutex_lock(&q->ckpt_mu);
     q->ckpt_quit = true;
@@ -963,6 +1022,8 @@ static const spn_queue_ops_t sqlite_ops = {
     .list = sq_list,
     .children = sq_children,
     .counts = sq_counts,
+    .present = sq_present,
+    .seen = sq_seen,
     .free = sq_free,
 };
 

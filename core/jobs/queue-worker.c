@@ -257,7 +257,7 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
   spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker leasing from %s queue %s with %u slots, "
              "pipelines: %s", w.q.ops->name, cfg->queue->url ? cfg->queue->url : "", cfg->slots, pipes);
   double renew_every = cfg->lease_ms / 3000.0, sweep_every = cfg->lease_ms / 2000.0;
-  double last_renew = spn__mono_s(), last_sweep = 0, drain_until = 0;
+  double last_renew = spn__mono_s(), last_sweep = 0, last_presence = 0, drain_until = 0;
   bool draining = false;
   uint32_t wait_ms = 1;  /* between lease attempts: doubles up to 50 while the queue is empty */
   double next_lease = 0;
@@ -297,6 +297,14 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     if (mono - last_renew >= renew_every) {
       last_renew = mono;
       renew_all(&w);
+    }
+    /* that its pipelines have a worker, busy or not (a queued job's
+     * status says when none has) */
+    if (!draining && mono - last_presence >= SPN_PRESENCE_MS / 1000.0) {
+      last_presence = mono;
+      spn_error_t e = SPN_ERROR_INIT;
+      if (w.q.ops->present(w.q.impl, w.pipelines, spn__now_ms(), &e) < 0)
+        say_error(&w, e.msg);
     }
     if (mono - last_sweep >= sweep_every) {
       last_sweep = mono;

@@ -113,6 +113,8 @@ void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m) {
                      "\"pipelines\" must be an array of at most 1024 names of 1-128 bytes without newlines");
       return;
     }
+    if (!w->leased || (pl && (!w->pipelines || strcmp(w->pipelines, filter ? filter : "\n"))))
+      s->presence_due = true; /* a worker came, or runs something else now */
     if (pl) {
       free(w->pipelines);
       w->pipelines = filter ? filter : strdup("\n"); /* [] runs nothing */

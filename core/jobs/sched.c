@@ -296,6 +296,52 @@ void spn__sched_renew_local(spn_server_t *s, int64_t now) {
   }
 }
 
+/* Add name (len bytes) to the filter unless it is there already; only
+ * names this gateway has, so a worker cannot fill the queue with others. */
+static bool presence_add(spn_server_t *s, char **filter, const char *name, size_t len) {
+  char one[132];
+  if (len + 2 >= sizeof one)
+    return true;
+  one[0] = '\n';
+  memcpy(one + 1, name, len);
+  one[len + 1] = '\n';
+  one[len + 2] = '\0';
+  if (*filter && strstr(*filter, one))
+    return true;
+  one[len + 1] = '\0';
+  return !s->runner->has_pipeline(s->runner->data, one + 1) || spn__pipeline_filter_add(filter, one + 1);
+}
+
+void spn__sched_presence(spn_server_t *s, int64_t now) {
+  bool any = false;
+  char *filter = NULL;
+  bool ok = true;
+  if (s->nslots && !s->draining) {
+    size_t len = 0;
+    any = !s->pipelines;
+    for (const char *name = NULL; ok && spn__pipeline_filter_next(s->pipelines, &name, &len);)
+      ok = presence_add(s, &filter, name, len);
+  }
+  for (size_t i = 0; ok && i < s->nworkers; i++) {
+    const spn_rworker_t *w = &s->workers[i];
+    if (!w->alive || !w->leased)
+      continue;
+    any |= !w->pipelines;
+    size_t len = 0;
+    for (const char *name = NULL; ok && spn__pipeline_filter_next(w->pipelines, &name, &len);)
+      ok = presence_add(s, &filter, name, len);
+  }
+  spn_error_t err = SPN_ERROR_INIT;
+  if (ok && any)
+    ok = s->q.ops->present(s->q.impl, NULL, now, &err) == SPN_OK;
+  if (ok && filter)
+    ok = s->q.ops->present(s->q.impl, filter, now, &err) == SPN_OK;
+  if (!ok)
+    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, NULL, "workers' pipelines: %s",
+               err.msg[0] ? err.msg : "out of memory");
+  free(filter);
+}
+
 void spn__sched_progress(spn_server_t *s, spn_run_t *r, uint64_t done, uint64_t total) {
   r->done = done;
   r->total = total;

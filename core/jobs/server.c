@@ -95,6 +95,12 @@ static void on_timer(uv_timer_t *h) {
   }
   /* Remote workers: dead after three missed heartbeats; their jobs retry. */
   spn__remote_reap(s, mono, now);
+  /* Which pipelines have a worker, for "waiting" in a queued job's status. */
+  if (s->presence_due || mono - s->last_presence >= SPN_PRESENCE_MS / 1000.0) {
+    s->presence_due = false;
+    s->last_presence = mono;
+    spn__sched_presence(s, now);
+  }
   if (mono - s->last_sweep >= 0.25) {
     s->last_sweep = mono;
     spn_error_t err = SPN_ERROR_INIT;
@@ -259,6 +265,8 @@ out_free:
 }
 
 int32_t spn_server_run(spn_server_t *s, spn_error_t *err) {
+  s->last_presence = spn__mono_s();
+  spn__sched_presence(s, spn__now_ms()); /* its own slots, before the first request */
   uv_poll_start(&s->poll, UV_READABLE, on_poll);
   uv_timer_start(&s->timer, on_timer, SPN_GW_TICK_MS, SPN_GW_TICK_MS);
   uv_signal_start(&s->sigint, on_signal, SIGINT);

@@ -1391,13 +1391,32 @@ def case_mixed_workers(tmp):
     st = status(ep, syn)
     check(st["state"] == "queued" and st["attempts"] == 0 and not st.get("errors"),
           f"the synthetic job, which no worker runs yet: {st}")
+    # its status says why it waits
+    check('no worker that runs pipeline "synthetic" has been seen' in st.get("waiting", ""),
+          f"the synthetic job's status says why it waits: {st}")
+    watch = subprocess.Popen([SPINDLE, "watch", str(syn), "--connect", ep], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    PROCS.append(watch)
     plain_log = open(f"{tmp}/worker-plain.log", errors="replace").read()
     check("pipelines: copy, fail, noop" in plain_log, f"the plain worker's start line: {plain_log[-1500:]}")
     # a worker that loads the synthetic pipeline takes it
     start_worker(tmp, where, "--config", cfg, "--slots", "1", name="full")
     wait_all(ep, [syn], 60, "the synthetic job to succeed on the worker that has its pipeline")
     st = status(ep, syn)
-    check(st["attempts"] == 1 and not st.get("errors"), f"the synthetic job: {st}")
+    check(st["attempts"] == 1 and not st.get("errors") and "waiting" not in st, f"the synthetic job: {st}")
+    out, err = watch.communicate(timeout=30)
+    check(watch.returncode == 0 and f"job {syn} is waiting: no worker that runs pipeline \"synthetic\"".encode() in err,
+          f"spindle watch of the synthetic job said why it waited: exit {watch.returncode}, {err!r}")
+    # a worker that runs synthetic is there, busy (its one slot on a slow
+    # job, 3 s): a new synthetic job queues behind it and does not say it waits
+    r = cli("submit", "slow", "--output", f"frames={tmp}/out/slow.raw", "--param", "frames=150",
+            "--connect", ep, check_rc=0)
+    slow = int(r.stdout.split()[0])
+    wait_for(lambda: status(ep, slow)["state"] == "running", 20, "the slow job to run")
+    r = cli("submit", "synthetic", "--output", f"frames={tmp}/out/s2.raw", "--param", "frames=2", "--wait",
+            "--connect", ep, check_rc=0)
+    check(b"waiting" not in r.stderr, f"submit --wait once a busy worker runs synthetic: {r.stderr!r}")
+    check(status(ep, slow)["state"] == "succeeded", "the slow job ended before the synthetic job behind it")
     check(read(f"{tmp}/out/s.raw") == synth_expected(syn, 5), "the synthetic job's output")
     full_log = open(f"{tmp}/worker-full.log", errors="replace").read()
     check("pipelines: synthetic, slow, checked, copy, fail, noop" in full_log,

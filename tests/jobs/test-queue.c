@@ -1132,6 +1132,41 @@ static void test_lease_by_pipeline(void **state) {
   assert_int_equal(lease_of(f, NULL, T0 + 10), g);
 }
 
+static int64_t seen_at(fx_t *f, const char *pipeline) {
+  int64_t at = -1;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(f->o->seen(f->q.impl, pipeline, &at, &err), SPN_OK);
+  return at;
+}
+
+/* Worker presence: a pipeline no worker was said to run is never seen; each
+ * pipeline keeps its own time; a worker of any pipeline counts for all of
+ * them; a later time replaces an earlier one (several workers, one name). */
+static void test_worker_presence(void **state) {
+  fx_t *f = *state;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(seen_at(f, "enhance"), 0);
+  assert_int_equal(f->o->present(f->q.impl, "\nenhance\nlipsync\n", T0, &err), SPN_OK);
+  assert_int_equal(seen_at(f, "enhance"), T0);
+  assert_int_equal(seen_at(f, "lipsync"), T0);
+  assert_int_equal(seen_at(f, "transcode"), 0);
+  assert_int_equal(seen_at(f, "enhance\nlipsync"), 0);
+  assert_int_equal(seen_at(f, "lip"), 0);
+  assert_int_equal(f->o->present(f->q.impl, "\nlipsync\n", T0 + 5000, &err), SPN_OK);
+  assert_int_equal(seen_at(f, "lipsync"), T0 + 5000);
+  assert_int_equal(seen_at(f, "enhance"), T0);
+  /* "\n" lists none: nothing changes */
+  assert_int_equal(f->o->present(f->q.impl, "\n", T0 + 6000, &err), SPN_OK);
+  assert_int_equal(seen_at(f, "transcode"), 0);
+  /* a worker of any pipeline */
+  assert_int_equal(f->o->present(f->q.impl, NULL, T0 + 7000, &err), SPN_OK);
+  assert_int_equal(seen_at(f, "transcode"), T0 + 7000);
+  assert_int_equal(seen_at(f, "enhance"), T0 + 7000);
+  assert_int_equal(f->o->present(f->q.impl, "\nenhance\n", T0 + 9000, &err), SPN_OK);
+  assert_int_equal(seen_at(f, "enhance"), T0 + 9000);
+  assert_int_equal(seen_at(f, "transcode"), T0 + 7000);
+}
+
 /* A queue written before the pipelines' ready sets were kept (or by such a
  * version during a rolling upgrade): its jobs have no field pl and are in
  * no pipeline's set, so a filtered lease finds none of them until the
@@ -1185,6 +1220,7 @@ int main(void) {
       SQ(test_sqlite_queue_events_are_the_gateways),
       SQ(test_unpublished_through_the_wrapper),
       SQ(test_lease_by_pipeline),
+      SQ(test_worker_presence),
   };
   /* The same cases on Redis (lease expiry in real time). */
   const struct CMUnitTest redis_tests[] = {
@@ -1207,6 +1243,7 @@ int main(void) {
       RD(test_unpublished_through_the_wrapper),
       RD(test_lease_by_pipeline),
       RD(test_redis_lease_by_pipeline_of_an_older_queue),
+      RD(test_worker_presence),
   };
   int rc = cmocka_run_group_tests_name("sqlite", sqlite_tests, NULL, NULL);
   rc += cmocka_run_group_tests_name("redis", redis_tests, redis_up, redis_down);
