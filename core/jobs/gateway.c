@@ -211,7 +211,7 @@ static void seg_cb(void *user, const spn_queue_job_t *c) {
  * while; it stays for good when no worker's config has the pipeline. */
 static bool no_worker(spn_server_t *s, const char *pipeline, char *why, size_t n) {
   int64_t at = 0, now = spn__now_ms();
-  if (s->q.ops->seen(s->q.impl, pipeline, &at, NULL) < 0 || now - at <= SPN_PRESENCE_STALE_MS)
+  if (!spn__queue_unserved(&s->q, pipeline, now, &at))
     return false;
   char ago[48] = "";
   double secs = (double)(now - at) / 1000.0;

@@ -209,6 +209,11 @@ typedef struct spn_queue {
   void *impl;
 } spn_queue_t;
 
+/* True when no worker of `pipeline` has been there for SPN_PRESENCE_STALE_MS
+ * (a queued job of it waits for one); *at (may be NULL) gets the last time
+ * one was (0: never). False too when the queue cannot tell. */
+bool spn__queue_unserved(const spn_queue_t *q, const char *pipeline, int64_t now, int64_t *at);
+
 typedef struct spn_queue_config {
   const char *backend;       /* "sqlite" (default) or "redis" */
   const char *path;          /* SQLite file; ":memory:" for tests */

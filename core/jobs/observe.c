@@ -574,7 +574,7 @@ void spn__mbuf_family(spn__mbuf_t *b, const char *name, const char *type, const 
 
 /* Queue depth: queued jobs grouped by (pipeline, priority). */
 typedef struct depth {
-  char pipeline[64];
+  char pipeline[129];
   int32_t priority;
   uint64_t n;
 } depth_t;
@@ -586,7 +586,7 @@ typedef struct depth_acc {
 
 static void depth_add(void *user, const spn_queue_job_t *j) {
   depth_acc_t *a = user;
-  char pipeline[64];
+  char pipeline[129];
   pipeline_of(j->spec_json, pipeline, sizeof pipeline);
   for (size_t i = 0; i < a->n; i++)
     if (a->d[i].priority == j->priority && !strcmp(a->d[i].pipeline, pipeline)) {
@@ -679,6 +679,24 @@ char *spn__observe_render(spn__observe_t *o, const spn__observe_workers_t *w, co
     spn__mbuf_put(&b, "spindle_queue_depth{pipeline=\"");
     spn__mbuf_label(&b, acc.d[i].pipeline);
     spn__mbuf_put(&b, "\",priority=\"%d\"} %llu\n", (int)acc.d[i].priority, (unsigned long long)acc.d[i].n);
+  }
+  /* The same jobs, of the pipelines that no worker has run for
+   * SPN_PRESENCE_STALE_MS (their status's "waiting"): alert on it staying. */
+  spn__mbuf_family(&b, "spindle_queue_unserved", "gauge",
+                   "Queued jobs of pipelines that no worker has run lately, by pipeline (a worker's config lacks it, or none has started).");
+  int64_t now = spn__now_ms();
+  for (size_t i = 0; i < acc.n; i++) {
+    bool first = true; /* one sample per pipeline, at its first (pipeline, priority) */
+    for (size_t k = 0; k < i && first; k++)
+      first = strcmp(acc.d[k].pipeline, acc.d[i].pipeline) != 0;
+    uint64_t n = 0;
+    for (size_t k = i; first && k < acc.n; k++)
+      n += strcmp(acc.d[k].pipeline, acc.d[i].pipeline) ? 0 : acc.d[k].n;
+    if (!first || !spn__queue_unserved(&o->inner, acc.d[i].pipeline, now, NULL))
+      continue;
+    spn__mbuf_put(&b, "spindle_queue_unserved{pipeline=\"");
+    spn__mbuf_label(&b, acc.d[i].pipeline);
+    spn__mbuf_put(&b, "\"} %llu\n", (unsigned long long)n);
   }
   free(acc.d);
   spn__mbuf_family(&b, "spindle_job_events_total", "counter", "Job lifecycle transitions since the gateway started, by event.");

@@ -1091,6 +1091,14 @@ out_free:
   return rc;
 }
 
+bool spn__queue_unserved(const spn_queue_t *q, const char *pipeline, int64_t now, int64_t *at) {
+  int64_t t = 0;
+  bool none = q->ops->seen(q->impl, pipeline, &t, NULL) == SPN_OK && now - t > SPN_PRESENCE_STALE_MS;
+  if (at)
+    *at = t;
+  return none;
+}
+
 void spn_queue_free(spn_queue_t *q) {
   if (q && q->ops) {
     q->ops->free(q->impl);

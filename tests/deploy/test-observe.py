@@ -123,6 +123,10 @@ try:
     check(depth.get('spindle_queue_depth{pipeline="synthetic",priority="0"}') == 1, f'depth synthetic/0: {depth}')
     check(depth.get('spindle_queue_depth{pipeline="fail",priority="0"}') == 1, f'depth fail/0: {depth}')
     check(not any('priority="-3"' in k for k in depth), f'a cancelled job is counted as queued: {depth}')
+    # no worker yet: every queued job is unserved, by pipeline (priorities added up)
+    unserved = queued.get('spindle_queue_unserved', {})
+    check(unserved == {'spindle_queue_unserved{pipeline="synthetic"}': 3, 'spindle_queue_unserved{pipeline="fail"}': 1},
+          f'unserved before any worker: {unserved}')
 
     # A worker --http it cannot serve is refused, naming the address.
     for bad, why in [('127.0.0.1', 'expected HOST:PORT'), (f'127.0.0.1:{http}', 'address already in use')]:
