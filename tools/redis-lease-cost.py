@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What an idle worker costs Redis while jobs it does not run wait.
 
-usage: tools/redis-lease-cost.py SPINDLE SOURCE_ROOT N [SECONDS]
+usage: tools/redis-lease-cost.py SPINDLE SOURCE_ROOT N [SECONDS] [--rebuild]
 
 Starts redis-server on a free loopback port, a gateway (no workers of its
 own) on it with the synthetic pipeline, submits N synthetic jobs, then one
@@ -9,6 +9,12 @@ stateless worker that loads no pipeline (only the built-in test ones: it
 can run none of the N). It prints Redis' own count of the scripts run and
 their time (INFO commandstats, reset after the worker started) over
 SECONDS (10): every lease the worker polls for, its sweeps and renewals.
+
+With --rebuild it then deletes the pipelines' ready sets (as a queue that
+an older Spindle wrote has none), waits until the sweeps have rebuilt them
+from the N queued jobs, and prints how long that took and the longest any
+one script held Redis (SLOWLOG; Redis answers no other command while a
+script runs). It fails if the sets were not rebuilt.
 Needs redis-server, redis-cli and pyzmq; the stages of stages/util on
 SPINDLE_PLUGIN_PATH when SPINDLE is a build tree's.
 """
@@ -28,6 +34,9 @@ def main():
     if len(sys.argv) < 4:
         print(__doc__)
         return 2
+    rebuild = "--rebuild" in sys.argv
+    if rebuild:
+        sys.argv.remove("--rebuild")
     spindle, src, n = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2]), int(sys.argv[3])
     if not shutil.which("redis-server") or not shutil.which("redis-cli"):
         print("redis-server is not installed (Debian package redis-server): skipped")
@@ -82,6 +91,36 @@ def main():
         print(f"{queued} jobs queued that the worker does not run; over {seconds:.0f} s its scripts ran "
               f"{calls} times, {usec / 1000:.1f} ms of Redis time ({usec / max(calls, 1):.0f} us each), "
               f"{100 * usec / 1e6 / seconds:.2f}% of Redis' core")
+        if rebuild:
+            redis("CONFIG", "SET", "slowlog-log-slower-than", "0")
+            redis("CONFIG", "SET", "slowlog-max-len", "100000")
+            redis("SLOWLOG", "RESET")
+            redis("DEL", "spindle:ready:synthetic")
+            # the sweeps (the gateway's, every 0.25 s) rebuild them, 1000 entries each
+            t0 = time.monotonic()
+            deadline = t0 + max(60.0, n / 1000 * 0.25 * 4)
+            while redis("ZCARD", "spindle:ready:synthetic").strip() != str(n) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            took = time.monotonic() - t0
+            got = redis("ZCARD", "spindle:ready:synthetic").strip()
+            if got != str(n):
+                print(f"the pipelines' sets were not rebuilt: {got} of {n} entries")
+                return 1
+            # SLOWLOG GET entries: id, time, microseconds, [command, args...]
+            out = subprocess.run(["redis-cli", "-p", str(port), "--json", "SLOWLOG", "GET", "100000"],
+                                 capture_output=True, text=True).stdout
+            try:
+                entries = json.loads(out)
+            except ValueError:
+                entries = []
+            evals = [e[2] for e in entries if isinstance(e, list) and len(e) > 3 and isinstance(e[3], list)
+                     and e[3] and str(e[3][0]).lower() == "evalsha"]
+            longest = max(evals) if evals else 0
+            if not evals:
+                print(f"no script in Redis' SLOWLOG: {out[:300]!r}")
+                return 1
+            print(f"rebuilding the pipelines' ready sets of {n} queued jobs took {took:.1f} s of sweeps; "
+                  f"the longest script held Redis {longest / 1000:.1f} ms")
     finally:
         for p in reversed(procs):
             p.send_signal(2)

@@ -37,6 +37,7 @@
  *                  succeeded failed dead cancelled released), HINCRBY in the
  *                  script of each transition: the queue's own count, whoever
  *                  made the move (docs/operations.md, spindle_queue_events_total)
+ *   P repair       HASH, where the repair of the pipelines' sets is (ready_repair)
  *   P seen         HASH pipeline -> ms: when a worker that runs it was last
  *                  said to be there (rq_present, HSET outside the scripts;
  *                  field "\n": a worker of any pipeline)
@@ -133,23 +134,61 @@
   "  redis.call('ZREM', P .. 'delayed', id)\n"                                                  \
   "  redis.call('ZREM', P .. 'deadlines', id)\n"                                                \
   "end\n"                                                                                       \
-  /* The pipelines' sets hold as many entries as P ready, or are rebuilt  \
-   * from it (a queue written before they were kept, or by such a version  \
-   * during a rolling upgrade); -> the entries rebuilt (0: none). */  \
+  /* The pipelines' sets hold the entries of P ready, by pipeline. When     \
+   * their sizes do not add up to P ready's (a queue written before they    \
+   * were kept, or by such a version during a rolling upgrade), each call   \
+   * (every sweep) repairs at most REPAIR_CHUNK entries, so no call holds   \
+   * Redis for long however big the queue: first it adds P ready's entries  \
+   * to their sets in score order, then it drops, set by set, the entries   \
+   * whose job is no longer in P ready. P repair keeps the place: phase     \
+   * (ph), set (pl), last score done (at; scores are unique). -> entries    \
+   * looked at. */                                                          \
+  "local REPAIR_CHUNK = 1000\n"                                                                 \
   "local function ready_repair()\n"                                                             \
-  "  local pls = redis.call('SMEMBERS', P .. 'pls')\n"                                          \
-  "  local m = 0\n"                                                                             \
-  "  for _, pl in ipairs(pls) do m = m + redis.call('ZCARD', rk(pl)) end\n"                     \
-  "  local n = redis.call('ZCARD', P .. 'ready')\n"                                             \
-  "  if m == n then return 0 end\n"                                                             \
-  "  for _, pl in ipairs(pls) do redis.call('DEL', rk(pl)) end\n"                               \
-  "  local all = redis.call('ZRANGE', P .. 'ready', 0, -1, 'WITHSCORES')\n"                     \
-  "  for i = 1, #all, 2 do\n"                                                                   \
-  "    local pl = pl_of(jk(all[i]))\n"                                                          \
-  "    redis.call('ZADD', rk(pl), all[i + 1], all[i])\n"                                        \
-  "    redis.call('SADD', P .. 'pls', pl)\n"                                                    \
+  "  local RP = P .. 'repair'\n"                                                                \
+  "  local c = redis.call('HMGET', RP, 'ph', 'pl', 'at')\n"                                     \
+  "  if not c[1] then\n"                                                                        \
+  "    local m = 0\n"                                                                           \
+  "    for _, pl in ipairs(redis.call('SMEMBERS', P .. 'pls')) do m = m + redis.call('ZCARD', rk(pl)) end\n" \
+  "    if m == redis.call('ZCARD', P .. 'ready') then return 0 end\n"                           \
+  "    c = {'add', false, '-inf'}\n"                                                            \
   "  end\n"                                                                                     \
-  "  return n\n"                                                                                \
+  "  local ph, cpl, at = c[1], c[2], c[3]\n"                                                    \
+  "  local lo = at == '-inf' and at or '(' .. at\n"                                             \
+  "  local got\n"                                                                               \
+  "  if ph == 'add' then\n"                                                                     \
+  "    got = redis.call('ZRANGEBYSCORE', P .. 'ready', lo, '+inf', 'WITHSCORES', 'LIMIT', 0, REPAIR_CHUNK)\n" \
+  "    for i = 1, #got, 2 do\n"                                                                 \
+  "      local pl = pl_of(jk(got[i]))\n"                                                        \
+  "      redis.call('ZADD', rk(pl), got[i + 1], got[i])\n"                                      \
+  "      redis.call('SADD', P .. 'pls', pl)\n"                                                  \
+  "    end\n"                                                                                   \
+  "    if #got < 2 * REPAIR_CHUNK then ph, cpl = 'drop', false end\n"                           \
+  "  else\n"                                                                                    \
+  "    if cpl then\n"                                                                           \
+  "      got = redis.call('ZRANGEBYSCORE', rk(cpl), lo, '+inf', 'WITHSCORES', 'LIMIT', 0, REPAIR_CHUNK)\n" \
+  "      for i = 1, #got, 2 do\n"                                                               \
+  "        if not redis.call('ZSCORE', P .. 'ready', got[i]) then redis.call('ZREM', rk(cpl), got[i]) end\n" \
+  "      end\n"                                                                                 \
+  "    else\n"                                                                                  \
+  "      got = {}\n"                                                                            \
+  "    end\n"                                                                                   \
+  "    if #got < 2 * REPAIR_CHUNK then\n"                                                       \
+  "      local nxt\n"                                                                           \
+  "      for _, pl in ipairs(redis.call('SMEMBERS', P .. 'pls')) do\n"                          \
+  "        if (not cpl or pl > cpl) and (not nxt or pl < nxt) then nxt = pl end\n"              \
+  "      end\n"                                                                                 \
+  "      if not nxt then\n"                                                                     \
+  "        redis.call('DEL', RP)\n"                                                             \
+  "        return #got / 2\n"                                                                   \
+  "      end\n"                                                                                 \
+  "      cpl, got = nxt, {}\n"                                                                  \
+  "    end\n"                                                                                   \
+  "  end\n"                                                                                     \
+  "  at = #got > 0 and got[#got] or '-inf'\n"                                                   \
+  "  redis.call('HSET', RP, 'ph', ph, 'at', at)\n"                                              \
+  "  if cpl then redis.call('HSET', RP, 'pl', cpl) else redis.call('HDEL', RP, 'pl') end\n"     \
+  "  return #got / 2\n"                                                                         \
   "end\n"                                                                                       \
   "local function add_error(k, att, now, reason)\n"                                             \
   "  local errs = cjson.decode(redis.call('HGET', k, 'errs') or '[]')\n"                        \

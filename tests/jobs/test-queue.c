@@ -1195,6 +1195,63 @@ static void test_redis_lease_by_pipeline_of_an_older_queue(void **state) {
   freeReplyObject(r);
 }
 
+static long long redis_int(fx_t *f, const char *fmt, const char *a, const char *b) {
+  redisReply *r = redis_cmd(f->srv, fmt, a, b);
+  assert_non_null(r);
+  long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+  freeReplyObject(r);
+  return v;
+}
+
+static long long sets_size(fx_t *f) {
+  return redis_int(f, "ZCARD %sready:enhance", f->prefix, "") + redis_int(f, "ZCARD %sready:transcode", f->prefix, "");
+}
+
+/* The same repair on a big queue: no sweep repairs more than 1000 entries
+ * (REPAIR_CHUNK), so none holds Redis for long; the sweeps that follow go
+ * on where the last stopped, add every job to its pipeline's set, then drop
+ * the entries whose job is not queued; once the sets add up, a sweep does
+ * nothing more. */
+static void test_redis_ready_repair_in_chunks(void **state) {
+  fx_t *f = *state;
+  int64_t first = 0;
+  for (int i = 0; i < 2500; i++) {
+    int64_t id = submit_spec(f, i % 5 < 3 ? "{\"pipeline\":\"enhance\"}" : "{\"pipeline\":\"transcode\"}", 0,
+                             NULL, 0, 1, T0 + i);
+    first = first ? first : id;
+  }
+  redisReply *r = redis_cmd(f->srv, "DEL %sready:enhance %sready:transcode", f->prefix, f->prefix);
+  assert_int_equal(r->integer, 2);
+  freeReplyObject(r);
+  /* an entry whose job is not queued (what an older version's lease leaves) */
+  r = redis_cmd(f->srv, "ZADD %sready:transcode -1 999999", f->prefix);
+  freeReplyObject(r);
+  assert_int_equal(sets_size(f), 1);
+  assert_int_equal(lease_of(f, "\ntranscode\n", T0 + 10000), 0); /* the stale entry: skipped, removed */
+  r = redis_cmd(f->srv, "ZADD %sready:transcode -1 999999", f->prefix);
+  freeReplyObject(r);
+  int sweeps = 0;
+  long long after[3];
+  do {
+    assert_true(f->o->sweep(f->q.impl, T0 + 10000, NULL, NULL, NULL) >= 0);
+    if (sweeps < 3)
+      after[sweeps] = sets_size(f);
+    sweeps++;
+  } while (redis_int(f, "EXISTS %srepair", f->prefix, "") == 1 && sweeps < 50);
+  assert_int_equal(after[0], 1001);
+  assert_int_equal(after[1], 2001);
+  assert_int_equal(after[2], 2501);
+  /* 3 to add, then enhance (1500 entries) in 2 and transcode (1001) in 2 */
+  assert_in_range(sweeps, 6, 9);
+  assert_int_equal(sets_size(f), 2500);
+  assert_int_equal(redis_int(f, "ZSCORE %sready:transcode 999999", f->prefix, ""), -1);
+  /* added up: the next sweep starts no repair */
+  assert_true(f->o->sweep(f->q.impl, T0 + 10000, NULL, NULL, NULL) >= 0);
+  assert_int_equal(redis_int(f, "EXISTS %srepair", f->prefix, ""), 0);
+  /* and a filtered lease finds the first transcode job (the 4th submitted) */
+  assert_int_equal(lease_of(f, "\ntranscode\n", T0 + 10000), first + 3);
+}
+
 #define SQ(t) cmocka_unit_test_setup_teardown(t, setup_sqlite, teardown)
 #define RD(t) cmocka_unit_test_setup_teardown(t, setup_redis, teardown_redis)
 
@@ -1244,6 +1301,7 @@ int main(void) {
       RD(test_lease_by_pipeline),
       RD(test_redis_lease_by_pipeline_of_an_older_queue),
       RD(test_worker_presence),
+      RD(test_redis_ready_repair_in_chunks),
   };
   int rc = cmocka_run_group_tests_name("sqlite", sqlite_tests, NULL, NULL);
   rc += cmocka_run_group_tests_name("redis", redis_tests, redis_up, redis_down);
