@@ -396,13 +396,17 @@
   "    if #top == 0 then return false end\n"                                                    \
   "    id = top[1]\n"                                                                           \
   "  end\n"                                                                                     \
+  /* an entry of a pipeline's set whose job is not in P ready (an older   \
+   * version moved it: leased it, or put it back to wait its backoff):      \
+   * dropped, and the job left where it is */                                \
+  "  local stale = from and not redis.call('ZSCORE', P .. 'ready', id)\n"                       \
   "  unready(id)\n"                                                                             \
   "  if from then redis.call('ZREM', rk(from), id) end\n"                                       \
   "  local k = jk(id)\n"                                                                        \
   "  local h = redis.call('HMGET', k, 'st', 'dl')\n"                                            \
   /* past its deadline: left queued for the sweep to fail */  \
   "  local dl = tonumber(h[2]) or 0\n"                                                          \
-  "  if h[1] == '0' and (dl == 0 or dl >= now) then\n"                                          \
+  "  if not stale and h[1] == '0' and (dl == 0 or dl >= now) then\n"                            \
   "    local att = redis.call('HINCRBY', k, 'att', 1)\n"                                        \
   "    local sid = redis.call('XADD', P .. 'run', '*', 'id', id, 'att', att)\n"                 \
   "    local got = redis.call('XREADGROUP', 'GROUP', G, ARGV[2], 'COUNT', 1,\n"                 \

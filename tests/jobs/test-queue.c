@@ -1252,6 +1252,24 @@ static void test_redis_ready_repair_in_chunks(void **state) {
   assert_int_equal(lease_of(f, "\ntranscode\n", T0 + 10000), first + 3);
 }
 
+/* A job in a pipeline's set but not in P ready: an older version put it
+ * back to wait its backoff (P delayed) without touching the set. A
+ * filtered lease must not take it before its time; it drops the entry,
+ * and the job is leased once its backoff is over. */
+static void test_redis_filtered_lease_skips_a_job_not_ready(void **state) {
+  fx_t *f = *state;
+  int64_t a = submit_spec(f, "{\"pipeline\":\"enhance\"}", 0, NULL, 0, 2, T0);
+  char id[24];
+  snprintf(id, sizeof id, "%lld", (long long)a);
+  assert_int_equal(redis_int(f, "ZREM %sready %s", f->prefix, id), 1);
+  redisReply *r = redis_cmd(f->srv, "ZADD %sdelayed %lld %s", f->prefix, (long long)(T0 + 5000), id);
+  freeReplyObject(r);
+  assert_int_equal(lease_of(f, "\nenhance\n", T0 + 10), 0);
+  assert_int_equal(redis_int(f, "ZCARD %sready:enhance", f->prefix, ""), 0);
+  assert_int_equal(state_of(f, a), SPN_QSTATE_QUEUED);
+  assert_int_equal(lease_of(f, "\nenhance\n", T0 + 5000), a);
+}
+
 #define SQ(t) cmocka_unit_test_setup_teardown(t, setup_sqlite, teardown)
 #define RD(t) cmocka_unit_test_setup_teardown(t, setup_redis, teardown_redis)
 
@@ -1302,6 +1320,7 @@ int main(void) {
       RD(test_redis_lease_by_pipeline_of_an_older_queue),
       RD(test_worker_presence),
       RD(test_redis_ready_repair_in_chunks),
+      RD(test_redis_filtered_lease_skips_a_job_not_ready),
   };
   int rc = cmocka_run_group_tests_name("sqlite", sqlite_tests, NULL, NULL);
   rc += cmocka_run_group_tests_name("redis", redis_tests, redis_up, redis_down);
