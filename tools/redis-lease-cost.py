@@ -10,9 +10,9 @@ can run none of the N). It prints Redis' own count of the scripts run and
 their time (INFO commandstats, reset after the worker started) over
 SECONDS (10): every lease the worker polls for, its sweeps and renewals.
 
-With --rebuild it then deletes the pipelines' ready sets (as a queue that
-an older Spindle wrote has none), waits until the sweeps have rebuilt them
-from the N queued jobs, and prints how long that took and the longest any
+With --rebuild it then deletes the pipelines' ready sets and the waiting
+mirror (as a queue that an older Spindle wrote has neither), waits until the
+sweeps have rebuilt them from the N queued jobs, and prints how long that took and the longest any
 one script held Redis (SLOWLOG; Redis answers no other command while a
 script runs). It fails if the sets were not rebuilt.
 Needs redis-server, redis-cli and pyzmq; the stages of stages/util on
@@ -95,16 +95,23 @@ def main():
             redis("CONFIG", "SET", "slowlog-log-slower-than", "0")
             redis("CONFIG", "SET", "slowlog-max-len", "100000")
             redis("SLOWLOG", "RESET")
-            redis("DEL", "spindle:ready:synthetic")
-            # the sweeps (the gateway's, every 0.25 s) rebuild them, 1000 entries each
+            redis("DEL", "spindle:ready:synthetic", "spindle:waiting")
+
+            def lag():
+                out = redis("XINFO", "GROUPS", "spindle:waiting").split()
+                return out[out.index("lag") + 1] if "lag" in out else "?"
+
+            # the sweeps (the gateway's, every 0.25 s) rebuild them: 1,000
+            # entries of the sets and 10,000 tokens of the mirror each
             t0 = time.monotonic()
             deadline = t0 + max(60.0, n / 1000 * 0.25 * 4)
-            while redis("ZCARD", "spindle:ready:synthetic").strip() != str(n) and time.monotonic() < deadline:
+            while ((redis("ZCARD", "spindle:ready:synthetic").strip(), lag()) != (str(n), str(n))
+                   and time.monotonic() < deadline):
                 time.sleep(0.1)
             took = time.monotonic() - t0
             got = redis("ZCARD", "spindle:ready:synthetic").strip()
-            if got != str(n):
-                print(f"the pipelines' sets were not rebuilt: {got} of {n} entries")
+            if (got, lag()) != (str(n), str(n)):
+                print(f"not rebuilt: the pipelines' sets hold {got} of {n} entries, the mirror's lag is {lag()}")
                 return 1
             # SLOWLOG GET entries: id, time, microseconds, [command, args...]
             out = subprocess.run(["redis-cli", "-p", str(port), "--json", "SLOWLOG", "GET", "100000"],
@@ -119,8 +126,8 @@ def main():
             if not evals:
                 print(f"no script in Redis' SLOWLOG: {out[:300]!r}")
                 return 1
-            print(f"rebuilding the pipelines' ready sets of {n} queued jobs took {took:.1f} s of sweeps; "
-                  f"the longest script held Redis {longest / 1000:.1f} ms")
+            print(f"rebuilding the pipelines' ready sets and the waiting mirror of {n} queued jobs took "
+                  f"{took:.1f} s of sweeps; the longest script held Redis {longest / 1000:.1f} ms")
     finally:
         for p in reversed(procs):
             p.send_signal(2)

@@ -79,7 +79,10 @@
   "end\n"                                                                                       \
   /* Make the group's lag equal the number of queued jobs; -> tokens added  \
    * (negative: taken). A lag Redis cannot compute (an entry removed with   \
-   * XDEL) or a missing stream or group rebuilds the stream. */                                 \
+   * XDEL) or a missing stream or group rebuilds the stream. At most         \
+   * WAIT_CHUNK tokens a call (35 ms of Redis), so a big queue's mirror is   \
+   * made over several sweeps, not in one long script. */                    \
+  "local WAIT_CHUNK = 10000\n"                                                                  \
   "local function wait_repair()\n"                                                              \
   "  local n = redis.call('ZCARD', P .. 'st:0')\n"                                              \
   "  local lag = nil\n"                                                                         \
@@ -99,11 +102,11 @@
   "  if not lag then\n"                                                                         \
   "    redis.call('DEL', W)\n"                                                                  \
   "    redis.call('XGROUP', 'CREATE', W, G, '0', 'MKSTREAM')\n"                                 \
-  "    wait_put(n)\n"                                                                           \
-  "    return n\n"                                                                              \
+  "    lag = 0\n"                                                                               \
   "  end\n"                                                                                     \
-  "  if lag < n then wait_put(n - lag) elseif lag > n then wait_take(lag - n) end\n"            \
-  "  return n - lag\n"                                                                          \
+  "  local d = math.max(math.min(n - lag, WAIT_CHUNK), -WAIT_CHUNK)\n"                          \
+  "  if d > 0 then wait_put(d) elseif d < 0 then wait_take(-d) end\n"                           \
+  "  return d\n"                                                                                \
   "end\n"                                                                                       \
   /* P ready:<pipeline> holds the same entries as P ready, by pipeline, for  \
    * leases that ask for some pipelines only; P pls names every pipeline that  \
