@@ -988,12 +988,21 @@ static int cmd_cancel(int argc, char **argv) {
   return rc;
 }
 
-static int list_row(void *user, const spn_client_status_t *st) {
-  (void)user;
-  printf("%-8lld %-10s %-12s %3u/%-3u %8llu/%-8llu %8.2f  %s\n", (long long)st->id,
-         spn_queue_state_name(st->state), st->pipeline, st->attempts, st->max_attempts,
-         (unsigned long long)st->done, (unsigned long long)st->total, st->compute_s, st->reason);
-  return 0;
+/* One row of LIST's reply. REASON: why it failed, or, for a queued job
+ * that no worker will take yet, that it waits (its status says more). */
+static void list_row(const cJSON *j) {
+  const cJSON *reason = cJSON_GetObjectItemCaseSensitive(j, "reason");
+  const char *why = cJSON_IsString(reason) ? reason->valuestring
+                    : cJSON_IsString(cJSON_GetObjectItemCaseSensitive(j, "waiting")) ? "waiting: no worker runs this pipeline"
+                                                                                      : "";
+  const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "state"), *pl = cJSON_GetObjectItemCaseSensitive(j, "pipeline");
+  printf("%-8.0f %-10s %-12s %3.0f/%-3.0f %8.0f/%-8.0f %8.2f  %s\n",
+         cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(j, "id")), cJSON_IsString(st) ? st->valuestring : "?",
+         cJSON_IsString(pl) ? pl->valuestring : "", cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(j, "attempts")),
+         cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(j, "max_attempts")),
+         cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(j, "done")),
+         cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(j, "total")),
+         cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(j, "compute_s")), why);
 }
 
 static int cmd_jobs(int argc, char **argv) {
@@ -1033,10 +1042,19 @@ static int cmd_jobs(int argc, char **argv) {
          "CPU_S", "REASON");
   spn_error_t err = SPN_ERROR_INIT;
   int rc = EXIT_OK;
-  if (spn_client_list(cl, state, limit, list_row, NULL, &err) < 0) {
+  char body[96], type[17], *reply = NULL;
+  snprintf(body, sizeof body, "{\"limit\":%u%s%s%s}", limit ? limit : 100, state >= 0 ? ",\"state\":\"" : "",
+           state >= 0 ? spn_queue_state_name((spn_queue_state_t)state) : "", state >= 0 ? "\"" : "");
+  if (spn_client_request(cl, "LIST", body, type, &reply, &err) < 0) {
     fprintf(stderr, "spindle jobs: %s\n", err.msg);
     rc = EXIT_GATEWAY;
+  } else {
+    cJSON *r = cJSON_Parse(reply);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(r, "jobs")) list_row(it);
+    cJSON_Delete(r);
   }
+  free(reply);
   spn_client_free(&cl);
   return rc;
 }

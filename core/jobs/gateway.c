@@ -858,13 +858,26 @@ static void on_cancel(spn_server_t *s, spn_pmsg_t *m) {
 typedef struct list_ctx {
   spn_server_t *s;
   cJSON *arr;
+  cJSON *waiting; /* pipeline -> its "waiting" line, or false: asked once per pipeline */
 } list_ctx_t;
 
 static void list_cb(void *user, const spn_queue_job_t *j) {
   list_ctx_t *lc = user;
   cJSON *o = job_json(lc->s, j, false);
-  if (o)
-    cJSON_AddItemToArray(lc->arr, o);
+  if (!o)
+    return;
+  cJSON_AddItemToArray(lc->arr, o);
+  const char *p = spn__json_str(o, "pipeline");
+  if (j->state != SPN_QSTATE_QUEUED || !p || !*p || !lc->waiting)
+    return;
+  const cJSON *w = cJSON_GetObjectItemCaseSensitive(lc->waiting, p);
+  if (!w) {
+    char why[320];
+    w = no_worker(lc->s, p, why, sizeof why) ? cJSON_AddStringToObject(lc->waiting, p, why)
+                                              : cJSON_AddFalseToObject(lc->waiting, p);
+  }
+  if (cJSON_IsString(w))
+    cJSON_AddStringToObject(o, "waiting", w->valuestring);
 }
 
 static void on_list(spn_server_t *s, spn_pmsg_t *m) {
@@ -888,9 +901,11 @@ static void on_list(spn_server_t *s, spn_pmsg_t *m) {
     return;
   }
   with_req(b, m->req);
-  list_ctx_t lc = {s, arr};
+  list_ctx_t lc = {s, arr, cJSON_CreateObject()};
   spn_error_t err = SPN_ERROR_INIT;
-  if (s->q.ops->list(s->q.impl, state, (uint32_t)limit, list_cb, &lc, &err) < 0) {
+  int32_t rc = s->q.ops->list(s->q.impl, state, (uint32_t)limit, list_cb, &lc, &err);
+  cJSON_Delete(lc.waiting);
+  if (rc < 0) {
     cJSON_Delete(b);
     spn__out_error(s, m->ident, m->ident_len, m->req, "internal", err.msg);
     return;

@@ -1391,9 +1391,13 @@ def case_mixed_workers(tmp):
     st = status(ep, syn)
     check(st["state"] == "queued" and st["attempts"] == 0 and not st.get("errors"),
           f"the synthetic job, which no worker runs yet: {st}")
-    # its status says why it waits
+    # its status says why it waits, and so does `spindle jobs`
     check('no worker that runs pipeline "synthetic" has been seen' in st.get("waiting", ""),
           f"the synthetic job's status says why it waits: {st}")
+    rows = cli("jobs", "--state", "queued", "--connect", ep, check_rc=0).stdout.decode().splitlines()
+    row = [l for l in rows[1:] if l.split()[0] == str(syn)]
+    check(len(row) == 1 and "synthetic" in row[0] and row[0].rstrip().endswith("waiting: no worker runs this pipeline"),
+          f"spindle jobs --state queued: {rows}")
     watch = subprocess.Popen([SPINDLE, "watch", str(syn), "--connect", ep], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
     PROCS.append(watch)
