@@ -1059,7 +1059,104 @@ static int cmd_jobs(int argc, char **argv) {
   return rc;
 }
 
+/* "3 s ago", "12 min ago", "2 h ago". */
+static void ago(double ms, char *out, size_t n) {
+  double s = ms / 1000.0;
+  if (s < 120)
+    snprintf(out, n, "%.0f s ago", s);
+  else if (s < 7200)
+    snprintf(out, n, "%.0f min ago", s / 60);
+  else
+    snprintf(out, n, "%.0f h ago", s / 3600);
+}
+
+static int cmd_workers(int argc, char **argv) {
+  copts_t co = {.o = SPN_CLIENT_OPTIONS_INIT};
+  bool json = false;
+  static const struct option opts[] = {CLIENT_OPTS, {"json", no_argument, NULL, O_JSON}, SPN_CLI_HELP_OPT, {0}};
+  spn_cli_getopt_t g = {.cmd = "workers"};
+  for (int c; (c = spn_cli_next(&g, argc, argv, opts)) != SPN_CLI_END;) {
+    if (c == 'h') {
+      printf("usage: spindle workers [--json]\n%s"
+             "Lists the gateway's own slots and its remote workers (what each runs,\n"
+             "slots, jobs running), then each pipeline with when a worker that runs it\n"
+             "was last there: any gateway's or, on a Redis queue, any stateless worker's.\n",
+             client_opts_help);
+      return EXIT_OK;
+    }
+    if (c == SPN_CLI_BAD)
+      return EXIT_USAGE;
+    int t = client_opt(&co, "workers", c, g.arg);
+    if (t > 1)
+      return t;
+    if (t)
+      continue;
+    if (c == O_JSON)
+      json = true;
+    else
+      return usage_err("workers", "unexpected argument \"%s\"", g.arg);
+  }
+  spn_client_t *cl;
+  if (client_open(&co, "workers", &cl) < 0)
+    return EXIT_GATEWAY;
+  spn_error_t err = SPN_ERROR_INIT;
+  char type[17], *reply = NULL;
+  int rc = EXIT_OK;
+  if (spn_client_request(cl, "WORKERS", "{}", type, &reply, &err) < 0) {
+    fprintf(stderr, "spindle workers: %s\n", err.msg);
+    rc = EXIT_GATEWAY;
+  } else {
+    cJSON *r = cJSON_Parse(reply);
+    cJSON_DeleteItemFromObject(r, "req");
+    char *pretty = json && r ? cJSON_Print(r) : NULL;
+    if (json) {
+      printf("%s\n", pretty ? pretty : reply);
+    } else {
+      const cJSON *w, *p, *it;
+      printf("%-28s %-7s %5s %8s  %s\n", "WORKER", "KIND", "SLOTS", "RUNNING", "PIPELINES");
+      cJSON_ArrayForEach(w, cJSON_GetObjectItemCaseSensitive(r, "workers")) {
+        const cJSON *pl = cJSON_GetObjectItemCaseSensitive(w, "pipelines");
+        char names[512] = "";
+        size_t at = 0;
+        if (cJSON_IsNull(pl))
+          snprintf(names, sizeof names, "any");
+        cJSON_ArrayForEach(it, pl) if (cJSON_IsString(it) && at < sizeof names) {
+          int k = snprintf(names + at, sizeof names - at, "%s%s", at ? ", " : "", it->valuestring);
+          at += k > 0 ? (size_t)k : 0;
+        }
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(w, "name"), *kind = cJSON_GetObjectItemCaseSensitive(w, "kind");
+        printf("%-28s %-7s %5.0f %8.0f  %s%s\n", cJSON_IsString(name) ? name->valuestring : "?",
+               cJSON_IsString(kind) ? kind->valuestring : "?",
+               cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(w, "slots")),
+               cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(w, "running")), names,
+               cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(w, "draining")) ? " (draining)" : "");
+      }
+      /* a worker is there when one was recorded within three rounds */
+      printf("\n%-28s %s\n", "PIPELINE", "A WORKER THAT RUNS IT");
+      cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(r, "pipelines")) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(p, "name");
+        const cJSON *ms = cJSON_GetObjectItemCaseSensitive(p, "worker_seen_ms_ago");
+        char when[64] = "none (never seen)";
+        if (cJSON_IsNumber(ms) && ms->valuedouble <= SPN_PRESENCE_STALE_MS) {
+          snprintf(when, sizeof when, "yes");
+        } else if (cJSON_IsNumber(ms)) {
+          char a[40];
+          ago(ms->valuedouble, a, sizeof a);
+          snprintf(when, sizeof when, "none (last seen %s)", a);
+        }
+        printf("%-28s %s\n", cJSON_IsString(name) ? name->valuestring : "?", when);
+      }
+    }
+    cJSON_free(pretty);
+    cJSON_Delete(r);
+  }
+  free(reply);
+  spn_client_free(&cl);
+  return rc;
+}
+
 int spn_cli_serve(int argc, char **argv) { return cmd_serve(argc, argv); }
+int spn_cli_workers(int argc, char **argv) { return cmd_workers(argc, argv); }
 int spn_cli_worker(int argc, char **argv) { return cmd_worker(argc, argv); }
 int spn_cli_submit(int argc, char **argv) { return cmd_submit(argc, argv); }
 int spn_cli_status(int argc, char **argv) { return cmd_status(argc, argv); }

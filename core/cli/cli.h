@@ -18,6 +18,7 @@ int spn_cli_status(int argc, char **argv);
 int spn_cli_watch(int argc, char **argv);
 int spn_cli_cancel(int argc, char **argv);
 int spn_cli_jobs(int argc, char **argv);
+int spn_cli_workers(int argc, char **argv);
 int spn_cli_keygen(int argc, char **argv);
 int spn_cli_run(int argc, char **argv);
 int spn_cli_validate(int argc, char **argv);

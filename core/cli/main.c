@@ -25,6 +25,7 @@ static const spn_cli_cmd_t commands[] = {
     {"watch", "follow a job's progress until it ends", spn_cli_watch},
     {"cancel", "cancel a job", spn_cli_cancel},
     {"jobs", "list jobs", spn_cli_jobs},
+    {"workers", "list the workers, and which pipelines have one", spn_cli_workers},
     {"keygen", "create a CURVE key pair", spn_cli_keygen},
     {"model", "inspect or run an ONNX model", spn_cli_model},
 };

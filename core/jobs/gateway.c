@@ -937,6 +937,85 @@ static void on_hello(spn_server_t *s, spn_pmsg_t *m) {
   spn__out_push(s, m->ident, m->ident_len, "HELLO", b, false);
 }
 
+/* A filter's names as a JSON array, or null for NULL (any pipeline). */
+static cJSON *names_json(const char *filter) {
+  if (!filter)
+    return cJSON_CreateNull();
+  cJSON *a = cJSON_CreateArray();
+  size_t len = 0;
+  for (const char *name = NULL; a && spn__pipeline_filter_next(filter, &name, &len);) {
+    char one[129];
+    snprintf(one, sizeof one, "%.*s", (int)(len < 128 ? len : 128), name);
+    cJSON_AddItemToArray(a, cJSON_CreateString(one));
+  }
+  return a;
+}
+
+/* {"name", "worker_seen_ms_ago": ms or null (never)} of one pipeline. */
+static void pipeline_seen(spn_server_t *s, cJSON *arr, const char *name, size_t len, int64_t now) {
+  char one[129];
+  snprintf(one, sizeof one, "%.*s", (int)(len < 128 ? len : 128), name);
+  int64_t at = 0;
+  spn__queue_unserved(&s->q, one, now, &at);
+  cJSON *p = cJSON_CreateObject();
+  cJSON_AddStringToObject(p, "name", one);
+  cJSON_AddItemToObject(p, "worker_seen_ms_ago", at ? cJSON_CreateNumber((double)(now - at)) : cJSON_CreateNull());
+  cJSON_AddItemToArray(arr, p);
+}
+
+/* WORKERS: what runs this gateway's jobs. Its own slots and its remote
+ * workers, each with what it runs and how busy it is; and, for each
+ * pipeline the gateway has, when a worker that runs it was last there
+ * (every gateway's and, on Redis, every stateless worker's, from the
+ * queue's presence record): null never. */
+static void on_workers(spn_server_t *s, spn_pmsg_t *m) {
+  cJSON *b = cJSON_CreateObject();
+  cJSON *ws = b ? cJSON_AddArrayToObject(b, "workers") : NULL;
+  cJSON *ps = b ? cJSON_AddArrayToObject(b, "pipelines") : NULL;
+  if (!ws || !ps) {
+    cJSON_Delete(b);
+    spn__out_error(s, m->ident, m->ident_len, m->req, "internal", "out of memory");
+    return;
+  }
+  with_req(b, m->req);
+  double mono = spn__mono_s();
+  if (s->nslots) {
+    cJSON *w = cJSON_CreateObject();
+    size_t running = 0;
+    for (size_t i = 0; i < s->nruns; i++)
+      running += s->runs[i].slot >= 0;
+    cJSON_AddStringToObject(w, "name", "(this gateway)");
+    cJSON_AddStringToObject(w, "kind", "local");
+    cJSON_AddNumberToObject(w, "slots", s->nslots);
+    cJSON_AddNumberToObject(w, "running", (double)running);
+    cJSON_AddBoolToObject(w, "draining", s->draining != 0);
+    cJSON_AddItemToObject(w, "pipelines", names_json(s->pipelines));
+    cJSON_AddItemToArray(ws, w);
+  }
+  for (size_t i = 0; i < s->nworkers; i++) {
+    const spn_rworker_t *rw = &s->workers[i];
+    if (!rw->alive)
+      continue;
+    cJSON *w = cJSON_CreateObject();
+    size_t running = 0;
+    for (size_t k = 0; k < s->nruns; k++)
+      running += s->runs[k].worker == (int64_t)i && s->runs[k].slot < 0;
+    cJSON_AddStringToObject(w, "name", rw->owner);
+    cJSON_AddStringToObject(w, "kind", "remote");
+    cJSON_AddNumberToObject(w, "slots", (double)running + (double)(rw->credit > 0 ? rw->credit : 0));
+    cJSON_AddNumberToObject(w, "running", (double)running);
+    cJSON_AddNumberToObject(w, "last_heard_ms", (double)(int64_t)((mono - rw->last_seen) * 1000.0));
+    cJSON_AddItemToObject(w, "pipelines", rw->leased ? names_json(rw->pipelines) : cJSON_CreateArray());
+    cJSON_AddItemToArray(ws, w);
+  }
+  int64_t now = spn__now_ms();
+  size_t len = 0;
+  for (const char *name = NULL; s->pipelines && spn__pipeline_filter_next(s->pipelines, &name, &len);)
+    pipeline_seen(s, ps, name, len, now);
+  for (size_t i = 0; !s->pipelines && i < s->cfg->n_pipelines; i++)
+    pipeline_seen(s, ps, s->cfg->pipelines[i], strlen(s->cfg->pipelines[i]), now);
+  spn__out_push(s, m->ident, m->ident_len, "WORKERS", b, false);
+}
 
 void spn__gateway_handle(spn_server_t *s, spn_pmsg_t *m) {
   if (m->error) {
@@ -956,6 +1035,8 @@ void spn__gateway_handle(spn_server_t *s, spn_pmsg_t *m) {
     on_list(s, m);
   else if (!strcmp(t, "HELLO"))
     on_hello(s, m);
+  else if (!strcmp(t, "WORKERS"))
+    on_workers(s, m);
   else if (!strcmp(t, "LEASE") || !strcmp(t, "HEARTBEAT") || !strcmp(t, "PROGRESS") ||
            !strcmp(t, "DRAIN") || !strcmp(t, "RELEASE") ||
            !strcmp(t, "DONE") || !strcmp(t, "FAIL")) {

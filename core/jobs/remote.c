@@ -113,14 +113,15 @@ void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m) {
                      "\"pipelines\" must be an array of at most 1024 names of 1-128 bytes without newlines");
       return;
     }
-    if (!w->leased || (pl && (!w->pipelines || strcmp(w->pipelines, filter ? filter : "\n"))))
-      s->presence_due = true; /* a worker came, or runs something else now */
+    bool changed = !w->leased || (pl && (!w->pipelines || strcmp(w->pipelines, filter ? filter : "\n")));
     if (pl) {
       free(w->pipelines);
       w->pipelines = filter ? filter : strdup("\n"); /* [] runs nothing */
     }
     w->credit += credit;
     w->leased = true;
+    if (changed) /* a worker came, or runs something else now: its pipelines have one */
+      spn__sched_presence(s, now);
   } else if (!strcmp(m->type, "HEARTBEAT")) {
     const cJSON *jobs = cJSON_GetObjectItemCaseSensitive(m->body, "jobs");
     const cJSON *it;

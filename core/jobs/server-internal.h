@@ -120,7 +120,6 @@ struct spn_server {
   volatile int draining;   /* SIGTERM: no new leases; exit when idle or at drain_until */
   double drain_until;
   double last_renew, last_sweep, last_presence;
-  bool presence_due; /* a remote worker came or said what it runs: record it at the next tick */
   int64_t wake_at;
   bool handles_open;
 };
@@ -160,7 +159,8 @@ void spn__sched_cancel_run(spn_server_t *s, spn_run_t *r);
 void spn__sched_renew_local(spn_server_t *s, int64_t now);
 /* Record in the queue which pipelines this gateway's workers (its own slots
  * and its live remote workers) run (ops.present), and tell the queue's
- * failure to the log. */
+ * failure to the log: every SPN_PRESENCE_MS, and at once when a remote
+ * worker comes or changes what it runs. */
 void spn__sched_presence(spn_server_t *s, int64_t now);
 /* The batch committed (ok) or not: remove the publication markers of the
  * jobs it recorded succeeded, or keep them for the re-run. */

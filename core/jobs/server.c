@@ -96,8 +96,7 @@ static void on_timer(uv_timer_t *h) {
   /* Remote workers: dead after three missed heartbeats; their jobs retry. */
   spn__remote_reap(s, mono, now);
   /* Which pipelines have a worker, for "waiting" in a queued job's status. */
-  if (s->presence_due || mono - s->last_presence >= SPN_PRESENCE_MS / 1000.0) {
-    s->presence_due = false;
+  if (mono - s->last_presence >= SPN_PRESENCE_MS / 1000.0) {
     s->last_presence = mono;
     spn__sched_presence(s, now);
   }

@@ -33,7 +33,7 @@ def expect(args, rc, err=None, out=None):
 
 # unknown options: exit 2, the option named, the help pointer
 for cmd in (["serve"], ["worker"], ["submit", "noop"], ["status", "1"], ["watch", "1"], ["cancel", "1"],
-            ["jobs"], ["keygen", "k"], ["run", synthetic], ["validate", synthetic], ["plugins"],
+            ["jobs"], ["workers"], ["keygen", "k"], ["run", synthetic], ["validate", synthetic], ["plugins"],
             ["model", "inspect", model], ["model", "run", model], ["model", "bench", model],
             ["model", "list"], ["model", "verify"], ["model", "convert-ncnn"]):
     name = " ".join(cmd[:2] if cmd[0] == "model" else cmd[:1])

@@ -1398,6 +1398,16 @@ def case_mixed_workers(tmp):
     row = [l for l in rows[1:] if l.split()[0] == str(syn)]
     check(len(row) == 1 and "synthetic" in row[0] and row[0].rstrip().endswith("waiting: no worker runs this pipeline"),
           f"spindle jobs --state queued: {rows}")
+    # spindle workers: what runs the jobs, and which pipelines have a worker
+    def pipelines_table():
+        out = cli("workers", "--connect", ep, check_rc=0).stdout.decode()
+        rows = out.split("\nPIPELINE", 1)[1].splitlines()[1:]
+        return out, {l.split()[0]: l.split(None, 1)[1] for l in rows if l.strip()}
+    out, have = pipelines_table()
+    check(have.get("synthetic") == "none (never seen)" and have.get("copy") == "yes", f"spindle workers: {out}")
+    if BACKEND != "redis":
+        check(any(l.split()[:2] == ["remote:plain", "remote"] and l.endswith("copy, fail, noop")
+                  for l in out.splitlines()), f"spindle workers lists the remote worker: {out}")
     watch = subprocess.Popen([SPINDLE, "watch", str(syn), "--connect", ep], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE)
     PROCS.append(watch)
@@ -1411,6 +1421,8 @@ def case_mixed_workers(tmp):
     out, err = watch.communicate(timeout=30)
     check(watch.returncode == 0 and f"job {syn} is waiting: no worker that runs pipeline \"synthetic\"".encode() in err,
           f"spindle watch of the synthetic job said why it waited: exit {watch.returncode}, {err!r}")
+    out, have = pipelines_table()
+    check(have.get("synthetic") == "yes", f"spindle workers once a worker runs synthetic: {out}")
     # a worker that runs synthetic is there, busy (its one slot on a slow
     # job, 3 s): a new synthetic job queues behind it and does not say it waits
     r = cli("submit", "slow", "--output", f"frames={tmp}/out/slow.raw", "--param", "frames=150",

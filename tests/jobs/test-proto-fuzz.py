@@ -32,7 +32,7 @@ KEYS = ["req", "pipeline", "inputs", "outputs", "params", "priority", "idempoten
         "segments", "segment_seconds", "id", "state", "limit", "versions", "worker", "credit", "pipelines", "jobs",
         "attempt", "done", "total", "compute_s", "gpu_s", "transfers", "warnings", "error", "cancelled", "in", "out",
         "h2d", "d2h", "bytes", "ms"]
-TYPES = ["SUBMIT", "STATUS", "WATCH", "CANCEL", "LIST", "HELLO", "LEASE", "HEARTBEAT", "PROGRESS", "DONE", "FAIL",
+TYPES = ["SUBMIT", "STATUS", "WATCH", "CANCEL", "LIST", "HELLO", "WORKERS", "LEASE", "HEARTBEAT", "PROGRESS", "DONE", "FAIL",
          "DRAIN", "RELEASE"]
 
 
@@ -42,7 +42,7 @@ def templates(tmp):
         "SUBMIT": {"pipeline": "copy", "inputs": {"in": f"{tmp}/in.bin"}, "outputs": {"out": f"{tmp}/out/o.bin"},
                    "params": {"k": "v"}, "priority": 1, "max_attempts": 2},
         "STATUS": {"id": 1}, "WATCH": {"id": 1}, "CANCEL": {"id": 1}, "LIST": {"state": "queued", "limit": 5},
-        "HELLO": {"versions": [1]},
+        "HELLO": {"versions": [1]}, "WORKERS": {},
         "LEASE": {"worker": w, "credit": 1, "pipelines": ["copy", "noop"]},
         "HEARTBEAT": {"worker": w, "jobs": [{"id": 1, "attempt": 1}]},
         "PROGRESS": {"worker": w, "id": 1, "attempt": 1, "done": 1, "total": 2},
