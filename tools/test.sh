@@ -48,8 +48,12 @@ fi
 # replays the fuzz corpus under ASan). Both run in the normal build.
 skip=()
 # Under ASan: no deploy checks, no TOML corpus, and not the slowest runs on
-# the fake GPU (suite emu-slow: their eager twins run), for CI's time.
-if [ "$builddir" = build-asan ]; then skip=(--no-suite deploy --no-suite toml-corpus --no-suite emu-slow); fi
+# the fake GPU (suite emu-slow: their eager twins run), nor the two slowest
+# runs whose code other ASan tests cover (suite asan-skip: haar-opencv,
+# media-jobs-remote), for CI's time.
+if [ "$builddir" = build-asan ]; then
+  skip=(--no-suite deploy --no-suite toml-corpus --no-suite emu-slow --no-suite asan-skip)
+fi
 if [ "$builddir" = build-nocuda ]; then
   # A selection, for CI's time: the CPU half is the normal build's too.
   mapfile -t sel < <(meson test -C "$builddir" --list --no-rebuild --suite unit --suite runtime --suite conformance \
