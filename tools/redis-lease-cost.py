@@ -12,9 +12,9 @@ SECONDS (10): every lease the worker polls for, its sweeps and renewals.
 
 With --rebuild it then deletes the pipelines' ready sets and the waiting
 mirror (as a queue that an older Spindle wrote has neither), waits until the
-sweeps have rebuilt them from the N queued jobs, and prints how long that took and the longest any
-one script held Redis (SLOWLOG; Redis answers no other command while a
-script runs). It fails if the sets were not rebuilt.
+sweeps have rebuilt them from the N queued jobs, and prints how long that
+took and the longest any one script held Redis (SLOWLOG; Redis answers no
+other command while a script runs). It fails if either was not rebuilt.
 Needs redis-server, redis-cli and pyzmq; the stages of stages/util on
 SPINDLE_PLUGIN_PATH when SPINDLE is a build tree's.
 """
@@ -97,25 +97,24 @@ def main():
             redis("SLOWLOG", "RESET")
             redis("DEL", "spindle:ready:synthetic", "spindle:waiting")
 
-            def lag():
-                out = redis("XINFO", "GROUPS", "spindle:waiting").split()
-                return out[out.index("lag") + 1] if "lag" in out else "?"
+            def rebuilt():
+                """(entries in the pipeline's set, the mirror's lag) as Redis prints them"""
+                info = redis("XINFO", "GROUPS", "spindle:waiting").split()
+                return (redis("ZCARD", "spindle:ready:synthetic").strip(),
+                        info[info.index("lag") + 1] if "lag" in info else "?")
 
             # the sweeps (the gateway's, every 0.25 s) rebuild them: 1,000
             # entries of the sets and 10,000 tokens of the mirror each
             t0 = time.monotonic()
             deadline = t0 + max(60.0, n / 1000 * 0.25 * 4)
-            while ((redis("ZCARD", "spindle:ready:synthetic").strip(), lag()) != (str(n), str(n))
-                   and time.monotonic() < deadline):
+            while (got := rebuilt()) != (str(n), str(n)) and time.monotonic() < deadline:
                 time.sleep(0.1)
             took = time.monotonic() - t0
-            got = redis("ZCARD", "spindle:ready:synthetic").strip()
-            if (got, lag()) != (str(n), str(n)):
-                print(f"not rebuilt: the pipelines' sets hold {got} of {n} entries, the mirror's lag is {lag()}")
+            if got != (str(n), str(n)):
+                print(f"not rebuilt: the pipelines' sets hold {got[0]} of {n} entries, the mirror's lag is {got[1]}")
                 return 1
             # SLOWLOG GET entries: id, time, microseconds, [command, args...]
-            out = subprocess.run(["redis-cli", "-p", str(port), "--json", "SLOWLOG", "GET", "100000"],
-                                 capture_output=True, text=True).stdout
+            out = redis("--json", "SLOWLOG", "GET", "100000")
             try:
                 entries = json.loads(out)
             except ValueError:

@@ -646,6 +646,15 @@ static int on_event(void *user, const spn_client_status_t *ev) {
   return 0;
 }
 
+/* A reply (parsed as j, raw as text) printed as indented JSON, without the
+ * request's "req". */
+static void print_reply(cJSON *j, const char *text) {
+  cJSON_DeleteItemFromObject(j, "req");
+  char *pretty = j ? cJSON_Print(j) : NULL;
+  printf("%s\n", pretty ? pretty : text);
+  cJSON_free(pretty);
+}
+
 /* The gateway's STATUS reply for a job: its full job object (JSON). */
 static int32_t request_status(spn_client_t *cl, int64_t id, char **reply, spn_error_t *err) {
   char type[17], body[64];
@@ -941,10 +950,7 @@ static int cmd_status(int argc, char **argv) {
     rc = EXIT_GATEWAY;
   } else {
     cJSON *j = cJSON_Parse(reply);
-    cJSON_DeleteItemFromObject(j, "req");
-    char *pretty = j ? cJSON_Print(j) : NULL;
-    printf("%s\n", pretty ? pretty : reply);
-    cJSON_free(pretty);
+    print_reply(j, reply);
     cJSON_Delete(j);
     free(reply);
   }
@@ -1059,17 +1065,6 @@ static int cmd_jobs(int argc, char **argv) {
   return rc;
 }
 
-/* "3 s ago", "12 min ago", "2 h ago". */
-static void ago(double ms, char *out, size_t n) {
-  double s = ms / 1000.0;
-  if (s < 120)
-    snprintf(out, n, "%.0f s ago", s);
-  else if (s < 7200)
-    snprintf(out, n, "%.0f min ago", s / 60);
-  else
-    snprintf(out, n, "%.0f h ago", s / 3600);
-}
-
 static int cmd_workers(int argc, char **argv) {
   copts_t co = {.o = SPN_CLIENT_OPTIONS_INIT};
   bool json = false;
@@ -1107,10 +1102,8 @@ static int cmd_workers(int argc, char **argv) {
     rc = EXIT_GATEWAY;
   } else {
     cJSON *r = cJSON_Parse(reply);
-    cJSON_DeleteItemFromObject(r, "req");
-    char *pretty = json && r ? cJSON_Print(r) : NULL;
     if (json) {
-      printf("%s\n", pretty ? pretty : reply);
+      print_reply(r, reply);
     } else {
       const cJSON *w, *p, *it;
       printf("%-28s %-7s %5s %8s  %s\n", "WORKER", "KIND", "SLOTS", "RUNNING", "PIPELINES");
@@ -1141,13 +1134,12 @@ static int cmd_workers(int argc, char **argv) {
           snprintf(when, sizeof when, "yes");
         } else if (cJSON_IsNumber(ms)) {
           char a[40];
-          ago(ms->valuedouble, a, sizeof a);
-          snprintf(when, sizeof when, "none (last seen %s)", a);
+          spn__say_duration(ms->valuedouble / 1000.0, a, sizeof a);
+          snprintf(when, sizeof when, "none (last seen %s ago)", a);
         }
         printf("%-28s %s\n", cJSON_IsString(name) ? name->valuestring : "?", when);
       }
     }
-    cJSON_free(pretty);
     cJSON_Delete(r);
   }
   free(reply);

@@ -213,13 +213,11 @@ static bool no_worker(spn_server_t *s, const char *pipeline, char *why, size_t n
   int64_t at = 0, now = spn__now_ms();
   if (!spn__queue_unserved(&s->q, pipeline, now, &at))
     return false;
-  char ago[48] = "";
-  double secs = (double)(now - at) / 1000.0;
+  char ago[40] = "";
   if (at > 0)
-    snprintf(ago, sizeof ago, secs < 120 ? " for %.0f s" : secs < 7200 ? " for %.0f min" : " for %.0f h",
-             secs < 120 ? secs : secs < 7200 ? secs / 60 : secs / 3600);
-  snprintf(why, n, "no worker that runs pipeline \"%s\" has been seen%s; the job stays queued until one asks for work",
-           pipeline, ago);
+    spn__say_duration((double)(now - at) / 1000.0, ago, sizeof ago);
+  snprintf(why, n, "no worker that runs pipeline \"%s\" has been seen%s%s; the job stays queued until one asks for work",
+           pipeline, at > 0 ? " for " : "", ago);
   return true;
 }
 
@@ -956,7 +954,7 @@ static void pipeline_seen(spn_server_t *s, cJSON *arr, const char *name, size_t 
   char one[129];
   snprintf(one, sizeof one, "%.*s", (int)(len < 128 ? len : 128), name);
   int64_t at = 0;
-  spn__queue_unserved(&s->q, one, now, &at);
+  s->q.ops->seen(s->q.impl, one, &at, NULL);
   cJSON *p = cJSON_CreateObject();
   cJSON_AddStringToObject(p, "name", one);
   cJSON_AddItemToObject(p, "worker_seen_ms_ago", at ? cJSON_CreateNumber((double)(now - at)) : cJSON_CreateNull());

@@ -17,6 +17,8 @@ typedef struct cJSON cJSON;
 /* ---- clock ---- */
 int64_t spn__now_ms(void);  /* wall clock, ms since the epoch (persisted) */
 double spn__mono_s(void);   /* monotonic seconds */
+/* A duration for people: "42 s" under 2 min, "12 min" under 2 h, else "3 h". */
+void spn__say_duration(double seconds, char *out, size_t n);
 
 /* ---- transfers ---- */
 

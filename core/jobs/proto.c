@@ -312,6 +312,15 @@ int64_t spn__now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+void spn__say_duration(double seconds, char *out, size_t n) {
+  if (seconds < 120)
+    snprintf(out, n, "%.0f s", seconds);
+  else if (seconds < 7200)
+    snprintf(out, n, "%.0f min", seconds / 60);
+  else
+    snprintf(out, n, "%.0f h", seconds / 3600);
+}
+
 double spn__mono_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

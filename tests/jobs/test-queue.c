@@ -766,26 +766,6 @@ static void test_redis_waiting_lag_is_the_number_of_queued_jobs(void **state) {
  * deleted (a queue an older Spindle wrote has none), entries removed with
  * XDEL (Redis then reports no lag) — is repaired by the next sweep and on
  * connect; transitions keep working meanwhile. */
-/* A mirror far off (here 25,000 junk tokens) comes right over several
- * sweeps, 10,000 tokens each, so no sweep holds Redis for long. */
-static void test_redis_waiting_mirror_repaired_in_chunks(void **state) {
-  fx_t *f = *state;
-  int64_t now = wall_ms();
-  for (int i = 0; i < 4; i++)
-    submit(f, 0, NULL, 0, 1, now);
-  assert_waiting(f, 4);
-  char key[64];
-  snprintf(key, sizeof key, "%swaiting", f->prefix);
-  freeReplyObject(redis_cmd(f->srv, "EVAL %s 1 %s", "for i = 1, 25000 do redis.call('XADD', KEYS[1], '*', 't', 1) end", key));
-  assert_int_equal(waiting_lag(f->srv, f->prefix), 25004);
-  assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
-  assert_int_equal(waiting_lag(f->srv, f->prefix), 15004);
-  assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
-  assert_int_equal(waiting_lag(f->srv, f->prefix), 5004);
-  assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
-  assert_waiting(f, 4);
-}
-
 static void test_redis_waiting_mirror_is_repaired(void **state) {
   fx_t *f = *state;
   int64_t now = wall_ms();
@@ -844,6 +824,26 @@ static void test_redis_waiting_mirror_is_repaired(void **state) {
     assert_int_not_equal(lease(f, "w", now, NULL), 0);
     assert_waiting(f, left - 1);
   }
+}
+
+/* A mirror far off (here 25,000 junk tokens) comes right over several
+ * sweeps, 10,000 tokens each, so no sweep holds Redis for long. */
+static void test_redis_waiting_mirror_repaired_in_chunks(void **state) {
+  fx_t *f = *state;
+  int64_t now = wall_ms();
+  for (int i = 0; i < 4; i++)
+    submit(f, 0, NULL, 0, 1, now);
+  assert_waiting(f, 4);
+  char key[64];
+  snprintf(key, sizeof key, "%swaiting", f->prefix);
+  freeReplyObject(redis_cmd(f->srv, "EVAL %s 1 %s", "for i = 1, 25000 do redis.call('XADD', KEYS[1], '*', 't', 1) end", key));
+  assert_int_equal(waiting_lag(f->srv, f->prefix), 25004);
+  assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
+  assert_int_equal(waiting_lag(f->srv, f->prefix), 15004);
+  assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
+  assert_int_equal(waiting_lag(f->srv, f->prefix), 5004);
+  assert_int_equal(f->o->sweep(f->q.impl, now, NULL, NULL, NULL), 0);
+  assert_waiting(f, 4);
 }
 
 static void test_redis_url_errors(void **state) {
