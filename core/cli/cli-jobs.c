@@ -1073,9 +1073,10 @@ static int cmd_workers(int argc, char **argv) {
   for (int c; (c = spn_cli_next(&g, argc, argv, opts)) != SPN_CLI_END;) {
     if (c == 'h') {
       printf("usage: spindle workers [--json]\n%s"
-             "Lists the gateway's own slots and its remote workers (what each runs,\n"
-             "slots, jobs running), then each pipeline with when a worker that runs it\n"
-             "was last there: any gateway's or, on a Redis queue, any stateless worker's.\n",
+             "Lists the workers (what each runs, slots, jobs running): the gateway's own\n"
+             "slots and remote workers and, on a Redis queue, every other gateway's and\n"
+             "every stateless worker, a worker that stopped without draining as gone for\n"
+             "10 min. Then each pipeline with when a worker that runs it was last there.\n",
              client_opts_help);
       return EXIT_OK;
     }
@@ -1105,7 +1106,7 @@ static int cmd_workers(int argc, char **argv) {
     if (json) {
       print_reply(r, reply);
     } else {
-      const cJSON *w, *p, *it;
+      const cJSON *w, *p, *it, *mine = cJSON_GetObjectItemCaseSensitive(r, "gateway");
       printf("%-28s %-7s %5s %8s  %s\n", "WORKER", "KIND", "SLOTS", "RUNNING", "PIPELINES");
       cJSON_ArrayForEach(w, cJSON_GetObjectItemCaseSensitive(r, "workers")) {
         const cJSON *pl = cJSON_GetObjectItemCaseSensitive(w, "pipelines");
@@ -1118,11 +1119,27 @@ static int cmd_workers(int argc, char **argv) {
           at += k > 0 ? (size_t)k : 0;
         }
         const cJSON *name = cJSON_GetObjectItemCaseSensitive(w, "name"), *kind = cJSON_GetObjectItemCaseSensitive(w, "kind");
+        const cJSON *gw = cJSON_GetObjectItemCaseSensitive(w, "gateway");
+        /* where it is, when not this gateway's; then its state */
+        char note[256] = "";
+        size_t nl = 0;
+        bool ours = cJSON_IsString(gw) && cJSON_IsString(mine) && !strcmp(gw->valuestring, mine->valuestring);
+        if (cJSON_IsString(gw) && !ours && cJSON_IsString(kind) && !strcmp(kind->valuestring, "local"))
+          nl += (size_t)snprintf(note + nl, sizeof note - nl, " (another gateway)");
+        else if (cJSON_IsString(gw) && !ours)
+          nl += (size_t)snprintf(note + nl, sizeof note - nl, " (via %.120s)", gw->valuestring);
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(w, "gone"))) {
+          char a[40];
+          spn__say_duration(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(w, "last_heard_ms")) / 1000.0, a,
+                            sizeof a);
+          snprintf(note + nl, sizeof note - nl, " (gone: last heard %s ago)", a);
+        } else if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(w, "draining"))) {
+          snprintf(note + nl, sizeof note - nl, " (draining)");
+        }
         printf("%-28s %-7s %5.0f %8.0f  %s%s\n", cJSON_IsString(name) ? name->valuestring : "?",
                cJSON_IsString(kind) ? kind->valuestring : "?",
                cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(w, "slots")),
-               cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(w, "running")), names,
-               cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(w, "draining")) ? " (draining)" : "");
+               cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(w, "running")), names, note);
       }
       /* a worker is there when one was recorded within three rounds */
       printf("\n%-28s %s\n", "PIPELINE", "A WORKER THAT RUNS IT");

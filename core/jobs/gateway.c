@@ -936,19 +936,6 @@ static void on_hello(spn_server_t *s, spn_pmsg_t *m) {
 }
 
 /* A filter's names as a JSON array, or null for NULL (any pipeline). */
-static cJSON *names_json(const char *filter) {
-  if (!filter)
-    return cJSON_CreateNull();
-  cJSON *a = cJSON_CreateArray();
-  size_t len = 0;
-  for (const char *name = NULL; a && spn__pipeline_filter_next(filter, &name, &len);) {
-    char one[129];
-    snprintf(one, sizeof one, "%.*s", (int)(len < 128 ? len : 128), name);
-    cJSON_AddItemToArray(a, cJSON_CreateString(one));
-  }
-  return a;
-}
-
 /* {"name", "worker_seen_ms_ago": ms or null (never)} of one pipeline. */
 static void pipeline_seen(spn_server_t *s, cJSON *arr, const char *name, size_t len, int64_t now) {
   char one[129];
@@ -961,8 +948,54 @@ static void pipeline_seen(spn_server_t *s, cJSON *arr, const char *name, size_t 
   cJSON_AddItemToArray(arr, p);
 }
 
-/* WORKERS: what runs this gateway's jobs. Its own slots and its remote
- * workers, each with what it runs and how busy it is; and, for each
+typedef struct {
+  spn_server_t *s;
+  cJSON *ws;
+  int64_t now;
+} roster_ctx_t;
+
+/* One roster record of another process: another gateway's own slots, a
+ * remote worker of another gateway, or a stateless worker. */
+static void roster_row(void *user, const char *name, const char *record) {
+  roster_ctx_t *c = user;
+  spn_server_t *s = c->s;
+  char own[160];
+  snprintf(own, sizeof own, "gateway:%s", s->name);
+  if (!strcmp(name, own))
+    return;
+  for (size_t i = 0; i < s->nworkers; i++)
+    if (s->workers[i].alive && !strcmp(s->workers[i].owner, name))
+      return; /* listed above, from what this gateway knows now */
+  cJSON *r = cJSON_Parse(record);
+  int64_t at = spn__roster_at(r);
+  const cJSON *kind = cJSON_GetObjectItemCaseSensitive(r, "kind");
+  if (!at || !cJSON_IsString(kind) || at < c->now - SPN_ROSTER_KEEP_MS) {
+    cJSON_Delete(r); /* unreadable, or due for removal */
+    return;
+  }
+  cJSON_DeleteItemFromObjectCaseSensitive(r, "at");
+  const char *gw = spn__json_str(r, "gateway");
+  /* another gateway's slots are named after it */
+  cJSON_AddStringToObject(r, "name", !strncmp(name, "gateway:", 8) && gw ? gw : name);
+  cJSON_AddNumberToObject(r, "last_heard_ms", (double)(c->now > at ? c->now - at : 0));
+  cJSON_AddBoolToObject(r, "gone", c->now - at > SPN_PRESENCE_STALE_MS);
+  cJSON_AddItemToArray(c->ws, r);
+}
+
+static int roster_order(const void *a, const void *b) {
+  const cJSON *x = *(const cJSON *const *)a, *y = *(const cJSON *const *)b;
+  int gx = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, "gone"));
+  int gy = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(y, "gone"));
+  if (gx != gy)
+    return gx - gy;
+  const char *nx = spn__json_str(x, "name"), *ny = spn__json_str(y, "name");
+  return strcmp(nx ? nx : "", ny ? ny : "");
+}
+
+/* WORKERS: what runs the jobs. This gateway's own slots and remote workers,
+ * each with what it runs and how busy it is; on a shared queue, every other
+ * worker in its roster (other gateways' slots and remote workers, stateless
+ * workers), a worker that stopped without draining as gone; and, for each
  * pipeline the gateway has, when a worker that runs it was last there
  * (every gateway's and, on Redis, every stateless worker's, from the
  * queue's presence record): null never. */
@@ -976,6 +1009,7 @@ static void on_workers(spn_server_t *s, spn_pmsg_t *m) {
     return;
   }
   with_req(b, m->req);
+  cJSON_AddStringToObject(b, "gateway", s->name);
   double mono = spn__mono_s();
   if (s->nslots) {
     cJSON *w = cJSON_CreateObject();
@@ -984,10 +1018,11 @@ static void on_workers(spn_server_t *s, spn_pmsg_t *m) {
       running += s->runs[i].slot >= 0;
     cJSON_AddStringToObject(w, "name", "(this gateway)");
     cJSON_AddStringToObject(w, "kind", "local");
+    cJSON_AddStringToObject(w, "gateway", s->name);
     cJSON_AddNumberToObject(w, "slots", s->nslots);
     cJSON_AddNumberToObject(w, "running", (double)running);
     cJSON_AddBoolToObject(w, "draining", s->draining != 0);
-    cJSON_AddItemToObject(w, "pipelines", names_json(s->pipelines));
+    cJSON_AddItemToObject(w, "pipelines", spn__pipeline_names_json(s->pipelines));
     cJSON_AddItemToArray(ws, w);
   }
   for (size_t i = 0; i < s->nworkers; i++) {
@@ -1000,13 +1035,41 @@ static void on_workers(spn_server_t *s, spn_pmsg_t *m) {
       running += s->runs[k].worker == (int64_t)i && s->runs[k].slot < 0;
     cJSON_AddStringToObject(w, "name", rw->owner);
     cJSON_AddStringToObject(w, "kind", "remote");
+    cJSON_AddStringToObject(w, "gateway", s->name);
     cJSON_AddNumberToObject(w, "slots", (double)running + (double)(rw->credit > 0 ? rw->credit : 0));
     cJSON_AddNumberToObject(w, "running", (double)running);
+    cJSON_AddBoolToObject(w, "draining", rw->draining);
     cJSON_AddNumberToObject(w, "last_heard_ms", (double)(int64_t)((mono - rw->last_seen) * 1000.0));
-    cJSON_AddItemToObject(w, "pipelines", rw->leased ? names_json(rw->pipelines) : cJSON_CreateArray());
+    cJSON_AddItemToObject(w, "pipelines", rw->leased ? spn__pipeline_names_json(rw->pipelines) : cJSON_CreateArray());
     cJSON_AddItemToArray(ws, w);
   }
   int64_t now = spn__now_ms();
+  if (s->q.ops->roster_get) {
+    roster_ctx_t c = {s, cJSON_CreateArray(), now};
+    spn_error_t err = SPN_ERROR_INIT;
+    int32_t rc = c.ws ? s->q.ops->roster_get(s->q.impl, roster_row, &c, &err)
+                      : spn_error_set(&err, SPN_ENOMEM, "out of memory");
+    if (rc < 0) {
+      cJSON_Delete(c.ws);
+      cJSON_Delete(b);
+      spn__out_error(s, m->ident, m->ident_len, m->req, code_for(rc), err.msg);
+      return;
+    }
+    /* the live ones by name, then the gone ones (the hash has no order) */
+    size_t n = (size_t)cJSON_GetArraySize(c.ws), k = 0;
+    cJSON **rows = n ? calloc(n, sizeof *rows) : NULL;
+    for (cJSON *it = c.ws->child; rows && it; it = it->next)
+      rows[k++] = it;
+    if (rows)
+      qsort(rows, n, sizeof *rows, roster_order);
+    for (size_t i = 0; i < n && rows; i++)
+      cJSON_AddItemToArray(ws, cJSON_DetachItemViaPointer(c.ws, rows[i]));
+    free(rows);
+    if (n && !rows) /* unsorted rather than none */
+      while (c.ws->child)
+        cJSON_AddItemToArray(ws, cJSON_DetachItemViaPointer(c.ws, c.ws->child));
+    cJSON_Delete(c.ws);
+  }
   size_t len = 0;
   for (const char *name = NULL; s->pipelines && spn__pipeline_filter_next(s->pipelines, &name, &len);)
     pipeline_seen(s, ps, name, len, now);

@@ -248,10 +248,11 @@ static void gw_answer(void *user, const char *path, spn__http_reply_t *out) {
     snprintf(body, sizeof body, "%s\n", ready ? "ready" : !devices ? why : "stopping");
     out->body = strdup(body);
   } else if (!strcmp(path, "/metrics")) {
-    size_t alive = 0;
-    for (size_t i = 0; i < s->nworkers; i++)
-      alive += s->workers[i].alive;
-    spn__observe_workers_t w = {.local = s->nslots, .remote = alive};
+    spn__observe_workers_t w = {.local = s->nslots, .draining = s->draining != 0};
+    for (size_t i = 0; i < s->nworkers; i++) {
+      w.remote += s->workers[i].alive;
+      w.remote_draining += s->workers[i].alive && s->workers[i].draining;
+    }
     spn_error_t err = SPN_ERROR_INIT;
     out->body = spn__observe_render(s->obs, &w, s->runner, &err);
     if (out->body) {

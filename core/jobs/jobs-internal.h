@@ -112,6 +112,11 @@ static inline const char *spn__queue_event_name(int ev) {
  * having no worker (three missed times). */
 #define SPN_PRESENCE_MS 5000
 #define SPN_PRESENCE_STALE_MS (3 * SPN_PRESENCE_MS)
+/* A roster record not renewed for this long is removed (a worker that
+ * stopped without draining is listed as gone until then), checked this
+ * often by each gateway. */
+#define SPN_ROSTER_KEEP_MS (10 * 60 * 1000)
+#define SPN_ROSTER_PRUNE_MS (60 * 1000)
 
 /* A queue backend. Every call is made from one thread (the loop thread) and
  * takes `now` (ms since the epoch) so tests control time. Writes made
@@ -203,6 +208,16 @@ typedef struct spn_queue_ops {
    * worker of the queue. */
   int32_t (*present)(void *q, const char *pipelines, int64_t now, spn_error_t *err);
   int32_t (*seen)(void *q, const char *pipeline, int64_t *at, spn_error_t *err);
+  /* The roster (docs/jobs.md, "spindle workers"): one record per worker
+   * process of a shared queue, so that any gateway can list every worker,
+   * whoever it leases through. roster_put sets name[i] to record[i] (JSON,
+   * with "at": ms), or removes name[i] when record[i] is NULL; roster_get
+   * calls cb for each record. NULL when the backend has no other processes
+   * (SQLite: its one gateway knows its workers itself). */
+  int32_t (*roster_put)(void *q, size_t n, const char *const *names, const char *const *records,
+                        spn_error_t *err);
+  int32_t (*roster_get)(void *q, void (*cb)(void *user, const char *name, const char *record), void *user,
+                        spn_error_t *err);
   void (*free)(void *q);
 } spn_queue_ops_t;
 
@@ -215,6 +230,27 @@ typedef struct spn_queue {
  * (a queued job of it waits for one); *at (may be NULL) gets the last time
  * one was (0: never). False too when the queue cannot tell. */
 bool spn__queue_unserved(const spn_queue_t *q, const char *pipeline, int64_t now, int64_t *at);
+
+/* ---- roster (roster.c) ---- */
+
+/* What a worker process records about itself in the roster (ops.roster_put). */
+typedef struct spn_roster_entry {
+  const char *kind;      /* "local" (a gateway's own slots), "remote", "queue" */
+  const char *gateway;   /* the gateway it leases through, "HOST:PID"; NULL: none */
+  int64_t slots, running;
+  bool draining;
+  const char *pipelines; /* spn__pipeline_filter's form; NULL: any */
+} spn_roster_entry_t;
+
+/* The record (JSON, "at": now) of e. Ownership: caller frees (cJSON_free). */
+char *spn__roster_record(const spn_roster_entry_t *e, int64_t now);
+/* A record's "at" (ms), 0 when it has none. */
+int64_t spn__roster_at(const cJSON *record);
+/* Remove the records not renewed for SPN_ROSTER_KEEP_MS (*removed: how
+ * many); nothing when the queue has no roster. */
+int32_t spn__roster_prune(const spn_queue_t *q, int64_t now, size_t *removed, spn_error_t *err);
+/* The names in a pipeline filter as a JSON array; null for NULL (any). */
+cJSON *spn__pipeline_names_json(const char *filter);
 
 typedef struct spn_queue_config {
   const char *backend;       /* "sqlite" (default) or "redis" */

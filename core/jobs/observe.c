@@ -437,6 +437,18 @@ static int32_t w_seen(void *q, const char *pipeline, int64_t *at, spn_error_t *e
   return o->inner.ops->seen(o->inner.impl, pipeline, at, err);
 }
 
+static int32_t w_roster_put(void *q, size_t n, const char *const *names, const char *const *records,
+                            spn_error_t *err) {
+  spn__observe_t *o = q;
+  return o->inner.ops->roster_put(o->inner.impl, n, names, records, err);
+}
+
+static int32_t w_roster_get(void *q, void (*cb)(void *user, const char *name, const char *record), void *user,
+                            spn_error_t *err) {
+  spn__observe_t *o = q;
+  return o->inner.ops->roster_get(o->inner.impl, cb, user, err);
+}
+
 static void w_free(void *q) {
   spn__observe_t *o = q;
   spn_queue_free(&o->inner);
@@ -470,6 +482,8 @@ static const spn_queue_ops_t observed_ops = {
     .events = w_events,
     .present = w_present,
     .seen = w_seen,
+    .roster_put = w_roster_put,
+    .roster_get = w_roster_get,
     .free = w_free,
 };
 
@@ -519,6 +533,10 @@ int32_t spn__observe_attach(spn_queue_t *q, const char *who, spn__observe_t **ou
     o->ops.events = NULL;
   if (!q->ops->unpublished)
     o->ops.unpublished = NULL; /* callers remove markers after commit then */
+  if (!q->ops->roster_put || !q->ops->roster_get) {
+    o->ops.roster_put = NULL;
+    o->ops.roster_get = NULL;
+  }
   q->ops = &o->ops;
   q->impl = o;
   *out = o;
@@ -660,6 +678,48 @@ static void render_runner(spn__mbuf_t *b, const spn_job_runner_t *runner, bool g
   spn__runner_metrics(runner, b);
 }
 
+/* The queue's workers by kind and state: on a shared queue from its roster
+ * (roster.c), whichever gateway they lease through; else this gateway's. A
+ * gateway's own slots count once, as one worker of kind local. */
+typedef struct {
+  int64_t now;
+  uint64_t n[3][3]; /* kind (local, remote, queue) x state (live, draining, gone) */
+} roster_count_t;
+
+static void roster_count(void *user, const char *name, const char *record) {
+  roster_count_t *c = user;
+  (void)name;
+  cJSON *r = cJSON_Parse(record);
+  int64_t at = spn__roster_at(r);
+  const char *kind = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "kind"));
+  int k = !kind ? -1 : !strcmp(kind, "local") ? 0 : !strcmp(kind, "remote") ? 1 : !strcmp(kind, "queue") ? 2 : -1;
+  if (k >= 0 && at && at >= c->now - SPN_ROSTER_KEEP_MS) {
+    int st = c->now - at > SPN_PRESENCE_STALE_MS ? 2 : cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "draining"));
+    c->n[k][st]++;
+  }
+  cJSON_Delete(r);
+}
+
+static bool roster_render(spn__observe_t *o, const spn__observe_workers_t *w, spn__mbuf_t *b, spn_error_t *err) {
+  roster_count_t c = {.now = spn__now_ms()};
+  if (o->inner.ops->roster_get && o->inner.ops->roster_get(o->inner.impl, roster_count, &c, err) < 0)
+    return false;
+  if (!o->inner.ops->roster_get) { /* this gateway's workers are the queue's */
+    c.n[0][w->draining ? 1 : 0] = w->local > 0;
+    c.n[1][0] = w->remote - w->remote_draining;
+    c.n[1][1] = w->remote_draining;
+  }
+  static const char *const kinds[] = {"local", "remote", "queue"}, *const states[] = {"live", "draining", "gone"};
+  spn__mbuf_family(b, "spindle_queue_workers", "gauge",
+                   "Workers of the queue by kind (a gateway's own slots, remote, stateless) and state; "
+                   "gone: stopped without draining (kept 10 min).");
+  for (int k = 0; k < 3; k++)
+    for (int st = 0; st < 3; st++)
+      spn__mbuf_put(b, "spindle_queue_workers{kind=\"%s\",state=\"%s\"} %llu\n", kinds[k], states[st],
+                    (unsigned long long)c.n[k][st]);
+  return true;
+}
+
 char *spn__observe_render(spn__observe_t *o, const spn__observe_workers_t *w, const spn_job_runner_t *runner,
                           spn_error_t *err) {
   int64_t cnt[SPN_QSTATE_COUNT];
@@ -725,6 +785,10 @@ char *spn__observe_render(spn__observe_t *o, const spn__observe_workers_t *w, co
              "Time from lease to the end of an attempt, by pipeline and outcome.");
   spn__mbuf_family(&b, "spindle_workers", "gauge", "Workers by kind: in-process slots, and remote workers sending heartbeats.");
   spn__mbuf_put(&b, "spindle_workers{kind=\"local\"} %u\nspindle_workers{kind=\"remote\"} %zu\n", w->local, w->remote);
+  if (!roster_render(o, w, &b, err)) {
+    free(b.p);
+    return NULL;
+  }
   render_nvml(&o->nvml, &b);
   render_runner(&b, runner, true);
   if (b.oom || !b.p) {

@@ -28,10 +28,13 @@ typedef struct spn__observe spn__observe_t;
 int32_t spn__observe_attach(spn_queue_t *q, const char *who, spn__observe_t **out, spn_error_t *err);
 spn__logger_t *spn__observe_logger(spn__observe_t *o);
 
-/* Workers for spindle_workers. */
+/* Workers for spindle_workers, and for spindle_queue_workers where the
+ * queue has no roster (SQLite: this gateway's are all there are). */
 typedef struct spn__observe_workers {
   uint32_t local;
   size_t remote;
+  size_t remote_draining; /* of remote */
+  bool draining;          /* this gateway */
 } spn__observe_workers_t;
 
 /* The whole /metrics body (Prometheus text 0.0.4), malloc'd, NUL-ended;

@@ -830,29 +830,39 @@ static int32_t rq_counts(void *qv, int64_t out[SPN_QSTATE_COUNT], spn_error_t *e
   return rc;
 }
 
-static int32_t rq_events(void *qv, uint64_t out[SPN_QEV_COUNT], spn_error_t *err) {
-  rq_t *q = qv;
+/* HGETALL of P<suffix>: cb for each field and value (both strings). */
+static int32_t rq_hgetall(rq_t *q, const char *suffix, const char *what,
+                          void (*cb)(void *user, const char *field, const char *value), void *user,
+                          spn_error_t *err) {
   rq_drain(q);
   if (rq_connect(q, err) < 0)
     return SPN_EIO;
-  memset(out, 0, SPN_QEV_COUNT * sizeof *out);
   char key[96];
-  snprintf(key, sizeof key, "%sevents", q->prefix);
+  snprintf(key, sizeof key, "%s%s", q->prefix, suffix);
   const char *argv[] = {"HGETALL", key};
   size_t lens[] = {7, strlen(key)};
-  redisReply *r = rq_cmd(q, 2, argv, lens, "reading the event counters", err);
+  redisReply *r = rq_cmd(q, 2, argv, lens, what, err);
   if (!r)
     return SPN_EIO;
   for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i + 1 < r->elements; i += 2) {
     const redisReply *k = r->element[i], *v = r->element[i + 1];
-    if (k->type != REDIS_REPLY_STRING || v->type != REDIS_REPLY_STRING)
-      continue;
-    for (int e = 0; e < SPN_QEV_COUNT; e++)
-      if (!strcmp(k->str, spn__queue_event_name(e)))
-        out[e] = strtoull(v->str, NULL, 10);
+    if (k->type == REDIS_REPLY_STRING && v->type == REDIS_REPLY_STRING)
+      cb(user, k->str, v->str);
   }
   freeReplyObject(r);
   return SPN_OK;
+}
+
+static void event_count(void *user, const char *field, const char *value) {
+  uint64_t *out = user;
+  for (int e = 0; e < SPN_QEV_COUNT; e++)
+    if (!strcmp(field, spn__queue_event_name(e)))
+      out[e] = strtoull(value, NULL, 10);
+}
+
+static int32_t rq_events(void *qv, uint64_t out[SPN_QEV_COUNT], spn_error_t *err) {
+  memset(out, 0, SPN_QEV_COUNT * sizeof *out);
+  return rq_hgetall(qv, "events", "reading the event counters", event_count, out, err);
 }
 
 /* Worker presence: P seen, a hash of pipeline name -> ms; "\n" (no
@@ -915,6 +925,49 @@ static int32_t rq_seen(void *qv, const char *pipeline, int64_t *at, spn_error_t 
   return SPN_OK;
 }
 
+/* The roster: P workers, a hash of worker name -> its record (JSON). One
+ * HSET for the records given, one HDEL for the names without one. */
+static int32_t rq_roster_put(void *qv, size_t n, const char *const *names, const char *const *records,
+                             spn_error_t *err) {
+  rq_t *q = qv;
+  rq_drain(q);
+  if (rq_connect(q, err) < 0)
+    return SPN_EIO;
+  char key[96];
+  snprintf(key, sizeof key, "%sworkers", q->prefix);
+  const char **argv = malloc((2 + 2 * n) * sizeof *argv);
+  size_t *lens = malloc((2 + 2 * n) * sizeof *lens);
+  int32_t rc = SPN_OK;
+  if (!argv || !lens)
+    rc = spn_error_set(err, SPN_ENOMEM, "redis queue: out of memory");
+  for (int del = 0; rc == SPN_OK && del < 2; del++) {
+    int argc = 0;
+    argv[argc] = del ? "HDEL" : "HSET", lens[argc++] = 4;
+    argv[argc] = key, lens[argc++] = strlen(key);
+    for (size_t i = 0; i < n; i++) {
+      if ((records[i] == NULL) != (del != 0))
+        continue;
+      argv[argc] = names[i], lens[argc++] = strlen(names[i]);
+      if (!del)
+        argv[argc] = records[i], lens[argc++] = strlen(records[i]);
+    }
+    if (argc == 2)
+      continue;
+    redisReply *r = rq_cmd(q, argc, argv, lens, del ? "removing workers from the roster" : "recording its workers",
+                           err);
+    rc = r ? SPN_OK : SPN_EIO;
+    freeReplyObject(r);
+  }
+  free(argv);
+  free(lens);
+  return rc;
+}
+
+static int32_t rq_roster_get(void *qv, void (*cb)(void *user, const char *name, const char *record), void *user,
+                             spn_error_t *err) {
+  return rq_hgetall(qv, "workers", "reading the roster of workers", cb, user, err);
+}
+
 static void rq_free(void *qv) {
   rq_t *q = qv;
   rq_drop(q);
@@ -949,6 +1002,8 @@ static const spn_queue_ops_t rq_ops = {
     .events = rq_events,
     .present = rq_present,
     .seen = rq_seen,
+    .roster_put = rq_roster_put,
+    .roster_get = rq_roster_get,
     .free = rq_free,
 };
 

@@ -41,6 +41,8 @@
  *   P seen         HASH pipeline -> ms: when a worker that runs it was last
  *                  said to be there (rq_present, HSET outside the scripts;
  *                  field "\n": a worker of any pipeline)
+ *   P workers      HASH worker -> its record (JSON): the roster behind
+ *                  WORKERS (roster.c; rq_roster_put, outside the scripts)
  * Job fields: id st pr att max spec idem own rsn errs cr dl nb lu cs gs pd pt
  *   cx (cancel requested) sid (stream entry of the live lease) t0..t5 (last
  *   time the job entered each state) fo (FIFO rank) ho (has outputs) pl (its

@@ -206,6 +206,25 @@ static uint32_t running(const qw_t *w) {
   return n;
 }
 
+/* Its record in the queue's roster ("worker:NAME"), for spindle workers on
+ * any gateway; removed (draining false and gone true) when it stops. */
+static void roster(qw_t *w, const char *name, bool draining, bool gone) {
+  if (!w->q.ops->roster_put)
+    return;
+  char key[160];
+  snprintf(key, sizeof key, "worker:%s", name);
+  spn_roster_entry_t e = {.kind = "queue", .slots = w->cfg->slots, .running = running(w), .draining = draining,
+                          .pipelines = w->pipelines};
+  char *rec = gone ? NULL : spn__roster_record(&e, spn__now_ms());
+  const char *k = key, *r = rec;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (!gone && !rec)
+    say_error(w, "roster of workers: out of memory");
+  else if (w->q.ops->roster_put(w->q.impl, 1, &k, &r, &err) < 0)
+    say_error(w, err.msg);
+  cJSON_free(rec);
+}
+
 int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *runner,
                              spn_error_t *err) {
   if (cfg->slots == 0 || cfg->slots > 1024)
@@ -258,7 +277,7 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
              "pipelines: %s", w.q.ops->name, cfg->queue->url ? cfg->queue->url : "", cfg->slots, pipes);
   double renew_every = cfg->lease_ms / 3000.0, sweep_every = cfg->lease_ms / 2000.0;
   double last_renew = spn__mono_s(), last_sweep = 0, last_presence = 0, drain_until = 0;
-  bool draining = false;
+  bool draining = false, said_draining = false;
   uint32_t wait_ms = 1;  /* between lease attempts: doubles up to 50 while the queue is empty */
   double next_lease = 0;
   spn_slot_report_t *pending = NULL;
@@ -300,11 +319,13 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     }
     /* that its pipelines have a worker, busy or not (a queued job's
      * status says when none has) */
-    if (!draining && mono - last_presence >= SPN_PRESENCE_MS / 1000.0) {
+    if (mono - last_presence >= SPN_PRESENCE_MS / 1000.0 || (draining && !said_draining)) {
       last_presence = mono;
       spn_error_t e = SPN_ERROR_INIT;
-      if (w.q.ops->present(w.q.impl, w.pipelines, spn__now_ms(), &e) < 0)
+      if (!draining && w.q.ops->present(w.q.impl, w.pipelines, spn__now_ms(), &e) < 0)
         say_error(&w, e.msg);
+      roster(&w, name, draining, false);
+      said_draining = draining;
     }
     if (mono - last_sweep >= sweep_every) {
       last_sweep = mono;
@@ -347,6 +368,7 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     }
   if (released)
     spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker stopped: %u job(s) back to the queue", released);
+  roster(&w, name, false, true);
 out:
   spn__slot_pool_free(&w.pool);
   spn__wobs_free(&w.wobs);

@@ -177,6 +177,7 @@ void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m) {
      * what it runs. */
     w->credit = 0;
     w->leased = true;
+    w->draining = true;
   } else if (!strcmp(m->type, "RELEASE")) {
     int64_t id, att;
     if (!lease_args(s, m, &id, &att))
@@ -226,6 +227,8 @@ void spn__remote_reap(spn_server_t *s, double mono, int64_t now) {
     lf.worker = w->owner;
     spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, &lf, "worker missed 3 heartbeats; re-queueing its jobs");
     w->alive = false;
+    if (w->draining) /* it stopped as asked; a worker lost otherwise stays listed, as gone */
+      spn__sched_roster_remove(s, w->owner);
     spn_error_t err = SPN_ERROR_INIT;
     char reason[200];
     snprintf(reason, sizeof reason, "worker %s lost (3 heartbeats missed)", w->owner);

@@ -340,6 +340,89 @@ void spn__sched_presence(spn_server_t *s, int64_t now) {
     spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, NULL, "workers' pipelines: %s",
                err.msg[0] ? err.msg : "out of memory");
   free(filter);
+  spn__sched_roster(s, now);
+}
+
+void spn__sched_roster(spn_server_t *s, int64_t now) {
+  if (!s->q.ops->roster_put)
+    return;
+  size_t cap = 1 + s->nworkers, n = 0;
+  char **names = calloc(cap, sizeof *names), **records = calloc(cap, sizeof *records);
+  bool ok = names && records;
+  if (ok && s->nslots) {
+    size_t running = 0;
+    for (size_t i = 0; i < s->nruns; i++)
+      running += s->runs[i].slot >= 0;
+    spn_roster_entry_t e = {.kind = "local", .gateway = s->name, .slots = s->nslots, .running = (int64_t)running,
+                            .draining = s->draining != 0, .pipelines = s->pipelines};
+    size_t len = strlen(s->name) + 9;
+    ok = (names[n] = malloc(len)) && (records[n] = spn__roster_record(&e, now));
+    if (names[n])
+      snprintf(names[n], len, "gateway:%s", s->name);
+    n++;
+  }
+  for (size_t i = 0; ok && i < s->nworkers; i++) {
+    const spn_rworker_t *w = &s->workers[i];
+    if (!w->alive || !w->leased) /* what it runs is not known before its LEASE */
+      continue;
+    size_t running = 0;
+    for (size_t k = 0; k < s->nruns; k++)
+      running += s->runs[k].worker == (int64_t)i && s->runs[k].slot < 0;
+    spn_roster_entry_t e = {.kind = "remote", .gateway = s->name,
+                            .slots = (int64_t)running + (w->credit > 0 ? w->credit : 0),
+                            .running = (int64_t)running, .draining = w->draining, .pipelines = w->pipelines};
+    ok = (names[n] = strdup(w->owner)) && (records[n] = spn__roster_record(&e, now));
+    n++;
+  }
+  spn_error_t err = SPN_ERROR_INIT;
+  if (ok && n)
+    ok = s->q.ops->roster_put(s->q.impl, n, (const char *const *)names, (const char *const *)records, &err) ==
+         SPN_OK;
+  double mono = spn__mono_s();
+  if (ok && mono - s->last_roster_prune >= SPN_ROSTER_PRUNE_MS / 1000.0) {
+    s->last_roster_prune = mono;
+    size_t removed = 0;
+    ok = spn__roster_prune(&s->q, now, &removed, &err) == SPN_OK;
+    if (removed)
+      spn__log_f(spn__observe_logger(s->obs), SPN_LOG_INFO, NULL,
+                 "roster: removed %zu worker record%s not renewed for %d min", removed, removed == 1 ? "" : "s",
+                 SPN_ROSTER_KEEP_MS / 60000);
+  }
+  if (!ok)
+    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, NULL, "roster of workers: %s",
+               err.msg[0] ? err.msg : "out of memory");
+  for (size_t i = 0; i < n; i++) {
+    free(names[i]);
+    cJSON_free(records[i]);
+  }
+  free(names);
+  free(records);
+}
+
+void spn__sched_roster_remove(spn_server_t *s, const char *owner) {
+  if (!s->q.ops->roster_put)
+    return;
+  char own[160];
+  snprintf(own, sizeof own, "gateway:%s", s->name);
+  /* A gateway that stops takes along its draining workers: they would
+   * have left at their next reap. The others reconnect to a gateway that
+   * records them again, or are listed as gone. */
+  const char **names = calloc(1 + s->nworkers, sizeof *names), **none = calloc(1 + s->nworkers, sizeof *none);
+  size_t n = 0;
+  if (names && none && owner)
+    names[n++] = owner;
+  if (names && none && !owner && s->nslots)
+    names[n++] = own;
+  for (size_t i = 0; names && none && !owner && i < s->nworkers; i++)
+    if (s->workers[i].alive && s->workers[i].draining)
+      names[n++] = s->workers[i].owner;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (!names || !none)
+    spn_error_set(&err, SPN_ENOMEM, "out of memory");
+  if (!names || !none || (n && s->q.ops->roster_put(s->q.impl, n, names, none, &err) < 0))
+    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, NULL, "roster of workers: %s", err.msg);
+  free(names);
+  free(none);
 }
 
 void spn__sched_progress(spn_server_t *s, spn_run_t *r, uint64_t done, uint64_t total) {

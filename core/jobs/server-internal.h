@@ -39,6 +39,7 @@ typedef struct spn_rworker {
   double last_seen;
   bool alive;
   bool leased; /* sent LEASE to this gateway instance: its credit is known */
+  bool draining; /* sent DRAIN: stops once its jobs end (then leaves the roster) */
   char *pipelines; /* what its LEASE said it runs (spn__runner_pipelines' form); NULL: any */
 } spn_rworker_t;
 
@@ -119,7 +120,8 @@ struct spn_server {
   size_t nunpublish, capunpublish;
   volatile int draining;   /* SIGTERM: no new leases; exit when idle or at drain_until */
   double drain_until;
-  double last_renew, last_sweep, last_presence;
+  double last_renew, last_sweep, last_presence, last_roster_prune;
+  char name[128];          /* "HOST:PID": its record in a shared queue's roster */
   int64_t wake_at;
   bool handles_open;
 };
@@ -162,6 +164,11 @@ void spn__sched_renew_local(spn_server_t *s, int64_t now);
  * failure to the log: every SPN_PRESENCE_MS, and at once when a remote
  * worker comes or changes what it runs. */
 void spn__sched_presence(spn_server_t *s, int64_t now);
+/* Its own slots' roster record, then each remote worker's (shared queues). */
+void spn__sched_roster(spn_server_t *s, int64_t now);
+/* Remove roster records: this gateway's own (it stops), or remote worker
+ * `owner`'s (it drained and left). */
+void spn__sched_roster_remove(spn_server_t *s, const char *owner);
 /* The batch committed (ok) or not: remove the publication markers of the
  * jobs it recorded succeeded, or keep them for the re-run. */
 void spn__sched_committed(spn_server_t *s, bool ok);

@@ -237,6 +237,9 @@ int32_t spn_server_new(const spn_server_config_t *cfg, const spn_job_runner_t *r
   }
   for (uint32_t i = 0; i < s->nslots; i++)
     snprintf(s->slot_owner[i], sizeof s->slot_owner[i], "local:%d:%u", (int)getpid(), i);
+  char host[64] = "";
+  gethostname(host, sizeof host - 1);
+  snprintf(s->name, sizeof s->name, "%s:%d", host[0] ? host : "localhost", (int)getpid());
   if ((rc = spn__slot_pool_new(s->nslots, runner, wake_loop, s, &s->pool, err)) < 0) {
     spn_error_prefix(err, "server");
     goto out_loop;
@@ -281,6 +284,7 @@ int32_t spn_server_run(spn_server_t *s, spn_error_t *err) {
    * expire (sweep); queued ones are dispatched now. */
   on_timer(&s->timer);
   uv_run(&s->loop, UV_RUN_DEFAULT);
+  spn__sched_roster_remove(s, NULL); /* it stopped: its slots leave the roster */
   (void)err;
   return SPN_OK;
 }

@@ -224,7 +224,8 @@ def check_metric_names(expr, where):
     # The queue's families: every gateway of a shared queue serves the same
     # values (docs/operations.md), so a query adds them up across gateways
     # only under a max (sum alone counts each job once per gateway).
-    shared = used & {'spindle_jobs', 'spindle_queue_depth', 'spindle_queue_unserved', 'spindle_queue_events_total'}
+    shared = used & {'spindle_jobs', 'spindle_queue_depth', 'spindle_queue_unserved', 'spindle_queue_events_total',
+                     'spindle_queue_workers'}
     if shared and not re.match(r'\s*max\b', expr):
         fail(f'{where}: query {expr!r} aggregates {sorted(shared)} (the same on every gateway of a '
              'shared queue) with something other than an outer max')

@@ -228,6 +228,10 @@ try:
           == {k.replace('spindle_queue_events_total', ''): v for k, v in qev.items()} and len(ev) == 7,
           f'queue events {qev} differ from the gateway\'s {ev}')
     check(last['spindle_workers'].get('spindle_workers{kind="remote"}') == 1, f'workers: {last.get("spindle_workers")}')
+    qw = last.get('spindle_queue_workers', {})
+    check(qw.get('spindle_queue_workers{kind="remote",state="live"}') == 1 and
+          qw.get('spindle_queue_workers{kind="local",state="live"}') == 0 and sum(qw.values()) == 1,
+          f'the queue\'s workers, on SQLite this gateway\'s (no slots, one remote worker): {qw}')
     check(last['spindle_jobs'].get('spindle_jobs{state="succeeded"}') == 3, 'jobs succeeded')
     dur = last.get('spindle_job_duration_seconds', {})
     check(dur.get('spindle_job_duration_seconds_count{pipeline="synthetic",outcome="succeeded"}') == 3,

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -1442,6 +1443,79 @@ def case_mixed_workers(tmp):
             check('"pipeline":"synthetic"' not in open(f"{tmp}/{log}", errors="replace").read(),
                   f"{log}: a worker without the synthetic pipeline touched its job")
     check(p.poll() is None, "gateway died")
+
+
+def case_workers_roster(tmp):
+    """Redis only: spindle workers on one gateway lists every worker of the
+    shared queue, whoever it leases through: another gateway's own slots,
+    that gateway's remote worker (via it), stateless workers. A worker that
+    drains leaves the list; one killed, and a gateway killed, are listed as
+    gone. (Before, it named only the asking gateway's own workers.)"""
+    check(BACKEND == "redis", "this case needs --backend redis")
+    port = free_port()
+    pa, epa = start_serve(tmp, "--workers", "0", "--http", f"127.0.0.1:{port}")
+    pb, epb = start_serve(tmp, "--workers", "2", "--heartbeat-ms", "300", db="q2.db", log="b.log")
+
+    def metric():
+        # spindle_queue_workers on gateway A: every worker of the queue
+        text = http_get(port, "/metrics")[1]
+        return {l.split("{")[1].split("}")[0]: int(l.split()[-1]) for l in text.splitlines()
+                if l.startswith("spindle_queue_workers{")}
+    gw_a, gw_b = f"{socket.gethostname()}:{pa.pid}", f"{socket.gethostname()}:{pb.pid}"
+    rb = start_worker(tmp, epb, "--slots", "3", "--heartbeat-ms", "300", name="rb")
+    q1 = start_worker(tmp, REDIS["url"], "--slots", "1", name="q1")
+    q2 = start_worker(tmp, REDIS["url"], "--slots", "2", name="q2")
+
+    def table():
+        r = json.loads(cli("workers", "--json", "--connect", epa, check_rc=0).stdout)
+        check(r.get("gateway") == gw_a, f"WORKERS names the gateway that answered: {r}")
+        return {w["name"]: w for w in r["workers"]}
+    everyone = {gw_b, "remote:rb", "worker:q1", "worker:q2"}
+    wait_for(lambda: set(table()) == everyone, 15, f"gateway A to list {sorted(everyone)}")
+    t = table()
+    want = {gw_b: ("local", 2, gw_b), "remote:rb": ("remote", 3, gw_b), "worker:q1": ("queue", 1, None),
+            "worker:q2": ("queue", 2, None)}
+    for name, (kind, slots, gw) in want.items():
+        w = t[name]
+        check((w["kind"], w["slots"], w.get("gateway"), w["running"], w["gone"], w["draining"])
+              == (kind, slots, gw, 0, False, False) and "copy" in w["pipelines"]
+              and w["last_heard_ms"] < 15000, f"gateway A's row of {name}: {w}")
+    lines = cli("workers", "--connect", epa, check_rc=0).stdout.decode().splitlines()
+    row = {l.split()[0]: l for l in lines[1:] if l.strip() and not l.startswith("PIPELINE")}
+    check(row[gw_b].split()[1:4] == ["local", "2", "0"] and row[gw_b].endswith("(another gateway)"),
+          f"spindle workers, gateway B's slots: {lines}")
+    check(row["remote:rb"].split()[1:4] == ["remote", "3", "0"] and row["remote:rb"].endswith(f"(via {gw_b})"),
+          f"spindle workers, B's remote worker: {lines}")
+    check(row["worker:q1"].split()[1:4] == ["queue", "1", "0"] and "(" not in row["worker:q1"],
+          f"spindle workers, a stateless worker: {lines}")
+    m = metric()
+    check(m['kind="local",state="live"'] == 1 and m['kind="remote",state="live"'] == 1
+          and m['kind="queue",state="live"'] == 2 and sum(m.values()) == 4, f"spindle_queue_workers: {m}")
+    # gateway B lists A's nothing (A has no slots) and its own remote worker
+    rb_seen = json.loads(cli("workers", "--json", "--connect", epb, check_rc=0).stdout)
+    names_b = sorted(w["name"] for w in rb_seen["workers"])
+    check(names_b == sorted(["(this gateway)", "remote:rb", "worker:q1", "worker:q2"]), f"gateway B's list: {names_b}")
+    # a stateless worker and a remote worker stop cleanly: they leave the list
+    for p in (q2, rb):
+        p.send_signal(signal.SIGTERM)
+    for p in (q2, rb):
+        check(p.wait(20) == 0, f"{' '.join(p.args[:4])} exited {p.returncode} after SIGTERM")
+    wait_for(lambda: set(table()) == {gw_b, "worker:q1"}, 10, "the drained workers to leave A's list")
+    # a stateless worker and a gateway killed: listed as gone, then a while later
+    # (SPN_ROSTER_KEEP_MS) removed
+    for p in (q1, pb):
+        p.kill()
+        p.wait()
+    t0 = time.monotonic()
+    wait_for(lambda: all(w["gone"] for w in table().values()), 25, "the killed worker and gateway to show as gone")
+    t = table()
+    check(set(t) == {gw_b, "worker:q1"} and 15000 < t["worker:q1"]["last_heard_ms"] < 30000,
+          f"after kill -9, gone ({time.monotonic() - t0:.1f} s): {t}")
+    lines = cli("workers", "--connect", epa, check_rc=0).stdout.decode().splitlines()
+    check(any(l.startswith("worker:q1 ") and "(gone: last heard " in l for l in lines), f"spindle workers: {lines}")
+    m = metric()
+    check(m['kind="local",state="gone"'] == 1 and m['kind="queue",state="gone"'] == 1 and sum(m.values()) == 2,
+          f"spindle_queue_workers after kill -9 of a worker and a gateway: {m}")
 
 
 CASES = {n[5:]: f for n, f in globals().items() if n.startswith("case_")}

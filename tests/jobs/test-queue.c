@@ -1187,6 +1187,95 @@ static void test_worker_presence(void **state) {
   assert_int_equal(seen_at(f, "transcode"), T0 + 7000);
 }
 
+/* The roster (Redis): records set and removed in one call, read back
+ * whole; a prune removes those not renewed for SPN_ROSTER_KEEP_MS and the
+ * unreadable ones, and keeps the rest. */
+typedef struct {
+  char names[8][32], records[8][512];
+  size_t n;
+} roster_seen_t;
+
+static void roster_collect(void *user, const char *name, const char *record) {
+  roster_seen_t *r = user;
+  assert_true(r->n < 8);
+  snprintf(r->names[r->n], sizeof r->names[r->n], "%s", name);
+  snprintf(r->records[r->n], sizeof r->records[r->n], "%s", record);
+  r->n++;
+}
+
+static const char *roster_find(const roster_seen_t *r, const char *name) {
+  for (size_t i = 0; i < r->n; i++)
+    if (!strcmp(r->names[i], name))
+      return r->records[i];
+  return NULL;
+}
+
+static void test_redis_roster(void **state) {
+  fx_t *f = *state;
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_roster_entry_t gw = {.kind = "local", .gateway = "gw:1", .slots = 4, .running = 1,
+                           .pipelines = "\nenhance\nlipsync\n"};
+  spn_roster_entry_t q = {.kind = "queue", .slots = 2, .draining = true, .pipelines = NULL};
+  char *r1 = spn__roster_record(&gw, T0 + 100), *r2 = spn__roster_record(&q, T0);
+  cJSON *j = cJSON_Parse(r1);
+  assert_string_equal(cJSON_GetObjectItem(j, "kind")->valuestring, "local");
+  assert_string_equal(cJSON_GetObjectItem(j, "gateway")->valuestring, "gw:1");
+  assert_int_equal(cJSON_GetObjectItem(j, "slots")->valueint, 4);
+  assert_int_equal(cJSON_GetObjectItem(j, "running")->valueint, 1);
+  assert_true(cJSON_IsFalse(cJSON_GetObjectItem(j, "draining")));
+  assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "pipelines")), 2);
+  assert_string_equal(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "pipelines"), 1)->valuestring, "lipsync");
+  assert_int_equal(spn__roster_at(j), T0 + 100);
+  cJSON_Delete(j);
+  j = cJSON_Parse(r2);
+  assert_null(cJSON_GetObjectItem(j, "gateway"));
+  assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "pipelines"))); /* any */
+  assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "draining")));
+  cJSON_Delete(j);
+  const char *names[] = {"gateway:gw:1", "worker:q", "worker:old", "worker:junk"};
+  char *r3 = spn__roster_record(&q, T0 - 1);
+  const char *recs[] = {r1, r2, r3, "{not json"};
+  assert_int_equal(f->o->roster_put(f->q.impl, 4, names, recs, &err), SPN_OK);
+  roster_seen_t seen = {0};
+  assert_int_equal(f->o->roster_get(f->q.impl, roster_collect, &seen, &err), SPN_OK);
+  assert_int_equal(seen.n, 4);
+  assert_string_equal(roster_find(&seen, "gateway:gw:1"), r1);
+  assert_string_equal(roster_find(&seen, "worker:q"), r2);
+  /* one call: a record replaced, another removed */
+  const char *names2[] = {"worker:q", "gateway:gw:1"}, *recs2[] = {r1, NULL};
+  assert_int_equal(f->o->roster_put(f->q.impl, 2, names2, recs2, &err), SPN_OK);
+  memset(&seen, 0, sizeof seen);
+  assert_int_equal(f->o->roster_get(f->q.impl, roster_collect, &seen, &err), SPN_OK);
+  assert_int_equal(seen.n, 3);
+  assert_null(roster_find(&seen, "gateway:gw:1"));
+  assert_string_equal(roster_find(&seen, "worker:q"), r1);
+  /* due: worker:old (at T0 - 1) and the unreadable one; worker:q (T0 + 100) stays */
+  size_t removed = 0;
+  assert_int_equal(spn__roster_prune(&f->q, T0 + SPN_ROSTER_KEEP_MS, &removed, &err), SPN_OK);
+  assert_int_equal(removed, 2);
+  memset(&seen, 0, sizeof seen);
+  assert_int_equal(f->o->roster_get(f->q.impl, roster_collect, &seen, &err), SPN_OK);
+  assert_int_equal(seen.n, 1);
+  assert_non_null(roster_find(&seen, "worker:q"));
+  assert_int_equal(spn__roster_prune(&f->q, T0 + SPN_ROSTER_KEEP_MS + 100, &removed, &err), SPN_OK);
+  assert_int_equal(removed, 0);
+  assert_int_equal(spn__roster_prune(&f->q, T0 + SPN_ROSTER_KEEP_MS + 101, &removed, &err), SPN_OK);
+  assert_int_equal(removed, 1);
+  cJSON_free(r1);
+  cJSON_free(r2);
+  cJSON_free(r3);
+}
+
+/* SQLite has no roster: its one gateway lists its workers itself. */
+static void test_sqlite_has_no_roster(void **state) {
+  fx_t *f = *state;
+  assert_null(f->o->roster_put);
+  assert_null(f->o->roster_get);
+  size_t removed = 7;
+  assert_int_equal(spn__roster_prune(&f->q, T0, &removed, NULL), SPN_OK);
+  assert_int_equal(removed, 0);
+}
+
 /* A queue written before the pipelines' ready sets were kept (or by such a
  * version during a rolling upgrade): its jobs have no field pl and are in
  * no pipeline's set, so a filtered lease finds none of them until the
@@ -1316,6 +1405,7 @@ int main(void) {
       SQ(test_unpublished_through_the_wrapper),
       SQ(test_lease_by_pipeline),
       SQ(test_worker_presence),
+      SQ(test_sqlite_has_no_roster),
   };
   /* The same cases on Redis (lease expiry in real time). */
   const struct CMUnitTest redis_tests[] = {
@@ -1340,6 +1430,7 @@ int main(void) {
       RD(test_lease_by_pipeline),
       RD(test_redis_lease_by_pipeline_of_an_older_queue),
       RD(test_worker_presence),
+      RD(test_redis_roster),
       RD(test_redis_ready_repair_in_chunks),
       RD(test_redis_filtered_lease_skips_a_job_not_ready),
   };

@@ -1,0 +1,107 @@
+/* roster.c — the roster of a shared queue's workers (docs/jobs.md,
+ * "spindle workers"): what each worker process records about itself, and
+ * how old records leave.
+ *
+ * Invariants:
+ * - One record per worker process, under a name that says how it leases:
+ *   "gateway:HOST:PID" (a gateway's own slots), "remote:NAME" (a worker of a
+ *   gateway, recorded by that gateway), "worker:NAME" (a stateless worker on
+ *   the queue). A later record of a name replaces the earlier one, so a
+ *   remote worker that moved to another gateway stays one record.
+ * - A record is renewed every SPN_PRESENCE_MS. One that stops cleanly
+ *   removes its record; one that did not (killed, lost its network) is
+ *   listed as gone until SPN_ROSTER_KEEP_MS after its last renewal, and
+ *   any gateway removes it then.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "jobs-internal.h"
+
+cJSON *spn__pipeline_names_json(const char *filter) {
+  if (!filter)
+    return cJSON_CreateNull();
+  cJSON *a = cJSON_CreateArray();
+  size_t len = 0;
+  for (const char *name = NULL; a && spn__pipeline_filter_next(filter, &name, &len);) {
+    char one[129];
+    snprintf(one, sizeof one, "%.*s", (int)(len < 128 ? len : 128), name);
+    cJSON_AddItemToArray(a, cJSON_CreateString(one));
+  }
+  return a;
+}
+
+char *spn__roster_record(const spn_roster_entry_t *e, int64_t now) {
+  cJSON *r = cJSON_CreateObject();
+  if (!r)
+    return NULL;
+  cJSON_AddStringToObject(r, "kind", e->kind);
+  if (e->gateway)
+    cJSON_AddStringToObject(r, "gateway", e->gateway);
+  cJSON_AddNumberToObject(r, "slots", (double)e->slots);
+  cJSON_AddNumberToObject(r, "running", (double)e->running);
+  cJSON_AddBoolToObject(r, "draining", e->draining);
+  cJSON_AddItemToObject(r, "pipelines", spn__pipeline_names_json(e->pipelines));
+  cJSON_AddNumberToObject(r, "at", (double)now);
+  char *out = cJSON_PrintUnformatted(r);
+  cJSON_Delete(r);
+  return out;
+}
+
+int64_t spn__roster_at(const cJSON *record) {
+  const cJSON *at = cJSON_GetObjectItemCaseSensitive(record, "at");
+  return cJSON_IsNumber(at) && at->valuedouble > 0 ? (int64_t)at->valuedouble : 0;
+}
+
+typedef struct {
+  int64_t before;
+  char **names;
+  size_t n, cap;
+  bool oom;
+} prune_t;
+
+static void prune_cb(void *user, const char *name, const char *record) {
+  prune_t *p = user;
+  cJSON *r = cJSON_Parse(record);
+  bool old = spn__roster_at(r) < p->before; /* unreadable records go too */
+  cJSON_Delete(r);
+  if (!old || p->oom)
+    return;
+  if (p->n == p->cap) {
+    size_t cap = p->cap ? 2 * p->cap : 16;
+    char **grown = realloc(p->names, cap * sizeof *grown);
+    if (!grown) {
+      p->oom = true;
+      return;
+    }
+    p->names = grown;
+    p->cap = cap;
+  }
+  if (!(p->names[p->n] = strdup(name)))
+    p->oom = true;
+  else
+    p->n++;
+}
+
+int32_t spn__roster_prune(const spn_queue_t *q, int64_t now, size_t *removed, spn_error_t *err) {
+  *removed = 0;
+  if (!q->ops->roster_get)
+    return SPN_OK;
+  prune_t p = {.before = now - SPN_ROSTER_KEEP_MS};
+  int32_t rc = q->ops->roster_get(q->impl, prune_cb, &p, err);
+  const char **none = p.n ? calloc(p.n, sizeof *none) : NULL;
+  if (rc == SPN_OK && p.n && !none)
+    rc = spn_error_set(err, SPN_ENOMEM, "roster: out of memory");
+  if (rc == SPN_OK && p.n)
+    rc = q->ops->roster_put(q->impl, p.n, (const char *const *)p.names, none, err);
+  if (rc == SPN_OK)
+    *removed = p.n;
+  for (size_t i = 0; i < p.n; i++)
+    free(p.names[i]);
+  free(p.names);
+  free(none);
+  return rc;
+}
