@@ -346,9 +346,7 @@ static int32_t gpu_fill_frame(spn_stage_t *stage, decode_job_t *j, spn_media_ite
   }
   if (rc == SPN_OK)
     rc = host->buffer_set_ready(stage, buf, err);
-  if (rc)
-    spn_error_prefix(err, "%s: frame %llu", j->path, (unsigned long long)j->vseq);
-  return rc;
+  return rc; /* decode_generate names the file and frame */
 }
 #endif
 
@@ -546,8 +544,14 @@ static int32_t decode_generate(spn_stage_t *stage, void *state, void *job_state,
   }
   if (rc != SPN_OK)
     return rc; /* SPN_EOS or an error naming the file */
+  bool video = it.kind == SPN_MEDIA_VIDEO;
+  uint64_t seq = video ? j->vseq : j->aseq;
   rc = emit_item(stage, j, &it, err);
   spn_media_item_release(&it);
+  /* A frame that could not be handed on (out of host or device memory for
+   * it, a failed upload): name the file and the frame, as a decode error does. */
+  if (rc != SPN_OK && rc != SPN_ECANCELLED)
+    spn_error_prefix(err, "%s: %s %llu", j->path, video ? "frame" : "audio block", (unsigned long long)seq);
   return rc;
 }
 

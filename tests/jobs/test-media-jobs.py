@@ -26,7 +26,8 @@ Cases:
             job ran on the GPU (GPU seconds, frames downloaded for libx264
             in its transfers) and every entry point gives the same frames;
             a 4K job on a GPU of 16 MiB fails alone, with an
-            error naming the stage, the device and the allocation, and the
+            error naming the stage, the input file and frame, the device
+            and the allocation, and the
             gateway runs the next job;
   pretrained
             the shipped configs with the pretrained models by name
@@ -989,7 +990,7 @@ def case_gpu(tmp):
     st = status(ep, int(r.stdout.split()[0]))
     msg = st["errors"][-1]["error"] if st.get("errors") else ""
     check(r.returncode in (1, 4) and st["state"] in ("failed", "dead") and 'stage "decode"' in msg
-          and "out of device memory allocating" in msg and "cuda:0" in msg,
+          and "out of device memory allocating" in msg and "cuda:0" in msg and f"{big}: frame " in msg,
           f"the 4K job on a 16 MiB GPU: exit {r.returncode}, state {st['state']}, error {msg!r}")
     check(not os.path.exists(f"{tmp}/big-out.mp4") and p.poll() is None,
           "the 4K job left its output, or the gateway died")
