@@ -586,6 +586,9 @@ typedef struct watch_ui {
   double fps;
   int last_state;
   uint64_t last_done;
+  spn_client_t *cl;
+  const char *cmd;
+  bool waiting; /* said that no worker runs its pipeline */
 } watch_ui_t;
 
 static int on_event(void *user, const spn_client_status_t *ev) {
@@ -604,6 +607,23 @@ static int on_event(void *user, const spn_client_status_t *ev) {
       ui->fps = (double)(ev->done - ui->rate_done) / (now - ui->rate_t);
     }
   }
+  /* Why a queued job waits, as it comes and goes: no worker that runs its
+   * pipeline has been seen (the gateway tells within 5 s of a change), or
+   * one is there again, busy; a job that starts needs no line. */
+  char why[512];
+  bool waiting = ev->state == SPN_QSTATE_QUEUED && spn_client_waiting(ui->cl, ev->id, why, sizeof why);
+  if (waiting != ui->waiting && ev->state == SPN_QSTATE_QUEUED) {
+    if (ui->tty && ui->last_state >= 0) {
+      fprintf(stderr, "\r\033[K");
+      ui->last_state = -1; /* the state line again, below this one */
+    }
+    if (waiting)
+      fprintf(stderr, "spindle %s: job %lld is waiting: %s\n", ui->cmd, (long long)ev->id, why);
+    else
+      fprintf(stderr, "spindle %s: job %lld: a worker that runs pipeline \"%s\" is there now; the job is queued "
+              "until one is free\n", ui->cmd, (long long)ev->id, ev->pipeline);
+  }
+  ui->waiting = waiting;
   bool state_changed = (int)ev->state != ui->last_state;
   if (ui->tty) {
     if (ev->state == SPN_QSTATE_RUNNING && ev->total > 0) {
@@ -677,24 +697,8 @@ static void print_warnings(spn_client_t *cl, int64_t id, const char *cmd) {
   free(reply);
 }
 
-/* A queued job that no worker will take yet (its status's "waiting"): say
- * so once, before following it, so a farm without a worker for the
- * pipeline does not look like a slow queue. */
-static void print_waiting(spn_client_t *cl, int64_t id, const char *cmd) {
-  char *reply = NULL;
-  if (request_status(cl, id, &reply, NULL) < 0)
-    return;
-  cJSON *j = cJSON_Parse(reply);
-  const cJSON *why = cJSON_GetObjectItemCaseSensitive(j, "waiting");
-  if (cJSON_IsString(why))
-    fprintf(stderr, "spindle %s: job %lld is waiting: %s\n", cmd, (long long)id, why->valuestring);
-  cJSON_Delete(j);
-  free(reply);
-}
-
 static int watch_job(spn_client_t *cl, int64_t id, const char *cmd) {
-  print_waiting(cl, id, cmd);
-  watch_ui_t ui = {.tty = isatty(STDERR_FILENO), .t0 = spn__mono_s(), .last_state = -1};
+  watch_ui_t ui = {.tty = isatty(STDERR_FILENO), .t0 = spn__mono_s(), .last_state = -1, .cl = cl, .cmd = cmd};
   ui.rate_t = ui.t0;
   spn_client_status_t final;
   spn_error_t err = SPN_ERROR_INIT;

@@ -20,6 +20,9 @@ struct spn_client {
   void *ctx, *sock;
   int32_t timeout_ms;
   int64_t next_req;
+  /* the "waiting" of the last status or event received (spn_client_waiting) */
+  int64_t waiting_id;
+  char waiting[512];
 };
 
 struct spn_client_job {
@@ -251,7 +254,7 @@ int32_t spn_client_submit(spn_client_t *c, const spn_client_job_t *job, int64_t 
   return SPN_OK;
 }
 
-static void fill_status(const cJSON *o, spn_client_status_t *st) {
+static void fill_status(spn_client_t *c, const cJSON *o, spn_client_status_t *st) {
   memset(st, 0, sizeof *st);
   int64_t v;
   if (spn__json_int(o, "id", &v))
@@ -274,6 +277,18 @@ static void fill_status(const cJSON *o, spn_client_status_t *st) {
   snprintf(st->pipeline, sizeof st->pipeline, "%s", p ? p : "");
   p = spn__json_str(o, "reason");
   snprintf(st->reason, sizeof st->reason, "%s", p ? p : "");
+  if (c) {
+    p = spn__json_str(o, "waiting");
+    c->waiting_id = st->id;
+    snprintf(c->waiting, sizeof c->waiting, "%s", p ? p : "");
+  }
+}
+
+bool spn_client_waiting(const spn_client_t *c, int64_t id, char *out, size_t n) {
+  bool w = c && c->waiting_id == id && c->waiting[0];
+  if (out && n)
+    snprintf(out, n, "%s", w ? c->waiting : "");
+  return w;
 }
 
 /* A request whose body is just {"id": id} (STATUS, WATCH, CANCEL).
@@ -296,7 +311,7 @@ int32_t spn_client_status(spn_client_t *c, int64_t id, spn_client_status_t *st, 
   int32_t rc = call_id(c, "STATUS", id, &r, err);
   if (rc < 0)
     return rc;
-  fill_status(r, st);
+  fill_status(c, r, st);
   cJSON_Delete(r);
   return SPN_OK;
 }
@@ -308,7 +323,7 @@ int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, vo
   if (rc < 0)
     return rc;
   spn_client_status_t st;
-  fill_status(r, &st);
+  fill_status(c, r, &st);
   cJSON_Delete(r);
   int silent_rounds = 0;
   for (;;) {
@@ -330,7 +345,7 @@ int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, vo
         continue;
       if (rc < 0)
         return rc;
-      fill_status(rr, &s2);
+      fill_status(c, rr, &s2);
       cJSON_Delete(rr);
       st = s2;
       continue;
@@ -342,7 +357,7 @@ int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, vo
     silent_rounds = 0;
     int64_t eid = 0;
     if (!strcmp(m.type, "EVENT") && spn__json_int(m.body, "id", &eid) && eid == id)
-      fill_status(m.body, &st);
+      fill_status(c, m.body, &st);
     cJSON_Delete(m.body);
   }
   if (final)
@@ -381,7 +396,7 @@ int32_t spn_client_list(spn_client_t *c, int32_t state, uint32_t limit, spn_clie
   const cJSON *it;
   cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(r, "jobs")) {
     spn_client_status_t st;
-    fill_status(it, &st);
+    fill_status(NULL, it, &st);
     if (cb && cb(user, &st))
       break;
   }

@@ -111,7 +111,7 @@ void spn__out_discard(spn_server_t *s) {
 }
 
 static void watcher_add(spn_server_t *s, const spn_queue_job_t *j, const unsigned char *ident,
-                        size_t ilen) {
+                        size_t ilen, bool waiting) {
   int64_t id = j->id;
   for (size_t i = 0; i < s->nwatchers; i++)
     if (s->watchers[i].id == id && s->watchers[i].ident_len == ilen &&
@@ -130,6 +130,11 @@ static void watcher_add(spn_server_t *s, const spn_queue_job_t *j, const unsigne
   w->state = (int32_t)j->state;
   w->attempts = j->attempts;
   w->done = j->progress_done;
+  w->waiting = waiting;
+  cJSON *spec = cJSON_Parse(j->spec_json);
+  const char *p = spn__json_str(spec, "pipeline");
+  snprintf(w->pipeline, sizeof w->pipeline, "%s", p && strlen(p) < sizeof w->pipeline ? p : "");
+  cJSON_Delete(spec);
   memcpy(w->ident, ident, ilen);
   w->ident_len = ilen;
 }
@@ -296,6 +301,10 @@ static cJSON *job_json(spn_server_t *s, const spn_queue_job_t *j, bool full) {
     cJSON_AddItemToObject(o, "warnings", warns);
   if (j->lease_owner)
     cJSON_AddStringToObject(o, "worker", j->lease_owner);
+  /* in every status and event of a queued job: a watcher sees it come and go */
+  char why[320];
+  if (j->state == SPN_QSTATE_QUEUED && p && *p && no_worker(s, p, why, sizeof why))
+    cJSON_AddStringToObject(o, "waiting", why);
   if (full) {
     if (j->idem_key)
       cJSON_AddStringToObject(o, "idempotency_key", j->idem_key);
@@ -308,9 +317,6 @@ static cJSON *job_json(spn_server_t *s, const spn_queue_job_t *j, bool full) {
     cJSON *errs = cJSON_Parse(j->errors_json);
     if (errs)
       cJSON_AddItemToObject(o, "errors", errs);
-    char why[320];
-    if (j->state == SPN_QSTATE_QUEUED && p && no_worker(s, p, why, sizeof why))
-      cJSON_AddStringToObject(o, "waiting", why);
     if (spec) {
       cJSON_AddItemToObject(o, "spec", spec);
       spec = NULL;
@@ -338,6 +344,7 @@ void spn__notify(spn_server_t *s, int64_t id) {
       continue;
     }
     cJSON *b = job_json(s, &j, term);
+    s->watchers[i].waiting = cJSON_GetObjectItemCaseSensitive(b, "waiting") != NULL;
     if (b)
       spn__out_push(s, s->watchers[i].ident, s->watchers[i].ident_len, "EVENT", b, false);
     s->watchers[i].state = (int32_t)j.state;
@@ -379,6 +386,34 @@ void spn__gateway_poll_watchers(spn_server_t *s) {
     if (changed)
       spn__notify(s, ids[k]);
   }
+  free(ids);
+}
+
+void spn__gateway_watch_waiting(spn_server_t *s, int64_t now) {
+  if (!s->nwatchers)
+    return;
+  int64_t *ids = malloc(s->nwatchers * sizeof *ids);
+  size_t n = 0;
+  for (size_t i = 0; ids && i < s->nwatchers; i++) {
+    const spn_watcher_t *w = &s->watchers[i];
+    if (w->state != SPN_QSTATE_QUEUED || !w->pipeline[0])
+      continue;
+    bool unserved = false, asked = false;
+    for (size_t k = 0; k < i && !asked; k++) /* once per pipeline */
+      if ((asked = s->watchers[k].state == SPN_QSTATE_QUEUED && !strcmp(s->watchers[k].pipeline, w->pipeline)))
+        unserved = s->watchers[k].unserved_now;
+    if (!asked)
+      unserved = spn__queue_unserved(&s->q, w->pipeline, now, NULL);
+    s->watchers[i].unserved_now = unserved;
+    bool listed = false;
+    for (size_t k = 0; k < n && !listed; k++)
+      listed = ids[k] == w->id;
+    if (unserved != w->waiting && !listed)
+      ids[n++] = w->id;
+  }
+  /* the job's event, with its "waiting" as it is now (spn__notify reads the job again) */
+  for (size_t k = 0; k < n; k++)
+    spn__notify(s, ids[k]);
   free(ids);
 }
 
@@ -800,10 +835,11 @@ static void on_status(spn_server_t *s, spn_pmsg_t *m, bool watch) {
   }
   cJSON *b = job_json(s, &j, true);
   with_req(b, m->req);
+  bool waiting = cJSON_GetObjectItemCaseSensitive(b, "waiting") != NULL;
   if (b)
     spn__out_push(s, m->ident, m->ident_len, watch ? "EVENT" : "STATUS", b, false);
   if (watch && !spn_queue_state_terminal(j.state))
-    watcher_add(s, &j, m->ident, m->ident_len);
+    watcher_add(s, &j, m->ident, m->ident_len, waiting);
   spn__queue_job_clear(&j);
 }
 

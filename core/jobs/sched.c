@@ -232,7 +232,7 @@ static int lease_for(spn_server_t *s, const char *owner, const char *pipelines, 
  * credit, round robin; each takes only jobs of the pipelines it runs (the
  * gateway's runner's for its own slots), so a job no free worker runs stays
  * queued, in its place, and does not hold back the jobs behind it. */
-void spn__sched_dispatch(spn_server_t *s) {
+static void dispatch(spn_server_t *s) {
   if (s->stopping || s->draining)
     return;
   for (;;) {
@@ -264,6 +264,16 @@ void spn__sched_dispatch(spn_server_t *s) {
     }
     spn__notify(s, j.id);
     spn__queue_job_clear(&j);
+  }
+}
+
+void spn__sched_dispatch(spn_server_t *s) {
+  dispatch(s);
+  /* After the jobs went out: a job that a worker which just came took is
+   * running, and its watchers need no line that it waits for a free one. */
+  if (s->waiting_check) {
+    s->waiting_check = false;
+    spn__gateway_watch_waiting(s, spn__now_ms());
   }
 }
 
@@ -324,7 +334,7 @@ void spn__sched_presence(spn_server_t *s, int64_t now) {
   }
   for (size_t i = 0; ok && i < s->nworkers; i++) {
     const spn_rworker_t *w = &s->workers[i];
-    if (!w->alive || !w->leased)
+    if (!w->alive || !w->leased || w->draining) /* a draining worker takes no more jobs */
       continue;
     any |= !w->pipelines;
     size_t len = 0;
@@ -341,6 +351,7 @@ void spn__sched_presence(spn_server_t *s, int64_t now) {
                err.msg[0] ? err.msg : "out of memory");
   free(filter);
   spn__sched_roster(s, now);
+  s->waiting_check = true; /* its watchers told after the next dispatch (spn__sched_dispatch) */
 }
 
 void spn__sched_roster(spn_server_t *s, int64_t now) {

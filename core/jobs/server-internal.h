@@ -63,6 +63,9 @@ typedef struct spn_watcher {
   int32_t state;
   uint32_t attempts;
   uint64_t done;
+  bool waiting;       /* its last event had "waiting" */
+  bool unserved_now;  /* spn__gateway_watch_waiting's finding this round */
+  char pipeline[129]; /* the job's ("": not known) */
 } spn_watcher_t;
 
 typedef struct spn_outmsg {
@@ -122,6 +125,7 @@ struct spn_server {
   double drain_until;
   double last_renew, last_sweep, last_presence, last_roster_prune;
   char name[128];          /* "HOST:PID": its record in a shared queue's roster */
+  bool waiting_check;      /* presence recorded: tell watchers of queued jobs after dispatch */
   int64_t wake_at;
   bool handles_open;
 };
@@ -143,6 +147,11 @@ void spn__notify_progress(spn_server_t *s, spn_run_t *r);
 /* A shared queue (Redis) changes under other gateways and workers: send
  * watchers the changes of their jobs since they were last told. */
 void spn__gateway_poll_watchers(spn_server_t *s);
+/* Tell the watchers of a queued job when its "waiting" starts or ends (a
+ * pipeline's last worker left, or one came back): after the dispatch that
+ * follows each presence record (spn__sched_presence: every SPN_PRESENCE_MS
+ * and when a remote worker's LEASE changes what runs). */
+void spn__gateway_watch_waiting(spn_server_t *s, int64_t now);
 /* Route one received message. */
 void spn__gateway_handle(spn_server_t *s, spn_pmsg_t *m);
 

@@ -12,8 +12,11 @@
 #include <spindle/client.h>
 
 static int on_event(void *user, const spn_client_status_t *ev) {
-  (void)user;
-  if (ev->total)
+  spn_client_t *client = user;
+  char why[512];
+  if (spn_client_waiting(client, ev->id, why, sizeof why)) /* no worker runs its pipeline yet */
+    printf("job %lld waiting: %s\n", (long long)ev->id, why);
+  else if (ev->total)
     printf("job %lld %s %llu/%llu\n", (long long)ev->id, spn_queue_state_name(ev->state),
            (unsigned long long)ev->done, (unsigned long long)ev->total);
   else
@@ -54,7 +57,7 @@ int main(int argc, char **argv) {
     goto out;
   printf("submitted job %lld\n", (long long)id);
   spn_client_status_t final;
-  if (spn_client_watch(client, id, on_event, NULL, &final, &err) < 0)
+  if (spn_client_watch(client, id, on_event, client, &final, &err) < 0)
     goto out;
   printf("job %lld finished: %s%s%s (%.3f s of compute)\n", (long long)id,
          spn_queue_state_name(final.state), final.reason[0] ? ": " : "", final.reason,

@@ -144,6 +144,8 @@ def main():
         if a.cmd in ("submit", "watch"):
             for ev in c.watch(a.id):
                 print(f"job {a.id}: {ev['state']} {ev.get('done', 0)}/{ev.get('total', 0)}", file=sys.stderr)
+                if "waiting" in ev:  # queued, and no worker runs its pipeline yet
+                    print(f"job {a.id} waiting: {ev['waiting']}", file=sys.stderr)
             print(f"{a.id} {ev['state']}")
             return 0 if ev["state"] == "succeeded" else 1
         if a.cmd == "status":

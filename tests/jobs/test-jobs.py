@@ -629,6 +629,28 @@ def case_samples(tmp):
     r = subprocess.run([SAMPLE_C, ep, "fail"], capture_output=True, timeout=60)
     check(r.returncode == 1 and b"dead" in r.stdout, f"C sample, failing job: {r.stdout!r}")
     py = os.path.join(os.environ.get("SPINDLE_SOURCE_ROOT", "."), "samples", "python", "client.py")
+    # spn_client_waiting: on a gateway without workers the samples say why the
+    # job waits, then follow it once a worker has come
+    p2, ep2 = start_serve(tmp, "--workers", "0", db="q2.db", log="serve2.log")
+    s = subprocess.Popen([SAMPLE_C, ep2, "copy", f"in={tmp}/in.bin", f"out={tmp}/c2.bin"], stdout=subprocess.PIPE)
+    PROCS.append(s)
+    wait_for(lambda: cli("status", "1", "--connect", ep2).returncode == 0, 10, "the C sample's job")
+    sp = subprocess.Popen([sys.executable, py, "--connect", ep2, "submit", "copy", "--input", f"in={tmp}/in.bin",
+                           "--output", f"out={tmp}/py2.bin", "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    PROCS.append(sp)
+    wait_for(lambda: cli("status", "2", "--connect", ep2).returncode == 0, 10, "the Python sample's job")
+    time.sleep(0.3)
+    start_worker(tmp, ep2, "--slots", "1")
+    pout, perr = sp.communicate(timeout=30)
+    check(sp.returncode == 0 and b'job 2 waiting: no worker that runs pipeline "copy" has been seen' in perr
+          and pout.split() == [b"2", b"2", b"succeeded"], f"the Python sample: {pout!r} {perr!r}")
+    out, _ = s.communicate(timeout=30)
+    lines = out.decode().splitlines()
+    check(s.returncode == 0 and len(lines) >= 3 and lines[0] == "submitted job 1"
+          and lines[1].startswith('job 1 waiting: no worker that runs pipeline "copy" has been seen')
+          and lines[-1].startswith("job 1 finished: succeeded") and sum("waiting" in l for l in lines) == 1,
+          f"the C sample on a gateway that has no worker until later: {lines}")
+    py = os.path.join(os.environ.get("SPINDLE_SOURCE_ROOT", "."), "samples", "python", "client.py")
     r = subprocess.run([sys.executable, py, "--connect", ep, "submit", "copy", "--input", f"in={tmp}/in.bin",
                         "--output", f"out={tmp}/py.bin", "--param", "chunk_delay_ms=20", "--wait"],
                        capture_output=True, timeout=60)
@@ -1443,6 +1465,60 @@ def case_mixed_workers(tmp):
             check('"pipeline":"synthetic"' not in open(f"{tmp}/{log}", errors="replace").read(),
                   f"{log}: a worker without the synthetic pipeline touched its job")
     check(p.poll() is None, "gateway died")
+
+
+def case_watch_waiting(tmp):
+    """spindle watch of a queued job says when its pipeline's last worker
+    has gone (the job waits for one), and when a worker that runs it is
+    there again, busy (queued until one is free); then the job runs. A
+    draining worker no longer counts as there. (Before, watch said only
+    what the first status said.)"""
+    cfg = pipeline_config(tmp)
+    p, ep = start_serve(tmp, "--config", cfg, "--workers", "0", "--heartbeat-ms", "300")
+    os.mkdir(f"{tmp}/out")
+    a = start_worker(tmp, ep, "--config", cfg, "--slots", "1", "--heartbeat-ms", "300", "--drain-grace-s", "120",
+                     name="a")
+
+    def submit(pipeline, name, frames, prio=0):
+        r = cli("submit", pipeline, "--output", f"frames={tmp}/out/{name}.raw", "--param", f"frames={frames}",
+                "--priority", str(prio), "--connect", ep, check_rc=0)
+        return int(r.stdout.split()[0])
+    slow1 = submit("slow", "slow1", 3000)  # 60 s: worker a drains all along
+    wait_for(lambda: status(ep, slow1)["state"] == "running", 20, "the first slow job to run on worker a")
+    job = submit("synthetic", "job", 3)
+    st = status(ep, job)
+    check(st["state"] == "queued" and "waiting" not in st, f"queued behind a busy worker: {st}")
+    watch_err = f"{tmp}/watch.err"
+    watch = subprocess.Popen([SPINDLE, "watch", str(job), "--connect", ep], stdout=subprocess.PIPE,
+                             stderr=open(watch_err, "wb"))
+    PROCS.append(watch)
+    t0 = time.monotonic()
+    a.send_signal(signal.SIGTERM)  # drains: runs slow1 on, takes nothing more
+    wait_for(lambda: "waiting" in status(ep, job), 25, "the job's status to say it waits")
+    # the gateway looks at its watched jobs every 5 s
+    wait_for(lambda: "is waiting" in open(watch_err).read(), 10, "spindle watch to say the job waits")
+    took = time.monotonic() - t0
+    check(status(ep, slow1)["state"] == "running" and a.poll() is None,
+          "worker a still drains (a draining worker is not one that runs the pipeline)")
+    cli("cancel", str(slow1), "--connect", ep, check_rc=0)
+    check(a.wait(30) == 0, f"worker a exited {a.returncode} after SIGTERM and the cancel of its job")
+    check(status(ep, job)["state"] == "queued", "worker a left the synthetic job queued")
+    # a worker that runs synthetic is there again, busy on a job before it
+    slow2 = submit("slow", "slow2", 150, prio=9)
+    start_worker(tmp, ep, "--config", cfg, "--slots", "1", name="b")
+    wait_for(lambda: status(ep, slow2)["state"] == "running", 20, "the second slow job to run on worker b")
+    out, _ = watch.communicate(timeout=60)
+    err = open(watch_err).read()
+    lines = [l for l in err.splitlines() if l.startswith("spindle watch:")]
+    want = [f'spindle watch: job {job} is waiting: no worker that runs pipeline "synthetic" has been seen',
+            f'spindle watch: job {job}: a worker that runs pipeline "synthetic" is there now; the job is queued '
+            'until one is free']
+    check(len(lines) == 2 and lines[0].startswith(want[0]) and lines[1] == want[1],
+          f"spindle watch's lines about the wait: {err!r}")
+    check(watch.returncode == 0 and out.decode().split() == [str(job), "succeeded"], f"watch: {watch.returncode} {out!r}")
+    check(status(ep, slow2)["state"] == "succeeded", "the job ran after the slow job before it")
+    check(read(f"{tmp}/out/job.raw") == synth_expected(job, 3), "the synthetic job's output")
+    print(f"spindle watch said the job waits {took:.1f} s after the only worker of its pipeline began to drain")
 
 
 def case_workers_roster(tmp):

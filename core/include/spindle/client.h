@@ -125,6 +125,17 @@ typedef int (*spn_client_event_cb)(void *user, const spn_client_status_t *ev);
  * Ownership: cb called on this thread during the call. Thread: the client's (one thread at a time). */
 SPN_API int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, void *user,
                                  spn_client_status_t *final, spn_error_t *err);
+
+/* Why job `id` waits, as the last status or watch event this client
+ * received for it said: no worker that runs its pipeline has been seen
+ * lately, so it stays queued until one asks for work ("waiting" in the
+ * status; docs/jobs.md, "A job that no worker runs"). Copies the line into
+ * out (n bytes, may be 0) and returns true; false when that status had none
+ * (a queued job behind busy workers, a job that runs, or the last status
+ * was of another job). Call it from a spn_client_watch callback to follow
+ * the line as it comes and goes. Thread: the client's. Since 1.1. */
+SPN_API bool spn_client_waiting(const spn_client_t *c, int64_t id, char *out, size_t n);
+
 /* Cancel: a queued job at once, a running one at its next batch boundary.
  * *state (may be NULL) gets the state after the request.
  * Ownership: arguments borrowed. Thread: the client's (one thread at a time). */
