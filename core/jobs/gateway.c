@@ -1059,6 +1059,7 @@ static void on_workers(spn_server_t *s, spn_pmsg_t *m) {
     cJSON_AddNumberToObject(w, "running", (double)running);
     cJSON_AddBoolToObject(w, "draining", s->draining != 0);
     cJSON_AddItemToObject(w, "pipelines", spn__pipeline_names_json(s->pipelines));
+    cJSON_AddBoolToObject(w, "gone", false);
     cJSON_AddItemToArray(ws, w);
   }
   for (size_t i = 0; i < s->nworkers; i++) {
@@ -1077,9 +1078,27 @@ static void on_workers(spn_server_t *s, spn_pmsg_t *m) {
     cJSON_AddBoolToObject(w, "draining", rw->draining);
     cJSON_AddNumberToObject(w, "last_heard_ms", (double)(int64_t)((mono - rw->last_seen) * 1000.0));
     cJSON_AddItemToObject(w, "pipelines", rw->leased ? spn__pipeline_names_json(rw->pipelines) : cJSON_CreateArray());
+    cJSON_AddBoolToObject(w, "gone", false);
     cJSON_AddItemToArray(ws, w);
   }
   int64_t now = spn__now_ms();
+  /* Without a roster (SQLite): the remote workers it lost lately, as gone */
+  for (size_t i = 0; !s->q.ops->roster_get && i < s->nworkers; i++) {
+    const spn_rworker_t *rw = &s->workers[i];
+    if (rw->alive || !rw->gone_at || now - rw->gone_at > SPN_ROSTER_KEEP_MS)
+      continue;
+    cJSON *w = cJSON_CreateObject();
+    cJSON_AddStringToObject(w, "name", rw->owner);
+    cJSON_AddStringToObject(w, "kind", "remote");
+    cJSON_AddStringToObject(w, "gateway", s->name);
+    cJSON_AddNumberToObject(w, "slots", (double)rw->gone_slots);
+    cJSON_AddNumberToObject(w, "running", 0);
+    cJSON_AddBoolToObject(w, "draining", false);
+    cJSON_AddNumberToObject(w, "last_heard_ms", (double)(int64_t)((mono - rw->last_seen) * 1000.0));
+    cJSON_AddItemToObject(w, "pipelines", rw->leased ? spn__pipeline_names_json(rw->pipelines) : cJSON_CreateArray());
+    cJSON_AddBoolToObject(w, "gone", true);
+    cJSON_AddItemToArray(ws, w);
+  }
   if (s->q.ops->roster_get) {
     roster_ctx_t c = {s, cJSON_CreateArray(), now};
     spn_error_t err = SPN_ERROR_INIT;

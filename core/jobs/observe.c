@@ -708,6 +708,7 @@ static bool roster_render(spn__observe_t *o, const spn__observe_workers_t *w, sp
     c.n[0][w->draining ? 1 : 0] = w->local > 0;
     c.n[1][0] = w->remote - w->remote_draining;
     c.n[1][1] = w->remote_draining;
+    c.n[1][2] = w->remote_gone;
   }
   static const char *const kinds[] = {"local", "remote", "queue"}, *const states[] = {"live", "draining", "gone"};
   spn__mbuf_family(b, "spindle_queue_workers", "gauge",

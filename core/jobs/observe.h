@@ -34,6 +34,7 @@ typedef struct spn__observe_workers {
   uint32_t local;
   size_t remote;
   size_t remote_draining; /* of remote */
+  size_t remote_gone;     /* lost without draining in the last SPN_ROSTER_KEEP_MS */
   bool draining;          /* this gateway */
 } spn__observe_workers_t;
 

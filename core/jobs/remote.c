@@ -41,14 +41,15 @@ static spn_rworker_t *worker_register(spn_server_t *s, spn_pmsg_t *m) {
   /* A worker that reconnected (new routing id) replaces its old entry. */
   char owner[160];
   snprintf(owner, sizeof owner, "remote:%s", name);
-  for (size_t i = 0; i < s->nworkers; i++)
-    if (s->workers[i].alive && !strcmp(s->workers[i].owner, owner)) {
+  for (size_t i = 0; i < s->nworkers; i++) /* also one listed as gone: it is back */
+    if ((s->workers[i].alive || s->workers[i].gone_at) && !strcmp(s->workers[i].owner, owner)) {
       w = &s->workers[i];
       break;
     }
+  int64_t now = spn__now_ms();
   if (!w) {
     for (size_t i = 0; i < s->nworkers; i++)
-      if (!s->workers[i].alive) {
+      if (!s->workers[i].alive && (!s->workers[i].gone_at || now - s->workers[i].gone_at > SPN_ROSTER_KEEP_MS)) {
         w = &s->workers[i];
         break;
       }
@@ -227,8 +228,14 @@ void spn__remote_reap(spn_server_t *s, double mono, int64_t now) {
     lf.worker = w->owner;
     spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, &lf, "worker missed 3 heartbeats; re-queueing its jobs");
     w->alive = false;
-    if (w->draining) /* it stopped as asked; a worker lost otherwise stays listed, as gone */
+    if (w->draining) { /* it stopped as asked; a worker lost otherwise stays listed, as gone */
       spn__sched_roster_remove(s, w->owner);
+    } else {
+      w->gone_at = now;
+      w->gone_slots = w->credit > 0 ? w->credit : 0;
+      for (size_t k = 0; k < s->nruns; k++)
+        w->gone_slots += s->runs[k].worker == (int64_t)i && s->runs[k].slot < 0;
+    }
     spn_error_t err = SPN_ERROR_INIT;
     char reason[200];
     snprintf(reason, sizeof reason, "worker %s lost (3 heartbeats missed)", w->owner);

@@ -40,6 +40,10 @@ typedef struct spn_rworker {
   bool alive;
   bool leased; /* sent LEASE to this gateway instance: its credit is known */
   bool draining; /* sent DRAIN: stops once its jobs end (then leaves the roster) */
+  /* Reaped without draining (killed, host or network lost): when (wall ms;
+   * 0 not gone) and its slots then. Kept SPN_ROSTER_KEEP_MS for WORKERS on
+   * a queue without a roster (on Redis its roster record says so). */
+  int64_t gone_at, gone_slots;
   char *pipelines; /* what its LEASE said it runs (spn__runner_pipelines' form); NULL: any */
 } spn_rworker_t;
 

@@ -1521,6 +1521,51 @@ def case_watch_waiting(tmp):
     print(f"spindle watch said the job waits {took:.1f} s after the only worker of its pipeline began to drain")
 
 
+def case_workers_gone(tmp):
+    """SQLite: a remote worker lost without draining (kill -9) is listed by
+    spindle workers as gone, and counted in spindle_queue_workers; one that
+    drained is not listed; the lost one back under its name is live again."""
+    port = free_port()
+    p, ep = start_serve(tmp, "--workers", "0", "--heartbeat-ms", "300", "--http", f"127.0.0.1:{port}")
+    r1 = start_worker(tmp, ep, "--slots", "2", "--heartbeat-ms", "300", name="r1")
+    r2 = start_worker(tmp, ep, "--slots", "1", "--heartbeat-ms", "300", name="r2")
+
+    def table():
+        r = json.loads(cli("workers", "--json", "--connect", ep, check_rc=0).stdout)
+        names = [w["name"] for w in r["workers"]]
+        check(len(names) == len(set(names)), f"a worker listed twice: {r}")
+        return {w["name"]: w for w in r["workers"]}
+
+    def metric():
+        text = http_get(port, "/metrics")[1]
+        return {l.split("{")[1].split("}")[0]: int(l.split()[-1]) for l in text.splitlines()
+                if l.startswith("spindle_queue_workers{")}
+    wait_for(lambda: set(table()) == {"remote:r1", "remote:r2"}, 10, "both remote workers to be listed")
+    check(metric()['kind="remote",state="live"'] == 2, f"spindle_queue_workers: {metric()}")
+    r1.kill()
+    r1.wait()
+    r2.send_signal(signal.SIGTERM)
+    check(r2.wait(20) == 0, f"worker r2 exited {r2.returncode} after SIGTERM")
+    wait_for(lambda: set(table()) == {"remote:r1"} and table()["remote:r1"].get("gone"), 10,
+             "the killed worker to be listed as gone, the drained one not at all")
+    w = table()["remote:r1"]
+    check(w["slots"] == 2 and w["running"] == 0 and "copy" in w["pipelines"] and 900 <= w["last_heard_ms"] < 10000,
+          f"the gone worker's row: {w}")
+    m = metric()
+    check(m['kind="remote",state="gone"'] == 1 and sum(m.values()) == 1, f"spindle_queue_workers: {m}")
+    lines = cli("workers", "--connect", ep, check_rc=0).stdout.decode().splitlines()
+    check(any(l.startswith("remote:r1 ") and "(gone: last heard " in l for l in lines), f"spindle workers: {lines}")
+    # a new worker does not take the gone one's place in the list
+    start_worker(tmp, ep, "--slots", "1", "--heartbeat-ms", "300", name="r3")
+    wait_for(lambda: "remote:r3" in table(), 10, "worker r3 to be listed")
+    check(table()["remote:r1"]["gone"] and len(table()) == 2, f"r1 still gone beside r3: {table()}")
+    start_worker(tmp, ep, "--slots", "3", "--heartbeat-ms", "300", name="r1")
+    wait_for(lambda: not table().get("remote:r1", {}).get("gone", True), 10, "worker r1, back, to be live")
+    check(table()["remote:r1"]["slots"] == 3 and len(table()) == 2, f"r1 back: {table()}")
+    m = metric()
+    check(m['kind="remote",state="live"'] == 2 and sum(m.values()) == 2, f"spindle_queue_workers: {m}")
+
+
 def case_workers_roster(tmp):
     """Redis only: spindle workers on one gateway lists every worker of the
     shared queue, whoever it leases through: another gateway's own slots,
