@@ -178,7 +178,10 @@ void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m) {
      * what it runs. */
     w->credit = 0;
     w->leased = true;
-    w->draining = true;
+    if (!w->draining) { /* no longer one that runs its pipelines; the roster says it drains */
+      w->draining = true;
+      spn__sched_presence(s, now);
+    }
   } else if (!strcmp(m->type, "RELEASE")) {
     int64_t id, att;
     if (!lease_args(s, m, &id, &att))

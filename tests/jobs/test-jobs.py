@@ -1494,6 +1494,12 @@ def case_watch_waiting(tmp):
     PROCS.append(watch)
     t0 = time.monotonic()
     a.send_signal(signal.SIGTERM)  # drains: runs slow1 on, takes nothing more
+
+    def a_row():
+        return [w for w in json.loads(cli("workers", "--json", "--connect", ep, check_rc=0).stdout)["workers"]
+                if w["name"] == "remote:a"]
+    wait_for(lambda: a_row() and a_row()[0]["draining"], 5, "spindle workers to show worker a draining")
+    check(a_row()[0]["running"] == 1 and not a_row()[0]["gone"], f"worker a, draining: {a_row()}")
     wait_for(lambda: "waiting" in status(ep, job), 25, "the job's status to say it waits")
     # the gateway looks at its watched jobs every 5 s
     wait_for(lambda: "is waiting" in open(watch_err).read(), 10, "spindle watch to say the job waits")

@@ -133,7 +133,8 @@ SPN_API int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_c
  * out (n bytes, may be 0) and returns true; false when that status had none
  * (a queued job behind busy workers, a job that runs, or the last status
  * was of another job). Call it from a spn_client_watch callback to follow
- * the line as it comes and goes. Thread: the client's. Since 1.1. */
+ * the line as it comes and goes. Since 1.1.
+ * Ownership: arguments borrowed; out is the caller's. Thread: the client's (one thread at a time). */
 SPN_API bool spn_client_waiting(const spn_client_t *c, int64_t id, char *out, size_t n);
 
 /* Cancel: a queued job at once, a running one at its next batch boundary.
