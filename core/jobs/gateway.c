@@ -111,7 +111,7 @@ void spn__out_discard(spn_server_t *s) {
 }
 
 static void watcher_add(spn_server_t *s, const spn_queue_job_t *j, const unsigned char *ident,
-                        size_t ilen, bool waiting) {
+                        size_t ilen, const char *pipeline, bool waiting) {
   int64_t id = j->id;
   for (size_t i = 0; i < s->nwatchers; i++)
     if (s->watchers[i].id == id && s->watchers[i].ident_len == ilen &&
@@ -131,10 +131,7 @@ static void watcher_add(spn_server_t *s, const spn_queue_job_t *j, const unsigne
   w->attempts = j->attempts;
   w->done = j->progress_done;
   w->waiting = waiting;
-  cJSON *spec = cJSON_Parse(j->spec_json);
-  const char *p = spn__json_str(spec, "pipeline");
-  snprintf(w->pipeline, sizeof w->pipeline, "%s", p && strlen(p) < sizeof w->pipeline ? p : "");
-  cJSON_Delete(spec);
+  snprintf(w->pipeline, sizeof w->pipeline, "%s", pipeline && strlen(pipeline) < sizeof w->pipeline ? pipeline : "");
   memcpy(w->ident, ident, ilen);
   w->ident_len = ilen;
 }
@@ -398,14 +395,7 @@ void spn__gateway_watch_waiting(spn_server_t *s, int64_t now) {
     const spn_watcher_t *w = &s->watchers[i];
     if (w->state != SPN_QSTATE_QUEUED || !w->pipeline[0])
       continue;
-    bool unserved = false, asked = false;
-    for (size_t k = 0; k < i && !asked; k++) /* once per pipeline */
-      if ((asked = s->watchers[k].state == SPN_QSTATE_QUEUED && !strcmp(s->watchers[k].pipeline, w->pipeline)))
-        unserved = s->watchers[k].unserved_now;
-    if (!asked)
-      unserved = spn__queue_unserved(&s->q, w->pipeline, now, NULL);
-    s->watchers[i].unserved_now = unserved;
-    bool listed = false;
+    bool unserved = spn__queue_unserved(&s->q, w->pipeline, now, NULL), listed = false;
     for (size_t k = 0; k < n && !listed; k++)
       listed = ids[k] == w->id;
     if (unserved != w->waiting && !listed)
@@ -835,11 +825,12 @@ static void on_status(spn_server_t *s, spn_pmsg_t *m, bool watch) {
   }
   cJSON *b = job_json(s, &j, true);
   with_req(b, m->req);
-  bool waiting = cJSON_GetObjectItemCaseSensitive(b, "waiting") != NULL;
+  /* what the watcher is told, kept before the body goes to the outbox */
+  if (watch && !spn_queue_state_terminal(j.state))
+    watcher_add(s, &j, m->ident, m->ident_len, spn__json_str(b, "pipeline"),
+                cJSON_GetObjectItemCaseSensitive(b, "waiting") != NULL);
   if (b)
     spn__out_push(s, m->ident, m->ident_len, watch ? "EVENT" : "STATUS", b, false);
-  if (watch && !spn_queue_state_terminal(j.state))
-    watcher_add(s, &j, m->ident, m->ident_len, waiting);
   spn__queue_job_clear(&j);
 }
 
@@ -971,7 +962,6 @@ static void on_hello(spn_server_t *s, spn_pmsg_t *m) {
   spn__out_push(s, m->ident, m->ident_len, "HELLO", b, false);
 }
 
-/* A filter's names as a JSON array, or null for NULL (any pipeline). */
 /* {"name", "worker_seen_ms_ago": ms or null (never)} of one pipeline. */
 static void pipeline_seen(spn_server_t *s, cJSON *arr, const char *name, size_t len, int64_t now) {
   char one[129];
@@ -984,9 +974,38 @@ static void pipeline_seen(spn_server_t *s, cJSON *arr, const char *name, size_t 
   cJSON_AddItemToArray(arr, p);
 }
 
+/* A WORKERS row: e's fields, then its name, and when last heard from
+ * (last_heard_s < 0: not given) and whether it is gone. */
+static cJSON *worker_row(const spn_roster_entry_t *e, const char *name, double last_heard_s, bool gone) {
+  cJSON *w = spn__roster_json(e);
+  if (!w)
+    return NULL;
+  cJSON_AddStringToObject(w, "name", name);
+  if (last_heard_s >= 0)
+    cJSON_AddNumberToObject(w, "last_heard_ms", (double)(int64_t)(last_heard_s * 1000.0));
+  cJSON_AddBoolToObject(w, "gone", gone);
+  return w;
+}
+
+/* This gateway's remote workers as WORKERS rows: the live ones, or those it
+ * lost lately (spn__rworker_gone) with their slots when lost. */
+static void remote_rows(spn_server_t *s, cJSON *ws, bool gone, int64_t now, double mono) {
+  for (size_t i = 0; i < s->nworkers; i++) {
+    const spn_rworker_t *rw = &s->workers[i];
+    if (gone ? !spn__rworker_gone(rw, now) : !rw->alive)
+      continue;
+    spn_roster_entry_t e = spn__sched_remote_entry(s, i);
+    if (gone) {
+      e.slots = rw->gone_slots;
+      e.running = 0;
+    }
+    cJSON_AddItemToArray(ws, worker_row(&e, rw->owner, mono - rw->last_seen, gone));
+  }
+}
+
 typedef struct {
   spn_server_t *s;
-  cJSON *ws;
+  cJSON *rows;
   int64_t now;
 } roster_ctx_t;
 
@@ -1003,21 +1022,22 @@ static void roster_row(void *user, const char *name, const char *record) {
     if (s->workers[i].alive && !strcmp(s->workers[i].owner, name))
       return; /* listed above, from what this gateway knows now */
   cJSON *r = cJSON_Parse(record);
-  int64_t at = spn__roster_at(r);
-  const cJSON *kind = cJSON_GetObjectItemCaseSensitive(r, "kind");
-  if (!at || !cJSON_IsString(kind) || at < c->now - SPN_ROSTER_KEEP_MS) {
+  int st = spn__roster_state(r, c->now);
+  if (st == SPN_ROSTER_DUE || !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(r, "kind"))) {
     cJSON_Delete(r); /* unreadable, or due for removal */
     return;
   }
+  int64_t at = spn__roster_at(r);
   cJSON_DeleteItemFromObjectCaseSensitive(r, "at");
   const char *gw = spn__json_str(r, "gateway");
   /* another gateway's slots are named after it */
   cJSON_AddStringToObject(r, "name", !strncmp(name, "gateway:", 8) && gw ? gw : name);
   cJSON_AddNumberToObject(r, "last_heard_ms", (double)(c->now > at ? c->now - at : 0));
-  cJSON_AddBoolToObject(r, "gone", c->now - at > SPN_PRESENCE_STALE_MS);
-  cJSON_AddItemToArray(c->ws, r);
+  cJSON_AddBoolToObject(r, "gone", st == SPN_ROSTER_GONE);
+  cJSON_AddItemToArray(c->rows, r);
 }
 
+/* Live rows by name, then gone ones. */
 static int roster_order(const void *a, const void *b) {
   const cJSON *x = *(const cJSON *const *)a, *y = *(const cJSON *const *)b;
   int gx = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, "gone"));
@@ -1026,6 +1046,31 @@ static int roster_order(const void *a, const void *b) {
     return gx - gy;
   const char *nx = spn__json_str(x, "name"), *ny = spn__json_str(y, "name");
   return strcmp(nx ? nx : "", ny ? ny : "");
+}
+
+/* The roster's rows (other processes' workers) into ws, in order: the hash
+ * has none. */
+static int32_t roster_rows(spn_server_t *s, cJSON *ws, int64_t now, spn_error_t *err) {
+  roster_ctx_t c = {s, cJSON_CreateArray(), now};
+  int32_t rc = c.rows ? s->q.ops->roster_get(s->q.impl, roster_row, &c, err)
+                      : spn_error_set(err, SPN_ENOMEM, "out of memory");
+  if (rc < 0) {
+    cJSON_Delete(c.rows);
+    return rc;
+  }
+  size_t n = (size_t)cJSON_GetArraySize(c.rows), k = 0;
+  cJSON **rows = n ? calloc(n, sizeof *rows) : NULL;
+  for (cJSON *it = c.rows->child; rows && it; it = it->next)
+    rows[k++] = it;
+  if (rows)
+    qsort(rows, n, sizeof *rows, roster_order);
+  for (size_t i = 0; i < n && rows; i++)
+    cJSON_AddItemToArray(ws, cJSON_DetachItemViaPointer(c.rows, rows[i]));
+  free(rows);
+  while (c.rows->child) /* out of memory for the order: unsorted rather than none */
+    cJSON_AddItemToArray(ws, cJSON_DetachItemViaPointer(c.rows, c.rows->child));
+  cJSON_Delete(c.rows);
+  return SPN_OK;
 }
 
 /* WORKERS: what runs the jobs. This gateway's own slots and remote workers,
@@ -1047,83 +1092,22 @@ static void on_workers(spn_server_t *s, spn_pmsg_t *m) {
   with_req(b, m->req);
   cJSON_AddStringToObject(b, "gateway", s->name);
   double mono = spn__mono_s();
-  if (s->nslots) {
-    cJSON *w = cJSON_CreateObject();
-    size_t running = 0;
-    for (size_t i = 0; i < s->nruns; i++)
-      running += s->runs[i].slot >= 0;
-    cJSON_AddStringToObject(w, "name", "(this gateway)");
-    cJSON_AddStringToObject(w, "kind", "local");
-    cJSON_AddStringToObject(w, "gateway", s->name);
-    cJSON_AddNumberToObject(w, "slots", s->nslots);
-    cJSON_AddNumberToObject(w, "running", (double)running);
-    cJSON_AddBoolToObject(w, "draining", s->draining != 0);
-    cJSON_AddItemToObject(w, "pipelines", spn__pipeline_names_json(s->pipelines));
-    cJSON_AddBoolToObject(w, "gone", false);
-    cJSON_AddItemToArray(ws, w);
-  }
-  for (size_t i = 0; i < s->nworkers; i++) {
-    const spn_rworker_t *rw = &s->workers[i];
-    if (!rw->alive)
-      continue;
-    cJSON *w = cJSON_CreateObject();
-    size_t running = 0;
-    for (size_t k = 0; k < s->nruns; k++)
-      running += s->runs[k].worker == (int64_t)i && s->runs[k].slot < 0;
-    cJSON_AddStringToObject(w, "name", rw->owner);
-    cJSON_AddStringToObject(w, "kind", "remote");
-    cJSON_AddStringToObject(w, "gateway", s->name);
-    cJSON_AddNumberToObject(w, "slots", (double)running + (double)(rw->credit > 0 ? rw->credit : 0));
-    cJSON_AddNumberToObject(w, "running", (double)running);
-    cJSON_AddBoolToObject(w, "draining", rw->draining);
-    cJSON_AddNumberToObject(w, "last_heard_ms", (double)(int64_t)((mono - rw->last_seen) * 1000.0));
-    cJSON_AddItemToObject(w, "pipelines", rw->leased ? spn__pipeline_names_json(rw->pipelines) : cJSON_CreateArray());
-    cJSON_AddBoolToObject(w, "gone", false);
-    cJSON_AddItemToArray(ws, w);
-  }
   int64_t now = spn__now_ms();
-  /* Without a roster (SQLite): the remote workers it lost lately, as gone */
-  for (size_t i = 0; !s->q.ops->roster_get && i < s->nworkers; i++) {
-    const spn_rworker_t *rw = &s->workers[i];
-    if (rw->alive || !rw->gone_at || now - rw->gone_at > SPN_ROSTER_KEEP_MS)
-      continue;
-    cJSON *w = cJSON_CreateObject();
-    cJSON_AddStringToObject(w, "name", rw->owner);
-    cJSON_AddStringToObject(w, "kind", "remote");
-    cJSON_AddStringToObject(w, "gateway", s->name);
-    cJSON_AddNumberToObject(w, "slots", (double)rw->gone_slots);
-    cJSON_AddNumberToObject(w, "running", 0);
-    cJSON_AddBoolToObject(w, "draining", false);
-    cJSON_AddNumberToObject(w, "last_heard_ms", (double)(int64_t)((mono - rw->last_seen) * 1000.0));
-    cJSON_AddItemToObject(w, "pipelines", rw->leased ? spn__pipeline_names_json(rw->pipelines) : cJSON_CreateArray());
-    cJSON_AddBoolToObject(w, "gone", true);
-    cJSON_AddItemToArray(ws, w);
+  if (s->nslots) {
+    spn_roster_entry_t e = spn__sched_local_entry(s);
+    cJSON_AddItemToArray(ws, worker_row(&e, "(this gateway)", -1, false));
   }
-  if (s->q.ops->roster_get) {
-    roster_ctx_t c = {s, cJSON_CreateArray(), now};
+  remote_rows(s, ws, false, now, mono);
+  if (!s->q.ops->roster_get) {
+    remote_rows(s, ws, true, now, mono); /* those lost lately (on Redis, their records) */
+  } else {
     spn_error_t err = SPN_ERROR_INIT;
-    int32_t rc = c.ws ? s->q.ops->roster_get(s->q.impl, roster_row, &c, &err)
-                      : spn_error_set(&err, SPN_ENOMEM, "out of memory");
+    int32_t rc = roster_rows(s, ws, now, &err);
     if (rc < 0) {
-      cJSON_Delete(c.ws);
       cJSON_Delete(b);
       spn__out_error(s, m->ident, m->ident_len, m->req, code_for(rc), err.msg);
       return;
     }
-    /* the live ones by name, then the gone ones (the hash has no order) */
-    size_t n = (size_t)cJSON_GetArraySize(c.ws), k = 0;
-    cJSON **rows = n ? calloc(n, sizeof *rows) : NULL;
-    for (cJSON *it = c.ws->child; rows && it; it = it->next)
-      rows[k++] = it;
-    if (rows)
-      qsort(rows, n, sizeof *rows, roster_order);
-    for (size_t i = 0; i < n && rows; i++)
-      cJSON_AddItemToArray(ws, cJSON_DetachItemViaPointer(c.ws, rows[i]));
-    free(rows);
-    if (n && !rows) /* unsorted rather than none */
-      while (c.ws->child)
-        cJSON_AddItemToArray(ws, cJSON_DetachItemViaPointer(c.ws, c.ws->child));
-    cJSON_Delete(c.ws);
   }
   size_t len = 0;
   for (const char *name = NULL; s->pipelines && spn__pipeline_filter_next(s->pipelines, &name, &len);)

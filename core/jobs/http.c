@@ -253,8 +253,7 @@ static void gw_answer(void *user, const char *path, spn__http_reply_t *out) {
     for (size_t i = 0; i < s->nworkers; i++) {
       w.remote += s->workers[i].alive;
       w.remote_draining += s->workers[i].alive && s->workers[i].draining;
-      w.remote_gone += !s->workers[i].alive && s->workers[i].gone_at &&
-                       now - s->workers[i].gone_at <= SPN_ROSTER_KEEP_MS;
+      w.remote_gone += spn__rworker_gone(&s->workers[i], now);
     }
     spn_error_t err = SPN_ERROR_INIT;
     out->body = spn__observe_render(s->obs, &w, s->runner, &err);

@@ -242,10 +242,18 @@ typedef struct spn_roster_entry {
   const char *pipelines; /* spn__pipeline_filter's form; NULL: any */
 } spn_roster_entry_t;
 
+/* e as a JSON object (kind, gateway, slots, running, draining, pipelines):
+ * a WORKERS row, and a record without its "at". Ownership: caller's. */
+cJSON *spn__roster_json(const spn_roster_entry_t *e);
 /* The record (JSON, "at": now) of e. Ownership: caller frees (cJSON_free). */
 char *spn__roster_record(const spn_roster_entry_t *e, int64_t now);
 /* A record's "at" (ms), 0 when it has none. */
 int64_t spn__roster_at(const cJSON *record);
+/* Where a record (parsed; NULL: unreadable) stands at `now`: due for
+ * removal (unreadable, or not renewed for SPN_ROSTER_KEEP_MS), gone (not
+ * renewed for SPN_PRESENCE_STALE_MS), draining or live. */
+enum { SPN_ROSTER_LIVE, SPN_ROSTER_DRAINING, SPN_ROSTER_GONE, SPN_ROSTER_DUE };
+int spn__roster_state(const cJSON *record, int64_t now);
 /* Remove the records not renewed for SPN_ROSTER_KEEP_MS (*removed: how
  * many); nothing when the queue has no roster. */
 int32_t spn__roster_prune(const spn_queue_t *q, int64_t now, size_t *removed, spn_error_t *err);

@@ -690,13 +690,11 @@ static void roster_count(void *user, const char *name, const char *record) {
   roster_count_t *c = user;
   (void)name;
   cJSON *r = cJSON_Parse(record);
-  int64_t at = spn__roster_at(r);
+  int st = spn__roster_state(r, c->now); /* SPN_ROSTER_LIVE, _DRAINING, _GONE: the columns of n */
   const char *kind = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "kind"));
   int k = !kind ? -1 : !strcmp(kind, "local") ? 0 : !strcmp(kind, "remote") ? 1 : !strcmp(kind, "queue") ? 2 : -1;
-  if (k >= 0 && at && at >= c->now - SPN_ROSTER_KEEP_MS) {
-    int st = c->now - at > SPN_PRESENCE_STALE_MS ? 2 : cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "draining"));
+  if (k >= 0 && st != SPN_ROSTER_DUE)
     c->n[k][st]++;
-  }
   cJSON_Delete(r);
 }
 

@@ -49,7 +49,7 @@ static spn_rworker_t *worker_register(spn_server_t *s, spn_pmsg_t *m) {
   int64_t now = spn__now_ms();
   if (!w) {
     for (size_t i = 0; i < s->nworkers; i++)
-      if (!s->workers[i].alive && (!s->workers[i].gone_at || now - s->workers[i].gone_at > SPN_ROSTER_KEEP_MS)) {
+      if (!s->workers[i].alive && !spn__rworker_gone(&s->workers[i], now)) {
         w = &s->workers[i];
         break;
       }
@@ -235,9 +235,7 @@ void spn__remote_reap(spn_server_t *s, double mono, int64_t now) {
       spn__sched_roster_remove(s, w->owner);
     } else {
       w->gone_at = now;
-      w->gone_slots = w->credit > 0 ? w->credit : 0;
-      for (size_t k = 0; k < s->nruns; k++)
-        w->gone_slots += s->runs[k].worker == (int64_t)i && s->runs[k].slot < 0;
+      w->gone_slots = spn__sched_remote_entry(s, i).slots; /* before its runs go, below */
     }
     spn_error_t err = SPN_ERROR_INIT;
     char reason[200];

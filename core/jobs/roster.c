@@ -34,7 +34,7 @@ cJSON *spn__pipeline_names_json(const char *filter) {
   return a;
 }
 
-char *spn__roster_record(const spn_roster_entry_t *e, int64_t now) {
+cJSON *spn__roster_json(const spn_roster_entry_t *e) {
   cJSON *r = cJSON_CreateObject();
   if (!r)
     return NULL;
@@ -45,6 +45,13 @@ char *spn__roster_record(const spn_roster_entry_t *e, int64_t now) {
   cJSON_AddNumberToObject(r, "running", (double)e->running);
   cJSON_AddBoolToObject(r, "draining", e->draining);
   cJSON_AddItemToObject(r, "pipelines", spn__pipeline_names_json(e->pipelines));
+  return r;
+}
+
+char *spn__roster_record(const spn_roster_entry_t *e, int64_t now) {
+  cJSON *r = spn__roster_json(e);
+  if (!r)
+    return NULL;
   cJSON_AddNumberToObject(r, "at", (double)now);
   char *out = cJSON_PrintUnformatted(r);
   cJSON_Delete(r);
@@ -56,8 +63,17 @@ int64_t spn__roster_at(const cJSON *record) {
   return cJSON_IsNumber(at) && at->valuedouble > 0 ? (int64_t)at->valuedouble : 0;
 }
 
+int spn__roster_state(const cJSON *record, int64_t now) {
+  int64_t at = spn__roster_at(record);
+  if (!at || at < now - SPN_ROSTER_KEEP_MS)
+    return SPN_ROSTER_DUE;
+  if (now - at > SPN_PRESENCE_STALE_MS)
+    return SPN_ROSTER_GONE;
+  return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(record, "draining")) ? SPN_ROSTER_DRAINING : SPN_ROSTER_LIVE;
+}
+
 typedef struct {
-  int64_t before;
+  int64_t now;
   char **names;
   size_t n, cap;
   bool oom;
@@ -66,7 +82,7 @@ typedef struct {
 static void prune_cb(void *user, const char *name, const char *record) {
   prune_t *p = user;
   cJSON *r = cJSON_Parse(record);
-  bool old = spn__roster_at(r) < p->before; /* unreadable records go too */
+  bool old = spn__roster_state(r, p->now) == SPN_ROSTER_DUE; /* unreadable records go too */
   cJSON_Delete(r);
   if (!old || p->oom)
     return;
@@ -90,7 +106,7 @@ int32_t spn__roster_prune(const spn_queue_t *q, int64_t now, size_t *removed, sp
   *removed = 0;
   if (!q->ops->roster_get)
     return SPN_OK;
-  prune_t p = {.before = now - SPN_ROSTER_KEEP_MS};
+  prune_t p = {.now = now};
   int32_t rc = q->ops->roster_get(q->impl, prune_cb, &p, err);
   const char **none = p.n ? calloc(p.n, sizeof *none) : NULL;
   if (rc == SPN_OK && p.n && !none)

@@ -354,6 +354,24 @@ void spn__sched_presence(spn_server_t *s, int64_t now) {
   s->waiting_check = true; /* its watchers told after the next dispatch (spn__sched_dispatch) */
 }
 
+spn_roster_entry_t spn__sched_local_entry(const spn_server_t *s) {
+  spn_roster_entry_t e = {.kind = "local", .gateway = s->name, .slots = s->nslots, .draining = s->draining != 0,
+                          .pipelines = s->pipelines};
+  for (size_t i = 0; i < s->nruns; i++)
+    e.running += s->runs[i].slot >= 0;
+  return e;
+}
+
+spn_roster_entry_t spn__sched_remote_entry(const spn_server_t *s, size_t i) {
+  const spn_rworker_t *w = &s->workers[i];
+  spn_roster_entry_t e = {.kind = "remote", .gateway = s->name, .draining = w->draining,
+                          .pipelines = w->leased ? w->pipelines : "\n"};
+  for (size_t k = 0; k < s->nruns; k++)
+    e.running += s->runs[k].worker == (int64_t)i && s->runs[k].slot < 0;
+  e.slots = e.running + (w->credit > 0 ? w->credit : 0); /* running, and the credit it granted */
+  return e;
+}
+
 void spn__sched_roster(spn_server_t *s, int64_t now) {
   if (!s->q.ops->roster_put)
     return;
@@ -361,11 +379,7 @@ void spn__sched_roster(spn_server_t *s, int64_t now) {
   char **names = calloc(cap, sizeof *names), **records = calloc(cap, sizeof *records);
   bool ok = names && records;
   if (ok && s->nslots) {
-    size_t running = 0;
-    for (size_t i = 0; i < s->nruns; i++)
-      running += s->runs[i].slot >= 0;
-    spn_roster_entry_t e = {.kind = "local", .gateway = s->name, .slots = s->nslots, .running = (int64_t)running,
-                            .draining = s->draining != 0, .pipelines = s->pipelines};
+    spn_roster_entry_t e = spn__sched_local_entry(s);
     size_t len = strlen(s->name) + 9;
     ok = (names[n] = malloc(len)) && (records[n] = spn__roster_record(&e, now));
     if (names[n])
@@ -376,12 +390,7 @@ void spn__sched_roster(spn_server_t *s, int64_t now) {
     const spn_rworker_t *w = &s->workers[i];
     if (!w->alive || !w->leased) /* what it runs is not known before its LEASE */
       continue;
-    size_t running = 0;
-    for (size_t k = 0; k < s->nruns; k++)
-      running += s->runs[k].worker == (int64_t)i && s->runs[k].slot < 0;
-    spn_roster_entry_t e = {.kind = "remote", .gateway = s->name,
-                            .slots = (int64_t)running + (w->credit > 0 ? w->credit : 0),
-                            .running = (int64_t)running, .draining = w->draining, .pipelines = w->pipelines};
+    spn_roster_entry_t e = spn__sched_remote_entry(s, i);
     ok = (names[n] = strdup(w->owner)) && (records[n] = spn__roster_record(&e, now));
     n++;
   }

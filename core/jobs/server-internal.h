@@ -68,7 +68,6 @@ typedef struct spn_watcher {
   uint32_t attempts;
   uint64_t done;
   bool waiting;       /* its last event had "waiting" */
-  bool unserved_now;  /* spn__gateway_watch_waiting's finding this round */
   char pipeline[129]; /* the job's ("": not known) */
 } spn_watcher_t;
 
@@ -134,6 +133,12 @@ struct spn_server {
   bool handles_open;
 };
 
+/* A remote worker reaped without draining, SPN_ROSTER_KEEP_MS ago at most:
+ * WORKERS lists it as gone, and its entry is not given to another worker. */
+static inline bool spn__rworker_gone(const spn_rworker_t *w, int64_t now) {
+  return !w->alive && w->gone_at && now - w->gone_at <= SPN_ROSTER_KEEP_MS;
+}
+
 /* ---- gateway.c ---- */
 void spn__out_push(spn_server_t *s, const unsigned char *ident, size_t ilen, const char *type,
                    cJSON *body, bool needs_commit);
@@ -179,6 +184,11 @@ void spn__sched_renew_local(spn_server_t *s, int64_t now);
 void spn__sched_presence(spn_server_t *s, int64_t now);
 /* Its own slots' roster record, then each remote worker's (shared queues). */
 void spn__sched_roster(spn_server_t *s, int64_t now);
+/* What this gateway's own slots, and remote worker i, are now: their roster
+ * record and their WORKERS row (a remote worker that has not sent LEASE yet
+ * runs no pipeline it has named). */
+spn_roster_entry_t spn__sched_local_entry(const spn_server_t *s);
+spn_roster_entry_t spn__sched_remote_entry(const spn_server_t *s, size_t i);
 /* Remove roster records: this gateway's own (it stops), or remote worker
  * `owner`'s (it drained and left). */
 void spn__sched_roster_remove(spn_server_t *s, const char *owner);
