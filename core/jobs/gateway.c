@@ -1052,7 +1052,7 @@ static int roster_order(const void *a, const void *b) {
  * has none. */
 static int32_t roster_rows(spn_server_t *s, cJSON *ws, int64_t now, spn_error_t *err) {
   roster_ctx_t c = {s, cJSON_CreateArray(), now};
-  int32_t rc = c.rows ? s->q.ops->roster_get(s->q.impl, roster_row, &c, err)
+  int32_t rc = c.rows ? s->q.ops->roster_get(s->q.impl, NULL, roster_row, &c, err)
                       : spn_error_set(err, SPN_ENOMEM, "out of memory");
   if (rc < 0) {
     cJSON_Delete(c.rows);

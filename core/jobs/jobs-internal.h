@@ -117,6 +117,10 @@ static inline const char *spn__queue_event_name(int ev) {
  * often by each gateway. */
 #define SPN_ROSTER_KEEP_MS (10 * 60 * 1000)
 #define SPN_ROSTER_PRUNE_MS (60 * 1000)
+/* A worker refused its name (name_taken) stops once the holder was heard
+ * this many more times: a live holder is heard at every heartbeat (roster
+ * renewal, on another gateway); a killed one at most once more. */
+#define SPN_NAME_TAKEN_HEARD 3
 
 /* A queue backend. Every call is made from one thread (the loop thread) and
  * takes `now` (ms since the epoch) so tests control time. Writes made
@@ -212,12 +216,12 @@ typedef struct spn_queue_ops {
    * process of a shared queue, so that any gateway can list every worker,
    * whoever it leases through. roster_put sets name[i] to record[i] (JSON,
    * with "at": ms), or removes name[i] when record[i] is NULL; roster_get
-   * calls cb for each record. NULL when the backend has no other processes
+   * calls cb for each record (only for the one of `name`, when not NULL). NULL when the backend has no other processes
    * (SQLite: its one gateway knows its workers itself). */
   int32_t (*roster_put)(void *q, size_t n, const char *const *names, const char *const *records,
                         spn_error_t *err);
-  int32_t (*roster_get)(void *q, void (*cb)(void *user, const char *name, const char *record), void *user,
-                        spn_error_t *err);
+  int32_t (*roster_get)(void *q, const char *name, void (*cb)(void *user, const char *name, const char *record),
+                        void *user, spn_error_t *err);
   void (*free)(void *q);
 } spn_queue_ops_t;
 
@@ -240,11 +244,17 @@ typedef struct spn_roster_entry {
   int64_t slots, running;
   bool draining;
   const char *pipelines; /* spn__pipeline_filter's form; NULL: any */
+  const char *instance;  /* the process's random token (worker names are one process each); NULL: none */
+  int64_t since;         /* when the process started (ms); 0: not recorded */
 } spn_roster_entry_t;
 
-/* e as a JSON object (kind, gateway, slots, running, draining, pipelines):
+/* e as a JSON object (kind, gateway, slots, running, draining, pipelines,
+ * instance, since):
  * a WORKERS row, and a record without its "at". Ownership: caller's. */
 cJSON *spn__roster_json(const spn_roster_entry_t *e);
+/* A worker process's "instance": 16 random hex digits, which tell two
+ * processes of one name apart (docs/protocol.md, "Worker messages"). */
+void spn__instance_token(char out[17]);
 /* The record (JSON, "at": now) of e. Ownership: caller frees (cJSON_free). */
 char *spn__roster_record(const spn_roster_entry_t *e, int64_t now);
 /* A record's "at" (ms), 0 when it has none. */

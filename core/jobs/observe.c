@@ -443,10 +443,10 @@ static int32_t w_roster_put(void *q, size_t n, const char *const *names, const c
   return o->inner.ops->roster_put(o->inner.impl, n, names, records, err);
 }
 
-static int32_t w_roster_get(void *q, void (*cb)(void *user, const char *name, const char *record), void *user,
+static int32_t w_roster_get(void *q, const char *name, void (*cb)(void *user, const char *name, const char *record), void *user,
                             spn_error_t *err) {
   spn__observe_t *o = q;
-  return o->inner.ops->roster_get(o->inner.impl, cb, user, err);
+  return o->inner.ops->roster_get(o->inner.impl, name, cb, user, err);
 }
 
 static void w_free(void *q) {
@@ -700,7 +700,7 @@ static void roster_count(void *user, const char *name, const char *record) {
 
 static bool roster_render(spn__observe_t *o, const spn__observe_workers_t *w, spn__mbuf_t *b, spn_error_t *err) {
   roster_count_t c = {.now = spn__now_ms()};
-  if (o->inner.ops->roster_get && o->inner.ops->roster_get(o->inner.impl, roster_count, &c, err) < 0)
+  if (o->inner.ops->roster_get && o->inner.ops->roster_get(o->inner.impl, NULL, roster_count, &c, err) < 0)
     return false;
   if (!o->inner.ops->roster_get) { /* this gateway's workers are the queue's */
     c.n[0][w->draining ? 1 : 0] = w->local > 0;

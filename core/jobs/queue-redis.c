@@ -279,6 +279,16 @@ static int32_t rq_connect(rq_t *q, spn_error_t *err) {
   return rc;
 }
 
+/* Before a command on the key P<suffix>: owed replies drained, connected
+ * (or err), the key's name in key. */
+static int32_t rq_keyed(rq_t *q, const char *suffix, char *key, size_t n, spn_error_t *err) {
+  rq_drain(q);
+  if (rq_connect(q, err) < 0)
+    return SPN_EIO;
+  snprintf(key, n, "%s%s", q->prefix, suffix);
+  return SPN_OK;
+}
+
 /* ---- script calls ---- */
 
 static void a_str(rargs_t *a, const char *s) {
@@ -461,11 +471,9 @@ static bool has_outputs(const char *spec_json) {
 static int32_t rq_submit_pipelined(rq_t *q, const spn_queue_submit_t *s, int64_t now, int64_t *id,
                                    spn_error_t *err) {
   if (q->id_next == q->id_end) {
-    rq_drain(q);
-    if (rq_connect(q, err) < 0)
-      return SPN_EIO;
     char key[96];
-    snprintf(key, sizeof key, "%sseq", q->prefix);
+    if (rq_keyed(q, "seq", key, sizeof key, err) < 0)
+      return SPN_EIO;
     const char *argv[] = {"INCRBY", key, "256"};
     size_t lens[] = {6, strlen(key), 3};
     redisReply *r = rq_cmd(q, 3, argv, lens, "reserving job ids", err);
@@ -834,11 +842,9 @@ static int32_t rq_counts(void *qv, int64_t out[SPN_QSTATE_COUNT], spn_error_t *e
 static int32_t rq_hgetall(rq_t *q, const char *suffix, const char *what,
                           void (*cb)(void *user, const char *field, const char *value), void *user,
                           spn_error_t *err) {
-  rq_drain(q);
-  if (rq_connect(q, err) < 0)
-    return SPN_EIO;
   char key[96];
-  snprintf(key, sizeof key, "%s%s", q->prefix, suffix);
+  if (rq_keyed(q, suffix, key, sizeof key, err) < 0)
+    return SPN_EIO;
   const char *argv[] = {"HGETALL", key};
   size_t lens[] = {7, strlen(key)};
   redisReply *r = rq_cmd(q, 2, argv, lens, what, err);
@@ -907,11 +913,9 @@ static int32_t rq_present(void *qv, const char *pipelines, int64_t now, spn_erro
 static int32_t rq_seen(void *qv, const char *pipeline, int64_t *at, spn_error_t *err) {
   rq_t *q = qv;
   *at = 0;
-  rq_drain(q);
-  if (rq_connect(q, err) < 0)
-    return SPN_EIO;
   char key[96];
-  snprintf(key, sizeof key, "%sseen", q->prefix);
+  if (rq_keyed(q, "seen", key, sizeof key, err) < 0)
+    return SPN_EIO;
   const char *argv[] = {"HMGET", key, pipeline, "\n"};
   size_t lens[] = {5, strlen(key), strlen(pipeline), 1};
   redisReply *r = rq_cmd(q, 4, argv, lens, "reading which workers are there", err);
@@ -930,11 +934,9 @@ static int32_t rq_seen(void *qv, const char *pipeline, int64_t *at, spn_error_t 
 static int32_t rq_roster_put(void *qv, size_t n, const char *const *names, const char *const *records,
                              spn_error_t *err) {
   rq_t *q = qv;
-  rq_drain(q);
-  if (rq_connect(q, err) < 0)
-    return SPN_EIO;
   char key[96];
-  snprintf(key, sizeof key, "%sworkers", q->prefix);
+  if (rq_keyed(q, "workers", key, sizeof key, err) < 0)
+    return SPN_EIO;
   const char **argv = malloc((2 + 2 * n) * sizeof *argv);
   size_t *lens = malloc((2 + 2 * n) * sizeof *lens);
   int32_t rc = SPN_OK;
@@ -963,9 +965,24 @@ static int32_t rq_roster_put(void *qv, size_t n, const char *const *names, const
   return rc;
 }
 
-static int32_t rq_roster_get(void *qv, void (*cb)(void *user, const char *name, const char *record), void *user,
+static int32_t rq_roster_get(void *qv, const char *name,
+                             void (*cb)(void *user, const char *name, const char *record), void *user,
                              spn_error_t *err) {
-  return rq_hgetall(qv, "workers", "reading the roster of workers", cb, user, err);
+  if (!name)
+    return rq_hgetall(qv, "workers", "reading the roster of workers", cb, user, err);
+  rq_t *q = qv;
+  char key[96];
+  if (rq_keyed(q, "workers", key, sizeof key, err) < 0)
+    return SPN_EIO;
+  const char *argv[] = {"HGET", key, name};
+  size_t lens[] = {4, strlen(key), strlen(name)};
+  redisReply *r = rq_cmd(q, 3, argv, lens, "reading the roster of workers", err);
+  if (!r)
+    return SPN_EIO;
+  if (r->type == REDIS_REPLY_STRING)
+    cb(user, name, r->str);
+  freeReplyObject(r);
+  return SPN_OK;
 }
 
 static void rq_free(void *qv) {

@@ -29,6 +29,7 @@
 
 #include "jobs-internal.h"
 #include "observe.h"
+#include "proto-internal.h"
 
 typedef struct qrun {
   bool busy;
@@ -49,6 +50,10 @@ typedef struct qw {
   qrun_t *runs;
   char (*owner)[192];
   char *pipelines; /* what it leases (spn__runner_pipelines); NULL: any */
+  char instance[17]; /* this process: tells it from another of its name */
+  int64_t since;     /* when it started (ms): of two processes of one name, the later one yields */
+  int64_t quiet_at;  /* "at" of the record of its name that claim_name saw go quiet (a killed process's) */
+  bool clash_said;   /* warned that a later process of its name writes its record */
   char last_error[SPN_ERROR_MSG_MAX];
   spn__observe_t *obs; /* lifecycle log lines; owned by q's wrapper */
   spn__wobs_t *wobs;   /* metrics and probes (--http) */
@@ -206,15 +211,97 @@ static uint32_t running(const qw_t *w) {
   return n;
 }
 
-/* Its record in the queue's roster ("worker:NAME"), for spindle workers on
- * any gateway; removed (draining false and gone true) when it stops. */
-static void roster(qw_t *w, const char *name, bool draining, bool gone) {
-  if (!w->q.ops->roster_put)
-    return;
+/* The record of "worker:NAME" in the roster, when another process (another
+ * instance) wrote it: its "at" and "since" (ms; since 0 when it has none).
+ * False when there is none, it is ours, or the roster cannot be read. */
+typedef struct {
+  const char *instance; /* ours */
+  bool other;
+  char theirs[65];
+  int64_t at, since;
+} named_t;
+
+static void named_cb(void *user, const char *name, const char *record) {
+  (void)name;
+  named_t *n = user;
+  cJSON *r = cJSON_Parse(record);
+  const char *inst = spn__json_str(r, "instance");
+  const cJSON *since = cJSON_GetObjectItemCaseSensitive(r, "since");
+  if (inst && strcmp(inst, n->instance)) {
+    n->other = true;
+    snprintf(n->theirs, sizeof n->theirs, "%s", inst);
+    n->at = spn__roster_at(r);
+    n->since = cJSON_IsNumber(since) ? (int64_t)since->valuedouble : 0;
+  }
+  cJSON_Delete(r);
+}
+
+/* Renewed within SPN_PRESENCE_STALE_MS: the process may live. */
+static bool heard_lately(int64_t at) {
+  return spn__now_ms() - at <= SPN_PRESENCE_STALE_MS;
+}
+
+static bool other_named(qw_t *w, const char *key, named_t *n) {
+  *n = (named_t){.instance = w->instance};
+  spn_error_t err = SPN_ERROR_INIT;
+  return w->q.ops->roster_get && w->q.ops->roster_get(w->q.impl, key, named_cb, n, &err) == SPN_OK && n->other;
+}
+
+/* At the start: is the name ours? A live record of another process names
+ * either a process that runs (it renews the record every SPN_PRESENCE_MS)
+ * or one killed lately (it never will). Wait one renewal to tell which. */
+static int32_t claim_name(qw_t *w, const char *name, spn_error_t *err) {
   char key[160];
   snprintf(key, sizeof key, "worker:%s", name);
+  named_t n;
+  if (!other_named(w, key, &n) || !heard_lately(n.at))
+    return SPN_OK;
+  spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
+  lf.worker = name;
+  spn__log_f(spn__observe_logger(w->obs), SPN_LOG_INFO, &lf,
+             "another process of this name was heard %.1f s ago; waiting up to %.1f s to see whether it still runs",
+             (double)(spn__now_ms() - n.at) / 1000.0, SPN_PRESENCE_MS / 1000.0 + 1.5);
+  int64_t first = n.at;
+  for (double end = spn__mono_s() + SPN_PRESENCE_MS / 1000.0 + 1.5; spn__mono_s() < end;) {
+    if ((w->cfg->stop && *w->cfg->stop) || (w->cfg->stop_now && *w->cfg->stop_now))
+      return SPN_OK;
+    struct timespec ts = {0, 250L * 1000000L};
+    nanosleep(&ts, NULL);
+    if (other_named(w, key, &n) && n.at > first)
+      return spn_error_set(err, SPN_EEXIST,
+                           "worker: the name \"%s\" is taken by another worker process on the queue (heard %.1f s "
+                           "ago); give each worker its own --name",
+                           name, (double)(spn__now_ms() - n.at) / 1000.0);
+  }
+  w->quiet_at = first;
+  return SPN_OK; /* it went quiet: it was killed, and the name is ours */
+}
+
+/* Its record in the queue's roster ("worker:NAME"), for spindle workers on
+ * any gateway; removed (draining false and gone true) when it stops.
+ * Before it writes, it reads: a record of another process written since
+ * its last write (not the quiet one claim_name took the name from) means
+ * two run under one name (they started together, so neither saw the other
+ * at the start); the later one yields: false. */
+static bool roster(qw_t *w, const char *name, bool draining, bool gone) {
+  if (!w->q.ops->roster_put)
+    return true;
+  char key[160];
+  snprintf(key, sizeof key, "worker:%s", name);
+  named_t n;
+  if (!gone && other_named(w, key, &n) && heard_lately(n.at) && n.at != w->quiet_at) {
+    if (n.since < w->since || (n.since == w->since && strcmp(n.theirs, w->instance) < 0))
+      return false;
+    if (!w->clash_said) {
+      w->clash_said = true;
+      spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
+      lf.worker = name;
+      spn__log_f(spn__observe_logger(w->obs), SPN_LOG_WARN, &lf,
+                 "another worker process, started later, uses this name; it stops (give each worker its own --name)");
+    }
+  }
   spn_roster_entry_t e = {.kind = "queue", .slots = w->cfg->slots, .running = running(w), .draining = draining,
-                          .pipelines = w->pipelines};
+                          .pipelines = w->pipelines, .instance = w->instance, .since = w->since};
   char *rec = gone ? NULL : spn__roster_record(&e, spn__now_ms());
   const char *k = key, *r = rec;
   spn_error_t err = SPN_ERROR_INIT;
@@ -223,6 +310,7 @@ static void roster(qw_t *w, const char *name, bool draining, bool gone) {
   else if (w->q.ops->roster_put(w->q.impl, 1, &k, &r, &err) < 0)
     say_error(w, err.msg);
   cJSON_free(rec);
+  return true;
 }
 
 int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *runner,
@@ -271,13 +359,17 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
    * different pipelines, a job waits for a worker that has its pipeline
    * instead of failing its attempts on the others. */
   w.pipelines = spn__runner_pipelines(runner);
+  spn__instance_token(w.instance);
+  w.since = spn__now_ms();
+  if ((rc = claim_name(&w, name, err)) < 0)
+    goto out;
   char pipes[512];
   spn__pipeline_filter_describe(w.pipelines, pipes, sizeof pipes);
   spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker leasing from %s queue %s with %u slots, "
              "pipelines: %s", w.q.ops->name, cfg->queue->url ? cfg->queue->url : "", cfg->slots, pipes);
   double renew_every = cfg->lease_ms / 3000.0, sweep_every = cfg->lease_ms / 2000.0;
   double last_renew = spn__mono_s(), last_sweep = 0, last_presence = 0, drain_until = 0;
-  bool draining = false, said_draining = false;
+  bool draining = false, said_draining = false, clash = false;
   uint32_t wait_ms = 1;  /* between lease attempts: doubles up to 50 while the queue is empty */
   double next_lease = 0;
   spn_slot_report_t *pending = NULL;
@@ -324,7 +416,10 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
       spn_error_t e = SPN_ERROR_INIT;
       if (!draining && w.q.ops->present(w.q.impl, w.pipelines, spn__now_ms(), &e) < 0)
         say_error(&w, e.msg);
-      roster(&w, name, draining, false);
+      if (!roster(&w, name, draining, false)) {
+        clash = true; /* another process, started first, has the name: stop, as for SIGTERM without grace */
+        break;
+      }
       said_draining = draining;
     }
     if (mono - last_sweep >= sweep_every) {
@@ -368,7 +463,13 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     }
   if (released)
     spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker stopped: %u job(s) back to the queue", released);
-  roster(&w, name, false, true);
+  if (clash) /* the record is the other process's */
+    rc = spn_error_set(err, SPN_EEXIST,
+                       "worker: the name \"%s\" is taken by another worker process on the queue, started before "
+                       "this one; give each worker its own --name",
+                       name);
+  else
+    roster(&w, name, false, true);
 out:
   spn__slot_pool_free(&w.pool);
   spn__wobs_free(&w.wobs);

@@ -4,7 +4,9 @@
  * Invariants:
  * - A worker is known by its name ("remote:<name>" is the lease owner); a
  *   worker that reconnects with a new routing id takes over its old entry and
- *   its runs.
+ *   its runs. A name is one process: another process (another "instance")
+ *   is refused the name while its holder lives, here or, on a shared queue,
+ *   at another gateway (name_taken).
  * - Credit: the gateway sends a worker at most as many jobs as it granted.
  * - HEARTBEAT renews the leases of the jobs it lists; a job whose lease the
  *   worker lost is cancelled on the worker, so it cannot race the attempt
@@ -29,16 +31,90 @@ static spn_rworker_t *worker_by_ident(spn_server_t *s, const unsigned char *iden
 
 /* ---- worker side ---- */
 
+/* A worker name is one process. Each worker sends a random "instance"
+ * token with its name; a message with a name that another live process
+ * holds (another instance) is refused with name_taken, naming the holder
+ * and when it was last heard. "holder_seen" (ms, only ever grows while the
+ * holder lives) lets the refused worker tell a live holder, heard again and
+ * again, from a dead one that goes quiet and is reaped (then the name is
+ * free; a worker restarted under its name gets it back that way). */
+static void refuse_name(spn_server_t *s, spn_pmsg_t *m, const char *name, const char *where, double heard_s,
+                        int64_t seen) {
+  char msg[512];
+  snprintf(msg, sizeof msg,
+           "worker name \"%s\" is taken by another worker process connected %s (heard %.1f s ago); give each "
+           "worker its own --name (a restarted worker gets its name back once the old process counts as lost)",
+           name, where, heard_s < 0 ? 0 : heard_s);
+  cJSON *b = cJSON_CreateObject();
+  if (b) {
+    if (m->req)
+      cJSON_AddNumberToObject(b, "req", (double)m->req);
+    cJSON_AddStringToObject(b, "code", "name_taken");
+    cJSON_AddStringToObject(b, "message", msg);
+    cJSON_AddNumberToObject(b, "holder_seen", (double)seen);
+    spn__out_push(s, m->ident, m->ident_len, "ERROR", b, false);
+  }
+  if (s->refused_ident_len != m->ident_len || memcmp(s->refused_ident, m->ident, m->ident_len)) {
+    memcpy(s->refused_ident, m->ident, m->ident_len);
+    s->refused_ident_len = m->ident_len;
+    spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
+    lf.worker = name;
+    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, &lf, "refused a second worker process: %s", msg);
+  }
+}
+
+typedef struct {
+  const char *owner, *instance, *self;
+  int64_t now, at;
+  char gateway[128];
+} holder_t;
+
+static void holder_cb(void *user, const char *name, const char *record) {
+  holder_t *h = user;
+  if (strcmp(name, h->owner))
+    return;
+  cJSON *r = cJSON_Parse(record);
+  const char *inst = spn__json_str(r, "instance"), *gw = spn__json_str(r, "gateway");
+  int st = spn__roster_state(r, h->now);
+  if (inst && strcmp(inst, h->instance) && gw && strcmp(gw, h->self) &&
+      (st == SPN_ROSTER_LIVE || st == SPN_ROSTER_DRAINING)) {
+    h->at = spn__roster_at(r);
+    snprintf(h->gateway, sizeof h->gateway, "%s", gw);
+  }
+  cJSON_Delete(r);
+}
+
+/* On a shared queue: does another gateway record a live process of this
+ * name (the roster, renewed every SPN_PRESENCE_MS)? Its record's "at" then;
+ * 0 when not, or when the roster cannot be read (not a reason to refuse). */
+static int64_t roster_holder(spn_server_t *s, const char *owner, const char *instance, char *gw, size_t gwn) {
+  if (!s->q.ops->roster_get)
+    return 0;
+  holder_t h = {.owner = owner, .instance = instance, .self = s->name, .now = spn__now_ms()};
+  spn_error_t err = SPN_ERROR_INIT;
+  if (s->q.ops->roster_get(s->q.impl, owner, holder_cb, &h, &err) < 0)
+    return 0;
+  snprintf(gw, gwn, "%s", h.gateway);
+  return h.at;
+}
+
 static spn_rworker_t *worker_register(spn_server_t *s, spn_pmsg_t *m) {
   const char *name = spn__json_str(m->body, "worker");
   if (!name || !*name || strlen(name) > 128) {
     spn__out_error(s, m->ident, m->ident_len, m->req, "invalid", "\"worker\" must be a name of 1-128 bytes");
     return NULL;
   }
+  const cJSON *ij = cJSON_GetObjectItemCaseSensitive(m->body, "instance");
+  const char *inst = cJSON_IsString(ij) ? ij->valuestring : NULL;
+  if (ij && (!inst || !*inst || strlen(inst) > 64)) {
+    spn__out_error(s, m->ident, m->ident_len, m->req, "invalid", "\"instance\" must be a string of 1-64 bytes");
+    return NULL;
+  }
   spn_rworker_t *w = worker_by_ident(s, m->ident, m->ident_len);
   if (w)
     return w;
-  /* A worker that reconnected (new routing id) replaces its old entry. */
+  /* A worker that reconnected (new routing id) replaces its old entry;
+   * another process of the same name does not. */
   char owner[160];
   snprintf(owner, sizeof owner, "remote:%s", name);
   for (size_t i = 0; i < s->nworkers; i++) /* also one listed as gone: it is back */
@@ -46,7 +122,21 @@ static spn_rworker_t *worker_register(spn_server_t *s, spn_pmsg_t *m) {
       w = &s->workers[i];
       break;
     }
+  double mono = spn__mono_s();
+  if (w && w->alive && inst && w->instance[0] && strcmp(w->instance, inst)) {
+    refuse_name(s, m, name, "to this gateway", mono - w->last_seen, (int64_t)(w->last_seen * 1000.0));
+    return NULL;
+  }
   int64_t now = spn__now_ms();
+  if (!(w && w->alive) && inst) { /* new here: is it live at another gateway? */
+    char gw[128] = "", where[160];
+    int64_t at = roster_holder(s, owner, inst, gw, sizeof gw);
+    if (at) {
+      snprintf(where, sizeof where, "to gateway %s", gw);
+      refuse_name(s, m, name, where, (double)(now - at) / 1000.0, at);
+      return NULL;
+    }
+  }
   if (!w) {
     for (size_t i = 0; i < s->nworkers; i++)
       if (!s->workers[i].alive && !spn__rworker_gone(&s->workers[i], now)) {
@@ -67,8 +157,9 @@ static spn_rworker_t *worker_register(spn_server_t *s, spn_pmsg_t *m) {
   memcpy(w->ident, m->ident, m->ident_len);
   w->ident_len = m->ident_len;
   snprintf(w->owner, sizeof w->owner, "%s", owner);
+  snprintf(w->instance, sizeof w->instance, "%s", inst ? inst : "");
   w->alive = true;
-  w->last_seen = spn__mono_s();
+  w->last_seen = mono;
   /* Runs of this worker keep their index. */
   size_t wi = (size_t)(w - s->workers);
   for (size_t i = 0; i < s->nruns; i++)

@@ -17,9 +17,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
 #include <cjson/cJSON.h>
 
 #include "jobs-internal.h"
+
+void spn__instance_token(char out[17]) {
+  uint64_t v = 0;
+  if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v) {
+    struct timespec ts; /* no entropy yet (early boot): the clock and the pid still tell processes apart */
+    clock_gettime(CLOCK_REALTIME, &ts);
+    v = ((uint64_t)ts.tv_sec * 1000000007u) ^ ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)getpid();
+  }
+  snprintf(out, 17, "%016llx", (unsigned long long)v);
+}
 
 cJSON *spn__pipeline_names_json(const char *filter) {
   if (!filter)
@@ -45,6 +59,10 @@ cJSON *spn__roster_json(const spn_roster_entry_t *e) {
   cJSON_AddNumberToObject(r, "running", (double)e->running);
   cJSON_AddBoolToObject(r, "draining", e->draining);
   cJSON_AddItemToObject(r, "pipelines", spn__pipeline_names_json(e->pipelines));
+  if (e->instance && *e->instance)
+    cJSON_AddStringToObject(r, "instance", e->instance);
+  if (e->since > 0)
+    cJSON_AddNumberToObject(r, "since", (double)e->since);
   return r;
 }
 
@@ -107,7 +125,7 @@ int32_t spn__roster_prune(const spn_queue_t *q, int64_t now, size_t *removed, sp
   if (!q->ops->roster_get)
     return SPN_OK;
   prune_t p = {.now = now};
-  int32_t rc = q->ops->roster_get(q->impl, prune_cb, &p, err);
+  int32_t rc = q->ops->roster_get(q->impl, NULL, prune_cb, &p, err);
   const char **none = p.n ? calloc(p.n, sizeof *none) : NULL;
   if (rc == SPN_OK && p.n && !none)
     rc = spn_error_set(err, SPN_ENOMEM, "roster: out of memory");

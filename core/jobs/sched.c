@@ -365,7 +365,7 @@ spn_roster_entry_t spn__sched_local_entry(const spn_server_t *s) {
 spn_roster_entry_t spn__sched_remote_entry(const spn_server_t *s, size_t i) {
   const spn_rworker_t *w = &s->workers[i];
   spn_roster_entry_t e = {.kind = "remote", .gateway = s->name, .draining = w->draining,
-                          .pipelines = w->leased ? w->pipelines : "\n"};
+                          .pipelines = w->leased ? w->pipelines : "\n", .instance = w->instance};
   for (size_t k = 0; k < s->nruns; k++)
     e.running += s->runs[k].worker == (int64_t)i && s->runs[k].slot < 0;
   e.slots = e.running + (w->credit > 0 ? w->credit : 0); /* running, and the credit it granted */

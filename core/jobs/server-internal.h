@@ -35,6 +35,7 @@ typedef struct spn_rworker {
   unsigned char ident[SPN_PROTO_IDENT_MAX];
   size_t ident_len;
   char owner[160]; /* "remote:<name>" */
+  char instance[65]; /* the process's "instance" token ("" from a worker that sends none) */
   int64_t credit;
   double last_seen;
   bool alive;
@@ -129,6 +130,10 @@ struct spn_server {
   double last_renew, last_sweep, last_presence, last_roster_prune;
   char name[128];          /* "HOST:PID": its record in a shared queue's roster */
   bool waiting_check;      /* presence recorded: tell watchers of queued jobs after dispatch */
+  /* The last connection refused a worker name that another process holds
+   * (name_taken): logged once per connection, not at every heartbeat. */
+  unsigned char refused_ident[SPN_PROTO_IDENT_MAX];
+  size_t refused_ident_len;
   int64_t wake_at;
   bool handles_open;
 };

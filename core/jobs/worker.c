@@ -40,6 +40,7 @@ typedef struct wctx {
   const spn_worker_config_t *cfg;
   spn_slot_pool_t *pool;
   char name[128];
+  char instance[17]; /* this process (docs/protocol.md): tells it from another of the same name */
   spn__logger_t *log; /* JSON lines unless stderr is a terminal */
   spn__wobs_t *obs;   /* metrics and probes (--http) */
   bool draining;
@@ -55,8 +56,10 @@ static void send_body(void *sock, const char *type, cJSON *b) {
 
 static cJSON *body(wctx_t *w) {
   cJSON *b = cJSON_CreateObject();
-  if (b)
+  if (b) {
     cJSON_AddStringToObject(b, "worker", w->name);
+    cJSON_AddStringToObject(b, "instance", w->instance);
+  }
   return b;
 }
 
@@ -138,6 +141,7 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
     clock_gettime(CLOCK_REALTIME, &ts);
     snprintf(w.name, sizeof w.name, "%s:%d:%lx", host, (int)getpid(), (unsigned long)ts.tv_nsec);
   }
+  spn__instance_token(w.instance);
   void *ctx = zmq_ctx_new();
   void *sock = ctx ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
   w.slot = calloc(cfg->slots, sizeof *w.slot);
@@ -179,6 +183,13 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
   double hb = (cfg->heartbeat_ms ? cfg->heartbeat_ms : 1000) / 1000.0, last_hb = spn__mono_s();
   char last_error[256] = "";
   double drain_until = 0;
+  /* The gateway refuses our name (name_taken: another process holds it).
+   * A dead holder goes quiet and is reaped, and the name is ours at our
+   * next heartbeat; a holder heard again and again lives: we stop, with
+   * the gateway's error. */
+  bool refused = false;
+  int64_t holder_seen = 0;
+  unsigned holder_heard = 0;
   for (;;) {
     if (cfg->stop_now && *cfg->stop_now)
       break;
@@ -215,11 +226,33 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
         if (id > 0 && att >= 0)
           spn__slot_pool_cancel_job(w.pool, id, (uint32_t)att);
       } else if (!strcmp(m.type, "HEARTBEAT")) {
+        if (refused) {
+          refused = false;
+          spn__log_f(w.log, SPN_LOG_INFO, &lf, "the gateway took the name \"%s\" now", w.name);
+        }
         if (!w.draining && !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m.body, "known"))) {
           grant(&w, sock, spn__slot_pool_idle_count(w.pool));
         }
       } else if (!strcmp(m.type, "ERROR")) {
-        const char *msg = spn__json_str(m.body, "message");
+        const char *msg = spn__json_str(m.body, "message"), *code = spn__json_str(m.body, "code");
+        int64_t seen = 0;
+        if (code && !strcmp(code, "name_taken") && spn__json_int(m.body, "holder_seen", &seen)) {
+          if (refused && seen > holder_seen)
+            holder_heard++;
+          else if (!refused)
+            holder_heard = 0;
+          if (!refused || seen > holder_seen)
+            holder_seen = seen;
+          refused = true;
+          /* Three times heard since we were first refused: no dead process
+           * is (a killed holder's record is renewed at most once more on a
+           * shared queue before its gateway reaps it). */
+          if (holder_heard >= SPN_NAME_TAKEN_HEARD) {
+            rc = spn_error_set(err, SPN_EEXIST, "worker: %s refuses the name: %s", cfg->connect, msg ? msg : "?");
+            cJSON_Delete(m.body);
+            goto stop;
+          }
+        }
         /* say it once, not on every heartbeat */
         if (strncmp(last_error, msg ? msg : "?", sizeof last_error - 1) != 0) {
           snprintf(last_error, sizeof last_error, "%s", msg ? msg : "?");
@@ -284,6 +317,7 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
       send_body(sock, "HEARTBEAT", b);
     }
   }
+stop:
   /* Stop what still runs; report what finished; hand the rest back. */
   spn__slot_pool_stop(w.pool);
   for (spn_slot_report_t *r = spn__slot_pool_take(w.pool), *next; r; r = next) {

@@ -142,9 +142,9 @@ def start_serve(tmp, *args, db="q.db", bind="tcp://127.0.0.1:*", log="serve.log"
     return p, line.decode().split("ready on ")[1].strip()
 
 
-def start_worker(tmp, ep, *args, name="w"):
+def start_worker(tmp, ep, *args, name="w", log=None):
     """A worker on a gateway (ep "tcp://...") or on the Redis queue (ep "redis://...")."""
-    out = open(os.path.join(tmp, f"worker-{name}.log"), "ab")
+    out = open(os.path.join(tmp, log or f"worker-{name}.log"), "ab")
     how = ["--queue", ep] if ep.startswith("redis://") else ["--connect", ep]
     p = subprocess.Popen([SPINDLE, "worker", *how, "--name", name, *args],
                          stdout=out, stderr=out, cwd=tmp)
@@ -1525,6 +1525,151 @@ def case_watch_waiting(tmp):
     check(status(ep, slow2)["state"] == "succeeded", "the job ran after the slow job before it")
     check(read(f"{tmp}/out/job.raw") == synth_expected(job, 3), "the synthetic job's output")
     print(f"spindle watch said the job waits {took:.1f} s after the only worker of its pipeline began to drain")
+
+
+def case_worker_name_taken(tmp):
+    """Two worker processes given one --name: the second is refused the name
+    (name_taken) and exits 1 with an error naming it, while the first keeps
+    its job and its place. A worker frozen past three heartbeats and started
+    again under its name gets the name once the gateway counts the old
+    process lost; the old one, woken, is refused in turn and exits. On Redis,
+    a process of that name at another gateway is refused too. (Before, two
+    processes of one name shared one entry on the gateway, each message
+    moving it to its own connection, and when one was reaped the other's
+    running jobs failed.)"""
+    hb = ("--heartbeat-ms", "300")
+    p, ep = start_serve(tmp, "--workers", "0", *hb)
+    a = start_worker(tmp, ep, "--chunk-bytes", "8192", *hb, name="dup")
+    make_file(f"{tmp}/in.bin", 160_000, 5)  # 20 chunks
+    r = cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/a.bin",
+            "--param", "chunk_delay_ms=100", "--connect", ep, check_rc=0)
+    jid = int(r.stdout.split()[0])
+    wait_for(lambda: status(ep, jid)["done"] >= 2, 20, "the job to run on the first worker")
+
+    def refused(log, where):
+        w = start_worker(tmp, ep if where == "here" else where, *hb, name="dup", log=log)
+        try:
+            rc = w.wait(40)
+        except subprocess.TimeoutExpired:
+            raise Fail(f"a second worker named dup still runs after 40 s: {open(f'{tmp}/{log}').read()}")
+        text = open(f"{tmp}/{log}").read()
+        check(rc == 1 and 'refuses the name: worker name "dup" is taken by another worker process' in text,
+              f"the second worker: exit {rc}; {text}")
+        return text
+    text = refused("worker-dup-2.log", "here")
+    check("connected to this gateway" in text and "give each worker its own --name" in text, text)
+    check(a.poll() is None, "the first worker exited")
+    cli("watch", str(jid), "--connect", ep, timeout=60, check_rc=0)
+    st = status(ep, jid)
+    check(st["attempts"] == 1 and st["errors"] == [],
+          f"the first worker's job should end in its first attempt: {st}")
+    check(same(f"{tmp}/in.bin", f"{tmp}/a.bin"), "output")
+    serve_log = open(f"{tmp}/serve.log").read()
+    check(serve_log.count("refused a second worker process") == 1, f"one warning on the gateway: {serve_log}")
+    rows = json.loads(cli("workers", "--json", "--connect", ep, check_rc=0).stdout)["workers"]
+    check([w["name"] for w in rows] == ["remote:dup"], f"one worker listed: {rows}")
+
+    if BACKEND == "redis":  # another gateway of the queue refuses the name too
+        pb, epb = start_serve(tmp, "--workers", "0", *hb, db="q2.db", log="b.log")
+        text = refused("worker-dup-b.log", epb)
+        check(f"connected to gateway {socket.gethostname()}:{p.pid}" in text, text)
+        check(a.poll() is None, "the first worker exited")
+
+    # frozen past three heartbeats: the name goes to the new process
+    a.send_signal(signal.SIGSTOP)
+    try:
+        c = start_worker(tmp, ep, *hb, name="dup", log="worker-dup-3.log")
+        r = cli("submit", "noop", "--wait", "--connect", ep, timeout=30)
+        check(r.returncode == 0, f"a job on the restarted worker: {r}; {open(f'{tmp}/worker-dup-3.log').read()}")
+        check(c.poll() is None, "the restarted worker exited")
+    finally:
+        a.send_signal(signal.SIGCONT)
+    check(a.wait(40) == 1, f"the woken worker should be refused and exit 1: {a.returncode}")
+    text = open(f"{tmp}/worker-dup.log").read()
+    check('worker name "dup" is taken' in text, f"the woken worker's log: {text}")
+    cli("submit", "noop", "--wait", "--connect", ep, timeout=30, check_rc=0)
+    check(c.poll() is None, "the worker that holds the name exited")
+
+
+def case_queue_worker_name_taken(tmp):
+    """Redis only: stateless workers of one --name. One started while
+    another of its name runs sees it renew its record and exits 1 without
+    leasing anything; one started right after a kill -9 of the old process
+    waits one renewal, sees none and takes the name; of two started at the
+    same moment, one stops with the error and the other runs on, and every
+    job finishes once; one frozen while a new process took its name, then
+    woken, runs on and the later process stops. (Before, they overwrote one
+    record in the roster, so spindle workers showed one, and the first to
+    stop removed it.)"""
+    check(BACKEND == "redis", "this case needs --backend redis")
+    p, ep = start_serve(tmp, "--workers", "0")
+    url = REDIS["url"]
+
+    def table():
+        r = json.loads(cli("workers", "--json", "--connect", ep, check_rc=0).stdout)
+        return {w["name"]: w for w in r["workers"] if not w.get("gone")}
+
+    def refused(w, log, what, why="is taken by another worker process on the queue"):
+        try:
+            rc = w.wait(30)
+        except subprocess.TimeoutExpired:
+            raise Fail(f"{what} still runs after 30 s: {open(f'{tmp}/{log}').read()}")
+        text = open(f"{tmp}/{log}").read()
+        check(rc == 1 and why in text and "give each worker its own --name" in text, f"{what}: exit {rc}; {text}")
+        return text
+    a = start_worker(tmp, url, name="qdup")
+    wait_for(lambda: "worker:qdup" in table(), 15, "the first worker to be listed")
+    inst = table()["worker:qdup"]["instance"]
+    b = start_worker(tmp, url, name="qdup", log="qdup-2.log")
+    text = refused(b, "qdup-2.log", "a second worker named qdup")
+    check("waiting up to" in text and "leasing from" not in text, f"it should not lease: {text}")
+    check(a.poll() is None and table()["worker:qdup"]["instance"] == inst, f"the first keeps its name: {table()}")
+    cli("submit", "noop", "--wait", "--connect", ep, timeout=30, check_rc=0)
+    # killed: a new process of its name takes it after one renewal time
+    a.kill()
+    a.wait()
+    c = start_worker(tmp, url, name="qdup", log="qdup-3.log")
+    wait_for(lambda: table().get("worker:qdup", {}).get("instance") not in (None, inst), 20,
+             "the restarted worker to take the name")
+    cli("submit", "noop", "--wait", "--connect", ep, timeout=30, check_rc=0)
+    time.sleep(6)  # another roster renewal: it keeps the name
+    check(c.poll() is None, "the restarted worker exited: " + open(f"{tmp}/qdup-3.log").read())
+    c.send_signal(signal.SIGTERM)
+    check(c.wait(20) == 0, f"the restarted worker exited {c.returncode} after SIGTERM")
+    # two at once: one stops, one runs on; the jobs all finish once
+    os.mkdir(f"{tmp}/out")
+    make_file(f"{tmp}/in.bin", 40_000, 43)  # 10 chunks of 4 KiB
+    pair = [start_worker(tmp, url, "--chunk-bytes", "4096", "--exec-log", f"{tmp}/exec.log", name="qpair",
+                         log=f"qpair-{i}.log") for i in (0, 1)]
+    ids = submit_many(ep, tmp, 20, 10, f"{tmp}/out")
+    wait_for(lambda: any(w.poll() is not None for w in pair), 30, "one of two workers named qpair to stop")
+    i = 0 if pair[0].poll() is not None else 1
+    refused(pair[i], f"qpair-{i}.log", "the worker of the pair that stopped")
+    wait_all(ep, ids, 60)
+    done = exec_counts(f"{tmp}/exec.log", "done")
+    check(sorted(done) == sorted(ids) and set(done.values()) == {1}, f"each job done once: {done}")
+    check(pair[1 - i].poll() is None, "both workers of the pair stopped: " + open(f"{tmp}/qpair-{1 - i}.log").read())
+    pair[1 - i].send_signal(signal.SIGTERM)
+    check(pair[1 - i].wait(20) == 0, "the worker of the pair that ran on, after SIGTERM")
+    # frozen past a renewal: a new process takes the name; woken, the old
+    # one (it started first) runs on and the new one stops
+    old = start_worker(tmp, url, name="qfrozen")
+    wait_for(lambda: "worker:qfrozen" in table(), 15, "worker qfrozen to be listed")
+    inst = table()["worker:qfrozen"]["instance"]
+    old.send_signal(signal.SIGSTOP)
+    try:
+        new = start_worker(tmp, url, name="qfrozen", log="qfrozen-2.log")
+        wait_for(lambda: table().get("worker:qfrozen", {}).get("instance") not in (None, inst), 20,
+                 "the new worker to take the name of the frozen one")
+    finally:
+        old.send_signal(signal.SIGCONT)
+    refused(new, "qfrozen-2.log", "the new worker once the old one woke",
+            "is taken by another worker process on the queue, started before this one")
+    text = open(f"{tmp}/worker-qfrozen.log").read()
+    check("another worker process, started later, uses this name" in text, f"the old worker's log: {text}")
+    wait_for(lambda: table().get("worker:qfrozen", {}).get("instance") == inst, 15, "the old worker's record back")
+    cli("submit", "noop", "--wait", "--connect", ep, timeout=30, check_rc=0)
+    check(old.poll() is None, "the woken worker exited: " + text)
 
 
 def case_workers_gone(tmp):

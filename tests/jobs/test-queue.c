@@ -1215,7 +1215,8 @@ static void test_redis_roster(void **state) {
   spn_error_t err = SPN_ERROR_INIT;
   spn_roster_entry_t gw = {.kind = "local", .gateway = "gw:1", .slots = 4, .running = 1,
                            .pipelines = "\nenhance\nlipsync\n"};
-  spn_roster_entry_t q = {.kind = "queue", .slots = 2, .draining = true, .pipelines = NULL};
+  spn_roster_entry_t q = {.kind = "queue", .slots = 2, .draining = true, .pipelines = NULL,
+                          .instance = "0123456789abcdef"};
   char *r1 = spn__roster_record(&gw, T0 + 100), *r2 = spn__roster_record(&q, T0);
   cJSON *j = cJSON_Parse(r1);
   assert_string_equal(cJSON_GetObjectItem(j, "kind")->valuestring, "local");
@@ -1231,13 +1232,17 @@ static void test_redis_roster(void **state) {
   assert_null(cJSON_GetObjectItem(j, "gateway"));
   assert_true(cJSON_IsNull(cJSON_GetObjectItem(j, "pipelines"))); /* any */
   assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "draining")));
+  assert_string_equal(cJSON_GetObjectItem(j, "instance")->valuestring, "0123456789abcdef");
+  cJSON_Delete(j);
+  j = cJSON_Parse(r1); /* no instance given: none recorded */
+  assert_null(cJSON_GetObjectItem(j, "instance"));
   cJSON_Delete(j);
   const char *names[] = {"gateway:gw:1", "worker:q", "worker:old", "worker:junk"};
   char *r3 = spn__roster_record(&q, T0 - 1);
   const char *recs[] = {r1, r2, r3, "{not json"};
   assert_int_equal(f->o->roster_put(f->q.impl, 4, names, recs, &err), SPN_OK);
   roster_seen_t seen = {0};
-  assert_int_equal(f->o->roster_get(f->q.impl, roster_collect, &seen, &err), SPN_OK);
+  assert_int_equal(f->o->roster_get(f->q.impl, NULL, roster_collect, &seen, &err), SPN_OK);
   assert_int_equal(seen.n, 4);
   assert_string_equal(roster_find(&seen, "gateway:gw:1"), r1);
   assert_string_equal(roster_find(&seen, "worker:q"), r2);
@@ -1245,16 +1250,24 @@ static void test_redis_roster(void **state) {
   const char *names2[] = {"worker:q", "gateway:gw:1"}, *recs2[] = {r1, NULL};
   assert_int_equal(f->o->roster_put(f->q.impl, 2, names2, recs2, &err), SPN_OK);
   memset(&seen, 0, sizeof seen);
-  assert_int_equal(f->o->roster_get(f->q.impl, roster_collect, &seen, &err), SPN_OK);
+  assert_int_equal(f->o->roster_get(f->q.impl, NULL, roster_collect, &seen, &err), SPN_OK);
   assert_int_equal(seen.n, 3);
   assert_null(roster_find(&seen, "gateway:gw:1"));
   assert_string_equal(roster_find(&seen, "worker:q"), r1);
+  /* one name: its record only, none for a name without one */
+  memset(&seen, 0, sizeof seen);
+  assert_int_equal(f->o->roster_get(f->q.impl, "worker:q", roster_collect, &seen, &err), SPN_OK);
+  assert_int_equal(seen.n, 1);
+  assert_string_equal(roster_find(&seen, "worker:q"), r1);
+  memset(&seen, 0, sizeof seen);
+  assert_int_equal(f->o->roster_get(f->q.impl, "gateway:gw:1", roster_collect, &seen, &err), SPN_OK);
+  assert_int_equal(seen.n, 0);
   /* due: worker:old (at T0 - 1) and the unreadable one; worker:q (T0 + 100) stays */
   size_t removed = 0;
   assert_int_equal(spn__roster_prune(&f->q, T0 + SPN_ROSTER_KEEP_MS, &removed, &err), SPN_OK);
   assert_int_equal(removed, 2);
   memset(&seen, 0, sizeof seen);
-  assert_int_equal(f->o->roster_get(f->q.impl, roster_collect, &seen, &err), SPN_OK);
+  assert_int_equal(f->o->roster_get(f->q.impl, NULL, roster_collect, &seen, &err), SPN_OK);
   assert_int_equal(seen.n, 1);
   assert_non_null(roster_find(&seen, "worker:q"));
   assert_int_equal(spn__roster_prune(&f->q, T0 + SPN_ROSTER_KEEP_MS + 100, &removed, &err), SPN_OK);
