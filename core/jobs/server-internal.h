@@ -129,6 +129,7 @@ struct spn_server {
   double drain_until;
   double last_renew, last_sweep, last_presence, last_roster_prune;
   char name[128];          /* "HOST:PID": its record in a shared queue's roster */
+  int lock_fd;             /* SQLite: the flock that makes it the file's one gateway; -1 none */
   bool waiting_check;      /* presence recorded: tell watchers of queued jobs after dispatch */
   /* The last connection refused a worker name that another process holds
    * (name_taken): logged once per connection, not at every heartbeat. */

@@ -15,10 +15,12 @@
  *   transaction and replies wait for its commit.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -145,6 +147,42 @@ static void on_signal(uv_signal_t *h, int sig) {
 
 /* ---- life cycle ---- */
 
+/* A SQLite queue has one gateway: the rest of a gateway's state (its remote
+ * workers, who runs which pipeline, its watchers) lives in its memory, so a
+ * second gateway on the same file would split it, and SQLite's locks are
+ * not safe on the network filesystems where two hosts could share a file.
+ * flock on "<db>-lock", held while the gateway lives: the kernel drops it
+ * when the process ends, kill -9 included. The file names the holder. */
+static int32_t lock_db(spn_server_t *s, const char *path, spn_error_t *err) {
+  char lp[4096];
+  if ((size_t)snprintf(lp, sizeof lp, "%s-lock", path) >= sizeof lp)
+    return spn_error_set(err, SPN_EINVAL, "job queue %s: path too long", path);
+  int fd = open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0)
+    return spn_error_set(err, SPN_EIO, "job queue %s: lock file %s: %s", path, lp, strerror(errno));
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    char who[160] = "";
+    ssize_t n = pread(fd, who, sizeof who - 1, 0);
+    who[n > 0 ? n : 0] = '\0';
+    who[strcspn(who, "\n")] = '\0';
+    close(fd);
+    if (e == EWOULDBLOCK)
+      return spn_error_set(err, SPN_EBUSY,
+                           "job queue %s: another gateway (%s) serves it; a SQLite queue has one gateway: stop "
+                           "that one first, or share a Redis queue among gateways (--queue redis://...)",
+                           path, who[0] ? who : "its name unknown");
+    return spn_error_set(err, SPN_EIO, "job queue %s: locking %s: %s", path, lp, strerror(e));
+  }
+  char line[160];
+  int len = snprintf(line, sizeof line, "%s\n", s->name);
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)len, 0) != len) {
+    /* only the name in the message of a second gateway is lost */
+  }
+  s->lock_fd = fd;
+  return SPN_OK;
+}
+
 int32_t spn_server_new(const spn_server_config_t *cfg, const spn_job_runner_t *runner,
                        spn_server_t **out, spn_error_t *err) {
   *out = NULL;
@@ -154,6 +192,10 @@ int32_t spn_server_new(const spn_server_config_t *cfg, const spn_job_runner_t *r
   s->cfg = cfg;
   s->runner = runner;
   s->out_tail = &s->out;
+  s->lock_fd = -1;
+  char host[64] = "";
+  gethostname(host, sizeof host - 1);
+  snprintf(s->name, sizeof s->name, "%s:%d", host[0] ? host : "localhost", (int)getpid());
   int32_t rc;
   /* Ready only when every pipeline the config names can run. */
   for (size_t i = 0; i < cfg->n_pipelines; i++)
@@ -166,6 +208,9 @@ int32_t spn_server_new(const spn_server_config_t *cfg, const spn_job_runner_t *r
                            .auth_file = cfg->queue_auth_file, .prefix = cfg->queue_prefix,
                            .lease_ms = cfg->lease_ms, .backoff_base_ms = cfg->backoff_base_ms,
                            .backoff_max_ms = cfg->backoff_max_ms, .sync_full = cfg->sync_full};
+  if ((!cfg->queue_backend || !strcmp(cfg->queue_backend, "sqlite")) && cfg->db_path &&
+      strcmp(cfg->db_path, ":memory:") && (rc = lock_db(s, cfg->db_path, err)) < 0)
+    goto out_free;
   if ((rc = spn_queue_open(&qc, &s->q, err)) < 0)
     goto out_free;
   /* Lifecycle log and metrics see every queue transition (observe.c). */
@@ -237,9 +282,6 @@ int32_t spn_server_new(const spn_server_config_t *cfg, const spn_job_runner_t *r
   }
   for (uint32_t i = 0; i < s->nslots; i++)
     snprintf(s->slot_owner[i], sizeof s->slot_owner[i], "local:%d:%u", (int)getpid(), i);
-  char host[64] = "";
-  gethostname(host, sizeof host - 1);
-  snprintf(s->name, sizeof s->name, "%s:%d", host[0] ? host : "localhost", (int)getpid());
   if ((rc = spn__slot_pool_new(s->nslots, runner, wake_loop, s, &s->pool, err)) < 0) {
     spn_error_prefix(err, "server");
     goto out_loop;
@@ -262,6 +304,8 @@ out_ctx:
 out_queue:
   spn_queue_free(&s->q);
 out_free:
+  if (s->lock_fd >= 0)
+    close(s->lock_fd);
   free(s);
   return rc;
 }
@@ -368,6 +412,8 @@ void spn_server_free(spn_server_t **sp) {
   free(s->watchers);
   spn__sched_committed(s, false);
   free(s->unpublish);
+  if (s->lock_fd >= 0)
+    close(s->lock_fd); /* the lock goes with it */
   free(s);
 }
 

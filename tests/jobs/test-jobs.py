@@ -1672,6 +1672,28 @@ def case_queue_worker_name_taken(tmp):
     check(old.poll() is None, "the woken worker exited: " + text)
 
 
+def case_sqlite_one_gateway(tmp):
+    """SQLite: a second gateway on the queue file of a running one stops at
+    once with an error naming the first (its remote workers, watchers and
+    presence live in the first one's memory); the first goes on serving.
+    Once the first is killed (-9), a gateway starts on the file and runs
+    the job queued meanwhile."""
+    check(BACKEND == "sqlite", "this case is about the SQLite backend")
+    p, ep = start_serve(tmp, "--workers", "0")
+    r = subprocess.run([SPINDLE, "serve", "--bind", "tcp://127.0.0.1:*", "--db", f"{tmp}/q.db", "--root", tmp,
+                        "--workers", "1"], capture_output=True, timeout=20, cwd=tmp)
+    err = r.stderr.decode()
+    check(r.returncode == 1 and f"job queue {tmp}/q.db: another gateway ({socket.gethostname()}:{p.pid}) serves it"
+          in err and "--queue redis://" in err and b"ready on" not in r.stdout,
+          f"the second gateway: exit {r.returncode}; {r.stdout!r} {err}")
+    jid = int(cli("submit", "noop", "--connect", ep, check_rc=0).stdout.split()[0])
+    check(status(ep, jid)["state"] == "queued", f"the first gateway (no workers) keeps the job: {status(ep, jid)}")
+    p.kill()
+    p.wait()
+    p2, ep2 = start_serve(tmp, "--workers", "1")
+    cli("watch", str(jid), "--connect", ep2, timeout=30, check_rc=0)
+
+
 def case_workers_gone(tmp):
     """SQLite: a remote worker lost without draining (kill -9) is listed by
     spindle workers as gone, and counted in spindle_queue_workers; one that
