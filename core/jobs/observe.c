@@ -822,6 +822,7 @@ struct spn__wobs {
   uint32_t slots;
   int64_t busy;
   bool draining;
+  int gateway; /* -1 none (stateless), 0 not answering, 1 answering */
   uint64_t jobs[WO_COUNT];
   warned_set_t warned; /* succeeded with warnings, by pipeline */
   dur_hist_t dur;       /* lease to end of each job this worker ran */
@@ -839,9 +840,13 @@ static void wobs_answer(void *user, const char *path, spn__http_reply_t *out) {
   if (!strcmp(path, "/readyz")) {
     char why[128] = "";
     pthread_mutex_lock(&o->mu);
-    bool draining = o->draining;
+    bool draining = o->draining, gateway_down = o->gateway == 0;
     pthread_mutex_unlock(&o->mu);
     bool ready = !draining && spn__observe_devices_ready(o->runner, why, sizeof why);
+    if (ready && gateway_down) {
+      ready = false;
+      snprintf(why, sizeof why, "no answer from the gateway");
+    }
     out->code = ready ? 200 : 503;
     char body[160];
     snprintf(body, sizeof body, "%s\n", ready ? "ready" : draining ? "stopping" : why);
@@ -867,6 +872,12 @@ static void wobs_answer(void *user, const char *path, spn__http_reply_t *out) {
   int64_t busy = o->busy < 0 ? 0 : o->busy > o->slots ? o->slots : o->busy;
   spn__mbuf_put(&b, "spindle_worker_slots{state=\"busy\"} %lld\nspindle_worker_slots{state=\"idle\"} %lld\n",
                 (long long)busy, (long long)o->slots - busy);
+  if (o->gateway >= 0) {
+    spn__mbuf_family(&b, "spindle_worker_gateway_up", "gauge",
+                     "1 while this worker's gateway answers its heartbeats, 0 before it first did and after 5 "
+                     "heartbeats (at least 5 s) without an answer.");
+    spn__mbuf_put(&b, "spindle_worker_gateway_up %d\n", o->gateway);
+  }
   render_nvml(&o->nvml, &b);
   pthread_mutex_unlock(&o->mu);
   render_runner(&b, o->runner, false);
@@ -890,6 +901,7 @@ int32_t spn__wobs_new(const spn_job_runner_t *runner, uint32_t slots, const char
   pthread_mutex_init(&o->mu, NULL);
   o->runner = runner;
   o->slots = slots;
+  o->gateway = -1;
   nvml_load(&o->nvml);
   if (http) {
     int32_t rc = spn__http_open(http, wobs_answer, o, NULL, NULL, &o->http, err);
@@ -927,6 +939,14 @@ void spn__wobs_draining(spn__wobs_t *o) {
     return;
   pthread_mutex_lock(&o->mu);
   o->draining = true;
+  pthread_mutex_unlock(&o->mu);
+}
+
+void spn__wobs_gateway(spn__wobs_t *o, bool up) {
+  if (!o)
+    return;
+  pthread_mutex_lock(&o->mu);
+  o->gateway = up ? 1 : 0;
   pthread_mutex_unlock(&o->mu);
 }
 

@@ -105,6 +105,10 @@ int32_t spn__wobs_new(const spn_job_runner_t *runner, uint32_t slots, const char
 void spn__wobs_job_end(spn__wobs_t *o, const char *pipeline, double seconds, int32_t status, bool warned);
 void spn__wobs_busy(spn__wobs_t *o, int delta);
 void spn__wobs_draining(spn__wobs_t *o);
+/* A remote worker's gateway answers (up) or has not for a while: /readyz
+ * and spindle_worker_gateway_up follow it. Not called: no gateway (a
+ * stateless worker), neither shows one. */
+void spn__wobs_gateway(spn__wobs_t *o, bool up);
 void spn__wobs_free(spn__wobs_t **o);
 
 /* spindle_queue_depth groups at most this many queued jobs per scrape

@@ -40,10 +40,15 @@ typedef struct spn_pmsg {
  * SPN_EAGAIN when nothing is waiting, or SPN_EIO. Caller frees m->body. */
 int32_t spn__proto_recv(void *sock, bool router, spn_pmsg_t *m);
 /* Send [ident]["" ]["SPN1"][type][json]. ident NULL on DEALER sockets.
- * Never blocks (a full or unknown peer drops the message: ZeroMQ ROUTER rules).
- * Ownership: body borrowed. */
+ * On a ROUTER it never blocks (a full or unknown peer drops the message).
+ * On a DEALER it waits for a peer that can take the message (none while a
+ * connection is refused or its queue is full), up to ZMQ_SNDTIMEO; see
+ * spn__proto_send_nowait. Ownership: body borrowed. */
 int32_t spn__proto_send(void *sock, const unsigned char *ident, size_t ident_len, const char *type,
                         const cJSON *body);
+/* spn__proto_send that never waits: SPN_EAGAIN, nothing sent, when no peer
+ * can take the message now (the frames of a message go all or none). */
+int32_t spn__proto_send_nowait(void *sock, const char *type, const cJSON *body);
 /* Send ERROR {req, code, message}. */
 int32_t spn__proto_send_error(void *sock, const unsigned char *ident, size_t ident_len, int64_t req,
                               const char *code, const char *fmt, ...) SPN_PRINTF(6, 7);

@@ -228,16 +228,18 @@ out:
   return SPN_OK;
 }
 
-int32_t spn__proto_send(void *sock, const unsigned char *ident, size_t ident_len, const char *type,
-                        const cJSON *body) {
+static int32_t send_frames(void *sock, const unsigned char *ident, size_t ident_len, const char *type,
+                           const cJSON *body, int first_flags) {
   char *js = cJSON_PrintUnformatted(body);
   if (!js)
     return SPN_ENOMEM;
   int rc = 0;
+  /* Only the first frame can find no room: ZeroMQ queues a message's
+   * later frames wherever its first one went. */
   if (ident)
-    rc = zmq_send(sock, ident, ident_len, ZMQ_SNDMORE);
+    rc = zmq_send(sock, ident, ident_len, ZMQ_SNDMORE | first_flags);
   if (rc >= 0)
-    rc = zmq_send(sock, "", 0, ZMQ_SNDMORE);
+    rc = zmq_send(sock, "", 0, ZMQ_SNDMORE | (ident ? 0 : first_flags));
   if (rc >= 0)
     rc = zmq_send(sock, SPN_PROTO_MAGIC, 4, ZMQ_SNDMORE);
   if (rc >= 0)
@@ -246,6 +248,15 @@ int32_t spn__proto_send(void *sock, const unsigned char *ident, size_t ident_len
     rc = zmq_send(sock, js, strlen(js), 0);
   free(js);
   return rc < 0 ? (zmq_errno() == EAGAIN ? SPN_EAGAIN : SPN_EIO) : SPN_OK;
+}
+
+int32_t spn__proto_send(void *sock, const unsigned char *ident, size_t ident_len, const char *type,
+                        const cJSON *body) {
+  return send_frames(sock, ident, ident_len, type, body, 0);
+}
+
+int32_t spn__proto_send_nowait(void *sock, const char *type, const cJSON *body) {
+  return send_frames(sock, NULL, 0, type, body, ZMQ_DONTWAIT);
 }
 
 int32_t spn__proto_send_error(void *sock, const unsigned char *ident, size_t ident_len, int64_t req,

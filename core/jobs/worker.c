@@ -36,6 +36,14 @@ typedef struct wslot {
   double since;      /* spn__mono_s() at the assignment */
 } wslot_t;
 
+/* A message the socket could not take yet (no connection to a gateway
+ * that accepts it, or its queue full), sent in order once it can. */
+typedef struct wout {
+  struct wout *next;
+  const char *type; /* a string literal */
+  cJSON *body;
+} wout_t;
+
 typedef struct wctx {
   const spn_worker_config_t *cfg;
   spn_slot_pool_t *pool;
@@ -46,12 +54,40 @@ typedef struct wctx {
   bool draining;
   wslot_t *slot; /* per slot: the job it runs (main thread only) */
   char *pipelines; /* what it runs (spn__runner_pipelines); NULL: any */
+  wout_t *out, **out_tail; /* not sent yet, oldest first */
 } wctx_t;
 
-static void send_body(void *sock, const char *type, cJSON *b) {
-  if (b)
-    spn__proto_send(sock, NULL, 0, type, b);
-  cJSON_Delete(b);
+/* Send what waits, in order, as far as the socket takes it. */
+static void flush_out(wctx_t *w, void *sock) {
+  while (w->out && spn__proto_send_nowait(sock, w->out->type, w->out->body) != SPN_EAGAIN) {
+    wout_t *o = w->out;
+    if (!(w->out = o->next))
+      w->out_tail = &w->out;
+    cJSON_Delete(o->body);
+    free(o);
+  }
+}
+
+/* Never waits: the loop must go on (signals, silence, jobs) while no
+ * gateway takes messages, so what the socket cannot take now waits in
+ * w->out. A HEARTBEAT or PROGRESS that cannot go now is dropped: the
+ * next one says the same, newer. */
+static void send_body(wctx_t *w, void *sock, const char *type, cJSON *b) {
+  if (!b)
+    return;
+  flush_out(w, sock);
+  if (!w->out && spn__proto_send_nowait(sock, type, b) != SPN_EAGAIN) {
+    cJSON_Delete(b);
+    return;
+  }
+  wout_t *o = strcmp(type, "HEARTBEAT") && strcmp(type, "PROGRESS") ? malloc(sizeof *o) : NULL;
+  if (!o) {
+    cJSON_Delete(b);
+    return;
+  }
+  *o = (wout_t){.type = type, .body = b};
+  *w->out_tail = o;
+  w->out_tail = &o->next;
 }
 
 static cJSON *body(wctx_t *w) {
@@ -77,7 +113,7 @@ static void grant(wctx_t *w, void *sock, int64_t credit) {
       cJSON_AddItemToArray(names, cJSON_CreateString(v));
     free(v);
   }
-  send_body(sock, "LEASE", b);
+  send_body(w, sock, "LEASE", b);
 }
 
 static void send_release(wctx_t *w, void *sock, int64_t id, int64_t att) {
@@ -86,7 +122,7 @@ static void send_release(wctx_t *w, void *sock, int64_t id, int64_t att) {
     cJSON_AddNumberToObject(b, "id", (double)id);
     cJSON_AddNumberToObject(b, "attempt", (double)att);
   }
-  send_body(sock, "RELEASE", b);
+  send_body(w, sock, "RELEASE", b);
 }
 
 static void on_job(wctx_t *w, void *sock, const cJSON *m) {
@@ -112,7 +148,7 @@ static void on_job(wctx_t *w, void *sock, const cJSON *m) {
       cJSON_AddNumberToObject(b, "attempt", (double)att);
       cJSON_AddStringToObject(b, "error", err.msg);
     }
-    send_body(sock, "FAIL", b);
+    send_body(w, sock, "FAIL", b);
     if (sl >= 0)
       grant(w, sock, 1);
     return;
@@ -127,6 +163,7 @@ static void on_job(wctx_t *w, void *sock, const cJSON *m) {
 int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *runner,
                        spn_error_t *err) {
   wctx_t w = {.cfg = cfg};
+  w.out_tail = &w.out;
   int32_t rc = SPN_OK;
   if (cfg->slots == 0 || cfg->slots > 1024)
     return spn_error_set(err, SPN_EINVAL, "worker: slots must be 1-1024");
@@ -174,13 +211,21 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
   }
   spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
   lf.worker = w.name;
+  spn__wobs_gateway(w.obs, false); /* not ready before the gateway answers */
   w.pipelines = spn__runner_pipelines(runner);
   char pipes[512];
   spn__pipeline_filter_describe(w.pipelines, pipes, sizeof pipes);
-  spn__log_f(w.log, SPN_LOG_INFO, &lf, "worker connected to %s with %u slots, pipelines: %s", cfg->connect,
+  spn__log_f(w.log, SPN_LOG_INFO, &lf, "worker connecting to %s with %u slots, pipelines: %s", cfg->connect,
              cfg->slots, pipes);
   grant(&w, sock, cfg->slots);
   double hb = (cfg->heartbeat_ms ? cfg->heartbeat_ms : 1000) / 1000.0, last_hb = spn__mono_s();
+  /* Whether the gateway answers. ZeroMQ connects in the background and
+   * says nothing of a wrong endpoint, a gateway that is down, or a CURVE
+   * handshake it refused: the gateway answers every heartbeat, so
+   * silence for `silent` seconds is said (once per silence), and so is the
+   * answer that ends it. */
+  double silent = hb * 5 < 5 ? 5 : hb * 5, heard = last_hb;
+  bool answered = false, said_silent = false;
   char last_error[256] = "";
   double drain_until = 0;
   /* The gateway refuses our name (name_taken: another process holds it).
@@ -199,7 +244,7 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
       w.draining = true;
       spn__wobs_draining(w.obs);
       drain_until = spn__mono_s() + cfg->drain_grace_s;
-      send_body(sock, "DRAIN", body(&w));
+      send_body(&w, sock, "DRAIN", body(&w));
       spn__log_f(w.log, SPN_LOG_INFO, &lf, "draining (up to %u s)", cfg->drain_grace_s);
     }
     if (w.draining) {
@@ -211,10 +256,26 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
     }
     zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
     zmq_poll(&it, 1, 10);
+    flush_out(&w, sock);
     for (;;) {
       spn_pmsg_t m;
       if (spn__proto_recv(sock, false, &m) != SPN_OK)
         break;
+      double at = spn__mono_s();
+      if (!answered || said_silent) {
+        if (answered)
+          spn__log_f(w.log, SPN_LOG_INFO, &lf, "the gateway at %s answers again (after %.0f s)", cfg->connect,
+                     at - heard);
+        else if (said_silent)
+          spn__log_f(w.log, SPN_LOG_INFO, &lf, "connected: the gateway at %s answers after %.0f s", cfg->connect,
+                     at - heard);
+        else
+          spn__log_f(w.log, SPN_LOG_INFO, &lf, "connected: the gateway at %s answers", cfg->connect);
+        answered = true;
+        said_silent = false;
+        spn__wobs_gateway(w.obs, true);
+      }
+      heard = at;
       if (m.error)
         spn__log_f(w.log, SPN_LOG_ERROR, &lf, "bad message from the gateway: %s", m.detail);
       else if (!strcmp(m.type, "JOB"))
@@ -274,7 +335,7 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
           cJSON_AddNumberToObject(b, "done", (double)r->done);
           cJSON_AddNumberToObject(b, "total", (double)r->total);
         }
-        send_body(sock, "PROGRESS", b);
+        send_body(&w, sock, "PROGRESS", b);
       } else {
         if (b) {
           spn__exec_report_to_json(b, &r->res);
@@ -283,7 +344,7 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
             cJSON_AddBoolToObject(b, "cancelled", r->res.status == SPN_ECANCELLED);
           }
         }
-        send_body(sock, r->res.status == SPN_OK ? "DONE" : "FAIL", b);
+        send_body(&w, sock, r->res.status == SPN_OK ? "DONE" : "FAIL", b);
         /* The thread cleared `assigned` before reporting: the slot is free. */
         spn__slot_pool_set_idle(w.pool, r->slot);
         wslot_t *ws = &w.slot[r->slot];
@@ -298,6 +359,14 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
       r = next;
     }
     double now = spn__mono_s();
+    if (!said_silent && now - heard >= silent) {
+      said_silent = true;
+      spn__wobs_gateway(w.obs, false);
+      spn__log_f(w.log, SPN_LOG_WARN, &lf,
+                 "no answer from the gateway at %s for %.0f s: is a gateway running there, and, with CURVE, is "
+                 "--server-key-file its public key and this worker's key in its curve_workers_dir? (still trying)",
+                 cfg->connect, now - heard);
+    }
     if (now - last_hb >= hb) {
       last_hb = now;
       cJSON *b = body(&w);
@@ -314,7 +383,7 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
           }
         }
       }
-      send_body(sock, "HEARTBEAT", b);
+      send_body(&w, sock, "HEARTBEAT", b);
     }
   }
 stop:
@@ -329,7 +398,7 @@ stop:
         cJSON_AddNumberToObject(b, "attempt", r->attempt);
         spn__exec_report_to_json(b, &r->res);
       }
-      send_body(sock, "DONE", b);
+      send_body(&w, sock, "DONE", b);
       w.slot[r->slot].busy = false;
     }
     free(r);
@@ -337,9 +406,25 @@ stop:
   for (uint32_t i = 0; i < cfg->slots; i++)
     if (w.slot[i].busy)
       send_release(&w, sock, w.slot[i].id, w.slot[i].att);
-  int linger = 2000; /* let DONE and RELEASE reach the gateway */
+  /* Let DONE and RELEASE reach the gateway: 2 s for what waits here to
+   * go to the socket, and as long for the socket to deliver it. What is
+   * still here then is lost: those jobs come back when their leases
+   * expire. */
+  for (double end = spn__mono_s() + 2; w.out && spn__mono_s() < end;) {
+    flush_out(&w, sock);
+    struct timespec ts = {0, 10L * 1000000L};
+    if (w.out)
+      nanosleep(&ts, NULL);
+  }
+  int linger = 2000;
   zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
 out:
+  while (w.out) {
+    wout_t *o = w.out;
+    w.out = o->next;
+    cJSON_Delete(o->body);
+    free(o);
+  }
   if (sock)
     zmq_close(sock);
   if (ctx)

@@ -518,7 +518,7 @@ def case_curve(tmp):
     p2, ep2 = start_serve(tmp, "--workers", "0", "--curve-keyfile", f"{tmp}/server.key",
                           "--curve-clients", f"{tmp}/clients", "--curve-workers", f"{tmp}/workers",
                           db="q2.db", log="serve2.log")
-    start_worker(tmp, ep2, "--curve-keyfile", f"{tmp}/bad.key", *srv, name="wbad")
+    wbad = start_worker(tmp, ep2, "--curve-keyfile", f"{tmp}/bad.key", *srv, name="wbad")
     good = ["--curve-keyfile", f"{tmp}/good.key", *srv]
     start_worker(tmp, ep2, *good, name="wclient")
     jid = int(cli("submit", "noop", "--connect", ep2, *good, check_rc=0).stdout.split()[0])
@@ -527,6 +527,16 @@ def case_curve(tmp):
     check(st["state"] == "queued", f"a worker without a worker key got the job: {st}")
     check(b"worker messages need a worker key" in open(f"{tmp}/worker-wclient.log", "rb").read(),
           "client-key worker was not told why")
+    # the worker whose key the gateway refused hears nothing, and says what to check
+    wait_for(lambda: b"no answer from the gateway at " + ep2.encode() in open(f"{tmp}/worker-wbad.log", "rb").read(),
+             15, "the worker with a refused key to say that the gateway does not answer")
+    check(b"curve_workers_dir" in open(f"{tmp}/worker-wbad.log", "rb").read(), "what to check")
+    # and stops on SIGTERM (before, it hung in a send that no connection took)
+    wbad.send_signal(signal.SIGTERM)
+    try:
+        check(wbad.wait(15) == 0, f"the worker with a refused key exited {wbad.returncode} after SIGTERM")
+    except subprocess.TimeoutExpired:
+        raise Fail("the worker with a refused key did not stop on SIGTERM")
     # a client key cannot forge a worker report either
     ctx = zmq.Context()
     pub, sec = open(f"{tmp}/good.key").read().split("public=")[1].split("\nsecret=")
@@ -1670,6 +1680,45 @@ def case_queue_worker_name_taken(tmp):
     wait_for(lambda: table().get("worker:qfrozen", {}).get("instance") == inst, 15, "the old worker's record back")
     cli("submit", "noop", "--wait", "--connect", ep, timeout=30, check_rc=0)
     check(old.poll() is None, "the woken worker exited: " + text)
+
+
+def case_worker_no_gateway(tmp):
+    """A remote worker started before its gateway, on a port where nothing
+    listens, says after 5 heartbeats that the gateway does not answer, and
+    is not ready (/readyz 503, spindle_worker_gateway_up 0); once a gateway
+    listens there it says so, is ready, and runs jobs. A gateway killed
+    later is a second silence, said again. (Before, it logged "worker
+    connected to" at start and nothing more, whatever was there.)"""
+    hp, port = free_port(), free_port()
+    ep = f"tcp://127.0.0.1:{port}"
+    w = start_worker(tmp, ep, "--heartbeat-ms", "200", "--http", f"127.0.0.1:{hp}", name="early")
+    log = f"{tmp}/worker-early.log"
+    wait_for(lambda: os.path.exists(log) and "no answer from the gateway at " + ep in open(log).read(), 15,
+             "the worker to say that the gateway does not answer")
+    text = open(log).read()
+    check("connecting to " + ep in text and "connected: " not in text and "--server-key-file" in text, text)
+    t = text.split("no answer from the gateway at " + ep + " for ")[1].split(" s:")[0]
+    check(5 <= int(t) <= 7, f"said after 5 heartbeats, at least 5 s: {t} s")
+
+    def gauge():
+        m = [l for l in http_get(hp, "/metrics")[1].splitlines() if l.startswith("spindle_worker_gateway_up ")]
+        return int(m[0].split()[1]) if m else None
+    check(http_get(hp, "/readyz") == (503, "no answer from the gateway\n") and gauge() == 0,
+          f"not ready while the gateway does not answer: {http_get(hp, '/readyz')}, {gauge()}")
+    p, _ = start_serve(tmp, "--workers", "0", "--heartbeat-ms", "200", bind=ep)
+    wait_for(lambda: http_get(hp, "/readyz")[0] == 200, 10, "the worker to be ready once the gateway answers")
+    check(gauge() == 1 and "connected: the gateway at " + ep + " answers after " in open(log).read(),
+          f"gauge {gauge()}; {open(log).read()}")
+    cli("submit", "noop", "--wait", "--connect", ep, timeout=30, check_rc=0)
+    p.kill()
+    p.wait()
+    wait_for(lambda: open(log).read().count("no answer from the gateway at ") == 2, 15,
+             "the worker to say the second silence")
+    check(gauge() == 0 and w.poll() is None, f"gauge {gauge()}, worker exit {w.poll()}")
+    p, _ = start_serve(tmp, "--workers", "0", "--heartbeat-ms", "200", bind=ep)
+    wait_for(lambda: "the gateway at " + ep + " answers again (after " in open(log).read(), 15,
+             "the worker to say that the gateway answers again")
+    cli("submit", "noop", "--wait", "--connect", ep, timeout=30, check_rc=0)
 
 
 def case_sqlite_one_gateway(tmp):
