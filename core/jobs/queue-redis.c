@@ -1047,7 +1047,10 @@ static int32_t parse_url(rq_t *q, const char *url, spn_error_t *err) {
     return SPN_OK;
   }
   if (strncmp(url, "redis://", 8) != 0)
-    return spn_error_set(err, SPN_ECONFIG, "queue url \"%s\": %s", url, what);
+    return spn_error_set(err, SPN_ECONFIG, "queue url \"%s\": %s%s", url, what,
+                         strncmp(url, "tcp://", 6) && strncmp(url, "ipc://", 6)
+                             ? ""
+                             : " (a gateway's endpoint: spindle worker --connect, spindle submit --connect)");
   const char *p = url + 8;
   const char *at = strchr(p, '@');
   const char *slash = strchr(p, '/');

@@ -198,7 +198,10 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
     }
   }
   if (zmq_connect(sock, cfg->connect) != 0) {
-    rc = spn_error_set(err, SPN_EINVAL, "worker: connect %s: %s", cfg->connect, zmq_strerror(zmq_errno()));
+    rc = spn_error_set(err, SPN_EINVAL, "worker: connect %s: %s%s", cfg->connect, zmq_strerror(zmq_errno()),
+                       strncmp(cfg->connect, "redis://", 8) && strncmp(cfg->connect, "unix://", 7)
+                           ? ""
+                           : " (a Redis queue: spindle worker --queue; --connect takes a gateway's tcp:// endpoint)");
     goto out;
   }
   if ((rc = spn__slot_pool_new(cfg->slots, runner, NULL, NULL, &w.pool, err)) < 0) {

@@ -598,6 +598,12 @@ def case_paths(tmp):
 
 
 def case_config(tmp):
+    # a gateway's endpoint and a queue's URL mixed up: said, with which option takes which
+    for args, want in [(["worker", "--connect", "redis://127.0.0.1:6379"], "--connect takes a gateway's tcp://"),
+                       (["worker", "--queue", "tcp://127.0.0.1:7700"], "a gateway's endpoint: spindle worker --connect"),
+                       (["submit", "noop", "--connect", "redis://127.0.0.1:6379"], "a gateway's tcp:// endpoint, not")]:
+        r = cli(*args, timeout=20)
+        check(r.returncode != 0 and want in r.stderr.decode(), f"spindle {' '.join(args)}: {r}")
     cfg = os.path.join(os.environ.get("SPINDLE_SOURCE_ROOT", "."), "configs", "server.toml")
     p, ep = start_serve(tmp, "--config", cfg)  # roots "." = tmp, the server's working directory
     make_file(f"{tmp}/a.bin", 150_000, 9)
