@@ -11,6 +11,7 @@
  *   request gets an ERROR naming the field and changes nothing.
  */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +71,30 @@ static void out_flush(spn_server_t *s, bool committed) {
   }
 }
 
+void spn__queue_log(spn_server_t *s, int32_t level, const char *fmt, ...) {
+  char line[SPN_ERROR_MSG_MAX + 64];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(line, sizeof line, fmt, ap);
+  va_end(ap);
+  uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+  for (const char *c = line; *c; c++)
+    h = (h ^ (unsigned char)*c) * 1099511628211ULL;
+  double mono = spn__mono_s();
+  if (!s->queue_failing)
+    s->queue_failing = mono;
+  size_t oldest = 0;
+  for (size_t i = 0; i < sizeof s->qlog / sizeof *s->qlog; i++) {
+    if (s->qlog[i].hash == h && s->qlog[i].at && mono - s->qlog[i].at < SPN_QUEUE_LOG_S)
+      return;
+    if (s->qlog[i].at < s->qlog[oldest].at)
+      oldest = i;
+  }
+  s->qlog[oldest].hash = h;
+  s->qlog[oldest].at = mono;
+  spn__log_f(spn__observe_logger(s->obs), level, NULL, "%s", line);
+}
+
 void spn__batch_begin(spn_server_t *s) {
   if (s->in_batch)
     return;
@@ -78,7 +103,7 @@ void spn__batch_begin(spn_server_t *s) {
   spn__log_hold(spn__observe_logger(s->obs));
   spn_error_t err = SPN_ERROR_INIT;
   if (s->q.ops->begin(s->q.impl, &err) < 0)
-    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
+    spn__queue_log(s, SPN_LOG_ERROR, "%s", err.msg);
   else
     s->in_batch = true;
 }
@@ -89,7 +114,7 @@ void spn__batch_end(spn_server_t *s) {
     spn_error_t err = SPN_ERROR_INIT;
     s->in_batch = false;
     if (s->q.ops->commit(s->q.impl, &err) < 0) {
-      spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
+      spn__queue_log(s, SPN_LOG_ERROR, "%s", err.msg);
       ok = false;
     }
   }

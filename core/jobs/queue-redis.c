@@ -106,7 +106,19 @@ typedef struct rq {
   bool batch_failed; /* one of them failed */
   char batch_error[SPN_ERROR_MSG_MAX];
   int64_t id_next, id_end; /* reserved ids [id_next, id_end) */
+  /* A connection attempt that failed is not made again before retry_at
+   * (monotonic s; the wait doubles from RQ_RETRY_MIN_S to RQ_RETRY_MAX_S):
+   * a Redis that does not answer costs a caller one timeout, not one per
+   * call (a gateway's tick makes several), and the caller's loop goes on
+   * (SIGTERM, watchers). down: the error of that attempt, which every call
+ * until the next one returns. */
+  double retry_at, retry_s;
+  char down[SPN_ERROR_MSG_MAX];
 } rq_t;
+
+#define RQ_TIMEOUT_S 5
+#define RQ_RETRY_MIN_S 1.0
+#define RQ_RETRY_MAX_S 4.0
 
 /* Arguments of a script call (after P). */
 typedef struct rargs {
@@ -121,6 +133,8 @@ static redisReply *rq_eval(rq_t *q, int sc, rargs_t *a, const char *what, spn_er
 /* ---- connection ---- */
 
 static int32_t rq_error(rq_t *q, spn_error_t *err, const char *what, const char *detail) {
+  if (!strcmp(detail, strerror(EAGAIN))) /* hiredis's words for its timeout */
+    return spn_error_set(err, SPN_EIO, "redis queue %s: %s: no answer within %d s", q->url, what, RQ_TIMEOUT_S);
   return spn_error_set(err, SPN_EIO, "redis queue %s: %s: %s", q->url, what, detail);
 }
 
@@ -215,12 +229,34 @@ static int32_t rq_load_scripts(rq_t *q, spn_error_t *err) {
   return SPN_OK;
 }
 
+static int32_t rq_connect_now(rq_t *q, spn_error_t *err);
+
 static int32_t rq_connect(rq_t *q, spn_error_t *err) {
   if (q->c && !q->c->err && q->loaded)
     return SPN_OK;
+  double mono = spn__mono_s();
+  if (q->retry_at && mono < q->retry_at)
+    return spn_error_set(err, SPN_EIO, "%s", q->down); /* the same words: callers can say it once */
+  spn_error_t e = SPN_ERROR_INIT;
+  int32_t rc = rq_connect_now(q, &e);
+  if (rc < 0) {
+    q->retry_s = q->retry_s ? q->retry_s * 2 : RQ_RETRY_MIN_S;
+    if (q->retry_s > RQ_RETRY_MAX_S)
+      q->retry_s = RQ_RETRY_MAX_S;
+    q->retry_at = spn__mono_s() + q->retry_s;
+    snprintf(q->down, sizeof q->down, "%s", e.msg);
+    if (err)
+      *err = e;
+    return rc;
+  }
+  q->retry_at = q->retry_s = 0;
+  return SPN_OK;
+}
+
+static int32_t rq_connect_now(rq_t *q, spn_error_t *err) {
   q->id_next = q->id_end = 0; /* a new server may have other ids */
   rq_drop(q);
-  struct timeval tv = {.tv_sec = 5};
+  struct timeval tv = {.tv_sec = RQ_TIMEOUT_S};
   q->c = q->unix_path ? redisConnectUnixWithTimeout(q->unix_path, tv)
                       : redisConnectWithTimeout(q->host, q->port, tv);
   if (!q->c)

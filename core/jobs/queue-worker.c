@@ -425,8 +425,12 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     if (mono - last_sweep >= sweep_every) {
       last_sweep = mono;
       spn_error_t e = SPN_ERROR_INIT;
-      if (w.q.ops->sweep(w.q.impl, spn__now_ms(), swept, &w, &e) < 0)
+      if (w.q.ops->sweep(w.q.impl, spn__now_ms(), swept, &w, &e) < 0) {
         say_error(&w, e.msg);
+      } else if (w.last_error[0]) { /* the next failure is said again */
+        spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "the job queue answers again");
+        w.last_error[0] = '\0';
+      }
     }
     /* Reports are picked up every millisecond while jobs run; the queue is
      * asked for work at most every wait_ms while it is empty. */

@@ -222,7 +222,7 @@ static int lease_for(spn_server_t *s, const char *owner, const char *pipelines, 
   if (rc == SPN_EAGAIN)
     return 0;
   if (rc < 0) {
-    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
+    spn__queue_log(s, SPN_LOG_ERROR, "%s", err.msg);
     return -1;
   }
   return 1;
@@ -347,8 +347,7 @@ void spn__sched_presence(spn_server_t *s, int64_t now) {
   if (ok && filter)
     ok = s->q.ops->present(s->q.impl, filter, now, &err) == SPN_OK;
   if (!ok)
-    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, NULL, "workers' pipelines: %s",
-               err.msg[0] ? err.msg : "out of memory");
+    spn__queue_log(s, SPN_LOG_WARN, "workers' pipelines: %s", err.msg[0] ? err.msg : "out of memory");
   free(filter);
   spn__sched_roster(s, now);
   s->waiting_check = true; /* its watchers told after the next dispatch (spn__sched_dispatch) */
@@ -409,8 +408,7 @@ void spn__sched_roster(spn_server_t *s, int64_t now) {
                  SPN_ROSTER_KEEP_MS / 60000);
   }
   if (!ok)
-    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, NULL, "roster of workers: %s",
-               err.msg[0] ? err.msg : "out of memory");
+    spn__queue_log(s, SPN_LOG_WARN, "roster of workers: %s", err.msg[0] ? err.msg : "out of memory");
   for (size_t i = 0; i < n; i++) {
     free(names[i]);
     cJSON_free(records[i]);
@@ -440,7 +438,7 @@ void spn__sched_roster_remove(spn_server_t *s, const char *owner) {
   if (!names || !none)
     spn_error_set(&err, SPN_ENOMEM, "out of memory");
   if (!names || !none || (n && s->q.ops->roster_put(s->q.impl, n, names, none, &err) < 0))
-    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_WARN, NULL, "roster of workers: %s", err.msg);
+    spn__queue_log(s, SPN_LOG_WARN, "roster of workers: %s", err.msg);
   free(names);
   free(none);
 }

@@ -135,6 +135,13 @@ struct spn_server {
    * (name_taken): logged once per connection, not at every heartbeat. */
   unsigned char refused_ident[SPN_PROTO_IDENT_MAX];
   size_t refused_ident_len;
+  /* Queue errors lately logged (spn__queue_log): a queue that does not
+   * answer fails every call of every tick with the same words. */
+  struct {
+    uint64_t hash;
+    double at;
+  } qlog[8];
+  double queue_failing; /* since when its calls fail (monotonic s; 0: they do not) */
   int64_t wake_at;
   bool handles_open;
 };
@@ -148,6 +155,11 @@ static inline bool spn__rworker_gone(const spn_rworker_t *w, int64_t now) {
 /* ---- gateway.c ---- */
 void spn__out_push(spn_server_t *s, const unsigned char *ident, size_t ilen, const char *type,
                    cJSON *body, bool needs_commit);
+/* Log a queue error, unless the same line was logged in the last
+ * SPN_QUEUE_LOG_S seconds. The next sweep that succeeds says that the
+ * queue answers again. */
+#define SPN_QUEUE_LOG_S 30.0
+void spn__queue_log(spn_server_t *s, int32_t level, const char *fmt, ...) SPN_PRINTF(3, 4);
 void spn__out_error(spn_server_t *s, const unsigned char *ident, size_t ilen, int64_t req,
                     const char *code, const char *msg);
 /* Drop the outbox without sending (shutdown). */

@@ -105,8 +105,14 @@ static void on_timer(uv_timer_t *h) {
   if (mono - s->last_sweep >= 0.25) {
     s->last_sweep = mono;
     spn_error_t err = SPN_ERROR_INIT;
-    if (s->q.ops->sweep(s->q.impl, now, spn__sched_changed, s, &err) < 0)
-      spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL, "%s", err.msg);
+    if (s->q.ops->sweep(s->q.impl, now, spn__sched_changed, s, &err) < 0) {
+      spn__queue_log(s, SPN_LOG_ERROR, "%s", err.msg);
+    } else if (s->queue_failing) {
+      spn__log_f(spn__observe_logger(s->obs), SPN_LOG_INFO, NULL, "the job queue answers again (after %.0f s)",
+                 mono - s->queue_failing);
+      s->queue_failing = 0;
+      memset(s->qlog, 0, sizeof s->qlog); /* the next failure is said again */
+    }
   }
   /* Other gateways and workers change a shared queue: tell watchers. */
   if (strcmp(s->q.ops->name, "sqlite") != 0)

@@ -1372,6 +1372,46 @@ def case_redis_kill(tmp):
     check(keda_signals() == (0, 0), f"lag and pending once all ran after the AOF reload: {keda_signals()}")
 
 
+def case_redis_frozen(tmp):
+    """Redis only: a redis-server that stops answering (SIGSTOP: connections
+    stay open, replies never come). The gateway and a stateless worker go on
+    once it answers again; a gateway told to stop (SIGTERM) while it does
+    not answer stops within a few timeouts, not one per call it makes; each
+    says what failed once, not at every tick. (Before, each call of every
+    tick waited its 5 s timeout: 34 s to stop.)"""
+    check(BACKEND == "redis", "this case needs --backend redis")
+    p, ep = start_serve(tmp, "--workers", "1")
+    w = start_worker(tmp, REDIS["url"], name="frz")
+    cli("submit", "noop", "--wait", "--connect", ep, timeout=30, check_rc=0)
+    REDIS["proc"].send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(12)
+    finally:
+        REDIS["proc"].send_signal(signal.SIGCONT)
+    for who, path in (("gateway", f"{tmp}/serve.log"), ("worker", f"{tmp}/worker-frz.log")):
+        bad = [l for l in open(path).read().splitlines() if '"level":"error"' in l or '"level":"warn"' in l]
+        check(bad and len(bad) <= 12 and all("no answer within 5 s" in l for l in bad),
+              f"the {who} should say, a few times, that redis did not answer: {len(bad)} lines: {bad[:20]}")
+        wait_for(lambda: "the job queue answers again" in open(path).read(), 15, f"the {who} to say redis is back")
+    for _ in range(3):
+        cli("submit", "noop", "--wait", "--connect", ep, timeout=60, check_rc=0)
+    check(p.poll() is None and w.poll() is None, "the gateway or the worker died while redis did not answer")
+    REDIS["proc"].send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(2)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(25)
+        except subprocess.TimeoutExpired:
+            raise Fail("the gateway did not stop within 25 s of SIGTERM while redis did not answer")
+        took = time.monotonic() - t0
+    finally:
+        REDIS["proc"].send_signal(signal.SIGCONT)
+    check(rc == 0 and took < 16, f"the gateway stopped after {took:.1f} s (exit {rc}); at most 3 timeouts of 5 s")
+    print(f"gateway stopped {took:.1f} s after SIGTERM while redis did not answer")
+
+
 def case_gateway_kill_shared(tmp):
     """Redis only: two gateways on one queue. A job is readable and
     cancellable from either; kill -9 of one gateway with jobs running and
