@@ -214,7 +214,7 @@ enum {
   O_CONFIG = 256, O_PLUGIN_PATH, O_DEVICES, O_BIND, O_DB, O_QUEUE, O_QUEUE_AUTH, O_QUEUE_PREFIX, O_DRAIN_GRACE,
   O_EXEC_LOG, O_CURVE_KEYFILE, O_CURVE_CLIENTS, O_CURVE_WORKERS, O_HTTP, O_WORKERS, O_LEASE_MS, O_HEARTBEAT_MS,
   O_MAX_ATTEMPTS, O_BACKOFF_MS, O_BACKOFF_MAX_MS, O_MAX_MSG, O_CHUNK_BYTES, O_CHUNK_DELAY_MS, O_ROOT,
-  O_INPUT_ROOT, O_OUTPUT_ROOT, O_PIPELINE, O_CONNECT, O_NAME, O_SLOTS, O_SERVER_KEY_FILE, O_TIMEOUT_MS,
+  O_INPUT_ROOT, O_OUTPUT_ROOT, O_PIPELINE, O_CONNECT, O_NAME, O_SLOTS, O_SERVER_KEY_FILE, O_TIMEOUT_MS, O_GATEWAY_WAIT,
   O_WAIT, O_INPUT, O_OUTPUT, O_PARAM, O_PRIORITY, O_DEADLINE, O_SEGMENTS, O_SEGMENT_SECONDS,
   O_IDEMPOTENCY_KEY, O_JSON, O_STATE, O_LIMIT,
 };
@@ -518,11 +518,17 @@ typedef struct copts {
   const char *connect;
   spn_client_options_t o;
   char pub[41], sec[41], srv[41];
+  /* watch, submit --wait: how long to go on while the gateway does not
+   * answer (0: no limit), when given; else DEFAULT_GATEWAY_WAIT_S */
+  uint32_t gateway_wait_s;
+  bool gateway_wait_given;
 } copts_t;
+
+#define DEFAULT_GATEWAY_WAIT_S 600
 
 #define CLIENT_OPTS                                                                                           \
   REQ("connect", O_CONNECT), REQ("timeout-ms", O_TIMEOUT_MS), REQ("curve-keyfile", O_CURVE_KEYFILE),           \
-      REQ("server-key-file", O_SERVER_KEY_FILE)
+      REQ("server-key-file", O_SERVER_KEY_FILE), REQ("gateway-wait", O_GATEWAY_WAIT)
 
 /* Take a common client option (c from CLIENT_OPTS): 1 if taken, 0 if not
  * one, or an exit code (> 1) after printing why. */
@@ -538,6 +544,11 @@ static int client_opt(copts_t *c, const char *cmd, int opt, const char *v) {
     c->o.timeout_ms = (int32_t)t;
     return 1;
   }
+  case O_GATEWAY_WAIT:
+    if (!parse_u32(v, &c->gateway_wait_s))
+      return usage_err(cmd, "--gateway-wait needs seconds (0: no limit), got \"%s\"", v);
+    c->gateway_wait_given = true;
+    return 1;
   case O_CURVE_KEYFILE:
     if (read_key(v, "public", c->pub) < 0 || read_key(v, "secret", c->sec) < 0)
       return EXIT_USAGE;
@@ -554,10 +565,14 @@ static int client_opt(copts_t *c, const char *cmd, int opt, const char *v) {
   }
 }
 
+static const char *client_endpoint(const copts_t *c) {
+  const char *ep = c->connect ? c->connect : getenv("SPINDLE_GATEWAY");
+  return ep ? ep : DEFAULT_GATEWAY;
+}
+
 static int client_open(copts_t *c, const char *cmd, spn_client_t **out) {
   spn_error_t err = SPN_ERROR_INIT;
-  const char *ep = c->connect ? c->connect : getenv("SPINDLE_GATEWAY");
-  if (spn_client_new(ep ? ep : DEFAULT_GATEWAY, &c->o, out, &err) < 0) {
+  if (spn_client_new(client_endpoint(c), &c->o, out, &err) < 0) {
     fprintf(stderr, "spindle %s: %s\n", cmd, err.msg);
     return -1;
   }
@@ -567,6 +582,8 @@ static int client_open(copts_t *c, const char *cmd, spn_client_t **out) {
 static const char client_opts_help[] =
     "  --connect EP          gateway (default $SPINDLE_GATEWAY or " DEFAULT_GATEWAY ")\n"
     "  --timeout-ms N        per-request timeout\n"
+    "  --gateway-wait S      watch, submit --wait: how long to go on while the gateway does not\n"
+    "                        answer (default 600; 0: no limit)\n"
     "  --curve-keyfile F --server-key-file F   CURVE client keys\n";
 
 static int outcome(spn_queue_state_t s) {
@@ -589,16 +606,45 @@ typedef struct watch_ui {
   spn_client_t *cl;
   const char *cmd;
   bool waiting; /* said that no worker runs its pipeline */
+  const char *endpoint;
+  int64_t give_up_ms; /* 0: never */
+  bool silent;        /* said that the gateway does not answer */
+  int64_t gave_up;    /* ms it had not answered when we stopped; 0: we did not */
 } watch_ui_t;
 
 static int on_event(void *user, const spn_client_status_t *ev) {
   watch_ui_t *ui = user;
   double now = spn__mono_s();
+  /* The gateway stopped answering (the same status comes again): say so
+   * once, and when it is back; the job goes on in the queue either way. */
+  int64_t unanswered = spn_client_unanswered_ms(ui->cl);
+  if ((unanswered > 0) != ui->silent) {
+    if (ui->tty && ui->last_state >= 0) {
+      fprintf(stderr, "\r\033[K");
+      ui->last_state = -1;
+    }
+    if (unanswered > 0)
+      fprintf(stderr, "spindle %s: no answer from the gateway at %s for %.0f s; still trying (the job is in its "
+              "queue and goes on; Ctrl-C stops watching, not the job)\n", ui->cmd, ui->endpoint,
+              (double)unanswered / 1000.0);
+    else
+      fprintf(stderr, "spindle %s: the gateway at %s answers again\n", ui->cmd, ui->endpoint);
+    ui->silent = unanswered > 0;
+  }
+  if (ui->give_up_ms && unanswered >= ui->give_up_ms) {
+    ui->gave_up = unanswered;
+    return 1;
+  }
+  if (unanswered > 0)
+    return 0; /* nothing new about the job */
   /* fps: frames since the first running event over the time since then.
    * Rates between consecutive events are not used: events are batched on
    * their way here, so two arriving close together would claim a rate the
    * pipeline never had. The first 0.2 s shows no figure. */
-  if (ev->state == SPN_QSTATE_RUNNING) {
+  if (ev->state != SPN_QSTATE_RUNNING) { /* run again (another attempt): a rate of its own */
+    ui->rate_anchored = false;
+    ui->fps = 0;
+  } else {
     if (!ui->rate_anchored) {
       ui->rate_anchored = true;
       ui->rate_done = ev->done;
@@ -697,13 +743,22 @@ static void print_warnings(spn_client_t *cl, int64_t id, const char *cmd) {
   free(reply);
 }
 
-static int watch_job(spn_client_t *cl, int64_t id, const char *cmd) {
+static int watch_job(spn_client_t *cl, int64_t id, const char *cmd, const copts_t *co) {
   watch_ui_t ui = {.tty = isatty(STDERR_FILENO), .t0 = spn__mono_s(), .last_state = -1, .cl = cl, .cmd = cmd};
   ui.rate_t = ui.t0;
+  ui.endpoint = client_endpoint(co);
+  ui.give_up_ms = 1000 * (int64_t)(co->gateway_wait_given ? co->gateway_wait_s : DEFAULT_GATEWAY_WAIT_S);
   spn_client_status_t final;
   spn_error_t err = SPN_ERROR_INIT;
   if (spn_client_watch(cl, id, on_event, &ui, &final, &err) < 0) {
     fprintf(stderr, "spindle %s: job %lld: %s\n", cmd, (long long)id, err.msg);
+    return EXIT_GATEWAY;
+  }
+  if (ui.gave_up) {
+    fprintf(stderr, "spindle %s: job %lld: gave up after %.0f s without an answer from the gateway at %s "
+            "(--gateway-wait); the job was %s when it last answered and stays in its queue: `spindle watch %lld` "
+            "follows it again\n", cmd, (long long)id, (double)ui.gave_up / 1000.0, ui.endpoint,
+            spn_queue_state_name(final.state), (long long)id);
     return EXIT_GATEWAY;
   }
   if (final.state != SPN_QSTATE_SUCCEEDED && final.reason[0])
@@ -890,7 +945,7 @@ static int cmd_submit(int argc, char **argv) {
     if (existed)
       fprintf(stderr, "spindle submit: idempotency key matched job %lld\n", (long long)id);
     fprintf(stderr, "job %lld submitted\n", (long long)id);
-    rc = watch_job(cl, id, "submit");
+    rc = watch_job(cl, id, "submit", &co);
   } else {
     printf("%lld%s\n", (long long)id, existed ? " existed" : "");
     rc = EXIT_OK;
@@ -971,7 +1026,7 @@ static int cmd_watch(int argc, char **argv) {
   spn_client_t *cl;
   if (client_open(&co, "watch", &cl) < 0)
     return EXIT_GATEWAY;
-  int rc = watch_job(cl, id, "watch");
+  int rc = watch_job(cl, id, "watch", &co);
   spn_client_free(&cl);
   return rc;
 }

@@ -23,6 +23,10 @@ struct spn_client {
   /* the "waiting" of the last status or event received (spn_client_waiting) */
   int64_t waiting_id;
   char waiting[512];
+  /* when the gateway last sent anything (monotonic s), and whether a wait
+   * for it has timed out since (spn_client_unanswered_ms) */
+  double heard;
+  bool unanswered;
 };
 
 struct spn_client_job {
@@ -44,6 +48,7 @@ int32_t spn_client_new(const char *endpoint, const spn_client_options_t *opt, sp
     return spn_error_set(err, SPN_ENOMEM, "client: out of memory");
   int32_t rc;
   c->timeout_ms = o.timeout_ms > 0 ? o.timeout_ms : 10000;
+  c->heard = spn__mono_s();
   c->next_req = 1;
   c->ctx = zmq_ctx_new();
   c->sock = c->ctx ? zmq_socket(c->ctx, ZMQ_DEALER) : NULL;
@@ -111,12 +116,18 @@ static int32_t recv_one(spn_client_t *c, int32_t timeout_ms, spn_pmsg_t *m, spn_
   int r = zmq_poll(&it, 1, timeout_ms);
   if (r < 0)
     return spn_error_set(err, SPN_EIO, "client: poll: %s", zmq_strerror(zmq_errno()));
-  if (r == 0)
+  if (r == 0) {
+    c->unanswered = true;
     return spn_error_set(err, SPN_ETIMEDOUT, "client: no answer from the gateway within %d ms",
                          timeout_ms);
+  }
   int32_t rc = spn__proto_recv(c->sock, false, m);
-  if (rc == SPN_EAGAIN)
+  if (rc == SPN_EAGAIN) {
+    c->unanswered = true;
     return spn_error_set(err, SPN_ETIMEDOUT, "client: no answer from the gateway");
+  }
+  c->heard = spn__mono_s();
+  c->unanswered = false;
   if (rc < 0)
     return spn_error_set(err, rc, "client: receive failed");
   if (m->error)
@@ -130,6 +141,8 @@ static int32_t send_req(spn_client_t *c, const char *type, cJSON *body, int64_t 
   cJSON_DeleteItemFromObjectCaseSensitive(body, "req");
   cJSON_AddNumberToObject(body, "req", (double)*req);
   int32_t rc = spn__proto_send(c->sock, NULL, 0, type, body);
+  if (rc == SPN_EAGAIN)
+    c->unanswered = true;
   if (rc < 0)
     return spn_error_set(err, rc == SPN_EAGAIN ? SPN_ETIMEDOUT : rc, "client: cannot send %s", type);
   return SPN_OK;
@@ -328,7 +341,6 @@ int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, vo
   spn_client_status_t st;
   fill_status(c, r, &st);
   cJSON_Delete(r);
-  int silent_rounds = 0;
   for (;;) {
     if (cb && cb(user, &st))
       break;
@@ -338,9 +350,9 @@ int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, vo
     rc = recv_one(c, c->timeout_ms, &m, err);
     if (rc == SPN_ETIMEDOUT) {
       /* Quiet for a while (long job, or the gateway restarted and forgot
-       * our watch): ask directly, and watch again. */
-      if (++silent_rounds > 1000)
-        return rc;
+       * our watch): ask directly, and watch again. No answer to that
+       * either: the gateway is gone for now; cb hears it (the same status
+       * again, spn_client_unanswered_ms > 0) and decides how long to wait. */
       spn_client_status_t s2;
       cJSON *rr = NULL;
       rc = call_id(c, "WATCH", id, &rr, err);
@@ -357,7 +369,6 @@ int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, vo
       continue;
     if (rc < 0)
       return rc;
-    silent_rounds = 0;
     int64_t eid = 0;
     if (!strcmp(m.type, "EVENT") && spn__json_int(m.body, "id", &eid) && eid == id)
       fill_status(c, m.body, &st);
@@ -366,6 +377,10 @@ int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, vo
   if (final)
     *final = st;
   return SPN_OK;
+}
+
+int64_t spn_client_unanswered_ms(const spn_client_t *c) {
+  return c->unanswered ? (int64_t)((spn__mono_s() - c->heard) * 1000.0) : 0;
 }
 
 int32_t spn_client_cancel(spn_client_t *c, int64_t id, spn_queue_state_t *state, spn_error_t *err) {

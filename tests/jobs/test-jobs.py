@@ -1728,6 +1728,52 @@ def case_queue_worker_name_taken(tmp):
     check(old.poll() is None, "the woken worker exited: " + text)
 
 
+def case_watch_gateway_restart(tmp):
+    """spindle watch follows a job across a gateway's kill -9 and restart,
+    saying that the gateway does not answer and when it does again, and
+    ends with the job (exit 0); without a gateway it gives up after
+    --gateway-wait with an error that says where the job was (exit 5).
+    (Before, it waited silently for hours.)"""
+    args = ["--workers", "1", "--chunk-bytes", "4096", "--lease-ms", "1500"]
+    p, ep = start_serve(tmp, *args)
+    make_file(f"{tmp}/in.bin", 200_000, 17)  # 49 chunks
+    jid = int(cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/o.bin",
+                  "--param", "chunk_delay_ms=60", "--connect", ep, check_rc=0).stdout.split()[0])
+    err = open(f"{tmp}/watch.err", "wb")
+    w = subprocess.Popen([SPINDLE, "watch", str(jid), "--connect", ep, "--timeout-ms", "500"],
+                         stdout=subprocess.PIPE, stderr=err)
+    PROCS.append(w)
+    wait_for(lambda: status(ep, jid)["done"] >= 5, 20, "the job to run")
+    p.kill()
+    p.wait()
+    wait_for(lambda: b"no answer from the gateway at " + ep.encode() in open(f"{tmp}/watch.err", "rb").read(), 15,
+             "watch to say that the gateway does not answer")
+    check(w.poll() is None, "watch stopped while the gateway was away")
+    port = ep.rsplit(":", 1)[1]
+    p, ep = start_serve(tmp, *args, bind=f"tcp://127.0.0.1:{port}")
+    out, _ = w.communicate(timeout=90)
+    text = open(f"{tmp}/watch.err").read()
+    check(w.returncode == 0 and out.decode().strip() == f"{jid} succeeded" and
+          f"the gateway at {ep} answers again" in text, f"watch: exit {w.returncode}, {out!r}, {text}")
+    check(same(f"{tmp}/in.bin", f"{tmp}/o.bin"), "output")
+    # no gateway comes back: watch gives up after --gateway-wait
+    jid = int(cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/o2.bin",
+                  "--param", "chunk_delay_ms=60", "--connect", ep, check_rc=0).stdout.split()[0])
+    wait_for(lambda: status(ep, jid)["done"] >= 5, 20, "the second job to run")
+    w = subprocess.Popen([SPINDLE, "watch", str(jid), "--connect", ep, "--timeout-ms", "500",
+                          "--gateway-wait", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    PROCS.append(w)
+    time.sleep(1)
+    p.kill()
+    p.wait()
+    try:
+        out, errb = w.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        raise Fail("watch did not give up within 30 s with --gateway-wait 3")
+    check(w.returncode == 5 and f"job {jid}: gave up after " in errb.decode() and "was running when it last answered"
+          in errb.decode() and f"spindle watch {jid}" in errb.decode(), f"watch: exit {w.returncode}, {errb!r}")
+
+
 def case_worker_no_gateway(tmp):
     """A remote worker started before its gateway, on a port where nothing
     listens, says after 5 heartbeats that the gateway does not answer, and

@@ -121,7 +121,12 @@ typedef int (*spn_client_event_cb)(void *user, const spn_client_status_t *ev);
 /* Follow a job until it reaches a terminal state, calling cb (may be NULL)
  * for every event; *final gets the last one. Waits without a time limit
  * while events arrive (progress, state changes) and re-checks the status
- * when silent for timeout_ms.
+ * when silent for timeout_ms. When the gateway does not answer that either
+ * (it stopped or restarts; the job is in its queue and goes on), cb is
+ * called again with the last status, and spn_client_unanswered_ms says for
+ * how long; the watch goes on (and follows a restarted gateway) until cb
+ * returns non-zero. Before 1.2 it gave up after about 1000 such rounds,
+ * without calling cb.
  * Ownership: cb called on this thread during the call. Thread: the client's (one thread at a time). */
 SPN_API int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, void *user,
                                  spn_client_status_t *final, spn_error_t *err);
@@ -136,6 +141,11 @@ SPN_API int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_c
  * the line as it comes and goes. Since 1.1.
  * Ownership: arguments borrowed; out is the caller's. Thread: the client's (one thread at a time). */
 SPN_API bool spn_client_waiting(const spn_client_t *c, int64_t id, char *out, size_t n);
+
+/* How long the gateway has not answered this client, in ms, once a wait
+ * for it timed out (a call's, or a watch's); 0 while it answers. Since 1.2.
+ * Ownership: c borrowed. Thread: the client's (one thread at a time). */
+SPN_API int64_t spn_client_unanswered_ms(const spn_client_t *c);
 
 /* Cancel: a queued job at once, a running one at its next batch boundary.
  * *state (may be NULL) gets the state after the request.
