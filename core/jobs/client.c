@@ -72,9 +72,8 @@ int32_t spn_client_new(const char *endpoint, const spn_client_options_t *opt, sp
   }
   if (zmq_connect(c->sock, endpoint) != 0) {
     rc = spn_error_set(err, SPN_EINVAL, "client: connect %s: %s%s", endpoint, zmq_strerror(zmq_errno()),
-                       strncmp(endpoint, "redis://", 8) && strncmp(endpoint, "unix://", 7)
-                           ? ""
-                           : " (jobs are submitted to a gateway's tcp:// endpoint, not to its queue)");
+                       spn__is_queue_url(endpoint) ? " (jobs are submitted to a gateway's tcp:// endpoint, not to its queue)"
+                                                   : "");
     goto out_fail;
   }
   *out = c;

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "spindle/jobs.h"
 #include "spindle/status.h"
@@ -105,6 +106,12 @@ static inline const char *spn__queue_event_name(int ev) {
   static const char *const names[SPN_QEV_COUNT] = {"submitted", "leased",    "succeeded", "failed",
                                                    "dead",      "cancelled", "released"};
   return ev >= 0 && ev < SPN_QEV_COUNT ? names[ev] : "?";
+}
+
+/* A queue's URL (redis://, unix://) where a gateway's endpoint is asked
+ * for: said in the error, with the option that takes it. */
+static inline bool spn__is_queue_url(const char *s) {
+  return !strncmp(s, "redis://", 8) || !strncmp(s, "unix://", 7);
 }
 
 /* Worker presence: how often each process with workers says so
@@ -252,9 +259,10 @@ typedef struct spn_roster_entry {
  * instance, since):
  * a WORKERS row, and a record without its "at". Ownership: caller's. */
 cJSON *spn__roster_json(const spn_roster_entry_t *e);
-/* A worker process's "instance": 16 random hex digits, which tell two
- * processes of one name apart (docs/protocol.md, "Worker messages"). */
-void spn__instance_token(char out[17]);
+/* A worker process's name, and its "instance": `given` (--name) or
+ * HOST:PID:NANOSECONDS, and 16 random hex digits, which tell two processes
+ * of one name apart (docs/protocol.md, "Worker messages"). */
+void spn__worker_identity(const char *given, char name[128], char instance[17]);
 /* The record (JSON, "at": now) of e. Ownership: caller frees (cJSON_free). */
 char *spn__roster_record(const spn_roster_entry_t *e, int64_t now);
 /* A record's "at" (ms), 0 when it has none. */
@@ -264,6 +272,18 @@ int64_t spn__roster_at(const cJSON *record);
  * renewed for SPN_PRESENCE_STALE_MS), draining or live. */
 enum { SPN_ROSTER_LIVE, SPN_ROSTER_DRAINING, SPN_ROSTER_GONE, SPN_ROSTER_DUE };
 int spn__roster_state(const cJSON *record, int64_t now);
+/* The roster record of `name`, when a process of another instance wrote
+ * it (a record without an instance is no one's in particular: false).
+ * live: renewed within SPN_PRESENCE_STALE_MS (live or draining at now).
+ * False too when the queue has no roster or it cannot be read: not a
+ * reason to refuse anyone a name. */
+typedef struct spn_roster_other {
+  char instance[65], gateway[128]; /* gateway "": none (a stateless worker) */
+  int64_t at, since;               /* since 0: not recorded */
+  bool live;
+} spn_roster_other_t;
+bool spn__roster_other(const spn_queue_t *q, const char *name, const char *instance, int64_t now,
+                       spn_roster_other_t *out);
 /* Remove the records not renewed for SPN_ROSTER_KEEP_MS (*removed: how
  * many); nothing when the queue has no roster. */
 int32_t spn__roster_prune(const spn_queue_t *q, int64_t now, size_t *removed, spn_error_t *err);

@@ -111,7 +111,7 @@ typedef struct rq {
    * a Redis that does not answer costs a caller one timeout, not one per
    * call (a gateway's tick makes several), and the caller's loop goes on
    * (SIGTERM, watchers). down: the error of that attempt, which every call
- * until the next one returns. */
+   * until the next one returns. */
   double retry_at, retry_s;
   char down[SPN_ERROR_MSG_MAX];
 } rq_t;

@@ -29,7 +29,6 @@
 
 #include "jobs-internal.h"
 #include "observe.h"
-#include "proto-internal.h"
 
 typedef struct qrun {
   bool busy;
@@ -211,50 +210,14 @@ static uint32_t running(const qw_t *w) {
   return n;
 }
 
-/* The record of "worker:NAME" in the roster, when another process (another
- * instance) wrote it: its "at" and "since" (ms; since 0 when it has none).
- * False when there is none, it is ours, or the roster cannot be read. */
-typedef struct {
-  const char *instance; /* ours */
-  bool other;
-  char theirs[65];
-  int64_t at, since;
-} named_t;
-
-static void named_cb(void *user, const char *name, const char *record) {
-  (void)name;
-  named_t *n = user;
-  cJSON *r = cJSON_Parse(record);
-  const char *inst = spn__json_str(r, "instance");
-  const cJSON *since = cJSON_GetObjectItemCaseSensitive(r, "since");
-  if (inst && strcmp(inst, n->instance)) {
-    n->other = true;
-    snprintf(n->theirs, sizeof n->theirs, "%s", inst);
-    n->at = spn__roster_at(r);
-    n->since = cJSON_IsNumber(since) ? (int64_t)since->valuedouble : 0;
-  }
-  cJSON_Delete(r);
-}
-
-/* Renewed within SPN_PRESENCE_STALE_MS: the process may live. */
-static bool heard_lately(int64_t at) {
-  return spn__now_ms() - at <= SPN_PRESENCE_STALE_MS;
-}
-
-static bool other_named(qw_t *w, const char *key, named_t *n) {
-  *n = (named_t){.instance = w->instance};
-  spn_error_t err = SPN_ERROR_INIT;
-  return w->q.ops->roster_get && w->q.ops->roster_get(w->q.impl, key, named_cb, n, &err) == SPN_OK && n->other;
-}
-
 /* At the start: is the name ours? A live record of another process names
  * either a process that runs (it renews the record every SPN_PRESENCE_MS)
  * or one killed lately (it never will). Wait one renewal to tell which. */
 static int32_t claim_name(qw_t *w, const char *name, spn_error_t *err) {
   char key[160];
   snprintf(key, sizeof key, "worker:%s", name);
-  named_t n;
-  if (!other_named(w, key, &n) || !heard_lately(n.at))
+  spn_roster_other_t n;
+  if (!spn__roster_other(&w->q, key, w->instance, spn__now_ms(), &n) || !n.live)
     return SPN_OK;
   spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
   lf.worker = name;
@@ -267,7 +230,7 @@ static int32_t claim_name(qw_t *w, const char *name, spn_error_t *err) {
       return SPN_OK;
     struct timespec ts = {0, 250L * 1000000L};
     nanosleep(&ts, NULL);
-    if (other_named(w, key, &n) && n.at > first)
+    if (spn__roster_other(&w->q, key, w->instance, spn__now_ms(), &n) && n.at > first)
       return spn_error_set(err, SPN_EEXIST,
                            "worker: the name \"%s\" is taken by another worker process on the queue (heard %.1f s "
                            "ago); give each worker its own --name",
@@ -288,9 +251,9 @@ static bool roster(qw_t *w, const char *name, bool draining, bool gone) {
     return true;
   char key[160];
   snprintf(key, sizeof key, "worker:%s", name);
-  named_t n;
-  if (!gone && other_named(w, key, &n) && heard_lately(n.at) && n.at != w->quiet_at) {
-    if (n.since < w->since || (n.since == w->since && strcmp(n.theirs, w->instance) < 0))
+  spn_roster_other_t n;
+  if (!gone && spn__roster_other(&w->q, key, w->instance, spn__now_ms(), &n) && n.live && n.at != w->quiet_at) {
+    if (n.since < w->since || (n.since == w->since && strcmp(n.instance, w->instance) < 0))
       return false;
     if (!w->clash_said) {
       w->clash_said = true;
@@ -321,15 +284,7 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     return spn_error_set(err, SPN_EINVAL, "worker: lease_ms must be at least 100");
   qw_t w = {.cfg = cfg};
   char name[128];
-  if (cfg->name)
-    snprintf(name, sizeof name, "%s", cfg->name);
-  else {
-    char host[64] = "host";
-    gethostname(host, sizeof host - 1);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    snprintf(name, sizeof name, "%s:%d:%lx", host, (int)getpid(), (unsigned long)ts.tv_nsec);
-  }
+  spn__worker_identity(cfg->name, name, w.instance);
   int32_t rc = spn_queue_open(cfg->queue, &w.q, err);
   if (rc < 0)
     return spn_error_prefix(err, "worker");
@@ -359,7 +314,6 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
    * different pipelines, a job waits for a worker that has its pipeline
    * instead of failing its attempts on the others. */
   w.pipelines = spn__runner_pipelines(runner);
-  spn__instance_token(w.instance);
   w.since = spn__now_ms();
   if ((rc = claim_name(&w, name, err)) < 0)
     goto out;

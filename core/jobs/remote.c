@@ -63,41 +63,6 @@ static void refuse_name(spn_server_t *s, spn_pmsg_t *m, const char *name, const 
   }
 }
 
-typedef struct {
-  const char *owner, *instance, *self;
-  int64_t now, at;
-  char gateway[128];
-} holder_t;
-
-static void holder_cb(void *user, const char *name, const char *record) {
-  holder_t *h = user;
-  if (strcmp(name, h->owner))
-    return;
-  cJSON *r = cJSON_Parse(record);
-  const char *inst = spn__json_str(r, "instance"), *gw = spn__json_str(r, "gateway");
-  int st = spn__roster_state(r, h->now);
-  if (inst && strcmp(inst, h->instance) && gw && strcmp(gw, h->self) &&
-      (st == SPN_ROSTER_LIVE || st == SPN_ROSTER_DRAINING)) {
-    h->at = spn__roster_at(r);
-    snprintf(h->gateway, sizeof h->gateway, "%s", gw);
-  }
-  cJSON_Delete(r);
-}
-
-/* On a shared queue: does another gateway record a live process of this
- * name (the roster, renewed every SPN_PRESENCE_MS)? Its record's "at" then;
- * 0 when not, or when the roster cannot be read (not a reason to refuse). */
-static int64_t roster_holder(spn_server_t *s, const char *owner, const char *instance, char *gw, size_t gwn) {
-  if (!s->q.ops->roster_get)
-    return 0;
-  holder_t h = {.owner = owner, .instance = instance, .self = s->name, .now = spn__now_ms()};
-  spn_error_t err = SPN_ERROR_INIT;
-  if (s->q.ops->roster_get(s->q.impl, owner, holder_cb, &h, &err) < 0)
-    return 0;
-  snprintf(gw, gwn, "%s", h.gateway);
-  return h.at;
-}
-
 static spn_rworker_t *worker_register(spn_server_t *s, spn_pmsg_t *m) {
   const char *name = spn__json_str(m->body, "worker");
   if (!name || !*name || strlen(name) > 128) {
@@ -128,14 +93,13 @@ static spn_rworker_t *worker_register(spn_server_t *s, spn_pmsg_t *m) {
     return NULL;
   }
   int64_t now = spn__now_ms();
-  if (!(w && w->alive) && inst) { /* new here: is it live at another gateway? */
-    char gw[128] = "", where[160];
-    int64_t at = roster_holder(s, owner, inst, gw, sizeof gw);
-    if (at) {
-      snprintf(where, sizeof where, "to gateway %s", gw);
-      refuse_name(s, m, name, where, (double)(now - at) / 1000.0, at);
-      return NULL;
-    }
+  spn_roster_other_t o; /* new here: is it live at another gateway (a shared queue's roster)? */
+  if (!(w && w->alive) && inst && spn__roster_other(&s->q, owner, inst, now, &o) && o.live && o.gateway[0] &&
+      strcmp(o.gateway, s->name)) {
+    char where[160];
+    snprintf(where, sizeof where, "to gateway %s", o.gateway);
+    refuse_name(s, m, name, where, (double)(now - o.at) / 1000.0, o.at);
+    return NULL;
   }
   if (!w) {
     for (size_t i = 0; i < s->nworkers; i++)

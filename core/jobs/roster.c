@@ -24,15 +24,55 @@
 #include <cjson/cJSON.h>
 
 #include "jobs-internal.h"
+#include "proto-internal.h"
 
-void spn__instance_token(char out[17]) {
-  uint64_t v = 0;
-  if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v) {
-    struct timespec ts; /* no entropy yet (early boot): the clock and the pid still tell processes apart */
-    clock_gettime(CLOCK_REALTIME, &ts);
-    v = ((uint64_t)ts.tv_sec * 1000000007u) ^ ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)getpid();
+void spn__worker_identity(const char *given, char name[128], char instance[17]) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  if (given) {
+    snprintf(name, 128, "%s", given);
+  } else {
+    char host[64] = "host";
+    gethostname(host, sizeof host - 1);
+    snprintf(name, 128, "%s:%d:%lx", host, (int)getpid(), (unsigned long)ts.tv_nsec);
   }
-  snprintf(out, 17, "%016llx", (unsigned long long)v);
+  uint64_t v = 0;
+  if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v) /* no entropy yet (early boot): */
+    v = ((uint64_t)ts.tv_sec * 1000000007u) ^ ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)getpid();
+  snprintf(instance, 17, "%016llx", (unsigned long long)v);
+}
+
+typedef struct {
+  const char *instance;
+  int64_t now;
+  bool other;
+  spn_roster_other_t *out;
+} other_ctx_t;
+
+static void other_cb(void *user, const char *name, const char *record) {
+  (void)name;
+  other_ctx_t *c = user;
+  cJSON *r = cJSON_Parse(record);
+  const char *inst = spn__json_str(r, "instance"), *gw = spn__json_str(r, "gateway");
+  const cJSON *since = cJSON_GetObjectItemCaseSensitive(r, "since");
+  if (inst && strcmp(inst, c->instance)) {
+    int st = spn__roster_state(r, c->now);
+    c->other = true;
+    snprintf(c->out->instance, sizeof c->out->instance, "%s", inst);
+    snprintf(c->out->gateway, sizeof c->out->gateway, "%s", gw ? gw : "");
+    c->out->at = spn__roster_at(r);
+    c->out->since = cJSON_IsNumber(since) ? (int64_t)since->valuedouble : 0;
+    c->out->live = st == SPN_ROSTER_LIVE || st == SPN_ROSTER_DRAINING;
+  }
+  cJSON_Delete(r);
+}
+
+bool spn__roster_other(const spn_queue_t *q, const char *name, const char *instance, int64_t now,
+                       spn_roster_other_t *out) {
+  *out = (spn_roster_other_t){0};
+  other_ctx_t c = {.instance = instance, .now = now, .out = out};
+  spn_error_t err = SPN_ERROR_INIT;
+  return q->ops->roster_get && q->ops->roster_get(q->impl, name, other_cb, &c, &err) == SPN_OK && c.other;
 }
 
 cJSON *spn__pipeline_names_json(const char *filter) {

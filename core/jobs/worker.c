@@ -17,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <cjson/cJSON.h>
 #include <zmq.h>
@@ -169,16 +168,7 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
     return spn_error_set(err, SPN_EINVAL, "worker: slots must be 1-1024");
   if (spn__logger_new(SPN_LOG_INFO, SPN_LOG_FORMAT_AUTO, -1, &w.log) != SPN_OK)
     return spn_error_set(err, SPN_ENOMEM, "worker: out of memory");
-  if (cfg->name)
-    snprintf(w.name, sizeof w.name, "%s", cfg->name);
-  else {
-    char host[64] = "host";
-    gethostname(host, sizeof host - 1);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    snprintf(w.name, sizeof w.name, "%s:%d:%lx", host, (int)getpid(), (unsigned long)ts.tv_nsec);
-  }
-  spn__instance_token(w.instance);
+  spn__worker_identity(cfg->name, w.name, w.instance);
   void *ctx = zmq_ctx_new();
   void *sock = ctx ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
   w.slot = calloc(cfg->slots, sizeof *w.slot);
@@ -199,9 +189,9 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
   }
   if (zmq_connect(sock, cfg->connect) != 0) {
     rc = spn_error_set(err, SPN_EINVAL, "worker: connect %s: %s%s", cfg->connect, zmq_strerror(zmq_errno()),
-                       strncmp(cfg->connect, "redis://", 8) && strncmp(cfg->connect, "unix://", 7)
-                           ? ""
-                           : " (a Redis queue: spindle worker --queue; --connect takes a gateway's tcp:// endpoint)");
+                       spn__is_queue_url(cfg->connect)
+                           ? " (a Redis queue: spindle worker --queue; --connect takes a gateway's tcp:// endpoint)"
+                           : "");
     goto out;
   }
   if ((rc = spn__slot_pool_new(cfg->slots, runner, NULL, NULL, &w.pool, err)) < 0) {
@@ -301,13 +291,14 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
         const char *msg = spn__json_str(m.body, "message"), *code = spn__json_str(m.body, "code");
         int64_t seen = 0;
         if (code && !strcmp(code, "name_taken") && spn__json_int(m.body, "holder_seen", &seen)) {
-          if (refused && seen > holder_seen)
-            holder_heard++;
-          else if (!refused)
+          if (!refused) { /* the first refusal: count from here */
+            refused = true;
             holder_heard = 0;
-          if (!refused || seen > holder_seen)
             holder_seen = seen;
-          refused = true;
+          } else if (seen > holder_seen) {
+            holder_heard++;
+            holder_seen = seen;
+          }
           /* Three times heard since we were first refused: no dead process
            * is (a killed holder's record is renewed at most once more on a
            * shared queue before its gateway reaps it). */
