@@ -195,6 +195,8 @@ static const char serve_help[] =
     "  --db PATH            queue database (SQLite)\n"
     "  --queue URL          share a Redis queue instead: redis://HOST[:PORT][/DB] or unix:///PATH\n"
     "  --queue-auth-file F  Redis AUTH: \"PASSWORD\" or \"USER PASSWORD\" on the first line\n"
+    "  --queue-wait S       Redis not answering at start: wait up to S s, not ready meanwhile\n"
+    "                       (default 300; 0: stop at once)\n"
     "  --drain-grace-s N    SIGTERM: running jobs get N s to finish (0: stop at once)\n"
     "  --workers N          in-process worker threads (0: remote workers only)\n"
     "  --root DIR           allow job inputs and outputs under DIR (repeatable)\n"
@@ -216,14 +218,15 @@ enum {
   O_MAX_ATTEMPTS, O_BACKOFF_MS, O_BACKOFF_MAX_MS, O_MAX_MSG, O_CHUNK_BYTES, O_CHUNK_DELAY_MS, O_ROOT,
   O_INPUT_ROOT, O_OUTPUT_ROOT, O_PIPELINE, O_CONNECT, O_NAME, O_SLOTS, O_SERVER_KEY_FILE, O_TIMEOUT_MS, O_GATEWAY_WAIT,
   O_WAIT, O_INPUT, O_OUTPUT, O_PARAM, O_PRIORITY, O_DEADLINE, O_SEGMENTS, O_SEGMENT_SECONDS,
-  O_IDEMPOTENCY_KEY, O_JSON, O_STATE, O_LIMIT,
+  O_IDEMPOTENCY_KEY, O_JSON, O_STATE, O_LIMIT, O_QUEUE_WAIT,
 };
 #define REQ(name, id) {name, required_argument, NULL, id}
 
 static const struct option serve_opts[] = {
     REQ("config", O_CONFIG), REQ("plugin-path", O_PLUGIN_PATH), REQ("devices", O_DEVICES), REQ("bind", O_BIND),
     REQ("db", O_DB), REQ("queue", O_QUEUE), REQ("queue-auth-file", O_QUEUE_AUTH),
-    REQ("queue-prefix", O_QUEUE_PREFIX), REQ("drain-grace-s", O_DRAIN_GRACE), REQ("exec-log", O_EXEC_LOG),
+    REQ("queue-prefix", O_QUEUE_PREFIX), REQ("queue-wait", O_QUEUE_WAIT), REQ("drain-grace-s", O_DRAIN_GRACE),
+    REQ("exec-log", O_EXEC_LOG),
     REQ("curve-keyfile", O_CURVE_KEYFILE), REQ("curve-clients", O_CURVE_CLIENTS),
     REQ("curve-workers", O_CURVE_WORKERS), REQ("http", O_HTTP), REQ("workers", O_WORKERS),
     REQ("lease-ms", O_LEASE_MS), REQ("heartbeat-ms", O_HEARTBEAT_MS), REQ("max-attempts", O_MAX_ATTEMPTS),
@@ -287,6 +290,7 @@ static int cmd_serve(int argc, char **argv) {
     case O_QUEUE: str = &cfg.queue_url; break;
     case O_QUEUE_AUTH: str = &cfg.queue_auth_file; break;
     case O_QUEUE_PREFIX: str = &cfg.queue_prefix; break;
+    case O_QUEUE_WAIT: u = &cfg.queue_wait_s; break;
     case O_DRAIN_GRACE: u = &cfg.drain_grace_s; break;
     case O_EXEC_LOG: str = &cfg.exec_log; break;
     case O_CURVE_KEYFILE: str = &cfg.curve_key_file; break;
@@ -377,9 +381,11 @@ static int cmd_serve(int argc, char **argv) {
     goto out;
   }
   setvbuf(stdout, NULL, _IOLBF, 0);
-  spn_server_run(s, &err);
+  if (spn_server_run(s, &err) < 0)
+    fprintf(stderr, "spindle serve: %s\n", err.msg);
+  else
+    rc = EXIT_OK;
   spn_server_free(&s);
-  rc = EXIT_OK;
 out:
   runners_stop(&runners);
   spn_server_config_clear(&cfg);
@@ -402,14 +408,15 @@ static int cmd_worker(int argc, char **argv) {
   spn_worker_config_t wc = {.slots = 1, .heartbeat_ms = 1000, .max_msg_size = 1 << 20, .stop = &worker_stop,
                             .stop_now = &worker_stop_now, .drain_grace_s = 30, .lease_ms = 3000};
   const char *queue = NULL, *queue_auth = NULL, *queue_prefix = NULL;
-  bool drain_set = false, lease_set = false;
+  bool drain_set = false, lease_set = false, wait_set = false;
   spn_test_runner_config_t trc = {.chunk_bytes = 65536};
   const char *keyfile = NULL, *server_key_file = NULL, *config = NULL, *devices = NULL;
   const char *plugin_paths[16];
   size_t n_plugin_paths = 0;
   static const struct option opts[] = {
       REQ("connect", O_CONNECT), REQ("queue", O_QUEUE), REQ("queue-auth-file", O_QUEUE_AUTH),
-      REQ("queue-prefix", O_QUEUE_PREFIX), REQ("drain-grace-s", O_DRAIN_GRACE), REQ("lease-ms", O_LEASE_MS),
+      REQ("queue-prefix", O_QUEUE_PREFIX), REQ("queue-wait", O_QUEUE_WAIT), REQ("drain-grace-s", O_DRAIN_GRACE),
+      REQ("lease-ms", O_LEASE_MS),
       REQ("name", O_NAME), REQ("http", O_HTTP), REQ("slots", O_SLOTS), REQ("heartbeat-ms", O_HEARTBEAT_MS),
       REQ("chunk-bytes", O_CHUNK_BYTES), REQ("chunk-delay-ms", O_CHUNK_DELAY_MS), REQ("exec-log", O_EXEC_LOG),
       REQ("curve-keyfile", O_CURVE_KEYFILE), REQ("server-key-file", O_SERVER_KEY_FILE),
@@ -423,7 +430,7 @@ static int cmd_worker(int argc, char **argv) {
     case 'h':
       printf("usage: spindle worker --connect tcp://HOST:PORT | --queue redis://HOST[:PORT][/DB]\n"
              "       [--slots N] [--name NAME] [--drain-grace-s N] [--lease-ms N]\n"
-             "       [--queue-auth-file F] [--queue-prefix P]\n"
+             "       [--queue-auth-file F] [--queue-prefix P] [--queue-wait S]\n"
              "       [--config SERVER.toml] [--plugin-path DIR]... [--devices SPEC]\n"
              "       [--heartbeat-ms N] [--curve-keyfile F --server-key-file F]\n"
              "       [--http HOST:PORT]   serve /healthz, /readyz and /metrics (Prometheus)\n"
@@ -435,6 +442,7 @@ static int cmd_worker(int argc, char **argv) {
     case O_QUEUE: queue = v; break;
     case O_QUEUE_AUTH: queue_auth = v; break;
     case O_QUEUE_PREFIX: queue_prefix = v; break;
+    case O_QUEUE_WAIT: ok = parse_u32(v, &wc.queue_wait_s); wait_set = true; break;
     case O_DRAIN_GRACE: ok = parse_u32(v, &wc.drain_grace_s); drain_set = true; break;
     case O_LEASE_MS: ok = parse_u32(v, &wc.lease_ms); lease_set = true; break;
     case O_NAME: wc.name = v; break;
@@ -494,6 +502,9 @@ static int cmd_worker(int argc, char **argv) {
     wc.lease_ms = sc.lease_ms;
   if (config && !drain_set)
     wc.drain_grace_s = sc.drain_grace_s;
+  if (!wait_set)
+    wc.queue_wait_s = sc.queue_wait_s; /* the config's, or the default */
+  qc.connect_later = wc.queue_wait_s > 0;
   qc.lease_ms = wc.lease_ms;
   if (queue)
     wc.queue = &qc;

@@ -26,6 +26,7 @@ void spn_server_config_defaults(spn_server_config_t *c) {
   c->chunk_bytes = 65536;
   c->ready_fd = -1;
   c->drain_grace_s = 30;
+  c->queue_wait_s = 300;
 }
 
 void spn_server_config_clear(spn_server_config_t *c) {
@@ -77,6 +78,7 @@ static const key_def_t keys[] = {
     {"queue", "url", K_STR, OFF(queue_url), 0, 0},
     {"queue", "auth_file", K_STR, OFF(queue_auth_file), 0, 0},
     {"queue", "prefix", K_STR, OFF(queue_prefix), 0, 0},
+    {"queue", "wait_s", K_U32, OFF(queue_wait_s), 0, 86400},
     {"server", "drain_grace_s", K_U32, OFF(drain_grace_s), 0, 86400},
     {"queue", "sync_full", K_BOOL, OFF(sync_full), 0, 0},
     {"queue", "lease_ms", K_U32, OFF(lease_ms), 100, 3600000},

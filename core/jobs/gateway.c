@@ -71,18 +71,19 @@ static void out_flush(spn_server_t *s, bool committed) {
   }
 }
 
-void spn__queue_log(spn_server_t *s, int32_t level, const char *fmt, ...) {
+static void queue_log_v(spn_server_t *s, int32_t level, bool waiting, const char *fmt, va_list ap) {
   char line[SPN_ERROR_MSG_MAX + 64];
-  va_list ap;
-  va_start(ap, fmt);
   vsnprintf(line, sizeof line, fmt, ap);
-  va_end(ap);
-  uint64_t h = 1469598103934665603ULL; /* FNV-1a */
-  for (const char *c = line; *c; c++)
-    h = (h ^ (unsigned char)*c) * 1099511628211ULL;
   double mono = spn__mono_s();
   if (!s->queue_failing)
     s->queue_failing = mono;
+  /* Waiting for the queue at start-up: the one line that says so stands
+   * for the errors of every call. */
+  if (!s->queue_answered && !waiting)
+    return;
+  uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+  for (const char *c = line; *c; c++)
+    h = (h ^ (unsigned char)*c) * 1099511628211ULL;
   size_t oldest = 0;
   for (size_t i = 0; i < sizeof s->qlog / sizeof *s->qlog; i++) {
     if (s->qlog[i].hash == h && s->qlog[i].at && mono - s->qlog[i].at < SPN_QUEUE_LOG_S)
@@ -93,6 +94,20 @@ void spn__queue_log(spn_server_t *s, int32_t level, const char *fmt, ...) {
   s->qlog[oldest].hash = h;
   s->qlog[oldest].at = mono;
   spn__log_f(spn__observe_logger(s->obs), level, NULL, "%s", line);
+}
+
+void spn__queue_log(spn_server_t *s, int32_t level, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  queue_log_v(s, level, false, fmt, ap);
+  va_end(ap);
+}
+
+void spn__queue_log_now(spn_server_t *s, int32_t level, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  queue_log_v(s, level, true, fmt, ap);
+  va_end(ap);
 }
 
 void spn__batch_begin(spn_server_t *s) {

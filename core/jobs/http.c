@@ -239,13 +239,18 @@ static void gw_answer(void *user, const char *path, spn__http_reply_t *out) {
     out->body = strdup("ok\n");
   } else if (!strcmp(path, "/readyz")) {
     /* Ready: the pipelines named in the config were loaded at start-up, the
+     * queue has answered since (a Redis not there yet is waited for), the
      * loop is serving (not draining or stopping), and when jobs run here a
-     * device is usable. */
+     * device is usable. A queue that stops answering later does not make it
+     * unready: clients get errors that say why, not a gateway gone. */
     char why[128] = "";
     bool devices = s->nslots == 0 || spn__observe_devices_ready(s->runner, why, sizeof why);
-    bool ready = !s->stopping && !s->draining && devices;
+    bool ready = !s->stopping && !s->draining && devices && s->queue_answered;
     out->code = ready ? 200 : 503;
-    snprintf(body, sizeof body, "%s\n", ready ? "ready" : !devices ? why : "stopping");
+    snprintf(body, sizeof body, "%s\n", ready                ? "ready"
+                                         : s->stopping || s->draining ? "stopping"
+                                         : !devices         ? why
+                                                            : "waiting for the job queue");
     out->body = strdup(body);
   } else if (!strcmp(path, "/metrics")) {
     spn__observe_workers_t w = {.local = s->nslots, .draining = s->draining != 0};

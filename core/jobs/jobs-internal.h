@@ -301,6 +301,11 @@ typedef struct spn_queue_config {
   uint32_t backoff_max_ms;   /* cap */
   uint64_t seed;             /* jitter PRNG seed; 0 = from time and pid */
   bool sync_full;            /* fsync every commit (default: WAL NORMAL) */
+  /* Redis: a first connection that fails for a reason that passes by
+   * waiting (refused, no answer, still loading) does not fail the open;
+   * calls fail with that reason until Redis answers (retried at 1, 2, 4 s).
+   * A refusal by Redis (password, database) still fails it. */
+  bool connect_later;
 } spn_queue_config_t;
 
 /* Open (creating if needed) a SQLite queue. Ownership: caller owns *out
@@ -522,6 +527,9 @@ typedef struct spn_server_config {
   char *queue_auth_file; /* Redis AUTH from this file */
   char *queue_prefix;    /* Redis key prefix */
   uint32_t drain_grace_s; /* SIGTERM: running jobs get this long to finish */
+  /* Redis: a queue that does not answer at start-up is waited for this long
+   * (not ready meanwhile), then the gateway stops; 0: it stops at once. */
+  uint32_t queue_wait_s;
   uint32_t workers;      /* in-process worker threads */
   uint32_t lease_ms;     /* lease length; renewed by heartbeats */
   uint32_t heartbeat_ms; /* remote worker heartbeat; dead after 3 missed */
@@ -583,6 +591,7 @@ typedef struct spn_worker_config {
   uint32_t drain_grace_s;   /* draining: running jobs get this long to finish */
   /* Lease straight from this queue (spn_queue_worker_run); NULL: a gateway. */
   const spn_queue_config_t *queue;
+  uint32_t queue_wait_s; /* the queue not answering at start-up: wait this long (0: fail at once) */
   uint32_t lease_ms;
   const char *http; /* "HOST:PORT": serve /healthz, /readyz, /metrics; NULL: none */
 } spn_worker_config_t;

@@ -823,6 +823,7 @@ struct spn__wobs {
   int64_t busy;
   bool draining;
   int gateway; /* -1 none (stateless), 0 not answering, 1 answering */
+  bool queue_wait; /* a stateless worker's queue has not answered since start-up */
   uint64_t jobs[WO_COUNT];
   warned_set_t warned; /* succeeded with warnings, by pipeline */
   dur_hist_t dur;       /* lease to end of each job this worker ran */
@@ -840,12 +841,12 @@ static void wobs_answer(void *user, const char *path, spn__http_reply_t *out) {
   if (!strcmp(path, "/readyz")) {
     char why[128] = "";
     pthread_mutex_lock(&o->mu);
-    bool draining = o->draining, gateway_down = o->gateway == 0;
+    bool draining = o->draining, gateway_down = o->gateway == 0, queue_wait = o->queue_wait;
     pthread_mutex_unlock(&o->mu);
     bool ready = !draining && spn__observe_devices_ready(o->runner, why, sizeof why);
-    if (ready && gateway_down) {
+    if (ready && (gateway_down || queue_wait)) {
       ready = false;
-      snprintf(why, sizeof why, "no answer from the gateway");
+      snprintf(why, sizeof why, "%s", gateway_down ? "no answer from the gateway" : "waiting for the job queue");
     }
     out->code = ready ? 200 : 503;
     char body[160];
@@ -947,6 +948,14 @@ void spn__wobs_gateway(spn__wobs_t *o, bool up) {
     return;
   pthread_mutex_lock(&o->mu);
   o->gateway = up ? 1 : 0;
+  pthread_mutex_unlock(&o->mu);
+}
+
+void spn__wobs_queue_wait(spn__wobs_t *o, bool waiting) {
+  if (!o)
+    return;
+  pthread_mutex_lock(&o->mu);
+  o->queue_wait = waiting;
   pthread_mutex_unlock(&o->mu);
 }
 

@@ -109,6 +109,9 @@ void spn__wobs_draining(spn__wobs_t *o);
  * and spindle_worker_gateway_up follow it. Not called: no gateway (a
  * stateless worker), neither shows one. */
 void spn__wobs_gateway(spn__wobs_t *o, bool up);
+/* A stateless worker waits for its queue at start-up (waiting) or has
+ * heard it: /readyz answers 503 "waiting for the job queue" meanwhile. */
+void spn__wobs_queue_wait(spn__wobs_t *o, bool waiting);
 void spn__wobs_free(spn__wobs_t **o);
 
 /* spindle_queue_depth groups at most this many queued jobs per scrape

@@ -114,6 +114,10 @@ typedef struct rq {
    * until the next one returns. */
   double retry_at, retry_s;
   char down[SPN_ERROR_MSG_MAX];
+  /* The last connection attempt got an error reply that does not pass by
+   * waiting (a wrong password, a database Redis does not have, a server
+   * without streams), not a silence, a refusal or a Redis still loading. */
+  bool refused;
 } rq_t;
 
 #define RQ_TIMEOUT_S 5
@@ -131,6 +135,19 @@ typedef struct rargs {
 static redisReply *rq_eval(rq_t *q, int sc, rargs_t *a, const char *what, spn_error_t *err);
 
 /* ---- connection ---- */
+
+/* Error replies that pass by waiting: a Redis that loads its data after a
+ * restart, a replica without its primary, a script that runs too long, a
+ * failover under way. */
+static bool rq_reply_passes(const char *msg) {
+  static const char *const codes[] = {"LOADING", "MASTERDOWN", "BUSY", "TRYAGAIN", "READONLY", "CLUSTERDOWN"};
+  for (size_t i = 0; i < sizeof codes / sizeof *codes; i++) {
+    size_t n = strlen(codes[i]);
+    if (!strncmp(msg, codes[i], n) && (msg[n] == ' ' || msg[n] == '\0'))
+      return true;
+  }
+  return false;
+}
 
 static int32_t rq_error(rq_t *q, spn_error_t *err, const char *what, const char *detail) {
   if (!strcmp(detail, strerror(EAGAIN))) /* hiredis's words for its timeout */
@@ -186,6 +203,7 @@ static redisReply *rq_cmd(rq_t *q, int argc, const char **argv, const size_t *le
     return NULL;
   }
   if (r->type == REDIS_REPLY_ERROR) {
+    q->refused = !rq_reply_passes(r->str);
     rq_error(q, err, what, r->str);
     freeReplyObject(r);
     return NULL;
@@ -255,6 +273,7 @@ static int32_t rq_connect(rq_t *q, spn_error_t *err) {
 
 static int32_t rq_connect_now(rq_t *q, spn_error_t *err) {
   q->id_next = q->id_end = 0; /* a new server may have other ids */
+  q->refused = false;
   rq_drop(q);
   struct timeval tv = {.tv_sec = RQ_TIMEOUT_S};
   q->c = q->unix_path ? redisConnectUnixWithTimeout(q->unix_path, tv)
@@ -292,8 +311,10 @@ static int32_t rq_connect_now(rq_t *q, spn_error_t *err) {
     if (!r)
       rc = rq_error(q, err, streams[k][1], q->c->errstr);
     else {
-      if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "BUSYGROUP", 9) != 0)
+      if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "BUSYGROUP", 9) != 0) {
+        q->refused = !rq_reply_passes(r->str);
         rc = rq_error(q, err, streams[k][1], r->str);
+      }
       freeReplyObject(r);
     }
   }
@@ -388,6 +409,7 @@ static redisReply *rq_eval(rq_t *q, int sc, rargs_t *a, const char *what, spn_er
         return NULL;
       continue;
     }
+    q->refused = !rq_reply_passes(r->str);
     rq_error(q, err, what, r->str);
     freeReplyObject(r);
     return NULL;
@@ -1183,8 +1205,15 @@ int32_t spn_queue_redis_open(const spn_queue_config_t *cfg, spn_queue_t *out, sp
     q->rng = ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)getpid() ^ (uint64_t)ts.tv_sec;
   }
   q->rng |= 1;
-  if ((rc = rq_connect(q, err)) < 0)
+  /* connect_later: a Redis that is not there yet (refused, silent, still
+   * loading) is connected to by the first call after it answers; one that
+   * answers with a refusal (password, database, version) fails the open. */
+  spn_error_t e = SPN_ERROR_INIT;
+  if ((rc = rq_connect(q, &e)) < 0 && (!cfg->connect_later || q->refused)) {
+    if (err)
+      *err = e;
     goto fail;
+  }
   out->ops = &rq_ops;
   out->impl = q;
   return SPN_OK;

@@ -213,6 +213,50 @@ static uint32_t running(const qw_t *w) {
 /* At the start: is the name ours? A live record of another process names
  * either a process that runs (it renews the record every SPN_PRESENCE_MS)
  * or one killed lately (it never will). Wait one renewal to tell which. */
+static void ignore_roster(void *user, const char *key, const char *record) {
+  (void)user;
+  (void)key;
+  (void)record;
+}
+
+/* A queue that does not answer at start-up (a Redis not there yet, as when
+ * a deployment starts every pod at once) is waited for up to queue_wait_s:
+ * /readyz says so, one line says why (again when the reason changes), and
+ * the worker leases nothing meanwhile. SPN_OK with the queue answering, or
+ * stopped (SIGTERM, SIGINT); an error when the wait is over. */
+static int32_t wait_for_queue(qw_t *w, const char *name, spn_error_t *err) {
+  double start = spn__mono_s();
+  char said[SPN_ERROR_MSG_MAX] = "";
+  spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
+  lf.worker = name;
+  for (;;) {
+    spn_error_t e = SPN_ERROR_INIT;
+    if (w->q.ops->roster_get(w->q.impl, name, ignore_roster, NULL, &e) == SPN_OK) {
+      if (said[0])
+        spn__log_f(spn__observe_logger(w->obs), SPN_LOG_INFO, &lf, "the job queue answers (after %.0f s)",
+                   spn__mono_s() - start);
+      spn__wobs_queue_wait(w->wobs, false);
+      return SPN_OK;
+    }
+    double waited = spn__mono_s() - start;
+    if (waited >= w->cfg->queue_wait_s)
+      return spn_error_set(err, SPN_EIO, "worker: no answer from the job queue in %u s (--queue-wait): %s",
+                           w->cfg->queue_wait_s, e.msg);
+    if (strcmp(said, e.msg) != 0) {
+      snprintf(said, sizeof said, "%s", e.msg);
+      spn__wobs_queue_wait(w->wobs, true);
+      spn__log_f(spn__observe_logger(w->obs), SPN_LOG_WARN, &lf, "waiting for the job queue, up to %u s "
+                 "(--queue-wait): %s", w->cfg->queue_wait_s, e.msg);
+    }
+    for (int i = 0; i < 4; i++) {
+      if ((w->cfg->stop && *w->cfg->stop) || (w->cfg->stop_now && *w->cfg->stop_now))
+        return SPN_OK;
+      struct timespec ts = {0, 50L * 1000000L};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
 static int32_t claim_name(qw_t *w, const char *name, spn_error_t *err) {
   char key[160];
   snprintf(key, sizeof key, "worker:%s", name);
@@ -315,7 +359,7 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
    * instead of failing its attempts on the others. */
   w.pipelines = spn__runner_pipelines(runner);
   w.since = spn__now_ms();
-  if ((rc = claim_name(&w, name, err)) < 0)
+  if ((rc = wait_for_queue(&w, name, err)) < 0 || (rc = claim_name(&w, name, err)) < 0)
     goto out;
   char pipes[512];
   spn__pipeline_filter_describe(w.pipelines, pipes, sizeof pipes);

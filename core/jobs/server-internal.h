@@ -142,6 +142,13 @@ struct spn_server {
     double at;
   } qlog[8];
   double queue_failing; /* since when its calls fail (monotonic s; 0: they do not) */
+  /* Start-up: ready (the stdout line, /readyz) once the queue has answered a
+   * sweep; a Redis queue not there yet is waited for cfg->queue_wait_s from
+   * started, then the gateway stops with fatal. */
+  bool queue_answered;
+  double started;
+  int32_t fatal_rc;
+  spn_error_t fatal;
   int64_t wake_at;
   bool handles_open;
 };
@@ -160,6 +167,9 @@ void spn__out_push(spn_server_t *s, const unsigned char *ident, size_t ilen, con
  * queue answers again. */
 #define SPN_QUEUE_LOG_S 30.0
 void spn__queue_log(spn_server_t *s, int32_t level, const char *fmt, ...) SPN_PRINTF(3, 4);
+/* The same, also while the gateway waits for its queue at start-up (when
+ * spn__queue_log says nothing). */
+void spn__queue_log_now(spn_server_t *s, int32_t level, const char *fmt, ...) SPN_PRINTF(3, 4);
 void spn__out_error(spn_server_t *s, const unsigned char *ident, size_t ilen, int64_t req,
                     const char *code, const char *msg);
 /* Drop the outbox without sending (shutdown). */

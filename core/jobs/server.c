@@ -86,6 +86,36 @@ static void on_async(uv_async_t *h) {
   pump(s);
 }
 
+/* The ready line, once the queue has answered: a supervisor or a script
+ * that waits for it can submit at once. */
+static void say_ready(spn_server_t *s) {
+  if (s->cfg->ready_fd < 0)
+    return;
+  char ep[256];
+  size_t n = sizeof ep;
+  if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, ep, &n) != 0)
+    snprintf(ep, sizeof ep, "%s", s->cfg->bind);
+  dprintf(s->cfg->ready_fd, "spindle serve: ready on %s\n", ep);
+}
+
+/* The queue has not answered since start-up (a Redis not there yet): say
+ * so once, and again when the reason changes or every SPN_QUEUE_LOG_S; stop
+ * after queue_wait_s. Other queue errors are not logged meanwhile: they
+ * would all say the same. */
+static void queue_wait(spn_server_t *s, double mono, const spn_error_t *err) {
+  if (!s->queue_failing)
+    s->queue_failing = mono;
+  uint32_t wait_s = s->cfg->queue_wait_s;
+  if (mono - s->started >= wait_s) {
+    s->fatal_rc = spn_error_set(&s->fatal, SPN_EIO, "no answer from the job queue in %u s (--queue-wait): %s",
+                                wait_s, err->msg);
+    spn_server_stop(s);
+    return;
+  }
+  spn__queue_log_now(s, SPN_LOG_WARN, "waiting for the job queue, up to %u s (--queue-wait): %s", wait_s,
+                     err->msg);
+}
+
 static void on_timer(uv_timer_t *h) {
   spn_server_t *s = h->data;
   double mono = spn__mono_s();
@@ -106,7 +136,18 @@ static void on_timer(uv_timer_t *h) {
     s->last_sweep = mono;
     spn_error_t err = SPN_ERROR_INIT;
     if (s->q.ops->sweep(s->q.impl, now, spn__sched_changed, s, &err) < 0) {
-      spn__queue_log(s, SPN_LOG_ERROR, "%s", err.msg);
+      if (!s->queue_answered)
+        queue_wait(s, mono, &err);
+      else
+        spn__queue_log(s, SPN_LOG_ERROR, "%s", err.msg);
+    } else if (!s->queue_answered) {
+      s->queue_answered = true;
+      if (s->queue_failing)
+        spn__log_f(spn__observe_logger(s->obs), SPN_LOG_INFO, NULL, "the job queue answers (after %.0f s)",
+                   mono - s->queue_failing);
+      s->queue_failing = 0;
+      memset(s->qlog, 0, sizeof s->qlog);
+      say_ready(s);
     } else if (s->queue_failing) {
       spn__log_f(spn__observe_logger(s->obs), SPN_LOG_INFO, NULL, "the job queue answers again (after %.0f s)",
                  mono - s->queue_failing);
@@ -213,7 +254,8 @@ int32_t spn_server_new(const spn_server_config_t *cfg, const spn_job_runner_t *r
   spn_queue_config_t qc = {.backend = cfg->queue_backend, .path = cfg->db_path, .url = cfg->queue_url,
                            .auth_file = cfg->queue_auth_file, .prefix = cfg->queue_prefix,
                            .lease_ms = cfg->lease_ms, .backoff_base_ms = cfg->backoff_base_ms,
-                           .backoff_max_ms = cfg->backoff_max_ms, .sync_full = cfg->sync_full};
+                           .backoff_max_ms = cfg->backoff_max_ms, .sync_full = cfg->sync_full,
+                           .connect_later = cfg->queue_wait_s > 0};
   if ((!cfg->queue_backend || !strcmp(cfg->queue_backend, "sqlite")) && cfg->db_path &&
       strcmp(cfg->db_path, ":memory:") && (rc = lock_db(s, cfg->db_path, err)) < 0)
     goto out_free;
@@ -317,25 +359,23 @@ out_free:
 }
 
 int32_t spn_server_run(spn_server_t *s, spn_error_t *err) {
-  s->last_presence = spn__mono_s();
+  s->last_presence = s->started = spn__mono_s();
   spn__sched_presence(s, spn__now_ms()); /* its own slots, before the first request */
   uv_poll_start(&s->poll, UV_READABLE, on_poll);
   uv_timer_start(&s->timer, on_timer, SPN_GW_TICK_MS, SPN_GW_TICK_MS);
   uv_signal_start(&s->sigint, on_signal, SIGINT);
   uv_signal_start(&s->sigterm, on_signal, SIGTERM);
-  if (s->cfg->ready_fd >= 0) {
-    char ep[256];
-    size_t n = sizeof ep;
-    if (zmq_getsockopt(s->router, ZMQ_LAST_ENDPOINT, ep, &n) != 0)
-      snprintf(ep, sizeof ep, "%s", s->cfg->bind);
-    dprintf(s->cfg->ready_fd, "spindle serve: ready on %s\n", ep);
-  }
   /* Jobs left running by a previous instance come back when their leases
-   * expire (sweep); queued ones are dispatched now. */
+   * expire (sweep); queued ones are dispatched now. The ready line follows
+   * the first sweep the queue answers. */
   on_timer(&s->timer);
   uv_run(&s->loop, UV_RUN_DEFAULT);
+  if (s->fatal_rc < 0) {
+    if (err)
+      *err = s->fatal;
+    return s->fatal_rc;
+  }
   spn__sched_roster_remove(s, NULL); /* it stopped: its slots leave the roster */
-  (void)err;
   return SPN_OK;
 }
 

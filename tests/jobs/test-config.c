@@ -35,6 +35,7 @@ static void test_shipped_config(void **state) {
   assert_int_equal(c.max_attempts, 3);
   assert_int_equal(c.backoff_base_ms, 1000);
   assert_int_equal(c.backoff_max_ms, 60000);
+  assert_int_equal(c.queue_wait_s, 300);
   assert_int_equal(c.n_pipelines, 1);
   assert_string_equal(c.pipelines[0], "copy");
   assert_int_equal(c.input_roots.n, 1);
@@ -74,6 +75,9 @@ static void test_refusals(void **state) {
   assert_non_null(strstr(err.msg, ":2:12: queue.lease_ms: expected integer, got string"));
   assert_int_equal(load_str("[queue]\nmax_attempts = 0\n", &err), SPN_ECONFIG);
   assert_non_null(strstr(err.msg, "queue.max_attempts: 0 is outside [1, 100]"));
+  assert_int_equal(load_str("[queue]\nwait_s = 100000\n", &err), SPN_ECONFIG);
+  assert_non_null(strstr(err.msg, "queue.wait_s: 100000 is outside [0, 86400]"));
+  assert_int_equal(load_str("[queue]\nwait_s = 0\n", &err), SPN_OK);
   assert_int_equal(load_str("[nope]\n", &err), SPN_ECONFIG);
   assert_non_null(strstr(err.msg, ":1:2: unknown section \"nope\""));
   assert_int_equal(load_str("[paths]\ninput_roots = [\"/no/such/dir\"]\n", &err), SPN_ENOENT);

@@ -1412,6 +1412,94 @@ def case_redis_frozen(tmp):
     print(f"gateway stopped {took:.1f} s after SIGTERM while redis did not answer")
 
 
+def case_queue_wait(tmp):
+    """Redis only: a gateway and a stateless worker started before their
+    Redis (a deployment starts every pod at once) wait for it: /healthz 200,
+    /readyz 503 "waiting for the job queue", no ready line, one warning that
+    names the queue and why; once redis-server runs, both are ready and a
+    job runs on the worker. --queue-wait bounds the wait (exit 1, naming
+    it; 0: at once); SIGTERM while waiting stops (exit 0); a refusal by
+    Redis (no or a wrong password) stops at once, whatever the wait.
+    (Before, both exited at once when Redis was not there yet.)"""
+    check(BACKEND == "redis", "this case needs --backend redis")
+    import select
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}"
+    hs, hw = free_port(), free_port()
+    serve = subprocess.Popen([SPINDLE, "serve", "--bind", "tcp://127.0.0.1:*", "--queue", url, "--root", tmp,
+                              "--workers", "0", "--http", f"127.0.0.1:{hs}"], stdout=subprocess.PIPE,
+                             stderr=open(f"{tmp}/serve.log", "ab"), cwd=tmp)
+    PROCS.append(serve)
+    w = start_worker(tmp, url, "--http", f"127.0.0.1:{hw}", name="early")
+
+    def get(port, path):
+        try:
+            return http_get(port, path)
+        except OSError:
+            return None
+    for port_, who in ((hs, "gateway"), (hw, "worker")):
+        wait_for(lambda: get(port_, "/healthz") == (200, "ok\n"), 10, f"the {who}'s /healthz while it waits")
+        check(get(port_, "/readyz") == (503, "waiting for the job queue\n"),
+              f"the {who}'s /readyz before redis runs: {get(port_, '/readyz')}")
+    time.sleep(3)
+    check(select.select([serve.stdout], [], [], 0)[0] == [], "the gateway said it was ready before its queue answered")
+    for who, path in (("gateway", f"{tmp}/serve.log"), ("worker", f"{tmp}/worker-early.log")):
+        lines = [l for l in open(path).read().splitlines() if '"level":"' in l and '"level":"info"' not in l]
+        want = f"waiting for the job queue, up to 300 s (--queue-wait): redis queue {url}/0: cannot connect"
+        check(len(lines) == 1 and want in lines[0], f"the {who} should say once why it waits: {lines}")
+    start_redis(tmp, port)
+    r, _, _ = select.select([serve.stdout], [], [], 15)
+    line = serve.stdout.readline().decode() if r else ""
+    check("ready on " in line, f"the gateway's ready line once redis runs: {line!r}")
+    ep = line.split("ready on ")[1].strip()
+    for port_, who in ((hs, "gateway"), (hw, "worker")):
+        wait_for(lambda: get(port_, "/readyz") == (200, "ready\n"), 10, f"the {who} to be ready once redis runs")
+    for path in (f"{tmp}/serve.log", f"{tmp}/worker-early.log"):
+        check("the job queue answers (after " in open(path).read(), f"{path}: no line that the queue answers")
+    # --workers 0: the stateless worker ran it
+    cli("submit", "noop", "--wait", "--connect", ep, timeout=30, check_rc=0)
+    for p in (serve, w):
+        p.send_signal(signal.SIGTERM)
+        check(p.wait(20) == 0, f"{' '.join(p.args[:2])} exit {p.returncode} on SIGTERM")
+
+    none = f"redis://127.0.0.1:{free_port()}"
+    for what in ("serve", "worker"):
+        args = [SPINDLE, what, "--queue", none] + (["--bind", "tcp://127.0.0.1:*"] if what == "serve" else
+                                                    ["--name", "late"])
+        t0 = time.monotonic()
+        r = subprocess.run(args + ["--queue-wait", "2"], capture_output=True, timeout=30)
+        took = time.monotonic() - t0
+        err = r.stderr.decode()
+        check(r.returncode == 1 and 1.9 < took < 10 and
+              f"no answer from the job queue in 2 s (--queue-wait): redis queue {none}/0: cannot connect" in err,
+              f"{what} --queue-wait 2 without redis: exit {r.returncode} after {took:.1f} s: {err}")
+        t0 = time.monotonic()
+        r = subprocess.run(args + ["--queue-wait", "0"], capture_output=True, timeout=30)
+        took = time.monotonic() - t0
+        check(r.returncode == 1 and took < 1.5 and "cannot connect" in r.stderr.decode(),
+              f"{what} --queue-wait 0 without redis: exit {r.returncode} after {took:.1f} s: {r.stderr!r}")
+        p = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        PROCS.append(p)
+        time.sleep(1.5)
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGTERM)
+        rc = p.wait(10)
+        check(rc == 0 and time.monotonic() - t0 < 3, f"{what} waiting for redis, SIGTERM: exit {rc} after "
+              f"{time.monotonic() - t0:.1f} s")
+
+    redis_call("CONFIG", "SET", "requirepass", "sekrit")
+    with open(f"{tmp}/wrong.auth", "w") as f:
+        f.write("nope\n")
+    for what in ("serve", "worker"):
+        extra = ["--bind", "tcp://127.0.0.1:*"] if what == "serve" else ["--name", "pw"]
+        for auth, words in (([], "NOAUTH"), (["--queue-auth-file", f"{tmp}/wrong.auth"], "WRONGPASS")):
+            t0 = time.monotonic()
+            r = subprocess.run([SPINDLE, what, "--queue", url, *extra, *auth], capture_output=True, timeout=30)
+            took = time.monotonic() - t0
+            check(r.returncode == 1 and took < 2 and words in r.stderr.decode(),
+                  f"{what} refused by redis ({words}): exit {r.returncode} after {took:.1f} s: {r.stderr!r}")
+
+
 def case_gateway_kill_shared(tmp):
     """Redis only: two gateways on one queue. A job is readable and
     cancellable from either; kill -9 of one gateway with jobs running and
