@@ -355,8 +355,20 @@ int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, vo
       spn_client_status_t s2;
       cJSON *rr = NULL;
       rc = call_id(c, "WATCH", id, &rr, err);
-      if (rc == SPN_ETIMEDOUT)
+      if (rc == SPN_ETIMEDOUT) {
+        /* Without a callback nobody can say stop: give up after 60 silent
+         * timeouts (10 min at the default 10 s). */
+        int64_t silent = spn_client_unanswered_ms(c);
+        if (!cb && silent >= 60LL * c->timeout_ms) {
+          if (final)
+            *final = st;
+          return spn_error_set(err, SPN_ETIMEDOUT,
+                               "client: job %lld: no answer from the gateway for %lld s; the job was %s when it "
+                               "last answered and stays in its queue (watch it again to follow it)",
+                               (long long)id, (long long)(silent / 1000), spn_queue_state_name(st.state));
+        }
         continue;
+      }
       if (rc < 0)
         return rc;
       fill_status(c, rr, &s2);

@@ -4,15 +4,33 @@
  *   cc submit.c $(pkg-config --cflags --libs spindle-client) -o submit
  *   ./submit tcp://127.0.0.1:7700 copy in=/data/in.bin out=/data/out.bin
  *
- * Exits 0 when the job succeeds, 1 otherwise.
+ * Exits 0 when the job succeeds, 1 otherwise. It follows the job across a
+ * gateway restart, and gives up after 10 minutes without an answer.
  */
 #include <stdio.h>
 #include <string.h>
 
 #include <spindle/client.h>
 
+/* While the gateway does not answer (a restart; the job is in its queue
+ * and goes on), the watch calls back with the last status again: say so
+ * once, and give up after 10 minutes. */
+#define GATEWAY_WAIT_MS 600000
+
 static int on_event(void *user, const spn_client_status_t *ev) {
+  static int silent; /* a sample: one watch at a time */
   spn_client_t *client = user;
+  int64_t unanswered = spn_client_unanswered_ms(client);
+  if (unanswered > 0) {
+    if (!silent)
+      printf("job %lld: no answer from the gateway for %lld s; still trying\n", (long long)ev->id,
+             (long long)(unanswered / 1000));
+    silent = 1;
+    return unanswered >= GATEWAY_WAIT_MS; /* non-zero: stop watching */
+  }
+  if (silent)
+    printf("job %lld: the gateway answers again\n", (long long)ev->id);
+  silent = 0;
   char why[512];
   if (spn_client_waiting(client, ev->id, why, sizeof why)) /* no worker runs its pipeline yet */
     printf("job %lld waiting: %s\n", (long long)ev->id, why);
@@ -59,6 +77,11 @@ int main(int argc, char **argv) {
   spn_client_status_t final;
   if (spn_client_watch(client, id, on_event, client, &final, &err) < 0)
     goto out;
+  if (!spn_queue_state_terminal(final.state)) { /* on_event gave up on a silent gateway */
+    fprintf(stderr, "submit: job %lld: gave up after %d s without an answer from the gateway; it was %s and "
+            "stays in its queue\n", (long long)id, GATEWAY_WAIT_MS / 1000, spn_queue_state_name(final.state));
+    goto out;
+  }
   printf("job %lld finished: %s%s%s (%.3f s of compute)\n", (long long)id,
          spn_queue_state_name(final.state), final.reason[0] ? ": " : "", final.reason,
          final.compute_s);

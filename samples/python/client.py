@@ -6,13 +6,16 @@
     python3 client.py status 12
     python3 client.py jobs --state running
 
-Exit code with --wait: 0 succeeded, 1 otherwise.
+Exit code with --wait: 0 succeeded, 1 otherwise; 5 when the gateway refused the
+request or did not answer (watch and --wait follow a job across a gateway
+restart, and give up after --gateway-wait seconds without an answer).
 """
 import argparse
 import itertools
 import json
 import os
 import sys
+import time
 
 import zmq
 
@@ -91,19 +94,41 @@ class Client:
             body["state"] = state
         return self.call("LIST", **body)["jobs"]
 
-    def watch(self, job_id):
-        """Yield events (dicts with state, done, total) until the job ends."""
-        ev = self.call("WATCH", id=job_id)
+    def watch(self, job_id, gateway_wait_s=600, say=None):
+        """Yield events (dicts with state, done, total) until the job ends.
+
+        The job lives in the gateway's queue and goes on without the gateway,
+        so a restart of the gateway does not end the watch: while it does not
+        answer, watch keeps asking, calls say(message) once (and again when
+        it answers), and raises TimeoutError after gateway_wait_s seconds
+        without an answer (0 or None: no limit)."""
+        asking = True
+        last_answer = time.monotonic()
+        silent = False
         while True:
-            yield ev
-            if ev["state"] in TERMINAL:
-                return
             try:
-                _, body = self._recv(self.timeout_ms)
+                body = self.call("WATCH", id=job_id) if asking else self._recv(self.timeout_ms)[1]
             except TimeoutError:
-                body = self.call("WATCH", id=job_id)  # quiet: ask again
-            if body.get("id") == job_id:
-                ev = body
+                if not asking:
+                    asking = True  # quiet: ask again (a restarted gateway forgot the watch)
+                    continue
+                quiet = time.monotonic() - last_answer
+                if not silent and say:
+                    say(f"no answer from the gateway for {quiet:.0f} s; still trying (the job is in its "
+                        "queue and goes on)")
+                silent = True
+                if gateway_wait_s and quiet >= gateway_wait_s:
+                    raise TimeoutError(f"job {job_id}: gave up after {quiet:.0f} s without an answer from the "
+                                       f"gateway; the job stays in its queue: watch {job_id} follows it again")
+                continue
+            if silent and say:
+                say(f"the gateway answers again (after {time.monotonic() - last_answer:.0f} s)")
+            silent, asking, last_answer = False, False, time.monotonic()
+            if body.get("id") != job_id:
+                continue
+            yield body
+            if body["state"] in TERMINAL:
+                return
 
 
 def main():
@@ -119,6 +144,9 @@ def main():
     s.add_argument("--idempotency-key")
     s.add_argument("--deadline", type=float)
     s.add_argument("--wait", action="store_true")
+    ap.add_argument("--timeout-ms", type=int, default=10000, help="how long one request waits for its answer")
+    ap.add_argument("--gateway-wait", type=float, default=600,
+                    help="watch, submit --wait: give up after this many seconds without an answer (0: no limit)")
     for name in ("status", "watch", "cancel"):
         sub.add_parser(name).add_argument("id", type=int)
     j = sub.add_parser("jobs")
@@ -132,7 +160,7 @@ def main():
             out[k] = os.path.abspath(v) if absolute else v
         return out
 
-    c = Client(a.connect)
+    c = Client(a.connect, a.timeout_ms)
     try:
         if a.cmd == "submit":
             jid = c.submit(a.pipeline, pairs(a.input, True), pairs(a.output, True), pairs(a.param, False),
@@ -142,7 +170,7 @@ def main():
                 return 0
             a.id = jid
         if a.cmd in ("submit", "watch"):
-            for ev in c.watch(a.id):
+            for ev in c.watch(a.id, a.gateway_wait, lambda m: print(f"client.py: {m}", file=sys.stderr)):
                 print(f"job {a.id}: {ev['state']} {ev.get('done', 0)}/{ev.get('total', 0)}", file=sys.stderr)
                 if "waiting" in ev:  # queued, and no worker runs its pipeline yet
                     print(f"job {a.id} waiting: {ev['waiting']}", file=sys.stderr)

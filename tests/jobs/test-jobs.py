@@ -1831,18 +1831,40 @@ def case_watch_gateway_restart(tmp):
     w = subprocess.Popen([SPINDLE, "watch", str(jid), "--connect", ep, "--timeout-ms", "500"],
                          stdout=subprocess.PIPE, stderr=err)
     PROCS.append(w)
+    # the Python sample client follows it the same way
+    py = os.path.join(os.environ.get("SPINDLE_SOURCE_ROOT", "."), "samples", "python", "client.py")
+    pyw = subprocess.Popen([sys.executable, py, "--connect", ep, "--timeout-ms", "500", "watch", str(jid)],
+                           stdout=subprocess.PIPE, stderr=open(f"{tmp}/pywatch.err", "wb"))
+    PROCS.append(pyw)
     wait_for(lambda: status(ep, jid)["done"] >= 5, 20, "the job to run")
+    # and the C sample, on the client library (its silence takes two 10 s timeouts to notice)
+    cw = None
+    if SAMPLE_C:
+        cw = subprocess.Popen([SAMPLE_C, ep, "copy", f"in={tmp}/in.bin", f"out={tmp}/c.bin"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        PROCS.append(cw)
+        wait_for(lambda: cli("status", str(jid + 1), "--connect", ep).returncode == 0, 20, "the C sample's job")
     p.kill()
     p.wait()
     wait_for(lambda: b"no answer from the gateway at " + ep.encode() in open(f"{tmp}/watch.err", "rb").read(), 15,
              "watch to say that the gateway does not answer")
-    check(w.poll() is None, "watch stopped while the gateway was away")
+    wait_for(lambda: b"no answer from the gateway for " in open(f"{tmp}/pywatch.err", "rb").read(), 15,
+             "the Python client to say that the gateway does not answer")
+    check(w.poll() is None and pyw.poll() is None, "a watch stopped while the gateway was away")
     port = ep.rsplit(":", 1)[1]
     p, ep = start_serve(tmp, *args, bind=f"tcp://127.0.0.1:{port}")
     out, _ = w.communicate(timeout=90)
     text = open(f"{tmp}/watch.err").read()
     check(w.returncode == 0 and out.decode().strip() == f"{jid} succeeded" and
           f"the gateway at {ep} answers again" in text, f"watch: exit {w.returncode}, {out!r}, {text}")
+    out, _ = pyw.communicate(timeout=90)
+    text = open(f"{tmp}/pywatch.err").read()
+    check(pyw.returncode == 0 and out.decode().strip() == f"{jid} succeeded" and
+          "the gateway answers again" in text, f"client.py watch: exit {pyw.returncode}, {out!r}, {text}")
+    if cw:
+        out, errb = cw.communicate(timeout=90)
+        check(cw.returncode == 0 and f"job {jid + 1} finished: succeeded" in out.decode(),
+              f"the C sample across the restart: exit {cw.returncode}, {out!r} {errb!r}")
     check(same(f"{tmp}/in.bin", f"{tmp}/o.bin"), "output")
     # no gateway comes back: watch gives up after --gateway-wait
     jid = int(cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/o2.bin",
@@ -1851,15 +1873,21 @@ def case_watch_gateway_restart(tmp):
     w = subprocess.Popen([SPINDLE, "watch", str(jid), "--connect", ep, "--timeout-ms", "500",
                           "--gateway-wait", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     PROCS.append(w)
+    pyw = subprocess.Popen([sys.executable, py, "--connect", ep, "--timeout-ms", "500", "--gateway-wait", "3",
+                            "watch", str(jid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    PROCS.append(pyw)
     time.sleep(1)
     p.kill()
     p.wait()
     try:
         out, errb = w.communicate(timeout=30)
+        _, pyerr = pyw.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         raise Fail("watch did not give up within 30 s with --gateway-wait 3")
     check(w.returncode == 5 and f"job {jid}: gave up after " in errb.decode() and "was running when it last answered"
           in errb.decode() and f"spindle watch {jid}" in errb.decode(), f"watch: exit {w.returncode}, {errb!r}")
+    check(pyw.returncode == 5 and f"job {jid}: gave up after " in pyerr.decode() and f"watch {jid} follows it again"
+          in pyerr.decode(), f"client.py watch --gateway-wait 3: exit {pyw.returncode}, {pyerr!r}")
 
 
 def case_worker_no_gateway(tmp):

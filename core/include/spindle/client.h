@@ -125,8 +125,10 @@ typedef int (*spn_client_event_cb)(void *user, const spn_client_status_t *ev);
  * (it stopped or restarts; the job is in its queue and goes on), cb is
  * called again with the last status, and spn_client_unanswered_ms says for
  * how long; the watch goes on (and follows a restarted gateway) until cb
- * returns non-zero. Before 1.2 it gave up after about 1000 such rounds,
- * without calling cb.
+ * returns non-zero. With cb NULL it gives up after 60 timeout_ms without
+ * an answer (10 min at the default): SPN_ETIMEDOUT, the message says what
+ * the job was doing, *final gets the last status. Before 1.2 it gave up
+ * after about 1000 such rounds, without calling cb.
  * Ownership: cb called on this thread during the call. Thread: the client's (one thread at a time). */
 SPN_API int32_t spn_client_watch(spn_client_t *c, int64_t id, spn_client_event_cb cb, void *user,
                                  spn_client_status_t *final, spn_error_t *err);
