@@ -28,8 +28,16 @@ typedef struct run_state {
 
 static volatile sig_atomic_t interrupted;
 
+/* The first Ctrl-C or SIGTERM cancels the job (its stages stop, the
+ * output is not published); a second one quits at once, for a stage that
+ * does not stop (one blocked in a read that nothing interrupts). */
 static void on_sigint(int sig) {
-  (void)sig;
+  if (interrupted) {
+    static const char msg[] = "\nspindle run: interrupted again: quitting without waiting for the stages\n";
+    ssize_t n = write(STDERR_FILENO, msg, sizeof msg - 1);
+    (void)n;
+    _exit(128 + sig);
+  }
   interrupted = 1;
 }
 
@@ -392,16 +400,23 @@ int spn_cli_run(int argc, char **argv) {
       break;
     }
     bool cancel_sent = false;
+    double cancel_at = 0;
     double last_print = t0;
     long long last_done = 0;
     while (!atomic_load(&st.finished)) {
       struct timespec ts = {0, 50 * 1000 * 1000};
       nanosleep(&ts, NULL);
+      double t = now_s();
       if (interrupted && !cancel_sent) {
         spn_job_cancel(job);
         cancel_sent = true;
+        cancel_at = t;
       }
-      double t = now_s();
+      if (cancel_sent && cancel_at > 0 && t - cancel_at >= 5) {
+        fprintf(stderr, "%sspindle run: the job was cancelled %.0f s ago and its stages have not all stopped; "
+                "waiting (Ctrl-C again quits at once)\n", tty ? "\r\033[K" : "", t - cancel_at);
+        cancel_at = 0; /* said once */
+      }
       if (tty && t - last_print >= 0.5) {
         long long d = atomic_load(&st.done), tot = atomic_load(&st.total);
         double fps = (double)(d - last_done) / (t - last_print);

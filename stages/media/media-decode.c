@@ -24,6 +24,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
@@ -161,12 +162,32 @@ static int32_t open_codec(spn_decoder_t *d, AVStream *st, AVCodecContext **out, 
   return SPN_OK;
 }
 
+int32_t spn_media_check_input(const char *path, spn_error_t *err) {
+  const char *colon = strchr(path, ':');
+  if (colon && colon[1] == '/' && colon[2] == '/' && strncmp(path, "file:", 5) != 0)
+    return SPN_OK; /* a URL */
+  const char *file = strncmp(path, "file:", 5) ? path : path + 5;
+  struct stat st;
+  if (stat(file, &st) != 0 || S_ISREG(st.st_mode))
+    return SPN_OK;
+  const char *what = S_ISDIR(st.st_mode)    ? "a folder"
+                     : S_ISFIFO(st.st_mode) ? "a named pipe (nothing could stop a read that waits for its writer)"
+                     : S_ISCHR(st.st_mode)  ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                                            : "not a regular file";
+  return spn_error_set(err, SPN_EINVAL, "%s: %s; give a media file", path, what);
+}
+
 int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_decoder_t **out,
                         spn_error_t *err) {
   static const spn_decode_opts_t defaults = SPN_DECODE_OPTS_INIT;
   *out = NULL;
   if (!path || !*path)
     return spn_error_set(err, SPN_EINVAL, "decode: empty path");
+  int32_t checked = spn_media_check_input(path, err);
+  if (checked < 0)
+    return checked;
   spn_decoder_t *d = calloc(1, sizeof *d);
   if (!d || !(d->path = strdup(path))) {
     free(d);

@@ -123,6 +123,13 @@ typedef struct spn_media_audio_meta {
 
 typedef struct spn_decoder spn_decoder_t;
 
+/* A local input path names a regular file (or is not there: the opener
+ * says so). A named pipe, a device, a socket or a folder is refused with
+ * what it is: opening a pipe that nobody writes blocks in the kernel, where
+ * neither a cancel nor SIGTERM reaches it. URLs ("scheme://...") are left
+ * to FFmpeg. Thread: any. */
+int32_t spn_media_check_input(const char *path, spn_error_t *err);
+
 /* Open path. Ownership: caller owns *out (spn_decoder_free). Thread: any;
  * one decoder is used by one thread at a time. */
 int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_decoder_t **out,

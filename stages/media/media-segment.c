@@ -36,6 +36,7 @@
 #include <libavutil/channel_layout.h>
 #include <libswresample/swresample.h>
 
+#include "media-decode.h"
 #include "spindle/jobs.h"
 #include "spindle/plugin.h"
 
@@ -47,6 +48,9 @@ static int32_t av_err(spn_error_t *err, int averr, const char *path, const char 
 
 static int32_t open_input(const char *path, AVFormatContext **fmt, spn_error_t *err) {
   *fmt = NULL;
+  int32_t checked = spn_media_check_input(path, err);
+  if (checked < 0)
+    return checked;
   int r = avformat_open_input(fmt, path, NULL, NULL);
   if (r < 0)
     return av_err(err, r, path, "opening");

@@ -293,6 +293,21 @@ static void bad_inputs_name_the_file(void **state) {
     assert_memory_equal(err.msg, path, strlen(path));
     assert_non_null(strstr(err.msg, cases[i].expect));
   }
+  /* a named pipe (opening it would block until a writer comes, out of reach
+   * of a cancel) and a folder are refused before FFmpeg opens them */
+  const char *fifo = p("pipe.mp4");
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  const struct { const char *path, *expect; } odd[] = {{fifo, ": a named pipe"}, {dir, ": a folder"}};
+  for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+    spn_error_t e = SPN_ERROR_INIT;
+    spn_decoder_t *d = NULL;
+    assert_int_equal(spn_decoder_new(odd[i].path, NULL, &d, &e), SPN_EINVAL);
+    printf("# %s\n", e.msg);
+    assert_null(d);
+    assert_memory_equal(e.msg, odd[i].path, strlen(odd[i].path));
+    assert_non_null(strstr(e.msg, odd[i].expect));
+  }
+  unlink(fifo);
   /* a file whose tail is cut after the header decodes what is there and ends */
   spn_error_t err = SPN_ERROR_INIT;
   spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;

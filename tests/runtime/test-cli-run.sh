@@ -61,6 +61,45 @@ rc=$?
 [ $rc -eq 130 ] || fail "interrupted run: exit $rc, want 130: $(cat err.txt)"
 grep -q 'job [0-9]* cancelled' out.txt || fail "cancel summary: $(cat out.txt)"
 
+# A stage that does not stop when the job is cancelled (here: one call that
+# sleeps 10 s; in life, a read that nothing interrupts): after 5 s the run
+# says it waits for it; a second Ctrl-C quits at once.
+cat >stuck.toml <<'EOT'
+[pipeline]
+name = "stuck"
+[[stage]]
+name = "source"
+kind = "synth"
+frames = 5
+width = 8
+height = 4
+[[stage]]
+name = "slow"
+kind = "cost"
+inputs = ["source"]
+us = 10000000
+sleep = true
+[[stage]]
+name = "sink"
+kind = "check"
+inputs = ["slow"]
+expect_frames = 5
+EOT
+"$spindle" run stuck.toml >out.txt 2>err.txt &
+pid=$!
+sleep 1
+kill -INT $pid
+for _ in $(seq 80); do grep -q 'have not all stopped' err.txt && break; sleep 0.1; done
+grep -q 'spindle run: the job was cancelled 5 s ago and its stages have not all stopped; waiting (Ctrl-C again quits at once)' err.txt ||
+  fail "no word of the stage that does not stop: $(cat err.txt)"
+t0=$(date +%s%N)
+kill -INT $pid
+wait $pid
+rc=$?
+took=$(( ($(date +%s%N) - t0) / 1000000 ))
+[ $rc -eq 130 ] && [ $took -lt 2000 ] || fail "second Ctrl-C: exit $rc after $took ms, want 130 at once"
+grep -q 'interrupted again: quitting without waiting for the stages' err.txt || fail "second Ctrl-C: $(cat err.txt)"
+
 # JSON summary.
 "$spindle" run "$src/configs/synthetic.toml" --set source.frames=7 --set sink.expect_frames=7 --log-format json \
   >out.txt 2>err.txt || fail "json run: $(cat err.txt)"
