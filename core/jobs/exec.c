@@ -290,6 +290,10 @@ void spn__warnings_render(const cJSON *arr, char *out, size_t size) {
   cJSON_Delete(keep);
 }
 
+spn_fail_how_t spn__fail_how(int32_t status) {
+  return status == SPN_ECANCELLED ? SPN_FAIL_CANCELLED : status == SPN_EMEDIA ? SPN_FAIL_FINAL : SPN_FAIL_RETRY;
+}
+
 void spn__exec_report_to_json(cJSON *b, const spn_exec_result_t *res) {
   cJSON_AddNumberToObject(b, "compute_s", res->compute_s);
   cJSON_AddNumberToObject(b, "gpu_s", res->gpu_s);

@@ -133,6 +133,20 @@ static inline bool spn__is_queue_url(const char *s) {
  * takes `now` (ms since the epoch) so tests control time. Writes made
  * between begin and commit are one durable transaction (group commit); a
  * write outside begin/commit commits by itself. */
+/* How a failed attempt ends (the queue's fail). */
+typedef enum spn_fail_how {
+  SPN_FAIL_RETRY = 0,     /* retried after backoff while attempts are left */
+  SPN_FAIL_CANCELLED = 1, /* stopped for a cancel */
+  SPN_FAIL_FINAL = 2,     /* a retry cannot help: the job fails now */
+} spn_fail_how_t;
+/* What ends an attempt that ended with status: cancelled; final for
+ * SPN_EMEDIA (the job's media or its settings are invalid: every attempt,
+ * on any worker, meets the same); retry for the rest (I/O, devices, a lost
+ * worker). */
+spn_fail_how_t spn__fail_how(int32_t status);
+/* The words a final failure's reason ends with. */
+#define SPN_FAIL_FINAL_NOTE " (not retried: another attempt would meet the same media error)"
+
 typedef struct spn_queue_ops {
   const char *name;
   int32_t (*begin)(void *q, spn_error_t *err);
@@ -164,10 +178,10 @@ typedef struct spn_queue_ops {
                       double gpu_s, const spn_job_xfer_t *xfer, const char *warnings, int64_t now,
                       spn_error_t *err);
   /* running → queued (retry after backoff) | dead (attempts exhausted) |
-   * cancelled (cancelled=true). *state gets the new state. Usage as for
-   * complete. */
+   * failed (how SPN_FAIL_FINAL, or one attempt allowed) | cancelled (how
+   * SPN_FAIL_CANCELLED). *state gets the new state. Usage as for complete. */
   int32_t (*fail)(void *q, int64_t id, uint32_t attempt, const char *owner, const char *reason,
-                  bool cancelled, double compute_s, double gpu_s, const spn_job_xfer_t *xfer, int64_t now,
+                  spn_fail_how_t how, double compute_s, double gpu_s, const spn_job_xfer_t *xfer, int64_t now,
                   spn_queue_state_t *state, spn_error_t *err);
   /* queued → cancelled at once; running → cancel requested (*state stays
    * running; the worker stops it); terminal → SPN_ESTATE. */

@@ -326,11 +326,11 @@ static int32_t w_complete(void *q, int64_t id, uint32_t attempt, const char *own
   return rc;
 }
 
-static int32_t w_fail(void *q, int64_t id, uint32_t attempt, const char *owner, const char *reason, bool cancelled,
+static int32_t w_fail(void *q, int64_t id, uint32_t attempt, const char *owner, const char *reason, spn_fail_how_t how,
                       double compute_s, double gpu_s, const spn_job_xfer_t *xfer, int64_t now,
                       spn_queue_state_t *state, spn_error_t *err) {
   spn__observe_t *o = q;
-  int32_t rc = o->inner.ops->fail(o->inner.impl, id, attempt, owner, reason, cancelled, compute_s, gpu_s, xfer, now,
+  int32_t rc = o->inner.ops->fail(o->inner.impl, id, attempt, owner, reason, how, compute_s, gpu_s, xfer, now,
                                   state, err);
   if (rc >= 0)
     attempt_ended(o, id, attempt, *state, reason, now);

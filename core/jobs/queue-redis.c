@@ -700,7 +700,7 @@ static int32_t rq_complete(void *qv, int64_t id, uint32_t attempt, const char *o
 }
 
 static int32_t rq_fail(void *qv, int64_t id, uint32_t attempt, const char *owner, const char *reason,
-                       bool cancelled, double compute_s, double gpu_s, const spn_job_xfer_t *xfer, int64_t now,
+                       spn_fail_how_t how, double compute_s, double gpu_s, const spn_job_xfer_t *xfer, int64_t now,
                        spn_queue_state_t *state, spn_error_t *err) {
   rq_t *q = qv;
   rargs_t a = {0};
@@ -708,7 +708,7 @@ static int32_t rq_fail(void *qv, int64_t id, uint32_t attempt, const char *owner
   a_i64(&a, attempt);
   a_str(&a, owner);
   a_str(&a, reason ? reason : "failed");
-  a_str(&a, cancelled ? "1" : "0");
+  a_str(&a, how == SPN_FAIL_CANCELLED ? "1" : how == SPN_FAIL_FINAL ? "2" : "0");
   a_dbl(&a, compute_s);
   a_dbl(&a, gpu_s);
   a_i64(&a, now);

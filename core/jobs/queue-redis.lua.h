@@ -305,7 +305,7 @@
   "end\n"                                                                                       \
   /* The failure path shared by worker reports, expired leases and lost     \
    * workers: the job is running. Returns the new state. */                                   \
-  "local function fail_attempt(id, reason, cancelled, cs, gs, now, r, base, max)\n"             \
+  "local function fail_attempt(id, reason, cancelled, cs, gs, now, r, base, max, final)\n"             \
   "  local k = jk(id)\n"                                                                        \
   "  local h = redis.call('HMGET', k, 'att', 'max', 'cx', 'pr')\n"                              \
   "  local att, mx = tonumber(h[1]), tonumber(h[2])\n"                                          \
@@ -318,7 +318,7 @@
   "    return 4\n"                                                                              \
   "  end\n"                                                                                     \
   "  add_error(k, att, now, reason)\n"                                                          \
-  "  if att < mx then\n"                                                                        \
+  "  if att < mx and not final then\n"                                                                        \
   "    local nb = now + backoff(att, r, base, max)\n"                                           \
   "    redis.call('HSET', k, 'nb', nb)\n"                                                       \
   "    redis.call('ZADD', P .. 'delayed', nb, id)\n"                                            \
@@ -328,7 +328,7 @@
   "    return 0\n"                                                                              \
   "  end\n"                                                                                     \
   "  local ns = 3\n"                                                                            \
-  "  if mx > 1 then ns = 5 end\n"                                                               \
+  "  if mx > 1 and not final then ns = 5 end\n"                                                               \
   "  redis.call('HSET', k, 'rsn', reason)\n"                                                    \
   "  setst(id, 1, ns, now)\n"                                                                   \
   "  return ns\n"                                                                               \
@@ -462,14 +462,14 @@
   "end\n"                                                                                       \
   "return 1\n"
 
-/* ARGV: P id att owner reason cancelled cs gs now r base max xfer(8)
- * -> state | -1 */
+/* ARGV: P id att owner reason how cs gs now r base max xfer(8)
+ * (how: 0 retry, 1 cancelled, 2 final: no retry) -> state | -1 */
 #define RQ_LUA_FAIL                                                                             \
   "local k = jk(ARGV[2])\n"                                                                     \
   "if not holds(k, ARGV[3], ARGV[4]) then return -1 end\n"                                      \
   "add_xfer(k, 13)\n"                                      \
   "return fail_attempt(ARGV[2], ARGV[5], ARGV[6] == '1', ARGV[7], ARGV[8], tonumber(ARGV[9]),\n" \
-  "                    tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]))\n"
+  "                    tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), ARGV[6] == '2')\n"
 
 /* ARGV: P id now -> state; -1 no such job; -2 - state: already terminal */
 #define RQ_LUA_CANCEL                                                                           \

@@ -566,7 +566,7 @@ static int32_t sq_complete(void *qv, int64_t id, uint32_t attempt, const char *o
 /* The failure path shared by worker reports, expired leases and lost
  * workers. The caller holds a transaction. */
 static int32_t fail_locked(sq_t *q, int64_t id, uint32_t attempts, uint32_t max_attempts,
-                           bool cancelled, const char *reason, double compute_s, double gpu_s,
+                           bool cancelled, bool final, const char *reason, double compute_s, double gpu_s,
                            int64_t now, spn_queue_state_t *state, spn_error_t *err) {
   sqlite3_stmt *s;
   spn_queue_state_t ns;
@@ -577,7 +577,7 @@ static int32_t fail_locked(sq_t *q, int64_t id, uint32_t attempts, uint32_t max_
     sqlite3_bind_double(s, 3, compute_s);
     sqlite3_bind_double(s, 4, gpu_s);
     ns = SPN_QSTATE_CANCELLED;
-  } else if (attempts < max_attempts) {
+  } else if (attempts < max_attempts && !final) {
     s = stmt(q, ST_REQUEUE);
     sqlite3_bind_int64(s, 1, id);
     sqlite3_bind_int64(s, 2,
@@ -595,8 +595,9 @@ static int32_t fail_locked(sq_t *q, int64_t id, uint32_t attempts, uint32_t max_
     sqlite3_bind_double(s, 4, gpu_s);
     sqlite3_bind_int64(s, 5, now);
     bind_text(s, 6, reason);
-    /* One attempt only and it failed: "failed"; retries exhausted: "dead". */
-    ns = max_attempts > 1 ? SPN_QSTATE_DEAD : SPN_QSTATE_FAILED;
+    /* One attempt only and it failed, or a failure no retry can mend:
+     * "failed"; retries exhausted: "dead". */
+    ns = max_attempts > 1 && !final ? SPN_QSTATE_DEAD : SPN_QSTATE_FAILED;
     sqlite3_bind_int(s, 7, (int)ns);
   }
   if (exec_stmt(q, s, err, "recording a failure") < 0)
@@ -610,7 +611,7 @@ static int32_t fail_locked(sq_t *q, int64_t id, uint32_t attempts, uint32_t max_
 }
 
 static int32_t sq_fail(void *qv, int64_t id, uint32_t attempt, const char *owner, const char *reason,
-                       bool cancelled, double compute_s, double gpu_s, const spn_job_xfer_t *xfer, int64_t now,
+                       spn_fail_how_t how, double compute_s, double gpu_s, const spn_job_xfer_t *xfer, int64_t now,
                        spn_queue_state_t *state, spn_error_t *err) {
   sq_t *q = qv;
   int opened;
@@ -637,7 +638,8 @@ static int32_t sq_fail(void *qv, int64_t id, uint32_t attempt, const char *owner
    * says, so a cancel is never undone by a retry. */
   rc = add_xfer(q, id, xfer, err);
   if (rc == SPN_OK)
-    rc = fail_locked(q, id, attempts, max_attempts, cancelled || cancel_req, reason, compute_s, gpu_s, now, state,
+    rc = fail_locked(q, id, attempts, max_attempts, how == SPN_FAIL_CANCELLED || cancel_req, how == SPN_FAIL_FINAL,
+                     reason, compute_s, gpu_s, now, state,
                      err);
   return auto_end(q, opened, rc, err);
 }
@@ -763,7 +765,7 @@ static int32_t fail_listed(sq_t *q, id_att_t *v, size_t n, const char *reason, i
     if (rc < 0)
       return rc;
     spn_queue_state_t ns;
-    rc = fail_locked(q, j.id, j.attempts, j.max_attempts, j.cancel_requested,
+    rc = fail_locked(q, j.id, j.attempts, j.max_attempts, j.cancel_requested, false,
                      j.cancel_requested ? "cancelled (worker lost)" : reason, 0, 0, now, &ns, err);
     spn__queue_job_clear(&j);
     if (rc < 0)

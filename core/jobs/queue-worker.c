@@ -95,10 +95,12 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
       spn__unpublish(&w->q, r->id);
   } else {
     spn_queue_state_t st;
-    char reason[SPN_ERROR_MSG_MAX + 200];
-    snprintf(reason, sizeof reason, "%s: %s", w->owner[slot], res->error);
-    rc = w->q.ops->fail(w->q.impl, r->id, r->attempt, w->owner[slot], reason, res->status == SPN_ECANCELLED,
-                        res->compute_s, res->gpu_s, &res->xfer, now, &st, &err);
+    char reason[SPN_ERROR_MSG_MAX + 300];
+    spn_fail_how_t how = spn__fail_how(res->status);
+    snprintf(reason, sizeof reason, "%s: %s%s", w->owner[slot], res->error,
+             how == SPN_FAIL_FINAL ? SPN_FAIL_FINAL_NOTE : "");
+    rc = w->q.ops->fail(w->q.impl, r->id, r->attempt, w->owner[slot], reason, how, res->compute_s, res->gpu_s,
+                        &res->xfer, now, &st, &err);
   }
   if (rc == SPN_EIO) {
     say_error(w, err.msg);

@@ -268,7 +268,10 @@ void spn__remote_msg(spn_server_t *s, spn_pmsg_t *m) {
                  "%s %lld: \"warnings\" is not an array of strings; recorded as none", m->type, (long long)id);
     if (!strcmp(m->type, "FAIL")) {
       const char *e = spn__json_str(m->body, "error");
+      /* final: the worker's attempt met an error no retry can mend (absent
+       * from older workers: retried) */
       res.status = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m->body, "cancelled")) ? SPN_ECANCELLED
+                   : cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(m->body, "final"))   ? SPN_EMEDIA
                                                                                         : SPN_EIO;
       snprintf(res.error, sizeof res.error, "%s: %s", w->owner, e ? e : "failed");
     }

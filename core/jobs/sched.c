@@ -140,8 +140,11 @@ void spn__sched_finish(spn_server_t *s, int64_t id, uint32_t attempt, const char
                             res->warnings, now, &err);
   } else {
     spn_queue_state_t st;
-    rc = s->q.ops->fail(s->q.impl, id, attempt, owner, res->error, res->status == SPN_ECANCELLED,
-                        res->compute_s, res->gpu_s, &res->xfer, now, &st, &err);
+    spn_fail_how_t how = spn__fail_how(res->status);
+    char reason[SPN_ERROR_MSG_MAX + 100];
+    snprintf(reason, sizeof reason, "%s%s", res->error, how == SPN_FAIL_FINAL ? SPN_FAIL_FINAL_NOTE : "");
+    rc = s->q.ops->fail(s->q.impl, id, attempt, owner, reason, how, res->compute_s, res->gpu_s, &res->xfer, now,
+                        &st, &err);
   }
   if (rc < 0 && rc != SPN_ESTATE)
     spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, &(spn__log_fields_t){.job_id = (uint64_t)id, .attempt = -1, .duration_ms = -1}, "%s", err.msg);

@@ -336,6 +336,8 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
           if (r->res.status != SPN_OK) {
             cJSON_AddStringToObject(b, "error", r->res.error);
             cJSON_AddBoolToObject(b, "cancelled", r->res.status == SPN_ECANCELLED);
+            if (spn__fail_how(r->res.status) == SPN_FAIL_FINAL)
+              cJSON_AddBoolToObject(b, "final", true);
           }
         }
         send_body(&w, sock, r->res.status == SPN_OK ? "DONE" : "FAIL", b);

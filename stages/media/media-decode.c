@@ -62,6 +62,8 @@ struct spn_decoder {
 };
 
 static int32_t av_fail(spn_decoder_t *d, spn_error_t *err, int32_t code, int averr, const char *what) {
+  if (code == SPN_EMEDIA)
+    code = spn_media_av_status(averr); /* an I/O error is not the media's */
   char buf[AV_ERROR_MAX_STRING_SIZE] = {0};
   av_strerror(averr, buf, sizeof buf);
   /* FFmpeg's messages start with a capital; ours are lower case after the colon */
@@ -157,9 +159,21 @@ static int32_t open_codec(spn_decoder_t *d, AVStream *st, AVCodecContext **out, 
     d->info.host_frames_why = "hwaccel is none";
   }
   r = avcodec_open2(ctx, codec, NULL);
-  if (r < 0)
-    return av_fail(d, err, SPN_EMEDIA, r, "opening the decoder");
+  if (r < 0) /* with NVDEC: the device's state (sessions, memory), which another attempt may find free */
+    return av_fail(d, err, d->info.hwaccel_active ? SPN_EDEVICE : SPN_EMEDIA, r, "opening the decoder");
   return SPN_OK;
+}
+
+int32_t spn_media_av_status(int averr) {
+  if (averr == AVERROR(ENOMEM))
+    return SPN_ENOMEM;
+  if (averr == AVERROR(ENOENT))
+    return SPN_ENOENT;
+  /* errno values, save those FFmpeg uses for data and parameters */
+  if (averr < 0 && averr > -4096 && averr != AVERROR(EINVAL) && averr != AVERROR(ENOSYS) &&
+      averr != AVERROR(EDOM) && averr != AVERROR(ERANGE) && averr != AVERROR(EILSEQ))
+    return SPN_EIO;
+  return SPN_EMEDIA;
 }
 
 int32_t spn_media_check_input(const char *path, spn_error_t *err) {

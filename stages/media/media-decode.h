@@ -130,6 +130,13 @@ typedef struct spn_decoder spn_decoder_t;
  * to FFmpeg. Thread: any. */
 int32_t spn_media_check_input(const char *path, spn_error_t *err);
 
+/* The status for an FFmpeg error: SPN_ENOMEM, SPN_ENOENT, SPN_EIO for what
+ * the system says (a read or write that failed, a full disk, a lost network
+ * share: another attempt may succeed), SPN_EMEDIA for what the media or the
+ * settings are (invalid data, no decoder, a bad parameter: the same again
+ * on any worker; a job that fails with it is not retried, docs/jobs.md). */
+int32_t spn_media_av_status(int averr);
+
 /* Open path. Ownership: caller owns *out (spn_decoder_free). Thread: any;
  * one decoder is used by one thread at a time. */
 int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_decoder_t **out,

@@ -75,7 +75,7 @@ static int32_t av_fail(spn_encoder_t *e, spn_error_t *err, int averr, const char
   av_strerror(averr, buf, sizeof buf);
   if (buf[0] >= 'A' && buf[0] <= 'Z')
     buf[0] = (char)(buf[0] - 'A' + 'a');
-  return spn_error_set(err, averr == AVERROR(ENOMEM) ? SPN_ENOMEM : SPN_EMEDIA, "%s: %s: %s", e->path, what, buf);
+  return spn_error_set(err, spn_media_av_status(averr), "%s: %s: %s", e->path, what, buf);
 }
 
 const char *spn_encoder_codec_name(const spn_encoder_t *e) {
@@ -200,8 +200,10 @@ static int32_t open_video(spn_encoder_t *e, const char *name, spn_error_t *err) 
       av_strerror(r, buf, sizeof buf);
       if (buf[0] >= 'A' && buf[0] <= 'Z')
         buf[0] = (char)(buf[0] - 'A' + 'a');
-      return spn_error_set(err, r == AVERROR(ENOMEM) ? SPN_ENOMEM : SPN_EMEDIA, "%s: %s: %s (%s)", e->path, name,
-                           buf, e->open_why);
+      /* NVENC did not open (sessions in use, the GPU's memory): the device's
+       * state, not the job's */
+      return spn_error_set(err, r == AVERROR(ENOMEM) ? SPN_ENOMEM : SPN_EDEVICE, "%s: %s: %s (%s)", e->path,
+                           name, buf, e->open_why);
     }
     return av_fail(e, err, r, name);
   }
@@ -672,7 +674,7 @@ int32_t spn_encoder_device_frame(spn_encoder_t *e, spn_image_t *nv12, spn_error_
   }
   if (!e->vframe->data[0] || !e->vframe->data[1] || e->vframe->width < e->w || e->vframe->height < e->h) {
     e->failed = 1;
-    return spn_error_set(err, SPN_EMEDIA, "%s: the device frame pool gave an unusable frame", e->path);
+    return spn_error_set(err, SPN_EDEVICE, "%s: the device frame pool gave an unusable frame", e->path);
   }
   *nv12 = (spn_image_t){.width = e->w, .height = e->h, .format = SPN_PIXFMT_NV12, .nplanes = 2};
   nv12->data[0] = e->vframe->data[0];

@@ -43,7 +43,7 @@
 static int32_t av_err(spn_error_t *err, int averr, const char *path, const char *what) {
   char buf[AV_ERROR_MAX_STRING_SIZE] = {0};
   av_strerror(averr, buf, sizeof buf);
-  return spn_error_set(err, SPN_EMEDIA, "%s: %s: %s", path, what, buf);
+  return spn_error_set(err, spn_media_av_status(averr), "%s: %s: %s", path, what, buf);
 }
 
 static int32_t open_input(const char *path, AVFormatContext **fmt, spn_error_t *err) {

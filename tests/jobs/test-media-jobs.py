@@ -397,6 +397,7 @@ def case_remote(tmp):
     run_all_pipelines(tmp, ep)
     check_vanished_output(ep, *gone, "remote worker")
     tolerated_job(tmp, ep, "remote worker")
+    check_bad_media_not_retried(tmp, ep, "remote worker")
     # the worker's warnings reach the gateway's metrics: the tolerated job's
     got = check_warned_metric(ep, hp, "remote worker")
     check(got.get("transcode", 0) >= 1, f"remote worker: the tolerated job is not counted as warned: {got}")
@@ -446,12 +447,8 @@ def case_redis(tmp):
           f"redis worker: spindle_worker_jobs_warned_total {got}, the jobs' statuses say {want}")
     print(f"redis worker: jobs that succeeded with warnings, by pipeline: {got}; the gateway counted "
           f"{scrape(hp, 'spindle_jobs_warned_total')}")
-    # a damaged file the worker fails twice: failed, then dead
-    bad = make_bad_media(tmp)["garbage"][0]
-    r = cli("submit", "transcode", "--input", f"video={bad}", "--output", f"video={tmp}/out/bad.mp4",
-            "--max-attempts", "2", "--wait", "--connect", ep)
-    st = status(ep, int(r.stdout.split()[0]))
-    check(st["state"] == "dead" and st["attempts"] == 2, f"redis worker: the damaged file's job: {st}")
+    # a damaged file: the worker fails it once, and no retry follows
+    check_bad_media_not_retried(tmp, ep, "redis worker")
     # The queue counts every move, wherever it was made; the gateway (no
     # workers of its own) only the submissions it took.
     sts = statuses(ep)
@@ -499,6 +496,21 @@ def make_bad_media(tmp):
     return bad
 
 
+def check_bad_media_not_retried(tmp, ep, where):
+    """A job whose input is not a video (garbage bytes) fails at its first
+    attempt of three, saying why it is not retried; a retry would meet the
+    same data on any worker."""
+    bad = make_bad_media(tmp)["garbage"][0]
+    os.makedirs(f"{tmp}/out", exist_ok=True)
+    r = cli("submit", "transcode", "--input", f"video={bad}", "--output", f"video={tmp}/out/bad.mp4",
+            "--max-attempts", "3", "--wait", "--connect", ep)
+    st = status(ep, int(r.stdout.split()[0]))
+    msg = st["errors"][-1]["error"] if st.get("errors") else ""
+    check(r.returncode == 1 and st["state"] == "failed" and st["attempts"] == 1 and len(st["errors"]) == 1 and
+          "garbage.mp4: " in msg and "not retried" in msg, f"{where}: the damaged file's job: exit {r.returncode}, {st}")
+    print(f"{where}: a damaged input fails once: {msg!r}")
+
+
 def tolerated_job(tmp, ep, where):
     """tolerate_errors, a job param, accepts a truncated file explicitly, and
     the job says so in its status and on submit --wait's stderr: never a
@@ -539,12 +551,14 @@ def case_failures(tmp):
     os.mkdir(f"{tmp}/out")
     for name, (path, want) in make_bad_media(tmp).items():
         out = f"{tmp}/out/{name}.mp4"
-        r = cli("submit", "transcode", "--input", f"video={path}", "--output", f"video={out}", "--wait",
-                "--connect", ep)
-        check(r.returncode in (1, 4), f"{name}: submit exit {r.returncode}, want a failed job; {r.stderr!r}")
+        r = cli("submit", "transcode", "--input", f"video={path}", "--output", f"video={out}", "--max-attempts", "3",
+                "--wait", "--connect", ep)
+        check(r.returncode == 1, f"{name}: submit exit {r.returncode}, want a failed job; {r.stderr!r}")
         st = status(ep, int(r.stdout.split()[0]))
-        check(st["state"] in ("failed", "dead"), f"{name}: {st}")
+        # invalid media fails the same on every attempt: one, and no retry
+        check(st["state"] == "failed" and st["attempts"] == 1 and st["max_attempts"] == 3, f"{name}: {st}")
         msg = st["errors"][-1]["error"]
+        check(msg.endswith("(not retried: another attempt would meet the same media error)"), f"{name}: {msg!r}")
         check(want in msg and os.path.basename(path) in msg, f"{name}: error {msg!r} lacks {want!r}")
         check(not os.path.exists(out), f"{name}: a failed job left {out}")
     # an output folder that does not exist: the gateway refuses the job at

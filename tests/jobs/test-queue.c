@@ -265,7 +265,7 @@ static void test_dead_letter(void **state) {
     assert_int_equal(lease(f, "w", now, &att), id);
     assert_int_equal(att, (uint32_t)i + 1);
     spn_queue_state_t st;
-    assert_int_equal((f->o->fail)(f->q.impl, id, att, "w", reasons[i], false, 0.5, 0, NULL, now, &st, NULL), SPN_OK);
+    assert_int_equal((f->o->fail)(f->q.impl, id, att, "w", reasons[i], SPN_FAIL_RETRY, 0.5, 0, NULL, now, &st, NULL), SPN_OK);
     assert_int_equal(st, i < 2 ? SPN_QSTATE_QUEUED : SPN_QSTATE_DEAD);
   }
   spn_queue_job_t j;
@@ -288,8 +288,26 @@ static void test_dead_letter(void **state) {
   uint32_t att;
   assert_int_equal(lease(f, "w", now, &att), one);
   spn_queue_state_t st;
-  assert_int_equal((f->o->fail)(f->q.impl, one, att, "w", "nope", false, 0, 0, NULL, now, &st, NULL), SPN_OK);
+  assert_int_equal((f->o->fail)(f->q.impl, one, att, "w", "nope", SPN_FAIL_RETRY, 0, 0, NULL, now, &st, NULL), SPN_OK);
   assert_int_equal(st, SPN_QSTATE_FAILED);
+  /* A failure no retry can mend (the job's media) ends the job "failed" at
+   * its first attempt of three, with its error kept; a plain one retries. */
+  int64_t bad = submit(f, 0, NULL, 0, 3, now);
+  assert_int_equal(lease(f, "w", now, &att), bad);
+  assert_int_equal((f->o->fail)(f->q.impl, bad, att, "w", "in.mp4: invalid data", SPN_FAIL_FINAL, 0, 0, NULL, now,
+                                &st, NULL), SPN_OK);
+  assert_int_equal(st, SPN_QSTATE_FAILED);
+  assert_int_equal((f->o->get)(f->q.impl, bad, &j, NULL), SPN_OK);
+  assert_int_equal(j.state, SPN_QSTATE_FAILED);
+  assert_int_equal(j.attempts, 1);
+  assert_non_null(strstr(j.reason, "in.mp4: invalid data"));
+  spn__queue_job_clear(&j);
+  assert_int_equal(lease(f, "w", now + 1000000, NULL), 0);
+  int64_t flaky = submit(f, 0, NULL, 0, 3, now);
+  assert_int_equal(lease(f, "w", now, &att), flaky);
+  assert_int_equal((f->o->fail)(f->q.impl, flaky, att, "w", "disk", SPN_FAIL_RETRY, 0, 0, NULL, now, &st, NULL),
+                   SPN_OK);
+  assert_int_equal(st, SPN_QSTATE_QUEUED);
 }
 
 typedef struct seen {
@@ -342,7 +360,7 @@ static void test_cancel(void **state) {
   assert_int_equal(f->o->cancel(f->q.impl, r, T0 + 3, &st, NULL), SPN_OK);
   assert_int_equal(st, SPN_QSTATE_RUNNING);
   assert_int_equal(state_of(f, r), SPN_QSTATE_RUNNING);
-  assert_int_equal((f->o->fail)(f->q.impl, r, att, "w", "stopped", false, 0, 0, NULL, T0 + 4, &st, NULL), SPN_OK);
+  assert_int_equal((f->o->fail)(f->q.impl, r, att, "w", "stopped", SPN_FAIL_RETRY, 0, 0, NULL, T0 + 4, &st, NULL), SPN_OK);
   assert_int_equal(st, SPN_QSTATE_CANCELLED);
   /* Terminal: refused. */
   assert_int_equal(f->o->cancel(f->q.impl, r, T0 + 5, &st, NULL), SPN_ESTATE);
@@ -586,7 +604,7 @@ static void test_transfers_add_up_over_attempts(void **state) {
   const spn_job_xfer_t x2 = {.bytes = {10, 20, 1ull << 40, 0}, .ns = {1, 2, 3, 0}};
   assert_int_equal(lease(f, "w", T0 + 2, &att), a);
   spn_queue_state_t st;
-  assert_int_equal((f->o->fail)(f->q.impl, a, att, "w", "flaky", false, 1, 0, &x1, T0 + 3, &st, NULL), SPN_OK);
+  assert_int_equal((f->o->fail)(f->q.impl, a, att, "w", "flaky", SPN_FAIL_RETRY, 1, 0, &x1, T0 + 3, &st, NULL), SPN_OK);
   assert_int_equal(st, SPN_QSTATE_QUEUED);
   spn_queue_job_t j;
   assert_int_equal(f->o->get(f->q.impl, a, &j, NULL), SPN_OK);
@@ -699,10 +717,10 @@ static void test_redis_waiting_lag_is_the_number_of_queued_jobs(void **state) {
   assert_waiting(f, 2);
   /* a failed attempt with attempts left is queued again (backing off: still
    * waiting, and a worker must come to take it); a cancelled one is not */
-  assert_int_equal((f->o->fail)(f->q.impl, a, att_a, "w1", "boom", false, 0, 0, NULL, now, &st, NULL), SPN_OK);
+  assert_int_equal((f->o->fail)(f->q.impl, a, att_a, "w1", "boom", SPN_FAIL_RETRY, 0, 0, NULL, now, &st, NULL), SPN_OK);
   assert_int_equal(st, SPN_QSTATE_QUEUED);
   assert_waiting(f, 3);
-  assert_int_equal((f->o->fail)(f->q.impl, b, att_b, "w1", "stopped", false, 0, 0, NULL, now, &st, NULL), SPN_OK);
+  assert_int_equal((f->o->fail)(f->q.impl, b, att_b, "w1", "stopped", SPN_FAIL_RETRY, 0, 0, NULL, now, &st, NULL), SPN_OK);
   assert_int_equal(st, SPN_QSTATE_CANCELLED);
   assert_waiting(f, 3);
   /* a resubmission with the same idempotency key adds nothing */
