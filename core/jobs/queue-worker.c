@@ -54,6 +54,8 @@ typedef struct qw {
   int64_t quiet_at;  /* "at" of the record of its name that claim_name saw go quiet (a killed process's) */
   bool clash_said;   /* warned that a later process of its name writes its record */
   char last_error[SPN_ERROR_MSG_MAX];
+  double queue_down; /* since when a lease or a sweep fails (monotonic s; 0: they do not) */
+  const char *name;  /* its --name (or host:pid:random), for log lines */
   spn__observe_t *obs; /* lifecycle log lines; owned by q's wrapper */
   spn__wobs_t *wobs;   /* metrics and probes (--http) */
 } qw_t;
@@ -64,6 +66,25 @@ static void say_error(qw_t *w, const char *msg) {
     snprintf(w->last_error, sizeof w->last_error, "%s", msg);
     spn__log_f(spn__observe_logger(w->obs), SPN_LOG_ERROR, NULL, "%s", msg);
   }
+}
+
+/* A lease or a sweep failed (the queue does not answer, or refuses). */
+static void queue_failed(qw_t *w, const char *msg) {
+  if (!w->queue_down)
+    w->queue_down = spn__mono_s();
+  say_error(w, msg);
+}
+
+/* A lease or a sweep went through: after failures, say so once. */
+static void queue_answered(qw_t *w) {
+  if (!w->queue_down)
+    return;
+  spn__log_fields_t lf = SPN__LOG_FIELDS_INIT;
+  lf.worker = w->name;
+  spn__log_f(spn__observe_logger(w->obs), SPN_LOG_INFO, &lf, "the job queue answers again (after %.0f s)",
+             spn__mono_s() - w->queue_down);
+  w->queue_down = 0;
+  w->last_error[0] = '\0'; /* the next failure is said again */
 }
 
 static void unlink_now(void *user, char *path) {
@@ -130,13 +151,15 @@ static bool lease_some(qw_t *w) {
     spn_error_t err = SPN_ERROR_INIT;
     int32_t rc = w->q.ops->lease(w->q.impl, w->owner[slot], w->pipelines, spn__now_ms(), w->cfg->lease_ms, &j,
                                  &err);
-    if (rc == SPN_EAGAIN)
-      return false;
-    if (rc < 0) {
-      say_error(w, err.msg);
+    if (rc == SPN_EAGAIN) { /* nothing to lease: the queue answered */
+      queue_answered(w);
       return false;
     }
-    w->last_error[0] = '\0';
+    if (rc < 0) {
+      queue_failed(w, err.msg);
+      return false;
+    }
+    queue_answered(w);
     qrun_t *r = &w->runs[slot];
     *r = (qrun_t){.busy = true, .id = j.id, .attempt = j.attempts, .segmented = spn__job_is_segmented(&j),
                   .since = spn__mono_s()};
@@ -331,6 +354,7 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
   qw_t w = {.cfg = cfg};
   char name[128];
   spn__worker_identity(cfg->name, name, w.instance);
+  w.name = name;
   int32_t rc = spn_queue_open(cfg->queue, &w.q, err);
   if (rc < 0)
     return spn_error_prefix(err, "worker");
@@ -425,12 +449,10 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     if (mono - last_sweep >= sweep_every) {
       last_sweep = mono;
       spn_error_t e = SPN_ERROR_INIT;
-      if (w.q.ops->sweep(w.q.impl, spn__now_ms(), swept, &w, &e) < 0) {
-        say_error(&w, e.msg);
-      } else if (w.last_error[0]) { /* the next failure is said again */
-        spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "the job queue answers again");
-        w.last_error[0] = '\0';
-      }
+      if (w.q.ops->sweep(w.q.impl, spn__now_ms(), swept, &w, &e) < 0)
+        queue_failed(&w, e.msg);
+      else
+        queue_answered(&w);
     }
     /* Reports are picked up every millisecond while jobs run; the queue is
      * asked for work at most every wait_ms while it is empty. */
