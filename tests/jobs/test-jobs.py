@@ -1383,6 +1383,8 @@ def case_redis_frozen(tmp):
     p, ep = start_serve(tmp, "--workers", "1")
     w = start_worker(tmp, REDIS["url"], name="frz")
     cli("submit", "noop", "--wait", "--connect", ep, timeout=30, check_rc=0)
+    # the worker runs (an outage at its start is queue_wait's case)
+    wait_for(lambda: "worker leasing from" in open(f"{tmp}/worker-frz.log").read(), 20, "the worker to start")
     REDIS["proc"].send_signal(signal.SIGSTOP)
     try:
         time.sleep(12)
