@@ -202,6 +202,7 @@ static const char serve_help[] =
     "  --root DIR           allow job inputs and outputs under DIR (repeatable)\n"
     "  --input-root DIR / --output-root DIR\n"
     "  --lease-ms N --heartbeat-ms N --max-attempts N --backoff-ms N --backoff-max-ms N\n"
+    "  --job-timeout S      a job's attempt may run S s unless the job says (0: no limit)\n"
     "  --max-msg BYTES      largest message accepted (ZMQ_MAXMSGSIZE)\n"
     "  --curve-keyfile F    enable CURVE with this server key pair (spindle keygen)\n"
     "  --curve-clients DIR  allowed client public keys, one file each\n"
@@ -218,7 +219,7 @@ enum {
   O_MAX_ATTEMPTS, O_BACKOFF_MS, O_BACKOFF_MAX_MS, O_MAX_MSG, O_CHUNK_BYTES, O_CHUNK_DELAY_MS, O_ROOT,
   O_INPUT_ROOT, O_OUTPUT_ROOT, O_PIPELINE, O_CONNECT, O_NAME, O_SLOTS, O_SERVER_KEY_FILE, O_TIMEOUT_MS, O_GATEWAY_WAIT,
   O_WAIT, O_INPUT, O_OUTPUT, O_PARAM, O_PRIORITY, O_DEADLINE, O_SEGMENTS, O_SEGMENT_SECONDS,
-  O_IDEMPOTENCY_KEY, O_JSON, O_STATE, O_LIMIT, O_QUEUE_WAIT,
+  O_IDEMPOTENCY_KEY, O_JSON, O_STATE, O_LIMIT, O_QUEUE_WAIT, O_JOB_TIMEOUT,
 };
 #define REQ(name, id) {name, required_argument, NULL, id}
 
@@ -226,7 +227,7 @@ static const struct option serve_opts[] = {
     REQ("config", O_CONFIG), REQ("plugin-path", O_PLUGIN_PATH), REQ("devices", O_DEVICES), REQ("bind", O_BIND),
     REQ("db", O_DB), REQ("queue", O_QUEUE), REQ("queue-auth-file", O_QUEUE_AUTH),
     REQ("queue-prefix", O_QUEUE_PREFIX), REQ("queue-wait", O_QUEUE_WAIT), REQ("drain-grace-s", O_DRAIN_GRACE),
-    REQ("exec-log", O_EXEC_LOG),
+    REQ("exec-log", O_EXEC_LOG), REQ("job-timeout", O_JOB_TIMEOUT),
     REQ("curve-keyfile", O_CURVE_KEYFILE), REQ("curve-clients", O_CURVE_CLIENTS),
     REQ("curve-workers", O_CURVE_WORKERS), REQ("http", O_HTTP), REQ("workers", O_WORKERS),
     REQ("lease-ms", O_LEASE_MS), REQ("heartbeat-ms", O_HEARTBEAT_MS), REQ("max-attempts", O_MAX_ATTEMPTS),
@@ -291,6 +292,7 @@ static int cmd_serve(int argc, char **argv) {
     case O_QUEUE_AUTH: str = &cfg.queue_auth_file; break;
     case O_QUEUE_PREFIX: str = &cfg.queue_prefix; break;
     case O_QUEUE_WAIT: u = &cfg.queue_wait_s; break;
+    case O_JOB_TIMEOUT: u = &cfg.job_timeout_s; break;
     case O_DRAIN_GRACE: u = &cfg.drain_grace_s; break;
     case O_EXEC_LOG: str = &cfg.exec_log; break;
     case O_CURVE_KEYFILE: str = &cfg.curve_key_file; break;
@@ -811,14 +813,16 @@ static int add_io(spn_client_job_t *job, const char *v, bool input) {
 static const char submit_help[] =
     "usage: spindle submit PIPELINE --input NAME=PATH... --output NAME=PATH...\n"
     "       [--param K=V]... [--priority N] [--idempotency-key K] [--deadline S]\n"
-    "       [--max-attempts N] [--segments N | --segment-seconds S] [--wait]\n";
+    "       [--max-attempts N] [--timeout S] [--segments N | --segment-seconds S] [--wait]\n"
+    "  --deadline S   a job still queued S seconds after the submission fails\n"
+    "  --timeout S    an attempt that runs longer than S seconds is stopped and fails (then retried)\n";
 
 static int cmd_submit(int argc, char **argv) {
   static const struct option opts[] = {
       CLIENT_OPTS, {"wait", no_argument, NULL, O_WAIT}, REQ("input", O_INPUT), REQ("output", O_OUTPUT),
       REQ("param", O_PARAM), REQ("priority", O_PRIORITY), REQ("max-attempts", O_MAX_ATTEMPTS),
       REQ("deadline", O_DEADLINE), REQ("segments", O_SEGMENTS), REQ("segment-seconds", O_SEGMENT_SECONDS),
-      REQ("idempotency-key", O_IDEMPOTENCY_KEY), SPN_CLI_HELP_OPT, {0}};
+      REQ("idempotency-key", O_IDEMPOTENCY_KEY), REQ("timeout", O_JOB_TIMEOUT), SPN_CLI_HELP_OPT, {0}};
   copts_t co = {.o = SPN_CLIENT_OPTIONS_INIT};
   given_t *given = calloc((size_t)argc, sizeof *given);
   spn_client_job_t *job = NULL;
@@ -909,14 +913,16 @@ static int cmd_submit(int argc, char **argv) {
       spn_client_job_max_attempts(job, n);
       break;
     }
-    case O_DEADLINE: {
+    case O_DEADLINE:
+    case O_JOB_TIMEOUT: {
       char *end;
       double d = strtod(v, &end);
       if (*end || end == v || !(d > 0)) {
-        rc = usage_err("submit", "--deadline needs seconds > 0, got \"%s\"", v);
+        rc = usage_err("submit", given[i].c == O_DEADLINE ? "--deadline needs seconds > 0, got \"%s\""
+                                                          : "--timeout needs seconds > 0, got \"%s\"", v);
         goto out;
       }
-      spn_client_job_deadline(job, d);
+      (given[i].c == O_DEADLINE ? spn_client_job_deadline : spn_client_job_timeout)(job, d);
       break;
     }
     case O_SEGMENTS:

@@ -245,6 +245,7 @@ static void set_num(spn_client_job_t *j, const char *k, double v) {
 void spn_client_job_priority(spn_client_job_t *j, int32_t p) { set_num(j, "priority", p); }
 void spn_client_job_max_attempts(spn_client_job_t *j, uint32_t n) { set_num(j, "max_attempts", n); }
 void spn_client_job_deadline(spn_client_job_t *j, double s) { set_num(j, "deadline", s); }
+void spn_client_job_timeout(spn_client_job_t *j, double s) { set_num(j, "timeout", s); }
 void spn_client_job_segments(spn_client_job_t *j, double n) { set_num(j, "segments", n); }
 void spn_client_job_segment_seconds(spn_client_job_t *j, double s) { set_num(j, "segment_seconds", s); }
 int32_t spn_client_job_idempotency_key(spn_client_job_t *j, const char *key) {

@@ -84,6 +84,7 @@ static const key_def_t keys[] = {
     {"queue", "lease_ms", K_U32, OFF(lease_ms), 100, 3600000},
     {"queue", "heartbeat_ms", K_U32, OFF(heartbeat_ms), 50, 60000},
     {"queue", "max_attempts", K_U32, OFF(max_attempts), 1, 100},
+    {"queue", "job_timeout_s", K_U32, OFF(job_timeout_s), 0, 7 * 86400},
     {"queue", "backoff_base_ms", K_U32, OFF(backoff_base_ms), 1, 3600000},
     {"queue", "backoff_max_ms", K_U32, OFF(backoff_max_ms), 1, 86400000},
     {"queue", "max_priority", K_U32, OFF(max_priority), 0, 1000000},

@@ -98,6 +98,14 @@ int32_t spn__job_spec_from_json(const cJSON *obj, int64_t id, uint32_t attempt, 
   if ((rc = io_list(obj, "inputs", &s->inputs, &s->n_inputs, err)) < 0 ||
       (rc = io_list(obj, "outputs", &s->outputs, &s->n_outputs, err)) < 0)
     goto out_fail;
+  const cJSON *to = cJSON_GetObjectItemCaseSensitive(obj, "timeout");
+  if (to) {
+    if (!cJSON_IsNumber(to) || !(to->valuedouble > 0) || to->valuedouble > SPN_JOB_TIMEOUT_MAX_S) {
+      rc = spn_error_set(err, SPN_EINVAL, "job spec: \"timeout\" must be seconds in (0, %d]", SPN_JOB_TIMEOUT_MAX_S);
+      goto out_fail;
+    }
+    s->timeout_s = to->valuedouble;
+  }
   const cJSON *pr = cJSON_GetObjectItemCaseSensitive(obj, "params");
   if (pr && !cJSON_IsObject(pr)) {
     rc = spn_error_set(err, SPN_EINVAL, "job spec: \"params\" must be an object");
@@ -235,8 +243,13 @@ void spn_job_ctx_progress(spn_job_ctx_t *ctx, uint64_t done, uint64_t total) {
   ctx->progress(ctx->progress_user, done, total);
 }
 
-bool spn_job_ctx_cancelled(const spn_job_ctx_t *ctx) {
+/* Its owner (a cancel, a worker stopping) asked it to stop. */
+static bool owner_cancelled(const spn_job_ctx_t *ctx) {
   return ctx->cancel_flag && __atomic_load_n(ctx->cancel_flag, __ATOMIC_ACQUIRE) != 0;
+}
+
+bool spn_job_ctx_cancelled(const spn_job_ctx_t *ctx) {
+  return owner_cancelled(ctx) || (ctx->deadline > 0 && spn__mono_s() >= ctx->deadline);
 }
 
 const char *spn_job_ctx_output_tmp(const spn_job_ctx_t *ctx, size_t i) {
@@ -576,6 +589,7 @@ void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
   if ((res->status = check_output_dirs(job, &err)) != SPN_OK)
     goto out;
   double t0 = spn__mono_s();
+  ctx.deadline = job->timeout_s > 0 ? t0 + job->timeout_s : 0;
   if (!runner->has_pipeline(runner->data, job->pipeline))
     res->status = spn_error_set(&err, SPN_ENOENT, "job %lld: unknown pipeline \"%s\"",
                                 (long long)job->id, job->pipeline);
@@ -585,8 +599,13 @@ void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
   res->gpu_s = ctx.gpu_s;
   res->xfer = ctx.xfer;
   spn__warnings_render(ctx.warnings, res->warnings, sizeof res->warnings);
-  if (res->status == SPN_OK && spn_job_ctx_cancelled(&ctx))
+  if (res->status == SPN_OK && owner_cancelled(&ctx))
     res->status = spn_error_set(&err, SPN_ECANCELLED, "cancelled");
+  /* It stopped at its timeout (a run that finished anyway keeps its result;
+   * a cancel by its owner stays a cancel). */
+  if (res->status == SPN_ECANCELLED && ctx.deadline > 0 && spn__mono_s() >= ctx.deadline && !owner_cancelled(&ctx))
+    res->status = spn_error_set(&err, SPN_ETIMEDOUT, "job %lld: timed out after %g s (its timeout)",
+                                (long long)job->id, job->timeout_s);
   if (res->status == SPN_OK && marker)
     res->status = write_marker(marker, job->attempt, &ctx, res, &err);
   if (res->status == SPN_OK) {

@@ -781,6 +781,19 @@ static void on_submit(spn_server_t *s, spn_pmsg_t *m) {
     }
     deadline = spn__now_ms() + (int64_t)(dl->valuedouble * 1000.0);
   }
+  /* How long one attempt may run: the job's own, else the server's. */
+  const cJSON *to = cJSON_GetObjectItemCaseSensitive(b, "timeout");
+  double timeout_s = s->cfg->job_timeout_s;
+  if (to) {
+    if (!cJSON_IsNumber(to) || !(to->valuedouble > 0) || to->valuedouble > SPN_JOB_TIMEOUT_MAX_S) {
+      rc = spn_error_set(&err, SPN_EINVAL, "SUBMIT: \"timeout\" must be seconds in (0, %d] (7 days)",
+                         SPN_JOB_TIMEOUT_MAX_S);
+      goto out;
+    }
+    timeout_s = to->valuedouble;
+  }
+  if (timeout_s > 0)
+    cJSON_AddNumberToObject(spec, "timeout", timeout_s);
   if (cJSON_GetObjectItemCaseSensitive(b, "idempotency_key")) {
     key = spn__json_str(b, "idempotency_key");
     if (!key || !*key || strlen(key) > 256) {

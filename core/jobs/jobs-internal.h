@@ -383,6 +383,7 @@ struct spn_job_ctx {
   const spn_job_spec_t *job;
   char **tmp_paths;
   const volatile int *cancel_flag; /* set by the owner thread */
+  double deadline;                 /* the job's timeout (monotonic s; 0: none) */
   spn_exec_progress_cb progress;
   void *progress_user;
   double gpu_s;
@@ -392,7 +393,7 @@ struct spn_job_ctx {
   cJSON *warnings; /* spn_job_ctx_warn: an array, NULL until the first */
 };
 
-enum { SPN_JOB_WARNINGS_MAX = 2048 };
+enum { SPN_JOB_WARNINGS_MAX = 2048, SPN_JOB_TIMEOUT_MAX_S = 7 * 86400 };
 
 /* Render a JSON array of strings into out (size SPN_JOB_WARNINGS_MAX): the
  * lines that fit, then "... N more warnings: see the worker's log" when
@@ -548,6 +549,7 @@ typedef struct spn_server_config {
   uint32_t lease_ms;     /* lease length; renewed by heartbeats */
   uint32_t heartbeat_ms; /* remote worker heartbeat; dead after 3 missed */
   uint32_t max_attempts; /* default per job */
+  uint32_t job_timeout_s; /* default time one attempt of a job may run (0: no limit) */
   uint32_t backoff_base_ms, backoff_max_ms;
   uint32_t max_msg_size; /* ZMQ_MAXMSGSIZE on every socket */
   uint32_t max_priority; /* |priority| limit */

@@ -73,11 +73,11 @@ class Client:
             return rbody
 
     def submit(self, pipeline, inputs=None, outputs=None, params=None, priority=None,
-               idempotency_key=None, deadline=None, max_attempts=None):
+               idempotency_key=None, deadline=None, max_attempts=None, timeout=None):
         body = {"pipeline": pipeline, "inputs": inputs or {}, "outputs": outputs or {},
                 "params": params or {}}
         for k, v in (("priority", priority), ("idempotency_key", idempotency_key),
-                     ("deadline", deadline), ("max_attempts", max_attempts)):
+                     ("deadline", deadline), ("max_attempts", max_attempts), ("timeout", timeout)):
             if v is not None:
                 body[k] = v
         return self.call("SUBMIT", **body)["id"]
@@ -143,6 +143,8 @@ def main():
     s.add_argument("--priority", type=int)
     s.add_argument("--idempotency-key")
     s.add_argument("--deadline", type=float)
+    s.add_argument("--max-attempts", type=int)
+    s.add_argument("--timeout", type=float, help="an attempt that runs longer than this many seconds fails")
     s.add_argument("--wait", action="store_true")
     ap.add_argument("--timeout-ms", type=int, default=10000, help="how long one request waits for its answer")
     ap.add_argument("--gateway-wait", type=float, default=600,
@@ -164,7 +166,7 @@ def main():
     try:
         if a.cmd == "submit":
             jid = c.submit(a.pipeline, pairs(a.input, True), pairs(a.output, True), pairs(a.param, False),
-                           a.priority, a.idempotency_key, a.deadline)
+                           a.priority, a.idempotency_key, a.deadline, a.max_attempts, a.timeout)
             print(jid)
             if not a.wait:
                 return 0

@@ -1892,6 +1892,54 @@ def case_watch_gateway_restart(tmp):
           in pyerr.decode(), f"client.py watch --gateway-wait 3: exit {pyw.returncode}, {pyerr!r}")
 
 
+def case_timeout(tmp):
+    """--timeout bounds each attempt: a copy that needs ~2 s with a 0.5 s
+    limit is stopped, its partial output removed, and fails "timed out after
+    0.5 s" once per attempt (dead after 2); one within its limit succeeds; the
+    server's --job-timeout applies to a job that gives none and a job's own
+    overrides it; a remote worker enforces it too; bad values are refused
+    naming the field. (Before, nothing bounded a run.)"""
+    p, ep = start_serve(tmp, "--workers", "1", "--job-timeout", "30", "--chunk-bytes", "4096",
+                        "--backoff-ms", "50")
+    make_file(f"{tmp}/in.bin", 40_000, 5)  # 10 chunks
+    os.mkdir(f"{tmp}/out")
+
+    def copy(out, *extra):
+        r = cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/out/{out}",
+                "--param", "chunk_delay_ms=200", *extra, "--wait", "--connect", ep, timeout=60)
+        return r, status(ep, int(r.stdout.split()[0]))
+    t0 = time.monotonic()
+    r, st = copy("slow.bin", "--timeout", "0.5", "--max-attempts", "2")
+    took = time.monotonic() - t0
+    errs = [e["error"] for e in st.get("errors", [])]
+    check(r.returncode == 4 and st["state"] == "dead" and st["attempts"] == 2 and len(errs) == 2 and
+          all(f"job {st['id']}: timed out after 0.5 s (its timeout)" in e for e in errs) and
+          st["spec"]["timeout"] == 0.5 and st["done"] < st["total"] and took < 10,
+          f"a job over its timeout: exit {r.returncode} after {took:.1f} s, {st}")
+    check(os.listdir(f"{tmp}/out") == [], f"a timed-out job left files: {os.listdir(tmp + '/out')}")
+    # within its limit (and the server's 30 s default applies, visible in its spec)
+    r, st = copy("ok.bin")
+    check(r.returncode == 0 and st["spec"]["timeout"] == 30 and same(f"{tmp}/in.bin", f"{tmp}/out/ok.bin"),
+          f"a job within the server's timeout: exit {r.returncode}, {st}")
+    # a remote worker enforces it the same way
+    p2, ep2 = start_serve(tmp, "--workers", "0", "--chunk-bytes", "4096", db="q2.db", log="serve2.log")
+    start_worker(tmp, ep2, "--chunk-bytes", "4096", name="rw")
+    r = cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/out/remote.bin",
+            "--param", "chunk_delay_ms=200", "--timeout", "0.5", "--max-attempts", "1", "--wait", "--connect", ep2,
+            timeout=60)
+    st = status(ep2, int(r.stdout.split()[0]))
+    check(r.returncode == 1 and st["state"] == "failed" and "timed out after 0.5 s" in st["errors"][0]["error"],
+          f"a remote worker's job over its timeout: exit {r.returncode}, {st}")
+    st2 = status(ep2, int(cli("submit", "noop", "--connect", ep2, check_rc=0).stdout.split()[0]))
+    check("timeout" not in st2["spec"], f"no server default, no job timeout: {st2['spec']}")
+    for bad in ("0", "-1", "x", "700000"):
+        r = cli("submit", "noop", "--timeout", bad, "--connect", ep)
+        check(r.returncode in (2, 5) and b"timeout" in r.stderr, f"--timeout {bad}: exit {r.returncode} {r.stderr!r}")
+    r = cli("submit", "noop", "--timeout", "700000", "--connect", ep)
+    check(r.returncode == 5 and b'invalid: SUBMIT: "timeout" must be seconds in (0, 604800] (7 days)' in r.stderr,
+          f"--timeout 700000: {r.stderr!r}")
+
+
 def case_worker_no_gateway(tmp):
     """A remote worker started before its gateway, on a port where nothing
     listens, says after 5 heartbeats that the gateway does not answer, and

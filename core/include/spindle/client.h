@@ -96,6 +96,12 @@ SPN_API void spn_client_job_max_attempts(spn_client_job_t *job, uint32_t n);
 /* Seconds from submission; a job still queued then fails.
  * Ownership: arguments borrowed. Thread: the client's (one thread at a time). */
 SPN_API void spn_client_job_deadline(spn_client_job_t *job, double seconds);
+/* Seconds one attempt may run (client library 1.3): past them the attempt
+ * is stopped and fails ("timed out after S s"), and is retried while
+ * attempts are left. Without it the gateway's job_timeout_s applies (by
+ * default none). The gateway refuses a value outside (0, 7 days].
+ * Ownership: job borrowed. Thread: any, one at a time per job. */
+SPN_API void spn_client_job_timeout(spn_client_job_t *job, double seconds);
 SPN_API int32_t spn_client_job_idempotency_key(spn_client_job_t *job, const char *key);
 /* Split a video job into n segments cut at its input's keyframes, or into
  * segments of about `seconds` each; they run as separate jobs on any worker

@@ -62,6 +62,10 @@ typedef struct spn_job_spec {
   char **segment_files;
   double *segment_bounds;
   char *segment_source; /* the input that was cut: the joined file's audio comes from it */
+  /* Seconds one attempt may run (0: no limit). Past it
+   * spn_job_ctx_cancelled answers true, and the attempt that then stops
+   * fails with SPN_ETIMEDOUT (retried while attempts are left). */
+  double timeout_s;
 } spn_job_spec_t;
 
 /* The value of a param, or NULL. Ownership: borrowed from job. Thread: any. */
