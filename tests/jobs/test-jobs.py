@@ -1930,6 +1930,15 @@ def case_timeout(tmp):
     st = status(ep2, int(r.stdout.split()[0]))
     check(r.returncode == 1 and st["state"] == "failed" and "timed out after 0.5 s" in st["errors"][0]["error"],
           f"a remote worker's job over its timeout: exit {r.returncode}, {st}")
+    # the Python sample client passes it on
+    py = os.path.join(os.environ.get("SPINDLE_SOURCE_ROOT", "."), "samples", "python", "client.py")
+    r = subprocess.run([sys.executable, py, "--connect", ep, "submit", "copy", "--input", f"in={tmp}/in.bin",
+                        "--output", f"out={tmp}/out/py.bin", "--param", "chunk_delay_ms=200", "--timeout", "0.3",
+                        "--max-attempts", "1", "--wait"], capture_output=True, timeout=60)
+    jid = int(r.stdout.split()[0])
+    st = status(ep, jid)
+    check(r.returncode == 1 and r.stdout.split()[-1] == b"failed" and st["max_attempts"] == 1 and
+          "timed out after 0.3 s" in st["errors"][0]["error"], f"client.py --timeout: {r.returncode} {r.stdout!r} {st}")
     st2 = status(ep2, int(cli("submit", "noop", "--connect", ep2, check_rc=0).stdout.split()[0]))
     check("timeout" not in st2["spec"], f"no server default, no job timeout: {st2['spec']}")
     for bad in ("0", "-1", "x", "700000"):
