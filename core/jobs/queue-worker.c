@@ -235,9 +235,6 @@ static uint32_t running(const qw_t *w) {
   return n;
 }
 
-/* At the start: is the name ours? A live record of another process names
- * either a process that runs (it renews the record every SPN_PRESENCE_MS)
- * or one killed lately (it never will). Wait one renewal to tell which. */
 static void ignore_roster(void *user, const char *key, const char *record) {
   (void)user;
   (void)key;
@@ -282,6 +279,9 @@ static int32_t wait_for_queue(qw_t *w, const char *name, spn_error_t *err) {
   }
 }
 
+/* At the start: is the name ours? A live record of another process names
+ * either a process that runs (it renews the record every SPN_PRESENCE_MS)
+ * or one killed lately (it never will). Wait one renewal to tell which. */
 static int32_t claim_name(qw_t *w, const char *name, spn_error_t *err) {
   char key[160];
   snprintf(key, sizeof key, "worker:%s", name);
