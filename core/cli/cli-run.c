@@ -394,9 +394,10 @@ int spn_cli_run(int argc, char **argv) {
     }
     spn_job_callbacks_t cb = {.struct_size = sizeof cb, .data = &st, .on_progress = on_progress, .on_done = on_done};
     double t0 = now_s();
-    if (spn_job_start(pipe, &params, &cb, &job, &err) != SPN_OK) {
+    int32_t started = spn_job_start(pipe, &params, &cb, &job, &err);
+    if (started != SPN_OK) {
       fprintf(stderr, "spindle run: %s\n", err.msg);
-      rc = 1;
+      rc = started == SPN_EINVAL ? 2 : 1; /* e.g. the output is the input's file: a usage error */
       break;
     }
     bool cancel_sent = false;

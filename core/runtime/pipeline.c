@@ -23,10 +23,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <zmq.h>
 
 #include "debug-internal.h"
 #include "runtime-internal.h"
+#include "spec-build-internal.h"
 #include "spindle/engine.h"
 
 static spn_device_t *find_device(spn_runtime_t *rt, int32_t kind, long index) {
@@ -762,6 +764,70 @@ int32_t spn_pipeline_validate(spn_runtime_t *rt, const char *path, const char *c
 
 /* ---- jobs --------------------------------------------------------------------------------- */
 
+/* The value of a job's bound key ("stage.key" of [pipeline.inputs] or
+ * [pipeline.outputs]) in its config: NULL when unset or empty. */
+static const char *bound_path(const spn_pipeline_t *pipe, void *const *configs, const char *target) {
+  const char *dot = strchr(target, '.');
+  if (!dot)
+    return NULL;
+  for (uint32_t i = 0; i < pipe->n_stages; i++) {
+    const spn__stage_spec_t *st = &pipe->spec->stages[i];
+    if (strlen(st->name) != (size_t)(dot - target) || strncmp(st->name, target, (size_t)(dot - target)))
+      continue;
+    const spn_config_field_t *f = spn__config_field(st->kind, dot + 1);
+    if (!f || (f->type != SPN_CONFIG_STRING && f->type != SPN_CONFIG_PATH) || !configs[i])
+      return NULL;
+    const char *v = *(char *const *)((const char *)configs[i] + f->offset);
+    return v && *v ? v : NULL;
+  }
+  return NULL;
+}
+
+static bool same_file(const char *a, const char *b) {
+  struct stat sa, sb;
+  if (!strcmp(a, b))
+    return true;
+  return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* A job never writes over its own input, and no two of its outputs are one
+ * file: the encoder's rename would put the output in the input's place (a
+ * retry would then read the job's own output), or the last output renamed
+ * would silently replace the other. Compared by name and, for files that
+ * exist, by device and inode (links, "..", another spelling). */
+static int32_t check_job_files(const spn_pipeline_t *pipe, void *const *configs, spn_error_t *err) {
+  size_t n_out = spn_pipeline_binding_count(pipe, SPN_BINDING_OUTPUT);
+  size_t n_in = spn_pipeline_binding_count(pipe, SPN_BINDING_INPUT);
+  for (size_t o = 0; o < n_out; o++) {
+    const char *ot = NULL;
+    const char *oname = spn_pipeline_binding_at(pipe, SPN_BINDING_OUTPUT, o, &ot);
+    const char *op = bound_path(pipe, configs, ot);
+    if (!op)
+      continue;
+    for (size_t i = 0; i < n_in; i++) {
+      const char *it = NULL;
+      const char *iname = spn_pipeline_binding_at(pipe, SPN_BINDING_INPUT, i, &it);
+      const char *ip = bound_path(pipe, configs, it);
+      if (ip && same_file(op, ip))
+        return spn_error_set(err, SPN_EINVAL,
+                             "pipeline \"%s\": output \"%s\" (%s = %s) is the file of input \"%s\" (%s = %s): a job "
+                             "never writes over its own input; give the output another path",
+                             spn_pipeline_name(pipe), oname, ot, op, iname, it, ip);
+    }
+    for (size_t k = 0; k < o; k++) {
+      const char *kt = NULL;
+      const char *kname = spn_pipeline_binding_at(pipe, SPN_BINDING_OUTPUT, k, &kt);
+      const char *kp = bound_path(pipe, configs, kt);
+      if (kp && same_file(op, kp))
+        return spn_error_set(err, SPN_EINVAL,
+                             "pipeline \"%s\": outputs \"%s\" (%s) and \"%s\" (%s) are one file, %s: give each "
+                             "output its own path",
+                             spn_pipeline_name(pipe), kname, kt, oname, ot, op);
+    }
+  }
+  return SPN_OK;
+}
+
 int32_t spn_job_start(spn_pipeline_t *pipe, const spn_job_params_t *params, const spn_job_callbacks_t *cb,
                       spn_job_t **out, spn_error_t *err) {
   if (!pipe || !out)
@@ -805,6 +871,8 @@ int32_t spn_job_start(spn_pipeline_t *pipe, const spn_job_params_t *params, cons
       job->configs[i] = pipe->spec->stages[i].config;
     }
   }
+  if (rc == SPN_OK)
+    rc = check_job_files(pipe, job->configs, err);
   pthread_mutex_lock(&pipe->mu);
   if (rc == SPN_OK) {
     job->id = params && params->job_id ? params->job_id : atomic_fetch_add(&rt->next_job_id, 1);

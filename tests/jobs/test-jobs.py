@@ -589,6 +589,16 @@ def case_paths(tmp):
     e = refused(f"{root}/in.bin", f"{root}/out-link", "output over a symlink")
     check(b"not a regular file" in e, e)
     e = refused(f"{root}/in.bin", f"{root}/..", "output ..")
+    # the job's own input as its output: refused however it is spelled (a
+    # retry would read the job's own output), and the input is untouched
+    os.link(f"{root}/in.bin", f"{root}/hard.bin")
+    before = open(f"{root}/in.bin", "rb").read()
+    for outp, what in [(f"{root}/in.bin", "the input's path"), (f"{root}/../root/in.bin", "the input via .."),
+                       (f"{root}/hard.bin", "a hard link to the input")]:
+        e = refused(f"{root}/in.bin", outp, f"output = input ({what})")
+        check(b"invalid" in e and b"is the file of inputs.in" in e and b"never writes over its own input" in e,
+              f"output = input ({what}): {e!r}")
+    check(open(f"{root}/in.bin", "rb").read() == before, "the input changed")
     check(not os.path.exists(f"{tmp}/outside/o.bin"), "wrote outside the root")
     check(open(f"{tmp}/outside/secret", "rb").read() == open(f"{tmp}/outside/secret", "rb").read(), "")
     cli("submit", "copy", "--input", f"in={root}/in.bin", "--output", f"out={root}/ok.bin", "--wait",
@@ -865,11 +875,18 @@ def pipeline_config(tmp):
                 '[[stage]]\nname = "source"\nkind = "synth"\nframes = 10\nwidth = 8\nheight = 8\n'
                 '[[stage]]\nname = "sink"\nkind = "check"\ninputs = ["source"]\nexpect_frames = 10\n'
                 'verify_pattern = true\n')
+    with open(f"{tmp}/two.toml", "w") as f:
+        f.write('[pipeline]\nname = "two"\n[pipeline.outputs]\nfirst = "a.path"\nsecond = "b.path"\n'
+                '[[stage]]\nname = "source"\nkind = "synth"\nframes = 3\nwidth = 8\nheight = 8\n'
+                '[[stage]]\nname = "split"\nkind = "tee"\ninputs = ["source"]\n'
+                '[[stage]]\nname = "a"\nkind = "filesink"\ninputs = ["split.out0"]\n'
+                '[[stage]]\nname = "b"\nkind = "filesink"\ninputs = ["split.out1"]\n')
     with open(f"{tmp}/srv.toml", "w") as f:
         f.write('[server]\ndevices = "cpu"\n'
                 f'[[pipeline]]\nname = "synthetic"\nconfig = "{SRC}/configs/synthetic-job.toml"\n'
                 '[[pipeline]]\nname = "slow"\nconfig = "slow.toml"\n'
-                '[[pipeline]]\nname = "checked"\nconfig = "checked.toml"\n')
+                '[[pipeline]]\nname = "checked"\nconfig = "checked.toml"\n'
+                '[[pipeline]]\nname = "two"\nconfig = "two.toml"\n')
     return f"{tmp}/srv.toml"
 
 
@@ -887,6 +904,13 @@ def case_pipeline(tmp):
             "--connect", ep, check_rc=0)
     jid = int(r.stdout.split()[0])
     check(read(f"{tmp}/out/a.raw") == synth_expected(jid, 37), "output bytes differ from the synth pattern")
+    # two outputs of one job on one file: refused at SUBMIT naming both; apart, both are written
+    two = cli("submit", "two", "--output", f"first={tmp}/out/t.raw", "--output", f"second={tmp}/out/../out/t.raw",
+              "--connect", ep, check_rc=5)
+    check(b"invalid" in two.stderr and b"outputs.first and outputs.second are one file" in two.stderr, two.stderr)
+    cli("submit", "two", "--output", f"first={tmp}/out/t1.raw", "--output", f"second={tmp}/out/t2.raw", "--wait",
+        "--connect", ep, check_rc=0)
+    check(read(f"{tmp}/out/t1.raw") == read(f"{tmp}/out/t2.raw") != b"", "the two outputs of a tee differ")
     st = status(ep, jid)
     check(st["state"] == "succeeded" and st["done"] == st["total"] == 37, f"progress recorded: {st}")
     # done in well under 0.2 s: no rate to show yet, and no made-up "0.0 fps"

@@ -216,4 +216,19 @@ grep -q "size-change.mkv: video frame at .* is 320x1, the stream is 64x48" err.t
   fail "size change message: $(grep -i error err.txt | tail -2)"
 [ ! -e sc.mp4 ] || fail "sc.mp4 exists after a failed job"
 [ ! -e t.mp4 ] || fail "t.mp4 exists after failed jobs"
+
+# The input's own file as the output (a typo, or "in place"): refused before
+# anything runs, exit 2, however the path is spelled, and the input is kept.
+cp "$clip" own.mp4
+ln own.mp4 own-hard.mp4
+ln -s own.mp4 own-link.mp4
+sum=$(md5sum <own.mp4)
+for o in own.mp4 "$tmp/./own.mp4" own-hard.mp4 own-link.mp4; do
+  "$spindle" run "$src/configs/transcode.toml" --set decode.path=own.mp4 --set encode.path="$o" >out.txt 2>err.txt
+  rc=$?
+  [ $rc -eq 2 ] || fail "output $o = the input: exit $rc, want 2: $(tail -2 err.txt)"
+  grep -q "output \"video\" (encode.path = .*$o) is the file of input \"video\" (decode.path = .*own.mp4): a job never writes over its own input" err.txt ||
+    fail "output $o = the input: $(tail -2 err.txt)"
+done
+[ "$(md5sum <own.mp4)" = "$sum" ] || fail "the input changed"
 echo ok

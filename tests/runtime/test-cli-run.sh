@@ -216,4 +216,39 @@ grep -q 'bad.toml:3:8: stage "a": unknown stage kind "nope"' err.txt || fail "un
 [ $? -eq 2 ] || fail "no file should exit 2"
 "$spindle" run "$src/configs/synthetic.toml" --log-format xml >/dev/null 2>&1
 [ $? -eq 2 ] || fail "bad --log-format should exit 2"
+# Two outputs of a job on one file (the second rename would silently win):
+# refused with exit 2 naming both, by name or through a link; apart, it runs.
+cat >two.toml <<'EOF2'
+[pipeline]
+name = "two"
+[pipeline.outputs]
+first = "a.path"
+second = "b.path"
+[[stage]]
+name = "src"
+kind = "synth"
+frames = 3
+[[stage]]
+name = "split"
+kind = "tee"
+inputs = ["src"]
+[[stage]]
+name = "a"
+kind = "filesink"
+inputs = ["split.out0"]
+[[stage]]
+name = "b"
+kind = "filesink"
+inputs = ["split.out1"]
+EOF2
+"$spindle" run two.toml --set a.path=one.bin --set b.path=two.bin >/dev/null 2>err.txt ||
+  fail "two outputs apart: $(cat err.txt)"
+ln -s one.bin one-link.bin
+for b in one.bin ./one.bin one-link.bin; do
+  "$spindle" run two.toml --set a.path=one.bin --set b.path=$b >/dev/null 2>err.txt
+  rc=$?
+  [ $rc -eq 2 ] || fail "two outputs on one file ($b): exit $rc: $(cat err.txt)"
+  grep -q "outputs \"first\" (a.path) and \"second\" (b.path) are one file" err.txt ||
+    fail "two outputs on one file ($b): $(cat err.txt)"
+done
 echo ok
