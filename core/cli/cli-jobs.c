@@ -176,10 +176,21 @@ static const spn_job_runner_t *runners_start(runners_t *r, const char *cmd, cons
   return &r->pipes;
 }
 
+/* How long a stopped run may stay inside a stage's call before it is
+ * abandoned (spn__pipeline_runner_set_cancel_grace). */
+static void runners_cancel_grace(runners_t *r, uint32_t seconds) {
+  if (r->have_pipes)
+    spn__pipeline_runner_set_cancel_grace(&r->pipes, seconds);
+}
+
 static void runners_stop(runners_t *r) {
+  /* A run was abandoned inside a stage's call: that thread cannot be
+   * joined, so the runtime is left to the process's exit. */
+  bool wedged = r->have_pipes && spn__pipeline_runner_wedged(&r->pipes);
   if (r->have_pipes)
     spn_pipeline_runner_free(&r->pipes);
-  spn_runtime_free(&r->rt);
+  if (!wedged)
+    spn_runtime_free(&r->rt);
   if (r->have_test)
     spn_test_runner_free(&r->test);
   memset(r, 0, sizeof *r);
@@ -203,6 +214,8 @@ static const char serve_help[] =
     "  --input-root DIR / --output-root DIR\n"
     "  --lease-ms N --heartbeat-ms N --max-attempts N --backoff-ms N --backoff-max-ms N\n"
     "  --job-timeout S      a job's attempt may run S s unless the job says (0: no limit)\n"
+    "  --cancel-grace S     a cancelled or timed-out attempt still inside a stage's call after S s\n"
+    "                       is abandoned and the in-process workers stop (default 120; 0: wait)\n"
     "  --max-msg BYTES      largest message accepted (ZMQ_MAXMSGSIZE)\n"
     "  --curve-keyfile F    enable CURVE with this server key pair (spindle keygen)\n"
     "  --curve-clients DIR  allowed client public keys, one file each\n"
@@ -219,7 +232,7 @@ enum {
   O_MAX_ATTEMPTS, O_BACKOFF_MS, O_BACKOFF_MAX_MS, O_MAX_MSG, O_CHUNK_BYTES, O_CHUNK_DELAY_MS, O_ROOT,
   O_INPUT_ROOT, O_OUTPUT_ROOT, O_PIPELINE, O_CONNECT, O_NAME, O_SLOTS, O_SERVER_KEY_FILE, O_TIMEOUT_MS, O_GATEWAY_WAIT,
   O_WAIT, O_INPUT, O_OUTPUT, O_PARAM, O_PRIORITY, O_DEADLINE, O_SEGMENTS, O_SEGMENT_SECONDS,
-  O_IDEMPOTENCY_KEY, O_JSON, O_STATE, O_LIMIT, O_QUEUE_WAIT, O_JOB_TIMEOUT,
+  O_IDEMPOTENCY_KEY, O_JSON, O_STATE, O_LIMIT, O_QUEUE_WAIT, O_JOB_TIMEOUT, O_CANCEL_GRACE,
 };
 #define REQ(name, id) {name, required_argument, NULL, id}
 
@@ -227,7 +240,7 @@ static const struct option serve_opts[] = {
     REQ("config", O_CONFIG), REQ("plugin-path", O_PLUGIN_PATH), REQ("devices", O_DEVICES), REQ("bind", O_BIND),
     REQ("db", O_DB), REQ("queue", O_QUEUE), REQ("queue-auth-file", O_QUEUE_AUTH),
     REQ("queue-prefix", O_QUEUE_PREFIX), REQ("queue-wait", O_QUEUE_WAIT), REQ("drain-grace-s", O_DRAIN_GRACE),
-    REQ("exec-log", O_EXEC_LOG), REQ("job-timeout", O_JOB_TIMEOUT),
+    REQ("exec-log", O_EXEC_LOG), REQ("job-timeout", O_JOB_TIMEOUT), REQ("cancel-grace", O_CANCEL_GRACE),
     REQ("curve-keyfile", O_CURVE_KEYFILE), REQ("curve-clients", O_CURVE_CLIENTS),
     REQ("curve-workers", O_CURVE_WORKERS), REQ("http", O_HTTP), REQ("workers", O_WORKERS),
     REQ("lease-ms", O_LEASE_MS), REQ("heartbeat-ms", O_HEARTBEAT_MS), REQ("max-attempts", O_MAX_ATTEMPTS),
@@ -293,6 +306,7 @@ static int cmd_serve(int argc, char **argv) {
     case O_QUEUE_PREFIX: str = &cfg.queue_prefix; break;
     case O_QUEUE_WAIT: u = &cfg.queue_wait_s; break;
     case O_JOB_TIMEOUT: u = &cfg.job_timeout_s; break;
+    case O_CANCEL_GRACE: u = &cfg.cancel_grace_s; break;
     case O_DRAIN_GRACE: u = &cfg.drain_grace_s; break;
     case O_EXEC_LOG: str = &cfg.exec_log; break;
     case O_CURVE_KEYFILE: str = &cfg.curve_key_file; break;
@@ -367,6 +381,7 @@ static int cmd_serve(int argc, char **argv) {
                                                  cfg.n_pipeline_defs, plugin_paths, n_plugin_paths, cfg.devices);
   if (!runner)
     goto out;
+  runners_cancel_grace(&runners, cfg.cancel_grace_s);
   /* Loaded pipelines are listed in HELLO like the required ones. */
   for (size_t i = 0; i < cfg.n_pipeline_defs; i++) {
     char **nv = realloc(cfg.pipelines, (cfg.n_pipelines + 1) * sizeof *nv);
@@ -410,7 +425,8 @@ static int cmd_worker(int argc, char **argv) {
   spn_worker_config_t wc = {.slots = 1, .heartbeat_ms = 1000, .max_msg_size = 1 << 20, .stop = &worker_stop,
                             .stop_now = &worker_stop_now, .drain_grace_s = 30, .lease_ms = 3000};
   const char *queue = NULL, *queue_auth = NULL, *queue_prefix = NULL;
-  bool drain_set = false, lease_set = false, wait_set = false;
+  bool drain_set = false, lease_set = false, wait_set = false, grace_set = false;
+  uint32_t cancel_grace = 120;
   spn_test_runner_config_t trc = {.chunk_bytes = 65536};
   const char *keyfile = NULL, *server_key_file = NULL, *config = NULL, *devices = NULL;
   const char *plugin_paths[16];
@@ -418,7 +434,7 @@ static int cmd_worker(int argc, char **argv) {
   static const struct option opts[] = {
       REQ("connect", O_CONNECT), REQ("queue", O_QUEUE), REQ("queue-auth-file", O_QUEUE_AUTH),
       REQ("queue-prefix", O_QUEUE_PREFIX), REQ("queue-wait", O_QUEUE_WAIT), REQ("drain-grace-s", O_DRAIN_GRACE),
-      REQ("lease-ms", O_LEASE_MS),
+      REQ("lease-ms", O_LEASE_MS), REQ("cancel-grace", O_CANCEL_GRACE),
       REQ("name", O_NAME), REQ("http", O_HTTP), REQ("slots", O_SLOTS), REQ("heartbeat-ms", O_HEARTBEAT_MS),
       REQ("chunk-bytes", O_CHUNK_BYTES), REQ("chunk-delay-ms", O_CHUNK_DELAY_MS), REQ("exec-log", O_EXEC_LOG),
       REQ("curve-keyfile", O_CURVE_KEYFILE), REQ("server-key-file", O_SERVER_KEY_FILE),
@@ -432,6 +448,8 @@ static int cmd_worker(int argc, char **argv) {
     case 'h':
       printf("usage: spindle worker --connect tcp://HOST:PORT | --queue redis://HOST[:PORT][/DB]\n"
              "       [--slots N] [--name NAME] [--drain-grace-s N] [--lease-ms N]\n"
+             "       [--cancel-grace S]   a stopped job still inside a stage's call after S s\n"
+             "                            is abandoned and the worker exits 1 (default 120; 0: wait)\n"
              "       [--queue-auth-file F] [--queue-prefix P] [--queue-wait S]\n"
              "       [--config SERVER.toml] [--plugin-path DIR]... [--devices SPEC]\n"
              "       [--heartbeat-ms N] [--curve-keyfile F --server-key-file F]\n"
@@ -446,6 +464,7 @@ static int cmd_worker(int argc, char **argv) {
     case O_QUEUE_PREFIX: queue_prefix = v; break;
     case O_QUEUE_WAIT: ok = parse_u32(v, &wc.queue_wait_s); wait_set = true; break;
     case O_DRAIN_GRACE: ok = parse_u32(v, &wc.drain_grace_s); drain_set = true; break;
+    case O_CANCEL_GRACE: ok = parse_u32(v, &cancel_grace); grace_set = true; break;
     case O_LEASE_MS: ok = parse_u32(v, &wc.lease_ms); lease_set = true; break;
     case O_NAME: wc.name = v; break;
     case O_HTTP: wc.http = v; break;
@@ -513,6 +532,8 @@ static int cmd_worker(int argc, char **argv) {
   runners_t runners;
   const spn_job_runner_t *runner = runners_start(&runners, "worker", &trc, sc.pipeline_defs, sc.n_pipeline_defs,
                                                  plugin_paths, n_plugin_paths, devices ? devices : sc.devices);
+  if (runner)
+    runners_cancel_grace(&runners, grace_set ? cancel_grace : sc.cancel_grace_s);
   int rc = EXIT_OK;
   if (!runner) {
     rc = EXIT_FAILED;

@@ -27,6 +27,7 @@ void spn_server_config_defaults(spn_server_config_t *c) {
   c->ready_fd = -1;
   c->drain_grace_s = 30;
   c->queue_wait_s = 300;
+  c->cancel_grace_s = 120;
 }
 
 void spn_server_config_clear(spn_server_config_t *c) {
@@ -80,6 +81,7 @@ static const key_def_t keys[] = {
     {"queue", "prefix", K_STR, OFF(queue_prefix), 0, 0},
     {"queue", "wait_s", K_U32, OFF(queue_wait_s), 0, 86400},
     {"server", "drain_grace_s", K_U32, OFF(drain_grace_s), 0, 86400},
+    {"server", "cancel_grace_s", K_U32, OFF(cancel_grace_s), 0, 86400},
     {"queue", "sync_full", K_BOOL, OFF(sync_full), 0, 0},
     {"queue", "lease_ms", K_U32, OFF(lease_ms), 100, 3600000},
     {"queue", "heartbeat_ms", K_U32, OFF(heartbeat_ms), 50, 60000},

@@ -620,6 +620,14 @@ void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
   } else if (res->status == SPN_ECANCELLED && !err.msg[0]) {
     spn_error_set(&err, SPN_ECANCELLED, "cancelled");
   }
+  /* Abandoned inside a stage's call: say so after why it was stopped. */
+  if (ctx.wedged && res->status != SPN_OK) {
+    res->wedged = true;
+    if (!err.msg[0])
+      snprintf(err.msg, sizeof err.msg, "%s", spn_strerror(res->status));
+    size_t n = strlen(err.msg);
+    snprintf(err.msg + n, sizeof err.msg - n, "; %s", ctx.wedged_why);
+  }
 out:
   if (res->status != SPN_OK) {
     for (size_t i = 0; i < job->n_outputs; i++)

@@ -235,8 +235,11 @@ static void gw_answer(void *user, const char *path, spn__http_reply_t *out) {
   spn_server_t *s = user;
   char body[SPN_ERROR_MSG_MAX + 64];
   if (!strcmp(path, "/healthz")) {
-    out->code = 200;
-    out->body = strdup("ok\n");
+    /* Live, unless an in-process run is stuck inside a stage's call: only a
+     * restart gets those workers back. */
+    out->code = s->wedged[0] ? 503 : 200;
+    snprintf(body, sizeof body, s->wedged[0] ? "wedged: %s\n" : "ok\n", s->wedged);
+    out->body = strdup(body);
   } else if (!strcmp(path, "/readyz")) {
     /* Ready: the pipelines named in the config were loaded at start-up, the
      * queue has answered since (a Redis not there yet is waited for), the

@@ -391,6 +391,11 @@ struct spn_job_ctx {
   double last_progress_s;
   uint64_t done, total; /* the last progress the runner reported, sent or coalesced */
   cJSON *warnings; /* spn_job_ctx_warn: an array, NULL until the first */
+  /* The runner gave up waiting for a cancelled run that did not stop (a
+   * stage stuck inside a call) and left it behind: why, for the job's error.
+   * The process should take no more jobs (spn_exec_result_t.wedged). */
+  bool wedged;
+  char wedged_why[512];
 };
 
 enum { SPN_JOB_WARNINGS_MAX = 2048, SPN_JOB_TIMEOUT_MAX_S = 7 * 86400 };
@@ -411,6 +416,9 @@ typedef struct spn_exec_result {
    * in a last "... N more" line. */
   char warnings[SPN_JOB_WARNINGS_MAX];
   bool published_before; /* an earlier attempt had published; not run again */
+  /* The run was abandoned, still inside a stage's call (spn_job_ctx_t.wedged):
+   * the process's pipelines are stuck; its owner takes no more jobs. */
+  bool wedged;
 } spn_exec_result_t;
 
 /* A finished attempt's figures as fields of object b: compute_s, gpu_s,
@@ -511,6 +519,14 @@ typedef struct spn_runtime spn_runtime_t;
 int32_t spn_pipeline_runner_new(spn_runtime_t *rt, const spn_pipeline_def_t *defs, size_t n,
                                 const spn_job_runner_t *fallback, spn_job_runner_t *out, spn_error_t *err);
 void spn_pipeline_runner_free(spn_job_runner_t *runner);
+/* A run asked to stop (cancel, timeout, drain) that has not ended after
+ * `seconds` (0: wait for ever) is abandoned: the runner returns, naming the
+ * stage still inside a call, and marks itself wedged. Thread: before jobs run. */
+void spn__pipeline_runner_set_cancel_grace(spn_job_runner_t *runner, double seconds);
+/* A run was abandoned: a stage's thread is stuck in a call, so the runtime
+ * cannot be freed (spn_pipeline_runner_free and the runtime's free would
+ * wait for it for ever); the process should exit without. Thread: any. */
+bool spn__pipeline_runner_wedged(const spn_job_runner_t *runner);
 
 /* Which pipelines a worker runs, for the queue's lease (spn_queue_ops_t):
  * "\nname\nname\n", each name between newlines. spn__pipeline_filter_add
@@ -550,6 +566,9 @@ typedef struct spn_server_config {
   uint32_t heartbeat_ms; /* remote worker heartbeat; dead after 3 missed */
   uint32_t max_attempts; /* default per job */
   uint32_t job_timeout_s; /* default time one attempt of a job may run (0: no limit) */
+  /* a cancelled or timed-out attempt still running after this long is
+   * abandoned and the in-process workers stop (0: wait for ever) */
+  uint32_t cancel_grace_s;
   uint32_t backoff_base_ms, backoff_max_ms;
   uint32_t max_msg_size; /* ZMQ_MAXMSGSIZE on every socket */
   uint32_t max_priority; /* |priority| limit */

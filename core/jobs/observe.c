@@ -824,6 +824,7 @@ struct spn__wobs {
   bool draining;
   int gateway; /* -1 none (stateless), 0 not answering, 1 answering */
   bool queue_wait; /* a stateless worker's queue has not answered since start-up */
+  char wedged[SPN_ERROR_MSG_MAX]; /* spn__wobs_wedged: why; "" when not */
   uint64_t jobs[WO_COUNT];
   warned_set_t warned; /* succeeded with warnings, by pipeline */
   dur_hist_t dur;       /* lease to end of each job this worker ran */
@@ -833,6 +834,18 @@ struct spn__wobs {
 
 static void wobs_answer(void *user, const char *path, spn__http_reply_t *out) {
   spn__wobs_t *o = user;
+  if (!strcmp(path, "/healthz") || !strcmp(path, "/readyz")) {
+    char body[SPN_ERROR_MSG_MAX + 16] = "";
+    pthread_mutex_lock(&o->mu);
+    if (o->wedged[0])
+      snprintf(body, sizeof body, "wedged: %s\n", o->wedged);
+    pthread_mutex_unlock(&o->mu);
+    if (body[0]) {
+      out->code = 503;
+      out->body = strdup(body);
+      return;
+    }
+  }
   if (!strcmp(path, "/healthz")) {
     out->code = 200;
     out->body = strdup("ok\n");
@@ -932,6 +945,14 @@ void spn__wobs_busy(spn__wobs_t *o, int delta) {
     return;
   pthread_mutex_lock(&o->mu);
   o->busy += delta;
+  pthread_mutex_unlock(&o->mu);
+}
+
+void spn__wobs_wedged(spn__wobs_t *o, const char *why) {
+  if (!o)
+    return;
+  pthread_mutex_lock(&o->mu);
+  snprintf(o->wedged, sizeof o->wedged, "%s", why && *why ? why : "a run did not stop");
   pthread_mutex_unlock(&o->mu);
 }
 

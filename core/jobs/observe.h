@@ -112,6 +112,10 @@ void spn__wobs_gateway(spn__wobs_t *o, bool up);
 /* A stateless worker waits for its queue at start-up (waiting) or has
  * heard it: /readyz answers 503 "waiting for the job queue" meanwhile. */
 void spn__wobs_queue_wait(spn__wobs_t *o, bool waiting);
+/* A run was abandoned inside a stage's call (spn_exec_result_t.wedged):
+ * /healthz and /readyz answer 503 with why from then on (the process takes
+ * no more jobs and should be restarted). */
+void spn__wobs_wedged(spn__wobs_t *o, const char *why);
 void spn__wobs_free(spn__wobs_t **o);
 
 /* spindle_queue_depth groups at most this many queued jobs per scrape

@@ -58,6 +58,9 @@ typedef struct qw {
   const char *name;  /* its --name (or host:pid:random), for log lines */
   spn__observe_t *obs; /* lifecycle log lines; owned by q's wrapper */
   spn__wobs_t *wobs;   /* metrics and probes (--http) */
+  /* A run was abandoned inside a stage's call (spn_exec_result_t.wedged):
+   * why; then this worker drains and stops with that error. */
+  char wedged[SPN_ERROR_MSG_MAX];
 } qw_t;
 
 static void say_error(qw_t *w, const char *msg) {
@@ -126,6 +129,11 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
   if (rc == SPN_EIO) {
     say_error(w, err.msg);
     return false;
+  }
+  if (res->wedged && !w->wedged[0]) {
+    snprintf(w->wedged, sizeof w->wedged, "%s", res->error);
+    spn__log_f(spn__observe_logger(w->obs), SPN_LOG_ERROR, NULL, "stopping: %s", w->wedged);
+    spn__wobs_wedged(w->wobs, w->wedged);
   }
   /* No gateway sees this job end: its segment files go here. */
   if (rc == SPN_OK && r->segmented)
@@ -401,7 +409,7 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     double mono = spn__mono_s();
     if (cfg->stop_now && *cfg->stop_now)
       break;
-    if (cfg->stop && *cfg->stop && !draining) {
+    if (((cfg->stop && *cfg->stop) || w.wedged[0]) && !draining) {
       draining = true;
       spn__wobs_draining(w.wobs);
       drain_until = mono + cfg->drain_grace_s;
@@ -489,7 +497,10 @@ int32_t spn_queue_worker_run(const spn_worker_config_t *cfg, const spn_job_runne
     }
   if (released)
     spn__log_f(spn__observe_logger(w.obs), SPN_LOG_INFO, &lf, "worker stopped: %u job(s) back to the queue", released);
-  if (clash) /* the record is the other process's */
+  if (w.wedged[0]) {
+    rc = spn_error_set(err, SPN_ESTATE, "worker stopped: %s", w.wedged);
+    roster(&w, name, false, true);
+  } else if (clash) /* the record is the other process's */
     rc = spn_error_set(err, SPN_EEXIST,
                        "worker: the name \"%s\" is taken by another worker process on the queue, started before "
                        "this one; give each worker its own --name",

@@ -52,6 +52,8 @@ typedef struct pipeline_runner {
    * refused). The handle only pins the library. */
   const spn_segment_api_t *seg;
   void *seg_lib;
+  double cancel_grace_s; /* spn__pipeline_runner_set_cancel_grace; 0: wait for ever */
+  atomic_bool wedged;    /* a run was abandoned inside a stage's call */
 } pipeline_runner_t;
 
 static const pr_entry_t *pr_find(const pipeline_runner_t *r, const char *name) {
@@ -363,6 +365,37 @@ static void report(run_state_t *st, spn_job_ctx_t *ctx, long long *last) {
   spn_job_ctx_progress(ctx, d < 0 ? 0 : (uint64_t)d, t < 0 ? 0 : (uint64_t)t);
 }
 
+/* A run asked to stop has not ended within the grace: some stage is stuck
+ * inside a call (a plugin in an endless loop, a read that never returns, a
+ * GPU kernel that never finishes). Nothing can take the call back, so the
+ * run is left where it is: its job fails now (its owner may retry it
+ * elsewhere), and the runner is wedged — every later run of that pipeline
+ * would queue behind the stuck call, and the runtime can no longer be
+ * freed. The stage named is the one whose current call is oldest. */
+static void abandon(pipeline_runner_t *r, const pr_entry_t *e, double grace, spn_job_ctx_t *ctx) {
+  const char *stuck = NULL;
+  double longest = 0;
+  for (size_t i = 0; i < spn_pipeline_stage_count(e->pipe); i++) {
+    double sec = 0;
+    const char *name = spn_pipeline_stage_in_call(e->pipe, i, &sec);
+    if (name && sec > longest) {
+      longest = sec;
+      stuck = name;
+    }
+  }
+  char what[192];
+  if (stuck)
+    snprintf(what, sizeof what, "stage \"%s\" is inside one call for %.0f s", stuck, longest);
+  else
+    snprintf(what, sizeof what, "no stage is inside a call: the runtime did not end the job");
+  snprintf(ctx->wedged_why, sizeof ctx->wedged_why,
+           "pipeline \"%s\" did not stop within %g s of the stop (%s): the attempt is abandoned, and this "
+           "process takes no more jobs (restart it)",
+           e->name, grace, what);
+  ctx->wedged = true;
+  atomic_store(&r->wedged, true);
+}
+
 static int32_t pr_run(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ctx, spn_error_t *err) {
   pipeline_runner_t *r = data;
   if (job->n_segments)
@@ -385,29 +418,36 @@ static int32_t pr_run(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ctx,
     spn_error_prefix(err, "job %lld", (long long)job->id);
     goto out;
   }
-  run_state_t st = {.done = false};
-  pthread_mutex_init(&st.mu, NULL);
+  /* On the heap: a run abandoned inside a stage's call (below) leaves it
+   * behind, since the runtime may still call on_done into it. */
+  run_state_t *st = calloc(1, sizeof *st);
+  if (!st) {
+    rc = spn_error_set(err, SPN_ENOMEM, "job %lld: out of memory", (long long)job->id);
+    goto out;
+  }
+  pthread_mutex_init(&st->mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&st.cv, &ca);
+  pthread_cond_init(&st->cv, &ca);
   pthread_condattr_destroy(&ca);
-  atomic_init(&st.p_done, 0);
-  atomic_init(&st.p_total, -1);
+  atomic_init(&st->p_done, 0);
+  atomic_init(&st->p_total, -1);
   spn_job_params_t p = SPN_JOB_PARAMS_INIT;
   p.job_id = (uint64_t)job->id;
   p.overrides = (const char *const *)o.v;
   p.n_overrides = o.n;
-  spn_job_callbacks_t cb = {.struct_size = sizeof cb, .data = &st, .on_progress = on_progress, .on_done = on_done};
+  spn_job_callbacks_t cb = {.struct_size = sizeof cb, .data = st, .on_progress = on_progress, .on_done = on_done};
   spn_job_t *rj = NULL;
   if ((rc = spn_job_start(e->pipe, &p, &cb, &rj, err)) != SPN_OK) {
     spn_error_prefix(err, "job %lld", (long long)job->id);
     goto out_state;
   }
   bool cancel_sent = false;
+  double cancel_at = 0;
   long long last = -1;
-  pthread_mutex_lock(&st.mu);
-  while (!st.done) {
+  pthread_mutex_lock(&st->mu);
+  while (!st->done) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     ts.tv_nsec += 50 * 1000000L;
@@ -415,20 +455,30 @@ static int32_t pr_run(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ctx,
       ts.tv_sec++;
       ts.tv_nsec -= 1000000000L;
     }
-    pthread_cond_timedwait(&st.cv, &st.mu, &ts);
-    pthread_mutex_unlock(&st.mu);
+    pthread_cond_timedwait(&st->cv, &st->mu, &ts);
+    bool done = st->done;
+    pthread_mutex_unlock(&st->mu);
     if (!cancel_sent && spn_job_ctx_cancelled(ctx)) {
       spn_job_cancel(rj);
       cancel_sent = true;
+      cancel_at = spn__mono_s();
     }
-    report(&st, ctx, &last);
-    pthread_mutex_lock(&st.mu);
+    report(st, ctx, &last);
+    /* Once a run was abandoned, the others that are stopped get 2 s: they
+     * most likely wait behind the same stuck call. */
+    double grace = atomic_load(&r->wedged) && r->cancel_grace_s > 2 ? 2 : r->cancel_grace_s;
+    if (!done && cancel_sent && grace > 0 && spn__mono_s() - cancel_at >= grace) {
+      abandon(r, e, grace, ctx);
+      rc = SPN_ECANCELLED; /* exec.c: timed out, or cancelled; the why is ctx->wedged_why */
+      goto out; /* st and rj stay: the runtime still holds them */
+    }
+    pthread_mutex_lock(&st->mu);
   }
-  pthread_mutex_unlock(&st.mu);
+  pthread_mutex_unlock(&st->mu);
   /* After spn_job_wait no callback runs any more: `st` may go. */
   spn_error_t jerr = SPN_ERROR_INIT;
   rc = spn_job_wait(rj, &jerr);
-  report(&st, ctx, &last);
+  report(st, ctx, &last);
   /* Device busy time of the job's stages (docs/gpu.md), as its gpu_s. */
   spn_job_ctx_add_gpu_seconds(ctx, spn_job_device_seconds(rj));
   /* What was copied for it (edges and stages' own copies), as its transfers. */
@@ -444,8 +494,9 @@ static int32_t pr_run(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ctx,
     spn_error_set(err, rc, "job %lld: pipeline \"%s\": %s", (long long)job->id, e->name,
                   jerr.msg[0] ? jerr.msg : spn_strerror(rc));
 out_state:
-  pthread_cond_destroy(&st.cv);
-  pthread_mutex_destroy(&st.mu);
+  pthread_cond_destroy(&st->cv);
+  pthread_mutex_destroy(&st->mu);
+  free(st);
 out:
   ovs_free(&o);
   return rc;
@@ -514,6 +565,15 @@ int32_t spn_pipeline_runner_new(spn_runtime_t *rt, const spn_pipeline_def_t *def
   if (rc != SPN_OK)
     spn_pipeline_runner_free(out);
   return rc;
+}
+
+void spn__pipeline_runner_set_cancel_grace(spn_job_runner_t *runner, double seconds) {
+  if (runner && runner->run == pr_run && runner->data)
+    ((pipeline_runner_t *)runner->data)->cancel_grace_s = seconds > 0 ? seconds : 0;
+}
+
+bool spn__pipeline_runner_wedged(const spn_job_runner_t *runner) {
+  return runner && runner->run == pr_run && runner->data && atomic_load(&((pipeline_runner_t *)runner->data)->wedged);
 }
 
 /* ---- what operators see (observe.h) ---- */
@@ -715,6 +775,12 @@ void spn__runner_metrics(const spn_job_runner_t *runner, spn__mbuf_t *b) {
 
 void spn_pipeline_runner_free(spn_job_runner_t *runner) {
   pipeline_runner_t *r = runner->data;
+  /* Wedged: a stage's thread is inside a call for good, and freeing its
+   * pipeline would wait for it; everything is left to the process's exit. */
+  if (r && atomic_load(&r->wedged)) {
+    memset(runner, 0, sizeof *runner);
+    return;
+  }
   if (r) {
     for (size_t i = 0; i < r->n; i++) {
       spn_pipeline_free(&r->entries[i].pipe);

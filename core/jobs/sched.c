@@ -240,7 +240,7 @@ static void dispatch(spn_server_t *s) {
     return;
   for (;;) {
     spn_queue_job_t j;
-    int32_t sl = spn__slot_pool_idle(s->pool);
+    int32_t sl = s->wedged[0] ? -1 : spn__slot_pool_idle(s->pool);
     int got = sl >= 0 ? lease_for(s, s->slot_owner[sl], s->pipelines, &j) : 0;
     if (got < 0 || (sl >= 0 && !got && !s->pipelines))
       return; /* the queue failed, or has no job for anyone */
@@ -329,7 +329,7 @@ void spn__sched_presence(spn_server_t *s, int64_t now) {
   bool any = false;
   char *filter = NULL;
   bool ok = true;
-  if (s->nslots && !s->draining) {
+  if (s->nslots && !s->draining && !s->wedged[0]) { /* wedged slots take no more jobs */
     size_t len = 0;
     any = !s->pipelines;
     for (const char *name = NULL; ok && spn__pipeline_filter_next(s->pipelines, &name, &len);)
@@ -357,8 +357,8 @@ void spn__sched_presence(spn_server_t *s, int64_t now) {
 }
 
 spn_roster_entry_t spn__sched_local_entry(const spn_server_t *s) {
-  spn_roster_entry_t e = {.kind = "local", .gateway = s->name, .slots = s->nslots, .draining = s->draining != 0,
-                          .pipelines = s->pipelines};
+  spn_roster_entry_t e = {.kind = "local", .gateway = s->name, .slots = s->nslots,
+                          .draining = s->draining != 0 || s->wedged[0], .pipelines = s->pipelines};
   for (size_t i = 0; i < s->nruns; i++)
     e.running += s->runs[i].slot >= 0;
   return e;
@@ -468,6 +468,12 @@ void spn__sched_reports(spn_server_t *s, spn_slot_report_t *r) {
     } else {
       spn__slot_pool_set_idle(s->pool, r->slot);
       spn__sched_finish(s, r->id, r->attempt, s->slot_owner[r->slot], &r->res);
+      if (r->res.wedged && !s->wedged[0]) {
+        snprintf(s->wedged, sizeof s->wedged, "%s", r->res.error);
+        spn__log_f(spn__observe_logger(s->obs), SPN_LOG_ERROR, NULL,
+                   "the in-process workers take no more jobs (/healthz answers 503; remote workers go on): %s",
+                   s->wedged);
+      }
     }
     free(r);
     r = next;

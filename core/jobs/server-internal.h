@@ -146,6 +146,9 @@ struct spn_server {
    * sweep; a Redis queue not there yet is waited for cfg->queue_wait_s from
    * started, then the gateway stops with fatal. */
   bool queue_answered;
+  /* An in-process run was abandoned inside a stage's call: why ("" when
+   * not). The slots take no more jobs; /healthz answers 503. */
+  char wedged[SPN_ERROR_MSG_MAX];
   double started;
   int32_t fatal_rc;
   spn_error_t fatal;

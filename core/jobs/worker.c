@@ -226,6 +226,9 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
    * next heartbeat; a holder heard again and again lives: we stop, with
    * the gateway's error. */
   bool refused = false;
+  /* A run was abandoned inside a stage's call (spn_exec_result_t.wedged):
+   * why; then this worker drains and stops with that error. */
+  char wedged[SPN_ERROR_MSG_MAX] = "";
   int64_t holder_seen = 0;
   unsigned holder_heard = 0;
   for (;;) {
@@ -341,6 +344,17 @@ int32_t spn_worker_run(const spn_worker_config_t *cfg, const spn_job_runner_t *r
           }
         }
         send_body(&w, sock, r->res.status == SPN_OK ? "DONE" : "FAIL", b);
+        if (r->res.wedged && !wedged[0]) {
+          snprintf(wedged, sizeof wedged, "%s", r->res.error);
+          spn__log_f(w.log, SPN_LOG_ERROR, &lf, "stopping: %s", wedged);
+          spn__wobs_wedged(w.obs, wedged);
+          if (!w.draining) {
+            w.draining = true;
+            spn__wobs_draining(w.obs);
+            drain_until = spn__mono_s() + cfg->drain_grace_s;
+            send_body(&w, sock, "DRAIN", body(&w));
+          }
+        }
         /* The thread cleared `assigned` before reporting: the slot is free. */
         spn__slot_pool_set_idle(w.pool, r->slot);
         wslot_t *ws = &w.slot[r->slot];
@@ -414,6 +428,8 @@ stop:
   }
   int linger = 2000;
   zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
+  if (wedged[0] && rc == SPN_OK)
+    rc = spn_error_set(err, SPN_ESTATE, "worker stopped: %s", wedged);
 out:
   while (w.out) {
     wout_t *o = w.out;

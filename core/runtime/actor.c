@@ -454,7 +454,9 @@ static void ajob_open(spn_stage_t *a, spn__ajob_t *aj) {
                            .config = aj->job->configs[a->srt->index],
                            .priority = aj->job->priority};
     spn_error_t err = SPN_ERROR_INIT;
+    atomic_store_explicit(&a->call_since_ns, spn__now_ns(), memory_order_relaxed);
     int32_t rc = k->job_open(a, a->state, &info, &aj->job_state, &err);
+    atomic_store_explicit(&a->call_since_ns, 0, memory_order_relaxed);
     if (rc < 0) {
       fail_job(a, aj, rc, err.msg);
       return;
@@ -542,7 +544,9 @@ static void finish_job(spn_stage_t *a, spn__ajob_t *aj) {
     a->cur_job = aj;
     int st = st_begin(a);
     uint64_t t0 = spn__now_ns();
+    atomic_store_explicit(&a->call_since_ns, t0, memory_order_relaxed);
     int32_t rc = k->flush(a, a->state, aj->job_state, &err);
+    atomic_store_explicit(&a->call_since_ns, 0, memory_order_relaxed);
     uint64_t dt = spn__now_ns() - t0;
     st_end(a, st);
     atomic_fetch_add(&a->srt->busy_ns, dt);
@@ -873,7 +877,9 @@ static bool actor_batch(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
     } else if (k->process) {
       int st = st_begin(a);
       uint64_t t0 = spn__now_ns();
+      atomic_store_explicit(&a->call_since_ns, t0, memory_order_relaxed);
       rc = k->process(a, a->state, a->b_msgs, a->b_states, cnt, &err);
+      atomic_store_explicit(&a->call_since_ns, 0, memory_order_relaxed);
       uint64_t dt = spn__now_ns() - t0;
       st_end(a, st);
       atomic_fetch_add(&a->srt->busy_ns, dt);
@@ -967,7 +973,9 @@ static bool actor_generate(spn_stage_t *a, uint64_t now, uint64_t *deadline) {
     a->cur_job = aj;
     int st = k->generate ? st_begin(a) : -1;
     uint64_t t0 = spn__now_ns();
+    atomic_store_explicit(&a->call_since_ns, t0, memory_order_relaxed);
     int32_t rc = k->generate ? k->generate(a, a->state, aj->job_state, &err) : SPN_EOS;
+    atomic_store_explicit(&a->call_since_ns, 0, memory_order_relaxed);
     uint64_t dt = spn__now_ns() - t0;
     st_end(a, st);
     atomic_fetch_add(&a->srt->busy_ns, dt);

@@ -650,6 +650,23 @@ const char *spn_pipeline_stage_stats(const spn_pipeline_t *pipe, size_t i, spn_s
   return srt->spec->name;
 }
 
+const char *spn_pipeline_stage_in_call(const spn_pipeline_t *pipe, size_t i, double *seconds) {
+  if (seconds)
+    *seconds = 0;
+  if (!pipe || i >= pipe->n_stages)
+    return NULL;
+  const spn__stage_rt_t *srt = &pipe->stages[i];
+  uint64_t now = spn__now_ns(), longest = 0;
+  for (uint32_t r = 0; r < srt->n_replicas; r++) {
+    uint64_t since = atomic_load_explicit(&srt->replicas[r]->call_since_ns, memory_order_relaxed);
+    if (since && now > since && now - since > longest)
+      longest = now - since;
+  }
+  if (seconds)
+    *seconds = (double)longest / 1e9;
+  return srt->spec->name;
+}
+
 size_t spn_pipeline_binding_count(const spn_pipeline_t *pipe, spn_binding_kind_t kind) {
   size_t n = 0;
   for (size_t i = 0; i < pipe->spec->n_bindings; i++)

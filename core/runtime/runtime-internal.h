@@ -273,6 +273,10 @@ struct spn_stage {
   spn__ajob_t *cur_job;      /* job whose callback runs (generate/flush) */
   uint8_t *ser_buf;          /* serialization scratch */
   atomic_llong reordered;    /* debug: messages that arrived ahead of their turn */
+  /* spn__now_ns() when its current call (job_open, process, generate,
+   * flush) began; 0 between calls. Read by any thread
+   * (spn_pipeline_stage_in_call): a stage stuck inside a call. */
+  _Atomic uint64_t call_since_ns;
   spn_stream_t *copy_stream; /* executor: edge copies when the executor has no stream of its own */
   size_t ser_cap;
   /* executor: stream time (actor.c): pairs of timed events in a ring, the

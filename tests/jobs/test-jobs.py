@@ -1628,7 +1628,7 @@ def case_mixed_workers(tmp):
     check(status(ep, slow)["state"] == "succeeded", "the slow job ended before the synthetic job behind it")
     check(read(f"{tmp}/out/s.raw") == synth_expected(syn, 5), "the synthetic job's output")
     full_log = open(f"{tmp}/worker-full.log", errors="replace").read()
-    check("pipelines: synthetic, slow, checked, copy, fail, noop" in full_log,
+    check("pipelines: synthetic, slow, checked, two, copy, fail, noop" in full_log,
           f"the full worker's start line: {full_log[-1500:]}")
     for log in ("worker-plain.log", "serve2.log"):
         if os.path.exists(f"{tmp}/{log}"):
@@ -1914,6 +1914,91 @@ def case_watch_gateway_restart(tmp):
           in errb.decode() and f"spindle watch {jid}" in errb.decode(), f"watch: exit {w.returncode}, {errb!r}")
     check(pyw.returncode == 5 and f"job {jid}: gave up after " in pyerr.decode() and f"watch {jid} follows it again"
           in pyerr.decode(), f"client.py watch --gateway-wait 3: exit {pyw.returncode}, {pyerr!r}")
+
+
+def hang_config(tmp):
+    """synth -> hang (the test stage of tests/runtime/xfer: the call given
+    the frame of seq `at`, a job param, never returns) -> filesink."""
+    with open(f"{tmp}/hang.toml", "w") as f:
+        f.write('[pipeline]\nname = "hang"\n[pipeline.outputs]\nframes = "sink.path"\n'
+                '[pipeline.params]\nat = "stuck.at"\n'
+                '[[stage]]\nname = "source"\nkind = "synth"\nframes = 5\nwidth = 8\nheight = 8\n'
+                '[[stage]]\nname = "stuck"\nkind = "hang"\ninputs = ["source"]\n'
+                '[[stage]]\nname = "sink"\nkind = "filesink"\ninputs = ["stuck"]\n')
+    with open(f"{tmp}/hsrv.toml", "w") as f:
+        f.write('[server]\ndevices = "cpu"\ncancel_grace_s = 2\n[[pipeline]]\nname = "hang"\nconfig = "hang.toml"\n')
+    return f"{tmp}/hsrv.toml"
+
+
+def case_stuck(tmp):
+    """A stage stuck inside a call for good (the hang test stage) no longer
+    holds its job and its worker for ever: once stopped (its timeout, a
+    cancel), a run still inside the call after the cancel grace (2 s here)
+    is abandoned; the job fails naming the pipeline and the stage, and the
+    process takes no more jobs: the gateway's own slots stop (its /healthz
+    answers 503, remote workers go on, SIGTERM still stops it at once), a
+    remote or stateless worker exits 1 saying why. (Before, the job stayed
+    running and its worker busy until someone killed the process.)"""
+    xfer = os.environ.get("SPINDLE_XFER_PLUGIN_DIR")
+    check(xfer, "SPINDLE_XFER_PLUGIN_DIR is not set (the hang test stage)")
+    # a wedged process leaves its runtime to the exit: nothing to report as leaked
+    os.environ["ASAN_OPTIONS"] = os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0"
+    cfg = hang_config(tmp)
+    os.mkdir(f"{tmp}/out")
+    port = free_port()
+    p, ep = start_serve(tmp, "--config", cfg, "--workers", "1", "--plugin-path", xfer, "--http", f"127.0.0.1:{port}",
+                        "--max-attempts", "1")
+    cli("submit", "hang", "--output", f"frames={tmp}/out/ok.raw", "--wait", "--connect", ep, timeout=30, check_rc=0)
+    t0 = time.monotonic()
+    r = cli("submit", "hang", "--output", f"frames={tmp}/out/stuck.raw", "--param", "at=2", "--timeout", "1",
+            "--wait", "--connect", ep, timeout=30)
+    took = time.monotonic() - t0
+    st = status(ep, int(r.stdout.split()[0]))
+    err = st["errors"][0]["error"] if st.get("errors") else ""
+    check(r.returncode == 1 and st["state"] == "failed" and "timed out after 1 s (its timeout)" in err and
+          'pipeline "hang" did not stop within 2 s' in err and 'stage "stuck" is inside one call' in err and
+          "takes no more jobs" in err and took < 15,
+          f"a job stuck in a call: exit {r.returncode} after {took:.1f} s, {st}")
+    check(not os.path.exists(f"{tmp}/out/stuck.raw"), "the abandoned job published its output")
+    code, body = http_get(port, "/healthz")
+    check(code == 503 and body.startswith("wedged: ") and 'stage "stuck"' in body, f"/healthz: {code} {body!r}")
+    # the gateway's slot takes nothing more; a remote worker does
+    r = cli("submit", "hang", "--output", f"frames={tmp}/out/later.raw", "--connect", ep, check_rc=0)
+    later = int(r.stdout.split()[0])
+    # ... and no longer counts as a worker of the pipeline: the job says it waits for one
+    wait_for(lambda: "waiting" in status(ep, later), 25, "the queued job's status to say it waits for a worker")
+    check(status(ep, later)["state"] == "queued", f"a wedged gateway's slot took a job: {status(ep, later)}")
+    rows = json.loads(cli("workers", "--json", "--connect", ep, check_rc=0).stdout)["workers"]
+    check(any(w["kind"] == "local" and w["draining"] for w in rows), f"spindle workers: {rows}")
+    if BACKEND == "redis":
+        where, how = REDIS["url"], "stateless worker"
+    else:
+        where, how = ep, "remote worker"
+    w = start_worker(tmp, where, "--config", cfg, "--plugin-path", xfer, "--slots", "2", name="hw")
+    wait_for(lambda: status(ep, later)["state"] == "succeeded", 30, f"the {how} to run the queued job")
+    # the worker stuck the same way, stopped by a cancel: it fails the job and exits 1
+    r = cli("submit", "hang", "--output", f"frames={tmp}/out/w.raw", "--param", "at=1", "--connect", ep, check_rc=0)
+    jid = int(r.stdout.split()[0])
+    wait_for(lambda: status(ep, jid)["state"] == "running", 20, "the job to run on the worker")
+    time.sleep(0.5)
+    cli("cancel", str(jid), "--connect", ep, check_rc=0)
+    try:
+        rc = w.wait(30)
+    except subprocess.TimeoutExpired:
+        raise Fail(f"the {how} still runs 30 s after its job was cancelled: " + open(f"{tmp}/worker-hw.log").read())
+    log = open(f"{tmp}/worker-hw.log").read()
+    check(rc == 1 and "worker stopped: " in log and 'pipeline "hang" did not stop within 2 s' in log and
+          'stage "stuck"' in log, f"the {how}: exit {rc}: {log}")
+    wait_for(lambda: status(ep, jid)["state"] in ("cancelled", "failed"), 20, "the cancelled job to end")
+    check(status(ep, jid)["state"] == "cancelled", f"the stuck job after its cancel: {status(ep, jid)}")
+    # a wedged gateway still stops at once on SIGTERM (its runtime is left to the exit)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    try:
+        rc = p.wait(15)
+    except subprocess.TimeoutExpired:
+        raise Fail("a wedged gateway did not stop within 15 s of SIGTERM")
+    check(rc == 0, f"a wedged gateway exited {rc} after SIGTERM")
 
 
 def case_timeout(tmp):

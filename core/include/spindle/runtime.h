@@ -193,6 +193,13 @@ SPN_API int32_t spn_pipeline_warning(const spn_pipeline_t *pipe, size_t i, char 
  * atomically while jobs run. Ownership: arguments borrowed. */
 SPN_API size_t spn_pipeline_stage_count(const spn_pipeline_t *pipe);
 SPN_API const char *spn_pipeline_stage_time(const spn_pipeline_t *pipe, size_t i, uint64_t *busy_ns);
+/* Whether stage i (0 ..< spn_pipeline_stage_count) is inside one of its
+ * calls (job_open, process, generate, flush) now: returns its name (NULL
+ * when i is out of range) and sets *seconds to how long the longest current
+ * call of its instances has run (0: none is in a call). A job service uses
+ * it to name the stage that did not stop after a cancel. Thread: any.
+ * Ownership: arguments borrowed; the name is pipe's. */
+SPN_API const char *spn_pipeline_stage_in_call(const spn_pipeline_t *pipe, size_t i, double *seconds);
 /* Stage i's stream time: for instances placed on a device, the device time
  * their stream spent on the work queued by each process/generate/flush
  * call, from a timed event recorded on the stream before the call to one

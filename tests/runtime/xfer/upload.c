@@ -10,9 +10,14 @@
  * job). Before its first copy of a message it asks for a range one byte too
  * long and fails the job unless that is refused (SPN_EINVAL) — a refused
  * copy must count nothing, which the tests' exact byte counts then show.
- * Built only for the tests; reaches the host through the stage. */
+ * Built only for the tests; reaches the host through the stage.
+ *
+ * `hang`, a second test stage: passes every message on, except that the
+ * call given the message of seq `at` (a per-job key; -1: none) never
+ * returns — a plugin stuck in a call, for the job service's cancel grace. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "spindle/plugin.h"
 
@@ -119,13 +124,52 @@ static int32_t upload_process(spn_stage_t *stage, void *state, spn_msg_t **msgs,
   return SPN_OK;
 }
 
+typedef struct hang_config {
+  int64_t at;
+} hang_config_t;
+
+static const spn_config_field_t hang_schema[] = {
+    {.key = "at", .type = SPN_CONFIG_INT, .flags = SPN_CONFIG_PER_JOB, .offset = offsetof(hang_config_t, at),
+     .def_int = -1, .min = -1, .max = 1 << 30, .doc = "the seq whose call never returns (-1: none)"},
+    {0},
+};
+
+static int32_t hang_job_open(spn_stage_t *stage, void *state, const spn_job_info_t *info, void **job_state,
+                             spn_error_t *err) {
+  (void)stage, (void)state, (void)err;
+  *job_state = (void *)(intptr_t)((const hang_config_t *)info->config)->at;
+  return SPN_OK;
+}
+
+static int32_t hang_process(spn_stage_t *stage, void *state, spn_msg_t **msgs, void **job_states, size_t n,
+                            spn_error_t *err) {
+  (void)state;
+  const spn_host_api_t *host = spn_stage_host(stage);
+  for (size_t i = 0; i < n; i++) {
+    int64_t at = (int64_t)(intptr_t)job_states[i];
+    if (at >= 0 && host->msg_envelope(msgs[i])->seq == (uint64_t)at)
+      for (;;)
+        sleep(3600); /* stuck for good: only the process's exit ends it */
+    int32_t rc = host->emit(stage, 0, &msgs[i], err);
+    if (rc != SPN_OK)
+      return rc;
+  }
+  return SPN_OK;
+}
+
 static int32_t upload_init(const spn_host_api_t *h, spn_plugin_t *plugin, spn_error_t *err) {
   static const spn_stage_kind_t kind = SPN_STAGE_KIND(
       .name = "upload", .doc = "copies each frame into device memory with buffer_copy (a test stage)",
       .schema = upload_schema, .config_size = sizeof(upload_config_t), .inputs = upload_in, .n_inputs = 1,
       .outputs = upload_out, .n_outputs = 1, .device_need = SPN_NEED_EITHER, .max_batch = 4,
       .process = upload_process, .create = upload_create, .destroy = upload_destroy, .output_caps = upload_out_caps);
-  return h->register_kind(plugin, &kind, err);
+  static const spn_stage_kind_t hang = SPN_STAGE_KIND(
+      .name = "hang", .doc = "passes messages on; the call of seq `at` never returns (a test stage)",
+      .schema = hang_schema, .config_size = sizeof(hang_config_t), .inputs = upload_in, .n_inputs = 1,
+      .outputs = upload_out, .n_outputs = 1, .device_need = SPN_NEED_EITHER, .max_batch = 1,
+      .job_open = hang_job_open, .process = hang_process);
+  int32_t rc = h->register_kind(plugin, &kind, err);
+  return rc == SPN_OK ? h->register_kind(plugin, &hang, err) : rc;
 }
 
 SPN_PLUGIN_DEFINE(xfertest, .version = "1.0", .license = "Apache-2.0", .init = upload_init)
