@@ -551,6 +551,24 @@ static int32_t check_output_dirs(const spn_job_spec_t *job, spn_error_t *err) {
   return SPN_OK;
 }
 
+/* An error that names an output's temporary (".out.spn-12-1.tmp.mp4": the
+ * stage wrote there) names the output instead: that is the path the user
+ * gave and knows. Every occurrence, for each output. */
+static void name_outputs(const spn_job_spec_t *job, char *const *tmp, char *msg, size_t size) {
+  for (size_t i = 0; i < job->n_outputs; i++) {
+    size_t tl = tmp[i] ? strlen(tmp[i]) : 0;
+    char *at = tl ? strstr(msg, tmp[i]) : NULL;
+    while (at) {
+      char rest[SPN_ERROR_MSG_MAX];
+      snprintf(rest, sizeof rest, "%s", at + tl);
+      size_t off = (size_t)(at - msg);
+      snprintf(at, size - off, "%s%s", job->outputs[i].path, rest);
+      size_t fl = strlen(job->outputs[i].path);
+      at = off + fl < size ? strstr(msg + off + fl, tmp[i]) : NULL;
+    }
+  }
+}
+
 void spn__job_execute(const spn_job_runner_t *runner, const spn_job_spec_t *job,
                       const volatile int *cancel_flag, spn_exec_progress_cb progress, void *user,
                       spn_exec_result_t *res) {
@@ -637,6 +655,8 @@ out:
      * renames succeeded the job fails anyway; its retry republishes.) */
     if (marker)
       unlink(marker);
+    if (ctx.tmp_paths)
+      name_outputs(job, ctx.tmp_paths, err.msg, sizeof err.msg);
     snprintf(res->error, sizeof res->error, "%s", err.msg[0] ? err.msg : spn_strerror(res->status));
   }
   for (size_t i = 0; i < job->n_outputs; i++)

@@ -180,6 +180,31 @@ static int32_t job_overrides(const pr_entry_t *e, const spn_job_spec_t *job, cha
   return rc;
 }
 
+/* An output bound to an encode stage ("encode.path"): the media plugin can
+ * pick a container from its name. Said at SUBMIT, not after the job has
+ * decoded its first frames (and not retried as a failure that a retry would
+ * meet again). */
+static int32_t check_encoded(const pipeline_runner_t *r, const pr_entry_t *e, const spn_job_io_t *out,
+                             spn_error_t *err) {
+  if (!r->seg || r->seg->struct_size < offsetof(spn_segment_api_t, check_output) + sizeof r->seg->check_output ||
+      !r->seg->check_output)
+    return SPN_OK;
+  const char *t = binding_target(e->pipe, SPN_BINDING_OUTPUT, out->name);
+  const char *dot = t ? strchr(t, '.') : NULL;
+  for (size_t i = 0; dot && i < spn_pipeline_stage_count(e->pipe); i++) {
+    const char *name = spn_pipeline_stage_time(e->pipe, i, NULL);
+    const char *kind = spn_pipeline_stage_kind(e->pipe, i);
+    if (!name || strlen(name) != (size_t)(dot - t) || strncmp(name, t, (size_t)(dot - t)) || !kind ||
+        strncmp(kind, "encode", 6) != 0)
+      continue;
+    int32_t rc = r->seg->check_output(out->path, err);
+    if (rc != SPN_OK)
+      spn_error_prefix(err, "pipeline \"%s\": output %s", e->name, out->name);
+    return rc;
+  }
+  return SPN_OK;
+}
+
 static int32_t pr_check(void *data, const spn_job_spec_t *job, spn_error_t *err) {
   pipeline_runner_t *r = data;
   const pr_entry_t *e = pr_find(r, job->pipeline);
@@ -195,6 +220,8 @@ static int32_t pr_check(void *data, const spn_job_spec_t *job, spn_error_t *err)
       spn_error_prefix(err, "pipeline \"%s\"", e->name);
   }
   ovs_free(&o);
+  for (size_t i = 0; rc == SPN_OK && i < job->n_outputs; i++)
+    rc = check_encoded(r, e, &job->outputs[i], err);
   return rc;
 }
 

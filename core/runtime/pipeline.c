@@ -650,6 +650,10 @@ const char *spn_pipeline_stage_stats(const spn_pipeline_t *pipe, size_t i, spn_s
   return srt->spec->name;
 }
 
+const char *spn_pipeline_stage_kind(const spn_pipeline_t *pipe, size_t i) {
+  return pipe && i < pipe->n_stages && pipe->stages[i].kind ? pipe->stages[i].kind->name : NULL;
+}
+
 const char *spn_pipeline_stage_in_call(const spn_pipeline_t *pipe, size_t i, double *seconds) {
   if (seconds)
     *seconds = 0;

@@ -292,16 +292,21 @@ static int32_t tmp_create(const char *path, char *tmp, int *fd, spn_error_t *err
   return spn_error_set(err, SPN_EIO, "%s: cannot create a temporary file beside it: %s", path, strerror(errno));
 }
 
-int32_t spn_encoder_check_path(const char *path, spn_error_t *err) {
+int32_t spn_encoder_check_container(const char *path, spn_error_t *err) {
   if (!path || !*path)
     return spn_error_set(err, SPN_EINVAL, "no output path");
-  if (!av_guess_format(NULL, path, NULL))
-    return container_error(path, err);
+  return av_guess_format(NULL, path, NULL) ? SPN_OK : container_error(path, err);
+}
+
+int32_t spn_encoder_check_path(const char *path, spn_error_t *err) {
+  int32_t rc = spn_encoder_check_container(path, err);
+  if (rc != SPN_OK)
+    return rc;
   char *tmp = malloc(tmp_size(path));
   if (!tmp)
     return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
   int fd = -1;
-  int32_t rc = tmp_create(path, tmp, &fd, err);
+  rc = tmp_create(path, tmp, &fd, err);
   if (rc == SPN_OK) {
     close(fd);
     unlink(tmp);

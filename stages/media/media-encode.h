@@ -59,6 +59,9 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
  * written fail before its first frame, with the error spn_encoder_new
  * would give. Thread: any. */
 int32_t spn_encoder_check_path(const char *path, spn_error_t *err);
+/* Only the first of those checks: a container can be picked from the file
+ * name. Nothing is created. Thread: any. */
+int32_t spn_encoder_check_container(const char *path, spn_error_t *err);
 
 /* Whether this FFmpeg has the video encoder `name` names ("auto" always
  * passes: it picks one of NVENC and libx264 per job). The stage checks its

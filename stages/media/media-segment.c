@@ -37,6 +37,7 @@
 #include <libswresample/swresample.h>
 
 #include "media-decode.h"
+#include "media-encode.h"
 #include "spindle/jobs.h"
 #include "spindle/plugin.h"
 
@@ -655,6 +656,7 @@ static const spn_segment_api_t segment_api = {
     .struct_size = sizeof(spn_segment_api_t),
     .keyframes = seg_keyframes,
     .join = seg_join,
+    .check_output = spn_encoder_check_container,
 };
 
 SPN_PLUGIN_EXPORT const spn_segment_api_t *spindle_segment_api(void) { return &segment_api; }

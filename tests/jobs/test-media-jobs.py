@@ -569,6 +569,20 @@ def case_failures(tmp):
             "--connect", ep)
     check(r.returncode == 5 and f"not_found: output {out}: directory: No such file or directory".encode() in r.stderr,
           f"missing output folder: submit exit {r.returncode}; {r.stderr!r}")
+    # an output name no container goes with (enhance and transcode): refused
+    # at submit, naming the path and what would do (before: each attempt ran
+    # until the encoder opened, three times, naming the temporary)
+    for pipe, extra in [("transcode", []), ("enhance", ["--input", f"soundtrack={tmp}/in.mp4"])]:
+        for bad in (f"{tmp}/out/clip.xyz", f"{tmp}/out/clip"):
+            r = cli("submit", pipe, "--input", f"video={tmp}/in.mp4", *extra, "--output", f"video={bad}", "--wait",
+                    "--connect", ep)
+            want = f'invalid: SUBMIT: pipeline "{pipe}": output video: {bad}: cannot pick a container from this file name (use .mp4 or .mkv)'
+            check(r.returncode == 5 and want.encode() in r.stderr, f"{pipe} to {bad}: exit {r.returncode}; {r.stderr!r}")
+    # an error that names an output names the path the job gave, not the temporary written
+    r = cli("submit", "transcode", "--input", f"video={tmp}/in.mp4", "--output", f"video={tmp}/out/still.png", "--wait",
+            "--connect", ep)
+    msg = status(ep, int(r.stdout.split()[0]))["errors"][-1]["error"]
+    check(r.returncode == 1 and f"{tmp}/out/still.png: " in msg and ".spn-" not in msg, f"PNG output: {msg!r}")
     # tolerate_errors, a job param, accepts the truncated file explicitly
     tolerated_job(tmp, ep, "gateway")
     # spindle run's summary lists the same warnings (and none for a clean file)

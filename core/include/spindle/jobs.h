@@ -160,6 +160,11 @@ typedef struct spn_segment_api {
    * in their audio format. Errors name the part or file. */
   int32_t (*join)(const char *const *parts, const double *bounds, size_t n, const char *audio_src, const char *out,
                   spn_error_t *err);
+  /* Whether this plugin's encoders can write `path`: a container can be
+   * picked from its name (errors name the path and what would do). The job
+   * service asks at SUBMIT for each output bound to an encode stage. Newer
+   * than the two above: present when struct_size covers it. */
+  int32_t (*check_output)(const char *path, spn_error_t *err);
 } spn_segment_api_t;
 #define SPN_SEGMENT_API_SYMBOL "spindle_segment_api"
 typedef const spn_segment_api_t *(*spn_segment_api_fn)(void);

@@ -200,6 +200,9 @@ SPN_API const char *spn_pipeline_stage_time(const spn_pipeline_t *pipe, size_t i
  * it to name the stage that did not stop after a cancel. Thread: any.
  * Ownership: arguments borrowed; the name is pipe's. */
 SPN_API const char *spn_pipeline_stage_in_call(const spn_pipeline_t *pipe, size_t i, double *seconds);
+/* The name of stage i's kind ("encode_av"), NULL when i is out of range.
+ * Thread: any. Ownership: pipe's. */
+SPN_API const char *spn_pipeline_stage_kind(const spn_pipeline_t *pipe, size_t i);
 /* Stage i's stream time: for instances placed on a device, the device time
  * their stream spent on the work queued by each process/generate/flush
  * call, from a timed event recorded on the stream before the call to one
