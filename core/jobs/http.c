@@ -238,8 +238,9 @@ static void gw_answer(void *user, const char *path, spn__http_reply_t *out) {
     /* Live, unless an in-process run is stuck inside a stage's call: only a
      * restart gets those workers back. */
     out->code = s->wedged[0] ? 503 : 200;
-    snprintf(body, sizeof body, s->wedged[0] ? "wedged: %s\n" : "ok\n", s->wedged);
-    out->body = strdup(body);
+    if (s->wedged[0])
+      snprintf(body, sizeof body, "wedged: %s\n", s->wedged);
+    out->body = strdup(s->wedged[0] ? body : "ok\n");
   } else if (!strcmp(path, "/readyz")) {
     /* Ready: the pipelines named in the config were loaded at start-up, the
      * queue has answered since (a Redis not there yet is waited for), the
