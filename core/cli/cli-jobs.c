@@ -347,6 +347,11 @@ static int cmd_serve(int argc, char **argv) {
       rc = usage_err("serve", "--%s needs a non-negative integer", given[i].name);
       goto out;
     }
+    /* the range a config file's key has holds for its flag too */
+    if (u && spn_server_config_check_field(&cfg, u, given[i].name, &err) < 0) {
+      rc = usage_err("serve", "%s", err.msg);
+      goto out;
+    }
     for (int k = 0; k < 2; k++)
       if (roots[k] && spn__roots_add(roots[k], v, &err) < 0) {
         fprintf(stderr, "spindle serve: %s\n", err.msg);
@@ -486,6 +491,22 @@ static int cmd_worker(int argc, char **argv) {
     }
     if (!ok)
       return usage_err("worker", "--%s needs a non-negative integer", g.name);
+  }
+  /* the ranges a config file's keys have hold for their flags too */
+  const struct {
+    const char *section, *key, *flag;
+    uint32_t v;
+  } ranged[] = {{"queue", "lease_ms", "lease-ms", wc.lease_ms},
+                {"queue", "heartbeat_ms", "heartbeat-ms", wc.heartbeat_ms},
+                {"queue", "wait_s", "queue-wait", wc.queue_wait_s},
+                {"server", "drain_grace_s", "drain-grace-s", wc.drain_grace_s},
+                {"server", "cancel_grace_s", "cancel-grace", cancel_grace},
+                {"test_runner", "chunk_bytes", "chunk-bytes", trc.chunk_bytes},
+                {"test_runner", "chunk_delay_ms", "chunk-delay-ms", trc.chunk_delay_ms}};
+  for (size_t i = 0; i < sizeof ranged / sizeof ranged[0]; i++) {
+    spn_error_t rerr = SPN_ERROR_INIT;
+    if (spn_server_config_check_flag(ranged[i].section, ranged[i].key, ranged[i].flag, ranged[i].v, &rerr) < 0)
+      return usage_err("worker", "%s", rerr.msg);
   }
   if (!wc.connect == !queue)
     return usage_err("worker", "give one of --connect (a gateway) or --queue (a shared Redis queue)%s", "");

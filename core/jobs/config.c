@@ -100,6 +100,30 @@ static const key_def_t keys[] = {
     {"test_runner", "exec_log", K_STR, OFF(exec_log), 0, 0},
 };
 
+static int32_t flag_range(const key_def_t *d, const char *flag, uint32_t value, spn_error_t *err) {
+  if (d->kind != K_U32 || (value >= d->min && value <= d->max))
+    return SPN_OK;
+  return spn_error_set(err, SPN_EINVAL, "--%s %u: outside [%u, %u], the range of %s.%s", flag, value, d->min, d->max,
+                       d->section, d->key);
+}
+
+int32_t spn_server_config_check_flag(const char *section, const char *key, const char *flag, uint32_t value,
+                                     spn_error_t *err) {
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+    if (!strcmp(keys[i].section, section) && !strcmp(keys[i].key, key))
+      return flag_range(&keys[i], flag, value, err);
+  return SPN_OK;
+}
+
+int32_t spn_server_config_check_field(const spn_server_config_t *c, const uint32_t *field, const char *flag,
+                                      spn_error_t *err) {
+  size_t off = (size_t)((const char *)field - (const char *)c);
+  for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+    if (keys[i].kind == K_U32 && keys[i].off == off)
+      return flag_range(&keys[i], flag, *field, err);
+  return SPN_OK;
+}
+
 static int32_t want(const spn_toml_node_t *v, spn_toml_type_t t, const char *sec, const char *key,
                     spn_error_t *err) {
   if (spn_toml_node_type(v) == t)

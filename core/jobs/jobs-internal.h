@@ -598,6 +598,14 @@ void spn_server_config_defaults(spn_server_config_t *c);
 void spn_server_config_clear(spn_server_config_t *c);
 /* Load a TOML server config on top of the defaults. Errors name file:line. */
 int32_t spn_server_config_load(spn_server_config_t *c, const char *path, spn_error_t *err);
+/* A command-line flag's value for the numeric key section.key: inside the
+ * range the config file allows ("--lease-ms 5: outside [100, 3600000], the
+ * range of queue.lease_ms"). Keys without a range (or unknown) pass. */
+int32_t spn_server_config_check_flag(const char *section, const char *key, const char *flag, uint32_t value,
+                                     spn_error_t *err);
+/* The same for a field of c set by a flag (found by its place in c). */
+int32_t spn_server_config_check_field(const spn_server_config_t *c, const uint32_t *field, const char *flag,
+                                      spn_error_t *err);
 
 typedef struct spn_server spn_server_t;
 

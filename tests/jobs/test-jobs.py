@@ -614,6 +614,19 @@ def case_config(tmp):
                        (["submit", "noop", "--connect", "redis://127.0.0.1:6379"], "a gateway's tcp:// endpoint, not")]:
         r = cli(*args, timeout=20)
         check(r.returncode != 0 and want in r.stderr.decode(), f"spindle {' '.join(args)}: {r}")
+    # a flag outside the range its config key has (a lease of 5 ms would expire
+    # before any job ran; --lease-ms is milliseconds): a usage error naming both,
+    # before anything starts (before, a gateway ran with it)
+    for args, want in [(["serve", "--lease-ms", "5"], "--lease-ms 5: outside [100, 3600000], the range of queue.lease_ms"),
+                       (["serve", "--workers", "1000"], "--workers 1000: outside [0, 256], the range of server.workers"),
+                       (["serve", "--max-attempts", "0"], "--max-attempts 0: outside [1, 100]"),
+                       (["worker", "--connect", "tcp://127.0.0.1:9", "--heartbeat-ms", "0"],
+                        "--heartbeat-ms 0: outside [50, 60000], the range of queue.heartbeat_ms"),
+                       (["worker", "--connect", "tcp://127.0.0.1:9", "--cancel-grace", "100000"],
+                        "--cancel-grace 100000: outside [0, 86400], the range of server.cancel_grace_s")]:
+        r = cli(*args, "--bind", "tcp://127.0.0.1:*", "--db", f"{tmp}/r.db", timeout=20) if args[0] == "serve" \
+            else cli(*args, timeout=20)
+        check(r.returncode == 2 and want in r.stderr.decode(), f"spindle {' '.join(args)}: {r}")
     cfg = os.path.join(os.environ.get("SPINDLE_SOURCE_ROOT", "."), "configs", "server.toml")
     p, ep = start_serve(tmp, "--config", cfg)  # roots "." = tmp, the server's working directory
     make_file(f"{tmp}/a.bin", 150_000, 9)
