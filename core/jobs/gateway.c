@@ -769,7 +769,11 @@ static void on_submit(spn_server_t *s, spn_pmsg_t *m) {
     goto out;
   }
   if (!s->runner->has_pipeline(s->runner->data, pipeline)) {
-    rc = spn_error_set(&err, SPN_EUNSUPPORTED, "SUBMIT: unknown pipeline \"%s\"", pipeline);
+    /* with what it does run: a typo is then plain to see */
+    char names[512];
+    spn__pipeline_filter_describe(s->pipelines, names, sizeof names);
+    rc = spn_error_set(&err, SPN_EUNSUPPORTED, "SUBMIT: unknown pipeline \"%s\" (this gateway takes: %s)", pipeline,
+                       s->pipelines ? names : "see its config");
     goto out;
   }
   cJSON_AddStringToObject(spec, "pipeline", pipeline);
