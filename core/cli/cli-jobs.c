@@ -916,6 +916,19 @@ static int cmd_submit(int argc, char **argv) {
   }
   for (size_t i = 0; i < n_given; i++) {
     const char *v = given[i].v;
+    /* one name twice (--input a=x --input a=y): the second would silently
+     * replace the first; say so instead */
+    const char *veq = strchr(v, '=');
+    for (size_t k = 0; veq && k < i && (given[i].c == O_INPUT || given[i].c == O_OUTPUT || given[i].c == O_PARAM);
+         k++) {
+      const char *keq = strchr(given[k].v, '=');
+      if (given[k].c == given[i].c && keq && keq - given[k].v == veq - v && !strncmp(given[k].v, v, (size_t)(veq - v))) {
+        char what[160];
+        snprintf(what, sizeof what, "--%s %.*s is given twice", given[i].name, (int)(veq - v), v);
+        rc = usage_err("submit", "%s", what);
+        goto out;
+      }
+    }
     switch (given[i].c) {
     case O_INPUT:
     case O_OUTPUT:

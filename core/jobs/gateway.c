@@ -466,6 +466,15 @@ void spn__notify_progress(spn_server_t *s, spn_run_t *r) {
 
 /* ---- requests ---- */
 
+/* A JSON object may hold one key twice; a job's names may not (which one
+ * counts would be the parser's choice). */
+static bool twice(const cJSON *obj, const cJSON *item) {
+  for (const cJSON *k = obj->child; k && k != item; k = k->next)
+    if (k->string && !strcmp(k->string, item->string))
+      return true;
+  return false;
+}
+
 static int32_t validate_io(spn_server_t *s, const cJSON *body, const char *key, bool input,
                            cJSON *dst, spn_error_t *err) {
   const cJSON *o = cJSON_GetObjectItemCaseSensitive(body, key);
@@ -482,6 +491,8 @@ static int32_t validate_io(spn_server_t *s, const cJSON *body, const char *key, 
     if (!cJSON_IsString(it) || !it->string[0] || strlen(it->string) > 64)
       return spn_error_set(err, SPN_EINVAL, "SUBMIT: %s.%s: expected a name of 1-64 bytes and a string path",
                            key, it->string);
+    if (twice(o, it))
+      return spn_error_set(err, SPN_EINVAL, "SUBMIT: %s.%s is given twice", key, it->string);
     char *real = NULL;
     int32_t rc = input ? spn__confine_input(&s->cfg->input_roots, it->valuestring, &real, err)
                        : spn__confine_output(&s->cfg->output_roots, it->valuestring, &real, err);
@@ -787,6 +798,10 @@ static void on_submit(spn_server_t *s, spn_pmsg_t *m) {
       goto out;
     }
     const cJSON *it;
+    cJSON_ArrayForEach(it, params) if (twice(params, it)) {
+      rc = spn_error_set(&err, SPN_EINVAL, "SUBMIT: params.%s is given twice", it->string);
+      goto out;
+    }
     cJSON_ArrayForEach(it, params) if (!cJSON_IsString(it) && !cJSON_IsNumber(it) && !cJSON_IsBool(it)) {
       rc = spn_error_set(&err, SPN_EINVAL, "SUBMIT: params.%s must be a string, number or boolean",
                          it->string);

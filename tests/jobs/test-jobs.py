@@ -453,6 +453,21 @@ def case_malformed(tmp):
     r = cli("submit", "cpoy", "--connect", ep, check_rc=5)
     check(b'unknown pipeline "cpoy" (this gateway takes: copy, fail, noop)' in r.stderr, r.stderr)
     expect("invalid", b"", b"SPN1", b"SUBMIT", b"{\"pipeline\": \"copy\", \"inputs\": 1}")
+    # one name twice in a JSON object: refused, whichever the parser would keep
+    f = f"{tmp}/dup.bin".encode()
+    make_file(f"{tmp}/dup.bin", 10, 3)
+    for body in (b'{"pipeline": "copy", "inputs": {"in": "' + f + b'", "in": "' + f + b'"}}',
+                 b'{"pipeline": "copy", "inputs": {"in": "' + f + b'"}, "outputs": {"out": "' + f + b'.o", "out": "'
+                 + f + b'.p"}}',
+                 b'{"pipeline": "copy", "params": {"a": 1, "a": 2}}'):
+        c.send(b"", b"SPN1", b"SUBMIT", body)
+        m = c.recv()
+        check(m and m[0] == "ERROR" and m[1]["code"] == "invalid" and "is given twice" in m[1]["message"],
+              f"{body!r}: {m}")
+    # and spindle submit says so before it sends anything
+    for args in (["--input", "in=/a", "--input", "in=/b"], ["--param", "k=1", "--param", "k=2"]):
+        r = cli("submit", "copy", *args, "--connect", ep, check_rc=2)
+        check(b"is given twice" in r.stderr, r.stderr)
     expect("invalid", b"", b"SPN1", b"STATUS", b"{\"id\": \"x\"}")
     expect("not_found", b"", b"SPN1", b"STATUS", b"{\"id\": 12345}")
     expect("invalid", b"", b"SPN1", b"LIST", b"{\"state\": \"weird\"}")
