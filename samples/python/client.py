@@ -158,7 +158,11 @@ def main():
     def pairs(items, absolute):
         out = {}
         for it in items:
-            k, _, v = it.partition("=")
+            k, eq, v = it.partition("=")
+            if not k or not eq:
+                ap.error(f"expected NAME=VALUE, got {it!r}")
+            if k in out:  # the second would silently replace the first
+                ap.error(f"{k} is given twice")
             out[k] = os.path.abspath(v) if absolute else v
         return out
 

@@ -717,6 +717,9 @@ def case_samples(tmp):
     r = subprocess.run([sys.executable, py, "--connect", ep, "submit", "copy", "--input", "in=/etc/passwd",
                         "--output", f"out={tmp}/x"], capture_output=True, timeout=60)
     check(r.returncode == 5 and b"forbidden_path" in r.stderr, f"python refusal: {r.stderr!r}")
+    r = subprocess.run([sys.executable, py, "--connect", ep, "submit", "copy", "--input", f"in={tmp}/in.bin",
+                        "--input", f"in={tmp}/py.bin", "--output", f"out={tmp}/y"], capture_output=True, timeout=60)
+    check(r.returncode == 2 and b"in is given twice" in r.stderr, f"python, one name twice: {r.stderr!r}")
 
 
 def free_port():
