@@ -519,11 +519,13 @@ static int32_t distinct_files(const cJSON *spec, spn_error_t *err) {
   const cJSON *outs = cJSON_GetObjectItemCaseSensitive(spec, "outputs");
   const cJSON *o, *i;
   cJSON_ArrayForEach(o, outs) {
-    cJSON_ArrayForEach(i, ins) if (one_file(o->valuestring, i->valuestring)) return spn_error_set(
-        err, SPN_EINVAL,
-        "SUBMIT: outputs.%s is the file of inputs.%s (%s): a job never writes over its own input; give the output "
-        "another path",
-        o->string, i->string, i->valuestring);
+    cJSON_ArrayForEach(i, ins) {
+      if (one_file(o->valuestring, i->valuestring))
+        return spn_error_set(err, SPN_EINVAL,
+                             "SUBMIT: outputs.%s is the file of inputs.%s (%s): a job never writes over its own "
+                             "input; give the output another path",
+                             o->string, i->string, i->valuestring);
+    }
     for (i = outs->child; i && i != o; i = i->next)
       if (one_file(o->valuestring, i->valuestring))
         return spn_error_set(err, SPN_EINVAL, "SUBMIT: outputs.%s and outputs.%s are one file (%s): give each output "
