@@ -611,7 +611,8 @@ def case_paths(tmp):
     # retry would read the job's own output), and the input is untouched
     os.link(f"{root}/in.bin", f"{root}/hard.bin")
     before = open(f"{root}/in.bin", "rb").read()
-    for outp, what in [(f"{root}/in.bin", "the input's path"), (f"{root}/../root/in.bin", "the input via .."),
+    via_dots = f"{root}/../{os.path.basename(root)}/in.bin"
+    for outp, what in [(f"{root}/in.bin", "the input's path"), (via_dots, "the input via .."),
                        (f"{root}/hard.bin", "a hard link to the input")]:
         e = refused(f"{root}/in.bin", outp, f"output = input ({what})")
         check(b"invalid" in e and b"is the file of inputs.in" in e and b"never writes over its own input" in e,
