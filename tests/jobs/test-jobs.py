@@ -142,6 +142,23 @@ def start_serve(tmp, *args, db="q.db", bind="tcp://127.0.0.1:*", log="serve.log"
     return p, line.decode().split("ready on ")[1].strip()
 
 
+def read_until(stream, needle, secs):
+    """Bytes read from a pipe until needle is among them, or secs pass (the
+    caller checks); lets a case wait for what a client has printed before it
+    changes what that client is watching."""
+    import select
+    got = b""
+    end = time.monotonic() + secs
+    while needle not in got and time.monotonic() < end:
+        r, _, _ = select.select([stream], [], [], 0.2)
+        if r:
+            chunk = os.read(stream.fileno(), 4096)
+            if not chunk:
+                break
+            got += chunk
+    return got
+
+
 def start_worker(tmp, ep, *args, name="w", log=None):
     """A worker on a gateway (ep "tcp://...") or on the Redis queue (ep "redis://...")."""
     out = open(os.path.join(tmp, log or f"worker-{name}.log"), "ab")
@@ -1641,13 +1658,19 @@ def case_mixed_workers(tmp):
     PROCS.append(watch)
     plain_log = open(f"{tmp}/worker-plain.log", errors="replace").read()
     check("pipelines: copy, fail, noop" in plain_log, f"the plain worker's start line: {plain_log[-1500:]}")
+    # the watch has seen the job wait before a worker that runs it arrives
+    # (a slow start, under ASan, would otherwise first see it running)
+    waited = f"job {syn} is waiting: no worker that runs pipeline \"synthetic\"".encode()
+    early = read_until(watch.stderr, waited, 30)
+    check(waited in early, f"spindle watch of the waiting synthetic job: {early!r}")
     # a worker that loads the synthetic pipeline takes it
     start_worker(tmp, where, "--config", cfg, "--slots", "1", name="full")
     wait_all(ep, [syn], 60, "the synthetic job to succeed on the worker that has its pipeline")
     st = status(ep, syn)
     check(st["attempts"] == 1 and not st.get("errors") and "waiting" not in st, f"the synthetic job: {st}")
     out, err = watch.communicate(timeout=30)
-    check(watch.returncode == 0 and f"job {syn} is waiting: no worker that runs pipeline \"synthetic\"".encode() in err,
+    err = early + err
+    check(watch.returncode == 0 and waited in err and f"job {syn}: succeeded".encode() in err,
           f"spindle watch of the synthetic job said why it waited: exit {watch.returncode}, {err!r}")
     out, have = pipelines_table()
     check(have.get("synthetic") == "yes", f"spindle workers once a worker runs synthetic: {out}")
@@ -1937,7 +1960,10 @@ def case_watch_gateway_restart(tmp):
     pyw = subprocess.Popen([sys.executable, py, "--connect", ep, "--timeout-ms", "500", "--gateway-wait", "3",
                             "watch", str(jid)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     PROCS.append(pyw)
-    time.sleep(1)
+    # both have heard from the gateway once before it goes (a slow start would
+    # otherwise find no gateway at all, which is another case)
+    early = read_until(w.stderr, f"job {jid}: running".encode(), 20)
+    pyearly = read_until(pyw.stderr, f"job {jid}".encode(), 20)
     p.kill()
     p.wait()
     try:
@@ -1945,6 +1971,7 @@ def case_watch_gateway_restart(tmp):
         _, pyerr = pyw.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         raise Fail("watch did not give up within 30 s with --gateway-wait 3")
+    errb, pyerr = early + errb, pyearly + pyerr
     check(w.returncode == 5 and f"job {jid}: gave up after " in errb.decode() and "was running when it last answered"
           in errb.decode() and f"spindle watch {jid}" in errb.decode(), f"watch: exit {w.returncode}, {errb!r}")
     check(pyw.returncode == 5 and f"job {jid}: gave up after " in pyerr.decode() and f"watch {jid} follows it again"
