@@ -534,6 +534,46 @@ static int32_t distinct_files(const cJSON *spec, spn_error_t *err) {
   return SPN_OK;
 }
 
+/* A SUBMIT's output that is the output of another job still queued or
+ * running (the queue's output_job, then that job's state): the two would
+ * write one file and the last to finish would win without a word. A job of
+ * the same idempotency key is this one (submit answers with it). Across
+ * gateways of one Redis queue two SUBMITs in flight at once are not
+ * compared (docs/jobs.md). */
+static int32_t outputs_free(spn_server_t *s, const cJSON *spec, const char *key, spn_error_t *err) {
+  if (!s->q.ops->output_job)
+    return SPN_OK;
+  const cJSON *o;
+  cJSON_ArrayForEach(o, cJSON_GetObjectItemCaseSensitive(spec, "outputs")) {
+    int64_t id = 0;
+    int32_t rc = s->q.ops->output_job(s->q.impl, o->valuestring, &id, err);
+    if (rc < 0)
+      return rc;
+    if (!id)
+      continue;
+    spn_queue_job_t j = {0};
+    spn_error_t gerr = SPN_ERROR_INIT;
+    rc = s->q.ops->get(s->q.impl, id, &j, &gerr);
+    if (rc == SPN_ENOENT)
+      continue;
+    if (rc < 0) {
+      *err = gerr;
+      return rc;
+    }
+    bool busy = (j.state == SPN_QSTATE_QUEUED || j.state == SPN_QSTATE_RUNNING) &&
+                !(key && j.idem_key && !strcmp(key, j.idem_key));
+    spn_queue_state_t st = j.state;
+    spn__queue_job_clear(&j);
+    if (busy)
+      return spn_error_set(err, SPN_EINVAL,
+                           "SUBMIT: outputs.%s (%s) is the output of job %lld, which is %s: two jobs would write "
+                           "one file and the last to finish would win; give this job another path, or cancel job "
+                           "%lld first",
+                           o->string, o->valuestring, (long long)id, spn_queue_state_name(st), (long long)id);
+  }
+  return SPN_OK;
+}
+
 static const char *code_for(int32_t rc) {
   switch (rc) {
   case SPN_EPERM: return "forbidden_path";
@@ -851,6 +891,8 @@ static void on_submit(spn_server_t *s, spn_pmsg_t *m) {
       goto out;
     }
   }
+  if ((rc = outputs_free(s, spec, key, &err)) < 0)
+    goto out;
   /* A runner that can check a job (the pipeline runner: its inputs,
    * outputs and params against the pipeline's per-job keys) refuses a job
    * that could never run now, rather than after max_attempts retries. */

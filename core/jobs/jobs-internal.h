@@ -233,6 +233,12 @@ typedef struct spn_queue_ops {
    * worker of the queue. */
   int32_t (*present)(void *q, const char *pipelines, int64_t now, spn_error_t *err);
   int32_t (*seen)(void *q, const char *pipeline, int64_t *at, spn_error_t *err);
+  /* The last job submitted (parent 0) with `path` among its outputs, 0 when
+   * none: submit records each output path of a job that is not a segment,
+   * and a later one on the same path takes it over. The gateway refuses a
+   * SUBMIT whose output is that of a job still queued or running (its
+   * state, read with get). */
+  int32_t (*output_job)(void *q, const char *path, int64_t *id, spn_error_t *err);
   /* The roster (docs/jobs.md, "spindle workers"): one record per worker
    * process of a shared queue, so that any gateway can list every worker,
    * whoever it leases through. roster_put sets name[i] to record[i] (JSON,

@@ -987,6 +987,24 @@ static int32_t rq_seen(void *qv, const char *pipeline, int64_t *at, spn_error_t 
   return SPN_OK;
 }
 
+/* P outputs: a hash of output path -> the last job submitted with it. */
+static int32_t rq_output_job(void *qv, const char *path, int64_t *id, spn_error_t *err) {
+  rq_t *q = qv;
+  *id = 0;
+  char key[96];
+  if (rq_keyed(q, "outputs", key, sizeof key, err) < 0)
+    return SPN_EIO;
+  const char *argv[] = {"HGET", key, path};
+  size_t lens[] = {4, strlen(key), strlen(path)};
+  redisReply *r = rq_cmd(q, 3, argv, lens, "reading an output's job", err);
+  if (!r)
+    return SPN_EIO;
+  if (r->type == REDIS_REPLY_STRING)
+    *id = strtoll(r->str, NULL, 10);
+  freeReplyObject(r);
+  return SPN_OK;
+}
+
 /* The roster: P workers, a hash of worker name -> its record (JSON). One
  * HSET for the records given, one HDEL for the names without one. */
 static int32_t rq_roster_put(void *qv, size_t n, const char *const *names, const char *const *records,
@@ -1077,6 +1095,7 @@ static const spn_queue_ops_t rq_ops = {
     .events = rq_events,
     .present = rq_present,
     .seen = rq_seen,
+    .output_job = rq_output_job,
     .roster_put = rq_roster_put,
     .roster_get = rq_roster_get,
     .free = rq_free,

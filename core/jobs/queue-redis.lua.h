@@ -363,6 +363,15 @@
   "  'fo', fo, 'ho', ARGV[10], 'st', 0, 't0', now, 'par', ARGV[11], 'si', ARGV[12],\n"          \
   "  'pn', ARGV[13], 'pl', pl)\n"                                                              \
   "if tonumber(ARGV[11]) > 0 then redis.call('ZADD', P .. 'kids:' .. ARGV[11], ARGV[12], id) end\n" \
+  /* each output path's last job (ops.output_job), for a job not a segment */ \
+  "if tonumber(ARGV[11]) == 0 and ARGV[10] == '1' then\n"                                      \
+  "  local ok, sp = pcall(cjson.decode, ARGV[2])\n"                                             \
+  "  if ok and type(sp) == 'table' and type(sp.outputs) == 'table' then\n"                      \
+  "    for _, path in pairs(sp.outputs) do\n"                                                   \
+  "      if type(path) == 'string' then redis.call('HSET', P .. 'outputs', path, id) end\n"     \
+  "    end\n"                                                                                   \
+  "  end\n"                                                                                     \
+  "end\n"                                                                                       \
   "if key ~= '' then\n"                                                                         \
   "  redis.call('HSET', k, 'idem', key)\n"                                                      \
   "  redis.call('SET', P .. 'idem:' .. key, id, 'PX', ARGV[8])\n"                               \

@@ -59,6 +59,8 @@ enum {
   ST_CHILDREN_CANCEL_R,
   ST_CHILDREN,
   ST_XFER,
+  ST_OUTPUTS_PUT,
+  ST_OUTPUT_JOB,
   ST_COUNT
 };
 
@@ -124,6 +126,10 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_XFER] = "UPDATE jobs SET h2d_bytes = h2d_bytes + ?2, d2h_bytes = d2h_bytes + ?3, "
                 "d2d_bytes = d2d_bytes + ?4, h2h_bytes = h2h_bytes + ?5, h2d_ns = h2d_ns + ?6, "
                 "d2h_ns = d2h_ns + ?7, d2d_ns = d2d_ns + ?8, h2h_ns = h2h_ns + ?9 WHERE id = ?1",
+    /* A job's output paths (ops.output_job): each path's last job. */
+    [ST_OUTPUTS_PUT] = "INSERT OR REPLACE INTO outputs(path, job) SELECT value, ?1 FROM "
+                       "json_each(CASE WHEN json_valid(?2) THEN ?2 ELSE '{}' END, '$.outputs') WHERE type = 'text'",
+    [ST_OUTPUT_JOB] = "SELECT job FROM outputs WHERE path = ?1",
 };
 
 static const char schema[] =
@@ -160,7 +166,9 @@ static const char schema[] =
     "CREATE INDEX IF NOT EXISTS jobs_lease ON jobs(lease_until) WHERE state = 1;"
     "CREATE TABLE IF NOT EXISTS transitions("
     " job INTEGER NOT NULL, at INTEGER NOT NULL, state INTEGER NOT NULL, note TEXT);"
-    "CREATE INDEX IF NOT EXISTS transitions_job ON transitions(job);";
+    "CREATE INDEX IF NOT EXISTS transitions_job ON transitions(job);"
+    /* added later; a queue file written before it starts with none */
+    "CREATE TABLE IF NOT EXISTS outputs(path TEXT PRIMARY KEY, job INTEGER NOT NULL);";
 
 /* Columns added after the first release: a queue file written before them
  * gets them (ALTER fails harmlessly where they exist), then their index. */
@@ -335,6 +343,13 @@ static int32_t sq_submit(void *qv, const spn_queue_submit_t *sub, int64_t now, i
     return auto_end(q, opened, SPN_EIO, err);
   *id = sqlite3_last_insert_rowid(q->db);
   rc = record_transition(q, *id, now, SPN_QSTATE_QUEUED, "submitted", err);
+  if (rc == SPN_OK && sub->parent == 0) {
+    s = stmt(q, ST_OUTPUTS_PUT);
+    sqlite3_bind_int64(s, 1, *id);
+    bind_text(s, 2, sub->spec_json);
+    if (exec_stmt(q, s, err, "recording a job's outputs") < 0)
+      rc = SPN_EIO;
+  }
   return auto_end(q, opened, rc, err);
 }
 
@@ -983,6 +998,18 @@ static int32_t sq_seen(void *qv, const char *pipeline, int64_t *at, spn_error_t 
   return SPN_OK;
 }
 
+static int32_t sq_output_job(void *qv, const char *path, int64_t *id, spn_error_t *err) {
+  sq_t *q = qv;
+  *id = 0;
+  sqlite3_stmt *s = stmt(q, ST_OUTPUT_JOB);
+  bind_text(s, 1, path);
+  int r = sqlite3_step(s);
+  if (r == SQLITE_ROW)
+    *id = sqlite3_column_int64(s, 0);
+  sqlite3_reset(s);
+  return r == SQLITE_ROW || r == SQLITE_DONE ? SPN_OK : db_error(q, err, "reading an output's job");
+}
+
 static void sq_free(void *qv) {
   sq_t *q = qv;
   if (!q)
@@ -1026,6 +1053,7 @@ static const spn_queue_ops_t sqlite_ops = {
     .counts = sq_counts,
     .present = sq_present,
     .seen = sq_seen,
+    .output_job = sq_output_job,
     .free = sq_free,
 };
 

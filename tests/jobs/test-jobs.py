@@ -1382,11 +1382,12 @@ def case_queue_workers(tmp):
     p, ep = start_serve(tmp, "--workers", "0", "--lease-ms", "1000", "--backoff-ms", "50")
     url = REDIS["url"]
     make_file(f"{tmp}/in.bin", 40_000, 41)  # 10 chunks of 4 KiB
-    os.mkdir(f"{tmp}/prio")
+    for d in ("lo", "hi", "mid"):
+        os.makedirs(f"{tmp}/prio/{d}")
     # priorities: queued before any worker runs; one slot runs them in order
-    lo = submit_many(ep, tmp, 5, 0, f"{tmp}/prio", priority=-3)
-    hi = submit_many(ep, tmp, 5, 0, f"{tmp}/prio", priority=7)
-    mid = submit_many(ep, tmp, 5, 0, f"{tmp}/prio", priority=0)
+    lo = submit_many(ep, tmp, 5, 0, f"{tmp}/prio/lo", priority=-3)
+    hi = submit_many(ep, tmp, 5, 0, f"{tmp}/prio/hi", priority=7)
+    mid = submit_many(ep, tmp, 5, 0, f"{tmp}/prio/mid", priority=0)
     # what KEDA sees with no worker at all: 15 waiting (wakes the first), 0 running
     check(keda_signals() == (15, 0), f"lag and pending with 15 queued, no worker: {keda_signals()}")
     one = start_worker(tmp, url, "--slots", "1", "--chunk-bytes", "4096", "--exec-log", log, name="one")
@@ -1606,6 +1607,63 @@ def case_gateway_kill_shared(tmp):
     check_exactly_once(tmp, log, ids, f"{tmp}/out", f"{tmp}/in.bin")
     st = status(epb, ids[-1])
     check(st["done"] == st["total"] == 10, f"progress of a succeeded job: {st}")
+
+
+def case_output_taken(tmp):
+    """Two jobs queued or running at once with one output path: the second
+    SUBMIT is refused, naming the first job and its state (before, both ran
+    and the last to finish silently replaced the other's file). The same
+    request again with its idempotency key is the first job, not a clash; a
+    path is free again once its job is cancelled or has ended; the record is
+    in the queue, so a restarted gateway still knows it."""
+    cfg = pipeline_config(tmp)
+    p, ep = start_serve(tmp, "--config", cfg, "--workers", "0")
+    where = REDIS["url"] if BACKEND == "redis" else ep
+    make_file(f"{tmp}/in.bin", 20_000, 3)
+    os.mkdir(f"{tmp}/out")
+    real = os.path.realpath(tmp)
+
+    def submit(out, *extra, rc=0, pipeline="copy"):
+        io = ["--input", f"in={tmp}/in.bin", "--output", f"out={out}"] if pipeline == "copy" else \
+            ["--output", f"frames={out}"]
+        return cli("submit", pipeline, *io, *extra, "--connect", ep, check_rc=rc)
+
+    a = int(submit(f"{tmp}/out/a.bin", "--idempotency-key", "ka").stdout.split()[0])
+    # the same file spelled another way
+    e = submit(f"{tmp}/out/../out/a.bin", rc=5).stderr.decode()
+    check(f"outputs.out ({real}/out/a.bin) is the output of job {a}, which is queued" in e and
+          f"cancel job {a} first" in e, f"a second job on a queued job's output: {e}")
+    again = int(submit(f"{tmp}/out/a.bin", "--idempotency-key", "ka").stdout.split()[0])
+    check(again == a, f"the same request with its idempotency key is job {a}, not {again}")
+    b = int(submit(f"{tmp}/out/b.bin").stdout.split()[0])
+    cli("cancel", str(a), "--connect", ep, check_rc=0)
+    c = int(submit(f"{tmp}/out/a.bin").stdout.split()[0])
+    e = submit(f"{tmp}/out/a.bin", rc=5).stderr.decode()
+    check(f"is the output of job {c}, which is queued" in e, f"after the cancel, job {c} holds the path: {e}")
+    if BACKEND != "redis":
+        # a gateway restarted on the queue file still knows job c's output
+        p.send_signal(signal.SIGTERM)
+        check(p.wait(30) == 0, f"serve exited {p.returncode} on SIGTERM")
+        p, ep = start_serve(tmp, "--config", cfg, "--workers", "0")
+        where = ep
+        e = submit(f"{tmp}/out/a.bin", rc=5).stderr.decode()
+        check(f"is the output of job {c}, which is queued" in e, f"after a restart: {e}")
+    start_worker(tmp, where, "--config", cfg, "--slots", "1", name="w")
+    wait_all(ep, [b, c], 30, "the copy jobs to succeed")
+    check(same(f"{tmp}/in.bin", f"{tmp}/out/a.bin"), "job c's output")
+    # an ended job does not hold its path: the file is rendered again
+    d = int(submit(f"{tmp}/out/a.bin").stdout.split()[0])
+    wait_all(ep, [b, c, d], 30, "the job on an ended job's output to succeed")
+    # a running job holds its path (any pipeline's output)
+    slow = int(submit(f"{tmp}/out/s.raw", "--param", "frames=1000", pipeline="slow").stdout.split()[0])
+    wait_for(lambda: status(ep, slow)["state"] == "running", 20, "the slow job to run")
+    e = submit(f"{tmp}/out/s.raw", rc=5).stderr.decode()
+    check(f"outputs.out ({real}/out/s.raw) is the output of job {slow}, which is running" in e,
+          f"a job on a running job's output: {e}")
+    cli("cancel", str(slow), "--connect", ep, check_rc=0)
+    wait_for(lambda: status(ep, slow)["state"] == "cancelled", 20, "the slow job to be cancelled")
+    e2 = submit(f"{tmp}/out/s.raw")
+    check(e2.returncode == 0, "the cancelled job's path is free")
 
 
 def case_mixed_workers(tmp):
