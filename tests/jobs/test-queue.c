@@ -569,6 +569,49 @@ static void test_batch_submit_order(void **state) {
   assert_int_equal(lease(f, "w", T0 + 1000, NULL), 0);
 }
 
+/* Each output path's last job (ops.output_job, what the gateway refuses a
+ * second job on): every output of a job not a segment, taken over by a later
+ * job; a segment's files are not recorded; a submission pipelined in a batch
+ * is seen before the batch commits (the gateway checks the next SUBMIT of
+ * the batch against it). */
+static int64_t output_job(fx_t *f, const char *path) {
+  int64_t id = -1;
+  assert_int_equal(f->o->output_job(f->q.impl, path, &id, NULL), SPN_OK);
+  return id;
+}
+
+static void test_output_jobs(void **state) {
+  fx_t *f = *state;
+  const char *two = "{\"pipeline\":\"p\",\"outputs\":{\"a\":\"/o/x\",\"b\":\"/o/y\"}}";
+  const char *one = "{\"pipeline\":\"p\",\"outputs\":{\"a\":\"/o/x\"}}";
+  assert_int_equal(output_job(f, "/o/x"), 0);
+  int64_t a = submit_spec(f, two, 0, NULL, 0, 1, T0);
+  assert_int_equal(output_job(f, "/o/x"), a);
+  assert_int_equal(output_job(f, "/o/y"), a);
+  assert_int_equal(output_job(f, "/o/z"), 0);
+  assert_int_equal(output_job(f, "/o"), 0);
+  int64_t b = submit_spec(f, one, 0, NULL, 0, 1, T0 + 1);
+  assert_int_equal(output_job(f, "/o/x"), b);
+  assert_int_equal(output_job(f, "/o/y"), a);
+  spn_queue_submit_t seg = {.spec_json = one, .max_attempts = 1, .parent = b, .seg_index = 0};
+  int64_t id = 0;
+  bool ex = true;
+  assert_int_equal(f->o->submit(f->q.impl, &seg, T0 + 2, &id, &ex, NULL), SPN_OK);
+  assert_int_equal(output_job(f, "/o/x"), b);
+  /* in a batch (pipelined on Redis): seen before the commit */
+  const char *z = "{\"pipeline\":\"p\",\"outputs\":{\"a\":\"/o/z\"}}";
+  assert_int_equal(f->o->begin(f->q.impl, NULL), SPN_OK);
+  spn_queue_submit_t s = {.spec_json = z, .max_attempts = 1};
+  assert_int_equal(f->o->submit(f->q.impl, &s, T0 + 3, &id, &ex, NULL), SPN_OK);
+  assert_int_equal(output_job(f, "/o/z"), id);
+  assert_int_equal(f->o->commit(f->q.impl, NULL), SPN_OK);
+  assert_int_equal(output_job(f, "/o/z"), id);
+  /* a spec without outputs, or not JSON, records nothing and fails nothing */
+  submit_spec(f, "{\"pipeline\":\"p\"}", 0, NULL, 0, 1, T0 + 4);
+  submit_spec(f, "not json", 0, NULL, 0, 1, T0 + 5);
+  assert_int_equal(output_job(f, "/o/x"), b);
+}
+
 /* A succeeded job's progress equals its total, also when it never reported
  * any (both backends). */
 static void test_succeeded_progress_is_complete(void **state) {
@@ -670,6 +713,10 @@ static void test_sqlite_file_from_before_transfers(void **state) {
   assert_true(j.state == SPN_QSTATE_SUCCEEDED && j.compute_s == 2.5);
   assert_memory_equal(&j.xfer, &none, sizeof none);
   spn__queue_job_clear(&j);
+  /* jobs from before the outputs table hold no path; new ones do */
+  int64_t holder = -1;
+  assert_int_equal(q.ops->output_job(q.impl, "/o", &holder, NULL), SPN_OK);
+  assert_int_equal(holder, 0);
   assert_int_equal(q.ops->lease(q.impl, "w", NULL, T0, 1000, &j, NULL), SPN_OK);
   assert_int_equal(j.id, 2);
   spn__queue_job_clear(&j);
@@ -1437,6 +1484,7 @@ int main(void) {
       SQ(test_lease_by_pipeline),
       SQ(test_worker_presence),
       SQ(test_sqlite_has_no_roster),
+      SQ(test_output_jobs),
   };
   /* The same cases on Redis (lease expiry in real time). */
   const struct CMUnitTest redis_tests[] = {
@@ -1464,6 +1512,7 @@ int main(void) {
       RD(test_redis_roster),
       RD(test_redis_ready_repair_in_chunks),
       RD(test_redis_filtered_lease_skips_a_job_not_ready),
+      RD(test_output_jobs),
   };
   int rc = cmocka_run_group_tests_name("sqlite", sqlite_tests, NULL, NULL);
   rc += cmocka_run_group_tests_name("redis", redis_tests, redis_up, redis_down);
