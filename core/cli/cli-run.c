@@ -249,11 +249,17 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: spindle run PIPELINE.toml [--set stage.key=value]... [--devices SPEC]\n"
           "                   [--plugin-path DIR]... [--log-format json|text] [--repeat N]\n"
+          "                   [--timeout S] [--cancel-grace S]\n"
           "Runs one job through the pipeline. --devices: auto, cpu, cpu:N, cuda, cuda:0,1.\n"
           "--repeat N: N jobs, one after the other, on the pipeline loaded once (models\n"
           "stay resident, as on a worker): a summary per run; the first includes the\n"
           "warm-up (cuDNN algorithm choice, CUDA Graph capture), later ones do not.\n"
-          "Exit status: 0 job succeeded, 1 job failed, 2 usage or config error, 130 interrupted.\n");
+          "--timeout S: a run that takes longer is cancelled and fails (exit 1).\n"
+          "--cancel-grace S: once a run is cancelled (--timeout, Ctrl-C), how long its\n"
+          "stages may take to stop before spindle run quits without them, naming the\n"
+          "stage still in a call (default 120; 0 waits for ever).\n"
+          "Exit status: 0 job succeeded, 1 job failed or timed out, 2 usage or config error,\n"
+          "130 interrupted.\n");
 }
 
 /* What the stages warned of (docs/jobs.md, "Warnings"), the pipeline's then
@@ -279,7 +285,10 @@ static void print_warning(void *user, const char *line) {
 static void print_summary(const spn_pipeline_t *pipe, spn_job_t *job, const run_base_t *b, const run_state_t *st,
                           const spn_error_t *err, int32_t status, double elapsed, bool json, int32_t run, int32_t n) {
   long long frames = atomic_load(&st->done);
-  const char *what = status == SPN_OK ? "succeeded" : status == SPN_ECANCELLED ? "cancelled" : "failed";
+  const char *what = status == SPN_OK              ? "succeeded"
+                     : status == SPN_ECANCELLED ? "cancelled"
+                     : status == SPN_ETIMEDOUT  ? "timed out"
+                                                : "failed";
   double fps = elapsed > 0 ? (double)frames / elapsed : 0;
   spn_transfer_stats_t xfer = SPN_TRANSFER_STATS_INIT;
   spn_job_transfers(job, &xfer);
@@ -351,8 +360,30 @@ static void print_summary(const spn_pipeline_t *pipe, spn_job_t *job, const run_
   fflush(stdout);
 }
 
+/* After a cancel that the stages did not answer within --cancel-grace:
+ * which stage is still inside a call, and for how long. */
+static void stuck_report(const spn_pipeline_t *pipe, double since_cancel, double grace) {
+  const char *name = NULL;
+  double longest = 0;
+  for (size_t i = 0; i < spn_pipeline_stage_count(pipe); i++) {
+    double secs = 0;
+    const char *n = spn_pipeline_stage_in_call(pipe, i, &secs);
+    if (n && secs > longest) {
+      name = n;
+      longest = secs;
+    }
+  }
+  if (name)
+    fprintf(stderr, "spindle run: stage \"%s\" has been inside one call for %.0f s and did not stop within "
+            "--cancel-grace %g s of the cancel; quitting without waiting for it\n", name, longest, grace);
+  else
+    fprintf(stderr, "spindle run: the job did not end within --cancel-grace %g s of the cancel (%.0f s); quitting "
+            "without waiting for it\n", grace, since_cancel);
+}
+
 int spn_cli_run(int argc, char **argv) {
-  static const char *const allowed[] = {"plugin-path", "set", "devices", "log-format", "repeat", NULL};
+  static const char *const allowed[] = {"plugin-path", "set", "devices", "log-format", "repeat",
+                                        "timeout", "cancel-grace", NULL};
   spn_cli_opts_t o;
   int rc = spn_cli_parse_cmd(argc, argv, allowed, true, usage, &o);
   if (rc >= 0)
@@ -378,6 +409,7 @@ int spn_cli_run(int argc, char **argv) {
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
   run_base_t base = {0};
+  bool wedged = false;
   for (int32_t run = 1; run <= o.repeat; run++) {
     /* Each run is a new job on the same pipeline: stages, models and
      * device memory stay as the previous run left them. */
@@ -400,23 +432,35 @@ int spn_cli_run(int argc, char **argv) {
       rc = started == SPN_EINVAL ? 2 : 1; /* e.g. the output is the input's file: a usage error */
       break;
     }
-    bool cancel_sent = false;
-    double cancel_at = 0;
+    bool cancel_sent = false, timed_out = false, said_waiting = false;
+    double cancel_t = 0;
     double last_print = t0;
     long long last_done = 0;
     while (!atomic_load(&st.finished)) {
       struct timespec ts = {0, 50 * 1000 * 1000};
       nanosleep(&ts, NULL);
       double t = now_s();
-      if (interrupted && !cancel_sent) {
+      if (!cancel_sent && o.timeout_s > 0 && t - t0 >= o.timeout_s) {
+        fprintf(stderr, "%sspindle run: the job has run for %.1f s, past --timeout %g s: cancelling it\n",
+                tty ? "\r\033[K" : "", t - t0, o.timeout_s);
+        timed_out = true;
+      }
+      if ((interrupted || timed_out) && !cancel_sent) {
         spn_job_cancel(job);
         cancel_sent = true;
-        cancel_at = t;
+        cancel_t = t;
       }
-      if (cancel_sent && cancel_at > 0 && t - cancel_at >= 5) {
+      if (cancel_sent && !said_waiting && t - cancel_t >= 5) {
         fprintf(stderr, "%sspindle run: the job was cancelled %.0f s ago and its stages have not all stopped; "
-                "waiting (Ctrl-C again quits at once)\n", tty ? "\r\033[K" : "", t - cancel_at);
-        cancel_at = 0; /* said once */
+                "waiting (Ctrl-C again quits at once)\n", tty ? "\r\033[K" : "", t - cancel_t);
+        said_waiting = true;
+      }
+      if (cancel_sent && o.cancel_grace_s > 0 && t - cancel_t >= o.cancel_grace_s) {
+        /* A stage's call that does not return: quit without it (the
+         * pipeline cannot be freed under a thread still inside it). */
+        stuck_report(pipe, t - cancel_t, o.cancel_grace_s);
+        wedged = true;
+        break;
       }
       if (tty && t - last_print >= 0.5) {
         long long d = atomic_load(&st.done), tot = atomic_load(&st.total);
@@ -429,18 +473,33 @@ int spn_cli_run(int argc, char **argv) {
         last_done = d;
       }
     }
+    if (wedged) {
+      rc = interrupted && !timed_out ? 130 : 1;
+      break;
+    }
     status = spn_job_wait(job, &err);
     double elapsed = now_s() - t0;
     if (tty)
       fprintf(stderr, "\r\033[K");
+    if (timed_out && status == SPN_ECANCELLED) {
+      /* the summary says why, not "cancelled" with no cause */
+      snprintf(st.msg, sizeof st.msg, "timed out: cancelled after --timeout %g s", o.timeout_s);
+      status = SPN_ETIMEDOUT;
+    }
     print_summary(pipe, job, &base, &st, &err, status, elapsed, json, o.repeat > 1 ? run : 0, o.repeat);
-    rc = status == SPN_OK ? 0 : (interrupted ? 130 : 1);
+    rc = status == SPN_OK ? 0 : (interrupted && !timed_out ? 130 : 1);
     if (rc)
       break;
   }
   base_free(&base);
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
+  if (wedged) {
+    /* A thread is still inside a stage's call: freeing the job, pipeline
+     * or runtime would wait for it. The process ends with its memory. */
+    spn_cli_opts_free(&o);
+    return rc;
+  }
 out:
   spn_job_free(&job);
   spn_pipeline_free(&pipe);

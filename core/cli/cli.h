@@ -68,6 +68,9 @@ typedef struct spn_cli_opts {
   const char *devices;       /* --devices */
   int32_t log_format;        /* --log-format */
   int32_t repeat;            /* --repeat (spindle run), 1 when not given */
+  double timeout_s;          /* --timeout (spindle run): seconds a run may take; 0 none */
+  double cancel_grace_s;     /* --cancel-grace (spindle run): after a cancel, seconds before quitting
+                                without the stages; 0 waits for ever; 120 when not given */
   const char *file;          /* the one positional argument, or NULL */
   char **owned;              /* strings this struct allocated */
   size_t n_owned;
@@ -75,7 +78,7 @@ typedef struct spn_cli_opts {
 
 /* Parse argv (argv[0] is the subcommand). `allowed` lists the long options
  * the command accepts ("plugin-path", "set", "devices", "log-format",
- * "repeat").
+ * "repeat", "timeout", "cancel-grace").
  * Returns 0, -1 for --help, or 2 after printing a usage error. */
 int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opts_t *o);
 void spn_cli_opts_free(spn_cli_opts_t *o);

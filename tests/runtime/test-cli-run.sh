@@ -251,4 +251,52 @@ for b in one.bin ./one.bin one-link.bin; do
   grep -q "outputs \"first\" (a.path) and \"second\" (b.path) are one file" err.txt ||
     fail "two outputs on one file ($b): $(cat err.txt)"
 done
+
+# --timeout: a run past it is cancelled, fails (exit 1, "timed out") and
+# publishes nothing; a stage that does not return from its call after the
+# cancel is named and spindle run quits after --cancel-grace (before, it
+# waited for ever). hang: the test stage of XFER_PLUGIN_DIR, stuck at seq `at`.
+cat >hang.toml <<'EOF2'
+[pipeline]
+name = "hang"
+[[stage]]
+name = "source"
+kind = "synth"
+frames = 100000000
+width = 8
+height = 8
+[[stage]]
+name = "stuck"
+kind = "hang"
+inputs = ["source"]
+at = -1
+[[stage]]
+name = "sink"
+kind = "filesink"
+inputs = ["stuck"]
+path = "long.raw"
+EOF2
+timeout 60 "$spindle" run hang.toml --plugin-path "$xfer" --timeout 0.5 >out.txt 2>err.txt
+rc=$?
+[ $rc -eq 1 ] || fail "--timeout 0.5: exit $rc: $(cat err.txt)"
+grep -q 'past --timeout 0.5 s: cancelling it' err.txt || fail "--timeout 0.5: $(cat err.txt)"
+grep -Eq '^hang: job [0-9]+ timed out: ' out.txt || fail "--timeout 0.5 summary: $(cat out.txt)"
+[ ! -e long.raw ] || fail "a timed-out run published its output"
+t0=$SECONDS
+ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout 60 "$spindle" run hang.toml --plugin-path "$xfer" \
+  --set source.frames=10 --set stuck.at=3 --timeout 1 --cancel-grace 2 >out.txt 2>err.txt
+rc=$?
+[ $rc -eq 1 ] || fail "stuck stage, --timeout 1 --cancel-grace 2: exit $rc after $((SECONDS - t0)) s: $(cat err.txt)"
+grep -q 'stage "stuck" has been inside one call for [0-9]* s and did not stop within --cancel-grace 2 s' err.txt ||
+  fail "stuck stage: $(cat err.txt)"
+[ ! -e long.raw ] || fail "a stuck run published its output"
+"$spindle" run hang.toml --plugin-path "$xfer" --set source.frames=10 --timeout 30 >out.txt 2>err.txt ||
+  fail "a run within --timeout: $(cat err.txt)"
+cmp -s long.raw /dev/null && fail "a run within --timeout wrote nothing"
+for bad in "--timeout 0" "--timeout -1" "--timeout nan" "--timeout 1e9" "--cancel-grace -1" "--cancel-grace x"; do
+  "$spindle" run hang.toml $bad >out.txt 2>err.txt
+  rc=$?
+  [ $rc -eq 2 ] && grep -q "spindle run: ${bad% *} '${bad#* }': expected seconds in " err.txt ||
+    fail "$bad: exit $rc: $(cat err.txt)"
+done
 echo ok
