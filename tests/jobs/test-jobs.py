@@ -714,9 +714,12 @@ def case_samples(tmp):
                            "--output", f"out={tmp}/py2.bin", "--wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     PROCS.append(sp)
     wait_for(lambda: cli("status", "2", "--connect", ep2).returncode == 0, 10, "the Python sample's job")
-    time.sleep(0.3)
+    # the worker comes once the Python sample has said why its job waits (the
+    # C sample, whose stdout a pipe buffers, submitted well before)
+    early = read_until(sp.stderr, b"job 2 waiting", 20)
     start_worker(tmp, ep2, "--slots", "1")
     pout, perr = sp.communicate(timeout=30)
+    perr = early + perr
     check(sp.returncode == 0 and b'job 2 waiting: no worker that runs pipeline "copy" has been seen' in perr
           and pout.split() == [b"2", b"2", b"succeeded"], f"the Python sample: {pout!r} {perr!r}")
     out, _ = s.communicate(timeout=30)
