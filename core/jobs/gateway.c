@@ -563,7 +563,14 @@ static int32_t outputs_free(spn_server_t *s, const cJSON *spec, const char *key,
     bool busy = (j.state == SPN_QSTATE_QUEUED || j.state == SPN_QSTATE_RUNNING) &&
                 !(key && j.idem_key && !strcmp(key, j.idem_key));
     spn_queue_state_t st = j.state;
+    bool stopping = j.cancel_requested;
     spn__queue_job_clear(&j);
+    if (busy && stopping) /* cancelled, its run not stopped yet */
+      return spn_error_set(err, SPN_EINVAL,
+                           "SUBMIT: outputs.%s (%s) is the output of job %lld, which is being cancelled but still "
+                           "runs: two jobs would write one file; submit again once it has stopped (spindle watch "
+                           "%lld), or give this job another path",
+                           o->string, o->valuestring, (long long)id, (long long)id);
     if (busy)
       return spn_error_set(err, SPN_EINVAL,
                            "SUBMIT: outputs.%s (%s) is the output of job %lld, which is %s: two jobs would write "

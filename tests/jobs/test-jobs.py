@@ -2105,6 +2105,10 @@ def case_stuck(tmp):
     wait_for(lambda: status(ep, jid)["state"] == "running", 20, "the job to run on the worker")
     time.sleep(0.5)
     cli("cancel", str(jid), "--connect", ep, check_rc=0)
+    # until its run has stopped (2 s of grace here), the job still holds its output
+    e = cli("submit", "hang", "--output", f"frames={tmp}/out/w.raw", "--connect", ep, check_rc=5).stderr.decode()
+    check(f"is the output of job {jid}, which is being cancelled but still runs" in e and
+          f"spindle watch {jid}" in e, f"a job on the output of a job being cancelled: {e}")
     try:
         rc = w.wait(30)
     except subprocess.TimeoutExpired:
