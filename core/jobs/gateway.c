@@ -534,49 +534,77 @@ static int32_t distinct_files(const cJSON *spec, spn_error_t *err) {
   return SPN_OK;
 }
 
-/* A SUBMIT's output that is the output of another job still queued or
- * running (the queue's output_job, then that job's state): the two would
- * write one file and the last to finish would win without a word. A job of
- * the same idempotency key is this one (submit answers with it). Across
- * gateways of one Redis queue two SUBMITs in flight at once are not
- * compared (docs/jobs.md). */
-static int32_t outputs_free(spn_server_t *s, const cJSON *spec, const char *key, spn_error_t *err) {
+/* The job still queued or running that writes `path` (the queue's
+ * output_job, then that job's state): *id, or 0 when none. A job of the
+ * same idempotency key is this one (submit answers with it). */
+static int32_t active_writer(spn_server_t *s, const char *path, const char *key, int64_t *id,
+                             spn_queue_state_t *st, bool *stopping, spn_error_t *err) {
+  int32_t rc = s->q.ops->output_job(s->q.impl, path, id, err);
+  if (rc < 0 || !*id)
+    return rc;
+  spn_queue_job_t j = {0};
+  spn_error_t gerr = SPN_ERROR_INIT;
+  rc = s->q.ops->get(s->q.impl, *id, &j, &gerr);
+  if (rc == SPN_ENOENT) {
+    *id = 0;
+    return SPN_OK;
+  }
+  if (rc < 0) {
+    *err = gerr;
+    return rc;
+  }
+  bool active = j.state == SPN_QSTATE_QUEUED || j.state == SPN_QSTATE_RUNNING;
+  if (!active || (key && j.idem_key && !strcmp(key, j.idem_key)))
+    *id = 0;
+  *st = j.state;
+  *stopping = j.cancel_requested;
+  spn__queue_job_clear(&j);
+  return SPN_OK;
+}
+
+/* A SUBMIT's files against the outputs of the jobs still queued or running:
+ * an output that is another job's would be written twice, the last to
+ * finish winning without a word; an input that is another job's output
+ * would be read before or while that job writes it (a stale file from an
+ * earlier render, or a half-replaced one). Across gateways of one Redis
+ * queue two SUBMITs in flight at once are not compared (docs/jobs.md). */
+static int32_t files_free(spn_server_t *s, const cJSON *spec, const char *key, spn_error_t *err) {
   if (!s->q.ops->output_job)
     return SPN_OK;
-  const cJSON *o;
-  cJSON_ArrayForEach(o, cJSON_GetObjectItemCaseSensitive(spec, "outputs")) {
+  const cJSON *f;
+  cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(spec, "outputs")) {
     int64_t id = 0;
-    int32_t rc = s->q.ops->output_job(s->q.impl, o->valuestring, &id, err);
+    spn_queue_state_t st = SPN_QSTATE_QUEUED;
+    bool stopping = false;
+    int32_t rc = active_writer(s, f->valuestring, key, &id, &st, &stopping, err);
     if (rc < 0)
       return rc;
-    if (!id)
-      continue;
-    spn_queue_job_t j = {0};
-    spn_error_t gerr = SPN_ERROR_INIT;
-    rc = s->q.ops->get(s->q.impl, id, &j, &gerr);
-    if (rc == SPN_ENOENT)
-      continue;
-    if (rc < 0) {
-      *err = gerr;
-      return rc;
-    }
-    bool busy = (j.state == SPN_QSTATE_QUEUED || j.state == SPN_QSTATE_RUNNING) &&
-                !(key && j.idem_key && !strcmp(key, j.idem_key));
-    spn_queue_state_t st = j.state;
-    bool stopping = j.cancel_requested;
-    spn__queue_job_clear(&j);
-    if (busy && stopping) /* cancelled, its run not stopped yet */
+    if (id && stopping) /* cancelled, its run not stopped yet */
       return spn_error_set(err, SPN_EINVAL,
                            "SUBMIT: outputs.%s (%s) is the output of job %lld, which is being cancelled but still "
                            "runs: two jobs would write one file; submit again once it has stopped (spindle watch "
                            "%lld), or give this job another path",
-                           o->string, o->valuestring, (long long)id, (long long)id);
-    if (busy)
+                           f->string, f->valuestring, (long long)id, (long long)id);
+    if (id)
       return spn_error_set(err, SPN_EINVAL,
                            "SUBMIT: outputs.%s (%s) is the output of job %lld, which is %s: two jobs would write "
                            "one file and the last to finish would win; give this job another path, or cancel job "
                            "%lld first",
-                           o->string, o->valuestring, (long long)id, spn_queue_state_name(st), (long long)id);
+                           f->string, f->valuestring, (long long)id, spn_queue_state_name(st), (long long)id);
+  }
+  cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(spec, "inputs")) {
+    int64_t id = 0;
+    spn_queue_state_t st = SPN_QSTATE_QUEUED;
+    bool stopping = false;
+    int32_t rc = active_writer(s, f->valuestring, key, &id, &st, &stopping, err);
+    if (rc < 0)
+      return rc;
+    if (id)
+      return spn_error_set(err, SPN_EINVAL,
+                           "SUBMIT: inputs.%s (%s) is the output of job %lld, which is %s: this job would read the "
+                           "file before or while job %lld writes it; submit it once job %lld has ended",
+                           f->string, f->valuestring, (long long)id, stopping ? "being cancelled" :
+                           spn_queue_state_name(st), (long long)id, (long long)id);
   }
   return SPN_OK;
 }
@@ -898,7 +926,7 @@ static void on_submit(spn_server_t *s, spn_pmsg_t *m) {
       goto out;
     }
   }
-  if ((rc = outputs_free(s, spec, key, &err)) < 0)
+  if ((rc = files_free(s, spec, key, &err)) < 0)
     goto out;
   /* A runner that can check a job (the pipeline runner: its inputs,
    * outputs and params against the pipeline's per-job keys) refuses a job

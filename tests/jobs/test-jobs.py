@@ -1615,7 +1615,8 @@ def case_gateway_kill_shared(tmp):
 def case_output_taken(tmp):
     """Two jobs queued or running at once with one output path: the second
     SUBMIT is refused, naming the first job and its state (before, both ran
-    and the last to finish silently replaced the other's file). The same
+    and the last to finish silently replaced the other's file); so is a job
+    whose input is a queued job's output (it would read a stale file). The same
     request again with its idempotency key is the first job, not a clash; a
     path is free again once its job is cancelled or has ended; the record is
     in the queue, so a restarted gateway still knows it."""
@@ -1651,12 +1652,21 @@ def case_output_taken(tmp):
         where = ep
         e = submit(f"{tmp}/out/a.bin", rc=5).stderr.decode()
         check(f"is the output of job {c}, which is queued" in e, f"after a restart: {e}")
+    # a job that would read what job c is yet to write (here a stale file of
+    # that name) is refused too, until job c has ended
+    make_file(f"{tmp}/out/a.bin", 100, 9)
+    e = cli("submit", "copy", "--input", f"in={tmp}/out/a.bin", "--output", f"out={tmp}/out/chain.bin",
+            "--connect", ep, check_rc=5).stderr.decode()
+    check(f"inputs.in ({real}/out/a.bin) is the output of job {c}, which is queued: this job would read the file "
+          f"before or while job {c} writes it" in e, f"a job reading a queued job's output: {e}")
     start_worker(tmp, where, "--config", cfg, "--slots", "1", name="w")
     wait_all(ep, [b, c], 30, "the copy jobs to succeed")
     check(same(f"{tmp}/in.bin", f"{tmp}/out/a.bin"), "job c's output")
+    chain = int(cli("submit", "copy", "--input", f"in={tmp}/out/a.bin", "--output", f"out={tmp}/out/chain.bin",
+                    "--connect", ep, check_rc=0).stdout.split()[0])
     # an ended job does not hold its path: the file is rendered again
     d = int(submit(f"{tmp}/out/a.bin").stdout.split()[0])
-    wait_all(ep, [b, c, d], 30, "the job on an ended job's output to succeed")
+    wait_all(ep, [b, c, chain, d], 30, "the job on an ended job's output to succeed")
     # a running job holds its path (any pipeline's output)
     slow = int(submit(f"{tmp}/out/s.raw", "--param", "frames=1000", pipeline="slow").stdout.split()[0])
     wait_for(lambda: status(ep, slow)["state"] == "running", 20, "the slow job to run")
