@@ -298,7 +298,8 @@ static void print_summary(const spn_pipeline_t *pipe, spn_job_t *job, const run_
     if (run)
       printf(",\"run\":%d,\"runs\":%d", (int)run, (int)n);
     printf(",\"job_id\":%llu,\"status\":\"%s\",\"frames\":%lld,\"elapsed_s\":%.3f,\"frames_per_s\":%.1f",
-           (unsigned long long)spn_job_id(job), what, frames, elapsed, isfinite(fps) ? fps : 0.0);
+           (unsigned long long)spn_job_id(job), status == SPN_ETIMEDOUT ? "timed_out" : what, frames, elapsed,
+           isfinite(fps) ? fps : 0.0);
     printf(",\"device_s\":%.3f,\"restarts\":%u", spn_job_device_seconds(job), spn_job_restarts(job));
     printf(",\"transfers\":{\"bytes_per_frame\":%.1f", device_bytes_per_frame(&xfer, frames));
     print_copies(xfer.copies, xfer.bytes, xfer.ns, true);

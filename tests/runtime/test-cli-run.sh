@@ -282,6 +282,13 @@ rc=$?
 grep -q 'past --timeout 0.5 s: cancelling it' err.txt || fail "--timeout 0.5: $(cat err.txt)"
 grep -Eq '^hang: job [0-9]+ timed out: ' out.txt || fail "--timeout 0.5 summary: $(cat out.txt)"
 [ ! -e long.raw ] || fail "a timed-out run published its output"
+timeout 60 "$spindle" run hang.toml --plugin-path "$xfer" --timeout 0.5 --log-format json >out.txt 2>err.txt
+rc=$?
+[ $rc -eq 1 ] && python3 -c '
+import json, sys
+s = json.loads(open("out.txt").read().splitlines()[-1])
+sys.exit(not (s["status"] == "timed_out" and s["error"].startswith("timed out: cancelled after --timeout 0.5 s")))
+' || fail "--timeout 0.5, JSON summary: exit $rc: $(cat out.txt)"
 t0=$SECONDS
 ASAN_OPTIONS="${ASAN_OPTIONS:-}:detect_leaks=0" timeout 60 "$spindle" run hang.toml --plugin-path "$xfer" \
   --set source.frames=10 --set stuck.at=3 --timeout 1 --cancel-grace 2 >out.txt 2>err.txt
