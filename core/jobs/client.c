@@ -27,6 +27,7 @@ struct spn_client {
    * for it has timed out since (spn_client_unanswered_ms) */
   double heard;
   bool unanswered;
+  char endpoint[256]; /* where it connects, for the errors that say nothing answers */
 };
 
 struct spn_client_job {
@@ -70,6 +71,7 @@ int32_t spn_client_new(const char *endpoint, const spn_client_options_t *opt, sp
       goto out_fail;
     }
   }
+  snprintf(c->endpoint, sizeof c->endpoint, "%s", endpoint);
   if (zmq_connect(c->sock, endpoint) != 0) {
     rc = spn_error_set(err, SPN_EINVAL, "client: connect %s: %s%s", endpoint, zmq_strerror(zmq_errno()),
                        spn__is_queue_url(endpoint) ? " (jobs are submitted to a gateway's tcp:// endpoint, not to its queue)"
@@ -117,13 +119,13 @@ static int32_t recv_one(spn_client_t *c, int32_t timeout_ms, spn_pmsg_t *m, spn_
     return spn_error_set(err, SPN_EIO, "client: poll: %s", zmq_strerror(zmq_errno()));
   if (r == 0) {
     c->unanswered = true;
-    return spn_error_set(err, SPN_ETIMEDOUT, "client: no answer from the gateway within %d ms",
-                         timeout_ms);
+    return spn_error_set(err, SPN_ETIMEDOUT, "client: no answer from the gateway at %s within %.1f s (is a "
+                         "gateway running there, bound to that address?)", c->endpoint, timeout_ms / 1000.0);
   }
   int32_t rc = spn__proto_recv(c->sock, false, m);
   if (rc == SPN_EAGAIN) {
     c->unanswered = true;
-    return spn_error_set(err, SPN_ETIMEDOUT, "client: no answer from the gateway");
+    return spn_error_set(err, SPN_ETIMEDOUT, "client: no answer from the gateway at %s", c->endpoint);
   }
   c->heard = spn__mono_s();
   c->unanswered = false;

@@ -97,7 +97,7 @@ expect(["model", "inspect", "--device=cpu", model], 0, out="inputs:")
 expect(["model", "inspect", model, "--fall", "error"], 0, out="inputs:")
 # a client command parses fully before it connects: here nothing answers (exit 5, gateway error)
 expect(["submit", "noop", "--priority=-5", "--connect=tcp://127.0.0.1:9", "--timeout-ms=300"], 5,
-       "no answer from the gateway")
+       "no answer from the gateway at tcp://127.0.0.1:9 within 0.3 s")
 with tempfile.TemporaryDirectory() as tmp:
     expect(["keygen", "--", os.path.join(tmp, "-k")], 0)
     if not os.path.exists(os.path.join(tmp, "-k.pub")):
