@@ -562,11 +562,12 @@ static int32_t active_writer(spn_server_t *s, const char *path, const char *key,
   return SPN_OK;
 }
 
-/* A SUBMIT's files against the outputs of the jobs still queued or running:
- * an output that is another job's would be written twice, the last to
- * finish winning without a word; an input that is another job's output
- * would be read before or while that job writes it (a stale file from an
- * earlier render, or a half-replaced one). Across gateways of one Redis
+/* A SUBMIT's files against those of the jobs still queued or running: an
+ * output that is another job's would be written twice, the last to finish
+ * winning without a word; an output that is another job's input would
+ * replace what that job reads (its retry would read this job's file); an
+ * input that is another job's output would be read before or while that job
+ * writes it (a stale file from an earlier render, or a half-replaced one). Across gateways of one Redis
  * queue two SUBMITs in flight at once are not compared (docs/jobs.md). */
 static int32_t files_free(spn_server_t *s, const cJSON *spec, const char *key, spn_error_t *err) {
   if (!s->q.ops->output_job)
@@ -591,6 +592,19 @@ static int32_t files_free(spn_server_t *s, const cJSON *spec, const char *key, s
                            "one file and the last to finish would win; give this job another path, or cancel job "
                            "%lld first",
                            f->string, f->valuestring, (long long)id, spn_queue_state_name(st), (long long)id);
+    if (s->q.ops->input_job && (rc = s->q.ops->input_job(s->q.impl, f->valuestring, &id, err)) < 0)
+      return rc;
+    if (id) {
+      spn_queue_job_t j = {0};
+      bool known = s->q.ops->get(s->q.impl, id, &j, NULL) == SPN_OK;
+      rc = spn_error_set(err, SPN_EINVAL,
+                         "SUBMIT: outputs.%s (%s) is an input of job %lld, which is %s: this job would replace the "
+                         "file job %lld reads; give this job another path, or submit it once job %lld has ended",
+                         f->string, f->valuestring, (long long)id,
+                         known ? spn_queue_state_name(j.state) : "queued or running", (long long)id, (long long)id);
+      spn__queue_job_clear(&j);
+      return rc;
+    }
   }
   cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(spec, "inputs")) {
     int64_t id = 0;

@@ -239,6 +239,10 @@ typedef struct spn_queue_ops {
    * SUBMIT whose output is that of a job still queued or running (its
    * state, read with get). */
   int32_t (*output_job)(void *q, const char *path, int64_t *id, spn_error_t *err);
+  /* A job still queued or running (parent 0) with `path` among its inputs,
+   * 0 when none: submit records the input paths of a job that is not a
+   * segment. The gateway refuses a SUBMIT whose output would replace it. */
+  int32_t (*input_job)(void *q, const char *path, int64_t *id, spn_error_t *err);
   /* The roster (docs/jobs.md, "spindle workers"): one record per worker
    * process of a shared queue, so that any gateway can list every worker,
    * whoever it leases through. roster_put sets name[i] to record[i] (JSON,

@@ -71,6 +71,7 @@ enum {
   SC_CHILDREN,
   SC_UNPUBLISHED,
   SC_WAITING_REPAIR,
+  SC_READER,
   SC_COUNT
 };
 
@@ -89,6 +90,7 @@ static const char *const script_body[SC_COUNT] = {
     [SC_CHILDREN] = RQ_LUA_PRELUDE RQ_LUA_CHILDREN,
     [SC_UNPUBLISHED] = RQ_LUA_UNPUBLISHED,
     [SC_WAITING_REPAIR] = RQ_LUA_PRELUDE RQ_LUA_WAITING_REPAIR,
+    [SC_READER] = RQ_LUA_PRELUDE RQ_LUA_READER,
 };
 
 typedef struct rq {
@@ -1005,6 +1007,12 @@ static int32_t rq_output_job(void *qv, const char *path, int64_t *id, spn_error_
   return SPN_OK;
 }
 
+static int32_t rq_input_job(void *qv, const char *path, int64_t *id, spn_error_t *err) {
+  rargs_t a = {0};
+  a_str(&a, path);
+  return lease_int(qv, SC_READER, &a, "reading an input's jobs", id, err);
+}
+
 /* The roster: P workers, a hash of worker name -> its record (JSON). One
  * HSET for the records given, one HDEL for the names without one. */
 static int32_t rq_roster_put(void *qv, size_t n, const char *const *names, const char *const *records,
@@ -1096,6 +1104,7 @@ static const spn_queue_ops_t rq_ops = {
     .present = rq_present,
     .seen = rq_seen,
     .output_job = rq_output_job,
+    .input_job = rq_input_job,
     .roster_put = rq_roster_put,
     .roster_get = rq_roster_get,
     .free = rq_free,

@@ -363,12 +363,18 @@
   "  'fo', fo, 'ho', ARGV[10], 'st', 0, 't0', now, 'par', ARGV[11], 'si', ARGV[12],\n"          \
   "  'pn', ARGV[13], 'pl', pl)\n"                                                              \
   "if tonumber(ARGV[11]) > 0 then redis.call('ZADD', P .. 'kids:' .. ARGV[11], ARGV[12], id) end\n" \
-  /* each output path's last job (ops.output_job), for a job not a segment */ \
-  "if tonumber(ARGV[11]) == 0 and ARGV[10] == '1' then\n"                                      \
+  /* each output path's last job (ops.output_job) and each input path's   \
+   * readers (ops.input_job), for a job not a segment */                   \
+  "if tonumber(ARGV[11]) == 0 then\n"                                                           \
   "  local ok, sp = pcall(cjson.decode, ARGV[2])\n"                                             \
   "  if ok and type(sp) == 'table' and type(sp.outputs) == 'table' then\n"                      \
   "    for _, path in pairs(sp.outputs) do\n"                                                   \
   "      if type(path) == 'string' then redis.call('HSET', P .. 'outputs', path, id) end\n"     \
+  "    end\n"                                                                                   \
+  "  end\n"                                                                                     \
+  "  if ok and type(sp) == 'table' and type(sp.inputs) == 'table' then\n"                       \
+  "    for _, path in pairs(sp.inputs) do\n"                                                    \
+  "      if type(path) == 'string' then redis.call('SADD', P .. 'readers:' .. path, id) end\n"  \
   "    end\n"                                                                                   \
   "  end\n"                                                                                     \
   "end\n"                                                                                       \
@@ -603,6 +609,18 @@
   "  out[#out + 1] = redis.call('HGETALL', jk(c))\n"                                            \
   "end\n"                                                                                       \
   "return out\n"
+
+/* ARGV: P path -> a job queued or running (state 0 or 1) that reads path,
+ * or 0; readers that have ended are removed from P readers:<path> on the way
+ * (a job never becomes queued again once it has ended). */
+#define RQ_LUA_READER                                                                           \
+  "local k = P .. 'readers:' .. ARGV[2]\n"                                                      \
+  "for _, id in ipairs(redis.call('SMEMBERS', k)) do\n"                                         \
+  "  local st = redis.call('HGET', jk(id), 'st')\n"                                             \
+  "  if st == '0' or st == '1' then return tonumber(id) end\n"                                  \
+  "  redis.call('SREM', k, id)\n"                                                               \
+  "end\n"                                                                                       \
+  "return 0\n"
 
 /* ARGV: P -> tokens added to P waiting (negative: taken) to repair drift */
 #define RQ_LUA_WAITING_REPAIR "ready_repair()\nreturn wait_repair()\n"

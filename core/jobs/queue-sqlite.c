@@ -61,6 +61,8 @@ enum {
   ST_XFER,
   ST_OUTPUTS_PUT,
   ST_OUTPUT_JOB,
+  ST_INPUTS_PUT,
+  ST_INPUT_JOB,
   ST_COUNT
 };
 
@@ -130,6 +132,12 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_OUTPUTS_PUT] = "INSERT OR REPLACE INTO outputs(path, job) SELECT value, ?1 FROM "
                        "json_each(CASE WHEN json_valid(?2) THEN ?2 ELSE '{}' END, '$.outputs') WHERE type = 'text'",
     [ST_OUTPUT_JOB] = "SELECT job FROM outputs WHERE path = ?1",
+    /* A job's input paths (ops.input_job): every reader, the queued or
+     * running ones found through the jobs' states. */
+    [ST_INPUTS_PUT] = "INSERT INTO inputs(path, job) SELECT value, ?1 FROM "
+                      "json_each(CASE WHEN json_valid(?2) THEN ?2 ELSE '{}' END, '$.inputs') WHERE type = 'text'",
+    [ST_INPUT_JOB] = "SELECT i.job FROM inputs i JOIN jobs j ON j.id = i.job WHERE i.path = ?1 AND j.state IN (0, 1) "
+                     "ORDER BY i.job LIMIT 1",
 };
 
 static const char schema[] =
@@ -168,7 +176,9 @@ static const char schema[] =
     " job INTEGER NOT NULL, at INTEGER NOT NULL, state INTEGER NOT NULL, note TEXT);"
     "CREATE INDEX IF NOT EXISTS transitions_job ON transitions(job);"
     /* added later; a queue file written before it starts with none */
-    "CREATE TABLE IF NOT EXISTS outputs(path TEXT PRIMARY KEY, job INTEGER NOT NULL);";
+    "CREATE TABLE IF NOT EXISTS outputs(path TEXT PRIMARY KEY, job INTEGER NOT NULL);"
+    "CREATE TABLE IF NOT EXISTS inputs(path TEXT NOT NULL, job INTEGER NOT NULL);"
+    "CREATE INDEX IF NOT EXISTS inputs_path ON inputs(path);";
 
 /* Columns added after the first release: a queue file written before them
  * gets them (ALTER fails harmlessly where they exist), then their index. */
@@ -348,6 +358,11 @@ static int32_t sq_submit(void *qv, const spn_queue_submit_t *sub, int64_t now, i
     sqlite3_bind_int64(s, 1, *id);
     bind_text(s, 2, sub->spec_json);
     if (exec_stmt(q, s, err, "recording a job's outputs") < 0)
+      rc = SPN_EIO;
+    s = stmt(q, ST_INPUTS_PUT);
+    sqlite3_bind_int64(s, 1, *id);
+    bind_text(s, 2, sub->spec_json);
+    if (rc == SPN_OK && exec_stmt(q, s, err, "recording a job's inputs") < 0)
       rc = SPN_EIO;
   }
   return auto_end(q, opened, rc, err);
@@ -998,16 +1013,24 @@ static int32_t sq_seen(void *qv, const char *pipeline, int64_t *at, spn_error_t 
   return SPN_OK;
 }
 
-static int32_t sq_output_job(void *qv, const char *path, int64_t *id, spn_error_t *err) {
-  sq_t *q = qv;
+/* The job of the first row statement `which` finds for path, 0 when none. */
+static int32_t path_job(sq_t *q, int which, const char *path, int64_t *id, spn_error_t *err) {
   *id = 0;
-  sqlite3_stmt *s = stmt(q, ST_OUTPUT_JOB);
+  sqlite3_stmt *s = stmt(q, which);
   bind_text(s, 1, path);
   int r = sqlite3_step(s);
   if (r == SQLITE_ROW)
     *id = sqlite3_column_int64(s, 0);
   sqlite3_reset(s);
-  return r == SQLITE_ROW || r == SQLITE_DONE ? SPN_OK : db_error(q, err, "reading an output's job");
+  return r == SQLITE_ROW || r == SQLITE_DONE ? SPN_OK : db_error(q, err, "reading a file's job");
+}
+
+static int32_t sq_output_job(void *qv, const char *path, int64_t *id, spn_error_t *err) {
+  return path_job(qv, ST_OUTPUT_JOB, path, id, err);
+}
+
+static int32_t sq_input_job(void *qv, const char *path, int64_t *id, spn_error_t *err) {
+  return path_job(qv, ST_INPUT_JOB, path, id, err);
 }
 
 static void sq_free(void *qv) {
@@ -1054,6 +1077,7 @@ static const spn_queue_ops_t sqlite_ops = {
     .present = sq_present,
     .seen = sq_seen,
     .output_job = sq_output_job,
+    .input_job = sq_input_job,
     .free = sq_free,
 };
 

@@ -1640,6 +1640,12 @@ def case_output_taken(tmp):
     again = int(submit(f"{tmp}/out/a.bin", "--idempotency-key", "ka").stdout.split()[0])
     check(again == a, f"the same request with its idempotency key is job {a}, not {again}")
     b = int(submit(f"{tmp}/out/b.bin").stdout.split()[0])
+    # a job that would replace the input of queued jobs (a and b read in.bin)
+    make_file(f"{tmp}/in2.bin", 100, 5)
+    e = cli("submit", "copy", "--input", f"in={tmp}/in2.bin", "--output", f"out={tmp}/in.bin", "--connect", ep,
+            check_rc=5).stderr.decode()
+    check(any(f"outputs.out ({real}/in.bin) is an input of job {j}, which is queued: this job would replace the "
+              f"file job {j} reads" in e for j in (a, b)), f"a job writing a queued job's input: {e}")
     cli("cancel", str(a), "--connect", ep, check_rc=0)
     c = int(submit(f"{tmp}/out/a.bin").stdout.split()[0])
     e = submit(f"{tmp}/out/a.bin", rc=5).stderr.decode()
@@ -1664,9 +1670,16 @@ def case_output_taken(tmp):
     check(same(f"{tmp}/in.bin", f"{tmp}/out/a.bin"), "job c's output")
     chain = int(cli("submit", "copy", "--input", f"in={tmp}/out/a.bin", "--output", f"out={tmp}/out/chain.bin",
                     "--connect", ep, check_rc=0).stdout.split()[0])
+    # (job chain reads a.bin: until it has ended, a.bin is not to be replaced)
+    wait_all(ep, [b, c, chain], 30, "the job reading job c's output to succeed")
     # an ended job does not hold its path: the file is rendered again
     d = int(submit(f"{tmp}/out/a.bin").stdout.split()[0])
     wait_all(ep, [b, c, chain, d], 30, "the job on an ended job's output to succeed")
+    # once every reader of in.bin has ended, a job may replace it
+    r2 = int(cli("submit", "copy", "--input", f"in={tmp}/in2.bin", "--output", f"out={tmp}/in.bin", "--connect", ep,
+                 check_rc=0).stdout.split()[0])
+    wait_all(ep, [b, c, chain, d, r2], 30, "the job replacing an input no job reads any more")
+    check(same(f"{tmp}/in2.bin", f"{tmp}/in.bin"), "in.bin replaced")
     # a running job holds its path (any pipeline's output)
     slow = int(submit(f"{tmp}/out/s.raw", "--param", "frames=1000", pipeline="slow").stdout.split()[0])
     wait_for(lambda: status(ep, slow)["state"] == "running", 20, "the slow job to run")

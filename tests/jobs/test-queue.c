@@ -612,6 +612,42 @@ static void test_output_jobs(void **state) {
   assert_int_equal(output_job(f, "/o/x"), b);
 }
 
+/* The jobs reading a path (ops.input_job): any of them while queued or
+ * running, none once each has ended; a segment's inputs are not recorded. */
+static int64_t input_job(fx_t *f, const char *path) {
+  int64_t id = -1;
+  assert_int_equal(f->o->input_job(f->q.impl, path, &id, NULL), SPN_OK);
+  return id;
+}
+
+static void test_input_jobs(void **state) {
+  fx_t *f = *state;
+  const char *rd = "{\"pipeline\":\"p\",\"inputs\":{\"v\":\"/i/x\",\"a\":\"/i/y\"}}";
+  assert_int_equal(input_job(f, "/i/x"), 0);
+  int64_t a = submit_spec(f, rd, 5, NULL, 0, 1, T0);
+  int64_t b = submit_spec(f, rd, 0, NULL, 0, 1, T0 + 1);
+  int64_t got = input_job(f, "/i/x");
+  assert_true(got == a || got == b);
+  assert_true(input_job(f, "/i/y") == a || input_job(f, "/i/y") == b);
+  assert_int_equal(input_job(f, "/i/z"), 0);
+  /* a ends (succeeded), b is cancelled: nothing reads /i/x any more */
+  uint32_t att = 0;
+  assert_int_equal(lease(f, "w", T0 + 2, &att), a);
+  assert_int_equal(input_job(f, "/i/x") > 0, 1); /* a runs, b waits */
+  assert_int_equal(f->o->complete(f->q.impl, a, att, "w", 0, 0, NULL, NULL, T0 + 3, NULL), SPN_OK);
+  assert_int_equal(input_job(f, "/i/x"), b);
+  spn_queue_state_t st;
+  assert_int_equal(f->o->cancel(f->q.impl, b, T0 + 4, &st, NULL), SPN_OK);
+  assert_int_equal(input_job(f, "/i/x"), 0);
+  assert_int_equal(input_job(f, "/i/y"), 0);
+  /* a segment reading it is not recorded */
+  spn_queue_submit_t seg = {.spec_json = rd, .max_attempts = 1, .parent = b, .seg_index = 0};
+  int64_t id = 0;
+  bool ex = true;
+  assert_int_equal(f->o->submit(f->q.impl, &seg, T0 + 5, &id, &ex, NULL), SPN_OK);
+  assert_int_equal(input_job(f, "/i/x"), 0);
+}
+
 /* A succeeded job's progress equals its total, also when it never reported
  * any (both backends). */
 static void test_succeeded_progress_is_complete(void **state) {
@@ -1485,6 +1521,7 @@ int main(void) {
       SQ(test_worker_presence),
       SQ(test_sqlite_has_no_roster),
       SQ(test_output_jobs),
+      SQ(test_input_jobs),
   };
   /* The same cases on Redis (lease expiry in real time). */
   const struct CMUnitTest redis_tests[] = {
@@ -1513,6 +1550,7 @@ int main(void) {
       RD(test_redis_ready_repair_in_chunks),
       RD(test_redis_filtered_lease_skips_a_job_not_ready),
       RD(test_output_jobs),
+      RD(test_input_jobs),
   };
   int rc = cmocka_run_group_tests_name("sqlite", sqlite_tests, NULL, NULL);
   rc += cmocka_run_group_tests_name("redis", redis_tests, redis_up, redis_down);
