@@ -535,9 +535,8 @@ static int32_t distinct_files(const cJSON *spec, spn_error_t *err) {
 }
 
 /* The job still queued or running that writes `path` (the queue's
- * output_job, then that job's state): *id, or 0 when none. A job of the
- * same idempotency key is this one (submit answers with it). */
-static int32_t active_writer(spn_server_t *s, const char *path, const char *key, int64_t *id,
+ * output_job, then that job's state): *id, or 0 when none. */
+static int32_t active_writer(spn_server_t *s, const char *path, int64_t *id,
                              spn_queue_state_t *st, bool *stopping, spn_error_t *err) {
   int32_t rc = s->q.ops->output_job(s->q.impl, path, id, err);
   if (rc < 0 || !*id)
@@ -553,8 +552,7 @@ static int32_t active_writer(spn_server_t *s, const char *path, const char *key,
     *err = gerr;
     return rc;
   }
-  bool active = j.state == SPN_QSTATE_QUEUED || j.state == SPN_QSTATE_RUNNING;
-  if (!active || (key && j.idem_key && !strcmp(key, j.idem_key)))
+  if (!(j.state == SPN_QSTATE_QUEUED || j.state == SPN_QSTATE_RUNNING))
     *id = 0;
   *st = j.state;
   *stopping = j.cancel_requested;
@@ -569,7 +567,7 @@ static int32_t active_writer(spn_server_t *s, const char *path, const char *key,
  * input that is another job's output would be read before or while that job
  * writes it (a stale file from an earlier render, or a half-replaced one). Across gateways of one Redis
  * queue two SUBMITs in flight at once are not compared (docs/jobs.md). */
-static int32_t files_free(spn_server_t *s, const cJSON *spec, const char *key, spn_error_t *err) {
+static int32_t files_free(spn_server_t *s, const cJSON *spec, spn_error_t *err) {
   if (!s->q.ops->output_job)
     return SPN_OK;
   const cJSON *f;
@@ -577,7 +575,7 @@ static int32_t files_free(spn_server_t *s, const cJSON *spec, const char *key, s
     int64_t id = 0;
     spn_queue_state_t st = SPN_QSTATE_QUEUED;
     bool stopping = false;
-    int32_t rc = active_writer(s, f->valuestring, key, &id, &st, &stopping, err);
+    int32_t rc = active_writer(s, f->valuestring, &id, &st, &stopping, err);
     if (rc < 0)
       return rc;
     if (id && stopping) /* cancelled, its run not stopped yet */
@@ -610,7 +608,7 @@ static int32_t files_free(spn_server_t *s, const cJSON *spec, const char *key, s
     int64_t id = 0;
     spn_queue_state_t st = SPN_QSTATE_QUEUED;
     bool stopping = false;
-    int32_t rc = active_writer(s, f->valuestring, key, &id, &st, &stopping, err);
+    int32_t rc = active_writer(s, f->valuestring, &id, &st, &stopping, err);
     if (rc < 0)
       return rc;
     if (id)
@@ -940,7 +938,12 @@ static void on_submit(spn_server_t *s, spn_pmsg_t *m) {
       goto out;
     }
   }
-  if ((rc = files_free(s, spec, key, &err)) < 0)
+  /* A repeat of a request whose key names a job is that job (submit answers
+   * with it): its files were checked when it came first. */
+  int64_t keyed = 0;
+  if (key && s->q.ops->key_job && (rc = s->q.ops->key_job(s->q.impl, key, spn__now_ms(), &keyed, &err)) < 0)
+    goto out;
+  if (!keyed && (rc = files_free(s, spec, &err)) < 0)
     goto out;
   /* A runner that can check a job (the pipeline runner: its inputs,
    * outputs and params against the pipeline's per-job keys) refuses a job

@@ -243,6 +243,9 @@ typedef struct spn_queue_ops {
    * 0 when none: submit records the input paths of a job that is not a
    * segment. The gateway refuses a SUBMIT whose output would replace it. */
   int32_t (*input_job)(void *q, const char *path, int64_t *id, spn_error_t *err);
+  /* The job an idempotency key names now (submitted within 24 h with it),
+   * 0 when none: a SUBMIT with that key is that job, whatever else it says. */
+  int32_t (*key_job)(void *q, const char *key, int64_t now, int64_t *id, spn_error_t *err);
   /* The roster (docs/jobs.md, "spindle workers"): one record per worker
    * process of a shared queue, so that any gateway can list every worker,
    * whoever it leases through. roster_put sets name[i] to record[i] (JSON,

@@ -1013,6 +1013,38 @@ static int32_t rq_input_job(void *qv, const char *path, int64_t *id, spn_error_t
   return lease_int(qv, SC_READER, &a, "reading an input's jobs", id, err);
 }
 
+/* P idem:<key> holds the job's id for the window (PX), as submit set it. */
+static int32_t rq_key_job(void *qv, const char *key, int64_t now, int64_t *id, spn_error_t *err) {
+  rq_t *q = qv;
+  *id = 0;
+  char k[96 + 256];
+  char name[5 + 257];
+  snprintf(name, sizeof name, "idem:%s", key);
+  if (rq_keyed(q, name, k, sizeof k, err) < 0)
+    return SPN_EIO;
+  const char *argv[] = {"GET", k};
+  size_t lens[] = {3, strlen(k)};
+  redisReply *r = rq_cmd(q, 2, argv, lens, "idempotency lookup", err);
+  if (!r)
+    return SPN_EIO;
+  long long v = r->type == REDIS_REPLY_STRING ? strtoll(r->str, NULL, 10) : 0;
+  freeReplyObject(r);
+  if (v <= 0)
+    return SPN_OK;
+  /* within the window by the job's creation, as the submit script decides */
+  snprintf(name, sizeof name, "job:%lld", v);
+  if (rq_keyed(q, name, k, sizeof k, err) < 0)
+    return SPN_EIO;
+  const char *hargv[] = {"HGET", k, "cr"};
+  size_t hlens[] = {4, strlen(k), 2};
+  if (!(r = rq_cmd(q, 3, hargv, hlens, "idempotency lookup", err)))
+    return SPN_EIO;
+  if (r->type == REDIS_REPLY_STRING && now - strtoll(r->str, NULL, 10) < IDEM_WINDOW_MS)
+    *id = v;
+  freeReplyObject(r);
+  return SPN_OK;
+}
+
 /* The roster: P workers, a hash of worker name -> its record (JSON). One
  * HSET for the records given, one HDEL for the names without one. */
 static int32_t rq_roster_put(void *qv, size_t n, const char *const *names, const char *const *records,
@@ -1105,6 +1137,7 @@ static const spn_queue_ops_t rq_ops = {
     .seen = rq_seen,
     .output_job = rq_output_job,
     .input_job = rq_input_job,
+    .key_job = rq_key_job,
     .roster_put = rq_roster_put,
     .roster_get = rq_roster_get,
     .free = rq_free,

@@ -1033,6 +1033,18 @@ static int32_t sq_input_job(void *qv, const char *path, int64_t *id, spn_error_t
   return path_job(qv, ST_INPUT_JOB, path, id, err);
 }
 
+static int32_t sq_key_job(void *qv, const char *key, int64_t now, int64_t *id, spn_error_t *err) {
+  sq_t *q = qv;
+  *id = 0;
+  sqlite3_stmt *s = stmt(q, ST_IDEM_FIND);
+  bind_text(s, 1, key);
+  int r = sqlite3_step(s);
+  if (r == SQLITE_ROW && now - sqlite3_column_int64(s, 1) < IDEM_WINDOW_MS)
+    *id = sqlite3_column_int64(s, 0);
+  sqlite3_reset(s);
+  return r == SQLITE_ROW || r == SQLITE_DONE ? SPN_OK : db_error(q, err, "idempotency lookup");
+}
+
 static void sq_free(void *qv) {
   sq_t *q = qv;
   if (!q)
@@ -1078,6 +1090,7 @@ static const spn_queue_ops_t sqlite_ops = {
     .seen = sq_seen,
     .output_job = sq_output_job,
     .input_job = sq_input_job,
+    .key_job = sq_key_job,
     .free = sq_free,
 };
 

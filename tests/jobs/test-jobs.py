@@ -1647,6 +1647,18 @@ def case_output_taken(tmp):
     check(any(f"outputs.out ({real}/in.bin) is an input of job {j}, which is queued: this job would replace the "
               f"file job {j} reads" in e for j in (a, b)), f"a job writing a queued job's input: {e}")
     cli("cancel", str(a), "--connect", ep, check_rc=0)
+    # a repeat of a keyed request is that job, checked when it came first:
+    # not refused because a job now reads what it wrote (job k, cancelled;
+    # job rd, queued, reads k's output)
+    k = int(submit(f"{tmp}/out/k.bin", "--idempotency-key", "kk").stdout.split()[0])
+    cli("cancel", str(k), "--connect", ep, check_rc=0)
+    make_file(f"{tmp}/out/k.bin", 100, 11)
+    rd = int(cli("submit", "copy", "--input", f"in={tmp}/out/k.bin", "--output", f"out={tmp}/out/rd.bin",
+                 "--connect", ep, check_rc=0).stdout.split()[0])
+    e = submit(f"{tmp}/out/k.bin", rc=5).stderr.decode()
+    check(f"is an input of job {rd}" in e, f"a new job replacing job {rd}'s input: {e}")
+    again = int(submit(f"{tmp}/out/k.bin", "--idempotency-key", "kk").stdout.split()[0])
+    check(again == k, f"the repeat of job {k}'s keyed request: job {again}")
     c = int(submit(f"{tmp}/out/a.bin").stdout.split()[0])
     e = submit(f"{tmp}/out/a.bin", rc=5).stderr.decode()
     check(f"is the output of job {c}, which is queued" in e, f"after the cancel, job {c} holds the path: {e}")

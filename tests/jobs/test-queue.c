@@ -178,6 +178,14 @@ static void test_idempotency(void **state) {
   assert_int_equal(f->o->submit(f->q.impl, &s, T0 + 23LL * 3600 * 1000, &id, &existed, NULL), SPN_OK);
   assert_true(existed);
   assert_int_equal(id, a);
+  /* ops.key_job names it, within the window only */
+  int64_t kj = -1;
+  assert_int_equal(f->o->key_job(f->q.impl, "k1", T0 + 10, &kj, NULL), SPN_OK);
+  assert_int_equal(kj, a);
+  assert_int_equal(f->o->key_job(f->q.impl, "k0", T0 + 10, &kj, NULL), SPN_OK);
+  assert_int_equal(kj, 0);
+  assert_int_equal(f->o->key_job(f->q.impl, "k1", T0 + 24LL * 3600 * 1000 + 1, &kj, NULL), SPN_OK);
+  assert_int_equal(kj, 0);
   /* Another key: another job. */
   int64_t b = submit(f, 0, "k2", 0, 1, T0 + 5);
   assert_int_not_equal(a, b);
