@@ -534,28 +534,32 @@ static int32_t distinct_files(const cJSON *spec, spn_error_t *err) {
   return SPN_OK;
 }
 
-/* The job still queued or running that writes `path` (the queue's
- * output_job, then that job's state): *id, or 0 when none. */
-static int32_t active_writer(spn_server_t *s, const char *path, int64_t *id,
-                             spn_queue_state_t *st, bool *stopping, spn_error_t *err) {
-  int32_t rc = s->q.ops->output_job(s->q.impl, path, id, err);
-  if (rc < 0 || !*id)
+/* A job still queued or running that holds a path: the one `find` (the
+ * queue's output_job or input_job) names, with its state read back; id 0
+ * when none, or when that job has ended or is gone. */
+typedef struct holder {
+  int64_t id;
+  spn_queue_state_t state;
+  bool stopping; /* cancelled, its run not stopped yet */
+} holder_t;
+
+static int32_t holder(spn_server_t *s, int32_t (*find)(void *q, const char *path, int64_t *id, spn_error_t *err),
+                      const char *path, holder_t *h, spn_error_t *err) {
+  *h = (holder_t){0};
+  int32_t rc = find ? find(s->q.impl, path, &h->id, err) : SPN_OK;
+  if (rc < 0 || !h->id)
     return rc;
   spn_queue_job_t j = {0};
   spn_error_t gerr = SPN_ERROR_INIT;
-  rc = s->q.ops->get(s->q.impl, *id, &j, &gerr);
-  if (rc == SPN_ENOENT) {
-    *id = 0;
-    return SPN_OK;
-  }
-  if (rc < 0) {
+  rc = s->q.ops->get(s->q.impl, h->id, &j, &gerr);
+  if (rc < 0 && rc != SPN_ENOENT) {
     *err = gerr;
     return rc;
   }
-  if (!(j.state == SPN_QSTATE_QUEUED || j.state == SPN_QSTATE_RUNNING))
-    *id = 0;
-  *st = j.state;
-  *stopping = j.cancel_requested;
+  if (rc == SPN_ENOENT || !(j.state == SPN_QSTATE_QUEUED || j.state == SPN_QSTATE_RUNNING))
+    h->id = 0;
+  h->state = j.state;
+  h->stopping = j.cancel_requested;
   spn__queue_job_clear(&j);
   return SPN_OK;
 }
@@ -565,58 +569,49 @@ static int32_t active_writer(spn_server_t *s, const char *path, int64_t *id,
  * winning without a word; an output that is another job's input would
  * replace what that job reads (its retry would read this job's file); an
  * input that is another job's output would be read before or while that job
- * writes it (a stale file from an earlier render, or a half-replaced one). Across gateways of one Redis
- * queue two SUBMITs in flight at once are not compared (docs/jobs.md). */
+ * writes it (a stale file from an earlier render, or a half-replaced one).
+ * Across gateways of one Redis queue two SUBMITs in flight at once are not
+ * compared (docs/jobs.md). */
 static int32_t files_free(spn_server_t *s, const cJSON *spec, spn_error_t *err) {
-  if (!s->q.ops->output_job)
-    return SPN_OK;
+  const spn_queue_ops_t *ops = s->q.ops;
   const cJSON *f;
+  holder_t h;
+  int32_t rc;
   cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(spec, "outputs")) {
-    int64_t id = 0;
-    spn_queue_state_t st = SPN_QSTATE_QUEUED;
-    bool stopping = false;
-    int32_t rc = active_writer(s, f->valuestring, &id, &st, &stopping, err);
-    if (rc < 0)
+    if ((rc = holder(s, ops->output_job, f->valuestring, &h, err)) < 0)
       return rc;
-    if (id && stopping) /* cancelled, its run not stopped yet */
+    if (h.id && h.stopping)
       return spn_error_set(err, SPN_EINVAL,
                            "SUBMIT: outputs.%s (%s) is the output of job %lld, which is being cancelled but still "
                            "runs: two jobs would write one file; submit again once it has stopped (spindle watch "
                            "%lld), or give this job another path",
-                           f->string, f->valuestring, (long long)id, (long long)id);
-    if (id)
+                           f->string, f->valuestring, (long long)h.id, (long long)h.id);
+    if (h.id)
       return spn_error_set(err, SPN_EINVAL,
                            "SUBMIT: outputs.%s (%s) is the output of job %lld, which is %s: two jobs would write "
                            "one file and the last to finish would win; give this job another path, or cancel job "
                            "%lld first",
-                           f->string, f->valuestring, (long long)id, spn_queue_state_name(st), (long long)id);
-    if (s->q.ops->input_job && (rc = s->q.ops->input_job(s->q.impl, f->valuestring, &id, err)) < 0)
+                           f->string, f->valuestring, (long long)h.id, spn_queue_state_name(h.state),
+                           (long long)h.id);
+    if ((rc = holder(s, ops->input_job, f->valuestring, &h, err)) < 0)
       return rc;
-    if (id) {
-      spn_queue_job_t j = {0};
-      bool known = s->q.ops->get(s->q.impl, id, &j, NULL) == SPN_OK;
-      rc = spn_error_set(err, SPN_EINVAL,
-                         "SUBMIT: outputs.%s (%s) is an input of job %lld, which is %s: this job would replace the "
-                         "file job %lld reads; give this job another path, or submit it once job %lld has ended",
-                         f->string, f->valuestring, (long long)id,
-                         known ? spn_queue_state_name(j.state) : "queued or running", (long long)id, (long long)id);
-      spn__queue_job_clear(&j);
-      return rc;
-    }
+    if (h.id)
+      return spn_error_set(err, SPN_EINVAL,
+                           "SUBMIT: outputs.%s (%s) is an input of job %lld, which is %s: this job would replace the "
+                           "file job %lld reads; give this job another path, or submit it once job %lld has ended",
+                           f->string, f->valuestring, (long long)h.id, spn_queue_state_name(h.state),
+                           (long long)h.id, (long long)h.id);
   }
   cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(spec, "inputs")) {
-    int64_t id = 0;
-    spn_queue_state_t st = SPN_QSTATE_QUEUED;
-    bool stopping = false;
-    int32_t rc = active_writer(s, f->valuestring, &id, &st, &stopping, err);
-    if (rc < 0)
+    if ((rc = holder(s, ops->output_job, f->valuestring, &h, err)) < 0)
       return rc;
-    if (id)
+    if (h.id)
       return spn_error_set(err, SPN_EINVAL,
                            "SUBMIT: inputs.%s (%s) is the output of job %lld, which is %s: this job would read the "
                            "file before or while job %lld writes it; submit it once job %lld has ended",
-                           f->string, f->valuestring, (long long)id, stopping ? "being cancelled" :
-                           spn_queue_state_name(st), (long long)id, (long long)id);
+                           f->string, f->valuestring, (long long)h.id,
+                           h.stopping ? "being cancelled" : spn_queue_state_name(h.state), (long long)h.id,
+                           (long long)h.id);
   }
   return SPN_OK;
 }
