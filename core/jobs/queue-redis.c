@@ -72,6 +72,7 @@ enum {
   SC_UNPUBLISHED,
   SC_WAITING_REPAIR,
   SC_READER,
+  SC_KEY,
   SC_COUNT
 };
 
@@ -91,6 +92,7 @@ static const char *const script_body[SC_COUNT] = {
     [SC_UNPUBLISHED] = RQ_LUA_UNPUBLISHED,
     [SC_WAITING_REPAIR] = RQ_LUA_PRELUDE RQ_LUA_WAITING_REPAIR,
     [SC_READER] = RQ_LUA_PRELUDE RQ_LUA_READER,
+    [SC_KEY] = RQ_LUA_PRELUDE RQ_LUA_KEY,
 };
 
 typedef struct rq {
@@ -1013,36 +1015,13 @@ static int32_t rq_input_job(void *qv, const char *path, int64_t *id, spn_error_t
   return lease_int(qv, SC_READER, &a, "reading an input's jobs", id, err);
 }
 
-/* P idem:<key> holds the job's id for the window (PX), as submit set it. */
+/* The submit script's own lookup (idem_job). */
 static int32_t rq_key_job(void *qv, const char *key, int64_t now, int64_t *id, spn_error_t *err) {
-  rq_t *q = qv;
-  *id = 0;
-  char k[96 + 256];
-  char name[5 + 257];
-  snprintf(name, sizeof name, "idem:%s", key);
-  if (rq_keyed(q, name, k, sizeof k, err) < 0)
-    return SPN_EIO;
-  const char *argv[] = {"GET", k};
-  size_t lens[] = {3, strlen(k)};
-  redisReply *r = rq_cmd(q, 2, argv, lens, "idempotency lookup", err);
-  if (!r)
-    return SPN_EIO;
-  long long v = r->type == REDIS_REPLY_STRING ? strtoll(r->str, NULL, 10) : 0;
-  freeReplyObject(r);
-  if (v <= 0)
-    return SPN_OK;
-  /* within the window by the job's creation, as the submit script decides */
-  snprintf(name, sizeof name, "job:%lld", v);
-  if (rq_keyed(q, name, k, sizeof k, err) < 0)
-    return SPN_EIO;
-  const char *hargv[] = {"HGET", k, "cr"};
-  size_t hlens[] = {4, strlen(k), 2};
-  if (!(r = rq_cmd(q, 3, hargv, hlens, "idempotency lookup", err)))
-    return SPN_EIO;
-  if (r->type == REDIS_REPLY_STRING && now - strtoll(r->str, NULL, 10) < IDEM_WINDOW_MS)
-    *id = v;
-  freeReplyObject(r);
-  return SPN_OK;
+  rargs_t a = {0};
+  a_str(&a, key);
+  a_i64(&a, now);
+  a_i64(&a, IDEM_WINDOW_MS);
+  return lease_int(qv, SC_KEY, &a, "idempotency lookup", id, err);
 }
 
 /* The roster: P workers, a hash of worker name -> its record (JSON). One

@@ -62,6 +62,16 @@
   "local G = 'spindle'\n"                                                                       \
   "local W = P .. 'waiting'\n"                                                                  \
   "local function jk(id) return P .. 'job:' .. id end\n"                                        \
+  /* The job an idempotency key names within the window (ms), or nil.    \
+   * (The key expires with the window too; cr decides, as the clocks of    \
+   * the writers may differ from the server's.) */                         \
+  "local function idem_job(key, now, window)\n"                                                 \
+  "  local v = redis.call('GET', P .. 'idem:' .. key)\n"                                        \
+  "  if not v then return nil end\n"                                                            \
+  "  local cr = tonumber(redis.call('HGET', jk(v), 'cr'))\n"                                    \
+  "  if cr and now - cr < window then return tonumber(v) end\n"                                 \
+  "  return nil\n"                                                                              \
+  "end\n"                                                                                       \
   /* One token per job that became queued. The mirror's commands go       \
    * through pcall: a stream deleted or overwritten by hand must not stop   \
    * the transition half done (a script is not rolled back); the repair of  \
@@ -345,11 +355,8 @@
   "local now = tonumber(ARGV[7])\n"                                                             \
   "local key = ARGV[4]\n"                                                                       \
   "if key ~= '' then\n"                                                                         \
-  "  local v = redis.call('GET', P .. 'idem:' .. key)\n"                                        \
-  "  if v then\n"                                                                               \
-  "    local cr = tonumber(redis.call('HGET', jk(v), 'cr'))\n"                                  \
-  "    if cr and now - cr < tonumber(ARGV[8]) then return {tonumber(v), 1} end\n"               \
-  "  end\n"                                                                                     \
+  "  local v = idem_job(key, now, tonumber(ARGV[8]))\n"                                         \
+  "  if v then return {v, 1} end\n"                                                             \
   "end\n"                                                                                       \
   "local id = tonumber(ARGV[9])\n"                                                              \
   "if not id then id = redis.call('INCR', P .. 'seq') end\n"                                     \
@@ -621,6 +628,9 @@
   "  redis.call('SREM', k, id)\n"                                                               \
   "end\n"                                                                                       \
   "return 0\n"
+
+/* ARGV: P key now window -> the job the idempotency key names, or 0 */
+#define RQ_LUA_KEY "return idem_job(ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])) or 0\n"
 
 /* ARGV: P -> tokens added to P waiting (negative: taken) to repair drift */
 #define RQ_LUA_WAITING_REPAIR "ready_repair()\nreturn wait_repair()\n"

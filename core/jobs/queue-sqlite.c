@@ -308,6 +308,24 @@ static int32_t sq_commit(void *qv, spn_error_t *err) {
   return SPN_OK;
 }
 
+/* The job an idempotency key names: 1 with *id that job while within the
+ * window, 1 with *id 0 when the key is held but expired, 0 when no job has
+ * it, -1 on a database error (err set). */
+static int idem_find(sq_t *q, const char *key, int64_t now, int64_t *id, spn_error_t *err) {
+  *id = 0;
+  sqlite3_stmt *s = stmt(q, ST_IDEM_FIND);
+  bind_text(s, 1, key);
+  int r = sqlite3_step(s);
+  if (r == SQLITE_ROW && now - sqlite3_column_int64(s, 1) < IDEM_WINDOW_MS)
+    *id = sqlite3_column_int64(s, 0);
+  sqlite3_reset(s);
+  if (r != SQLITE_ROW && r != SQLITE_DONE) {
+    db_error(q, err, "idempotency lookup");
+    return -1;
+  }
+  return r == SQLITE_ROW;
+}
+
 static int32_t sq_submit(void *qv, const spn_queue_submit_t *sub, int64_t now, int64_t *id,
                          bool *existed, spn_error_t *err) {
   sq_t *q = qv;
@@ -317,26 +335,21 @@ static int32_t sq_submit(void *qv, const spn_queue_submit_t *sub, int64_t now, i
     return rc;
   *existed = false;
   if (sub->idem_key) {
-    sqlite3_stmt *s = stmt(q, ST_IDEM_FIND);
-    bind_text(s, 1, sub->idem_key);
-    int r = sqlite3_step(s);
-    if (r == SQLITE_ROW) {
-      int64_t old = sqlite3_column_int64(s, 0), created = sqlite3_column_int64(s, 1);
-      sqlite3_reset(s);
-      if (now - created < IDEM_WINDOW_MS) {
-        *id = old;
-        *existed = true;
-        return auto_end(q, opened, SPN_OK, err);
-      }
+    int64_t old = 0;
+    int found = idem_find(q, sub->idem_key, now, &old, err);
+    if (found < 0)
+      return auto_end(q, opened, SPN_EIO, err);
+    if (found && old) {
+      *id = old;
+      *existed = true;
+      return auto_end(q, opened, SPN_OK, err);
+    }
+    if (found) {
       /* Expired key: the old job keeps its history but gives up the key. */
-      s = stmt(q, ST_IDEM_CLEAR);
+      sqlite3_stmt *s = stmt(q, ST_IDEM_CLEAR);
       bind_text(s, 1, sub->idem_key);
       if (exec_stmt(q, s, err, "clearing an expired idempotency key") < 0)
         return auto_end(q, opened, SPN_EIO, err);
-    } else {
-      sqlite3_reset(s);
-      if (r != SQLITE_DONE)
-        return auto_end(q, opened, db_error(q, err, "idempotency lookup"), err);
     }
   }
   sqlite3_stmt *s = stmt(q, ST_INSERT);
@@ -1034,15 +1047,7 @@ static int32_t sq_input_job(void *qv, const char *path, int64_t *id, spn_error_t
 }
 
 static int32_t sq_key_job(void *qv, const char *key, int64_t now, int64_t *id, spn_error_t *err) {
-  sq_t *q = qv;
-  *id = 0;
-  sqlite3_stmt *s = stmt(q, ST_IDEM_FIND);
-  bind_text(s, 1, key);
-  int r = sqlite3_step(s);
-  if (r == SQLITE_ROW && now - sqlite3_column_int64(s, 1) < IDEM_WINDOW_MS)
-    *id = sqlite3_column_int64(s, 0);
-  sqlite3_reset(s);
-  return r == SQLITE_ROW || r == SQLITE_DONE ? SPN_OK : db_error(q, err, "idempotency lookup");
+  return idem_find(qv, key, now, id, err) < 0 ? SPN_EIO : SPN_OK;
 }
 
 static void sq_free(void *qv) {
