@@ -582,9 +582,10 @@ static void test_batch_submit_order(void **state) {
  * job; a segment's files are not recorded; a submission pipelined in a batch
  * is seen before the batch commits (the gateway checks the next SUBMIT of
  * the batch against it). */
-static int64_t output_job(fx_t *f, const char *path) {
+static int64_t path_job(fx_t *f, int32_t (*op)(void *q, const char *path, int64_t *id, spn_error_t *err),
+                        const char *path) {
   int64_t id = -1;
-  assert_int_equal(f->o->output_job(f->q.impl, path, &id, NULL), SPN_OK);
+  assert_int_equal(op(f->q.impl, path, &id, NULL), SPN_OK);
   return id;
 }
 
@@ -592,68 +593,62 @@ static void test_output_jobs(void **state) {
   fx_t *f = *state;
   const char *two = "{\"pipeline\":\"p\",\"outputs\":{\"a\":\"/o/x\",\"b\":\"/o/y\"}}";
   const char *one = "{\"pipeline\":\"p\",\"outputs\":{\"a\":\"/o/x\"}}";
-  assert_int_equal(output_job(f, "/o/x"), 0);
+  assert_int_equal(path_job(f, f->o->output_job, "/o/x"), 0);
   int64_t a = submit_spec(f, two, 0, NULL, 0, 1, T0);
-  assert_int_equal(output_job(f, "/o/x"), a);
-  assert_int_equal(output_job(f, "/o/y"), a);
-  assert_int_equal(output_job(f, "/o/z"), 0);
-  assert_int_equal(output_job(f, "/o"), 0);
+  assert_int_equal(path_job(f, f->o->output_job, "/o/x"), a);
+  assert_int_equal(path_job(f, f->o->output_job, "/o/y"), a);
+  assert_int_equal(path_job(f, f->o->output_job, "/o/z"), 0);
+  assert_int_equal(path_job(f, f->o->output_job, "/o"), 0);
   int64_t b = submit_spec(f, one, 0, NULL, 0, 1, T0 + 1);
-  assert_int_equal(output_job(f, "/o/x"), b);
-  assert_int_equal(output_job(f, "/o/y"), a);
+  assert_int_equal(path_job(f, f->o->output_job, "/o/x"), b);
+  assert_int_equal(path_job(f, f->o->output_job, "/o/y"), a);
   spn_queue_submit_t seg = {.spec_json = one, .max_attempts = 1, .parent = b, .seg_index = 0};
   int64_t id = 0;
   bool ex = true;
   assert_int_equal(f->o->submit(f->q.impl, &seg, T0 + 2, &id, &ex, NULL), SPN_OK);
-  assert_int_equal(output_job(f, "/o/x"), b);
+  assert_int_equal(path_job(f, f->o->output_job, "/o/x"), b);
   /* in a batch (pipelined on Redis): seen before the commit */
   const char *z = "{\"pipeline\":\"p\",\"outputs\":{\"a\":\"/o/z\"}}";
   assert_int_equal(f->o->begin(f->q.impl, NULL), SPN_OK);
   spn_queue_submit_t s = {.spec_json = z, .max_attempts = 1};
   assert_int_equal(f->o->submit(f->q.impl, &s, T0 + 3, &id, &ex, NULL), SPN_OK);
-  assert_int_equal(output_job(f, "/o/z"), id);
+  assert_int_equal(path_job(f, f->o->output_job, "/o/z"), id);
   assert_int_equal(f->o->commit(f->q.impl, NULL), SPN_OK);
-  assert_int_equal(output_job(f, "/o/z"), id);
+  assert_int_equal(path_job(f, f->o->output_job, "/o/z"), id);
   /* a spec without outputs, or not JSON, records nothing and fails nothing */
   submit_spec(f, "{\"pipeline\":\"p\"}", 0, NULL, 0, 1, T0 + 4);
   submit_spec(f, "not json", 0, NULL, 0, 1, T0 + 5);
-  assert_int_equal(output_job(f, "/o/x"), b);
+  assert_int_equal(path_job(f, f->o->output_job, "/o/x"), b);
 }
 
 /* The jobs reading a path (ops.input_job): any of them while queued or
  * running, none once each has ended; a segment's inputs are not recorded. */
-static int64_t input_job(fx_t *f, const char *path) {
-  int64_t id = -1;
-  assert_int_equal(f->o->input_job(f->q.impl, path, &id, NULL), SPN_OK);
-  return id;
-}
-
 static void test_input_jobs(void **state) {
   fx_t *f = *state;
   const char *rd = "{\"pipeline\":\"p\",\"inputs\":{\"v\":\"/i/x\",\"a\":\"/i/y\"}}";
-  assert_int_equal(input_job(f, "/i/x"), 0);
+  assert_int_equal(path_job(f, f->o->input_job, "/i/x"), 0);
   int64_t a = submit_spec(f, rd, 5, NULL, 0, 1, T0);
   int64_t b = submit_spec(f, rd, 0, NULL, 0, 1, T0 + 1);
-  int64_t got = input_job(f, "/i/x");
+  int64_t got = path_job(f, f->o->input_job, "/i/x");
   assert_true(got == a || got == b);
-  assert_true(input_job(f, "/i/y") == a || input_job(f, "/i/y") == b);
-  assert_int_equal(input_job(f, "/i/z"), 0);
+  assert_true(path_job(f, f->o->input_job, "/i/y") == a || path_job(f, f->o->input_job, "/i/y") == b);
+  assert_int_equal(path_job(f, f->o->input_job, "/i/z"), 0);
   /* a ends (succeeded), b is cancelled: nothing reads /i/x any more */
   uint32_t att = 0;
   assert_int_equal(lease(f, "w", T0 + 2, &att), a);
-  assert_int_equal(input_job(f, "/i/x") > 0, 1); /* a runs, b waits */
+  assert_int_equal(path_job(f, f->o->input_job, "/i/x") > 0, 1); /* a runs, b waits */
   assert_int_equal(f->o->complete(f->q.impl, a, att, "w", 0, 0, NULL, NULL, T0 + 3, NULL), SPN_OK);
-  assert_int_equal(input_job(f, "/i/x"), b);
+  assert_int_equal(path_job(f, f->o->input_job, "/i/x"), b);
   spn_queue_state_t st;
   assert_int_equal(f->o->cancel(f->q.impl, b, T0 + 4, &st, NULL), SPN_OK);
-  assert_int_equal(input_job(f, "/i/x"), 0);
-  assert_int_equal(input_job(f, "/i/y"), 0);
+  assert_int_equal(path_job(f, f->o->input_job, "/i/x"), 0);
+  assert_int_equal(path_job(f, f->o->input_job, "/i/y"), 0);
   /* a segment reading it is not recorded */
   spn_queue_submit_t seg = {.spec_json = rd, .max_attempts = 1, .parent = b, .seg_index = 0};
   int64_t id = 0;
   bool ex = true;
   assert_int_equal(f->o->submit(f->q.impl, &seg, T0 + 5, &id, &ex, NULL), SPN_OK);
-  assert_int_equal(input_job(f, "/i/x"), 0);
+  assert_int_equal(path_job(f, f->o->input_job, "/i/x"), 0);
 }
 
 /* A succeeded job's progress equals its total, also when it never reported
