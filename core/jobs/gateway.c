@@ -534,86 +534,50 @@ static int32_t distinct_files(const cJSON *spec, spn_error_t *err) {
   return SPN_OK;
 }
 
-/* A job still queued or running that holds a path: the one `find` (the
- * queue's output_job or input_job) names, with its state read back; id 0
- * when none, or when that job has ended or is gone. */
-typedef struct holder {
-  int64_t id;
-  spn_queue_state_t state;
-  bool stopping; /* cancelled, its run not stopped yet */
-} holder_t;
-
-static int32_t holder(spn_server_t *s, int32_t (*find)(void *q, const char *path, int64_t *id, spn_error_t *err),
-                      const char *path, holder_t *h, spn_error_t *err) {
-  *h = (holder_t){0};
-  int32_t rc = find ? find(s->q.impl, path, &h->id, err) : SPN_OK;
-  if (rc < 0 || !h->id)
-    return rc;
-  spn_queue_job_t j = {0};
-  spn_error_t gerr = SPN_ERROR_INIT;
-  rc = s->q.ops->get(s->q.impl, h->id, &j, &gerr);
-  if (rc < 0 && rc != SPN_ENOENT) {
-    *err = gerr;
-    return rc;
-  }
-  if (rc == SPN_ENOENT || !(j.state == SPN_QSTATE_QUEUED || j.state == SPN_QSTATE_RUNNING))
-    h->id = 0;
-  h->state = j.state;
-  h->stopping = j.cancel_requested;
-  spn__queue_job_clear(&j);
-  return SPN_OK;
-}
-
-/* A SUBMIT's files against those of the jobs still queued or running: an
- * output that is another job's would be written twice, the last to finish
- * winning without a word; an output that is another job's input would
- * replace what that job reads (its retry would read this job's file); an
- * input that is another job's output would be read before or while that job
- * writes it (a stale file from an earlier render, or a half-replaced one).
- * Across gateways of one Redis queue two SUBMITs in flight at once are not
- * compared (docs/jobs.md). */
-static int32_t files_free(spn_server_t *s, const cJSON *spec, spn_error_t *err) {
-  const spn_queue_ops_t *ops = s->q.ops;
+/* The refusal of a SUBMIT whose file clashes with that of a job still queued
+ * or running (the queue's submit finds it, in the write that would store
+ * the job): an output that is another job's would be written twice, the
+ * last to finish winning without a word; an output that is another job's
+ * input would replace what that job reads (its retry would read this job's
+ * file); an input that is another job's output would be read before or
+ * while that job writes it (a stale file from an earlier render, or a
+ * half-replaced one). */
+static int32_t clash_error(const cJSON *spec, const spn_queue_clash_t *c, spn_error_t *err) {
+  const char *list = c->kind == SPN_CLASH_INPUT ? "inputs" : "outputs";
+  const char *field = "?";
   const cJSON *f;
-  holder_t h;
-  int32_t rc;
-  cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(spec, "outputs")) {
-    if ((rc = holder(s, ops->output_job, f->valuestring, &h, err)) < 0)
-      return rc;
-    if (h.id && h.stopping)
+  cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(spec, list)) {
+    if (cJSON_IsString(f) && !strcmp(f->valuestring, c->path)) {
+      field = f->string;
+      break;
+    }
+  }
+  long long id = (long long)c->job;
+  const char *state = spn_queue_state_name(c->state);
+  switch (c->kind) {
+  case SPN_CLASH_OUTPUT:
+    if (c->stopping)
       return spn_error_set(err, SPN_EINVAL,
                            "SUBMIT: outputs.%s (%s) is the output of job %lld, which is being cancelled but still "
                            "runs: two jobs would write one file; submit again once it has stopped (spindle watch "
                            "%lld), or give this job another path",
-                           f->string, f->valuestring, (long long)h.id, (long long)h.id);
-    if (h.id)
-      return spn_error_set(err, SPN_EINVAL,
-                           "SUBMIT: outputs.%s (%s) is the output of job %lld, which is %s: two jobs would write "
-                           "one file and the last to finish would win; give this job another path, or cancel job "
-                           "%lld first",
-                           f->string, f->valuestring, (long long)h.id, spn_queue_state_name(h.state),
-                           (long long)h.id);
-    if ((rc = holder(s, ops->input_job, f->valuestring, &h, err)) < 0)
-      return rc;
-    if (h.id)
-      return spn_error_set(err, SPN_EINVAL,
-                           "SUBMIT: outputs.%s (%s) is an input of job %lld, which is %s: this job would replace the "
-                           "file job %lld reads; give this job another path, or submit it once job %lld has ended",
-                           f->string, f->valuestring, (long long)h.id, spn_queue_state_name(h.state),
-                           (long long)h.id, (long long)h.id);
+                           field, c->path, id, id);
+    return spn_error_set(err, SPN_EINVAL,
+                         "SUBMIT: outputs.%s (%s) is the output of job %lld, which is %s: two jobs would write one "
+                         "file and the last to finish would win; give this job another path, or cancel job %lld "
+                         "first",
+                         field, c->path, id, state, id);
+  case SPN_CLASH_READ:
+    return spn_error_set(err, SPN_EINVAL,
+                         "SUBMIT: outputs.%s (%s) is an input of job %lld, which is %s: this job would replace the "
+                         "file job %lld reads; give this job another path, or submit it once job %lld has ended",
+                         field, c->path, id, state, id, id);
+  default:
+    return spn_error_set(err, SPN_EINVAL,
+                         "SUBMIT: inputs.%s (%s) is the output of job %lld, which is %s: this job would read the "
+                         "file before or while job %lld writes it; submit it once job %lld has ended",
+                         field, c->path, id, c->stopping ? "being cancelled" : state, id, id);
   }
-  cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(spec, "inputs")) {
-    if ((rc = holder(s, ops->output_job, f->valuestring, &h, err)) < 0)
-      return rc;
-    if (h.id)
-      return spn_error_set(err, SPN_EINVAL,
-                           "SUBMIT: inputs.%s (%s) is the output of job %lld, which is %s: this job would read the "
-                           "file before or while job %lld writes it; submit it once job %lld has ended",
-                           f->string, f->valuestring, (long long)h.id,
-                           h.stopping ? "being cancelled" : spn_queue_state_name(h.state), (long long)h.id,
-                           (long long)h.id);
-  }
-  return SPN_OK;
 }
 
 static const char *code_for(int32_t rc) {
@@ -796,13 +760,25 @@ static void submit_finish(submit_t *sub, const spn_error_t *plan_err) {
     rc = spn_error_set(&err, SPN_ENOMEM, "out of memory");
     goto out;
   }
+  /* The files are checked against the jobs queued or running by the
+   * queue, in the write that stores this one; a repeat of a request whose
+   * idempotency key names a job is that job, unchecked (it was when it
+   * came first). */
+  spn_queue_clash_t *clash = malloc(sizeof *clash);
+  if (!clash) {
+    rc = spn_error_set(&err, SPN_ENOMEM, "out of memory");
+    goto out;
+  }
   spn_queue_submit_t qs = {.spec_json = spec_js, .priority = (int32_t)sub->prio, .idem_key = sub->key,
                            .deadline_ms = sub->deadline, .max_attempts = (uint32_t)sub->max_att,
-                           .pending = sub->plan.count};
+                           .pending = sub->plan.count, .clash = clash};
   int64_t id = 0;
   bool existed = false;
   spn__batch_begin(s);
   rc = s->q.ops->submit(s->q.impl, &qs, spn__now_ms(), &id, &existed, &err);
+  if (rc == SPN_EBUSY)
+    rc = clash_error(sub->spec, clash, &err);
+  free(clash);
   if (rc == SPN_OK && sub->plan.count && !existed)
     rc = segment_submit(s, sub->spec, id, &qs, &err);
   if (rc < 0)
@@ -933,13 +909,6 @@ static void on_submit(spn_server_t *s, spn_pmsg_t *m) {
       goto out;
     }
   }
-  /* A repeat of a request whose key names a job is that job (submit answers
-   * with it): its files were checked when it came first. */
-  int64_t keyed = 0;
-  if (key && s->q.ops->key_job && (rc = s->q.ops->key_job(s->q.impl, key, spn__now_ms(), &keyed, &err)) < 0)
-    goto out;
-  if (!keyed && (rc = files_free(s, spec, &err)) < 0)
-    goto out;
   /* A runner that can check a job (the pipeline runner: its inputs,
    * outputs and params against the pipeline's per-job keys) refuses a job
    * that could never run now, rather than after max_attempts retries. */

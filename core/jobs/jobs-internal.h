@@ -81,7 +81,28 @@ typedef struct spn_queue_submit {
   int64_t parent;       /* a segment: its parent job; 0 = none */
   int32_t seg_index;    /* a segment: its index */
   uint32_t pending;     /* a parent: its segments, which must all succeed before it is leased */
+  /* Not NULL: the job's files are checked against those of every job still
+   * queued or running, in the write that stores the job (so two SUBMITs in
+   * flight at once, through one gateway or two, cannot both pass). On a
+   * clash submit stores nothing, fills *clash and returns SPN_EBUSY. A
+   * segment (parent set) is neither checked nor recorded. */
+  struct spn_queue_clash *clash;
 } spn_queue_submit_t;
+
+/* How a SUBMIT's file clashes with a job still queued or running: */
+typedef enum spn_clash_kind {
+  SPN_CLASH_OUTPUT = 1, /* an output that is that job's output: the last to finish would win */
+  SPN_CLASH_READ,       /* an output that is that job's input: it would be replaced under it */
+  SPN_CLASH_INPUT,      /* an input that is that job's output: read before or while it is written */
+} spn_clash_kind_t;
+
+typedef struct spn_queue_clash {
+  spn_clash_kind_t kind;
+  char path[4096]; /* as the spec says it */
+  int64_t job;
+  spn_queue_state_t state;
+  bool stopping; /* cancelled, its run not stopped yet */
+} spn_queue_clash_t;
 
 /* Called for every job a sweep moved (lease expired, deadline passed). */
 typedef void (*spn_queue_changed_cb)(void *user, int64_t id, spn_queue_state_t state);
@@ -233,19 +254,6 @@ typedef struct spn_queue_ops {
    * worker of the queue. */
   int32_t (*present)(void *q, const char *pipelines, int64_t now, spn_error_t *err);
   int32_t (*seen)(void *q, const char *pipeline, int64_t *at, spn_error_t *err);
-  /* The last job submitted (parent 0) with `path` among its outputs, 0 when
-   * none: submit records each output path of a job that is not a segment,
-   * and a later one on the same path takes it over. The gateway refuses a
-   * SUBMIT whose output is that of a job still queued or running (its
-   * state, read with get). */
-  int32_t (*output_job)(void *q, const char *path, int64_t *id, spn_error_t *err);
-  /* A job still queued or running (parent 0) with `path` among its inputs,
-   * 0 when none: submit records the input paths of a job that is not a
-   * segment. The gateway refuses a SUBMIT whose output would replace it. */
-  int32_t (*input_job)(void *q, const char *path, int64_t *id, spn_error_t *err);
-  /* The job an idempotency key names now (submitted within 24 h with it),
-   * 0 when none: a SUBMIT with that key is that job, whatever else it says. */
-  int32_t (*key_job)(void *q, const char *key, int64_t now, int64_t *id, spn_error_t *err);
   /* The roster (docs/jobs.md, "spindle workers"): one record per worker
    * process of a shared queue, so that any gateway can list every worker,
    * whoever it leases through. roster_put sets name[i] to record[i] (JSON,

@@ -437,24 +437,6 @@ static int32_t w_seen(void *q, const char *pipeline, int64_t *at, spn_error_t *e
   return o->inner.ops->seen(o->inner.impl, pipeline, at, err);
 }
 
-static int32_t w_output_job(void *q, const char *path, int64_t *id, spn_error_t *err) {
-  spn__observe_t *o = q;
-  *id = 0;
-  return o->inner.ops->output_job ? o->inner.ops->output_job(o->inner.impl, path, id, err) : SPN_OK;
-}
-
-static int32_t w_input_job(void *q, const char *path, int64_t *id, spn_error_t *err) {
-  spn__observe_t *o = q;
-  *id = 0;
-  return o->inner.ops->input_job ? o->inner.ops->input_job(o->inner.impl, path, id, err) : SPN_OK;
-}
-
-static int32_t w_key_job(void *q, const char *key, int64_t now, int64_t *id, spn_error_t *err) {
-  spn__observe_t *o = q;
-  *id = 0;
-  return o->inner.ops->key_job ? o->inner.ops->key_job(o->inner.impl, key, now, id, err) : SPN_OK;
-}
-
 static int32_t w_roster_put(void *q, size_t n, const char *const *names, const char *const *records,
                             spn_error_t *err) {
   spn__observe_t *o = q;
@@ -500,9 +482,6 @@ static const spn_queue_ops_t observed_ops = {
     .events = w_events,
     .present = w_present,
     .seen = w_seen,
-    .output_job = w_output_job,
-    .input_job = w_input_job,
-    .key_job = w_key_job,
     .roster_put = w_roster_put,
     .roster_get = w_roster_get,
     .free = w_free,

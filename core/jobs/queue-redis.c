@@ -71,8 +71,6 @@ enum {
   SC_CHILDREN,
   SC_UNPUBLISHED,
   SC_WAITING_REPAIR,
-  SC_READER,
-  SC_KEY,
   SC_COUNT
 };
 
@@ -91,8 +89,6 @@ static const char *const script_body[SC_COUNT] = {
     [SC_CHILDREN] = RQ_LUA_PRELUDE RQ_LUA_CHILDREN,
     [SC_UNPUBLISHED] = RQ_LUA_UNPUBLISHED,
     [SC_WAITING_REPAIR] = RQ_LUA_PRELUDE RQ_LUA_WAITING_REPAIR,
-    [SC_READER] = RQ_LUA_PRELUDE RQ_LUA_READER,
-    [SC_KEY] = RQ_LUA_PRELUDE RQ_LUA_KEY,
 };
 
 typedef struct rq {
@@ -521,10 +517,14 @@ static int32_t rq_commit(void *qv, spn_error_t *err) {
   return SPN_OK;
 }
 
-static bool has_outputs(const char *spec_json) {
+/* Whether a spec names outputs; and (*files) any file at all. */
+static bool has_outputs(const char *spec_json, bool *files) {
   cJSON *o = cJSON_Parse(spec_json);
   const cJSON *out = cJSON_GetObjectItemCaseSensitive(o, "outputs");
+  const cJSON *in = cJSON_GetObjectItemCaseSensitive(o, "inputs");
   bool has = cJSON_IsObject(out) && out->child;
+  if (files)
+    *files = has || (cJSON_IsObject(in) && in->child);
   cJSON_Delete(o);
   return has;
 }
@@ -559,10 +559,11 @@ static int32_t rq_submit_pipelined(rq_t *q, const spn_queue_submit_t *s, int64_t
   a_i64(&a, now);
   a_i64(&a, IDEM_WINDOW_MS);
   a_i64(&a, *id);
-  a_str(&a, has_outputs(s->spec_json) ? "1" : "0");
+  a_str(&a, has_outputs(s->spec_json, NULL) ? "1" : "0");
   a_i64(&a, s->parent);
   a_i64(&a, s->seg_index);
   a_i64(&a, s->pending);
+  a_str(&a, "0");
   const char *argv[ARGS_MAX + 4] = {"EVALSHA", q->sha[SC_SUBMIT], "0", q->prefix};
   size_t lens[ARGS_MAX + 4] = {7, 40, 1, strlen(q->prefix)};
   for (int i = 0; i < a.n; i++) {
@@ -581,7 +582,12 @@ static int32_t rq_submit_pipelined(rq_t *q, const spn_queue_submit_t *s, int64_t
 static int32_t rq_submit(void *qv, const spn_queue_submit_t *s, int64_t now, int64_t *id, bool *existed,
                          spn_error_t *err) {
   rq_t *q = qv;
-  if (q->in_batch && !s->idem_key && q->c && q->loaded && !q->c->err) {
+  bool files = false;
+  bool outs = has_outputs(s->spec_json, &files);
+  /* A job whose files are checked waits for the script's answer: a clash
+   * is this SUBMIT's reply. */
+  bool check = s->clash && s->parent == 0 && files;
+  if (q->in_batch && !s->idem_key && !check && q->c && q->loaded && !q->c->err) {
     *existed = false;
     return rq_submit_pipelined(q, s, now, id, err);
   }
@@ -594,17 +600,27 @@ static int32_t rq_submit(void *qv, const spn_queue_submit_t *s, int64_t now, int
   a_i64(&a, now);
   a_i64(&a, IDEM_WINDOW_MS);
   a_str(&a, "");
-  a_str(&a, has_outputs(s->spec_json) ? "1" : "0");
+  a_str(&a, outs ? "1" : "0");
   a_i64(&a, s->parent);
   a_i64(&a, s->seg_index);
   a_i64(&a, s->pending);
+  a_str(&a, check ? "1" : "0");
   redisReply *r = rq_eval(q, SC_SUBMIT, &a, "submitting a job", err);
   if (!r)
     return SPN_EIO;
   int32_t rc = SPN_OK;
-  if (r->type == REDIS_REPLY_ARRAY && r->elements == 2) {
-    *id = r->element[0]->integer;
-    *existed = r->element[1]->integer != 0;
+  redisReply **e = r->type == REDIS_REPLY_ARRAY ? r->element : NULL;
+  if (e && r->elements == 2 && e[0]->type == REDIS_REPLY_INTEGER && e[1]->type == REDIS_REPLY_INTEGER) {
+    *id = e[0]->integer;
+    *existed = e[1]->integer != 0;
+  } else if (check && e && r->elements == 7 && e[1]->type == REDIS_REPLY_INTEGER && e[1]->integer == 2 &&
+             e[2]->type == REDIS_REPLY_INTEGER && e[3]->type == REDIS_REPLY_STRING &&
+             e[4]->type == REDIS_REPLY_INTEGER && e[5]->type == REDIS_REPLY_INTEGER &&
+             e[6]->type == REDIS_REPLY_INTEGER) {
+    *s->clash = (spn_queue_clash_t){.kind = (spn_clash_kind_t)e[2]->integer, .job = e[4]->integer,
+                                    .state = (spn_queue_state_t)e[5]->integer, .stopping = e[6]->integer != 0};
+    snprintf(s->clash->path, sizeof s->clash->path, "%s", e[3]->str);
+    rc = SPN_EBUSY;
   } else {
     rc = rq_error(q, err, "submitting a job", "unexpected reply");
   }
@@ -991,39 +1007,6 @@ static int32_t rq_seen(void *qv, const char *pipeline, int64_t *at, spn_error_t 
   return SPN_OK;
 }
 
-/* P outputs: a hash of output path -> the last job submitted with it. */
-static int32_t rq_output_job(void *qv, const char *path, int64_t *id, spn_error_t *err) {
-  rq_t *q = qv;
-  *id = 0;
-  char key[96];
-  if (rq_keyed(q, "outputs", key, sizeof key, err) < 0)
-    return SPN_EIO;
-  const char *argv[] = {"HGET", key, path};
-  size_t lens[] = {4, strlen(key), strlen(path)};
-  redisReply *r = rq_cmd(q, 3, argv, lens, "reading an output's job", err);
-  if (!r)
-    return SPN_EIO;
-  if (r->type == REDIS_REPLY_STRING)
-    *id = strtoll(r->str, NULL, 10);
-  freeReplyObject(r);
-  return SPN_OK;
-}
-
-static int32_t rq_input_job(void *qv, const char *path, int64_t *id, spn_error_t *err) {
-  rargs_t a = {0};
-  a_str(&a, path);
-  return lease_int(qv, SC_READER, &a, "reading an input's jobs", id, err);
-}
-
-/* The submit script's own lookup (idem_job). */
-static int32_t rq_key_job(void *qv, const char *key, int64_t now, int64_t *id, spn_error_t *err) {
-  rargs_t a = {0};
-  a_str(&a, key);
-  a_i64(&a, now);
-  a_i64(&a, IDEM_WINDOW_MS);
-  return lease_int(qv, SC_KEY, &a, "idempotency lookup", id, err);
-}
-
 /* The roster: P workers, a hash of worker name -> its record (JSON). One
  * HSET for the records given, one HDEL for the names without one. */
 static int32_t rq_roster_put(void *qv, size_t n, const char *const *names, const char *const *records,
@@ -1114,9 +1097,6 @@ static const spn_queue_ops_t rq_ops = {
     .events = rq_events,
     .present = rq_present,
     .seen = rq_seen,
-    .output_job = rq_output_job,
-    .input_job = rq_input_job,
-    .key_job = rq_key_job,
     .roster_put = rq_roster_put,
     .roster_get = rq_roster_get,
     .free = rq_free,

@@ -33,6 +33,11 @@
  *                  written without the mirror, a restored RDB) is repaired on
  *                  connect and by every sweep.
  *   P kids:<id>    ZSET of the segments of job <id>, score = segment index
+ *   P outputs      HASH output path -> the last job submitted with it
+ *   P readers:<path>  SET of the jobs submitted with input <path>; ended
+ *                  ones are removed when a submit reads the set
+ * (a job's files are checked against these by the submit script, and
+ *  recorded by it; segments' files are neither)
  *   P events       HASH of job lifecycle counters, by event (submitted leased
  *                  succeeded failed dead cancelled released), HINCRBY in the
  *                  script of each transition: the queue's own count, whoever
@@ -346,7 +351,10 @@
 
 /* ARGV: P spec priority idem_key deadline max_attempts now idem_ttl_ms
  *       id ('' = take the next) has_outputs (0|1) parent seg_index pending
- *       -> {id, existed}
+ *       check (0|1)
+ *       -> {id, existed (0|1)}, or {0, 2, kind, path, job, state, cx} when
+ *       check is 1 and a file of the job clashes with one of a job queued or
+ *       running (spn_clash_kind_t; nothing is stored then)
  * A job with pending > 0 waits for that many segments before it is ready;
  * a segment (parent > 0) is listed in P kids:<parent>.
  * FIFO order within a priority is the order of the scripts (P fifo), not of
@@ -357,6 +365,48 @@
   "if key ~= '' then\n"                                                                         \
   "  local v = idem_job(key, now, tonumber(ARGV[8]))\n"                                         \
   "  if v then return {v, 1} end\n"                                                             \
+  "end\n"                                                                                       \
+  /* the job's files: each output path's last job (P outputs) and each   \
+   * input path's readers (P readers:<path>), for a job not a segment;     \
+   * checked first against the jobs queued or running */                    \
+  "local sp = nil\n"                                                                            \
+  "if tonumber(ARGV[11]) == 0 then\n"                                                           \
+  "  local ok, v = pcall(cjson.decode, ARGV[2])\n"                                              \
+  "  if ok and type(v) == 'table' then sp = v end\n"                                            \
+  "end\n"                                                                                       \
+  "local function paths(t)\n"                                                                   \
+  "  local out = {}\n"                                                                          \
+  "  if sp and type(sp[t]) == 'table' then\n"                                                   \
+  "    for _, path in pairs(sp[t]) do\n"                                                        \
+  "      if type(path) == 'string' then out[#out + 1] = path end\n"                             \
+  "    end\n"                                                                                   \
+  "  end\n"                                                                                     \
+  "  return out\n"                                                                              \
+  "end\n"                                                                                       \
+  "local outs, ins = paths('outputs'), paths('inputs')\n"                                       \
+  "if ARGV[14] == '1' then\n"                                                                   \
+  "  local function live(j)\n"                                                                  \
+  "    if not j then return nil end\n"                                                          \
+  "    local h = redis.call('HMGET', jk(j), 'st', 'cx')\n"                                      \
+  "    if h[1] == '0' or h[1] == '1' then return {tonumber(j), tonumber(h[1]), tonumber(h[2] or 0)} end\n" \
+  "    return nil\n"                                                                            \
+  "  end\n"                                                                                     \
+  "  for _, path in ipairs(outs) do\n"                                                          \
+  "    local h = live(redis.call('HGET', P .. 'outputs', path))\n"                              \
+  "    if h then return {0, 2, 1, path, h[1], h[2], h[3]} end\n"                                \
+  /* readers that have ended are dropped from the set on the way (a job    \
+   * never becomes queued again once it has ended) */                      \
+  "    local rdk = P .. 'readers:' .. path\n"                                                   \
+  "    for _, r in ipairs(redis.call('SMEMBERS', rdk)) do\n"                                     \
+  "      h = live(r)\n"                                                                         \
+  "      if h then return {0, 2, 2, path, h[1], h[2], h[3]} end\n"                              \
+  "      redis.call('SREM', rdk, r)\n"                                                          \
+  "    end\n"                                                                                   \
+  "  end\n"                                                                                     \
+  "  for _, path in ipairs(ins) do\n"                                                           \
+  "    local h = live(redis.call('HGET', P .. 'outputs', path))\n"                              \
+  "    if h then return {0, 2, 3, path, h[1], h[2], h[3]} end\n"                                \
+  "  end\n"                                                                                     \
   "end\n"                                                                                       \
   "local id = tonumber(ARGV[9])\n"                                                              \
   "if not id then id = redis.call('INCR', P .. 'seq') end\n"                                     \
@@ -370,21 +420,8 @@
   "  'fo', fo, 'ho', ARGV[10], 'st', 0, 't0', now, 'par', ARGV[11], 'si', ARGV[12],\n"          \
   "  'pn', ARGV[13], 'pl', pl)\n"                                                              \
   "if tonumber(ARGV[11]) > 0 then redis.call('ZADD', P .. 'kids:' .. ARGV[11], ARGV[12], id) end\n" \
-  /* each output path's last job (ops.output_job) and each input path's   \
-   * readers (ops.input_job), for a job not a segment */                   \
-  "if tonumber(ARGV[11]) == 0 then\n"                                                           \
-  "  local ok, sp = pcall(cjson.decode, ARGV[2])\n"                                             \
-  "  if ok and type(sp) == 'table' and type(sp.outputs) == 'table' then\n"                      \
-  "    for _, path in pairs(sp.outputs) do\n"                                                   \
-  "      if type(path) == 'string' then redis.call('HSET', P .. 'outputs', path, id) end\n"     \
-  "    end\n"                                                                                   \
-  "  end\n"                                                                                     \
-  "  if ok and type(sp) == 'table' and type(sp.inputs) == 'table' then\n"                       \
-  "    for _, path in pairs(sp.inputs) do\n"                                                    \
-  "      if type(path) == 'string' then redis.call('SADD', P .. 'readers:' .. path, id) end\n"  \
-  "    end\n"                                                                                   \
-  "  end\n"                                                                                     \
-  "end\n"                                                                                       \
+  "for _, path in ipairs(outs) do redis.call('HSET', P .. 'outputs', path, id) end\n"           \
+  "for _, path in ipairs(ins) do redis.call('SADD', P .. 'readers:' .. path, id) end\n"        \
   "if key ~= '' then\n"                                                                         \
   "  redis.call('HSET', k, 'idem', key)\n"                                                      \
   "  redis.call('SET', P .. 'idem:' .. key, id, 'PX', ARGV[8])\n"                               \
@@ -616,21 +653,6 @@
   "  out[#out + 1] = redis.call('HGETALL', jk(c))\n"                                            \
   "end\n"                                                                                       \
   "return out\n"
-
-/* ARGV: P path -> a job queued or running (state 0 or 1) that reads path,
- * or 0; readers that have ended are removed from P readers:<path> on the way
- * (a job never becomes queued again once it has ended). */
-#define RQ_LUA_READER                                                                           \
-  "local k = P .. 'readers:' .. ARGV[2]\n"                                                      \
-  "for _, id in ipairs(redis.call('SMEMBERS', k)) do\n"                                         \
-  "  local st = redis.call('HGET', jk(id), 'st')\n"                                             \
-  "  if st == '0' or st == '1' then return tonumber(id) end\n"                                  \
-  "  redis.call('SREM', k, id)\n"                                                               \
-  "end\n"                                                                                       \
-  "return 0\n"
-
-/* ARGV: P key now window -> the job the idempotency key names, or 0 */
-#define RQ_LUA_KEY "return idem_job(ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])) or 0\n"
 
 /* ARGV: P -> tokens added to P waiting (negative: taken) to repair drift */
 #define RQ_LUA_WAITING_REPAIR "ready_repair()\nreturn wait_repair()\n"

@@ -60,9 +60,8 @@ enum {
   ST_CHILDREN,
   ST_XFER,
   ST_OUTPUTS_PUT,
-  ST_OUTPUT_JOB,
   ST_INPUTS_PUT,
-  ST_INPUT_JOB,
+  ST_CLASH,
   ST_COUNT
 };
 
@@ -128,16 +127,23 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_XFER] = "UPDATE jobs SET h2d_bytes = h2d_bytes + ?2, d2h_bytes = d2h_bytes + ?3, "
                 "d2d_bytes = d2d_bytes + ?4, h2h_bytes = h2h_bytes + ?5, h2d_ns = h2d_ns + ?6, "
                 "d2h_ns = d2h_ns + ?7, d2d_ns = d2d_ns + ?8, h2h_ns = h2h_ns + ?9 WHERE id = ?1",
-    /* A job's output paths (ops.output_job): each path's last job. */
+    /* A job's output paths: each path's last job. */
     [ST_OUTPUTS_PUT] = "INSERT OR REPLACE INTO outputs(path, job) SELECT value, ?1 FROM "
                        "json_each(CASE WHEN json_valid(?2) THEN ?2 ELSE '{}' END, '$.outputs') WHERE type = 'text'",
-    [ST_OUTPUT_JOB] = "SELECT job FROM outputs WHERE path = ?1",
-    /* A job's input paths (ops.input_job): every reader, the queued or
-     * running ones found through the jobs' states. */
+    /* A job's input paths: every reader, the queued or running ones found
+     * through the jobs' states. */
     [ST_INPUTS_PUT] = "INSERT INTO inputs(path, job) SELECT value, ?1 FROM "
                       "json_each(CASE WHEN json_valid(?2) THEN ?2 ELSE '{}' END, '$.inputs') WHERE type = 'text'",
-    [ST_INPUT_JOB] = "SELECT i.job FROM inputs i JOIN jobs j ON j.id = i.job WHERE i.path = ?1 AND j.state IN (0, 1) "
-                     "ORDER BY i.job LIMIT 1",
+    /* The first clash of a spec's files (spn_clash_kind_t) with a job
+     * queued or running: the outputs in the spec's order, then the inputs. */
+    [ST_CLASH] = "WITH s(v) AS (SELECT CASE WHEN json_valid(?1) THEN ?1 ELSE '{}' END), "
+                 "o(p, n) AS (SELECT e.value, e.id FROM s, json_each(s.v, '$.outputs') e WHERE e.type = 'text'), "
+                 "i(p, n) AS (SELECT e.value, e.id FROM s, json_each(s.v, '$.inputs') e WHERE e.type = 'text'), "
+                 "c(k, p, n, job) AS (SELECT 1, o.p, o.n, x.job FROM o JOIN outputs x ON x.path = o.p "
+                 "UNION ALL SELECT 2, o.p, o.n, x.job FROM o JOIN inputs x ON x.path = o.p "
+                 "UNION ALL SELECT 3, i.p, i.n, x.job FROM i JOIN outputs x ON x.path = i.p) "
+                 "SELECT c.k, c.p, j.id, j.state, j.cancel_requested FROM c JOIN jobs j ON j.id = c.job "
+                 "WHERE j.state IN (0, 1) ORDER BY c.k = 3, c.n, c.k, j.id LIMIT 1",
 };
 
 static const char schema[] =
@@ -326,6 +332,29 @@ static int idem_find(sq_t *q, const char *key, int64_t now, int64_t *id, spn_err
   return r == SQLITE_ROW;
 }
 
+/* The first clash of a spec's files with a job queued or running (in the
+ * submit's transaction): 1 with *c filled, 0 when none, -1 on a database
+ * error (err set). */
+static int clash_find(sq_t *q, const char *spec_json, spn_queue_clash_t *c, spn_error_t *err) {
+  sqlite3_stmt *s = stmt(q, ST_CLASH);
+  bind_text(s, 1, spec_json);
+  int r = sqlite3_step(s);
+  if (r == SQLITE_ROW) {
+    const unsigned char *p = sqlite3_column_text(s, 1);
+    *c = (spn_queue_clash_t){.kind = (spn_clash_kind_t)sqlite3_column_int(s, 0),
+                             .job = sqlite3_column_int64(s, 2),
+                             .state = (spn_queue_state_t)sqlite3_column_int(s, 3),
+                             .stopping = sqlite3_column_int(s, 4) != 0};
+    snprintf(c->path, sizeof c->path, "%s", p ? (const char *)p : "");
+  }
+  sqlite3_reset(s);
+  if (r != SQLITE_ROW && r != SQLITE_DONE) {
+    db_error(q, err, "checking a job's files");
+    return -1;
+  }
+  return r == SQLITE_ROW;
+}
+
 static int32_t sq_submit(void *qv, const spn_queue_submit_t *sub, int64_t now, int64_t *id,
                          bool *existed, spn_error_t *err) {
   sq_t *q = qv;
@@ -351,6 +380,11 @@ static int32_t sq_submit(void *qv, const spn_queue_submit_t *sub, int64_t now, i
       if (exec_stmt(q, s, err, "clearing an expired idempotency key") < 0)
         return auto_end(q, opened, SPN_EIO, err);
     }
+  }
+  if (sub->clash && sub->parent == 0) {
+    int found = clash_find(q, sub->spec_json, sub->clash, err);
+    if (found)
+      return auto_end(q, opened, found < 0 ? SPN_EIO : SPN_EBUSY, err);
   }
   sqlite3_stmt *s = stmt(q, ST_INSERT);
   bind_text(s, 1, sub->spec_json);
@@ -1026,30 +1060,6 @@ static int32_t sq_seen(void *qv, const char *pipeline, int64_t *at, spn_error_t 
   return SPN_OK;
 }
 
-/* The job of the first row statement `which` finds for path, 0 when none. */
-static int32_t path_job(sq_t *q, int which, const char *path, int64_t *id, spn_error_t *err) {
-  *id = 0;
-  sqlite3_stmt *s = stmt(q, which);
-  bind_text(s, 1, path);
-  int r = sqlite3_step(s);
-  if (r == SQLITE_ROW)
-    *id = sqlite3_column_int64(s, 0);
-  sqlite3_reset(s);
-  return r == SQLITE_ROW || r == SQLITE_DONE ? SPN_OK : db_error(q, err, "reading a file's job");
-}
-
-static int32_t sq_output_job(void *qv, const char *path, int64_t *id, spn_error_t *err) {
-  return path_job(qv, ST_OUTPUT_JOB, path, id, err);
-}
-
-static int32_t sq_input_job(void *qv, const char *path, int64_t *id, spn_error_t *err) {
-  return path_job(qv, ST_INPUT_JOB, path, id, err);
-}
-
-static int32_t sq_key_job(void *qv, const char *key, int64_t now, int64_t *id, spn_error_t *err) {
-  return idem_find(qv, key, now, id, err) < 0 ? SPN_EIO : SPN_OK;
-}
-
 static void sq_free(void *qv) {
   sq_t *q = qv;
   if (!q)
@@ -1093,9 +1103,6 @@ static const spn_queue_ops_t sqlite_ops = {
     .counts = sq_counts,
     .present = sq_present,
     .seen = sq_seen,
-    .output_job = sq_output_job,
-    .input_job = sq_input_job,
-    .key_job = sq_key_job,
     .free = sq_free,
 };
 

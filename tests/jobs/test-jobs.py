@@ -1704,6 +1704,59 @@ def case_output_taken(tmp):
     check(e2.returncode == 0, "the cancelled job's path is free")
 
 
+def case_output_race(tmp):
+    """Redis only: two gateways on one queue, each sent a SUBMIT of the same
+    output path at the same moment, 100 times over: exactly one of each pair
+    is stored and the other refused, naming it; and so for an input that is
+    the output of a SUBMIT in flight through the other gateway. (Before, each
+    gateway looked the path up and then stored its job, so both could pass
+    between the two: the check is now in the script that stores the job.)"""
+    check(BACKEND == "redis", "this case needs --backend redis")
+    pa, epa = start_serve(tmp, "--workers", "0", log="a.log")
+    pb, epb = start_serve(tmp, "--workers", "0", log="b.log")
+    make_file(f"{tmp}/in.bin", 1000, 5)
+    os.mkdir(f"{tmp}/out")
+    real = os.path.realpath(tmp)
+    ctx = zmq.Context()
+    ra, rb = Raw(ctx, epa), Raw(ctx, epb)
+    n = 100
+    for i in range(n):
+        # even rounds: one output twice; odd rounds: B reads what A writes
+        a = {"req": i + 1, "pipeline": "copy", "inputs": {"in": f"{tmp}/in.bin"},
+             "outputs": {"out": f"{tmp}/out/{i}.bin"}}
+        b = dict(a, req=i + 1)
+        if i % 2:
+            make_file(f"{tmp}/out/{i}.bin", 100, i)  # (a stale file of an earlier render)
+            b = dict(b, inputs={"in": f"{tmp}/out/{i}.bin"}, outputs={"out": f"{tmp}/out/{i}.copy"})
+        ra.req("SUBMIT", a)
+        rb.req("SUBMIT", b)
+    got = {}
+    for who, r in (("A", ra), ("B", rb)):
+        for _ in range(n):
+            m = r.recv(10000)
+            check(m is not None, f"no reply from gateway {who}")
+            got[(who, m[1]["req"])] = m
+    for i in range(n):
+        ma, mb = got[("A", i + 1)], got[("B", i + 1)]
+        kinds = sorted([ma[0], mb[0]])
+        check(kinds == ["ERROR", "SUBMITTED"], f"round {i}: both or neither stored: {ma} / {mb}")
+        ok, err = (ma, mb) if ma[0] == "SUBMITTED" else (mb, ma)
+        msg = err[1].get("message", "")
+        j = ok[1]["id"]
+        if i % 2 == 0:
+            want = f"outputs.out ({real}/out/{i}.bin) is the output of job {j}, which is queued"
+        elif ok is ma:
+            want = f"inputs.in ({real}/out/{i}.bin) is the output of job {j}, which is queued"
+        else:
+            want = f"outputs.out ({real}/out/{i}.bin) is an input of job {j}, which is queued"
+        check(err[1].get("code") == "invalid" and want in msg, f"round {i}: refusal {err}")
+    ra.close()
+    rb.close()
+    # the queue holds one job per round
+    ls = cli("jobs", "--state", "queued", "--limit", "1000", "--connect", epb, check_rc=0).stdout.decode()
+    check(len([ln for ln in ls.splitlines() if "queued" in ln]) == n, f"queued jobs: {ls}")
+
+
 def case_mixed_workers(tmp):
     """A farm whose workers load different pipelines (remote workers on a
     gateway; with --backend redis, stateless workers on the queue): each

@@ -178,14 +178,6 @@ static void test_idempotency(void **state) {
   assert_int_equal(f->o->submit(f->q.impl, &s, T0 + 23LL * 3600 * 1000, &id, &existed, NULL), SPN_OK);
   assert_true(existed);
   assert_int_equal(id, a);
-  /* ops.key_job names it, within the window only */
-  int64_t kj = -1;
-  assert_int_equal(f->o->key_job(f->q.impl, "k1", T0 + 10, &kj, NULL), SPN_OK);
-  assert_int_equal(kj, a);
-  assert_int_equal(f->o->key_job(f->q.impl, "k0", T0 + 10, &kj, NULL), SPN_OK);
-  assert_int_equal(kj, 0);
-  assert_int_equal(f->o->key_job(f->q.impl, "k1", T0 + 24LL * 3600 * 1000 + 1, &kj, NULL), SPN_OK);
-  assert_int_equal(kj, 0);
   /* Another key: another job. */
   int64_t b = submit(f, 0, "k2", 0, 1, T0 + 5);
   assert_int_not_equal(a, b);
@@ -577,78 +569,121 @@ static void test_batch_submit_order(void **state) {
   assert_int_equal(lease(f, "w", T0 + 1000, NULL), 0);
 }
 
-/* Each output path's last job (ops.output_job, what the gateway refuses a
- * second job on): every output of a job not a segment, taken over by a later
- * job; a segment's files are not recorded; a submission pipelined in a batch
- * is seen before the batch commits (the gateway checks the next SUBMIT of
- * the batch against it). */
-static int64_t path_job(fx_t *f, int32_t (*op)(void *q, const char *path, int64_t *id, spn_error_t *err),
-                        const char *path) {
+/* Submit `spec` with its files checked (spn_queue_submit_t.clash): the id,
+ * or 0 with *c filled when it clashes (then nothing is stored: the number
+ * of queued jobs is unchanged). */
+static int64_t submit_checked(fx_t *f, const char *spec, const char *key, int64_t now, spn_queue_clash_t *c) {
+  int64_t before[SPN_QSTATE_COUNT], after[SPN_QSTATE_COUNT];
+  assert_int_equal(f->o->counts(f->q.impl, before, NULL), SPN_OK);
+  spn_queue_submit_t s = {.spec_json = spec, .idem_key = key, .max_attempts = 1, .clash = c};
   int64_t id = -1;
-  assert_int_equal(op(f->q.impl, path, &id, NULL), SPN_OK);
+  bool ex = false;
+  memset(c, 0, sizeof *c);
+  int32_t rc = f->o->submit(f->q.impl, &s, now, &id, &ex, NULL);
+  if (rc == SPN_EBUSY) {
+    assert_int_equal(f->o->counts(f->q.impl, after, NULL), SPN_OK);
+    assert_int_equal(after[SPN_QSTATE_QUEUED], before[SPN_QSTATE_QUEUED]);
+    return 0;
+  }
+  assert_int_equal(rc, SPN_OK);
+  assert_true(id > 0);
   return id;
 }
 
-static void test_output_jobs(void **state) {
-  fx_t *f = *state;
-  const char *two = "{\"pipeline\":\"p\",\"outputs\":{\"a\":\"/o/x\",\"b\":\"/o/y\"}}";
-  const char *one = "{\"pipeline\":\"p\",\"outputs\":{\"a\":\"/o/x\"}}";
-  assert_int_equal(path_job(f, f->o->output_job, "/o/x"), 0);
-  int64_t a = submit_spec(f, two, 0, NULL, 0, 1, T0);
-  assert_int_equal(path_job(f, f->o->output_job, "/o/x"), a);
-  assert_int_equal(path_job(f, f->o->output_job, "/o/y"), a);
-  assert_int_equal(path_job(f, f->o->output_job, "/o/z"), 0);
-  assert_int_equal(path_job(f, f->o->output_job, "/o"), 0);
-  int64_t b = submit_spec(f, one, 0, NULL, 0, 1, T0 + 1);
-  assert_int_equal(path_job(f, f->o->output_job, "/o/x"), b);
-  assert_int_equal(path_job(f, f->o->output_job, "/o/y"), a);
-  spn_queue_submit_t seg = {.spec_json = one, .max_attempts = 1, .parent = b, .seg_index = 0};
-  int64_t id = 0;
-  bool ex = true;
-  assert_int_equal(f->o->submit(f->q.impl, &seg, T0 + 2, &id, &ex, NULL), SPN_OK);
-  assert_int_equal(path_job(f, f->o->output_job, "/o/x"), b);
-  /* in a batch (pipelined on Redis): seen before the commit */
-  const char *z = "{\"pipeline\":\"p\",\"outputs\":{\"a\":\"/o/z\"}}";
-  assert_int_equal(f->o->begin(f->q.impl, NULL), SPN_OK);
-  spn_queue_submit_t s = {.spec_json = z, .max_attempts = 1};
-  assert_int_equal(f->o->submit(f->q.impl, &s, T0 + 3, &id, &ex, NULL), SPN_OK);
-  assert_int_equal(path_job(f, f->o->output_job, "/o/z"), id);
-  assert_int_equal(f->o->commit(f->q.impl, NULL), SPN_OK);
-  assert_int_equal(path_job(f, f->o->output_job, "/o/z"), id);
-  /* a spec without outputs, or not JSON, records nothing and fails nothing */
-  submit_spec(f, "{\"pipeline\":\"p\"}", 0, NULL, 0, 1, T0 + 4);
-  submit_spec(f, "not json", 0, NULL, 0, 1, T0 + 5);
-  assert_int_equal(path_job(f, f->o->output_job, "/o/x"), b);
+static void assert_clash(const spn_queue_clash_t *c, spn_clash_kind_t kind, const char *path, int64_t job,
+                         spn_queue_state_t state, bool stopping) {
+  assert_int_equal(c->kind, kind);
+  assert_string_equal(c->path, path);
+  assert_int_equal(c->job, job);
+  assert_int_equal(c->state, state);
+  assert_int_equal(c->stopping, stopping);
 }
 
-/* The jobs reading a path (ops.input_job): any of them while queued or
- * running, none once each has ended; a segment's inputs are not recorded. */
-static void test_input_jobs(void **state) {
+/* A job's files against those of the jobs queued or running, checked in the
+ * write that stores it (what the gateway refuses a SUBMIT on): an output
+ * that is another's output or input, an input that is another's output;
+ * running and cancel-requested holders too; an ended job holds nothing; a
+ * keyed repeat is its job, unchecked; a segment is neither checked nor
+ * recorded; a submission pipelined in a batch is seen by the next one. */
+static void test_file_clashes(void **state) {
   fx_t *f = *state;
-  const char *rd = "{\"pipeline\":\"p\",\"inputs\":{\"v\":\"/i/x\",\"a\":\"/i/y\"}}";
-  assert_int_equal(path_job(f, f->o->input_job, "/i/x"), 0);
-  int64_t a = submit_spec(f, rd, 5, NULL, 0, 1, T0);
-  int64_t b = submit_spec(f, rd, 0, NULL, 0, 1, T0 + 1);
-  int64_t got = path_job(f, f->o->input_job, "/i/x");
-  assert_true(got == a || got == b);
-  assert_true(path_job(f, f->o->input_job, "/i/y") == a || path_job(f, f->o->input_job, "/i/y") == b);
-  assert_int_equal(path_job(f, f->o->input_job, "/i/z"), 0);
-  /* a ends (succeeded), b is cancelled: nothing reads /i/x any more */
+  spn_queue_clash_t c;
+  const char *xy = "{\"pipeline\":\"p\",\"outputs\":{\"a\":\"/o/x\",\"b\":\"/o/y\"}}";
+  const char *x = "{\"pipeline\":\"p\",\"outputs\":{\"v\":\"/o/x\"}}";
+  int64_t a = submit_checked(f, xy, NULL, T0, &c);
+  assert_int_equal(submit_checked(f, x, NULL, T0 + 1, &c), 0);
+  assert_clash(&c, SPN_CLASH_OUTPUT, "/o/x", a, SPN_QSTATE_QUEUED, false);
+  /* another path, and a prefix of one, are free */
+  assert_true(submit_checked(f, "{\"pipeline\":\"p\",\"outputs\":{\"v\":\"/o/z\"}}", NULL, T0 + 2, &c) > 0);
+  assert_true(submit_checked(f, "{\"pipeline\":\"p\",\"outputs\":{\"v\":\"/o\"}}", NULL, T0 + 2, &c) > 0);
+  /* an input that is a's output */
+  assert_int_equal(submit_checked(f, "{\"pipeline\":\"p\",\"inputs\":{\"i\":\"/o/y\"}}", NULL, T0 + 3, &c), 0);
+  assert_clash(&c, SPN_CLASH_INPUT, "/o/y", a, SPN_QSTATE_QUEUED, false);
+  /* an output that is d's input; two readers of one file are fine */
+  const char *rd = "{\"pipeline\":\"p\",\"inputs\":{\"i\":\"/i/x\"}}";
+  int64_t d = submit_checked(f, rd, NULL, T0 + 4, &c);
+  int64_t d2 = submit_checked(f, rd, NULL, T0 + 4, &c);
+  assert_true(d > 0 && d2 > 0);
+  assert_int_equal(submit_checked(f, "{\"pipeline\":\"p\",\"outputs\":{\"o\":\"/i/x\"}}", NULL, T0 + 5, &c), 0);
+  assert_int_equal(c.kind, SPN_CLASH_READ);
+  assert_true(c.job == d || c.job == d2);
+  /* a runs, then is asked to stop: it still holds its files */
   uint32_t att = 0;
-  assert_int_equal(lease(f, "w", T0 + 2, &att), a);
-  assert_int_equal(path_job(f, f->o->input_job, "/i/x") > 0, 1); /* a runs, b waits */
-  assert_int_equal(f->o->complete(f->q.impl, a, att, "w", 0, 0, NULL, NULL, T0 + 3, NULL), SPN_OK);
-  assert_int_equal(path_job(f, f->o->input_job, "/i/x"), b);
+  assert_int_equal(lease(f, "w", T0 + 6, &att), a);
+  assert_int_equal(submit_checked(f, x, NULL, T0 + 7, &c), 0);
+  assert_clash(&c, SPN_CLASH_OUTPUT, "/o/x", a, SPN_QSTATE_RUNNING, false);
   spn_queue_state_t st;
-  assert_int_equal(f->o->cancel(f->q.impl, b, T0 + 4, &st, NULL), SPN_OK);
-  assert_int_equal(path_job(f, f->o->input_job, "/i/x"), 0);
-  assert_int_equal(path_job(f, f->o->input_job, "/i/y"), 0);
-  /* a segment reading it is not recorded */
-  spn_queue_submit_t seg = {.spec_json = rd, .max_attempts = 1, .parent = b, .seg_index = 0};
+  assert_int_equal(f->o->cancel(f->q.impl, a, T0 + 8, &st, NULL), SPN_OK);
+  assert_int_equal(submit_checked(f, x, NULL, T0 + 9, &c), 0);
+  assert_clash(&c, SPN_CLASH_OUTPUT, "/o/x", a, SPN_QSTATE_RUNNING, true);
+  /* a has stopped: its files are free, and the next job takes /o/x over */
+  assert_int_equal((f->o->fail)(f->q.impl, a, att, "w", "cancelled", SPN_FAIL_CANCELLED, 0, 0, NULL, T0 + 10, &st,
+                              NULL), SPN_OK);
+  int64_t b = submit_checked(f, x, NULL, T0 + 11, &c);
+  assert_true(b > 0);
+  assert_true(submit_checked(f, "{\"pipeline\":\"p\",\"inputs\":{\"i\":\"/o/y\"}}", NULL, T0 + 12, &c) > 0);
+  assert_int_equal(submit_checked(f, xy, NULL, T0 + 13, &c), 0);
+  assert_clash(&c, SPN_CLASH_OUTPUT, "/o/x", b, SPN_QSTATE_QUEUED, false);
+  /* the readers of /i/x end (one cancelled while queued, one succeeded) */
+  assert_int_equal(f->o->cancel(f->q.impl, d, T0 + 14, &st, NULL), SPN_OK);
+  assert_int_equal(submit_checked(f, "{\"pipeline\":\"p\",\"outputs\":{\"o\":\"/i/x\"}}", NULL, T0 + 15, &c), 0);
+  assert_clash(&c, SPN_CLASH_READ, "/i/x", d2, SPN_QSTATE_QUEUED, false);
+  assert_int_equal(f->o->cancel(f->q.impl, d2, T0 + 16, &st, NULL), SPN_OK);
+  assert_true(submit_checked(f, "{\"pipeline\":\"p\",\"outputs\":{\"o\":\"/i/x\"}}", NULL, T0 + 17, &c) > 0);
+  /* a keyed repeat is its job, not a clash with itself */
+  const char *k = "{\"pipeline\":\"p\",\"outputs\":{\"o\":\"/k/x\"}}";
+  int64_t kj = submit_checked(f, k, "k9", T0 + 18, &c);
+  spn_queue_submit_t ks = {.spec_json = k, .idem_key = "k9", .max_attempts = 1, .clash = &c};
   int64_t id = 0;
-  bool ex = true;
-  assert_int_equal(f->o->submit(f->q.impl, &seg, T0 + 5, &id, &ex, NULL), SPN_OK);
-  assert_int_equal(path_job(f, f->o->input_job, "/i/x"), 0);
+  bool ex = false;
+  assert_int_equal(f->o->submit(f->q.impl, &ks, T0 + 19, &id, &ex, NULL), SPN_OK);
+  assert_true(ex);
+  assert_int_equal(id, kj);
+  /* a segment is neither checked nor recorded */
+  spn_queue_submit_t seg = {.spec_json = k, .max_attempts = 1, .parent = kj, .seg_index = 0, .clash = &c};
+  assert_int_equal(f->o->submit(f->q.impl, &seg, T0 + 20, &id, &ex, NULL), SPN_OK);
+  const char *sg = "{\"pipeline\":\"p\",\"outputs\":{\"o\":\"/s/x\"},\"inputs\":{\"i\":\"/s/y\"}}";
+  seg.spec_json = sg;
+  assert_int_equal(f->o->submit(f->q.impl, &seg, T0 + 20, &id, &ex, NULL), SPN_OK);
+  assert_true(submit_checked(f, "{\"pipeline\":\"p\",\"outputs\":{\"o\":\"/s/x\",\"p\":\"/s/y\"}}", NULL, T0 + 21,
+                             &c) > 0);
+  /* in a batch (pipelined on Redis), the next submission sees the last */
+  const char *z = "{\"pipeline\":\"p\",\"outputs\":{\"a\":\"/b/z\"}}";
+  assert_int_equal(f->o->begin(f->q.impl, NULL), SPN_OK);
+  spn_queue_submit_t plain = {.spec_json = "{\"pipeline\":\"p\"}", .max_attempts = 1, .clash = &c};
+  assert_int_equal(f->o->submit(f->q.impl, &plain, T0 + 22, &id, &ex, NULL), SPN_OK);
+  int64_t z1 = submit_checked(f, z, NULL, T0 + 22, &c);
+  assert_true(z1 > 0);
+  assert_int_equal(submit_checked(f, z, NULL, T0 + 22, &c), 0);
+  assert_clash(&c, SPN_CLASH_OUTPUT, "/b/z", z1, SPN_QSTATE_QUEUED, false);
+  assert_int_equal(f->o->commit(f->q.impl, NULL), SPN_OK);
+  /* unchecked (no clash asked for): stored, and takes the path over */
+  int64_t u = submit_spec(f, z, 0, NULL, 0, 1, T0 + 23);
+  assert_int_equal(submit_checked(f, z, NULL, T0 + 24, &c), 0);
+  assert_clash(&c, SPN_CLASH_OUTPUT, "/b/z", u, SPN_QSTATE_QUEUED, false);
+  /* a spec without files, or not JSON, is stored and fails nothing */
+  assert_true(submit_checked(f, "{\"pipeline\":\"p\"}", NULL, T0 + 25, &c) > 0);
+  assert_true(submit_checked(f, "not json", NULL, T0 + 25, &c) > 0);
 }
 
 /* A succeeded job's progress equals its total, also when it never reported
@@ -753,9 +788,14 @@ static void test_sqlite_file_from_before_transfers(void **state) {
   assert_memory_equal(&j.xfer, &none, sizeof none);
   spn__queue_job_clear(&j);
   /* jobs from before the outputs table hold no path; new ones do */
-  int64_t holder = -1;
-  assert_int_equal(q.ops->output_job(q.impl, "/o", &holder, NULL), SPN_OK);
-  assert_int_equal(holder, 0);
+  spn_queue_clash_t cl;
+  const char *o = "{\"pipeline\":\"p\",\"outputs\":{\"a\":\"/o\"}}";
+  spn_queue_submit_t s = {.spec_json = o, .max_attempts = 1, .clash = &cl};
+  int64_t id = 0;
+  bool ex = false;
+  assert_int_equal(q.ops->submit(q.impl, &s, T0, &id, &ex, NULL), SPN_OK);
+  assert_int_equal(q.ops->submit(q.impl, &s, T0, &id, &ex, NULL), SPN_EBUSY);
+  assert_int_equal(cl.job, 3);
   assert_int_equal(q.ops->lease(q.impl, "w", NULL, T0, 1000, &j, NULL), SPN_OK);
   assert_int_equal(j.id, 2);
   spn__queue_job_clear(&j);
@@ -1523,8 +1563,7 @@ int main(void) {
       SQ(test_lease_by_pipeline),
       SQ(test_worker_presence),
       SQ(test_sqlite_has_no_roster),
-      SQ(test_output_jobs),
-      SQ(test_input_jobs),
+      SQ(test_file_clashes),
   };
   /* The same cases on Redis (lease expiry in real time). */
   const struct CMUnitTest redis_tests[] = {
@@ -1552,8 +1591,7 @@ int main(void) {
       RD(test_redis_roster),
       RD(test_redis_ready_repair_in_chunks),
       RD(test_redis_filtered_lease_skips_a_job_not_ready),
-      RD(test_output_jobs),
-      RD(test_input_jobs),
+      RD(test_file_clashes),
   };
   int rc = cmocka_run_group_tests_name("sqlite", sqlite_tests, NULL, NULL);
   rc += cmocka_run_group_tests_name("redis", redis_tests, redis_up, redis_down);

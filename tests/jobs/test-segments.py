@@ -312,6 +312,32 @@ def case_bad(tmp):
     submit(ep, clip, f"{tmp}/out/ok.mp4", "--segments", "4")
     check(int(probe(f"{tmp}/out/ok.mp4")["v"]["nb_read_frames"]) == 200, "4 segments of an 8 s clip")
     check(os.listdir(f"{tmp}/out") == ["ok.mp4"], f"files left: {os.listdir(tmp + '/out')}")
+    # Two segmented SUBMITs of one output in flight at once (the second
+    # arrives while the first is planned on the gateway's thread pool): one
+    # is stored, the other refused naming it. (Before, the files were checked
+    # before planning, so both passed.)
+    import zmq
+    ctx = zmq.Context()
+    d = ctx.socket(zmq.DEALER)
+    d.setsockopt(zmq.LINGER, 0)
+    d.connect(ep)
+    for i in (1, 2):
+        body = {"req": i, "pipeline": "transcode", "inputs": {"video": clip},
+                "outputs": {"video": f"{tmp}/out/twice.mp4"}, "segments": 4}
+        d.send_multipart([b"", b"SPN1", b"SUBMIT", json.dumps(body).encode()])
+    replies = []
+    for _ in (1, 2):
+        check(d.poll(20000), "no reply to a segmented SUBMIT")
+        fr = d.recv_multipart()
+        replies.append((fr[2].decode(), json.loads(fr[3])))
+    d.close(0)
+    kinds = sorted(r[0] for r in replies)
+    check(kinds == ["ERROR", "SUBMITTED"], f"two segmented jobs on one output: {replies}")
+    ok = next(r[1] for r in replies if r[0] == "SUBMITTED")
+    err = next(r[1] for r in replies if r[0] == "ERROR")
+    check(f"is the output of job {ok['id']}" in err.get("message", ""), f"the refusal: {err}")
+    check(cli("watch", str(ok["id"]), "--connect", ep, timeout=120).returncode == 0, "the stored one")
+    os.unlink(f"{tmp}/out/twice.mp4")
     # A damaged clip accepted with tolerate_errors, in segments: the segments
     # that met the damage list what the decoder said of it, and the whole job lists them all, each
     # prefixed with its segment (docs/jobs.md, "Warnings").
