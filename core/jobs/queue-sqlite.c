@@ -65,6 +65,9 @@ enum {
   ST_COUNT
 };
 
+/* ?1, a job's spec, or an empty object when it is not JSON. */
+#define SPEC_OR_EMPTY "CASE WHEN json_valid(?1) THEN ?1 ELSE '{}' END"
+
 static const char *const sql_text[ST_COUNT] = {
     [ST_BEGIN] = "BEGIN IMMEDIATE",
     [ST_COMMIT] = "COMMIT",
@@ -135,15 +138,21 @@ static const char *const sql_text[ST_COUNT] = {
     [ST_INPUTS_PUT] = "INSERT INTO inputs(path, job) SELECT value, ?1 FROM "
                       "json_each(CASE WHEN json_valid(?2) THEN ?2 ELSE '{}' END, '$.inputs') WHERE type = 'text'",
     /* The first clash of a spec's files (spn_clash_kind_t) with a job
-     * queued or running: the outputs in the spec's order, then the inputs. */
-    [ST_CLASH] = "WITH s(v) AS (SELECT CASE WHEN json_valid(?1) THEN ?1 ELSE '{}' END), "
-                 "o(p, n) AS (SELECT e.value, e.id FROM s, json_each(s.v, '$.outputs') e WHERE e.type = 'text'), "
-                 "i(p, n) AS (SELECT e.value, e.id FROM s, json_each(s.v, '$.inputs') e WHERE e.type = 'text'), "
-                 "c(k, p, n, job) AS (SELECT 1, o.p, o.n, x.job FROM o JOIN outputs x ON x.path = o.p "
-                 "UNION ALL SELECT 2, o.p, o.n, x.job FROM o JOIN inputs x ON x.path = o.p "
-                 "UNION ALL SELECT 3, i.p, i.n, x.job FROM i JOIN outputs x ON x.path = i.p) "
-                 "SELECT c.k, c.p, j.id, j.state, j.cancel_requested FROM c JOIN jobs j ON j.id = c.job "
-                 "WHERE j.state IN (0, 1) ORDER BY c.k = 3, c.n, c.k, j.id LIMIT 1",
+     * queued or running: the outputs in the spec's order, then the inputs.
+     * Each branch walks the spec's few paths and looks each up by index
+     * (CROSS JOIN keeps that order); one statement with no materialised
+     * tables, a few µs (a form with common table expressions took ~80). */
+    [ST_CLASH] = "SELECT k, p, job, state, cx FROM ("
+                 "SELECT 1 AS k, e.value AS p, e.id AS n, j.id AS job, j.state AS state, j.cancel_requested AS cx "
+                 "FROM json_each(" SPEC_OR_EMPTY ", '$.outputs') e CROSS JOIN outputs x ON x.path = e.value "
+                 "CROSS JOIN jobs j ON j.id = x.job WHERE e.type = 'text' AND j.state IN (0, 1) "
+                 "UNION ALL SELECT 2, e.value, e.id, j.id, j.state, j.cancel_requested "
+                 "FROM json_each(" SPEC_OR_EMPTY ", '$.outputs') e CROSS JOIN inputs x ON x.path = e.value "
+                 "CROSS JOIN jobs j ON j.id = x.job WHERE e.type = 'text' AND j.state IN (0, 1) "
+                 "UNION ALL SELECT 3, e.value, e.id, j.id, j.state, j.cancel_requested "
+                 "FROM json_each(" SPEC_OR_EMPTY ", '$.inputs') e CROSS JOIN outputs x ON x.path = e.value "
+                 "CROSS JOIN jobs j ON j.id = x.job WHERE e.type = 'text' AND j.state IN (0, 1)"
+                 ") ORDER BY k = 3, n, k, job LIMIT 1",
 };
 
 static const char schema[] =
