@@ -14,6 +14,10 @@
  *    (window of 1000 in flight) to a gateway with no workers; a submission
  *    counts when its SUBMITTED reply arrives, i.e. after its group commit.
  *    Peer: the same pipelining against a bare ROUTER that echoes.
+ * 1c. (printed after 1) The same with jobs that name files: one input
+ *    and an output of their own each, confined and checked against the files
+ *    of the jobs queued (on Redis too, in section 4). A refusal stops the
+ *    series with the gateway's message and the figure 0.
  * 1b. The same with synchronous=FULL (an fsync per group commit).
  * 2. Submit latency (p50/p99/max), one submission at a time, interleaved
  *    with the peer's round trip of the same bytes (gateway, 5 ms, peer,
@@ -71,9 +75,15 @@ static void *srv_main(void *arg) {
 }
 
 static int srv_start(srv_t *v, uint32_t workers, int port, bool sync_full, const char *redis_url,
-                     const char *prefix) {
+                     const char *prefix, const char *root) {
   spn_server_config_defaults(&v->cfg);
   v->cfg.sync_full = sync_full;
+  spn_error_t rerr = SPN_ERROR_INIT;
+  if (root && (spn__roots_add(&v->cfg.input_roots, root, &rerr) < 0 ||
+               spn__roots_add(&v->cfg.output_roots, root, &rerr) < 0)) {
+    fprintf(stderr, "job-bench: %s\n", rerr.msg);
+    return -1;
+  }
   if (redis_url) {
     v->cfg.queue_backend = strdup("redis");
     v->cfg.queue_url = strdup(redis_url);
@@ -120,8 +130,9 @@ static void send4(void *s, const char *type, const char *body) {
   zmq_send(s, body, strlen(body), 0);
 }
 
-/* Receive one whole message; returns its type in t (0 on failure). */
-static int recv_msg(void *s, char t[17], int timeout_ms) {
+/* Receive one whole message; returns its type in t (0 on failure), and an
+ * ERROR's message in why when given. */
+static int recv_why(void *s, char t[17], int timeout_ms, char *why, size_t why_size) {
   zmq_pollitem_t it = {s, 0, ZMQ_POLLIN, 0};
   if (zmq_poll(&it, 1, timeout_ms) <= 0)
     return -1;
@@ -129,9 +140,15 @@ static int recv_msg(void *s, char t[17], int timeout_ms) {
   if (spn__proto_recv(s, false, &m) != SPN_OK)
     return -1;
   snprintf(t, 17, "%s", m.type);
+  if (why) {
+    const cJSON *msg = cJSON_GetObjectItemCaseSensitive(m.body, "message");
+    snprintf(why, why_size, "%s", cJSON_IsString(msg) ? msg->valuestring : "");
+  }
   cJSON_Delete(m.body);
   return m.error ? -1 : 0;
 }
+
+static int recv_msg(void *s, char t[17], int timeout_ms) { return recv_why(s, t, timeout_ms, NULL, 0); }
 
 static void *dealer(void *ctx, const char *ep) {
   void *s = zmq_socket(ctx, ZMQ_DEALER);
@@ -143,12 +160,24 @@ static void *dealer(void *ctx, const char *ep) {
   return s;
 }
 
+/* The body of SUBMIT number k: submit_body; or, with files_dir, a job with
+ * one input (files_dir/in.bin, which exists) and an output of its own, which
+ * the queue checks against those of every job queued or running. */
+static const char *body_of(char *buf, size_t size, const char *files_dir, int k) {
+  if (!files_dir)
+    return submit_body;
+  snprintf(buf, size, "{\"req\":1,\"pipeline\":\"noop\",\"inputs\":{\"in\":\"%s/in.bin\"},"
+           "\"outputs\":{\"out\":\"%s/out-%d.bin\"}}", files_dir, files_dir, k);
+  return buf;
+}
+
 /* Pipelined submissions; returns accepted per second. */
-static double pipelined(void *ctx, const char *ep, int n, const char *expect) {
+static double pipelined_files(void *ctx, const char *ep, int n, const char *expect, const char *files_dir) {
   void *s = dealer(ctx, ep);
-  char t[17];
+  char t[17], b[512], why[512];
+  int k = 0;
   /* warm up the connection */
-  send4(s, "SUBMIT", submit_body);
+  send4(s, "SUBMIT", body_of(b, sizeof b, files_dir, k++));
   if (recv_msg(s, t, 5000) < 0) {
     fprintf(stderr, "job-bench: no reply from %s\n", ep);
     zmq_close(s);
@@ -157,27 +186,35 @@ static double pipelined(void *ctx, const char *ep, int n, const char *expect) {
   int sent = 0, got = 0, window = 1000;
   /* warm-up: the first thousands of rows grow the fresh database file */
   for (int w = 0; w < 2000; w++)
-    send4(s, "SUBMIT", submit_body);
+    send4(s, "SUBMIT", body_of(b, sizeof b, files_dir, k++));
   for (int w = 0; w < 2000; w++)
     if (recv_msg(s, t, 10000) < 0)
       break;
   double t0 = now_s();
   while (got < n) {
     while (sent < n && sent - got < window) {
-      send4(s, "SUBMIT", submit_body);
+      send4(s, "SUBMIT", body_of(b, sizeof b, files_dir, k++));
       sent++;
     }
-    if (recv_msg(s, t, 10000) < 0) {
+    if (recv_why(s, t, 10000, why, sizeof why) < 0) {
       fprintf(stderr, "job-bench: reply %d of %d missing\n", got, n);
       break;
     }
-    if (strcmp(t, expect) != 0)
-      fprintf(stderr, "job-bench: unexpected reply %s\n", t);
+    if (strcmp(t, expect) != 0) {
+      /* a refusal is not a submission: the figure would be a lie */
+      fprintf(stderr, "job-bench: %s, not %s: %s\n", t, expect, why);
+      zmq_close(s);
+      return 0;
+    }
     got++;
   }
   double dt = now_s() - t0;
   zmq_close(s);
   return got / dt;
+}
+
+static double pipelined(void *ctx, const char *ep, int n, const char *expect) {
+  return pipelined_files(ctx, ep, n, expect, NULL);
 }
 
 /* A bare ROUTER echoing each message: the peer for pipelined submissions. */
@@ -497,15 +534,29 @@ int main(int argc, char **argv) {
   zmq_setsockopt(req, ZMQ_LINGER, &z, sizeof z);
   zmq_connect(req, ep2.ep);
 
+  /* a folder with one input, the root of the jobs with files (1c, 4) */
+  char files[] = "/tmp/spn-bench-files-XXXXXX", in[64];
+  if (!mkdtemp(files))
+    return 1;
+  snprintf(in, sizeof in, "%s/in.bin", files);
+  FILE *inf = fopen(in, "wb");
+  if (!inf || fputs("input", inf) < 0 || fclose(inf) != 0)
+    return 1;
+
   /* ---- 1. accepted submissions per second (SQLite) ---- */
   srv_t a;
-  if (srv_start(&a, 0, base, false, NULL, NULL) < 0)
+  if (srv_start(&a, 0, base, false, NULL, NULL, files) < 0)
     return 1;
   double rate = pipelined(ctx, a.ep, n_submit, "SUBMITTED");
   printf("sqlite: durable submissions accepted (WAL, synchronous=NORMAL): %8.0f /s   raw ROUTER echo, same frames: %8.0f /s   ratio %.2f\n",
          rate, peer_rate, peer_rate > 0 ? rate / peer_rate : 0);
+  /* 1c. jobs that name files, each checked against the jobs queued */
+  double frate_files = pipelined_files(ctx, a.ep, n_submit, "SUBMITTED", files);
+  printf("sqlite: the same, each job with an input and an output (checked against the jobs queued): %8.0f /s   "
+         "ratio to raw %.2f, to jobs without files %.2f\n",
+         frate_files, peer_rate > 0 ? frate_files / peer_rate : 0, rate > 0 ? frate_files / rate : 0);
   srv_t f;
-  if (srv_start(&f, 0, base + 4, true, NULL, NULL) < 0)
+  if (srv_start(&f, 0, base + 4, true, NULL, NULL, NULL) < 0)
     return 1;
   double frate = pipelined(ctx, f.ep, n_submit, "SUBMITTED");
   srv_stop(&f);
@@ -526,7 +577,7 @@ int main(int argc, char **argv) {
 
   /* ---- 3. dispatch overhead, empty pipeline, one worker ---- */
   srv_t d;
-  if (srv_start(&d, 1, base + 3, false, NULL, NULL) < 0)
+  if (srv_start(&d, 1, base + 3, false, NULL, NULL, NULL) < 0)
     return 1;
   double t_sub, t_all = dispatch(ctx, d.ep, n_disp, &t_sub);
   srv_stop(&d);
@@ -540,6 +591,8 @@ int main(int argc, char **argv) {
   if (redis_start(&rs) < 0) {
     printf("redis: skipped (redis-server did not start; Debian package redis-server)\n");
     redis_stop(&rs);
+    unlink(in);
+    rmdir(files);
     zmq_ctx_term(ctx);
     return 0;
   }
@@ -547,9 +600,10 @@ int main(int argc, char **argv) {
   if (raw_redis(&rs, n_submit, n_lat, &raw) < 0)
     fprintf(stderr, "job-bench: raw redis failed\n");
   srv_t ra;
-  if (srv_start(&ra, 0, base + 5, false, rs.url, "bench1:") < 0)
+  if (srv_start(&ra, 0, base + 5, false, rs.url, "bench1:", files) < 0)
     return 1;
   double rrate = pipelined(ctx, ra.ep, n_submit, "SUBMITTED");
+  double rrate_files = pipelined_files(ctx, ra.ep, n_submit, "SUBMITTED", files);
   struct timeval tv = {5, 0};
   redisContext *rc = redisConnectWithTimeout("127.0.0.1", rs.port, tv);
   lat_t rl = {0};
@@ -562,11 +616,14 @@ int main(int argc, char **argv) {
   srv_stop(&ra);
   printf("redis (appendonly, fsync everysec): submissions accepted: %8.0f /s   raw XADD pipelined (hiredis): %8.0f /s   ratio %.2f\n",
          rrate, raw.xadd_rate, raw.xadd_rate > 0 ? rrate / raw.xadd_rate : 0);
+  printf("redis: the same, each job with an input and an output (checked by the submit script, one round trip each): "
+         "%8.0f /s   ratio to raw %.2f, to jobs without files %.2f\n",
+         rrate_files, raw.xadd_rate > 0 ? rrate_files / raw.xadd_rate : 0, rrate > 0 ? rrate_files / rrate : 0);
   printf("redis: submit latency (10 ms spacing, n=%d, interleaved with the peer): p50 %.3f ms  p99 %.3f ms  max %.3f ms   "
          "raw XADD round trip: p50 %.3f ms  p99 %.3f ms  max %.3f ms   ratio p50 %.1fx p99 %.1fx\n",
          n_lat, rl.p50, rl.p99, rl.max, rl.peer50, rl.peer99, rl.peermax, rl.p50 / rl.peer50, rl.p99 / rl.peer99);
   srv_t rd;
-  if (srv_start(&rd, 1, base + 6, false, rs.url, "bench2:") < 0)
+  if (srv_start(&rd, 1, base + 6, false, rs.url, "bench2:", NULL) < 0)
     return 1;
   t_all = dispatch(ctx, rd.ep, n_disp, &t_sub);
   srv_stop(&rd);
@@ -575,6 +632,8 @@ int main(int argc, char **argv) {
          n_disp, t_all / n_disp * 1e6, t_sub / n_disp * 1e6, n_disp / t_all, raw.rg50 * 1e3,
          (t_all / n_disp * 1e6) / (raw.rg50 * 1e3));
   redis_stop(&rs);
+  unlink(in);
+  rmdir(files);
   zmq_ctx_term(ctx);
   return 0;
 }
