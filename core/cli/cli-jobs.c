@@ -214,6 +214,7 @@ static const char serve_help[] =
     "  --input-root DIR / --output-root DIR\n"
     "  --lease-ms N --heartbeat-ms N --max-attempts N --backoff-ms N --backoff-max-ms N\n"
     "  --job-timeout S      a job's attempt may run S s unless the job says (0: no limit)\n"
+    "  --keep-ended S       delete a job S s after it ended (default 604800, 7 days; 0: keep all)\n"
     "  --cancel-grace S     a cancelled or timed-out attempt still inside a stage's call after S s\n"
     "                       is abandoned and the in-process workers stop (default 120; 0: wait)\n"
     "  --max-msg BYTES      largest message accepted (ZMQ_MAXMSGSIZE)\n"
@@ -233,6 +234,7 @@ enum {
   O_INPUT_ROOT, O_OUTPUT_ROOT, O_PIPELINE, O_CONNECT, O_NAME, O_SLOTS, O_SERVER_KEY_FILE, O_TIMEOUT_MS, O_GATEWAY_WAIT,
   O_WAIT, O_INPUT, O_OUTPUT, O_PARAM, O_PRIORITY, O_DEADLINE, O_SEGMENTS, O_SEGMENT_SECONDS,
   O_IDEMPOTENCY_KEY, O_JSON, O_STATE, O_LIMIT, O_QUEUE_WAIT, O_JOB_TIMEOUT, O_CANCEL_GRACE,
+  O_KEEP_ENDED,
 };
 #define REQ(name, id) {name, required_argument, NULL, id}
 
@@ -241,6 +243,7 @@ static const struct option serve_opts[] = {
     REQ("db", O_DB), REQ("queue", O_QUEUE), REQ("queue-auth-file", O_QUEUE_AUTH),
     REQ("queue-prefix", O_QUEUE_PREFIX), REQ("queue-wait", O_QUEUE_WAIT), REQ("drain-grace-s", O_DRAIN_GRACE),
     REQ("exec-log", O_EXEC_LOG), REQ("job-timeout", O_JOB_TIMEOUT), REQ("cancel-grace", O_CANCEL_GRACE),
+    REQ("keep-ended", O_KEEP_ENDED),
     REQ("curve-keyfile", O_CURVE_KEYFILE), REQ("curve-clients", O_CURVE_CLIENTS),
     REQ("curve-workers", O_CURVE_WORKERS), REQ("http", O_HTTP), REQ("workers", O_WORKERS),
     REQ("lease-ms", O_LEASE_MS), REQ("heartbeat-ms", O_HEARTBEAT_MS), REQ("max-attempts", O_MAX_ATTEMPTS),
@@ -307,6 +310,7 @@ static int cmd_serve(int argc, char **argv) {
     case O_QUEUE_WAIT: u = &cfg.queue_wait_s; break;
     case O_JOB_TIMEOUT: u = &cfg.job_timeout_s; break;
     case O_CANCEL_GRACE: u = &cfg.cancel_grace_s; break;
+    case O_KEEP_ENDED: u = &cfg.keep_ended_s; break;
     case O_DRAIN_GRACE: u = &cfg.drain_grace_s; break;
     case O_EXEC_LOG: str = &cfg.exec_log; break;
     case O_CURVE_KEYFILE: str = &cfg.curve_key_file; break;

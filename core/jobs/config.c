@@ -28,6 +28,7 @@ void spn_server_config_defaults(spn_server_config_t *c) {
   c->drain_grace_s = 30;
   c->queue_wait_s = 300;
   c->cancel_grace_s = 120;
+  c->keep_ended_s = 7 * 86400;
 }
 
 void spn_server_config_clear(spn_server_config_t *c) {
@@ -87,6 +88,7 @@ static const key_def_t keys[] = {
     {"queue", "heartbeat_ms", K_U32, OFF(heartbeat_ms), 50, 60000},
     {"queue", "max_attempts", K_U32, OFF(max_attempts), 1, 100},
     {"queue", "job_timeout_s", K_U32, OFF(job_timeout_s), 0, 7 * 86400},
+    {"queue", "keep_ended_s", K_U32, OFF(keep_ended_s), 0, 3650u * 86400},
     {"queue", "backoff_base_ms", K_U32, OFF(backoff_base_ms), 1, 3600000},
     {"queue", "backoff_max_ms", K_U32, OFF(backoff_max_ms), 1, 86400000},
     {"queue", "max_priority", K_U32, OFF(max_priority), 0, 1000000},

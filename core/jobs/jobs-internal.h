@@ -145,6 +145,13 @@ static inline bool spn__is_queue_url(const char *s) {
  * often by each gateway. */
 #define SPN_ROSTER_KEEP_MS (10 * 60 * 1000)
 #define SPN_ROSTER_PRUNE_MS (60 * 1000)
+/* Retention: each gateway deletes ended jobs past keep_ended_s this often
+ * (or every quarter of keep_ended_s when that is shorter, at least 1 s),
+ * at most SPN_PURGE_BATCH a time (one short transaction or script); after a
+ * full batch, again a second later, until it has caught up. */
+#define SPN_PURGE_EVERY_MS (60 * 1000)
+#define SPN_PURGE_AGAIN_MS 1000
+#define SPN_PURGE_BATCH 500
 /* A worker refused its name (name_taken) stops once the holder was heard
  * this many more times: a live holder is heard at every heartbeat (roster
  * renewal, on another gateway); a killed one at most once more. */
@@ -254,6 +261,13 @@ typedef struct spn_queue_ops {
    * worker of the queue. */
   int32_t (*present)(void *q, const char *pipelines, int64_t now, spn_error_t *err);
   int32_t (*seen)(void *q, const char *pipeline, int64_t *at, spn_error_t *err);
+  /* Retention (docs/jobs.md, "Retention"): delete up to `limit` top-level
+   * jobs that ended (succeeded, failed, dead, cancelled) before `before`
+   * (ms), oldest first, each with its segments, history and file records;
+   * *removed gets how many. A job with a segment still queued or running,
+   * or (Redis) whose publication marker is not known to be gone, is kept
+   * for a later call. NULL when the backend keeps every job. */
+  int32_t (*purge)(void *q, int64_t before, uint32_t limit, uint32_t *removed, spn_error_t *err);
   /* The roster (docs/jobs.md, "spindle workers"): one record per worker
    * process of a shared queue, so that any gateway can list every worker,
    * whoever it leases through. roster_put sets name[i] to record[i] (JSON,
@@ -587,6 +601,7 @@ typedef struct spn_server_config {
   uint32_t heartbeat_ms; /* remote worker heartbeat; dead after 3 missed */
   uint32_t max_attempts; /* default per job */
   uint32_t job_timeout_s; /* default time one attempt of a job may run (0: no limit) */
+  uint32_t keep_ended_s;  /* an ended job is deleted this long after it ended (0: kept for ever) */
   /* a cancelled or timed-out attempt still running after this long is
    * abandoned and the in-process workers stop (0: wait for ever) */
   uint32_t cancel_grace_s;

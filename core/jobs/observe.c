@@ -437,6 +437,12 @@ static int32_t w_seen(void *q, const char *pipeline, int64_t *at, spn_error_t *e
   return o->inner.ops->seen(o->inner.impl, pipeline, at, err);
 }
 
+static int32_t w_purge(void *q, int64_t before, uint32_t limit, uint32_t *removed, spn_error_t *err) {
+  spn__observe_t *o = q;
+  *removed = 0;
+  return o->inner.ops->purge ? o->inner.ops->purge(o->inner.impl, before, limit, removed, err) : SPN_OK;
+}
+
 static int32_t w_roster_put(void *q, size_t n, const char *const *names, const char *const *records,
                             spn_error_t *err) {
   spn__observe_t *o = q;
@@ -465,6 +471,7 @@ static const spn_queue_ops_t observed_ops = {
     .begin = w_begin,
     .commit = w_commit,
     .submit = w_submit,
+    .purge = w_purge,
     .lease = w_lease,
     .renew = w_renew,
     .progress = w_progress,

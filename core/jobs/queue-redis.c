@@ -71,6 +71,7 @@ enum {
   SC_CHILDREN,
   SC_UNPUBLISHED,
   SC_WAITING_REPAIR,
+  SC_PURGE,
   SC_COUNT
 };
 
@@ -89,6 +90,7 @@ static const char *const script_body[SC_COUNT] = {
     [SC_CHILDREN] = RQ_LUA_PRELUDE RQ_LUA_CHILDREN,
     [SC_UNPUBLISHED] = RQ_LUA_UNPUBLISHED,
     [SC_WAITING_REPAIR] = RQ_LUA_PRELUDE RQ_LUA_WAITING_REPAIR,
+    [SC_PURGE] = RQ_LUA_PRELUDE RQ_LUA_PURGE,
 };
 
 typedef struct rq {
@@ -1007,6 +1009,16 @@ static int32_t rq_seen(void *qv, const char *pipeline, int64_t *at, spn_error_t 
   return SPN_OK;
 }
 
+static int32_t rq_purge(void *qv, int64_t before, uint32_t limit, uint32_t *removed, spn_error_t *err) {
+  rargs_t a = {0};
+  a_i64(&a, before);
+  a_i64(&a, limit);
+  int64_t n = 0;
+  int32_t rc = lease_int(qv, SC_PURGE, &a, "deleting the jobs past their retention", &n, err);
+  *removed = rc == SPN_OK && n > 0 ? (uint32_t)n : 0;
+  return rc;
+}
+
 /* The roster: P workers, a hash of worker name -> its record (JSON). One
  * HSET for the records given, one HDEL for the names without one. */
 static int32_t rq_roster_put(void *qv, size_t n, const char *const *names, const char *const *records,
@@ -1080,6 +1092,7 @@ static const spn_queue_ops_t rq_ops = {
     .begin = rq_begin,
     .commit = rq_commit,
     .submit = rq_submit,
+    .purge = rq_purge,
     .lease = rq_lease,
     .renew = rq_renew,
     .progress = rq_progress,

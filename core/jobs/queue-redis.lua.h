@@ -33,6 +33,10 @@
  *                  written without the mirror, a restored RDB) is repaired on
  *                  connect and by every sweep.
  *   P kids:<id>    ZSET of the segments of job <id>, score = segment index
+ *   P ended        ZSET of the jobs (not segments) that ended, score = when
+ *                  (ms): retention deletes the oldest (RQ_LUA_PURGE)
+ *   P ended_fill   STRING, how far the jobs that ended before P ended
+ *                  existed have been added to it (an id of P all; "done")
  *   P outputs      HASH output path -> the last job submitted with it
  *   P readers:<path>  SET of the jobs submitted with input <path>; ended
  *                  ones are removed when a submit reads the set
@@ -282,6 +286,10 @@
   "  if from == 0 and to ~= 0 then wait_take(1) end\n"                                          \
   "  if to == 0 and from ~= 0 then wait_put(1) end\n"                                           \
   "  if to >= 2 then segment_ended(id, to, now) end\n"                                          \
+  /* a job (not a segment) that ended, for retention (RQ_LUA_PURGE) */     \
+  "  if to >= 2 and (tonumber(redis.call('HGET', jk(id), 'par')) or 0) == 0 then\n"              \
+  "    redis.call('ZADD', P .. 'ended', now, id)\n"                                              \
+  "  end\n"                                                                                     \
   "  if EV[to] and from ~= to then ev(EV[to]) end\n"                                          \
   "end\n"                                                                                       \
   "local function requeue_deadline(id)\n"                                                       \
@@ -653,6 +661,81 @@
   "  out[#out + 1] = redis.call('HGETALL', jk(c))\n"                                            \
   "end\n"                                                                                       \
   "return out\n"
+
+/* ARGV: P before limit -> jobs deleted.
+ * Retention: up to `limit` jobs (not segments) that ended before `before`
+ * (ms), oldest first, each with its segments and its records (state sets,
+ * output and input records that name it, its idempotency key). Kept for a
+ * later call: a job with a segment queued or running, or whose publication
+ * marker may still exist (P unpub). Jobs that ended before P ended existed
+ * are added to it first, FILL a call. */
+#define RQ_LUA_PURGE                                                                            \
+  "local limit = tonumber(ARGV[3])\n"                                                          \
+  "local FILL = 2000\n"                                                                         \
+  "local fk = P .. 'ended_fill'\n"                                                              \
+  "local from = redis.call('GET', fk) or '-inf'\n"                                              \
+  "if from ~= 'done' then\n"                                                                    \
+  "  if from ~= '-inf' then from = '(' .. from end\n"                                           \
+  "  local ids = redis.call('ZRANGEBYSCORE', P .. 'all', from, '+inf', 'LIMIT', 0, FILL)\n"       \
+  "  for _, id in ipairs(ids) do\n"                                                             \
+  "    local h = redis.call('HMGET', jk(id), 'st', 'par')\n"                                     \
+  "    local st = tonumber(h[1])\n"                                                             \
+  "    if st and st >= 2 and (tonumber(h[2]) or 0) == 0 then\n"                                 \
+  "      local at = tonumber(redis.call('HGET', jk(id), 't' .. st)) or 0\n"                      \
+  "      redis.call('ZADD', P .. 'ended', 'NX', at, id)\n"                                       \
+  "    end\n"                                                                                   \
+  "  end\n"                                                                                     \
+  "  if #ids < FILL then redis.call('SET', fk, 'done') else redis.call('SET', fk, ids[#ids]) end\n" \
+  "end\n"                                                                                       \
+  "local function files(spec)\n"                                                                \
+  "  local ok, sp = pcall(cjson.decode, spec or '')\n"                                          \
+  "  if not ok or type(sp) ~= 'table' then return {}, {} end\n"                                 \
+  "  local o = type(sp.outputs) == 'table' and sp.outputs or {}\n"                              \
+  "  local i = type(sp.inputs) == 'table' and sp.inputs or {}\n"                                \
+  "  return o, i\n"                                                                             \
+  "end\n"                                                                                       \
+  "local function drop(id)\n"                                                                   \
+  "  local k = jk(id)\n"                                                                        \
+  "  local h = redis.call('HMGET', k, 'st', 'spec', 'idem', 'pl')\n"                              \
+  "  if h[1] then redis.call('ZREM', P .. 'st:' .. h[1], id) end\n"                              \
+  "  local outs, ins = files(h[2])\n"                                                           \
+  "  for _, path in pairs(outs) do\n"                                                           \
+  "    if type(path) == 'string' and redis.call('HGET', P .. 'outputs', path) == tostring(id) then\n" \
+  "      redis.call('HDEL', P .. 'outputs', path)\n"                                            \
+  "    end\n"                                                                                   \
+  "  end\n"                                                                                     \
+  "  for _, path in pairs(ins) do\n"                                                            \
+  "    if type(path) == 'string' then redis.call('SREM', P .. 'readers:' .. path, id) end\n"     \
+  "  end\n"                                                                                     \
+  "  if h[3] and h[3] ~= '' and redis.call('GET', P .. 'idem:' .. h[3]) == tostring(id) then\n"  \
+  "    redis.call('DEL', P .. 'idem:' .. h[3])\n"                                               \
+  "  end\n"                                                                                     \
+  "  for _, z in ipairs({'all', 'ended', 'unpub', 'ready', 'delayed', 'deadlines'}) do\n"        \
+  "    redis.call('ZREM', P .. z, id)\n"                                                        \
+  "  end\n"                                                                                     \
+  "  if h[4] then redis.call('ZREM', rk(h[4]), id) end\n"                                       \
+  "  redis.call('DEL', k, P .. 'kids:' .. id)\n"                                                \
+  "end\n"                                                                                       \
+  "local n = 0\n"                                                                               \
+  "for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'ended', '-inf', '(' .. ARGV[2], 'LIMIT', 0, limit)) do\n" \
+  "  local st = tonumber(redis.call('HGET', jk(id), 'st'))\n"                                    \
+  "  if not st or st < 2 then\n"                                                                \
+  "    redis.call('ZREM', P .. 'ended', id)\n"                                                  \
+  "  elseif not redis.call('ZSCORE', P .. 'unpub', id) then\n"                                  \
+  "    local kids = redis.call('ZRANGE', P .. 'kids:' .. id, 0, -1)\n"                           \
+  "    local live = false\n"                                                                    \
+  "    for _, c in ipairs(kids) do\n"                                                           \
+  "      local cs = redis.call('HGET', jk(c), 'st')\n"                                           \
+  "      if cs == '0' or cs == '1' or redis.call('ZSCORE', P .. 'unpub', c) then live = true end\n" \
+  "    end\n"                                                                                   \
+  "    if not live then\n"                                                                      \
+  "      for _, c in ipairs(kids) do drop(c) end\n"                                             \
+  "      drop(id)\n"                                                                            \
+  "      n = n + 1\n"                                                                           \
+  "    end\n"                                                                                   \
+  "  end\n"                                                                                     \
+  "end\n"                                                                                       \
+  "return n\n"
 
 /* ARGV: P -> tokens added to P waiting (negative: taken) to repair drift */
 #define RQ_LUA_WAITING_REPAIR "ready_repair()\nreturn wait_repair()\n"

@@ -62,6 +62,11 @@ enum {
   ST_OUTPUTS_PUT,
   ST_INPUTS_PUT,
   ST_CLASH,
+  ST_PURGE_PICK,
+  ST_PURGE_TRANS,
+  ST_PURGE_FILES_OUT,
+  ST_PURGE_FILES_IN,
+  ST_PURGE_JOBS,
   ST_COUNT
 };
 
@@ -153,6 +158,20 @@ static const char *const sql_text[ST_COUNT] = {
                  "FROM json_each(" SPEC_OR_EMPTY ", '$.inputs') e CROSS JOIN outputs x ON x.path = e.value "
                  "CROSS JOIN jobs j ON j.id = x.job WHERE e.type = 'text' AND j.state IN (0, 1)"
                  ") ORDER BY k = 3, n, k, job LIMIT 1",
+    /* Retention (ops.purge): the top-level jobs whose final transition is
+     * older than ?1, oldest first, none of whose segments is queued or
+     * running (the final transitions are found by their own index). Each is
+     * then deleted with its segments, history and file records. */
+    [ST_PURGE_PICK] = "SELECT t.job FROM transitions t CROSS JOIN jobs j ON j.id = t.job "
+                      "WHERE t.state >= 2 AND t.at < ?1 AND j.state >= 2 AND j.parent = 0 "
+                      "AND NOT EXISTS (SELECT 1 FROM jobs c WHERE c.parent = j.id AND c.parent > 0 AND c.state < 2) "
+                      "ORDER BY t.at LIMIT ?2",
+    [ST_PURGE_TRANS] = "DELETE FROM transitions WHERE job IN "
+                       "(SELECT ?1 UNION ALL SELECT id FROM jobs WHERE parent = ?1 AND parent > 0)",
+    [ST_PURGE_FILES_OUT] = "DELETE FROM outputs WHERE job = ?1",
+    [ST_PURGE_FILES_IN] = "DELETE FROM inputs WHERE job = ?1",
+    [ST_PURGE_JOBS] = "DELETE FROM jobs WHERE id IN (SELECT ?1 UNION ALL SELECT id FROM jobs WHERE parent = ?1 "
+                      "AND parent > 0)",
 };
 
 static const char schema[] =
@@ -193,7 +212,11 @@ static const char schema[] =
     /* added later; a queue file written before it starts with none */
     "CREATE TABLE IF NOT EXISTS outputs(path TEXT PRIMARY KEY, job INTEGER NOT NULL);"
     "CREATE TABLE IF NOT EXISTS inputs(path TEXT NOT NULL, job INTEGER NOT NULL);"
-    "CREATE INDEX IF NOT EXISTS inputs_path ON inputs(path);";
+    "CREATE INDEX IF NOT EXISTS inputs_path ON inputs(path);"
+    /* retention: the final transitions by time, a job's file records */
+    "CREATE INDEX IF NOT EXISTS transitions_ended ON transitions(at) WHERE state >= 2;"
+    "CREATE INDEX IF NOT EXISTS outputs_job ON outputs(job);"
+    "CREATE INDEX IF NOT EXISTS inputs_job ON inputs(job);";
 
 /* Columns added after the first release: a queue file written before them
  * gets them (ALTER fails harmlessly where they exist), then their index. */
@@ -1069,6 +1092,52 @@ static int32_t sq_seen(void *qv, const char *pipeline, int64_t *at, spn_error_t 
   return SPN_OK;
 }
 
+/* Retention: up to `limit` top-level jobs that ended before `before`, each
+ * with its segments, transitions and file records, in one transaction. */
+static int32_t sq_purge(void *qv, int64_t before, uint32_t limit, uint32_t *removed, spn_error_t *err) {
+  sq_t *q = qv;
+  *removed = 0;
+  int64_t *ids = calloc(limit ? limit : 1, sizeof *ids);
+  if (!ids)
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  sqlite3_stmt *s = stmt(q, ST_PURGE_PICK);
+  sqlite3_bind_int64(s, 1, before);
+  sqlite3_bind_int64(s, 2, limit);
+  uint32_t n = 0;
+  int r;
+  while (n < limit && (r = sqlite3_step(s)) == SQLITE_ROW)
+    ids[n++] = sqlite3_column_int64(s, 0);
+  sqlite3_reset(s);
+  if (n < limit && r != SQLITE_DONE) {
+    free(ids);
+    return db_error(q, err, "finding the jobs past their retention");
+  }
+  int opened;
+  int32_t rc = n ? auto_begin(q, err, &opened) : SPN_OK;
+  if (rc < 0 || !n) {
+    free(ids);
+    return rc;
+  }
+  static const int del[] = {ST_PURGE_TRANS, ST_PURGE_FILES_OUT, ST_PURGE_FILES_IN, ST_PURGE_JOBS};
+  for (uint32_t i = 0; rc == SPN_OK && i < n; i++) {
+    int changed = 0;
+    for (size_t k = 0; rc == SPN_OK && k < sizeof del / sizeof *del; k++) {
+      s = stmt(q, del[k]);
+      sqlite3_bind_int64(s, 1, ids[i]);
+      int c = exec_stmt(q, s, err, "deleting a job past its retention");
+      if (c < 0)
+        rc = SPN_EIO;
+      else if (del[k] == ST_PURGE_JOBS)
+        changed = c;
+    }
+    *removed += changed > 0;
+  }
+  free(ids);
+  if (rc < 0)
+    *removed = 0;
+  return auto_end(q, opened, rc, err);
+}
+
 static void sq_free(void *qv) {
   sq_t *q = qv;
   if (!q)
@@ -1097,6 +1166,7 @@ static const spn_queue_ops_t sqlite_ops = {
     .begin = sq_begin,
     .commit = sq_commit,
     .submit = sq_submit,
+    .purge = sq_purge,
     .lease = sq_lease,
     .renew = sq_renew,
     .progress = sq_progress,

@@ -128,6 +128,7 @@ struct spn_server {
   volatile int draining;   /* SIGTERM: no new leases; exit when idle or at drain_until */
   double drain_until;
   double last_renew, last_sweep, last_presence, last_roster_prune;
+  double next_purge; /* monotonic s of the next retention pass */
   char name[128];          /* "HOST:PID": its record in a shared queue's roster */
   int lock_fd;             /* SQLite: the flock that makes it the file's one gateway; -1 none */
   bool waiting_check;      /* presence recorded: tell watchers of queued jobs after dispatch */

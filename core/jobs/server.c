@@ -116,10 +116,36 @@ static void queue_wait(spn_server_t *s, double mono, const spn_error_t *err) {
                      err->msg);
 }
 
+/* Retention: the jobs that ended more than keep_ended_s ago go, a batch at
+ * a time (docs/jobs.md, "Retention"). */
+static void purge(spn_server_t *s, double mono, int64_t now) {
+  uint32_t removed = 0;
+  spn_error_t err = SPN_ERROR_INIT;
+  int64_t before = now - (int64_t)s->cfg->keep_ended_s * 1000;
+  /* a short retention is kept to closely: a pass every quarter of it */
+  double every = s->cfg->keep_ended_s / 4.0;
+  every = every < 1 ? 1 : every > SPN_PURGE_EVERY_MS / 1000.0 ? SPN_PURGE_EVERY_MS / 1000.0 : every;
+  s->next_purge = mono + every;
+  if (s->q.ops->purge(s->q.impl, before, SPN_PURGE_BATCH, &removed, &err) < 0) {
+    spn__queue_log(s, SPN_LOG_WARN, "retention: deleting the jobs that ended over %u s ago: %s",
+                   s->cfg->keep_ended_s, err.msg);
+    return;
+  }
+  if (removed == SPN_PURGE_BATCH)
+    s->next_purge = mono + SPN_PURGE_AGAIN_MS / 1000.0;
+  if (removed)
+    spn__log_f(spn__observe_logger(s->obs), SPN_LOG_INFO, NULL,
+               "retention: deleted %u job%s that ended over %u s ago (queue.keep_ended_s)", removed,
+               removed == 1 ? "" : "s", s->cfg->keep_ended_s);
+}
+
 static void on_timer(uv_timer_t *h) {
   spn_server_t *s = h->data;
   double mono = spn__mono_s();
   int64_t now = spn__now_ms();
+  /* (its own transaction: a failed pass rolls back alone) */
+  if (s->cfg->keep_ended_s && s->queue_answered && mono >= s->next_purge)
+    purge(s, mono, now);
   spn__batch_begin(s);
   if (mono - s->last_renew >= s->cfg->heartbeat_ms / 1000.0) {
     s->last_renew = mono;

@@ -36,6 +36,7 @@ static void test_shipped_config(void **state) {
   assert_int_equal(c.backoff_base_ms, 1000);
   assert_int_equal(c.backoff_max_ms, 60000);
   assert_int_equal(c.queue_wait_s, 300);
+  assert_int_equal(c.keep_ended_s, 7 * 86400);
   assert_int_equal(c.n_pipelines, 1);
   assert_string_equal(c.pipelines[0], "copy");
   assert_int_equal(c.input_roots.n, 1);
@@ -78,6 +79,9 @@ static void test_refusals(void **state) {
   assert_int_equal(load_str("[queue]\nwait_s = 100000\n", &err), SPN_ECONFIG);
   assert_non_null(strstr(err.msg, "queue.wait_s: 100000 is outside [0, 86400]"));
   assert_int_equal(load_str("[queue]\nwait_s = 0\n", &err), SPN_OK);
+  assert_int_equal(load_str("[queue]\nkeep_ended_s = 400000000\n", &err), SPN_ECONFIG);
+  assert_non_null(strstr(err.msg, "queue.keep_ended_s: 400000000 is outside [0, 315360000]"));
+  assert_int_equal(load_str("[queue]\nkeep_ended_s = 0\n", &err), SPN_OK);
   assert_int_equal(load_str("[nope]\n", &err), SPN_ECONFIG);
   assert_non_null(strstr(err.msg, ":1:2: unknown section \"nope\""));
   assert_int_equal(load_str("[paths]\ninput_roots = [\"/no/such/dir\"]\n", &err), SPN_ENOENT);

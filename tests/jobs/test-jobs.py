@@ -1757,6 +1757,46 @@ def case_output_race(tmp):
     check(len([ln for ln in ls.splitlines() if "queued" in ln]) == n, f"queued jobs: {ls}")
 
 
+def case_retention(tmp):
+    """queue.keep_ended_s (--keep-ended): a job that ended is deleted that
+    long after it ended: its status is then not_found, it leaves `spindle
+    jobs`, its idempotency key names a new job; its output file stays (the
+    queue's records go, never the files); a running and a queued job stay
+    however old they are. The gateway logs each pass that deleted jobs."""
+    p, ep = start_serve(tmp, "--workers", "1", "--keep-ended", "2", "--chunk-bytes", "500")
+    make_file(f"{tmp}/in.bin", 20_000, 9)
+    os.mkdir(f"{tmp}/out")
+
+    def submit(name, *extra, rc=0):
+        r = cli("submit", "copy", "--input", f"in={tmp}/in.bin", "--output", f"out={tmp}/out/{name}", *extra,
+                "--connect", ep, check_rc=rc)
+        return int(r.stdout.split()[0])
+    a = submit("a.bin", "--idempotency-key", "ka", "--wait")
+    check(status(ep, a)["state"] == "succeeded", "job a ran")
+    # one job runs (slowly) and one waits behind it, past the retention
+    slow = submit("slow.bin", "--param", "chunk_delay_ms=300")  # 40 chunks: 12 s
+    wait_for(lambda: status(ep, slow)["state"] == "running", 20, "the slow job to run")
+    queued = submit("q.bin")
+
+    def gone(j):
+        r = cli("status", str(j), "--connect", ep)
+        return r.returncode == 5 and f"job {j}: no such job".encode() in r.stderr
+    wait_for(lambda: gone(a), 20, "job a to be deleted 2 s after it ended")
+    check(same(f"{tmp}/in.bin", f"{tmp}/out/a.bin"), "job a's output file is still there")
+    time.sleep(3)
+    check(status(ep, slow)["state"] == "running" and status(ep, queued)["state"] == "queued",
+          "a running and a queued job are kept")
+    ls = cli("jobs", "--limit", "100", "--connect", ep, check_rc=0).stdout.decode()
+    ids = [int(ln.split()[0]) for ln in ls.splitlines() if ln.split() and ln.split()[0].isdigit()]
+    check(a not in ids and slow in ids and queued in ids, f"spindle jobs after the deletion: {ls}")
+    again = submit("a.bin", "--idempotency-key", "ka")
+    check(again != a, f"job a's key names a new job, not {again}")
+    cli("cancel", str(slow), "--connect", ep, check_rc=0)
+    wait_for(lambda: gone(slow) and gone(queued) and gone(again), 40, "the other jobs to be deleted once ended")
+    log = open(f"{tmp}/serve.log").read()
+    check("retention: deleted 1 job that ended over 2 s ago" in log, f"no retention line in the log: {log[-2000:]}")
+
+
 def case_mixed_workers(tmp):
     """A farm whose workers load different pipelines (remote workers on a
     gateway; with --backend redis, stateless workers on the queue): each

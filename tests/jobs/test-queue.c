@@ -686,6 +686,149 @@ static void test_file_clashes(void **state) {
   assert_true(submit_checked(f, "not json", NULL, T0 + 25, &c) > 0);
 }
 
+static uint32_t purge(fx_t *f, int64_t before, uint32_t limit) {
+  uint32_t n = 99;
+  assert_int_equal(f->o->purge(f->q.impl, before, limit, &n, NULL), SPN_OK);
+  return n;
+}
+
+static bool exists(fx_t *f, int64_t id) {
+  spn_queue_job_t j;
+  int32_t rc = f->o->get(f->q.impl, id, &j, NULL);
+  if (rc == SPN_OK)
+    spn__queue_job_clear(&j);
+  else
+    assert_int_equal(rc, SPN_ENOENT);
+  return rc == SPN_OK;
+}
+
+/* Retention (ops.purge): the jobs that ended before the time given go,
+ * oldest first, a batch at most, with their segments; queued and running
+ * jobs stay, and so does an ended job whose segment still runs; a deleted
+ * job's idempotency key and file records go with it (the key names a new
+ * job at once); list and counts no longer see it. */
+static void test_purge(void **state) {
+  fx_t *f = *state;
+  const spn_job_xfer_t *nx = NULL;
+  spn_queue_state_t st;
+  uint32_t att;
+  const char *fa = "{\"pipeline\":\"p\",\"inputs\":{\"i\":\"/r/in\"},\"outputs\":{\"o\":\"/r/a\"}}";
+  int64_t a = submit_spec(f, fa, 0, "ka", 0, 1, T0);
+  int64_t b = submit(f, 0, NULL, 0, 1, T0);
+  int64_t c = submit(f, 0, NULL, 0, 1, T0);
+  int64_t d = submit(f, 0, NULL, 0, 1, T0);
+  int64_t e = submit(f, 0, NULL, 0, 1, T0);
+  assert_int_equal(lease(f, "w", T0 + 1, &att), a);
+  assert_int_equal(f->o->complete(f->q.impl, a, att, "w", 0, 0, nx, NULL, T0 + 10, NULL), SPN_OK);
+  if (f->o->unpublished)
+    assert_int_equal(f->o->unpublished(f->q.impl, a, NULL), SPN_OK);
+  assert_int_equal(lease(f, "w", T0 + 11, &att), b);
+  assert_int_equal((f->o->fail)(f->q.impl, b, att, "w", "bad", SPN_FAIL_FINAL, 0, 0, nx, T0 + 20, &st, NULL),
+                   SPN_OK);
+  assert_int_equal(f->o->cancel(f->q.impl, c, T0 + 30, &st, NULL), SPN_OK);
+  assert_int_equal(lease(f, "w", T0 + 31, &att), d); /* d runs, e waits */
+  assert_int_equal(purge(f, T0 + 5, 10), 0);
+  assert_int_equal(purge(f, T0 + 15, 10), 1);
+  assert_false(exists(f, a));
+  assert_true(exists(f, b) && exists(f, c) && exists(f, d) && exists(f, e));
+  /* a's key now names nothing: the same request is a new job */
+  spn_queue_submit_t ks = {.spec_json = fa, .idem_key = "ka", .max_attempts = 1};
+  int64_t id = 0;
+  bool ex = true;
+  assert_int_equal(f->o->submit(f->q.impl, &ks, T0 + 40, &id, &ex, NULL), SPN_OK);
+  assert_false(ex);
+  assert_true(id != a);
+  /* oldest first, at most `limit` a call; the live jobs stay */
+  assert_int_equal(purge(f, T0 + 1000, 1), 1);
+  assert_false(exists(f, b));
+  assert_true(exists(f, c));
+  assert_int_equal(purge(f, T0 + 1000, 10), 1);
+  assert_false(exists(f, c));
+  assert_int_equal(purge(f, T0 + 1000, 10), 0);
+  assert_true(exists(f, d) && exists(f, e) && exists(f, id));
+  int64_t cnt[SPN_QSTATE_COUNT];
+  assert_int_equal(f->o->counts(f->q.impl, cnt, NULL), SPN_OK);
+  assert_int_equal(cnt[SPN_QSTATE_QUEUED], 2);
+  assert_int_equal(cnt[SPN_QSTATE_RUNNING], 1);
+  assert_int_equal(cnt[SPN_QSTATE_SUCCEEDED] + cnt[SPN_QSTATE_FAILED] + cnt[SPN_QSTATE_CANCELLED], 0);
+  /* a segmented job goes with its segments, once none of them runs */
+  assert_int_equal(f->o->cancel(f->q.impl, e, T0 + 41, &st, NULL), SPN_OK);
+  assert_int_equal(f->o->cancel(f->q.impl, id, T0 + 41, &st, NULL), SPN_OK);
+  spn_queue_submit_t ps = {.spec_json = SPEC, .max_attempts = 1, .pending = 2};
+  int64_t p = 0;
+  assert_int_equal(f->o->submit(f->q.impl, &ps, T0 + 50, &p, &ex, NULL), SPN_OK);
+  int64_t k[2];
+  for (int i = 0; i < 2; i++) {
+    spn_queue_submit_t ks2 = {.spec_json = SPEC, .max_attempts = 1, .parent = p, .seg_index = i};
+    assert_int_equal(f->o->submit(f->q.impl, &ks2, T0 + 50, &k[i], &ex, NULL), SPN_OK);
+  }
+  uint32_t a0, a1;
+  assert_int_equal(lease(f, "w", T0 + 51, &a0), k[0]);
+  assert_int_equal(f->o->complete(f->q.impl, k[0], a0, "w", 0, 0, nx, NULL, T0 + 52, NULL), SPN_OK);
+  if (f->o->unpublished)
+    assert_int_equal(f->o->unpublished(f->q.impl, k[0], NULL), SPN_OK);
+  assert_int_equal(lease(f, "w", T0 + 53, &a1), k[1]);
+  /* the job is cancelled while segment 1 runs: it has ended, its segment not */
+  assert_int_equal(f->o->cancel(f->q.impl, p, T0 + 54, &st, NULL), SPN_OK);
+  assert_int_equal(state_of(f, p), SPN_QSTATE_CANCELLED);
+  assert_int_equal(purge(f, T0 + 1000, 10), 2); /* e and id; p waits for its segment */
+  assert_true(exists(f, p) && exists(f, k[0]) && exists(f, k[1]));
+  assert_int_equal((f->o->fail)(f->q.impl, k[1], a1, "w", "cancelled", SPN_FAIL_CANCELLED, 0, 0, nx, T0 + 55, &st,
+                                NULL), SPN_OK);
+  assert_int_equal(purge(f, T0 + 1000, 10), 1);
+  assert_false(exists(f, p) || exists(f, k[0]) || exists(f, k[1]));
+  assert_int_equal(f->o->counts(f->q.impl, cnt, NULL), SPN_OK);
+  int64_t all = 0;
+  for (int s = 0; s < SPN_QSTATE_COUNT; s++)
+    all += cnt[s];
+  assert_int_equal(all, 1); /* d, still running */
+}
+
+/* Redis: jobs that ended before the queue kept P ended (a queue written by
+ * an earlier version) are found too: the purge script adds them first. */
+static void test_purge_old_queue(void **state) {
+  fx_t *f = *state;
+  uint32_t att;
+  spn_queue_state_t st;
+  int64_t ids[5];
+  for (int i = 0; i < 5; i++)
+    ids[i] = submit(f, 0, NULL, 0, 1, T0);
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(f->o->cancel(f->q.impl, ids[i], T0 + 10 + i, &st, NULL), SPN_OK);
+  assert_int_equal(lease(f, "w", T0 + 20, &att), ids[4]);
+  /* the fill had got past ids[0] when the queue was written (a cursor
+   * left by an earlier pass): it goes on from there */
+  freeReplyObject(redis_cmd(f->srv, "DEL %sended", f->prefix));
+  freeReplyObject(redis_cmd(f->srv, "SET %sended_fill %lld", f->prefix, (long long)ids[0]));
+  assert_int_equal(purge(f, T0 + 12, 10), 1); /* ids[1]; ids[0] was before the cursor */
+  assert_true(exists(f, ids[0]) && !exists(f, ids[1]));
+  /* from the start */
+  freeReplyObject(redis_cmd(f->srv, "DEL %sended %sended_fill", f->prefix, f->prefix));
+  assert_int_equal(purge(f, T0 + 12, 10), 1); /* ids[0], cancelled before T0 + 12 */
+  assert_false(exists(f, ids[0]) || exists(f, ids[1]));
+  assert_true(exists(f, ids[2]) && exists(f, ids[3]) && exists(f, ids[4]));
+  assert_int_equal(purge(f, T0 + 100, 10), 2);
+  assert_true(exists(f, ids[4]));
+  redisReply *r = redis_cmd(f->srv, "GET %sended_fill", f->prefix);
+  assert_true(r && r->type == REDIS_REPLY_STRING && !strcmp(r->str, "done"));
+  freeReplyObject(r);
+  /* a deleted job's records that name it go: its idempotency key, its
+   * output's record, its place among its input's readers */
+  const char *fa = "{\"pipeline\":\"p\",\"inputs\":{\"i\":\"/r/in\"},\"outputs\":{\"o\":\"/r/a\"}}";
+  int64_t a = submit_spec(f, fa, 0, "ka", 0, 1, T0 + 200);
+  assert_int_equal(f->o->cancel(f->q.impl, a, T0 + 201, &st, NULL), SPN_OK);
+  assert_int_equal(purge(f, T0 + 300, 10), 1);
+  r = redis_cmd(f->srv, "EXISTS %sidem:ka", f->prefix);
+  assert_true(r && r->type == REDIS_REPLY_INTEGER && r->integer == 0);
+  freeReplyObject(r);
+  r = redis_cmd(f->srv, "HEXISTS %soutputs /r/a", f->prefix);
+  assert_true(r && r->type == REDIS_REPLY_INTEGER && r->integer == 0);
+  freeReplyObject(r);
+  r = redis_cmd(f->srv, "SCARD %sreaders:/r/in", f->prefix);
+  assert_true(r && r->type == REDIS_REPLY_INTEGER && r->integer == 0);
+  freeReplyObject(r);
+}
+
 /* A succeeded job's progress equals its total, also when it never reported
  * any (both backends). */
 static void test_succeeded_progress_is_complete(void **state) {
@@ -1564,6 +1707,7 @@ int main(void) {
       SQ(test_worker_presence),
       SQ(test_sqlite_has_no_roster),
       SQ(test_file_clashes),
+      SQ(test_purge),
   };
   /* The same cases on Redis (lease expiry in real time). */
   const struct CMUnitTest redis_tests[] = {
@@ -1592,6 +1736,8 @@ int main(void) {
       RD(test_redis_ready_repair_in_chunks),
       RD(test_redis_filtered_lease_skips_a_job_not_ready),
       RD(test_file_clashes),
+      RD(test_purge),
+      RD(test_purge_old_queue),
   };
   int rc = cmocka_run_group_tests_name("sqlite", sqlite_tests, NULL, NULL);
   rc += cmocka_run_group_tests_name("redis", redis_tests, redis_up, redis_down);
