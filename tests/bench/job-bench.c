@@ -26,6 +26,9 @@
  *    an XADD round trip (Redis).
  * 3. Dispatch overhead on an empty pipeline ("noop") with one in-process
  *    worker: submit N, time until the last (FIFO) succeeds, per job.
+ * 5. Retention (both queues): 4 x N_DISPATCH ended jobs deleted by the
+ *    queue's purge in the gateway's passes of 500, the mean and worst pass
+ *    beside the mean group commit of 500 submissions of the same jobs.
  * Not a test: prints figures and ratios, gates nothing.
  */
 #include <netinet/in.h>
@@ -508,6 +511,70 @@ static double dispatch(void *ctx, const char *ep, int n_disp, double *t_sub_out)
   return t_all;
 }
 
+/* ---- 5. retention ---- */
+
+/* n ended jobs with one input and one output each, submitted in batches of
+ * RET_BATCH (the time of those group commits is the peer), leased and
+ * completed; then deleted by the queue's purge in passes of RET_BATCH (the
+ * gateway's passes). Prints the mean and worst pass beside the mean batch of
+ * submissions. */
+#define RET_BATCH 500
+static int retention(spn_queue_t *q, const char *name, int n) {
+  spn_error_t err = SPN_ERROR_INIT;
+  char spec[256];
+  double t_sub = 0;
+  int batches = 0;
+  for (int b = 0; b < n; b += RET_BATCH, batches++) {
+    double t0 = now_s();
+    if (q->ops->begin(q->impl, &err) < 0)
+      goto fail;
+    for (int i = b; i < b + RET_BATCH && i < n; i++) {
+      snprintf(spec, sizeof spec, "{\"pipeline\":\"p\",\"inputs\":{\"in\":\"/d/in.bin\"},"
+               "\"outputs\":{\"out\":\"/d/out-%d.bin\"}}", i);
+      spn_queue_submit_t s = {.spec_json = spec, .max_attempts = 1};
+      int64_t id;
+      bool ex;
+      if (q->ops->submit(q->impl, &s, 1000, &id, &ex, &err) < 0)
+        goto fail;
+    }
+    if (q->ops->commit(q->impl, &err) < 0)
+      goto fail;
+    t_sub += now_s() - t0;
+  }
+  for (int i = 0; i < n; i++) {
+    spn_queue_job_t j;
+    if (q->ops->lease(q->impl, "w", NULL, 2000, 600000, &j, &err) < 0)
+      goto fail;
+    int32_t rc = q->ops->complete(q->impl, j.id, j.attempts, "w", 0, 0, NULL, NULL, 3000, &err);
+    if (rc == SPN_OK && q->ops->unpublished)
+      rc = q->ops->unpublished(q->impl, j.id, &err);
+    spn__queue_job_clear(&j);
+    if (rc < 0)
+      goto fail;
+  }
+  double sum = 0, worst = 0;
+  uint32_t got, total = 0;
+  int passes = 0;
+  do {
+    double t0 = now_s();
+    if (q->ops->purge(q->impl, 1000000, RET_BATCH, &got, &err) < 0)
+      goto fail;
+    double dt = now_s() - t0;
+    sum += dt;
+    worst = dt > worst ? dt : worst;
+    total += got;
+    passes++;
+  } while (got == RET_BATCH);
+  printf("%s: retention: %u ended jobs (an input and an output each) deleted in %d passes of <= %d: mean %.1f ms, "
+         "worst %.1f ms a pass   peer, submitting them in batches of %d: mean %.1f ms a batch   ratio %.2f\n",
+         name, total, passes, RET_BATCH, sum / passes * 1e3, worst * 1e3, RET_BATCH, t_sub / batches * 1e3,
+         (sum / passes) / (t_sub / batches));
+  return 0;
+fail:
+  fprintf(stderr, "job-bench: retention (%s): %s\n", name, err.msg);
+  return -1;
+}
+
 int main(int argc, char **argv) {
   int n_submit = argc > 1 ? atoi(argv[1]) : 20000;
   int n_lat = argc > 2 ? atoi(argv[2]) : 1000;
@@ -586,6 +653,30 @@ int main(int argc, char **argv) {
          n_disp, t_all / n_disp * 1e6, t_sub / n_disp * 1e6, n_disp / t_all, r50 * 1e3,
          (t_all / n_disp * 1e6) / (r50 * 1e3));
 
+  /* ---- 5 (SQLite). retention ---- */
+  {
+    char rp[] = "/tmp/spn-bench-ret-XXXXXX";
+    int rfd = mkstemp(rp);
+    close(rfd);
+    spn_queue_config_t qc = {.path = rp, .backoff_base_ms = 1000, .backoff_max_ms = 8000, .seed = 1};
+    spn_queue_t q;
+    spn_error_t qerr = SPN_ERROR_INIT;
+    if (spn_queue_sqlite_open(&qc, &q, &qerr) == SPN_OK) {
+      retention(&q, "sqlite", n_disp * 4);
+      spn_queue_free(&q);
+    } else {
+      fprintf(stderr, "job-bench: %s\n", qerr.msg);
+    }
+    char side[96];
+    unlink(rp);
+    snprintf(side, sizeof side, "%s-wal", rp);
+    unlink(side);
+    snprintf(side, sizeof side, "%s-shm", rp);
+    unlink(side);
+    snprintf(side, sizeof side, "%s-lock", rp);
+    unlink(side);
+  }
+
   /* ---- 4. the same on the Redis queue, beside raw Redis ---- */
   redis_srv_t rs = {0};
   if (redis_start(&rs) < 0) {
@@ -631,6 +722,18 @@ int main(int argc, char **argv) {
          "%.0f jobs/s   vs raw XREADGROUP+XACK of one entry %.1f us: ratio %.1fx\n",
          n_disp, t_all / n_disp * 1e6, t_sub / n_disp * 1e6, n_disp / t_all, raw.rg50 * 1e3,
          (t_all / n_disp * 1e6) / (raw.rg50 * 1e3));
+  {
+    spn_queue_config_t qc = {.backend = "redis", .url = rs.url, .prefix = "bench3:", .lease_ms = 600000,
+                             .backoff_base_ms = 1000, .backoff_max_ms = 8000, .seed = 1};
+    spn_queue_t q;
+    spn_error_t qerr = SPN_ERROR_INIT;
+    if (spn_queue_open(&qc, &q, &qerr) == SPN_OK) {
+      retention(&q, "redis", n_disp * 4);
+      spn_queue_free(&q);
+    } else {
+      fprintf(stderr, "job-bench: %s\n", qerr.msg);
+    }
+  }
   redis_stop(&rs);
   unlink(in);
   rmdir(files);
