@@ -111,7 +111,8 @@ typedef void (*spn_queue_list_cb)(void *user, const spn_queue_job_t *job);
 /* Job lifecycle events, as the gateway's and the queue's counters name them
  * (docs/operations.md). failed: an attempt failed (the job is retried after a
  * backoff, or failed for good with one attempt allowed); dead: the last of
- * several attempts failed; released: handed back uncounted at shutdown. */
+ * several attempts failed; released: handed back uncounted at shutdown;
+ * deleted: an ended job removed from the queue by retention. */
 enum {
   SPN_QEV_SUBMITTED,
   SPN_QEV_LEASED,
@@ -120,12 +121,13 @@ enum {
   SPN_QEV_DEAD,
   SPN_QEV_CANCELLED,
   SPN_QEV_RELEASED,
+  SPN_QEV_DELETED, /* deleted by retention (queue.keep_ended_s) */
   SPN_QEV_COUNT
 };
 
 static inline const char *spn__queue_event_name(int ev) {
-  static const char *const names[SPN_QEV_COUNT] = {"submitted", "leased",    "succeeded", "failed",
-                                                   "dead",      "cancelled", "released"};
+  static const char *const names[SPN_QEV_COUNT] = {"submitted", "leased",   "succeeded", "failed",
+                                                   "dead",      "cancelled", "released", "deleted"};
   return ev >= 0 && ev < SPN_QEV_COUNT ? names[ev] : "?";
 }
 

@@ -440,7 +440,9 @@ static int32_t w_seen(void *q, const char *pipeline, int64_t *at, spn_error_t *e
 static int32_t w_purge(void *q, int64_t before, uint32_t limit, uint32_t *removed, spn_error_t *err) {
   spn__observe_t *o = q;
   *removed = 0;
-  return o->inner.ops->purge ? o->inner.ops->purge(o->inner.impl, before, limit, removed, err) : SPN_OK;
+  int32_t rc = o->inner.ops->purge ? o->inner.ops->purge(o->inner.impl, before, limit, removed, err) : SPN_OK;
+  o->events[SPN_QEV_DELETED] += *removed;
+  return rc;
 }
 
 static int32_t w_roster_put(void *q, size_t n, const char *const *names, const char *const *records,

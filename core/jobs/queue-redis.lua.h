@@ -735,6 +735,7 @@
   "    end\n"                                                                                   \
   "  end\n"                                                                                     \
   "end\n"                                                                                       \
+  "if n > 0 then redis.call('HINCRBY', P .. 'events', 'deleted', n) end\n"                      \
   "return n\n"
 
 /* ARGV: P -> tokens added to P waiting (negative: taken) to repair drift */

@@ -1763,7 +1763,9 @@ def case_retention(tmp):
     jobs`, its idempotency key names a new job; its output file stays (the
     queue's records go, never the files); a running and a queued job stay
     however old they are. The gateway logs each pass that deleted jobs."""
-    p, ep = start_serve(tmp, "--workers", "1", "--keep-ended", "2", "--chunk-bytes", "500")
+    port = free_port()
+    p, ep = start_serve(tmp, "--workers", "1", "--keep-ended", "2", "--chunk-bytes", "500", "--http",
+                        f"127.0.0.1:{port}")
     make_file(f"{tmp}/in.bin", 20_000, 9)
     os.mkdir(f"{tmp}/out")
 
@@ -1795,6 +1797,10 @@ def case_retention(tmp):
     wait_for(lambda: gone(slow) and gone(queued) and gone(again), 40, "the other jobs to be deleted once ended")
     log = open(f"{tmp}/serve.log").read()
     check("retention: deleted 1 job that ended over 2 s ago" in log, f"no retention line in the log: {log[-2000:]}")
+    # counted: the gateway's deletions, and the queue's (every job deleted)
+    body = http_get(port, "/metrics")[1]
+    for fam in ("spindle_job_events_total", "spindle_queue_events_total"):
+        check(f'{fam}{{event="deleted"}} 4' in body, f"{fam} deleted: {body}")
 
 
 def case_mixed_workers(tmp):

@@ -169,7 +169,7 @@ def events_by_status(sts):
     """The lifecycle counts the jobs' statuses imply: one submission each, a
     lease per attempt, a failed attempt per error but a dead job's last,
     which counts as dead."""
-    want = dict.fromkeys(["submitted", "leased", "succeeded", "failed", "dead", "cancelled", "released"], 0)
+    want = dict.fromkeys(["submitted", "leased", "succeeded", "failed", "dead", "cancelled", "released", "deleted"], 0)
     for st in sts:
         want["submitted"] += 1
         want["leased"] += st["attempts"]

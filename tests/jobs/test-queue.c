@@ -1337,11 +1337,11 @@ static void test_redis_event_counters(void **state) {
   assert_non_null(body);
   /* submitted a b c d e h; leased a b c e (gateway) a e h; failed a's
    * first attempt, b, h's expired lease */
-  /*                               submitted leased succeeded failed dead cancelled released */
-  assert_events(body, "spindle_queue_events_total", (long long[]){6, 7, 2, 3, 1, 1, 1});
+  /*                               submitted leased succeeded failed dead cancelled released deleted */
+  assert_events(body, "spindle_queue_events_total", (long long[]){6, 7, 2, 3, 1, 1, 1, 0});
   /* the gateway's own: its submissions, d's cancel, e's lease and release,
    * h's failure in its sweep; not c's hand-over */
-  assert_events(body, "spindle_job_events_total", (long long[]){6, 1, 0, 1, 0, 1, 1});
+  assert_events(body, "spindle_job_events_total", (long long[]){6, 1, 0, 1, 0, 1, 1, 0});
   free(body);
   /* another client of the queue reads the same counters */
   uint64_t ev[SPN_QEV_COUNT];
@@ -1390,6 +1390,31 @@ static void test_sqlite_queue_events_are_the_gateways(void **state) {
   char *body = spn__observe_render(o, &wk, NULL, NULL);
   assert_non_null(body);
   const long long want[SPN_QEV_COUNT] = {[SPN_QEV_SUBMITTED] = 2, [SPN_QEV_LEASED] = 1, [SPN_QEV_SUCCEEDED] = 1};
+  assert_events(body, "spindle_job_events_total", want);
+  assert_events(body, "spindle_queue_events_total", want);
+  free(body);
+}
+
+/* Retention is counted: the gateway's own count of the jobs it deleted,
+ * and the queue's (Redis: in P events, for every gateway of it). */
+static void test_purge_counted(void **state) {
+  fx_t *f = *state;
+  spn__observe_t *o = NULL;
+  assert_int_equal(spn__observe_attach(&f->q, "test gateway", &o, NULL), SPN_OK);
+  f->o = f->q.ops;
+  spn_queue_state_t st;
+  for (int i = 0; i < 3; i++) {
+    int64_t id = submit(f, 0, NULL, 0, 1, T0);
+    if (i < 2)
+      assert_int_equal(f->o->cancel(f->q.impl, id, T0 + 1, &st, NULL), SPN_OK);
+  }
+  uint32_t n = 0;
+  assert_int_equal(f->o->purge(f->q.impl, T0 + 10, 10, &n, NULL), SPN_OK);
+  assert_int_equal(n, 2);
+  spn__observe_workers_t wk = {0};
+  char *body = spn__observe_render(o, &wk, NULL, NULL);
+  assert_non_null(body);
+  const long long want[SPN_QEV_COUNT] = {[SPN_QEV_SUBMITTED] = 3, [SPN_QEV_CANCELLED] = 2, [SPN_QEV_DELETED] = 2};
   assert_events(body, "spindle_job_events_total", want);
   assert_events(body, "spindle_queue_events_total", want);
   free(body);
@@ -1708,6 +1733,7 @@ int main(void) {
       SQ(test_sqlite_has_no_roster),
       SQ(test_file_clashes),
       SQ(test_purge),
+      SQ(test_purge_counted),
   };
   /* The same cases on Redis (lease expiry in real time). */
   const struct CMUnitTest redis_tests[] = {
@@ -1738,6 +1764,7 @@ int main(void) {
       RD(test_file_clashes),
       RD(test_purge),
       RD(test_purge_old_queue),
+      RD(test_purge_counted),
   };
   int rc = cmocka_run_group_tests_name("sqlite", sqlite_tests, NULL, NULL);
   rc += cmocka_run_group_tests_name("redis", redis_tests, redis_up, redis_down);
