@@ -135,15 +135,13 @@ int spn_cli_next(spn_cli_getopt_t *g, int argc, char **argv, const struct option
 
 enum { O_PLUGIN_PATH = 256, O_SET, O_DEVICES, O_LOG_FORMAT, O_REPEAT, O_TIMEOUT, O_CANCEL_GRACE };
 
-/* A number of seconds in [lo, hi] (lo itself only when lo_ok); 0 or a usage
- * error naming the option (2). */
-static int seconds_arg(const char *cmd, const char *opt, const char *val, double lo, bool lo_ok, double hi,
-                       double *out) {
+int spn_cli_seconds(const char *cmd, const char *opt, const char *val, double lo, bool lo_ok, double hi,
+                    double *out) {
   char *end = NULL;
   errno = 0;
   double v = strtod(val, &end);
   if (errno || end == val || *end || !(lo_ok ? v >= lo : v > lo) || !(v <= hi)) {
-    fprintf(stderr, "spindle %s: --%s '%s': expected seconds in %s%g, %g]\n", cmd, opt, val, lo_ok ? "[" : "(", lo,
+    fprintf(stderr, "spindle %s: --%s '%s': expected seconds in %s%.10g, %.10g]\n", cmd, opt, val, lo_ok ? "[" : "(", lo,
             hi);
     return 2;
   }
@@ -224,11 +222,11 @@ int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opt
       break;
     }
     case O_TIMEOUT: /* the job service's range (a job's "timeout": 7 days) */
-      if (seconds_arg(cmd, "timeout", val, 0, false, 7 * 86400, &o->timeout_s))
+      if (spn_cli_seconds(cmd, "timeout", val, 0, false, 7 * 86400, &o->timeout_s))
         return 2;
       break;
     case O_CANCEL_GRACE: /* server.cancel_grace_s's range */
-      if (seconds_arg(cmd, "cancel-grace", val, 0, true, 86400, &o->cancel_grace_s))
+      if (spn_cli_seconds(cmd, "cancel-grace", val, 0, true, 86400, &o->cancel_grace_s))
         return 2;
       break;
     default:

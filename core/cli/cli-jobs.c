@@ -974,14 +974,15 @@ static int cmd_submit(int argc, char **argv) {
     }
     case O_DEADLINE:
     case O_JOB_TIMEOUT: {
-      char *end;
-      double d = strtod(v, &end);
-      if (*end || end == v || !(d > 0)) {
-        rc = usage_err("submit", given[i].c == O_DEADLINE ? "--deadline needs seconds > 0, got \"%s\""
-                                                          : "--timeout needs seconds > 0, got \"%s\"", v);
+      /* the ranges the gateway allows (docs/protocol.md, SUBMIT) */
+      bool dl = given[i].c == O_DEADLINE;
+      double d;
+      if (spn_cli_seconds("submit", dl ? "deadline" : "timeout", v, 0, false, dl ? 365.0 * 86400 : 7.0 * 86400,
+                          &d)) {
+        rc = EXIT_USAGE;
         goto out;
       }
-      (given[i].c == O_DEADLINE ? spn_client_job_deadline : spn_client_job_timeout)(job, d);
+      (dl ? spn_client_job_deadline : spn_client_job_timeout)(job, d);
       break;
     }
     case O_SEGMENTS:

@@ -59,6 +59,13 @@ typedef struct spn_cli_getopt {
  * argv[0] is the subcommand; parsing starts at argv[1]. */
 int spn_cli_next(spn_cli_getopt_t *g, int argc, char **argv, const struct option *opts);
 
+/* A number of seconds for option --opt of `spindle cmd` in [lo, hi] (lo
+ * itself only when lo_ok): 0 with *out set, or 2 (a usage error) after
+ * "spindle CMD: --OPT 'VAL': expected seconds in (LO, HI]" on stderr. The
+ * one parser of every option that takes seconds. */
+int spn_cli_seconds(const char *cmd, const char *opt, const char *val, double lo, bool lo_ok, double hi,
+                    double *out);
+
 /* Options every pipeline command takes. Strings point into argv. */
 typedef struct spn_cli_opts {
   const char **plugin_paths; /* --plugin-path, then the build tree's stages/ when run uninstalled */

@@ -58,6 +58,11 @@ expect(["submit", "noop", "other"], 2, 'one pipeline only (also got "other")')
 expect(["submit", "noop", "--priority", "high"], 2, '--priority needs an integer, got "high"')
 expect(["submit", "noop", "--input", "nopath"], 2, 'expected NAME=PATH, got "nopath"')
 expect(["submit", "noop", "--timeout-ms", "0"], 2, "--timeout-ms needs a positive integer")
+# seconds: one parser, the gateway's ranges, refused before connecting
+expect(["submit", "noop", "--timeout", "1e9"], 2, "spindle submit: --timeout '1e9': expected seconds in (0, 604800]")
+expect(["submit", "noop", "--timeout", "nan"], 2, "--timeout 'nan': expected seconds in (0, 604800]")
+expect(["submit", "noop", "--deadline", "0"], 2, "--deadline '0': expected seconds in (0, 31536000]")
+expect(["submit", "noop", "--deadline=5s"], 2, "--deadline '5s': expected seconds in (0, 31536000]")
 expect(["cancel", "--json", "3"], 2, "unknown option '--json'")  # only status takes --json
 expect(["status", "3", "4"], 2, 'expected one job id, got "4"')
 expect(["status"], 2, "expected a job id")

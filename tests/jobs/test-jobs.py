@@ -2315,8 +2315,17 @@ def case_timeout(tmp):
         r = cli("submit", "noop", "--timeout", bad, "--connect", ep)
         check(r.returncode in (2, 5) and b"timeout" in r.stderr, f"--timeout {bad}: exit {r.returncode} {r.stderr!r}")
     r = cli("submit", "noop", "--timeout", "700000", "--connect", ep)
-    check(r.returncode == 5 and b'invalid: SUBMIT: "timeout" must be seconds in (0, 604800] (7 days)' in r.stderr,
-          f"--timeout 700000: {r.stderr!r}")
+    check(r.returncode == 2 and b"--timeout '700000': expected seconds in (0, 604800]" in r.stderr,
+          f"--timeout 700000 (refused by spindle submit): {r.stderr!r}")
+    # and by the gateway, from a client that does not check
+    ctx = zmq.Context()
+    c = Raw(ctx, ep)
+    c.req("SUBMIT", {"req": 1, "pipeline": "noop", "timeout": 700000})
+    m = c.recv(5000)
+    c.close()
+    ctx.term()
+    check(m and m[0] == "ERROR" and m[1]["code"] == "invalid" and
+          m[1]["message"] == 'SUBMIT: "timeout" must be seconds in (0, 604800] (7 days)', f"timeout 700000: {m}")
 
 
 def case_worker_no_gateway(tmp):
