@@ -225,7 +225,7 @@ try:
     # count is the gateway's, event by event.
     qev = last.get('spindle_queue_events_total', {})
     check({k.replace('spindle_job_events_total', ''): v for k, v in ev.items()}
-          == {k.replace('spindle_queue_events_total', ''): v for k, v in qev.items()} and len(ev) == 7,
+          == {k.replace('spindle_queue_events_total', ''): v for k, v in qev.items()} and len(ev) == 8,
           f'queue events {qev} differ from the gateway\'s {ev}')
     check(last['spindle_workers'].get('spindle_workers{kind="remote"}') == 1, f'workers: {last.get("spindle_workers")}')
     qw = last.get('spindle_queue_workers', {})
