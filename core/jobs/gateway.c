@@ -973,6 +973,15 @@ static void with_req(cJSON *b, int64_t req) {
     cJSON_AddNumberToObject(b, "req", (double)req);
 }
 
+/* A job the queue does not have may have ended and been deleted by
+ * retention: say so, so that an old id is not taken for a typo. */
+static void gone_hint(const spn_server_t *s, int32_t rc, spn_error_t *err) {
+  size_t n = strlen(err->msg);
+  if (rc == SPN_ENOENT && s->cfg->keep_ended_s && n < sizeof err->msg)
+    snprintf(err->msg + n, sizeof err->msg - n, " (or no longer: an ended job is deleted %u s after it ended, "
+             "queue.keep_ended_s)", s->cfg->keep_ended_s);
+}
+
 static void on_status(spn_server_t *s, spn_pmsg_t *m, bool watch) {
   int64_t id;
   if (!need_id(s, m, &id))
@@ -981,6 +990,7 @@ static void on_status(spn_server_t *s, spn_pmsg_t *m, bool watch) {
   spn_error_t err = SPN_ERROR_INIT;
   int32_t rc = s->q.ops->get(s->q.impl, id, &j, &err);
   if (rc < 0) {
+    gone_hint(s, rc, &err);
     spn__out_error(s, m->ident, m->ident_len, m->req, code_for(rc), err.msg);
     return;
   }
@@ -1019,6 +1029,7 @@ static void on_cancel(spn_server_t *s, spn_pmsg_t *m) {
   spn__batch_begin(s);
   int32_t rc = s->q.ops->cancel(s->q.impl, id, spn__now_ms(), &st, &err);
   if (rc < 0) {
+    gone_hint(s, rc, &err);
     spn__out_error(s, m->ident, m->ident_len, m->req, code_for(rc), err.msg);
     return;
   }

@@ -1783,6 +1783,12 @@ def case_retention(tmp):
     def gone(j):
         r = cli("status", str(j), "--connect", ep)
         return r.returncode == 5 and f"job {j}: no such job".encode() in r.stderr
+    # an id the queue does not have: maybe deleted by retention, and so said
+    r = cli("status", "999", "--connect", ep, check_rc=5)
+    check(b"job 999: no such job (or no longer: an ended job is deleted 2 s after it ended, queue.keep_ended_s)"
+          in r.stderr, f"status of an unknown id: {r.stderr!r}")
+    r = cli("cancel", "999", "--connect", ep, check_rc=5)
+    check(b"no longer: an ended job is deleted 2 s after it ended" in r.stderr, f"cancel of an unknown id: {r.stderr!r}")
     wait_for(lambda: gone(a), 20, "job a to be deleted 2 s after it ended")
     check(same(f"{tmp}/in.bin", f"{tmp}/out/a.bin"), "job a's output file is still there")
     time.sleep(3)
