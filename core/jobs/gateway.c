@@ -764,21 +764,16 @@ static void submit_finish(submit_t *sub, const spn_error_t *plan_err) {
    * queue, in the write that stores this one; a repeat of a request whose
    * idempotency key names a job is that job, unchecked (it was when it
    * came first). */
-  spn_queue_clash_t *clash = malloc(sizeof *clash);
-  if (!clash) {
-    rc = spn_error_set(&err, SPN_ENOMEM, "out of memory");
-    goto out;
-  }
+  spn_queue_clash_t clash;
   spn_queue_submit_t qs = {.spec_json = spec_js, .priority = (int32_t)sub->prio, .idem_key = sub->key,
                            .deadline_ms = sub->deadline, .max_attempts = (uint32_t)sub->max_att,
-                           .pending = sub->plan.count, .clash = clash};
+                           .pending = sub->plan.count, .clash = &clash};
   int64_t id = 0;
   bool existed = false;
   spn__batch_begin(s);
   rc = s->q.ops->submit(s->q.impl, &qs, spn__now_ms(), &id, &existed, &err);
   if (rc == SPN_EBUSY)
-    rc = clash_error(sub->spec, clash, &err);
-  free(clash);
+    rc = clash_error(sub->spec, &clash, &err);
   if (rc == SPN_OK && sub->plan.count && !existed)
     rc = segment_submit(s, sub->spec, id, &qs, &err);
   if (rc < 0)
