@@ -110,18 +110,23 @@ static int srv_start(srv_t *v, uint32_t workers, int port, bool sync_full, const
   return 0;
 }
 
+/* A SQLite queue file and its WAL and shared-memory files. */
+static void remove_db(const char *path) {
+  char p[96];
+  unlink(path);
+  snprintf(p, sizeof p, "%s-wal", path);
+  unlink(p);
+  snprintf(p, sizeof p, "%s-shm", path);
+  unlink(p);
+}
+
 static void srv_stop(srv_t *v) {
   spn_server_stop(v->s);
   pthread_join(v->th, NULL);
   spn_server_free(&v->s);
   spn_test_runner_free(&v->runner);
   spn_server_config_clear(&v->cfg);
-  char p[96];
-  unlink(v->db);
-  snprintf(p, sizeof p, "%s-wal", v->db);
-  unlink(p);
-  snprintf(p, sizeof p, "%s-shm", v->db);
-  unlink(p);
+  remove_db(v->db);
 }
 
 static const char submit_body[] = "{\"req\":1,\"pipeline\":\"noop\"}";
@@ -519,7 +524,7 @@ static double dispatch(void *ctx, const char *ep, int n_disp, double *t_sub_out)
  * gateway's passes). Prints the mean and worst pass beside the mean batch of
  * submissions. */
 #define RET_BATCH 500
-static int retention(spn_queue_t *q, const char *name, int n) {
+static int retention_run(spn_queue_t *q, const char *name, int n) {
   spn_error_t err = SPN_ERROR_INIT;
   char spec[256];
   double t_sub = 0;
@@ -573,6 +578,19 @@ static int retention(spn_queue_t *q, const char *name, int n) {
 fail:
   fprintf(stderr, "job-bench: retention (%s): %s\n", name, err.msg);
   return -1;
+}
+
+/* Section 5 on the queue qc opens (closed after). */
+static int retention(const spn_queue_config_t *qc, const char *name, int n) {
+  spn_queue_t q;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (spn_queue_open(qc, &q, &err) < 0) {
+    fprintf(stderr, "job-bench: retention (%s): %s\n", name, err.msg);
+    return -1;
+  }
+  int rc = retention_run(&q, name, n);
+  spn_queue_free(&q);
+  return rc;
 }
 
 int main(int argc, char **argv) {
@@ -659,22 +677,8 @@ int main(int argc, char **argv) {
     int rfd = mkstemp(rp);
     close(rfd);
     spn_queue_config_t qc = {.path = rp, .backoff_base_ms = 1000, .backoff_max_ms = 8000, .seed = 1};
-    spn_queue_t q;
-    spn_error_t qerr = SPN_ERROR_INIT;
-    if (spn_queue_sqlite_open(&qc, &q, &qerr) == SPN_OK) {
-      retention(&q, "sqlite", n_disp * 4);
-      spn_queue_free(&q);
-    } else {
-      fprintf(stderr, "job-bench: %s\n", qerr.msg);
-    }
-    char side[96];
-    unlink(rp);
-    snprintf(side, sizeof side, "%s-wal", rp);
-    unlink(side);
-    snprintf(side, sizeof side, "%s-shm", rp);
-    unlink(side);
-    snprintf(side, sizeof side, "%s-lock", rp);
-    unlink(side);
+    retention(&qc, "sqlite", n_disp * 4);
+    remove_db(rp);
   }
 
   /* ---- 4. the same on the Redis queue, beside raw Redis ---- */
@@ -722,18 +726,9 @@ int main(int argc, char **argv) {
          "%.0f jobs/s   vs raw XREADGROUP+XACK of one entry %.1f us: ratio %.1fx\n",
          n_disp, t_all / n_disp * 1e6, t_sub / n_disp * 1e6, n_disp / t_all, raw.rg50 * 1e3,
          (t_all / n_disp * 1e6) / (raw.rg50 * 1e3));
-  {
-    spn_queue_config_t qc = {.backend = "redis", .url = rs.url, .prefix = "bench3:", .lease_ms = 600000,
-                             .backoff_base_ms = 1000, .backoff_max_ms = 8000, .seed = 1};
-    spn_queue_t q;
-    spn_error_t qerr = SPN_ERROR_INIT;
-    if (spn_queue_open(&qc, &q, &qerr) == SPN_OK) {
-      retention(&q, "redis", n_disp * 4);
-      spn_queue_free(&q);
-    } else {
-      fprintf(stderr, "job-bench: %s\n", qerr.msg);
-    }
-  }
+  spn_queue_config_t rqc = {.backend = "redis", .url = rs.url, .prefix = "bench3:", .lease_ms = 600000,
+                            .backoff_base_ms = 1000, .backoff_max_ms = 8000, .seed = 1};
+  retention(&rqc, "redis", n_disp * 4);
   redis_stop(&rs);
   unlink(in);
   rmdir(files);

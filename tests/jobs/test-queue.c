@@ -1262,6 +1262,17 @@ static void assert_events(const char *body, const char *family, const long long 
   }
 }
 
+/* A gateway's /metrics: its own events and the queue's, each as `want`
+ * (SQLite: the queue's count is the gateway's). */
+static void assert_both_events(spn__observe_t *o, const long long want[SPN_QEV_COUNT]) {
+  spn__observe_workers_t wk = {0};
+  char *body = spn__observe_render(o, &wk, NULL, NULL);
+  assert_non_null(body);
+  assert_events(body, "spindle_job_events_total", want);
+  assert_events(body, "spindle_queue_events_total", want);
+  free(body);
+}
+
 /* The queue's event counters (P events) count every move, whichever client
  * made it; a gateway's (the observing wrapper's spindle_job_events_total)
  * only its own. A succeeded job a sweep hands over for its publication
@@ -1386,13 +1397,8 @@ static void test_sqlite_queue_events_are_the_gateways(void **state) {
   submit(f, 0, NULL, 0, 1, T0);
   assert_int_equal(lease(f, "G", T0, NULL), a);
   assert_int_equal(f->o->complete(f->q.impl, a, 1, "G", 0, 0, NULL, NULL, T0 + 1, NULL), SPN_OK);
-  spn__observe_workers_t wk = {0};
-  char *body = spn__observe_render(o, &wk, NULL, NULL);
-  assert_non_null(body);
-  const long long want[SPN_QEV_COUNT] = {[SPN_QEV_SUBMITTED] = 2, [SPN_QEV_LEASED] = 1, [SPN_QEV_SUCCEEDED] = 1};
-  assert_events(body, "spindle_job_events_total", want);
-  assert_events(body, "spindle_queue_events_total", want);
-  free(body);
+  assert_both_events(o, (long long[SPN_QEV_COUNT]){[SPN_QEV_SUBMITTED] = 2, [SPN_QEV_LEASED] = 1,
+                                                   [SPN_QEV_SUCCEEDED] = 1});
 }
 
 /* Retention is counted: the gateway's own count of the jobs it deleted,
@@ -1411,13 +1417,8 @@ static void test_purge_counted(void **state) {
   uint32_t n = 0;
   assert_int_equal(f->o->purge(f->q.impl, T0 + 10, 10, &n, NULL), SPN_OK);
   assert_int_equal(n, 2);
-  spn__observe_workers_t wk = {0};
-  char *body = spn__observe_render(o, &wk, NULL, NULL);
-  assert_non_null(body);
-  const long long want[SPN_QEV_COUNT] = {[SPN_QEV_SUBMITTED] = 3, [SPN_QEV_CANCELLED] = 2, [SPN_QEV_DELETED] = 2};
-  assert_events(body, "spindle_job_events_total", want);
-  assert_events(body, "spindle_queue_events_total", want);
-  free(body);
+  assert_both_events(o, (long long[SPN_QEV_COUNT]){[SPN_QEV_SUBMITTED] = 3, [SPN_QEV_CANCELLED] = 2,
+                                                   [SPN_QEV_DELETED] = 2});
 }
 
 /* Lease `owner` a job of the pipelines in filter ("\nname\n..."): its id,
