@@ -779,6 +779,43 @@ int32_t spn_cpu_exec(spn_run_t *r, const spn_node_t *n) {
     }
     return SPN_OK;
   }
+  case SPN_OP_INTERLEAVE: {
+    /* One pass over the output, row by row: pixel (b*h + i, b*w + j) from
+     * input #(i*b + j); channels-last on both sides copies C floats at a
+     * time. */
+    int64_t b = spn_attr_int(n, "blocksize", 1);
+    int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3], OW = W * b;
+    bool yn = r->m->vals[n->out[0]].nhwc;
+    const float *V[64];
+    bool vn[64];
+    for (int k = 0; k < n->n_in; k++) {
+      V[k] = IN(k)->data;
+      vn[k] = r->m->vals[n->in[k]].nhwc;
+    }
+#pragma omp parallel for collapse(2) if (cnt > PAR_MIN)
+    for (int64_t nn = 0; nn < N; nn++)
+      for (int64_t h = 0; h < H; h++)
+        for (int64_t i = 0; i < b; i++) {
+          int64_t oy = h * b + i;
+          for (int64_t j = 0; j < b; j++) {
+            const float *S = V[i * b + j];
+            if (yn && vn[i * b + j]) {
+              for (int64_t w = 0; w < W; w++)
+                memcpy(Y + ((nn * H * b + oy) * OW + w * b + j) * C, S + ((nn * H + h) * W + w) * C,
+                       (size_t)C * sizeof(float));
+              continue;
+            }
+            for (int64_t c = 0; c < C; c++)
+              for (int64_t w = 0; w < W; w++) {
+                int64_t si = vn[i * b + j] ? ((nn * H + h) * W + w) * C + c : ((nn * C + c) * H + h) * W + w;
+                int64_t di = yn ? ((nn * H * b + oy) * OW + w * b + j) * C + c
+                                : ((nn * C + c) * H * b + oy) * OW + w * b + j;
+                Y[di] = S[si];
+              }
+          }
+        }
+    return SPN_OK;
+  }
   case SPN_OP_D2S: {
     int64_t b = spn_attr_int(n, "blocksize", 1);
     bool crd = !strcmp(spn_attr_str(n, "mode", "DCR"), "CRD");

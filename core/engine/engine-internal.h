@@ -60,7 +60,14 @@
   X(GEMM, "Gemm", "alpha,beta,transA,transB")                                                \
   X(EXP, "Exp", "")                                                                          \
   X(REDUCEMEAN, "ReduceMean", "axes,keepdims,noop_with_empty_axes")                          \
-  X(IDENTITY, "Identity", "")
+  X(IDENTITY, "Identity", "")                                                               \
+  /* internal: made by the engine's rewrites, never read from a file */                    \
+  X(INTERLEAVE, "spindle:PhaseInterleave", "blocksize")
+
+/* PhaseInterleave: b*b inputs of one shape (N, C, H, W), the phases of an
+ * output (N, C, b*H, b*W): y[n, c, b*h + i, b*w + j] = input #(i*b + j)
+ * [n, c, h, w]. Inputs and output each in either layout (NCHW or
+ * channels-last, spn_value_t.nhwc). */
 
 typedef enum spn_op {
 #define SPN__OPE(e, n, a) SPN_OP_##e,
@@ -68,6 +75,9 @@ typedef enum spn_op {
 #undef SPN__OPE
   SPN_OP_COUNT
 } spn_op_t;
+
+/* Operators a model file may name: those before the first internal one. */
+#define SPN_OP_FILE_COUNT SPN_OP_INTERLEAVE
 
 extern const char *const spn_op_names[SPN_OP_COUNT];
 

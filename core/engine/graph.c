@@ -13,6 +13,7 @@
  * views sharing their input's bytes, each backend's scratch after its
  * values) and its arenas, then execute.
  */
+#include <inttypes.h>
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -129,10 +130,16 @@ static bool is_conv2d(const spn_model_t *m, const spn_node_t *n) {
          m->vals[n->in[1]].ndim == 4;
 }
 
-/* Values produced by a 2-D convolution (or a channel Concat of such values)
- * and read only as the data input or residual addend of other 2-D
- * convolutions, or by such a Concat, stay channels-last: no reorders between
- * them. Concat nodes start optimistic and drop out until nothing changes. */
+/* A node that reads and writes either layout (the CPU's PhaseInterleave). */
+static bool layout_free(const spn_node_t *n) {
+  return !n->dead && n->backend == SPN_BACKEND_CPU && n->op == SPN_OP_INTERLEAVE;
+}
+
+/* Values produced by a 2-D convolution (or a channel Concat of such values,
+ * or a PhaseInterleave) and read only as the data input or residual addend
+ * of other 2-D convolutions, or by such a Concat or a PhaseInterleave, stay
+ * channels-last: no reorders between them. Concat nodes start optimistic and
+ * drop out until nothing changes. */
 static bool concat_candidate(const spn_model_t *m, const spn_node_t *n) {
   if (n->dead || n->op != SPN_OP_CONCAT || n->n_out != 1 || n->backend != SPN_BACKEND_CPU)
     return false;
@@ -144,7 +151,7 @@ static bool concat_candidate(const spn_model_t *m, const spn_node_t *n) {
     if (vi < 0 || m->vals[vi].producer < 0)
       return false;
     const spn_node_t *p = &m->nodes[m->vals[vi].producer];
-    if (!is_conv2d(m, p) && !concat_candidate(m, p))
+    if (!is_conv2d(m, p) && !layout_free(p) && !concat_candidate(m, p))
       return false;
   }
   return true;
@@ -161,13 +168,13 @@ static void mark_nhwc(spn_model_t *m) {
     for (int vi = 0; vi < m->n_val; vi++) {
       spn_value_t *v = &m->vals[vi];
       bool ok = v->kind == SPN_VAL_INTER && !v->is_output && v->producer >= 0 && v->n_uses >= 1 &&
-                (is_conv2d(m, &m->nodes[v->producer]) || cc[v->producer]);
+                (is_conv2d(m, &m->nodes[v->producer]) || cc[v->producer] || layout_free(&m->nodes[v->producer]));
       for (int i = 0; i < m->n_node && ok; i++) {
         const spn_node_t *n = &m->nodes[i];
         if (n->dead)
           continue;
         for (int k = 0; k < n->n_in && ok; k++)
-          if (n->in[k] == vi && !((k == 0 && is_conv2d(m, n)) || cc[i]))
+          if (n->in[k] == vi && !((k == 0 && is_conv2d(m, n)) || cc[i] || layout_free(n)))
             ok = false;
         for (int p = 0; p < n->n_post && ok; p++)
           if (n->post[p].kind == SPN_POST_ADD && n->post[p].val == vi && !is_conv2d(m, n))
@@ -451,13 +458,21 @@ static int32_t fold_batchnorm(spn_model_t *m, spn_error_t *err) {
  * whose coordinates are r mod s, per dimension) as a small correlation of
  * the input: output o = s*q + r takes x[q + d_r - m] * w[c_r + s*m] for
  * m = 0, 1, ... while the tap c_r + s*m is inside the kernel, where
- * c_r = (r + pad_begin) mod s and d_r = (r + pad_begin) div s. One Conv with
- * s*s*C_out output channels (phase-major, the taps a phase does not use
- * zero) over the common window of offsets, then DepthToSpace (DCR), gives
- * the same output. oneDNN 2.6's jit deconvolution on AVX-512 runs Wav2Lip's
- * stride-2 decoder layers at a fraction of its convolution speed (58% of a
- * batch-8 run on the CPU; ONNX Runtime spends 24% there); the rewritten
- * layers do up to 16/9 of the multiply-adds, at convolution speed. */
+ * c_r = (r + pad_begin) mod s and d_r = (r + pad_begin) div s. oneDNN 2.6's
+ * jit deconvolution on AVX-512 runs Wav2Lip's stride-2 decoder layers at a
+ * fraction of its convolution speed (58% of a batch-8 run on the CPU; ONNX
+ * Runtime spends 24% there), so on a CPU model each such layer becomes
+ * convolutions, in one of two forms:
+ * - phases (where every phase has a tap and needs no negative padding): a
+ *   Conv per phase with that phase's taps only, then a PhaseInterleave that
+ *   writes the s*s results into the output, channels-last on both sides
+ *   when convolutions surround it. The multiply-adds are the layer's own.
+ * - window (otherwise, or SPINDLE_SUBPIXEL=window): one Conv with s*s*C_out
+ *   output channels (phase-major, the taps a phase does not use zero) over
+ *   the common window of offsets, then DepthToSpace (DCR): up to 16/9 of
+ *   the multiply-adds for 3x3 stride 2, and the shuffle reads NCHW.
+ * Wav2Lip on 2 cores, phases against window: 20 against 24 ms at batch 1,
+ * 535 against 650 ms at batch 32 (docs/engine.md, "Performance"). */
 typedef struct subpix_dim {
   int64_t s, k, pb, pe, op;
   int64_t lo, win, cpb, cpe; /* window offsets lo..lo+win-1; the Conv's pads */
@@ -530,6 +545,240 @@ static int32_t set_conv_attrs(spn_node_t *c, const subpix_dim_t d[2]) {
   return SPN_OK;
 }
 
+/* One output phase r of a dimension on its own: its taps only (pd->win),
+ * its window and Conv pads; false where the phase has no tap or would need
+ * negative padding. */
+static bool subpix_phase(const subpix_dim_t *d, int64_t r, subpix_dim_t *pd) {
+  int64_t c = (r + d->pb) % d->s, dr = (r + d->pb) / d->s, taps = (d->k - c + d->s - 1) / d->s;
+  if (taps <= 0)
+    return false;
+  *pd = *d;
+  pd->lo = dr - (taps - 1);
+  pd->win = taps;
+  pd->cpb = -pd->lo;
+  pd->cpe = (d->k + d->op - d->pb - d->pe) / d->s - 1 + taps - 1 - pd->cpb;
+  return pd->cpb >= 0 && pd->cpe >= 0;
+}
+
+/* A new node at index `at` (the nodes from there move up one, and the
+ * producer indices with them): op, name "<base><suffix>", n_in inputs and
+ * one output, all -1; attributes are the caller's. NULL when out of memory
+ * (what was made is freed with the model). */
+static spn_node_t *new_node(spn_model_t *m, int at, int op, const char *base, const char *suffix, int n_in,
+                            int backend, spn_error_t *err) {
+  if (m->n_node == m->cap_node) {
+    int cap = m->cap_node ? m->cap_node * 2 : 16;
+    spn_node_t *nn = realloc(m->nodes, (size_t)cap * sizeof *nn);
+    if (!nn) {
+      spn_error_set(err, SPN_ENOMEM, "out of memory");
+      return NULL;
+    }
+    m->nodes = nn;
+    m->cap_node = cap;
+  }
+  memmove(&m->nodes[at + 1], &m->nodes[at], (size_t)(m->n_node - at) * sizeof *m->nodes);
+  m->n_node++;
+  for (int v = 0; v < m->n_val; v++)
+    if (m->vals[v].producer >= at)
+      m->vals[v].producer++;
+  spn_node_t *n = &m->nodes[at];
+  memset(n, 0, sizeof *n);
+  n->op = op;
+  n->backend = backend;
+  char name[512];
+  snprintf(name, sizeof name, "%s%s", base, suffix);
+  n->name = strdup(name);
+  n->op_name = strdup(spn_op_names[op]);
+  n->in = malloc((size_t)n_in * sizeof(int));
+  n->out = malloc(sizeof(int));
+  if (!n->name || !n->op_name || !n->in || !n->out) {
+    spn_error_set(err, SPN_ENOMEM, "out of memory");
+    return NULL;
+  }
+  n->n_in = n_in;
+  n->n_out = 1;
+  for (int k = 0; k < n_in; k++)
+    n->in[k] = -1;
+  n->out[0] = -1;
+  if (pthread_mutex_init(&n->lock, NULL)) {
+    spn_error_set(err, SPN_EINTERNAL, "mutex init failed");
+    return NULL;
+  }
+  n->lock_init = true;
+  return n;
+}
+
+/* An integer attribute for a node new_node made (its first n_attr slots). */
+static bool add_int_attr(spn_node_t *n, const char *name, int64_t v) {
+  spn_attr_t *na = realloc(n->attrs, (size_t)(n->n_attr + 1) * sizeof *na);
+  if (!na)
+    return false;
+  n->attrs = na;
+  spn_attr_t *at = &na[n->n_attr];
+  memset(at, 0, sizeof *at);
+  at->type = SPN_ATTR_I;
+  at->i = v;
+  at->tval = -1;
+  if (!(at->name = strdup(name)))
+    return false;
+  n->n_attr++;
+  return true;
+}
+
+/* An intermediate float value named "<base><suffix>" produced by node p. */
+static int new_inter(spn_model_t *m, const char *base, const char *suffix, int p, spn_error_t *err) {
+  char name[512];
+  snprintf(name, sizeof name, "%s%s", base, suffix);
+  int vi = spn_model_add_value(m, name, err);
+  if (vi >= 0) {
+    m->vals[vi].kind = SPN_VAL_INTER;
+    m->vals[vi].dtype = SPN_DTYPE_F32;
+    m->vals[vi].producer = p;
+  }
+  return vi;
+}
+
+/* The ConvTranspose node i as s*s Convs, one per output phase, each with
+ * its own taps only (9/9 of the multiply-adds for 3x3 stride 2), and a
+ * PhaseInterleave that writes them into the output (channels-last in and
+ * out when the neighbours are convolutions). Returns the number of nodes
+ * added, or a negative error code. */
+static int32_t convt_phases(spn_model_t *m, int i, const subpix_dim_t d[2], const subpix_dim_t ph[2][8],
+                            spn_error_t *err) {
+  spn_node_t *c = &m->nodes[i];
+  const spn_value_t *w = &m->vals[c->in[1]];
+  int64_t s = d[0].s, ci = w->shape[0], co = w->shape[1], kh = d[0].k, kw = d[1].k, bsh[1] = {co};
+  char base[440];
+  snprintf(base, sizeof base, "%s", c->name);
+  int nb = new_const(m, base, "/phase_b", 1, bsh, err);
+  if (nb < 0)
+    return err ? err->code : SPN_ENOMEM;
+  c = &m->nodes[i];
+  w = &m->vals[c->in[1]];
+  const float *B = c->n_in >= 3 && c->in[2] >= 0 ? m->vals[c->in[2]].data : NULL;
+  for (int64_t o = 0; o < co; o++)
+    ((float *)m->vals[nb].data)[o] = B ? B[o] : 0.f;
+  int x = c->in[0], y = c->out[0], wv = c->in[1], backend = c->backend, n_post = c->n_post;
+  spn_post_t post[SPN_MAX_POST];
+  memcpy(post, c->post, sizeof post);
+  spn_node_t *il = new_node(m, i + 1, SPN_OP_INTERLEAVE, base, "/phase_interleave", (int)(s * s), backend, err);
+  if (!il || !add_int_attr(il, "blocksize", s))
+    return err && err->code ? err->code : SPN_ENOMEM;
+  il->out[0] = y;
+  m->vals[y].producer = i + 1;
+  for (int64_t r = 0; r < s * s; r++) {
+    const subpix_dim_t *py = &ph[0][r / s], *px = &ph[1][r % s];
+    int64_t wsh[4] = {co, ci, py->win, px->win};
+    char suf[64];
+    snprintf(suf, sizeof suf, "/phase%" PRId64 "_w", r);
+    int nw = new_const(m, base, suf, 4, wsh, err);
+    if (nw < 0)
+      return err ? err->code : SPN_ENOMEM;
+    const float *W = m->vals[wv].data; /* the value table may have moved */
+    float *NW = m->vals[nw].data;
+    for (int64_t o = 0; o < co; o++)
+      for (int64_t q = 0; q < ci; q++)
+        for (int64_t a = 0; a < py->win; a++)
+          for (int64_t b = 0; b < px->win; b++)
+            NW[((o * ci + q) * py->win + a) * px->win + b] =
+                W[((q * co + o) * kh + subpix_tap(py, r / s, a)) * kw + subpix_tap(px, r % s, b)];
+    /* phase 0 is node i itself; the others go before the interleave */
+    int at = (int)(i + r);
+    spn_node_t *pc;
+    if (r == 0) {
+      pc = &m->nodes[i];
+      free(pc->op_name);
+      if (!(pc->op_name = strdup("Conv")))
+        return spn_error_set(err, SPN_ENOMEM, "out of memory");
+      pc->op = SPN_OP_CONV;
+    } else {
+      snprintf(suf, sizeof suf, "/phase%" PRId64, r);
+      if (!(pc = new_node(m, at, SPN_OP_CONV, base, suf, 3, backend, err)))
+        return err && err->code ? err->code : SPN_ENOMEM;
+      pc->in[0] = x;
+      pc->n_post = n_post;
+      memcpy(pc->post, post, sizeof post);
+    }
+    subpix_dim_t pd[2] = {*py, *px};
+    int32_t rc;
+    if (set_conv_attrs(pc, pd))
+      return spn_error_set(err, SPN_ENOMEM, "out of memory");
+    if ((rc = set_weights(pc, nw, nb, err)))
+      return rc;
+    snprintf(suf, sizeof suf, "/phase%" PRId64 "_out", r);
+    int t = new_inter(m, base, suf, at, err);
+    if (t < 0)
+      return err ? err->code : SPN_ENOMEM;
+    m->nodes[at].out[0] = t;
+    il = &m->nodes[i + r + 1];
+    il->in[r] = t;
+  }
+  for (int k = 0; k <= s * s; k++) {
+    int32_t rc = spn_op_check(m, &m->nodes[i + k], err);
+    if (rc)
+      return rc;
+  }
+  return SPN_OK;
+}
+
+/* The ConvTranspose node i as one Conv over the common window of every
+ * phase's offsets, s*s*C_out output channels (phase-major, the taps a phase
+ * does not use zero), then a DepthToSpace (DCR) after it. */
+static int32_t convt_window(spn_model_t *m, int i, const subpix_dim_t d[2], spn_error_t *err) {
+  spn_node_t *c = &m->nodes[i];
+  const spn_value_t *w = &m->vals[c->in[1]];
+  int64_t s = d[0].s, ci = w->shape[0], co = w->shape[1], kh = d[0].k, kw = d[1].k;
+  int64_t oc = s * s * co, wsh[4] = {oc, ci, d[0].win, d[1].win}, bsh[1] = {oc};
+  char base[440];
+  snprintf(base, sizeof base, "%s", c->name);
+  int nw = new_const(m, base, "/subpixel_w", 4, wsh, err);
+  int nb = nw < 0 ? -1 : new_const(m, base, "/subpixel_b", 1, bsh, err);
+  int nt = nb < 0 ? -1 : new_inter(m, base, "/subpixel", i, err);
+  if (nt < 0)
+    return err ? err->code : SPN_ENOMEM;
+  c = &m->nodes[i];
+  w = &m->vals[c->in[1]]; /* the value table may have moved */
+  const float *W = w->data, *B = c->n_in >= 3 && c->in[2] >= 0 ? m->vals[c->in[2]].data : NULL;
+  float *NW = m->vals[nw].data, *NB = m->vals[nb].data;
+  memset(NW, 0, (size_t)(oc * ci * d[0].win * d[1].win) * sizeof(float));
+  for (int64_t ry = 0; ry < s; ry++)
+    for (int64_t rx = 0; rx < s; rx++)
+      for (int64_t o = 0; o < co; o++) {
+        int64_t oo = (ry * s + rx) * co + o;
+        NB[oo] = B ? B[o] : 0.f;
+        for (int64_t a = 0; a < d[0].win; a++) {
+          int64_t ty = subpix_tap(&d[0], ry, a);
+          for (int64_t b = 0; ty >= 0 && b < d[1].win; b++) {
+            int64_t tx = subpix_tap(&d[1], rx, b);
+            if (tx < 0)
+              continue;
+            for (int64_t q = 0; q < ci; q++)
+              NW[((oo * ci + q) * d[0].win + a) * d[1].win + b] = W[((q * co + o) * kh + ty) * kw + tx];
+          }
+        }
+      }
+  /* the DepthToSpace right after it (mode DCR, the default) */
+  spn_node_t *ds = new_node(m, i + 1, SPN_OP_D2S, base, "/depth_to_space", 1, c->backend, err);
+  if (!ds || !add_int_attr(ds, "blocksize", s))
+    return err && err->code ? err->code : SPN_ENOMEM;
+  c = &m->nodes[i];
+  ds->in[0] = nt;
+  ds->out[0] = c->out[0];
+  m->vals[ds->out[0]].producer = i + 1;
+  /* the node itself becomes the Conv */
+  free(c->op_name);
+  if (!(c->op_name = strdup("Conv")) || set_conv_attrs(c, d))
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  c->op = SPN_OP_CONV;
+  int32_t rc;
+  if ((rc = set_weights(c, nw, nb, err)))
+    return rc;
+  c->out[0] = nt;
+  if ((rc = spn_op_check(m, c, err)) || (rc = spn_op_check(m, &m->nodes[i + 1], err)))
+    return rc;
+  return SPN_OK;
+}
+
 static int32_t convt_subpixel(spn_model_t *m, spn_error_t *err) {
   int n0 = m->n_node;
   for (int i = 0; i < n0; i++) {
@@ -554,95 +803,27 @@ static int32_t convt_subpixel(spn_model_t *m, spn_error_t *err) {
     }
     if (!ok || d[0].s != d[1].s)
       continue;
-    int64_t s = d[0].s, ci = w->shape[0], co = w->shape[1], kh = d[0].k, kw = d[1].k;
-    int64_t oc = s * s * co, wsh[4] = {oc, ci, d[0].win, d[1].win}, bsh[1] = {oc};
-    char tname[512];
-    snprintf(tname, sizeof tname, "%s/subpixel", c->name);
-    int nw = new_const(m, c->name, "/subpixel_w", 4, wsh, err);
-    int nb = nw < 0 ? -1 : new_const(m, c->name, "/subpixel_b", 1, bsh, err);
-    int nt = nb < 0 ? -1 : spn_model_add_value(m, tname, err);
-    if (nt < 0)
-      return err ? err->code : SPN_ENOMEM;
-    w = &m->vals[c->in[1]]; /* the value table may have moved */
-    m->vals[nt].kind = SPN_VAL_INTER;
-    m->vals[nt].dtype = SPN_DTYPE_F32;
-    const float *W = w->data, *B = c->n_in >= 3 && c->in[2] >= 0 ? m->vals[c->in[2]].data : NULL;
-    float *NW = m->vals[nw].data, *NB = m->vals[nb].data;
-    memset(NW, 0, (size_t)(oc * ci * d[0].win * d[1].win) * sizeof(float));
-    for (int64_t ry = 0; ry < s; ry++)
-      for (int64_t rx = 0; rx < s; rx++)
-        for (int64_t o = 0; o < co; o++) {
-          int64_t oo = (ry * s + rx) * co + o;
-          NB[oo] = B ? B[o] : 0.f;
-          for (int64_t a = 0; a < d[0].win; a++) {
-            int64_t ty = subpix_tap(&d[0], ry, a);
-            for (int64_t b = 0; ty >= 0 && b < d[1].win; b++) {
-              int64_t tx = subpix_tap(&d[1], rx, b);
-              if (tx < 0)
-                continue;
-              for (int64_t q = 0; q < ci; q++)
-                NW[((oo * ci + q) * d[0].win + a) * d[1].win + b] = W[((q * co + o) * kh + ty) * kw + tx];
-            }
-          }
-        }
-    /* the DepthToSpace node, right after it (producers after it move up
-     * one; no other node index exists yet, and a re-sort would not see the
-     * fused post-ops' addends) */
-    if (m->n_node == m->cap_node) {
-      int cap = m->cap_node ? m->cap_node * 2 : 16;
-      spn_node_t *nn = realloc(m->nodes, (size_t)cap * sizeof *nn);
-      if (!nn)
-        return spn_error_set(err, SPN_ENOMEM, "out of memory");
-      m->nodes = nn;
-      m->cap_node = cap;
+    /* Each phase a Conv of its own taps where every phase has taps and
+     * non-negative pads (SPINDLE_SUBPIXEL=window: the one-Conv form, for
+     * comparison); otherwise one Conv over the common window. */
+    subpix_dim_t ph[2][8];
+    const char *mode = getenv("SPINDLE_SUBPIXEL");
+    bool phased = d[0].s <= 8 && !(mode && !strcmp(mode, "window"));
+    for (int a = 0; a < 2 && phased; a++)
+      for (int64_t r = 0; r < d[a].s && phased; r++)
+        phased = subpix_phase(&d[a], r, &ph[a][r]);
+    if (phased) {
+      int32_t rc = convt_phases(m, i, d, ph, err);
+      if (rc)
+        return rc;
+      n0 += (int)(d[0].s * d[0].s);
+      i += (int)(d[0].s * d[0].s); /* past the interleave */
+      continue;
     }
-    memmove(&m->nodes[i + 2], &m->nodes[i + 1], (size_t)(m->n_node - i - 1) * sizeof *m->nodes);
-    m->n_node++;
+    int32_t rc = convt_window(m, i, d, err);
+    if (rc)
+      return rc;
     n0++;
-    for (int v = 0; v < m->n_val; v++)
-      if (m->vals[v].producer > i)
-        m->vals[v].producer++;
-    spn_node_t *ds = &m->nodes[i + 1];
-    c = &m->nodes[i];
-    memset(ds, 0, sizeof *ds);
-    ds->op = SPN_OP_D2S;
-    ds->backend = c->backend;
-    char dname[512];
-    snprintf(dname, sizeof dname, "%s/depth_to_space", c->name);
-    ds->name = strdup(dname);
-    ds->op_name = strdup("DepthToSpace");
-    ds->in = malloc(sizeof(int));
-    ds->out = malloc(sizeof(int));
-    ds->attrs = calloc(2, sizeof *ds->attrs);
-    ds->n_attr = ds->attrs ? 2 : 0; /* on a failure below, what was made is freed with the model */
-    if (!ds->name || !ds->op_name || !ds->in || !ds->out || !ds->attrs ||
-        !(ds->attrs[0].name = strdup("blocksize")) || !(ds->attrs[1].name = strdup("mode")) ||
-        !(ds->attrs[1].s = strdup("DCR")))
-      return spn_error_set(err, SPN_ENOMEM, "out of memory");
-    ds->attrs[0].type = SPN_ATTR_I;
-    ds->attrs[0].i = s;
-    ds->attrs[0].tval = -1;
-    ds->attrs[1].type = SPN_ATTR_S;
-    ds->attrs[1].tval = -1;
-    ds->n_in = ds->n_out = 1;
-    ds->in[0] = nt;
-    ds->out[0] = c->out[0];
-    if (pthread_mutex_init(&ds->lock, NULL))
-      return spn_error_set(err, SPN_EINTERNAL, "mutex init failed");
-    ds->lock_init = true;
-    m->vals[ds->out[0]].producer = i + 1;
-    /* the node itself becomes the Conv */
-    free(c->op_name);
-    if (!(c->op_name = strdup("Conv")) || set_conv_attrs(c, d))
-      return spn_error_set(err, SPN_ENOMEM, "out of memory");
-    c->op = SPN_OP_CONV;
-    int32_t rc;
-    if ((rc = set_weights(c, nw, nb, err)))
-      return rc;
-    c->out[0] = nt;
-    m->vals[nt].producer = i;
-    if ((rc = spn_op_check(m, c, err)) || (rc = spn_op_check(m, &m->nodes[i + 1], err)))
-      return rc;
     i++; /* past the DepthToSpace */
   }
   return SPN_OK;
@@ -997,7 +1178,7 @@ int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {
     fuse_post_ops(m, pa, pb, m->dev_slot == SPN_BACKEND_CPU && !(nsf && *nsf && strcmp(nsf, "0")));
     rt_free(m, pa);
     rt_free(m, pb);
-    /* on the CPU: strided ConvTranspose as Conv + DepthToSpace (SPINDLE_NO_SUBPIXEL=1: not) */
+    /* on the CPU: strided ConvTranspose as convolutions (SPINDLE_NO_SUBPIXEL=1: not) */
     const char *ns = getenv("SPINDLE_NO_SUBPIXEL");
     if (m->dev_slot == SPN_BACKEND_CPU && !(ns && *ns && strcmp(ns, "0")) && (rc = convt_subpixel(m, err)))
       return rc;

@@ -318,7 +318,7 @@ static int32_t load_node(spn_model_t *m, int idx, const SpnOnnx__NodeProto *np, 
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
   n->op = -1;
   if (!np->domain || !*np->domain || !strcmp(np->domain, "ai.onnx"))
-    for (int o = 0; o < SPN_OP_COUNT; o++)
+    for (int o = 0; o < SPN_OP_FILE_COUNT; o++)
       if (!strcmp(spn_op_names[o], n->op_name))
         n->op = o;
   if (n->op < 0)

@@ -84,6 +84,7 @@ int32_t spn_op_check(const spn_model_t *m, const spn_node_t *n, spn_error_t *err
       [SPN_OP_SHAPE] = {1, 1, 1, 1}, [SPN_OP_CONSTANT] = {0, 0, 1, 1}, [SPN_OP_COS] = {1, 1, 1, 1},
       [SPN_OP_CAST] = {1, 1, 1, 1}, [SPN_OP_MATMUL] = {2, 2, 1, 1}, [SPN_OP_GEMM] = {2, 3, 1, 1},
       [SPN_OP_EXP] = {1, 1, 1, 1}, [SPN_OP_REDUCEMEAN] = {1, 2, 1, 1}, [SPN_OP_IDENTITY] = {1, 1, 1, 1},
+      [SPN_OP_INTERLEAVE] = {1, 64, 1, 1},
   };
   const char *file = m->path;
   if (n->n_in < ar[n->op].min_in || n->n_in > ar[n->op].max_in || n->n_out < ar[n->op].min_out || n->n_out > ar[n->op].max_out)
@@ -131,6 +132,12 @@ int32_t spn_op_check(const spn_model_t *m, const spn_node_t *n, spn_error_t *err
     if (spn_attr_int(n, "training_mode", 0) || n->n_out > 1)
       return spn_error_set(err, SPN_EUNSUPPORTED, "%s: node '%s' (BatchNormalization): training mode is not supported", file, n->name);
     break;
+  case SPN_OP_INTERLEAVE: {
+    int64_t b = spn_attr_int(n, "blocksize", 0);
+    if (b < 1 || b > 8 || b * b != n->n_in)
+      return spn_error_set(err, SPN_EINTERNAL, "%s: node '%s' (%s): needs blocksize^2 inputs", file, n->name, n->op_name);
+    break;
+  }
   case SPN_OP_D2S: {
     const char *mode = spn_attr_str(n, "mode", "DCR");
     if (spn_attr_int(n, "blocksize", 0) < 1 || (strcmp(mode, "DCR") && strcmp(mode, "CRD")))
@@ -631,6 +638,17 @@ static int32_t op_infer(spn_run_t *r, const spn_node_t *n) {
       shape[ax] = parts[o];
       set_out(OUT(o), x->dtype, x->ndim, shape);
     }
+    return SPN_OK;
+  }
+  case SPN_OP_INTERLEAVE: {
+    int64_t b = spn_attr_int(n, "blocksize", 1);
+    for (int k = 0; k < n->n_in; k++) {
+      const spn_rt_val_t *v = IN(k);
+      if (v->dtype != SPN_DTYPE_F32 || v->ndim != 4 || memcmp(v->shape, x->shape, 4 * sizeof(int64_t)))
+        return spn_op_fail(r, SPN_EINTERNAL, "PhaseInterleave needs float NCHW inputs of one shape");
+    }
+    int64_t s[4] = {x->shape[0], x->shape[1], x->shape[2] * b, x->shape[3] * b};
+    set_out(y, x->dtype, 4, s);
     return SPN_OK;
   }
   case SPN_OP_D2S: {

@@ -106,15 +106,25 @@ def op_cases():
     c["conv1d"] = case([N("Conv", ["x", "w"], ["y"], pads=[1, 1])], {"x": rnd(2, 4, 17)}, [("y", F)], {"w": rnd(6, 4, 3)})
     c["convtranspose"] = case([N("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1])], {"x": rnd(2, 8, 5, 6)}, [("y", F)], {"w": rnd(8, 4, 3, 3), "b": rnd(4)})
     c["convtranspose_k4s2"] = case([N("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2], pads=[1, 1, 1, 1])], {"x": rnd(1, 16, 5, 5)}, [("y", F)], {"w": rnd(16, 8, 4, 4) * 0.3})
-    # Strided ConvTranspose as Conv + DepthToSpace on the CPU (graph.c,
-    # convt_subpixel): stride 2 kernel 2, no pads; stride 3 kernel 5 with
-    # asymmetric pads and output padding; kernel 3 without pads; with a
-    # fused Relu; pads that make the output shorter than s * input (not
-    # rewritten where the Conv would need negative padding).
+    # Strided ConvTranspose on the CPU (graph.c, convt_subpixel): a Conv
+    # per output phase and a PhaseInterleave, or one Conv + DepthToSpace
+    # where a phase would need negative padding: stride 2 kernel 2, no pads;
+    # stride 3 kernel 5 with asymmetric pads and output padding; kernel 3
+    # without pads; with a fused Relu; pads that make the output shorter
+    # than s * input (one Conv: phase 1 would need negative padding); the
+    # interleave's output read by Convs and a Concat (channels-last), and
+    # read by a broadcast Mul (NCHW, the node right after it) whose output a
+    # Conv reads.
     c["convtranspose_s2k2"] = case([N("ConvTranspose", ["x", "w", "b"], ["y"], strides=[2, 2])], {"x": rnd(2, 6, 4, 7)}, [("y", F)], {"w": rnd(6, 5, 2, 2), "b": rnd(5)})
     c["convtranspose_s3k5_asym"] = case([N("ConvTranspose", ["x", "w", "b"], ["y"], strides=[3, 3], pads=[1, 2, 2, 1], output_padding=[1, 1])], {"x": rnd(1, 4, 5, 3)}, [("y", F)], {"w": rnd(4, 3, 5, 5) * 0.5, "b": rnd(3)})
     c["convtranspose_s2k3_nopad_relu"] = case([N("ConvTranspose", ["x", "w"], ["c"], strides=[2, 2], output_padding=[1, 1]), N("Relu", ["c"], ["y"])], {"x": rnd(2, 8, 3, 4)}, [("y", F)], {"w": rnd(8, 4, 3, 3)})
     c["convtranspose_s2k3_pad2"] = case([N("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2], pads=[2, 2, 2, 2], output_padding=[1, 1])], {"x": rnd(1, 4, 6, 5)}, [("y", F)], {"w": rnd(4, 4, 3, 3)})
+    c["convtranspose_conv_concat"] = case([N("ConvTranspose", ["x", "w", "b"], ["c"], strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]), N("Relu", ["c"], ["r"]),
+                                           N("Conv", ["r", "w2"], ["d"], pads=[1, 1, 1, 1]), N("Concat", ["r", "d"], ["e"], axis=1), N("Conv", ["e", "w3"], ["y"], pads=[1, 1, 1, 1])],
+                                          {"x": rnd(2, 8, 5, 6)}, [("y", F)], {"w": rnd(8, 6, 3, 3), "b": rnd(6), "w2": rnd(6, 6, 3, 3) * 0.3, "w3": rnd(4, 12, 3, 3) * 0.3})
+    c["convtranspose_mul_conv"] = case([N("ConvTranspose", ["x", "w"], ["c"], strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]),
+                                        N("Mul", ["c", "s"], ["m"]), N("Conv", ["m", "w2"], ["y"], pads=[1, 1, 1, 1])],
+                                       {"x": rnd(1, 8, 4, 5)}, [("y", F)], {"w": rnd(8, 6, 3, 3), "s": rnd(1, 6, 1, 1), "w2": rnd(4, 6, 3, 3) * 0.3})
     c["convtranspose_groups"] = case([N("ConvTranspose", ["x", "w"], ["y"], group=2, strides=[1, 1])], {"x": rnd(1, 8, 5, 5)}, [("y", F)], {"w": rnd(8, 3, 3, 3)})
     bn = {"g": rnd(8, lo=0.5, hi=1.5), "bb": rnd(8), "m": rnd(8), "v": rnd(8, lo=0.5, hi=2)}
     c["batchnorm"] = case([N("BatchNormalization", ["x", "g", "bb", "m", "v"], ["y"], epsilon=1e-3)], {"x": x4}, [("y", F)], bn)

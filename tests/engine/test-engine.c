@@ -7,6 +7,7 @@
  * computed here independently (a direct convolution loop, max(x, 0)). */
 #include <math.h>
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -650,23 +651,30 @@ static void test_profile_times_each_node(void **state) {
   spn_engine_free(&e);
 }
 
-/* ---- strided ConvTranspose on the CPU: Conv + DepthToSpace ---- */
+/* ---- strided ConvTranspose on the CPU: a Conv per output phase ---- */
 
 enum { TC = 6, TO = 4, TH = 5, TW = 7 };
-static float tw[TC * TO * 9], tb[TO];
+static float tw[TC * TO * 9], tb[TO], tw2[TO * TO * 9];
 
 /* Wav2Lip's decoder layer shape: ConvTranspose 3x3, stride 2, pads 1,
- * output_padding 1, bias, then Relu; group g (1: rewritten, 2: not). */
-static pb_t convt_model(int g) {
+ * output_padding 1, bias, then Relu; group g (1: rewritten, 2: not). With
+ * `tail`, a 3x3 Conv (pads 1) reads the Relu's output, as Wav2Lip's
+ * residual blocks do, so the rewrite's last node writes channels-last. */
+static pb_t convt_model(int g, bool tail) {
   for (int i = 0; i < TC * TO * 9; i++)
     tw[i] = (float)((i * 29) % 23 - 11) / 16.f;
   for (int i = 0; i < TO; i++)
     tb[i] = (float)i / 3.f - 0.6f;
+  for (int i = 0; i < TO * TO * 9; i++)
+    tw2[i] = (float)((i * 17) % 13 - 6) / 8.f;
   pb_t m = {0};
-  int64_t wd[] = {TC, TO / g, 3, 3}, bd[] = {TO};
+  int64_t wd[] = {TC, TO / g, 3, 3}, bd[] = {TO}, w2d[] = {TO, TO, 3, 3};
   initializer(&m, "w", 4, wd, tw, TC * TO / g * 9);
   initializer(&m, "b", 1, bd, tb, TO);
-  const char *in[] = {"x", "w", "b"}, *out[] = {"c"}, *in2[] = {"c"}, *out2[] = {"y"};
+  if (tail)
+    initializer(&m, "w2", 4, w2d, tw2, TO * TO * 9);
+  const char *in[] = {"x", "w", "b"}, *out[] = {"c"}, *in2[] = {"c"}, *out2[] = {tail ? "r" : "y"};
+  const char *in3[] = {"r", "w2"}, *out3[] = {"y"};
   int64_t pads[] = {1, 1, 1, 1}, strides[] = {2, 2}, opad[] = {1, 1};
   attr_t a[] = {{.name = "pads", .type = 7, .n = 4, .ints = pads},
                 {.name = "strides", .type = 7, .n = 2, .ints = strides},
@@ -674,6 +682,8 @@ static pb_t convt_model(int g) {
                 {.name = "group", .type = 2, .i = g}};
   node(&m, "ConvTranspose", "up0", in, 3, out, 1, a, 4);
   node(&m, "Relu", "relu0", in2, 1, out2, 1, NULL, 0);
+  if (tail)
+    node(&m, "Conv", "tail0", in3, 2, out3, 1, a, 1);
   int64_t d[] = {-1, TC, TH, TW};
   value_info(&m, 11, "x", 4, d);
   value_info(&m, 12, "y", -1, NULL);
@@ -681,8 +691,9 @@ static pb_t convt_model(int g) {
 }
 
 /* The transposed convolution by its definition (scatter each input pixel
- * through the kernel), written independently of the engine. */
-static void convt_ref(const float *x, int n, int g, float *y) {
+ * through the kernel), written independently of the engine; with `tail`,
+ * then the 3x3 Conv. */
+static void convt_ref(const float *x, int n, int g, bool tail, float *y) {
   int oh = 2 * TH, ow = 2 * TW, cig = TC / g, cog = TO / g;
   for (int b = 0; b < n; b++)
     for (int o = 0; o < TO; o++)
@@ -701,37 +712,79 @@ static void convt_ref(const float *x, int n, int g, float *y) {
               }
   for (int i = 0; i < n * TO * oh * ow; i++)
     y[i] = y[i] > 0 ? y[i] : 0.f;
+  if (!tail)
+    return;
+  float *r = malloc((size_t)n * TO * oh * ow * sizeof(float));
+  assert_non_null(r);
+  memcpy(r, y, (size_t)n * TO * oh * ow * sizeof(float));
+  for (int b = 0; b < n; b++)
+    for (int o = 0; o < TO; o++)
+      for (int yy = 0; yy < oh; yy++)
+        for (int xx = 0; xx < ow; xx++) {
+          float acc = 0.f;
+          for (int c = 0; c < TO; c++)
+            for (int ki = 0; ki < 3; ki++)
+              for (int kj = 0; kj < 3; kj++) {
+                int sy = yy - 1 + ki, sx = xx - 1 + kj;
+                if (sy >= 0 && sy < oh && sx >= 0 && sx < ow)
+                  acc += r[((b * TO + c) * oh + sy) * ow + sx] * tw2[((o * TO + c) * 3 + ki) * 3 + kj];
+              }
+          y[((b * TO + o) * oh + yy) * ow + xx] = acc;
+        }
+  free(r);
 }
 
+/* The forms a strided ConvTranspose takes on the CPU, each against the
+ * reference: a Conv per output phase (the Relu fused into each) and a
+ * PhaseInterleave, its output NCHW (the model's output) or channels-last
+ * (read by a Conv); SPINDLE_SUBPIXEL=window: one Conv over the common
+ * window and a DepthToSpace; grouped: not rewritten. */
 static void test_strided_convtranspose_runs_as_conv(void **state) {
   (void)state;
-  for (int g = 1; g <= 2; g++) {
+  static const struct { int g; bool tail, window; } cases[] = {
+      {1, false, false}, {1, true, false}, {1, false, true}, {1, true, true}, {2, false, false}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    int g = cases[k].g;
+    bool tail = cases[k].tail;
+    if (cases[k].window)
+      setenv("SPINDLE_SUBPIXEL", "window", 1);
     spn_engine_t *e = NULL;
-    spn_model_t *mod = load_cpu(convt_model(g), "convt.onnx", &e);
+    spn_model_t *mod = load_cpu(convt_model(g, tail), "convt.onnx", &e);
+    unsetenv("SPINDLE_SUBPIXEL");
     spn_error_t err = SPN_ERROR_INIT;
     static float x[3 * TC * TH * TW], ref[3 * TO * 4 * TH * TW];
     for (int i = 0; i < 3 * TC * TH * TW; i++)
       x[i] = (float)((i * 13) % 19) / 9.f - 1.f;
-    convt_ref(x, 3, g, ref);
+    convt_ref(x, 3, g, tail, ref);
     spn_tensor_t in = tensor4(x, 3, TC, TH, TW), out = SPN_TENSOR_INIT;
-    spn_node_time_t t[4];
+    spn_node_time_t t[8];
     int32_t n = 0;
-    assert_int_equal(spn_model_profile(mod, &in, 1, &out, 1, t, 4, &n, &err), SPN_OK);
-    if (g == 1) { /* the Conv of the four phases (the Relu fused into it), then the shuffle */
-      assert_int_equal(n, 2);
+    assert_int_equal(spn_model_profile(mod, &in, 1, &out, 1, t, 8, &n, &err), SPN_OK);
+    int body = n - tail;
+    if (g == 2) { /* grouped: as it is */
+      assert_int_equal(body, 1);
+      assert_string_equal(t[0].op, "ConvTranspose");
+    } else if (cases[k].window) { /* the Conv of the four phases, then the shuffle */
+      assert_int_equal(body, 2);
       assert_string_equal(t[0].op, "Conv");
       assert_int_equal(t[0].fused, 1);
       assert_string_equal(t[1].op, "DepthToSpace");
-    } else { /* grouped: as it is */
-      assert_int_equal(n, 1);
-      assert_string_equal(t[0].op, "ConvTranspose");
+    } else { /* four Convs, then the interleave */
+      assert_int_equal(body, 5);
+      for (int i = 0; i < 4; i++) {
+        assert_string_equal(t[i].op, "Conv");
+        assert_int_equal(t[i].fused, 1);
+      }
+      assert_string_equal(t[4].op, "spindle:PhaseInterleave");
     }
+    if (tail)
+      assert_string_equal(t[n - 1].op, "Conv");
     assert_int_equal(out.shape[2], 2 * TH);
     assert_int_equal(out.shape[3], 2 * TW);
     const float *y = out.data;
     for (int i = 0; i < 3 * TO * 4 * TH * TW; i++)
       if (!(fabsf(y[i] - ref[i]) <= 1e-4f * (1.f + fabsf(ref[i]))))
-        fail_msg("group %d: element %d: engine %g, reference %g", g, i, (double)y[i], (double)ref[i]);
+        fail_msg("case %zu: element %d: engine %g, reference %g", k, i, (double)y[i], (double)ref[i]);
     spn_model_output_free(&out);
     spn_model_release(&mod);
     spn_engine_free(&e);
