@@ -371,6 +371,17 @@ static void test_unsupported_op_and_attribute(void **state) {
   pb_t m = model(&g, 17);
   expect_load_error(&m, SPN_EUNSUPPORTED, "node 'nms7' (#0): unsupported operator 'NonMaxSuppression'");
 
+  /* the engine's internal operators are not a file's to name */
+  pb_t gi = {0};
+  const char *in4[] = {"x", "x", "x", "x"};
+  attr_t bs = {.name = "blocksize", .type = 2, .i = 2};
+  node(&gi, "spindle:PhaseInterleave", "pi", in4, 4, out, 1, &bs, 1);
+  int64_t d4[] = {1, 2, 3, 3};
+  value_info(&gi, 11, "x", 4, d4);
+  value_info(&gi, 12, "y", -1, NULL);
+  m = model(&gi, 17);
+  expect_load_error(&m, SPN_EUNSUPPORTED, "node 'pi' (#0): unsupported operator 'spindle:PhaseInterleave'");
+
   pb_t g2 = {0};
   attr_t a = {.name = "mode", .type = 3, .s = "lanczos"};
   node(&g2, "Resize", "rs", in, 1, out, 1, &a, 1);
