@@ -15,11 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 #include <zmq.h>
 
+#include "files-internal.h"
 #include "server-internal.h"
 
 /* ---- outbox ---- */
@@ -509,25 +509,20 @@ static int32_t validate_io(spn_server_t *s, const cJSON *body, const char *key, 
  * outputs on one path the last renamed would silently win. Paths are already
  * resolved (links, ".."); existing files are also compared by inode (hard
  * links). */
-static bool one_file(const char *a, const char *b) {
-  struct stat sa, sb;
-  return !strcmp(a, b) || (stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino);
-}
-
 static int32_t distinct_files(const cJSON *spec, spn_error_t *err) {
   const cJSON *ins = cJSON_GetObjectItemCaseSensitive(spec, "inputs");
   const cJSON *outs = cJSON_GetObjectItemCaseSensitive(spec, "outputs");
   const cJSON *o, *i;
   cJSON_ArrayForEach(o, outs) {
     cJSON_ArrayForEach(i, ins) {
-      if (one_file(o->valuestring, i->valuestring))
+      if (spn__same_file(o->valuestring, i->valuestring))
         return spn_error_set(err, SPN_EINVAL,
                              "SUBMIT: outputs.%s is the file of inputs.%s (%s): a job never writes over its own "
                              "input; give the output another path",
                              o->string, i->string, i->valuestring);
     }
     for (i = outs->child; i && i != o; i = i->next)
-      if (one_file(o->valuestring, i->valuestring))
+      if (spn__same_file(o->valuestring, i->valuestring))
         return spn_error_set(err, SPN_EINVAL, "SUBMIT: outputs.%s and outputs.%s are one file (%s): give each output "
                              "its own path", i->string, o->string, o->valuestring);
   }

@@ -23,10 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <sys/stat.h>
 #include <zmq.h>
 
 #include "debug-internal.h"
+#include "files-internal.h"
 #include "runtime-internal.h"
 #include "spec-build-internal.h"
 #include "spindle/engine.h"
@@ -804,13 +804,6 @@ static const char *bound_path(const spn_pipeline_t *pipe, void *const *configs, 
   return NULL;
 }
 
-static bool same_file(const char *a, const char *b) {
-  struct stat sa, sb;
-  if (!strcmp(a, b))
-    return true;
-  return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
-
 /* A job never writes over its own input, and no two of its outputs are one
  * file: the encoder's rename would put the output in the input's place (a
  * retry would then read the job's own output), or the last output renamed
@@ -829,7 +822,7 @@ static int32_t check_job_files(const spn_pipeline_t *pipe, void *const *configs,
       const char *it = NULL;
       const char *iname = spn_pipeline_binding_at(pipe, SPN_BINDING_INPUT, i, &it);
       const char *ip = bound_path(pipe, configs, it);
-      if (ip && same_file(op, ip))
+      if (ip && spn__same_file(op, ip))
         return spn_error_set(err, SPN_EINVAL,
                              "pipeline \"%s\": output \"%s\" (%s = %s) is the file of input \"%s\" (%s = %s): a job "
                              "never writes over its own input; give the output another path",
@@ -839,7 +832,7 @@ static int32_t check_job_files(const spn_pipeline_t *pipe, void *const *configs,
       const char *kt = NULL;
       const char *kname = spn_pipeline_binding_at(pipe, SPN_BINDING_OUTPUT, k, &kt);
       const char *kp = bound_path(pipe, configs, kt);
-      if (kp && same_file(op, kp))
+      if (kp && spn__same_file(op, kp))
         return spn_error_set(err, SPN_EINVAL,
                              "pipeline \"%s\": outputs \"%s\" (%s) and \"%s\" (%s) are one file, %s: give each "
                              "output its own path",
