@@ -125,6 +125,12 @@ def op_cases():
     c["convtranspose_mul_conv"] = case([N("ConvTranspose", ["x", "w"], ["c"], strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]),
                                         N("Mul", ["c", "s"], ["m"]), N("Conv", ["m", "w2"], ["y"], pads=[1, 1, 1, 1])],
                                        {"x": rnd(1, 8, 4, 5)}, [("y", F)], {"w": rnd(8, 6, 3, 3), "s": rnd(1, 6, 1, 1), "w2": rnd(4, 6, 3, 3) * 0.3})
+    # stride 1, kept a ConvTranspose (as a Conv with the kernel flipped it
+    # measured slower at batch 1 on Wav2Lip's first decoder layer, 1x1 to
+    # 3x3): that layer's shape; pads and asymmetric pads; a 2x2 kernel
+    c["convtranspose_s1_k3"] = case([N("ConvTranspose", ["x", "w", "b"], ["y"])], {"x": rnd(2, 8, 1, 1)}, [("y", F)], {"w": rnd(8, 6, 3, 3), "b": rnd(6)})
+    c["convtranspose_s1_pads"] = case([N("ConvTranspose", ["x", "w"], ["c"], pads=[1, 0, 2, 1]), N("Relu", ["c"], ["y"])], {"x": rnd(1, 5, 6, 7)}, [("y", F)], {"w": rnd(5, 4, 3, 3)})
+    c["convtranspose_s1_k2"] = case([N("ConvTranspose", ["x", "w", "b"], ["y"], strides=[1, 1])], {"x": rnd(2, 4, 5, 3)}, [("y", F)], {"w": rnd(4, 3, 2, 2), "b": rnd(3)})
     c["convtranspose_groups"] = case([N("ConvTranspose", ["x", "w"], ["y"], group=2, strides=[1, 1])], {"x": rnd(1, 8, 5, 5)}, [("y", F)], {"w": rnd(8, 3, 3, 3)})
     bn = {"g": rnd(8, lo=0.5, hi=1.5), "bb": rnd(8), "m": rnd(8), "v": rnd(8, lo=0.5, hi=2)}
     c["batchnorm"] = case([N("BatchNormalization", ["x", "g", "bb", "m", "v"], ["y"], epsilon=1e-3)], {"x": x4}, [("y", F)], bn)
