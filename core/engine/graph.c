@@ -1148,32 +1148,24 @@ static void static_types(spn_model_t *m) {
  * Their memory goes back at load; the values keep name, type and shape.
  * (Wav2Lip on the CPU, 145 MB of weights: 495 MB resident after load with
  * them, 318 MB without.) */
+static bool attr_tensor_read(const spn_model_t *m, int vi) {
+  for (int i = 0; i < m->n_node; i++)
+    for (int a = 0; !m->nodes[i].dead && a < m->nodes[i].n_attr; a++)
+      if (m->nodes[i].attrs[a].type == SPN_ATTR_T && m->nodes[i].attrs[a].tval == vi)
+        return true;
+  return false;
+}
+
+/* Readers as count_uses counted them after the last pass (inputs and
+ * post-op operands of live nodes); tensor attributes besides. */
 static void drop_unread_consts(spn_model_t *m) {
-  bool *read = calloc((size_t)m->n_val + 1, sizeof(bool));
-  if (!read)
-    return; /* keeping them is harmless */
-  for (int i = 0; i < m->n_outputs; i++)
-    read[m->outputs[i]] = true;
-  for (int i = 0; i < m->n_node; i++) {
-    const spn_node_t *n = &m->nodes[i];
-    if (n->dead)
+  for (int v = 0; v < m->n_val; v++) {
+    spn_value_t *c = &m->vals[v];
+    if (c->kind != SPN_VAL_CONST || !c->data || c->n_uses > 0 || c->is_output || attr_tensor_read(m, v))
       continue;
-    for (int k = 0; k < n->n_in; k++)
-      if (n->in[k] >= 0)
-        read[n->in[k]] = true;
-    for (int p = 0; p < n->n_post; p++)
-      if (n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU)
-        read[n->post[p].val] = true;
-    for (int a = 0; a < n->n_attr; a++)
-      if (n->attrs[a].type == SPN_ATTR_T && n->attrs[a].tval >= 0)
-        read[n->attrs[a].tval] = true;
+    free(c->data);
+    c->data = NULL;
   }
-  for (int v = 0; v < m->n_val; v++)
-    if (m->vals[v].kind == SPN_VAL_CONST && !read[v] && m->vals[v].data) {
-      free(m->vals[v].data);
-      m->vals[v].data = NULL;
-    }
-  free(read);
 }
 
 int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {

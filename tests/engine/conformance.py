@@ -131,6 +131,10 @@ def op_cases():
     c["convtranspose_s1_k3"] = case([N("ConvTranspose", ["x", "w", "b"], ["y"])], {"x": rnd(2, 8, 1, 1)}, [("y", F)], {"w": rnd(8, 6, 3, 3), "b": rnd(6)})
     c["convtranspose_s1_pads"] = case([N("ConvTranspose", ["x", "w"], ["c"], pads=[1, 0, 2, 1]), N("Relu", ["c"], ["y"])], {"x": rnd(1, 5, 6, 7)}, [("y", F)], {"w": rnd(5, 4, 3, 3)})
     c["convtranspose_s1_k2"] = case([N("ConvTranspose", ["x", "w", "b"], ["y"], strides=[1, 1])], {"x": rnd(2, 4, 5, 3)}, [("y", F)], {"w": rnd(4, 3, 2, 2), "b": rnd(3)})
+    # an output that folds to a constant at load (its value is kept when
+    # the constants no node reads are freed)
+    c["constant_output"] = case([N("Relu", ["x"], ["y"]), N("Add", ["a", "b"], ["z"])], {"x": rnd(1, 4, 3, 3)}, [("y", F), ("z", F)],
+                                {"a": rnd(2, 3), "b": rnd(2, 3)})
     c["convtranspose_groups"] = case([N("ConvTranspose", ["x", "w"], ["y"], group=2, strides=[1, 1])], {"x": rnd(1, 8, 5, 5)}, [("y", F)], {"w": rnd(8, 3, 3, 3)})
     bn = {"g": rnd(8, lo=0.5, hi=1.5), "bb": rnd(8), "m": rnd(8), "v": rnd(8, lo=0.5, hi=2)}
     c["batchnorm"] = case([N("BatchNormalization", ["x", "g", "bb", "m", "v"], ["y"], epsilon=1e-3)], {"x": x4}, [("y", F)], bn)
