@@ -1141,13 +1141,7 @@ static void static_types(spn_model_t *m) {
   rt_free(m, b);
 }
 
-/* Constants no live node reads any more (as input, post-op operand or
- * tensor attribute), nor a graph output: the weights a pass replaced (a
- * Conv's before BatchNormalization or a scale was folded in, a
- * ConvTranspose's before it became convolutions) and what folding used up.
- * Their memory goes back at load; the values keep name, type and shape.
- * (Wav2Lip on the CPU, 145 MB of weights: 495 MB resident after load with
- * them, 318 MB without.) */
+/* Whether a live node's tensor attribute holds value vi. */
 static bool attr_tensor_read(const spn_model_t *m, int vi) {
   for (int i = 0; i < m->n_node; i++)
     for (int a = 0; !m->nodes[i].dead && a < m->nodes[i].n_attr; a++)
@@ -1156,8 +1150,13 @@ static bool attr_tensor_read(const spn_model_t *m, int vi) {
   return false;
 }
 
-/* Readers as count_uses counted them after the last pass (inputs and
- * post-op operands of live nodes); tensor attributes besides. */
+/* Constants no live node reads any more (as input or post-op operand, as
+ * count_uses counted them after the last pass, or as tensor attribute), nor
+ * a graph output: the weights a pass replaced (a Conv's before
+ * BatchNormalization or a scale was folded in, a ConvTranspose's before it
+ * became convolutions) and what folding used up. Their memory goes back at
+ * load; the values keep name, type and shape. (Wav2Lip on the CPU, 145 MB
+ * of weights: 495 MB resident after load with them, 318 MB without.) */
 static void drop_unread_consts(spn_model_t *m) {
   for (int v = 0; v < m->n_val; v++) {
     spn_value_t *c = &m->vals[v];
