@@ -545,6 +545,20 @@ static int32_t set_conv_attrs(spn_node_t *c, const subpix_dim_t d[2]) {
   return SPN_OK;
 }
 
+/* Node c (the ConvTranspose itself, or a Conv new_node made) as a Conv over
+ * window d with weights nw and bias nb (-1: none). */
+static int32_t as_conv(spn_node_t *c, const subpix_dim_t d[2], int nw, int nb, spn_error_t *err) {
+  if (c->op != SPN_OP_CONV) {
+    free(c->op_name);
+    if (!(c->op_name = strdup("Conv")))
+      return spn_error_set(err, SPN_ENOMEM, "out of memory");
+    c->op = SPN_OP_CONV;
+  }
+  if (set_conv_attrs(c, d))
+    return spn_error_set(err, SPN_ENOMEM, "out of memory");
+  return set_weights(c, nw, nb, err);
+}
+
 /* One output phase r of a dimension on its own: its taps only (pd->win),
  * its window and Conv pads; false where the phase has no tap or would need
  * negative padding. */
@@ -639,26 +653,20 @@ static int new_inter(spn_model_t *m, const char *base, const char *suffix, int p
 }
 
 /* The ConvTranspose node i as s*s Convs, one per output phase, each with
- * its own taps only (9/9 of the multiply-adds for 3x3 stride 2), and a
- * PhaseInterleave that writes them into the output (channels-last in and
- * out when the neighbours are convolutions). Returns the number of nodes
- * added, or a negative error code. */
+ * its own taps only (9/9 of the multiply-adds for 3x3 stride 2) and the
+ * layer's bias, and a PhaseInterleave that writes them into the output
+ * (channels-last in and out when the neighbours are convolutions): s*s
+ * nodes added after node i. */
 static int32_t convt_phases(spn_model_t *m, int i, const subpix_dim_t d[2], const subpix_dim_t ph[2][8],
                             spn_error_t *err) {
-  spn_node_t *c = &m->nodes[i];
+  const spn_node_t *c = &m->nodes[i];
   const spn_value_t *w = &m->vals[c->in[1]];
-  int64_t s = d[0].s, ci = w->shape[0], co = w->shape[1], kh = d[0].k, kw = d[1].k, bsh[1] = {co};
+  int64_t s = d[0].s, ci = w->shape[0], co = w->shape[1], kh = d[0].k, kw = d[1].k;
   char base[440];
   snprintf(base, sizeof base, "%s", c->name);
-  int nb = new_const(m, base, "/phase_b", 1, bsh, err);
-  if (nb < 0)
-    return err ? err->code : SPN_ENOMEM;
-  c = &m->nodes[i];
-  w = &m->vals[c->in[1]];
-  const float *B = c->n_in >= 3 && c->in[2] >= 0 ? m->vals[c->in[2]].data : NULL;
-  for (int64_t o = 0; o < co; o++)
-    ((float *)m->vals[nb].data)[o] = B ? B[o] : 0.f;
-  int x = c->in[0], y = c->out[0], wv = c->in[1], backend = c->backend, n_post = c->n_post;
+  /* every phase adds the layer's own bias ([C_out], as a Conv's) */
+  int x = c->in[0], y = c->out[0], wv = c->in[1], nb = c->n_in >= 3 ? c->in[2] : -1;
+  int backend = c->backend, n_post = c->n_post;
   spn_post_t post[SPN_MAX_POST];
   memcpy(post, c->post, sizeof post);
   spn_node_t *il = new_node(m, i + 1, SPN_OP_INTERLEAVE, base, "/phase_interleave", (int)(s * s), backend, err);
@@ -684,14 +692,8 @@ static int32_t convt_phases(spn_model_t *m, int i, const subpix_dim_t d[2], cons
                 W[((q * co + o) * kh + subpix_tap(py, r / s, a)) * kw + subpix_tap(px, r % s, b)];
     /* phase 0 is node i itself; the others go before the interleave */
     int at = (int)(i + r);
-    spn_node_t *pc;
-    if (r == 0) {
-      pc = &m->nodes[i];
-      free(pc->op_name);
-      if (!(pc->op_name = strdup("Conv")))
-        return spn_error_set(err, SPN_ENOMEM, "out of memory");
-      pc->op = SPN_OP_CONV;
-    } else {
+    spn_node_t *pc = &m->nodes[i];
+    if (r > 0) {
       snprintf(suf, sizeof suf, "/phase%" PRId64, r);
       if (!(pc = new_node(m, at, SPN_OP_CONV, base, suf, 3, backend, err)))
         return err && err->code ? err->code : SPN_ENOMEM;
@@ -700,10 +702,8 @@ static int32_t convt_phases(spn_model_t *m, int i, const subpix_dim_t d[2], cons
       memcpy(pc->post, post, sizeof post);
     }
     subpix_dim_t pd[2] = {*py, *px};
-    int32_t rc;
-    if (set_conv_attrs(pc, pd))
-      return spn_error_set(err, SPN_ENOMEM, "out of memory");
-    if ((rc = set_weights(pc, nw, nb, err)))
+    int32_t rc = as_conv(pc, pd, nw, nb, err);
+    if (rc)
       return rc;
     snprintf(suf, sizeof suf, "/phase%" PRId64 "_out", r);
     int t = new_inter(m, base, suf, at, err);
@@ -766,12 +766,8 @@ static int32_t convt_window(spn_model_t *m, int i, const subpix_dim_t d[2], spn_
   ds->out[0] = c->out[0];
   m->vals[ds->out[0]].producer = i + 1;
   /* the node itself becomes the Conv */
-  free(c->op_name);
-  if (!(c->op_name = strdup("Conv")) || set_conv_attrs(c, d))
-    return spn_error_set(err, SPN_ENOMEM, "out of memory");
-  c->op = SPN_OP_CONV;
-  int32_t rc;
-  if ((rc = set_weights(c, nw, nb, err)))
+  int32_t rc = as_conv(c, d, nw, nb, err);
+  if (rc)
     return rc;
   c->out[0] = nt;
   if ((rc = spn_op_check(m, c, err)) || (rc = spn_op_check(m, &m->nodes[i + 1], err)))
@@ -780,6 +776,9 @@ static int32_t convt_window(spn_model_t *m, int i, const subpix_dim_t d[2], spn_
 }
 
 static int32_t convt_subpixel(spn_model_t *m, spn_error_t *err) {
+  /* SPINDLE_SUBPIXEL=window: the one-Conv form everywhere, for comparison */
+  const char *mode = getenv("SPINDLE_SUBPIXEL");
+  bool window_only = mode && !strcmp(mode, "window");
   int n0 = m->n_node;
   for (int i = 0; i < n0; i++) {
     spn_node_t *c = &m->nodes[i];
@@ -804,11 +803,9 @@ static int32_t convt_subpixel(spn_model_t *m, spn_error_t *err) {
     if (!ok || d[0].s != d[1].s)
       continue;
     /* Each phase a Conv of its own taps where every phase has taps and
-     * non-negative pads (SPINDLE_SUBPIXEL=window: the one-Conv form, for
-     * comparison); otherwise one Conv over the common window. */
+     * non-negative pads; otherwise one Conv over the common window. */
     subpix_dim_t ph[2][8];
-    const char *mode = getenv("SPINDLE_SUBPIXEL");
-    bool phased = d[0].s <= 8 && !(mode && !strcmp(mode, "window"));
+    bool phased = d[0].s <= 8 && !window_only;
     for (int a = 0; a < 2 && phased; a++)
       for (int64_t r = 0; r < d[a].s && phased; r++)
         phased = subpix_phase(&d[a], r, &ph[a][r]);
