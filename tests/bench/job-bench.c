@@ -48,6 +48,7 @@
 
 #include "jobs-internal.h"
 #include "proto-internal.h"
+#include "../jobs/sqlite-files.h"
 
 static double now_s(void) { return spn__mono_s(); }
 
@@ -110,23 +111,13 @@ static int srv_start(srv_t *v, uint32_t workers, int port, bool sync_full, const
   return 0;
 }
 
-/* A SQLite queue file and its WAL and shared-memory files. */
-static void remove_db(const char *path) {
-  char p[96];
-  unlink(path);
-  snprintf(p, sizeof p, "%s-wal", path);
-  unlink(p);
-  snprintf(p, sizeof p, "%s-shm", path);
-  unlink(p);
-}
-
 static void srv_stop(srv_t *v) {
   spn_server_stop(v->s);
   pthread_join(v->th, NULL);
   spn_server_free(&v->s);
   spn_test_runner_free(&v->runner);
   spn_server_config_clear(&v->cfg);
-  remove_db(v->db);
+  remove_sqlite_files(v->db);
 }
 
 static const char submit_body[] = "{\"req\":1,\"pipeline\":\"noop\"}";
@@ -678,7 +669,7 @@ int main(int argc, char **argv) {
     close(rfd);
     spn_queue_config_t qc = {.path = rp, .backoff_base_ms = 1000, .backoff_max_ms = 8000, .seed = 1};
     retention(&qc, "sqlite", n_disp * 4);
-    remove_db(rp);
+    remove_sqlite_files(rp);
   }
 
   /* ---- 4. the same on the Redis queue, beside raw Redis ---- */

@@ -23,6 +23,7 @@
 
 #include "jobs-internal.h"
 #include "redis-fixture.h"
+#include "sqlite-files.h"
 
 #define T0 1700000000000LL
 #define PARENT "{\"pipeline\":\"transcode\",\"segments\":{}}"
@@ -86,12 +87,7 @@ static int teardown(void **state) {
       rc = -1;
     *state = f->srv;
   } else {
-    char side[80];
-    unlink(f->path);
-    snprintf(side, sizeof side, "%s-wal", f->path);
-    unlink(side);
-    snprintf(side, sizeof side, "%s-shm", f->path);
-    unlink(side);
+    remove_sqlite_files(f->path);
     *state = NULL;
   }
   spn_queue_free(&f->q);

@@ -30,6 +30,7 @@
 #include "jobs-internal.h"
 #include "observe.h"
 #include "redis-fixture.h"
+#include "sqlite-files.h"
 
 #define T0 1700000000000LL
 #define SPEC "{\"pipeline\":\"copy\"}"
@@ -430,12 +431,7 @@ static void test_group_commit_and_durability(void **state) {
     spn__queue_job_clear(&j);
   }
   spn_queue_free(&q);
-  char aux[64];
-  unlink(path);
-  snprintf(aux, sizeof aux, "%s-wal", path);
-  unlink(aux);
-  snprintf(aux, sizeof aux, "%s-shm", path);
-  unlink(aux);
+  remove_sqlite_files(path);
 }
 
 static int64_t wall_ms(void) {
@@ -951,12 +947,7 @@ static void test_sqlite_file_from_before_transfers(void **state) {
   assert_memory_equal(&j.xfer, &x, sizeof x);
   spn__queue_job_clear(&j);
   spn_queue_free(&q);
-  static const char *const sfx[] = {"", "-wal", "-shm"};
-  for (size_t i = 0; i < 3; i++) {
-    char p[64];
-    snprintf(p, sizeof p, "%s%s", path, sfx[i]);
-    unlink(p);
-  }
+  remove_sqlite_files(path);
 }
 
 /* The waiting mirror (P waiting, group "spindle") that KEDA scales 0 -> N
