@@ -48,10 +48,13 @@ typedef struct pipeline_runner {
   size_t n;
   spn_job_runner_t fallback; /* .run NULL: none */
   /* Segments: the media plugin's split/join table, found once at creation
-   * in the loaded encode plugin (NULL: none loaded; segmented jobs are
-   * refused). The handle only pins the library. */
+   * in the loaded plugin that exports it (NULL: none loaded; segmented
+   * jobs are refused). The handle only pins the library; seg_file is its
+   * file as the runtime names it, so that the encoder kinds the table
+   * lists are known to be that library's (is_encoder). */
   const spn_segment_api_t *seg;
   void *seg_lib;
+  char *seg_file;
   double cancel_grace_s; /* spn__pipeline_runner_set_cancel_grace; 0: wait for ever */
   atomic_bool wedged;    /* a run was abandoned inside a stage's call */
 } pipeline_runner_t;
@@ -180,29 +183,58 @@ static int32_t job_overrides(const pr_entry_t *e, const spn_job_spec_t *job, cha
   return rc;
 }
 
-/* An output bound to an encode stage ("encode.path"): the media plugin can
- * pick a container from its name. Said at SUBMIT, not after the job has
- * decoded its first frames (and not retried as a failure that a retry would
- * meet again). */
-static int32_t check_encoded(const pipeline_runner_t *r, const pr_entry_t *e, const spn_job_io_t *out,
-                             spn_error_t *err) {
-  if (!r->seg || r->seg->struct_size < offsetof(spn_segment_api_t, check_output) + sizeof r->seg->check_output ||
-      !r->seg->check_output)
-    return SPN_OK;
-  const char *t = binding_target(e->pipe, SPN_BINDING_OUTPUT, out->name);
+#define SEG_HAS(api, field) ((api)->struct_size >= offsetof(spn_segment_api_t, field) + sizeof(api)->field)
+
+/* Whether `kind` is one of the media plugin's encoders: named in its
+ * segment table's list and registered by that library (not a user
+ * plugin's kind that happens to share a name prefix: kind names are
+ * unique in a runtime, so the name and the file settle it). */
+static bool is_encoder(const pipeline_runner_t *r, const char *kind) {
+  if (!r->seg || !kind || !SEG_HAS(r->seg, encoders) || !r->seg->encoders)
+    return false;
+  bool listed = false;
+  for (const char *const *k = r->seg->encoders; *k && !listed; k++)
+    listed = !strcmp(*k, kind);
+  for (size_t i = 0; listed && i < spn_runtime_kind_count(r->rt); i++) {
+    const char *file = NULL;
+    const spn_stage_kind_t *k = spn_runtime_kind_at(r->rt, i, &file);
+    if (k && k->name && !strcmp(k->name, kind))
+      return file && r->seg_file && !strcmp(file, r->seg_file);
+  }
+  return false;
+}
+
+/* The kind of the stage that job output `name` is bound to, and whether
+ * the binding is its "path" (NULL: not bound, or the stage is unknown). */
+static const char *output_kind(const pr_entry_t *e, const char *name, bool *is_path) {
+  const char *t = binding_target(e->pipe, SPN_BINDING_OUTPUT, name);
   const char *dot = t ? strchr(t, '.') : NULL;
   for (size_t i = 0; dot && i < spn_pipeline_stage_count(e->pipe); i++) {
-    const char *name = spn_pipeline_stage_time(e->pipe, i, NULL);
-    const char *kind = spn_pipeline_stage_kind(e->pipe, i);
-    if (!name || strlen(name) != (size_t)(dot - t) || strncmp(name, t, (size_t)(dot - t)) || !kind ||
-        strncmp(kind, "encode", 6) != 0)
-      continue;
-    int32_t rc = r->seg->check_output(out->path, err);
-    if (rc != SPN_OK)
-      spn_error_prefix(err, "pipeline \"%s\": output %s", e->name, out->name);
-    return rc;
+    const char *stage = spn_pipeline_stage_time(e->pipe, i, NULL);
+    if (stage && strlen(stage) == (size_t)(dot - t) && !strncmp(stage, t, (size_t)(dot - t))) {
+      *is_path = !strcmp(dot + 1, "path");
+      return spn_pipeline_stage_kind(e->pipe, i);
+    }
   }
-  return SPN_OK;
+  return NULL;
+}
+
+/* An output written by one of the media plugin's encoders ("encode.path"):
+ * the plugin can pick a container from its name. Said at SUBMIT, not after
+ * the job has decoded its first frames (and not retried as a failure that
+ * a retry would meet again). Outputs of other stages (a user plugin's own
+ * writer, filesink) are theirs to judge. */
+static int32_t check_encoded(const pipeline_runner_t *r, const pr_entry_t *e, const spn_job_io_t *out,
+                             spn_error_t *err) {
+  if (!r->seg || !SEG_HAS(r->seg, check_output) || !r->seg->check_output)
+    return SPN_OK;
+  bool is_path = false;
+  if (!is_encoder(r, output_kind(e, out->name, &is_path)) || !is_path)
+    return SPN_OK;
+  int32_t rc = r->seg->check_output(out->path, err);
+  if (rc != SPN_OK)
+    spn_error_prefix(err, "pipeline \"%s\": output %s", e->name, out->name);
+  return rc;
 }
 
 static int32_t pr_check(void *data, const spn_job_spec_t *job, spn_error_t *err) {
@@ -258,6 +290,13 @@ static int32_t pr_segment_plan(void *data, const spn_job_spec_t *job, uint32_t s
   if (job->n_outputs != 1)
     return spn_error_set(err, SPN_EINVAL, "\"%s\": a segmented job has exactly one output to join, this one has %zu",
                          field, job->n_outputs);
+  bool is_path = false;
+  const char *okind = output_kind(e, job->outputs[0].name, &is_path);
+  if (!is_encoder(r, okind) || !is_path)
+    return spn_error_set(err, SPN_EINVAL,
+                         "\"%s\": output \"%s\" is written by a stage of kind \"%s\", not by a media encoder's "
+                         "path: its parts could not be joined",
+                         field, job->outputs[0].name, okind ? okind : "(none)");
   /* The input to cut: the first whose stage takes a per-job start and
    * duration beside its path (the decode stage). */
   const spn_job_io_t *in = NULL;
@@ -529,13 +568,16 @@ out:
   return rc;
 }
 
-/* The split/join table of the loaded encode plugin, if any. RTLD_NOLOAD:
- * only a library the runtime already loaded and checked is used. */
-static void seg_lookup(pipeline_runner_t *r, spn_runtime_t *rt) {
+/* The split/join table of the loaded plugin that exports one (the media
+ * plugin), if any: looked for in every loaded plugin's library, not by
+ * kind name. RTLD_NOLOAD: only a library the runtime already loaded and
+ * checked is used. A table must have keyframes and join; check_output and
+ * encoders are newer (SEG_HAS). */
+static int32_t seg_lookup(pipeline_runner_t *r, spn_runtime_t *rt, spn_error_t *err) {
   for (size_t i = 0; i < spn_runtime_kind_count(rt) && !r->seg; i++) {
     const char *file = NULL;
     const spn_stage_kind_t *k = spn_runtime_kind_at(rt, i, &file);
-    if (!k || !file || !k->name || strncmp(k->name, "encode", 6) != 0)
+    if (!k || !file)
       continue;
     void *lib = dlopen(file, RTLD_NOW | RTLD_NOLOAD);
     if (!lib)
@@ -543,13 +585,18 @@ static void seg_lookup(pipeline_runner_t *r, spn_runtime_t *rt) {
     spn_segment_api_fn fn;
     *(void **)&fn = dlsym(lib, SPN_SEGMENT_API_SYMBOL);
     const spn_segment_api_t *api = fn ? fn() : NULL;
-    if (api && api->struct_size >= sizeof *api && api->keyframes && api->join) {
+    if (api && SEG_HAS(api, join) && api->keyframes && api->join) {
+      if (!(r->seg_file = strdup(file))) {
+        dlclose(lib);
+        return spn_error_set(err, SPN_ENOMEM, "pipeline runner: out of memory");
+      }
       r->seg = api;
       r->seg_lib = lib;
     } else {
       dlclose(lib);
     }
   }
+  return SPN_OK;
 }
 
 int32_t spn_pipeline_runner_new(spn_runtime_t *rt, const spn_pipeline_def_t *defs, size_t n,
@@ -586,7 +633,7 @@ int32_t spn_pipeline_runner_new(spn_runtime_t *rt, const spn_pipeline_def_t *def
     r->n++;
   }
   if (rc == SPN_OK)
-    seg_lookup(r, rt);
+    rc = seg_lookup(r, rt, err);
   *out = (spn_job_runner_t){.data = r, .run = pr_run, .has_pipeline = pr_has_pipeline, .check = pr_check,
                             .segment_plan = pr_segment_plan};
   if (rc != SPN_OK)
@@ -816,6 +863,7 @@ void spn_pipeline_runner_free(spn_job_runner_t *runner) {
     free(r->entries);
     if (r->seg_lib)
       dlclose(r->seg_lib);
+    free(r->seg_file);
     free(r);
   }
   memset(runner, 0, sizeof *runner);

@@ -652,11 +652,15 @@ out:
   return rc;
 }
 
+/* stage-encode.c's kinds: both write the per-job "path". */
+static const char *const encoder_kinds[] = {"encode", "encode_av", NULL};
+
 static const spn_segment_api_t segment_api = {
     .struct_size = sizeof(spn_segment_api_t),
     .keyframes = seg_keyframes,
     .join = seg_join,
     .check_output = spn_encoder_check_container,
+    .encoders = encoder_kinds,
 };
 
 SPN_PLUGIN_EXPORT const spn_segment_api_t *spindle_segment_api(void) { return &segment_api; }

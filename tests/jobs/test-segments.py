@@ -28,7 +28,10 @@ Cases:
            runs again when its lease expires.
   bad      segment requests that cannot work fail at submit with the field
            named: 0, negative, a fraction, both fields, more segments than
-           keyframes, an input with no video, a non-media pipeline; a
+           keyframes, an input with no video, a non-media pipeline, an
+           output written by a user's plugin whose kind is named like an
+           encoder ("encode_raw", which also runs unsegmented with a
+           non-media output name: no container check for it); a
            damaged clip accepted with tolerate_errors in 4 segments: the
            segments that met the damage list the decoder's errors as
            warnings, and the job lists them all, each prefixed with its
@@ -64,7 +67,20 @@ def make_clip(path, seconds=60, size="160x120"):
                     "-pix_fmt", "yuv420p", "-c:a", "aac", "-b:a", "96k", "-shortest", path], check=True)
 
 
-def server_config(tmp, slow_us=0):
+def rawlist_config(tmp):
+    """decode -> encode_raw (tests/jobs/rawwriter.c, a user's plugin whose
+    kind name starts like the media encoders'): one text line per frame."""
+    plugdir = os.path.join(os.environ["SPINDLE_BUILD_ROOT"], "tests", "jobs")
+    check(os.path.exists(os.path.join(plugdir, "libspindle-rawwriter.so")), f"no libspindle-rawwriter.so in {plugdir}")
+    with open(os.path.join(tmp, "rawlist.toml"), "w") as f:
+        f.write(f'[pipeline]\nname = "rawlist"\n[plugins]\npath = ["{plugdir}"]\n'
+                '[pipeline.inputs]\nvideo = "decode.path"\n[pipeline.outputs]\nlist = "list.path"\n'
+                '[[stage]]\nname = "decode"\nkind = "decode"\npath = "in.mp4"\npixel_format = "yuv420p"\n'
+                '[[stage]]\nname = "list"\nkind = "encode_raw"\ninputs = ["decode.video"]\n')
+    return '[[pipeline]]\nname = "rawlist"\nconfig = "rawlist.toml"\n'
+
+
+def server_config(tmp, slow_us=0, extra=""):
     """transcode.toml (veryfast x264), optionally with a `cost` stage that
     sleeps slow_us per frame between decode and encode (sleeps, not spins:
     the slow stage stands for a slow model without taking the CPU that the
@@ -80,7 +96,7 @@ def server_config(tmp, slow_us=0):
     cfg = os.path.join(tmp, "server.toml")
     with open(cfg, "w") as f:
         f.write('[server]\ndevices = "cpu"\n[queue]\nmax_attempts = 3\n'
-                '[[pipeline]]\nname = "transcode"\nconfig = "transcode.toml"\n')
+                '[[pipeline]]\nname = "transcode"\nconfig = "transcode.toml"\n' + extra)
     return cfg
 
 
@@ -285,8 +301,24 @@ def case_bad(tmp):
     clip = f"{tmp}/in.mp4"
     make_clip(clip, seconds=8)  # 4 keyframes
     subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", clip, "-vn", "-c:a", "copy", f"{tmp}/audio.m4a"], check=True)
-    p, ep = mj.start_serve(tmp, server_config(tmp), "--workers", "1")
+    p, ep = mj.start_serve(tmp, server_config(tmp, extra=rawlist_config(tmp)), "--workers", "1")
     os.mkdir(f"{tmp}/out")
+    # A user's writer whose kind is named like an encoder ("encode_raw"):
+    # its output is not media, so its name gets no container check at
+    # submit, and a segmented job through it is refused at submit (the
+    # parts could not be joined), naming the output and the kind. (Before,
+    # the service took any kind starting "encode" for the media encoder.)
+    r = cli("submit", "rawlist", "--input", f"video={clip}", "--output", f"list={tmp}/out/frames.txt", "--wait",
+            "--connect", ep, check_rc=None)
+    check(r.returncode == 0, f"rawlist to frames.txt: exit {r.returncode}, {r.stderr!r}")
+    lines = open(f"{tmp}/out/frames.txt").read().splitlines()
+    check(len(lines) == 200 and lines[0] == "seq 0, 28800 bytes", f"frames.txt: {len(lines)} lines, {lines[:1]}")
+    os.unlink(f"{tmp}/out/frames.txt")
+    r = cli("submit", "rawlist", "--input", f"video={clip}", "--output", f"list={tmp}/out/x.txt", "--segments", "2",
+            "--connect", ep, check_rc=None)
+    want = ('"segments": output "list" is written by a stage of kind "encode_raw", not by a media encoder\'s path: '
+            'its parts could not be joined')
+    check(r.returncode == 5 and want in r.stderr.decode(), f"rawlist in segments: exit {r.returncode}, {r.stderr!r}")
     cases = [
         (["--segments", "0"], clip, '"segments" must be an integer'),
         (["--segments", "-3"], clip, '"segments" must be an integer'),

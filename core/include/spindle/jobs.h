@@ -165,6 +165,12 @@ typedef struct spn_segment_api {
    * service asks at SUBMIT for each output bound to an encode stage. Newer
    * than the two above: present when struct_size covers it. */
   int32_t (*check_output)(const char *path, spn_error_t *err);
+  /* The stage kinds of this plugin whose "path" is a media file they
+   * write (NULL-terminated): the outputs check_output judges and the only
+   * ones a segmented job's parts can be joined from. Newer than
+   * check_output: present when struct_size covers it; NULL or absent: no
+   * output is checked at submit and no job is split. */
+  const char *const *encoders;
 } spn_segment_api_t;
 #define SPN_SEGMENT_API_SYMBOL "spindle_segment_api"
 typedef const spn_segment_api_t *(*spn_segment_api_fn)(void);
