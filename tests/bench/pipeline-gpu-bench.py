@@ -6,6 +6,7 @@ same clips, the same device and the same model files, in one run.
   pipeline-gpu-bench.py --build BUILD_DIR --clips CLIPS_DIR [--out results.json]
                         [--devices cuda|cpu] [--frames N] [--pipelines enhance,lipsync]
                         [--w2l wav2lip.onnx] [--encoder auto|ffmpeg|spindle|cv2] [--no-peer]
+                        [--peer-engine auto|torch|ort] [--peer-threads N]
 
 CLIPS_DIR is what tools/make-bench-clips.sh writes: talking-head-<H>p.mp4
 files and speech.wav. Every clip runs through every pipeline.
@@ -34,7 +35,9 @@ Python peer (Wav2Lip inference.py style), same device and model files:
   Spindle loaded, converted to torch modules by onnx2torch (or OpenCV's Haar
   cascade if Spindle fell back to its Haar cascade), run on batches of 16
   frames, decoded (priors, NMS) in NumPy; crops, resizes and pastes with
-  OpenCV and NumPy on the host; the super-resolution and Wav2Lip models are
+  OpenCV and NumPy on the host (a face box goes through the SR model as one
+  image, as Spindle's stage does when the box is within its `tile`); the
+  super-resolution and Wav2Lip models are
   the same ONNX files through onnx2torch, at each stage's precision from the
   config (fp16 = torch.autocast float16, tf32 = TF32 matmul and convolution,
   fp32); Wav2Lip in batches of the config's batch_size (128) with the mel
@@ -49,6 +52,10 @@ Python peer (Wav2Lip inference.py style), same device and model files:
              own swscale would do);
     cv2      cv2.VideoWriter (MPEG-4 part 2, no audio): not the same encoder,
              reported as such.
+  With --devices cpu the peer's models run in ONNX Runtime's CPU provider
+  (--peer-engine ort, the default there: the faster CPU engine a Python team
+  would pick, with its default threads unless --peer-threads), on NumPy
+  arrays, the same ONNX files; PyTorch on the CPU with --peer-engine torch.
   Timed as Spindle is: the models are loaded and run once before the clock
   starts (one warm-up per model); the clock runs from opening the clip to the
   encoder's exit. The peer counts the bytes it copies between host and device.
@@ -59,9 +66,11 @@ frames/s, bounding stage), each run's stage times and models, and a JSON
 file with everything. Not a test: no figure gates anything.
 
 Needs: a Spindle build (with CUDA for --devices cuda), python3 with numpy,
-onnx, opencv-python(-headless), torch and onnx2torch. Exits 77 without them.
+onnx, opencv-python(-headless), and torch with onnx2torch (the torch peer)
+or onnxruntime (the CPU peer). Exits 77 without what the chosen peer needs.
 """
 import argparse
+import contextlib
 import glob
 import importlib.util
 import json
@@ -83,11 +92,20 @@ try:
     import numpy as np
     import cv2
     import onnx
-    import torch
-    from onnx2torch import convert
 except ImportError as e:  # pragma: no cover
     print(f"SKIP: {e}")
     sys.exit(77)
+# The peer's engine: PyTorch (with onnx2torch) or ONNX Runtime; either may be
+# missing, main() says what the chosen one needs.
+try:
+    import torch
+    from onnx2torch import convert
+except ImportError as e:
+    torch, TORCH_MISSING = None, str(e)
+try:
+    import onnxruntime as ort
+except ImportError as e:
+    ort, ORT_MISSING = None, str(e)
 
 SRC = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 FD_BATCH = 16  # inference.py's face_det_batch_size
@@ -375,6 +393,25 @@ class Peer:
         if self.cuda:
             torch.cuda.synchronize()
 
+    def host(self, t):
+        """A model output as a float32 NumPy array on the host."""
+        return self.down(t.float())
+
+    def fd_input(self, frames):
+        """(B,H,W,3) u8 BGR frames -> RetinaFace's input: BGR minus the means, NCHW float."""
+        x = self.up(np.stack(frames))
+        return x.permute(0, 3, 1, 2).float() - self.fd_mean
+
+    def sr_frame(self, net, prec, bgr):
+        """A BGR u8 image through a float RGB 0..1 SR model; returns BGR u8."""
+        x = self.up(bgr[:, :, ::-1].copy()).permute(2, 0, 1)[None].float().div_(255)
+        y = self.run_model(net, prec, x)
+        y = (y[0].float().clamp_(0, 1).mul_(255).round_()).to(torch.uint8).permute(1, 2, 0)
+        return self.down(y)[:, :, ::-1]
+
+    def no_grad(self):
+        return torch.inference_mode()
+
     def timed(self, name, fn, *a):
         self.sync()
         t0 = time.perf_counter()
@@ -382,6 +419,9 @@ class Peer:
         self.sync()
         self.phase[name] = self.phase.get(name, 0.0) + time.perf_counter() - t0
         return r
+
+    def fd_means(self):
+        return torch.tensor([104.0, 117.0, 123.0], device=self.dev).view(1, 3, 1, 1)
 
     def load(self, path):
         m = fold_identity_weights(onnx.load(path))
@@ -414,7 +454,7 @@ class Peer:
             self.fd_kind = "retinaface"
             self.fd_net = self.load(model)
             self.fd_priors = {}
-            self.fd_mean = torch.tensor([104.0, 117.0, 123.0], device=self.dev).view(1, 3, 1, 1)
+            self.fd_mean = self.fd_means()
         else:
             # Spindle fell back to its Haar cascade: the same cascade in OpenCV
             self.fd_kind = "haar"
@@ -461,10 +501,9 @@ class Peer:
         h, w = frames[0].shape[:2]
         p = self.priors(h, w)
         for i in range(0, len(frames), FD_BATCH):
-            x = self.up(np.stack(frames[i:i + FD_BATCH]))  # (B,H,W,3) u8 BGR
-            x = x.permute(0, 3, 1, 2).float() - self.fd_mean
+            x = self.fd_input(frames[i:i + FD_BATCH])
             loc, conf, _ = self.run_model(self.fd_net, self.fd_prec, x)
-            loc, conf = self.down(loc.float()), self.down(conf[..., 1].float())
+            loc, conf = self.host(loc), self.host(conf)[..., 1]
             for b in range(loc.shape[0]):
                 idx = np.where(conf[b] > thr)[0]
                 idx = idx[conf[b][idx].argsort()[::-1][:top_k]]
@@ -608,12 +647,63 @@ def read_frames(clip, n):
     return frames
 
 
+class OrtPeer(Peer):
+    """The same pipeline with the models in ONNX Runtime on the CPU (what a
+    Python team without a GPU runs: ORT's CPU provider with its default
+    threads, NumPy arrays in and out). Same files, same steps; nothing
+    crosses a bus, so no bytes are counted."""
+
+    def __init__(self, threads=0, w2l_batch=128):
+        self.cuda = False
+        self.h2d = self.d2h = 0
+        self.phase = {}
+        self.w2l_batch = w2l_batch
+        self.threads = threads
+        self.mel_mod = load_script(os.path.join(SRC, "tests", "media", "test-mel.py"), "spn_bench_mel")
+
+    def up(self, a):
+        return np.ascontiguousarray(a)
+
+    def down(self, t):
+        return t
+
+    def sync(self):
+        pass
+
+    def host(self, t):
+        return np.asarray(t, np.float32)
+
+    def fd_means(self):
+        return np.array([104.0, 117.0, 123.0], np.float32).reshape(1, 3, 1, 1)
+
+    def fd_input(self, frames):
+        return np.ascontiguousarray(np.stack(frames).transpose(0, 3, 1, 2).astype(np.float32) - self.fd_mean)
+
+    def sr_frame(self, net, prec, bgr):
+        x = np.ascontiguousarray(bgr[:, :, ::-1].transpose(2, 0, 1)[None], np.float32) / 255.0
+        y = self.run_model(net, prec, x)
+        y = (np.clip(y[0], 0, 1) * 255.0).round().astype(np.uint8).transpose(1, 2, 0)
+        return np.ascontiguousarray(y[:, :, ::-1])
+
+    def no_grad(self):
+        return contextlib.nullcontext()
+
+    def load(self, path):
+        so = ort.SessionOptions()
+        if self.threads:
+            so.intra_op_num_threads = self.threads
+        net = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        net.spn_inputs = [i.name for i in net.get_inputs()]
+        return net
+
+    def run_model(self, net, prec, *xs):
+        # the CPU computes in fp32 whatever the config asks, as Spindle's does
+        out = net.run(None, {n: np.ascontiguousarray(x, np.float32) for n, x in zip(net.spn_inputs, xs)})
+        return out[0] if len(out) == 1 else out
+
+
 def sr_frame(peer, net, prec, bgr):
-    """A BGR u8 image through a float RGB 0..1 SR model; returns BGR u8."""
-    x = peer.up(bgr[:, :, ::-1].copy()).permute(2, 0, 1)[None].float().div_(255)
-    y = peer.run_model(net, prec, x)
-    y = (y[0].float().clamp_(0, 1).mul_(255).round_()).to(torch.uint8).permute(1, 2, 0)
-    return peer.down(y)[:, :, ::-1]
+    return peer.sr_frame(net, prec, bgr)
 
 
 def peer_enhance(peer, clip, n, doc, models, writer_kind, out, spindle):
@@ -735,7 +825,7 @@ def peer_lipsync(peer, clip, wav, n, doc, models, w2l, writer_kind, out, spindle
 
             def infer():
                 pred = peer.run_w2l(w2l_net, w2l_prec, peer.up(mel), peer.up(img))
-                return peer.down(pred.float()).transpose(0, 2, 3, 1) * 255.0
+                return peer.host(pred).transpose(0, 2, 3, 1) * 255.0
             pred = peer.timed("wav2lip", infer)
 
             def paste_all():
@@ -778,6 +868,11 @@ def main():
     ap.add_argument("--gpu-decode-both", action="store_true",
                     help="also run the GPU part with faces.gpu_decode=false (the detector's raw outputs copied "
                          "back and decoded on the host) and report both")
+    ap.add_argument("--peer-engine", default="auto", choices=("auto", "torch", "ort"),
+                    help="the Python pipeline's models: PyTorch (onnx2torch) or ONNX Runtime's CPU provider "
+                         "(auto: torch with --devices cuda, ONNX Runtime with --devices cpu)")
+    ap.add_argument("--peer-threads", type=int, default=0,
+                    help="ONNX Runtime's intra-op threads for the peer (0: its default, one per core)")
     ap.add_argument("--no-peer", action="store_true",
                     help="Spindle's runs only, no Python pipeline (for comparing Spindle's settings with each "
                          "other; the ratio column then stays empty)")
@@ -786,6 +881,16 @@ def main():
         print("SKIP: needs Python 3.11 (tomllib)")
         return 77
     cuda = a.devices.startswith("cuda")
+    engine = a.peer_engine if a.peer_engine != "auto" else "torch" if cuda else "ort"
+    if engine == "ort" and cuda:
+        print("--peer-engine ort runs on the CPU: with --devices cuda the peer is torch")
+        return 2
+    if engine == "torch" and torch is None:
+        print(f"SKIP: the torch peer needs torch and onnx2torch ({TORCH_MISSING})")
+        return 77
+    if engine == "ort" and ort is None:
+        print(f"SKIP: the ONNX Runtime peer needs onnxruntime ({ORT_MISSING})")
+        return 77
     if cuda and not torch.cuda.is_available():
         print("SKIP: torch sees no CUDA device")
         return 77
@@ -812,7 +917,8 @@ def main():
     torch_dev = "cuda:0" if cuda else "cpu"
     nvml = NvmlPcie.create() if cuda else None
     gpu = torch.cuda.get_device_name(0) if cuda else "CPU"
-    print(f"device: {a.devices} ({gpu}); torch {torch.__version__}, cv2 {cv2.__version__}; "
+    peer_lib = f"torch {torch.__version__}" if engine == "torch" else f"onnxruntime {ort.__version__}"
+    print(f"device: {a.devices} ({gpu}); peer models: {peer_lib}, cv2 {cv2.__version__}; "
           f"peer encoder: {enc_kind}; Wav2Lip: {a.w2l or 'random weights, real shape'}")
     results = []
     for pipe in pipelines:
@@ -879,11 +985,11 @@ def main():
                       f"{r['gpu_part']['frames_per_s']:.1f} frames/s (no Python peer)", flush=True)
                 continue
             # the peer, on the same frames (Spindle's count)
-            peer = Peer(torch_dev)
+            peer = Peer(torch_dev) if engine == "torch" else OrtPeer(a.peer_threads)
             out = os.path.join(work, tag + "-python.mp4")
             n = full["frames"] if a.frames else 0
             try:
-                with torch.inference_mode():
+                with peer.no_grad():
                     if pipe == "enhance":
                         pn, pt, extra = peer_enhance(peer, clip, n, doc, full["models"], enc_kind, out, spindle)
                     else:
@@ -905,7 +1011,7 @@ def main():
                   f"frames/s{cold('gpu_part')}", flush=True)
 
     with open(a.out, "w") as f:
-        json.dump({"device": a.devices, "gpu": gpu, "torch": torch.__version__, "peer_encoder": enc_kind,
+        json.dump({"device": a.devices, "gpu": gpu, "peer_models": peer_lib, "peer_encoder": enc_kind,
                    "wav2lip": a.w2l or "random weights (tests/lipsync/make-w2l-model.py --arch wav2lip --width 1.0)",
                    "frames_limit": a.frames, "spindle_sets": a.set, "spindle_repeat": a.repeat,
                    "results": results}, f, indent=1)
@@ -935,10 +1041,13 @@ def print_report(results, a, gpu, enc_kind):
         fout = fin / (r["scale"] * r["scale"])
         print(f"| {r['pipeline']} | {res} | {s['frames']} | {s['frames_per_s']:.1f} | {pf} | {ratio} | "
               f"{x:,.0f}{mark} | {fin:.2f} / {fout:.2f} | {g['frames_per_s']:.1f} | {bn} ({100 * bs:.0f}%) |")
-    print("\nTargets (met / missed): Spindle >= 5x the Python frames/s; GPU part >= 900 frames/s at 720p; "
-          "at most one output frame over PCIe per output frame\n")
+    if not a.devices.startswith("cuda"):
+        print("\n(CPU run: the targets are the GPU's; the \"GPU part\" column is the pipeline without its encoder.)")
+    else:
+        print("\nTargets (met / missed): Spindle >= 5x the Python frames/s; GPU part >= 900 frames/s at 720p; "
+              "at most one output frame over PCIe per output frame\n")
     for r in results:
-        if "spindle" not in r:
+        if "spindle" not in r or not a.devices.startswith("cuda"):
             continue
         x = r["spindle"]["transfers_per_frame"]["pcie"] / (r["width"] * r["height"] * 3 * r["scale"] ** 2)
         checks = [("ratio >= 5", r["ratio"] >= 5 if "ratio" in r else None),
@@ -1001,7 +1110,8 @@ def print_report(results, a, gpu, enc_kind):
         for label, k in (("Spindle", s), ("GPU part", g)):
             c = k.get("cold")
             if c:
-                print(f"  - {label}, first run (cold: cuDNN algorithm choice, CUDA Graph capture): "
+                why = " (cold: cuDNN algorithm choice, CUDA Graph capture)" if a.devices.startswith("cuda") else ""
+                print(f"  - {label}, first run{why}: "
                       f"{c['frames_per_s']:.1f} frames/s; " +
                       ", ".join(f"{st['name']} {st['busy_ms']:.0f} ms" for st in c["stages"]))
         p = r.get("python", {})
