@@ -18,6 +18,9 @@ NumPy) exactly; inside it, away from the feather band, it equals the model
 run on the crop alone (bit for bit the stage run on the crop as a frame, and
 the NumPy operator within rounding); a frame without faces is the bilinear
 upscale only.
+
+The shipped lipsync config's tile_pad: the embedded ESPCN tiled with it
+equals the untiled output, and with one pixel less it does not.
 """
 import json
 import os
@@ -153,6 +156,33 @@ def faces_mode(tmp, frames, W, H, model):
           f'an unknown region fails create naming it: {line}')
 
 
+def shipped_pad(tmp, W, H, frames):
+    """configs/lipsync.toml's superres (the embedded ESPCN, its tile_pad)
+    tiled at 48 gives the untiled output, and one pixel less of context
+    does not: the shipped pad is the model's receptive radius, no less."""
+    import tomllib
+    src = os.environ.get('SPINDLE_SOURCE_ROOT') or os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..')
+    with open(os.path.join(src, 'configs', 'lipsync.toml'), 'rb') as f:
+        sr = next(s for s in tomllib.load(f)['stage'] if s['kind'] == 'superres')
+    model = os.path.normpath(os.path.join(src, 'configs', sr['model']))
+    pad = int(sr.get('tile_pad', 10))
+
+    def run(tile, p):
+        rc, lines, _ = drive(tmp, W, H, 1, [f'model = "{model}"', f'tile = {tile}', f'tile_pad = {p}'],
+                             [f'1:{frames[0][1]}'])
+        ups = [l for l in lines if l.get('frame')]
+        check(rc == 0 and len(ups) == 1, f'ESPCN, tile {tile}, pad {p}: ran (exit {rc}, {lines[:1]})')
+        return np.fromfile(ups[0]['file'], np.uint8).astype(int) if ups else np.zeros(1, int)
+
+    whole = run(8192, 0)
+    d = np.abs(run(48, pad) - whole)
+    check(d.max() <= 1 and (d == 0).mean() >= 0.999,
+          f'lipsync.toml: ESPCN in tiles of 48 with its tile_pad {pad} = untiled (max diff {d.max()}, '
+          f'{(d == 0).mean() * 100:.3f}% identical)')
+    d = np.abs(run(48, pad - 1) - whole)
+    check(d.max() > 2, f'ESPCN with tile_pad {pad - 1} shows seams (max diff {d.max()}): {pad} is its radius')
+
+
 def main():
     W, H = 200, 150
     rng = np.random.default_rng(5)
@@ -210,6 +240,7 @@ def main():
         check('create_error' in line and 'spindle model fetch realesr-animevideov3-x4' in line['create_error'],
               f'required model not fetched: create fails saying how to fetch it: {line}')
         faces_mode(tmp, frames, W, H, model)
+        shipped_pad(tmp, W, H, frames)
     print(f'superres-stage: {passed} passed, {failed} failed')
     sys.exit(1 if failed else 0)
 
