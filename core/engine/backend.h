@@ -51,6 +51,14 @@ typedef struct spn_backend_iface {
    * backend's arena, at r->bws[slot] during runs. NULL: no scratch.
    * Thread: any run. */
   int32_t (*prepare_shape)(spn_backend_t *b, struct spn_run *r, size_t *scratch);
+  /* Whether node n, prepared here, holds its own copy of the constant it
+   * reads as input k (k >= n->n_in: post-op k - n->n_in's operand) and
+   * never reads the model's host data of it again: not in prepare_shape,
+   * not in compute. Once every live node reading a constant says so, the
+   * engine frees that host data at the end of the load (a GPU model's
+   * weights, uploaded at prepare, are then held once, on the GPU). NULL:
+   * it reads them (the CPU). Thread: load. */
+  bool (*owns_const)(spn_backend_t *b, const struct spn_model *m, const struct spn_node *n, int k);
   /* Free n->bctx. Thread: model destruction. */
   void (*node_free)(spn_backend_t *b, struct spn_node *n);
   /* Compute the nodes of [first, last) placed on this backend (others, dead

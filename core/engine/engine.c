@@ -13,6 +13,9 @@
  */
 #include <errno.h>
 #include <limits.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -463,6 +466,17 @@ static void load_peers(spn_engine_t *eng, spn_model_t *m, const uint8_t *buf, si
   }
 }
 
+/* A load frees much of what it allocated (the file's bytes, the weights a
+ * pass replaced, a device model's host copies of what it uploaded), in
+ * blocks of a few MB that glibc keeps on its heap once its mmap threshold
+ * has grown past them: resident, though free. Hand the free pages back to
+ * the system, once per file loaded (Wav2Lip on a GPU: ~300 MB). */
+static void give_back_load_memory(void) {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
+
 int32_t spn_engine_load_opts(spn_engine_t *eng, const char *path, const spn_model_opts_t *opts,
                              spn_model_t **out, spn_error_t *err) {
   if (!eng || !path || !out)
@@ -545,6 +559,8 @@ out:
   if (f)
     fclose(f);
   free(buf);
+  if (m)
+    give_back_load_memory();
   pthread_mutex_lock(&eng->lock);
   if (m) {
     register_model(eng, m);

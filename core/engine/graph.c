@@ -1147,17 +1147,51 @@ static bool attr_tensor_read(const spn_model_t *m, int vi) {
   return false;
 }
 
-/* Constants no live node reads any more (as input or post-op operand, as
- * count_uses counted them after the last pass, or as tensor attribute), nor
- * a graph output: the weights a pass replaced (a Conv's before
- * BatchNormalization or a scale was folded in, a ConvTranspose's before it
- * became convolutions) and what folding used up. Their memory goes back at
- * load; the values keep name, type and shape. (Wav2Lip on the CPU, 145 MB
- * of weights: 495 MB resident after load with them, 318 MB without.) */
+/* Whether every live node that reads constant v keeps its own copy of it
+ * (backend owns_const: a device backend's uploaded weights), so the host
+ * data is read by no one after the load. False for a constant no node
+ * reads (drop_unread_consts' case) and for any reader on the CPU. */
+static bool consts_owned_by_readers(const spn_model_t *m, int v) {
+  spn_backend_t *const *bk = m->shared ? m->shared->backends : NULL;
+  int readers = 0;
+  for (int i = 0; i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    if (n->dead)
+      continue;
+    for (int k = 0; k < n->n_in + n->n_post; k++) {
+      int vi = k < n->n_in ? n->in[k] : n->post[k - n->n_in].val;
+      if (k >= n->n_in && n->post[k - n->n_in].kind != SPN_POST_ADD && n->post[k - n->n_in].kind != SPN_POST_PRELU)
+        vi = -1;
+      if (vi != v)
+        continue;
+      const spn_backend_t *b = bk && !n->shape_class ? bk[n->backend] : NULL;
+      if (!b || !b->iface->owns_const || !b->iface->owns_const((spn_backend_t *)b, m, n, k))
+        return false;
+      readers++;
+    }
+  }
+  return readers > 0;
+}
+
+/* Frees the host data of the constants nobody reads after the load, nor a
+ * graph output nor a tensor attribute's source:
+ * - those no live node reads any more (as input or post-op operand, as
+ *   count_uses counted them after the last pass): the weights a pass
+ *   replaced (a Conv's before BatchNormalization or a scale was folded in,
+ *   a ConvTranspose's before it became convolutions) and what folding used
+ *   up (Wav2Lip on the CPU, 145 MB of weights: 495 MB resident after load
+ *   with them, 318 MB without);
+ * - in a model on a device, those every reader keeps its own copy of
+ *   (backend owns_const): the weights prepare uploaded, which were held
+ *   twice, on the GPU and here.
+ * The values keep name, type and shape. */
 static void drop_unread_consts(spn_model_t *m) {
+  bool device = m->dev_slot != SPN_BACKEND_CPU;
   for (int v = 0; v < m->n_val; v++) {
     spn_value_t *c = &m->vals[v];
-    if (c->kind != SPN_VAL_CONST || !c->data || c->n_uses > 0 || c->is_output || attr_tensor_read(m, v))
+    if (c->kind != SPN_VAL_CONST || !c->data || c->is_output || attr_tensor_read(m, v))
+      continue;
+    if (c->n_uses > 0 && !(device && consts_owned_by_readers(m, v)))
       continue;
     free(c->data);
     c->data = NULL;

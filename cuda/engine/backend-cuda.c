@@ -606,6 +606,22 @@ static int32_t cu_prepare(spn_backend_t *b, spn_model_t *m, spn_node_t *n, spn_e
   return rc;
 }
 
+/* A constant input the kernels read from its device copy (read_on_device;
+ * in_ptr, h_operand), or a constant post-op operand (post_c): prepare made
+ * the copy from the host data and nothing reads that again. The constants
+ * read on the host (shapes, scales, pads, Clip bounds) are not owned: they
+ * were uploaded too, but compute and prepare_shape read the host copy. */
+static bool cu_owns_const(spn_backend_t *b, const spn_model_t *m, const spn_node_t *n, int k) {
+  (void)b;
+  (void)m;
+  const cu_node_t *c = n->bctx;
+  if (!c)
+    return false;
+  if (k < n->n_in)
+    return k < c->n_c && c->cdata[k] && read_on_device(n->op, k);
+  return k - n->n_in < n->n_post && c->post_c[k - n->n_in];
+}
+
 /* ---- helpers on the run path ---- */
 
 static const void *in_ptr(const spn_run_t *r, const spn_node_t *n, int k) {
@@ -2250,6 +2266,7 @@ static const spn_backend_iface_t cu_iface = {
     .supports = cu_supports,
     .prepare = cu_prepare,
     .prepare_shape = cu_prepare_shape,
+    .owns_const = cu_owns_const,
     .node_free = cu_node_free,
     .compute = cu_compute,
     .run_end = cu_run_end,

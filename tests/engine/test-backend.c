@@ -54,6 +54,7 @@ typedef struct {
   void *last_stream;      /* the stream of the last compute */
   bool can_replicate;     /* offer replicate() (peers' weights from one copy) */
   bool replicate_fails;   /* ... which then fails */
+  bool owns_consts;       /* offer owns_const(): compute reads only its own copies of constant inputs */
   _Atomic int weights_copied;   /* constant inputs filled by prepare */
   _Atomic int weights_deferred; /* ... left for replicate */
   int replicates, replicated; /* replicate() calls; models filled by them */
@@ -296,6 +297,14 @@ static int32_t mock_replicate(spn_backend_t *const *bs, spn_model_t *const *ms, 
   return SPN_OK;
 }
 
+/* compute swaps every constant input for its copy (mock_compute), so the
+ * host data is never read after prepare; post-op operands are not copied. */
+static bool mock_owns_const(spn_backend_t *b, const spn_model_t *m, const spn_node_t *n, int k) {
+  (void)b, (void)m;
+  const mock_node_t *c = n->bctx;
+  return c && k < n->n_in && k < 8 && c->data[k];
+}
+
 #define MOCK_IFACE                                                                                     \
   .supports = mock_supports, .prepare = mock_prepare, .node_free = mock_node_free, .compute = mock_compute, \
   .run_end = mock_run_end, .buf_alloc = mock_alloc, .buf_free = mock_buf_free, .to_host = mock_to_host,   \
@@ -303,13 +312,15 @@ static int32_t mock_replicate(spn_backend_t *const *bs, spn_model_t *const *ms, 
   .fence_free = mock_fence_free, .free = mock_free
 static const spn_backend_iface_t mock_iface = {MOCK_IFACE};
 static const spn_backend_iface_t mock_rep_iface = {MOCK_IFACE, .replicate = mock_replicate};
+static const spn_backend_iface_t mock_own_iface = {MOCK_IFACE, .owns_const = mock_owns_const};
 
 static int32_t mock_open(const spn_backend_factory_t *f, int index, spn_backend_t **out, spn_error_t *err) {
   (void)index;
   spn_backend_t *b = calloc(1, sizeof *b);
   if (!b)
     return spn_error_set(err, SPN_ENOMEM, "out of memory");
-  b->iface = ((mock_t *)f->data)->can_replicate ? &mock_rep_iface : &mock_iface;
+  const mock_t *mk = f->data;
+  b->iface = mk->can_replicate ? &mock_rep_iface : mk->owns_consts ? &mock_own_iface : &mock_iface;
   b->device_kind = SPN_DEVICE_CUDA;
   b->mem_kind = SPN_MEM_DEVICE;
   b->host_memory = false;
@@ -469,6 +480,48 @@ static void check_all_on_device(bool typed) {
   spn_model_release(&m);
   spn_model_release(&ref);
   spn_engine_free(&e);
+  free(pm.p);
+}
+
+/* A constant whose every reader keeps its own copy (owns_const) has its
+ * host data freed at the end of the load, and the runs still equal the
+ * CPU's; one read by a node on the CPU, or on a backend that does not say
+ * it owns its copies, keeps it. */
+static void test_owned_consts_freed(void **state) {
+  (void)state;
+  pb_t pm = chain_model();
+  struct { uint64_t ops; bool owns; bool freed; } cases[] = {
+      {OPBIT(RELU) | OPBIT(MUL), true, true},   /* mulk on the mock, which owns its copy of k */
+      {OPBIT(RELU), true, false},               /* mulk on the CPU: reads k's host data */
+      {OPBIT(RELU) | OPBIT(MUL), false, false}, /* a backend without owns_const */
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    mock_t mk;
+    spn_engine_t *e = mock_engine(&mk, cases[c].ops);
+    mk.owns_consts = cases[c].owns;
+    spn_model_t *ref = load(e, &pm, "cpu", NULL);
+    spn_model_t *m = load(e, &pm, "mock:0", NULL);
+    const spn_value_t *k = &m->vals[spn_model_find_value(m, "k")];
+    assert_int_equal(k->kind, SPN_VAL_CONST);
+    if ((k->data == NULL) != cases[c].freed)
+      fail_msg("case %zu: k's host data %s", c, k->data ? "kept" : "freed");
+    assert_non_null(ref->vals[spn_model_find_value(ref, "k")].data); /* the CPU model's own copy */
+    int64_t batches[] = {3, 1, 5};
+    for (int i = 0; i < 3; i++) {
+      spn_tensor_t a[2], b[2];
+      run2(ref, batches[i], a);
+      run2(m, batches[i], b);
+      for (int o = 0; o < 2; o++) {
+        assert_memory_equal(a[o].data, b[o].data, (size_t)batches[i] * 4 * sizeof(float));
+        spn_model_output_free(&a[o]);
+        spn_model_output_free(&b[o]);
+      }
+    }
+    assert_int_equal(mk.bad, 0);
+    spn_model_release(&m);
+    spn_model_release(&ref);
+    spn_engine_free(&e);
+  }
   free(pm.p);
 }
 
@@ -1493,6 +1546,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fallback_places_and_copies),
       cmocka_unit_test(test_all_on_device),
+      cmocka_unit_test(test_owned_consts_freed),
       cmocka_unit_test(test_intermediate_types_known_at_placement),
       cmocka_unit_test(test_fallback_error_refuses),
       cmocka_unit_test(test_bad_options),

@@ -5,7 +5,9 @@
  *  - an element-wise chain with a constant operand, at several batch sizes
  *    (arena re-planning, boundary copies in and out);
  *  - a 3x3 convolution with bias and a fused ReLU (cuDNN's fused path), a
- *    residual Add and a nearest Resize;
+ *    residual Add and a nearest Resize; in the fake-GPU build
+ *    (SPN_TEST_INTERNALS) also that the GPU model freed its host copies of
+ *    the weights and bias and kept the Resize's scales, read on the host;
  *  - out of device memory: a model whose activations need ~256 GB fails that
  *    run with SPN_ENOMEM naming the GPU, and the same model then runs a small
  *    input correctly;
@@ -41,6 +43,18 @@
 #include "../engine/onnx-build.h"
 #include "gpu-skip.h"
 #include "spindle/engine.h"
+#ifdef SPN_TEST_INTERNALS
+#include "../../core/engine/engine-internal.h"
+
+/* Whether constant `name` of m still has host data (the fake-GPU build
+ * links the engine's objects and can look; the GPU build cannot). */
+static void check_host_data(const spn_model_t *m, const char *name, bool held) {
+  int vi = spn_model_find_value(m, name);
+  assert_true(vi >= 0);
+  if ((m->vals[vi].data != NULL) != held)
+    fail_msg("constant '%s' on %s: host data %s", name, spn_model_device(m), held ? "freed" : "still held");
+}
+#endif
 
 static spn_engine_t *eng;
 
@@ -160,6 +174,15 @@ static void test_conv_relu_add_resize(void **state) {
   value_info(&g, 12, "y", -1, NULL);
   pb_t pm = model(&g, 17);
   spn_model_t *cpu = load(&pm, "cpu"), *gpu = load(&pm, "cuda:0");
+#ifdef SPN_TEST_INTERNALS
+  /* The weights the GPU holds are no longer held on the host too; the
+   * Resize's scales, which the backend reads on the host, are; the CPU
+   * model keeps its own. */
+  check_host_data(gpu, "w", false);
+  check_host_data(gpu, "bias", false);
+  check_host_data(gpu, "sc", true);
+  check_host_data(cpu, "w", true);
+#endif
   for (int64_t batch = 1; batch <= 5; batch += 4) {
     size_t n = (size_t)batch * 8 * 12 * 10;
     float *x = malloc(n * sizeof(float));
