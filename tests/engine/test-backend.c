@@ -393,6 +393,15 @@ static void run2(spn_model_t *m, int64_t batch, spn_tensor_t out[2]) {
   free(x);
 }
 
+/* run2's outputs of two models on one batch are equal; frees both pairs. */
+static void outputs_equal(spn_tensor_t a[2], spn_tensor_t b[2], int64_t batch) {
+  for (int o = 0; o < 2; o++) {
+    assert_memory_equal(a[o].data, b[o].data, (size_t)batch * 4 * sizeof(float));
+    spn_model_output_free(&a[o]);
+    spn_model_output_free(&b[o]);
+  }
+}
+
 static spn_model_t *load(spn_engine_t *e, pb_t *pm, const char *device, const char *fallback) {
   spn_model_opts_t o = SPN_MODEL_OPTS_INIT;
   o.device = device;
@@ -441,10 +450,8 @@ static void test_fallback_places_and_copies(void **state) {
     for (int o = 0; o < 2; o++) {
       assert_int_equal(b[o].shape[0], batches[t]);
       assert_int_equal(b[o].device_kind, SPN_DEVICE_CPU);
-      assert_memory_equal(a[o].data, b[o].data, (size_t)batches[t] * 4 * sizeof(float));
-      spn_model_output_free(&a[o]);
-      spn_model_output_free(&b[o]);
     }
+    outputs_equal(a, b, batches[t]);
   }
   assert_int_equal(mk.bad, 0);
   spn_model_release(&m);
@@ -472,11 +479,7 @@ static void check_all_on_device(bool typed) {
   assert_int_equal(mk.computed, 5);
   assert_int_equal(mk.from_host, 1);
   assert_int_equal(mk.to_host, 2);
-  for (int o = 0; o < 2; o++) {
-    assert_memory_equal(a[o].data, b[o].data, 5 * 4 * sizeof(float));
-    spn_model_output_free(&a[o]);
-    spn_model_output_free(&b[o]);
-  }
+  outputs_equal(a, b, 5);
   spn_model_release(&m);
   spn_model_release(&ref);
   spn_engine_free(&e);
@@ -511,11 +514,7 @@ static void test_owned_consts_freed(void **state) {
       spn_tensor_t a[2], b[2];
       run2(ref, batches[i], a);
       run2(m, batches[i], b);
-      for (int o = 0; o < 2; o++) {
-        assert_memory_equal(a[o].data, b[o].data, (size_t)batches[i] * 4 * sizeof(float));
-        spn_model_output_free(&a[o]);
-        spn_model_output_free(&b[o]);
-      }
+      outputs_equal(a, b, batches[i]);
     }
     assert_int_equal(mk.bad, 0);
     spn_model_release(&m);
@@ -895,11 +894,7 @@ static void test_plan_cache(void **state) {
     spn_tensor_t a[2], b[2];
     run2(ref, batches[t], a);
     run2(m, batches[t], b);
-    for (int o = 0; o < 2; o++) {
-      assert_memory_equal(a[o].data, b[o].data, (size_t)batches[t] * 4 * sizeof(float));
-      spn_model_output_free(&a[o]);
-      spn_model_output_free(&b[o]);
-    }
+    outputs_equal(a, b, batches[t]);
     int listed = 0;
     for (const spn_shape_plan_t *p = m->plans; p; p = p->next)
       listed++;
@@ -1082,11 +1077,7 @@ static void same_outputs(spn_model_t *ref, spn_model_t *m) {
   spn_tensor_t a[2], b[2];
   run2(ref, 3, a);
   run2(m, 3, b);
-  for (int o = 0; o < 2; o++) {
-    assert_memory_equal(a[o].data, b[o].data, 3 * 4 * sizeof(float));
-    spn_model_output_free(&a[o]);
-    spn_model_output_free(&b[o]);
-  }
+  outputs_equal(a, b, 3);
 }
 
 /* One load on mock:0 naming mock:1 and mock:2 (and itself, and mock:1
