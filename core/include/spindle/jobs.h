@@ -162,8 +162,9 @@ typedef struct spn_segment_api {
                   spn_error_t *err);
   /* Whether this plugin's encoders can write `path`: a container can be
    * picked from its name (errors name the path and what would do). The job
-   * service asks at SUBMIT for each output bound to an encode stage. Newer
-   * than the two above: present when struct_size covers it. */
+   * service asks at SUBMIT for each output bound to the path of one of
+   * `encoders` (below). Newer than the two above: present when struct_size
+   * covers it. */
   int32_t (*check_output)(const char *path, spn_error_t *err);
   /* The stage kinds of this plugin whose "path" is a media file they
    * write (NULL-terminated): the outputs check_output judges and the only
