@@ -133,7 +133,7 @@ int spn_cli_next(spn_cli_getopt_t *g, int argc, char **argv, const struct option
   return c;
 }
 
-enum { O_PLUGIN_PATH = 256, O_SET, O_DEVICES, O_LOG_FORMAT, O_REPEAT, O_TIMEOUT, O_CANCEL_GRACE };
+enum { O_PLUGIN_PATH = 256, O_SET, O_DEVICES, O_LOG_FORMAT, O_LOG_LEVEL, O_REPEAT, O_TIMEOUT, O_CANCEL_GRACE };
 
 int spn_cli_seconds(const char *cmd, const char *opt, const char *val, double lo, bool lo_ok, double hi,
                     double *out) {
@@ -153,10 +153,12 @@ int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opt
   memset(o, 0, sizeof *o);
   o->repeat = 1;
   o->cancel_grace_s = 120;
+  o->log_level = SPN_LOG_INFO;
   static const struct option all[] = {{"plugin-path", required_argument, NULL, O_PLUGIN_PATH},
                                       {"set", required_argument, NULL, O_SET},
                                       {"devices", required_argument, NULL, O_DEVICES},
                                       {"log-format", required_argument, NULL, O_LOG_FORMAT},
+                                      {"log-level", required_argument, NULL, O_LOG_LEVEL},
                                       {"repeat", required_argument, NULL, O_REPEAT},
                                       {"timeout", required_argument, NULL, O_TIMEOUT},
                                       {"cancel-grace", required_argument, NULL, O_CANCEL_GRACE}};
@@ -210,6 +212,19 @@ int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opt
         return 2;
       }
       break;
+    case O_LOG_LEVEL: {
+      static const char *const names[] = {"debug", "info", "warn", "error"};
+      int level = -1;
+      for (int i = 0; i < 4; i++)
+        if (!strcmp(val, names[i]))
+          level = i; /* spn_log_level_t: SPN_LOG_DEBUG 0 .. SPN_LOG_ERROR 3 */
+      if (level < 0) {
+        fprintf(stderr, "spindle %s: --log-level '%s': expected debug, info, warn or error\n", cmd, val);
+        return 2;
+      }
+      o->log_level = level;
+      break;
+    }
     case O_REPEAT: {
       char *end = NULL;
       errno = 0;
@@ -262,6 +277,7 @@ int spn_cli_runtime(const spn_cli_opts_t *o, bool load_plugins, spn_runtime_t **
   ro.plugin_paths = o->plugin_paths;
   ro.n_plugin_paths = o->n_plugin_paths;
   ro.log_format = o->log_format;
+  ro.log_level = o->log_level;
   spn_error_t err = SPN_ERROR_INIT;
   if (spn_runtime_new(&ro, out, &err) != SPN_OK) {
     fprintf(stderr, "spindle: %s\n", err.msg);

@@ -249,12 +249,14 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: spindle run PIPELINE.toml [--set stage.key=value]... [--devices SPEC]\n"
           "                   [--plugin-path DIR]... [--log-format json|text] [--repeat N]\n"
-          "                   [--timeout S] [--cancel-grace S]\n"
+          "                   [--timeout S] [--cancel-grace S] [--log-level debug|info|warn|error]\n"
           "Runs one job through the pipeline. --devices: auto, cpu, cpu:N, cuda, cuda:0,1.\n"
           "--repeat N: N jobs, one after the other, on the pipeline loaded once (models\n"
           "stay resident, as on a worker): a summary per run; the first includes the\n"
           "warm-up (cuDNN algorithm choice, CUDA Graph capture), later ones do not.\n"
           "--timeout S: a run that takes longer is cancelled and fails (exit 1).\n"
+          "--log-level: the least severe log lines shown (default info; debug shows what\n"
+          "the stages log for each batch or frame).\n"
           "--cancel-grace S: once a run is cancelled (--timeout, Ctrl-C), how long its\n"
           "stages may take to stop before spindle run quits without them, naming the\n"
           "stage still in a call (default 120; 0 waits for ever).\n"
@@ -383,7 +385,7 @@ static void stuck_report(const spn_pipeline_t *pipe, double since_cancel, double
 }
 
 int spn_cli_run(int argc, char **argv) {
-  static const char *const allowed[] = {"plugin-path", "set", "devices", "log-format", "repeat",
+  static const char *const allowed[] = {"plugin-path", "set", "devices", "log-format", "log-level", "repeat",
                                         "timeout", "cancel-grace", NULL};
   spn_cli_opts_t o;
   int rc = spn_cli_parse_cmd(argc, argv, allowed, true, usage, &o);

@@ -74,6 +74,7 @@ typedef struct spn_cli_opts {
   size_t n_sets;
   const char *devices;       /* --devices */
   int32_t log_format;        /* --log-format */
+  int32_t log_level;         /* --log-level (spn_log_level_t), SPN_LOG_INFO when not given */
   int32_t repeat;            /* --repeat (spindle run), 1 when not given */
   double timeout_s;          /* --timeout (spindle run): seconds a run may take; 0 none */
   double cancel_grace_s;     /* --cancel-grace (spindle run): after a cancel, seconds before quitting

@@ -216,6 +216,31 @@ grep -q 'bad.toml:3:8: stage "a": unknown stage kind "nope"' err.txt || fail "un
 [ $? -eq 2 ] || fail "no file should exit 2"
 "$spindle" run "$src/configs/synthetic.toml" --log-format xml >/dev/null 2>&1
 [ $? -eq 2 ] || fail "bad --log-format should exit 2"
+# --log-level: the least severe lines shown. faces.toml with no model
+# fetched logs a warning (the Haar cascade stands in) and an info line (the
+# metasink's count); debug adds the runtime's own lines.
+"$spindle" run "$src/configs/synthetic.toml" --log-level loud >/dev/null 2>err.txt
+[ $? -eq 2 ] && grep -q -- "--log-level 'loud': expected debug, info, warn or error" err.txt ||
+  fail "bad --log-level: $(cat err.txt)"
+if ! needs_missing "$src/configs/faces.toml"; then
+  mkdir -p nomodels
+  for lv in default debug info warn error; do
+    args=()
+    [ $lv = default ] || args=(--log-level $lv)
+    SPINDLE_MODEL_PATH=$tmp/nomodels XDG_DATA_HOME=$tmp/nomodels HOME=$tmp/nomodels \
+      "$spindle" run "$src/configs/faces.toml" --set decode.duration=0.2 --set out.path=faces.jsonl \
+      "${args[@]}" >out.txt 2>err.txt || fail "faces.toml --log-level $lv: $(cat err.txt)"
+    got=""
+    for l in debug info warn; do grep -q "\"level\":\"$l\"" err.txt && got="$got $l"; done
+    case $lv in
+      debug) want=" debug info warn" ;;
+      default | info) want=" info warn" ;;
+      warn) want=" warn" ;;
+      error) want="" ;;
+    esac
+    [ "$got" = "$want" ] || fail "--log-level $lv: levels shown '$got', want '$want': $(head -c 600 err.txt)"
+  done
+fi
 # Two outputs of a job on one file (the second rename would silently win):
 # refused with exit 2 naming both, by name or through a link; apart, it runs.
 cat >two.toml <<'EOF2'
