@@ -146,6 +146,16 @@ typedef struct spn_node {
   bool lock_init;
 } spn_node_t;
 
+/* The value node n reads as operand k of n_in + n_post: its inputs, then
+ * each post-op's operand (ADD's addend, PRELU's slope); -1 for an omitted
+ * input or a post-op that reads none. */
+static inline int spn_node_operand(const spn_node_t *n, int k) {
+  if (k < n->n_in)
+    return n->in[k];
+  const spn_post_t *p = &n->post[k - n->n_in];
+  return p->kind == SPN_POST_ADD || p->kind == SPN_POST_PRELU ? p->val : -1;
+}
+
 /* Model precision (spn_model_opts_t.precision). */
 typedef enum { SPN_PREC_FP32 = 0, SPN_PREC_TF32 = 1, SPN_PREC_FP16 = 2 } spn_precision_t;
 

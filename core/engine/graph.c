@@ -111,16 +111,13 @@ static void count_uses(spn_model_t *m) {
     spn_node_t *n = &m->nodes[i];
     if (n->dead)
       continue;
-    for (int k = 0; k < n->n_in; k++)
-      if (n->in[k] >= 0) {
-        m->vals[n->in[k]].n_uses++;
-        m->vals[n->in[k]].last_use = i;
+    for (int k = 0; k < n->n_in + n->n_post; k++) {
+      int vi = spn_node_operand(n, k);
+      if (vi >= 0) {
+        m->vals[vi].n_uses++;
+        m->vals[vi].last_use = i;
       }
-    for (int p = 0; p < n->n_post; p++)
-      if (n->post[p].kind == SPN_POST_ADD || n->post[p].kind == SPN_POST_PRELU) {
-        m->vals[n->post[p].val].n_uses++;
-        m->vals[n->post[p].val].last_use = i;
-      }
+    }
   }
 }
 
@@ -1147,32 +1144,6 @@ static bool attr_tensor_read(const spn_model_t *m, int vi) {
   return false;
 }
 
-/* Whether every live node that reads constant v keeps its own copy of it
- * (backend owns_const: a device backend's uploaded weights), so the host
- * data is read by no one after the load. False for a constant no node
- * reads (drop_unread_consts' case) and for any reader on the CPU. */
-static bool consts_owned_by_readers(const spn_model_t *m, int v) {
-  spn_backend_t *const *bk = m->shared ? m->shared->backends : NULL;
-  int readers = 0;
-  for (int i = 0; i < m->n_node; i++) {
-    const spn_node_t *n = &m->nodes[i];
-    if (n->dead)
-      continue;
-    for (int k = 0; k < n->n_in + n->n_post; k++) {
-      int vi = k < n->n_in ? n->in[k] : n->post[k - n->n_in].val;
-      if (k >= n->n_in && n->post[k - n->n_in].kind != SPN_POST_ADD && n->post[k - n->n_in].kind != SPN_POST_PRELU)
-        vi = -1;
-      if (vi != v)
-        continue;
-      const spn_backend_t *b = bk && !n->shape_class ? bk[n->backend] : NULL;
-      if (!b || !b->iface->owns_const || !b->iface->owns_const((spn_backend_t *)b, m, n, k))
-        return false;
-      readers++;
-    }
-  }
-  return readers > 0;
-}
-
 /* Frees the host data of the constants nobody reads after the load, nor a
  * graph output nor a tensor attribute's source:
  * - those no live node reads any more (as input or post-op operand, as
@@ -1186,16 +1157,32 @@ static bool consts_owned_by_readers(const spn_model_t *m, int v) {
  *   twice, on the GPU and here.
  * The values keep name, type and shape. */
 static void drop_unread_consts(spn_model_t *m) {
-  bool device = m->dev_slot != SPN_BACKEND_CPU;
+  /* owned[v]: every live node reading v keeps its own copy of it (its
+   * backend's owns_const; a node on the CPU or a shape-class node never
+   * does). Out of memory: only the unread constants go. */
+  spn_backend_t *const *bk = m->shared ? m->shared->backends : NULL;
+  bool *owned = malloc((size_t)m->n_val * sizeof *owned + 1);
+  for (int v = 0; owned && v < m->n_val; v++)
+    owned[v] = true;
+  for (int i = 0; owned && i < m->n_node; i++) {
+    const spn_node_t *n = &m->nodes[i];
+    spn_backend_t *b = bk && !n->shape_class ? bk[n->backend] : NULL;
+    for (int k = 0; !n->dead && k < n->n_in + n->n_post; k++) {
+      int vi = spn_node_operand(n, k);
+      if (vi >= 0 && !(b && b->iface->owns_const && b->iface->owns_const(b, m, n, k)))
+        owned[vi] = false;
+    }
+  }
   for (int v = 0; v < m->n_val; v++) {
     spn_value_t *c = &m->vals[v];
     if (c->kind != SPN_VAL_CONST || !c->data || c->is_output || attr_tensor_read(m, v))
       continue;
-    if (c->n_uses > 0 && !(device && consts_owned_by_readers(m, v)))
+    if (c->n_uses > 0 && !(owned && owned[v]))
       continue;
     free(c->data);
     c->data = NULL;
   }
+  free(owned);
 }
 
 int32_t spn_graph_prepare(spn_model_t *m, bool fuse, spn_error_t *err) {

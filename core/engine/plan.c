@@ -93,7 +93,7 @@ int32_t spn_plan_place(spn_model_t *m, spn_error_t *err) {
       continue;
     spn_backend_t *b = bk[n->backend];
     for (int k = 0; k < n->n_in + n->n_post; k++) {
-      int vi = k < n->n_in ? n->in[k] : n->post[k - n->n_in].kind == SPN_POST_ADD || n->post[k - n->n_in].kind == SPN_POST_PRELU ? n->post[k - n->n_in].val : -1;
+      int vi = spn_node_operand(n, k);
       if (vi < 0 || m->vals[vi].kind == SPN_VAL_CONST)
         continue;
       int h = value_home(m, vi);
