@@ -204,16 +204,19 @@ static bool is_encoder(const pipeline_runner_t *r, const char *kind) {
   return false;
 }
 
-/* The kind of the stage that job output `name` is bound to, and whether
- * the binding is its "path" (NULL: not bound, or the stage is unknown). */
-static const char *output_kind(const pr_entry_t *e, const char *name, bool *is_path) {
+/* The kind of the stage that job output `name` is bound to (NULL: not
+ * bound, or the stage is unknown), and in *encoded whether that stage is
+ * one of the media plugin's encoders writing it as its "path". */
+static const char *output_kind(const pipeline_runner_t *r, const pr_entry_t *e, const char *name, bool *encoded) {
+  *encoded = false;
   const char *t = binding_target(e->pipe, SPN_BINDING_OUTPUT, name);
   const char *dot = t ? strchr(t, '.') : NULL;
   for (size_t i = 0; dot && i < spn_pipeline_stage_count(e->pipe); i++) {
     const char *stage = spn_pipeline_stage_time(e->pipe, i, NULL);
     if (stage && strlen(stage) == (size_t)(dot - t) && !strncmp(stage, t, (size_t)(dot - t))) {
-      *is_path = !strcmp(dot + 1, "path");
-      return spn_pipeline_stage_kind(e->pipe, i);
+      const char *kind = spn_pipeline_stage_kind(e->pipe, i);
+      *encoded = !strcmp(dot + 1, "path") && is_encoder(r, kind);
+      return kind;
     }
   }
   return NULL;
@@ -228,8 +231,9 @@ static int32_t check_encoded(const pipeline_runner_t *r, const pr_entry_t *e, co
                              spn_error_t *err) {
   if (!r->seg || !SEG_HAS(r->seg, check_output) || !r->seg->check_output)
     return SPN_OK;
-  bool is_path = false;
-  if (!is_encoder(r, output_kind(e, out->name, &is_path)) || !is_path)
+  bool encoded;
+  output_kind(r, e, out->name, &encoded);
+  if (!encoded)
     return SPN_OK;
   int32_t rc = r->seg->check_output(out->path, err);
   if (rc != SPN_OK)
@@ -290,9 +294,9 @@ static int32_t pr_segment_plan(void *data, const spn_job_spec_t *job, uint32_t s
   if (job->n_outputs != 1)
     return spn_error_set(err, SPN_EINVAL, "\"%s\": a segmented job has exactly one output to join, this one has %zu",
                          field, job->n_outputs);
-  bool is_path = false;
-  const char *okind = output_kind(e, job->outputs[0].name, &is_path);
-  if (!is_encoder(r, okind) || !is_path)
+  bool encoded;
+  const char *okind = output_kind(r, e, job->outputs[0].name, &encoded);
+  if (!encoded)
     return spn_error_set(err, SPN_EINVAL,
                          "\"%s\": output \"%s\" is written by a stage of kind \"%s\", not by a media encoder's "
                          "path: its parts could not be joined",
