@@ -371,6 +371,10 @@ class Peer:
     def __init__(self, device, w2l_batch=128):
         self.dev = torch.device(device)
         self.cuda = self.dev.type == "cuda"
+        self.common_init(w2l_batch)
+
+    def common_init(self, w2l_batch):
+        """What every peer keeps, whatever runs its models."""
         self.h2d = 0
         self.d2h = 0
         self.phase = {}
@@ -655,11 +659,8 @@ class OrtPeer(Peer):
 
     def __init__(self, threads=0, w2l_batch=128):
         self.cuda = False
-        self.h2d = self.d2h = 0
-        self.phase = {}
-        self.w2l_batch = w2l_batch
         self.threads = threads
-        self.mel_mod = load_script(os.path.join(SRC, "tests", "media", "test-mel.py"), "spn_bench_mel")
+        self.common_init(w2l_batch)
 
     def up(self, a):
         return np.ascontiguousarray(a)
@@ -702,10 +703,6 @@ class OrtPeer(Peer):
         return out[0] if len(out) == 1 else out
 
 
-def sr_frame(peer, net, prec, bgr):
-    return peer.sr_frame(net, prec, bgr)
-
-
 def peer_enhance(peer, clip, n, doc, models, writer_kind, out, spindle):
     fd, sr, enc = stage_of(doc, "faces"), stage_of(doc, "sr"), stage_of(doc, "encode")
     scale, margin, feather = int(sr.get("scale", 2)), float(sr.get("face_margin", 0.25)), float(sr.get("feather", 8))
@@ -720,7 +717,7 @@ def peer_enhance(peer, clip, n, doc, models, writer_kind, out, spindle):
     h, w = first.shape[:2]
     # warm-up, outside the clock: one detection batch, one face-sized SR run
     peer.detect([first] * min(FD_BATCH, 2))
-    sr_frame(peer, sr_net, sr_prec, first[: h // 3, : w // 4])
+    peer.sr_frame(sr_net, sr_prec, first[: h // 3, : w // 4])
     peer.sync()
     peer.h2d = peer.d2h = 0
     peer.phase = {}
@@ -739,7 +736,7 @@ def peer_enhance(peer, clip, n, doc, models, writer_kind, out, spindle):
             if c - a < 2 or d - b < 2:
                 continue
             n_faces += 1
-            s = peer.timed("sr", sr_frame, peer, sr_net, sr_prec, f[b:d, a:c])
+            s = peer.timed("sr", peer.sr_frame, sr_net, sr_prec, f[b:d, a:c])
             peer.timed("paste", paste, up, s, a * scale, b * scale, feather)
         peer.timed("encode", wr.write, up)
     rc = peer.timed("encode", wr.close)
@@ -784,7 +781,7 @@ def peer_lipsync(peer, clip, wav, n, doc, models, w2l, writer_kind, out, spindle
     peer.detect([first] * 2)
     peer.run_w2l(w2l_net, w2l_prec, peer.up(np.zeros((batch, 1, 80, 16), np.float32)),
                  peer.up(np.zeros((batch, 6, 96, 96), np.float32)))
-    sr_frame(peer, sr_net, sr_prec, first)
+    peer.sr_frame(sr_net, sr_prec, first)
     peer.sync()
     peer.h2d = peer.d2h = 0
     peer.phase = {}
@@ -835,7 +832,7 @@ def peer_lipsync(peer, clip, wav, n, doc, models, w2l, writer_kind, out, spindle
                     paste(frames[j], cv2.resize(p.astype(np.uint8), (x2 - x1, y2 - y1)), x1, y1, feather)
             peer.timed("paste", paste_all)
         for j in range(i, min(i + batch, len(frames))):
-            up = peer.timed("sr", sr_frame, peer, sr_net, sr_prec, frames[j])
+            up = peer.timed("sr", peer.sr_frame, sr_net, sr_prec, frames[j])
             peer.timed("encode", wr.write, up)
     rc = peer.timed("encode", wr.close)
     t = time.perf_counter() - t0
