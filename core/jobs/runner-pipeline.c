@@ -136,6 +136,40 @@ static void binding_names(const spn_pipeline_t *p, spn_binding_kind_t kind, char
     snprintf(buf, size, "none");
 }
 
+/* A param may not name a file: the job's files are its inputs and outputs,
+ * which the gateway resolves and checks against its roots and against the
+ * other jobs' files; a param that set the same key, or any path, would
+ * read or write where it liked ("encode.path=/etc/x", or the input's key
+ * pointed at a file outside the roots). So a param never sets a key an
+ * input or output binds, and a direct "stage.key" param sets numbers and
+ * booleans only (the shipped stages' per-job strings are all files; a
+ * config binds a string key in [pipeline.params] by name where it means
+ * one, and the config load refuses a path key there). */
+static int32_t check_param_target(const pr_entry_t *e, const char *key, const char *target, bool direct,
+                                  spn_error_t *err) {
+  static const char *const what[] = {"input", "output"};
+  for (int k = SPN_BINDING_INPUT; k <= SPN_BINDING_OUTPUT; k++) {
+    for (size_t b = 0; b < spn_pipeline_binding_count(e->pipe, (spn_binding_kind_t)k); b++) {
+      const char *bt = NULL;
+      const char *bn = spn_pipeline_binding_at(e->pipe, (spn_binding_kind_t)k, b, &bt);
+      if (bt && !strcmp(bt, target))
+        return spn_error_set(err, SPN_EINVAL,
+                             "pipeline \"%s\": param \"%s\" would set %s, the file of %s \"%s\": give files as the "
+                             "job's inputs and outputs (checked against the gateway's roots), not as params",
+                             e->name, key, target, what[k], bn);
+    }
+  }
+  spn_config_type_t type = 0;
+  if (direct && spn_pipeline_key_type(e->pipe, target, &type, NULL) == SPN_OK &&
+      (type == SPN_CONFIG_STRING || type == SPN_CONFIG_PATH))
+    return spn_error_set(err, SPN_EINVAL,
+                         "pipeline \"%s\": param \"%s\" sets a %s key: a param named stage.key sets a number or a "
+                         "boolean; files are the job's inputs and outputs, and a string the pipeline's config binds "
+                         "in [pipeline.params]",
+                         e->name, key, type == SPN_CONFIG_PATH ? "path" : "string");
+  return SPN_OK;
+}
+
 /* Build the overrides of a job. out_paths (NULL: the final paths) are the
  * paths the outputs are written to. Errors name the pipeline and the
  * offending input/output/param (callers add the job). */
@@ -171,13 +205,16 @@ static int32_t job_overrides(const pr_entry_t *e, const spn_job_spec_t *job, cha
   for (size_t i = 0; i < job->n_params && rc == SPN_OK; i++) {
     const char *key = job->params[i].key;
     const char *t = binding_target(e->pipe, SPN_BINDING_PARAM, key);
-    if (!t && strchr(key, '.'))
+    bool direct = !t && strchr(key, '.');
+    if (direct)
       t = key; /* "stage.key" directly; the runtime checks it is per job */
     if (!t) {
       binding_names(e->pipe, SPN_BINDING_PARAM, names, sizeof names);
       return spn_error_set(err, SPN_EINVAL, "pipeline \"%s\" has no param \"%s\" (its params: %s; or give stage.key)",
                            e->name, key, names);
     }
+    if ((rc = check_param_target(e, key, t, direct, err)) != SPN_OK)
+      return rc;
     rc = ovs_add(o, t, job->params[i].value, false, err);
   }
   return rc;

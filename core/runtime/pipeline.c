@@ -785,9 +785,9 @@ int32_t spn_pipeline_validate(spn_runtime_t *rt, const char *path, const char *c
 
 /* ---- jobs --------------------------------------------------------------------------------- */
 
-/* The value of a job's bound key ("stage.key" of [pipeline.inputs] or
- * [pipeline.outputs]) in its config: NULL when unset or empty. */
-static const char *bound_path(const spn_pipeline_t *pipe, void *const *configs, const char *target) {
+/* The field "stage.key" names in this pipeline, and its stage's index:
+ * NULL when there is no such stage or key. */
+static const spn_config_field_t *stage_key_field(const spn_pipeline_t *pipe, const char *target, uint32_t *stage) {
   const char *dot = strchr(target, '.');
   if (!dot)
     return NULL;
@@ -795,13 +795,34 @@ static const char *bound_path(const spn_pipeline_t *pipe, void *const *configs, 
     const spn__stage_spec_t *st = &pipe->spec->stages[i];
     if (strlen(st->name) != (size_t)(dot - target) || strncmp(st->name, target, (size_t)(dot - target)))
       continue;
-    const spn_config_field_t *f = spn__config_field(st->kind, dot + 1);
-    if (!f || (f->type != SPN_CONFIG_STRING && f->type != SPN_CONFIG_PATH) || !configs[i])
-      return NULL;
-    const char *v = *(char *const *)((const char *)configs[i] + f->offset);
-    return v && *v ? v : NULL;
+    if (stage)
+      *stage = i;
+    return spn__config_field(st->kind, dot + 1);
   }
   return NULL;
+}
+
+int32_t spn_pipeline_key_type(const spn_pipeline_t *pipe, const char *target, spn_config_type_t *type,
+                              uint32_t *flags) {
+  const spn_config_field_t *f = pipe && target ? stage_key_field(pipe, target, NULL) : NULL;
+  if (!f)
+    return SPN_ENOENT;
+  if (type)
+    *type = f->type;
+  if (flags)
+    *flags = f->flags;
+  return SPN_OK;
+}
+
+/* The value of a job's bound key ("stage.key" of [pipeline.inputs] or
+ * [pipeline.outputs]) in its config: NULL when unset or empty. */
+static const char *bound_path(const spn_pipeline_t *pipe, void *const *configs, const char *target) {
+  uint32_t i = 0;
+  const spn_config_field_t *f = stage_key_field(pipe, target, &i);
+  if (!f || (f->type != SPN_CONFIG_STRING && f->type != SPN_CONFIG_PATH) || !configs[i])
+    return NULL;
+  const char *v = *(char *const *)((const char *)configs[i] + f->offset);
+  return v && *v ? v : NULL;
 }
 
 /* A job never writes over its own input, and no two of its outputs are one

@@ -142,9 +142,21 @@ static int32_t check_bindings(const spn__pipeline_spec_t *spec, spn_error_t *err
     if (bd->kind != SPN_BINDING_PARAM && f->type != SPN_CONFIG_STRING && f->type != SPN_CONFIG_PATH)
       return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.%s] %s: stage \"%s\": key \"%s\" is not a string or path",
                            bd->where, table, bd->name, stage, key);
-    for (size_t j = 0; j < i; j++)
+    /* A job's files are its inputs and outputs, which the job service
+     * checks against its roots; a param naming a file would bypass that. */
+    if (bd->kind == SPN_BINDING_PARAM && f->type == SPN_CONFIG_PATH)
+      return spn_error_set(err, SPN_ECONFIG,
+                           "%s: [pipeline.params] %s: stage \"%s\": key \"%s\" is a path: bind files in "
+                           "[pipeline.inputs] or [pipeline.outputs]",
+                           bd->where, bd->name, stage, key);
+    for (size_t j = 0; j < i; j++) {
       if (spec->bindings[j].kind == bd->kind && !strcmp(spec->bindings[j].name, bd->name))
         return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.%s] %s is bound twice", bd->where, table, bd->name);
+      if (!strcmp(spec->bindings[j].target, bd->target))
+        return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.%s] %s: \"%s\" is bound already, by [pipeline.%s] %s",
+                             bd->where, table, bd->name, bd->target, tables[spec->bindings[j].kind],
+                             spec->bindings[j].name);
+    }
   }
   return SPN_OK;
 }

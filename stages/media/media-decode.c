@@ -22,6 +22,7 @@
 #include "media-decode.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -40,6 +41,7 @@ struct spn_decoder {
   char *path;
   spn_decode_opts_t o;
   spn_decode_info_t info;
+  spn_media_input_t in;          /* fmt's opener: the one file (follow_references) */
   AVFormatContext *fmt;
   AVCodecContext *vctx, *actx;
   int vidx, aidx;
@@ -62,6 +64,11 @@ struct spn_decoder {
 };
 
 static int32_t av_fail(spn_decoder_t *d, spn_error_t *err, int32_t code, int averr, const char *what) {
+  /* a demuxer whose reference was refused fails in its own words
+   * ("invalid data", "operation not permitted"): say what it asked for */
+  int32_t refused = spn_media_input_refused(&d->in, d->path, err);
+  if (refused != SPN_OK)
+    return refused;
   if (code == SPN_EMEDIA)
     code = spn_media_av_status(averr); /* an I/O error is not the media's */
   char buf[AV_ERROR_MAX_STRING_SIZE] = {0};
@@ -176,10 +183,126 @@ int32_t spn_media_av_status(int averr) {
   return SPN_EMEDIA;
 }
 
-int32_t spn_media_check_input(const char *path, spn_error_t *err) {
+static int is_url(const char *path) {
   const char *colon = strchr(path, ':');
-  if (colon && colon[1] == '/' && colon[2] == '/' && strncmp(path, "file:", 5) != 0)
-    return SPN_OK; /* a URL */
+  return colon && colon[1] == '/' && colon[2] == '/' && strncmp(path, "file:", 5) != 0;
+}
+
+/* The demuxers that read other files or URLs on a file's behalf: playlists
+ * and manifests (hls, dash, imf), lists (concat), session descriptions
+ * (sdp, rtsp, rtp, sap) and scripts (avisynth, vapoursynth). A nested
+ * context (concat's) does not go through its parent's io_open, but it
+ * does inherit the parent's format and protocol whitelists, so these are
+ * kept out by the format whitelist, before any of them opens anything. */
+static const char *const referencing_demuxers[] = {"concat", "hls",  "dash",      "imf",        "sdp",
+                                                   "rtsp",   "rtp",  "sap",       "avisynth",   "vapoursynth",
+                                                   NULL};
+
+static int referencing(const char *name) {
+  for (const char *const *r = referencing_demuxers; *r; r++)
+    if (!strcmp(*r, name))
+      return 1;
+  return 0;
+}
+
+/* "a,b,c": every demuxer this FFmpeg has but the referencing ones. */
+static char *demuxer_whitelist(void) {
+  size_t size = 1, len = 0;
+  void *it = NULL;
+  const AVInputFormat *f;
+  while ((f = av_demuxer_iterate(&it)))
+    size += strlen(f->name) + 1;
+  char *list = av_malloc(size);
+  if (!list)
+    return NULL;
+  list[0] = '\0';
+  it = NULL;
+  while ((f = av_demuxer_iterate(&it))) {
+    if (referencing(f->name))
+      continue;
+    len += (size_t)snprintf(list + len, size - len, "%s%s", len ? "," : "", f->name);
+  }
+  return list;
+}
+
+/* FFmpeg opens every file of a context through its io_open, the input's
+ * own first (and again, for demuxers that reopen it, such as image2). */
+static int guarded_io_open(AVFormatContext *s, AVIOContext **pb, const char *url, int flags, AVDictionary **options) {
+  spn_media_input_t *in = s->opaque;
+  if (!in || in->log.magic != SPN_MEDIA_LOG_MAGIC || !in->io_open)
+    return AVERROR(EPERM); /* a nested context that copied our io_open: refuse */
+  if (url && !strcmp(url, in->url))
+    return in->io_open(s, pb, url, flags, options);
+  if (!in->refused[0])
+    snprintf(in->refused, sizeof in->refused, "%s", url ? url : "(none)");
+  return AVERROR(EPERM);
+}
+
+/* FFmpeg's line for a demuxer kept out ("Format not on whitelist" and
+ * the whole list, some 3 KB) is dropped: the job's error names the
+ * format. Everything else goes on to the owner's log. */
+static void guarded_log(void *user, int32_t level, const char *msg) {
+  const spn_media_input_t *in = user;
+  if (in->whitelisted && strstr(msg, "Format not on whitelist"))
+    return;
+  if (in->owner.fn)
+    in->owner.fn(in->owner.user, level, msg);
+}
+
+int32_t spn_media_input_guard(spn_media_input_t *in, AVFormatContext *fmt, const char *path,
+                              const spn_media_log_t *log, int follow_references, spn_error_t *err) {
+  memset(in, 0, sizeof *in);
+  in->log = (spn_media_log_t){.magic = SPN_MEDIA_LOG_MAGIC, .fn = guarded_log, .user = in};
+  if (log)
+    in->owner = *log;
+  in->url = path;
+  spn_media_log_claim_format(fmt, &in->log);
+  /* a URL, or a protocol named on purpose ("pipe:0"): FFmpeg's to read */
+  const char *proto = avio_find_protocol_name(path);
+  if (follow_references || is_url(path) || (proto && strcmp(proto, "file") != 0))
+    return SPN_OK;
+  in->io_open = fmt->io_open;
+  fmt->io_open = guarded_io_open;
+  /* freed with the context */
+  if (!(fmt->format_whitelist = demuxer_whitelist()) || !(fmt->protocol_whitelist = av_strdup("file")))
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
+  in->whitelisted = 1;
+  return SPN_OK;
+}
+
+/* The demuxer FFmpeg would pick for path, from its name and first bytes:
+ * to name a refused one. NULL when none or unreadable. */
+static const AVInputFormat *probe_demuxer(const char *path) {
+  const char *file = strncmp(path, "file:", 5) ? path : path + 5;
+  FILE *f = fopen(file, "rb");
+  if (!f)
+    return NULL;
+  unsigned char buf[4096 + AVPROBE_PADDING_SIZE] = {0};
+  size_t n = fread(buf, 1, 4096, f);
+  fclose(f);
+  AVProbeData pd = {.filename = file, .buf = buf, .buf_size = (int)n};
+  return av_probe_input_format(&pd, 1);
+}
+
+int32_t spn_media_input_refused(const spn_media_input_t *in, const char *path, spn_error_t *err) {
+  if (in->refused[0])
+    return spn_error_set(err, SPN_EMEDIA,
+                         "%s: refers to another file or URL (%s), which is not opened: an input is read as the one "
+                         "file it names (decode's follow_references = true follows playlists, lists and external "
+                         "references)",
+                         path, in->refused);
+  const AVInputFormat *f = in->whitelisted ? probe_demuxer(path) : NULL;
+  if (f && referencing(f->name))
+    return spn_error_set(err, SPN_EMEDIA,
+                         "%s: is a file of FFmpeg's \"%s\" format (%s), which opens other files or URLs: an input "
+                         "is read as the one file it names (decode's follow_references = true follows them)",
+                         path, f->name, f->long_name ? f->long_name : f->name);
+  return SPN_OK;
+}
+
+int32_t spn_media_check_input(const char *path, spn_error_t *err) {
+  if (is_url(path))
+    return SPN_OK;
   const char *file = strncmp(path, "file:", 5) ? path : path + 5;
   struct stat st;
   if (stat(file, &st) != 0 || S_ISREG(st.st_mode))
@@ -228,7 +351,8 @@ int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_dec
     rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
     goto out_free;
   }
-  spn_media_log_claim_format(d->fmt, d->o.log);
+  if ((rc = spn_media_input_guard(&d->in, d->fmt, d->path, d->o.log, d->o.follow_references, err)) != SPN_OK)
+    goto out_free;
   int r = avformat_open_input(&d->fmt, path, NULL, NULL); /* frees d->fmt on failure */
   if (r < 0) {
     rc = av_fail(d, err, r == AVERROR(ENOENT) ? SPN_ENOENT : SPN_EMEDIA, r, NULL);
@@ -311,6 +435,10 @@ int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_dec
   *out = d;
   return SPN_OK;
 out_free:
+  /* whatever failed, a reference the guard refused is the reason (image2
+   * with a pattern fails later for want of a frame size) */
+  if (rc != SPN_ENOMEM && d->in.refused[0])
+    rc = spn_media_input_refused(&d->in, d->path, err);
   spn_decoder_free(d);
   return rc;
 }

@@ -25,6 +25,10 @@
 #include "spindle/status.h"
 #include "media-log.h"
 
+struct AVFormatContext;
+struct AVIOContext;
+struct AVDictionary;
+
 typedef enum spn_hwaccel {
   SPN_HWACCEL_NONE = 0,
   SPN_HWACCEL_AUTO = 1,    /* CUDA when FFmpeg and the device allow, else software */
@@ -68,9 +72,18 @@ typedef struct spn_decode_opts {
   void *hw_device;
   int32_t device_frames;
   int32_t device_rotate;
+  /* 0 (default): a local file is read as the one file it is: a demuxer
+   * that would open another file or URL on its behalf (an HLS or DASH
+   * playlist, a concat list, a QuickTime reference to external media) is
+   * refused, naming what it asked for (SPN_EMEDIA). A job's inputs are
+   * checked against the job service's roots by path; without this a
+   * playlist inside the roots would read files outside them. 1: FFmpeg
+   * follows such references (a user's own playlist in `spindle run`).
+   * URLs ("scheme://...") are FFmpeg's either way. */
+  int32_t follow_references;
 } spn_decode_opts_t;
 
-#define SPN_DECODE_OPTS_INIT {SPN_PIXFMT_RGB24, 1, 1, 0, 0, 0.0, 0.0, SPN_HWACCEL_NONE, 1, 0, NULL, NULL, 0, 0}
+#define SPN_DECODE_OPTS_INIT {SPN_PIXFMT_RGB24, 1, 1, 0, 0, 0.0, 0.0, SPN_HWACCEL_NONE, 1, 0, NULL, NULL, 0, 0, 0}
 
 typedef struct spn_decode_info {
   int32_t has_video, has_audio;
@@ -129,6 +142,36 @@ typedef struct spn_decoder spn_decoder_t;
  * neither a cancel nor SIGTERM reaches it. URLs ("scheme://...") are left
  * to FFmpeg. Thread: any. */
 int32_t spn_media_check_input(const char *path, spn_error_t *err);
+
+/* The opening of one local input file (follow_references above): set up
+ * on a freshly allocated AVFormatContext before avformat_open_input. The
+ * struct must outlive the context (demuxers open segments as they read);
+ * the context's `opaque` points at it, and FFmpeg's log messages still
+ * reach `log` (media-log.h: the struct starts with it). */
+typedef struct spn_media_input {
+  spn_media_log_t log;        /* first: media-log reads the context's opaque as this */
+  spn_media_log_t owner;      /* where log's messages go (fn NULL: dropped) */
+  const char *url;            /* the one file it may open; borrowed */
+  int (*io_open)(struct AVFormatContext *s, struct AVIOContext **pb, const char *url, int flags,
+                 struct AVDictionary **options); /* FFmpeg's own */
+  char refused[512];          /* the first other file or URL asked for, "" if none */
+  int whitelisted;            /* the context's format and protocol whitelists are ours */
+} spn_media_input_t;
+
+/* Claim fmt for path: FFmpeg's messages go to log (may be NULL), and
+ * unless follow_references (or path is a URL): the demuxers that read
+ * other files or URLs (playlists, manifests, lists, session descriptions,
+ * scripts) are left out of fmt's format whitelist, its protocols are
+ * "file" only, and any open of a file but path fails with EPERM and is
+ * recorded in in->refused. SPN_ENOMEM is the only error. */
+int32_t spn_media_input_guard(spn_media_input_t *in, struct AVFormatContext *fmt, const char *path,
+                              const spn_media_log_t *log, int follow_references, spn_error_t *err);
+
+/* After a failed open or read: when the guard refused what the file asked
+ * for, or the file is of a referencing format, set err to say so
+ * (SPN_EMEDIA: the file's content asked for it) and return that status;
+ * else SPN_OK. */
+int32_t spn_media_input_refused(const spn_media_input_t *in, const char *path, spn_error_t *err);
 
 /* The status for an FFmpeg error: SPN_ENOMEM, SPN_ENOENT, SPN_EIO for what
  * the system says (a read or write that failed, a full disk, a lost network

@@ -278,6 +278,38 @@ static int32_t open_hw_frames(spn_encoder_t *e, spn_error_t *err) {
 static int32_t container_error(const char *path, spn_error_t *err) {
   return spn_error_set(err, SPN_EINVAL, "%s: cannot pick a container from this file name (use .mp4 or .mkv)", path);
 }
+
+/* The muxer for path's name: one that writes the one file named (not a
+ * playlist, manifest or image sequence whose muxer creates files of its own
+ * beside it: those files would escape the temporary file and its rename,
+ * the cleanup of a failed job and the job service's checks of which jobs
+ * write which files) and that holds video. */
+static int32_t pick_container(const char *path, const AVOutputFormat **out, spn_error_t *err) {
+  const AVOutputFormat *f = av_guess_format(NULL, path, NULL);
+  *out = NULL;
+  if (!f)
+    return container_error(path, err);
+  if (f->flags & AVFMT_NOFILE)
+    return spn_error_set(err, SPN_EINVAL,
+                         "%s: FFmpeg's \"%s\" muxer (%s) writes files of its own beside this one; an output is one "
+                         "file (use .mp4 or .mkv)",
+                         path, f->name, f->long_name ? f->long_name : f->name);
+  if (f->video_codec == AV_CODEC_ID_NONE)
+    return spn_error_set(err, SPN_EINVAL, "%s: the \"%s\" container holds no video (use .mp4 or .mkv)", path, f->name);
+  *out = f;
+  return SPN_OK;
+}
+
+/* Whether the container takes the codec (FFmpeg's answer "no" only: an
+ * unknown answer is left to the muxer). SPN_EMEDIA: the same on every
+ * attempt. */
+static int32_t check_codec_fits(const spn_encoder_t *e, const AVOutputFormat *f, const AVCodecContext *c,
+                                const char *what, spn_error_t *err) {
+  if (avformat_query_codec(f, c->codec_id, FF_COMPLIANCE_NORMAL) != 0)
+    return SPN_OK;
+  return spn_error_set(err, SPN_EMEDIA, "%s: the \"%s\" container cannot hold %s %s (%s); use .mp4 or .mkv", e->path,
+                       f->name, avcodec_get_name(c->codec_id), what, c->codec ? c->codec->name : "?");
+}
 /* Bytes of a buffer for tmp_create's name. */
 static size_t tmp_size(const char *path) { return strlen(path) + 16; }
 
@@ -295,7 +327,8 @@ static int32_t tmp_create(const char *path, char *tmp, int *fd, spn_error_t *err
 int32_t spn_encoder_check_container(const char *path, spn_error_t *err) {
   if (!path || !*path)
     return spn_error_set(err, SPN_EINVAL, "no output path");
-  return av_guess_format(NULL, path, NULL) ? SPN_OK : container_error(path, err);
+  const AVOutputFormat *f = NULL;
+  return pick_container(path, &f, err);
 }
 
 int32_t spn_encoder_check_path(const char *path, spn_error_t *err) {
@@ -374,11 +407,9 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
                        spn_pixfmt_name(pixfmt));
     goto out_free;
   }
-  const AVOutputFormat *ofmt = av_guess_format(NULL, path, NULL);
-  if (!ofmt) {
-    rc = container_error(path, err);
+  const AVOutputFormat *ofmt = NULL;
+  if ((rc = pick_container(path, &ofmt, err)))
     goto out_free;
-  }
   /* temporary file beside the target */
   int fd = -1;
   if ((rc = tmp_create(path, e->tmp, &fd, err)))
@@ -407,6 +438,8 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
       codec = "libx264";
   }
   if (!e->vctx && (rc = open_video(e, codec, err)))
+    goto out_free;
+  if ((rc = check_codec_fits(e, ofmt, e->vctx, "video", err)))
     goto out_free;
   e->vst = avformat_new_stream(e->oc, NULL);
   if (!e->vst || avcodec_parameters_from_context(e->vst->codecpar, e->vctx) < 0) {
@@ -445,7 +478,7 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
     e->a_ch = e->o.audio_channels;
   }
   if (e->a_rate > 0) {
-    if ((rc = open_audio(e, err)))
+    if ((rc = open_audio(e, err)) || (rc = check_codec_fits(e, ofmt, e->actx, "audio", err)))
       goto out_free;
     e->ast = avformat_new_stream(e->oc, NULL);
     if (!e->ast || avcodec_parameters_from_context(e->ast->codecpar, e->actx) < 0) {
@@ -480,6 +513,14 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
   av_dict_free(&mopts);
   if (r < 0) {
     rc = av_fail(e, err, r, "writing the header");
+    /* a muxer that refuses the streams says only "invalid argument" (gif,
+     * ogg with h264): name the pairing; the muxer's own line is in the log */
+    if (r == AVERROR(EINVAL) && err) {
+      char said[SPN_ERROR_MSG_MAX];
+      snprintf(said, sizeof said, "%s", err->msg);
+      spn_error_set(err, rc, "%s (the \"%s\" container may not take %s video%s; use .mp4 or .mkv)", said, ofmt->name,
+                    avcodec_get_name(e->vctx->codec_id), e->actx ? " or AAC audio" : "");
+    }
     goto out_free;
   }
   e->header_written = 1;

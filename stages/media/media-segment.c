@@ -47,17 +47,31 @@ static int32_t av_err(spn_error_t *err, int averr, const char *path, const char 
   return spn_error_set(err, spn_media_av_status(averr), "%s: %s: %s", path, what, buf);
 }
 
-static int32_t open_input(const char *path, AVFormatContext **fmt, spn_error_t *err) {
+/* Open path as one file (media-decode.h, spn_media_input_t: `in` must
+ * outlive *fmt; a playlist or list inside it is not followed). */
+static int32_t open_input(const char *path, AVFormatContext **fmt, spn_media_input_t *in, spn_error_t *err) {
   *fmt = NULL;
   int32_t checked = spn_media_check_input(path, err);
   if (checked < 0)
     return checked;
-  int r = avformat_open_input(fmt, path, NULL, NULL);
+  if (!(*fmt = avformat_alloc_context()))
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
+  int32_t rc = spn_media_input_guard(in, *fmt, path, NULL, 0, err);
+  if (rc != SPN_OK) {
+    avformat_free_context(*fmt);
+    *fmt = NULL;
+    return rc;
+  }
+  int r = avformat_open_input(fmt, path, NULL, NULL); /* frees *fmt on failure */
+  int32_t refused = r < 0 ? spn_media_input_refused(in, path, err) : SPN_OK;
+  if (refused != SPN_OK)
+    return refused;
   if (r < 0)
     return av_err(err, r, path, "opening");
   if ((r = avformat_find_stream_info(*fmt, NULL)) < 0) {
     avformat_close_input(fmt);
-    return av_err(err, r, path, "reading stream info");
+    refused = spn_media_input_refused(in, path, err);
+    return refused != SPN_OK ? refused : av_err(err, r, path, "reading stream info");
   }
   return SPN_OK;
 }
@@ -80,7 +94,8 @@ static int32_t seg_keyframes(const char *path, double **times, size_t *n, double
   *n = 0;
   *duration = 0;
   AVFormatContext *fmt;
-  int32_t rc = open_input(path, &fmt, err);
+  spn_media_input_t in;
+  int32_t rc = open_input(path, &fmt, &in, err);
   if (rc)
     return rc;
   int vi = first_stream(fmt, AVMEDIA_TYPE_VIDEO);
@@ -267,7 +282,8 @@ static int32_t audio_encoder_open(audio_join_t *aj, const AVCodecParameters *par
  * every decoded sample), padded with silence or cut. */
 static int32_t audio_part(audio_join_t *aj, const char *path, int64_t want, spn_error_t *err) {
   AVFormatContext *fmt;
-  int32_t rc = open_input(path, &fmt, err);
+  spn_media_input_t in;
+  int32_t rc = open_input(path, &fmt, &in, err);
   if (rc)
     return rc;
   AVCodecContext *dec = NULL;
@@ -484,6 +500,7 @@ static int32_t seg_join(const char *const *parts, const double *bounds, size_t n
   if (n == 0)
     return spn_error_set(err, SPN_EINVAL, "%s: nothing to join", out);
   AVFormatContext *oc = NULL, *ic = NULL;
+  spn_media_input_t in; /* ic's opener, one part after another */
   audio_join_t aj = {0};
   AVPacket *pkt = av_packet_alloc();
   AVStream *ovs = NULL, *oas = NULL;
@@ -498,7 +515,7 @@ static int32_t seg_join(const char *const *parts, const double *bounds, size_t n
     goto out;
   }
   /* Part 0 fixes the streams. */
-  if ((rc = open_input(parts[0], &ic, err)))
+  if ((rc = open_input(parts[0], &ic, &in, err)))
     goto out;
   int vi = first_stream(ic, AVMEDIA_TYPE_VIDEO), ai = first_stream(ic, AVMEDIA_TYPE_AUDIO);
   if (vi < 0) {
@@ -560,7 +577,7 @@ static int32_t seg_join(const char *const *parts, const double *bounds, size_t n
   /* Video, part after part, with the audio packets interleaved by time. */
   vjoin_t vj = {.oc = oc, .ovs = ovs, .oas = oas, .aj = &aj, .last_dts = INT64_MIN, .out = out};
   for (size_t k = 0; k < n && rc == SPN_OK; k++) {
-    if ((rc = open_input(parts[k], &ic, err)))
+    if ((rc = open_input(parts[k], &ic, &in, err)))
       break;
     int pvi = first_stream(ic, AVMEDIA_TYPE_VIDEO);
     if (pvi < 0) {

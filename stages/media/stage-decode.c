@@ -50,6 +50,7 @@ typedef struct decode_config {
   char *hwaccel;
   bool audio;
   bool tolerate_errors;
+  bool follow_references;
 } decode_config_t;
 
 static const spn_config_field_t decode_schema[] = {
@@ -75,6 +76,10 @@ static const spn_config_field_t decode_schema[] = {
     {.key = "tolerate_errors", .type = SPN_CONFIG_BOOL, .flags = SPN_CONFIG_PER_JOB,
      .offset = offsetof(decode_config_t, tolerate_errors),
      .doc = "accept damaged input: skip corrupt packets and a truncated end (default: fail the job)",
+     .def_int = 0},
+    {.key = "follow_references", .type = SPN_CONFIG_BOOL, .offset = offsetof(decode_config_t, follow_references),
+     .doc = "let a local file open others: an HLS/DASH playlist's segments, a concat list's files, external "
+            "media references (default: the file is read alone; set per pipeline, never per job)",
      .def_int = 0},
     {0},
 };
@@ -166,6 +171,7 @@ static int32_t parse_options(spn_stage_t *stage, const decode_config_t *c, spn_d
   o->duration = c->duration;
   o->want_audio = c->audio;
   o->tolerate_errors = c->tolerate_errors;
+  o->follow_references = c->follow_references;
   return SPN_OK;
 }
 

@@ -544,6 +544,42 @@ def run_json(tmp, conf, *sets):
     return json.loads(r.stdout)
 
 
+def files_outside_the_roots(tmp, ep):
+    """A job reaches no file outside the gateway's roots, by its params or
+    by what its input file names. The sample clip (outside the roots, which
+    are the test's folder) stands for the file it must not read."""
+    outside = os.path.join(SRC, "samples/media/talking-head.mp4")
+    # an HLS playlist and a concat list (named .mp4) inside the roots that
+    # name it: each fails once, naming the format, and writes nothing
+    with open(f"{tmp}/playlist.m3u8", "w") as f:
+        f.write(f"#EXTM3U\n#EXT-X-TARGETDURATION:4\n#EXTINF:4.0,\n{outside}\n#EXT-X-ENDLIST\n")
+    os.symlink(outside, f"{tmp}/out/linked.mp4")  # concat's "safe" mode takes a relative name
+    with open(f"{tmp}/list.mp4", "w") as f:
+        f.write("ffconcat version 1.0\nfile 'out/linked.mp4'\n")
+    for src, fmt in ((f"{tmp}/playlist.m3u8", "hls"), (f"{tmp}/list.mp4", "concat")):
+        out = f"{tmp}/out/{fmt}.mp4"
+        r = cli("submit", "transcode", "--input", f"video={src}", "--output", f"video={out}", "--max-attempts", "3",
+                "--wait", "--connect", ep)
+        st = status(ep, int(r.stdout.split()[0])) if r.stdout.split() else {}
+        msg = st["errors"][-1]["error"] if st.get("errors") else ""
+        check(r.returncode == 1 and st.get("attempts") == 1 and
+              f"{src}: is a file of FFmpeg's \"{fmt}\" format" in msg and "not retried" in msg,
+              f"a {fmt} input that names a file outside the roots: exit {r.returncode}, {st}")
+        check(not os.path.exists(out), f"the {fmt} job wrote {out}")
+        print(f"gateway: a {fmt} input naming a file outside the roots: {msg!r}")
+    os.unlink(f"{tmp}/out/linked.mp4")
+    # params that would set a file: refused at submit (exit 5), nothing written
+    sneaky = f"{tmp}/../spn-sneaky-{os.getpid()}.mp4"
+    for param, want in ((f"decode.path={outside}", 'param "decode.path" would set decode.path, the file of input "video"'),
+                        (f"encode.path={sneaky}", 'param "encode.path" would set encode.path, the file of output "video"'),
+                        (f"encode.audio_path={outside}", 'param "encode.audio_path" sets a path key')):
+        r = cli("submit", "transcode", "--input", f"video={tmp}/in.mp4", "--output", f"video={tmp}/out/p.mp4",
+                "--param", param, "--wait", "--connect", ep)
+        check(r.returncode == 5 and f'invalid: SUBMIT: pipeline "transcode": {want}'.encode() in r.stderr,
+              f"--param {param}: exit {r.returncode}; {r.stderr!r}")
+    check(not os.path.exists(sneaky) and not os.path.exists(f"{tmp}/out/p.mp4"), "a refused param's job wrote a file")
+
+
 def case_failures(tmp):
     cfg = server_config(tmp, with_lipsync=False)
     hp = free_port()
@@ -578,11 +614,29 @@ def case_failures(tmp):
                     "--connect", ep)
             want = f'invalid: SUBMIT: pipeline "{pipe}": output video: {bad}: cannot pick a container from this file name (use .mp4 or .mkv)'
             check(r.returncode == 5 and want.encode() in r.stderr, f"{pipe} to {bad}: exit {r.returncode}; {r.stderr!r}")
-    # an error that names an output names the path the job gave, not the temporary written
-    r = cli("submit", "transcode", "--input", f"video={tmp}/in.mp4", "--output", f"video={tmp}/out/still.png", "--wait",
-            "--connect", ep)
-    msg = status(ep, int(r.stdout.split()[0]))["errors"][-1]["error"]
-    check(r.returncode == 1 and f"{tmp}/out/still.png: " in msg and ".spn-" not in msg, f"PNG output: {msg!r}")
+    # an output that would be several files (a playlist's muxer writes its
+    # segments beside it, an image muxer one file a frame) or holds no video:
+    # refused at submit, naming the muxer; nothing written
+    for name, want in (("clip.m3u8", 'FFmpeg\'s "hls" muxer (Apple HTTP Live Streaming) writes files of its own beside this one'),
+                       ("clip.mpd", 'FFmpeg\'s "dash" muxer'), ("frame%03d.png", 'FFmpeg\'s "image2" muxer'),
+                       ("still.png", 'FFmpeg\'s "image2" muxer'), ("sound.wav", 'the "wav" container holds no video')):
+        bad = f"{tmp}/out/{name}"
+        r = cli("submit", "transcode", "--input", f"video={tmp}/in.mp4", "--output", f"video={bad}", "--wait",
+                "--connect", ep)
+        want = f'invalid: SUBMIT: pipeline "transcode": output video: {bad}: {want}'
+        check(r.returncode == 5 and want.encode() in r.stderr, f"output {name}: exit {r.returncode}; {r.stderr!r}")
+    check(stray(f"{tmp}/out") == [] and not any(f.endswith((".ts", ".m4s", ".png")) for f in os.listdir(f"{tmp}/out")),
+          f"a refused output left files: {os.listdir(tmp + '/out')}")
+    # a container that cannot hold the config's H.264: the job fails once,
+    # naming the path the job gave (not the temporary written) and the pairing
+    r = cli("submit", "transcode", "--input", f"video={tmp}/in.mp4", "--output", f"video={tmp}/out/clip.webm", "--wait",
+            "--max-attempts", "3", "--connect", ep)
+    st = status(ep, int(r.stdout.split()[0]))
+    msg = st["errors"][-1]["error"]
+    check(r.returncode == 1 and st["attempts"] == 1 and
+          f'{tmp}/out/clip.webm: the "webm" container cannot hold h264 video (libx264); use .mp4 or .mkv' in msg and
+          ".spn-" not in msg, f"WebM output: {st}")
+    files_outside_the_roots(tmp, ep)
     # tolerate_errors, a job param, accepts the truncated file explicitly
     tolerated_job(tmp, ep, "gateway")
     # spindle run's summary lists the same warnings (and none for a clean file)

@@ -318,6 +318,55 @@ static void bad_inputs_name_the_file(void **state) {
   assert_true(s.frames > 0 && s.frames < 50);
 }
 
+/* A local input is read as the one file it is: a playlist, a concat list
+ * (whatever its name) or an image pattern that would read other files is
+ * refused, naming its format or the file it asked for, before anything else
+ * is opened; follow_references lets them through. (A job's input is checked
+ * against the job service's roots by its path: without this, a playlist
+ * inside the roots reads files outside them, or URLs.) */
+static void inputs_are_read_as_one_file(void **state) {
+  (void)state;
+  const struct { const char *file, *expect; int follows; } cases[] = {
+      {"playlist.m3u8", ": is a file of FFmpeg's \"hls\" format", 50},
+      {"remote.m3u8", ": is a file of FFmpeg's \"hls\" format", -1},
+      {"list.ffconcat", ": is a file of FFmpeg's \"concat\" format", 50},
+      {"disguised.mp4", ": is a file of FFmpeg's \"concat\" format", 50},
+      {"seq%d.png", ": refers to another file or URL (", 1},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    spn_error_t err = SPN_ERROR_INIT;
+    spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
+    o.want_audio = 0;
+    spn_decoder_t *d = NULL;
+    const char *path = p(cases[i].file);
+    int32_t rc = spn_decoder_new(path, &o, &d, &err);
+    printf("# %s -> %s\n", cases[i].file, err.msg);
+    assert_int_equal(rc, SPN_EMEDIA);
+    assert_null(d);
+    assert_memory_equal(err.msg, path, strlen(path));
+    assert_non_null(strstr(err.msg, cases[i].expect));
+    assert_non_null(strstr(err.msg, "follow_references"));
+    if (cases[i].follows < 0)
+      continue; /* a URL: nothing to reach here */
+    o.follow_references = 1;
+    scan_t sc;
+    assert_int_equal(scan(path, &o, &sc, &err), SPN_OK);
+    assert_int_equal(sc.frames, cases[i].follows);
+  }
+  /* the pattern's refusal names the file it asked for */
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_decoder_t *d = NULL;
+  assert_int_equal(spn_decoder_new(p("seq%d.png"), NULL, &d, &err), SPN_EMEDIA);
+  assert_non_null(strstr(err.msg, p("seq1.png")));
+  /* one picture is read (FFmpeg's image demuxer opens the file itself,
+   * again, which is the file named) */
+  spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
+  scan_t sc;
+  assert_int_equal(scan(p("still.png"), &o, &sc, &err), SPN_OK);
+  assert_int_equal(sc.frames, 1);
+  assert_int_equal(sc.w, 64);
+}
+
 /* device_frames (a decode stage placed on a GPU) where NVDEC is not used:
  * the frames come in host memory exactly as without it, and the decoder
  * says why, for the stage's one log line (software decode + upload). */
@@ -516,6 +565,16 @@ static int setup_clips(void) {
           p("full.mkv"));
   r |= sh("head -c $(( $(stat -c %%s '%s') / 2 )) '%s' > '%s'", p("full.mkv"), p("full.mkv"), p("cut.mkv"));
   r |= sh("printf 'these are not the frames you are looking for\\n%%.0s' $(seq 40) > '%s'", p("notes.bin"));
+  /* files that name other files: the clip's frames in a folder beside them */
+  r |= sh("mkdir -p '%s' && %s -i '%s' -an -c copy -f mpegts '%s'", p("other"), ff, p("clip.mp4"), p("other/part.ts"));
+  r |= sh("printf '#EXTM3U\\n#EXT-X-TARGETDURATION:2\\n#EXTINF:2.0,\\n%s\\n#EXT-X-ENDLIST\\n' > '%s'", "other/part.ts",
+          p("playlist.m3u8"));
+  r |= sh("printf '#EXTM3U\\n#EXT-X-TARGETDURATION:2\\n#EXTINF:2.0,\\n%s\\n#EXT-X-ENDLIST\\n' > '%s'",
+          "http://127.0.0.1:9/part.ts", p("remote.m3u8"));
+  r |= sh("printf \"ffconcat version 1.0\\nfile 'other/part.ts'\\n\" > '%s'", p("list.ffconcat"));
+  r |= sh("cp '%s' '%s'", p("list.ffconcat"), p("disguised.mp4"));
+  r |= sh("%s -f lavfi -i testsrc2=size=64x48 -frames:v 1 '%s'", ff, p("still.png"));
+  r |= sh("cp '%s' '%s' && cp '%s' '%s'", p("still.png"), p("seq%d.png"), p("still.png"), p("seq1.png"));
   return r;
 }
 
@@ -540,6 +599,7 @@ int main(void) {
       cmocka_unit_test(rotation_metadata_turns_frames),
       cmocka_unit_test(audio_file_is_muxed),
       cmocka_unit_test(bad_inputs_name_the_file),
+      cmocka_unit_test(inputs_are_read_as_one_file),
       cmocka_unit_test(hwaccel_falls_back_or_names_the_file),
       cmocka_unit_test(device_frames_fall_back_to_host_frames_saying_why),
       cmocka_unit_test(failed_encode_leaves_no_file),

@@ -476,6 +476,18 @@ static void job_bindings(void **state) {
                "key \"frames\" is not a string or path", NULL);
   expect_error(*state, "[pipeline.params]\nv = \"s.nope\"\n" SRC, NULL, 0, SPN_ECONFIG, "conf/pipe.toml:2:5",
                "unknown key \"nope\" for kind \"src\"", NULL);
+  /* a param naming a file would bypass the checks a job's inputs and
+   * outputs get (the job service's roots); one key bound twice would let
+   * a param replace an input's file */
+  expect_error(*state, "[pipeline.params]\nv = \"s.input\"\n" SRC, NULL, 0, SPN_ECONFIG, "conf/pipe.toml:2:5",
+               "[pipeline.params] v: stage \"s\": key \"input\" is a path: bind files in [pipeline.inputs] or "
+               "[pipeline.outputs]",
+               NULL);
+  expect_error(*state, "[pipeline.inputs]\nv = \"s.input\"\n[pipeline.outputs]\nw = \"s.input\"\n" SRC, NULL, 0,
+               SPN_ECONFIG, "conf/pipe.toml:4:5",
+               "[pipeline.outputs] w: \"s.input\" is bound already, by [pipeline.inputs] v", NULL);
+  expect_error(*state, "[pipeline.params]\nn = \"s.frames\"\nm = \"s.frames\"\n" SRC, NULL, 0, SPN_ECONFIG,
+               "conf/pipe.toml:3:5", "[pipeline.params] m: \"s.frames\" is bound already, by [pipeline.params] n", NULL);
   expect_error(*state, "[pipeline.params]\nv = \"frames\"\n" SRC, NULL, 0, SPN_ETYPE, "conf/pipe.toml:2:5",
                "must be a string \"stage.key\"", NULL);
   expect_error(*state, "[pipeline.params]\nv = 3\n" SRC, NULL, 0, SPN_ETYPE, "conf/pipe.toml:2:5", NULL, NULL);

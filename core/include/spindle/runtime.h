@@ -166,6 +166,11 @@ SPN_API size_t spn_pipeline_binding_count(const spn_pipeline_t *pipe, spn_bindin
  * "stage.key"; NULL when i is out of range. Ownership: borrowed from pipe. Thread: any. */
 SPN_API const char *spn_pipeline_binding_at(const spn_pipeline_t *pipe, spn_binding_kind_t kind, size_t i,
                                             const char **target);
+/* The type and flags (SPN_CONFIG_PER_JOB, ...) of the key a "stage.key"
+ * target names; SPN_ENOENT when the pipeline has no such stage or its
+ * kind no such key. Thread: any. Ownership: arguments borrowed. */
+SPN_API int32_t spn_pipeline_key_type(const spn_pipeline_t *pipe, const char *target, spn_config_type_t *type,
+                                      uint32_t *flags);
 /* Check a job's overrides as spn_job_start would (unknown stage or key, a
  * key that is not per job, a wrong type or range) without starting it.
  * Thread: any. Ownership: arguments borrowed. */
