@@ -38,7 +38,7 @@ name = "bench-clip"
 [[stage]]
 name = "decode"
 kind = "decode"
-path = "/dev/stdin"
+path = "pipe:0"
 pixel_format = "rgb24"
 audio = false
 [[stage]]

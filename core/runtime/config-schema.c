@@ -12,6 +12,7 @@
  * them. The schema was checked at registration (registry.c), so offsets and
  * types are trusted here.
  */
+#include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,8 +95,20 @@ static const char *type_word(int32_t t) {
   }
 }
 
+/* "scheme:..." (RFC 3986: a letter, then letters, digits, + - .; two or
+ * more characters): a URL or a protocol such as FFmpeg's "pipe:0", not a
+ * file relative to the config. */
+static bool has_scheme(const char *path) {
+  size_t n = 0;
+  if (!isalpha((unsigned char)path[0]))
+    return false;
+  while (isalnum((unsigned char)path[n]) || path[n] == '+' || path[n] == '-' || path[n] == '.')
+    n++;
+  return n >= 2 && path[n] == ':';
+}
+
 char *spn__path_join(const char *base_dir, const char *path) {
-  if (!base_dir || !*base_dir || path[0] == '/' || !strcmp(base_dir, "."))
+  if (!base_dir || !*base_dir || path[0] == '/' || !strcmp(base_dir, ".") || has_scheme(path))
     return strdup(path);
   size_t n = strlen(base_dir) + strlen(path) + 2;
   char *s = malloc(n);

@@ -538,7 +538,7 @@ class Peer:
             with open(cfg, "w") as f:
                 f.write(PEER_ENCODE_TOML)
             args = [spindle, "run", cfg, "--devices", "cpu", "--log-format", "json",
-                    "--set", "decode.path=/dev/stdin", "--set", f"encode.path={path}",
+                    "--set", "decode.path=pipe:0", "--set", f"encode.path={path}",
                     "--set", f"encode.codec={codec}", "--set", f"encode.preset={preset}",
                     "--set", f"encode.crf={crf}", "--set", f"encode.fps={fps}"]
             if audio:
@@ -556,7 +556,7 @@ name = "peer-encode"
 [[stage]]
 name = "decode"
 kind = "decode"
-path = "/dev/stdin"
+path = "pipe:0"
 pixel_format = "rgb24"
 audio = false
 [[stage]]

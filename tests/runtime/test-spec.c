@@ -434,6 +434,29 @@ static void precision_key(void **state) {
   expect_error(*state, SRC, bad, 1, SPN_ECONFIG, "--set \"s.precision=int8\"", "is not auto, fp32, tf32 or fp16", NULL);
 }
 
+/* A path key holding a URL or a protocol ("https://...", FFmpeg's
+ * "pipe:0") is kept as typed; a relative file name, even one with a colon
+ * after one letter or a digit, is joined to the config's folder. */
+static void url_paths_are_kept(void **state) {
+  const struct { const char *typed, *want; } cases[] = {
+      {"pipe:0", "pipe:0"},
+      {"https://cdn.example/clip.mp4", "https://cdn.example/clip.mp4"},
+      {"rtsp://cam/1", "rtsp://cam/1"},
+      {"clips/a.mp4", "conf/clips/a.mp4"},
+      {"c:a.mp4", "conf/c:a.mp4"},
+      {"2x:a.mp4", "conf/2x:a.mp4"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char toml[256];
+    snprintf(toml, sizeof toml, SRC "input = \"%s\"\n", cases[i].typed);
+    spn__pipeline_spec_t *spec = NULL;
+    spn_error_t err = SPN_ERROR_INIT;
+    assert_int_equal(build(*state, "conf/pipe.toml", toml, NULL, 0, &spec, &err), SPN_OK);
+    assert_string_equal(((const src_config_t *)spec->stages[0].config)->input, cases[i].want);
+    spn__spec_free(&spec);
+  }
+}
+
 static void plugin_paths_resolve_against_the_config(void **state) {
   spn__pipeline_spec_t *spec = NULL;
   spn_error_t err = SPN_ERROR_INIT;
@@ -562,6 +585,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(out_of_range, setup, teardown),
       cmocka_unit_test_setup_teardown(overrides_apply_before_validation, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_overrides, setup, teardown),
+      cmocka_unit_test_setup_teardown(url_paths_are_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(plugin_paths_resolve_against_the_config, setup, teardown),
       cmocka_unit_test_setup_teardown(empty_pipeline_is_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(job_configs, setup, teardown),
