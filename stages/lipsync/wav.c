@@ -27,7 +27,10 @@ int32_t spn_wav_parse(const uint8_t *d, size_t len, const char *name, spn_wav_t 
   if (!name)
     name = "wav";
   if (len < 12 || memcmp(d, "RIFF", 4) != 0 || memcmp(d + 8, "WAVE", 4) != 0)
-    return spn_error_set(err, SPN_EMEDIA, "%s: byte 0: not a RIFF/WAVE file", name);
+    return spn_error_set(err, SPN_EMEDIA,
+                         "%s: byte 0: not a RIFF/WAVE file (the speech is read as WAV: PCM or float; make one with "
+                         "`ffmpeg -i FILE -vn -ac 1 -ar 16000 speech.wav`)",
+                         name);
   bool have_fmt = false, have_data = false;
   uint16_t tag = 0, channels = 0, bits = 0, align = 0;
   uint32_t rate = 0;
