@@ -135,6 +135,17 @@ int spn_cli_next(spn_cli_getopt_t *g, int argc, char **argv, const struct option
 
 enum { O_PLUGIN_PATH = 256, O_SET, O_DEVICES, O_LOG_FORMAT, O_LOG_LEVEL, O_REPEAT, O_TIMEOUT, O_CANCEL_GRACE };
 
+int spn_cli_log_level(const char *cmd, const char *val, int32_t *level) {
+  static const char *const names[] = {"debug", "info", "warn", "error"};
+  for (int32_t i = 0; i < 4; i++)
+    if (!strcmp(val, names[i])) {
+      *level = i; /* spn_log_level_t: SPN_LOG_DEBUG 0 .. SPN_LOG_ERROR 3 */
+      return 0;
+    }
+  fprintf(stderr, "spindle %s: --log-level '%s': expected debug, info, warn or error\n", cmd, val);
+  return 2;
+}
+
 int spn_cli_seconds(const char *cmd, const char *opt, const char *val, double lo, bool lo_ok, double hi,
                     double *out) {
   char *end = NULL;
@@ -212,19 +223,10 @@ int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opt
         return 2;
       }
       break;
-    case O_LOG_LEVEL: {
-      static const char *const names[] = {"debug", "info", "warn", "error"};
-      int level = -1;
-      for (int i = 0; i < 4; i++)
-        if (!strcmp(val, names[i]))
-          level = i; /* spn_log_level_t: SPN_LOG_DEBUG 0 .. SPN_LOG_ERROR 3 */
-      if (level < 0) {
-        fprintf(stderr, "spindle %s: --log-level '%s': expected debug, info, warn or error\n", cmd, val);
+    case O_LOG_LEVEL:
+      if (spn_cli_log_level(cmd, val, &o->log_level) != 0)
         return 2;
-      }
-      o->log_level = level;
       break;
-    }
     case O_REPEAT: {
       char *end = NULL;
       errno = 0;

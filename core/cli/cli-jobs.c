@@ -135,7 +135,7 @@ typedef struct runners {
 static const spn_job_runner_t *runners_start(runners_t *r, const char *cmd, const spn_test_runner_config_t *tc,
                                              const spn_pipeline_def_t *defs, size_t n_defs,
                                              const char *const *plugin_paths, size_t n_plugin_paths,
-                                             const char *devices) {
+                                             const char *devices, const char *log_level) {
   memset(r, 0, sizeof *r);
   spn_error_t err = SPN_ERROR_INIT;
   if (spn_test_runner_new(tc, &r->test, &err) < 0) {
@@ -146,7 +146,7 @@ static const spn_job_runner_t *runners_start(runners_t *r, const char *cmd, cons
   if (!n_defs)
     return &r->test;
   /* Reuse the pipeline commands' option handling (build-tree stages). */
-  char **av = calloc(2 * n_plugin_paths + 3, sizeof *av);
+  char **av = calloc(2 * n_plugin_paths + 5, sizeof *av);
   if (!av)
     return NULL;
   int ac = 0;
@@ -159,7 +159,11 @@ static const spn_job_runner_t *runners_start(runners_t *r, const char *cmd, cons
     av[ac++] = (char *)"--devices";
     av[ac++] = (char *)devices;
   }
-  static const char *const allowed[] = {"plugin-path", "devices", NULL};
+  if (log_level) {
+    av[ac++] = (char *)"--log-level";
+    av[ac++] = (char *)log_level;
+  }
+  static const char *const allowed[] = {"plugin-path", "devices", "log-level", NULL};
   spn_cli_opts_t o;
   int rc = spn_cli_parse(ac, av, allowed, &o);
   free(av);
@@ -224,6 +228,8 @@ static const char serve_help[] =
     "  --pipeline NAME      refuse to start unless NAME can run (repeatable)\n"
     "  --plugin-path DIR    search DIR for stage plugins (repeatable)\n"
     "  --devices SPEC       runtime devices: auto, cpu, cpu:N, cuda, cuda:0,1\n"
+    "  --log-level L        the pipelines' log: debug, info (default), warn or error; debug\n"
+    "                       shows what the runtime and the stages log as they go\n"
     "  --http HOST:PORT     serve /healthz, /readyz and /metrics (Prometheus)\n"
     "  --chunk-bytes N --chunk-delay-ms N --exec-log FILE   test runner settings\n";
 
@@ -234,7 +240,7 @@ enum {
   O_INPUT_ROOT, O_OUTPUT_ROOT, O_PIPELINE, O_CONNECT, O_NAME, O_SLOTS, O_SERVER_KEY_FILE, O_TIMEOUT_MS, O_GATEWAY_WAIT,
   O_WAIT, O_INPUT, O_OUTPUT, O_PARAM, O_PRIORITY, O_DEADLINE, O_SEGMENTS, O_SEGMENT_SECONDS,
   O_IDEMPOTENCY_KEY, O_JSON, O_STATE, O_LIMIT, O_QUEUE_WAIT, O_JOB_TIMEOUT, O_CANCEL_GRACE,
-  O_KEEP_ENDED,
+  O_KEEP_ENDED, O_LOG_LEVEL,
 };
 #define REQ(name, id) {name, required_argument, NULL, id}
 
@@ -250,7 +256,7 @@ static const struct option serve_opts[] = {
     REQ("backoff-ms", O_BACKOFF_MS), REQ("backoff-max-ms", O_BACKOFF_MAX_MS), REQ("max-msg", O_MAX_MSG),
     REQ("chunk-bytes", O_CHUNK_BYTES), REQ("chunk-delay-ms", O_CHUNK_DELAY_MS), REQ("root", O_ROOT),
     REQ("input-root", O_INPUT_ROOT), REQ("output-root", O_OUTPUT_ROOT), REQ("pipeline", O_PIPELINE),
-    SPN_CLI_HELP_OPT, {0}};
+    REQ("log-level", O_LOG_LEVEL), SPN_CLI_HELP_OPT, {0}};
 
 /* One parsed option of serve: flags are applied after --config is loaded. */
 typedef struct given {
@@ -263,7 +269,7 @@ static int cmd_serve(int argc, char **argv) {
   spn_server_config_defaults(&cfg);
   spn_error_t err = SPN_ERROR_INIT;
   int rc = EXIT_FAILED;
-  const char *config = NULL;
+  const char *config = NULL, *log_level = NULL;
   const char **plugin_paths = calloc((size_t)argc, sizeof *plugin_paths);
   given_t *given = calloc((size_t)argc, sizeof *given);
   size_t n_plugin_paths = 0, n_given = 0;
@@ -300,6 +306,15 @@ static int cmd_serve(int argc, char **argv) {
     spn_roots_t *roots[2] = {NULL, NULL};
     switch (given[i].c) {
     case O_CONFIG: break;
+    case O_LOG_LEVEL: {
+      int32_t level = 0;
+      if (spn_cli_log_level("serve", v, &level) != 0) {
+        rc = EXIT_USAGE;
+        goto out;
+      }
+      log_level = v;
+      break;
+    }
     case O_PLUGIN_PATH: plugin_paths[n_plugin_paths++] = v; break;
     case O_DEVICES: str = &cfg.devices; break;
     case O_BIND: str = &cfg.bind; break;
@@ -387,7 +402,8 @@ static int cmd_serve(int argc, char **argv) {
   /* Every pipeline is loaded (models preloaded) before the gateway binds,
    * so it never reports ready (stdout line, /readyz) before they are. */
   const spn_job_runner_t *runner = runners_start(&runners, "serve", &rc_cfg, cfg.pipeline_defs,
-                                                 cfg.n_pipeline_defs, plugin_paths, n_plugin_paths, cfg.devices);
+                                                 cfg.n_pipeline_defs, plugin_paths, n_plugin_paths, cfg.devices,
+                                                 log_level);
   if (!runner)
     goto out;
   runners_cancel_grace(&runners, cfg.cancel_grace_s);
@@ -437,7 +453,7 @@ static int cmd_worker(int argc, char **argv) {
   bool drain_set = false, lease_set = false, wait_set = false, grace_set = false;
   uint32_t cancel_grace = 120;
   spn_test_runner_config_t trc = {.chunk_bytes = 65536};
-  const char *keyfile = NULL, *server_key_file = NULL, *config = NULL, *devices = NULL;
+  const char *keyfile = NULL, *server_key_file = NULL, *config = NULL, *devices = NULL, *log_level = NULL;
   const char *plugin_paths[16];
   size_t n_plugin_paths = 0;
   static const struct option opts[] = {
@@ -448,7 +464,7 @@ static int cmd_worker(int argc, char **argv) {
       REQ("chunk-bytes", O_CHUNK_BYTES), REQ("chunk-delay-ms", O_CHUNK_DELAY_MS), REQ("exec-log", O_EXEC_LOG),
       REQ("curve-keyfile", O_CURVE_KEYFILE), REQ("server-key-file", O_SERVER_KEY_FILE),
       REQ("config", O_CONFIG), REQ("devices", O_DEVICES), REQ("plugin-path", O_PLUGIN_PATH),
-      SPN_CLI_HELP_OPT, {0}};
+      REQ("log-level", O_LOG_LEVEL), SPN_CLI_HELP_OPT, {0}};
   spn_cli_getopt_t g = {.cmd = "worker"};
   for (int c; (c = spn_cli_next(&g, argc, argv, opts)) != SPN_CLI_END;) {
     const char *v = g.arg;
@@ -461,6 +477,7 @@ static int cmd_worker(int argc, char **argv) {
              "                            is abandoned and the worker exits 1 (default 120; 0: wait)\n"
              "       [--queue-auth-file F] [--queue-prefix P] [--queue-wait S]\n"
              "       [--config SERVER.toml] [--plugin-path DIR]... [--devices SPEC]\n"
+             "       [--log-level debug|info|warn|error]   the pipelines' log (default info)\n"
              "       [--heartbeat-ms N] [--curve-keyfile F --server-key-file F]\n"
              "       [--http HOST:PORT]   serve /healthz, /readyz and /metrics (Prometheus)\n"
              "       [--chunk-bytes N] [--chunk-delay-ms N] [--exec-log FILE]\n");
@@ -486,6 +503,13 @@ static int cmd_worker(int argc, char **argv) {
     case O_SERVER_KEY_FILE: server_key_file = v; break;
     case O_CONFIG: config = v; break;
     case O_DEVICES: devices = v; break;
+    case O_LOG_LEVEL: {
+      int32_t level = 0;
+      if (spn_cli_log_level("worker", v, &level) != 0)
+        return EXIT_USAGE;
+      log_level = v;
+      break;
+    }
     case O_PLUGIN_PATH:
       if (n_plugin_paths == sizeof plugin_paths / sizeof plugin_paths[0])
         return usage_err("worker", "at most 16 --plugin-path%s", "");
@@ -556,7 +580,8 @@ static int cmd_worker(int argc, char **argv) {
     wc.queue = &qc;
   runners_t runners;
   const spn_job_runner_t *runner = runners_start(&runners, "worker", &trc, sc.pipeline_defs, sc.n_pipeline_defs,
-                                                 plugin_paths, n_plugin_paths, devices ? devices : sc.devices);
+                                                 plugin_paths, n_plugin_paths, devices ? devices : sc.devices,
+                                                 log_level);
   if (runner)
     runners_cancel_grace(&runners, grace_set ? cancel_grace : sc.cancel_grace_s);
   int rc = EXIT_OK;

@@ -63,6 +63,10 @@ int spn_cli_next(spn_cli_getopt_t *g, int argc, char **argv, const struct option
  * itself only when lo_ok): 0 with *out set, or 2 (a usage error) after
  * "spindle CMD: --OPT 'VAL': expected seconds in (LO, HI]" on stderr. The
  * one parser of every option that takes seconds. */
+/* --log-level VAL: debug, info, warn or error into *level (spn_log_level_t);
+ * anything else is said on stderr ("spindle CMD: --log-level ...") and
+ * returns 2 (usage), else 0. */
+int spn_cli_log_level(const char *cmd, const char *val, int32_t *level);
 int spn_cli_seconds(const char *cmd, const char *opt, const char *val, double lo, bool lo_ok, double hi,
                     double *out);
 

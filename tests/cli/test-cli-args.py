@@ -53,6 +53,9 @@ for cmd, opt in ((["serve"], "--http"), (["worker"], "--connect"), (["submit", "
 expect(["serve", "--workers", "two"], 2, "--workers needs a non-negative integer")
 expect(["serve", "--lease-ms=-1"], 2, "--lease-ms needs a non-negative integer")
 expect(["worker", "--slots=x", "--connect", "tcp://127.0.0.1:1"], 2, "--slots needs a non-negative integer")
+expect(["serve", "--log-level", "loud"], 2, "spindle serve: --log-level 'loud': expected debug, info, warn or error")
+expect(["worker", "--log-level=verbose", "--connect", "tcp://127.0.0.1:1"], 2,
+       "spindle worker: --log-level 'verbose': expected debug, info, warn or error")
 expect(["submit"], 2, "which pipeline?")
 expect(["submit", "noop", "other"], 2, 'one pipeline only (also got "other")')
 expect(["submit", "noop", "--priority", "high"], 2, '--priority needs an integer, got "high"')

@@ -380,11 +380,23 @@ def check_vanished_output(ep, jid, out, where):
     print(f"{where}: output folder gone after submit: {st['state']}, {msg!r}")
 
 
+def debug_lines(path):
+    """The lines logged at debug level, and lipsync's batch lines among them."""
+    lines = [ln for ln in open(path, errors="replace") if '"level":"debug"' in ln]
+    return lines, [ln for ln in lines if "wav2lip run: " in ln]
+
+
 def case_gateway(tmp):
     cfg = server_config(tmp)
-    p, ep = start_serve(tmp, cfg, "--workers", "2")
+    # --log-level debug: the stages' debug lines (lipsync's batch sizes)
+    p, ep = start_serve(tmp, cfg, "--workers", "2", "--log-level", "debug")
     run_all_pipelines(tmp, ep)
+    lines, batches = debug_lines(os.path.join(tmp, "serve.log"))
+    check(batches, f"serve --log-level debug: no lipsync batch line among {len(lines)} debug lines")
     check(p.poll() is None, "gateway died")
+    r = subprocess.run([SPINDLE, "serve", "--config", cfg, "--log-level", "loud"], capture_output=True, timeout=60)
+    check(r.returncode == 2 and b"spindle serve: --log-level 'loud': expected debug, info, warn or error" in r.stderr,
+          f"serve --log-level loud: exit {r.returncode}, {r.stderr[-300:]!r}")
 
 
 def case_remote(tmp):
@@ -392,9 +404,14 @@ def case_remote(tmp):
     hp = free_port()
     p, ep = start_serve(tmp, cfg, "--workers", "0", "--http", f"127.0.0.1:{hp}")
     gone = submit_vanishing_output(tmp, ep)
-    w = start_worker(tmp, ep, cfg)
+    w = start_worker(tmp, ep, cfg, "w", "--log-level", "debug")
     # workers = 0: every job that succeeds ran on the remote worker
     run_all_pipelines(tmp, ep)
+    # the worker's pipelines log at debug (lipsync's batches); the gateway's at info
+    lines, batches = debug_lines(os.path.join(tmp, "worker-w.log"))
+    check(batches, f"worker --log-level debug: no lipsync batch line among {len(lines)} debug lines")
+    lines, _ = debug_lines(os.path.join(tmp, "serve.log"))
+    check(not lines, f"the gateway (info) logged debug lines: {lines[:3]}")
     check_vanished_output(ep, *gone, "remote worker")
     tolerated_job(tmp, ep, "remote worker")
     check_bad_media_not_retried(tmp, ep, "remote worker")
