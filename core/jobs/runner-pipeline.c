@@ -136,6 +136,16 @@ static void binding_names(const spn_pipeline_t *p, spn_binding_kind_t kind, char
     snprintf(buf, size, "none");
 }
 
+/* The file a job gives as input or output `name`, or NULL. */
+static const char *job_file(const spn_job_spec_t *job, spn_binding_kind_t kind, const char *name) {
+  const spn_job_io_t *io = kind == SPN_BINDING_INPUT ? job->inputs : job->outputs;
+  size_t n = kind == SPN_BINDING_INPUT ? job->n_inputs : job->n_outputs;
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(io[i].name, name))
+      return io[i].path;
+  return NULL;
+}
+
 /* A param may not name a file: the job's files are its inputs and outputs,
  * which the gateway resolves and checks against its roots and against the
  * other jobs' files; a param that set the same key, or any path, would
@@ -191,15 +201,20 @@ static int32_t job_overrides(const pr_entry_t *e, const spn_job_spec_t *job, cha
       const char *path = k == SPN_BINDING_OUTPUT && out_paths ? out_paths[i] : io[i].path;
       rc = ovs_add(o, t, path, true, err);
     }
-    /* Every bound input and output must be given. */
+    /* Every bound input and output must be given, but an input with a
+     * default, which takes that input's file. */
     size_t nb = spn_pipeline_binding_count(e->pipe, (spn_binding_kind_t)k);
     for (size_t b = 0; b < nb && rc == SPN_OK; b++) {
-      const char *bn = spn_pipeline_binding_at(e->pipe, (spn_binding_kind_t)k, b, NULL);
-      bool given = false;
-      for (size_t i = 0; i < n; i++)
-        given |= !strcmp(io[i].name, bn);
-      if (!given)
-        return spn_error_set(err, SPN_EINVAL, "pipeline \"%s\" needs %s \"%s\"", e->name, what[k], bn);
+      const char *bt = NULL;
+      const char *bn = spn_pipeline_binding_at(e->pipe, (spn_binding_kind_t)k, b, &bt);
+      if (job_file(job, (spn_binding_kind_t)k, bn))
+        continue;
+      const char *def = spn_pipeline_binding_default(e->pipe, (spn_binding_kind_t)k, b);
+      const char *path = def ? job_file(job, (spn_binding_kind_t)k, def) : NULL;
+      if (!path)
+        return spn_error_set(err, SPN_EINVAL, "pipeline \"%s\" needs %s \"%s\"", e->name, what[k],
+                             def ? def : bn);
+      rc = ovs_add(o, bt, path, true, err);
     }
   }
   for (size_t i = 0; i < job->n_params && rc == SPN_OK; i++) {
@@ -353,15 +368,21 @@ static int32_t pr_segment_plan(void *data, const spn_job_spec_t *job, uint32_t s
     if (pipe_accepts(e, plan->start_key, "1.0") && pipe_accepts(e, plan->duration_key, "1.0"))
       in = &job->inputs[i];
   }
-  /* A soundtrack muxed whole by the encoder would restart in every segment. */
-  for (size_t i = 0; i < job->n_inputs; i++) {
-    const char *t = binding_target(e->pipe, SPN_BINDING_INPUT, job->inputs[i].name);
+  /* A soundtrack muxed whole by the encoder would restart in every
+   * segment: given, or taken by default from another input. */
+  for (size_t b = 0; b < spn_pipeline_binding_count(e->pipe, SPN_BINDING_INPUT); b++) {
+    const char *t = NULL;
+    const char *bn = spn_pipeline_binding_at(e->pipe, SPN_BINDING_INPUT, b, &t);
+    const char *def = spn_pipeline_binding_default(e->pipe, SPN_BINDING_INPUT, b);
     const char *dot = t ? strrchr(t, '.') : NULL;
-    if (dot && !strcmp(dot, ".audio_path"))
+    bool used = job_file(job, SPN_BINDING_INPUT, bn) || (def && job_file(job, SPN_BINDING_INPUT, def));
+    if (used && dot && !strcmp(dot, ".audio_path"))
       return spn_error_set(err, SPN_EINVAL,
-                           "\"%s\": input \"%s\" is muxed whole (%s); a segmented job's audio must come through "
-                           "the pipeline",
-                           field, job->inputs[i].name, t);
+                           "\"%s\": input \"%s\" is muxed whole (%s%s%s%s); a segmented job's audio must come "
+                           "through the pipeline",
+                           field, bn, t, job_file(job, SPN_BINDING_INPUT, bn) ? "" : ", by default the file of input \"",
+                           job_file(job, SPN_BINDING_INPUT, bn) ? "" : def,
+                           job_file(job, SPN_BINDING_INPUT, bn) ? "" : "\"");
   }
   if (!in)
     return spn_error_set(err, SPN_EINVAL,

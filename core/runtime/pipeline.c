@@ -691,6 +691,16 @@ const char *spn_pipeline_binding_at(const spn_pipeline_t *pipe, spn_binding_kind
   return NULL;
 }
 
+const char *spn_pipeline_binding_default(const spn_pipeline_t *pipe, spn_binding_kind_t kind, size_t i) {
+  for (size_t k = 0; k < pipe->spec->n_bindings; k++) {
+    const spn__binding_t *b = &pipe->spec->bindings[k];
+    if (b->kind != (int32_t)kind || i--)
+      continue;
+    return b->fallback;
+  }
+  return NULL;
+}
+
 int32_t spn_pipeline_check_job(const spn_pipeline_t *pipe, const spn_job_params_t *params, spn_error_t *err) {
   size_t n_ov = params ? params->n_overrides : 0;
   if (!n_ov)

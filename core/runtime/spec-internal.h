@@ -113,6 +113,7 @@ typedef struct spn__binding {
   int32_t kind;               /* spn_binding_kind_t */
   char *name;                 /* the name a job uses ("video") */
   char *target;               /* "stage.key" of an SPN_CONFIG_PER_JOB key */
+  char *fallback;             /* inputs: the input whose file it takes when a job gives none; NULL: required */
   char where[256];            /* "file:line:col" of the binding's value */
 } spn__binding_t;
 

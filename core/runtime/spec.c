@@ -73,9 +73,11 @@ static spn__stage_spec_t *find_stage(const spn__pipeline_spec_t *spec, const cha
 
 /* ---- [pipeline] and [plugins] ------------------------------------------ */
 
-/* [pipeline.inputs] / [pipeline.outputs] / [pipeline.params]: name = "stage.key".
- * Only the shape is read here; check_bindings() checks the targets once every
- * stage is known. */
+/* [pipeline.inputs] / [pipeline.outputs] / [pipeline.params]: name = "stage.key";
+ * an input may also be name = { key = "stage.key", default = "other input" }
+ * (optional: a job that does not give it gets the other's file). Only the
+ * shape is read here; check_bindings() checks the targets once every stage
+ * is known. */
 static int32_t read_bindings(build_t *b, int32_t kind, const char *table, const spn_toml_node_t *t,
                              spn_error_t *err) {
   char where[WHERE_MAX];
@@ -86,10 +88,34 @@ static int32_t read_bindings(build_t *b, int32_t kind, const char *table, const 
   for (size_t i = 0; i < spn_toml_table_len(t); i++) {
     spn_toml_pos_t kp;
     const char *name = spn_toml_table_key_at(t, i, &kp);
-    const spn_toml_node_t *v = spn_toml_table_value_at(t, i);
+    const spn_toml_node_t *v = spn_toml_table_value_at(t, i), *def = NULL;
+    if (kind == SPN_BINDING_INPUT && spn_toml_node_type(v) == SPN_TOML_TABLE) {
+      for (size_t k = 0; k < spn_toml_table_len(v); k++) {
+        spn_toml_pos_t p;
+        const char *key = spn_toml_table_key_at(v, k, &p);
+        if (strcmp(key, "key") && strcmp(key, "default")) {
+          where_key(b, p, where, sizeof where);
+          return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.inputs] %s: unknown key \"%s\" (known: key, default)",
+                               where, name, key);
+        }
+      }
+      def = spn_toml_table_get(v, "default", NULL);
+      if (def && spn_toml_node_type(def) != SPN_TOML_STRING) {
+        where_node(def, where, sizeof where);
+        return spn_error_set(err, SPN_ETYPE, "%s: [pipeline.inputs] %s: default must be the name of another input",
+                             where, name);
+      }
+      const spn_toml_node_t *key = spn_toml_table_get(v, "key", NULL);
+      if (!key) {
+        where_node(v, where, sizeof where);
+        return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.inputs] %s: no key = \"stage.key\"", where, name);
+      }
+      v = key;
+    }
     if (spn_toml_node_type(v) != SPN_TOML_STRING || !strchr(spn_toml_string(v, NULL), '.')) {
       where_node(v, where, sizeof where);
-      return spn_error_set(err, SPN_ETYPE, "%s: [pipeline.%s] %s must be a string \"stage.key\"", where, table, name);
+      return spn_error_set(err, SPN_ETYPE, "%s: [pipeline.%s] %s must be a string \"stage.key\"%s", where, table, name,
+                           kind == SPN_BINDING_INPUT ? " (or { key = \"stage.key\", default = \"input\" })" : "");
     }
     if (!*name || strlen(name) > 128) {
       where_key(b, kp, where, sizeof where);
@@ -100,9 +126,10 @@ static int32_t read_bindings(build_t *b, int32_t kind, const char *table, const 
       return spn_error_set(err, SPN_ENOMEM, "out of memory");
     b->spec->bindings = nb;
     spn__binding_t *bd = &nb[b->spec->n_bindings];
-    *bd = (spn__binding_t){.kind = kind, .name = strdup(name), .target = strdup(spn_toml_string(v, NULL))};
+    *bd = (spn__binding_t){.kind = kind, .name = strdup(name), .target = strdup(spn_toml_string(v, NULL)),
+                           .fallback = def ? strdup(spn_toml_string(def, NULL)) : NULL};
     b->spec->n_bindings++;
-    if (!bd->name || !bd->target)
+    if (!bd->name || !bd->target || (def && !bd->fallback))
       return spn_error_set(err, SPN_ENOMEM, "out of memory");
     where_node(v, bd->where, sizeof bd->where);
   }
@@ -149,6 +176,20 @@ static int32_t check_bindings(const spn__pipeline_spec_t *spec, spn_error_t *err
                            "%s: [pipeline.params] %s: stage \"%s\": key \"%s\" is a path: bind files in "
                            "[pipeline.inputs] or [pipeline.outputs]",
                            bd->where, bd->name, stage, key);
+    if (bd->fallback) {
+      const spn__binding_t *other = NULL;
+      for (size_t j = 0; j < spec->n_bindings && !other; j++)
+        if (j != i && spec->bindings[j].kind == SPN_BINDING_INPUT && !strcmp(spec->bindings[j].name, bd->fallback))
+          other = &spec->bindings[j];
+      if (!other)
+        return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.inputs] %s: default \"%s\" is not another input", bd->where,
+                             bd->name, bd->fallback);
+      if (other->fallback)
+        return spn_error_set(err, SPN_ECONFIG,
+                             "%s: [pipeline.inputs] %s: default \"%s\" has a default of its own; name one that a job "
+                             "must give",
+                             bd->where, bd->name, bd->fallback);
+    }
     for (size_t j = 0; j < i; j++) {
       if (spec->bindings[j].kind == bd->kind && !strcmp(spec->bindings[j].name, bd->name))
         return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.%s] %s is bound twice", bd->where, table, bd->name);
@@ -911,6 +952,7 @@ void spn__spec_free(spn__pipeline_spec_t **specp) {
   for (size_t i = 0; i < spec->n_bindings; i++) {
     free(spec->bindings[i].name);
     free(spec->bindings[i].target);
+    free(spec->bindings[i].fallback);
   }
   free(spec->bindings);
   free(spec->name);

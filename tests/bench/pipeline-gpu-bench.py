@@ -180,7 +180,8 @@ def counting_sink_config(cfg_path, out_path):
     idx = doc["stage"].index(enc)
     doc["stage"][idx] = {"name": "encode", "kind": "filesink", "inputs": enc_inputs, "path": ""}
     ins = doc["pipeline"].get("inputs", {})
-    for k in [k for k, v in ins.items() if v.startswith("encode.") and v != "encode.path"]:
+    target = lambda v: v.get("key", "") if isinstance(v, dict) else v  # noqa: E731 (an optional input's table)
+    for k in [k for k, v in ins.items() if target(v).startswith("encode.") and target(v) != "encode.path"]:
         del ins[k]
     with open(out_path, "w") as f:
         f.write(toml_dump(doc))

@@ -311,12 +311,14 @@ def run_all_pipelines(tmp, ep):
         # audio through the DAG: no soundtrack input
         ("transcode", ["--input", f"video={clip}", "--output", f"video={tmp}/out/transcode.mp4",
                        "--param", "duration=1.0"], 25, 320, 320, 1.0),
-        # the whole clip, exactly as the user typed it
-        ("enhance", ["--input", f"video={clip}", "--input", f"soundtrack={clip}",
-                     "--output", f"video={tmp}/out/enhance.mp4"], 100, 640, 640, 4.0),
-        ("lipsync", ["--input", f"video={clip}", "--input", f"speech={speech}", "--input",
-                     f"soundtrack={speech}", "--output", f"video={tmp}/out/lipsync.mp4",
-                     "--param", "duration=1.0"], 25, 640, 640, 1.0),
+        # the whole clip, as a user types it: the soundtrack is by default
+        # the video's own (enhance) or the speech (lipsync); given, below
+        ("enhance", ["--input", f"video={clip}", "--output", f"video={tmp}/out/enhance.mp4"], 100, 640, 640, 4.0),
+        ("lipsync", ["--input", f"video={clip}", "--input", f"speech={speech}",
+                     "--output", f"video={tmp}/out/lipsync.mp4", "--param", "duration=1.0"], 25, 640, 640, 1.0),
+        ("enhance", ["--input", f"video={clip}", "--input", f"soundtrack={speech}",
+                     "--output", f"video={tmp}/out/enhance-speech.mp4", "--param", "duration=1.0"],
+         25, 640, 640, 1.0),
         # a segment that starts after 0
         ("transcode", ["--input", f"video={clip}", "--output", f"video={tmp}/out/seg.mkv",
                        "--param", "start=2.0", "--param", "duration=1.0"], 25, 320, 320, 1.0),
@@ -329,6 +331,20 @@ def run_all_pipelines(tmp, ep):
         check(st["state"] == "succeeded" and st["done"] == st["total"] == frames,
               f"{name}: status {st}")
         check_video(out, frames, w, h, audio)
+    # the default soundtrack is this job's video, not the config's file (the
+    # sample's speech): a copy of the clip with a silent track stays silent
+    quiet = os.path.join(tmp, "quiet.mp4")
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", clip, "-f", "lavfi", "-i", "anullsrc=r=44100:cl=mono",
+                    "-map", "0:v", "-map", "1:a", "-c:v", "copy", "-c:a", "aac", "-shortest", quiet], check=True)
+    out = f"{tmp}/out/enhance-quiet.mp4"
+    cli("submit", "enhance", "--input", f"video={quiet}", "--output", f"video={out}", "--param", "duration=1.0",
+        "--wait", "--connect", ep, check_rc=0)
+    check_video(out, 25, 640, 640, 1.0)
+    vol = subprocess.run(["ffmpeg", "-v", "info", "-i", out, "-map", "0:a", "-af", "volumedetect", "-f", "null", "-"],
+                         capture_output=True, text=True).stderr
+    peak = re.search(r"max_volume: (-?[0-9.inf]+) dB", vol)
+    check(peak and float(peak.group(1)) < -60, f"enhance of a silent clip: its soundtrack peaks at "
+                                               f"{peak.group(1) if peak else '?'} dB (the config's speech?)")
     # faces: one JSON line per frame (configs/faces.toml's metasink)
     det = f"{tmp}/out/faces.jsonl"
     r = cli("submit", "faces", "--input", f"video={clip}", "--output", f"detections={det}",
@@ -644,6 +660,13 @@ def case_failures(tmp):
         check(r.returncode == 5 and want.encode() in r.stderr, f"output {name}: exit {r.returncode}; {r.stderr!r}")
     check(stray(f"{tmp}/out") == [] and not any(f.endswith((".ts", ".m4s", ".png")) for f in os.listdir(f"{tmp}/out")),
           f"a refused output left files: {os.listdir(tmp + '/out')}")
+    # enhance cut into segments: its soundtrack, taken by default from the
+    # video, is muxed whole and would restart in every segment: refused
+    r = cli("submit", "enhance", "--input", f"video={tmp}/in.mp4", "--output", f"video={tmp}/out/seg.mp4",
+            "--segments", "2", "--wait", "--connect", ep)
+    want = ('"segments": input "soundtrack" is muxed whole (encode.audio_path, by default the file of input "video"); '
+            "a segmented job's audio must come through the pipeline")
+    check(r.returncode == 5 and want.encode() in r.stderr, f"segmented enhance: exit {r.returncode}; {r.stderr!r}")
     # a container that cannot hold the config's H.264: the job fails once,
     # naming the path the job gave (not the temporary written) and the pairing
     r = cli("submit", "transcode", "--input", f"video={tmp}/in.mp4", "--output", f"video={tmp}/out/clip.webm", "--wait",

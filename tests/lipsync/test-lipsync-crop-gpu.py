@@ -39,7 +39,7 @@ def derive(config, out):
     cut = text.index('[[stage]]\nname = "sr"')
     head = text[:cut]
     head = re.sub(r'(?m)^video = "encode\.path"\n', '', head)
-    head = re.sub(r'(?m)^soundtrack = "encode\.audio_path"\n', '', head)
+    head = re.sub(r'(?m)^soundtrack = .*"encode\.audio_path".*\n', '', head)
     assert '"encode.' not in head, 'the cut config still names the encoder'
     head = head.replace('"../', '"' + os.path.dirname(os.path.dirname(os.path.abspath(config))) + '/')
     head += ('[[stage]]\nname = "synced"\nkind = "filesink"\ninputs = ["lips.video"]\n\n'

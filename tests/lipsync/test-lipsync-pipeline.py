@@ -55,6 +55,10 @@ def main():
         base = base.replace('inputs = ["lips.video"]', 'inputs = ["decode.video"]')
         base = re.sub(r'\[\[stage\]\]\nname = "melspec"\n.*?(?=\[\[stage\]\])', "", base, flags=re.S)
         base = base.replace('speech = "melspec.path"\n', "")
+        # its soundtrack's default input, speech, is gone with melspec
+        base, n = re.subn(r'(?m)^soundtrack = \{ key = "encode\.audio_path", default = "speech" \}.*$',
+                          'soundtrack = "encode.audio_path"', base)
+        assert n == 1, base
         assert 'kind = "lipsync"' not in base and base.count("[[stage]]") == 3, base
         # Written beside the outputs, its relative paths made absolute.
         base_cfg = os.path.join(tmp, "baseline.toml")

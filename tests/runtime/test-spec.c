@@ -20,6 +20,7 @@ typedef struct src_config {
   char *label;
   char *input;   /* PATH, per job */
   char *model;   /* PATH, required */
+  char *side;    /* PATH, per job: a second file */
 } src_config_t;
 
 static const spn_config_field_t src_schema[] = {
@@ -34,6 +35,8 @@ static const spn_config_field_t src_schema[] = {
      .doc = "input file"},
     {.key = "model", .type = SPN_CONFIG_PATH, .flags = SPN_CONFIG_REQUIRED, .offset = offsetof(src_config_t, model),
      .doc = "model file"},
+    {.key = "side", .type = SPN_CONFIG_PATH, .flags = SPN_CONFIG_PER_JOB, .offset = offsetof(src_config_t, side),
+     .doc = "a second file"},
     {0},
 };
 
@@ -499,6 +502,29 @@ static void job_bindings(void **state) {
                "key \"frames\" is not a string or path", NULL);
   expect_error(*state, "[pipeline.params]\nv = \"s.nope\"\n" SRC, NULL, 0, SPN_ECONFIG, "conf/pipe.toml:2:5",
                "unknown key \"nope\" for kind \"src\"", NULL);
+  /* an optional input: { key, default = another input a job must give } */
+  assert_int_equal(build(*state, "conf/pipe.toml",
+                         "[pipeline.inputs]\nvideo = \"s.input\"\nalt = { key = \"s.side\", default = \"video\" }\n"
+                         SRC, NULL, 0, &spec, &err),
+                   SPN_OK);
+  assert_int_equal(spec->n_bindings, 2);
+  assert_null(spec->bindings[0].fallback);
+  assert_string_equal(spec->bindings[1].target, "s.side");
+  assert_string_equal(spec->bindings[1].fallback, "video");
+  spn__spec_free(&spec);
+  expect_error(*state, "[pipeline.inputs]\nalt = { key = \"s.side\", default = \"vid\" }\n" SRC, NULL, 0, SPN_ECONFIG,
+               "conf/pipe.toml:2:15", "[pipeline.inputs] alt: default \"vid\" is not another input", NULL);
+  expect_error(*state, "[pipeline.inputs]\nalt = { key = \"s.side\", default = \"alt\" }\n" SRC, NULL, 0, SPN_ECONFIG,
+               "conf/pipe.toml:2:15", "default \"alt\" is not another input", NULL);
+  expect_error(*state,
+               "[pipeline.inputs]\nv = { key = \"s.input\", default = \"w\" }\nw = { key = \"s.side\", default = \"v\" }\n"
+               SRC, NULL, 0, SPN_ECONFIG, "conf/pipe.toml:2:13", "default \"w\" has a default of its own", NULL);
+  expect_error(*state, "[pipeline.inputs]\nalt = { key = \"s.side\", fallback = \"v\" }\n" SRC, NULL, 0, SPN_ECONFIG,
+               "conf/pipe.toml:2:", "unknown key \"fallback\" (known: key, default)", NULL);
+  expect_error(*state, "[pipeline.inputs]\nalt = { default = \"v\" }\n" SRC, NULL, 0, SPN_ECONFIG, "conf/pipe.toml:2:7",
+               "[pipeline.inputs] alt: no key = \"stage.key\"", NULL);
+  expect_error(*state, "[pipeline.outputs]\nalt = { key = \"s.side\", default = \"v\" }\n" SRC, NULL, 0, SPN_ETYPE,
+               "conf/pipe.toml:2:7", "[pipeline.outputs] alt must be a string \"stage.key\"", NULL);
   /* a param naming a file would bypass the checks a job's inputs and
    * outputs get (the job service's roots); one key bound twice would let
    * a param replace an input's file */

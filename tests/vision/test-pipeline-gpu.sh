@@ -56,7 +56,7 @@ feeds = re.search(r'inputs = \["([A-Za-z0-9_-]+\.[A-Za-z0-9_]+)"\]', rest)
 assert feeds, 'the encode stage has no inputs = ["stage.port"]'
 head = head[:head.rindex('[[stage]]')]
 head = head.replace('"encode.path"', '"raw.path"')
-head = re.sub(r'(?m)^soundtrack = "encode\.audio_path"\n', '', head)
+head = re.sub(r'(?m)^soundtrack = .*"encode\.audio_path".*\n', '', head)
 root = os.path.dirname(os.path.dirname(os.path.abspath(sys.argv[1])))
 head = head.replace('"../', '"' + root + '/')  # the config's relative paths, from the copy's folder
 open(sys.argv[2], 'w').write(head + '[[stage]]\nname = "raw"\nkind = "filesink"\ninputs = ["%s"]\n' % feeds.group(1))

@@ -166,6 +166,11 @@ SPN_API size_t spn_pipeline_binding_count(const spn_pipeline_t *pipe, spn_bindin
  * "stage.key"; NULL when i is out of range. Ownership: borrowed from pipe. Thread: any. */
 SPN_API const char *spn_pipeline_binding_at(const spn_pipeline_t *pipe, spn_binding_kind_t kind, size_t i,
                                             const char **target);
+/* An optional input's default ([pipeline.inputs] name = { key = "stage.key",
+ * default = "video" }): the name of the input whose file it takes when a
+ * job does not give it; NULL when a job must give it (or i is out of
+ * range). Ownership: borrowed from pipe. Thread: any. */
+SPN_API const char *spn_pipeline_binding_default(const spn_pipeline_t *pipe, spn_binding_kind_t kind, size_t i);
 /* The type and flags (SPN_CONFIG_PER_JOB, ...) of the key a "stage.key"
  * target names; SPN_ENOENT when the pipeline has no such stage or its
  * kind no such key. Thread: any. Ownership: arguments borrowed. */
