@@ -45,6 +45,7 @@ typedef struct lease {
   uint32_t attempt;
   int64_t since_ms;
   char pipeline[64];
+  bool segmented;     /* a segmented job's join: its warnings are its segments' */
 } lease_t;
 
 /* Jobs of a pipeline that succeeded with warnings. */
@@ -92,12 +93,16 @@ struct spn__observe {
 
 /* ---- helpers ---- */
 
-static void pipeline_of(const char *spec_json, char *out, size_t cap) {
+/* The spec's pipeline, and whether it is a segmented job's (its parent,
+ * whose run joins the segments). */
+static void pipeline_of(const char *spec_json, char *out, size_t cap, bool *segmented) {
   snprintf(out, cap, "%s", "");
   cJSON *j = spec_json ? cJSON_Parse(spec_json) : NULL;
   const cJSON *p = j ? cJSON_GetObjectItemCaseSensitive(j, "pipeline") : NULL;
   if (cJSON_IsString(p))
     snprintf(out, cap, "%s", p->valuestring);
+  if (segmented)
+    *segmented = cJSON_IsObject(j ? cJSON_GetObjectItemCaseSensitive(j, "segments") : NULL);
   cJSON_Delete(j);
 }
 
@@ -188,9 +193,21 @@ static void warned_render(spn__mbuf_t *b, const warned_set_t *ws, const char *fa
   }
 }
 
+static void any_warned(void *user, const spn_queue_job_t *c) {
+  if (c->warnings_json && *c->warnings_json && strcmp(c->warnings_json, "[]"))
+    *(bool *)user = true;
+}
+
+/* A job that succeeded, warned or not. A segmented job's join has no
+ * warnings of its own: its output is its segments', and so are its
+ * warnings (its status lists them), so it counts as warned when one of
+ * them was. */
 static void warned_count(spn__observe_t *o, int64_t id, const char *warnings) {
   const lease_t *l = lease_find(o, id);
-  warned_add(&o->warned, l ? l->pipeline : "", warnings && *warnings && strcmp(warnings, "[]"));
+  bool warned = warnings && *warnings && strcmp(warnings, "[]");
+  if (!warned && l && l->segmented)
+    (void)o->inner.ops->children(o->inner.impl, id, any_warned, &warned, NULL);
+  warned_add(&o->warned, l ? l->pipeline : "", warned);
 }
 
 /* A job's attempt ended (lease gone): log the event, count it, and for the
@@ -211,7 +228,7 @@ static void attempt_ended(spn__observe_t *o, int64_t id, uint32_t attempt, spn_q
     spn_queue_job_t j;
     if (o->inner.ops->get(o->inner.impl, id, &j, NULL) == SPN_OK) {
       attempt = j.attempts;
-      pipeline_of(j.spec_json, pipeline, sizeof pipeline);
+      pipeline_of(j.spec_json, pipeline, sizeof pipeline, NULL);
       spn__queue_job_clear(&j);
     }
   }
@@ -255,7 +272,7 @@ static int32_t w_submit(void *q, const spn_queue_submit_t *s, int64_t now, int64
   int32_t rc = o->inner.ops->submit(o->inner.impl, s, now, id, existed, err);
   if (rc >= 0 && !*existed) {
     char pipeline[64];
-    pipeline_of(s->spec_json, pipeline, sizeof pipeline);
+    pipeline_of(s->spec_json, pipeline, sizeof pipeline, NULL);
     spn__log_fields_t f = SPN__LOG_FIELDS_INIT;
     f.job_id = (uint64_t)*id;
     f.event = spn__queue_event_name(SPN_QEV_SUBMITTED);
@@ -284,11 +301,13 @@ static int32_t w_lease(void *q, const char *owner, const char *pipelines, int64_
   if (!l && o->nleases < o->caplease)
     l = &o->leases[o->nleases++];
   char pipeline[64];
-  pipeline_of(out->spec_json, pipeline, sizeof pipeline);
+  bool segmented = false;
+  pipeline_of(out->spec_json, pipeline, sizeof pipeline, &segmented);
   if (l) {
     l->id = out->id;
     l->attempt = out->attempts;
     l->since_ms = now;
+    l->segmented = segmented;
     snprintf(l->pipeline, sizeof l->pipeline, "%s", pipeline);
   }
   spn__log_fields_t f = SPN__LOG_FIELDS_INIT;
@@ -614,7 +633,7 @@ typedef struct depth_acc {
 static void depth_add(void *user, const spn_queue_job_t *j) {
   depth_acc_t *a = user;
   char pipeline[129];
-  pipeline_of(j->spec_json, pipeline, sizeof pipeline);
+  pipeline_of(j->spec_json, pipeline, sizeof pipeline, NULL);
   for (size_t i = 0; i < a->n; i++)
     if (a->d[i].priority == j->priority && !strcmp(a->d[i].pipeline, pipeline)) {
       a->d[i].n++;

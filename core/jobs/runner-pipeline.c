@@ -368,21 +368,24 @@ static int32_t pr_segment_plan(void *data, const spn_job_spec_t *job, uint32_t s
     if (pipe_accepts(e, plan->start_key, "1.0") && pipe_accepts(e, plan->duration_key, "1.0"))
       in = &job->inputs[i];
   }
-  /* A soundtrack muxed whole by the encoder would restart in every
-   * segment: given, or taken by default from another input. */
+  /* A soundtrack the encoder muxes whole (its audio_path) restarts in
+   * every segment. The join does not use the segments' audio: it encodes
+   * the cut input's soundtrack once for the whole file. So a soundtrack
+   * that is, by default, the cut input's own file (enhance's) comes out
+   * as unsegmented; any other is refused. */
   for (size_t b = 0; b < spn_pipeline_binding_count(e->pipe, SPN_BINDING_INPUT); b++) {
     const char *t = NULL;
     const char *bn = spn_pipeline_binding_at(e->pipe, SPN_BINDING_INPUT, b, &t);
     const char *def = spn_pipeline_binding_default(e->pipe, SPN_BINDING_INPUT, b);
     const char *dot = t ? strrchr(t, '.') : NULL;
-    bool used = job_file(job, SPN_BINDING_INPUT, bn) || (def && job_file(job, SPN_BINDING_INPUT, def));
-    if (used && dot && !strcmp(dot, ".audio_path"))
-      return spn_error_set(err, SPN_EINVAL,
-                           "\"%s\": input \"%s\" is muxed whole (%s%s%s%s); a segmented job's audio must come "
-                           "through the pipeline",
-                           field, bn, t, job_file(job, SPN_BINDING_INPUT, bn) ? "" : ", by default the file of input \"",
-                           job_file(job, SPN_BINDING_INPUT, bn) ? "" : def,
-                           job_file(job, SPN_BINDING_INPUT, bn) ? "" : "\"");
+    bool given = job_file(job, SPN_BINDING_INPUT, bn) != NULL;
+    if (!dot || strcmp(dot, ".audio_path") || (!given && !def) || (!given && in && !strcmp(def, in->name)))
+      continue;
+    return spn_error_set(err, SPN_EINVAL,
+                         "\"%s\": input \"%s\" is muxed whole (%s%s%s%s); a segmented job's audio must come through "
+                         "the pipeline, or be the cut input's own",
+                         field, bn, t, given ? "" : ", by default the file of input \"", given ? "" : def,
+                         given ? "" : "\"");
   }
   if (!in)
     return spn_error_set(err, SPN_EINVAL,

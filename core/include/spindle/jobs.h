@@ -136,7 +136,8 @@ typedef struct spn_segment_plan {
   char start_key[128];     /* the per-job "stage.key" that starts a segment ("decode.start") */
   char duration_key[128];  /* ... and the one that gives its length ("decode.duration") */
   char output[65];         /* the job output the segments are joined into */
-  char input[65];          /* the job input that is cut (the joined file's audio comes from it) */
+  char input[65];          /* the job input that is cut (the joined file's audio comes from it, also
+                            * when it is an encoder's soundtrack by default) */
 } spn_segment_plan_t;
 
 /* Free what the plan holds (bounds) and zero it, so a second call is
