@@ -183,9 +183,16 @@ int32_t spn_media_av_status(int averr) {
   return SPN_EMEDIA;
 }
 
+/* "scheme://..." with a scheme of letters, digits, + - . after a letter
+ * (not a local path that has "://" further on, such as "/in/a://b.mp4") */
 static int is_url(const char *path) {
-  const char *colon = strchr(path, ':');
-  return colon && colon[1] == '/' && colon[2] == '/' && strncmp(path, "file:", 5) != 0;
+  size_t n = 0;
+  if (!((path[0] >= 'a' && path[0] <= 'z') || (path[0] >= 'A' && path[0] <= 'Z')))
+    return 0;
+  while ((path[n] >= 'a' && path[n] <= 'z') || (path[n] >= 'A' && path[n] <= 'Z') ||
+         (path[n] >= '0' && path[n] <= '9') || path[n] == '+' || path[n] == '-' || path[n] == '.')
+    n++;
+  return path[n] == ':' && path[n + 1] == '/' && path[n + 2] == '/' && strncmp(path, "file:", 5) != 0;
 }
 
 /* The demuxers that read other files or URLs on a file's behalf: playlists

@@ -329,6 +329,8 @@ static void inputs_are_read_as_one_file(void **state) {
   const struct { const char *file, *expect; int follows; } cases[] = {
       {"playlist.m3u8", ": is a file of FFmpeg's \"hls\" format", 50},
       {"remote.m3u8", ": is a file of FFmpeg's \"hls\" format", -1},
+      /* a local path with "://" inside is no URL */
+      {"x://playlist.m3u8", ": is a file of FFmpeg's \"hls\" format", -1},
       {"list.ffconcat", ": is a file of FFmpeg's \"concat\" format", 50},
       {"disguised.mp4", ": is a file of FFmpeg's \"concat\" format", 50},
       {"seq%d.png", ": refers to another file or URL (", 1},
@@ -572,6 +574,7 @@ static int setup_clips(void) {
   r |= sh("printf '#EXTM3U\\n#EXT-X-TARGETDURATION:2\\n#EXTINF:2.0,\\n%s\\n#EXT-X-ENDLIST\\n' > '%s'",
           "http://127.0.0.1:9/part.ts", p("remote.m3u8"));
   r |= sh("printf \"ffconcat version 1.0\\nfile 'other/part.ts'\\n\" > '%s'", p("list.ffconcat"));
+  r |= sh("mkdir -p '%s' && cp '%s' '%s'", p("x:"), p("playlist.m3u8"), p("x:/playlist.m3u8"));
   r |= sh("cp '%s' '%s'", p("list.ffconcat"), p("disguised.mp4"));
   r |= sh("%s -f lavfi -i testsrc2=size=64x48 -frames:v 1 '%s'", ff, p("still.png"));
   r |= sh("cp '%s' '%s' && cp '%s' '%s'", p("still.png"), p("seq%d.png"), p("still.png"), p("seq1.png"));
