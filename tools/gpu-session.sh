@@ -89,6 +89,8 @@ pipeline_run() { # PIPE SIZE OPTS
     esac
   done
   [ "$p" = enhance ] && [ "$size" = 720 ] && args+=(--gpu-decode-both)
+  # lipsync's Wav2Lip batch sizes on the GPU (the stage's debug lines)
+  [ "$p" = lipsync ] && args+=(--log-level debug)
   local tb; tb=$(box "$tp")
   if [ "$tb" -lt 15 ]; then say "pipeline $tag: skipped (no time left)"; return 0; fi
   say "pipeline $tag (${envs[*]:-defaults}; ${tb} s)"

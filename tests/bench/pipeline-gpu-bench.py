@@ -197,12 +197,12 @@ def precision_of(stage):
 # Spindle
 # --------------------------------------------------------------------------
 
-def run_spindle(spindle, cfg, sets, devices, env, log_path, pcie=None, repeat=1):
+def run_spindle(spindle, cfg, sets, devices, env, log_path, pcie=None, repeat=1, log_level="info"):
     """One `spindle run` (with --repeat N: N jobs on the pipeline loaded
     once); the last job's JSON summary with wall_s, models, the first job's
     figures as "cold" when there were several, and, when `pcie` (an
     NvmlPcie) is given, NVML's estimate of the last job's PCIe bytes."""
-    args = [spindle, "run", cfg, "--devices", devices, "--log-format", "json"]
+    args = [spindle, "run", cfg, "--devices", devices, "--log-format", "json", "--log-level", log_level]
     if repeat > 1:
         args += ["--repeat", str(repeat)]
     for s in sets:
@@ -238,6 +238,7 @@ def run_spindle(spindle, cfg, sets, devices, env, log_path, pcie=None, repeat=1)
         raise RuntimeError(f"spindle run {os.path.basename(cfg)} failed: {why} (log: {log_path})")
     summary["wall_s"] = wall
     summary["models"] = models_from_log(stderr)
+    summary["lips_batches"] = lips_batches_from_log(stderr, len(runs))
     if len(runs) > 1:
         c = runs[0][0]
         summary["cold"] = {"frames": c["frames"], "elapsed_s": c["elapsed_s"],
@@ -298,6 +299,28 @@ class NvmlPcie:
             h2d += rx * 1024.0 * dt
             d2h += tx * 1024.0 * dt
         return {"h2d": h2d, "d2h": d2h, "samples": len(samples)}
+
+
+def lips_batches_from_log(text, jobs):
+    """The faces of each Wav2Lip run of the last job, from lipsync's debug
+    lines ("wav2lip run: N faces from J jobs"); with --repeat the jobs run
+    one after another, each ended by its "succeeded" or "failed" event.
+    [] at info level or without a lips stage."""
+    sizes, per_job = [], []
+    for line in text.splitlines():
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        m = re.match(r"wav2lip run: (\d+) faces", d.get("msg", ""))
+        if m:
+            sizes.append(int(m.group(1)))
+        elif d.get("event") in ("succeeded", "failed") and sizes:
+            per_job.append(sizes)
+            sizes = []
+    if sizes:
+        per_job.append(sizes)
+    return per_job[-1] if per_job else []
 
 
 def models_from_log(text):
@@ -871,6 +894,8 @@ def main():
                          "(auto: torch with --devices cuda, ONNX Runtime with --devices cpu)")
     ap.add_argument("--peer-threads", type=int, default=0,
                     help="ONNX Runtime's intra-op threads for the peer (0: its default, one per core)")
+    ap.add_argument("--log-level", default="info", choices=("debug", "info", "warn", "error"),
+                    help="Spindle's runs' --log-level; debug also prints the sizes of lipsync's Wav2Lip batches")
     ap.add_argument("--no-peer", action="store_true",
                     help="Spindle's runs only, no Python pipeline (for comparing Spindle's settings with each "
                          "other; the ratio column then stays empty)")
@@ -942,10 +967,10 @@ def main():
                  "gpu": gpu, "scale": int(stage_of(doc, "sr").get("scale", 2))}
             try:
                 full = run_spindle(spindle, cfg, full_sets, a.devices, env, os.path.join(work, tag + "-full.log"),
-                                   nvml, a.repeat)
+                                   nvml, a.repeat, a.log_level)
                 sets += [x for x in a.set if not x.startswith("encode.")]
                 part = run_spindle(spindle, sink_cfg, sets, a.devices, env, os.path.join(work, tag + "-gpupart.log"),
-                                   nvml, a.repeat)
+                                   nvml, a.repeat, a.log_level)
             except RuntimeError as e:
                 print(f"{tag}: {e}")
                 r["error"] = str(e)
@@ -956,21 +981,22 @@ def main():
                             "frames_per_s": full["frames"] / full["elapsed_s"], "stages": full["stages"],
                             "cold": full.get("cold"),
                             "models": full["models"], "transfers_per_frame": xfer, "transfers_source": xsrc,
-                            "summary": full}
+                            "lips_batches": full["lips_batches"], "summary": full}
             if "nvml_pcie" in full:
                 r["spindle"]["nvml_pcie_per_frame"] = {k: full["nvml_pcie"][k] / max(1, full["frames"])
                                                        for k in ("h2d", "d2h")}
             pxfer, _ = transfers(part)
             r["gpu_part"] = {"frames": part["frames"], "elapsed_s": part["elapsed_s"],
                              "frames_per_s": part["frames"] / part["elapsed_s"], "stages": part["stages"],
-                             "cold": part.get("cold"),
+                             "cold": part.get("cold"), "lips_batches": part["lips_batches"],
                              "transfers_per_frame": pxfer, "summary": part}
             r["bounding_stage"] = bounding_stage(full)
             r["gpu_part"]["bounding_stage"] = bounding_stage(part)
             if a.gpu_decode_both:
                 try:
                     hd = run_spindle(spindle, sink_cfg, sets + ["faces.gpu_decode=false"], a.devices, env,
-                                     os.path.join(work, tag + "-gpupart-hostdecode.log"), nvml, a.repeat)
+                                     os.path.join(work, tag + "-gpupart-hostdecode.log"), nvml, a.repeat,
+                                     a.log_level)
                     hx, _ = transfers(hd)
                     r["gpu_part_host_decode"] = {"frames": hd["frames"], "elapsed_s": hd["elapsed_s"],
                                                  "frames_per_s": hd["frames"] / hd["elapsed_s"],
@@ -1088,6 +1114,12 @@ def print_report(results, a, gpu, enc_kind):
         gb, gs = g["bounding_stage"]
         print("  - GPU part: " + ", ".join(f"{st['name']} {st['busy_ms']:.0f} ms ({100 * st['share']:.0f}%)"
                                             for st in g["stages"]) + f"; bound by {gb}")
+        for label, k in (("Spindle", s), ("GPU part", g)):
+            lb = k.get("lips_batches") or []
+            if lb:
+                print(f"  - {label}, Wav2Lip runs of the last job: {len(lb)}, {sum(lb)} faces, mean "
+                      f"{sum(lb) / len(lb):.1f}, largest {max(lb)}: {', '.join(map(str, lb[:40]))}"
+                      f"{' ...' if len(lb) > 40 else ''}")
         for label, k in (("Spindle", s), ("GPU part", g)):
             b = stage_bounds(k)
             if b:

@@ -8,9 +8,11 @@ clips and the Python pipeline of tests/bench/pipeline-gpu-bench.py encodes
 through `spindle run` fed raw frames on its standard input. Both broke once
 without a test noticing (a decode path of /dev/stdin, refused as a named
 pipe after the last GPU session), which would have cost a GPU session its
-Python figures. So: two clips of 0.6 s at 160x90, then both pipelines, 5
-frames, both sides on the CPU with that encoder; every side must finish
-with every frame, and the Python side's file must hold them.
+Python figures. So: two clips of 0.6 s at 320x180 (big enough for the
+Haar cascade to find the face), then both pipelines, 5 frames, both sides
+on the CPU with that encoder, Spindle's runs at --log-level debug: every
+side must finish with every frame, the Python side's file must hold them,
+and lipsync's (only) must report the Wav2Lip batches of its last job.
 Exits 77 when the scripts' Python packages (OpenCV, onnxruntime, onnx) or
 scikit-image's astronaut picture are missing.
 """
@@ -48,14 +50,15 @@ def main():
         print(f"skip: {r_skip}")
         return 77
     r = subprocess.run([sys.executable, os.path.join(src, "tools", "make-bench-clips.py"), clips, "--build", build,
-                        "--seconds", "0.6", "--sizes", "160x90"], capture_output=True, text=True, timeout=300)
+                        "--seconds", "0.6", "--sizes", "320x180"], capture_output=True, text=True, timeout=300)
     print(r.stdout + r.stderr)
-    if r.returncode != 0 or sorted(os.listdir(clips)) != ["speech.wav", "talking-head-90p.mp4"]:
+    if r.returncode != 0 or sorted(os.listdir(clips)) != ["speech.wav", "talking-head-180p.mp4"]:
         print(f"FAIL: make-bench-clips.py: exit {r.returncode}, made {os.listdir(clips) if os.path.isdir(clips) else []}")
         return 1
     out = os.path.join(tmp, "bench.json")
     r = subprocess.run([sys.executable, os.path.join(src, "tests", "bench", "pipeline-gpu-bench.py"), "--build", build,
-                        "--clips", clips, "--devices", "cpu", "--frames", "5", "--encoder", "spindle", "--repeat", "1",
+                        "--clips", clips, "--devices", "cpu", "--frames", "5", "--encoder", "spindle", "--repeat", "2",
+                        "--log-level", "debug",
                         "--out", out, "--workdir", work], capture_output=True, text=True, timeout=600)
     print(r.stdout[-6000:] + r.stderr[-6000:])
     if r.returncode != 0:
@@ -74,7 +77,11 @@ def main():
                 bad.append(f"{x['pipeline']} {side}: {(x.get(side) or {}).get('frames')} frames, want 5")
         if not x.get("ratio"):
             bad.append(f"{x['pipeline']}: no ratio")
-        cap = cv2.VideoCapture(os.path.join(work, f"{x['pipeline']}-90p-python.mp4"))
+        # --log-level debug: the last job's Wav2Lip batches (lipsync only)
+        lb = x["spindle"].get("lips_batches")
+        if (x["pipeline"] == "lipsync") != bool(lb) or (lb and not 0 < sum(lb) <= 5):
+            bad.append(f"{x['pipeline']}: Wav2Lip batches {lb}")
+        cap = cv2.VideoCapture(os.path.join(work, f"{x['pipeline']}-180p-python.mp4"))
         n = 0
         while cap.read()[0]:
             n += 1
