@@ -188,8 +188,12 @@ int32_t spn__devices_open(const char *spec, const spn__backend_t *const *extra, 
     if (strlen(b->kind_name) == klen && !strncmp(b->kind_name, spec, klen))
       return b->open(rest, devs, n, err);
   }
-  return spn_error_set(err, SPN_EUNSUPPORTED, "devices \"%s\": no backend for \"%.*s\" in this build", spec,
-                       (int)klen, spec);
+  char kinds[256];
+  size_t w = (size_t)snprintf(kinds, sizeof kinds, "auto, cpu, cpu:N");
+  for (size_t i = 0; i < n_extra && w < sizeof kinds; i++)
+    w += (size_t)snprintf(kinds + w, sizeof kinds - w, ", %s, %s:N", extra[i]->kind_name, extra[i]->kind_name);
+  return spn_error_set(err, SPN_EUNSUPPORTED, "devices \"%s\": no backend for \"%.*s\" in this build (it takes %s)",
+                       spec, (int)klen, spec, kinds);
 }
 
 void spn__devices_free(spn_device_t ***devs, uint32_t n) {

@@ -53,6 +53,9 @@ for cmd, opt in ((["serve"], "--http"), (["worker"], "--connect"), (["submit", "
 expect(["serve", "--workers", "two"], 2, "--workers needs a non-negative integer")
 expect(["serve", "--lease-ms=-1"], 2, "--lease-ms needs a non-negative integer")
 expect(["worker", "--slots=x", "--connect", "tcp://127.0.0.1:1"], 2, "--slots needs a non-negative integer")
+# a device kind this build has no backend for: the kinds it takes are listed
+expect(["run", synthetic, "--devices", "gpu"], 2,
+       'devices "gpu": no backend for "gpu" in this build (it takes auto, cpu, cpu:N')
 expect(["serve", "--log-level", "loud"], 2, "spindle serve: --log-level 'loud': expected debug, info, warn or error")
 expect(["worker", "--log-level=verbose", "--connect", "tcp://127.0.0.1:1"], 2,
        "spindle worker: --log-level 'verbose': expected debug, info, warn or error")
