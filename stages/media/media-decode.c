@@ -66,7 +66,7 @@ struct spn_decoder {
 static int32_t av_fail(spn_decoder_t *d, spn_error_t *err, int32_t code, int averr, const char *what) {
   /* a demuxer whose reference was refused fails in its own words
    * ("invalid data", "operation not permitted"): say what it asked for */
-  int32_t refused = spn_media_input_refused(&d->in, d->path, err);
+  int32_t refused = spn_media_input_refused(&d->in, d->path, 0, err);
   if (refused != SPN_OK)
     return refused;
   if (code == SPN_EMEDIA)
@@ -266,7 +266,7 @@ int32_t spn_media_input_guard(spn_media_input_t *in, AVFormatContext *fmt, const
   spn_media_log_claim_format(fmt, &in->log);
   /* a URL, or a protocol named on purpose ("pipe:0"): FFmpeg's to read */
   const char *proto = avio_find_protocol_name(path);
-  if (follow_references || is_url(path) || (proto && strcmp(proto, "file") != 0))
+  if (follow_references || (proto && strcmp(proto, "file") != 0))
     return SPN_OK;
   in->io_open = fmt->io_open;
   fmt->io_open = guarded_io_open;
@@ -291,14 +291,14 @@ static const AVInputFormat *probe_demuxer(const char *path) {
   return av_probe_input_format(&pd, 1);
 }
 
-int32_t spn_media_input_refused(const spn_media_input_t *in, const char *path, spn_error_t *err) {
+int32_t spn_media_input_refused(const spn_media_input_t *in, const char *path, int at_open, spn_error_t *err) {
   if (in->refused[0])
     return spn_error_set(err, SPN_EMEDIA,
                          "%s: refers to another file or URL (%s), which is not opened: an input is read as the one "
                          "file it names (decode's follow_references = true follows playlists, lists and external "
                          "references)",
                          path, in->refused);
-  const AVInputFormat *f = in->whitelisted ? probe_demuxer(path) : NULL;
+  const AVInputFormat *f = at_open && in->whitelisted ? probe_demuxer(path) : NULL;
   if (f && referencing(f->name))
     return spn_error_set(err, SPN_EMEDIA,
                          "%s: is a file of FFmpeg's \"%s\" format (%s), which opens other files or URLs: an input "
@@ -362,7 +362,9 @@ int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_dec
     goto out_free;
   int r = avformat_open_input(&d->fmt, path, NULL, NULL); /* frees d->fmt on failure */
   if (r < 0) {
-    rc = av_fail(d, err, r == AVERROR(ENOENT) ? SPN_ENOENT : SPN_EMEDIA, r, NULL);
+    /* a demuxer kept out by the guard: name its format */
+    if ((rc = spn_media_input_refused(&d->in, d->path, 1, err)) == SPN_OK)
+      rc = av_fail(d, err, r == AVERROR(ENOENT) ? SPN_ENOENT : SPN_EMEDIA, r, NULL);
     goto out_free;
   }
   if ((r = avformat_find_stream_info(d->fmt, NULL)) < 0) {
@@ -445,7 +447,7 @@ out_free:
   /* whatever failed, a reference the guard refused is the reason (image2
    * with a pattern fails later for want of a frame size) */
   if (rc != SPN_ENOMEM && d->in.refused[0])
-    rc = spn_media_input_refused(&d->in, d->path, err);
+    rc = spn_media_input_refused(&d->in, d->path, 0, err);
   spn_decoder_free(d);
   return rc;
 }

@@ -159,19 +159,21 @@ typedef struct spn_media_input {
 } spn_media_input_t;
 
 /* Claim fmt for path: FFmpeg's messages go to log (may be NULL), and
- * unless follow_references (or path is a URL): the demuxers that read
- * other files or URLs (playlists, manifests, lists, session descriptions,
- * scripts) are left out of fmt's format whitelist, its protocols are
- * "file" only, and any open of a file but path fails with EPERM and is
- * recorded in in->refused. SPN_ENOMEM is the only error. */
+ * unless follow_references (or path names a protocol other than "file",
+ * as a URL or "pipe:0" does): the demuxers that read other files or URLs
+ * (playlists, manifests, lists, session descriptions, scripts) are left
+ * out of fmt's format whitelist, its protocols are "file" only, and any
+ * open of a file but path fails with EPERM and is recorded in
+ * in->refused. SPN_ENOMEM is the only error. */
 int32_t spn_media_input_guard(spn_media_input_t *in, struct AVFormatContext *fmt, const char *path,
                               const spn_media_log_t *log, int follow_references, spn_error_t *err);
 
 /* After a failed open or read: when the guard refused what the file asked
- * for, or the file is of a referencing format, set err to say so
- * (SPN_EMEDIA: the file's content asked for it) and return that status;
- * else SPN_OK. */
-int32_t spn_media_input_refused(const spn_media_input_t *in, const char *path, spn_error_t *err);
+ * for, or (at_open: avformat_open_input failed) the file is of a format
+ * the guard keeps out, which is then probed from its first bytes, set err
+ * to say so (SPN_EMEDIA: the file's content asked for it) and return that
+ * status; else SPN_OK. */
+int32_t spn_media_input_refused(const spn_media_input_t *in, const char *path, int at_open, spn_error_t *err);
 
 /* The status for an FFmpeg error: SPN_ENOMEM, SPN_ENOENT, SPN_EIO for what
  * the system says (a read or write that failed, a full disk, a lost network

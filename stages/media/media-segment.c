@@ -63,14 +63,14 @@ static int32_t open_input(const char *path, AVFormatContext **fmt, spn_media_inp
     return rc;
   }
   int r = avformat_open_input(fmt, path, NULL, NULL); /* frees *fmt on failure */
-  int32_t refused = r < 0 ? spn_media_input_refused(in, path, err) : SPN_OK;
+  int32_t refused = r < 0 ? spn_media_input_refused(in, path, 1, err) : SPN_OK;
   if (refused != SPN_OK)
     return refused;
   if (r < 0)
     return av_err(err, r, path, "opening");
   if ((r = avformat_find_stream_info(*fmt, NULL)) < 0) {
     avformat_close_input(fmt);
-    refused = spn_media_input_refused(in, path, err);
+    refused = spn_media_input_refused(in, path, 0, err);
     return refused != SPN_OK ? refused : av_err(err, r, path, "reading stream info");
   }
   return SPN_OK;
