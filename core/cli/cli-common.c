@@ -27,6 +27,19 @@ static int push(const char ***v, size_t *n, const char *s) {
   return 0;
 }
 
+char *spn_cli_absolute(const char *p) {
+  if (p[0] == '/')
+    return strdup(p);
+  char cwd[PATH_MAX];
+  if (!getcwd(cwd, sizeof cwd))
+    return NULL;
+  size_t n = strlen(cwd) + strlen(p) + 2;
+  char *r = malloc(n);
+  if (r)
+    snprintf(r, n, "%s/%s", cwd, p);
+  return r;
+}
+
 static int own(spn_cli_opts_t *o, char *s) {
   char **nv = realloc(o->owned, (o->n_owned + 1) * sizeof *nv);
   if (!nv) {
@@ -133,7 +146,34 @@ int spn_cli_next(spn_cli_getopt_t *g, int argc, char **argv, const struct option
   return c;
 }
 
-enum { O_PLUGIN_PATH = 256, O_SET, O_DEVICES, O_LOG_FORMAT, O_LOG_LEVEL, O_REPEAT, O_TIMEOUT, O_CANCEL_GRACE };
+enum {
+  O_PLUGIN_PATH = 256,
+  O_SET,
+  O_DEVICES,
+  O_LOG_FORMAT,
+  O_LOG_LEVEL,
+  O_REPEAT,
+  O_TIMEOUT,
+  O_CANCEL_GRACE,
+  O_INPUT,
+  O_OUTPUT,
+  O_PARAM
+};
+
+/* --input/--output/--param NAME=VALUE: the name given once. */
+static int push_named(const char *cmd, const char *opt, const char ***v, size_t *n, const char *val) {
+  const char *eq = strchr(val, '=');
+  if (!eq || eq == val || (strcmp(opt, "param") && !eq[1])) {
+    fprintf(stderr, "spindle %s: --%s '%s': expected NAME=%s\n", cmd, opt, val, strcmp(opt, "param") ? "PATH" : "VALUE");
+    return 2;
+  }
+  for (size_t i = 0; i < *n; i++)
+    if (!strncmp((*v)[i], val, (size_t)(eq - val) + 1)) {
+      fprintf(stderr, "spindle %s: --%s %.*s is given twice\n", cmd, opt, (int)(eq - val), val);
+      return 2;
+    }
+  return push(v, n, val);
+}
 
 int spn_cli_log_level(const char *cmd, const char *val, int32_t *level) {
   static const char *const names[] = {"debug", "info", "warn", "error"};
@@ -172,7 +212,10 @@ int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opt
                                       {"log-level", required_argument, NULL, O_LOG_LEVEL},
                                       {"repeat", required_argument, NULL, O_REPEAT},
                                       {"timeout", required_argument, NULL, O_TIMEOUT},
-                                      {"cancel-grace", required_argument, NULL, O_CANCEL_GRACE}};
+                                      {"cancel-grace", required_argument, NULL, O_CANCEL_GRACE},
+                                      {"input", required_argument, NULL, O_INPUT},
+                                      {"output", required_argument, NULL, O_OUTPUT},
+                                      {"param", required_argument, NULL, O_PARAM}};
   struct option opts[sizeof all / sizeof all[0] + 2];
   size_t n = 0;
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
@@ -208,6 +251,18 @@ int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opt
         return 2;
       }
       if (push(&o->sets, &o->n_sets, val))
+        return 2;
+      break;
+    case O_INPUT:
+      if (push_named(cmd, "input", &o->inputs, &o->n_inputs, val))
+        return 2;
+      break;
+    case O_OUTPUT:
+      if (push_named(cmd, "output", &o->outputs, &o->n_outputs, val))
+        return 2;
+      break;
+    case O_PARAM:
+      if (push_named(cmd, "param", &o->params, &o->n_params, val))
         return 2;
       break;
     case O_DEVICES:
@@ -267,6 +322,9 @@ int spn_cli_parse_cmd(int argc, char **argv, const char *const *allowed, bool ne
 void spn_cli_opts_free(spn_cli_opts_t *o) {
   free(o->plugin_paths);
   free(o->sets);
+  free(o->inputs);
+  free(o->outputs);
+  free(o->params);
   for (size_t i = 0; i < o->n_owned; i++)
     free(o->owned[i]);
   free(o->owned);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "jobs-internal.h"
 
 typedef struct run_state {
   atomic_llong done;
@@ -247,10 +248,15 @@ static void json_string(FILE *f, const char *s) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: spindle run PIPELINE.toml [--set stage.key=value]... [--devices SPEC]\n"
+          "usage: spindle run PIPELINE.toml [--input NAME=PATH]... [--output NAME=PATH]...\n"
+          "                   [--param NAME=VALUE]... [--set stage.key=value]... [--devices SPEC]\n"
           "                   [--plugin-path DIR]... [--log-format json|text] [--repeat N]\n"
           "                   [--timeout S] [--cancel-grace S] [--log-level debug|info|warn|error]\n"
           "Runs one job through the pipeline. --devices: auto, cpu, cpu:N, cuda, cuda:0,1.\n"
+          "--input/--output/--param: the job's files and params by the names the config\n"
+          "binds ([pipeline.inputs], [pipeline.outputs], [pipeline.params]), as spindle\n"
+          "submit takes them: an input sets every key it is bound to; what is not given\n"
+          "keeps the config's value. --set sets one stage key.\n"
           "--repeat N: N jobs, one after the other, on the pipeline loaded once (models\n"
           "stay resident, as on a worker): a summary per run; the first includes the\n"
           "warm-up (cuDNN algorithm choice, CUDA Graph capture), later ones do not.\n"
@@ -384,9 +390,55 @@ static void stuck_report(const spn_pipeline_t *pipe, double since_cancel, double
             "without waiting for it\n", grace, since_cancel);
 }
 
+/* --input/--output/--param as the job service maps them onto the stage
+ * keys (spn__pipeline_job_overrides): the job's overrides. Paths are made
+ * absolute (a URL or a protocol such as pipe:0 is kept as typed). Returns
+ * 0 or the exit status. */
+static int job_bindings(const spn_cli_opts_t *o, const spn_pipeline_t *pipe, char ***ov, size_t *n) {
+  if (!o->n_inputs && !o->n_outputs && !o->n_params)
+    return 0;
+  spn_job_spec_t job = {.pipeline = (char *)spn_pipeline_name(pipe)};
+  size_t n_io = o->n_inputs + o->n_outputs;
+  spn_job_io_t *io = calloc(n_io ? n_io : 1, sizeof *io);
+  spn_job_param_t *pa = calloc(o->n_params ? o->n_params : 1, sizeof *pa);
+  int rc = io && pa ? 0 : 1;
+  for (size_t i = 0; i < n_io && !rc; i++) {
+    const char *v = i < o->n_inputs ? o->inputs[i] : o->outputs[i - o->n_inputs];
+    const char *eq = strchr(v, '=');
+    io[i].name = strndup(v, (size_t)(eq - v));
+    io[i].path = strstr(eq + 1, "://") || !strncmp(eq + 1, "pipe:", 5) ? strdup(eq + 1) : spn_cli_absolute(eq + 1);
+    rc = io[i].name && io[i].path ? 0 : 1;
+  }
+  for (size_t i = 0; i < o->n_params && !rc; i++) {
+    const char *eq = strchr(o->params[i], '=');
+    pa[i].key = strndup(o->params[i], (size_t)(eq - o->params[i]));
+    pa[i].value = strdup(eq + 1);
+    rc = pa[i].key && pa[i].value ? 0 : 1;
+  }
+  if (rc) {
+    fprintf(stderr, "spindle run: out of memory\n");
+  } else {
+    job.inputs = io, job.n_inputs = o->n_inputs;
+    job.outputs = io + o->n_inputs, job.n_outputs = o->n_outputs;
+    job.params = pa, job.n_params = o->n_params;
+    spn_error_t err = SPN_ERROR_INIT;
+    if (spn__pipeline_job_overrides(pipe, &job, ov, n, &err) != SPN_OK) {
+      fprintf(stderr, "spindle run: %s\n", err.msg);
+      rc = 2;
+    }
+  }
+  for (size_t i = 0; io && i < n_io; i++)
+    free(io[i].name), free(io[i].path);
+  for (size_t i = 0; pa && i < o->n_params; i++)
+    free(pa[i].key), free(pa[i].value);
+  free(io);
+  free(pa);
+  return rc;
+}
+
 int spn_cli_run(int argc, char **argv) {
-  static const char *const allowed[] = {"plugin-path", "set", "devices", "log-format", "log-level", "repeat",
-                                        "timeout", "cancel-grace", NULL};
+  static const char *const allowed[] = {"plugin-path", "set",          "devices", "log-format", "log-level", "repeat",
+                                        "timeout",     "cancel-grace", "input",   "output",     "param",     NULL};
   spn_cli_opts_t o;
   int rc = spn_cli_parse_cmd(argc, argv, allowed, true, usage, &o);
   if (rc >= 0)
@@ -395,6 +447,8 @@ int spn_cli_run(int argc, char **argv) {
   spn_pipeline_t *pipe = NULL;
   spn_job_t *job = NULL;
   spn_error_t err = SPN_ERROR_INIT;
+  char **job_ov = NULL; /* the job's overrides from --input/--output/--param */
+  size_t n_job_ov = 0;
   run_state_t st = {.total = -1};
   bool json = o.log_format == SPN_LOG_FORMAT_JSON;
   bool tty = isatty(STDERR_FILENO) && !json;
@@ -407,6 +461,10 @@ int spn_cli_run(int argc, char **argv) {
     goto out;
   }
   spn_job_params_t params = SPN_JOB_PARAMS_INIT;
+  if ((rc = job_bindings(&o, pipe, &job_ov, &n_job_ov)) != 0)
+    goto out;
+  params.overrides = (const char *const *)job_ov;
+  params.n_overrides = n_job_ov;
   struct sigaction sa = {.sa_handler = on_sigint}, old_int, old_term;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &old_int);
@@ -508,5 +566,8 @@ out:
   spn_pipeline_free(&pipe);
   spn_runtime_free(&rt);
   spn_cli_opts_free(&o);
+  for (size_t i = 0; i < n_job_ov; i++)
+    free(job_ov[i]);
+  free(job_ov);
   return rc;
 }

@@ -70,12 +70,23 @@ int spn_cli_log_level(const char *cmd, const char *val, int32_t *level);
 int spn_cli_seconds(const char *cmd, const char *opt, const char *val, double lo, bool lo_ok, double hi,
                     double *out);
 
+/* p joined to the working directory unless it is absolute. Ownership:
+ * the caller frees the result (NULL: out of memory, or no working
+ * directory). */
+char *spn_cli_absolute(const char *p);
+
 /* Options every pipeline command takes. Strings point into argv. */
 typedef struct spn_cli_opts {
   const char **plugin_paths; /* --plugin-path, then the build tree's stages/ when run uninstalled */
   size_t n_plugin_paths;
   const char **sets;         /* --set stage.key=value */
   size_t n_sets;
+  const char **inputs;       /* --input NAME=PATH (spindle run): by the config's [pipeline.inputs] */
+  size_t n_inputs;
+  const char **outputs;      /* --output NAME=PATH */
+  size_t n_outputs;
+  const char **params;       /* --param NAME=VALUE */
+  size_t n_params;
   const char *devices;       /* --devices */
   int32_t log_format;        /* --log-format */
   int32_t log_level;         /* --log-level (spn_log_level_t), SPN_LOG_INFO when not given */
@@ -90,7 +101,7 @@ typedef struct spn_cli_opts {
 
 /* Parse argv (argv[0] is the subcommand). `allowed` lists the long options
  * the command accepts ("plugin-path", "set", "devices", "log-format",
- * "repeat", "timeout", "cancel-grace").
+ * "repeat", "timeout", "cancel-grace", "input", "output", "param").
  * Returns 0, -1 for --help, or 2 after printing a usage error. */
 int spn_cli_parse(int argc, char **argv, const char *const *allowed, spn_cli_opts_t *o);
 void spn_cli_opts_free(spn_cli_opts_t *o);

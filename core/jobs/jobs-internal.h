@@ -546,6 +546,7 @@ typedef struct spn_pipeline_def {
 
 /* struct spn_runtime is declared in spindle/runtime.h. */
 typedef struct spn_runtime spn_runtime_t;
+typedef struct spn_pipeline spn_pipeline_t;
 
 /* Load every def into `rt` (borrowed; must outlive the runner): stage
  * instances created and models preloaded before this returns. Jobs for
@@ -556,6 +557,18 @@ typedef struct spn_runtime spn_runtime_t;
 int32_t spn_pipeline_runner_new(spn_runtime_t *rt, const spn_pipeline_def_t *defs, size_t n,
                                 const spn_job_runner_t *fallback, spn_job_runner_t *out, spn_error_t *err);
 void spn_pipeline_runner_free(spn_job_runner_t *runner);
+/* The per-job overrides ("stage.key=value") a job's inputs, outputs and
+ * params make on pipe, as the runner makes them: each input and output sets
+ * every key its binding names (an input's default takes another input's
+ * file), each param its binding's keys, or the one it names as stage.key
+ * (a number or a boolean). Outputs are set to their paths as given (the
+ * runner's temporary paths are its own). An input or output the job does
+ * not give keeps the pipeline's value (an optional input whose default is
+ * given takes that file). Errors (SPN_EINVAL) name the
+ * input, output or param; `spindle run --input` uses it. Ownership: *ov is
+ * the caller's (each string and the array: free). Thread: any. */
+int32_t spn__pipeline_job_overrides(const spn_pipeline_t *pipe, const spn_job_spec_t *job, char ***ov, size_t *n,
+                                    spn_error_t *err);
 /* A run asked to stop (cancel, timeout, drain) that has not ended after
  * `seconds` (0: wait for ever) is abandoned: the runner returns, naming the
  * stage still inside a call, and marks itself wedged. Thread: before jobs run. */

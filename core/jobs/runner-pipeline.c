@@ -118,12 +118,23 @@ static int32_t ovs_add(ovs_t *o, const char *target, const char *value, bool quo
   return SPN_OK;
 }
 
-static const char *binding_target(const spn_pipeline_t *p, spn_binding_kind_t kind, const char *name) {
+/* The `nth` key (0, 1, ...) that the binding `name` sets: an input or a
+ * param may set several (spindle/runtime.h); NULL past the last. */
+static const char *binding_target(const spn_pipeline_t *p, spn_binding_kind_t kind, const char *name, size_t nth) {
   const char *target = NULL;
   for (size_t i = 0; i < spn_pipeline_binding_count(p, kind); i++)
-    if (!strcmp(spn_pipeline_binding_at(p, kind, i, &target), name))
+    if (!strcmp(spn_pipeline_binding_at(p, kind, i, &target), name) && !nth--)
       return target;
   return NULL;
+}
+
+/* Whether binding i is the first of its name (the one a list shows). */
+static bool binding_first(const spn_pipeline_t *p, spn_binding_kind_t kind, size_t i) {
+  const char *name = spn_pipeline_binding_at(p, kind, i, NULL);
+  for (size_t k = 0; k < i; k++)
+    if (!strcmp(spn_pipeline_binding_at(p, kind, k, NULL), name))
+      return false;
+  return true;
 }
 
 static void binding_names(const spn_pipeline_t *p, spn_binding_kind_t kind, char *buf, size_t size) {
@@ -131,7 +142,8 @@ static void binding_names(const spn_pipeline_t *p, spn_binding_kind_t kind, char
   buf[0] = '\0';
   size_t n = spn_pipeline_binding_count(p, kind);
   for (size_t i = 0; i < n && w < size; i++)
-    w += (size_t)snprintf(buf + w, size - w, "%s%s", i ? ", " : "", spn_pipeline_binding_at(p, kind, i, NULL));
+    if (binding_first(p, kind, i))
+      w += (size_t)snprintf(buf + w, size - w, "%s%s", w ? ", " : "", spn_pipeline_binding_at(p, kind, i, NULL));
   if (!n)
     snprintf(buf, size, "none");
 }
@@ -181,10 +193,12 @@ static int32_t check_param_target(const pr_entry_t *e, const char *key, const ch
 }
 
 /* Build the overrides of a job. out_paths (NULL: the final paths) are the
- * paths the outputs are written to. Errors name the pipeline and the
- * offending input/output/param (callers add the job). */
-static int32_t job_overrides(const pr_entry_t *e, const spn_job_spec_t *job, char *const *out_paths, ovs_t *o,
-                             spn_error_t *err) {
+ * paths the outputs are written to. partial: an input or output the job
+ * does not give keeps the pipeline's value (spindle run), where a job of
+ * the service must give each. Errors name the pipeline and the offending
+ * input/output/param (callers add the job). */
+static int32_t job_overrides(const pr_entry_t *e, const spn_job_spec_t *job, char *const *out_paths, bool partial,
+                             ovs_t *o, spn_error_t *err) {
   static const char *const what[] = {"input", "output", "param"};
   char names[512];
   int32_t rc = SPN_OK;
@@ -192,14 +206,16 @@ static int32_t job_overrides(const pr_entry_t *e, const spn_job_spec_t *job, cha
     const spn_job_io_t *io = k == SPN_BINDING_INPUT ? job->inputs : job->outputs;
     size_t n = k == SPN_BINDING_INPUT ? job->n_inputs : job->n_outputs;
     for (size_t i = 0; i < n && rc == SPN_OK; i++) {
-      const char *t = binding_target(e->pipe, (spn_binding_kind_t)k, io[i].name);
-      if (!t) {
+      if (!binding_target(e->pipe, (spn_binding_kind_t)k, io[i].name, 0)) {
         binding_names(e->pipe, (spn_binding_kind_t)k, names, sizeof names);
         return spn_error_set(err, SPN_EINVAL, "pipeline \"%s\" has no %s \"%s\" (its %ss: %s)", e->name,
                              what[k], io[i].name, what[k], names);
       }
       const char *path = k == SPN_BINDING_OUTPUT && out_paths ? out_paths[i] : io[i].path;
-      rc = ovs_add(o, t, path, true, err);
+      const char *t;
+      for (size_t nth = 0; rc == SPN_OK && (t = binding_target(e->pipe, (spn_binding_kind_t)k, io[i].name, nth));
+           nth++)
+        rc = ovs_add(o, t, path, true, err);
     }
     /* Every bound input and output must be given, but an input with a
      * default, which takes that input's file. */
@@ -211,6 +227,8 @@ static int32_t job_overrides(const pr_entry_t *e, const spn_job_spec_t *job, cha
         continue;
       const char *def = spn_pipeline_binding_default(e->pipe, (spn_binding_kind_t)k, b);
       const char *path = def ? job_file(job, (spn_binding_kind_t)k, def) : NULL;
+      if (!path && partial)
+        continue;
       if (!path)
         return spn_error_set(err, SPN_EINVAL, "pipeline \"%s\" needs %s \"%s\"", e->name, what[k],
                              def ? def : bn);
@@ -219,7 +237,7 @@ static int32_t job_overrides(const pr_entry_t *e, const spn_job_spec_t *job, cha
   }
   for (size_t i = 0; i < job->n_params && rc == SPN_OK; i++) {
     const char *key = job->params[i].key;
-    const char *t = binding_target(e->pipe, SPN_BINDING_PARAM, key);
+    const char *t = binding_target(e->pipe, SPN_BINDING_PARAM, key, 0);
     bool direct = !t && strchr(key, '.');
     if (direct)
       t = key; /* "stage.key" directly; the runtime checks it is per job */
@@ -228,9 +246,12 @@ static int32_t job_overrides(const pr_entry_t *e, const spn_job_spec_t *job, cha
       return spn_error_set(err, SPN_EINVAL, "pipeline \"%s\" has no param \"%s\" (its params: %s; or give stage.key)",
                            e->name, key, names);
     }
-    if ((rc = check_param_target(e, key, t, direct, err)) != SPN_OK)
-      return rc;
-    rc = ovs_add(o, t, job->params[i].value, false, err);
+    for (size_t nth = 1; rc == SPN_OK && t; nth++) {
+      if ((rc = check_param_target(e, key, t, direct, err)) != SPN_OK)
+        return rc;
+      rc = ovs_add(o, t, job->params[i].value, false, err);
+      t = direct ? NULL : binding_target(e->pipe, SPN_BINDING_PARAM, key, nth);
+    }
   }
   return rc;
 }
@@ -261,7 +282,7 @@ static bool is_encoder(const pipeline_runner_t *r, const char *kind) {
  * one of the media plugin's encoders writing it as its "path". */
 static const char *output_kind(const pipeline_runner_t *r, const pr_entry_t *e, const char *name, bool *encoded) {
   *encoded = false;
-  const char *t = binding_target(e->pipe, SPN_BINDING_OUTPUT, name);
+  const char *t = binding_target(e->pipe, SPN_BINDING_OUTPUT, name, 0); /* an output sets one key */
   const char *dot = t ? strchr(t, '.') : NULL;
   for (size_t i = 0; dot && i < spn_pipeline_stage_count(e->pipe); i++) {
     const char *stage = spn_pipeline_stage_time(e->pipe, i, NULL);
@@ -293,13 +314,29 @@ static int32_t check_encoded(const pipeline_runner_t *r, const pr_entry_t *e, co
   return rc;
 }
 
+int32_t spn__pipeline_job_overrides(const spn_pipeline_t *pipe, const spn_job_spec_t *job, char ***ov, size_t *n,
+                                    spn_error_t *err) {
+  pr_entry_t e = {.name = (char *)spn_pipeline_name(pipe), .pipe = (spn_pipeline_t *)pipe};
+  ovs_t o = {0};
+  *ov = NULL;
+  *n = 0;
+  int32_t rc = job_overrides(&e, job, NULL, true, &o, err);
+  if (rc != SPN_OK) {
+    ovs_free(&o);
+    return rc;
+  }
+  *ov = o.v;
+  *n = o.n;
+  return SPN_OK;
+}
+
 static int32_t pr_check(void *data, const spn_job_spec_t *job, spn_error_t *err) {
   pipeline_runner_t *r = data;
   const pr_entry_t *e = pr_find(r, job->pipeline);
   if (!e)
     return SPN_OK; /* the fallback's pipelines check at run time */
   ovs_t o = {0};
-  int32_t rc = job_overrides(e, job, NULL, &o, err);
+  int32_t rc = job_overrides(e, job, NULL, false, &o, err);
   if (rc == SPN_OK) {
     spn_job_params_t p = SPN_JOB_PARAMS_INIT;
     p.overrides = (const char *const *)o.v;
@@ -326,10 +363,12 @@ static bool pipe_accepts(const pr_entry_t *e, const char *target, const char *va
   return spn_pipeline_check_job(e->pipe, &p, NULL) == SPN_OK;
 }
 
-/* Where a job param lands: its binding target, or itself ("stage.key"). */
-static const char *param_target(const pr_entry_t *e, const char *key) {
-  const char *t = binding_target(e->pipe, SPN_BINDING_PARAM, key);
-  return t ? t : key;
+/* The `nth` key a job param sets: its binding's targets, or itself
+ * ("stage.key"); NULL past the last. */
+static const char *param_target(const pr_entry_t *e, const char *key, size_t nth) {
+  if (binding_target(e->pipe, SPN_BINDING_PARAM, key, 0))
+    return binding_target(e->pipe, SPN_BINDING_PARAM, key, nth);
+  return nth ? NULL : key;
 }
 
 static int32_t pr_segment_plan(void *data, const spn_job_spec_t *job, uint32_t segments, double seconds,
@@ -358,15 +397,17 @@ static int32_t pr_segment_plan(void *data, const spn_job_spec_t *job, uint32_t s
   const spn_job_io_t *in = NULL;
   char stage[128] = "";
   for (size_t i = 0; i < job->n_inputs && !in; i++) {
-    const char *t = binding_target(e->pipe, SPN_BINDING_INPUT, job->inputs[i].name);
-    const char *dot = t ? strrchr(t, '.') : NULL;
-    if (!t || !dot || strcmp(dot, ".path") || (size_t)(dot - t) >= sizeof stage)
-      continue;
-    snprintf(stage, sizeof stage, "%.*s", (int)(dot - t), t);
-    snprintf(plan->start_key, sizeof plan->start_key, "%s.start", stage);
-    snprintf(plan->duration_key, sizeof plan->duration_key, "%s.duration", stage);
-    if (pipe_accepts(e, plan->start_key, "1.0") && pipe_accepts(e, plan->duration_key, "1.0"))
-      in = &job->inputs[i];
+    const char *it; /* each key the input sets (melspec.video beside decode.path) */
+    for (size_t nth = 0; !in && (it = binding_target(e->pipe, SPN_BINDING_INPUT, job->inputs[i].name, nth)); nth++) {
+      const char *dot = strrchr(it, '.');
+      if (!dot || strcmp(dot, ".path") || (size_t)(dot - it) >= sizeof stage)
+        continue;
+      snprintf(stage, sizeof stage, "%.*s", (int)(dot - it), it);
+      snprintf(plan->start_key, sizeof plan->start_key, "%s.start", stage);
+      snprintf(plan->duration_key, sizeof plan->duration_key, "%s.duration", stage);
+      if (pipe_accepts(e, plan->start_key, "1.0") && pipe_accepts(e, plan->duration_key, "1.0"))
+        in = &job->inputs[i];
+    }
   }
   /* A soundtrack the encoder muxes whole (its audio_path) restarts in
    * every segment. The join does not use the segments' audio: it encodes
@@ -393,10 +434,11 @@ static int32_t pr_segment_plan(void *data, const spn_job_spec_t *job, uint32_t s
                          "and duration)",
                          field, e->name);
   for (size_t i = 0; i < job->n_params; i++) {
-    const char *t = param_target(e, job->params[i].key);
-    if (!strcmp(t, plan->start_key) || !strcmp(t, plan->duration_key))
-      return spn_error_set(err, SPN_EINVAL, "\"%s\" cannot be combined with param \"%s\" (each segment sets %s)",
-                           field, job->params[i].key, t);
+    const char *t;
+    for (size_t nth = 0; (t = param_target(e, job->params[i].key, nth)); nth++)
+      if (!strcmp(t, plan->start_key) || !strcmp(t, plan->duration_key))
+        return spn_error_set(err, SPN_EINVAL, "\"%s\" cannot be combined with param \"%s\" (each segment sets %s)",
+                             field, job->params[i].key, t);
   }
   snprintf(plan->output, sizeof plan->output, "%s", job->outputs[0].name);
   snprintf(plan->input, sizeof plan->input, "%s", in->name);
@@ -543,7 +585,7 @@ static int32_t pr_run(void *data, const spn_job_spec_t *job, spn_job_ctx_t *ctx,
     return spn_error_set(err, SPN_ENOMEM, "job %lld: out of memory", (long long)job->id);
   for (size_t i = 0; i < job->n_outputs; i++)
     tmp[i] = (char *)spn_job_ctx_output_tmp(ctx, i);
-  int32_t rc = job_overrides(e, job, tmp, &o, err);
+  int32_t rc = job_overrides(e, job, tmp, false, &o, err);
   free(tmp);
   if (rc != SPN_OK) {
     spn_error_prefix(err, "job %lld", (long long)job->id);

@@ -114,6 +114,7 @@ typedef struct spn__binding {
   char *name;                 /* the name a job uses ("video") */
   char *target;               /* "stage.key" of an SPN_CONFIG_PER_JOB key */
   char *fallback;             /* inputs: the input whose file it takes when a job gives none; NULL: required */
+  bool also;                  /* a second or later key of one name (name = ["a.key", "b.key"]) */
   char where[256];            /* "file:line:col" of the binding's value */
 } spn__binding_t;
 

@@ -112,26 +112,42 @@ static int32_t read_bindings(build_t *b, int32_t kind, const char *table, const 
       }
       v = key;
     }
-    if (spn_toml_node_type(v) != SPN_TOML_STRING || !strchr(spn_toml_string(v, NULL), '.')) {
+    /* An input or a param may set several keys: ["decode.path",
+     * "melspec.video"] (one file read by two stages, one value for two).
+     * An output is written by one stage. */
+    bool many = kind != SPN_BINDING_OUTPUT && spn_toml_node_type(v) == SPN_TOML_ARRAY;
+    size_t n_keys = many ? spn_toml_array_len(v) : 1;
+    if (many && n_keys == 0) {
       where_node(v, where, sizeof where);
-      return spn_error_set(err, SPN_ETYPE, "%s: [pipeline.%s] %s must be a string \"stage.key\"%s", where, table, name,
-                           kind == SPN_BINDING_INPUT ? " (or { key = \"stage.key\", default = \"input\" })" : "");
+      return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.%s] %s binds no key: name one \"stage.key\" or more",
+                           where, table, name);
     }
     if (!*name || strlen(name) > 128) {
       where_key(b, kp, where, sizeof where);
       return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.%s]: names are 1-128 bytes", where, table);
     }
-    spn__binding_t *nb = realloc(b->spec->bindings, (b->spec->n_bindings + 1) * sizeof *nb);
-    if (!nb)
-      return spn_error_set(err, SPN_ENOMEM, "out of memory");
-    b->spec->bindings = nb;
-    spn__binding_t *bd = &nb[b->spec->n_bindings];
-    *bd = (spn__binding_t){.kind = kind, .name = strdup(name), .target = strdup(spn_toml_string(v, NULL)),
-                           .fallback = def ? strdup(spn_toml_string(def, NULL)) : NULL};
-    b->spec->n_bindings++;
-    if (!bd->name || !bd->target || (def && !bd->fallback))
-      return spn_error_set(err, SPN_ENOMEM, "out of memory");
-    where_node(v, bd->where, sizeof bd->where);
+    for (size_t k = 0; k < n_keys; k++) {
+      const spn_toml_node_t *kv = many ? spn_toml_array_at(v, k) : v;
+      if (spn_toml_node_type(kv) != SPN_TOML_STRING || !strchr(spn_toml_string(kv, NULL), '.')) {
+        where_node(kv, where, sizeof where);
+        return spn_error_set(err, SPN_ETYPE, "%s: [pipeline.%s] %s must be a string \"stage.key\"%s", where, table,
+                             name,
+                             kind == SPN_BINDING_INPUT    ? " or a list of them (or { key = ..., default = \"input\" })"
+                             : kind == SPN_BINDING_PARAM ? " or a list of them"
+                                                         : "");
+      }
+      spn__binding_t *nb = realloc(b->spec->bindings, (b->spec->n_bindings + 1) * sizeof *nb);
+      if (!nb)
+        return spn_error_set(err, SPN_ENOMEM, "out of memory");
+      b->spec->bindings = nb;
+      spn__binding_t *bd = &nb[b->spec->n_bindings];
+      *bd = (spn__binding_t){.kind = kind, .name = strdup(name), .target = strdup(spn_toml_string(kv, NULL)),
+                             .fallback = def ? strdup(spn_toml_string(def, NULL)) : NULL, .also = k > 0};
+      b->spec->n_bindings++;
+      if (!bd->name || !bd->target || (def && !bd->fallback))
+        return spn_error_set(err, SPN_ENOMEM, "out of memory");
+      where_node(kv, bd->where, sizeof bd->where);
+    }
   }
   return SPN_OK;
 }
@@ -179,7 +195,8 @@ static int32_t check_bindings(const spn__pipeline_spec_t *spec, spn_error_t *err
     if (bd->fallback) {
       const spn__binding_t *other = NULL;
       for (size_t j = 0; j < spec->n_bindings && !other; j++)
-        if (j != i && spec->bindings[j].kind == SPN_BINDING_INPUT && !strcmp(spec->bindings[j].name, bd->fallback))
+        if (spec->bindings[j].kind == SPN_BINDING_INPUT && strcmp(spec->bindings[j].name, bd->name) &&
+            !strcmp(spec->bindings[j].name, bd->fallback))
           other = &spec->bindings[j];
       if (!other)
         return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.inputs] %s: default \"%s\" is not another input", bd->where,
@@ -191,7 +208,7 @@ static int32_t check_bindings(const spn__pipeline_spec_t *spec, spn_error_t *err
                              bd->where, bd->name, bd->fallback);
     }
     for (size_t j = 0; j < i; j++) {
-      if (spec->bindings[j].kind == bd->kind && !strcmp(spec->bindings[j].name, bd->name))
+      if (!bd->also && spec->bindings[j].kind == bd->kind && !strcmp(spec->bindings[j].name, bd->name))
         return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.%s] %s is bound twice", bd->where, table, bd->name);
       if (!strcmp(spec->bindings[j].target, bd->target))
         return spn_error_set(err, SPN_ECONFIG, "%s: [pipeline.%s] %s: \"%s\" is bound already, by [pipeline.%s] %s",

@@ -544,6 +544,47 @@ static void job_bindings(void **state) {
                "[pipeline.inputs] must be a table", NULL);
 }
 
+/* An input (or a param) may set several keys: one file read by two stages
+ * (lipsync's video: decode.path and melspec.video); one binding per key,
+ * all of the input's name, its default shared. */
+static void job_bindings_with_several_keys(void **state) {
+  spn__pipeline_spec_t *spec = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(build(*state, "conf/pipe.toml",
+                         "[pipeline.inputs]\nvideo = [\"s.input\", \"s.side\"]\n[pipeline.params]\nn = [\"s.frames\"]\n"
+                         SRC, NULL, 0, &spec, &err),
+                   SPN_OK);
+  assert_int_equal(spec->n_bindings, 3);
+  assert_string_equal(spec->bindings[0].name, "video");
+  assert_string_equal(spec->bindings[0].target, "s.input");
+  assert_false(spec->bindings[0].also);
+  assert_string_equal(spec->bindings[1].name, "video");
+  assert_string_equal(spec->bindings[1].target, "s.side");
+  assert_true(spec->bindings[1].also);
+  assert_string_equal(spec->bindings[1].where, "conf/pipe.toml:2:21");
+  assert_int_equal(spec->bindings[2].kind, SPN_BINDING_PARAM);
+  spn__spec_free(&spec);
+  assert_int_equal(build(*state, "conf/pipe.toml",
+                         "[pipeline.inputs]\nvideo = \"s.input\"\nalt = { key = [\"s.side\"], default = \"video\" }\n" SRC,
+                         NULL, 0, &spec, &err),
+                   SPN_OK);
+  assert_string_equal(spec->bindings[1].fallback, "video");
+  spn__spec_free(&spec);
+  expect_error(*state, "[pipeline.inputs]\nv = []\n" SRC, NULL, 0, SPN_ECONFIG, "conf/pipe.toml:2:5",
+               "[pipeline.inputs] v binds no key", NULL);
+  expect_error(*state, "[pipeline.inputs]\nv = [\"s.input\", 3]\n" SRC, NULL, 0, SPN_ETYPE, "conf/pipe.toml:2:17",
+               "[pipeline.inputs] v must be a string \"stage.key\" or a list of them", NULL);
+  expect_error(*state, "[pipeline.inputs]\nv = [\"s.input\", \"s.input\"]\n" SRC, NULL, 0, SPN_ECONFIG,
+               "conf/pipe.toml:2:17", "[pipeline.inputs] v: \"s.input\" is bound already, by [pipeline.inputs] v",
+               NULL);
+  /* an output is written by one stage */
+  expect_error(*state, "[pipeline.outputs]\nw = [\"s.input\", \"s.side\"]\n" SRC, NULL, 0, SPN_ETYPE,
+               "conf/pipe.toml:2:5", "[pipeline.outputs] w must be a string \"stage.key\"", NULL);
+  /* a default is another input, not one of the input's own keys */
+  expect_error(*state, "[pipeline.inputs]\nv = { key = [\"s.input\", \"s.side\"], default = \"v\" }\n" SRC, NULL, 0,
+               SPN_ECONFIG, "conf/pipe.toml:2:", "default \"v\" is not another input", NULL);
+}
+
 static void job_configs(void **state) {
   spn__pipeline_spec_t *spec = NULL;
   spn_error_t err = SPN_ERROR_INIT;
@@ -614,6 +655,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(url_paths_are_kept, setup, teardown),
       cmocka_unit_test_setup_teardown(plugin_paths_resolve_against_the_config, setup, teardown),
       cmocka_unit_test_setup_teardown(empty_pipeline_is_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(job_bindings_with_several_keys, setup, teardown),
       cmocka_unit_test_setup_teardown(job_configs, setup, teardown),
       cmocka_unit_test_setup_teardown(job_bindings, setup, teardown),
       cmocka_unit_test_setup_teardown(two_specs_share_nothing, setup, teardown),

@@ -152,8 +152,11 @@ SPN_API int32_t spn_pipeline_validate(spn_runtime_t *rt, const char *path, const
  *   [pipeline.inputs]  video = "decode.path"
  *   [pipeline.outputs] video = "encode.path"
  *   [pipeline.params]  frames = "source.frames"
- * They are validated at load (the stage exists, the key is
- * SPN_CONFIG_PER_JOB; inputs and outputs bind string or path keys). */
+ * An input or a param may set several keys (video = ["decode.path",
+ * "melspec.video"]): it is then one binding per key, of the same name, in
+ * the config's order. They are validated at load (the stage exists, the key
+ * is SPN_CONFIG_PER_JOB; inputs and outputs bind string or path keys; no
+ * key is bound twice). */
 typedef enum spn_binding_kind {
   SPN_BINDING_INPUT = 0,
   SPN_BINDING_OUTPUT = 1,
