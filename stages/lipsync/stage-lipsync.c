@@ -19,6 +19,18 @@
  * `batch_size` and run through the model together; then every job emits its
  * done slots from the head of its window, so output stays in seq order.
  *
+ * Audio and video out of step: chunks pair with frames by seq, so chunks
+ * cut at another rate than the video's drift from its frames (25 for a 30
+ * fps video: a frame every 0.2 s), and chunks of a speech that starts
+ * elsewhere than the video (a video cut at decode's start, its speech
+ * not) are off from the first. Each pair's times are compared (the
+ * frame's pts, the chunk's: melspec gives it on the speech's clock, which
+ * the encoder plays from the first frame's time); a job whose pair is a
+ * whole chunk interval apart is warned once, naming both (melspec's fps =
+ * 0 takes the video's rate; the param `start` sets melspec's start with
+ * decode's; a `--set decode.path` that left melspec's video behind, or a
+ * config that cuts the video alone, is what this catches).
+ *
  * Audio and video of different lengths: Wav2Lip cuts the video to the
  * audio's mel chunks (and loops the frames if the audio is longer). A
  * stream must not lose frames, so here the video rules: frames beyond the
@@ -55,6 +67,7 @@
  * staging of mel chunks that the last batch's upload may still read.
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,6 +129,7 @@ typedef struct ls_slot {
   bool has_faces_item;
   bool has_rect;
   spn_w2l_rect_t rect;
+  double mel_pts;            /* the chunk's envelope pts: seconds of the speech */
   float mel[SPN_W2L_MEL_FLOATS];
 } ls_slot_t;
 
@@ -134,6 +148,11 @@ typedef struct ls_job {
   int64_t spec_frames;
   double spec_fps;
   bool spec_refused;    /* one was sent and left aside (logged once) */
+  bool have_mel0;       /* chunk seq 0 came: mel_pts0 is its pts */
+  double mel_pts0;
+  bool have_pts0;       /* frame seq 0 came: pts0 is its pts */
+  double pts0;
+  bool drift_warned;    /* chunks and frames drifted apart (warned once) */
 } ls_job_t;
 
 typedef struct ls_state {
@@ -279,6 +298,30 @@ static void slot_settle(const ls_job_t *j, ls_slot_t *s) {
 
 /* ---- input ---------------------------------------------------------------------------- */
 
+/* A slot with both its frame and its chunk: whether their times agree
+ * (see the file's header). Frames' pts count from the job's first frame (a
+ * cut starts where it starts); chunks' from 0. */
+static void check_drift(spn_stage_t *stage, ls_job_t *j, const ls_slot_t *s) {
+  if (j->drift_warned || !j->have_mel0 || !s->have_frame || !s->have_mel || s->env.seq == 0)
+    return;
+  double ft = s->env.pts, mt = s->mel_pts;
+  double step = (mt - j->mel_pts0) / (double)s->env.seq; /* the chunks' interval */
+  if (!(step > 0) || fabs(ft - mt) < step)
+    return;
+  j->drift_warned = true;
+  char rates[96] = ""; /* where the rates differ (by more than 1%) */
+  double vfps = j->have_pts0 && ft > j->pts0 ? (double)s->env.seq / (ft - j->pts0) : 0;
+  if (vfps > 0 && fabs(vfps * step - 1.0) > 0.01)
+    snprintf(rates, sizeof rates, " (chunks at %.3g fps, the video at about %.3g fps)", 1.0 / step, vfps);
+  spn_stage_host(stage)->log(
+      stage, j->job_id, SPN_LOG_WARN,
+      "the speech is out of step with the video: frame %llu is at %.3f s of the video and its mel chunk at %.3f s "
+      "of the speech%s, so the lips %s the speech; melspec must cut the chunks at the video's rate and from its "
+      "start (fps = 0 takes the rate of melspec.video, which must be the job's video; its start must be decode's: "
+      "the input `video` and the param `start` set both)",
+      (unsigned long long)s->env.seq, ft, mt, rates, ft < mt ? "lead" : "lag");
+}
+
 static void take_frame(spn_stage_t *stage, ls_state_t *st, ls_job_t *j, spn_msg_t *m, int64_t fidx) {
   const spn_host_api_t *host = spn_stage_host(stage);
   const spn_envelope_t *env = host->msg_envelope(m);
@@ -381,6 +424,11 @@ static void take_frame(spn_stage_t *stage, ls_state_t *st, ls_job_t *j, spn_msg_
       memcpy(host->buffer_data(s->buf), t->data, nb);
   }
   s->have_frame = true;
+  if (env->seq == 0) {
+    j->have_pts0 = true;
+    j->pts0 = env->pts;
+  }
+  check_drift(stage, j, s);
   int32_t pick = spn_w2l_pick_face(s->faces, s->n_faces);
   if (pick >= 0) {
     s->has_rect =
@@ -500,6 +548,12 @@ static void take_mel(spn_stage_t *stage, ls_job_t *j, spn_msg_t *m, int64_t midx
   }
   memcpy(s->mel, it.tensor.data, sizeof s->mel);
   s->have_mel = true;
+  s->mel_pts = env->pts;
+  if (env->seq == 0) {
+    j->have_mel0 = true;
+    j->mel_pts0 = env->pts;
+  }
+  check_drift(stage, j, s);
 }
 
 /* ---- model ---------------------------------------------------------------------------- */

@@ -469,6 +469,7 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
     spn_decode_opts_t dopts = SPN_DECODE_OPTS_INIT;
     dopts.want_video = 0;
     dopts.log = e->o.log;
+    dopts.start = e->o.audio_start > 0 ? e->o.audio_start : 0;
     if ((rc = spn_decoder_new(e->o.audio_path, &dopts, &e->audio_src, err)))
       goto out_free;
     e->a_rate = spn_decoder_info(e->audio_src)->audio_rate;

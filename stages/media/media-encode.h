@@ -40,9 +40,14 @@ typedef struct spn_encode_opts {
    * spn_encoder_device_frame + spn_encoder_send_device_frame instead of
    * spn_encoder_write_video. Borrowed: the encoder takes its own reference. */
   void *hw_device;
+  /* With audio_path: where in that file the soundtrack starts, seconds from
+   * its stream's start (0: its start). The first video frame plays with
+   * the sound at audio_start, as a job cut at `start` hears its soundtrack
+   * from there. */
+  double audio_start;
 } spn_encode_opts_t;
 
-#define SPN_ENCODE_OPTS_INIT {"libx264", 23, "medium", 0, 25, 1, 1, NULL, 0, 0, 0, 0, NULL, NULL}
+#define SPN_ENCODE_OPTS_INIT {"libx264", 23, "medium", 0, 25, 1, 1, NULL, 0, 0, 0, 0, NULL, NULL, 0.0}
 
 typedef struct spn_encoder spn_encoder_t;
 

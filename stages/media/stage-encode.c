@@ -19,6 +19,10 @@
  * held (by reference), PCM that arrives before the first picture is kept,
  * and both are written once the encoder is open. With `audio_path` set,
  * encode_av muxes that file, as encode does, and ignores its audio input.
+ * The file's sound starts at the job's first frame's time (`audio_sync`):
+ * frames decoded from 12 s on (decode's start) play with the soundtrack
+ * from 12 s, as the input's own audio would; a source whose frames start
+ * at 0 hears it from its start.
  * A segment's audio and video
  * are cut from the same interval by decode, so they stay in sync.
  *
@@ -74,6 +78,7 @@ typedef struct encode_config {
   char *pixel_format;
   int64_t audio_bitrate;
   char *hwaccel;
+  bool audio_sync;
 } encode_config_t;
 
 /* hwaccel: whether device frames go to NVENC (see the file's header). */
@@ -104,6 +109,11 @@ static const spn_config_field_t encode_schema[] = {
      .offset = offsetof(encode_config_t, audio_bitrate),
      .doc = "AAC bit rate in bit/s (0: 64 kbit/s per channel, capped at what AAC fits at the source rate)",
      .def_int = 0, .min = 0, .max = 1000000},
+    {.key = "audio_sync", .type = SPN_CONFIG_BOOL, .flags = SPN_CONFIG_PER_JOB,
+     .offset = offsetof(encode_config_t, audio_sync),
+     .doc = "audio_path's sound starts at the first frame's time (its pts: a job cut at decode's start hears its "
+            "soundtrack from there); false: at the file's start",
+     .def_int = 1},
     {.key = "hwaccel", .type = SPN_CONFIG_STRING, .offset = offsetof(encode_config_t, hwaccel),
      .doc = "video encoding on a GPU: default (NVENC from device frames when the stage is on a CUDA device and "
             "NVENC opens there, else the host path), none (never NVENC from device frames) or cuda (NVENC from "
@@ -157,6 +167,7 @@ typedef struct encode_job {
   bool av;              /* kind encode_av: audio comes on input port 1 */
   bool file_audio;      /* audio_path is set: the soundtrack comes from that file */
   int64_t frames;
+  int64_t first_pts_us; /* the job's first frame's pts (audio_sync), set before the encoder opens */
   spn_stage_t *stage;
   spn_media_log_t log;  /* FFmpeg's messages about this job's file */
   /* encode_av: the soundtrack's format (known once "audio_format" came),
@@ -308,6 +319,7 @@ static int32_t open_encoder(encode_job_t *j, int32_t w, int32_t h, int32_t fmt, 
   o.log = &j->log;
   o.audio_bitrate = (int32_t)j->cfg.audio_bitrate;
   o.audio_path = j->cfg.audio_path && *j->cfg.audio_path ? j->cfg.audio_path : NULL;
+  o.audio_start = j->cfg.audio_sync && j->first_pts_us > 0 ? (double)j->first_pts_us / 1e6 : 0.0;
   if (j->av && j->a_ch > 0) {
     o.audio_rate = j->a_rate;
     o.audio_channels = j->a_ch;
@@ -568,6 +580,8 @@ static int32_t write_frame(encode_job_t *j, spn_buffer_t *buf, int32_t w, int32_
                            spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(j->stage);
   int32_t rc;
+  if (!j->enc && !j->frames)
+    j->first_pts_us = pts_us;
 #ifdef SPN_MEDIA_CUDA
   if (j->on_gpu) {
     int32_t kind = SPN_DEVICE_CPU, index = 0;

@@ -172,7 +172,7 @@ def counting_sink_config(cfg_path, out_path):
     base = os.path.dirname(os.path.abspath(cfg_path))
     for s in doc["stage"]:
         for k, v in list(s.items()):
-            if isinstance(v, str) and k in ("path", "model", "audio_path", "cascade") and v and \
+            if isinstance(v, str) and k in ("path", "model", "audio_path", "cascade", "video") and v and \
                     not os.path.isabs(v) and os.path.exists(os.path.join(base, v)):
                 s[k] = os.path.normpath(os.path.join(base, v))
     enc = stage_of(doc, "encode")
@@ -180,8 +180,11 @@ def counting_sink_config(cfg_path, out_path):
     idx = doc["stage"].index(enc)
     doc["stage"][idx] = {"name": "encode", "kind": "filesink", "inputs": enc_inputs, "path": ""}
     ins = doc["pipeline"].get("inputs", {})
-    target = lambda v: v.get("key", "") if isinstance(v, dict) else v  # noqa: E731 (an optional input's table)
-    for k in [k for k, v in ins.items() if target(v).startswith("encode.") and target(v) != "encode.path"]:
+    # the keys an input sets: "stage.key", a list of them, or an optional input's table of either
+    def targets(v):
+        v = v.get("key", "") if isinstance(v, dict) else v
+        return v if isinstance(v, list) else [v]
+    for k in [k for k, v in ins.items() if any(t.startswith("encode.") and t != "encode.path" for t in targets(v))]:
         del ins[k]
     with open(out_path, "w") as f:
         f.write(toml_dump(doc))
@@ -788,7 +791,12 @@ def mel_chunks(peer, wav, fps, n):
 
 def peer_lipsync(peer, clip, wav, n, doc, models, w2l, writer_kind, out, spindle):
     fd, lips, sr, enc = (stage_of(doc, k) for k in ("faces", "lips", "sr", "encode"))
-    fps = float(stage_of(doc, "melspec").get("fps", 25.0))
+    # melspec's fps = 0 (the shipped config) cuts the chunks at the video's rate, as Wav2Lip does
+    fps = float(stage_of(doc, "melspec").get("fps", 0.0))
+    if fps <= 0:
+        cap = cv2.VideoCapture(clip)
+        fps = cap.get(cv2.CAP_PROP_FPS) or 25.0
+        cap.release()
     pads = [int(lips.get(k, 0)) for k in ("pad_top", "pad_bottom", "pad_left", "pad_right")]
     batch, feather = int(lips.get("batch_size", 128)), float(lips.get("feather", 4.0))
     win = int(fd.get("smooth_window", 5))
@@ -958,7 +966,7 @@ def main():
             if a.frames:
                 sets.append(f"decode.duration={(a.frames - 0.5) / fps:.4f}")
             if pipe == "lipsync":
-                sets += [f"lips.model={w2l}", f"melspec.path={wav}"]
+                sets += [f"lips.model={w2l}", f"melspec.path={wav}", f"melspec.video={clip}"]
             # --set: the encoder's keys go to the full run only (the GPU part's
             # encode is a counting filesink)
             full_sets = sets + list(a.set) + [f"encode.path={os.path.join(work, tag + '-spindle.mp4')}",

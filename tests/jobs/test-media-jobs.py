@@ -300,6 +300,22 @@ class Skip(Exception):
     pass
 
 
+def audio_corr(a, a_start, b, b_start, seconds=0.9):
+    """How alike two files' sound is over `seconds` from the given starts:
+    the normalised correlation of their 8 kHz mono samples (1: the same)."""
+    def pcm(path, start):
+        raw = subprocess.run(["ffmpeg", "-v", "error", "-ss", str(start), "-t", str(seconds), "-i", path, "-map", "0:a",
+                              "-ac", "1", "-ar", "8000", "-f", "s16le", "-"], capture_output=True, check=True).stdout
+        return [int.from_bytes(raw[i:i + 2], "little", signed=True) for i in range(0, len(raw) - 1, 2)]
+    x, y = pcm(a, a_start), pcm(b, b_start)
+    n = min(len(x), len(y))
+    x, y = x[:n], y[:n]
+    mx, my = sum(x) / n, sum(y) / n
+    sxy = sum((u - mx) * (v - my) for u, v in zip(x, y))
+    sxx, syy = sum((u - mx) ** 2 for u in x), sum((v - my) ** 2 for v in y)
+    return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else 0.0
+
+
 def run_all_pipelines(tmp, ep):
     clip = os.path.join(tmp, "in.mp4")
     speech = os.path.join(tmp, "speech.wav")
@@ -331,6 +347,33 @@ def run_all_pipelines(tmp, ep):
         check(st["state"] == "succeeded" and st["done"] == st["total"] == frames,
               f"{name}: status {st}")
         check_video(out, frames, w, h, audio)
+    # cut at start: the soundtrack plays from there as the video does (the
+    # encoder starts the file at the first frame's time), for enhance (the
+    # video's own sound) and lipsync (the speech, and its chunks: no step
+    # warned)
+    for name, extra, src in (("enhance", [], clip), ("lipsync", ["--input", f"speech={speech}"], speech)):
+        out = f"{tmp}/out/{name}-from2.mp4"
+        r = cli("submit", name, "--input", f"video={clip}", *extra, "--output", f"video={out}", "--param", "start=2",
+                "--param", "duration=1.0", "--wait", "--connect", ep, check_rc=0)
+        st = status(ep, int(r.stdout.split()[0]))
+        check(st["state"] == "succeeded" and "out of step" not in json.dumps(st), f"{name} from 2 s: status {st}")
+        at2, at0 = audio_corr(out, 0, src, 2.0), audio_corr(out, 0, src, 0.0)
+        check(at2 > 0.9 and at0 < 0.5, f"{name} from 2 s: its sound matches the source's at 2 s by {at2:.2f}, "
+              f"at 0 s by {at0:.2f} (the soundtrack must start where the video does)")
+    # a 30 fps video and an MP3 speech: the mel chunks follow the video's
+    # rate (the input `video` sets melspec.video beside decode.path), the
+    # speech is read through FFmpeg and is the soundtrack; nothing drifts
+    clip30, mp3 = os.path.join(tmp, "in30.mp4"), os.path.join(tmp, "speech.mp3")
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", clip, "-t", "1.2", "-vf", "fps=30", "-an", "-c:v", "libx264",
+                    "-preset", "ultrafast", clip30], check=True)
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", speech, "-c:a", "libmp3lame", "-b:a", "48k", mp3], check=True)
+    out = f"{tmp}/out/lipsync30.mp4"
+    r = cli("submit", "lipsync", "--input", f"video={clip30}", "--input", f"speech={mp3}", "--output", f"video={out}",
+            "--param", "duration=1.0", "--wait", "--connect", ep, check_rc=0)
+    st = status(ep, int(r.stdout.split()[0]))
+    check(st["state"] == "succeeded" and st["done"] == st["total"] == 30 and "out of step" not in json.dumps(st),
+          f"lipsync of a 30 fps video with an MP3 speech: status {st}")
+    check_video(out, 30, 640, 640, 1.0)
     # the default soundtrack is this job's video, not the config's file (the
     # sample's speech): a copy of the clip with a silent track stays silent
     quiet = os.path.join(tmp, "quiet.mp4")
@@ -915,7 +958,8 @@ def case_pretrained(tmp):
                                              f"encode.path={out}/enhance.mp4"]),
                            ("faces.toml", [f"decode.path={clip}", "decode.duration=1.0", f"out.path={out}/faces.jsonl"]),
                            (os.path.join(tmp, "lipsync.toml"),
-                            [f"decode.path={clip}", "decode.duration=1.0", f"melspec.path={speech}",
+                            [f"decode.path={clip}", f"melspec.video={clip}", "decode.duration=1.0",
+                             f"melspec.path={speech}",
                              f"encode.audio_path={speech}", f"encode.path={out}/lipsync.mp4"])):
             args = [a for kv in sets for a in ("--set", kv)]
             r = subprocess.run([SPINDLE, "run", os.path.join(SRC, "configs", conf), *args], stdout=lf,
@@ -1033,8 +1077,8 @@ def case_gpu(tmp):
              [f"decode.path={clip}", f"encode.audio_path={clip}", "decode.duration=0.2"], 5, 640, 640),
             ("lipsync", f"{tmp}/lipsync.toml", ["--input", f"video={clip}", "--input", f"speech={speech}",
                                                 "--input", f"soundtrack={speech}", "--param", "duration=0.08"],
-             [f"decode.path={clip}", f"melspec.path={speech}", f"encode.audio_path={speech}",
-              "decode.duration=0.08"], 2, 640, 640)]
+             [f"decode.path={clip}", f"melspec.video={clip}", f"melspec.path={speech}",
+              f"encode.audio_path={speech}", "decode.duration=0.08"], 2, 640, 640)]
     results = {}  # entry point -> {pipeline: frames' md5s}
 
     def collect(where, outs):

@@ -10,7 +10,8 @@ twice: through configs/lipsync.toml, and through the same config with the
 face detector, melspec and lipsync taken out (decode → superres → encode). Both outputs are
 read back with OpenCV: 25 frames of 640×640 each; the lip-synced one differs
 from the baseline in one compact region (the face crop, ×2 by superres) and
-agrees elsewhere up to the encoder's noise. Exits 77 without cv2 or onnx.
+agrees elsewhere up to the encoder's noise. Then a 30 fps video with an MP3
+speech (other_rate). Exits 77 without cv2 or onnx.
 """
 import os
 import re
@@ -55,6 +56,10 @@ def main():
         base = base.replace('inputs = ["lips.video"]', 'inputs = ["decode.video"]')
         base = re.sub(r'\[\[stage\]\]\nname = "melspec"\n.*?(?=\[\[stage\]\])', "", base, flags=re.S)
         base = base.replace('speech = "melspec.path"\n', "")
+        base, n = re.subn(r'(?m)^video = \["decode\.path", "melspec\.video"\].*$', 'video = "decode.path"', base)
+        assert n == 1, base
+        base, n = re.subn(r'(?m)^start = \["decode\.start", "melspec\.start"\].*$', 'start = "decode.start"', base)
+        assert n == 1, base
         # its soundtrack's default input, speech, is gone with melspec
         base, n = re.subn(r'(?m)^soundtrack = \{ key = "encode\.audio_path", default = "speech" \}.*$',
                           'soundtrack = "encode.audio_path"', base)
@@ -105,7 +110,41 @@ def main():
             assert d[out].mean() < 3.0, f"frame {i}: mean difference {d[out].mean():.2f} outside the face"
         assert changed_frames >= 15, f"only {changed_frames} of 25 frames show a redrawn mouth"
         print(f"ok: 25 frames 640x640; {changed_frames} with a redrawn face region")
+        other_rate(spindle, config, model, src, tmp)
     return 0
+
+
+def other_rate(spindle, config, model, src, tmp):
+    """A 30 fps video and an MP3 speech, by the job's names (--input): the
+    chunks follow the video's rate (the input `video` sets melspec.video
+    too), the speech is read through FFmpeg and muxed as the soundtrack.
+    Setting decode.path alone leaves melspec on the sample's 25 fps: the
+    run warns that the speech drifts from the video."""
+    media = os.path.join(src, "samples", "media")
+    clip, mp3 = os.path.join(tmp, "th30.mp4"), os.path.join(tmp, "speech.mp3")
+    for args in (["-i", os.path.join(media, "talking-head.mp4"), "-t", "2", "-vf", "fps=30", "-an", "-c:v", "libx264",
+                  "-preset", "ultrafast", clip],
+                 ["-i", os.path.join(media, "speech.wav"), "-c:a", "libmp3lame", "-b:a", "48k", mp3]):
+        subprocess.run(["ffmpeg", "-v", "error", "-y"] + args, check=True)
+    out = os.path.join(tmp, "o30.mp4")
+    base = [spindle, "run", config, "--devices", "cpu", "--set", f"lips.model={model}", "--log-level", "debug"]
+    r = subprocess.run(base + ["--input", f"video={clip}", "--input", f"speech={mp3}", "--output", f"video={out}"],
+                       capture_output=True, text=True, timeout=280)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
+    assert re.search(r"job \d+ succeeded: 60 frames", r.stdout), r.stdout
+    assert "mel chunks at 30.000 fps, the rate of " + clip in r.stderr, r.stderr[-3000:]
+    assert "out of step" not in r.stdout + r.stderr, r.stdout
+    p = subprocess.run(["ffprobe", "-v", "error", "-show_entries", "stream=codec_type,duration", "-of", "csv=p=0", out],
+                       capture_output=True, text=True, check=True)
+    kinds = dict(line.split(",")[:2] for line in p.stdout.split())
+    assert "audio" in kinds and abs(float(kinds["audio"]) - 2.0) <= 0.05, p.stdout  # the MP3, cut at the video's end
+    # decode.path set alone: melspec still reads the sample's 25 fps
+    r = subprocess.run(base + ["--set", f"decode.path={clip}", "--set", f"melspec.path={mp3}", "--set",
+                               f"encode.path={out}"], capture_output=True, text=True, timeout=280)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
+    assert re.search(r"warning: lips: the speech is out of step with the video: frame \d+ .*chunks at 25 fps, the "
+                     r"video at about 30 fps\), so the lips lead the speech", r.stdout), r.stdout
+    print("ok: 30 fps video with an MP3 speech by --input: chunks at 30 fps; by --set decode.path alone: warned")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,14 @@
  *   - every chunk is spn_w2l_mel_chunk of that spectrogram, there are
  *     spn_w2l_mel_chunks of them and the envelopes' total says so;
  *   - a spectrogram larger than `spectrogram_max_kb` is not attached (the
- *     chunks are the same), and one of exactly that size is.
+ *     chunks are the same), and one of exactly that size is;
+ *   - fps = 0 (the default) cuts the chunks at the rate of the job's video
+ *     (`video`), and a job with neither fails naming both;
+ *   - start: the chunks from that of the first frame at or after it;
+ *   - with FFmpeg (SPN_HAVE_MEDIA) the speech may be any file with sound:
+ *     a FLAC of a WAV gives that WAV's chunks exactly; a file without
+ *     sound, or a named pipe, fails the job naming it.
+ * The FLAC and the videos are made with the ffmpeg program.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -21,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <cmocka.h>
 
@@ -202,6 +210,153 @@ static void a_spectrogram_over_spectrogram_max_kb_is_not_attached(void **state) 
   unlink(a);
 }
 
+/* Run `cmd` (an ffmpeg command line) through the shell. */
+static void shell(const char *fmt, ...) {
+  char cmd[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  if (system(cmd) != 0)
+    fail_msg("failed: %s", cmd);
+}
+
+/* One job of `kv` settings (NULL-terminated) on a melspec of `config`;
+ * returns its status, its error in *err. */
+static int32_t run_one(const char *config, const char *const *kv, spn_harness_t **out, spn_error_t *err) {
+  spn_harness_t *h = open_melspec(config);
+  for (size_t i = 0; kv[i]; i++)
+    assert_int_equal(spn_harness_job_set(h, 1, kv[i], err), SPN_OK);
+  assert_int_equal(spn_harness_run(h, err), SPN_OK);
+  int32_t rc = spn_harness_job_status(h, 1, err);
+  *out = h;
+  return rc;
+}
+
+static void fps_0_takes_the_rate_of_the_video(void **state) {
+  (void)state;
+  char a[400], v30[400], k[500], kv[500];
+  snprintf(a, sizeof a, "%s/a16k.wav", g_dir);
+  snprintf(v30, sizeof v30, "%s/v30.mp4", g_dir);
+  write_wav(a, 16000, 1, 16000);
+  snprintf(k, sizeof k, "path=%s", a);
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_harness_t *h = NULL;
+  /* neither fps nor a video: the job fails, naming both */
+  const char *none[] = {k, NULL};
+  assert_int_equal(run_one("", none, &h, &err), SPN_ECONFIG);
+  assert_non_null(strstr(err.msg, "fps = 0 takes the frame rate of the job's video"));
+  assert_non_null(strstr(err.msg, "melspec.video"));
+  assert_int_equal(spn_harness_output_len(h, 1, 0), 0);
+  spn_harness_free(&h);
+#ifdef SPN_HAVE_MEDIA
+  shell("ffmpeg -v error -y -f lavfi -i testsrc=size=64x64:rate=30 -t 0.5 -c:v libx264 -pix_fmt yuv420p %s", v30);
+  snprintf(kv, sizeof kv, "video=%s", v30);
+  const char *with_video[] = {k, kv, NULL};
+  assert_int_equal(run_one("", with_video, &h, &err), SPN_OK);
+  check_job(h, 1, a, 30.0, true); /* 30 chunks a second: the video's rate, in the spectrogram's fps item too */
+  spn_harness_free(&h);
+  /* a set fps wins over the video */
+  const char *both[] = {k, kv, "fps=25", NULL};
+  assert_int_equal(run_one("", both, &h, &err), SPN_OK);
+  check_job(h, 1, a, 25.0, true);
+  spn_harness_free(&h);
+  /* a video without a picture has no rate to give */
+  snprintf(kv, sizeof kv, "video=%s", a);
+  const char *sound_only[] = {k, kv, NULL};
+  assert_int_equal(run_one("", sound_only, &h, &err), SPN_EMEDIA);
+  assert_non_null(strstr(err.msg, "melspec: the video, whose frame rate fps = 0 takes"));
+  assert_non_null(strstr(err.msg, "no video stream"));
+  spn_harness_free(&h);
+  unlink(v30);
+#else
+  (void)v30, (void)kv;
+#endif
+  unlink(a);
+}
+
+/* A cut job (start): the chunks of its frames in the whole video, from
+ * that of the first frame at or after start, at their times in the speech;
+ * no spectrogram (a GPU lipsync cuts windows from it by seq). */
+static void start_cuts_the_chunks_where_the_video_starts(void **state) {
+  (void)state;
+  char a[400], k[500];
+  snprintf(a, sizeof a, "%s/a16k.wav", g_dir);
+  write_wav(a, 16000, 1, 16000);
+  snprintf(k, sizeof k, "path=%s", a);
+  int64_t frames = 0;
+  float *spec = reference(a, &frames);
+  int64_t total = spn_w2l_mel_chunks(25.0, frames);
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_harness_t *h = NULL;
+  const char *kv[] = {k, "fps=25", "start=0.3", NULL}; /* frame 8 (0.32 s) is the first at or after 0.3 s */
+  assert_int_equal(run_one("", kv, &h, &err), SPN_OK);
+  const spn_host_api_t *host = spn_harness_host(h);
+  size_t n = spn_harness_output_len(h, 1, 0);
+  assert_int_equal((int64_t)n, total - 8);
+  float want[SPN_W2L_MEL_FLOATS];
+  for (size_t i = 0; i < n; i++) {
+    const spn_msg_t *m = spn_harness_output(h, 1, 0, i);
+    const spn_envelope_t *env = host->msg_envelope(m);
+    assert_int_equal(env->seq, i);
+    assert_int_equal(env->total, total - 8);
+    assert_true(fabs(env->pts - (double)(8 + i) / 25.0) < 1e-9);
+    spn_item_t it = {.struct_size = sizeof it};
+    assert_int_equal(host->msg_item(m, (size_t)host->msg_find(m, "mel"), &it), SPN_OK);
+    assert_int_equal(spn_w2l_mel_chunk(spec, frames, 8 + (int64_t)i, 25.0, want, &err), SPN_OK);
+    assert_memory_equal(host->buffer_data(it.buffer), want, sizeof want);
+    assert_true(host->msg_find(m, SPN_W2L_SPEC_ITEM) < 0);
+  }
+  spn_harness_free(&h);
+  /* a start past the speech's end */
+  const char *late[] = {k, "fps=25", "start=5", NULL};
+  assert_int_equal(run_one("", late, &h, &err), SPN_EMEDIA);
+  assert_non_null(strstr(err.msg, "ends before the job's start"));
+  spn_harness_free(&h);
+  free(spec);
+  unlink(a);
+}
+
+#ifdef SPN_HAVE_MEDIA
+static void the_speech_is_any_file_with_sound(void **state) {
+  (void)state;
+  char a[400], flac[400], v30[400], fifo[400], k[500];
+  snprintf(a, sizeof a, "%s/a48k.wav", g_dir);
+  snprintf(flac, sizeof flac, "%s/a48k.flac", g_dir);
+  snprintf(v30, sizeof v30, "%s/silent.mp4", g_dir);
+  snprintf(fifo, sizeof fifo, "%s/speech.fifo", g_dir);
+  write_wav(a, 48000, 1, 38400);
+  shell("ffmpeg -v error -y -i %s -c:a flac %s", a, flac);
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_harness_t *h = NULL;
+  /* lossless: the WAV's samples, so exactly its chunks (check_job's
+   * reference reads the WAV) */
+  snprintf(k, sizeof k, "path=%s", flac);
+  const char *kv[] = {k, "fps=25", NULL};
+  assert_int_equal(run_one("", kv, &h, &err), SPN_OK);
+  check_job(h, 1, a, 25.0, true);
+  spn_harness_free(&h);
+  /* no sound */
+  shell("ffmpeg -v error -y -f lavfi -i testsrc=size=64x64:rate=30 -t 0.5 -c:v libx264 -pix_fmt yuv420p %s", v30);
+  snprintf(k, sizeof k, "path=%s", v30);
+  assert_int_equal(run_one("", kv, &h, &err), SPN_EMEDIA);
+  assert_non_null(strstr(err.msg, v30));
+  assert_non_null(strstr(err.msg, "melspec: the speech"));
+  assert_non_null(strstr(err.msg, "no audio stream"));
+  spn_harness_free(&h);
+  /* a named pipe that nobody writes: refused, not waited on */
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  snprintf(k, sizeof k, "path=%s", fifo);
+  assert_int_equal(run_one("", kv, &h, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "named pipe"));
+  spn_harness_free(&h);
+  unlink(fifo);
+  unlink(v30);
+  unlink(flac);
+  unlink(a);
+}
+#endif
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "%s/spn-melspec-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
   if (!mkdtemp(g_dir)) {
@@ -211,6 +366,11 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(the_first_message_of_each_job_carries_its_spectrogram),
       cmocka_unit_test(a_spectrogram_over_spectrogram_max_kb_is_not_attached),
+      cmocka_unit_test(fps_0_takes_the_rate_of_the_video),
+      cmocka_unit_test(start_cuts_the_chunks_where_the_video_starts),
+#ifdef SPN_HAVE_MEDIA
+      cmocka_unit_test(the_speech_is_any_file_with_sound),
+#endif
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   rmdir(g_dir);

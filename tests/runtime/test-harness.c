@@ -1012,7 +1012,8 @@ static void melspec_cuts_a_wav_into_mel_chunks(void **state) {
   (void)state;
   char p[512], set[600];
   const char *root = getenv("SPINDLE_SOURCE_ROOT");
-  spn_harness_t *h = open_kind(plugin_in("SPINDLE_LIPSYNC_STAGE_DIR", "melspec", p, sizeof p), "melspec", NULL);
+  spn_harness_t *h =
+      open_kind(plugin_in("SPINDLE_LIPSYNC_STAGE_DIR", "melspec", p, sizeof p), "melspec", "fps = 25.0");
   if (!h || !root)
     skip();
   spn_error_t err = SPN_ERROR_INIT;
