@@ -159,7 +159,12 @@ int32_t spn__job_spec_from_json(const cJSON *obj, int64_t id, uint32_t attempt, 
       goto out_fail;
     }
     size_t n = (size_t)nb - 1;
-    const char *iname = spn__json_str(seg, "input");
+    /* the input the joined audio comes from ("audio"; plans stored before
+     * it named only the cut input, which was it) */
+    const char *iname = spn__json_str(seg, "audio");
+    if (!iname)
+      iname = spn__json_str(seg, "input");
+    s->segment_audio_cut = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(seg, "audio_cut"));
     for (size_t i = 0; iname && i < s->n_inputs; i++)
       if (!strcmp(s->inputs[i].name, iname) && !(s->segment_source = strdup(s->inputs[i].path))) {
         rc = spn_error_set(err, SPN_ENOMEM, "job spec: out of memory");

@@ -643,6 +643,8 @@ static int32_t segment_annotate(cJSON *spec, const spn_segment_plan_t *plan, spn
   cJSON *bounds = sg ? cJSON_AddArrayToObject(sg, "bounds") : NULL;
   if (!bounds || !cJSON_AddStringToObject(sg, "output", plan->output) ||
       !cJSON_AddStringToObject(sg, "input", plan->input) ||
+      !cJSON_AddStringToObject(sg, "audio", plan->audio[0] ? plan->audio : plan->input) ||
+      !cJSON_AddBoolToObject(sg, "audio_cut", plan->audio_cut) ||
       !cJSON_AddStringToObject(sg, "start_key", plan->start_key) ||
       !cJSON_AddStringToObject(sg, "duration_key", plan->duration_key))
     return spn_error_set(err, SPN_ENOMEM, "out of memory");

@@ -409,24 +409,26 @@ static int32_t pr_segment_plan(void *data, const spn_job_spec_t *job, uint32_t s
         in = &job->inputs[i];
     }
   }
-  /* A soundtrack the encoder muxes whole (its audio_path) restarts in
-   * every segment. The join does not use the segments' audio: it encodes
-   * the cut input's soundtrack once for the whole file. So a soundtrack
-   * that is, by default, the cut input's own file (enhance's) comes out
-   * as unsegmented; any other is refused. */
-  for (size_t b = 0; b < spn_pipeline_binding_count(e->pipe, SPN_BINDING_INPUT); b++) {
+  /* The joined file's audio. The join does not use the segments' audio
+   * (media-segment.c says why): it encodes one soundtrack once for the
+   * whole file. That is the cut input's own (its audio through the
+   * pipeline: transcode), or the file the encoder muxes (its audio_path:
+   * enhance's soundtrack, lipsync's speech; given by the job or by
+   * default), cut where the video ends as the encoder cuts it. Each
+   * segment's encoder plays that file from the segment's first frame
+   * (encode.audio_sync), so a segment is right on its own too. */
+  const char *audio = NULL;
+  for (size_t b = 0; b < spn_pipeline_binding_count(e->pipe, SPN_BINDING_INPUT) && !audio; b++) {
     const char *t = NULL;
     const char *bn = spn_pipeline_binding_at(e->pipe, SPN_BINDING_INPUT, b, &t);
     const char *def = spn_pipeline_binding_default(e->pipe, SPN_BINDING_INPUT, b);
     const char *dot = t ? strrchr(t, '.') : NULL;
-    bool given = job_file(job, SPN_BINDING_INPUT, bn) != NULL;
-    if (!dot || strcmp(dot, ".audio_path") || (!given && !def) || (!given && in && !strcmp(def, in->name)))
+    if (!dot || strcmp(dot, ".audio_path"))
       continue;
-    return spn_error_set(err, SPN_EINVAL,
-                         "\"%s\": input \"%s\" is muxed whole (%s%s%s%s); a segmented job's audio must come through "
-                         "the pipeline, or be the cut input's own",
-                         field, bn, t, given ? "" : ", by default the file of input \"", given ? "" : def,
-                         given ? "" : "\"");
+    if (job_file(job, SPN_BINDING_INPUT, bn))
+      audio = bn;
+    else if (def && job_file(job, SPN_BINDING_INPUT, def))
+      audio = def;
   }
   if (!in)
     return spn_error_set(err, SPN_EINVAL,
@@ -440,8 +442,26 @@ static int32_t pr_segment_plan(void *data, const spn_job_spec_t *job, uint32_t s
         return spn_error_set(err, SPN_EINVAL, "\"%s\" cannot be combined with param \"%s\" (each segment sets %s)",
                              field, job->params[i].key, t);
   }
+  /* A segment sets its cut through the param that binds the cut stage's
+   * start (and duration) where the config has one, so that every key it
+   * sets follows (lipsync's start is decode's and melspec's: the speech is
+   * cut with the video); else the stage's keys themselves. */
+  const char *keys[2] = {plan->start_key, plan->duration_key};
+  char named[2][sizeof plan->start_key] = {"", ""};
+  for (size_t b = 0; b < spn_pipeline_binding_count(e->pipe, SPN_BINDING_PARAM); b++) {
+    const char *t = NULL;
+    const char *bn = spn_pipeline_binding_at(e->pipe, SPN_BINDING_PARAM, b, &t);
+    for (int k = 0; k < 2; k++)
+      if (!named[k][0] && t && !strcmp(t, keys[k]) && strlen(bn) < sizeof named[k])
+        snprintf(named[k], sizeof named[k], "%s", bn);
+  }
+  for (int k = 0; k < 2; k++)
+    if (named[k][0])
+      snprintf(k ? plan->duration_key : plan->start_key, sizeof plan->start_key, "%s", named[k]);
   snprintf(plan->output, sizeof plan->output, "%s", job->outputs[0].name);
   snprintf(plan->input, sizeof plan->input, "%s", in->name);
+  snprintf(plan->audio, sizeof plan->audio, "%s", audio ? audio : in->name);
+  plan->audio_cut = audio != NULL;
   double *kf = NULL, dur = 0;
   size_t m = 0;
   int32_t rc = r->seg->keyframes(in->path, &kf, &m, &dur, err);
@@ -495,8 +515,16 @@ static int32_t pr_join(pipeline_runner_t *r, const spn_job_spec_t *job, spn_job_
   if (job->n_outputs != 1)
     return spn_error_set(err, SPN_EINVAL, "job %lld: a segmented job has one output", (long long)job->id);
   /* No progress of its own: a segmented job's progress is its segments'. */
-  int32_t rc = r->seg->join((const char *const *)job->segment_files, job->segment_bounds, job->n_segments,
-                            job->segment_source, spn_job_ctx_output_tmp(ctx, 0), err);
+  int32_t rc;
+  if (job->segment_audio_cut && SEG_HAS(r->seg, join_cut) && r->seg->join_cut)
+    rc = r->seg->join_cut((const char *const *)job->segment_files, job->segment_bounds, job->n_segments,
+                          job->segment_source, spn_job_ctx_output_tmp(ctx, 0), err);
+  else if (job->segment_audio_cut)
+    rc = spn_error_set(err, SPN_EUNSUPPORTED,
+                       "the media plugin cannot cut a soundtrack where the joined video ends (an older plugin)");
+  else
+    rc = r->seg->join((const char *const *)job->segment_files, job->segment_bounds, job->n_segments,
+                      job->segment_source, spn_job_ctx_output_tmp(ctx, 0), err);
   if (rc) {
     spn_error_prefix(err, "job %lld: joining %zu segments", (long long)job->id, job->n_segments);
     return rc;

@@ -18,10 +18,11 @@
  * codec headers must match byte for byte, or the joined stream would not
  * decode; a mismatch is an error naming the part.
  *
- * Audio is carried once for the whole job: the input's soundtrack is
- * decoded from its start and encoded in one go with the codec, rate, layout
- * and bit rate of the segments' audio, then interleaved with the joined
- * video. The segments' own audio is not used: AAC starts every stream with
+ * Audio is carried once for the whole job: the input's soundtrack (or the
+ * soundtrack file the job's encoder muxes, cut where the joined video
+ * ends as that encoder cuts it: join_cut) is decoded from its start and
+ * encoded in one go with the codec, rate, layout and bit rate of the
+ * segments' audio, then interleaved with the joined video. The segments' own audio is not used: AAC starts every stream with
  * encoder priming and smears a hard end over its last frame, so audio
  * copied or decoded per segment has a gap or a click at every join (the
  * test measures the loudness around each join against the whole job's).
@@ -278,9 +279,10 @@ static int32_t audio_encoder_open(audio_join_t *aj, const AVCodecParameters *par
   return SPN_OK;
 }
 
-/* Decode part `path`'s audio into the fifo: exactly `want` samples (< 0:
- * every decoded sample), padded with silence or cut. */
-static int32_t audio_part(audio_join_t *aj, const char *path, int64_t want, spn_error_t *err) {
+/* Decode part `path`'s audio into the fifo: every decoded sample (want <
+ * 0), or up to `want` samples, cut there and, with pad, filled up with
+ * silence to exactly that. */
+static int32_t audio_part(audio_join_t *aj, const char *path, int64_t want, bool pad, spn_error_t *err) {
   AVFormatContext *fmt;
   spn_media_input_t in;
   int32_t rc = open_input(path, &fmt, &in, err);
@@ -396,7 +398,7 @@ static int32_t audio_part(audio_join_t *aj, const char *path, int64_t want, spn_
   }
   /* A part whose audio came up short (an encoder that dropped its padded
    * last frame) is filled with silence, so the next part starts on time. */
-  while (rc == SPN_OK && want >= 0 && got < want) {
+  while (rc == SPN_OK && pad && want >= 0 && got < want) {
     int n = (int)FFMIN(want - got, 1024);
     uint8_t **sil = NULL;
     if (av_samples_alloc_array_and_samples(&sil, NULL, aj->enc->ch_layout.nb_channels, n, aj->enc->sample_fmt, 0) < 0) {
@@ -495,8 +497,9 @@ static int32_t put_held(vjoin_t *vj, int64_t next_dts, spn_error_t *err) {
   return rc;
 }
 
-static int32_t seg_join(const char *const *parts, const double *bounds, size_t n, const char *audio_src,
-                        const char *out, spn_error_t *err) {
+/* cut: the soundtrack stops where the joined video ends (bounds[n]). */
+static int32_t seg_join_audio(const char *const *parts, const double *bounds, size_t n, const char *audio_src,
+                              bool cut, const char *out, spn_error_t *err) {
   if (n == 0)
     return spn_error_set(err, SPN_EINVAL, "%s: nothing to join", out);
   AVFormatContext *oc = NULL, *ic = NULL;
@@ -559,7 +562,7 @@ static int32_t seg_join(const char *const *parts, const double *bounds, size_t n
       rc = spn_error_set(err, SPN_EINVAL, "%s: a segmented job starts at 0 s, not %.3f s", out, bounds[0]);
       goto out;
     }
-    rc = audio_part(&aj, audio_src, -1, err);
+    rc = audio_part(&aj, audio_src, cut ? llrint((bounds[n] - bounds[0]) * aj.enc->sample_rate) : -1, false, err);
     if (rc == SPN_OK)
       rc = encode_fifo(&aj, true, out, err);
     if (rc)
@@ -672,10 +675,21 @@ out:
 /* stage-encode.c's kinds: both write the per-job "path". */
 static const char *const encoder_kinds[] = {"encode", "encode_av", NULL};
 
+static int32_t seg_join(const char *const *parts, const double *bounds, size_t n, const char *audio_src,
+                        const char *out, spn_error_t *err) {
+  return seg_join_audio(parts, bounds, n, audio_src, false, out, err);
+}
+
+static int32_t seg_join_cut(const char *const *parts, const double *bounds, size_t n, const char *audio_src,
+                            const char *out, spn_error_t *err) {
+  return seg_join_audio(parts, bounds, n, audio_src, true, out, err);
+}
+
 static const spn_segment_api_t segment_api = {
     .struct_size = sizeof(spn_segment_api_t),
     .keyframes = seg_keyframes,
     .join = seg_join,
+    .join_cut = seg_join_cut,
     .check_output = spn_encoder_check_container,
     .encoders = encoder_kinds,
 };

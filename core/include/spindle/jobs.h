@@ -61,7 +61,8 @@ typedef struct spn_job_spec {
   size_t n_segments;
   char **segment_files;
   double *segment_bounds;
-  char *segment_source; /* the input that was cut: the joined file's audio comes from it */
+  char *segment_source; /* the file the joined file's audio comes from: the cut input, or the soundtrack */
+  bool segment_audio_cut; /* that audio stops where the joined video ends (a soundtrack an encoder muxes) */
   /* Seconds one attempt may run (0: no limit). Past it
    * spn_job_ctx_cancelled answers true, and the attempt that then stops
    * fails with SPN_ETIMEDOUT (retried while attempts are left). */
@@ -136,8 +137,11 @@ typedef struct spn_segment_plan {
   char start_key[128];     /* the per-job "stage.key" that starts a segment ("decode.start") */
   char duration_key[128];  /* ... and the one that gives its length ("decode.duration") */
   char output[65];         /* the job output the segments are joined into */
-  char input[65];          /* the job input that is cut (the joined file's audio comes from it, also
-                            * when it is an encoder's soundtrack by default) */
+  char input[65];          /* the job input that is cut */
+  char audio[65];          /* the job input the joined file's audio comes from: the cut input (its
+                            * audio through the pipeline), or the soundtrack an encoder muxes (its
+                            * audio_path: given, or its default's file) */
+  bool audio_cut;          /* that audio stops where the joined video ends (a soundtrack) */
 } spn_segment_plan_t;
 
 /* Free what the plan holds (bounds) and zero it, so a second call is
@@ -173,6 +177,12 @@ typedef struct spn_segment_api {
    * check_output: present when struct_size covers it; NULL or absent: no
    * output is checked at submit and no job is split. */
   const char *const *encoders;
+  /* join, with the soundtrack cut where the joined video ends (bounds[n]),
+   * as the encoder cuts a soundtrack it muxes (audio_path); a shorter one
+   * ends where it ends. Newer than encoders: present when struct_size
+   * covers it. */
+  int32_t (*join_cut)(const char *const *parts, const double *bounds, size_t n, const char *audio_src,
+                      const char *out, spn_error_t *err);
 } spn_segment_api_t;
 #define SPN_SEGMENT_API_SYMBOL "spindle_segment_api"
 typedef const spn_segment_api_t *(*spn_segment_api_fn)(void);
