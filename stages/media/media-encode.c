@@ -513,10 +513,17 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
   r = avformat_write_header(e->oc, &mopts);
   av_dict_free(&mopts);
   if (r < 0) {
+    /* An I/O error that the file's writes did not meet is the muxer's
+     * refusal of the streams (yuv4mpegpipe says EIO for anything but raw
+     * video): a media error, the same on every attempt, not one to retry. */
+    bool refused = r == AVERROR(EINVAL) || (r == AVERROR(EIO) && !(e->oc->pb && e->oc->pb->error));
     rc = av_fail(e, err, r, "writing the header");
-    /* a muxer that refuses the streams says only "invalid argument" (gif,
-     * ogg with h264): name the pairing; the muxer's own line is in the log */
-    if (r == AVERROR(EINVAL) && err) {
+    if (refused && rc == SPN_EIO)
+      rc = err ? (err->code = SPN_EMEDIA) : SPN_EMEDIA;
+    /* a muxer that refuses the streams says only "invalid argument" or
+     * "input/output error" (gif, ogg with h264, y4m): name the pairing; the
+     * muxer's own line is in the log */
+    if (refused && err) {
       char said[SPN_ERROR_MSG_MAX];
       snprintf(said, sizeof said, "%s", err->msg);
       spn_error_set(err, rc, "%s (the \"%s\" container may not take %s video%s; use .mp4 or .mkv)", said, ofmt->name,

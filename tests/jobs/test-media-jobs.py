@@ -360,6 +360,20 @@ def run_all_pipelines(tmp, ep):
         at2, at0 = audio_corr(out, 0, src, 2.0), audio_corr(out, 0, src, 0.0)
         check(at2 > 0.9 and at0 < 0.5, f"{name} from 2 s: its sound matches the source's at 2 s by {at2:.2f}, "
               f"at 0 s by {at0:.2f} (the soundtrack must start where the video does)")
+    # lipsync cut into segments (a farm's long job across its workers): each
+    # segment syncs its frames with the speech from its own start (the
+    # param start sets melspec's with decode's: nothing out of step), and
+    # the joined file plays the speech whole, cut where the video ends
+    out = f"{tmp}/out/lipsync-seg.mp4"
+    r = cli("submit", "lipsync", "--input", f"video={clip}", "--input", f"speech={speech}", "--output", f"video={out}",
+            "--segments", "2", "--wait", "--connect", ep, check_rc=0)
+    st = status(ep, int(r.stdout.split()[0]))
+    check(st["state"] == "succeeded" and len(st.get("segments", [])) == 2 and "out of step" not in json.dumps(st),
+          f"segmented lipsync: {st}")
+    check_video(out, 100, 640, 640, 4.0)
+    for t in (0.5, 2.5):  # before and after the join
+        c = audio_corr(out, t, speech, t)
+        check(c > 0.9, f"segmented lipsync: its sound at {t} s matches the speech's by {c:.2f}")
     # a 30 fps video and an MP3 speech: the mel chunks follow the video's
     # rate (the input `video` sets melspec.video beside decode.path), the
     # speech is read through FFmpeg and is the soundtrack; nothing drifts
@@ -705,20 +719,26 @@ def case_failures(tmp):
           f"a refused output left files: {os.listdir(tmp + '/out')}")
     # enhance cut into segments (the main job across a farm's workers): its
     # soundtrack is by default the video's own, which the join carries for
-    # the whole file; another soundtrack, muxed whole by every segment's
-    # encoder, is refused
+    # the whole file; another soundtrack (the sample's speech, longer than
+    # 1.2 s of video) is the joined file's, cut where the video ends
     r = cli("submit", "enhance", "--input", f"video={tmp}/in.mp4", "--output", f"video={tmp}/out/seg.mp4",
             "--segments", "2", "--wait", "--connect", ep, check_rc=0)
     st = status(ep, int(r.stdout.split()[0]))
     check(st["state"] == "succeeded" and len(st.get("segments", [])) == 2 and
           sum(g["done"] for g in st["segments"]) == 100, f"segmented enhance: {st}")
     check_video(f"{tmp}/out/seg.mp4", 100, 640, 640, 4.0)
-    r = cli("submit", "enhance", "--input", f"video={tmp}/in.mp4", "--input", f"soundtrack={tmp}/in.mp4",
-            "--output", f"video={tmp}/out/seg2.mp4", "--segments", "2", "--wait", "--connect", ep)
-    want = ('"segments": input "soundtrack" is muxed whole (encode.audio_path); a segmented job\'s audio must come '
-            "through the pipeline, or be the cut input's own")
-    check(r.returncode == 5 and want.encode() in r.stderr, f"segmented enhance with a soundtrack: exit {r.returncode}; "
-          f"{r.stderr!r}")
+    speech = f"{tmp}/speech.wav"
+    shutil.copy(os.path.join(SRC, "samples/media/speech.wav"), speech)
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", f"{tmp}/in.mp4", "-t", "2.4", "-c", "copy",
+                    f"{tmp}/short.mp4"], check=True)
+    r = cli("submit", "enhance", "--input", f"video={tmp}/short.mp4", "--input", f"soundtrack={speech}",
+            "--output", f"video={tmp}/out/seg2.mp4", "--segments", "2", "--wait", "--connect", ep, check_rc=0)
+    st = status(ep, int(r.stdout.split()[0]))
+    n = int(probe(f"{tmp}/short.mp4")["v"]["nb_read_frames"])
+    check(st["state"] == "succeeded" and len(st.get("segments", [])) == 2, f"segmented enhance, a soundtrack: {st}")
+    check_video(f"{tmp}/out/seg2.mp4", n, 640, 640, n / 25)
+    c = audio_corr(f"{tmp}/out/seg2.mp4", 0, speech, 0, seconds=n / 25 - 0.1)
+    check(c > 0.9, f"segmented enhance with a soundtrack: its sound matches the soundtrack's by {c:.2f}")
     # a container that cannot hold the config's H.264: the job fails once,
     # naming the path the job gave (not the temporary written) and the pairing
     r = cli("submit", "transcode", "--input", f"video={tmp}/in.mp4", "--output", f"video={tmp}/out/clip.webm", "--wait",
@@ -728,6 +748,15 @@ def case_failures(tmp):
     check(r.returncode == 1 and st["attempts"] == 1 and
           f'{tmp}/out/clip.webm: the "webm" container cannot hold h264 video (libx264); use .mp4 or .mkv' in msg and
           ".spn-" not in msg, f"WebM output: {st}")
+    # a muxer that refuses the streams with "input/output error" (y4m takes
+    # raw video only): a media error, failed once (it was retried as a
+    # system error), naming the container and the pairing
+    r = cli("submit", "transcode", "--input", f"video={tmp}/in.mp4", "--output", f"video={tmp}/out/clip.y4m", "--wait",
+            "--max-attempts", "3", "--connect", ep)
+    st = status(ep, int(r.stdout.split()[0]))
+    msg = st["errors"][-1]["error"]
+    check(r.returncode == 1 and st["attempts"] == 1 and f"{tmp}/out/clip.y4m: writing the header" in msg and
+          'the "yuv4mpegpipe" container may not take h264 video' in msg and ".spn-" not in msg, f"y4m output: {st}")
     files_outside_the_roots(tmp, ep)
     # tolerate_errors, a job param, accepts the truncated file explicitly
     tolerated_job(tmp, ep, "gateway")
@@ -749,12 +778,13 @@ def case_failures(tmp):
     st = status(ep, int(r.stdout.split()[0]))
     check("warnings" not in st and b"warning" not in r.stderr, f"a clean job has warnings: {st.get('warnings')}")
     # one transcode succeeded with warnings (the tolerated file), one
-    # without; the segmented enhance and its two segments all or none
-    # (where the detector's model is not fetched, each segment warns, and
-    # the joined job's status lists its segments' warnings: it counts too)
+    # without; the two segmented enhances and their two segments each all
+    # or none (where the detector's model is not fetched, each segment
+    # warns, and the joined job's status lists its segments' warnings: it
+    # counts too)
     got = check_warned_metric(ep, hp, "gateway")
-    check(got.get("transcode") == 1 and got.get("enhance") in (0, 3) and len(got) == 2,
-          f"gateway: spindle_jobs_warned_total {got}, want transcode 1 and enhance 0 or 3")
+    check(got.get("transcode") == 1 and got.get("enhance") in (0, 6) and len(got) == 2,
+          f"gateway: spindle_jobs_warned_total {got}, want transcode 1 and enhance 0 or 6")
     check(stray(f"{tmp}/out") == [], f"temporary files left: {stray(tmp + '/out')}")
     check(p.poll() is None, "gateway died")
 
