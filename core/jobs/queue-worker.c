@@ -38,6 +38,7 @@ typedef struct qrun {
   double progress_at; /* last progress written to the queue */
   bool no_outputs;    /* no publication marker to remove at the end */
   bool segmented;     /* a segment or a segmented job (spn__job_is_segmented) */
+  bool join;          /* a segmented job's join: its warnings are its segments' */
   char pipeline[64];  /* for the metrics */
   double since;       /* spn__mono_s() at the lease */
 } qrun_t;
@@ -105,6 +106,11 @@ static void swept(void *user, int64_t id, spn_queue_state_t st) {
 
 /* Record a finished run. Returns false when the queue could not be reached:
  * the caller keeps the report and tries again. */
+static void any_warned(void *user, const spn_queue_job_t *c) {
+  if (c->warnings_json && *c->warnings_json && strcmp(c->warnings_json, "[]"))
+    *(bool *)user = true;
+}
+
 static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
   qrun_t *r = &w->runs[slot];
   spn_error_t err = SPN_ERROR_INIT;
@@ -141,10 +147,16 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
   if (rc < 0 && rc != SPN_ESTATE)
     spn__log_f(spn__observe_logger(w->obs), SPN_LOG_ERROR,
                &(spn__log_fields_t){.job_id = (uint64_t)r->id, .attempt = -1, .duration_ms = -1}, "%s", err.msg);
+  /* A join has no warnings of its own: its output is its segments', and
+   * so are its warnings (its status lists them), so it counts as warned
+   * when one of them was, as the gateway counts it (observe.c). */
+  bool warned = res->warnings[0] != '\0';
+  if (!warned && rc == SPN_OK && res->status == SPN_OK && r->join && w->q.ops->children)
+    (void)w->q.ops->children(w->q.impl, r->id, any_warned, &warned, NULL);
   r->busy = false;
   spn__slot_pool_set_idle(w->pool, slot);
   spn__wobs_busy(w->wobs, -1);
-  spn__wobs_job_end(w->wobs, r->pipeline, spn__mono_s() - r->since, res->status, res->warnings[0] != '\0');
+  spn__wobs_job_end(w->wobs, r->pipeline, spn__mono_s() - r->since, res->status, warned);
   return true;
 }
 
@@ -170,7 +182,7 @@ static bool lease_some(qw_t *w) {
     queue_answered(w);
     qrun_t *r = &w->runs[slot];
     *r = (qrun_t){.busy = true, .id = j.id, .attempt = j.attempts, .segmented = spn__job_is_segmented(&j),
-                  .since = spn__mono_s()};
+                  .join = !j.parent && spn__job_is_segmented(&j), .since = spn__mono_s()};
     cJSON *spec = cJSON_Parse(j.spec_json);
     spn_job_spec_t js;
     rc = spec ? spn__job_spec_from_json(spec, j.id, j.attempts, &js, &err)

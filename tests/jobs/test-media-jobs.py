@@ -144,13 +144,11 @@ def log_metric(port, level, proc):
 
 
 def statuses(ep):
-    """The statuses of jobs 1, 2, ... as far as the gateway knows them."""
-    out = []
-    while True:
-        r = cli("status", str(len(out) + 1), "--connect", ep)
-        if r.returncode != 0:
-            break
-        out.append(json.loads(r.stdout))
+    """The statuses of the jobs the gateway lists (spindle jobs), by id: a
+    segmented job's segments among them, each a job of its own."""
+    r = cli("jobs", "--limit", "1000", "--connect", ep, check_rc=0)
+    ids = sorted(int(ln.split()[0]) for ln in r.stdout.decode().splitlines()[1:] if ln.strip())
+    out = [json.loads(cli("status", str(i), "--connect", ep, check_rc=0).stdout) for i in ids]
     check(out, "no job found by status")
     return out
 
