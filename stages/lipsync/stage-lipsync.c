@@ -147,6 +147,7 @@ typedef struct ls_job {
   spn_buffer_t *d_spec; /* (80, spec_frames) f32 */
   int64_t spec_frames;
   double spec_fps;
+  int64_t spec_first;   /* the spectrogram's chunk of seq 0 (a job cut at a start) */
   bool spec_refused;    /* one was sent and left aside (logged once) */
   bool have_mel0;       /* chunk seq 0 came: mel_pts0 is its pts */
   double mel_pts0;
@@ -449,6 +450,7 @@ static void take_frame(spn_stage_t *stage, ls_state_t *st, ls_job_t *j, spn_msg_
 static void take_spec(spn_stage_t *stage, ls_job_t *j, spn_msg_t *m) {
   const spn_host_api_t *host = spn_stage_host(stage);
   int64_t si = host->msg_find(m, SPN_W2L_SPEC_ITEM), fi = host->msg_find(m, SPN_W2L_SPEC_FPS_ITEM);
+  int64_t oi = host->msg_find(m, SPN_W2L_SPEC_FIRST_ITEM);
   if (si < 0 || j->d_spec || j->spec_refused)
     return;
   char why[SPN_ERROR_MSG_MAX] = "";
@@ -459,6 +461,12 @@ static void take_spec(spn_stage_t *stage, ls_job_t *j, spn_msg_t *m) {
                  ft.meta_size == sizeof fps;
   if (has_fps)
     memcpy(&fps, ft.meta, sizeof fps);
+  int64_t first = 0;
+  spn_item_t ot = {.struct_size = sizeof ot};
+  bool bad_first = oi >= 0 && (host->msg_item(m, (size_t)oi, &ot) != SPN_OK || ot.kind != SPN_ITEM_META ||
+                               ot.meta_size != sizeof first);
+  if (oi >= 0 && !bad_first)
+    memcpy(&first, ot.meta, sizeof first);
   if (!has_fps) {
     snprintf(why, sizeof why, "no item \"%s\" (one double) beside it", SPN_W2L_SPEC_FPS_ITEM);
   } else if (host->msg_item(m, (size_t)si, &it) != SPN_OK || it.kind != SPN_ITEM_TENSOR || !it.buffer ||
@@ -469,9 +477,13 @@ static void take_spec(spn_stage_t *stage, ls_job_t *j, spn_msg_t *m) {
     snprintf(why, sizeof why, "%zu bytes, more than the %zu taken", spn_tensor_nbytes(t), SPN_W2L_SPEC_MAX_BYTES);
   } else if (!(fps > 0) || !(fps < 1e6)) {
     snprintf(why, sizeof why, "its fps (%g) is not a frame rate", fps);
-  } else if (j->mel_total >= 0 && spn_w2l_mel_chunks(fps, t->shape[1]) != j->mel_total) {
-    snprintf(why, sizeof why, "%lld columns at %g fps make %lld chunks, the stream has %lld", (long long)t->shape[1],
-             fps, (long long)spn_w2l_mel_chunks(fps, t->shape[1]), (long long)j->mel_total);
+  } else if (bad_first || first < 0 || first >= spn_w2l_mel_chunks(fps, t->shape[1])) {
+    snprintf(why, sizeof why, "item \"%s\" is not the index (one int64) of one of its chunks",
+             SPN_W2L_SPEC_FIRST_ITEM);
+  } else if (j->mel_total >= 0 && spn_w2l_mel_chunks(fps, t->shape[1]) - first != j->mel_total) {
+    snprintf(why, sizeof why, "%lld columns at %g fps from chunk %lld make %lld chunks, the stream has %lld",
+             (long long)t->shape[1], fps, (long long)first, (long long)(spn_w2l_mel_chunks(fps, t->shape[1]) - first),
+             (long long)j->mel_total);
   }
   if (!why[0]) {
     spn_error_t err = SPN_ERROR_INIT;
@@ -500,6 +512,7 @@ static void take_spec(spn_stage_t *stage, ls_job_t *j, spn_msg_t *m) {
   }
   j->spec_frames = t->shape[1];
   j->spec_fps = fps;
+  j->spec_first = first;
   host->log(stage, j->job_id, SPN_LOG_DEBUG,
             "the job's spectrogram (%lld mel frames, %zu bytes) is on the GPU: its chunks are cut there",
             (long long)j->spec_frames, spn_tensor_nbytes(t));
@@ -585,7 +598,7 @@ static int32_t mel_batch_cuda(spn_stage_t *stage, ls_state_t *st, size_t n, void
       st->mel_src[n_src++] = (spn_w2l_mel_src_t){.mel = host->buffer_data(j->d_spec),
                                                  .n_frames = j->spec_frames,
                                                  .fps = j->spec_fps,
-                                                 .i = (int64_t)st->run[i]->env.seq,
+                                                 .i = j->spec_first + (int64_t)st->run[i]->env.seq,
                                                  .row = (int32_t)i};
       continue;
     }

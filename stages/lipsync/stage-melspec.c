@@ -23,7 +23,8 @@
  * stage's `start` too): its chunks are those of its frames in the whole
  * video, from the chunk of the first frame at or after start, with their
  * pts on the speech's clock (the encoder muxes the speech from the first
- * frame's time, `encode.audio_sync`).
+ * frame's time, `encode.audio_sync`). Its spectrogram still goes whole, with
+ * the index of its first chunk (SPN_W2L_SPEC_FIRST_ITEM).
  *
  * The first message of a job (seq 0) also carries the whole spectrogram the
  * chunks are cut from (wav2lip.h, SPN_W2L_SPEC_ITEM: (80, frames) f32, and
@@ -337,11 +338,6 @@ static int32_t ms_job_open(spn_stage_t *stage, void *state, const spn_job_info_t
     ms_job_free(host, j);
     return rc;
   }
-  /* The spectrogram goes whole only with the chunks of the whole speech: a
-   * GPU lipsync cuts its windows by seq from it (a cut job's chunks go
-   * alone). */
-  if (j->first > 0)
-    j->attach = false;
   *job_state = j;
   return SPN_OK;
 out_pcm:
@@ -361,6 +357,8 @@ static int32_t ms_add_spectrogram(const spn_host_api_t *host, ms_job_t *j, spn_m
   int32_t rc = host->msg_add_tensor(msg, SPN_W2L_SPEC_ITEM, &t, j->spec_buf, err);
   if (rc == SPN_OK)
     rc = host->msg_add_meta(msg, SPN_W2L_SPEC_FPS_ITEM, &j->fps, sizeof j->fps, err);
+  if (rc == SPN_OK && j->first > 0) /* a cut job: where its chunks start in the spectrogram */
+    rc = host->msg_add_meta(msg, SPN_W2L_SPEC_FIRST_ITEM, &j->first, sizeof j->first, err);
   return rc;
 }
 

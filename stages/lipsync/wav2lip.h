@@ -131,8 +131,11 @@ int32_t spn_w2l_mel_chunk(const float *mel, int64_t n_frames, int64_t i, double 
  * message of a job's mel stream (seq 0), next to its "mel" chunk, a tensor
  * item SPN_W2L_SPEC_ITEM, (80, n_frames) f32 in host memory, and a meta item
  * SPN_W2L_SPEC_FPS_ITEM, the fps its chunks were cut at (one double): chunk
- * i is spn_w2l_mel_chunk(spec, n_frames, i, fps), and the stream's total is
- * spn_w2l_mel_chunks(fps, n_frames). lipsync on a GPU uploads it once per
+ * i is spn_w2l_mel_chunk(spec, n_frames, first + i, fps), and the stream's
+ * total is spn_w2l_mel_chunks(fps, n_frames) - first, where `first` is the
+ * meta item SPN_W2L_SPEC_FIRST_ITEM (one int64; absent: 0): the chunk of
+ * the job's first frame in the whole speech, for a job cut at a start
+ * (melspec's `start`, a segment). lipsync on a GPU uploads it once per
  * job and cuts every chunk there; the chunks are still sent and remain what
  * the port promises (the CPU ignores the spectrogram). Only spectrograms of
  * at most SPN_W2L_SPEC_MAX_BYTES are attached, or taken: 16 MiB is 52428
@@ -140,6 +143,7 @@ int32_t spn_w2l_mel_chunk(const float *mel, int64_t n_frames, int64_t i, double 
  * items, lipsync uploads each chunk with its batch. */
 #define SPN_W2L_SPEC_ITEM "melspec"
 #define SPN_W2L_SPEC_FPS_ITEM "melspec_fps"
+#define SPN_W2L_SPEC_FIRST_ITEM "melspec_first"
 #define SPN_W2L_SPEC_MAX_BYTES ((size_t)16 << 20)
 
 #endif

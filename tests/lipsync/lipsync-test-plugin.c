@@ -8,6 +8,9 @@
  * `mode = "windows"` the chunks are cut from one spectrogram per job
  * (lt_spec), and with `mode = "spectrogram"` that spectrogram also goes
  * whole with seq 0, as melspec sends it (wav2lip.h, SPN_W2L_SPEC_ITEM).
+ * `first` > 0: the job is cut at a start, as melspec's `start` cuts one:
+ * its chunks are the spectrogram's from chunk `first` on, and the
+ * spectrogram (of first + chunks chunks) goes with that index.
  * Both are sources producing one message per generate() call.
  */
 #include <stdlib.h>
@@ -21,6 +24,7 @@
  * plugin API). */
 #define LT_SPEC_ITEM "melspec"
 #define LT_SPEC_FPS_ITEM "melspec_fps"
+#define LT_SPEC_FIRST_ITEM "melspec_first"
 
 static const spn_host_api_t *host;
 
@@ -30,6 +34,7 @@ typedef struct lt_config {
   int64_t bad_at; /* lt_mel: the chunk at this seq has a wrong shape (-1: none) */
   int64_t pace_ms; /* lt_faces: wait this long before each frame */
   char *mode;      /* lt_mel: "chunks", "windows" or "spectrogram" */
+  int64_t first;   /* lt_mel: the spectrogram's chunk of seq 0 */
 } lt_config_t;
 
 static const spn_config_field_t lt_faces_schema[] = {
@@ -55,6 +60,9 @@ static const spn_config_field_t lt_mel_schema[] = {
      .doc = "chunks: a pattern per chunk; windows: cut from one spectrogram; spectrogram: the same, and the "
             "spectrogram sent whole with seq 0",
      .def_str = "chunks"},
+    {.key = "first", .type = SPN_CONFIG_INT, .flags = SPN_CONFIG_PER_JOB, .offset = offsetof(lt_config_t, first),
+     .doc = "windows, spectrogram: the chunks are the spectrogram's from this one on (a job cut at a start)",
+     .def_int = 0, .min = 0, .max = 100000},
     {0},
 };
 
@@ -63,7 +71,7 @@ enum { LT_CHUNKS, LT_WINDOWS, LT_SPECTROGRAM };
 typedef struct lt_job {
   uint64_t job_id;
   uint64_t seq;
-  int64_t count, seed, bad_at, pace_ms;
+  int64_t count, seed, bad_at, pace_ms, first;
   int mode;
 } lt_job_t;
 
@@ -85,6 +93,7 @@ static int32_t lt_job_open(spn_stage_t *stage, void *state, const spn_job_info_t
   j->seed = c->seed;
   j->bad_at = c->bad_at; /* lt_faces' schema has no such key: its struct field stays 0 */
   j->pace_ms = c->pace_ms; /* likewise 0 for lt_mel */
+  j->first = c->first;     /* and 0 for lt_faces */
   j->mode = LT_CHUNKS;     /* and NULL for lt_faces */
   if (c->mode && !strcmp(c->mode, "windows"))
     j->mode = LT_WINDOWS;
@@ -103,7 +112,7 @@ static int32_t lt_add_spectrogram(spn_stage_t *stage, lt_job_t *j, spn_msg_t *ms
   spn_tensor_t t = SPN_TENSOR_INIT;
   t.dtype = SPN_DTYPE_F32;
   t.ndim = 2;
-  t.shape[0] = 80, t.shape[1] = lt_spec_cols(j->count);
+  t.shape[0] = 80, t.shape[1] = lt_spec_cols(j->first + j->count);
   spn_buffer_t *buf = NULL;
   int32_t rc = host->buffer_new(stage, spn_tensor_nbytes(&t), &buf, err);
   if (rc != SPN_OK)
@@ -115,7 +124,11 @@ static int32_t lt_add_spectrogram(spn_stage_t *stage, lt_job_t *j, spn_msg_t *ms
   rc = host->msg_add_tensor(msg, LT_SPEC_ITEM, &t, buf, err);
   host->buffer_unref(&buf);
   const double fps = 25.0;
-  return rc == SPN_OK ? host->msg_add_meta(msg, LT_SPEC_FPS_ITEM, &fps, sizeof fps, err) : rc;
+  if (rc == SPN_OK)
+    rc = host->msg_add_meta(msg, LT_SPEC_FPS_ITEM, &fps, sizeof fps, err);
+  if (rc == SPN_OK && j->first > 0)
+    rc = host->msg_add_meta(msg, LT_SPEC_FIRST_ITEM, &j->first, sizeof j->first, err);
+  return rc;
 }
 
 static int32_t lt_send(spn_stage_t *stage, lt_job_t *j, const char *name, const spn_tensor_t *t, spn_buffer_t *buf,
@@ -184,7 +197,7 @@ static int32_t lt_mel_generate(spn_stage_t *stage, void *state, void *job_state,
   if (rc != SPN_OK)
     return rc;
   float *m = host->buffer_data(buf);
-  int64_t cols = lt_spec_cols(j->count), start = lt_spec_start((int64_t)j->seq, cols);
+  int64_t cols = lt_spec_cols(j->first + j->count), start = lt_spec_start(j->first + (int64_t)j->seq, cols);
   for (int32_t b = 0; b < 80; b++)
     for (int32_t s = 0; s < t.shape[2]; s++)
       m[b * t.shape[2] + s] = j->mode == LT_CHUNKS ? lt_mel(j->seed, j->seq, b, s) : lt_spec(j->seed, b, start + s);

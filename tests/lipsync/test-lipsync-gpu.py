@@ -63,11 +63,16 @@ inputs = ["lips.video"]
 """)
         n, seed = 12, 5
         outs, lips = {}, {}
-        for dev, mode in (("cuda", "spectrogram"), ("cuda", "windows"), ("cpu", "spectrogram")):
+        # first = 3: a job cut at a start (melspec's start, a segment): its
+        # chunks are the spectrogram's from chunk 3, which goes whole with
+        # that index
+        for dev, mode, first in (("cuda", "spectrogram", 0), ("cuda", "windows", 0), ("cpu", "spectrogram", 0),
+                                 ("cuda", "spectrogram", 3), ("cuda", "windows", 3), ("cpu", "spectrogram", 3)):
+            mode = mode if not first else f"{mode}@{first}"
             out = os.path.join(tmp, f"{dev}-{mode}.rgb")
             args = [spindle, "run", cfg, "--devices", dev, "--set", f"video.frames={n}", "--set", f"video.seed={seed}",
-                    "--set", f"mel.chunks={n}", "--set", f"mel.seed={seed}", "--set", f"mel.mode={mode}",
-                    "--set", f"sink.path={out}", "--log-format", "json"]
+                    "--set", f"mel.chunks={n}", "--set", f"mel.seed={seed}", "--set", f"mel.mode={mode.split('@')[0]}",
+                    "--set", f"mel.first={first}", "--set", f"sink.path={out}", "--log-format", "json"]
             for d in plugin_dirs:
                 args += ["--plugin-path", d]
             r = subprocess.run(args, capture_output=True, text=True)
@@ -90,22 +95,28 @@ inputs = ["lips.video"]
         # face: every 4th has none). With the spectrogram: it, once; without:
         # one 80x16 chunk each.
         frames_up, synced = n * H * W * 3, sum(1 for i in range(n) if i % 4 != 3)
-        cols = int((n - 1) * (80.0 / 25.0)) + 15  # lipsync-test-pattern.h's lt_spec_cols
-        want = {"spectrogram": frames_up + 80 * cols * 4, "windows": frames_up + synced * 80 * 16 * 4}
-        for mode, w in want.items():
-            assert lips[mode]["bytes"] == w, f"{mode}: lipsync uploaded {lips[mode]}, want {w} bytes"
-        assert lips["spectrogram"]["copies"] == n + 1, f"spectrogram: {lips['spectrogram']}, want {n + 1} copies"
-        print(f"ok: lipsync's uploads: {lips['spectrogram']['bytes'] - frames_up} mel bytes with the spectrogram, "
-              f"{lips['windows']['bytes'] - frames_up} with the chunks, besides {frames_up} of frames")
-        same = outs[("cuda", "spectrogram")] == outs[("cuda", "windows")]
-        assert same.all(), f"cuda: the chunks cut on the GPU gave other bytes than the uploaded ones ({(~same).sum()})"
-        d = np.abs(outs[("cuda", "spectrogram")] - outs[("cpu", "spectrogram")])
-        outside = np.ones((n, H, W), bool)
-        outside[:, 30:90, 40:100] = False  # the crop of lipsync-test-pattern.h's box with the default pads
-        assert d[outside].max() == 0, f"pixels outside the crop differ (max {d[outside].max()})"
-        inside = d[:, 30:90, 40:100]
-        assert inside.max() <= 2, f"inside the crop: max difference {inside.max()} > 2 levels"
-        print(f"ok: {n} frames; inside the crop max {inside.max()}, mean {inside.mean():.4f}; outside identical")
+        for sfx, first in (("", 0), ("@3", 3)):
+            cols = int((first + n - 1) * (80.0 / 25.0)) + 15  # lipsync-test-pattern.h's lt_spec_cols
+            want = {"spectrogram" + sfx: frames_up + 80 * cols * 4, "windows" + sfx: frames_up + synced * 80 * 16 * 4}
+            for mode, w in want.items():
+                assert lips[mode]["bytes"] == w, f"{mode}: lipsync uploaded {lips[mode]}, want {w} bytes"
+            sp = "spectrogram" + sfx
+            assert lips[sp]["copies"] == n + 1, f"{sp}: {lips[sp]}, want {n + 1} copies"
+            print(f"ok{sfx}: lipsync's uploads: {lips[sp]['bytes'] - frames_up} mel bytes with the spectrogram, "
+                  f"{lips['windows' + sfx]['bytes'] - frames_up} with the chunks, besides {frames_up} of frames")
+            same = outs[("cuda", sp)] == outs[("cuda", "windows" + sfx)]
+            assert same.all(), f"cuda{sfx}: the chunks cut on the GPU gave other bytes than the uploaded ones " \
+                f"({(~same).sum()})"
+            d = np.abs(outs[("cuda", sp)] - outs[("cpu", sp)])
+            outside = np.ones((n, H, W), bool)
+            outside[:, 30:90, 40:100] = False  # the crop of lipsync-test-pattern.h's box with the default pads
+            assert d[outside].max() == 0, f"{sfx}: pixels outside the crop differ (max {d[outside].max()})"
+            inside = d[:, 30:90, 40:100]
+            assert inside.max() <= 2, f"{sfx}: inside the crop: max difference {inside.max()} > 2 levels"
+            print(f"ok{sfx}: {n} frames; inside the crop max {inside.max()}, mean {inside.mean():.4f}; "
+                  f"outside identical")
+        # the cut job's frames are synced with other chunks than the uncut one's
+        assert (outs[("cpu", "spectrogram@3")] != outs[("cpu", "spectrogram")]).any(), "first = 3 changed nothing"
     return 0
 
 

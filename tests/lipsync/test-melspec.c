@@ -277,7 +277,8 @@ static void fps_0_takes_the_rate_of_the_video(void **state) {
 
 /* A cut job (start): the chunks of its frames in the whole video, from
  * that of the first frame at or after start, at their times in the speech;
- * no spectrogram (a GPU lipsync cuts windows from it by seq). */
+ * the whole spectrogram on the first message with the index of its first
+ * chunk (a GPU lipsync cuts the windows from it). */
 static void start_cuts_the_chunks_where_the_video_starts(void **state) {
   (void)state;
   char a[400], k[500];
@@ -305,7 +306,20 @@ static void start_cuts_the_chunks_where_the_video_starts(void **state) {
     assert_int_equal(host->msg_item(m, (size_t)host->msg_find(m, "mel"), &it), SPN_OK);
     assert_int_equal(spn_w2l_mel_chunk(spec, frames, 8 + (int64_t)i, 25.0, want, &err), SPN_OK);
     assert_memory_equal(host->buffer_data(it.buffer), want, sizeof want);
-    assert_true(host->msg_find(m, SPN_W2L_SPEC_ITEM) < 0);
+    int64_t si = host->msg_find(m, SPN_W2L_SPEC_ITEM), fi = host->msg_find(m, SPN_W2L_SPEC_FIRST_ITEM);
+    if (i > 0) {
+      assert_true(si < 0 && fi < 0);
+      continue;
+    }
+    assert_true(si >= 0 && fi >= 0);
+    assert_int_equal(host->msg_item(m, (size_t)si, &it), SPN_OK);
+    assert_int_equal(it.tensor.shape[1], frames);
+    assert_memory_equal(it.tensor.data, spec, (size_t)frames * SPN_W2L_MEL_BINS * sizeof *spec);
+    assert_int_equal(host->msg_item(m, (size_t)fi, &it), SPN_OK);
+    assert_int_equal(it.meta_size, sizeof(int64_t));
+    int64_t first;
+    memcpy(&first, it.meta, sizeof first);
+    assert_int_equal(first, 8);
   }
   spn_harness_free(&h);
   /* a start past the speech's end */
