@@ -21,7 +21,7 @@
  *
  * Audio and video out of step: chunks pair with frames by seq, so chunks
  * cut at another rate than the video's drift from its frames (25 for a 30
- * fps video: a frame every 0.2 s), and chunks of a speech that starts
+ * fps video: a frame more every sixth of a second), and chunks of a speech that starts
  * elsewhere than the video (a video cut at decode's start, its speech
  * not) are off from the first. Each pair's times are compared (the
  * frame's pts, the chunk's: melspec gives it on the speech's clock, which

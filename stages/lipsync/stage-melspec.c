@@ -14,8 +14,8 @@
  *
  * The frame rate: chunks pair with video frames by seq, so cut at any rate
  * but the video's they drift from its frames (at 25 for a 30 fps video the
- * lips lag by a frame every 0.2 s and the last sixth of the video gets no
- * chunk). `fps = 0` (the default) takes the rate of the per-job `video`, the
+ * lips run a frame further ahead every sixth of a second, and the last
+ * sixth of the video gets no chunk). `fps = 0` (the default) takes the rate of the per-job `video`, the
  * file the decode stage reads (configs/lipsync.toml binds the job's video to
  * both), as Wav2Lip takes the video's; a job with neither fails.
  *
