@@ -892,6 +892,22 @@ bool spn__job_is_segmented(const spn_queue_job_t *j) {
   return j->parent || strstr(j->spec_json, "\"segments\":") != NULL;
 }
 
+bool spn__warnings_any(const char *warnings_json) {
+  return warnings_json && *warnings_json && strcmp(warnings_json, "[]");
+}
+
+static void segment_warned(void *user, const spn_queue_job_t *c) {
+  if (spn__warnings_any(c->warnings_json))
+    *(bool *)user = true;
+}
+
+bool spn__segments_warned(const spn_queue_t *q, int64_t id) {
+  bool warned = false;
+  if (q->ops->children)
+    (void)q->ops->children(q->impl, id, segment_warned, &warned, NULL);
+  return warned;
+}
+
 /* Give fn the segment files of segmented job p. */
 static void segment_files_take(const spn_queue_job_t *p, void (*fn)(void *user, char *path), void *user) {
   cJSON *spec = cJSON_Parse(p->spec_json);

@@ -394,6 +394,13 @@ char *spn__segment_file(const char *final, int64_t parent, uint32_t k);
 int64_t spn__segments_spent(spn_queue_t *q, int64_t id, void (*fn)(void *user, char *path), void *user);
 /* Whether job j is a segment or a segmented job (its join). */
 bool spn__job_is_segmented(const spn_queue_job_t *j);
+/* Whether a job's warnings (the JSON array its record keeps) say anything. */
+bool spn__warnings_any(const char *warnings_json);
+/* Whether one of segmented job id's segments has warnings: a join has none
+ * of its own (its output is its segments', and its status lists their
+ * warnings), so it counts as warned when one of them was. A queue error
+ * reads as none. */
+bool spn__segments_warned(const spn_queue_t *q, int64_t id);
 #define SPN_SEGMENTS_MAX 10000
 
 /* ---- path confinement ---- */

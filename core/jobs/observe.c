@@ -193,20 +193,11 @@ static void warned_render(spn__mbuf_t *b, const warned_set_t *ws, const char *fa
   }
 }
 
-static void any_warned(void *user, const spn_queue_job_t *c) {
-  if (c->warnings_json && *c->warnings_json && strcmp(c->warnings_json, "[]"))
-    *(bool *)user = true;
-}
-
-/* A job that succeeded, warned or not. A segmented job's join has no
- * warnings of its own: its output is its segments', and so are its
- * warnings (its status lists them), so it counts as warned when one of
- * them was. */
+/* A job that succeeded, warned or not; a segmented job's join by its
+ * segments' warnings (spn__segments_warned). */
 static void warned_count(spn__observe_t *o, int64_t id, const char *warnings) {
   const lease_t *l = lease_find(o, id);
-  bool warned = warnings && *warnings && strcmp(warnings, "[]");
-  if (!warned && l && l->segmented)
-    (void)o->inner.ops->children(o->inner.impl, id, any_warned, &warned, NULL);
+  bool warned = spn__warnings_any(warnings) || (l && l->segmented && spn__segments_warned(&o->inner, id));
   warned_add(&o->warned, l ? l->pipeline : "", warned);
 }
 

@@ -106,11 +106,6 @@ static void swept(void *user, int64_t id, spn_queue_state_t st) {
 
 /* Record a finished run. Returns false when the queue could not be reached:
  * the caller keeps the report and tries again. */
-static void any_warned(void *user, const spn_queue_job_t *c) {
-  if (c->warnings_json && *c->warnings_json && strcmp(c->warnings_json, "[]"))
-    *(bool *)user = true;
-}
-
 static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
   qrun_t *r = &w->runs[slot];
   spn_error_t err = SPN_ERROR_INIT;
@@ -147,12 +142,9 @@ static bool finish(qw_t *w, uint32_t slot, const spn_exec_result_t *res) {
   if (rc < 0 && rc != SPN_ESTATE)
     spn__log_f(spn__observe_logger(w->obs), SPN_LOG_ERROR,
                &(spn__log_fields_t){.job_id = (uint64_t)r->id, .attempt = -1, .duration_ms = -1}, "%s", err.msg);
-  /* A join has no warnings of its own: its output is its segments', and
-   * so are its warnings (its status lists them), so it counts as warned
-   * when one of them was, as the gateway counts it (observe.c). */
-  bool warned = res->warnings[0] != '\0';
-  if (!warned && rc == SPN_OK && res->status == SPN_OK && r->join && w->q.ops->children)
-    (void)w->q.ops->children(w->q.impl, r->id, any_warned, &warned, NULL);
+  /* a join by its segments' warnings, as the gateway counts it */
+  bool warned = res->warnings[0] != '\0' ||
+                (rc == SPN_OK && res->status == SPN_OK && r->join && spn__segments_warned(&w->q, r->id));
   r->busy = false;
   spn__slot_pool_set_idle(w->pool, slot);
   spn__wobs_busy(w->wobs, -1);
