@@ -27,19 +27,6 @@ static int push(const char ***v, size_t *n, const char *s) {
   return 0;
 }
 
-char *spn_cli_absolute(const char *p) {
-  if (p[0] == '/')
-    return strdup(p);
-  char cwd[PATH_MAX];
-  if (!getcwd(cwd, sizeof cwd))
-    return NULL;
-  size_t n = strlen(cwd) + strlen(p) + 2;
-  char *r = malloc(n);
-  if (r)
-    snprintf(r, n, "%s/%s", cwd, p);
-  return r;
-}
-
 static int own(spn_cli_opts_t *o, char *s) {
   char **nv = realloc(o->owned, (o->n_owned + 1) * sizeof *nv);
   if (!nv) {

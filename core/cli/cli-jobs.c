@@ -855,13 +855,26 @@ static int watch_job(spn_client_t *cl, int64_t id, const char *cmd, const copts_
 }
 
 /* Make a path absolute without requiring it to exist (outputs). */
+static char *absolute(const char *p) {
+  if (p[0] == '/')
+    return strdup(p);
+  char cwd[PATH_MAX];
+  if (!getcwd(cwd, sizeof cwd))
+    return NULL;
+  size_t n = strlen(cwd) + strlen(p) + 2;
+  char *r = malloc(n);
+  if (r)
+    snprintf(r, n, "%s/%s", cwd, p);
+  return r;
+}
+
 static int add_io(spn_client_job_t *job, const char *v, bool input) {
   const char *eq = strchr(v, '=');
   if (!eq || eq == v || !eq[1])
     return -1;
   char name[128];
   snprintf(name, sizeof name, "%.*s", (int)(eq - v), v);
-  char *p = spn_cli_absolute(eq + 1);
+  char *p = absolute(eq + 1);
   int rc = !p ? -1
               : (input ? spn_client_job_input(job, name, p) : spn_client_job_output(job, name, p)) < 0 ? -1 : 0;
   free(p);

@@ -391,9 +391,9 @@ static void stuck_report(const spn_pipeline_t *pipe, double since_cancel, double
 }
 
 /* --input/--output/--param as the job service maps them onto the stage
- * keys (spn__pipeline_job_overrides): the job's overrides. Paths are made
- * absolute (a URL or a protocol such as pipe:0 is kept as typed). Returns
- * 0 or the exit status. */
+ * keys (spn__pipeline_job_overrides): the job's overrides. Paths go as
+ * typed: a job's key, as --set's, is taken from the working directory.
+ * Returns 0 or the exit status. */
 static int job_bindings(const spn_cli_opts_t *o, const spn_pipeline_t *pipe, char ***ov, size_t *n) {
   if (!o->n_inputs && !o->n_outputs && !o->n_params)
     return 0;
@@ -406,7 +406,7 @@ static int job_bindings(const spn_cli_opts_t *o, const spn_pipeline_t *pipe, cha
     const char *v = i < o->n_inputs ? o->inputs[i] : o->outputs[i - o->n_inputs];
     const char *eq = strchr(v, '=');
     io[i].name = strndup(v, (size_t)(eq - v));
-    io[i].path = strstr(eq + 1, "://") || !strncmp(eq + 1, "pipe:", 5) ? strdup(eq + 1) : spn_cli_absolute(eq + 1);
+    io[i].path = strdup(eq + 1);
     rc = io[i].name && io[i].path ? 0 : 1;
   }
   for (size_t i = 0; i < o->n_params && !rc; i++) {

@@ -70,11 +70,6 @@ int spn_cli_log_level(const char *cmd, const char *val, int32_t *level);
 int spn_cli_seconds(const char *cmd, const char *opt, const char *val, double lo, bool lo_ok, double hi,
                     double *out);
 
-/* p joined to the working directory unless it is absolute. Ownership:
- * the caller frees the result (NULL: out of memory, or no working
- * directory). */
-char *spn_cli_absolute(const char *p);
-
 /* Options every pipeline command takes. Strings point into argv. */
 typedef struct spn_cli_opts {
   const char **plugin_paths; /* --plugin-path, then the build tree's stages/ when run uninstalled */
