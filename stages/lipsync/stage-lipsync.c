@@ -300,8 +300,9 @@ static void slot_settle(const ls_job_t *j, ls_slot_t *s) {
 /* ---- input ---------------------------------------------------------------------------- */
 
 /* A slot with both its frame and its chunk: whether their times agree
- * (see the file's header). Frames' pts count from the job's first frame (a
- * cut starts where it starts); chunks' from 0. */
+ * (see the file's header): the frame's pts on the input's clock, the
+ * chunk's on the speech's; the chunks' interval from chunk 0's pts, the
+ * video's rate (for the message) from frame 0's. */
 static void check_drift(spn_stage_t *stage, ls_job_t *j, const ls_slot_t *s) {
   if (j->drift_warned || !j->have_mel0 || !s->have_frame || !s->have_mel || s->env.seq == 0)
     return;

@@ -137,22 +137,23 @@ static void ms_job_free(const spn_host_api_t *host, ms_job_t *j) {
   free(j);
 }
 
-/* A local file must be a regular one: opening a named pipe nobody writes
- * blocks where no cancel reaches. *wav: it starts as a RIFF/WAVE file. */
+/* *wav: path is a local regular file that starts as a RIFF/WAVE file,
+ * which wav.c reads. Anything else goes to FFmpeg where the build has it
+ * (its opener reads URLs and refuses a named pipe, a folder or a device,
+ * saying which); without FFmpeg it is refused here, as opening a named pipe
+ * nobody writes would block where no cancel reaches. */
 static int32_t ms_peek(const char *path, bool *wav, spn_error_t *err) {
   *wav = false;
-#ifdef SPN_MELSPEC_MEDIA
-  int32_t rc = spn_media_check_input(path, err);
-  if (rc != SPN_OK)
-    return rc;
-  if (strstr(path, "://") || !strncmp(path, "pipe:", 5))
-    return SPN_OK; /* a URL or a protocol: FFmpeg's */
-#endif
   struct stat st;
-  if (stat(path, &st) != 0)
-    return spn_error_set(err, errno == ENOENT ? SPN_ENOENT : SPN_EIO, "%s: %s", path, strerror(errno));
-  if (!S_ISREG(st.st_mode))
-    return spn_error_set(err, SPN_EINVAL, "%s: not a regular file; give an audio file", path);
+  int serr = stat(path, &st) != 0 ? errno : 0;
+  if (serr || !S_ISREG(st.st_mode)) {
+#ifdef SPN_MELSPEC_MEDIA
+    return SPN_OK;
+#else
+    return serr ? spn_error_set(err, serr == ENOENT ? SPN_ENOENT : SPN_EIO, "%s: %s", path, strerror(serr))
+                : spn_error_set(err, SPN_EINVAL, "%s: not a regular file; give an audio file", path);
+#endif
+  }
   FILE *f = fopen(path, "rb");
   if (!f)
     return spn_error_set(err, errno == ENOENT ? SPN_ENOENT : SPN_EIO, "%s: %s", path, strerror(errno));
@@ -163,9 +164,6 @@ static int32_t ms_peek(const char *path, bool *wav, spn_error_t *err) {
 }
 
 #ifdef SPN_MELSPEC_MEDIA
-/* Any file with sound, through FFmpeg: its first audio stream at its own
- * rate and channels, mixed to mono as wav.c mixes (the mean), so a WAV read
- * either way gives the same samples. */
 /* A decoder of path's sound, or (video) of its picture only. */
 static int32_t ms_open(const char *path, bool follow, bool video, spn_decoder_t **d, spn_error_t *err) {
   spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
@@ -178,6 +176,9 @@ static int32_t ms_open(const char *path, bool follow, bool video, spn_decoder_t 
   return rc;
 }
 
+/* Any file with sound, through FFmpeg: its first audio stream at its own
+ * rate and channels, mixed to mono as wav.c mixes (the mean), so a WAV read
+ * either way gives the same samples. */
 static int32_t ms_read_media(const char *path, bool follow, spn_wav_t *out, spn_error_t *err) {
   memset(out, 0, sizeof *out);
   spn_decoder_t *d = NULL;

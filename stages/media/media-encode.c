@@ -518,8 +518,8 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
      * video): a media error, the same on every attempt, not one to retry. */
     bool refused = r == AVERROR(EINVAL) || (r == AVERROR(EIO) && !(e->oc->pb && e->oc->pb->error));
     rc = av_fail(e, err, r, "writing the header");
-    if (refused && rc == SPN_EIO)
-      rc = err ? (err->code = SPN_EMEDIA) : SPN_EMEDIA;
+    if (refused)
+      rc = SPN_EMEDIA;
     /* a muxer that refuses the streams says only "invalid argument" or
      * "input/output error" (gif, ogg with h264, y4m): name the pairing; the
      * muxer's own line is in the log */

@@ -279,10 +279,10 @@ static int32_t audio_encoder_open(audio_join_t *aj, const AVCodecParameters *par
   return SPN_OK;
 }
 
-/* Decode part `path`'s audio into the fifo: every decoded sample (want <
- * 0), or up to `want` samples, cut there and, with pad, filled up with
- * silence to exactly that. */
-static int32_t audio_part(audio_join_t *aj, const char *path, int64_t want, bool pad, spn_error_t *err) {
+/* Decode `path`'s audio into the fifo: every decoded sample (want < 0), or
+ * up to `want` samples, cut there (a shorter soundtrack ends where it
+ * ends). */
+static int32_t audio_part(audio_join_t *aj, const char *path, int64_t want, spn_error_t *err) {
   AVFormatContext *fmt;
   spn_media_input_t in;
   int32_t rc = open_input(path, &fmt, &in, err);
@@ -395,22 +395,6 @@ static int32_t audio_part(audio_join_t *aj, const char *path, int64_t want, bool
     if (n > 0 && av_audio_fifo_write(aj->fifo, (void **)conv, n) != n)
       rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
     got += n > 0 ? n : 0;
-  }
-  /* A part whose audio came up short (an encoder that dropped its padded
-   * last frame) is filled with silence, so the next part starts on time. */
-  while (rc == SPN_OK && pad && want >= 0 && got < want) {
-    int n = (int)FFMIN(want - got, 1024);
-    uint8_t **sil = NULL;
-    if (av_samples_alloc_array_and_samples(&sil, NULL, aj->enc->ch_layout.nb_channels, n, aj->enc->sample_fmt, 0) < 0) {
-      rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
-      break;
-    }
-    av_samples_set_silence(sil, 0, n, aj->enc->ch_layout.nb_channels, aj->enc->sample_fmt);
-    if (av_audio_fifo_write(aj->fifo, (void **)sil, n) != n)
-      rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
-    av_freep(&sil[0]);
-    av_freep(&sil);
-    got += n;
   }
 out:
   if (conv)
@@ -562,7 +546,7 @@ static int32_t seg_join_audio(const char *const *parts, const double *bounds, si
       rc = spn_error_set(err, SPN_EINVAL, "%s: a segmented job starts at 0 s, not %.3f s", out, bounds[0]);
       goto out;
     }
-    rc = audio_part(&aj, audio_src, cut ? llrint((bounds[n] - bounds[0]) * aj.enc->sample_rate) : -1, false, err);
+    rc = audio_part(&aj, audio_src, cut ? llrint((bounds[n] - bounds[0]) * aj.enc->sample_rate) : -1, err);
     if (rc == SPN_OK)
       rc = encode_fifo(&aj, true, out, err);
     if (rc)

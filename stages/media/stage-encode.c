@@ -580,7 +580,7 @@ static int32_t write_frame(encode_job_t *j, spn_buffer_t *buf, int32_t w, int32_
                            spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(j->stage);
   int32_t rc;
-  if (!j->enc && !j->frames)
+  if (!j->enc)
     j->first_pts_us = pts_us;
 #ifdef SPN_MEDIA_CUDA
   if (j->on_gpu) {
