@@ -21,7 +21,6 @@ SPINDLE_PLUGIN_PATH when SPINDLE is a build tree's.
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,9 +42,9 @@ def main():
         return 77
     seconds = float(sys.argv[4]) if len(sys.argv) > 4 else 10.0
     tmp = tempfile.mkdtemp(prefix="spn-lease-cost-")
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        port = so.getsockname()[1]
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "common"))
+    from freeport import free_port  # below the ephemeral range: no port races with the tests beside it
+    port = free_port()
     procs = []
     try:
         procs.append(subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",

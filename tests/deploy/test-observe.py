@@ -18,7 +18,10 @@ cancelled while queued. Checks:
   failed, dead, cancelled) are there for the right jobs, with attempt and
   duration_ms where they apply; the failure reason is printed once per attempt.
 """
-import json, os, re, signal, socket, subprocess, sys, tempfile, time, urllib.error, urllib.request
+import json, os, re, signal, subprocess, sys, tempfile, time, urllib.error, urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from freeport import free_port  # noqa: E402  (drawn below the ephemeral range: tests/common/freeport.py)
 
 spindle, fake_nvml, src = (os.path.abspath(a) for a in sys.argv[1:4])
 failures = []
@@ -29,12 +32,6 @@ def check(cond, msg):
     if not cond:
         failures.append(msg)
         print('FAIL:', msg)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
 
 
 def get(port, path):

@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
@@ -33,18 +34,34 @@ typedef struct server {
   int n; /* tests so far: each gets its own key prefix */
 } server_t;
 
+/* A loopback port that binds now, drawn at random below the kernel's
+ * ephemeral range (as tests/common/freeport.py, which says why: a port-0
+ * port can be taken by another test's connection before redis-server binds
+ * it); the kernel's choice when none there is free. */
 static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t len = sizeof a;
-  if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-      getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+  int low = 32768;
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (f) {
+    if (fscanf(f, "%d", &low) != 1)
+      low = 32768;
+    fclose(f);
+  }
+  int hi = low < 32768 ? low : 32768, lo = hi - 12000 > 1024 ? hi - 12000 : 1024;
+  unsigned seed = (unsigned)getpid() * 2654435761u ^ (unsigned)time(NULL);
+  for (int attempt = 0; attempt <= 200; attempt++) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (attempt < 200 && hi > lo)
+      a.sin_port = htons((uint16_t)(lo + (int)(rand_r(&seed) % (unsigned)(hi - lo))));
+    socklen_t len = sizeof a;
+    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+             getsockname(fd, (struct sockaddr *)&a, &len) == 0;
     if (fd >= 0)
       close(fd);
-    return -1;
+    if (ok)
+      return ntohs(a.sin_port);
   }
-  close(fd);
-  return ntohs(a.sin_port);
+  return -1;
 }
 
 static int redis_up(void **state) {

@@ -22,6 +22,9 @@ import traceback
 
 import zmq
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from freeport import free_port  # noqa: E402  (drawn below the ephemeral range: tests/common/freeport.py)
+
 SPINDLE = None
 SAMPLE_C = None
 PROCS = []
@@ -741,13 +744,6 @@ def case_samples(tmp):
     r = subprocess.run([sys.executable, py, "--connect", ep, "submit", "copy", "--input", f"in={tmp}/in.bin",
                         "--input", f"in={tmp}/py.bin", "--output", f"out={tmp}/y"], capture_output=True, timeout=60)
     check(r.returncode == 2 and b"in is given twice" in r.stderr, f"python, one name twice: {r.stderr!r}")
-
-
-def free_port():
-    import socket
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
 
 
 def http_get(port, path, raw=None):
