@@ -384,7 +384,7 @@ int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_dec
     d->vidx = -1;
   if (!d->o.want_audio)
     d->aidx = -1;
-  if (d->vidx < 0 && d->aidx < 0) {
+  if (d->vidx < 0 && d->aidx < 0 && !(d->o.audio_optional && !d->o.want_video)) {
     rc = spn_error_set(err, SPN_EMEDIA, "%s: no audio stream", path);
     goto out_free;
   }

@@ -81,9 +81,13 @@ typedef struct spn_decode_opts {
    * follows such references (a user's own playlist in `spindle run`).
    * URLs ("scheme://...") are FFmpeg's either way. */
   int32_t follow_references;
+  /* With want_video 0: 1 = a file with no audio stream opens, info.has_audio
+   * 0 (spn_decoder_next ends at once); 0 (default): it is refused, naming
+   * the file ("no audio stream"). */
+  int32_t audio_optional;
 } spn_decode_opts_t;
 
-#define SPN_DECODE_OPTS_INIT {SPN_PIXFMT_RGB24, 1, 1, 0, 0, 0.0, 0.0, SPN_HWACCEL_NONE, 1, 0, NULL, NULL, 0, 0, 0}
+#define SPN_DECODE_OPTS_INIT {SPN_PIXFMT_RGB24, 1, 1, 0, 0, 0.0, 0.0, SPN_HWACCEL_NONE, 1, 0, NULL, NULL, 0, 0, 0, 0}
 
 typedef struct spn_decode_info {
   int32_t has_video, has_audio;

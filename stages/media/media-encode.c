@@ -78,6 +78,10 @@ static int32_t av_fail(spn_encoder_t *e, spn_error_t *err, int averr, const char
   return spn_error_set(err, spn_media_av_status(averr), "%s: %s: %s", e->path, what, buf);
 }
 
+int32_t spn_encoder_has_audio(const spn_encoder_t *e) {
+  return e->actx != NULL;
+}
+
 const char *spn_encoder_codec_name(const spn_encoder_t *e) {
   return e->vctx ? e->vctx->codec->name : "";
 }
@@ -470,10 +474,17 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
     dopts.want_video = 0;
     dopts.log = e->o.log;
     dopts.start = e->o.audio_start > 0 ? e->o.audio_start : 0;
+    dopts.audio_optional = e->o.audio_optional;
     if ((rc = spn_decoder_new(e->o.audio_path, &dopts, &e->audio_src, err)))
       goto out_free;
-    e->a_rate = spn_decoder_info(e->audio_src)->audio_rate;
-    e->a_ch = spn_decoder_info(e->audio_src)->audio_channels;
+    if (!spn_decoder_info(e->audio_src)->has_audio) {
+      /* audio_optional, and the file has no sound: no soundtrack */
+      spn_decoder_free(e->audio_src);
+      e->audio_src = NULL;
+    } else {
+      e->a_rate = spn_decoder_info(e->audio_src)->audio_rate;
+      e->a_ch = spn_decoder_info(e->audio_src)->audio_channels;
+    }
   } else if (e->o.audio_rate > 0 && e->o.audio_channels > 0) {
     e->a_rate = e->o.audio_rate;
     e->a_ch = e->o.audio_channels;

@@ -45,9 +45,13 @@ typedef struct spn_encode_opts {
    * the sound at audio_start, as a job cut at `start` hears its soundtrack
    * from there. */
   double audio_start;
+  /* With audio_path: 1 = a file with no audio stream gives a file without
+   * sound (spn_encoder_has_audio says so); 0 (default): spn_encoder_new
+   * refuses it ("no audio stream"). */
+  int32_t audio_optional;
 } spn_encode_opts_t;
 
-#define SPN_ENCODE_OPTS_INIT {"libx264", 23, "medium", 0, 25, 1, 1, NULL, 0, 0, 0, 0, NULL, NULL, 0.0}
+#define SPN_ENCODE_OPTS_INIT {"libx264", 23, "medium", 0, 25, 1, 1, NULL, 0, 0, 0, 0, NULL, NULL, 0.0, 0}
 
 typedef struct spn_encoder spn_encoder_t;
 
@@ -108,6 +112,10 @@ int32_t spn_encoder_finish(spn_encoder_t *enc, spn_error_t *err);
 
 /* Free; removes the temporary file if finish did not succeed. */
 void spn_encoder_free(spn_encoder_t *enc);
+
+/* Whether the file gets a soundtrack (false: no audio_path or PCM, or an
+ * audio_optional audio_path without sound). */
+int32_t spn_encoder_has_audio(const spn_encoder_t *enc);
 
 /* Name of the video encoder actually used ("libx264", "h264_nvenc"). */
 const char *spn_encoder_codec_name(const spn_encoder_t *enc);

@@ -23,6 +23,10 @@
  * frames decoded from 12 s on (decode's start) play with the soundtrack
  * from 12 s, as the input's own audio would; a source whose frames start
  * at 0 hears it from its start.
+ * The stream's frame rate is `fps`, or with fps 0 (the default) the
+ * frames' own: the first picture waits for the second, and their interval
+ * gives the rate (a 30 fps input makes a 30 fps file whose last frame lasts
+ * 1/30 s; a nominal 25 made it 1/25 s, and players read 29.95 fps).
  * A segment's audio and video
  * are cut from the same interval by decode, so they stay in sync.
  *
@@ -79,6 +83,7 @@ typedef struct encode_config {
   int64_t audio_bitrate;
   char *hwaccel;
   bool audio_sync;
+  bool audio_optional;
 } encode_config_t;
 
 /* hwaccel: whether device frames go to NVENC (see the file's header). */
@@ -102,7 +107,8 @@ static const spn_config_field_t encode_schema[] = {
     {.key = "faststart", .type = SPN_CONFIG_BOOL, .offset = offsetof(encode_config_t, faststart),
      .doc = "MP4/MOV: put the index first", .def_int = 1},
     {.key = "fps", .type = SPN_CONFIG_FLOAT, .offset = offsetof(encode_config_t, fps),
-     .doc = "nominal frame rate written to the stream", .def_float = 25.0, .min = 0.001, .max = 1000.0},
+     .doc = "frame rate written to the stream (0: the frames' own, from their timestamps)", .def_float = 0.0,
+     .min = 0.0, .max = 1000.0},
     {.key = "pixel_format", .type = SPN_CONFIG_STRING, .offset = offsetof(encode_config_t, pixel_format),
      .doc = "channel order of incoming frames: rgb24 or bgr24", .def_str = "rgb24"},
     {.key = "audio_bitrate", .type = SPN_CONFIG_INT, .flags = SPN_CONFIG_PER_JOB,
@@ -114,6 +120,11 @@ static const spn_config_field_t encode_schema[] = {
      .doc = "audio_path's sound starts at the first frame's time (its pts: a job cut at decode's start hears its "
             "soundtrack from there); false: at the file's start",
      .def_int = 1},
+    {.key = "audio_optional", .type = SPN_CONFIG_BOOL, .flags = SPN_CONFIG_PER_JOB,
+     .offset = offsetof(encode_config_t, audio_optional),
+     .doc = "audio_path may be a file without sound (a silent video): the output then has no soundtrack, and "
+            "the job's log says so; false: such a file fails the job",
+     .def_int = 0},
     {.key = "hwaccel", .type = SPN_CONFIG_STRING, .offset = offsetof(encode_config_t, hwaccel),
      .doc = "video encoding on a GPU: default (NVENC from device frames when the stage is on a CUDA device and "
             "NVENC opens there, else the host path), none (never NVENC from device frames) or cuda (NVENC from "
@@ -152,7 +163,8 @@ static int32_t encode_port_caps(const void *config, bool is_output, uint32_t por
   return SPN_OK;
 }
 
-/* A frame held by encode_av until the soundtrack's format is known. */
+/* A frame held until the soundtrack's format (encode_av) and the frames'
+ * rate (fps 0: until the second frame) are known. */
 typedef struct held_frame {
   spn_buffer_t *buf;
   int32_t w, h, fmt;
@@ -168,6 +180,7 @@ typedef struct encode_job {
   bool file_audio;      /* audio_path is set: the soundtrack comes from that file */
   int64_t frames;
   int64_t first_pts_us; /* the job's first frame's pts (audio_sync), set before the encoder opens */
+  int32_t fps_num, fps_den; /* the stream's rate: fps, or (fps 0) the frames' (0 until two frames came) */
   spn_stage_t *stage;
   spn_media_log_t log;  /* FFmpeg's messages about this job's file */
   /* encode_av: the soundtrack's format (known once "audio_format" came),
@@ -277,6 +290,11 @@ static int32_t job_open(spn_stage_t *stage, const spn_job_info_t *job, void **jo
    * and what the audio input brings is not used */
   j->file_audio = c->audio_path && *c->audio_path;
   j->a_known = !av || j->file_audio;
+  if (c->fps > 0) {
+    /* a rational with millisecond-of-a-frame precision */
+    j->fps_num = (int32_t)llround(c->fps * 1000.0);
+    j->fps_den = 1000;
+  }
   j->stage = stage;
   j->log = (spn_media_log_t){.magic = SPN_MEDIA_LOG_MAGIC, .fn = ffmpeg_log, .user = j};
 #ifdef SPN_MEDIA_CUDA
@@ -320,14 +338,18 @@ static int32_t open_encoder(encode_job_t *j, int32_t w, int32_t h, int32_t fmt, 
   o.audio_bitrate = (int32_t)j->cfg.audio_bitrate;
   o.audio_path = j->cfg.audio_path && *j->cfg.audio_path ? j->cfg.audio_path : NULL;
   o.audio_start = j->cfg.audio_sync && j->first_pts_us > 0 ? (double)j->first_pts_us / 1e6 : 0.0;
+  o.audio_optional = j->cfg.audio_optional;
   if (j->av && j->a_ch > 0) {
     o.audio_rate = j->a_rate;
     o.audio_channels = j->a_ch;
   }
-  /* nominal rate as a rational with millisecond-of-a-frame precision */
-  o.fps_num = (int32_t)llround(j->cfg.fps * 1000.0);
-  o.fps_den = 1000;
+  o.fps_num = j->fps_num;
+  o.fps_den = j->fps_den;
   int32_t rc = spn_encoder_new(j->cfg.path, w, h, fmt, &o, &j->enc, err);
+  if (rc == SPN_OK && o.audio_path && !spn_encoder_has_audio(j->enc))
+    spn_stage_host(j->stage)->log(j->stage, j->job_id, SPN_LOG_INFO,
+                                  "%s: %s has no sound: the file is written without a soundtrack", j->cfg.path,
+                                  o.audio_path);
   if (rc == SPN_OK && j->n_pending) {
     /* audio that came before the first picture */
     rc = spn_encoder_write_audio(j->enc, j->pending, (int64_t)(j->n_pending / (size_t)j->a_ch), err);
@@ -620,6 +642,38 @@ static int32_t write_frame(encode_job_t *j, spn_buffer_t *buf, int32_t w, int32_
   return SPN_OK;
 }
 
+/* fps 0: the stream's rate from the interval between the first two frames
+ * (microseconds), snapped to the common rate it rounds (30000/1001 is not
+ * 29.97), else 1e6/interval; 25 when there is no interval to go by (one
+ * frame, or timestamps that do not increase). */
+static void rate_from_frames(encode_job_t *j, int64_t interval_us) {
+  static const int32_t common[][2] = {{24000, 1001}, {24, 1},  {25, 1},  {30000, 1001}, {30, 1},
+                                      {48, 1},       {50, 1},  {60000, 1001}, {60, 1}, {72, 1},
+                                      {90, 1},       {100, 1}, {120000, 1001}, {120, 1}, {144, 1},
+                                      {240, 1}};
+  j->fps_num = 25;
+  j->fps_den = 1;
+  if (interval_us <= 0 || interval_us > 60 * 1000000LL)
+    return;
+  double fps = 1e6 / (double)interval_us;
+  for (size_t i = 0; i < sizeof common / sizeof common[0]; i++) {
+    double c = (double)common[i][0] / common[i][1];
+    if (fabs(fps - c) <= c * 2e-4) {
+      j->fps_num = common[i][0];
+      j->fps_den = common[i][1];
+      return;
+    }
+  }
+  int64_t a = 1000000, b = interval_us;
+  while (b) { /* a: their greatest common divisor */
+    int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  j->fps_num = (int32_t)(1000000 / a);
+  j->fps_den = (int32_t)(interval_us / a);
+}
+
 static int32_t write_held(encode_job_t *j, spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(j->stage);
   int32_t rc = SPN_OK;
@@ -687,7 +741,7 @@ static int32_t write_msg(spn_stage_t *stage, encode_job_t *j, spn_msg_t *msg, sp
   int32_t rc = take_audio(j, msg, err);
   if (rc)
     return rc;
-  if (j->a_known && j->n_held && (rc = write_held(j, err)))
+  if (j->a_known && j->fps_num && j->n_held && (rc = write_held(j, err)))
     return rc;
   int64_t idx = host->msg_find(msg, "frame");
   spn_item_t it = {.struct_size = sizeof it};
@@ -701,8 +755,11 @@ static int32_t write_msg(spn_stage_t *stage, encode_job_t *j, spn_msg_t *msg, sp
   if ((rc = frame_layout(j, msg, &it, &fmt, &w, &h, err)))
     return rc;
   int64_t pts_us = llround(host->msg_envelope(msg)->pts * 1e6);
-  if (!j->a_known) {
-    /* encode_av before the soundtrack's format: hold the picture */
+  if (!j->fps_num && j->n_held)
+    rate_from_frames(j, pts_us - j->held[j->n_held - 1].pts_us);
+  if (!j->a_known || !j->fps_num) {
+    /* encode_av before the soundtrack's format, or the first picture before
+     * the frames' rate is known (fps 0): hold the picture */
     if (j->n_held == j->cap_held) {
       size_t cap = j->cap_held ? j->cap_held * 2 : 8;
       held_frame_t *nh = realloc(j->held, cap * sizeof *nh);
@@ -715,6 +772,8 @@ static int32_t write_msg(spn_stage_t *stage, encode_job_t *j, spn_msg_t *msg, sp
                                           .pts_us = pts_us};
     return SPN_OK;
   }
+  if (j->n_held && (rc = write_held(j, err)))
+    return rc;
   return write_frame(j, it.buffer, w, h, fmt, pts_us, err);
 }
 
@@ -742,6 +801,8 @@ static int32_t encode_flush(spn_stage_t *stage, void *state, void *job_state, sp
   int32_t rc;
   if (j->n_held) {
     j->a_known = true; /* the audio input ended without a format: no soundtrack */
+    if (!j->fps_num)
+      rate_from_frames(j, 0); /* one frame */
     if ((rc = write_held(j, err)))
       return rc;
   }

@@ -56,6 +56,10 @@ import tempfile
 import time
 import tomllib
 import traceback
+from fractions import Fraction
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from freeport import free_port  # noqa: E402  (drawn below the ephemeral range: tests/common/freeport.py)
 
 SPINDLE = SRC = MAKE_W2L = None
 PROCS = []
@@ -107,12 +111,6 @@ def start_queue_worker(tmp, url, cfg, name="q", *args):
                          stdout=out, stderr=out, cwd=tmp)
     PROCS.append(p)
     return p
-
-
-def free_port():
-    with socket.socket() as so:
-        so.bind(("127.0.0.1", 0))
-        return so.getsockname()[1]
 
 
 def scrape(port, family, proc=None):
@@ -207,7 +205,8 @@ def status(ep, jid):
 def probe(path):
     """{'v': {...}, 'a': {...} or None} with frames, width, height, duration."""
     r = subprocess.run(["ffprobe", "-v", "error", "-count_frames", "-show_entries",
-                        "stream=codec_type,codec_name,width,height,nb_read_frames,duration,sample_rate:stream_tags=DURATION",
+                        "stream=codec_type,codec_name,width,height,nb_read_frames,duration,sample_rate,avg_frame_rate,start_time"
+                        ":stream_tags=DURATION",
                         "-of", "json", path], capture_output=True, text=True)
     check(r.returncode == 0, f"ffprobe {path}: {r.stderr}")
     out = {"v": None, "a": None}
@@ -215,17 +214,26 @@ def probe(path):
         if "duration" not in s and "DURATION" in s.get("tags", {}):  # Matroska: a tag, H:MM:SS.fraction
             h, m, sec = s["tags"]["DURATION"].split(":")
             s["duration"] = str(int(h) * 3600 + int(m) * 60 + float(sec))
+            s["ends"] = True  # the tag is where the stream ends, from its start_time
         out[s["codec_type"][0]] = s
     return out
 
 
-def check_video(path, frames, w, h, audio_s=None):
+def check_video(path, frames, w, h, audio_s=None, fps="25/1"):
+    """audio_s: the soundtrack's length (0: none; None: not checked); fps:
+    the input's rate, which the file keeps (and so its length, frames/fps)."""
     p = probe(path)
     v = p["v"]
     check(v is not None, f"{path}: no video stream")
     check(int(v["nb_read_frames"]) == frames, f"{path}: {v['nb_read_frames']} frames, want {frames}")
     check((v["width"], v["height"]) == (w, h), f"{path}: {v['width']}x{v['height']}, want {w}x{h}")
-    if audio_s is not None:
+    check(v["avg_frame_rate"] == fps, f"{path}: {v['avg_frame_rate']} frames/s, want {fps} (the input's)")
+    want = frames / float(Fraction(fps))
+    d = float(v["duration"]) - (float(v["start_time"]) if v.get("ends") else 0)
+    check(abs(d - want) <= 0.002, f"{path}: the video lasts {d:.3f} s, want {want:.3f} s")
+    if audio_s == 0:
+        check(p["a"] is None, f"{path}: an audio stream, want none: {p['a']}")
+    elif audio_s is not None:
         a = p["a"]
         check(a is not None and a["codec_name"] == "aac", f"{path}: no AAC audio stream: {p}")
         check(abs(float(a["duration"]) - audio_s) <= 0.07,
@@ -337,14 +345,22 @@ def run_all_pipelines(tmp, ep):
         ("transcode", ["--input", f"video={clip}", "--output", f"video={tmp}/out/seg.mkv",
                        "--param", "start=2.0", "--param", "duration=1.0"], 25, 320, 320, 1.0),
     ]
-    for name, args, frames, w, h, audio in jobs:
+    # the main job on a generated clip: 29.97 fps and no sound at all (the
+    # soundtrack, by default the video, is optional): the file keeps the
+    # rate, its last frame lasts 1/29.97 s, and it has no audio stream
+    silent = os.path.join(tmp, "silent2997.mp4")
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", clip, "-t", "1.0", "-vf", "fps=30000/1001", "-an",
+                    "-c:v", "libx264", "-preset", "ultrafast", silent], check=True)
+    jobs.append(("enhance", ["--input", f"video={silent}", "--output", f"video={tmp}/out/enhance-silent.mp4"],
+                 30, 640, 640, 0, "30000/1001"))
+    for name, args, frames, w, h, audio, *fps in jobs:
         out = [a.split("=", 1)[1] for a in args if a.startswith("video=") and "/out/" in a][0]
         r = cli("submit", name, *args, "--wait", "--connect", ep, check_rc=0)
         jid = int(r.stdout.split()[0])
         st = status(ep, jid)
         check(st["state"] == "succeeded" and st["done"] == st["total"] == frames,
               f"{name}: status {st}")
-        check_video(out, frames, w, h, audio)
+        check_video(out, frames, w, h, audio, *fps)
     # cut at start: the soundtrack plays from there as the video does (the
     # encoder starts the file at the first frame's time), for enhance (the
     # video's own sound) and lipsync (the speech, and its chunks: no step
@@ -385,7 +401,7 @@ def run_all_pipelines(tmp, ep):
     st = status(ep, int(r.stdout.split()[0]))
     check(st["state"] == "succeeded" and st["done"] == st["total"] == 30 and "out of step" not in json.dumps(st),
           f"lipsync of a 30 fps video with an MP3 speech: status {st}")
-    check_video(out, 30, 640, 640, 1.0)
+    check_video(out, 30, 640, 640, 1.0, fps="30/1")
     # the default soundtrack is this job's video, not the config's file (the
     # sample's speech): a copy of the clip with a silent track stays silent
     quiet = os.path.join(tmp, "quiet.mp4")
@@ -737,6 +753,17 @@ def case_failures(tmp):
     check_video(f"{tmp}/out/seg2.mp4", n, 640, 640, n / 25)
     c = audio_corr(f"{tmp}/out/seg2.mp4", 0, speech, 0, seconds=n / 25 - 0.1)
     check(c > 0.9, f"segmented enhance with a soundtrack: its sound matches the soundtrack's by {c:.2f}")
+    # a silent 29.97 fps clip in segments: each keeps the rate, the join too,
+    # and with no sound in the video the file has none
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", f"{tmp}/in.mp4", "-t", "2.0", "-vf", "fps=30000/1001", "-an",
+                    "-c:v", "libx264", "-preset", "ultrafast", "-g", "30", f"{tmp}/silent.mp4"], check=True)
+    r = cli("submit", "enhance", "--input", f"video={tmp}/silent.mp4", "--output", f"video={tmp}/out/seg3.mp4",
+            "--segments", "2", "--wait", "--connect", ep, check_rc=0)
+    st = status(ep, int(r.stdout.split()[0]))
+    n = int(probe(f"{tmp}/silent.mp4")["v"]["nb_read_frames"])
+    check(st["state"] == "succeeded" and len(st.get("segments", [])) == 2 and
+          sum(g["done"] for g in st["segments"]) == n, f"segmented enhance of a silent 29.97 fps clip: {st}")
+    check_video(f"{tmp}/out/seg3.mp4", n, 640, 640, 0, fps="30000/1001")
     # a container that cannot hold the config's H.264: the job fails once,
     # naming the path the job gave (not the temporary written) and the pairing
     r = cli("submit", "transcode", "--input", f"video={tmp}/in.mp4", "--output", f"video={tmp}/out/clip.webm", "--wait",
@@ -776,13 +803,13 @@ def case_failures(tmp):
     st = status(ep, int(r.stdout.split()[0]))
     check("warnings" not in st and b"warning" not in r.stderr, f"a clean job has warnings: {st.get('warnings')}")
     # one transcode succeeded with warnings (the tolerated file), one
-    # without; the two segmented enhances and their two segments each all
-    # or none (where the detector's model is not fetched, each segment
+    # without; the three segmented enhances and their two segments each
+    # all or none (where the detector's model is not fetched, each segment
     # warns, and the joined job's status lists its segments' warnings: it
     # counts too)
     got = check_warned_metric(ep, hp, "gateway")
-    check(got.get("transcode") == 1 and got.get("enhance") in (0, 6) and len(got) == 2,
-          f"gateway: spindle_jobs_warned_total {got}, want transcode 1 and enhance 0 or 6")
+    check(got.get("transcode") == 1 and got.get("enhance") in (0, 9) and len(got) == 2,
+          f"gateway: spindle_jobs_warned_total {got}, want transcode 1 and enhance 0 or 9")
     check(stray(f"{tmp}/out") == [], f"temporary files left: {stray(tmp + '/out')}")
     check(p.poll() is None, "gateway died")
 

@@ -134,10 +134,13 @@ def other_rate(spindle, config, model, src, tmp):
     assert re.search(r"job \d+ succeeded: 60 frames", r.stdout), r.stdout
     assert "mel chunks at 30.000 fps, the rate of " + clip in r.stderr, r.stderr[-3000:]
     assert "out of step" not in r.stdout + r.stderr, r.stdout
-    p = subprocess.run(["ffprobe", "-v", "error", "-show_entries", "stream=codec_type,duration", "-of", "csv=p=0", out],
-                       capture_output=True, text=True, check=True)
-    kinds = dict(line.split(",")[:2] for line in p.stdout.split())
-    assert "audio" in kinds and abs(float(kinds["audio"]) - 2.0) <= 0.05, p.stdout  # the MP3, cut at the video's end
+    p = subprocess.run(["ffprobe", "-v", "error", "-show_entries", "stream=codec_type,duration,avg_frame_rate", "-of",
+                        "csv=p=0", out], capture_output=True, text=True, check=True)
+    kinds = {line.split(",")[0]: line.split(",")[1:] for line in p.stdout.split()}
+    assert "audio" in kinds and abs(float(kinds["audio"][1]) - 2.0) <= 0.05, p.stdout  # the MP3, cut at the video's end
+    # the file keeps the video's rate: 30 fps, 60 frames in 2 s (a nominal 25
+    # made the last frame 1/25 s long)
+    assert kinds["video"][0] == "30/1" and abs(float(kinds["video"][1]) - 2.0) <= 0.002, p.stdout
     # decode.path set alone: melspec still reads the sample's 25 fps
     r = subprocess.run(base + ["--set", f"decode.path={clip}", "--set", f"melspec.path={mp3}", "--set",
                                f"encode.path={out}"], capture_output=True, text=True, timeout=280)

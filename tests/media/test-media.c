@@ -272,6 +272,33 @@ static void audio_file_is_muxed(void **state) {
   assert_int_equal(s.frames, 50);
   assert_int_equal(s.rate, 22050);
   assert_true(fabs((double)s.audio_samples / s.rate - 2.0) <= 1.0 / 25.0);
+  /* a soundtrack without sound (a silent video): refused, naming it, unless
+   * audio_optional, which writes the video alone */
+  eo.audio_path = p("full.mp4");
+  e = NULL;
+  assert_int_equal(spn_encoder_new(p("silent.mp4"), 160, 120, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_EMEDIA);
+  printf("# %s\n", err.msg);
+  assert_null(e);
+  assert_memory_equal(err.msg, p("full.mp4"), strlen(p("full.mp4")));
+  assert_non_null(strstr(err.msg, "no audio stream"));
+  eo.audio_optional = 1;
+  assert_int_equal(spn_encoder_new(p("silent.mp4"), 160, 120, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_OK);
+  assert_false(spn_encoder_has_audio(e));
+  assert_int_equal(spn_decoder_new(p("clip.mp4"), NULL, &d, &err), SPN_OK);
+  for (int i = 0; i < 10 && (rc = spn_decoder_next(d, &it, &err)) == SPN_OK; i++) {
+    if (it.kind == SPN_MEDIA_VIDEO)
+      assert_int_equal(spn_encoder_write_video(e, &it.image, it.pts, it.tb_num, it.tb_den, &err), SPN_OK);
+    spn_media_item_release(&it);
+  }
+  assert_int_equal(spn_encoder_finish(e, &err), SPN_OK);
+  spn_encoder_free(e);
+  spn_decoder_free(d);
+  assert_int_equal(scan(p("silent.mp4"), &o, &s, &err), SPN_OK);
+  assert_true(s.frames > 0);
+  assert_int_equal(s.audio_samples, 0);
+  /* the opt does not hide a soundtrack that is not there at all */
+  eo.audio_path = p("missing.wav");
+  assert_int_equal(spn_encoder_new(p("silent.mp4"), 160, 120, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_ENOENT);
 }
 
 static void bad_inputs_name_the_file(void **state) {
