@@ -177,7 +177,7 @@ static int32_t check_param_target(const pr_entry_t *e, const char *key, const ch
       if (bt && !strcmp(bt, target))
         return spn_error_set(err, SPN_EINVAL,
                              "pipeline \"%s\": param \"%s\" would set %s, the file of %s \"%s\": give files as the "
-                             "job's inputs and outputs (checked against the gateway's roots), not as params",
+                             "job's inputs and outputs, not as params (a job service checks those against its roots)",
                              e->name, key, target, what[k], bn);
     }
   }
