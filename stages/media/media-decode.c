@@ -7,7 +7,12 @@
  * FFmpeg >= 4 needs no registration or locks. Invariants: returned video pts
  * are those of the stream (relative to its start_time) so VFR survives;
  * audio pts are derived from the count of samples produced since the first
- * kept sample, so audio never drifts from its own clock. I/O and setup
+ * kept sample, so audio never drifts from its own clock. Both are on one
+ * clock: where the file has a video stream (wanted or not), the audio's
+ * time 0 is the video's start, so sound that starts after the first
+ * picture (a recorder's late audio, a file muxed with an offset) comes
+ * after that much silence, and sound before it (an MPEG-TS's AAC priming)
+ * is cut, as players line them up. I/O and setup
  * errors end the stream with a message that starts with the path.
  *
  * Damage is never a quiet success. Unless tolerate_errors is set, a packet
@@ -47,6 +52,7 @@ struct spn_decoder {
   AVCodecContext *vctx, *actx;
   int vidx, aidx;
   int64_t vstart, astart;        /* stream start_time in stream tb */
+  int64_t aorigin;               /* the audio's time 0, in its tb: the video stream's start, else astart */
   AVBufferRef *hw;
   AVPacket *pkt;
   AVFrame *frame, *swframe;
@@ -58,9 +64,12 @@ struct spn_decoder {
   int64_t a_base;                /* first kept audio sample, in 1/rate units */
   int64_t a_out;                 /* samples emitted so far */
   int a_started, swr_flushed;
+  int64_t a_next;                /* where the next audio item starts (samples); -1 before the first */
+  float *a_held;                 /* the first sound, held while the silence before it goes out */
+  int64_t a_held_at, a_held_n;
   int end_checked;
   int cut;                       /* a packet ran past the end of the file */
-  double cut_at;                 /* its time, seconds after its stream's start */
+  double cut_at;                 /* its time, seconds on its stream's clock (the audio's from aorigin) */
   double v_end;                  /* end of the last video frame, seconds after the stream start */
 };
 
@@ -380,6 +389,7 @@ int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_dec
     rc = spn_error_set(err, SPN_EMEDIA, "%s: no video stream", path);
     goto out_free;
   }
+  int file_vidx = d->vidx; /* the audio's clock, even where only the audio is read */
   if (!d->o.want_video)
     d->vidx = -1;
   if (!d->o.want_audio)
@@ -412,6 +422,10 @@ int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_dec
     if ((rc = open_codec(d, st, &d->actx, 0, err)))
       goto out_free;
     d->astart = st->start_time == AV_NOPTS_VALUE ? 0 : st->start_time;
+    d->aorigin = d->astart;
+    const AVStream *vst = file_vidx >= 0 ? d->fmt->streams[file_vidx] : NULL;
+    if (vst && vst->start_time != AV_NOPTS_VALUE)
+      d->aorigin = av_rescale_q(vst->start_time, vst->time_base, st->time_base);
     d->info.has_audio = 1;
     d->info.audio_rate = d->o.audio_rate ? d->o.audio_rate : d->actx->sample_rate;
     d->info.audio_channels = d->o.audio_channels ? d->o.audio_channels : d->actx->ch_layout.nb_channels;
@@ -442,6 +456,7 @@ int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_dec
   }
   d->vdone = d->vidx < 0;
   d->adone = d->aidx < 0;
+  d->a_next = -1;
   *out = d;
   return SPN_OK;
 out_free:
@@ -458,6 +473,7 @@ void spn_decoder_free(spn_decoder_t *d) {
     return;
   sws_freeContext(d->sws);
   swr_free(&d->swr);
+  free(d->a_held);
   av_frame_free(&d->frame);
   av_frame_free(&d->swframe);
   av_packet_free(&d->pkt);
@@ -626,6 +642,34 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   return SPN_OK;
 }
 
+/* The silence before a sound that starts after the video (a second per
+ * item), then that first sound, held by make_audio_item. */
+static int32_t audio_silence(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err) {
+  int rate = d->info.audio_rate, ch = d->info.audio_channels;
+  memset(item, 0, sizeof *item);
+  item->kind = SPN_MEDIA_AUDIO;
+  item->channels = ch;
+  item->rate = rate;
+  item->tb_num = 1;
+  item->tb_den = rate;
+  item->pts = d->a_next;
+  item->pts_sec = (double)d->a_next / rate;
+  if (d->a_next >= d->a_held_at) {
+    item->samples = d->a_held;
+    item->n_samples = d->a_held_n;
+    d->a_held = NULL;
+    d->a_next = d->a_held_at + d->a_held_n;
+  } else {
+    int64_t n = d->a_held_at - d->a_next < rate ? d->a_held_at - d->a_next : rate;
+    if (!(item->samples = calloc((size_t)n * (size_t)ch, sizeof(float))))
+      return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", d->path);
+    item->n_samples = n;
+    d->a_next += n;
+  }
+  item->index = d->acount++;
+  return SPN_OK;
+}
+
 /* Resample one decoded frame (or flush with f == NULL) and emit the part
  * inside the segment. Returns SPN_OK with item filled, SPN_EAGAIN when
  * nothing is to be emitted. */
@@ -647,7 +691,7 @@ static int32_t make_audio_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
     if (!f)
       return SPN_EAGAIN;
     int64_t ts = f->best_effort_timestamp != AV_NOPTS_VALUE ? f->best_effort_timestamp : f->pts;
-    double t = ts == AV_NOPTS_VALUE ? 0.0 : (ts - d->astart) * av_q2d(st->time_base);
+    double t = ts == AV_NOPTS_VALUE ? 0.0 : (ts - d->aorigin) * av_q2d(st->time_base);
     d->a_base = llrint(t * rate);
     d->a_started = 1;
   }
@@ -671,7 +715,7 @@ static int32_t make_audio_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   /* The stream's declared duration ends the audio: MP4 marks AAC's end
    * padding that way, and decoders return the padding otherwise. */
   if (st->duration != AV_NOPTS_VALUE && st->duration > 0) {
-    int64_t end = llrint(st->duration * av_q2d(st->time_base) * rate);
+    int64_t end = llrint((double)(d->astart - d->aorigin + st->duration) * av_q2d(st->time_base) * rate);
     if (end < hi)
       hi = end;
   }
@@ -684,6 +728,16 @@ static int32_t make_audio_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   }
   if (s > first)
     memmove(buf, buf + (s - first) * ch, sizeof(float) * (size_t)(e - s) * (size_t)ch);
+  if (d->a_next < 0)
+    d->a_next = lo > 0 ? lo : 0;
+  if (s > d->a_next) {
+    /* the sound starts after the video: hold it, silence first */
+    d->a_held = buf;
+    d->a_held_at = s;
+    d->a_held_n = e - s;
+    return audio_silence(d, item, err);
+  }
+  d->a_next = e;
   memset(item, 0, sizeof *item);
   item->kind = SPN_MEDIA_AUDIO;
   item->index = d->acount++;
@@ -698,14 +752,15 @@ static int32_t make_audio_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   return SPN_OK;
 }
 
-/* Where a stream should end, in seconds after its start: its declared
- * duration, or the container's when the stream declares none and is the
- * only one; bounded by the segment. < 0: unknown. */
+/* Where a stream should end, in seconds on its clock (the video's from its
+ * start; the audio's from aorigin): its declared duration, or the
+ * container's when the stream declares none and is the only one; bounded
+ * by the segment. < 0: unknown. */
 static double expected_end(const spn_decoder_t *d, int idx) {
   const AVStream *st = d->fmt->streams[idx];
   double end = -1;
   if (st->duration != AV_NOPTS_VALUE && st->duration > 0)
-    end = st->duration * av_q2d(st->time_base);
+    end = (double)(st->duration + (idx == d->aidx ? d->astart - d->aorigin : 0)) * av_q2d(st->time_base);
   else if (d->fmt->nb_streams == 1 && d->info.duration > 0)
     end = d->info.duration;
   if (end >= 0 && d->o.duration > 0 && d->o.start + d->o.duration < end)
@@ -796,6 +851,8 @@ static int32_t drain(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err)
     av_frame_unref(d->frame);
     return rc;
   }
+  if (d->a_held)
+    return audio_silence(d, item, err);
   while (!d->adone) {
     int r = avcodec_receive_frame(d->actx, d->frame);
     if (r == AVERROR(EAGAIN))
@@ -821,7 +878,7 @@ static int32_t drain(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err)
       d->info.corrupt_packets++;
       if (!d->o.tolerate_errors) {
         AVStream *st = d->fmt->streams[d->aidx];
-        double t = d->frame->pts == AV_NOPTS_VALUE ? 0 : (d->frame->pts - d->astart) * av_q2d(st->time_base);
+        double t = d->frame->pts == AV_NOPTS_VALUE ? 0 : (d->frame->pts - d->aorigin) * av_q2d(st->time_base);
         av_frame_unref(d->frame);
         return spn_error_set(err, SPN_EMEDIA, "%s: corrupt audio frame at %.2f s (set tolerate_errors to accept it)",
                              d->path, t);
@@ -950,7 +1007,7 @@ static int32_t next_item(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *
         int64_t pts = d->pkt->pts != AV_NOPTS_VALUE ? d->pkt->pts : d->pkt->dts;
         d->cut = 1;
         d->cut_at = pts == AV_NOPTS_VALUE ? 0
-                    : (pts - (ctx == d->vctx ? d->vstart : d->astart)) * av_q2d(st->time_base);
+                    : (pts - (ctx == d->vctx ? d->vstart : d->aorigin)) * av_q2d(st->time_base);
       }
     }
     if (ctx) {
@@ -964,7 +1021,7 @@ static int32_t next_item(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *
         AVStream *st = d->fmt->streams[d->pkt->stream_index];
         int64_t pts = d->pkt->pts != AV_NOPTS_VALUE ? d->pkt->pts : d->pkt->dts;
         double t = pts == AV_NOPTS_VALUE ? 0
-                   : (pts - (ctx == d->vctx ? d->vstart : d->astart)) * av_q2d(st->time_base);
+                   : (pts - (ctx == d->vctx ? d->vstart : d->aorigin)) * av_q2d(st->time_base);
         av_packet_unref(d->pkt);
         return spn_error_set(err, SPN_EMEDIA, "%s: corrupt %s packet at %.2f s (set tolerate_errors to skip it)",
                              d->path, ctx == d->vctx ? "video" : "audio", t);

@@ -240,6 +240,39 @@ static int32_t encode_fifo(audio_join_t *aj, bool flush, const char *out, spn_er
   return SPN_OK;
 }
 
+/* n samples of silence into the fifo, encoded as they go. */
+static int32_t silence(audio_join_t *aj, int64_t n, const char *path, spn_error_t *err) {
+  uint8_t **buf = NULL;
+  int chunk = 4096, ch = aj->enc->ch_layout.nb_channels;
+  if (av_samples_alloc_array_and_samples(&buf, NULL, ch, chunk, aj->enc->sample_fmt, 0) < 0)
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
+  av_samples_set_silence(buf, 0, chunk, ch, aj->enc->sample_fmt);
+  int32_t rc = SPN_OK;
+  while (rc == SPN_OK && n > 0) {
+    int k = n < chunk ? (int)n : chunk;
+    if (av_audio_fifo_write(aj->fifo, (void **)buf, k) != k)
+      rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
+    else
+      rc = encode_fifo(aj, false, path, err);
+    n -= k;
+  }
+  av_freep(&buf[0]);
+  av_freep(&buf);
+  return rc;
+}
+
+/* n converted samples from sample `from` on into the fifo. */
+static int write_from(audio_join_t *aj, uint8_t **conv, int from, int n) {
+  int ch = aj->enc->ch_layout.nb_channels, bps = av_get_bytes_per_sample(aj->enc->sample_fmt);
+  int planar = av_sample_fmt_is_planar(aj->enc->sample_fmt), np = planar ? ch : 1;
+  uint8_t *p[64];
+  if (np > 64)
+    return -1;
+  for (int i = 0; i < np; i++)
+    p[i] = conv[i] + (size_t)from * (size_t)bps * (size_t)(planar ? 1 : ch);
+  return av_audio_fifo_write(aj->fifo, (void **)p, n);
+}
+
 static int32_t audio_encoder_open(audio_join_t *aj, const AVCodecParameters *par, const char *part,
                                   const AVOutputFormat *ofmt, spn_error_t *err) {
   const AVCodec *c = avcodec_find_encoder(par->codec_id);
@@ -281,7 +314,9 @@ static int32_t audio_encoder_open(audio_join_t *aj, const AVCodecParameters *par
 
 /* Decode `path`'s audio into the fifo: every decoded sample (want < 0), or
  * up to `want` samples, cut there (a shorter soundtrack ends where it
- * ends). */
+ * ends). On the file's video clock, as the decoder puts it (media-decode.c):
+ * where the file has a video stream, sound that starts after its start
+ * comes after that much silence, and sound before it is cut. */
 static int32_t audio_part(audio_join_t *aj, const char *path, int64_t want, spn_error_t *err) {
   AVFormatContext *fmt;
   spn_media_input_t in;
@@ -295,7 +330,9 @@ static int32_t audio_part(audio_join_t *aj, const char *path, int64_t want, spn_
   uint8_t **conv = NULL;
   int conv_cap = 0;
   int64_t got = 0;
-  int ai = first_stream(fmt, AVMEDIA_TYPE_AUDIO);
+  int ai = first_stream(fmt, AVMEDIA_TYPE_AUDIO), vi = first_stream(fmt, AVMEDIA_TYPE_VIDEO);
+  bool started = false;
+  int64_t skip = 0; /* samples before the video's start, still to cut */
   if (!pkt || !fr) {
     rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
     goto out;
@@ -354,6 +391,20 @@ static int32_t audio_part(audio_join_t *aj, const char *path, int64_t want, spn_
           break;
         }
       }
+      if (!started) {
+        started = true;
+        const AVStream *as = fmt->streams[ai], *vs = vi >= 0 ? fmt->streams[vi] : NULL;
+        int64_t ts = fr->best_effort_timestamp != AV_NOPTS_VALUE ? fr->best_effort_timestamp : fr->pts;
+        if (vs && vs->start_time != AV_NOPTS_VALUE && ts != AV_NOPTS_VALUE) {
+          int64_t lead = llrint((ts * av_q2d(as->time_base) - vs->start_time * av_q2d(vs->time_base)) *
+                                aj->enc->sample_rate);
+          if (lead < 0)
+            skip = -lead;
+          else if (lead > 0 && (rc = silence(aj, want >= 0 && lead > want ? want : lead, path, err)))
+            break;
+          got += lead > 0 ? (want >= 0 && lead > want ? want : lead) : 0;
+        }
+      }
       if (fr->nb_samples > conv_cap) {
         if (conv)
           av_freep(&conv[0]);
@@ -372,9 +423,15 @@ static int32_t audio_part(audio_join_t *aj, const char *path, int64_t want, spn_
         rc = spn_error_set(err, SPN_EMEDIA, "%s: converting audio failed", path);
         break;
       }
+      int from = 0; /* the first sample kept */
+      if (skip > 0) {
+        from = skip < n ? (int)skip : n;
+        skip -= from;
+      }
+      n -= from;
       if (want >= 0 && got + n > want)
         n = (int)(want - got);
-      if (n > 0 && av_audio_fifo_write(aj->fifo, (void **)conv, n) != n) {
+      if (n > 0 && write_from(aj, conv, from, n) != n) {
         rc = spn_error_set(err, SPN_ENOMEM, "%s: out of memory", path);
         break;
       }

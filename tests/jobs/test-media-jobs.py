@@ -306,20 +306,52 @@ class Skip(Exception):
     pass
 
 
+def clock_pcm(path, start, seconds):
+    """A file's 8 kHz mono samples from `start` for `seconds`, on its video
+    clock (a player's: sound that starts after the video's start plays after
+    that much silence, sound before it is not heard)."""
+    raw = subprocess.run(["ffmpeg", "-v", "error", "-i", path, "-map", "0:a", "-ac", "1", "-ar", "8000", "-f",
+                          "s16le", "-"], capture_output=True, check=True).stdout
+    x = [int.from_bytes(raw[i:i + 2], "little", signed=True) for i in range(0, len(raw) - 1, 2)]
+    st = json.loads(subprocess.run(["ffprobe", "-v", "error", "-show_entries", "stream=codec_type,start_time",
+                                    "-of", "json", path], capture_output=True, check=True).stdout)["streams"]
+    t0 = {s["codec_type"]: float(s.get("start_time", "0").replace("N/A", "0")) for s in st}
+    lead = round((t0["audio"] - t0.get("video", t0["audio"])) * 8000)
+    x = [0] * lead + x if lead >= 0 else x[-lead:]
+    return x[round(start * 8000):round((start + seconds) * 8000)]
+
+
 def audio_corr(a, a_start, b, b_start, seconds=0.9):
-    """How alike two files' sound is over `seconds` from the given starts:
-    the normalised correlation of their 8 kHz mono samples (1: the same)."""
-    def pcm(path, start):
-        raw = subprocess.run(["ffmpeg", "-v", "error", "-ss", str(start), "-t", str(seconds), "-i", path, "-map", "0:a",
-                              "-ac", "1", "-ar", "8000", "-f", "s16le", "-"], capture_output=True, check=True).stdout
-        return [int.from_bytes(raw[i:i + 2], "little", signed=True) for i in range(0, len(raw) - 1, 2)]
-    x, y = pcm(a, a_start), pcm(b, b_start)
+    """How alike two files' sound is over `seconds` from the given starts,
+    each on its video clock (clock_pcm): the normalised correlation of
+    their samples (1: the same)."""
+    x, y = clock_pcm(a, a_start, seconds), clock_pcm(b, b_start, seconds)
     n = min(len(x), len(y))
     x, y = x[:n], y[:n]
     mx, my = sum(x) / n, sum(y) / n
     sxy = sum((u - mx) * (v - my) for u, v in zip(x, y))
     sxx, syy = sum((u - mx) ** 2 for u in x), sum((v - my) ** 2 for v in y)
     return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else 0.0
+
+
+def make_late(clip, out, offset=0.5):
+    """clip with its sound moved `offset` s after its video (the container
+    says so: the audio stream starts there)."""
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", clip, "-itsoffset", str(offset), "-i", clip, "-map", "0:v",
+                    "-map", "1:a", "-c", "copy", out], check=True)
+
+
+def check_late(out, late, what):
+    """out plays late.mkv's sound where late.mkv's player does: 0.5 s after
+    the sample's (the input's own clock); a decoder that rebased each stream
+    to its own start moved it 0.5 s early."""
+    src = os.path.join(SRC, "samples/media/talking-head.mp4")
+    on, off = audio_corr(out, 1.5, src, 1.0), audio_corr(out, 1.5, src, 1.5)
+    head = max(abs(v) for v in clock_pcm(out, 0.0, 0.4))
+    check(on > 0.9 and off < 0.5 and audio_corr(out, 1.5, late, 1.5) > 0.9,
+          f"{what} of a file whose sound starts 0.5 s late: its sound at 1.5 s matches the sample's at 1.0 s by "
+          f"{on:.2f} (want > 0.9), at 1.5 s by {off:.2f} (want < 0.5): the sound must stay 0.5 s after the video")
+    check(head < 300, f"{what}: the first 0.4 s is not silent (peak {head} of 32767), as the input's is")
 
 
 def run_all_pipelines(tmp, ep):
@@ -353,6 +385,17 @@ def run_all_pipelines(tmp, ep):
                     "-c:v", "libx264", "-preset", "ultrafast", silent], check=True)
     jobs.append(("enhance", ["--input", f"video={silent}", "--output", f"video={tmp}/out/enhance-silent.mp4"],
                  30, 640, 640, 0, "30000/1001"))
+    # sound 0.5 s after the video, through the DAG (transcode) and as the
+    # encoder's soundtrack (enhance): played where the input's player plays it
+    late = os.path.join(tmp, "late.mkv")
+    make_late(clip, late)
+    for name in ("transcode", "enhance"):
+        out = f"{tmp}/out/{name}-late.mp4"
+        r = cli("submit", name, "--input", f"video={late}", "--output", f"video={out}", "--param", "duration=2.0",
+                "--wait", "--connect", ep, check_rc=0)
+        st = status(ep, int(r.stdout.split()[0]))
+        check(st["state"] == "succeeded", f"{name} of a file whose sound starts late: {st}")
+        check_late(out, late, name)
     for name, args, frames, w, h, audio, *fps in jobs:
         out = [a.split("=", 1)[1] for a in args if a.startswith("video=") and "/out/" in a][0]
         r = cli("submit", name, *args, "--wait", "--connect", ep, check_rc=0)
@@ -733,6 +776,15 @@ def case_failures(tmp):
           f"a refused output left files: {os.listdir(tmp + '/out')}")
     # enhance cut into segments (the main job across a farm's workers): its
     # soundtrack is by default the video's own, which the join carries for
+    # a file whose sound starts 0.5 s after its video (a recorder's late
+    # audio): the segments' soundtrack, joined, keeps that offset
+    late = f"{tmp}/late.mkv"
+    make_late(f"{tmp}/in.mp4", late)
+    r = cli("submit", "enhance", "--input", f"video={late}", "--output", f"video={tmp}/out/seg-late.mp4",
+            "--segments", "2", "--wait", "--connect", ep, check_rc=0)
+    st = status(ep, int(r.stdout.split()[0]))
+    check(st["state"] == "succeeded" and len(st.get("segments", [])) == 2, f"segmented enhance, late sound: {st}")
+    check_late(f"{tmp}/out/seg-late.mp4", late, "segmented enhance")
     # the whole file; another soundtrack (the sample's speech, longer than
     # 1.2 s of video) is the joined file's, cut where the video ends
     r = cli("submit", "enhance", "--input", f"video={tmp}/in.mp4", "--output", f"video={tmp}/out/seg.mp4",
@@ -803,13 +855,13 @@ def case_failures(tmp):
     st = status(ep, int(r.stdout.split()[0]))
     check("warnings" not in st and b"warning" not in r.stderr, f"a clean job has warnings: {st.get('warnings')}")
     # one transcode succeeded with warnings (the tolerated file), one
-    # without; the three segmented enhances and their two segments each
+    # without; the four segmented enhances and their two segments each
     # all or none (where the detector's model is not fetched, each segment
     # warns, and the joined job's status lists its segments' warnings: it
     # counts too)
     got = check_warned_metric(ep, hp, "gateway")
-    check(got.get("transcode") == 1 and got.get("enhance") in (0, 9) and len(got) == 2,
-          f"gateway: spindle_jobs_warned_total {got}, want transcode 1 and enhance 0 or 9")
+    check(got.get("transcode") == 1 and got.get("enhance") in (0, 12) and len(got) == 2,
+          f"gateway: spindle_jobs_warned_total {got}, want transcode 1 and enhance 0 or 12")
     check(stray(f"{tmp}/out") == [], f"temporary files left: {stray(tmp + '/out')}")
     check(p.poll() is None, "gateway died")
 

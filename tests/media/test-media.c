@@ -301,6 +301,65 @@ static void audio_file_is_muxed(void **state) {
   assert_int_equal(spn_encoder_new(p("silent.mp4"), 160, 120, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_ENOENT);
 }
 
+/* The audio of `path` on the video's clock (mono, at its rate): n samples
+ * from the first; the first item's pts; the total. */
+static void clock_audio(const char *path, int want_video, float *first, size_t n, double *pts0, int64_t *total) {
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
+  o.want_video = want_video;
+  spn_decoder_t *d;
+  assert_int_equal(spn_decoder_new(path, &o, &d, &err), SPN_OK);
+  spn_media_item_t it;
+  int32_t rc;
+  *total = 0;
+  *pts0 = -1;
+  while ((rc = spn_decoder_next(d, &it, &err)) == SPN_OK) {
+    if (it.kind == SPN_MEDIA_AUDIO) {
+      assert_int_equal(it.channels, 1);
+      if (*pts0 < 0)
+        *pts0 = it.pts_sec;
+      assert_int_equal(it.pts, *total); /* contiguous from the video's start */
+      for (int64_t i = 0; i < it.n_samples && *total + i < (int64_t)n; i++)
+        first[*total + i] = it.samples[i];
+      *total += it.n_samples;
+    }
+    spn_media_item_release(&it);
+  }
+  assert_int_equal(rc, SPN_EOS);
+  spn_decoder_free(d);
+}
+
+/* Audio and video play on one clock, the video's, as a player lines them
+ * up: sound that starts 0.5 s after the first picture comes after 0.5 s of
+ * silence; sound that starts 0.3 s before it is cut there; whether or not
+ * the video is decoded (an encoder's soundtrack reads the audio alone). The
+ * sound is a constant 0.5 (PCM at 16 kHz: no resampling, no priming). */
+static void audio_on_the_video_clock(void **state) {
+  (void)state;
+  static float a[16000];
+  double pts0;
+  int64_t total;
+  for (int want_video = 1; want_video >= 0; want_video--) {
+    memset(a, 0, sizeof a);
+    clock_audio(p("late.mkv"), want_video, a, 16000, &pts0, &total);
+    printf("# late.mkv (video %d): first audio at %.3f s, %lld samples, a[7999] %.3f, a[8000] %.3f\n", want_video,
+           pts0, (long long)total, a[7999], a[8000]);
+    assert_true(pts0 == 0.0);
+    for (int i = 0; i < 8000; i++)
+      assert_true(a[i] == 0.0f);
+    assert_true(fabsf(a[8000] - 0.5f) < 1e-3 && fabsf(a[15999] - 0.5f) < 1e-3);
+    assert_true(llabs(total - 2 * 16000 - 8000) <= 1); /* the 2 s sound ends at 2.5 s */
+    clock_audio(p("early.mkv"), want_video, a, 16000, &pts0, &total);
+    printf("# early.mkv (video %d): first audio at %.3f s, %lld samples, a[0] %.3f\n", want_video, pts0,
+           (long long)total, a[0]);
+    assert_true(pts0 == 0.0);
+    assert_true(fabsf(a[0] - 0.5f) < 1e-3); /* the sound from 0.3 s of its own, at the first picture */
+    /* 2 s less the 0.3 s before the first picture (Matroska's muxer puts it
+     * at 0.30 to 0.32 s: its clock counts milliseconds) */
+    assert_true(total >= 2 * 16000 - 16000 * 32 / 100 && total <= 2 * 16000 - 4800);
+  }
+}
+
 static void bad_inputs_name_the_file(void **state) {
   (void)state;
   const struct { const char *file, *expect; int32_t code; } cases[] = {
@@ -586,6 +645,11 @@ static int setup_clips(void) {
   r |= sh("%s -f lavfi -i testsrc2=size=64x32:rate=25:duration=0.4 -c:v ffv1 '%s'", ff, p("rot-src.mkv"));
   r |= sh("%s -f lavfi -i sine=frequency=300:sample_rate=22050:duration=2 -c:a pcm_s16le '%s'", ff, p("speech.wav"));
   r |= sh("%s -f lavfi -i sine=frequency=300:duration=1 -c:a aac '%s'", ff, p("audio-only.m4a"));
+  /* sound 0.5 s after the video; silence then sound, the video 0.3 s into it */
+  r |= sh("%s -f lavfi -i testsrc2=size=64x48:rate=25:duration=2 -itsoffset 0.5 -f lavfi -i "
+          "aevalsrc=0.5:s=16000:d=2 -c:v ffv1 -c:a pcm_s16le '%s'", ff, p("late.mkv"));
+  r |= sh("%s -itsoffset 0.3 -f lavfi -i testsrc2=size=64x48:rate=25:duration=2 -f lavfi -i "
+          "'aevalsrc=0.5*gte(t\\,0.3):s=16000:d=2' -c:v ffv1 -c:a pcm_s16le '%s'", ff, p("early.mkv"));
   r |= sh("%s -f lavfi -i testsrc2=size=160x120:rate=25:duration=2 -c:v libx264 -preset ultrafast '%s'", ff,
           p("full.mp4"));
   /* moov at the end: cutting the file in half loses the index */
@@ -628,6 +692,7 @@ int main(void) {
       cmocka_unit_test(formats_segment_and_odd_sizes),
       cmocka_unit_test(rotation_metadata_turns_frames),
       cmocka_unit_test(audio_file_is_muxed),
+      cmocka_unit_test(audio_on_the_video_clock),
       cmocka_unit_test(bad_inputs_name_the_file),
       cmocka_unit_test(inputs_are_read_as_one_file),
       cmocka_unit_test(hwaccel_falls_back_or_names_the_file),
