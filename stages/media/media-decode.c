@@ -65,6 +65,7 @@ struct spn_decoder {
   int64_t a_out;                 /* samples emitted so far */
   int a_started, swr_flushed;
   int64_t a_next;                /* where the next audio item starts (samples); -1 before the first */
+  int a_silence;                 /* silence is owed up to a_held_at, then a_held (may be none) */
   float *a_held;                 /* the first sound, held while the silence before it goes out */
   int64_t a_held_at, a_held_n;
   int end_checked;
@@ -643,7 +644,8 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
 }
 
 /* The silence before a sound that starts after the video (a second per
- * item), then that first sound, held by make_audio_item. */
+ * item), then that first sound, held by make_audio_item (SPN_EAGAIN when
+ * there is none: the sound starts after the segment). */
 static int32_t audio_silence(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err) {
   int rate = d->info.audio_rate, ch = d->info.audio_channels;
   memset(item, 0, sizeof *item);
@@ -655,6 +657,9 @@ static int32_t audio_silence(spn_decoder_t *d, spn_media_item_t *item, spn_error
   item->pts = d->a_next;
   item->pts_sec = (double)d->a_next / rate;
   if (d->a_next >= d->a_held_at) {
+    d->a_silence = 0;
+    if (!d->a_held)
+      return SPN_EAGAIN;
     item->samples = d->a_held;
     item->n_samples = d->a_held_n;
     d->a_held = NULL;
@@ -722,16 +727,24 @@ static int32_t make_audio_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   int64_t s = first > lo ? first : lo, e = last < hi ? last : hi;
   if (first >= hi)
     d->adone = 1;
+  int opening = d->a_next < 0;
+  if (opening)
+    d->a_next = lo > 0 ? lo : 0;
   if (e <= s) {
     free(buf);
+    if (opening && first >= hi && d->o.duration > 0 && hi > d->a_next) {
+      /* the sound starts after the segment's end: the segment is silent */
+      d->a_silence = 1;
+      d->a_held_at = hi;
+      return audio_silence(d, item, err);
+    }
     return SPN_EAGAIN;
   }
   if (s > first)
     memmove(buf, buf + (s - first) * ch, sizeof(float) * (size_t)(e - s) * (size_t)ch);
-  if (d->a_next < 0)
-    d->a_next = lo > 0 ? lo : 0;
   if (s > d->a_next) {
     /* the sound starts after the video: hold it, silence first */
+    d->a_silence = 1;
     d->a_held = buf;
     d->a_held_at = s;
     d->a_held_n = e - s;
@@ -851,8 +864,8 @@ static int32_t drain(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err)
     av_frame_unref(d->frame);
     return rc;
   }
-  if (d->a_held)
-    return audio_silence(d, item, err);
+  if (d->a_silence && (rc = audio_silence(d, item, err)) != SPN_EAGAIN)
+    return rc;
   while (!d->adone) {
     int r = avcodec_receive_frame(d->actx, d->frame);
     if (r == AVERROR(EAGAIN))

@@ -303,10 +303,12 @@ static void audio_file_is_muxed(void **state) {
 
 /* The audio of `path` on the video's clock (mono, at its rate): n samples
  * from the first; the first item's pts; the total. */
-static void clock_audio(const char *path, int want_video, float *first, size_t n, double *pts0, int64_t *total) {
+static void clock_audio(const char *path, int want_video, double duration, float *first, size_t n, double *pts0,
+                        int64_t *total) {
   spn_error_t err = SPN_ERROR_INIT;
   spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
   o.want_video = want_video;
+  o.duration = duration;
   spn_decoder_t *d;
   assert_int_equal(spn_decoder_new(path, &o, &d, &err), SPN_OK);
   spn_media_item_t it;
@@ -341,7 +343,7 @@ static void audio_on_the_video_clock(void **state) {
   int64_t total;
   for (int want_video = 1; want_video >= 0; want_video--) {
     memset(a, 0, sizeof a);
-    clock_audio(p("late.mkv"), want_video, a, 16000, &pts0, &total);
+    clock_audio(p("late.mkv"), want_video, 0, a, 16000, &pts0, &total);
     printf("# late.mkv (video %d): first audio at %.3f s, %lld samples, a[7999] %.3f, a[8000] %.3f\n", want_video,
            pts0, (long long)total, a[7999], a[8000]);
     assert_true(pts0 == 0.0);
@@ -349,7 +351,7 @@ static void audio_on_the_video_clock(void **state) {
       assert_true(a[i] == 0.0f);
     assert_true(fabsf(a[8000] - 0.5f) < 1e-3 && fabsf(a[15999] - 0.5f) < 1e-3);
     assert_true(llabs(total - 2 * 16000 - 8000) <= 1); /* the 2 s sound ends at 2.5 s */
-    clock_audio(p("early.mkv"), want_video, a, 16000, &pts0, &total);
+    clock_audio(p("early.mkv"), want_video, 0, a, 16000, &pts0, &total);
     printf("# early.mkv (video %d): first audio at %.3f s, %lld samples, a[0] %.3f\n", want_video, pts0,
            (long long)total, a[0]);
     assert_true(pts0 == 0.0);
@@ -357,6 +359,13 @@ static void audio_on_the_video_clock(void **state) {
     /* 2 s less the 0.3 s before the first picture (Matroska's muxer puts it
      * at 0.30 to 0.32 s: its clock counts milliseconds) */
     assert_true(total >= 2 * 16000 - 16000 * 32 / 100 && total <= 2 * 16000 - 4800);
+    /* a segment that ends before the sound starts is silent, not soundless */
+    memset(a, 0xff, sizeof a);
+    clock_audio(p("late.mkv"), want_video, 0.3, a, 16000, &pts0, &total);
+    printf("# late.mkv, 0.3 s (video %d): %lld samples\n", want_video, (long long)total);
+    assert_int_equal(total, 4800);
+    for (int i = 0; i < 4800; i++)
+      assert_true(a[i] == 0.0f);
   }
 }
 
