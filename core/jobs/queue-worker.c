@@ -173,8 +173,9 @@ static bool lease_some(qw_t *w) {
     }
     queue_answered(w);
     qrun_t *r = &w->runs[slot];
-    *r = (qrun_t){.busy = true, .id = j.id, .attempt = j.attempts, .segmented = spn__job_is_segmented(&j),
-                  .join = !j.parent && spn__job_is_segmented(&j), .since = spn__mono_s()};
+    bool segmented = spn__job_is_segmented(&j);
+    *r = (qrun_t){.busy = true, .id = j.id, .attempt = j.attempts, .segmented = segmented,
+                  .join = segmented && !j.parent, .since = spn__mono_s()};
     cJSON *spec = cJSON_Parse(j.spec_json);
     spn_job_spec_t js;
     rc = spec ? spn__job_spec_from_json(spec, j.id, j.attempts, &js, &err)

@@ -376,6 +376,8 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
     e->o.fps_num = 25;
     e->o.fps_den = 1;
   }
+  /* in lowest terms (25000/1000 is 25/1; 1000000/33367 stays) */
+  av_reduce(&e->o.fps_num, &e->o.fps_den, e->o.fps_num, e->o.fps_den, INT32_MAX);
   e->first_pts_us = INT64_MIN;
   e->last_vpts = INT64_MIN;
   e->a_limit = INT64_MAX;

@@ -23,7 +23,7 @@ typedef struct spn_encode_opts {
   int32_t crf;              /* constant quality (x264 crf / NVENC cq); default 23 */
   const char *preset;       /* encoder preset; default "medium" */
   int64_t bitrate;          /* bits/s; > 0 switches from CRF to average bitrate */
-  int32_t fps_num, fps_den; /* nominal frame rate; default 25/1 */
+  int32_t fps_num, fps_den; /* nominal frame rate, any terms (the encoder reduces it); default 25/1 */
   int32_t faststart;        /* MP4/MOV: index at the front; default 1 */
   const char *audio_path;   /* mux (re-encoded to AAC) the audio of this file */
   int32_t audio_rate;       /* PCM given to spn_encoder_write_audio; 0 = none */

@@ -398,11 +398,12 @@ static int32_t audio_part(audio_join_t *aj, const char *path, int64_t want, spn_
         if (vs && vs->start_time != AV_NOPTS_VALUE && ts != AV_NOPTS_VALUE) {
           int64_t lead = llrint((ts * av_q2d(as->time_base) - vs->start_time * av_q2d(vs->time_base)) *
                                 aj->enc->sample_rate);
+          int64_t pad = want >= 0 && lead > want ? want : lead; /* the silence, within want */
           if (lead < 0)
             skip = -lead;
-          else if (lead > 0 && (rc = silence(aj, want >= 0 && lead > want ? want : lead, path, err)))
+          else if (pad > 0 && (rc = silence(aj, pad, path, err)))
             break;
-          got += lead > 0 ? (want >= 0 && lead > want ? want : lead) : 0;
+          got += pad > 0 ? pad : 0;
         }
       }
       if (fr->nb_samples > conv_cap) {

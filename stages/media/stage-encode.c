@@ -644,8 +644,8 @@ static int32_t write_frame(encode_job_t *j, spn_buffer_t *buf, int32_t w, int32_
 
 /* fps 0: the stream's rate from the interval between the first two frames
  * (microseconds), snapped to the common rate it rounds (30000/1001 is not
- * 29.97), else 1e6/interval; 25 when there is no interval to go by (one
- * frame, or timestamps that do not increase). */
+ * 29.97), else 1e6/interval (the encoder reduces it); 25 when there is no
+ * interval to go by (one frame, or timestamps that do not increase). */
 static void rate_from_frames(encode_job_t *j, int64_t interval_us) {
   static const int32_t common[][2] = {{24000, 1001}, {24, 1},  {25, 1},  {30000, 1001}, {30, 1},
                                       {48, 1},       {50, 1},  {60000, 1001}, {60, 1}, {72, 1},
@@ -664,14 +664,8 @@ static void rate_from_frames(encode_job_t *j, int64_t interval_us) {
       return;
     }
   }
-  int64_t a = 1000000, b = interval_us;
-  while (b) { /* a: their greatest common divisor */
-    int64_t t = a % b;
-    a = b;
-    b = t;
-  }
-  j->fps_num = (int32_t)(1000000 / a);
-  j->fps_den = (int32_t)(interval_us / a);
+  j->fps_num = 1000000;
+  j->fps_den = (int32_t)interval_us;
 }
 
 static int32_t write_held(encode_job_t *j, spn_error_t *err) {
