@@ -387,21 +387,38 @@ out_free:
 
 /* ---- colour ---- */
 
-static inline void rgb_to_yuv(float r, float g, float b, float *y, float *u, float *v) {
-  *y = 16.0f + (65.481f * r + 128.553f * g + 24.966f * b) / 255.0f;
-  *u = 128.0f + (-37.797f * r - 74.203f * g + 112.0f * b) / 255.0f;
-  *v = 128.0f + (112.0f * r - 93.786f * g - 18.214f * b) / 255.0f;
+static inline void rgb_to_yuv(const spn_yuv_coeffs_t *k, float r, float g, float b, float *y, float *u, float *v) {
+  *y = k->yoff + (k->to_y[0] * r + k->to_y[1] * g + k->to_y[2] * b) / 255.0f;
+  *u = 128.0f + (k->to_u[0] * r + k->to_u[1] * g + k->to_u[2] * b) / 255.0f;
+  *v = 128.0f + (k->to_v[0] * r + k->to_v[1] * g + k->to_v[2] * b) / 255.0f;
 }
 
-/* Inverse of the matrix above (computed exactly, rounded to 6 digits):
- * R = 1.164384 (Y-16)                   + 1.596027 (Cr-128)
- * G = 1.164384 (Y-16) - 0.391762 (Cb-128) - 0.812968 (Cr-128)
- * B = 1.164384 (Y-16) + 2.017232 (Cb-128) */
-static inline void yuv_to_rgb(float y, float u, float v, float *r, float *g, float *b) {
-  float yy = 1.164384f * (y - 16.0f), cb = u - 128.0f, cr = v - 128.0f;
-  *r = yy + 1.596027f * cr;
-  *g = yy - 0.391762f * cb - 0.812968f * cr;
-  *b = yy + 2.017232f * cb;
+static inline void yuv_to_rgb(const spn_yuv_coeffs_t *k, float y, float u, float v, float *r, float *g, float *b) {
+  float yy = k->ys * (y - k->yoff), cb = u - 128.0f, cr = v - 128.0f;
+  *r = yy + k->rv * cr;
+  *g = yy - k->gu * cb - k->gv * cr;
+  *b = yy + k->bu * cb;
+}
+
+const char *spn_matrix_name(int32_t m) {
+  switch (m) {
+  case SPN_MATRIX_BT709: return "bt709";
+  case 5: case SPN_MATRIX_BT601: return "bt601";
+  case SPN_MATRIX_SMPTE240M: return "smpte240m";
+  case SPN_MATRIX_BT2020: return "bt2020";
+  default: return "unknown";
+  }
+}
+
+int32_t spn_matrix_from_name(const char *name) {
+  static const struct { const char *name; int32_t m; } names[] = {
+      {"bt709", SPN_MATRIX_BT709},  {"bt601", SPN_MATRIX_BT601},       {"smpte170m", SPN_MATRIX_BT601},
+      {"bt470bg", SPN_MATRIX_BT601}, {"smpte240m", SPN_MATRIX_SMPTE240M}, {"bt2020", SPN_MATRIX_BT2020},
+      {"bt2020nc", SPN_MATRIX_BT2020}};
+  for (size_t i = 0; name && i < sizeof names / sizeof names[0]; i++)
+    if (!strcmp(name, names[i].name))
+      return names[i].m;
+  return 0;
 }
 
 /* Read/write one pixel's R,G,B of a packed u8 RGB/BGR image. */
@@ -441,9 +458,15 @@ static int is_rgb_u8(int32_t f) {
 }
 
 int32_t spn_image_convert(const spn_image_t *src, spn_image_t *dst, spn_error_t *err) {
+  return spn_image_convert_colour(src, dst, NULL, err);
+}
+
+int32_t spn_image_convert_colour(const spn_image_t *src, spn_image_t *dst, const spn_colour_t *c,
+                                 spn_error_t *err) {
   int32_t rc;
+  spn_yuv_coeffs_t k = {0};
   if ((rc = check_image(src, "convert source", err)) || (rc = check_image(dst, "convert destination", err)) ||
-      (rc = check_same(src, dst, "convert", err)))
+      (rc = check_same(src, dst, "convert", err)) || (rc = spn_colour_coeffs(c, &k, err)))
     return rc;
   int32_t w = src->width, h = src->height, sf = src->format, df = dst->format;
   if (sf == df)
@@ -471,7 +494,7 @@ int32_t spn_image_convert(const spn_image_t *src, spn_image_t *dst, spn_error_t 
     for (int32_t y = 0; y < h; y++)
       for (int32_t x = 0; x < w; x++) {
         rgb_get(src, x, y, rgb);
-        rgb_to_yuv(rgb[0], rgb[1], rgb[2], &yv, &u, &v);
+        rgb_to_yuv(&k, rgb[0], rgb[1], rgb[2], &yv, &u, &v);
         dst->data[0][y * dst->stride[0] + x] = sat_u8(yv);
       }
     for (int32_t cy = 0; cy < (h + 1) / 2; cy++)
@@ -481,7 +504,7 @@ int32_t spn_image_convert(const spn_image_t *src, spn_image_t *dst, spn_error_t 
         for (int32_t y = 2 * cy; y < 2 * cy + 2 && y < h; y++)
           for (int32_t x = 2 * cx; x < 2 * cx + 2 && x < w; x++) {
             rgb_get(src, x, y, rgb);
-            rgb_to_yuv(rgb[0], rgb[1], rgb[2], &yv, &u, &v);
+            rgb_to_yuv(&k, rgb[0], rgb[1], rgb[2], &yv, &u, &v);
             su += u;
             sv += v;
             n++;
@@ -499,7 +522,7 @@ int32_t spn_image_convert(const spn_image_t *src, spn_image_t *dst, spn_error_t 
       for (int32_t x = 0; x < w; x++) {
         uint8_t *pu, *pv;
         chroma_ptrs(src, x / 2, y / 2, &pu, &pv);
-        yuv_to_rgb(src->data[0][y * src->stride[0] + x], *pu, *pv, &rgb[0], &rgb[1], &rgb[2]);
+        yuv_to_rgb(&k, src->data[0][y * src->stride[0] + x], *pu, *pv, &rgb[0], &rgb[1], &rgb[2]);
         rgb_put(dst, x, y, rgb);
       }
     return SPN_OK;

@@ -62,17 +62,17 @@ int32_t check_pair(const spn_image_t *src, spn_image_t *dst, const char *op, spn
   return SPN_OK;
 }
 
-/* image.c's rgb_to_yuv: 16 + (65.481 R + 128.553 G + 24.966 B) / 255, ... */
-__device__ __forceinline__ void rgb_to_yuv(float r, float g, float b, float *y, float *u, float *v) {
-  *y = __fadd_rn(16.0f, __fdiv_rn(__fadd_rn(__fadd_rn(__fmul_rn(65.481f, r), __fmul_rn(128.553f, g)),
-                                            __fmul_rn(24.966f, b)),
-                                  255.0f));
-  *u = __fadd_rn(128.0f, __fdiv_rn(__fadd_rn(__fsub_rn(__fmul_rn(-37.797f, r), __fmul_rn(74.203f, g)),
-                                             __fmul_rn(112.0f, b)),
-                                   255.0f));
-  *v = __fadd_rn(128.0f, __fdiv_rn(__fsub_rn(__fsub_rn(__fmul_rn(112.0f, r), __fmul_rn(93.786f, g)),
-                                             __fmul_rn(18.214f, b)),
-                                   255.0f));
+/* image.c's rgb_to_yuv: yoff + (to_y . RGB) / 255, 128 + (to_u . RGB) / 255,
+ * ... in that order (spn_yuv_coeffs_t; BT.601 limited by default). */
+__device__ __forceinline__ float dot3_255(const float *k, float r, float g, float b) {
+  return __fdiv_rn(__fadd_rn(__fadd_rn(__fmul_rn(k[0], r), __fmul_rn(k[1], g)), __fmul_rn(k[2], b)), 255.0f);
+}
+
+__device__ __forceinline__ void rgb_to_yuv(const spn_yuv_coeffs_t &k, float r, float g, float b, float *y, float *u,
+                                           float *v) {
+  *y = __fadd_rn(k.yoff, dot3_255(k.to_y, r, g, b));
+  *u = __fadd_rn(128.0f, dot3_255(k.to_u, r, g, b));
+  *v = __fadd_rn(128.0f, dot3_255(k.to_v, r, g, b));
 }
 
 __device__ __forceinline__ uint8_t *chroma_u(const plane3 &im, int32_t cx, int32_t cy) {
@@ -85,7 +85,7 @@ __device__ __forceinline__ uint8_t *chroma_v(const plane3 &im, int32_t cx, int32
 }
 
 /* (cx, cy): one chroma sample of dst and the pixels it covers. */
-__global__ void rgb_to_yuv420_kernel(plane3 src, plane3 dst) {
+__global__ void rgb_to_yuv420_kernel(plane3 src, plane3 dst, spn_yuv_coeffs_t k) {
   int32_t cx = blockIdx.x * blockDim.x + threadIdx.x, cy = blockIdx.y * blockDim.y + threadIdx.y;
   if (cx >= (dst.w + 1) / 2 || cy >= (dst.h + 1) / 2)
     return;
@@ -96,7 +96,7 @@ __global__ void rgb_to_yuv420_kernel(plane3 src, plane3 dst) {
     for (int32_t x = 2 * cx; x < 2 * cx + 2 && x < dst.w; x++) {
       const uint8_t *p = src.data[0] + y * src.stride[0] + (int64_t)x * 3;
       float r = p[bgr ? 2 : 0], g = p[1], b = p[bgr ? 0 : 2], yv, u, v;
-      rgb_to_yuv(r, g, b, &yv, &u, &v);
+      rgb_to_yuv(k, r, g, b, &yv, &u, &v);
       dst.data[0][y * dst.stride[0] + x] = sat_u8(yv);
       su = __fadd_rn(su, u);
       sv = __fadd_rn(sv, v);
@@ -145,14 +145,23 @@ dim3 chroma_grid(int32_t w, int32_t h) {
 
 extern "C" int32_t spn_cuda_rgb_to_yuv420(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream,
                                           spn_error_t *err) {
+  return spn_cuda_rgb_to_yuv420_colour(src, dst, NULL, stream, err);
+}
+
+extern "C" int32_t spn_cuda_rgb_to_yuv420_colour(const spn_image_t *src, spn_image_t *dst, const spn_colour_t *colour,
+                                                 cudaStream_t stream, spn_error_t *err) {
+  spn_yuv_coeffs_t k = {};
   int32_t rc = check_pair(src, dst, "rgb_to_yuv420", err);
   if (rc)
     return rc;
+  if ((rc = spn_colour_coeffs(colour, &k, err)))
+    return spn_error_prefix(err, "cuda color: rgb_to_yuv420");
   if (!is_rgb_u8(src->format) || !is_yuv420(dst->format))
     return spn_error_set(err, SPN_EUNSUPPORTED, "cuda color: rgb_to_yuv420: conversion from %s to %s is not "
                          "supported (rgb24/bgr24 to yuv420p/nv12)", spn_pixfmt_name(src->format),
                          spn_pixfmt_name(dst->format));
-  rgb_to_yuv420_kernel<<<chroma_grid(dst->width, dst->height), k_block, 0, stream>>>(describe(src), describe(dst));
+  rgb_to_yuv420_kernel<<<chroma_grid(dst->width, dst->height), k_block, 0, stream>>>(describe(src), describe(dst),
+                                                                                     k);
   return launched("rgb_to_yuv420", err);
 }
 

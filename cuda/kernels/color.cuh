@@ -4,7 +4,8 @@
  * decode's nv12/yuv420p outputs. (4:2:0 → RGB is spn_cuda_yuv420_to_rgb in
  * image.cuh.)
  *
- * Same conventions as image.cuh: BT.601 limited range with the reference's
+ * Same conventions as image.cuh: BT.601 limited range (or the matrix and
+ * range a _colour variant is given) with the reference's
  * float arithmetic in the same order (no fused multiply-adds), 4:2:0 chroma
  * = mean of the Cb/Cr of the (up to four) pixels a sample covers, u8 results
  * rounded to nearest (ties away from zero) and saturated. Odd sizes have
@@ -32,6 +33,11 @@ extern "C" {
 
 /* RGB24/BGR24 → YUV420P or NV12 of the same size (spn_image_convert). */
 int32_t spn_cuda_rgb_to_yuv420(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream, spn_error_t *err);
+/* The same in the matrix and range *colour gives (NULL: BT.601 limited, as
+ * above): the twin of spn_image_convert_colour. An unknown matrix is
+ * SPN_EINVAL before any launch. */
+int32_t spn_cuda_rgb_to_yuv420_colour(const spn_image_t *src, spn_image_t *dst, const spn_colour_t *colour,
+                                      cudaStream_t stream, spn_error_t *err);
 
 /* NV12 ↔ YUV420P (or either to itself) of the same size: the luma plane
  * copied, the chroma samples moved between the interleaved and the planar

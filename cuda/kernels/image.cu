@@ -121,7 +121,7 @@ __global__ void to_float_kernel(img_desc src, img_desc dst, float m0, float m1, 
     ((float *)(dst.data[c] + y * dst.stride[c]))[x] = __fmul_rn(__fsub_rn(rgb[dbgr ? 2 - c : c], m[c]), s[c]);
 }
 
-__global__ void yuv420_to_rgb_kernel(img_desc src, img_desc dst) {
+__global__ void yuv420_to_rgb_kernel(img_desc src, img_desc dst, spn_yuv_coeffs_t k) {
   int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
   if (x >= dst.w || y >= dst.h)
     return;
@@ -136,10 +136,10 @@ __global__ void yuv420_to_rgb_kernel(img_desc src, img_desc dst) {
     v = src.data[2][cy * src.stride[2] + cx];
   }
   float yv = src.data[0][y * src.stride[0] + x];
-  float yy = __fmul_rn(1.164384f, __fsub_rn(yv, 16.0f)), cb = __fsub_rn(u, 128.0f), cr = __fsub_rn(v, 128.0f);
-  float r = __fadd_rn(yy, __fmul_rn(1.596027f, cr));
-  float g = __fsub_rn(__fsub_rn(yy, __fmul_rn(0.391762f, cb)), __fmul_rn(0.812968f, cr));
-  float b = __fadd_rn(yy, __fmul_rn(2.017232f, cb));
+  float yy = __fmul_rn(k.ys, __fsub_rn(yv, k.yoff)), cb = __fsub_rn(u, 128.0f), cr = __fsub_rn(v, 128.0f);
+  float r = __fadd_rn(yy, __fmul_rn(k.rv, cr));
+  float g = __fsub_rn(__fsub_rn(yy, __fmul_rn(k.gu, cb)), __fmul_rn(k.gv, cr));
+  float b = __fadd_rn(yy, __fmul_rn(k.bu, cb));
   uint8_t *p = dst.data[0] + y * dst.stride[0] + (int64_t)x * 3;
   bool bgr = dst.format == SPN_PIXFMT_BGR24;
   p[bgr ? 2 : 0] = sat_u8(r);
@@ -369,9 +369,17 @@ extern "C" int32_t spn_cuda_to_float(const spn_image_t *src, spn_image_t *dst, c
 
 extern "C" int32_t spn_cuda_yuv420_to_rgb(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream,
                                           spn_error_t *err) {
+  return spn_cuda_yuv420_to_rgb_colour(src, dst, NULL, stream, err);
+}
+
+extern "C" int32_t spn_cuda_yuv420_to_rgb_colour(const spn_image_t *src, spn_image_t *dst, const spn_colour_t *colour,
+                                                 cudaStream_t stream, spn_error_t *err) {
   int32_t rc;
+  spn_yuv_coeffs_t k = {};
   if ((rc = check(src, "yuv420_to_rgb source", err)) || (rc = check(dst, "yuv420_to_rgb destination", err)))
     return rc;
+  if ((rc = spn_colour_coeffs(colour, &k, err)))
+    return spn_error_prefix(err, "cuda image: yuv420_to_rgb");
   if (src->width != dst->width || src->height != dst->height)
     return spn_error_set(err, SPN_EINVAL, "cuda image: yuv420_to_rgb: sizes differ (%dx%d vs %dx%d)",
                          (int)src->width, (int)src->height, (int)dst->width, (int)dst->height);
@@ -382,7 +390,7 @@ extern "C" int32_t spn_cuda_yuv420_to_rgb(const spn_image_t *src, spn_image_t *d
     return spn_error_set(err, SPN_EINVAL, "cuda image: %s source lacks its chroma planes",
                          spn_pixfmt_name(src->format));
   yuv420_to_rgb_kernel<<<grid_for(dst->width, dst->height, k_block), k_block, 0, stream>>>(describe(src),
-                                                                                           describe(dst));
+                                                                                           describe(dst), k);
   return launched("yuv420_to_rgb", err);
 }
 

@@ -48,6 +48,11 @@ int32_t spn_cuda_to_float(const spn_image_t *src, spn_image_t *dst, const float 
 
 /* NV12 or YUV420P → RGB24/BGR24 of the same size (spn_image_convert). */
 int32_t spn_cuda_yuv420_to_rgb(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream, spn_error_t *err);
+/* The same from the matrix and range *colour gives (NULL: BT.601 limited):
+ * the twin of spn_image_convert_colour. An unknown matrix is SPN_EINVAL
+ * before any launch. */
+int32_t spn_cuda_yuv420_to_rgb_colour(const spn_image_t *src, spn_image_t *dst, const spn_colour_t *colour,
+                                      cudaStream_t stream, spn_error_t *err);
 
 /* Blend src onto dst at (x, y) with an optional GRAYF32 mask the size of src
  * (spn_image_paste): dst = round(a src + (1 - a) dst), a clamped to [0,1];

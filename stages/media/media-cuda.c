@@ -128,8 +128,8 @@ size_t spn_media_cuda_scratch_size(int32_t pixfmt, int32_t width, int32_t height
   return 0;
 }
 
-int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, int32_t pixfmt, void *dst, void *scratch,
-                                 cudaStream_t stream, spn_error_t *err) {
+int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, const spn_colour_t *colour, int32_t pixfmt, void *dst,
+                                 void *scratch, cudaStream_t stream, spn_error_t *err) {
   if (!nv12 || nv12->format != SPN_PIXFMT_NV12 || !dst)
     return spn_error_set(err, SPN_EINVAL, "media cuda: frame conversion needs an nv12 source and a destination");
   spn_image_t out, mid;
@@ -138,7 +138,7 @@ int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, int32_t pixfmt, void *
   case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24:
     if ((rc = spn_image_wrap(&out, dst, nv12->width, nv12->height, pixfmt, err)))
       return rc;
-    return spn_cuda_yuv420_to_rgb(nv12, &out, stream, err);
+    return spn_cuda_yuv420_to_rgb_colour(nv12, &out, colour, stream, err);
   case SPN_PIXFMT_NV12: case SPN_PIXFMT_YUV420P:
     if ((rc = spn_image_wrap(&out, dst, nv12->width, nv12->height, pixfmt, err)))
       return rc;
@@ -151,7 +151,7 @@ int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, int32_t pixfmt, void *
     if ((rc = spn_image_wrap(&mid, scratch, nv12->width, nv12->height,
                              pixfmt == SPN_PIXFMT_RGBF32P ? SPN_PIXFMT_RGB24 : SPN_PIXFMT_BGR24, err)) ||
         (rc = spn_image_wrap(&out, dst, nv12->width, nv12->height, pixfmt, err)) ||
-        (rc = spn_cuda_yuv420_to_rgb(nv12, &mid, stream, err)))
+        (rc = spn_cuda_yuv420_to_rgb_colour(nv12, &mid, colour, stream, err)))
       return rc;
     return spn_cuda_to_float(&mid, &out, NULL, NULL, stream, err);
   default:
@@ -173,8 +173,8 @@ size_t spn_media_cuda_frame_scratch_size(int32_t pixfmt, int32_t width, int32_t 
   return n;
 }
 
-int32_t spn_media_cuda_from_frame(const spn_image_t *frame, int32_t deep, int32_t rotation, int32_t pixfmt,
-                                  void *dst, void *scratch, cudaStream_t stream, spn_error_t *err) {
+int32_t spn_media_cuda_from_frame(const spn_image_t *frame, int32_t deep, int32_t rotation, const spn_colour_t *colour,
+                                  int32_t pixfmt, void *dst, void *scratch, cudaStream_t stream, spn_error_t *err) {
   if (!frame || frame->format != SPN_PIXFMT_NV12 || !dst)
     return spn_error_set(err, SPN_EINVAL, "media cuda: frame conversion needs an nv12 source and a destination");
   int32_t w = frame->width, h = frame->height;
@@ -194,8 +194,8 @@ int32_t spn_media_cuda_from_frame(const spn_image_t *frame, int32_t deep, int32_
     next += align256(spn_pixfmt_tight_size(SPN_PIXFMT_NV12, w, h));
   }
   if (!(rotation % 360))
-    return spn_media_cuda_from_nv12(&nv12, pixfmt, dst, conv ? scratch : NULL, stream, err);
-  if ((rc = spn_media_cuda_from_nv12(&nv12, pixfmt, next, conv ? scratch : NULL, stream, err)))
+    return spn_media_cuda_from_nv12(&nv12, colour, pixfmt, dst, conv ? scratch : NULL, stream, err);
+  if ((rc = spn_media_cuda_from_nv12(&nv12, colour, pixfmt, next, conv ? scratch : NULL, stream, err)))
     return rc;
   return spn_media_cuda_rotate(next, pixfmt, w, h, rotation, dst, stream, err);
 }
@@ -240,14 +240,15 @@ int32_t spn_media_cuda_upload(const spn_image_t *src, void *dst, cudaStream_t st
 }
 
 int32_t spn_media_cuda_rgb_to_yuv420p_host(const void *rgb_dev, int32_t fmt, int32_t width, int32_t height,
-                                           void *yuv_dev, void *yuv_host, cudaStream_t stream, spn_error_t *err) {
+                                           const spn_colour_t *colour, void *yuv_dev, void *yuv_host,
+                                           cudaStream_t stream, spn_error_t *err) {
   spn_image_t rgb, yuv;
   int32_t rc;
   if (!rgb_dev || !yuv_dev)
     return spn_error_set(err, SPN_EINVAL, "media cuda: rgb to yuv420p needs a source and a scratch");
   if ((rc = spn_image_wrap(&rgb, (void *)rgb_dev, width, height, fmt, err)) ||
       (rc = spn_image_wrap(&yuv, yuv_dev, width, height, SPN_PIXFMT_YUV420P, err)) ||
-      (rc = spn_cuda_rgb_to_yuv420(&rgb, &yuv, stream, err)))
+      (rc = spn_cuda_rgb_to_yuv420_colour(&rgb, &yuv, colour, stream, err)))
     return rc;
   if (!yuv_host) /* the caller downloads it (a counted copy) */
     return SPN_OK;
@@ -263,7 +264,8 @@ size_t spn_media_cuda_nv12_scratch_size(int32_t fmt, int32_t width, int32_t heig
 }
 
 int32_t spn_media_cuda_to_nv12(const void *src_dev, int32_t fmt, int32_t width, int32_t height,
-                               const spn_image_t *nv12, void *scratch, cudaStream_t stream, spn_error_t *err) {
+                               const spn_colour_t *colour, const spn_image_t *nv12, void *scratch,
+                               cudaStream_t stream, spn_error_t *err) {
   spn_image_t src, mid;
   int32_t rc;
   if (!src_dev || !nv12 || nv12->format != SPN_PIXFMT_NV12)
@@ -282,7 +284,7 @@ int32_t spn_media_cuda_to_nv12(const void *src_dev, int32_t fmt, int32_t width, 
   spn_image_t dst = *nv12;
   switch (fmt) {
   case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24:
-    return spn_cuda_rgb_to_yuv420(&src, &dst, stream, err);
+    return spn_cuda_rgb_to_yuv420_colour(&src, &dst, colour, stream, err);
   case SPN_PIXFMT_NV12: case SPN_PIXFMT_YUV420P:
     return spn_cuda_yuv420_repack(&src, &dst, stream, err);
   case SPN_PIXFMT_RGBF32P: case SPN_PIXFMT_BGRF32P:
@@ -294,7 +296,7 @@ int32_t spn_media_cuda_to_nv12(const void *src_dev, int32_t fmt, int32_t width, 
                              fmt == SPN_PIXFMT_RGBF32P ? SPN_PIXFMT_RGB24 : SPN_PIXFMT_BGR24, err)) ||
         (rc = spn_cuda_from_float(&src, &mid, NULL, NULL, stream, err)))
       return rc;
-    return spn_cuda_rgb_to_yuv420(&mid, &dst, stream, err);
+    return spn_cuda_rgb_to_yuv420_colour(&mid, &dst, colour, stream, err);
   default:
     return spn_error_set(err, SPN_EUNSUPPORTED, "media cuda: encoding %s frames from the GPU is not supported",
                          spn_pixfmt_name(fmt));

@@ -54,10 +54,12 @@ size_t spn_media_cuda_scratch_size(int32_t pixfmt, int32_t width, int32_t height
  * hw_frame) → `dst` (device memory of the frame's tight size in `pixfmt`):
  * rgb24/bgr24 with spn_cuda_yuv420_to_rgb, rgbf32p/bgrf32p through an RGB24
  * scratch and spn_cuda_to_float, nv12/yuv420p with spn_cuda_yuv420_repack
- * (lossless: the bytes the CPU path gives). scratch: device memory of
- * spn_media_cuda_scratch_size bytes, or NULL when that is 0. */
-int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, int32_t pixfmt, void *dst, void *scratch,
-                                 cudaStream_t stream, spn_error_t *err);
+ * (lossless: the bytes the CPU path gives). `colour`: the matrix and range
+ * of the samples (spn_media_item_t.colour; NULL: BT.601 limited). scratch:
+ * device memory of spn_media_cuda_scratch_size bytes, or NULL when that is
+ * 0. */
+int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, const spn_colour_t *colour, int32_t pixfmt, void *dst,
+                                 void *scratch, cudaStream_t stream, spn_error_t *err);
 
 /* The general form of the above, for any picture NVDEC keeps on the GPU:
  * `frame` is the item's device view (spn_media_item_t.image with
@@ -71,8 +73,8 @@ int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, int32_t pixfmt, void *
  * bytes, or NULL when that is 0. */
 size_t spn_media_cuda_frame_scratch_size(int32_t pixfmt, int32_t width, int32_t height, int32_t deep,
                                          int32_t rotation);
-int32_t spn_media_cuda_from_frame(const spn_image_t *frame, int32_t deep, int32_t rotation, int32_t pixfmt,
-                                  void *dst, void *scratch, cudaStream_t stream, spn_error_t *err);
+int32_t spn_media_cuda_from_frame(const spn_image_t *frame, int32_t deep, int32_t rotation, const spn_colour_t *colour,
+                                  int32_t pixfmt, void *dst, void *scratch, cudaStream_t stream, spn_error_t *err);
 
 /* A tight `fmt` frame of width x height in device memory turned clockwise
  * by `rotation` (a multiple of 90) into `dst`, device memory of the turned
@@ -87,28 +89,32 @@ int32_t spn_media_cuda_rotate(const void *src, int32_t fmt, int32_t width, int32
 int32_t spn_media_cuda_upload(const spn_image_t *src, void *dst, cudaStream_t stream, spn_error_t *err);
 
 /* Encode from device frames: a tight RGB24/BGR24 frame in device memory →
- * YUV420P (spn_cuda_rgb_to_yuv420, the twin of spn_image_convert) in
+ * YUV420P in `colour` (spn_cuda_rgb_to_yuv420_colour, the twin of
+ * spn_image_convert_colour; NULL: BT.601 limited) in
  * `yuv_dev` (device, width*height + 2*ceil(w/2)*ceil(h/2) bytes), then one
  * copy of those planes into `yuv_host` (pinned host memory of the same
  * size; NULL: no copy, the caller makes it, e.g. a counted host
  * buffer_copy). Returns once both are queued; the caller synchronises the
  * stream before the host reads yuv_host. */
 int32_t spn_media_cuda_rgb_to_yuv420p_host(const void *rgb_dev, int32_t fmt, int32_t width, int32_t height,
-                                           void *yuv_dev, void *yuv_host, cudaStream_t stream, spn_error_t *err);
+                                           const spn_colour_t *colour, void *yuv_dev, void *yuv_host,
+                                           cudaStream_t stream, spn_error_t *err);
 
 /* NVENC from device frames: a tight frame of width x height in `fmt`
  * (rgb24/bgr24, rgbf32p/bgrf32p in [0, 255], nv12/yuv420p; device memory,
  * the stages' layout) → the encoder's NV12 planes `nv12` (device memory,
  * any pitch, e.g. spn_encoder_device_frame's view; its size may be the
  * frame's cropped to even, as the encoder crops). rgb24/bgr24 with
- * spn_cuda_rgb_to_yuv420 (the twin of spn_image_convert), f32 through u8
+ * spn_cuda_rgb_to_yuv420_colour in `colour` (the twin of
+ * spn_image_convert_colour; NULL: BT.601 limited), f32 through u8
  * RGB in `scratch` with spn_cuda_from_float (spn_image_from_float's twin),
  * 4:2:0 planes with spn_cuda_yuv420_repack (lossless). scratch: device
  * memory of spn_media_cuda_nv12_scratch_size bytes, or NULL when that is
  * 0. Nothing is copied to the host. */
 size_t spn_media_cuda_nv12_scratch_size(int32_t fmt, int32_t width, int32_t height);
 int32_t spn_media_cuda_to_nv12(const void *src_dev, int32_t fmt, int32_t width, int32_t height,
-                               const spn_image_t *nv12, void *scratch, cudaStream_t stream, spn_error_t *err);
+                               const spn_colour_t *colour, const spn_image_t *nv12, void *scratch,
+                               cudaStream_t stream, spn_error_t *err);
 
 /* One device → host copy of `size` bytes on `stream` (frames the encoder
  * takes as they are: nv12/yuv420p planes, f32 frames). */

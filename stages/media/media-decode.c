@@ -57,6 +57,7 @@ struct spn_decoder {
   AVPacket *pkt;
   AVFrame *frame, *swframe;
   struct SwsContext *sws;
+  spn_colour_t sws_colour;      /* the colour sws's details were set for */
   SwrContext *swr;
   int eof_sent;
   int vdone, adone;              /* decoder drained or segment end passed */
@@ -417,6 +418,11 @@ int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_dec
     d->info.fps_num = fr.num > 0 ? fr.num : 25;
     d->info.fps_den = fr.num > 0 ? fr.den : 1;
     d->info.video_codec = d->vctx->codec->name;
+    const AVCodecParameters *cp = st->codecpar;
+    d->info.matrix = cp->color_space == AVCOL_SPC_UNSPECIFIED ? 0 : (int32_t)cp->color_space;
+    d->info.full_range = cp->color_range == AVCOL_RANGE_JPEG;
+    d->info.primaries = (int32_t)cp->color_primaries;
+    d->info.transfer = (int32_t)cp->color_trc;
   }
   if (d->aidx >= 0) {
     AVStream *st = d->fmt->streams[d->aidx];
@@ -512,11 +518,32 @@ static enum AVPixelFormat av_format_for(int32_t f) {
   }
 }
 
+/* The matrix and range a frame's 4:2:0 samples are in: its own tags, else
+ * the stream's, else BT.601 (what FFmpeg assumes, and what programs that
+ * write untagged files from RGB used); full range when tagged so or in a
+ * JPEG ("yuvj") layout. A matrix this code has no coefficients for (FCC,
+ * YCgCo, ICtCp, ...) is read as BT.601 too. */
+static spn_colour_t frame_colour(const spn_decoder_t *d, const AVFrame *f) {
+  int m = f->colorspace != AVCOL_SPC_UNSPECIFIED ? (int)f->colorspace : d->info.matrix;
+  if (m == AVCOL_SPC_BT2020_CL)
+    m = SPN_MATRIX_BT2020;
+  if (m != SPN_MATRIX_BT709 && m != SPN_MATRIX_SMPTE240M && m != SPN_MATRIX_BT2020)
+    m = SPN_MATRIX_BT601;
+  enum AVPixelFormat pf = (enum AVPixelFormat)(f->format == AV_PIX_FMT_CUDA && f->hw_frames_ctx
+                                                   ? ((const AVHWFramesContext *)f->hw_frames_ctx->data)->sw_format
+                                                   : f->format);
+  int full = f->color_range == AVCOL_RANGE_JPEG ||
+             (f->color_range == AVCOL_RANGE_UNSPECIFIED && d->info.full_range) || pf == AV_PIX_FMT_YUVJ420P ||
+             pf == AV_PIX_FMT_YUVJ422P || pf == AV_PIX_FMT_YUVJ444P || pf == AV_PIX_FMT_YUVJ440P;
+  return (spn_colour_t){m, full};
+}
+
 /* Pts, index, the turn left to the caller, and the video end of a frame
  * item (every path). */
 static void video_item_times(spn_decoder_t *d, const AVFrame *f, spn_media_item_t *item) {
   AVStream *st = d->fmt->streams[d->vidx];
   item->rotation = d->o.device_rotate ? d->info.rotation : 0;
+  item->colour = frame_colour(d, f);
   int64_t ts = f->best_effort_timestamp;
   if (ts == AV_NOPTS_VALUE)
     ts = f->pts;
@@ -596,6 +623,7 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   int32_t mid_fmt = (out_fmt == SPN_PIXFMT_RGBF32P) ? SPN_PIXFMT_RGB24
                     : (out_fmt == SPN_PIXFMT_BGRF32P) ? SPN_PIXFMT_BGR24 : out_fmt;
   spn_image_t conv = SPN_IMAGE_INIT, rot = SPN_IMAGE_INIT;
+  int converted = 0;
   if ((rc = spn_image_alloc(&conv, f->width, f->height, mid_fmt, err)))
     return spn_error_prefix(err, "%s", d->path);
   uint8_t *dst[4] = {conv.data[0], conv.data[1], conv.data[2], NULL};
@@ -605,6 +633,7 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
     av_image_copy(dst, lines, (const uint8_t **)f->data, f->linesize, (enum AVPixelFormat)f->format, f->width,
                   f->height);
   } else {
+    struct SwsContext *prev = d->sws;
     d->sws = sws_getCachedContext(d->sws, f->width, f->height, (enum AVPixelFormat)f->format, f->width,
                                   f->height, av_format_for(out_fmt), SWS_BILINEAR | SWS_ACCURATE_RND, NULL,
                                   NULL, NULL);
@@ -613,6 +642,17 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
       return spn_error_set(err, SPN_EMEDIA, "%s: cannot convert %s frames to %s", d->path,
                            av_get_pix_fmt_name((enum AVPixelFormat)f->format), spn_pixfmt_name(mid_fmt));
     }
+    /* read the samples in the file's matrix and range (swscale's default is
+     * BT.601 limited whatever the file says); to RGB: full range, to 4:2:0:
+     * the same matrix, limited range */
+    spn_colour_t c = frame_colour(d, f);
+    if (d->sws != prev || c.matrix != d->sws_colour.matrix || c.full_range != d->sws_colour.full_range) {
+      int to_rgb = mid_fmt == SPN_PIXFMT_RGB24 || mid_fmt == SPN_PIXFMT_BGR24;
+      const int *m = sws_getCoefficients(c.matrix);
+      sws_setColorspaceDetails(d->sws, m, c.full_range, m, to_rgb, 0, 1 << 16, 1 << 16);
+      d->sws_colour = c;
+    }
+    converted = 1;
     sws_scale(d->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, dst, lines);
   }
   spn_image_t *cur = &conv;
@@ -640,6 +680,8 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
     item->image = *cur;
   }
   video_item_times(d, f, item);
+  if (converted)
+    item->colour.full_range = 0; /* swscale wrote limited-range 4:2:0, or RGB: back to 4:2:0 is that too */
   return SPN_OK;
 }
 

@@ -108,6 +108,11 @@ typedef struct spn_decode_info {
   int64_t corrupt_packets;      /* packets or frames the decoders refused or flagged */
   int32_t truncated;            /* a stream ended before its declared duration */
   double video_end, video_expected; /* seconds: where video ended / should have */
+  /* The video's colour as the file records it (H.273 codes, as FFmpeg's
+   * AVColorSpace etc.): matrix 0 when it says none (read as BT.601, as
+   * FFmpeg and the programs that write such files do); primaries and
+   * transfer 2 when unsaid. full_range: 0 limited, 1 full. */
+  int32_t matrix, full_range, primaries, transfer;
 } spn_decode_info_t;
 
 typedef enum spn_media_kind { SPN_MEDIA_VIDEO = 1, SPN_MEDIA_AUDIO = 2 } spn_media_kind_t;
@@ -122,6 +127,8 @@ typedef struct spn_media_item {
   void *hw_frame;               /* device_frames: the AVFrame * (AV_PIX_FMT_CUDA, NV12) image views; owned */
   int32_t deep;                 /* with hw_frame: the planes hold 16-bit P010/P016 samples, not NV12's bytes */
   int32_t rotation;             /* device_rotate: clockwise degrees the caller turns the image by; else 0 */
+  spn_colour_t colour;          /* video: the matrix and range of its 4:2:0 samples (an NV12/YUV420P
+                                 * image or hw_frame: the file's; RGB was converted from them with it) */
   float *samples;               /* audio: interleaved float32, owned */
   int64_t n_samples;            /* per channel */
   int32_t channels, rate;
@@ -132,6 +139,8 @@ typedef struct spn_media_item {
 #define SPN_MEDIA_IMAGE_META "image"
 typedef struct spn_media_image_meta {
   int32_t width, height, format;   /* spn_pixfmt_t */
+  int32_t matrix, full_range;      /* the samples' colour (spn_colour_t): encode records it */
+  int32_t primaries, transfer;     /* the source's (H.273; 2: unsaid), recorded as they are */
 } spn_media_image_meta_t;
 #define SPN_MEDIA_AUDIO_META "audio_format"
 typedef struct spn_media_audio_meta {

@@ -48,6 +48,7 @@ struct spn_encoder {
   AVCodecContext *vctx, *actx;
   AVStream *vst, *ast;
   struct SwsContext *sws;
+  int sws_from;                  /* the source format sws's colour details were set for */
   SwrContext *swr;
   AVAudioFifo *fifo;
   AVFrame *vframe, *aframe;
@@ -169,6 +170,14 @@ static int32_t open_video(spn_encoder_t *e, const char *name, spn_error_t *err) 
   c->time_base = (AVRational){1, 90000};
   c->framerate = (AVRational){e->o.fps_num, e->o.fps_den};
   c->sample_aspect_ratio = (AVRational){1, 1};
+  /* say which matrix and range the samples are in, so that a player need
+   * not guess (most guess BT.709 for HD, which BT.601 samples are not) */
+  c->colorspace = (enum AVColorSpace)e->o.colour.matrix;
+  c->color_range = e->o.colour.full_range ? AVCOL_RANGE_JPEG : AVCOL_RANGE_MPEG;
+  if (e->o.primaries > 0 && e->o.primaries != AVCOL_PRI_UNSPECIFIED && e->o.primaries < AVCOL_PRI_NB)
+    c->color_primaries = (enum AVColorPrimaries)e->o.primaries;
+  if (e->o.transfer > 0 && e->o.transfer != AVCOL_TRC_UNSPECIFIED && e->o.transfer < AVCOL_TRC_NB)
+    c->color_trc = (enum AVColorTransferCharacteristic)e->o.transfer;
   c->thread_count = 0;
   if (e->oc->oformat->flags & AVFMT_GLOBALHEADER)
     c->flags |= AV_CODEC_FLAG_GLOBAL_HEADER;
@@ -375,6 +384,15 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
   if (e->o.fps_num <= 0 || e->o.fps_den <= 0) {
     e->o.fps_num = 25;
     e->o.fps_den = 1;
+  }
+  if (!e->o.colour.matrix)
+    e->o.colour = (spn_colour_t)SPN_COLOUR_DEFAULT;
+  if (e->o.colour.matrix == 5)
+    e->o.colour.matrix = SPN_MATRIX_BT601; /* the same matrix; recorded as SMPTE 170M */
+  spn_yuv_coeffs_t k = {0};
+  if ((rc = spn_colour_coeffs(&e->o.colour, &k, err))) {
+    free(e);
+    return spn_error_prefix(err, "%s", path);
   }
   /* in lowest terms (25000/1000 is 25/1; 1000000/33367 stays) */
   av_reduce(&e->o.fps_num, &e->o.fps_den, e->o.fps_num, e->o.fps_den, INT32_MAX);
@@ -684,11 +702,19 @@ int32_t spn_encoder_write_video(spn_encoder_t *e, const spn_image_t *img, int64_
     /* already the encoder's format: copy the planes (cropped to even) */
     av_image_copy(e->vframe->data, e->vframe->linesize, sp, sl, AV_PIX_FMT_YUV420P, e->w, e->h);
   } else {
+    struct SwsContext *prev = e->sws;
     e->sws = sws_getCachedContext(e->sws, e->w, e->h, sf, e->w, e->h, AV_PIX_FMT_YUV420P,
                                   SWS_BILINEAR | SWS_ACCURATE_RND, NULL, NULL, NULL);
     if (!e->sws) {
       rc = spn_error_set(err, SPN_EMEDIA, "%s: cannot convert %s frames", e->path, spn_pixfmt_name(src->format));
       goto out_fail;
+    }
+    if (e->sws != prev || sf != e->sws_from) {
+      /* RGB in: the file's matrix and range; NV12 in: already in them */
+      int rgb = sf == AV_PIX_FMT_RGB24 || sf == AV_PIX_FMT_BGR24, full = e->o.colour.full_range;
+      const int *m = sws_getCoefficients(e->o.colour.matrix);
+      sws_setColorspaceDetails(e->sws, m, rgb ? 1 : full, m, full, 0, 1 << 16, 1 << 16);
+      e->sws_from = sf;
     }
     sws_scale(e->sws, sp, sl, 0, e->h, e->vframe->data, e->vframe->linesize);
   }

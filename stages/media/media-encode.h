@@ -49,9 +49,18 @@ typedef struct spn_encode_opts {
    * sound (spn_encoder_has_audio says so); 0 (default): spn_encoder_new
    * refuses it ("no audio stream"). */
   int32_t audio_optional;
+  /* The matrix and range of the file's 4:2:0 samples, recorded in the
+   * stream (H.264/HEVC VUI: players read them instead of guessing): RGB and
+   * float frames are converted with them; NV12/YUV420P frames are taken as
+   * already in them (decode's, passed through). matrix 0: BT.601 limited,
+   * spn_image_convert's (the default). An unknown matrix is refused. */
+  spn_colour_t colour;
+  /* H.273 colour primaries and transfer characteristics to record (a
+   * source's, passed through with its samples); 0 or 2: not recorded. */
+  int32_t primaries, transfer;
 } spn_encode_opts_t;
 
-#define SPN_ENCODE_OPTS_INIT {"libx264", 23, "medium", 0, 25, 1, 1, NULL, 0, 0, 0, 0, NULL, NULL, 0.0, 0}
+#define SPN_ENCODE_OPTS_INIT {"libx264", 23, "medium", 0, 25, 1, 1, NULL, 0, 0, 0, 0, NULL, NULL, 0.0, 0, {0, 0}, 0, 0}
 
 typedef struct spn_encoder spn_encoder_t;
 

@@ -5,8 +5,10 @@
  * when the config allows it (convert = "auto" on the edge or the consuming
  * stage; docs/pipelines.md), configured with the format the consumer takes;
  * it may also be written in a config like any stage. Every message's
- * "frame" item is converted with spn-image (BT.601 limited range for YUV,
- * the same arithmetic as the CUDA kernels) and its "image" item rewritten;
+ * "frame" item is converted with spn-image (4:2:0 in the matrix and range
+ * its "image" item gives, decode's reading of the file, else BT.601
+ * limited; the same arithmetic as the CUDA kernels) and its "image" item
+ * rewritten (the colour kept, so encode records it);
  * every other item is passed on by reference. Layouts as decode gives them:
  * rgb24/bgr24 (H,W,3) u8, rgbf32p/bgrf32p (3,H,W) f32 in [0,255], nv12 and
  * yuv420p the tight planes as one (N) u8 vector beside the "image" item.
@@ -67,13 +69,14 @@ static int32_t convert_create(spn_stage_t *stage, const void *config, void **sta
 /* The frame's format: the "image" item's, else the tensor's layout with
  * the negotiated input format telling rgb from bgr. */
 static int32_t frame_format(spn_stage_t *stage, spn_msg_t *msg, const spn_tensor_t *t, int32_t *fmt, int32_t *w,
-                            int32_t *h, spn_error_t *err) {
+                            int32_t *h, spn_media_image_meta_t *colour, spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(stage);
   int64_t mi = host->msg_find(msg, SPN_MEDIA_IMAGE_META);
   spn_item_t m = {.struct_size = sizeof m};
   if (mi >= 0 && host->msg_item(msg, (size_t)mi, &m) == SPN_OK && m.meta_size == sizeof(spn_media_image_meta_t)) {
     spn_media_image_meta_t im;
     memcpy(&im, m.meta, sizeof im);
+    *colour = im; /* the samples' matrix and range, the source's primaries and transfer */
     *fmt = im.format;
     *w = im.width;
     *h = im.height;
@@ -101,10 +104,11 @@ static int32_t frame_format(spn_stage_t *stage, spn_msg_t *msg, const spn_tensor
 
 static bool is_float(int32_t f) { return f == SPN_PIXFMT_RGBF32P || f == SPN_PIXFMT_BGRF32P; }
 
-/* src -> dst through spn-image; float formats go through packed u8. */
-static int32_t convert_image(const spn_image_t *src, spn_image_t *dst, spn_error_t *err) {
+/* src -> dst through spn-image, 4:2:0 in colour *c; float formats go
+ * through packed u8. */
+static int32_t convert_image(const spn_image_t *src, spn_image_t *dst, const spn_colour_t *c, spn_error_t *err) {
   if (!is_float(src->format) && !is_float(dst->format))
-    return spn_image_convert(src, dst, err);
+    return spn_image_convert_colour(src, dst, c, err);
   spn_image_t mid = SPN_IMAGE_INIT, mid2 = SPN_IMAGE_INIT;
   int32_t rc = SPN_OK;
   const spn_image_t *u8 = src;
@@ -117,10 +121,10 @@ static int32_t convert_image(const spn_image_t *src, spn_image_t *dst, spn_error
   if (rc == SPN_OK && is_float(dst->format)) {
     int32_t packed = dst->format == SPN_PIXFMT_BGRF32P ? SPN_PIXFMT_BGR24 : SPN_PIXFMT_RGB24;
     if ((rc = spn_image_alloc(&mid2, src->width, src->height, packed, err)) == SPN_OK &&
-        (rc = spn_image_convert(u8, &mid2, err)) == SPN_OK)
+        (rc = spn_image_convert_colour(u8, &mid2, c, err)) == SPN_OK)
       rc = spn_image_to_float(&mid2, dst, NULL, NULL, err);
   } else if (rc == SPN_OK) {
-    rc = spn_image_convert(u8, dst, err);
+    rc = spn_image_convert_colour(u8, dst, c, err);
   }
   spn_image_release(&mid);
   spn_image_release(&mid2);
@@ -142,8 +146,11 @@ static int32_t convert_one(spn_stage_t *stage, int32_t target, spn_msg_t *in, sp
     return spn_error_set(err, SPN_ETYPE, "frame %llu: no \"frame\" tensor item",
                          (unsigned long long)host->msg_envelope(in)->seq);
   int32_t fmt = 0, w = 0, h = 0, rc;
-  if ((rc = frame_format(stage, in, &fr.tensor, &fmt, &w, &h, err)) != SPN_OK)
+  /* no "image" item (RGB from a model): BT.601 limited, spn_image_convert's */
+  spn_media_image_meta_t im = {.matrix = SPN_MATRIX_BT601, .primaries = 2, .transfer = 2};
+  if ((rc = frame_format(stage, in, &fr.tensor, &fmt, &w, &h, &im, err)) != SPN_OK)
     return rc;
+  spn_colour_t colour = {im.matrix ? im.matrix : SPN_MATRIX_BT601, im.full_range};
   if (spn_tensor_nbytes(&fr.tensor) != image_bytes(fmt, w, h) || fr.tensor.device_kind != SPN_DEVICE_CPU)
     return spn_error_set(err, SPN_ETYPE, "frame %llu: %zu bytes (on device kind %d) do not hold a %dx%d %s picture",
                          (unsigned long long)host->msg_envelope(in)->seq, spn_tensor_nbytes(&fr.tensor),
@@ -169,7 +176,8 @@ static int32_t convert_one(spn_stage_t *stage, int32_t target, spn_msg_t *in, sp
   spn_image_t src = SPN_IMAGE_INIT, dst = SPN_IMAGE_INIT;
   if ((rc = spn_image_wrap(&src, host->buffer_data(fr.buffer), w, h, fmt, err)) == SPN_OK &&
       (rc = spn_image_wrap(&dst, host->buffer_data(buf), w, h, target, err)) == SPN_OK &&
-      (rc = convert_image(&src, &dst, err)) == SPN_OK && (rc = host->msg_new_from(stage, in, out, err)) == SPN_OK)
+      (rc = convert_image(&src, &dst, &colour, err)) == SPN_OK &&
+      (rc = host->msg_new_from(stage, in, out, err)) == SPN_OK)
     rc = host->msg_add_tensor(*out, "frame", &t, buf, err);
   /* Every other item goes on by reference; "image" says the new format. */
   for (size_t i = 0; rc == SPN_OK && i < host->msg_item_count(in); i++) {
@@ -185,7 +193,10 @@ static int32_t convert_one(spn_stage_t *stage, int32_t target, spn_msg_t *in, sp
     }
   }
   if (rc == SPN_OK) {
-    spn_media_image_meta_t im = {.width = w, .height = h, .format = target};
+    im.width = w;
+    im.height = h;
+    im.format = target;
+    im.matrix = colour.matrix;
     rc = host->msg_add_meta(*out, SPN_MEDIA_IMAGE_META, &im, sizeof im, err);
   }
   host->buffer_unref(&buf);

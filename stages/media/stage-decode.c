@@ -344,7 +344,7 @@ static int32_t gpu_fill_frame(spn_stage_t *stage, decode_job_t *j, spn_media_ite
                                                     it->rotation);
     if ((rc = gpu_scratch(stage, j, need, err)))
       return rc;
-    rc = spn_media_cuda_from_frame(&it->image, it->deep, it->rotation, j->pixfmt, host->buffer_data(buf),
+    rc = spn_media_cuda_from_frame(&it->image, it->deep, it->rotation, &it->colour, j->pixfmt, host->buffer_data(buf),
                                    need ? host->buffer_data(j->scratch) : NULL, j->stream, err);
   } else {
     gpu_say_path(stage, j, it);
@@ -484,8 +484,12 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
   if (rc == SPN_OK)
     rc = host->msg_add_tensor(msg, video ? "frame" : "pcm", &t, buf, err);
   if (rc == SPN_OK && video) {
-    /* size and layout: the (N) vector of nv12/yuv420p needs them */
-    spn_media_image_meta_t im_meta = {.width = ow, .height = oh, .format = fmt};
+    /* size and layout: the (N) vector of nv12/yuv420p needs them; the
+     * colour: what those samples are in, and what encode records */
+    const spn_decode_info_t *in = spn_decoder_info(j->dec);
+    spn_media_image_meta_t im_meta = {.width = ow, .height = oh, .format = fmt, .matrix = it->colour.matrix,
+                                      .full_range = it->colour.full_range, .primaries = in->primaries,
+                                      .transfer = in->transfer};
     rc = host->msg_add_meta(msg, SPN_MEDIA_IMAGE_META, &im_meta, sizeof im_meta, err);
   } else if (rc == SPN_OK) {
     spn_media_audio_meta_t am = {.rate = it->rate, .channels = it->channels};

@@ -84,6 +84,7 @@ typedef struct encode_config {
   char *hwaccel;
   bool audio_sync;
   bool audio_optional;
+  char *colorspace;
 } encode_config_t;
 
 /* hwaccel: whether device frames go to NVENC (see the file's header). */
@@ -125,6 +126,11 @@ static const spn_config_field_t encode_schema[] = {
      .doc = "audio_path may be a file without sound (a silent video): the output then has no soundtrack, and "
             "the job's log says so; false: such a file fails the job",
      .def_int = 0},
+    {.key = "colorspace", .type = SPN_CONFIG_STRING, .flags = SPN_CONFIG_PER_JOB,
+     .offset = offsetof(encode_config_t, colorspace),
+     .doc = "YCbCr matrix RGB frames are written in, and recorded in the file: bt601 (alias smpte170m, bt470bg), "
+            "bt709, bt2020 or smpte240m; 4:2:0 frames from decode keep (and record) the input file's",
+     .def_str = "bt601"},
     {.key = "hwaccel", .type = SPN_CONFIG_STRING, .offset = offsetof(encode_config_t, hwaccel),
      .doc = "video encoding on a GPU: default (NVENC from device frames when the stage is on a CUDA device and "
             "NVENC opens there, else the host path), none (never NVENC from device frames) or cuda (NVENC from "
@@ -180,6 +186,8 @@ typedef struct encode_job {
   bool file_audio;      /* audio_path is set: the soundtrack comes from that file */
   int64_t frames;
   int64_t first_pts_us; /* the job's first frame's pts (audio_sync), set before the encoder opens */
+  spn_colour_t colour;  /* the file's 4:2:0 samples: colorspace for RGB, decode's for its 4:2:0 frames */
+  int32_t primaries, transfer; /* decode's (H.273), recorded with its 4:2:0 frames; 0: none */
   int32_t fps_num, fps_den; /* the stream's rate: fps, or (fps 0) the frames' (0 until two frames came) */
   spn_stage_t *stage;
   spn_media_log_t log;  /* FFmpeg's messages about this job's file */
@@ -247,6 +255,9 @@ static int32_t encode_create(spn_stage_t *stage, const void *config, void **stat
                          host->stage_get_name(stage), c->pixel_format);
   if ((rc = parse_hwaccel(stage, c, &hw, err)))
     return rc;
+  if (!spn_matrix_from_name(c->colorspace))
+    return spn_error_set(err, SPN_ECONFIG, "stage \"%s\": colorspace \"%s\" is not bt601, bt709, bt2020 or smpte240m",
+                         host->stage_get_name(stage), c->colorspace);
   /* Every job would open the configured codec (on the host path at least):
    * one that FFmpeg does not have fails the load, not each job later. */
   spn_error_t why = SPN_ERROR_INIT;
@@ -279,12 +290,17 @@ static int32_t job_open(spn_stage_t *stage, const spn_job_info_t *job, void **jo
   int32_t rc = spn_encoder_check_path(c->path, err);
   if (rc)
     return rc;
+  int32_t matrix = spn_matrix_from_name(c->colorspace);
+  if (!matrix) /* a job's own value (the stage's was checked when it was made) */
+    return spn_error_set(err, SPN_ECONFIG, "colorspace \"%s\" is not bt601, bt709, bt2020 or smpte240m",
+                         c->colorspace);
   encode_job_t *j = calloc(1, sizeof *j);
   if (!j)
     return spn_error_set(err, SPN_ENOMEM, "encode: out of memory");
   j->job_id = job->job_id;
   j->cfg = *c;
   j->av = av;
+  j->colour = (spn_colour_t){matrix, 0}; /* RGB frames; decode's 4:2:0 frames say their own */
   /* kind encode, or audio_path set (it wins, as with encode: configs and
    * command lines written for encode keep working): nothing to wait for,
    * and what the audio input brings is not used */
@@ -345,6 +361,9 @@ static int32_t open_encoder(encode_job_t *j, int32_t w, int32_t h, int32_t fmt, 
   }
   o.fps_num = j->fps_num;
   o.fps_den = j->fps_den;
+  o.colour = j->colour;
+  o.primaries = j->primaries;
+  o.transfer = j->transfer;
   int32_t rc = spn_encoder_new(j->cfg.path, w, h, fmt, &o, &j->enc, err);
   if (rc == SPN_OK && o.audio_path && !spn_encoder_has_audio(j->enc))
     spn_stage_host(j->stage)->log(j->stage, j->job_id, SPN_LOG_INFO,
@@ -400,6 +419,15 @@ static int32_t frame_layout(encode_job_t *j, spn_msg_t *msg, const spn_item_t *i
     *fmt = im.format;
     *w = im.width;
     *h = im.height;
+    if (!j->enc) {
+      /* the samples are decode's: written as they are, recorded as the
+       * input file has them (unknown matrices as decode reads them) */
+      spn_colour_t c = {im.matrix, im.full_range};
+      spn_yuv_coeffs_t k = {0};
+      j->colour = spn_colour_coeffs(&c, &k, NULL) == SPN_OK ? c : (spn_colour_t)SPN_COLOUR_DEFAULT;
+      j->primaries = im.primaries;
+      j->transfer = im.transfer;
+    }
     return SPN_OK;
   }
   return spn_error_set(err, SPN_ETYPE, "%s: frame %llu is not (H,W,3) u8, (3,H,W) f32 or nv12/yuv420p planes",
@@ -507,8 +535,8 @@ static int32_t nvenc_frame(encode_job_t *j, spn_buffer_t *buf, bool dev, int32_t
     return rc;
   spn_image_t planes;
   if ((rc = spn_encoder_device_frame(j->enc, &planes, err)) ||
-      (rc = spn_media_cuda_to_nv12(src, fmt, w, h, &planes, sn ? host->buffer_data(j->scratch) : NULL, j->stream,
-                                   err)))
+      (rc = spn_media_cuda_to_nv12(src, fmt, w, h, &j->colour, &planes, sn ? host->buffer_data(j->scratch) : NULL,
+                                   j->stream, err)))
     return rc;
   /* Wait for the conversion before the encoder reads the frame: the input
    * buffer and our scratch are released or reused after this call, and
@@ -570,7 +598,8 @@ static int32_t gpu_frame(encode_job_t *j, spn_buffer_t *buf, bool dev, int32_t w
     /* host RGB for an encoder the GPU path opened: the same conversion (CPU twin) */
     spn_image_t src, yuv;
     if ((rc = spn_image_wrap(&src, host->buffer_data(buf), w, h, fmt, err)) ||
-        (rc = spn_image_wrap(&yuv, out, w, h, SPN_PIXFMT_YUV420P, err)) || (rc = spn_image_convert(&src, &yuv, err)))
+        (rc = spn_image_wrap(&yuv, out, w, h, SPN_PIXFMT_YUV420P, err)) ||
+        (rc = spn_image_convert_colour(&src, &yuv, &j->colour, err)))
       return rc;
     return spn_image_wrap(img, out, w, h, SPN_PIXFMT_YUV420P, err);
   }
@@ -579,8 +608,9 @@ static int32_t gpu_frame(encode_job_t *j, spn_buffer_t *buf, bool dev, int32_t w
   bool counted = SPN_HOST_HAS(host, buffer_copy);
   if (to_yuv) {
     if ((rc = job_buffer(j, &j->yuv_dev, n, SPN_MEM_DEVICE, err)) ||
-        (rc = spn_media_cuda_rgb_to_yuv420p_host(host->buffer_data(buf), fmt, w, h, host->buffer_data(j->yuv_dev),
-                                                 counted ? NULL : out, j->stream, err)) ||
+        (rc = spn_media_cuda_rgb_to_yuv420p_host(host->buffer_data(buf), fmt, w, h, &j->colour,
+                                                 host->buffer_data(j->yuv_dev), counted ? NULL : out, j->stream,
+                                                 err)) ||
         (counted && (rc = host->buffer_copy(j->stage, j->job_id, j->pin[s], 0, j->yuv_dev, 0, n, err))))
       return rc;
   } else if ((rc = counted ? host->buffer_copy(j->stage, j->job_id, j->pin[s], 0, buf, 0, n, err)

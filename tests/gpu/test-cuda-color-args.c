@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "color.cuh"
+#include "image.cuh"
 
 static uint8_t fake[16]; /* stands in for device memory: never touched */
 
@@ -53,6 +54,26 @@ static void rgb_to_yuv420_refuses_bad_arguments(void **state) {
   expect(spn_cuda_rgb_to_yuv420, &rgbf, &yuv, SPN_EUNSUPPORTED, "rgb_to_yuv420", "from rgbf32p to yuv420p");
   expect(spn_cuda_rgb_to_yuv420, &nv12, &yuv, SPN_EUNSUPPORTED, "rgb_to_yuv420", "from nv12 to yuv420p");
   expect(spn_cuda_rgb_to_yuv420, &rgb, &no_chroma, SPN_EINVAL, "rgb_to_yuv420", "destination (yuv420p) lacks");
+}
+
+/* A matrix without coefficients is refused before any launch, in both
+ * directions, naming it; the default (NULL) and a known one get past that
+ * check to the format check. */
+static void colour_variants_refuse_unknown_matrices(void **state) {
+  (void)state;
+  spn_image_t rgb = view(64, 48, SPN_PIXFMT_RGB24), yuv = view(64, 48, SPN_PIXFMT_YUV420P);
+  spn_image_t gray = view(64, 48, SPN_PIXFMT_GRAY8);
+  spn_colour_t bad = {8, 0}, ok = {SPN_MATRIX_BT709, 1};
+  spn_error_t err = SPN_ERROR_INIT;
+  assert_int_equal(spn_cuda_rgb_to_yuv420_colour(&rgb, &yuv, &bad, NULL, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "rgb_to_yuv420: image: colour matrix 8"));
+  spn_error_clear(&err);
+  assert_int_equal(spn_cuda_yuv420_to_rgb_colour(&yuv, &rgb, &bad, NULL, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "yuv420_to_rgb: image: colour matrix 8"));
+  spn_error_clear(&err);
+  assert_int_equal(spn_cuda_rgb_to_yuv420_colour(&rgb, &gray, &ok, NULL, &err), SPN_EUNSUPPORTED);
+  spn_error_clear(&err);
+  assert_int_equal(spn_cuda_yuv420_to_rgb_colour(&yuv, &gray, NULL, NULL, &err), SPN_EUNSUPPORTED);
 }
 
 static void yuv420_repack_refuses_bad_arguments(void **state) {
@@ -100,6 +121,7 @@ static void p016_to_yuv420_refuses_bad_arguments(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(rgb_to_yuv420_refuses_bad_arguments),
+      cmocka_unit_test(colour_variants_refuse_unknown_matrices),
       cmocka_unit_test(yuv420_repack_refuses_bad_arguments),
       cmocka_unit_test(p016_to_yuv420_refuses_bad_arguments),
   };

@@ -266,28 +266,38 @@ static void yuv420_to_rgb_matches_cpu(void **state) {
   const int32_t pairs[][2] = {{SPN_PIXFMT_NV12, SPN_PIXFMT_RGB24}, {SPN_PIXFMT_NV12, SPN_PIXFMT_BGR24},
                               {SPN_PIXFMT_YUV420P, SPN_PIXFMT_RGB24}};
   const int32_t sizes[][2] = {{64, 36}, {33, 17}, {1, 1}, {1280, 720}};
+  /* BT.601 limited (the default call), then a BT.709, a full-range and a
+   * BT.2020 file's samples (the _colour variant, as decode passes them) */
+  const spn_colour_t colours[] = {{SPN_MATRIX_BT601, 0}, {SPN_MATRIX_BT709, 0}, {SPN_MATRIX_BT601, 1},
+                                  {SPN_MATRIX_BT2020, 0}, {SPN_MATRIX_BT709, 1}};
   uint32_t seed = 200;
-  for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
-    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
-      int32_t w = sizes[s][0], h = sizes[s][1];
-      spn_image_t src = host_image(w, h, pairs[i][0], seed++, 0, 0);
-      spn_image_t ref = SPN_IMAGE_INIT, got = SPN_IMAGE_INIT;
-      CK(spn_image_alloc(&ref, w, h, pairs[i][1], &e_));
-      CK(spn_image_alloc(&got, w, h, pairs[i][1], &e_));
-      CK(spn_image_convert(&src, &ref, &e_));
-      spn_image_t dsrc = to_device(&src), ddst = to_device(&got);
-      CK(spn_cuda_yuv420_to_rgb(&dsrc, &ddst, NULL, &e_));
-      from_device(&ddst, &got);
-      char what[96];
-      snprintf(what, sizeof what, "%s->%s %dx%d", spn_pixfmt_name(pairs[i][0]), spn_pixfmt_name(pairs[i][1]),
-               (int)w, (int)h);
-      compare(&ref, &got, what);
-      device_free(&dsrc);
-      device_free(&ddst);
-      spn_image_release(&src);
-      spn_image_release(&ref);
-      spn_image_release(&got);
-    }
+  for (size_t c = 0; c < sizeof colours / sizeof *colours; c++)
+    for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++)
+      for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+        int32_t w = sizes[s][0], h = sizes[s][1];
+        const spn_colour_t *col = c ? &colours[c] : NULL;
+        spn_image_t src = host_image(w, h, pairs[i][0], seed++, 0, 0);
+        spn_image_t ref = SPN_IMAGE_INIT, got = SPN_IMAGE_INIT;
+        CK(spn_image_alloc(&ref, w, h, pairs[i][1], &e_));
+        CK(spn_image_alloc(&got, w, h, pairs[i][1], &e_));
+        CK(spn_image_convert_colour(&src, &ref, col, &e_));
+        spn_image_t dsrc = to_device(&src), ddst = to_device(&got);
+        if (col)
+          CK(spn_cuda_yuv420_to_rgb_colour(&dsrc, &ddst, col, NULL, &e_));
+        else
+          CK(spn_cuda_yuv420_to_rgb(&dsrc, &ddst, NULL, &e_));
+        from_device(&ddst, &got);
+        char what[128];
+        snprintf(what, sizeof what, "%s %s %s->%s %dx%d", spn_matrix_name(colours[c].matrix),
+                 colours[c].full_range ? "full" : "limited", spn_pixfmt_name(pairs[i][0]), spn_pixfmt_name(pairs[i][1]),
+                 (int)w, (int)h);
+        compare(&ref, &got, what);
+        device_free(&dsrc);
+        device_free(&ddst);
+        spn_image_release(&src);
+        spn_image_release(&ref);
+        spn_image_release(&got);
+      }
 }
 
 static void paste_matches_cpu(void **state) {

@@ -164,7 +164,7 @@ static void from_frame_matches_cpu_twin(void **state) {
           if (sn)
             CU(cudaMalloc(&dscr, sn));
           spn_error_t err = SPN_ERROR_INIT;
-          int32_t rc = spn_media_cuda_from_frame(&frame, deep, rot, fmt, ddst, dscr, s, &err);
+          int32_t rc = spn_media_cuda_from_frame(&frame, deep, rot, NULL, fmt, ddst, dscr, s, &err);
           if (q && yuv && ((w | h) & 1)) { /* as the CPU: an odd 4:2:0 picture is not turned by a quarter */
             if (rc != SPN_EINVAL || !strstr(err.msg, "even sizes"))
               fail_msg("%s: expected a refusal naming even sizes, got %d: %s", what, (int)rc, err.msg);
@@ -188,7 +188,8 @@ static void from_frame_matches_cpu_twin(void **state) {
       spn_error_t err = SPN_ERROR_INIT;
       void *ddst = NULL;
       CU(cudaMalloc(&ddst, spn_pixfmt_tight_size(SPN_PIXFMT_RGB24, w, h)));
-      assert_int_equal(spn_media_cuda_from_frame(&frame, deep, 90, SPN_PIXFMT_RGB24, ddst, NULL, s, &err), SPN_EINVAL);
+      assert_int_equal(spn_media_cuda_from_frame(&frame, deep, 90, NULL, SPN_PIXFMT_RGB24, ddst, NULL, s, &err),
+                       SPN_EINVAL);
       assert_non_null(strstr(err.msg, "needs scratch memory"));
       CU(cudaFree(ddst));
       CU(cudaFree(dy));

@@ -155,7 +155,7 @@ static void gpu_decode_matches_cpu(void **state) {
     assert_int_equal(gi.pts, ri.pts);
     for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++) {
       size_t n = spn_pixfmt_tight_size(fmts[f], w, h);
-      CK(spn_media_cuda_from_nv12(&gi.image, fmts[f], dev, scratch, s, &e_));
+      CK(spn_media_cuda_from_nv12(&gi.image, &gi.colour, fmts[f], dev, scratch, s, &e_));
       CU(cudaMemcpyAsync(got, dev, n, cudaMemcpyDeviceToHost, s));
       CU(cudaStreamSynchronize(s));
       spn_image_t ref = SPN_IMAGE_INIT;
@@ -289,7 +289,8 @@ static void gpu_decode_turned_and_deep_frames(void **state) {
       assert_int_equal(gi.deep, c == 1);
       assert_int_equal(gi.rotation, c == 0 ? 270 : 0);
       assert_int_equal(gi.pts, ci.pts);
-      CK(spn_media_cuda_from_frame(&gi.image, gi.deep, gi.rotation, SPN_PIXFMT_YUV420P, dev, scratch, s, &e_));
+      CK(spn_media_cuda_from_frame(&gi.image, gi.deep, gi.rotation, &gi.colour, SPN_PIXFMT_YUV420P, dev, scratch, s,
+                                   &e_));
       CU(cudaMemcpyAsync(got, dev, n, cudaMemcpyDeviceToHost, s));
       CU(cudaStreamSynchronize(s));
       uint8_t *want = tight_copy(&ci.image);
@@ -375,7 +376,7 @@ static void gpu_encode_matches_cpu_twin(void **state) {
   while (next_item(d, &it, "the sample")) {
     uint8_t *rgb = tight_copy(&it.image);
     CU(cudaMemcpyAsync(rgb_dev, rgb, spn_pixfmt_tight_size(SPN_PIXFMT_RGB24, w, h), cudaMemcpyHostToDevice, s));
-    CK(spn_media_cuda_rgb_to_yuv420p_host(rgb_dev, SPN_PIXFMT_RGB24, w, h, yuv_dev, pinned, s, &e_));
+    CK(spn_media_cuda_rgb_to_yuv420p_host(rgb_dev, SPN_PIXFMT_RGB24, w, h, NULL, yuv_dev, pinned, s, &e_));
     CK(spn_media_cuda_sync(s, "test", &e_));
     spn_image_t yuv_gpu, yuv_cpu, yuv_sws;
     CK(spn_image_wrap(&yuv_gpu, pinned, w, h, SPN_PIXFMT_YUV420P, &e_));
@@ -470,7 +471,7 @@ static void gpu_to_nv12_matches_cpu_twins(void **state) {
         CU(cudaMalloc(&scratch, sn));
       uint8_t *base = NULL;
       spn_image_t planes = device_nv12(ew, eh, &base);
-      CK(spn_media_cuda_to_nv12(dsrc, fmt, w, h, &planes, scratch, s, &e_));
+      CK(spn_media_cuda_to_nv12(dsrc, fmt, w, h, NULL, &planes, scratch, s, &e_));
       CU(cudaStreamSynchronize(s));
       /* the CPU twin on the same crop: a view of the top-left ew x eh */
       spn_image_t view = src, ref = SPN_IMAGE_INIT, got = SPN_IMAGE_INIT, mid = SPN_IMAGE_INIT;
@@ -514,7 +515,7 @@ static void gpu_to_nv12_matches_cpu_twins(void **state) {
   uint8_t *base = NULL;
   spn_image_t planes = device_nv12(64, 48, &base);
   spn_error_t err = SPN_ERROR_INIT;
-  assert_int_equal(spn_media_cuda_to_nv12(base, SPN_PIXFMT_RGB24, 62, 48, &planes, NULL, s, &err), SPN_EINVAL);
+  assert_int_equal(spn_media_cuda_to_nv12(base, SPN_PIXFMT_RGB24, 62, 48, NULL, &planes, NULL, s, &err), SPN_EINVAL);
   CU(cudaFree(base));
   CU(cudaStreamDestroy(s));
 }
@@ -574,7 +575,7 @@ static void nvenc_encodes_device_frames(void **state) {
     CK(spn_encoder_device_frame(enc, &planes, &e_));
     assert_int_equal(planes.width, ew);
     assert_int_equal(planes.height, eh);
-    CK(spn_media_cuda_to_nv12(rgb_dev, SPN_PIXFMT_RGB24, w, h, &planes, NULL, s, &e_));
+    CK(spn_media_cuda_to_nv12(rgb_dev, SPN_PIXFMT_RGB24, w, h, NULL, &planes, NULL, s, &e_));
     CU(cudaStreamSynchronize(s));
     CK(spn_encoder_send_device_frame(enc, it.pts, it.tb_num, it.tb_den, &e_));
     uint8_t *grown = realloc(refs, (frames + 1) * n420);

@@ -354,6 +354,26 @@ def check_late(out, late, what):
     check(head < 300, f"{what}: the first 0.4 s is not silent (peak {head} of 32767), as the input's is")
 
 
+def colour_diff(a, b, w=80, h=60):
+    """Mean |difference| per RGB value of the first frames of two files as
+    FFmpeg shows them (it follows each file's matrix and range tags, as
+    players do), both scaled to w x h."""
+    def rgb(path):
+        return subprocess.run(["ffmpeg", "-v", "error", "-i", path, "-frames:v", "1", "-vf",
+                               f"scale={w}:{h}:flags=area", "-pix_fmt", "rgb24", "-f", "rawvideo", "-"],
+                              capture_output=True, check=True).stdout
+    x, y = rgb(a), rgb(b)
+    check(len(x) == len(y) == w * h * 3, f"{a}, {b}: {len(x)} and {len(y)} bytes of RGB, want {w * h * 3}")
+    return sum(abs(u - v) for u, v in zip(x, y)) / len(x)
+
+
+def colour_tags(path):
+    r = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v", "-show_entries",
+                        "stream=color_range,color_space,color_transfer,color_primaries", "-of", "csv=p=0", path],
+                       capture_output=True, text=True)
+    return r.stdout.strip()
+
+
 def run_all_pipelines(tmp, ep):
     clip = os.path.join(tmp, "in.mp4")
     speech = os.path.join(tmp, "speech.wav")
@@ -385,6 +405,26 @@ def run_all_pipelines(tmp, ep):
                     "-c:v", "libx264", "-preset", "ultrafast", silent], check=True)
     jobs.append(("enhance", ["--input", f"video={silent}", "--output", f"video={tmp}/out/enhance-silent.mp4"],
                  30, 640, 640, 0, "30000/1001"))
+    # a BT.709 file (what cameras and phones write, saying so): each
+    # pipeline reads its colours in that matrix; transcode keeps the
+    # file's samples and tags, enhance writes BT.601 and says so; FFmpeg,
+    # which follows the tags as players do, shows the input's colours
+    bars = os.path.join(tmp, "bars709.mp4")
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "smptebars=s=160x120:r=25:d=0.4", "-vf",
+                    "scale=out_color_matrix=bt709:out_range=tv,format=yuv420p", "-colorspace", "bt709",
+                    "-color_primaries", "bt709", "-color_trc", "bt709", "-color_range", "tv", "-c:v", "libx264",
+                    "-preset", "ultrafast", bars], check=True)
+    for name, width, tags in (("transcode", 160, "tv,bt709,bt709,bt709"),
+                              ("enhance", 320, "tv,smpte170m,unknown,unknown")):
+        out = f"{tmp}/out/{name}-709.mp4"
+        r = cli("submit", name, "--input", f"video={bars}", "--output", f"video={out}", "--wait", "--connect", ep,
+                check_rc=0)
+        st = status(ep, int(r.stdout.split()[0]))
+        check(st["state"] == "succeeded" and st["done"] == 10, f"{name} of a BT.709 file: {st}")
+        check(probe(out)["v"]["width"] == width, f"{name} of a BT.709 file: {probe(out)['v']}")
+        check(colour_tags(out) == tags, f"{name} of a BT.709 file: colour tags {colour_tags(out)}, want {tags}")
+        d = colour_diff(out, bars)
+        check(d < 4, f"{name} of a BT.709 file: its colours differ from the input's by {d:.1f} levels on average")
     # sound 0.5 s after the video, through the DAG (transcode) and as the
     # encoder's soundtrack (enhance): played where the input's player plays it
     late = os.path.join(tmp, "late.mkv")

@@ -136,6 +136,83 @@ static void yuv_primaries_by_hand(void **state) {
   }
 }
 
+/* The other matrices and full range, against the standards' own 100%
+ * colour bars (BT.709 limited) and JFIF's full-range BT.601, then a round
+ * trip of every matrix and range. */
+static void yuv_matrices_by_hand(void **state) {
+  (void)state;
+  spn_error_t err = SPN_ERROR_INIT;
+  const uint8_t cols[5][3] = {{255, 0, 0}, {0, 255, 0}, {0, 0, 255}, {255, 255, 255}, {0, 0, 0}};
+  const struct {
+    spn_colour_t c;
+    uint8_t yuv[5][3];
+  } cases[] = {
+      {{SPN_MATRIX_BT709, 0}, {{63, 102, 240}, {173, 42, 26}, {32, 240, 118}, {235, 128, 128}, {16, 128, 128}}},
+      {{SPN_MATRIX_BT601, 1}, {{76, 85, 255}, {150, 44, 21}, {29, 255, 107}, {255, 128, 128}, {0, 128, 128}}},
+      {{5, 0}, {{81, 90, 240}, {145, 54, 34}, {41, 240, 110}, {235, 128, 128}, {16, 128, 128}}},
+  };
+  for (size_t t = 0; t < sizeof cases / sizeof cases[0]; t++)
+    for (int k = 0; k < 5; k++) {
+      uint8_t px[12];
+      for (int i = 0; i < 4; i++)
+        memcpy(px + 3 * i, cols[k], 3);
+      spn_image_t src, i420;
+      load_u8(&src, px, 2, 2, SPN_PIXFMT_RGB24);
+      assert_int_equal(spn_image_alloc(&i420, 2, 2, SPN_PIXFMT_YUV420P, &err), SPN_OK);
+      assert_int_equal(spn_image_convert_colour(&src, &i420, &cases[t].c, &err), SPN_OK);
+      if (i420.data[0][0] != cases[t].yuv[k][0] || i420.data[1][0] != cases[t].yuv[k][1] ||
+          i420.data[2][0] != cases[t].yuv[k][2])
+        fail_msg("%s %s, colour %d: got %d %d %d, want %d %d %d", spn_matrix_name(cases[t].c.matrix),
+                 cases[t].c.full_range ? "full" : "limited", k, i420.data[0][0], i420.data[1][0], i420.data[2][0],
+                 cases[t].yuv[k][0], cases[t].yuv[k][1], cases[t].yuv[k][2]);
+      spn_image_release(&src);
+      spn_image_release(&i420);
+    }
+  /* every matrix and range: RGB -> 4:2:0 -> RGB within one step on flat
+   * 2x2 blocks, and a BT.709 picture read back as BT.601 is visibly off
+   * (what a file read with the wrong matrix looks like) */
+  const int32_t ms[] = {SPN_MATRIX_BT709, SPN_MATRIX_BT601, SPN_MATRIX_SMPTE240M, SPN_MATRIX_BT2020};
+  const uint8_t probe[3] = {40, 200, 90};
+  for (int mi = 0; mi < 4; mi++)
+    for (int full = 0; full < 2; full++) {
+      spn_colour_t c = {ms[mi], full};
+      uint8_t px[12];
+      for (int i = 0; i < 4; i++)
+        memcpy(px + 3 * i, probe, 3);
+      spn_image_t src, nv12, back;
+      load_u8(&src, px, 2, 2, SPN_PIXFMT_RGB24);
+      assert_int_equal(spn_image_alloc(&nv12, 2, 2, SPN_PIXFMT_NV12, &err), SPN_OK);
+      assert_int_equal(spn_image_alloc(&back, 2, 2, SPN_PIXFMT_RGB24, &err), SPN_OK);
+      assert_int_equal(spn_image_convert_colour(&src, &nv12, &c, &err), SPN_OK);
+      assert_int_equal(spn_image_convert_colour(&nv12, &back, &c, &err), SPN_OK);
+      for (int ch = 0; ch < 3; ch++)
+        assert_true(abs((int)back.data[0][ch] - probe[ch]) <= 1);
+      if (ms[mi] == SPN_MATRIX_BT709 && !full) {
+        assert_int_equal(spn_image_convert(&nv12, &back, &err), SPN_OK); /* read as BT.601 */
+        assert_true(abs((int)back.data[0][1] - probe[1]) >= 8);
+      }
+      spn_image_release(&src);
+      spn_image_release(&nv12);
+      spn_image_release(&back);
+    }
+  /* names both ways; an unknown code is refused, naming it */
+  assert_int_equal(spn_matrix_from_name("bt709"), SPN_MATRIX_BT709);
+  assert_int_equal(spn_matrix_from_name("smpte170m"), SPN_MATRIX_BT601);
+  assert_int_equal(spn_matrix_from_name("bt2020nc"), SPN_MATRIX_BT2020);
+  assert_int_equal(spn_matrix_from_name("rec709"), 0);
+  assert_string_equal(spn_matrix_name(5), "bt601");
+  spn_colour_t bad = {3, 0};
+  spn_yuv_coeffs_t k = {0};
+  assert_int_equal(spn_colour_coeffs(&bad, &k, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "colour matrix 3"));
+  spn_image_t a, b;
+  assert_int_equal(spn_image_alloc(&a, 2, 2, SPN_PIXFMT_RGB24, &err), SPN_OK);
+  assert_int_equal(spn_image_alloc(&b, 2, 2, SPN_PIXFMT_NV12, &err), SPN_OK);
+  assert_int_equal(spn_image_convert_colour(&a, &b, &bad, &err), SPN_EINVAL);
+  spn_image_release(&a);
+  spn_image_release(&b);
+}
+
 static void feather_mask_by_hand(void **state) {
   (void)state;
   spn_error_t err = SPN_ERROR_INIT;
@@ -465,6 +542,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(bilinear_half_pixel_by_hand),
       cmocka_unit_test(area_by_hand),
       cmocka_unit_test(yuv_primaries_by_hand),
+      cmocka_unit_test(yuv_matrices_by_hand),
       cmocka_unit_test(feather_mask_by_hand),
       cmocka_unit_test(warp_and_rotate_by_hand),
       cmocka_unit_test(crop_views_and_rejections),

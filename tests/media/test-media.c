@@ -645,6 +645,106 @@ static void device_frame_calls_and_presets(void **state) {
   spn_image_release(&img);
 }
 
+/* The first frame's centre pixel, decoded to rgb24. */
+static void centre_rgb(const char *path, uint8_t rgb[3], spn_decode_info_t *info, spn_colour_t *yuv_colour) {
+  spn_error_t err = SPN_ERROR_INIT;
+  for (int pass = 0; pass < 2; pass++) {
+    spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
+    o.want_audio = 0;
+    o.pixfmt = pass ? SPN_PIXFMT_YUV420P : SPN_PIXFMT_RGB24;
+    spn_decoder_t *d;
+    spn_media_item_t it;
+    assert_int_equal(spn_decoder_new(path, &o, &d, &err), SPN_OK);
+    assert_int_equal(spn_decoder_next(d, &it, &err), SPN_OK);
+    if (pass) {
+      *yuv_colour = it.colour;
+    } else {
+      memcpy(rgb, it.image.data[0] + (it.image.height / 2) * it.image.stride[0] + (it.image.width / 2) * 3, 3);
+      *info = *spn_decoder_info(d);
+    }
+    spn_media_item_release(&it);
+    spn_decoder_free(d);
+  }
+}
+
+/* A file's YCbCr matrix and range are what its samples mean: a BT.709 or a
+ * full-range file decodes to the RGB that was written (not to what BT.601
+ * limited, swscale's default, makes of it), 4:2:0 frames say what they are
+ * in, and the encoder records the matrix and range it wrote, so that
+ * FFmpeg (and players) read the colours back. */
+static void colour_follows_the_file(void **state) {
+  (void)state;
+  const uint8_t want[3] = {40, 200, 90}; /* fixtures: this colour, written by FFmpeg */
+  const struct {
+    const char *file;
+    int32_t info_matrix, full, matrix, item_full;
+  } cases[] = {{"c709.mkv", 1, 0, SPN_MATRIX_BT709, 0},
+               {"cfull.mkv", 6, 1, SPN_MATRIX_BT601, 1}, /* yuv420p tagged full: its samples as they are */
+               {"c601.mkv", 0, 0, SPN_MATRIX_BT601, 0},
+               /* H.264 full range decodes as yuvj420p: 4:2:0 items are converted to limited */
+               {"c709full.mp4", 1, 1, SPN_MATRIX_BT709, 0}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint8_t rgb[3];
+    spn_decode_info_t info = {0};
+    spn_colour_t yc = {0, 0};
+    centre_rgb(p(cases[i].file), rgb, &info, &yc);
+    printf("# %s: rgb %d %d %d, file says matrix %d full %d; 4:2:0 items %s %s\n", cases[i].file, rgb[0], rgb[1],
+           rgb[2], (int)info.matrix, (int)info.full_range, spn_matrix_name(yc.matrix),
+           yc.full_range ? "full" : "limited");
+    for (int c = 0; c < 3; c++)
+      assert_true(abs((int)rgb[c] - want[c]) <= 2);
+    assert_int_equal(info.matrix, cases[i].info_matrix);
+    assert_int_equal(info.full_range, cases[i].full);
+    assert_int_equal(yc.matrix, cases[i].matrix);
+    assert_int_equal(yc.full_range, cases[i].item_full);
+  }
+
+  /* the encoder: RGB written in the matrix asked for (BT.601 by default),
+   * recorded in the stream; FFmpeg's own reading gives the colour back */
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_image_t img;
+  assert_int_equal(spn_image_alloc(&img, 64, 48, SPN_PIXFMT_RGB24, &err), SPN_OK);
+  for (int y = 0; y < 48; y++)
+    for (int x = 0; x < 64; x++)
+      memcpy(img.data[0] + y * img.stride[0] + x * 3, want, 3);
+  const struct {
+    const char *file, *tag, *range;
+    spn_colour_t c;
+  } outs[] = {{"w601.mp4", "smpte170m", "tv", {0, 0}}, {"w709.mp4", "bt709", "tv", {SPN_MATRIX_BT709, 0}},
+              {"w2020.mkv", "bt2020nc", "tv", {SPN_MATRIX_BT2020, 0}}};
+  for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
+    spn_encode_opts_t eo = SPN_ENCODE_OPTS_INIT;
+    eo.preset = "ultrafast";
+    eo.colour = outs[i].c;
+    spn_encoder_t *e;
+    assert_int_equal(spn_encoder_new(p(outs[i].file), 64, 48, SPN_PIXFMT_RGB24, &eo, &e, &err), SPN_OK);
+    for (int f = 0; f < 3; f++)
+      assert_int_equal(spn_encoder_write_video(e, &img, f, 1, 25, &err), SPN_OK);
+    assert_int_equal(spn_encoder_finish(e, &err), SPN_OK);
+    spn_encoder_free(e);
+    assert_int_equal(sh("test \"$(ffprobe -v error -select_streams v -show_entries stream=color_space,color_range "
+                        "-of csv=p=0 '%s')\" = '%s,%s'", p(outs[i].file), outs[i].range, outs[i].tag), 0);
+    /* FFmpeg's reading (it follows the tags) of the centre pixel */
+    assert_int_equal(sh("ffmpeg -nostdin -v error -y -i '%s' -frames:v 1 -vf crop=2:2:31:23 -pix_fmt rgb24 -f rawvideo "
+                        "'%s'", p(outs[i].file), p("px.rgb")), 0);
+    FILE *fp = fopen(p("px.rgb"), "rb");
+    uint8_t px[3] = {0};
+    assert_non_null(fp);
+    assert_int_equal(fread(px, 1, 3, fp), 3);
+    fclose(fp);
+    printf("# %s: FFmpeg reads %d %d %d\n", outs[i].file, px[0], px[1], px[2]);
+    for (int c = 0; c < 3; c++)
+      assert_true(abs((int)px[c] - want[c]) <= 3);
+  }
+  /* a matrix without coefficients is refused, naming the file */
+  spn_encode_opts_t bad = SPN_ENCODE_OPTS_INIT;
+  bad.colour.matrix = 8;
+  spn_encoder_t *e = NULL;
+  assert_int_equal(spn_encoder_new(p("bad.mp4"), 64, 48, SPN_PIXFMT_RGB24, &bad, &e, &err), SPN_EINVAL);
+  assert_non_null(strstr(err.msg, "bad.mp4: image: colour matrix 8"));
+  spn_image_release(&img);
+}
+
 static int setup_clips(void) {
   const char *ff = "ffmpeg -nostdin -hide_banner -loglevel error -y";
   int r = 0;
@@ -659,6 +759,15 @@ static int setup_clips(void) {
           "aevalsrc=0.5:s=16000:d=2 -c:v ffv1 -c:a pcm_s16le '%s'", ff, p("late.mkv"));
   r |= sh("%s -itsoffset 0.3 -f lavfi -i testsrc2=size=64x48:rate=25:duration=2 -f lavfi -i "
           "'aevalsrc=0.5*gte(t\\,0.3):s=16000:d=2' -c:v ffv1 -c:a pcm_s16le '%s'", ff, p("early.mkv"));
+  /* one colour (40, 200, 90) written as BT.709, full-range BT.601, untagged BT.601, full-range BT.709 */
+  const char *col = "-f lavfi -i color=c=0x28C85A:s=64x48:d=0.2,format=rgb24 -vf";
+  r |= sh("%s %s scale=out_color_matrix=bt709:out_range=tv,format=yuv420p -colorspace bt709 -color_range tv "
+          "-c:v ffv1 '%s'", ff, col, p("c709.mkv"));
+  r |= sh("%s %s scale=out_color_matrix=bt601:out_range=pc,format=yuv420p -colorspace smpte170m -color_range pc "
+          "-c:v ffv1 '%s'", ff, col, p("cfull.mkv"));
+  r |= sh("%s %s format=yuv420p -c:v ffv1 '%s'", ff, col, p("c601.mkv"));
+  r |= sh("%s %s scale=out_color_matrix=bt709:out_range=pc,format=yuv420p -colorspace bt709 -color_range pc "
+          "-c:v libx264 -qp 0 '%s'", ff, col, p("c709full.mp4"));
   r |= sh("%s -f lavfi -i testsrc2=size=160x120:rate=25:duration=2 -c:v libx264 -preset ultrafast '%s'", ff,
           p("full.mp4"));
   /* moov at the end: cutting the file in half loses the index */
@@ -702,6 +811,7 @@ int main(void) {
       cmocka_unit_test(rotation_metadata_turns_frames),
       cmocka_unit_test(audio_file_is_muxed),
       cmocka_unit_test(audio_on_the_video_clock),
+      cmocka_unit_test(colour_follows_the_file),
       cmocka_unit_test(bad_inputs_name_the_file),
       cmocka_unit_test(inputs_are_read_as_one_file),
       cmocka_unit_test(hwaccel_falls_back_or_names_the_file),

@@ -212,6 +212,35 @@ else
   echo "# 10-bit HEVC through NVDEC: $p dB from the CPU run"
 fi
 
+# A BT.709 full-range file (as phones write, saying so) read on the GPU in
+# its matrix and range, as on the CPU: its 4:2:0 samples go through with
+# its tags (the same bytes as the CPU run); rgb24 frames are converted
+# back with encode's colorspace on the GPU (BT.601, recorded as
+# smpte170m), within rounding of the CPU run's swscale.
+ffmpeg -v error -f lavfi -i smptebars=s=160x120:r=25:d=0.4 -vf scale=out_color_matrix=bt709:out_range=pc,format=yuv420p \
+  -colorspace bt709 -color_primaries bt709 -color_trc bt709 -color_range pc -c:v ffv1 bars709.mkv || fail "ffmpeg bars709"
+tags() { ffprobe -v error -select_streams v -show_entries stream=color_range,color_space,color_transfer,color_primaries \
+  -of csv=p=0 "$1"; }
+for pf in yuv420p rgb24; do
+  want=pc,bt709,bt709,bt709
+  [ $pf = rgb24 ] && want=tv,smpte170m,unknown,unknown
+  CLIP=$tmp/bars709.mkv run c709-$pf-cpu cpu --set decode.pixel_format=$pf || fail "BT.709 $pf on the CPU: $(tail -3 c709-$pf-cpu.err)"
+  CLIP=$tmp/bars709.mkv run c709-$pf-gpu cuda $both --set decode.pixel_format=$pf ||
+    fail "BT.709 $pf on the GPU: $(tail -3 c709-$pf-gpu.err)"
+  for d in cpu gpu; do
+    [ "$(tags c709-$pf-$d.mp4)" = $want ] || fail "BT.709 $pf on the $d: tags $(tags c709-$pf-$d.mp4), want $want"
+  done
+  if [ $pf = yuv420p ]; then
+    cmp -s c709-$pf-cpu.mp4 c709-$pf-gpu.mp4 || fail "BT.709 yuv420p: the GPU run wrote other bytes than the CPU run"
+  else
+    p=$(ffmpeg -hide_banner -i c709-$pf-gpu.mp4 -i c709-$pf-cpu.mp4 -lavfi psnr -f null - 2>&1 |
+      sed -n 's/.*average:\([0-9.inf]*\).*/\1/p')
+    python3 -c "import sys; p = '$p'; sys.exit(0 if p and (p == 'inf' or float(p) >= 40) else 1)" ||
+      fail "BT.709 rgb24: the GPU run's pictures are $p dB from the CPU run's (want >= 40)"
+    echo "# BT.709 full-range rgb24 on the GPU: $p dB from the CPU run"
+  fi
+done
+
 run rgb cuda --set decode.device=cuda --set encode.device=cuda --set decode.pixel_format=rgb24 \
   --set encode.hwaccel=none || fail "rgb24 on the GPU: $(tail -3 rgb.err)"
 grep -Eq 'job [0-9]+ succeeded: 100 frames' rgb.txt || fail "rgb24 summary: $(cat rgb.txt)"

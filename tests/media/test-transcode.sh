@@ -49,6 +49,13 @@ rc=$?
 [ $rc -eq 2 ] || fail "encode.hwaccel = cuda on the CPU: exit $rc, want 2"
 grep -q 'transcode.toml:[0-9]*:[0-9]*: stage "encode": create: hwaccel "cuda" (NVENC from device frames) needs ' err.txt ||
   fail "encode.hwaccel = cuda on the CPU: $(cat err.txt)"
+# a matrix encode has no name for is refused when the pipeline loads, naming it
+"$spindle" run "$src/configs/transcode.toml" --set decode.path="$clip" --set encode.path=bad.mp4 \
+  --set encode.colorspace=rec709 >out.txt 2>err.txt
+rc=$?
+[ $rc -eq 2 ] || fail "encode.colorspace = rec709: exit $rc, want 2"
+grep -q 'colorspace "rec709" is not bt601, bt709, bt2020 or smpte240m' err.txt ||
+  fail "encode.colorspace = rec709: $(cat err.txt)"
 [ -z "$(ls -A | grep bad)" ] || fail "a refused pipeline left files: $(ls -A)"
 
 # A 1 s segment of the 4 s clip: the soundtrack taken from the whole clip is

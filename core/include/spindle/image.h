@@ -22,7 +22,9 @@
  *     Y  =  16 + ( 65.481 R + 128.553 G +  24.966 B) / 255
  *     Cb = 128 + (-37.797 R -  74.203 G + 112.000 B) / 255
  *     Cr = 128 + (112.000 R -  93.786 G -  18.214 B) / 255
- *   and the exact inverse of that matrix for YUV → RGB. 4:2:0 chroma is the
+ *   and the exact inverse of that matrix for YUV → RGB (spn_image_convert;
+ *   spn_image_convert_colour takes another matrix or full range, below, in
+ *   the same arithmetic). 4:2:0 chroma is the
  *   mean of the Cb/Cr of the (up to) four pixels a chroma sample covers
  *   (centre siting); YUV → RGB repeats each chroma sample over its 2×2 block.
  *   Odd sizes have chroma planes of ceil(w/2) × ceil(h/2).
@@ -119,6 +121,96 @@ int32_t spn_image_resize(const spn_image_t *src, spn_image_t *dst, int32_t inter
  *   full range as cv2.COLOR_RGB2GRAY), RGB24/BGR24 <-> YUV420P/NV12,
  *   YUV420P <-> NV12, and any format to itself (copy). */
 int32_t spn_image_convert(const spn_image_t *src, spn_image_t *dst, spn_error_t *err);
+
+/* ---- YCbCr colour: which matrix and range 4:2:0 samples are in ----
+ *
+ * A video file says (or leaves unsaid) how its Y/Cb/Cr samples relate to
+ * R,G,B: the matrix, by its ITU-T H.273 MatrixCoefficients code (the number
+ * FFmpeg's AVColorSpace and the H.264/HEVC VUI carry), and the range
+ * (limited: Y 16..235, Cb/Cr 16..240; full: 0..255). With Kr, Kb the
+ * matrix's luma weights (BT.601 0.299/0.114, BT.709 0.2126/0.0722, BT.2020
+ * 0.2627/0.0593, SMPTE 240M 0.212/0.087), Kg = 1 - Kr - Kb and R,G,B in
+ * 0..255:
+ *     Y  = yoff + (Sy Kr R + Sy Kg G + Sy Kb B) / 255
+ *     Cb = 128 + Sc (B - Y') / (2 (1 - Kb)),  Cr = 128 + Sc (R - Y') / (2 (1 - Kr))
+ * with yoff 16, Sy 219, Sc 224 for limited range and 0, 255, 255 for full
+ * (Y' = the weighted sum / 255); the inverse is exact. BT.601 limited is
+ * spn_image_convert's matrix above, with its coefficients as written there
+ * (so the two give identical bytes). */
+typedef enum spn_matrix {
+  SPN_MATRIX_BT709 = 1,     /* HD */
+  SPN_MATRIX_BT601 = 6,     /* SD (SMPTE 170M; BT.470BG, code 5, is the same matrix) */
+  SPN_MATRIX_SMPTE240M = 7,
+  SPN_MATRIX_BT2020 = 9,    /* BT.2020 non-constant luminance */
+} spn_matrix_t;
+
+typedef struct spn_colour {
+  int32_t matrix;     /* spn_matrix_t (5, BT.470BG, is taken as 6) */
+  int32_t full_range; /* 0: limited ("TV"), 1: full ("PC", JPEG) */
+} spn_colour_t;
+
+#define SPN_COLOUR_DEFAULT {SPN_MATRIX_BT601, 0} /* spn_image_convert's */
+
+/* The matrix as float coefficients, in the form the CPU and CUDA
+ * conversions use (both compute in this order, without fused
+ * multiply-adds):
+ *   Y  = yoff + (to_y[0] R + to_y[1] G + to_y[2] B) / 255, Cb and Cr the
+ *        same with to_u / to_v and 128 for yoff;
+ *   R  = ys (Y - yoff) + rv (Cr - 128)
+ *   G  = ys (Y - yoff) - gu (Cb - 128) - gv (Cr - 128)
+ *   B  = ys (Y - yoff) + bu (Cb - 128) */
+typedef struct spn_yuv_coeffs {
+  float yoff;
+  float to_y[3], to_u[3], to_v[3];
+  float ys, rv, gu, gv, bu;
+} spn_yuv_coeffs_t;
+
+/* Fill *k for *c (NULL: SPN_COLOUR_DEFAULT). An unknown matrix code is
+ * SPN_EINVAL naming it. Inline, so that the CUDA kernels (which do not link
+ * spn-image) compute the same floats. */
+static inline int32_t spn_colour_coeffs(const spn_colour_t *c, spn_yuv_coeffs_t *k, spn_error_t *err) {
+  int32_t m = c ? c->matrix : SPN_MATRIX_BT601, full = c ? c->full_range != 0 : 0;
+  double kr, kb;
+  switch (m) {
+  case SPN_MATRIX_BT709: kr = 0.2126; kb = 0.0722; break;
+  case 5: case SPN_MATRIX_BT601: kr = 0.299; kb = 0.114; break;
+  case SPN_MATRIX_SMPTE240M: kr = 0.212; kb = 0.087; break;
+  case SPN_MATRIX_BT2020: kr = 0.2627; kb = 0.0593; break;
+  default: return spn_error_set(err, SPN_EINVAL, "image: colour matrix %d is not one of bt709 (1), bt601 (5, 6), "
+                                "smpte240m (7), bt2020 (9)", (int)m);
+  }
+  double kg = 1.0 - kr - kb, sy = full ? 255.0 : 219.0, sc = full ? 255.0 : 224.0;
+  double ub = 2.0 * (1.0 - kb), vr = 2.0 * (1.0 - kr), inv = 255.0 / sc;
+  int lit = (m == 5 || m == SPN_MATRIX_BT601) && !full; /* spn_image_convert's, written out above */
+  k->yoff = full ? 0.0f : 16.0f;
+  k->to_y[0] = lit ? 65.481f : (float)(sy * kr);
+  k->to_y[1] = lit ? 128.553f : (float)(sy * kg);
+  k->to_y[2] = lit ? 24.966f : (float)(sy * kb);
+  k->to_u[0] = lit ? -37.797f : (float)(-sc * kr / ub);
+  k->to_u[1] = lit ? -74.203f : (float)(-sc * kg / ub);
+  k->to_u[2] = lit ? 112.0f : (float)(sc / 2.0);
+  k->to_v[0] = lit ? 112.0f : (float)(sc / 2.0);
+  k->to_v[1] = lit ? -93.786f : (float)(-sc * kg / vr);
+  k->to_v[2] = lit ? -18.214f : (float)(-sc * kb / vr);
+  k->ys = lit ? 1.164384f : (float)(255.0 / sy);
+  k->rv = lit ? 1.596027f : (float)(inv * vr);
+  k->gu = lit ? 0.391762f : (float)(inv * ub * kb / kg);
+  k->gv = lit ? 0.812968f : (float)(inv * vr * kr / kg);
+  k->bu = lit ? 2.017232f : (float)(inv * ub);
+  return SPN_OK;
+}
+
+/* "bt709", "bt601", "smpte240m", "bt2020"; "unknown" for anything else. */
+const char *spn_matrix_name(int32_t matrix);
+/* The matrix a name gives: the names above, "smpte170m" and "bt470bg"
+ * (BT.601) and "bt2020nc" (FFmpeg's names); 0 for anything else. */
+int32_t spn_matrix_from_name(const char *name);
+
+/* spn_image_convert with the 4:2:0 side in colour *c (NULL: the default):
+ * RGB24/BGR24 <-> YUV420P/NV12 use that matrix and range; every other
+ * pair converts as spn_image_convert does. */
+int32_t spn_image_convert_colour(const spn_image_t *src, spn_image_t *dst, const spn_colour_t *c,
+                                 spn_error_t *err);
 
 /* u8 RGB24/BGR24 (H,W,C) → planar float RGBF32P/BGRF32P (C,H,W):
  *   dst[c][y][x] = (src channel c of pixel (x, y) - mean[c]) * scale[c]
