@@ -58,6 +58,8 @@ struct spn_decoder {
   AVFrame *frame, *swframe;
   struct SwsContext *sws;
   spn_colour_t sws_colour;      /* the colour sws's details were set for */
+  int32_t stored_w, stored_h;   /* the stream's frames upright, as stored (every frame is checked against it) */
+  int32_t conv_w, conv_h;       /* host frames after conversion, before the turn: stored, or in square pixels */
   SwrContext *swr;
   int eof_sent;
   int vdone, adone;              /* decoder drained or segment end passed */
@@ -412,8 +414,31 @@ int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_dec
     d->info.has_video = 1;
     d->info.rotation = d->o.autorotate ? stream_rotation(st) : 0;
     int quarter = d->info.rotation == 90 || d->info.rotation == 270;
-    d->info.width = quarter ? st->codecpar->height : st->codecpar->width;
-    d->info.height = quarter ? st->codecpar->width : st->codecpar->height;
+    int32_t w = st->codecpar->width, h = st->codecpar->height;
+    d->stored_w = quarter ? h : w;
+    d->stored_h = quarter ? w : h;
+    AVRational sar = av_guess_sample_aspect_ratio(d->fmt, st, NULL);
+    if (sar.num <= 0 || sar.den <= 0 || !av_reduce(&sar.num, &sar.den, sar.num, sar.den, 1 << 16))
+      sar = (AVRational){1, 1};
+    d->info.sar_num = sar.num;
+    d->info.sar_den = sar.den;
+    d->conv_w = w;
+    d->conv_h = h;
+    if (sar.num != sar.den && d->o.pixfmt != SPN_PIXFMT_NV12 && d->o.pixfmt != SPN_PIXFMT_YUV420P) {
+      /* to square pixels, never dropping any: wider pixels widen the
+       * picture, taller ones heighten it (even sizes, as 4:2:0 needs) */
+      if (sar.num > sar.den)
+        d->conv_w = 2 * (int32_t)llround(w * (double)sar.num / sar.den / 2.0);
+      else
+        d->conv_h = 2 * (int32_t)llround(h * (double)sar.den / sar.num / 2.0);
+      if (d->conv_w > 16384 || d->conv_h > 16384) {
+        rc = spn_error_set(err, SPN_EMEDIA, "%s: %dx%d video with %d:%d pixels is %dx%d in square pixels, more than "
+                           "16384", path, (int)w, (int)h, sar.num, sar.den, (int)d->conv_w, (int)d->conv_h);
+        goto out_free;
+      }
+    }
+    d->info.width = quarter ? d->conv_h : d->conv_w;
+    d->info.height = quarter ? d->conv_w : d->conv_h;
     AVRational fr = av_guess_frame_rate(d->fmt, st, NULL);
     d->info.fps_num = fr.num > 0 ? fr.num : 25;
     d->info.fps_den = fr.num > 0 ? fr.den : 1;
@@ -571,6 +596,10 @@ static int32_t device_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t 
     d->info.host_frames_why = "the video has a rotation to apply (done on the CPU)";
     return SPN_OK;
   }
+  if (d->conv_w != f->width || d->conv_h != f->height) {
+    d->info.host_frames_why = "the video's pixels are not square (resampled on the CPU)";
+    return SPN_OK;
+  }
   int deep = fc && (fc->sw_format == AV_PIX_FMT_P010 || fc->sw_format == AV_PIX_FMT_P016);
   if (!fc || (fc->sw_format != AV_PIX_FMT_NV12 && !deep)) {
     d->info.host_frames_why = "NVDEC gives this stream in a layout other than 4:2:0 (NV12, P010 or P016)";
@@ -623,20 +652,21 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   int32_t mid_fmt = (out_fmt == SPN_PIXFMT_RGBF32P) ? SPN_PIXFMT_RGB24
                     : (out_fmt == SPN_PIXFMT_BGRF32P) ? SPN_PIXFMT_BGR24 : out_fmt;
   spn_image_t conv = SPN_IMAGE_INIT, rot = SPN_IMAGE_INIT;
-  int converted = 0;
-  if ((rc = spn_image_alloc(&conv, f->width, f->height, mid_fmt, err)))
+  int converted = 0, resample = d->conv_w != f->width || d->conv_h != f->height;
+  if ((rc = spn_image_alloc(&conv, d->conv_w, d->conv_h, mid_fmt, err)))
     return spn_error_prefix(err, "%s", d->path);
   uint8_t *dst[4] = {conv.data[0], conv.data[1], conv.data[2], NULL};
   int lines[4] = {(int)conv.stride[0], (int)conv.stride[1], (int)conv.stride[2], 0};
-  if (f->format == av_format_for(out_fmt)) {
+  if (f->format == av_format_for(out_fmt) && !resample) {
     /* the decoder's own layout (yuv420p, nv12): a plane copy, no swscale */
     av_image_copy(dst, lines, (const uint8_t **)f->data, f->linesize, (enum AVPixelFormat)f->format, f->width,
                   f->height);
   } else {
     struct SwsContext *prev = d->sws;
-    d->sws = sws_getCachedContext(d->sws, f->width, f->height, (enum AVPixelFormat)f->format, f->width,
-                                  f->height, av_format_for(out_fmt), SWS_BILINEAR | SWS_ACCURATE_RND, NULL,
-                                  NULL, NULL);
+    /* (and to square pixels, in the same pass, when the file's are not) */
+    d->sws = sws_getCachedContext(d->sws, f->width, f->height, (enum AVPixelFormat)f->format, d->conv_w,
+                                  d->conv_h, av_format_for(out_fmt),
+                                  (resample ? SWS_BICUBIC : SWS_BILINEAR) | SWS_ACCURATE_RND, NULL, NULL, NULL);
     if (!d->sws) {
       spn_image_release(&conv);
       return spn_error_set(err, SPN_EMEDIA, "%s: cannot convert %s frames to %s", d->path,
@@ -658,7 +688,7 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   spn_image_t *cur = &conv;
   if (d->info.rotation && !d->o.device_rotate) {
     int q = d->info.rotation != 180;
-    if ((rc = spn_image_alloc(&rot, q ? f->height : f->width, q ? f->width : f->height, mid_fmt, err)) ||
+    if ((rc = spn_image_alloc(&rot, q ? conv.height : conv.width, q ? conv.width : conv.height, mid_fmt, err)) ||
         (rc = spn_image_rotate(&conv, &rot, d->info.rotation, err))) {
       spn_image_release(&conv);
       spn_image_release(&rot);
@@ -880,7 +910,7 @@ static int32_t drain(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err)
      * other: it fails the job, or with tolerate_errors the frame is skipped. */
     int quarter = d->info.rotation == 90 || d->info.rotation == 270;
     int fw = quarter ? d->frame->height : d->frame->width, fh = quarter ? d->frame->width : d->frame->height;
-    if (fw != d->info.width || fh != d->info.height) {
+    if (fw != d->stored_w || fh != d->stored_h) {
       d->info.corrupt_packets++;
       av_frame_unref(d->frame);
       if (d->o.tolerate_errors)
@@ -888,7 +918,7 @@ static int32_t drain(spn_decoder_t *d, spn_media_item_t *item, spn_error_t *err)
       return spn_error_set(err, SPN_EMEDIA,
                            "%s: video frame at %.2f s is %dx%d, the stream is %dx%d (set tolerate_errors to skip "
                            "such frames)",
-                           d->path, t, fw, fh, d->info.width, d->info.height);
+                           d->path, t, fw, fh, (int)d->stored_w, (int)d->stored_h);
     }
     /* Only a segment drops leading frames: without one, a frame whose
      * time is below 0 (a damaged edit list or composition table) is still

@@ -91,7 +91,15 @@ typedef struct spn_decode_opts {
 
 typedef struct spn_decode_info {
   int32_t has_video, has_audio;
-  int32_t width, height;        /* output size (after rotation) */
+  int32_t width, height;        /* output size (after rotation; RGB and float: in square pixels, below) */
+  /* The stored pixels' shape (sample aspect ratio, in lowest terms; 1:1
+   * when the file says none). RGB and float frames of a file whose pixels
+   * are not square (an anamorphic DVD or DV video: 720x480 shown 16:9) are
+   * resampled to square pixels, widened (or, for pixels taller than wide,
+   * heightened) to the shape the file is shown in: models see faces as
+   * they are. 4:2:0 frames come as stored, and decode's image item carries
+   * the ratio for encode to record. */
+  int32_t sar_num, sar_den;
   int32_t rotation;             /* degrees clockwise applied to frames */
   int32_t fps_num, fps_den;     /* the stream's average (or guessed) rate */
   double duration;              /* seconds, container's; 0 if unknown */
@@ -141,6 +149,7 @@ typedef struct spn_media_image_meta {
   int32_t width, height, format;   /* spn_pixfmt_t */
   int32_t matrix, full_range;      /* the samples' colour (spn_colour_t): encode records it */
   int32_t primaries, transfer;     /* the source's (H.273; 2: unsaid), recorded as they are */
+  int32_t sar_num, sar_den;        /* the pixels' shape (1:1 square; 0: unknown, square) */
 } spn_media_image_meta_t;
 #define SPN_MEDIA_AUDIO_META "audio_format"
 typedef struct spn_media_audio_meta {

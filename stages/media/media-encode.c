@@ -169,7 +169,8 @@ static int32_t open_video(spn_encoder_t *e, const char *name, spn_error_t *err) 
   }
   c->time_base = (AVRational){1, 90000};
   c->framerate = (AVRational){e->o.fps_num, e->o.fps_den};
-  c->sample_aspect_ratio = (AVRational){1, 1};
+  c->sample_aspect_ratio = e->o.sar_num > 0 && e->o.sar_den > 0 ? (AVRational){e->o.sar_num, e->o.sar_den}
+                                                                  : (AVRational){1, 1};
   /* say which matrix and range the samples are in, so that a player need
    * not guess (most guess BT.709 for HD, which BT.601 samples are not) */
   c->colorspace = (enum AVColorSpace)e->o.colour.matrix;
@@ -472,6 +473,7 @@ int32_t spn_encoder_new(const char *path, int32_t width, int32_t height, int32_t
   }
   e->vst->time_base = e->vctx->time_base;
   e->vst->avg_frame_rate = e->vctx->framerate;
+  e->vst->sample_aspect_ratio = e->vctx->sample_aspect_ratio; /* the container's copy (MP4's pasp box) */
   if (e->o.rotation % 360) {
     /* av_display_rotation_set() takes clockwise degrees (its getter answers
      * counter-clockwise: ffprobe then shows rotation=-90 for 90 here) */

@@ -58,9 +58,14 @@ typedef struct spn_encode_opts {
   /* H.273 colour primaries and transfer characteristics to record (a
    * source's, passed through with its samples); 0 or 2: not recorded. */
   int32_t primaries, transfer;
+  /* The pixels' shape to record (sample aspect ratio; 0 or 1:1: square):
+   * a source's, passed through with its stored frames (an anamorphic
+   * video's 4:2:0 planes), so that players show it at its shape. */
+  int32_t sar_num, sar_den;
 } spn_encode_opts_t;
 
-#define SPN_ENCODE_OPTS_INIT {"libx264", 23, "medium", 0, 25, 1, 1, NULL, 0, 0, 0, 0, NULL, NULL, 0.0, 0, {0, 0}, 0, 0}
+#define SPN_ENCODE_OPTS_INIT                                                                                        \
+  {"libx264", 23, "medium", 0, 25, 1, 1, NULL, 0, 0, 0, 0, NULL, NULL, 0.0, 0, {0, 0}, 0, 0, 0, 0}
 
 typedef struct spn_encoder spn_encoder_t;
 

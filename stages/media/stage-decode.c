@@ -487,9 +487,11 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
     /* size and layout: the (N) vector of nv12/yuv420p needs them; the
      * colour: what those samples are in, and what encode records */
     const spn_decode_info_t *in = spn_decoder_info(j->dec);
+    bool square = fmt != SPN_PIXFMT_NV12 && fmt != SPN_PIXFMT_YUV420P; /* RGB was resampled to square pixels */
     spn_media_image_meta_t im_meta = {.width = ow, .height = oh, .format = fmt, .matrix = it->colour.matrix,
                                       .full_range = it->colour.full_range, .primaries = in->primaries,
-                                      .transfer = in->transfer};
+                                      .transfer = in->transfer, .sar_num = square ? 1 : in->sar_num,
+                                      .sar_den = square ? 1 : in->sar_den};
     rc = host->msg_add_meta(msg, SPN_MEDIA_IMAGE_META, &im_meta, sizeof im_meta, err);
   } else if (rc == SPN_OK) {
     spn_media_audio_meta_t am = {.rate = it->rate, .channels = it->channels};

@@ -188,6 +188,7 @@ typedef struct encode_job {
   int64_t first_pts_us; /* the job's first frame's pts (audio_sync), set before the encoder opens */
   spn_colour_t colour;  /* the file's 4:2:0 samples: colorspace for RGB, decode's for its 4:2:0 frames */
   int32_t primaries, transfer; /* decode's (H.273), recorded with its 4:2:0 frames; 0: none */
+  int32_t sar_num, sar_den;     /* the pixels' shape, from decode's image item (0: square) */
   int32_t fps_num, fps_den; /* the stream's rate: fps, or (fps 0) the frames' (0 until two frames came) */
   spn_stage_t *stage;
   spn_media_log_t log;  /* FFmpeg's messages about this job's file */
@@ -364,6 +365,8 @@ static int32_t open_encoder(encode_job_t *j, int32_t w, int32_t h, int32_t fmt, 
   o.colour = j->colour;
   o.primaries = j->primaries;
   o.transfer = j->transfer;
+  o.sar_num = j->sar_num;
+  o.sar_den = j->sar_den;
   int32_t rc = spn_encoder_new(j->cfg.path, w, h, fmt, &o, &j->enc, err);
   if (rc == SPN_OK && o.audio_path && !spn_encoder_has_audio(j->enc))
     spn_stage_host(j->stage)->log(j->stage, j->job_id, SPN_LOG_INFO,
@@ -388,26 +391,25 @@ static int32_t frame_layout(encode_job_t *j, spn_msg_t *msg, const spn_item_t *i
   const spn_tensor_t *t = &it->tensor;
   int bgr = strcmp(j->cfg.pixel_format, "bgr24") == 0;
   unsigned long long seq = (unsigned long long)host->msg_envelope(msg)->seq;
+  /* decode's "image" item (or convert's), when the frame has one */
+  int64_t mi = host->msg_find(msg, SPN_MEDIA_IMAGE_META);
+  spn_item_t m = {.struct_size = sizeof m};
+  spn_media_image_meta_t im = {0};
+  bool has_im = mi >= 0 && host->msg_item(msg, (size_t)mi, &m) == SPN_OK && m.meta_size == sizeof im;
+  if (has_im)
+    memcpy(&im, m.meta, sizeof im);
   if (t->dtype == SPN_DTYPE_U8 && t->ndim == 3 && t->shape[2] == 3) {
     *fmt = bgr ? SPN_PIXFMT_BGR24 : SPN_PIXFMT_RGB24;
     *h = (int32_t)t->shape[0];
     *w = (int32_t)t->shape[1];
-    return SPN_OK;
-  }
-  if (t->dtype == SPN_DTYPE_F32 && t->ndim == 3 && t->shape[0] == 3) {
+  } else if (t->dtype == SPN_DTYPE_F32 && t->ndim == 3 && t->shape[0] == 3) {
     *fmt = bgr ? SPN_PIXFMT_BGRF32P : SPN_PIXFMT_RGBF32P;
     *h = (int32_t)t->shape[1];
     *w = (int32_t)t->shape[2];
-    return SPN_OK;
-  }
-  if (t->dtype == SPN_DTYPE_U8 && t->ndim == 1) {
-    int64_t mi = host->msg_find(msg, SPN_MEDIA_IMAGE_META);
-    spn_item_t m = {.struct_size = sizeof m};
-    if (mi < 0 || host->msg_item(msg, (size_t)mi, &m) != SPN_OK || m.meta_size != sizeof(spn_media_image_meta_t))
+  } else if (t->dtype == SPN_DTYPE_U8 && t->ndim == 1) {
+    if (!has_im)
       return spn_error_set(err, SPN_ETYPE, "%s: frame %llu is a flat vector without an \"image\" item", j->cfg.path,
                            seq);
-    spn_media_image_meta_t im;
-    memcpy(&im, m.meta, sizeof im);
     if (im.format != SPN_PIXFMT_NV12 && im.format != SPN_PIXFMT_YUV420P)
       return spn_error_set(err, SPN_ETYPE, "%s: frame %llu: a flat frame must be nv12 or yuv420p, not %s",
                            j->cfg.path, seq, spn_pixfmt_name(im.format));
@@ -428,10 +430,17 @@ static int32_t frame_layout(encode_job_t *j, spn_msg_t *msg, const spn_item_t *i
       j->primaries = im.primaries;
       j->transfer = im.transfer;
     }
-    return SPN_OK;
+  } else {
+    return spn_error_set(err, SPN_ETYPE, "%s: frame %llu is not (H,W,3) u8, (3,H,W) f32 or nv12/yuv420p planes",
+                         j->cfg.path, seq);
   }
-  return spn_error_set(err, SPN_ETYPE, "%s: frame %llu is not (H,W,3) u8, (3,H,W) f32 or nv12/yuv420p planes",
-                       j->cfg.path, seq);
+  /* the pixels' shape, where the item describes this very picture (a
+   * model's output of another size is square: decode resampled its RGB) */
+  if (!j->enc && has_im && im.width == *w && im.height == *h && im.sar_num > 0 && im.sar_den > 0) {
+    j->sar_num = im.sar_num;
+    j->sar_den = im.sar_den;
+  }
+  return SPN_OK;
 }
 
 #ifdef SPN_MEDIA_CUDA

@@ -425,6 +425,25 @@ def run_all_pipelines(tmp, ep):
         check(colour_tags(out) == tags, f"{name} of a BT.709 file: colour tags {colour_tags(out)}, want {tags}")
         d = colour_diff(out, bars)
         check(d < 4, f"{name} of a BT.709 file: its colours differ from the input's by {d:.1f} levels on average")
+    # pixels 4:3 wide (an anamorphic DVD or DV video: 96x64 stored, shown
+    # 128x64): transcode keeps the stored frames and records their shape;
+    # enhance's models see (and its output shows) square pixels at the
+    # shape the file is shown in; both are shown 2:1, as the input
+    wide = os.path.join(tmp, "wide-pixels.mp4")
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=s=128x64:r=25:d=0.4", "-vf",
+                    "scale=96:64,setsar=4/3", "-pix_fmt", "yuv420p", "-c:v", "libx264", "-preset", "ultrafast", wide],
+                   check=True)
+    for name, size, sar in (("transcode", (96, 64), "4:3"), ("enhance", (256, 128), "1:1")):
+        out = f"{tmp}/out/{name}-wide.mp4"
+        r = cli("submit", name, "--input", f"video={wide}", "--output", f"video={out}", "--wait", "--connect", ep,
+                check_rc=0)
+        st = status(ep, int(r.stdout.split()[0]))
+        check(st["state"] == "succeeded" and st["done"] == 10, f"{name} of a video with 4:3 pixels: {st}")
+        got = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v", "-show_entries",
+                              "stream=width,height,sample_aspect_ratio,display_aspect_ratio", "-of", "csv=p=0", out],
+                             capture_output=True, text=True).stdout.strip()
+        check(got == f"{size[0]},{size[1]},{sar},2:1", f"{name} of a video with 4:3 pixels: {got} (width, height, "
+              f"pixel shape, shape shown), want {size[0]},{size[1]},{sar},2:1")
     # sound 0.5 s after the video, through the DAG (transcode) and as the
     # encoder's soundtrack (enhance): played where the input's player plays it
     late = os.path.join(tmp, "late.mkv")

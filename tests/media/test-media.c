@@ -745,6 +745,76 @@ static void colour_follows_the_file(void **state) {
   spn_image_release(&img);
 }
 
+/* The first frame of a file decoded as `fmt` (the caller releases it),
+ * and the decoder's info. */
+static void first_frame(const char *path, int32_t fmt, spn_media_item_t *it, spn_decode_info_t *info) {
+  spn_error_t err = SPN_ERROR_INIT;
+  spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
+  o.want_audio = 0;
+  o.pixfmt = fmt;
+  spn_decoder_t *d;
+  assert_int_equal(spn_decoder_new(path, &o, &d, &err), SPN_OK);
+  assert_int_equal(spn_decoder_next(d, it, &err), SPN_OK);
+  *info = *spn_decoder_info(d);
+  spn_decoder_free(d);
+}
+
+/* Pixels that are not square (an anamorphic DVD or DV video): RGB frames
+ * come in square pixels at the shape the file is shown in (wide pixels
+ * widen the picture, tall ones heighten it), close to the square-pixel
+ * picture the file was made from; 4:2:0 frames come as stored with the
+ * ratio in the info; the encoder records a ratio it is given. */
+static void non_square_pixels_are_shown_square(void **state) {
+  (void)state;
+  spn_media_item_t ref, it;
+  spn_decode_info_t info;
+  first_frame(p("square.mkv"), SPN_PIXFMT_RGB24, &ref, &info);
+  const struct {
+    const char *file;
+    int32_t w, h, sar_num, sar_den;
+  } cases[] = {{"wide-pixels.mkv", 128, 64, 4, 3}, {"tall-pixels.mkv", 128, 64, 3, 4}};
+  for (size_t i = 0; i < 2; i++) {
+    first_frame(p(cases[i].file), SPN_PIXFMT_RGB24, &it, &info);
+    printf("# %s: %d:%d pixels, rgb24 %dx%d\n", cases[i].file, (int)info.sar_num, (int)info.sar_den,
+           (int)it.image.width, (int)it.image.height);
+    assert_int_equal(info.sar_num, cases[i].sar_num);
+    assert_int_equal(info.sar_den, cases[i].sar_den);
+    assert_int_equal(it.image.width, cases[i].w);
+    assert_int_equal(it.image.height, cases[i].h);
+    assert_int_equal(info.width, cases[i].w);
+    assert_int_equal(info.height, cases[i].h);
+    double sum = 0;
+    for (int y = 0; y < 64; y++)
+      for (int x = 0; x < 128 * 3; x++)
+        sum += abs((int)it.image.data[0][y * it.image.stride[0] + x] -
+                   (int)ref.image.data[0][y * ref.image.stride[0] + x]);
+    printf("#   mean difference from the square-pixel original: %.2f levels\n", sum / (64.0 * 128 * 3));
+    assert_true(sum / (64.0 * 128 * 3) < 4.0);
+    spn_media_item_release(&it);
+    first_frame(p(cases[i].file), SPN_PIXFMT_YUV420P, &it, &info);
+    assert_int_equal(it.image.width, cases[i].sar_num > cases[i].sar_den ? 96 : 128);
+    assert_int_equal(it.image.height, cases[i].sar_num > cases[i].sar_den ? 64 : 48);
+    assert_int_equal(info.width, it.image.width);
+    spn_media_item_release(&it);
+  }
+  spn_media_item_release(&ref);
+  /* the encoder records the ratio; FFmpeg reads it back */
+  spn_error_t err = SPN_ERROR_INIT;
+  first_frame(p("wide-pixels.mkv"), SPN_PIXFMT_YUV420P, &it, &info);
+  spn_encode_opts_t eo = SPN_ENCODE_OPTS_INIT;
+  eo.preset = "ultrafast";
+  eo.sar_num = 4;
+  eo.sar_den = 3;
+  spn_encoder_t *e;
+  assert_int_equal(spn_encoder_new(p("wide-out.mp4"), 96, 64, SPN_PIXFMT_YUV420P, &eo, &e, &err), SPN_OK);
+  assert_int_equal(spn_encoder_write_video(e, &it.image, 0, 1, 25, &err), SPN_OK);
+  assert_int_equal(spn_encoder_finish(e, &err), SPN_OK);
+  spn_encoder_free(e);
+  spn_media_item_release(&it);
+  assert_int_equal(sh("test \"$(ffprobe -v error -select_streams v -show_entries stream=sample_aspect_ratio,"
+                      "display_aspect_ratio -of csv=p=0 '%s')\" = '4:3,2:1'", p("wide-out.mp4")), 0);
+}
+
 static int setup_clips(void) {
   const char *ff = "ffmpeg -nostdin -hide_banner -loglevel error -y";
   int r = 0;
@@ -759,6 +829,11 @@ static int setup_clips(void) {
           "aevalsrc=0.5:s=16000:d=2 -c:v ffv1 -c:a pcm_s16le '%s'", ff, p("late.mkv"));
   r |= sh("%s -itsoffset 0.3 -f lavfi -i testsrc2=size=64x48:rate=25:duration=2 -f lavfi -i "
           "'aevalsrc=0.5*gte(t\\,0.3):s=16000:d=2' -c:v ffv1 -c:a pcm_s16le '%s'", ff, p("early.mkv"));
+  /* a square-pixel picture, and the same stored in pixels 4:3 wide (96x64) and 3:4 tall (128x48) */
+  const char *sq = "-f lavfi -i testsrc2=s=128x64:r=25:d=0.2,gblur=sigma=2 -vf";
+  r |= sh("%s %s format=rgb24 -c:v ffv1 '%s'", ff, sq, p("square.mkv"));
+  r |= sh("%s %s scale=96:64:flags=area,setsar=4/3,format=yuv420p -c:v ffv1 '%s'", ff, sq, p("wide-pixels.mkv"));
+  r |= sh("%s %s scale=128:48:flags=area,setsar=3/4,format=yuv420p -c:v ffv1 '%s'", ff, sq, p("tall-pixels.mkv"));
   /* one colour (40, 200, 90) written as BT.709, full-range BT.601, untagged BT.601, full-range BT.709 */
   const char *col = "-f lavfi -i color=c=0x28C85A:s=64x48:d=0.2,format=rgb24 -vf";
   r |= sh("%s %s scale=out_color_matrix=bt709:out_range=tv,format=yuv420p -colorspace bt709 -color_range tv "
@@ -812,6 +887,7 @@ int main(void) {
       cmocka_unit_test(audio_file_is_muxed),
       cmocka_unit_test(audio_on_the_video_clock),
       cmocka_unit_test(colour_follows_the_file),
+      cmocka_unit_test(non_square_pixels_are_shown_square),
       cmocka_unit_test(bad_inputs_name_the_file),
       cmocka_unit_test(inputs_are_read_as_one_file),
       cmocka_unit_test(hwaccel_falls_back_or_names_the_file),
