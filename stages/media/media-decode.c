@@ -543,6 +543,15 @@ static enum AVPixelFormat av_format_for(int32_t f) {
   }
 }
 
+int32_t spn_decode_hdr(const spn_decode_info_t *info, char *buf, size_t n) {
+  if (info->transfer != AVCOL_TRC_SMPTE2084 && info->transfer != AVCOL_TRC_ARIB_STD_B67)
+    return 0;
+  const char *pri = av_color_primaries_name((enum AVColorPrimaries)info->primaries);
+  snprintf(buf, n, "%s transfer, %s primaries", info->transfer == AVCOL_TRC_SMPTE2084 ? "PQ" : "HLG",
+           pri ? pri : "unknown");
+  return 1;
+}
+
 /* The matrix and range a frame's 4:2:0 samples are in: its own tags, else
  * the stream's, else BT.601 (what FFmpeg assumes, and what programs that
  * write untagged files from RGB used); full range when tagged so or in a

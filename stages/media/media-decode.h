@@ -158,6 +158,10 @@ typedef struct spn_media_audio_meta {
 
 typedef struct spn_decoder spn_decoder_t;
 
+/* Whether the video is HDR (PQ or HLG transfer): 1 with "HLG transfer,
+ * bt2020 primaries" (or the like) in buf; else 0. Thread: any. */
+int32_t spn_decode_hdr(const spn_decode_info_t *info, char *buf, size_t n);
+
 /* A local input path names a regular file (or is not there: the opener
  * says so). A named pipe, a device, a socket or a folder is refused with
  * what it is: opening a pipe that nobody writes blocks in the kernel, where

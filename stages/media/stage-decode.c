@@ -396,6 +396,16 @@ static int32_t decode_job_open(spn_stage_t *stage, void *state, const spn_job_in
   if (in->hwaccel_active)
 #endif
     host->log(stage, job->job_id, SPN_LOG_INFO, "%s: decoding video on CUDA", c->path);
+  /* HDR through RGB: the samples are read with their matrix, but nothing
+   * maps their brightness and gamut to SDR; say so rather than let a
+   * flat-looking output pass for a faithful one (4:2:0 frames keep the
+   * file's tags: transcode's output is still HDR) */
+  char hdr[96];
+  bool rgb = j->pixfmt != SPN_PIXFMT_NV12 && j->pixfmt != SPN_PIXFMT_YUV420P;
+  if (in->has_video && rgb && spn_decode_hdr(in, hdr, sizeof hdr))
+    host->log(stage, job->job_id, SPN_LOG_WARN,
+              "%s: HDR video (%s) is not tone-mapped: its frames are the HDR signal read as SDR, and what the "
+              "pipeline writes will look flat and pale", c->path, hdr);
   *job_state = j;
   return SPN_OK;
 }
