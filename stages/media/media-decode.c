@@ -26,6 +26,7 @@
  * the info counts them.
  */
 #include "media-decode.h"
+#include "media-tonemap.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -60,6 +61,9 @@ struct spn_decoder {
   spn_colour_t sws_colour;      /* the colour sws's details were set for */
   int32_t stored_w, stored_h;   /* the stream's frames upright, as stored (every frame is checked against it) */
   int32_t conv_w, conv_h;       /* host frames after conversion, before the turn: stored, or in square pixels */
+  spn_tonemap_t *tm;            /* HDR to RGB: its tone mapper (else NULL) */
+  uint16_t *hdr_buf;            /* ... and the 16-bit RGB swscale gives it */
+  size_t hdr_cap;
   SwrContext *swr;
   int eof_sent;
   int vdone, adone;              /* decoder drained or segment end passed */
@@ -439,6 +443,15 @@ int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_dec
     }
     d->info.width = quarter ? d->conv_h : d->conv_w;
     d->info.height = quarter ? d->conv_w : d->conv_h;
+    /* HDR to RGB is tone-mapped to SDR (media-tonemap.h); 4:2:0 frames
+     * stay the HDR signal, and keep its tags through encode */
+    int tr = st->codecpar->color_trc;
+    if ((tr == SPN_TRANSFER_PQ || tr == SPN_TRANSFER_HLG) && d->o.pixfmt != SPN_PIXFMT_NV12 &&
+        d->o.pixfmt != SPN_PIXFMT_YUV420P) {
+      if ((rc = spn_tonemap_new(tr, &d->tm, err)))
+        goto out_free;
+      d->info.tone_mapped = 1;
+    }
     AVRational fr = av_guess_frame_rate(d->fmt, st, NULL);
     d->info.fps_num = fr.num > 0 ? fr.num : 25;
     d->info.fps_den = fr.num > 0 ? fr.den : 1;
@@ -504,6 +517,8 @@ void spn_decoder_free(spn_decoder_t *d) {
   if (!d)
     return;
   sws_freeContext(d->sws);
+  spn_tonemap_free(d->tm);
+  free(d->hdr_buf);
   swr_free(&d->swr);
   free(d->a_held);
   av_frame_free(&d->frame);
@@ -609,6 +624,10 @@ static int32_t device_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t 
     d->info.host_frames_why = "the video's pixels are not square (resampled on the CPU)";
     return SPN_OK;
   }
+  if (d->tm) {
+    d->info.host_frames_why = "the video is HDR (tone-mapped on the CPU)";
+    return SPN_OK;
+  }
   int deep = fc && (fc->sw_format == AV_PIX_FMT_P010 || fc->sw_format == AV_PIX_FMT_P016);
   if (!fc || (fc->sw_format != AV_PIX_FMT_NV12 && !deep)) {
     d->info.host_frames_why = "NVDEC gives this stream in a layout other than 4:2:0 (NV12, P010 or P016)";
@@ -673,9 +692,11 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   } else {
     struct SwsContext *prev = d->sws;
     /* (and to square pixels, in the same pass, when the file's are not) */
+    /* (HDR: to 16-bit RGB for the tone mapper, which writes conv) */
+    enum AVPixelFormat to = d->tm ? AV_PIX_FMT_RGB48 : av_format_for(out_fmt);
     d->sws = sws_getCachedContext(d->sws, f->width, f->height, (enum AVPixelFormat)f->format, d->conv_w,
-                                  d->conv_h, av_format_for(out_fmt),
-                                  (resample ? SWS_BICUBIC : SWS_BILINEAR) | SWS_ACCURATE_RND, NULL, NULL, NULL);
+                                  d->conv_h, to, (resample ? SWS_BICUBIC : SWS_BILINEAR) | SWS_ACCURATE_RND, NULL,
+                                  NULL, NULL);
     if (!d->sws) {
       spn_image_release(&conv);
       return spn_error_set(err, SPN_EMEDIA, "%s: cannot convert %s frames to %s", d->path,
@@ -692,7 +713,27 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
       d->sws_colour = c;
     }
     converted = 1;
-    sws_scale(d->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, dst, lines);
+    if (d->tm) {
+      size_t row = (size_t)d->conv_w * 6, need = row * (size_t)d->conv_h;
+      if (need > d->hdr_cap) {
+        uint16_t *nb = realloc(d->hdr_buf, need);
+        if (!nb) {
+          spn_image_release(&conv);
+          return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", d->path);
+        }
+        d->hdr_buf = nb;
+        d->hdr_cap = need;
+      }
+      uint8_t *hd[4] = {(uint8_t *)d->hdr_buf, NULL, NULL, NULL};
+      int hl[4] = {(int)row, 0, 0, 0};
+      sws_scale(d->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, hd, hl);
+      if ((rc = spn_tonemap_rgb48(d->tm, d->hdr_buf, (int64_t)row, &conv, err))) {
+        spn_image_release(&conv);
+        return spn_error_prefix(err, "%s", d->path);
+      }
+    } else {
+      sws_scale(d->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, dst, lines);
+    }
   }
   spn_image_t *cur = &conv;
   if (d->info.rotation && !d->o.device_rotate) {
@@ -721,6 +762,8 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   video_item_times(d, f, item);
   if (converted)
     item->colour.full_range = 0; /* swscale wrote limited-range 4:2:0, or RGB: back to 4:2:0 is that too */
+  if (d->tm)
+    item->colour = (spn_colour_t){SPN_MATRIX_BT709, 0}; /* SDR BT.709 now */
   return SPN_OK;
 }
 

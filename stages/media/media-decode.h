@@ -121,6 +121,9 @@ typedef struct spn_decode_info {
    * FFmpeg and the programs that write such files do); primaries and
    * transfer 2 when unsaid. full_range: 0 limited, 1 full. */
   int32_t matrix, full_range, primaries, transfer;
+  /* 1: the video is HDR (transfer PQ or HLG) and RGB/float frames are
+   * tone-mapped to SDR BT.709 (media-tonemap.h); 4:2:0 frames never are */
+  int32_t tone_mapped;
 } spn_decode_info_t;
 
 typedef enum spn_media_kind { SPN_MEDIA_VIDEO = 1, SPN_MEDIA_AUDIO = 2 } spn_media_kind_t;

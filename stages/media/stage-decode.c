@@ -396,16 +396,13 @@ static int32_t decode_job_open(spn_stage_t *stage, void *state, const spn_job_in
   if (in->hwaccel_active)
 #endif
     host->log(stage, job->job_id, SPN_LOG_INFO, "%s: decoding video on CUDA", c->path);
-  /* HDR through RGB: the samples are read with their matrix, but nothing
-   * maps their brightness and gamut to SDR; say so rather than let a
-   * flat-looking output pass for a faithful one (4:2:0 frames keep the
-   * file's tags: transcode's output is still HDR) */
+  /* HDR through RGB is tone-mapped to SDR: one line says so (4:2:0 frames
+   * keep the file's tags: transcode's output is still HDR) */
   char hdr[96];
-  bool rgb = j->pixfmt != SPN_PIXFMT_NV12 && j->pixfmt != SPN_PIXFMT_YUV420P;
-  if (in->has_video && rgb && spn_decode_hdr(in, hdr, sizeof hdr))
-    host->log(stage, job->job_id, SPN_LOG_WARN,
-              "%s: HDR video (%s) is not tone-mapped: its frames are the HDR signal read as SDR, and what the "
-              "pipeline writes will look flat and pale", c->path, hdr);
+  if (in->tone_mapped && spn_decode_hdr(in, hdr, sizeof hdr))
+    host->log(stage, job->job_id, SPN_LOG_INFO,
+              "%s: HDR video (%s) tone-mapped to SDR BT.709 (reference white 203 cd/m2, peak 1000 cd/m2)", c->path,
+              hdr);
   *job_state = j;
   return SPN_OK;
 }
@@ -498,9 +495,10 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
      * colour: what those samples are in, and what encode records */
     const spn_decode_info_t *in = spn_decoder_info(j->dec);
     bool square = fmt != SPN_PIXFMT_NV12 && fmt != SPN_PIXFMT_YUV420P; /* RGB was resampled to square pixels */
+    bool sdr = square && in->tone_mapped;                               /* ... and HDR tone-mapped to BT.709 */
     spn_media_image_meta_t im_meta = {.width = ow, .height = oh, .format = fmt, .matrix = it->colour.matrix,
-                                      .full_range = it->colour.full_range, .primaries = in->primaries,
-                                      .transfer = in->transfer, .sar_num = square ? 1 : in->sar_num,
+                                      .full_range = it->colour.full_range, .primaries = sdr ? 1 : in->primaries,
+                                      .transfer = sdr ? 1 : in->transfer, .sar_num = square ? 1 : in->sar_num,
                                       .sar_den = square ? 1 : in->sar_den};
     rc = host->msg_add_meta(msg, SPN_MEDIA_IMAGE_META, &im_meta, sizeof im_meta, err);
   } else if (rc == SPN_OK) {

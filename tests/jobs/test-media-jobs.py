@@ -444,6 +444,26 @@ def run_all_pipelines(tmp, ep):
                              capture_output=True, text=True).stdout.strip()
         check(got == f"{size[0]},{size[1]},{sar},2:1", f"{name} of a video with 4:3 pixels: {got} (width, height, "
               f"pixel shape, shape shown), want {size[0]},{size[1]},{sar},2:1")
+    # HDR (an iPhone's HLG): enhance tone-maps it to SDR, HLG's reference
+    # white (75% signal) to 240 of 255 (read as SDR it was 191); transcode
+    # keeps it HDR, tags and all
+    hlg = os.path.join(tmp, "hlg.mp4")
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "color=c=0xBFBFBF:s=64x48:r=25:d=0.4", "-vf",
+                    "scale=out_color_matrix=bt2020:out_range=tv,format=yuv420p10le", "-c:v", "libx265", "-x265-params",
+                    "log-level=error", "-colorspace", "bt2020nc", "-color_primaries", "bt2020", "-color_trc",
+                    "arib-std-b67", hlg], check=True)
+    for name, tags in (("transcode", "tv,bt2020nc,arib-std-b67,bt2020"), ("enhance", "tv,smpte170m,unknown,unknown")):
+        out = f"{tmp}/out/{name}-hlg.mp4"
+        r = cli("submit", name, "--input", f"video={hlg}", "--output", f"video={out}", "--wait", "--connect", ep,
+                check_rc=0)
+        st = status(ep, int(r.stdout.split()[0]))
+        check(st["state"] == "succeeded" and st["done"] == 10, f"{name} of an HLG video: {st}")
+        check(colour_tags(out) == tags, f"{name} of an HLG video: colour tags {colour_tags(out)}, want {tags}")
+        if name == "enhance":
+            px = subprocess.run(["ffmpeg", "-v", "error", "-i", out, "-frames:v", "1", "-vf", "crop=2:2:60:46",
+                                 "-pix_fmt", "rgb24", "-f", "rawvideo", "-"], capture_output=True, check=True).stdout
+            check(all(236 <= v <= 244 for v in px), f"enhance of an HLG video: reference white shows as {list(px)}, "
+                  "want about 240 (tone-mapped)")
     # sound 0.5 s after the video, through the DAG (transcode) and as the
     # encoder's soundtrack (enhance): played where the input's player plays it
     late = os.path.join(tmp, "late.mkv")

@@ -815,6 +815,39 @@ static void non_square_pixels_are_shown_square(void **state) {
                       "display_aspect_ratio -of csv=p=0 '%s')\" = '4:3,2:1'", p("wide-out.mp4")), 0);
 }
 
+/* HDR read as RGB is tone-mapped to SDR BT.709 (media-tonemap.h), checked
+ * against the standards' own levels: HDR reference white (HLG's 75%
+ * signal, PQ's 203 cd/m², 58%) lands at 241 of 255, black at 0; a BT.2020
+ * skin tone keeps its hue and gets the saturation its wider primaries
+ * give it (read as SDR it was paler: R - B 63); 4:2:0 frames stay HDR. */
+static void hdr_is_tone_mapped(void **state) {
+  (void)state;
+  const struct {
+    const char *file;
+    int32_t lo[3], hi[3];
+  } cases[] = {{"hlg-grey.mkv", {238, 238, 238}, {244, 244, 244}},
+               {"pq-grey.mkv", {238, 238, 238}, {244, 244, 244}},
+               {"hlg-black.mkv", {0, 0, 0}, {2, 2, 2}},
+               {"hlg-skin.mkv", {0, 0, 0}, {255, 255, 255}}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    spn_media_item_t it;
+    spn_decode_info_t info;
+    first_frame(p(cases[i].file), SPN_PIXFMT_RGB24, &it, &info);
+    const uint8_t *px = it.image.data[0] + 24 * it.image.stride[0] + 32 * 3;
+    printf("# %s: tone-mapped %d, rgb %d %d %d\n", cases[i].file, (int)info.tone_mapped, px[0], px[1], px[2]);
+    assert_int_equal(info.tone_mapped, 1);
+    for (int c = 0; c < 3; c++)
+      assert_true(px[c] >= cases[i].lo[c] && px[c] <= cases[i].hi[c]);
+    if (strstr(cases[i].file, "skin"))
+      assert_true(px[0] > px[1] && px[1] > px[2] && px[0] - px[2] > 63 + 10);
+    spn_media_item_release(&it);
+    first_frame(p(cases[i].file), SPN_PIXFMT_YUV420P, &it, &info);
+    assert_int_equal(info.tone_mapped, 0);
+    assert_int_equal(info.transfer, strstr(cases[i].file, "pq") ? 16 : 18);
+    spn_media_item_release(&it);
+  }
+}
+
 static int setup_clips(void) {
   const char *ff = "ffmpeg -nostdin -hide_banner -loglevel error -y";
   int r = 0;
@@ -834,6 +867,16 @@ static int setup_clips(void) {
   r |= sh("%s %s format=rgb24 -c:v ffv1 '%s'", ff, sq, p("square.mkv"));
   r |= sh("%s %s scale=96:64:flags=area,setsar=4/3,format=yuv420p -c:v ffv1 '%s'", ff, sq, p("wide-pixels.mkv"));
   r |= sh("%s %s scale=128:48:flags=area,setsar=3/4,format=yuv420p -c:v ffv1 '%s'", ff, sq, p("tall-pixels.mkv"));
+  /* HDR signals (10-bit BT.2020): HLG 75% grey (reference white), black and a skin tone; PQ 203 cd/m2 */
+  const char *hdr = "-vf scale=out_color_matrix=bt2020:out_range=tv,format=yuv420p10le -colorspace bt2020nc "
+                    "-color_primaries bt2020 -c:v ffv1";
+  const struct { const char *rgb, *trc, *file; } hdrs[] = {{"BFBFBF", "arib-std-b67", "hlg-grey.mkv"},
+                                                            {"000000", "arib-std-b67", "hlg-black.mkv"},
+                                                            {"99735A", "arib-std-b67", "hlg-skin.mkv"},
+                                                            {"949494", "smpte2084", "pq-grey.mkv"}};
+  for (size_t i = 0; i < sizeof hdrs / sizeof hdrs[0]; i++)
+    r |= sh("%s -f lavfi -i color=c=0x%s:s=64x48:d=0.08 %s -color_trc %s '%s'", ff, hdrs[i].rgb, hdr, hdrs[i].trc,
+            p(hdrs[i].file));
   /* one colour (40, 200, 90) written as BT.709, full-range BT.601, untagged BT.601, full-range BT.709 */
   const char *col = "-f lavfi -i color=c=0x28C85A:s=64x48:d=0.2,format=rgb24 -vf";
   r |= sh("%s %s scale=out_color_matrix=bt709:out_range=tv,format=yuv420p -colorspace bt709 -color_range tv "
@@ -888,6 +931,7 @@ int main(void) {
       cmocka_unit_test(audio_on_the_video_clock),
       cmocka_unit_test(colour_follows_the_file),
       cmocka_unit_test(non_square_pixels_are_shown_square),
+      cmocka_unit_test(hdr_is_tone_mapped),
       cmocka_unit_test(bad_inputs_name_the_file),
       cmocka_unit_test(inputs_are_read_as_one_file),
       cmocka_unit_test(hwaccel_falls_back_or_names_the_file),
