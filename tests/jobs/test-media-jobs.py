@@ -431,7 +431,8 @@ def run_all_pipelines(tmp, ep):
     # shape the file is shown in; both are shown 2:1, as the input
     wide = os.path.join(tmp, "wide-pixels.mp4")
     subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=s=128x64:r=25:d=0.4", "-vf",
-                    "scale=96:64,setsar=4/3", "-pix_fmt", "yuv420p", "-c:v", "libx264", "-preset", "ultrafast", wide],
+                    "scale=96:64,setsar=4/3", "-pix_fmt", "yuv420p", "-c:v", "libx264", "-preset", "ultrafast", "-g", "5",
+                    wide],
                    check=True)
     for name, size, sar in (("transcode", (96, 64), "4:3"), ("enhance", (256, 128), "1:1")):
         out = f"{tmp}/out/{name}-wide.mp4"
@@ -444,6 +445,16 @@ def run_all_pipelines(tmp, ep):
                              capture_output=True, text=True).stdout.strip()
         check(got == f"{size[0]},{size[1]},{sar},2:1", f"{name} of a video with 4:3 pixels: {got} (width, height, "
               f"pixel shape, shape shown), want {size[0]},{size[1]},{sar},2:1")
+    # ... and cut into segments, the joined file keeps that shape
+    out = f"{tmp}/out/transcode-wide-seg.mp4"
+    r = cli("submit", "transcode", "--input", f"video={wide}", "--output", f"video={out}", "--segments", "2", "--wait",
+            "--connect", ep, check_rc=0)
+    st = status(ep, int(r.stdout.split()[0]))
+    check(st["state"] == "succeeded" and len(st.get("segments", [])) == 2, f"segmented transcode, 4:3 pixels: {st}")
+    got = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v", "-count_frames", "-show_entries",
+                          "stream=width,height,sample_aspect_ratio,nb_read_frames", "-of", "csv=p=0", out],
+                         capture_output=True, text=True).stdout.strip()
+    check(got == "96,64,4:3,10", f"segmented transcode, 4:3 pixels: {got}, want 96,64,4:3,10")
     # HDR (an iPhone's HLG): enhance tone-maps it to SDR, HLG's reference
     # white (75% signal) to 240 of 255 (read as SDR it was 191); transcode
     # keeps it HDR, tags and all
