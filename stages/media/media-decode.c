@@ -428,7 +428,9 @@ int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_dec
     d->info.sar_den = sar.den;
     d->conv_w = w;
     d->conv_h = h;
-    if (sar.num != sar.den && d->o.pixfmt != SPN_PIXFMT_NV12 && d->o.pixfmt != SPN_PIXFMT_YUV420P) {
+    /* RGB and float frames are for models and viewers: square pixels, SDR */
+    int rgb_out = d->o.pixfmt != SPN_PIXFMT_NV12 && d->o.pixfmt != SPN_PIXFMT_YUV420P;
+    if (sar.num != sar.den && rgb_out) {
       /* to square pixels, never dropping any: wider pixels widen the
        * picture, taller ones heighten it (even sizes, as 4:2:0 needs) */
       if (sar.num > sar.den)
@@ -446,8 +448,7 @@ int32_t spn_decoder_new(const char *path, const spn_decode_opts_t *opts, spn_dec
     /* HDR to RGB is tone-mapped to SDR (media-tonemap.h); 4:2:0 frames
      * stay the HDR signal, and keep its tags through encode */
     int tr = st->codecpar->color_trc;
-    if ((tr == SPN_TRANSFER_PQ || tr == SPN_TRANSFER_HLG) && d->o.pixfmt != SPN_PIXFMT_NV12 &&
-        d->o.pixfmt != SPN_PIXFMT_YUV420P) {
+    if ((tr == SPN_TRANSFER_PQ || tr == SPN_TRANSFER_HLG) && rgb_out) {
       if ((rc = spn_tonemap_new(tr, &d->tm, err)))
         goto out_free;
       d->info.tone_mapped = 1;
@@ -559,10 +560,10 @@ static enum AVPixelFormat av_format_for(int32_t f) {
 }
 
 int32_t spn_decode_hdr(const spn_decode_info_t *info, char *buf, size_t n) {
-  if (info->transfer != AVCOL_TRC_SMPTE2084 && info->transfer != AVCOL_TRC_ARIB_STD_B67)
+  if (info->transfer != SPN_TRANSFER_PQ && info->transfer != SPN_TRANSFER_HLG)
     return 0;
   const char *pri = av_color_primaries_name((enum AVColorPrimaries)info->primaries);
-  snprintf(buf, n, "%s transfer, %s primaries", info->transfer == AVCOL_TRC_SMPTE2084 ? "PQ" : "HLG",
+  snprintf(buf, n, "%s transfer, %s primaries", info->transfer == SPN_TRANSFER_PQ ? "PQ" : "HLG",
            pri ? pri : "unknown");
   return 1;
 }
@@ -691,8 +692,8 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
                   f->height);
   } else {
     struct SwsContext *prev = d->sws;
-    /* (and to square pixels, in the same pass, when the file's are not) */
-    /* (HDR: to 16-bit RGB for the tone mapper, which writes conv) */
+    /* (and to square pixels, in the same pass, when the file's are not;
+     * HDR: to 16-bit RGB for the tone mapper, which then writes conv) */
     enum AVPixelFormat to = d->tm ? AV_PIX_FMT_RGB48 : av_format_for(out_fmt);
     d->sws = sws_getCachedContext(d->sws, f->width, f->height, (enum AVPixelFormat)f->format, d->conv_w,
                                   d->conv_h, to, (resample ? SWS_BICUBIC : SWS_BILINEAR) | SWS_ACCURATE_RND, NULL,
@@ -713,26 +714,23 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
       d->sws_colour = c;
     }
     converted = 1;
-    if (d->tm) {
-      size_t row = (size_t)d->conv_w * 6, need = row * (size_t)d->conv_h;
-      if (need > d->hdr_cap) {
-        uint16_t *nb = realloc(d->hdr_buf, need);
-        if (!nb) {
-          spn_image_release(&conv);
-          return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", d->path);
-        }
-        d->hdr_buf = nb;
-        d->hdr_cap = need;
-      }
-      uint8_t *hd[4] = {(uint8_t *)d->hdr_buf, NULL, NULL, NULL};
-      int hl[4] = {(int)row, 0, 0, 0};
-      sws_scale(d->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, hd, hl);
-      if ((rc = spn_tonemap_rgb48(d->tm, d->hdr_buf, (int64_t)row, &conv, err))) {
+    size_t row = (size_t)d->conv_w * 6, need = row * (size_t)d->conv_h;
+    if (d->tm && need > d->hdr_cap) {
+      uint16_t *nb = realloc(d->hdr_buf, need);
+      if (!nb) {
         spn_image_release(&conv);
-        return spn_error_prefix(err, "%s", d->path);
+        return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", d->path);
       }
-    } else {
-      sws_scale(d->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, dst, lines);
+      d->hdr_buf = nb;
+      d->hdr_cap = need;
+    }
+    uint8_t *hd[4] = {(uint8_t *)d->hdr_buf, NULL, NULL, NULL};
+    int hl[4] = {(int)row, 0, 0, 0};
+    sws_scale(d->sws, (const uint8_t *const *)f->data, f->linesize, 0, f->height, d->tm ? hd : dst,
+              d->tm ? hl : lines);
+    if (d->tm && (rc = spn_tonemap_rgb48(d->tm, d->hdr_buf, (int64_t)row, &conv, err))) {
+      spn_image_release(&conv);
+      return spn_error_prefix(err, "%s", d->path);
     }
   }
   spn_image_t *cur = &conv;

@@ -495,7 +495,7 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
      * colour: what those samples are in, and what encode records */
     const spn_decode_info_t *in = spn_decoder_info(j->dec);
     bool square = fmt != SPN_PIXFMT_NV12 && fmt != SPN_PIXFMT_YUV420P; /* RGB was resampled to square pixels */
-    bool sdr = square && in->tone_mapped;                               /* ... and HDR tone-mapped to BT.709 */
+    bool sdr = in->tone_mapped;                                         /* ... and HDR tone-mapped to BT.709 */
     spn_media_image_meta_t im_meta = {.width = ow, .height = oh, .format = fmt, .matrix = it->colour.matrix,
                                       .full_range = it->colour.full_range, .primaries = sdr ? 1 : in->primaries,
                                       .transfer = sdr ? 1 : in->transfer, .sar_num = square ? 1 : in->sar_num,

@@ -246,19 +246,27 @@ static int32_t parse_hwaccel(spn_stage_t *stage, const encode_config_t *c, int32
   return SPN_OK;
 }
 
+/* colorspace: the matrix RGB frames are written in (the stage's value when
+ * it is made, a job's own when the job opens). */
+static int32_t parse_colorspace(spn_stage_t *stage, const encode_config_t *c, int32_t *matrix, spn_error_t *err) {
+  if ((*matrix = spn_matrix_from_name(c->colorspace)))
+    return SPN_OK;
+  return spn_error_set(err, SPN_ECONFIG, "stage \"%s\": colorspace \"%s\" is not bt601, bt709, bt2020 or smpte240m",
+                       spn_stage_host(stage)->stage_get_name(stage), c->colorspace);
+}
+
 static int32_t encode_create(spn_stage_t *stage, const void *config, void **state, spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(stage);
   const encode_config_t *c = config;
-  int32_t hw = HW_DEFAULT, rc;
+  int32_t hw = HW_DEFAULT, matrix, rc;
   *state = NULL;
   if (strcmp(c->pixel_format, "rgb24") != 0 && strcmp(c->pixel_format, "bgr24") != 0)
     return spn_error_set(err, SPN_ECONFIG, "stage \"%s\": pixel_format \"%s\" is not rgb24 or bgr24",
                          host->stage_get_name(stage), c->pixel_format);
   if ((rc = parse_hwaccel(stage, c, &hw, err)))
     return rc;
-  if (!spn_matrix_from_name(c->colorspace))
-    return spn_error_set(err, SPN_ECONFIG, "stage \"%s\": colorspace \"%s\" is not bt601, bt709, bt2020 or smpte240m",
-                         host->stage_get_name(stage), c->colorspace);
+  if ((rc = parse_colorspace(stage, c, &matrix, err)))
+    return rc;
   /* Every job would open the configured codec (on the host path at least):
    * one that FFmpeg does not have fails the load, not each job later. */
   spn_error_t why = SPN_ERROR_INIT;
@@ -291,10 +299,9 @@ static int32_t job_open(spn_stage_t *stage, const spn_job_info_t *job, void **jo
   int32_t rc = spn_encoder_check_path(c->path, err);
   if (rc)
     return rc;
-  int32_t matrix = spn_matrix_from_name(c->colorspace);
-  if (!matrix) /* a job's own value (the stage's was checked when it was made) */
-    return spn_error_set(err, SPN_ECONFIG, "colorspace \"%s\" is not bt601, bt709, bt2020 or smpte240m",
-                         c->colorspace);
+  int32_t matrix;
+  if ((rc = parse_colorspace(stage, c, &matrix, err)))
+    return rc;
   encode_job_t *j = calloc(1, sizeof *j);
   if (!j)
     return spn_error_set(err, SPN_ENOMEM, "encode: out of memory");
