@@ -13,6 +13,7 @@
 
 #include "color.cuh"
 #include "kernel-common.cuh"
+#include "tonemap.h"
 
 namespace {
 
@@ -133,6 +134,52 @@ __global__ void p016_to_yuv420_kernel(const uint8_t *y16, int64_t ys, const uint
   *chroma_v(dst, cx, cy) = top8(c[1]);
 }
 
+/* One sample of an HDR picture as an 8-bit value with a fraction. */
+__device__ __forceinline__ float sample8(const uint8_t *row, int32_t i, bool deep) {
+  return deep ? __fmul_rn((float)((const uint16_t *)row)[i], 1.0f / 256.0f) : (float)row[i];
+}
+
+/* R' (0..255) to the 16-bit code the CPU path's RGB48 holds: R' · 257
+ * rounded, saturated. */
+__device__ __forceinline__ int32_t code16(float v) {
+  float c = __fmul_rn(v, 257.0f);
+  if (!(c > 0.0f))
+    return 0;
+  if (c >= 65534.5f)
+    return 65535;
+  return (int32_t)__fadd_rn(c, 0.5f);
+}
+
+/* One thread per pixel: spn_tonemap_rgb48's steps on the R'G'B' of its
+ * samples. */
+__global__ void hdr420_to_rgb_kernel(plane3 src, bool deep, spn_yuv_coeffs_t k, int32_t transfer, plane3 dst) {
+  int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+  if (x >= dst.w || y >= dst.h)
+    return;
+  const uint8_t *crow = src.data[1] + (y / 2) * src.stride[1];
+  float yv = sample8(src.data[0] + y * src.stride[0], x, deep);
+  float cb = __fsub_rn(sample8(crow, 2 * (x / 2), deep), 128.0f);
+  float cr = __fsub_rn(sample8(crow, 2 * (x / 2) + 1, deep), 128.0f);
+  float yy = __fmul_rn(k.ys, __fsub_rn(yv, k.yoff));
+  float rgb[3] = {__fadd_rn(yy, __fmul_rn(k.rv, cr)),
+                  __fsub_rn(__fsub_rn(yy, __fmul_rn(k.gu, cb)), __fmul_rn(k.gv, cr)),
+                  __fadd_rn(yy, __fmul_rn(k.bu, cb))};
+  for (int c = 0; c < 3; c++)
+    rgb[c] = spn_tm_signal(transfer, (float)code16(rgb[c]) / 65535.0f);
+  if (transfer == SPN_TRANSFER_HLG) {
+    float g = spn_tm_hlg_gain(spn_tm_hlg_luma(rgb[0], rgb[1], rgb[2]), NULL);
+    for (int c = 0; c < 3; c++)
+      rgb[c] = __fmul_rn(rgb[c], g);
+  }
+  float o[3];
+  spn_tm_to_sdr(rgb[0], rgb[1], rgb[2], o);
+  uint8_t *p = dst.data[0] + y * dst.stride[0] + (int64_t)x * 3;
+  bool bgr = dst.format == SPN_PIXFMT_BGR24;
+  p[bgr ? 2 : 0] = spn_tm_sdr(o[0], NULL);
+  p[1] = spn_tm_sdr(o[1], NULL);
+  p[bgr ? 0 : 2] = spn_tm_sdr(o[2], NULL);
+}
+
 const dim3 k_block(32, 8);
 
 dim3 chroma_grid(int32_t w, int32_t h) {
@@ -194,4 +241,31 @@ extern "C" int32_t spn_cuda_p016_to_yuv420(const void *y16, int64_t y_pitch, con
   p016_to_yuv420_kernel<<<chroma_grid(dst->width, dst->height), k_block, 0, stream>>>(
       (const uint8_t *)y16, y_pitch, (const uint8_t *)uv16, uv_pitch, describe(dst));
   return launched("p016_to_yuv420", err);
+}
+
+extern "C" int32_t spn_cuda_hdr420_to_rgb(const spn_image_t *src, int32_t deep, const spn_colour_t *colour,
+                                          int32_t transfer, spn_image_t *dst, cudaStream_t stream, spn_error_t *err) {
+  spn_yuv_coeffs_t k = {};
+  int32_t rc = check_pair(src, dst, "hdr420_to_rgb", err);
+  if (rc)
+    return rc;
+  if ((rc = spn_colour_coeffs(colour, &k, err)))
+    return spn_error_prefix(err, "cuda color: hdr420_to_rgb");
+  if (src->format != SPN_PIXFMT_NV12 || !is_rgb_u8(dst->format))
+    return spn_error_set(err, SPN_EUNSUPPORTED, "cuda color: hdr420_to_rgb: conversion from %s to %s is not "
+                         "supported (nv12 or its 16-bit form to rgb24/bgr24)", spn_pixfmt_name(src->format),
+                         spn_pixfmt_name(dst->format));
+  if (transfer != SPN_TRANSFER_PQ && transfer != SPN_TRANSFER_HLG)
+    return spn_error_set(err, SPN_EINVAL, "cuda color: hdr420_to_rgb: transfer %d is neither PQ (16) nor HLG (18)",
+                         (int)transfer);
+  int64_t es = deep ? 2 : 1, row = es * src->width, crow = es * 2 * (int64_t)((src->width + 1) / 2);
+  if (src->stride[0] < row || src->stride[1] < crow)
+    return spn_error_set(err, SPN_EINVAL, "cuda color: hdr420_to_rgb: a %dx%d %s source needs pitches of at least "
+                         "%lld and %lld bytes (got %lld and %lld)", (int)src->width, (int)src->height,
+                         deep ? "16-bit" : "8-bit", (long long)row, (long long)crow, (long long)src->stride[0],
+                         (long long)src->stride[1]);
+  dim3 grid((unsigned)((dst->width + (int32_t)k_block.x - 1) / (int32_t)k_block.x),
+            (unsigned)((dst->height + (int32_t)k_block.y - 1) / (int32_t)k_block.y));
+  hdr420_to_rgb_kernel<<<grid, k_block, 0, stream>>>(describe(src), deep != 0, k, transfer, describe(dst));
+  return launched("hdr420_to_rgb", err);
 }

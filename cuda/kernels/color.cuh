@@ -54,6 +54,21 @@ int32_t spn_cuda_yuv420_repack(const spn_image_t *src, spn_image_t *dst, cudaStr
 int32_t spn_cuda_p016_to_yuv420(const void *y16, int64_t y_pitch, const void *uv16, int64_t uv_pitch,
                                 spn_image_t *dst, cudaStream_t stream, spn_error_t *err);
 
+/* HDR 4:2:0 as NVDEC gives it → SDR RGB24/BGR24 of the same size: the GPU
+ * twin of the CPU path's HDR frames (stages/media/media-tonemap.h; the
+ * arithmetic is tonemap.h's, shared with it). `src` is the NV12 view of the
+ * picture (device planes, any pitch); with deep = 1 they hold 16-bit
+ * P010/P016 samples, read as 8-bit values with a fraction (v / 256: exact
+ * for limited range at any depth), else NV12's bytes. Per pixel: its
+ * samples (chroma of the sample that covers it, as spn_cuda_yuv420_to_rgb)
+ * to R'G'B' in `colour`'s matrix and range (spn_colour_coeffs; NULL:
+ * BT.601 limited; HDR video is BT.2020 limited), each rounded to 16 bits
+ * (R' · 65535, as the CPU path's RGB48), then spn_tonemap_rgb48's steps
+ * for `transfer` (SPN_TRANSFER_PQ or SPN_TRANSFER_HLG; anything else is
+ * SPN_EINVAL before any launch). */
+int32_t spn_cuda_hdr420_to_rgb(const spn_image_t *src, int32_t deep, const spn_colour_t *colour, int32_t transfer,
+                               spn_image_t *dst, cudaStream_t stream, spn_error_t *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -55,4 +55,10 @@ ffmpeg -nostdin -hide_banner -loglevel error -y -i "$tmp/crop.mp4" -c copy -meta
 ffmpeg -nostdin -hide_banner -loglevel error -y -i "$out/talking-head.mp4" -an \
   -c:v libx265 -pix_fmt yuv420p10le -preset fast -crf 30 -x265-params log-level=error -tag:v hvc1 \
   -movflags +faststart "$out/talking-head-hevc10.mp4"
-ls -l "$out/speech.wav" "$out/talking-head.mp4" "$out/talking-head-rot90.mp4" "$out/talking-head-hevc10.mp4"
+# The same stream tagged HDR (HLG, BT.2020), the tags set in the bitstream
+# on a stream copy: NVDEC's P010 pictures of it are tone-mapped on the GPU.
+ffmpeg -nostdin -hide_banner -loglevel error -y -i "$out/talking-head-hevc10.mp4" -c copy \
+  -bsf:v hevc_metadata=colour_primaries=9:transfer_characteristics=18:matrix_coefficients=9:video_full_range_flag=0 \
+  -tag:v hvc1 -movflags +faststart "$out/talking-head-hlg.mp4"
+ls -l "$out/speech.wav" "$out/talking-head.mp4" "$out/talking-head-rot90.mp4" "$out/talking-head-hevc10.mp4" \
+  "$out/talking-head-hlg.mp4"

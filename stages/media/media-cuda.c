@@ -163,29 +163,63 @@ int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, const spn_colour_t *co
 /* Scratch pieces start 256-byte aligned (what cudaMalloc gives). */
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
+/* Whether a frame in `pixfmt` is tone-mapped from `transfer` (RGB and float
+ * frames of PQ and HLG video; 4:2:0 stays the signal, as on the CPU). */
+static int tone_mapped(int32_t pixfmt, int32_t transfer) {
+  return (transfer == SPN_TRANSFER_PQ || transfer == SPN_TRANSFER_HLG) && pixfmt != SPN_PIXFMT_NV12 &&
+         pixfmt != SPN_PIXFMT_YUV420P;
+}
+
 size_t spn_media_cuda_frame_scratch_size(int32_t pixfmt, int32_t width, int32_t height, int32_t deep,
-                                         int32_t rotation) {
+                                         int32_t rotation, int32_t transfer) {
   size_t n = align256(spn_media_cuda_scratch_size(pixfmt, width, height));
-  if (deep)
+  if (deep && !tone_mapped(pixfmt, transfer)) /* the tone mapper reads the 16-bit samples itself */
     n += align256(spn_pixfmt_tight_size(SPN_PIXFMT_NV12, width, height));
   if (rotation % 360)
     n += align256(spn_pixfmt_tight_size(pixfmt, width, height));
   return n;
 }
 
+/* HDR to SDR: the frame tone-mapped to RGB24/BGR24 (in `conv` first for a
+ * float pixfmt, then to float), into dst. */
+static int32_t from_hdr(const spn_image_t *frame, int32_t deep, const spn_colour_t *colour, int32_t transfer,
+                        int32_t pixfmt, void *dst, void *conv, cudaStream_t stream, spn_error_t *err) {
+  int flt = pixfmt == SPN_PIXFMT_RGBF32P || pixfmt == SPN_PIXFMT_BGRF32P;
+  int32_t mid_fmt = pixfmt == SPN_PIXFMT_RGBF32P ? SPN_PIXFMT_RGB24 : pixfmt == SPN_PIXFMT_BGRF32P ? SPN_PIXFMT_BGR24
+                                                                                                 : pixfmt;
+  spn_image_t rgb, out;
+  int32_t rc;
+  if (flt && !conv)
+    return spn_error_set(err, SPN_EINVAL, "media cuda: conversion to %s needs scratch memory", spn_pixfmt_name(pixfmt));
+  if ((rc = spn_image_wrap(&rgb, flt ? conv : dst, frame->width, frame->height, mid_fmt, err)) ||
+      (rc = spn_cuda_hdr420_to_rgb(frame, deep, colour, transfer, &rgb, stream, err)) || !flt)
+    return rc;
+  if ((rc = spn_image_wrap(&out, dst, frame->width, frame->height, pixfmt, err)))
+    return rc;
+  return spn_cuda_to_float(&rgb, &out, NULL, NULL, stream, err);
+}
+
 int32_t spn_media_cuda_from_frame(const spn_image_t *frame, int32_t deep, int32_t rotation, const spn_colour_t *colour,
-                                  int32_t pixfmt, void *dst, void *scratch, cudaStream_t stream, spn_error_t *err) {
+                                  int32_t transfer, int32_t pixfmt, void *dst, void *scratch, cudaStream_t stream,
+                                  spn_error_t *err) {
   if (!frame || frame->format != SPN_PIXFMT_NV12 || !dst)
     return spn_error_set(err, SPN_EINVAL, "media cuda: frame conversion needs an nv12 source and a destination");
-  int32_t w = frame->width, h = frame->height;
+  int32_t w = frame->width, h = frame->height, tm = tone_mapped(pixfmt, transfer);
   size_t conv = align256(spn_media_cuda_scratch_size(pixfmt, w, h));
-  size_t need = spn_media_cuda_frame_scratch_size(pixfmt, w, h, deep, rotation);
+  size_t need = spn_media_cuda_frame_scratch_size(pixfmt, w, h, deep, rotation, transfer);
   if (need && !scratch)
     return spn_error_set(err, SPN_EINVAL, "media cuda: converting a %s%s frame to %s needs scratch memory",
                          deep ? "16-bit 4:2:0" : "nv12", rotation % 360 ? " turned" : "", spn_pixfmt_name(pixfmt));
   uint8_t *next = (uint8_t *)scratch + conv;
   spn_image_t nv12 = *frame;
   int32_t rc;
+  if (tm) {
+    if (!(rotation % 360))
+      return from_hdr(frame, deep, colour, transfer, pixfmt, dst, conv ? scratch : NULL, stream, err);
+    if ((rc = from_hdr(frame, deep, colour, transfer, pixfmt, next, conv ? scratch : NULL, stream, err)))
+      return rc;
+    return spn_media_cuda_rotate(next, pixfmt, w, h, rotation, dst, stream, err);
+  }
   if (deep) {
     if ((rc = spn_image_wrap(&nv12, next, w, h, SPN_PIXFMT_NV12, err)) ||
         (rc = spn_cuda_p016_to_yuv420(frame->data[0], frame->stride[0], frame->data[1], frame->stride[1], &nv12,

@@ -23,6 +23,7 @@
 
 #include "spindle/image.h"
 #include "spindle/status.h"
+#include "tonemap.h" /* SPN_TRANSFER_PQ, SPN_TRANSFER_HLG */
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,12 +70,17 @@ int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, const spn_colour_t *co
  * the upright frame's tight size in `pixfmt`. Deep samples are first
  * rounded to 8 bits (spn_cuda_p016_to_yuv420), then converted as
  * spn_media_cuda_from_nv12 does, then turned (spn_cuda_rotate), each step
- * on `stream`. scratch: device memory of spn_media_cuda_frame_scratch_size
- * bytes, or NULL when that is 0. */
+ * on `stream`. `transfer` SPN_TRANSFER_PQ or SPN_TRANSFER_HLG (the
+ * item's tone_map): an RGB or float pixfmt is tone-mapped to SDR instead
+ * of converted (spn_cuda_hdr420_to_rgb, on the samples as they are, 16-bit
+ * ones too; the CPU path's twin); 0 (or with a 4:2:0 pixfmt): not. scratch:
+ * device memory of spn_media_cuda_frame_scratch_size bytes, or NULL when
+ * that is 0. */
 size_t spn_media_cuda_frame_scratch_size(int32_t pixfmt, int32_t width, int32_t height, int32_t deep,
-                                         int32_t rotation);
+                                         int32_t rotation, int32_t transfer);
 int32_t spn_media_cuda_from_frame(const spn_image_t *frame, int32_t deep, int32_t rotation, const spn_colour_t *colour,
-                                  int32_t pixfmt, void *dst, void *scratch, cudaStream_t stream, spn_error_t *err);
+                                  int32_t transfer, int32_t pixfmt, void *dst, void *scratch, cudaStream_t stream,
+                                  spn_error_t *err);
 
 /* A tight `fmt` frame of width x height in device memory turned clockwise
  * by `rotation` (a multiple of 90) into `dst`, device memory of the turned

@@ -625,10 +625,6 @@ static int32_t device_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t 
     d->info.host_frames_why = "the video's pixels are not square (resampled on the CPU)";
     return SPN_OK;
   }
-  if (d->tm) {
-    d->info.host_frames_why = "the video is HDR (tone-mapped on the CPU)";
-    return SPN_OK;
-  }
   int deep = fc && (fc->sw_format == AV_PIX_FMT_P010 || fc->sw_format == AV_PIX_FMT_P016);
   if (!fc || (fc->sw_format != AV_PIX_FMT_NV12 && !deep)) {
     d->info.host_frames_why = "NVDEC gives this stream in a layout other than 4:2:0 (NV12, P010 or P016)";
@@ -640,6 +636,7 @@ static int32_t device_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t 
   memset(item, 0, sizeof *item);
   item->hw_frame = ref;
   item->deep = deep;
+  item->tone_map = d->tm ? d->info.transfer : 0; /* HDR to RGB: tone-mapped on the GPU */
   item->image.width = ref->width;
   item->image.height = ref->height;
   item->image.format = SPN_PIXFMT_NV12;

@@ -33,9 +33,8 @@
 
 #include "spindle/image.h"
 #include "spindle/status.h"
+#include "tonemap.h" /* (cuda/kernels: the arithmetic, shared with the GPU twin) */
 
-/* H.273 transfer characteristics codes (FFmpeg's AVColorTransferCharacteristic). */
-enum { SPN_TRANSFER_PQ = 16, SPN_TRANSFER_HLG = 18 };
 
 typedef struct spn_tonemap spn_tonemap_t;
 

@@ -249,7 +249,8 @@ static void gpu_say_path(spn_stage_t *stage, decode_job_t *j, const spn_media_it
     snprintf(turn, sizeof turn, "; turned %d degrees clockwise on the GPU", (int)it->rotation);
   if (it->hw_frame) {
     host->log(stage, j->job_id, SPN_LOG_INFO, "%s: decoding video with NVDEC; frames stay on the GPU%s%s", j->path,
-              it->deep ? "; samples above 8 bits rounded to 8 on the GPU" : "", turn);
+              it->tone_map ? "; HDR tone-mapped on the GPU"
+              : it->deep   ? "; samples above 8 bits rounded to 8 on the GPU" : "", turn);
     return;
   }
   const char *why = j->open_why ? j->open_why : spn_decoder_info(j->dec)->host_frames_why;
@@ -341,11 +342,12 @@ static int32_t gpu_fill_frame(spn_stage_t *stage, decode_job_t *j, spn_media_ite
   if (it->hw_frame) {
     gpu_say_path(stage, j, it);
     size_t need = spn_media_cuda_frame_scratch_size(j->pixfmt, it->image.width, it->image.height, it->deep,
-                                                    it->rotation);
+                                                    it->rotation, it->tone_map);
     if ((rc = gpu_scratch(stage, j, need, err)))
       return rc;
-    rc = spn_media_cuda_from_frame(&it->image, it->deep, it->rotation, &it->colour, j->pixfmt, host->buffer_data(buf),
-                                   need ? host->buffer_data(j->scratch) : NULL, j->stream, err);
+    rc = spn_media_cuda_from_frame(&it->image, it->deep, it->rotation, &it->colour, it->tone_map, j->pixfmt,
+                                   host->buffer_data(buf), need ? host->buffer_data(j->scratch) : NULL, j->stream,
+                                   err);
   } else {
     gpu_say_path(stage, j, it);
     rc = gpu_upload(stage, j, it, buf, err);
@@ -496,8 +498,9 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
     const spn_decode_info_t *in = spn_decoder_info(j->dec);
     bool square = fmt != SPN_PIXFMT_NV12 && fmt != SPN_PIXFMT_YUV420P; /* RGB was resampled to square pixels */
     bool sdr = in->tone_mapped;                                         /* ... and HDR tone-mapped to BT.709 */
-    spn_media_image_meta_t im_meta = {.width = ow, .height = oh, .format = fmt, .matrix = it->colour.matrix,
-                                      .full_range = it->colour.full_range, .primaries = sdr ? 1 : in->primaries,
+    spn_colour_t col = sdr ? (spn_colour_t){SPN_MATRIX_BT709, 0} : it->colour; /* (a device frame's is the source's) */
+    spn_media_image_meta_t im_meta = {.width = ow, .height = oh, .format = fmt, .matrix = col.matrix,
+                                      .full_range = col.full_range, .primaries = sdr ? 1 : in->primaries,
                                       .transfer = sdr ? 1 : in->transfer, .sar_num = square ? 1 : in->sar_num,
                                       .sar_den = square ? 1 : in->sar_den};
     rc = host->msg_add_meta(msg, SPN_MEDIA_IMAGE_META, &im_meta, sizeof im_meta, err);

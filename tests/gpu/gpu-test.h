@@ -92,6 +92,22 @@ static inline void from_device(const spn_image_t *d, spn_image_t *h) {
                     (size_t)plane_rows(h, p), cudaMemcpyDeviceToHost));
 }
 
+/* The view decode's items give of a picture NVDEC keeps on the GPU: NV12
+ * with the planes y and uv (rows yp and uvp bytes apart; deep pictures
+ * hold 16-bit samples in the same planes). */
+static inline spn_image_t nvdec_view(void *y, size_t yp, void *uv, size_t uvp, int32_t w, int32_t h) {
+  spn_image_t v = SPN_IMAGE_INIT;
+  v.width = w;
+  v.height = h;
+  v.format = SPN_PIXFMT_NV12;
+  v.nplanes = 2;
+  v.data[0] = (uint8_t *)y;
+  v.data[1] = (uint8_t *)uv;
+  v.stride[0] = (int64_t)yp;
+  v.stride[1] = (int64_t)uvp;
+  return v;
+}
+
 static inline void device_free(spn_image_t *d) {
   for (int p = 0; p < d->nplanes; p++)
     CU(cudaFree(d->data[p]));

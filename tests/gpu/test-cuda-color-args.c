@@ -14,6 +14,7 @@
 
 #include "color.cuh"
 #include "image.cuh"
+#include "tonemap.h"
 
 static uint8_t fake[16]; /* stands in for device memory: never touched */
 
@@ -118,8 +119,45 @@ static void p016_to_yuv420_refuses_bad_arguments(void **state) {
   }
 }
 
+/* The HDR tone map: formats, transfer, pitches (16-bit samples take twice
+ * the bytes) and matrix, each refused before any launch. */
+static void hdr420_to_rgb_refuses_bad_arguments(void **state) {
+  (void)state;
+  spn_image_t nv12 = view(64, 48, SPN_PIXFMT_NV12), rgb = view(64, 48, SPN_PIXFMT_RGB24);
+  spn_image_t yuv = view(64, 48, SPN_PIXFMT_YUV420P), rgbf = view(64, 48, SPN_PIXFMT_RGBF32P);
+  spn_image_t small = view(32, 48, SPN_PIXFMT_RGB24), narrow = view(64, 48, SPN_PIXFMT_NV12);
+  narrow.stride[0] = narrow.stride[1] = 100; /* enough for 8-bit samples, not for 16-bit ones */
+  spn_colour_t bt2020 = {SPN_MATRIX_BT2020, 0}, bad = {8, 0};
+  struct {
+    const spn_image_t *src;
+    int32_t deep;
+    const spn_colour_t *col;
+    int32_t transfer;
+    spn_image_t *dst;
+    int32_t status;
+    const char *part;
+  } cases[] = {
+      {NULL, 1, &bt2020, SPN_TRANSFER_HLG, &rgb, SPN_EINVAL, "source is empty"},
+      {&nv12, 1, &bt2020, SPN_TRANSFER_HLG, &small, SPN_EINVAL, "sizes differ (64x48 vs 32x48)"},
+      {&yuv, 1, &bt2020, SPN_TRANSFER_HLG, &rgb, SPN_EUNSUPPORTED, "from yuv420p to rgb24"},
+      {&nv12, 1, &bt2020, SPN_TRANSFER_PQ, &rgbf, SPN_EUNSUPPORTED, "from nv12 to rgbf32p"},
+      {&nv12, 1, &bt2020, 1, &rgb, SPN_EINVAL, "transfer 1 is neither PQ (16) nor HLG (18)"},
+      {&nv12, 1, &bad, SPN_TRANSFER_PQ, &rgb, SPN_EINVAL, "colour matrix 8"},
+      {&narrow, 1, &bt2020, SPN_TRANSFER_HLG, &rgb, SPN_EINVAL, "at least 128 and 128 bytes (got 100 and 100)"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    spn_error_t err = SPN_ERROR_INIT;
+    int32_t rc = spn_cuda_hdr420_to_rgb(cases[i].src, cases[i].deep, cases[i].col, cases[i].transfer, cases[i].dst,
+                                        NULL, &err);
+    if (rc != cases[i].status || !strstr(err.msg, "hdr420_to_rgb") || !strstr(err.msg, cases[i].part))
+      fail_msg("case %zu: expected status %d with \"%s\", got %d: %s", i, (int)cases[i].status, cases[i].part,
+               (int)rc, err.msg);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(hdr420_to_rgb_refuses_bad_arguments),
       cmocka_unit_test(rgb_to_yuv420_refuses_bad_arguments),
       cmocka_unit_test(colour_variants_refuse_unknown_matrices),
       cmocka_unit_test(yuv420_repack_refuses_bad_arguments),

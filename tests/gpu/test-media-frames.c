@@ -20,6 +20,12 @@
  * from_frame is exactly spn_media_cuda_frame_scratch_size bytes and the
  * destination starts as garbage, so a step that wrote out of its piece or
  * skipped a pixel shows.
+ *
+ * HDR (PQ and HLG) pictures to RGB and float are tone-mapped instead; their
+ * twin is the CPU path's: the samples to 16-bit R'G'B' (the kernel's float
+ * arithmetic written out) and spn_tonemap_rgb48 (stages/media), then the
+ * same float and turn steps; same tolerance. 4:2:0 outputs of HDR pictures
+ * are the signal as it is (the SDR path's bytes).
  */
 #include <math.h>
 #include <setjmp.h>
@@ -35,6 +41,7 @@
 #include "gpu-skip.h"
 #include "gpu-test.h"
 #include "media-cuda.h"
+#include "media-tonemap.h"
 #include "spindle/image.h"
 
 static uint8_t top8(uint16_t v) {
@@ -58,20 +65,22 @@ static void fill_plane(uint8_t *dev_layout, size_t pitch, spn_image_t *nv12, int
     }
 }
 
-/* The CPU twin: nv12 (8-bit, host) -> fmt -> turned, as a tight buffer. */
-static void *cpu_twin(const spn_image_t *nv12, int32_t fmt, int32_t rot) {
-  int32_t w = nv12->width, h = nv12->height;
+static int32_t mid_format(int32_t fmt) {
+  return fmt == SPN_PIXFMT_RGBF32P ? SPN_PIXFMT_RGB24 : fmt == SPN_PIXFMT_BGRF32P ? SPN_PIXFMT_BGR24 : fmt;
+}
+
+/* The twin's last steps: mid (rgb24/bgr24 for a float fmt, else fmt;
+ * consumed) -> fmt -> turned, as a tight buffer. */
+static void *twin_finish(spn_image_t *mid, int32_t fmt, int32_t rot) {
+  int32_t w = mid->width, h = mid->height;
   bool flt = fmt == SPN_PIXFMT_RGBF32P || fmt == SPN_PIXFMT_BGRF32P;
-  int32_t mid_fmt = fmt == SPN_PIXFMT_RGBF32P ? SPN_PIXFMT_RGB24 : fmt == SPN_PIXFMT_BGRF32P ? SPN_PIXFMT_BGR24 : fmt;
-  spn_image_t mid = SPN_IMAGE_INIT, conv = SPN_IMAGE_INIT, out = SPN_IMAGE_INIT;
-  CK(spn_image_alloc(&mid, w, h, mid_fmt, &e_));
-  CK(spn_image_convert(nv12, &mid, &e_));
+  spn_image_t conv = SPN_IMAGE_INIT, out = SPN_IMAGE_INIT;
   if (flt) {
     CK(spn_image_alloc(&conv, w, h, fmt, &e_));
-    CK(spn_image_to_float(&mid, &conv, NULL, NULL, &e_));
-    spn_image_release(&mid);
+    CK(spn_image_to_float(mid, &conv, NULL, NULL, &e_));
+    spn_image_release(mid);
   } else {
-    conv = mid;
+    conv = *mid;
   }
   bool q = rot == 90 || rot == 270;
   void *buf = malloc(spn_pixfmt_tight_size(fmt, w, h));
@@ -80,6 +89,55 @@ static void *cpu_twin(const spn_image_t *nv12, int32_t fmt, int32_t rot) {
   CK(spn_image_rotate(&conv, &out, rot, &e_));
   spn_image_release(&conv);
   return buf;
+}
+
+/* The CPU twin: nv12 (8-bit, host) -> fmt -> turned, as a tight buffer. */
+static void *cpu_twin(const spn_image_t *nv12, int32_t fmt, int32_t rot) {
+  spn_image_t mid = SPN_IMAGE_INIT;
+  CK(spn_image_alloc(&mid, nv12->width, nv12->height, mid_format(fmt), &e_));
+  CK(spn_image_convert(nv12, &mid, &e_));
+  return twin_finish(&mid, fmt, rot);
+}
+
+/* A sample as an 8-bit value with a fraction, and R' (0..255) as the
+ * 16-bit code of the CPU path's RGB48: the kernel's arithmetic. */
+static float sample8(const uint8_t *row, int32_t i, int deep) {
+  return deep ? (float)((const uint16_t *)row)[i] * (1.0f / 256.0f) : (float)row[i];
+}
+static uint16_t code16(float v) {
+  float c = v * 257.0f;
+  if (!(c > 0.0f))
+    return 0;
+  return c >= 65534.5f ? 65535 : (uint16_t)(c + 0.5f);
+}
+
+/* The HDR twin: the picture's samples (host copies of NVDEC's planes) to
+ * 16-bit R'G'B' in *col, tone-mapped by the CPU path's spn_tonemap_rgb48,
+ * then -> fmt -> turned. */
+static void *hdr_twin(const uint8_t *py, size_t yp, const uint8_t *pc, size_t cp, int deep, int32_t w, int32_t h,
+                      const spn_colour_t *col, int32_t transfer, int32_t fmt, int32_t rot) {
+  spn_yuv_coeffs_t k = {0};
+  CK(spn_colour_coeffs(col, &k, &e_));
+  uint16_t *rgb48 = malloc((size_t)w * (size_t)h * 6);
+  assert_non_null(rgb48);
+  for (int32_t y = 0; y < h; y++)
+    for (int32_t x = 0; x < w; x++) {
+      const uint8_t *crow = pc + (size_t)(y / 2) * cp;
+      float yy = k.ys * (sample8(py + (size_t)y * yp, x, deep) - k.yoff);
+      float cb = sample8(crow, 2 * (x / 2), deep) - 128.0f, cr = sample8(crow, 2 * (x / 2) + 1, deep) - 128.0f;
+      uint16_t *o = rgb48 + ((size_t)y * (size_t)w + (size_t)x) * 3;
+      o[0] = code16(yy + k.rv * cr);
+      o[1] = code16(yy - k.gu * cb - k.gv * cr);
+      o[2] = code16(yy + k.bu * cb);
+    }
+  spn_tonemap_t *tm = NULL;
+  spn_image_t mid = SPN_IMAGE_INIT;
+  CK(spn_tonemap_new(transfer, &tm, &e_));
+  CK(spn_image_alloc(&mid, w, h, mid_format(fmt), &e_));
+  CK(spn_tonemap_rgb48(tm, rgb48, (int64_t)w * 6, &mid, &e_));
+  spn_tonemap_free(tm);
+  free(rgb48);
+  return twin_finish(&mid, fmt, rot);
 }
 
 static void compare(const void *cpu, const void *gpu, int32_t fmt, size_t n, const char *what) {
@@ -114,6 +172,7 @@ static void from_frame_matches_cpu_twin(void **state) {
                           SPN_PIXFMT_NV12, SPN_PIXFMT_YUV420P};
   const int32_t sizes[][2] = {{64, 48}, {38, 22}, {37, 21}};
   const int32_t rots[] = {0, 90, 180, 270};
+  const int32_t transfers[] = {0, SPN_TRANSFER_PQ, SPN_TRANSFER_HLG};
   uint32_t seed = 31337;
   int checked = 0;
   cudaStream_t s = NULL;
@@ -138,23 +197,20 @@ static void from_frame_matches_cpu_twin(void **state) {
        * DMA lands, and s (non-blocking) does not wait for the legacy stream */
       CU(cudaMemcpyAsync(dy, hy, (size_t)h * yp, cudaMemcpyHostToDevice, s));
       CU(cudaMemcpyAsync(dc, hc, (size_t)ch * cp, cudaMemcpyHostToDevice, s));
-      spn_image_t frame = SPN_IMAGE_INIT; /* the item's view: NV12 with the device planes */
-      frame.width = w;
-      frame.height = h;
-      frame.format = SPN_PIXFMT_NV12;
-      frame.nplanes = 2;
-      frame.data[0] = dy;
-      frame.data[1] = dc;
-      frame.stride[0] = (int64_t)yp;
-      frame.stride[1] = (int64_t)cp;
-      for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++)
+      spn_image_t frame = nvdec_view(dy, yp, dc, cp, w, h);
+      const size_t n_fmt = sizeof fmts / sizeof *fmts, n_tr = sizeof transfers / sizeof *transfers;
+      for (size_t tf = 0; tf < n_tr * n_fmt; tf++) /* every transfer (none, PQ, HLG) with every format */
         for (size_t r = 0; r < sizeof rots / sizeof *rots; r++) {
-          int32_t fmt = fmts[f], rot = rots[r];
+          int32_t fmt = fmts[tf % n_fmt], rot = rots[r], tr = transfers[tf / n_fmt];
           bool q = rot == 90 || rot == 270, yuv = fmt == SPN_PIXFMT_NV12 || fmt == SPN_PIXFMT_YUV420P;
-          char what[128];
-          snprintf(what, sizeof what, "%s %dx%d -> %s turned %d", deep ? "p016" : "nv12", (int)w, (int)h,
+          /* HDR video is BT.2020; full range on the odd size, to cover it */
+          spn_colour_t hdr_col = {SPN_MATRIX_BT2020, w & 1}, *col = tr ? &hdr_col : NULL;
+          char what[160];
+          snprintf(what, sizeof what, "%s%s %dx%d -> %s turned %d", deep ? "p016" : "nv12",
+                   tr == SPN_TRANSFER_PQ ? " PQ" : tr == SPN_TRANSFER_HLG ? " HLG" : "", (int)w, (int)h,
                    spn_pixfmt_name(fmt), (int)rot);
-          size_t n = spn_pixfmt_tight_size(fmt, w, h), sn = spn_media_cuda_frame_scratch_size(fmt, w, h, deep, rot);
+          size_t n = spn_pixfmt_tight_size(fmt, w, h),
+                 sn = spn_media_cuda_frame_scratch_size(fmt, w, h, deep, rot, tr);
           void *ddst = NULL, *dscr = NULL;
           CU(cudaMalloc(&ddst, n));
           /* on s too: cudaMemset runs on the legacy stream, which s does
@@ -164,7 +220,7 @@ static void from_frame_matches_cpu_twin(void **state) {
           if (sn)
             CU(cudaMalloc(&dscr, sn));
           spn_error_t err = SPN_ERROR_INIT;
-          int32_t rc = spn_media_cuda_from_frame(&frame, deep, rot, NULL, fmt, ddst, dscr, s, &err);
+          int32_t rc = spn_media_cuda_from_frame(&frame, deep, rot, col, tr, fmt, ddst, dscr, s, &err);
           if (q && yuv && ((w | h) & 1)) { /* as the CPU: an odd 4:2:0 picture is not turned by a quarter */
             if (rc != SPN_EINVAL || !strstr(err.msg, "even sizes"))
               fail_msg("%s: expected a refusal naming even sizes, got %d: %s", what, (int)rc, err.msg);
@@ -172,7 +228,8 @@ static void from_frame_matches_cpu_twin(void **state) {
             if (rc != SPN_OK)
               fail_msg("%s: %s", what, err.msg);
             CU(cudaStreamSynchronize(s));
-            void *got = malloc(n), *want = cpu_twin(&nv12, fmt, rot);
+            void *got = malloc(n), *want = tr && !yuv ? hdr_twin(hy, yp, hc, cp, deep, w, h, col, tr, fmt, rot)
+                                                      : cpu_twin(&nv12, fmt, rot);
             assert_non_null(got);
             CU(cudaMemcpy(got, ddst, n, cudaMemcpyDeviceToHost));
             compare(want, got, fmt, n, what);
@@ -188,7 +245,7 @@ static void from_frame_matches_cpu_twin(void **state) {
       spn_error_t err = SPN_ERROR_INIT;
       void *ddst = NULL;
       CU(cudaMalloc(&ddst, spn_pixfmt_tight_size(SPN_PIXFMT_RGB24, w, h)));
-      assert_int_equal(spn_media_cuda_from_frame(&frame, deep, 90, NULL, SPN_PIXFMT_RGB24, ddst, NULL, s, &err),
+      assert_int_equal(spn_media_cuda_from_frame(&frame, deep, 90, NULL, 0, SPN_PIXFMT_RGB24, ddst, NULL, s, &err),
                        SPN_EINVAL);
       assert_non_null(strstr(err.msg, "needs scratch memory"));
       CU(cudaFree(ddst));
@@ -199,7 +256,7 @@ static void from_frame_matches_cpu_twin(void **state) {
       spn_image_release(&nv12);
     }
   CU(cudaStreamDestroy(s));
-  assert_int_equal(checked, 2 * (3 * 6 * 4 - 2 * 2));
+  assert_int_equal(checked, 3 * 2 * (3 * 6 * 4 - 2 * 2));
 }
 
 int main(void) {
