@@ -60,5 +60,9 @@ ffmpeg -nostdin -hide_banner -loglevel error -y -i "$out/talking-head.mp4" -an \
 ffmpeg -nostdin -hide_banner -loglevel error -y -i "$out/talking-head-hevc10.mp4" -c copy \
   -bsf:v hevc_metadata=colour_primaries=9:transfer_characteristics=18:matrix_coefficients=9:video_full_range_flag=0 \
   -tag:v hvc1 -movflags +faststart "$out/talking-head-hlg.mp4"
+# The same H.264 stream with 4:3 pixels (sample aspect ratio in the stream
+# and the container, on a stream copy): shown at 426x320.
+ffmpeg -nostdin -hide_banner -loglevel error -y -i "$out/talking-head.mp4" -an -c:v copy \
+  -bsf:v h264_metadata=sample_aspect_ratio=4/3 -aspect 4:3 -movflags +faststart "$out/talking-head-wide.mp4"
 ls -l "$out/speech.wav" "$out/talking-head.mp4" "$out/talking-head-rot90.mp4" "$out/talking-head-hevc10.mp4" \
-  "$out/talking-head-hlg.mp4"
+  "$out/talking-head-hlg.mp4" "$out/talking-head-wide.mp4"

@@ -170,68 +170,105 @@ static int tone_mapped(int32_t pixfmt, int32_t transfer) {
          pixfmt != SPN_PIXFMT_YUV420P;
 }
 
-size_t spn_media_cuda_frame_scratch_size(int32_t pixfmt, int32_t width, int32_t height, int32_t deep,
-                                         int32_t rotation, int32_t transfer) {
-  size_t n = align256(spn_media_cuda_scratch_size(pixfmt, width, height));
-  if (deep && !tone_mapped(pixfmt, transfer)) /* the tone mapper reads the 16-bit samples itself */
-    n += align256(spn_pixfmt_tight_size(SPN_PIXFMT_NV12, width, height));
-  if (rotation % 360)
-    n += align256(spn_pixfmt_tight_size(pixfmt, width, height));
-  return n;
+/* What spn_media_cuda_from_item does to an item, and the scratch pieces
+ * (offsets from the scratch's start, 256-byte aligned; -1: not needed) its
+ * steps write between them. */
+typedef struct {
+  int32_t w, h, sw, sh; /* stored size; shown size (square pixels) */
+  int32_t u8;           /* the u8 format RGB steps use (pixfmt, or the RGB24/BGR24 of a float one) */
+  int rgb, flt, tm, resample, turn;
+  int64_t nv12, stored, shown, turned; /* pieces: 8-bit NV12; u8 RGB stored; u8 RGB shown (float); pixfmt turned */
+  size_t total;
+} item_plan_t;
+
+/* A scratch piece of `bytes` at *at when needed (then *at moves past it,
+ * aligned); -1 when not. */
+static int64_t piece(size_t *at, int need, size_t bytes) {
+  if (!need)
+    return -1;
+  int64_t off = (int64_t)*at;
+  *at += align256(bytes);
+  return off;
 }
 
-/* HDR to SDR: the frame tone-mapped to RGB24/BGR24 (in `conv` first for a
- * float pixfmt, then to float), into dst. */
-static int32_t from_hdr(const spn_image_t *frame, int32_t deep, const spn_colour_t *colour, int32_t transfer,
-                        int32_t pixfmt, void *dst, void *conv, cudaStream_t stream, spn_error_t *err) {
-  int flt = pixfmt == SPN_PIXFMT_RGBF32P || pixfmt == SPN_PIXFMT_BGRF32P;
-  int32_t mid_fmt = pixfmt == SPN_PIXFMT_RGBF32P ? SPN_PIXFMT_RGB24 : pixfmt == SPN_PIXFMT_BGRF32P ? SPN_PIXFMT_BGR24
-                                                                                                 : pixfmt;
-  spn_image_t rgb, out;
-  int32_t rc;
-  if (flt && !conv)
-    return spn_error_set(err, SPN_EINVAL, "media cuda: conversion to %s needs scratch memory", spn_pixfmt_name(pixfmt));
-  if ((rc = spn_image_wrap(&rgb, flt ? conv : dst, frame->width, frame->height, mid_fmt, err)) ||
-      (rc = spn_cuda_hdr420_to_rgb(frame, deep, colour, transfer, &rgb, stream, err)) || !flt)
-    return rc;
-  if ((rc = spn_image_wrap(&out, dst, frame->width, frame->height, pixfmt, err)))
-    return rc;
-  return spn_cuda_to_float(&rgb, &out, NULL, NULL, stream, err);
+static int32_t plan_item(const spn_media_item_t *it, int32_t pixfmt, item_plan_t *pl, spn_error_t *err) {
+  memset(pl, 0, sizeof *pl);
+  if (!it || it->image.format != SPN_PIXFMT_NV12 || !it->image.data[0])
+    return spn_error_set(err, SPN_EINVAL, "media cuda: frame conversion needs an item with an nv12 device view");
+  pl->w = it->image.width;
+  pl->h = it->image.height;
+  pl->sw = it->show_w > 0 ? it->show_w : pl->w;
+  pl->sh = it->show_h > 0 ? it->show_h : pl->h;
+  pl->rgb = pixfmt != SPN_PIXFMT_NV12 && pixfmt != SPN_PIXFMT_YUV420P;
+  pl->flt = pixfmt == SPN_PIXFMT_RGBF32P || pixfmt == SPN_PIXFMT_BGRF32P;
+  pl->u8 = pixfmt == SPN_PIXFMT_RGBF32P ? SPN_PIXFMT_RGB24 : pixfmt == SPN_PIXFMT_BGRF32P ? SPN_PIXFMT_BGR24 : pixfmt;
+  pl->tm = tone_mapped(pixfmt, it->tone_map);
+  pl->resample = pl->sw != pl->w || pl->sh != pl->h;
+  pl->turn = it->rotation % 360 != 0;
+  if (pl->resample && !pl->rgb)
+    return spn_error_set(err, SPN_EINVAL, "media cuda: a %dx%d frame is shown at %dx%d, but %s frames are not "
+                         "resampled", (int)pl->w, (int)pl->h, (int)pl->sw, (int)pl->sh, spn_pixfmt_name(pixfmt));
+  size_t at = 0;
+  pl->nv12 = piece(&at, it->deep && !pl->tm, spn_pixfmt_tight_size(SPN_PIXFMT_NV12, pl->w, pl->h));
+  pl->stored = piece(&at, pl->rgb && pl->resample, spn_pixfmt_tight_size(pl->u8, pl->w, pl->h));
+  pl->shown = piece(&at, pl->flt, spn_pixfmt_tight_size(pl->u8, pl->sw, pl->sh));
+  pl->turned = piece(&at, pl->turn, spn_pixfmt_tight_size(pixfmt, pl->sw, pl->sh));
+  pl->total = at;
+  return SPN_OK;
 }
 
-int32_t spn_media_cuda_from_frame(const spn_image_t *frame, int32_t deep, int32_t rotation, const spn_colour_t *colour,
-                                  int32_t transfer, int32_t pixfmt, void *dst, void *scratch, cudaStream_t stream,
-                                  spn_error_t *err) {
-  if (!frame || frame->format != SPN_PIXFMT_NV12 || !dst)
-    return spn_error_set(err, SPN_EINVAL, "media cuda: frame conversion needs an nv12 source and a destination");
-  int32_t w = frame->width, h = frame->height, tm = tone_mapped(pixfmt, transfer);
-  size_t conv = align256(spn_media_cuda_scratch_size(pixfmt, w, h));
-  size_t need = spn_media_cuda_frame_scratch_size(pixfmt, w, h, deep, rotation, transfer);
-  if (need && !scratch)
-    return spn_error_set(err, SPN_EINVAL, "media cuda: converting a %s%s frame to %s needs scratch memory",
-                         deep ? "16-bit 4:2:0" : "nv12", rotation % 360 ? " turned" : "", spn_pixfmt_name(pixfmt));
-  uint8_t *next = (uint8_t *)scratch + conv;
-  spn_image_t nv12 = *frame;
-  int32_t rc;
-  if (tm) {
-    if (!(rotation % 360))
-      return from_hdr(frame, deep, colour, transfer, pixfmt, dst, conv ? scratch : NULL, stream, err);
-    if ((rc = from_hdr(frame, deep, colour, transfer, pixfmt, next, conv ? scratch : NULL, stream, err)))
-      return rc;
-    return spn_media_cuda_rotate(next, pixfmt, w, h, rotation, dst, stream, err);
-  }
-  if (deep) {
-    if ((rc = spn_image_wrap(&nv12, next, w, h, SPN_PIXFMT_NV12, err)) ||
-        (rc = spn_cuda_p016_to_yuv420(frame->data[0], frame->stride[0], frame->data[1], frame->stride[1], &nv12,
-                                      stream, err)))
-      return rc;
-    next += align256(spn_pixfmt_tight_size(SPN_PIXFMT_NV12, w, h));
-  }
-  if (!(rotation % 360))
-    return spn_media_cuda_from_nv12(&nv12, colour, pixfmt, dst, conv ? scratch : NULL, stream, err);
-  if ((rc = spn_media_cuda_from_nv12(&nv12, colour, pixfmt, next, conv ? scratch : NULL, stream, err)))
+size_t spn_media_cuda_item_scratch_size(const spn_media_item_t *it, int32_t pixfmt) {
+  item_plan_t pl;
+  spn_error_t err = SPN_ERROR_INIT;
+  return plan_item(it, pixfmt, &pl, &err) == SPN_OK ? pl.total : 0;
+}
+
+int32_t spn_media_cuda_from_item(const spn_media_item_t *it, int32_t pixfmt, void *dst, void *scratch,
+                                 cudaStream_t stream, spn_error_t *err) {
+  item_plan_t pl;
+  int32_t rc = plan_item(it, pixfmt, &pl, err);
+  if (rc)
     return rc;
-  return spn_media_cuda_rotate(next, pixfmt, w, h, rotation, dst, stream, err);
+  if (!dst)
+    return spn_error_set(err, SPN_EINVAL, "media cuda: frame conversion needs a destination");
+  if (pl.total && !scratch)
+    return spn_error_set(err, SPN_EINVAL, "media cuda: converting a %s%s%s frame to %s needs scratch memory",
+                         it->deep ? "16-bit 4:2:0" : "nv12", pl.resample ? " resampled" : "",
+                         pl.turn ? " turned" : "", spn_pixfmt_name(pixfmt));
+  uint8_t *base = scratch;
+  void *out = pl.turn ? base + pl.turned : dst; /* the frame in pixfmt at its shown size, before any turn */
+  spn_image_t nv12 = it->image, a, b;
+  if (pl.nv12 >= 0) { /* 16-bit samples to 8 */
+    if ((rc = spn_image_wrap(&nv12, base + pl.nv12, pl.w, pl.h, SPN_PIXFMT_NV12, err)) ||
+        (rc = spn_cuda_p016_to_yuv420(it->image.data[0], it->image.stride[0], it->image.data[1],
+                                      it->image.stride[1], &nv12, stream, err)))
+      return rc;
+  }
+  if (!pl.rgb) { /* 4:2:0: the samples as they are */
+    if ((rc = spn_image_wrap(&a, out, pl.w, pl.h, pixfmt, err)) ||
+        (rc = spn_cuda_yuv420_repack(&nv12, &a, stream, err)))
+      return rc;
+  } else {
+    /* RGB at the stored size (into the shown frame when there is no
+     * resampling), then resampled to square pixels, then to float */
+    void *shown = pl.flt ? base + pl.shown : out, *stored = pl.resample ? base + pl.stored : shown;
+    if ((rc = spn_image_wrap(&a, stored, pl.w, pl.h, pl.u8, err)))
+      return rc;
+    rc = pl.tm ? spn_cuda_hdr420_to_rgb(&it->image, it->deep, &it->colour, it->tone_map, &a, stream, err)
+               : spn_cuda_yuv420_to_rgb_colour(&nv12, &a, &it->colour, stream, err);
+    if (rc)
+      return rc;
+    if (pl.resample && ((rc = spn_image_wrap(&b, shown, pl.sw, pl.sh, pl.u8, err)) ||
+                        (rc = spn_cuda_resize_bilinear(&a, &b, stream, err))))
+      return rc;
+    if (pl.flt && ((rc = spn_image_wrap(&a, shown, pl.sw, pl.sh, pl.u8, err)) ||
+                   (rc = spn_image_wrap(&b, out, pl.sw, pl.sh, pixfmt, err)) ||
+                   (rc = spn_cuda_to_float(&a, &b, NULL, NULL, stream, err))))
+      return rc;
+  }
+  if (!pl.turn)
+    return SPN_OK;
+  return spn_media_cuda_rotate(out, pixfmt, pl.sw, pl.sh, it->rotation, dst, stream, err);
 }
 
 int32_t spn_media_cuda_rotate(const void *src, int32_t fmt, int32_t width, int32_t height, int32_t rotation,

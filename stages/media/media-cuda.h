@@ -23,7 +23,8 @@
 
 #include "spindle/image.h"
 #include "spindle/status.h"
-#include "tonemap.h" /* SPN_TRANSFER_PQ, SPN_TRANSFER_HLG */
+#include "media-decode.h" /* spn_media_item_t */
+#include "tonemap.h"      /* SPN_TRANSFER_PQ, SPN_TRANSFER_HLG */
 
 #ifdef __cplusplus
 extern "C" {
@@ -62,25 +63,28 @@ size_t spn_media_cuda_scratch_size(int32_t pixfmt, int32_t width, int32_t height
 int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, const spn_colour_t *colour, int32_t pixfmt, void *dst,
                                  void *scratch, cudaStream_t stream, spn_error_t *err);
 
-/* The general form of the above, for any picture NVDEC keeps on the GPU:
- * `frame` is the item's device view (spn_media_item_t.image with
- * hw_frame: NV12 planes, or with deep = 1 the same planes holding 16-bit
- * P010/P016 samples), `rotation` the clockwise turn that makes it upright
- * (spn_media_item_t.rotation: 0, 90, 180 or 270). `dst` is device memory of
- * the upright frame's tight size in `pixfmt`. Deep samples are first
- * rounded to 8 bits (spn_cuda_p016_to_yuv420), then converted as
- * spn_media_cuda_from_nv12 does, then turned (spn_cuda_rotate), each step
- * on `stream`. `transfer` SPN_TRANSFER_PQ or SPN_TRANSFER_HLG (the
- * item's tone_map): an RGB or float pixfmt is tone-mapped to SDR instead
- * of converted (spn_cuda_hdr420_to_rgb, on the samples as they are, 16-bit
- * ones too; the CPU path's twin); 0 (or with a 4:2:0 pixfmt): not. scratch:
- * device memory of spn_media_cuda_frame_scratch_size bytes, or NULL when
- * that is 0. */
-size_t spn_media_cuda_frame_scratch_size(int32_t pixfmt, int32_t width, int32_t height, int32_t deep,
-                                         int32_t rotation, int32_t transfer);
-int32_t spn_media_cuda_from_frame(const spn_image_t *frame, int32_t deep, int32_t rotation, const spn_colour_t *colour,
-                                  int32_t transfer, int32_t pixfmt, void *dst, void *scratch, cudaStream_t stream,
-                                  spn_error_t *err);
+/* The general form of the above, for any picture NVDEC keeps on the GPU: a
+ * decode item with hw_frame (media-decode.h) → `dst`, device memory of the
+ * frame as the CPU path gives it (its shown size, upright) in `pixfmt`.
+ * The item says what that takes, and each step runs on `stream`:
+ *   - image: the NV12 device view; with deep, its planes hold 16-bit
+ *     P010/P016 samples, which are first rounded to 8 bits
+ *     (spn_cuda_p016_to_yuv420);
+ *   - colour: the samples' matrix and range; the conversion as
+ *     spn_media_cuda_from_nv12 does it;
+ *   - tone_map (SPN_TRANSFER_PQ or _HLG; RGB and float pixfmts): tone-mapped
+ *     to SDR instead (spn_cuda_hdr420_to_rgb, on the samples as they are,
+ *     16-bit ones too; the CPU path's twin);
+ *   - show_w x show_h (RGB and float pixfmts; 0: the image's size): the
+ *     RGB frame resampled to that size, square pixels
+ *     (spn_cuda_resize_bilinear; the CPU path's swscale is bicubic);
+ *   - rotation (0, 90, 180, 270): then turned clockwise (spn_cuda_rotate).
+ * scratch: device memory of spn_media_cuda_item_scratch_size bytes, or NULL
+ * when that is 0 (which it is also for an item this cannot convert: the
+ * conversion then says why). */
+size_t spn_media_cuda_item_scratch_size(const spn_media_item_t *it, int32_t pixfmt);
+int32_t spn_media_cuda_from_item(const spn_media_item_t *it, int32_t pixfmt, void *dst, void *scratch,
+                                 cudaStream_t stream, spn_error_t *err);
 
 /* A tight `fmt` frame of width x height in device memory turned clockwise
  * by `rotation` (a multiple of 90) into `dst`, device memory of the turned

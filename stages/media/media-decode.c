@@ -621,8 +621,10 @@ static int32_t device_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t 
     d->info.host_frames_why = "the video has a rotation to apply (done on the CPU)";
     return SPN_OK;
   }
-  if (d->conv_w != f->width || d->conv_h != f->height) {
-    d->info.host_frames_why = "the video's pixels are not square (resampled on the CPU)";
+  int rgb_out = d->o.pixfmt != SPN_PIXFMT_NV12 && d->o.pixfmt != SPN_PIXFMT_YUV420P;
+  if (!rgb_out && (d->conv_w != f->width || d->conv_h != f->height)) {
+    /* (RGB is resampled on the GPU: to square pixels, or to the stream's size) */
+    d->info.host_frames_why = "the video's frames changed size (resampled on the CPU)";
     return SPN_OK;
   }
   int deep = fc && (fc->sw_format == AV_PIX_FMT_P010 || fc->sw_format == AV_PIX_FMT_P016);
@@ -637,6 +639,8 @@ static int32_t device_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t 
   item->hw_frame = ref;
   item->deep = deep;
   item->tone_map = d->tm ? d->info.transfer : 0; /* HDR to RGB: tone-mapped on the GPU */
+  item->show_w = d->conv_w;                      /* and resampled there to square pixels (and to the */
+  item->show_h = d->conv_h;                      /* stream's size, should a frame's differ) */
   item->image.width = ref->width;
   item->image.height = ref->height;
   item->image.format = SPN_PIXFMT_NV12;

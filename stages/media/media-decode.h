@@ -141,7 +141,9 @@ typedef struct spn_media_item {
   spn_colour_t colour;          /* video: the matrix and range of its 4:2:0 samples (an NV12/YUV420P
                                  * image or hw_frame: the file's; RGB was converted from them with it) */
   int32_t tone_map;             /* with hw_frame, for RGB/float pixfmts: the HDR transfer (SPN_TRANSFER_PQ
-                                 * or _HLG) the caller tone-maps from (spn_media_cuda_from_frame); else 0 */
+                                 * or _HLG) the caller tone-maps from (spn_media_cuda_from_item); else 0 */
+  int32_t show_w, show_h;       /* with hw_frame: the size (before any turn) the caller resamples RGB/float
+                                 * frames to, square pixels (the image's own when they are square) */
   float *samples;               /* audio: interleaved float32, owned */
   int64_t n_samples;            /* per channel */
   int32_t channels, rate;

@@ -245,12 +245,14 @@ static void gpu_say_path(spn_stage_t *stage, decode_job_t *j, const spn_media_it
     return;
   j->said_path = true;
   char turn[48] = "";
+  bool resampled = it->show_w != it->image.width || it->show_h != it->image.height;
   if (it->rotation)
     snprintf(turn, sizeof turn, "; turned %d degrees clockwise on the GPU", (int)it->rotation);
   if (it->hw_frame) {
-    host->log(stage, j->job_id, SPN_LOG_INFO, "%s: decoding video with NVDEC; frames stay on the GPU%s%s", j->path,
+    host->log(stage, j->job_id, SPN_LOG_INFO, "%s: decoding video with NVDEC; frames stay on the GPU%s%s%s", j->path,
               it->tone_map ? "; HDR tone-mapped on the GPU"
-              : it->deep   ? "; samples above 8 bits rounded to 8 on the GPU" : "", turn);
+              : it->deep   ? "; samples above 8 bits rounded to 8 on the GPU" : "",
+              resampled ? "; resampled to square pixels on the GPU" : "", turn);
     return;
   }
   const char *why = j->open_why ? j->open_why : spn_decoder_info(j->dec)->host_frames_why;
@@ -341,13 +343,11 @@ static int32_t gpu_fill_frame(spn_stage_t *stage, decode_job_t *j, spn_media_ite
   int32_t rc;
   if (it->hw_frame) {
     gpu_say_path(stage, j, it);
-    size_t need = spn_media_cuda_frame_scratch_size(j->pixfmt, it->image.width, it->image.height, it->deep,
-                                                    it->rotation, it->tone_map);
+    size_t need = spn_media_cuda_item_scratch_size(it, j->pixfmt);
     if ((rc = gpu_scratch(stage, j, need, err)))
       return rc;
-    rc = spn_media_cuda_from_frame(&it->image, it->deep, it->rotation, &it->colour, it->tone_map, j->pixfmt,
-                                   host->buffer_data(buf), need ? host->buffer_data(j->scratch) : NULL, j->stream,
-                                   err);
+    rc = spn_media_cuda_from_item(it, j->pixfmt, host->buffer_data(buf), need ? host->buffer_data(j->scratch) : NULL,
+                                  j->stream, err);
   } else {
     gpu_say_path(stage, j, it);
     rc = gpu_upload(stage, j, it, buf, err);
@@ -417,9 +417,12 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
   /* An NVDEC frame (hw_frame) is NV12 on the device until gpu_fill_frame
    * converts it: the tensor and its "image" item have the job's format. */
   int32_t fmt = it->hw_frame ? j->pixfmt : im->format;
-  /* A frame still to be turned (on the GPU) is emitted upright. */
+  /* A frame still to be turned (on the GPU) is emitted upright, and one
+   * still to be resampled to square pixels at that size. */
   bool quarter = it->rotation == 90 || it->rotation == 270;
-  int32_t ow = quarter ? im->height : im->width, oh = quarter ? im->width : im->height;
+  int32_t bw = it->hw_frame && it->show_w > 0 ? it->show_w : im->width;
+  int32_t bh = it->hw_frame && it->show_h > 0 ? it->show_h : im->height;
+  int32_t ow = quarter ? bh : bw, oh = quarter ? bw : bh;
   if (video) {
     if (fmt == SPN_PIXFMT_RGB24 || fmt == SPN_PIXFMT_BGR24) {
       t.dtype = SPN_DTYPE_U8;

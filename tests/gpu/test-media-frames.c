@@ -1,4 +1,4 @@
-/* test-media-frames.c — spn_media_cuda_from_frame (stages/media/media-
+/* test-media-frames.c — spn_media_cuda_from_item (stages/media/media-
  * cuda.c), what the decode stage runs on each picture NVDEC keeps on the
  * GPU, against its CPU twin composed step by step (suite gpu; exits 77
  * without a device; also built on the fake GPU of tests/gpu/host-emu, so it
@@ -17,10 +17,13 @@
  * within 1 LSB with at least 99.9 % of the bytes exact, floats within 1.0
  * (test-cuda-image.c's tolerance for yuv420_to_rgb: a value within an ulp
  * of a rounding tie may round the other way). The scratch handed to
- * from_frame is exactly spn_media_cuda_frame_scratch_size bytes and the
+ * from_item is exactly spn_media_cuda_item_scratch_size bytes and the
  * destination starts as garbage, so a step that wrote out of its piece or
  * skipped a pixel shows.
  *
+ * Pictures shown at another size (non-square pixels: 4:3 and 3:4) are
+ * resampled after the conversion, bilinearly, twin spn_image_resize; a 4:2:0
+ * format refuses that.
  * HDR (PQ and HLG) pictures to RGB and float are tone-mapped instead; their
  * twin is the CPU path's: the samples to 16-bit R'G'B' (the kernel's float
  * arithmetic written out) and spn_tonemap_rgb48 (stages/media), then the
@@ -70,8 +73,16 @@ static int32_t mid_format(int32_t fmt) {
 }
 
 /* The twin's last steps: mid (rgb24/bgr24 for a float fmt, else fmt;
- * consumed) -> fmt -> turned, as a tight buffer. */
-static void *twin_finish(spn_image_t *mid, int32_t fmt, int32_t rot) {
+ * consumed) -> resized to sw x sh (bilinear) -> fmt -> turned, as a tight
+ * buffer. */
+static void *twin_finish(spn_image_t *mid, int32_t fmt, int32_t rot, int32_t sw, int32_t sh) {
+  if (sw != mid->width || sh != mid->height) {
+    spn_image_t big = SPN_IMAGE_INIT;
+    CK(spn_image_alloc(&big, sw, sh, mid->format, &e_));
+    CK(spn_image_resize(mid, &big, SPN_INTERP_BILINEAR, &e_));
+    spn_image_release(mid);
+    *mid = big;
+  }
   int32_t w = mid->width, h = mid->height;
   bool flt = fmt == SPN_PIXFMT_RGBF32P || fmt == SPN_PIXFMT_BGRF32P;
   spn_image_t conv = SPN_IMAGE_INIT, out = SPN_IMAGE_INIT;
@@ -91,12 +102,13 @@ static void *twin_finish(spn_image_t *mid, int32_t fmt, int32_t rot) {
   return buf;
 }
 
-/* The CPU twin: nv12 (8-bit, host) -> fmt -> turned, as a tight buffer. */
-static void *cpu_twin(const spn_image_t *nv12, int32_t fmt, int32_t rot) {
+/* The CPU twin: nv12 (8-bit, host) -> fmt at sw x sh -> turned, as a
+ * tight buffer. */
+static void *cpu_twin(const spn_image_t *nv12, int32_t fmt, int32_t rot, int32_t sw, int32_t sh) {
   spn_image_t mid = SPN_IMAGE_INIT;
   CK(spn_image_alloc(&mid, nv12->width, nv12->height, mid_format(fmt), &e_));
   CK(spn_image_convert(nv12, &mid, &e_));
-  return twin_finish(&mid, fmt, rot);
+  return twin_finish(&mid, fmt, rot, sw, sh);
 }
 
 /* A sample as an 8-bit value with a fraction, and R' (0..255) as the
@@ -113,9 +125,9 @@ static uint16_t code16(float v) {
 
 /* The HDR twin: the picture's samples (host copies of NVDEC's planes) to
  * 16-bit R'G'B' in *col, tone-mapped by the CPU path's spn_tonemap_rgb48,
- * then -> fmt -> turned. */
+ * then -> sw x sh -> fmt -> turned. */
 static void *hdr_twin(const uint8_t *py, size_t yp, const uint8_t *pc, size_t cp, int deep, int32_t w, int32_t h,
-                      const spn_colour_t *col, int32_t transfer, int32_t fmt, int32_t rot) {
+                      const spn_colour_t *col, int32_t transfer, int32_t fmt, int32_t rot, int32_t sw, int32_t sh) {
   spn_yuv_coeffs_t k = {0};
   CK(spn_colour_coeffs(col, &k, &e_));
   uint16_t *rgb48 = malloc((size_t)w * (size_t)h * 6);
@@ -137,7 +149,7 @@ static void *hdr_twin(const uint8_t *py, size_t yp, const uint8_t *pc, size_t cp
   CK(spn_tonemap_rgb48(tm, rgb48, (int64_t)w * 6, &mid, &e_));
   spn_tonemap_free(tm);
   free(rgb48);
-  return twin_finish(&mid, fmt, rot);
+  return twin_finish(&mid, fmt, rot, sw, sh);
 }
 
 static void compare(const void *cpu, const void *gpu, int32_t fmt, size_t n, const char *what) {
@@ -166,7 +178,7 @@ static void compare(const void *cpu, const void *gpu, int32_t fmt, size_t n, con
     fail_msg("%s: %zu of %zu bytes off by one", what, off, n);
 }
 
-static void from_frame_matches_cpu_twin(void **state) {
+static void from_item_matches_cpu_twin(void **state) {
   (void)state;
   const int32_t fmts[] = {SPN_PIXFMT_RGB24, SPN_PIXFMT_BGR24, SPN_PIXFMT_RGBF32P, SPN_PIXFMT_BGRF32P,
                           SPN_PIXFMT_NV12, SPN_PIXFMT_YUV420P};
@@ -198,19 +210,24 @@ static void from_frame_matches_cpu_twin(void **state) {
       CU(cudaMemcpyAsync(dy, hy, (size_t)h * yp, cudaMemcpyHostToDevice, s));
       CU(cudaMemcpyAsync(dc, hc, (size_t)ch * cp, cudaMemcpyHostToDevice, s));
       spn_image_t frame = nvdec_view(dy, yp, dc, cp, w, h);
+      /* shown at: the stored size; 4:3 pixels (wider); 3:4 (taller) */
+      const int32_t shows[][2] = {{w, h}, {2 * ((w * 4 + 3) / 6), h}, {w, 2 * ((h * 4 + 3) / 6)}};
       const size_t n_fmt = sizeof fmts / sizeof *fmts, n_tr = sizeof transfers / sizeof *transfers;
-      for (size_t tf = 0; tf < n_tr * n_fmt; tf++) /* every transfer (none, PQ, HLG) with every format */
+      /* every transfer (none, PQ, HLG) with every format and shape */
+      for (size_t tfs = 0; tfs < n_tr * n_fmt * 3; tfs++)
         for (size_t r = 0; r < sizeof rots / sizeof *rots; r++) {
-          int32_t fmt = fmts[tf % n_fmt], rot = rots[r], tr = transfers[tf / n_fmt];
+          int32_t fmt = fmts[tfs / 3 % n_fmt], rot = rots[r], tr = transfers[tfs / 3 / n_fmt];
+          int32_t sw = shows[tfs % 3][0], sh = shows[tfs % 3][1];
           bool q = rot == 90 || rot == 270, yuv = fmt == SPN_PIXFMT_NV12 || fmt == SPN_PIXFMT_YUV420P;
           /* HDR video is BT.2020; full range on the odd size, to cover it */
-          spn_colour_t hdr_col = {SPN_MATRIX_BT2020, w & 1}, *col = tr ? &hdr_col : NULL;
+          spn_colour_t col = tr ? (spn_colour_t){SPN_MATRIX_BT2020, w & 1} : (spn_colour_t)SPN_COLOUR_DEFAULT;
+          spn_media_item_t it = {.kind = SPN_MEDIA_VIDEO, .image = frame, .deep = deep, .rotation = rot,
+                                 .colour = col, .tone_map = tr, .show_w = sw, .show_h = sh};
           char what[160];
-          snprintf(what, sizeof what, "%s%s %dx%d -> %s turned %d", deep ? "p016" : "nv12",
-                   tr == SPN_TRANSFER_PQ ? " PQ" : tr == SPN_TRANSFER_HLG ? " HLG" : "", (int)w, (int)h,
-                   spn_pixfmt_name(fmt), (int)rot);
-          size_t n = spn_pixfmt_tight_size(fmt, w, h),
-                 sn = spn_media_cuda_frame_scratch_size(fmt, w, h, deep, rot, tr);
+          snprintf(what, sizeof what, "%s%s %dx%d shown %dx%d -> %s turned %d", deep ? "p016" : "nv12",
+                   tr == SPN_TRANSFER_PQ ? " PQ" : tr == SPN_TRANSFER_HLG ? " HLG" : "", (int)w, (int)h, (int)sw,
+                   (int)sh, spn_pixfmt_name(fmt), (int)rot);
+          size_t n = spn_pixfmt_tight_size(fmt, sw, sh), sn = spn_media_cuda_item_scratch_size(&it, fmt);
           void *ddst = NULL, *dscr = NULL;
           CU(cudaMalloc(&ddst, n));
           /* on s too: cudaMemset runs on the legacy stream, which s does
@@ -220,16 +237,19 @@ static void from_frame_matches_cpu_twin(void **state) {
           if (sn)
             CU(cudaMalloc(&dscr, sn));
           spn_error_t err = SPN_ERROR_INIT;
-          int32_t rc = spn_media_cuda_from_frame(&frame, deep, rot, col, tr, fmt, ddst, dscr, s, &err);
-          if (q && yuv && ((w | h) & 1)) { /* as the CPU: an odd 4:2:0 picture is not turned by a quarter */
+          int32_t rc = spn_media_cuda_from_item(&it, fmt, ddst, dscr, s, &err);
+          if (yuv && (sw != w || sh != h)) { /* decode never asks: 4:2:0 keeps the stored pixels */
+            if (rc != SPN_EINVAL || !strstr(err.msg, "are not resampled"))
+              fail_msg("%s: expected a refusal, got %d: %s", what, (int)rc, err.msg);
+          } else if (q && yuv && ((w | h) & 1)) { /* as the CPU: an odd 4:2:0 picture is not turned by a quarter */
             if (rc != SPN_EINVAL || !strstr(err.msg, "even sizes"))
               fail_msg("%s: expected a refusal naming even sizes, got %d: %s", what, (int)rc, err.msg);
           } else {
             if (rc != SPN_OK)
               fail_msg("%s: %s", what, err.msg);
             CU(cudaStreamSynchronize(s));
-            void *got = malloc(n), *want = tr && !yuv ? hdr_twin(hy, yp, hc, cp, deep, w, h, col, tr, fmt, rot)
-                                                      : cpu_twin(&nv12, fmt, rot);
+            void *got = malloc(n), *want = tr && !yuv ? hdr_twin(hy, yp, hc, cp, deep, w, h, &col, tr, fmt, rot, sw, sh)
+                                                      : cpu_twin(&nv12, fmt, rot, sw, sh);
             assert_non_null(got);
             CU(cudaMemcpy(got, ddst, n, cudaMemcpyDeviceToHost));
             compare(want, got, fmt, n, what);
@@ -245,8 +265,10 @@ static void from_frame_matches_cpu_twin(void **state) {
       spn_error_t err = SPN_ERROR_INIT;
       void *ddst = NULL;
       CU(cudaMalloc(&ddst, spn_pixfmt_tight_size(SPN_PIXFMT_RGB24, w, h)));
-      assert_int_equal(spn_media_cuda_from_frame(&frame, deep, 90, NULL, 0, SPN_PIXFMT_RGB24, ddst, NULL, s, &err),
-                       SPN_EINVAL);
+      spn_media_item_t turned = {.kind = SPN_MEDIA_VIDEO, .image = frame, .deep = deep, .rotation = 90,
+                                 .colour = SPN_COLOUR_DEFAULT};
+      assert_true(spn_media_cuda_item_scratch_size(&turned, SPN_PIXFMT_RGB24) > 0);
+      assert_int_equal(spn_media_cuda_from_item(&turned, SPN_PIXFMT_RGB24, ddst, NULL, s, &err), SPN_EINVAL);
       assert_non_null(strstr(err.msg, "needs scratch memory"));
       CU(cudaFree(ddst));
       CU(cudaFree(dy));
@@ -256,13 +278,15 @@ static void from_frame_matches_cpu_twin(void **state) {
       spn_image_release(&nv12);
     }
   CU(cudaStreamDestroy(s));
-  assert_int_equal(checked, 3 * 2 * (3 * 6 * 4 - 2 * 2));
+  /* per transfer and bit depth: square, every format but an odd 4:2:0
+   * turned a quarter; resampled, the four RGB and float formats */
+  assert_int_equal(checked, 3 * 2 * ((3 * 6 * 4 - 2 * 2) + 2 * 3 * 4 * 4));
 }
 
 int main(void) {
   SPN_TEST_REQUIRE_GPU();
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(from_frame_matches_cpu_twin),
+      cmocka_unit_test(from_item_matches_cpu_twin),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
