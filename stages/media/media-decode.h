@@ -98,7 +98,8 @@ typedef struct spn_decode_info {
    * resampled to square pixels, widened (or, for pixels taller than wide,
    * heightened) to the shape the file is shown in: models see faces as
    * they are. 4:2:0 frames come as stored, and decode's image item carries
-   * the ratio for encode to record. */
+   * the ratio for encode to record (inverted for frames turned a quarter:
+   * 4:3 pixels turned upright are 3:4). */
   int32_t sar_num, sar_den;
   int32_t rotation;             /* degrees clockwise applied to frames */
   int32_t fps_num, fps_den;     /* the stream's average (or guessed) rate */

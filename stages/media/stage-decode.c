@@ -502,10 +502,14 @@ static int32_t emit_item(spn_stage_t *stage, decode_job_t *j, spn_media_item_t *
     bool square = fmt != SPN_PIXFMT_NV12 && fmt != SPN_PIXFMT_YUV420P; /* RGB was resampled to square pixels */
     bool sdr = in->tone_mapped;                                         /* ... and HDR tone-mapped to BT.709 */
     spn_colour_t col = sdr ? (spn_colour_t){SPN_MATRIX_BT709, 0} : it->colour; /* (a device frame's is the source's) */
+    /* the stored pixels' shape, turned with the frame: 4:3 pixels turned a
+     * quarter are 3:4 */
+    bool turned = in->rotation == 90 || in->rotation == 270;
     spn_media_image_meta_t im_meta = {.width = ow, .height = oh, .format = fmt, .matrix = col.matrix,
                                       .full_range = col.full_range, .primaries = sdr ? 1 : in->primaries,
-                                      .transfer = sdr ? 1 : in->transfer, .sar_num = square ? 1 : in->sar_num,
-                                      .sar_den = square ? 1 : in->sar_den};
+                                      .transfer = sdr ? 1 : in->transfer,
+                                      .sar_num = square ? 1 : turned ? in->sar_den : in->sar_num,
+                                      .sar_den = square ? 1 : turned ? in->sar_num : in->sar_den};
     rc = host->msg_add_meta(msg, SPN_MEDIA_IMAGE_META, &im_meta, sizeof im_meta, err);
   } else if (rc == SPN_OK) {
     spn_media_audio_meta_t am = {.rate = it->rate, .channels = it->channels};

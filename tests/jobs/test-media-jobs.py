@@ -455,6 +455,23 @@ def run_all_pipelines(tmp, ep):
                           "stream=width,height,sample_aspect_ratio,nb_read_frames", "-of", "csv=p=0", out],
                          capture_output=True, text=True).stdout.strip()
     check(got == "96,64,4:3,10", f"segmented transcode, 4:3 pixels: {got}, want 96,64,4:3,10")
+    # ... and turned upright (a rotation tag of 90 degrees): the frames are
+    # 64x96 and their pixels 3:4, both shown 1:2 (stored 96x64 shown 128x64,
+    # turned)
+    turned = os.path.join(tmp, "wide-pixels-rot90.mp4")
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", wide, "-c", "copy", "-metadata:s:v:0", "rotate=90", turned],
+                   check=True)
+    for name, size, sar in (("transcode", (64, 96), "3:4"), ("enhance", (128, 256), "1:1")):
+        out = f"{tmp}/out/{name}-wide-rot90.mp4"
+        r = cli("submit", name, "--input", f"video={turned}", "--output", f"video={out}", "--wait", "--connect", ep,
+                check_rc=0)
+        st = status(ep, int(r.stdout.split()[0]))
+        check(st["state"] == "succeeded" and st["done"] == 10, f"{name} of a turned video with 4:3 pixels: {st}")
+        got = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v", "-show_entries",
+                              "stream=width,height,sample_aspect_ratio,display_aspect_ratio", "-of", "csv=p=0", out],
+                             capture_output=True, text=True).stdout.strip()
+        check(got == f"{size[0]},{size[1]},{sar},1:2", f"{name} of a turned video with 4:3 pixels: {got}, want "
+              f"{size[0]},{size[1]},{sar},1:2")
     # HDR (an iPhone's HLG): enhance tone-maps it to SDR, HLG's reference
     # white (75% signal) to 240 of 255 (read as SDR it was 191); transcode
     # keeps it HDR, tags and all
