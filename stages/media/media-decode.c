@@ -608,33 +608,22 @@ static void video_item_times(spn_decoder_t *d, const AVFrame *f, spn_media_item_
     d->v_end = item->pts_sec + fdur;
 }
 
-/* device_frames: keep an NVDEC frame on the GPU when the caller can take it
- * as it is (4:2:0: NV12, or P010/P016 above 8 bits; a rotation only when
- * the caller applies it, device_rotate): the item views the frame's device
- * planes and holds a reference to it. Returns 0 when the frame must take
- * the host path (host_frames_why says why). */
-static int32_t device_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *item, int *kept,
-                                 spn_error_t *err) {
-  *kept = 0;
-  const AVHWFramesContext *fc = f->hw_frames_ctx ? (const AVHWFramesContext *)f->hw_frames_ctx->data : NULL;
-  if (d->info.rotation && !d->o.device_rotate) {
-    d->info.host_frames_why = "the video has a rotation to apply (done on the CPU)";
-    return SPN_OK;
-  }
+/* Why frame f cannot stay on the device for the caller (the host path
+ * takes it), or NULL: a rotation the caller does not apply; a 4:2:0 frame
+ * of another size than the stream's (RGB is resampled on the GPU: to
+ * square pixels, or to the stream's size). */
+static const char *device_refusal(const spn_decoder_t *d, const AVFrame *f) {
+  if (d->info.rotation && !d->o.device_rotate)
+    return "the video has a rotation to apply (done on the CPU)";
   int rgb_out = d->o.pixfmt != SPN_PIXFMT_NV12 && d->o.pixfmt != SPN_PIXFMT_YUV420P;
-  if (!rgb_out && (d->conv_w != f->width || d->conv_h != f->height)) {
-    /* (RGB is resampled on the GPU: to square pixels, or to the stream's size) */
-    d->info.host_frames_why = "the video's frames changed size (resampled on the CPU)";
-    return SPN_OK;
-  }
-  int deep = fc && (fc->sw_format == AV_PIX_FMT_P010 || fc->sw_format == AV_PIX_FMT_P016);
-  if (!fc || (fc->sw_format != AV_PIX_FMT_NV12 && !deep)) {
-    d->info.host_frames_why = "NVDEC gives this stream in a layout other than 4:2:0 (NV12, P010 or P016)";
-    return SPN_OK;
-  }
-  AVFrame *ref = av_frame_clone(f);
-  if (!ref)
-    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", d->path);
+  if (!rgb_out && (d->conv_w != f->width || d->conv_h != f->height))
+    return "the video's frames changed size (resampled on the CPU)";
+  return NULL;
+}
+
+/* The item of a frame kept on the device: it views ref's planes (NV12, or
+ * 16-bit samples in the same planes with deep) and owns ref. */
+static void device_item(spn_decoder_t *d, AVFrame *ref, int deep, spn_media_item_t *item) {
   memset(item, 0, sizeof *item);
   item->hw_frame = ref;
   item->deep = deep;
@@ -651,6 +640,93 @@ static int32_t device_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t 
   }
   d->info.host_frames_why = NULL;
   video_item_times(d, ref, item);
+}
+
+/* device_frames: keep an NVDEC frame on the GPU when the caller can take it
+ * as it is (4:2:0: NV12, or P010/P016 above 8 bits; device_refusal): the
+ * item views the frame's device planes and holds a reference to it.
+ * Returns 0 when the frame must take the host path (host_frames_why says
+ * why). */
+static int32_t device_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *item, int *kept,
+                                 spn_error_t *err) {
+  *kept = 0;
+  const AVHWFramesContext *fc = f->hw_frames_ctx ? (const AVHWFramesContext *)f->hw_frames_ctx->data : NULL;
+  const char *why = device_refusal(d, f);
+  if (why) {
+    d->info.host_frames_why = why;
+    return SPN_OK;
+  }
+  int deep = fc && (fc->sw_format == AV_PIX_FMT_P010 || fc->sw_format == AV_PIX_FMT_P016);
+  if (!fc || (fc->sw_format != AV_PIX_FMT_NV12 && !deep)) {
+    d->info.host_frames_why = "NVDEC gives this stream in a layout other than 4:2:0 (NV12, P010 or P016)";
+    return SPN_OK;
+  }
+  AVFrame *ref = av_frame_clone(f);
+  if (!ref)
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", d->path);
+  device_item(d, ref, deep, item);
+  *kept = 1;
+  return SPN_OK;
+}
+
+/* emu_upload: a software frame handed over as NVDEC would give it — its
+ * samples repacked into NV12, or P010/P016 for 10 and 12 bits, in the fake
+ * GPU's memory — or, as NVDEC gives 4:4:4 and 4:2:2 in other layouts, left
+ * to the host path. */
+static int32_t emulated_nvdec_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *item, int *kept,
+                                   spn_error_t *err) {
+  *kept = 0;
+  int shift = f->format == AV_PIX_FMT_YUV420P10LE ? 6 : f->format == AV_PIX_FMT_YUV420P12LE ? 4 : -1;
+  int eight = f->format == AV_PIX_FMT_YUV420P || f->format == AV_PIX_FMT_YUVJ420P;
+  const char *why = device_refusal(d, f);
+  if (!why && !eight && shift < 0)
+    why = "NVDEC gives this stream in a layout other than 4:2:0 (NV12, P010 or P016)";
+  if (why) {
+    d->info.host_frames_why = why;
+    return SPN_OK;
+  }
+  int32_t cw = (f->width + 1) / 2, ch = (f->height + 1) / 2;
+  int pitch = ((eight ? 1 : 2) * 2 * cw + 255) & ~255; /* pitched, as NVDEC's planes are */
+  size_t size = (size_t)pitch * (size_t)(f->height + ch);
+  uint8_t *host = av_mallocz(size), *py = host, *pc = host + (size_t)pitch * (size_t)f->height;
+  if (!host)
+    return spn_error_set(err, SPN_ENOMEM, "%s: out of memory", d->path);
+  for (int32_t y = 0; y < f->height; y++)
+    for (int32_t x = 0; x < f->width; x++) {
+      const uint8_t *s = f->data[0] + (ptrdiff_t)y * f->linesize[0];
+      if (eight)
+        py[(size_t)y * (size_t)pitch + (size_t)x] = s[x];
+      else
+        ((uint16_t *)(py + (size_t)y * (size_t)pitch))[x] = (uint16_t)(((const uint16_t *)s)[x] << shift);
+    }
+  for (int32_t y = 0; y < ch; y++)
+    for (int32_t x = 0; x < cw; x++)
+      for (int c = 0; c < 2; c++) {
+        const uint8_t *s = f->data[1 + c] + (ptrdiff_t)y * f->linesize[1 + c];
+        if (eight)
+          pc[(size_t)y * (size_t)pitch + 2 * (size_t)x + (size_t)c] = s[x];
+        else
+          ((uint16_t *)(pc + (size_t)y * (size_t)pitch))[2 * x + c] = (uint16_t)(((const uint16_t *)s)[x] << shift);
+      }
+  uint8_t *mem = d->o.emu_upload(host, size);
+  av_free(host);
+  AVFrame *ref = mem ? av_frame_alloc() : NULL;
+  if (ref && !(ref->buf[0] = av_buffer_create(mem, size, d->o.emu_free, NULL, 0)))
+    av_frame_free(&ref);
+  int r = ref ? av_frame_copy_props(ref, f) : AVERROR(ENOMEM);
+  if (r < 0) {
+    if (!ref && mem)
+      d->o.emu_free(NULL, mem);
+    av_frame_free(&ref);
+    return av_fail(d, err, SPN_ENOMEM, r, "emulating NVDEC's frame");
+  }
+  ref->format = eight ? AV_PIX_FMT_NV12 : shift == 6 ? AV_PIX_FMT_P010 : AV_PIX_FMT_P016;
+  ref->width = f->width;
+  ref->height = f->height;
+  ref->data[0] = mem;
+  ref->data[1] = mem + (size_t)pitch * (size_t)f->height;
+  ref->linesize[0] = ref->linesize[1] = pitch;
+  device_item(d, ref, !eight, item);
   *kept = 1;
   return SPN_OK;
 }
@@ -668,6 +744,11 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   if (f->format == AV_PIX_FMT_CUDA && d->o.device_frames) {
     int kept = 0;
     if ((rc = device_video_item(d, f, item, &kept, err)) || kept)
+      return rc;
+  }
+  if (d->o.emu_upload && d->o.emu_free && d->o.device_frames && f->format != AV_PIX_FMT_CUDA) {
+    int kept = 0;
+    if ((rc = emulated_nvdec_item(d, f, item, &kept, err)) || kept)
       return rc;
   }
   if (f->format == AV_PIX_FMT_CUDA) {

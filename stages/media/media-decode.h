@@ -72,6 +72,15 @@ typedef struct spn_decode_opts {
   void *hw_device;
   int32_t device_frames;
   int32_t device_rotate;
+  /* Tests only (the fake GPU of tests/gpu/host-emu, which has no NVDEC):
+   * with device_frames and emu_upload set, software-decoded 4:2:0 frames
+   * are handed over as NVDEC's would be (hw_frame items: NV12, or P010/P016
+   * for 10 and 12 bits) in device memory that emu_upload returns holding a
+   * copy of `size` host bytes (NULL: out of memory), released with
+   * emu_free, so the caller's device path runs on the fake GPU. NULL
+   * (default): off. */
+  void *(*emu_upload)(const void *host, size_t size);
+  void (*emu_free)(void *opaque, uint8_t *data);
   /* 0 (default): a local file is read as the one file it is: a demuxer
    * that would open another file or URL on its behalf (an HLS or DASH
    * playlist, a concat list, a QuickTime reference to external media) is
@@ -87,7 +96,7 @@ typedef struct spn_decode_opts {
   int32_t audio_optional;
 } spn_decode_opts_t;
 
-#define SPN_DECODE_OPTS_INIT {SPN_PIXFMT_RGB24, 1, 1, 0, 0, 0.0, 0.0, SPN_HWACCEL_NONE, 1, 0, NULL, NULL, 0, 0, 0, 0}
+#define SPN_DECODE_OPTS_INIT {SPN_PIXFMT_RGB24, 1, 1, 0, 0, 0.0, 0.0, SPN_HWACCEL_NONE, 1, 0, NULL, NULL, 0, 0, NULL, NULL, 0, 0}
 
 typedef struct spn_decode_info {
   int32_t has_video, has_audio;

@@ -185,6 +185,25 @@ static int32_t decode_create(spn_stage_t *stage, const void *config, void **stat
 /* On a CUDA device: the job's NVDEC device (the instance's GPU, primary
  * context and stream) unless hwaccel says software; frames are asked for on
  * the device. On the CPU: nothing changes. */
+#ifdef SPN_MEDIA_EMU_NVDEC
+/* The fake GPU's device memory for its emulated NVDEC (media-decode.h,
+ * emu_upload). */
+static void *emu_nvdec_upload(const void *host, size_t size) {
+  void *p = NULL;
+  if (cudaMalloc(&p, size) != cudaSuccess)
+    return NULL;
+  if (cudaMemcpy(p, host, size, cudaMemcpyHostToDevice) != cudaSuccess) {
+    (void)cudaFree(p);
+    return NULL;
+  }
+  return p;
+}
+static void emu_nvdec_free(void *opaque, uint8_t *data) {
+  (void)opaque;
+  (void)cudaFree(data);
+}
+#endif
+
 static int32_t gpu_job_open(spn_stage_t *stage, const decode_config_t *c, decode_job_t *j, spn_decode_opts_t *o,
                             spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(stage);
@@ -204,6 +223,17 @@ static int32_t gpu_job_open(spn_stage_t *stage, const decode_config_t *c, decode
   }
   spn_error_t e = SPN_ERROR_INIT;
   if (spn_media_cuda_device_new(j->stream, &j->hwdev, &e) != SPN_OK) {
+#ifdef SPN_MEDIA_EMU_NVDEC
+    /* The fake GPU (tests/gpu/host-emu) has no NVDEC; with SPINDLE_EMU_NVDEC
+     * set, software frames come as NVDEC's would, and take its path here. */
+    const char *emu = getenv("SPINDLE_EMU_NVDEC");
+    if (emu && strcmp(emu, "1") == 0) {
+      o->hwaccel = SPN_HWACCEL_NONE;
+      o->emu_upload = emu_nvdec_upload;
+      o->emu_free = emu_nvdec_free;
+      return SPN_OK;
+    }
+#endif
     if (o->hwaccel == SPN_HWACCEL_CUDA)
       return spn_error_set(err, SPN_EDEVICE, "%s: NVDEC is not available (hwaccel = \"cuda\"): %s", c->path, e.msg);
     snprintf(j->open_why_buf, sizeof j->open_why_buf, "%s", e.msg);
@@ -226,7 +256,7 @@ static void gpu_software_to_host(spn_stage_t *stage, decode_job_t *j, spn_decode
   const spn_host_api_t *host = spn_stage_host(stage);
   spn_port_format_t pf = {.struct_size = sizeof pf};
   spn_error_t e = SPN_ERROR_INIT;
-  if (!j->on_gpu || o->hwaccel != SPN_HWACCEL_NONE || !SPN_HOST_HAS(host, stage_port_format) ||
+  if (!j->on_gpu || o->hwaccel != SPN_HWACCEL_NONE || o->emu_upload || !SPN_HOST_HAS(host, stage_port_format) ||
       host->stage_port_format(stage, true, 0, &pf, &e) != SPN_OK ||
       (pf.mem_kind != SPN_MEM_HOST && pf.mem_kind != SPN_MEM_PINNED))
     return;
