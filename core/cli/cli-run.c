@@ -394,6 +394,15 @@ static void stuck_report(const spn_pipeline_t *pipe, double since_cancel, double
  * keys (spn__pipeline_job_overrides): the job's overrides. Paths go as
  * typed: a job's key, as --set's, is taken from the working directory.
  * Returns 0 or the exit status. */
+/* "NAME=VALUE" (the parser checked the '=') into copies of both; 1 when
+ * out of memory. */
+static int split_binding(const char *v, char **name, char **value) {
+  const char *eq = strchr(v, '=');
+  *name = strndup(v, (size_t)(eq - v));
+  *value = strdup(eq + 1);
+  return *name && *value ? 0 : 1;
+}
+
 static int job_bindings(const spn_cli_opts_t *o, const spn_pipeline_t *pipe, char ***ov, size_t *n) {
   if (!o->n_inputs && !o->n_outputs && !o->n_params)
     return 0;
@@ -402,19 +411,10 @@ static int job_bindings(const spn_cli_opts_t *o, const spn_pipeline_t *pipe, cha
   spn_job_io_t *io = calloc(n_io ? n_io : 1, sizeof *io);
   spn_job_param_t *pa = calloc(o->n_params ? o->n_params : 1, sizeof *pa);
   int rc = io && pa ? 0 : 1;
-  for (size_t i = 0; i < n_io && !rc; i++) {
-    const char *v = i < o->n_inputs ? o->inputs[i] : o->outputs[i - o->n_inputs];
-    const char *eq = strchr(v, '=');
-    io[i].name = strndup(v, (size_t)(eq - v));
-    io[i].path = strdup(eq + 1);
-    rc = io[i].name && io[i].path ? 0 : 1;
-  }
-  for (size_t i = 0; i < o->n_params && !rc; i++) {
-    const char *eq = strchr(o->params[i], '=');
-    pa[i].key = strndup(o->params[i], (size_t)(eq - o->params[i]));
-    pa[i].value = strdup(eq + 1);
-    rc = pa[i].key && pa[i].value ? 0 : 1;
-  }
+  for (size_t i = 0; i < n_io && !rc; i++)
+    rc = split_binding(i < o->n_inputs ? o->inputs[i] : o->outputs[i - o->n_inputs], &io[i].name, &io[i].path);
+  for (size_t i = 0; i < o->n_params && !rc; i++)
+    rc = split_binding(o->params[i], &pa[i].key, &pa[i].value);
   if (rc) {
     fprintf(stderr, "spindle run: out of memory\n");
   } else {
