@@ -608,17 +608,12 @@ static void video_item_times(spn_decoder_t *d, const AVFrame *f, spn_media_item_
     d->v_end = item->pts_sec + fdur;
 }
 
-/* Why frame f cannot stay on the device for the caller (the host path
- * takes it), or NULL: a rotation the caller does not apply; a 4:2:0 frame
- * of another size than the stream's (RGB is resampled on the GPU: to
- * square pixels, or to the stream's size). */
-static const char *device_refusal(const spn_decoder_t *d, const AVFrame *f) {
-  if (d->info.rotation && !d->o.device_rotate)
-    return "the video has a rotation to apply (done on the CPU)";
-  int rgb_out = d->o.pixfmt != SPN_PIXFMT_NV12 && d->o.pixfmt != SPN_PIXFMT_YUV420P;
-  if (!rgb_out && (d->conv_w != f->width || d->conv_h != f->height))
-    return "the video's frames changed size (resampled on the CPU)";
-  return NULL;
+/* Why a frame cannot stay on the device for the caller (the host path
+ * takes it), or NULL: a rotation the caller does not apply. (Every frame
+ * has the stream's size, drain sees to that; RGB frames of non-square
+ * pixels are resampled on the GPU.) */
+static const char *device_refusal(const spn_decoder_t *d) {
+  return d->info.rotation && !d->o.device_rotate ? "the video has a rotation to apply (done on the CPU)" : NULL;
 }
 
 /* The item of a frame kept on the device: it views ref's planes (NV12, or
@@ -628,8 +623,8 @@ static void device_item(spn_decoder_t *d, AVFrame *ref, int deep, spn_media_item
   item->hw_frame = ref;
   item->deep = deep;
   item->tone_map = d->tm ? d->info.transfer : 0; /* HDR to RGB: tone-mapped on the GPU */
-  item->show_w = d->conv_w;                      /* and resampled there to square pixels (and to the */
-  item->show_h = d->conv_h;                      /* stream's size, should a frame's differ) */
+  item->show_w = d->conv_w;                      /* and resampled there to square pixels */
+  item->show_h = d->conv_h;
   item->image.width = ref->width;
   item->image.height = ref->height;
   item->image.format = SPN_PIXFMT_NV12;
@@ -651,7 +646,7 @@ static int32_t device_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t 
                                  spn_error_t *err) {
   *kept = 0;
   const AVHWFramesContext *fc = f->hw_frames_ctx ? (const AVHWFramesContext *)f->hw_frames_ctx->data : NULL;
-  const char *why = device_refusal(d, f);
+  const char *why = device_refusal(d);
   if (why) {
     d->info.host_frames_why = why;
     return SPN_OK;
@@ -678,7 +673,7 @@ static int32_t emulated_nvdec_item(spn_decoder_t *d, AVFrame *f, spn_media_item_
   *kept = 0;
   int shift = f->format == AV_PIX_FMT_YUV420P10LE ? 6 : f->format == AV_PIX_FMT_YUV420P12LE ? 4 : -1;
   int eight = f->format == AV_PIX_FMT_YUV420P || f->format == AV_PIX_FMT_YUVJ420P;
-  const char *why = device_refusal(d, f);
+  const char *why = device_refusal(d);
   if (!why && !eight && shift < 0)
     why = "NVDEC gives this stream in a layout other than 4:2:0 (NV12, P010 or P016)";
   if (why) {
