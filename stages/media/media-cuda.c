@@ -122,53 +122,8 @@ void spn_media_cuda_device_free(void **dev) {
   }
 }
 
-size_t spn_media_cuda_scratch_size(int32_t pixfmt, int32_t width, int32_t height) {
-  if (pixfmt == SPN_PIXFMT_RGBF32P || pixfmt == SPN_PIXFMT_BGRF32P)
-    return (size_t)width * (size_t)height * 3;
-  return 0;
-}
-
-int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, const spn_colour_t *colour, int32_t pixfmt, void *dst,
-                                 void *scratch, cudaStream_t stream, spn_error_t *err) {
-  if (!nv12 || nv12->format != SPN_PIXFMT_NV12 || !dst)
-    return spn_error_set(err, SPN_EINVAL, "media cuda: frame conversion needs an nv12 source and a destination");
-  spn_image_t out, mid;
-  int32_t rc;
-  switch (pixfmt) {
-  case SPN_PIXFMT_RGB24: case SPN_PIXFMT_BGR24:
-    if ((rc = spn_image_wrap(&out, dst, nv12->width, nv12->height, pixfmt, err)))
-      return rc;
-    return spn_cuda_yuv420_to_rgb_colour(nv12, &out, colour, stream, err);
-  case SPN_PIXFMT_NV12: case SPN_PIXFMT_YUV420P:
-    if ((rc = spn_image_wrap(&out, dst, nv12->width, nv12->height, pixfmt, err)))
-      return rc;
-    return spn_cuda_yuv420_repack(nv12, &out, stream, err);
-  case SPN_PIXFMT_RGBF32P: case SPN_PIXFMT_BGRF32P:
-    /* As on the CPU: to u8 RGB/BGR first, then to float (mean 0, scale 1). */
-    if (!scratch)
-      return spn_error_set(err, SPN_EINVAL, "media cuda: conversion to %s needs scratch memory",
-                           spn_pixfmt_name(pixfmt));
-    if ((rc = spn_image_wrap(&mid, scratch, nv12->width, nv12->height,
-                             pixfmt == SPN_PIXFMT_RGBF32P ? SPN_PIXFMT_RGB24 : SPN_PIXFMT_BGR24, err)) ||
-        (rc = spn_image_wrap(&out, dst, nv12->width, nv12->height, pixfmt, err)) ||
-        (rc = spn_cuda_yuv420_to_rgb_colour(nv12, &mid, colour, stream, err)))
-      return rc;
-    return spn_cuda_to_float(&mid, &out, NULL, NULL, stream, err);
-  default:
-    return spn_error_set(err, SPN_EUNSUPPORTED, "media cuda: decode to %s on the GPU is not supported",
-                         spn_pixfmt_name(pixfmt));
-  }
-}
-
 /* Scratch pieces start 256-byte aligned (what cudaMalloc gives). */
 static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
-
-/* Whether a frame in `pixfmt` is tone-mapped from `transfer` (RGB and float
- * frames of PQ and HLG video; 4:2:0 stays the signal, as on the CPU). */
-static int tone_mapped(int32_t pixfmt, int32_t transfer) {
-  return (transfer == SPN_TRANSFER_PQ || transfer == SPN_TRANSFER_HLG) && pixfmt != SPN_PIXFMT_NV12 &&
-         pixfmt != SPN_PIXFMT_YUV420P;
-}
 
 /* What spn_media_cuda_from_item does to an item, and the scratch pieces
  * (offsets from the scratch's start, 256-byte aligned; -1: not needed) its
@@ -202,7 +157,8 @@ static int32_t plan_item(const spn_media_item_t *it, int32_t pixfmt, item_plan_t
   pl->rgb = pixfmt != SPN_PIXFMT_NV12 && pixfmt != SPN_PIXFMT_YUV420P;
   pl->flt = pixfmt == SPN_PIXFMT_RGBF32P || pixfmt == SPN_PIXFMT_BGRF32P;
   pl->u8 = pixfmt == SPN_PIXFMT_RGBF32P ? SPN_PIXFMT_RGB24 : pixfmt == SPN_PIXFMT_BGRF32P ? SPN_PIXFMT_BGR24 : pixfmt;
-  pl->tm = tone_mapped(pixfmt, it->tone_map);
+  /* RGB and float frames of PQ and HLG video; 4:2:0 stays the signal, as on the CPU */
+  pl->tm = pl->rgb && (it->tone_map == SPN_TRANSFER_PQ || it->tone_map == SPN_TRANSFER_HLG);
   pl->resample = pl->sw != pl->w || pl->sh != pl->h;
   pl->turn = it->rotation % 360 != 0;
   if (pl->resample && !pl->rgb)
@@ -269,6 +225,22 @@ int32_t spn_media_cuda_from_item(const spn_media_item_t *it, int32_t pixfmt, voi
   if (!pl.turn)
     return SPN_OK;
   return spn_media_cuda_rotate(out, pixfmt, pl.sw, pl.sh, it->rotation, dst, stream, err);
+}
+
+void *spn_media_cuda_emu_upload(const void *host, size_t size) {
+  void *p = NULL;
+  if (cudaMalloc(&p, size) != cudaSuccess)
+    return NULL;
+  if (cudaMemcpy(p, host, size, cudaMemcpyHostToDevice) != cudaSuccess) {
+    (void)cudaFree(p);
+    return NULL;
+  }
+  return p;
+}
+
+void spn_media_cuda_emu_free(void *opaque, uint8_t *data) {
+  (void)opaque;
+  (void)cudaFree(data);
 }
 
 int32_t spn_media_cuda_rotate(const void *src, int32_t fmt, int32_t width, int32_t height, int32_t rotation,

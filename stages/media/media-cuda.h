@@ -48,30 +48,17 @@ extern "C" {
 int32_t spn_media_cuda_device_new(cudaStream_t stream, void **out, spn_error_t *err);
 void spn_media_cuda_device_free(void **dev);
 
-/* Bytes of device scratch spn_media_cuda_from_nv12 needs for `pixfmt`
- * (0: none). */
-size_t spn_media_cuda_scratch_size(int32_t pixfmt, int32_t width, int32_t height);
-
-/* A decoded NV12 picture in device memory (spn_media_item_t.image with
- * hw_frame) → `dst` (device memory of the frame's tight size in `pixfmt`):
- * rgb24/bgr24 with spn_cuda_yuv420_to_rgb, rgbf32p/bgrf32p through an RGB24
- * scratch and spn_cuda_to_float, nv12/yuv420p with spn_cuda_yuv420_repack
- * (lossless: the bytes the CPU path gives). `colour`: the matrix and range
- * of the samples (spn_media_item_t.colour; NULL: BT.601 limited). scratch:
- * device memory of spn_media_cuda_scratch_size bytes, or NULL when that is
- * 0. */
-int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, const spn_colour_t *colour, int32_t pixfmt, void *dst,
-                                 void *scratch, cudaStream_t stream, spn_error_t *err);
-
-/* The general form of the above, for any picture NVDEC keeps on the GPU: a
- * decode item with hw_frame (media-decode.h) → `dst`, device memory of the
- * frame as the CPU path gives it (its shown size, upright) in `pixfmt`.
- * The item says what that takes, and each step runs on `stream`:
+/* A picture NVDEC keeps on the GPU, a decode item with hw_frame
+ * (media-decode.h) → `dst`, device memory of the frame as the CPU path
+ * gives it (its shown size, upright) in `pixfmt`. The item says what that
+ * takes, and each step runs on `stream`:
  *   - image: the NV12 device view; with deep, its planes hold 16-bit
  *     P010/P016 samples, which are first rounded to 8 bits
  *     (spn_cuda_p016_to_yuv420);
- *   - colour: the samples' matrix and range; the conversion as
- *     spn_media_cuda_from_nv12 does it;
+ *   - colour: the samples' matrix and range: rgb24/bgr24 with
+ *     spn_cuda_yuv420_to_rgb_colour, rgbf32p/bgrf32p through that RGB and
+ *     spn_cuda_to_float, nv12/yuv420p with spn_cuda_yuv420_repack
+ *     (lossless: the bytes the CPU path gives);
  *   - tone_map (SPN_TRANSFER_PQ or _HLG; RGB and float pixfmts): tone-mapped
  *     to SDR instead (spn_cuda_hdr420_to_rgb, on the samples as they are,
  *     16-bit ones too; the CPU path's twin);
@@ -85,6 +72,12 @@ int32_t spn_media_cuda_from_nv12(const spn_image_t *nv12, const spn_colour_t *co
 size_t spn_media_cuda_item_scratch_size(const spn_media_item_t *it, int32_t pixfmt);
 int32_t spn_media_cuda_from_item(const spn_media_item_t *it, int32_t pixfmt, void *dst, void *scratch,
                                  cudaStream_t stream, spn_error_t *err);
+
+/* NVDEC's hand-over emulated, for tests (spn_decode_opts_t.emu_upload and
+ * emu_free): `size` host bytes copied into new device memory (NULL: out of
+ * memory, or the copy failed), and that memory freed. Synchronous. */
+void *spn_media_cuda_emu_upload(const void *host, size_t size);
+void spn_media_cuda_emu_free(void *opaque, uint8_t *data);
 
 /* A tight `fmt` frame of width x height in device memory turned clockwise
  * by `rotation` (a multiple of 90) into `dst`, device memory of the turned

@@ -185,25 +185,6 @@ static int32_t decode_create(spn_stage_t *stage, const void *config, void **stat
 /* On a CUDA device: the job's NVDEC device (the instance's GPU, primary
  * context and stream) unless hwaccel says software; frames are asked for on
  * the device. On the CPU: nothing changes. */
-#ifdef SPN_MEDIA_EMU_NVDEC
-/* The fake GPU's device memory for its emulated NVDEC (media-decode.h,
- * emu_upload). */
-static void *emu_nvdec_upload(const void *host, size_t size) {
-  void *p = NULL;
-  if (cudaMalloc(&p, size) != cudaSuccess)
-    return NULL;
-  if (cudaMemcpy(p, host, size, cudaMemcpyHostToDevice) != cudaSuccess) {
-    (void)cudaFree(p);
-    return NULL;
-  }
-  return p;
-}
-static void emu_nvdec_free(void *opaque, uint8_t *data) {
-  (void)opaque;
-  (void)cudaFree(data);
-}
-#endif
-
 static int32_t gpu_job_open(spn_stage_t *stage, const decode_config_t *c, decode_job_t *j, spn_decode_opts_t *o,
                             spn_error_t *err) {
   const spn_host_api_t *host = spn_stage_host(stage);
@@ -229,8 +210,8 @@ static int32_t gpu_job_open(spn_stage_t *stage, const decode_config_t *c, decode
     const char *emu = getenv("SPINDLE_EMU_NVDEC");
     if (emu && strcmp(emu, "1") == 0) {
       o->hwaccel = SPN_HWACCEL_NONE;
-      o->emu_upload = emu_nvdec_upload;
-      o->emu_free = emu_nvdec_free;
+      o->emu_upload = spn_media_cuda_emu_upload;
+      o->emu_free = spn_media_cuda_emu_free;
       return SPN_OK;
     }
 #endif

@@ -61,8 +61,6 @@
 #include <unistd.h>
 #include <cmocka.h>
 
-#include <libavcodec/avcodec.h>
-#include <libavformat/avformat.h>
 #include <libswscale/swscale.h>
 
 #include "gpu-skip.h"
@@ -102,6 +100,14 @@ static spn_decoder_t *open_cpu(int32_t fmt) {
   return d;
 }
 
+/* Device scratch for spn_media_cuda_from_item of `it` in `fmt`: allocated
+ * for the first item, which every later one must fit. */
+static void item_scratch(const spn_media_item_t *it, int32_t fmt, void **scratch, size_t *sn) {
+  if (!*scratch && (*sn = spn_media_cuda_item_scratch_size(it, fmt)))
+    CU(cudaMalloc(scratch, *sn));
+  assert_true(spn_media_cuda_item_scratch_size(it, fmt) <= *sn);
+}
+
 static void gpu_decode_matches_cpu(void **state) {
   (void)state;
   cudaStream_t s = open_like_the_runtime();
@@ -124,8 +130,8 @@ static void gpu_decode_matches_cpu(void **state) {
   const int32_t w = spn_decoder_info(g)->width, h = spn_decoder_info(g)->height;
   const int32_t fmts[] = {SPN_PIXFMT_RGB24, SPN_PIXFMT_YUV420P, SPN_PIXFMT_NV12, SPN_PIXFMT_RGBF32P};
   void *dev = NULL, *scratch = NULL;
+  size_t sn = 0;
   CU(cudaMalloc(&dev, spn_pixfmt_tight_size(SPN_PIXFMT_RGBF32P, w, h)));
-  CU(cudaMalloc(&scratch, spn_media_cuda_scratch_size(SPN_PIXFMT_RGBF32P, w, h)));
   uint8_t *got = malloc(spn_pixfmt_tight_size(SPN_PIXFMT_RGBF32P, w, h));
   assert_non_null(got);
   double se = 0;
@@ -157,7 +163,8 @@ static void gpu_decode_matches_cpu(void **state) {
     assert_int_equal(gi.pts, ri.pts);
     for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++) {
       size_t n = spn_pixfmt_tight_size(fmts[f], w, h);
-      CK(spn_media_cuda_from_nv12(&gi.image, &gi.colour, fmts[f], dev, scratch, s, &e_));
+      item_scratch(&gi, SPN_PIXFMT_RGBF32P, &scratch, &sn); /* (the most any format takes) */
+      CK(spn_media_cuda_from_item(&gi, fmts[f], dev, scratch, s, &e_));
       CU(cudaMemcpyAsync(got, dev, n, cudaMemcpyDeviceToHost, s));
       CU(cudaStreamSynchronize(s));
       spn_image_t ref = SPN_IMAGE_INIT;
@@ -290,9 +297,7 @@ static void gpu_decode_turned_and_deep_frames(void **state) {
       assert_int_equal(gi.deep, c == 1);
       assert_int_equal(gi.rotation, c == 0 ? 270 : 0);
       assert_int_equal(gi.pts, ci.pts);
-      if (!scratch && (sn = spn_media_cuda_item_scratch_size(&gi, SPN_PIXFMT_YUV420P)))
-        CU(cudaMalloc(&scratch, sn));
-      assert_true(spn_media_cuda_item_scratch_size(&gi, SPN_PIXFMT_YUV420P) <= sn);
+      item_scratch(&gi, SPN_PIXFMT_YUV420P, &scratch, &sn);
       CK(spn_media_cuda_from_item(&gi, SPN_PIXFMT_YUV420P, dev, scratch, s, &e_));
       CU(cudaMemcpyAsync(got, dev, n, cudaMemcpyDeviceToHost, s));
       CU(cudaStreamSynchronize(s));
@@ -326,91 +331,6 @@ static void gpu_decode_turned_and_deep_frames(void **state) {
   CU(cudaStreamDestroy(s));
 }
 
-/* A clip's pictures as NVDEC lays them out — NV12, or for 10-bit video
- * P010 (16-bit samples holding the value in their high bits) in the same
- * two planes — from FFmpeg's software decoder. H.264 and HEVC decoding is
- * bit-exact, so these are the samples NVDEC gives. */
-typedef struct {
-  AVFormatContext *fmt;
-  AVCodecContext *ctx;
-  AVPacket *pkt;
-  AVFrame *fr;
-  int vidx, flushed;
-} swdec_t;
-
-static void swdec_open(swdec_t *d, const char *path) {
-  memset(d, 0, sizeof *d);
-  assert_int_equal(avformat_open_input(&d->fmt, path, NULL, NULL), 0);
-  assert_true(avformat_find_stream_info(d->fmt, NULL) >= 0);
-  const AVCodec *codec = NULL;
-  d->vidx = av_find_best_stream(d->fmt, AVMEDIA_TYPE_VIDEO, -1, -1, &codec, 0);
-  assert_true(d->vidx >= 0);
-  d->ctx = avcodec_alloc_context3(codec);
-  assert_non_null(d->ctx);
-  assert_true(avcodec_parameters_to_context(d->ctx, d->fmt->streams[d->vidx]->codecpar) >= 0);
-  assert_int_equal(avcodec_open2(d->ctx, codec, NULL), 0);
-  d->pkt = av_packet_alloc();
-  d->fr = av_frame_alloc();
-  assert_true(d->pkt && d->fr);
-}
-
-/* The next picture into d->fr (yuv420p or yuv420p10le); false at the end. */
-static bool swdec_next(swdec_t *d) {
-  for (;;) {
-    int r = avcodec_receive_frame(d->ctx, d->fr);
-    if (r == 0) {
-      assert_true(d->fr->format == AV_PIX_FMT_YUV420P || d->fr->format == AV_PIX_FMT_YUV420P10LE);
-      return true;
-    }
-    if (r == AVERROR_EOF)
-      return false;
-    assert_int_equal(r, AVERROR(EAGAIN));
-    if (d->flushed)
-      return false;
-    r = av_read_frame(d->fmt, d->pkt);
-    if (r < 0) {
-      d->flushed = 1;
-      assert_int_equal(avcodec_send_packet(d->ctx, NULL), 0);
-      continue;
-    }
-    if (d->pkt->stream_index == d->vidx)
-      assert_int_equal(avcodec_send_packet(d->ctx, d->pkt), 0);
-    av_packet_unref(d->pkt);
-  }
-}
-
-static void swdec_close(swdec_t *d) {
-  av_frame_free(&d->fr);
-  av_packet_free(&d->pkt);
-  avcodec_free_context(&d->ctx);
-  avformat_close_input(&d->fmt);
-}
-
-/* d->fr's samples into NVDEC's planes (host, pitches yp and cp bytes);
- * returns whether they are deep (P010). */
-static int swdec_to_nvdec(const swdec_t *d, uint8_t *py, size_t yp, uint8_t *pc, size_t cp) {
-  const AVFrame *f = d->fr;
-  int deep = f->format == AV_PIX_FMT_YUV420P10LE;
-  for (int y = 0; y < f->height; y++)
-    for (int x = 0; x < f->width; x++) {
-      const uint8_t *row = f->data[0] + y * f->linesize[0];
-      if (deep)
-        ((uint16_t *)(py + (size_t)y * yp))[x] = (uint16_t)(((const uint16_t *)row)[x] << 6);
-      else
-        py[(size_t)y * yp + (size_t)x] = row[x];
-    }
-  for (int y = 0; y < (f->height + 1) / 2; y++)
-    for (int x = 0; x < (f->width + 1) / 2; x++)
-      for (int c = 0; c < 2; c++) {
-        const uint8_t *row = f->data[1 + c] + y * f->linesize[1 + c];
-        if (deep)
-          ((uint16_t *)(pc + (size_t)y * cp))[2 * x + c] = (uint16_t)(((const uint16_t *)row)[x] << 6);
-        else
-          pc[(size_t)y * cp + 2 * (size_t)x + (size_t)c] = row[x];
-      }
-  return deep;
-}
-
 /* Clips the CPU decode path changes beyond converting, decoded as rgb24 on
  * the GPU — NVDEC's picture through spn_media_cuda_from_item (the decode
  * stage's path) — against the CPU decode, which does it with swscale:
@@ -431,9 +351,36 @@ static int swdec_to_nvdec(const swdec_t *d, uint8_t *py, size_t yp, uint8_t *pc,
  *     frames would not even have the CPU's size.
  * Measured with both paths' exact arithmetic (the fake GPU, media-gpu-
  * clips-host) over each clip's 100 frames: HLG 39.08 dB, 4:3 pixels
- * 39.66 dB (largest difference 49); the bound is 38 dB. Where NVDEC cannot be used (no
- * libnvcuvid; the fake GPU), the same pictures come from the software
- * decoder, so the conversions still run on the GPU. */
+ * 39.66 dB (largest difference 49); the bound is 38 dB. Where NVDEC cannot
+ * be used (no libnvcuvid; the fake GPU), decode emulates its hand-over
+ * (emu_upload: the software decoder's pictures in NVDEC's layouts, on the
+ * device; H.264 and HEVC decoding is bit-exact, so these are NVDEC's
+ * samples), and the conversions still run on the GPU. */
+/* A decoder of `path` whose RGB frames stay on the device: NVDEC's when
+ * *nvdec (and it opens), else NVDEC's hand-over emulated (*nvdec false). */
+static spn_decoder_t *open_device_frames(const char *path, void *hw, bool *nvdec) {
+  spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
+  o.want_audio = 0;
+  o.pixfmt = SPN_PIXFMT_RGB24;
+  o.device_frames = 1;
+  spn_decoder_t *g = NULL;
+  spn_error_t err = SPN_ERROR_INIT;
+  if (*nvdec) {
+    o.hwaccel = SPN_HWACCEL_CUDA;
+    o.hw_device = hw;
+    if (spn_decoder_new(path, &o, &g, &err) == SPN_OK)
+      return g;
+    printf("# %s: NVDEC is not usable here (%s): its hand-over emulated\n", path, err.msg);
+  }
+  *nvdec = false;
+  o.hwaccel = SPN_HWACCEL_NONE;
+  o.hw_device = NULL;
+  o.emu_upload = spn_media_cuda_emu_upload;
+  o.emu_free = spn_media_cuda_emu_free;
+  CK(spn_decoder_new(path, &o, &g, &e_));
+  return g;
+}
+
 static void gpu_decode_clips_like_cpu(void **state) {
   (void)state;
   const char *root = getenv("SPINDLE_SOURCE_ROOT");
@@ -445,88 +392,60 @@ static void gpu_decode_clips_like_cpu(void **state) {
   void *hw = NULL;
   spn_error_t herr = SPN_ERROR_INIT;
   if (spn_media_cuda_device_new(s, &hw, &herr) != SPN_OK)
-    printf("# NVDEC is not usable here (%s): pictures from the software decoder\n", herr.msg);
+    printf("# NVDEC is not usable here (%s): its hand-over emulated\n", herr.msg);
   for (size_t c = 0; c < sizeof clips / sizeof *clips; c++) {
     char path[4096];
     snprintf(path, sizeof path, "%s/samples/media/%s", root ? root : ".", clips[c].file);
-    spn_decode_opts_t co = SPN_DECODE_OPTS_INIT, o = SPN_DECODE_OPTS_INIT;
-    co.want_audio = o.want_audio = 0;
-    co.pixfmt = o.pixfmt = SPN_PIXFMT_RGB24;
-    spn_decoder_t *cd = NULL, *g = NULL;
+    spn_decode_opts_t co = SPN_DECODE_OPTS_INIT;
+    co.want_audio = 0;
+    co.pixfmt = SPN_PIXFMT_RGB24;
+    spn_decoder_t *cd = NULL;
     CK(spn_decoder_new(path, &co, &cd, &e_));
     const spn_decode_info_t *ci = spn_decoder_info(cd);
-    bool hdr = c == 0;
+    bool hdr = c == 0, nvdec = hw != NULL;
     assert_int_equal(ci->tone_mapped, hdr);
     assert_int_equal(ci->transfer, hdr ? SPN_TRANSFER_HLG : 2);
     assert_int_equal(ci->sar_num * 3, hdr ? ci->sar_den * 3 : ci->sar_den * 4);
     int32_t w = ci->width, h = ci->height; /* shown: what both paths emit */
     assert_int_equal(w, hdr ? 320 : 426);
-    spn_error_t err = SPN_ERROR_INIT;
-    bool nvdec = false;
-    if (hw) {
-      o.hwaccel = SPN_HWACCEL_CUDA;
-      o.hw_device = hw;
-      o.device_frames = 1;
-      nvdec = spn_decoder_new(path, &o, &g, &err) == SPN_OK;
-      if (!nvdec)
-        printf("# %s: NVDEC is not usable here (%s): pictures from the software decoder\n", clips[c].file, err.msg);
-    }
-    swdec_t sw;
-    swdec_open(&sw, path);
-    int32_t pw = sw.ctx->width, ph = sw.ctx->height; /* stored */
-    size_t yp = (size_t)pw * 2 + 64, cp = (size_t)((pw + 1) / 2) * 4 + 64;
+    spn_decoder_t *g = open_device_frames(path, hw, &nvdec);
     size_t n = spn_pixfmt_tight_size(SPN_PIXFMT_RGB24, w, h), sn = 0;
-    uint8_t *hy = malloc((size_t)ph * yp), *hc = malloc((size_t)((ph + 1) / 2) * cp), *got = malloc(n);
-    void *dy = NULL, *dc = NULL, *dev = NULL, *scratch = NULL;
-    assert_true(hy && hc && got);
-    CU(cudaMalloc(&dy, (size_t)ph * yp));
-    CU(cudaMalloc(&dc, (size_t)((ph + 1) / 2) * cp));
+    uint8_t *got = malloc(n);
+    void *dev = NULL, *scratch = NULL;
+    assert_non_null(got);
     CU(cudaMalloc(&dev, n));
     double se = 0;
     int maxd = 0;
     size_t frames = 0;
     for (;;) {
       spn_media_item_t ri, gi;
-      bool have_gi = false, more = swdec_next(&sw);
-      if (nvdec) {
-        spn_error_t e1 = SPN_ERROR_INIT;
-        int32_t rg = spn_decoder_next(g, &gi, &e1);
-        if (rg == SPN_EDEVICE && frames == 0 && strstr(e1.msg, "fell back to software")) {
-          printf("# %s: NVDEC does not decode it here (%s): pictures from the software decoder\n", clips[c].file,
-                 e1.msg);
-          nvdec = false;
-        } else if (rg == SPN_EOS) {
-          assert_false(more);
-        } else {
-          if (rg != SPN_OK)
-            fail_msg("%s: NVDEC frame %zu: %s", clips[c].file, frames, e1.msg);
-          if (!gi.hw_frame)
-            fail_msg("%s frame %zu came in host memory: %s", clips[c].file, frames,
-                     spn_decoder_info(g)->host_frames_why);
-          assert_int_equal(gi.tone_map, hdr ? SPN_TRANSFER_HLG : 0);
-          assert_int_equal(gi.show_w, w);
-          assert_int_equal(gi.show_h, h);
-          have_gi = true;
-        }
+      spn_error_t e1 = SPN_ERROR_INIT;
+      int32_t rg = spn_decoder_next(g, &gi, &e1);
+      if (rg == SPN_EDEVICE && frames == 0 && nvdec && strstr(e1.msg, "fell back to software")) {
+        printf("# %s: NVDEC does not decode it here (%s): its hand-over emulated\n", clips[c].file, e1.msg);
+        spn_decoder_free(g);
+        nvdec = false;
+        g = open_device_frames(path, hw, &nvdec);
+        continue;
       }
-      if (!more)
+      if (rg == SPN_EOS) { /* ... where the CPU decode ends too */
+        spn_error_t e2 = SPN_ERROR_INIT;
+        assert_int_equal(spn_decoder_next(cd, &ri, &e2), SPN_EOS);
         break;
-      if (!have_gi) { /* NVDEC's layout, filled from the software decoder; the item decode would make */
-        int deep = swdec_to_nvdec(&sw, hy, yp, hc, cp);
-        CU(cudaMemcpyAsync(dy, hy, (size_t)ph * yp, cudaMemcpyHostToDevice, s));
-        CU(cudaMemcpyAsync(dc, hc, (size_t)((ph + 1) / 2) * cp, cudaMemcpyHostToDevice, s));
-        spn_colour_t col = {ci->matrix ? ci->matrix : SPN_MATRIX_BT601, ci->full_range};
-        gi = (spn_media_item_t){.kind = SPN_MEDIA_VIDEO, .image = nvdec_view(dy, yp, dc, cp, pw, ph), .deep = deep,
-                                .colour = col, .tone_map = hdr ? SPN_TRANSFER_HLG : 0, .show_w = w, .show_h = h};
       }
-      if (!scratch && (sn = spn_media_cuda_item_scratch_size(&gi, SPN_PIXFMT_RGB24)))
-        CU(cudaMalloc(&scratch, sn));
-      assert_true(spn_media_cuda_item_scratch_size(&gi, SPN_PIXFMT_RGB24) <= sn);
+      if (rg != SPN_OK)
+        fail_msg("%s: frame %zu on the device: %s", clips[c].file, frames, e1.msg);
+      if (!gi.hw_frame)
+        fail_msg("%s frame %zu came in host memory: %s", clips[c].file, frames, spn_decoder_info(g)->host_frames_why);
+      assert_int_equal(gi.tone_map, hdr ? SPN_TRANSFER_HLG : 0);
+      assert_int_equal(gi.deep, hdr);
+      assert_int_equal(gi.show_w, w);
+      assert_int_equal(gi.show_h, h);
+      item_scratch(&gi, SPN_PIXFMT_RGB24, &scratch, &sn);
       CK(spn_media_cuda_from_item(&gi, SPN_PIXFMT_RGB24, dev, scratch, s, &e_));
       CU(cudaMemcpyAsync(got, dev, n, cudaMemcpyDeviceToHost, s));
       CU(cudaStreamSynchronize(s));
-      if (have_gi)
-        spn_media_item_release(&gi);
+      spn_media_item_release(&gi);
       CK(spn_decoder_next(cd, &ri, &e_));
       assert_int_equal(ri.image.width, w);
       uint8_t *want = tight_copy(&ri.image);
@@ -540,19 +459,13 @@ static void gpu_decode_clips_like_cpu(void **state) {
       frames++;
     }
     double psnr = 10.0 * log10(255.0 * 255.0 / (se / ((double)n * (double)frames)));
-    printf("# %s: %dx%d shown %dx%d, %zu frames on the GPU (%s): vs the CPU decode PSNR %.2f dB, max difference "
-           "%d\n", clips[c].file, (int)pw, (int)ph, (int)w, (int)h, frames, g && nvdec ? "NVDEC" : "software decoder",
-           psnr, maxd);
-    swdec_close(&sw);
+    printf("# %s: shown %dx%d, %zu frames on the GPU (%s): vs the CPU decode PSNR %.2f dB, max difference %d\n",
+           clips[c].file, (int)w, (int)h, frames, nvdec ? "NVDEC" : "NVDEC's hand-over emulated", psnr, maxd);
     spn_decoder_free(cd);
     spn_decoder_free(g);
-    CU(cudaFree(dy));
-    CU(cudaFree(dc));
     CU(cudaFree(dev));
     if (scratch)
       CU(cudaFree(scratch));
-    free(hy);
-    free(hc);
     free(got);
     assert_int_equal(frames, 100);
     if (psnr < clips[c].bound)
