@@ -428,23 +428,33 @@ def run_all_pipelines(tmp, ep):
     # pixels 4:3 wide (an anamorphic DVD or DV video: 96x64 stored, shown
     # 128x64): transcode keeps the stored frames and records their shape;
     # enhance's models see (and its output shows) square pixels at the
-    # shape the file is shown in; both are shown 2:1, as the input
+    # shape the file is shown in; both are shown 2:1, as the input. Turned
+    # upright (a rotation tag of 90 degrees), the frames are 64x96 and their
+    # pixels 3:4, both shown 1:2.
     wide = os.path.join(tmp, "wide-pixels.mp4")
     subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", "testsrc2=s=128x64:r=25:d=0.4", "-vf",
                     "scale=96:64,setsar=4/3", "-pix_fmt", "yuv420p", "-c:v", "libx264", "-preset", "ultrafast", "-g", "5",
                     wide],
                    check=True)
-    for name, size, sar in (("transcode", (96, 64), "4:3"), ("enhance", (256, 128), "1:1")):
-        out = f"{tmp}/out/{name}-wide.mp4"
-        r = cli("submit", name, "--input", f"video={wide}", "--output", f"video={out}", "--wait", "--connect", ep,
-                check_rc=0)
-        st = status(ep, int(r.stdout.split()[0]))
-        check(st["state"] == "succeeded" and st["done"] == 10, f"{name} of a video with 4:3 pixels: {st}")
-        got = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v", "-show_entries",
-                              "stream=width,height,sample_aspect_ratio,display_aspect_ratio", "-of", "csv=p=0", out],
-                             capture_output=True, text=True).stdout.strip()
-        check(got == f"{size[0]},{size[1]},{sar},2:1", f"{name} of a video with 4:3 pixels: {got} (width, height, "
-              f"pixel shape, shape shown), want {size[0]},{size[1]},{sar},2:1")
+    turned = os.path.join(tmp, "wide-pixels-rot90.mp4")
+    subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", wide, "-c", "copy", "-metadata:s:v:0", "rotate=90", turned],
+                   check=True)
+    for src, label, what, shown, cases in (
+            (wide, "wide", "a video with 4:3 pixels", "2:1", (("transcode", (96, 64), "4:3"),
+                                                              ("enhance", (256, 128), "1:1"))),
+            (turned, "wide-rot90", "a turned video with 4:3 pixels", "1:2", (("transcode", (64, 96), "3:4"),
+                                                                            ("enhance", (128, 256), "1:1")))):
+        for name, size, sar in cases:
+            out = f"{tmp}/out/{name}-{label}.mp4"
+            r = cli("submit", name, "--input", f"video={src}", "--output", f"video={out}", "--wait", "--connect", ep,
+                    check_rc=0)
+            st = status(ep, int(r.stdout.split()[0]))
+            check(st["state"] == "succeeded" and st["done"] == 10, f"{name} of {what}: {st}")
+            got = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v", "-show_entries",
+                                  "stream=width,height,sample_aspect_ratio,display_aspect_ratio", "-of", "csv=p=0",
+                                  out], capture_output=True, text=True).stdout.strip()
+            check(got == f"{size[0]},{size[1]},{sar},{shown}", f"{name} of {what}: {got} (width, height, pixel shape, "
+                  f"shape shown), want {size[0]},{size[1]},{sar},{shown}")
     # ... and cut into segments, the joined file keeps that shape
     out = f"{tmp}/out/transcode-wide-seg.mp4"
     r = cli("submit", "transcode", "--input", f"video={wide}", "--output", f"video={out}", "--segments", "2", "--wait",
@@ -455,23 +465,6 @@ def run_all_pipelines(tmp, ep):
                           "stream=width,height,sample_aspect_ratio,nb_read_frames", "-of", "csv=p=0", out],
                          capture_output=True, text=True).stdout.strip()
     check(got == "96,64,4:3,10", f"segmented transcode, 4:3 pixels: {got}, want 96,64,4:3,10")
-    # ... and turned upright (a rotation tag of 90 degrees): the frames are
-    # 64x96 and their pixels 3:4, both shown 1:2 (stored 96x64 shown 128x64,
-    # turned)
-    turned = os.path.join(tmp, "wide-pixels-rot90.mp4")
-    subprocess.run(["ffmpeg", "-v", "error", "-y", "-i", wide, "-c", "copy", "-metadata:s:v:0", "rotate=90", turned],
-                   check=True)
-    for name, size, sar in (("transcode", (64, 96), "3:4"), ("enhance", (128, 256), "1:1")):
-        out = f"{tmp}/out/{name}-wide-rot90.mp4"
-        r = cli("submit", name, "--input", f"video={turned}", "--output", f"video={out}", "--wait", "--connect", ep,
-                check_rc=0)
-        st = status(ep, int(r.stdout.split()[0]))
-        check(st["state"] == "succeeded" and st["done"] == 10, f"{name} of a turned video with 4:3 pixels: {st}")
-        got = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "v", "-show_entries",
-                              "stream=width,height,sample_aspect_ratio,display_aspect_ratio", "-of", "csv=p=0", out],
-                             capture_output=True, text=True).stdout.strip()
-        check(got == f"{size[0]},{size[1]},{sar},1:2", f"{name} of a turned video with 4:3 pixels: {got}, want "
-              f"{size[0]},{size[1]},{sar},1:2")
     # HDR (an iPhone's HLG): enhance tone-maps it to SDR, HLG's reference
     # white (75% signal) to 240 of 255 (read as SDR it was 191); transcode
     # keeps it HDR, tags and all

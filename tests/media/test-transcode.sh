@@ -37,25 +37,24 @@ ffprobe -v error -select_streams a -show_entries stream=bit_rate -of csv=p=0 out
   --set encode.preset=ultrafast --set encode.hwaccel=none >out.txt 2>err.txt || fail "hwaccel none: exit $?: $(tail -3 err.txt)"
 cmp -s out.mp4 none.mp4 || fail "encode.hwaccel = none on the CPU wrote other bytes than the default"
 rm -f none.mp4
-"$spindle" run "$src/configs/transcode.toml" --set decode.path="$clip" --set encode.path=bad.mp4 \
-  --set encode.hwaccel=nvenc >out.txt 2>err.txt
-rc=$?
-[ $rc -eq 2 ] || fail "encode.hwaccel = nvenc: exit $rc, want 2"
-grep -q 'transcode.toml:[0-9]*:[0-9]*: stage "encode": create: hwaccel "nvenc" is not default, none or cuda' err.txt ||
-  fail "encode.hwaccel = nvenc: $(cat err.txt)"
-"$spindle" run "$src/configs/transcode.toml" --devices cpu --set decode.path="$clip" --set encode.path=bad.mp4 \
-  --set encode.hwaccel=cuda >out.txt 2>err.txt
-rc=$?
-[ $rc -eq 2 ] || fail "encode.hwaccel = cuda on the CPU: exit $rc, want 2"
-grep -q 'transcode.toml:[0-9]*:[0-9]*: stage "encode": create: hwaccel "cuda" (NVENC from device frames) needs ' err.txt ||
-  fail "encode.hwaccel = cuda on the CPU: $(cat err.txt)"
+refused() { # WHAT PATTERN ARGS...: the pipeline is refused when it loads (exit 2), PATTERN in its errors
+  local what=$1 pattern=$2 rc
+  shift 2
+  "$spindle" run "$src/configs/transcode.toml" "$@" --set decode.path="$clip" --set encode.path=bad.mp4 \
+    >out.txt 2>err.txt
+  rc=$?
+  [ $rc -eq 2 ] || fail "$what: exit $rc, want 2"
+  grep -q "$pattern" err.txt || fail "$what: $(cat err.txt)"
+}
+refused "encode.hwaccel = nvenc" \
+  'transcode.toml:[0-9]*:[0-9]*: stage "encode": create: hwaccel "nvenc" is not default, none or cuda' \
+  --set encode.hwaccel=nvenc
+refused "encode.hwaccel = cuda on the CPU" \
+  'transcode.toml:[0-9]*:[0-9]*: stage "encode": create: hwaccel "cuda" (NVENC from device frames) needs ' \
+  --devices cpu --set encode.hwaccel=cuda
 # a matrix encode has no name for is refused when the pipeline loads, naming it
-"$spindle" run "$src/configs/transcode.toml" --set decode.path="$clip" --set encode.path=bad.mp4 \
-  --set encode.colorspace=rec709 >out.txt 2>err.txt
-rc=$?
-[ $rc -eq 2 ] || fail "encode.colorspace = rec709: exit $rc, want 2"
-grep -q 'colorspace "rec709" is not bt601, bt709, bt2020 or smpte240m' err.txt ||
-  fail "encode.colorspace = rec709: $(cat err.txt)"
+refused "encode.colorspace = rec709" 'colorspace "rec709" is not bt601, bt709, bt2020 or smpte240m' \
+  --set encode.colorspace=rec709
 [ -z "$(ls -A | grep bad)" ] || fail "a refused pipeline left files: $(ls -A)"
 
 # A 1 s segment of the 4 s clip: the soundtrack taken from the whole clip is
