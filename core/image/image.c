@@ -2,7 +2,9 @@
  *
  * This is the numeric reference the CUDA kernels are tested against, so it
  * favours plain, exact arithmetic over speed: float math per pixel, explicit
- * rounding, no fixed-point shortcuts. It is linked statically into stages
+ * rounding, no fixed-point shortcuts. Where a path is hot on the CPU too
+ * (4:2:0 → RGB, every decoded frame), SIMD runs the very same float
+ * operations, so it writes the same bytes as the scalar loop. It is linked statically into stages
  * (which may not call libspindle), so it uses only header-inline helpers
  * from spindle/status.h and reports every rejection through spn_error_t.
  *
@@ -14,6 +16,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 static const struct {
   const char *name;
@@ -258,6 +264,38 @@ typedef struct {
   float w1;
 } lin_tap_t;
 
+/* cv2.INTER_CUBIC's taps (Keys' kernel, A = -0.75) at the same source
+ * positions as linear_taps, the four source indices clamped to the edge
+ * (replicate), the weights computed in double and rounded to float once. */
+typedef struct {
+  int32_t i[4];
+  float w[4];
+} cub_tap_t;
+
+static void cubic_taps(int32_t src_n, int32_t dst_n, cub_tap_t *taps) {
+  const double A = -0.75;
+  double scale = (double)src_n / dst_n;
+  for (int32_t d = 0; d < dst_n; d++) {
+    double s = (d + 0.5) * scale - 0.5;
+    double f = floor(s), x = s - f, y = 1.0 - x;
+    int32_t i = (int32_t)f;
+    double w0 = ((A * (x + 1.0) - 5.0 * A) * (x + 1.0) + 8.0 * A) * (x + 1.0) - 4.0 * A;
+    double w1 = ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0;
+    double w2 = ((A + 2.0) * y - (A + 3.0)) * y * y + 1.0;
+    double w[4] = {w0, w1, w2, 1.0 - w0 - w1 - w2};
+    for (int k = 0; k < 4; k++) {
+      int32_t j = i - 1 + k;
+      taps[d].i[k] = j < 0 ? 0 : (j > src_n - 1 ? src_n - 1 : j);
+      taps[d].w[k] = (float)w[k];
+    }
+  }
+}
+
+/* Four taps in order, each product and sum rounded to float on its own. */
+static inline float cubic_sum(const float w[4], float a, float b, float c, float d) {
+  return w[0] * a + w[1] * b + w[2] * c + w[3] * d;
+}
+
 static void linear_taps(int32_t src_n, int32_t dst_n, lin_tap_t *taps) {
   double scale = (double)src_n / dst_n;
   for (int32_t d = 0; d < dst_n; d++) {
@@ -322,24 +360,30 @@ int32_t spn_image_resize(const spn_image_t *src, spn_image_t *dst, int32_t inter
   if (src->format != dst->format || !(is_u8_packed(src->format) || is_float_planar(src->format)))
     return spn_error_set(err, SPN_EUNSUPPORTED, "image: resize from %s to %s is not supported",
                          spn_pixfmt_name(src->format), spn_pixfmt_name(dst->format));
-  if (interp != SPN_INTERP_BILINEAR && interp != SPN_INTERP_AREA)
+  if (interp != SPN_INTERP_BILINEAR && interp != SPN_INTERP_AREA && interp != SPN_INTERP_CUBIC)
     return spn_error_set(err, SPN_EINVAL, "image: unknown interpolation %d", (int)interp);
   int32_t sw = src->width, sh = src->height, dw = dst->width, dh = dst->height;
   int nc = channels_of(src->format);
   int area_x = interp == SPN_INTERP_AREA && dw < sw;
-  int area_y = interp == SPN_INTERP_AREA && dh < sh;
+  int area_y = interp == SPN_INTERP_AREA && dh < sh, cubic = interp == SPN_INTERP_CUBIC;
   rc = SPN_OK;
   lin_tap_t *lx = malloc(sizeof *lx * (size_t)dw), *ly = malloc(sizeof *ly * (size_t)dh);
+  cub_tap_t *cx = cubic ? malloc(sizeof *cx * (size_t)dw) : NULL, *cy = cubic ? malloc(sizeof *cy * (size_t)dh) : NULL;
   area_taps_t ax = {0}, ay = {0};
   /* horizontal pass result for one source row, all channels: (nc, dw) */
   float *rowbuf = malloc(sizeof(float) * (size_t)nc * (size_t)dw * (size_t)sh);
-  if (!lx || !ly || !rowbuf || (area_x && area_taps(sw, dw, &ax)) || (area_y && area_taps(sh, dh, &ay))) {
+  if (!lx || !ly || !rowbuf || (cubic && (!cx || !cy)) || (area_x && area_taps(sw, dw, &ax)) ||
+      (area_y && area_taps(sh, dh, &ay))) {
     rc = spn_error_set(err, SPN_ENOMEM, "image: out of memory resizing %dx%d to %dx%d", (int)sw,
                        (int)sh, (int)dw, (int)dh);
     goto out_free;
   }
   linear_taps(sw, dw, lx);
   linear_taps(sh, dh, ly);
+  if (cubic) {
+    cubic_taps(sw, dw, cx);
+    cubic_taps(sh, dh, cy);
+  }
   /* Horizontal pass over every source row (separable filter; the vertical
    * pass then combines rows). Full float precision between passes. */
   for (int32_t y = 0; y < sh; y++) {
@@ -351,6 +395,10 @@ int32_t spn_image_resize(const spn_image_t *src, spn_image_t *dst, int32_t inter
           v = 0.0f;
           for (int32_t k = ax.start[x]; k < ax.start[x + 1]; k++)
             v += ax.w[k] * get_px(src, c, ax.idx[k], y);
+        } else if (cubic) {
+          const int32_t *i = cx[x].i;
+          v = cubic_sum(cx[x].w, get_px(src, c, i[0], y), get_px(src, c, i[1], y), get_px(src, c, i[2], y),
+                        get_px(src, c, i[3], y));
         } else {
           float a = get_px(src, c, lx[x].i0, y), b = get_px(src, c, lx[x].i1, y);
           v = a + (b - a) * lx[x].w1;
@@ -367,6 +415,10 @@ int32_t spn_image_resize(const spn_image_t *src, spn_image_t *dst, int32_t inter
           v = 0.0f;
           for (int32_t k = ay.start[y]; k < ay.start[y + 1]; k++)
             v += ay.w[k] * rowbuf[((size_t)ay.idx[k] * nc + c) * dw + x];
+        } else if (cubic) {
+          const int32_t *i = cy[y].i;
+          v = cubic_sum(cy[y].w, rowbuf[((size_t)i[0] * nc + c) * dw + x], rowbuf[((size_t)i[1] * nc + c) * dw + x],
+                        rowbuf[((size_t)i[2] * nc + c) * dw + x], rowbuf[((size_t)i[3] * nc + c) * dw + x]);
         } else {
           float a = rowbuf[((size_t)ly[y].i0 * nc + c) * dw + x];
           float b = rowbuf[((size_t)ly[y].i1 * nc + c) * dw + x];
@@ -382,6 +434,8 @@ out_free:
   free(rowbuf);
   free(lx);
   free(ly);
+  free(cx);
+  free(cy);
   return rc;
 }
 
@@ -457,6 +511,128 @@ static int is_rgb_u8(int32_t f) {
   return f == SPN_PIXFMT_RGB24 || f == SPN_PIXFMT_BGR24;
 }
 
+/* 4:2:0 → RGB, one row. Chroma is upsampled bilinearly at the siting of
+ * MPEG-2, H.264 and HEVC's default (chroma_sample_loc_type 0, "left"): a
+ * chroma sample sits on the even luma columns and midway between its two
+ * luma rows. So pixel (x, y) reads the chroma columns c0 = x/2 and c1 (c0 for
+ * even x, c0 + 1 for odd x) of chroma row y/2 (weight 3/4) and of the row on
+ * the far side of y's sample (y/2 - 1 for even y, y/2 + 1 for odd; weight
+ * 1/4), edges repeated:
+ *   C = (3 (C[y/2][c0] + C[y/2][c1]) + C[y2][c0] + C[y2][c1]) / 8
+ * The sum is an integer and the division by 8 exact, so the chroma each
+ * pixel gets is the same wherever it is computed (cuda/kernels/image.cu
+ * computes it so); then yuv_to_rgb and sat_u8. The SSE2 part runs the same
+ * float operations four pixels at a time (no fused multiply-add, the same
+ * clamp and round), so it writes the scalar loop's bytes. */
+enum { YUV_SPAN = 64 };
+
+/* The Cb and Cr of pixels x0 .. x0 + n - 1 of row y (0..255, in steps of 1/8). */
+static void chroma_span(const spn_image_t *im, int32_t y, int32_t x0, int32_t n, float *cb, float *cr) {
+  int32_t cw = (im->width + 1) / 2, ch = (im->height + 1) / 2, cy = y / 2;
+  int32_t cy2 = (y & 1) ? (cy + 1 < ch ? cy + 1 : cy) : (cy > 0 ? cy - 1 : 0);
+  int nv12 = im->format == SPN_PIXFMT_NV12, step = nv12 ? 2 : 1;
+  const uint8_t *u0 = im->data[1] + cy * im->stride[1], *u1 = im->data[1] + cy2 * im->stride[1];
+  const uint8_t *v0 = nv12 ? u0 + 1 : im->data[2] + cy * im->stride[2];
+  const uint8_t *v1 = nv12 ? u1 + 1 : im->data[2] + cy2 * im->stride[2];
+  /* each chroma column's 3 · near row + far row (columns past the edge
+   * repeat the last), then a pixel's sum is two of them: the same column
+   * twice for an even pixel, it and the next for an odd one */
+  int32_t j0 = x0 / 2, nj = (x0 + n - 1) / 2 + 2 - j0, j = 0;
+  int32_t vu[YUV_SPAN / 2 + 8], vv[YUV_SPAN / 2 + 8];
+#if defined(__SSE2__)
+  if (!nv12) {
+    const __m128i z = _mm_setzero_si128();
+    for (; j + 8 <= nj && j0 + j + 8 <= cw; j += 8) {
+      __m128i a0 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(u0 + j0 + j)), z);
+      __m128i a1 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(u1 + j0 + j)), z);
+      __m128i b0 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(v0 + j0 + j)), z);
+      __m128i b1 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(v1 + j0 + j)), z);
+      __m128i su = _mm_add_epi16(_mm_add_epi16(_mm_add_epi16(a0, a0), a0), a1);
+      __m128i sv = _mm_add_epi16(_mm_add_epi16(_mm_add_epi16(b0, b0), b0), b1);
+      _mm_storeu_si128((__m128i *)(vu + j), _mm_unpacklo_epi16(su, z));
+      _mm_storeu_si128((__m128i *)(vu + j + 4), _mm_unpackhi_epi16(su, z));
+      _mm_storeu_si128((__m128i *)(vv + j), _mm_unpacklo_epi16(sv, z));
+      _mm_storeu_si128((__m128i *)(vv + j + 4), _mm_unpackhi_epi16(sv, z));
+    }
+  }
+#endif
+  for (; j < nj; j++) {
+    int32_t c = j0 + j < cw ? j0 + j : cw - 1;
+    int64_t a = (int64_t)c * step;
+    vu[j] = 3 * u0[a] + u1[a];
+    vv[j] = 3 * v0[a] + v1[a];
+  }
+  int32_t i = 0; /* (x0 is even: a span starts on a chroma column) */
+#if defined(__SSE2__)
+  const __m128 eighth = _mm_set1_ps(0.125f);
+  for (; i + 8 <= n; i += 8) {
+    int32_t jj = i / 2;
+    __m128i a = _mm_loadu_si128((const __m128i *)(vu + jj)), an = _mm_loadu_si128((const __m128i *)(vu + jj + 1));
+    __m128i b = _mm_loadu_si128((const __m128i *)(vv + jj)), bn = _mm_loadu_si128((const __m128i *)(vv + jj + 1));
+    __m128 ue = _mm_mul_ps(_mm_cvtepi32_ps(_mm_add_epi32(a, a)), eighth);
+    __m128 uo = _mm_mul_ps(_mm_cvtepi32_ps(_mm_add_epi32(a, an)), eighth);
+    __m128 ve = _mm_mul_ps(_mm_cvtepi32_ps(_mm_add_epi32(b, b)), eighth);
+    __m128 vo = _mm_mul_ps(_mm_cvtepi32_ps(_mm_add_epi32(b, bn)), eighth);
+    _mm_storeu_ps(cb + i, _mm_unpacklo_ps(ue, uo));
+    _mm_storeu_ps(cb + i + 4, _mm_unpackhi_ps(ue, uo));
+    _mm_storeu_ps(cr + i, _mm_unpacklo_ps(ve, vo));
+    _mm_storeu_ps(cr + i + 4, _mm_unpackhi_ps(ve, vo));
+  }
+#endif
+  for (; i < n; i++) {
+    int32_t c0 = (x0 + i) / 2 - j0, c1 = (x0 + i) & 1 ? c0 + 1 : c0;
+    cb[i] = (float)(vu[c0] + vu[c1]) * 0.125f;
+    cr[i] = (float)(vv[c0] + vv[c1]) * 0.125f;
+  }
+}
+
+#if defined(__SSE2__)
+/* Four u8 results: sat_u8 as max, min, + 0.5 and truncation. */
+static inline __m128i sat_u8_x4(__m128 v) {
+  return _mm_cvttps_epi32(_mm_add_ps(_mm_min_ps(_mm_max_ps(v, _mm_setzero_ps()), _mm_set1_ps(255.0f)),
+                                     _mm_set1_ps(0.5f)));
+}
+#endif
+
+static void yuv420_row_to_rgb(const spn_yuv_coeffs_t *k, const spn_image_t *src, spn_image_t *dst, int32_t y) {
+  float cb[YUV_SPAN], cr[YUV_SPAN];
+  const uint8_t *ly = src->data[0] + y * src->stride[0];
+  uint8_t *out = dst->data[0] + y * dst->stride[0];
+  int bgr = dst->format == SPN_PIXFMT_BGR24;
+  for (int32_t x0 = 0; x0 < src->width; x0 += YUV_SPAN) {
+    int32_t n = src->width - x0 < YUV_SPAN ? src->width - x0 : YUV_SPAN, i = 0;
+    chroma_span(src, y, x0, n, cb, cr);
+#if defined(__SSE2__)
+    const __m128 yoff = _mm_set1_ps(k->yoff), ys = _mm_set1_ps(k->ys), rv = _mm_set1_ps(k->rv);
+    const __m128 gu = _mm_set1_ps(k->gu), gv = _mm_set1_ps(k->gv), bu = _mm_set1_ps(k->bu), c0 = _mm_set1_ps(128.0f);
+    const __m128i zero = _mm_setzero_si128();
+    for (; i + 4 <= n; i += 4) {
+      int32_t y4;
+      memcpy(&y4, ly + x0 + i, 4);
+      __m128i yi = _mm_unpacklo_epi16(_mm_unpacklo_epi8(_mm_cvtsi32_si128(y4), zero), zero);
+      __m128 yy = _mm_mul_ps(ys, _mm_sub_ps(_mm_cvtepi32_ps(yi), yoff));
+      __m128 u = _mm_sub_ps(_mm_loadu_ps(cb + i), c0), v = _mm_sub_ps(_mm_loadu_ps(cr + i), c0);
+      int32_t r[4], g[4], b[4];
+      _mm_storeu_si128((__m128i *)r, sat_u8_x4(_mm_add_ps(yy, _mm_mul_ps(rv, v))));
+      _mm_storeu_si128((__m128i *)g, sat_u8_x4(_mm_sub_ps(_mm_sub_ps(yy, _mm_mul_ps(gu, u)), _mm_mul_ps(gv, v))));
+      _mm_storeu_si128((__m128i *)b, sat_u8_x4(_mm_add_ps(yy, _mm_mul_ps(bu, u))));
+      const int32_t *first = bgr ? b : r, *last = bgr ? r : b;
+      uint8_t *p = out + (int64_t)(x0 + i) * 3;
+      for (int j = 0; j < 4; j++, p += 3) {
+        p[0] = (uint8_t)first[j];
+        p[1] = (uint8_t)g[j];
+        p[2] = (uint8_t)last[j];
+      }
+    }
+#endif
+    for (; i < n; i++) {
+      float rgb[3];
+      yuv_to_rgb(k, ly[x0 + i], cb[i], cr[i], &rgb[0], &rgb[1], &rgb[2]);
+      rgb_put(dst, x0 + i, y, rgb);
+    }
+  }
+}
+
 int32_t spn_image_convert(const spn_image_t *src, spn_image_t *dst, spn_error_t *err) {
   return spn_image_convert_colour(src, dst, NULL, err);
 }
@@ -517,14 +693,8 @@ int32_t spn_image_convert_colour(const spn_image_t *src, spn_image_t *dst, const
     return SPN_OK;
   }
   if (is_yuv(sf) && is_rgb_u8(df)) {
-    float rgb[3];
     for (int32_t y = 0; y < h; y++)
-      for (int32_t x = 0; x < w; x++) {
-        uint8_t *pu, *pv;
-        chroma_ptrs(src, x / 2, y / 2, &pu, &pv);
-        yuv_to_rgb(&k, src->data[0][y * src->stride[0] + x], *pu, *pv, &rgb[0], &rgb[1], &rgb[2]);
-        rgb_put(dst, x, y, rgb);
-      }
+      yuv420_row_to_rgb(&k, src, dst, y);
     return SPN_OK;
   }
   if (is_yuv(sf) && is_yuv(df)) {

@@ -134,38 +134,32 @@ __global__ void p016_to_yuv420_kernel(const uint8_t *y16, int64_t ys, const uint
   *chroma_v(dst, cx, cy) = top8(c[1]);
 }
 
-/* One sample of an HDR picture as an 8-bit value with a fraction. */
-__device__ __forceinline__ float sample8(const uint8_t *row, int32_t i, bool deep) {
-  return deep ? __fmul_rn((float)((const uint16_t *)row)[i], 1.0f / 256.0f) : (float)row[i];
+/* One sample of an HDR picture, raw (8 or 16 bits). */
+__device__ __forceinline__ int32_t sample(const uint8_t *row, int32_t i, bool deep) {
+  return deep ? ((const uint16_t *)row)[i] : row[i];
 }
 
-/* R' (0..255) to the 16-bit code the CPU path's RGB48 holds: R' · 257
- * rounded, saturated. */
-__device__ __forceinline__ int32_t code16(float v) {
-  float c = __fmul_rn(v, 257.0f);
-  if (!(c > 0.0f))
-    return 0;
-  if (c >= 65534.5f)
-    return 65535;
-  return (int32_t)__fadd_rn(c, 0.5f);
-}
-
-/* One thread per pixel: spn_tonemap_rgb48's steps on the R'G'B' of its
- * samples. */
+/* One thread per pixel: spn_tonemap_yuv420's steps (stages/media), with
+ * the same helpers (tonemap.h). */
 __global__ void hdr420_to_rgb_kernel(plane3 src, bool deep, spn_yuv_coeffs_t k, int32_t transfer, plane3 dst) {
   int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
   if (x >= dst.w || y >= dst.h)
     return;
-  const uint8_t *crow = src.data[1] + (y / 2) * src.stride[1];
-  float yv = sample8(src.data[0] + y * src.stride[0], x, deep);
-  float cb = __fsub_rn(sample8(crow, 2 * (x / 2), deep), 128.0f);
-  float cr = __fsub_rn(sample8(crow, 2 * (x / 2) + 1, deep), 128.0f);
-  float yy = __fmul_rn(k.ys, __fsub_rn(yv, k.yoff));
-  float rgb[3] = {__fadd_rn(yy, __fmul_rn(k.rv, cr)),
-                  __fsub_rn(__fsub_rn(yy, __fmul_rn(k.gu, cb)), __fmul_rn(k.gv, cr)),
-                  __fadd_rn(yy, __fmul_rn(k.bu, cb))};
+  int32_t t[4];
+  spn_tm_chroma_taps(x, y, dst.w, dst.h, t);
+  const uint8_t *c0 = src.data[1] + t[2] * src.stride[1], *c1 = src.data[1] + t[3] * src.stride[1];
+  int32_t su = 3 * (sample(c0, 2 * t[0], deep) + sample(c0, 2 * t[1], deep)) + sample(c1, 2 * t[0], deep) +
+               sample(c1, 2 * t[1], deep);
+  int32_t sv = 3 * (sample(c0, 2 * t[0] + 1, deep) + sample(c0, 2 * t[1] + 1, deep)) +
+               sample(c1, 2 * t[0] + 1, deep) + sample(c1, 2 * t[1] + 1, deep);
+  float unit = deep ? 1.0f / 256.0f : 1.0f; /* (exact scalings) */
+  int32_t code[3];
+  spn_tm_yuv_to_rgb16(&k, __fmul_rn((float)sample(src.data[0] + y * src.stride[0], x, deep), unit),
+                      __fmul_rn((float)su, __fmul_rn(unit, 0.125f)), __fmul_rn((float)sv, __fmul_rn(unit, 0.125f)),
+                      code);
+  float rgb[3];
   for (int c = 0; c < 3; c++)
-    rgb[c] = spn_tm_signal(transfer, (float)code16(rgb[c]) / 65535.0f);
+    rgb[c] = spn_tm_signal(transfer, (float)code[c] / 65535.0f);
   if (transfer == SPN_TRANSFER_HLG) {
     float g = spn_tm_hlg_gain(spn_tm_hlg_luma(rgb[0], rgb[1], rgb[2]), NULL);
     for (int c = 0; c < 3; c++)

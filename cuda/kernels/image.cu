@@ -107,6 +107,54 @@ __global__ void resize_bilinear_kernel(img_desc src, img_desc dst) {
   }
 }
 
+/* core/image/image.c's cubic_taps: the weights in double, each step
+ * rounded as the CPU rounds it (no fused multiply-add). */
+struct ctap {
+  int32_t i[4];
+  float w[4];
+};
+
+__device__ __forceinline__ ctap cubic_tap(int32_t src_n, int32_t dst_n, int32_t d) {
+  const double A = -0.75;
+  double scale = (double)src_n / dst_n;
+  double s = __dsub_rn(__dmul_rn(d + 0.5, scale), 0.5);
+  double f = floor(s), x = __dsub_rn(s, f), y = __dsub_rn(1.0, x), x1 = __dadd_rn(x, 1.0);
+  double w0 = __dsub_rn(__dmul_rn(__dadd_rn(__dmul_rn(__dsub_rn(__dmul_rn(A, x1), 5.0 * A), x1), 8.0 * A), x1), 4.0 * A);
+  double w1 = __dadd_rn(__dmul_rn(__dmul_rn(__dsub_rn(__dmul_rn(A + 2.0, x), A + 3.0), x), x), 1.0);
+  double w2 = __dadd_rn(__dmul_rn(__dmul_rn(__dsub_rn(__dmul_rn(A + 2.0, y), A + 3.0), y), y), 1.0);
+  double w3 = __dsub_rn(__dsub_rn(__dsub_rn(1.0, w0), w1), w2);
+  ctap t;
+  int32_t i = (int32_t)f;
+  double w[4] = {w0, w1, w2, w3};
+  for (int k = 0; k < 4; k++) {
+    int32_t j = i - 1 + k;
+    t.i[k] = j < 0 ? 0 : (j > src_n - 1 ? src_n - 1 : j);
+    t.w[k] = (float)w[k];
+  }
+  return t;
+}
+
+__device__ __forceinline__ float cubic_sum(const float w[4], float a, float b, float c, float d) {
+  return __fadd_rn(__fadd_rn(__fadd_rn(__fmul_rn(w[0], a), __fmul_rn(w[1], b)), __fmul_rn(w[2], c)),
+                   __fmul_rn(w[3], d));
+}
+
+/* The CPU's two passes per pixel: each of the four source rows the pixel
+ * reads summed horizontally, then those four sums vertically. */
+__global__ void resize_cubic_kernel(img_desc src, img_desc dst) {
+  int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+  if (x >= dst.w || y >= dst.h)
+    return;
+  ctap tx = cubic_tap(src.w, dst.w, x), ty = cubic_tap(src.h, dst.h, y);
+  for (int c = 0; c < dst.nc; c++) {
+    float r[4];
+    for (int k = 0; k < 4; k++)
+      r[k] = cubic_sum(tx.w, get_px(src, c, tx.i[0], ty.i[k]), get_px(src, c, tx.i[1], ty.i[k]),
+                       get_px(src, c, tx.i[2], ty.i[k]), get_px(src, c, tx.i[3], ty.i[k]));
+    put_px(dst, c, x, y, cubic_sum(ty.w, r[0], r[1], r[2], r[3]));
+  }
+}
+
 __global__ void to_float_kernel(img_desc src, img_desc dst, float m0, float m1, float m2, float s0, float s1,
                                 float s2) {
   int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
@@ -121,20 +169,23 @@ __global__ void to_float_kernel(img_desc src, img_desc dst, float m0, float m1, 
     ((float *)(dst.data[c] + y * dst.stride[c]))[x] = __fmul_rn(__fsub_rn(rgb[dbgr ? 2 - c : c], m[c]), s[c]);
 }
 
+/* core/image/image.c's yuv420_row_to_rgb: chroma upsampled bilinearly at
+ * MPEG-2's siting (co-sited with even columns, midway between rows), as an
+ * integer sum of four samples divided exactly by 8. */
 __global__ void yuv420_to_rgb_kernel(img_desc src, img_desc dst, spn_yuv_coeffs_t k) {
   int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
   if (x >= dst.w || y >= dst.h)
     return;
-  int32_t cx = x / 2, cy = y / 2;
-  float u, v;
-  if (src.format == SPN_PIXFMT_NV12) {
-    const uint8_t *c = src.data[1] + cy * src.stride[1] + (int64_t)cx * 2;
-    u = c[0];
-    v = c[1];
-  } else {
-    u = src.data[1][cy * src.stride[1] + cx];
-    v = src.data[2][cy * src.stride[2] + cx];
-  }
+  int32_t cw = (src.w + 1) / 2, ch = (src.h + 1) / 2, cy = y / 2, c0 = x / 2;
+  int32_t cy2 = (y & 1) ? (cy + 1 < ch ? cy + 1 : cy) : (cy > 0 ? cy - 1 : 0);
+  int32_t c1 = (x & 1) && c0 + 1 < cw ? c0 + 1 : c0;
+  bool nv12 = src.format == SPN_PIXFMT_NV12;
+  int64_t step = nv12 ? 2 : 1, ia = c0 * step, ib = c1 * step;
+  const uint8_t *u0 = src.data[1] + cy * src.stride[1], *u1 = src.data[1] + cy2 * src.stride[1];
+  const uint8_t *v0 = nv12 ? u0 + 1 : src.data[2] + cy * src.stride[2];
+  const uint8_t *v1 = nv12 ? u1 + 1 : src.data[2] + cy2 * src.stride[2];
+  int32_t su = 3 * (u0[ia] + u0[ib]) + u1[ia] + u1[ib], sv = 3 * (v0[ia] + v0[ib]) + v1[ia] + v1[ib];
+  float u = __fmul_rn((float)su, 0.125f), v = __fmul_rn((float)sv, 0.125f);
   float yv = src.data[0][y * src.stride[0] + x];
   float yy = __fmul_rn(k.ys, __fsub_rn(yv, k.yoff)), cb = __fsub_rn(u, 128.0f), cr = __fsub_rn(v, 128.0f);
   float r = __fadd_rn(yy, __fmul_rn(k.rv, cr));
@@ -334,19 +385,36 @@ dim3 grid_for(int32_t w, int32_t h, dim3 block) {
 
 const dim3 k_block(32, 8);
 
-} // namespace
-
-extern "C" int32_t spn_cuda_resize_bilinear(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream,
-                                            spn_error_t *err) {
+/* A resize's arguments (the formats spn_image_resize takes). */
+int32_t check_resize(const spn_image_t *src, const spn_image_t *dst, spn_error_t *err) {
   int32_t rc;
   if ((rc = check(src, "resize source", err)) || (rc = check(dst, "resize destination", err)))
     return rc;
   if (src->format != dst->format || !(is_u8_packed(src->format) || is_float_planar(src->format)))
     return spn_error_set(err, SPN_EUNSUPPORTED, "cuda image: resize from %s to %s is not supported",
                          spn_pixfmt_name(src->format), spn_pixfmt_name(dst->format));
+  return SPN_OK;
+}
+
+} // namespace
+
+extern "C" int32_t spn_cuda_resize_bilinear(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream,
+                                            spn_error_t *err) {
+  int32_t rc = check_resize(src, dst, err);
+  if (rc)
+    return rc;
   resize_bilinear_kernel<<<grid_for(dst->width, dst->height, k_block), k_block, 0, stream>>>(describe(src),
                                                                                              describe(dst));
   return launched("resize_bilinear", err);
+}
+
+extern "C" int32_t spn_cuda_resize_cubic(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream,
+                                         spn_error_t *err) {
+  int32_t rc = check_resize(src, dst, err);
+  if (rc)
+    return rc;
+  resize_cubic_kernel<<<grid_for(dst->width, dst->height, k_block), k_block, 0, stream>>>(describe(src), describe(dst));
+  return launched("resize_cubic", err);
 }
 
 extern "C" int32_t spn_cuda_to_float(const spn_image_t *src, spn_image_t *dst, const float mean[3],

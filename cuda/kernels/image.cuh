@@ -39,6 +39,8 @@ static inline int32_t spn_cuda_status(cudaError_t ce, const char *who, const cha
  * the same format, one of RGB24, BGR24, GRAY8, RGBF32P, BGRF32P, GRAYF32;
  * dst's size is the target. */
 int32_t spn_cuda_resize_bilinear(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream, spn_error_t *err);
+/* Bicubic resize (spn_image_resize with SPN_INTERP_CUBIC), the same formats. */
+int32_t spn_cuda_resize_cubic(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream, spn_error_t *err);
 
 /* u8 RGB24/BGR24 (H,W,C) → planar float RGBF32P/BGRF32P (C,H,W) with
  * dst[c] = (src[c'] - mean[c]) * scale[c] (spn_image_to_float): channels are

@@ -15,6 +15,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "spindle/image.h" /* spn_yuv_coeffs_t */
+
 #ifdef __CUDACC__
 #define SPN_TM_FN static __host__ __device__ __forceinline__
 #else
@@ -124,6 +126,41 @@ SPN_TM_FN void spn_tm_to_sdr(float r, float g, float b, float *out) {
   out[0] = r7;
   out[1] = g7;
   out[2] = b7;
+}
+
+/* The picture's R'G'B' before the tone map, from its 4:2:0 samples, the
+ * same on both sides. Chroma is interpolated as spn-image's 4:2:0 → RGB
+ * (spindle/image.h): pixel (x, y) of a w x h picture reads chroma columns
+ * t[0], t[1] of rows t[2] (weight 3) and t[3] (weight 1); their sum
+ * 3 (a + b) + c + d, exact as an integer, is 8 times the sample. */
+SPN_TM_FN void spn_tm_chroma_taps(int32_t x, int32_t y, int32_t w, int32_t h, int32_t t[4]) {
+  int32_t cw = (w + 1) / 2, ch = (h + 1) / 2, cy = y / 2, c0 = x / 2;
+  t[0] = c0;
+  t[1] = (x & 1) && c0 + 1 < cw ? c0 + 1 : c0;
+  t[2] = cy;
+  t[3] = (y & 1) ? (cy + 1 < ch ? cy + 1 : cy) : (cy > 0 ? cy - 1 : 0);
+}
+
+/* R' (0..255) to the 16-bit code an RGB48 picture holds: R' · 257,
+ * rounded, saturated. */
+SPN_TM_FN int32_t spn_tm_code16(float v) {
+  float c = SPN_TM_MUL(v, 257.0f);
+  if (!(c > 0.0f))
+    return 0;
+  if (c >= 65534.5f)
+    return 65535;
+  return (int32_t)SPN_TM_ADD(c, 0.5f);
+}
+
+/* Y, Cb, Cr on the 8-bit scale (16-bit samples divided by 256, chroma sums
+ * by 8 more: exact) to 16-bit R'G'B' codes, with the file's matrix. */
+SPN_TM_FN void spn_tm_yuv_to_rgb16(const spn_yuv_coeffs_t *k, float y, float cb, float cr, int32_t out[3]) {
+  float yy = SPN_TM_MUL(k->ys, SPN_TM_SUB(y, k->yoff));
+  cb = SPN_TM_SUB(cb, 128.0f);
+  cr = SPN_TM_SUB(cr, 128.0f);
+  out[0] = spn_tm_code16(SPN_TM_ADD(yy, SPN_TM_MUL(k->rv, cr)));
+  out[1] = spn_tm_code16(SPN_TM_SUB(SPN_TM_SUB(yy, SPN_TM_MUL(k->gu, cb)), SPN_TM_MUL(k->gv, cr)));
+  out[2] = spn_tm_code16(SPN_TM_ADD(yy, SPN_TM_MUL(k->bu, cb)));
 }
 
 #endif

@@ -215,7 +215,7 @@ int32_t spn_media_cuda_from_item(const spn_media_item_t *it, int32_t pixfmt, voi
     if (rc)
       return rc;
     if (pl.resample && ((rc = spn_image_wrap(&b, shown, pl.sw, pl.sh, pl.u8, err)) ||
-                        (rc = spn_cuda_resize_bilinear(&a, &b, stream, err))))
+                        (rc = spn_cuda_resize_cubic(&a, &b, stream, err))))
       return rc;
     if (pl.flt && ((rc = spn_image_wrap(&a, shown, pl.sw, pl.sh, pl.u8, err)) ||
                    (rc = spn_image_wrap(&b, out, pl.sw, pl.sh, pixfmt, err)) ||

@@ -63,8 +63,8 @@ void spn_media_cuda_device_free(void **dev);
  *     to SDR instead (spn_cuda_hdr420_to_rgb, on the samples as they are,
  *     16-bit ones too; the CPU path's twin);
  *   - show_w x show_h (RGB and float pixfmts; 0: the image's size): the
- *     RGB frame resampled to that size, square pixels
- *     (spn_cuda_resize_bilinear; the CPU path's swscale is bicubic);
+ *     RGB frame resampled to that size, square pixels (spn_cuda_resize_cubic,
+ *     the twin of the CPU path's spn_image_resize SPN_INTERP_CUBIC);
  *   - rotation (0, 90, 180, 270): then turned clockwise (spn_cuda_rotate).
  * scratch: device memory of spn_media_cuda_item_scratch_size bytes, or NULL
  * when that is 0 (which it is also for an item this cannot convert: the

@@ -64,6 +64,7 @@ struct spn_decoder {
   spn_tonemap_t *tm;            /* HDR to RGB: its tone mapper (else NULL) */
   uint16_t *hdr_buf;            /* ... and the 16-bit RGB swscale gives it */
   size_t hdr_cap;
+  spn_image_t deep8;            /* SDR 4:2:0 frames' samples in 8 bits: a view of 8-bit frames, else owned */
   SwrContext *swr;
   int eof_sent;
   int vdone, adone;              /* decoder drained or segment end passed */
@@ -520,6 +521,7 @@ void spn_decoder_free(spn_decoder_t *d) {
   sws_freeContext(d->sws);
   spn_tonemap_free(d->tm);
   free(d->hdr_buf);
+  spn_image_release(&d->deep8);
   swr_free(&d->swr);
   free(d->a_held);
   av_frame_free(&d->frame);
@@ -557,6 +559,78 @@ static enum AVPixelFormat av_format_for(int32_t f) {
   case SPN_PIXFMT_YUV420P: return AV_PIX_FMT_YUV420P;
   default: return AV_PIX_FMT_RGB24;
   }
+}
+
+/* Where a frame's 4:2:0 samples are, for the conversions the GPU path
+ * makes (media-cuda.c), done here with the CPU twins of its kernels: 8 to
+ * 16 bits, planar or interleaved (NV12, P010), little-endian. 0 for any
+ * other layout (4:2:2, 4:4:4, NV21, RGB...): swscale converts those. */
+static int planes420(const AVFrame *f, spn_tonemap_yuv_t *v) {
+  const AVPixFmtDescriptor *pd = av_pix_fmt_desc_get((enum AVPixelFormat)f->format);
+  if (!pd || pd->nb_components != 3 || pd->log2_chroma_w != 1 || pd->log2_chroma_h != 1 ||
+      (pd->flags & (AV_PIX_FMT_FLAG_BE | AV_PIX_FMT_FLAG_RGB | AV_PIX_FMT_FLAG_PAL | AV_PIX_FMT_FLAG_HWACCEL)))
+    return 0;
+  int depth = pd->comp[0].depth, bytes = depth > 8 ? 2 : 1;
+  int semi = pd->comp[1].plane == 1 && pd->comp[2].plane == 1;
+  int planar = pd->comp[0].plane == 0 && pd->comp[1].plane == 1 && pd->comp[2].plane == 2;
+  if (depth < 8 || depth > 16 || (!semi && !planar) || pd->comp[0].step != bytes || pd->comp[1].offset != 0 ||
+      (semi && pd->comp[2].offset != bytes) || pd->comp[1].step != (semi ? 2 : 1) * bytes ||
+      pd->comp[1].shift != pd->comp[0].shift || pd->comp[2].shift != pd->comp[0].shift)
+    return 0;
+  memset(v, 0, sizeof *v);
+  v->width = f->width;
+  v->height = f->height;
+  v->plane[0] = f->data[0];
+  v->plane[1] = f->data[1];
+  v->plane[2] = semi ? f->data[1] + bytes : f->data[2];
+  for (int p = 0; p < 3; p++)
+    v->pitch[p] = f->linesize[semi && p == 2 ? 1 : p];
+  v->step = semi ? 2 : 1;
+  v->bits = 8 * bytes;
+  v->shift = bytes == 2 ? pd->comp[0].shift : 0;
+  v->up = bytes == 2 ? 16 - depth : 0;
+  return 1;
+}
+
+/* An SDR 4:2:0 frame's samples in 8 bits (*v): a view of 8-bit frames;
+ * deeper ones rounded to 8 bits into an image *v owns, as
+ * spn_cuda_p016_to_yuv420 rounds NVDEC's P010/P016 (the top 8 of the 16
+ * bits, rounded, 255 at most). 0 (and *rc untouched) where planes420 is. */
+static int sdr420_view(const AVFrame *f, spn_image_t *v, int32_t *rc, spn_error_t *err) {
+  spn_tonemap_yuv_t pl;
+  if (!planes420(f, &pl))
+    return 0;
+  int32_t fmt = pl.step == 2 ? SPN_PIXFMT_NV12 : SPN_PIXFMT_YUV420P;
+  if (pl.bits == 8) {
+    spn_image_release(v);
+    v->width = f->width;
+    v->height = f->height;
+    v->format = fmt;
+    v->nplanes = pl.step == 2 ? 2 : 3;
+    for (int p = 0; p < v->nplanes; p++) {
+      v->data[p] = f->data[p];
+      v->stride[p] = f->linesize[p];
+    }
+    return 1;
+  }
+  if (!v->owned || v->width != f->width || v->height != f->height || v->format != fmt) {
+    spn_image_release(v);
+    if ((*rc = spn_image_alloc(v, f->width, f->height, fmt, err)))
+      return 1;
+  }
+  for (int p = 0; p < v->nplanes; p++) {
+    int32_t rows = p ? (f->height + 1) / 2 : f->height;
+    int32_t n = p ? pl.step * ((f->width + 1) / 2) : f->width;
+    for (int32_t y = 0; y < rows; y++) {
+      const uint16_t *in = (const uint16_t *)(f->data[p] + (ptrdiff_t)y * f->linesize[p]);
+      uint8_t *out = v->data[p] + y * v->stride[p];
+      for (int32_t x = 0; x < n; x++) {
+        uint32_t s16 = (uint32_t)(in[x] >> pl.shift) << pl.up;
+        out[x] = s16 >= 0xff80u ? 255 : (uint8_t)((s16 + 0x80u) >> 8);
+      }
+    }
+  }
+  return 1;
 }
 
 int32_t spn_decode_hdr(const spn_decode_info_t *info, char *buf, size_t n) {
@@ -763,18 +837,50 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
     return spn_error_prefix(err, "%s", d->path);
   uint8_t *dst[4] = {conv.data[0], conv.data[1], conv.data[2], NULL};
   int lines[4] = {(int)conv.stride[0], (int)conv.stride[1], (int)conv.stride[2], 0};
+  int samples = mid_fmt == SPN_PIXFMT_YUV420P || mid_fmt == SPN_PIXFMT_NV12;
+  spn_tonemap_yuv_t hdr;
   if (f->format == av_format_for(out_fmt) && !resample) {
     /* the decoder's own layout (yuv420p, nv12): a plane copy, no swscale */
     av_image_copy(dst, lines, (const uint8_t **)f->data, f->linesize, (enum AVPixelFormat)f->format, f->width,
                   f->height);
+  } else if (d->tm ? planes420(f, &hdr)
+                   : !(samples && (resample || frame_colour(d, f).full_range)) && sdr420_view(f, &d->deep8, &rc, err)) {
+    /* 4:2:0 as the GPU path converts it (media-cuda.c's
+     * spn_media_cuda_from_item), with the CPU twins of its kernels, so that
+     * a CPU and a GPU run decode the same frames: SDR to RGB (deeper samples
+     * first rounded to 8 bits) or deeper 4:2:0 to 8 bits; HDR tone-mapped
+     * to RGB; RGB of non-square pixels at the stored size, then bicubic to
+     * square pixels. (Full-range or resampled 4:2:0 out stays with swscale,
+     * which makes it limited and resamples its planes.) */
+    spn_colour_t c = frame_colour(d, f);
+    spn_image_t stored = SPN_IMAGE_INIT, *to = resample ? &stored : &conv;
+    if (!rc && resample)
+      rc = spn_image_alloc(&stored, f->width, f->height, mid_fmt, err);
+    if (!rc)
+      rc = d->tm ? spn_tonemap_yuv420(d->tm, &hdr, &c, to, err) : spn_image_convert_colour(&d->deep8, to, &c, err);
+    if (!rc && resample)
+      rc = spn_image_resize(&stored, &conv, SPN_INTERP_CUBIC, err);
+    spn_image_release(&stored);
+    if (rc) {
+      spn_image_release(&conv);
+      return spn_error_prefix(err, "%s", d->path);
+    }
+    converted = 1;
   } else {
     struct SwsContext *prev = d->sws;
     /* (and to square pixels, in the same pass, when the file's are not;
-     * HDR: to 16-bit RGB for the tone mapper, which then writes conv) */
+     * HDR of another layout: to 16-bit RGB for the tone mapper, which then
+     * writes conv) */
     enum AVPixelFormat to = d->tm ? AV_PIX_FMT_RGB48 : av_format_for(out_fmt);
+    /* SWS_FULL_CHR_H_INT: without it, swscale's generic path to packed RGB
+     * (the one SWS_ACCURATE_RND selects) reads limited range about 2 levels
+     * dark (FFmpeg 5.1: Y 235 gives 253, not 255) */
+    int rgb_out = to != AV_PIX_FMT_YUV420P && to != AV_PIX_FMT_NV12;
     d->sws = sws_getCachedContext(d->sws, f->width, f->height, (enum AVPixelFormat)f->format, d->conv_w,
-                                  d->conv_h, to, (resample ? SWS_BICUBIC : SWS_BILINEAR) | SWS_ACCURATE_RND, NULL,
-                                  NULL, NULL);
+                                  d->conv_h, to,
+                                  (resample ? SWS_BICUBIC : SWS_BILINEAR) | SWS_ACCURATE_RND |
+                                      (rgb_out ? SWS_FULL_CHR_H_INT : 0),
+                                  NULL, NULL, NULL);
     if (!d->sws) {
       spn_image_release(&conv);
       return spn_error_set(err, SPN_EMEDIA, "%s: cannot convert %s frames to %s", d->path,

@@ -49,4 +49,23 @@ void spn_tonemap_free(spn_tonemap_t *t);
 int32_t spn_tonemap_rgb48(const spn_tonemap_t *t, const uint16_t *src, int64_t src_stride, spn_image_t *dst,
                           spn_error_t *err);
 
+/* A 4:2:0 picture's planes, as spn_tonemap_yuv420 reads them. */
+typedef struct spn_tonemap_yuv {
+  int32_t width, height;
+  const uint8_t *plane[3]; /* Y, Cb, Cr: each plane's first sample (interleaved: Cr is Cb + 1 sample) */
+  int64_t pitch[3];        /* bytes from one row to the next */
+  int32_t step;            /* chroma: samples from one pixel pair's to the next (1 planar, 2 interleaved) */
+  int32_t bits;            /* 8: bytes; 16: native-endian uint16 ... */
+  int32_t shift, up;       /* ... whose value is (raw >> shift) << up, at the top of 16 bits (P010: 0, 0;
+                            * 10-bit planar: 0, 6) */
+} spn_tonemap_yuv_t;
+
+/* The picture's samples to SDR RGB24/BGR24 (dst, of the picture's size),
+ * in colour *col (its matrix and range): chroma interpolated as
+ * spn-image's 4:2:0 → RGB, R'G'B' rounded to 16 bits, then
+ * spn_tonemap_rgb48's steps. What the GPU's spn_cuda_hdr420_to_rgb does
+ * (with the same helpers of tonemap.h). */
+int32_t spn_tonemap_yuv420(const spn_tonemap_t *t, const spn_tonemap_yuv_t *src, const spn_colour_t *col,
+                           spn_image_t *dst, spn_error_t *err);
+
 #endif

@@ -73,19 +73,23 @@ static void resize_matches_cpu(void **state) {
   const int32_t sizes[][4] = {{37, 29, 101, 77}, {640, 360, 224, 224}, {200, 50, 61, 120}, {64, 48, 64, 48},
                               {1, 1, 5, 3}};
   uint32_t seed = 1;
+  for (int cubic = 0; cubic < 2; cubic++)
   for (size_t f = 0; f < sizeof fmts / sizeof *fmts; f++)
     for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
       spn_image_t src = host_image(sizes[s][0], sizes[s][1], fmts[f], seed++, -2.0f, 300.0f);
       spn_image_t ref = SPN_IMAGE_INIT, got = SPN_IMAGE_INIT;
       CK(spn_image_alloc(&ref, sizes[s][2], sizes[s][3], fmts[f], &e_));
       CK(spn_image_alloc(&got, sizes[s][2], sizes[s][3], fmts[f], &e_));
-      CK(spn_image_resize(&src, &ref, SPN_INTERP_BILINEAR, &e_));
+      CK(spn_image_resize(&src, &ref, cubic ? SPN_INTERP_CUBIC : SPN_INTERP_BILINEAR, &e_));
       spn_image_t dsrc = to_device(&src), ddst = to_device(&got);
-      CK(spn_cuda_resize_bilinear(&dsrc, &ddst, NULL, &e_));
+      if (cubic)
+        CK(spn_cuda_resize_cubic(&dsrc, &ddst, NULL, &e_));
+      else
+        CK(spn_cuda_resize_bilinear(&dsrc, &ddst, NULL, &e_));
       from_device(&ddst, &got);
       char what[96];
-      snprintf(what, sizeof what, "resize %s %dx%d->%dx%d", spn_pixfmt_name(fmts[f]), (int)sizes[s][0],
-               (int)sizes[s][1], (int)sizes[s][2], (int)sizes[s][3]);
+      snprintf(what, sizeof what, "resize %s %s %dx%d->%dx%d", cubic ? "cubic" : "bilinear",
+               spn_pixfmt_name(fmts[f]), (int)sizes[s][0], (int)sizes[s][1], (int)sizes[s][2], (int)sizes[s][3]);
       compare(&ref, &got, what);
       device_free(&dsrc);
       device_free(&ddst);
@@ -264,8 +268,10 @@ static void fit_normalize_matches_facedet(void **state) {
 static void yuv420_to_rgb_matches_cpu(void **state) {
   (void)state;
   const int32_t pairs[][2] = {{SPN_PIXFMT_NV12, SPN_PIXFMT_RGB24}, {SPN_PIXFMT_NV12, SPN_PIXFMT_BGR24},
-                              {SPN_PIXFMT_YUV420P, SPN_PIXFMT_RGB24}};
-  const int32_t sizes[][2] = {{64, 36}, {33, 17}, {1, 1}, {1280, 720}};
+                              {SPN_PIXFMT_YUV420P, SPN_PIXFMT_RGB24}, {SPN_PIXFMT_YUV420P, SPN_PIXFMT_BGR24}};
+  /* (the CPU converts 64-pixel spans, SSE2 4 pixels and 8 chroma columns at
+   * a time: widths that end a span, a vector and a column pair anywhere) */
+  const int32_t sizes[][2] = {{64, 36}, {33, 17}, {1, 1}, {1280, 720}, {131, 5}, {70, 3}};
   /* BT.601 limited (the default call), then a BT.709, a full-range and a
    * BT.2020 file's samples (the _colour variant, as decode passes them) */
   const spn_colour_t colours[] = {{SPN_MATRIX_BT601, 0}, {SPN_MATRIX_BT709, 0}, {SPN_MATRIX_BT601, 1},

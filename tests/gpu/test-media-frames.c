@@ -22,12 +22,12 @@
  * skipped a pixel shows.
  *
  * Pictures shown at another size (non-square pixels: 4:3 and 3:4) are
- * resampled after the conversion, bilinearly, twin spn_image_resize; a 4:2:0
+ * resampled after the conversion, bicubic, twin spn_image_resize; a 4:2:0
  * format refuses that.
  * HDR (PQ and HLG) pictures to RGB and float are tone-mapped instead; their
- * twin is the CPU path's: the samples to 16-bit R'G'B' (the kernel's float
- * arithmetic written out) and spn_tonemap_rgb48 (stages/media), then the
- * same float and turn steps; same tolerance. 4:2:0 outputs of HDR pictures
+ * twin is the CPU decode's spn_tonemap_yuv420 (stages/media: chroma
+ * interpolated as spn-image's, the samples to 16-bit R'G'B', the tone map),
+ * then the same float and turn steps; same tolerance. 4:2:0 outputs of HDR pictures
  * are the signal as it is (the SDR path's bytes).
  */
 #include <math.h>
@@ -73,13 +73,13 @@ static int32_t mid_format(int32_t fmt) {
 }
 
 /* The twin's last steps: mid (rgb24/bgr24 for a float fmt, else fmt;
- * consumed) -> resized to sw x sh (bilinear) -> fmt -> turned, as a tight
+ * consumed) -> resized to sw x sh (bicubic) -> fmt -> turned, as a tight
  * buffer. */
 static void *twin_finish(spn_image_t *mid, int32_t fmt, int32_t rot, int32_t sw, int32_t sh) {
   if (sw != mid->width || sh != mid->height) {
     spn_image_t big = SPN_IMAGE_INIT;
     CK(spn_image_alloc(&big, sw, sh, mid->format, &e_));
-    CK(spn_image_resize(mid, &big, SPN_INTERP_BILINEAR, &e_));
+    CK(spn_image_resize(mid, &big, SPN_INTERP_CUBIC, &e_));
     spn_image_release(mid);
     *mid = big;
   }
@@ -111,44 +111,19 @@ static void *cpu_twin(const spn_image_t *nv12, int32_t fmt, int32_t rot, int32_t
   return twin_finish(&mid, fmt, rot, sw, sh);
 }
 
-/* A sample as an 8-bit value with a fraction, and R' (0..255) as the
- * 16-bit code of the CPU path's RGB48: the kernel's arithmetic. */
-static float sample8(const uint8_t *row, int32_t i, int deep) {
-  return deep ? (float)((const uint16_t *)row)[i] * (1.0f / 256.0f) : (float)row[i];
-}
-static uint16_t code16(float v) {
-  float c = v * 257.0f;
-  if (!(c > 0.0f))
-    return 0;
-  return c >= 65534.5f ? 65535 : (uint16_t)(c + 0.5f);
-}
-
-/* The HDR twin: the picture's samples (host copies of NVDEC's planes) to
- * 16-bit R'G'B' in *col, tone-mapped by the CPU path's spn_tonemap_rgb48,
- * then -> sw x sh -> fmt -> turned. */
+/* The HDR twin: the picture's samples (host copies of NVDEC's planes,
+ * NV12 or P016) tone-mapped by the CPU path's spn_tonemap_yuv420, then
+ * -> sw x sh -> fmt -> turned. */
 static void *hdr_twin(const uint8_t *py, size_t yp, const uint8_t *pc, size_t cp, int deep, int32_t w, int32_t h,
                       const spn_colour_t *col, int32_t transfer, int32_t fmt, int32_t rot, int32_t sw, int32_t sh) {
-  spn_yuv_coeffs_t k = {0};
-  CK(spn_colour_coeffs(col, &k, &e_));
-  uint16_t *rgb48 = malloc((size_t)w * (size_t)h * 6);
-  assert_non_null(rgb48);
-  for (int32_t y = 0; y < h; y++)
-    for (int32_t x = 0; x < w; x++) {
-      const uint8_t *crow = pc + (size_t)(y / 2) * cp;
-      float yy = k.ys * (sample8(py + (size_t)y * yp, x, deep) - k.yoff);
-      float cb = sample8(crow, 2 * (x / 2), deep) - 128.0f, cr = sample8(crow, 2 * (x / 2) + 1, deep) - 128.0f;
-      uint16_t *o = rgb48 + ((size_t)y * (size_t)w + (size_t)x) * 3;
-      o[0] = code16(yy + k.rv * cr);
-      o[1] = code16(yy - k.gu * cb - k.gv * cr);
-      o[2] = code16(yy + k.bu * cb);
-    }
+  spn_tonemap_yuv_t pic = {.width = w, .height = h, .plane = {py, pc, pc + (deep ? 2 : 1)},
+                           .pitch = {(int64_t)yp, (int64_t)cp, (int64_t)cp}, .step = 2, .bits = deep ? 16 : 8};
   spn_tonemap_t *tm = NULL;
   spn_image_t mid = SPN_IMAGE_INIT;
   CK(spn_tonemap_new(transfer, &tm, &e_));
   CK(spn_image_alloc(&mid, w, h, mid_format(fmt), &e_));
-  CK(spn_tonemap_rgb48(tm, rgb48, (int64_t)w * 6, &mid, &e_));
+  CK(spn_tonemap_yuv420(tm, &pic, col, &mid, &e_));
   spn_tonemap_free(tm);
-  free(rgb48);
   return twin_finish(&mid, fmt, rot, sw, sh);
 }
 

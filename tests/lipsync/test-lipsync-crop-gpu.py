@@ -11,8 +11,9 @@ whole files to PSNR >= 40 dB) and given three sinks: the synced frames, the
 decoded frames and the faces (metasink). It runs with --devices cpu and with
 --devices cuda (SPINDLE_TEST_GPU_DEVICES overrides the second, e.g. "cpu" to
 check the test itself), with the detector and Wav2Lip at fp32 on both, and
-software decode on both (NVDEC's RGB is BT.601 without swscale's chroma
-interpolation, about 42 dB from it: media-gpu holds that apart). Per frame:
+software decode on both (so that "identical outside" holds to the byte:
+NVDEC's RGB is the CPU decode's within 1 level, which media-gpu checks).
+Per frame:
   - the GPU's faces are the CPU's within 0.05 px;
   - outside the CPU's crop (the smoothed box rounded, plus Wav2Lip's pads,
     grown by 1 px for a box rounding the other way on the GPU) both outputs

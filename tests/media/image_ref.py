@@ -79,6 +79,9 @@ def main():
         ("resize_area_int", (48, 64), (12, 16), cv2.INTER_AREA, False),
         ("resize_area_frac", (37, 50), (13, 17), cv2.INTER_AREA, False),
         ("resize_area_f32", (37, 50), (13, 17), cv2.INTER_AREA, True),
+        ("resize_cub_up", (24, 31), (24, 41), cv2.INTER_CUBIC, False),
+        ("resize_cub_down", (29, 37), (17, 20), cv2.INTER_CUBIC, False),
+        ("resize_cub_f32", (29, 37), (20, 50), cv2.INTER_CUBIC, True),
     ]:
         src = image(h, w, 3, seed=sum(name.encode()))
         if f32:
@@ -107,9 +110,21 @@ def main():
             vv[cy, cx] = v[2 * cy:2 * cy + 2, 2 * cx:2 * cx + 2].mean()
     save(d, "yuv", "in", src.astype(np.uint8))
     save(d, "yuv", "ref", np.concatenate([round_u8(y).ravel(), round_u8(uu).ravel(), round_u8(vv).ravel()]))
-    # and back: YUV -> RGB with the inverse matrix, chroma repeated over 2x2
+    # and back: YUV -> RGB with the inverse matrix, chroma interpolated
+    # linearly at MPEG-2's siting: chroma column i sits on luma column 2i,
+    # chroma row j midway between luma rows 2j and 2j+1 (edges repeated)
     yuv_y = round_u8(y).astype(np.float64)
-    up = lambda p: np.repeat(np.repeat(p, 2, 0), 2, 1)[:h, :w]
+
+    def up(p):
+        def lerp_axis(a, pos):
+            n = a.shape[0]
+            pos = np.clip(pos, 0, n - 1)
+            i0 = np.floor(pos).astype(int)
+            i1 = np.minimum(i0 + 1, n - 1)
+            f = (pos - i0).reshape((-1,) + (1,) * (a.ndim - 1))
+            return a[i0] * (1 - f) + a[i1] * f
+        rows = lerp_axis(p, (np.arange(h) - 0.5) / 2)
+        return lerp_axis(rows.T, np.arange(w) / 2).T
     cb = up(round_u8(uu).astype(np.float64)) - 128
     cr = up(round_u8(vv).astype(np.float64)) - 128
     inv = np.linalg.inv(np.array([[65.481, 128.553, 24.966], [-37.797, -74.203, 112.0],

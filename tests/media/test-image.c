@@ -325,6 +325,9 @@ static void resize_u8_matches_opencv(void **state) {
       {"resize_lin_up", 7, 13, 23, 40, SPN_INTERP_BILINEAR},
       {"resize_area_int", 48, 64, 12, 16, SPN_INTERP_AREA},
       {"resize_area_frac", 37, 50, 13, 17, SPN_INTERP_AREA},
+      /* (a 4:3-pixel frame widened to square pixels, as decode does, and a shrink) */
+      {"resize_cub_up", 24, 31, 24, 41, SPN_INTERP_CUBIC},
+      {"resize_cub_down", 29, 37, 17, 20, SPN_INTERP_CUBIC},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     spn_error_t err = SPN_ERROR_INIT;
@@ -349,6 +352,7 @@ static void resize_f32_matches_opencv(void **state) {
   const struct { const char *name; int h, w, dh, dw, interp; } cases[] = {
       {"resize_lin_f32", 29, 37, 20, 50, SPN_INTERP_BILINEAR},
       {"resize_area_f32", 37, 50, 13, 17, SPN_INTERP_AREA},
+      {"resize_cub_f32", 29, 37, 20, 50, SPN_INTERP_CUBIC},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     spn_error_t err = SPN_ERROR_INIT;

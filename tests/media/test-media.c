@@ -691,8 +691,8 @@ static void colour_follows_the_file(void **state) {
     printf("# %s: rgb %d %d %d, file says matrix %d full %d; 4:2:0 items %s %s\n", cases[i].file, rgb[0], rgb[1],
            rgb[2], (int)info.matrix, (int)info.full_range, spn_matrix_name(yc.matrix),
            yc.full_range ? "full" : "limited");
-    for (int c = 0; c < 3; c++)
-      assert_true(abs((int)rgb[c] - want[c]) <= 2);
+    for (int c = 0; c < 3; c++) /* (within 1: swscale's packed RGB, 2 levels dark, gave 38 198 89 for c709.mkv) */
+      assert_true(abs((int)rgb[c] - want[c]) <= 1);
     assert_int_equal(info.matrix, cases[i].info_matrix);
     assert_int_equal(info.full_range, cases[i].full);
     assert_int_equal(yc.matrix, cases[i].matrix);
@@ -759,11 +759,106 @@ static void first_frame(const char *path, int32_t fmt, spn_media_item_t *it, spn
   spn_decoder_free(d);
 }
 
+/* RGB frames of SDR 4:2:0 video are spn-image's conversion of the frame's
+ * samples (the GPU path's kernels are its twins, so a CPU and a GPU run
+ * decode the same RGB): frame for frame, byte for byte, for the 8-bit
+ * sample and for the 10-bit one, whose samples are first rounded to 8 bits
+ * as the GPU rounds them (checked against FFmpeg's own 10-bit samples).
+ * And limited range reads to the RGB it means: Y 235 is white (255), the
+ * 126 that mid grey 128 becomes is 128 again, Y 16 black. (swscale's path
+ * to packed RGB, which decode used before, gave 253 and 126.) */
+static void rgb_frames_are_spn_image_conversions(void **state) {
+  (void)state;
+  const char *root = getenv("SPINDLE_SOURCE_ROOT");
+  const char *clips[] = {"talking-head.mp4", "talking-head-hevc10.mp4"};
+  for (size_t c = 0; c < 2; c++) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/samples/media/%s", root ? root : ".", clips[c]);
+    spn_error_t err = SPN_ERROR_INIT;
+    spn_decode_opts_t o = SPN_DECODE_OPTS_INIT;
+    o.want_audio = 0;
+    o.pixfmt = SPN_PIXFMT_YUV420P;
+    spn_decoder_t *dy, *dr;
+    assert_int_equal(spn_decoder_new(path, &o, &dy, &err), SPN_OK);
+    o.pixfmt = SPN_PIXFMT_RGB24;
+    assert_int_equal(spn_decoder_new(path, &o, &dr, &err), SPN_OK);
+    FILE *raw = NULL;
+    if (c == 1) { /* FFmpeg's 10-bit samples of the same frames */
+      assert_int_equal(sh("ffmpeg -nostdin -v error -y -i '%s' -f rawvideo -pix_fmt yuv420p10le '%s'", path,
+                          p("deep.yuv")), 0);
+      assert_non_null(raw = fopen(p("deep.yuv"), "rb"));
+    }
+    int frames = 0;
+    spn_media_item_t y, r;
+    while (spn_decoder_next(dy, &y, &err) == SPN_OK) {
+      assert_int_equal(spn_decoder_next(dr, &r, &err), SPN_OK);
+      int32_t w = y.image.width, h = y.image.height;
+      if (raw) {
+        for (int pl = 0; pl < 3; pl++) {
+          int32_t pw = pl ? (w + 1) / 2 : w, ph = pl ? (h + 1) / 2 : h;
+          uint16_t *row = malloc((size_t)pw * 2);
+          assert_non_null(row);
+          for (int32_t j = 0; j < ph; j++) {
+            assert_int_equal(fread(row, 2, (size_t)pw, raw), (size_t)pw);
+            for (int32_t i = 0; i < pw; i++) {
+              int want = (row[i] * 64 + 128) >> 8;
+              want = want > 255 ? 255 : want;
+              if (y.image.data[pl][j * y.image.stride[pl] + i] != want)
+                fail_msg("%s frame %d plane %d (%d,%d): %d, want %d (10-bit %d rounded)", clips[c], frames, pl, i, j,
+                         y.image.data[pl][j * y.image.stride[pl] + i], want, row[i]);
+            }
+          }
+          free(row);
+        }
+      }
+      spn_image_t want = SPN_IMAGE_INIT;
+      assert_int_equal(spn_image_alloc(&want, w, h, SPN_PIXFMT_RGB24, &err), SPN_OK);
+      assert_int_equal(spn_image_convert_colour(&y.image, &want, &y.colour, &err), SPN_OK);
+      for (int32_t j = 0; j < h; j++)
+        if (memcmp(want.data[0] + j * want.stride[0], r.image.data[0] + j * r.image.stride[0], (size_t)w * 3))
+          fail_msg("%s frame %d row %d: decode's rgb24 is not spn_image_convert_colour's", clips[c], frames, j);
+      spn_image_release(&want);
+      spn_media_item_release(&y);
+      spn_media_item_release(&r);
+      frames++;
+    }
+    printf("# %s: %d frames, rgb24 = spn_image_convert_colour(yuv420p)%s\n", clips[c], frames,
+           raw ? ", yuv420p = FFmpeg's 10-bit samples rounded" : "");
+    assert_int_equal(frames, 100);
+    assert_int_equal(spn_decoder_next(dr, &r, &err), SPN_EOS);
+    if (raw)
+      fclose(raw);
+    spn_decoder_free(dy);
+    spn_decoder_free(dr);
+  }
+  /* levels: white, mid grey and black, limited range, lossless */
+  const struct {
+    const char *colour;
+    int want;
+  } greys[] = {{"0xFFFFFF", 255}, {"0x808080", 128}, {"0x000000", 0}};
+  for (size_t g = 0; g < 3; g++) {
+    assert_int_equal(sh("ffmpeg -nostdin -v error -y -f lavfi -i color=c=%s:s=32x32:d=0.04 -pix_fmt yuv420p "
+                        "-c:v ffv1 '%s'", greys[g].colour, p("grey.mkv")), 0);
+    spn_media_item_t it;
+    spn_decode_info_t info;
+    first_frame(p("grey.mkv"), SPN_PIXFMT_RGB24, &it, &info);
+    for (int c = 0; c < 3; c++)
+      if (it.image.data[0][16 * it.image.stride[0] + 16 * 3 + c] != greys[g].want)
+        fail_msg("grey %s decodes to %d, want %d", greys[g].colour, it.image.data[0][16 * it.image.stride[0] + 16 * 3 + c],
+                 greys[g].want);
+    spn_media_item_release(&it);
+  }
+}
+
 /* Pixels that are not square (an anamorphic DVD or DV video): RGB frames
  * come in square pixels at the shape the file is shown in (wide pixels
  * widen the picture, tall ones heighten it), close to the square-pixel
- * picture the file was made from; 4:2:0 frames come as stored with the
- * ratio in the info; the encoder records a ratio it is given. */
+ * picture the file was made from (both 4:2:0, decoded alike: what differs
+ * is the pixel shape and its resampling, bicubic: 1.48 levels apart on
+ * average for the wide file, 0.96 for the tall one; swscale's one pass,
+ * which decode used before, gave 2.43 and 1.78); 4:2:0 frames come as
+ * stored with the ratio in the info; the encoder records a ratio it is
+ * given. */
 static void non_square_pixels_are_shown_square(void **state) {
   (void)state;
   spn_media_item_t ref, it;
@@ -789,7 +884,7 @@ static void non_square_pixels_are_shown_square(void **state) {
         sum += abs((int)it.image.data[0][y * it.image.stride[0] + x] -
                    (int)ref.image.data[0][y * ref.image.stride[0] + x]);
     printf("#   mean difference from the square-pixel original: %.2f levels\n", sum / (64.0 * 128 * 3));
-    assert_true(sum / (64.0 * 128 * 3) < 4.0);
+    assert_true(sum / (64.0 * 128 * 3) < 2.0);
     spn_media_item_release(&it);
     first_frame(p(cases[i].file), SPN_PIXFMT_YUV420P, &it, &info);
     assert_int_equal(it.image.width, cases[i].sar_num > cases[i].sar_den ? 96 : 128);
@@ -862,9 +957,10 @@ static int setup_clips(void) {
           "aevalsrc=0.5:s=16000:d=2 -c:v ffv1 -c:a pcm_s16le '%s'", ff, p("late.mkv"));
   r |= sh("%s -itsoffset 0.3 -f lavfi -i testsrc2=size=64x48:rate=25:duration=2 -f lavfi -i "
           "'aevalsrc=0.5*gte(t\\,0.3):s=16000:d=2' -c:v ffv1 -c:a pcm_s16le '%s'", ff, p("early.mkv"));
-  /* a square-pixel picture, and the same stored in pixels 4:3 wide (96x64) and 3:4 tall (128x48) */
+  /* a square-pixel picture, and the same stored in pixels 4:3 wide (96x64) and 3:4 tall (128x48);
+   * all three 4:2:0, so that they differ by the pixel shape only */
   const char *sq = "-f lavfi -i testsrc2=s=128x64:r=25:d=0.2,gblur=sigma=2 -vf";
-  r |= sh("%s %s format=rgb24 -c:v ffv1 '%s'", ff, sq, p("square.mkv"));
+  r |= sh("%s %s format=yuv420p -c:v ffv1 '%s'", ff, sq, p("square.mkv"));
   r |= sh("%s %s scale=96:64:flags=area,setsar=4/3,format=yuv420p -c:v ffv1 '%s'", ff, sq, p("wide-pixels.mkv"));
   r |= sh("%s %s scale=128:48:flags=area,setsar=3/4,format=yuv420p -c:v ffv1 '%s'", ff, sq, p("tall-pixels.mkv"));
   /* HDR signals (10-bit BT.2020): HLG 75% grey (reference white), black and a skin tone; PQ 203 cd/m2 */
@@ -930,6 +1026,7 @@ int main(void) {
       cmocka_unit_test(audio_file_is_muxed),
       cmocka_unit_test(audio_on_the_video_clock),
       cmocka_unit_test(colour_follows_the_file),
+      cmocka_unit_test(rgb_frames_are_spn_image_conversions),
       cmocka_unit_test(non_square_pixels_are_shown_square),
       cmocka_unit_test(hdr_is_tone_mapped),
       cmocka_unit_test(bad_inputs_name_the_file),

@@ -26,7 +26,12 @@
  *   spn_image_convert_colour takes another matrix or full range, below, in
  *   the same arithmetic). 4:2:0 chroma is the
  *   mean of the Cb/Cr of the (up to) four pixels a chroma sample covers
- *   (centre siting); YUV → RGB repeats each chroma sample over its 2×2 block.
+ *   (centre siting). YUV → RGB upsamples chroma bilinearly at the siting of
+ *   MPEG-2, H.264 and HEVC's default ("left": a chroma sample on the even
+ *   columns, midway between its two rows): pixel (x, y) takes
+ *   (3 (C[y/2][c0] + C[y/2][c1]) + C[y2][c0] + C[y2][c1]) / 8, where
+ *   c0 = x/2, c1 = c0 + (x odd), y2 = y/2 - 1 for even y and y/2 + 1 for odd
+ *   (edges repeated): the integer sum divided exactly, then the matrix.
  *   Odd sizes have chroma planes of ceil(w/2) × ceil(h/2).
  * - Planar float images (SPN_PIXFMT_RGBF32P / BGRF32P) hold (C,H,W) with one
  *   plane per channel: data[c] + y * stride[c] is row y of channel c.
@@ -105,6 +110,7 @@ int32_t spn_image_copy(const spn_image_t *src, spn_image_t *dst, spn_error_t *er
 typedef enum spn_interp {
   SPN_INTERP_BILINEAR = 0, /* cv2.INTER_LINEAR */
   SPN_INTERP_AREA = 1,     /* cv2.INTER_AREA when shrinking; bilinear when growing */
+  SPN_INTERP_CUBIC = 2,    /* cv2.INTER_CUBIC */
 } spn_interp_t;
 
 /* Resize src into dst (dst's width/height are the target). Formats must match
@@ -112,7 +118,12 @@ typedef enum spn_interp {
  * AREA: each destination pixel is the mean of the source area it covers,
  * partial pixels weighted by the covered fraction (cv2.INTER_AREA); when an
  * axis grows, that axis is interpolated bilinearly instead (OpenCV uses its
- * own upscale weights there). */
+ * own upscale weights there).
+ * CUBIC: Keys' cubic with A = -0.75 at the bilinear positions, edges
+ * replicated, as cv2.INTER_CUBIC: the four weights of a position computed
+ * in double, then each pass sums w0 p0 + w1 p1 + w2 p2 + w3 p3 in float in
+ * that order (u8 results rounded and saturated: the kernel overshoots).
+ * OpenCV computes u8 in fixed point: within ±1 of it (tested). */
 int32_t spn_image_resize(const spn_image_t *src, spn_image_t *dst, int32_t interp,
                          spn_error_t *err);
 
