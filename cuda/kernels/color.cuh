@@ -49,8 +49,8 @@ int32_t spn_cuda_yuv420_repack(const spn_image_t *src, spn_image_t *dst, cudaStr
  * little-endian samples holding the value in their high bits) → 8-bit NV12
  * or YUV420P of dst's size: each sample rounded to its top 8 bits, ties up,
  * saturated ((v + 128) >> 8). y16/uv16 and their pitches in bytes are the
- * source planes (device memory). What the CPU path's swscale makes of the
- * same samples may differ by 1 level (its dither). */
+ * source planes (device memory). The CPU decode rounds deeper samples the
+ * same way (stages/media/media-decode.c), so both give the same bytes. */
 int32_t spn_cuda_p016_to_yuv420(const void *y16, int64_t y_pitch, const void *uv16, int64_t uv_pitch,
                                 spn_image_t *dst, cudaStream_t stream, spn_error_t *err);
 

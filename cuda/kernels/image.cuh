@@ -48,7 +48,8 @@ int32_t spn_cuda_resize_cubic(const spn_image_t *src, spn_image_t *dst, cudaStre
 int32_t spn_cuda_to_float(const spn_image_t *src, spn_image_t *dst, const float mean[3], const float scale[3],
                           cudaStream_t stream, spn_error_t *err);
 
-/* NV12 or YUV420P → RGB24/BGR24 of the same size (spn_image_convert). */
+/* NV12 or YUV420P → RGB24/BGR24 of the same size (spn_image_convert:
+ * chroma interpolated at MPEG-2's siting, the same integers). */
 int32_t spn_cuda_yuv420_to_rgb(const spn_image_t *src, spn_image_t *dst, cudaStream_t stream, spn_error_t *err);
 /* The same from the matrix and range *colour gives (NULL: BT.601 limited):
  * the twin of spn_image_convert_colour. An unknown matrix is SPN_EINVAL
