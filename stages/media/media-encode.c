@@ -179,6 +179,13 @@ static int32_t open_video(spn_encoder_t *e, const char *name, spn_error_t *err) 
     c->color_primaries = (enum AVColorPrimaries)e->o.primaries;
   if (e->o.transfer > 0 && e->o.transfer != AVCOL_TRC_UNSPECIFIED && e->o.transfer < AVCOL_TRC_NB)
     c->color_trc = (enum AVColorTransferCharacteristic)e->o.transfer;
+  /* and where the chroma samples are: converted from RGB here (or by the
+   * caller), in the middle of their 2x2 block, not where a file that says
+   * nothing has them (MPEG-2's left) */
+  int from_rgb = e->in_fmt != SPN_PIXFMT_NV12 && e->in_fmt != SPN_PIXFMT_YUV420P;
+  int32_t loc = from_rgb ? SPN_CHROMA_LOC_CENTER : e->o.chroma_loc;
+  if (loc > AVCHROMA_LOC_UNSPECIFIED && loc < AVCHROMA_LOC_NB)
+    c->chroma_sample_location = (enum AVChromaLocation)loc;
   c->thread_count = 0;
   if (e->oc->oformat->flags & AVFMT_GLOBALHEADER)
     c->flags |= AV_CODEC_FLAG_GLOBAL_HEADER;

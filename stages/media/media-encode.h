@@ -62,10 +62,20 @@ typedef struct spn_encode_opts {
    * a source's, passed through with its stored frames (an anamorphic
    * video's 4:2:0 planes), so that players show it at its shape. */
   int32_t sar_num, sar_den;
+  /* Where the 4:2:0 chroma samples sit, to record (H.273's
+   * chroma_sample_loc_type + 1, FFmpeg's AVChromaLocation; 0: not said,
+   * which readers take as MPEG-2's "left"). RGB and float frames are
+   * converted here with chroma at the centre of each 2x2 block (swscale's
+   * siting, as spn_image_convert's mean), so they are recorded
+   * SPN_CHROMA_LOC_CENTER whatever this says; a caller that converted RGB
+   * to the NV12/YUV420P frames it writes says so here. */
+  int32_t chroma_loc;
 } spn_encode_opts_t;
 
+#define SPN_CHROMA_LOC_CENTER 2 /* AVCHROMA_LOC_CENTER: MPEG-1/JPEG's, the middle of the 2x2 block */
+
 #define SPN_ENCODE_OPTS_INIT                                                                                        \
-  {"libx264", 23, "medium", 0, 25, 1, 1, NULL, 0, 0, 0, 0, NULL, NULL, 0.0, 0, {0, 0}, 0, 0, 0, 0}
+  {"libx264", 23, "medium", 0, 25, 1, 1, NULL, 0, 0, 0, 0, NULL, NULL, 0.0, 0, {0, 0}, 0, 0, 0, 0, 0}
 
 typedef struct spn_encoder spn_encoder_t;
 

@@ -187,6 +187,7 @@ typedef struct encode_job {
   int64_t frames;
   int64_t first_pts_us; /* the job's first frame's pts (audio_sync), set before the encoder opens */
   spn_colour_t colour;  /* the file's 4:2:0 samples: colorspace for RGB, decode's for its 4:2:0 frames */
+  bool from_rgb;        /* the frames are RGB or float: converted to 4:2:0 here */
   int32_t primaries, transfer; /* decode's (H.273), recorded with its 4:2:0 frames; 0: none */
   int32_t sar_num, sar_den;     /* the pixels' shape, from decode's image item (0: square) */
   int32_t fps_num, fps_den; /* the stream's rate: fps, or (fps 0) the frames' (0 until two frames came) */
@@ -374,6 +375,8 @@ static int32_t open_encoder(encode_job_t *j, int32_t w, int32_t h, int32_t fmt, 
   o.transfer = j->transfer;
   o.sar_num = j->sar_num;
   o.sar_den = j->sar_den;
+  /* frames converted from RGB here (on the GPU: the 2x2 mean) */
+  o.chroma_loc = j->from_rgb ? SPN_CHROMA_LOC_CENTER : 0;
   int32_t rc = spn_encoder_new(j->cfg.path, w, h, fmt, &o, &j->enc, err);
   if (rc == SPN_OK && o.audio_path && !spn_encoder_has_audio(j->enc))
     spn_stage_host(j->stage)->log(j->stage, j->job_id, SPN_LOG_INFO,
@@ -409,10 +412,12 @@ static int32_t frame_layout(encode_job_t *j, spn_msg_t *msg, const spn_item_t *i
     *fmt = bgr ? SPN_PIXFMT_BGR24 : SPN_PIXFMT_RGB24;
     *h = (int32_t)t->shape[0];
     *w = (int32_t)t->shape[1];
+    j->from_rgb = true;
   } else if (t->dtype == SPN_DTYPE_F32 && t->ndim == 3 && t->shape[0] == 3) {
     *fmt = bgr ? SPN_PIXFMT_BGRF32P : SPN_PIXFMT_RGBF32P;
     *h = (int32_t)t->shape[1];
     *w = (int32_t)t->shape[2];
+    j->from_rgb = true;
   } else if (t->dtype == SPN_DTYPE_U8 && t->ndim == 1) {
     if (!has_im)
       return spn_error_set(err, SPN_ETYPE, "%s: frame %llu is a flat vector without an \"image\" item", j->cfg.path,

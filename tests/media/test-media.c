@@ -722,8 +722,10 @@ static void colour_follows_the_file(void **state) {
       assert_int_equal(spn_encoder_write_video(e, &img, f, 1, 25, &err), SPN_OK);
     assert_int_equal(spn_encoder_finish(e, &err), SPN_OK);
     spn_encoder_free(e);
-    assert_int_equal(sh("test \"$(ffprobe -v error -select_streams v -show_entries stream=color_space,color_range "
-                        "-of csv=p=0 '%s')\" = '%s,%s'", p(outs[i].file), outs[i].range, outs[i].tag), 0);
+    /* (and the chroma where the conversion put it: the middle of each 2x2 block) */
+    assert_int_equal(sh("test \"$(ffprobe -v error -select_streams v -show_entries "
+                        "stream=color_space,color_range,chroma_location -of csv=p=0 '%s')\" = '%s,%s,center'",
+                        p(outs[i].file), outs[i].range, outs[i].tag), 0);
     /* FFmpeg's reading (it follows the tags) of the centre pixel */
     assert_int_equal(sh("ffmpeg -nostdin -v error -y -i '%s' -frames:v 1 -vf crop=2:2:31:23 -pix_fmt rgb24 -f rawvideo "
                         "'%s'", p(outs[i].file), p("px.rgb")), 0);

@@ -219,14 +219,17 @@ ffmpeg -v error -f lavfi -i smptebars=s=160x120:r=25:d=0.4 -vf scale=out_color_m
   -colorspace bt709 -color_primaries bt709 -color_trc bt709 -color_range pc -c:v ffv1 bars709.mkv || fail "ffmpeg bars709"
 tags() { ffprobe -v error -select_streams v -show_entries stream=color_range,color_space,color_transfer,color_primaries \
   -of csv=p=0 "$1"; }
+# (and the chroma's siting: the 2x2 mean of a conversion from RGB, on either device, is "center")
+siting() { ffprobe -v error -select_streams v -show_entries stream=chroma_location -of csv=p=0 "$1"; }
 for pf in yuv420p rgb24; do
-  want=pc,bt709,bt709,bt709
-  [ $pf = rgb24 ] && want=tv,smpte170m,unknown,unknown
+  want=pc,bt709,bt709,bt709 sited=left
+  [ $pf = rgb24 ] && want=tv,smpte170m,unknown,unknown sited=center
   CLIP=$tmp/bars709.mkv run c709-$pf-cpu cpu --set decode.pixel_format=$pf || fail "BT.709 $pf on the CPU: $(tail -3 c709-$pf-cpu.err)"
   CLIP=$tmp/bars709.mkv run c709-$pf-gpu cuda $both --set decode.pixel_format=$pf ||
     fail "BT.709 $pf on the GPU: $(tail -3 c709-$pf-gpu.err)"
   for d in cpu gpu; do
     [ "$(tags c709-$pf-$d.mp4)" = $want ] || fail "BT.709 $pf on the $d: tags $(tags c709-$pf-$d.mp4), want $want"
+    [ "$(siting c709-$pf-$d.mp4)" = $sited ] || fail "BT.709 $pf on the $d: chroma $(siting c709-$pf-$d.mp4), want $sited"
   done
   if [ $pf = yuv420p ]; then
     cmp -s c709-$pf-cpu.mp4 c709-$pf-gpu.mp4 || fail "BT.709 yuv420p: the GPU run wrote other bytes than the CPU run"
