@@ -47,6 +47,14 @@ static inline void map_pixel(const spn_tonemap_t *t, const int32_t c[3], uint8_t
   d[bgr ? 0 : 2] = spn_tm_sdr(o[2], t->oetf);
 }
 
+/* A row of w pixels' 16-bit R'G'B' codes (packed, 3 a pixel) tone-mapped. */
+static void map_row(const spn_tonemap_t *t, const uint16_t *s, uint8_t *d, int32_t w, int bgr) {
+  for (int32_t x = 0; x < w; x++, s += 3, d += 3) {
+    int32_t c[3] = {s[0], s[1], s[2]};
+    map_pixel(t, c, d, bgr);
+  }
+}
+
 static int is_rgb_dst(const spn_image_t *dst) {
   return dst && dst->data[0] && (dst->format == SPN_PIXFMT_RGB24 || dst->format == SPN_PIXFMT_BGR24);
 }
@@ -56,14 +64,9 @@ int32_t spn_tonemap_rgb48(const spn_tonemap_t *t, const uint16_t *src, int64_t s
   if (!t || !src || !is_rgb_dst(dst))
     return spn_error_set(err, SPN_EINVAL, "tonemap: needs a tone mapper, a source and an rgb24/bgr24 destination");
   int bgr = dst->format == SPN_PIXFMT_BGR24;
-  for (int32_t y = 0; y < dst->height; y++) {
-    const uint16_t *s = (const uint16_t *)((const uint8_t *)src + y * src_stride);
-    uint8_t *d = dst->data[0] + y * dst->stride[0];
-    for (int32_t x = 0; x < dst->width; x++, s += 3, d += 3) {
-      int32_t c[3] = {s[0], s[1], s[2]};
-      map_pixel(t, c, d, bgr);
-    }
-  }
+  for (int32_t y = 0; y < dst->height; y++)
+    map_row(t, (const uint16_t *)((const uint8_t *)src + y * src_stride), dst->data[0] + y * dst->stride[0],
+            dst->width, bgr);
   return SPN_OK;
 }
 
@@ -97,8 +100,12 @@ int32_t spn_tonemap_yuv420(const spn_tonemap_t *t, const spn_tonemap_yuv_t *src,
   /* per row: the luma, and each chroma column's 3 · near row + far row
    * (so a pixel's sum 3 (a + b) + c + d is two of these) */
   int32_t *buf = calloc((size_t)w + 2 * (size_t)cw, sizeof *buf), *ly = buf, *vu = buf + w, *vv = vu + cw;
-  if (!buf)
+  uint16_t *codes = malloc((size_t)w * 3 * sizeof *codes); /* the row's R'G'B', then map_row */
+  if (!buf || !codes) {
+    free(buf);
+    free(codes);
     return spn_error_set(err, SPN_ENOMEM, "tonemap: out of memory");
+  }
   /* (the kernel's exact scalings: 16-bit samples / 256, chroma sums / 8) */
   float unit = src->bits == 16 ? 1.0f / 256.0f : 1.0f, cunit = unit * 0.125f;
   for (int32_t y = 0; y < dst->height; y++) {
@@ -110,15 +117,17 @@ int32_t spn_tonemap_yuv420(const spn_tonemap_t *t, const spn_tonemap_yuv_t *src,
     add_samples(src, 1, tp[3], cw, 1, vu);
     add_samples(src, 2, tp[2], cw, 3, vv);
     add_samples(src, 2, tp[3], cw, 1, vv);
-    uint8_t *d = dst->data[0] + y * dst->stride[0];
-    for (int32_t x = 0; x < w; x++, d += 3) {
+    for (int32_t x = 0; x < w; x++) {
       spn_tm_chroma_taps(x, y, w, dst->height, tp);
       int32_t c[3];
       spn_tm_yuv_to_rgb16(&k, (float)ly[x] * unit, (float)(vu[tp[0]] + vu[tp[1]]) * cunit,
                           (float)(vv[tp[0]] + vv[tp[1]]) * cunit, c);
-      map_pixel(t, c, d, bgr);
+      for (int i = 0; i < 3; i++)
+        codes[3 * x + i] = (uint16_t)c[i];
     }
+    map_row(t, codes, dst->data[0] + y * dst->stride[0], w, bgr);
   }
   free(buf);
+  free(codes);
   return SPN_OK;
 }
