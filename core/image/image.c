@@ -4,9 +4,10 @@
  * favours plain, exact arithmetic over speed: float math per pixel, explicit
  * rounding, no fixed-point shortcuts. Where a path is hot on the CPU too
  * (4:2:0 → RGB, every decoded frame), SIMD runs the very same float
- * operations, so it writes the same bytes as the scalar loop. It is linked statically into stages
- * (which may not call libspindle), so it uses only header-inline helpers
- * from spindle/status.h and reports every rejection through spn_error_t.
+ * operations, so it writes the same bytes as the scalar loop. It is linked
+ * statically into stages (which may not call libspindle), so it uses only
+ * header-inline helpers from spindle/status.h and reports every rejection
+ * through spn_error_t.
  *
  * Invariants: functions never write outside the destination's planes; a
  * destination is fully written on SPN_OK; on error nothing is written.
@@ -599,13 +600,15 @@ static void yuv420_row_to_rgb(const spn_yuv_coeffs_t *k, const spn_image_t *src,
   const uint8_t *ly = src->data[0] + y * src->stride[0];
   uint8_t *out = dst->data[0] + y * dst->stride[0];
   int bgr = dst->format == SPN_PIXFMT_BGR24;
+#if defined(__SSE2__)
+  const __m128 yoff = _mm_set1_ps(k->yoff), ys = _mm_set1_ps(k->ys), rv = _mm_set1_ps(k->rv);
+  const __m128 gu = _mm_set1_ps(k->gu), gv = _mm_set1_ps(k->gv), bu = _mm_set1_ps(k->bu), c0 = _mm_set1_ps(128.0f);
+  const __m128i zero = _mm_setzero_si128();
+#endif
   for (int32_t x0 = 0; x0 < src->width; x0 += YUV_SPAN) {
     int32_t n = src->width - x0 < YUV_SPAN ? src->width - x0 : YUV_SPAN, i = 0;
     chroma_span(src, y, x0, n, cb, cr);
 #if defined(__SSE2__)
-    const __m128 yoff = _mm_set1_ps(k->yoff), ys = _mm_set1_ps(k->ys), rv = _mm_set1_ps(k->rv);
-    const __m128 gu = _mm_set1_ps(k->gu), gv = _mm_set1_ps(k->gv), bu = _mm_set1_ps(k->bu), c0 = _mm_set1_ps(128.0f);
-    const __m128i zero = _mm_setzero_si128();
     for (; i + 4 <= n; i += 4) {
       int32_t y4;
       memcpy(&y4, ly + x0 + i, 4);

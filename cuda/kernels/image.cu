@@ -10,6 +10,7 @@
 
 #include "image.cuh"
 #include "kernel-common.cuh"
+#include "tonemap.h" /* spn_tm_chroma_taps: 4:2:0 chroma siting */
 
 namespace {
 
@@ -170,20 +171,20 @@ __global__ void to_float_kernel(img_desc src, img_desc dst, float m0, float m1, 
 }
 
 /* core/image/image.c's yuv420_row_to_rgb: chroma upsampled bilinearly at
- * MPEG-2's siting (co-sited with even columns, midway between rows), as an
- * integer sum of four samples divided exactly by 8. */
+ * MPEG-2's siting (co-sited with even columns, midway between rows; the
+ * taps are tonemap.h's, which the HDR kernel and its CPU twin read too), as
+ * an integer sum of four samples divided exactly by 8. */
 __global__ void yuv420_to_rgb_kernel(img_desc src, img_desc dst, spn_yuv_coeffs_t k) {
   int32_t x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
   if (x >= dst.w || y >= dst.h)
     return;
-  int32_t cw = (src.w + 1) / 2, ch = (src.h + 1) / 2, cy = y / 2, c0 = x / 2;
-  int32_t cy2 = (y & 1) ? (cy + 1 < ch ? cy + 1 : cy) : (cy > 0 ? cy - 1 : 0);
-  int32_t c1 = (x & 1) && c0 + 1 < cw ? c0 + 1 : c0;
+  int32_t t[4];
+  spn_tm_chroma_taps(x, y, src.w, src.h, t);
   bool nv12 = src.format == SPN_PIXFMT_NV12;
-  int64_t step = nv12 ? 2 : 1, ia = c0 * step, ib = c1 * step;
-  const uint8_t *u0 = src.data[1] + cy * src.stride[1], *u1 = src.data[1] + cy2 * src.stride[1];
-  const uint8_t *v0 = nv12 ? u0 + 1 : src.data[2] + cy * src.stride[2];
-  const uint8_t *v1 = nv12 ? u1 + 1 : src.data[2] + cy2 * src.stride[2];
+  int64_t step = nv12 ? 2 : 1, ia = t[0] * step, ib = t[1] * step;
+  const uint8_t *u0 = src.data[1] + t[2] * src.stride[1], *u1 = src.data[1] + t[3] * src.stride[1];
+  const uint8_t *v0 = nv12 ? u0 + 1 : src.data[2] + t[2] * src.stride[2];
+  const uint8_t *v1 = nv12 ? u1 + 1 : src.data[2] + t[3] * src.stride[2];
   int32_t su = 3 * (u0[ia] + u0[ib]) + u1[ia] + u1[ib], sv = 3 * (v0[ia] + v0[ib]) + v1[ia] + v1[ib];
   float u = __fmul_rn((float)su, 0.125f), v = __fmul_rn((float)sv, 0.125f);
   float yv = src.data[0][y * src.stride[0] + x];

@@ -839,12 +839,13 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
   int lines[4] = {(int)conv.stride[0], (int)conv.stride[1], (int)conv.stride[2], 0};
   int samples = mid_fmt == SPN_PIXFMT_YUV420P || mid_fmt == SPN_PIXFMT_NV12;
   spn_tonemap_yuv_t hdr;
+  spn_colour_t c = frame_colour(d, f); /* the samples' matrix and range */
   if (f->format == av_format_for(out_fmt) && !resample) {
     /* the decoder's own layout (yuv420p, nv12): a plane copy, no swscale */
     av_image_copy(dst, lines, (const uint8_t **)f->data, f->linesize, (enum AVPixelFormat)f->format, f->width,
                   f->height);
   } else if (d->tm ? planes420(f, &hdr)
-                   : !(samples && (resample || frame_colour(d, f).full_range)) && sdr420_view(f, &d->deep8, &rc, err)) {
+                   : !(samples && (resample || c.full_range)) && sdr420_view(f, &d->deep8, &rc, err)) {
     /* 4:2:0 as the GPU path converts it (media-cuda.c's
      * spn_media_cuda_from_item), with the CPU twins of its kernels, so that
      * a CPU and a GPU run decode the same frames: SDR to RGB (deeper samples
@@ -852,7 +853,6 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
      * to RGB; RGB of non-square pixels at the stored size, then bicubic to
      * square pixels. (Full-range or resampled 4:2:0 out stays with swscale,
      * which makes it limited and resamples its planes.) */
-    spn_colour_t c = frame_colour(d, f);
     spn_image_t stored = SPN_IMAGE_INIT, *to = resample ? &stored : &conv;
     if (!rc && resample)
       rc = spn_image_alloc(&stored, f->width, f->height, mid_fmt, err);
@@ -889,7 +889,6 @@ static int32_t make_video_item(spn_decoder_t *d, AVFrame *f, spn_media_item_t *i
     /* read the samples in the file's matrix and range (swscale's default is
      * BT.601 limited whatever the file says); to RGB: full range, to 4:2:0:
      * the same matrix, limited range */
-    spn_colour_t c = frame_colour(d, f);
     if (d->sws != prev || c.matrix != d->sws_colour.matrix || c.full_range != d->sws_colour.full_range) {
       int to_rgb = mid_fmt == SPN_PIXFMT_RGB24 || mid_fmt == SPN_PIXFMT_BGR24;
       const int *m = sws_getCoefficients(c.matrix);
